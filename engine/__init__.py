@@ -1,0 +1,29 @@
+"""Continuous Batching Playground engine: static vs continuous batching on a real causal LM.
+
+The package holds two engines that run the same list of requests on the same loaded model:
+
+* ``StaticEngine`` (``engine.static``): padded waves of ``B`` requests through ``model.generate``,
+  with a batch barrier between waves. The baseline people already know.
+* ``ContinuousEngine`` (``engine.continuous``): iteration-level scheduling over ``B`` slots, and
+  every in-flight token of a step packed into one ``[1, T]`` row with a block-diagonal causal mask,
+  so a new prompt's prefill rides in the same forward pass as the others' decode tokens.
+
+Both write a ``Trace`` (``engine.trace``), the single source of every chart and metric.
+
+Named dimensions used in shape comments and ``Shapes:`` docstring sections:
+
+====  ==============================================================
+B     number of slots (static: rows of a wave)
+S     number of sequences scheduled in one step (S <= B)
+T     number of query tokens packed into one step's ``[1, T]`` row
+T_kv  number of keys a step's queries can see (cached + new)
+P     per-slot KV capacity in tokens (``max_seq_len``)
+L     number of decoder layers
+H     number of query heads;  H_kv: number of key/value heads
+G     query heads per key/value head (H = H_kv * G, grouped-query attention)
+D     head dimension
+V     vocabulary size
+====  ==============================================================
+
+Nothing heavy is imported here: import the submodules you need.
+"""

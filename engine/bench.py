@@ -1,0 +1,176 @@
+"""Benchmark CLI: the same requests through each engine on one loaded model, side by side.
+
+    python -m engine.bench --workload seed --slots 3 --engines static,continuous --json out.json
+
+Prints one row per engine (wall_s, steps, generated tokens, tok/s, speedup vs static, ms/step,
+reference match) and writes the JSON described in the README. The model is loaded and warmed up
+before timing; the reference (per-request ``model.generate``) is never counted in any engine's time.
+With ``--repeat N`` the engines run interleaved (A B A B ...) and the median is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from engine.config import EngineConfig
+from engine.continuous import ContinuousEngine
+from engine.reference import ReferenceCache, mismatches
+from engine.static import StaticEngine
+from engine.trace import Trace
+from engine.workload import load_jsonl, seed_specs, tokenize_requests
+
+ENGINES = ("static", "continuous", "continuous_concat")
+
+
+def make_engine(name: str, runner, num_slots: int):
+    """An engine by its bench name. Raises ValueError for unknown names."""
+    if name == "static":
+        return StaticEngine(runner, EngineConfig(num_slots))
+    if name == "continuous":
+        return ContinuousEngine(runner, EngineConfig(num_slots, kv_mode="slots"))
+    if name == "continuous_concat":
+        engine = ContinuousEngine(runner, EngineConfig(num_slots, kv_mode="concat"))
+        engine.name = "continuous_concat"
+        return engine
+    raise ValueError(f"Unknown engine {name!r}; choose from {', '.join(ENGINES)}.")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--workload", default="seed", help="'seed' or a JSONL file path")
+    p.add_argument("--slots", type=int, default=3, help="B: concurrent sequences (default 3)")
+    p.add_argument("--engines", default="static,continuous", help=f"comma list of {ENGINES}")
+    p.add_argument("--json", dest="json_path", help="write results to this JSON file")
+    p.add_argument("--model", default=None, help="model id or folder (default: embedded)")
+    p.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
+    p.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16")
+    p.add_argument("--chat-template", action="store_true", help="wrap prompts in the chat template")
+    p.add_argument("--repeat", type=int, default=1, help="runs per engine, interleaved")
+    p.add_argument("--no-reference", action="store_true", help="skip the model.generate check")
+    return p.parse_args(argv)
+
+
+def load_specs(workload: str):
+    return seed_specs() if workload == "seed" else load_jsonl(workload)
+
+
+def run_engines(engines: dict, requests, repeat: int) -> dict[str, list[Trace]]:
+    """Each engine ``repeat`` times, interleaved, so machine noise hits all of them alike."""
+    traces: dict[str, list[Trace]] = {name: [] for name in engines}
+    for _ in range(repeat):
+        for name, engine in engines.items():
+            traces[name].append(engine.run(requests))
+            print(f"  {name}: {traces[name][-1].wall_s:.2f} s", file=sys.stderr, flush=True)
+    return traces
+
+
+def engine_result(runs: list[Trace], reference: dict | None) -> dict:
+    """The JSON entry of one engine, from its runs (the median-wall run's requests)."""
+    walls = [t.wall_s for t in runs]
+    median_run = sorted(runs, key=lambda t: t.wall_s)[len(runs) // 2]
+    m = median_run.metrics()
+    outputs = {r.request_id: r.output_token_ids for r in median_run.requests}
+    bad = mismatches(outputs, reference) if reference is not None else []
+    wall_s = statistics.median(walls)
+    return {
+        "wall_s": wall_s,
+        "wall_s_min": min(walls),
+        "wall_s_max": max(walls),
+        "num_steps": m.num_steps,
+        "num_generated_tokens": m.num_generated_tokens,
+        "tok_per_s": m.num_generated_tokens / wall_s if wall_s else 0.0,
+        "ms_per_step": 1000 * wall_s / m.num_steps if m.num_steps else 0.0,
+        "padding_waste_pct": m.padding_waste_pct,
+        "slot_utilisation_pct": m.slot_utilisation_pct,
+        "reference_match": None if reference is None else not bad,
+        "num_mismatched_requests": len(bad),
+        "info": median_run.info,
+        "requests": [
+            {
+                "request_id": r.request_id,
+                "prompt": r.prompt,
+                "max_new_tokens": r.max_new_tokens,
+                "output_token_ids": r.output_token_ids,
+                "output_text": r.output_text,
+                "ttft_s": r.ttft_s,
+                "latency_s": r.latency_s,
+            }
+            for r in median_run.requests
+        ],
+    }
+
+
+def format_table(results: dict[str, dict]) -> str:
+    """One row per engine; speedup is against static when static ran."""
+    base = results.get("static", {}).get("wall_s")
+    head = f"{'engine':<18}{'wall_s':>16}{'steps':>7}{'tokens':>8}{'tok/s':>8}"
+    head += f"{'speedup':>9}{'ms/step':>9}  match"
+    lines = [head, "-" * len(head)]
+    for name, r in results.items():
+        spread = f"{r['wall_s']:.2f} ({r['wall_s_min']:.2f}-{r['wall_s_max']:.2f})"
+        speedup = f"{base / r['wall_s']:.2f}x" if base else "-"
+        match = {True: "yes", False: f"NO ({r['num_mismatched_requests']})", None: "-"}
+        lines.append(
+            f"{name:<18}{spread:>16}{r['num_steps']:>7}{r['num_generated_tokens']:>8}"
+            f"{r['tok_per_s']:>8.1f}{speedup:>9}{r['ms_per_step']:>9.1f}  {match[r['reference_match']]}"
+        )
+    return "\n".join(lines)
+
+
+def warm_up(engines: dict, requests) -> None:
+    """One short run per engine, so one-time costs (allocations, kernels) are not timed."""
+    short = [r.__class__(r.request_id, r.prompt, min(4, r.max_new_tokens), r.prompt_token_ids)
+             for r in requests[:2]]
+    for engine in engines.values():
+        engine.run(short)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from engine.loader import load_model
+    from engine.model_runner import ModelRunner
+
+    try:
+        names = [n.strip() for n in args.engines.split(",") if n.strip()]
+        specs = load_specs(args.workload)
+        loaded = load_model(args.model, args.device, args.dtype)
+        runner = ModelRunner(loaded)
+        requests = tokenize_requests(
+            specs, loaded.tokenizer, chat_template=args.chat_template, max_context=loaded.max_context
+        )
+        engines = {n: make_engine(n, runner, args.slots) for n in names}
+        if args.repeat < 1:
+            raise ValueError("--repeat must be at least 1.")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{loaded.name} on {loaded.device_label}; {len(requests)} requests, "
+          f"{args.slots} slots", file=sys.stderr)
+    warm_up(engines, requests)
+    t0 = time.perf_counter()
+    reference = None if args.no_reference else ReferenceCache(runner).outputs(requests)
+    print(f"  reference: {time.perf_counter() - t0:.2f} s (not counted)", file=sys.stderr)
+    traces = run_engines(engines, requests, args.repeat)
+    results = {name: engine_result(runs, reference) for name, runs in traces.items()}
+    print(format_table(results))
+    if args.json_path:
+        doc = {
+            "model": loaded.name,
+            "device": str(loaded.device),
+            "dtype": str(loaded.dtype).removeprefix("torch."),
+            "slots": args.slots,
+            "workload": args.workload,
+            "repeat": args.repeat,
+            "engines": results,
+        }
+        Path(args.json_path).write_text(json.dumps(doc, indent=2))
+    return 0 if all(r["reference_match"] is not False for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""KV caches for the continuous engine.
+
+``SlotKVCache`` (mode ``"slots"``) preallocates one contiguous region per slot and writes every step's
+new keys and values in place, so a step costs the same whatever the context length::
+
+    keys[layer]  [B, H_kv, P, D]
+    slot 0:  R0 R0 R0 R0 R0 .. .. ..      (R0 has 5 tokens cached)
+    slot 1:  R4 R4 .. .. .. .. .. ..      (R4 was admitted when R1 finished; R1's stale
+    slot 2:  R2 R2 R2 R2 R2 R2 R2 ..       entries past position 1 are masked out)
+
+``ConcatKVCache`` (mode ``"concat"``) is the article's way, kept as a teaching mode: each sequence owns
+its own growing tensors, and every step concatenates them into one packed cache and appends the new
+keys back per sequence, so each step copies the whole context (cost grows with its square over a run).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.packed_batch import PackedBatch
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype) -> int:
+    """Bytes one token's keys and values take across all layers."""
+    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+class SlotKVCache:
+    """Preallocated per-slot KV storage written in place.
+
+    Shapes:
+        keys, values: [L, B, H_kv, P, D]
+    """
+
+    needs_packed_mask = False
+
+    def __init__(self, num_layers, num_slots, num_kv_heads, head_dim, max_seq_len, dtype, device):
+        shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_seq_len = max_seq_len
+        self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+
+    @property
+    def total_bytes(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size()
+
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+        """Store the step's new keys/values ([1, H_kv, T, D]) at (slot, position) of each token."""
+        pos = batch.position_ids[0]  # (T,)
+        self.keys[layer][batch.slot_ids, :, pos] = key[0].transpose(0, 1)  # (T, H_kv, D)
+        self.values[layer][batch.slot_ids, :, pos] = value[0].transpose(0, 1)
+
+    def check_capacity(self, num_tokens: int) -> None:
+        """Assert a sequence of ``num_tokens`` fits a slot (the engine sizes P from the workload)."""
+        assert num_tokens <= self.max_seq_len, f"{num_tokens} tokens exceed slot capacity"
+
+    def release(self, request_id: int) -> None:
+        """Nothing to free: the next occupant of the slot overwrites and masks stale entries."""
+
+
+class ConcatKVCache:
+    """The article's per-sequence caches, concatenated into one packed cache every step.
+
+    Shapes:
+        per sequence and layer: keys, values [1, H_kv, n_cached, D]
+        ``gather`` returns: keys, values [1, H_kv, T_kv, D] laid out as [cached | new]
+    """
+
+    needs_packed_mask = True
+
+    def __init__(self, num_layers, num_kv_heads, head_dim, dtype):
+        self.num_layers = num_layers
+        self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+        self._store: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def gather(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+        """Concatenate all cached KV plus this step's, then append the new KV per sequence."""
+        ids = [s.request_id for s in batch.seqs]
+        cached = [self._store[i][layer] for i, n in zip(ids, batch.num_cached, strict=True) if n]
+        keys = torch.cat([k for k, _ in cached] + [key], dim=2)  # (1, H_kv, T_kv, D)
+        values = torch.cat([v for _, v in cached] + [value], dim=2)
+        start = 0
+        for request_id, n in zip(ids, batch.num_new, strict=True):
+            new = (key[:, :, start : start + n], value[:, :, start : start + n])
+            self._append(request_id, layer, new)
+            start += n
+        return keys, values
+
+    def _append(self, request_id: int, layer: int, new: tuple[torch.Tensor, torch.Tensor]):
+        layers = self._store.setdefault(request_id, [None] * self.num_layers)
+        old = layers[layer]
+        if old is None:
+            layers[layer] = (new[0].clone(), new[1].clone())
+        else:
+            layers[layer] = (torch.cat([old[0], new[0]], 2), torch.cat([old[1], new[1]], 2))
+
+    def check_capacity(self, num_tokens: int) -> None:
+        """Unbounded: the concatenated cache grows with the context."""
+
+    def release(self, request_id: int) -> None:
+        self._store.pop(request_id, None)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(
+            2 * k.numel() * k.element_size() for layers in self._store.values() for k, _ in layers
+        )

@@ -1,0 +1,133 @@
+"""Attention masks: the block-diagonal causal mask of a packed step, and a static wave's padded mask.
+
+A packed step puts every in-flight token in one ``[1, T]`` row. The keys a step can see are laid out
+as in the article (and as the ``concat`` KV mode really builds them): first every sequence's cached
+keys, in packed order, then this step's new tokens, in the same order. A query may attend to a key
+only if both belong to the same sequence and the key's position is not after the query's.
+
+Two sequences, A with 2 cached tokens and 1 new (decode), B with 0 cached and 3 new (prefill)::
+
+                 cached | new
+    keys:        A0 A1  | A2 B0 B1 B2
+    A p2  (q)     #  #  |  #  .  .  .
+    B p0  (q)     .  .  |  .  #  .  .
+    B p1  (q)     .  .  |  .  #  #  .
+    B p2  (q)     .  .  |  .  #  #  #
+
+``packed_step_mask`` is the one function that builds this pattern. The ``concat`` KV mode applies it
+literally; the ``slots`` KV mode attends per sequence over views of its own KV, which is the same
+pattern (tests check the two modes give identical tokens), and the heatmap draws this function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Per-token sequence index and position for the queries and keys of one packed step.
+
+    Shapes:
+        q_seq, q_pos: [T]       sequence index (0..S-1, packed order) and position of each query
+        k_seq, k_pos: [T_kv]    the same for each key, keys laid out as [cached | new]
+    """
+
+    q_seq: torch.Tensor
+    q_pos: torch.Tensor
+    k_seq: torch.Tensor
+    k_pos: torch.Tensor
+
+    @property
+    def num_cached_keys(self) -> int:
+        """Where the cached keys end and this step's keys begin, on the key axis."""
+        return int(self.k_seq.numel() - self.q_seq.numel())
+
+
+def packed_layout(num_cached: list[int], num_new: list[int]) -> PackedLayout:
+    """Vectorized per-token indices for a packed step (no Python loop over tokens).
+
+    Args:
+        num_cached: per scheduled sequence, tokens already in its KV cache.
+        num_new: per scheduled sequence, tokens it feeds this step (>= 1).
+
+    Raises:
+        ValueError: if the lists differ in length or a sequence feeds no token.
+    """
+    if len(num_cached) != len(num_new):
+        raise ValueError("num_cached and num_new must have one entry per sequence")
+    if any(n < 1 for n in num_new):
+        raise ValueError("every scheduled sequence must feed at least one token")
+    q_seq, q_pos = query_layout(num_cached, num_new)
+    cached = torch.tensor(num_cached, dtype=torch.long)  # (S,)
+    seq_idx = torch.arange(len(num_new), dtype=torch.long)  # (S,)
+    c_seq = torch.repeat_interleave(seq_idx, cached)  # (T_cached,)
+    c_pos = _ranges(cached)  # (T_cached,)
+    return PackedLayout(q_seq, q_pos, torch.cat([c_seq, q_seq]), torch.cat([c_pos, q_pos]))
+
+
+def query_layout(num_cached: list[int], num_new: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence index and position of every query token; work grows with T, not with the context.
+
+    Shapes:
+        returns: q_seq [T], q_pos [T]
+    """
+    cached = torch.tensor(num_cached, dtype=torch.long)  # (S,)
+    new = torch.tensor(num_new, dtype=torch.long)  # (S,)
+    q_seq = torch.repeat_interleave(torch.arange(len(num_new), dtype=torch.long), new)  # (T,)
+    q_pos = _ranges(new) + torch.repeat_interleave(cached, new)  # (T,)
+    return q_seq, q_pos
+
+
+def _ranges(lengths: torch.Tensor) -> torch.Tensor:
+    """Concatenated ``arange(n)`` for each n in ``lengths``: [2, 3] -> [0, 1, 0, 1, 2]."""
+    total = int(lengths.sum())
+    starts = torch.cumsum(lengths, 0) - lengths
+    return torch.arange(total, dtype=torch.long) - torch.repeat_interleave(starts, lengths)
+
+
+def block_diagonal_causal_mask(layout: PackedLayout) -> torch.Tensor:
+    """Boolean mask, True where a query may attend to a key.
+
+    Shapes:
+        returns: [T, T_kv]
+    """
+    same_seq = layout.q_seq[:, None] == layout.k_seq[None, :]  # (T, T_kv)
+    causal = layout.k_pos[None, :] <= layout.q_pos[:, None]  # (T, T_kv)
+    return same_seq & causal
+
+
+def packed_step_mask(num_cached: list[int], num_new: list[int]) -> torch.Tensor:
+    """The block-diagonal causal mask of one packed step (see the module docstring).
+
+    Shapes:
+        returns: [T, T_kv] bool, T = sum(num_new), T_kv = sum(num_cached) + T
+    """
+    return block_diagonal_causal_mask(packed_layout(num_cached, num_new))
+
+
+def padded_wave_mask(num_padding: list[int], num_queries: int, num_keys: int) -> torch.Tensor:
+    """The mask ``model.generate`` applies to a left-padded static wave at one step.
+
+    Row ``b`` has ``num_padding[b]`` pad tokens on the left; its queries are the last
+    ``num_queries`` of ``num_keys`` positions. A query sees every non-pad key not after it::
+
+        row with 2 pads, prefill of width 5:   . . # . .
+                                               . . # # .
+                                               . . # # #   (first two rows are pad queries)
+
+    Shapes:
+        returns: [B, num_queries, num_keys] bool
+    """
+    pads = torch.tensor(num_padding, dtype=torch.long)[:, None, None]  # (B, 1, 1)
+    k = torch.arange(num_keys)[None, None, :]  # (1, 1, T_kv)
+    q = torch.arange(num_keys - num_queries, num_keys)[None, :, None]  # (1, T, 1)
+    return (k >= pads) & (k <= q)
+
+
+def to_additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean mask -> additive float mask (0 where allowed, dtype's min where blocked)."""
+    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return out.masked_fill_(~mask, torch.finfo(dtype).min)

@@ -1,0 +1,121 @@
+"""The model runner: the only module that calls the model or touches the device.
+
+It offers the three ways the engines use a loaded model:
+
+* ``forward_packed``: one forward pass over a packed ``[1, T]`` row (continuous engine);
+* ``generate``: plain ``model.generate`` on a left-padded batch (static engine and the reference);
+* ``new_kv_cache``: KV storage for the continuous engine, sized from the model's config.
+
+Decoding is greedy everywhere, with every end-of-sequence id of the model's generation config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from engine import attention
+from engine.kv_cache import ConcatKVCache, SlotKVCache
+from engine.packed_batch import PackedBatch
+
+
+class ModelRunner:
+    """Wraps a ``engine.loader.LoadedModel``; see the module docstring."""
+
+    def __init__(self, loaded):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.device = loaded.device
+        self.dtype = loaded.dtype
+        self.eos_token_ids = frozenset(loaded.eos_token_ids)
+        self.pad_token_id = _pad_token_id(self.tokenizer, loaded.eos_token_ids)
+        attention.register()
+
+    # --- continuous engine -------------------------------------------------------------------
+    def new_kv_cache(self, kv_mode: str, num_slots: int, max_seq_len: int):
+        """KV storage for ``num_slots`` sequences of up to ``max_seq_len`` tokens each."""
+        cfg = self.model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        layers, kv_heads = cfg.num_hidden_layers, cfg.num_key_value_heads
+        if kv_mode == "concat":
+            return ConcatKVCache(layers, kv_heads, head_dim, self.dtype)
+        return SlotKVCache(layers, num_slots, kv_heads, head_dim, max_seq_len, self.dtype, self.device)
+
+    def forward_packed(self, batch: PackedBatch) -> list[int]:
+        """One forward pass over the packed row; the greedy next token of each sequence.
+
+        Shapes:
+            batch.input_ids: [1, T]  ->  logits [1, S, V]  ->  returns S token ids
+        """
+        with torch.inference_mode(), self._attention(attention.PACKED_ATTENTION):
+            logits = self.model(
+                input_ids=batch.input_ids,
+                position_ids=batch.position_ids,
+                use_cache=False,
+                logits_to_keep=batch.logits_indices,
+                packed_batch=batch,
+            ).logits  # (1, S, V)
+        return logits[0].argmax(dim=-1).tolist()
+
+    @contextlib.contextmanager
+    def _attention(self, name: str):
+        config = self.model.config
+        previous = config._attn_implementation
+        config._attn_implementation = name
+        try:
+            yield
+        finally:
+            config._attn_implementation = previous
+
+    # --- static engine and reference ---------------------------------------------------------
+    def generate(self, input_ids, attention_mask, max_new_tokens: int, stopping_criteria=None):
+        """Greedy ``model.generate`` on a left-padded batch.
+
+        Shapes:
+            input_ids, attention_mask: [B, W]  ->  returns [B, W + N], N <= max_new_tokens
+        """
+        from transformers import GenerationConfig, StoppingCriteriaList
+
+        config = GenerationConfig(
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=sorted(self.eos_token_ids),
+            pad_token_id=self.pad_token_id,
+        )
+        with torch.inference_mode():
+            return self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                generation_config=config,
+                stopping_criteria=StoppingCriteriaList(stopping_criteria or []),
+            )
+
+    def left_pad(self, token_lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-pad prompts into ``input_ids`` and ``attention_mask``, both [B, W]."""
+        width = max(len(t) for t in token_lists)
+        ids = torch.full((len(token_lists), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(token_lists), width), dtype=torch.long)
+        for row, tokens in enumerate(token_lists):
+            ids[row, width - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
+            mask[row, width - len(tokens) :] = 1
+        return ids, mask
+
+    # --- shared ------------------------------------------------------------------------------
+    def decode(self, token_ids: list[int]) -> str:
+        """Output ids -> text, special tokens (EOS) dropped."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so that timings are real."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        elif self.device.type == "mps":
+            torch.mps.synchronize()
+
+
+def _pad_token_id(tokenizer, eos_token_ids) -> int:
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    return int(sorted(eos_token_ids)[0])

@@ -1,0 +1,58 @@
+"""The reference: per-request greedy ``model.generate`` at batch 1, the ground truth for parity.
+
+Greedy decoding is prefix-stable: the output for cap ``c`` is the first ``c`` tokens of the output for
+any larger cap (or the whole output, if it ended with EOS). ``ReferenceCache`` keeps the longest
+output per prompt and answers smaller caps from it, so repeated runs in the app cost nothing.
+"""
+
+from __future__ import annotations
+
+from engine.model_runner import ModelRunner
+from engine.sequence import Request, truncate_at_stop
+
+
+class ReferenceCache:
+    """Per-prompt greedy outputs of plain ``model.generate`` (batch 1)."""
+
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+        self._outputs: dict[tuple[int, ...], tuple[list[int], int]] = {}  # ids -> (tokens, cap)
+
+    def output(self, request: Request) -> list[int]:
+        """The reference output ids of one request, up to its cap or first EOS."""
+        key = request.prompt_token_ids
+        hit = self._outputs.get(key)
+        if hit is None or not self._covers(hit, request.max_new_tokens):
+            ids, mask = self.runner.left_pad([list(key)])
+            out = self.runner.generate(ids, mask, request.max_new_tokens)
+            hit = (out[0, ids.shape[1] :].tolist(), request.max_new_tokens)
+            self._outputs[key] = hit
+        return truncate_at_stop(hit[0], request.max_new_tokens, self.runner.eos_token_ids)
+
+    def outputs(self, requests: list[Request], on_request=None) -> dict[int, list[int]]:
+        """Reference output ids for every request, by request id."""
+        result = {}
+        for i, request in enumerate(requests):
+            result[request.request_id] = self.output(request)
+            if on_request is not None:
+                on_request(i + 1, len(requests))
+        return result
+
+    def _covers(self, hit: tuple[list[int], int], cap: int) -> bool:
+        tokens, cached_cap = hit
+        ended = any(t in self.runner.eos_token_ids for t in tokens)
+        return cached_cap >= cap or ended
+
+
+
+def mismatches(outputs: dict[int, list[int]], reference: dict[int, list[int]]) -> list[int]:
+    """Request ids whose output ids differ from the reference."""
+    return [rid for rid, ref in reference.items() if outputs.get(rid) != ref]
+
+
+def first_divergence(output: list[int], reference: list[int]) -> int | None:
+    """Index of the first differing token (or of the shorter end), None if equal."""
+    for i, (a, b) in enumerate(zip(output, reference, strict=False)):
+        if a != b:
+            return i
+    return None if len(output) == len(reference) else min(len(output), len(reference))

@@ -1,0 +1,101 @@
+"""Requests and sequences.
+
+A *request* is what the user asked for: a prompt and its own ``max_new_tokens`` cap. A *sequence*
+is that request's state inside an engine: its slot, how many of its tokens already sit in the KV
+cache, and what it generated so far. Plain Python, no torch.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Request:
+    """One user request, already tokenized.
+
+    ``prompt_token_ids`` is exactly what every engine and the reference feed to the model
+    (chat template applied or not, identically for all of them).
+    """
+
+    request_id: int
+    prompt: str
+    max_new_tokens: int
+    prompt_token_ids: tuple[int, ...]
+    arrival_s: float = 0.0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    """Engine-side state of one request.
+
+    Invariant: ``num_cached_tokens <= num_tokens``; the tokens not yet cached are exactly the ones
+    the next step must feed (the whole prompt at prefill, one token at decode).
+    """
+
+    request: Request
+    # --- scheduling ---
+    status: SequenceStatus = SequenceStatus.WAITING
+    slot: int | None = None
+    # --- KV cache ---
+    num_cached_tokens: int = 0  # tokens whose keys/values are stored in the KV cache
+    # --- output ---
+    output_token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "eos" | "length"
+
+    @property
+    def request_id(self) -> int:
+        return self.request.request_id
+
+    @property
+    def num_tokens(self) -> int:
+        return self.request.num_prompt_tokens + len(self.output_token_ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens the next step feeds: not yet in the KV cache."""
+        return self.num_tokens - self.num_cached_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while prompt tokens are still missing from the KV cache."""
+        return self.num_cached_tokens < self.request.num_prompt_tokens
+
+    def pending_token_ids(self) -> list[int]:
+        """The token ids the next step feeds, in order (per sequence, not per cached token)."""
+        n_prompt = self.request.num_prompt_tokens
+        if self.num_cached_tokens >= n_prompt:
+            return self.output_token_ids[self.num_cached_tokens - n_prompt :]
+        return list(self.request.prompt_token_ids[self.num_cached_tokens :]) + self.output_token_ids
+
+    def append_token(self, token_id: int, eos_token_ids: frozenset[int]) -> bool:
+        """Record one generated token; return True if the sequence is now finished."""
+        self.output_token_ids.append(token_id)
+        if token_id in eos_token_ids:
+            self.finish_reason = "eos"
+        elif len(self.output_token_ids) >= self.request.max_new_tokens:
+            self.finish_reason = "length"
+        else:
+            return False
+        self.status = SequenceStatus.FINISHED
+        return True
+
+
+def truncate_at_stop(tokens: list[int], cap: int, eos_token_ids) -> list[int]:
+    """A greedy output as an engine delivers it: at most ``cap`` tokens, ending at its first EOS."""
+    tokens = tokens[:cap]
+    for i, token in enumerate(tokens):
+        if token in eos_token_ids:
+            return tokens[: i + 1]
+    return tokens

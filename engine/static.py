@@ -1,0 +1,108 @@
+"""The static engine: padded waves through ``model.generate`` with a batch barrier.
+
+Requests go in waves of ``B`` in arrival order. Each wave is left-padded to its longest prompt and
+generated with plain ``model.generate`` (greedy) until every row reached its own cap or an EOS; rows
+that finished early are still computed every step (padding waste), and the next wave starts only
+when the whole wave is done (the barrier). A stopping criterion timestamps every step and tells
+``generate`` which rows reached their cap.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from engine.config import EngineConfig
+from engine.model_runner import ModelRunner
+from engine.sequence import Request, truncate_at_stop
+from engine.trace import DECODE, IDLE, PREFILL, ScheduledSeq, StepRecord, Trace, new_request_records
+
+
+class _StepClock:
+    """A ``StoppingCriteria``: records each step's end time; rows past their cap are done."""
+
+    def __init__(self, t0: float, width: int, caps: list[int], on_step: Callable | None):
+        self.t0, self.width, self.on_step = t0, width, on_step
+        self.caps = torch.tensor(caps)
+        self.end_times: list[float] = []
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:
+        self.end_times.append(time.perf_counter() - self.t0)
+        if self.on_step is not None:
+            self.on_step(len(self.end_times))
+        num_generated = input_ids.shape[1] - self.width
+        return (num_generated >= self.caps).to(input_ids.device)  # (B,) bool
+
+
+class StaticEngine:
+    """Runs requests in padded waves of ``config.num_slots`` rows."""
+
+    name = "static"
+
+    def __init__(self, runner: ModelRunner, config: EngineConfig):
+        self.runner = runner
+        self.config = config
+
+    def run(self, requests: list[Request], on_step: Callable | None = None) -> Trace:
+        """Run every wave; ``on_step(trace, None)`` is called after every generate step."""
+        trace = Trace(engine=self.name, num_slots=self.config.num_slots)
+        trace.requests = new_request_records(requests)
+        b = self.config.num_slots
+        self.runner.synchronize()
+        t0 = time.perf_counter()
+        for wave_index, start in enumerate(range(0, len(requests), b)):
+            self._run_wave(trace, wave_index, requests[start : start + b], t0, on_step)
+        self.runner.synchronize()
+        trace.wall_s = time.perf_counter() - t0
+        return trace
+
+    def _run_wave(self, trace, wave_index, wave: list[Request], t0, on_step) -> None:
+        wave_start_s = time.perf_counter() - t0
+        prompts = [list(r.prompt_token_ids) for r in wave]
+        input_ids, attention_mask = self.runner.left_pad(prompts)
+        width = input_ids.shape[1]
+        caps = [r.max_new_tokens for r in wave]
+
+        def tick(_num_steps):
+            if on_step is not None:
+                on_step(trace, None)
+
+        clock = _StepClock(t0, width, caps, tick)
+        out = self.runner.generate(input_ids, attention_mask, max(caps), [clock])
+        eos = self.runner.eos_token_ids
+        outputs = [
+            truncate_at_stop(out[row, width:].tolist(), r.max_new_tokens, eos)
+            for row, r in enumerate(wave)
+        ]
+        for row, (request, tokens) in enumerate(zip(wave, outputs, strict=True)):
+            rec = trace.request(request.request_id)
+            rec.slot, rec.admit_s = row, wave_start_s
+            rec.first_token_s = clock.end_times[0]
+            rec.finish_s = clock.end_times[len(tokens) - 1]
+            rec.output_token_ids = tokens
+            rec.output_text = self.runner.decode(tokens)
+            rec.finish_reason = "eos" if tokens[-1] in self.runner.eos_token_ids else "length"
+        self._record_steps(trace, wave_index, wave, outputs, width, wave_start_s, clock.end_times)
+
+    @staticmethod
+    def _record_steps(trace, wave_index, wave, outputs, width, wave_start_s, end_times) -> None:
+        start_s = wave_start_s
+        for k, end_s in enumerate(end_times):
+            seqs = [
+                _row_share(row, r, len(tokens), width, k)
+                for row, (r, tokens) in enumerate(zip(wave, outputs, strict=True))
+            ]
+            trace.steps.append(StepRecord(len(trace.steps), start_s, end_s, seqs, wave=wave_index))
+            start_s = end_s
+
+
+def _row_share(row: int, request: Request, num_output: int, width: int, k: int) -> ScheduledSeq:
+    """What row ``row`` computed at step ``k`` of its wave (step 0 is the padded prefill)."""
+    padding = width - request.num_prompt_tokens
+    if k == 0:
+        return ScheduledSeq(request.request_id, row, PREFILL, request.num_prompt_tokens, 0, padding)
+    kind = DECODE if k < num_output else IDLE
+    cached = request.num_prompt_tokens + k - 1
+    return ScheduledSeq(request.request_id, row, kind, 1, cached, padding)

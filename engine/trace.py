@@ -1,0 +1,182 @@
+"""The trace: what happened at every step of a run, the single source of every chart and metric.
+
+An engine appends one ``StepRecord`` per forward pass and fills one ``RequestRecord`` per request.
+Figures (``engine.figures``), the metrics table and the bench read only this, so what the page
+shows is what the engine did. Times are seconds since the run started (``perf_counter``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+PREFILL = "prefill"
+DECODE = "decode"
+IDLE = "idle"  # static only: a row still computed after its request finished (padding waste)
+
+
+@dataclass
+class ScheduledSeq:
+    """One sequence's share of a step.
+
+    ``num_cached_tokens`` counts the sequence's real tokens already in the KV cache before the step;
+    ``num_new_tokens`` the tokens it feeds in this step; ``num_padding_tokens`` the left padding of
+    its row (static engine only, 0 for the packed continuous row).
+    """
+
+    request_id: int
+    slot: int
+    kind: str  # PREFILL | DECODE | IDLE
+    num_new_tokens: int
+    num_cached_tokens: int
+    num_padding_tokens: int = 0
+
+
+@dataclass
+class StepRecord:
+    """One forward pass. ``seqs`` is in packed order (continuous) or row order (static)."""
+
+    index: int
+    start_s: float
+    end_s: float
+    seqs: list[ScheduledSeq]
+    wave: int | None = None  # static only: which wave this step belongs to
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def num_useful_seqs(self) -> int:
+        return sum(1 for s in self.seqs if s.kind != IDLE)
+
+
+@dataclass
+class RequestRecord:
+    """One request's life in a run. Times are ``None`` until the event happens."""
+
+    request_id: int
+    prompt: str
+    max_new_tokens: int
+    num_prompt_tokens: int
+    arrival_s: float = 0.0
+    slot: int | None = None
+    admit_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    output_text: str = ""
+    finish_reason: str | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token, from arrival."""
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def latency_s(self) -> float | None:
+        """End-to-end latency, from arrival to the last token."""
+        return None if self.finish_s is None else self.finish_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first one (None with fewer than 2 tokens)."""
+        n = len(self.output_token_ids)
+        if n < 2 or self.finish_s is None or self.first_token_s is None:
+            return None
+        return (self.finish_s - self.first_token_s) / (n - 1)
+
+
+@dataclass
+class RunMetrics:
+    """Whole-run figures shown in the metrics table and written by the bench."""
+
+    wall_s: float
+    num_steps: int
+    num_generated_tokens: int
+    tok_per_s: float
+    padding_waste_pct: float
+    slot_utilisation_pct: float
+    mean_step_ms: float
+    mean_ttft_s: float
+    mean_latency_s: float
+
+
+@dataclass
+class Trace:
+    """Everything one engine run recorded."""
+
+    engine: str
+    num_slots: int
+    steps: list[StepRecord] = field(default_factory=list)
+    requests: list[RequestRecord] = field(default_factory=list)
+    wall_s: float = 0.0
+    kv_mode: str | None = None
+    info: dict = field(default_factory=dict)  # engine-specific facts (e.g. KV bytes per token)
+
+    def request(self, request_id: int) -> RequestRecord:
+        return self.requests[request_id]
+
+    def metrics(self) -> RunMetrics:
+        """Compute the run's metrics from the recorded steps and requests."""
+        num_tokens = sum(len(r.output_token_ids) for r in self.requests)
+        ttfts = [r.ttft_s for r in self.requests if r.ttft_s is not None]
+        latencies = [r.latency_s for r in self.requests if r.latency_s is not None]
+        return RunMetrics(
+            wall_s=self.wall_s,
+            num_steps=len(self.steps),
+            num_generated_tokens=num_tokens,
+            tok_per_s=num_tokens / self.wall_s if self.wall_s > 0 else 0.0,
+            padding_waste_pct=self.padding_waste_pct(),
+            slot_utilisation_pct=self.slot_utilisation_pct(),
+            mean_step_ms=1000 * self.wall_s / len(self.steps) if self.steps else 0.0,
+            mean_ttft_s=statistics.fmean(ttfts) if ttfts else 0.0,
+            mean_latency_s=statistics.fmean(latencies) if latencies else 0.0,
+        )
+
+    def padding_waste_pct(self) -> float:
+        """Share of computed token positions that were padding or rows already finished.
+
+        Padding is fed once, at a wave's prefill; an IDLE row wastes its one token every step.
+        """
+        computed = wasted = 0
+        for step in self.steps:
+            for s in step.seqs:
+                fed_padding = s.num_padding_tokens if s.kind == PREFILL else 0
+                computed += s.num_new_tokens + fed_padding
+                wasted += fed_padding + (s.num_new_tokens if s.kind == IDLE else 0)
+        return 100.0 * wasted / computed if computed else 0.0
+
+    def slot_utilisation_pct(self) -> float:
+        """Share of slot-steps that worked on a live request (idle rows and empty slots count 0)."""
+        if not self.steps or self.num_slots == 0:
+            return 0.0
+        useful = sum(step.num_useful_seqs for step in self.steps)
+        return 100.0 * useful / (len(self.steps) * self.num_slots)
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict of the whole trace (steps, requests, metrics)."""
+        return {
+            "engine": self.engine,
+            "num_slots": self.num_slots,
+            "kv_mode": self.kv_mode,
+            "wall_s": self.wall_s,
+            "info": self.info,
+            "metrics": asdict(self.metrics()),
+            "steps": [asdict(s) for s in self.steps],
+            "requests": [asdict(r) for r in self.requests],
+        }
+
+
+def new_request_records(requests) -> list[RequestRecord]:
+    """One empty ``RequestRecord`` per ``engine.sequence.Request``, indexed by request id."""
+    return [
+        RequestRecord(
+            request_id=r.request_id,
+            prompt=r.prompt,
+            max_new_tokens=r.max_new_tokens,
+            num_prompt_tokens=r.num_prompt_tokens,
+            arrival_s=r.arrival_s,
+        )
+        for r in requests
+    ]

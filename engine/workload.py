@@ -1,0 +1,163 @@
+"""Workloads: the user's list of (prompt, max_new_tokens), validated and tokenized.
+
+Sources are the article's six requests (``seed_specs``), a JSONL file with one
+``{"prompt": ..., "max_new_tokens": ...}`` per line (``load_jsonl``), or the page's table
+(``parse_table``; Gradio sends edited numbers as strings). Every problem raises ``ValueError`` with a
+message a person can act on; the page and the bench show that message as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.sequence import Request
+
+MAX_ROWS = 256  # requests per run
+MAX_NEW_TOKENS_LIMIT = 2048  # per-request cap
+
+SEED_REQUESTS = (
+    ("The capital of France is", 6),
+    ("Today's weather is so", 50),
+    ("In machine learning, a transformer is", 300),
+    ("Once upon a time in a land far away,", 30),
+    ("Quantum computing differs from classical computing because", 180),
+    ("The history of the Roman Empire began", 45),
+)
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """A request as the user wrote it, before tokenization."""
+
+    prompt: str
+    max_new_tokens: int
+
+
+def seed_specs() -> list[RequestSpec]:
+    """The article's six requests (see shared/seed/README.md)."""
+    return [RequestSpec(p, n) for p, n in SEED_REQUESTS]
+
+
+def parse_cap(value, where: str) -> int:
+    """A ``max_new_tokens`` cell -> int. Accepts ints, integral floats and their strings.
+
+    Raises:
+        ValueError: empty, not a whole number, < 1 or over ``MAX_NEW_TOKENS_LIMIT``.
+    """
+    text = str(value).strip() if value is not None else ""
+    if text == "" or (isinstance(value, float) and math.isnan(value)):
+        raise ValueError(f"{where}: max_new_tokens is empty; enter a whole number from 1 to "
+                         f"{MAX_NEW_TOKENS_LIMIT}.")
+    try:
+        number = float(text)
+    except ValueError:
+        raise ValueError(f"{where}: max_new_tokens {text!r} is not a number.") from None
+    if not number.is_integer():
+        raise ValueError(f"{where}: max_new_tokens {text} is not a whole number.")
+    cap = int(number)
+    if not 1 <= cap <= MAX_NEW_TOKENS_LIMIT:
+        raise ValueError(f"{where}: max_new_tokens {cap} is out of range; use 1 to "
+                         f"{MAX_NEW_TOKENS_LIMIT}.")
+    return cap
+
+
+def parse_spec(prompt, cap, where: str) -> RequestSpec:
+    """Validate one (prompt, cap) pair. Raises ValueError naming ``where``."""
+    if prompt is None or not str(prompt).strip():
+        raise ValueError(f"{where}: the prompt is blank.")
+    return RequestSpec(str(prompt), parse_cap(cap, where))
+
+
+def parse_table(rows) -> list[RequestSpec]:
+    """Rows of ``[prompt, max_new_tokens]`` from the page -> specs. Fully blank rows are skipped.
+
+    Raises:
+        ValueError: no request at all, a bad row (named by its 1-based number), or too many rows.
+    """
+    specs = []
+    for i, row in enumerate(rows or [], start=1):
+        cells = list(row) + [None, None]
+        prompt, cap = cells[0], cells[1]
+        if _blank(prompt) and _blank(cap):
+            continue
+        specs.append(parse_spec(prompt, cap, f"Row {i}"))
+    return _checked_count(specs)
+
+
+def load_jsonl(path: str | Path) -> list[RequestSpec]:
+    """Read a JSONL workload: one ``{"prompt": str, "max_new_tokens": int}`` object per line.
+
+    Raises:
+        ValueError: unreadable file, or a line that is not such an object (named by its number).
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ValueError(f"Cannot read workload file {path}: {exc.strerror}.") from None
+    specs = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path.name} line {number}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: not valid JSON ({exc.msg}).") from None
+        if not isinstance(obj, dict) or "prompt" not in obj or "max_new_tokens" not in obj:
+            raise ValueError(f'{where}: expected {{"prompt": ..., "max_new_tokens": ...}}.')
+        specs.append(parse_spec(obj["prompt"], obj["max_new_tokens"], where))
+    return _checked_count(specs)
+
+
+def tokenize_requests(
+    specs: list[RequestSpec], tokenizer, *, chat_template: bool, max_context: int
+) -> list[Request]:
+    """Tokenize specs once, identically for every engine and the reference.
+
+    With ``chat_template`` each prompt becomes a one-turn user message in the tokenizer's chat
+    template, with the generation prompt added; otherwise the raw text is tokenized as is (special
+    tokens written in the text are not given their special meaning: see ``_encode``).
+
+    Raises:
+        ValueError: a prompt plus its cap that does not fit in ``max_context`` tokens.
+    """
+    requests = []
+    for request_id, spec in enumerate(specs):
+        ids = _encode(spec.prompt, tokenizer, chat_template)
+        where = f"Request {request_id + 1}"
+        if not ids:
+            raise ValueError(f"{where}: the prompt has no tokens.")
+        if len(ids) + spec.max_new_tokens > max_context:
+            raise ValueError(
+                f"{where}: prompt ({len(ids)} tokens) + max_new_tokens ({spec.max_new_tokens}) "
+                f"exceeds the model's context of {max_context} tokens; shorten it."
+            )
+        requests.append(Request(request_id, spec.prompt, spec.max_new_tokens, tuple(ids)))
+    return requests
+
+
+def _encode(prompt: str, tokenizer, chat_template: bool) -> list[int]:
+    if chat_template:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+
+def _blank(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or not str(value).strip()
+
+
+def _checked_count(specs: list[RequestSpec]) -> list[RequestSpec]:
+    if not specs:
+        raise ValueError("The workload is empty: add at least one request with a prompt.")
+    if len(specs) > MAX_ROWS:
+        raise ValueError(f"{len(specs)} requests is over the limit of {MAX_ROWS} per run.")
+    return specs

@@ -1,0 +1,92 @@
+"""Workload parsing and validation: clear ValueErrors, numbers as strings accepted."""
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.workload import (
+    MAX_NEW_TOKENS_LIMIT,
+    MAX_ROWS,
+    load_jsonl,
+    parse_cap,
+    parse_table,
+    seed_specs,
+    tokenize_requests,
+)
+
+
+def test_seed_is_the_articles_six_requests():
+    """The seed workload is the article's six (prompt, cap) pairs."""
+    specs = seed_specs()
+    assert [s.max_new_tokens for s in specs] == [6, 50, 300, 30, 180, 45]
+    assert specs[0].prompt == "The capital of France is"
+
+
+def test_table_accepts_numbers_as_strings_and_skips_blank_rows():
+    """Gradio sends edited numbers as strings; fully blank rows are ignored."""
+    specs = parse_table([["Hi", "5"], ["", ""], ["Yo", 7.0], [None, None]])
+    assert [(s.prompt, s.max_new_tokens) for s in specs] == [("Hi", 5), ("Yo", 7)]
+
+
+@pytest.mark.parametrize(
+    "rows, fragment",
+    [
+        ([], "empty"),
+        ([["", ""]], "empty"),
+        ([["   ", 5]], "Row 1: the prompt is blank"),
+        ([["ok", 0]], "out of range"),
+        ([["ok", -3]], "out of range"),
+        ([["ok", "2.5"]], "not a whole number"),
+        ([["ok", "abc"]], "not a number"),
+        ([["ok", ""]], "empty"),
+        ([["ok", MAX_NEW_TOKENS_LIMIT + 1]], "out of range"),
+        ([["ok", 3]] * (MAX_ROWS + 1), "over the limit"),
+    ],
+)
+def test_bad_tables_raise_clear_errors(rows, fragment):
+    """Each bad table gets a ValueError whose message names the problem."""
+    with pytest.raises(ValueError, match=fragment):
+        parse_table(rows)
+
+
+@given(st.integers(min_value=1, max_value=MAX_NEW_TOKENS_LIMIT))
+def test_any_valid_cap_round_trips_through_its_string(cap):
+    """Every cap in range parses from int, float and string forms to the same int."""
+    assert parse_cap(cap, "r") == parse_cap(str(cap), "r") == parse_cap(float(cap), "r") == cap
+
+
+@given(st.one_of(st.integers(max_value=0), st.integers(min_value=MAX_NEW_TOKENS_LIMIT + 1)))
+def test_any_out_of_range_cap_is_refused(cap):
+    """Caps below 1 or above the limit always raise ValueError."""
+    with pytest.raises(ValueError):
+        parse_cap(cap, "r")
+
+
+def test_jsonl_errors_name_the_line(tmp_path):
+    """A malformed JSONL line is reported with its line number."""
+    path = tmp_path / "w.jsonl"
+    path.write_text(json.dumps({"prompt": "a", "max_new_tokens": 3}) + "\n{oops\n")
+    with pytest.raises(ValueError, match="w.jsonl line 2"):
+        load_jsonl(path)
+
+
+def test_jsonl_round_trip(tmp_path):
+    """A well-formed JSONL file loads every request in order."""
+    path = tmp_path / "w.jsonl"
+    rows = [{"prompt": "a", "max_new_tokens": 3}, {"prompt": "b", "max_new_tokens": 9}]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    assert [(s.prompt, s.max_new_tokens) for s in load_jsonl(path)] == [("a", 3), ("b", 9)]
+
+
+class _Tok:
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": list(range(len(text)))}
+
+
+def test_prompt_plus_cap_over_context_is_refused():
+    """A prompt whose length plus cap passes the context is rejected, naming the request."""
+    specs = parse_table([["short", 2], ["x" * 20, 5]])
+    with pytest.raises(ValueError, match="Request 2.*exceeds the model's context of 16"):
+        tokenize_requests(specs, _Tok(), chat_template=False, max_context=16)

@@ -1,0 +1,67 @@
+"""A tiny randomly initialized Llama and a byte tokenizer, so engine tests need no weights."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from engine.model_runner import ModelRunner
+from engine.sequence import Request
+
+EOS_IDS = (2, 1)  # two end-of-sequence ids; the tokenizer knows only the first
+VOCAB = 64
+
+
+class ByteTokenizer:
+    """Maps each UTF-8 byte b to id 3 + b % 61; ids 0 (pad), 1 and 2 (EOS) are special."""
+
+    pad_token_id = 0
+    eos_token_id = EOS_IDS[0]
+
+    def encode(self, text: str) -> list[int]:
+        return [3 + b % (VOCAB - 3) for b in text.encode("utf-8")]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        keep = [i for i in ids if not (skip_special_tokens and i < 3)]
+        return " ".join(str(i) for i in keep)
+
+
+def tiny_model(seed: int = 0, num_layers: int = 2):
+    """A 2-layer Llama with grouped-query attention (4 heads, 2 KV heads), fp32, on CPU."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=list(EOS_IDS),
+        pad_token_id=0,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def tiny_runner(seed: int = 5) -> ModelRunner:
+    """A ``ModelRunner`` over ``tiny_model`` with the byte tokenizer."""
+    loaded = SimpleNamespace(
+        model=tiny_model(seed),
+        tokenizer=ByteTokenizer(),
+        name="tiny-llama",
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        eos_token_ids=list(EOS_IDS),
+        max_context=512,
+    )
+    return ModelRunner(loaded)
+
+
+def make_requests(specs: list[tuple[str, int]]) -> list[Request]:
+    """(prompt, cap) pairs -> tokenized requests with ids 0..n-1."""
+    tok = ByteTokenizer()
+    return [Request(i, p, cap, tuple(tok.encode(p))) for i, (p, cap) in enumerate(specs)]
