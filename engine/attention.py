@@ -30,7 +30,9 @@ def register() -> None:
     AttentionInterface.register(PACKED_ATTENTION, packed_attention)
 
 
-def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def packed_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+):
     """Attention for one layer of a packed step.
 
     Shapes:
@@ -66,7 +68,11 @@ def _single_query(query, keys, values, batch, scaling, out) -> None:
     q_slots[slots] = q.permute(2, 0, 1, 3)
     kv_len = batch.decode_mask.shape[-1]
     o = F.scaled_dot_product_attention(
-        q_slots, keys[:, :, :kv_len], values[:, :, :kv_len], attn_mask=batch.decode_mask, scale=scaling
+        q_slots,
+        keys[:, :, :kv_len],
+        values[:, :, :kv_len],
+        attn_mask=batch.decode_mask,
+        scale=scaling,
     )  # (B, H_kv, G, D)
     out[:, rows] = o[slots].permute(1, 2, 0, 3).reshape(num_heads, len(rows), head_dim)
 

@@ -20,11 +20,12 @@ from pathlib import Path
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.reference import ReferenceCache, mismatches
+from engine.sequence import Request
 from engine.static import StaticEngine
 from engine.trace import Trace
 from engine.workload import load_jsonl, seed_specs, tokenize_requests
 
-ENGINES = ("static", "continuous", "continuous_concat")
+ENGINES = ("static", "continuous", "continuous_concat", "hf_continuous")
 
 
 def make_engine(name: str, runner, num_slots: int):
@@ -37,6 +38,10 @@ def make_engine(name: str, runner, num_slots: int):
         engine = ContinuousEngine(runner, EngineConfig(num_slots, kv_mode="concat"))
         engine.name = "continuous_concat"
         return engine
+    if name == "hf_continuous":
+        from engine.hf_continuous import HFContinuousEngine
+
+        return HFContinuousEngine(runner, EngineConfig(num_slots))
     raise ValueError(f"Unknown engine {name!r}; choose from {', '.join(ENGINES)}.")
 
 
@@ -52,6 +57,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chat-template", action="store_true", help="wrap prompts in the chat template")
     p.add_argument("--repeat", type=int, default=1, help="runs per engine, interleaved")
     p.add_argument("--no-reference", action="store_true", help="skip the model.generate check")
+    p.add_argument(
+        "--floor", action="store_true", help="time generate on the longest request alone"
+    )
+    p.add_argument("--profile", action="store_true", help="continuous: forward vs host time split")
     return p.parse_args(argv)
 
 
@@ -117,15 +126,60 @@ def format_table(results: dict[str, dict]) -> str:
         match = {True: "yes", False: f"NO ({r['num_mismatched_requests']})", None: "-"}
         lines.append(
             f"{name:<18}{spread:>16}{r['num_steps']:>7}{r['num_generated_tokens']:>8}"
-            f"{r['tok_per_s']:>8.1f}{speedup:>9}{r['ms_per_step']:>9.1f}  {match[r['reference_match']]}"
+            f"{r['tok_per_s']:>8.1f}{speedup:>9}{r['ms_per_step']:>9.1f}"
+            f"  {match[r['reference_match']]}"
         )
     return "\n".join(lines)
 
 
+def measure_floor(runner, requests, repeat: int) -> float:
+    """Median wall time of plain ``model.generate`` on the longest-cap request alone (batch 1).
+
+    No schedule can finish the workload before its longest request, so this is its floor here.
+    """
+    longest = max(requests, key=lambda r: r.max_new_tokens)
+    ids, mask = runner.left_pad([list(longest.prompt_token_ids)])
+    times = []
+    for _ in range(repeat):
+        runner.synchronize()
+        t0 = time.perf_counter()
+        runner.generate(ids, mask, longest.max_new_tokens)
+        runner.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def profile_host_overhead(runner, num_slots: int, contexts=(100, 2000)) -> dict:
+    """Share of continuous step time spent outside the model forward, at two context sizes.
+
+    Runs ``num_slots`` requests with ~90-token prompts to their cap with ``ignore_eos`` until the
+    step context (cached tokens of all sequences) passes ``max(contexts)``; then, for each target,
+    averages steps whose context is within 10 % of it.
+    """
+    prompt = tuple(range(1000, 1090))
+    cap = max(contexts) // num_slots - len(prompt) + 50
+    requests = [Request(i, "profile", cap, prompt) for i in range(num_slots)]
+    engine = ContinuousEngine(runner, EngineConfig(num_slots, ignore_eos=True))
+    trace = engine.run(requests)
+    result = {}
+    for target in contexts:
+        steps = [s for s in trace.steps[1:] if abs(s.num_cached_tokens - target) <= 0.1 * target]
+        step_s = sum(s.duration_s for s in steps)
+        forward_s = sum(s.forward_s for s in steps)
+        result[str(target)] = {
+            "num_steps": len(steps),
+            "ms_per_step": 1000 * step_s / len(steps) if steps else None,
+            "host_overhead_pct": 100 * (step_s - forward_s) / step_s if step_s else None,
+        }
+    return result
+
+
 def warm_up(engines: dict, requests) -> None:
     """One short run per engine, so one-time costs (allocations, kernels) are not timed."""
-    short = [r.__class__(r.request_id, r.prompt, min(4, r.max_new_tokens), r.prompt_token_ids)
-             for r in requests[:2]]
+    short = [
+        r.__class__(r.request_id, r.prompt, min(4, r.max_new_tokens), r.prompt_token_ids)
+        for r in requests[:2]
+    ]
     for engine in engines.values():
         engine.run(short)
 
@@ -141,7 +195,10 @@ def main(argv=None) -> int:
         loaded = load_model(args.model, args.device, args.dtype)
         runner = ModelRunner(loaded)
         requests = tokenize_requests(
-            specs, loaded.tokenizer, chat_template=args.chat_template, max_context=loaded.max_context
+            specs,
+            loaded.tokenizer,
+            chat_template=args.chat_template,
+            max_context=loaded.max_context,
         )
         engines = {n: make_engine(n, runner, args.slots) for n in names}
         if args.repeat < 1:
@@ -149,8 +206,10 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"{loaded.name} on {loaded.device_label}; {len(requests)} requests, "
-          f"{args.slots} slots", file=sys.stderr)
+    print(
+        f"{loaded.name} on {loaded.device_label}; {len(requests)} requests, {args.slots} slots",
+        file=sys.stderr,
+    )
     warm_up(engines, requests)
     t0 = time.perf_counter()
     reference = None if args.no_reference else ReferenceCache(runner).outputs(requests)
@@ -158,6 +217,14 @@ def main(argv=None) -> int:
     traces = run_engines(engines, requests, args.repeat)
     results = {name: engine_result(runs, reference) for name, runs in traces.items()}
     print(format_table(results))
+    extra = {}
+    if args.floor:
+        extra["floor_s"] = measure_floor(runner, requests, args.repeat)
+        print(f"floor_s (longest request alone, generate): {extra['floor_s']:.2f}")
+    if args.profile:
+        extra["profile"] = profile_host_overhead(runner, args.slots)
+        for ctx, p in extra["profile"].items():
+            print(f"profile @ ~{ctx} cached tokens: {p}")
     if args.json_path:
         doc = {
             "model": loaded.name,
@@ -167,6 +234,7 @@ def main(argv=None) -> int:
             "workload": args.workload,
             "repeat": args.repeat,
             "engines": results,
+            **extra,
         }
         Path(args.json_path).write_text(json.dumps(doc, indent=2))
     return 0 if all(r["reference_match"] is not False for r in results.values()) else 1

@@ -41,7 +41,8 @@ class ContinuousEngine:
             self.config.kv_mode, self.config.num_slots, self._max_seq_len(requests)
         )
         trace = self._new_trace(requests, cache)
-        scheduler = Scheduler(requests, self.config.num_slots, self.runner.eos_token_ids)
+        eos = frozenset() if self.config.ignore_eos else self.runner.eos_token_ids
+        scheduler = Scheduler(requests, self.config.num_slots, eos)
         self.runner.synchronize()
         t0 = time.perf_counter()
         self._record_admitted(trace, scheduler.admit(), 0.0)
@@ -50,7 +51,10 @@ class ContinuousEngine:
             seqs = scheduler.schedule()
             batch = build_packed_batch(seqs, cache, self.config.num_slots, self.runner.device)
             record = _step_record(len(trace.steps), start_s, batch)
-            finished = scheduler.postprocess(seqs, self.runner.forward_packed(batch))
+            forward_start = time.perf_counter()
+            next_tokens = self.runner.forward_packed(batch)
+            record.forward_s = time.perf_counter() - forward_start
+            finished = scheduler.postprocess(seqs, next_tokens)
             for seq in finished:
                 cache.release(seq.request_id)
             admitted = scheduler.admit()

@@ -1,16 +1,16 @@
 """KV caches for the continuous engine.
 
-``SlotKVCache`` (mode ``"slots"``) preallocates one contiguous region per slot and writes every step's
-new keys and values in place, so a step costs the same whatever the context length::
+``SlotKVCache`` (mode ``"slots"``) preallocates one contiguous region per slot and writes every
+step's new keys and values in place, so a step costs the same whatever the context length::
 
     keys[layer]  [B, H_kv, P, D]
     slot 0:  R0 R0 R0 R0 R0 .. .. ..      (R0 has 5 tokens cached)
     slot 1:  R4 R4 .. .. .. .. .. ..      (R4 was admitted when R1 finished; R1's stale
     slot 2:  R2 R2 R2 R2 R2 R2 R2 ..       entries past position 1 are masked out)
 
-``ConcatKVCache`` (mode ``"concat"``) is the article's way, kept as a teaching mode: each sequence owns
-its own growing tensors, and every step concatenates them into one packed cache and appends the new
-keys back per sequence, so each step copies the whole context (cost grows with its square over a run).
+``ConcatKVCache`` (mode ``"concat"``) is the article's way, kept as a teaching mode: each sequence
+owns its own growing tensors, and every step concatenates them into one packed cache and appends
+the new keys back per sequence, so each step copies the whole context (a run costs its square).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class SlotKVCache:
         self.values[layer][batch.slot_ids, :, pos] = value[0].transpose(0, 1)
 
     def check_capacity(self, num_tokens: int) -> None:
-        """Assert a sequence of ``num_tokens`` fits a slot (the engine sizes P from the workload)."""
+        """Assert ``num_tokens`` fit in a slot (the engine sizes P from the workload)."""
         assert num_tokens <= self.max_seq_len, f"{num_tokens} tokens exceed slot capacity"
 
     def release(self, request_id: int) -> None:

@@ -1,4 +1,4 @@
-"""Attention masks: the block-diagonal causal mask of a packed step, and a static wave's padded mask.
+"""Attention masks: a packed step's block-diagonal causal mask, and a static wave's padded mask.
 
 A packed step puts every in-flight token in one ``[1, T]`` row. The keys a step can see are laid out
 as in the article (and as the ``concat`` KV mode really builds them): first every sequence's cached

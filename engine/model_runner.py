@@ -41,7 +41,9 @@ class ModelRunner:
         layers, kv_heads = cfg.num_hidden_layers, cfg.num_key_value_heads
         if kv_mode == "concat":
             return ConcatKVCache(layers, kv_heads, head_dim, self.dtype)
-        return SlotKVCache(layers, num_slots, kv_heads, head_dim, max_seq_len, self.dtype, self.device)
+        return SlotKVCache(
+            layers, num_slots, kv_heads, head_dim, max_seq_len, self.dtype, self.device
+        )
 
     def forward_packed(self, batch: PackedBatch) -> list[int]:
         """One forward pass over the packed row; the greedy next token of each sequence.
@@ -101,6 +103,48 @@ class ModelRunner:
             ids[row, width - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
             mask[row, width - len(tokens) :] = 1
         return ids, mask
+
+    # --- transformers' own continuous batching (a reference engine for the bench) -------------
+    def hf_continuous_batch(self, prompts: list[list[int]], caps: list[int], num_slots: int):
+        """Run prompts through transformers' ``ContinuousBatchingManager`` (greedy).
+
+        Uses ``model.continuous_batching_context_manager`` with ``max_requests_per_batch`` =
+        ``num_slots`` and ``add_request(..., max_new_tokens=cap)`` per request; warm-up happens
+        before the clock starts. Returns ``(t0, outputs)``: ``perf_counter`` at the first request,
+        and per prompt a ``GenerationOutput`` (``generated_tokens``, ``timestamps`` in
+        ``perf_counter`` seconds).
+        """
+        import time
+
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        gen = GenerationConfig(
+            do_sample=False,
+            eos_token_id=sorted(self.eos_token_ids),
+            pad_token_id=self.pad_token_id,
+            max_new_tokens=max(caps),
+        )
+        cb = ContinuousBatchingConfig(max_requests_per_batch=num_slots, auto_switch_to_flash=False)
+        previous = self.model.config._attn_implementation
+        results = {}
+        try:
+            with self.model.continuous_batching_context_manager(
+                generation_config=gen, continuous_batching_config=cb, block=True, timeout=30
+            ) as manager:
+                t0 = time.perf_counter()
+                for i, (ids, cap) in enumerate(zip(prompts, caps, strict=True)):
+                    manager.add_request(
+                        ids, request_id=f"r{i}", max_new_tokens=cap, record_timestamps=True
+                    )
+                while len(results) < len(prompts):
+                    out = manager.get_result(timeout=60)
+                    if out is None:
+                        raise RuntimeError("transformers' continuous batching stopped early")
+                    if out.is_finished():
+                        results[out.request_id] = out
+        finally:
+            self.model.set_attn_implementation(previous)
+        return t0, [results[f"r{i}"] for i in range(len(prompts))]
 
     # --- shared ------------------------------------------------------------------------------
     def decode(self, token_ids: list[int]) -> str:

@@ -7,10 +7,10 @@ Every scheduled sequence's pending tokens go into one ``[1, T]`` row, each with 
     positions:  [ 7  |        0  1  2           |   4  ]
     logits at:  [ 0  ,                  3       ,   4  ]   (each sequence's last token)
 
-Sequences feeding one token ("single-query": decode, or a one-token prompt) are attended together in
-one batched call over all slots; sequences feeding several ("multi-query": prefill) each get one call.
-That split is how vLLM separates decode and prefill metadata. Work here is per sequence and per
-query token, never per cached token, except one vectorized ``[B, T_kv]`` comparison for the decode mask.
+Sequences feeding one token ("single-query": decode, or a one-token prompt) are attended together
+in one batched call over all slots; sequences feeding several ("multi-query": prefill) get one call
+each. That split is how vLLM separates decode and prefill metadata. Work here is per sequence and
+per query token, never per cached token, but for one vectorized ``[B, T_kv]`` decode-mask compare.
 """
 
 from __future__ import annotations

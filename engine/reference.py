@@ -1,7 +1,7 @@
 """The reference: per-request greedy ``model.generate`` at batch 1, the ground truth for parity.
 
-Greedy decoding is prefix-stable: the output for cap ``c`` is the first ``c`` tokens of the output for
-any larger cap (or the whole output, if it ended with EOS). ``ReferenceCache`` keeps the longest
+Greedy decoding is prefix-stable: the output for cap ``c`` is the first ``c`` tokens of the output
+for any larger cap (or the whole output, if it ended with EOS). ``ReferenceCache`` keeps the longest
 output per prompt and answers smaller caps from it, so repeated runs in the app cost nothing.
 """
 
@@ -42,7 +42,6 @@ class ReferenceCache:
         tokens, cached_cap = hit
         ended = any(t in self.runner.eos_token_ids for t in tokens)
         return cached_cap >= cap or ended
-
 
 
 def mismatches(outputs: dict[int, list[int]], reference: dict[int, list[int]]) -> list[int]:

@@ -41,6 +41,12 @@ class StepRecord:
     end_s: float
     seqs: list[ScheduledSeq]
     wave: int | None = None  # static only: which wave this step belongs to
+    forward_s: float | None = None  # continuous only: time inside the model's forward pass
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Context the step attended over: cached tokens of all its sequences."""
+        return sum(s.num_cached_tokens for s in self.seqs)
 
     @property
     def duration_s(self) -> float:

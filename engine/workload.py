@@ -2,8 +2,8 @@
 
 Sources are the article's six requests (``seed_specs``), a JSONL file with one
 ``{"prompt": ..., "max_new_tokens": ...}`` per line (``load_jsonl``), or the page's table
-(``parse_table``; Gradio sends edited numbers as strings). Every problem raises ``ValueError`` with a
-message a person can act on; the page and the bench show that message as it is.
+(``parse_table``; Gradio sends edited numbers as strings). Every problem raises ``ValueError`` with
+a message a person can act on; the page and the bench show that message as it is.
 """
 
 from __future__ import annotations
@@ -49,8 +49,10 @@ def parse_cap(value, where: str) -> int:
     """
     text = str(value).strip() if value is not None else ""
     if text == "" or (isinstance(value, float) and math.isnan(value)):
-        raise ValueError(f"{where}: max_new_tokens is empty; enter a whole number from 1 to "
-                         f"{MAX_NEW_TOKENS_LIMIT}.")
+        raise ValueError(
+            f"{where}: max_new_tokens is empty; enter a whole number from 1 to "
+            f"{MAX_NEW_TOKENS_LIMIT}."
+        )
     try:
         number = float(text)
     except ValueError:
@@ -59,8 +61,9 @@ def parse_cap(value, where: str) -> int:
         raise ValueError(f"{where}: max_new_tokens {text} is not a whole number.")
     cap = int(number)
     if not 1 <= cap <= MAX_NEW_TOKENS_LIMIT:
-        raise ValueError(f"{where}: max_new_tokens {cap} is out of range; use 1 to "
-                         f"{MAX_NEW_TOKENS_LIMIT}.")
+        raise ValueError(
+            f"{where}: max_new_tokens {cap} is out of range; use 1 to {MAX_NEW_TOKENS_LIMIT}."
+        )
     return cap
 
 
@@ -152,7 +155,9 @@ def _encode(prompt: str, tokenizer, chat_template: bool) -> list[int]:
 
 
 def _blank(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value)) or not str(value).strip()
+    return (
+        value is None or (isinstance(value, float) and math.isnan(value)) or not str(value).strip()
+    )
 
 
 def _checked_count(specs: list[RequestSpec]) -> list[RequestSpec]:

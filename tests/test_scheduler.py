@@ -1,11 +1,12 @@
 """Iteration-level scheduling: slots refill on the step they free; static waves wait."""
 
+from tiny_model import make_requests, tiny_runner
+
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.scheduler import Scheduler
 from engine.static import StaticEngine
 from engine.trace import IDLE
-from tiny_model import make_requests, tiny_runner
 
 SPECS = [("aa", 2), ("bbb", 6), ("c", 3), ("dddd", 4), ("ee", 1)]
 
@@ -34,12 +35,14 @@ def test_continuous_trace_has_no_gap_in_a_slot():
         for s in step.seqs:
             if s.kind == "prefill":
                 prev = last_step_of.get(s.slot)
-                assert prev is None or prev == step.index - 1, f"slot {s.slot} idled before R{s.request_id}"
+                assert prev is None or prev == step.index - 1, (
+                    f"slot {s.slot} idled before R{s.request_id}"
+                )
             last_step_of[s.slot] = step.index
 
 
 def test_static_wave_waits_for_its_longest_member():
-    """A static wave lasts as long as its longest output; shorter rows are IDLE until the barrier."""
+    """A static wave lasts as long as its longest output; shorter rows idle until the barrier."""
     runner = tiny_runner()
     trace = StaticEngine(runner, EngineConfig(2)).run(make_requests(SPECS))
     for wave in {s.wave for s in trace.steps}:

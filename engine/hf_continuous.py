@@ -1,0 +1,48 @@
+"""transformers' own continuous batching, wrapped as an engine for side-by-side runs.
+
+What a transformers user would pick instead of this project's engine: ``ContinuousBatchingManager``
+(``transformers/generation/continuous_batching/``) with the same requests, per-request caps and slot
+limit (``max_requests_per_batch``), greedy. It exposes no slot schedule, so its trace has
+per-request times (from its per-token timestamps) and no steps.
+"""
+
+from __future__ import annotations
+
+from engine.config import EngineConfig
+from engine.model_runner import ModelRunner
+from engine.sequence import Request, truncate_at_stop
+from engine.trace import Trace, new_request_records
+
+
+class HFContinuousEngine:
+    """Runs requests through ``ModelRunner.hf_continuous_batch``."""
+
+    name = "hf_continuous"
+
+    def __init__(self, runner: ModelRunner, config: EngineConfig):
+        self.runner = runner
+        self.config = config
+
+    def run(self, requests: list[Request], on_step=None) -> Trace:
+        """Run to completion (``on_step`` is accepted for symmetry and never called)."""
+        trace = Trace(engine=self.name, num_slots=self.config.num_slots)
+        trace.requests = new_request_records(requests)
+        prompts = [list(r.prompt_token_ids) for r in requests]
+        caps = [r.max_new_tokens for r in requests]
+        t0, outputs = self.runner.hf_continuous_batch(prompts, caps, self.config.num_slots)
+        for request, out in zip(requests, outputs, strict=True):
+            rec = trace.request(request.request_id)
+            tokens = truncate_at_stop(
+                list(out.generated_tokens), request.max_new_tokens, self.runner.eos_token_ids
+            )
+            stamps = out.timestamps or []
+            rec.admit_s = 0.0
+            rec.first_token_s = stamps[0] - t0 if stamps else None
+            rec.finish_s = stamps[len(tokens) - 1] - t0 if len(stamps) >= len(tokens) else None
+            rec.output_token_ids = tokens
+            rec.output_text = self.runner.decode(tokens)
+            rec.finish_reason = (
+                "eos" if tokens and tokens[-1] in self.runner.eos_token_ids else "length"
+            )
+        trace.wall_s = max((r.finish_s or 0.0) for r in trace.requests)
+        return trace
