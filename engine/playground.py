@@ -1,0 +1,332 @@
+"""The page's handlers as plain functions: run both engines, then redraw a step without the model.
+
+``app.py`` only lays out components and wires them to these functions, so everything the page does
+can be tested without a browser. ``run_comparison`` runs the static and the continuous engine (and,
+if asked, the per-request ``model.generate`` reference) on the same tokenized requests and renders
+every output; ``update_step`` redraws the heatmaps and timeline cursors from the stored traces.
+
+Bad input raises ``gr.Error`` carrying the engine's ``ValueError`` message: Gradio shows it and
+leaves the previous results on the page. The loaded model is the one shared module-level object
+(``get_model``), loaded once; tests pass their own ``SharedModel`` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from engine import figures
+from engine.config import EngineConfig
+from engine.continuous import ContinuousEngine
+from engine.loader import LoadedModel, load_model
+from engine.model_runner import ModelRunner
+from engine.reference import ReferenceCache, mismatches
+from engine.sequence import Request
+from engine.static import StaticEngine
+from engine.trace import DECODE, PREFILL, Trace
+from engine.workload import parse_table, tokenize_requests
+
+PRESETS_PATH = Path(__file__).resolve().parent.parent / "assets" / "presets.json"
+DEFAULT_PRESET = "Article's six requests"
+REQUEST_HEADERS = ["prompt", "max_new_tokens"]
+PROGRESS_INTERVAL_S = 0.5  # at most two progress reports a second
+
+
+@dataclass
+class SharedModel:
+    """The loaded model with its runner and reference cache, shared by every run of the page."""
+
+    loaded: LoadedModel
+    runner: ModelRunner
+    reference: ReferenceCache
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel) -> SharedModel:
+        runner = ModelRunner(loaded)
+        return cls(loaded, runner, ReferenceCache(runner))
+
+    @property
+    def label(self) -> str:
+        """The page's model line: "Model: SmolLM2-135M-Instruct (embedded GGUF) · CPU · float32"."""
+        return f"Model: {self.loaded.name} · {self.loaded.device_label}"
+
+
+_shared_model: SharedModel | None = None  # the one lazily loaded shared model (see house style)
+
+
+def load_shared_model(
+    model: str | None = None, device: str | None = None, dtype: str | None = None
+) -> SharedModel:
+    """Load the model (``engine.loader.load_model`` arguments) and make it the shared one."""
+    global _shared_model
+    _shared_model = SharedModel.from_loaded(load_model(model, device, dtype))
+    return _shared_model
+
+
+def get_model() -> SharedModel:
+    """The shared model, loading the default one on first use."""
+    return _shared_model if _shared_model is not None else load_shared_model()
+
+
+# --- presets -------------------------------------------------------------------------------------
+
+
+def load_presets(path: Path = PRESETS_PATH) -> dict[str, dict]:
+    """Presets by name: ``{"chat_template": bool, "requests": [[prompt, cap], ...]}``."""
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def apply_preset(name: str) -> tuple[list[list], bool]:
+    """The request rows and chat-template setting of one preset."""
+    preset = load_presets()[name]
+    return [list(row) for row in preset["requests"]], bool(preset["chat_template"])
+
+
+# --- state and results ---------------------------------------------------------------------------
+
+
+@dataclass
+class RunState:
+    """What the page keeps between events (in a ``gr.State``): the two traces and the reference."""
+
+    static: Trace
+    continuous: Trace
+    reference: dict[int, list[int]] | None
+
+    @property
+    def num_steps(self) -> int:
+        """Steps of the longer run: the step slider's range."""
+        return max(len(self.static.steps), len(self.continuous.steps))
+
+
+@dataclass
+class StepViews:
+    """The four figures that depend on the selected step (plotly figures, or None)."""
+
+    static_timeline: Any
+    continuous_timeline: Any
+    packed_mask: Any
+    static_mask: Any
+
+    def as_tuple(self) -> tuple:
+        return self.static_timeline, self.continuous_timeline, self.packed_mask, self.static_mask
+
+
+@dataclass
+class RunResult:
+    """Everything one Run renders."""
+
+    state: RunState
+    step_index: int
+    views: StepViews
+    metrics: list[list]
+    outputs: list[list]
+    status: str
+
+    def as_outputs(self) -> tuple:
+        """Values in the order app.py wires them: state, 4 figures, slider, 2 tables, status."""
+        slider = gr.Slider(
+            minimum=0, maximum=max(self.state.num_steps - 1, 1), value=self.step_index
+        )
+        return (self.state, *self.views.as_tuple(), slider, self.metrics, self.outputs, self.status)
+
+
+# --- handlers ------------------------------------------------------------------------------------
+
+
+def run_comparison(
+    rows,
+    num_slots,
+    chat_template: bool,
+    check_reference: bool,
+    progress=gr.Progress(),  # noqa: B008  (Gradio injects its tracker through this default)
+    x_axis: str = "time",
+    model: SharedModel | None = None,
+) -> RunResult:
+    """Run static and continuous batching on the table's requests and render the results.
+
+    Raises:
+        gr.Error: with the engine's message, on a bad table, slot count, or model load.
+    """
+    model = model or _user_errors(get_model)
+    requests, config = _user_errors(lambda: _prepare(model, rows, num_slots, chat_template))
+    runner = model.runner
+    static = StaticEngine(runner, config).run(
+        requests, _step_counter(progress, "static batching", _static_steps(requests, config))
+    )
+    continuous = ContinuousEngine(runner, config).run(
+        requests,
+        _step_counter(progress, "continuous batching", _continuous_steps(requests, config)),
+    )
+    reference = None
+    if check_reference:
+        on_request = _reference_counter(progress)
+        reference = model.reference.outputs(requests, on_request=on_request)
+    state = RunState(static, continuous, reference)
+    step_index = default_step(continuous)
+    return RunResult(
+        state=state,
+        step_index=step_index,
+        views=step_views(state, step_index, x_axis),
+        metrics=figures.metrics_rows(
+            {"static": static, "continuous": continuous}, _reference_ok(state)
+        ),
+        outputs=figures.outputs_rows(static, continuous, reference),
+        status=status_line(state),
+    )
+
+
+def run_event(rows, num_slots, chat_template, check_reference, x_axis, progress=gr.Progress()):  # noqa: B008
+    """The Run button's handler: ``run_comparison`` as the tuple app.py's outputs expect."""
+    return run_comparison(
+        rows, num_slots, chat_template, check_reference, progress, x_axis
+    ).as_outputs()
+
+
+def update_step(state: RunState | None, step_index, x_axis: str) -> tuple:
+    """Redraw the heatmaps and timeline cursors at a step from the stored traces (no model call)."""
+    if state is None:
+        return (gr.skip(),) * 4
+    return step_views(state, int(step_index or 0), x_axis).as_tuple()
+
+
+def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
+    """Both timelines on one x scale, cursor at ``step_index``, and both masks at that step."""
+    x_max = max(figures.x_extent(state.static, x_axis), figures.x_extent(state.continuous, x_axis))
+    return StepViews(
+        static_timeline=figures.timeline_figure(state.static, x_axis, x_max, step_index),
+        continuous_timeline=figures.timeline_figure(state.continuous, x_axis, x_max, step_index),
+        packed_mask=_at_step(figures.mask_heatmap, state.continuous, step_index),
+        static_mask=_at_step(figures.static_mask_heatmap, state.static, step_index),
+    )
+
+
+def default_step(trace: Trace) -> int:
+    """The first step that fuses a prefill with decodes (the article's point), else step 0."""
+    for i, step in enumerate(trace.steps):
+        kinds = {s.kind for s in step.seqs}
+        if PREFILL in kinds and DECODE in kinds:
+            return i
+    return 0
+
+
+def status_line(state: RunState) -> str:
+    """One Markdown line: wall times, speedup and the reference verdict."""
+    s, c = state.static, state.continuous
+    speedup = s.wall_s / c.wall_s if c.wall_s > 0 else math.nan
+    line = (
+        f"{len(s.requests)} requests · {s.num_slots} slots · static {s.wall_s:.2f} s · "
+        f"continuous {c.wall_s:.2f} s · **continuous is {speedup:.2f}× as fast**"
+    )
+    if state.reference is None:
+        return line + " · outputs not checked against `model.generate`"
+    bad = {name: _mismatched(t, state.reference) for name, t in (("static", s), ("continuous", c))}
+    if not any(bad.values()):
+        return line + " · ✓ both match `model.generate` token for token"
+    wrong = "; ".join(f"{n}: {', '.join(f'R{r}' for r in ids)}" for n, ids in bad.items() if ids)
+    return line + f" · ✗ differs from `model.generate` ({wrong})"
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _user_errors(fn: Callable):
+    """Call ``fn``; turn a ``ValueError`` (bad user input) into a ``gr.Error`` with its message."""
+    try:
+        return fn()
+    except ValueError as exc:
+        raise gr.Error(str(exc), print_exception=False) from exc
+
+
+def _prepare(model: SharedModel, rows, num_slots, chat_template: bool):
+    """Validate and tokenize the table, and build the engine config. Raises ValueError."""
+    if hasattr(rows, "values") and hasattr(rows, "columns"):  # a pandas DataFrame
+        rows = rows.values.tolist()
+    config = EngineConfig(num_slots=_whole_number(num_slots, "Slots"))
+    specs = parse_table(rows)
+    requests = tokenize_requests(
+        specs,
+        model.loaded.tokenizer,
+        chat_template=bool(chat_template),
+        max_context=model.loaded.max_context,
+    )
+    return requests, config
+
+
+def _whole_number(value, what: str) -> int:
+    """A slider or number value -> int. Raises ValueError if it is missing or fractional."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a whole number (got {value!r}).") from None
+    if not number.is_integer():
+        raise ValueError(f"{what} must be a whole number (got {value!r}).")
+    return int(number)
+
+
+def _static_steps(requests: list[Request], config: EngineConfig) -> int:
+    """Estimated static steps: each wave runs to its longest cap."""
+    b = config.num_slots
+    return sum(
+        max(r.max_new_tokens for r in requests[i : i + b]) for i in range(0, len(requests), b)
+    )
+
+
+def _continuous_steps(requests: list[Request], config: EngineConfig) -> int:
+    """Estimated continuous steps: all tokens spread over the slots, at least the longest cap."""
+    caps = [r.max_new_tokens for r in requests]
+    return max(math.ceil(sum(caps) / config.num_slots), max(caps))
+
+
+def _step_counter(progress, desc: str, total: int) -> Callable:
+    """An engine ``on_step`` callback reporting ``(done, total)`` steps to Gradio's progress.
+
+    Reports are at least ``PROGRESS_INTERVAL_S`` apart: a browser redrawing the bar every step
+    competes for the CPU with the engines it is timing.
+    """
+    done, last_s = 0, -math.inf
+
+    def on_step(_trace, _step) -> None:
+        nonlocal done, last_s
+        done += 1
+        if time.perf_counter() - last_s >= PROGRESS_INTERVAL_S:
+            last_s = time.perf_counter()
+            progress((done, max(total, done)), desc=desc)
+
+    return on_step
+
+
+def _reference_counter(progress) -> Callable:
+    """A ``ReferenceCache.outputs`` callback reporting requests done."""
+
+    def on_request(done: int, total: int) -> None:
+        progress((done, total), desc="model.generate reference")
+
+    return on_request
+
+
+def _at_step(builder: Callable, trace: Trace, step_index: int):
+    """``builder(trace, step)``, the step clamped to the run's last (None if it has no steps)."""
+    if not trace.steps:
+        return None
+    return builder(trace, min(max(step_index, 0), len(trace.steps) - 1))
+
+
+def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
+    return mismatches({r.request_id: r.output_token_ids for r in trace.requests}, reference)
+
+
+def _reference_ok(state: RunState) -> dict[str, bool] | None:
+    if state.reference is None:
+        return None
+    return {
+        "static": not _mismatched(state.static, state.reference),
+        "continuous": not _mismatched(state.continuous, state.reference),
+    }

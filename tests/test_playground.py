@@ -1,0 +1,262 @@
+"""The page's handlers as plain functions, on a tiny random model (no weights, no browser)."""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+from fake_traces import continuous_trace, static_trace
+from tiny_model import ByteTokenizer, tiny_runner
+
+from engine import playground
+from engine.loader import ModelLoadError
+from engine.reference import ReferenceCache
+from engine.trace import DECODE, PREFILL
+from engine.workload import MAX_ROWS, parse_table, seed_specs
+
+ROWS = [["hello world", 5], ["abc", 12], ["the quick brown fox", 3], ["x", 7]]
+
+
+class CallableByteTokenizer(ByteTokenizer):
+    """The byte tokenizer with the two entry points ``tokenize_requests`` uses."""
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": self.encode(text)}
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        return self.encode(f"<user>{messages[0]['content']}<assistant>")
+
+
+class RecordingProgress:
+    """Stands in for ``gr.Progress``: keeps every ``(done, total, desc)`` report."""
+
+    def __init__(self):
+        self.calls: list[tuple[int, int, str]] = []
+
+    def __call__(self, progress, desc=None, **kwargs):
+        self.calls.append((*progress, desc))
+
+    def by(self, desc: str) -> list[tuple[int, int]]:
+        return [(done, total) for done, total, d in self.calls if d == desc]
+
+
+@pytest.fixture(scope="module")
+def shared() -> playground.SharedModel:
+    runner = tiny_runner()
+    runner.tokenizer = runner.loaded.tokenizer = CallableByteTokenizer()
+    runner.loaded.device_label = "CPU · float32"
+    return playground.SharedModel(runner.loaded, runner, ReferenceCache(runner))
+
+
+@pytest.fixture(scope="module")
+def result(shared) -> playground.RunResult:
+    return playground.run_comparison(ROWS, 2, False, True, lambda *a, **k: None, model=shared)
+
+
+@pytest.fixture
+def no_model(monkeypatch, shared):
+    """Make any model call (or model load) fail the test."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the model was called")
+
+    monkeypatch.setattr(shared.runner, "forward_packed", forbidden)
+    monkeypatch.setattr(shared.runner, "generate", forbidden)
+    monkeypatch.setattr(playground, "get_model", forbidden)
+
+
+def test_run_comparison_renders_both_engines(result):
+    """A run holds both traces, the reference, 2 metrics rows, 1 output row per request."""
+    state = result.state
+    assert (state.static.engine, state.continuous.engine) == ("static", "continuous")
+    assert sorted(state.reference) == [0, 1, 2, 3], f"reference ids {sorted(state.reference)}"
+    assert [row[0] for row in result.metrics] == ["static", "continuous"], result.metrics
+    assert [row[0] for row in result.outputs] == ["R0", "R1", "R2", "R3"], result.outputs
+    assert all(row[-1] == "✓" for row in result.outputs), "outputs differ from model.generate"
+    assert "✓ both match" in result.status, result.status
+    assert "2 slots" in result.status and "4 requests" in result.status, result.status
+
+
+def test_default_step_fuses_prefill_and_decode(result):
+    """The first shown step is the first continuous step with a prefill next to decodes."""
+    step = result.state.continuous.steps[result.step_index]
+    assert {s.kind for s in step.seqs} == {PREFILL, DECODE}, f"step {result.step_index} not fused"
+    earlier = result.state.continuous.steps[: result.step_index]
+    assert all({s.kind for s in st.seqs} != {PREFILL, DECODE} for st in earlier), "not the first"
+    assert result.views.packed_mask.layout.title.text.startswith(f"Packed step {result.step_index}")
+
+
+def test_timelines_share_the_x_scale(result):
+    """Both timelines get the same x range: the longer run's end."""
+    static_range = list(result.views.static_timeline.layout.xaxis.range)
+    continuous_range = list(result.views.continuous_timeline.layout.xaxis.range)
+    longest = max(result.state.static.steps[-1].end_s, result.state.continuous.steps[-1].end_s)
+    assert static_range == continuous_range == [0, longest], (static_range, continuous_range)
+
+
+def test_progress_reports_every_step(shared, monkeypatch):
+    """Progress counts each engine's steps up to the real total and each reference request."""
+    monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.0)
+    progress = RecordingProgress()
+    result = playground.run_comparison(ROWS, 2, False, True, progress, model=shared)
+    for desc, trace in (
+        ("static batching", result.state.static),
+        ("continuous batching", result.state.continuous),
+    ):
+        calls = progress.by(desc)
+        assert [done for done, _ in calls] == list(range(1, len(trace.steps) + 1)), desc
+        assert all(done <= total for done, total in calls), f"{desc}: done over total"
+    assert progress.by("model.generate reference") == [(i, 4) for i in range(1, 5)]
+
+
+def test_progress_reports_are_throttled(shared, monkeypatch):
+    """With a long report interval each engine reports its first step only."""
+    monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 3600.0)
+    progress = RecordingProgress()
+    playground.run_comparison(ROWS, 2, False, False, progress, model=shared)
+    assert progress.by("static batching") == [(1, 19)], progress.by("static batching")
+    assert [done for done, _ in progress.by("continuous batching")] == [1], "not throttled"
+
+
+def test_as_outputs_matches_the_wiring(result):
+    """``as_outputs`` gives state, 4 figures, the slider update, 2 tables and the status."""
+    out = result.as_outputs()
+    assert len(out) == 9 and out[0] is result.state, "wrong output count or order"
+    slider = out[5]
+    assert slider.maximum == result.state.num_steps - 1, "slider does not span every step"
+    assert slider.value == result.step_index, "slider not at the default step"
+    assert (out[6], out[7], out[8]) == (result.metrics, result.outputs, result.status)
+
+
+def test_numbers_as_strings_and_chat_template(shared):
+    """Caps typed as strings are accepted, and the chat template changes the prompt tokens."""
+    rows = [["hi", "3"], ["yo", "2.0"]]
+    plain = playground.run_comparison(rows, 1, False, False, lambda *a, **k: None, model=shared)
+    chat = playground.run_comparison(rows, 1, True, False, lambda *a, **k: None, model=shared)
+    assert [r.max_new_tokens for r in plain.state.static.requests] == [3, 2]
+    assert chat.state.static.requests[0].num_prompt_tokens > 2, "chat template not applied"
+    assert plain.state.reference is None and plain.outputs[0][-1] == "—", "reference was run"
+
+
+@pytest.mark.parametrize(
+    ("rows", "slots", "message"),
+    [
+        ([], 2, "The workload is empty"),
+        ([["", 5]], 2, "Row 1: the prompt is blank"),
+        ([["hi", "abc"]], 2, "is not a number"),
+        ([["hi", 2.5]], 2, "is not a whole number"),
+        ([["hi", 0]], 2, "out of range"),
+        ([["hi", 5000]], 2, "out of range"),
+        ([["hi", 5]] * (MAX_ROWS + 1), 2, "over the limit"),
+        ([["hi", 511]], 2, "exceeds the model's context of 512 tokens"),
+        ([["hi", 5]], 0, "at least 1"),
+        ([["hi", 5]], 1.5, "Slots must be a whole number"),
+        ([["hi", 5]], None, "Slots must be a whole number"),
+    ],
+)
+def test_bad_input_raises_gr_error_before_the_model(rows, slots, message, shared, no_model):
+    """Bad input raises gr.Error with the engine's message, and no model call happens."""
+    with pytest.raises(gr.Error) as caught:
+        playground.run_comparison(rows, slots, False, True, lambda *a, **k: None, model=shared)
+    assert message in caught.value.message, caught.value.message
+
+
+def test_gr_error_carries_the_workload_message_verbatim(shared):
+    """The page shows exactly the ValueError text of ``engine.workload``."""
+    with pytest.raises(ValueError) as engine_error:
+        parse_table([["hi", "abc"]])
+    with pytest.raises(gr.Error) as page_error:
+        playground.run_comparison([["hi", "abc"]], 2, False, False, None, model=shared)
+    assert page_error.value.message == str(engine_error.value)
+
+
+def test_model_load_error_becomes_gr_error(monkeypatch):
+    """A model that cannot load is reported on the page, not as a crash."""
+
+    def failing_load(*args, **kwargs):
+        raise ModelLoadError("Cannot find model 'nope'; pass a local folder or hub id.")
+
+    monkeypatch.setattr(playground, "_shared_model", None)
+    monkeypatch.setattr(playground, "load_model", failing_load)
+    with pytest.raises(gr.Error) as caught:
+        playground.run_comparison(ROWS, 2, False, False, None)
+    assert "Cannot find model 'nope'" in caught.value.message
+
+
+def test_get_model_loads_once(monkeypatch, shared):
+    """The shared model is loaded on first use only."""
+    calls = []
+
+    def fake_load(*args, **kwargs):
+        calls.append(args)
+        return shared.loaded
+
+    monkeypatch.setattr(playground, "_shared_model", None)
+    monkeypatch.setattr(playground, "load_model", fake_load)
+    monkeypatch.setattr(playground, "ModelRunner", lambda loaded: shared.runner)
+    first, second = playground.get_model(), playground.get_model()
+    assert first is second and len(calls) == 1, f"loaded {len(calls)} times"
+    assert first.label == "Model: tiny-llama · CPU · float32", first.label
+
+
+def test_update_step_redraws_without_the_model(result, no_model):
+    """Moving the step slider redraws cursors and masks from the stored traces only."""
+    static_tl, continuous_tl, packed, padded = playground.update_step(result.state, 3, "step")
+    for fig in (static_tl, continuous_tl):
+        (cursor,) = [s for s in fig.layout.shapes if s.name == "cursor"]
+        assert cursor.x0 == 3, f"cursor at {cursor.x0}"
+    assert packed.layout.title.text.startswith("Packed step 3"), packed.layout.title.text
+    assert "step 3:" in padded.layout.title.text, padded.layout.title.text
+    assert static_tl.layout.xaxis.title.text.startswith("step"), "x axis not in steps"
+
+
+def test_update_step_clamps_to_the_shorter_run(result, no_model):
+    """Past the continuous run's end its mask shows its last step and its cursor sits at its end."""
+    state = result.state
+    num_continuous = len(state.continuous.steps)
+    assert num_continuous < state.num_steps, "test needs continuous to take fewer steps"
+    _, continuous_tl, packed, _ = playground.update_step(state, state.num_steps - 1, "time")
+    want = f"Packed step {num_continuous - 1}:"
+    assert packed.layout.title.text.startswith(want), packed.layout.title.text
+    (cursor,) = [s for s in continuous_tl.layout.shapes if s.name == "cursor"]
+    assert cursor.x0 == pytest.approx(state.continuous.wall_s), "cursor not at the run's end"
+
+
+def test_update_step_before_any_run_changes_nothing():
+    """With no run yet, the step slider leaves every figure as it is."""
+    assert playground.update_step(None, 0, "time") == (gr.skip(),) * 4
+
+
+def test_status_line_names_mismatches():
+    """The status line names the requests whose output differs from the reference."""
+    static = static_trace([3, 4], [2, 3], num_slots=2)
+    continuous = continuous_trace([3, 4], [2, 3], num_slots=2)
+    reference = {r.request_id: list(r.output_token_ids) for r in static.requests}
+    reference[1] = [0]
+    status = playground.status_line(playground.RunState(static, continuous, reference))
+    assert "✗ differs" in status and "static: R1" in status and "continuous: R1" in status, status
+
+
+def test_presets_parse_and_article_matches_seed():
+    """Every preset is a valid table; the article's preset is the seed workload, no template."""
+    presets = playground.load_presets()
+    assert playground.DEFAULT_PRESET in presets and "One long, many short" in presets
+    for name in presets:
+        rows, _ = playground.apply_preset(name)
+        assert parse_table(rows), f"preset {name!r} does not parse"
+    rows, chat_template = playground.apply_preset(playground.DEFAULT_PRESET)
+    assert parse_table(rows) == seed_specs(), "article preset differs from seed_specs()"
+    assert chat_template is False, "seed preset should not use the chat template"
+
+
+def test_app_wiring():
+    """app.py wires Run (serialized on the model) and the step views to the handlers."""
+    import app
+
+    demo = app.build_demo("Model: test")
+    by_api = {fn.api_name: fn for fn in demo.fns.values()}
+    run = by_api["run"]
+    assert run.fn is playground.run_event and len(run.outputs) == 9, "Run wired wrongly"
+    assert (run.concurrency_limit, run.concurrency_id) == (1, "model"), "Run not serialized"
+    for name in ("step", "x_axis"):
+        assert by_api[name].fn is playground.update_step, f"{name} not wired to update_step"
+    assert app.parse_args([]).host == "127.0.0.1" and app.parse_args([]).port == 7860
