@@ -49,12 +49,31 @@ def packed_attention(
         return out.transpose(1, 2), None
     cache.write(module.layer_idx, key, value, batch)
     keys, values = cache.keys[module.layer_idx], cache.values[module.layer_idx]  # (B, H_kv, P, D)
+    if batch.all_slots_decode:
+        return _all_slots_decode(query, keys, values, batch, scaling), None
     out = torch.empty_like(query[0])  # (H, T, D)
     if batch.decode_mask is not None:
         _single_query(query, keys, values, batch, scaling, out)
     for span in batch.prefills:
         _multi_query(query, keys, values, span, scaling, out)
     return out.transpose(0, 1)[None], None
+
+
+def _all_slots_decode(query, keys, values, batch, scaling) -> torch.Tensor:
+    """The common step: every slot decodes one token, packed in slot order (token t = slot t).
+
+    No gather and no scatter: the queries are viewed as [B, H_kv, G, D] and the output comes back
+    already in [1, T, H, D] order.
+    """
+    num_heads, num_kv_heads = query.shape[1], keys.shape[1]
+    group, head_dim = num_heads // num_kv_heads, query.shape[-1]
+    num_slots = keys.shape[0]
+    q = query[0].view(num_kv_heads, group, num_slots, head_dim).permute(2, 0, 1, 3)
+    kv_len = batch.decode_mask.shape[-1]
+    o = F.scaled_dot_product_attention(
+        q, keys[:, :, :kv_len], values[:, :, :kv_len], attn_mask=batch.decode_mask, scale=scaling
+    )  # (B, H_kv, G, D)
+    return o.reshape(1, num_slots, num_heads, head_dim)
 
 
 def _single_query(query, keys, values, batch, scaling, out) -> None:

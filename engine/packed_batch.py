@@ -64,6 +64,7 @@ class PackedBatch:
     prefills: list[PrefillSpan]
     kv_cache: object  # engine.kv_cache.SlotKVCache | ConcatKVCache
     packed_mask: torch.Tensor | None = None
+    all_slots_decode: bool = False  # every slot feeds one token, packed in slot order
 
     @property
     def num_tokens(self) -> int:
@@ -93,6 +94,9 @@ def build_packed_batch(seqs: list[Sequence], kv_cache, num_slots: int, device) -
         decode_mask=_decode_mask(num_cached, single, slots, num_slots, device),
         prefills=_prefill_spans(num_cached, num_new, slots, device),
         kv_cache=kv_cache,
+    )
+    batch.all_slots_decode = len(single) == len(seqs) == num_slots and all(
+        s.slot == i for i, s in enumerate(seqs)
     )
     if getattr(kv_cache, "needs_packed_mask", False):
         mask = packed_step_mask(num_cached, num_new)  # (T, T_kv)
