@@ -28,15 +28,18 @@ from engine.workload import load_jsonl, seed_specs, tokenize_requests
 ENGINES = ("static", "continuous", "continuous_concat", "hf_continuous")
 
 
-def make_engine(name: str, runner, num_slots: int):
-    """An engine by its bench name. Raises ValueError for unknown names."""
+def make_engine(name: str, runner, num_slots: int, **options):
+    """An engine by its bench name; ``options`` go to the continuous engines' ``EngineConfig``.
+
+    Raises:
+        ValueError: unknown name or invalid options.
+    """
     if name == "static":
         return StaticEngine(runner, EngineConfig(num_slots))
-    if name == "continuous":
-        return ContinuousEngine(runner, EngineConfig(num_slots, kv_mode="slots"))
-    if name == "continuous_concat":
-        engine = ContinuousEngine(runner, EngineConfig(num_slots, kv_mode="concat"))
-        engine.name = "continuous_concat"
+    if name in ("continuous", "continuous_concat"):
+        kv_mode = "concat" if name == "continuous_concat" else "slots"
+        engine = ContinuousEngine(runner, EngineConfig(num_slots, kv_mode=kv_mode, **options))
+        engine.name = name
         return engine
     if name == "hf_continuous":
         from engine.hf_continuous import HFContinuousEngine
@@ -200,7 +203,8 @@ def main(argv=None) -> int:
             chat_template=args.chat_template,
             max_context=loaded.max_context,
         )
-        engines = {n: make_engine(n, runner, args.slots) for n in names}
+        options = {"max_num_batched_tokens": args.token_budget, "scheduling_policy": args.policy}
+        engines = {n: make_engine(n, runner, args.slots, **options) for n in names}
         if args.repeat < 1:
             raise ValueError("--repeat must be at least 1.")
     except ValueError as exc:

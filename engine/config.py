@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KV_MODES = ("slots", "concat")
+POLICIES = ("decode_first", "prefill_first")
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,9 @@ class EngineConfig:
             and writes each step's keys/values in place; ``"concat"`` is the article's teaching
             mode: per-sequence caches concatenated into one packed cache every step.
         max_seq_len: P, per-slot KV capacity in tokens; ``None`` sizes it from the workload.
+        max_num_batched_tokens: the token budget, most tokens in one step (continuous engine);
+            ``None`` means no limit. It must be at least ``num_slots`` so every decode fits.
+        scheduling_policy: ``"decode_first"`` or ``"prefill_first"``: who gets the budget first.
         ignore_eos: generate every sequence to its cap (benchmarks only, as vLLM's ``ignore_eos``).
 
     Raises:
@@ -27,6 +31,8 @@ class EngineConfig:
     num_slots: int = 3
     kv_mode: str = "slots"
     max_seq_len: int | None = None
+    max_num_batched_tokens: int | None = None
+    scheduling_policy: str = "decode_first"
     ignore_eos: bool = False
 
     def __post_init__(self):
@@ -38,5 +44,14 @@ class EngineConfig:
             raise ValueError(
                 f"Unknown KV mode {self.kv_mode!r}; choose one of {', '.join(KV_MODES)}."
             )
+        budget = self.max_num_batched_tokens
+        if budget is not None and (not isinstance(budget, int) or budget < self.num_slots):
+            raise ValueError(
+                f"The token budget ({budget}) must be a whole number, at least the slot count "
+                f"({self.num_slots}), so that every decoding sequence fits in a step."
+            )
+        if self.scheduling_policy not in POLICIES:
+            choices = ", ".join(POLICIES)
+            raise ValueError(f"Unknown policy {self.scheduling_policy!r}; choose one of {choices}.")
         if self.max_seq_len is not None and self.max_seq_len < 1:
             raise ValueError(f"max_seq_len must be positive (got {self.max_seq_len}).")

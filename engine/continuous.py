@@ -42,19 +42,24 @@ class ContinuousEngine:
         )
         trace = self._new_trace(requests, cache)
         eos = frozenset() if self.config.ignore_eos else self.runner.eos_token_ids
-        scheduler = Scheduler(requests, self.config.num_slots, eos)
+        cfg = self.config
+        scheduler = Scheduler(
+            requests, cfg.num_slots, eos, cfg.max_num_batched_tokens, cfg.scheduling_policy
+        )
         self.runner.synchronize()
         t0 = time.perf_counter()
         self._record_admitted(trace, scheduler.admit(), 0.0)
         while scheduler.has_work():
             start_s = time.perf_counter() - t0
-            seqs = scheduler.schedule()
-            batch = build_packed_batch(seqs, cache, self.config.num_slots, self.runner.device)
+            seqs, num_new = scheduler.schedule()
+            batch = build_packed_batch(
+                seqs, num_new, cache, self.config.num_slots, self.runner.device
+            )
             record = _step_record(len(trace.steps), start_s, batch)
             forward_start = time.perf_counter()
             next_tokens = self.runner.forward_packed(batch)
             record.forward_s = time.perf_counter() - forward_start
-            finished = scheduler.postprocess(seqs, next_tokens)
+            finished = scheduler.postprocess(seqs, num_new, next_tokens)
             for seq in finished:
                 cache.release(seq.request_id)
             admitted = scheduler.admit()
@@ -91,7 +96,7 @@ class ContinuousEngine:
     def _record_tokens(self, trace: Trace, seqs: list[Sequence], finished, now_s: float) -> None:
         for seq in seqs:
             rec = trace.request(seq.request_id)
-            if rec.first_token_s is None:
+            if rec.first_token_s is None and seq.output_token_ids:
                 rec.first_token_s = now_s
         for seq in finished:
             rec = trace.request(seq.request_id)

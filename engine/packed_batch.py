@@ -71,11 +71,12 @@ class PackedBatch:
         return int(self.input_ids.shape[1])
 
 
-def build_packed_batch(seqs: list[Sequence], kv_cache, num_slots: int, device) -> PackedBatch:
-    """Pack the scheduled sequences (in the given order) into one step's inputs."""
+def build_packed_batch(
+    seqs: list[Sequence], num_new: list[int], kv_cache, num_slots: int, device
+) -> PackedBatch:
+    """Pack the scheduled sequences (in the given order), ``num_new[i]`` tokens each."""
     num_cached = [s.num_cached_tokens for s in seqs]
-    num_new = [s.num_pending_tokens for s in seqs]
-    token_ids = [t for s in seqs for t in s.pending_token_ids()]
+    token_ids = [t for s, n in zip(seqs, num_new, strict=True) for t in s.pending_token_ids(n)]
     q_seq, q_pos = query_layout(num_cached, num_new)  # (T,), (T,)
     slots = torch.tensor([s.slot for s in seqs], dtype=torch.long)  # (S,)
     ends = torch.cumsum(torch.tensor(num_new), 0)  # (S,)

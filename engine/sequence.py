@@ -48,6 +48,7 @@ class Sequence:
     # --- scheduling ---
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int | None = None
+    admit_order: int = -1  # admission counter, for first-come first-served prefill order
     # --- KV cache ---
     num_cached_tokens: int = 0  # tokens whose keys/values are stored in the KV cache
     # --- output ---
@@ -72,12 +73,15 @@ class Sequence:
         """True while prompt tokens are still missing from the KV cache."""
         return self.num_cached_tokens < self.request.num_prompt_tokens
 
-    def pending_token_ids(self) -> list[int]:
-        """The token ids the next step feeds, in order (per sequence, not per cached token)."""
+    def pending_token_ids(self, limit: int | None = None) -> list[int]:
+        """The first ``limit`` (default: all) tokens not yet cached; per sequence, not per token."""
+        start = self.num_cached_tokens
+        end = self.num_tokens if limit is None else min(self.num_tokens, start + limit)
         n_prompt = self.request.num_prompt_tokens
-        if self.num_cached_tokens >= n_prompt:
-            return self.output_token_ids[self.num_cached_tokens - n_prompt :]
-        return list(self.request.prompt_token_ids[self.num_cached_tokens :]) + self.output_token_ids
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt : end - n_prompt]
+        prompt = list(self.request.prompt_token_ids[start : min(end, n_prompt)])
+        return prompt + self.output_token_ids[: max(0, end - n_prompt)]
 
     def append_token(self, token_id: int, eos_token_ids: frozenset[int]) -> bool:
         """Record one generated token; return True if the sequence is now finished."""
