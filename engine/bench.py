@@ -60,6 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chat-template", action="store_true", help="wrap prompts in the chat template")
     p.add_argument("--repeat", type=int, default=1, help="runs per engine, interleaved")
     p.add_argument("--no-reference", action="store_true", help="skip the model.generate check")
+    p.add_argument("--token-budget", type=int, default=None, help="max tokens per step")
+    p.add_argument("--policy", default="decode_first", help="decode_first or prefill_first")
     p.add_argument(
         "--floor", action="store_true", help="time generate on the longest request alone"
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 from fake_traces import continuous_trace, static_trace
-from tiny_model import ByteTokenizer, tiny_runner
+from tiny_model import tiny_runner
 
 from engine import playground
 from engine.loader import ModelLoadError
@@ -14,16 +14,6 @@ from engine.trace import DECODE, PREFILL
 from engine.workload import MAX_ROWS, parse_table, seed_specs
 
 ROWS = [["hello world", 5], ["abc", 12], ["the quick brown fox", 3], ["x", 7]]
-
-
-class CallableByteTokenizer(ByteTokenizer):
-    """The byte tokenizer with the two entry points ``tokenize_requests`` uses."""
-
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
-        return {"input_ids": self.encode(text)}
-
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
-        return self.encode(f"<user>{messages[0]['content']}<assistant>")
 
 
 class RecordingProgress:
@@ -42,8 +32,6 @@ class RecordingProgress:
 @pytest.fixture(scope="module")
 def shared() -> playground.SharedModel:
     runner = tiny_runner()
-    runner.tokenizer = runner.loaded.tokenizer = CallableByteTokenizer()
-    runner.loaded.device_label = "CPU · float32"
     return playground.SharedModel(runner.loaded, runner, ReferenceCache(runner))
 
 

@@ -22,6 +22,13 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return [3 + b % (VOCAB - 3) for b in text.encode("utf-8")]
 
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": self.encode(text)}
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True) -> list[int]:
+        """A stand-in template: a marker byte, the user text, a marker byte."""
+        return [3] + self.encode(messages[-1]["content"]) + [4]
+
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         keep = [i for i in ids if not (skip_special_tokens and i < 3)]
         return " ".join(str(i) for i in keep)
@@ -57,6 +64,8 @@ def tiny_runner(seed: int = 5) -> ModelRunner:
         dtype=torch.float32,
         eos_token_ids=list(EOS_IDS),
         max_context=512,
+        device_label="CPU · float32",
+        load_s=0.0,
     )
     return ModelRunner(loaded)
 

@@ -1,0 +1,66 @@
+"""The bench CLI's contract: flags, table and JSON fields, on the tiny model."""
+
+import json
+
+import pytest
+from tiny_model import tiny_runner
+
+from engine import bench
+
+
+@pytest.fixture()
+def tiny_loaded(monkeypatch):
+    loaded = tiny_runner().loaded
+    monkeypatch.setattr("engine.loader.load_model", lambda *a, **k: loaded)
+    return loaded
+
+
+def _workload(tmp_path, rows):
+    path = tmp_path / "w.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": p, "max_new_tokens": n}) for p, n in rows))
+    return str(path)
+
+
+def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
+    """--json has every documented field per engine, and outputs match the reference."""
+    out = tmp_path / "out.json"
+    workload = _workload(tmp_path, [("hello", 5), ("a longer prompt here", 12), ("z", 3)])
+    argv = ["--workload", workload, "--slots", "2", "--json", str(out), "--floor"]
+    argv += ["--engines", "static,continuous,continuous_concat,hf_continuous", "--repeat", "2"]
+    assert bench.main(argv) == 0
+    doc = json.loads(out.read_text())
+    for key in ("model", "device", "dtype", "slots", "workload", "engines", "floor_s"):
+        assert key in doc, f"missing top-level {key}"
+    assert set(doc["engines"]) == {"static", "continuous", "continuous_concat", "hf_continuous"}
+    for name, r in doc["engines"].items():
+        for key in ("wall_s", "num_steps", "num_generated_tokens", "tok_per_s"):
+            assert key in r, f"{name} lacks {key}"
+        assert r["reference_match"] is True and r["num_mismatched_requests"] == 0, name
+        req = r["requests"][1]
+        assert set(req) >= {"request_id", "prompt", "max_new_tokens", "output_token_ids"}
+        assert set(req) >= {"output_text", "ttft_s", "latency_s"}
+        generated = sum(len(q["output_token_ids"]) for q in r["requests"])
+        assert r["num_generated_tokens"] == generated, "counts output tokens only"
+    assert doc["engines"]["static"]["num_steps"] > doc["engines"]["continuous"]["num_steps"]
+    table = capsys.readouterr().out
+    assert "continuous_concat" in table and "speedup" in table
+
+
+def test_bench_reports_bad_input_clearly(tmp_path, tiny_loaded, capsys):
+    """A malformed workload line or an unknown engine exits 2 with a one-line message."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "max_new_tokens": 3}\nnot json\n')
+    assert bench.main(["--workload", str(bad)]) == 2
+    assert "bad.jsonl line 2" in capsys.readouterr().err
+    assert bench.main(["--engines", "static,warp_drive"]) == 2
+    assert "Unknown engine 'warp_drive'" in capsys.readouterr().err
+
+
+def test_token_budget_flag_reaches_the_engine(tmp_path, tiny_loaded):
+    """--token-budget caps every continuous step's tokens."""
+    out = tmp_path / "o.json"
+    workload = _workload(tmp_path, [("x" * 30, 4), ("y" * 25, 4)])
+    argv = ["--workload", workload, "--engines", "continuous", "--token-budget", "8"]
+    assert bench.main([*argv, "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["engines"]["continuous"]["num_steps"] >= (30 + 25) // 8
