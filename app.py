@@ -51,32 +51,48 @@ def build_demo(model_label: str) -> gr.Blocks:
                     interactive=True,
                     column_count=2,  # row_limits/column_limits: "not yet implemented" in 6.31
                     label="Requests",
+                    elem_id="requests_table",
                 )
             with gr.Column(scale=1):
                 preset_dropdown = gr.Dropdown(
                     choices=list(playground.load_presets()),
                     value=playground.DEFAULT_PRESET,
                     label="Preset",
+                    elem_id="preset_dropdown",
                 )
-                slots_slider = gr.Slider(1, 16, value=3, step=1, label="Slots (B)")
-                chat_checkbox = gr.Checkbox(value=chat_template, label="Use chat template")
+                slots_slider = gr.Slider(
+                    1, 16, value=3, step=1, label="Slots (B)", elem_id="slots_slider"
+                )
+                chat_checkbox = gr.Checkbox(
+                    value=chat_template, label="Use chat template", elem_id="chat_checkbox"
+                )
                 reference_checkbox = gr.Checkbox(
-                    value=True, label="Check outputs against model.generate"
+                    value=True,
+                    label="Check outputs against model.generate",
+                    elem_id="reference_checkbox",
                 )
-                run_button = gr.Button("Run", variant="primary")
-        status_markdown = gr.Markdown("Press Run to compare the two engines.")
+                run_button = gr.Button("Run", variant="primary", elem_id="run_button")
+        status_markdown = gr.Markdown(
+            "Press Run to compare the two engines.", elem_id="status_markdown"
+        )
         x_axis_radio = gr.Radio(
             [("seconds", "time"), ("step index", "step")], value="time", label="Timeline x axis"
         )
         with gr.Row():
-            static_timeline_plot = gr.Plot(show_label=False)
-            continuous_timeline_plot = gr.Plot(show_label=False)
-        step_slider = gr.Slider(0, 1, value=0, step=1, label="Step (one forward pass)")
+            static_timeline_plot = gr.Plot(show_label=False, elem_id="static_timeline_plot")
+            continuous_timeline_plot = gr.Plot(show_label=False, elem_id="continuous_timeline_plot")
+        step_slider = gr.Slider(
+            0, 1, value=0, step=1, label="Step (one forward pass)", elem_id="step_slider"
+        )
         with gr.Row():
-            packed_mask_plot = gr.Plot(show_label=False)
-            static_mask_plot = gr.Plot(show_label=False)
+            packed_mask_plot = gr.Plot(show_label=False, elem_id="packed_mask_plot")
+            static_mask_plot = gr.Plot(show_label=False, elem_id="static_mask_plot")
         metrics_table = gr.Dataframe(
-            headers=figures.METRICS_HEADERS, interactive=False, wrap=True, label="Metrics"
+            headers=figures.METRICS_HEADERS,
+            interactive=False,
+            wrap=True,
+            label="Metrics",
+            elem_id="metrics_table",
         )
         outputs_table = gr.Dataframe(
             headers=figures.OUTPUTS_HEADERS,
@@ -85,6 +101,7 @@ def build_demo(model_label: str) -> gr.Blocks:
             wrap=True,
             column_widths=["7%", "20%", "6%", "29%", "29%", "9%"],
             label="Outputs",
+            elem_id="outputs_table",
         )
         run_state = gr.State()
 

@@ -1,0 +1,322 @@
+"""The page in a real browser: Run draws both timelines, both masks and a checked outputs table.
+
+One ``app.py`` server (the embedded model, CPU) is started per module on a free localhost port and
+driven with Playwright's sync API through Debian's ``/usr/bin/chromium`` (``playwright install``
+is never needed). Workloads are tiny (two requests, caps of at most 6) so a run takes seconds on a
+2-core machine. The request table is edited through its own cell editor and cell menu, as a person
+would. Skipped when Chromium or the playwright package is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+try:
+    from playwright.sync_api import Page, expect, sync_playwright
+except ImportError:  # the playwright package is optional: browser tests are skipped without it
+    sync_playwright = None
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SERVER_START_TIMEOUT_S = 120  # ~3 s from the safetensors cache, ~25 s on a first run
+RUN_TIMEOUT_MS = 120_000  # one Run of two tiny requests takes seconds; generous for a busy CI
+PLOT_IDS = [
+    "static_timeline_plot",
+    "continuous_timeline_plot",
+    "packed_mask_plot",
+    "static_mask_plot",
+]
+SUCCESS_STATUS = re.compile(
+    r"2 requests · 2 slots · static [\d.]+ s · continuous [\d.]+ s · .*"
+    r"✓ both match model\.generate token for token"
+)
+XSS_PROMPT = "<img src=x onerror=alert(1)>"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(sync_playwright is None, reason="the playwright package is not installed"),
+    pytest.mark.skipif(
+        not os.access(CHROMIUM, os.X_OK),
+        reason=f"{CHROMIUM} is missing (install it with: apt-get install chromium)",
+    ),
+]
+
+
+# --- fixtures ------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_until_serving(url: str, proc: subprocess.Popen, log_path: Path) -> None:
+    """Poll ``url`` until it answers 200; fail with the server's log if it dies or times out."""
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"app.py exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    pytest.fail(
+        f"app.py did not answer {url} within {SERVER_START_TIMEOUT_S} s:\n"
+        f"{log_path.read_text()[-3000:]}"
+    )
+
+
+@pytest.fixture(scope="module")
+def server_url(request, tmp_path_factory) -> str:
+    """``app.py`` on a free localhost port, offline; terminated when the module's tests end."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("server") / "app.log"
+    log = log_path.open("w")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "app.py", "--port", str(port), "--host", "127.0.0.1"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+    def stop() -> None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+        log.close()
+
+    request.addfinalizer(stop)
+    url = f"http://127.0.0.1:{port}/"
+    _wait_until_serving(url, proc, log_path)
+    return url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium for the module."""
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, server_url):
+    """A fresh page on the app; console errors, page errors and dialogs are collected."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.console_errors = []
+    page.page_errors = []
+    page.dialogs = []
+    page.on("console", lambda m: m.type == "error" and page.console_errors.append(m.text))
+    page.on("pageerror", lambda exc: page.page_errors.append(str(exc)))
+    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    page.goto(server_url)
+    page.locator('#requests_table [data-testid="cell-0-0"]').wait_for(timeout=30_000)
+    yield page
+    if page.console_errors:
+        print("browser console errors:", *page.console_errors, sep="\n  ")
+    context.close()
+    assert not page.page_errors, f"uncaught errors in the page: {page.page_errors}"
+
+
+# --- page helpers --------------------------------------------------------------------------------
+
+
+def _grid(page: Page, elem_id: str):
+    return page.locator(f"#{elem_id} [role=grid]")
+
+
+def _cell(page: Page, elem_id: str, row: int, col: int):
+    return _grid(page, elem_id).locator(f'[data-testid="cell-{row}-{col}"]')
+
+
+def _num_rows(page: Page, elem_id: str) -> int:
+    return _grid(page, elem_id).locator('[role=gridcell][data-col="0"]').count()
+
+
+def _row_action(page: Page, row: int, action: str) -> None:
+    """Open the request table's cell menu on ``row`` and pick ``action`` ("Delete row", ...)."""
+    cell = _cell(page, "requests_table", row, 0)
+    cell.click()
+    cell.locator('button[aria-label="Open cell menu"]').click()
+    page.get_by_role("menuitem", name=action).click()
+
+
+def _edit_cell(page: Page, row: int, col: int, value) -> None:
+    """Type ``value`` into a request-table cell with its own editor and commit it with Enter."""
+    cell = _cell(page, "requests_table", row, col)
+    cell.dblclick()
+    editor = cell.locator('textarea[aria-label="Edit cell"]')
+    editor.fill(str(value))
+    editor.press("Enter")
+    expect(cell).to_contain_text(str(value))
+
+
+def set_requests(page: Page, rows: list[tuple[str, int]]) -> None:
+    """Replace the request table with ``rows`` (prompt, cap) through the table's own UI."""
+    while _num_rows(page, "requests_table") > len(rows):
+        before = _num_rows(page, "requests_table")
+        _row_action(page, before - 1, "Delete row")
+        expect(
+            _grid(page, "requests_table").locator('[role=gridcell][data-col="0"]')
+        ).to_have_count(before - 1)
+    while _num_rows(page, "requests_table") < len(rows):
+        _row_action(page, _num_rows(page, "requests_table") - 1, "Add row below")
+    for i, (prompt, cap) in enumerate(rows):
+        _edit_cell(page, i, 0, prompt)
+        _edit_cell(page, i, 1, cap)
+    shown = [
+        (
+            _cell(page, "requests_table", i, 0).inner_text().replace("⋮", "").strip(),
+            _cell(page, "requests_table", i, 1).inner_text().replace("⋮", "").strip(),
+        )
+        for i in range(_num_rows(page, "requests_table"))
+    ]
+    assert shown == [(p, str(c)) for p, c in rows], f"request table shows {shown}"
+
+
+def set_slots(page: Page, num_slots: int) -> None:
+    """Type the slot count into the slider's number box."""
+    box = page.locator("#slots_slider input[type=number]")
+    box.fill(str(num_slots))
+    box.press("Enter")
+    expect(page.locator("#slots_slider input[type=range]")).to_have_value(str(num_slots))
+
+
+def run_and_wait(page: Page) -> None:
+    """Press Run and wait until the run's progress tracker shows it started, then finished."""
+    tracker = page.locator("#status_markdown [data-testid=status-tracker]")
+    page.locator("#run_button").click()
+    expect(tracker).not_to_have_class(re.compile(r"\bhide\b"), timeout=10_000)
+    expect(tracker).to_have_class(re.compile(r"\bhide\b"), timeout=RUN_TIMEOUT_MS)
+
+
+def status_text(page: Page) -> str:
+    return page.locator("#status_markdown [data-testid=markdown]").inner_text()
+
+
+def plot_summary(page: Page, elem_id: str) -> dict:
+    """Traces in the figure data and trace groups Plotly actually drew in the SVG."""
+    plot = page.locator(f"#{elem_id} .js-plotly-plot")
+    expect(plot).to_have_count(1)
+    return plot.evaluate(
+        """el => ({
+            num_data: (el.data || []).length,
+            num_drawn: el.querySelectorAll('.cartesianlayer .trace, .hm image, .heatmaplayer image')
+                .length,
+            title: (el.querySelector('.gtitle') || {}).textContent || '',
+        })"""
+    )
+
+
+def outputs_rows(page: Page) -> list[list[str]]:
+    """The outputs table's body cells as text, row by row."""
+    return [
+        [_cell(page, "outputs_table", r, c).inner_text().strip() for c in range(6)]
+        for r in range(_num_rows(page, "outputs_table"))
+    ]
+
+
+def assert_results(page: Page, prompts: list[str]) -> None:
+    """Success status, four drawn plots, one checked outputs row per prompt."""
+    status = status_text(page)
+    assert SUCCESS_STATUS.search(status), f"status line does not report success: {status!r}"
+    for elem_id in PLOT_IDS:
+        summary = plot_summary(page, elem_id)
+        assert summary["num_data"] > 0 and summary["num_drawn"] > 0, f"{elem_id} empty: {summary}"
+    for elem_id, title in (
+        ("static_timeline_plot", "Static batching — 2 slots"),
+        ("continuous_timeline_plot", "Continuous batching — 2 slots"),
+    ):
+        assert title in plot_summary(page, elem_id)["title"], f"{elem_id} title is not {title!r}"
+    rows = outputs_rows(page)
+    assert [r[1] for r in rows] == prompts, f"outputs table prompts: {rows}"
+    for row in rows:
+        assert row[3] and row[4], f"{row[0]}: an engine's output is empty: {row}"
+        assert row[5] == "✓", f"{row[0]}: outputs not marked as matching model.generate: {row}"
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+
+def test_run_draws_timelines_masks_and_checked_outputs(page: Page, tmp_path: Path):
+    """A small run draws both timelines, both masks and a ✓-checked outputs table."""
+    rows = [("The capital of France is", 3), ("Today's weather is so", 5)]
+    set_requests(page, rows)
+    set_slots(page, 2)
+    expect(page.locator("#reference_checkbox input[type=checkbox]")).to_be_checked()
+    run_and_wait(page)
+    assert_results(page, [p for p, _ in rows])
+    shot = tmp_path / "playground.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+
+
+def test_bad_input_shows_error_and_keeps_results(page: Page):
+    """A cap of 0 shows the engine's message; earlier results stay, and the next run works."""
+    rows = [("The capital of France is", 3), ("Water boils at", 4)]
+    set_requests(page, rows)
+    set_slots(page, 2)
+    run_and_wait(page)
+    assert_results(page, [p for p, _ in rows])
+    before_outputs, before_status = outputs_rows(page), status_text(page)
+
+    _edit_cell(page, 1, 1, 0)
+    page.locator("#run_button").click()
+    toast = page.locator('[data-testid="toast-text"]')
+    expect(toast).to_contain_text("max_new_tokens 0 is out of range", timeout=30_000)
+    assert "Row 2" in toast.inner_text(), f"error does not name the row: {toast.inner_text()!r}"
+    assert outputs_rows(page) == before_outputs, "the error wiped the previous outputs"
+    assert status_text(page) == before_status, "the error replaced the previous status line"
+    for elem_id in PLOT_IDS:
+        assert plot_summary(page, elem_id)["num_drawn"] > 0, f"the error cleared {elem_id}"
+
+    page.locator('[data-testid="toast-close"]').first.click()
+    _edit_cell(page, 1, 1, 6)
+    run_and_wait(page)
+    assert_results(page, [p for p, _ in rows])
+    assert outputs_rows(page)[1][2] == "6", "the run after the error did not use the fixed cap"
+
+
+def test_html_prompt_is_shown_as_text(page: Page):
+    """A prompt that looks like HTML appears literally in the outputs table, never as an element."""
+    rows = [(XSS_PROMPT, 3), ("The capital of France is", 3)]
+    set_requests(page, rows)
+    set_slots(page, 2)
+    run_and_wait(page)
+    assert_results(page, [p for p, _ in rows])
+    outputs = page.locator("#outputs_table")
+    assert outputs.locator('img[src="x"]').count() == 0, "the prompt became an <img> element"
+    assert page.locator('img[src="x"]').count() == 0, "an <img src=x> was created on the page"
+    prompt_cell = _cell(page, "outputs_table", 0, 1)
+    expect(prompt_cell).to_have_text(XSS_PROMPT)  # the literal characters, tags included
+    expect(prompt_cell).to_be_visible()
+    assert not page.dialogs, f"the prompt's onerror ran: {page.dialogs}"
