@@ -10,7 +10,7 @@ import argparse
 
 import gradio as gr
 
-from engine import figures, playground
+from engine import playground, tables
 
 TITLE = "Continuous Batching Playground"
 INTRO = (
@@ -71,6 +71,33 @@ def build_demo(model_label: str) -> gr.Blocks:
                     label="Check outputs against model.generate",
                     elem_id="reference_checkbox",
                 )
+                with gr.Accordion("Engine settings", open=False):
+                    kv_mode_dropdown = gr.Dropdown(
+                        [
+                            ("in place, per slot (fast)", "slots"),
+                            ("article's concatenation (slow, O(n²))", "concat"),
+                        ],
+                        value="slots",
+                        label="Continuous engine's KV cache",
+                        elem_id="kv_mode_dropdown",
+                    )
+                    token_budget_number = gr.Number(
+                        value=0,
+                        precision=0,
+                        label="Token budget per step (0 = no limit)",
+                        elem_id="token_budget_number",
+                    )
+                    policy_radio = gr.Radio(
+                        [("decode first", "decode_first"), ("prefill first", "prefill_first")],
+                        value="decode_first",
+                        label="Who gets the budget first",
+                        elem_id="policy_radio",
+                    )
+                    compare_hf_checkbox = gr.Checkbox(
+                        value=False,
+                        label="Also run transformers' built-in continuous batching",
+                        elem_id="compare_hf_checkbox",
+                    )
                 run_button = gr.Button("Run", variant="primary", elem_id="run_button")
         status_markdown = gr.Markdown(
             "Press Run to compare the two engines.", elem_id="status_markdown"
@@ -88,18 +115,17 @@ def build_demo(model_label: str) -> gr.Blocks:
             packed_mask_plot = gr.Plot(show_label=False, elem_id="packed_mask_plot")
             static_mask_plot = gr.Plot(show_label=False, elem_id="static_mask_plot")
         metrics_table = gr.Dataframe(
-            headers=figures.METRICS_HEADERS,
+            headers=tables.METRICS_HEADERS,
             interactive=False,
             wrap=True,
             label="Metrics",
             elem_id="metrics_table",
         )
         outputs_table = gr.Dataframe(
-            headers=figures.OUTPUTS_HEADERS,
+            headers=tables.outputs_headers(["static", "continuous"]),
             datatype="str",  # plain text: model output is never rendered as HTML or Markdown
             interactive=False,
             wrap=True,
-            column_widths=["7%", "20%", "6%", "29%", "29%", "9%"],
             label="Outputs",
             elem_id="outputs_table",
         )
@@ -110,7 +136,17 @@ def build_demo(model_label: str) -> gr.Blocks:
         )
         run_button.click(
             playground.run_event,
-            [requests_table, slots_slider, chat_checkbox, reference_checkbox, x_axis_radio],
+            [
+                requests_table,
+                slots_slider,
+                chat_checkbox,
+                reference_checkbox,
+                kv_mode_dropdown,
+                token_budget_number,
+                policy_radio,
+                compare_hf_checkbox,
+                x_axis_radio,
+            ],
             [
                 run_state,
                 static_timeline_plot,

@@ -34,27 +34,6 @@ MAX_QUERY_CELLS, MAX_KEY_CELLS = 512, 4096  # tile sizes are chosen to fit this 
 SMALL_GRID_CELLS = 80  # heatmaps up to this many cells a side get a 1-px gap between cells
 PROMPT_HOVER_CHARS = 60
 
-METRICS_HEADERS = [
-    "engine",
-    "wall s",
-    "steps",
-    "generated tokens",
-    "tok/s",
-    "speedup vs static",
-    "padding waste %",
-    "slot utilisation %",
-    "mean TTFT s",
-    "outputs match model.generate",
-]
-OUTPUTS_HEADERS = [
-    "request",
-    "prompt",
-    "cap",
-    "static output",
-    "continuous output",
-    "matches model.generate",
-]
-
 
 def request_color(request_id: int) -> str:
     """The colour of one request, the same in every chart."""
@@ -423,49 +402,3 @@ def static_mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
 
 
 # --- tables --------------------------------------------------------------------------------------
-
-
-def metrics_rows(traces: dict[str, Trace], reference_ok: dict[str, bool] | None) -> list[list]:
-    """One ``METRICS_HEADERS`` row per engine; speedup is static wall time over this engine's."""
-    static_wall_s = traces["static"].wall_s if "static" in traces else None
-    rows = []
-    for name, trace in traces.items():
-        m = trace.metrics()
-        speedup = f"{static_wall_s / m.wall_s:.2f}×" if static_wall_s and m.wall_s > 0 else "—"
-        ok = "—" if not reference_ok or name not in reference_ok else "✓✗"[not reference_ok[name]]
-        rows.append(
-            [
-                name,
-                round(m.wall_s, 2),
-                m.num_steps,
-                m.num_generated_tokens,
-                round(m.tok_per_s, 1),
-                speedup,
-                round(m.padding_waste_pct, 1),
-                round(m.slot_utilisation_pct, 1),
-                round(m.mean_ttft_s, 2),
-                ok,
-            ]
-        )
-    return rows
-
-
-def outputs_rows(
-    static: Trace, continuous: Trace, reference: dict[int, list[int]] | None
-) -> list[list]:
-    """One ``OUTPUTS_HEADERS`` row per request; texts are plain strings, never markup."""
-    rows = []
-    for s, c in zip(static.requests, continuous.requests, strict=True):
-        if reference is None:
-            verdict = "—"
-        else:
-            bad = [
-                name
-                for name, r in (("static", s), ("continuous", c))
-                if r.output_token_ids != reference.get(r.request_id)
-            ]
-            verdict = "✓" if not bad else "✗ " + " and ".join(bad)
-        rows.append(
-            [f"R{s.request_id}", s.prompt, s.max_new_tokens, s.output_text, c.output_text, verdict]
-        )
-    return rows

@@ -22,9 +22,10 @@ from typing import Any
 
 import gradio as gr
 
-from engine import figures
+from engine import figures, tables
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
+from engine.hf_continuous import HFContinuousEngine
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.reference import ReferenceCache, mismatches
@@ -99,6 +100,14 @@ class RunState:
     static: Trace
     continuous: Trace
     reference: dict[int, list[int]] | None
+    hf_continuous: Trace | None = None  # transformers' own continuous batching, when compared
+
+    def traces(self) -> dict[str, Trace]:
+        """The runs in display order, by engine name."""
+        runs = {"static": self.static, "continuous": self.continuous}
+        if self.hf_continuous is not None:
+            runs["hf_continuous"] = self.hf_continuous
+        return runs
 
     @property
     def num_steps(self) -> int:
@@ -135,59 +144,92 @@ class RunResult:
         slider = gr.Slider(
             minimum=0, maximum=max(self.state.num_steps - 1, 1), value=self.step_index
         )
-        return (self.state, *self.views.as_tuple(), slider, self.metrics, self.outputs, self.status)
+        headers = tables.outputs_headers(list(self.state.traces()))
+        outputs = gr.Dataframe(value=self.outputs, headers=headers)
+        return (self.state, *self.views.as_tuple(), slider, self.metrics, outputs, self.status)
 
 
 # --- handlers ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """The page's engine knobs, beside the table and the slot count."""
+
+    chat_template: bool = False
+    check_reference: bool = True
+    kv_mode: str = "slots"
+    token_budget: int | None = None  # None: no limit
+    policy: str = "decode_first"
+    compare_hf: bool = False
+
+
 def run_comparison(
     rows,
     num_slots,
-    chat_template: bool,
-    check_reference: bool,
+    options: RunOptions,
     progress=gr.Progress(),  # noqa: B008  (Gradio injects its tracker through this default)
     x_axis: str = "time",
     model: SharedModel | None = None,
 ) -> RunResult:
-    """Run static and continuous batching on the table's requests and render the results.
+    """Run static and continuous batching (and optionally transformers' own) and render results.
 
     Raises:
-        gr.Error: with the engine's message, on a bad table, slot count, or model load.
+        gr.Error: with the engine's message, on a bad table, slot count, knob or model load.
     """
     model = model or _user_errors(get_model)
-    requests, config = _user_errors(lambda: _prepare(model, rows, num_slots, chat_template))
+    requests, config = _user_errors(lambda: _prepare(model, rows, num_slots, options))
     runner = model.runner
-    static = StaticEngine(runner, config).run(
+    static = StaticEngine(runner, EngineConfig(config.num_slots)).run(
         requests, _step_counter(progress, "static batching", _static_steps(requests, config))
     )
     continuous = ContinuousEngine(runner, config).run(
         requests,
         _step_counter(progress, "continuous batching", _continuous_steps(requests, config)),
     )
+    hf = None
+    if options.compare_hf:
+        progress(None, desc="transformers' continuous batching")
+        hf = HFContinuousEngine(runner, config).run(requests)
     reference = None
-    if check_reference:
+    if options.check_reference:
         on_request = _reference_counter(progress)
         reference = model.reference.outputs(requests, on_request=on_request)
-    state = RunState(static, continuous, reference)
+    state = RunState(static, continuous, reference, hf)
     step_index = default_step(continuous)
     return RunResult(
         state=state,
         step_index=step_index,
         views=step_views(state, step_index, x_axis),
-        metrics=figures.metrics_rows(
-            {"static": static, "continuous": continuous}, _reference_ok(state)
-        ),
-        outputs=figures.outputs_rows(static, continuous, reference),
+        metrics=tables.metrics_rows(state.traces(), _reference_ok(state)),
+        outputs=tables.outputs_rows(state.traces(), reference),
         status=status_line(state),
     )
 
 
-def run_event(rows, num_slots, chat_template, check_reference, x_axis, progress=gr.Progress()):  # noqa: B008
+def run_event(
+    rows,
+    num_slots,
+    chat_template,
+    check_reference,
+    kv_mode,
+    token_budget,
+    policy,
+    compare_hf,
+    x_axis,
+    progress=gr.Progress(),  # noqa: B008
+):
     """The Run button's handler: ``run_comparison`` as the tuple app.py's outputs expect."""
-    return run_comparison(
-        rows, num_slots, chat_template, check_reference, progress, x_axis
-    ).as_outputs()
+    budget = _user_errors(lambda: _optional_whole_number(token_budget, "Token budget"))
+    options = RunOptions(
+        chat_template=bool(chat_template),
+        check_reference=bool(check_reference),
+        kv_mode=kv_mode or "slots",
+        token_budget=budget,
+        policy=policy or "decode_first",
+        compare_hf=bool(compare_hf),
+    )
+    return run_comparison(rows, num_slots, options, progress, x_axis).as_outputs()
 
 
 def update_step(state: RunState | None, step_index, x_axis: str) -> tuple:
@@ -223,13 +265,15 @@ def status_line(state: RunState) -> str:
     speedup = s.wall_s / c.wall_s if c.wall_s > 0 else math.nan
     line = (
         f"{len(s.requests)} requests · {s.num_slots} slots · static {s.wall_s:.2f} s · "
-        f"continuous {c.wall_s:.2f} s · **continuous is {speedup:.2f}× as fast**"
+        f"continuous {c.wall_s:.2f} s · **speedup {speedup:.2f}×** (static time / continuous)"
     )
+    if state.hf_continuous is not None:
+        line += f" · transformers' continuous batching {state.hf_continuous.wall_s:.2f} s"
     if state.reference is None:
         return line + " · outputs not checked against `model.generate`"
-    bad = {name: _mismatched(t, state.reference) for name, t in (("static", s), ("continuous", c))}
+    bad = {name: _mismatched(t, state.reference) for name, t in state.traces().items()}
     if not any(bad.values()):
-        return line + " · ✓ both match `model.generate` token for token"
+        return line + " · ✓ all match `model.generate` token for token"
     wrong = "; ".join(f"{n}: {', '.join(f'R{r}' for r in ids)}" for n, ids in bad.items() if ids)
     return line + f" · ✗ differs from `model.generate` ({wrong})"
 
@@ -245,16 +289,25 @@ def _user_errors(fn: Callable):
         raise gr.Error(str(exc), print_exception=False) from exc
 
 
-def _prepare(model: SharedModel, rows, num_slots, chat_template: bool):
-    """Validate and tokenize the table, and build the engine config. Raises ValueError."""
+def _prepare(model: SharedModel, rows, num_slots, options: RunOptions):
+    """Validate and tokenize the table, and build the continuous engine's config.
+
+    Raises:
+        ValueError: bad table, slot count or knob.
+    """
     if hasattr(rows, "values") and hasattr(rows, "columns"):  # a pandas DataFrame
         rows = rows.values.tolist()
-    config = EngineConfig(num_slots=_whole_number(num_slots, "Slots"))
+    config = EngineConfig(
+        num_slots=_whole_number(num_slots, "Slots"),
+        kv_mode=options.kv_mode,
+        max_num_batched_tokens=options.token_budget,
+        scheduling_policy=options.policy,
+    )
     specs = parse_table(rows)
     requests = tokenize_requests(
         specs,
         model.loaded.tokenizer,
-        chat_template=bool(chat_template),
+        chat_template=options.chat_template,
         max_context=model.loaded.max_context,
     )
     return requests, config
@@ -269,6 +322,13 @@ def _whole_number(value, what: str) -> int:
     if not number.is_integer():
         raise ValueError(f"{what} must be a whole number (got {value!r}).")
     return int(number)
+
+
+def _optional_whole_number(value, what: str) -> int | None:
+    """Empty or 0 means "no limit" (None); otherwise a whole number. Raises ValueError."""
+    if value is None or str(value).strip() in ("", "0"):
+        return None
+    return _whole_number(value, what)
 
 
 def _static_steps(requests: list[Request], config: EngineConfig) -> int:
@@ -326,7 +386,4 @@ def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
 def _reference_ok(state: RunState) -> dict[str, bool] | None:
     if state.reference is None:
         return None
-    return {
-        "static": not _mismatched(state.static, state.reference),
-        "continuous": not _mismatched(state.continuous, state.reference),
-    }
+    return {name: not _mismatched(t, state.reference) for name, t in state.traces().items()}

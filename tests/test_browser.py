@@ -46,7 +46,7 @@ PLOT_IDS = [
 ]
 SUCCESS_STATUS = re.compile(
     r"2 requests · 2 slots · static [\d.]+ s · continuous [\d.]+ s · .*"
-    r"✓ both match model\.generate token for token"
+    r"✓ all match model\.generate token for token"
 )
 XSS_PROMPT = "<img src=x onerror=alert(1)>"
 

@@ -209,33 +209,6 @@ def test_figures_serialize_to_json(static, continuous):
         json.loads(fig.to_json())
 
 
-def test_metrics_rows_values(static, continuous):
-    """Metrics rows carry trace.metrics() values, speedup vs static and the reference verdict."""
-    rows = figures.metrics_rows(
-        {"static": static, "continuous": continuous}, {"static": True, "continuous": False}
-    )
-    assert all(len(r) == len(figures.METRICS_HEADERS) for r in rows), "row/header length differ"
-    (s_row, c_row) = rows
-    m = continuous.metrics()
-    assert c_row[:5] == ["continuous", 30.0, 300, 611, round(m.tok_per_s, 1)], c_row
-    assert s_row[5] == "1.00×" and c_row[5] == f"{48.0 / 30.0:.2f}×", (s_row[5], c_row[5])
-    assert c_row[6] == 0.0 and s_row[6] == round(static.padding_waste_pct(), 1) > 0, "waste"
-    assert c_row[7] == round(m.slot_utilisation_pct, 1) and c_row[8] == round(m.mean_ttft_s, 2)
-    assert (s_row[-1], c_row[-1]) == ("✓", "✗"), "reference verdicts wrong"
-    unchecked = figures.metrics_rows({"continuous": continuous}, None)[0]
-    assert unchecked[5] == "—" and unchecked[-1] == "—", "no static or reference should give —"
-
-
-def test_outputs_rows_verdicts(static, continuous):
-    """Outputs rows give both texts and say which engine differs from the reference."""
-    reference = {r.request_id: list(r.output_token_ids) for r in static.requests}
-    rows = figures.outputs_rows(static, continuous, reference)
-    assert rows[0] == ["R0", "prompt 0", 6, "0 1 2 3 4 5", "0 1 2 3 4 5", "✓"], rows[0]
-    continuous.requests[2].output_token_ids = [7]
-    assert figures.outputs_rows(static, continuous, reference)[2][-1] == "✗ continuous"
-    assert figures.outputs_rows(static, continuous, None)[0][-1] == "—", "no reference → —"
-
-
 def test_only_figures_imports_plotly():
     """House style: engine.figures is the only module that imports plotly."""
     root = Path(__file__).resolve().parent.parent

@@ -37,7 +37,13 @@ def shared() -> playground.SharedModel:
 
 @pytest.fixture(scope="module")
 def result(shared) -> playground.RunResult:
-    return playground.run_comparison(ROWS, 2, False, True, lambda *a, **k: None, model=shared)
+    return playground.run_comparison(
+        ROWS,
+        2,
+        playground.RunOptions(chat_template=False, check_reference=True),
+        lambda *a, **k: None,
+        model=shared,
+    )
 
 
 @pytest.fixture
@@ -60,7 +66,7 @@ def test_run_comparison_renders_both_engines(result):
     assert [row[0] for row in result.metrics] == ["static", "continuous"], result.metrics
     assert [row[0] for row in result.outputs] == ["R0", "R1", "R2", "R3"], result.outputs
     assert all(row[-1] == "✓" for row in result.outputs), "outputs differ from model.generate"
-    assert "✓ both match" in result.status, result.status
+    assert "✓ all match" in result.status, result.status
     assert "2 slots" in result.status and "4 requests" in result.status, result.status
 
 
@@ -85,7 +91,13 @@ def test_progress_reports_every_step(shared, monkeypatch):
     """Progress counts each engine's steps up to the real total and each reference request."""
     monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.0)
     progress = RecordingProgress()
-    result = playground.run_comparison(ROWS, 2, False, True, progress, model=shared)
+    result = playground.run_comparison(
+        ROWS,
+        2,
+        playground.RunOptions(chat_template=False, check_reference=True),
+        progress,
+        model=shared,
+    )
     for desc, trace in (
         ("static batching", result.state.static),
         ("continuous batching", result.state.continuous),
@@ -100,7 +112,13 @@ def test_progress_reports_are_throttled(shared, monkeypatch):
     """With a long report interval each engine reports its first step only."""
     monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 3600.0)
     progress = RecordingProgress()
-    playground.run_comparison(ROWS, 2, False, False, progress, model=shared)
+    playground.run_comparison(
+        ROWS,
+        2,
+        playground.RunOptions(chat_template=False, check_reference=False),
+        progress,
+        model=shared,
+    )
     assert progress.by("static batching") == [(1, 19)], progress.by("static batching")
     assert [done for done, _ in progress.by("continuous batching")] == [1], "not throttled"
 
@@ -112,14 +130,28 @@ def test_as_outputs_matches_the_wiring(result):
     slider = out[5]
     assert slider.maximum == result.state.num_steps - 1, "slider does not span every step"
     assert slider.value == result.step_index, "slider not at the default step"
-    assert (out[6], out[7], out[8]) == (result.metrics, result.outputs, result.status)
+    assert (out[6], out[8]) == (result.metrics, result.status)
+    assert out[7].value["data"] == result.outputs, "outputs table rows differ"
+    assert out[7].value["headers"][3:5] == ["static output", "continuous output"]
 
 
 def test_numbers_as_strings_and_chat_template(shared):
     """Caps typed as strings are accepted, and the chat template changes the prompt tokens."""
     rows = [["hi", "3"], ["yo", "2.0"]]
-    plain = playground.run_comparison(rows, 1, False, False, lambda *a, **k: None, model=shared)
-    chat = playground.run_comparison(rows, 1, True, False, lambda *a, **k: None, model=shared)
+    plain = playground.run_comparison(
+        rows,
+        1,
+        playground.RunOptions(chat_template=False, check_reference=False),
+        lambda *a, **k: None,
+        model=shared,
+    )
+    chat = playground.run_comparison(
+        rows,
+        1,
+        playground.RunOptions(chat_template=True, check_reference=False),
+        lambda *a, **k: None,
+        model=shared,
+    )
     assert [r.max_new_tokens for r in plain.state.static.requests] == [3, 2]
     assert chat.state.static.requests[0].num_prompt_tokens > 2, "chat template not applied"
     assert plain.state.reference is None and plain.outputs[0][-1] == "—", "reference was run"
@@ -144,7 +176,13 @@ def test_numbers_as_strings_and_chat_template(shared):
 def test_bad_input_raises_gr_error_before_the_model(rows, slots, message, shared, no_model):
     """Bad input raises gr.Error with the engine's message, and no model call happens."""
     with pytest.raises(gr.Error) as caught:
-        playground.run_comparison(rows, slots, False, True, lambda *a, **k: None, model=shared)
+        playground.run_comparison(
+            rows,
+            slots,
+            playground.RunOptions(chat_template=False, check_reference=True),
+            lambda *a, **k: None,
+            model=shared,
+        )
     assert message in caught.value.message, caught.value.message
 
 
@@ -153,7 +191,13 @@ def test_gr_error_carries_the_workload_message_verbatim(shared):
     with pytest.raises(ValueError) as engine_error:
         parse_table([["hi", "abc"]])
     with pytest.raises(gr.Error) as page_error:
-        playground.run_comparison([["hi", "abc"]], 2, False, False, None, model=shared)
+        playground.run_comparison(
+            [["hi", "abc"]],
+            2,
+            playground.RunOptions(chat_template=False, check_reference=False),
+            None,
+            model=shared,
+        )
     assert page_error.value.message == str(engine_error.value)
 
 
@@ -166,7 +210,9 @@ def test_model_load_error_becomes_gr_error(monkeypatch):
     monkeypatch.setattr(playground, "_shared_model", None)
     monkeypatch.setattr(playground, "load_model", failing_load)
     with pytest.raises(gr.Error) as caught:
-        playground.run_comparison(ROWS, 2, False, False, None)
+        playground.run_comparison(
+            ROWS, 2, playground.RunOptions(chat_template=False, check_reference=False), None
+        )
     assert "Cannot find model 'nope'" in caught.value.message
 
 
@@ -248,3 +294,22 @@ def test_app_wiring():
     for name in ("step", "x_axis"):
         assert by_api[name].fn is playground.update_step, f"{name} not wired to update_step"
     assert app.parse_args([]).host == "127.0.0.1" and app.parse_args([]).port == 7860
+
+
+def test_engine_knobs_reach_the_engines(shared):
+    """KV mode, token budget and the transformers comparison all run and still match generate."""
+    options = playground.RunOptions(
+        check_reference=True, kv_mode="concat", token_budget=4, compare_hf=True
+    )
+    result = playground.run_comparison(ROWS, 2, options, lambda *a, **k: None, model=shared)
+    assert result.state.continuous.kv_mode == "concat"
+    assert max(sum(s.num_new_tokens for s in st.seqs) for st in result.state.continuous.steps) <= 4
+    assert result.state.hf_continuous is not None
+    assert "✓ all match" in result.status, result.status
+    assert len(result.outputs[0]) == 7, "a third output column for transformers' engine"
+
+
+def test_bad_token_budget_is_a_page_error(shared):
+    """A budget below the slot count is refused with the config's message."""
+    with pytest.raises(gr.Error, match="at least the slot count"):
+        playground.run_event(ROWS, 3, False, False, "slots", 2, "decode_first", False, "time")

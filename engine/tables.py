@@ -1,0 +1,83 @@
+"""Table builders: the metrics and outputs tables, as rows of plain values (no plotly, no HTML).
+
+Both take the runs as ``{engine name: Trace}`` in display order, so a third engine (transformers'
+own continuous batching) adds a row to the metrics and a column to the outputs. Output texts stay
+plain strings: the page shows them as text, never as markup.
+"""
+
+from __future__ import annotations
+
+from engine.trace import Trace
+
+METRICS_HEADERS = [
+    "engine",
+    "wall s",
+    "steps",
+    "generated tokens",
+    "tok/s",
+    "speedup vs static",
+    "padding waste %",
+    "slot utilisation %",
+    "mean TTFT s",
+    "outputs match model.generate",
+]
+NOT_AVAILABLE = "—"
+
+
+def metrics_rows(traces: dict[str, Trace], reference_ok: dict[str, bool] | None) -> list[list]:
+    """One ``METRICS_HEADERS`` row per engine; speedup is static wall time over this engine's.
+
+    An engine that records no steps (transformers' manager exposes none) shows "—" for the
+    step-based columns.
+    """
+    static_wall_s = traces["static"].wall_s if "static" in traces else None
+    rows = []
+    for name, trace in traces.items():
+        m = trace.metrics()
+        has_steps = bool(trace.steps)
+        speedup = f"{static_wall_s / m.wall_s:.2f}×" if static_wall_s and m.wall_s > 0 else "—"
+        ok = NOT_AVAILABLE
+        if reference_ok and name in reference_ok:
+            ok = "✓" if reference_ok[name] else "✗"
+        rows.append(
+            [
+                name,
+                round(m.wall_s, 2),
+                m.num_steps if has_steps else NOT_AVAILABLE,
+                m.num_generated_tokens,
+                round(m.tok_per_s, 1),
+                speedup,
+                round(m.padding_waste_pct, 1) if has_steps else NOT_AVAILABLE,
+                round(m.slot_utilisation_pct, 1) if has_steps else NOT_AVAILABLE,
+                round(m.mean_ttft_s, 2),
+                ok,
+            ]
+        )
+    return rows
+
+
+def outputs_headers(engine_names: list[str]) -> list[str]:
+    """request, prompt, cap, one output column per engine, then the reference verdict."""
+    return [
+        "request",
+        "prompt",
+        "cap",
+        *(f"{n} output" for n in engine_names),
+        "matches model.generate",
+    ]
+
+
+def outputs_rows(traces: dict[str, Trace], reference: dict[int, list[int]] | None) -> list[list]:
+    """One row per request (``outputs_headers`` order); the verdict names engines that differ."""
+    runs = list(traces.items())
+    first = runs[0][1]
+    rows = []
+    for i, req in enumerate(first.requests):
+        records = [(name, trace.requests[i]) for name, trace in runs]
+        verdict = NOT_AVAILABLE
+        if reference is not None:
+            bad = [n for n, r in records if r.output_token_ids != reference.get(r.request_id)]
+            verdict = "✓" if not bad else "✗ " + " and ".join(bad)
+        texts = [r.output_text for _, r in records]
+        rows.append([f"R{req.request_id}", req.prompt, req.max_new_tokens, *texts, verdict])
+    return rows
