@@ -26,7 +26,7 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     out = tmp_path / "out.json"
     workload = _workload(tmp_path, [("hello", 5), ("a longer prompt here", 12), ("z", 3)])
     argv = ["--workload", workload, "--slots", "2", "--json", str(out), "--floor"]
-    argv += ["--engines", "static,continuous,continuous_concat,hf_continuous", "--repeat", "2"]
+    argv += ["--engines", "static,continuous,continuous_concat,hf_continuous"]
     assert bench.main(argv) == 0
     doc = json.loads(out.read_text())
     for key in ("model", "device", "dtype", "slots", "workload", "engines", "floor_s"):
@@ -56,11 +56,13 @@ def test_bench_reports_bad_input_clearly(tmp_path, tiny_loaded, capsys):
     assert "Unknown engine 'warp_drive'" in capsys.readouterr().err
 
 
-def test_token_budget_flag_reaches_the_engine(tmp_path, tiny_loaded):
-    """--token-budget caps every continuous step's tokens."""
+def test_token_budget_and_repeat_flags(tmp_path, tiny_loaded):
+    """--token-budget caps every continuous step's tokens; --repeat reports a spread."""
     out = tmp_path / "o.json"
     workload = _workload(tmp_path, [("x" * 30, 4), ("y" * 25, 4)])
     argv = ["--workload", workload, "--engines", "continuous", "--token-budget", "8"]
-    assert bench.main([*argv, "--json", str(out)]) == 0
+    assert bench.main([*argv, "--repeat", "2", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["engines"]["continuous"]["num_steps"] >= (30 + 25) // 8
+    r = doc["engines"]["continuous"]
+    assert r["wall_s_min"] <= r["wall_s"] <= r["wall_s_max"], "median inside the spread"
