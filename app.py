@@ -51,6 +51,7 @@ def build_demo(model_label: str) -> gr.Blocks:
                     interactive=True,
                     column_count=2,  # row_limits/column_limits: "not yet implemented" in 6.31
                     label="Requests",
+                    column_widths=["85%", "15%"],
                     elem_id="requests_table",
                 )
             with gr.Column(scale=1):

@@ -69,8 +69,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def check_args(args: argparse.Namespace, names: list[str]) -> None:
+    """Refuse bad flags before the model loads. Raises ValueError."""
+    unknown = [n for n in names if n not in ENGINES]
+    if unknown or not names:
+        raise ValueError(
+            f"Unknown engine {unknown[0] if unknown else ''!r}; choose from {', '.join(ENGINES)}."
+        )
+    if args.repeat < 1:
+        raise ValueError("--repeat must be at least 1.")
+    EngineConfig(
+        args.slots, max_num_batched_tokens=args.token_budget, scheduling_policy=args.policy
+    )
+
+
 def load_specs(workload: str):
-    return seed_specs() if workload == "seed" else load_jsonl(workload)
+    """``seed`` or a JSONL path. Raises ValueError (suggesting ``seed`` for a missing file)."""
+    if workload == "seed":
+        return seed_specs()
+    if not Path(workload).exists():
+        raise ValueError(f"No workload file {workload!r}; pass 'seed' or a JSONL file path.")
+    return load_jsonl(workload)
 
 
 def run_engines(engines: dict, requests, repeat: int) -> dict[str, list[Trace]]:
@@ -196,6 +215,7 @@ def main(argv=None) -> int:
 
     try:
         names = [n.strip() for n in args.engines.split(",") if n.strip()]
+        check_args(args, names)
         specs = load_specs(args.workload)
         loaded = load_model(args.model, args.device, args.dtype)
         runner = ModelRunner(loaded)
@@ -207,8 +227,6 @@ def main(argv=None) -> int:
         )
         options = {"max_num_batched_tokens": args.token_budget, "scheduling_policy": args.policy}
         engines = {n: make_engine(n, runner, args.slots, **options) for n in names}
-        if args.repeat < 1:
-            raise ValueError("--repeat must be at least 1.")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

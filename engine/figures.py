@@ -57,7 +57,8 @@ def _style(fig: go.Figure, title: str, subtitle: str | None = None) -> go.Figure
 
 
 def _engine_title(trace: Trace) -> str:
-    return f"{trace.engine.capitalize()} batching — {trace.num_slots} slots"
+    slots = "slot" if trace.num_slots == 1 else "slots"
+    return f"{trace.engine.capitalize()} batching — {trace.num_slots} {slots}"
 
 
 # --- timelines -----------------------------------------------------------------------------------
@@ -321,7 +322,8 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
         )
     n_prefill = sum(s.kind == PREFILL for s in step.seqs)
     title = (
-        f"Packed step {step_index}: T={num_q} queries, T_kv={num_kv} keys · "
+        f"Packed step {step_index}: T={num_q} {'query' if num_q == 1 else 'queries'}, "
+        f"T_kv={num_kv} keys · "
         f"{n_prefill} prefill + {len(step.seqs) - n_prefill} decode"
     )
     return _mask_axes(_style(fig, title, note), "keys: cached | this step's new tokens")
@@ -395,8 +397,9 @@ def static_mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
         f"{num_q} {'query' if num_q == 1 else 'queries'} × {num_k} keys"
     )
     subtitle = (
-        f"{sum(pads)} pad tokens (light grey), {num_idle} idle rows (dark grey: row already "
-        f"finished)" + (f" · {note}" if note else "")
+        f"{sum(pads)} pad tokens (light grey), {num_idle} idle "
+        f"{'row' if num_idle == 1 else 'rows'} (dark grey: row already finished)"
+        + (f" · {note}" if note else "")
     )
     return _mask_axes(_style(fig, title, subtitle), "key column (left padding first)")
 

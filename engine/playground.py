@@ -155,8 +155,13 @@ class RunResult:
         slider = gr.Slider(
             minimum=0, maximum=max(self.state.num_steps - 1, 1), value=self.step_index
         )
-        headers = tables.outputs_headers(list(self.state.traces()))
-        outputs = gr.Dataframe(value=self.outputs, headers=headers)
+        names = list(self.state.traces())
+        output_width = f"{62 // len(names)}%"
+        outputs = gr.Dataframe(
+            value=self.outputs,
+            headers=tables.outputs_headers(names),
+            column_widths=["6%", "18%", "6%", *[output_width] * len(names), "8%"],
+        )
         return (self.state, *self.views.as_tuple(), slider, self.metrics, outputs, self.status)
 
 
@@ -275,7 +280,8 @@ def status_line(state: RunState) -> str:
     s, c = state.static, state.continuous
     speedup = s.wall_s / c.wall_s if c.wall_s > 0 else math.nan
     line = (
-        f"{len(s.requests)} requests · {s.num_slots} slots · static {s.wall_s:.2f} s · "
+        f"{_count(len(s.requests), 'request')} · {_count(s.num_slots, 'slot')} · "
+        f"static {s.wall_s:.2f} s · "
         f"continuous {c.wall_s:.2f} s · **speedup {speedup:.2f}×** (static time / continuous)"
     )
     if state.hf_continuous is not None:
@@ -290,6 +296,10 @@ def status_line(state: RunState) -> str:
 
 
 # --- helpers -------------------------------------------------------------------------------------
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _user_errors(fn: Callable):

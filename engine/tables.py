@@ -22,6 +22,7 @@ METRICS_HEADERS = [
     "outputs match model.generate",
 ]
 NOT_AVAILABLE = "—"
+PROMPT_SHOWN_CHARS = 200  # longer prompts are clipped in the outputs table
 
 
 def metrics_rows(traces: dict[str, Trace], reference_ok: dict[str, bool] | None) -> list[list]:
@@ -79,5 +80,13 @@ def outputs_rows(traces: dict[str, Trace], reference: dict[int, list[int]] | Non
             bad = [n for n, r in records if r.output_token_ids != reference.get(r.request_id)]
             verdict = "✓" if not bad else "✗ " + " and ".join(bad)
         texts = [r.output_text for _, r in records]
-        rows.append([f"R{req.request_id}", req.prompt, req.max_new_tokens, *texts, verdict])
+        prompt = _clip(req.prompt, PROMPT_SHOWN_CHARS)
+        rows.append([f"R{req.request_id}", prompt, req.max_new_tokens, *texts, verdict])
     return rows
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… (+{len(text) - limit} chars)"

@@ -196,7 +196,7 @@ def test_static_decode_mask_shows_idle_rows(static):
     pad0 = static.steps[0].seqs[0].num_padding_tokens
     assert np.all(z[0, pad0:] == 4) and np.all(z[0, :pad0] == 3), "R0's finished row not idle"
     assert np.all(z[2] == 2), "R2 (no padding) should see every key"
-    assert "1 idle rows" in fig.layout.title.subtitle.text, fig.layout.title.subtitle.text
+    assert "1 idle row " in fig.layout.title.subtitle.text, fig.layout.title.subtitle.text
 
 
 def test_figures_serialize_to_json(static, continuous):

@@ -67,3 +67,10 @@ def test_outputs_get_one_column_per_engine(static, continuous):
     rows = tables.outputs_rows(runs, None)
     assert headers[3:6] == ["static output", "continuous output", "hf_continuous output"]
     assert all(len(r) == len(headers) for r in rows)
+
+
+def test_long_prompts_are_clipped_in_the_outputs_table(static, continuous):
+    """A 2,000-character prompt is shown clipped, saying how much was left out."""
+    static.requests[0].prompt = continuous.requests[0].prompt = "x" * 2000
+    shown = tables.outputs_rows({"static": static, "continuous": continuous}, None)[0][1]
+    assert len(shown) < 260 and shown.endswith(f"(+{2000 - tables.PROMPT_SHOWN_CHARS} chars)")
