@@ -11,6 +11,7 @@ With ``--repeat N`` the engines run interleaved (A B A B ...) and the median is 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -23,7 +24,7 @@ from engine.reference import ReferenceCache, mismatches
 from engine.sequence import Request
 from engine.static import StaticEngine
 from engine.trace import Trace
-from engine.workload import load_jsonl, seed_specs, tokenize_requests
+from engine.workload import load_jsonl, poisson_arrivals, seed_specs, tokenize_requests
 
 ENGINES = ("static", "continuous", "continuous_concat", "hf_continuous")
 
@@ -60,6 +61,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chat-template", action="store_true", help="wrap prompts in the chat template")
     p.add_argument("--repeat", type=int, default=1, help="runs per engine, interleaved")
     p.add_argument("--no-reference", action="store_true", help="skip the model.generate check")
+    p.add_argument(
+        "--arrival",
+        choices=("file", "all", "poisson"),
+        default="file",
+        help="file: the JSONL's arrival_s (0 if absent); all: t=0; poisson: --rate",
+    )
+    p.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals per second")
+    p.add_argument("--seed", type=int, default=0, help="Poisson arrivals' random seed")
     p.add_argument("--token-budget", type=int, default=None, help="max tokens per step")
     p.add_argument("--policy", default="decode_first", help="decode_first or prefill_first")
     p.add_argument(
@@ -83,13 +92,19 @@ def check_args(args: argparse.Namespace, names: list[str]) -> None:
     )
 
 
-def load_specs(workload: str):
-    """``seed`` or a JSONL path. Raises ValueError (suggesting ``seed`` for a missing file)."""
-    if workload == "seed":
-        return seed_specs()
-    if not Path(workload).exists():
-        raise ValueError(f"No workload file {workload!r}; pass 'seed' or a JSONL file path.")
-    return load_jsonl(workload)
+def load_specs(args: argparse.Namespace):
+    """The workload with its arrival times. Raises ValueError (suggesting ``seed`` if missing)."""
+    if args.workload == "seed":
+        specs = seed_specs()
+    elif not Path(args.workload).exists():
+        raise ValueError(f"No workload file {args.workload!r}; pass 'seed' or a JSONL file path.")
+    else:
+        specs = load_jsonl(args.workload)
+    if args.arrival == "all":
+        return [dataclasses.replace(s, arrival_s=0.0) for s in specs]
+    if args.arrival == "poisson":
+        return poisson_arrivals(specs, args.rate, args.seed)
+    return specs
 
 
 def run_engines(engines: dict, requests, repeat: int) -> dict[str, list[Trace]]:
@@ -120,6 +135,8 @@ def engine_result(runs: list[Trace], reference: dict | None) -> dict:
         "ms_per_step": 1000 * wall_s / m.num_steps if m.num_steps else 0.0,
         "padding_waste_pct": m.padding_waste_pct,
         "slot_utilisation_pct": m.slot_utilisation_pct,
+        "requests_per_s": len(runs[0].requests) / wall_s if wall_s else 0.0,
+        "latency_percentiles": median_run.latency_percentiles(),
         "reference_match": None if reference is None else not bad,
         "num_mismatched_requests": len(bad),
         "info": median_run.info,
@@ -216,7 +233,7 @@ def main(argv=None) -> int:
     try:
         names = [n.strip() for n in args.engines.split(",") if n.strip()]
         check_args(args, names)
-        specs = load_specs(args.workload)
+        specs = load_specs(args)
         loaded = load_model(args.model, args.device, args.dtype)
         runner = ModelRunner(loaded)
         requests = tokenize_requests(
@@ -257,6 +274,8 @@ def main(argv=None) -> int:
             "slots": args.slots,
             "workload": args.workload,
             "repeat": args.repeat,
+            "arrival": args.arrival,
+            "rate": args.rate if args.arrival == "poisson" else None,
             "engines": results,
             **extra,
         }

@@ -22,6 +22,7 @@ class EngineConfig:
         max_num_batched_tokens: the token budget, most tokens in one step (continuous engine);
             ``None`` means no limit. It must be at least ``num_slots`` so every decode fits.
         scheduling_policy: ``"decode_first"`` or ``"prefill_first"``: who gets the budget first.
+        wave_timeout_s: static engine: how long the oldest arrived request waits for a full wave.
         ignore_eos: generate every sequence to its cap (benchmarks only, as vLLM's ``ignore_eos``).
 
     Raises:
@@ -33,6 +34,7 @@ class EngineConfig:
     max_seq_len: int | None = None
     max_num_batched_tokens: int | None = None
     scheduling_policy: str = "decode_first"
+    wave_timeout_s: float = 1.0
     ignore_eos: bool = False
 
     def __post_init__(self):
@@ -53,5 +55,7 @@ class EngineConfig:
         if self.scheduling_policy not in POLICIES:
             choices = ", ".join(POLICIES)
             raise ValueError(f"Unknown policy {self.scheduling_policy!r}; choose one of {choices}.")
+        if self.wave_timeout_s < 0:
+            raise ValueError(f"wave_timeout_s must be >= 0 (got {self.wave_timeout_s}).")
         if self.max_seq_len is not None and self.max_seq_len < 1:
             raise ValueError(f"max_seq_len must be positive (got {self.max_seq_len}).")

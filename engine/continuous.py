@@ -48,8 +48,12 @@ class ContinuousEngine:
         )
         self.runner.synchronize()
         t0 = time.perf_counter()
-        self._record_admitted(trace, scheduler.admit(), 0.0)
         while scheduler.has_work():
+            if not scheduler.running:  # idle until the next request arrives
+                _sleep_until(t0, scheduler.next_arrival_s())
+                now_s = time.perf_counter() - t0
+                self._record_admitted(trace, scheduler.admit(now_s), now_s)
+                continue
             start_s = time.perf_counter() - t0
             seqs, num_new = scheduler.schedule()
             batch = build_packed_batch(
@@ -62,8 +66,8 @@ class ContinuousEngine:
             finished = scheduler.postprocess(seqs, num_new, next_tokens)
             for seq in finished:
                 cache.release(seq.request_id)
-            admitted = scheduler.admit()
             record.end_s = time.perf_counter() - t0
+            admitted = scheduler.admit(record.end_s)
             self._record_tokens(trace, seqs, finished, record.end_s)
             self._record_admitted(trace, admitted, record.end_s)
             trace.steps.append(record)
@@ -104,6 +108,12 @@ class ContinuousEngine:
             rec.output_token_ids = list(seq.output_token_ids)
             rec.output_text = self.runner.decode(seq.output_token_ids)
             rec.finish_reason = seq.finish_reason
+
+
+def _sleep_until(t0: float, at_s: float | None) -> None:
+    """Wait (really: the clock is wall time) until ``at_s`` seconds after ``t0``."""
+    if at_s is not None:
+        time.sleep(max(0.0, at_s - (time.perf_counter() - t0)))
 
 
 def _step_record(index: int, start_s: float, batch) -> StepRecord:

@@ -15,6 +15,7 @@ Plain Python bookkeeping, per sequence, never per token.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 
 from engine.sequence import Request, Sequence, SequenceStatus
@@ -35,7 +36,8 @@ class Scheduler:
         self.eos_token_ids = eos_token_ids
         self.token_budget = max_num_batched_tokens
         self.policy = policy
-        self.waiting: deque[Sequence] = deque(Sequence(r) for r in requests)
+        by_arrival = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+        self.waiting: deque[Sequence] = deque(Sequence(r) for r in by_arrival)
         self.running: dict[int, Sequence] = {}  # slot -> sequence
         self._free_slots = list(range(num_slots))  # min-heap
         self._admitted = 0  # admission counter: FCFS order among running prefills
@@ -43,10 +45,14 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def admit(self) -> list[Sequence]:
-        """Fill free slots from the waiting queue; return the sequences admitted."""
+    def next_arrival_s(self) -> float | None:
+        """When the first waiting request arrives (None if nothing waits)."""
+        return self.waiting[0].request.arrival_s if self.waiting else None
+
+    def admit(self, now_s: float = math.inf) -> list[Sequence]:
+        """Fill free slots with waiting requests that arrived by ``now_s``, in arrival order."""
         admitted = []
-        while self.waiting and self._free_slots:
+        while self.waiting and self._free_slots and self.waiting[0].request.arrival_s <= now_s:
             seq = self.waiting.popleft()
             seq.slot = heapq.heappop(self._free_slots)
             seq.status = SequenceStatus.RUNNING

@@ -1,6 +1,7 @@
 """The static engine: padded waves through ``model.generate`` with a batch barrier.
 
-Requests go in waves of ``B`` in arrival order. Each wave is left-padded to its longest prompt and
+Requests go in waves of ``B`` in arrival order (see ``StaticEngine._next_wave`` for how a wave
+forms when requests arrive over time). Each wave is left-padded to its longest prompt and
 generated with plain ``model.generate`` (greedy) until every row reached its own cap or an EOS; rows
 that finished early are still computed every step (padding waste), and the next wave starts only
 when the whole wave is done (the barrier). A stopping criterion timestamps every step and tells
@@ -9,7 +10,9 @@ when the whole wave is done (the barrier). A stopping criterion timestamps every
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -49,14 +52,38 @@ class StaticEngine:
         """Run every wave; ``on_step(trace, None)`` is called after every generate step."""
         trace = Trace(engine=self.name, num_slots=self.config.num_slots)
         trace.requests = new_request_records(requests)
-        b = self.config.num_slots
+        pending = deque(sorted(requests, key=lambda r: (r.arrival_s, r.request_id)))
         self.runner.synchronize()
         t0 = time.perf_counter()
-        for wave_index, start in enumerate(range(0, len(requests), b)):
-            self._run_wave(trace, wave_index, requests[start : start + b], t0, on_step)
+        wave_index = 0
+        while pending:
+            wave = self._next_wave(pending, t0)
+            self._run_wave(trace, wave_index, wave, t0, on_step)
+            wave_index += 1
         self.runner.synchronize()
         trace.wall_s = time.perf_counter() - t0
         return trace
+
+    def _next_wave(self, pending: deque[Request], t0: float) -> list[Request]:
+        """Wait for the next wave and take it out of ``pending`` (sorted by arrival).
+
+        The wave-forming rule: a wave starts as soon as ``B`` requests have arrived, or the
+        oldest arrived request has waited ``wave_timeout_s``, or every remaining request has
+        arrived; it takes up to ``B`` arrived requests, oldest first. Until then the engine waits.
+        """
+        b, timeout_s = self.config.num_slots, self.config.wave_timeout_s
+        while True:
+            now_s = time.perf_counter() - t0
+            arrived = sum(1 for r in pending if r.arrival_s <= now_s)
+            oldest_waited_s = now_s - pending[0].arrival_s
+            if arrived and (
+                arrived >= b or arrived == len(pending) or oldest_waited_s >= timeout_s
+            ):
+                return [pending.popleft() for _ in range(min(b, arrived))]
+            wake_s = pending[arrived].arrival_s if arrived < len(pending) else math.inf
+            if arrived:
+                wake_s = min(wake_s, pending[0].arrival_s + timeout_s)
+            time.sleep(max(0.0, wake_s - now_s))
 
     def _run_wave(self, trace, wave_index, wave: list[Request], t0, on_step) -> None:
         wave_start_s = time.perf_counter() - t0

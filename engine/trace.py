@@ -75,6 +75,11 @@ class RequestRecord:
     finish_reason: str | None = None
 
     @property
+    def queue_s(self) -> float | None:
+        """Time waiting for a slot, from arrival to admission."""
+        return None if self.admit_s is None else self.admit_s - self.arrival_s
+
+    @property
     def ttft_s(self) -> float | None:
         """Time to first token, from arrival."""
         return None if self.first_token_s is None else self.first_token_s - self.arrival_s
@@ -106,6 +111,22 @@ class RunMetrics:
     mean_step_ms: float
     mean_ttft_s: float
     mean_latency_s: float
+    requests_per_s: float
+
+
+LATENCY_METRICS = ("queue_s", "ttft_s", "tpot_s", "latency_s")
+PERCENTILES = (50, 95, 99)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile with linear interpolation between ranks (numpy's default method)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 @dataclass
@@ -138,7 +159,19 @@ class Trace:
             mean_step_ms=1000 * self.wall_s / len(self.steps) if self.steps else 0.0,
             mean_ttft_s=statistics.fmean(ttfts) if ttfts else 0.0,
             mean_latency_s=statistics.fmean(latencies) if latencies else 0.0,
+            requests_per_s=len(self.requests) / self.wall_s if self.wall_s > 0 else 0.0,
         )
+
+    def latency_percentiles(self) -> dict[str, dict[str, float | None]]:
+        """p50/p95/p99 of queue time, TTFT, TPOT and end-to-end latency over the requests (s).
+
+        Requests without a value (TPOT needs two tokens) are left out of that metric.
+        """
+        result = {}
+        for name in LATENCY_METRICS:
+            values = [v for r in self.requests if (v := getattr(r, name)) is not None]
+            result[name] = {f"p{q}": percentile(values, q) for q in PERCENTILES}
+        return result
 
     def padding_waste_pct(self) -> float:
         """Share of computed token positions that were padding or rows already finished.
@@ -169,6 +202,7 @@ class Trace:
             "wall_s": self.wall_s,
             "info": self.info,
             "metrics": asdict(self.metrics()),
+            "latency_percentiles": self.latency_percentiles(),
             "steps": [asdict(s) for s in self.steps],
             "requests": [asdict(r) for r in self.requests],
         }

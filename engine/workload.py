@@ -8,8 +8,10 @@ a message a person can act on; the page and the bench show that message as it is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +36,7 @@ class RequestSpec:
 
     prompt: str
     max_new_tokens: int
+    arrival_s: float = 0.0  # seconds after the run starts
 
 
 def seed_specs() -> list[RequestSpec]:
@@ -112,8 +115,38 @@ def load_jsonl(path: str | Path) -> list[RequestSpec]:
             raise ValueError(f"{where}: not valid JSON ({exc.msg}).") from None
         if not isinstance(obj, dict) or "prompt" not in obj or "max_new_tokens" not in obj:
             raise ValueError(f'{where}: expected {{"prompt": ..., "max_new_tokens": ...}}.')
-        specs.append(parse_spec(obj["prompt"], obj["max_new_tokens"], where))
+        spec = parse_spec(obj["prompt"], obj["max_new_tokens"], where)
+        if "arrival_s" in obj:
+            spec = dataclasses.replace(spec, arrival_s=parse_arrival(obj["arrival_s"], where))
+        specs.append(spec)
     return _checked_count(specs)
+
+
+def parse_arrival(value, where: str) -> float:
+    """An ``arrival_s`` value -> seconds >= 0. Raises ValueError naming ``where``."""
+    try:
+        arrival = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: arrival_s {value!r} is not a number.") from None
+    if not math.isfinite(arrival) or arrival < 0:
+        raise ValueError(f"{where}: arrival_s must be a finite number of seconds >= 0.")
+    return arrival
+
+
+def poisson_arrivals(specs: list[RequestSpec], rate_per_s: float, seed: int) -> list[RequestSpec]:
+    """The same specs, arriving as a Poisson process of ``rate_per_s`` (reproducible by seed).
+
+    Inter-arrival gaps are exponential with mean ``1 / rate_per_s``; the first request arrives
+    after one gap. Raises ValueError for a rate that is not positive.
+    """
+    if not rate_per_s > 0:
+        raise ValueError(f"The arrival rate must be positive (got {rate_per_s}).")
+    rng = random.Random(seed)
+    now_s, out = 0.0, []
+    for spec in specs:
+        now_s += rng.expovariate(rate_per_s)
+        out.append(dataclasses.replace(spec, arrival_s=now_s))
+    return out
 
 
 def tokenize_requests(
@@ -139,7 +172,9 @@ def tokenize_requests(
                 f"{where}: prompt ({len(ids)} tokens) + max_new_tokens ({spec.max_new_tokens}) "
                 f"exceeds the model's context of {max_context} tokens; shorten it."
             )
-        requests.append(Request(request_id, spec.prompt, spec.max_new_tokens, tuple(ids)))
+        requests.append(
+            Request(request_id, spec.prompt, spec.max_new_tokens, tuple(ids), spec.arrival_s)
+        )
     return requests
 
 

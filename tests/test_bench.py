@@ -33,6 +33,7 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
         assert key in doc, f"missing top-level {key}"
     assert set(doc["engines"]) == {"static", "continuous", "continuous_concat", "hf_continuous"}
     for name, r in doc["engines"].items():
+        assert set(r["latency_percentiles"]) == {"queue_s", "ttft_s", "tpot_s", "latency_s"}
         for key in ("wall_s", "num_steps", "num_generated_tokens", "tok_per_s"):
             assert key in r, f"{name} lacks {key}"
         assert r["reference_match"] is True and r["num_mismatched_requests"] == 0, name
