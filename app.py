@@ -94,6 +94,11 @@ def build_demo(model_label: str) -> gr.Blocks:
                         label="Who gets the budget first",
                         elem_id="policy_radio",
                     )
+                    arrival_rate_number = gr.Number(
+                        value=0,
+                        label="Arrivals: Poisson rate, requests/s (0 = all at t = 0)",
+                        elem_id="arrival_rate_number",
+                    )
                     compare_hf_checkbox = gr.Checkbox(
                         value=False,
                         label="Also run transformers' built-in continuous batching",
@@ -146,6 +151,7 @@ def build_demo(model_label: str) -> gr.Blocks:
                 token_budget_number,
                 policy_radio,
                 compare_hf_checkbox,
+                arrival_rate_number,
                 x_axis_radio,
             ],
             [

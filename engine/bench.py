@@ -193,11 +193,11 @@ def measure_floor(runner, requests, repeat: int) -> float:
 def profile_host_overhead(runner, num_slots: int, contexts=(100, 2000)) -> dict:
     """Share of continuous step time spent outside the model forward, at two context sizes.
 
-    Runs ``num_slots`` requests with ~90-token prompts to their cap with ``ignore_eos`` until the
+    Runs ``num_slots`` requests with 10-token prompts to their cap with ``ignore_eos`` until the
     step context (cached tokens of all sequences) passes ``max(contexts)``; then, for each target,
     averages steps whose context is within 10 % of it.
     """
-    prompt = tuple(range(1000, 1090))
+    prompt = tuple(range(1000, 1010))
     cap = max(contexts) // num_slots - len(prompt) + 50
     requests = [Request(i, "profile", cap, prompt) for i in range(num_slots)]
     engine = ContinuousEngine(runner, EngineConfig(num_slots, ignore_eos=True))

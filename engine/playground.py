@@ -32,7 +32,7 @@ from engine.reference import ReferenceCache, mismatches
 from engine.sequence import Request
 from engine.static import StaticEngine
 from engine.trace import DECODE, PREFILL, Trace
-from engine.workload import parse_table, tokenize_requests
+from engine.workload import parse_table, poisson_arrivals, tokenize_requests
 
 PRESETS_PATH = Path(__file__).resolve().parent.parent / "assets" / "presets.json"
 DEFAULT_PRESET = "Article's six requests"
@@ -178,6 +178,8 @@ class RunOptions:
     token_budget: int | None = None  # None: no limit
     policy: str = "decode_first"
     compare_hf: bool = False
+    arrival_rate_per_s: float | None = None  # None: all requests arrive at t = 0
+    arrival_seed: int = 0
 
 
 def run_comparison(
@@ -232,6 +234,7 @@ def run_event(
     token_budget,
     policy,
     compare_hf,
+    arrival_rate,
     x_axis,
     progress=gr.Progress(),  # noqa: B008
 ):
@@ -244,6 +247,7 @@ def run_event(
         token_budget=budget,
         policy=policy or "decode_first",
         compare_hf=bool(compare_hf),
+        arrival_rate_per_s=_user_errors(lambda: _arrival_rate(arrival_rate)),
     )
     return run_comparison(rows, num_slots, options, progress, x_axis).as_outputs()
 
@@ -325,6 +329,8 @@ def _prepare(model: SharedModel, rows, num_slots, options: RunOptions):
         scheduling_policy=options.policy,
     )
     specs = parse_table(rows)
+    if options.arrival_rate_per_s:
+        specs = poisson_arrivals(specs, options.arrival_rate_per_s, options.arrival_seed)
     requests = tokenize_requests(
         specs,
         model.loaded.tokenizer,
@@ -350,6 +356,19 @@ def _optional_whole_number(value, what: str) -> int | None:
     if value is None or str(value).strip() in ("", "0"):
         return None
     return _whole_number(value, what)
+
+
+def _arrival_rate(value) -> float | None:
+    """Requests per second for Poisson arrivals; empty or 0 means all arrive at t = 0."""
+    if value is None or str(value).strip() in ("", "0"):
+        return None
+    try:
+        rate = float(value)
+    except ValueError:
+        raise ValueError(f"Arrival rate {value!r} is not a number.") from None
+    if not rate > 0:
+        raise ValueError(f"Arrival rate must be positive, or 0 for all at once (got {value}).")
+    return rate
 
 
 def _static_steps(requests: list[Request], config: EngineConfig) -> int:

@@ -3,12 +3,12 @@
 import dataclasses
 
 import pytest
+from tiny_model import make_requests, tiny_runner
 
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.static import StaticEngine
 from engine.workload import RequestSpec, parse_table, poisson_arrivals
-from tiny_model import make_requests, tiny_runner
 
 
 def _at(requests, arrivals):

@@ -312,4 +312,20 @@ def test_engine_knobs_reach_the_engines(shared):
 def test_bad_token_budget_is_a_page_error(shared):
     """A budget below the slot count is refused with the config's message."""
     with pytest.raises(gr.Error, match="at least the slot count"):
-        playground.run_event(ROWS, 3, False, False, "slots", 2, "decode_first", False, "time")
+        playground.run_event(ROWS, 3, False, False, "slots", 2, "decode_first", False, 0, "time")
+
+
+def test_poisson_arrivals_reach_both_engines(shared):
+    """With an arrival rate, requests arrive over time and nobody is admitted early."""
+    options = playground.RunOptions(check_reference=False, arrival_rate_per_s=50.0)
+    result = playground.run_comparison(ROWS, 2, options, lambda *a, **k: None, model=shared)
+    for trace in (result.state.static, result.state.continuous):
+        arrivals = [r.arrival_s for r in trace.requests]
+        assert arrivals == sorted(arrivals) and arrivals[0] > 0, "Poisson arrivals not applied"
+        assert all(r.admit_s >= r.arrival_s for r in trace.requests), trace.engine
+
+
+def test_bad_arrival_rate_is_a_page_error(shared):
+    """A negative arrival rate is refused with a clear message."""
+    with pytest.raises(gr.Error, match="Arrival rate must be positive"):
+        playground.run_event(ROWS, 2, False, False, "slots", 0, "decode_first", False, -1, "time")
