@@ -45,11 +45,23 @@ class SlotKVCache:
     def total_bytes(self) -> int:
         return 2 * self.keys.numel() * self.keys.element_size()
 
+    def write_index(self, slot_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Row of every (head, token) in a layer's storage viewed as ``[B * H_kv * P, D]``.
+
+        Built once per step; ``write`` then stores a layer's keys with one ``index_copy_``,
+        cheaper than advanced-index assignment. Shapes: slot_ids, positions [T] -> [H_kv * T].
+        """
+        num_kv_heads = self.keys.shape[2]
+        heads = torch.arange(num_kv_heads, device=slot_ids.device)[:, None]  # (H_kv, 1)
+        rows = (slot_ids[None, :] * num_kv_heads + heads) * self.max_seq_len + positions[None, :]
+        return rows.reshape(-1)  # (H_kv * T,), ordered head-major like key[0]
+
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
         """Store the step's new keys/values ([1, H_kv, T, D]) at (slot, position) of each token."""
-        pos = batch.position_ids[0]  # (T,)
-        self.keys[layer][batch.slot_ids, :, pos] = key[0].transpose(0, 1)  # (T, H_kv, D)
-        self.values[layer][batch.slot_ids, :, pos] = value[0].transpose(0, 1)
+        head_dim = key.shape[-1]
+        index = batch.kv_write_index  # (H_kv * T,)
+        self.keys[layer].view(-1, head_dim).index_copy_(0, index, key[0].reshape(-1, head_dim))
+        self.values[layer].view(-1, head_dim).index_copy_(0, index, value[0].reshape(-1, head_dim))
 
     def check_capacity(self, num_tokens: int) -> None:
         """Assert ``num_tokens`` fit in a slot (the engine sizes P from the workload)."""

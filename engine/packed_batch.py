@@ -65,6 +65,7 @@ class PackedBatch:
     kv_cache: object  # engine.kv_cache.SlotKVCache | ConcatKVCache
     packed_mask: torch.Tensor | None = None
     all_slots_decode: bool = False  # every slot feeds one token, packed in slot order
+    kv_write_index: torch.Tensor | None = None  # [H_kv * T] rows for SlotKVCache.write
 
     @property
     def num_tokens(self) -> int:
@@ -99,6 +100,8 @@ def build_packed_batch(
     batch.all_slots_decode = len(single) == len(seqs) == num_slots and all(
         s.slot == i for i, s in enumerate(seqs)
     )
+    if hasattr(kv_cache, "write_index"):
+        batch.kv_write_index = kv_cache.write_index(batch.slot_ids, batch.position_ids[0])
     if getattr(kv_cache, "needs_packed_mask", False):
         mask = packed_step_mask(num_cached, num_new)  # (T, T_kv)
         batch.packed_mask = mask[None, None].to(device)
