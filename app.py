@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_demo(model_label: str) -> gr.Blocks:
     """The page: request editor and settings, timelines, step heatmaps, tables."""
-    rows, chat_template = playground.apply_preset(playground.DEFAULT_PRESET)
+    rows, chat_template, preset_text = playground.apply_preset(playground.DEFAULT_PRESET)
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(f"# {TITLE}\n\n{INTRO}")
         gr.Markdown(model_label)
@@ -54,6 +54,7 @@ def build_demo(model_label: str) -> gr.Blocks:
                     column_widths=["85%", "15%"],
                     elem_id="requests_table",
                 )
+                preset_markdown = gr.Markdown(preset_text, elem_id="preset_markdown")
             with gr.Column(scale=1):
                 preset_dropdown = gr.Dropdown(
                     choices=list(playground.load_presets()),
@@ -135,10 +136,18 @@ def build_demo(model_label: str) -> gr.Blocks:
             label="Outputs",
             elem_id="outputs_table",
         )
+        downloads_file = gr.File(
+            label="Downloads: requests.csv · traces.json · trace.perfetto.json (ui.perfetto.dev)",
+            file_count="multiple",
+            interactive=False,
+            elem_id="downloads_file",
+        )
         run_state = gr.State()
 
         preset_dropdown.input(
-            playground.apply_preset, preset_dropdown, [requests_table, chat_checkbox]
+            playground.apply_preset,
+            preset_dropdown,
+            [requests_table, chat_checkbox, preset_markdown],
         )
         run_button.click(
             playground.run_event,
@@ -164,6 +173,7 @@ def build_demo(model_label: str) -> gr.Blocks:
                 metrics_table,
                 outputs_table,
                 status_markdown,
+                downloads_file,
             ],
             concurrency_limit=1,
             concurrency_id="model",

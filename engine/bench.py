@@ -69,6 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals per second")
     p.add_argument("--seed", type=int, default=0, help="Poisson arrivals' random seed")
+    p.add_argument("--out", help="folder for requests.csv, traces.json, trace.perfetto.json")
     p.add_argument("--token-budget", type=int, default=None, help="max tokens per step")
     p.add_argument("--policy", default="decode_first", help="decode_first or prefill_first")
     p.add_argument(
@@ -117,10 +118,28 @@ def run_engines(engines: dict, requests, repeat: int) -> dict[str, list[Trace]]:
     return traces
 
 
+def median_trace(runs: list[Trace]) -> Trace:
+    """The run with the median wall time (the upper one of an even count)."""
+    return sorted(runs, key=lambda t: t.wall_s)[len(runs) // 2]
+
+
+def write_exports(out_dir: str, traces: dict[str, list[Trace]]) -> None:
+    """requests.csv, traces.json and trace.perfetto.json of each engine's median run."""
+    from engine import export
+
+    medians = {name: median_trace(runs) for name, runs in traces.items()}
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "requests.csv").write_text(export.requests_csv(medians), encoding="utf-8")
+    (folder / "traces.json").write_text(export.traces_json(medians), encoding="utf-8")
+    perfetto = json.dumps(export.perfetto_trace(medians))
+    (folder / "trace.perfetto.json").write_text(perfetto, encoding="utf-8")
+
+
 def engine_result(runs: list[Trace], reference: dict | None) -> dict:
     """The JSON entry of one engine, from its runs (the median-wall run's requests)."""
     walls = [t.wall_s for t in runs]
-    median_run = sorted(runs, key=lambda t: t.wall_s)[len(runs) // 2]
+    median_run = median_trace(runs)
     m = median_run.metrics()
     outputs = {r.request_id: r.output_token_ids for r in median_run.requests}
     bad = mismatches(outputs, reference) if reference is not None else []
@@ -266,6 +285,8 @@ def main(argv=None) -> int:
         extra["profile"] = profile_host_overhead(runner, args.slots)
         for ctx, p in extra["profile"].items():
             print(f"profile @ ~{ctx} cached tokens: {p}")
+    if args.out:
+        write_exports(args.out, traces)
     if args.json_path:
         doc = {
             "model": loaded.name,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any
 
 import gradio as gr
 
-from engine import figures, tables
+from engine import export, figures, tables
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.hf_continuous import HFContinuousEngine
@@ -95,10 +96,11 @@ def load_presets(path: Path = PRESETS_PATH) -> dict[str, dict]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def apply_preset(name: str) -> tuple[list[list], bool]:
-    """The request rows and chat-template setting of one preset."""
+def apply_preset(name: str) -> tuple[list[list], bool, str]:
+    """The request rows, chat-template setting and explanation of one preset."""
     preset = load_presets()[name]
-    return [list(row) for row in preset["requests"]], bool(preset["chat_template"])
+    rows = [list(row) for row in preset["requests"]]
+    return rows, bool(preset["chat_template"]), preset.get("description", "")
 
 
 # --- state and results ---------------------------------------------------------------------------
@@ -149,6 +151,7 @@ class RunResult:
     metrics: list[list]
     outputs: list[list]
     status: str
+    downloads: list[str] | None = None  # file paths: CSV, whole-trace JSON, Perfetto trace
 
     def as_outputs(self) -> tuple:
         """Values in the order app.py wires them: state, 4 figures, slider, 2 tables, status."""
@@ -162,7 +165,8 @@ class RunResult:
             headers=tables.outputs_headers(names),
             column_widths=["6%", "18%", "6%", *[output_width] * len(names), "8%"],
         )
-        return (self.state, *self.views.as_tuple(), slider, self.metrics, outputs, self.status)
+        views = self.views.as_tuple()
+        return (self.state, *views, slider, self.metrics, outputs, self.status, self.downloads)
 
 
 # --- handlers ------------------------------------------------------------------------------------
@@ -222,7 +226,22 @@ def run_comparison(
         metrics=tables.metrics_rows(state.traces(), _reference_ok(state)),
         outputs=tables.outputs_rows(state.traces(), reference),
         status=status_line(state),
+        downloads=write_downloads(state),
     )
+
+
+def write_downloads(state: RunState) -> list[str]:
+    """The run's exports in a fresh temporary folder: requests.csv, traces.json, Perfetto JSON."""
+    folder = Path(tempfile.mkdtemp(prefix="cbp-run-"))
+    runs = state.traces()
+    files = {
+        "requests.csv": export.requests_csv(runs),
+        "traces.json": export.traces_json(runs),
+        "trace.perfetto.json": json.dumps(export.perfetto_trace(runs)),
+    }
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    return [str(folder / name) for name in files]
 
 
 def run_event(

@@ -26,6 +26,7 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     out = tmp_path / "out.json"
     workload = _workload(tmp_path, [("hello", 5), ("a longer prompt here", 12), ("z", 3)])
     argv = ["--workload", workload, "--slots", "2", "--json", str(out), "--floor"]
+    argv += ["--out", str(tmp_path / "exports")]
     argv += ["--engines", "static,continuous,continuous_concat,hf_continuous"]
     assert bench.main(argv) == 0
     doc = json.loads(out.read_text())
@@ -43,6 +44,10 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
         generated = sum(len(q["output_token_ids"]) for q in r["requests"])
         assert r["num_generated_tokens"] == generated, "counts output tokens only"
     assert doc["engines"]["static"]["num_steps"] > doc["engines"]["continuous"]["num_steps"]
+    exports = tmp_path / "exports"
+    assert "request_id" in (exports / "requests.csv").read_text().splitlines()[0]
+    perfetto = json.loads((exports / "trace.perfetto.json").read_text())
+    assert any(e["ph"] == "X" for e in perfetto["traceEvents"])
     table = capsys.readouterr().out
     assert "continuous_concat" in table and "speedup" in table
 

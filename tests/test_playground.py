@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gradio as gr
 import pytest
 from fake_traces import continuous_trace, static_trace
@@ -126,7 +128,8 @@ def test_progress_reports_are_throttled(shared, monkeypatch):
 def test_as_outputs_matches_the_wiring(result):
     """``as_outputs`` gives state, 4 figures, the slider update, 2 tables and the status."""
     out = result.as_outputs()
-    assert len(out) == 9 and out[0] is result.state, "wrong output count or order"
+    assert len(out) == 10 and out[0] is result.state, "wrong output count or order"
+    assert [Path(p).name for p in out[9]] == ["requests.csv", "traces.json", "trace.perfetto.json"]
     slider = out[5]
     assert slider.maximum == result.state.num_steps - 1, "slider does not span every step"
     assert slider.value == result.step_index, "slider not at the default step"
@@ -275,9 +278,10 @@ def test_presets_parse_and_article_matches_seed():
     presets = playground.load_presets()
     assert playground.DEFAULT_PRESET in presets and "One long, many short" in presets
     for name in presets:
-        rows, _ = playground.apply_preset(name)
+        rows, _, text = playground.apply_preset(name)
         assert parse_table(rows), f"preset {name!r} does not parse"
-    rows, chat_template = playground.apply_preset(playground.DEFAULT_PRESET)
+        assert len(text) > 80, f"preset {name!r} lacks its explanation"
+    rows, chat_template, _ = playground.apply_preset(playground.DEFAULT_PRESET)
     assert parse_table(rows) == seed_specs(), "article preset differs from seed_specs()"
     assert chat_template is False, "seed preset should not use the chat template"
 
@@ -289,7 +293,7 @@ def test_app_wiring():
     demo = app.build_demo("Model: test")
     by_api = {fn.api_name: fn for fn in demo.fns.values()}
     run = by_api["run"]
-    assert run.fn is playground.run_event and len(run.outputs) == 9, "Run wired wrongly"
+    assert run.fn is playground.run_event and len(run.outputs) == 10, "Run wired wrongly"
     assert (run.concurrency_limit, run.concurrency_id) == (1, "model"), "Run not serialized"
     for name in ("step", "x_axis"):
         assert by_api[name].fn is playground.update_step, f"{name} not wired to update_step"

@@ -1,0 +1,117 @@
+"""Exports: take a run's data to other tools (spreadsheets, scripts, Perfetto).
+
+* ``requests_csv``: one row per (engine, request) with outputs and latency metrics;
+* ``traces_json``: every trace, whole (steps, requests, metrics);
+* ``perfetto_trace``: Chrome trace-event JSON (the format ``chrome://tracing`` and Perfetto UI
+  open as is: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU),
+  one process per engine, one track (thread) per slot with a span per request, and a "steps" track
+  with one span per forward pass.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+from engine.trace import Trace
+
+CSV_FIELDS = [
+    "engine",
+    "request_id",
+    "prompt",
+    "max_new_tokens",
+    "num_prompt_tokens",
+    "num_output_tokens",
+    "slot",
+    "arrival_s",
+    "queue_s",
+    "ttft_s",
+    "tpot_s",
+    "latency_s",
+    "finish_reason",
+    "output_text",
+]
+STEPS_TID = 0  # the steps track; slot s is track s + 1
+
+
+def requests_csv(traces: dict[str, Trace]) -> str:
+    """Per-request results and metrics of every engine, as CSV text (header row first)."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS)
+    writer.writeheader()
+    for name, trace in traces.items():
+        for r in trace.requests:
+            row = {f: getattr(r, f, None) for f in CSV_FIELDS}
+            row.update(engine=name, num_output_tokens=len(r.output_token_ids))
+            writer.writerow(row)
+    return out.getvalue()
+
+
+def traces_json(traces: dict[str, Trace]) -> str:
+    """Every trace, whole, as one JSON document ``{engine: trace.to_dict()}``."""
+    return json.dumps({name: t.to_dict() for name, t in traces.items()}, indent=1)
+
+
+def perfetto_trace(traces: dict[str, Trace]) -> dict:
+    """Chrome trace-event JSON: per engine a process, per slot a track, per request a span.
+
+    Timestamps (``ts``) and durations (``dur``) are microseconds since each run started.
+    """
+    events = []
+    for pid, (name, trace) in enumerate(traces.items(), start=1):
+        events += _track_names(pid, name, trace)
+        events += [
+            _span(pid, STEPS_TID, f"step {s.index}", s.start_s, s.end_s, _step_args(s))
+            for s in trace.steps
+        ]
+        for r in trace.requests:
+            if r.slot is None or r.admit_s is None or r.finish_s is None:
+                continue
+            args = {
+                "prompt": r.prompt,
+                "max_new_tokens": r.max_new_tokens,
+                "output_tokens": len(r.output_token_ids),
+                "ttft_s": r.ttft_s,
+            }
+            events.append(_span(pid, r.slot + 1, f"R{r.request_id}", r.admit_s, r.finish_s, args))
+    events.sort(key=lambda e: (e["ph"] != "M", e.get("ts", 0)))
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _track_names(pid: int, name: str, trace: Trace) -> list[dict]:
+    meta = [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}}]
+    meta.append(
+        {"ph": "M", "pid": pid, "tid": STEPS_TID, "name": "thread_name", "args": {"name": "steps"}}
+    )
+    for slot in range(trace.num_slots):
+        meta.append(
+            {
+                "ph": "M",
+                "pid": pid,
+                "tid": slot + 1,
+                "name": "thread_name",
+                "args": {"name": f"slot {slot}"},
+            }
+        )
+    return meta
+
+
+def _span(pid: int, tid: int, name: str, start_s: float, end_s: float, args: dict) -> dict:
+    return {
+        "ph": "X",
+        "pid": pid,
+        "tid": tid,
+        "name": name,
+        "ts": round(start_s * 1e6, 1),
+        "dur": round(max(0.0, end_s - start_s) * 1e6, 1),
+        "args": args,
+    }
+
+
+def _step_args(step) -> dict:
+    return {
+        "num_tokens": sum(s.num_new_tokens for s in step.seqs),
+        "num_seqs": len(step.seqs),
+        "prefill": [s.request_id for s in step.seqs if s.kind == "prefill"],
+    }

@@ -1,0 +1,55 @@
+"""Exports: the CSV parses back, and the Perfetto file follows the trace-event format."""
+
+import csv
+import io
+import json
+
+from fake_traces import continuous_trace, static_trace
+
+from engine.export import CSV_FIELDS, perfetto_trace, requests_csv, traces_json
+
+PROMPT_LENS = [5, 6, 8, 9, 10, 7]
+CAPS = [6, 50, 300, 30, 180, 45]
+
+
+def _traces():
+    return {
+        "static": static_trace(PROMPT_LENS, CAPS, num_slots=3),
+        "continuous": continuous_trace(PROMPT_LENS, CAPS, num_slots=3),
+    }
+
+
+def test_csv_has_one_row_per_engine_and_request():
+    """The CSV parses back with every field, one row per (engine, request)."""
+    rows = list(csv.DictReader(io.StringIO(requests_csv(_traces()))))
+    assert len(rows) == 2 * len(CAPS)
+    assert set(rows[0]) == set(CSV_FIELDS)
+    cont = [r for r in rows if r["engine"] == "continuous"]
+    assert [int(r["num_output_tokens"]) for r in cont] == CAPS
+
+
+def test_trace_json_round_trips():
+    """The whole-trace JSON loads back with steps, requests and metrics per engine."""
+    doc = json.loads(traces_json(_traces()))
+    assert set(doc) == {"static", "continuous"}
+    assert len(doc["continuous"]["steps"]) == len(_traces()["continuous"].steps)
+    assert "latency_percentiles" in doc["static"]
+
+
+def test_perfetto_trace_events_are_well_formed():
+    """Required keys, metadata first, monotonic timestamps per track, one track per slot."""
+    events = perfetto_trace(_traces())["traceEvents"]
+    meta = [e for e in events if e["ph"] == "M"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert events[: len(meta)] == meta, "metadata events come first"
+    for e in spans:
+        assert {"ph", "pid", "tid", "name", "ts", "dur"} <= set(e) and e["dur"] >= 0
+    slot_tracks = {(e["pid"], e["args"]["name"]) for e in meta if e["name"] == "thread_name"}
+    assert {n for p, n in slot_tracks if p == 2} == {"steps", "slot 0", "slot 1", "slot 2"}
+    by_track = {}
+    for e in spans:
+        by_track.setdefault((e["pid"], e["tid"]), []).append(e["ts"])
+    assert all(ts == sorted(ts) for ts in by_track.values()), "timestamps go backwards"
+    requests = [e for e in spans if e["name"].startswith("R") and e["pid"] == 2]
+    assert len(requests) == len(CAPS), "one span per request"
+    json.dumps(perfetto_trace(_traces()))
