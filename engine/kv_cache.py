@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.masks import packed_step_mask
 from engine.packed_batch import PackedBatch
 
 
@@ -31,8 +32,6 @@ class SlotKVCache:
     Shapes:
         keys, values: [L, B, H_kv, P, D]
     """
-
-    needs_packed_mask = False
 
     def __init__(self, num_layers, num_slots, num_kv_heads, head_dim, max_seq_len, dtype, device):
         shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
@@ -63,9 +62,11 @@ class SlotKVCache:
         self.keys[layer].view(-1, head_dim).index_copy_(0, index, key[0].reshape(-1, head_dim))
         self.values[layer].view(-1, head_dim).index_copy_(0, index, value[0].reshape(-1, head_dim))
 
-    def check_capacity(self, num_tokens: int) -> None:
-        """Assert ``num_tokens`` fit in a slot (the engine sizes P from the workload)."""
-        assert num_tokens <= self.max_seq_len, f"{num_tokens} tokens exceed slot capacity"
+    def prepare(self, batch: PackedBatch) -> None:
+        """Per step, before the forward: the write index of every new token's keys/values."""
+        positions = batch.position_ids[0]  # (T,)
+        assert int(positions.max()) < self.max_seq_len, "a sequence outgrew its slot's KV"
+        batch.kv_write_index = self.write_index(batch.slot_ids, positions)
 
     def release(self, request_id: int) -> None:
         """Nothing to free: the next occupant of the slot overwrites and masks stale entries."""
@@ -78,8 +79,6 @@ class ConcatKVCache:
         per sequence and layer: keys, values [1, H_kv, n_cached, D]
         ``gather`` returns: keys, values [1, H_kv, T_kv, D] laid out as [cached | new]
     """
-
-    needs_packed_mask = True
 
     def __init__(self, num_layers, num_kv_heads, head_dim, dtype):
         self.num_layers = num_layers
@@ -107,8 +106,10 @@ class ConcatKVCache:
         else:
             layers[layer] = (torch.cat([old[0], new[0]], 2), torch.cat([old[1], new[1]], 2))
 
-    def check_capacity(self, num_tokens: int) -> None:
-        """Unbounded: the concatenated cache grows with the context."""
+    def prepare(self, batch: PackedBatch) -> None:
+        """Per step, before the forward: the packed mask this mode applies literally."""
+        mask = packed_step_mask(batch.num_cached, batch.num_new)  # (T, T_kv)
+        batch.packed_mask = mask[None, None].to(batch.input_ids.device)
 
     def release(self, request_id: int) -> None:
         self._store.pop(request_id, None)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.masks import packed_step_mask, query_layout
+from engine.masks import query_layout
 from engine.sequence import Sequence
 
 
@@ -62,14 +62,10 @@ class PackedBatch:
     decode_slots: torch.Tensor
     decode_mask: torch.Tensor | None
     prefills: list[PrefillSpan]
-    kv_cache: object  # engine.kv_cache.SlotKVCache | ConcatKVCache
+    kv_cache: object  # engine.kv_cache.SlotKVCache | ConcatKVCache; its prepare() fills the rest
     packed_mask: torch.Tensor | None = None
     all_slots_decode: bool = False  # every slot feeds one token, packed in slot order
     kv_write_index: torch.Tensor | None = None  # [H_kv * T] rows for SlotKVCache.write
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[1])
 
 
 def build_packed_batch(
@@ -100,11 +96,7 @@ def build_packed_batch(
     batch.all_slots_decode = len(single) == len(seqs) == num_slots and all(
         s.slot == i for i, s in enumerate(seqs)
     )
-    if hasattr(kv_cache, "write_index"):
-        batch.kv_write_index = kv_cache.write_index(batch.slot_ids, batch.position_ids[0])
-    if getattr(kv_cache, "needs_packed_mask", False):
-        mask = packed_step_mask(num_cached, num_new)  # (T, T_kv)
-        batch.packed_mask = mask[None, None].to(device)
+    kv_cache.prepare(batch)
     return batch
 
 
