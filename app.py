@@ -10,7 +10,7 @@ import argparse
 
 import gradio as gr
 
-from engine import playground, tables
+from engine import playground, presets, tables
 
 TITLE = "Continuous Batching Playground"
 INTRO = (
@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_demo(model_label: str) -> gr.Blocks:
     """The page: request editor and settings, timelines, step heatmaps, tables."""
-    rows, chat_template, preset_text = playground.apply_preset(playground.DEFAULT_PRESET)
+    rows, chat_template, preset_text = presets.apply_preset(presets.DEFAULT_PRESET)
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(f"# {TITLE}\n\n{INTRO}")
         gr.Markdown(model_label)
@@ -57,8 +57,8 @@ def build_demo(model_label: str) -> gr.Blocks:
                 preset_markdown = gr.Markdown(preset_text, elem_id="preset_markdown")
             with gr.Column(scale=1):
                 preset_dropdown = gr.Dropdown(
-                    choices=list(playground.load_presets()),
-                    value=playground.DEFAULT_PRESET,
+                    choices=list(presets.load_presets()),
+                    value=presets.DEFAULT_PRESET,
                     label="Preset",
                     elem_id="preset_dropdown",
                 )
@@ -145,7 +145,7 @@ def build_demo(model_label: str) -> gr.Blocks:
         run_state = gr.State()
 
         preset_dropdown.input(
-            playground.apply_preset,
+            presets.apply_preset,
             preset_dropdown,
             [requests_table, chat_checkbox, preset_markdown],
         )

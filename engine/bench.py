@@ -127,13 +127,7 @@ def write_exports(out_dir: str, traces: dict[str, list[Trace]]) -> None:
     """requests.csv, traces.json and trace.perfetto.json of each engine's median run."""
     from engine import export
 
-    medians = {name: median_trace(runs) for name, runs in traces.items()}
-    folder = Path(out_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "requests.csv").write_text(export.requests_csv(medians), encoding="utf-8")
-    (folder / "traces.json").write_text(export.traces_json(medians), encoding="utf-8")
-    perfetto = json.dumps(export.perfetto_trace(medians))
-    (folder / "trace.perfetto.json").write_text(perfetto, encoding="utf-8")
+    export.write_files(out_dir, {name: median_trace(runs) for name, runs in traces.items()})
 
 
 def engine_result(runs: list[Trace], reference: dict | None) -> dict:

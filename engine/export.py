@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 
 from engine.trace import Trace
 
@@ -115,3 +116,17 @@ def _step_args(step) -> dict:
         "num_seqs": len(step.seqs),
         "prefill": [s.request_id for s in step.seqs if s.kind == "prefill"],
     }
+
+
+def write_files(folder: str | Path, traces: dict[str, Trace]) -> list[Path]:
+    """Write requests.csv, traces.json and trace.perfetto.json into ``folder``; their paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {
+        "requests.csv": requests_csv(traces),
+        "traces.json": traces_json(traces),
+        "trace.perfetto.json": json.dumps(perfetto_trace(traces)),
+    }
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    return [folder / name for name in files]

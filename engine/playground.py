@@ -12,13 +12,11 @@ leaves the previous results on the page. The loaded model is the one shared modu
 
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -35,8 +33,6 @@ from engine.static import StaticEngine
 from engine.trace import DECODE, PREFILL, Trace
 from engine.workload import parse_table, poisson_arrivals, tokenize_requests
 
-PRESETS_PATH = Path(__file__).resolve().parent.parent / "assets" / "presets.json"
-DEFAULT_PRESET = "Article's six requests"
 REQUEST_HEADERS = ["prompt", "max_new_tokens"]
 PROGRESS_INTERVAL_S = 0.5  # at most two progress reports a second
 
@@ -86,21 +82,6 @@ def load_shared_model(
 def get_model() -> SharedModel:
     """The shared model, loading the default one on first use."""
     return _shared_model if _shared_model is not None else load_shared_model()
-
-
-# --- presets -------------------------------------------------------------------------------------
-
-
-def load_presets(path: Path = PRESETS_PATH) -> dict[str, dict]:
-    """Presets by name: ``{"chat_template": bool, "requests": [[prompt, cap], ...]}``."""
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def apply_preset(name: str) -> tuple[list[list], bool, str]:
-    """The request rows, chat-template setting and explanation of one preset."""
-    preset = load_presets()[name]
-    rows = [list(row) for row in preset["requests"]]
-    return rows, bool(preset["chat_template"]), preset.get("description", "")
 
 
 # --- state and results ---------------------------------------------------------------------------
@@ -232,16 +213,8 @@ def run_comparison(
 
 def write_downloads(state: RunState) -> list[str]:
     """The run's exports in a fresh temporary folder: requests.csv, traces.json, Perfetto JSON."""
-    folder = Path(tempfile.mkdtemp(prefix="cbp-run-"))
-    runs = state.traces()
-    files = {
-        "requests.csv": export.requests_csv(runs),
-        "traces.json": export.traces_json(runs),
-        "trace.perfetto.json": json.dumps(export.perfetto_trace(runs)),
-    }
-    for name, text in files.items():
-        (folder / name).write_text(text, encoding="utf-8")
-    return [str(folder / name) for name in files]
+    folder = tempfile.mkdtemp(prefix="cbp-run-")
+    return [str(path) for path in export.write_files(folder, state.traces())]
 
 
 def run_event(

@@ -9,7 +9,7 @@ import pytest
 from fake_traces import continuous_trace, static_trace
 from tiny_model import tiny_runner
 
-from engine import playground
+from engine import playground, presets
 from engine.loader import ModelLoadError
 from engine.reference import ReferenceCache
 from engine.trace import DECODE, PREFILL
@@ -275,13 +275,13 @@ def test_status_line_names_mismatches():
 
 def test_presets_parse_and_article_matches_seed():
     """Every preset is a valid table; the article's preset is the seed workload, no template."""
-    presets = playground.load_presets()
-    assert playground.DEFAULT_PRESET in presets and "One long, many short" in presets
-    for name in presets:
-        rows, _, text = playground.apply_preset(name)
+    by_name = presets.load_presets()
+    assert presets.DEFAULT_PRESET in by_name and "One long, many short" in by_name
+    for name in by_name:
+        rows, _, text = presets.apply_preset(name)
         assert parse_table(rows), f"preset {name!r} does not parse"
         assert len(text) > 80, f"preset {name!r} lacks its explanation"
-    rows, chat_template, _ = playground.apply_preset(playground.DEFAULT_PRESET)
+    rows, chat_template, _ = presets.apply_preset(presets.DEFAULT_PRESET)
     assert parse_table(rows) == seed_specs(), "article preset differs from seed_specs()"
     assert chat_template is False, "seed preset should not use the chat template"
 

@@ -1,0 +1,24 @@
+"""Presets: ready-made workloads from assets/presets.json, each with a paragraph on what it shows.
+
+A preset is ``{"chat_template": bool, "description": str, "requests": [[prompt, cap], ...]}``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PRESETS_PATH = Path(__file__).resolve().parent.parent / "assets" / "presets.json"
+DEFAULT_PRESET = "Article's six requests"
+
+
+def load_presets(path: Path = PRESETS_PATH) -> dict[str, dict]:
+    """Presets by name: ``{"chat_template": bool, "requests": [[prompt, cap], ...]}``."""
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def apply_preset(name: str) -> tuple[list[list], bool, str]:
+    """The request rows, chat-template setting and explanation of one preset."""
+    preset = load_presets()[name]
+    rows = [list(row) for row in preset["requests"]]
+    return rows, bool(preset["chat_template"]), preset.get("description", "")
