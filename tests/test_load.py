@@ -1,0 +1,76 @@
+"""Many users at once: concurrent Runs through ``gradio_client`` each get their own checked result.
+
+One ``app.py`` server (the ``server_url`` fixture in ``conftest.py``) is hit by 8 client threads at
+the same moment, each with its own tiny workload (1-2 requests, caps 2-4). The Run event is queued
+with ``concurrency_limit=1``, so the runs are serialised; the test checks that no user sees another
+user's prompts or an unchecked result, and that the server still answers afterwards.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+import pytest
+
+try:
+    from gradio_client import Client
+except ImportError:  # gradio_client ships with gradio, but keep the module importable without it
+    Client = None
+
+NUM_CLIENTS = 8
+LOAD_TIMEOUT_S = 600  # all 8 runs, serialised on 2 CPU cores; each takes a few seconds
+OUTPUTS_INDEX, STATUS_INDEX = 6, 7  # in /run's returned tuple (run_state is not returned)
+MATCH_TEXT = "✓ all match"
+# Knobs after the table and slots: chat_template, check_reference, kv_mode, token_budget, policy,
+# compare_hf, arrival_rate, x_axis.
+DEFAULT_KNOBS = (False, True, "slots", 0, "decode_first", False, 0, "time")
+WORKLOADS = [  # (rows, slots): each user's prompts differ from every other user's
+    ([["The capital of France is", 3]], 1),
+    ([["Cats like to", 2], ["Dogs enjoy", 4]], 2),
+    ([["The sky is", 4]], 2),
+    ([["Water boils at", 2], ["Ice melts when", 3]], 1),
+    ([["My favourite colour is", 3], ["Music makes people", 2]], 2),
+    ([["The ocean is full of", 2]], 1),
+    ([["Mountains are", 4], ["Rivers flow into", 4]], 2),
+    ([["A good breakfast has", 3], ["Trains run on", 2]], 1),
+]
+
+pytestmark = [
+    pytest.mark.real_model,
+    pytest.mark.skipif(Client is None, reason="the gradio_client package is not installed"),
+]
+
+
+def _run(url: str, rows: list[list], num_slots: int) -> tuple[str, list[str]]:
+    """One user's Run through the API: the status text and the outputs table's prompts."""
+    client = Client(url, verbose=False)
+    table = {"headers": ["prompt", "max_new_tokens"], "data": rows}
+    result = client.predict(table, num_slots, *DEFAULT_KNOBS, api_name="/run")
+    outputs = result[OUTPUTS_INDEX]
+    outputs = outputs.get("value", outputs)  # returned as a gr.update(...) dict, value inside
+    prompt_col = outputs["headers"].index("prompt")
+    return result[STATUS_INDEX], [row[prompt_col] for row in outputs["data"]]
+
+
+def test_concurrent_users_each_get_their_own_checked_result(server_url: str) -> None:
+    """8 simultaneous Runs each return their own prompts, checked, and the app keeps serving."""
+    assert len({rows[0][0] for rows, _ in WORKLOADS}) == NUM_CLIENTS, "workloads must differ"
+    pool = ThreadPoolExecutor(max_workers=NUM_CLIENTS)
+    try:
+        futures = {
+            pool.submit(_run, server_url, rows, slots): i
+            for i, (rows, slots) in enumerate(WORKLOADS)
+        }
+        done = as_completed(futures, timeout=LOAD_TIMEOUT_S)  # TimeoutError fails the test
+        results = {futures[future]: future.result() for future in done}
+    finally:  # never wait on a hung client; stopping the server ends its request
+        pool.shutdown(wait=False, cancel_futures=True)
+    for i, (rows, _) in enumerate(WORKLOADS):
+        status, prompts = results[i]
+        assert MATCH_TEXT in status, f"client {i}: outputs not checked or mismatched: {status!r}"
+        expected = [prompt for prompt, _ in rows]
+        assert prompts == expected, f"client {i} got prompts {prompts}, sent {expected}"
+
+    status, prompts = _run(server_url, [["After the rush, the server", 2]], 1)
+    assert MATCH_TEXT in status, f"the Run after the load failed: {status!r}"
+    assert prompts == ["After the rush, the server"], f"the Run after the load got {prompts}"
