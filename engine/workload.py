@@ -11,14 +11,48 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.sequence import Request
 
-MAX_ROWS = 256  # requests per run
-MAX_NEW_TOKENS_LIMIT = 2048  # per-request cap
+MAX_ROWS = 256  # requests per run; a Space owner can set CBP_MAX_ROWS
+MAX_NEW_TOKENS_LIMIT = 2048  # per-request cap; CBP_MAX_NEW_TOKENS
+MAX_PROMPT_CHARS = 20_000  # per prompt; CBP_MAX_PROMPT_CHARS
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Input limits, read from the environment at each call so a host can tighten them."""
+
+    max_rows: int
+    max_new_tokens: int
+    max_prompt_chars: int
+
+
+def limits() -> Limits:
+    """The limits in force: ``CBP_MAX_ROWS``, ``CBP_MAX_NEW_TOKENS``, ``CBP_MAX_PROMPT_CHARS``.
+
+    Raises:
+        ValueError: a variable that is set but not a positive whole number.
+    """
+    return Limits(
+        max_rows=_env_limit("CBP_MAX_ROWS", MAX_ROWS),
+        max_new_tokens=_env_limit("CBP_MAX_NEW_TOKENS", MAX_NEW_TOKENS_LIMIT),
+        max_prompt_chars=_env_limit("CBP_MAX_PROMPT_CHARS", MAX_PROMPT_CHARS),
+    )
+
+
+def _env_limit(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"The environment variable {name}={text!r} must be a positive integer.")
+    return int(text)
+
 
 SEED_REQUESTS = (
     ("The capital of France is", 6),
@@ -48,13 +82,13 @@ def parse_cap(value, where: str) -> int:
     """A ``max_new_tokens`` cell -> int. Accepts ints, integral floats and their strings.
 
     Raises:
-        ValueError: empty, not a whole number, < 1 or over ``MAX_NEW_TOKENS_LIMIT``.
+        ValueError: empty, not a whole number, < 1 or over the ``max_new_tokens`` limit.
     """
+    limit = limits().max_new_tokens
     text = str(value).strip() if value is not None else ""
     if text == "" or (isinstance(value, float) and math.isnan(value)):
         raise ValueError(
-            f"{where}: max_new_tokens is empty; enter a whole number from 1 to "
-            f"{MAX_NEW_TOKENS_LIMIT}."
+            f"{where}: max_new_tokens is empty; enter a whole number from 1 to {limit}."
         )
     try:
         number = float(text)
@@ -63,10 +97,8 @@ def parse_cap(value, where: str) -> int:
     if not number.is_integer():
         raise ValueError(f"{where}: max_new_tokens {text} is not a whole number.")
     cap = int(number)
-    if not 1 <= cap <= MAX_NEW_TOKENS_LIMIT:
-        raise ValueError(
-            f"{where}: max_new_tokens {cap} is out of range; use 1 to {MAX_NEW_TOKENS_LIMIT}."
-        )
+    if not 1 <= cap <= limit:
+        raise ValueError(f"{where}: max_new_tokens {cap} is out of range; use 1 to {limit}.")
     return cap
 
 
@@ -74,6 +106,11 @@ def parse_spec(prompt, cap, where: str) -> RequestSpec:
     """Validate one (prompt, cap) pair. Raises ValueError naming ``where``."""
     if prompt is None or not str(prompt).strip():
         raise ValueError(f"{where}: the prompt is blank.")
+    max_chars = limits().max_prompt_chars
+    if len(str(prompt)) > max_chars:
+        raise ValueError(
+            f"{where}: the prompt has {len(str(prompt))} characters, over the limit of {max_chars}."
+        )
     return RequestSpec(str(prompt), parse_cap(cap, where))
 
 
@@ -198,6 +235,7 @@ def _blank(value) -> bool:
 def _checked_count(specs: list[RequestSpec]) -> list[RequestSpec]:
     if not specs:
         raise ValueError("The workload is empty: add at least one request with a prompt.")
-    if len(specs) > MAX_ROWS:
-        raise ValueError(f"{len(specs)} requests is over the limit of {MAX_ROWS} per run.")
+    max_rows = limits().max_rows
+    if len(specs) > max_rows:
+        raise ValueError(f"{len(specs)} requests is over the limit of {max_rows} per run.")
     return specs

@@ -90,3 +90,25 @@ def test_prompt_plus_cap_over_context_is_refused():
     specs = parse_table([["short", 2], ["x" * 20, 5]])
     with pytest.raises(ValueError, match="Request 2.*exceeds the model's context of 16"):
         tokenize_requests(specs, _Tok(), chat_template=False, max_context=16)
+
+
+def test_host_can_tighten_limits_through_the_environment(monkeypatch):
+    """CBP_MAX_ROWS, CBP_MAX_NEW_TOKENS and CBP_MAX_PROMPT_CHARS take effect on the next parse."""
+    monkeypatch.setenv("CBP_MAX_ROWS", "2")
+    monkeypatch.setenv("CBP_MAX_NEW_TOKENS", "64")
+    monkeypatch.setenv("CBP_MAX_PROMPT_CHARS", "10")
+    assert len(parse_table([["a", 64], ["b", 1]])) == 2
+    with pytest.raises(ValueError, match="over the limit of 2 per run"):
+        parse_table([["a", 1]] * 3)
+    with pytest.raises(ValueError, match="out of range; use 1 to 64"):
+        parse_table([["a", 65]])
+    with pytest.raises(ValueError, match="11 characters, over the limit of 10"):
+        parse_table([["x" * 11, 3]])
+    monkeypatch.setenv("CBP_MAX_ROWS", "lots")
+    with pytest.raises(ValueError, match="CBP_MAX_ROWS='lots' must be a positive integer"):
+        parse_table([["a", 1]])
+
+
+def test_twenty_thousand_character_prompt_passes_the_character_limit():
+    """The default character limit admits a 20,000-character prompt (the context check decides)."""
+    assert parse_table([["x" * 20_000, 3]])[0].max_new_tokens == 3
