@@ -144,6 +144,12 @@ def build_demo(model_label: str) -> gr.Blocks:
         )
         run_state = gr.State()
 
+        demo.load(
+            playground.from_link,
+            None,
+            [preset_dropdown, requests_table, chat_checkbox, preset_markdown, slots_slider],
+            api_visibility="undocumented",
+        )
         preset_dropdown.input(
             presets.apply_preset,
             preset_dropdown,

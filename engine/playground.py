@@ -21,7 +21,7 @@ from typing import Any
 
 import gradio as gr
 
-from engine import export, figures, tables
+from engine import export, figures, presets, tables
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.hf_continuous import HFContinuousEngine
@@ -242,6 +242,23 @@ def run_event(
         arrival_rate_per_s=_user_errors(lambda: _arrival_rate(arrival_rate)),
     )
     return run_comparison(rows, num_slots, options, progress, x_axis).as_outputs()
+
+
+def from_link(request: gr.Request):
+    """Preset the page from its link: ``?preset=SLUG&slots=N`` (unknown values are ignored).
+
+    Returns updates for the preset dropdown, request table, chat checkbox, preset text and slots.
+    """
+    params = dict(request.query_params) if request is not None else {}
+    name = presets.by_slug(params.get("preset", ""))
+    updates = [gr.skip()] * 5
+    if name is not None:
+        rows, chat_template, text = presets.apply_preset(name)
+        updates[:4] = [name, rows, chat_template, text]
+    slots = params.get("slots", "")
+    if slots.isdigit() and 1 <= int(slots) <= 16:
+        updates[4] = int(slots)
+    return tuple(updates)
 
 
 def update_step(state: RunState | None, step_index, x_axis: str) -> tuple:

@@ -1,6 +1,7 @@
 """Presets: ready-made workloads from assets/presets.json, each with a paragraph on what it shows.
 
-A preset is ``{"chat_template": bool, "description": str, "requests": [[prompt, cap], ...]}``.
+A preset is ``{"slug": str, "chat_template": bool, "description": str, "requests": [[prompt, cap],
+...]}``; the slug names it in links (``?preset=seed&slots=3``).
 """
 
 from __future__ import annotations
@@ -22,3 +23,11 @@ def apply_preset(name: str) -> tuple[list[list], bool, str]:
     preset = load_presets()[name]
     rows = [list(row) for row in preset["requests"]]
     return rows, bool(preset["chat_template"]), preset.get("description", "")
+
+
+def by_slug(slug: str) -> str | None:
+    """The preset name for a link's ``preset=`` value (a slug or the name itself), else None."""
+    for name, preset in load_presets().items():
+        if slug in (preset.get("slug"), name):
+            return name
+    return None

@@ -257,3 +257,16 @@ def test_html_prompt_is_shown_as_text(page: Page):
     expect(prompt_cell).to_have_text(XSS_PROMPT)  # the literal characters, tags included
     expect(prompt_cell).to_be_visible()
     assert not page.dialogs, f"the prompt's onerror ran: {page.dialogs}"
+
+
+def test_link_presets_the_page(page: Page, server_url: str):
+    """Opening ?preset=long-tail&slots=4 loads that preset's table and sets 4 slots."""
+    from engine import presets
+
+    rows, _, _ = presets.apply_preset(presets.by_slug("long-tail"))
+    page.goto(f"{server_url}?preset=long-tail&slots=4")
+    first_prompt = _cell(page, "requests_table", 0, 0)
+    expect(first_prompt).to_contain_text(rows[0][0], timeout=30_000)
+    assert _num_rows(page, "requests_table") == len(rows), "the preset's rows were not loaded"
+    expect(page.locator("#slots_slider input[type=range]")).to_have_value("4")
+    expect(page.locator("#preset_markdown")).to_contain_text("long tail")

@@ -333,3 +333,15 @@ def test_bad_arrival_rate_is_a_page_error(shared):
     """A negative arrival rate is refused with a clear message."""
     with pytest.raises(gr.Error, match="Arrival rate must be positive"):
         playground.run_event(ROWS, 2, False, False, "slots", 0, "decode_first", False, -1, "time")
+
+
+def test_link_query_parameters_preset_the_page():
+    """?preset=SLUG&slots=N gives the preset's rows and the slot count; bad values are skipped."""
+    from types import SimpleNamespace
+
+    link = SimpleNamespace(query_params={"preset": "one-long-many-short", "slots": "5"})
+    name, rows, chat_template, text, slots = playground.from_link(link)
+    assert name == "One long, many short" and slots == 5
+    assert rows == presets.apply_preset(name)[0] and chat_template is False and text
+    skipped = playground.from_link(SimpleNamespace(query_params={"preset": "nope", "slots": "99"}))
+    assert all(isinstance(u, type(gr.skip())) or u == gr.skip() for u in skipped)
