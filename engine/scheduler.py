@@ -36,11 +36,10 @@ class Scheduler:
         self.eos_token_ids = eos_token_ids
         self.token_budget = max_num_batched_tokens
         self.policy = policy
-        by_arrival = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+        by_arrival = sorted(requests, key=lambda r: r.arrival_order)
         self.waiting: deque[Sequence] = deque(Sequence(r) for r in by_arrival)
         self.running: dict[int, Sequence] = {}  # slot -> sequence
         self._free_slots = list(range(num_slots))  # min-heap
-        self._admitted = 0  # admission counter: FCFS order among running prefills
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -56,8 +55,6 @@ class Scheduler:
             seq = self.waiting.popleft()
             seq.slot = heapq.heappop(self._free_slots)
             seq.status = SequenceStatus.RUNNING
-            seq.admit_order = self._admitted
-            self._admitted += 1
             self.running[seq.slot] = seq
             admitted.append(seq)
         return admitted
@@ -74,9 +71,11 @@ class Scheduler:
     def _grant_tokens(self) -> dict[int, int]:
         """Slot -> tokens this step, by policy, within the budget."""
         decodes = [s for s in self.running.values() if not s.is_prefill]
-        prefills = sorted((s for s in self.running.values() if s.is_prefill), key=_fcfs)
+        prefills = sorted(
+            (s for s in self.running.values() if s.is_prefill), key=_fcfs
+        )  # admission order
         order = decodes + prefills if self.policy == "decode_first" else prefills + decodes
-        left = self.token_budget if self.token_budget is not None else float("inf")
+        left = self.token_budget if self.token_budget is not None else math.inf
         grants = {}
         for seq in order:
             n = min(seq.num_pending_tokens, left)
@@ -105,5 +104,5 @@ class Scheduler:
         return finished
 
 
-def _fcfs(seq: Sequence) -> int:
-    return seq.admit_order
+def _fcfs(seq: Sequence) -> tuple[float, int]:
+    return seq.request.arrival_order

@@ -29,6 +29,11 @@ class Request:
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
+    @property
+    def arrival_order(self) -> tuple[float, int]:
+        """First come, first served: by arrival time, ties by request id."""
+        return self.arrival_s, self.request_id
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
@@ -48,7 +53,6 @@ class Sequence:
     # --- scheduling ---
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int | None = None
-    admit_order: int = -1  # admission counter, for first-come first-served prefill order
     # --- KV cache ---
     num_cached_tokens: int = 0  # tokens whose keys/values are stored in the KV cache
     # --- output ---

@@ -52,7 +52,7 @@ class StaticEngine:
         """Run every wave; ``on_step(trace, None)`` is called after every generate step."""
         trace = Trace(engine=self.name, num_slots=self.config.num_slots)
         trace.requests = new_request_records(requests)
-        pending = deque(sorted(requests, key=lambda r: (r.arrival_s, r.request_id)))
+        pending = deque(sorted(requests, key=lambda r: r.arrival_order))
         self.runner.synchronize()
         t0 = time.perf_counter()
         wave_index = 0
