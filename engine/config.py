@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KV_MODES = ("slots", "concat")
+KV_MODES = ("slots", "paged", "concat")
 POLICIES = ("decode_first", "prefill_first")
 
 
@@ -16,17 +16,23 @@ class EngineConfig:
         num_slots: B, the number of sequences that run at once (static: rows per wave;
             continuous: ``max_num_seqs``).
         kv_mode: continuous engine's KV cache. ``"slots"`` preallocates ``[L, B, H_kv, P, D]``
-            and writes each step's keys/values in place; ``"concat"`` is the article's teaching
-            mode: per-sequence caches concatenated into one packed cache every step.
+            and writes each step's keys/values in place; ``"paged"`` hands out fixed-size blocks
+            from one pool through block tables and preempts when the pool runs dry (vLLM);
+            ``"concat"`` is the article's teaching mode: per-sequence caches concatenated into
+            one packed cache every step.
         max_seq_len: P, per-slot KV capacity in tokens; ``None`` sizes it from the workload.
         max_num_batched_tokens: the token budget, most tokens in one step (continuous engine);
             ``None`` means no limit. It must be at least ``num_slots`` so every decode fits.
         scheduling_policy: ``"decode_first"`` or ``"prefill_first"``: who gets the budget first.
         wave_timeout_s: static engine: how long the oldest arrived request waits for a full wave.
         ignore_eos: generate every sequence to its cap (benchmarks only, as vLLM's ``ignore_eos``).
+        block_size: ``paged`` mode: tokens per KV block.
+        kv_budget_mib: ``paged`` mode: KV memory in MiB (2**20 bytes), which sets the number of
+            blocks; ``None`` gives every slot room for the workload's longest sequence.
 
     Raises:
-        ValueError: on a slot count below 1, an unknown KV mode or a non-positive max_seq_len.
+        ValueError: on a slot count below 1, an unknown KV mode or policy, a token budget below
+            the slot count, a non-positive max_seq_len, block size or KV budget.
     """
 
     num_slots: int = 3
@@ -36,6 +42,8 @@ class EngineConfig:
     scheduling_policy: str = "decode_first"
     wave_timeout_s: float = 1.0
     ignore_eos: bool = False
+    block_size: int = 16
+    kv_budget_mib: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.num_slots, int) or self.num_slots < 1:
@@ -57,5 +65,9 @@ class EngineConfig:
             raise ValueError(f"Unknown policy {self.scheduling_policy!r}; choose one of {choices}.")
         if self.wave_timeout_s < 0:
             raise ValueError(f"wave_timeout_s must be >= 0 (got {self.wave_timeout_s}).")
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"Block size must be a whole number >= 1 (got {self.block_size!r}).")
+        if self.kv_budget_mib is not None and not self.kv_budget_mib > 0:
+            raise ValueError(f"The KV budget must be positive MiB (got {self.kv_budget_mib!r}).")
         if self.max_seq_len is not None and self.max_seq_len < 1:
             raise ValueError(f"max_seq_len must be positive (got {self.max_seq_len}).")

@@ -3,6 +3,7 @@
 Each step, nano-vllm style: admit into free slots, pack every running sequence's pending tokens into
 one ``[1, T]`` row, run ONE forward pass (prefill fused with decode), append each sequence's greedy
 token, and free the slots of finished sequences so the next requests are admitted on the same step.
+In the ``paged`` KV mode the scheduler also hands out KV blocks and preempts when they run out.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
+from engine.block_manager import blocks_for
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
 from engine.packed_batch import build_packed_batch
@@ -36,15 +38,18 @@ class ContinuousEngine:
         return trace if trace is not None else self._new_trace(requests, None)
 
     def generate(self, requests: list[Request]) -> Iterator[tuple[Trace, StepRecord]]:
-        """Yield ``(trace, step)`` after every step; the trace fills in as the run goes."""
-        cache = self.runner.new_kv_cache(
-            self.config.kv_mode, self.config.num_slots, self._max_seq_len(requests)
-        )
-        trace = self._new_trace(requests, cache)
-        eos = frozenset() if self.config.ignore_eos else self.runner.eos_token_ids
+        """Yield ``(trace, step)`` after every step; the trace fills in as the run goes.
+
+        Raises:
+            ValueError: in ``paged`` mode, when the KV budget cannot hold some request alone.
+        """
         cfg = self.config
+        cache = self._new_kv_cache(requests)
+        blocks = getattr(cache, "blocks", None)  # the paged cache's BlockManager
+        trace = self._new_trace(requests, cache)
+        eos = frozenset() if cfg.ignore_eos else self.runner.eos_token_ids
         scheduler = Scheduler(
-            requests, cfg.num_slots, eos, cfg.max_num_batched_tokens, cfg.scheduling_policy
+            requests, cfg.num_slots, eos, cfg.max_num_batched_tokens, cfg.scheduling_policy, blocks
         )
         self.runner.synchronize()
         t0 = time.perf_counter()
@@ -55,29 +60,59 @@ class ContinuousEngine:
                 self._record_admitted(trace, scheduler.admit(now_s), now_s)
                 continue
             start_s = time.perf_counter() - t0
-            seqs, num_new = scheduler.schedule()
+            plan = scheduler.schedule()
             batch = build_packed_batch(
-                seqs, num_new, cache, self.config.num_slots, self.runner.device
+                plan.seqs, plan.num_new, cache, cfg.num_slots, self.runner.device
             )
-            record = _step_record(len(trace.steps), start_s, batch)
+            record = _step_record(len(trace.steps), start_s, batch, plan, blocks)
+            record.token_budget = cfg.max_num_batched_tokens
             forward_start = time.perf_counter()
             next_tokens = self.runner.forward_packed(batch)
             record.forward_s = time.perf_counter() - forward_start
-            finished = scheduler.postprocess(seqs, num_new, next_tokens)
+            finished = scheduler.postprocess(plan, next_tokens)
             for seq in finished:
                 cache.release(seq.request_id)
             record.end_s = time.perf_counter() - t0
             admitted = scheduler.admit(record.end_s)
-            self._record_tokens(trace, seqs, finished, record.end_s)
+            self._record_tokens(trace, plan.seqs, finished, record.end_s)
             self._record_admitted(trace, admitted, record.end_s)
             trace.steps.append(record)
             trace.wall_s = record.end_s
             yield trace, record
+        if blocks is not None:
+            blocks.check_no_leaks()
+            assert blocks.num_used_blocks == 0, f"{blocks.num_used_blocks} KV blocks still held"
+
+    def _new_kv_cache(self, requests: list[Request]):
+        """The configured KV cache; in ``paged`` mode, as many blocks as the budget holds.
+
+        Raises:
+            ValueError: when the paged budget cannot hold the longest request on its own.
+        """
+        cfg = self.config
+        max_seq_len = self._max_seq_len(requests)
+        num_blocks = None
+        if cfg.kv_mode == "paged":
+            num_blocks = self._num_blocks(max_seq_len)
+            _check_fits(requests, num_blocks, cfg.block_size)
+        return self.runner.new_kv_cache(
+            cfg.kv_mode, cfg.num_slots, max_seq_len, num_blocks, cfg.block_size
+        )
+
+    def _num_blocks(self, max_seq_len: int) -> int:
+        """Blocks in the budget; without one, enough for every slot's longest sequence."""
+        cfg = self.config
+        if cfg.kv_budget_mib is None:
+            return cfg.num_slots * blocks_for(max_seq_len, cfg.block_size)
+        block_bytes = self.runner.kv_bytes_per_token() * cfg.block_size
+        return int(cfg.kv_budget_mib * 2**20 // block_bytes)
 
     def _new_trace(self, requests: list[Request], cache) -> Trace:
-        info = {}
+        info = {"token_budget": self.config.max_num_batched_tokens}
         if cache is not None:
-            info = {"kv_bytes_per_token": cache.bytes_per_token, "kv_bytes": cache.total_bytes}
+            info |= {"kv_bytes_per_token": cache.bytes_per_token, "kv_bytes": cache.total_bytes}
+        if getattr(cache, "blocks", None) is not None:
+            info |= {"kv_blocks": cache.blocks.num_blocks, "block_size": cache.blocks.block_size}
         return Trace(
             engine=self.name,
             num_slots=self.config.num_slots,
@@ -95,7 +130,9 @@ class ContinuousEngine:
     def _record_admitted(trace: Trace, admitted: list[Sequence], now_s: float) -> None:
         for seq in admitted:
             rec = trace.request(seq.request_id)
-            rec.slot, rec.admit_s = seq.slot, now_s
+            rec.slot = seq.slot
+            if rec.admit_s is None:  # queue time ends at the first admission, not a readmission
+                rec.admit_s = now_s
 
     def _record_tokens(self, trace: Trace, seqs: list[Sequence], finished, now_s: float) -> None:
         for seq in seqs:
@@ -108,6 +145,7 @@ class ContinuousEngine:
             rec.output_token_ids = list(seq.output_token_ids)
             rec.output_text = self.runner.decode(seq.output_token_ids)
             rec.finish_reason = seq.finish_reason
+            rec.num_preemptions = seq.num_preemptions
 
 
 def _sleep_until(t0: float, at_s: float | None) -> None:
@@ -116,15 +154,32 @@ def _sleep_until(t0: float, at_s: float | None) -> None:
         time.sleep(max(0.0, at_s - (time.perf_counter() - t0)))
 
 
-def _step_record(index: int, start_s: float, batch) -> StepRecord:
+def _check_fits(requests: list[Request], num_blocks: int, block_size: int) -> None:
+    """Every request must fit the whole KV pool alone, or preemption could never make room."""
+    for r in requests:
+        num_tokens = r.num_prompt_tokens + r.max_new_tokens - 1  # the last token is never cached
+        if blocks_for(num_tokens, block_size) > num_blocks:
+            raise ValueError(
+                f"Request {r.request_id} needs {num_tokens} tokens of KV cache, but the KV budget "
+                f"holds {num_blocks} blocks of {block_size} tokens ({num_blocks * block_size} "
+                f"tokens). Raise the KV budget or lower its max_new_tokens."
+            )
+
+
+def _step_record(index: int, start_s: float, batch, plan, blocks) -> StepRecord:
     seqs = [
         ScheduledSeq(
             request_id=seq.request_id,
             slot=seq.slot,
-            kind=PREFILL if cached < seq.request.num_prompt_tokens else DECODE,
+            kind=PREFILL if seq.is_prefill else DECODE,
             num_new_tokens=new,
             num_cached_tokens=cached,
         )
         for seq, cached, new in zip(batch.seqs, batch.num_cached, batch.num_new, strict=True)
     ]
-    return StepRecord(index=index, start_s=start_s, end_s=start_s, seqs=seqs)
+    record = StepRecord(index=index, start_s=start_s, end_s=start_s, seqs=seqs)
+    record.preempted = [seq.request_id for seq in plan.preempted]
+    if blocks is not None:
+        record.kv_blocks_used = blocks.num_used_blocks
+        record.block_tables = {rid: list(table) for rid, table in blocks.block_tables.items()}
+    return record

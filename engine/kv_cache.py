@@ -8,6 +8,12 @@ step's new keys and values in place, so a step costs the same whatever the conte
     slot 1:  R4 R4 .. .. .. .. .. ..      (R4 was admitted when R1 finished; R1's stale
     slot 2:  R2 R2 R2 R2 R2 R2 R2 ..       entries past position 1 are masked out)
 
+``PagedKVCache`` (mode ``"paged"``) is what vLLM does: one pool of fixed-size blocks, sized from a
+memory budget, handed out block by block through ``engine.block_manager.BlockManager``. A step
+gathers each slot's blocks through its block table into the ``[B, H_kv, T_kv, D]`` view the
+attention reads (vLLM's paged-attention kernel reads the blocks in place; a gather is the portable
+torch equivalent and costs one extra pass over the context).
+
 ``ConcatKVCache`` (mode ``"concat"``) is the article's way, kept as a teaching mode: each sequence
 owns its own growing tensors, and every step concatenates them into one packed cache and appends
 the new keys back per sequence, so each step copies the whole context (a run costs its square).
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.block_manager import BlockManager
 from engine.masks import packed_step_mask
 from engine.packed_batch import PackedBatch
 
@@ -68,8 +75,83 @@ class SlotKVCache:
         assert int(positions.max()) < self.max_seq_len, "a sequence outgrew its slot's KV"
         batch.kv_write_index = self.write_index(batch.slot_ids, positions)
 
+    def slot_view(self, layer: int, batch: PackedBatch, kv_len: int):
+        """Keys and values of every slot's first ``kv_len`` positions: [B, H_kv, kv_len, D]."""
+        return self.keys[layer][:, :, :kv_len], self.values[layer][:, :, :kv_len]
+
+    def sequence_view(self, layer: int, batch: PackedBatch, slot: int, kv_len: int):
+        """One slot's first ``kv_len`` keys and values: [1, H_kv, kv_len, D]."""
+        return self.keys[layer][slot, :, :kv_len][None], self.values[layer][slot, :, :kv_len][None]
+
     def release(self, request_id: int) -> None:
         """Nothing to free: the next occupant of the slot overwrites and masks stale entries."""
+
+
+class PagedKVCache:
+    """A pool of KV blocks shared by all sequences, addressed through block tables.
+
+    Storage keeps each block's tokens contiguous per head, so a block is rows
+    ``[b * block_size, (b + 1) * block_size)`` of a layer's ``[H_kv, N * block_size, D]`` view.
+
+    Shapes:
+        keys, values: [L, H_kv, N * block_size, D]   (N = num_blocks)
+        per step (``prepare``): kv_block_rows [B, max_blocks * block_size], the storage row of
+        every position of every slot's sequence; kv_write_index [T], where each new token goes.
+    """
+
+    def __init__(self, num_layers, num_kv_heads, head_dim, num_blocks, block_size, dtype, device):
+        self.blocks = BlockManager(num_blocks, block_size)
+        shape = (num_layers, num_kv_heads, num_blocks * block_size, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+
+    @property
+    def total_bytes(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size()
+
+    def prepare(self, batch: PackedBatch) -> None:
+        """Per step, before the forward: storage rows of every slot's positions and new tokens.
+
+        The scheduler has already given every scheduled sequence the blocks its new tokens need.
+        """
+        block_size = self.blocks.block_size
+        tables = [self.blocks.block_tables[s.request_id] for s in batch.seqs]
+        width = max(len(t) for t in tables)
+        num_slots = batch.num_slots
+        padded = torch.zeros(num_slots, width, dtype=torch.long)  # (B, max_blocks); idle: block 0
+        for seq, table in zip(batch.seqs, tables, strict=True):
+            padded[seq.slot, : len(table)] = torch.tensor(table)
+        offsets = torch.arange(block_size)
+        rows = (padded[:, :, None] * block_size + offsets).reshape(num_slots, -1)
+        batch.kv_block_rows = rows.to(batch.input_ids.device)  # (B, max_blocks * block_size)
+        positions = batch.position_ids[0]  # (T,)
+        batch.kv_write_index = batch.kv_block_rows[batch.slot_ids, positions]  # (T,)
+
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+        """Store the step's new keys/values ([1, H_kv, T, D]) in their sequences' blocks."""
+        self.keys[layer].index_copy_(1, batch.kv_write_index, key[0])
+        self.values[layer].index_copy_(1, batch.kv_write_index, value[0])
+
+    def slot_view(self, layer: int, batch: PackedBatch, kv_len: int):
+        """Gather every slot's first ``kv_len`` positions: keys, values [B, H_kv, kv_len, D]."""
+        rows = batch.kv_block_rows[:, :kv_len]  # (B, kv_len)
+        return self._gather(self.keys[layer], rows), self._gather(self.values[layer], rows)
+
+    def sequence_view(self, layer: int, batch: PackedBatch, slot: int, kv_len: int):
+        """Gather one slot's first ``kv_len`` positions: keys, values [1, H_kv, kv_len, D]."""
+        rows = batch.kv_block_rows[slot : slot + 1, :kv_len]  # (1, kv_len)
+        return self._gather(self.keys[layer], rows), self._gather(self.values[layer], rows)
+
+    @staticmethod
+    def _gather(store: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """[H_kv, N * block_size, D] rows -> [B, H_kv, n, D] for ``rows`` [B, n]."""
+        num_rows, n = rows.shape
+        picked = store.index_select(1, rows.reshape(-1))  # (H_kv, B * n, D)
+        return picked.view(store.shape[0], num_rows, n, store.shape[-1]).transpose(0, 1)
+
+    def release(self, request_id: int) -> None:
+        """Nothing here: the scheduler returns a sequence's blocks through the block manager."""
 
 
 class ConcatKVCache:

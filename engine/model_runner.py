@@ -16,7 +16,7 @@ import contextlib
 import torch
 
 from engine import attention
-from engine.kv_cache import ConcatKVCache, SlotKVCache
+from engine.kv_cache import ConcatKVCache, PagedKVCache, SlotKVCache, kv_bytes_per_token
 from engine.packed_batch import PackedBatch
 
 
@@ -34,13 +34,30 @@ class ModelRunner:
         attention.register()
 
     # --- continuous engine -------------------------------------------------------------------
-    def new_kv_cache(self, kv_mode: str, num_slots: int, max_seq_len: int):
-        """KV storage for ``num_slots`` sequences of up to ``max_seq_len`` tokens each."""
+    def kv_shape(self) -> tuple[int, int, int]:
+        """(L, H_kv, D): layers, key/value heads and head size of the model's KV cache."""
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        layers, kv_heads = cfg.num_hidden_layers, cfg.num_key_value_heads
+        return cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of one token's keys and values across all layers, in the model's dtype."""
+        return kv_bytes_per_token(*self.kv_shape(), self.dtype)
+
+    def new_kv_cache(
+        self, kv_mode: str, num_slots: int, max_seq_len: int, num_blocks=None, block_size=16
+    ):
+        """KV storage for ``num_slots`` sequences of up to ``max_seq_len`` tokens each.
+
+        ``paged`` mode holds ``num_blocks`` blocks of ``block_size`` tokens instead.
+        """
+        layers, kv_heads, head_dim = self.kv_shape()
         if kv_mode == "concat":
             return ConcatKVCache(layers, kv_heads, head_dim, self.dtype)
+        if kv_mode == "paged":
+            return PagedKVCache(
+                layers, kv_heads, head_dim, num_blocks, block_size, self.dtype, self.device
+            )
         return SlotKVCache(
             layers, num_slots, kv_heads, head_dim, max_seq_len, self.dtype, self.device
         )

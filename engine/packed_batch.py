@@ -49,9 +49,11 @@ class PackedBatch:
         decode_rows, decode_slots: [S_d]   single-query tokens and their slots
         decode_mask: [B, 1, 1, T_kv_d] keys each slot's decode query may see (>= 1 key per slot)
         packed_mask: [1, 1, T, T_kv]   only in the ``concat`` KV mode
+        kv_block_rows: [B, max_blocks * block_size]   only in the ``paged`` KV mode
     """
 
     seqs: list[Sequence]
+    num_slots: int
     num_cached: list[int]
     num_new: list[int]
     input_ids: torch.Tensor
@@ -62,10 +64,11 @@ class PackedBatch:
     decode_slots: torch.Tensor
     decode_mask: torch.Tensor | None
     prefills: list[PrefillSpan]
-    kv_cache: object  # engine.kv_cache.SlotKVCache | ConcatKVCache; its prepare() fills the rest
+    kv_cache: object  # an engine.kv_cache cache; its prepare() fills the fields below
     packed_mask: torch.Tensor | None = None
     all_slots_decode: bool = False  # every slot feeds one token, packed in slot order
-    kv_write_index: torch.Tensor | None = None  # [H_kv * T] rows for SlotKVCache.write
+    kv_write_index: torch.Tensor | None = None  # storage rows of the new tokens' keys/values
+    kv_block_rows: torch.Tensor | None = None  # paged: [B, max_blocks * block_size] storage rows
 
 
 def build_packed_batch(
@@ -81,6 +84,7 @@ def build_packed_batch(
     decode_rows = (ends - 1)[single]  # (S_d,)
     batch = PackedBatch(
         seqs=seqs,
+        num_slots=num_slots,
         num_cached=num_cached,
         num_new=num_new,
         input_ids=torch.tensor([token_ids], dtype=torch.long, device=device),

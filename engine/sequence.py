@@ -58,6 +58,7 @@ class Sequence:
     # --- output ---
     output_token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "eos" | "length"
+    num_preemptions: int = 0
 
     @property
     def request_id(self) -> int:
@@ -74,8 +75,23 @@ class Sequence:
 
     @property
     def is_prefill(self) -> bool:
-        """True while prompt tokens are still missing from the KV cache."""
-        return self.num_cached_tokens < self.request.num_prompt_tokens
+        """True while tokens other than the newest are missing from the KV cache.
+
+        That is the prompt, or after a preemption the prompt and the output so far, which are
+        recomputed together as one prefill.
+        """
+        return self.num_cached_tokens < max(self.request.num_prompt_tokens, self.num_tokens - 1)
+
+    def preempt(self) -> None:
+        """Drop this sequence's KV cache and send it back to wait (recompute preemption, vLLM).
+
+        Its output so far is kept: on readmission the prompt and that output are prefilled again,
+        and greedy decoding continues exactly where it stopped.
+        """
+        self.num_cached_tokens = 0
+        self.slot = None
+        self.status = SequenceStatus.WAITING
+        self.num_preemptions += 1
 
     def pending_token_ids(self, limit: int | None = None) -> list[int]:
         """The first ``limit`` (default: all) tokens not yet cached; per sequence, not per token."""

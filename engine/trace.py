@@ -42,6 +42,15 @@ class StepRecord:
     seqs: list[ScheduledSeq]
     wave: int | None = None  # static only: which wave this step belongs to
     forward_s: float | None = None  # continuous only: time inside the model's forward pass
+    token_budget: int | None = None  # continuous only: max_num_batched_tokens (None: no limit)
+    preempted: list[int] = field(default_factory=list)  # request ids preempted for this step
+    kv_blocks_used: int | None = None  # paged KV only: blocks held during the step
+    block_tables: dict[int, list[int]] | None = None  # paged KV only: request id -> block ids
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """Tokens fed in this step (what the token budget caps)."""
+        return sum(s.num_new_tokens for s in self.seqs)
 
     @property
     def num_cached_tokens(self) -> int:
@@ -73,6 +82,7 @@ class RequestRecord:
     output_token_ids: list[int] = field(default_factory=list)
     output_text: str = ""
     finish_reason: str | None = None
+    num_preemptions: int = 0
 
     @property
     def queue_s(self) -> float | None:
@@ -112,6 +122,7 @@ class RunMetrics:
     mean_ttft_s: float
     mean_latency_s: float
     requests_per_s: float
+    num_preemptions: int = 0
 
 
 LATENCY_METRICS = ("queue_s", "ttft_s", "tpot_s", "latency_s")
@@ -160,6 +171,7 @@ class Trace:
             mean_ttft_s=statistics.fmean(ttfts) if ttfts else 0.0,
             mean_latency_s=statistics.fmean(latencies) if latencies else 0.0,
             requests_per_s=len(self.requests) / self.wall_s if self.wall_s > 0 else 0.0,
+            num_preemptions=sum(len(step.preempted) for step in self.steps),
         )
 
     def latency_percentiles(self) -> dict[str, dict[str, float | None]]:

@@ -39,7 +39,7 @@ def _outputs(trace):
     return {r.request_id: r.output_token_ids for r in trace.requests}
 
 
-@pytest.mark.parametrize("kv_mode", ["slots", "concat"])
+@pytest.mark.parametrize("kv_mode", ["slots", "paged", "concat"])
 @pytest.mark.parametrize("num_slots", [1, 3, 8])
 def test_continuous_matches_generate(runner, requests, reference, kv_mode, num_slots):
     """Continuous outputs equal per-request generate for every KV mode and slot count."""

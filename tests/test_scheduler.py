@@ -18,15 +18,15 @@ def test_finished_slot_is_refilled_on_the_same_step():
     scheduler = Scheduler(requests, num_slots=2, eos_token_ids=frozenset())
     first = scheduler.admit()
     assert [s.slot for s in first] == [0, 1]
-    finished = scheduler.postprocess(*scheduler.schedule(), [7, 7])
+    finished = scheduler.postprocess(scheduler.schedule(), [7, 7])
     assert finished == []
-    finished = scheduler.postprocess(*scheduler.schedule(), [7, 7])
+    finished = scheduler.postprocess(scheduler.schedule(), [7, 7])
     assert [s.request_id for s in finished] == [0], "request 0 (cap 2) finishes on step 2"
     admitted = scheduler.admit()
     assert [(s.request_id, s.slot) for s in admitted] == [(2, 0)]
-    seqs, num_new = scheduler.schedule()
-    assert seqs[0].request_id == 2, "slot 0 runs request 2 on the next step"
-    assert num_new[0] == len("c"), "its whole prompt is prefilled in that step"
+    step = scheduler.schedule()
+    assert step.seqs[0].request_id == 2, "slot 0 runs request 2 on the next step"
+    assert step.num_new[0] == len("c"), "its whole prompt is prefilled in that step"
 
 
 def test_continuous_trace_has_no_gap_in_a_slot():
@@ -62,13 +62,13 @@ def test_budget_serves_decodes_first_then_chunks_prefill():
     requests = make_requests([("ab", 5), ("c" * 10, 5)])
     scheduler = Scheduler(requests, 2, frozenset(), max_num_batched_tokens=4)
     scheduler.admit()
-    seqs, num_new = scheduler.schedule()
-    assert num_new == [2, 2], "first step: R0's 2-token prompt, then 2 of R1's 10"
-    scheduler.postprocess(seqs, num_new, [9, 9])
-    assert seqs[0].output_token_ids == [9], "R0 finished its prefill and sampled"
-    assert seqs[1].output_token_ids == [] and seqs[1].num_cached_tokens == 2, "R1 chunk only"
-    seqs, num_new = scheduler.schedule()
-    assert num_new == [1, 3], "R0 decodes first; R1's next chunk takes the other 3"
+    step = scheduler.schedule()
+    assert step.num_new == [2, 2], "first step: R0's 2-token prompt, then 2 of R1's 10"
+    scheduler.postprocess(step, [9, 9])
+    r0, r1 = step.seqs
+    assert r0.output_token_ids == [9], "R0 finished its prefill and sampled"
+    assert r1.output_token_ids == [] and r1.num_cached_tokens == 2, "R1 chunk only"
+    assert scheduler.schedule().num_new == [1, 3], "R0 decodes first; R1's next chunk: 3"
 
 
 def test_prefill_first_policy_serves_prefills_first():
@@ -76,9 +76,9 @@ def test_prefill_first_policy_serves_prefills_first():
     requests = make_requests([("ab", 5), ("c" * 10, 5)])
     scheduler = Scheduler(requests, 2, frozenset(), 4, policy="prefill_first")
     scheduler.admit()
-    scheduler.postprocess(*scheduler.schedule(), [9, 9])
-    seqs, num_new = scheduler.schedule()
-    assert dict(zip([s.request_id for s in seqs], num_new, strict=True)) == {1: 4}
+    scheduler.postprocess(scheduler.schedule(), [9, 9])
+    step = scheduler.schedule()
+    assert dict(zip([s.request_id for s in step.seqs], step.num_new, strict=True)) == {1: 4}
 
 
 @pytest.mark.parametrize("budget", [3, 5, 16])
