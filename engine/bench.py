@@ -26,7 +26,8 @@ from engine.static import StaticEngine
 from engine.trace import Trace
 from engine.workload import load_jsonl, poisson_arrivals, seed_specs, tokenize_requests
 
-ENGINES = ("static", "continuous", "continuous_concat", "hf_continuous")
+ENGINES = ("static", "continuous", "continuous_paged", "continuous_concat", "hf_continuous")
+KV_MODE_OF = {"continuous": "slots", "continuous_paged": "paged", "continuous_concat": "concat"}
 
 
 def make_engine(name: str, runner, num_slots: int, **options):
@@ -37,9 +38,9 @@ def make_engine(name: str, runner, num_slots: int, **options):
     """
     if name == "static":
         return StaticEngine(runner, EngineConfig(num_slots))
-    if name in ("continuous", "continuous_concat"):
-        kv_mode = "concat" if name == "continuous_concat" else "slots"
-        engine = ContinuousEngine(runner, EngineConfig(num_slots, kv_mode=kv_mode, **options))
+    if name in KV_MODE_OF:
+        config = EngineConfig(num_slots, kv_mode=KV_MODE_OF[name], **options)
+        engine = ContinuousEngine(runner, config)
         engine.name = name
         return engine
     if name == "hf_continuous":
@@ -73,6 +74,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--token-budget", type=int, default=None, help="max tokens per step")
     p.add_argument("--policy", default="decode_first", help="decode_first or prefill_first")
     p.add_argument(
+        "--kv-budget-mib",
+        type=float,
+        default=None,
+        help="continuous_paged: KV memory in MiB (default: room for every slot)",
+    )
+    p.add_argument("--block-size", type=int, default=16, help="continuous_paged: tokens per block")
+    p.add_argument(
         "--floor", action="store_true", help="time generate on the longest request alone"
     )
     p.add_argument("--profile", action="store_true", help="continuous: forward vs host time split")
@@ -88,9 +96,17 @@ def check_args(args: argparse.Namespace, names: list[str]) -> None:
         )
     if args.repeat < 1:
         raise ValueError("--repeat must be at least 1.")
-    EngineConfig(
-        args.slots, max_num_batched_tokens=args.token_budget, scheduling_policy=args.policy
-    )
+    EngineConfig(args.slots, **engine_options(args))
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """The continuous engines' ``EngineConfig`` options from the flags."""
+    return {
+        "max_num_batched_tokens": args.token_budget,
+        "scheduling_policy": args.policy,
+        "block_size": args.block_size,
+        "kv_budget_mib": args.kv_budget_mib,
+    }
 
 
 def load_specs(args: argparse.Namespace):
@@ -150,6 +166,7 @@ def engine_result(runs: list[Trace], reference: dict | None) -> dict:
         "slot_utilisation_pct": m.slot_utilisation_pct,
         "requests_per_s": len(runs[0].requests) / wall_s if wall_s else 0.0,
         "latency_percentiles": median_run.latency_percentiles(),
+        "num_preemptions": m.num_preemptions,
         "reference_match": None if reference is None else not bad,
         "num_mismatched_requests": len(bad),
         "info": median_run.info,
@@ -255,8 +272,7 @@ def main(argv=None) -> int:
             chat_template=args.chat_template,
             max_context=loaded.max_context,
         )
-        options = {"max_num_batched_tokens": args.token_budget, "scheduling_policy": args.policy}
-        engines = {n: make_engine(n, runner, args.slots, **options) for n in names}
+        engines = {n: make_engine(n, runner, args.slots, **engine_options(args)) for n in names}
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

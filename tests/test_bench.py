@@ -72,3 +72,20 @@ def test_token_budget_and_repeat_flags(tmp_path, tiny_loaded):
     assert doc["engines"]["continuous"]["num_steps"] >= (30 + 25) // 8
     r = doc["engines"]["continuous"]
     assert r["wall_s_min"] <= r["wall_s"] <= r["wall_s_max"], "median inside the spread"
+
+
+def test_small_kv_budget_preempts_and_still_matches(tmp_path, tiny_loaded):
+    """--kv-budget-mib and --block-size size the paged pool; preemptions land in the JSON."""
+    out = tmp_path / "p.json"
+    rows = [("the quick brown fox", 30), ("hello world", 30), ("abc", 30)]
+    workload = _workload(tmp_path, rows)
+    bytes_per_token = 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads, head size 16, fp32
+    budget_mib = 14 * 4 * bytes_per_token / 2**20  # 14 blocks of 4 tokens: not 3 × 12 blocks
+    argv = ["--workload", workload, "--engines", "continuous,continuous_paged", "--slots", "3"]
+    argv += ["--kv-budget-mib", str(budget_mib), "--block-size", "4", "--json", str(out)]
+    assert bench.main(argv) == 0, "outputs equal the reference despite preemption"
+    doc = json.loads(out.read_text())
+    paged = doc["engines"]["continuous_paged"]
+    assert paged["info"]["kv_blocks"] == 14 and paged["info"]["block_size"] == 4
+    assert paged["num_preemptions"] > 0
+    assert doc["engines"]["continuous"]["num_preemptions"] == 0, "slots mode never preempts"
