@@ -1,7 +1,8 @@
 """Figure builders: the timelines, the two attention-mask heatmaps and the table rows of the page.
 
 Everything here is built from an ``engine.trace.Trace`` alone, so what the page draws is what the
-engine recorded. This is the only module that imports plotly.
+engine recorded. This module and ``engine.serving_figures`` (latency, token budget and KV block
+views) are the only ones that import plotly.
 
 Colours come from the Okabe–Ito palette (safe for the common kinds of colour blindness), one per
 request through ``request_color``, so a request keeps its colour in every chart. Backgrounds are
