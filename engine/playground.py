@@ -52,8 +52,8 @@ class SharedModel:
 
     @property
     def label(self) -> str:
-        """The page's model line: "Model: SmolLM2-135M-Instruct (embedded GGUF) · CPU · float32"."""
-        return f"Model: {self.loaded.name} · {self.loaded.device_label}"
+        """The page's model line, e.g. "Model: SmolLM2-135M-Instruct · runs on CPU · float32"."""
+        return f"Model: {self.loaded.name} · runs on {self.loaded.device_label}"
 
     def warm_up(self) -> None:
         """Run both engines once on two tiny requests, so one-time costs never reach a timing."""

@@ -232,7 +232,7 @@ def test_get_model_loads_once(monkeypatch, shared):
     monkeypatch.setattr(playground, "ModelRunner", lambda loaded: shared.runner)
     first, second = playground.get_model(), playground.get_model()
     assert first is second and len(calls) == 1, f"loaded {len(calls)} times"
-    assert first.label == "Model: tiny-llama · CPU · float32", first.label
+    assert first.label == "Model: tiny-llama · runs on CPU · float32", first.label
 
 
 def test_update_step_redraws_without_the_model(result, no_model):
