@@ -1,7 +1,8 @@
 """Continuous Batching Playground: the Gradio page. Layout and event wiring only.
 
 Handlers live in ``engine.playground`` and figures in ``engine.figures``. Run with
-``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--port 7860]``.
+``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--port 7860]
+[--share]``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 
 import gradio as gr
 
-from engine import playground, presets, tables
+from engine import playground, presets, share, tables
 
 TITLE = "Continuous Batching Playground"
 INTRO = (
@@ -31,7 +32,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
     parser.add_argument("--port", type=int, default=7860)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--share", action="store_true", help="create a public Gradio link")
+    parser.add_argument(
+        "--share",
+        action="store_true",
+        help="also print a public gradio.live link (waits a few seconds at most)",
+    )
     return parser.parse_args(argv)
 
 
@@ -216,7 +221,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{shared.label} (loaded in {shared.loaded.load_s:.1f} s)", flush=True)
     demo = build_demo(shared.label)
     demo.queue()
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share)
+    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True)
+    if args.share:
+        share.open_share_link(demo)  # bounded wait; the page serves locally meanwhile
+    demo.block_thread()
 
 
 if __name__ == "__main__":
