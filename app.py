@@ -274,7 +274,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{shared.label} (loaded in {shared.loaded.load_s:.1f} s)", flush=True)
     demo = build_demo(shared.label)
     demo.queue()
-    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True)
+    # quiet: Gradio's own launch lines would say "set share=True" even with --share.
+    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True)
+    print(f"* Running on local URL: {demo.local_url}", flush=True)
     if args.share:
         share.open_share_link(demo)  # bounded wait; the page serves locally meanwhile
     demo.block_thread()
