@@ -1,7 +1,8 @@
 """Continuous Batching Playground: the Gradio page. Layout and event wiring only.
 
 Handlers live in ``engine.playground`` and figures in ``engine.figures``. Run with
-``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--port 7860]``.
+``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--port 7860]
+[--share]``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 
 import gradio as gr
 
-from engine import playground, presets, tables
+from engine import page_io, playground, presets, share, tables, zerogpu
 
 TITLE = "Continuous Batching Playground"
 INTRO = (
@@ -31,7 +32,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
     parser.add_argument("--port", type=int, default=7860)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--share", action="store_true", help="create a public Gradio link")
+    parser.add_argument(
+        "--share",
+        action="store_true",
+        help="also print a public gradio.live link (waits a few seconds at most)",
+    )
     return parser.parse_args(argv)
 
 
@@ -46,13 +51,30 @@ def build_demo(model_label: str) -> gr.Blocks:
                 requests_table = gr.Dataframe(
                     value=rows,
                     headers=playground.REQUEST_HEADERS,
-                    datatype=["str", "number"],
+                    datatype=["str", "number", "number"],
                     type="array",
                     interactive=True,
-                    column_count=2,  # row_limits/column_limits: "not yet implemented" in 6.31
-                    label="Requests",
-                    column_widths=["85%", "15%"],
+                    column_count=3,  # row_limits/column_limits: "not yet implemented" in 6.31
+                    label="Requests (arrival_s: seconds after Run; 0 = at once)",
+                    column_widths=["74%", "14%", "12%"],
                     elem_id="requests_table",
+                )
+                with gr.Row():
+                    upload_button = gr.UploadButton(
+                        "Upload CSV or JSONL",
+                        file_types=[".csv", ".jsonl", ".json"],
+                        size="sm",
+                        elem_id="upload_button",
+                    )
+                    table_button = gr.Button(
+                        "Download the table (CSV, JSONL)", size="sm", elem_id="table_button"
+                    )
+                table_file = gr.File(
+                    label="The table: workload.csv · workload.jsonl",
+                    file_count="multiple",
+                    interactive=False,
+                    visible=False,
+                    elem_id="table_file",
                 )
                 preset_markdown = gr.Markdown(preset_text, elem_id="preset_markdown")
             with gr.Column(scale=1):
@@ -97,7 +119,7 @@ def build_demo(model_label: str) -> gr.Blocks:
                     )
                     arrival_rate_number = gr.Number(
                         value=0,
-                        label="Arrivals: Poisson rate, requests/s (0 = all at t = 0)",
+                        label="Arrivals: Poisson rate, requests/s (0 = the table's arrival_s)",
                         elem_id="arrival_rate_number",
                     )
                     compare_hf_checkbox = gr.Checkbox(
@@ -106,6 +128,13 @@ def build_demo(model_label: str) -> gr.Blocks:
                         elem_id="compare_hf_checkbox",
                     )
                 run_button = gr.Button("Run", variant="primary", elem_id="run_button")
+                link_button = gr.Button("Copy link to this setup", size="sm", elem_id="link_button")
+                link_textbox = gr.Textbox(
+                    label="Link: preset, slots and step (an edited table is not in it)",
+                    interactive=False,
+                    buttons=["copy"],
+                    elem_id="link_textbox",
+                )
         status_markdown = gr.Markdown(
             "Press Run to compare the two engines.", elem_id="status_markdown"
         )
@@ -137,12 +166,16 @@ def build_demo(model_label: str) -> gr.Blocks:
             elem_id="outputs_table",
         )
         downloads_file = gr.File(
-            label="Downloads: requests.csv · traces.json · trace.perfetto.json (ui.perfetto.dev)",
+            label=(
+                "Downloads: requests.csv · traces.json · trace.perfetto.json (ui.perfetto.dev) · "
+                "charts.html (each chart's camera button also saves a PNG)"
+            ),
             file_count="multiple",
             interactive=False,
             elem_id="downloads_file",
         )
         run_state = gr.State()
+        link_step_state = gr.State()  # a link's step=N, applied after the first run
 
         demo.load(
             playground.from_link,
@@ -150,13 +183,14 @@ def build_demo(model_label: str) -> gr.Blocks:
             [preset_dropdown, requests_table, chat_checkbox, preset_markdown, slots_slider],
             api_visibility="undocumented",
         )
+        demo.load(page_io.link_step, None, link_step_state, api_visibility="undocumented")
         preset_dropdown.input(
             presets.apply_preset,
             preset_dropdown,
             [requests_table, chat_checkbox, preset_markdown],
         )
-        run_button.click(
-            playground.run_event,
+        run_event = run_button.click(
+            zerogpu.on_gpu(playground.run_event),  # spaces.GPU on a ZeroGPU Space, else as is
             [
                 requests_table,
                 slots_slider,
@@ -185,6 +219,30 @@ def build_demo(model_label: str) -> gr.Blocks:
             concurrency_id="model",
             api_name="run",
             show_progress_on=status_markdown,  # one progress bar; results stay visible meanwhile
+        )
+        run_event.success(
+            page_io.apply_link_step,
+            [run_state, link_step_state],
+            [step_slider, link_step_state],
+            api_visibility="undocumented",
+        )
+        link_button.click(
+            page_io.setup_query,
+            [preset_dropdown, slots_slider, step_slider, run_state],
+            link_textbox,
+            api_visibility="undocumented",
+        ).then(None, link_textbox, link_textbox, js=page_io.COPY_LINK_JS)
+        upload_button.upload(
+            page_io.upload_workload,
+            upload_button,
+            [requests_table, preset_dropdown, preset_markdown],
+            api_visibility="undocumented",
+        )
+        table_button.click(
+            page_io.show_table_files,
+            requests_table,
+            table_file,
+            api_visibility="undocumented",
         )
         view_inputs = [run_state, step_slider, x_axis_radio]
         view_outputs = [
@@ -216,7 +274,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{shared.label} (loaded in {shared.loaded.load_s:.1f} s)", flush=True)
     demo = build_demo(shared.label)
     demo.queue()
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share)
+    # quiet: Gradio's own launch lines would say "set share=True" even with --share.
+    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True)
+    print(f"* Running on local URL: {demo.local_url}", flush=True)
+    if args.share:
+        share.open_share_link(demo)  # bounded wait; the page serves locally meanwhile
+    demo.block_thread()
 
 
 if __name__ == "__main__":

@@ -5,15 +5,18 @@
 * ``perfetto_trace``: Chrome trace-event JSON (the format ``chrome://tracing`` and Perfetto UI
   open as is: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU),
   one process per engine, one track (thread) per slot with a span per request, and a "steps" track
-  with one span per forward pass.
+  with one span per forward pass;
+* ``charts_html``: the page's charts in one HTML file that works offline.
 """
 
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 from engine.trace import Trace
 
@@ -116,6 +119,27 @@ def _step_args(step) -> dict:
         "num_seqs": len(step.seqs),
         "prefill": [s.request_id for s in step.seqs if s.kind == "prefill"],
     }
+
+
+def charts_html(charts: dict[str, Any]) -> str:
+    """One standalone HTML page with every chart, interactive and offline.
+
+    ``charts`` maps a heading to a plotly figure (``engine.figures.PageFigure`` keeps its PNG
+    button's file name). plotly.js is inlined once (about 4.6 MB), so the file opens without a
+    network; each chart's modebar still saves it as a PNG.
+    """
+    parts = []
+    for i, (heading, fig) in enumerate(charts.items()):
+        config = fig.plotly_config() if hasattr(fig, "plotly_config") else {}
+        div = fig.to_html(full_html=False, include_plotlyjs=i == 0, config=config)
+        parts.append(f"<h2>{html.escape(heading)}</h2>\n{div}")
+    body = "\n".join(parts)
+    return (
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
+        "<title>Continuous Batching Playground charts</title>"
+        "<style>body{font-family:sans-serif;margin:2em}</style></head>"
+        f"<body>\n{body}\n</body></html>\n"
+    )
 
 
 def write_files(folder: str | Path, traces: dict[str, Trace]) -> list[Path]:

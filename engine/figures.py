@@ -14,7 +14,9 @@ into tiles, and the title says so.
 from __future__ import annotations
 
 import html
+import json
 import math
+import re
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
@@ -34,6 +36,33 @@ MAX_HEATMAP_CELLS = 512 * 4096
 MAX_QUERY_CELLS, MAX_KEY_CELLS = 512, 4096  # tile sizes are chosen to fit this box
 SMALL_GRID_CELLS = 80  # heatmaps up to this many cells a side get a 1-px gap between cells
 PROMPT_HOVER_CHARS = 60
+
+
+class PageFigure(go.Figure):
+    """A plotly Figure that carries its Plotly config into the page.
+
+    Gradio's Plot sends ``fig.to_json()`` to the browser and hands a ``config`` key found there to
+    ``Plotly.react``; this adds one, so the modebar's camera button saves a PNG (drawn in the
+    browser, offline) under a name taken from the chart's title.
+    """
+
+    def plotly_config(self) -> dict:
+        """Plotly config: the PNG button's file name and scale, no Plotly logo."""
+        image = {"format": "png", "filename": chart_filename(self.layout.title.text), "scale": 2}
+        return {"displaylogo": False, "toImageButtonOptions": image}
+
+    def to_json(self, *args, **kwargs) -> str:
+        """The figure's JSON (``data``, ``layout``) plus ``config``."""
+        text = super().to_json(*args, **kwargs)
+        assert text.endswith("}"), "plotly JSON is one object"
+        return f"{text[:-1]}, {json.dumps('config')}: {json.dumps(self.plotly_config())}}}"
+
+
+def chart_filename(title: str | None) -> str:
+    """A file name (no extension) from a chart title: "Static batching — 3 slots" ->
+    "static-batching-3-slots"; at most 60 characters, "chart" when the title is empty."""
+    words = re.findall(r"[a-z0-9]+", re.sub(r"<[^>]*>", " ", (title or "").lower()))
+    return "-".join(words)[:60].strip("-") or "chart"
 
 
 def request_color(request_id: int) -> str:
@@ -153,7 +182,7 @@ def timeline_figure(
     x range so two engines share a scale; ``cursor`` (a step index) draws a vertical line there.
     """
     runs = _runs(trace)
-    fig = go.Figure()
+    fig = PageFigure()
     for rid in sorted({r.request_id for r in runs if not r.idle}):
         mine = [r for r in runs if r.request_id == rid and not r.idle]
         hover = [_request_hover(trace, r) for r in mine]
@@ -312,7 +341,7 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
         hover = "queries %{y} → keys %{x}"
         note = f"aggregated: each cell is a {fq}×{fk} tile of tokens"
     colors = [request_color(s.request_id) for s in step.seqs]
-    fig = go.Figure(_heatmap(codes, x, y, colors, hover))
+    fig = PageFigure(_heatmap(codes, x, y, colors, hover))
     if layout.num_cached_keys > 0:
         fig.add_vline(
             x=layout.num_cached_keys / fk - 0.5,
@@ -389,7 +418,7 @@ def static_mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
         y, x = _tile_labels(codes.shape[0] * fq, fq), _tile_labels(num_k, fk)
         hover, note = "queries %{y} → keys %{x}", f"aggregated into {fq}×{fk} tiles"
     colors = [request_color(s.request_id) for s in step.seqs] + [PAD_COLOR, IDLE_ROW_COLOR]
-    fig = go.Figure(_heatmap(codes, x, y, colors, hover))
+    fig = PageFigure(_heatmap(codes, x, y, colors, hover))
     for b in range(1, len(step.seqs)) if num_q > 1 and (fq, fk) == (1, 1) else ():
         fig.add_hline(y=b * num_q - 0.5, name="row", line_color=TEXT_COLOR, line_width=1)
     num_idle = sum(s.kind == IDLE for s in step.seqs)

@@ -83,10 +83,22 @@ class LoadedModel:
     @property
     def device_label(self) -> str:
         """Device and dtype for people, e.g. "CPU · float32" or "CUDA (NVIDIA H200) · float16"."""
-        kind = self.device.type.upper()
-        if self.device.type == "cuda":
-            kind = f"CUDA ({torch.cuda.get_device_name(self.device)})"
-        return f"{kind} · {str(self.dtype).removeprefix('torch.')}"
+        return describe_device(self.device, self.dtype)
+
+
+def describe_device(device: torch.device, dtype: torch.dtype) -> str:
+    """The device line for people: "CPU · float32", "MPS · float32", "CUDA (<GPU name>) · float16".
+
+    The GPU name comes from ``torch.cuda.get_device_name``; where it cannot be read (a ZeroGPU
+    Space outside a GPU call, say) the label is plain "CUDA".
+    """
+    kind = device.type.upper()
+    if device.type == "cuda":
+        try:
+            kind = f"CUDA ({torch.cuda.get_device_name(device)})"
+        except (RuntimeError, AssertionError, AttributeError):
+            kind = "CUDA"
+    return f"{kind} · {str(dtype).removeprefix('torch.')}"
 
 
 def detect_device(requested: str | None = None) -> torch.device:

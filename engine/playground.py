@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -33,8 +34,9 @@ from engine.static import StaticEngine
 from engine.trace import DECODE, PREFILL, Trace
 from engine.workload import parse_table, poisson_arrivals, tokenize_requests
 
-REQUEST_HEADERS = ["prompt", "max_new_tokens"]
+REQUEST_HEADERS = ["prompt", "max_new_tokens", "arrival_s"]
 PROGRESS_INTERVAL_S = 0.5  # at most two progress reports a second
+CHART_HEADINGS = ("Static timeline", "Continuous timeline", "Packed mask", "Static mask")
 
 
 @dataclass
@@ -52,8 +54,8 @@ class SharedModel:
 
     @property
     def label(self) -> str:
-        """The page's model line: "Model: SmolLM2-135M-Instruct (embedded GGUF) · CPU · float32"."""
-        return f"Model: {self.loaded.name} · {self.loaded.device_label}"
+        """The page's model line, e.g. "Model: SmolLM2-135M-Instruct · runs on CPU · float32"."""
+        return f"Model: {self.loaded.name} · runs on {self.loaded.device_label}"
 
     def warm_up(self) -> None:
         """Run both engines once on two tiny requests, so one-time costs never reach a timing."""
@@ -163,7 +165,7 @@ class RunOptions:
     token_budget: int | None = None  # None: no limit
     policy: str = "decode_first"
     compare_hf: bool = False
-    arrival_rate_per_s: float | None = None  # None: all requests arrive at t = 0
+    arrival_rate_per_s: float | None = None  # None: the table's arrival_s (0 when blank)
     arrival_seed: int = 0
 
 
@@ -212,9 +214,17 @@ def run_comparison(
 
 
 def write_downloads(state: RunState) -> list[str]:
-    """The run's exports in a fresh temporary folder: requests.csv, traces.json, Perfetto JSON."""
-    folder = tempfile.mkdtemp(prefix="cbp-run-")
-    return [str(path) for path in export.write_files(folder, state.traces())]
+    """The run's exports in a fresh temporary folder: requests.csv, traces.json, Perfetto JSON,
+    and charts.html (the four charts at the default step, interactive, offline)."""
+    folder = Path(tempfile.mkdtemp(prefix="cbp-run-"))
+    paths = export.write_files(folder, state.traces())
+    views = step_views(state, default_step(state.continuous), "time")
+    charts = dict(zip(CHART_HEADINGS, views.as_tuple(), strict=True))
+    charts_path = folder / "charts.html"
+    charts_path.write_text(
+        export.charts_html({k: v for k, v in charts.items() if v is not None}), encoding="utf-8"
+    )
+    return [str(path) for path in [*paths, charts_path]]
 
 
 def run_event(

@@ -1,7 +1,8 @@
 """Presets: ready-made workloads from assets/presets.json, each with a paragraph on what it shows.
 
 A preset is ``{"slug": str, "chat_template": bool, "description": str, "requests": [[prompt, cap],
-...]}``; the slug names it in links (``?preset=seed&slots=3``).
+...]}``, where a request may add a third value, its ``arrival_s``; the slug names it in links
+(``?preset=seed&slots=3``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ def load_presets(path: Path = PRESETS_PATH) -> dict[str, dict]:
 
 
 def apply_preset(name: str) -> tuple[list[list], bool, str]:
-    """The request rows, chat-template setting and explanation of one preset."""
+    """The table rows ``[prompt, cap, arrival_s]``, chat-template setting and explanation.
+
+    A request without an arrival time arrives at t = 0.
+    """
     preset = load_presets()[name]
-    rows = [list(row) for row in preset["requests"]]
+    rows = [(list(row) + [0])[:3] for row in preset["requests"]]
     return rows, bool(preset["chat_template"]), preset.get("description", "")
 
 

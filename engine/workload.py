@@ -2,7 +2,8 @@
 
 Sources are the article's six requests (``seed_specs``), a JSONL file with one
 ``{"prompt": ..., "max_new_tokens": ...}`` per line (``load_jsonl``), or the page's table
-(``parse_table``; Gradio sends edited numbers as strings). Every problem raises ``ValueError`` with
+(``parse_table``; Gradio sends edited numbers as strings). ``engine.workload_files`` reads and
+writes uploaded CSV and JSONL files. Every problem raises ``ValueError`` with
 a message a person can act on; the page and the bench show that message as it is.
 """
 
@@ -115,19 +116,24 @@ def parse_spec(prompt, cap, where: str) -> RequestSpec:
 
 
 def parse_table(rows) -> list[RequestSpec]:
-    """Rows of ``[prompt, max_new_tokens]`` from the page -> specs. Fully blank rows are skipped.
+    """Rows of ``[prompt, max_new_tokens, arrival_s]`` from the page -> specs.
+
+    ``arrival_s`` (seconds after the run starts) is optional: a missing or blank cell means 0.
+    Fully blank rows are skipped.
 
     Raises:
         ValueError: no request at all, a bad row (named by its 1-based number), or too many rows.
     """
     specs = []
     for i, row in enumerate(rows or [], start=1):
-        cells = list(row) + [None, None]
-        prompt, cap = cells[0], cells[1]
-        if _blank(prompt) and _blank(cap):
+        prompt, cap, arrival = (list(row) + [None, None, None])[:3]
+        if _blank(prompt) and _blank(cap) and _blank(arrival):
             continue
-        specs.append(parse_spec(prompt, cap, f"Row {i}"))
-    return _checked_count(specs)
+        spec = parse_spec(prompt, cap, f"Row {i}")
+        if not _blank(arrival):
+            spec = dataclasses.replace(spec, arrival_s=parse_arrival(arrival, f"Row {i}"))
+        specs.append(spec)
+    return checked_count(specs)
 
 
 def load_jsonl(path: str | Path) -> list[RequestSpec]:
@@ -156,7 +162,7 @@ def load_jsonl(path: str | Path) -> list[RequestSpec]:
         if "arrival_s" in obj:
             spec = dataclasses.replace(spec, arrival_s=parse_arrival(obj["arrival_s"], where))
         specs.append(spec)
-    return _checked_count(specs)
+    return checked_count(specs)
 
 
 def parse_arrival(value, where: str) -> float:
@@ -232,7 +238,8 @@ def _blank(value) -> bool:
     )
 
 
-def _checked_count(specs: list[RequestSpec]) -> list[RequestSpec]:
+def checked_count(specs: list[RequestSpec]) -> list[RequestSpec]:
+    """``specs`` unchanged. Raises ValueError when empty or over the row limit."""
     if not specs:
         raise ValueError("The workload is empty: add at least one request with a prompt.")
     max_rows = limits().max_rows

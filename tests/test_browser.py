@@ -270,3 +270,82 @@ def test_link_presets_the_page(page: Page, server_url: str):
     assert _num_rows(page, "requests_table") == len(rows), "the preset's rows were not loaded"
     expect(page.locator("#slots_slider input[type=range]")).to_have_value("4")
     expect(page.locator("#preset_markdown")).to_contain_text("long tail")
+
+
+def _download(page: Page, elem_id: str, name: str, folder: Path) -> Path:
+    """Click a file component's download link for ``name``; the saved file."""
+    link = page.locator(f'#{elem_id} a[data-testid="download-link"][download="{name}"]')
+    with page.expect_download() as download:
+        link.click()
+    path = folder / name
+    download.value.save_as(path)
+    return path
+
+
+def test_setup_link_step_and_downloads(page: Page, server_url: str, tmp_path: Path):
+    """A ?preset&slots&step link presets the page and, after Run, the step; downloads parse."""
+    import csv
+    import json
+
+    from engine import presets
+
+    preset_rows, _, _ = presets.apply_preset(presets.by_slug("equal-caps"))
+    page.goto(f"{server_url}?preset=equal-caps&slots=2&step=3")
+    expect(_cell(page, "requests_table", 0, 0)).to_contain_text(preset_rows[0][0], timeout=30_000)
+    assert _num_rows(page, "requests_table") == len(preset_rows), "the preset was not applied"
+    expect(page.locator("#slots_slider input[type=range]")).to_have_value("2")
+
+    rows = [("The capital of France is", 4), ("Water boils at", 6)]
+    set_requests(page, rows)  # small caps keep the run short; the link's step still applies
+    run_and_wait(page)
+    assert_results(page, [p for p, _ in rows])
+    expect(page.locator("#step_slider input[type=range]")).to_have_value("3")
+    expect(page.locator("#packed_mask_plot .gtitle")).to_contain_text("Packed step 3")
+
+    page.locator("#link_button").click()
+    link = page.locator("#link_textbox textarea, #link_textbox input").first
+    expect(link).to_have_value(re.compile(r"^http://127\.0\.0\.1:\d+/\?"), timeout=10_000)
+    assert link.input_value().endswith("?preset=equal-caps&slots=2&step=3"), link.input_value()
+
+    table = list(csv.DictReader(_download(page, "downloads_file", "requests.csv", tmp_path).open()))
+    assert sorted((r["engine"], r["prompt"]) for r in table) == sorted(
+        (e, p) for e in ("static", "continuous") for p, _ in rows
+    ), f"requests.csv rows: {table}"
+    trace = json.loads(
+        _download(page, "downloads_file", "trace.perfetto.json", tmp_path).read_text()
+    )
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["name"].startswith("R")]
+    assert len(spans) == 2 * len(rows), f"want one request span per engine and request: {spans}"
+
+    shot = Path(os.environ.get("CBP_SCREENSHOT", tmp_path / "playground.png"))
+    page.wait_for_timeout(1000)  # let Plotly finish drawing after the step change
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+
+
+def test_upload_csv_fills_the_table_and_the_table_downloads(page: Page, tmp_path: Path):
+    """An uploaded CSV fills the table; a bad one names its line; the table downloads as CSV."""
+    from engine.workload_files import load_workload_file
+
+    good = tmp_path / "workload.csv"
+    good.write_text("prompt,max_new_tokens,arrival_s\nHello there,5,\nGoodbye,3,0.5\n")
+    with page.expect_file_chooser() as chooser:
+        page.locator("#upload_button").click()
+    chooser.value.set_files(str(good))
+    expect(page.locator("#preset_markdown")).to_contain_text("Uploaded 2 requests", timeout=20_000)
+    assert _num_rows(page, "requests_table") == 2
+    expect(_cell(page, "requests_table", 1, 0)).to_contain_text("Goodbye")
+    expect(_cell(page, "requests_table", 1, 2)).to_contain_text("0.5")
+
+    page.locator("#table_button").click()
+    saved = _download(page, "table_file", "workload.csv", tmp_path / "saved")
+    assert load_workload_file(saved) == load_workload_file(good), saved.read_text()
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("prompt,max_new_tokens\nfine,3\noops,many\n")
+    with page.expect_file_chooser() as chooser:
+        page.locator("#upload_button").click()
+    chooser.value.set_files(str(bad))
+    toast = page.locator('[data-testid="toast-text"]')
+    expect(toast).to_contain_text("bad.csv line 3", timeout=20_000)
+    expect(_cell(page, "requests_table", 1, 0)).to_contain_text("Goodbye")  # table kept

@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+import re
 
 from fake_traces import continuous_trace, static_trace
 
@@ -53,3 +54,23 @@ def test_perfetto_trace_events_are_well_formed():
     requests = [e for e in spans if e["name"].startswith("R") and e["pid"] == 2]
     assert len(requests) == len(CAPS), "one span per request"
     json.dumps(perfetto_trace(_traces()))
+
+
+def test_charts_html_is_one_offline_page_with_every_chart():
+    """charts.html inlines plotly.js once, draws each chart and loads nothing from the network."""
+    from engine import figures
+    from engine.export import charts_html
+
+    traces = _traces()
+    charts = {
+        "Static timeline": figures.timeline_figure(traces["static"], "time", 10.0, 2),
+        "Packed mask": figures.mask_heatmap(traces["continuous"], 2),
+    }
+    page = charts_html(charts)
+    assert page.count("Plotly.newPlot(") == len(charts), "not one drawn chart per figure"
+    assert page.count("window.PlotlyConfig") == 1, "plotly.js is not inlined exactly once"
+    assert "cdn.plot.ly" not in page.split("window.PlotlyConfig")[0], "loads plotly from a CDN"
+    assert not re.search(r'<script[^>]+src="http', page), "a script is loaded from the network"
+    for heading in charts:
+        assert f"<h2>{heading}</h2>" in page, f"{heading} missing"
+    assert '"filename": "static-batching-3-slots"' in page, "PNG button file name not set"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -218,3 +219,14 @@ def test_only_figures_imports_plotly():
         if p.exists() and p.name != "figures.py" and "import plotly" in p.read_text()
     ]
     assert not offenders, f"plotly imported outside engine/figures.py: {offenders}"
+
+
+def test_page_figures_carry_a_png_button_named_after_the_chart():
+    """Every chart's JSON for the page has a config whose PNG file name comes from its title."""
+    trace = continuous_trace(PROMPT_LENS, CAPS, num_slots=3)
+    for fig in (figures.timeline_figure(trace, "step", 20, 1), figures.mask_heatmap(trace, 1)):
+        sent = json.loads(fig.to_json())  # what gradio's Plot sends to the browser
+        options = sent["config"]["toImageButtonOptions"]
+        title_words = re.findall(r"[a-z0-9]+", fig.layout.title.text.lower())[:3]
+        assert options["format"] == "png" and options["filename"].startswith("-".join(title_words))
+        assert sent["data"] and sent["layout"], "the figure itself is missing"

@@ -138,6 +138,25 @@ def test_device_label():
     assert mps.device_label == "MPS · float32"
 
 
+def test_device_label_names_the_gpu(monkeypatch):
+    """On CUDA the label carries torch's GPU name; where it cannot be read it says plain CUDA."""
+    names = {0: "Fake GPU 80GB", 1: "Other Fake GPU"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: names[d.index or 0])
+    assert loader.describe_device(torch.device("cuda"), torch.float16) == (
+        f"CUDA ({names[0]}) · float16"
+    )
+    assert loader.describe_device(torch.device("cuda:1"), torch.bfloat16) == (
+        f"CUDA ({names[1]}) · bfloat16"
+    )
+
+    def no_driver(_device):
+        raise RuntimeError("Found no NVIDIA driver on your system")
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", no_driver)
+    label = loader.describe_device(torch.device("cuda"), torch.float16)
+    assert label == "CUDA · float16", f"unreadable GPU name gives {label!r}"
+
+
 def test_import_is_light():
     """Importing engine.loader does not import transformers."""
     code = "import sys, engine.loader; assert 'transformers' not in sys.modules"

@@ -129,7 +129,8 @@ def test_as_outputs_matches_the_wiring(result):
     """``as_outputs`` gives state, 4 figures, the slider update, 2 tables and the status."""
     out = result.as_outputs()
     assert len(out) == 10 and out[0] is result.state, "wrong output count or order"
-    assert [Path(p).name for p in out[9]] == ["requests.csv", "traces.json", "trace.perfetto.json"]
+    names = [Path(p).name for p in out[9]]
+    assert names == ["requests.csv", "traces.json", "trace.perfetto.json", "charts.html"], names
     slider = out[5]
     assert slider.maximum == result.state.num_steps - 1, "slider does not span every step"
     assert slider.value == result.step_index, "slider not at the default step"
@@ -232,7 +233,7 @@ def test_get_model_loads_once(monkeypatch, shared):
     monkeypatch.setattr(playground, "ModelRunner", lambda loaded: shared.runner)
     first, second = playground.get_model(), playground.get_model()
     assert first is second and len(calls) == 1, f"loaded {len(calls)} times"
-    assert first.label == "Model: tiny-llama · CPU · float32", first.label
+    assert first.label == "Model: tiny-llama · runs on CPU · float32", first.label
 
 
 def test_update_step_redraws_without_the_model(result, no_model):

@@ -1,0 +1,80 @@
+"""Share links: a public gradio.live link to the running page, with a bounded wait.
+
+``python app.py --share`` starts the page locally first, then asks Gradio's share server for a
+tunnel in a background thread and waits at most ``SHARE_WAIT_S`` for it. Either the console shows
+the public link, or it says why there is none (offline, the share server unreachable, no answer in
+time) and the page keeps serving locally. Gradio's own ``launch(share=True)`` can wait about a
+minute before saying anything; a workshop room should not. A tunnel that comes up after the wait
+still prints its link.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+SHARE_WAIT_S = 8.0  # seconds to wait for the tunnel before saying there is none
+
+
+def gradio_tunnel(demo: Any) -> str:
+    """Open Gradio's share tunnel to ``demo``'s local server; the public https URL.
+
+    Raises:
+        Exception: whatever Gradio raises when the share server cannot be reached.
+    """
+    from gradio import networking
+
+    url = networking.setup_tunnel(
+        local_host=demo.server_name,
+        local_port=demo.server_port,
+        share_token=demo.share_token,
+        share_server_address=None,
+        share_server_tls_certificate=None,
+    )
+    return urlunparse(("https",) + urlparse(url)[1:])
+
+
+def open_share_link(
+    demo: Any,
+    wait_s: float = SHARE_WAIT_S,
+    tunnel: Callable[[Any], str] = gradio_tunnel,
+    log: Callable[[str], None] = lambda line: print(line, flush=True),
+) -> str | None:
+    """Try to make a public link to the launched ``demo``, waiting at most ``wait_s`` seconds.
+
+    Logs the link, or one line saying there is none and that the page still serves locally.
+    Returns the link, or None. Never raises: a missing link must not stop the local page.
+    """
+    result: dict[str, Any] = {}
+    gave_up = threading.Event()
+
+    def attempt() -> None:
+        try:
+            result["url"] = tunnel(demo)
+        except Exception as exc:  # noqa: BLE001  (any failure means "no link"; it is reported)
+            result["error"] = exc
+            return
+        demo.share_url = result["url"]
+        if gave_up.is_set():
+            log(f"* Public link, late: {result['url']}")
+
+    thread = threading.Thread(target=attempt, name="share-tunnel", daemon=True)
+    thread.start()
+    thread.join(wait_s)
+    if "url" in result:
+        log(f"* Public link: {result['url']}  (share it with the room; it lasts up to a week)")
+        return result["url"]
+    gave_up.set()
+    if "error" in result:
+        reason = f"the tunnel could not be made: {_first_line(result['error'])}"
+    else:
+        reason = f"no tunnel after {wait_s:g} s (offline?)"
+    log(f"* No public link: {reason}. The page keeps serving locally at {demo.local_url}")
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

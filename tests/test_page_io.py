@@ -1,0 +1,80 @@
+"""Links and workload files in the page: setup links, the link's step, upload and table download."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from urllib.parse import parse_qs
+
+import gradio as gr
+import pytest
+
+from engine import page_io, presets
+from engine.workload import parse_table
+from engine.workload_files import load_workload_file
+
+SKIP = gr.skip()
+
+
+def _link(**params):
+    return SimpleNamespace(query_params={k: str(v) for k, v in params.items()})
+
+
+def test_setup_query_reproduces_preset_slots_and_step():
+    """The query names the preset by slug, the slots, and the step only once a run exists."""
+    name = presets.by_slug("long-tail")
+    query = page_io.setup_query(name, 4, 12, state=object())
+    assert query.startswith("?"), query
+    assert parse_qs(query[1:]) == {"preset": ["long-tail"], "slots": ["4"], "step": ["12"]}
+    before_run = parse_qs(page_io.setup_query(name, 4.0, 12, state=None)[1:])
+    assert "step" not in before_run and before_run["slots"] == ["4"], before_run
+    uploaded = parse_qs(page_io.setup_query(None, 2, 0, state=None)[1:])
+    assert uploaded == {"slots": ["2"]}, f"an uploaded table still names a preset: {uploaded}"
+
+
+def test_link_step_is_kept_then_applied_once_after_a_run():
+    """step=N is read from the link, applied (clamped) after a run, then forgotten."""
+    assert page_io.link_step(_link(step=12)) == 12
+    assert page_io.link_step(_link(step="-3")) is None and page_io.link_step(_link()) is None
+    run = SimpleNamespace(num_steps=10)
+    assert page_io.apply_link_step(run, 7) == (7, None), "step not applied, or not cleared"
+    assert page_io.apply_link_step(run, 50) == (9, None), "step past the run's end not clamped"
+    assert page_io.apply_link_step(None, 7) == (SKIP, SKIP), "applied without a run"
+    assert page_io.apply_link_step(run, None) == (SKIP, SKIP), "moved the slider without a link"
+
+
+def test_upload_fills_the_table_and_clears_the_preset(tmp_path):
+    """An uploaded CSV becomes table rows (with arrival_s); the preset dropdown is cleared."""
+    path = tmp_path / "w.csv"
+    path.write_text("prompt,max_new_tokens,arrival_s\nHi there,4,\nLater,3,1.5\n", encoding="utf-8")
+    rows, preset, text = page_io.upload_workload(str(path))
+    assert rows == [["Hi there", 4, 0.0], ["Later", 3, 1.5]], rows
+    assert preset is None and "2 requests" in text and "1 arriving after" in text, text
+
+
+def test_bad_upload_is_a_page_error_naming_the_line(tmp_path):
+    """A malformed upload shows a page error that names the file's bad line."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "a", "max_new_tokens": 2}\n{"prompt": "b"}\n', encoding="utf-8")
+    with pytest.raises(gr.Error, match="bad.jsonl line 2"):
+        page_io.upload_workload(str(path))
+
+
+def test_table_download_loads_back_as_the_same_workload():
+    """The table's CSV and JSONL downloads load back to what the table itself parses to."""
+    rows, _, _ = presets.apply_preset(presets.by_slug("arrivals"))
+    paths = page_io.table_files(rows)
+    assert [Path(p).name for p in paths] == ["workload.csv", "workload.jsonl"]
+    for path in paths:
+        assert load_workload_file(path) == parse_table(rows), f"{path} differs from the table"
+    with pytest.raises(gr.Error, match="Row 1"):
+        page_io.table_files([["", 3, 0]])
+
+
+def test_arrivals_preset_arrives_over_time():
+    """The "arrivals over time" preset has staggered arrivals and an explanation."""
+    name = presets.by_slug("arrivals")
+    rows, _, text = presets.apply_preset(name)
+    arrivals = [spec.arrival_s for spec in parse_table(rows)]
+    assert arrivals == sorted(arrivals) and arrivals[0] == 0 and arrivals[-1] > 1, arrivals
+    assert "arrival_s" in text and len(text) > 200, "the preset lacks its explanation"
