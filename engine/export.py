@@ -60,7 +60,10 @@ def traces_json(traces: dict[str, Trace]) -> str:
 def perfetto_trace(traces: dict[str, Trace]) -> dict:
     """Chrome trace-event JSON: per engine a process, per slot a track, per request a span.
 
-    Timestamps (``ts``) and durations (``dur``) are microseconds since each run started.
+    A request gets one span per stay in a slot (``Trace.slot_runs``): a preempted request shows
+    where it ran each time, and an instant event marks the preemption on the steps track. A static
+    row kept after its request finished is a separate "idle" span. Timestamps (``ts``) and
+    durations (``dur``) are microseconds since each run started.
     """
     events = []
     for pid, (name, trace) in enumerate(traces.items(), start=1):
@@ -69,18 +72,33 @@ def perfetto_trace(traces: dict[str, Trace]) -> dict:
             _span(pid, STEPS_TID, f"step {s.index}", s.start_s, s.end_s, _step_args(s))
             for s in trace.steps
         ]
-        for r in trace.requests:
-            if r.slot is None or r.admit_s is None or r.finish_s is None:
-                continue
-            args = {
-                "prompt": r.prompt,
-                "max_new_tokens": r.max_new_tokens,
-                "output_tokens": len(r.output_token_ids),
-                "ttft_s": r.ttft_s,
-            }
-            events.append(_span(pid, r.slot + 1, f"R{r.request_id}", r.admit_s, r.finish_s, args))
+        events += [_run_span(pid, trace, run) for run in trace.slot_runs()]
+        events += [
+            _instant(pid, f"preempt R{rid}", step.start_s)
+            for step in trace.steps
+            for rid in step.preempted
+        ]
     events.sort(key=lambda e: (e["ph"] != "M", e.get("ts", 0)))
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _run_span(pid: int, trace: Trace, run) -> dict:
+    r = trace.request(run.request_id)
+    args = {
+        "prompt": r.prompt,
+        "max_new_tokens": r.max_new_tokens,
+        "output_tokens": len(r.output_token_ids),
+        "ttft_s": r.ttft_s,
+        "steps": [run.first, run.last],
+    }
+    start_s, end_s = trace.steps[run.first].start_s, trace.steps[run.last].end_s
+    name = f"R{r.request_id}" + (" idle (padding)" if run.idle else "")
+    return _span(pid, run.slot + 1, name, start_s, end_s, args)
+
+
+def _instant(pid: int, name: str, at_s: float) -> dict:
+    ts = round(at_s * 1e6, 1)
+    return {"ph": "i", "s": "t", "pid": pid, "tid": STEPS_TID, "name": name, "ts": ts}
 
 
 def _track_names(pid: int, name: str, trace: Trace) -> list[dict]:
@@ -114,11 +132,16 @@ def _span(pid: int, tid: int, name: str, start_s: float, end_s: float, args: dic
 
 
 def _step_args(step) -> dict:
-    return {
-        "num_tokens": sum(s.num_new_tokens for s in step.seqs),
+    args = {
+        "num_tokens": step.num_scheduled_tokens,
         "num_seqs": len(step.seqs),
         "prefill": [s.request_id for s in step.seqs if s.kind == "prefill"],
     }
+    if step.token_budget is not None:
+        args["token_budget"] = step.token_budget
+    if step.kv_blocks_used is not None:
+        args["kv_blocks_used"] = step.kv_blocks_used
+    return args
 
 
 def charts_html(charts: dict[str, Any]) -> str:

@@ -17,13 +17,12 @@ import html
 import json
 import math
 import re
-from dataclasses import dataclass
 
 import plotly.graph_objects as go
 import torch
 
 from engine.masks import block_diagonal_causal_mask, packed_layout, padded_wave_mask
-from engine.trace import IDLE, PREFILL, ScheduledSeq, StepRecord, Trace
+from engine.trace import IDLE, PREFILL, SlotRun, StepRecord, Trace
 
 # Okabe–Ito without black (black vanishes on a dark page).
 PALETTE = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
@@ -101,50 +100,14 @@ def x_extent(trace: Trace, x_axis: str = "time") -> float:
     return trace.steps[-1].end_s if x_axis == "time" else float(len(trace.steps))
 
 
-@dataclass
-class _Run:
-    """Consecutive steps in which one slot worked on one request (or idled after it)."""
-
-    request_id: int
-    slot: int
-    idle: bool  # static only: the row was computed after its request finished
-    first: int  # step positions, inclusive
-    last: int
-
-    def continues_with(self, s: ScheduledSeq) -> bool:
-        """True if ``s``, in this run's slot at the next step, belongs to this run."""
-        return (self.request_id, self.idle) == (s.request_id, s.kind == IDLE)
-
-
-def _runs(trace: Trace) -> list[_Run]:
-    """Every run of every slot: consecutive steps of one request in one slot merged into one.
-
-    A slot missing from a step (empty in that step) closes its run.
-    """
-    done: list[_Run] = []
-    open_runs: dict[int, _Run] = {}  # slot -> its current run
-    for pos, step in enumerate(trace.steps):
-        for s in step.seqs:
-            run = open_runs.get(s.slot)
-            if run is not None and run.continues_with(s):
-                run.last = pos
-                continue
-            if run is not None:
-                done.append(run)
-            open_runs[s.slot] = _Run(s.request_id, s.slot, s.kind == IDLE, pos, pos)
-        busy = {s.slot for s in step.seqs}
-        done.extend(open_runs.pop(slot) for slot in [k for k in open_runs if k not in busy])
-    return done + list(open_runs.values())
-
-
-def _span(trace: Trace, run: _Run, x_axis: str) -> tuple[float, float]:
+def _span(trace: Trace, run: SlotRun, x_axis: str) -> tuple[float, float]:
     """(start, end) of a run on the x axis."""
     if x_axis == "time":
         return trace.steps[run.first].start_s, trace.steps[run.last].end_s
     return float(run.first), float(run.last + 1)
 
 
-def _request_hover(trace: Trace, run: _Run) -> str:
+def _request_hover(trace: Trace, run: SlotRun) -> str:
     """Hover text of one request bar (HTML-escaped: prompts are user text)."""
     r = trace.request(run.request_id)
     prompt = (
@@ -159,7 +122,7 @@ def _request_hover(trace: Trace, run: _Run) -> str:
     )
 
 
-def _bar(runs: list[_Run], trace: Trace, x_axis: str, **style) -> go.Bar:
+def _bar(runs: list[SlotRun], trace: Trace, x_axis: str, **style) -> go.Bar:
     """One horizontal bar trace holding the given runs."""
     spans = [_span(trace, run, x_axis) for run in runs]
     return go.Bar(
@@ -181,7 +144,7 @@ def timeline_figure(
     ``x_axis`` is ``"time"`` (seconds since start) or ``"step"`` (step index). ``x_max`` fixes the
     x range so two engines share a scale; ``cursor`` (a step index) draws a vertical line there.
     """
-    runs = _runs(trace)
+    runs = trace.slot_runs()
     fig = PageFigure()
     for rid in sorted({r.request_id for r in runs if not r.idle}):
         mine = [r for r in runs if r.request_id == rid and not r.idle]

@@ -141,6 +141,25 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 @dataclass
+class SlotRun:
+    """Consecutive steps in which one slot worked on one request (or idled after it).
+
+    A request has one run per stay in a slot: more than one if it was preempted and readmitted,
+    or if a token budget left it out of a step.
+    """
+
+    request_id: int
+    slot: int
+    idle: bool  # static only: the row was computed after its request finished
+    first: int  # step positions, inclusive
+    last: int
+
+    def continues_with(self, s: ScheduledSeq) -> bool:
+        """True if ``s``, in this run's slot at the next step, belongs to this run."""
+        return (self.request_id, self.idle) == (s.request_id, s.kind == IDLE)
+
+
+@dataclass
 class Trace:
     """Everything one engine run recorded."""
 
@@ -154,6 +173,26 @@ class Trace:
 
     def request(self, request_id: int) -> RequestRecord:
         return self.requests[request_id]
+
+    def slot_runs(self) -> list[SlotRun]:
+        """Every run of every slot: consecutive steps of one request in one slot, merged.
+
+        A slot missing from a step (empty in that step) closes its run.
+        """
+        done: list[SlotRun] = []
+        open_runs: dict[int, SlotRun] = {}  # slot -> its current run
+        for pos, step in enumerate(self.steps):
+            for s in step.seqs:
+                run = open_runs.get(s.slot)
+                if run is not None and run.continues_with(s):
+                    run.last = pos
+                    continue
+                if run is not None:
+                    done.append(run)
+                open_runs[s.slot] = SlotRun(s.request_id, s.slot, s.kind == IDLE, pos, pos)
+            busy = {s.slot for s in step.seqs}
+            done.extend(open_runs.pop(slot) for slot in [k for k in open_runs if k not in busy])
+        return done + list(open_runs.values())
 
     def metrics(self) -> RunMetrics:
         """Compute the run's metrics from the recorded steps and requests."""

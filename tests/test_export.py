@@ -2,6 +2,7 @@
 
 import csv
 import io
+import itertools
 import json
 import re
 
@@ -74,3 +75,30 @@ def test_charts_html_is_one_offline_page_with_every_chart():
     for heading in charts:
         assert f"<h2>{heading}</h2>" in page, f"{heading} missing"
     assert '"filename": "static-batching-3-slots"' in page, "PNG button file name not set"
+
+
+def test_perfetto_shows_each_stay_of_a_preempted_request():
+    """A preempted request has a span per stay in a slot and an instant event per preemption;
+    spans on one slot track never overlap."""
+    from tiny_model import make_requests, tiny_runner
+
+    from engine.config import EngineConfig
+    from engine.continuous import ContinuousEngine
+
+    runner = tiny_runner(seed=5)
+    mib = 14 * 4 * runner.kv_bytes_per_token() / 2**20
+    config = EngineConfig(4, kv_mode="paged", block_size=4, kv_budget_mib=mib)
+    specs = [("the quick brown fox", 30), ("hello world", 24), ("abc", 20), ("z" * 12, 9)]
+    trace = ContinuousEngine(runner, config).run(make_requests(specs))
+    events = perfetto_trace({"continuous": trace})["traceEvents"]
+    instants = [e for e in events if e["ph"] == "i"]
+    assert len(instants) == trace.metrics().num_preemptions > 0
+    victim = int(instants[0]["name"].removeprefix("preempt R"))
+    stays = [e for e in events if e["ph"] == "X" and e["name"] == f"R{victim}"]
+    assert len(stays) >= 2, f"R{victim} was preempted but has {len(stays)} span(s)"
+    by_track = {}
+    for e in (e for e in events if e["ph"] == "X" and e["name"].startswith("R")):
+        by_track.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_track.values():
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), "overlapping spans"
