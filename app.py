@@ -105,7 +105,9 @@ def build_demo(model_label: str) -> gr.Blocks:
                         label="Also run transformers' built-in continuous batching",
                         elem_id="compare_hf_checkbox",
                     )
-                run_button = gr.Button("Run", variant="primary", elem_id="run_button")
+                with gr.Row():
+                    run_button = gr.Button("Run", variant="primary", elem_id="run_button")
+                    stop_button = gr.Button("Stop", variant="stop", elem_id="stop_button")
         status_markdown = gr.Markdown(
             "Press Run to compare the two engines.", elem_id="status_markdown"
         )
@@ -143,6 +145,18 @@ def build_demo(model_label: str) -> gr.Blocks:
             elem_id="downloads_file",
         )
         run_state = gr.State()
+        run_outputs = [
+            run_state,
+            static_timeline_plot,
+            continuous_timeline_plot,
+            packed_mask_plot,
+            static_mask_plot,
+            step_slider,
+            metrics_table,
+            outputs_table,
+            status_markdown,
+            downloads_file,
+        ]
 
         demo.load(
             playground.from_link,
@@ -155,7 +169,7 @@ def build_demo(model_label: str) -> gr.Blocks:
             preset_dropdown,
             [requests_table, chat_checkbox, preset_markdown],
         )
-        run_button.click(
+        run_event = run_button.click(
             playground.run_event,
             [
                 requests_table,
@@ -168,23 +182,21 @@ def build_demo(model_label: str) -> gr.Blocks:
                 compare_hf_checkbox,
                 arrival_rate_number,
                 x_axis_radio,
+                run_state,  # the previous run, put back if this one is stopped (not in the API)
             ],
-            [
-                run_state,
-                static_timeline_plot,
-                continuous_timeline_plot,
-                packed_mask_plot,
-                static_mask_plot,
-                step_slider,
-                metrics_table,
-                outputs_table,
-                status_markdown,
-                downloads_file,
-            ],
+            run_outputs,
             concurrency_limit=1,
             concurrency_id="model",
             api_name="run",
-            show_progress_on=status_markdown,  # one progress bar; results stay visible meanwhile
+            show_progress_on=status_markdown,  # one progress bar, queue place; results stay
+        )
+        stop_button.click(  # cancelling closes the Run generator: its worker stops within a step
+            playground.stop_event,
+            [run_state, x_axis_radio],
+            run_outputs,
+            cancels=[run_event],
+            show_progress="hidden",
+            api_visibility="undocumented",
         )
         view_inputs = [run_state, step_slider, x_axis_radio]
         view_outputs = [

@@ -313,10 +313,15 @@ def test_engine_knobs_reach_the_engines(shared):
     assert len(result.outputs[0]) == 7, "a third output column for transformers' engine"
 
 
-def test_bad_token_budget_is_a_page_error(shared):
+def test_bad_token_budget_is_a_page_error(shared, monkeypatch):
     """A budget below the slot count is refused with the config's message."""
+    monkeypatch.setattr(playground, "_shared_model", shared)
     with pytest.raises(gr.Error, match="at least the slot count"):
-        playground.run_event(ROWS, 3, False, False, "slots", 2, "decode_first", False, 0, "time")
+        list(
+            playground.run_event(
+                ROWS, 3, False, False, "slots", 2, "decode_first", False, 0, "time"
+            )
+        )
 
 
 def test_poisson_arrivals_reach_both_engines(shared):
@@ -332,7 +337,11 @@ def test_poisson_arrivals_reach_both_engines(shared):
 def test_bad_arrival_rate_is_a_page_error(shared):
     """A negative arrival rate is refused with a clear message."""
     with pytest.raises(gr.Error, match="Arrival rate must be positive"):
-        playground.run_event(ROWS, 2, False, False, "slots", 0, "decode_first", False, -1, "time")
+        list(
+            playground.run_event(
+                ROWS, 2, False, False, "slots", 0, "decode_first", False, -1, "time"
+            )
+        )
 
 
 def test_link_query_parameters_preset_the_page():
