@@ -23,6 +23,7 @@ from typing import Any
 import gradio as gr
 
 from engine import export, figures, presets, progress_view, tables
+from engine.allowlist import check_model_allowed
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.hf_continuous import HFContinuousEngine
@@ -76,8 +77,14 @@ _shared_model: SharedModel | None = None  # the one lazily loaded shared model (
 def load_shared_model(
     model: str | None = None, device: str | None = None, dtype: str | None = None
 ) -> SharedModel:
-    """Load the model (``engine.loader.load_model`` arguments) and make it the shared one."""
+    """Load the model (``engine.loader.load_model`` arguments) and make it the shared one.
+
+    Raises:
+        ModelLoadError: the model is not on ``CBP_MODEL_ALLOWLIST`` (checked first), or fails to
+            load (see ``load_model``).
+    """
     global _shared_model
+    check_model_allowed(model)
     _shared_model = SharedModel.from_loaded(load_model(model, device, dtype))
     _shared_model.warm_up()
     return _shared_model
