@@ -267,8 +267,9 @@ def run_event(
     closes the generator (Stop, closed tab) the worker stops within one step.
 
     Raises:
-        gr.Error: bad input (before anything runs), or the run passed ``CBP_RUN_TIME_LIMIT_S``
-            (after putting the ``previous`` run's results back on the page).
+        gr.Error: bad input (before anything runs, or a ``ValueError`` from an engine), or the
+            run passed ``CBP_RUN_TIME_LIMIT_S``; mid-run, after putting the ``previous`` run's
+            results back on the page.
     """
     options = _user_errors(
         lambda: _run_options(
@@ -289,9 +290,9 @@ def run_event(
             )
     try:
         state = live.result()
-    except RunStopped as exc:
-        yield _stopped_outputs(previous, str(exc), x_axis)
-        raise gr.Error(str(exc), print_exception=False) from None
+    except (RunStopped, ValueError) as exc:  # stopped, or bad input only the engines could see
+        yield _stopped_outputs(previous, f"**Stopped:** {exc}", x_axis)
+        raise gr.Error(f"Run stopped: {exc}", print_exception=False) from None
     yield render(state, x_axis).as_outputs()
 
 

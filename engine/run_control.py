@@ -74,9 +74,9 @@ class RunControl:
             RunTimedOut: the time limit has passed.
         """
         if self._stop.is_set():
-            raise RunCancelled("Stopped: the run was cancelled before it finished.")
+            raise RunCancelled("the run was cancelled before it finished.")
         if self._deadline is not None and time.monotonic() > self._deadline:
             raise RunTimedOut(
-                f"Stopped: the run took longer than the limit of {self.time_limit_s:g} s "
+                f"the run took longer than the limit of {self.time_limit_s:g} s "
                 f"({RUN_TIME_LIMIT_ENV}); try fewer requests or smaller caps."
             )

@@ -122,6 +122,22 @@ def test_time_limit_stops_the_run_and_puts_the_previous_results_back(shared, mon
     shared.lock.release()
 
 
+def test_engine_value_error_mid_run_is_a_page_error(shared, monkeypatch):
+    """A ValueError from an engine mid-run becomes a page error; the earlier results come back."""
+    previous = list(playground.run_event([["earlier run", 2]], *KNOBS))[-1]
+
+    def refuse(batch):
+        raise ValueError("KV memory budget exceeded")
+
+    monkeypatch.setattr(shared.runner, "forward_packed", refuse)
+    updates = []
+    with pytest.raises(gr.Error, match="Run stopped: KV memory budget exceeded"):
+        for update in playground.run_event(ROWS, *KNOBS, previous[0]):
+            updates.append(update)
+    assert "KV memory budget exceeded" in updates[-1][STATUS_INDEX], updates[-1][STATUS_INDEX]
+    assert [r[1] for r in updates[-1][OUTPUTS_INDEX].value["data"]] == ["earlier run"]
+
+
 def test_stop_handler_shows_previous_results_or_clears(shared):
     """Stop puts the previous run back with a "Stopped" status; with none, the page is emptied."""
     previous = list(playground.run_event([["kept result", 2]], *KNOBS))[-1]

@@ -295,6 +295,12 @@ def test_app_wiring():
     run = by_api["run"]
     assert run.fn is playground.run_event and len(run.outputs) == 10, "Run wired wrongly"
     assert (run.concurrency_limit, run.concurrency_id) == (1, "model"), "Run not serialized"
+    assert run.show_progress == "full", "a queued user would not see their place in the queue"
+    run_index = next(i for i, fn in demo.fns.items() if fn is run)
+    (stop,) = [fn for fn in demo.fns.values() if fn.fn is playground.stop_event]
+    cancels = [fn.cancels for fn in demo.fns.values() if fn.targets == stop.targets]
+    assert [run_index] in cancels, "Stop does not cancel the Run event"
+    assert [c._id for c in stop.outputs] == [c._id for c in run.outputs], "Stop restores less"
     for name in ("step", "x_axis"):
         assert by_api[name].fn is playground.update_step, f"{name} not wired to update_step"
     assert app.parse_args([]).host == "127.0.0.1" and app.parse_args([]).port == 7860
