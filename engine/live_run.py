@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import copy
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from typing import Any
 from engine.run_control import RunControl, RunStopped
 from engine.trace import Trace
 
-SNAPSHOT_INTERVAL_S = 0.5  # at most two trace snapshots a second per engine
+SNAPSHOT_INTERVAL_S = 0.5  # trace snapshots per engine: this often, and when a request finishes
 
 
 @dataclass
@@ -37,7 +38,7 @@ class EngineProgress:
     num_steps: int = 0
     num_finished: int = 0
     num_requests: int = 0
-    trace: Trace | None = None  # a snapshot, at most SNAPSHOT_INTERVAL_S old
+    trace: Trace | None = None  # a snapshot: every finished request in, steps <= 0.5 s old
 
 
 def snapshot(trace: Trace) -> Trace:
@@ -81,18 +82,24 @@ class LiveRun:
     def __exit__(self, *exc_info) -> None:
         self.control.stop()  # no-op for a finished run; the worker ends within one step otherwise
 
-    def watch(self, engine: str, trace: Trace | None) -> None:
-        """Called by the work after each step of ``engine``. Raises ``RunStopped`` to stop it."""
+    def watch(self, engine: str, trace: Trace | None, done: bool = False) -> None:
+        """Called by the work after each step of ``engine`` and, with ``done``, after its last.
+
+        Raises:
+            RunStopped: the run should stop (see ``RunControl.check``).
+        """
         self.control.check()
         if trace is None:
             return
         now_s = time.monotonic()
         with self._lock:
             entry = self._progress.setdefault(engine, EngineProgress(engine))
-            entry.num_steps += 1
+            entry.num_steps = len(trace.steps) if done else entry.num_steps + 1
             entry.num_requests = len(trace.requests)
-            entry.num_finished = sum(r.finish_s is not None for r in trace.requests)
-            if now_s - self._last_snapshot_s.get(engine, -1e9) >= SNAPSHOT_INTERVAL_S:
+            num_finished = sum(r.finish_s is not None for r in trace.requests)
+            newly_finished, entry.num_finished = num_finished != entry.num_finished, num_finished
+            last_s = self._last_snapshot_s.get(engine, -math.inf)
+            if done or newly_finished or now_s - last_s >= SNAPSHOT_INTERVAL_S:
                 entry.trace = snapshot(trace)
                 self._last_snapshot_s[engine] = now_s
 

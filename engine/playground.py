@@ -196,23 +196,26 @@ def run_engines(
     config: EngineConfig,
     options: RunOptions,
     progress,
-    watch: Callable[[str, Trace | None], None] | None = None,
+    watch: Callable[..., None] | None = None,
 ) -> RunState:
     """Run every engine (and the reference) on ``requests``, one after the other.
 
     ``watch(engine, trace)`` is called after every step of every engine (``trace`` is None for
-    the reference and transformers' engine); an exception it raises (``RunStopped``) ends the run
-    within one step. The model's lock is held throughout, so runs never overlap on the model.
+    the reference and transformers' engine) and ``watch(engine, trace, done=True)`` after each
+    engine's last; an exception it raises (``RunStopped``) ends the run within one step. The
+    model's lock is held throughout, so runs never overlap on the model.
     """
-    watch = watch or (lambda _engine, _trace: None)
+    watch = watch or (lambda _engine, _trace, done=False: None)
     runner = model.runner
     with model.lock:
         static = StaticEngine(runner, EngineConfig(config.num_slots)).run(
             requests, _on_step(progress, "static", _static_steps(requests, config), watch)
         )
+        watch("static", static, done=True)
         continuous = ContinuousEngine(runner, config).run(
             requests, _on_step(progress, "continuous", _continuous_steps(requests, config), watch)
         )
+        watch("continuous", continuous, done=True)
         hf = None
         if options.compare_hf:  # transformers' manager has no step hook: checked before only
             watch("hf_continuous", None)
@@ -258,7 +261,6 @@ def run_event(
     arrival_rate,
     x_axis,
     previous: RunState | None = None,
-    progress=gr.Progress(),  # noqa: B008
 ) -> Iterator[tuple]:
     """The Run button's handler: a generator streaming progress, then the finished results.
 
@@ -280,9 +282,11 @@ def run_event(
     requests, config = _user_errors(lambda: _prepare(model, rows, num_slots, options))
     control = RunControl(_user_errors(run_time_limit_s))
     started_s = time.monotonic()
-    with LiveRun(
-        lambda watch: run_engines(model, requests, config, options, progress, watch), control
-    ) as live:
+
+    def work(watch: Callable) -> RunState:  # the status line shows progress, not a Gradio bar
+        return run_engines(model, requests, config, options, lambda *a, **k: None, watch)
+
+    with LiveRun(work, control) as live:
         while not live.wait(PROGRESS_INTERVAL_S):
             elapsed_s = time.monotonic() - started_s
             yield progress_view.live_outputs(

@@ -7,6 +7,7 @@ is slowed down (``SLOW_STEP_S``) to give the run a length the handler can watch 
 from __future__ import annotations
 
 import gc
+import re
 import time
 import weakref
 
@@ -48,7 +49,7 @@ def shared(monkeypatch) -> playground.SharedModel:
     monkeypatch.setattr(runner, "new_kv_cache", tracked_cache)
     monkeypatch.setattr(playground, "_shared_model", model)
     monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.05)
-    monkeypatch.setattr("engine.live_run.SNAPSHOT_INTERVAL_S", 0.0)
+    monkeypatch.setattr("engine.live_run.SNAPSHOT_INTERVAL_S", 3600.0)  # finishes still shown
     return model
 
 
@@ -84,6 +85,14 @@ def test_progress_streams_before_the_run_ends(shared):
     for outputs in partial:
         for shown, done in zip(outputs, final_outputs, strict=True):
             assert shown in ("", done), f"live output {shown!r} is not the final {done!r}"
+    num_static_steps = len(final[0].static.steps)
+    static_done = f"static batching: {num_static_steps} steps, 4/4 requests done"
+    in_continuous = [u[STATUS_INDEX] for u in live if "continuous batching:" in u[STATUS_INDEX]]
+    assert in_continuous and all(static_done in s for s in in_continuous), in_continuous[:1]
+    for u in live:
+        done = re.search(r"continuous batching: \d+ steps, (\d+)/4", u[STATUS_INDEX])
+        shown = sum(bool(text) for text in _continuous_outputs(u))
+        assert done is None or int(done[1]) == shown, f"status {done[0]} but {shown} outputs"
     drawn = [u[CONTINUOUS_TIMELINE_INDEX] for u in live if "continuous batching:" in u[8]]
     assert any(isinstance(fig, type(final[2])) for fig in drawn), "timeline not drawn live"
 
