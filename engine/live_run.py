@@ -89,11 +89,12 @@ class LiveRun:
             RunStopped: the run should stop (see ``RunControl.check``).
         """
         self.control.check()
-        if trace is None:
-            return
         now_s = time.monotonic()
         with self._lock:
             entry = self._progress.setdefault(engine, EngineProgress(engine))
+            if trace is None:  # the reference or transformers' engine: no trace to show
+                entry.num_steps += 1
+                return
             entry.num_steps = len(trace.steps) if done else entry.num_steps + 1
             entry.num_requests = len(trace.requests)
             num_finished = sum(r.finish_s is not None for r in trace.requests)

@@ -38,6 +38,8 @@ def progress_line(
             parts.append(
                 f"{label}: {p.num_steps} steps, {p.num_finished}/{p.num_requests} requests done"
             )
+        elif name == "reference":
+            parts.append(f"{label}: {p.num_steps} steps")
         else:
             parts.append(f"{label}: running")
     if not progress:

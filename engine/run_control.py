@@ -62,10 +62,6 @@ class RunControl:
         """Ask the run to stop; it raises ``RunCancelled`` at its next ``check()``."""
         self._stop.set()
 
-    @property
-    def stop_requested(self) -> bool:
-        return self._stop.is_set()
-
     def check(self) -> None:
         """Return if the run may go on.
 

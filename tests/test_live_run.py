@@ -16,7 +16,8 @@ import pytest
 from tiny_model import tiny_runner
 
 from engine import playground
-from engine.live_run import LiveRun
+from engine.live_run import EngineProgress, LiveRun
+from engine.progress_view import progress_line
 from engine.reference import ReferenceCache
 from engine.run_control import RunCancelled, RunControl, RunTimedOut, run_time_limit_s
 
@@ -145,6 +146,24 @@ def test_engine_value_error_mid_run_is_a_page_error(shared, monkeypatch):
             updates.append(update)
     assert "KV memory budget exceeded" in updates[-1][STATUS_INDEX], updates[-1][STATUS_INDEX]
     assert [r[1] for r in updates[-1][OUTPUTS_INDEX].value["data"]] == ["earlier run"]
+
+
+def test_progress_line_counts_each_engine():
+    """The live status names each engine with its steps and, for the engines, requests done."""
+    progress = {
+        "static": EngineProgress("static", num_steps=12, num_finished=4, num_requests=4),
+        "continuous": EngineProgress("continuous", num_steps=5, num_finished=1, num_requests=4),
+        "reference": EngineProgress("reference", num_steps=7),
+    }
+    line = progress_line(progress, elapsed_s=3.25, time_limit_s=600.0)
+    assert line.startswith("**Running** · 3.2 s (limit 600 s)"), line
+    for part in (
+        "static batching: 12 steps, 4/4 requests done",
+        "continuous batching: 5 steps, 1/4 requests done",
+        "model.generate reference: 7 steps",
+    ):
+        assert part in line, f"{part!r} missing from {line!r}"
+    assert "limit" not in progress_line({}, 1.0, None), "an off time limit is shown"
 
 
 def test_stop_handler_shows_previous_results_or_clears(shared):
