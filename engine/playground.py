@@ -229,8 +229,10 @@ def run_engines(
     return RunState(static, continuous, reference, hf)
 
 
-def render(state: RunState, x_axis: str = "time", status: str | None = None) -> RunResult:
-    """Everything the page shows for a finished run, at its default step."""
+def render(
+    state: RunState, x_axis: str = "time", status: str | None = None, downloads: bool = True
+) -> RunResult:
+    """Everything the page shows for a finished run, at its default step; files if ``downloads``."""
     step_index = default_step(state.continuous)
     return RunResult(
         state=state,
@@ -239,7 +241,7 @@ def render(state: RunState, x_axis: str = "time", status: str | None = None) -> 
         metrics=tables.metrics_rows(state.traces(), _reference_ok(state)),
         outputs=tables.outputs_rows(state.traces(), state.reference),
         status=status or status_line(state),
-        downloads=write_downloads(state),
+        downloads=write_downloads(state) if downloads else None,
     )
 
 
@@ -306,7 +308,7 @@ def stop_event(previous: RunState | None, x_axis: str) -> tuple:
 
 
 def _stopped_outputs(previous: RunState | None, message: str, x_axis: str) -> tuple:
-    shown = None if previous is None else render(previous, x_axis)
+    shown = None if previous is None else render(previous, x_axis, downloads=False)
     return progress_view.stopped_outputs(shown, message)
 
 
