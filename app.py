@@ -127,7 +127,9 @@ def build_demo(model_label: str) -> gr.Blocks:
                         label="Also run transformers' built-in continuous batching",
                         elem_id="compare_hf_checkbox",
                     )
-                run_button = gr.Button("Run", variant="primary", elem_id="run_button")
+                with gr.Row():
+                    run_button = gr.Button("Run", variant="primary", elem_id="run_button")
+                    stop_button = gr.Button("Stop", variant="stop", elem_id="stop_button")
                 link_button = gr.Button("Copy link to this setup", size="sm", elem_id="link_button")
                 link_textbox = gr.Textbox(
                     label="Link: preset, slots and step (an edited table is not in it)",
@@ -176,6 +178,18 @@ def build_demo(model_label: str) -> gr.Blocks:
         )
         run_state = gr.State()
         link_step_state = gr.State()  # a link's step=N, applied after the first run
+        run_outputs = [
+            run_state,
+            static_timeline_plot,
+            continuous_timeline_plot,
+            packed_mask_plot,
+            static_mask_plot,
+            step_slider,
+            metrics_table,
+            outputs_table,
+            status_markdown,
+            downloads_file,
+        ]
 
         demo.load(
             playground.from_link,
@@ -202,23 +216,21 @@ def build_demo(model_label: str) -> gr.Blocks:
                 compare_hf_checkbox,
                 arrival_rate_number,
                 x_axis_radio,
+                run_state,  # the previous run, put back if this one is stopped (not in the API)
             ],
-            [
-                run_state,
-                static_timeline_plot,
-                continuous_timeline_plot,
-                packed_mask_plot,
-                static_mask_plot,
-                step_slider,
-                metrics_table,
-                outputs_table,
-                status_markdown,
-                downloads_file,
-            ],
+            run_outputs,
             concurrency_limit=1,
             concurrency_id="model",
             api_name="run",
-            show_progress_on=status_markdown,  # one progress bar; results stay visible meanwhile
+            show_progress_on=status_markdown,  # one progress bar, queue place; results stay
+        )
+        stop_button.click(  # cancelling closes the Run generator: its worker stops within a step
+            playground.stop_event,
+            [run_state, x_axis_radio],
+            run_outputs,
+            cancels=[run_event],
+            show_progress="hidden",
+            api_visibility="undocumented",
         )
         run_event.success(
             page_io.apply_link_step,

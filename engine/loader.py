@@ -268,11 +268,14 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     folder, filename = str(path.parent), path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(
+        folder, gguf_file=filename, local_files_only=True, trust_remote_code=False
+    )
     net = AutoModelForCausalLM.from_pretrained(
         folder,
         gguf_file=filename,
         local_files_only=True,
+        trust_remote_code=False,
         # dequantize=True gives plain nn.Linear weights and drops the GGUF quantizer, which would
         # otherwise make save_pretrained refuse ("quantized with gguf and is not serializable").
         quantization_config=GgufConfig(dequantize=True),

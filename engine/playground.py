@@ -14,21 +14,25 @@ from __future__ import annotations
 
 import math
 import tempfile
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
-from engine import export, figures, presets, tables
+from engine import export, figures, presets, progress_view, tables
+from engine.allowlist import check_model_allowed
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.hf_continuous import HFContinuousEngine
+from engine.live_run import LiveRun
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.reference import ReferenceCache, mismatches
+from engine.run_control import RunControl, RunStopped, run_time_limit_s
 from engine.sequence import Request
 from engine.static import StaticEngine
 from engine.trace import DECODE, PREFILL, Trace
@@ -46,6 +50,7 @@ class SharedModel:
     loaded: LoadedModel
     runner: ModelRunner
     reference: ReferenceCache
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held by the one running run
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel) -> SharedModel:
@@ -74,8 +79,14 @@ _shared_model: SharedModel | None = None  # the one lazily loaded shared model (
 def load_shared_model(
     model: str | None = None, device: str | None = None, dtype: str | None = None
 ) -> SharedModel:
-    """Load the model (``engine.loader.load_model`` arguments) and make it the shared one."""
+    """Load the model (``engine.loader.load_model`` arguments) and make it the shared one.
+
+    Raises:
+        ModelLoadError: the model is not on ``CBP_MODEL_ALLOWLIST`` (checked first), or fails to
+            load (see ``load_model``).
+    """
     global _shared_model
+    check_model_allowed(model)
     _shared_model = SharedModel.from_loaded(load_model(model, device, dtype))
     _shared_model.warm_up()
     return _shared_model
@@ -141,13 +152,7 @@ class RunResult:
         slider = gr.Slider(
             minimum=0, maximum=max(self.state.num_steps - 1, 1), value=self.step_index
         )
-        names = list(self.state.traces())
-        output_width = f"{62 // len(names)}%"
-        outputs = gr.Dataframe(
-            value=self.outputs,
-            headers=tables.outputs_headers(names),
-            column_widths=["6%", "18%", "6%", *[output_width] * len(names), "8%"],
-        )
+        outputs = progress_view.outputs_table(self.outputs, list(self.state.traces()))
         views = self.views.as_tuple()
         return (self.state, *views, slider, self.metrics, outputs, self.status, self.downloads)
 
@@ -184,32 +189,61 @@ def run_comparison(
     """
     model = model or _user_errors(get_model)
     requests, config = _user_errors(lambda: _prepare(model, rows, num_slots, options))
+    return render(run_engines(model, requests, config, options, progress), x_axis)
+
+
+def run_engines(
+    model: SharedModel,
+    requests: list[Request],
+    config: EngineConfig,
+    options: RunOptions,
+    progress,
+    watch: Callable[..., None] | None = None,
+) -> RunState:
+    """Run every engine (and the reference) on ``requests``, one after the other.
+
+    ``watch(engine, trace)`` is called after every step of every engine (``trace`` is None for
+    the reference and transformers' engine) and ``watch(engine, trace, done=True)`` after each
+    engine's last; an exception it raises (``RunStopped``) ends the run within one step. The
+    model's lock is held throughout, so runs never overlap on the model.
+    """
+    watch = watch or (lambda _engine, _trace, done=False: None)
     runner = model.runner
-    static = StaticEngine(runner, EngineConfig(config.num_slots)).run(
-        requests, _step_counter(progress, "static batching", _static_steps(requests, config))
-    )
-    continuous = ContinuousEngine(runner, config).run(
-        requests,
-        _step_counter(progress, "continuous batching", _continuous_steps(requests, config)),
-    )
-    hf = None
-    if options.compare_hf:
-        progress(None, desc="transformers' continuous batching")
-        hf = HFContinuousEngine(runner, config).run(requests)
-    reference = None
-    if options.check_reference:
-        on_request = _reference_counter(progress)
-        reference = model.reference.outputs(requests, on_request=on_request)
-    state = RunState(static, continuous, reference, hf)
-    step_index = default_step(continuous)
+    with model.lock:
+        static = StaticEngine(runner, EngineConfig(config.num_slots)).run(
+            requests, _on_step(progress, "static", _static_steps(requests, config), watch)
+        )
+        watch("static", static, done=True)
+        continuous = ContinuousEngine(runner, config).run(
+            requests, _on_step(progress, "continuous", _continuous_steps(requests, config), watch)
+        )
+        watch("continuous", continuous, done=True)
+        hf = None
+        if options.compare_hf:  # transformers' manager has no step hook: checked before only
+            watch("hf_continuous", None)
+            progress(None, desc="transformers' continuous batching")
+            hf = HFContinuousEngine(runner, config).run(requests)
+        reference = None
+        if options.check_reference:
+            reference = model.reference.outputs(
+                requests, _reference_counter(progress), lambda: watch("reference", None)
+            )
+    return RunState(static, continuous, reference, hf)
+
+
+def render(
+    state: RunState, x_axis: str = "time", status: str | None = None, downloads: bool = True
+) -> RunResult:
+    """Everything the page shows for a finished run, at its default step; files if ``downloads``."""
+    step_index = default_step(state.continuous)
     return RunResult(
         state=state,
         step_index=step_index,
         views=step_views(state, step_index, x_axis),
         metrics=tables.metrics_rows(state.traces(), _reference_ok(state)),
-        outputs=tables.outputs_rows(state.traces(), reference),
-        status=status_line(state),
-        downloads=write_downloads(state),
+        outputs=tables.outputs_rows(state.traces(), state.reference),
+        status=status or status_line(state),
+        downloads=write_downloads(state) if downloads else None,
     )
 
 
@@ -238,20 +272,69 @@ def run_event(
     compare_hf,
     arrival_rate,
     x_axis,
-    progress=gr.Progress(),  # noqa: B008
-):
-    """The Run button's handler: ``run_comparison`` as the tuple app.py's outputs expect."""
-    budget = _user_errors(lambda: _optional_whole_number(token_budget, "Token budget"))
-    options = RunOptions(
+    previous: RunState | None = None,
+) -> Iterator[tuple]:
+    """The Run button's handler: a generator streaming progress, then the finished results.
+
+    Yields the tuple app.py's outputs expect: live updates every ``PROGRESS_INTERVAL_S`` while the
+    engines run in a worker thread (``LiveRun``), then ``RunResult.as_outputs()``. When Gradio
+    closes the generator (Stop, closed tab) the worker stops within one step.
+
+    Raises:
+        gr.Error: bad input (before anything runs, or a ``ValueError`` from an engine), or the
+            run passed ``CBP_RUN_TIME_LIMIT_S``; mid-run, after putting the ``previous`` run's
+            results back on the page.
+    """
+    options = _user_errors(
+        lambda: _run_options(
+            chat_template, check_reference, kv_mode, token_budget, policy, compare_hf, arrival_rate
+        )
+    )
+    model = _user_errors(get_model)
+    requests, config = _user_errors(lambda: _prepare(model, rows, num_slots, options))
+    control = RunControl(_user_errors(run_time_limit_s))
+    started_s = time.monotonic()
+
+    def work(watch: Callable) -> RunState:  # the status line shows progress, not a Gradio bar
+        return run_engines(model, requests, config, options, lambda *a, **k: None, watch)
+
+    with LiveRun(work, control) as live:
+        while not live.wait(PROGRESS_INTERVAL_S):
+            elapsed_s = time.monotonic() - started_s
+            yield progress_view.live_outputs(
+                live.progress(), requests, config.num_slots, x_axis, elapsed_s, control.time_limit_s
+            )
+    try:
+        state = live.result()
+    except (RunStopped, ValueError) as exc:  # stopped, or bad input only the engines could see
+        yield _stopped_outputs(previous, f"**Stopped:** {exc}", x_axis)
+        raise gr.Error(f"Run stopped: {exc}", print_exception=False) from None
+    yield render(state, x_axis).as_outputs()
+
+
+def stop_event(previous: RunState | None, x_axis: str) -> tuple:
+    """The Stop button's handler (it also cancels the Run event): previous results, "stopped"."""
+    return _stopped_outputs(previous, "**Stopped** before the end.", x_axis)
+
+
+def _stopped_outputs(previous: RunState | None, message: str, x_axis: str) -> tuple:
+    shown = None if previous is None else render(previous, x_axis, downloads=False)
+    return progress_view.stopped_outputs(shown, message)
+
+
+def _run_options(
+    chat_template, check_reference, kv_mode, token_budget, policy, compare_hf, arrival_rate
+) -> RunOptions:
+    """The page's knobs as ``RunOptions``. Raises ValueError for a bad budget or rate."""
+    return RunOptions(
         chat_template=bool(chat_template),
         check_reference=bool(check_reference),
         kv_mode=kv_mode or "slots",
-        token_budget=budget,
+        token_budget=_optional_whole_number(token_budget, "Token budget"),
         policy=policy or "decode_first",
         compare_hf=bool(compare_hf),
-        arrival_rate_per_s=_user_errors(lambda: _arrival_rate(arrival_rate)),
+        arrival_rate_per_s=_arrival_rate(arrival_rate),
     )
-    return run_comparison(rows, num_slots, options, progress, x_axis).as_outputs()
 
 
 def from_link(request: gr.Request):
@@ -402,6 +485,17 @@ def _continuous_steps(requests: list[Request], config: EngineConfig) -> int:
     """Estimated continuous steps: all tokens spread over the slots, at least the longest cap."""
     caps = [r.max_new_tokens for r in requests]
     return max(math.ceil(sum(caps) / config.num_slots), max(caps))
+
+
+def _on_step(progress, engine: str, total: int, watch: Callable) -> Callable:
+    """An engine's ``on_step``: report progress, then let ``watch`` see the trace (or stop)."""
+    count = _step_counter(progress, f"{engine} batching", total)
+
+    def on_step(trace, step) -> None:
+        count(trace, step)
+        watch(engine, trace)
+
+    return on_step
 
 
 def _step_counter(progress, desc: str, total: int) -> Callable:

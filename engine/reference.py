@@ -7,6 +7,10 @@ output per prompt and answers smaller caps from it, so repeated runs in the app 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+
 from engine.model_runner import ModelRunner
 from engine.sequence import Request, truncate_at_stop
 
@@ -18,22 +22,31 @@ class ReferenceCache:
         self.runner = runner
         self._outputs: dict[tuple[int, ...], tuple[list[int], int]] = {}  # ids -> (tokens, cap)
 
-    def output(self, request: Request) -> list[int]:
-        """The reference output ids of one request, up to its cap or first EOS."""
+    def output(self, request: Request, on_step: Callable[[], None] | None = None) -> list[int]:
+        """The reference output ids of one request, up to its cap or first EOS.
+
+        ``on_step()`` is called after every generate step; an exception it raises ends the call.
+        """
         key = request.prompt_token_ids
         hit = self._outputs.get(key)
         if hit is None or not self._covers(hit, request.max_new_tokens):
             ids, mask = self.runner.left_pad([list(key)])
-            out = self.runner.generate(ids, mask, request.max_new_tokens)
+            criteria = [_EveryStep(on_step)] if on_step is not None else None
+            out = self.runner.generate(ids, mask, request.max_new_tokens, criteria)
             hit = (out[0, ids.shape[1] :].tolist(), request.max_new_tokens)
             self._outputs[key] = hit
         return truncate_at_stop(hit[0], request.max_new_tokens, self.runner.eos_token_ids)
 
-    def outputs(self, requests: list[Request], on_request=None) -> dict[int, list[int]]:
-        """Reference output ids for every request, by request id."""
+    def outputs(
+        self, requests: list[Request], on_request=None, on_step=None
+    ) -> dict[int, list[int]]:
+        """Reference output ids for every request, by request id.
+
+        ``on_request(done, total)`` after each request; ``on_step()`` as in ``output``.
+        """
         result = {}
         for i, request in enumerate(requests):
-            result[request.request_id] = self.output(request)
+            result[request.request_id] = self.output(request, on_step)
             if on_request is not None:
                 on_request(i + 1, len(requests))
         return result
@@ -42,6 +55,17 @@ class ReferenceCache:
         tokens, cached_cap = hit
         ended = any(t in self.runner.eos_token_ids for t in tokens)
         return cached_cap >= cap or ended
+
+
+class _EveryStep:
+    """A ``StoppingCriteria`` that never stops generation itself, only calls ``callback()``."""
+
+    def __init__(self, callback: Callable[[], None]):
+        self.callback = callback
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:
+        self.callback()
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # (B,)
 
 
 def mismatches(outputs: dict[int, list[int]], reference: dict[int, list[int]]) -> list[int]:

@@ -86,7 +86,7 @@ def parse_cap(value, where: str) -> int:
         ValueError: empty, not a whole number, < 1 or over the ``max_new_tokens`` limit.
     """
     limit = limits().max_new_tokens
-    text = str(value).strip() if value is not None else ""
+    text = _text(value, where, "max_new_tokens").strip() if value is not None else ""
     if text == "" or (isinstance(value, float) and math.isnan(value)):
         raise ValueError(
             f"{where}: max_new_tokens is empty; enter a whole number from 1 to {limit}."
@@ -105,14 +105,15 @@ def parse_cap(value, where: str) -> int:
 
 def parse_spec(prompt, cap, where: str) -> RequestSpec:
     """Validate one (prompt, cap) pair. Raises ValueError naming ``where``."""
-    if prompt is None or not str(prompt).strip():
+    if _blank(prompt):
         raise ValueError(f"{where}: the prompt is blank.")
+    text = _text(prompt, where, "the prompt")
     max_chars = limits().max_prompt_chars
-    if len(str(prompt)) > max_chars:
+    if len(text) > max_chars:
         raise ValueError(
-            f"{where}: the prompt has {len(str(prompt))} characters, over the limit of {max_chars}."
+            f"{where}: the prompt has {len(text)} characters, over the limit of {max_chars}."
         )
-    return RequestSpec(str(prompt), parse_cap(cap, where))
+    return RequestSpec(text, parse_cap(cap, where))
 
 
 def parse_table(rows) -> list[RequestSpec]:
@@ -229,13 +230,25 @@ def _encode(prompt: str, tokenizer, chat_template: bool) -> list[int]:
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)
-    return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    # split_special_tokens: "<|im_end|>" typed in a prompt is text, never the EOS id itself.
+    return list(tokenizer(prompt, add_special_tokens=True, split_special_tokens=True)["input_ids"])
+
+
+def _text(value, where: str, what: str) -> str:
+    """A cell as text. Raises ValueError for an int too long to print (over 4,300 digits)."""
+    try:
+        return str(value)
+    except ValueError:  # Python's int-to-str digit limit
+        raise ValueError(f"{where}: {what} is a number too long to read.") from None
 
 
 def _blank(value) -> bool:
-    return (
-        value is None or (isinstance(value, float) and math.isnan(value)) or not str(value).strip()
-    )
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    try:
+        return not str(value).strip()
+    except ValueError:  # an int too long to print is not blank; parse_spec names its row
+        return False
 
 
 def checked_count(specs: list[RequestSpec]) -> list[RequestSpec]:

@@ -2,8 +2,9 @@
 
 One ``app.py`` server (the ``server_url`` fixture in ``conftest.py``) is hit by 8 client threads at
 the same moment, each with its own tiny workload (1-2 requests, caps 2-4). The Run event is queued
-with ``concurrency_limit=1``, so the runs are serialised; the test checks that no user sees another
-user's prompts or an unchecked result, and that the server still answers afterwards.
+with ``concurrency_limit=1``, so the runs are serialised; ``/run`` streams progress and ``predict``
+returns its last (final) output. The test checks that no user sees another user's prompts or an
+unchecked result, and that the server still answers afterwards.
 """
 
 from __future__ import annotations

@@ -296,6 +296,12 @@ def test_app_wiring():
     run = by_api["run"]
     assert run.fn is playground.run_event and len(run.outputs) == 10, "Run wired wrongly"
     assert (run.concurrency_limit, run.concurrency_id) == (1, "model"), "Run not serialized"
+    assert run.show_progress == "full", "a queued user would not see their place in the queue"
+    run_index = next(i for i, fn in demo.fns.items() if fn is run)
+    (stop,) = [fn for fn in demo.fns.values() if fn.fn is playground.stop_event]
+    cancels = [fn.cancels for fn in demo.fns.values() if fn.targets == stop.targets]
+    assert [run_index] in cancels, "Stop does not cancel the Run event"
+    assert [c._id for c in stop.outputs] == [c._id for c in run.outputs], "Stop restores less"
     for name in ("step", "x_axis"):
         assert by_api[name].fn is playground.update_step, f"{name} not wired to update_step"
     assert app.parse_args([]).host == "127.0.0.1" and app.parse_args([]).port == 7860
@@ -314,10 +320,15 @@ def test_engine_knobs_reach_the_engines(shared):
     assert len(result.outputs[0]) == 7, "a third output column for transformers' engine"
 
 
-def test_bad_token_budget_is_a_page_error(shared):
+def test_bad_token_budget_is_a_page_error(shared, monkeypatch):
     """A budget below the slot count is refused with the config's message."""
+    monkeypatch.setattr(playground, "_shared_model", shared)
     with pytest.raises(gr.Error, match="at least the slot count"):
-        playground.run_event(ROWS, 3, False, False, "slots", 2, "decode_first", False, 0, "time")
+        list(
+            playground.run_event(
+                ROWS, 3, False, False, "slots", 2, "decode_first", False, 0, "time"
+            )
+        )
 
 
 def test_poisson_arrivals_reach_both_engines(shared):
@@ -333,7 +344,11 @@ def test_poisson_arrivals_reach_both_engines(shared):
 def test_bad_arrival_rate_is_a_page_error(shared):
     """A negative arrival rate is refused with a clear message."""
     with pytest.raises(gr.Error, match="Arrival rate must be positive"):
-        playground.run_event(ROWS, 2, False, False, "slots", 0, "decode_first", False, -1, "time")
+        list(
+            playground.run_event(
+                ROWS, 2, False, False, "slots", 0, "decode_first", False, -1, "time"
+            )
+        )
 
 
 def test_link_query_parameters_preset_the_page():

@@ -3,11 +3,12 @@
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.workload import (
     MAX_NEW_TOKENS_LIMIT,
+    MAX_PROMPT_CHARS,
     MAX_ROWS,
     load_jsonl,
     parse_cap,
@@ -81,7 +82,7 @@ def test_jsonl_round_trip(tmp_path):
 
 
 class _Tok:
-    def __call__(self, text, add_special_tokens=True):
+    def __call__(self, text, add_special_tokens=True, **kwargs):
         return {"input_ids": list(range(len(text)))}
 
 
@@ -112,3 +113,54 @@ def test_host_can_tighten_limits_through_the_environment(monkeypatch):
 def test_twenty_thousand_character_prompt_passes_the_character_limit():
     """The default character limit admits a 20,000-character prompt (the context check decides)."""
     assert parse_table([["x" * 20_000, 3]])[0].max_new_tokens == 3
+
+
+# --- property-based: any cell values --------------------------------------------------------------
+
+CELLS = st.one_of(
+    st.none(),
+    st.text(),
+    st.text(alphabet=" \t\n\r\u00a0\u2003"),  # whitespace only, Unicode spaces included
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(),
+    st.integers(min_value=10**4300, max_value=10**4400),  # too long for str()
+    st.booleans(),
+    st.integers(min_value=-5, max_value=3000).map(str),
+    st.sampled_from(["2.5", "1e3", "  7 ", "٣", "0x10", "nan", "inf", "-0", "１２"]),
+)
+ROWS = st.lists(st.lists(CELLS, min_size=0, max_size=3), max_size=6)
+USER_ERRORS = ("Row ", "The workload is empty", "requests is over the limit")
+
+
+@settings(max_examples=300, deadline=None)
+@given(ROWS)
+def test_any_cells_give_valid_specs_or_a_clear_error(rows):
+    """Arbitrary cells either parse into valid specs or raise ValueError naming the problem."""
+    try:
+        specs = parse_table(rows)
+    except ValueError as exc:
+        assert str(exc).startswith(USER_ERRORS), f"unclear message: {exc}"
+        return
+    limit = MAX_NEW_TOKENS_LIMIT
+    for spec in specs:
+        assert isinstance(spec.prompt, str) and spec.prompt.strip(), f"blank prompt: {spec}"
+        assert spec.prompt.lower() != "nan", f"an empty (NaN) cell became a prompt: {spec}"
+        assert isinstance(spec.max_new_tokens, int) and 1 <= spec.max_new_tokens <= limit, spec
+        assert len(spec.prompt) <= MAX_PROMPT_CHARS, "prompt over the character limit"
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.text(min_size=1, max_size=200).filter(lambda p: p.strip()),
+            st.integers(min_value=1, max_value=MAX_NEW_TOKENS_LIMIT),
+            st.sampled_from([int, float, str, lambda n: f" {n} "]),
+        ),
+        min_size=1,
+        max_size=MAX_ROWS,
+    )
+)
+def test_valid_rows_round_trip(rows):
+    """Valid rows, caps written as int, float or (padded) string, come back exactly, in order."""
+    specs = parse_table([[prompt, form(cap)] for prompt, cap, form in rows])
+    assert [(s.prompt, s.max_new_tokens) for s in specs] == [(p, c) for p, c, _ in rows]

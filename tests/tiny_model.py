@@ -22,7 +22,7 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return [3 + b % (VOCAB - 3) for b in text.encode("utf-8")]
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+    def __call__(self, text: str, add_special_tokens: bool = True, **kwargs) -> dict:
         return {"input_ids": self.encode(text)}
 
     def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True) -> list[int]:

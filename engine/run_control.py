@@ -1,0 +1,78 @@
+"""Run control: how a running comparison is told to stop, by a person or by the clock.
+
+A ``RunControl`` is shared by the thread that runs the engines and the one that serves the page.
+The page side calls ``stop()`` (Stop button, closed tab); the engine side calls ``check()`` from its
+per-step callback, which raises ``RunCancelled`` or ``RunTimedOut`` so the engine loop unwinds
+within one step and drops its KV cache. The time limit comes from ``CBP_RUN_TIME_LIMIT_S``, read at
+every run so a host can change it without a restart.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+RUN_TIME_LIMIT_S = 600.0  # default per-run limit; CBP_RUN_TIME_LIMIT_S overrides, 0 turns it off
+RUN_TIME_LIMIT_ENV = "CBP_RUN_TIME_LIMIT_S"
+
+
+class RunStopped(Exception):
+    """A run ended before its work was done; the message says why, for a person."""
+
+
+class RunCancelled(RunStopped):
+    """The user pressed Stop or closed the page."""
+
+
+class RunTimedOut(RunStopped):
+    """The run passed the per-run time limit."""
+
+
+def run_time_limit_s() -> float | None:
+    """The per-run time limit in seconds from ``CBP_RUN_TIME_LIMIT_S``; None when it is off (0).
+
+    Raises:
+        ValueError: a value that is set but is not a number >= 0.
+    """
+    text = os.environ.get(RUN_TIME_LIMIT_ENV, "").strip()
+    if not text:
+        return RUN_TIME_LIMIT_S
+    try:
+        limit_s = float(text)
+    except ValueError:
+        limit_s = -1.0
+    if not limit_s >= 0 or limit_s == float("inf"):
+        raise ValueError(
+            f"The environment variable {RUN_TIME_LIMIT_ENV}={text!r} must be a number of "
+            "seconds >= 0 (0 turns the limit off)."
+        )
+    return limit_s or None
+
+
+class RunControl:
+    """A stop flag plus an optional deadline, checked by the engines once per step."""
+
+    def __init__(self, time_limit_s: float | None = None):
+        self.time_limit_s = time_limit_s
+        self._stop = threading.Event()
+        self._deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+
+    def stop(self) -> None:
+        """Ask the run to stop; it raises ``RunCancelled`` at its next ``check()``."""
+        self._stop.set()
+
+    def check(self) -> None:
+        """Return if the run may go on.
+
+        Raises:
+            RunCancelled: ``stop()`` was called.
+            RunTimedOut: the time limit has passed.
+        """
+        if self._stop.is_set():
+            raise RunCancelled("the run was cancelled before it finished.")
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            raise RunTimedOut(
+                f"the run took longer than the limit of {self.time_limit_s:g} s "
+                f"({RUN_TIME_LIMIT_ENV}); try fewer requests or smaller caps."
+            )

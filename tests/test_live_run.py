@@ -1,0 +1,221 @@
+"""The Run handler as a generator: live progress, cancellation within a step, the time limit.
+
+The tiny random model runs a step in about a millisecond, so the continuous engine's forward pass
+is slowed down (``SLOW_STEP_S``) to give the run a length the handler can watch and interrupt.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import time
+import weakref
+
+import gradio as gr
+import pytest
+from tiny_model import tiny_runner
+
+from engine import playground
+from engine.live_run import EngineProgress, LiveRun
+from engine.progress_view import progress_line
+from engine.reference import ReferenceCache
+from engine.run_control import RunCancelled, RunControl, RunTimedOut, run_time_limit_s
+
+ROWS = [["hello world", 4], ["abc", 30], ["the quick brown fox", 3], ["x", 12]]
+KNOBS = (2, False, True, "slots", 0, "decode_first", False, 0, "time")  # slots and the knobs
+SLOW_STEP_S = 0.02
+STATUS_INDEX, OUTPUTS_INDEX, CONTINUOUS_TIMELINE_INDEX = 8, 7, 2
+
+
+@pytest.fixture
+def shared(monkeypatch) -> playground.SharedModel:
+    """A fresh tiny shared model, continuous steps of SLOW_STEP_S, its KV caches kept by weakref."""
+    runner = tiny_runner()
+    model = playground.SharedModel(runner.loaded, runner, ReferenceCache(runner))
+    model.forward_calls = []
+    model.caches = []
+    forward, new_cache = runner.forward_packed, runner.new_kv_cache
+
+    def slow_forward(batch):
+        model.forward_calls.append(time.monotonic())
+        time.sleep(SLOW_STEP_S)
+        return forward(batch)
+
+    def tracked_cache(*args, **kwargs):
+        cache = new_cache(*args, **kwargs)
+        model.caches.append(weakref.ref(cache))
+        return cache
+
+    monkeypatch.setattr(runner, "forward_packed", slow_forward)
+    monkeypatch.setattr(runner, "new_kv_cache", tracked_cache)
+    monkeypatch.setattr(playground, "_shared_model", model)
+    monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.05)
+    monkeypatch.setattr("engine.live_run.SNAPSHOT_INTERVAL_S", 3600.0)  # finishes still shown
+    return model
+
+
+def _continuous_outputs(update) -> list[str]:
+    table = update[OUTPUTS_INDEX]
+    column = table.value["headers"].index("continuous output")
+    return [row[column] for row in table.value["data"]]
+
+
+def _until_continuous_runs(events):
+    """Consume live updates until the status shows the continuous engine running."""
+    for update in events:
+        if "continuous batching:" in update[STATUS_INDEX]:
+            return update
+    raise AssertionError("the run ended before the continuous engine was seen running")
+
+
+def test_progress_streams_before_the_run_ends(shared):
+    """Live updates count steps and finished requests, and outputs fill in before the end."""
+    updates = list(playground.run_event(ROWS, *KNOBS))
+    final, live = updates[-1], updates[:-1]
+    assert "✓ all match" in final[STATUS_INDEX], final[STATUS_INDEX]
+    assert live and all(u[STATUS_INDEX].startswith("**Running**") for u in live), "no live status"
+    final_outputs = _continuous_outputs(final)
+    partial = [
+        outputs
+        for u in live
+        if "continuous batching:" in u[STATUS_INDEX]
+        for outputs in [_continuous_outputs(u)]
+        if any(outputs) and not all(outputs)
+    ]
+    assert partial, "no live update showed some continuous outputs while others were pending"
+    for outputs in partial:
+        for shown, done in zip(outputs, final_outputs, strict=True):
+            assert shown in ("", done), f"live output {shown!r} is not the final {done!r}"
+    num_static_steps = len(final[0].static.steps)
+    static_done = f"static batching: {num_static_steps} steps, 4/4 requests done"
+    in_continuous = [u[STATUS_INDEX] for u in live if "continuous batching:" in u[STATUS_INDEX]]
+    assert in_continuous and all(static_done in s for s in in_continuous), in_continuous[:1]
+    for u in live:
+        done = re.search(r"continuous batching: \d+ steps, (\d+)/4", u[STATUS_INDEX])
+        shown = sum(bool(text) for text in _continuous_outputs(u))
+        assert done is None or int(done[1]) == shown, f"status {done[0]} but {shown} outputs"
+    drawn = [u[CONTINUOUS_TIMELINE_INDEX] for u in live if "continuous batching:" in u[8]]
+    assert any(isinstance(fig, type(final[2])) for fig in drawn), "timeline not drawn live"
+
+
+def test_closing_the_handler_stops_the_engine_within_a_step_and_frees_the_kv_cache(shared):
+    """Gradio's cancel (closing the generator) stops the worker; its KV cache is released."""
+    events = playground.run_event(ROWS, *KNOBS)
+    _until_continuous_runs(events)
+    events.close()
+    closed_s = time.monotonic()
+    assert shared.lock.acquire(timeout=5), "the cancelled run still holds the model"
+    shared.lock.release()
+    late = [t for t in shared.forward_calls if t > closed_s]
+    assert len(late) <= 1, f"{len(late)} forward passes after the cancel"
+    gc.collect()
+    assert shared.caches and all(ref() is None for ref in shared.caches), "a KV cache is alive"
+    follow_up = list(playground.run_event([["next user", 3]], *KNOBS))[-1]
+    assert "✓ all match" in follow_up[STATUS_INDEX], "the next run failed after a cancel"
+
+
+def test_time_limit_stops_the_run_and_puts_the_previous_results_back(shared, monkeypatch):
+    """Past CBP_RUN_TIME_LIMIT_S the run stops with a message; the earlier results come back."""
+    previous = list(playground.run_event([["earlier run", 2]], *KNOBS))[-1]
+    monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", "0.3")
+    events = playground.run_event(ROWS, *KNOBS, previous[0])
+    updates = []
+    with pytest.raises(gr.Error, match=r"longer than the limit of 0\.3 s"):
+        for update in events:
+            updates.append(update)
+    status = updates[-1][STATUS_INDEX]
+    assert "Stopped" in status and "Showing the previous run" in status, status
+    assert "1 request" in status, f"the previous run's status is not shown: {status!r}"
+    rows = updates[-1][OUTPUTS_INDEX].value["data"]
+    assert [r[1] for r in rows] == ["earlier run"], f"previous outputs not restored: {rows}"
+    assert shared.lock.acquire(timeout=5), "the timed-out run still holds the model"
+    shared.lock.release()
+
+
+def test_engine_value_error_mid_run_is_a_page_error(shared, monkeypatch):
+    """A ValueError from an engine mid-run becomes a page error; the earlier results come back."""
+    previous = list(playground.run_event([["earlier run", 2]], *KNOBS))[-1]
+
+    def refuse(batch):
+        raise ValueError("KV memory budget exceeded")
+
+    monkeypatch.setattr(shared.runner, "forward_packed", refuse)
+    updates = []
+    with pytest.raises(gr.Error, match="Run stopped: KV memory budget exceeded"):
+        for update in playground.run_event(ROWS, *KNOBS, previous[0]):
+            updates.append(update)
+    assert "KV memory budget exceeded" in updates[-1][STATUS_INDEX], updates[-1][STATUS_INDEX]
+    assert [r[1] for r in updates[-1][OUTPUTS_INDEX].value["data"]] == ["earlier run"]
+
+
+def test_progress_line_counts_each_engine():
+    """The live status names each engine with its steps and, for the engines, requests done."""
+    progress = {
+        "static": EngineProgress("static", num_steps=12, num_finished=4, num_requests=4),
+        "continuous": EngineProgress("continuous", num_steps=5, num_finished=1, num_requests=4),
+        "reference": EngineProgress("reference", num_steps=7),
+    }
+    line = progress_line(progress, elapsed_s=3.25, time_limit_s=600.0)
+    assert line.startswith("**Running** · 3.2 s (limit 600 s)"), line
+    for part in (
+        "static batching: 12 steps, 4/4 requests done",
+        "continuous batching: 5 steps, 1/4 requests done",
+        "model.generate reference: 7 steps",
+    ):
+        assert part in line, f"{part!r} missing from {line!r}"
+    assert "limit" not in progress_line({}, 1.0, None), "an off time limit is shown"
+
+
+def test_stop_handler_shows_previous_results_or_clears(shared):
+    """Stop puts the previous run back with a "Stopped" status; with none, the page is emptied."""
+    previous = list(playground.run_event([["kept result", 2]], *KNOBS))[-1]
+    shown = playground.stop_event(previous[0], "time")
+    assert shown[STATUS_INDEX].startswith("**Stopped**"), shown[STATUS_INDEX]
+    assert [r[1] for r in shown[OUTPUTS_INDEX].value["data"]] == ["kept result"]
+    empty = playground.stop_event(None, "time")
+    assert empty[STATUS_INDEX].startswith("**Stopped**") and empty[1] is None, empty
+
+
+def test_run_control_raises_once_stopped_or_late():
+    """check() passes, then raises RunCancelled after stop() and RunTimedOut after the deadline."""
+    control = RunControl(time_limit_s=None)
+    control.check()
+    control.stop()
+    with pytest.raises(RunCancelled):
+        control.check()
+    late = RunControl(time_limit_s=0.01)
+    time.sleep(0.02)
+    with pytest.raises(RunTimedOut, match="limit of 0.01 s"):
+        late.check()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(None, 600.0), ("0", None), ("2.5", 2.5), (" 30 ", 30.0)]
+)
+def test_time_limit_from_the_environment(monkeypatch, value, expected):
+    """CBP_RUN_TIME_LIMIT_S: unset gives the default, 0 turns it off, numbers are seconds."""
+    if value is None:
+        monkeypatch.delenv("CBP_RUN_TIME_LIMIT_S", raising=False)
+    else:
+        monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", value)
+    assert run_time_limit_s() == expected
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "inf", "nan"])
+def test_bad_time_limit_is_a_clear_error(monkeypatch, value):
+    """A time limit that is not a number of seconds >= 0 names the variable."""
+    monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", value)
+    with pytest.raises(ValueError, match="CBP_RUN_TIME_LIMIT_S"):
+        run_time_limit_s()
+
+
+def test_live_run_hands_errors_to_the_caller():
+    """An error in the work is raised by result(), in the caller's thread."""
+
+    def failing(watch):
+        raise KeyError("boom")
+
+    with LiveRun(failing, RunControl()) as live:
+        assert live.wait(5), "the worker did not end"
+    with pytest.raises(KeyError, match="boom"):
+        live.result()
