@@ -11,7 +11,7 @@ import argparse
 
 import gradio as gr
 
-from engine import page_io, playground, presets, share, tables, zerogpu
+from engine import page_io, playground, presets, share, shared_model, tables, zerogpu
 
 TITLE = "Continuous Batching Playground"
 INTRO = (
@@ -99,12 +99,25 @@ def build_demo(model_label: str) -> gr.Blocks:
                     kv_mode_dropdown = gr.Dropdown(
                         [
                             ("in place, per slot (fast)", "slots"),
+                            ("paged: blocks from a memory budget, preemption (vLLM)", "paged"),
                             ("article's concatenation (slow, O(n²))", "concat"),
                         ],
                         value="slots",
                         label="Continuous engine's KV cache",
                         elem_id="kv_mode_dropdown",
                     )
+                    with gr.Row():
+                        kv_budget_number = gr.Number(
+                            value=0,
+                            label="Paged: KV budget, MiB (0 = room for every slot)",
+                            elem_id="kv_budget_number",
+                        )
+                        block_size_number = gr.Number(
+                            value=16,
+                            precision=0,
+                            label="Paged: tokens per block",
+                            elem_id="block_size_number",
+                        )
                     token_budget_number = gr.Number(
                         value=0,
                         precision=0,
@@ -152,6 +165,7 @@ def build_demo(model_label: str) -> gr.Blocks:
         with gr.Row():
             packed_mask_plot = gr.Plot(show_label=False, elem_id="packed_mask_plot")
             static_mask_plot = gr.Plot(show_label=False, elem_id="static_mask_plot")
+        block_map_plot = gr.Plot(show_label=False, elem_id="block_map_plot")
         metrics_table = gr.Dataframe(
             headers=tables.METRICS_HEADERS,
             interactive=False,
@@ -159,6 +173,9 @@ def build_demo(model_label: str) -> gr.Blocks:
             label="Metrics",
             elem_id="metrics_table",
         )
+        with gr.Row():
+            latency_cdf_plot = gr.Plot(show_label=False, elem_id="latency_cdf_plot")
+            step_usage_plot = gr.Plot(show_label=False, elem_id="step_usage_plot")
         outputs_table = gr.Dataframe(
             headers=tables.outputs_headers(["static", "continuous"]),
             datatype="str",  # plain text: model output is never rendered as HTML or Markdown
@@ -189,7 +206,10 @@ def build_demo(model_label: str) -> gr.Blocks:
             outputs_table,
             status_markdown,
             downloads_file,
-        ]
+            block_map_plot,
+            latency_cdf_plot,
+            step_usage_plot,
+        ]  # in engine.run_view.RUN_OUTPUTS order (tested)
 
         demo.load(
             playground.from_link,
@@ -217,6 +237,8 @@ def build_demo(model_label: str) -> gr.Blocks:
                 arrival_rate_number,
                 x_axis_radio,
                 run_state,  # the previous run, put back if this one is stopped (not in the API)
+                kv_budget_number,  # after the state: the API's earlier inputs keep their places
+                block_size_number,
             ],
             run_outputs,
             concurrency_limit=1,
@@ -262,7 +284,8 @@ def build_demo(model_label: str) -> gr.Blocks:
             continuous_timeline_plot,
             packed_mask_plot,
             static_mask_plot,
-        ]
+            block_map_plot,
+        ]  # in engine.run_view.STEP_VIEW_OUTPUTS order
         for event, name in ((step_slider.change, "step"), (x_axis_radio.change, "x_axis")):
             event(
                 playground.update_step,
@@ -280,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     """Load the model (so problems show at start), then serve the page."""
     args = parse_args(argv)
     try:
-        shared = playground.load_shared_model(args.model, args.device, args.dtype)
+        shared = shared_model.load_shared_model(args.model, args.device, args.dtype)
     except ValueError as exc:  # ModelLoadError included: one line a person can act on
         raise SystemExit(f"error: {exc}") from None
     print(f"{shared.label} (loaded in {shared.loaded.load_s:.1f} s)", flush=True)

@@ -7,171 +7,36 @@ every output; ``update_step`` redraws the heatmaps and timeline cursors from the
 
 Bad input raises ``gr.Error`` carrying the engine's ``ValueError`` message: Gradio shows it and
 leaves the previous results on the page. The loaded model is the one shared module-level object
-(``get_model``), loaded once; tests pass their own ``SharedModel`` instead.
+(``engine.shared_model.get_model``), loaded once; tests pass their own ``SharedModel`` instead.
+What the page shows of a run is built in ``engine.run_view``; the knobs are parsed in
+``engine.run_options``.
 """
 
 from __future__ import annotations
 
 import math
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import gradio as gr
 
-from engine import export, figures, presets, progress_view, tables
-from engine.allowlist import check_model_allowed
+from engine import presets, progress_view
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.hf_continuous import HFContinuousEngine
 from engine.live_run import LiveRun
-from engine.loader import LoadedModel, load_model
-from engine.model_runner import ModelRunner
-from engine.reference import ReferenceCache, mismatches
 from engine.run_control import RunControl, RunStopped, run_time_limit_s
+from engine.run_options import RunOptions, options_from_page, prepare
+from engine.run_view import RunResult, RunState, render, step_views
 from engine.sequence import Request
+from engine.shared_model import SharedModel, get_model
 from engine.static import StaticEngine
-from engine.trace import DECODE, PREFILL, Trace
-from engine.workload import parse_table, poisson_arrivals, tokenize_requests
 
 REQUEST_HEADERS = ["prompt", "max_new_tokens", "arrival_s"]
 PROGRESS_INTERVAL_S = 0.5  # at most two progress reports a second
-CHART_HEADINGS = ("Static timeline", "Continuous timeline", "Packed mask", "Static mask")
-
-
-@dataclass
-class SharedModel:
-    """The loaded model with its runner and reference cache, shared by every run of the page."""
-
-    loaded: LoadedModel
-    runner: ModelRunner
-    reference: ReferenceCache
-    lock: threading.Lock = field(default_factory=threading.Lock)  # held by the one running run
-
-    @classmethod
-    def from_loaded(cls, loaded: LoadedModel) -> SharedModel:
-        runner = ModelRunner(loaded)
-        return cls(loaded, runner, ReferenceCache(runner))
-
-    @property
-    def label(self) -> str:
-        """The page's model line, e.g. "Model: SmolLM2-135M-Instruct · runs on CPU · float32"."""
-        return f"Model: {self.loaded.name} · runs on {self.loaded.device_label}"
-
-    def warm_up(self) -> None:
-        """Run both engines once on two tiny requests, so one-time costs never reach a timing."""
-        specs = parse_table([["Warm-up", 2], ["Warm up again", 3]])
-        requests = tokenize_requests(
-            specs, self.loaded.tokenizer, chat_template=False, max_context=self.loaded.max_context
-        )
-        config = EngineConfig(num_slots=2)
-        StaticEngine(self.runner, config).run(requests)
-        ContinuousEngine(self.runner, config).run(requests)
-
-
-_shared_model: SharedModel | None = None  # the one lazily loaded shared model (see house style)
-
-
-def load_shared_model(
-    model: str | None = None, device: str | None = None, dtype: str | None = None
-) -> SharedModel:
-    """Load the model (``engine.loader.load_model`` arguments) and make it the shared one.
-
-    Raises:
-        ModelLoadError: the model is not on ``CBP_MODEL_ALLOWLIST`` (checked first), or fails to
-            load (see ``load_model``).
-    """
-    global _shared_model
-    check_model_allowed(model)
-    _shared_model = SharedModel.from_loaded(load_model(model, device, dtype))
-    _shared_model.warm_up()
-    return _shared_model
-
-
-def get_model() -> SharedModel:
-    """The shared model, loading the default one on first use."""
-    return _shared_model if _shared_model is not None else load_shared_model()
-
-
-# --- state and results ---------------------------------------------------------------------------
-
-
-@dataclass
-class RunState:
-    """What the page keeps between events (in a ``gr.State``): the two traces and the reference."""
-
-    static: Trace
-    continuous: Trace
-    reference: dict[int, list[int]] | None
-    hf_continuous: Trace | None = None  # transformers' own continuous batching, when compared
-
-    def traces(self) -> dict[str, Trace]:
-        """The runs in display order, by engine name."""
-        runs = {"static": self.static, "continuous": self.continuous}
-        if self.hf_continuous is not None:
-            runs["hf_continuous"] = self.hf_continuous
-        return runs
-
-    @property
-    def num_steps(self) -> int:
-        """Steps of the longer run: the step slider's range."""
-        return max(len(self.static.steps), len(self.continuous.steps))
-
-
-@dataclass
-class StepViews:
-    """The four figures that depend on the selected step (plotly figures, or None)."""
-
-    static_timeline: Any
-    continuous_timeline: Any
-    packed_mask: Any
-    static_mask: Any
-
-    def as_tuple(self) -> tuple:
-        return self.static_timeline, self.continuous_timeline, self.packed_mask, self.static_mask
-
-
-@dataclass
-class RunResult:
-    """Everything one Run renders."""
-
-    state: RunState
-    step_index: int
-    views: StepViews
-    metrics: list[list]
-    outputs: list[list]
-    status: str
-    downloads: list[str] | None = None  # file paths: CSV, whole-trace JSON, Perfetto trace
-
-    def as_outputs(self) -> tuple:
-        """Values in the order app.py wires them: state, 4 figures, slider, 2 tables, status."""
-        slider = gr.Slider(
-            minimum=0, maximum=max(self.state.num_steps - 1, 1), value=self.step_index
-        )
-        outputs = progress_view.outputs_table(self.outputs, list(self.state.traces()))
-        views = self.views.as_tuple()
-        return (self.state, *views, slider, self.metrics, outputs, self.status, self.downloads)
 
 
 # --- handlers ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """The page's engine knobs, beside the table and the slot count."""
-
-    chat_template: bool = False
-    check_reference: bool = True
-    kv_mode: str = "slots"
-    token_budget: int | None = None  # None: no limit
-    policy: str = "decode_first"
-    compare_hf: bool = False
-    arrival_rate_per_s: float | None = None  # None: the table's arrival_s (0 when blank)
-    arrival_seed: int = 0
 
 
 def run_comparison(
@@ -188,7 +53,7 @@ def run_comparison(
         gr.Error: with the engine's message, on a bad table, slot count, knob or model load.
     """
     model = model or _user_errors(get_model)
-    requests, config = _user_errors(lambda: _prepare(model, rows, num_slots, options))
+    requests, config = _user_errors(lambda: prepare(model, rows, num_slots, options))
     return render(run_engines(model, requests, config, options, progress), x_axis)
 
 
@@ -231,36 +96,6 @@ def run_engines(
     return RunState(static, continuous, reference, hf)
 
 
-def render(
-    state: RunState, x_axis: str = "time", status: str | None = None, downloads: bool = True
-) -> RunResult:
-    """Everything the page shows for a finished run, at its default step; files if ``downloads``."""
-    step_index = default_step(state.continuous)
-    return RunResult(
-        state=state,
-        step_index=step_index,
-        views=step_views(state, step_index, x_axis),
-        metrics=tables.metrics_rows(state.traces(), _reference_ok(state)),
-        outputs=tables.outputs_rows(state.traces(), state.reference),
-        status=status or status_line(state),
-        downloads=write_downloads(state) if downloads else None,
-    )
-
-
-def write_downloads(state: RunState) -> list[str]:
-    """The run's exports in a fresh temporary folder: requests.csv, traces.json, Perfetto JSON,
-    and charts.html (the four charts at the default step, interactive, offline)."""
-    folder = Path(tempfile.mkdtemp(prefix="cbp-run-"))
-    paths = export.write_files(folder, state.traces())
-    views = step_views(state, default_step(state.continuous), "time")
-    charts = dict(zip(CHART_HEADINGS, views.as_tuple(), strict=True))
-    charts_path = folder / "charts.html"
-    charts_path.write_text(
-        export.charts_html({k: v for k, v in charts.items() if v is not None}), encoding="utf-8"
-    )
-    return [str(path) for path in [*paths, charts_path]]
-
-
 def run_event(
     rows,
     num_slots,
@@ -273,25 +108,28 @@ def run_event(
     arrival_rate,
     x_axis,
     previous: RunState | None = None,
+    kv_budget_mib=None,
+    block_size=None,
 ) -> Iterator[tuple]:
     """The Run button's handler: a generator streaming progress, then the finished results.
 
     Yields the tuple app.py's outputs expect: live updates every ``PROGRESS_INTERVAL_S`` while the
     engines run in a worker thread (``LiveRun``), then ``RunResult.as_outputs()``. When Gradio
-    closes the generator (Stop, closed tab) the worker stops within one step.
+    closes the generator (Stop, closed tab) the worker stops within one step. The paged KV knobs
+    (``kv_budget_mib``, ``block_size``) come after the state, so the /run API's earlier inputs keep
+    their positions.
 
     Raises:
         gr.Error: bad input (before anything runs, or a ``ValueError`` from an engine), or the
             run passed ``CBP_RUN_TIME_LIMIT_S``; mid-run, after putting the ``previous`` run's
             results back on the page.
     """
+    knobs = (chat_template, check_reference, kv_mode, token_budget, policy, compare_hf)
     options = _user_errors(
-        lambda: _run_options(
-            chat_template, check_reference, kv_mode, token_budget, policy, compare_hf, arrival_rate
-        )
+        lambda: options_from_page(*knobs, arrival_rate, kv_budget_mib, block_size)
     )
     model = _user_errors(get_model)
-    requests, config = _user_errors(lambda: _prepare(model, rows, num_slots, options))
+    requests, config = _user_errors(lambda: prepare(model, rows, num_slots, options))
     control = RunControl(_user_errors(run_time_limit_s))
     started_s = time.monotonic()
 
@@ -322,21 +160,6 @@ def _stopped_outputs(previous: RunState | None, message: str, x_axis: str) -> tu
     return progress_view.stopped_outputs(shown, message)
 
 
-def _run_options(
-    chat_template, check_reference, kv_mode, token_budget, policy, compare_hf, arrival_rate
-) -> RunOptions:
-    """The page's knobs as ``RunOptions``. Raises ValueError for a bad budget or rate."""
-    return RunOptions(
-        chat_template=bool(chat_template),
-        check_reference=bool(check_reference),
-        kv_mode=kv_mode or "slots",
-        token_budget=_optional_whole_number(token_budget, "Token budget"),
-        policy=policy or "decode_first",
-        compare_hf=bool(compare_hf),
-        arrival_rate_per_s=_arrival_rate(arrival_rate),
-    )
-
-
 def from_link(request: gr.Request):
     """Preset the page from its link: ``?preset=SLUG&slots=N`` (unknown values are ignored).
 
@@ -355,57 +178,10 @@ def from_link(request: gr.Request):
 
 
 def update_step(state: RunState | None, step_index, x_axis: str) -> tuple:
-    """Redraw the heatmaps and timeline cursors at a step from the stored traces (no model call)."""
+    """Redraw the heatmaps, block map and timeline cursors at a step (no model call)."""
     if state is None:
-        return (gr.skip(),) * 4
+        return (gr.skip(),) * 5
     return step_views(state, int(step_index or 0), x_axis).as_tuple()
-
-
-def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
-    """Both timelines on one x scale, cursor at ``step_index``, and both masks at that step."""
-    x_max = max(figures.x_extent(state.static, x_axis), figures.x_extent(state.continuous, x_axis))
-    return StepViews(
-        static_timeline=figures.timeline_figure(state.static, x_axis, x_max, step_index),
-        continuous_timeline=figures.timeline_figure(state.continuous, x_axis, x_max, step_index),
-        packed_mask=_at_step(figures.mask_heatmap, state.continuous, step_index),
-        static_mask=_at_step(figures.static_mask_heatmap, state.static, step_index),
-    )
-
-
-def default_step(trace: Trace) -> int:
-    """The first step that fuses a prefill with decodes (the article's point), else step 0."""
-    for i, step in enumerate(trace.steps):
-        kinds = {s.kind for s in step.seqs}
-        if PREFILL in kinds and DECODE in kinds:
-            return i
-    return 0
-
-
-def status_line(state: RunState) -> str:
-    """One Markdown line: wall times, speedup and the reference verdict."""
-    s, c = state.static, state.continuous
-    speedup = s.wall_s / c.wall_s if c.wall_s > 0 else math.nan
-    line = (
-        f"{_count(len(s.requests), 'request')} · {_count(s.num_slots, 'slot')} · "
-        f"static {s.wall_s:.2f} s · "
-        f"continuous {c.wall_s:.2f} s · **speedup {speedup:.2f}×** (static time / continuous)"
-    )
-    if state.hf_continuous is not None:
-        line += f" · transformers' continuous batching {state.hf_continuous.wall_s:.2f} s"
-    if state.reference is None:
-        return line + " · outputs not checked against `model.generate`"
-    bad = {name: _mismatched(t, state.reference) for name, t in state.traces().items()}
-    if not any(bad.values()):
-        return line + " · ✓ all match `model.generate` token for token"
-    wrong = "; ".join(f"{n}: {', '.join(f'R{r}' for r in ids)}" for n, ids in bad.items() if ids)
-    return line + f" · ✗ differs from `model.generate` ({wrong})"
-
-
-# --- helpers -------------------------------------------------------------------------------------
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _user_errors(fn: Callable):
@@ -414,63 +190,6 @@ def _user_errors(fn: Callable):
         return fn()
     except ValueError as exc:
         raise gr.Error(str(exc), print_exception=False) from exc
-
-
-def _prepare(model: SharedModel, rows, num_slots, options: RunOptions):
-    """Validate and tokenize the table, and build the continuous engine's config.
-
-    Raises:
-        ValueError: bad table, slot count or knob.
-    """
-    if hasattr(rows, "values") and hasattr(rows, "columns"):  # a pandas DataFrame
-        rows = rows.values.tolist()
-    config = EngineConfig(
-        num_slots=_whole_number(num_slots, "Slots"),
-        kv_mode=options.kv_mode,
-        max_num_batched_tokens=options.token_budget,
-        scheduling_policy=options.policy,
-    )
-    specs = parse_table(rows)
-    if options.arrival_rate_per_s:
-        specs = poisson_arrivals(specs, options.arrival_rate_per_s, options.arrival_seed)
-    requests = tokenize_requests(
-        specs,
-        model.loaded.tokenizer,
-        chat_template=options.chat_template,
-        max_context=model.loaded.max_context,
-    )
-    return requests, config
-
-
-def _whole_number(value, what: str) -> int:
-    """A slider or number value -> int. Raises ValueError if it is missing or fractional."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a whole number (got {value!r}).") from None
-    if not number.is_integer():
-        raise ValueError(f"{what} must be a whole number (got {value!r}).")
-    return int(number)
-
-
-def _optional_whole_number(value, what: str) -> int | None:
-    """Empty or 0 means "no limit" (None); otherwise a whole number. Raises ValueError."""
-    if value is None or str(value).strip() in ("", "0"):
-        return None
-    return _whole_number(value, what)
-
-
-def _arrival_rate(value) -> float | None:
-    """Requests per second for Poisson arrivals; empty or 0 means all arrive at t = 0."""
-    if value is None or str(value).strip() in ("", "0"):
-        return None
-    try:
-        rate = float(value)
-    except ValueError:
-        raise ValueError(f"Arrival rate {value!r} is not a number.") from None
-    if not rate > 0:
-        raise ValueError(f"Arrival rate must be positive, or 0 for all at once (got {value}).")
-    return rate
 
 
 def _static_steps(requests: list[Request], config: EngineConfig) -> int:
@@ -523,20 +242,3 @@ def _reference_counter(progress) -> Callable:
         progress((done, total), desc="model.generate reference")
 
     return on_request
-
-
-def _at_step(builder: Callable, trace: Trace, step_index: int):
-    """``builder(trace, step)``, the step clamped to the run's last (None if it has no steps)."""
-    if not trace.steps:
-        return None
-    return builder(trace, min(max(step_index, 0), len(trace.steps) - 1))
-
-
-def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
-    return mismatches({r.request_id: r.output_token_ids for r in trace.requests}, reference)
-
-
-def _reference_ok(state: RunState) -> dict[str, bool] | None:
-    if state.reference is None:
-        return None
-    return {name: not _mismatched(t, state.reference) for name, t in state.traces().items()}

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import gradio as gr
 
-from engine import figures, tables
+from engine import tables
 from engine.live_run import EngineProgress
+from engine.run_view import RUN_OUTPUTS, outputs_table, run_outputs, timeline
 from engine.sequence import Request
 from engine.trace import Trace, new_request_records
 
@@ -55,16 +56,18 @@ def live_outputs(
     elapsed_s: float,
     time_limit_s: float | None,
 ) -> tuple:
-    """Updates for the Run event's 10 outputs while the run goes (see the module docstring)."""
+    """Updates for the Run event's outputs while the run goes (see the module docstring)."""
     traces = {name: _trace_so_far(progress, name, requests, num_slots) for name in LIVE_ENGINES}
-    timelines = [
-        figures.timeline_figure(trace, x_axis, None) if trace.steps else gr.skip()
+    static, continuous = (
+        timeline(trace, x_axis, None, None) if trace.steps else gr.skip()
         for trace in traces.values()
-    ]
-    outputs = outputs_table(tables.outputs_rows(traces, None), list(traces))
-    status = progress_line(progress, elapsed_s, time_limit_s)
-    skip = gr.skip()
-    return (skip, *timelines, skip, skip, skip, skip, outputs, status, skip)
+    )
+    return run_outputs(
+        static_timeline_plot=static,
+        continuous_timeline_plot=continuous,
+        outputs_table=outputs_table(tables.outputs_rows(traces, None), list(traces)),
+        status_markdown=progress_line(progress, elapsed_s, time_limit_s),
+    )
 
 
 def stopped_outputs(previous_result, message: str) -> tuple:
@@ -73,21 +76,18 @@ def stopped_outputs(previous_result, message: str) -> tuple:
     The run's state and downloads stay as they were; ``message`` leads the status line.
     """
     if previous_result is None:
-        empty = outputs_table([], list(LIVE_ENGINES))
-        return (gr.skip(), None, None, None, None, gr.skip(), [], empty, message, gr.skip())
+        figures = ("static_timeline_plot", "continuous_timeline_plot", "packed_mask_plot")
+        figures += ("static_mask_plot", "block_map_plot", "latency_cdf_plot", "step_usage_plot")
+        return run_outputs(
+            **dict.fromkeys(figures),
+            metrics_table=[],
+            outputs_table=outputs_table([], list(LIVE_ENGINES)),
+            status_markdown=message,
+        )
     previous_result.status = f"{message} Showing the previous run: {previous_result.status}"
-    _state, *shown, _downloads = previous_result.as_outputs()
-    return (gr.skip(), *shown, gr.skip())
-
-
-def outputs_table(rows: list[list], engine_names: list[str]) -> gr.Dataframe:
-    """The outputs table with its headers and column widths for these engines."""
-    output_width = f"{62 // len(engine_names)}%"
-    return gr.Dataframe(
-        value=rows,
-        headers=tables.outputs_headers(engine_names),
-        column_widths=["6%", "18%", "6%", *[output_width] * len(engine_names), "8%"],
-    )
+    shown = dict(zip(RUN_OUTPUTS, previous_result.as_outputs(), strict=True))
+    del shown["run_state"], shown["downloads_file"]  # both stay as they are
+    return run_outputs(**shown)
 
 
 def _trace_so_far(

@@ -32,6 +32,7 @@ FREE_BLOCK_COLOR = "rgba(128,128,128,0.25)"
 BLOCK_MAP_COLUMNS = 32
 QUEUE_LANE = "queue"
 QUEUE_COLOR = "rgba(128,128,128,0.35)"
+MIN_QUEUE_S = 1e-3  # shorter waits (the engine loop's own start-up) are not drawn
 
 
 # --- latency CDFs ---------------------------------------------------------------------------------
@@ -237,9 +238,10 @@ def _block_hover(block: int, rid: int | None, index: int, block_size: int) -> st
 
 
 def add_serving_marks(fig: go.Figure, trace: Trace, x_axis: str = "time") -> go.Figure:
-    """Mark queue waits (a ``queue`` lane above the slots) and preemptions (crosses on the lane
-    the preempted request left) on a ``engine.figures.timeline_figure``."""
-    waits = [r for r in trace.requests if r.queue_s and r.admit_s is not None]
+    """Mark queue waits (a ``queue`` lane above the slots, only when someone waited) and
+    preemptions (crosses on the lane the preempted request left) on a ``timeline_figure``."""
+    waits = [r for r in trace.requests if r.queue_s is not None and r.queue_s > MIN_QUEUE_S]
+    _add_preemptions(fig, trace, x_axis)
     if waits:
         spans = [(_x(trace, r.arrival_s, x_axis), _x(trace, r.admit_s, x_axis)) for r in waits]
         fig.add_trace(
@@ -258,10 +260,10 @@ def add_serving_marks(fig: go.Figure, trace: Trace, x_axis: str = "time") -> go.
                 hovertemplate="%{hovertext}<extra></extra>",
             )
         )
-    _add_preemptions(fig, trace, x_axis)
-    lanes = [QUEUE_LANE] + [f"slot {i}" for i in range(trace.num_slots)]
-    fig.update_yaxes(categoryarray=lanes)
-    return fig.update_layout(height=(fig.layout.height or 300) + 45)
+        lanes = [QUEUE_LANE] + [f"slot {i}" for i in range(trace.num_slots)]
+        fig.update_yaxes(categoryarray=lanes)
+        fig.update_layout(height=(fig.layout.height or 300) + 45)
+    return fig
 
 
 def _add_preemptions(fig: go.Figure, trace: Trace, x_axis: str) -> None:

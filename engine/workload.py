@@ -168,10 +168,11 @@ def load_jsonl(path: str | Path) -> list[RequestSpec]:
 
 def parse_arrival(value, where: str) -> float:
     """An ``arrival_s`` value -> seconds >= 0. Raises ValueError naming ``where``."""
+    text = _text(value, where, "arrival_s")
     try:
         arrival = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: arrival_s {value!r} is not a number.") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{where}: arrival_s {text!r} is not a number of seconds.") from None
     if not math.isfinite(arrival) or arrival < 0:
         raise ValueError(f"{where}: arrival_s must be a finite number of seconds >= 0.")
     return arrival

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from tiny_model import tiny_model
 
-from engine import loader, playground
+from engine import loader, shared_model
 from engine.allowlist import allowed_models, check_model_allowed
 from engine.loader import ModelLoadError
 
@@ -23,7 +23,7 @@ def no_load(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("a model load started")
 
-    monkeypatch.setattr(playground, "load_model", forbidden)
+    monkeypatch.setattr(shared_model, "load_model", forbidden)
 
 
 def test_default_allowlist_is_the_embedded_model_alone(monkeypatch, no_load):
@@ -33,7 +33,7 @@ def test_default_allowlist_is_the_embedded_model_alone(monkeypatch, no_load):
     check_model_allowed(None)
     check_model_allowed("Embedded")
     with pytest.raises(ModelLoadError, match="not on this app's allowlist") as caught:
-        playground.load_shared_model("HuggingFaceTB/SmolLM2-360M-Instruct", "cpu")
+        shared_model.load_shared_model("HuggingFaceTB/SmolLM2-360M-Instruct", "cpu")
     assert "CBP_MODEL_ALLOWLIST=embedded,HuggingFaceTB/SmolLM2-360M-Instruct" in str(caught.value)
 
 

@@ -15,16 +15,20 @@ import gradio as gr
 import pytest
 from tiny_model import tiny_runner
 
-from engine import playground
+from engine import playground, shared_model
 from engine.live_run import EngineProgress, LiveRun
 from engine.progress_view import progress_line
 from engine.reference import ReferenceCache
 from engine.run_control import RunCancelled, RunControl, RunTimedOut, run_time_limit_s
+from engine.run_view import RUN_OUTPUTS
 
 ROWS = [["hello world", 4], ["abc", 30], ["the quick brown fox", 3], ["x", 12]]
 KNOBS = (2, False, True, "slots", 0, "decode_first", False, 0, "time")  # slots and the knobs
 SLOW_STEP_S = 0.02
-STATUS_INDEX, OUTPUTS_INDEX, CONTINUOUS_TIMELINE_INDEX = 8, 7, 2
+STATUS_INDEX, OUTPUTS_INDEX, CONTINUOUS_TIMELINE_INDEX = (
+    RUN_OUTPUTS.index(name)
+    for name in ("status_markdown", "outputs_table", "continuous_timeline_plot")
+)
 
 
 @pytest.fixture
@@ -48,7 +52,7 @@ def shared(monkeypatch) -> playground.SharedModel:
 
     monkeypatch.setattr(runner, "forward_packed", slow_forward)
     monkeypatch.setattr(runner, "new_kv_cache", tracked_cache)
-    monkeypatch.setattr(playground, "_shared_model", model)
+    monkeypatch.setattr(shared_model, "_shared_model", model)
     monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.05)
     monkeypatch.setattr("engine.live_run.SNAPSHOT_INTERVAL_S", 3600.0)  # finishes still shown
     return model

@@ -9,7 +9,7 @@ import pytest
 from fake_traces import continuous_trace, static_trace
 from tiny_model import tiny_runner
 
-from engine import playground, presets
+from engine import playground, presets, run_view, shared_model
 from engine.loader import ModelLoadError
 from engine.reference import ReferenceCache
 from engine.trace import DECODE, PREFILL
@@ -126,17 +126,20 @@ def test_progress_reports_are_throttled(shared, monkeypatch):
 
 
 def test_as_outputs_matches_the_wiring(result):
-    """``as_outputs`` gives state, 4 figures, the slider update, 2 tables and the status."""
-    out = result.as_outputs()
-    assert len(out) == 10 and out[0] is result.state, "wrong output count or order"
-    names = [Path(p).name for p in out[9]]
+    """``as_outputs`` gives every Run output by name: state, figures, slider, tables, status."""
+    out = dict(zip(run_view.RUN_OUTPUTS, result.as_outputs(), strict=True))
+    assert out["run_state"] is result.state
+    names = [Path(p).name for p in out["downloads_file"]]
     assert names == ["requests.csv", "traces.json", "trace.perfetto.json", "charts.html"], names
-    slider = out[5]
+    slider = out["step_slider"]
     assert slider.maximum == result.state.num_steps - 1, "slider does not span every step"
     assert slider.value == result.step_index, "slider not at the default step"
-    assert (out[6], out[8]) == (result.metrics, result.status)
-    assert out[7].value["data"] == result.outputs, "outputs table rows differ"
-    assert out[7].value["headers"][3:5] == ["static output", "continuous output"]
+    assert (out["metrics_table"], out["status_markdown"]) == (result.metrics, result.status)
+    table = out["outputs_table"]
+    assert table.value["data"] == result.outputs, "outputs table rows differ"
+    assert table.value["headers"][3:5] == ["static output", "continuous output"]
+    for name in ("block_map_plot", "latency_cdf_plot", "step_usage_plot"):
+        assert out[name] is not None, f"{name} not drawn"
 
 
 def test_numbers_as_strings_and_chat_template(shared):
@@ -211,8 +214,8 @@ def test_model_load_error_becomes_gr_error(monkeypatch):
     def failing_load(*args, **kwargs):
         raise ModelLoadError("Cannot find model 'nope'; pass a local folder or hub id.")
 
-    monkeypatch.setattr(playground, "_shared_model", None)
-    monkeypatch.setattr(playground, "load_model", failing_load)
+    monkeypatch.setattr(shared_model, "_shared_model", None)
+    monkeypatch.setattr(shared_model, "load_model", failing_load)
     with pytest.raises(gr.Error) as caught:
         playground.run_comparison(
             ROWS, 2, playground.RunOptions(chat_template=False, check_reference=False), None
@@ -228,23 +231,25 @@ def test_get_model_loads_once(monkeypatch, shared):
         calls.append(args)
         return shared.loaded
 
-    monkeypatch.setattr(playground, "_shared_model", None)
-    monkeypatch.setattr(playground, "load_model", fake_load)
-    monkeypatch.setattr(playground, "ModelRunner", lambda loaded: shared.runner)
-    first, second = playground.get_model(), playground.get_model()
+    monkeypatch.setattr(shared_model, "_shared_model", None)
+    monkeypatch.setattr(shared_model, "load_model", fake_load)
+    monkeypatch.setattr(shared_model, "ModelRunner", lambda loaded: shared.runner)
+    first, second = shared_model.get_model(), shared_model.get_model()
     assert first is second and len(calls) == 1, f"loaded {len(calls)} times"
     assert first.label == "Model: tiny-llama · runs on CPU · float32", first.label
 
 
 def test_update_step_redraws_without_the_model(result, no_model):
     """Moving the step slider redraws cursors and masks from the stored traces only."""
-    static_tl, continuous_tl, packed, padded = playground.update_step(result.state, 3, "step")
+    views = playground.update_step(result.state, 3, "step")
+    static_tl, continuous_tl, packed, padded, block_map = views
     for fig in (static_tl, continuous_tl):
         (cursor,) = [s for s in fig.layout.shapes if s.name == "cursor"]
         assert cursor.x0 == 3, f"cursor at {cursor.x0}"
     assert packed.layout.title.text.startswith("Packed step 3"), packed.layout.title.text
     assert "step 3:" in padded.layout.title.text, padded.layout.title.text
     assert static_tl.layout.xaxis.title.text.startswith("step"), "x axis not in steps"
+    assert "paged" in block_map.layout.annotations[0].text, "slots mode: the map says why not"
 
 
 def test_update_step_clamps_to_the_shorter_run(result, no_model):
@@ -252,7 +257,7 @@ def test_update_step_clamps_to_the_shorter_run(result, no_model):
     state = result.state
     num_continuous = len(state.continuous.steps)
     assert num_continuous < state.num_steps, "test needs continuous to take fewer steps"
-    _, continuous_tl, packed, _ = playground.update_step(state, state.num_steps - 1, "time")
+    _, continuous_tl, packed, *_ = playground.update_step(state, state.num_steps - 1, "time")
     want = f"Packed step {num_continuous - 1}:"
     assert packed.layout.title.text.startswith(want), packed.layout.title.text
     (cursor,) = [s for s in continuous_tl.layout.shapes if s.name == "cursor"]
@@ -261,7 +266,7 @@ def test_update_step_clamps_to_the_shorter_run(result, no_model):
 
 def test_update_step_before_any_run_changes_nothing():
     """With no run yet, the step slider leaves every figure as it is."""
-    assert playground.update_step(None, 0, "time") == (gr.skip(),) * 4
+    assert playground.update_step(None, 0, "time") == (gr.skip(),) * 5
 
 
 def test_status_line_names_mismatches():
@@ -270,7 +275,7 @@ def test_status_line_names_mismatches():
     continuous = continuous_trace([3, 4], [2, 3], num_slots=2)
     reference = {r.request_id: list(r.output_token_ids) for r in static.requests}
     reference[1] = [0]
-    status = playground.status_line(playground.RunState(static, continuous, reference))
+    status = run_view.status_line(run_view.RunState(static, continuous, reference))
     assert "✗ differs" in status and "static: R1" in status and "continuous: R1" in status, status
 
 
@@ -294,7 +299,10 @@ def test_app_wiring():
     demo = app.build_demo("Model: test")
     by_api = {fn.api_name: fn for fn in demo.fns.values()}
     run = by_api["run"]
-    assert run.fn is playground.run_event and len(run.outputs) == 10, "Run wired wrongly"
+    assert run.fn is playground.run_event, "Run wired wrongly"
+    wired = [c.elem_id for c in run.outputs[1:]]
+    assert wired == list(run_view.RUN_OUTPUTS[1:]), f"Run outputs out of order: {wired}"
+    assert [c.elem_id for c in by_api["step"].outputs] == list(run_view.STEP_VIEW_OUTPUTS)
     assert (run.concurrency_limit, run.concurrency_id) == (1, "model"), "Run not serialized"
     assert run.show_progress == "full", "a queued user would not see their place in the queue"
     run_index = next(i for i, fn in demo.fns.items() if fn is run)
@@ -322,7 +330,7 @@ def test_engine_knobs_reach_the_engines(shared):
 
 def test_bad_token_budget_is_a_page_error(shared, monkeypatch):
     """A budget below the slot count is refused with the config's message."""
-    monkeypatch.setattr(playground, "_shared_model", shared)
+    monkeypatch.setattr(shared_model, "_shared_model", shared)
     with pytest.raises(gr.Error, match="at least the slot count"):
         list(
             playground.run_event(
@@ -361,3 +369,50 @@ def test_link_query_parameters_preset_the_page():
     assert rows == presets.apply_preset(name)[0] and chat_template is False and text
     skipped = playground.from_link(SimpleNamespace(query_params={"preset": "nope", "slots": "99"}))
     assert all(isinstance(u, type(gr.skip())) or u == gr.skip() for u in skipped)
+
+
+def test_paged_kv_knobs_reach_the_engine_and_its_views(shared):
+    """Paged mode with a small KV budget preempts, still matches generate, and the page draws the
+    block map at each step and the per-step KV blocks."""
+    mib = 12 * 4 * shared.runner.kv_bytes_per_token() / 2**20  # 12 blocks of 4 tokens
+    options = playground.options_from_page(
+        False, True, "paged", "0", "decode_first", False, "0", str(mib), "4"
+    )
+    rows = [["the quick brown fox", 20], ["hello world", 20], ["abc", 20]]
+    result = playground.run_comparison(rows, 3, options, lambda *a, **k: None, model=shared)
+    trace = result.state.continuous
+    assert trace.kv_mode == "paged" and trace.info["kv_blocks"] == 12
+    assert trace.metrics().num_preemptions > 0, "12 blocks of 4 cannot hold three of these"
+    assert "✓ all match" in result.status, result.status
+    step = max(trace.steps, key=lambda s: s.kv_blocks_used)
+    block_map = playground.update_step(result.state, step.index, "step")[4]
+    assert f"{step.kv_blocks_used}/12 blocks" in block_map.layout.title.subtitle.text
+    usage = next(t for t in result.step_usage.data if t.name == "KV blocks in use")
+    assert list(usage.y) == [s.kv_blocks_used for s in trace.steps]
+
+
+@pytest.mark.parametrize(
+    ("budget", "block", "message"),
+    [("-1", "16", "KV budget"), ("abc", "16", "KV budget"), ("0", "2.5", "Block size")],
+)
+def test_bad_paged_knobs_are_page_errors(shared, monkeypatch, budget, block, message):
+    """A negative or non-numeric KV budget, or a fractional block size, is a clear page error."""
+    monkeypatch.setattr(shared_model, "_shared_model", shared)
+    with pytest.raises(gr.Error, match=message):
+        list(
+            playground.run_event(
+                ROWS,
+                2,
+                False,
+                False,
+                "paged",
+                0,
+                "decode_first",
+                False,
+                0,
+                "time",
+                None,
+                budget,
+                block,
+            )
+        )

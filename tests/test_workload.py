@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from engine.workload import (
@@ -134,6 +134,8 @@ USER_ERRORS = ("Row ", "The workload is empty", "requests is over the limit")
 
 @settings(max_examples=300, deadline=None)
 @given(ROWS)
+@example([["p", 3, 10**5000]])  # an arrival_s too big for a float (found by this test)
+@example([["p", 3, 1e400]])
 def test_any_cells_give_valid_specs_or_a_clear_error(rows):
     """Arbitrary cells either parse into valid specs or raise ValueError naming the problem."""
     try:
