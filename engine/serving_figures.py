@@ -49,9 +49,12 @@ def latency_cdf_figure(traces: list[Trace]) -> go.Figure:
         for trace in traces:
             fig.add_trace(_cdf_line(trace, metric, show_legend=col == 1), row=1, col=col)
         fig.update_xaxes(title_text="seconds", rangemode="tozero", row=1, col=col)
-    fig.update_yaxes(title_text="share of requests", tickformat=".0%", range=[0, 1.02], col=1)
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.04])
+    fig.update_yaxes(title_text="share of requests", col=1)
     _style(fig, "Latency distributions", "Left and steep is better: most requests served fast.")
-    fig.update_layout(height=340, legend={"orientation": "h", "y": -0.25})
+    fig.update_layout(
+        height=360, margin={"t": 120}, legend={"orientation": "h", "y": -0.28, "x": 0}
+    )
     return fig
 
 
@@ -238,32 +241,53 @@ def _block_hover(block: int, rid: int | None, index: int, block_size: int) -> st
 
 
 def add_serving_marks(fig: go.Figure, trace: Trace, x_axis: str = "time") -> go.Figure:
-    """Mark queue waits (a ``queue`` lane above the slots, only when someone waited) and
-    preemptions (crosses on the lane the preempted request left) on a ``timeline_figure``."""
-    waits = [r for r in trace.requests if r.queue_s is not None and r.queue_s > MIN_QUEUE_S]
+    """Mark queue waits (a ``queue`` lane above the slots, only when someone waited: from arrival
+    to admission, and from each preemption to readmission) and preemptions (crosses on the lane
+    the preempted request left) on a ``engine.figures.timeline_figure``."""
     _add_preemptions(fig, trace, x_axis)
-    if waits:
-        spans = [(_x(trace, r.arrival_s, x_axis), _x(trace, r.admit_s, x_axis)) for r in waits]
-        fig.add_trace(
-            go.Bar(
-                orientation="h",
-                y=[QUEUE_LANE] * len(waits),
-                base=[a for a, _ in spans],
-                x=[b - a for a, b in spans],
-                marker={"color": QUEUE_COLOR, "line": {"color": TEXT_COLOR, "width": 1}},
-                name="queue wait",
-                hovertext=[
-                    f"R{r.request_id} waited {r.queue_s:.2f} s for a slot"
-                    + ("" if not r.num_preemptions else f" · preempted {r.num_preemptions}×")
-                    for r in waits
-                ],
-                hovertemplate="%{hovertext}<extra></extra>",
-            )
+    waits = [w for w in queue_waits(trace) if w[2] - w[1] > MIN_QUEUE_S]
+    if not waits:
+        return fig
+    spans = [(_x(trace, start, x_axis), _x(trace, end, x_axis)) for _, start, end, _ in waits]
+    fig.add_trace(
+        go.Bar(
+            orientation="h",
+            y=[QUEUE_LANE] * len(waits),
+            base=[a for a, _ in spans],
+            x=[b - a for a, b in spans],
+            marker={"color": QUEUE_COLOR, "line": {"color": TEXT_COLOR, "width": 1}},
+            name="queue wait",
+            hovertext=[
+                f"R{rid} waited {end - start:.2f} s for a slot" + (" (preempted)" if again else "")
+                for rid, start, end, again in waits
+            ],
+            hovertemplate="%{hovertext}<extra></extra>",
         )
-        lanes = [QUEUE_LANE] + [f"slot {i}" for i in range(trace.num_slots)]
-        fig.update_yaxes(categoryarray=lanes)
-        fig.update_layout(height=(fig.layout.height or 300) + 45)
-    return fig
+    )
+    lanes = [QUEUE_LANE] + [f"slot {i}" for i in range(trace.num_slots)]
+    fig.update_yaxes(categoryarray=lanes)
+    return fig.update_layout(height=(fig.layout.height or 300) + 45)
+
+
+def queue_waits(trace: Trace) -> list[tuple[int, float, float, bool]]:
+    """Every wait for a slot: (request id, start s, end s, after a preemption?).
+
+    The first wait runs from arrival to admission; a preempted request waits again from the step
+    it was preempted at to the next step it runs in (or the run's end, if it never ran again).
+    """
+    waits = [
+        (r.request_id, r.arrival_s, r.admit_s, False)
+        for r in trace.requests
+        if r.admit_s is not None
+    ]
+    for pos, step in enumerate(trace.steps):
+        for rid in step.preempted:
+            back = next(
+                (s.start_s for s in trace.steps[pos:] if rid in {q.request_id for q in s.seqs}),
+                trace.wall_s,
+            )
+            waits.append((rid, step.start_s, back, True))
+    return waits
 
 
 def _add_preemptions(fig: go.Figure, trace: Trace, x_axis: str) -> None:

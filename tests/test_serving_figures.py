@@ -86,8 +86,13 @@ def test_timeline_marks_queue_waits_and_preemptions(paged, x_axis):
     """A queue bar per request that waited; a cross per preemption on the lane it left."""
     fig = serving_figures.add_serving_marks(figures.timeline_figure(paged, x_axis), paged, x_axis)
     queue = next(t for t in fig.data if t.name == "queue wait")
-    waited = [r for r in paged.requests if r.queue_s > serving_figures.MIN_QUEUE_S]
-    assert len(queue.x) == len(waited) > 0
+    waits = serving_figures.queue_waits(paged)
+    assert sum(1 for w in waits if w[3]) == paged.metrics().num_preemptions, "one per preemption"
+    assert sorted(rid for rid, *_, again in waits if not again) == [
+        r.request_id for r in paged.requests
+    ]
+    drawn = [w for w in waits if w[2] - w[1] > serving_figures.MIN_QUEUE_S]
+    assert len(queue.x) == len(drawn) > 0
     assert all(w >= 0 for w in queue.x)
     crosses = next(t for t in fig.data if t.name == "preemption")
     assert len(crosses.x) == paged.metrics().num_preemptions
