@@ -11,7 +11,7 @@ import argparse
 
 import gradio as gr
 
-from engine import page_io, playground, presets, share, shared_model, tables, zerogpu
+from engine import page_io, playground, presets, share, shared_model, tables, tour, zerogpu
 
 TITLE = "Continuous Batching Playground"
 INTRO = (
@@ -46,6 +46,20 @@ def build_demo(model_label: str) -> gr.Blocks:
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(f"# {TITLE}\n\n{INTRO}")
         gr.Markdown(model_label)
+        with gr.Accordion("Guided tour: what to look at", open=False, elem_id="tour_accordion"):
+            steps = tour.load_tour()
+            with gr.Walkthrough(selected=1, elem_id="tour_walkthrough") as walkthrough:
+                for number, step in enumerate(steps, start=1):
+                    with gr.Step(step.title, id=number):
+                        gr.Markdown(step.markdown())
+                        if number < len(steps):  # visited steps' headers lead back
+                            gr.Button("Next", size="sm", elem_id=f"tour_next_{number}").click(
+                                tour.step_selector(number + 1),
+                                None,
+                                walkthrough,
+                                queue=False,
+                                api_visibility="undocumented",
+                            )
         with gr.Row():
             with gr.Column(scale=3):
                 requests_table = gr.Dataframe(
@@ -98,11 +112,11 @@ def build_demo(model_label: str) -> gr.Blocks:
                 with gr.Accordion("Engine settings", open=False):
                     kv_mode_dropdown = gr.Dropdown(
                         [
-                            ("in place, per slot (fast)", "slots"),
                             ("paged: blocks from a memory budget, preemption (vLLM)", "paged"),
+                            ("in place, per slot", "slots"),
                             ("article's concatenation (slow, O(n²))", "concat"),
                         ],
-                        value="slots",
+                        value="paged",
                         label="Continuous engine's KV cache",
                         elem_id="kv_mode_dropdown",
                     )
@@ -154,7 +168,10 @@ def build_demo(model_label: str) -> gr.Blocks:
             "Press Run to compare the two engines.", elem_id="status_markdown"
         )
         x_axis_radio = gr.Radio(
-            [("seconds", "time"), ("step index", "step")], value="time", label="Timeline x axis"
+            [("seconds", "time"), ("step index", "step")],
+            value="time",
+            label="Timeline x axis",
+            elem_id="x_axis_radio",
         )
         with gr.Row():
             static_timeline_plot = gr.Plot(show_label=False, elem_id="static_timeline_plot")

@@ -18,7 +18,7 @@ class RunOptions:
 
     chat_template: bool = False
     check_reference: bool = True
-    kv_mode: str = "slots"
+    kv_mode: str = "paged"
     token_budget: int | None = None  # None: no limit
     policy: str = "decode_first"
     compare_hf: bool = False
@@ -47,11 +47,11 @@ def options_from_page(
     return RunOptions(
         chat_template=bool(chat_template),
         check_reference=bool(check_reference),
-        kv_mode=kv_mode or "slots",
+        kv_mode=kv_mode or "paged",
         token_budget=_optional_whole_number(token_budget, "Token budget"),
         policy=policy or "decode_first",
         compare_hf=bool(compare_hf),
-        arrival_rate_per_s=_arrival_rate(arrival_rate),
+        arrival_rate_per_s=_optional_positive(arrival_rate, "Arrival rate (requests/s)"),
         kv_budget_mib=_optional_positive(kv_budget_mib, "KV budget (MiB)"),
         block_size=_optional_whole_number(block_size, "Block size") or 16,
     )
@@ -103,21 +103,9 @@ def _optional_whole_number(value, what: str) -> int | None:
     return _whole_number(value, what)
 
 
-def _arrival_rate(value) -> float | None:
-    """Requests per second for Poisson arrivals; empty or 0 means all arrive at t = 0."""
-    if value is None or str(value).strip() in ("", "0"):
-        return None
-    try:
-        rate = float(value)
-    except ValueError:
-        raise ValueError(f"Arrival rate {value!r} is not a number.") from None
-    if not rate > 0:
-        raise ValueError(f"Arrival rate must be positive, or 0 for all at once (got {value}).")
-    return rate
-
-
 def _optional_positive(value, what: str) -> float | None:
-    """Empty or 0 means "not set" (None); otherwise a positive number. Raises ValueError."""
+    """Empty or 0 means "not set" (None: the default, e.g. all arrive at once); otherwise a
+    positive number. Raises ValueError."""
     if value is None or str(value).strip() in ("", "0"):
         return None
     try:

@@ -211,13 +211,13 @@ def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
             ygap=2,
         )
     )
-    fig.update_yaxes(autorange="reversed", showticklabels=False)
-    fig.update_xaxes(showticklabels=False)
     subtitle = (
         f"{step.kv_blocks_used}/{total} blocks in use · {block_size} tokens per block · "
         f"preempted here: {_ids(step.preempted) or 'none'}"
     )
     _style(fig, f"KV block map at step {step.index}", subtitle)
+    fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
+    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
     return fig.update_layout(height=160 + 28 * rows)
 
 

@@ -19,6 +19,8 @@ METRICS_HEADERS = [
     "padding waste %",
     "slot utilisation %",
     "mean TTFT s",
+    "p99 TTFT s",
+    "preemptions",
     "outputs match model.generate",
 ]
 NOT_AVAILABLE = "—"
@@ -51,10 +53,16 @@ def metrics_rows(traces: dict[str, Trace], reference_ok: dict[str, bool] | None)
                 round(m.padding_waste_pct, 1) if has_steps else NOT_AVAILABLE,
                 round(m.slot_utilisation_pct, 1) if has_steps else NOT_AVAILABLE,
                 round(m.mean_ttft_s, 2),
+                _rounded(trace.latency_percentiles()["ttft_s"]["p99"]),
+                m.num_preemptions if has_steps else NOT_AVAILABLE,
                 ok,
             ]
         )
     return rows
+
+
+def _rounded(value: float | None) -> float | str:
+    return NOT_AVAILABLE if value is None else round(value, 2)
 
 
 def outputs_headers(engine_names: list[str]) -> list[str]:

@@ -36,6 +36,9 @@ PLOT_IDS = [
     "continuous_timeline_plot",
     "packed_mask_plot",
     "static_mask_plot",
+    "block_map_plot",  # the default KV mode is paged
+    "latency_cdf_plot",
+    "step_usage_plot",
 ]
 SUCCESS_STATUS = re.compile(
     r"2 requests · 2 slots · static [\d.]+ s · continuous [\d.]+ s · .*"
@@ -184,7 +187,7 @@ def outputs_rows(page: Page) -> list[list[str]]:
 
 
 def assert_results(page: Page, prompts: list[str]) -> None:
-    """Success status, four drawn plots, one checked outputs row per prompt."""
+    """Success status, every plot drawn, one checked outputs row per prompt."""
     status = status_text(page)
     assert SUCCESS_STATUS.search(status), f"status line does not report success: {status!r}"
     for elem_id in PLOT_IDS:
@@ -216,6 +219,24 @@ def test_run_draws_timelines_masks_and_checked_outputs(page: Page, tmp_path: Pat
     shot = tmp_path / "playground.png"
     page.screenshot(path=str(shot), full_page=True)
     print(f"screenshot: {shot}")
+
+    # Scrubbing: one step right redraws the masks, the block map and both cursors, no new run.
+    slider = page.locator("#step_slider input[type=range]")
+    step, status = int(slider.input_value()) + 1, status_text(page)
+    slider.focus()
+    slider.press("ArrowRight")
+    expect(page.locator("#packed_mask_plot .gtitle")).to_contain_text(f"Packed step {step}:")
+    expect(page.locator("#block_map_plot .gtitle")).to_have_text(f"KV block map at step {step}")
+    cursor_js = "el => el.layout.shapes.filter(s => s.name === 'cursor').map(s => s.x0)"
+    page.locator("#x_axis_radio").get_by_text("step index").click()
+    for elem_id in ("static_timeline_plot", "continuous_timeline_plot"):
+        plot = page.locator(f"#{elem_id} .js-plotly-plot")
+        page.wait_for_function(
+            f"() => document.querySelector('#{elem_id} .js-plotly-plot').layout.xaxis.title.text"
+            ".startsWith('step')"
+        )
+        assert plot.evaluate(cursor_js) == [step], f"{elem_id} cursor not at step {step}"
+    assert status_text(page) == status, "scrubbing ran the model again"
 
 
 def test_bad_input_shows_error_and_keeps_results(page: Page):
@@ -318,7 +339,7 @@ def test_setup_link_step_and_downloads(page: Page, server_url: str, tmp_path: Pa
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and re.fullmatch(r"R\d+", e["name"])]
     assert len(spans) == 2 * len(rows), f"want one request span per engine and request: {spans}"
 
-    shot = Path(os.environ.get("CBP_SCREENSHOT", tmp_path / "playground.png"))
+    shot = tmp_path / "playground.png"
     page.wait_for_timeout(1000)  # let Plotly finish drawing after the step change
     page.screenshot(path=str(shot), full_page=True)
     print(f"screenshot: {shot}")
@@ -438,3 +459,43 @@ def test_queue_place_is_shown_and_closing_the_tab_cancels(page: Page, browser, s
     print(f"queued run done {elapsed_s:.1f} s after the first tab closed")
     assert elapsed_s < PROMPT_RUN_S, f"the queued run ended {elapsed_s:.0f} s after the close"
     assert_results(page, [p for p, _ in rows])
+
+
+# --- guided tour and the README's screenshot ------------------------------------------------------
+
+
+def test_guided_tour_steps_point_at_live_charts(page: Page):
+    """The tour opens, moves between its steps, and each step links to a chart on the page."""
+    page.get_by_text("Guided tour: what to look at").click()
+    tour = page.locator("#tour_walkthrough")
+    expect(tour).to_contain_text("batch barrier", timeout=10_000)
+    link = tour.locator('a[href="#static_timeline_plot"]')
+    expect(link).to_be_visible()
+    page.locator("#tour_next_1").click()
+    expect(tour).to_contain_text("schedules every step", timeout=10_000)
+    expect(tour.locator('a[href="#continuous_timeline_plot"]')).to_be_visible()
+    assert page.locator("#continuous_timeline_plot").count() == 1
+
+
+@pytest.mark.skipif(
+    not os.environ.get("CBP_SCREENSHOT"), reason="set CBP_SCREENSHOT to the PNG path to write"
+)
+def test_readme_screenshot(page: Page):
+    """The README's picture: the article's six requests, paged KV at 16 MiB (one preemption)."""
+    page.get_by_text("Engine settings").click()
+    budget = page.locator("#kv_budget_number input")
+    expect(budget).to_be_visible()
+    for _ in range(5):  # the accordion may still be rendering its contents: fill until it sticks
+        budget.fill("16")
+        budget.press("Tab")
+        page.wait_for_timeout(300)
+        if budget.input_value() == "16":
+            break
+    expect(budget).to_have_value("16")
+    page.locator("#reference_checkbox input[type=checkbox]").uncheck()
+    page.locator("#run_button").click()
+    expect(page.locator("#status_markdown")).to_contain_text("speedup", timeout=600_000)
+    expect(page.locator("#block_map_plot .gtitle")).to_contain_text("KV block map")
+    expect(page.locator("#block_map_plot")).to_contain_text("/22 blocks in use")  # 16 MiB
+    page.wait_for_timeout(2000)  # let Plotly finish drawing
+    page.screenshot(path=os.environ["CBP_SCREENSHOT"], full_page=True)

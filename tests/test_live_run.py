@@ -98,8 +98,11 @@ def test_progress_streams_before_the_run_ends(shared):
         done = re.search(r"continuous batching: \d+ steps, (\d+)/4", u[STATUS_INDEX])
         shown = sum(bool(text) for text in _continuous_outputs(u))
         assert done is None or int(done[1]) == shown, f"status {done[0]} but {shown} outputs"
-    drawn = [u[CONTINUOUS_TIMELINE_INDEX] for u in live if "continuous batching:" in u[8]]
-    assert any(isinstance(fig, type(final[2])) for fig in drawn), "timeline not drawn live"
+    drawn = [
+        u[CONTINUOUS_TIMELINE_INDEX] for u in live if "continuous batching:" in u[STATUS_INDEX]
+    ]
+    final_timeline = final[CONTINUOUS_TIMELINE_INDEX]
+    assert any(isinstance(fig, type(final_timeline)) for fig in drawn), "timeline not drawn live"
 
 
 def test_closing_the_handler_stops_the_engine_within_a_step_and_frees_the_kv_cache(shared):

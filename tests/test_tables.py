@@ -32,6 +32,9 @@ def test_metrics_rows_values(static, continuous):
     assert s_row[5] == "1.00×" and c_row[5] == f"{48.0 / 30.0:.2f}×", (s_row[5], c_row[5])
     assert c_row[6] == 0.0 and s_row[6] == round(static.padding_waste_pct(), 1) > 0, "waste"
     assert c_row[7] == round(m.slot_utilisation_pct, 1) and c_row[8] == round(m.mean_ttft_s, 2)
+    ttfts = sorted(r.ttft_s for r in continuous.requests)
+    assert ttfts[-2] <= c_row[9] <= round(ttfts[-1], 2), "p99 TTFT lies between the top two"
+    assert c_row[10] == 0, "no preemption in a slots-mode trace"
     assert (s_row[-1], c_row[-1]) == ("✓", "✗"), "reference verdicts wrong"
     unchecked = tables.metrics_rows({"continuous": continuous}, None)[0]
     assert unchecked[5] == "—" and unchecked[-1] == "—", "no static or reference should give —"
