@@ -65,7 +65,6 @@ class ContinuousEngine:
                 plan.seqs, plan.num_new, cache, cfg.num_slots, self.runner.device
             )
             record = _step_record(len(trace.steps), start_s, batch, plan, blocks)
-            record.token_budget = cfg.max_num_batched_tokens
             forward_start = time.perf_counter()
             next_tokens = self.runner.forward_packed(batch)
             record.forward_s = time.perf_counter() - forward_start
@@ -100,12 +99,15 @@ class ContinuousEngine:
         )
 
     def _num_blocks(self, max_seq_len: int) -> int:
-        """Blocks in the budget; without one, enough for every slot's longest sequence."""
+        """Blocks in the budget, at most what every slot's longest sequence needs at once (more
+        could never be used, so a huge budget allocates no more); without a budget, exactly that.
+        """
         cfg = self.config
+        enough = cfg.num_slots * blocks_for(max_seq_len, cfg.block_size)
         if cfg.kv_budget_mib is None:
-            return cfg.num_slots * blocks_for(max_seq_len, cfg.block_size)
+            return enough
         block_bytes = self.runner.kv_bytes_per_token() * cfg.block_size
-        return int(cfg.kv_budget_mib * 2**20 // block_bytes)
+        return min(enough, int(cfg.kv_budget_mib * 2**20 // block_bytes))
 
     def _new_trace(self, requests: list[Request], cache) -> Trace:
         info = {"token_budget": self.config.max_num_batched_tokens}

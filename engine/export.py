@@ -69,7 +69,7 @@ def perfetto_trace(traces: dict[str, Trace]) -> dict:
     for pid, (name, trace) in enumerate(traces.items(), start=1):
         events += _track_names(pid, name, trace)
         events += [
-            _span(pid, STEPS_TID, f"step {s.index}", s.start_s, s.end_s, _step_args(s))
+            _span(pid, STEPS_TID, f"step {s.index}", s.start_s, s.end_s, _step_args(trace, s))
             for s in trace.steps
         ]
         events += [_run_span(pid, trace, run) for run in trace.slot_runs()]
@@ -131,14 +131,14 @@ def _span(pid: int, tid: int, name: str, start_s: float, end_s: float, args: dic
     }
 
 
-def _step_args(step) -> dict:
+def _step_args(trace: Trace, step) -> dict:
     args = {
         "num_tokens": step.num_scheduled_tokens,
         "num_seqs": len(step.seqs),
         "prefill": [s.request_id for s in step.seqs if s.kind == "prefill"],
     }
-    if step.token_budget is not None:
-        args["token_budget"] = step.token_budget
+    if trace.info.get("token_budget") is not None:
+        args["token_budget"] = trace.info["token_budget"]
     if step.kv_blocks_used is not None:
         args["kv_blocks_used"] = step.kv_blocks_used
     return args

@@ -42,7 +42,6 @@ class StepRecord:
     seqs: list[ScheduledSeq]
     wave: int | None = None  # static only: which wave this step belongs to
     forward_s: float | None = None  # continuous only: time inside the model's forward pass
-    token_budget: int | None = None  # continuous only: max_num_batched_tokens (None: no limit)
     preempted: list[int] = field(default_factory=list)  # request ids preempted for this step
     kv_blocks_used: int | None = None  # paged KV only: blocks held during the step
     block_tables: dict[int, list[int]] | None = None  # paged KV only: request id -> block ids

@@ -141,3 +141,13 @@ def test_default_pool_holds_every_slot_without_preemption(runner, requests, refe
     trace = ContinuousEngine(runner, EngineConfig(3, kv_mode="paged")).run(requests)
     assert trace.metrics().num_preemptions == 0
     assert {r.request_id: r.output_token_ids for r in trace.requests} == reference
+
+
+def test_a_huge_budget_allocates_only_what_the_workload_can_use(runner, requests):
+    """A budget of a million MiB gives the same pool as no budget: every slot's longest sequence."""
+    huge = EngineConfig(3, kv_mode="paged", block_size=BLOCK_SIZE, kv_budget_mib=1e6)
+    unset = EngineConfig(3, kv_mode="paged", block_size=BLOCK_SIZE)
+    small = requests[:2]
+    blocks = [ContinuousEngine(runner, c).run(small).info["kv_blocks"] for c in (huge, unset)]
+    longest = max(r.num_prompt_tokens + r.max_new_tokens for r in small)
+    assert blocks[0] == blocks[1] == 3 * blocks_for(longest, BLOCK_SIZE), blocks
