@@ -82,3 +82,26 @@ def test_twenty_thousand_character_prompt_follows_the_context_policy(shared):
     with pytest.raises(gr.Error, match="20001 characters, over the limit of 20000"):
         _run(shared, [[prompt + "y", 3]])
     assert _run(shared, [["y" * 500, 3]]).state.continuous.requests[0].num_prompt_tokens == 500
+
+
+@pytest.mark.parametrize("kv_mode", ["slots", "paged"])
+def test_more_slots_than_requests_runs_and_matches(runner, kv_mode):
+    """Six slots for two requests: both engines run them at once, outputs equal generate."""
+    requests = make_requests(SPECS[:2])
+    reference = ReferenceCache(runner).outputs(requests)
+    for engine in (
+        StaticEngine(runner, EngineConfig(6)),
+        ContinuousEngine(runner, EngineConfig(6, kv_mode=kv_mode)),
+    ):
+        trace = engine.run(requests)
+        assert {r.request_id: r.output_token_ids for r in trace.requests} == reference
+        assert {s.request_id for s in trace.steps[0].seqs} == {0, 1}, "not run together"
+
+
+def test_slot_count_zero_is_refused_with_the_same_message_everywhere(shared):
+    """0 slots: the page (a gr.Error) and the engine config (a ValueError) say the same."""
+    with pytest.raises(ValueError) as engine_error:
+        EngineConfig(0)
+    with pytest.raises(gr.Error) as page_error:
+        playground.run_comparison([["hi", 3]], 0, playground.RunOptions(), None, model=shared)
+    assert page_error.value.message == str(engine_error.value)
