@@ -129,7 +129,7 @@ def build_demo(model_label: str) -> gr.Blocks:
                         block_size_number = gr.Number(
                             value=16,
                             precision=0,
-                            label="Paged: tokens per block",
+                            label="Paged: tokens per block (1 to 256)",
                             elem_id="block_size_number",
                         )
                     token_budget_number = gr.Number(

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 KV_MODES = ("slots", "paged", "concat")
 POLICIES = ("decode_first", "prefill_first")
+MAX_BLOCK_SIZE = 256  # tokens per KV block; vLLM uses 16 to 128, and huge blocks waste memory
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,11 @@ class EngineConfig:
             raise ValueError(f"Unknown policy {self.scheduling_policy!r}; choose one of {choices}.")
         if self.wave_timeout_s < 0:
             raise ValueError(f"wave_timeout_s must be >= 0 (got {self.wave_timeout_s}).")
-        if not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ValueError(f"Block size must be a whole number >= 1 (got {self.block_size!r}).")
+        if not isinstance(self.block_size, int) or not 1 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(
+                f"Block size must be a whole number of tokens from 1 to {MAX_BLOCK_SIZE} "
+                f"(got {self.block_size!r})."
+            )
         if self.kv_budget_mib is not None and not self.kv_budget_mib > 0:
             raise ValueError(f"The KV budget must be positive MiB (got {self.kv_budget_mib!r}).")
         if self.max_seq_len is not None and self.max_seq_len < 1:

@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
-from engine.workload import parse_table, poisson_arrivals, tokenize_requests
+from engine.run_control import run_time_limit_s
+from engine.workload import check_arrivals, parse_table, poisson_arrivals, tokenize_requests
+
+MAX_ARRIVAL_S = 300.0  # the latest arrival a page run waits for (and never past its time limit)
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ def options_from_page(
         compare_hf=bool(compare_hf),
         arrival_rate_per_s=_optional_positive(arrival_rate, "Arrival rate (requests/s)"),
         kv_budget_mib=_optional_positive(kv_budget_mib, "KV budget (MiB)"),
-        block_size=_optional_whole_number(block_size, "Block size") or 16,
+        block_size=16 if _blank(block_size) else _whole_number(block_size, "Block size"),
     )
 
 
@@ -76,6 +79,8 @@ def prepare(model, rows, num_slots, options: RunOptions):
     specs = parse_table(rows)
     if options.arrival_rate_per_s:
         specs = poisson_arrivals(specs, options.arrival_rate_per_s, options.arrival_seed)
+    time_limit_s = run_time_limit_s()
+    check_arrivals(specs, min(MAX_ARRIVAL_S, time_limit_s or MAX_ARRIVAL_S))
     requests = tokenize_requests(
         specs,
         model.loaded.tokenizer,
@@ -101,6 +106,10 @@ def _optional_whole_number(value, what: str) -> int | None:
     if value is None or str(value).strip() in ("", "0"):
         return None
     return _whole_number(value, what)
+
+
+def _blank(value) -> bool:
+    return value is None or not str(value).strip()
 
 
 def _optional_positive(value, what: str) -> float | None:

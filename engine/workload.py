@@ -194,6 +194,18 @@ def poisson_arrivals(specs: list[RequestSpec], rate_per_s: float, seed: int) -> 
     return out
 
 
+def check_arrivals(specs: list[RequestSpec], max_arrival_s: float) -> list[RequestSpec]:
+    """``specs`` unchanged. Raises ValueError when a request would arrive after ``max_arrival_s``:
+    engines wait for arrivals in real time, so a far-off arrival would hold the shared model."""
+    latest_s = max((s.arrival_s for s in specs), default=0.0)
+    if latest_s > max_arrival_s:
+        raise ValueError(
+            f"The last request would arrive {latest_s:.0f} s after Run, but a run waits for "
+            f"arrivals at most {max_arrival_s:g} s; raise the arrival rate or lower arrival_s."
+        )
+    return specs
+
+
 def tokenize_requests(
     specs: list[RequestSpec], tokenizer, *, chat_template: bool, max_context: int
 ) -> list[Request]:

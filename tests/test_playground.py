@@ -416,3 +416,27 @@ def test_bad_paged_knobs_are_page_errors(shared, monkeypatch, budget, block, mes
                 block,
             )
         )
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [("0", "Block size must be a whole number"), ("100000", "from 1 to 256")],
+)
+def test_block_size_outside_1_to_256_is_refused(shared, monkeypatch, block, message):
+    """Block size 0 or 100,000 (a pool of many GB) is refused before any allocation."""
+    monkeypatch.setattr(shared_model, "_shared_model", shared)
+    knobs = (False, False, "paged", 0, "decode_first", False, 0, "time", None, "0", block)
+    with pytest.raises(gr.Error, match=message):
+        list(playground.run_event(ROWS, 2, *knobs))
+
+
+def test_far_off_arrivals_are_refused_before_they_hold_the_model(shared, monkeypatch):
+    """A Poisson rate whose arrivals pass the wait limit (or the run's time limit) is refused."""
+    monkeypatch.setattr(shared_model, "_shared_model", shared)
+    knobs = (False, False, "paged", 0, "decode_first", False, "0.000001", "time")
+    with pytest.raises(gr.Error, match="a run waits for arrivals at most 300 s"):
+        list(playground.run_event(ROWS, 2, *knobs))
+    monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", "20")
+    rows = [["early", 3, 0], ["late", 3, 25]]
+    with pytest.raises(gr.Error, match="at most 20 s"):
+        list(playground.run_event(rows, 2, *knobs[:6], 0, "time"))
