@@ -49,18 +49,10 @@ class BlockManager:
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
 
-    @property
-    def capacity_tokens(self) -> int:
-        """Tokens the whole cache holds."""
-        return self.num_blocks * self.block_size
-
     def num_missing_blocks(self, request_id: int, num_tokens: int) -> int:
         """Blocks ``request_id`` still lacks to hold ``num_tokens`` tokens."""
         have = len(self.block_tables.get(request_id, ()))
         return max(0, blocks_for(num_tokens, self.block_size) - have)
-
-    def can_allocate(self, request_id: int, num_tokens: int) -> bool:
-        return self.num_missing_blocks(request_id, num_tokens) <= len(self._free)
 
     def allocate(self, request_id: int, num_tokens: int) -> bool:
         """Grow ``request_id``'s table to hold ``num_tokens`` tokens; False (no change) if short."""
@@ -76,14 +68,6 @@ class BlockManager:
         table = self.block_tables.pop(request_id, [])
         self._free.extend(table)
         return len(table)
-
-    def owners(self) -> list[int | None]:
-        """Per block, the request id owning it, or None when free: the block map."""
-        owner: list[int | None] = [None] * self.num_blocks
-        for request_id, table in self.block_tables.items():
-            for block in table:
-                owner[block] = request_id
-        return owner
 
     def check_no_leaks(self) -> None:
         """Every block is either free or in exactly one table.

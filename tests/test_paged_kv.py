@@ -33,8 +33,6 @@ def test_allocate_grows_tables_and_free_returns_blocks():
     assert len(blocks.block_tables[7]) == 3 and blocks.num_free_blocks == 1
     assert not blocks.allocate(8, 12), "needs 2 more, 1 is free"
     assert len(blocks.block_tables[8]) == 1, "a failed allocation changes nothing"
-    owners = blocks.owners()
-    assert sorted(b for b, o in enumerate(owners) if o == 7) == sorted(blocks.block_tables[7])
     assert blocks.free(7) == 3 and blocks.num_free_blocks == 4
     assert blocks.free(7) == 0, "freeing twice frees nothing"
     blocks.check_no_leaks()
