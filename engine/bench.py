@@ -16,10 +16,12 @@ import json
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
+from engine.hardware_probe import PeakMemory, weight_bytes, weight_read_ms
 from engine.reference import ReferenceCache, mismatches
 from engine.sequence import Request
 from engine.static import StaticEngine
@@ -124,14 +126,23 @@ def load_specs(args: argparse.Namespace):
     return specs
 
 
-def run_engines(engines: dict, requests, repeat: int) -> dict[str, list[Trace]]:
-    """Each engine ``repeat`` times, interleaved, so machine noise hits all of them alike."""
+def run_engines(engines: dict, requests, repeat: int, memory: PeakMemory):
+    """Each engine ``repeat`` times, interleaved, so machine noise hits all of them alike.
+
+    Returns ``(traces, peaks)``: per engine its traces, and the highest of each run's
+    ``PeakMemory.peak_bytes()`` fields (None where not measured).
+    """
     traces: dict[str, list[Trace]] = {name: [] for name in engines}
+    peaks: dict[str, dict] = {name: {} for name in engines}
     for _ in range(repeat):
         for name, engine in engines.items():
+            memory.reset()
             traces[name].append(engine.run(requests))
+            for key, value in memory.peak_bytes().items():
+                known = [v for v in (peaks[name].get(key), value) if v is not None]
+                peaks[name][key] = max(known) if known else None
             print(f"  {name}: {traces[name][-1].wall_s:.2f} s", file=sys.stderr, flush=True)
-    return traces
+    return traces, peaks
 
 
 def median_trace(runs: list[Trace]) -> Trace:
@@ -146,8 +157,11 @@ def write_exports(out_dir: str, traces: dict[str, list[Trace]]) -> None:
     export.write_files(out_dir, {name: median_trace(runs) for name, runs in traces.items()})
 
 
-def engine_result(runs: list[Trace], reference: dict | None) -> dict:
-    """The JSON entry of one engine, from its runs (the median-wall run's requests)."""
+def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None = None) -> dict:
+    """The JSON entry of one engine, from its runs (the median-wall run's requests).
+
+    ``peaks``: the engine's peak-memory fields from ``run_engines``, copied in as they are.
+    """
     walls = [t.wall_s for t in runs]
     median_run = median_trace(runs)
     m = median_run.metrics()
@@ -167,6 +181,7 @@ def engine_result(runs: list[Trace], reference: dict | None) -> dict:
         "requests_per_s": len(runs[0].requests) / wall_s if wall_s else 0.0,
         "latency_percentiles": median_run.latency_percentiles(),
         "num_preemptions": m.num_preemptions,
+        **(peaks or {}),
         "reference_match": None if reference is None else not bad,
         "num_mismatched_requests": len(bad),
         "info": median_run.info,
@@ -185,11 +200,15 @@ def engine_result(runs: list[Trace], reference: dict | None) -> dict:
     }
 
 
-def format_table(results: dict[str, dict]) -> str:
-    """One row per engine; speedup is against static when static ran."""
+def format_table(results: dict[str, dict], weight_read_ms: float | None = None) -> str:
+    """One row per engine; speedup is against static when static ran.
+
+    ``x read``: ms/step over ``weight_read_ms``, the time to read every weight once (the limit
+    of a decode step; prefill steps and attention over long contexts cost more).
+    """
     base = results.get("static", {}).get("wall_s")
     head = f"{'engine':<18}{'wall_s':>16}{'steps':>7}{'tokens':>8}{'tok/s':>8}"
-    head += f"{'speedup':>9}{'ms/step':>9}  match"
+    head += f"{'speedup':>9}{'ms/step':>9}{'x read':>8}  match"
     lines = [head, "-" * len(head)]
     for name, r in results.items():
         spread = f"{r['wall_s']:.2f} ({r['wall_s_min']:.2f}-{r['wall_s_max']:.2f})"
@@ -198,26 +217,36 @@ def format_table(results: dict[str, dict]) -> str:
         lines.append(
             f"{name:<18}{spread:>16}{r['num_steps']:>7}{r['num_generated_tokens']:>8}"
             f"{r['tok_per_s']:>8.1f}{speedup:>9}{r['ms_per_step']:>9.1f}"
-            f"  {match[r['reference_match']]}"
+            f"{_ratio(r['ms_per_step'], weight_read_ms):>8}  {match[r['reference_match']]}"
         )
     return "\n".join(lines)
 
 
-def measure_floor(runner, requests, repeat: int) -> float:
-    """Median wall time of plain ``model.generate`` on the longest-cap request alone (batch 1).
+def _ratio(ms_per_step: float, weight_read_ms: float | None) -> str:
+    return f"{ms_per_step / weight_read_ms:.2f}x" if weight_read_ms and ms_per_step else "-"
 
-    No schedule can finish the workload before its longest request, so this is its floor here.
+
+def measure_floor(runner, requests, repeat: int) -> dict[str, float]:
+    """Median wall times of ``model.generate`` on the longest-cap request alone (batch 1).
+
+    No schedule can finish the workload before its longest request, so ``floor_s`` (plain
+    ``model.generate``) is its floor here. ``floor_engine_kernel_s`` is the same call inside
+    ``runner.engine_kernels()``, the matmul kernel the engines use (``engine.linear_kernel``):
+    the floor for an engine with that kernel. The two alternate, ``repeat`` times each.
     """
     longest = max(requests, key=lambda r: r.max_new_tokens)
     ids, mask = runner.left_pad([list(longest.prompt_token_ids)])
-    times = []
+    kernel = runner.engine_kernels
+    times: dict[str, list[float]] = {"floor_s": [], "floor_engine_kernel_s": []}
     for _ in range(repeat):
-        runner.synchronize()
-        t0 = time.perf_counter()
-        runner.generate(ids, mask, longest.max_new_tokens)
-        runner.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for key, kernels in (("floor_s", nullcontext), ("floor_engine_kernel_s", kernel)):
+            with kernels():
+                runner.synchronize()
+                t0 = time.perf_counter()
+                runner.generate(ids, mask, longest.max_new_tokens)
+                runner.synchronize()
+            times[key].append(time.perf_counter() - t0)
+    return {key: statistics.median(values) for key, values in times.items()}
 
 
 def profile_host_overhead(runner, num_slots: int, contexts=(100, 2000)) -> dict:
@@ -284,13 +313,23 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     reference = None if args.no_reference else ReferenceCache(runner).outputs(requests)
     print(f"  reference: {time.perf_counter() - t0:.2f} s (not counted)", file=sys.stderr)
-    traces = run_engines(engines, requests, args.repeat)
-    results = {name: engine_result(runs, reference) for name, runs in traces.items()}
-    print(format_table(results))
-    extra = {}
+    traces, peaks = run_engines(engines, requests, args.repeat, PeakMemory(loaded.device))
+    results = {n: engine_result(runs, reference, peaks[n]) for n, runs in traces.items()}
+    extra = {
+        "weight_bytes": weight_bytes(loaded.model),
+        "weight_read_ms": weight_read_ms(loaded.model, runner.synchronize),
+    }
+    print(format_table(results, extra["weight_read_ms"]))
+    print(
+        f"weight read (the decode-step limit): {extra['weight_bytes'] / 1e6:.0f} MB in "
+        f"{extra['weight_read_ms']:.1f} ms"
+    )
     if args.floor:
-        extra["floor_s"] = measure_floor(runner, requests, args.repeat)
-        print(f"floor_s (longest request alone, generate): {extra['floor_s']:.2f}")
+        extra.update(measure_floor(runner, requests, args.repeat))
+        print(
+            f"floor_s (longest request alone, generate): {extra['floor_s']:.2f}; "
+            f"with the engines' matmul kernel: {extra['floor_engine_kernel_s']:.2f}"
+        )
     if args.profile:
         extra["profile"] = profile_host_overhead(runner, args.slots)
         for ctx, p in extra["profile"].items():

@@ -15,7 +15,7 @@ import contextlib
 
 import torch
 
-from engine import attention
+from engine import attention, linear_kernel
 from engine.kv_cache import ConcatKVCache, PagedKVCache, SlotKVCache, kv_bytes_per_token
 from engine.packed_batch import PackedBatch
 
@@ -31,7 +31,17 @@ class ModelRunner:
         self.dtype = loaded.dtype
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.pad_token_id = _pad_token_id(self.tokenizer, loaded.eos_token_ids)
+        # The skinny-matmul kernel pays off on CPU only; CUDA and MPS keep their own matmuls.
+        cpu = self.device.type == "cpu"
+        self._linears = linear_kernel.linear_modules(self.model) if cpu else []
         attention.register()
+
+    def engine_kernels(self):
+        """Context: the engines' matmul kernel (``engine.linear_kernel``) for the model's linears.
+
+        Both engines run inside it; the reference and the floor run plain ``model.generate``.
+        """
+        return linear_kernel.installed(self._linears)
 
     # --- continuous engine -------------------------------------------------------------------
     def kv_shape(self) -> tuple[int, int, int]:
@@ -68,7 +78,11 @@ class ModelRunner:
         Shapes:
             batch.input_ids: [1, T]  ->  logits [1, S, V]  ->  returns S token ids
         """
-        with torch.inference_mode(), self._attention(attention.PACKED_ATTENTION):
+        with (
+            torch.inference_mode(),
+            self._attention(attention.PACKED_ATTENTION),
+            self.engine_kernels(),
+        ):
             logits = self.model(
                 input_ids=batch.input_ids,
                 position_ids=batch.position_ids,

@@ -97,7 +97,8 @@ class StaticEngine:
                 on_step(trace, None)
 
         clock = _StepClock(t0, width, caps, tick)
-        out = self.runner.generate(input_ids, attention_mask, max(caps), [clock])
+        with self.runner.engine_kernels():
+            out = self.runner.generate(input_ids, attention_mask, max(caps), [clock])
         eos = self.runner.eos_token_ids
         outputs = [
             truncate_at_stop(out[row, width:].tolist(), r.max_new_tokens, eos)

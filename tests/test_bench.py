@@ -32,12 +32,17 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     doc = json.loads(out.read_text())
     for key in ("model", "device", "dtype", "slots", "workload", "engines", "floor_s"):
         assert key in doc, f"missing top-level {key}"
+    assert doc["floor_engine_kernel_s"] > 0 and doc["weight_read_ms"] > 0
+    params = tiny_loaded.model.parameters()
+    assert doc["weight_bytes"] == sum(p.numel() * p.element_size() for p in params)
     assert set(doc["engines"]) == {"static", "continuous", "continuous_concat", "hf_continuous"}
     for name, r in doc["engines"].items():
         assert set(r["latency_percentiles"]) == {"queue_s", "ttft_s", "tpot_s", "latency_s"}
         for key in ("wall_s", "num_steps", "num_generated_tokens", "tok_per_s"):
             assert key in r, f"{name} lacks {key}"
         assert r["reference_match"] is True and r["num_mismatched_requests"] == 0, name
+        assert r["peak_rss_bytes"] >= r["peak_rss_added_bytes"] >= 0, f"{name}: peak RSS"
+        assert r["peak_rss_bytes"] > doc["weight_bytes"], f"{name}: RSS holds the weights"
         req = r["requests"][1]
         assert set(req) >= {"request_id", "prompt", "max_new_tokens", "output_token_ids"}
         assert set(req) >= {"output_text", "ttft_s", "latency_s"}
@@ -49,7 +54,7 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     perfetto = json.loads((exports / "trace.perfetto.json").read_text())
     assert any(e["ph"] == "X" for e in perfetto["traceEvents"])
     table = capsys.readouterr().out
-    assert "continuous_concat" in table and "speedup" in table
+    assert "continuous_concat" in table and "speedup" in table and "x read" in table
 
 
 def test_bench_reports_bad_input_clearly(tmp_path, tiny_loaded, capsys):

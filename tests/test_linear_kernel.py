@@ -1,0 +1,59 @@
+"""The engines' matmul kernel: same results as F.linear, installed only inside its block."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny_model import tiny_runner
+from torch import nn
+
+from engine import linear_kernel
+from engine.linear_kernel import MAX_SKINNY_ROWS, skinny_linear
+
+
+@pytest.mark.parametrize("num_rows", [0, 1, 2, 3, 17, MAX_SKINNY_ROWS, MAX_SKINNY_ROWS + 1])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_skinny_linear_equals_f_linear(num_rows, with_bias):
+    """Any row count, 2-D or 3-D input, with or without bias: F.linear's result and shape."""
+    gen = torch.Generator().manual_seed(num_rows)
+    weight = torch.randn(96, 40, generator=gen)
+    bias = torch.randn(96, generator=gen) if with_bias else None
+    inputs = (torch.randn(num_rows, 40, generator=gen), torch.randn(1, num_rows, 40, generator=gen))
+    for x in inputs:
+        got, want = skinny_linear(x, weight, bias), F.linear(x, weight, bias)
+        assert got.shape == want.shape and got.is_contiguous()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_installed_routes_then_restores(monkeypatch):
+    """Inside the block a Linear computes with skinny_linear; after it, with its own forward."""
+    layer = nn.Linear(8, 4)
+    calls = []
+
+    def spy(x, weight, bias=None):
+        calls.append(x.shape)
+        return skinny_linear(x, weight, bias)
+
+    monkeypatch.setattr(linear_kernel, "skinny_linear", spy)
+    with linear_kernel.installed([layer]):
+        layer(torch.randn(3, 8))
+    layer(torch.randn(3, 8))
+    assert calls == [torch.Size([3, 8])], "exactly the call inside the block used the kernel"
+    assert "forward" not in vars(layer), "the module's own forward is back"
+
+
+def test_installed_restores_after_an_error():
+    """An exception inside the block still leaves the modules as they were."""
+    layer = nn.Linear(8, 4)
+    with pytest.raises(RuntimeError), linear_kernel.installed([layer]):
+        raise RuntimeError("boom")
+    assert "forward" not in vars(layer)
+
+
+def test_runner_installs_on_cpu_every_plain_linear():
+    """On CPU the runner's engine kernel covers every nn.Linear of the model, lm_head included."""
+    runner = tiny_runner()
+    linears = [m for m in runner.model.modules() if isinstance(m, nn.Linear)]
+    with runner.engine_kernels():
+        assert all("forward" in vars(m) for m in linears)
+    assert not any("forward" in vars(m) for m in linears)
+    assert runner.model.lm_head in linears
