@@ -22,7 +22,7 @@ from pathlib import Path
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.hardware_probe import PeakMemory, weight_bytes, weight_read_ms
-from engine.reference import ReferenceCache, mismatches
+from engine.reference import ReferenceCache, divergence, mismatches
 from engine.sequence import Request
 from engine.static import StaticEngine
 from engine.trace import Trace
@@ -222,6 +222,27 @@ def format_table(results: dict[str, dict], weight_read_ms: float | None = None) 
     return "\n".join(lines)
 
 
+def explain_mismatches(runner, requests, traces, reference, results) -> None:
+    """For every engine whose outputs differ from the reference, add ``mismatches`` to its JSON
+    entry (request, first differing token and logit margin: ``engine.reference.Divergence``) and
+    print them, so a float32 near-tie is told apart from a bug and never goes unexplained.
+    """
+    by_id = {r.request_id: r for r in requests}
+    for name, runs in traces.items():
+        median_run = median_trace(runs)
+        found = []
+        for record in median_run.requests:
+            request = by_id[record.request_id]
+            diff = divergence(
+                runner, request, record.output_token_ids, reference[request.request_id]
+            )
+            if diff is not None:
+                found.append(dataclasses.asdict(diff))
+                print(f"  {name}: output differs from the reference: {found[-1]}", file=sys.stderr)
+        if found:
+            results[name]["mismatches"] = found
+
+
 def _ratio(ms_per_step: float, weight_read_ms: float | None) -> str:
     return f"{ms_per_step / weight_read_ms:.2f}x" if weight_read_ms and ms_per_step else "-"
 
@@ -315,6 +336,8 @@ def main(argv=None) -> int:
     print(f"  reference: {time.perf_counter() - t0:.2f} s (not counted)", file=sys.stderr)
     traces, peaks = run_engines(engines, requests, args.repeat, PeakMemory(loaded.device))
     results = {n: engine_result(runs, reference, peaks[n]) for n, runs in traces.items()}
+    if reference is not None:
+        explain_mismatches(runner, requests, traces, reference, results)
     extra = {
         "weight_bytes": weight_bytes(loaded.model),
         "weight_read_ms": weight_read_ms(loaded.model, runner.synchronize),

@@ -177,6 +177,17 @@ class ModelRunner:
             self.model.set_attn_implementation(previous)
         return t0, [results[f"r{i}"] for i in range(len(prompts))]
 
+    def next_token_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """Logits for the token after ``token_ids``, from one plain forward pass (no cache).
+
+        Shapes:
+            token_ids: T ids  ->  returns [V] (float32)
+        """
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # (1, T)
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, logits_to_keep=1).logits  # (1, 1, V)
+        return logits[0, -1].float().cpu()
+
     # --- shared ------------------------------------------------------------------------------
     def decode(self, token_ids: list[int]) -> str:
         """Output ids -> text, special tokens (EOS) dropped."""

@@ -8,6 +8,7 @@ output per prompt and answers smaller caps from it, so repeated runs in the app 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -79,3 +80,31 @@ def first_divergence(output: list[int], reference: list[int]) -> int | None:
         if a != b:
             return i
     return None if len(output) == len(reference) else min(len(output), len(reference))
+
+
+@dataclass
+class Divergence:
+    """Where an engine's greedy output first left the reference, and how close the call was."""
+
+    request_id: int
+    token_index: int  # position in the output ids where the two first differ
+    reference_token: int | None  # None: the reference ended here (EOS or cap)
+    engine_token: int | None  # None: the engine's output ended here
+    # Logit of the reference token minus that of the engine's token at this position, from a
+    # plain forward over prompt + reference prefix. Near 0: a float32 near-tie that a different
+    # summation order (batch shape, kernel) can flip; large: a real bug.
+    logit_margin: float | None
+
+
+def divergence(runner: ModelRunner, request: Request, output: list[int], reference: list[int]):
+    """The first ``Divergence`` of ``output`` from ``reference``; None when they are equal."""
+    index = first_divergence(output, reference)
+    if index is None:
+        return None
+    ref_token = reference[index] if index < len(reference) else None
+    engine_token = output[index] if index < len(output) else None
+    margin = None
+    if ref_token is not None and engine_token is not None:
+        logits = runner.next_token_logits([*request.prompt_token_ids, *reference[:index]])
+        margin = float(logits[ref_token] - logits[engine_token])
+    return Divergence(request.request_id, index, ref_token, engine_token, margin)

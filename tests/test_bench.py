@@ -94,3 +94,27 @@ def test_small_kv_budget_preempts_and_still_matches(tmp_path, tiny_loaded):
     assert paged["info"]["kv_blocks"] == 14 and paged["info"]["block_size"] == 4
     assert paged["num_preemptions"] > 0
     assert doc["engines"]["continuous"]["num_preemptions"] == 0, "slots mode never preempts"
+
+
+def test_a_mismatch_is_reported_with_its_token_and_margin(tmp_path, tiny_loaded, monkeypatch):
+    """An engine output that differs from the reference fails the bench and is explained."""
+    from engine.continuous import ContinuousEngine
+
+    real_run = ContinuousEngine.run
+
+    def corrupted_run(self, requests, on_step=None):
+        trace = real_run(self, requests, on_step)
+        record = trace.requests[0]
+        record.output_token_ids = [*record.output_token_ids[:2], 3, *record.output_token_ids[3:]]
+        return trace
+
+    monkeypatch.setattr(ContinuousEngine, "run", corrupted_run)
+    out = tmp_path / "m.json"
+    workload = _workload(tmp_path, [("the quick brown fox", 8), ("hello", 6)])
+    argv = ["--workload", workload, "--engines", "static,continuous", "--json", str(out)]
+    assert bench.main(argv) == 1, "a mismatch fails the bench"
+    doc = json.loads(out.read_text())
+    assert "mismatches" not in doc["engines"]["static"]
+    (found,) = doc["engines"]["continuous"]["mismatches"]
+    assert found["request_id"] == 0 and found["token_index"] == 2 and found["engine_token"] == 3
+    assert found["logit_margin"] is not None
