@@ -14,6 +14,7 @@ What the page shows of a run is built in ``engine.run_view``; the knobs are pars
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -68,19 +69,24 @@ def run_engines(
     """Run every engine (and the reference) on ``requests``, one after the other.
 
     ``watch(engine, trace)`` is called after every step of every engine (``trace`` is None for
-    the reference and transformers' engine) and ``watch(engine, trace, done=True)`` after each
-    engine's last; an exception it raises (``RunStopped``) ends the run within one step. The
-    model's lock is held throughout, so runs never overlap on the model.
+    the reference and transformers' engine), ``watch(engine, trace, waiting=True)`` every 0.05 s
+    while an engine waits for arrivals, and ``watch(engine, trace, done=True)`` after each
+    engine's last step; an exception it raises (``RunStopped``) ends the run within one step or
+    wait. The model's lock is held throughout, so runs never overlap on the model.
     """
-    watch = watch or (lambda _engine, _trace, done=False: None)
+    watch = watch or (lambda *_args, **_kwargs: None)
     runner = model.runner
     with model.lock:
         static = StaticEngine(runner, EngineConfig(config.num_slots)).run(
-            requests, _on_step(progress, "static", _static_steps(requests, config), watch)
+            requests,
+            _on_step(progress, "static", _static_steps(requests, config), watch),
+            functools.partial(watch, "static", waiting=True),
         )
         watch("static", static, done=True)
         continuous = ContinuousEngine(runner, config).run(
-            requests, _on_step(progress, "continuous", _continuous_steps(requests, config), watch)
+            requests,
+            _on_step(progress, "continuous", _continuous_steps(requests, config), watch),
+            functools.partial(watch, "continuous", waiting=True),
         )
         watch("continuous", continuous, done=True)
         hf = None

@@ -36,8 +36,10 @@ def progress_line(
     for name, p in progress.items():
         label = ENGINE_LABELS.get(name, name)
         if name in LIVE_ENGINES:
+            waiting = ", waiting for arrivals" if p.waiting else ""
             parts.append(
                 f"{label}: {p.num_steps} steps, {p.num_finished}/{p.num_requests} requests done"
+                + waiting
             )
         elif name == "reference":
             parts.append(f"{label}: {p.num_steps} steps")
