@@ -240,7 +240,8 @@ def test_run_draws_timelines_masks_and_checked_outputs(page: Page, tmp_path: Pat
 
 
 def test_bad_input_shows_error_and_keeps_results(page: Page):
-    """A cap of 0 shows the engine's message; earlier results stay, and the next run works."""
+    """A cap of 0 shows the engine's message in a toast and in the status line (no error badge
+    over it); earlier results stay, and the next run works."""
     rows = [("The capital of France is", 3), ("Water boils at", 4)]
     set_requests(page, rows)
     set_slots(page, 2)
@@ -253,8 +254,12 @@ def test_bad_input_shows_error_and_keeps_results(page: Page):
     toast = page.locator('[data-testid="toast-text"]')
     expect(toast).to_contain_text("max_new_tokens 0 is out of range", timeout=30_000)
     assert "Row 2" in toast.inner_text(), f"error does not name the row: {toast.inner_text()!r}"
+    expect(_status(page)).to_contain_text("Not run: Row 2: max_new_tokens 0 is out of range")
+    status = status_text(page)
+    assert status.endswith(f"Showing the previous run: {before_status}"), status
+    tracker = page.locator("#status_markdown [data-testid=status-tracker]")
+    expect(tracker).to_have_class(re.compile(r"\bhide\b"))  # no "Error" badge over the status
     assert outputs_rows(page) == before_outputs, "the error wiped the previous outputs"
-    assert status_text(page) == before_status, "the error replaced the previous status line"
     for elem_id in PLOT_IDS:
         assert plot_summary(page, elem_id)["num_drawn"] > 0, f"the error cleared {elem_id}"
 
