@@ -8,7 +8,9 @@
 * Workload files: ``upload_workload`` fills the request table from a CSV or JSONL file;
   ``table_files`` writes the table as both.
 
-Handlers are plain functions; bad input raises ``gr.Error`` with a message naming the file line.
+Handlers are plain functions. Bad input is told in a warning toast whose message names the file
+line or table row, and changes nothing on the page; a ``gr.Error`` would also lay an error badge
+over the request table (as the Run button's handler, which says it in the status line too).
 """
 
 from __future__ import annotations
@@ -67,17 +69,16 @@ def upload_workload(path: str | None) -> tuple:
     """Fill the request table from an uploaded CSV or JSONL file.
 
     Returns the table rows, the preset dropdown (cleared: the table is no preset now) and the
-    explanation text.
-
-    Raises:
-        gr.Error: a malformed file; the message names the file and the bad line.
+    explanation text; for a malformed file, a warning naming the file and the bad line, and no
+    change.
     """
     if not path:
         return gr.skip(), gr.skip(), gr.skip()
     try:
         specs = workload_files.load_workload_file(path)
     except ValueError as exc:
-        raise gr.Error(str(exc), print_exception=False) from exc
+        gr.Warning(str(exc), title="Not loaded")
+        return gr.skip(), gr.skip(), gr.skip()
     arrivals = sum(spec.arrival_s > 0 for spec in specs)
     text = f"Uploaded {len(specs)} request{'s' if len(specs) != 1 else ''}"
     text += f", {arrivals} arriving after t = 0." if arrivals else "."
@@ -88,18 +89,20 @@ def table_files(rows) -> list[str]:
     """The request table as ``workload.csv`` and ``workload.jsonl`` in a fresh temporary folder.
 
     Raises:
-        gr.Error: the table does not validate (the message names the row).
+        ValueError: the table does not validate (the message names the row).
     """
     if hasattr(rows, "values") and hasattr(rows, "columns"):  # a pandas DataFrame
         rows = rows.values.tolist()
-    try:
-        specs = parse_table(rows)
-    except ValueError as exc:
-        raise gr.Error(str(exc), print_exception=False) from exc
+    specs = parse_table(rows)
     folder = tempfile.mkdtemp(prefix="cbp-table-")
     return [str(p) for p in workload_files.write_table_files(folder, specs)]
 
 
 def show_table_files(rows) -> gr.File:
-    """``table_files`` shown in the page's (until then hidden) file box. Raises gr.Error."""
-    return gr.File(value=table_files(rows), visible=True)
+    """``table_files`` shown in the page's (until then hidden) file box; for a table that does
+    not validate, a warning naming the row, and the file box as it was."""
+    try:
+        return gr.File(value=table_files(rows), visible=True)
+    except ValueError as exc:
+        gr.Warning(str(exc), title="No download")
+        return gr.skip()

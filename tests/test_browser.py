@@ -351,7 +351,8 @@ def test_setup_link_step_and_downloads(page: Page, server_url: str, tmp_path: Pa
 
 
 def test_upload_csv_fills_the_table_and_the_table_downloads(page: Page, tmp_path: Path):
-    """An uploaded CSV fills the table; a bad one names its line; the table downloads as CSV."""
+    """An uploaded CSV fills the table; a bad one names its line and changes nothing; the table
+    downloads as CSV."""
     from engine.workload_files import load_workload_file
 
     good = tmp_path / "workload.csv"
@@ -376,6 +377,8 @@ def test_upload_csv_fills_the_table_and_the_table_downloads(page: Page, tmp_path
     toast = page.locator('[data-testid="toast-text"]')
     expect(toast).to_contain_text("bad.csv line 3", timeout=20_000)
     expect(_cell(page, "requests_table", 1, 0)).to_contain_text("Goodbye")  # table kept
+    tracker = page.locator("#requests_table [data-testid=status-tracker]")
+    expect(tracker).to_have_class(re.compile(r"\bhide\b"))  # no "Error" badge over the table
 
 
 # --- a run in progress: live progress, Stop, closed tab, queue ----------------------------------

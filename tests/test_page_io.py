@@ -52,12 +52,13 @@ def test_upload_fills_the_table_and_clears_the_preset(tmp_path):
     assert preset is None and "2 requests" in text and "1 arriving after" in text, text
 
 
-def test_bad_upload_is_a_page_error_naming_the_line(tmp_path):
-    """A malformed upload shows a page error that names the file's bad line."""
+def test_bad_upload_warns_naming_the_line_and_changes_nothing(tmp_path):
+    """A malformed upload warns, naming the file's bad line, and leaves table and preset as is."""
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "a", "max_new_tokens": 2}\n{"prompt": "b"}\n', encoding="utf-8")
-    with pytest.raises(gr.Error, match="bad.jsonl line 2"):
-        page_io.upload_workload(str(path))
+    with pytest.warns(UserWarning, match="bad.jsonl line 2"):
+        updates = page_io.upload_workload(str(path))
+    assert updates == (SKIP, SKIP, SKIP), f"a bad upload changed the page: {updates}"
 
 
 def test_table_download_loads_back_as_the_same_workload():
@@ -67,8 +68,12 @@ def test_table_download_loads_back_as_the_same_workload():
     assert [Path(p).name for p in paths] == ["workload.csv", "workload.jsonl"]
     for path in paths:
         assert load_workload_file(path) == parse_table(rows), f"{path} differs from the table"
-    with pytest.raises(gr.Error, match="Row 1"):
+    with pytest.raises(ValueError, match="Row 1"):
         page_io.table_files([["", 3, 0]])
+    with pytest.warns(UserWarning, match="Row 1: the prompt is blank"):
+        shown = page_io.show_table_files([["", 3, 0]])
+    assert shown == SKIP, f"a bad table changed the file box: {shown}"
+    assert page_io.show_table_files(rows).visible is True, "the file box is not shown"
 
 
 def test_arrivals_preset_arrives_over_time():
