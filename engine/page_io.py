@@ -1,10 +1,11 @@
 """The page's links and workload files: what a workshop teacher hands out and what people take home.
 
-* Links that reproduce a setup: ``?preset=SLUG&slots=N&step=N``. ``engine.playground.from_link``
-  applies the preset and the slot count when the page opens; ``step`` cannot be shown before a
-  run exists, so ``link_step`` keeps it and ``apply_link_step`` moves the step slider there once,
-  after the first run (later runs start at their default step again). ``setup_query`` writes
-  such a query for the current page; the page adds its own address in the browser.
+* Links that reproduce a setup: ``?preset=SLUG&slots=N&step=N``. ``from_link`` applies the preset
+  and the slot count when the page opens; ``step`` cannot be shown before a run exists, so
+  ``link_step`` keeps it and ``apply_link_step`` moves the step slider there once, after the
+  first run (later runs start at their default step again). A value the page cannot use is named
+  in a warning, with what the page uses instead. ``setup_query`` writes such a query for the
+  current page; the page adds its own address in the browser.
 * Workload files: ``upload_workload`` fills the request table from a CSV or JSONL file;
   ``table_files`` writes the table as both.
 
@@ -15,6 +16,7 @@ over the request table (as the Run button's handler, which says it in the status
 
 from __future__ import annotations
 
+import html
 import tempfile
 from urllib.parse import urlencode
 
@@ -24,6 +26,8 @@ from engine import presets, workload_files
 from engine.workload import parse_table
 
 MAX_SLOTS = 16  # the slot slider's maximum
+DEFAULT_SLOTS = 3  # the slot slider's value when the page opens
+MAX_QUOTED_CHARS = 40  # of a bad link value, quoted in a warning
 
 # Runs in the browser after ``setup_query``: prefix the page's own address (right behind a proxy
 # or inside a Space's iframe too), copy it to the clipboard where allowed, and show it.
@@ -50,10 +54,37 @@ def setup_query(preset_name: str | None, num_slots, step_index, state) -> str:
     return "?" + urlencode(params)
 
 
+def from_link(request: gr.Request) -> tuple:
+    """Preset the page from its link: ``?preset=SLUG&slots=N``; a bad value is named in a warning.
+
+    Returns updates for the preset dropdown, request table, chat checkbox, preset text and slots
+    (``gr.skip()`` where the link sets nothing usable: the page keeps its defaults).
+    """
+    params = _query_params(request)
+    updates = [gr.skip()] * 5
+    preset = params.get("preset", "").strip()
+    name = presets.by_slug(preset) if preset else None
+    if name is not None:
+        rows, chat_template, text = presets.apply_preset(name)
+        updates[:4] = [name, rows, chat_template, text]
+    elif preset:
+        slugs = ", ".join(p["slug"] for p in presets.load_presets().values() if p.get("slug"))
+        shown = f"showing “{presets.DEFAULT_PRESET}” (presets: {slugs})"
+        _warn_link("preset", preset, f"no such preset; {shown}")
+    slots = params.get("slots", "").strip()
+    if slots.isdigit() and 1 <= int(slots) <= MAX_SLOTS:
+        updates[4] = int(slots)
+    elif slots:
+        _warn_link("slots", slots, f"not 1 to {MAX_SLOTS}; using {DEFAULT_SLOTS} slots")
+    return tuple(updates)
+
+
 def link_step(request: gr.Request) -> int | None:
-    """The link's ``step=N`` (a whole number >= 0), kept until the first run; None if absent."""
-    params = dict(request.query_params) if request is not None else {}
-    step = params.get("step", "").strip()
+    """The link's ``step=N`` (a whole number >= 0), kept until the first run; None if absent or
+    bad (a bad one is named in a warning)."""
+    step = _query_params(request).get("step", "").strip()
+    if step and not step.isdigit():
+        _warn_link("step", step, "not a whole number >= 0; runs start at their default step")
     return int(step) if step.isdigit() else None
 
 
@@ -106,3 +137,14 @@ def show_table_files(rows) -> gr.File:
     except ValueError as exc:
         gr.Warning(str(exc), title="No download")
         return gr.skip()
+
+
+def _query_params(request: gr.Request | None) -> dict[str, str]:
+    return dict(request.query_params) if request is not None else {}
+
+
+def _warn_link(name: str, value: str, instead: str) -> None:
+    """A warning toast: the link's ``name=value`` (clipped, as plain text) is unusable, and why."""
+    if len(value) > MAX_QUOTED_CHARS:
+        value = value[:MAX_QUOTED_CHARS] + "…"
+    gr.Warning(f"The link's {name}={html.escape(value)!r} is ignored: {instead}.", title="Link")

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 
 import gradio as gr
 
-from engine import presets, progress_view
+from engine import progress_view
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.hf_continuous import HFContinuousEngine
@@ -183,23 +183,6 @@ def _refused_outputs(previous: RunState | None, exc: ValueError) -> tuple:
 def _stopped_outputs(previous: RunState | None, message: str, x_axis: str) -> tuple:
     shown = None if previous is None else render(previous, x_axis, downloads=False)
     return progress_view.stopped_outputs(shown, message)
-
-
-def from_link(request: gr.Request):
-    """Preset the page from its link: ``?preset=SLUG&slots=N`` (unknown values are ignored).
-
-    Returns updates for the preset dropdown, request table, chat checkbox, preset text and slots.
-    """
-    params = dict(request.query_params) if request is not None else {}
-    name = presets.by_slug(params.get("preset", ""))
-    updates = [gr.skip()] * 5
-    if name is not None:
-        rows, chat_template, text = presets.apply_preset(name)
-        updates[:4] = [name, rows, chat_template, text]
-    slots = params.get("slots", "")
-    if slots.isdigit() and 1 <= int(slots) <= 16:
-        updates[4] = int(slots)
-    return tuple(updates)
 
 
 def update_step(state: RunState | None, step_index, x_axis: str) -> tuple:

@@ -287,7 +287,8 @@ def test_html_prompt_is_shown_as_text(page: Page):
 
 
 def test_link_presets_the_page(page: Page, server_url: str):
-    """Opening ?preset=long-tail&slots=4 loads that preset's table and sets 4 slots."""
+    """Opening ?preset=long-tail&slots=4 loads that preset's table and sets 4 slots; an unknown
+    preset is named in a warning."""
     from engine import presets
 
     rows, _, _ = presets.apply_preset(presets.by_slug("long-tail"))
@@ -297,6 +298,11 @@ def test_link_presets_the_page(page: Page, server_url: str):
     assert _num_rows(page, "requests_table") == len(rows), "the preset's rows were not loaded"
     expect(page.locator("#slots_slider input[type=range]")).to_have_value("4")
     expect(page.locator("#preset_markdown")).to_contain_text("long tail")
+
+    page.goto(f"{server_url}?preset=nope&slots=4")
+    toast = page.locator('[data-testid="toast-text"]')
+    expect(toast).to_contain_text("preset='nope' is ignored: no such preset", timeout=30_000)
+    expect(page.locator("#slots_slider input[type=range]")).to_have_value("4")
 
 
 def _download(page: Page, elem_id: str, name: str, folder: Path) -> Path:

@@ -338,18 +338,6 @@ def test_poisson_arrivals_reach_both_engines(shared):
         assert all(r.admit_s >= r.arrival_s for r in trace.requests), trace.engine
 
 
-def test_link_query_parameters_preset_the_page():
-    """?preset=SLUG&slots=N gives the preset's rows and the slot count; bad values are skipped."""
-    from types import SimpleNamespace
-
-    link = SimpleNamespace(query_params={"preset": "one-long-many-short", "slots": "5"})
-    name, rows, chat_template, text, slots = playground.from_link(link)
-    assert name == "One long, many short" and slots == 5
-    assert rows == presets.apply_preset(name)[0] and chat_template is False and text
-    skipped = playground.from_link(SimpleNamespace(query_params={"preset": "nope", "slots": "99"}))
-    assert all(isinstance(u, type(gr.skip())) or u == gr.skip() for u in skipped)
-
-
 def test_paged_kv_knobs_reach_the_engine_and_its_views(shared):
     """Paged mode with a small KV budget preempts, still matches generate, and the page draws the
     block map at each step and the per-step KV blocks."""
