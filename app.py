@@ -99,7 +99,12 @@ def build_demo(model_label: str) -> gr.Blocks:
                     elem_id="preset_dropdown",
                 )
                 slots_slider = gr.Slider(
-                    1, 16, value=3, step=1, label="Slots (B)", elem_id="slots_slider"
+                    1,
+                    page_io.MAX_SLOTS,
+                    value=page_io.DEFAULT_SLOTS,
+                    step=1,
+                    label="Slots (B)",
+                    elem_id="slots_slider",
                 )
                 chat_checkbox = gr.Checkbox(
                     value=chat_template, label="Use chat template", elem_id="chat_checkbox"
@@ -229,7 +234,7 @@ def build_demo(model_label: str) -> gr.Blocks:
         ]  # in engine.run_view.RUN_OUTPUTS order (tested)
 
         demo.load(
-            playground.from_link,
+            page_io.from_link,
             None,
             [preset_dropdown, requests_table, chat_checkbox, preset_markdown, slots_slider],
             api_visibility="undocumented",

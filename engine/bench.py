@@ -30,6 +30,9 @@ from engine.workload import load_jsonl, poisson_arrivals, seed_specs, tokenize_r
 
 ENGINES = ("static", "continuous", "continuous_paged", "continuous_concat", "hf_continuous")
 KV_MODE_OF = {"continuous": "slots", "continuous_paged": "paged", "continuous_concat": "concat"}
+# Flags that only some engines or arrival modes use: parsed as None so a given one can be told
+# from a default (and warned about when nothing uses it), then set to these defaults.
+SCOPED_DEFAULTS = {"rate": 1.0, "seed": 0, "policy": "decode_first", "block_size": 16}
 
 
 def make_engine(name: str, runner, num_slots: int, **options):
@@ -53,6 +56,7 @@ def make_engine(name: str, runner, num_slots: int, **options):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """The command line; scoped flags (``SCOPED_DEFAULTS``) get their defaults after parsing."""
     p = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.split("\n")[0])
     p.add_argument("--workload", default="seed", help="'seed' or a JSONL file path")
     p.add_argument("--slots", type=int, default=3, help="B: concurrent sequences (default 3)")
@@ -70,23 +74,62 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="file",
         help="file: the JSONL's arrival_s (0 if absent); all: t=0; poisson: --rate",
     )
-    p.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals per second")
-    p.add_argument("--seed", type=int, default=0, help="Poisson arrivals' random seed")
+    p.add_argument("--rate", type=float, help="poisson: arrivals per second (default 1.0)")
+    p.add_argument("--seed", type=int, help="poisson: the arrivals' random seed (default 0)")
     p.add_argument("--out", help="folder for requests.csv, traces.json, trace.perfetto.json")
-    p.add_argument("--token-budget", type=int, default=None, help="max tokens per step")
-    p.add_argument("--policy", default="decode_first", help="decode_first or prefill_first")
+    p.add_argument(
+        "--token-budget", type=int, help="continuous engines: max tokens per step (default: none)"
+    )
+    p.add_argument(
+        "--policy",
+        help="continuous engines: decode_first or prefill_first (default decode_first)",
+    )
     p.add_argument(
         "--kv-budget-mib",
         type=float,
-        default=None,
         help="continuous_paged: KV memory in MiB (default: room for every slot)",
     )
-    p.add_argument("--block-size", type=int, default=16, help="continuous_paged: tokens per block")
+    p.add_argument("--block-size", type=int, help="continuous_paged: tokens per block (default 16)")
     p.add_argument(
         "--floor", action="store_true", help="time generate on the longest request alone"
     )
     p.add_argument("--profile", action="store_true", help="continuous: forward vs host time split")
-    return p.parse_args(argv)
+    p.epilog = (
+        "A flag that no selected engine (or arrival mode) uses is ignored with a warning on "
+        "stderr, e.g. --kv-budget-mib without continuous_paged, or --rate without "
+        "--arrival poisson."
+    )
+    return _with_defaults(p.parse_args(argv))
+
+
+def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``given`` (the scoped flags set on the command line) and their defaults."""
+    scoped = (*SCOPED_DEFAULTS, "token_budget", "kv_budget_mib")
+    args.given = {name for name in scoped if getattr(args, name) is not None}
+    for name, default in SCOPED_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    return args
+
+
+def ignored_flags(args: argparse.Namespace, names: list[str]) -> list[str]:
+    """One line per flag given on the command line that no selected engine or arrival mode uses."""
+    paged = "continuous_paged" in names
+    continuous = any(name in KV_MODE_OF for name in names)
+    poisson = args.arrival == "poisson"
+    scopes = {
+        "kv_budget_mib": (paged, "only continuous_paged uses it"),
+        "block_size": (paged, "only continuous_paged uses it"),
+        "token_budget": (continuous, "only the continuous engines use it"),
+        "policy": (continuous, "only the continuous engines use it"),
+        "rate": (poisson, "only --arrival poisson uses it"),
+        "seed": (poisson, "only --arrival poisson uses it"),
+    }
+    return [
+        f"--{name.replace('_', '-')} is ignored: {why}."
+        for name, (used, why) in scopes.items()
+        if name in args.given and not used
+    ]
 
 
 def check_args(args: argparse.Namespace, names: list[str]) -> None:
@@ -313,6 +356,8 @@ def main(argv=None) -> int:
     try:
         names = [n.strip() for n in args.engines.split(",") if n.strip()]
         check_args(args, names)
+        for line in ignored_flags(args, names):
+            print(f"warning: {line}", file=sys.stderr)
         specs = load_specs(args)
         loaded = load_model(args.model, args.device, args.dtype)
         runner = ModelRunner(loaded)

@@ -8,6 +8,7 @@ In the ``paged`` KV mode the scheduler also hands out KV blocks and preempts whe
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 
@@ -15,6 +16,7 @@ from engine.block_manager import blocks_for
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
 from engine.packed_batch import build_packed_batch
+from engine.run_control import wait_until
 from engine.scheduler import Scheduler
 from engine.sequence import Request, Sequence
 from engine.trace import DECODE, PREFILL, ScheduledSeq, StepRecord, Trace, new_request_records
@@ -29,19 +31,37 @@ class ContinuousEngine:
         self.runner = runner
         self.config = config
 
-    def run(self, requests: list[Request], on_step: Callable | None = None) -> Trace:
-        """Run to completion; ``on_step(trace, step)`` is called after every step."""
+    def run(
+        self,
+        requests: list[Request],
+        on_step: Callable | None = None,
+        on_wait: Callable[[Trace], None] | None = None,
+    ) -> Trace:
+        """Run to completion; ``on_step(trace, step)`` is called after every step, and
+        ``on_wait(trace)`` every ``WAIT_SLICE_S`` (0.05 s) while no request has arrived.
+
+        Raises:
+            ValueError: in ``paged`` mode, when the KV budget cannot hold some request alone.
+            Exception: whatever ``on_step`` or ``on_wait`` raises (``RunStopped``), at once.
+        """
         trace = None
-        for trace, step in self.generate(requests):
+        for trace, step in self.generate(requests, on_wait):
             if on_step is not None:
                 on_step(trace, step)
         return trace if trace is not None else self._new_trace(requests, None)
 
-    def generate(self, requests: list[Request]) -> Iterator[tuple[Trace, StepRecord]]:
+    def generate(
+        self, requests: list[Request], on_wait: Callable[[Trace], None] | None = None
+    ) -> Iterator[tuple[Trace, StepRecord]]:
         """Yield ``(trace, step)`` after every step; the trace fills in as the run goes.
+
+        While nothing runs and the next request has not arrived, the engine sleeps in slices of
+        ``WAIT_SLICE_S`` and calls ``on_wait(trace)`` after each (no step is recorded), so a run
+        told to stop ends within a slice, not at the arrival.
 
         Raises:
             ValueError: in ``paged`` mode, when the KV budget cannot hold some request alone.
+            Exception: whatever ``on_wait`` raises, at once; the KV cache goes with the generator.
         """
         cfg = self.config
         cache = self._new_kv_cache(requests)
@@ -51,11 +71,14 @@ class ContinuousEngine:
         scheduler = Scheduler(
             requests, cfg.num_slots, eos, cfg.max_num_batched_tokens, cfg.scheduling_policy, blocks
         )
+        waiting = None if on_wait is None else functools.partial(on_wait, trace)
         self.runner.synchronize()
         t0 = time.perf_counter()
         while scheduler.has_work():
             if not scheduler.running:  # idle until the next request arrives
-                _sleep_until(t0, scheduler.next_arrival_s())
+                wake_s = scheduler.next_arrival_s()
+                assert wake_s is not None, "nothing runs or waits, yet the scheduler has work"
+                wait_until(t0, wake_s, waiting)
                 now_s = time.perf_counter() - t0
                 self._record_admitted(trace, scheduler.admit(now_s), now_s)
                 continue
@@ -148,12 +171,6 @@ class ContinuousEngine:
             rec.output_text = self.runner.decode(seq.output_token_ids)
             rec.finish_reason = seq.finish_reason
             rec.num_preemptions = seq.num_preemptions
-
-
-def _sleep_until(t0: float, at_s: float | None) -> None:
-    """Wait (really: the clock is wall time) until ``at_s`` seconds after ``t0``."""
-    if at_s is not None:
-        time.sleep(max(0.0, at_s - (time.perf_counter() - t0)))
 
 
 def _check_fits(requests: list[Request], num_blocks: int, block_size: int) -> None:

@@ -3,9 +3,11 @@
 The Run handler is a generator. It cannot call the engines itself: Gradio stops a generator only
 between two of its yields (Stop button, closed tab), and a run can last minutes. So ``LiveRun``
 runs the work in one worker thread, and the handler polls it every fraction of a second and yields
-what it sees. The work calls ``watch(engine, trace)`` after every engine step; ``watch`` checks the
-``RunControl`` (raising ``RunCancelled`` or ``RunTimedOut``, which unwinds the engine within one
-step) and keeps a cheap snapshot of the engine's trace for the page.
+what it sees. The work calls ``watch(engine, trace)`` after every engine step, and
+``watch(engine, trace, waiting=True)`` every fraction of a second while an engine waits for requests
+to arrive; ``watch`` checks the ``RunControl`` (raising ``RunCancelled`` or ``RunTimedOut``, which
+unwinds the engine within one step or wait slice) and keeps a cheap snapshot of the engine's trace
+for the page.
 
 A stopped run keeps no reference to its engines, so their KV cache is freed as the worker ends.
 The worker runs in a copy of the caller's ``contextvars`` context, so ``gr.Progress`` still
@@ -39,6 +41,7 @@ class EngineProgress:
     num_finished: int = 0
     num_requests: int = 0
     trace: Trace | None = None  # a snapshot: every finished request in, steps <= 0.5 s old
+    waiting: bool = False  # the engine is waiting for requests to arrive
 
 
 def snapshot(trace: Trace) -> Trace:
@@ -82,8 +85,11 @@ class LiveRun:
     def __exit__(self, *exc_info) -> None:
         self.control.stop()  # no-op for a finished run; the worker ends within one step otherwise
 
-    def watch(self, engine: str, trace: Trace | None, done: bool = False) -> None:
-        """Called by the work after each step of ``engine`` and, with ``done``, after its last.
+    def watch(
+        self, engine: str, trace: Trace | None, done: bool = False, waiting: bool = False
+    ) -> None:
+        """Called by the work after each step of ``engine``, with ``done`` after its last, and with
+        ``waiting`` (no step ran) while it waits for requests to arrive.
 
         Raises:
             RunStopped: the run should stop (see ``RunControl.check``).
@@ -92,10 +98,13 @@ class LiveRun:
         now_s = time.monotonic()
         with self._lock:
             entry = self._progress.setdefault(engine, EngineProgress(engine))
-            if trace is None:  # the reference or transformers' engine: no trace to show
+            entry.waiting = waiting
+            if done and trace is not None:
+                entry.num_steps = len(trace.steps)
+            elif not waiting:
                 entry.num_steps += 1
+            if trace is None:  # the reference or transformers' engine: no trace to show
                 return
-            entry.num_steps = len(trace.steps) if done else entry.num_steps + 1
             entry.num_requests = len(trace.requests)
             num_finished = sum(r.finish_s is not None for r in trace.requests)
             newly_finished, entry.num_finished = num_finished != entry.num_finished, num_finished

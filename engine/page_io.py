@@ -1,18 +1,22 @@
 """The page's links and workload files: what a workshop teacher hands out and what people take home.
 
-* Links that reproduce a setup: ``?preset=SLUG&slots=N&step=N``. ``engine.playground.from_link``
-  applies the preset and the slot count when the page opens; ``step`` cannot be shown before a
-  run exists, so ``link_step`` keeps it and ``apply_link_step`` moves the step slider there once,
-  after the first run (later runs start at their default step again). ``setup_query`` writes
-  such a query for the current page; the page adds its own address in the browser.
+* Links that reproduce a setup: ``?preset=SLUG&slots=N&step=N``. ``from_link`` applies the preset
+  and the slot count when the page opens; ``step`` cannot be shown before a run exists, so
+  ``link_step`` keeps it and ``apply_link_step`` moves the step slider there once, after the
+  first run (later runs start at their default step again). A value the page cannot use is named
+  in a warning, with what the page uses instead. ``setup_query`` writes such a query for the
+  current page; the page adds its own address in the browser.
 * Workload files: ``upload_workload`` fills the request table from a CSV or JSONL file;
   ``table_files`` writes the table as both.
 
-Handlers are plain functions; bad input raises ``gr.Error`` with a message naming the file line.
+Handlers are plain functions. Bad input is told in a warning toast whose message names the file
+line or table row, and changes nothing on the page; a ``gr.Error`` would also lay an error badge
+over the request table (as the Run button's handler, which says it in the status line too).
 """
 
 from __future__ import annotations
 
+import html
 import tempfile
 from urllib.parse import urlencode
 
@@ -22,6 +26,8 @@ from engine import presets, workload_files
 from engine.workload import parse_table
 
 MAX_SLOTS = 16  # the slot slider's maximum
+DEFAULT_SLOTS = 3  # the slot slider's value when the page opens
+MAX_QUOTED_CHARS = 40  # of a bad link value, quoted in a warning
 
 # Runs in the browser after ``setup_query``: prefix the page's own address (right behind a proxy
 # or inside a Space's iframe too), copy it to the clipboard where allowed, and show it.
@@ -48,10 +54,37 @@ def setup_query(preset_name: str | None, num_slots, step_index, state) -> str:
     return "?" + urlencode(params)
 
 
+def from_link(request: gr.Request) -> tuple:
+    """Preset the page from its link: ``?preset=SLUG&slots=N``; a bad value is named in a warning.
+
+    Returns updates for the preset dropdown, request table, chat checkbox, preset text and slots
+    (``gr.skip()`` where the link sets nothing usable: the page keeps its defaults).
+    """
+    params = _query_params(request)
+    updates = [gr.skip()] * 5
+    preset = params.get("preset", "").strip()
+    name = presets.by_slug(preset) if preset else None
+    if name is not None:
+        rows, chat_template, text = presets.apply_preset(name)
+        updates[:4] = [name, rows, chat_template, text]
+    elif preset:
+        slugs = ", ".join(p["slug"] for p in presets.load_presets().values() if p.get("slug"))
+        shown = f"showing “{presets.DEFAULT_PRESET}” (presets: {slugs})"
+        _warn_link("preset", preset, f"no such preset; {shown}")
+    slots = params.get("slots", "").strip()
+    if slots.isdigit() and 1 <= int(slots) <= MAX_SLOTS:
+        updates[4] = int(slots)
+    elif slots:
+        _warn_link("slots", slots, f"not 1 to {MAX_SLOTS}; using {DEFAULT_SLOTS} slots")
+    return tuple(updates)
+
+
 def link_step(request: gr.Request) -> int | None:
-    """The link's ``step=N`` (a whole number >= 0), kept until the first run; None if absent."""
-    params = dict(request.query_params) if request is not None else {}
-    step = params.get("step", "").strip()
+    """The link's ``step=N`` (a whole number >= 0), kept until the first run; None if absent or
+    bad (a bad one is named in a warning)."""
+    step = _query_params(request).get("step", "").strip()
+    if step and not step.isdigit():
+        _warn_link("step", step, "not a whole number >= 0; runs start at their default step")
     return int(step) if step.isdigit() else None
 
 
@@ -67,17 +100,16 @@ def upload_workload(path: str | None) -> tuple:
     """Fill the request table from an uploaded CSV or JSONL file.
 
     Returns the table rows, the preset dropdown (cleared: the table is no preset now) and the
-    explanation text.
-
-    Raises:
-        gr.Error: a malformed file; the message names the file and the bad line.
+    explanation text; for a malformed file, a warning naming the file and the bad line, and no
+    change.
     """
     if not path:
         return gr.skip(), gr.skip(), gr.skip()
     try:
         specs = workload_files.load_workload_file(path)
     except ValueError as exc:
-        raise gr.Error(str(exc), print_exception=False) from exc
+        gr.Warning(str(exc), title="Not loaded")
+        return gr.skip(), gr.skip(), gr.skip()
     arrivals = sum(spec.arrival_s > 0 for spec in specs)
     text = f"Uploaded {len(specs)} request{'s' if len(specs) != 1 else ''}"
     text += f", {arrivals} arriving after t = 0." if arrivals else "."
@@ -88,18 +120,31 @@ def table_files(rows) -> list[str]:
     """The request table as ``workload.csv`` and ``workload.jsonl`` in a fresh temporary folder.
 
     Raises:
-        gr.Error: the table does not validate (the message names the row).
+        ValueError: the table does not validate (the message names the row).
     """
     if hasattr(rows, "values") and hasattr(rows, "columns"):  # a pandas DataFrame
         rows = rows.values.tolist()
-    try:
-        specs = parse_table(rows)
-    except ValueError as exc:
-        raise gr.Error(str(exc), print_exception=False) from exc
+    specs = parse_table(rows)
     folder = tempfile.mkdtemp(prefix="cbp-table-")
     return [str(p) for p in workload_files.write_table_files(folder, specs)]
 
 
 def show_table_files(rows) -> gr.File:
-    """``table_files`` shown in the page's (until then hidden) file box. Raises gr.Error."""
-    return gr.File(value=table_files(rows), visible=True)
+    """``table_files`` shown in the page's (until then hidden) file box; for a table that does
+    not validate, a warning naming the row, and the file box as it was."""
+    try:
+        return gr.File(value=table_files(rows), visible=True)
+    except ValueError as exc:
+        gr.Warning(str(exc), title="No download")
+        return gr.skip()
+
+
+def _query_params(request: gr.Request | None) -> dict[str, str]:
+    return dict(request.query_params) if request is not None else {}
+
+
+def _warn_link(name: str, value: str, instead: str) -> None:
+    """A warning toast: the link's ``name=value`` (clipped, as plain text) is unusable, and why."""
+    if len(value) > MAX_QUOTED_CHARS:
+        value = value[:MAX_QUOTED_CHARS] + "…"
+    gr.Warning(f"The link's {name}={html.escape(value)!r} is ignored: {instead}.", title="Link")

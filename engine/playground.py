@@ -5,8 +5,9 @@ can be tested without a browser. ``run_comparison`` runs the static and the cont
 if asked, the per-request ``model.generate`` reference) on the same tokenized requests and renders
 every output; ``update_step`` redraws the heatmaps and timeline cursors from the stored traces.
 
-Bad input raises ``gr.Error`` carrying the engine's ``ValueError`` message: Gradio shows it and
-leaves the previous results on the page. The loaded model is the one shared module-level object
+Bad input never loses anything: ``run_event`` (the Run button) puts the engine's ``ValueError``
+message in the status line and a warning toast, and leaves the previous results on the page;
+``run_comparison`` raises it as ``gr.Error``. The loaded model is the one shared module-level object
 (``engine.shared_model.get_model``), loaded once; tests pass their own ``SharedModel`` instead.
 What the page shows of a run is built in ``engine.run_view``; the knobs are parsed in
 ``engine.run_options``.
@@ -14,20 +15,21 @@ What the page shows of a run is built in ``engine.run_view``; the knobs are pars
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator
 
 import gradio as gr
 
-from engine import presets, progress_view
+from engine import progress_view
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.hf_continuous import HFContinuousEngine
 from engine.live_run import LiveRun
 from engine.run_control import RunControl, RunStopped, run_time_limit_s
 from engine.run_options import RunOptions, options_from_page, prepare
-from engine.run_view import RunResult, RunState, render, step_views
+from engine.run_view import RunResult, RunState, render, status_line, step_views
 from engine.sequence import Request
 from engine.shared_model import SharedModel, get_model
 from engine.static import StaticEngine
@@ -68,19 +70,24 @@ def run_engines(
     """Run every engine (and the reference) on ``requests``, one after the other.
 
     ``watch(engine, trace)`` is called after every step of every engine (``trace`` is None for
-    the reference and transformers' engine) and ``watch(engine, trace, done=True)`` after each
-    engine's last; an exception it raises (``RunStopped``) ends the run within one step. The
-    model's lock is held throughout, so runs never overlap on the model.
+    the reference and transformers' engine), ``watch(engine, trace, waiting=True)`` every 0.05 s
+    while an engine waits for arrivals, and ``watch(engine, trace, done=True)`` after each
+    engine's last step; an exception it raises (``RunStopped``) ends the run within one step or
+    wait. The model's lock is held throughout, so runs never overlap on the model.
     """
-    watch = watch or (lambda _engine, _trace, done=False: None)
+    watch = watch or (lambda *_args, **_kwargs: None)
     runner = model.runner
     with model.lock:
         static = StaticEngine(runner, EngineConfig(config.num_slots)).run(
-            requests, _on_step(progress, "static", _static_steps(requests, config), watch)
+            requests,
+            _on_step(progress, "static", _static_steps(requests, config), watch),
+            functools.partial(watch, "static", waiting=True),
         )
         watch("static", static, done=True)
         continuous = ContinuousEngine(runner, config).run(
-            requests, _on_step(progress, "continuous", _continuous_steps(requests, config), watch)
+            requests,
+            _on_step(progress, "continuous", _continuous_steps(requests, config), watch),
+            functools.partial(watch, "continuous", waiting=True),
         )
         watch("continuous", continuous, done=True)
         hf = None
@@ -119,17 +126,23 @@ def run_event(
     (``kv_budget_mib``, ``block_size``) come after the state, so the /run API's earlier inputs keep
     their positions.
 
+    Bad input (a bad table, slot count or knob, or a ``ValueError`` an engine raises mid-run) is
+    not an error of the event: the status line says why the run did not happen (a warning toast
+    too), the earlier results stay on the page (put back, mid-run), and the handler returns. A
+    Gradio error would lay its badge over that status line.
+
     Raises:
-        gr.Error: bad input (before anything runs, or a ``ValueError`` from an engine), or the
-            run passed ``CBP_RUN_TIME_LIMIT_S``; mid-run, after putting the ``previous`` run's
-            results back on the page.
+        gr.Error: the model cannot load, or the run passed ``CBP_RUN_TIME_LIMIT_S`` (after
+            putting the ``previous`` run's results back).
     """
     knobs = (chat_template, check_reference, kv_mode, token_budget, policy, compare_hf)
-    options = _user_errors(
-        lambda: options_from_page(*knobs, arrival_rate, kv_budget_mib, block_size)
-    )
-    model = _user_errors(get_model)
-    requests, config = _user_errors(lambda: prepare(model, rows, num_slots, options))
+    try:
+        options = options_from_page(*knobs, arrival_rate, kv_budget_mib, block_size)
+        model = _user_errors(get_model)  # the host's problem, not the input's: a gr.Error
+        requests, config = prepare(model, rows, num_slots, options)
+    except ValueError as exc:
+        yield _refused_outputs(previous, exc)
+        return
     control = RunControl(_user_errors(run_time_limit_s))
     started_s = time.monotonic()
 
@@ -145,8 +158,12 @@ def run_event(
     try:
         state = live.result()
     except (RunStopped, ValueError) as exc:  # stopped, or bad input only the engines could see
-        yield _stopped_outputs(previous, f"**Stopped:** {exc}", x_axis)
-        raise gr.Error(f"Run stopped: {exc}", print_exception=False) from None
+        reason = progress_view.plain_markdown(str(exc))
+        yield _stopped_outputs(previous, f"**Stopped:** {reason}", x_axis)
+        if isinstance(exc, RunStopped):  # the time limit (Stop and a closed tab end at a yield)
+            raise gr.Error(f"Run stopped: {exc}", print_exception=False) from None
+        gr.Warning(str(exc), title="Run stopped")  # bad input: told, as before the run
+        return
     yield render(state, x_axis).as_outputs()
 
 
@@ -155,26 +172,17 @@ def stop_event(previous: RunState | None, x_axis: str) -> tuple:
     return _stopped_outputs(previous, "**Stopped** before the end.", x_axis)
 
 
+def _refused_outputs(previous: RunState | None, exc: ValueError) -> tuple:
+    """A run refused for bad input: the reason in the status line and a warning toast; every other
+    output, and the previous run's results with it, stays as it is."""
+    gr.Warning(str(exc), title="Not run")
+    previous_status = None if previous is None else status_line(previous)
+    return progress_view.refused_outputs(str(exc), previous_status)
+
+
 def _stopped_outputs(previous: RunState | None, message: str, x_axis: str) -> tuple:
     shown = None if previous is None else render(previous, x_axis, downloads=False)
     return progress_view.stopped_outputs(shown, message)
-
-
-def from_link(request: gr.Request):
-    """Preset the page from its link: ``?preset=SLUG&slots=N`` (unknown values are ignored).
-
-    Returns updates for the preset dropdown, request table, chat checkbox, preset text and slots.
-    """
-    params = dict(request.query_params) if request is not None else {}
-    name = presets.by_slug(params.get("preset", ""))
-    updates = [gr.skip()] * 5
-    if name is not None:
-        rows, chat_template, text = presets.apply_preset(name)
-        updates[:4] = [name, rows, chat_template, text]
-    slots = params.get("slots", "")
-    if slots.isdigit() and 1 <= int(slots) <= 16:
-        updates[4] = int(slots)
-    return tuple(updates)
 
 
 def update_step(state: RunState | None, step_index, x_axis: str) -> tuple:

@@ -5,10 +5,13 @@
 engine's timeline is drawn from its latest trace snapshot, and the outputs table shows every
 output finished so far. The run's state, masks, slider, metrics and downloads are left as they
 are (``gr.skip()``) until the run ends. ``stopped_outputs`` puts the previous run's results back
-with a status line saying why this one stopped.
+with a status line saying why this one stopped; ``refused_outputs`` says why a run did not start
+and leaves everything else as it is.
 """
 
 from __future__ import annotations
+
+import re
 
 import gradio as gr
 
@@ -36,8 +39,10 @@ def progress_line(
     for name, p in progress.items():
         label = ENGINE_LABELS.get(name, name)
         if name in LIVE_ENGINES:
+            waiting = ", waiting for arrivals" if p.waiting else ""
             parts.append(
                 f"{label}: {p.num_steps} steps, {p.num_finished}/{p.num_requests} requests done"
+                + waiting
             )
         elif name == "reference":
             parts.append(f"{label}: {p.num_steps} steps")
@@ -88,6 +93,20 @@ def stopped_outputs(previous_result, message: str) -> tuple:
     shown = dict(zip(RUN_OUTPUTS, previous_result.as_outputs(), strict=True))
     del shown["run_state"], shown["downloads_file"]  # both stay as they are
     return run_outputs(**shown)
+
+
+def refused_outputs(reason: str, previous_status: str | None) -> tuple:
+    """The Run event's outputs for a run refused before it started: "Not run" and ``reason`` (plain
+    text) in the status line, then the previous run's status if there is one; all else as is."""
+    status = f"**Not run:** {plain_markdown(reason)}"
+    if previous_status:
+        status += f" Showing the previous run: {previous_status}"
+    return run_outputs(status_markdown=status)
+
+
+def plain_markdown(text: str) -> str:
+    """``text`` escaped so Markdown shows it as typed (a message may quote what a person typed)."""
+    return re.sub(r"([\\`*_\[\]<>#|~])", r"\\\1", text)
 
 
 def _trace_so_far(

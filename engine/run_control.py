@@ -3,8 +3,11 @@
 A ``RunControl`` is shared by the thread that runs the engines and the one that serves the page.
 The page side calls ``stop()`` (Stop button, closed tab); the engine side calls ``check()`` from its
 per-step callback, which raises ``RunCancelled`` or ``RunTimedOut`` so the engine loop unwinds
-within one step and drops its KV cache. The time limit comes from ``CBP_RUN_TIME_LIMIT_S``, read at
-every run so a host can change it without a restart.
+within one step and drops its KV cache. An engine that waits for requests to arrive (up to minutes)
+runs no steps, so it waits through ``wait_until``, which sleeps in slices of ``WAIT_SLICE_S`` and
+calls the run's wait callback between them: a stop ends such a wait within one slice. The time
+limit comes from ``CBP_RUN_TIME_LIMIT_S``, read at every run so a host can change it without a
+restart.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 RUN_TIME_LIMIT_S = 600.0  # default per-run limit; CBP_RUN_TIME_LIMIT_S overrides, 0 turns it off
 RUN_TIME_LIMIT_ENV = "CBP_RUN_TIME_LIMIT_S"
+WAIT_SLICE_S = 0.05  # the longest sleep between two stop checks while an engine waits
 
 
 class RunStopped(Exception):
@@ -76,3 +81,19 @@ class RunControl:
                 f"the run took longer than the limit of {self.time_limit_s:g} s "
                 f"({RUN_TIME_LIMIT_ENV}); try fewer requests or smaller caps."
             )
+
+
+def wait_until(t0: float, wake_s: float, on_wait: Callable[[], None] | None = None) -> None:
+    """Sleep until ``wake_s`` seconds after ``t0`` (a ``time.perf_counter()`` reading).
+
+    The sleep goes in slices of at most ``WAIT_SLICE_S`` seconds with ``on_wait()`` called after
+    each, so a run told to stop ends the wait within one slice. Returns at once when ``wake_s``
+    has passed.
+
+    Raises:
+        Exception: whatever ``on_wait`` raises (``RunStopped`` from ``RunControl.check``), at once.
+    """
+    while (left_s := wake_s - (time.perf_counter() - t0)) > 0:
+        time.sleep(min(left_s, WAIT_SLICE_S))
+        if on_wait is not None:
+            on_wait()

@@ -10,6 +10,7 @@ when the whole wave is done (the barrier). A stopping criterion timestamps every
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import deque
@@ -19,6 +20,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
+from engine.run_control import wait_until
 from engine.sequence import Request, truncate_at_stop
 from engine.trace import DECODE, IDLE, PREFILL, ScheduledSeq, StepRecord, Trace, new_request_records
 
@@ -48,28 +50,45 @@ class StaticEngine:
         self.runner = runner
         self.config = config
 
-    def run(self, requests: list[Request], on_step: Callable | None = None) -> Trace:
-        """Run every wave; ``on_step(trace, None)`` is called after every generate step."""
+    def run(
+        self,
+        requests: list[Request],
+        on_step: Callable | None = None,
+        on_wait: Callable[[Trace], None] | None = None,
+    ) -> Trace:
+        """Run every wave; ``on_step(trace, None)`` is called after every generate step, and
+        ``on_wait(trace)`` every ``WAIT_SLICE_S`` (0.05 s) while a wave waits for arrivals.
+
+        Raises:
+            Exception: whatever ``on_step`` or ``on_wait`` raises (``RunStopped``), at once.
+        """
         trace = Trace(engine=self.name, num_slots=self.config.num_slots)
         trace.requests = new_request_records(requests)
         pending = deque(sorted(requests, key=lambda r: r.arrival_order))
+        waiting = None if on_wait is None else functools.partial(on_wait, trace)
         self.runner.synchronize()
         t0 = time.perf_counter()
         wave_index = 0
         while pending:
-            wave = self._next_wave(pending, t0)
+            wave = self._next_wave(pending, t0, waiting)
             self._run_wave(trace, wave_index, wave, t0, on_step)
             wave_index += 1
         self.runner.synchronize()
         trace.wall_s = time.perf_counter() - t0
         return trace
 
-    def _next_wave(self, pending: deque[Request], t0: float) -> list[Request]:
+    def _next_wave(
+        self, pending: deque[Request], t0: float, on_wait: Callable[[], None] | None
+    ) -> list[Request]:
         """Wait for the next wave and take it out of ``pending`` (sorted by arrival).
 
         The wave-forming rule: a wave starts as soon as ``B`` requests have arrived, or the
         oldest arrived request has waited ``wave_timeout_s``, or every remaining request has
-        arrived; it takes up to ``B`` arrived requests, oldest first. Until then the engine waits.
+        arrived; it takes up to ``B`` arrived requests, oldest first. Until then the engine waits,
+        calling ``on_wait()`` every ``WAIT_SLICE_S``.
+
+        Raises:
+            Exception: whatever ``on_wait`` raises, at once.
         """
         b, timeout_s = self.config.num_slots, self.config.wave_timeout_s
         while True:
@@ -83,7 +102,7 @@ class StaticEngine:
             wake_s = pending[arrived].arrival_s if arrived < len(pending) else math.inf
             if arrived:
                 wake_s = min(wake_s, pending[0].arrival_s + timeout_s)
-            time.sleep(max(0.0, wake_s - now_s))
+            wait_until(t0, wake_s, on_wait)
 
     def _run_wave(self, trace, wave_index, wave: list[Request], t0, on_step) -> None:
         wave_start_s = time.perf_counter() - t0

@@ -120,3 +120,65 @@ def test_a_mismatch_is_reported_with_its_token_and_margin(tmp_path, tiny_loaded,
     (found,) = doc["engines"]["continuous"]["mismatches"]
     assert found["request_id"] == 0 and found["token_index"] == 2 and found["engine_token"] == 3
     assert found["logit_margin"] is not None
+
+
+@pytest.mark.parametrize(
+    ("argv", "ignored"),
+    [
+        (["--kv-budget-mib", "8", "--block-size", "4"], ["--kv-budget-mib", "--block-size"]),
+        (["--engines", "static", "--token-budget", "8"], ["--token-budget"]),
+        (["--engines", "hf_continuous", "--policy", "prefill_first"], ["--policy"]),
+        (["--rate", "5", "--seed", "2"], ["--rate", "--seed"]),
+        (["--arrival", "all", "--rate", "5"], ["--rate"]),
+    ],
+)
+def test_flags_no_selected_engine_uses_are_named(argv, ignored):
+    """A paged-KV, token-budget, policy or Poisson flag that nothing selected uses is named."""
+    args = bench.parse_args(argv)
+    names = args.engines.split(",")
+    lines = bench.ignored_flags(args, names)
+    assert [line.split()[0] for line in lines] == ignored, lines
+    assert all("is ignored: only" in line for line in lines), lines
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--engines", "continuous_paged", "--kv-budget-mib", "8", "--block-size", "4"],
+        ["--engines", "static,continuous", "--token-budget", "8", "--policy", "prefill_first"],
+        ["--arrival", "poisson", "--rate", "5", "--seed", "2"],
+        [],
+    ],
+)
+def test_flags_a_selected_engine_uses_are_not_named(argv):
+    """No warning for flags that a selected engine or the arrival mode uses, nor for none."""
+    args = bench.parse_args(argv)
+    assert bench.ignored_flags(args, args.engines.split(",")) == []
+
+
+def test_scoped_flags_get_their_defaults_when_not_given():
+    """Flags parsed as None to see whether they were given still get their documented defaults."""
+    args = bench.parse_args([])
+    assert (args.rate, args.seed, args.policy, args.block_size) == (1.0, 0, "decode_first", 16)
+    assert args.given == set(), f"defaults counted as given: {args.given}"
+    args = bench.parse_args(["--rate", "5", "--block-size", "4"])
+    assert (args.rate, args.block_size, args.given) == (5.0, 4, {"rate", "block_size"})
+
+
+def test_bench_warns_on_stderr_about_an_ignored_kv_budget(tmp_path, tiny_loaded, capsys):
+    """--kv-budget-mib without continuous_paged runs, and says on stderr that it was ignored."""
+    workload = _workload(tmp_path, [("hello", 2)])
+    argv = ["--workload", workload, "--engines", "continuous", "--kv-budget-mib", "8"]
+    assert bench.main([*argv, "--no-reference"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: --kv-budget-mib is ignored: only continuous_paged uses it." in err, err
+
+
+def test_help_shows_the_defaults_and_the_ignored_flag_rule(capsys):
+    """--help gives --rate's default and says unused flags are ignored with a warning."""
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for part in ("arrivals per second (default 1.0)", "tokens per block (default 16)"):
+        assert part in text, f"{part!r} not in --help"
+    assert "ignored with a warning on stderr" in text, "--help does not say what is ignored"

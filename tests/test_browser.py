@@ -240,7 +240,8 @@ def test_run_draws_timelines_masks_and_checked_outputs(page: Page, tmp_path: Pat
 
 
 def test_bad_input_shows_error_and_keeps_results(page: Page):
-    """A cap of 0 shows the engine's message; earlier results stay, and the next run works."""
+    """A cap of 0 shows the engine's message in a toast and in the status line (no error badge
+    over it); earlier results stay, and the next run works."""
     rows = [("The capital of France is", 3), ("Water boils at", 4)]
     set_requests(page, rows)
     set_slots(page, 2)
@@ -253,8 +254,12 @@ def test_bad_input_shows_error_and_keeps_results(page: Page):
     toast = page.locator('[data-testid="toast-text"]')
     expect(toast).to_contain_text("max_new_tokens 0 is out of range", timeout=30_000)
     assert "Row 2" in toast.inner_text(), f"error does not name the row: {toast.inner_text()!r}"
+    expect(_status(page)).to_contain_text("Not run: Row 2: max_new_tokens 0 is out of range")
+    status = status_text(page)
+    assert status.endswith(f"Showing the previous run: {before_status}"), status
+    tracker = page.locator("#status_markdown [data-testid=status-tracker]")
+    expect(tracker).to_have_class(re.compile(r"\bhide\b"))  # no "Error" badge over the status
     assert outputs_rows(page) == before_outputs, "the error wiped the previous outputs"
-    assert status_text(page) == before_status, "the error replaced the previous status line"
     for elem_id in PLOT_IDS:
         assert plot_summary(page, elem_id)["num_drawn"] > 0, f"the error cleared {elem_id}"
 
@@ -282,7 +287,8 @@ def test_html_prompt_is_shown_as_text(page: Page):
 
 
 def test_link_presets_the_page(page: Page, server_url: str):
-    """Opening ?preset=long-tail&slots=4 loads that preset's table and sets 4 slots."""
+    """Opening ?preset=long-tail&slots=4 loads that preset's table and sets 4 slots; an unknown
+    preset is named in a warning."""
     from engine import presets
 
     rows, _, _ = presets.apply_preset(presets.by_slug("long-tail"))
@@ -292,6 +298,11 @@ def test_link_presets_the_page(page: Page, server_url: str):
     assert _num_rows(page, "requests_table") == len(rows), "the preset's rows were not loaded"
     expect(page.locator("#slots_slider input[type=range]")).to_have_value("4")
     expect(page.locator("#preset_markdown")).to_contain_text("long tail")
+
+    page.goto(f"{server_url}?preset=nope&slots=4")
+    toast = page.locator('[data-testid="toast-text"]')
+    expect(toast).to_contain_text("preset='nope' is ignored: no such preset", timeout=30_000)
+    expect(page.locator("#slots_slider input[type=range]")).to_have_value("4")
 
 
 def _download(page: Page, elem_id: str, name: str, folder: Path) -> Path:
@@ -346,7 +357,8 @@ def test_setup_link_step_and_downloads(page: Page, server_url: str, tmp_path: Pa
 
 
 def test_upload_csv_fills_the_table_and_the_table_downloads(page: Page, tmp_path: Path):
-    """An uploaded CSV fills the table; a bad one names its line; the table downloads as CSV."""
+    """An uploaded CSV fills the table; a bad one names its line and changes nothing; the table
+    downloads as CSV."""
     from engine.workload_files import load_workload_file
 
     good = tmp_path / "workload.csv"
@@ -371,6 +383,8 @@ def test_upload_csv_fills_the_table_and_the_table_downloads(page: Page, tmp_path
     toast = page.locator('[data-testid="toast-text"]')
     expect(toast).to_contain_text("bad.csv line 3", timeout=20_000)
     expect(_cell(page, "requests_table", 1, 0)).to_contain_text("Goodbye")  # table kept
+    tracker = page.locator("#requests_table [data-testid=status-tracker]")
+    expect(tracker).to_have_class(re.compile(r"\bhide\b"))  # no "Error" badge over the table
 
 
 # --- a run in progress: live progress, Stop, closed tab, queue ----------------------------------

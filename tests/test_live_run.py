@@ -121,6 +121,31 @@ def test_closing_the_handler_stops_the_engine_within_a_step_and_frees_the_kv_cac
     assert "✓ all match" in follow_up[STATUS_INDEX], "the next run failed after a cancel"
 
 
+@pytest.mark.parametrize(
+    ("late_s", "waiting"),
+    [
+        (30, "static batching: 0 steps, 0/2 requests done, waiting for arrivals"),
+        (3, "continuous batching: 2 steps, 1/2 requests done, waiting for arrivals"),
+    ],
+)
+def test_closing_the_handler_ends_a_wait_for_arrivals(shared, late_s, waiting):
+    """Closed while an engine waits for a later arrival, the run frees the model within 1 s
+    (not at the arrival), its KV cache goes, and the status said it was waiting."""
+    events = playground.run_event([["early", 2, 0], ["late", 2, late_s]], *KNOBS)
+    for update in events:
+        if waiting in update[STATUS_INDEX]:
+            break
+    else:
+        raise AssertionError(f"the status never said {waiting!r}")
+    events.close()
+    assert shared.lock.acquire(timeout=1.0), "the run still waits for its arrival after a close"
+    shared.lock.release()
+    gc.collect()
+    assert all(ref() is None for ref in shared.caches), "a KV cache outlived the closed run"
+    follow_up = list(playground.run_event([["next user", 3]], *KNOBS))[-1]
+    assert "✓ all match" in follow_up[STATUS_INDEX], "the next run failed after the close"
+
+
 def test_time_limit_stops_the_run_and_puts_the_previous_results_back(shared, monkeypatch):
     """Past CBP_RUN_TIME_LIMIT_S the run stops with a message; the earlier results come back."""
     previous = list(playground.run_event([["earlier run", 2]], *KNOBS))[-1]
@@ -139,19 +164,19 @@ def test_time_limit_stops_the_run_and_puts_the_previous_results_back(shared, mon
     shared.lock.release()
 
 
-def test_engine_value_error_mid_run_is_a_page_error(shared, monkeypatch):
-    """A ValueError from an engine mid-run becomes a page error; the earlier results come back."""
+def test_engine_value_error_mid_run_is_told_like_bad_input(shared, monkeypatch):
+    """A ValueError from an engine mid-run (bad input only it could see) is no page error: the
+    status line and a warning say it, and the earlier results come back."""
     previous = list(playground.run_event([["earlier run", 2]], *KNOBS))[-1]
 
     def refuse(batch):
         raise ValueError("KV memory budget exceeded")
 
     monkeypatch.setattr(shared.runner, "forward_packed", refuse)
-    updates = []
-    with pytest.raises(gr.Error, match="Run stopped: KV memory budget exceeded"):
-        for update in playground.run_event(ROWS, *KNOBS, previous[0]):
-            updates.append(update)
-    assert "KV memory budget exceeded" in updates[-1][STATUS_INDEX], updates[-1][STATUS_INDEX]
+    with pytest.warns(UserWarning, match="KV memory budget exceeded"):
+        updates = list(playground.run_event(ROWS, *KNOBS, previous[0]))
+    status = updates[-1][STATUS_INDEX]
+    assert status.startswith("**Stopped:** KV memory budget exceeded Showing the previous run:")
     assert [r[1] for r in updates[-1][OUTPUTS_INDEX].value["data"]] == ["earlier run"]
 
 
@@ -171,6 +196,10 @@ def test_progress_line_counts_each_engine():
     ):
         assert part in line, f"{part!r} missing from {line!r}"
     assert "limit" not in progress_line({}, 1.0, None), "an off time limit is shown"
+    progress["continuous"].waiting = True
+    line = progress_line(progress, elapsed_s=3.25, time_limit_s=None)
+    assert "continuous batching: 5 steps, 1/4 requests done, waiting for arrivals" in line, line
+    assert line.count("waiting") == 1, f"an engine that is not waiting is said to wait: {line}"
 
 
 def test_stop_handler_shows_previous_results_or_clears(shared):

@@ -328,17 +328,6 @@ def test_engine_knobs_reach_the_engines(shared):
     assert len(result.outputs[0]) == 7, "a third output column for transformers' engine"
 
 
-def test_bad_token_budget_is_a_page_error(shared, monkeypatch):
-    """A budget below the slot count is refused with the config's message."""
-    monkeypatch.setattr(shared_model, "_shared_model", shared)
-    with pytest.raises(gr.Error, match="at least the slot count"):
-        list(
-            playground.run_event(
-                ROWS, 3, False, False, "slots", 2, "decode_first", False, 0, "time"
-            )
-        )
-
-
 def test_poisson_arrivals_reach_both_engines(shared):
     """With an arrival rate, requests arrive over time and nobody is admitted early."""
     options = playground.RunOptions(check_reference=False, arrival_rate_per_s=50.0)
@@ -347,28 +336,6 @@ def test_poisson_arrivals_reach_both_engines(shared):
         arrivals = [r.arrival_s for r in trace.requests]
         assert arrivals == sorted(arrivals) and arrivals[0] > 0, "Poisson arrivals not applied"
         assert all(r.admit_s >= r.arrival_s for r in trace.requests), trace.engine
-
-
-def test_bad_arrival_rate_is_a_page_error(shared):
-    """A negative arrival rate is refused with a clear message."""
-    with pytest.raises(gr.Error, match=r"Arrival rate \(requests/s\) must be positive"):
-        list(
-            playground.run_event(
-                ROWS, 2, False, False, "slots", 0, "decode_first", False, -1, "time"
-            )
-        )
-
-
-def test_link_query_parameters_preset_the_page():
-    """?preset=SLUG&slots=N gives the preset's rows and the slot count; bad values are skipped."""
-    from types import SimpleNamespace
-
-    link = SimpleNamespace(query_params={"preset": "one-long-many-short", "slots": "5"})
-    name, rows, chat_template, text, slots = playground.from_link(link)
-    assert name == "One long, many short" and slots == 5
-    assert rows == presets.apply_preset(name)[0] and chat_template is False and text
-    skipped = playground.from_link(SimpleNamespace(query_params={"preset": "nope", "slots": "99"}))
-    assert all(isinstance(u, type(gr.skip())) or u == gr.skip() for u in skipped)
 
 
 def test_paged_kv_knobs_reach_the_engine_and_its_views(shared):
@@ -389,54 +356,3 @@ def test_paged_kv_knobs_reach_the_engine_and_its_views(shared):
     assert f"{step.kv_blocks_used}/12 blocks" in block_map.layout.title.subtitle.text
     usage = next(t for t in result.step_usage.data if t.name == "KV blocks in use")
     assert list(usage.y) == [s.kv_blocks_used for s in trace.steps]
-
-
-@pytest.mark.parametrize(
-    ("budget", "block", "message"),
-    [("-1", "16", "KV budget"), ("abc", "16", "KV budget"), ("0", "2.5", "Block size")],
-)
-def test_bad_paged_knobs_are_page_errors(shared, monkeypatch, budget, block, message):
-    """A negative or non-numeric KV budget, or a fractional block size, is a clear page error."""
-    monkeypatch.setattr(shared_model, "_shared_model", shared)
-    with pytest.raises(gr.Error, match=message):
-        list(
-            playground.run_event(
-                ROWS,
-                2,
-                False,
-                False,
-                "paged",
-                0,
-                "decode_first",
-                False,
-                0,
-                "time",
-                None,
-                budget,
-                block,
-            )
-        )
-
-
-@pytest.mark.parametrize(
-    ("block", "message"),
-    [("0", "Block size must be a whole number"), ("100000", "from 1 to 256")],
-)
-def test_block_size_outside_1_to_256_is_refused(shared, monkeypatch, block, message):
-    """Block size 0 or 100,000 (a pool of many GB) is refused before any allocation."""
-    monkeypatch.setattr(shared_model, "_shared_model", shared)
-    knobs = (False, False, "paged", 0, "decode_first", False, 0, "time", None, "0", block)
-    with pytest.raises(gr.Error, match=message):
-        list(playground.run_event(ROWS, 2, *knobs))
-
-
-def test_far_off_arrivals_are_refused_before_they_hold_the_model(shared, monkeypatch):
-    """A Poisson rate whose arrivals pass the wait limit (or the run's time limit) is refused."""
-    monkeypatch.setattr(shared_model, "_shared_model", shared)
-    knobs = (False, False, "paged", 0, "decode_first", False, "0.000001", "time")
-    with pytest.raises(gr.Error, match="a run waits for arrivals at most 300 s"):
-        list(playground.run_event(ROWS, 2, *knobs))
-    monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", "20")
-    rows = [["early", 3, 0], ["late", 3, 25]]
-    with pytest.raises(gr.Error, match="at most 20 s"):
-        list(playground.run_event(rows, 2, *knobs[:6], 0, "time"))
