@@ -259,7 +259,7 @@ def format_table(results: dict[str, dict], weight_read_ms: float | None = None) 
         match = {True: "yes", False: f"NO ({r['num_mismatched_requests']})", None: "-"}
         lines.append(
             f"{name:<18}{spread:>16}{r['num_steps']:>7}{r['num_generated_tokens']:>8}"
-            f"{r['tok_per_s']:>8.1f}{speedup:>9}{r['ms_per_step']:>9.1f}"
+            f"{r['tok_per_s']:>8.1f}{speedup:>9}{_ms(r['ms_per_step']):>9}"
             f"{_ratio(r['ms_per_step'], weight_read_ms):>8}  {match[r['reference_match']]}"
         )
     return "\n".join(lines)
@@ -284,6 +284,10 @@ def explain_mismatches(runner, requests, traces, reference, results) -> None:
                 print(f"  {name}: output differs from the reference: {found[-1]}", file=sys.stderr)
         if found:
             results[name]["mismatches"] = found
+
+
+def _ms(ms_per_step: float) -> str:
+    return f"{ms_per_step:.1f}" if ms_per_step else "-"  # "-": an engine with no step trace
 
 
 def _ratio(ms_per_step: float, weight_read_ms: float | None) -> str:

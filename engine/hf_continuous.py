@@ -8,6 +8,8 @@ per-request times (from its per-token timestamps) and no steps.
 
 from __future__ import annotations
 
+import functools
+
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
 from engine.sequence import Request, truncate_at_stop
@@ -23,13 +25,19 @@ class HFContinuousEngine:
         self.runner = runner
         self.config = config
 
-    def run(self, requests: list[Request], on_step=None) -> Trace:
-        """Run to completion (``on_step`` is accepted for symmetry and never called)."""
+    def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
+        """Run to completion. transformers' manager has no step hook, so ``on_step`` is never
+        called; ``on_wait(trace)`` is called every 0.1 s while its results are awaited.
+
+        Raises:
+            Exception: whatever ``on_wait`` raises (``RunStopped``): the manager is stopped.
+        """
         trace = Trace(engine=self.name, num_slots=self.config.num_slots)
         trace.requests = new_request_records(requests)
         prompts = [list(r.prompt_token_ids) for r in requests]
         caps = [r.max_new_tokens for r in requests]
-        t0, outputs = self.runner.hf_continuous_batch(prompts, caps, self.config.num_slots)
+        poll = None if on_wait is None else functools.partial(on_wait, trace)
+        t0, outputs = self.runner.hf_continuous_batch(prompts, caps, self.config.num_slots, poll)
         for request, out in zip(requests, outputs, strict=True):
             rec = trace.request(request.request_id)
             tokens = truncate_at_stop(

@@ -136,7 +136,9 @@ class ModelRunner:
         return ids, mask
 
     # --- transformers' own continuous batching (a reference engine for the bench) -------------
-    def hf_continuous_batch(self, prompts: list[list[int]], caps: list[int], num_slots: int):
+    def hf_continuous_batch(
+        self, prompts: list[list[int]], caps: list[int], num_slots: int, on_poll=None
+    ):
         """Run prompts through transformers' ``ContinuousBatchingManager`` (greedy).
 
         Uses ``model.continuous_batching_context_manager`` with ``max_requests_per_batch`` =
@@ -144,6 +146,12 @@ class ModelRunner:
         before the clock starts. Returns ``(t0, outputs)``: ``perf_counter`` at the first request,
         and per prompt a ``GenerationOutput`` (``generated_tokens``, ``timestamps`` in
         ``perf_counter`` seconds).
+
+        ``on_poll()`` is called every ``HF_POLL_S`` (0.1 s) while results are awaited; an exception
+        it raises (``RunStopped``) stops the manager and propagates.
+
+        Raises:
+            RuntimeError: no result for ``HF_STALL_S`` (60 s): the manager stopped early.
         """
         import time
 
@@ -171,10 +179,16 @@ class ModelRunner:
                     manager.add_request(
                         ids, request_id=f"r{i}", max_new_tokens=cap, record_timestamps=True
                     )
+                last_result_s = time.perf_counter()
                 while len(results) < len(prompts):
-                    out = manager.get_result(timeout=60)
+                    out = manager.get_result(timeout=HF_POLL_S)
+                    if on_poll is not None:
+                        on_poll()
                     if out is None:
-                        raise RuntimeError("transformers' continuous batching stopped early")
+                        if time.perf_counter() - last_result_s > HF_STALL_S:
+                            raise RuntimeError("transformers' continuous batching stopped early")
+                        continue
+                    last_result_s = time.perf_counter()
                     if out.is_finished():
                         results[out.request_id] = out
         finally:
@@ -205,6 +219,8 @@ class ModelRunner:
             torch.mps.synchronize()
 
 
+HF_POLL_S = 0.1  # how often hf_continuous_batch calls on_poll while it waits for results
+HF_STALL_S = 60.0  # no result for this long: transformers' manager is taken to have stopped
 HF_PAGE_SIZE = 256  # ContinuousBatchingConfig's default page_size, in tokens
 
 

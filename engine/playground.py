@@ -91,10 +91,11 @@ def run_engines(
         )
         watch("continuous", continuous, done=True)
         hf = None
-        if options.compare_hf:  # transformers' manager has no step hook: checked before only
+        if options.compare_hf:  # no step hook: checked every 0.1 s while results are awaited
             watch("hf_continuous", None)
             progress(None, desc="transformers' continuous batching")
-            hf = HFContinuousEngine(runner, config).run(requests)
+            stop_check = functools.partial(_hf_poll, watch)
+            hf = HFContinuousEngine(runner, config).run(requests, on_wait=stop_check)
         reference = None
         if options.check_reference:
             reference = model.reference.outputs(
@@ -212,6 +213,11 @@ def _continuous_steps(requests: list[Request], config: EngineConfig) -> int:
     """Estimated continuous steps: all tokens spread over the slots, at least the longest cap."""
     caps = [r.max_new_tokens for r in requests]
     return max(math.ceil(sum(caps) / config.num_slots), max(caps))
+
+
+def _hf_poll(watch: Callable, _trace) -> None:
+    """transformers' engine's poll: a stop check that counts no step (no trace until the end)."""
+    watch("hf_continuous", None, waiting=True)
 
 
 def _on_step(progress, engine: str, total: int, watch: Callable) -> Callable:

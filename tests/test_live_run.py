@@ -255,3 +255,30 @@ def test_live_run_hands_errors_to_the_caller():
         assert live.wait(5), "the worker did not end"
     with pytest.raises(KeyError, match="boom"):
         live.result()
+
+
+def test_transformers_engine_is_stopped_by_its_poll():
+    """A RunStopped raised by the poll ends transformers' engine; the model then runs normally."""
+    from tiny_model import make_requests
+
+    from engine.config import EngineConfig
+    from engine.hf_continuous import HFContinuousEngine
+
+    runner = tiny_runner()
+    requests = make_requests([("hello world", 200), ("abc", 200), ("xyz", 200)])
+    polls = []
+
+    def stop_at_second_poll(trace):
+        polls.append(trace)
+        if len(polls) == 2:
+            raise RunCancelled("stopped by the test")
+
+    engine = HFContinuousEngine(runner, EngineConfig(2))
+    attention_before = runner.model.config._attn_implementation
+    with pytest.raises(RunCancelled):
+        engine.run(requests, on_wait=stop_at_second_poll)
+    assert len(polls) == 2 and polls[0] is polls[1], "polled with the run's own trace"
+    assert runner.model.config._attn_implementation == attention_before, "attention put back"
+    after = engine.run(requests[:1])
+    want = ReferenceCache(runner).output(requests[0])
+    assert after.requests[0].output_token_ids == want, "the next run is still correct"
