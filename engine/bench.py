@@ -28,7 +28,14 @@ from engine.static import StaticEngine
 from engine.trace import Trace
 from engine.workload import load_jsonl, poisson_arrivals, seed_specs, tokenize_requests
 
-ENGINES = ("static", "continuous", "continuous_paged", "continuous_concat", "hf_continuous")
+ENGINES = (
+    "static",
+    "static_generate",
+    "continuous",
+    "continuous_paged",
+    "continuous_concat",
+    "hf_continuous",
+)
 KV_MODE_OF = {"continuous": "slots", "continuous_paged": "paged", "continuous_concat": "concat"}
 # Flags that only some engines or arrival modes use: parsed as None so a given one can be told
 # from a default (and warned about when nothing uses it), then set to these defaults.
@@ -43,6 +50,10 @@ def make_engine(name: str, runner, num_slots: int, **options):
     """
     if name == "static":
         return StaticEngine(runner, EngineConfig(num_slots))
+    if name == "static_generate":  # the same waves on plain model.generate matmuls
+        engine = StaticEngine(runner, EngineConfig(num_slots), engine_kernels=False)
+        engine.name = name
+        return engine
     if name in KV_MODE_OF:
         config = EngineConfig(num_slots, kv_mode=KV_MODE_OF[name], **options)
         engine = ContinuousEngine(runner, config)

@@ -10,6 +10,7 @@ when the whole wave is done (the barrier). A stopping criterion timestamps every
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
@@ -46,8 +47,11 @@ class StaticEngine:
 
     name = "static"
 
-    def __init__(self, runner: ModelRunner, config: EngineConfig):
+    def __init__(self, runner: ModelRunner, config: EngineConfig, engine_kernels: bool = True):
+        """``engine_kernels=False``: plain ``model.generate`` matmuls, without the engines' kernel
+        (``ModelRunner.engine_kernels``); the bench's ``static_generate``."""
         self.runner = runner
+        self.engine_kernels = engine_kernels
         self.config = config
 
     def run(
@@ -116,7 +120,7 @@ class StaticEngine:
                 on_step(trace, None)
 
         clock = _StepClock(t0, width, caps, tick)
-        with self.runner.engine_kernels():
+        with self.runner.engine_kernels() if self.engine_kernels else contextlib.nullcontext():
             out = self.runner.generate(input_ids, attention_mask, max(caps), [clock])
         eos = self.runner.eos_token_ids
         outputs = [

@@ -27,7 +27,7 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     workload = _workload(tmp_path, [("hello", 5), ("a longer prompt here", 12), ("z", 3)])
     argv = ["--workload", workload, "--slots", "2", "--json", str(out), "--floor"]
     argv += ["--out", str(tmp_path / "exports")]
-    argv += ["--engines", "static,continuous,continuous_concat,hf_continuous"]
+    argv += ["--engines", "static,static_generate,continuous,continuous_concat,hf_continuous"]
     assert bench.main(argv) == 0
     doc = json.loads(out.read_text())
     for key in ("model", "device", "dtype", "slots", "workload", "engines", "floor_s"):
@@ -35,7 +35,8 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     assert doc["floor_engine_kernel_s"] > 0 and doc["weight_read_ms"] > 0
     params = tiny_loaded.model.parameters()
     assert doc["weight_bytes"] == sum(p.numel() * p.element_size() for p in params)
-    assert set(doc["engines"]) == {"static", "continuous", "continuous_concat", "hf_continuous"}
+    names = {"static", "static_generate", "continuous", "continuous_concat", "hf_continuous"}
+    assert set(doc["engines"]) == names
     for name, r in doc["engines"].items():
         assert set(r["latency_percentiles"]) == {"queue_s", "ttft_s", "tpot_s", "latency_s"}
         for key in ("wall_s", "num_steps", "num_generated_tokens", "tok_per_s"):
