@@ -10,7 +10,6 @@ With ``--repeat N`` the engines run interleaved (A B A B ...) and the median is 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -19,6 +18,15 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+from engine.bench_args import (
+    ENGINES,
+    KV_MODE_OF,
+    check_args,
+    engine_options,
+    ignored_flags,
+    load_specs,
+    parse_args,
+)
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.hardware_probe import PeakMemory, weight_bytes, weight_read_ms
@@ -26,20 +34,7 @@ from engine.reference import ReferenceCache, divergence, mismatches
 from engine.sequence import Request
 from engine.static import StaticEngine
 from engine.trace import Trace
-from engine.workload import load_jsonl, poisson_arrivals, seed_specs, tokenize_requests
-
-ENGINES = (
-    "static",
-    "static_generate",
-    "continuous",
-    "continuous_paged",
-    "continuous_concat",
-    "hf_continuous",
-)
-KV_MODE_OF = {"continuous": "slots", "continuous_paged": "paged", "continuous_concat": "concat"}
-# Flags that only some engines or arrival modes use: parsed as None so a given one can be told
-# from a default (and warned about when nothing uses it), then set to these defaults.
-SCOPED_DEFAULTS = {"rate": 1.0, "seed": 0, "policy": "decode_first", "block_size": 16}
+from engine.workload import tokenize_requests
 
 
 def make_engine(name: str, runner, num_slots: int, **options):
@@ -64,120 +59,6 @@ def make_engine(name: str, runner, num_slots: int, **options):
 
         return HFContinuousEngine(runner, EngineConfig(num_slots))
     raise ValueError(f"Unknown engine {name!r}; choose from {', '.join(ENGINES)}.")
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    """The command line; scoped flags (``SCOPED_DEFAULTS``) get their defaults after parsing."""
-    p = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--workload", default="seed", help="'seed' or a JSONL file path")
-    p.add_argument("--slots", type=int, default=3, help="B: concurrent sequences (default 3)")
-    p.add_argument("--engines", default="static,continuous", help=f"comma list of {ENGINES}")
-    p.add_argument("--json", dest="json_path", help="write results to this JSON file")
-    p.add_argument("--model", default=None, help="model id or folder (default: embedded)")
-    p.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
-    p.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16")
-    p.add_argument("--chat-template", action="store_true", help="wrap prompts in the chat template")
-    p.add_argument("--repeat", type=int, default=1, help="runs per engine, interleaved")
-    p.add_argument("--no-reference", action="store_true", help="skip the model.generate check")
-    p.add_argument(
-        "--arrival",
-        choices=("file", "all", "poisson"),
-        default="file",
-        help="file: the JSONL's arrival_s (0 if absent); all: t=0; poisson: --rate",
-    )
-    p.add_argument("--rate", type=float, help="poisson: arrivals per second (default 1.0)")
-    p.add_argument("--seed", type=int, help="poisson: the arrivals' random seed (default 0)")
-    p.add_argument("--out", help="folder for requests.csv, traces.json, trace.perfetto.json")
-    p.add_argument(
-        "--token-budget", type=int, help="continuous engines: max tokens per step (default: none)"
-    )
-    p.add_argument(
-        "--policy",
-        help="continuous engines: decode_first or prefill_first (default decode_first)",
-    )
-    p.add_argument(
-        "--kv-budget-mib",
-        type=float,
-        help="continuous_paged: KV memory in MiB (default: room for every slot)",
-    )
-    p.add_argument("--block-size", type=int, help="continuous_paged: tokens per block (default 16)")
-    p.add_argument(
-        "--floor", action="store_true", help="time generate on the longest request alone"
-    )
-    p.add_argument("--profile", action="store_true", help="continuous: forward vs host time split")
-    p.epilog = (
-        "A flag that no selected engine (or arrival mode) uses is ignored with a warning on "
-        "stderr, e.g. --kv-budget-mib without continuous_paged, or --rate without "
-        "--arrival poisson."
-    )
-    return _with_defaults(p.parse_args(argv))
-
-
-def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` with ``given`` (the scoped flags set on the command line) and their defaults."""
-    scoped = (*SCOPED_DEFAULTS, "token_budget", "kv_budget_mib")
-    args.given = {name for name in scoped if getattr(args, name) is not None}
-    for name, default in SCOPED_DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
-    return args
-
-
-def ignored_flags(args: argparse.Namespace, names: list[str]) -> list[str]:
-    """One line per flag given on the command line that no selected engine or arrival mode uses."""
-    paged = "continuous_paged" in names
-    continuous = any(name in KV_MODE_OF for name in names)
-    poisson = args.arrival == "poisson"
-    scopes = {
-        "kv_budget_mib": (paged, "only continuous_paged uses it"),
-        "block_size": (paged, "only continuous_paged uses it"),
-        "token_budget": (continuous, "only the continuous engines use it"),
-        "policy": (continuous, "only the continuous engines use it"),
-        "rate": (poisson, "only --arrival poisson uses it"),
-        "seed": (poisson, "only --arrival poisson uses it"),
-    }
-    return [
-        f"--{name.replace('_', '-')} is ignored: {why}."
-        for name, (used, why) in scopes.items()
-        if name in args.given and not used
-    ]
-
-
-def check_args(args: argparse.Namespace, names: list[str]) -> None:
-    """Refuse bad flags before the model loads. Raises ValueError."""
-    unknown = [n for n in names if n not in ENGINES]
-    if unknown or not names:
-        raise ValueError(
-            f"Unknown engine {unknown[0] if unknown else ''!r}; choose from {', '.join(ENGINES)}."
-        )
-    if args.repeat < 1:
-        raise ValueError("--repeat must be at least 1.")
-    EngineConfig(args.slots, **engine_options(args))
-
-
-def engine_options(args: argparse.Namespace) -> dict:
-    """The continuous engines' ``EngineConfig`` options from the flags."""
-    return {
-        "max_num_batched_tokens": args.token_budget,
-        "scheduling_policy": args.policy,
-        "block_size": args.block_size,
-        "kv_budget_mib": args.kv_budget_mib,
-    }
-
-
-def load_specs(args: argparse.Namespace):
-    """The workload with its arrival times. Raises ValueError (suggesting ``seed`` if missing)."""
-    if args.workload == "seed":
-        specs = seed_specs()
-    elif not Path(args.workload).exists():
-        raise ValueError(f"No workload file {args.workload!r}; pass 'seed' or a JSONL file path.")
-    else:
-        specs = load_jsonl(args.workload)
-    if args.arrival == "all":
-        return [dataclasses.replace(s, arrival_s=0.0) for s in specs]
-    if args.arrival == "poisson":
-        return poisson_arrivals(specs, args.rate, args.seed)
-    return specs
 
 
 def run_engines(engines: dict, requests, repeat: int, memory: PeakMemory):

@@ -5,7 +5,7 @@ import json
 import pytest
 from tiny_model import tiny_runner
 
-from engine import bench
+from engine import bench, bench_args
 
 
 @pytest.fixture()
@@ -135,9 +135,9 @@ def test_a_mismatch_is_reported_with_its_token_and_margin(tmp_path, tiny_loaded,
 )
 def test_flags_no_selected_engine_uses_are_named(argv, ignored):
     """A paged-KV, token-budget, policy or Poisson flag that nothing selected uses is named."""
-    args = bench.parse_args(argv)
+    args = bench_args.parse_args(argv)
     names = args.engines.split(",")
-    lines = bench.ignored_flags(args, names)
+    lines = bench_args.ignored_flags(args, names)
     assert [line.split()[0] for line in lines] == ignored, lines
     assert all("is ignored: only" in line for line in lines), lines
 
@@ -153,16 +153,16 @@ def test_flags_no_selected_engine_uses_are_named(argv, ignored):
 )
 def test_flags_a_selected_engine_uses_are_not_named(argv):
     """No warning for flags that a selected engine or the arrival mode uses, nor for none."""
-    args = bench.parse_args(argv)
-    assert bench.ignored_flags(args, args.engines.split(",")) == []
+    args = bench_args.parse_args(argv)
+    assert bench_args.ignored_flags(args, args.engines.split(",")) == []
 
 
 def test_scoped_flags_get_their_defaults_when_not_given():
     """Flags parsed as None to see whether they were given still get their documented defaults."""
-    args = bench.parse_args([])
+    args = bench_args.parse_args([])
     assert (args.rate, args.seed, args.policy, args.block_size) == (1.0, 0, "decode_first", 16)
     assert args.given == set(), f"defaults counted as given: {args.given}"
-    args = bench.parse_args(["--rate", "5", "--block-size", "4"])
+    args = bench_args.parse_args(["--rate", "5", "--block-size", "4"])
     assert (args.rate, args.block_size, args.given) == (5.0, 4, {"rate", "block_size"})
 
 
@@ -178,7 +178,7 @@ def test_bench_warns_on_stderr_about_an_ignored_kv_budget(tmp_path, tiny_loaded,
 def test_help_shows_the_defaults_and_the_ignored_flag_rule(capsys):
     """--help gives --rate's default and says unused flags are ignored with a warning."""
     with pytest.raises(SystemExit):
-        bench.parse_args(["--help"])
+        bench_args.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     for part in ("arrivals per second (default 1.0)", "tokens per block (default 16)"):
         assert part in text, f"{part!r} not in --help"
