@@ -131,15 +131,13 @@ def build_demo(model_label: str) -> gr.Blocks:
                             label="Paged: KV budget, MiB (0 = room for every slot)",
                             elem_id="kv_budget_number",
                         )
-                        block_size_number = gr.Number(
+                        block_size_number = gr.Number(  # no precision=0: it rounds 7.5 quietly
                             value=16,
-                            precision=0,
                             label="Paged: tokens per block (1 to 256)",
                             elem_id="block_size_number",
                         )
                     token_budget_number = gr.Number(
                         value=0,
-                        precision=0,
                         label="Token budget per step (0 = no limit)",
                         elem_id="token_budget_number",
                     )

@@ -270,6 +270,34 @@ def test_bad_input_shows_error_and_keeps_results(page: Page):
     assert outputs_rows(page)[1][2] == "6", "the run after the error did not use the fixed cap"
 
 
+def _fill_engine_setting(page: Page, elem_id: str, text: str) -> None:
+    """Type ``text`` into a number box of the Engine settings accordion (opened if closed)."""
+    box = page.locator(f"#{elem_id} input")
+    if not box.is_visible():
+        page.get_by_text("Engine settings").click()
+    expect(box).to_be_visible()
+    for _ in range(5):  # the accordion may still be rendering its contents: fill until it sticks
+        box.fill(text)
+        box.press("Tab")
+        page.wait_for_timeout(300)
+        if box.input_value() == text:
+            break
+    expect(box).to_have_value(text)
+
+
+@pytest.mark.parametrize(
+    ("elem_id", "what"),
+    [("block_size_number", "Block size"), ("token_budget_number", "Token budget")],
+)
+def test_fractional_knob_is_refused_not_rounded(page: Page, elem_id: str, what: str):
+    """A fractional block size or token budget reaches the check (not rounded by the page) and
+    is refused in the status line."""
+    set_requests(page, [("Water boils at", 3)])
+    _fill_engine_setting(page, elem_id, "7.5")
+    page.locator("#run_button").click()
+    expect(_status(page)).to_contain_text(f"Not run: {what} must be a whole number", timeout=30_000)
+
+
 def test_html_prompt_is_shown_as_text(page: Page):
     """A prompt that looks like HTML appears literally in the outputs table, never as an element."""
     rows = [(XSS_PROMPT, 3), ("The capital of France is", 3)]
