@@ -9,9 +9,22 @@ from __future__ import annotations
 
 import argparse
 
-import gradio as gr
+from engine import openmp_env
 
-from engine import page_io, playground, presets, share, shared_model, tables, tour, zerogpu
+openmp_env.configure()  # before torch loads: the engines run in worker threads (see the module)
+
+import gradio as gr  # noqa: E402
+
+from engine import (  # noqa: E402
+    page_io,
+    playground,
+    presets,
+    share,
+    shared_model,
+    tables,
+    tour,
+    zerogpu,
+)
 
 TITLE = "Continuous Batching Playground"
 INTRO = (
