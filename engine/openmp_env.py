@@ -10,7 +10,7 @@ continuous run in one worker thread (2026-11-30): 8.9 s, and 15.5 s once the mai
 one parallel op. With ``OMP_WAIT_POLICY=ACTIVE`` the crowded case spins 1,000 loops instead, and
 ``GOMP_SPINCOUNT=300000`` keeps the uncrowded spin at libgomp's default: 9.2 s and 10.0 s.
 
-``configure()`` must run before torch is imported; a value the user already set is kept.
+``configure()`` acts only before torch is imported; a value the user already set is kept.
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ import os
 SETTINGS = {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "300000"}
 
 
-def configure() -> dict[str, str]:
-    """Set each of ``SETTINGS`` unless already set; returns the values now in effect.
+def configure() -> bool:
+    """Set each of ``SETTINGS`` unless already set, if torch is not loaded yet.
 
-    Raises:
-        RuntimeError: torch was imported already, so libgomp has read its settings.
+    Returns True when libgomp will read the settings; False (nothing changed) when torch was
+    imported first (as in a test process that imports ``app``), since then they come too late.
     """
     import sys
 
     if "torch" in sys.modules:
-        raise RuntimeError("engine.openmp_env.configure() must run before torch is imported.")
+        return False
     for name, value in SETTINGS.items():
         os.environ.setdefault(name, value)
-    return {name: os.environ[name] for name in SETTINGS}
+    return True
