@@ -4,7 +4,7 @@ A decode step multiplies every weight matrix by only a few rows of activations (
 so its time is the time to stream the weights from memory. On CPU, how the matmul is laid out
 decides how close it gets to that. Measured with MKL in torch 2.13 on this project's 2-core
 AVX-512 machine, for the 30 decoder layers of SmolLM2-135M (425 MB of float32 weights; best of 9,
-script in the issue-3 note):
+random weights of the same shapes; ``python -m engine.kernel_bench`` times the model's own):
 
     rows M                      1      2      3      4      8     16     64
     F.linear(x, W)   ms      25.8   39.0   44.2   38.8   40.4   50.3  101.3
