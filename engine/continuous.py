@@ -20,6 +20,7 @@ from engine.run_control import wait_until
 from engine.scheduler import Scheduler
 from engine.sequence import Request, Sequence
 from engine.trace import DECODE, PREFILL, ScheduledSeq, StepRecord, Trace, new_request_records
+from engine.workload import request_label
 
 
 class ContinuousEngine:
@@ -179,7 +180,8 @@ def _check_fits(requests: list[Request], num_blocks: int, block_size: int) -> No
         num_tokens = r.num_prompt_tokens + r.max_new_tokens - 1  # the last token is never cached
         if blocks_for(num_tokens, block_size) > num_blocks:
             raise ValueError(
-                f"Request {r.request_id} needs {num_tokens} tokens of KV cache, but the KV budget "
+                f"{request_label(r.request_id)} needs {num_tokens} tokens of KV cache, but the KV "
+                "budget "
                 f"holds {num_blocks} blocks of {block_size} tokens ({num_blocks * block_size} "
                 f"tokens). Raise the KV budget or lower its max_new_tokens."
             )

@@ -206,6 +206,11 @@ def check_arrivals(specs: list[RequestSpec], max_arrival_s: float) -> list[Reque
     return specs
 
 
+def request_label(request_id: int) -> str:
+    """How messages name a request: its id as in the outputs table, and its 1-based table row."""
+    return f"Request R{request_id} (row {request_id + 1})"
+
+
 def tokenize_requests(
     specs: list[RequestSpec], tokenizer, *, chat_template: bool, max_context: int
 ) -> list[Request]:
@@ -221,7 +226,7 @@ def tokenize_requests(
     requests = []
     for request_id, spec in enumerate(specs):
         ids = _encode(spec.prompt, tokenizer, chat_template)
-        where = f"Request {request_id + 1}"
+        where = request_label(request_id)
         if not ids:
             raise ValueError(f"{where}: the prompt has no tokens.")
         if len(ids) + spec.max_new_tokens > max_context:

@@ -128,10 +128,11 @@ def test_preempted_request_is_the_newest_and_restarts_from_scratch(runner, reque
 
 
 def test_budget_too_small_for_one_request_is_refused(runner, requests):
+    """A pool smaller than one request is refused, naming it as the page does (id and row)."""
     config = EngineConfig(
         2, kv_mode="paged", block_size=BLOCK_SIZE, kv_budget_mib=_budget_mib(runner, 3)
     )
-    with pytest.raises(ValueError, match="Raise the KV budget"):
+    with pytest.raises(ValueError, match=r"^Request R\d+ \(row \d+\) needs .* Raise the KV"):
         ContinuousEngine(runner, config).run(requests)
 
 

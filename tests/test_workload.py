@@ -89,7 +89,9 @@ class _Tok:
 def test_prompt_plus_cap_over_context_is_refused():
     """A prompt whose length plus cap passes the context is rejected, naming the request."""
     specs = parse_table([["short", 2], ["x" * 20, 5]])
-    with pytest.raises(ValueError, match="Request 2.*exceeds the model's context of 16"):
+    with pytest.raises(
+        ValueError, match=r"Request R1 \(row 2\).*exceeds the model's context of 16"
+    ):
         tokenize_requests(specs, _Tok(), chat_template=False, max_context=16)
 
 
