@@ -75,7 +75,8 @@ def from_link(request: gr.Request) -> tuple:
     if slots.isdigit() and 1 <= int(slots) <= MAX_SLOTS:
         updates[4] = int(slots)
     elif slots:
-        _warn_link("slots", slots, f"not 1 to {MAX_SLOTS}; using {DEFAULT_SLOTS} slots")
+        why = f"not a whole number from 1 to {MAX_SLOTS}; using {DEFAULT_SLOTS} slots"
+        _warn_link("slots", slots, why)
     return tuple(updates)
 
 

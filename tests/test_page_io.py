@@ -49,7 +49,7 @@ def test_link_query_parameters_preset_the_page(recwarn):
     [
         ({"preset": "nope"}, "preset='nope' is ignored: no such preset; showing “Article's six"),
         ({"preset": "nope"}, "presets: seed, one-long-many-short"),
-        ({"slots": "99"}, "slots='99' is ignored: not 1 to 16; using 3 slots"),
+        ({"slots": "99"}, "slots='99' is ignored: not a whole number from 1 to 16; using 3 slots"),
         ({"slots": "0"}, "slots='0' is ignored"),
         ({"slots": "2.5"}, "slots='2.5' is ignored"),
         ({"preset": "<img src=x>"}, "preset='&lt;img src=x&gt;' is ignored"),
