@@ -256,6 +256,12 @@ def build_demo(model_label: str) -> gr.Blocks:
             preset_dropdown,
             [requests_table, chat_checkbox, preset_markdown],
         )
+        requests_table.input(  # a user's edit (not a preset or an upload): no preset any more
+            presets.table_edited,
+            None,
+            [preset_dropdown, preset_markdown],
+            api_visibility="undocumented",
+        )
         run_event = run_button.click(
             zerogpu.on_gpu(playground.run_event),  # spaces.GPU on a ZeroGPU Space, else as is
             [

@@ -29,6 +29,16 @@ def apply_preset(name: str) -> tuple[list[list], bool, str]:
     return rows, bool(preset["chat_template"]), preset.get("description", "")
 
 
+EDITED_TEXT = "Your own requests: edited from a preset, whose explanation no longer applies."
+
+
+def table_edited() -> tuple[None, str]:
+    """The page's answer to a user's edit of the request table: no preset is selected any more,
+    and the preset's explanation gives way to ``EDITED_TEXT`` (it would describe other requests).
+    """
+    return None, EDITED_TEXT
+
+
 def by_slug(slug: str) -> str | None:
     """The preset name for a link's ``preset=`` value (a slug or the name itself), else None."""
     for name, preset in load_presets().items():

@@ -298,6 +298,15 @@ def test_fractional_knob_is_refused_not_rounded(page: Page, elem_id: str, what: 
     expect(_status(page)).to_contain_text(f"Not run: {what} must be a whole number", timeout=30_000)
 
 
+def test_editing_the_table_leaves_the_preset(page: Page):
+    """After a cell edit the preset dropdown is empty and its explanation is replaced."""
+    preset_text = page.locator("#preset_markdown").inner_text()
+    assert "two waves" in preset_text, preset_text  # the default preset's explanation
+    _edit_cell(page, 0, 1, 7)
+    expect(page.locator("#preset_markdown")).to_contain_text("edited from a preset")
+    expect(page.locator("#preset_dropdown input")).to_have_value("")
+
+
 def test_html_prompt_is_shown_as_text(page: Page):
     """A prompt that looks like HTML appears literally in the outputs table, never as an element."""
     rows = [(XSS_PROMPT, 3), ("The capital of France is", 3)]
@@ -366,7 +375,8 @@ def test_setup_link_step_and_downloads(page: Page, server_url: str, tmp_path: Pa
     page.locator("#link_button").click()
     link = page.locator("#link_textbox textarea, #link_textbox input").first
     expect(link).to_have_value(re.compile(r"^http://127\.0\.0\.1:\d+/\?"), timeout=10_000)
-    assert link.input_value().endswith("?preset=equal-caps&slots=2&step=3"), link.input_value()
+    # the table was edited after the link's preset, so the page names no preset any more
+    assert link.input_value().endswith("/?slots=2&step=3"), link.input_value()
 
     table = list(csv.DictReader(_download(page, "downloads_file", "requests.csv", tmp_path).open()))
     assert sorted((r["engine"], r["prompt"]) for r in table) == sorted(
