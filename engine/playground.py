@@ -94,7 +94,7 @@ def run_engines(
         if options.compare_hf:  # no step hook: checked every 0.1 s while results are awaited
             watch("hf_continuous", None)
             progress(None, desc="transformers' continuous batching")
-            stop_check = functools.partial(_hf_poll, watch)
+            stop_check = functools.partial(watch, "hf_continuous", waiting=True)
             hf = HFContinuousEngine(runner, config).run(requests, on_wait=stop_check)
         reference = None
         if options.check_reference:
@@ -213,11 +213,6 @@ def _continuous_steps(requests: list[Request], config: EngineConfig) -> int:
     """Estimated continuous steps: all tokens spread over the slots, at least the longest cap."""
     caps = [r.max_new_tokens for r in requests]
     return max(math.ceil(sum(caps) / config.num_slots), max(caps))
-
-
-def _hf_poll(watch: Callable, _trace) -> None:
-    """transformers' engine's poll: a stop check that counts no step (no trace until the end)."""
-    watch("hf_continuous", None, waiting=True)
 
 
 def _on_step(progress, engine: str, total: int, watch: Callable) -> Callable:

@@ -27,10 +27,29 @@ settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
+from tiny_model import tiny_runner  # noqa: E402
+
 from engine.loader import LoadedModel, load_model  # noqa: E402
+from engine.playground import SharedModel  # noqa: E402
+from engine.reference import ReferenceCache  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVER_START_TIMEOUT_S = 120  # ~3 s from the safetensors cache, ~25 s on a first run
+
+
+@pytest.fixture()
+def tiny_loaded(monkeypatch) -> LoadedModel:
+    """A tiny random model, returned by every ``engine.loader.load_model`` call (CLI tests)."""
+    loaded = tiny_runner().loaded
+    monkeypatch.setattr("engine.loader.load_model", lambda *a, **k: loaded)
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def shared() -> SharedModel:
+    """A tiny-model ``SharedModel`` per test module (a module may define its own instead)."""
+    runner = tiny_runner()
+    return SharedModel(runner.loaded, runner, ReferenceCache(runner))
 
 
 @pytest.fixture(scope="session")

@@ -3,16 +3,8 @@
 import json
 
 import pytest
-from tiny_model import tiny_runner
 
 from engine import bench, bench_args
-
-
-@pytest.fixture()
-def tiny_loaded(monkeypatch):
-    loaded = tiny_runner().loaded
-    monkeypatch.setattr("engine.loader.load_model", lambda *a, **k: loaded)
-    return loaded
 
 
 def _workload(tmp_path, rows):

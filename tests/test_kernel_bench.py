@@ -1,16 +1,8 @@
 """The kernel micro-benchmark CLI: a row per row count, bad flags refused."""
 
 import pytest
-from tiny_model import tiny_runner
 
 from engine import kernel_bench
-
-
-@pytest.fixture()
-def tiny_loaded(monkeypatch):
-    loaded = tiny_runner().loaded
-    monkeypatch.setattr("engine.loader.load_model", lambda *a, **k: loaded)
-    return loaded
 
 
 def test_prints_a_row_per_row_count_without_lm_head(tiny_loaded, capsys):

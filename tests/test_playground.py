@@ -7,11 +7,9 @@ from pathlib import Path
 import gradio as gr
 import pytest
 from fake_traces import continuous_trace, static_trace
-from tiny_model import tiny_runner
 
 from engine import playground, presets, run_view, shared_model
 from engine.loader import ModelLoadError
-from engine.reference import ReferenceCache
 from engine.trace import DECODE, PREFILL
 from engine.workload import MAX_ROWS, parse_table, seed_specs
 
@@ -29,12 +27,6 @@ class RecordingProgress:
 
     def by(self, desc: str) -> list[tuple[int, int]]:
         return [(done, total) for done, total, d in self.calls if d == desc]
-
-
-@pytest.fixture(scope="module")
-def shared() -> playground.SharedModel:
-    runner = tiny_runner()
-    return playground.SharedModel(runner.loaded, runner, ReferenceCache(runner))
 
 
 @pytest.fixture(scope="module")

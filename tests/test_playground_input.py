@@ -10,20 +10,12 @@ from __future__ import annotations
 
 import gradio as gr
 import pytest
-from tiny_model import tiny_runner
 
 from engine import playground, run_view, shared_model
 from engine.progress_view import plain_markdown
-from engine.reference import ReferenceCache
 
 ROWS = [["hello world", 5], ["abc", 12]]
 FAR_OFF_RATE = "0.000001"  # requests/s: the second request arrives days after Run
-
-
-@pytest.fixture(scope="module")
-def shared() -> playground.SharedModel:
-    runner = tiny_runner()
-    return playground.SharedModel(runner.loaded, runner, ReferenceCache(runner))
 
 
 @pytest.fixture(scope="module")
