@@ -282,8 +282,14 @@ def main(argv=None) -> int:
     extra = {
         "weight_bytes": weight_bytes(loaded.model),
         "weight_read_ms": weight_read_ms(loaded.model, runner.synchronize),
+        "engine_kernel": runner.engine_kernel_name,
+        "engine_kernel_bytes": runner.engine_kernel_bytes,
     }
     print(format_table(results, extra["weight_read_ms"]))
+    print(
+        f"engines' matmul kernel: {extra['engine_kernel']} "
+        f"(+{extra['engine_kernel_bytes'] / 1e6:.0f} MB of packed weights)"
+    )
     print(
         f"weight read (the decode-step limit): {extra['weight_bytes'] / 1e6:.0f} MB in "
         f"{extra['weight_read_ms']:.1f} ms"

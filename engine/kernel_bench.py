@@ -4,8 +4,9 @@
 
 For each row count M, times one pass of every decoder-layer ``nn.Linear`` of the model (the
 weights a decode step streams, ``lm_head`` left out) with M random input rows, as plain
-``F.linear`` and as ``engine.linear_kernel.skinny_linear``; prints the best of ``--repeat`` in
-ms. This is the table in ``engine/linear_kernel.py``'s docstring.
+``F.linear``, as ``engine.linear_kernel.skinny_linear`` and, where this torch has oneDNN, as
+``engine.linear_kernel.onednn_linear`` on packed weights; prints the best of ``--repeat`` in ms.
+This is the table in ``engine/linear_kernel.py``'s docstring.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from engine.linear_kernel import linear_modules, skinny_linear
+from engine.linear_kernel import linear_modules, onednn_linear, onednn_pack, skinny_linear
 
 
 def time_pass_ms(weights: list[torch.Tensor], num_rows: int, linear, repeat: int) -> float:
@@ -52,11 +53,15 @@ def main(argv=None) -> int:
     weights = [m.weight for m in linear_modules(model) if m is not model.get_output_embeddings()]
     megabytes = sum(w.numel() * w.element_size() for w in weights) / 1e6
     print(f"{len(weights)} linear weights, {megabytes:.0f} MB; best of {args.repeat}, ms")
-    print(f"{'rows':>6}{'F.linear':>10}{'skinny':>10}")
+    kernels = {"F.linear": (weights, F.linear), "skinny": (weights, skinny_linear)}
+    try:
+        kernels["onednn"] = ([onednn_pack(w) for w in weights], onednn_linear)
+    except RuntimeError as exc:
+        print(f"(no onednn column: {exc})")
+    print(f"{'rows':>6}" + "".join(f"{name:>10}" for name in kernels))
     for num_rows in rows:
-        plain = time_pass_ms(weights, num_rows, F.linear, args.repeat)
-        skinny = time_pass_ms(weights, num_rows, skinny_linear, args.repeat)
-        print(f"{num_rows:>6}{plain:>10.2f}{skinny:>10.2f}")
+        times = [time_pass_ms(ws, num_rows, fn, args.repeat) for ws, fn in kernels.values()]
+        print(f"{num_rows:>6}" + "".join(f"{ms:>10.2f}" for ms in times))
     return 0
 
 

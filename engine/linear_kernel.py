@@ -1,34 +1,44 @@
-"""The linear kernel: a faster CPU matmul for the few-row activations of batched decode.
+"""The linear kernel: a faster CPU matmul for the engines' linears, same sums as ``F.linear``.
 
 A decode step multiplies every weight matrix by only a few rows of activations (one per sequence),
-so its time is the time to stream the weights from memory. On CPU, how the matmul is laid out
-decides how close it gets to that. Measured with MKL in torch 2.13 on this project's 2-core
-AVX-512 machine, for the 30 decoder layers of SmolLM2-135M (425 MB of float32 weights; best of 9,
-random weights of the same shapes; ``python -m engine.kernel_bench`` times the model's own):
+so its time should be the time to stream the weights from memory. On CPU, which kernel does the
+matmul decides how close it gets. Measured in torch 2.13 on this project's 2-core AMD EPYC
+(AVX-512) machine, one pass over the 210 decoder-layer linears of SmolLM2-135M (425 MB of float32
+weights), best of 5 (``python -m engine.kernel_bench --rows 1,3,5,8,16,64,512 --repeat 5``):
 
-    rows M                      1      2      3      4      8     16     64
-    F.linear(x, W)   ms      25.8   39.0   44.2   38.8   40.4   50.3  101.3
-    (W @ x.T).T      ms      13.3*  11.2   15.1   13.1   26.0   35.4   82.4
-    (* one row padded to two: a single row takes the slower matrix-vector path)
+    rows M                      1      3      5      8     16     64    512
+    F.linear(x, W)  (MKL)  ms  26.3   48.3   30.4   34.5   41.9   88.0  520.3
+    (W @ x.T).T     (MKL)  ms  15.0*  18.3   22.5   31.3   38.3   86.4  519.0
+    oneDNN, packed W       ms  12.7   13.5   12.7   14.8   17.3   41.2  229.9
+    (* one row padded to two: a single row takes MKL's slower matrix-vector path)
 
-Both compute the same sums; only the kernel MKL picks differs, so results agree to float32
-rounding (max |diff| 5e-5 on logits), and greedy outputs are checked against plain
-``model.generate`` by the parity tests. ``installed(linears)`` routes ``nn.Linear`` modules
-through ``skinny_linear`` for the length of a ``with`` block; the model itself is not changed, so
-the reference and the floor still run plain ``model.generate``.
+The engines use oneDNN (``torch.ops.mkldnn._linear_pointwise``, the op torch's inductor emits for
+CPU linears) with each weight reordered once into oneDNN's blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``). The packed copies cost as much memory as the
+weights themselves (``OneDNNLinears.packed_bytes``), and they are made once, on first use; they
+assume the weights no longer change. Where oneDNN is missing or refuses the reorder, the engines
+fall back to ``skinny_linear``, MKL called as ``(W @ x.T).T``.
+
+Every kernel computes the same sums in another order, so results agree to float32 rounding (max
+|diff| about 1e-6 per layer), and the parity tests check greedy outputs against plain
+``model.generate``. ``installed(linears, forward)`` routes ``nn.Linear`` modules through a kernel
+for the length of a ``with`` block; the model itself is not changed, so the reference and the
+floor still run plain ``model.generate``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-MAX_SKINNY_ROWS = 64  # above this many rows plain F.linear is as fast (see the table)
+MAX_SKINNY_ROWS = 64  # above this many rows plain F.linear is as fast as (W @ x.T).T
+
+LinearForward = Callable[[nn.Linear, torch.Tensor], torch.Tensor]
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
@@ -49,22 +59,76 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
+def skinny_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """A ``LinearForward`` through ``skinny_linear``."""
+    return skinny_linear(x, module.weight, module.bias)
+
+
+def onednn_pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` [N, K] reordered into oneDNN's blocked layout (a ``torch._mkldnn`` tensor).
+
+    Raises:
+        RuntimeError: oneDNN is not available in this torch build, or refuses the weight.
+    """
+    if not torch.backends.mkldnn.is_available():
+        raise RuntimeError("this torch build has no oneDNN (mkldnn)")
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None):
+    """``F.linear(x, W, bias)`` with ``packed = onednn_pack(W)``.
+
+    Shapes:
+        x: [..., K];  packed: [N, K];  bias: [N] or None  ->  [..., N]
+    """
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+class OneDNNLinears:
+    """oneDNN-packed copies of some ``nn.Linear`` weights, and the ``LinearForward`` using them.
+
+    Raises:
+        RuntimeError: from ``onednn_pack``, when oneDNN cannot take these weights.
+    """
+
+    def __init__(self, linears: list[nn.Linear]):
+        self.packed = {module: onednn_pack(module.weight) for module in linears}
+
+    @property
+    def packed_bytes(self) -> int:
+        """Memory the packed copies take (as much as the weights they copy)."""
+        return sum(p.numel() * p.element_size() for p in self.packed.values())
+
+    def forward(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """A ``LinearForward``: ``module(x)`` through its packed weight."""
+        return onednn_linear(x, self.packed[module], module.bias)
+
+
+def best_kernel(linears: list[nn.Linear]) -> tuple[str, LinearForward, int]:
+    """``(name, forward, extra_bytes)`` of the fastest kernel that works here for ``linears``.
+
+    ``"onednn"`` (packed copies, ``extra_bytes`` of them) where oneDNN takes every weight, else
+    ``"skinny"`` (no extra memory).
+    """
+    try:
+        onednn = OneDNNLinears(linears)
+    except RuntimeError:
+        return "skinny", skinny_forward, 0
+    return "onednn", onednn.forward, onednn.packed_bytes
+
+
 def linear_modules(model: nn.Module) -> list[nn.Linear]:
     """Every plain ``nn.Linear`` of ``model`` (subclasses, such as quantized ones, left out)."""
     return [m for m in model.modules() if type(m) is nn.Linear]
 
 
 @contextlib.contextmanager
-def installed(linears: list[nn.Linear]) -> Iterator[None]:
-    """Within the block, each module in ``linears`` computes with ``skinny_linear``."""
+def installed(linears: list[nn.Linear], forward: LinearForward = skinny_forward) -> Iterator[None]:
+    """Within the block, each module in ``linears`` computes ``forward(module, x)``."""
     for module in linears:
-        module.forward = functools.partial(_forward, module)
+        module.forward = functools.partial(forward, module)
     try:
         yield
     finally:
         for module in linears:
             del module.forward
-
-
-def _forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return skinny_linear(x, module.weight, module.bias)

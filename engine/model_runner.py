@@ -12,6 +12,7 @@ Decoding is greedy everywhere, with every end-of-sequence id of the model's gene
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -31,7 +32,7 @@ class ModelRunner:
         self.dtype = loaded.dtype
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.pad_token_id = _pad_token_id(self.tokenizer, loaded.eos_token_ids)
-        # The skinny-matmul kernel pays off on CPU only; CUDA and MPS keep their own matmuls.
+        # The engines' matmul kernel pays off on CPU only; CUDA and MPS keep their own matmuls.
         cpu = self.device.type == "cpu"
         self._linears = linear_kernel.linear_modules(self.model) if cpu else []
         attention.register()
@@ -41,7 +42,22 @@ class ModelRunner:
 
         Both engines run inside it; the reference and the floor run plain ``model.generate``.
         """
-        return linear_kernel.installed(self._linears)
+        return linear_kernel.installed(self._linears, self._kernel[1])
+
+    @property
+    def engine_kernel_name(self) -> str:
+        """The engines' matmul kernel here: ``"onednn"``, ``"skinny"``, or ``"none"`` (GPU)."""
+        return self._kernel[0] if self._linears else "none"
+
+    @property
+    def engine_kernel_bytes(self) -> int:
+        """Memory the engines' kernel adds (oneDNN's packed weight copies), in bytes."""
+        return self._kernel[2]
+
+    @functools.cached_property
+    def _kernel(self) -> tuple[str, linear_kernel.LinearForward, int]:
+        # Made on first use: oneDNN's packed copies double the weights' memory.
+        return linear_kernel.best_kernel(self._linears)
 
     # --- continuous engine -------------------------------------------------------------------
     def kv_shape(self) -> tuple[int, int, int]:

@@ -27,6 +27,10 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     assert doc["floor_engine_kernel_s"] > 0 and doc["weight_read_ms"] > 0
     params = tiny_loaded.model.parameters()
     assert doc["weight_bytes"] == sum(p.numel() * p.element_size() for p in params)
+    linears = [m.weight for m in tiny_loaded.model.modules() if type(m).__name__ == "Linear"]
+    packed = sum(w.numel() * w.element_size() for w in linears)
+    kernel = (doc["engine_kernel"], doc["engine_kernel_bytes"])
+    assert kernel in {("onednn", packed), ("skinny", 0)}, f"kernel and its memory: {kernel}"
     names = {"static", "static_generate", "continuous", "continuous_concat", "hf_continuous"}
     assert set(doc["engines"]) == names
     for name, r in doc["engines"].items():

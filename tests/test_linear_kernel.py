@@ -1,4 +1,6 @@
-"""The engines' matmul kernel: same results as F.linear, installed only inside its block."""
+"""The engines' matmul kernels: same results as F.linear, installed only inside their block."""
+
+import platform
 
 import pytest
 import torch
@@ -7,7 +9,9 @@ from tiny_model import tiny_runner
 from torch import nn
 
 from engine import linear_kernel
-from engine.linear_kernel import MAX_SKINNY_ROWS, skinny_linear
+from engine.linear_kernel import MAX_SKINNY_ROWS, onednn_linear, onednn_pack, skinny_linear
+
+HAS_ONEDNN = torch.backends.mkldnn.is_available()
 
 
 @pytest.mark.parametrize("num_rows", [0, 1, 2, 3, 17, MAX_SKINNY_ROWS, MAX_SKINNY_ROWS + 1])
@@ -22,6 +26,42 @@ def test_skinny_linear_equals_f_linear(num_rows, with_bias):
         got, want = skinny_linear(x, weight, bias), F.linear(x, weight, bias)
         assert got.shape == want.shape and got.is_contiguous()
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not HAS_ONEDNN, reason="this torch build has no oneDNN")
+@pytest.mark.parametrize("num_rows", [0, 1, 3, 17, 600])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_onednn_linear_equals_f_linear(num_rows, with_bias):
+    """Any row count, 2-D, 3-D or strided input, with or without bias: F.linear's result."""
+    gen = torch.Generator().manual_seed(num_rows)
+    weight = torch.randn(96, 40, generator=gen)
+    bias = torch.randn(96, generator=gen) if with_bias else None
+    packed = onednn_pack(weight)
+    strided = torch.randn(num_rows, 80, generator=gen)[:, ::2]
+    inputs = (torch.randn(num_rows, 40, generator=gen), torch.randn(1, num_rows, 40), strided)
+    for x in inputs:
+        got, want = onednn_linear(x, packed, bias), F.linear(x, weight, bias)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 check only")
+def test_runner_uses_onednn_on_x86():
+    """On x86 CPUs the engines get the packed oneDNN kernel, not a silent fallback."""
+    runner = tiny_runner()
+    assert runner.engine_kernel_name == "onednn", "oneDNN refused the weights"
+    weights = [m.weight for m in linear_kernel.linear_modules(runner.model)]
+    assert runner.engine_kernel_bytes == sum(w.numel() * w.element_size() for w in weights)
+
+
+def test_without_onednn_the_kernel_is_skinny(monkeypatch):
+    """Where oneDNN is missing, best_kernel falls back to skinny_linear with no extra memory."""
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    layer = nn.Linear(8, 4)
+    name, forward, extra_bytes = linear_kernel.best_kernel([layer])
+    assert (name, extra_bytes) == ("skinny", 0)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(forward(layer, x), layer(x))
 
 
 def test_installed_routes_then_restores(monkeypatch):
