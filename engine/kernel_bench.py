@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     try:
         kernels["onednn"] = ([onednn_pack(w) for w in weights], onednn_linear)
     except RuntimeError as exc:
-        print(f"(no onednn column: {exc})")
+        print(f"no onednn column: {exc}", file=sys.stderr)
     print(f"{'rows':>6}" + "".join(f"{name:>10}" for name in kernels))
     for num_rows in rows:
         times = [time_pass_ms(ws, num_rows, fn, args.repeat) for ws, fn in kernels.values()]

@@ -8,16 +8,18 @@ weights), best of 5 (``python -m engine.kernel_bench --rows 1,3,5,8,16,64,512 --
 
     rows M                      1      3      5      8     16     64    512
     F.linear(x, W)  (MKL)  ms  26.3   48.3   30.4   34.5   41.9   88.0  520.3
-    (W @ x.T).T     (MKL)  ms  15.0*  18.3   22.5   31.3   38.3   86.4  519.0
+    skinny_linear   (MKL)  ms  15.0*  18.3   22.5   31.3   38.3   86.4  519.0**
     oneDNN, packed W       ms  12.7   13.5   12.7   14.8   17.3   41.2  229.9
-    (* one row padded to two: a single row takes MKL's slower matrix-vector path)
+    (* one row padded to two: a single row takes MKL's slower matrix-vector path;
+     ** above 64 rows skinny_linear is F.linear)
 
 The engines use oneDNN (``torch.ops.mkldnn._linear_pointwise``, the op torch's inductor emits for
 CPU linears) with each weight reordered once into oneDNN's blocked layout
-(``torch.ops.mkldnn._reorder_linear_weight``). The packed copies cost as much memory as the
-weights themselves (``OneDNNLinears.packed_bytes``), and they are made once, on first use; they
-assume the weights no longer change. Where oneDNN is missing or refuses the reorder, the engines
-fall back to ``skinny_linear``, MKL called as ``(W @ x.T).T``.
+(``torch.ops.mkldnn._reorder_linear_weight``). The packed copies cost at least as much memory as
+the weights themselves (``OneDNNLinears.packed_bytes``), and they are made once, on first use; they
+assume the weights no longer change (``forward`` asserts it). oneDNN is used on x86 CPUs only,
+where it was measured; elsewhere, or where oneDNN is missing or refuses a weight (float16 without
+AVX512-FP16, say), the engines fall back to ``skinny_linear``, MKL called as ``(W @ x.T).T``.
 
 Every kernel computes the same sums in another order, so results agree to float32 rounding (max
 |diff| about 1e-6 per layer), and the parity tests check greedy outputs against plain
@@ -30,7 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import platform
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -87,34 +91,54 @@ def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 class OneDNNLinears:
     """oneDNN-packed copies of some ``nn.Linear`` weights, and the ``LinearForward`` using them.
 
+    Each weight is packed and tried once on a one-row input, so a weight oneDNN cannot take fails
+    here rather than inside an engine step.
+
     Raises:
-        RuntimeError: from ``onednn_pack``, when oneDNN cannot take these weights.
+        RuntimeError: oneDNN cannot pack or multiply one of these weights.
     """
 
     def __init__(self, linears: list[nn.Linear]):
         self.packed = {module: onednn_pack(module.weight) for module in linears}
+        self._versions = {module: module.weight._version for module in linears}
+        with torch.inference_mode():
+            for module, packed in self.packed.items():
+                onednn_linear(module.weight.new_zeros(1, module.in_features), packed, module.bias)
 
     @property
     def packed_bytes(self) -> int:
-        """Memory the packed copies take (as much as the weights they copy)."""
-        return sum(p.numel() * p.element_size() for p in self.packed.values())
+        """Memory the packed copies take: at least that of the weights, more where oneDNN pads."""
+        return sum(torch.ops.mkldnn._nbytes(p) for p in self.packed.values())
 
     def forward(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         """A ``LinearForward``: ``module(x)`` through its packed weight."""
+        assert module.weight._version == self._versions[module], "weight changed after packing"
         return onednn_linear(x, self.packed[module], module.bias)
 
 
-def best_kernel(linears: list[nn.Linear]) -> tuple[str, LinearForward, int]:
-    """``(name, forward, extra_bytes)`` of the fastest kernel that works here for ``linears``.
+class Kernel(NamedTuple):
+    """The engines' kernel for a model: its name, its ``LinearForward``, the memory it adds."""
 
-    ``"onednn"`` (packed copies, ``extra_bytes`` of them) where oneDNN takes every weight, else
-    ``"skinny"`` (no extra memory).
+    name: str  # "onednn", "skinny", or "none" (no linears to route: CUDA, MPS)
+    forward: LinearForward
+    extra_bytes: int
+
+
+def best_kernel(linears: list[nn.Linear]) -> Kernel:
+    """The fastest kernel that works here for ``linears``.
+
+    ``"onednn"`` (packed copies, ``extra_bytes`` of them) on x86 where oneDNN takes every weight,
+    else ``"skinny"`` (no extra memory); ``"none"`` for no linears.
     """
+    if not linears:
+        return Kernel("none", skinny_forward, 0)
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return Kernel("skinny", skinny_forward, 0)
     try:
         onednn = OneDNNLinears(linears)
     except RuntimeError:
-        return "skinny", skinny_forward, 0
-    return "onednn", onednn.forward, onednn.packed_bytes
+        return Kernel("skinny", skinny_forward, 0)
+    return Kernel("onednn", onednn.forward, onednn.packed_bytes)
 
 
 def linear_modules(model: nn.Module) -> list[nn.Linear]:

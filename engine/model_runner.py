@@ -42,20 +42,20 @@ class ModelRunner:
 
         Both engines run inside it; the reference and the floor run plain ``model.generate``.
         """
-        return linear_kernel.installed(self._linears, self._kernel[1])
+        return linear_kernel.installed(self._linears, self._kernel.forward)
 
     @property
     def engine_kernel_name(self) -> str:
         """The engines' matmul kernel here: ``"onednn"``, ``"skinny"``, or ``"none"`` (GPU)."""
-        return self._kernel[0] if self._linears else "none"
+        return self._kernel.name
 
     @property
     def engine_kernel_bytes(self) -> int:
         """Memory the engines' kernel adds (oneDNN's packed weight copies), in bytes."""
-        return self._kernel[2]
+        return self._kernel.extra_bytes
 
     @functools.cached_property
-    def _kernel(self) -> tuple[str, linear_kernel.LinearForward, int]:
+    def _kernel(self) -> linear_kernel.Kernel:
         # Made on first use: oneDNN's packed copies double the weights' memory.
         return linear_kernel.best_kernel(self._linears)
 

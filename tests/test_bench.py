@@ -30,7 +30,7 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     linears = [m.weight for m in tiny_loaded.model.modules() if type(m).__name__ == "Linear"]
     packed = sum(w.numel() * w.element_size() for w in linears)
     kernel = (doc["engine_kernel"], doc["engine_kernel_bytes"])
-    assert kernel in {("onednn", packed), ("skinny", 0)}, f"kernel and its memory: {kernel}"
+    assert kernel == ("skinny", 0) or (kernel[0] == "onednn" and kernel[1] >= packed), kernel
     names = {"static", "static_generate", "continuous", "continuous_concat", "hf_continuous"}
     assert set(doc["engines"]) == names
     for name, r in doc["engines"].items():

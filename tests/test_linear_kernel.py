@@ -38,7 +38,9 @@ def test_onednn_linear_equals_f_linear(num_rows, with_bias):
     bias = torch.randn(96, generator=gen) if with_bias else None
     packed = onednn_pack(weight)
     strided = torch.randn(num_rows, 80, generator=gen)[:, ::2]
-    inputs = (torch.randn(num_rows, 40, generator=gen), torch.randn(1, num_rows, 40), strided)
+    plain = torch.randn(num_rows, 40, generator=gen)
+    batched = torch.randn(1, num_rows, 40, generator=gen)
+    inputs = (plain, batched, strided)
     for x in inputs:
         got, want = onednn_linear(x, packed, bias), F.linear(x, weight, bias)
         assert got.shape == want.shape
@@ -51,17 +53,62 @@ def test_runner_uses_onednn_on_x86():
     runner = tiny_runner()
     assert runner.engine_kernel_name == "onednn", "oneDNN refused the weights"
     weights = [m.weight for m in linear_kernel.linear_modules(runner.model)]
-    assert runner.engine_kernel_bytes == sum(w.numel() * w.element_size() for w in weights)
+    assert runner.engine_kernel_bytes >= sum(w.numel() * w.element_size() for w in weights)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 check only")
+def test_packed_forward_goes_through_onednn_for_every_linear(monkeypatch):
+    """A packed-batch forward calls the oneDNN matmul once per linear, lm_head included."""
+    runner = tiny_runner()
+    assert runner.engine_kernel_name == "onednn"  # packs (and tries) every weight, before the spy
+    calls = []
+
+    def spy(x, packed, bias=None):
+        calls.append(packed)
+        return onednn_linear(x, packed, bias)
+
+    monkeypatch.setattr(linear_kernel, "onednn_linear", spy)
+    with runner.engine_kernels():
+        runner.model(input_ids=torch.tensor([[1, 2, 3]]))
+    assert len(calls) == len(linear_kernel.linear_modules(runner.model)), len(calls)
+
+
+def test_a_weight_onednn_refuses_means_skinny(monkeypatch):
+    """When oneDNN cannot pack a weight, best_kernel falls back to skinny with no extra memory."""
+
+    def refuse(weight):
+        raise RuntimeError("no kernel for this weight")
+
+    monkeypatch.setattr(linear_kernel, "onednn_pack", refuse)
+    kernel = linear_kernel.best_kernel([nn.Linear(8, 4)])
+    assert (kernel.name, kernel.extra_bytes) == ("skinny", 0)
 
 
 def test_without_onednn_the_kernel_is_skinny(monkeypatch):
     """Where oneDNN is missing, best_kernel falls back to skinny_linear with no extra memory."""
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     layer = nn.Linear(8, 4)
-    name, forward, extra_bytes = linear_kernel.best_kernel([layer])
-    assert (name, extra_bytes) == ("skinny", 0)
+    kernel = linear_kernel.best_kernel([layer])
+    assert (kernel.name, kernel.extra_bytes) == ("skinny", 0)
     x = torch.randn(3, 8)
-    torch.testing.assert_close(forward(layer, x), layer(x))
+    torch.testing.assert_close(kernel.forward(layer, x), layer(x))
+
+
+def test_no_linears_means_no_kernel():
+    """With nothing to route (the runner on CUDA or MPS), the kernel is "none" and adds nothing."""
+    kernel = linear_kernel.best_kernel([])
+    assert (kernel.name, kernel.extra_bytes) == ("none", 0)
+
+
+@pytest.mark.skipif(not HAS_ONEDNN, reason="this torch build has no oneDNN")
+def test_a_weight_changed_after_packing_is_caught():
+    """Packed copies would go stale silently: a forward after an in-place weight change fails."""
+    layer = nn.Linear(8, 4)
+    packed = linear_kernel.OneDNNLinears([layer])
+    with torch.no_grad():
+        layer.weight.mul_(2)
+    with pytest.raises(AssertionError, match="changed after packing"):
+        packed.forward(layer, torch.randn(2, 8))
 
 
 def test_installed_routes_then_restores(monkeypatch):
