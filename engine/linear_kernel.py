@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import platform
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
@@ -124,15 +125,33 @@ class Kernel(NamedTuple):
     extra_bytes: int
 
 
-def best_kernel(linears: list[nn.Linear]) -> Kernel:
-    """The fastest kernel that works here for ``linears``.
+KERNEL_CHOICES = ("auto", "skinny")  # CBP_ENGINE_KERNEL: a host may forgo the packed copies
+
+
+def requested_kernel() -> str:
+    """The host's ``CBP_ENGINE_KERNEL`` (default ``"auto"``).
+
+    Raises:
+        ValueError: a value other than ``auto`` or ``skinny``, named in the message.
+    """
+    choice = os.environ.get("CBP_ENGINE_KERNEL", "").strip().lower() or "auto"
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(
+            f"CBP_ENGINE_KERNEL={choice!r}: use 'auto' (the fastest kernel that works here) or "
+            "'skinny' (MKL, without oneDNN's packed weight copies)"
+        )
+    return choice
+
+
+def best_kernel(linears: list[nn.Linear], choice: str = "auto") -> Kernel:
+    """The fastest kernel that works here for ``linears``, or ``skinny`` if ``choice`` says so.
 
     ``"onednn"`` (packed copies, ``extra_bytes`` of them) on x86 where oneDNN takes every weight,
     else ``"skinny"`` (no extra memory); ``"none"`` for no linears.
     """
     if not linears:
         return Kernel("none", skinny_forward, 0)
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    if choice == "skinny" or platform.machine().lower() not in ("x86_64", "amd64"):
         return Kernel("skinny", skinny_forward, 0)
     try:
         onednn = OneDNNLinears(linears)

@@ -22,7 +22,11 @@ from engine.packed_batch import PackedBatch
 
 
 class ModelRunner:
-    """Wraps a ``engine.loader.LoadedModel``; see the module docstring."""
+    """Wraps a ``engine.loader.LoadedModel``; see the module docstring.
+
+    Raises:
+        ValueError: ``CBP_ENGINE_KERNEL`` is set to something other than ``auto`` or ``skinny``.
+    """
 
     def __init__(self, loaded):
         self.loaded = loaded
@@ -35,6 +39,7 @@ class ModelRunner:
         # The engines' matmul kernel pays off on CPU only; CUDA and MPS keep their own matmuls.
         cpu = self.device.type == "cpu"
         self._linears = linear_kernel.linear_modules(self.model) if cpu else []
+        self._kernel_choice = linear_kernel.requested_kernel()  # ValueError: a bad host setting
         attention.register()
 
     def engine_kernels(self):
@@ -57,7 +62,7 @@ class ModelRunner:
     @functools.cached_property
     def _kernel(self) -> linear_kernel.Kernel:
         # Made on first use: oneDNN's packed copies double the weights' memory.
-        return linear_kernel.best_kernel(self._linears)
+        return linear_kernel.best_kernel(self._linears, self._kernel_choice)
 
     # --- continuous engine -------------------------------------------------------------------
     def kv_shape(self) -> tuple[int, int, int]:

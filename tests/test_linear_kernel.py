@@ -94,6 +94,20 @@ def test_without_onednn_the_kernel_is_skinny(monkeypatch):
     torch.testing.assert_close(kernel.forward(layer, x), layer(x))
 
 
+def test_a_host_can_forgo_the_packed_copies(monkeypatch):
+    """CBP_ENGINE_KERNEL=skinny: the engines use MKL's kernel and no memory is added."""
+    monkeypatch.setenv("CBP_ENGINE_KERNEL", "skinny")
+    runner = tiny_runner()
+    assert (runner.engine_kernel_name, runner.engine_kernel_bytes) == ("skinny", 0)
+
+
+def test_a_bad_kernel_setting_is_named(monkeypatch):
+    """A CBP_ENGINE_KERNEL value other than auto or skinny is refused, naming the variable."""
+    monkeypatch.setenv("CBP_ENGINE_KERNEL", "fast")
+    with pytest.raises(ValueError, match="CBP_ENGINE_KERNEL='fast'"):
+        tiny_runner()
+
+
 def test_no_linears_means_no_kernel():
     """With nothing to route (the runner on CUDA or MPS), the kernel is "none" and adds nothing."""
     kernel = linear_kernel.best_kernel([])
