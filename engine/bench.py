@@ -118,7 +118,7 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
         "num_preemptions": m.num_preemptions,
         **(peaks or {}),
         "reference_match": None if reference is None else not bad,
-        "num_mismatched_requests": len(bad),
+        "num_mismatched_requests": None if reference is None else len(bad),
         "info": median_run.info,
         "requests": [
             {
@@ -150,7 +150,7 @@ def format_table(results: dict[str, dict], weight_read_ms: float | None = None) 
         speedup = f"{base / r['wall_s']:.2f}x" if base else "-"
         match = {True: "yes", False: f"NO ({r['num_mismatched_requests']})", None: "-"}
         lines.append(
-            f"{name:<18}{spread:>16}{r['num_steps']:>7}{r['num_generated_tokens']:>8}"
+            f"{name:<18}{spread:>16}{r['num_steps'] or '-':>7}{r['num_generated_tokens']:>8}"
             f"{r['tok_per_s']:>8.1f}{speedup:>9}{_ms(r['ms_per_step']):>9}"
             f"{_ratio(r['ms_per_step'], weight_read_ms):>8}  {match[r['reference_match']]}"
         )
@@ -272,9 +272,11 @@ def main(argv=None) -> int:
         file=sys.stderr,
     )
     warm_up(engines, requests)
-    t0 = time.perf_counter()
-    reference = None if args.no_reference else ReferenceCache(runner).outputs(requests)
-    print(f"  reference: {time.perf_counter() - t0:.2f} s (not counted)", file=sys.stderr)
+    reference = None
+    if not args.no_reference:
+        t0 = time.perf_counter()
+        reference = ReferenceCache(runner).outputs(requests)
+        print(f"  reference: {time.perf_counter() - t0:.2f} s (not counted)", file=sys.stderr)
     traces, peaks = run_engines(engines, requests, args.repeat, PeakMemory(loaded.device))
     results = {n: engine_result(runs, reference, peaks[n]) for n, runs in traces.items()}
     if reference is not None:
@@ -316,6 +318,7 @@ def main(argv=None) -> int:
             "repeat": args.repeat,
             "arrival": args.arrival,
             "rate": args.rate if args.arrival == "poisson" else None,
+            "seed": args.seed if args.arrival == "poisson" else None,
             "engines": results,
             **extra,
         }

@@ -24,6 +24,7 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     doc = json.loads(out.read_text())
     for key in ("model", "device", "dtype", "slots", "workload", "engines", "floor_s"):
         assert key in doc, f"missing top-level {key}"
+    assert (doc["arrival"], doc["rate"], doc["seed"]) == ("file", None, None)
     assert doc["floor_engine_kernel_s"] > 0 and doc["weight_read_ms"] > 0
     params = tiny_loaded.model.parameters()
     assert doc["weight_bytes"] == sum(p.numel() * p.element_size() for p in params)
@@ -169,6 +170,17 @@ def test_bench_warns_on_stderr_about_an_ignored_kv_budget(tmp_path, tiny_loaded,
     assert bench.main([*argv, "--no-reference"]) == 0
     err = capsys.readouterr().err
     assert "warning: --kv-budget-mib is ignored: only continuous_paged uses it." in err, err
+
+
+def test_without_a_reference_nothing_claims_a_comparison(tmp_path, tiny_loaded, capsys):
+    """--no-reference: no reference timing printed, and match and mismatch count are both null."""
+    out = tmp_path / "out.json"
+    workload = _workload(tmp_path, [("hello", 2), ("there", 3)])
+    argv = ["--workload", workload, "--engines", "continuous", "--json", str(out)]
+    assert bench.main([*argv, "--no-reference"]) == 0
+    assert "reference:" not in capsys.readouterr().err
+    result = json.loads(out.read_text())["engines"]["continuous"]
+    assert (result["reference_match"], result["num_mismatched_requests"]) == (None, None)
 
 
 def test_help_shows_the_defaults_and_the_ignored_flag_rule(capsys):
