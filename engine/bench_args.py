@@ -34,21 +34,26 @@ SCOPED_DEFAULTS = {"rate": 1.0, "seed": 0, "policy": "decode_first", "block_size
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line; scoped flags (``SCOPED_DEFAULTS``) get their defaults after parsing."""
     p = argparse.ArgumentParser(prog="python -m engine.bench", description=DESCRIPTION)
-    p.add_argument("--workload", default="seed", help="'seed' or a JSONL file path")
+    p.add_argument("--workload", default="seed", help="'seed' or a JSONL file path (default seed)")
     p.add_argument("--slots", type=int, default=3, help="B: concurrent sequences (default 3)")
-    p.add_argument("--engines", default="static,continuous", help=f"comma list of {ENGINES}")
+    p.add_argument(
+        "--engines",
+        default="static,continuous",
+        help=f"comma list of {ENGINES} (default static,continuous)",
+    )
     p.add_argument("--json", dest="json_path", help="write results to this JSON file")
     p.add_argument("--model", default=None, help="model id or folder (default: embedded)")
-    p.add_argument("--device", default=None, help="auto, cpu, cuda or mps")
-    p.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16")
+    p.add_argument("--device", default=None, help="auto, cpu, cuda or mps (default auto)")
+    dtypes = "auto, float32, float16 or bfloat16 (default auto)"
+    p.add_argument("--dtype", default=None, help=dtypes)
     p.add_argument("--chat-template", action="store_true", help="wrap prompts in the chat template")
-    p.add_argument("--repeat", type=int, default=1, help="runs per engine, interleaved")
+    p.add_argument("--repeat", type=int, default=1, help="runs per engine, interleaved (default 1)")
     p.add_argument("--no-reference", action="store_true", help="skip the model.generate check")
     p.add_argument(
         "--arrival",
         choices=("file", "all", "poisson"),
         default="file",
-        help="file: the JSONL's arrival_s (0 if absent); all: t=0; poisson: --rate",
+        help="file: the JSONL's arrival_s (0 if absent); all: t=0; poisson: --rate (default file)",
     )
     p.add_argument("--rate", type=float, help="poisson: arrivals per second (default 1.0)")
     p.add_argument("--seed", type=int, help="poisson: the arrivals' random seed (default 0)")

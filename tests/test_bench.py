@@ -184,10 +184,13 @@ def test_without_a_reference_nothing_claims_a_comparison(tmp_path, tiny_loaded, 
 
 
 def test_help_shows_the_defaults_and_the_ignored_flag_rule(capsys):
-    """--help gives --rate's default and says unused flags are ignored with a warning."""
+    """--help gives the flags' defaults and says unused flags are ignored with a warning."""
     with pytest.raises(SystemExit):
         bench_args.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for part in ("arrivals per second (default 1.0)", "tokens per block (default 16)"):
+    parts = ["arrivals per second (default 1.0)", "tokens per block (default 16)"]
+    parts += ["path (default seed)", "(default static,continuous)", "interleaved (default 1)"]
+    parts += ["--rate (default file)", "mps (default auto)", "bfloat16 (default auto)"]
+    for part in parts:
         assert part in text, f"{part!r} not in --help"
     assert "ignored with a warning on stderr" in text, "--help does not say what is ignored"
