@@ -125,6 +125,7 @@ class Kernel(NamedTuple):
     extra_bytes: int
 
 
+SKINNY = Kernel("skinny", skinny_forward, 0)
 KERNEL_CHOICES = ("auto", "skinny")  # CBP_ENGINE_KERNEL: a host may forgo the packed copies
 
 
@@ -143,6 +144,11 @@ def requested_kernel() -> str:
     return choice
 
 
+def on_x86() -> bool:
+    """Whether this CPU is x86-64, where oneDNN's kernel was measured (and is used)."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
 def best_kernel(linears: list[nn.Linear], choice: str = "auto") -> Kernel:
     """The fastest kernel that works here for ``linears``, or ``skinny`` if ``choice`` says so.
 
@@ -151,12 +157,12 @@ def best_kernel(linears: list[nn.Linear], choice: str = "auto") -> Kernel:
     """
     if not linears:
         return Kernel("none", skinny_forward, 0)
-    if choice == "skinny" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return Kernel("skinny", skinny_forward, 0)
+    if choice == "skinny" or not on_x86():
+        return SKINNY
     try:
         onednn = OneDNNLinears(linears)
     except RuntimeError:
-        return Kernel("skinny", skinny_forward, 0)
+        return SKINNY
     return Kernel("onednn", onednn.forward, onednn.packed_bytes)
 
 

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from engine import bench, bench_args
+from engine.linear_kernel import linear_modules
 
 
 def _workload(tmp_path, rows):
@@ -28,7 +29,7 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     assert doc["floor_engine_kernel_s"] > 0 and doc["weight_read_ms"] > 0
     params = tiny_loaded.model.parameters()
     assert doc["weight_bytes"] == sum(p.numel() * p.element_size() for p in params)
-    linears = [m.weight for m in tiny_loaded.model.modules() if type(m).__name__ == "Linear"]
+    linears = [m.weight for m in linear_modules(tiny_loaded.model)]
     packed = sum(w.numel() * w.element_size() for w in linears)
     kernel = (doc["engine_kernel"], doc["engine_kernel_bytes"])
     assert kernel == ("skinny", 0) or (kernel[0] == "onednn" and kernel[1] >= packed), kernel

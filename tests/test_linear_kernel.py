@@ -1,7 +1,5 @@
 """The engines' matmul kernels: same results as F.linear, installed only inside their block."""
 
-import platform
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -47,7 +45,7 @@ def test_onednn_linear_equals_f_linear(num_rows, with_bias):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 check only")
+@pytest.mark.skipif(not linear_kernel.on_x86(), reason="oneDNN is used on x86 only")
 def test_runner_uses_onednn_on_x86():
     """On x86 CPUs the engines get the packed oneDNN kernel, not a silent fallback."""
     runner = tiny_runner()
@@ -56,7 +54,7 @@ def test_runner_uses_onednn_on_x86():
     assert runner.engine_kernel_bytes >= sum(w.numel() * w.element_size() for w in weights)
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 check only")
+@pytest.mark.skipif(not linear_kernel.on_x86(), reason="oneDNN is used on x86 only")
 def test_packed_forward_goes_through_onednn_for_every_linear(monkeypatch):
     """A packed-batch forward calls the oneDNN matmul once per linear, lm_head included."""
     runner = tiny_runner()
