@@ -1,7 +1,7 @@
 """The trace: what happened at every step of a run, the single source of every chart and metric.
 
 An engine appends one ``StepRecord`` per forward pass and fills one ``RequestRecord`` per request.
-Figures (``engine.figures``), the metrics table and the bench read only this, so what the page
+Figures (``engine.page.figures``), the metrics table and the bench read only this, so what the page
 shows is what the engine did. Times are seconds since the run started (``perf_counter``).
 """
 

@@ -1,0 +1,47 @@
+"""Presets: ready-made workloads from assets/presets.json, each with a paragraph on what it shows.
+
+A preset is ``{"slug": str, "chat_template": bool, "description": str, "requests": [[prompt, cap],
+...]}``, where a request may add a third value, its ``arrival_s``; the slug names it in links
+(``?preset=seed&slots=3``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PRESETS_PATH = Path(__file__).resolve().parents[2] / "assets" / "presets.json"
+DEFAULT_PRESET = "Article's six requests"
+
+
+def load_presets(path: Path = PRESETS_PATH) -> dict[str, dict]:
+    """Presets by name: ``{"chat_template": bool, "requests": [[prompt, cap], ...]}``."""
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def apply_preset(name: str) -> tuple[list[list], bool, str]:
+    """The table rows ``[prompt, cap, arrival_s]``, chat-template setting and explanation.
+
+    A request without an arrival time arrives at t = 0.
+    """
+    preset = load_presets()[name]
+    rows = [(list(row) + [0])[:3] for row in preset["requests"]]
+    return rows, bool(preset["chat_template"]), preset.get("description", "")
+
+
+EDITED_TEXT = "Your own requests: edited from a preset, whose explanation no longer applies."
+
+
+def table_edited() -> tuple[None, str]:
+    """The page's answer to a user's edit of the request table: no preset is selected any more,
+    and the preset's explanation gives way to ``EDITED_TEXT`` (it would describe other requests).
+    """
+    return None, EDITED_TEXT
+
+
+def by_slug(slug: str) -> str | None:
+    """The preset name for a link's ``preset=`` value (a slug or the name itself), else None."""
+    for name, preset in load_presets().items():
+        if slug in (preset.get("slug"), name):
+            return name
+    return None
