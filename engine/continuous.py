@@ -19,6 +19,7 @@ from engine.packed_batch import build_packed_batch
 from engine.run_control import wait_until
 from engine.scheduler import Scheduler
 from engine.sequence import Request, Sequence
+from engine.token_logits import LogitRecorder, TokenLogits
 from engine.trace import DECODE, PREFILL, ScheduledSeq, StepRecord, Trace, new_request_records
 from engine.workload import request_label
 
@@ -29,8 +30,11 @@ class ContinuousEngine:
     name = "continuous"
 
     def __init__(self, runner: ModelRunner, config: EngineConfig):
+        """Raises ValueError: batch-invariant mode for a model it does not support."""
         self.runner = runner
         self.config = config
+        if config.batch_invariant:
+            runner.require_batch_invariant()
 
     def run(
         self,
@@ -73,6 +77,7 @@ class ContinuousEngine:
             requests, cfg.num_slots, eos, cfg.max_num_batched_tokens, cfg.scheduling_policy, blocks
         )
         waiting = None if on_wait is None else functools.partial(on_wait, trace)
+        invariant, recorder = cfg.batch_invariant, LogitRecorder()
         self.runner.synchronize()
         t0 = time.perf_counter()
         while scheduler.has_work():
@@ -86,12 +91,13 @@ class ContinuousEngine:
             start_s = time.perf_counter() - t0
             plan = scheduler.schedule()
             batch = build_packed_batch(
-                plan.seqs, plan.num_new, cache, cfg.num_slots, self.runner.device
+                plan.seqs, plan.num_new, cache, cfg.num_slots, self.runner.device, invariant
             )
             record = _step_record(len(trace.steps), start_s, batch, plan, blocks)
             forward_start = time.perf_counter()
-            next_tokens = self.runner.forward_packed(batch)
+            next_tokens = self.runner.forward_packed(batch, recorder)
             record.forward_s = time.perf_counter() - forward_start
+            _keep_logits(trace, plan, recorder.pop())
             finished = scheduler.postprocess(plan, next_tokens)
             for seq in finished:
                 cache.release(seq.request_id)
@@ -134,7 +140,10 @@ class ContinuousEngine:
         return min(enough, int(cfg.kv_budget_mib * 2**20 // block_bytes))
 
     def _new_trace(self, requests: list[Request], cache) -> Trace:
-        info = {"token_budget": self.config.max_num_batched_tokens}
+        info = {
+            "token_budget": self.config.max_num_batched_tokens,
+            "batch_invariant": self.config.batch_invariant,
+        }
         if cache is not None:
             info |= {"kv_bytes_per_token": cache.bytes_per_token, "kv_bytes": cache.total_bytes}
         if getattr(cache, "blocks", None) is not None:
@@ -185,6 +194,13 @@ def _check_fits(requests: list[Request], num_blocks: int, block_size: int) -> No
                 f"holds {num_blocks} blocks of {block_size} tokens ({num_blocks * block_size} "
                 f"tokens). Raise the KV budget or lower its max_new_tokens."
             )
+
+
+def _keep_logits(trace: Trace, plan, rows: list[TokenLogits]) -> None:
+    """Give each sequence that samples a token this step its logits row (before postprocess)."""
+    for seq, n, row in zip(plan.seqs, plan.num_new, rows, strict=True):
+        if seq.num_cached_tokens + n == seq.num_tokens:  # not a partial prefill chunk
+            trace.request(seq.request_id).token_logits.append(row)
 
 
 def _step_record(index: int, start_s: float, batch, plan, blocks) -> StepRecord:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
+from engine.token_logits import TokenLogits
+
 PREFILL = "prefill"
 DECODE = "decode"
 IDLE = "idle"  # static only: a row still computed after its request finished (padding waste)
@@ -82,6 +84,9 @@ class RequestRecord:
     output_text: str = ""
     finish_reason: str | None = None
     num_preemptions: int = 0
+    # per output token, the run's own logits there (engine.token_logits); [] when not recorded
+    # (transformers' engine). Not in to_dict: engine.divergence turns it into verdicts.
+    token_logits: list[TokenLogits] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def queue_s(self) -> float | None:
@@ -254,8 +259,13 @@ class Trace:
             "metrics": asdict(self.metrics()),
             "latency_percentiles": self.latency_percentiles(),
             "steps": [asdict(s) for s in self.steps],
-            "requests": [asdict(r) for r in self.requests],
+            "requests": [_request_dict(r) for r in self.requests],
         }
+
+
+def _request_dict(record: RequestRecord) -> dict:
+    fields = {k: v for k, v in vars(record).items() if k != "token_logits"}
+    return asdict(RequestRecord(**fields))
 
 
 def new_request_records(requests) -> list[RequestRecord]:

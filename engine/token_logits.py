@@ -1,0 +1,141 @@
+"""Per-token logit records: what a run's logits looked like at each token it generated.
+
+Every run (the reference, the static engine, the continuous engine) keeps, for each output token,
+a ``TokenLogits``: the top ``TOP_K`` logits with their token ids, the norm of the hidden state that
+produced them, and a digest of the whole logits row. That is enough to explain a difference
+between two runs after the fact (``engine.divergence``) without keeping ``V`` floats per token:
+
+* the top ``TOP_K`` give the margin between the chosen token and its rivals, in the run's own pass
+  (not in some re-run of the prefix through another kernel);
+* ``hidden_norm`` and the output embedding's row norms bound the rounding error of a logit;
+* ``digest`` tells whether two runs' logits rows were bitwise equal, the proof of the
+  batch-invariant mode.
+
+``LogitRecorder`` is a forward hook on the model's output embedding (``lm_head``): its input rows
+are the final hidden states and its output rows the logits, whatever engine called the model. Each
+call of the model adds one list of rows (one per sequence the call computed logits for).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+TOP_K = 8  # logits kept per output token; the divergence view shows the first 5
+
+
+@dataclass(frozen=True)
+class TokenLogits:
+    """One output position's logits in one run.
+
+    ``token_ids`` and ``logits`` are the top ``TOP_K``, best first (the model's dtype values, as
+    float). ``abs_dots[i]`` is ``sum_j |h_j| |W[token_ids[i], j]|`` for the final hidden state ``h``
+    and the output embedding ``W``: the scale of that logit's rounding error
+    (``engine.divergence``). ``hidden_norm`` is ``||h||_2``; ``digest`` a hash of the whole float32
+    logits row (equal digests: bitwise equal rows).
+    """
+
+    token_ids: tuple[int, ...]
+    logits: tuple[float, ...]
+    abs_dots: tuple[float, ...]
+    hidden_norm: float
+    digest: str
+
+    def abs_dot_of(self, token_id: int) -> float | None:
+        """``abs_dots`` of ``token_id``, or None when it is not among the top ``TOP_K``."""
+        for tid, value in zip(self.token_ids, self.abs_dots, strict=True):
+            if tid == token_id:
+                return value
+        return None
+
+    def logit_of(self, token_id: int) -> float | None:
+        """The logit of ``token_id``, or None when it is not among the top ``TOP_K``."""
+        for tid, value in zip(self.token_ids, self.logits, strict=True):
+            if tid == token_id:
+                return value
+        return None
+
+    @property
+    def top_margin(self) -> float:
+        """The chosen token's lead over the runner-up (>= 0 in the run's own pass)."""
+        return self.logits[0] - self.logits[1] if len(self.logits) > 1 else float("inf")
+
+
+def token_logits_rows(
+    hidden: torch.Tensor, logits: torch.Tensor, weight: torch.Tensor, top_k: int = TOP_K
+) -> list[TokenLogits]:
+    """A ``TokenLogits`` per row, for ``logits = hidden @ weight.T`` (+ a bias, if any).
+
+    Shapes:
+        hidden: [R, d] (final hidden states);  logits: [R, V];  weight: [V, d]  ->  R records
+    """
+    rows = logits.detach().float()  # (R, V), exact for bfloat16 and float16 values
+    values, ids = rows.topk(min(top_k, rows.shape[-1]), dim=-1)  # (R, K)
+    h = hidden.detach().float()  # (R, d)
+    abs_w = weight.detach()[ids].float().abs()  # (R, K, d)
+    abs_dots = (h.abs()[:, None, :] * abs_w).sum(dim=-1)  # (R, K)
+    host = rows.cpu().numpy()
+    return [
+        TokenLogits(tuple(i), tuple(v), tuple(a), n, _digest(row))
+        for i, v, a, n, row in zip(
+            ids.tolist(),
+            values.tolist(),
+            abs_dots.tolist(),
+            h.norm(dim=-1).tolist(),
+            host,
+            strict=True,
+        )
+    ]
+
+
+def _digest(row) -> str:
+    return hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest()
+
+
+class LogitRecorder:
+    """Collects ``TokenLogits`` rows of every output-embedding call while installed.
+
+    ``calls[i]`` holds the rows of the i-th model call: one per sequence (packed engine) or per
+    batch row (``model.generate``, one call per generated token).
+    """
+
+    def __init__(self, top_k: int = TOP_K):
+        self.top_k = top_k
+        self.calls: list[list[TokenLogits]] = []
+
+    def hook(self, module, inputs, output) -> None:
+        """``register_forward_hook`` callback: record the rows of one call."""
+        hidden = inputs[0]
+        rows = token_logits_rows(
+            hidden.reshape(-1, hidden.shape[-1]),
+            output.reshape(-1, output.shape[-1]),
+            module.weight,
+            self.top_k,
+        )
+        self.calls.append(rows)
+
+    def pop(self) -> list[TokenLogits]:
+        """The rows of the latest call, removed from the recorder."""
+        assert self.calls, "no model call was recorded"
+        return self.calls.pop()
+
+
+@contextlib.contextmanager
+def recording(model, recorder: LogitRecorder) -> Iterator[LogitRecorder]:
+    """Within the block, every call of ``model`` adds its rows to ``recorder``."""
+    handle = model.get_output_embeddings().register_forward_hook(recorder.hook)
+    try:
+        yield recorder
+    finally:
+        handle.remove()
+
+
+def same_logits(a: list[TokenLogits] | None, b: list[TokenLogits] | None) -> bool | None:
+    """Whether two runs' logits were bitwise equal at every position both have (None: unknown)."""
+    if not a or not b:
+        return None
+    return len(a) == len(b) and all(x.digest == y.digest for x, y in zip(a, b, strict=True))
