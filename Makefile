@@ -4,6 +4,8 @@
 #   make test   full test suite, offline; installs Chromium for the browser tests when root
 #   make lint   ruff check and format check
 #   make bench  command-line benchmark of both engines on the seed workload
+#   make gpu-check  on a CUDA machine: float32 parity, float16/bfloat16 divergence with and without
+#               batch-invariant mode, seed and long-tail benches, as JSON in out/gpu-check
 #   make clean  remove .venv and tool caches (the converted model cache is kept)
 
 PYTHON ?= python3
@@ -15,7 +17,7 @@ CHROMIUM := /usr/bin/chromium
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 ARGS ?=
 
-.PHONY: venv run test browser lint bench clean
+.PHONY: venv run test browser lint bench gpu-check clean
 
 venv: $(STAMP)
 
@@ -53,6 +55,10 @@ lint: venv
 
 bench: venv
 	$(BIN)/python -m engine.bench --workload seed --slots 3 $(ARGS)
+
+# Fails at once (exit 2) without CUDA; see engine/bench/gpu_check.py for what it runs and checks.
+gpu-check: venv
+	$(OFFLINE) $(BIN)/python -m engine.bench.gpu_check --out out/gpu-check $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -169,10 +169,13 @@ def judge(
     reference_logits: list[TokenLogits] | None,
     engine_logits: list[TokenLogits] | None,
     model: RoundingModel,
+    reference_lookup: Callable[[int, int], tuple[float, float] | None] | None = None,
 ) -> Verdict:
     """The ``Verdict`` of ``output`` against ``reference`` (see the module docstring).
 
     ``*_logits[i]`` are the runs' records at output position i (None or short: not recorded).
+    ``reference_lookup(k, token)``: ``(logit, abs_dot)`` of a token outside the reference's top
+    ``TOP_K`` at position k, from the reference's own pass (None: unknown).
     """
     k = first_divergence(output, reference)
     if k is None:
@@ -187,21 +190,21 @@ def judge(
         return _with(found, reason="one output ended where the other went on")
     if ref is None:
         return _with(found, reason="the reference's logits were not recorded")
-    z_a, z_b = ref.logit_of(a), ref.logit_of(b)
+    z_a, z_b, abs_b = ref.logit_of(a), ref.logit_of(b), ref.abs_dot_of(b)
+    if z_b is None and reference_lookup is not None:
+        z_b, abs_b = reference_lookup(k, b) or (None, None)
     if z_b is None:
         return _with(found, reason=f"the engine's token is not in the reference's top {_k(ref)}")
     margin = z_a - z_b
-    bound = model.logit_error(ref.abs_dot_of(a), z_a) + model.logit_error(ref.abs_dot_of(b), z_b)
+    bound = model.logit_error(ref.abs_dot_of(a), z_a) + model.logit_error(abs_b, z_b)
     if eng is None:
         gap, bound, engine_margin = margin, 2 * bound, None
     else:
         y_a, y_b = eng.logit_of(a), eng.logit_of(b)
-        if y_a is None:
-            return _with(
-                found,
-                logit_margin=margin,
-                reason=f"the reference's token is not in the engine's top {_k(eng)}",
-            )
+        if y_a is None or y_b is None:
+            whose = "reference's" if y_a is None else "engine's own"
+            why = f"the {whose} token is not in the engine's top {_k(eng)}"
+            return _with(found, logit_margin=margin, reason=why)
         engine_margin = y_b - y_a
         gap = margin + engine_margin
         bound += model.logit_error(eng.abs_dot_of(a), y_a)

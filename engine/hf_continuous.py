@@ -4,16 +4,26 @@ What a transformers user would pick instead of this project's engine: ``Continuo
 (``transformers/generation/continuous_batching/``) with the same requests, per-request caps and slot
 limit (``max_requests_per_batch``), greedy. It exposes no slot schedule, so its trace has
 per-request times (from its per-token timestamps) and no steps.
+
+Batch-invariant mode (``EngineConfig.batch_invariant``) does not reach it: transformers' manager
+runs its own kernels and batches, outside this project's control. Asking for it warns
+(``BATCH_INVARIANT_NOTE``) and the trace's ``info`` says so, rather than ignoring it silently.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
 from engine.sequence import Request, truncate_at_stop
 from engine.trace import Trace, new_request_records
+
+BATCH_INVARIANT_NOTE = (
+    "batch-invariant mode does not apply to transformers' continuous batching: it runs its own "
+    "kernels and batches, outside this project's control; its outputs are batch-dependent"
+)
 
 
 class HFContinuousEngine:
@@ -22,8 +32,11 @@ class HFContinuousEngine:
     name = "hf_continuous"
 
     def __init__(self, runner: ModelRunner, config: EngineConfig):
+        """Warns (``UserWarning``, ``BATCH_INVARIANT_NOTE``) when asked for batch invariance."""
         self.runner = runner
         self.config = config
+        if config.batch_invariant:
+            warnings.warn(BATCH_INVARIANT_NOTE, UserWarning, stacklevel=2)
 
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
         """Run to completion. transformers' manager has no step hook, so ``on_step`` is never
@@ -33,6 +46,9 @@ class HFContinuousEngine:
             Exception: whatever ``on_wait`` raises (``RunStopped``): the manager is stopped.
         """
         trace = Trace(engine=self.name, num_slots=self.config.num_slots)
+        trace.info["batch_invariant"] = False
+        if self.config.batch_invariant:
+            trace.info["batch_invariant_note"] = BATCH_INVARIANT_NOTE
         trace.requests = new_request_records(requests)
         prompts = [list(r.prompt_token_ids) for r in requests]
         caps = [r.max_new_tokens for r in requests]

@@ -55,6 +55,7 @@ def tiled_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tile
     Shapes:
         x: [..., d]  ->  [..., d_out], where fn maps [tile_rows, d] -> [tile_rows, d_out]
     """
+    tile_rows = tile_rows or TILE_ROWS
     rows = x.reshape(-1, x.shape[-1])  # (N, d)
     num_rows = rows.shape[0]
     pad = -num_rows % tile_rows

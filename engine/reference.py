@@ -18,6 +18,7 @@ output per prompt and answer smaller caps from it, so repeated runs in the app c
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import torch
@@ -27,7 +28,7 @@ from engine.config import EngineConfig
 from engine.divergence import Verdict, first_divergence  # noqa: F401  (re-exported)
 from engine.model_runner import ModelRunner
 from engine.sequence import Request, truncate_at_stop
-from engine.token_logits import LogitRecorder, TokenLogits
+from engine.token_logits import LogitRecorder, TokenLogits, logit_and_abs_dot, row_digest
 
 
 class _Cache:
@@ -79,8 +80,25 @@ class _Cache:
                 self.token_logits(request),
                 record.token_logits or None,
                 model,
+                functools.partial(self.logit_at, request),
             )
         return found
+
+    def logit_at(self, request: Request, index: int, token_id: int) -> tuple[float, float] | None:
+        """``(logit, abs_dot)`` of any token at output position ``index``, in the reference's own
+        pass (``engine.token_logits``), for a token outside the recorded top; None if unknown.
+
+        The reference is run again up to ``index``, keeping that position's whole row. The run is
+        deterministic, and the row's digest must equal the one recorded the first time (else
+        None: the recomputation is not the same pass).
+        """
+        recorded = self.token_logits(request)
+        if index >= len(recorded):
+            return None
+        kept = self._replay(request, index)
+        if kept is None or row_digest(kept[1]) != recorded[index].digest:
+            return None
+        return logit_and_abs_dot(kept, token_id)
 
     def _hit(self, request: Request, on_step) -> tuple[list[int], list[TokenLogits]]:
         key = request.prompt_token_ids
@@ -100,6 +118,10 @@ class _Cache:
     def _run(self, request: Request, on_step) -> tuple[list[int], list[TokenLogits]]:
         raise NotImplementedError
 
+    def _replay(self, request: Request, index: int):
+        """``LogitRecorder.kept`` at output position ``index`` of a re-run; None: not offered."""
+        return None
+
 
 class ReferenceCache(_Cache):
     """Per-prompt greedy outputs of plain ``model.generate`` (batch 1), with its own logits."""
@@ -110,6 +132,12 @@ class ReferenceCache(_Cache):
         recorder = LogitRecorder()
         out = self.runner.generate(ids, mask, request.max_new_tokens, criteria, recorder)
         return out[0, ids.shape[1] :].tolist(), [rows[0] for rows in recorder.calls]
+
+    def _replay(self, request: Request, index: int):
+        ids, mask = self.runner.left_pad([list(request.prompt_token_ids)])
+        recorder = LogitRecorder(keep_call=index)
+        self.runner.generate(ids, mask, index + 1, None, recorder)
+        return recorder.kept
 
 
 class SoloReference(_Cache):

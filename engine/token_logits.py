@@ -80,7 +80,7 @@ def token_logits_rows(
     abs_dots = (h.abs()[:, None, :] * abs_w).sum(dim=-1)  # (R, K)
     host = rows.cpu().numpy()
     return [
-        TokenLogits(tuple(i), tuple(v), tuple(a), n, _digest(row))
+        TokenLogits(tuple(i), tuple(v), tuple(a), n, _digest_host(row))
         for i, v, a, n, row in zip(
             ids.tolist(),
             values.tolist(),
@@ -92,7 +92,12 @@ def token_logits_rows(
     ]
 
 
-def _digest(row) -> str:
+def row_digest(logits: torch.Tensor) -> str:
+    """``TokenLogits.digest`` of one logits row ``[V]``."""
+    return _digest_host(logits.detach().float().cpu().numpy())
+
+
+def _digest_host(row) -> str:
     return hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest()
 
 
@@ -100,28 +105,36 @@ class LogitRecorder:
     """Collects ``TokenLogits`` rows of every output-embedding call while installed.
 
     ``calls[i]`` holds the rows of the i-th model call: one per sequence (packed engine) or per
-    batch row (``model.generate``, one call per generated token).
+    batch row (``model.generate``, one call per generated token). ``keep_call=i`` also keeps that
+    call's whole first row: ``kept = (hidden [d], logits [V], weight [V, d])``, for a logit outside
+    the top ``TOP_K`` (``logit_and_abs_dot``).
     """
 
-    def __init__(self, top_k: int = TOP_K):
+    def __init__(self, top_k: int = TOP_K, keep_call: int | None = None):
         self.top_k = top_k
+        self.keep_call = keep_call
         self.calls: list[list[TokenLogits]] = []
+        self.kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def hook(self, module, inputs, output) -> None:
         """``register_forward_hook`` callback: record the rows of one call."""
-        hidden = inputs[0]
-        rows = token_logits_rows(
-            hidden.reshape(-1, hidden.shape[-1]),
-            output.reshape(-1, output.shape[-1]),
-            module.weight,
-            self.top_k,
-        )
-        self.calls.append(rows)
+        hidden = inputs[0].reshape(-1, inputs[0].shape[-1])  # (R, d)
+        logits = output.reshape(-1, output.shape[-1])  # (R, V)
+        if len(self.calls) == self.keep_call:
+            self.kept = (hidden[0].detach().clone(), logits[0].detach().clone(), module.weight)
+        self.calls.append(token_logits_rows(hidden, logits, module.weight, self.top_k))
 
     def pop(self) -> list[TokenLogits]:
         """The rows of the latest call, removed from the recorder."""
         assert self.calls, "no model call was recorded"
         return self.calls.pop()
+
+
+def logit_and_abs_dot(kept, token_id: int) -> tuple[float, float]:
+    """From ``LogitRecorder.kept``: the logit of ``token_id`` and its ``abs_dot``."""
+    hidden, logits, weight = kept
+    abs_dot = (hidden.float().abs() * weight[token_id].detach().float().abs()).sum()
+    return float(logits[token_id]), float(abs_dot)
 
 
 @contextlib.contextmanager

@@ -26,6 +26,11 @@ ENGINES = (
     "hf_continuous",
 )
 KV_MODE_OF = {"continuous": "slots", "continuous_paged": "paged", "continuous_concat": "concat"}
+# Engines that --batch-invariant cannot reach, and why (the bench says so rather than ignore it).
+NOT_INVARIANT = {
+    "static_generate": "it runs plain model.generate matmuls by design",
+    "hf_continuous": "transformers' engine runs its own kernels, outside this project's control",
+}
 # Flags that only some engines or arrival modes use: parsed as None so a given one can be told
 # from a default (and warned about when nothing uses it), then set to these defaults.
 SCOPED_DEFAULTS = {"rate": 1.0, "seed": 0, "policy": "decode_first", "block_size": 16}
@@ -75,6 +80,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--floor", action="store_true", help="time generate on the longest request alone"
     )
     p.add_argument("--profile", action="store_true", help="continuous: forward vs host time split")
+    p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="static and continuous engines in batch-invariant mode, compared bitwise with each "
+        "request run alone; also times the normal mode for the cost",
+    )
     p.epilog = (
         "A flag that no selected engine (or arrival mode) uses is ignored with a warning on "
         "stderr, e.g. --kv-budget-mib without continuous_paged, or --rate without "
@@ -106,11 +117,18 @@ def ignored_flags(args: argparse.Namespace, names: list[str]) -> list[str]:
         "rate": (poisson, "only --arrival poisson uses it"),
         "seed": (poisson, "only --arrival poisson uses it"),
     }
-    return [
+    lines = [
         f"--{name.replace('_', '-')} is ignored: {why}."
         for name, (used, why) in scopes.items()
         if name in args.given and not used
     ]
+    if getattr(args, "batch_invariant", False):
+        lines += [
+            f"--batch-invariant does not apply to {name}: {why}."
+            for name, why in NOT_INVARIANT.items()
+            if name in names
+        ]
+    return lines
 
 
 def check_args(args: argparse.Namespace, names: list[str]) -> None:
@@ -132,6 +150,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         "scheduling_policy": args.policy,
         "block_size": args.block_size,
         "kv_budget_mib": args.kv_budget_mib,
+        "batch_invariant": args.batch_invariant,
     }
 
 

@@ -10,7 +10,6 @@ With ``--repeat N`` the engines run interleaved (A B A B ...) and the median is 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 import sys
@@ -28,9 +27,10 @@ from engine.bench.args import (
     parse_args,
 )
 from engine.bench.hardware_probe import PeakMemory, weight_bytes, weight_read_ms
+from engine.bench.verdicts import add_invariant_cost, add_verdicts, verdict_summary
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
-from engine.reference import ReferenceCache, divergence, mismatches
+from engine.reference import mismatches, reference_for
 from engine.sequence import Request
 from engine.static import StaticEngine
 from engine.trace import Trace
@@ -43,8 +43,9 @@ def make_engine(name: str, runner, num_slots: int, **options):
     Raises:
         ValueError: unknown name or invalid options.
     """
+    invariant = bool(options.get("batch_invariant"))
     if name == "static":
-        return StaticEngine(runner, EngineConfig(num_slots))
+        return StaticEngine(runner, EngineConfig(num_slots, batch_invariant=invariant))
     if name == "static_generate":  # the same waves on plain model.generate matmuls
         engine = StaticEngine(runner, EngineConfig(num_slots), engine_kernels=False)
         engine.name = name
@@ -57,7 +58,7 @@ def make_engine(name: str, runner, num_slots: int, **options):
     if name == "hf_continuous":
         from engine.hf_continuous import HFContinuousEngine
 
-        return HFContinuousEngine(runner, EngineConfig(num_slots))
+        return HFContinuousEngine(runner, EngineConfig(num_slots, batch_invariant=invariant))
     raise ValueError(f"Unknown engine {name!r}; choose from {', '.join(ENGINES)}.")
 
 
@@ -157,27 +158,6 @@ def format_table(results: dict[str, dict], weight_read_ms: float | None = None) 
     return "\n".join(lines)
 
 
-def explain_mismatches(runner, requests, traces, reference, results) -> None:
-    """For every engine whose outputs differ from the reference, add ``mismatches`` to its JSON
-    entry (request, first differing token and logit margin: ``engine.reference.Divergence``) and
-    print them, so a float32 near-tie is told apart from a bug and never goes unexplained.
-    """
-    by_id = {r.request_id: r for r in requests}
-    for name, runs in traces.items():
-        median_run = median_trace(runs)
-        found = []
-        for record in median_run.requests:
-            request = by_id[record.request_id]
-            diff = divergence(
-                runner, request, record.output_token_ids, reference[request.request_id]
-            )
-            if diff is not None:
-                found.append(dataclasses.asdict(diff))
-                print(f"  {name}: output differs from the reference: {found[-1]}", file=sys.stderr)
-        if found:
-            results[name]["mismatches"] = found
-
-
 def _ms(ms_per_step: float) -> str:
     return f"{ms_per_step:.1f}" if ms_per_step else "-"  # "-": an engine with no step trace
 
@@ -244,26 +224,25 @@ def warm_up(engines: dict, requests) -> None:
         engine.run(short)
 
 
+NORMAL = " (normal mode)"  # key suffix of the normal-mode runs that time the invariant mode
+
+
+def _normal_engines(runner, num_slots: int, names: list[str], options: dict) -> dict:
+    """With ``batch_invariant``: the same engines in the normal mode, to time the mode's cost."""
+    if not options.get("batch_invariant"):
+        return {}
+    plain = {**options, "batch_invariant": False}
+    return {
+        name + NORMAL: make_engine(name, runner, num_slots, **plain)
+        for name in names
+        if name == "static" or name in KV_MODE_OF
+    }
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from engine.loader import load_model
-    from engine.model_runner import ModelRunner
-
     try:
-        names = [n.strip() for n in args.engines.split(",") if n.strip()]
-        check_args(args, names)
-        for line in ignored_flags(args, names):
-            print(f"warning: {line}", file=sys.stderr)
-        specs = load_specs(args)
-        loaded = load_model(args.model, args.device, args.dtype)
-        runner = ModelRunner(loaded)
-        requests = tokenize_requests(
-            specs,
-            loaded.tokenizer,
-            chat_template=args.chat_template,
-            max_context=loaded.max_context,
-        )
-        engines = {n: make_engine(n, runner, args.slots, **engine_options(args)) for n in names}
+        loaded, runner, requests, engines, normal = _setup(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -271,23 +250,74 @@ def main(argv=None) -> int:
         f"{loaded.name} on {loaded.device_label}; {len(requests)} requests, {args.slots} slots",
         file=sys.stderr,
     )
-    warm_up(engines, requests)
-    reference = None
-    if not args.no_reference:
-        t0 = time.perf_counter()
-        reference = ReferenceCache(runner).outputs(requests)
-        print(f"  reference: {time.perf_counter() - t0:.2f} s (not counted)", file=sys.stderr)
-    traces, peaks = run_engines(engines, requests, args.repeat, PeakMemory(loaded.device))
+    warm_up(engines | normal, requests)
+    source, reference = _reference(args, runner, requests)
+    traces, peaks = run_engines(engines | normal, requests, args.repeat, PeakMemory(loaded.device))
+    normal_results = {n.removesuffix(NORMAL): engine_result(traces.pop(n), None) for n in normal}
     results = {n: engine_result(runs, reference, peaks[n]) for n, runs in traces.items()}
-    if reference is not None:
-        explain_mismatches(runner, requests, traces, reference, results)
+    if source is not None:
+        medians = {n: median_trace(runs) for n, runs in traces.items()}
+        add_verdicts(runner, requests, medians, source, results)
     extra = {
         "weight_bytes": weight_bytes(loaded.model),
         "weight_read_ms": weight_read_ms(loaded.model, runner.synchronize),
         "engine_kernel": runner.engine_kernel_name,
         "engine_kernel_bytes": runner.engine_kernel_bytes,
     }
+    _print_report(results, normal_results, extra, source is not None)
+    _optional_measures(args, runner, requests, extra)
+    if args.out:
+        write_exports(args.out, traces)
+    if args.json_path:
+        doc = _json_doc(args, loaded, results, extra)
+        doc["reference"] = None if source is None else type(source).__name__
+        Path(args.json_path).write_text(json.dumps(doc, indent=2))
+    return 0 if all(r["reference_match"] is not False for r in results.values()) else 1
+
+
+def _setup(args):
+    """Model, runner, requests, engines (and their normal-mode twins). Raises ValueError."""
+    from engine.loader import load_model
+    from engine.model_runner import ModelRunner
+
+    names = [n.strip() for n in args.engines.split(",") if n.strip()]
+    check_args(args, names)
+    for line in ignored_flags(args, names):
+        print(f"warning: {line}", file=sys.stderr)
+    specs = load_specs(args)
+    loaded = load_model(args.model, args.device, args.dtype)
+    runner = ModelRunner(loaded)
+    requests = tokenize_requests(
+        specs,
+        loaded.tokenizer,
+        chat_template=args.chat_template,
+        max_context=loaded.max_context,
+    )
+    options = engine_options(args)
+    engines = {n: make_engine(n, runner, args.slots, **options) for n in names}
+    return loaded, runner, requests, engines, _normal_engines(runner, args.slots, names, options)
+
+
+def _reference(args, runner, requests):
+    """``(source, outputs)``: the reference (``engine.reference.reference_for``) and its outputs,
+    or ``(None, None)`` with ``--no-reference``."""
+    if args.no_reference:
+        return None, None
+    t0 = time.perf_counter()
+    source = reference_for(runner, EngineConfig(args.slots, **engine_options(args)))
+    reference = source.outputs(requests)
+    kind = "solo, batch-invariant" if args.batch_invariant else "generate"
+    print(f"  reference ({kind}): {time.perf_counter() - t0:.2f} s (not counted)", file=sys.stderr)
+    return source, reference
+
+
+def _print_report(results, normal_results, extra, with_reference: bool) -> None:
     print(format_table(results, extra["weight_read_ms"]))
+    for name, entry in results.items():
+        if with_reference:
+            print(f"{name} against the reference: {verdict_summary(entry)}")
+    for line in add_invariant_cost(results, normal_results):
+        print(line)
     print(
         f"engines' matmul kernel: {extra['engine_kernel']} "
         f"(+{extra['engine_kernel_bytes'] / 1e6:.0f} MB of packed weights)"
@@ -296,6 +326,10 @@ def main(argv=None) -> int:
         f"weight read (the decode-step limit): {extra['weight_bytes'] / 1e6:.0f} MB in "
         f"{extra['weight_read_ms']:.1f} ms"
     )
+
+
+def _optional_measures(args, runner, requests, extra) -> None:
+    """--floor and --profile, printed and added to ``extra``."""
     if args.floor:
         extra.update(measure_floor(runner, requests, args.repeat))
         print(
@@ -306,24 +340,23 @@ def main(argv=None) -> int:
         extra["profile"] = profile_host_overhead(runner, args.slots)
         for ctx, p in extra["profile"].items():
             print(f"profile @ ~{ctx} cached tokens: {p}")
-    if args.out:
-        write_exports(args.out, traces)
-    if args.json_path:
-        doc = {
-            "model": loaded.name,
-            "device": str(loaded.device),
-            "dtype": str(loaded.dtype).removeprefix("torch."),
-            "slots": args.slots,
-            "workload": args.workload,
-            "repeat": args.repeat,
-            "arrival": args.arrival,
-            "rate": args.rate if args.arrival == "poisson" else None,
-            "seed": args.seed if args.arrival == "poisson" else None,
-            "engines": results,
-            **extra,
-        }
-        Path(args.json_path).write_text(json.dumps(doc, indent=2))
-    return 0 if all(r["reference_match"] is not False for r in results.values()) else 1
+
+
+def _json_doc(args, loaded, results, extra) -> dict:
+    return {
+        "model": loaded.name,
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "slots": args.slots,
+        "workload": args.workload,
+        "repeat": args.repeat,
+        "arrival": args.arrival,
+        "rate": args.rate if args.arrival == "poisson" else None,
+        "seed": args.seed if args.arrival == "poisson" else None,
+        "batch_invariant": args.batch_invariant,
+        "engines": results,
+        **extra,
+    }
 
 
 if __name__ == "__main__":
