@@ -43,7 +43,7 @@ under about 1.5 logits counts as a near-tie; in float32 the same margin is about
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -197,18 +197,20 @@ def judge(
         return _with(found, reason=f"the engine's token is not in the reference's top {_k(ref)}")
     margin = z_a - z_b
     bound = model.logit_error(ref.abs_dot_of(a), z_a) + model.logit_error(abs_b, z_b)
-    if eng is None:
-        gap, bound, engine_margin = margin, 2 * bound, None
-    else:
-        y_a, y_b = eng.logit_of(a), eng.logit_of(b)
-        if y_a is None or y_b is None:
-            whose = "reference's" if y_a is None else "engine's own"
-            why = f"the {whose} token is not in the engine's top {_k(eng)}"
-            return _with(found, logit_margin=margin, reason=why)
-        engine_margin = y_b - y_a
-        gap = margin + engine_margin
-        bound += model.logit_error(eng.abs_dot_of(a), y_a)
-        bound += model.logit_error(eng.abs_dot_of(b), y_b)
+    if eng is None:  # no engine logits: the reference's errors count twice
+        return _weigh(found, margin, None, 2 * bound)
+    y_a, y_b = eng.logit_of(a), eng.logit_of(b)
+    if y_a is None or y_b is None:
+        whose = "reference's" if y_a is None else "engine's own"
+        why = f"the {whose} token is not in the engine's top {_k(eng)}"
+        return _with(found, logit_margin=margin, reason=why)
+    bound += model.logit_error(eng.abs_dot_of(a), y_a) + model.logit_error(eng.abs_dot_of(b), y_b)
+    return _weigh(found, margin, y_b - y_a, bound)
+
+
+def _weigh(found: Verdict, margin: float, engine_margin: float | None, bound: float) -> Verdict:
+    """Near-tie when both runs' margins together stay within the rounding bound."""
+    gap = margin + (engine_margin or 0.0)
     near = gap <= bound
     reason = (
         f"the two runs' margins add up to {gap:.4g} logits, "
@@ -228,10 +230,8 @@ def _k(rec: TokenLogits) -> int:
     return len(rec.token_ids)
 
 
-def _with(verdict: Verdict, **changes) -> Verdict:
-    from dataclasses import replace
-
-    return replace(verdict, **changes)
+def _with(base: Verdict, **changes) -> Verdict:
+    return replace(base, **changes)
 
 
 def count(verdicts: list[Verdict]) -> dict[str, int]:

@@ -7,9 +7,10 @@ key range that depends on how the prompt was chunked. In half precision that fli
 a batched output differs from the solo one. This mode removes each dependence by construction:
 
 * **Row-wise ops in fixed tiles.** Every ``nn.Linear``, every RMSNorm and every MLP block (its
-  activation included) runs on tiles of exactly ``TILE_ROWS`` rows (the last tile zero-padded),
-  one kernel call per tile, so a token row goes through the same kernel with the same shape
-  whether it is alone, packed with others, part of a prefill chunk or a decode.
+  activation included) runs on tiles of exactly ``TILE_ROWS`` rows (the last tile zero-padded;
+  1 row for emulated half precision on CPU, ``tile_rows_for``), one kernel call per tile, so a
+  token row goes through the same kernel with the same shape whether it is alone, packed with
+  others, part of a prefill chunk or a decode.
 * **Rotary tables.** cos/sin of each position come from a table filled in fixed blocks of
   ``ROPE_BLOCK`` positions, not from a fresh vectorized ``cos`` over the step's positions.
 * **Attention per query row over exactly its own keys** (``engine.invariant_attention``): keys in
@@ -65,12 +66,21 @@ def tiled_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tile
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def _tiled_linear(forward: LinearForward, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return tiled_rows(functools.partial(forward, module), x)
+def tile_rows_for(device_type: str, dtype: torch.dtype, kernel_name: str) -> int:
+    """Rows per tile: 1 for half precision on a CPU without a native kernel for it (the engines'
+    kernel fell back to ``skinny``, torch's reference loops, whose cost grows with every row, so
+    padding a decode row to 8 would cost 8 rows), else ``TILE_ROWS``. Either is one fixed shape."""
+    if device_type == "cpu" and dtype != torch.float32 and kernel_name != "onednn":
+        return 1
+    return TILE_ROWS
 
 
-def _tiled_module(original: Callable, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return tiled_rows(functools.partial(original, module), x)
+def _tiled_linear(forward: LinearForward, tile: int, module: nn.Linear, x: torch.Tensor):
+    return tiled_rows(functools.partial(forward, module), x, tile)
+
+
+def _tiled_module(original: Callable, tile: int, module: nn.Module, x: torch.Tensor):
+    return tiled_rows(functools.partial(original, module), x, tile)
 
 
 class RopeTable:
@@ -132,15 +142,17 @@ def check_supported(model: nn.Module) -> None:
 class InvariantKernels:
     """The mode's replacements for one model: ``installed()`` routes the model through them.
 
-    ``linear_forward`` computes one tile of a linear (the engines' kernel, or ``F.linear``).
+    ``linear_forward`` computes one tile of a linear (the engines' kernel, or ``F.linear``);
+    ``tile_rows`` is the tile (``tile_rows_for``).
 
     Raises:
         ValueError: the model is not supported (``check_supported``).
     """
 
-    def __init__(self, model: nn.Module, linear_forward: LinearForward):
+    def __init__(self, model: nn.Module, linear_forward: LinearForward, tile_rows=TILE_ROWS):
         check_supported(model)
         self.linear_forward = linear_forward
+        self.tile_rows = tile_rows
         self.linears = linear_modules(model)
         self.tiled = _modules_ending(model, "RMSNorm") + _modules_ending(model, "MLP")
         self.ropes = [RopeTable(m) for m in _modules_ending(model, "RotaryEmbedding")]
@@ -151,11 +163,13 @@ class InvariantKernels:
         patched = []
         try:
             for module in self.linears:
-                module.forward = functools.partial(_tiled_linear, self.linear_forward, module)
+                forward = functools.partial(_tiled_linear, self.linear_forward, self.tile_rows)
+                module.forward = functools.partial(forward, module)
                 patched.append(module)
             for module in self.tiled:
                 original = type(module).forward
-                module.forward = functools.partial(_tiled_module, original, module)
+                forward = functools.partial(_tiled_module, original, self.tile_rows)
+                module.forward = functools.partial(forward, module)
                 patched.append(module)
             for table in self.ropes:
                 table.rotary.forward = table.forward

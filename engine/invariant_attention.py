@@ -7,18 +7,21 @@ whether it is a decode or a recomputed prefill (``engine.invariant``):
     keys:    | block 0 (KEY_BLOCK) | block 1             | block 2 (past p: all masked) |
     row p:   | # # # # # # # # # # | # # # # p . . . . . | . . . . . . . . . . . . . .  |
 
-1. scores of the row against each block: one matmul of fixed shape ``[G, D] @ [D, KEY_BLOCK]``
-   per (row, key block), batched (G: the query heads sharing one key/value head);
-2. keys after ``p`` (and the zero padding of the last block) are set to ``-inf``; the row's
-   maximum over all blocks is exact;
-3. ``exp`` elementwise, then per block a sum over exactly ``KEY_BLOCK`` values and a matmul of
-   fixed shape ``[G, KEY_BLOCK] @ [KEY_BLOCK, D]`` with the block's values;
+1. query rows go in tiles of ``QUERY_TILE`` rows (the last zero-padded), with the G query heads
+   that share a key/value head; a tile's scores against each key block are one ``torch.bmm`` of
+   fixed per-item shape ``[G * QUERY_TILE, D] @ [D, KEY_BLOCK]`` on operands copied into the same
+   contiguous layout every time (a transposed view in one call and a copy in another take
+   different GEMM code paths, and round differently);
+2. keys after each row's position (and the zero padding of the last block) are set to ``-inf``;
+   a row's maximum over all blocks is exact;
+3. ``exp`` elementwise, then per block a sum over exactly ``KEY_BLOCK`` values and a ``bmm`` of
+   fixed shape ``[G * QUERY_TILE, KEY_BLOCK] @ [KEY_BLOCK, D]`` with the block's values;
 4. the blocks' sums and outputs are added one block after another, in block order: a block past
-   ``p`` adds exact zeros, so how many blocks a step computes changes nothing.
+   a row's position adds exact zeros, so how many blocks a tile computes changes nothing, nor
+   does where in its tile a row sits (GEMM rows do not mix).
 
-Everything is computed in float32 (as SDPA does for half precision on CPU) and cast back.
-Rows are processed in chunks of at most ``CHUNK_ELEMENTS`` scores, so a long prefill does not
-allocate its whole ``[T, T]`` score matrix at once; chunks are independent rows.
+Everything is computed in float32 (as SDPA does for half precision on CPU) and cast back. A
+prefill of n rows takes ``ceil(n / QUERY_TILE)`` tiles per layer; a decode row one tile.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 
 from engine.invariant import KEY_BLOCK
 
-CHUNK_ELEMENTS = 2**22  # scores per chunk of query rows (16 MiB of float32)
+QUERY_TILE = 8  # query rows per attention call (each with its G heads)
 
 
 def sequence_attention(query, keys, values, first_position: int, scaling: float) -> torch.Tensor:
@@ -38,46 +41,64 @@ def sequence_attention(query, keys, values, first_position: int, scaling: float)
         returns: [n, H, D] in the query's dtype
     """
     num_heads, num_rows, head_dim = query.shape
-    num_kv_heads, kv_len = keys.shape[0], keys.shape[1]
+    num_kv_heads = keys.shape[0]
     group = num_heads // num_kv_heads
     last = first_position + num_rows  # keys the last row may see
-    assert last <= kv_len, "a query row has no key for its own position"
-    num_blocks = -(-last // KEY_BLOCK)
-    k = _blocks(keys[:, :last].float(), num_blocks)  # (H_kv, nb, KEY_BLOCK, D)
-    v = _blocks(values[:, :last].float(), num_blocks)
-    q = query.float().view(num_kv_heads, group, num_rows, head_dim).permute(2, 0, 1, 3)
-    per_row = num_kv_heads * num_blocks * group * KEY_BLOCK
-    step = max(1, CHUNK_ELEMENTS // per_row)
-    out = [
-        _rows(q[i : i + step], k, v, first_position + i, scaling) for i in range(0, num_rows, step)
-    ]  # each (rows, H_kv, G, D)
-    return torch.cat(out).reshape(num_rows, num_heads, head_dim).to(query.dtype)
+    assert last <= keys.shape[1], "a query row has no key for its own position"
+    num_tiles = -(-num_rows // QUERY_TILE)
+    q = query.float().new_zeros(num_kv_heads, group, num_tiles * QUERY_TILE, head_dim)
+    q[:, :, :num_rows] = query.view(num_kv_heads, group, num_rows, head_dim)
+    out = []
+    for t in range(num_tiles):
+        start = first_position + t * QUERY_TILE
+        tile = q[:, :, t * QUERY_TILE : (t + 1) * QUERY_TILE]  # (H_kv, G, QUERY_TILE, D)
+        seen = min(start + QUERY_TILE, last)  # keys this tile's real rows may see
+        k, v = _blocks(keys, seen), _blocks(values, seen)  # (H_kv, nb, KEY_BLOCK, D)
+        out.append(_tile(tile.reshape(num_kv_heads, -1, head_dim), k, v, start, scaling))
+    rows = torch.cat(out, dim=2)[:, :, :num_rows]  # (H_kv, G, n, D)
+    return rows.reshape(num_heads, num_rows, head_dim).transpose(0, 1).to(query.dtype)
 
 
-def _blocks(x: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """[H_kv, n, D] -> [H_kv, num_blocks, KEY_BLOCK, D], zero-padded at the end."""
-    pad = num_blocks * KEY_BLOCK - x.shape[1]
-    if pad:
-        x = torch.cat([x, x.new_zeros(x.shape[0], pad, x.shape[2])], dim=1)
-    return x.view(x.shape[0], num_blocks, KEY_BLOCK, x.shape[2])
+def _blocks(x: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """The first ``num_keys`` of [H_kv, T_kv, D] as a new contiguous float32
+    [H_kv, nb, KEY_BLOCK, D], zero-padded at the end: the same layout whatever the input's."""
+    num_blocks = -(-num_keys // KEY_BLOCK)
+    out = x.new_zeros(x.shape[0], num_blocks * KEY_BLOCK, x.shape[2], dtype=torch.float32)
+    out[:, :num_keys] = x[:, :num_keys]
+    return out.view(x.shape[0], num_blocks, KEY_BLOCK, x.shape[2])
 
 
-def _rows(q, k, v, first_position: int, scaling: float) -> torch.Tensor:
-    """Rows ``first_position..`` of a chunk: q [n, H_kv, G, D] -> [n, H_kv, G, D] (float32)."""
-    num_rows, num_blocks = q.shape[0], k.shape[1]
-    scores = (q[:, :, None] * scaling) @ k.transpose(-1, -2)[None]  # (n, H_kv, nb, G, KEY_BLOCK)
+def _tile(q, k, v, start: int, scaling: float) -> torch.Tensor:
+    """One query tile (rows ``start..start + QUERY_TILE - 1``, G heads each) over its key blocks.
+
+    Every matmul is a ``torch.bmm`` of fixed per-item shape on contiguous operands laid out the
+    same way each time ([G * QUERY_TILE, D] @ [D, KEY_BLOCK], then [G * QUERY_TILE, KEY_BLOCK] @
+    [KEY_BLOCK, D]), batched over (key/value head, key block).
+
+    Shapes:
+        q: [H_kv, G * QUERY_TILE, D];  k, v: [H_kv, nb, KEY_BLOCK, D]  ->  [H_kv, G, QUERY_TILE, D]
+    """
+    num_kv_heads, num_blocks, _, head_dim = k.shape
+    rows = q.shape[1]
+    items = num_kv_heads * num_blocks
+    q_items = (q * scaling)[:, None].expand(-1, num_blocks, -1, -1).reshape(items, rows, head_dim)
+    k_items = k.reshape(items, KEY_BLOCK, head_dim).transpose(1, 2)  # (items, D, KEY_BLOCK)
+    scores = torch.bmm(q_items.contiguous(), k_items)  # (items, G * QUERY_TILE, KEY_BLOCK)
+    scores = scores.view(num_kv_heads, num_blocks, -1, QUERY_TILE, KEY_BLOCK)  # (.., G, QT, KB)
     key_pos = torch.arange(num_blocks * KEY_BLOCK, device=q.device).view(num_blocks, KEY_BLOCK)
-    row_pos = torch.arange(first_position, first_position + num_rows, device=q.device)
-    hidden = key_pos[None] > row_pos[:, None, None]  # (n, nb, KEY_BLOCK)
-    scores.masked_fill_(hidden[:, None, :, None, :], float("-inf"))
-    peak = scores.amax(dim=(2, 4), keepdim=True)  # (n, H_kv, 1, G, 1): exact
-    weights = torch.exp(scores - peak)  # (n, H_kv, nb, G, KEY_BLOCK); masked keys: exact 0
-    sums = weights.sum(dim=-1)  # (n, H_kv, nb, G): each over exactly KEY_BLOCK values
-    parts = weights @ v[None]  # (n, H_kv, nb, G, D): each [G, KEY_BLOCK] @ [KEY_BLOCK, D]
-    total, acc = sums[:, :, 0], parts[:, :, 0]
+    row_pos = torch.arange(start, start + QUERY_TILE, device=q.device)
+    hidden = key_pos[:, None, :] > row_pos[None, :, None]  # (nb, QT, KB); every row sees key 0
+    scores.masked_fill_(hidden[None, :, None], float("-inf"))
+    peak = scores.amax(dim=(1, 4), keepdim=True)  # (H_kv, 1, G, QT, 1): exact
+    weights = torch.exp(scores - peak)  # masked keys: exact 0
+    sums = weights.sum(dim=-1)  # (H_kv, nb, G, QT): each over exactly KEY_BLOCK values
+    w_items = weights.reshape(items, rows, KEY_BLOCK)
+    parts = torch.bmm(w_items, v.reshape(items, KEY_BLOCK, head_dim))  # (items, G * QT, D)
+    parts = parts.view(num_kv_heads, num_blocks, -1, QUERY_TILE, head_dim)
+    total, acc = sums[:, 0], parts[:, 0]
     for b in range(1, num_blocks):  # in block order, one after another
-        total = total + sums[:, :, b]
-        acc = acc + parts[:, :, b]
+        total = total + sums[:, b]
+        acc = acc + parts[:, b]
     return acc / total[..., None]
 
 

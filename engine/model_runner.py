@@ -71,7 +71,8 @@ class ModelRunner:
             ValueError: the model is not a Llama-style decoder (``engine.invariant``).
         """
         forward = self._kernel.forward if self._linears else _plain_linear
-        return invariant.InvariantKernels(self.model, forward)
+        tile = invariant.tile_rows_for(self.device.type, self.dtype, self.engine_kernel_name)
+        return invariant.InvariantKernels(self.model, forward, tile)
 
     def require_batch_invariant(self) -> None:
         """Make the batch-invariant kernels now. Raises ValueError: a model it does not support."""

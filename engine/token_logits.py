@@ -35,8 +35,8 @@ class TokenLogits:
     ``token_ids`` and ``logits`` are the top ``TOP_K``, best first (the model's dtype values, as
     float). ``abs_dots[i]`` is ``sum_j |h_j| |W[token_ids[i], j]|`` for the final hidden state ``h``
     and the output embedding ``W``: the scale of that logit's rounding error
-    (``engine.divergence``). ``hidden_norm`` is ``||h||_2``; ``digest`` a hash of the whole float32
-    logits row (equal digests: bitwise equal rows).
+    (``engine.divergence``). ``hidden_norm`` is ``||h||_2``; ``digest`` a hash of the whole
+    logits row's bytes (equal digests: bitwise equal rows).
     """
 
     token_ids: tuple[int, ...]
@@ -73,32 +73,28 @@ def token_logits_rows(
     Shapes:
         hidden: [R, d] (final hidden states);  logits: [R, V];  weight: [V, d]  ->  R records
     """
-    rows = logits.detach().float()  # (R, V), exact for bfloat16 and float16 values
+    rows = logits.detach()  # (R, V) in the model's dtype
     values, ids = rows.topk(min(top_k, rows.shape[-1]), dim=-1)  # (R, K)
     h = hidden.detach().float()  # (R, d)
     abs_w = weight.detach()[ids].float().abs()  # (R, K, d)
     abs_dots = (h.abs()[:, None, :] * abs_w).sum(dim=-1)  # (R, K)
-    host = rows.cpu().numpy()
     return [
-        TokenLogits(tuple(i), tuple(v), tuple(a), n, _digest_host(row))
+        TokenLogits(tuple(i), tuple(v), tuple(a), n, row_digest(row))
         for i, v, a, n, row in zip(
             ids.tolist(),
-            values.tolist(),
+            values.float().tolist(),
             abs_dots.tolist(),
             h.norm(dim=-1).tolist(),
-            host,
+            rows,
             strict=True,
         )
     ]
 
 
 def row_digest(logits: torch.Tensor) -> str:
-    """``TokenLogits.digest`` of one logits row ``[V]``."""
-    return _digest_host(logits.detach().float().cpu().numpy())
-
-
-def _digest_host(row) -> str:
-    return hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest()
+    """``TokenLogits.digest``: a hash of one logits row's bytes ``[V]`` in its own dtype."""
+    raw = logits.detach().contiguous().cpu().view(torch.uint8).numpy()
+    return hashlib.blake2b(raw.tobytes(), digest_size=8).hexdigest()
 
 
 class LogitRecorder:

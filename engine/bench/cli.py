@@ -14,6 +14,7 @@ import json
 import statistics
 import sys
 import time
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -58,7 +59,9 @@ def make_engine(name: str, runner, num_slots: int, **options):
     if name == "hf_continuous":
         from engine.hf_continuous import HFContinuousEngine
 
-        return HFContinuousEngine(runner, EngineConfig(num_slots, batch_invariant=invariant))
+        with warnings.catch_warnings():  # the bench says it itself (args.ignored_flags)
+            warnings.simplefilter("ignore", UserWarning)
+            return HFContinuousEngine(runner, EngineConfig(num_slots, batch_invariant=invariant))
     raise ValueError(f"Unknown engine {name!r}; choose from {', '.join(ENGINES)}.")
 
 
