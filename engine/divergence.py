@@ -42,7 +42,7 @@ under about 1.5 logits counts as a near-tie; in float32 the same margin is about
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -166,8 +166,8 @@ def judge(
     request_id: int,
     output: list[int],
     reference: list[int],
-    reference_logits: list[TokenLogits] | None,
-    engine_logits: list[TokenLogits] | None,
+    reference_logits: Sequence[TokenLogits] | None,
+    engine_logits: Sequence[TokenLogits] | None,
     model: RoundingModel,
     reference_lookup: Callable[[int, int], tuple[float, float] | None] | None = None,
 ) -> Verdict:

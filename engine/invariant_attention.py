@@ -48,24 +48,27 @@ def sequence_attention(query, keys, values, first_position: int, scaling: float)
     num_tiles = -(-num_rows // QUERY_TILE)
     q = query.float().new_zeros(num_kv_heads, group, num_tiles * QUERY_TILE, head_dim)
     q[:, :, :num_rows] = query.view(num_kv_heads, group, num_rows, head_dim)
+    k, v = _blocks(keys, last), _blocks(values, last)  # (nb, H_kv, KEY_BLOCK, D)
     out = []
     for t in range(num_tiles):
         start = first_position + t * QUERY_TILE
         tile = q[:, :, t * QUERY_TILE : (t + 1) * QUERY_TILE]  # (H_kv, G, QUERY_TILE, D)
-        seen = min(start + QUERY_TILE, last)  # keys this tile's real rows may see
-        k, v = _blocks(keys, seen), _blocks(values, seen)  # (H_kv, nb, KEY_BLOCK, D)
-        out.append(_tile(tile.reshape(num_kv_heads, -1, head_dim), k, v, start, scaling))
+        seen = -(-min(start + QUERY_TILE, last) // KEY_BLOCK)  # blocks its real rows may see
+        out.append(
+            _tile(tile.reshape(num_kv_heads, -1, head_dim), k[:seen], v[:seen], start, scaling)
+        )
     rows = torch.cat(out, dim=2)[:, :, :num_rows]  # (H_kv, G, n, D)
     return rows.reshape(num_heads, num_rows, head_dim).transpose(0, 1).to(query.dtype)
 
 
 def _blocks(x: torch.Tensor, num_keys: int) -> torch.Tensor:
     """The first ``num_keys`` of [H_kv, T_kv, D] as a new contiguous float32
-    [H_kv, nb, KEY_BLOCK, D], zero-padded at the end: the same layout whatever the input's."""
+    [nb, H_kv, KEY_BLOCK, D], zero-padded at the end: the same layout whatever the input's, and
+    its first blocks are a contiguous slice."""
     num_blocks = -(-num_keys // KEY_BLOCK)
     out = x.new_zeros(x.shape[0], num_blocks * KEY_BLOCK, x.shape[2], dtype=torch.float32)
     out[:, :num_keys] = x[:, :num_keys]
-    return out.view(x.shape[0], num_blocks, KEY_BLOCK, x.shape[2])
+    return out.view(x.shape[0], num_blocks, KEY_BLOCK, x.shape[2]).transpose(0, 1).contiguous()
 
 
 def _tile(q, k, v, start: int, scaling: float) -> torch.Tensor:
@@ -73,32 +76,32 @@ def _tile(q, k, v, start: int, scaling: float) -> torch.Tensor:
 
     Every matmul is a ``torch.bmm`` of fixed per-item shape on contiguous operands laid out the
     same way each time ([G * QUERY_TILE, D] @ [D, KEY_BLOCK], then [G * QUERY_TILE, KEY_BLOCK] @
-    [KEY_BLOCK, D]), batched over (key/value head, key block).
+    [KEY_BLOCK, D]), batched over (key block, key/value head).
 
     Shapes:
-        q: [H_kv, G * QUERY_TILE, D];  k, v: [H_kv, nb, KEY_BLOCK, D]  ->  [H_kv, G, QUERY_TILE, D]
+        q: [H_kv, G * QUERY_TILE, D];  k, v: [nb, H_kv, KEY_BLOCK, D]  ->  [H_kv, G, QUERY_TILE, D]
     """
-    num_kv_heads, num_blocks, _, head_dim = k.shape
+    num_blocks, num_kv_heads, _, head_dim = k.shape
     rows = q.shape[1]
-    items = num_kv_heads * num_blocks
-    q_items = (q * scaling)[:, None].expand(-1, num_blocks, -1, -1).reshape(items, rows, head_dim)
-    k_items = k.reshape(items, KEY_BLOCK, head_dim).transpose(1, 2)  # (items, D, KEY_BLOCK)
+    items = num_blocks * num_kv_heads
+    q_items = (q * scaling)[None].expand(num_blocks, -1, -1, -1).reshape(items, rows, head_dim)
+    k_items = k.view(items, KEY_BLOCK, head_dim).transpose(1, 2)  # (items, D, KEY_BLOCK)
     scores = torch.bmm(q_items.contiguous(), k_items)  # (items, G * QUERY_TILE, KEY_BLOCK)
-    scores = scores.view(num_kv_heads, num_blocks, -1, QUERY_TILE, KEY_BLOCK)  # (.., G, QT, KB)
+    scores = scores.view(num_blocks, num_kv_heads, -1, QUERY_TILE, KEY_BLOCK)  # (.., G, QT, KB)
     key_pos = torch.arange(num_blocks * KEY_BLOCK, device=q.device).view(num_blocks, KEY_BLOCK)
     row_pos = torch.arange(start, start + QUERY_TILE, device=q.device)
     hidden = key_pos[:, None, :] > row_pos[None, :, None]  # (nb, QT, KB); every row sees key 0
-    scores.masked_fill_(hidden[None, :, None], float("-inf"))
-    peak = scores.amax(dim=(1, 4), keepdim=True)  # (H_kv, 1, G, QT, 1): exact
+    scores.masked_fill_(hidden[:, None, None], float("-inf"))
+    peak = scores.amax(dim=(0, 4), keepdim=True)  # (1, H_kv, G, QT, 1): exact
     weights = torch.exp(scores - peak)  # masked keys: exact 0
-    sums = weights.sum(dim=-1)  # (H_kv, nb, G, QT): each over exactly KEY_BLOCK values
-    w_items = weights.reshape(items, rows, KEY_BLOCK)
-    parts = torch.bmm(w_items, v.reshape(items, KEY_BLOCK, head_dim))  # (items, G * QT, D)
-    parts = parts.view(num_kv_heads, num_blocks, -1, QUERY_TILE, head_dim)
-    total, acc = sums[:, 0], parts[:, 0]
+    sums = weights.sum(dim=-1)  # (nb, H_kv, G, QT): each over exactly KEY_BLOCK values
+    w_items = weights.view(items, rows, KEY_BLOCK)
+    parts = torch.bmm(w_items, v.view(items, KEY_BLOCK, head_dim))  # (items, G * QT, D)
+    parts = parts.view(num_blocks, num_kv_heads, -1, QUERY_TILE, head_dim)
+    total, acc = sums[0], parts[0]
     for b in range(1, num_blocks):  # in block order, one after another
-        total = total + sums[:, b]
-        acc = acc + parts[:, b]
+        total = total + sums[b]
+        acc = acc + parts[b]
     return acc / total[..., None]
 
 

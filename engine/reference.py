@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -28,7 +28,13 @@ from engine.config import EngineConfig
 from engine.divergence import Verdict, first_divergence  # noqa: F401  (re-exported)
 from engine.model_runner import ModelRunner
 from engine.sequence import Request, truncate_at_stop
-from engine.token_logits import LogitRecorder, TokenLogits, logit_and_abs_dot, row_digest
+from engine.token_logits import (
+    LogitRecorder,
+    LogitTrail,
+    TokenLogits,
+    logit_and_abs_dot,
+    row_digest,
+)
 
 
 class _Cache:
@@ -36,7 +42,7 @@ class _Cache:
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
-        self._outputs: dict[tuple[int, ...], tuple[list[int], int, list[TokenLogits]]] = {}
+        self._outputs: dict[tuple[int, ...], tuple[list[int], int, LogitTrail]] = {}
 
     def output(self, request: Request, on_step: Callable[[], None] | None = None) -> list[int]:
         """The reference output ids of one request, up to its cap or first EOS.
@@ -46,10 +52,10 @@ class _Cache:
         tokens, _ = self._hit(request, on_step)
         return tokens
 
-    def token_logits(self, request: Request) -> list[TokenLogits]:
+    def token_logits(self, request: Request) -> Sequence[TokenLogits]:
         """The reference run's own logits at each of ``output(request)``'s tokens."""
         tokens, logits = self._hit(request, None)
-        return logits[: len(tokens)]
+        return logits if len(logits) == len(tokens) else logits[: len(tokens)]
 
     def outputs(
         self, requests: list[Request], on_request=None, on_step=None
@@ -100,12 +106,13 @@ class _Cache:
             return None
         return logit_and_abs_dot(kept, token_id)
 
-    def _hit(self, request: Request, on_step) -> tuple[list[int], list[TokenLogits]]:
+    def _hit(self, request: Request, on_step) -> tuple[list[int], LogitTrail]:
         key = request.prompt_token_ids
         hit = self._outputs.get(key)
         if hit is None or not self._covers(hit, request.max_new_tokens):
             tokens, logits = self._run(request, on_step)
-            hit = (tokens, request.max_new_tokens, logits)
+            trail = logits if isinstance(logits, LogitTrail) else LogitTrail(logits)
+            hit = (tokens, request.max_new_tokens, trail)
             self._outputs[key] = hit
         tokens = truncate_at_stop(hit[0], request.max_new_tokens, self.runner.eos_token_ids)
         return tokens, hit[2]
@@ -115,7 +122,7 @@ class _Cache:
         ended = any(t in self.runner.eos_token_ids for t in tokens)
         return cached_cap >= cap or ended
 
-    def _run(self, request: Request, on_step) -> tuple[list[int], list[TokenLogits]]:
+    def _run(self, request: Request, on_step) -> tuple[list[int], Sequence[TokenLogits]]:
         raise NotImplementedError
 
     def _replay(self, request: Request, index: int):
@@ -126,7 +133,7 @@ class _Cache:
 class ReferenceCache(_Cache):
     """Per-prompt greedy outputs of plain ``model.generate`` (batch 1), with its own logits."""
 
-    def _run(self, request: Request, on_step) -> tuple[list[int], list[TokenLogits]]:
+    def _run(self, request: Request, on_step) -> tuple[list[int], Sequence[TokenLogits]]:
         ids, mask = self.runner.left_pad([list(request.prompt_token_ids)])
         criteria = [_EveryStep(on_step)] if on_step is not None else None
         recorder = LogitRecorder()
@@ -156,11 +163,11 @@ class SoloReference(_Cache):
         solo = EngineConfig(1, ignore_eos=base.ignore_eos, batch_invariant=True)
         self.engine = ContinuousEngine(runner, solo)
 
-    def _run(self, request: Request, on_step) -> tuple[list[int], list[TokenLogits]]:
+    def _run(self, request: Request, on_step) -> tuple[list[int], Sequence[TokenLogits]]:
         alone = dataclasses.replace(request, request_id=0, arrival_s=0.0)  # a trace of one
         hook = None if on_step is None else (lambda trace, step: on_step())
         record = self.engine.run([alone], on_step=hook).request(0)
-        return list(record.output_token_ids), list(record.token_logits)
+        return list(record.output_token_ids), record.token_logits
 
 
 def reference_for(runner: ModelRunner, config: EngineConfig | None = None) -> _Cache:

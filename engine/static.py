@@ -23,7 +23,7 @@ from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
 from engine.run_control import wait_until
 from engine.sequence import Request, truncate_at_stop
-from engine.token_logits import LogitRecorder
+from engine.token_logits import LogitRecorder, LogitTrail
 from engine.trace import DECODE, IDLE, PREFILL, ScheduledSeq, StepRecord, Trace, new_request_records
 
 
@@ -155,7 +155,7 @@ class StaticEngine:
             rec.output_token_ids = tokens
             rec.output_text = self.runner.decode(tokens)
             rec.finish_reason = "eos" if tokens[-1] in self.runner.eos_token_ids else "length"
-            rec.token_logits = [recorder.calls[k][row] for k in range(len(tokens))]
+            rec.token_logits = LogitTrail(recorder.calls[k][row] for k in range(len(tokens)))
         self._record_steps(trace, wave_index, wave, outputs, width, wave_start_s, clock.end_times)
 
     @staticmethod

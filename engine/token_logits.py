@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 TOP_K = 8  # logits kept per output token; the divergence view shows the first 5
+DIGEST_BYTES = 8  # blake2b digest size of a logits row
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,54 @@ def token_logits_rows(
 def row_digest(logits: torch.Tensor) -> str:
     """``TokenLogits.digest``: a hash of one logits row's bytes ``[V]`` in its own dtype."""
     raw = logits.detach().contiguous().cpu().view(torch.uint8).numpy()
-    return hashlib.blake2b(raw.tobytes(), digest_size=8).hexdigest()
+    return hashlib.blake2b(raw.tobytes(), digest_size=DIGEST_BYTES).hexdigest()
+
+
+class LogitTrail(Sequence):
+    """One run's ``TokenLogits`` for each output token of one request, stored compactly.
+
+    A ``TokenLogits`` as Python objects takes about 800 bytes; here a token takes about 110
+    (float32 and int32 arrays, 8-byte digests), so long runs on a public page stay small. Reading
+    ``trail[i]`` builds the ``TokenLogits`` again, equal to the one appended.
+    """
+
+    def __init__(self, rows: Iterable[TokenLogits] = ()):
+        self._k = 0
+        self._ids, self._logits, self._abs = array("i"), array("f"), array("f")
+        self._norms, self._digests = array("f"), bytearray()
+        for row in rows:
+            self.append(row)
+
+    def append(self, row: TokenLogits) -> None:
+        """Add the record of the next output token (all rows have the same top ``K``)."""
+        if not self._norms:
+            self._k = len(row.token_ids)
+        assert len(row.token_ids) == self._k, "rows of one trail keep the same number of logits"
+        self._ids.extend(row.token_ids)
+        self._logits.extend(row.logits)
+        self._abs.extend(row.abs_dots)
+        self._norms.append(row.hidden_norm)
+        self._digests += bytes.fromhex(row.digest)
+
+    def __len__(self) -> int:
+        return len(self._norms)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("trail index out of range")
+        a, b = index * self._k, (index + 1) * self._k
+        digest = self._digests[index * DIGEST_BYTES : (index + 1) * DIGEST_BYTES].hex()
+        return TokenLogits(
+            tuple(self._ids[a:b]),
+            tuple(self._logits[a:b]),
+            tuple(self._abs[a:b]),
+            self._norms[index],
+            digest,
+        )
 
 
 class LogitRecorder:
@@ -143,7 +192,7 @@ def recording(model, recorder: LogitRecorder) -> Iterator[LogitRecorder]:
         handle.remove()
 
 
-def same_logits(a: list[TokenLogits] | None, b: list[TokenLogits] | None) -> bool | None:
+def same_logits(a: Sequence[TokenLogits] | None, b: Sequence[TokenLogits] | None) -> bool | None:
     """Whether two runs' logits were bitwise equal at every position both have (None: unknown)."""
     if not a or not b:
         return None

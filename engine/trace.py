@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from engine.token_logits import TokenLogits
+from engine.token_logits import LogitTrail
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -84,9 +84,9 @@ class RequestRecord:
     output_text: str = ""
     finish_reason: str | None = None
     num_preemptions: int = 0
-    # per output token, the run's own logits there (engine.token_logits); [] when not recorded
+    # per output token, the run's own logits there (engine.token_logits); empty when not recorded
     # (transformers' engine). Not in to_dict: engine.divergence turns it into verdicts.
-    token_logits: list[TokenLogits] = field(default_factory=list, repr=False, compare=False)
+    token_logits: LogitTrail = field(default_factory=LogitTrail, repr=False, compare=False)
 
     @property
     def queue_s(self) -> float | None:

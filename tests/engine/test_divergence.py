@@ -15,7 +15,7 @@ from engine.divergence import (
     unit_roundoff,
 )
 from engine.reference import ReferenceCache
-from engine.token_logits import TokenLogits
+from engine.token_logits import LogitTrail, TokenLogits
 from engine.trace import Trace, new_request_records
 
 HIDDEN = 576  # SmolLM2-135M's hidden size
@@ -101,6 +101,19 @@ def test_an_output_that_ends_early_differs():
     """An output that stops where the reference goes on is ✗ at that position."""
     verdict = judge(0, [1, 2], [1, 2, 3], [_logits([(1, 2.0), (2, 1.0)])] * 3, None, BF16)
     assert (verdict.verdict, verdict.token_index, verdict.engine_token) == (DIFFERS, 2, None)
+
+
+def test_a_logit_trail_gives_back_what_was_appended():
+    """LogitTrail stores records compactly and returns them equal, by index and by slice."""
+    rows = [
+        TokenLogits((4, 9), (20.5, 19.25), (70.125, 65.5), 48.0, "00ff00ff00ff00ff"),
+        TokenLogits((1, 2), (-3.0, -3.5), (1.5, 2.25), 0.5, "0123456789abcdef"),
+    ]
+    trail = LogitTrail(rows)
+    assert len(trail) == 2 and trail[0] == rows[0] and trail[-1] == rows[1]
+    assert trail[0:2] == rows and list(trail) == rows
+    with pytest.raises(IndexError):
+        trail[2]
 
 
 @pytest.fixture(scope="module")
