@@ -191,3 +191,21 @@ def test_batch_invariant_must_be_a_bool():
     """EngineConfig refuses a batch_invariant that is not True or False."""
     with pytest.raises(ValueError, match="batch_invariant must be True or False"):
         EngineConfig(2, batch_invariant="yes")
+
+
+def test_the_model_is_itself_again_after_an_invariant_run():
+    """After a run in the mode, no module keeps a patched forward and attention is SDPA again."""
+    runner = _runner(torch.float32)
+    ContinuousEngine(runner, EngineConfig(2, batch_invariant=True)).run(make_requests([("a", 2)]))
+    patched = [type(m).__name__ for m in runner.model.modules() if "forward" in vars(m)]
+    assert patched == [], f"still patched: {patched}"
+    assert runner.model.config._attn_implementation == "sdpa"
+
+
+def test_tiles_are_one_row_only_for_emulated_half_precision():
+    """1-row tiles where the kernel's cost grows with rows (half precision without oneDNN)."""
+    assert invariant.tile_rows_for("cpu", torch.bfloat16, "skinny") == 1
+    assert invariant.tile_rows_for("cpu", torch.float16, "skinny") == 1
+    assert invariant.tile_rows_for("cpu", torch.bfloat16, "onednn") == invariant.TILE_ROWS
+    assert invariant.tile_rows_for("cpu", torch.float32, "skinny") == invariant.TILE_ROWS
+    assert invariant.tile_rows_for("cuda", torch.bfloat16, "none") == invariant.TILE_ROWS
