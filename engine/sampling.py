@@ -1,0 +1,152 @@
+"""Sampling settings of one request: temperature, top-k, top-p and a seed (as vLLM's).
+
+A request without settings decodes greedily, as every engine always did. With settings, it samples
+from its own random generator seeded from its ``seed`` (``engine.sampler``), so its tokens depend
+on nothing else in the batch. The settings mean what transformers' ``generate`` makes of them:
+
+* ``temperature``: logits are divided by it; ``0`` means greedy decoding (as in vLLM), and the
+  other three settings are then unused;
+* ``top_k``: only the ``top_k`` highest logits stay; ``0`` means no limit;
+* ``top_p``: only the smallest set of tokens whose probability reaches ``top_p`` stays; ``1``
+  means no limit;
+* ``seed``: the request's generator starts from it; 0 to 2^63 - 1.
+
+A row that sets any of the four samples; what it leaves empty takes the defaults above
+(temperature 1, top_k 0, top_p 1, seed 0). Plain Python, no torch: tables and files are parsed
+here before any model loads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+MAX_SEED = 2**63 - 1
+FIELDS = ("temperature", "top_k", "top_p", "seed")  # the optional table and file columns
+_EXACT_FLOAT_INT = 2**53  # integral floats above this may not be the number the user typed
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request picks its next token. See the module docstring for each field.
+
+    Raises:
+        ValueError: temperature below 0 or not finite, top_p outside (0, 1], top_k below 0 or
+            not a whole number, seed not a whole number or outside 0..2^63 - 1. The message
+            names the setting and its value, not the row: parsers add that.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        t, p = self.temperature, self.top_p
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
+            raise ValueError(f"temperature {t!r} is not a finite number.")
+        if t < 0:
+            raise ValueError(f"temperature {t} is below 0; use 0 (greedy) or a positive number.")
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p <= 1:
+            raise ValueError(f"top_p {p!r} is outside (0, 1]; use a number above 0, at most 1.")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise ValueError(f"top_k {self.top_k!r} is not a whole number.")
+        if self.top_k < 0:
+            raise ValueError(f"top_k {self.top_k} is below 0; use 0 (no limit) or more.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed {self.seed!r} is not a whole number.")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed {self.seed} is out of range; use 0 to {MAX_SEED} (2^63 - 1).")
+
+    @property
+    def is_greedy(self) -> bool:
+        """True at temperature 0: the request decodes greedily and draws nothing."""
+        return self.temperature == 0
+
+    def to_dict(self) -> dict:
+        """``{"temperature", "top_k", "top_p", "seed"}``, as the files and the JSON write them."""
+        return asdict(self)
+
+
+def samples(params: SamplingParams | None) -> bool:
+    """Whether a request with these settings samples (not None, temperature above 0)."""
+    return params is not None and not params.is_greedy
+
+
+def parse_sampling(temperature, top_k, top_p, seed, where: str) -> SamplingParams | None:
+    """Four table cells (text or numbers) -> settings; None when all four are blank (greedy).
+
+    Raises:
+        ValueError: a cell that is not a number of the right kind or out of range; the message
+            starts with ``where`` (e.g. "Row 3" or "w.csv line 4").
+    """
+    cells = dict(zip(FIELDS, (temperature, top_k, top_p, seed), strict=True))
+    given = {name: value for name, value in cells.items() if not _blank(value)}
+    if not given:
+        return None
+    try:
+        values = {
+            name: _whole(value, name) if name in ("top_k", "seed") else _number(value, name)
+            for name, value in given.items()
+        }
+        return SamplingParams(**values)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _number(value, name: str) -> float:
+    text = _text(value, name)
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{name} {text!r} is not a number.") from None
+
+
+def _whole(value, name: str) -> int:
+    """A whole number, read exactly: "9223372036854775807" stays that number, "5.0" is 5."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = _text(value, name)
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
+        raise ValueError(f"{name} {text!r} is not a whole number.") from None
+    if not number.is_integer():
+        raise ValueError(f"{name} {text} is not a whole number.")
+    if abs(number) > _EXACT_FLOAT_INT:
+        raise ValueError(f"{name} {text} is too large to read exactly; write it in digits.")
+    return int(number)
+
+
+def _text(value, name: str) -> str:
+    try:
+        return str(value).strip()
+    except ValueError:  # Python's int-to-str digit limit
+        raise ValueError(f"{name} is a number too long to read.") from None
+
+
+def _blank(value) -> bool:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    try:
+        return not str(value).strip()
+    except ValueError:  # an int too long to print is not blank
+        return False
+
+
+def with_defaults(
+    params: SamplingParams | None, defaults: SamplingParams | None, seed_base: int, index: int
+) -> SamplingParams | None:
+    """``params`` if the request has settings of its own; else ``defaults`` with the seed
+    ``seed_base + index`` (the bench's ``--seed-base``); None when neither is set.
+
+    Raises:
+        ValueError: ``seed_base + index`` beyond 2^63 - 1.
+    """
+    if params is not None or defaults is None:
+        return params
+    return SamplingParams(defaults.temperature, defaults.top_k, defaults.top_p, seed_base + index)
