@@ -42,21 +42,23 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
-        t, p = self.temperature, self.top_p
-        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
-            raise ValueError(f"temperature {t!r} is not a finite number.")
+        t, p, k, seed = self.temperature, self.top_p, self.top_k, self.seed
+        if not _is_number(t) or not math.isfinite(t):
+            raise ValueError(f"temperature {_show(t)} is not a finite number.")
         if t < 0:
             raise ValueError(f"temperature {t} is below 0; use 0 (greedy) or a positive number.")
-        if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p <= 1:
-            raise ValueError(f"top_p {p!r} is outside (0, 1]; use a number above 0, at most 1.")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
-            raise ValueError(f"top_k {self.top_k!r} is not a whole number.")
-        if self.top_k < 0:
-            raise ValueError(f"top_k {self.top_k} is below 0; use 0 (no limit) or more.")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed {self.seed!r} is not a whole number.")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"seed {self.seed} is out of range; use 0 to {MAX_SEED} (2^63 - 1).")
+        if not _is_number(p) or not 0 < p <= 1:
+            raise ValueError(
+                f"top_p {_show(p)} is outside (0, 1]; use a number above 0, at most 1."
+            )
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise ValueError(f"top_k {_show(k)} is not a whole number.")
+        if k < 0:
+            raise ValueError(f"top_k {_show(k)} is below 0; use 0 (no limit) or more.")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed {_show(seed)} is not a whole number.")
+        if not 0 <= seed <= MAX_SEED:
+            raise ValueError(f"seed {_show(seed)} is out of range; use 0 to {MAX_SEED} (2^63 - 1).")
 
     @property
     def is_greedy(self) -> bool:
@@ -66,6 +68,26 @@ class SamplingParams:
     def to_dict(self) -> dict:
         """``{"temperature", "top_k", "top_p", "seed"}``, as the files and the JSON write them."""
         return asdict(self)
+
+
+def _is_number(value) -> bool:
+    """An int or float that converts to a float (an int of 400 digits does not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
+def _show(value) -> str:
+    """A value for a message: its repr, cut to 30 characters (an int may be thousands of digits)."""
+    try:
+        text = repr(value)
+    except ValueError:  # Python's int-to-str digit limit
+        return "(a number too long to print)"
+    return text if len(text) <= 30 else text[:27] + "..."
 
 
 def samples(params: SamplingParams | None) -> bool:
