@@ -59,6 +59,8 @@ class SamplingParams:
             raise ValueError(f"seed {_show(seed)} is not a whole number.")
         if not 0 <= seed <= MAX_SEED:
             raise ValueError(f"seed {_show(seed)} is out of range; use 0 to {MAX_SEED} (2^63 - 1).")
+        object.__setattr__(self, "temperature", float(t))  # transformers' warpers want floats
+        object.__setattr__(self, "top_p", float(p))
 
     @property
     def is_greedy(self) -> bool:
@@ -116,8 +118,13 @@ def parse_sampling(temperature, top_k, top_p, seed, where: str) -> SamplingParam
         raise ValueError(f"{where}: {exc}") from None
 
 
-def _number(value, name: str) -> float:
+def _number(value, name: str) -> float | int:
+    """A number as typed: "2" stays the int 2, so a message quotes it as the user wrote it."""
     text = _text(value, name)
+    try:
+        return int(text)
+    except ValueError:
+        pass
     try:
         return float(text)
     except ValueError:
