@@ -216,20 +216,7 @@ class ModelRunner:
         """
         import time
 
-        from transformers import ContinuousBatchingConfig, GenerationConfig
-
-        gen = GenerationConfig(
-            eos_token_id=sorted(self.eos_token_ids),
-            pad_token_id=self.pad_token_id,
-            max_new_tokens=max(caps),
-            **(HF_SAMPLING_PLACEHOLDERS if sampling_kwargs else {"do_sample": False}),
-        )
-        cb = ContinuousBatchingConfig(
-            max_requests_per_batch=num_slots,
-            auto_switch_to_flash=False,
-            **_hf_sizes(prompts, caps, num_slots),
-            **({"per_request_processors": True, "seed": 0} if sampling_kwargs else {}),
-        )
+        gen, cb = self._hf_configs(prompts, caps, num_slots, sampled=bool(sampling_kwargs))
         per_request = sampling_kwargs or [{} for _ in prompts]
         previous = self.model.config._attn_implementation
         results = {}
@@ -242,13 +229,8 @@ class ModelRunner:
             ):
                 t0 = time.perf_counter()
                 for i, (ids, cap) in enumerate(zip(prompts, caps, strict=True)):
-                    manager.add_request(
-                        ids,
-                        request_id=f"r{i}",
-                        max_new_tokens=cap,
-                        record_timestamps=True,
-                        **per_request[i],
-                    )
+                    kwargs = {"max_new_tokens": cap, "record_timestamps": True, **per_request[i]}
+                    manager.add_request(ids, request_id=f"r{i}", **kwargs)
                 last_result_s = time.perf_counter()
                 while len(results) < len(prompts):
                     out = manager.get_result(timeout=HF_POLL_S)
@@ -264,6 +246,24 @@ class ModelRunner:
         finally:
             self.model.set_attn_implementation(previous)
         return t0, [results[f"r{i}"] for i in range(len(prompts))]
+
+    def _hf_configs(self, prompts, caps, num_slots: int, sampled: bool):
+        """transformers' ``GenerationConfig`` and ``ContinuousBatchingConfig`` for a batch."""
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        gen = GenerationConfig(
+            eos_token_id=sorted(self.eos_token_ids),
+            pad_token_id=self.pad_token_id,
+            max_new_tokens=max(caps),
+            **(HF_SAMPLING_PLACEHOLDERS if sampled else {"do_sample": False}),
+        )
+        cb = ContinuousBatchingConfig(
+            max_requests_per_batch=num_slots,
+            auto_switch_to_flash=False,
+            **_hf_sizes(prompts, caps, num_slots),
+            **({"per_request_processors": True, "seed": 0} if sampled else {}),
+        )
+        return gen, cb
 
     def next_token_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Logits for the token after ``token_ids``, from one plain forward pass (no cache).
