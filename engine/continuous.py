@@ -1,8 +1,9 @@
 """The continuous engine: iteration-level scheduling plus packed (ragged) batches.
 
 Each step, nano-vllm style: admit into free slots, pack every running sequence's pending tokens into
-one ``[1, T]`` row, run ONE forward pass (prefill fused with decode), append each sequence's greedy
-token, and free the slots of finished sequences so the next requests are admitted on the same step.
+one ``[1, T]`` row, run ONE forward pass (prefill fused with decode), append each sequence's next
+token (greedy, or drawn by its request's own sampler: ``engine.sampler``), and free the slots of
+finished sequences so the next requests are admitted on the same step.
 In the ``paged`` KV mode the scheduler also hands out KV blocks and preempts when they run out.
 """
 
@@ -17,6 +18,7 @@ from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
 from engine.packed_batch import build_packed_batch
 from engine.run_control import wait_until
+from engine.sampler import RequestSampler, new_samplers
 from engine.scheduler import Scheduler
 from engine.sequence import Request, Sequence
 from engine.trace import DECODE, PREFILL, ScheduledSeq, StepRecord, Trace, new_request_records
@@ -73,6 +75,7 @@ class ContinuousEngine:
             requests, cfg.num_slots, eos, cfg.max_num_batched_tokens, cfg.scheduling_policy, blocks
         )
         waiting = None if on_wait is None else functools.partial(on_wait, trace)
+        samplers = new_samplers(requests)  # kept across preemptions with their draw counts
         self.runner.synchronize()
         t0 = time.perf_counter()
         while scheduler.has_work():
@@ -90,7 +93,7 @@ class ContinuousEngine:
             )
             record = _step_record(len(trace.steps), start_s, batch, plan, blocks)
             forward_start = time.perf_counter()
-            next_tokens = self.runner.forward_packed(batch)
+            next_tokens = self.runner.forward_packed(batch, _step_samplers(plan, samplers))
             record.forward_s = time.perf_counter() - forward_start
             finished = scheduler.postprocess(plan, next_tokens)
             for seq in finished:
@@ -185,6 +188,15 @@ def _check_fits(requests: list[Request], num_blocks: int, block_size: int) -> No
                 f"holds {num_blocks} blocks of {block_size} tokens ({num_blocks * block_size} "
                 f"tokens). Raise the KV budget or lower its max_new_tokens."
             )
+
+
+def _step_samplers(plan, samplers: dict[int, RequestSampler]) -> list[RequestSampler | None]:
+    """Per scheduled sequence, its sampler when this step feeds its last pending token (so the
+    step's token is kept: ``Scheduler.postprocess``), else None (greedy, or a partial prefill)."""
+    return [
+        samplers.get(seq.request_id) if seq.num_cached_tokens + n == seq.num_tokens else None
+        for seq, n in zip(plan.seqs, plan.num_new, strict=True)
+    ]
 
 
 def _step_record(index: int, start_s: float, batch, plan, blocks) -> StepRecord:

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.sampling import SamplingParams
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -67,7 +71,12 @@ class StepRecord:
 
 @dataclass
 class RequestRecord:
-    """One request's life in a run. Times are ``None`` until the event happens."""
+    """One request's life in a run. Times are ``None`` until the event happens.
+
+    ``sampling``: the request's settings (None: greedy). ``comparable`` is False when the engine
+    sampled it with a random stream of its own (transformers' manager), so its output is not
+    compared with the reference (``engine.reference.comparison``).
+    """
 
     request_id: int
     prompt: str
@@ -82,6 +91,8 @@ class RequestRecord:
     output_text: str = ""
     finish_reason: str | None = None
     num_preemptions: int = 0
+    sampling: SamplingParams | None = None
+    comparable: bool = True
 
     @property
     def queue_s(self) -> float | None:
@@ -267,6 +278,7 @@ def new_request_records(requests) -> list[RequestRecord]:
             max_new_tokens=r.max_new_tokens,
             num_prompt_tokens=r.num_prompt_tokens,
             arrival_s=r.arrival_s,
+            sampling=r.sampling,
         )
         for r in requests
     ]

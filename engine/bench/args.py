@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from engine.config import EngineConfig
+from engine.sampling import SamplingParams, with_defaults
 from engine.workload import load_jsonl, poisson_arrivals, seed_specs
 
 DESCRIPTION = (
@@ -75,12 +76,50 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--floor", action="store_true", help="time generate on the longest request alone"
     )
     p.add_argument("--profile", action="store_true", help="continuous: forward vs host time split")
+    add_sampling_flags(p)
     p.epilog = (
         "A flag that no selected engine (or arrival mode) uses is ignored with a warning on "
         "stderr, e.g. --kv-budget-mib without continuous_paged, or --rate without "
         "--arrival poisson."
     )
     return _with_defaults(p.parse_args(argv))
+
+
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    """``--temperature``, ``--top-k``, ``--top-p``, ``--seed-base``: settings for every request
+    that has none of its own in the workload (any one given makes those requests sample)."""
+    sampled = "requests without their own settings sample"
+    p.add_argument(
+        "--temperature", type=float, help=f"{sampled} at this temperature (default 1; 0: greedy)"
+    )
+    p.add_argument("--top-k", type=int, help=f"{sampled} from the top k tokens (default 0: all)")
+    p.add_argument("--top-p", type=float, help=f"{sampled} with this top-p (default 1: all)")
+    p.add_argument(
+        "--seed-base", type=int, help=f"{sampled}; request i gets seed SEED_BASE + i (default 0)"
+    )
+
+
+def sampling_defaults(args: argparse.Namespace) -> SamplingParams | None:
+    """The settings the sampling flags give, their seed the seed base (None when no sampling
+    flag is given; the unset ones take their defaults).
+
+    Raises:
+        ValueError: a bad value, naming its flag.
+    """
+    flags = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed_base": 0}
+    given = {name: getattr(args, name, None) for name in flags}
+    if all(value is None for value in given.values()):
+        return None
+    values = {name: flags[name] if value is None else value for name, value in given.items()}
+    for name in flags:
+        field = "seed" if name == "seed_base" else name
+        try:
+            SamplingParams(**{field: values[name]})
+        except ValueError as exc:
+            raise ValueError(f"--{name.replace('_', '-')}: {exc}") from None
+    return SamplingParams(
+        values["temperature"], values["top_k"], values["top_p"], values["seed_base"]
+    )
 
 
 def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
@@ -123,6 +162,7 @@ def check_args(args: argparse.Namespace, names: list[str]) -> None:
     if args.repeat < 1:
         raise ValueError("--repeat must be at least 1.")
     EngineConfig(args.slots, **engine_options(args))
+    sampling_defaults(args)
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -136,15 +176,40 @@ def engine_options(args: argparse.Namespace) -> dict:
 
 
 def load_specs(args: argparse.Namespace):
-    """The workload with its arrival times. Raises ValueError (suggesting ``seed`` if missing)."""
+    """The workload with its arrival times and sampling settings (``apply_sampling_flags``).
+
+    Raises:
+        ValueError: a missing file (suggesting ``seed``), a bad line, or a bad sampling flag.
+    """
     if args.workload == "seed":
         specs = seed_specs()
     elif not Path(args.workload).exists():
         raise ValueError(f"No workload file {args.workload!r}; pass 'seed' or a JSONL file path.")
     else:
         specs = load_jsonl(args.workload)
+    specs = apply_sampling_flags(specs, args)
     if args.arrival == "all":
         return [dataclasses.replace(s, arrival_s=0.0) for s in specs]
     if args.arrival == "poisson":
         return poisson_arrivals(specs, args.rate, args.seed)
     return specs
+
+
+def apply_sampling_flags(specs, args: argparse.Namespace):
+    """``specs`` where each one without settings of its own gets the sampling flags' settings,
+    request i with seed ``--seed-base + i``; unchanged when no sampling flag is given.
+
+    Raises:
+        ValueError: a bad flag value, or a seed beyond 2^63 - 1 (naming ``--seed-base``).
+    """
+    defaults = sampling_defaults(args)
+    if defaults is None:
+        return specs
+    out = []
+    for i, spec in enumerate(specs):
+        try:
+            sampling = with_defaults(spec.sampling, defaults, defaults.seed, i)
+        except ValueError as exc:
+            raise ValueError(f"--seed-base: request {i}: {exc}") from None
+        out.append(dataclasses.replace(spec, sampling=sampling))
+    return out

@@ -30,7 +30,14 @@ from engine.bench.args import (
 from engine.bench.hardware_probe import PeakMemory, weight_bytes, weight_read_ms
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
-from engine.reference import ReferenceCache, divergence, mismatches
+from engine.reference import (
+    NOT_COMPARED,
+    ReferenceCache,
+    comparison,
+    divergence,
+    mismatches,
+    not_compared_ids,
+)
 from engine.sequence import Request
 from engine.static import StaticEngine
 from engine.trace import Trace
@@ -101,7 +108,8 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
     median_run = median_trace(runs)
     m = median_run.metrics()
     outputs = {r.request_id: r.output_token_ids for r in median_run.requests}
-    bad = mismatches(outputs, reference) if reference is not None else []
+    skipped = not_compared_ids(median_run)
+    bad = mismatches(outputs, reference, skipped) if reference is not None else []
     wall_s = statistics.median(walls)
     return {
         "wall_s": wall_s,
@@ -119,6 +127,7 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
         **(peaks or {}),
         "reference_match": None if reference is None else not bad,
         "num_mismatched_requests": None if reference is None else len(bad),
+        "num_not_compared_requests": len(skipped),
         "info": median_run.info,
         "requests": [
             {
@@ -129,6 +138,8 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
                 "output_text": r.output_text,
                 "ttft_s": r.ttft_s,
                 "latency_s": r.latency_s,
+                "sampling": None if r.sampling is None else r.sampling.to_dict(),
+                "comparison": comparison(r, reference),
             }
             for r in median_run.requests
         ],
@@ -149,10 +160,12 @@ def format_table(results: dict[str, dict], weight_read_ms: float | None = None) 
         spread = f"{r['wall_s']:.2f} ({r['wall_s_min']:.2f}-{r['wall_s_max']:.2f})"
         speedup = f"{base / r['wall_s']:.2f}x" if base else "-"
         match = {True: "yes", False: f"NO ({r['num_mismatched_requests']})", None: "-"}
+        skipped = r.get("num_not_compared_requests")
+        note = f", {skipped} sampled with another generator: not compared" if skipped else ""
         lines.append(
             f"{name:<18}{spread:>16}{r['num_steps'] or '-':>7}{r['num_generated_tokens']:>8}"
             f"{r['tok_per_s']:>8.1f}{speedup:>9}{_ms(r['ms_per_step']):>9}"
-            f"{_ratio(r['ms_per_step'], weight_read_ms):>8}  {match[r['reference_match']]}"
+            f"{_ratio(r['ms_per_step'], weight_read_ms):>8}  {match[r['reference_match']]}{note}"
         )
     return "\n".join(lines)
 
@@ -167,6 +180,8 @@ def explain_mismatches(runner, requests, traces, reference, results) -> None:
         median_run = median_trace(runs)
         found = []
         for record in median_run.requests:
+            if comparison(record, reference) == NOT_COMPARED:
+                continue
             request = by_id[record.request_id]
             diff = divergence(
                 runner, request, record.output_token_ids, reference[request.request_id]
@@ -176,6 +191,13 @@ def explain_mismatches(runner, requests, traces, reference, results) -> None:
                 print(f"  {name}: output differs from the reference: {found[-1]}", file=sys.stderr)
         if found:
             results[name]["mismatches"] = found
+
+
+def _sampling_flags(args) -> dict | None:
+    """The sampling flags as given (None: none given; each request's settings are in its entry)."""
+    names = ("temperature", "top_k", "top_p", "seed_base")
+    given = {name: getattr(args, name) for name in names}
+    return given if any(v is not None for v in given.values()) else None
 
 
 def _ms(ms_per_step: float) -> str:
@@ -237,7 +259,7 @@ def profile_host_overhead(runner, num_slots: int, contexts=(100, 2000)) -> dict:
 def warm_up(engines: dict, requests) -> None:
     """One short run per engine, so one-time costs (allocations, kernels) are not timed."""
     short = [
-        r.__class__(r.request_id, r.prompt, min(4, r.max_new_tokens), r.prompt_token_ids)
+        dataclasses.replace(r, max_new_tokens=min(4, r.max_new_tokens), arrival_s=0.0)
         for r in requests[:2]
     ]
     for engine in engines.values():
@@ -267,8 +289,10 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    num_sampled = sum(r.is_sampled for r in requests)
     print(
-        f"{loaded.name} on {loaded.device_label}; {len(requests)} requests, {args.slots} slots",
+        f"{loaded.name} on {loaded.device_label}; {len(requests)} requests, {args.slots} slots"
+        + (f", {num_sampled} sampled" if num_sampled else ""),
         file=sys.stderr,
     )
     warm_up(engines, requests)
@@ -319,6 +343,7 @@ def main(argv=None) -> int:
             "arrival": args.arrival,
             "rate": args.rate if args.arrival == "poisson" else None,
             "seed": args.seed if args.arrival == "poisson" else None,
+            "sampling_flags": _sampling_flags(args),
             "engines": results,
             **extra,
         }
