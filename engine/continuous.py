@@ -3,7 +3,9 @@
 Each step, nano-vllm style: admit into free slots, pack every running sequence's pending tokens into
 one ``[1, T]`` row, run ONE forward pass (prefill fused with decode), append each sequence's greedy
 token, and free the slots of finished sequences so the next requests are admitted on the same step.
-In the ``paged`` KV mode the scheduler also hands out KV blocks and preempts when they run out.
+In the ``paged`` KV mode the scheduler also hands out KV blocks and preempts when they run out,
+and with ``prefix_caching`` a new request starts from the cached blocks of its longest computed
+prefix (``engine.block_manager``).
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ class ContinuousEngine:
             num_blocks = self._num_blocks(max_seq_len)
             _check_fits(requests, num_blocks, cfg.block_size)
         return self.runner.new_kv_cache(
-            cfg.kv_mode, cfg.num_slots, max_seq_len, num_blocks, cfg.block_size
+            cfg.kv_mode, cfg.num_slots, max_seq_len, num_blocks, cfg.block_size, cfg.prefix_caching
         )
 
     def _num_blocks(self, max_seq_len: int) -> int:
@@ -134,7 +136,10 @@ class ContinuousEngine:
         return min(enough, int(cfg.kv_budget_mib * 2**20 // block_bytes))
 
     def _new_trace(self, requests: list[Request], cache) -> Trace:
-        info = {"token_budget": self.config.max_num_batched_tokens}
+        info = {
+            "token_budget": self.config.max_num_batched_tokens,
+            "prefix_caching": self.config.prefix_caching,
+        }
         if cache is not None:
             info |= {"kv_bytes_per_token": cache.bytes_per_token, "kv_bytes": cache.total_bytes}
         if getattr(cache, "blocks", None) is not None:
@@ -159,6 +164,7 @@ class ContinuousEngine:
             rec.slot = seq.slot
             if rec.admit_s is None:  # queue time ends at the first admission, not a readmission
                 rec.admit_s = now_s
+                rec.num_cached_tokens = seq.num_prefix_cached_tokens
 
     def _record_tokens(self, trace: Trace, seqs: list[Sequence], finished, now_s: float) -> None:
         for seq in seqs:
@@ -195,6 +201,7 @@ def _step_record(index: int, start_s: float, batch, plan, blocks) -> StepRecord:
             kind=PREFILL if seq.is_prefill else DECODE,
             num_new_tokens=new,
             num_cached_tokens=cached,
+            num_prefix_cached_tokens=seq.num_prefix_cached_tokens,
         )
         for seq, cached, new in zip(batch.seqs, batch.num_cached, batch.num_new, strict=True)
     ]
@@ -203,4 +210,7 @@ def _step_record(index: int, start_s: float, batch, plan, blocks) -> StepRecord:
     if blocks is not None:
         record.kv_blocks_used = blocks.num_used_blocks
         record.block_tables = {rid: list(table) for rid, table in blocks.block_tables.items()}
+        if blocks.prefix_caching:
+            record.shared_blocks = blocks.shared_blocks()
+            record.cached_free_blocks = blocks.cached_free_blocks()
     return record

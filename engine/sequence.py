@@ -55,6 +55,8 @@ class Sequence:
     slot: int | None = None
     # --- KV cache ---
     num_cached_tokens: int = 0  # tokens whose keys/values are stored in the KV cache
+    num_prefix_cached_tokens: int = 0  # of those, taken from the prefix cache at admission
+    block_hashes: list[bytes] = field(default_factory=list)  # prefix cache: full blocks' chain
     # --- output ---
     output_token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "eos" | "length"
@@ -85,10 +87,12 @@ class Sequence:
     def preempt(self) -> None:
         """Drop this sequence's KV cache and send it back to wait (recompute preemption, vLLM).
 
-        Its output so far is kept: on readmission the prompt and that output are prefilled again,
-        and greedy decoding continues exactly where it stopped.
+        Its output so far is kept: on readmission the prompt and that output are prefilled again
+        (from the prefix cache where it still holds their blocks), and greedy decoding continues
+        exactly where it stopped. ``block_hashes`` stay valid: tokens are only ever appended.
         """
         self.num_cached_tokens = 0
+        self.num_prefix_cached_tokens = 0
         self.slot = None
         self.status = SequenceStatus.WAITING
         self.num_preemptions += 1
@@ -97,6 +101,10 @@ class Sequence:
         """The first ``limit`` (default: all) tokens not yet cached; per sequence, not per token."""
         start = self.num_cached_tokens
         end = self.num_tokens if limit is None else min(self.num_tokens, start + limit)
+        return self.token_ids(start, end)
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens ``[start, end)`` of the prompt followed by the output so far."""
         n_prompt = self.request.num_prompt_tokens
         if start >= n_prompt:
             return self.output_token_ids[start - n_prompt : end - n_prompt]
