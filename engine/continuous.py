@@ -118,20 +118,28 @@ class ContinuousEngine:
         max_seq_len = self._max_seq_len(requests)
         num_blocks = None
         if cfg.kv_mode == "paged":
-            num_blocks = self._num_blocks(max_seq_len)
+            num_blocks = self._num_blocks(max_seq_len, requests)
             _check_fits(requests, num_blocks, cfg.block_size)
         return self.runner.new_kv_cache(
             cfg.kv_mode, cfg.num_slots, max_seq_len, num_blocks, cfg.block_size, cfg.prefix_caching
         )
 
-    def _num_blocks(self, max_seq_len: int) -> int:
+    def _num_blocks(self, max_seq_len: int, requests: list[Request]) -> int:
         """Blocks in the budget, at most what every slot's longest sequence needs at once (more
         could never be used, so a huge budget allocates no more); without a budget, exactly that.
+
+        With prefix caching, blocks past that still hold cached prefixes, so a budget may give
+        up to every request's blocks at once (vLLM gives the cache all the memory it has).
         """
         cfg = self.config
         enough = cfg.num_slots * blocks_for(max_seq_len, cfg.block_size)
         if cfg.kv_budget_mib is None:
             return enough
+        if cfg.prefix_caching:
+            every = sum(
+                blocks_for(r.num_prompt_tokens + r.max_new_tokens, cfg.block_size) for r in requests
+            )
+            enough = max(enough, every)
         block_bytes = self.runner.kv_bytes_per_token() * cfg.block_size
         return min(enough, int(cfg.kv_budget_mib * 2**20 // block_bytes))
 
