@@ -250,3 +250,17 @@ def test_with_prefix_caching_a_budget_may_hold_more_than_the_slots_need(runner):
     longest = max(r.num_prompt_tokens + r.max_new_tokens for r in requests)
     assert plain.info["kv_blocks"] == 2 * -(-longest // 4)
     assert cached.info["kv_blocks"] == every
+
+
+def test_transformers_block_sharing_matches_the_reference(runner, references):
+    """transformers' manager with allow_block_sharing, on prompts sharing over one 256-token
+    page: outputs equal the reference; its cached-token counts are unknown (None)."""
+    from engine.hf_continuous import HFContinuousEngine
+
+    opening = "a long shared opening, " * 13  # 299 byte tokens: one full page and more
+    requests = make_requests([(opening + q, 8) for q in LONG_QUESTIONS])
+    trace = HFContinuousEngine(runner, EngineConfig(2), block_sharing=True).run(requests)
+    _check_outputs(trace, references, requests)
+    assert trace.info == {"block_sharing": True}
+    assert [r.num_cached_tokens for r in trace.requests] == [None] * len(requests)
+    assert trace.metrics().prefix_cache_hit_rate is None
