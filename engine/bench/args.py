@@ -133,7 +133,6 @@ def check_args(args: argparse.Namespace, names: list[str]) -> None:
     if args.repeat < 1:
         raise ValueError("--repeat must be at least 1.")
     EngineConfig(args.slots, **engine_options(args))
-    EngineConfig(args.slots, kv_mode="paged", prefix_caching=args.prefix_caching)
 
 
 def engine_options(args: argparse.Namespace) -> dict:
