@@ -4,7 +4,9 @@ Each step, nano-vllm style: admit into free slots, pack every running sequence's
 one ``[1, T]`` row, run ONE forward pass (prefill fused with decode), append each sequence's next
 token (greedy, or drawn by its request's own sampler: ``engine.sampler``), and free the slots of
 finished sequences so the next requests are admitted on the same step.
-In the ``paged`` KV mode the scheduler also hands out KV blocks and preempts when they run out.
+In the ``paged`` KV mode the scheduler also hands out KV blocks and preempts when they run out,
+and with ``prefix_caching`` a new request starts from the cached blocks of its longest computed
+prefix (``engine.block_manager``).
 """
 
 from __future__ import annotations
@@ -119,25 +121,36 @@ class ContinuousEngine:
         max_seq_len = self._max_seq_len(requests)
         num_blocks = None
         if cfg.kv_mode == "paged":
-            num_blocks = self._num_blocks(max_seq_len)
+            num_blocks = self._num_blocks(max_seq_len, requests)
             _check_fits(requests, num_blocks, cfg.block_size)
         return self.runner.new_kv_cache(
-            cfg.kv_mode, cfg.num_slots, max_seq_len, num_blocks, cfg.block_size
+            cfg.kv_mode, cfg.num_slots, max_seq_len, num_blocks, cfg.block_size, cfg.prefix_caching
         )
 
-    def _num_blocks(self, max_seq_len: int) -> int:
+    def _num_blocks(self, max_seq_len: int, requests: list[Request]) -> int:
         """Blocks in the budget, at most what every slot's longest sequence needs at once (more
         could never be used, so a huge budget allocates no more); without a budget, exactly that.
+
+        With prefix caching, blocks past that still hold cached prefixes, so a budget may give
+        up to every request's blocks at once (vLLM gives the cache all the memory it has).
         """
         cfg = self.config
         enough = cfg.num_slots * blocks_for(max_seq_len, cfg.block_size)
         if cfg.kv_budget_mib is None:
             return enough
+        if cfg.prefix_caching:
+            every = sum(
+                blocks_for(r.num_prompt_tokens + r.max_new_tokens, cfg.block_size) for r in requests
+            )
+            enough = max(enough, every)
         block_bytes = self.runner.kv_bytes_per_token() * cfg.block_size
         return min(enough, int(cfg.kv_budget_mib * 2**20 // block_bytes))
 
     def _new_trace(self, requests: list[Request], cache) -> Trace:
-        info = {"token_budget": self.config.max_num_batched_tokens}
+        info = {
+            "token_budget": self.config.max_num_batched_tokens,
+            "prefix_caching": self.config.prefix_caching,
+        }
         if cache is not None:
             info |= {"kv_bytes_per_token": cache.bytes_per_token, "kv_bytes": cache.total_bytes}
         if getattr(cache, "blocks", None) is not None:
@@ -162,6 +175,7 @@ class ContinuousEngine:
             rec.slot = seq.slot
             if rec.admit_s is None:  # queue time ends at the first admission, not a readmission
                 rec.admit_s = now_s
+                rec.num_cached_tokens = seq.num_prefix_cached_tokens
 
     def _record_tokens(self, trace: Trace, seqs: list[Sequence], finished, now_s: float) -> None:
         for seq in seqs:
@@ -207,6 +221,7 @@ def _step_record(index: int, start_s: float, batch, plan, blocks) -> StepRecord:
             kind=PREFILL if seq.is_prefill else DECODE,
             num_new_tokens=new,
             num_cached_tokens=cached,
+            num_prefix_cached_tokens=seq.num_prefix_cached_tokens,
         )
         for seq, cached, new in zip(batch.seqs, batch.num_cached, batch.num_new, strict=True)
     ]
@@ -215,4 +230,7 @@ def _step_record(index: int, start_s: float, batch, plan, blocks) -> StepRecord:
     if blocks is not None:
         record.kv_blocks_used = blocks.num_used_blocks
         record.block_tables = {rid: list(table) for rid, table in blocks.block_tables.items()}
+        if blocks.prefix_caching:
+            record.shared_blocks = blocks.shared_blocks()
+            record.cached_free_blocks = blocks.cached_free_blocks()
     return record

@@ -10,6 +10,10 @@ manager's per-request processors, but it draws every request from one random str
 their records are marked ``comparable=False`` ("sampled with another generator: not compared").
 When some request samples, the greedy ones run with ``top_k=1``, which draws the argmax, so they are
 still compared.
+
+With ``block_sharing`` its prefix caching (``allow_block_sharing``) is on. transformers does not
+say how many prompt tokens each request found cached, so the trace's ``num_cached_tokens`` is
+None then (0 without sharing).
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ class HFContinuousEngine:
 
     name = "hf_continuous"
 
-    def __init__(self, runner: ModelRunner, config: EngineConfig):
+    def __init__(self, runner: ModelRunner, config: EngineConfig, block_sharing: bool = False):
         self.runner = runner
         self.config = config
+        self.block_sharing = block_sharing
 
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
         """Run to completion. transformers' manager has no step hook, so ``on_step`` is never
@@ -39,7 +44,11 @@ class HFContinuousEngine:
         Raises:
             Exception: whatever ``on_wait`` raises (``RunStopped``): the manager is stopped.
         """
-        trace = Trace(engine=self.name, num_slots=self.config.num_slots)
+        trace = Trace(
+            engine=self.name,
+            num_slots=self.config.num_slots,
+            info={"block_sharing": self.block_sharing},
+        )
         trace.requests = new_request_records(requests)
         prompts = [list(r.prompt_token_ids) for r in requests]
         caps = [r.max_new_tokens for r in requests]
@@ -49,11 +58,12 @@ class HFContinuousEngine:
             vocab_size = self.runner.model.config.get_text_config().vocab_size
             kwargs = [hf_request_kwargs(r.sampling, vocab_size) for r in requests]
         t0, outputs = self.runner.hf_continuous_batch(
-            prompts, caps, self.config.num_slots, poll, kwargs
+            prompts, caps, self.config.num_slots, poll, kwargs, self.block_sharing
         )
         for request, out in zip(requests, outputs, strict=True):
             rec = trace.request(request.request_id)
             rec.comparable = not request.is_sampled
+            rec.num_cached_tokens = None if self.block_sharing else 0
             tokens = truncate_at_stop(
                 list(out.generated_tokens), request.max_new_tokens, self.runner.eos_token_ids
             )

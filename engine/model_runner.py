@@ -79,18 +79,32 @@ class ModelRunner:
         return kv_bytes_per_token(*self.kv_shape(), self.dtype)
 
     def new_kv_cache(
-        self, kv_mode: str, num_slots: int, max_seq_len: int, num_blocks=None, block_size=16
+        self,
+        kv_mode: str,
+        num_slots: int,
+        max_seq_len: int,
+        num_blocks=None,
+        block_size=16,
+        prefix_caching: bool = False,
     ):
         """KV storage for ``num_slots`` sequences of up to ``max_seq_len`` tokens each.
 
-        ``paged`` mode holds ``num_blocks`` blocks of ``block_size`` tokens instead.
+        ``paged`` mode holds ``num_blocks`` blocks of ``block_size`` tokens instead, shared
+        between sequences through a prefix cache with ``prefix_caching``.
         """
         layers, kv_heads, head_dim = self.kv_shape()
         if kv_mode == "concat":
             return ConcatKVCache(layers, kv_heads, head_dim, self.dtype)
         if kv_mode == "paged":
             return PagedKVCache(
-                layers, kv_heads, head_dim, num_blocks, block_size, self.dtype, self.device
+                layers,
+                kv_heads,
+                head_dim,
+                num_blocks,
+                block_size,
+                self.dtype,
+                self.device,
+                prefix_caching,
             )
         return SlotKVCache(
             layers, num_slots, kv_heads, head_dim, max_seq_len, self.dtype, self.device
@@ -194,6 +208,7 @@ class ModelRunner:
         num_slots: int,
         on_poll=None,
         sampling_kwargs: list[dict] | None = None,
+        block_sharing: bool = False,
     ):
         """Run prompts through transformers' ``ContinuousBatchingManager`` (greedy by default).
 
@@ -204,7 +219,10 @@ class ModelRunner:
 
         Uses ``model.continuous_batching_context_manager`` with ``max_requests_per_batch`` =
         ``num_slots`` and ``add_request(..., max_new_tokens=cap)`` per request; warm-up happens
-        before the clock starts. Returns ``(t0, outputs)``: ``perf_counter`` at the first request,
+        before the clock starts. ``block_sharing`` sets ``ContinuousBatchingConfig``'s
+        ``allow_block_sharing``, transformers' prefix caching (its default is on; off here unless
+        asked, like our engines): a full page of ``HF_PAGE_SIZE`` prompt tokens is shared once a
+        request computed it. Returns ``(t0, outputs)``: ``perf_counter`` at the first request,
         and per prompt a ``GenerationOutput`` (``generated_tokens``, ``timestamps`` in
         ``perf_counter`` seconds).
 
@@ -216,7 +234,9 @@ class ModelRunner:
         """
         import time
 
-        gen, cb = self._hf_configs(prompts, caps, num_slots, sampled=bool(sampling_kwargs))
+        gen, cb = self._hf_configs(
+            prompts, caps, num_slots, sampled=bool(sampling_kwargs), block_sharing=block_sharing
+        )
         per_request = sampling_kwargs or [{} for _ in prompts]
         previous = self.model.config._attn_implementation
         results = {}
@@ -247,7 +267,7 @@ class ModelRunner:
             self.model.set_attn_implementation(previous)
         return t0, [results[f"r{i}"] for i in range(len(prompts))]
 
-    def _hf_configs(self, prompts, caps, num_slots: int, sampled: bool):
+    def _hf_configs(self, prompts, caps, num_slots: int, sampled: bool, block_sharing: bool):
         """transformers' ``GenerationConfig`` and ``ContinuousBatchingConfig`` for a batch."""
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
@@ -260,6 +280,7 @@ class ModelRunner:
         cb = ContinuousBatchingConfig(
             max_requests_per_batch=num_slots,
             auto_switch_to_flash=False,
+            allow_block_sharing=block_sharing,
             **_hf_sizes(prompts, caps, num_slots),
             **({"per_request_processors": True, "seed": 0} if sampled else {}),
         )

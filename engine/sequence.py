@@ -68,6 +68,8 @@ class Sequence:
     slot: int | None = None
     # --- KV cache ---
     num_cached_tokens: int = 0  # tokens whose keys/values are stored in the KV cache
+    num_prefix_cached_tokens: int = 0  # of those, taken from the prefix cache at admission
+    block_hashes: list[bytes] = field(default_factory=list)  # prefix cache: full blocks' chain
     # --- output ---
     output_token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "eos" | "length"
@@ -98,11 +100,13 @@ class Sequence:
     def preempt(self) -> None:
         """Drop this sequence's KV cache and send it back to wait (recompute preemption, vLLM).
 
-        Its output so far is kept: on readmission the prompt and that output are prefilled again,
-        and decoding continues exactly where it stopped (greedy, or sampled: the request's
-        generator has drawn once per kept token, see ``engine.sampler``).
+        Its output so far is kept: on readmission the prompt and that output are prefilled again
+        (from the prefix cache where it still holds their blocks), and decoding continues exactly
+        where it stopped (greedy, or sampled: the request's generator has drawn once per kept
+        token, see ``engine.sampler``). ``block_hashes`` stay valid: tokens are only ever appended.
         """
         self.num_cached_tokens = 0
+        self.num_prefix_cached_tokens = 0
         self.slot = None
         self.status = SequenceStatus.WAITING
         self.num_preemptions += 1
@@ -111,6 +115,10 @@ class Sequence:
         """The first ``limit`` (default: all) tokens not yet cached; per sequence, not per token."""
         start = self.num_cached_tokens
         end = self.num_tokens if limit is None else min(self.num_tokens, start + limit)
+        return self.token_ids(start, end)
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens ``[start, end)`` of the prompt followed by the output so far."""
         n_prompt = self.request.num_prompt_tokens
         if start >= n_prompt:
             return self.output_token_ids[start - n_prompt : end - n_prompt]

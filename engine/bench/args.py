@@ -73,6 +73,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--block-size", type=int, help="continuous_paged: tokens per block (default 16)")
     p.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="continuous_paged: share cached prompt-prefix blocks; hf_continuous: transformers' "
+        "block sharing (default off for both)",
+    )
+    p.add_argument(
         "--floor", action="store_true", help="time generate on the longest request alone"
     )
     p.add_argument("--profile", action="store_true", help="continuous: forward vs host time split")
@@ -126,6 +132,8 @@ def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
     """``args`` with ``given`` (the scoped flags set on the command line) and their defaults."""
     scoped = (*SCOPED_DEFAULTS, "token_budget", "kv_budget_mib")
     args.given = {name for name in scoped if getattr(args, name) is not None}
+    if args.prefix_caching:
+        args.given.add("prefix_caching")
     for name, default in SCOPED_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -137,7 +145,9 @@ def ignored_flags(args: argparse.Namespace, names: list[str]) -> list[str]:
     paged = "continuous_paged" in names
     continuous = any(name in KV_MODE_OF for name in names)
     poisson = args.arrival == "poisson"
+    sharing = paged or "hf_continuous" in names
     scopes = {
+        "prefix_caching": (sharing, "only continuous_paged and hf_continuous use it"),
         "kv_budget_mib": (paged, "only continuous_paged uses it"),
         "block_size": (paged, "only continuous_paged uses it"),
         "token_budget": (continuous, "only the continuous engines use it"),
@@ -166,7 +176,9 @@ def check_args(args: argparse.Namespace, names: list[str]) -> None:
 
 
 def engine_options(args: argparse.Namespace) -> dict:
-    """The continuous engines' ``EngineConfig`` options from the flags."""
+    """The continuous engines' ``EngineConfig`` options from the flags (``--prefix-caching``
+    is not among them: only ``continuous_paged`` and ``hf_continuous`` take it, as
+    ``bench.make_engine``'s ``prefix_caching``)."""
     return {
         "max_num_batched_tokens": args.token_budget,
         "scheduling_policy": args.policy,

@@ -44,8 +44,11 @@ from engine.trace import Trace
 from engine.workload import tokenize_requests
 
 
-def make_engine(name: str, runner, num_slots: int, **options):
+def make_engine(name: str, runner, num_slots: int, prefix_caching: bool = False, **options):
     """An engine by its bench name; ``options`` go to the continuous engines' ``EngineConfig``.
+
+    ``prefix_caching`` turns on ``continuous_paged``'s prefix cache and ``hf_continuous``'s
+    block sharing; the other engines cannot share KV and ignore it.
 
     Raises:
         ValueError: unknown name or invalid options.
@@ -57,14 +60,15 @@ def make_engine(name: str, runner, num_slots: int, **options):
         engine.name = name
         return engine
     if name in KV_MODE_OF:
-        config = EngineConfig(num_slots, kv_mode=KV_MODE_OF[name], **options)
+        sharing = {"prefix_caching": prefix_caching} if name == "continuous_paged" else {}
+        config = EngineConfig(num_slots, kv_mode=KV_MODE_OF[name], **options, **sharing)
         engine = ContinuousEngine(runner, config)
         engine.name = name
         return engine
     if name == "hf_continuous":
         from engine.hf_continuous import HFContinuousEngine
 
-        return HFContinuousEngine(runner, EngineConfig(num_slots))
+        return HFContinuousEngine(runner, EngineConfig(num_slots), block_sharing=prefix_caching)
     raise ValueError(f"Unknown engine {name!r}; choose from {', '.join(ENGINES)}.")
 
 
@@ -124,6 +128,8 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
         "requests_per_s": len(runs[0].requests) / wall_s if wall_s else 0.0,
         "latency_percentiles": median_run.latency_percentiles(),
         "num_preemptions": m.num_preemptions,
+        "num_cached_tokens": m.num_cached_tokens,
+        "prefix_cache_hit_rate": m.prefix_cache_hit_rate,
         **(peaks or {}),
         "reference_match": None if reference is None else not bad,
         "num_mismatched_requests": None if reference is None else len(bad),
@@ -140,6 +146,8 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
                 "latency_s": r.latency_s,
                 "sampling": None if r.sampling is None else r.sampling.to_dict(),
                 "comparison": comparison(r, reference),
+                "num_prompt_tokens": r.num_prompt_tokens,
+                "num_cached_tokens": r.num_cached_tokens,
             }
             for r in median_run.requests
         ],
@@ -198,6 +206,17 @@ def _sampling_flags(args) -> dict | None:
     names = ("temperature", "top_k", "top_p", "seed_base")
     given = {name: getattr(args, name) for name in names}
     return given if any(v is not None for v in given.values()) else None
+
+
+def prefix_cache_line(results: dict[str, dict]) -> str:
+    """The prefix-cache hit rate of every engine that shares KV (``not reported`` where the
+    engine does not count its hits), e.g. ``prefix cache hit rate: continuous_paged 61.2%``."""
+    parts = []
+    for name, r in results.items():
+        if name in ("continuous_paged", "hf_continuous"):
+            rate = r["prefix_cache_hit_rate"]
+            parts.append(f"{name} {'not reported' if rate is None else f'{100 * rate:.1f}%'}")
+    return "prefix cache hit rate (cached / prompt tokens): " + (", ".join(parts) or "-")
 
 
 def _ms(ms_per_step: float) -> str:
@@ -285,7 +304,10 @@ def main(argv=None) -> int:
             chat_template=args.chat_template,
             max_context=loaded.max_context,
         )
-        engines = {n: make_engine(n, runner, args.slots, **engine_options(args)) for n in names}
+        options = engine_options(args)
+        engines = {
+            n: make_engine(n, runner, args.slots, args.prefix_caching, **options) for n in names
+        }
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -312,6 +334,8 @@ def main(argv=None) -> int:
         "engine_kernel_bytes": runner.engine_kernel_bytes,
     }
     print(format_table(results, extra["weight_read_ms"]))
+    if args.prefix_caching:
+        print(prefix_cache_line(results))
     print(
         f"engines' matmul kernel: {extra['engine_kernel']} "
         f"(+{extra['engine_kernel_bytes'] / 1e6:.0f} MB of packed weights)"
