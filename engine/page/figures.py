@@ -35,6 +35,8 @@ MAX_HEATMAP_CELLS = 512 * 4096
 MAX_QUERY_CELLS, MAX_KEY_CELLS = 512, 4096  # tile sizes are chosen to fit this box
 SMALL_GRID_CELLS = 80  # heatmaps up to this many cells a side get a 1-px gap between cells
 PROMPT_HOVER_CHARS = 60
+REPEAT_PATTERNS = ("", ".", "x", "+", "-", "|", "\\")  # by how many times the palette came round
+TITLE_FONT_PX = 15
 
 
 class PageFigure(go.Figure):
@@ -69,20 +71,52 @@ def request_color(request_id: int) -> str:
     return PALETTE[request_id % len(PALETTE)]
 
 
+def request_pattern(request_id: int) -> str:
+    """The bar pattern that marks a request whose colour an earlier request already has: none for
+    R0–R6, dots for R7–R13, crosses for R14–R20, ... ("/" stays the idle rows' hatching)."""
+    return REPEAT_PATTERNS[(request_id // len(PALETTE)) % len(REPEAT_PATTERNS)]
+
+
 def _style(fig: go.Figure, title: str, subtitle: str | None = None) -> go.Figure:
-    """Apply the shared theme-neutral look: transparent background, grey text and grid."""
+    """Apply the shared theme-neutral look: transparent background, grey text and grid, the title
+    left-aligned (it reads on a phone; the toolbar shows on the right, on hover only)."""
+    lines = 1 + (subtitle or "").count("<br>") + bool(subtitle)
     fig.update_layout(
         template="plotly_white",
-        title={"text": title, "subtitle": {"text": subtitle or ""}},
+        title={
+            "text": title,
+            "subtitle": {"text": subtitle or ""},
+            "x": 0,
+            "xref": "container",
+            "xanchor": "left",
+            "pad": {"l": 12},
+            "font": {"size": TITLE_FONT_PX},
+        },
         paper_bgcolor="rgba(0,0,0,0)",
         plot_bgcolor="rgba(0,0,0,0)",
         font={"color": TEXT_COLOR},
-        margin={"l": 90, "r": 20, "t": 80, "b": 50},
+        margin={"l": 90, "r": 20, "t": 40 + 18 * lines, "b": 50},
     )
     axis_style = {"gridcolor": GRID_COLOR, "zerolinecolor": GRID_COLOR, "linecolor": GRID_COLOR}
     fig.update_xaxes(**axis_style)
     fig.update_yaxes(**axis_style)
     return fig
+
+
+def bottom_legend(fig: go.Figure, margin_bottom_px: int = 100) -> go.Figure:
+    """The legend in a row at the figure's bottom edge, below the x axis's ticks and title (it
+    may wrap on a narrow screen: the margin leaves it room)."""
+    return fig.update_layout(
+        legend={
+            "orientation": "h",
+            "x": 0,
+            "xanchor": "left",
+            "y": 0,
+            "yref": "container",
+            "yanchor": "bottom",
+        },
+        margin={"b": margin_bottom_px},
+    )
 
 
 def _engine_title(trace: Trace) -> str:
@@ -156,7 +190,7 @@ def timeline_figure(
                 x_axis,
                 name=f"R{rid}",
                 text=[f"R{rid}"] * len(mine),
-                marker={"color": request_color(rid)},
+                marker={"color": request_color(rid), "pattern": _repeat_mark(rid)},
                 hovertext=hover,
                 showlegend=False,
                 textposition="inside",
@@ -188,19 +222,22 @@ def timeline_figure(
     fig.update_yaxes(autorange="reversed")
     x_title = "seconds since start" if x_axis == "time" else "step (one forward pass each)"
     fig.update_xaxes(title_text=x_title, range=None if x_max is None else [0, x_max])
-    fig.update_layout(
-        barmode="overlay",
-        height=150 + 45 * trace.num_slots,
-        legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
-    )
-    return fig
+    fig.update_layout(barmode="overlay", height=190 + 45 * trace.num_slots)
+    return bottom_legend(fig, 90)
+
+
+def _repeat_mark(request_id: int) -> dict:
+    """A bar's pattern: none for R0–R6, then a mark per round of the palette (see
+    ``request_pattern``), drawn in the bar's text colour over its request colour."""
+    shape = request_pattern(request_id)
+    return {"shape": shape, "fgcolor": "#ffffff", "size": 6, "solidity": 0.35} if shape else {}
 
 
 def _add_barriers(fig: go.Figure, trace: Trace, x_axis: str) -> None:
-    """A dashed vertical line at the end of each static wave."""
-    for pos, step in enumerate(trace.steps):
-        nxt = trace.steps[pos + 1] if pos + 1 < len(trace.steps) else None
-        if step.wave is None or (nxt is not None and nxt.wave == step.wave):
+    """A dashed vertical line where a static wave ends and the next waits for it (the batch
+    barrier); the run's end is no barrier. Its label sits left of the line, inside the plot."""
+    for pos, step in enumerate(trace.steps[:-1]):
+        if step.wave is None or trace.steps[pos + 1].wave == step.wave:
             continue
         x = step.end_s if x_axis == "time" else pos + 1
         fig.add_vline(
@@ -314,12 +351,37 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
             annotation_position="top",
         )
     n_prefill = sum(s.kind == PREFILL for s in step.seqs)
-    title = (
-        f"Packed step {step_index}: T={num_q} {'query' if num_q == 1 else 'queries'}, "
-        f"T_kv={num_kv} keys · "
+    title = f"Packed step {step_index}: T={num_q}, T_kv={num_kv}"
+    subtitle = (
+        f"{num_q} {'query' if num_q == 1 else 'queries'} × {num_kv} keys · "
         f"{n_prefill} prefill + {len(step.seqs) - n_prefill} decode"
+    ) + (f"<br>{note}" if note else "")
+    starts = [sum(q.num_new_tokens for q in step.seqs[:i]) for i in range(len(step.seqs))]
+    _mark_repeated_colours(
+        fig, [(q.request_id, a // fq) for q, a in zip(step.seqs, starts, strict=True)]
     )
-    return _mask_axes(_style(fig, title, note), "keys: cached | this step's new tokens")
+    return _mask_axes(_style(fig, title, subtitle), "keys: cached | this step's new tokens")
+
+
+def _mark_repeated_colours(fig: go.Figure, bands: list[tuple[int, int]]) -> None:
+    """Where two requests in one heatmap share a colour (ids a palette apart), name each of them
+    at the top of its band of query rows (``bands``: request id, first row)."""
+    colours = [request_color(rid) for rid, _ in bands]
+    for (rid, row), colour in zip(bands, colours, strict=True):
+        if colours.count(colour) > 1:
+            fig.add_annotation(
+                x=0,
+                xref="x domain",
+                xanchor="left",
+                y=row,
+                yref="y",
+                yanchor="top",
+                text=f"<b>R{rid}</b>",
+                showarrow=False,
+                name="repeated colour",
+                font={"size": 10, "color": "#000000"},
+                bgcolor="rgba(255,255,255,0.8)",
+            )
 
 
 def _mask_axes(fig: go.Figure, x_title: str) -> go.Figure:
@@ -385,15 +447,15 @@ def static_mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
     for b in range(1, len(step.seqs)) if num_q > 1 and (fq, fk) == (1, 1) else ():
         fig.add_hline(y=b * num_q - 0.5, name="row", line_color=TEXT_COLOR, line_width=1)
     num_idle = sum(s.kind == IDLE for s in step.seqs)
-    title = (
-        f"Static wave {step.wave}, step {step_index - first}: {len(step.seqs)} rows × "
-        f"{num_q} {'query' if num_q == 1 else 'queries'} × {num_k} keys"
-    )
+    title = f"Static step {step_index}: wave {step.wave}, its step {step_index - first}"
     subtitle = (
-        f"{sum(pads)} pad tokens (light grey), {num_idle} idle "
+        f"{len(step.seqs)} rows × {num_q} {'query' if num_q == 1 else 'queries'} × {num_k} keys"
+        f"<br>{sum(pads)} pad tokens (light grey), {num_idle} idle "
         f"{'row' if num_idle == 1 else 'rows'} (dark grey: row already finished)"
-        + (f" · {note}" if note else "")
+        + (f"<br>{note}" if note else "")
     )
+    if (fq, fk) == (1, 1):
+        _mark_repeated_colours(fig, [(s.request_id, b * num_q) for b, s in enumerate(step.seqs)])
     return _mask_axes(_style(fig, title, subtitle), "key column (left padding first)")
 
 

@@ -39,6 +39,14 @@ COPY_LINK_JS = """(query) => {
 }"""
 
 
+# Runs in the browser after Stop: a run still waiting in the queue is taken out of it by the
+# hidden button whose click cancels the Run event (immediate for an event that has not started).
+LEAVE_QUEUE_JS = """(reply) => {
+    if (reply === "queued") document.getElementById("leave_queue_button")?.click();
+    return [];
+}"""
+
+
 def setup_query(preset_name: str | None, num_slots, step_index, state) -> str:
     """The query string that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12``.
 

@@ -297,11 +297,18 @@ def test_app_wiring():
     assert [c.elem_id for c in by_api["step"].outputs] == list(run_view.STEP_VIEW_OUTPUTS)
     assert (run.concurrency_limit, run.concurrency_id) == (1, "model"), "Run not serialized"
     assert run.show_progress == "full", "a queued user would not see their place in the queue"
+    assert run.trigger_mode == "always_last", "a Run pressed while a stopped run ends is lost"
     run_index = next(i for i, fn in demo.fns.items() if fn is run)
+    (pressed,) = [fn for fn in demo.fns.values() if fn.fn is playground.run_pressed]
+    assert pressed.targets == run.targets and not pressed.queue, "Run presses are not noted"
     (stop,) = [fn for fn in demo.fns.values() if fn.fn is playground.stop_event]
-    cancels = [fn.cancels for fn in demo.fns.values() if fn.targets == stop.targets]
-    assert [run_index] in cancels, "Stop does not cancel the Run event"
-    assert [c._id for c in stop.outputs] == [c._id for c in run.outputs], "Stop restores less"
+    assert not stop.queue, "Stop must answer at once (unqueued), through the handle"
+    stop_cancels = [fn.cancels for fn in demo.fns.values() if fn.targets == stop.targets]
+    assert not any(stop_cancels), "Stop cancels the Run event (a cancel waits, and drops Run)"
+    (leave,) = [fn for fn in demo.fns.values() if fn.fn is playground.left_queue_event]
+    cancels = [fn.cancels for fn in demo.fns.values() if fn.targets == leave.targets]
+    assert [run_index] in cancels, "a queued run cannot be taken out of the queue"
+    assert [c._id for c in leave.outputs] == [c._id for c in run.outputs], "leaving restores less"
     for name in ("step", "x_axis"):
         assert by_api[name].fn is playground.update_step, f"{name} not wired to update_step"
     assert app.parse_args([]).host == "127.0.0.1" and app.parse_args([]).port == 7860
