@@ -74,8 +74,8 @@ def wire_setup(demo, requests, settings, results, run_state) -> None:
     s = settings
     link_outputs = [s.preset_dropdown, requests.table, s.chat_checkbox, requests.preset_markdown]
     demo.load(page_io.from_link, None, [*link_outputs, s.slots_slider], **HIDDEN)
-    preset_outputs = [requests.table, s.chat_checkbox, requests.preset_markdown]
-    s.preset_dropdown.input(presets.apply_preset, s.preset_dropdown, preset_outputs)
+    chosen = [requests.table, s.chat_checkbox, requests.preset_markdown, s.slots_slider]
+    s.preset_dropdown.input(presets.choose_preset, s.preset_dropdown, chosen)
     # A user's edit (not a preset or an upload): no preset any more.
     edited = [s.preset_dropdown, requests.preset_markdown]
     requests.table.input(presets.table_edited, None, edited, **HIDDEN)

@@ -450,8 +450,8 @@ def static_mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
     title = f"Static step {step_index}: wave {step.wave}, its step {step_index - first}"
     subtitle = (
         f"{len(step.seqs)} rows × {num_q} {'query' if num_q == 1 else 'queries'} × {num_k} keys"
-        f"<br>{sum(pads)} pad tokens (light grey), {num_idle} idle "
-        f"{'row' if num_idle == 1 else 'rows'} (dark grey: row already finished)"
+        f"<br>{sum(pads)} pad tokens (light grey)<br>{num_idle} idle "
+        f"{'row' if num_idle == 1 else 'rows'} (dark grey: its request has ended)"
         + (f"<br>{note}" if note else "")
     )
     if (fq, fk) == (1, 1):

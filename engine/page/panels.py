@@ -265,6 +265,7 @@ def results_panel(shown: RunResult | None = None) -> ResultsPanel:
         interactive=False,
         wrap=True,
         label="Metrics (hover a column's name for what it counts)",
+        column_widths=tables.METRICS_COLUMN_WIDTHS,
         elem_id="metrics_table",
     )
     gr.Markdown(tables.METRICS_NOTE, elem_id="metrics_note")

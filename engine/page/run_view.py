@@ -73,8 +73,8 @@ def outputs_table(rows: list[list], engine_names: list[str]) -> gr.Dataframe:
 
 def output_column_widths(engine_names: list[str]) -> list[str]:
     """The outputs table's column widths: request, prompt, cap, one per engine, the verdict."""
-    output_width = f"{62 // len(engine_names)}%"
-    return ["6%", "18%", "6%", *[output_width] * len(engine_names), "8%"]
+    output_width = f"{61 // len(engine_names)}%"
+    return ["8%", "17%", "6%", *[output_width] * len(engine_names), "8%"]
 
 
 @dataclass

@@ -51,7 +51,8 @@ def latency_cdf_figure(traces: list[Trace]) -> go.Figure:
     A point (x, y) reads "a share y of the requests took at most x seconds". Requests without a
     value (TPOT needs two tokens) are left out of that panel.
     """
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[title for _, title in CDF_METRICS])
+    titles = [title for _, title in CDF_METRICS]
+    fig = make_subplots(rows=1, cols=3, shared_yaxes=True, subplot_titles=titles)
     for col, (metric, _) in enumerate(CDF_METRICS, start=1):
         for trace in traces:
             fig.add_trace(_cdf_line(trace, metric, show_legend=col == 1), row=1, col=col)

@@ -284,6 +284,25 @@ def test_presets_parse_and_article_matches_seed():
     assert chat_template is False, "seed preset should not use the chat template"
 
 
+def test_every_preset_states_a_checkable_claim():
+    """Each preset names the slots its text speaks of (the text says them) and a claim the
+    real-model test checks (tests/page/test_presets_real.py)."""
+    known = {"token_budget", "max_tokens_per_step", "long_requests", "fewer_steps", "min_ratio"}
+    known |= {"max_ratio", "continuous_steps", "lower_mean_ttft"}
+    for name, preset in presets.load_presets().items():
+        check = preset["check"]
+        assert check and set(check) <= known, f"{name}: {sorted(check)}"
+        assert 1 <= preset["slots"] <= 16, f"{name}: slots {preset['slots']}"
+        assert f"{preset['slots']} slots" in preset["description"], f"{name}: slots not in text"
+        assert check.get("fewer_steps") in (None, "static", "continuous", "same"), name
+        if check.get("fewer_steps"):
+            bound = "max_ratio" if check["fewer_steps"] == "same" else "min_ratio"
+            assert bound in check, f"{name}: no {bound}"
+        n = len(preset["requests"])
+        assert all(0 <= int(rid) < n for rid in check.get("long_requests", {})), name
+        assert presets.choose_preset(name)[3] == preset["slots"]
+
+
 def test_app_wiring():
     """app.py wires Run (serialized on the model) and the step views to the handlers."""
     import app
