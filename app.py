@@ -124,11 +124,11 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs):
 
 
 def wire_stop(settings, results, run_state, handle_state, outputs, run_event) -> None:
-    """Stop: through the run's own stop flag (unqueued, at once); a run still in the queue is
-    taken out of it (a cancel, immediate for an event that has not started)."""
+    """Stop: through the run's own stop flag (at once: it waits for no other event); a run still
+    in the queue is taken out of it (a cancel, immediate for an event that has not started)."""
     s = settings
-    s.stop_button.click(
-        playground.stop_event, handle_state, s.stop_reply_textbox, queue=False, **QUIET
+    s.stop_button.click(  # queued (for its toast) but never waiting: no concurrency limit
+        playground.stop_event, handle_state, s.stop_reply_textbox, concurrency_limit=None, **QUIET
     ).then(None, s.stop_reply_textbox, None, js=page_io.LEAVE_QUEUE_JS)
     s.leave_queue_button.click(
         playground.left_queue_event,

@@ -233,7 +233,6 @@ class ResultsPanel:
 
 def results_panel(shown: RunResult | None = None) -> ResultsPanel:
     """The results, below the editor, showing ``shown`` (the shipped recording) until a Run."""
-    v = shown.views if shown is not None else None
     status = gr.Markdown(
         shown.status if shown is not None else "Press Run to compare the two engines.",
         elem_id="status_markdown",
@@ -244,21 +243,7 @@ def results_panel(shown: RunResult | None = None) -> ResultsPanel:
         label="Timeline x axis",
         elem_id="x_axis_radio",
     )
-    with gr.Row():
-        static_timeline = _plot("static_timeline_plot", v and v.static_timeline)
-        continuous_timeline = _plot("continuous_timeline_plot", v and v.continuous_timeline)
-    step_slider = gr.Slider(
-        0,
-        max(shown.state.num_steps - 1, 1) if shown is not None else 1,
-        value=shown.step_index if shown is not None else 0,
-        step=1,
-        label=run_view.slider_label(shown.state) if shown else "Step (one forward pass)",
-        elem_id="step_slider",
-    )
-    with gr.Row():
-        packed_mask = _plot("packed_mask_plot", v and v.packed_mask)
-        static_mask = _plot("static_mask_plot", v and v.static_mask)
-    block_map = _plot("block_map_plot", v and v.block_map)
+    step_views = _step_views(shown)
     metrics = gr.Dataframe(
         value=shown.metrics if shown is not None else None,
         headers=tables.METRICS_HEADERS,
@@ -283,20 +268,28 @@ def results_panel(shown: RunResult | None = None) -> ResultsPanel:
         column_widths=run_view.output_column_widths(engines),
         elem_id="outputs_table",
     )
-    return ResultsPanel(
-        status,
-        x_axis,
-        static_timeline,
-        continuous_timeline,
-        step_slider,
-        packed_mask,
-        static_mask,
-        block_map,
-        metrics,
-        latency_cdf,
-        step_usage,
-        outputs,
+    return ResultsPanel(status, x_axis, *step_views, metrics, latency_cdf, step_usage, outputs)
+
+
+def _step_views(shown: RunResult | None) -> tuple:
+    """Both timelines, the step slider, both masks and the block map, in ``ResultsPanel`` order."""
+    v = shown.views if shown is not None else None
+    with gr.Row():
+        static_timeline = _plot("static_timeline_plot", v and v.static_timeline)
+        continuous_timeline = _plot("continuous_timeline_plot", v and v.continuous_timeline)
+    step_slider = gr.Slider(
+        0,
+        max(shown.state.num_steps - 1, 1) if shown is not None else 1,
+        value=shown.step_index if shown is not None else 0,
+        step=1,
+        label=run_view.slider_label(shown.state) if shown else "Step (one forward pass)",
+        elem_id="step_slider",
     )
+    with gr.Row():
+        packed_mask = _plot("packed_mask_plot", v and v.packed_mask)
+        static_mask = _plot("static_mask_plot", v and v.static_mask)
+    block_map = _plot("block_map_plot", v and v.block_map)
+    return static_timeline, continuous_timeline, step_slider, packed_mask, static_mask, block_map
 
 
 def _plot(elem_id: str, figure) -> gr.Plot:

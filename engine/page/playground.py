@@ -225,7 +225,7 @@ def run_pressed(handle: RunHandle | None) -> None:
 
 
 def stop_event(handle: RunHandle | None) -> str:
-    """The Stop button's handler (unqueued: it answers at once). Stops this session's run through
+    """The Stop button's handler (it waits for no other event). Stops this session's run through
     its ``RunControl`` (the run then shows "Stopped" itself), or marks a run still waiting in the
     queue; with nothing to stop, says so in a toast. Returns what there was: ``"running"``,
     ``"queued"`` (the page then takes the run out of the queue) or ``"idle"``."""

@@ -3,7 +3,7 @@
 Stop does not cancel the Run event through Gradio (``cancels=``): a cancel waits for the handler's
 current poll to return, and until it does the browser silently drops another Run press (Gradio's
 ``trigger_mode="once"``) and may lay an "Error" badge over the status line. Instead each session
-keeps a ``RunHandle`` in a ``gr.State``; Stop (an unqueued event, so it answers at once) sets the
+keeps a ``RunHandle`` in a ``gr.State``; Stop (an event that waits for no other) sets the
 stop flag of the run's own ``RunControl``, and the run ends itself within one engine step and
 says so. Run's event uses ``trigger_mode="always_last"``: a press while the previous run is still
 stopping is kept by the browser and starts the moment that run ends. ``press`` tells apart a press

@@ -18,7 +18,7 @@ from typing import Any
 import gradio as gr
 
 from engine import export
-from engine.page import figures, serving_figures, tables
+from engine.page import figures, mask_figures, serving_figures, tables
 from engine.reference import mismatches
 from engine.trace import DECODE, PREFILL, Trace
 
@@ -198,8 +198,8 @@ def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
     return StepViews(
         static_timeline=timeline(state.static, x_axis, x_max, step_index),
         continuous_timeline=timeline(state.continuous, x_axis, x_max, step_index),
-        packed_mask=_at_step(figures.mask_heatmap, state.continuous, step_index),
-        static_mask=_at_step(figures.static_mask_heatmap, state.static, step_index),
+        packed_mask=_at_step(mask_figures.mask_heatmap, state.continuous, step_index),
+        static_mask=_at_step(mask_figures.static_mask_heatmap, state.static, step_index),
         block_map=_at_step(serving_figures.block_map_figure, state.continuous, step_index),
     )
 

@@ -1,9 +1,9 @@
 """Serving figures: latency CDFs, per-step token budget and KV block use, the KV block map, and
 the queue-wait and preemption marks laid over a timeline.
 
-Like ``engine.page.figures`` (whose look and request colours these share), everything is built from
-``engine.trace.Trace`` records alone. The block map reads the block tables the paged KV cache
-recorded at each step::
+Like ``engine.page.figures`` (whose look and request colours, ``engine.page.style``, these
+share), everything is built from ``engine.trace.Trace`` records alone. The block map reads the
+block tables the paged KV cache recorded at each step::
 
     blocks 0..15 at step 40 (block size 16):
     R0 R0 R2 -- R0 R2 R5 R5 -- -- R5 -- -- -- -- --      (-- free)
@@ -17,7 +17,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.page.figures import (
+from engine.page.style import (
     PALETTE,
     TEXT_COLOR,
     _discrete_scale,

@@ -321,7 +321,7 @@ def test_app_wiring():
     (pressed,) = [fn for fn in demo.fns.values() if fn.fn is playground.run_pressed]
     assert pressed.targets == run.targets and not pressed.queue, "Run presses are not noted"
     (stop,) = [fn for fn in demo.fns.values() if fn.fn is playground.stop_event]
-    assert not stop.queue, "Stop must answer at once (unqueued), through the handle"
+    assert stop.concurrency_limit is None, "Stop must never wait for another event"
     stop_cancels = [fn.cancels for fn in demo.fns.values() if fn.targets == stop.targets]
     assert not any(stop_cancels), "Stop cancels the Run event (a cancel waits, and drops Run)"
     (leave,) = [fn for fn in demo.fns.values() if fn.fn is playground.left_queue_event]
