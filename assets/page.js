@@ -60,7 +60,8 @@
   const metricHelp = () => {
     const help = window.CBP_METRIC_HELP || {};
     for (const cell of document.querySelectorAll("#metrics_table th")) {
-      const name = (cell.textContent || "").trim();
+      const label = cell.querySelector(".header") || cell;  // not the cell menu's "⋮"
+      const name = (label.textContent || "").trim();
       if (help[name] && cell.title !== help[name]) cell.title = help[name];
     }
   };

@@ -271,6 +271,23 @@ def test_status_line_names_mismatches():
     assert "✗ differs" in status and "static: R1" in status and "continuous: R1" in status, status
 
 
+def test_status_line_gives_steps_beside_the_time_ratio_and_says_times_vary():
+    """The status line puts the step counts (which do not move) next to the time ratio (which
+    does), and says in one line that wall times on a shared machine vary."""
+    static = static_trace([4, 5, 6], [3, 30, 5], num_slots=2)
+    continuous = continuous_trace([4, 5, 6], [3, 30, 5], num_slots=2)
+    status = run_view.status_line(run_view.RunState(static, continuous, None))
+    s, c = len(static.steps), len(continuous.steps)
+    assert f"continuous {c} steps against static {s}: {s / c:.2f}× fewer" in status, status
+    assert status.endswith(run_view.NOISE_NOTE) and "vary" in run_view.NOISE_NOTE
+    assert (
+        run_view.steps_comparison(480, 300)
+        == "continuous 300 steps against static 480: 1.60× fewer"
+    )
+    assert run_view.steps_comparison(50, 52).endswith("1.04× more")
+    assert run_view.steps_comparison(64, 64).endswith(": the same")
+
+
 def test_presets_parse_and_article_matches_seed():
     """Every preset is a valid table; the article's preset is the seed workload, no template."""
     by_name = presets.load_presets()
