@@ -4,6 +4,7 @@
 #   make test   full test suite, offline; installs Chromium for the browser tests when root
 #   make lint   ruff check and format check
 #   make bench  command-line benchmark of both engines on the seed workload
+#   make record re-record the run the page opens on (assets/recorded_run.json), on the CPU
 #   make clean  remove .venv and tool caches (the converted model cache is kept)
 
 PYTHON ?= python3
@@ -15,7 +16,7 @@ CHROMIUM := /usr/bin/chromium
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 ARGS ?=
 
-.PHONY: venv run test browser lint bench clean
+.PHONY: venv run test browser lint bench record clean
 
 venv: $(STAMP)
 
@@ -53,6 +54,9 @@ lint: venv
 
 bench: venv
 	$(BIN)/python -m engine.bench --workload seed --slots 3 $(ARGS)
+
+record: venv
+	$(OFFLINE) $(BIN)/python -m engine.page.recording $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

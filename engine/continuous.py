@@ -111,6 +111,17 @@ class ContinuousEngine:
             blocks.check_no_leaks()
             assert blocks.num_used_blocks == 0, f"{blocks.num_used_blocks} KV blocks still held"
 
+    def check_kv_budget(self, requests: list[Request]) -> None:
+        """Refuse, before any run, a workload the paged KV budget cannot hold (nothing to do in
+        the other KV modes): the check ``run`` would make when it allocates the cache.
+
+        Raises:
+            ValueError: some request alone needs more KV blocks than the budget holds.
+        """
+        if self.config.kv_mode == "paged":
+            num_blocks = self._num_blocks(self._max_seq_len(requests))
+            _check_fits(requests, num_blocks, self.config.block_size)
+
     def _new_kv_cache(self, requests: list[Request]):
         """The configured KV cache; in ``paged`` mode, as many blocks as the budget holds.
 
@@ -196,10 +207,10 @@ def _check_fits(requests: list[Request], num_blocks: int, block_size: int) -> No
     for r in requests:
         num_tokens = r.num_prompt_tokens + r.max_new_tokens - 1  # the last token is never cached
         if blocks_for(num_tokens, block_size) > num_blocks:
+            blocks = "1 block" if num_blocks == 1 else f"{num_blocks} blocks"
             raise ValueError(
                 f"{request_label(r.request_id)} needs {num_tokens} tokens of KV cache, but the KV "
-                "budget "
-                f"holds {num_blocks} blocks of {block_size} tokens ({num_blocks * block_size} "
+                f"budget holds {blocks} of {block_size} tokens ({num_blocks * block_size} "
                 f"tokens). Raise the KV budget or lower its max_new_tokens."
             )
 
