@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import statistics
 import sys
+import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -295,10 +297,18 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    try:
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
+    try:  # a SIGTERM (timeout, kill) ends up here too, so the servers are stopped
         return _bench(args, loaded, runner, requests, engines)
     finally:
         close_engines(engines)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def _bench(args, loaded, runner, requests, engines: dict) -> int:

@@ -4,8 +4,9 @@ The server does the batching; this engine only plays the workload at it. Each re
 its arrival time, greedy (``temperature=0``) and streamed (``stream=true``) with ``max_tokens`` set
 to its cap, and every request that has arrived is in flight at once. Per request it records, on
 the client's clock: when it was sent (``admit_s``), its first token, each token
-(``token_times_s``) and its finish. The server hides its slots, so the trace has no steps: lanes
-are per request, from sent to first token (waiting) and from there to the last token (decoding).
+(``token_times_s``) and its finish (the last token, set once the stream has ended). The server
+hides its slots, so the trace has no steps: lanes are per request, from sent to first token
+(waiting) and from there to the last token (decoding).
 
 Outputs are the server's token ids where it returns them (vLLM), else its text re-tokenized with
 the loaded tokenizer (and the EOS id added when it says it stopped), then cut like every engine's
@@ -130,7 +131,7 @@ class OpenAIEngine:
             base_url=self.endpoint.url, timeout=timeout, limits=limits
         ) as c:
             try:
-                while (pending or not all(t.done() for t in tasks)) and not cancel.is_set():
+                while not cancel.is_set():
                     now_s = time.perf_counter() - t0
                     while pending and pending[0].arrival_s <= now_s:
                         request = pending.pop(0)
@@ -139,6 +140,8 @@ class OpenAIEngine:
                     failed = [t for t in tasks if t.done() and t.exception() is not None]
                     if failed:
                         raise failed[0].exception()
+                    if not pending and all(t.done() for t in tasks):
+                        return
                     wake_s = pending[0].arrival_s - now_s if pending else WAIT_SLICE_S
                     await asyncio.sleep(max(0.0, min(WAIT_SLICE_S, wake_s)))
             finally:
@@ -222,7 +225,6 @@ class OpenAIEngine:
             if rec.first_token_s is None:
                 rec.first_token_s = t_s
             rec.token_times_s.extend([t_s] * max(1, len(token_ids)))
-            rec.finish_s = t_s
             pieces.append(text)
             ids.extend(int(i) for i in token_ids)
         return choice.get("finish_reason")
@@ -240,6 +242,7 @@ class OpenAIEngine:
         tokens = truncate_at_stop(tokens, request.max_new_tokens, self.eos_token_ids)
         rec.output_token_ids = tokens
         rec.output_text = tokenizer.decode(tokens, skip_special_tokens=True)
+        rec.finish_s = rec.token_times_s[-1] if rec.token_times_s else rec.admit_s
         rec.finish_reason = "eos" if finish == "stop" else str(finish)
 
 

@@ -131,11 +131,18 @@ def _choice(chunk: dict) -> dict:
 
 
 def _get_json(client: httpx.Client, endpoint: Endpoint, path: str) -> dict | None:
-    """GET ``path`` as JSON; None when the server lacks it. Raises EndpointError if unreachable."""
-    try:
-        response = client.get(path)
-    except httpx.TransportError as exc:
-        raise unreachable(endpoint, exc) from exc
+    """GET ``path`` as JSON; None when the server lacks it. Raises EndpointError if unreachable.
+
+    A transport error is retried once on a new connection: a server may close a kept-alive one
+    after an error of its own (transformers serve's ``/v1/models`` answers 500 without a hub cache).
+    """
+    for attempt in range(2):
+        try:
+            response = client.get(path, headers={"Connection": "close"} if attempt else None)
+            break
+        except httpx.TransportError as exc:
+            if attempt:
+                raise unreachable(endpoint, exc) from exc
     if response.status_code != 200:
         return None
     try:

