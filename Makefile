@@ -1,7 +1,8 @@
 # Developer entry points. Everything runs from the repository's own virtual environment in .venv.
 #   make venv   create .venv and install the pinned requirements (fast when nothing changed)
 #   make run    start the playground (ARGS="--device cuda --port 7861" passes flags through)
-#   make test   full test suite, offline; installs Chromium for the browser tests when root
+#   make test   full test suite, offline; installs Chromium for the browser tests when root and
+#               builds .venv-vllm (make vllm) for the vLLM tests
 #   make lint   ruff check and format check
 #   make bench  command-line benchmark of both engines on the seed workload
 #   make vllm   create .venv-vllm, a separate environment with vLLM (it pins its own transformers)
@@ -67,7 +68,11 @@ browser:
 			"browser tests will be skipped (install it with: sudo apt-get install chromium)."; \
 	fi
 
+# The vLLM tests need .venv-vllm; when it cannot be built here they are skipped, saying so
+# (.ci/run builds it first, so CI always runs them).
 test: venv browser
+	@$(MAKE) --no-print-directory vllm || \
+		echo "make test: building .venv-vllm failed; the vLLM tests will be skipped."
 	$(OFFLINE) $(BIN)/python -m pytest -q $(ARGS)
 
 lint: venv
