@@ -3,6 +3,11 @@
 An engine appends one ``StepRecord`` per forward pass and fills one ``RequestRecord`` per request.
 Figures (``engine.page.figures``), the metrics table and the bench read only this, so what the page
 shows is what the engine did. Times are seconds since the run started (``perf_counter``).
+
+An engine behind a server (``engine.openai_engine``) sees no steps and no slots: its trace has
+per-request times on the client's clock (sent = ``admit_s``, first token, each token in
+``token_times_s``, finish), what the server's ``/metrics`` said during the run
+(``server_samples``), and ``warnings`` a person should read beside its results.
 """
 
 from __future__ import annotations
@@ -112,6 +117,9 @@ class RequestRecord:
     # prompt tokens taken from the prefix cache at (first) admission, not prefilled; None where
     # an engine shares blocks but does not say how many (transformers' manager)
     num_cached_tokens: int | None = 0
+    # Server engines only: when each output token reached the client (one per streamed chunk
+    # when the server sends text without token ids).
+    token_times_s: list[float] = field(default_factory=list)
 
     @property
     def queue_s(self) -> float | None:
@@ -191,6 +199,19 @@ class SlotRun:
 
 
 @dataclass
+class ServerSample:
+    """One reading of a server's Prometheus ``/metrics`` during a run (``engine.server_metrics``).
+
+    ``values`` holds the metrics the server has, by this project's names
+    (``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_pct``); one it lacks is
+    absent, never zero.
+    """
+
+    t_s: float  # seconds since the run started, on the client's clock
+    values: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class Trace:
     """Everything one engine run recorded."""
 
@@ -201,6 +222,8 @@ class Trace:
     wall_s: float = 0.0
     kv_mode: str | None = None
     info: dict = field(default_factory=dict)  # engine-specific facts (e.g. KV bytes per token)
+    server_samples: list[ServerSample] = field(default_factory=list)  # server engines only
+    warnings: list[str] = field(default_factory=list)  # e.g. the server serves another model
 
     def request(self, request_id: int) -> RequestRecord:
         return self.requests[request_id]
@@ -303,6 +326,8 @@ class Trace:
             "latency_percentiles": self.latency_percentiles(),
             "steps": [asdict(s) for s in self.steps],
             "requests": [asdict(r) for r in self.requests],
+            "server_samples": [asdict(s) for s in self.server_samples],
+            "warnings": list(self.warnings),
         }
 
 

@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from engine.config import EngineConfig
+from engine.endpoints import Endpoint, parse_endpoints
 from engine.sampling import SamplingParams, with_defaults
 from engine.workload import load_jsonl, poisson_arrivals, seed_specs
 
@@ -25,6 +26,7 @@ ENGINES = (
     "continuous_paged",
     "continuous_concat",
     "hf_continuous",
+    "vllm",  # a local vLLM server from .venv-vllm (make vllm), started and stopped by the bench
 )
 KV_MODE_OF = {"continuous": "slots", "continuous_paged": "paged", "continuous_concat": "concat"}
 # Flags that only some engines or arrival modes use: parsed as None so a given one can be told
@@ -83,6 +85,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--profile", action="store_true", help="continuous: forward vs host time split")
     add_sampling_flags(p)
+    p.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="an OpenAI-compatible server run as engine NAME (repeatable), e.g. "
+        "gpu=http://10.0.0.5:8000",
+    )
+    p.add_argument(
+        "--vllm-eager",
+        action="store_true",
+        help="vllm: --enforce-eager, no torch.compile (default: vLLM's compiled mode)",
+    )
     p.epilog = (
         "A flag that no selected engine (or arrival mode) uses is ignored with a warning on "
         "stderr, e.g. --kv-budget-mib without continuous_paged, or --rate without "
@@ -154,17 +169,20 @@ def ignored_flags(args: argparse.Namespace, names: list[str]) -> list[str]:
         "policy": (continuous, "only the continuous engines use it"),
         "rate": (poisson, "only --arrival poisson uses it"),
         "seed": (poisson, "only --arrival poisson uses it"),
+        "vllm_eager": ("vllm" in names, "only the vllm engine uses it"),
     }
+    given = args.given | ({"vllm_eager"} if args.vllm_eager else set())
     return [
         f"--{name.replace('_', '-')} is ignored: {why}."
         for name, (used, why) in scopes.items()
-        if name in args.given and not used
+        if name in given and not used
     ]
 
 
 def check_args(args: argparse.Namespace, names: list[str]) -> None:
     """Refuse bad flags before the model loads. Raises ValueError."""
-    unknown = [n for n in names if n not in ENGINES]
+    endpoint_names = {e.name for e in endpoints(args)}  # raises on a bad --endpoint
+    unknown = [n for n in names if n not in ENGINES and n not in endpoint_names]
     if unknown or not names:
         raise ValueError(
             f"Unknown engine {unknown[0] if unknown else ''!r}; choose from {', '.join(ENGINES)}."
@@ -173,6 +191,15 @@ def check_args(args: argparse.Namespace, names: list[str]) -> None:
         raise ValueError("--repeat must be at least 1.")
     EngineConfig(args.slots, **engine_options(args))
     sampling_defaults(args)
+    if "vllm" in names:
+        from engine.vllm_server import vllm_python
+
+        vllm_python()  # refuses before the model loads when .venv-vllm is missing
+
+
+def endpoints(args: argparse.Namespace) -> list[Endpoint]:
+    """The ``--endpoint NAME=URL`` flags, checked. Raises ValueError (bad entry, name taken)."""
+    return parse_endpoints(args.endpoint, reserved=ENGINES)
 
 
 def engine_options(args: argparse.Namespace) -> dict:

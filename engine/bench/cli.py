@@ -6,14 +6,17 @@ Prints one row per engine (wall_s, steps, generated tokens, tok/s, speedup vs st
 reference match) and writes the JSON described in the README. The model is loaded and warmed up
 before timing; the reference (per-request ``model.generate``) is never counted in any engine's time.
 With ``--repeat N`` the engines run interleaved (A B A B ...) and the median is reported.
+Server engines (``vllm``, ``--endpoint NAME=URL``) run beside ours: ``engine.bench.servers``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import statistics
 import sys
+import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -28,6 +31,14 @@ from engine.bench.args import (
     parse_args,
 )
 from engine.bench.hardware_probe import PeakMemory, weight_bytes, weight_read_ms
+from engine.bench.servers import (
+    close_engines,
+    failed_result,
+    guarded_run,
+    server_engines,
+    server_fields,
+    start_servers,
+)
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.reference import (
@@ -72,23 +83,31 @@ def make_engine(name: str, runner, num_slots: int, prefix_caching: bool = False,
     raise ValueError(f"Unknown engine {name!r}; choose from {', '.join(ENGINES)}.")
 
 
-def run_engines(engines: dict, requests, repeat: int, memory: PeakMemory):
+def run_engines(
+    engines: dict, requests, repeat: int, memory: PeakMemory, failures: dict | None = None
+):
     """Each engine ``repeat`` times, interleaved, so machine noise hits all of them alike.
 
     Returns ``(traces, peaks)``: per engine its traces, and the highest of each run's
-    ``PeakMemory.peak_bytes()`` fields (None where not measured).
+    ``PeakMemory.peak_bytes()`` fields (None where not measured). A server engine that fails
+    (``EndpointError``) gets its message in ``failures`` and no traces; the others go on.
     """
+    failures = {} if failures is None else failures
     traces: dict[str, list[Trace]] = {name: [] for name in engines}
     peaks: dict[str, dict] = {name: {} for name in engines}
     for _ in range(repeat):
         for name, engine in engines.items():
             memory.reset()
-            traces[name].append(engine.run(requests))
+            trace = guarded_run(name, engine, requests, failures)
+            if trace is None:
+                continue
+            traces[name].append(trace)
             for key, value in memory.peak_bytes().items():
                 known = [v for v in (peaks[name].get(key), value) if v is not None]
                 peaks[name][key] = max(known) if known else None
             print(f"  {name}: {traces[name][-1].wall_s:.2f} s", file=sys.stderr, flush=True)
-    return traces, peaks
+    traces = {name: runs for name, runs in traces.items() if name not in failures}
+    return traces, {name: peaks[name] for name in traces}
 
 
 def median_trace(runs: list[Trace]) -> Trace:
@@ -135,6 +154,7 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
         "num_mismatched_requests": None if reference is None else len(bad),
         "num_not_compared_requests": len(skipped),
         "info": median_run.info,
+        **server_fields(median_run),
         "requests": [
             {
                 "request_id": r.request_id,
@@ -275,14 +295,19 @@ def profile_host_overhead(runner, num_slots: int, contexts=(100, 2000)) -> dict:
     return result
 
 
-def warm_up(engines: dict, requests) -> None:
-    """One short run per engine, so one-time costs (allocations, kernels) are not timed."""
+def warm_up(engines: dict, requests, failures: dict | None = None) -> None:
+    """One short run per engine, so one-time costs (allocations, kernels) are not timed.
+
+    Local servers start first; a server engine that fails gets its message in ``failures``.
+    """
+    failures = {} if failures is None else failures
+    start_servers(engines, failures)
     short = [
         dataclasses.replace(r, max_new_tokens=min(4, r.max_new_tokens), arrival_s=0.0)
         for r in requests[:2]
     ]
-    for engine in engines.values():
-        engine.run(short)
+    for name, engine in engines.items():
+        guarded_run(name, engine, short, failures)
 
 
 def main(argv=None) -> int:
@@ -305,25 +330,46 @@ def main(argv=None) -> int:
             max_context=loaded.max_context,
         )
         options = engine_options(args)
+        servers = server_engines(args, names, loaded)  # vllm and the --endpoint engines
         engines = {
-            n: make_engine(n, runner, args.slots, args.prefix_caching, **options) for n in names
+            n: servers.get(n) or make_engine(n, runner, args.slots, args.prefix_caching, **options)
+            for n in names
         }
+        engines.update(servers)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
+    try:  # a SIGTERM (timeout, kill) ends up here too, so the servers are stopped
+        return _bench(args, loaded, runner, requests, engines)
+    finally:
+        close_engines(engines)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _bench(args, loaded, runner, requests, engines: dict) -> int:
+    """Warm up, time, check and report ``engines``; the exit code of ``main``."""
     num_sampled = sum(r.is_sampled for r in requests)
     print(
         f"{loaded.name} on {loaded.device_label}; {len(requests)} requests, {args.slots} slots"
         + (f", {num_sampled} sampled" if num_sampled else ""),
         file=sys.stderr,
     )
-    warm_up(engines, requests)
+    failures: dict[str, str] = {}
+    warm_up(engines, requests, failures)
     reference = None
     if not args.no_reference:
         t0 = time.perf_counter()
         reference = ReferenceCache(runner).outputs(requests)
         print(f"  reference: {time.perf_counter() - t0:.2f} s (not counted)", file=sys.stderr)
-    traces, peaks = run_engines(engines, requests, args.repeat, PeakMemory(loaded.device))
+    memory = PeakMemory(loaded.device)
+    traces, peaks = run_engines(engines, requests, args.repeat, memory, failures)
     results = {n: engine_result(runs, reference, peaks[n]) for n, runs in traces.items()}
     if reference is not None:
         explain_mismatches(runner, requests, traces, reference, results)
@@ -336,6 +382,12 @@ def main(argv=None) -> int:
     print(format_table(results, extra["weight_read_ms"]))
     if args.prefix_caching:
         print(prefix_cache_line(results))
+    for name, trace in ((n, median_trace(runs)) for n, runs in traces.items()):
+        for warning in trace.warnings:
+            print(f"warning: {name}: {warning}", file=sys.stderr)
+    for name, message in failures.items():
+        print(f"{name} failed: {message}")
+        results[name] = failed_result(name, message, engines)
     print(
         f"engines' matmul kernel: {extra['engine_kernel']} "
         f"(+{extra['engine_kernel_bytes'] / 1e6:.0f} MB of packed weights)"
@@ -372,7 +424,8 @@ def main(argv=None) -> int:
             **extra,
         }
         Path(args.json_path).write_text(json.dumps(doc, indent=2))
-    return 0 if all(r["reference_match"] is not False for r in results.values()) else 1
+    ok = not failures and all(r["reference_match"] is not False for r in results.values())
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
