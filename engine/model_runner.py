@@ -239,7 +239,6 @@ class ModelRunner:
         )
         per_request = sampling_kwargs or [{} for _ in prompts]
         previous = self.model.config._attn_implementation
-        results = {}
         try:
             with (
                 forked_rng(self.device, bool(sampling_kwargs)),
@@ -251,18 +250,7 @@ class ModelRunner:
                 for i, (ids, cap) in enumerate(zip(prompts, caps, strict=True)):
                     kwargs = {"max_new_tokens": cap, "record_timestamps": True, **per_request[i]}
                     manager.add_request(ids, request_id=f"r{i}", **kwargs)
-                last_result_s = time.perf_counter()
-                while len(results) < len(prompts):
-                    out = manager.get_result(timeout=HF_POLL_S)
-                    if on_poll is not None:
-                        on_poll()
-                    if out is None:
-                        if time.perf_counter() - last_result_s > HF_STALL_S:
-                            raise RuntimeError("transformers' continuous batching stopped early")
-                        continue
-                    last_result_s = time.perf_counter()
-                    if out.is_finished():
-                        results[out.request_id] = out
+                results = _hf_results(manager, len(prompts), on_poll)
         finally:
             self.model.set_attn_implementation(previous)
         return t0, [results[f"r{i}"] for i in range(len(prompts))]
@@ -313,6 +301,31 @@ class ModelRunner:
 HF_POLL_S = 0.1  # how often hf_continuous_batch calls on_poll while it waits for results
 HF_STALL_S = 60.0  # no result for this long: transformers' manager is taken to have stopped
 HF_PAGE_SIZE = 256  # ContinuousBatchingConfig's default page_size, in tokens
+
+
+def _hf_results(manager, num_requests: int, on_poll) -> dict:
+    """Wait for every request's finished ``GenerationOutput`` (by request id), calling
+    ``on_poll()`` every ``HF_POLL_S``.
+
+    Raises:
+        RuntimeError: no result for ``HF_STALL_S``: the manager stopped early.
+    """
+    import time
+
+    results = {}
+    last_result_s = time.perf_counter()
+    while len(results) < num_requests:
+        out = manager.get_result(timeout=HF_POLL_S)
+        if on_poll is not None:
+            on_poll()
+        if out is None:
+            if time.perf_counter() - last_result_s > HF_STALL_S:
+                raise RuntimeError("transformers' continuous batching stopped early")
+            continue
+        last_result_s = time.perf_counter()
+        if out.is_finished():
+            results[out.request_id] = out
+    return results
 
 
 def _hf_sizes(prompts: list[list[int]], caps: list[int], num_slots: int) -> dict[str, int]:

@@ -61,6 +61,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, help="poisson: arrivals per second (default 1.0)")
     p.add_argument("--seed", type=int, help="poisson: the arrivals' random seed (default 0)")
     p.add_argument("--out", help="folder for requests.csv, traces.json, trace.perfetto.json")
+    _add_engine_flags(p)
+    p.add_argument(
+        "--floor", action="store_true", help="time generate on the longest request alone"
+    )
+    p.add_argument("--profile", action="store_true", help="continuous: forward vs host time split")
+    add_sampling_flags(p)
+    _add_server_flags(p)
+    p.epilog = (
+        "A flag that no selected engine (or arrival mode) uses is ignored with a warning on "
+        "stderr, e.g. --kv-budget-mib without continuous_paged, or --rate without "
+        "--arrival poisson."
+    )
+    return _with_defaults(p.parse_args(argv))
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """The continuous engines' knobs: token budget, policy, the paged KV cache, prefix caching."""
     p.add_argument(
         "--token-budget", type=int, help="continuous engines: max tokens per step (default: none)"
     )
@@ -80,30 +97,23 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="continuous_paged: share cached prompt-prefix blocks; hf_continuous: transformers' "
         "block sharing (default off for both)",
     )
-    p.add_argument(
-        "--floor", action="store_true", help="time generate on the longest request alone"
-    )
-    p.add_argument("--profile", action="store_true", help="continuous: forward vs host time split")
-    add_sampling_flags(p)
+
+
+def _add_server_flags(p: argparse.ArgumentParser) -> None:
+    """Server engines: ``--endpoint NAME=URL`` (repeatable) and vLLM's eager mode."""
     p.add_argument(
         "--endpoint",
         action="append",
         default=[],
         metavar="NAME=URL",
         help="an OpenAI-compatible server run as engine NAME (repeatable), e.g. "
-        "gpu=http://10.0.0.5:8000",
+        "gpu=http://gpu-box:8000",
     )
     p.add_argument(
         "--vllm-eager",
         action="store_true",
         help="vllm: --enforce-eager, no torch.compile (default: vLLM's compiled mode)",
     )
-    p.epilog = (
-        "A flag that no selected engine (or arrival mode) uses is ignored with a warning on "
-        "stderr, e.g. --kv-budget-mib without continuous_paged, or --rate without "
-        "--arrival poisson."
-    )
-    return _with_defaults(p.parse_args(argv))
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:

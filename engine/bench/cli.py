@@ -409,23 +409,28 @@ def _bench(args, loaded, runner, requests, engines: dict) -> int:
     if args.out:
         write_exports(args.out, traces)
     if args.json_path:
-        doc = {
-            "model": loaded.name,
-            "device": str(loaded.device),
-            "dtype": str(loaded.dtype).removeprefix("torch."),
-            "slots": args.slots,
-            "workload": args.workload,
-            "repeat": args.repeat,
-            "arrival": args.arrival,
-            "rate": args.rate if args.arrival == "poisson" else None,
-            "seed": args.seed if args.arrival == "poisson" else None,
-            "sampling_flags": _sampling_flags(args),
-            "engines": results,
-            **extra,
-        }
-        Path(args.json_path).write_text(json.dumps(doc, indent=2))
+        write_json(args, loaded, results, extra)
     ok = not failures and all(r["reference_match"] is not False for r in results.values())
     return 0 if ok else 1
+
+
+def write_json(args, loaded, results: dict, extra: dict) -> None:
+    """The bench's JSON document (fields in the README's "Benchmark" section) at ``--json``."""
+    doc = {
+        "model": loaded.name,
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "slots": args.slots,
+        "workload": args.workload,
+        "repeat": args.repeat,
+        "arrival": args.arrival,
+        "rate": args.rate if args.arrival == "poisson" else None,
+        "seed": args.seed if args.arrival == "poisson" else None,
+        "sampling_flags": _sampling_flags(args),
+        "engines": results,
+        **extra,
+    }
+    Path(args.json_path).write_text(json.dumps(doc, indent=2))
 
 
 if __name__ == "__main__":
