@@ -59,12 +59,20 @@ class Recording:
     device_label: str  # "CPU · float32", as the page's model line says it
     machine: str  # e.g. "2-core AMD EPYC 7B13"
     date: str  # ISO date
+    load_average: float | None = None  # the machine's 1-minute load average while recording
+    num_cpus: int | None = None
 
     def label(self) -> str:
-        """One Markdown sentence for the status line."""
+        """One Markdown sentence for the status line (it says so when the machine was busy)."""
+        busy = ""
+        if self.load_average and self.num_cpus and self.load_average > self.num_cpus:
+            busy = (
+                f", on a busy machine (load average {self.load_average:.0f} on {self.num_cpus} "
+                "cores: its wall times are slow, its step counts are not)"
+            )
         return (
             f"**Recorded run** of “{self.preset}” at {self.num_slots} slots on {self.device_label}"
-            f" ({self.machine}, {self.model}), {self.date}: press Run to measure it here."
+            f" ({self.machine}, {self.model}), {self.date}{busy}: press Run to measure it here."
         )
 
 
@@ -156,6 +164,14 @@ def opening_result(path: Path = RECORDING_PATH):
     return render(load_recording(path), downloads=False)
 
 
+def _load_average() -> float | None:
+    """The 1-minute load average (runnable threads), where the system tells it."""
+    try:
+        return round(os.getloadavg()[0], 1)
+    except OSError:
+        return None
+
+
 def _machine() -> str:
     """The CPU's model name and core count, or the GPU's name, for the label."""
     name = platform.processor() or platform.machine()
@@ -176,6 +192,7 @@ def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
     from engine.page.run_options import RunOptions, prepare
 
     model = shared_model.load_shared_model(device=device)
+    load_before = _load_average()
     rows, chat_template, _ = presets.apply_preset(presets.DEFAULT_PRESET)
     options = RunOptions(chat_template=chat_template, check_reference=True, kv_mode="paged")
     requests, config = prepare(model, rows, page_io.DEFAULT_SLOTS, options)
@@ -188,6 +205,8 @@ def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
         device_label=model.loaded.device_label,
         machine=_machine() if model.loaded.device.type == "cpu" else model.loaded.device_label,
         date=datetime.date.today().isoformat(),
+        load_average=None if load_before is None else (load_before + _load_average()) / 2,
+        num_cpus=os.cpu_count(),
     )
     data = {
         "format": FORMAT,

@@ -71,6 +71,7 @@ def test_traces_survive_the_compact_format():
         step.block_tables = {s.request_id: list(range(i % 3 + 1)) for s in step.seqs}
     paged.info = {"kv_blocks": 9, "block_size": 4}
     for trace in (static, paged):
+        _round_times(trace)
         text = json.dumps(recording.encode_trace(trace), separators=(",", ":"))
         back = recording.decode_trace(json.loads(text))
         assert isinstance(back, Trace)
@@ -79,6 +80,17 @@ def test_traces_survive_the_compact_format():
         assert dataclasses.replace(back, steps=[], requests=[]) == dataclasses.replace(
             trace, steps=[], requests=[]
         )
+
+
+def _round_times(trace: Trace) -> None:
+    """Times to 0.1 ms, as the file keeps them (0.30000000000000004 becomes 0.3)."""
+    for step in trace.steps:
+        step.start_s, step.end_s = round(step.start_s, 4), round(step.end_s, 4)
+    for r in trace.requests:
+        for name in ("arrival_s", "admit_s", "first_token_s", "finish_s"):
+            if getattr(r, name) is not None:
+                setattr(r, name, round(getattr(r, name), 4))
+    trace.wall_s = round(trace.wall_s, 4)
 
 
 def test_record_writes_a_recording_the_page_opens_on(shared, monkeypatch, tmp_path):
@@ -109,3 +121,11 @@ def test_the_page_opens_on_the_recording(shipped):
             assert by_id[elem_id].value is not None, f"{elem_id} opens empty"
     states = [b for b in demo.blocks.values() if isinstance(b, gr.State)]
     assert any(isinstance(s.value, run_view.RunState) for s in states), "no recorded run state"
+
+
+def test_label_says_when_the_machine_was_busy(shipped):
+    """A recording made while the machine ran more threads than it has cores says so."""
+    quiet = dataclasses.replace(shipped.recorded, load_average=1.2, num_cpus=2)
+    busy = dataclasses.replace(shipped.recorded, load_average=16.5, num_cpus=2)
+    assert "busy" not in quiet.label()
+    assert "on a busy machine (load average 16 on 2 cores" in busy.label(), busy.label()
