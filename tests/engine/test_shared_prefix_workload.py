@@ -1,6 +1,5 @@
 """The shipped shared-system-prompt workload and its page preset have the shape they promise."""
 
-import json
 import os
 from pathlib import Path
 
@@ -22,12 +21,3 @@ def test_twelve_requests_share_one_long_prompt_and_four_do_not():
     assert len({s.prompt for s in shared}) == 12, "the questions after the policy differ"
     assert all(len(s.prompt) < 60 for s in others)
     assert specs.index(others[0]) < specs.index(shared[-1]), "the others sit among the shared"
-
-
-def test_the_shared_prompt_preset_is_the_workload():
-    """The page's "Shared system prompt" preset holds the workload's requests, in order."""
-    presets = json.loads((ASSETS / "presets.json").read_text(encoding="utf-8"))
-    preset = presets["Shared system prompt"]
-    specs = load_jsonl(ASSETS / "workloads" / "shared_prefix.jsonl")
-    assert preset["requests"] == [[s.prompt, s.max_new_tokens] for s in specs]
-    assert preset["slug"] == "shared-prompt" and preset["chat_template"] is False
