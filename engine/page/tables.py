@@ -24,7 +24,7 @@ METRICS_HEADERS = [
     "outputs match model.generate",
 ]
 # Column widths in pixels: wide enough for each name on any screen (a narrow one scrolls).
-METRICS_COLUMN_WIDTHS = [110, 72, 72, 100, 72, 100, 100, 110, 90, 90, 110, 150]
+METRICS_COLUMN_WIDTHS = [110, 84, 72, 100, 72, 100, 100, 110, 90, 90, 110, 150]
 # Hover definitions of the metrics columns (the page sets them as the column names' titles).
 # Padding waste and slot utilisation have different denominators, so they need not add to 100.
 METRIC_HELP = {

@@ -34,6 +34,7 @@ def test_page_opens_on_the_recorded_run(page: Page):
     expect(status).to_contain_text("press Run to measure it here")
     expect(status).to_contain_text(re.compile(r"CPU · float32.*\d{4}-\d\d-\d\d"))
     expect(status).to_contain_text(re.compile(r"continuous \d+ steps against static \d+"))
+    _wait_for_plots(page)
     for elem_id in PLOT_IDS:
         summary = plot_summary(page, elem_id)
         assert summary["num_data"] > 0 and summary["num_drawn"] > 0, f"{elem_id}: {summary}"
@@ -47,6 +48,12 @@ def test_page_opens_on_the_recorded_run(page: Page):
     expect(page.locator("#packed_mask_plot .gtitle")).to_contain_text(f"Packed step {step}:")
     expect(page.locator("#static_mask_plot .gtitle")).to_contain_text(f"Static step {step}:")
     expect(page.locator("#step_slider")).to_contain_text("continuous 0–")
+
+
+def _wait_for_plots(page: Page) -> None:
+    """Until every chart is drawn (Plotly loads lazily, slowly on a busy machine)."""
+    for elem_id in PLOT_IDS:
+        expect(page.locator(f"#{elem_id} .js-plotly-plot")).to_have_count(1, timeout=60_000)
 
 
 def _drop_file(page: Page, name: str, text: str) -> None:
@@ -133,6 +140,7 @@ def _assert_tables_readable(page: Page) -> None:
 
 
 def _shoot(page: Page, name: str) -> None:
+    _wait_for_plots(page)
     page.wait_for_timeout(1500)  # let Plotly finish drawing at the new size
     path = SCREENSHOTS / name
     page.screenshot(path=str(path), full_page=True)
@@ -173,7 +181,8 @@ def test_desktop_layout_after_a_resize(page: Page):
     )
     assert not clipped, f"tour step labels clipped: {clipped}"
     legend = _boxes(page, "#step_usage_plot .legend")
-    ticks = _boxes(page, "#step_usage_plot .xtick text, #step_usage_plot .g-xtitle text")
+    axis_text = ".xaxislayer-above text, [class^='g-x'][class$='title'] text"  # ticks, titles
+    ticks = _boxes(page, ", ".join(f"#step_usage_plot {sel}" for sel in axis_text.split(", ")))
     assert legend and ticks, "the per-step chart has no legend or ticks"
     hits = [t["text"] for t in ticks if _overlap(legend[0], t)]
     assert not hits, f"the legend overlaps the x axis: {hits}"
