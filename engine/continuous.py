@@ -119,7 +119,7 @@ class ContinuousEngine:
             ValueError: some request alone needs more KV blocks than the budget holds.
         """
         if self.config.kv_mode == "paged":
-            num_blocks = self._num_blocks(self._max_seq_len(requests))
+            num_blocks = self._num_blocks(self._max_seq_len(requests), requests)
             _check_fits(requests, num_blocks, self.config.block_size)
 
     def _new_kv_cache(self, requests: list[Request]):
