@@ -227,6 +227,7 @@ class OpenAIEngine:
             rec.token_times_s.extend([t_s] * max(1, len(token_ids)))
             pieces.append(text)
             ids.extend(int(i) for i in token_ids)
+            rec.output_text += text  # live text for a page; _finish writes the decoded output
         return choice.get("finish_reason")
 
     def _finish(self, rec: RequestRecord, request: Request, pieces, ids, finish: str) -> None:
@@ -244,6 +245,18 @@ class OpenAIEngine:
         rec.output_text = tokenizer.decode(tokens, skip_special_tokens=True)
         rec.finish_s = rec.token_times_s[-1] if rec.token_times_s else rec.admit_s
         rec.finish_reason = "eos" if finish == "stop" else str(finish)
+
+
+def endpoint_engines(loaded, num_slots: int, environ=None, reserved=()) -> dict[str, OpenAIEngine]:
+    """One engine per endpoint in ``CBP_ENDPOINTS``, by name (the page's configured servers).
+
+    Raises:
+        ValueError: a bad entry, or a name in ``reserved`` (the page's own engines).
+    """
+    from engine.endpoints import endpoints_from_env
+
+    found = endpoints_from_env(environ, reserved)
+    return {e.name: OpenAIEngine(e, loaded, num_slots) for e in found}
 
 
 def _main_eos(tokenizer, eos_token_ids: frozenset[int]) -> int:
