@@ -136,8 +136,8 @@ class VllmServer:
         self.version: str | None = None
         self.start_s: float | None = None  # seconds start() took
         self.proc: subprocess.Popen | None = None
-        self._log = tempfile.NamedTemporaryFile(prefix="vllm-serve-", suffix=".log", delete=False)
-        self.log_path = Path(self._log.name)
+        self._log = None  # the server's stdout and stderr, from start() to stop()
+        self.log_path: Path | None = None
 
     def endpoint(self, name: str = "vllm") -> Endpoint:
         return Endpoint(name, self.url)
@@ -163,6 +163,8 @@ class VllmServer:
         t0 = time.perf_counter()
         command = [str(self.python), "-m", SERVER_MODULE, *self.settings.args(self.port)]
         env = {**os.environ, **self.settings.env()}
+        self._log = tempfile.NamedTemporaryFile(prefix="vllm-serve-", suffix=".log", delete=False)
+        self.log_path = Path(self._log.name)
         self.proc = subprocess.Popen(
             command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
@@ -201,7 +203,7 @@ class VllmServer:
     def log_tail(self, num_lines: int = 30) -> str:
         """The last ``num_lines`` non-blank lines the server wrote."""
         try:
-            text = self.log_path.read_text(errors="replace")
+            text = self.log_path.read_text(errors="replace") if self.log_path else ""
         except OSError:
             return ""
         return "\n".join([ln for ln in text.splitlines() if ln.strip()][-num_lines:])
@@ -223,6 +225,8 @@ class VllmServer:
                 self.proc.wait(timeout=timeout_s)
         self._signal(signal.SIGKILL)  # children that outlived the main process
         self._log.close()
+        self.log_path.unlink(missing_ok=True)  # its tail is in any error already raised
+        self.proc = None
         atexit.unregister(self.stop)
 
     def kill(self) -> None:
