@@ -5,6 +5,7 @@
 #               builds .venv-vllm (make vllm) for the vLLM tests
 #   make lint   ruff check and format check
 #   make bench  command-line benchmark of both engines on the seed workload
+#   make record re-record the run the page opens on (assets/recorded_run.json), on the CPU
 #   make vllm   create .venv-vllm, a separate environment with vLLM (it pins its own transformers)
 #   make clean  remove .venv, .venv-vllm and tool caches (the converted model cache is kept)
 
@@ -21,7 +22,7 @@ VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_VERSION := 0.32.0
 
-.PHONY: venv vllm run test browser lint bench clean
+.PHONY: venv vllm run test browser lint bench record clean
 
 venv: $(STAMP)
 
@@ -81,6 +82,9 @@ lint: venv
 
 bench: venv
 	$(BIN)/python -m engine.bench --workload seed --slots 3 $(ARGS)
+
+record: venv
+	$(OFFLINE) $(BIN)/python -m engine.page.recording $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

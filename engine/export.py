@@ -35,6 +35,7 @@ CSV_FIELDS = [
     "latency_s",
     "finish_reason",
     "output_text",
+    "num_cached_tokens",  # prompt tokens from the prefix cache (added last: old readers go on)
 ]
 STEPS_TID = 0  # the steps track; slot s is track s + 1
 
@@ -89,6 +90,7 @@ def _run_span(pid: int, trace: Trace, run) -> dict:
         "max_new_tokens": r.max_new_tokens,
         "output_tokens": len(r.output_token_ids),
         "ttft_s": r.ttft_s,
+        "num_cached_tokens": r.num_cached_tokens,
         "steps": [run.first, run.last],
     }
     start_s, end_s = trace.steps[run.first].start_s, trace.steps[run.last].end_s
@@ -141,13 +143,16 @@ def _step_args(trace: Trace, step) -> dict:
         args["token_budget"] = trace.info["token_budget"]
     if step.kv_blocks_used is not None:
         args["kv_blocks_used"] = step.kv_blocks_used
+    if step.shared_blocks is not None:
+        args["kv_blocks_shared"] = len(step.shared_blocks)
+        args["kv_blocks_cached_free"] = len(step.cached_free_blocks or [])
     return args
 
 
 def charts_html(charts: dict[str, Any]) -> str:
     """One standalone HTML page with every chart, interactive and offline.
 
-    ``charts`` maps a heading to a plotly figure (``engine.figures.PageFigure`` keeps its PNG
+    ``charts`` maps a heading to a plotly figure (``engine.page.figures.PageFigure`` keeps its PNG
     button's file name). plotly.js is inlined once (about 4.6 MB), so the file opens without a
     network; each chart's modebar still saves it as a PNG.
     """

@@ -4,7 +4,7 @@ A decode step multiplies every weight matrix by only a few rows of activations (
 so its time should be the time to stream the weights from memory. On CPU, which kernel does the
 matmul decides how close it gets. Measured in torch 2.13 on this project's 2-core AMD EPYC
 (AVX-512) machine, one pass over the 210 decoder-layer linears of SmolLM2-135M (425 MB of float32
-weights), best of 5 (``python -m engine.kernel_bench --rows 1,3,5,8,16,64,512 --repeat 5``):
+weights), best of 5 (``python -m engine.bench.kernel_bench --rows 1,3,5,8,16,64,512 --repeat 5``):
 
     rows M                      1      3      5      8     16     64    512
     F.linear(x, W)  (MKL)  ms  26.3   48.3   30.4   34.5   41.9   88.0  520.3

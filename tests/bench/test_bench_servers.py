@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from engine import bench
+from engine.bench import cli as bench
 from tests.live_servers import TransformersServe, free_port, needs_vllm
 
 PER_ENGINE_KEYS = {"wall_s", "num_generated_tokens", "latency_percentiles", "reference_match"}

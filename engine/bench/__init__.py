@@ -1,0 +1,10 @@
+"""The command-line tools: they run the serving core (``engine``) and print what it did.
+
+* ``python -m engine.bench``: the benchmark, the same requests through each engine side by side
+  (``engine.bench.cli``, flags in ``engine.bench.args``);
+* ``python -m engine.bench.kernel_bench``: the engines' matmul kernel against ``F.linear``;
+* ``engine.bench.hardware_probe``: weight-read time and peak memory, the physical yardsticks.
+
+This wing depends on the core and never on the page (``engine.page``). Nothing heavy is imported
+here.
+"""

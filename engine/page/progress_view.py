@@ -1,0 +1,119 @@
+"""The page while a run goes, and after one stopped early: progress line, live timelines, outputs.
+
+``live_outputs`` turns a ``LiveRun``'s progress into updates for the Run event's outputs (in
+``app.py``'s order): the status line counts steps and finished requests per engine, each started
+engine's timeline is drawn from its latest trace snapshot, and the outputs table shows every
+output finished so far. The run's state, masks, slider, metrics and downloads are left as they
+are (``gr.skip()``) until the run ends. ``stopped_outputs`` puts the previous run's results back
+with a status line saying why this one stopped; ``refused_outputs`` says why a run did not start
+and leaves everything else as it is.
+"""
+
+from __future__ import annotations
+
+import re
+
+import gradio as gr
+
+from engine.page import tables
+from engine.page.live_run import EngineProgress
+from engine.page.run_view import RUN_OUTPUTS, outputs_table, run_outputs, timeline
+from engine.sequence import Request
+from engine.trace import Trace, new_request_records
+
+ENGINE_LABELS = {
+    "static": "static batching",
+    "continuous": "continuous batching",
+    "hf_continuous": "transformers' continuous batching",
+    "reference": "model.generate reference",
+}
+LIVE_ENGINES = ("static", "continuous")  # the engines with a timeline and an outputs column
+
+
+def progress_line(
+    progress: dict[str, EngineProgress], elapsed_s: float, time_limit_s: float | None
+) -> str:
+    """One Markdown line: elapsed time, then steps done and requests finished per engine."""
+    limit = f" (limit {time_limit_s:g} s)" if time_limit_s is not None else ""
+    parts = [f"**Running** · {elapsed_s:.1f} s{limit}"]
+    for name, p in progress.items():
+        label = ENGINE_LABELS.get(name, name)
+        if name in LIVE_ENGINES:
+            waiting = ", waiting for arrivals" if p.waiting else ""
+            parts.append(
+                f"{label}: {p.num_steps} steps, {p.num_finished}/{p.num_requests} requests done"
+                + waiting
+            )
+        elif name == "reference":
+            parts.append(f"{label}: {p.num_steps} steps")
+        else:
+            parts.append(f"{label}: running")
+    if not progress:
+        parts.append("waiting for the model")
+    return " · ".join(parts)
+
+
+def live_outputs(
+    progress: dict[str, EngineProgress],
+    requests: list[Request],
+    num_slots: int,
+    x_axis: str,
+    elapsed_s: float,
+    time_limit_s: float | None,
+) -> tuple:
+    """Updates for the Run event's outputs while the run goes (see the module docstring)."""
+    traces = {name: _trace_so_far(progress, name, requests, num_slots) for name in LIVE_ENGINES}
+    static, continuous = (
+        timeline(trace, x_axis, None, None) if trace.steps else gr.skip()
+        for trace in traces.values()
+    )
+    return run_outputs(
+        static_timeline_plot=static,
+        continuous_timeline_plot=continuous,
+        outputs_table=outputs_table(tables.outputs_rows(traces, None), list(traces)),
+        status_markdown=progress_line(progress, elapsed_s, time_limit_s),
+    )
+
+
+def stopped_outputs(previous_result, message: str) -> tuple:
+    """The Run event's outputs after a stop: the previous results (a ``RunResult``) or empty.
+
+    The run's state and downloads stay as they were; ``message`` leads the status line.
+    """
+    if previous_result is None:
+        figures = ("static_timeline_plot", "continuous_timeline_plot", "packed_mask_plot")
+        figures += ("static_mask_plot", "block_map_plot", "latency_cdf_plot", "step_usage_plot")
+        return run_outputs(
+            **dict.fromkeys(figures),
+            metrics_table=[],
+            outputs_table=outputs_table([], list(LIVE_ENGINES)),
+            status_markdown=message,
+        )
+    previous_result.status = f"{message} Showing the previous run: {previous_result.status}"
+    shown = dict(zip(RUN_OUTPUTS, previous_result.as_outputs(), strict=True))
+    del shown["run_state"], shown["downloads_file"]  # both stay as they are
+    return run_outputs(**shown)
+
+
+def refused_outputs(reason: str, previous_status: str | None) -> tuple:
+    """The Run event's outputs for a run refused before it started: "Not run" and ``reason`` (plain
+    text) in the status line, then the previous run's status if there is one; all else as is."""
+    status = f"**Not run:** {plain_markdown(reason)}"
+    if previous_status:
+        status += f" Showing the previous run: {previous_status}"
+    return run_outputs(status_markdown=status)
+
+
+def plain_markdown(text: str) -> str:
+    """``text`` escaped so Markdown shows it as typed (a message may quote what a person typed)."""
+    return re.sub(r"([\\`*_\[\]<>#|~])", r"\\\1", text)
+
+
+def _trace_so_far(
+    progress: dict[str, EngineProgress], name: str, requests: list[Request], num_slots: int
+) -> Trace:
+    """The engine's latest snapshot, or an empty trace with every request if it has none yet."""
+    entry = progress.get(name)
+    if entry is not None and entry.trace is not None:
+        return entry.trace
+    return Trace(engine=name, num_slots=num_slots, requests=new_request_records(requests))

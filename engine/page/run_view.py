@@ -1,0 +1,300 @@
+"""The page's view of a run: what it keeps between events, and every figure and table it shows.
+
+``RunState`` is what a ``gr.State`` holds; ``render`` turns it into a ``RunResult`` (figures at the
+default step, tables, status line, download files), and ``step_views`` redraws the step-dependent
+figures for the step slider without touching the model. ``RUN_OUTPUTS`` names the Run event's
+outputs once, in the order ``app.py`` wires them; ``run_outputs`` builds that tuple by name.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from engine import export
+from engine.page import figures, mask_figures, serving_figures, tables
+from engine.reference import mismatches
+from engine.trace import DECODE, PREFILL, Trace
+
+# The Run event's outputs, by elem_id (the state has none), in wiring order. The first ten are the
+# /run API's original outputs; later ones are appended, so API clients keep their positions.
+RUN_OUTPUTS = (
+    "run_state",
+    "static_timeline_plot",
+    "continuous_timeline_plot",
+    "packed_mask_plot",
+    "static_mask_plot",
+    "step_slider",
+    "metrics_table",
+    "outputs_table",
+    "status_markdown",
+    "downloads_file",
+    "block_map_plot",
+    "latency_cdf_plot",
+    "step_usage_plot",
+)
+# What the step slider and the x-axis choice redraw, in ``StepViews.as_tuple`` order.
+STEP_VIEW_OUTPUTS = (
+    "static_timeline_plot",
+    "continuous_timeline_plot",
+    "packed_mask_plot",
+    "static_mask_plot",
+    "block_map_plot",
+)
+CHART_HEADINGS = ("Static timeline", "Continuous timeline", "Packed mask", "Static mask")
+
+
+def run_outputs(**values) -> tuple:
+    """The Run event's output tuple from values by name; any output not given is left as is.
+
+    Raises:
+        TypeError: a name that is not in ``RUN_OUTPUTS``.
+    """
+    unknown = set(values) - set(RUN_OUTPUTS)
+    if unknown:
+        raise TypeError(f"not Run outputs: {sorted(unknown)}")
+    return tuple(values.get(name, gr.skip()) for name in RUN_OUTPUTS)
+
+
+def outputs_table(rows: list[list], engine_names: list[str]) -> gr.Dataframe:
+    """The outputs table with its headers and column widths for these engines."""
+    return gr.Dataframe(
+        value=rows,
+        headers=tables.outputs_headers(engine_names),
+        column_widths=output_column_widths(engine_names),
+    )
+
+
+def output_column_widths(engine_names: list[str]) -> list[str]:
+    """The outputs table's column widths: request, prompt, cap, one per engine, the verdict."""
+    output_width = f"{61 // len(engine_names)}%"
+    return ["8%", "17%", "6%", *[output_width] * len(engine_names), "8%"]
+
+
+@dataclass
+class RunState:
+    """What the page keeps between events (in a ``gr.State``): the two traces and the reference."""
+
+    static: Trace
+    continuous: Trace
+    reference: dict[int, list[int]] | None
+    hf_continuous: Trace | None = None  # transformers' own continuous batching, when compared
+    recorded: Any = None  # ``engine.page.recording.Recording``: the shipped run, not run here
+
+    def traces(self) -> dict[str, Trace]:
+        """The runs in display order, by engine name."""
+        runs = {"static": self.static, "continuous": self.continuous}
+        if self.hf_continuous is not None:
+            runs["hf_continuous"] = self.hf_continuous
+        return runs
+
+    @property
+    def num_steps(self) -> int:
+        """Steps of the longer run: the step slider's range."""
+        return max(len(self.static.steps), len(self.continuous.steps))
+
+
+@dataclass
+class StepViews:
+    """The figures that depend on the selected step (plotly figures, or None)."""
+
+    static_timeline: Any
+    continuous_timeline: Any
+    packed_mask: Any
+    static_mask: Any
+    block_map: Any
+
+    def as_tuple(self) -> tuple:
+        """In ``STEP_VIEW_OUTPUTS`` order."""
+        return (
+            self.static_timeline,
+            self.continuous_timeline,
+            self.packed_mask,
+            self.static_mask,
+            self.block_map,
+        )
+
+
+@dataclass
+class RunResult:
+    """Everything one Run renders."""
+
+    state: RunState
+    step_index: int
+    views: StepViews
+    metrics: list[list]
+    outputs: list[list]
+    status: str
+    downloads: list[str] | None = None  # file paths: CSV, whole-trace JSON, Perfetto trace
+    latency_cdf: Any = None
+    step_usage: Any = None
+
+    def as_outputs(self) -> tuple:
+        """Values for the Run event's outputs, in ``RUN_OUTPUTS`` order."""
+        v = self.views
+        return run_outputs(
+            run_state=self.state,
+            static_timeline_plot=v.static_timeline,
+            continuous_timeline_plot=v.continuous_timeline,
+            packed_mask_plot=v.packed_mask,
+            static_mask_plot=v.static_mask,
+            step_slider=gr.Slider(
+                minimum=0,
+                maximum=max(self.state.num_steps - 1, 1),
+                value=self.step_index,
+                label=slider_label(self.state),
+            ),
+            metrics_table=self.metrics,
+            outputs_table=outputs_table(self.outputs, list(self.state.traces())),
+            status_markdown=self.status,
+            downloads_file=self.downloads,
+            block_map_plot=v.block_map,
+            latency_cdf_plot=self.latency_cdf,
+            step_usage_plot=self.step_usage,
+        )
+
+
+def render(
+    state: RunState, x_axis: str = "time", status: str | None = None, downloads: bool = True
+) -> RunResult:
+    """Everything the page shows for a finished run, at its default step; files if ``downloads``."""
+    step_index = default_step(state.continuous)
+    return RunResult(
+        state=state,
+        step_index=step_index,
+        views=step_views(state, step_index, x_axis),
+        metrics=tables.metrics_rows(state.traces(), _reference_ok(state)),
+        outputs=tables.outputs_rows(state.traces(), state.reference),
+        status=status or status_line(state),
+        downloads=write_downloads(state) if downloads else None,
+        latency_cdf=serving_figures.latency_cdf_figure(list(state.traces().values())),
+        step_usage=serving_figures.step_usage_figure(state.continuous),
+    )
+
+
+def write_downloads(state: RunState) -> list[str]:
+    """The run's exports in a fresh temporary folder: requests.csv, traces.json, Perfetto JSON,
+    and charts.html (the four charts at the default step, interactive, offline)."""
+    folder = Path(tempfile.mkdtemp(prefix="cbp-run-"))
+    paths = export.write_files(folder, state.traces())
+    views = step_views(state, default_step(state.continuous), "time")
+    charts = dict(zip(CHART_HEADINGS, views.as_tuple()[:4], strict=True))
+    charts_path = folder / "charts.html"
+    charts_path.write_text(
+        export.charts_html({k: v for k, v in charts.items() if v is not None}), encoding="utf-8"
+    )
+    return [str(path) for path in [*paths, charts_path]]
+
+
+def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
+    """Both timelines on one x scale, cursor at ``step_index``; masks and block map at that step."""
+    x_max = max(figures.x_extent(state.static, x_axis), figures.x_extent(state.continuous, x_axis))
+    return StepViews(
+        static_timeline=timeline(state.static, x_axis, x_max, step_index),
+        continuous_timeline=timeline(state.continuous, x_axis, x_max, step_index),
+        packed_mask=_at_step(mask_figures.mask_heatmap, state.continuous, step_index),
+        static_mask=_at_step(mask_figures.static_mask_heatmap, state.static, step_index),
+        block_map=_at_step(serving_figures.block_map_figure, state.continuous, step_index),
+    )
+
+
+def timeline(trace: Trace, x_axis: str, x_max: float | None, step_index: int | None):
+    """An engine's timeline with its queue waits and preemptions marked."""
+    fig = figures.timeline_figure(trace, x_axis, x_max, step_index)
+    return serving_figures.add_serving_marks(fig, trace, x_axis)
+
+
+def default_step(trace: Trace) -> int:
+    """The first step that fuses a prefill with decodes (the article's point), else step 0."""
+    for i, step in enumerate(trace.steps):
+        kinds = {s.kind for s in step.seqs}
+        if PREFILL in kinds and DECODE in kinds:
+            return i
+    return 0
+
+
+NOISE_NOTE = "Wall times on a shared machine vary from run to run; step counts do not."
+
+
+def status_line(state: RunState) -> str:
+    """Markdown: wall times, speedup, the step counts, the reference verdict, then a line on noise
+    (and, for the shipped recording, a first line saying where it was recorded)."""
+    s, c = state.static, state.continuous
+    speedup = s.wall_s / c.wall_s if c.wall_s > 0 else math.nan
+    line = (
+        f"{_count(len(s.requests), 'request')} · {_count(s.num_slots, 'slot')} · "
+        f"static {s.wall_s:.2f} s · "
+        f"continuous {c.wall_s:.2f} s · **speedup {speedup:.2f}×** (static time / continuous) · "
+        f"**{steps_comparison(len(s.steps), len(c.steps))}**"
+    )
+    if state.hf_continuous is not None:
+        line += f" · transformers' continuous batching {state.hf_continuous.wall_s:.2f} s"
+    line += " · " + _verdict(state)
+    head = "" if state.recorded is None else state.recorded.label() + "  \n"
+    return f"{head}{line}  \n{NOISE_NOTE}"
+
+
+def steps_comparison(static_steps: int, continuous_steps: int) -> str:
+    """ "continuous 300 steps against static 480: 1.60× fewer" (steps do not depend on noise)."""
+    text = f"continuous {_count(continuous_steps, 'step')} against static {static_steps}"
+    if continuous_steps == static_steps or not continuous_steps or not static_steps:
+        return text + (": the same" if continuous_steps == static_steps else "")
+    if continuous_steps < static_steps:
+        return f"{text}: {static_steps / continuous_steps:.2f}× fewer"
+    return f"{text}: {continuous_steps / static_steps:.2f}× more"
+
+
+def _verdict(state: RunState) -> str:
+    if state.reference is None:
+        return "outputs not checked against `model.generate`"
+    bad = {name: _mismatched(t, state.reference) for name, t in state.traces().items()}
+    if not any(bad.values()):
+        return "✓ all match `model.generate` token for token"
+    wrong = "; ".join(f"{n}: {', '.join(f'R{r}' for r in ids)}" for n, ids in bad.items() if ids)
+    return f"✗ differs from `model.generate` ({wrong})"
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _at_step(builder: Callable, trace: Trace, step_index: int):
+    """``builder(trace, step)``, the step clamped to the run's last (None if it has no steps);
+    past the run's end the figure's subtitle says which step it shows instead."""
+    if not trace.steps:
+        return None
+    last = len(trace.steps) - 1
+    fig = builder(trace, min(max(step_index, 0), last))
+    if step_index > last:
+        note = f"{trace.engine} ran {len(trace.steps)} steps: its last, {last}, is shown"
+        subtitle = fig.layout.title.subtitle.text
+        fig.layout.title.subtitle.text = f"{note}<br>{subtitle}" if subtitle else note
+    return fig
+
+
+def slider_label(state: RunState) -> str:
+    """The step slider's label: which steps each engine has (one slider drives both)."""
+    s, c = len(state.static.steps), len(state.continuous.steps)
+    return (
+        f"Step (one forward pass): static steps 0–{max(s - 1, 0)}, continuous 0–{max(c - 1, 0)};"
+        " past an engine's last step, its views show that last step"
+    )
+
+
+def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
+    return mismatches({r.request_id: r.output_token_ids for r in trace.requests}, reference)
+
+
+def _reference_ok(state: RunState) -> dict[str, bool] | None:
+    if state.reference is None:
+        return None
+    return {name: not _mismatched(t, state.reference) for name, t in state.traces().items()}

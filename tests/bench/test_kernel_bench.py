@@ -1,0 +1,38 @@
+"""The kernel micro-benchmark CLI: a row per row count, bad flags refused."""
+
+import pytest
+import torch
+
+from engine.bench import kernel_bench
+
+
+def test_prints_a_row_per_row_count_without_lm_head(tiny_loaded, capsys):
+    """Rows 1 and 5 each get a positive timing per kernel, oneDNN's where torch has it; lm_head's
+    weight is not timed."""
+    assert kernel_bench.main(["--rows", "1,5", "--repeat", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    decoder = [m for m in tiny_loaded.model.modules() if type(m).__name__ == "Linear"]
+    assert lines[0].startswith(f"{len(decoder) - 1} linear weights"), lines[0]
+    header = lines[1].split()
+    expected = ["rows", "F.linear", "skinny"]
+    expected += ["onednn"] if torch.backends.mkldnn.is_available() else []
+    assert header == expected, lines[1]
+    rows = [line.split() for line in lines[2:]]
+    assert [r[0] for r in rows] == ["1", "5"]
+    assert all(len(r) == len(header) and all(float(v) > 0 for v in r[1:]) for r in rows), rows
+
+
+def test_without_onednn_the_table_keeps_its_shape(tiny_loaded, capsys, monkeypatch):
+    """Without oneDNN the notice goes to stderr and the table has the two MKL columns."""
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert kernel_bench.main(["--rows", "2", "--repeat", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[1].split() == ["rows", "F.linear", "skinny"]
+    assert "no onednn column" in captured.err
+
+
+@pytest.mark.parametrize("argv", [["--rows", "0"], ["--rows", "a"], ["--repeat", "0"]])
+def test_bad_flags_are_refused(tiny_loaded, argv, capsys):
+    """Row counts and repeats below 1, or not numbers, exit 2 with a message."""
+    assert kernel_bench.main(argv) == 2
+    assert "whole numbers" in capsys.readouterr().err

@@ -1,0 +1,57 @@
+"""Fixtures of the browser tests: one app server for the package, one Chromium per module.
+
+The server (``app.py`` on the embedded model, CPU, a free localhost port) is shared by every
+browser test module, so it starts once; each test gets a fresh page.
+"""
+
+from __future__ import annotations
+
+import pytest
+from browser_kit import CHROMIUM, CHROMIUM_ARGS
+from server_kit import start_app_server
+
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # the playwright package is optional: browser tests are skipped without it
+    sync_playwright = None
+
+
+@pytest.fixture(scope="package")
+def server_url(request, tmp_path_factory) -> str:
+    """``app.py`` on a free localhost port, offline, for all browser tests; stopped at the end."""
+    return start_app_server(request, tmp_path_factory)
+
+
+# --- fixtures ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium for the module."""
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, server_url):
+    """A fresh page on the app; console errors, page errors and dialogs are collected."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.console_errors = []
+    page.page_errors = []
+    page.dialogs = []
+    page.on("console", lambda m: m.type == "error" and page.console_errors.append(m.text))
+    page.on("pageerror", lambda exc: page.page_errors.append(str(exc)))
+    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    page.goto(server_url)
+    page.locator('#requests_table [data-testid="cell-0-0"]').wait_for(timeout=30_000)
+    yield page
+    if page.console_errors:
+        print("browser console errors:", *page.console_errors, sep="\n  ")
+    context.close()
+    assert not page.page_errors, f"uncaught errors in the page: {page.page_errors}"
+
+
+# --- page helpers --------------------------------------------------------------------------------

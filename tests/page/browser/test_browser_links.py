@@ -1,0 +1,81 @@
+"""Links and downloads in the browser: a setup link presets the page; the run's files download."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from browser_kit import (
+    PYTESTMARK,
+    Page,
+    _cell,
+    _download,
+    _num_rows,
+    assert_results,
+    expect,
+    run_and_wait,
+    set_requests,
+)
+
+pytestmark = PYTESTMARK
+
+
+def test_link_presets_the_page(page: Page, server_url: str):
+    """Opening ?preset=long-tail&slots=4 loads that preset's table and sets 4 slots; an unknown
+    preset is named in a warning."""
+    from engine.page import presets
+
+    rows, _, _ = presets.apply_preset(presets.by_slug("long-tail"))
+    page.goto(f"{server_url}?preset=long-tail&slots=4")
+    first_prompt = _cell(page, "requests_table", 0, 0)
+    expect(first_prompt).to_contain_text(rows[0][0], timeout=30_000)
+    assert _num_rows(page, "requests_table") == len(rows), "the preset's rows were not loaded"
+    expect(page.locator("#slots_slider input[type=range]")).to_have_value("4")
+    expect(page.locator("#preset_markdown")).to_contain_text("long tail")
+
+    page.goto(f"{server_url}?preset=nope&slots=4")
+    toast = page.locator('[data-testid="toast-text"]')
+    expect(toast).to_contain_text("preset='nope' is ignored: no such preset", timeout=30_000)
+    expect(page.locator("#slots_slider input[type=range]")).to_have_value("4")
+
+
+def test_setup_link_step_and_downloads(page: Page, server_url: str, tmp_path: Path):
+    """A ?preset&slots&step link presets the page and, after Run, the step; downloads parse."""
+    import csv
+    import json
+
+    from engine.page import presets
+
+    preset_rows, _, _ = presets.apply_preset(presets.by_slug("equal-caps"))
+    page.goto(f"{server_url}?preset=equal-caps&slots=2&step=3")
+    expect(_cell(page, "requests_table", 0, 0)).to_contain_text(preset_rows[0][0], timeout=30_000)
+    assert _num_rows(page, "requests_table") == len(preset_rows), "the preset was not applied"
+    expect(page.locator("#slots_slider input[type=range]")).to_have_value("2")
+
+    rows = [("The capital of France is", 4), ("Water boils at", 6)]
+    set_requests(page, rows)  # small caps keep the run short; the link's step still applies
+    run_and_wait(page)
+    assert_results(page, [p for p, _ in rows])
+    expect(page.locator("#step_slider input[type=range]")).to_have_value("3")
+    expect(page.locator("#packed_mask_plot .gtitle")).to_contain_text("Packed step 3")
+
+    page.locator("#link_button").click()
+    link = page.locator("#link_textbox textarea, #link_textbox input").first
+    expect(link).to_have_value(re.compile(r"^http://127\.0\.0\.1:\d+/\?"), timeout=10_000)
+    # the table was edited after the link's preset, so the page names no preset any more
+    assert link.input_value().endswith("/?slots=2&step=3"), link.input_value()
+
+    table = list(csv.DictReader(_download(page, "downloads_file", "requests.csv", tmp_path).open()))
+    assert sorted((r["engine"], r["prompt"]) for r in table) == sorted(
+        (e, p) for e in ("static", "continuous") for p, _ in rows
+    ), f"requests.csv rows: {table}"
+    trace = json.loads(
+        _download(page, "downloads_file", "trace.perfetto.json", tmp_path).read_text()
+    )
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and re.fullmatch(r"R\d+", e["name"])]
+    assert len(spans) == 2 * len(rows), f"want one request span per engine and request: {spans}"
+
+    shot = tmp_path / "playground.png"
+    page.wait_for_timeout(1000)  # let Plotly finish drawing after the step change
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")

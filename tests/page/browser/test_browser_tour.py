@@ -1,0 +1,57 @@
+"""The guided tour in the browser, and the README's screenshot."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from browser_kit import (
+    PYTESTMARK,
+    Page,
+    expect,
+)
+
+pytestmark = PYTESTMARK
+
+
+# --- guided tour and the README's screenshot ------------------------------------------------------
+
+
+def test_guided_tour_steps_point_at_live_charts(page: Page):
+    """The tour opens, moves between its steps, and each step links to a chart on the page."""
+    page.get_by_text("Guided tour: what to look at").click()
+    tour = page.locator("#tour_walkthrough")
+    expect(tour).to_contain_text("batch barrier", timeout=10_000)
+    link = tour.locator('a[href="#static_timeline_plot"]')
+    expect(link).to_be_visible()
+    page.locator("#tour_next_1").click()
+    expect(tour).to_contain_text("schedules every step", timeout=10_000)
+    expect(tour.locator('a[href="#continuous_timeline_plot"]')).to_be_visible()
+    assert page.locator("#continuous_timeline_plot").count() == 1
+
+
+@pytest.mark.skipif(
+    not os.environ.get("CBP_SCREENSHOT"), reason="set CBP_SCREENSHOT to the PNG path to write"
+)
+def test_readme_screenshot(page: Page):
+    """The README's picture: the article's six requests, paged KV at 16 MiB (one preemption)."""
+    page.get_by_text("Engine settings").click()
+    budget = page.locator("#kv_budget_number input")
+    expect(budget).to_be_visible()
+    for _ in range(5):  # the accordion may still be rendering its contents: fill until it sticks
+        budget.fill("16")
+        budget.press("Tab")
+        page.wait_for_timeout(300)
+        if budget.input_value() == "16":
+            break
+    expect(budget).to_have_value("16")
+    page.locator("#reference_checkbox input[type=checkbox]").uncheck()
+    page.locator("#run_button").click()
+    status = page.locator("#status_markdown")
+    expect(status).to_contain_text("Running", timeout=60_000)
+    expect(status).to_contain_text("speedup", timeout=600_000)
+    expect(status).not_to_contain_text("Recorded run")
+    expect(page.locator("#block_map_plot .gtitle")).to_contain_text("KV block map")
+    expect(page.locator("#block_map_plot")).to_contain_text("/22 blocks in use")  # 16 MiB
+    page.wait_for_timeout(2000)  # let Plotly finish drawing
+    page.screenshot(path=os.environ["CBP_SCREENSHOT"], full_page=True)
