@@ -78,8 +78,7 @@ class OpenAIEngine:
         trace.info = {"server": info.to_dict()}
         trace.warnings = list(info.warnings)
         t0 = time.perf_counter()
-        sampler = MetricsSampler(self.endpoint.url, t0)
-        trace.server_samples = sampler.samples  # the same list: a live view sees it grow
+        sampler = MetricsSampler(self.endpoint.url, t0, trace=trace)
         try:
             with sampler:
                 self._drive(requests, trace, t0, on_wait)
@@ -88,7 +87,7 @@ class OpenAIEngine:
             raise
         finally:
             trace.wall_s = max((r.finish_s or 0.0) for r in trace.requests) if requests else 0.0
-            trace.info["server"]["metrics_note"] = sampler.note
+            trace.info["server"] = {**trace.info["server"], "metrics_note": sampler.note}
         return trace
 
     def _drive(self, requests, trace: Trace, t0: float, on_wait) -> None:
@@ -224,9 +223,11 @@ class OpenAIEngine:
             t_s = time.perf_counter() - t0
             if rec.first_token_s is None:
                 rec.first_token_s = t_s
-            rec.token_times_s.extend([t_s] * max(1, len(token_ids)))
+            # new lists, never changed in place: a mid-run copy of the record stays as it was
+            rec.token_times_s = [*rec.token_times_s, *[t_s] * max(1, len(token_ids))]
             pieces.append(text)
             ids.extend(int(i) for i in token_ids)
+            rec.output_text += text  # live text for a page; _finish writes the decoded output
         return choice.get("finish_reason")
 
     def _finish(self, rec: RequestRecord, request: Request, pieces, ids, finish: str) -> None:
@@ -244,6 +245,18 @@ class OpenAIEngine:
         rec.output_text = tokenizer.decode(tokens, skip_special_tokens=True)
         rec.finish_s = rec.token_times_s[-1] if rec.token_times_s else rec.admit_s
         rec.finish_reason = "eos" if finish == "stop" else str(finish)
+
+
+def endpoint_engines(loaded, num_slots: int, environ=None, reserved=()) -> dict[str, OpenAIEngine]:
+    """One engine per endpoint in ``CBP_ENDPOINTS``, by name (the page's configured servers).
+
+    Raises:
+        ValueError: a bad entry, or a name in ``reserved`` (the page's own engines).
+    """
+    from engine.endpoints import endpoints_from_env
+
+    found = endpoints_from_env(environ, reserved)
+    return {e.name: OpenAIEngine(e, loaded, num_slots) for e in found}
 
 
 def _main_eos(tokenizer, eos_token_ids: frozenset[int]) -> int:

@@ -25,7 +25,7 @@ import time
 
 import httpx
 
-from engine.trace import ServerSample
+from engine.trace import ServerSample, Trace
 
 SAMPLE_PERIOD_S = 0.25
 # this project's name -> (server's gauge, scale to this project's unit), first found wins
@@ -92,13 +92,22 @@ class MetricsSampler:
     """Reads ``<base_url>/metrics`` every ``period_s`` in a thread until ``stop()``.
 
     Times are ``time.perf_counter() - t0``, the run's clock. Use as a context manager, or call
-    ``start()`` and ``stop()``; ``samples`` and ``note`` are complete after ``stop()``.
+    ``start()`` and ``stop()``; ``samples`` and ``note`` are complete after ``stop()``. With a
+    ``trace``, each sample also goes to ``trace.server_samples``, as a new list each time, so a
+    copy of the trace taken mid-run (``engine.live_run.snapshot``) never changes after.
     """
 
-    def __init__(self, base_url: str, t0: float, period_s: float = SAMPLE_PERIOD_S):
+    def __init__(
+        self,
+        base_url: str,
+        t0: float,
+        period_s: float = SAMPLE_PERIOD_S,
+        trace: Trace | None = None,
+    ):
         self.url = base_url.rstrip("/") + "/metrics"
         self.t0 = t0
         self.period_s = period_s
+        self.trace = trace
         self.samples: list[ServerSample] = []
         self.note: str | None = None  # why there are no samples, for a person
         self._stop = threading.Event()
@@ -143,5 +152,8 @@ class MetricsSampler:
             self.note = "/metrics has none of the known gauges: no server samples"
             return False
         self.note = None
-        self.samples.append(ServerSample(t_s, values))
+        sample = ServerSample(t_s, values)
+        self.samples.append(sample)
+        if self.trace is not None:
+            self.trace.server_samples = [*self.trace.server_samples, sample]
         return True

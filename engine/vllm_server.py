@@ -39,7 +39,9 @@ from engine.endpoints import Endpoint, EndpointError
 VLLM_VENV_ENV = "CBP_VLLM_VENV"
 DEFAULT_VENV = Path(__file__).resolve().parent.parent / ".venv-vllm"
 MAX_MODEL_LEN = 2048
-START_TIMEOUT_S = 900.0  # compiled mode on a busy 2-core CPU takes minutes
+START_TIMEOUT_S = 1800.0  # compiled mode's warm-up took over 10 minutes on a busy 2-core CPU
+# a line after which the server never becomes healthy, though its API process stays up
+FATAL_LOG_LINE = "EngineCore failed to start"
 POLL_S = 0.5
 KV_MARGIN = 1.25  # KV cache room over slots x max_model_len tokens (block rounding, scratch)
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -94,6 +96,8 @@ class VllmSettings:
         return {
             "VLLM_CPU_OMP_THREADS_BIND": self.omp_threads_bind,
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+            # vLLM gives its engine 600 s to start, less than a compiled warm-up can take here
+            "VLLM_ENGINE_READY_TIMEOUT_S": str(int(START_TIMEOUT_S)),
         }
 
     def describe(self) -> dict:
@@ -136,8 +140,8 @@ class VllmServer:
         self.version: str | None = None
         self.start_s: float | None = None  # seconds start() took
         self.proc: subprocess.Popen | None = None
-        self._log = tempfile.NamedTemporaryFile(prefix="vllm-serve-", suffix=".log", delete=False)
-        self.log_path = Path(self._log.name)
+        self._log = None  # the server's stdout and stderr, from start() to stop()
+        self.log_path: Path | None = None
 
     def endpoint(self, name: str = "vllm") -> Endpoint:
         return Endpoint(name, self.url)
@@ -163,6 +167,8 @@ class VllmServer:
         t0 = time.perf_counter()
         command = [str(self.python), "-m", SERVER_MODULE, *self.settings.args(self.port)]
         env = {**os.environ, **self.settings.env()}
+        self._log = tempfile.NamedTemporaryFile(prefix="vllm-serve-", suffix=".log", delete=False)
+        self.log_path = Path(self._log.name)
         self.proc = subprocess.Popen(
             command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
@@ -184,6 +190,8 @@ class VllmServer:
                         f"vLLM exited with code {self.proc.returncode} while starting:\n"
                         f"{self.log_tail()}"
                     )
+                if FATAL_LOG_LINE in self.log_tail(200):
+                    raise EndpointError(f"vLLM's engine failed to start:\n{self.log_tail()}")
                 if time.perf_counter() > deadline:
                     raise EndpointError(f"vLLM did not become healthy in time:\n{self.log_tail()}")
                 line = self.log_tail(1)
@@ -201,7 +209,7 @@ class VllmServer:
     def log_tail(self, num_lines: int = 30) -> str:
         """The last ``num_lines`` non-blank lines the server wrote."""
         try:
-            text = self.log_path.read_text(errors="replace")
+            text = self.log_path.read_text(errors="replace") if self.log_path else ""
         except OSError:
             return ""
         return "\n".join([ln for ln in text.splitlines() if ln.strip()][-num_lines:])
@@ -223,6 +231,8 @@ class VllmServer:
                 self.proc.wait(timeout=timeout_s)
         self._signal(signal.SIGKILL)  # children that outlived the main process
         self._log.close()
+        self.log_path.unlink(missing_ok=True)  # its tail is in any error already raised
+        self.proc = None
         atexit.unregister(self.stop)
 
     def kill(self) -> None:
