@@ -86,31 +86,43 @@ def run_engines(
     wait. The model's lock is held throughout, so runs never overlap on the model.
     """
     watch = watch or (lambda *_args, **_kwargs: None)
-    runner = model.runner
     with model.lock:
-        static = StaticEngine(runner, EngineConfig(config.num_slots)).run(
-            requests,
-            _on_step(progress, "static", _static_steps(requests, config), watch),
-            functools.partial(watch, "static", waiting=True),
+        try:
+            return _run_all(model, requests, config, options, progress, watch)
+        except RunStopped as exc:
+            # A fresh exception, raised while the lock is still held: the caught one's traceback
+            # holds the engines' frames and their KV cache, which must go before the next run
+            # can take the model.
+            stopped = type(exc)(str(exc))
+        raise stopped
+
+
+def _run_all(model, requests, config, options, progress, watch) -> RunState:
+    """``run_engines``'s body, called with the model's lock held."""
+    runner = model.runner
+    static = StaticEngine(runner, EngineConfig(config.num_slots)).run(
+        requests,
+        _on_step(progress, "static", _static_steps(requests, config), watch),
+        functools.partial(watch, "static", waiting=True),
+    )
+    watch("static", static, done=True)
+    continuous = ContinuousEngine(runner, config).run(
+        requests,
+        _on_step(progress, "continuous", _continuous_steps(requests, config), watch),
+        functools.partial(watch, "continuous", waiting=True),
+    )
+    watch("continuous", continuous, done=True)
+    hf = None
+    if options.compare_hf:  # no step hook: checked every 0.1 s while results are awaited
+        watch("hf_continuous", None)
+        progress(None, desc="transformers' continuous batching")
+        stop_check = functools.partial(watch, "hf_continuous", waiting=True)
+        hf = HFContinuousEngine(runner, config).run(requests, on_wait=stop_check)
+    reference = None
+    if options.check_reference:
+        reference = model.reference.outputs(
+            requests, _reference_counter(progress), lambda: watch("reference", None)
         )
-        watch("static", static, done=True)
-        continuous = ContinuousEngine(runner, config).run(
-            requests,
-            _on_step(progress, "continuous", _continuous_steps(requests, config), watch),
-            functools.partial(watch, "continuous", waiting=True),
-        )
-        watch("continuous", continuous, done=True)
-        hf = None
-        if options.compare_hf:  # no step hook: checked every 0.1 s while results are awaited
-            watch("hf_continuous", None)
-            progress(None, desc="transformers' continuous batching")
-            stop_check = functools.partial(watch, "hf_continuous", waiting=True)
-            hf = HFContinuousEngine(runner, config).run(requests, on_wait=stop_check)
-        reference = None
-        if options.check_reference:
-            reference = model.reference.outputs(
-                requests, _reference_counter(progress), lambda: watch("reference", None)
-            )
     return RunState(static, continuous, reference, hf)
 
 
