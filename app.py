@@ -37,7 +37,7 @@ def build_demo(model_label: str) -> gr.Blocks:
         results = panels.results_panel(shown)
         downloads = panels.downloads_panel()
         run_state = gr.State(shown.state if shown is not None else None)
-        handle_state = gr.State(RunHandle)  # this session's run, for Stop (engine.page.run_handle)
+        handle_state = gr.State(RunHandle())  # copied per session: its run, for Stop (run_handle)
         link_step_state = gr.State()  # a link's step=N, applied after the first run
         outputs = panels.run_outputs(run_state, results, downloads)
         wire_setup(demo, requests, settings, results, run_state)
@@ -75,7 +75,8 @@ def wire_setup(demo, requests, settings, results, run_state) -> None:
     link_outputs = [s.preset_dropdown, requests.table, s.chat_checkbox, requests.preset_markdown]
     demo.load(page_io.from_link, None, [*link_outputs, s.slots_slider], **HIDDEN)
     chosen = [requests.table, s.chat_checkbox, requests.preset_markdown, s.slots_slider]
-    s.preset_dropdown.input(presets.choose_preset, s.preset_dropdown, chosen)
+    choose = {"api_name": "apply_preset"}  # the endpoint's name before it also set the slots
+    s.preset_dropdown.input(presets.choose_preset, s.preset_dropdown, chosen, **choose)
     # A user's edit (not a preset or an upload): no preset any more.
     edited = [s.preset_dropdown, requests.preset_markdown]
     requests.table.input(presets.table_edited, None, edited, **HIDDEN)
@@ -130,13 +131,9 @@ def wire_stop(settings, results, run_state, handle_state, outputs, run_event) ->
     s.stop_button.click(  # queued (for its toast) but never waiting: no concurrency limit
         playground.stop_event, handle_state, s.stop_reply_textbox, concurrency_limit=None, **QUIET
     ).then(None, s.stop_reply_textbox, None, js=page_io.LEAVE_QUEUE_JS)
+    left = [handle_state, run_state, results.x_axis_radio]
     s.leave_queue_button.click(
-        playground.left_queue_event,
-        [handle_state, run_state, results.x_axis_radio],
-        outputs,
-        cancels=[run_event],
-        queue=False,
-        **QUIET,
+        playground.left_queue_event, left, outputs, cancels=[run_event], queue=False, **QUIET
     )
 
 

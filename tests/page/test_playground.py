@@ -245,13 +245,19 @@ def test_update_step_redraws_without_the_model(result, no_model):
 
 
 def test_update_step_clamps_to_the_shorter_run(result, no_model):
-    """Past the continuous run's end its mask shows its last step and its cursor sits at its end."""
+    """Past the continuous run's end its mask shows its last step and says so, its cursor sits at
+    its end, and the slider's label gives each engine's step range."""
     state = result.state
     num_continuous = len(state.continuous.steps)
     assert num_continuous < state.num_steps, "test needs continuous to take fewer steps"
     _, continuous_tl, packed, *_ = playground.update_step(state, state.num_steps - 1, "time")
     want = f"Packed step {num_continuous - 1}:"
     assert packed.layout.title.text.startswith(want), packed.layout.title.text
+    said = f"continuous ran {num_continuous} steps: its last, {num_continuous - 1}, is shown"
+    assert packed.layout.title.subtitle.text.startswith(said), packed.layout.title.subtitle.text
+    label = run_view.slider_label(state)
+    assert f"continuous 0–{num_continuous - 1}" in label, label
+    assert f"static steps 0–{len(state.static.steps) - 1}" in label, label
     (cursor,) = [s for s in continuous_tl.layout.shapes if s.name == "cursor"]
     assert cursor.x0 == pytest.approx(state.continuous.wall_s), "cursor not at the run's end"
 

@@ -96,4 +96,5 @@ def test_each_session_gets_its_own_handle():
     first.press()
     fresh = copy.deepcopy(first)
     assert not fresh.pressed and fresh is not first
-    assert isinstance(gr.State(RunHandle).value, type), "the State should make one per session"
+    state = gr.State(RunHandle())
+    assert isinstance(state.value, RunHandle) and not state.value.pressed

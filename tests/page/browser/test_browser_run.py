@@ -199,3 +199,20 @@ def _assert_readable(page: Page, selector: str) -> None:
         selector,
     )
     assert not hit["covered"] and not hit["clipped"], f"{selector} is not readable: {hit}"
+
+
+def test_stop_while_queued_leaves_the_queue(page: Page, browser, server_url):
+    """Stop pressed while one's run waits in the queue takes it out at once, and says so."""
+    first = _open_app(browser, server_url)
+    set_requests(first, [(LONG_PROMPT, LONG_CAP)])
+    first.locator("#run_button").click()
+    expect(_status(first)).to_contain_text(RUNNING_STATUS, timeout=60_000)
+    page.locator("#run_button").click()
+    expect(page.locator("#queue_note")).to_contain_text("place 1 of 1", timeout=10_000)
+    page.locator("#stop_button").click()
+    expect(_status(page)).to_contain_text("Stopped before it started: it left the queue.")
+    expect(page.locator("#queue_note")).to_have_count(0, timeout=10_000)
+    _assert_no_error_badge(page)
+    first.locator("#stop_button").click()
+    expect(_status(first)).to_contain_text("Stopped before the end", timeout=10_000)
+    first.context.close()
