@@ -95,7 +95,7 @@ class ContinuousEngine:
             )
             record = _step_record(len(trace.steps), start_s, batch, plan, blocks)
             forward_start = time.perf_counter()
-            next_tokens = self.runner.forward_packed(batch, _step_samplers(plan, samplers))
+            next_tokens = self._forward(batch, _step_samplers(plan, samplers))
             record.forward_s = time.perf_counter() - forward_start
             finished = scheduler.postprocess(plan, next_tokens)
             for seq in finished:
@@ -121,6 +121,12 @@ class ContinuousEngine:
         if self.config.kv_mode == "paged":
             num_blocks = self._num_blocks(self._max_seq_len(requests))
             _check_fits(requests, num_blocks, self.config.block_size)
+
+    def _forward(self, batch, samplers: list[RequestSampler | None]) -> list[int]:
+        """The step's next tokens; an all-greedy step calls ``forward_packed`` as it always did."""
+        if any(s is not None for s in samplers):
+            return self.runner.forward_packed(batch, samplers)
+        return self.runner.forward_packed(batch)
 
     def _new_kv_cache(self, requests: list[Request]):
         """The configured KV cache; in ``paged`` mode, as many blocks as the budget holds.
