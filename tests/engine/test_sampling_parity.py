@@ -128,6 +128,18 @@ def test_sampling_survives_chunked_prefill_and_preemption(runner, requests, trut
     assert _outputs(trace) == truth
 
 
+def test_sampling_with_prefix_caching_equals_seeded_generate(runner):
+    """Requests sharing a cached prompt prefix (paged KV, prefix caching) sample the same tokens."""
+    shared = "the same long shared prefix, " * 2
+    prefixed = make_requests([(shared + prompt, cap) for prompt, cap in SPECS])
+    prefixed = [dataclasses.replace(r, sampling=p) for r, p in zip(prefixed, SETTINGS, strict=True)]
+    expected = {r.request_id: seeded_generate(runner, r) for r in prefixed}
+    config = EngineConfig(3, kv_mode="paged", block_size=BLOCK_SIZE, prefix_caching=True)
+    trace = ContinuousEngine(runner, config).run(prefixed)
+    assert trace.metrics().num_cached_tokens > 0, "no prompt token came from the prefix cache"
+    assert _outputs(trace) == expected
+
+
 def test_sampling_does_not_depend_on_arrival_times(runner, requests, truth):
     """Requests arriving over time (other neighbours, other slots) sample the same tokens."""
     arrivals = [0.0, 0.03, 0.0, 0.06, 0.01, 0.02]
