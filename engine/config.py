@@ -30,14 +30,16 @@ class EngineConfig:
         block_size: ``paged`` mode: tokens per KV block.
         kv_budget_mib: ``paged`` mode: KV memory in MiB (2**20 bytes), which sets the number of
             blocks; ``None`` gives every slot room for the workload's longest sequence.
+        prefix_caching: ``paged`` mode only: share the KV blocks of prompt prefixes that were
+            computed before (vLLM's automatic prefix caching; ``engine.block_manager``).
         batch_invariant: batch-invariant mode (``engine.invariant``): a sequence's logits do not
             depend on what else shares its step, bitwise. Static and continuous engines only;
             transformers' engine ignores it, with a warning.
 
     Raises:
         ValueError: on a slot count below 1, an unknown KV mode or policy, a token budget below
-            the slot count, a non-positive max_seq_len, block size or KV budget, or a
-            batch_invariant that is not a bool.
+            the slot count, a non-positive max_seq_len, block size or KV budget, prefix caching
+            without the paged KV mode, or a prefix_caching or batch_invariant that is not a bool.
     """
 
     num_slots: int = 3
@@ -49,6 +51,7 @@ class EngineConfig:
     ignore_eos: bool = False
     block_size: int = 16
     kv_budget_mib: float | None = None
+    prefix_caching: bool = False
     batch_invariant: bool = False
 
     def __post_init__(self):
@@ -84,3 +87,10 @@ class EngineConfig:
             )
         if self.max_seq_len is not None and self.max_seq_len < 1:
             raise ValueError(f"max_seq_len must be positive (got {self.max_seq_len}).")
+        if not isinstance(self.prefix_caching, bool):
+            raise ValueError(f"prefix_caching must be True or False (got {self.prefix_caching!r}).")
+        if self.prefix_caching and self.kv_mode != "paged":
+            raise ValueError(
+                f"Prefix caching needs the paged KV cache (kv_mode 'paged'), where sequences can "
+                f"share KV blocks; the {self.kv_mode!r} mode keeps one private cache per sequence."
+            )

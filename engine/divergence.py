@@ -170,12 +170,15 @@ def judge(
     engine_logits: Sequence[TokenLogits] | None,
     model: RoundingModel,
     reference_lookup: Callable[[int, int], tuple[float, float] | None] | None = None,
+    sampled: bool = False,
 ) -> Verdict:
     """The ``Verdict`` of ``output`` against ``reference`` (see the module docstring).
 
     ``*_logits[i]`` are the runs' records at output position i (None or short: not recorded).
     ``reference_lookup(k, token)``: ``(logit, abs_dot)`` of a token outside the reference's top
-    ``TOP_K`` at position k, from the reference's own pass (None: unknown).
+    ``TOP_K`` at position k, from the reference's own pass (None: unknown). ``sampled``: the
+    request samples (``engine.sampling``); a drawn token need not be the argmax, so the near-tie
+    test does not apply and a split is "differs".
     """
     k = first_divergence(output, reference)
     if k is None:
@@ -188,6 +191,8 @@ def judge(
     found = Verdict(request_id, DIFFERS, k, a, b, ref, eng)
     if a is None or b is None:
         return _with(found, reason="one output ended where the other went on")
+    if sampled:
+        return _with(found, reason="sampled tokens: the near-tie test is for greedy tokens only")
     if ref is None:
         return _with(found, reason="the reference's logits were not recorded")
     z_a, z_b, abs_b = ref.logit_of(a), ref.logit_of(b), ref.abs_dot_of(b)

@@ -1,7 +1,10 @@
 """The references: what each engine's outputs are compared against, token for token.
 
-* ``ReferenceCache`` (the normal mode): per-request greedy ``model.generate`` at batch 1, the
-  ground truth for parity.
+* ``ReferenceCache`` (the normal mode): per-request ``model.generate`` at batch 1, the ground
+  truth for parity. A greedy request's reference is greedy ``generate``; a sampled one's
+  (``engine.sampling``) is ``generate(do_sample=True, temperature, top_k, top_p)`` right after
+  ``torch.manual_seed(seed)``, which draws what the engines' per-request samplers draw
+  (``engine.sampler``).
 * ``SoloReference`` (batch-invariant mode): the same computation as the engines, one sequence at a
   time: the continuous engine with one slot and the batch-invariant kernels. An engine in that
   mode must match it bitwise, logits included.
@@ -10,9 +13,14 @@ Both keep each run's own logits per output token (``engine.token_logits``), and 
 them into ✓ / ≈ / ✗ (``engine.divergence``): the margin at a split is measured in the reference's
 own pass, so it is never negative.
 
-Greedy decoding is prefix-stable: the output for cap ``c`` is the first ``c`` tokens of the output
-for any larger cap (or the whole output, if it ended with EOS). Both references keep the longest
-output per prompt and answer smaller caps from it, so repeated runs in the app cost nothing.
+Both are prefix-stable: the output for cap ``c`` is the first ``c`` tokens of the output for any
+larger cap (or the whole output, if it ended with EOS); a sampled one because its k-th draw never
+depends on the cap. Both references keep the longest output per prompt and sampling settings and
+answer smaller caps from it, so repeated runs in the app cost nothing.
+
+An engine that samples with a random stream of its own (transformers' manager) cannot be compared
+token for token: its ``RequestRecord.comparable`` is False, ``comparison`` says ``NOT_COMPARED``
+("sampled with another generator: not compared") instead of a mismatch, and it gets no verdict.
 """
 
 from __future__ import annotations
@@ -36,13 +44,20 @@ from engine.token_logits import (
     row_digest,
 )
 
+MATCH = "match"
+MISMATCH = "mismatch"
+NOT_COMPARED = "not_compared"
+NOT_COMPARED_TEXT = "sampled with another generator: not compared"
+
 
 class _Cache:
-    """Per prompt, the longest output computed so far, its cap and its logits per token."""
+    """Per prompt and sampling settings, the longest output computed so far, its cap and its
+    logits per token."""
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
-        self._outputs: dict[tuple[int, ...], tuple[list[int], int, LogitTrail]] = {}
+        # (prompt ids, sampling settings or None for greedy) -> (tokens, cap, logits)
+        self._outputs: dict[tuple, tuple[list[int], int, LogitTrail]] = {}
 
     def output(self, request: Request, on_step: Callable[[], None] | None = None) -> list[int]:
         """The reference output ids of one request, up to its cap or first EOS.
@@ -72,13 +87,16 @@ class _Cache:
         return result
 
     def verdicts(self, requests: list[Request], trace) -> dict[int, Verdict]:
-        """✓ / ≈ / ✗ of every request of an engine's ``trace``, by request id."""
+        """✓ / ≈ / ✗ of every request of an engine's ``trace``, by request id (none for a
+        request the engine sampled with a generator of its own: ``comparable`` False)."""
         model = divergence.rounding_model(
             self.runner.dtype, self.runner.hidden_size, self.runner.device.type
         )
         found = {}
         for request in requests:
             record = trace.request(request.request_id)
+            if not record.comparable:
+                continue
             found[request.request_id] = divergence.judge(
                 request.request_id,
                 record.output_token_ids,
@@ -87,6 +105,7 @@ class _Cache:
                 record.token_logits or None,
                 model,
                 functools.partial(self.logit_at, request),
+                sampled=request.is_sampled,
             )
         return found
 
@@ -107,7 +126,7 @@ class _Cache:
         return logit_and_abs_dot(kept, token_id)
 
     def _hit(self, request: Request, on_step) -> tuple[list[int], LogitTrail]:
-        key = request.prompt_token_ids
+        key = (request.prompt_token_ids, request.sampling if request.is_sampled else None)
         hit = self._outputs.get(key)
         if hit is None or not self._covers(hit, request.max_new_tokens):
             tokens, logits = self._run(request, on_step)
@@ -131,20 +150,29 @@ class _Cache:
 
 
 class ReferenceCache(_Cache):
-    """Per-prompt greedy outputs of plain ``model.generate`` (batch 1), with its own logits."""
+    """Per-request outputs of plain ``model.generate`` (batch 1), by prompt and sampling, with
+    the run's own logits."""
 
     def _run(self, request: Request, on_step) -> tuple[list[int], Sequence[TokenLogits]]:
         ids, mask = self.runner.left_pad([list(request.prompt_token_ids)])
         criteria = [_EveryStep(on_step)] if on_step is not None else None
         recorder = LogitRecorder()
-        out = self.runner.generate(ids, mask, request.max_new_tokens, criteria, recorder)
+        with self.runner.recording(recorder):
+            out = self.runner.generate(
+                ids, mask, request.max_new_tokens, criteria, sampling=_sampling(request)
+            )
         return out[0, ids.shape[1] :].tolist(), [rows[0] for rows in recorder.calls]
 
     def _replay(self, request: Request, index: int):
         ids, mask = self.runner.left_pad([list(request.prompt_token_ids)])
         recorder = LogitRecorder(keep_call=index)
-        self.runner.generate(ids, mask, index + 1, None, recorder)
+        with self.runner.recording(recorder):
+            self.runner.generate(ids, mask, index + 1, None, sampling=_sampling(request))
         return recorder.kept
+
+
+def _sampling(request: Request):
+    return request.sampling if request.is_sampled else None
 
 
 class SoloReference(_Cache):
@@ -189,6 +217,24 @@ class _EveryStep:
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # (B,)
 
 
-def mismatches(outputs: dict[int, list[int]], reference: dict[int, list[int]]) -> list[int]:
-    """Request ids whose output ids differ from the reference."""
-    return [rid for rid, ref in reference.items() if outputs.get(rid) != ref]
+def mismatches(
+    outputs: dict[int, list[int]], reference: dict[int, list[int]], not_compared=()
+) -> list[int]:
+    """Request ids whose output ids differ from the reference, leaving out ``not_compared``."""
+    skip = set(not_compared)
+    return [rid for rid, ref in reference.items() if rid not in skip and outputs.get(rid) != ref]
+
+
+def not_compared_ids(trace) -> list[int]:
+    """Request ids a trace's engine sampled with its own generator (``comparable`` False)."""
+    return [r.request_id for r in trace.requests if not r.comparable]
+
+
+def comparison(record, reference: dict[int, list[int]] | None) -> str | None:
+    """``MATCH``, ``MISMATCH`` or ``NOT_COMPARED`` for one ``RequestRecord``; None without a
+    reference (or none for this request)."""
+    if not record.comparable:
+        return NOT_COMPARED
+    if reference is None or record.request_id not in reference:
+        return None
+    return MATCH if record.output_token_ids == reference[record.request_id] else MISMATCH

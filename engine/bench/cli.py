@@ -6,17 +6,18 @@ Prints one row per engine (wall_s, steps, generated tokens, tok/s, speedup vs st
 reference match) and writes the JSON described in the README. The model is loaded and warmed up
 before timing; the reference (per-request ``model.generate``) is never counted in any engine's time.
 With ``--repeat N`` the engines run interleaved (A B A B ...) and the median is reported.
+Server engines (``vllm``, ``--endpoint NAME=URL``) run beside ours: ``engine.bench.servers``.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import signal
 import statistics
 import sys
+import threading
 import time
 import warnings
-from contextlib import nullcontext
-from pathlib import Path
 
 from engine.bench.args import (
     ENGINES,
@@ -28,18 +29,29 @@ from engine.bench.args import (
     parse_args,
 )
 from engine.bench.hardware_probe import PeakMemory, weight_bytes, weight_read_ms
-from engine.bench.verdicts import add_invariant_cost, add_verdicts, verdict_summary
+from engine.bench.report import optional_measures, print_report, write_json
+from engine.bench.servers import (
+    close_engines,
+    guarded_run,
+    server_engines,
+    server_fields,
+    start_servers,
+)
+from engine.bench.verdicts import add_verdicts
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
-from engine.reference import mismatches, reference_for
-from engine.sequence import Request
+from engine.reference import comparison, mismatches, not_compared_ids, reference_for
 from engine.static import StaticEngine
 from engine.trace import Trace
 from engine.workload import tokenize_requests
 
 
-def make_engine(name: str, runner, num_slots: int, **options):
+def make_engine(name: str, runner, num_slots: int, prefix_caching: bool = False, **options):
     """An engine by its bench name; ``options`` go to the continuous engines' ``EngineConfig``.
+
+    ``prefix_caching`` turns on ``continuous_paged``'s prefix cache and ``hf_continuous``'s
+    block sharing; the other engines cannot share KV and ignore it. ``batch_invariant`` (in
+    ``options``) also reaches the static engine; transformers' engine warns that it ignores it.
 
     Raises:
         ValueError: unknown name or invalid options.
@@ -52,36 +64,46 @@ def make_engine(name: str, runner, num_slots: int, **options):
         engine.name = name
         return engine
     if name in KV_MODE_OF:
-        config = EngineConfig(num_slots, kv_mode=KV_MODE_OF[name], **options)
+        sharing = {"prefix_caching": prefix_caching} if name == "continuous_paged" else {}
+        config = EngineConfig(num_slots, kv_mode=KV_MODE_OF[name], **options, **sharing)
         engine = ContinuousEngine(runner, config)
         engine.name = name
         return engine
     if name == "hf_continuous":
         from engine.hf_continuous import HFContinuousEngine
 
+        config = EngineConfig(num_slots, batch_invariant=invariant)
         with warnings.catch_warnings():  # the bench says it itself (args.ignored_flags)
             warnings.simplefilter("ignore", UserWarning)
-            return HFContinuousEngine(runner, EngineConfig(num_slots, batch_invariant=invariant))
+            return HFContinuousEngine(runner, config, block_sharing=prefix_caching)
     raise ValueError(f"Unknown engine {name!r}; choose from {', '.join(ENGINES)}.")
 
 
-def run_engines(engines: dict, requests, repeat: int, memory: PeakMemory):
+def run_engines(
+    engines: dict, requests, repeat: int, memory: PeakMemory, failures: dict | None = None
+):
     """Each engine ``repeat`` times, interleaved, so machine noise hits all of them alike.
 
     Returns ``(traces, peaks)``: per engine its traces, and the highest of each run's
-    ``PeakMemory.peak_bytes()`` fields (None where not measured).
+    ``PeakMemory.peak_bytes()`` fields (None where not measured). A server engine that fails
+    (``EndpointError``) gets its message in ``failures`` and no traces; the others go on.
     """
+    failures = {} if failures is None else failures
     traces: dict[str, list[Trace]] = {name: [] for name in engines}
     peaks: dict[str, dict] = {name: {} for name in engines}
     for _ in range(repeat):
         for name, engine in engines.items():
             memory.reset()
-            traces[name].append(engine.run(requests))
+            trace = guarded_run(name, engine, requests, failures)
+            if trace is None:
+                continue
+            traces[name].append(trace)
             for key, value in memory.peak_bytes().items():
                 known = [v for v in (peaks[name].get(key), value) if v is not None]
                 peaks[name][key] = max(known) if known else None
             print(f"  {name}: {traces[name][-1].wall_s:.2f} s", file=sys.stderr, flush=True)
-    return traces, peaks
+    traces = {name: runs for name, runs in traces.items() if name not in failures}
+    return traces, {name: peaks[name] for name in traces}
 
 
 def median_trace(runs: list[Trace]) -> Trace:
@@ -105,7 +127,8 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
     median_run = median_trace(runs)
     m = median_run.metrics()
     outputs = {r.request_id: r.output_token_ids for r in median_run.requests}
-    bad = mismatches(outputs, reference) if reference is not None else []
+    skipped = not_compared_ids(median_run)
+    bad = mismatches(outputs, reference, skipped) if reference is not None else []
     wall_s = statistics.median(walls)
     return {
         "wall_s": wall_s,
@@ -120,10 +143,14 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
         "requests_per_s": len(runs[0].requests) / wall_s if wall_s else 0.0,
         "latency_percentiles": median_run.latency_percentiles(),
         "num_preemptions": m.num_preemptions,
+        "num_cached_tokens": m.num_cached_tokens,
+        "prefix_cache_hit_rate": m.prefix_cache_hit_rate,
         **(peaks or {}),
         "reference_match": None if reference is None else not bad,
         "num_mismatched_requests": None if reference is None else len(bad),
+        "num_not_compared_requests": len(skipped),
         "info": median_run.info,
+        **server_fields(median_run),
         "requests": [
             {
                 "request_id": r.request_id,
@@ -133,98 +160,29 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
                 "output_text": r.output_text,
                 "ttft_s": r.ttft_s,
                 "latency_s": r.latency_s,
+                "sampling": None if r.sampling is None else r.sampling.to_dict(),
+                "comparison": comparison(r, reference),
+                "num_prompt_tokens": r.num_prompt_tokens,
+                "num_cached_tokens": r.num_cached_tokens,
             }
             for r in median_run.requests
         ],
     }
 
 
-def format_table(results: dict[str, dict], weight_read_ms: float | None = None) -> str:
-    """One row per engine; speedup is against static when static ran.
+def warm_up(engines: dict, requests, failures: dict | None = None) -> None:
+    """One short run per engine, so one-time costs (allocations, kernels) are not timed.
 
-    ``x read``: ms/step over ``weight_read_ms``, the time to read every weight once (the limit
-    of a decode step; prefill steps and attention over long contexts cost more).
+    Local servers start first; a server engine that fails gets its message in ``failures``.
     """
-    base = results.get("static", {}).get("wall_s")
-    head = f"{'engine':<18}{'wall_s':>16}{'steps':>7}{'tokens':>8}{'tok/s':>8}"
-    head += f"{'speedup':>9}{'ms/step':>9}{'x read':>8}  match"
-    lines = [head, "-" * len(head)]
-    for name, r in results.items():
-        spread = f"{r['wall_s']:.2f} ({r['wall_s_min']:.2f}-{r['wall_s_max']:.2f})"
-        speedup = f"{base / r['wall_s']:.2f}x" if base else "-"
-        match = {True: "yes", False: f"NO ({r['num_mismatched_requests']})", None: "-"}
-        lines.append(
-            f"{name:<18}{spread:>16}{r['num_steps'] or '-':>7}{r['num_generated_tokens']:>8}"
-            f"{r['tok_per_s']:>8.1f}{speedup:>9}{_ms(r['ms_per_step']):>9}"
-            f"{_ratio(r['ms_per_step'], weight_read_ms):>8}  {match[r['reference_match']]}"
-        )
-    return "\n".join(lines)
-
-
-def _ms(ms_per_step: float) -> str:
-    return f"{ms_per_step:.1f}" if ms_per_step else "-"  # "-": an engine with no step trace
-
-
-def _ratio(ms_per_step: float, weight_read_ms: float | None) -> str:
-    return f"{ms_per_step / weight_read_ms:.2f}x" if weight_read_ms and ms_per_step else "-"
-
-
-def measure_floor(runner, requests, repeat: int) -> dict[str, float]:
-    """Median wall times of ``model.generate`` on the longest-cap request alone (batch 1).
-
-    No schedule can finish the workload before its longest request, so ``floor_s`` (plain
-    ``model.generate``) is its floor here. ``floor_engine_kernel_s`` is the same call inside
-    ``runner.engine_kernels()``, the matmul kernel the engines use (``engine.linear_kernel``):
-    the floor for an engine with that kernel. The two alternate, ``repeat`` times each.
-    """
-    longest = max(requests, key=lambda r: r.max_new_tokens)
-    ids, mask = runner.left_pad([list(longest.prompt_token_ids)])
-    kernel = runner.engine_kernels
-    times: dict[str, list[float]] = {"floor_s": [], "floor_engine_kernel_s": []}
-    for _ in range(repeat):
-        for key, kernels in (("floor_s", nullcontext), ("floor_engine_kernel_s", kernel)):
-            with kernels():
-                runner.synchronize()
-                t0 = time.perf_counter()
-                runner.generate(ids, mask, longest.max_new_tokens)
-                runner.synchronize()
-            times[key].append(time.perf_counter() - t0)
-    return {key: statistics.median(values) for key, values in times.items()}
-
-
-def profile_host_overhead(runner, num_slots: int, contexts=(100, 2000)) -> dict:
-    """Share of continuous step time spent outside the model forward, at two context sizes.
-
-    Runs ``num_slots`` requests with 10-token prompts to their cap with ``ignore_eos`` until the
-    step context (cached tokens of all sequences) passes ``max(contexts)``; then, for each target,
-    averages steps whose context is within 10 % of it.
-    """
-    prompt = tuple(range(1000, 1010))
-    cap = max(contexts) // num_slots - len(prompt) + 50
-    requests = [Request(i, "profile", cap, prompt) for i in range(num_slots)]
-    engine = ContinuousEngine(runner, EngineConfig(num_slots, ignore_eos=True))
-    trace = engine.run(requests)
-    result = {}
-    for target in contexts:
-        steps = [s for s in trace.steps[1:] if abs(s.num_cached_tokens - target) <= 0.1 * target]
-        step_s = sum(s.duration_s for s in steps)
-        forward_s = sum(s.forward_s for s in steps)
-        result[str(target)] = {
-            "num_steps": len(steps),
-            "ms_per_step": 1000 * step_s / len(steps) if steps else None,
-            "host_overhead_pct": 100 * (step_s - forward_s) / step_s if step_s else None,
-        }
-    return result
-
-
-def warm_up(engines: dict, requests) -> None:
-    """One short run per engine, so one-time costs (allocations, kernels) are not timed."""
+    failures = {} if failures is None else failures
+    start_servers(engines, failures)
     short = [
-        r.__class__(r.request_id, r.prompt, min(4, r.max_new_tokens), r.prompt_token_ids)
+        dataclasses.replace(r, max_new_tokens=min(4, r.max_new_tokens), arrival_s=0.0)
         for r in requests[:2]
     ]
-    for engine in engines.values():
-        engine.run(short)
+    for name, engine in engines.items():
+        guarded_run(name, engine, short, failures)
 
 
 NORMAL = " (normal mode)"  # key suffix of the normal-mode runs that time the invariant mode
@@ -249,33 +207,18 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(
-        f"{loaded.name} on {loaded.device_label}; {len(requests)} requests, {args.slots} slots",
-        file=sys.stderr,
-    )
-    warm_up(engines | normal, requests)
-    source, reference = _reference(args, runner, requests)
-    traces, peaks = run_engines(engines | normal, requests, args.repeat, PeakMemory(loaded.device))
-    normal_results = {n.removesuffix(NORMAL): engine_result(traces.pop(n), None) for n in normal}
-    results = {n: engine_result(runs, reference, peaks[n]) for n, runs in traces.items()}
-    if source is not None:
-        medians = {n: median_trace(runs) for n, runs in traces.items()}
-        add_verdicts(runner, requests, medians, source, results)
-    extra = {
-        "weight_bytes": weight_bytes(loaded.model),
-        "weight_read_ms": weight_read_ms(loaded.model, runner.synchronize),
-        "engine_kernel": runner.engine_kernel_name,
-        "engine_kernel_bytes": runner.engine_kernel_bytes,
-    }
-    _print_report(results, normal_results, extra, source is not None)
-    _optional_measures(args, runner, requests, extra)
-    if args.out:
-        write_exports(args.out, traces)
-    if args.json_path:
-        doc = _json_doc(args, loaded, results, extra)
-        doc["reference"] = None if source is None else type(source).__name__
-        Path(args.json_path).write_text(json.dumps(doc, indent=2))
-    return 0 if all(r["reference_match"] is not False for r in results.values()) else 1
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
+    try:  # a SIGTERM (timeout, kill) ends up here too, so the servers are stopped
+        return _bench(args, loaded, runner, requests, engines, normal)
+    finally:
+        close_engines(engines)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def _setup(args):
@@ -297,7 +240,12 @@ def _setup(args):
         max_context=loaded.max_context,
     )
     options = engine_options(args)
-    engines = {n: make_engine(n, runner, args.slots, **options) for n in names}
+    servers = server_engines(args, names, loaded)  # vllm and the --endpoint engines
+    engines = {
+        n: servers.get(n) or make_engine(n, runner, args.slots, args.prefix_caching, **options)
+        for n in names
+    }
+    engines.update(servers)
     return loaded, runner, requests, engines, _normal_engines(runner, args.slots, names, options)
 
 
@@ -314,52 +262,38 @@ def _reference(args, runner, requests):
     return source, reference
 
 
-def _print_report(results, normal_results, extra, with_reference: bool) -> None:
-    print(format_table(results, extra["weight_read_ms"]))
-    for name, entry in results.items():
-        if with_reference:
-            print(f"{name} against the reference: {verdict_summary(entry)}")
-    for line in add_invariant_cost(results, normal_results):
-        print(line)
+def _bench(args, loaded, runner, requests, engines: dict, normal: dict) -> int:
+    """Warm up, time, check and report ``engines``; the exit code of ``main``."""
+    num_sampled = sum(r.is_sampled for r in requests)
     print(
-        f"engines' matmul kernel: {extra['engine_kernel']} "
-        f"(+{extra['engine_kernel_bytes'] / 1e6:.0f} MB of packed weights)"
+        f"{loaded.name} on {loaded.device_label}; {len(requests)} requests, {args.slots} slots"
+        + (f", {num_sampled} sampled" if num_sampled else ""),
+        file=sys.stderr,
     )
-    print(
-        f"weight read (the decode-step limit): {extra['weight_bytes'] / 1e6:.0f} MB in "
-        f"{extra['weight_read_ms']:.1f} ms"
-    )
-
-
-def _optional_measures(args, runner, requests, extra) -> None:
-    """--floor and --profile, printed and added to ``extra``."""
-    if args.floor:
-        extra.update(measure_floor(runner, requests, args.repeat))
-        print(
-            f"floor_s (longest request alone, generate): {extra['floor_s']:.2f}; "
-            f"with the engines' matmul kernel: {extra['floor_engine_kernel_s']:.2f}"
-        )
-    if args.profile:
-        extra["profile"] = profile_host_overhead(runner, args.slots)
-        for ctx, p in extra["profile"].items():
-            print(f"profile @ ~{ctx} cached tokens: {p}")
-
-
-def _json_doc(args, loaded, results, extra) -> dict:
-    return {
-        "model": loaded.name,
-        "device": str(loaded.device),
-        "dtype": str(loaded.dtype).removeprefix("torch."),
-        "slots": args.slots,
-        "workload": args.workload,
-        "repeat": args.repeat,
-        "arrival": args.arrival,
-        "rate": args.rate if args.arrival == "poisson" else None,
-        "seed": args.seed if args.arrival == "poisson" else None,
-        "batch_invariant": args.batch_invariant,
-        "engines": results,
-        **extra,
+    failures: dict[str, str] = {}
+    warm_up(engines | normal, requests, failures)
+    source, reference = _reference(args, runner, requests)
+    memory = PeakMemory(loaded.device)
+    traces, peaks = run_engines(engines | normal, requests, args.repeat, memory, failures)
+    normal_results = {n.removesuffix(NORMAL): engine_result(traces.pop(n), None) for n in normal}
+    results = {n: engine_result(runs, reference, peaks[n]) for n, runs in traces.items()}
+    medians = {n: median_trace(runs) for n, runs in traces.items()}
+    if source is not None:
+        add_verdicts(runner, requests, medians, source, results)
+    extra = {
+        "weight_bytes": weight_bytes(loaded.model),
+        "weight_read_ms": weight_read_ms(loaded.model, runner.synchronize),
+        "engine_kernel": runner.engine_kernel_name,
+        "engine_kernel_bytes": runner.engine_kernel_bytes,
     }
+    print_report(args, results, normal_results, extra, (medians, failures, engines))
+    optional_measures(args, runner, requests, extra)
+    if args.out:
+        write_exports(args.out, traces)
+    if args.json_path:
+        write_json(args, loaded, results, extra, None if source is None else type(source).__name__)
+    ok = not failures and all(r["reference_match"] is not False for r in results.values())
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

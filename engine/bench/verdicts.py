@@ -33,8 +33,9 @@ def add_verdicts(runner, requests, median_traces: dict, reference, results: dict
         entry.update(count(list(verdicts.values())))
         equal = [v.logits_equal for v in verdicts.values() if v.verdict == MATCH]
         entry["num_logits_equal"] = None if None in equal else sum(equal)
-        for req in entry["requests"]:
-            req["verdict"] = verdicts[req["request_id"]].to_dict(decode)
+        for req in entry["requests"]:  # no verdict: sampled with another generator
+            found = verdicts.get(req["request_id"])
+            req["verdict"] = None if found is None else found.to_dict(decode)
         found = [v.to_dict(decode) for v in verdicts.values() if v.verdict != MATCH]
         for item in found:
             print(f"  {name}: {_split_line(item)}", file=sys.stderr)
