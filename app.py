@@ -14,6 +14,7 @@ openmp_env.configure()  # before torch loads: the engines run in worker threads 
 
 import gradio as gr  # noqa: E402
 
+from engine.page import divergence_view as differences  # noqa: E402
 from engine.page import launch, page_io, panels, playground, presets, recording, zerogpu  # noqa: E402
 from engine.page.run_handle import RunHandle  # noqa: E402
 
@@ -22,9 +23,10 @@ QUIET = {"show_progress": "hidden", **HIDDEN}
 parse_args = launch.parse_args  # the command line, documented in engine.page.launch
 
 
-def build_demo(model_label: str) -> gr.Blocks:
+def build_demo(model_label: str, dtypes=("float32", "bfloat16"), dtype="float32") -> gr.Blocks:
     """The page: request editor and settings, timelines, step heatmaps, tables; it opens on the
-    shipped recording of the default preset (``engine.page.recording``)."""
+    shipped recording of the default preset (``engine.page.recording``). ``dtypes``: the
+    precisions offered, ``dtype`` the loaded model's."""
     rows, chat_template, preset_text = presets.apply_preset(presets.DEFAULT_PRESET)
     shown = recording.opening_result()
     with gr.Blocks(title=panels.TITLE) as demo:
@@ -33,7 +35,7 @@ def build_demo(model_label: str) -> gr.Blocks:
             with gr.Column(scale=3):
                 requests = panels.requests_panel(rows, preset_text)
             with gr.Column(scale=1):
-                settings = panels.settings_panel(chat_template)
+                settings = panels.settings_panel(chat_template, list(dtypes), dtype)
         results = panels.results_panel(shown)
         downloads = panels.downloads_panel()
         run_state = gr.State(shown.state if shown is not None else None)
@@ -51,7 +53,17 @@ def build_demo(model_label: str) -> gr.Blocks:
             **HIDDEN,
         )
         wire_views(results, run_state)
+        wire_precision(settings, results, run_state)
     return demo
+
+
+def wire_precision(settings, results, run_state) -> None:
+    """The precision note follows its checkboxes; a pick in "Where outputs differ" shows it."""
+    s, d = settings, results.divergence
+    checks = [s.compare_hf_checkbox, s.batch_invariant_checkbox]
+    note = differences.settings_note
+    gr.on([c.change for c in checks], note, checks, s.precision_markdown, **QUIET)
+    d.dropdown.input(differences.divergence_event, [run_state, d.dropdown], d.views(), **QUIET)
 
 
 def wire_views(results, run_state) -> None:
@@ -99,22 +111,7 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs):
     s.run_button.click(playground.run_pressed, handle_state, None, queue=False, **QUIET)
     return s.run_button.click(
         zerogpu.on_gpu(playground.run_event),  # spaces.GPU on a ZeroGPU Space, else as is
-        [
-            requests.table,
-            s.slots_slider,
-            s.chat_checkbox,
-            s.reference_checkbox,
-            s.kv_mode_dropdown,
-            s.token_budget_number,
-            s.policy_radio,
-            s.compare_hf_checkbox,
-            s.arrival_rate_number,
-            results.x_axis_radio,
-            run_state,  # the previous run, put back if this one is stopped (not in the API)
-            s.kv_budget_number,  # after the state: the API's earlier inputs keep their places
-            s.block_size_number,
-            handle_state,  # for Stop (not in the API)
-        ],
+        panels.run_inputs(requests, s, results, run_state, handle_state),
         outputs,
         concurrency_limit=1,
         concurrency_id="model",

@@ -45,8 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def serve(build_demo: Callable[[str], gr.Blocks], argv: list[str] | None = None) -> None:
-    """Load the model (so problems show at start), then serve ``build_demo(label)``'s page.
+def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -> None:
+    """Load the model (so problems show at start), then serve ``build_demo(label, dtypes,
+    dtype)``'s page (the precisions offered, and the loaded one's).
 
     Raises:
         SystemExit: the model cannot load (one line a person can act on).
@@ -57,7 +58,7 @@ def serve(build_demo: Callable[[str], gr.Blocks], argv: list[str] | None = None)
     except ValueError as exc:  # ModelLoadError included: one line a person can act on
         raise SystemExit(f"error: {exc}") from None
     print(f"{shared.label} (loaded in {shared.loaded.load_s:.1f} s)", flush=True)
-    demo = build_demo(shared.label)
+    demo = build_demo(shared.label, shared.dtype_choices(), shared.dtype_name)
     demo.queue()
     # quiet: Gradio's own launch lines would say "set share=True" even with --share.
     demo.launch(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine.page import page_io, playground, presets, run_view, tables, tour
+from engine.page import divergence_view, page_io, playground, presets, run_view, tables, tour
 from engine.page.run_view import RunResult
 
 TITLE = "Continuous Batching Playground"
@@ -111,6 +111,9 @@ class SettingsPanel:
     policy_radio: gr.Radio
     arrival_rate_number: gr.Number
     compare_hf_checkbox: gr.Checkbox
+    dtype_dropdown: gr.Dropdown
+    batch_invariant_checkbox: gr.Checkbox
+    precision_markdown: gr.Markdown  # what batch-invariant mode does, and where it does not reach
     run_button: gr.Button
     stop_button: gr.Button
     link_button: gr.Button
@@ -119,8 +122,9 @@ class SettingsPanel:
     leave_queue_button: gr.Button  # hidden: clicked by the page to take a queued run out
 
 
-def settings_panel(chat_template: bool) -> SettingsPanel:
-    """The right-hand column of settings; the engine knobs sit in a closed accordion."""
+def settings_panel(chat_template: bool, dtypes: list[str], dtype: str) -> SettingsPanel:
+    """The right-hand column of settings; the engine knobs sit in a closed accordion, the
+    precision (one of ``dtypes``, ``dtype`` first chosen) and batch-invariant mode below them."""
     preset_dropdown = gr.Dropdown(
         choices=list(presets.load_presets()),
         value=presets.DEFAULT_PRESET,
@@ -144,6 +148,14 @@ def settings_panel(chat_template: bool) -> SettingsPanel:
     with gr.Accordion("Engine settings", open=False):
         knobs = _engine_knobs()
     with gr.Row():
+        dtype_dropdown = gr.Dropdown(
+            dtypes, value=dtype, label="Precision (dtype)", elem_id="dtype_dropdown"
+        )
+        invariant = gr.Checkbox(
+            value=False, label="Batch-invariant mode", elem_id="batch_invariant_checkbox"
+        )
+    precision_note = gr.Markdown("", elem_id="precision_markdown")
+    with gr.Row():
         run_button = gr.Button("Run", variant="primary", elem_id="run_button")
         stop_button = gr.Button("Stop", variant="stop", elem_id="stop_button")
     link_button = gr.Button("Copy link to this setup", size="sm", elem_id="link_button")
@@ -161,6 +173,9 @@ def settings_panel(chat_template: bool) -> SettingsPanel:
         chat_checkbox,
         reference_checkbox,
         *knobs,
+        dtype_dropdown,
+        invariant,
+        precision_note,
         run_button,
         stop_button,
         link_button,
@@ -219,6 +234,7 @@ class ResultsPanel:
     latency_cdf_plot: gr.Plot
     step_usage_plot: gr.Plot
     outputs_table: gr.Dataframe
+    divergence: DivergencePanel
 
     def step_views(self) -> list:
         """The views a step or an x-axis change redraws, in ``run_view.STEP_VIEW_OUTPUTS`` order."""
@@ -268,7 +284,50 @@ def results_panel(shown: RunResult | None = None) -> ResultsPanel:
         column_widths=run_view.output_column_widths(engines),
         elem_id="outputs_table",
     )
-    return ResultsPanel(status, x_axis, *step_views, metrics, latency_cdf, step_usage, outputs)
+    divergence = divergence_panel(shown)
+    return ResultsPanel(
+        status, x_axis, *step_views, metrics, latency_cdf, step_usage, outputs, divergence
+    )
+
+
+@dataclass
+class DivergencePanel:
+    """For a request whose output differs: which one, where it split and why, both runs' top 5."""
+
+    dropdown: gr.Dropdown
+    markdown: gr.Markdown
+    textbox: gr.Textbox  # the model's text: the common prefix and both next tokens, plain
+    table: gr.Dataframe
+
+    def views(self) -> list:
+        """What a pick redraws (``divergence_view.divergence_event``'s order)."""
+        return [self.markdown, self.textbox, self.table]
+
+
+def divergence_panel(shown: RunResult | None) -> DivergencePanel:
+    """A closed accordion under the outputs: pick an (engine, request) that differs."""
+    picks, value, text, prefix, rows = divergence_view.first_view(shown and shown.state)
+    with gr.Accordion("Where outputs differ", open=False, elem_id="divergence_accordion"):
+        dropdown = gr.Dropdown(
+            picks, value=value, label="Request and engine", elem_id="divergence_dropdown"
+        )
+        markdown = gr.Markdown(text, elem_id="divergence_markdown")
+        textbox = gr.Textbox(
+            prefix,
+            label="Common prefix, then each run's next token",
+            lines=4,
+            interactive=False,
+            elem_id="divergence_textbox",
+        )
+        table = gr.Dataframe(
+            value=rows,
+            headers=divergence_view.TOP_HEADERS,
+            datatype="str",
+            interactive=False,
+            label="Top 5 at the split, in both runs",
+            elem_id="divergence_table",
+        )
+    return DivergencePanel(dropdown, markdown, textbox, table)
 
 
 def _step_views(shown: RunResult | None) -> tuple:
@@ -325,4 +384,30 @@ def run_outputs(run_state: gr.State, results: ResultsPanel, downloads: gr.File) 
         results.block_map_plot,
         results.latency_cdf_plot,
         results.step_usage_plot,
+        results.divergence.dropdown,
+        *results.divergence.views(),
+    ]
+
+
+def run_inputs(requests: RequestsPanel, settings: SettingsPanel, results, run_state, handle):
+    """What Run reads, in ``playground.run_event``'s argument order (the states are not in the
+    /run API; the inputs after each keep the API's earlier positions)."""
+    s = settings
+    return [
+        requests.table,
+        s.slots_slider,
+        s.chat_checkbox,
+        s.reference_checkbox,
+        s.kv_mode_dropdown,
+        s.token_budget_number,
+        s.policy_radio,
+        s.compare_hf_checkbox,
+        s.arrival_rate_number,
+        results.x_axis_radio,
+        run_state,  # the previous run, put back if this one is stopped
+        s.kv_budget_number,
+        s.block_size_number,
+        handle,  # for Stop
+        s.dtype_dropdown,
+        s.batch_invariant_checkbox,
     ]

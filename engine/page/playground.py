@@ -25,7 +25,7 @@ import gradio as gr
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.hf_continuous import HFContinuousEngine
-from engine.page import progress_view
+from engine.page import divergence_view, progress_view
 from engine.page.live_run import LiveRun
 from engine.page.run_handle import IDLE, RunHandle
 from engine.page.run_options import RunOptions, options_from_page, prepare
@@ -64,7 +64,8 @@ def run_comparison(
     Raises:
         gr.Error: with the engine's message, on a bad table, slot count, knob or model load.
     """
-    model = model or _user_errors(get_model)
+    shared = model or _user_errors(get_model)
+    model = _user_errors(lambda: shared.in_dtype(options.dtype))  # the run's precision
     requests, config = _user_errors(lambda: prepare(model, rows, num_slots, options))
     return render(run_engines(model, requests, config, options, progress), x_axis)
 
@@ -99,8 +100,8 @@ def run_engines(
 
 def _run_all(model, requests, config, options, progress, watch) -> RunState:
     """``run_engines``'s body, called with the model's lock held."""
-    runner = model.runner
-    static = StaticEngine(runner, EngineConfig(config.num_slots)).run(
+    runner, invariant = model.runner, config.batch_invariant
+    static = StaticEngine(runner, EngineConfig(config.num_slots, batch_invariant=invariant)).run(
         requests,
         _on_step(progress, "static", _static_steps(requests, config), watch),
         functools.partial(watch, "static", waiting=True),
@@ -117,13 +118,17 @@ def _run_all(model, requests, config, options, progress, watch) -> RunState:
         watch("hf_continuous", None)
         progress(None, desc="transformers' continuous batching")
         stop_check = functools.partial(watch, "hf_continuous", waiting=True)
-        hf = HFContinuousEngine(runner, config).run(requests, on_wait=stop_check)
-    reference = None
+        hf_config = EngineConfig(config.num_slots)  # invariance cannot reach it: the page says so
+        hf = HFContinuousEngine(runner, hf_config).run(requests, on_wait=stop_check)
+    state = RunState(static, continuous, None, hf, None, dtype=model.dtype_name)
+    state.batch_invariant = invariant
     if options.check_reference:
-        reference = model.reference.outputs(
+        source = model.reference_for(invariant)
+        state.reference = source.outputs(
             requests, _reference_counter(progress), lambda: watch("reference", None)
         )
-    return RunState(static, continuous, reference, hf)
+        state.verdicts = divergence_view.judge_runs(runner, source, requests, state.traces())
+    return state
 
 
 def run_event(
@@ -141,6 +146,8 @@ def run_event(
     kv_budget_mib=None,
     block_size=None,
     handle: RunHandle | None = None,
+    dtype=None,
+    batch_invariant=False,
 ) -> Iterator[tuple]:
     """The Run button's handler: a generator streaming progress, then the finished results.
 
@@ -150,7 +157,8 @@ def run_event(
     (``engine.page.run_handle``): the worker stops within one step and the handler yields the
     previous results with "Stopped" and returns. When Gradio closes the generator (a closed tab)
     the worker stops too. The paged KV knobs (``kv_budget_mib``, ``block_size``) and the handle
-    come after the state, so the /run API's earlier inputs keep their positions.
+    come after the state, and the precision (``dtype``, ``batch_invariant``) after the handle, so
+    the /run API's earlier inputs keep their positions.
 
     Bad input (a bad table, slot count or knob, a KV budget too small for a request, or a
     ``ValueError`` an engine raises mid-run) is not an error of the event: the status line says
@@ -175,7 +183,7 @@ def run_event(
         yield from _run(
             rows,
             num_slots,
-            (*knobs, arrival_rate, kv_budget_mib, block_size),
+            (*knobs, arrival_rate, kv_budget_mib, block_size, dtype, batch_invariant),
             x_axis,
             previous,
             handle,
@@ -189,6 +197,7 @@ def _run(rows, num_slots, knobs: tuple, x_axis: str, previous, handle: RunHandle
     try:
         options = options_from_page(*knobs)
         model = _user_errors(get_model)  # the host's problem, not the input's: a gr.Error
+        model = model.in_dtype(options.dtype)  # a dtype the device cannot run: refused here
         requests, config = prepare(model, rows, num_slots, options)
     except ValueError as exc:
         yield _refused_outputs(previous, exc)

@@ -30,6 +30,8 @@ class RunOptions:
     arrival_seed: int = 0
     kv_budget_mib: float | None = None  # paged KV mode: None sizes the pool for every slot
     block_size: int = 16  # paged KV mode: tokens per block
+    dtype: str | None = None  # precision: None, the loaded model's; else float32, bfloat16, ...
+    batch_invariant: bool = False  # batch-invariant mode (engine.invariant), static and continuous
 
 
 def options_from_page(
@@ -42,8 +44,11 @@ def options_from_page(
     arrival_rate,
     kv_budget_mib=None,
     block_size=None,
+    dtype=None,
+    batch_invariant=False,
 ) -> RunOptions:
-    """The page's knobs as ``RunOptions``; empty or 0 budgets mean "no limit".
+    """The page's knobs as ``RunOptions``; empty or 0 budgets mean "no limit"; the dtype is
+    checked when its model is asked for (``SharedModel.in_dtype``).
 
     Raises:
         ValueError: a budget, rate or block size that is not a number of the right kind.
@@ -58,15 +63,19 @@ def options_from_page(
         arrival_rate_per_s=_optional_positive(arrival_rate, "Arrival rate (requests/s)"),
         kv_budget_mib=_optional_positive(kv_budget_mib, "KV budget (MiB)"),
         block_size=16 if _blank(block_size) else _whole_number(block_size, "Block size"),
+        dtype=None if _blank(dtype) else str(dtype).strip(),
+        batch_invariant=bool(batch_invariant),
     )
 
 
 def prepare(model, rows, num_slots, options: RunOptions):
     """Validate and tokenize the table, and build the continuous engine's config; a paged KV
-    budget too small for some request is refused here, before any engine starts.
+    budget too small for some request is refused here, before any engine starts, and so is
+    batch-invariant mode for a model it does not support.
 
     Raises:
-        ValueError: bad table, slot count or knob, or a KV budget that cannot hold a request.
+        ValueError: bad table, slot count or knob, a KV budget that cannot hold a request, or
+            batch-invariant mode on a model without its kernels.
     """
     if hasattr(rows, "values") and hasattr(rows, "columns"):  # a pandas DataFrame
         rows = rows.values.tolist()
@@ -77,7 +86,10 @@ def prepare(model, rows, num_slots, options: RunOptions):
         scheduling_policy=options.policy,
         kv_budget_mib=options.kv_budget_mib,
         block_size=options.block_size,
+        batch_invariant=options.batch_invariant,
     )
+    if options.batch_invariant:
+        model.runner.require_batch_invariant()
     specs = parse_table(rows)
     if options.arrival_rate_per_s:
         specs = poisson_arrivals(specs, options.arrival_rate_per_s, options.arrival_seed)

@@ -18,7 +18,7 @@ from typing import Any
 import gradio as gr
 
 from engine import export
-from engine.page import figures, mask_figures, serving_figures, tables
+from engine.page import divergence_view, figures, mask_figures, serving_figures, tables
 from engine.reference import mismatches
 from engine.trace import DECODE, PREFILL, Trace
 
@@ -38,6 +38,10 @@ RUN_OUTPUTS = (
     "block_map_plot",
     "latency_cdf_plot",
     "step_usage_plot",
+    "divergence_dropdown",
+    "divergence_markdown",
+    "divergence_textbox",
+    "divergence_table",
 )
 # What the step slider and the x-axis choice redraw, in ``StepViews.as_tuple`` order.
 STEP_VIEW_OUTPUTS = (
@@ -62,11 +66,13 @@ def run_outputs(**values) -> tuple:
     return tuple(values.get(name, gr.skip()) for name in RUN_OUTPUTS)
 
 
-def outputs_table(rows: list[list], engine_names: list[str]) -> gr.Dataframe:
+def outputs_table(
+    rows: list[list], engine_names: list[str], reference: str = "model.generate"
+) -> gr.Dataframe:
     """The outputs table with its headers and column widths for these engines."""
     return gr.Dataframe(
         value=rows,
-        headers=tables.outputs_headers(engine_names),
+        headers=tables.outputs_headers(engine_names, reference),
         column_widths=output_column_widths(engine_names),
     )
 
@@ -86,6 +92,10 @@ class RunState:
     reference: dict[int, list[int]] | None
     hf_continuous: Trace | None = None  # transformers' own continuous batching, when compared
     recorded: Any = None  # ``engine.page.recording.Recording``: the shipped run, not run here
+    # engine -> request id -> verdict entry (``divergence_view.judge_runs``); None: not judged
+    verdicts: dict[str, dict[int, dict]] | None = None
+    dtype: str | None = None  # the precision it ran in, e.g. "bfloat16" (None: not recorded)
+    batch_invariant: bool = False
 
     def traces(self) -> dict[str, Trace]:
         """The runs in display order, by engine name."""
@@ -151,12 +161,15 @@ class RunResult:
                 label=slider_label(self.state),
             ),
             metrics_table=self.metrics,
-            outputs_table=outputs_table(self.outputs, list(self.state.traces())),
+            outputs_table=outputs_table(
+                self.outputs, list(self.state.traces()), _compared_with(self.state)
+            ),
             status_markdown=self.status,
             downloads_file=self.downloads,
             block_map_plot=v.block_map,
             latency_cdf_plot=self.latency_cdf,
             step_usage_plot=self.step_usage,
+            **divergence_view.run_outputs(self.state),
         )
 
 
@@ -170,7 +183,7 @@ def render(
         step_index=step_index,
         views=step_views(state, step_index, x_axis),
         metrics=tables.metrics_rows(state.traces(), _reference_ok(state)),
-        outputs=tables.outputs_rows(state.traces(), state.reference),
+        outputs=tables.outputs_rows(state.traces(), state.reference, state.verdicts),
         status=status or status_line(state),
         downloads=write_downloads(state) if downloads else None,
         latency_cdf=serving_figures.latency_cdf_figure(list(state.traces().values())),
@@ -236,6 +249,10 @@ def status_line(state: RunState) -> str:
     if state.hf_continuous is not None:
         line += f" · transformers' continuous batching {state.hf_continuous.wall_s:.2f} s"
     line += " · " + _verdict(state)
+    precision = divergence_view.precision_text(state.dtype, state.batch_invariant)
+    line = f"{precision} · {line}" if precision else line
+    if state.batch_invariant and state.hf_continuous is not None:
+        line += f" · {divergence_view.HF_OUTSIDE}"
     head = "" if state.recorded is None else state.recorded.label() + "  \n"
     return f"{head}{line}  \n{NOISE_NOTE}"
 
@@ -253,6 +270,9 @@ def steps_comparison(static_steps: int, continuous_steps: int) -> str:
 def _verdict(state: RunState) -> str:
     if state.reference is None:
         return "outputs not checked against `model.generate`"
+    if state.verdicts is not None:
+        name = divergence_view.reference_name(state.batch_invariant)
+        return divergence_view.verdict_summary(state.verdicts, name)
     bad = {name: _mismatched(t, state.reference) for name, t in state.traces().items()}
     if not any(bad.values()):
         return "✓ all match `model.generate` token for token"
@@ -294,7 +314,13 @@ def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
     return mismatches({r.request_id: r.output_token_ids for r in trace.requests}, reference)
 
 
-def _reference_ok(state: RunState) -> dict[str, bool] | None:
+def _compared_with(state: RunState) -> str:
+    return "its solo run" if state.batch_invariant else "model.generate"
+
+
+def _reference_ok(state: RunState) -> dict[str, bool | str] | None:
     if state.reference is None:
         return None
+    if state.verdicts is not None:  # ✓, ≈ (near-ties only) or ✗
+        return {name: divergence_view.engine_symbol(v) for name, v in state.verdicts.items()}
     return {name: not _mismatched(t, state.reference) for name, t in state.traces().items()}

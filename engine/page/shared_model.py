@@ -3,19 +3,30 @@
 It is the one module-level mutable object the house style allows: loaded lazily (``get_model``) or
 at start (``load_shared_model``), after the ``CBP_MODEL_ALLOWLIST`` check. Its ``lock`` is held by
 the run in progress, so runs never overlap on the model. Tests build their own ``SharedModel``.
+
+Precision is a page setting: ``in_dtype`` gives the same model in another dtype (float32 or
+bfloat16, plus float16 on CUDA), loaded the first time it is asked for and kept beside the first
+(SmolLM2-135M: about 270 MB in bfloat16), sharing its lock. A dtype the device cannot run is
+refused before any weight loads, naming both (``engine.dtype_support``).
 """
 
 from __future__ import annotations
 
+import copy
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
 
 from engine.allowlist import check_model_allowed
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
-from engine.loader import LoadedModel, load_model
+from engine.dtype_support import check_dtype_supported
+from engine.loader import LoadedModel, describe_device, load_model, parse_dtype
 from engine.model_runner import ModelRunner
-from engine.reference import ReferenceCache
+from engine.reference import ReferenceCache, SoloReference
 from engine.static import StaticEngine
 from engine.workload import parse_table, tokenize_requests
 
@@ -28,11 +39,62 @@ class SharedModel:
     runner: ModelRunner
     reference: ReferenceCache
     lock: threading.Lock = field(default_factory=threading.Lock)  # held by the one running run
+    # dtype name -> the same model in that dtype; None: convert a copy of this one's weights
+    loader: Callable[[str], LoadedModel] | None = field(default=None, repr=False)
+    variants: dict[str, SharedModel] = field(default_factory=dict, repr=False)
+    solo_reference: SoloReference | None = field(default=None, repr=False)  # made on first use
 
     @classmethod
-    def from_loaded(cls, loaded: LoadedModel) -> SharedModel:
+    def from_loaded(cls, loaded: LoadedModel, **fields) -> SharedModel:
         runner = ModelRunner(loaded)
-        return cls(loaded, runner, ReferenceCache(runner))
+        return cls(loaded, runner, ReferenceCache(runner), **fields)
+
+    @property
+    def dtype_name(self) -> str:
+        """The loaded dtype, e.g. "float32"."""
+        return str(self.loaded.dtype).removeprefix("torch.")
+
+    def dtype_choices(self) -> list[str]:
+        """The precisions the page offers: float32 and bfloat16, plus float16 on CUDA (or when
+        the model was loaded in it)."""
+        half = self.loaded.device.type == "cuda" or self.dtype_name == "float16"
+        return ["float32", "bfloat16", *(["float16"] if half else [])]
+
+    def in_dtype(self, name: str | None) -> SharedModel:
+        """This model in the dtype ``name`` (None, "" or "auto": this one), loaded on first use.
+
+        Raises:
+            ValueError: a name the page does not offer on this device, or a dtype the device
+                cannot run, naming both; checked before any weight loads (nothing is lost).
+        """
+        text = (name or "auto").strip().lower()
+        if text in ("auto", self.dtype_name):
+            return self
+        wanted = str(parse_dtype(text, self.loaded.device)).removeprefix("torch.")
+        if wanted == self.dtype_name:
+            return self
+        device = self.loaded.device_label.split(" · ")[0]
+        if wanted not in self.dtype_choices():
+            raise ValueError(
+                f"{wanted} is offered on CUDA only, and this model runs on {device}: "
+                f"choose {' or '.join(self.dtype_choices())}."
+            )
+        if wanted not in self.variants:
+            check_dtype_supported(self.loaded.device, getattr(torch, wanted))
+            loaded = self.loader(wanted) if self.loader else _converted(self.loaded, wanted)
+            variant = SharedModel.from_loaded(loaded, lock=self.lock, loader=self.loader)
+            variant.warm_up()
+            self.variants[wanted] = variant
+        return self.variants[wanted]
+
+    def reference_for(self, batch_invariant: bool):
+        """The reference runs are compared with: ``model.generate`` (``ReferenceCache``), or in
+        batch-invariant mode each request alone in that mode (``SoloReference``)."""
+        if not batch_invariant:
+            return self.reference
+        if self.solo_reference is None:
+            self.solo_reference = SoloReference(self.runner)
+        return self.solo_reference
 
     @property
     def label(self) -> str:
@@ -50,6 +112,19 @@ class SharedModel:
         ContinuousEngine(self.runner, config).run(requests)
 
 
+def _converted(loaded: LoadedModel, dtype_name: str) -> LoadedModel:
+    """A copy of ``loaded`` with its weights cast to ``dtype_name`` (models without a loader)."""
+    start_s = time.perf_counter()
+    dtype = getattr(torch, dtype_name)
+    converted = copy.copy(loaded)
+    converted.model = copy.deepcopy(loaded.model).to(dtype=dtype).eval()
+    converted.dtype = dtype
+    if "device_label" in vars(converted):  # a plain namespace (tests): the label is a value
+        converted.device_label = describe_device(loaded.device, dtype)
+    converted.load_s = time.perf_counter() - start_s
+    return converted
+
+
 _shared_model: SharedModel | None = None  # the one lazily loaded shared model (see house style)
 
 
@@ -64,7 +139,10 @@ def load_shared_model(
     """
     global _shared_model
     check_model_allowed(model)
-    _shared_model = SharedModel.from_loaded(load_model(model, device, dtype))
+    loaded = load_model(model, device, dtype)
+    _shared_model = SharedModel.from_loaded(
+        loaded, loader=lambda name: load_model(model, str(loaded.device), name)
+    )
     _shared_model.warm_up()
     return _shared_model
 

@@ -7,6 +7,7 @@ plain strings: the page shows them as text, never as markup.
 
 from __future__ import annotations
 
+from engine.page.divergence_view import verdict_cell
 from engine.trace import Trace
 
 METRICS_HEADERS = [
@@ -56,11 +57,13 @@ NOT_AVAILABLE = "—"
 PROMPT_SHOWN_CHARS = 200  # longer prompts are clipped in the outputs table
 
 
-def metrics_rows(traces: dict[str, Trace], reference_ok: dict[str, bool] | None) -> list[list]:
+def metrics_rows(
+    traces: dict[str, Trace], reference_ok: dict[str, bool | str] | None
+) -> list[list]:
     """One ``METRICS_HEADERS`` row per engine; speedup is static wall time over this engine's.
 
     An engine that records no steps (transformers' manager exposes none) shows "—" for the
-    step-based columns.
+    step-based columns. ``reference_ok[name]``: True ✓, False ✗, or the cell itself (✓ ≈ ✗).
     """
     static_wall_s = traces["static"].wall_s if "static" in traces else None
     rows = []
@@ -70,7 +73,8 @@ def metrics_rows(traces: dict[str, Trace], reference_ok: dict[str, bool] | None)
         speedup = f"{static_wall_s / m.wall_s:.2f}×" if static_wall_s and m.wall_s > 0 else "—"
         ok = NOT_AVAILABLE
         if reference_ok and name in reference_ok:
-            ok = "✓" if reference_ok[name] else "✗"
+            value = reference_ok[name]
+            ok = value if isinstance(value, str) else "✓" if value else "✗"
         rows.append(
             [
                 name,
@@ -94,26 +98,33 @@ def _rounded(value: float | None) -> float | str:
     return NOT_AVAILABLE if value is None else round(value, 2)
 
 
-def outputs_headers(engine_names: list[str]) -> list[str]:
+def outputs_headers(engine_names: list[str], reference: str = "model.generate") -> list[str]:
     """request, prompt, cap, one output column per engine, then the reference verdict."""
     return [
         "request",
         "prompt",
         "cap",
         *(f"{n} output" for n in engine_names),
-        "matches model.generate",
+        f"matches {reference}",
     ]
 
 
-def outputs_rows(traces: dict[str, Trace], reference: dict[int, list[int]] | None) -> list[list]:
-    """One row per request (``outputs_headers`` order); the verdict names engines that differ."""
+def outputs_rows(
+    traces: dict[str, Trace],
+    reference: dict[int, list[int]] | None,
+    verdicts: dict[str, dict[int, dict]] | None = None,
+) -> list[list]:
+    """One row per request (``outputs_headers`` order); the verdict names engines that differ,
+    or with ``verdicts`` (``engine.page.divergence_view``) says ✓, ≈ or ✗ per engine."""
     runs = list(traces.items())
     first = runs[0][1]
     rows = []
     for i, req in enumerate(first.requests):
         records = [(name, trace.requests[i]) for name, trace in runs]
         verdict = NOT_AVAILABLE
-        if reference is not None:
+        if reference is not None and verdicts is not None:
+            verdict = verdict_cell(verdicts, req.request_id)
+        elif reference is not None:
             bad = [n for n, r in records if r.output_token_ids != reference.get(r.request_id)]
             verdict = "✓" if not bad else "✗ " + " and ".join(bad)
         texts = [r.output_text for _, r in records]
