@@ -138,12 +138,16 @@ def load_model(
     """Load `model` ("embedded"/None, a local folder or a hub id) onto `device` in `dtype`.
 
     Raises:
-        ValueError: on a bad device or dtype name.
+        ValueError: on a bad device or dtype name, or a dtype the device cannot run
+            (``engine.dtype_support``; checked before any weight is read).
         ModelLoadError: when the model cannot be found, is not a causal LM or needs remote code.
     """
+    from engine.dtype_support import check_dtype_supported
+
     start_s = time.perf_counter()
     target = detect_device(device)
     torch_dtype = parse_dtype(dtype, target)
+    check_dtype_supported(target, torch_dtype)
     wanted = (model or DEFAULT_MODEL).strip()
     if wanted.lower() == DEFAULT_MODEL:
         net, tokenizer, name = _load_embedded(torch_dtype)
