@@ -23,8 +23,8 @@ import torch
 from engine.allowlist import check_model_allowed
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
-from engine.dtype_support import check_dtype_supported
 from engine.device import describe_device, parse_dtype
+from engine.dtype_support import check_dtype_supported
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.reference import ReferenceCache, SoloReference

@@ -35,7 +35,7 @@ def test_bfloat16_near_ties_show_as_approx_and_open_a_divergence_view(page: Page
 
     verdicts = [row[5] for row in outputs_rows(page)]
     assert any("≈ near-tie at token" in v for v in verdicts), f"no ≈ in bfloat16: {verdicts}"
-    assert not any("✗" in v for v in verdicts), f"a difference rounding does not explain: {verdicts}"
+    assert not any("✗" in v for v in verdicts), f"a split rounding does not explain: {verdicts}"
 
     page.get_by_text("Where outputs differ").click()
     view = page.locator("#divergence_markdown")
