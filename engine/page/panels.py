@@ -147,14 +147,7 @@ def settings_panel(chat_template: bool, dtypes: list[str], dtype: str) -> Settin
     )
     with gr.Accordion("Engine settings", open=False):
         knobs = _engine_knobs()
-    with gr.Row():
-        dtype_dropdown = gr.Dropdown(
-            dtypes, value=dtype, label="Precision (dtype)", elem_id="dtype_dropdown"
-        )
-        invariant = gr.Checkbox(
-            value=False, label="Batch-invariant mode", elem_id="batch_invariant_checkbox"
-        )
-    precision_note = gr.Markdown("", elem_id="precision_markdown")
+    precision = _precision_knobs(dtypes, dtype)
     with gr.Row():
         run_button = gr.Button("Run", variant="primary", elem_id="run_button")
         stop_button = gr.Button("Stop", variant="stop", elem_id="stop_button")
@@ -173,9 +166,7 @@ def settings_panel(chat_template: bool, dtypes: list[str], dtype: str) -> Settin
         chat_checkbox,
         reference_checkbox,
         *knobs,
-        dtype_dropdown,
-        invariant,
-        precision_note,
+        *precision,
         run_button,
         stop_button,
         link_button,
@@ -183,6 +174,18 @@ def settings_panel(chat_template: bool, dtypes: list[str], dtype: str) -> Settin
         stop_reply,
         leave_queue,
     )
+
+
+def _precision_knobs(dtypes: list[str], dtype: str) -> tuple:
+    """The dtype, the batch-invariant toggle and its note, in ``SettingsPanel`` field order."""
+    with gr.Row():
+        dtype_dropdown = gr.Dropdown(
+            dtypes, value=dtype, label="Precision (dtype)", elem_id="dtype_dropdown"
+        )
+        invariant = gr.Checkbox(
+            value=False, label="Batch-invariant mode", elem_id="batch_invariant_checkbox"
+        )
+    return dtype_dropdown, invariant, gr.Markdown("", elem_id="precision_markdown")
 
 
 def _engine_knobs() -> tuple:
