@@ -1,15 +1,30 @@
-"""Precision in the browser: the article's six requests in bfloat16 show ≈ near-ties, explained
-in the "Where outputs differ" view."""
+"""Precision in the browser: the article's six requests (capped at 32 tokens) in bfloat16 show ≈
+near-ties, explained in the "Where outputs differ" view.
+
+On this project's CPU, R3 and R5 split from ``model.generate`` at tokens 17 to 27 in both engines,
+each within the rounding bound; bfloat16 is emulated on CPUs without AVX512-BF16, so the run takes
+minutes (about 25 on a busy 2-core machine).
+"""
 
 from __future__ import annotations
 
 import re
 
-from browser_kit import PYTESTMARK, SCREENSHOTS, Page, _cell, expect, outputs_rows, status_text
+from browser_kit import (
+    PYTESTMARK,
+    SCREENSHOTS,
+    Page,
+    _cell,
+    _edit_cell,
+    expect,
+    outputs_rows,
+    status_text,
+)
 
 pytestmark = PYTESTMARK
 
-BF16_RUN_TIMEOUT_MS = 600_000  # loads the bfloat16 weights, then six requests and the reference
+BF16_RUN_TIMEOUT_MS = 1_800_000  # loads the bfloat16 weights, then six requests and the reference
+CAP = 32  # the article's caps above it (50, 300, 180, 45) are cut to it
 
 
 def _pick(page: Page, elem_id: str, option: str) -> None:
@@ -22,6 +37,8 @@ def _pick(page: Page, elem_id: str, option: str) -> None:
 def test_bfloat16_near_ties_show_as_approx_and_open_a_divergence_view(page: Page):
     """In bfloat16 the outputs table marks outputs that split at a near-tie with ≈ and never
     ✗, the status line counts them, and the divergence view shows the split."""
+    for row in (1, 2, 4, 5):  # the default preset is the article's six requests at 3 slots
+        _edit_cell(page, row, 1, CAP)
     if not page.locator("#dtype_dropdown input").is_visible():
         page.get_by_text("Engine settings").click()
     _pick(page, "dtype_dropdown", "bfloat16")
@@ -52,6 +69,6 @@ def test_bfloat16_near_ties_show_as_approx_and_open_a_divergence_view(page: Page
     if options.count() > 1:  # another pick redraws the view
         second = options.nth(1).inner_text().strip()
         options.nth(1).click()
-        request = second.split(" · ")[0]
-        expect(view).to_contain_text(f"{request}, ", timeout=10_000)
+        request, engine = second.split(" · ")[:2]
+        expect(view).to_contain_text(f"{request}, {engine}:", timeout=10_000)
     page.screenshot(path=str(SCREENSHOTS / "bfloat16_divergence.png"), full_page=True)
