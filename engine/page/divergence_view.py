@@ -20,6 +20,7 @@ import gradio as gr
 from engine.divergence import MATCH, NEAR_TIE, NUM_SHOWN
 
 NOT_AVAILABLE = "—"
+CHOSEN = " ← chosen"  # marks, in the top 5, the token a run chose
 NOT_COMPARED = "not compared"  # sampled with another generator (transformers' engine)
 TOP_HEADERS = [
     "rank",
@@ -140,7 +141,7 @@ def view(verdicts: dict[str, dict[int, dict]] | None, choice: str | None, dtype:
         f"Reference's next token: {entry['reference_token_text']}\n"
         f"Engine's next token: {entry['engine_token_text']}"
     )
-    return "  \n".join(lines), text, _top_rows(ref, eng)
+    return "  \n".join(lines), text, _top_rows(entry)
 
 
 def first_view(state) -> tuple[list[tuple[str, str]], str | None, str, str, list[list[str]]]:
@@ -188,15 +189,21 @@ def _logits_line(side: dict) -> str:
     return f"logit of the reference's token {_num(ref)}, of the engine's token {_num(eng)}"
 
 
-def _top_rows(ref: dict | None, eng: dict | None) -> list[list[str]]:
-    """``TOP_HEADERS`` rows: rank, then each run's token text and logit at that rank."""
+def _top_rows(entry: dict) -> list[list[str]]:
+    """``TOP_HEADERS`` rows: rank, then each run's token text and logit at that rank; the token
+    each run chose is marked (among equal logits the listed order is arbitrary)."""
+    sides = (
+        (entry["reference_run"], entry["reference_token"]),
+        (entry["engine_run"], entry["engine_token"]),
+    )
     rows = []
     for rank in range(NUM_SHOWN):
         row = [str(rank + 1)]
-        for side in (ref, eng):
+        for side, chosen in sides:
             top = side["top"] if side is not None else []
             if rank < len(top):
-                row += [repr(top[rank]["text"]), _num(top[rank]["logit"])]
+                mark = CHOSEN if top[rank]["token_id"] == chosen else ""
+                row += [repr(top[rank]["text"]) + mark, _num(top[rank]["logit"])]
             else:
                 row += [NOT_AVAILABLE, NOT_AVAILABLE]
         rows.append(row)

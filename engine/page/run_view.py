@@ -79,8 +79,8 @@ def outputs_table(
 
 def output_column_widths(engine_names: list[str]) -> list[str]:
     """The outputs table's column widths: request, prompt, cap, one per engine, the verdict."""
-    output_width = f"{61 // len(engine_names)}%"
-    return ["8%", "17%", "6%", *[output_width] * len(engine_names), "8%"]
+    output_width = f"{55 // len(engine_names)}%"  # the verdict names each engine's ✓ / ≈ / ✗
+    return ["7%", "16%", "6%", *[output_width] * len(engine_names), "16%"]
 
 
 @dataclass

@@ -165,7 +165,8 @@ def test_a_near_tie_shows_per_engine_in_the_table_and_status_and_opens_its_view(
     assert text == (
         "Common prefix (2 tokens):\n5 7\n\nReference's next token: '9'\nEngine's next token: '12'"
     ), text
-    assert top[0] == ["1", "'9'", "20", "'12'", "20"], top
+    assert top[0] == ["1", "'9' ← chosen", "20", "'12' ← chosen", "20"], top
+    assert top[1] == ["2", "'12'", "19.88", "'9'", "19.94"], top
     assert top[2] == ["3", "'7'", "15", "'7'", "15.5"] and top[4][1:] == ["—"] * 4, top
 
 

@@ -54,7 +54,7 @@ def test_bfloat16_near_ties_show_as_approx_and_open_a_divergence_view(page: Page
     assert any("≈ near-tie at token" in v for v in verdicts), f"no ≈ in bfloat16: {verdicts}"
     assert not any("✗" in v for v in verdicts), f"a split rounding does not explain: {verdicts}"
 
-    page.get_by_text("Where outputs differ").click()
+    page.locator("#divergence_accordion").get_by_text("Where outputs differ").click()
     view = page.locator("#divergence_markdown")
     expect(view).to_contain_text("split at token", timeout=10_000)
     expect(view).to_contain_text("Rounding bound in bfloat16")
