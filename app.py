@@ -22,9 +22,10 @@ QUIET = {"show_progress": "hidden", **HIDDEN}
 parse_args = launch.parse_args  # the command line, documented in engine.page.launch
 
 
-def build_demo(model_label: str) -> gr.Blocks:
+def build_demo(model_label: str, server_names: list[str] = ()) -> gr.Blocks:
     """The page: request editor and settings, timelines, step heatmaps, tables; it opens on the
-    shipped recording of the default preset (``engine.page.recording``)."""
+    shipped recording of the default preset (``engine.page.recording``). ``server_names``: the
+    host's servers (``engine.page.servers``), offered as checkboxes, never as an address box."""
     rows, chat_template, preset_text = presets.apply_preset(presets.DEFAULT_PRESET)
     shown = recording.opening_result()
     with gr.Blocks(title=panels.TITLE) as demo:
@@ -33,8 +34,8 @@ def build_demo(model_label: str) -> gr.Blocks:
             with gr.Column(scale=3):
                 requests = panels.requests_panel(rows, preset_text)
             with gr.Column(scale=1):
-                settings = panels.settings_panel(chat_template)
-        results = panels.results_panel(shown)
+                settings = panels.settings_panel(chat_template, server_names)
+        results = panels.results_panel(shown, server_names)
         downloads = panels.downloads_panel()
         run_state = gr.State(shown.state if shown is not None else None)
         handle_state = gr.State(RunHandle())  # copied per session: its run, for Stop (run_handle)
@@ -114,6 +115,7 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs):
             s.kv_budget_number,  # after the state: the API's earlier inputs keep their places
             s.block_size_number,
             handle_state,  # for Stop (not in the API)
+            s.servers_checkbox,  # the host's servers to run too (names only)
         ],
         outputs,
         concurrency_limit=1,

@@ -64,6 +64,11 @@ class OpenAIEngine:
             self._info.settings.update(self.settings)
         return self._info
 
+    @property
+    def probed(self) -> ServerInfo | None:
+        """What the last successful probe learned; None before one (or after a restart)."""
+        return self._info
+
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
         """Play ``requests`` at the server. ``on_step`` is never called (no steps are seen).
 

@@ -42,6 +42,7 @@ class EngineProgress:
     num_requests: int = 0
     trace: Trace | None = None  # a snapshot: every finished request in, steps <= 0.5 s old
     waiting: bool = False  # the engine is waiting for requests to arrive
+    note: str | None = None  # what a server engine is waiting for ("starting the server (12 s)")
 
 
 def snapshot(trace: Trace) -> Trace:
@@ -86,10 +87,16 @@ class LiveRun:
         self.control.stop()  # no-op for a finished run; the worker ends within one step otherwise
 
     def watch(
-        self, engine: str, trace: Trace | None, done: bool = False, waiting: bool = False
+        self,
+        engine: str,
+        trace: Trace | None,
+        done: bool = False,
+        waiting: bool = False,
+        note: str | None = None,
     ) -> None:
         """Called by the work after each step of ``engine``, with ``done`` after its last, and with
-        ``waiting`` (no step ran) while it waits for requests to arrive.
+        ``waiting`` (no step ran) while it waits for requests to arrive or for a server (``note``
+        says what for; a server engine's trace comes with it as its streams go).
 
         Raises:
             RunStopped: the run should stop (see ``RunControl.check``).
@@ -99,6 +106,7 @@ class LiveRun:
         with self._lock:
             entry = self._progress.setdefault(engine, EngineProgress(engine))
             entry.waiting = waiting
+            entry.note = note
             if done and trace is not None:
                 entry.num_steps = len(trace.steps)
             elif not waiting:

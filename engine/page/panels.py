@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine.page import page_io, playground, presets, run_view, tables, tour
+from engine.page import page_io, playground, presets, run_view, server_panels, tables, tour
 from engine.page.run_view import RunResult
 
 TITLE = "Continuous Batching Playground"
@@ -117,9 +117,10 @@ class SettingsPanel:
     link_textbox: gr.Textbox
     stop_reply_textbox: gr.Textbox  # hidden: what Stop found ("running", "queued", "idle")
     leave_queue_button: gr.Button  # hidden: clicked by the page to take a queued run out
+    servers_checkbox: gr.CheckboxGroup | None = None  # the host's servers (hidden if none)
 
 
-def settings_panel(chat_template: bool) -> SettingsPanel:
+def settings_panel(chat_template: bool, server_names: list[str] = ()) -> SettingsPanel:
     """The right-hand column of settings; the engine knobs sit in a closed accordion."""
     preset_dropdown = gr.Dropdown(
         choices=list(presets.load_presets()),
@@ -141,6 +142,7 @@ def settings_panel(chat_template: bool) -> SettingsPanel:
     reference_checkbox = gr.Checkbox(
         value=True, label="Check outputs against model.generate", elem_id="reference_checkbox"
     )
+    servers = server_panels.servers_checkbox(list(server_names))
     with gr.Accordion("Engine settings", open=False):
         knobs = _engine_knobs()
     with gr.Row():
@@ -167,6 +169,7 @@ def settings_panel(chat_template: bool) -> SettingsPanel:
         link_textbox,
         stop_reply,
         leave_queue,
+        servers_checkbox=servers,
     )
 
 
@@ -219,6 +222,9 @@ class ResultsPanel:
     latency_cdf_plot: gr.Plot
     step_usage_plot: gr.Plot
     outputs_table: gr.Dataframe
+    servers_markdown: gr.Markdown | None = None  # the host's servers: starting, ready, failed
+    server_timeline_plot: gr.Plot | None = None  # hidden without servers
+    server_chart_plot: gr.Plot | None = None
 
     def step_views(self) -> list:
         """The views a step or an x-axis change redraws, in ``run_view.STEP_VIEW_OUTPUTS`` order."""
@@ -231,12 +237,14 @@ class ResultsPanel:
         ]
 
 
-def results_panel(shown: RunResult | None = None) -> ResultsPanel:
-    """The results, below the editor, showing ``shown`` (the shipped recording) until a Run."""
+def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) -> ResultsPanel:
+    """The results, below the editor, showing ``shown`` (the shipped recording) until a Run;
+    with the host's servers (``server_names``), their line and charts too."""
     status = gr.Markdown(
         shown.status if shown is not None else "Press Run to compare the two engines.",
         elem_id="status_markdown",
     )
+    servers_line = server_panels.servers_line(list(server_names))
     x_axis = gr.Radio(
         [("seconds", "time"), ("step index", "step")],
         value="time",
@@ -257,6 +265,7 @@ def results_panel(shown: RunResult | None = None) -> ResultsPanel:
     with gr.Row():
         latency_cdf = _plot("latency_cdf_plot", shown and shown.latency_cdf)
         step_usage = _plot("step_usage_plot", shown and shown.step_usage)
+    server_plots = server_panels.server_plots(shown, list(server_names))
     engines = list(shown.state.traces()) if shown is not None else ["static", "continuous"]
     outputs = gr.Dataframe(
         value=shown.outputs if shown is not None else None,
@@ -268,7 +277,17 @@ def results_panel(shown: RunResult | None = None) -> ResultsPanel:
         column_widths=run_view.output_column_widths(engines),
         elem_id="outputs_table",
     )
-    return ResultsPanel(status, x_axis, *step_views, metrics, latency_cdf, step_usage, outputs)
+    return ResultsPanel(
+        status,
+        x_axis,
+        *step_views,
+        metrics,
+        latency_cdf,
+        step_usage,
+        outputs,
+        servers_line,
+        *server_plots,
+    )
 
 
 def _step_views(shown: RunResult | None) -> tuple:
@@ -325,4 +344,6 @@ def run_outputs(run_state: gr.State, results: ResultsPanel, downloads: gr.File) 
         results.block_map_plot,
         results.latency_cdf_plot,
         results.step_usage_plot,
+        results.server_timeline_plot,
+        results.server_chart_plot,
     ]

@@ -25,7 +25,7 @@ import gradio as gr
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.hf_continuous import HFContinuousEngine
-from engine.page import progress_view
+from engine.page import progress_view, servers
 from engine.page.live_run import LiveRun
 from engine.page.run_handle import IDLE, RunHandle
 from engine.page.run_options import RunOptions, options_from_page, prepare
@@ -83,7 +83,9 @@ def run_engines(
     the reference and transformers' engine), ``watch(engine, trace, waiting=True)`` every 0.05 s
     while an engine waits for arrivals, and ``watch(engine, trace, done=True)`` after each
     engine's last step; an exception it raises (``RunStopped``) ends the run within one step or
-    wait. The model's lock is held throughout, so runs never overlap on the model.
+    wait. The model's lock is held throughout, so runs never overlap on the model. The chosen
+    servers run last (``engine.page.servers.run_servers``, which reports their failures and stops
+    instead of raising them).
     """
     watch = watch or (lambda *_args, **_kwargs: None)
     with model.lock:
@@ -123,7 +125,13 @@ def _run_all(model, requests, config, options, progress, watch) -> RunState:
         reference = model.reference.outputs(
             requests, _reference_counter(progress), lambda: watch("reference", None)
         )
-    return RunState(static, continuous, reference, hf)
+    state = RunState(static, continuous, reference, hf)
+    if options.servers:  # last: a server that fails or is stopped leaves the rest whole
+        names = model.servers.check_names(options.servers)
+        state.servers, state.server_failures = servers.run_servers(
+            model.servers, names, requests, config.num_slots, watch
+        )
+    return state
 
 
 def run_event(
@@ -141,6 +149,7 @@ def run_event(
     kv_budget_mib=None,
     block_size=None,
     handle: RunHandle | None = None,
+    server_names=None,
 ) -> Iterator[tuple]:
     """The Run button's handler: a generator streaming progress, then the finished results.
 
@@ -149,8 +158,10 @@ def run_event(
     stop flag of this run's ``RunControl`` through the session's ``handle``
     (``engine.page.run_handle``): the worker stops within one step and the handler yields the
     previous results with "Stopped" and returns. When Gradio closes the generator (a closed tab)
-    the worker stops too. The paged KV knobs (``kv_budget_mib``, ``block_size``) and the handle
-    come after the state, so the /run API's earlier inputs keep their positions.
+    the worker stops too. The paged KV knobs (``kv_budget_mib``, ``block_size``), the handle and
+    the chosen servers (``server_names``: names the host configured, ``engine.page.servers``)
+    come after the state, so the /run API's earlier inputs keep their positions. The servers run
+    last: one that fails, or is stopped, is reported while the other engines' results are shown.
 
     Bad input (a bad table, slot count or knob, a KV budget too small for a request, or a
     ``ValueError`` an engine raises mid-run) is not an error of the event: the status line says
@@ -175,7 +186,7 @@ def run_event(
         yield from _run(
             rows,
             num_slots,
-            (*knobs, arrival_rate, kv_budget_mib, block_size),
+            (*knobs, arrival_rate, kv_budget_mib, block_size, server_names),
             x_axis,
             previous,
             handle,

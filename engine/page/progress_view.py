@@ -11,12 +11,11 @@ and leaves everything else as it is.
 
 from __future__ import annotations
 
-import re
-
 import gradio as gr
 
-from engine.page import tables
+from engine.page import server_figures, tables
 from engine.page.live_run import EngineProgress
+from engine.page.markup import plain_markdown
 from engine.page.run_view import RUN_OUTPUTS, outputs_table, run_outputs, timeline
 from engine.sequence import Request
 from engine.trace import Trace, new_request_records
@@ -47,10 +46,20 @@ def progress_line(
         elif name == "reference":
             parts.append(f"{label}: {p.num_steps} steps")
         else:
-            parts.append(f"{label}: running")
+            parts.append(f"{label}: {_server_progress(p)}")
     if not progress:
         parts.append("waiting for the model")
     return " · ".join(parts)
+
+
+def _server_progress(p: EngineProgress) -> str:
+    """What a server engine is doing: waiting for its start, or its streams so far."""
+    if p.note is not None:
+        return p.note
+    if p.trace is None or not p.trace.info.get("server"):
+        return "running"
+    streaming = sum(r.first_token_s is not None and r.finish_s is None for r in p.trace.requests)
+    return f"{p.num_finished}/{p.num_requests} requests done, {streaming} streaming"
 
 
 def live_outputs(
@@ -67,11 +76,19 @@ def live_outputs(
         timeline(trace, x_axis, None, None) if trace.steps else gr.skip()
         for trace in traces.values()
     )
+    servers = {  # server engines streaming now or done: their lanes and outputs so far
+        name: p.trace
+        for name, p in progress.items()
+        if p.trace is not None and p.trace.info.get("server")
+    }
+    lanes = server_figures.server_timeline_figure(servers) if servers else gr.skip()
+    traces.update(servers)
     return run_outputs(
         static_timeline_plot=static,
         continuous_timeline_plot=continuous,
         outputs_table=outputs_table(tables.outputs_rows(traces, None), list(traces)),
         status_markdown=progress_line(progress, elapsed_s, time_limit_s),
+        server_timeline_plot=lanes,
     )
 
 
@@ -83,6 +100,7 @@ def stopped_outputs(previous_result, message: str) -> tuple:
     if previous_result is None:
         figures = ("static_timeline_plot", "continuous_timeline_plot", "packed_mask_plot")
         figures += ("static_mask_plot", "block_map_plot", "latency_cdf_plot", "step_usage_plot")
+        figures += ("server_timeline_plot", "server_chart_plot")
         return run_outputs(
             **dict.fromkeys(figures),
             metrics_table=[],
@@ -102,11 +120,6 @@ def refused_outputs(reason: str, previous_status: str | None) -> tuple:
     if previous_status:
         status += f" Showing the previous run: {previous_status}"
     return run_outputs(status_markdown=status)
-
-
-def plain_markdown(text: str) -> str:
-    """``text`` escaped so Markdown shows it as typed (a message may quote what a person typed)."""
-    return re.sub(r"([\\`*_\[\]<>#|~])", r"\\\1", text)
 
 
 def _trace_so_far(

@@ -30,6 +30,7 @@ class RunOptions:
     arrival_seed: int = 0
     kv_budget_mib: float | None = None  # paged KV mode: None sizes the pool for every slot
     block_size: int = 16  # paged KV mode: tokens per block
+    servers: tuple[str, ...] = ()  # host-configured servers to run too, by name (never a URL)
 
 
 def options_from_page(
@@ -42,6 +43,7 @@ def options_from_page(
     arrival_rate,
     kv_budget_mib=None,
     block_size=None,
+    servers=None,
 ) -> RunOptions:
     """The page's knobs as ``RunOptions``; empty or 0 budgets mean "no limit".
 
@@ -58,6 +60,7 @@ def options_from_page(
         arrival_rate_per_s=_optional_positive(arrival_rate, "Arrival rate (requests/s)"),
         kv_budget_mib=_optional_positive(kv_budget_mib, "KV budget (MiB)"),
         block_size=16 if _blank(block_size) else _whole_number(block_size, "Block size"),
+        servers=_names(servers),
     )
 
 
@@ -90,7 +93,19 @@ def prepare(model, rows, num_slots, options: RunOptions):
         max_context=model.loaded.max_context,
     )
     ContinuousEngine(model.runner, config).check_kv_budget(requests)  # before any engine starts
+    if options.servers:  # only names the host configured; the page never takes an address
+        if getattr(model, "servers", None) is None:
+            raise ValueError("This page has no servers configured, so none can run.")
+        model.servers.check_names(options.servers)
     return requests, config
+
+
+def _names(value) -> tuple[str, ...]:
+    """The chosen server names (a checkbox group's list; a single name from an API client)."""
+    if value is None or value == "":
+        return ()
+    names = [value] if isinstance(value, str) else list(value)
+    return tuple(str(name) for name in names)
 
 
 def _whole_number(value, what: str) -> int:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from engine import export
-from engine.page import figures, mask_figures, serving_figures, tables
+from engine.page import figures, mask_figures, server_figures, server_view, serving_figures, tables
 from engine.reference import mismatches
 from engine.trace import DECODE, PREFILL, Trace
 
@@ -38,6 +38,8 @@ RUN_OUTPUTS = (
     "block_map_plot",
     "latency_cdf_plot",
     "step_usage_plot",
+    "server_timeline_plot",
+    "server_chart_plot",
 )
 # What the step slider and the x-axis choice redraw, in ``StepViews.as_tuple`` order.
 STEP_VIEW_OUTPUTS = (
@@ -86,13 +88,15 @@ class RunState:
     reference: dict[int, list[int]] | None
     hf_continuous: Trace | None = None  # transformers' own continuous batching, when compared
     recorded: Any = None  # ``engine.page.recording.Recording``: the shipped run, not run here
+    servers: dict[str, Trace] = field(default_factory=dict)  # host-configured servers, by name
+    server_failures: dict[str, str] = field(default_factory=dict)  # servers that failed: why
 
     def traces(self) -> dict[str, Trace]:
-        """The runs in display order, by engine name."""
+        """The runs in display order, by engine name (servers last, in the host's order)."""
         runs = {"static": self.static, "continuous": self.continuous}
         if self.hf_continuous is not None:
             runs["hf_continuous"] = self.hf_continuous
-        return runs
+        return {**runs, **self.servers}
 
     @property
     def num_steps(self) -> int:
@@ -134,6 +138,8 @@ class RunResult:
     downloads: list[str] | None = None  # file paths: CSV, whole-trace JSON, Perfetto trace
     latency_cdf: Any = None
     step_usage: Any = None
+    server_timeline: Any = None
+    server_chart: Any = None
 
     def as_outputs(self) -> tuple:
         """Values for the Run event's outputs, in ``RUN_OUTPUTS`` order."""
@@ -157,6 +163,8 @@ class RunResult:
             block_map_plot=v.block_map,
             latency_cdf_plot=self.latency_cdf,
             step_usage_plot=self.step_usage,
+            server_timeline_plot=self.server_timeline,
+            server_chart_plot=self.server_chart,
         )
 
 
@@ -175,6 +183,8 @@ def render(
         downloads=write_downloads(state) if downloads else None,
         latency_cdf=serving_figures.latency_cdf_figure(list(state.traces().values())),
         step_usage=serving_figures.step_usage_figure(state.continuous),
+        server_timeline=server_figures.server_timeline_figure(state.servers, _x_max(state, "time")),
+        server_chart=server_figures.server_chart_figure(state.servers, state.continuous),
     )
 
 
@@ -194,7 +204,7 @@ def write_downloads(state: RunState) -> list[str]:
 
 def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
     """Both timelines on one x scale, cursor at ``step_index``; masks and block map at that step."""
-    x_max = max(figures.x_extent(state.static, x_axis), figures.x_extent(state.continuous, x_axis))
+    x_max = _x_max(state, x_axis)
     return StepViews(
         static_timeline=timeline(state.static, x_axis, x_max, step_index),
         continuous_timeline=timeline(state.continuous, x_axis, x_max, step_index),
@@ -202,6 +212,14 @@ def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
         static_mask=_at_step(mask_figures.static_mask_heatmap, state.static, step_index),
         block_map=_at_step(serving_figures.block_map_figure, state.continuous, step_index),
     )
+
+
+def _x_max(state: RunState, x_axis: str) -> float:
+    """The timelines' shared right end; in seconds, the servers' runs count too."""
+    ends = [figures.x_extent(state.static, x_axis), figures.x_extent(state.continuous, x_axis)]
+    if x_axis == "time":
+        ends += [t.wall_s for t in state.servers.values()]
+    return max(ends)
 
 
 def timeline(trace: Trace, x_axis: str, x_max: float | None, step_index: int | None):
@@ -235,9 +253,11 @@ def status_line(state: RunState) -> str:
     )
     if state.hf_continuous is not None:
         line += f" · transformers' continuous batching {state.hf_continuous.wall_s:.2f} s"
-    line += " · " + _verdict(state)
+    parts, server_lines = server_view.status_parts(state.servers, state.server_failures)
+    line += "".join(f" · {part}" for part in parts) + " · " + _verdict(state)
     head = "" if state.recorded is None else state.recorded.label() + "  \n"
-    return f"{head}{line}  \n{NOISE_NOTE}"
+    tail = f"{server_lines}  \n" if server_lines else ""
+    return f"{head}{line}  \n{tail}{NOISE_NOTE}"
 
 
 def steps_comparison(static_steps: int, continuous_steps: int) -> str:
@@ -253,7 +273,7 @@ def steps_comparison(static_steps: int, continuous_steps: int) -> str:
 def _verdict(state: RunState) -> str:
     if state.reference is None:
         return "outputs not checked against `model.generate`"
-    bad = {name: _mismatched(t, state.reference) for name, t in state.traces().items()}
+    bad = {name: _mismatched(t, state.reference) for name, t in _compared(state).items()}
     if not any(bad.values()):
         return "✓ all match `model.generate` token for token"
     wrong = "; ".join(f"{n}: {', '.join(f'R{r}' for r in ids)}" for n, ids in bad.items() if ids)
@@ -297,4 +317,9 @@ def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
 def _reference_ok(state: RunState) -> dict[str, bool] | None:
     if state.reference is None:
         return None
-    return {name: not _mismatched(t, state.reference) for name, t in state.traces().items()}
+    return {name: not _mismatched(t, state.reference) for name, t in _compared(state).items()}
+
+
+def _compared(state: RunState) -> dict[str, Trace]:
+    """The runs checked against the reference: all but servers serving another model."""
+    return {name: t for name, t in state.traces().items() if tables.compared(t)}

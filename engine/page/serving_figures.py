@@ -34,6 +34,13 @@ ENGINE_STYLE = {
     "continuous": ("#0072B2", "solid"),
     "hf_continuous": ("#009E73", "dash"),
 }
+# Server engines (named by the host) in the order a run lists them.
+SERVER_STYLES = (
+    ("#CC79A7", "dashdot"),
+    ("#E69F00", "longdash"),
+    ("#56B4E9", "longdashdot"),
+    ("#F0E442", "dot"),
+)
 CDF_METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("latency_s", "end-to-end"))
 FREE_BLOCK_COLOR = "rgba(128,128,128,0.25)"
 BLOCK_MAP_COLUMNS = 16  # narrow enough for each block's "R12" label on a phone
@@ -45,6 +52,13 @@ MIN_QUEUE_S = 1e-3  # shorter waits (the engine loop's own start-up) are not dra
 # --- latency CDFs ---------------------------------------------------------------------------------
 
 
+def engine_styles(names: list[str]) -> dict[str, tuple[str, str]]:
+    """(colour, dash) per engine: the built-in engines' own, servers ``SERVER_STYLES`` in order."""
+    servers = [n for n in names if n not in ENGINE_STYLE]
+    styles = {n: SERVER_STYLES[i % len(SERVER_STYLES)] for i, n in enumerate(servers)}
+    return {n: ENGINE_STYLE.get(n) or styles[n] for n in names}
+
+
 def latency_cdf_figure(traces: list[Trace]) -> go.Figure:
     """TTFT, TPOT and end-to-end latency CDFs, one panel each, one line per engine.
 
@@ -53,9 +67,11 @@ def latency_cdf_figure(traces: list[Trace]) -> go.Figure:
     """
     titles = [title for _, title in CDF_METRICS]
     fig = make_subplots(rows=1, cols=3, shared_yaxes=True, subplot_titles=titles)
+    styles = engine_styles([t.engine for t in traces])
     for col, (metric, _) in enumerate(CDF_METRICS, start=1):
         for trace in traces:
-            fig.add_trace(_cdf_line(trace, metric, show_legend=col == 1), row=1, col=col)
+            line = _cdf_line(trace, metric, col == 1, styles[trace.engine])
+            fig.add_trace(line, row=1, col=col)
         fig.update_xaxes(title_text="seconds", rangemode="tozero", row=1, col=col)
     fig.update_yaxes(tickformat=".0%", range=[0, 1.04])
     fig.update_yaxes(title_text="share of requests", col=1)
@@ -65,11 +81,11 @@ def latency_cdf_figure(traces: list[Trace]) -> go.Figure:
     return bottom_legend(fig, 90)
 
 
-def _cdf_line(trace: Trace, metric: str, show_legend: bool) -> go.Scatter:
+def _cdf_line(trace: Trace, metric: str, show_legend: bool, style: tuple) -> go.Scatter:
     """An empirical CDF as a step line through each request's value."""
     points = sorted((v, r.request_id) for r in trace.requests if (v := getattr(r, metric)))
     n = len(points)
-    color, dash = ENGINE_STYLE.get(trace.engine, (TEXT_COLOR, "solid"))
+    color, dash = style
     return go.Scatter(
         x=[v for v, _ in points],
         y=[(i + 1) / n for i in range(n)],

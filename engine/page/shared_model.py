@@ -15,6 +15,7 @@ from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
+from engine.page.servers import PageServers
 from engine.reference import ReferenceCache
 from engine.static import StaticEngine
 from engine.workload import parse_table, tokenize_requests
@@ -28,6 +29,7 @@ class SharedModel:
     runner: ModelRunner
     reference: ReferenceCache
     lock: threading.Lock = field(default_factory=threading.Lock)  # held by the one running run
+    servers: PageServers | None = None  # the host's servers (app.py --vllm, --endpoint), if any
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel) -> SharedModel:
@@ -72,3 +74,8 @@ def load_shared_model(
 def get_model() -> SharedModel:
     """The shared model, loading the default one on first use."""
     return _shared_model if _shared_model is not None else load_shared_model()
+
+
+def page_servers() -> PageServers | None:
+    """The shared model's servers, without loading a model (None before one is loaded)."""
+    return None if _shared_model is None else _shared_model.servers

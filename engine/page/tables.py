@@ -105,18 +105,31 @@ def outputs_headers(engine_names: list[str]) -> list[str]:
     ]
 
 
+def compared(trace: Trace) -> bool:
+    """False for a server that said it serves another model than the loaded one: its outputs
+    cannot match the reference, so it is left out of the check (a mismatch would mean nothing)."""
+    return (trace.info.get("server") or {}).get("same_model") is not False
+
+
 def outputs_rows(traces: dict[str, Trace], reference: dict[int, list[int]] | None) -> list[list]:
-    """One row per request (``outputs_headers`` order); the verdict names engines that differ."""
+    """One row per request (``outputs_headers`` order); the verdict names engines that differ.
+
+    A server serving another model (``compared``) is left out of the verdict, which says so."""
     runs = list(traces.items())
     first = runs[0][1]
+    unchecked = [name for name, trace in runs if not compared(trace)]
     rows = []
     for i, req in enumerate(first.requests):
-        records = [(name, trace.requests[i]) for name, trace in runs]
         verdict = NOT_AVAILABLE
         if reference is not None:
-            bad = [n for n, r in records if r.output_token_ids != reference.get(r.request_id)]
+            ref = reference.get(req.request_id)
+            bad = [
+                n for n, t in runs if n not in unchecked and t.requests[i].output_token_ids != ref
+            ]
             verdict = "✓" if not bad else "✗ " + " and ".join(bad)
-        texts = [r.output_text for _, r in records]
+            if unchecked:
+                verdict += f" ({' and '.join(unchecked)}: another model, not compared)"
+        texts = [trace.requests[i].output_text for _, trace in runs]
         prompt = _clip(req.prompt, PROMPT_SHOWN_CHARS)
         rows.append([f"R{req.request_id}", prompt, req.max_new_tokens, *texts, verdict])
     return rows
