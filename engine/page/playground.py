@@ -238,6 +238,8 @@ def _finished_outputs(live: LiveRun, previous: RunState | None, x_axis: str) -> 
             raise gr.Error(f"Run stopped: {exc}", print_exception=False) from None
         gr.Warning(str(exc), title="Run stopped")  # bad input: told, as before the run
         return
+    for name, message in state.server_failures.items():  # the rest is shown: a toast each
+        gr.Warning(message, title=f"{name}: no results")
     yield render(state, x_axis).as_outputs()
 
 

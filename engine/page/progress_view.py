@@ -36,7 +36,7 @@ def progress_line(
     limit = f" (limit {time_limit_s:g} s)" if time_limit_s is not None else ""
     parts = [f"**Running** · {elapsed_s:.1f} s{limit}"]
     for name, p in progress.items():
-        label = ENGINE_LABELS.get(name, name)
+        label = ENGINE_LABELS.get(name) or plain_markdown(name)  # a server: the host's name
         if name in LIVE_ENGINES:
             waiting = ", waiting for arrivals" if p.waiting else ""
             parts.append(
