@@ -201,7 +201,13 @@ def configure(
         engines[LOCAL_VLLM] = VllmEngine(loaded, vllm_max_num_seqs, enforce_eager=vllm_eager)
         reserved.add(LOCAL_VLLM)
     flagged = parse_endpoints(endpoint_items, reserved)
-    from_env = endpoints_from_env(environ, reserved | {e.name for e in flagged})
+    from_env = endpoints_from_env(environ, reserved)
+    for endpoint in from_env:
+        if endpoint.name in {e.name for e in flagged}:
+            raise ValueError(
+                f"CBP_ENDPOINTS entry {endpoint.name!r}: the name is already used by another "
+                "endpoint (--endpoint); pick another name."
+            )
     for endpoint in [*flagged, *from_env]:
         engines[endpoint.name] = OpenAIEngine(endpoint, loaded, vllm_max_num_seqs)
     return PageServers(engines, log)
