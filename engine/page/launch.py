@@ -1,7 +1,8 @@
 """Starting the page: ``app.py``'s command line, the model load, and the server.
 
 ``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--port 7860]
-[--host 127.0.0.1] [--share] [--vllm [--vllm-eager] [--vllm-max-num-seqs N]]
+[--host 127.0.0.1] [--share] [--vllm [--vllm-eager] [--vllm-max-num-seqs N]
+[--vllm-max-model-len TOKENS]]
 [--endpoint NAME=URL ...]``. The model loads before the page is served, so a bad model or device
 stops the start with one line instead of failing the first Run.
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import gradio as gr
 
 from engine.page import page_io, panels, servers, share, shared_model, tables
+from engine.vllm_server import MAX_MODEL_LEN
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 PAGE_CSS = ASSETS / "page.css"
@@ -73,6 +75,14 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
         help="that vLLM's --max-num-seqs, fixed at start (default: the page's default slots)",
     )
     parser.add_argument(
+        "--vllm-max-model-len",
+        type=int,
+        default=MAX_MODEL_LEN,
+        metavar="TOKENS",
+        help="that vLLM's --max-model-len: its longest request, prompt and output (default "
+        f"{MAX_MODEL_LEN}); its KV cache is sized for it",
+    )
+    parser.add_argument(
         "--endpoint",
         action="append",
         default=[],
@@ -94,6 +104,7 @@ def host_servers(args: argparse.Namespace, loaded) -> servers.PageServers | None
         vllm=args.vllm,
         vllm_eager=args.vllm_eager,
         vllm_max_num_seqs=args.vllm_max_num_seqs,
+        vllm_max_model_len=args.vllm_max_model_len,
         log=lambda line: print(line, flush=True),
     )
     return found if found.names else None

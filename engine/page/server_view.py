@@ -59,7 +59,10 @@ def _facts(servers: PageServers, name: str) -> str:
 def _settings(servers: PageServers, name: str) -> str:
     s = servers.engines[name].server.settings
     mode = "eager" if s.enforce_eager else "compiled"
-    return f"{mode} · {s.dtype} · up to {s.max_num_seqs} sequences at once"
+    return (
+        f"{mode} · {s.dtype} · up to {s.max_num_seqs} sequences at once · "
+        f"{s.max_model_len} tokens per request"
+    )
 
 
 def status_parts(servers: dict[str, Trace], failures: dict[str, str]) -> tuple[list[str], str]:

@@ -29,6 +29,7 @@ from engine.openai_engine import OpenAIEngine
 from engine.run_control import WAIT_SLICE_S, RunStopped
 from engine.sequence import Request
 from engine.trace import Trace
+from engine.vllm_server import MAX_MODEL_LEN
 
 BUILT_IN = ("static", "continuous", "hf_continuous", "reference")  # the page's own engine names
 LOCAL_VLLM = "vllm"
@@ -185,10 +186,12 @@ def configure(
     vllm: bool = False,
     vllm_eager: bool = False,
     vllm_max_num_seqs: int = 3,
+    vllm_max_model_len: int = MAX_MODEL_LEN,
     log: Callable[[str], None] | None = None,
 ) -> PageServers:
     """The page's servers: the local vLLM if ``vllm``, then ``--endpoint`` items, then
-    ``CBP_ENDPOINTS``. The local vLLM runs ``--max-num-seqs vllm_max_num_seqs`` (fixed at start).
+    ``CBP_ENDPOINTS``. The local vLLM runs ``--max-num-seqs vllm_max_num_seqs`` and
+    ``--max-model-len vllm_max_model_len`` (both fixed at start).
 
     Raises:
         ValueError: a bad or repeated endpoint, a built-in engine's name, or no ``.venv-vllm``.
@@ -198,7 +201,9 @@ def configure(
     if vllm:
         from engine.vllm_engine import VllmEngine
 
-        engines[LOCAL_VLLM] = VllmEngine(loaded, vllm_max_num_seqs, enforce_eager=vllm_eager)
+        engines[LOCAL_VLLM] = VllmEngine(
+            loaded, vllm_max_num_seqs, enforce_eager=vllm_eager, max_model_len=vllm_max_model_len
+        )
         reserved.add(LOCAL_VLLM)
     flagged = parse_endpoints(endpoint_items, reserved)
     from_env = endpoints_from_env(environ, reserved)

@@ -72,15 +72,17 @@ def test_vllm_without_its_environment_says_how_to_build_it(shared, tmp_path, mon
 
 
 def test_command_line_flags():
-    """app.py's server flags: --vllm, --vllm-eager, --vllm-max-num-seqs, repeated --endpoint."""
+    """app.py's server flags: --vllm and its settings, and a repeated --endpoint."""
     args = launch.parse_args(
-        ["--vllm", "--vllm-eager", "--vllm-max-num-seqs", "8"]
+        ["--vllm", "--vllm-eager", "--vllm-max-num-seqs", "8", "--vllm-max-model-len", "512"]
         + ["--endpoint", "a=http://h:1", "--endpoint", "b=http://h:2"]
     )
     assert (args.vllm, args.vllm_eager, args.vllm_max_num_seqs) == (True, True, 8)
+    assert args.vllm_max_model_len == 512
     assert args.endpoint == ["a=http://h:1", "b=http://h:2"]
     plain = launch.parse_args([])
     assert (plain.vllm, plain.endpoint, plain.vllm_max_num_seqs) == (False, [], 3)
+    assert plain.vllm_max_model_len == 2048
 
 
 def test_the_page_offers_names_and_no_address_box():
