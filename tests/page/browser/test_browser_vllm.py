@@ -106,7 +106,8 @@ def test_request_too_long_for_vllm_is_its_message_only(page: Page):
     set_slots(page, 2)
     run_and_wait(page)
     status = status_text(page)
-    assert "✗ vllm: vllm refused Request R0: HTTP 400" in status, status
+    assert "✗ vllm: vllm refused Request R0" in status and "HTTP 400" in status, status
+    assert "maximum context length is 256 tokens" in status, "vLLM's reason is not shown"
     assert "The other engines' results are kept" in status, status
     assert "✓ all match model.generate token for token" in status, status
     headers, rows = _outputs(page)
