@@ -10,8 +10,9 @@ request per variant, best first, and keeps the first the server accepts:
 3. prompt as text.
 
 It also reads ``/v1/models`` and ``/version``, and checks that the served model is the one loaded
-here: if not, a warning says the output comparison means nothing. An unreachable server raises
-``EndpointError`` here, before any run.
+here: if not, a warning says the output comparison means nothing, and prompts and outputs go as
+text (the server's tokenizer is another, so our token ids would be other words to it). An
+unreachable server raises ``EndpointError`` here, before any run.
 """
 
 from __future__ import annotations
@@ -112,6 +113,8 @@ def probe(endpoint: Endpoint, loaded) -> ServerInfo:
         same_model=None if served is None else model_key(served) in keys,
     )
     info.warnings += _model_warnings(endpoint, served, keys, loaded)
+    if info.same_model is False:  # its tokenizer is another: our token ids would be other words
+        info.prompt_token_ids = info.returns_token_ids = False
     return info
 
 

@@ -15,7 +15,7 @@ import gradio as gr
 
 from engine.page import server_figures, tables
 from engine.page.live_run import EngineProgress
-from engine.page.markup import plain_markdown
+from engine.page.markup import one_line, plain_markdown
 from engine.page.run_view import RUN_OUTPUTS, outputs_table, run_outputs, timeline
 from engine.sequence import Request
 from engine.trace import Trace, new_request_records
@@ -55,7 +55,7 @@ def progress_line(
 def _server_progress(p: EngineProgress) -> str:
     """What a server engine is doing: waiting for its start, or its streams so far."""
     if p.note is not None:
-        return p.note
+        return plain_markdown(one_line(p.note, 200))
     if p.trace is None or not p.trace.info.get("server"):
         return "running"
     streaming = sum(r.first_token_s is not None and r.finish_s is None for r in p.trace.requests)

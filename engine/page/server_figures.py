@@ -20,8 +20,14 @@ import html
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.page.serving_figures import engine_styles
-from engine.page.style import TEXT_COLOR, PageFigure, _style, bottom_legend, request_color
+from engine.page.style import (
+    TEXT_COLOR,
+    PageFigure,
+    _style,
+    bottom_legend,
+    engine_styles,
+    request_color,
+)
 from engine.trace import Trace
 
 WAITING_OPACITY = 0.35  # a request's colour, pale: sent, no token yet

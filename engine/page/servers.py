@@ -112,7 +112,8 @@ class PageServers:
             thread = self._begin(name)
         while thread is not None and thread.is_alive():
             status = self.status(name)
-            on_wait(f"starting the server ({time.monotonic() - status.since_s:.0f} s)")
+            line = f": {status.detail}" if status.detail else ""
+            on_wait(f"starting the server ({time.monotonic() - status.since_s:.0f} s){line}")
             thread.join(WAIT_SLICE_S)
         status = self.status(name)
         if status.state == FAILED:
@@ -230,14 +231,16 @@ def run_servers(
     traces: dict[str, Trace] = {}
     failures: dict[str, str] = {}
     for i, name in enumerate(names):
+        streaming = []  # not empty once its streams began
         try:
-            trace = _run_one(servers, name, requests, functools.partial(watch, name))
+            trace = _run_one(servers, name, requests, functools.partial(watch, name), streaming)
         except EndpointError as exc:
             failures[name] = servers.public(name, str(exc))
             servers.refresh(name, failures[name])
             continue
         except RunStopped as exc:
-            failures[name] = f"stopped: {exc} Its streams were cancelled."
+            done = "Its streams were cancelled." if streaming else "It had not started streaming."
+            failures[name] = f"stopped: {exc} {done}"
             failures.update(dict.fromkeys(names[i + 1 :], f"not run: {exc}"))
             break
         servers.refresh(name)
@@ -247,10 +250,12 @@ def run_servers(
     return traces, failures
 
 
-def _run_one(servers: PageServers, name: str, requests: list[Request], watch) -> Trace:
-    """One server's run; ``watch`` is ``LiveRun.watch`` for this server's name."""
+def _run_one(servers: PageServers, name: str, requests, watch, streaming: list) -> Trace:
+    """One server's run; ``watch`` is ``LiveRun.watch`` for this server's name. ``streaming``
+    gets an item when the streams begin (a stop after that cancels them)."""
     watch(None, waiting=True, note="waiting for the server")
     servers.wait_ready(name, lambda note: watch(None, waiting=True, note=note))
+    streaming.append(True)
     return servers.engines[name].run(requests, on_wait=lambda t: watch(t, waiting=True))
 
 

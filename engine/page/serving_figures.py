@@ -17,30 +17,18 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.page.style import (
+from engine.page.style import (  # noqa: F401  (ENGINE_STYLE re-exported)
+    ENGINE_STYLE,
     PALETTE,
     TEXT_COLOR,
     _discrete_scale,
     _style,
     bottom_legend,
+    engine_styles,
     request_color,
 )
 from engine.trace import PREFILL, Trace
 
-# Engine line colours (Okabe–Ito, distinct from each other) and dashes, so lines differ in
-# shape as well as hue.
-ENGINE_STYLE = {
-    "static": ("#D55E00", "dot"),
-    "continuous": ("#0072B2", "solid"),
-    "hf_continuous": ("#009E73", "dash"),
-}
-# Server engines (named by the host) in the order a run lists them.
-SERVER_STYLES = (
-    ("#CC79A7", "dashdot"),
-    ("#E69F00", "longdash"),
-    ("#56B4E9", "longdashdot"),
-    ("#F0E442", "dot"),
-)
 CDF_METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("latency_s", "end-to-end"))
 FREE_BLOCK_COLOR = "rgba(128,128,128,0.25)"
 BLOCK_MAP_COLUMNS = 16  # narrow enough for each block's "R12" label on a phone
@@ -50,13 +38,6 @@ MIN_QUEUE_S = 1e-3  # shorter waits (the engine loop's own start-up) are not dra
 
 
 # --- latency CDFs ---------------------------------------------------------------------------------
-
-
-def engine_styles(names: list[str]) -> dict[str, tuple[str, str]]:
-    """(colour, dash) per engine: the built-in engines' own, servers ``SERVER_STYLES`` in order."""
-    servers = [n for n in names if n not in ENGINE_STYLE]
-    styles = {n: SERVER_STYLES[i % len(SERVER_STYLES)] for i, n in enumerate(servers)}
-    return {n: ENGINE_STYLE.get(n) or styles[n] for n in names}
 
 
 def latency_cdf_figure(traces: list[Trace]) -> go.Figure:
