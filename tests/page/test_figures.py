@@ -215,14 +215,21 @@ def test_figures_serialize_to_json(static, continuous):
 
 
 def test_only_figure_builders_import_plotly():
-    """House style: the figure builders (figures, mask_figures, serving_figures and their shared
-    style) alone import plotly."""
+    """House style: the figure builders (figures, mask_figures, serving_figures, server_figures
+    and their shared style) alone import plotly."""
     root = Path(__file__).resolve().parents[2]
     offenders = [
         str(p.relative_to(root))
         for p in [root / "app.py", *root.glob("engine/**/*.py")]
         if p.exists()
-        and p.name not in ("figures.py", "mask_figures.py", "serving_figures.py", "style.py")
+        and p.name
+        not in (
+            "figures.py",
+            "mask_figures.py",
+            "serving_figures.py",
+            "server_figures.py",
+            "style.py",
+        )
         and "import plotly" in p.read_text()
     ]
     assert not offenders, f"plotly imported outside the figure builders: {offenders}"
