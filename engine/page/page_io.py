@@ -6,8 +6,8 @@
   first run (later runs start at their default step again). A value the page cannot use is named
   in a warning, with what the page uses instead. ``setup_query`` writes such a query for the
   current page; the page adds its own address in the browser.
-* Workload files: ``upload_workload`` fills the request table from a CSV or JSONL file;
-  ``table_files`` writes the table as both.
+* Workload files: ``upload_workload`` fills the request table from a CSV or JSONL file, sampling
+  settings included; ``table_files`` writes the table as both (``engine.workload_files``).
 
 Handlers are plain functions. Bad input is told in a warning toast whose message names the file
 line or table row, and changes nothing on the page; a ``gr.Error`` would also lay an error badge
@@ -24,6 +24,7 @@ import gradio as gr
 
 from engine import workload_files
 from engine.page import presets
+from engine.sampling import samples
 from engine.workload import parse_table
 
 MAX_SLOTS = 16  # the slot slider's maximum
@@ -125,9 +126,11 @@ def upload_workload(path: str | None) -> tuple:
         gr.Warning(str(exc), title="Not loaded")
         return gr.skip(), gr.skip(), gr.skip()
     arrivals = sum(spec.arrival_s > 0 for spec in specs)
+    sampled = sum(samples(spec.sampling) for spec in specs)
     text = f"Uploaded {len(specs)} request{'s' if len(specs) != 1 else ''}"
-    text += f", {arrivals} arriving after t = 0." if arrivals else "."
-    return workload_files.table_rows(specs), None, text
+    text += f", {arrivals} arriving after t = 0" if arrivals else ""
+    text += f", {sampled} sampled (the others greedy)" if sampled else ""
+    return workload_files.table_rows(specs, sampling_columns=True), None, text + "."
 
 
 def table_files(rows) -> list[str]:

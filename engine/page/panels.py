@@ -29,6 +29,10 @@ KV_MODES = [
     ("article's concatenation (slow, O(n²))", "concat"),
 ]
 POLICIES = [("decode first", "decode_first"), ("prefill first", "prefill_first")]
+REQUESTS_LABEL = (
+    "Requests (arrival_s: seconds after Run, 0 = at once; temperature, top_k, top_p, seed: "
+    "all empty = greedy, any one set = sampled from the row's own seeded generator)"
+)
 
 
 def header(model_label: str) -> None:
@@ -67,12 +71,13 @@ def requests_panel(rows: list[list], preset_text: str) -> RequestsPanel:
     table = gr.Dataframe(
         value=rows,
         headers=playground.REQUEST_HEADERS,
-        datatype=["str", "number", "number"],
+        # the seed is text: a browser number loses digits past 2^53, and seeds go to 2^63 - 1
+        datatype=["str", "number", "number", "number", "number", "number", "str"],
         type="array",
         interactive=True,
-        column_count=3,  # row_limits/column_limits: "not yet implemented" in 6.31
-        label="Requests (arrival_s: seconds after Run; 0 = at once)",
-        column_widths=["74%", "14%", "12%"],
+        column_count=len(playground.REQUEST_HEADERS),  # column_limits: not implemented in 6.31
+        label=REQUESTS_LABEL,
+        column_widths=["46%", "11%", "9%", "10%", "7%", "7%", "10%"],
         elem_id="requests_table",
     )
     with gr.Row():

@@ -41,8 +41,9 @@ from engine.page.shared_model import SharedModel, get_model
 from engine.run_control import RunCancelled, RunControl, RunStopped, run_time_limit_s
 from engine.sequence import Request
 from engine.static import StaticEngine
+from engine.workload import TABLE_COLUMNS
 
-REQUEST_HEADERS = ["prompt", "max_new_tokens", "arrival_s"]
+REQUEST_HEADERS = list(TABLE_COLUMNS)  # prompt, max_new_tokens, arrival_s, sampling settings
 PROGRESS_INTERVAL_S = 0.5  # at most two progress reports a second
 STOPPED = "**Stopped** before the end."
 STOPPED_IN_QUEUE = "**Stopped** before it started: it left the queue."

@@ -19,7 +19,7 @@ import gradio as gr
 
 from engine import export
 from engine.page import figures, mask_figures, serving_figures, tables
-from engine.reference import mismatches
+from engine.reference import NOT_COMPARED_TEXT, mismatches, not_compared_ids
 from engine.trace import DECODE, PREFILL, Trace
 
 # The Run event's outputs, by elem_id (the state has none), in wiring order. The first ten are the
@@ -251,13 +251,24 @@ def steps_comparison(static_steps: int, continuous_steps: int) -> str:
 
 
 def _verdict(state: RunState) -> str:
+    """The reference verdict; requests an engine sampled with its own generator (transformers'
+    manager, a server) are named as not compared, never as differing."""
     if state.reference is None:
         return "outputs not checked against `model.generate`"
-    bad = {name: _mismatched(t, state.reference) for name, t in state.traces().items()}
+    traces = state.traces()
+    bad = {name: _mismatched(t, state.reference) for name, t in traces.items()}
+    skipped = {name: not_compared_ids(t) for name, t in traces.items()}
+    skipped_text = "; ".join(f"{n}: {_ids(ids)}" for n, ids in skipped.items() if ids)
+    skipped_text = f" ({skipped_text}: {NOT_COMPARED_TEXT})" if skipped_text else ""
     if not any(bad.values()):
-        return "✓ all match `model.generate` token for token"
-    wrong = "; ".join(f"{n}: {', '.join(f'R{r}' for r in ids)}" for n, ids in bad.items() if ids)
-    return f"✗ differs from `model.generate` ({wrong})"
+        every = "all compared outputs match" if skipped_text else "all match"
+        return f"✓ {every} `model.generate` token for token{skipped_text}"
+    wrong = "; ".join(f"{n}: {_ids(ids)}" for n, ids in bad.items() if ids)
+    return f"✗ differs from `model.generate` ({wrong}){skipped_text}"
+
+
+def _ids(request_ids: list[int]) -> str:
+    return ", ".join(f"R{r}" for r in request_ids)
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -291,7 +302,10 @@ def slider_label(state: RunState) -> str:
 
 
 def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
-    return mismatches({r.request_id: r.output_token_ids for r in trace.requests}, reference)
+    """Requests whose output differs from the reference; those the engine sampled with a
+    generator of its own are not compared (``engine.reference.not_compared_ids``)."""
+    outputs = {r.request_id: r.output_token_ids for r in trace.requests}
+    return mismatches(outputs, reference, not_compared_ids(trace))
 
 
 def _reference_ok(state: RunState) -> dict[str, bool] | None:

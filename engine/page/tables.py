@@ -7,7 +7,14 @@ plain strings: the page shows them as text, never as markup.
 
 from __future__ import annotations
 
-from engine.trace import Trace
+from engine.reference import (
+    MISMATCH,
+    NOT_COMPARED,
+    NOT_COMPARED_TEXT,
+    comparison,
+    not_compared_ids,
+)
+from engine.trace import RequestRecord, Trace
 
 METRICS_HEADERS = [
     "engine",
@@ -45,7 +52,8 @@ METRIC_HELP = {
     "p99 TTFT s": "99th percentile of the time to first token.",
     "preemptions": "Times the paged KV cache ran dry and a sequence gave up its blocks.",
     "outputs match model.generate": "✓ when every output equals plain model.generate, token "
-    "for token.",
+    "for token. A request transformers' manager or a server sampled with its own random stream "
+    "cannot be compared: it is counted as not compared, never as a mismatch.",
 }
 METRICS_NOTE = (
     "**padding waste %** counts wasted token positions among those computed; **slot "
@@ -70,7 +78,7 @@ def metrics_rows(traces: dict[str, Trace], reference_ok: dict[str, bool] | None)
         speedup = f"{static_wall_s / m.wall_s:.2f}×" if static_wall_s and m.wall_s > 0 else "—"
         ok = NOT_AVAILABLE
         if reference_ok and name in reference_ok:
-            ok = "✓" if reference_ok[name] else "✗"
+            ok = _match_cell(reference_ok[name], len(not_compared_ids(trace)))
         rows.append(
             [
                 name,
@@ -90,6 +98,14 @@ def metrics_rows(traces: dict[str, Trace], reference_ok: dict[str, bool] | None)
     return rows
 
 
+def _match_cell(ok: bool, num_not_compared: int) -> str:
+    """✓ or ✗ over the compared requests, then how many were sampled with another generator."""
+    mark = "✓" if ok else "✗"
+    if not num_not_compared:
+        return mark
+    return f"{mark} ({num_not_compared} {NOT_COMPARED_TEXT})"
+
+
 def _rounded(value: float | None) -> float | str:
     return NOT_AVAILABLE if value is None else round(value, 2)
 
@@ -106,20 +122,30 @@ def outputs_headers(engine_names: list[str]) -> list[str]:
 
 
 def outputs_rows(traces: dict[str, Trace], reference: dict[int, list[int]] | None) -> list[list]:
-    """One row per request (``outputs_headers`` order); the verdict names engines that differ."""
+    """One row per request (``outputs_headers`` order); the verdict names engines that differ,
+    and those that sampled the request with a generator of their own (not compared)."""
     runs = list(traces.items())
     first = runs[0][1]
     rows = []
     for i, req in enumerate(first.requests):
         records = [(name, trace.requests[i]) for name, trace in runs]
-        verdict = NOT_AVAILABLE
-        if reference is not None:
-            bad = [n for n, r in records if r.output_token_ids != reference.get(r.request_id)]
-            verdict = "✓" if not bad else "✗ " + " and ".join(bad)
+        verdict = NOT_AVAILABLE if reference is None else _verdict(records, reference)
         texts = [r.output_text for _, r in records]
         prompt = _clip(req.prompt, PROMPT_SHOWN_CHARS)
         rows.append([f"R{req.request_id}", prompt, req.max_new_tokens, *texts, verdict])
     return rows
+
+
+def _verdict(records: list[tuple[str, RequestRecord]], reference: dict[int, list[int]]) -> str:
+    """The verdict: "✓", or "✗ continuous", then "· hf_continuous: sampled with another
+    generator: not compared" for engines whose own random stream sampled the request."""
+    verdicts = [(name, comparison(r, reference) or MISMATCH) for name, r in records]
+    bad = [name for name, v in verdicts if v == MISMATCH]
+    skipped = [name for name, v in verdicts if v == NOT_COMPARED]
+    text = "✓" if not bad else "✗ " + " and ".join(bad)
+    if skipped:
+        text += f" · {' and '.join(skipped)}: {NOT_COMPARED_TEXT}"
+    return text
 
 
 def _clip(text: str, limit: int) -> str:

@@ -90,7 +90,8 @@ def test_upload_fills_the_table_and_clears_the_preset(tmp_path):
     path = tmp_path / "w.csv"
     path.write_text("prompt,max_new_tokens,arrival_s\nHi there,4,\nLater,3,1.5\n", encoding="utf-8")
     rows, preset, text = page_io.upload_workload(str(path))
-    assert rows == [["Hi there", 4, 0.0], ["Later", 3, 1.5]], rows
+    greedy = [None] * 4  # the sampling columns, empty
+    assert rows == [["Hi there", 4, 0.0, *greedy], ["Later", 3, 1.5, *greedy]], rows
     assert preset is None and "2 requests" in text and "1 arriving after" in text, text
 
 
