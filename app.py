@@ -73,7 +73,8 @@ def wire_setup(demo, requests, settings, results, run_state) -> None:
     """Links, presets, table edits, uploads and downloads: everything that sets a run up."""
     s = settings
     link_outputs = [s.preset_dropdown, requests.table, s.chat_checkbox, requests.preset_markdown]
-    demo.load(page_io.from_link, None, [*link_outputs, s.slots_slider], **HIDDEN)
+    link_outputs += [s.slots_slider, s.prefix_caching_checkbox]
+    demo.load(page_io.from_link, None, link_outputs, **HIDDEN)
     chosen = [requests.table, s.chat_checkbox, requests.preset_markdown, s.slots_slider]
     choose = {"api_name": "apply_preset"}  # the endpoint's name before it also set the slots
     s.preset_dropdown.input(presets.choose_preset, s.preset_dropdown, chosen, **choose)
@@ -81,6 +82,7 @@ def wire_setup(demo, requests, settings, results, run_state) -> None:
     edited = [s.preset_dropdown, requests.preset_markdown]
     requests.table.input(presets.table_edited, None, edited, **HIDDEN)
     link_query = [s.preset_dropdown, s.slots_slider, results.step_slider, run_state]
+    link_query.append(s.prefix_caching_checkbox)
     s.link_button.click(page_io.setup_query, link_query, s.link_textbox, **HIDDEN).then(
         None, s.link_textbox, s.link_textbox, js=page_io.COPY_LINK_JS
     )
@@ -113,6 +115,7 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs):
             run_state,  # the previous run, put back if this one is stopped (not in the API)
             s.kv_budget_number,  # after the state: the API's earlier inputs keep their places
             s.block_size_number,
+            s.prefix_caching_checkbox,
             handle_state,  # for Stop (not in the API)
         ],
         outputs,

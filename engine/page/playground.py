@@ -118,7 +118,8 @@ def _run_all(model, requests, config, options, progress, watch) -> RunState:
         watch("hf_continuous", None)
         progress(None, desc="transformers' continuous batching")
         stop_check = functools.partial(watch, "hf_continuous", waiting=True)
-        hf = HFContinuousEngine(runner, config).run(requests, on_wait=stop_check)
+        hf_engine = HFContinuousEngine(runner, config, block_sharing=config.prefix_caching)
+        hf = hf_engine.run(requests, on_wait=stop_check)
     reference = None
     if options.check_reference:
         reference = model.reference.outputs(
@@ -141,6 +142,7 @@ def run_event(
     previous: RunState | None = None,
     kv_budget_mib=None,
     block_size=None,
+    prefix_caching=False,
     handle: RunHandle | None = None,
 ) -> Iterator[tuple]:
     """The Run button's handler: a generator streaming progress, then the finished results.
@@ -150,8 +152,9 @@ def run_event(
     stop flag of this run's ``RunControl`` through the session's ``handle``
     (``engine.page.run_handle``): the worker stops within one step and the handler yields the
     previous results with "Stopped" and returns. When Gradio closes the generator (a closed tab)
-    the worker stops too. The paged KV knobs (``kv_budget_mib``, ``block_size``) and the handle
-    come after the state, so the /run API's earlier inputs keep their positions.
+    the worker stops too. The paged KV knobs (``kv_budget_mib``, ``block_size``,
+    ``prefix_caching``) and the handle come after the state, so the /run API's earlier inputs
+    keep their positions.
 
     Bad input (a bad table, slot count or knob, a KV budget too small for a request, or a
     ``ValueError`` an engine raises mid-run) is not an error of the event: the status line says
@@ -176,7 +179,7 @@ def run_event(
         yield from _run(
             rows,
             num_slots,
-            (*knobs, arrival_rate, kv_budget_mib, block_size),
+            (*knobs, arrival_rate, kv_budget_mib, block_size, prefix_caching),
             x_axis,
             previous,
             handle,

@@ -2,8 +2,10 @@
 
 A preset is ``{"slug": str, "chat_template": bool, "slots": int, "description": str, "check": {...},
 "requests": [[prompt, cap], ...]}``, where a request may add its ``arrival_s`` and then its
-sampling settings (``temperature``, ``top_k``, ``top_p``, ``seed``: the table's columns); the slug
-names it in links (``?preset=seed&slots=3``). ``slots`` is the slot count its description
+sampling settings (``temperature``, ``top_k``, ``top_p``, ``seed``: the table's columns); instead
+of ``requests`` a preset may name a shipped workload file, ``"workload": "workloads/NAME.jsonl"``
+(under ``assets/``), so the page and the bench run the same requests. The slug names it in links
+(``?preset=seed&slots=3``). ``slots`` is the slot count its description
 speaks of (choosing the preset sets it), and ``check`` states the description's claim in numbers,
 which ``tests/page/test_presets_real.py`` checks on the embedded model.
 """
@@ -13,9 +15,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.workload import TABLE_COLUMNS
+from engine.workload import TABLE_COLUMNS, load_jsonl
+from engine.workload_files import table_rows
 
-PRESETS_PATH = Path(__file__).resolve().parents[2] / "assets" / "presets.json"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+PRESETS_PATH = ASSETS / "presets.json"
 DEFAULT_PRESET = "Article's six requests"
 
 
@@ -32,7 +36,10 @@ def apply_preset(name: str) -> tuple[list[list], bool, str]:
     (its four cells empty).
     """
     preset = load_presets()[name]
-    rows = [table_row(row) for row in preset["requests"]]
+    if "workload" in preset:
+        rows = table_rows(load_jsonl(ASSETS / preset["workload"]), sampling_columns=True)
+    else:
+        rows = [table_row(row) for row in preset["requests"]]
     return rows, bool(preset["chat_template"]), preset.get("description", "")
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import gradio as gr
 
 from engine import export
-from engine.page import figures, mask_figures, serving_figures, tables
+from engine.page import block_map, figures, mask_figures, serving_figures, tables
 from engine.reference import NOT_COMPARED_TEXT, mismatches, not_compared_ids
 from engine.trace import DECODE, PREFILL, Trace
 
@@ -72,9 +72,10 @@ def outputs_table(rows: list[list], engine_names: list[str]) -> gr.Dataframe:
 
 
 def output_column_widths(engine_names: list[str]) -> list[str]:
-    """The outputs table's column widths: request, prompt, cap, one per engine, the verdict."""
-    output_width = f"{61 // len(engine_names)}%"
-    return ["8%", "17%", "6%", *[output_width] * len(engine_names), "8%"]
+    """The outputs table's column widths: request, prompt, cap, one per engine, the verdict and
+    the prompt tokens from the prefix cache."""
+    output_width = f"{56 // len(engine_names)}%"
+    return ["7%", "16%", "5%", *[output_width] * len(engine_names), "8%", "8%"]
 
 
 @dataclass
@@ -200,7 +201,7 @@ def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
         continuous_timeline=timeline(state.continuous, x_axis, x_max, step_index),
         packed_mask=_at_step(mask_figures.mask_heatmap, state.continuous, step_index),
         static_mask=_at_step(mask_figures.static_mask_heatmap, state.static, step_index),
-        block_map=_at_step(serving_figures.block_map_figure, state.continuous, step_index),
+        block_map=_at_step(block_map.block_map_figure, state.continuous, step_index),
     )
 
 

@@ -5,8 +5,9 @@ request through ``request_color``, so a request keeps its colour in every chart;
 colour comes round again, and ``request_pattern`` gives the mark that tells such requests apart.
 Backgrounds are transparent and text and grid lines a neutral grey, so the figures read in light
 and dark themes. Titles are left-aligned with details in their subtitles, so they fit a phone.
-Used by ``engine.page.figures`` (timelines), ``engine.page.mask_figures`` (attention masks) and
-``engine.page.serving_figures``; these four are the only modules that import plotly.
+Used by ``engine.page.figures`` (timelines), ``engine.page.mask_figures`` (attention masks),
+``engine.page.serving_figures`` and ``engine.page.block_map``; these five are the only modules
+that import plotly.
 """
 
 from __future__ import annotations

@@ -29,9 +29,10 @@ METRICS_HEADERS = [
     "p99 TTFT s",
     "preemptions",
     "outputs match model.generate",
+    "prefix-cache hit rate %",  # added last: the /run API's metrics columns keep their places
 ]
 # Column widths in pixels: wide enough for each name on any screen (a narrow one scrolls).
-METRICS_COLUMN_WIDTHS = [110, 84, 72, 100, 72, 100, 100, 110, 90, 90, 110, 150]
+METRICS_COLUMN_WIDTHS = [110, 84, 72, 100, 72, 100, 100, 110, 90, 90, 110, 150, 110]
 # Hover definitions of the metrics columns (the page sets them as the column names' titles).
 # Padding waste and slot utilisation have different denominators, so they need not add to 100.
 METRIC_HELP = {
@@ -54,6 +55,11 @@ METRIC_HELP = {
     "outputs match model.generate": "✓ when every output equals plain model.generate, token "
     "for token. A request transformers' manager or a server sampled with its own random stream "
     "cannot be compared: it is counted as not compared, never as a mismatch.",
+    "prefix-cache hit rate %": (
+        "Of all prompt tokens: the share taken from the prefix cache instead of being prefilled "
+        "(paged KV with prefix caching; the static engine never shares). — where an engine does "
+        "not say (transformers' manager)."
+    ),
 }
 METRICS_NOTE = (
     "**padding waste %** counts wasted token positions among those computed; **slot "
@@ -93,6 +99,7 @@ def metrics_rows(traces: dict[str, Trace], reference_ok: dict[str, bool] | None)
                 _rounded(trace.latency_percentiles()["ttft_s"]["p99"]),
                 m.num_preemptions if has_steps else NOT_AVAILABLE,
                 ok,
+                _percent(m.prefix_cache_hit_rate),
             ]
         )
     return rows
@@ -106,18 +113,27 @@ def _match_cell(ok: bool, num_not_compared: int) -> str:
     return f"{mark} ({num_not_compared} {NOT_COMPARED_TEXT})"
 
 
+def _percent(share: float | None) -> float | str:
+    return NOT_AVAILABLE if share is None else round(100 * share, 1)
+
+
 def _rounded(value: float | None) -> float | str:
     return NOT_AVAILABLE if value is None else round(value, 2)
 
 
+CACHED_TOKENS_HEADER = "prompt tokens from the prefix cache"
+
+
 def outputs_headers(engine_names: list[str]) -> list[str]:
-    """request, prompt, cap, one output column per engine, then the reference verdict."""
+    """request, prompt, cap, one output column per engine, the reference verdict, then the
+    prompt tokens the continuous engine took from the prefix cache (added last)."""
     return [
         "request",
         "prompt",
         "cap",
         *(f"{n} output" for n in engine_names),
         "matches model.generate",
+        CACHED_TOKENS_HEADER,
     ]
 
 
@@ -132,8 +148,19 @@ def outputs_rows(traces: dict[str, Trace], reference: dict[int, list[int]] | Non
         verdict = NOT_AVAILABLE if reference is None else _verdict(records, reference)
         texts = [r.output_text for _, r in records]
         prompt = _clip(req.prompt, PROMPT_SHOWN_CHARS)
-        rows.append([f"R{req.request_id}", prompt, req.max_new_tokens, *texts, verdict])
+        cached = _cached_tokens(traces, i)
+        rows.append([f"R{req.request_id}", prompt, req.max_new_tokens, *texts, verdict, cached])
     return rows
+
+
+def _cached_tokens(traces: dict[str, Trace], index: int) -> int | str:
+    """The continuous engine's prefix-cache tokens for one request ("of 575" prompt tokens), or
+    "—" without it: the only engine of ours that shares blocks."""
+    trace = traces.get("continuous")
+    record = trace.requests[index] if trace is not None else None
+    if record is None or record.num_cached_tokens is None:
+        return NOT_AVAILABLE
+    return f"{record.num_cached_tokens} of {record.num_prompt_tokens}"
 
 
 def _verdict(records: list[tuple[str, RequestRecord]], reference: dict[int, list[int]]) -> str:

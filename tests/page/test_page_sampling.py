@@ -15,6 +15,7 @@ from engine.sampling import SamplingParams
 from engine.sequence import Request
 from engine.workload import TABLE_COLUMNS, parse_table
 
+MATCH = tables.METRICS_HEADERS.index("outputs match model.generate")
 SAMPLED = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, seed=1234)
 # A greedy row, a sampled row with every setting, a sampled row with only a seed (temperature 1).
 ROWS = [
@@ -34,7 +35,7 @@ def test_sampled_rows_match_seeded_generate_in_both_engines(shared):
     in both engines; the greedy row stays greedy."""
     result = _run(shared)
     assert "✓ all match" in result.status, result.status
-    assert all(row[-1] == "✓" for row in result.outputs), result.outputs
+    assert all(row[-2] == "✓" for row in result.outputs), result.outputs
     runner = shared.runner
     ids = runner.loaded.tokenizer("abc")["input_ids"]
     sampled = Request(1, "abc", 8, tuple(ids), sampling=SAMPLED)
@@ -55,12 +56,12 @@ def test_transformers_engine_says_not_compared_for_sampled_rows(shared):
     result = _run(shared, compare_hf=True)
     hf = result.state.hf_continuous
     assert [r.comparable for r in hf.requests] == [True, False, False], "comparable flags"
-    verdicts = [row[-1] for row in result.outputs]
+    verdicts = [row[-2] for row in result.outputs]
     assert verdicts[0] == "✓", verdicts
     for verdict in verdicts[1:]:
         assert verdict == f"✓ · hf_continuous: {NOT_COMPARED_TEXT}", verdicts
     hf_row = next(row for row in result.metrics if row[0] == "hf_continuous")
-    assert hf_row[-1] == f"✓ (2 {NOT_COMPARED_TEXT})", hf_row
+    assert hf_row[MATCH] == f"✓ (2 {NOT_COMPARED_TEXT})", hf_row
     assert "✓ all compared outputs match" in result.status, result.status
     assert f"hf_continuous: R1, R2: {NOT_COMPARED_TEXT}" in result.status, result.status
     assert "✗" not in result.status, result.status
@@ -80,8 +81,8 @@ def test_a_real_mismatch_still_shows_beside_not_compared():
     assert "✗ differs from `model.generate` (continuous: R0)" in status, status
     assert f"(hf_continuous: R1: {NOT_COMPARED_TEXT})" in status, status
     rows = tables.outputs_rows(state.traces(), reference)
-    assert rows[0][-1] == "✗ continuous", rows[0]
-    assert rows[1][-1] == f"✓ · hf_continuous: {NOT_COMPARED_TEXT}", rows[1]
+    assert rows[0][-2] == "✗ continuous", rows[0]
+    assert rows[1][-2] == f"✓ · hf_continuous: {NOT_COMPARED_TEXT}", rows[1]
 
 
 def test_upload_and_download_carry_the_sampling_columns(tmp_path):

@@ -5,8 +5,10 @@ Each preset in ``assets/presets.json`` has the slot count its text speaks of (``
 how long they really get (they must not stop at end-of-sequence early), which engine needs fewer
 steps and by at least how much (or that both need about the same), that continuous batching takes
 as many steps as its longest request, that no step passes the token budget, or that continuous
-batching serves the first tokens sooner. Step counts are compared, not wall times: steps do not
-depend on how busy the machine is. Both engines run for real (no reference check, to save time).
+batching serves the first tokens sooner, or that prefix caching hits often enough and serves them
+sooner still (the continuous engine then runs again with the toggle on). Step counts are
+compared, not wall times, except for the TTFT claims, whose gaps are large: steps do not depend
+on how busy the machine is. The engines run for real (no reference check, to save time).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def model(embedded_model) -> SharedModel:
     return SharedModel.from_loaded(embedded_model)
 
 
-def _run(model: SharedModel, name: str):
+def _run(model: SharedModel, name: str, prefix_caching: bool = False):
     check = PRESETS[name]["check"]
     rows, chat_template, _, num_slots = presets.choose_preset(name)
     options = RunOptions(
@@ -34,9 +36,26 @@ def _run(model: SharedModel, name: str):
         check_reference=False,
         kv_mode="paged",
         token_budget=check.get("token_budget"),
+        prefix_caching=prefix_caching,
     )
     requests, config = prepare(model, rows, num_slots, options)
     return check, playground.run_engines(model, requests, config, options, lambda *a, **k: None)
+
+
+def _check_prefix_caching(model: SharedModel, name: str, check: dict, without) -> None:
+    """The toggle on: the hit rate the text promises, the same outputs, lower mean TTFT."""
+    _, state = _run(model, name, prefix_caching=True)
+    cached, plain = state.continuous, without.continuous
+    hit_rate = cached.metrics().prefix_cache_hit_rate
+    print(f"{name}: prefix-cache hit rate {hit_rate:.2f}")
+    assert hit_rate >= check["min_prefix_hit_rate"], f"{name}: hit rate {hit_rate:.2f}"
+    assert state.static.metrics().prefix_cache_hit_rate == 0, "the static engine shared blocks"
+    for a, b in zip(cached.requests, plain.requests, strict=True):
+        assert a.output_token_ids == b.output_token_ids, f"{name}: R{a.request_id} changed"
+    if check.get("lower_mean_ttft") == "prefix_caching":
+        on, off = cached.metrics().mean_ttft_s, plain.metrics().mean_ttft_s
+        print(f"{name}: mean TTFT {off:.3f} s without prefix caching, {on:.3f} s with")
+        assert on < off, f"{name}: mean TTFT {on:.3f} s with prefix caching, {off:.3f} without"
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -65,6 +84,8 @@ def test_preset_does_what_its_text_says(model, name):
     if "max_tokens_per_step" in check:
         most = max(s.num_scheduled_tokens for s in state.continuous.steps)
         assert most <= check["max_tokens_per_step"], f"{name}: a step carried {most} tokens"
+    if "min_prefix_hit_rate" in check:
+        _check_prefix_caching(model, name, check, state)
     if check.get("lower_mean_ttft") == "continuous":
         static_ttft = state.static.metrics().mean_ttft_s
         continuous_ttft = state.continuous.metrics().mean_ttft_s
