@@ -76,12 +76,15 @@ def _block_map_subtitle(step: StepRecord, total: int, info: dict) -> str:
         f"preempted here: {_ids(step.preempted) or 'none'}"
     )
     if info.get("prefix_caching"):
-        shared = sum(len(h) > 1 for h in step.block_holders().values())
+        shared = [h for h in step.block_holders().values() if len(h) > 1]
         cached = len(step.cached_free_blocks or [])
         text += (
-            f"<br>prefix cache: {shared} shared {'block' if shared == 1 else 'blocks'} "
-            f"(R0 ×3: held by 3 requests; hover for which) · {cached} free but cached (dark grey)"
+            f"<br>prefix cache: {len(shared)} shared {'block' if len(shared) == 1 else 'blocks'}"
         )
+        if shared:
+            first = shared[0]
+            text += f" (R{first[0]} ×{len(first)}: held by {len(first)} requests; hover for which)"
+        text += f" · {cached} free but cached (dark grey)"
     return text
 
 

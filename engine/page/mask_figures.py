@@ -27,6 +27,7 @@ PAD_COLOR = "#c8c8c8"  # static mask: cells of left-padding tokens
 IDLE_ROW_COLOR = "#6e6e6e"  # static mask: attention of a row whose request already finished
 MAX_HEATMAP_CELLS = 512 * 4096
 MAX_QUERY_CELLS, MAX_KEY_CELLS = 512, 4096  # tile sizes are chosen to fit this box
+PREFIX_MARK = "*"  # after the label of a key column taken from the prefix cache: "R3 pos 12*"
 SMALL_GRID_CELLS = 80  # heatmaps up to this many cells a side get a 1-px gap between cells
 
 
@@ -122,7 +123,9 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
     ) + (f"<br>{note}" if note else "")
     num_from_cache = int(from_cache.sum())
     if num_from_cache:
-        subtitle += f"<br>pale key columns: {num_from_cache} keys from the prefix cache"
+        subtitle += (
+            f"<br>pale key columns (pos{PREFIX_MARK}): {num_from_cache} keys from the prefix cache"
+        )
     starts = [sum(q.num_new_tokens for q in step.seqs[:i]) for i in range(len(step.seqs))]
     _mark_repeated_colours(
         fig, [(q.request_id, a // fq) for q, a in zip(step.seqs, starts, strict=True)]
@@ -131,10 +134,10 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
 
 
 def _token_labels(names: list[str], seq, pos, from_cache=None) -> list[str]:
-    """Axis labels "R3 pos 12" per token; "(prefix cache)" after keys taken from it."""
+    """Axis labels "R3 pos 12" per token; ``PREFIX_MARK`` after keys from the prefix cache."""
     cached = from_cache.tolist() if from_cache is not None else [False] * len(seq)
     return [
-        f"{names[s]} pos {p}" + (" (prefix cache)" if c else "")
+        f"{names[s]} pos {p}" + (PREFIX_MARK if c else "")
         for s, p, c in zip(seq.tolist(), pos.tolist(), cached, strict=True)
     ]
 

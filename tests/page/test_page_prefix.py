@@ -77,12 +77,12 @@ def test_block_map_shows_shared_blocks_with_refcount_and_sharers(result):
 
 def test_packed_mask_marks_the_keys_from_the_prefix_cache(result):
     """At a step whose sequences hold keys from the prefix cache, exactly those key columns are
-    labelled "(prefix cache)" and drawn in the paler codes; the subtitle counts them."""
+    labelled "pos N*" and drawn in the paler codes; the subtitle counts them."""
     trace = result.state.continuous
     step = next(s for s in trace.steps if any(q.num_prefix_cached_tokens for q in s.seqs))
     mask = playground.update_step(result.state, step.index, "step")[2]
     heatmap = mask.data[0]
-    from_cache = [label.endswith("(prefix cache)") for label in heatmap.x]
+    from_cache = [label.endswith("*") for label in heatmap.x]
     want = sum(q.num_prefix_cached_tokens for q in step.seqs)
     assert sum(from_cache) == want > 0, f"{sum(from_cache)} columns marked, want {want}"
     num_seqs = len(step.seqs)
