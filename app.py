@@ -23,9 +23,8 @@ parse_args = launch.parse_args  # the command line, documented in engine.page.la
 
 
 def build_demo(model_label: str, server_names: list[str] = ()) -> gr.Blocks:
-    """The page: request editor and settings, timelines, step heatmaps, tables; it opens on the
-    shipped recording of the default preset (``engine.page.recording``). ``server_names``: the
-    host's servers (``engine.page.servers``), offered as checkboxes, never as an address box."""
+    """The page: request editor and settings, timelines, step heatmaps, tables, the host's
+    servers (by name only); it opens on the shipped recording (``engine.page.recording``)."""
     rows, chat_template, preset_text = presets.apply_preset(presets.DEFAULT_PRESET)
     shown = recording.opening_result()
     with gr.Blocks(title=panels.TITLE) as demo:
@@ -74,7 +73,8 @@ def wire_setup(demo, requests, settings, results, run_state) -> None:
     """Links, presets, table edits, uploads and downloads: everything that sets a run up."""
     s = settings
     link_outputs = [s.preset_dropdown, requests.table, s.chat_checkbox, requests.preset_markdown]
-    demo.load(page_io.from_link, None, [*link_outputs, s.slots_slider], **HIDDEN)
+    link_outputs += [s.slots_slider, s.prefix_caching_checkbox]
+    demo.load(page_io.from_link, None, link_outputs, **HIDDEN)
     chosen = [requests.table, s.chat_checkbox, requests.preset_markdown, s.slots_slider]
     choose = {"api_name": "apply_preset"}  # the endpoint's name before it also set the slots
     s.preset_dropdown.input(presets.choose_preset, s.preset_dropdown, chosen, **choose)
@@ -82,6 +82,7 @@ def wire_setup(demo, requests, settings, results, run_state) -> None:
     edited = [s.preset_dropdown, requests.preset_markdown]
     requests.table.input(presets.table_edited, None, edited, **HIDDEN)
     link_query = [s.preset_dropdown, s.slots_slider, results.step_slider, run_state]
+    link_query.append(s.prefix_caching_checkbox)
     s.link_button.click(page_io.setup_query, link_query, s.link_textbox, **HIDDEN).then(
         None, s.link_textbox, s.link_textbox, js=page_io.COPY_LINK_JS
     )
@@ -114,6 +115,7 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs):
             run_state,  # the previous run, put back if this one is stopped (not in the API)
             s.kv_budget_number,  # after the state: the API's earlier inputs keep their places
             s.block_size_number,
+            s.prefix_caching_checkbox,
             handle_state,  # for Stop (not in the API)
             s.servers_checkbox,  # the host's servers to run too (names only)
         ],

@@ -29,6 +29,16 @@ KV_MODES = [
     ("article's concatenation (slow, O(n²))", "concat"),
 ]
 POLICIES = [("decode first", "decode_first"), ("prefill first", "prefill_first")]
+PREFIX_CACHING_INFO = (
+    "A prompt's full blocks that an earlier request computed are shared, not prefilled again "
+    "(vLLM's automatic prefix caching); the block map shows shared blocks and the mask the keys "
+    "taken from the cache. Paged KV mode only. The static engine cannot share: its waves "
+    "prefill every prompt in full."
+)
+REQUESTS_LABEL = (
+    "Requests (arrival_s: seconds after Run, 0 = at once; temperature, top_k, top_p, seed: "
+    "all empty = greedy, any one set = sampled from the row's own seeded generator)"
+)
 
 
 def header(model_label: str) -> None:
@@ -67,12 +77,13 @@ def requests_panel(rows: list[list], preset_text: str) -> RequestsPanel:
     table = gr.Dataframe(
         value=rows,
         headers=playground.REQUEST_HEADERS,
-        datatype=["str", "number", "number"],
+        # the seed is text: a browser number loses digits past 2^53, and seeds go to 2^63 - 1
+        datatype=["str", "number", "number", "number", "number", "number", "str"],
         type="array",
         interactive=True,
-        column_count=3,  # row_limits/column_limits: "not yet implemented" in 6.31
-        label="Requests (arrival_s: seconds after Run; 0 = at once)",
-        column_widths=["74%", "14%", "12%"],
+        column_count=len(playground.REQUEST_HEADERS),  # column_limits: not implemented in 6.31
+        label=REQUESTS_LABEL,
+        column_widths=["46%", "11%", "9%", "10%", "7%", "7%", "10%"],
         elem_id="requests_table",
     )
     with gr.Row():
@@ -107,6 +118,7 @@ class SettingsPanel:
     kv_mode_dropdown: gr.Dropdown
     kv_budget_number: gr.Number
     block_size_number: gr.Number
+    prefix_caching_checkbox: gr.Checkbox
     token_budget_number: gr.Number
     policy_radio: gr.Radio
     arrival_rate_number: gr.Number
@@ -187,6 +199,12 @@ def _engine_knobs() -> tuple:
         block_size = gr.Number(  # no precision=0: it rounds 7.5 quietly
             value=16, label="Paged: tokens per block (1 to 256)", elem_id="block_size_number"
         )
+    prefix_caching = gr.Checkbox(
+        value=False,
+        label="Paged: prefix caching",
+        info=PREFIX_CACHING_INFO,
+        elem_id="prefix_caching_checkbox",
+    )
     token_budget = gr.Number(
         value=0, label="Token budget per step (0 = no limit)", elem_id="token_budget_number"
     )
@@ -203,7 +221,8 @@ def _engine_knobs() -> tuple:
         label="Also run transformers' built-in continuous batching",
         elem_id="compare_hf_checkbox",
     )
-    return kv_mode, kv_budget, block_size, token_budget, policy, arrival_rate, compare_hf
+    knobs = (kv_mode, kv_budget, block_size, prefix_caching, token_budget, policy, arrival_rate)
+    return (*knobs, compare_hf)
 
 
 @dataclass

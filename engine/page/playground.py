@@ -41,8 +41,9 @@ from engine.page.shared_model import SharedModel, get_model
 from engine.run_control import RunCancelled, RunControl, RunStopped, run_time_limit_s
 from engine.sequence import Request
 from engine.static import StaticEngine
+from engine.workload import TABLE_COLUMNS
 
-REQUEST_HEADERS = ["prompt", "max_new_tokens", "arrival_s"]
+REQUEST_HEADERS = list(TABLE_COLUMNS)  # prompt, max_new_tokens, arrival_s, sampling settings
 PROGRESS_INTERVAL_S = 0.5  # at most two progress reports a second
 STOPPED = "**Stopped** before the end."
 STOPPED_IN_QUEUE = "**Stopped** before it started: it left the queue."
@@ -119,7 +120,8 @@ def _run_all(model, requests, config, options, progress, watch) -> RunState:
         watch("hf_continuous", None)
         progress(None, desc="transformers' continuous batching")
         stop_check = functools.partial(watch, "hf_continuous", waiting=True)
-        hf = HFContinuousEngine(runner, config).run(requests, on_wait=stop_check)
+        hf_engine = HFContinuousEngine(runner, config, block_sharing=config.prefix_caching)
+        hf = hf_engine.run(requests, on_wait=stop_check)
     reference = None
     if options.check_reference:
         reference = model.reference.outputs(
@@ -148,6 +150,7 @@ def run_event(
     previous: RunState | None = None,
     kv_budget_mib=None,
     block_size=None,
+    prefix_caching=False,
     handle: RunHandle | None = None,
     server_names=None,
 ) -> Iterator[tuple]:
@@ -158,10 +161,11 @@ def run_event(
     stop flag of this run's ``RunControl`` through the session's ``handle``
     (``engine.page.run_handle``): the worker stops within one step and the handler yields the
     previous results with "Stopped" and returns. When Gradio closes the generator (a closed tab)
-    the worker stops too. The paged KV knobs (``kv_budget_mib``, ``block_size``), the handle and
-    the chosen servers (``server_names``: names the host configured, ``engine.page.servers``)
-    come after the state, so the /run API's earlier inputs keep their positions. The servers run
-    last: one that fails, or is stopped, is reported while the other engines' results are shown.
+    the worker stops too. The paged KV knobs (``kv_budget_mib``, ``block_size``,
+    ``prefix_caching``), the handle and the chosen servers (``server_names``: names the host
+    configured, ``engine.page.servers``) come after the state, so the /run API's earlier inputs
+    keep their positions. The servers run last: one that fails, or is stopped, is reported while
+    the other engines' results are shown.
 
     Bad input (a bad table, slot count or knob, a KV budget too small for a request, or a
     ``ValueError`` an engine raises mid-run) is not an error of the event: the status line says
@@ -186,7 +190,7 @@ def run_event(
         yield from _run(
             rows,
             num_slots,
-            (*knobs, arrival_rate, kv_budget_mib, block_size, server_names),
+            (*knobs, arrival_rate, kv_budget_mib, block_size, prefix_caching, server_names),
             x_axis,
             previous,
             handle,

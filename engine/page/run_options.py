@@ -30,6 +30,7 @@ class RunOptions:
     arrival_seed: int = 0
     kv_budget_mib: float | None = None  # paged KV mode: None sizes the pool for every slot
     block_size: int = 16  # paged KV mode: tokens per block
+    prefix_caching: bool = False  # paged KV mode: share the KV blocks of computed prompt prefixes
     servers: tuple[str, ...] = ()  # host-configured servers to run too, by name (never a URL)
 
 
@@ -43,6 +44,7 @@ def options_from_page(
     arrival_rate,
     kv_budget_mib=None,
     block_size=None,
+    prefix_caching=False,
     servers=None,
 ) -> RunOptions:
     """The page's knobs as ``RunOptions``; empty or 0 budgets mean "no limit".
@@ -60,6 +62,7 @@ def options_from_page(
         arrival_rate_per_s=_optional_positive(arrival_rate, "Arrival rate (requests/s)"),
         kv_budget_mib=_optional_positive(kv_budget_mib, "KV budget (MiB)"),
         block_size=16 if _blank(block_size) else _whole_number(block_size, "Block size"),
+        prefix_caching=bool(prefix_caching),
         servers=_names(servers),
     )
 
@@ -69,7 +72,8 @@ def prepare(model, rows, num_slots, options: RunOptions):
     budget too small for some request is refused here, before any engine starts.
 
     Raises:
-        ValueError: bad table, slot count or knob, or a KV budget that cannot hold a request.
+        ValueError: bad table, slot count or knob, a KV budget that cannot hold a request, or
+            prefix caching without the paged KV mode.
     """
     if hasattr(rows, "values") and hasattr(rows, "columns"):  # a pandas DataFrame
         rows = rows.values.tolist()
@@ -80,6 +84,7 @@ def prepare(model, rows, num_slots, options: RunOptions):
         scheduling_policy=options.policy,
         kv_budget_mib=options.kv_budget_mib,
         block_size=options.block_size,
+        prefix_caching=options.prefix_caching,  # the static engine never shares (its config)
     )
     specs = parse_table(rows)
     if options.arrival_rate_per_s:

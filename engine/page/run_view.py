@@ -18,8 +18,16 @@ from typing import Any
 import gradio as gr
 
 from engine import export
-from engine.page import figures, mask_figures, server_figures, server_view, serving_figures, tables
-from engine.reference import mismatches
+from engine.page import (
+    block_map,
+    figures,
+    mask_figures,
+    server_figures,
+    server_view,
+    serving_figures,
+    tables,
+)
+from engine.reference import NOT_COMPARED_TEXT, mismatches, not_compared_ids
 from engine.trace import DECODE, PREFILL, Trace
 
 # The Run event's outputs, by elem_id (the state has none), in wiring order. The first ten are the
@@ -74,9 +82,10 @@ def outputs_table(rows: list[list], engine_names: list[str]) -> gr.Dataframe:
 
 
 def output_column_widths(engine_names: list[str]) -> list[str]:
-    """The outputs table's column widths: request, prompt, cap, one per engine, the verdict."""
-    output_width = f"{61 // len(engine_names)}%"
-    return ["8%", "17%", "6%", *[output_width] * len(engine_names), "8%"]
+    """The outputs table's column widths: request, prompt, cap, one per engine, the verdict and
+    the prompt tokens from the prefix cache."""
+    output_width = f"{56 // len(engine_names)}%"
+    return ["7%", "16%", "5%", *[output_width] * len(engine_names), "8%", "8%"]
 
 
 @dataclass
@@ -210,7 +219,7 @@ def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
         continuous_timeline=timeline(state.continuous, x_axis, x_max, step_index),
         packed_mask=_at_step(mask_figures.mask_heatmap, state.continuous, step_index),
         static_mask=_at_step(mask_figures.static_mask_heatmap, state.static, step_index),
-        block_map=_at_step(serving_figures.block_map_figure, state.continuous, step_index),
+        block_map=_at_step(block_map.block_map_figure, state.continuous, step_index),
     )
 
 
@@ -271,13 +280,24 @@ def steps_comparison(static_steps: int, continuous_steps: int) -> str:
 
 
 def _verdict(state: RunState) -> str:
+    """The reference verdict; requests an engine sampled with its own generator (transformers'
+    manager, a server) are named as not compared, never as differing."""
     if state.reference is None:
         return "outputs not checked against `model.generate`"
-    bad = {name: _mismatched(t, state.reference) for name, t in _compared(state).items()}
+    traces = _compared(state)  # a server serving another model is not checked
+    bad = {name: _mismatched(t, state.reference) for name, t in traces.items()}
+    skipped = {name: not_compared_ids(t) for name, t in traces.items()}
+    skipped_text = "; ".join(f"{n}: {_ids(ids)}" for n, ids in skipped.items() if ids)
+    skipped_text = f" ({skipped_text}: {NOT_COMPARED_TEXT})" if skipped_text else ""
     if not any(bad.values()):
-        return "✓ all match `model.generate` token for token"
-    wrong = "; ".join(f"{n}: {', '.join(f'R{r}' for r in ids)}" for n, ids in bad.items() if ids)
-    return f"✗ differs from `model.generate` ({wrong})"
+        every = "all compared outputs match" if skipped_text else "all match"
+        return f"✓ {every} `model.generate` token for token{skipped_text}"
+    wrong = "; ".join(f"{n}: {_ids(ids)}" for n, ids in bad.items() if ids)
+    return f"✗ differs from `model.generate` ({wrong}){skipped_text}"
+
+
+def _ids(request_ids: list[int]) -> str:
+    return ", ".join(f"R{r}" for r in request_ids)
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -311,7 +331,10 @@ def slider_label(state: RunState) -> str:
 
 
 def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
-    return mismatches({r.request_id: r.output_token_ids for r in trace.requests}, reference)
+    """Requests whose output differs from the reference; those the engine sampled with a
+    generator of its own are not compared (``engine.reference.not_compared_ids``)."""
+    outputs = {r.request_id: r.output_token_ids for r in trace.requests}
+    return mismatches(outputs, reference, not_compared_ids(trace))
 
 
 def _reference_ok(state: RunState) -> dict[str, bool] | None:

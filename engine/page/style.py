@@ -6,8 +6,8 @@ colour comes round again, and ``request_pattern`` gives the mark that tells such
 Backgrounds are transparent and text and grid lines a neutral grey, so the figures read in light
 and dark themes. Titles are left-aligned with details in their subtitles, so they fit a phone.
 Used by ``engine.page.figures`` (timelines), ``engine.page.mask_figures`` (attention masks),
-``engine.page.serving_figures`` and ``engine.page.server_figures`` (the servers' lanes and
-gauges); these five are the only modules that import plotly.
+``engine.page.serving_figures``, ``engine.page.block_map`` and ``engine.page.server_figures``
+(the servers' lanes and gauges); these six are the only modules that import plotly.
 """
 
 from __future__ import annotations

@@ -7,7 +7,14 @@ plain strings: the page shows them as text, never as markup.
 
 from __future__ import annotations
 
-from engine.trace import Trace
+from engine.reference import (
+    MISMATCH,
+    NOT_COMPARED,
+    NOT_COMPARED_TEXT,
+    comparison,
+    not_compared_ids,
+)
+from engine.trace import RequestRecord, Trace
 
 METRICS_HEADERS = [
     "engine",
@@ -22,9 +29,10 @@ METRICS_HEADERS = [
     "p99 TTFT s",
     "preemptions",
     "outputs match model.generate",
+    "prefix-cache hit rate %",  # added last: the /run API's metrics columns keep their places
 ]
 # Column widths in pixels: wide enough for each name on any screen (a narrow one scrolls).
-METRICS_COLUMN_WIDTHS = [110, 84, 72, 100, 72, 100, 100, 110, 90, 90, 110, 150]
+METRICS_COLUMN_WIDTHS = [110, 84, 72, 100, 72, 100, 100, 110, 90, 90, 110, 150, 110]
 # Hover definitions of the metrics columns (the page sets them as the column names' titles).
 # Padding waste and slot utilisation have different denominators, so they need not add to 100.
 METRIC_HELP = {
@@ -45,7 +53,13 @@ METRIC_HELP = {
     "p99 TTFT s": "99th percentile of the time to first token.",
     "preemptions": "Times the paged KV cache ran dry and a sequence gave up its blocks.",
     "outputs match model.generate": "✓ when every output equals plain model.generate, token "
-    "for token.",
+    "for token. A request transformers' manager or a server sampled with its own random stream "
+    "cannot be compared: it is counted as not compared, never as a mismatch.",
+    "prefix-cache hit rate %": (
+        "Of all prompt tokens: the share taken from the prefix cache instead of being prefilled "
+        "(paged KV with prefix caching; the static engine never shares). — where an engine does "
+        "not say (transformers' manager)."
+    ),
 }
 METRICS_NOTE = (
     "**padding waste %** counts wasted token positions among those computed; **slot "
@@ -53,6 +67,7 @@ METRICS_NOTE = (
     "need not add to 100. Hover a column's name for its definition."
 )
 NOT_AVAILABLE = "—"
+ANOTHER_MODEL_TEXT = "another model, not compared"
 PROMPT_SHOWN_CHARS = 200  # longer prompts are clipped in the outputs table
 
 
@@ -70,7 +85,7 @@ def metrics_rows(traces: dict[str, Trace], reference_ok: dict[str, bool] | None)
         speedup = f"{static_wall_s / m.wall_s:.2f}×" if static_wall_s and m.wall_s > 0 else "—"
         ok = NOT_AVAILABLE
         if reference_ok and name in reference_ok:
-            ok = "✓" if reference_ok[name] else "✗"
+            ok = _match_cell(reference_ok[name], len(not_compared_ids(trace)))
         rows.append(
             [
                 name,
@@ -85,23 +100,41 @@ def metrics_rows(traces: dict[str, Trace], reference_ok: dict[str, bool] | None)
                 _rounded(trace.latency_percentiles()["ttft_s"]["p99"]),
                 m.num_preemptions if has_steps else NOT_AVAILABLE,
                 ok,
+                _percent(m.prefix_cache_hit_rate),
             ]
         )
     return rows
+
+
+def _match_cell(ok: bool, num_not_compared: int) -> str:
+    """✓ or ✗ over the compared requests, then how many were sampled with another generator."""
+    mark = "✓" if ok else "✗"
+    if not num_not_compared:
+        return mark
+    return f"{mark} ({num_not_compared} {NOT_COMPARED_TEXT})"
+
+
+def _percent(share: float | None) -> float | str:
+    return NOT_AVAILABLE if share is None else round(100 * share, 1)
 
 
 def _rounded(value: float | None) -> float | str:
     return NOT_AVAILABLE if value is None else round(value, 2)
 
 
+CACHED_TOKENS_HEADER = "prompt tokens from the prefix cache"
+
+
 def outputs_headers(engine_names: list[str]) -> list[str]:
-    """request, prompt, cap, one output column per engine, then the reference verdict."""
+    """request, prompt, cap, one output column per engine, the reference verdict, then the
+    prompt tokens the continuous engine took from the prefix cache (added last)."""
     return [
         "request",
         "prompt",
         "cap",
         *(f"{n} output" for n in engine_names),
         "matches model.generate",
+        CACHED_TOKENS_HEADER,
     ]
 
 
@@ -112,27 +145,47 @@ def compared(trace: Trace) -> bool:
 
 
 def outputs_rows(traces: dict[str, Trace], reference: dict[int, list[int]] | None) -> list[list]:
-    """One row per request (``outputs_headers`` order); the verdict names engines that differ.
-
-    A server serving another model (``compared``) is left out of the verdict, which says so."""
+    """One row per request (``outputs_headers`` order); the verdict names engines that differ,
+    and those that sampled the request with a generator of their own (not compared). A server
+    serving another model (``compared``) is left out of the check, which says so."""
     runs = list(traces.items())
     first = runs[0][1]
     unchecked = [name for name, trace in runs if not compared(trace)]
     rows = []
     for i, req in enumerate(first.requests):
+        records = [(name, trace.requests[i]) for name, trace in runs]
         verdict = NOT_AVAILABLE
         if reference is not None:
-            ref = reference.get(req.request_id)
-            bad = [
-                n for n, t in runs if n not in unchecked and t.requests[i].output_token_ids != ref
-            ]
-            verdict = "✓" if not bad else "✗ " + " and ".join(bad)
+            verdict = _verdict([(n, r) for n, r in records if n not in unchecked], reference)
             if unchecked:
-                verdict += f" ({' and '.join(unchecked)}: another model, not compared)"
-        texts = [trace.requests[i].output_text for _, trace in runs]
+                verdict += f" · {' and '.join(unchecked)}: {ANOTHER_MODEL_TEXT}"
+        texts = [r.output_text for _, r in records]
         prompt = _clip(req.prompt, PROMPT_SHOWN_CHARS)
-        rows.append([f"R{req.request_id}", prompt, req.max_new_tokens, *texts, verdict])
+        cached = _cached_tokens(traces, i)
+        rows.append([f"R{req.request_id}", prompt, req.max_new_tokens, *texts, verdict, cached])
     return rows
+
+
+def _cached_tokens(traces: dict[str, Trace], index: int) -> int | str:
+    """The continuous engine's prefix-cache tokens for one request ("of 575" prompt tokens), or
+    "—" without it: the only engine of ours that shares blocks."""
+    trace = traces.get("continuous")
+    record = trace.requests[index] if trace is not None else None
+    if record is None or record.num_cached_tokens is None:
+        return NOT_AVAILABLE
+    return f"{record.num_cached_tokens} of {record.num_prompt_tokens}"
+
+
+def _verdict(records: list[tuple[str, RequestRecord]], reference: dict[int, list[int]]) -> str:
+    """The verdict: "✓", or "✗ continuous", then "· hf_continuous: sampled with another
+    generator: not compared" for engines whose own random stream sampled the request."""
+    verdicts = [(name, comparison(r, reference) or MISMATCH) for name, r in records]
+    bad = [name for name, v in verdicts if v == MISMATCH]
+    skipped = [name for name, v in verdicts if v == NOT_COMPARED]
+    text = "✓" if not bad else "✗ " + " and ".join(bad)
+    if skipped:
+        text += f" · {' and '.join(skipped)}: {NOT_COMPARED_TEXT}"
+    return text
 
 
 def _clip(text: str, limit: int) -> str:

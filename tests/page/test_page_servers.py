@@ -202,6 +202,6 @@ def test_another_model_is_warned_and_not_compared(serve, embedded_model, with_se
     assert "⚠ hf\\_serve serves" in status and "cannot be compared" in status, status
     assert "✓ all match" in status, "the other engines' verdict is lost"
     _, rows = _table(final["outputs_table"])
-    assert rows[0][-1] == "✓ (hf_serve: another model, not compared)", rows[0]
+    assert rows[0][-1] == "✓ · hf_serve: another model, not compared", rows[0]
     metrics = {row[0]: row for row in final["metrics_table"]}
     assert metrics["hf_serve"][-1] == "—", metrics["hf_serve"]
