@@ -14,7 +14,7 @@ import pytest
 
 from engine.endpoints import Endpoint
 from engine.openai_engine import OpenAIEngine
-from engine.page import playground, run_view, servers, shared_model
+from engine.page import playground, run_view, servers, shared_model, tables
 from engine.page.live_run import LiveRun
 from engine.page.run_handle import RunHandle
 from engine.run_control import RunControl
@@ -81,6 +81,19 @@ def _table(update) -> tuple[list[str], list[list]]:
     return update.value["headers"], update.value["data"]
 
 
+def _verdicts(update) -> list[str]:
+    """The outputs table's reference verdict per request."""
+    headers, rows = _table(update)
+    column = headers.index("matches model.generate")
+    return [row[column] for row in rows]
+
+
+def _metric(update, engine: str, header: str):
+    """One engine's value in the metrics table's column ``header``."""
+    column = tables.METRICS_HEADERS.index(header)
+    return next(row[column] for row in update if row[0] == engine)
+
+
 def test_server_gets_a_column_a_row_curves_lanes_and_a_chart(serve, embedded_model, with_servers):
     """A server run on the page: its outputs match the reference, and every view shows it."""
     with_servers({"hf_serve": _engine("hf_serve", serve.url, embedded_model)})
@@ -89,11 +102,12 @@ def test_server_gets_a_column_a_row_curves_lanes_and_a_chart(serve, embedded_mod
     assert "✓ all match" in status and f"hf\\_serve {trace_wall(state)}" in status, status
     assert any("hf\\_serve: " in s for s in statuses[:-1]), "no live progress line for the server"
     headers, rows = _table(final["outputs_table"])
-    assert "hf_serve output" in headers and all(row[-1] == "✓" for row in rows), rows
+    assert "hf_serve output" in headers and _verdicts(final["outputs_table"]) == ["✓", "✓"], rows
     column = headers.index("hf_serve output")
     assert all(row[column] for row in rows), "the server's outputs are empty"
-    metrics = {row[0]: row for row in final["metrics_table"]}
-    assert metrics["hf_serve"][2] == "—" and metrics["hf_serve"][-1] == "✓", metrics["hf_serve"]
+    metrics = final["metrics_table"]
+    assert _metric(metrics, "hf_serve", "steps") == "—", "a server has no steps"
+    assert _metric(metrics, "hf_serve", "outputs match model.generate") == "✓"
     cdf_names = {t.name for t in final["latency_cdf_plot"].data}
     assert cdf_names == {"static", "continuous", "hf_serve"}, cdf_names
     lanes = final["server_timeline_plot"]
@@ -126,7 +140,7 @@ def test_unreachable_server_is_named_and_the_rest_kept(serve, embedded_model, wi
     assert "The other engines' results are kept" in status
     assert list(final["run_state"].traces()) == ["static", "continuous", "hf_serve"]
     headers, rows = _table(final["outputs_table"])
-    assert "gone output" not in headers and all(row[-1] == "✓" for row in rows), rows
+    assert "gone output" not in headers and _verdicts(final["outputs_table"]) == ["✓", "✓"], rows
 
 
 def test_server_killed_mid_run(embedded_model, with_servers):
@@ -201,7 +215,6 @@ def test_another_model_is_warned_and_not_compared(serve, embedded_model, with_se
     status = final["status_markdown"]
     assert "⚠ hf\\_serve serves" in status and "cannot be compared" in status, status
     assert "✓ all match" in status, "the other engines' verdict is lost"
-    _, rows = _table(final["outputs_table"])
-    assert rows[0][-1] == "✓ · hf_serve: another model, not compared", rows[0]
-    metrics = {row[0]: row for row in final["metrics_table"]}
-    assert metrics["hf_serve"][-1] == "—", metrics["hf_serve"]
+    verdict = _verdicts(final["outputs_table"])[0]
+    assert verdict == "✓ · hf_serve: another model, not compared", verdict
+    assert _metric(final["metrics_table"], "hf_serve", "outputs match model.generate") == "—"
