@@ -162,10 +162,9 @@ def run_event(
     (``engine.page.run_handle``): the worker stops within one step and the handler yields the
     previous results with "Stopped" and returns. When Gradio closes the generator (a closed tab)
     the worker stops too. The paged KV knobs (``kv_budget_mib``, ``block_size``,
-    ``prefix_caching``), the handle and the chosen servers (``server_names``: names the host
-    configured, ``engine.page.servers``) come after the state, so the /run API's earlier inputs
-    keep their positions. The servers run last: one that fails, or is stopped, is reported while
-    the other engines' results are shown.
+    ``prefix_caching``), the handle and the chosen servers (``server_names``, the host's: see
+    ``engine.page.servers``, which runs them last) come after the state, so the /run API's
+    earlier inputs keep their positions.
 
     Bad input (a bad table, slot count or knob, a KV budget too small for a request, or a
     ``ValueError`` an engine raises mid-run) is not an error of the event: the status line says
