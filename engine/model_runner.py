@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from engine import attention, linear_kernel
+from engine import attention, fused_layers, linear_kernel
 from engine.kv_cache import ConcatKVCache, PagedKVCache, SlotKVCache, kv_bytes_per_token
 from engine.packed_batch import PackedBatch
 
@@ -40,6 +40,7 @@ class ModelRunner:
         cpu = self.device.type == "cpu"
         self._linears = linear_kernel.linear_modules(self.model) if cpu else []
         self._kernel_choice = linear_kernel.requested_kernel()  # ValueError: a bad host setting
+        self.use_fused_layers = True  # forward_packed through engine.fused_layers where it applies
         attention.register()
 
     def engine_kernels(self):
@@ -56,8 +57,21 @@ class ModelRunner:
 
     @property
     def engine_kernel_bytes(self) -> int:
-        """Memory the engines' kernel adds (oneDNN's packed weight copies), in bytes."""
-        return self._kernel.extra_bytes
+        """Memory the engines' kernels add (oneDNN's packed weight copies, and the fused
+        decoder's stacked copies once the continuous engine has made them), in bytes."""
+        fused = self.__dict__.get("fused_decoder")
+        return self._kernel.extra_bytes + (fused.extra_bytes if fused is not None else 0)
+
+    @functools.cached_property
+    def fused_decoder(self) -> fused_layers.FusedDecoder | None:
+        """The continuous engine's fused layers (``engine.fused_layers``), made on first use;
+        None where they do not apply (not a CPU, not a Llama-style model, no linear kernel)."""
+        if not self._linears or fused_layers.unsupported_reason(self.model) is not None:
+            return None
+        try:
+            return fused_layers.FusedDecoder(self.model, self._kernel.name)
+        except RuntimeError:  # oneDNN refused a stacked weight: the model's own layers
+            return None
 
     @functools.cached_property
     def _kernel(self) -> linear_kernel.Kernel:
@@ -104,13 +118,18 @@ class ModelRunner:
             self._attention(attention.PACKED_ATTENTION),
             self.engine_kernels(),
         ):
-            logits = self.model(
-                input_ids=batch.input_ids,
-                position_ids=batch.position_ids,
-                use_cache=False,
-                logits_to_keep=batch.logits_indices,
-                packed_batch=batch,
-            ).logits  # (1, S, V)
+            fused = self.fused_decoder if self.use_fused_layers else None
+            if fused is not None:
+                hidden = fused.hidden_states(batch)  # (1, S, d)
+                logits = self.model.get_output_embeddings()(hidden)  # (1, S, V)
+            else:
+                logits = self.model(
+                    input_ids=batch.input_ids,
+                    position_ids=batch.position_ids,
+                    use_cache=False,
+                    logits_to_keep=batch.logits_indices,
+                    packed_batch=batch,
+                ).logits  # (1, S, V)
         return logits[0].argmax(dim=-1).tolist()
 
     @contextlib.contextmanager
