@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import attention
+from engine import attention, decode_attention
 from engine.linear_kernel import onednn_pack, skinny_linear
 from engine.packed_batch import PackedBatch
 
@@ -152,13 +152,15 @@ class FusedDecoder:
         cos, sin = self.rotary(x, batch.position_ids)  # (1, T, D) each
         half = self.head_dim // 2
         rope = (cos[0, :, None], torch.cat((-sin[0, :, :half], sin[0, :, half:]), -1)[:, None])
-        batch = _additive_decode_mask(batch, x.dtype)
+        split = decode_attention.plan_decode(batch, x.dtype)  # None unless decode-only
+        if split is None:
+            batch = _additive_decode_mask(batch, x.dtype)
         for layer in self.layers:
-            x = self._layer(layer, x, rope, batch)
+            x = self._layer(layer, x, rope, batch, split)
         last = x[batch.logits_indices]  # (S, d)
         return self._norm(last, self.final_norm)[None]  # (1, S, d)
 
-    def _layer(self, layer: FusedLayer, x, rope, batch) -> torch.Tensor:
+    def _layer(self, layer: FusedLayer, x, rope, batch, split) -> torch.Tensor:
         """One decoder layer on the packed row. Shapes: x [T, d] -> [T, d]."""
         num_tokens, heads, kv_heads, head_dim = (
             x.shape[0],
@@ -170,15 +172,19 @@ class FusedDecoder:
         qk = qkv[:, : (heads + kv_heads) * head_dim].view(num_tokens, heads + kv_heads, head_dim)
         qk = _rotary(qk, *rope)  # (T, H + H_kv, D)
         value = qkv[:, (heads + kv_heads) * head_dim :].view(num_tokens, kv_heads, head_dim)
-        out, _ = attention.packed_attention(
-            layer.attn,
-            qk[:, :heads].transpose(0, 1)[None],  # (1, H, T, D)
-            qk[:, heads:].transpose(0, 1)[None],  # (1, H_kv, T, D)
-            value.transpose(0, 1)[None],  # (1, H_kv, T, D)
-            None,
-            scaling=layer.attn.scaling,
-            packed_batch=batch,
-        )  # (1, T, H, D)
+        query = qk[:, :heads].transpose(0, 1)[None]  # (1, H, T, D)
+        key = qk[:, heads:].transpose(0, 1)[None]  # (1, H_kv, T, D)
+        value = value.transpose(0, 1)[None]  # (1, H_kv, T, D)
+        scaling = layer.attn.scaling
+        if split is not None:
+            batch.kv_cache.write(layer.attn.layer_idx, key, value, batch)
+            out = decode_attention.decode_attention(
+                query, batch.kv_cache, layer.attn.layer_idx, batch, split, scaling
+            )  # (1, T, H, D)
+        else:
+            out, _ = attention.packed_attention(
+                layer.attn, query, key, value, None, scaling=scaling, packed_batch=batch
+            )  # (1, T, H, D)
         x = layer.o.add(out.reshape(num_tokens, heads * head_dim).contiguous(), x)
         gate_up = layer.gate_up(self._norm(x, layer.post_norm))  # (T, 2 I)
         act = F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]

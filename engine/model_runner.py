@@ -119,7 +119,7 @@ class ModelRunner:
             self.engine_kernels(),
         ):
             fused = self.fused_decoder if self.use_fused_layers else None
-            if fused is not None:
+            if fused is not None and not getattr(batch, "invariant", False):
                 hidden = fused.hidden_states(batch)  # (1, S, d)
                 logits = self.model.get_output_embeddings()(hidden)  # (1, S, V)
             else:
