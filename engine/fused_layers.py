@@ -43,38 +43,56 @@ _LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"
 class FusedLinear:
     """One weight, or several ``nn.Linear`` weights stacked along N, behind one matmul.
 
-    ``kernel="onednn"`` packs the stacked weight for ``torch.ops.mkldnn._linear_pointwise``;
-    ``"skinny"`` keeps it plain and multiplies with ``engine.linear_kernel.skinny_linear``.
+    ``kernel`` is ``engine.linear_kernel``'s name for this model and host: ``"onednn"`` packs the
+    stacked weight for ``torch.ops.mkldnn._linear_pointwise``; ``"onednn_f32"`` packs a float32
+    copy of a half-precision weight and keeps the half one for single rows (as
+    ``UpcastOneDNNLinears``); ``"skinny"`` keeps it plain for ``skinny_linear``.
 
     Shapes:
         weights: [N_i, K] each  ->  stacked [N, K], N = sum N_i;  x: [M, K]  ->  [M, N]
     """
 
     def __init__(self, linears: list[nn.Linear], kernel: str):
-        weight = torch.cat([m.weight.detach() for m in linears])  # (N, K)
+        weights = [m.weight.detach() for m in linears]
+        weight = weights[0] if len(weights) == 1 else torch.cat(weights)  # (N, K)
         biases = [m.bias for m in linears]
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
-        self.onednn = kernel == "onednn"
-        self.weight = onednn_pack(weight) if self.onednn else weight
+        self.kernel = kernel
+        self.stacked = len(weights) > 1
+        self.weight = None if kernel == "onednn" else weight  # plain matmuls and single rows
+        self.packed = None
+        if kernel == "onednn":
+            self.packed = onednn_pack(weight)
+        elif kernel == "onednn_f32":
+            self.packed = onednn_pack(weight.float())
+            self.bias32 = None if self.bias is None else self.bias.float()
 
     @property
     def extra_bytes(self) -> int:
-        """Memory of the stacked (and packed) copy, in bytes."""
-        if self.onednn:
-            return torch.ops.mkldnn._nbytes(self.weight)
-        return self.weight.numel() * self.weight.element_size()
+        """Memory this adds to the model's own weights (packed and stacked copies), in bytes."""
+        total = 0 if self.packed is None else torch.ops.mkldnn._nbytes(self.packed)
+        if self.stacked and self.weight is not None:
+            total += self.weight.numel() * self.weight.element_size()
+        return total
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.onednn:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if self.kernel == "onednn":
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.kernel == "onednn_f32":
+            if x.shape[0] == 1:
+                return F.linear(x, self.weight, self.bias)
+            out = torch.ops.mkldnn._linear_pointwise(
+                x.float(), self.packed, self.bias32, "none", [], ""
+            )
+            return out.to(x.dtype)
         return skinny_linear(x, self.weight, self.bias)
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual + self(x)``; oneDNN adds it in the matmul's epilogue (same float32 bits)."""
-        if self.onednn:
+        if self.kernel == "onednn":
             op = torch.ops.mkldnn._linear_pointwise.binary
-            return op(x, residual, self.weight, self.bias, "add")
-        return residual + skinny_linear(x, self.weight, self.bias)
+            return op(x, residual, self.packed, self.bias, "add")
+        return residual + self(x)
 
 
 @dataclasses.dataclass
@@ -117,7 +135,8 @@ class FusedDecoder:
 
     Raises:
         ValueError: the model is not supported (``unsupported_reason``).
-        RuntimeError: oneDNN cannot pack a stacked weight (``kernel="onednn"``).
+        RuntimeError: oneDNN cannot pack a stacked weight (``kernel`` ``"onednn"`` or
+            ``"onednn_f32"``).
     """
 
     def __init__(self, model: nn.Module, kernel: str):
