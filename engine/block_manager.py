@@ -1,4 +1,4 @@
-"""The block manager: which fixed-size KV blocks each sequence owns. Plain Python, no torch.
+"""The block manager: which fixed-size KV blocks each sequence holds. Plain Python, no torch.
 
 The paged KV cache (vLLM, "Efficient Memory Management for Large Language Model Serving with
 PagedAttention", SOSP '23; ``vllm/v1/core/block_pool.py`` and ``kv_cache_manager.py``) splits KV
@@ -10,12 +10,38 @@ preempted, so memory is only held for tokens that exist, never for a worst-case 
     block:    0    1    2    3    4    5    6    7
     owner:   R0   R0   R2   --   R0   R2   --   --      (-- free)
     R0's block table: [0, 1, 4]      R2's block table: [2, 5]
+
+**Prefix caching** (``prefix_caching=True``), as vLLM (``docs/design/prefix_caching.md``) and
+nano-vllm (``nanovllm/engine/block_manager.py``) do it: once a block is full and its keys and
+values are computed, it is named by a hash of its parent block's hash and its own token ids, so a
+hash names the whole prefix up to the block's end, never just the block's tokens. A new sequence
+looks its full blocks up in order and stops at the first miss; the blocks it finds go into its
+block table and their reference count grows, so several sequences read one copy::
+
+    tokens:  [sys prompt 0-15] [sys prompt 16-31] [R0's question ...]
+    hash:     h0 = H(root, t0..t15)  h1 = H(h0, t16..t31)   (a partial block has no hash)
+
+    block:      0    1    2    3    4    5
+    refcount:   2    2    1    1    0c   0      (0c: free, but keeps its hash: cached)
+    R0's table: [0, 1, 2]     R3's table: [0, 1, 3]     cached free blocks (LRU first): [4]
+
+A block whose count drops to 0 keeps its hash in an LRU queue of cached free blocks, so a later
+sequence can still hit it. New blocks come from the plain free list first; only when that is empty
+is the least recently freed cached block evicted (its hash dropped). A sequence's blocks enter the
+queue tail first (vLLM and nano-vllm free them in reverse), so a prefix loses its end before its
+start, and what is left still matches from the first block. Unlike vLLM's single free queue,
+blocks without a hash are always used before any cached block is evicted.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections import deque
+from array import array
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
+
+ROOT_HASH = b""  # the parent hash of a sequence's first block
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -23,14 +49,28 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return math.ceil(num_tokens / block_size)
 
 
+def block_hash(parent_hash: bytes, token_ids: list[int]) -> bytes:
+    """SHA-256 of the parent block's hash and this block's token ids (vLLM's default hash).
+
+    A cryptographic hash, so two different prefixes never share a name in practice; Python's
+    ``hash`` would collide on crafted inputs (vLLM's advisory GHSA-rm76-4mrf-v9r8).
+    """
+    digest = hashlib.sha256(parent_hash)
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
+
+
 class BlockManager:
-    """A free list of ``num_blocks`` KV blocks and one block table per request.
+    """A pool of ``num_blocks`` KV blocks, their reference counts and one block table per request.
+
+    Without prefix caching every block has at most one holder and the pool behaves as a plain free
+    list. With it, see the module docstring.
 
     Raises:
         ValueError: on fewer than one block or a block size below 1.
     """
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(
                 f"A paged KV cache needs at least one block of at least one token "
@@ -38,16 +78,24 @@ class BlockManager:
             )
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        self.prefix_caching = prefix_caching
         self.block_tables: dict[int, list[int]] = {}  # request id -> block ids in token order
+        self.ref_counts = [0] * num_blocks  # sequences holding each block
+        self._free: deque[int] = deque(range(num_blocks))  # free, no hash
+        self._cached_free: OrderedDict[int, None] = OrderedDict()  # free, hashed; LRU first
+        self._hash_of: dict[int, bytes] = {}  # block id -> its prefix hash (full, computed)
+        self._block_of: dict[bytes, int] = {}  # prefix hash -> block id
+        self._num_hashed: dict[int, int] = {}  # request id -> leading table blocks looked at
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks no sequence holds: plain free ones and cached free ones (evictable)."""
+        return len(self._free) + len(self._cached_free)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        """Blocks at least one sequence holds (a shared block counts once)."""
+        return self.num_blocks - self.num_free_blocks
 
     def num_missing_blocks(self, request_id: int, num_tokens: int) -> int:
         """Blocks ``request_id`` still lacks to hold ``num_tokens`` tokens."""
@@ -55,29 +103,135 @@ class BlockManager:
         return max(0, blocks_for(num_tokens, self.block_size) - have)
 
     def allocate(self, request_id: int, num_tokens: int) -> bool:
-        """Grow ``request_id``'s table to hold ``num_tokens`` tokens; False (no change) if short."""
+        """Grow ``request_id``'s table to hold ``num_tokens`` tokens; False (no change) if short.
+
+        New blocks come from the plain free list, then by evicting cached free blocks, least
+        recently used first.
+        """
         missing = self.num_missing_blocks(request_id, num_tokens)
-        if missing > len(self._free):
+        if missing > self.num_free_blocks:
             return False
         table = self.block_tables.setdefault(request_id, [])
-        table.extend(self._free.popleft() for _ in range(missing))
+        for _ in range(missing):
+            block = self._free.popleft() if self._free else self._evict()
+            self.ref_counts[block] = 1
+            table.append(block)
         return True
 
+    def _evict(self) -> int:
+        """Take the least recently used cached free block and forget its hash."""
+        block, _ = self._cached_free.popitem(last=False)
+        del self._block_of[self._hash_of.pop(block)]
+        return block
+
     def free(self, request_id: int) -> int:
-        """Return ``request_id``'s blocks to the free list; the number freed (0 if it had none)."""
+        """Release ``request_id``'s blocks; the number released (0 if it held none).
+
+        A block goes back to the pool when no other sequence holds it: to the cached free queue
+        if it has a hash (tail blocks first), else to the plain free list.
+        """
         table = self.block_tables.pop(request_id, [])
-        self._free.extend(table)
+        self._num_hashed.pop(request_id, None)
+        for block in reversed(table) if self.prefix_caching else table:
+            self.ref_counts[block] -= 1
+            assert self.ref_counts[block] >= 0, f"block {block} released more than held"
+            if self.ref_counts[block] == 0:
+                if block in self._hash_of:
+                    self._cached_free[block] = None
+                else:
+                    self._free.append(block)
         return len(table)
 
+    # --- prefix caching --------------------------------------------------------------------
+    def hash_blocks(
+        self, hashes: list[bytes], num_tokens: int, token_ids: Callable[[int, int], list[int]]
+    ) -> list[bytes]:
+        """Extend ``hashes`` (a sequence's chain, in place) to its first ``num_tokens // B`` full
+        blocks; ``token_ids(start, end)`` gives the sequence's tokens. Tokens are only ever
+        appended, so a chain computed once stays valid, through preemptions too."""
+        size = self.block_size
+        start, end = len(hashes), num_tokens // size
+        if end > start:
+            tokens = token_ids(start * size, end * size)
+            for i in range(end - start):
+                parent = hashes[-1] if hashes else ROOT_HASH
+                hashes.append(block_hash(parent, tokens[i * size : (i + 1) * size]))
+        return hashes
+
+    def match_prefix(self, hashes: list[bytes]) -> list[int]:
+        """The cached blocks of the longest prefix of ``hashes`` (block ids, in order)."""
+        found = []
+        for h in hashes:
+            block = self._block_of.get(h)
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def num_free_among(self, blocks: list[int]) -> int:
+        """How many of ``blocks`` no sequence holds now (sharing them takes them off the pool)."""
+        return sum(1 for b in blocks if self.ref_counts[b] == 0)
+
+    def share(self, request_id: int, blocks: list[int]) -> None:
+        """Start ``request_id``'s block table with cached ``blocks`` (from ``match_prefix``)."""
+        assert request_id not in self.block_tables, f"R{request_id} already holds blocks"
+        for block in blocks:
+            assert block in self._hash_of, f"block {block} is not a cached block"
+            if self.ref_counts[block] == 0:
+                del self._cached_free[block]
+            self.ref_counts[block] += 1
+        self.block_tables[request_id] = list(blocks)
+        self._num_hashed[request_id] = len(blocks)
+
+    def cache_blocks(self, request_id: int, hashes: list[bytes], num_full_blocks: int) -> None:
+        """Register the first ``num_full_blocks`` blocks of ``request_id`` (now full and computed)
+        under ``hashes``, so later sequences can share them.
+
+        A block whose hash another block already has (two equal prefixes computed in the same
+        step) stays without one and returns to the plain free list when released.
+        """
+        table = self.block_tables[request_id]
+        assert num_full_blocks <= min(len(hashes), len(table)), "caching an unfilled block"
+        for i in range(self._num_hashed.get(request_id, 0), num_full_blocks):
+            h, block = hashes[i], table[i]
+            if h not in self._block_of:
+                self._block_of[h] = block
+                self._hash_of[block] = h
+        self._num_hashed[request_id] = max(self._num_hashed.get(request_id, 0), num_full_blocks)
+
+    def shared_blocks(self) -> dict[int, list[int]]:
+        """Blocks held by two or more sequences: block id -> request ids (refcount = length)."""
+        holders: dict[int, list[int]] = {}
+        for rid, table in self.block_tables.items():
+            for block in table:
+                if self.ref_counts[block] > 1:
+                    holders.setdefault(block, []).append(rid)
+        return holders
+
+    def cached_free_blocks(self) -> list[int]:
+        """Free blocks that keep their hash, least recently used (next evicted) first."""
+        return list(self._cached_free)
+
     def check_no_leaks(self) -> None:
-        """Every block is either free or in exactly one table.
+        """Reference counts match the block tables, are never negative, and free + used = total.
 
         Raises:
-            AssertionError: when a block is lost, shared or freed twice.
+            AssertionError: when a block is lost, held twice by one table, or freed while held.
         """
-        held = [b for table in self.block_tables.values() for b in table]
-        every = sorted(held + list(self._free))
-        assert every == list(range(self.num_blocks)), (
-            f"KV blocks leaked or doubled: {len(held)} held + {len(self._free)} free "
-            f"!= {self.num_blocks}"
+        held = Counter(b for table in self.block_tables.values() for b in table)
+        free = [*self._free, *self._cached_free]
+        assert all(len(set(t)) == len(t) for t in self.block_tables.values()), (
+            "a block table holds one block twice"
+        )
+        assert all(self.ref_counts[b] == held[b] for b in range(self.num_blocks)), (
+            f"KV blocks leaked or doubled: reference counts {self.ref_counts} disagree with the "
+            f"block tables"
+        )
+        assert sorted(free) == [b for b in range(self.num_blocks) if held[b] == 0], (
+            f"KV blocks leaked or doubled: {len(held)} held + {len(free)} free != {self.num_blocks}"
+        )
+        assert all(self._block_of[h] == b for b, h in self._hash_of.items()), "hash map broken"
+        assert len(self._block_of) == len(self._hash_of), "hash map broken"
+        assert all(b in self._hash_of for b in self._cached_free), (
+            "a cached free block lost its hash"
         )

@@ -30,10 +30,13 @@ class EngineConfig:
         block_size: ``paged`` mode: tokens per KV block.
         kv_budget_mib: ``paged`` mode: KV memory in MiB (2**20 bytes), which sets the number of
             blocks; ``None`` gives every slot room for the workload's longest sequence.
+        prefix_caching: ``paged`` mode only: share the KV blocks of prompt prefixes that were
+            computed before (vLLM's automatic prefix caching; ``engine.block_manager``).
 
     Raises:
         ValueError: on a slot count below 1, an unknown KV mode or policy, a token budget below
-            the slot count, a non-positive max_seq_len, block size or KV budget.
+            the slot count, a non-positive max_seq_len, block size or KV budget, or prefix
+            caching without the paged KV mode.
     """
 
     num_slots: int = 3
@@ -45,6 +48,7 @@ class EngineConfig:
     ignore_eos: bool = False
     block_size: int = 16
     kv_budget_mib: float | None = None
+    prefix_caching: bool = False
 
     def __post_init__(self):
         if not isinstance(self.num_slots, int) or self.num_slots < 1:
@@ -75,3 +79,10 @@ class EngineConfig:
             raise ValueError(f"The KV budget must be positive MiB (got {self.kv_budget_mib!r}).")
         if self.max_seq_len is not None and self.max_seq_len < 1:
             raise ValueError(f"max_seq_len must be positive (got {self.max_seq_len}).")
+        if not isinstance(self.prefix_caching, bool):
+            raise ValueError(f"prefix_caching must be True or False (got {self.prefix_caching!r}).")
+        if self.prefix_caching and self.kv_mode != "paged":
+            raise ValueError(
+                f"Prefix caching needs the paged KV cache (kv_mode 'paged'), where sequences can "
+                f"share KV blocks; the {self.kv_mode!r} mode keeps one private cache per sequence."
+            )

@@ -1,9 +1,12 @@
 """The continuous engine: iteration-level scheduling plus packed (ragged) batches.
 
 Each step, nano-vllm style: admit into free slots, pack every running sequence's pending tokens into
-one ``[1, T]`` row, run ONE forward pass (prefill fused with decode), append each sequence's greedy
-token, and free the slots of finished sequences so the next requests are admitted on the same step.
-In the ``paged`` KV mode the scheduler also hands out KV blocks and preempts when they run out.
+one ``[1, T]`` row, run ONE forward pass (prefill fused with decode), append each sequence's next
+token (greedy, or drawn by its request's own sampler: ``engine.sampler``), and free the slots of
+finished sequences so the next requests are admitted on the same step.
+In the ``paged`` KV mode the scheduler also hands out KV blocks and preempts when they run out,
+and with ``prefix_caching`` a new request starts from the cached blocks of its longest computed
+prefix (``engine.block_manager``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
 from engine.packed_batch import build_packed_batch
 from engine.run_control import wait_until
+from engine.sampler import RequestSampler, new_samplers
 from engine.scheduler import Scheduler
 from engine.sequence import Request, Sequence
 from engine.trace import DECODE, PREFILL, ScheduledSeq, StepRecord, Trace, new_request_records
@@ -73,6 +77,7 @@ class ContinuousEngine:
             requests, cfg.num_slots, eos, cfg.max_num_batched_tokens, cfg.scheduling_policy, blocks
         )
         waiting = None if on_wait is None else functools.partial(on_wait, trace)
+        samplers = new_samplers(requests)  # kept across preemptions with their draw counts
         self.runner.synchronize()
         t0 = time.perf_counter()
         while scheduler.has_work():
@@ -90,7 +95,7 @@ class ContinuousEngine:
             )
             record = _step_record(len(trace.steps), start_s, batch, plan, blocks)
             forward_start = time.perf_counter()
-            next_tokens = self.runner.forward_packed(batch)
+            next_tokens = self._forward(batch, _step_samplers(plan, samplers))
             record.forward_s = time.perf_counter() - forward_start
             finished = scheduler.postprocess(plan, next_tokens)
             for seq in finished:
@@ -106,6 +111,23 @@ class ContinuousEngine:
             blocks.check_no_leaks()
             assert blocks.num_used_blocks == 0, f"{blocks.num_used_blocks} KV blocks still held"
 
+    def check_kv_budget(self, requests: list[Request]) -> None:
+        """Refuse, before any run, a workload the paged KV budget cannot hold (nothing to do in
+        the other KV modes): the check ``run`` would make when it allocates the cache.
+
+        Raises:
+            ValueError: some request alone needs more KV blocks than the budget holds.
+        """
+        if self.config.kv_mode == "paged":
+            num_blocks = self._num_blocks(self._max_seq_len(requests), requests)
+            _check_fits(requests, num_blocks, self.config.block_size)
+
+    def _forward(self, batch, samplers: list[RequestSampler | None]) -> list[int]:
+        """The step's next tokens; an all-greedy step calls ``forward_packed`` as it always did."""
+        if any(s is not None for s in samplers):
+            return self.runner.forward_packed(batch, samplers)
+        return self.runner.forward_packed(batch)
+
     def _new_kv_cache(self, requests: list[Request]):
         """The configured KV cache; in ``paged`` mode, as many blocks as the budget holds.
 
@@ -116,25 +138,36 @@ class ContinuousEngine:
         max_seq_len = self._max_seq_len(requests)
         num_blocks = None
         if cfg.kv_mode == "paged":
-            num_blocks = self._num_blocks(max_seq_len)
+            num_blocks = self._num_blocks(max_seq_len, requests)
             _check_fits(requests, num_blocks, cfg.block_size)
         return self.runner.new_kv_cache(
-            cfg.kv_mode, cfg.num_slots, max_seq_len, num_blocks, cfg.block_size
+            cfg.kv_mode, cfg.num_slots, max_seq_len, num_blocks, cfg.block_size, cfg.prefix_caching
         )
 
-    def _num_blocks(self, max_seq_len: int) -> int:
+    def _num_blocks(self, max_seq_len: int, requests: list[Request]) -> int:
         """Blocks in the budget, at most what every slot's longest sequence needs at once (more
         could never be used, so a huge budget allocates no more); without a budget, exactly that.
+
+        With prefix caching, blocks past that still hold cached prefixes, so a budget may give
+        up to every request's blocks at once (vLLM gives the cache all the memory it has).
         """
         cfg = self.config
         enough = cfg.num_slots * blocks_for(max_seq_len, cfg.block_size)
         if cfg.kv_budget_mib is None:
             return enough
+        if cfg.prefix_caching:
+            every = sum(
+                blocks_for(r.num_prompt_tokens + r.max_new_tokens, cfg.block_size) for r in requests
+            )
+            enough = max(enough, every)
         block_bytes = self.runner.kv_bytes_per_token() * cfg.block_size
         return min(enough, int(cfg.kv_budget_mib * 2**20 // block_bytes))
 
     def _new_trace(self, requests: list[Request], cache) -> Trace:
-        info = {"token_budget": self.config.max_num_batched_tokens}
+        info = {
+            "token_budget": self.config.max_num_batched_tokens,
+            "prefix_caching": self.config.prefix_caching,
+        }
         if cache is not None:
             info |= {"kv_bytes_per_token": cache.bytes_per_token, "kv_bytes": cache.total_bytes}
         if getattr(cache, "blocks", None) is not None:
@@ -159,6 +192,7 @@ class ContinuousEngine:
             rec.slot = seq.slot
             if rec.admit_s is None:  # queue time ends at the first admission, not a readmission
                 rec.admit_s = now_s
+                rec.num_cached_tokens = seq.num_prefix_cached_tokens
 
     def _record_tokens(self, trace: Trace, seqs: list[Sequence], finished, now_s: float) -> None:
         for seq in seqs:
@@ -179,12 +213,21 @@ def _check_fits(requests: list[Request], num_blocks: int, block_size: int) -> No
     for r in requests:
         num_tokens = r.num_prompt_tokens + r.max_new_tokens - 1  # the last token is never cached
         if blocks_for(num_tokens, block_size) > num_blocks:
+            blocks = "1 block" if num_blocks == 1 else f"{num_blocks} blocks"
             raise ValueError(
                 f"{request_label(r.request_id)} needs {num_tokens} tokens of KV cache, but the KV "
-                "budget "
-                f"holds {num_blocks} blocks of {block_size} tokens ({num_blocks * block_size} "
+                f"budget holds {blocks} of {block_size} tokens ({num_blocks * block_size} "
                 f"tokens). Raise the KV budget or lower its max_new_tokens."
             )
+
+
+def _step_samplers(plan, samplers: dict[int, RequestSampler]) -> list[RequestSampler | None]:
+    """Per scheduled sequence, its sampler when this step feeds its last pending token (so the
+    step's token is kept: ``Scheduler.postprocess``), else None (greedy, or a partial prefill)."""
+    return [
+        samplers.get(seq.request_id) if seq.num_cached_tokens + n == seq.num_tokens else None
+        for seq, n in zip(plan.seqs, plan.num_new, strict=True)
+    ]
 
 
 def _step_record(index: int, start_s: float, batch, plan, blocks) -> StepRecord:
@@ -195,6 +238,7 @@ def _step_record(index: int, start_s: float, batch, plan, blocks) -> StepRecord:
             kind=PREFILL if seq.is_prefill else DECODE,
             num_new_tokens=new,
             num_cached_tokens=cached,
+            num_prefix_cached_tokens=seq.num_prefix_cached_tokens,
         )
         for seq, cached, new in zip(batch.seqs, batch.num_cached, batch.num_new, strict=True)
     ]
@@ -203,4 +247,7 @@ def _step_record(index: int, start_s: float, batch, plan, blocks) -> StepRecord:
     if blocks is not None:
         record.kv_blocks_used = blocks.num_used_blocks
         record.block_tables = {rid: list(table) for rid, table in blocks.block_tables.items()}
+        if blocks.prefix_caching:
+            record.shared_blocks = blocks.shared_blocks()
+            record.cached_free_blocks = blocks.cached_free_blocks()
     return record

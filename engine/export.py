@@ -35,6 +35,7 @@ CSV_FIELDS = [
     "latency_s",
     "finish_reason",
     "output_text",
+    "num_cached_tokens",  # prompt tokens from the prefix cache (added last: old readers go on)
 ]
 STEPS_TID = 0  # the steps track; slot s is track s + 1
 
@@ -89,6 +90,7 @@ def _run_span(pid: int, trace: Trace, run) -> dict:
         "max_new_tokens": r.max_new_tokens,
         "output_tokens": len(r.output_token_ids),
         "ttft_s": r.ttft_s,
+        "num_cached_tokens": r.num_cached_tokens,
         "steps": [run.first, run.last],
     }
     start_s, end_s = trace.steps[run.first].start_s, trace.steps[run.last].end_s
@@ -141,6 +143,9 @@ def _step_args(trace: Trace, step) -> dict:
         args["token_budget"] = trace.info["token_budget"]
     if step.kv_blocks_used is not None:
         args["kv_blocks_used"] = step.kv_blocks_used
+    if step.shared_blocks is not None:
+        args["kv_blocks_shared"] = len(step.shared_blocks)
+        args["kv_blocks_cached_free"] = len(step.cached_free_blocks or [])
     return args
 
 

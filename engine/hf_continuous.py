@@ -4,6 +4,16 @@ What a transformers user would pick instead of this project's engine: ``Continuo
 (``transformers/generation/continuous_batching/``) with the same requests, per-request caps and slot
 limit (``max_requests_per_batch``), greedy. It exposes no slot schedule, so its trace has
 per-request times (from its per-token timestamps) and no steps.
+
+Sampled requests (``engine.sampling``) run with the same temperature, top-k and top-p through the
+manager's per-request processors, but it draws every request from one random stream of its own;
+their records are marked ``comparable=False`` ("sampled with another generator: not compared").
+When some request samples, the greedy ones run with ``top_k=1``, which draws the argmax, so they are
+still compared.
+
+With ``block_sharing`` its prefix caching (``allow_block_sharing``) is on. transformers does not
+say how many prompt tokens each request found cached, so the trace's ``num_cached_tokens`` is
+None then (0 without sharing).
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ import functools
 
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
+from engine.sampler import hf_request_kwargs
 from engine.sequence import Request, truncate_at_stop
 from engine.trace import Trace, new_request_records
 
@@ -21,9 +32,10 @@ class HFContinuousEngine:
 
     name = "hf_continuous"
 
-    def __init__(self, runner: ModelRunner, config: EngineConfig):
+    def __init__(self, runner: ModelRunner, config: EngineConfig, block_sharing: bool = False):
         self.runner = runner
         self.config = config
+        self.block_sharing = block_sharing
 
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
         """Run to completion. transformers' manager has no step hook, so ``on_step`` is never
@@ -32,14 +44,26 @@ class HFContinuousEngine:
         Raises:
             Exception: whatever ``on_wait`` raises (``RunStopped``): the manager is stopped.
         """
-        trace = Trace(engine=self.name, num_slots=self.config.num_slots)
+        trace = Trace(
+            engine=self.name,
+            num_slots=self.config.num_slots,
+            info={"block_sharing": self.block_sharing},
+        )
         trace.requests = new_request_records(requests)
         prompts = [list(r.prompt_token_ids) for r in requests]
         caps = [r.max_new_tokens for r in requests]
         poll = None if on_wait is None else functools.partial(on_wait, trace)
-        t0, outputs = self.runner.hf_continuous_batch(prompts, caps, self.config.num_slots, poll)
+        kwargs = None
+        if any(r.is_sampled for r in requests):
+            vocab_size = self.runner.model.config.get_text_config().vocab_size
+            kwargs = [hf_request_kwargs(r.sampling, vocab_size) for r in requests]
+        t0, outputs = self.runner.hf_continuous_batch(
+            prompts, caps, self.config.num_slots, poll, kwargs, self.block_sharing
+        )
         for request, out in zip(requests, outputs, strict=True):
             rec = trace.request(request.request_id)
+            rec.comparable = not request.is_sampled
+            rec.num_cached_tokens = None if self.block_sharing else 0
             tokens = truncate_at_stop(
                 list(out.generated_tokens), request.max_new_tokens, self.runner.eos_token_ids
             )

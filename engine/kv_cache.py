@@ -12,7 +12,9 @@ step's new keys and values in place, so a step costs the same whatever the conte
 memory budget, handed out block by block through ``engine.block_manager.BlockManager``. A step
 gathers each slot's blocks through its block table into the ``[B, H_kv, T_kv, D]`` view the
 attention reads (vLLM's paged-attention kernel reads the blocks in place; a gather is the portable
-torch equivalent and costs one extra pass over the context).
+torch equivalent and costs one extra pass over the context). With prefix caching several block
+tables can list the same block; a step only ever writes into blocks past a sequence's cached
+prefix, which are its own.
 
 ``ConcatKVCache`` (mode ``"concat"``) is the article's way, kept as a teaching mode: each sequence
 owns its own growing tensors, and every step concatenates them into one packed cache and appends
@@ -99,8 +101,18 @@ class PagedKVCache:
         every position of every slot's sequence; kv_write_index [T], where each new token goes.
     """
 
-    def __init__(self, num_layers, num_kv_heads, head_dim, num_blocks, block_size, dtype, device):
-        self.blocks = BlockManager(num_blocks, block_size)
+    def __init__(
+        self,
+        num_layers,
+        num_kv_heads,
+        head_dim,
+        num_blocks,
+        block_size,
+        dtype,
+        device,
+        prefix_caching: bool = False,
+    ):
+        self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
         shape = (num_layers, num_kv_heads, num_blocks * block_size, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)

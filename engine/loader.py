@@ -79,6 +79,9 @@ class LoadedModel:
     eos_token_ids: list[int]  # every id that ends a sequence, sorted, no duplicates
     max_context: int  # tokens, config.max_position_embeddings
     load_s: float  # wall time of load_model
+    # Where the weights came from: a local folder of safetensors (the embedded model's cache) or a
+    # hub id, so that an outside server (``vllm serve``) can load the very same weights.
+    source: str | None = None
 
     @property
     def device_label(self) -> str:
@@ -219,9 +222,13 @@ def load_model(
     wanted = (model or DEFAULT_MODEL).strip()
     if wanted.lower() == DEFAULT_MODEL:
         net, tokenizer, name = _load_embedded(torch_dtype)
+        cached = cache_dir() / EMBEDDED_CACHE_NAME
+        source = str(cached) if _is_complete_cache(cached) else HUB_FALLBACK_ID
     else:
         net, tokenizer = _load_named(wanted, torch_dtype)
         name = wanted
+        folder = Path(wanted).expanduser()
+        source = str(folder.resolve()) if folder.is_dir() else wanted
     net = net.to(device=target, dtype=torch_dtype).eval()
     _prepare_tokenizer(tokenizer, net)
     return LoadedModel(
@@ -233,6 +240,7 @@ def load_model(
         eos_token_ids=_eos_token_ids(net, tokenizer),
         max_context=_max_context(net, tokenizer),
         load_s=time.perf_counter() - start_s,
+        source=source,
     )
 
 

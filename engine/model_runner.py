@@ -6,7 +6,9 @@ It offers the three ways the engines use a loaded model:
 * ``generate``: plain ``model.generate`` on a left-padded batch (static engine and the reference);
 * ``new_kv_cache``: KV storage for the continuous engine, sized from the model's config.
 
-Decoding is greedy everywhere, with every end-of-sequence id of the model's generation config.
+Decoding stops at every end-of-sequence id of the model's generation config. It is greedy, except
+for sampled requests (``engine.sampling``): ``forward_packed`` draws their tokens with their own
+samplers (``engine.sampler``), and ``generate`` samples after ``torch.manual_seed(seed)``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from engine import attention, fused_layers, linear_kernel
 from engine.kv_cache import ConcatKVCache, PagedKVCache, SlotKVCache, kv_bytes_per_token
 from engine.packed_batch import PackedBatch
+from engine.sampler import HF_SAMPLING_PLACEHOLDERS, forked_rng, generate_options
 
 
 class ModelRunner:
@@ -90,25 +93,44 @@ class ModelRunner:
         return kv_bytes_per_token(*self.kv_shape(), self.dtype)
 
     def new_kv_cache(
-        self, kv_mode: str, num_slots: int, max_seq_len: int, num_blocks=None, block_size=16
+        self,
+        kv_mode: str,
+        num_slots: int,
+        max_seq_len: int,
+        num_blocks=None,
+        block_size=16,
+        prefix_caching: bool = False,
     ):
         """KV storage for ``num_slots`` sequences of up to ``max_seq_len`` tokens each.
 
-        ``paged`` mode holds ``num_blocks`` blocks of ``block_size`` tokens instead.
+        ``paged`` mode holds ``num_blocks`` blocks of ``block_size`` tokens instead, shared
+        between sequences through a prefix cache with ``prefix_caching``.
         """
         layers, kv_heads, head_dim = self.kv_shape()
         if kv_mode == "concat":
             return ConcatKVCache(layers, kv_heads, head_dim, self.dtype)
         if kv_mode == "paged":
             return PagedKVCache(
-                layers, kv_heads, head_dim, num_blocks, block_size, self.dtype, self.device
+                layers,
+                kv_heads,
+                head_dim,
+                num_blocks,
+                block_size,
+                self.dtype,
+                self.device,
+                prefix_caching,
             )
         return SlotKVCache(
             layers, num_slots, kv_heads, head_dim, max_seq_len, self.dtype, self.device
         )
 
-    def forward_packed(self, batch: PackedBatch) -> list[int]:
-        """One forward pass over the packed row; the greedy next token of each sequence.
+    def forward_packed(self, batch: PackedBatch, samplers=None) -> list[int]:
+        """One forward pass over the packed row; the next token of each sequence.
+
+        A token is the logits' argmax (greedy), except for the sequences whose entry in
+        ``samplers`` (one per sequence, None: greedy) is an ``engine.sampler.RequestSampler``: it
+        draws that sequence's token for its next output position. Pass a sampler only for a
+        sequence whose token is kept (a partial prefill chunk's logits are no next token).
 
         Shapes:
             batch.input_ids: [1, T]  ->  logits [1, S, V]  ->  returns S token ids
@@ -118,19 +140,31 @@ class ModelRunner:
             self._attention(attention.PACKED_ATTENTION),
             self.engine_kernels(),
         ):
-            fused = self.fused_decoder if self.use_fused_layers else None
-            if fused is not None and not getattr(batch, "invariant", False):
-                hidden = fused.hidden_states(batch)  # (1, S, d)
-                logits = self.model.get_output_embeddings()(hidden)  # (1, S, V)
-            else:
-                logits = self.model(
-                    input_ids=batch.input_ids,
-                    position_ids=batch.position_ids,
-                    use_cache=False,
-                    logits_to_keep=batch.logits_indices,
-                    packed_batch=batch,
-                ).logits  # (1, S, V)
-        return logits[0].argmax(dim=-1).tolist()
+            logits = self._logits(batch)  # (1, S, V)
+            tokens = logits[0].argmax(dim=-1).tolist()
+            for i, sampler in enumerate(samplers or ()):
+                if sampler is not None:
+                    tokens[i] = sampler.sample(logits[0, i], len(batch.seqs[i].output_token_ids))
+        return tokens
+
+    def _logits(self, batch: PackedBatch) -> torch.Tensor:
+        """The packed row's logits at ``batch.logits_indices``: through the fused layers where
+        they apply (not for a batch-invariant batch), else through the model's own layers.
+
+        Shapes:
+            batch.input_ids: [1, T]  ->  returns [1, S, V]
+        """
+        fused = self.fused_decoder if self.use_fused_layers else None
+        if fused is not None and not getattr(batch, "invariant", False):
+            hidden = fused.hidden_states(batch)  # (1, S, d)
+            return self.model.get_output_embeddings()(hidden)  # (1, S, V)
+        return self.model(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            use_cache=False,
+            logits_to_keep=batch.logits_indices,
+            packed_batch=batch,
+        ).logits  # (1, S, V)
 
     @contextlib.contextmanager
     def _attention(self, name: str):
@@ -143,26 +177,44 @@ class ModelRunner:
             config._attn_implementation = previous
 
     # --- static engine and reference ---------------------------------------------------------
-    def generate(self, input_ids, attention_mask, max_new_tokens: int, stopping_criteria=None):
-        """Greedy ``model.generate`` on a left-padded batch.
+    def generate(
+        self,
+        input_ids,
+        attention_mask,
+        max_new_tokens: int,
+        stopping_criteria=None,
+        logits_processor=None,
+        sampling=None,
+    ):
+        """``model.generate`` on a left-padded batch: greedy, or sampled per ``sampling``.
+
+        ``logits_processor``: callables passed on to ``generate`` (the static engine's
+        ``engine.sampler.WaveSampler``). ``sampling``: an ``engine.sampling.SamplingParams``; when
+        it samples (batch 1, the reference), ``generate(do_sample=True, temperature, top_k,
+        top_p)`` runs right after ``torch.manual_seed(seed)``, every other sampling knob neutral,
+        and the global random state is restored afterwards.
 
         Shapes:
             input_ids, attention_mask: [B, W]  ->  returns [B, W + N], N <= max_new_tokens
         """
-        from transformers import GenerationConfig, StoppingCriteriaList
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
+        sampled = sampling is not None and not sampling.is_greedy
         config = GenerationConfig(
-            do_sample=False,
             max_new_tokens=max_new_tokens,
             eos_token_id=sorted(self.eos_token_ids),
             pad_token_id=self.pad_token_id,
+            **(generate_options(sampling, self.model) if sampled else {"do_sample": False}),
         )
-        with torch.inference_mode():
+        with torch.inference_mode(), forked_rng(self.device, sampled):
+            if sampled:
+                torch.manual_seed(sampling.seed)
             return self.model.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention_mask.to(self.device),
                 generation_config=config,
                 stopping_criteria=StoppingCriteriaList(stopping_criteria or []),
+                logits_processor=LogitsProcessorList(logits_processor or []),
             )
 
     def left_pad(self, token_lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,13 +229,27 @@ class ModelRunner:
 
     # --- transformers' own continuous batching (a reference engine for the bench) -------------
     def hf_continuous_batch(
-        self, prompts: list[list[int]], caps: list[int], num_slots: int, on_poll=None
+        self,
+        prompts: list[list[int]],
+        caps: list[int],
+        num_slots: int,
+        on_poll=None,
+        sampling_kwargs: list[dict] | None = None,
+        block_sharing: bool = False,
     ):
-        """Run prompts through transformers' ``ContinuousBatchingManager`` (greedy).
+        """Run prompts through transformers' ``ContinuousBatchingManager`` (greedy by default).
+
+        ``sampling_kwargs``: per prompt, the ``temperature``, ``top_k`` and ``top_p`` that
+        ``add_request`` passes to the manager's per-request processors
+        (``ContinuousBatchingConfig(per_request_processors=True)``), all sampled with its own
+        generator (``seed=0``); the global random state is restored afterwards.
 
         Uses ``model.continuous_batching_context_manager`` with ``max_requests_per_batch`` =
         ``num_slots`` and ``add_request(..., max_new_tokens=cap)`` per request; warm-up happens
-        before the clock starts. Returns ``(t0, outputs)``: ``perf_counter`` at the first request,
+        before the clock starts. ``block_sharing`` sets ``ContinuousBatchingConfig``'s
+        ``allow_block_sharing``, transformers' prefix caching (its default is on; off here unless
+        asked, like our engines): a full page of ``HF_PAGE_SIZE`` prompt tokens is shared once a
+        request computed it. Returns ``(t0, outputs)``: ``perf_counter`` at the first request,
         and per prompt a ``GenerationOutput`` (``generated_tokens``, ``timestamps`` in
         ``perf_counter`` seconds).
 
@@ -195,45 +261,45 @@ class ModelRunner:
         """
         import time
 
+        gen, cb = self._hf_configs(
+            prompts, caps, num_slots, sampled=bool(sampling_kwargs), block_sharing=block_sharing
+        )
+        per_request = sampling_kwargs or [{} for _ in prompts]
+        previous = self.model.config._attn_implementation
+        try:
+            with (
+                forked_rng(self.device, bool(sampling_kwargs)),
+                self.model.continuous_batching_context_manager(
+                    generation_config=gen, continuous_batching_config=cb, block=True, timeout=30
+                ) as manager,
+            ):
+                t0 = time.perf_counter()
+                for i, (ids, cap) in enumerate(zip(prompts, caps, strict=True)):
+                    kwargs = {"max_new_tokens": cap, "record_timestamps": True, **per_request[i]}
+                    manager.add_request(ids, request_id=f"r{i}", **kwargs)
+                results = _hf_results(manager, len(prompts), on_poll)
+        finally:
+            self.model.set_attn_implementation(previous)
+        return t0, [results[f"r{i}"] for i in range(len(prompts))]
+
+    def _hf_configs(self, prompts, caps, num_slots: int, sampled: bool, block_sharing: bool):
+        """transformers' ``GenerationConfig`` and ``ContinuousBatchingConfig`` for a batch."""
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
         gen = GenerationConfig(
-            do_sample=False,
             eos_token_id=sorted(self.eos_token_ids),
             pad_token_id=self.pad_token_id,
             max_new_tokens=max(caps),
+            **(HF_SAMPLING_PLACEHOLDERS if sampled else {"do_sample": False}),
         )
         cb = ContinuousBatchingConfig(
             max_requests_per_batch=num_slots,
             auto_switch_to_flash=False,
+            allow_block_sharing=block_sharing,
             **_hf_sizes(prompts, caps, num_slots),
+            **({"per_request_processors": True, "seed": 0} if sampled else {}),
         )
-        previous = self.model.config._attn_implementation
-        results = {}
-        try:
-            with self.model.continuous_batching_context_manager(
-                generation_config=gen, continuous_batching_config=cb, block=True, timeout=30
-            ) as manager:
-                t0 = time.perf_counter()
-                for i, (ids, cap) in enumerate(zip(prompts, caps, strict=True)):
-                    manager.add_request(
-                        ids, request_id=f"r{i}", max_new_tokens=cap, record_timestamps=True
-                    )
-                last_result_s = time.perf_counter()
-                while len(results) < len(prompts):
-                    out = manager.get_result(timeout=HF_POLL_S)
-                    if on_poll is not None:
-                        on_poll()
-                    if out is None:
-                        if time.perf_counter() - last_result_s > HF_STALL_S:
-                            raise RuntimeError("transformers' continuous batching stopped early")
-                        continue
-                    last_result_s = time.perf_counter()
-                    if out.is_finished():
-                        results[out.request_id] = out
-        finally:
-            self.model.set_attn_implementation(previous)
-        return t0, [results[f"r{i}"] for i in range(len(prompts))]
+        return gen, cb
 
     def next_token_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Logits for the token after ``token_ids``, from one plain forward pass (no cache).
@@ -262,6 +328,31 @@ class ModelRunner:
 HF_POLL_S = 0.1  # how often hf_continuous_batch calls on_poll while it waits for results
 HF_STALL_S = 60.0  # no result for this long: transformers' manager is taken to have stopped
 HF_PAGE_SIZE = 256  # ContinuousBatchingConfig's default page_size, in tokens
+
+
+def _hf_results(manager, num_requests: int, on_poll) -> dict:
+    """Wait for every request's finished ``GenerationOutput`` (by request id), calling
+    ``on_poll()`` every ``HF_POLL_S``.
+
+    Raises:
+        RuntimeError: no result for ``HF_STALL_S``: the manager stopped early.
+    """
+    import time
+
+    results = {}
+    last_result_s = time.perf_counter()
+    while len(results) < num_requests:
+        out = manager.get_result(timeout=HF_POLL_S)
+        if on_poll is not None:
+            on_poll()
+        if out is None:
+            if time.perf_counter() - last_result_s > HF_STALL_S:
+                raise RuntimeError("transformers' continuous batching stopped early")
+            continue
+        last_result_s = time.perf_counter()
+        if out.is_finished():
+            results[out.request_id] = out
+    return results
 
 
 def _hf_sizes(prompts: list[list[int]], caps: list[int], num_slots: int) -> dict[str, int]:

@@ -1,8 +1,17 @@
-"""The reference: per-request greedy ``model.generate`` at batch 1, the ground truth for parity.
+"""The reference: per-request ``model.generate`` at batch 1, the ground truth for parity.
 
-Greedy decoding is prefix-stable: the output for cap ``c`` is the first ``c`` tokens of the output
-for any larger cap (or the whole output, if it ended with EOS). ``ReferenceCache`` keeps the longest
-output per prompt and answers smaller caps from it, so repeated runs in the app cost nothing.
+A greedy request's reference is greedy ``generate``; a sampled one's (``engine.sampling``) is
+``generate(do_sample=True, temperature, top_k, top_p)`` right after ``torch.manual_seed(seed)``,
+which draws what the engines' per-request samplers draw (``engine.sampler``).
+
+Both are prefix-stable: the output for cap ``c`` is the first ``c`` tokens of the output for any
+larger cap (or the whole output, if it ended with EOS); a sampled one because its k-th draw never
+depends on the cap. ``ReferenceCache`` keeps the longest output per prompt and sampling settings
+and answers smaller caps from it, so repeated runs in the app cost nothing.
+
+An engine that samples with a random stream of its own (transformers' manager) cannot be compared
+token for token: its ``RequestRecord.comparable`` is False, and ``comparison`` says
+``NOT_COMPARED`` ("sampled with another generator: not compared") instead of a mismatch.
 """
 
 from __future__ import annotations
@@ -15,25 +24,34 @@ import torch
 from engine.model_runner import ModelRunner
 from engine.sequence import Request, truncate_at_stop
 
+MATCH = "match"
+MISMATCH = "mismatch"
+NOT_COMPARED = "not_compared"
+NOT_COMPARED_TEXT = "sampled with another generator: not compared"
+
 
 class ReferenceCache:
-    """Per-prompt greedy outputs of plain ``model.generate`` (batch 1)."""
+    """Per-request outputs of plain ``model.generate`` (batch 1), by prompt and sampling."""
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
-        self._outputs: dict[tuple[int, ...], tuple[list[int], int]] = {}  # ids -> (tokens, cap)
+        # (prompt ids, sampling settings or None for greedy) -> (tokens, cap)
+        self._outputs: dict[tuple, tuple[list[int], int]] = {}
 
     def output(self, request: Request, on_step: Callable[[], None] | None = None) -> list[int]:
         """The reference output ids of one request, up to its cap or first EOS.
 
         ``on_step()`` is called after every generate step; an exception it raises ends the call.
         """
-        key = request.prompt_token_ids
+        sampling = request.sampling if request.is_sampled else None
+        key = (request.prompt_token_ids, sampling)
         hit = self._outputs.get(key)
         if hit is None or not self._covers(hit, request.max_new_tokens):
-            ids, mask = self.runner.left_pad([list(key)])
+            ids, mask = self.runner.left_pad([list(request.prompt_token_ids)])
             criteria = [_EveryStep(on_step)] if on_step is not None else None
-            out = self.runner.generate(ids, mask, request.max_new_tokens, criteria)
+            out = self.runner.generate(
+                ids, mask, request.max_new_tokens, criteria, sampling=sampling
+            )
             hit = (out[0, ids.shape[1] :].tolist(), request.max_new_tokens)
             self._outputs[key] = hit
         return truncate_at_stop(hit[0], request.max_new_tokens, self.runner.eos_token_ids)
@@ -69,9 +87,27 @@ class _EveryStep:
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # (B,)
 
 
-def mismatches(outputs: dict[int, list[int]], reference: dict[int, list[int]]) -> list[int]:
-    """Request ids whose output ids differ from the reference."""
-    return [rid for rid, ref in reference.items() if outputs.get(rid) != ref]
+def mismatches(
+    outputs: dict[int, list[int]], reference: dict[int, list[int]], not_compared=()
+) -> list[int]:
+    """Request ids whose output ids differ from the reference, leaving out ``not_compared``."""
+    skip = set(not_compared)
+    return [rid for rid, ref in reference.items() if rid not in skip and outputs.get(rid) != ref]
+
+
+def not_compared_ids(trace) -> list[int]:
+    """Request ids a trace's engine sampled with its own generator (``comparable`` False)."""
+    return [r.request_id for r in trace.requests if not r.comparable]
+
+
+def comparison(record, reference: dict[int, list[int]] | None) -> str | None:
+    """``MATCH``, ``MISMATCH`` or ``NOT_COMPARED`` for one ``RequestRecord``; None without a
+    reference (or none for this request)."""
+    if not record.comparable:
+        return NOT_COMPARED
+    if reference is None or record.request_id not in reference:
+        return None
+    return MATCH if record.output_token_ids == reference[record.request_id] else MISMATCH
 
 
 def first_divergence(output: list[int], reference: list[int]) -> int | None:
@@ -84,7 +120,11 @@ def first_divergence(output: list[int], reference: list[int]) -> int | None:
 
 @dataclass
 class Divergence:
-    """Where an engine's greedy output first left the reference, and how close the call was."""
+    """Where an engine's output first left the reference, and how close the call was.
+
+    For a sampled request the margin compares raw logits too; a sampled token need not be the
+    argmax, so there it says how likely each token was, not whether it was a near-tie.
+    """
 
     request_id: int
     token_index: int  # position in the output ids where the two first differ

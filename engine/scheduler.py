@@ -15,7 +15,16 @@ tokens need. When the pool runs dry, the newest running sequence is preempted (v
 ``Scheduler.schedule``): its blocks are freed and it goes back to the front of the queue, to be
 recomputed later. A waiting request is admitted only when its first step's blocks are free beyond
 what the running sequences need for their next tokens, so admission does not cause preemption.
-Plain Python bookkeeping, per sequence, never per token.
+
+With prefix caching (``BlockManager(prefix_caching=True)``), a request is looked up in the prefix
+cache when it is admitted (vLLM's ``KVCacheManager.get_computed_blocks``): its block table starts
+with the cached blocks of its longest cached prefix, at most ``num_tokens - 1`` tokens so that its
+last token is computed and samples, and its cached-token count starts there. After every step the
+blocks a sequence filled are hashed and registered (``postprocess``), so a sequence admitted at the
+end of that step can share them. Two equal prompts admitted together both miss: a block is shared
+once its keys and values exist (as in transformers; vLLM also shares blocks being computed in the
+same step). Evicting cached free blocks comes before preempting anyone: the pool counts them free.
+Plain Python bookkeeping, per sequence, never per token (a lookup hashes a prompt once).
 """
 
 from __future__ import annotations
@@ -72,9 +81,14 @@ class Scheduler:
         """Fill free slots with waiting requests that arrived by ``now_s``, in arrival order."""
         admitted = []
         while self.waiting and self._free_slots and self.waiting[0].request.arrival_s <= now_s:
-            if not self._blocks_to_admit(self.waiting[0]):
+            hit = self._prefix_hit(self.waiting[0])
+            if not self._blocks_to_admit(self.waiting[0], hit):
                 break
             seq = self.waiting.popleft()
+            if hit:
+                self.blocks.share(seq.request_id, hit)
+                seq.num_cached_tokens = len(hit) * self.blocks.block_size
+                seq.num_prefix_cached_tokens = seq.num_cached_tokens
             seq.slot = heapq.heappop(self._free_slots)
             seq.status = SequenceStatus.RUNNING
             self.running[seq.slot] = seq
@@ -91,16 +105,33 @@ class Scheduler:
         assert self.token_budget is None or sum(num_new) <= self.token_budget, "budget exceeded"
         return ScheduledStep(seqs, num_new, preempted)
 
-    def _blocks_to_admit(self, seq: Sequence) -> bool:
-        """Whether ``seq``'s first step fits in the free blocks the running sequences leave."""
+    @property
+    def prefix_caching(self) -> bool:
+        return self.blocks is not None and self.blocks.prefix_caching
+
+    def _prefix_hit(self, seq: Sequence) -> list[int]:
+        """Cached blocks of ``seq``'s longest cached prefix, leaving its last token to compute."""
+        if not self.prefix_caching:
+            return []
+        lookup = (seq.num_tokens - 1) // self.blocks.block_size
+        self.blocks.hash_blocks(seq.block_hashes, seq.num_tokens - 1, seq.token_ids)
+        return self.blocks.match_prefix(seq.block_hashes[:lookup])
+
+    def _blocks_to_admit(self, seq: Sequence, hit: list[int]) -> bool:
+        """Whether ``seq``'s first step fits in the free blocks the running sequences leave.
+
+        ``hit``: its prefix-cache blocks; those no one holds leave the free pool when shared.
+        """
         if self.blocks is None:
             return True
-        first_step = min(seq.num_pending_tokens, self.token_budget or math.inf)
+        cached = len(hit) * self.blocks.block_size
+        first_step = min(seq.num_tokens - cached, self.token_budget or math.inf)
         reserved = sum(
             self.blocks.num_missing_blocks(s.request_id, s.num_tokens)
             for s in self.running.values()
         )
-        needed = blocks_for(seq.num_cached_tokens + first_step, self.blocks.block_size)
+        new = blocks_for(cached + first_step, self.blocks.block_size) - len(hit)
+        needed = new + self.blocks.num_free_among(hit)
         return needed + reserved <= self.blocks.num_free_blocks
 
     def _allocate_blocks(self, grants: dict[int, int]) -> list[Sequence]:
@@ -158,6 +189,8 @@ class Scheduler:
         finished = []
         for seq, n, token in zip(step.seqs, step.num_new, next_tokens, strict=True):
             seq.num_cached_tokens += n
+            if self.prefix_caching:
+                self._cache_full_blocks(seq)
             if seq.num_pending_tokens > 0:
                 continue  # a partial prefill chunk: its logits are not a next token
             if seq.append_token(token, self.eos_token_ids):
@@ -166,6 +199,12 @@ class Scheduler:
                     self.blocks.free(seq.request_id)
                 finished.append(seq)
         return finished
+
+    def _cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the blocks ``seq`` filled with computed keys and values (prompt or output)."""
+        num_full = seq.num_cached_tokens // self.blocks.block_size
+        self.blocks.hash_blocks(seq.block_hashes, seq.num_cached_tokens, seq.token_ids)
+        self.blocks.cache_blocks(seq.request_id, seq.block_hashes, num_full)
 
 
 def _fcfs(seq: Sequence) -> tuple[float, int]:

@@ -1,6 +1,7 @@
 """Requests and sequences.
 
-A *request* is what the user asked for: a prompt and its own ``max_new_tokens`` cap. A *sequence*
+A *request* is what the user asked for: a prompt, its own ``max_new_tokens`` cap and, optionally,
+its sampling settings (``engine.sampling``; none: greedy). A *sequence*
 is that request's state inside an engine: its slot, how many of its tokens already sit in the KV
 cache, and what it generated so far. Plain Python, no torch.
 """
@@ -9,6 +10,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -16,7 +21,9 @@ class Request:
     """One user request, already tokenized.
 
     ``prompt_token_ids`` is exactly what every engine and the reference feed to the model
-    (chat template applied or not, identically for all of them).
+    (chat template applied or not, identically for all of them). ``sampling`` None (or at
+    temperature 0) decodes greedily; otherwise the request samples from its own generator
+    (``engine.sampler``).
     """
 
     request_id: int
@@ -24,6 +31,12 @@ class Request:
     max_new_tokens: int
     prompt_token_ids: tuple[int, ...]
     arrival_s: float = 0.0
+    sampling: SamplingParams | None = None
+
+    @property
+    def is_sampled(self) -> bool:
+        """True when the request samples (settings with a temperature above 0)."""
+        return self.sampling is not None and not self.sampling.is_greedy
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -55,6 +68,8 @@ class Sequence:
     slot: int | None = None
     # --- KV cache ---
     num_cached_tokens: int = 0  # tokens whose keys/values are stored in the KV cache
+    num_prefix_cached_tokens: int = 0  # of those, taken from the prefix cache at admission
+    block_hashes: list[bytes] = field(default_factory=list)  # prefix cache: full blocks' chain
     # --- output ---
     output_token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "eos" | "length"
@@ -85,10 +100,13 @@ class Sequence:
     def preempt(self) -> None:
         """Drop this sequence's KV cache and send it back to wait (recompute preemption, vLLM).
 
-        Its output so far is kept: on readmission the prompt and that output are prefilled again,
-        and greedy decoding continues exactly where it stopped.
+        Its output so far is kept: on readmission the prompt and that output are prefilled again
+        (from the prefix cache where it still holds their blocks), and decoding continues exactly
+        where it stopped (greedy, or sampled: the request's generator has drawn once per kept
+        token, see ``engine.sampler``). ``block_hashes`` stay valid: tokens are only ever appended.
         """
         self.num_cached_tokens = 0
+        self.num_prefix_cached_tokens = 0
         self.slot = None
         self.status = SequenceStatus.WAITING
         self.num_preemptions += 1
@@ -97,6 +115,10 @@ class Sequence:
         """The first ``limit`` (default: all) tokens not yet cached; per sequence, not per token."""
         start = self.num_cached_tokens
         end = self.num_tokens if limit is None else min(self.num_tokens, start + limit)
+        return self.token_ids(start, end)
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens ``[start, end)`` of the prompt followed by the output so far."""
         n_prompt = self.request.num_prompt_tokens
         if start >= n_prompt:
             return self.output_token_ids[start - n_prompt : end - n_prompt]
@@ -117,7 +139,7 @@ class Sequence:
 
 
 def truncate_at_stop(tokens: list[int], cap: int, eos_token_ids) -> list[int]:
-    """A greedy output as an engine delivers it: at most ``cap`` tokens, ending at its first EOS."""
+    """An output as an engine delivers it: at most ``cap`` tokens, ending at its first EOS."""
     tokens = tokens[:cap]
     for i, token in enumerate(tokens):
         if token in eos_token_ids:

@@ -2,10 +2,11 @@
 
 Requests go in waves of ``B`` in arrival order (see ``StaticEngine._next_wave`` for how a wave
 forms when requests arrive over time). Each wave is left-padded to its longest prompt and
-generated with plain ``model.generate`` (greedy) until every row reached its own cap or an EOS; rows
-that finished early are still computed every step (padding waste), and the next wave starts only
-when the whole wave is done (the barrier). A stopping criterion timestamps every step and tells
-``generate`` which rows reached their cap.
+generated with plain ``model.generate`` (greedy; a sampled request's row draws from its own
+generator through ``engine.sampler.WaveSampler``) until every row reached its own cap or an EOS;
+rows that finished early are still computed every step (padding waste), and the next wave starts
+only when the whole wave is done (the barrier). A stopping criterion timestamps every step and
+tells ``generate`` which rows reached their cap.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
 from engine.run_control import wait_until
+from engine.sampler import RequestSampler, WaveSampler
 from engine.sequence import Request, truncate_at_stop
 from engine.trace import DECODE, IDLE, PREFILL, ScheduledSeq, StepRecord, Trace, new_request_records
 
@@ -120,8 +122,12 @@ class StaticEngine:
                 on_step(trace, None)
 
         clock = _StepClock(t0, width, caps, tick)
+        samplers = [RequestSampler(r.sampling) if r.is_sampled else None for r in wave]
+        processors = (
+            [WaveSampler(samplers, width)] if any(s is not None for s in samplers) else None
+        )
         with self.runner.engine_kernels() if self.engine_kernels else contextlib.nullcontext():
-            out = self.runner.generate(input_ids, attention_mask, max(caps), [clock])
+            out = self.runner.generate(input_ids, attention_mask, max(caps), [clock], processors)
         eos = self.runner.eos_token_ids
         outputs = [
             truncate_at_stop(out[row, width:].tolist(), r.max_new_tokens, eos)

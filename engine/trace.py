@@ -3,12 +3,21 @@
 An engine appends one ``StepRecord`` per forward pass and fills one ``RequestRecord`` per request.
 Figures (``engine.page.figures``), the metrics table and the bench read only this, so what the page
 shows is what the engine did. Times are seconds since the run started (``perf_counter``).
+
+An engine behind a server (``engine.openai_engine``) sees no steps and no slots: its trace has
+per-request times on the client's clock (sent = ``admit_s``, first token, each token in
+``token_times_s``, finish), what the server's ``/metrics`` said during the run
+(``server_samples``), and ``warnings`` a person should read beside its results.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.sampling import SamplingParams
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -21,7 +30,9 @@ class ScheduledSeq:
 
     ``num_cached_tokens`` counts the sequence's real tokens already in the KV cache before the step;
     ``num_new_tokens`` the tokens it feeds in this step; ``num_padding_tokens`` the left padding of
-    its row (static engine only, 0 for the packed continuous row).
+    its row (static engine only, 0 for the packed continuous row); ``num_prefix_cached_tokens``
+    how many of the cached ones, its first keys (positions ``0 .. n - 1``), came from the prefix
+    cache when it was admitted instead of being computed by it (the mask's shared key columns).
     """
 
     request_id: int
@@ -30,6 +41,7 @@ class ScheduledSeq:
     num_new_tokens: int
     num_cached_tokens: int
     num_padding_tokens: int = 0
+    num_prefix_cached_tokens: int = 0
 
 
 @dataclass
@@ -45,6 +57,19 @@ class StepRecord:
     preempted: list[int] = field(default_factory=list)  # request ids preempted for this step
     kv_blocks_used: int | None = None  # paged KV only: blocks held during the step
     block_tables: dict[int, list[int]] | None = None  # paged KV only: request id -> block ids
+    # prefix caching only: blocks held by 2+ sequences -> their request ids (refcount = length)
+    shared_blocks: dict[int, list[int]] | None = None
+    # prefix caching only: free blocks that keep their prefix hash, next evicted first
+    cached_free_blocks: list[int] | None = None
+
+    def block_holders(self) -> dict[int, list[int]]:
+        """Paged KV: every held block -> the request ids whose tables list it (its refcount is
+        the length); empty for other KV modes."""
+        holders: dict[int, list[int]] = {}
+        for rid, table in (self.block_tables or {}).items():
+            for block in table:
+                holders.setdefault(block, []).append(rid)
+        return holders
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -67,7 +92,12 @@ class StepRecord:
 
 @dataclass
 class RequestRecord:
-    """One request's life in a run. Times are ``None`` until the event happens."""
+    """One request's life in a run. Times are ``None`` until the event happens.
+
+    ``sampling``: the request's settings (None: greedy). ``comparable`` is False when the engine
+    sampled it with a random stream of its own (transformers' manager), so its output is not
+    compared with the reference (``engine.reference.comparison``).
+    """
 
     request_id: int
     prompt: str
@@ -82,6 +112,14 @@ class RequestRecord:
     output_text: str = ""
     finish_reason: str | None = None
     num_preemptions: int = 0
+    sampling: SamplingParams | None = None
+    comparable: bool = True
+    # prompt tokens taken from the prefix cache at (first) admission, not prefilled; None where
+    # an engine shares blocks but does not say how many (transformers' manager)
+    num_cached_tokens: int | None = 0
+    # Server engines only: when each output token reached the client (one per streamed chunk
+    # when the server sends text without token ids).
+    token_times_s: list[float] = field(default_factory=list)
 
     @property
     def queue_s(self) -> float | None:
@@ -122,6 +160,8 @@ class RunMetrics:
     mean_latency_s: float
     requests_per_s: float
     num_preemptions: int = 0
+    num_cached_tokens: int | None = 0  # prompt tokens served by the prefix cache, all requests
+    prefix_cache_hit_rate: float | None = 0.0  # those over all prompt tokens, 0 to 1
 
 
 LATENCY_METRICS = ("queue_s", "ttft_s", "tpot_s", "latency_s")
@@ -159,6 +199,19 @@ class SlotRun:
 
 
 @dataclass
+class ServerSample:
+    """One reading of a server's Prometheus ``/metrics`` during a run (``engine.server_metrics``).
+
+    ``values`` holds the metrics the server has, by this project's names
+    (``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_pct``); one it lacks is
+    absent, never zero.
+    """
+
+    t_s: float  # seconds since the run started, on the client's clock
+    values: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class Trace:
     """Everything one engine run recorded."""
 
@@ -169,6 +222,8 @@ class Trace:
     wall_s: float = 0.0
     kv_mode: str | None = None
     info: dict = field(default_factory=dict)  # engine-specific facts (e.g. KV bytes per token)
+    server_samples: list[ServerSample] = field(default_factory=list)  # server engines only
+    warnings: list[str] = field(default_factory=list)  # e.g. the server serves another model
 
     def request(self, request_id: int) -> RequestRecord:
         return self.requests[request_id]
@@ -210,7 +265,23 @@ class Trace:
             mean_latency_s=statistics.fmean(latencies) if latencies else 0.0,
             requests_per_s=len(self.requests) / self.wall_s if self.wall_s > 0 else 0.0,
             num_preemptions=sum(len(step.preempted) for step in self.steps),
+            num_cached_tokens=self.num_prefix_cached_tokens(),
+            prefix_cache_hit_rate=self.prefix_cache_hit_rate(),
         )
+
+    def num_prefix_cached_tokens(self) -> int | None:
+        """Prompt tokens the prefix cache served, over all requests (None if not reported)."""
+        counts = [r.num_cached_tokens for r in self.requests]
+        return None if None in counts else sum(counts)
+
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Prefix-cache hit rate: cached prompt tokens over all prompt tokens (0 to 1; vLLM's
+        ``prefix_cache_hit_rate`` counts the same tokens). None if an engine does not report it."""
+        cached = self.num_prefix_cached_tokens()
+        prompt = sum(r.num_prompt_tokens for r in self.requests)
+        if cached is None:
+            return None
+        return cached / prompt if prompt else 0.0
 
     def latency_percentiles(self) -> dict[str, dict[str, float | None]]:
         """p50/p95/p99 of queue time, TTFT, TPOT and end-to-end latency over the requests (s).
@@ -255,6 +326,8 @@ class Trace:
             "latency_percentiles": self.latency_percentiles(),
             "steps": [asdict(s) for s in self.steps],
             "requests": [asdict(r) for r in self.requests],
+            "server_samples": [asdict(s) for s in self.server_samples],
+            "warnings": list(self.warnings),
         }
 
 
@@ -267,6 +340,7 @@ def new_request_records(requests) -> list[RequestRecord]:
             max_new_tokens=r.max_new_tokens,
             num_prompt_tokens=r.num_prompt_tokens,
             arrival_s=r.arrival_s,
+            sampling=r.sampling,
         )
         for r in requests
     ]

@@ -2,7 +2,9 @@
 
 Sources are the article's six requests (``seed_specs``), a JSONL file with one
 ``{"prompt": ..., "max_new_tokens": ...}`` per line (``load_jsonl``), or the page's table
-(``parse_table``; Gradio sends edited numbers as strings). ``engine.workload_files`` reads and
+(``parse_table``; Gradio sends edited numbers as strings). Each request may also carry
+``arrival_s`` and the sampling settings ``temperature``, ``top_k``, ``top_p`` and ``seed``
+(``engine.sampling``; all absent or blank: greedy). ``engine.workload_files`` reads and
 writes uploaded CSV and JSONL files. Every problem raises ``ValueError`` with
 a message a person can act on; the page and the bench show that message as it is.
 """
@@ -17,6 +19,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.sampling import FIELDS as SAMPLING_FIELDS
+from engine.sampling import SamplingParams, parse_sampling
 from engine.sequence import Request
 
 MAX_ROWS = 256  # requests per run; a Space owner can set CBP_MAX_ROWS
@@ -72,6 +76,7 @@ class RequestSpec:
     prompt: str
     max_new_tokens: int
     arrival_s: float = 0.0  # seconds after the run starts
+    sampling: SamplingParams | None = None  # None: greedy
 
 
 def seed_specs() -> list[RequestSpec]:
@@ -116,29 +121,40 @@ def parse_spec(prompt, cap, where: str) -> RequestSpec:
     return RequestSpec(text, parse_cap(cap, where))
 
 
-def parse_table(rows) -> list[RequestSpec]:
-    """Rows of ``[prompt, max_new_tokens, arrival_s]`` from the page -> specs.
+TABLE_COLUMNS = ("prompt", "max_new_tokens", "arrival_s", *SAMPLING_FIELDS)
 
-    ``arrival_s`` (seconds after the run starts) is optional: a missing or blank cell means 0.
-    Fully blank rows are skipped.
+
+def parse_table(rows) -> list[RequestSpec]:
+    """Rows of ``[prompt, max_new_tokens, arrival_s, temperature, top_k, top_p, seed]`` -> specs.
+
+    Every column after ``max_new_tokens`` is optional, so 2- and 3-cell rows still parse. A
+    missing or blank ``arrival_s`` means 0 (seconds after the run starts); the four sampling cells
+    all missing or blank mean greedy, and any one given makes the row sample
+    (``engine.sampling.parse_sampling``). Fully blank rows are skipped.
 
     Raises:
         ValueError: no request at all, a bad row (named by its 1-based number), or too many rows.
     """
     specs = []
+    width = len(TABLE_COLUMNS)
     for i, row in enumerate(rows or [], start=1):
-        prompt, cap, arrival = (list(row) + [None, None, None])[:3]
-        if _blank(prompt) and _blank(cap) and _blank(arrival):
+        cells = (list(row) + [None] * width)[:width]
+        if all(_blank(cell) for cell in cells):
             continue
+        prompt, cap, arrival, *sampling = cells
         spec = parse_spec(prompt, cap, f"Row {i}")
         if not _blank(arrival):
             spec = dataclasses.replace(spec, arrival_s=parse_arrival(arrival, f"Row {i}"))
+        spec = dataclasses.replace(spec, sampling=parse_sampling(*sampling, f"Row {i}"))
         specs.append(spec)
     return checked_count(specs)
 
 
 def load_jsonl(path: str | Path) -> list[RequestSpec]:
     """Read a JSONL workload: one ``{"prompt": str, "max_new_tokens": int}`` object per line.
+
+    Optional keys: ``arrival_s``, and ``temperature``, ``top_k``, ``top_p``, ``seed`` (absent or
+    null: greedy). Other keys are ignored.
 
     Raises:
         ValueError: unreadable file, or a line that is not such an object (named by its number).
@@ -162,7 +178,8 @@ def load_jsonl(path: str | Path) -> list[RequestSpec]:
         spec = parse_spec(obj["prompt"], obj["max_new_tokens"], where)
         if "arrival_s" in obj:
             spec = dataclasses.replace(spec, arrival_s=parse_arrival(obj["arrival_s"], where))
-        specs.append(spec)
+        sampling = parse_sampling(*(obj.get(name) for name in SAMPLING_FIELDS), where)
+        specs.append(dataclasses.replace(spec, sampling=sampling))
     return checked_count(specs)
 
 
@@ -235,7 +252,14 @@ def tokenize_requests(
                 f"exceeds the model's context of {max_context} tokens; shorten it."
             )
         requests.append(
-            Request(request_id, spec.prompt, spec.max_new_tokens, tuple(ids), spec.arrival_s)
+            Request(
+                request_id,
+                spec.prompt,
+                spec.max_new_tokens,
+                tuple(ids),
+                spec.arrival_s,
+                spec.sampling,
+            )
         )
     return requests
 

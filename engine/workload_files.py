@@ -1,7 +1,10 @@
 """Workload files: upload a workload as CSV or JSONL into the page's table; download it back.
 
-Both formats carry the same three fields per request: ``prompt``, ``max_new_tokens`` and the
-optional ``arrival_s`` (seconds after the run starts, 0 when absent or blank). A CSV has a header
+Both formats carry the same fields per request: ``prompt``, ``max_new_tokens``, the optional
+``arrival_s`` (seconds after the run starts, 0 when absent or blank) and the optional sampling
+settings ``temperature``, ``top_k``, ``top_p`` and ``seed`` (``engine.sampling``; all absent or
+blank: greedy). Downloads write the sampling fields only when some request samples, so a greedy
+workload's files are what they always were. A CSV has a header
 row naming the columns, in any order; other columns are ignored, so the page's own
 ``requests.csv`` download can be uploaded again. A JSONL file has one object per line
 (``engine.workload.load_jsonl``).
@@ -17,6 +20,8 @@ import io
 import json
 from pathlib import Path
 
+from engine.sampling import FIELDS as SAMPLING_FIELDS
+from engine.sampling import parse_sampling
 from engine.workload import (
     RequestSpec,
     checked_count,
@@ -27,6 +32,7 @@ from engine.workload import (
 
 FIELDS = ["prompt", "max_new_tokens", "arrival_s"]
 REQUIRED = ("prompt", "max_new_tokens")
+ALL_FIELDS = [*FIELDS, *SAMPLING_FIELDS]
 
 
 def load_workload_file(path: str | Path) -> list[RequestSpec]:
@@ -45,7 +51,8 @@ def load_workload_file(path: str | Path) -> list[RequestSpec]:
 
 
 def load_csv(path: str | Path) -> list[RequestSpec]:
-    """Read a CSV workload whose header names prompt, max_new_tokens and maybe arrival_s.
+    """Read a CSV workload whose header names prompt, max_new_tokens and maybe arrival_s and the
+    sampling columns (temperature, top_k, top_p, seed).
 
     Rows whose cells are all blank are skipped. Line numbers count the header as line 1.
 
@@ -83,28 +90,50 @@ def load_csv(path: str | Path) -> list[RequestSpec]:
 def _spec(row: dict, where: str) -> RequestSpec:
     spec = parse_spec(row.get("prompt"), row.get("max_new_tokens"), where)
     arrival = (row.get("arrival_s") or "").strip()
-    if arrival:
-        return RequestSpec(spec.prompt, spec.max_new_tokens, parse_arrival(arrival, where))
-    return spec
+    arrival_s = parse_arrival(arrival, where) if arrival else 0.0
+    sampling = parse_sampling(*(row.get(name) for name in SAMPLING_FIELDS), where)
+    return RequestSpec(spec.prompt, spec.max_new_tokens, arrival_s, sampling)
 
 
-def table_rows(specs: list[RequestSpec]) -> list[list]:
-    """Specs as the page's table rows ``[prompt, max_new_tokens, arrival_s]``."""
-    return [[s.prompt, s.max_new_tokens, s.arrival_s] for s in specs]
+def table_rows(specs: list[RequestSpec], sampling_columns: bool = False) -> list[list]:
+    """Specs as the page's table rows ``[prompt, max_new_tokens, arrival_s]``; with
+    ``sampling_columns``, ``+ [temperature, top_k, top_p, seed]`` (all None for a greedy row)."""
+    rows = []
+    for s in specs:
+        row = [s.prompt, s.max_new_tokens, s.arrival_s]
+        if sampling_columns:
+            values = s.sampling.to_dict() if s.sampling is not None else {}
+            row += [values.get(name) for name in SAMPLING_FIELDS]
+        rows.append(row)
+    return rows
+
+
+def _any_sampling(specs: list[RequestSpec]) -> bool:
+    return any(s.sampling is not None for s in specs)
 
 
 def to_csv(specs: list[RequestSpec]) -> str:
-    """Specs as CSV text with the header ``prompt,max_new_tokens,arrival_s``."""
+    """Specs as CSV text with the header ``prompt,max_new_tokens,arrival_s``, plus
+    ``temperature,top_k,top_p,seed`` when some spec has sampling settings (blank for greedy)."""
+    sampling = _any_sampling(specs)
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(FIELDS)
-    writer.writerows(table_rows(specs))
+    writer.writerow(ALL_FIELDS if sampling else FIELDS)
+    writer.writerows(
+        ["" if cell is None else cell for cell in row] for row in table_rows(specs, sampling)
+    )
     return out.getvalue()
 
 
 def to_jsonl(specs: list[RequestSpec]) -> str:
-    """Specs as JSONL: one ``{"prompt", "max_new_tokens", "arrival_s"}`` object per line."""
-    lines = [json.dumps(dict(zip(FIELDS, row, strict=True))) for row in table_rows(specs)]
+    """Specs as JSONL: one ``{"prompt", "max_new_tokens", "arrival_s"}`` object per line, with
+    ``temperature``, ``top_k``, ``top_p`` and ``seed`` on the lines of sampled requests."""
+    lines = []
+    for spec, row in zip(specs, table_rows(specs), strict=True):
+        obj = dict(zip(FIELDS, row, strict=True))
+        if spec.sampling is not None:
+            obj |= spec.sampling.to_dict()
+        lines.append(json.dumps(obj))
     return "\n".join(lines) + "\n"
 
 

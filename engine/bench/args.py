@@ -12,6 +12,8 @@ import dataclasses
 from pathlib import Path
 
 from engine.config import EngineConfig
+from engine.endpoints import Endpoint, parse_endpoints
+from engine.sampling import SamplingParams, with_defaults
 from engine.workload import load_jsonl, poisson_arrivals, seed_specs
 
 DESCRIPTION = (
@@ -24,6 +26,7 @@ ENGINES = (
     "continuous_paged",
     "continuous_concat",
     "hf_continuous",
+    "vllm",  # a local vLLM server from .venv-vllm (make vllm), started and stopped by the bench
 )
 KV_MODE_OF = {"continuous": "slots", "continuous_paged": "paged", "continuous_concat": "concat"}
 # Flags that only some engines or arrival modes use: parsed as None so a given one can be told
@@ -58,6 +61,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, help="poisson: arrivals per second (default 1.0)")
     p.add_argument("--seed", type=int, help="poisson: the arrivals' random seed (default 0)")
     p.add_argument("--out", help="folder for requests.csv, traces.json, trace.perfetto.json")
+    _add_engine_flags(p)
+    p.add_argument(
+        "--floor", action="store_true", help="time generate on the longest request alone"
+    )
+    p.add_argument("--profile", action="store_true", help="continuous: forward vs host time split")
+    add_sampling_flags(p)
+    _add_server_flags(p)
+    p.epilog = (
+        "A flag that no selected engine (or arrival mode) uses is ignored with a warning on "
+        "stderr, e.g. --kv-budget-mib without continuous_paged, or --rate without "
+        "--arrival poisson."
+    )
+    return _with_defaults(p.parse_args(argv))
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """The continuous engines' knobs: token budget, policy, the paged KV cache, prefix caching."""
     p.add_argument(
         "--token-budget", type=int, help="continuous engines: max tokens per step (default: none)"
     )
@@ -72,21 +92,73 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--block-size", type=int, help="continuous_paged: tokens per block (default 16)")
     p.add_argument(
-        "--floor", action="store_true", help="time generate on the longest request alone"
+        "--prefix-caching",
+        action="store_true",
+        help="continuous_paged: share cached prompt-prefix blocks; hf_continuous: transformers' "
+        "block sharing (default off for both)",
     )
-    p.add_argument("--profile", action="store_true", help="continuous: forward vs host time split")
-    p.epilog = (
-        "A flag that no selected engine (or arrival mode) uses is ignored with a warning on "
-        "stderr, e.g. --kv-budget-mib without continuous_paged, or --rate without "
-        "--arrival poisson."
+
+
+def _add_server_flags(p: argparse.ArgumentParser) -> None:
+    """Server engines: ``--endpoint NAME=URL`` (repeatable) and vLLM's eager mode."""
+    p.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="an OpenAI-compatible server run as engine NAME (repeatable), e.g. "
+        "gpu=http://gpu-box:8000",
     )
-    return _with_defaults(p.parse_args(argv))
+    p.add_argument(
+        "--vllm-eager",
+        action="store_true",
+        help="vllm: --enforce-eager, no torch.compile (default: vLLM's compiled mode)",
+    )
+
+
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    """``--temperature``, ``--top-k``, ``--top-p``, ``--seed-base``: settings for every request
+    that has none of its own in the workload (any one given makes those requests sample)."""
+    sampled = "requests without their own settings sample"
+    p.add_argument(
+        "--temperature", type=float, help=f"{sampled} at this temperature (default 1; 0: greedy)"
+    )
+    p.add_argument("--top-k", type=int, help=f"{sampled} from the top k tokens (default 0: all)")
+    p.add_argument("--top-p", type=float, help=f"{sampled} with this top-p (default 1: all)")
+    p.add_argument(
+        "--seed-base", type=int, help=f"{sampled}; request i gets seed SEED_BASE + i (default 0)"
+    )
+
+
+def sampling_defaults(args: argparse.Namespace) -> SamplingParams | None:
+    """The settings the sampling flags give, their seed the seed base (None when no sampling
+    flag is given; the unset ones take their defaults).
+
+    Raises:
+        ValueError: a bad value, naming its flag.
+    """
+    flags = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed_base": 0}
+    given = {name: getattr(args, name, None) for name in flags}
+    if all(value is None for value in given.values()):
+        return None
+    values = {name: flags[name] if value is None else value for name, value in given.items()}
+    for name in flags:
+        field = "seed" if name == "seed_base" else name
+        try:
+            SamplingParams(**{field: values[name]})
+        except ValueError as exc:
+            raise ValueError(f"--{name.replace('_', '-')}: {exc}") from None
+    return SamplingParams(
+        values["temperature"], values["top_k"], values["top_p"], values["seed_base"]
+    )
 
 
 def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
     """``args`` with ``given`` (the scoped flags set on the command line) and their defaults."""
     scoped = (*SCOPED_DEFAULTS, "token_budget", "kv_budget_mib")
     args.given = {name for name in scoped if getattr(args, name) is not None}
+    if args.prefix_caching:
+        args.given.add("prefix_caching")
     for name, default in SCOPED_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -98,24 +170,29 @@ def ignored_flags(args: argparse.Namespace, names: list[str]) -> list[str]:
     paged = "continuous_paged" in names
     continuous = any(name in KV_MODE_OF for name in names)
     poisson = args.arrival == "poisson"
+    sharing = paged or "hf_continuous" in names
     scopes = {
+        "prefix_caching": (sharing, "only continuous_paged and hf_continuous use it"),
         "kv_budget_mib": (paged, "only continuous_paged uses it"),
         "block_size": (paged, "only continuous_paged uses it"),
         "token_budget": (continuous, "only the continuous engines use it"),
         "policy": (continuous, "only the continuous engines use it"),
         "rate": (poisson, "only --arrival poisson uses it"),
         "seed": (poisson, "only --arrival poisson uses it"),
+        "vllm_eager": ("vllm" in names, "only the vllm engine uses it"),
     }
+    given = args.given | ({"vllm_eager"} if args.vllm_eager else set())
     return [
         f"--{name.replace('_', '-')} is ignored: {why}."
         for name, (used, why) in scopes.items()
-        if name in args.given and not used
+        if name in given and not used
     ]
 
 
 def check_args(args: argparse.Namespace, names: list[str]) -> None:
     """Refuse bad flags before the model loads. Raises ValueError."""
-    unknown = [n for n in names if n not in ENGINES]
+    endpoint_names = {e.name for e in endpoints(args)}  # raises on a bad --endpoint
+    unknown = [n for n in names if n not in ENGINES and n not in endpoint_names]
     if unknown or not names:
         raise ValueError(
             f"Unknown engine {unknown[0] if unknown else ''!r}; choose from {', '.join(ENGINES)}."
@@ -123,10 +200,22 @@ def check_args(args: argparse.Namespace, names: list[str]) -> None:
     if args.repeat < 1:
         raise ValueError("--repeat must be at least 1.")
     EngineConfig(args.slots, **engine_options(args))
+    sampling_defaults(args)
+    if "vllm" in names:
+        from engine.vllm_server import vllm_python
+
+        vllm_python()  # refuses before the model loads when .venv-vllm is missing
+
+
+def endpoints(args: argparse.Namespace) -> list[Endpoint]:
+    """The ``--endpoint NAME=URL`` flags, checked. Raises ValueError (bad entry, name taken)."""
+    return parse_endpoints(args.endpoint, reserved=ENGINES)
 
 
 def engine_options(args: argparse.Namespace) -> dict:
-    """The continuous engines' ``EngineConfig`` options from the flags."""
+    """The continuous engines' ``EngineConfig`` options from the flags (``--prefix-caching``
+    is not among them: only ``continuous_paged`` and ``hf_continuous`` take it, as
+    ``bench.make_engine``'s ``prefix_caching``)."""
     return {
         "max_num_batched_tokens": args.token_budget,
         "scheduling_policy": args.policy,
@@ -136,15 +225,40 @@ def engine_options(args: argparse.Namespace) -> dict:
 
 
 def load_specs(args: argparse.Namespace):
-    """The workload with its arrival times. Raises ValueError (suggesting ``seed`` if missing)."""
+    """The workload with its arrival times and sampling settings (``apply_sampling_flags``).
+
+    Raises:
+        ValueError: a missing file (suggesting ``seed``), a bad line, or a bad sampling flag.
+    """
     if args.workload == "seed":
         specs = seed_specs()
     elif not Path(args.workload).exists():
         raise ValueError(f"No workload file {args.workload!r}; pass 'seed' or a JSONL file path.")
     else:
         specs = load_jsonl(args.workload)
+    specs = apply_sampling_flags(specs, args)
     if args.arrival == "all":
         return [dataclasses.replace(s, arrival_s=0.0) for s in specs]
     if args.arrival == "poisson":
         return poisson_arrivals(specs, args.rate, args.seed)
     return specs
+
+
+def apply_sampling_flags(specs, args: argparse.Namespace):
+    """``specs`` where each one without settings of its own gets the sampling flags' settings,
+    request i with seed ``--seed-base + i``; unchanged when no sampling flag is given.
+
+    Raises:
+        ValueError: a bad flag value, or a seed beyond 2^63 - 1 (naming ``--seed-base``).
+    """
+    defaults = sampling_defaults(args)
+    if defaults is None:
+        return specs
+    out = []
+    for i, spec in enumerate(specs):
+        try:
+            sampling = with_defaults(spec.sampling, defaults, defaults.seed, i)
+        except ValueError as exc:
+            raise ValueError(f"--seed-base: request {i}: {exc}") from None
+        out.append(dataclasses.replace(spec, sampling=sampling))
+    return out

@@ -6,14 +6,17 @@ Prints one row per engine (wall_s, steps, generated tokens, tok/s, speedup vs st
 reference match) and writes the JSON described in the README. The model is loaded and warmed up
 before timing; the reference (per-request ``model.generate``) is never counted in any engine's time.
 With ``--repeat N`` the engines run interleaved (A B A B ...) and the median is reported.
+Server engines (``vllm``, ``--endpoint NAME=URL``) run beside ours: ``engine.bench.servers``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import statistics
 import sys
+import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -28,17 +31,35 @@ from engine.bench.args import (
     parse_args,
 )
 from engine.bench.hardware_probe import PeakMemory, weight_bytes, weight_read_ms
+from engine.bench.servers import (
+    close_engines,
+    failed_result,
+    guarded_run,
+    server_engines,
+    server_fields,
+    start_servers,
+)
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
-from engine.reference import ReferenceCache, divergence, mismatches
+from engine.reference import (
+    NOT_COMPARED,
+    ReferenceCache,
+    comparison,
+    divergence,
+    mismatches,
+    not_compared_ids,
+)
 from engine.sequence import Request
 from engine.static import StaticEngine
 from engine.trace import Trace
 from engine.workload import tokenize_requests
 
 
-def make_engine(name: str, runner, num_slots: int, **options):
+def make_engine(name: str, runner, num_slots: int, prefix_caching: bool = False, **options):
     """An engine by its bench name; ``options`` go to the continuous engines' ``EngineConfig``.
+
+    ``prefix_caching`` turns on ``continuous_paged``'s prefix cache and ``hf_continuous``'s
+    block sharing; the other engines cannot share KV and ignore it.
 
     Raises:
         ValueError: unknown name or invalid options.
@@ -50,34 +71,43 @@ def make_engine(name: str, runner, num_slots: int, **options):
         engine.name = name
         return engine
     if name in KV_MODE_OF:
-        config = EngineConfig(num_slots, kv_mode=KV_MODE_OF[name], **options)
+        sharing = {"prefix_caching": prefix_caching} if name == "continuous_paged" else {}
+        config = EngineConfig(num_slots, kv_mode=KV_MODE_OF[name], **options, **sharing)
         engine = ContinuousEngine(runner, config)
         engine.name = name
         return engine
     if name == "hf_continuous":
         from engine.hf_continuous import HFContinuousEngine
 
-        return HFContinuousEngine(runner, EngineConfig(num_slots))
+        return HFContinuousEngine(runner, EngineConfig(num_slots), block_sharing=prefix_caching)
     raise ValueError(f"Unknown engine {name!r}; choose from {', '.join(ENGINES)}.")
 
 
-def run_engines(engines: dict, requests, repeat: int, memory: PeakMemory):
+def run_engines(
+    engines: dict, requests, repeat: int, memory: PeakMemory, failures: dict | None = None
+):
     """Each engine ``repeat`` times, interleaved, so machine noise hits all of them alike.
 
     Returns ``(traces, peaks)``: per engine its traces, and the highest of each run's
-    ``PeakMemory.peak_bytes()`` fields (None where not measured).
+    ``PeakMemory.peak_bytes()`` fields (None where not measured). A server engine that fails
+    (``EndpointError``) gets its message in ``failures`` and no traces; the others go on.
     """
+    failures = {} if failures is None else failures
     traces: dict[str, list[Trace]] = {name: [] for name in engines}
     peaks: dict[str, dict] = {name: {} for name in engines}
     for _ in range(repeat):
         for name, engine in engines.items():
             memory.reset()
-            traces[name].append(engine.run(requests))
+            trace = guarded_run(name, engine, requests, failures)
+            if trace is None:
+                continue
+            traces[name].append(trace)
             for key, value in memory.peak_bytes().items():
                 known = [v for v in (peaks[name].get(key), value) if v is not None]
                 peaks[name][key] = max(known) if known else None
             print(f"  {name}: {traces[name][-1].wall_s:.2f} s", file=sys.stderr, flush=True)
-    return traces, peaks
+    traces = {name: runs for name, runs in traces.items() if name not in failures}
+    return traces, {name: peaks[name] for name in traces}
 
 
 def median_trace(runs: list[Trace]) -> Trace:
@@ -101,7 +131,8 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
     median_run = median_trace(runs)
     m = median_run.metrics()
     outputs = {r.request_id: r.output_token_ids for r in median_run.requests}
-    bad = mismatches(outputs, reference) if reference is not None else []
+    skipped = not_compared_ids(median_run)
+    bad = mismatches(outputs, reference, skipped) if reference is not None else []
     wall_s = statistics.median(walls)
     return {
         "wall_s": wall_s,
@@ -116,10 +147,14 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
         "requests_per_s": len(runs[0].requests) / wall_s if wall_s else 0.0,
         "latency_percentiles": median_run.latency_percentiles(),
         "num_preemptions": m.num_preemptions,
+        "num_cached_tokens": m.num_cached_tokens,
+        "prefix_cache_hit_rate": m.prefix_cache_hit_rate,
         **(peaks or {}),
         "reference_match": None if reference is None else not bad,
         "num_mismatched_requests": None if reference is None else len(bad),
+        "num_not_compared_requests": len(skipped),
         "info": median_run.info,
+        **server_fields(median_run),
         "requests": [
             {
                 "request_id": r.request_id,
@@ -129,6 +164,10 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
                 "output_text": r.output_text,
                 "ttft_s": r.ttft_s,
                 "latency_s": r.latency_s,
+                "sampling": None if r.sampling is None else r.sampling.to_dict(),
+                "comparison": comparison(r, reference),
+                "num_prompt_tokens": r.num_prompt_tokens,
+                "num_cached_tokens": r.num_cached_tokens,
             }
             for r in median_run.requests
         ],
@@ -149,10 +188,12 @@ def format_table(results: dict[str, dict], weight_read_ms: float | None = None) 
         spread = f"{r['wall_s']:.2f} ({r['wall_s_min']:.2f}-{r['wall_s_max']:.2f})"
         speedup = f"{base / r['wall_s']:.2f}x" if base else "-"
         match = {True: "yes", False: f"NO ({r['num_mismatched_requests']})", None: "-"}
+        skipped = r.get("num_not_compared_requests")
+        note = f", {skipped} sampled with another generator: not compared" if skipped else ""
         lines.append(
             f"{name:<18}{spread:>16}{r['num_steps'] or '-':>7}{r['num_generated_tokens']:>8}"
             f"{r['tok_per_s']:>8.1f}{speedup:>9}{_ms(r['ms_per_step']):>9}"
-            f"{_ratio(r['ms_per_step'], weight_read_ms):>8}  {match[r['reference_match']]}"
+            f"{_ratio(r['ms_per_step'], weight_read_ms):>8}  {match[r['reference_match']]}{note}"
         )
     return "\n".join(lines)
 
@@ -167,6 +208,8 @@ def explain_mismatches(runner, requests, traces, reference, results) -> None:
         median_run = median_trace(runs)
         found = []
         for record in median_run.requests:
+            if comparison(record, reference) == NOT_COMPARED:
+                continue
             request = by_id[record.request_id]
             diff = divergence(
                 runner, request, record.output_token_ids, reference[request.request_id]
@@ -176,6 +219,24 @@ def explain_mismatches(runner, requests, traces, reference, results) -> None:
                 print(f"  {name}: output differs from the reference: {found[-1]}", file=sys.stderr)
         if found:
             results[name]["mismatches"] = found
+
+
+def _sampling_flags(args) -> dict | None:
+    """The sampling flags as given (None: none given; each request's settings are in its entry)."""
+    names = ("temperature", "top_k", "top_p", "seed_base")
+    given = {name: getattr(args, name) for name in names}
+    return given if any(v is not None for v in given.values()) else None
+
+
+def prefix_cache_line(results: dict[str, dict]) -> str:
+    """The prefix-cache hit rate of every engine that shares KV (``not reported`` where the
+    engine does not count its hits), e.g. ``prefix cache hit rate: continuous_paged 61.2%``."""
+    parts = []
+    for name, r in results.items():
+        if name in ("continuous_paged", "hf_continuous"):
+            rate = r["prefix_cache_hit_rate"]
+            parts.append(f"{name} {'not reported' if rate is None else f'{100 * rate:.1f}%'}")
+    return "prefix cache hit rate (cached / prompt tokens): " + (", ".join(parts) or "-")
 
 
 def _ms(ms_per_step: float) -> str:
@@ -234,14 +295,19 @@ def profile_host_overhead(runner, num_slots: int, contexts=(100, 2000)) -> dict:
     return result
 
 
-def warm_up(engines: dict, requests) -> None:
-    """One short run per engine, so one-time costs (allocations, kernels) are not timed."""
+def warm_up(engines: dict, requests, failures: dict | None = None) -> None:
+    """One short run per engine, so one-time costs (allocations, kernels) are not timed.
+
+    Local servers start first; a server engine that fails gets its message in ``failures``.
+    """
+    failures = {} if failures is None else failures
+    start_servers(engines, failures)
     short = [
-        r.__class__(r.request_id, r.prompt, min(4, r.max_new_tokens), r.prompt_token_ids)
+        dataclasses.replace(r, max_new_tokens=min(4, r.max_new_tokens), arrival_s=0.0)
         for r in requests[:2]
     ]
-    for engine in engines.values():
-        engine.run(short)
+    for name, engine in engines.items():
+        guarded_run(name, engine, short, failures)
 
 
 def main(argv=None) -> int:
@@ -263,21 +329,47 @@ def main(argv=None) -> int:
             chat_template=args.chat_template,
             max_context=loaded.max_context,
         )
-        engines = {n: make_engine(n, runner, args.slots, **engine_options(args)) for n in names}
+        options = engine_options(args)
+        servers = server_engines(args, names, loaded)  # vllm and the --endpoint engines
+        engines = {
+            n: servers.get(n) or make_engine(n, runner, args.slots, args.prefix_caching, **options)
+            for n in names
+        }
+        engines.update(servers)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
+    try:  # a SIGTERM (timeout, kill) ends up here too, so the servers are stopped
+        return _bench(args, loaded, runner, requests, engines)
+    finally:
+        close_engines(engines)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _bench(args, loaded, runner, requests, engines: dict) -> int:
+    """Warm up, time, check and report ``engines``; the exit code of ``main``."""
+    num_sampled = sum(r.is_sampled for r in requests)
     print(
-        f"{loaded.name} on {loaded.device_label}; {len(requests)} requests, {args.slots} slots",
+        f"{loaded.name} on {loaded.device_label}; {len(requests)} requests, {args.slots} slots"
+        + (f", {num_sampled} sampled" if num_sampled else ""),
         file=sys.stderr,
     )
-    warm_up(engines, requests)
+    failures: dict[str, str] = {}
+    warm_up(engines, requests, failures)
     reference = None
     if not args.no_reference:
         t0 = time.perf_counter()
         reference = ReferenceCache(runner).outputs(requests)
         print(f"  reference: {time.perf_counter() - t0:.2f} s (not counted)", file=sys.stderr)
-    traces, peaks = run_engines(engines, requests, args.repeat, PeakMemory(loaded.device))
+    memory = PeakMemory(loaded.device)
+    traces, peaks = run_engines(engines, requests, args.repeat, memory, failures)
     results = {n: engine_result(runs, reference, peaks[n]) for n, runs in traces.items()}
     if reference is not None:
         explain_mismatches(runner, requests, traces, reference, results)
@@ -288,6 +380,14 @@ def main(argv=None) -> int:
         "engine_kernel_bytes": runner.engine_kernel_bytes,
     }
     print(format_table(results, extra["weight_read_ms"]))
+    if args.prefix_caching:
+        print(prefix_cache_line(results))
+    for name, trace in ((n, median_trace(runs)) for n, runs in traces.items()):
+        for warning in trace.warnings:
+            print(f"warning: {name}: {warning}", file=sys.stderr)
+    for name, message in failures.items():
+        print(f"{name} failed: {message}")
+        results[name] = failed_result(name, message, engines)
     print(
         f"engines' matmul kernel: {extra['engine_kernel']} "
         f"(+{extra['engine_kernel_bytes'] / 1e6:.0f} MB of packed weights)"
@@ -309,21 +409,28 @@ def main(argv=None) -> int:
     if args.out:
         write_exports(args.out, traces)
     if args.json_path:
-        doc = {
-            "model": loaded.name,
-            "device": str(loaded.device),
-            "dtype": str(loaded.dtype).removeprefix("torch."),
-            "slots": args.slots,
-            "workload": args.workload,
-            "repeat": args.repeat,
-            "arrival": args.arrival,
-            "rate": args.rate if args.arrival == "poisson" else None,
-            "seed": args.seed if args.arrival == "poisson" else None,
-            "engines": results,
-            **extra,
-        }
-        Path(args.json_path).write_text(json.dumps(doc, indent=2))
-    return 0 if all(r["reference_match"] is not False for r in results.values()) else 1
+        write_json(args, loaded, results, extra)
+    ok = not failures and all(r["reference_match"] is not False for r in results.values())
+    return 0 if ok else 1
+
+
+def write_json(args, loaded, results: dict, extra: dict) -> None:
+    """The bench's JSON document (fields in the README's "Benchmark" section) at ``--json``."""
+    doc = {
+        "model": loaded.name,
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "slots": args.slots,
+        "workload": args.workload,
+        "repeat": args.repeat,
+        "arrival": args.arrival,
+        "rate": args.rate if args.arrival == "poisson" else None,
+        "seed": args.seed if args.arrival == "poisson" else None,
+        "sampling_flags": _sampling_flags(args),
+        "engines": results,
+        **extra,
+    }
+    Path(args.json_path).write_text(json.dumps(doc, indent=2))
 
 
 if __name__ == "__main__":

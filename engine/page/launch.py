@@ -8,11 +8,25 @@ stops the start with one line instead of failing the first Run.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import gradio as gr
 
-from engine.page import panels, share, shared_model
+from engine.page import panels, share, shared_model, tables
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+PAGE_CSS = ASSETS / "page.css"
+PAGE_JS = ASSETS / "page.js"
+
+
+def page_assets() -> dict:
+    """``launch()`` keywords for the page's own CSS and script (``assets/page.css``, ``page.js``),
+    with the metrics columns' hover definitions handed to the script."""
+    help_js = f"window.CBP_METRIC_HELP = {json.dumps(tables.METRIC_HELP)};"
+    script = PAGE_JS.read_text(encoding="utf-8")
+    return {"css_paths": [PAGE_CSS], "head": f"<script>{help_js}\n{script}</script>"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,7 +60,13 @@ def serve(build_demo: Callable[[str], gr.Blocks], argv: list[str] | None = None)
     demo = build_demo(shared.label)
     demo.queue()
     # quiet: Gradio's own launch lines would say "set share=True" even with --share.
-    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True)
+    demo.launch(
+        server_name=args.host,
+        server_port=args.port,
+        prevent_thread_lock=True,
+        quiet=True,
+        **page_assets(),
+    )
     print(f"* Running on local URL: {demo.local_url}", flush=True)
     if args.share:
         share.open_share_link(demo)  # bounded wait; the page serves locally meanwhile

@@ -39,6 +39,14 @@ COPY_LINK_JS = """(query) => {
 }"""
 
 
+# Runs in the browser after Stop: a run still waiting in the queue is taken out of it by the
+# hidden button whose click cancels the Run event (immediate for an event that has not started).
+LEAVE_QUEUE_JS = """(reply) => {
+    if (reply === "queued") document.getElementById("leave_queue_button")?.click();
+    return [];
+}"""
+
+
 def setup_query(preset_name: str | None, num_slots, step_index, state) -> str:
     """The query string that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12``.
 
@@ -57,6 +65,7 @@ def setup_query(preset_name: str | None, num_slots, step_index, state) -> str:
 
 def from_link(request: gr.Request) -> tuple:
     """Preset the page from its link: ``?preset=SLUG&slots=N``; a bad value is named in a warning.
+    A preset without ``slots`` brings the slot count its explanation speaks of.
 
     Returns updates for the preset dropdown, request table, chat checkbox, preset text and slots
     (``gr.skip()`` where the link sets nothing usable: the page keeps its defaults).
@@ -73,10 +82,13 @@ def from_link(request: gr.Request) -> tuple:
         shown = f"showing “{presets.DEFAULT_PRESET}” (presets: {slugs})"
         _warn_link("preset", preset, f"no such preset; {shown}")
     slots = params.get("slots", "").strip()
+    fallback = presets.preset_slots(name) if name is not None else None  # what its text says
+    if fallback is not None:
+        updates[4] = fallback
     if slots.isdigit() and 1 <= int(slots) <= MAX_SLOTS:
         updates[4] = int(slots)
     elif slots:
-        why = f"not a whole number from 1 to {MAX_SLOTS}; using {DEFAULT_SLOTS} slots"
+        why = f"not a whole number from 1 to {MAX_SLOTS}; using {fallback or DEFAULT_SLOTS} slots"
         _warn_link("slots", slots, why)
     return tuple(updates)
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine.page import page_io, playground, presets, tables, tour
+from engine.page import page_io, playground, presets, run_view, tables, tour
+from engine.page.run_view import RunResult
 
 TITLE = "Continuous Batching Playground"
 INTRO = (
@@ -114,6 +115,8 @@ class SettingsPanel:
     stop_button: gr.Button
     link_button: gr.Button
     link_textbox: gr.Textbox
+    stop_reply_textbox: gr.Textbox  # hidden: what Stop found ("running", "queued", "idle")
+    leave_queue_button: gr.Button  # hidden: clicked by the page to take a queued run out
 
 
 def settings_panel(chat_template: bool) -> SettingsPanel:
@@ -150,6 +153,8 @@ def settings_panel(chat_template: bool) -> SettingsPanel:
         buttons=["copy"],
         elem_id="link_textbox",
     )
+    stop_reply = gr.Textbox(visible="hidden", elem_id="stop_reply_textbox")
+    leave_queue = gr.Button("Leave the queue", visible="hidden", elem_id="leave_queue_button")
     return SettingsPanel(
         preset_dropdown,
         slots_slider,
@@ -160,6 +165,8 @@ def settings_panel(chat_template: bool) -> SettingsPanel:
         stop_button,
         link_button,
         link_textbox,
+        stop_reply,
+        leave_queue,
     )
 
 
@@ -224,57 +231,69 @@ class ResultsPanel:
         ]
 
 
-def results_panel() -> ResultsPanel:
-    """The results, below the editor: empty until the first run."""
-    status = gr.Markdown("Press Run to compare the two engines.", elem_id="status_markdown")
+def results_panel(shown: RunResult | None = None) -> ResultsPanel:
+    """The results, below the editor, showing ``shown`` (the shipped recording) until a Run."""
+    status = gr.Markdown(
+        shown.status if shown is not None else "Press Run to compare the two engines.",
+        elem_id="status_markdown",
+    )
     x_axis = gr.Radio(
         [("seconds", "time"), ("step index", "step")],
         value="time",
         label="Timeline x axis",
         elem_id="x_axis_radio",
     )
-    with gr.Row():
-        static_timeline = gr.Plot(show_label=False, elem_id="static_timeline_plot")
-        continuous_timeline = gr.Plot(show_label=False, elem_id="continuous_timeline_plot")
-    step_slider = gr.Slider(
-        0, 1, value=0, step=1, label="Step (one forward pass)", elem_id="step_slider"
-    )
-    with gr.Row():
-        packed_mask = gr.Plot(show_label=False, elem_id="packed_mask_plot")
-        static_mask = gr.Plot(show_label=False, elem_id="static_mask_plot")
-    block_map = gr.Plot(show_label=False, elem_id="block_map_plot")
+    step_views = _step_views(shown)
     metrics = gr.Dataframe(
+        value=shown.metrics if shown is not None else None,
         headers=tables.METRICS_HEADERS,
         interactive=False,
         wrap=True,
-        label="Metrics",
+        label="Metrics (hover a column's name for what it counts)",
+        column_widths=tables.METRICS_COLUMN_WIDTHS,
         elem_id="metrics_table",
     )
+    gr.Markdown(tables.METRICS_NOTE, elem_id="metrics_note")
     with gr.Row():
-        latency_cdf = gr.Plot(show_label=False, elem_id="latency_cdf_plot")
-        step_usage = gr.Plot(show_label=False, elem_id="step_usage_plot")
+        latency_cdf = _plot("latency_cdf_plot", shown and shown.latency_cdf)
+        step_usage = _plot("step_usage_plot", shown and shown.step_usage)
+    engines = list(shown.state.traces()) if shown is not None else ["static", "continuous"]
     outputs = gr.Dataframe(
-        headers=tables.outputs_headers(["static", "continuous"]),
+        value=shown.outputs if shown is not None else None,
+        headers=tables.outputs_headers(engines),
         datatype="str",  # plain text: model output is never rendered as HTML or Markdown
         interactive=False,
         wrap=True,
         label="Outputs",
+        column_widths=run_view.output_column_widths(engines),
         elem_id="outputs_table",
     )
-    return ResultsPanel(
-        status,
-        x_axis,
-        static_timeline,
-        continuous_timeline,
-        step_slider,
-        packed_mask,
-        static_mask,
-        block_map,
-        metrics,
-        latency_cdf,
-        step_usage,
-        outputs,
+    return ResultsPanel(status, x_axis, *step_views, metrics, latency_cdf, step_usage, outputs)
+
+
+def _step_views(shown: RunResult | None) -> tuple:
+    """Both timelines, the step slider, both masks and the block map, in ``ResultsPanel`` order."""
+    v = shown.views if shown is not None else None
+    with gr.Row():
+        static_timeline = _plot("static_timeline_plot", v and v.static_timeline)
+        continuous_timeline = _plot("continuous_timeline_plot", v and v.continuous_timeline)
+    step_slider = gr.Slider(
+        0,
+        max(shown.state.num_steps - 1, 1) if shown is not None else 1,
+        value=shown.step_index if shown is not None else 0,
+        step=1,
+        label=run_view.slider_label(shown.state) if shown else "Step (one forward pass)",
+        elem_id="step_slider",
     )
+    with gr.Row():
+        packed_mask = _plot("packed_mask_plot", v and v.packed_mask)
+        static_mask = _plot("static_mask_plot", v and v.static_mask)
+    block_map = _plot("block_map_plot", v and v.block_map)
+    return static_timeline, continuous_timeline, step_slider, packed_mask, static_mask, block_map
+
+
+def _plot(elem_id: str, figure) -> gr.Plot:
+    return gr.Plot(figure, show_label=False, elem_id=elem_id)
 
 
 def downloads_panel() -> gr.File:

@@ -27,15 +27,25 @@ from engine.continuous import ContinuousEngine
 from engine.hf_continuous import HFContinuousEngine
 from engine.page import progress_view
 from engine.page.live_run import LiveRun
+from engine.page.run_handle import IDLE, RunHandle
 from engine.page.run_options import RunOptions, options_from_page, prepare
-from engine.page.run_view import RunResult, RunState, render, status_line, step_views
+from engine.page.run_view import (
+    RunResult,
+    RunState,
+    render,
+    run_outputs,
+    status_line,
+    step_views,
+)
 from engine.page.shared_model import SharedModel, get_model
-from engine.run_control import RunControl, RunStopped, run_time_limit_s
+from engine.run_control import RunCancelled, RunControl, RunStopped, run_time_limit_s
 from engine.sequence import Request
 from engine.static import StaticEngine
 
 REQUEST_HEADERS = ["prompt", "max_new_tokens", "arrival_s"]
 PROGRESS_INTERVAL_S = 0.5  # at most two progress reports a second
+STOPPED = "**Stopped** before the end."
+STOPPED_IN_QUEUE = "**Stopped** before it started: it left the queue."
 
 
 # --- handlers ------------------------------------------------------------------------------------
@@ -76,31 +86,43 @@ def run_engines(
     wait. The model's lock is held throughout, so runs never overlap on the model.
     """
     watch = watch or (lambda *_args, **_kwargs: None)
-    runner = model.runner
     with model.lock:
-        static = StaticEngine(runner, EngineConfig(config.num_slots)).run(
-            requests,
-            _on_step(progress, "static", _static_steps(requests, config), watch),
-            functools.partial(watch, "static", waiting=True),
+        try:
+            return _run_all(model, requests, config, options, progress, watch)
+        except RunStopped as exc:
+            # A fresh exception, raised while the lock is still held: the caught one's traceback
+            # holds the engines' frames and their KV cache, which must go before the next run
+            # can take the model.
+            stopped = type(exc)(str(exc))
+        raise stopped
+
+
+def _run_all(model, requests, config, options, progress, watch) -> RunState:
+    """``run_engines``'s body, called with the model's lock held."""
+    runner = model.runner
+    static = StaticEngine(runner, EngineConfig(config.num_slots)).run(
+        requests,
+        _on_step(progress, "static", _static_steps(requests, config), watch),
+        functools.partial(watch, "static", waiting=True),
+    )
+    watch("static", static, done=True)
+    continuous = ContinuousEngine(runner, config).run(
+        requests,
+        _on_step(progress, "continuous", _continuous_steps(requests, config), watch),
+        functools.partial(watch, "continuous", waiting=True),
+    )
+    watch("continuous", continuous, done=True)
+    hf = None
+    if options.compare_hf:  # no step hook: checked every 0.1 s while results are awaited
+        watch("hf_continuous", None)
+        progress(None, desc="transformers' continuous batching")
+        stop_check = functools.partial(watch, "hf_continuous", waiting=True)
+        hf = HFContinuousEngine(runner, config).run(requests, on_wait=stop_check)
+    reference = None
+    if options.check_reference:
+        reference = model.reference.outputs(
+            requests, _reference_counter(progress), lambda: watch("reference", None)
         )
-        watch("static", static, done=True)
-        continuous = ContinuousEngine(runner, config).run(
-            requests,
-            _on_step(progress, "continuous", _continuous_steps(requests, config), watch),
-            functools.partial(watch, "continuous", waiting=True),
-        )
-        watch("continuous", continuous, done=True)
-        hf = None
-        if options.compare_hf:  # no step hook: checked every 0.1 s while results are awaited
-            watch("hf_continuous", None)
-            progress(None, desc="transformers' continuous batching")
-            stop_check = functools.partial(watch, "hf_continuous", waiting=True)
-            hf = HFContinuousEngine(runner, config).run(requests, on_wait=stop_check)
-        reference = None
-        if options.check_reference:
-            reference = model.reference.outputs(
-                requests, _reference_counter(progress), lambda: watch("reference", None)
-            )
     return RunState(static, continuous, reference, hf)
 
 
@@ -118,33 +140,61 @@ def run_event(
     previous: RunState | None = None,
     kv_budget_mib=None,
     block_size=None,
+    handle: RunHandle | None = None,
 ) -> Iterator[tuple]:
     """The Run button's handler: a generator streaming progress, then the finished results.
 
     Yields the tuple app.py's outputs expect: live updates every ``PROGRESS_INTERVAL_S`` while the
-    engines run in a worker thread (``LiveRun``), then ``RunResult.as_outputs()``. When Gradio
-    closes the generator (Stop, closed tab) the worker stops within one step. The paged KV knobs
-    (``kv_budget_mib``, ``block_size``) come after the state, so the /run API's earlier inputs keep
-    their positions.
+    engines run in a worker thread (``LiveRun``), then ``RunResult.as_outputs()``. Stop sets the
+    stop flag of this run's ``RunControl`` through the session's ``handle``
+    (``engine.page.run_handle``): the worker stops within one step and the handler yields the
+    previous results with "Stopped" and returns. When Gradio closes the generator (a closed tab)
+    the worker stops too. The paged KV knobs (``kv_budget_mib``, ``block_size``) and the handle
+    come after the state, so the /run API's earlier inputs keep their positions.
 
-    Bad input (a bad table, slot count or knob, or a ``ValueError`` an engine raises mid-run) is
-    not an error of the event: the status line says why the run did not happen (a warning toast
-    too), the earlier results stay on the page (put back, mid-run), and the handler returns. A
-    Gradio error would lay its badge over that status line.
+    Bad input (a bad table, slot count or knob, a KV budget too small for a request, or a
+    ``ValueError`` an engine raises mid-run) is not an error of the event: the status line says
+    why the run did not happen (a warning toast too), the earlier results stay on the page (put
+    back, mid-run), and the handler returns. A Gradio error would lay its badge over that status
+    line.
 
     Raises:
         gr.Error: the model cannot load, or the run passed ``CBP_RUN_TIME_LIMIT_S`` (after
             putting the ``previous`` run's results back).
     """
-    knobs = (chat_template, check_reference, kv_mode, token_budget, policy, compare_hf)
+    handle = handle if handle is not None else RunHandle()
+    why_not = handle.start()
+    if why_not == "repeat":  # a second press while this session's run went on: as Gradio did
+        yield run_outputs()
+        return
+    if why_not == "stopped":
+        yield _stopped_outputs(previous, STOPPED_IN_QUEUE, x_axis)
+        return
     try:
-        options = options_from_page(*knobs, arrival_rate, kv_budget_mib, block_size)
+        knobs = (chat_template, check_reference, kv_mode, token_budget, policy, compare_hf)
+        yield from _run(
+            rows,
+            num_slots,
+            (*knobs, arrival_rate, kv_budget_mib, block_size),
+            x_axis,
+            previous,
+            handle,
+        )
+    finally:
+        handle.finish()
+
+
+def _run(rows, num_slots, knobs: tuple, x_axis: str, previous, handle: RunHandle):
+    """``run_event``'s work once the run may start: check the input, run, stream, finish."""
+    try:
+        options = options_from_page(*knobs)
         model = _user_errors(get_model)  # the host's problem, not the input's: a gr.Error
         requests, config = prepare(model, rows, num_slots, options)
     except ValueError as exc:
         yield _refused_outputs(previous, exc)
         return
     control = RunControl(_user_errors(run_time_limit_s))
+    handle.attach(control)
     started_s = time.monotonic()
 
     def work(watch: Callable) -> RunState:  # the status line shows progress, not a Gradio bar
@@ -167,19 +217,41 @@ def _finished_outputs(live: LiveRun, previous: RunState | None, x_axis: str) -> 
     """
     try:
         state = live.result()
-    except (RunStopped, ValueError) as exc:  # stopped, or bad input only the engines could see
+    except RunCancelled:  # Stop (a closed tab ends at a yield: nobody sees this)
+        yield _stopped_outputs(previous, STOPPED, x_axis)
+        return
+    except (RunStopped, ValueError) as exc:  # the time limit, or bad input only engines could see
         reason = progress_view.plain_markdown(str(exc))
         yield _stopped_outputs(previous, f"**Stopped:** {reason}", x_axis)
-        if isinstance(exc, RunStopped):  # the time limit (Stop and a closed tab end at a yield)
+        if isinstance(exc, RunStopped):
             raise gr.Error(f"Run stopped: {exc}", print_exception=False) from None
         gr.Warning(str(exc), title="Run stopped")  # bad input: told, as before the run
         return
     yield render(state, x_axis).as_outputs()
 
 
-def stop_event(previous: RunState | None, x_axis: str) -> tuple:
-    """The Stop button's handler (it also cancels the Run event): previous results, "stopped"."""
-    return _stopped_outputs(previous, "**Stopped** before the end.", x_axis)
+def run_pressed(handle: RunHandle | None) -> None:
+    """Run pressed (unqueued, before the run is sent or deferred): see ``RunHandle.press``."""
+    if handle is not None:
+        handle.press()
+
+
+def stop_event(handle: RunHandle | None) -> str:
+    """The Stop button's handler (it waits for no other event). Stops this session's run through
+    its ``RunControl`` (the run then shows "Stopped" itself), or marks a run still waiting in the
+    queue; with nothing to stop, says so in a toast. Returns what there was: ``"running"``,
+    ``"queued"`` (the page then takes the run out of the queue) or ``"idle"``."""
+    what = handle.stop() if handle is not None else IDLE
+    if what == IDLE:
+        gr.Info("Nothing is running, so there is nothing to stop.", title="Stop")
+    return what
+
+
+def left_queue_event(handle: RunHandle | None, previous: RunState | None, x_axis: str) -> tuple:
+    """The queued run was taken out of the queue (after Stop): previous results, and why."""
+    if handle is not None:
+        handle.left_queue()
+    return _stopped_outputs(previous, STOPPED_IN_QUEUE, x_axis)
 
 
 def _refused_outputs(previous: RunState | None, exc: ValueError) -> tuple:

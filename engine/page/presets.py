@@ -1,8 +1,10 @@
 """Presets: ready-made workloads from assets/presets.json, each with a paragraph on what it shows.
 
-A preset is ``{"slug": str, "chat_template": bool, "description": str, "requests": [[prompt, cap],
-...]}``, where a request may add a third value, its ``arrival_s``; the slug names it in links
-(``?preset=seed&slots=3``).
+A preset is ``{"slug": str, "chat_template": bool, "slots": int, "description": str, "check": {...},
+"requests": [[prompt, cap], ...]}``, where a request may add a third value, its ``arrival_s``; the
+slug names it in links (``?preset=seed&slots=3``). ``slots`` is the slot count its description
+speaks of (choosing the preset sets it), and ``check`` states the description's claim in numbers,
+which ``tests/page/test_presets_real.py`` checks on the embedded model.
 """
 
 from __future__ import annotations
@@ -27,6 +29,17 @@ def apply_preset(name: str) -> tuple[list[list], bool, str]:
     preset = load_presets()[name]
     rows = [(list(row) + [0])[:3] for row in preset["requests"]]
     return rows, bool(preset["chat_template"]), preset.get("description", "")
+
+
+def choose_preset(name: str) -> tuple[list[list], bool, str, int]:
+    """``apply_preset`` plus the slot count the preset's explanation speaks of (its ``slots``)."""
+    rows, chat_template, text = apply_preset(name)
+    return rows, chat_template, text, preset_slots(name)
+
+
+def preset_slots(name: str) -> int:
+    """The slots a preset is meant for (its text names them); 3 if it names none."""
+    return int(load_presets()[name].get("slots", 3))
 
 
 EDITED_TEXT = "Your own requests: edited from a preset, whose explanation no longer applies."

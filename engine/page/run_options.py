@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
+from engine.continuous import ContinuousEngine
 from engine.run_control import run_time_limit_s
 from engine.workload import check_arrivals, parse_table, poisson_arrivals, tokenize_requests
 
@@ -61,10 +62,11 @@ def options_from_page(
 
 
 def prepare(model, rows, num_slots, options: RunOptions):
-    """Validate and tokenize the table, and build the continuous engine's config.
+    """Validate and tokenize the table, and build the continuous engine's config; a paged KV
+    budget too small for some request is refused here, before any engine starts.
 
     Raises:
-        ValueError: bad table, slot count or knob.
+        ValueError: bad table, slot count or knob, or a KV budget that cannot hold a request.
     """
     if hasattr(rows, "values") and hasattr(rows, "columns"):  # a pandas DataFrame
         rows = rows.values.tolist()
@@ -87,6 +89,7 @@ def prepare(model, rows, num_slots, options: RunOptions):
         chat_template=options.chat_template,
         max_context=model.loaded.max_context,
     )
+    ContinuousEngine(model.runner, config).check_kv_budget(requests)  # before any engine starts
     return requests, config
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import gradio as gr
 
 from engine import export
-from engine.page import figures, serving_figures, tables
+from engine.page import figures, mask_figures, serving_figures, tables
 from engine.reference import mismatches
 from engine.trace import DECODE, PREFILL, Trace
 
@@ -64,12 +64,17 @@ def run_outputs(**values) -> tuple:
 
 def outputs_table(rows: list[list], engine_names: list[str]) -> gr.Dataframe:
     """The outputs table with its headers and column widths for these engines."""
-    output_width = f"{62 // len(engine_names)}%"
     return gr.Dataframe(
         value=rows,
         headers=tables.outputs_headers(engine_names),
-        column_widths=["6%", "18%", "6%", *[output_width] * len(engine_names), "8%"],
+        column_widths=output_column_widths(engine_names),
     )
+
+
+def output_column_widths(engine_names: list[str]) -> list[str]:
+    """The outputs table's column widths: request, prompt, cap, one per engine, the verdict."""
+    output_width = f"{61 // len(engine_names)}%"
+    return ["8%", "17%", "6%", *[output_width] * len(engine_names), "8%"]
 
 
 @dataclass
@@ -80,6 +85,7 @@ class RunState:
     continuous: Trace
     reference: dict[int, list[int]] | None
     hf_continuous: Trace | None = None  # transformers' own continuous batching, when compared
+    recorded: Any = None  # ``engine.page.recording.Recording``: the shipped run, not run here
 
     def traces(self) -> dict[str, Trace]:
         """The runs in display order, by engine name."""
@@ -139,7 +145,10 @@ class RunResult:
             packed_mask_plot=v.packed_mask,
             static_mask_plot=v.static_mask,
             step_slider=gr.Slider(
-                minimum=0, maximum=max(self.state.num_steps - 1, 1), value=self.step_index
+                minimum=0,
+                maximum=max(self.state.num_steps - 1, 1),
+                value=self.step_index,
+                label=slider_label(self.state),
             ),
             metrics_table=self.metrics,
             outputs_table=outputs_table(self.outputs, list(self.state.traces())),
@@ -189,8 +198,8 @@ def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
     return StepViews(
         static_timeline=timeline(state.static, x_axis, x_max, step_index),
         continuous_timeline=timeline(state.continuous, x_axis, x_max, step_index),
-        packed_mask=_at_step(figures.mask_heatmap, state.continuous, step_index),
-        static_mask=_at_step(figures.static_mask_heatmap, state.static, step_index),
+        packed_mask=_at_step(mask_figures.mask_heatmap, state.continuous, step_index),
+        static_mask=_at_step(mask_figures.static_mask_heatmap, state.static, step_index),
         block_map=_at_step(serving_figures.block_map_figure, state.continuous, step_index),
     )
 
@@ -210,24 +219,45 @@ def default_step(trace: Trace) -> int:
     return 0
 
 
+NOISE_NOTE = "Wall times on a shared machine vary from run to run; step counts do not."
+
+
 def status_line(state: RunState) -> str:
-    """One Markdown line: wall times, speedup and the reference verdict."""
+    """Markdown: wall times, speedup, the step counts, the reference verdict, then a line on noise
+    (and, for the shipped recording, a first line saying where it was recorded)."""
     s, c = state.static, state.continuous
     speedup = s.wall_s / c.wall_s if c.wall_s > 0 else math.nan
     line = (
         f"{_count(len(s.requests), 'request')} · {_count(s.num_slots, 'slot')} · "
         f"static {s.wall_s:.2f} s · "
-        f"continuous {c.wall_s:.2f} s · **speedup {speedup:.2f}×** (static time / continuous)"
+        f"continuous {c.wall_s:.2f} s · **speedup {speedup:.2f}×** (static time / continuous) · "
+        f"**{steps_comparison(len(s.steps), len(c.steps))}**"
     )
     if state.hf_continuous is not None:
         line += f" · transformers' continuous batching {state.hf_continuous.wall_s:.2f} s"
+    line += " · " + _verdict(state)
+    head = "" if state.recorded is None else state.recorded.label() + "  \n"
+    return f"{head}{line}  \n{NOISE_NOTE}"
+
+
+def steps_comparison(static_steps: int, continuous_steps: int) -> str:
+    """ "continuous 300 steps against static 480: 1.60× fewer" (steps do not depend on noise)."""
+    text = f"continuous {_count(continuous_steps, 'step')} against static {static_steps}"
+    if continuous_steps == static_steps or not continuous_steps or not static_steps:
+        return text + (": the same" if continuous_steps == static_steps else "")
+    if continuous_steps < static_steps:
+        return f"{text}: {static_steps / continuous_steps:.2f}× fewer"
+    return f"{text}: {continuous_steps / static_steps:.2f}× more"
+
+
+def _verdict(state: RunState) -> str:
     if state.reference is None:
-        return line + " · outputs not checked against `model.generate`"
+        return "outputs not checked against `model.generate`"
     bad = {name: _mismatched(t, state.reference) for name, t in state.traces().items()}
     if not any(bad.values()):
-        return line + " · ✓ all match `model.generate` token for token"
+        return "✓ all match `model.generate` token for token"
     wrong = "; ".join(f"{n}: {', '.join(f'R{r}' for r in ids)}" for n, ids in bad.items() if ids)
-    return line + f" · ✗ differs from `model.generate` ({wrong})"
+    return f"✗ differs from `model.generate` ({wrong})"
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -238,10 +268,26 @@ def _count(n: int, noun: str) -> str:
 
 
 def _at_step(builder: Callable, trace: Trace, step_index: int):
-    """``builder(trace, step)``, the step clamped to the run's last (None if it has no steps)."""
+    """``builder(trace, step)``, the step clamped to the run's last (None if it has no steps);
+    past the run's end the figure's subtitle says which step it shows instead."""
     if not trace.steps:
         return None
-    return builder(trace, min(max(step_index, 0), len(trace.steps) - 1))
+    last = len(trace.steps) - 1
+    fig = builder(trace, min(max(step_index, 0), last))
+    if step_index > last:
+        note = f"{trace.engine} ran {len(trace.steps)} steps: its last, {last}, is shown"
+        subtitle = fig.layout.title.subtitle.text
+        fig.layout.title.subtitle.text = f"{note}<br>{subtitle}" if subtitle else note
+    return fig
+
+
+def slider_label(state: RunState) -> str:
+    """The step slider's label: which steps each engine has (one slider drives both)."""
+    s, c = len(state.static.steps), len(state.continuous.steps)
+    return (
+        f"Step (one forward pass): static steps 0–{max(s - 1, 0)}, continuous 0–{max(c - 1, 0)};"
+        " past an engine's last step, its views show that last step"
+    )
 
 
 def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:

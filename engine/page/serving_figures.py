@@ -1,9 +1,9 @@
 """Serving figures: latency CDFs, per-step token budget and KV block use, the KV block map, and
 the queue-wait and preemption marks laid over a timeline.
 
-Like ``engine.page.figures`` (whose look and request colours these share), everything is built from
-``engine.trace.Trace`` records alone. The block map reads the block tables the paged KV cache
-recorded at each step::
+Like ``engine.page.figures`` (whose look and request colours, ``engine.page.style``, these
+share), everything is built from ``engine.trace.Trace`` records alone. The block map reads the
+block tables the paged KV cache recorded at each step::
 
     blocks 0..15 at step 40 (block size 16):
     R0 R0 R2 -- R0 R2 R5 R5 -- -- R5 -- -- -- -- --      (-- free)
@@ -17,7 +17,14 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.page.figures import PALETTE, TEXT_COLOR, _discrete_scale, _style, request_color
+from engine.page.style import (
+    PALETTE,
+    TEXT_COLOR,
+    _discrete_scale,
+    _style,
+    bottom_legend,
+    request_color,
+)
 from engine.trace import PREFILL, Trace
 
 # Engine line colours (Okabe–Ito, distinct from each other) and dashes, so lines differ in
@@ -27,9 +34,9 @@ ENGINE_STYLE = {
     "continuous": ("#0072B2", "solid"),
     "hf_continuous": ("#009E73", "dash"),
 }
-CDF_METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("latency_s", "end-to-end latency"))
+CDF_METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("latency_s", "end-to-end"))
 FREE_BLOCK_COLOR = "rgba(128,128,128,0.25)"
-BLOCK_MAP_COLUMNS = 32
+BLOCK_MAP_COLUMNS = 16  # narrow enough for each block's "R12" label on a phone
 QUEUE_LANE = "queue"
 QUEUE_COLOR = "rgba(128,128,128,0.35)"
 MIN_QUEUE_S = 1e-3  # shorter waits (the engine loop's own start-up) are not drawn
@@ -44,18 +51,18 @@ def latency_cdf_figure(traces: list[Trace]) -> go.Figure:
     A point (x, y) reads "a share y of the requests took at most x seconds". Requests without a
     value (TPOT needs two tokens) are left out of that panel.
     """
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[title for _, title in CDF_METRICS])
+    titles = [title for _, title in CDF_METRICS]
+    fig = make_subplots(rows=1, cols=3, shared_yaxes=True, subplot_titles=titles)
     for col, (metric, _) in enumerate(CDF_METRICS, start=1):
         for trace in traces:
             fig.add_trace(_cdf_line(trace, metric, show_legend=col == 1), row=1, col=col)
         fig.update_xaxes(title_text="seconds", rangemode="tozero", row=1, col=col)
     fig.update_yaxes(tickformat=".0%", range=[0, 1.04])
     fig.update_yaxes(title_text="share of requests", col=1)
+    fig.update_annotations(font_size=12)  # the panel titles: short, so they fit a phone's third
     _style(fig, "Latency distributions", "Left and steep is better: most requests served fast.")
-    fig.update_layout(
-        height=360, margin={"t": 120}, legend={"orientation": "h", "y": -0.28, "x": 0}
-    )
-    return fig
+    fig.update_layout(height=380, margin={"l": 60, "t": 100})
+    return bottom_legend(fig, 90)
 
 
 def _cdf_line(trace: Trace, metric: str, show_legend: bool) -> go.Scatter:
@@ -106,10 +113,10 @@ def step_usage_figure(trace: Trace) -> go.Figure:
         fig.add_hline(y=budget, line_dash="dash", line_color=TEXT_COLOR, row=1, col=1)
         fig.add_annotation(**_line_label(budget, f"token budget {budget}"), row=1, col=1)
     _add_kv_use(fig, trace, steps)
-    fig.update_layout(barmode="stack", height=420, legend={"orientation": "h", "y": -0.15})
+    fig.update_layout(barmode="stack", height=460)
     fig.update_yaxes(title_text="tokens / step", row=1, col=1)
     fig.update_xaxes(title_text="step", row=2, col=1)
-    return _style(fig, "Token budget and KV cache per step")
+    return bottom_legend(_style(fig, "Token budget and KV cache per step"), 100)
 
 
 def _add_kv_use(fig: go.Figure, trace: Trace, steps: list[int]) -> None:
@@ -194,15 +201,20 @@ def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
     rows = math.ceil(total / cols)
     z = [[None] * cols for _ in range(rows)]
     hover = [[""] * cols for _ in range(rows)]
+    labels = [[""] * cols for _ in range(rows)]
     for block, (rid, index) in enumerate(owner):
         r, c = divmod(block, cols)
         z[r][c] = 0 if rid is None else 1 + PALETTE.index(request_color(rid))
         hover[r][c] = _block_hover(block, rid, index, block_size)
+        labels[r][c] = "" if rid is None else f"R{rid}"  # names the owner: colours repeat from R7
     fig = go.Figure(
         go.Heatmap(
             z=z,
-            text=hover,
-            hovertemplate="%{text}<extra></extra>",
+            text=labels,
+            texttemplate="%{text}",
+            textfont={"size": 10},
+            customdata=hover,
+            hovertemplate="%{customdata}<extra></extra>",
             colorscale=_discrete_scale(colors),
             zmin=-0.5,
             zmax=len(colors) - 0.5,
@@ -218,7 +230,7 @@ def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
     _style(fig, f"KV block map at step {step.index}", subtitle)
     fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
     fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
-    return fig.update_layout(height=160 + 28 * rows)
+    return fig.update_layout(height=150 + 30 * rows)
 
 
 def _block_owners(block_tables: dict[int, list[int]], total: int) -> list[tuple[int | None, int]]:

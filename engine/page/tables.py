@@ -23,6 +23,35 @@ METRICS_HEADERS = [
     "preemptions",
     "outputs match model.generate",
 ]
+# Column widths in pixels: wide enough for each name on any screen (a narrow one scrolls).
+METRICS_COLUMN_WIDTHS = [110, 84, 72, 100, 72, 100, 100, 110, 90, 90, 110, 150]
+# Hover definitions of the metrics columns (the page sets them as the column names' titles).
+# Padding waste and slot utilisation have different denominators, so they need not add to 100.
+METRIC_HELP = {
+    "wall s": "Seconds from the engine's start to its last token (arrival waits included).",
+    "steps": "Forward passes of the model. Unlike wall time, the same on every machine.",
+    "generated tokens": "Output tokens, up to each request's end-of-sequence or cap; no padding.",
+    "tok/s": "Generated tokens per wall-clock second.",
+    "speedup vs static": "Static batching's wall time over this engine's.",
+    "padding waste %": (
+        "Of all token positions the model computed: the share that was left padding or a row "
+        "whose request had already finished (static batching). Denominator: computed tokens."
+    ),
+    "slot utilisation %": (
+        "Of all slot-steps (slots × steps): the share in which a slot worked on a live request. "
+        "Denominator: slots × steps, so it need not add to 100 with padding waste."
+    ),
+    "mean TTFT s": "Mean time to first token, from each request's arrival.",
+    "p99 TTFT s": "99th percentile of the time to first token.",
+    "preemptions": "Times the paged KV cache ran dry and a sequence gave up its blocks.",
+    "outputs match model.generate": "✓ when every output equals plain model.generate, token "
+    "for token.",
+}
+METRICS_NOTE = (
+    "**padding waste %** counts wasted token positions among those computed; **slot "
+    "utilisation %** counts busy slot-steps among slots × steps. Different denominators: the two "
+    "need not add to 100. Hover a column's name for its definition."
+)
 NOT_AVAILABLE = "—"
 PROMPT_SHOWN_CHARS = 200  # longer prompts are clipped in the outputs table
 

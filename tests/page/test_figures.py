@@ -71,10 +71,14 @@ def test_continuous_timeline_has_no_idle_or_barrier(continuous):
 
 
 def test_static_timeline_draws_idle_rows_and_one_barrier_per_wave(static):
-    """Idle rows are one grey bar per early-finished request; a dashed barrier ends each wave."""
+    """Idle rows are one grey bar per early-finished request; a dashed barrier ends each wave
+    that another follows (the run's end is no barrier: its label would leave the plot)."""
     fig = figures.timeline_figure(static, x_axis="step")
     num_waves = len({s.wave for s in static.steps})
-    assert len(_shapes(fig, "barrier")) == num_waves, "expected one barrier per wave"
+    assert num_waves > 1, "the fixture needs two waves"
+    assert len(_shapes(fig, "barrier")) == num_waves - 1, "expected one barrier between waves"
+    ends = [x.x0 for x in _shapes(fig, "barrier")]
+    assert max(ends) < len(static.steps), f"a barrier at the run's end: {ends}"
     assert all(s.line.dash == "dash" for s in _shapes(fig, "barrier")), "barriers not dashed"
     (idle,) = [t for t in fig.data if not t.name.startswith("R")]
     idle_slot_steps = sum(s.kind == IDLE for step in static.steps for s in step.seqs)
@@ -137,7 +141,7 @@ def test_packed_mask_heatmap_matches_the_engine_mask(continuous):
     assert split.x0 == sum(cached) - 0.5, "cached | new line misplaced"
     title = fig.layout.title.text
     assert f"T={sum(new)}" in title and f"T_kv={sum(cached) + sum(new)}" in title, title
-    assert "1 prefill + 2 decode" in title, title
+    assert "1 prefill + 2 decode" in fig.layout.title.subtitle.text, fig.layout.title.subtitle.text
 
 
 def test_packed_mask_colours_cells_by_request(continuous):
@@ -211,13 +215,14 @@ def test_figures_serialize_to_json(static, continuous):
 
 
 def test_only_figure_builders_import_plotly():
-    """House style: the figure builders (figures, serving_figures) alone import plotly."""
+    """House style: the figure builders (figures, mask_figures, serving_figures and their shared
+    style) alone import plotly."""
     root = Path(__file__).resolve().parents[2]
     offenders = [
         str(p.relative_to(root))
         for p in [root / "app.py", *root.glob("engine/**/*.py")]
         if p.exists()
-        and p.name not in ("figures.py", "serving_figures.py")
+        and p.name not in ("figures.py", "mask_figures.py", "serving_figures.py", "style.py")
         and "import plotly" in p.read_text()
     ]
     assert not offenders, f"plotly imported outside the figure builders: {offenders}"
@@ -232,3 +237,19 @@ def test_page_figures_carry_a_png_button_named_after_the_chart():
         title_words = re.findall(r"[a-z0-9]+", fig.layout.title.text.lower())[:3]
         assert options["format"] == "png" and options["filename"].startswith("-".join(title_words))
         assert sent["data"] and sent["layout"], "the figure itself is missing"
+
+
+def test_colours_repeat_only_with_a_visible_mark():
+    """From R7 on a request shares a palette colour with an earlier one; its timeline bar then
+    carries a pattern, and a mask in which two requests share a colour names both."""
+    caps = [3] * 8
+    trace = continuous_trace([4] * 8, caps, num_slots=8)
+    assert figures.request_color(0) == figures.request_color(7)
+    bars = _request_bars(figures.timeline_figure(trace))
+    patterns = {name: bar.marker.pattern.shape for name, bar in bars.items()}
+    assert patterns["R7"] and not patterns["R0"], f"bar patterns: {patterns}"
+    assert len({patterns[f"R{i}"] for i in range(7)}) == 1, "R0-R6 are unmarked alike"
+    step = next(i for i, st in enumerate(trace.steps) if len(st.seqs) == 8)
+    names = [a.text for a in figures.mask_heatmap(trace, step).layout.annotations]
+    assert "<b>R0</b>" in names and "<b>R7</b>" in names, f"mask marks: {names}"
+    assert "<b>R1</b>" not in names, "a request with a colour of its own is marked"

@@ -18,6 +18,7 @@ from tiny_model import tiny_runner
 from engine.page import playground, shared_model
 from engine.page.live_run import EngineProgress, LiveRun
 from engine.page.progress_view import progress_line
+from engine.page.run_handle import RunHandle
 from engine.page.run_view import RUN_OUTPUTS
 from engine.reference import ReferenceCache
 from engine.run_control import RunCancelled, RunControl, RunTimedOut, run_time_limit_s
@@ -202,14 +203,24 @@ def test_progress_line_counts_each_engine():
     assert line.count("waiting") == 1, f"an engine that is not waiting is said to wait: {line}"
 
 
-def test_stop_handler_shows_previous_results_or_clears(shared):
-    """Stop puts the previous run back with a "Stopped" status; with none, the page is emptied."""
+def test_stop_ends_the_run_through_its_handle_and_puts_the_previous_results_back(shared):
+    """Stop (through the session's RunHandle, no Gradio cancel) ends the running engine within a
+    step; the run itself then shows the previous results under "Stopped before the end"."""
     previous = list(playground.run_event([["kept result", 2]], *KNOBS))[-1]
-    shown = playground.stop_event(previous[0], "time")
-    assert shown[STATUS_INDEX].startswith("**Stopped**"), shown[STATUS_INDEX]
-    assert [r[1] for r in shown[OUTPUTS_INDEX].value["data"]] == ["kept result"]
-    empty = playground.stop_event(None, "time")
-    assert empty[STATUS_INDEX].startswith("**Stopped**") and empty[1] is None, empty
+    handle = RunHandle()
+    handle.press()
+    events = playground.run_event(ROWS, *KNOBS, previous[0], handle=handle)
+    _until_continuous_runs(events)
+    assert playground.stop_event(handle) == "running"
+    stopped_s = time.monotonic()
+    rest = list(events)
+    late = [t for t in shared.forward_calls if t > stopped_s]
+    assert len(late) <= 1, f"{len(late)} forward passes after Stop"
+    status = rest[-1][STATUS_INDEX]
+    assert status.startswith("**Stopped** before the end. Showing the previous run:"), status
+    assert [r[1] for r in rest[-1][OUTPUTS_INDEX].value["data"]] == ["kept result"]
+    assert not handle.pressed and handle.control is None, "the handle still holds the run"
+    assert playground.stop_event(handle) == "idle", "Stop after the run found something to stop"
 
 
 def test_run_control_raises_once_stopped_or_late():

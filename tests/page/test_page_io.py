@@ -40,6 +40,8 @@ def test_link_query_parameters_preset_the_page(recwarn):
     assert name == "One long, many short" and slots == 5
     assert rows == presets.apply_preset(name)[0] and chat_template is False and text
     assert page_io.from_link(_link()) == (SKIP,) * 5, "a plain link changed the page"
+    long_tail = page_io.from_link(_link(preset="long-tail"))
+    assert long_tail[4] == presets.preset_slots(long_tail[0]) == 4, "the preset's slots not set"
     assert page_io.from_link(None) == (SKIP,) * 5, "no request changed the page"
     assert not [str(w.message) for w in recwarn], "a good link warned"
 
@@ -66,8 +68,8 @@ def test_bad_link_values_are_named_with_what_is_used_instead(params, said):
     assert any(said in m for m in messages), f"{said!r} not in {messages}"
     if "preset" in params:
         assert updates[:4] == (SKIP,) * 4 and updates[4] == 4, updates
-    else:
-        assert updates[0] == presets.by_slug("seed") and updates[4] == SKIP, updates
+    else:  # the preset's own slot count applies instead
+        assert updates[0] == presets.by_slug("seed") and updates[4] == 3, updates
 
 
 def test_link_step_is_kept_then_applied_once_after_a_run():

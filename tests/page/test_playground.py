@@ -245,13 +245,19 @@ def test_update_step_redraws_without_the_model(result, no_model):
 
 
 def test_update_step_clamps_to_the_shorter_run(result, no_model):
-    """Past the continuous run's end its mask shows its last step and its cursor sits at its end."""
+    """Past the continuous run's end its mask shows its last step and says so, its cursor sits at
+    its end, and the slider's label gives each engine's step range."""
     state = result.state
     num_continuous = len(state.continuous.steps)
     assert num_continuous < state.num_steps, "test needs continuous to take fewer steps"
     _, continuous_tl, packed, *_ = playground.update_step(state, state.num_steps - 1, "time")
     want = f"Packed step {num_continuous - 1}:"
     assert packed.layout.title.text.startswith(want), packed.layout.title.text
+    said = f"continuous ran {num_continuous} steps: its last, {num_continuous - 1}, is shown"
+    assert packed.layout.title.subtitle.text.startswith(said), packed.layout.title.subtitle.text
+    label = run_view.slider_label(state)
+    assert f"continuous 0–{num_continuous - 1}" in label, label
+    assert f"static steps 0–{len(state.static.steps) - 1}" in label, label
     (cursor,) = [s for s in continuous_tl.layout.shapes if s.name == "cursor"]
     assert cursor.x0 == pytest.approx(state.continuous.wall_s), "cursor not at the run's end"
 
@@ -271,6 +277,23 @@ def test_status_line_names_mismatches():
     assert "✗ differs" in status and "static: R1" in status and "continuous: R1" in status, status
 
 
+def test_status_line_gives_steps_beside_the_time_ratio_and_says_times_vary():
+    """The status line puts the step counts (which do not move) next to the time ratio (which
+    does), and says in one line that wall times on a shared machine vary."""
+    static = static_trace([4, 5, 6], [3, 30, 5], num_slots=2)
+    continuous = continuous_trace([4, 5, 6], [3, 30, 5], num_slots=2)
+    status = run_view.status_line(run_view.RunState(static, continuous, None))
+    s, c = len(static.steps), len(continuous.steps)
+    assert f"continuous {c} steps against static {s}: {s / c:.2f}× fewer" in status, status
+    assert status.endswith(run_view.NOISE_NOTE) and "vary" in run_view.NOISE_NOTE
+    assert (
+        run_view.steps_comparison(480, 300)
+        == "continuous 300 steps against static 480: 1.60× fewer"
+    )
+    assert run_view.steps_comparison(50, 52).endswith("1.04× more")
+    assert run_view.steps_comparison(64, 64).endswith(": the same")
+
+
 def test_presets_parse_and_article_matches_seed():
     """Every preset is a valid table; the article's preset is the seed workload, no template."""
     by_name = presets.load_presets()
@@ -282,6 +305,25 @@ def test_presets_parse_and_article_matches_seed():
     rows, chat_template, _ = presets.apply_preset(presets.DEFAULT_PRESET)
     assert parse_table(rows) == seed_specs(), "article preset differs from seed_specs()"
     assert chat_template is False, "seed preset should not use the chat template"
+
+
+def test_every_preset_states_a_checkable_claim():
+    """Each preset names the slots its text speaks of (the text says them) and a claim the
+    real-model test checks (tests/page/test_presets_real.py)."""
+    known = {"token_budget", "max_tokens_per_step", "long_requests", "fewer_steps", "min_ratio"}
+    known |= {"max_ratio", "continuous_steps", "lower_mean_ttft"}
+    for name, preset in presets.load_presets().items():
+        check = preset["check"]
+        assert check and set(check) <= known, f"{name}: {sorted(check)}"
+        assert 1 <= preset["slots"] <= 16, f"{name}: slots {preset['slots']}"
+        assert f"{preset['slots']} slots" in preset["description"], f"{name}: slots not in text"
+        assert check.get("fewer_steps") in (None, "static", "continuous", "same"), name
+        if check.get("fewer_steps"):
+            bound = "max_ratio" if check["fewer_steps"] == "same" else "min_ratio"
+            assert bound in check, f"{name}: no {bound}"
+        n = len(preset["requests"])
+        assert all(0 <= int(rid) < n for rid in check.get("long_requests", {})), name
+        assert presets.choose_preset(name)[3] == preset["slots"]
 
 
 def test_app_wiring():
@@ -297,11 +339,18 @@ def test_app_wiring():
     assert [c.elem_id for c in by_api["step"].outputs] == list(run_view.STEP_VIEW_OUTPUTS)
     assert (run.concurrency_limit, run.concurrency_id) == (1, "model"), "Run not serialized"
     assert run.show_progress == "full", "a queued user would not see their place in the queue"
+    assert run.trigger_mode == "always_last", "a Run pressed while a stopped run ends is lost"
     run_index = next(i for i, fn in demo.fns.items() if fn is run)
+    (pressed,) = [fn for fn in demo.fns.values() if fn.fn is playground.run_pressed]
+    assert pressed.targets == run.targets and not pressed.queue, "Run presses are not noted"
     (stop,) = [fn for fn in demo.fns.values() if fn.fn is playground.stop_event]
-    cancels = [fn.cancels for fn in demo.fns.values() if fn.targets == stop.targets]
-    assert [run_index] in cancels, "Stop does not cancel the Run event"
-    assert [c._id for c in stop.outputs] == [c._id for c in run.outputs], "Stop restores less"
+    assert stop.concurrency_limit is None, "Stop must never wait for another event"
+    stop_cancels = [fn.cancels for fn in demo.fns.values() if fn.targets == stop.targets]
+    assert not any(stop_cancels), "Stop cancels the Run event (a cancel waits, and drops Run)"
+    (leave,) = [fn for fn in demo.fns.values() if fn.fn is playground.left_queue_event]
+    cancels = [fn.cancels for fn in demo.fns.values() if fn.targets == leave.targets]
+    assert [run_index] in cancels, "a queued run cannot be taken out of the queue"
+    assert [c._id for c in leave.outputs] == [c._id for c in run.outputs], "leaving restores less"
     for name in ("step", "x_axis"):
         assert by_api[name].fn is playground.update_step, f"{name} not wired to update_step"
     assert app.parse_args([]).host == "127.0.0.1" and app.parse_args([]).port == 7860

@@ -109,3 +109,14 @@ def test_status_markdown_shows_typed_text_as_typed():
         r"max\_new\_tokens \*5\* \<b\>x\</b\> \`y\` \[z\]"
     )
     assert plain_markdown("Row 2: 3 s.") == "Row 2: 3 s.", "plain text was changed"
+
+
+def test_kv_budget_too_small_is_refused_before_any_engine_runs(shared, previous):
+    """A paged KV budget of one block, too small for a request, is refused like other bad input
+    ("Not run", no model call, previous results kept), and the message counts "1 block"."""
+    one_block_mib = 1.5 * 16 * shared.runner.kv_bytes_per_token() / 2**20  # 1.5 blocks of 16
+    args = _run_args(rows=[["hello world " * 3, 40]], kv_mib=str(one_block_mib))
+    status = _refused(*args[:10], previous, *args[11:])
+    assert status.startswith("**Not run:** Request R0 (row 1) needs"), status
+    assert "holds 1 block of 16 tokens (16 tokens)" in status, status
+    assert "1 blocks" not in status, status

@@ -73,6 +73,11 @@ def test_block_map_colours_each_owned_block_by_its_request(paged):
         want = 1 + figures.PALETTE.index(figures.request_color(rid))
         for block in table:
             assert fig.data[0].z[block // cols][block % cols] == want, f"block {block} of R{rid}"
+            label = fig.data[0].text[block // cols][block % cols]
+            assert label == f"R{rid}", f"block {block} of R{rid} is labelled {label!r}"
+            hover = fig.data[0].customdata[block // cols][block % cols]
+            assert hover.startswith(f"block {block}: R{rid}, tokens "), hover
+    assert fig.data[0].texttemplate == "%{text}", "the owners' names are not drawn on the blocks"
 
 
 def test_block_map_explains_itself_without_paging(runner):

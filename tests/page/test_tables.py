@@ -77,3 +77,12 @@ def test_long_prompts_are_clipped_in_the_outputs_table(static, continuous):
     static.requests[0].prompt = continuous.requests[0].prompt = "x" * 2000
     shown = tables.outputs_rows({"static": static, "continuous": continuous}, None)[0][1]
     assert len(shown) < 260 and shown.endswith(f"(+{2000 - tables.PROMPT_SHOWN_CHARS} chars)")
+
+
+def test_every_metrics_column_has_a_width_and_a_definition():
+    """Each metrics column has a pixel width and a hover definition; padding waste and slot
+    utilisation name their different denominators."""
+    assert len(tables.METRICS_COLUMN_WIDTHS) == len(tables.METRICS_HEADERS)
+    assert set(tables.METRIC_HELP) == set(tables.METRICS_HEADERS) - {"engine"}
+    assert "Denominator: computed tokens" in tables.METRIC_HELP["padding waste %"]
+    assert "Denominator: slots × steps" in tables.METRIC_HELP["slot utilisation %"]

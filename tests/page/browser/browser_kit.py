@@ -20,6 +20,8 @@ except ImportError:  # the playwright package is optional: browser tests are ski
     Page = expect = sync_playwright = None
 
 CHROMIUM = "/usr/bin/chromium"
+SCREENSHOTS = Path(__file__).resolve().parents[3] / "screenshots"  # gitignored; for people to see
+SCREENSHOTS.mkdir(exist_ok=True)
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",

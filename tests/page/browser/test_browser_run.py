@@ -9,6 +9,8 @@ from pathlib import Path
 from browser_kit import (
     PYTESTMARK,
     RUN_TIMEOUT_MS,
+    SCREENSHOTS,
+    SUCCESS_STATUS,
     Page,
     _status,
     assert_results,
@@ -100,7 +102,8 @@ def test_live_progress_appears_before_the_run_ends(page: Page):
 
 
 def test_stop_cancels_keeps_results_and_the_next_run_works(page: Page):
-    """Stop ends a long run at once, the earlier results stay, and the next run is prompt."""
+    """Stop ends a long run at once, the earlier results stay, no error badge appears, and the
+    next run is prompt."""
     rows = [("The capital of France is", 3), ("Water boils at", 4)]
     set_requests(page, rows)
     set_slots(page, 2)
@@ -111,6 +114,7 @@ def test_stop_cancels_keeps_results_and_the_next_run_works(page: Page):
     expect(_status(page)).to_contain_text(RUNNING_STATUS, timeout=60_000)
     page.locator("#stop_button").click()
     expect(_status(page)).to_contain_text("Stopped before the end", timeout=10_000)
+    _assert_no_error_badge(page)
     assert outputs_rows(page) == before, "the stop did not put the earlier outputs back"
     set_requests(page, rows)
     elapsed_s = _timed_run(page, rows)
@@ -118,8 +122,45 @@ def test_stop_cancels_keeps_results_and_the_next_run_works(page: Page):
     assert elapsed_s < PROMPT_RUN_S, f"the run after Stop took {elapsed_s:.0f} s"
 
 
+def _assert_no_error_badge(page: Page) -> None:
+    tracker = page.locator("#status_markdown [data-testid=status-tracker]")
+    page.wait_for_timeout(1000)  # a late error message from the server would show by now
+    assert "error" not in (tracker.get_attribute("class") or ""), "an Error badge after Stop"
+    assert "Error" not in tracker.inner_text(), "an Error badge after Stop"
+
+
+def test_run_pressed_right_after_stop_starts(page: Page):
+    """Run pressed 0.2 s after Stop, while the stopped run still ends, starts a new run."""
+    rows = [("Cats like to", 3), ("Dogs enjoy", 2)]
+    set_requests(page, [(LONG_PROMPT, LONG_CAP), ("Rivers flow into", 3)])
+    set_slots(page, 2)
+    page.locator("#run_button").click()
+    expect(_status(page)).to_contain_text(RUNNING_STATUS, timeout=60_000)
+    page.locator("#stop_button").click()
+    page.wait_for_timeout(200)
+    page.locator("#run_button").click()
+    expect(_status(page)).to_contain_text("Stopped before the end", timeout=10_000)
+    expect(_status(page)).to_contain_text(RUNNING_STATUS, timeout=30_000)  # the new run
+    page.locator("#stop_button").click()  # the long table again: stop it, then a short run
+    expect(_status(page)).to_contain_text("Stopped before the end", timeout=10_000)
+    _assert_no_error_badge(page)
+    set_requests(page, rows)
+    _timed_run(page, rows)
+
+
+def test_stop_with_nothing_running_says_so(page: Page):
+    """Stop on a page with no run going changes nothing and says there is nothing to stop."""
+    before = status_text(page)
+    page.locator("#stop_button").click()
+    toast = page.locator('[data-testid="toast-text"]')
+    expect(toast).to_contain_text("Nothing is running", timeout=10_000)
+    assert status_text(page) == before, "Stop with nothing running changed the status line"
+    assert "Stopped" not in status_text(page)
+
+
 def test_queue_place_is_shown_and_closing_the_tab_cancels(page: Page, browser, server_url):
-    """A second user sees their queue place; when the first closes the tab, their run goes."""
+    """A second user sees their place and wait in words in the status line, readable (not under
+    the tracker); when the first closes the tab, their run goes."""
     first = _open_app(browser, server_url)
     set_requests(first, [(LONG_PROMPT, LONG_CAP)])
     first.locator("#run_button").click()
@@ -128,12 +169,50 @@ def test_queue_place_is_shown_and_closing_the_tab_cancels(page: Page, browser, s
     set_requests(page, rows)
     set_slots(page, 2)
     page.locator("#run_button").click()
-    tracker = page.locator("#status_markdown [data-testid=status-tracker]")
-    expect(tracker).to_contain_text(re.compile(r"queue: 1/1"), timeout=10_000)
+    note = page.locator("#queue_note")
+    expect(note).to_contain_text(re.compile(r"Waiting in the queue: place 1 of 1"), timeout=10_000)
+    expect(note).to_contain_text(re.compile(r"waited \d+ s"))
+    _assert_readable(page, "#queue_note")
+    shot = SCREENSHOTS / "queued-status.png"
+    page.locator("#status_markdown").screenshot(path=str(shot))
+    print(f"screenshot: {shot}")
     closed_s = time.monotonic()
     first.context.close()
-    expect(_status(page)).to_contain_text("✓ all match", timeout=RUN_TIMEOUT_MS)
+    expect(_status(page)).to_contain_text(SUCCESS_STATUS, timeout=RUN_TIMEOUT_MS)
     elapsed_s = time.monotonic() - closed_s
     print(f"queued run done {elapsed_s:.1f} s after the first tab closed")
     assert elapsed_s < PROMPT_RUN_S, f"the queued run ended {elapsed_s:.0f} s after the close"
     assert_results(page, [p for p, _ in rows])
+    expect(note).to_have_count(0)
+
+
+def _assert_readable(page: Page, selector: str) -> None:
+    """The element is on screen, uncovered (its centre hits it) and not clipped by its block."""
+    box = page.locator(selector).bounding_box()
+    assert box and box["height"] >= 12 and box["width"] >= 200, f"{selector} too small: {box}"
+    hit = page.evaluate(
+        """sel => { const e = document.querySelector(sel); const r = e.getBoundingClientRect();
+            const at = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+            const block = e.closest('.block').getBoundingClientRect();
+            return {covered: !(at === e || e.contains(at)),
+                    clipped: r.bottom > block.bottom + 1 || r.right > block.right + 1}; }""",
+        selector,
+    )
+    assert not hit["covered"] and not hit["clipped"], f"{selector} is not readable: {hit}"
+
+
+def test_stop_while_queued_leaves_the_queue(page: Page, browser, server_url):
+    """Stop pressed while one's run waits in the queue takes it out at once, and says so."""
+    first = _open_app(browser, server_url)
+    set_requests(first, [(LONG_PROMPT, LONG_CAP)])
+    first.locator("#run_button").click()
+    expect(_status(first)).to_contain_text(RUNNING_STATUS, timeout=60_000)
+    page.locator("#run_button").click()
+    expect(page.locator("#queue_note")).to_contain_text("place 1 of 1", timeout=10_000)
+    page.locator("#stop_button").click()
+    expect(_status(page)).to_contain_text("Stopped before it started: it left the queue.")
+    expect(page.locator("#queue_note")).to_have_count(0, timeout=10_000)
+    _assert_no_error_badge(page)
+    first.locator("#stop_button").click()
+    expect(_status(first)).to_contain_text("Stopped before the end", timeout=10_000)
+    first.context.close()

@@ -47,7 +47,10 @@ def test_readme_screenshot(page: Page):
     expect(budget).to_have_value("16")
     page.locator("#reference_checkbox input[type=checkbox]").uncheck()
     page.locator("#run_button").click()
-    expect(page.locator("#status_markdown")).to_contain_text("speedup", timeout=600_000)
+    status = page.locator("#status_markdown")
+    expect(status).to_contain_text("Running", timeout=60_000)
+    expect(status).to_contain_text("speedup", timeout=600_000)
+    expect(status).not_to_contain_text("Recorded run")
     expect(page.locator("#block_map_plot .gtitle")).to_contain_text("KV block map")
     expect(page.locator("#block_map_plot")).to_contain_text("/22 blocks in use")  # 16 MiB
     page.wait_for_timeout(2000)  # let Plotly finish drawing

@@ -1,0 +1,70 @@
+// The page's own script (launch.py puts it in the page's <head>). Plain DOM, no framework:
+// 1. Files dropped on the request table go through the "Upload CSV or JSONL" button's parser
+//    (Gradio's own drop zone on the table would import them without the page's checks).
+// 2. A run waiting in the queue says its place and wait in the status line, in words.
+// 3. The metrics table's column names get hover definitions (window.CBP_METRIC_HELP, set below
+//    by launch.py from engine/page/tables.py).
+(() => {
+  const onTable = (e) => e.target instanceof Element && e.target.closest("#requests_table");
+  const hasFiles = (e) => !!e.dataTransfer && Array.from(e.dataTransfer.types || []).includes("Files");
+  for (const type of ["dragenter", "dragover", "dragleave"]) {
+    document.addEventListener(type, (e) => {
+      if (!onTable(e) || !hasFiles(e)) return;
+      e.preventDefault();
+      e.stopPropagation();
+      if (type === "dragover") e.dataTransfer.dropEffect = "copy";
+    }, true);
+  }
+  document.addEventListener("drop", (e) => {
+    if (!onTable(e) || !hasFiles(e)) return;
+    e.preventDefault();
+    e.stopPropagation();
+    const button = document.getElementById("upload_button");
+    const input = button && button.parentElement.querySelector("input[type=file]");
+    if (!input || !e.dataTransfer.files.length) return;
+    const files = new DataTransfer();
+    files.items.add(e.dataTransfer.files[0]);
+    input.files = files.files;
+    input.dispatchEvent(new Event("change", { bubbles: true }));
+  }, true);
+
+  // Gradio's tracker writes "queue: 2/3 | 4.1/26.0s" (place/size | waited/estimate).
+  const QUEUE = /queue:\s*(\d+)\s*\/\s*(\d+)\s*\|\s*([\d.]+)(?:\s*\/\s*([\d.]+))?\s*s/;
+  const queueNote = () => {
+    const block = document.getElementById("status_markdown");
+    if (!block) return;
+    const tracker = block.querySelector("[data-testid=status-tracker]");
+    const shown = tracker && !tracker.classList.contains("hide");
+    const m = shown ? QUEUE.exec(tracker.textContent || "") : null;
+    let note = document.getElementById("queue_note");
+    if (!m) {
+      if (note) note.remove();
+      return;
+    }
+    if (!note) {
+      note = document.createElement("div");
+      note.id = "queue_note";
+      note.setAttribute("role", "status");
+      block.appendChild(note);
+    }
+    const [, place, size, waited, estimate] = m;
+    const ahead = Number(place) - 1;
+    let text = `Waiting in the queue: place ${place} of ${size}`;
+    text += ahead ? ` (${ahead} waiting before yours)` : " (yours is next)";
+    text += ` · waited ${Number(waited).toFixed(0)} s`;
+    if (estimate) text += ` · estimate ${Number(estimate).toFixed(0)} s`;
+    text += ". Your run starts by itself: no need to press Run again.";
+    if (note.textContent !== text) note.textContent = text;
+  };
+
+  const metricHelp = () => {
+    const help = window.CBP_METRIC_HELP || {};
+    for (const cell of document.querySelectorAll("#metrics_table th")) {
+      const label = cell.querySelector(".header") || cell;  // not the cell menu's "⋮"
+      const name = (label.textContent || "").trim();
+      if (help[name] && cell.title !== help[name]) cell.title = help[name];
+    }
+  };
+
+  setInterval(() => { queueNote(); metricHelp(); }, 250);
+})();

@@ -1,0 +1,117 @@
+"""Endpoints: the OpenAI-compatible servers a host lets the playground and the bench drive.
+
+An endpoint is a name and a base URL, ``NAME=URL``. The name becomes the engine's name in the
+tables, the JSON and the charts; the URL is the server's root (``http://host:8000``; a trailing
+``/v1`` is accepted and dropped, the engine adds the paths itself). Hosts configure them on the
+command line (the bench's ``--endpoint NAME=URL``, repeated) or in the environment
+(``CBP_ENDPOINTS="name=url,name2=url2"``). Both are parsed and checked here, once, so a typo is
+refused at start with a message naming the entry.
+
+The configuration lives on the host only: nothing here takes a URL from a page visitor, so a public
+page cannot be turned into a proxy to arbitrary addresses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+ENDPOINTS_ENV = "CBP_ENDPOINTS"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
+
+
+class EndpointError(ValueError):
+    """A server could not do its part of a run; the message says what happened, for a person.
+
+    Raised for an unreachable server, one that refuses a request (HTTP 4xx/5xx), one that dies or
+    closes a stream mid-run, and a local vLLM that fails to start. ``trace`` holds what the run
+    recorded until then (None before a run began), so a caller can keep and show the rest.
+    """
+
+    def __init__(self, message: str, trace=None):
+        super().__init__(message)
+        self.trace = trace
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One configured OpenAI-compatible server."""
+
+    name: str  # engine name: letters, digits, '_', '.', '-' (at most 40)
+    url: str  # base URL without a trailing '/' or '/v1', e.g. "http://127.0.0.1:8000"
+
+
+def parse_endpoint(text: str, where: str = "--endpoint") -> Endpoint:
+    """``NAME=URL`` -> ``Endpoint``.
+
+    Raises:
+        ValueError: no '=', a bad name, or a URL that is not ``http(s)://host[:port][/path]``.
+    """
+    name, sep, url = text.strip().partition("=")
+    name, url = name.strip(), url.strip()
+    if not sep or not name or not url:
+        raise ValueError(
+            f"{where} {text!r}: write it as NAME=URL, e.g. vllm_gpu=http://10.0.0.5:8000."
+        )
+    if not _NAME.fullmatch(name):
+        raise ValueError(
+            f"{where} {text!r}: the name {name!r} must start with a letter or digit and hold only "
+            "letters, digits, '_', '.' or '-' (at most 40 characters)."
+        )
+    return Endpoint(name, _base_url(url, f"{where} {text!r}"))
+
+
+def _base_url(url: str, where: str) -> str:
+    """The URL's root without a trailing '/' or '/v1'. Raises ValueError."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"{where}: the URL must start with http:// or https:// and name a host.")
+    if parsed.query or parsed.fragment:
+        raise ValueError(f"{where}: the URL must not have a query ('?') or fragment ('#').")
+    try:
+        parsed.port  # noqa: B018  (raises on a port that is not a number from 0 to 65535)
+    except ValueError:
+        raise ValueError(f"{where}: the port must be a number from 1 to 65535.") from None
+    base = url.rstrip("/")
+    return base.removesuffix("/v1").rstrip("/")
+
+
+def parse_endpoints(
+    items: Iterable[str], reserved: Iterable[str] = (), where: str = "--endpoint"
+) -> list[Endpoint]:
+    """Every ``NAME=URL`` in ``items``, in order.
+
+    ``reserved``: names already taken (the built-in engines), refused as endpoint names.
+
+    Raises:
+        ValueError: a bad entry, or a name used twice or taken by a built-in engine.
+    """
+    taken = set(reserved)
+    endpoints: list[Endpoint] = []
+    for item in items:
+        endpoint = parse_endpoint(item, where)
+        if endpoint.name in taken:
+            kind = "a built-in engine" if endpoint.name in set(reserved) else "another endpoint"
+            raise ValueError(
+                f"{where} {item!r}: the name {endpoint.name!r} is already used by {kind}; "
+                "pick another name."
+            )
+        taken.add(endpoint.name)
+        endpoints.append(endpoint)
+    return endpoints
+
+
+def endpoints_from_env(
+    environ: Mapping[str, str] | None = None, reserved: Iterable[str] = ()
+) -> list[Endpoint]:
+    """The endpoints in ``CBP_ENDPOINTS`` (``name=url,name2=url2``); [] when it is unset or empty.
+
+    Raises:
+        ValueError: a bad entry, naming the variable.
+    """
+    text = (os.environ if environ is None else environ).get(ENDPOINTS_ENV, "")
+    items = [item for item in text.split(",") if item.strip()]
+    return parse_endpoints(items, reserved, where=f"{ENDPOINTS_ENV} entry")

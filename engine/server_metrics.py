@@ -1,0 +1,159 @@
+"""The server's side of a run: its Prometheus ``/metrics``, read a few times a second.
+
+A server hides its slots and its KV cache from the client, but most OpenAI-compatible servers
+publish them as Prometheus gauges. ``MetricsSampler`` reads ``/metrics`` in a background thread
+while a run goes on and turns each reading into a ``ServerSample`` on the run's clock, under this
+project's names, so a chart can draw running and waiting requests and KV use beside our engines'
+records whatever server ran:
+
+=====================  ==========================================================
+num_requests_running   requests the server is decoding or prefilling right now
+num_requests_waiting   requests queued for a seat
+kv_cache_usage_pct     share of the KV cache in use, 0 to 100
+=====================  ==========================================================
+
+Each name maps to the gauges of the servers known here (vLLM, SGLang, TGI, llama.cpp); a series
+with labels (vLLM's ``engine="0"``) is summed over them. A server without ``/metrics`` or without
+one of these gauges simply has fewer values: nothing fails, the sampler notes why in ``note``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import httpx
+
+from engine.trace import ServerSample, Trace
+
+SAMPLE_PERIOD_S = 0.25
+# this project's name -> (server's gauge, scale to this project's unit), first found wins
+METRIC_ALIASES: dict[str, tuple[tuple[str, float], ...]] = {
+    "num_requests_running": (
+        ("vllm:num_requests_running", 1.0),
+        ("sglang:num_running_reqs", 1.0),
+        ("tgi_batch_current_size", 1.0),
+        ("llamacpp:requests_processing", 1.0),
+    ),
+    "num_requests_waiting": (
+        ("vllm:num_requests_waiting", 1.0),
+        ("sglang:num_queue_reqs", 1.0),
+        ("tgi_queue_size", 1.0),
+        ("llamacpp:requests_deferred", 1.0),
+    ),
+    "kv_cache_usage_pct": (
+        ("vllm:kv_cache_usage_perc", 100.0),  # a fraction despite its name ("1 means 100 percent")
+        ("vllm:gpu_cache_usage_perc", 100.0),  # its name before vLLM 0.10
+        ("sglang:token_usage", 100.0),
+        ("llamacpp:kv_cache_usage_ratio", 100.0),
+    ),
+}
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> {metric name: value summed over its label sets}.
+
+    Comments, blank lines and lines that do not parse are skipped; NaN values are left out.
+    """
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, labels_end = line, -1
+        if "{" in line:
+            name, labels_end = line[: line.index("{")], line.rfind("}")
+        else:
+            name = line.split()[0]
+        rest = line[labels_end + 1 :] if labels_end >= 0 else line[len(name) :]
+        fields = rest.split()
+        try:
+            value = float(fields[0])
+        except (IndexError, ValueError):
+            continue
+        if not math.isnan(value):
+            totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+def project_values(metrics: dict[str, float]) -> dict[str, float]:
+    """The ``METRIC_ALIASES`` values found in parsed ``metrics``, in this project's units."""
+    values = {}
+    for ours, aliases in METRIC_ALIASES.items():
+        for theirs, scale in aliases:
+            if theirs in metrics:
+                values[ours] = metrics[theirs] * scale
+                break
+    return values
+
+
+class MetricsSampler:
+    """Reads ``<base_url>/metrics`` every ``period_s`` in a thread until ``stop()``.
+
+    Times are ``time.perf_counter() - t0``, the run's clock. Use as a context manager, or call
+    ``start()`` and ``stop()``; ``samples`` and ``note`` are complete after ``stop()``. With a
+    ``trace``, each sample also goes to ``trace.server_samples``, as a new list each time, so a
+    copy of the trace taken mid-run (``engine.live_run.snapshot``) never changes after.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        t0: float,
+        period_s: float = SAMPLE_PERIOD_S,
+        trace: Trace | None = None,
+    ):
+        self.url = base_url.rstrip("/") + "/metrics"
+        self.t0 = t0
+        self.period_s = period_s
+        self.trace = trace
+        self.samples: list[ServerSample] = []
+        self.note: str | None = None  # why there are no samples, for a person
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="metrics-sampler", daemon=True)
+
+    def start(self) -> MetricsSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop sampling and wait for the thread (at most one request's timeout)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
+
+    def __enter__(self) -> MetricsSampler:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _loop(self) -> None:
+        with httpx.Client(timeout=httpx.Timeout(2.0)) as client:
+            while not self._stop.is_set():
+                if not self._sample(client):
+                    return
+                self._stop.wait(self.period_s)
+
+    def _sample(self, client: httpx.Client) -> bool:
+        """One reading; False when sampling should end (the server has no usable /metrics)."""
+        t_s = time.perf_counter() - self.t0
+        try:
+            response = client.get(self.url)
+        except httpx.HTTPError as exc:
+            self.note = f"/metrics did not answer ({type(exc).__name__}); sampling paused"
+            return True  # a busy or dying server; the run itself reports what went wrong
+        if response.status_code != 200:
+            self.note = f"/metrics answered HTTP {response.status_code}: no server samples"
+            return False
+        values = project_values(parse_prometheus(response.text))
+        if not values:
+            self.note = "/metrics has none of the known gauges: no server samples"
+            return False
+        self.note = None
+        sample = ServerSample(t_s, values)
+        self.samples.append(sample)
+        if self.trace is not None:
+            self.trace.server_samples = [*self.trace.server_samples, sample]
+        return True

@@ -1,0 +1,93 @@
+"""Real OpenAI-compatible servers for tests: ``transformers serve`` and a local vLLM, on 127.0.0.1.
+
+Tests of the server engines run against real servers, never a mock. ``transformers serve`` ships
+with the transformers we pin (its extras: fastapi, uvicorn, pydantic and openai, all in the test
+requirements) and serves the embedded model's safetensors folder. vLLM comes from ``.venv-vllm``
+(``make vllm``); without it the vLLM tests are skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+SERVE_START_TIMEOUT_S = 300  # transformers serve imports and loads the model: ~15 s idle
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class TransformersServe:
+    """``transformers serve <model_dir>`` on 127.0.0.1 in its own process group."""
+
+    def __init__(self, model_dir: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="transformers-serve-", suffix=".log")
+        code = "from transformers.cli.transformers import main; main()"
+        self.command = [sys.executable, "-c", code, "serve", model_dir, "--host", "127.0.0.1"]
+        self.command += ["--port", str(self.port), "--device", "cpu", "--dtype", "float32"]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> TransformersServe:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        self.proc = subprocess.Popen(
+            self.command, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        deadline = time.monotonic() + SERVE_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"transformers serve exited {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        pytest.fail(f"transformers serve did not start in time:\n{self.tail()}")
+
+    def tail(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")[-3000:]
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group, as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.log.close()
+
+
+def vllm_available() -> bool:
+    """True when ``.venv-vllm`` (``make vllm``) or ``$CBP_VLLM_VENV`` holds a Python."""
+    from engine.vllm_server import vllm_python
+
+    try:
+        vllm_python()
+    except ValueError:
+        return False
+    return True
+
+
+NO_VLLM = "vLLM's environment .venv-vllm is missing: build it with `make vllm` (CI does)"
+needs_vllm = pytest.mark.skipif(not vllm_available(), reason=NO_VLLM)
