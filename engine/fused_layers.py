@@ -22,12 +22,14 @@ folded rotary, ``rms_norm``). Only the engines use it (``ModelRunner.forward_pac
 reference still runs plain ``model.generate``. Supported: Llama-style decoders (``LlamaForCausalLM``
 and its look-alikes: q/k/v/o and gate/up/down linears, RMSNorm, SiLU, default RoPE) on CPU.
 ``fused_decoder(model, kernel_name)`` returns ``None`` for anything else, and the runner keeps
-calling the model.
+calling the model. A host turns them off with ``CBP_FUSED_LAYERS=off`` (``requested()``), to time
+or check transformers' own layers in the same engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +39,7 @@ from engine import attention, decode_attention
 from engine.linear_kernel import onednn_pack, skinny_linear
 from engine.packed_batch import PackedBatch
 
+CHOICES = ("auto", "off")  # CBP_FUSED_LAYERS
 _LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -106,6 +109,21 @@ class FusedLayer:
     o: FusedLinear
     gate_up: FusedLinear  # [Wg; Wu]
     down: FusedLinear
+
+
+def requested() -> bool:
+    """Whether the host's ``CBP_FUSED_LAYERS`` (default ``"auto"``: where they apply) allows them.
+
+    Raises:
+        ValueError: a value other than ``auto`` or ``off``, named in the message.
+    """
+    choice = os.environ.get("CBP_FUSED_LAYERS", "").strip().lower() or "auto"
+    if choice not in CHOICES:
+        raise ValueError(
+            f"CBP_FUSED_LAYERS={choice!r}: use 'auto' (the fused decoder layers where they apply) "
+            "or 'off' (transformers' own layers)"
+        )
+    return choice == "auto"
 
 
 def unsupported_reason(model: nn.Module) -> str | None:

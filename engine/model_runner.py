@@ -28,7 +28,8 @@ class ModelRunner:
     """Wraps a ``engine.loader.LoadedModel``; see the module docstring.
 
     Raises:
-        ValueError: ``CBP_ENGINE_KERNEL`` is set to something other than ``auto`` or ``skinny``.
+        ValueError: ``CBP_ENGINE_KERNEL`` is set to something other than ``auto`` or ``skinny``,
+            or ``CBP_FUSED_LAYERS`` to something other than ``auto`` or ``off``.
     """
 
     def __init__(self, loaded):
@@ -43,7 +44,9 @@ class ModelRunner:
         cpu = self.device.type == "cpu"
         self._linears = linear_kernel.linear_modules(self.model) if cpu else []
         self._kernel_choice = linear_kernel.requested_kernel()  # ValueError: a bad host setting
-        self.use_fused_layers = True  # forward_packed through engine.fused_layers where it applies
+        # forward_packed through engine.fused_layers where they apply; ValueError: a bad setting
+        self.use_fused_layers = fused_layers.requested()
+        self.decoder_layer_steps = {"fused": 0, "transformers": 0}  # forward_packed calls by path
         attention.register()
 
     def engine_kernels(self):
@@ -64,6 +67,14 @@ class ModelRunner:
         decoder's stacked copies once the continuous engine has made them), in bytes."""
         fused = self.__dict__.get("fused_decoder")
         return self._kernel.extra_bytes + (fused.extra_bytes if fused is not None else 0)
+
+    @property
+    def decoder_layers(self) -> str | None:
+        """Which layers ``forward_packed`` ran since ``decoder_layer_steps`` was last reset:
+        ``"fused"``, ``"transformers"``, ``"mixed"`` (batch-invariant steps among fused ones),
+        or None (no step)."""
+        ran = [name for name, steps in self.decoder_layer_steps.items() if steps]
+        return None if not ran else ran[0] if len(ran) == 1 else "mixed"
 
     @functools.cached_property
     def fused_decoder(self) -> fused_layers.FusedDecoder | None:
@@ -156,8 +167,10 @@ class ModelRunner:
         """
         fused = self.fused_decoder if self.use_fused_layers else None
         if fused is not None and not getattr(batch, "invariant", False):
+            self.decoder_layer_steps["fused"] += 1
             hidden = fused.hidden_states(batch)  # (1, S, d)
             return self.model.get_output_embeddings()(hidden)  # (1, S, V)
+        self.decoder_layer_steps["transformers"] += 1
         return self.model(
             input_ids=batch.input_ids,
             position_ids=batch.position_ids,

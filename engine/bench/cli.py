@@ -369,16 +369,12 @@ def _bench(args, loaded, runner, requests, engines: dict) -> int:
         reference = ReferenceCache(runner).outputs(requests)
         print(f"  reference: {time.perf_counter() - t0:.2f} s (not counted)", file=sys.stderr)
     memory = PeakMemory(loaded.device)
+    runner.decoder_layer_steps = dict.fromkeys(runner.decoder_layer_steps, 0)  # timed runs only
     traces, peaks = run_engines(engines, requests, args.repeat, memory, failures)
     results = {n: engine_result(runs, reference, peaks[n]) for n, runs in traces.items()}
     if reference is not None:
         explain_mismatches(runner, requests, traces, reference, results)
-    extra = {
-        "weight_bytes": weight_bytes(loaded.model),
-        "weight_read_ms": weight_read_ms(loaded.model, runner.synchronize),
-        "engine_kernel": runner.engine_kernel_name,
-        "engine_kernel_bytes": runner.engine_kernel_bytes,
-    }
+    extra = kernel_extra(loaded, runner)
     print(format_table(results, extra["weight_read_ms"]))
     if args.prefix_caching:
         print(prefix_cache_line(results))
@@ -388,14 +384,7 @@ def _bench(args, loaded, runner, requests, engines: dict) -> int:
     for name, message in failures.items():
         print(f"{name} failed: {message}")
         results[name] = failed_result(name, message, engines)
-    print(
-        f"engines' matmul kernel: {extra['engine_kernel']} "
-        f"(+{extra['engine_kernel_bytes'] / 1e6:.0f} MB of packed weights)"
-    )
-    print(
-        f"weight read (the decode-step limit): {extra['weight_bytes'] / 1e6:.0f} MB in "
-        f"{extra['weight_read_ms']:.1f} ms"
-    )
+    print_kernel_lines(extra)
     if args.floor:
         extra.update(measure_floor(runner, requests, args.repeat))
         print(
@@ -412,6 +401,35 @@ def _bench(args, loaded, runner, requests, engines: dict) -> int:
         write_json(args, loaded, results, extra)
     ok = not failures and all(r["reference_match"] is not False for r in results.values())
     return 0 if ok else 1
+
+
+def kernel_extra(loaded, runner) -> dict:
+    """The JSON's kernel fields: weight size and read time, the engines' matmul kernel and its
+    memory, and which decoder layers our continuous engines' timed steps ran (``decoder_layers``:
+    ``"fused"``, ``"transformers"``, ``"mixed"`` or None when none ran; ``engine.fused_layers``)."""
+    return {
+        "weight_bytes": weight_bytes(loaded.model),
+        "weight_read_ms": weight_read_ms(loaded.model, runner.synchronize),
+        "engine_kernel": runner.engine_kernel_name,
+        "engine_kernel_bytes": runner.engine_kernel_bytes,
+        "decoder_layers": runner.decoder_layers,
+        "decoder_layer_steps": dict(runner.decoder_layer_steps),
+    }
+
+
+def print_kernel_lines(extra: dict) -> None:
+    """The kernel fields for people: the matmul kernel, the decoder layers, the weight read."""
+    print(
+        f"engines' matmul kernel: {extra['engine_kernel']} "
+        f"(+{extra['engine_kernel_bytes'] / 1e6:.0f} MB of packed weights)"
+    )
+    if extra["decoder_layers"] is not None:
+        steps = ", ".join(f"{n} {k}" for n, k in extra["decoder_layer_steps"].items() if k)
+        print(f"continuous engines' decoder layers: {extra['decoder_layers']} (steps: {steps})")
+    print(
+        f"weight read (the decode-step limit): {extra['weight_bytes'] / 1e6:.0f} MB in "
+        f"{extra['weight_read_ms']:.1f} ms"
+    )
 
 
 def write_json(args, loaded, results: dict, extra: dict) -> None:

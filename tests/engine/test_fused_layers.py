@@ -150,3 +150,28 @@ def test_the_fused_copies_count_in_engine_kernel_bytes():
     ContinuousEngine(runner, EngineConfig(2)).run(make_requests(SPECS[:2]))
     assert runner.fused_decoder is not None
     assert runner.engine_kernel_bytes == before + runner.fused_decoder.extra_bytes > before
+
+
+def test_cbp_fused_layers_off_runs_transformers_layers_and_counts_the_steps(monkeypatch):
+    """CBP_FUSED_LAYERS=off: every step goes through the model's own layers, outputs unchanged."""
+    monkeypatch.setenv("CBP_FUSED_LAYERS", " OFF ")
+    runner = tiny_runner()
+    requests = make_requests(SPECS[:3])
+    reference = ReferenceCache(runner).outputs(requests)
+    trace = ContinuousEngine(runner, EngineConfig(3)).run(requests)
+    assert {r.request_id: r.output_token_ids for r in trace.requests} == reference
+    assert runner.decoder_layer_steps == {"fused": 0, "transformers": len(trace.steps)}
+    assert runner.decoder_layers == "transformers"
+    monkeypatch.delenv("CBP_FUSED_LAYERS")
+    runner = tiny_runner()
+    assert runner.decoder_layers is None
+    trace = ContinuousEngine(runner, EngineConfig(3)).run(requests)
+    assert runner.decoder_layer_steps == {"fused": len(trace.steps), "transformers": 0}
+    assert runner.decoder_layers == "fused"
+
+
+def test_a_bad_cbp_fused_layers_is_refused_naming_the_variable(monkeypatch):
+    """A CBP_FUSED_LAYERS value other than auto or off is a ValueError that names it."""
+    monkeypatch.setenv("CBP_FUSED_LAYERS", "fast")
+    with pytest.raises(ValueError, match="CBP_FUSED_LAYERS='fast'"):
+        tiny_runner()
