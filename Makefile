@@ -5,6 +5,8 @@
 #               builds .venv-vllm (make vllm) for the vLLM tests
 #   make lint   ruff check and format check
 #   make bench  command-line benchmark of both engines on the seed workload
+#   make gpu-check  on a CUDA machine: float32 parity, float16/bfloat16 divergence with and without
+#               batch-invariant mode, seed and long-tail benches, as JSON in out/gpu-check
 #   make record re-record the run the page opens on (assets/recorded_run.json), on the CPU
 #   make vllm   create .venv-vllm, a separate environment with vLLM (it pins its own transformers)
 #   make clean  remove .venv, .venv-vllm and tool caches (the converted model cache is kept)
@@ -22,7 +24,7 @@ VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_VERSION := 0.32.0
 
-.PHONY: venv vllm run test browser lint bench record clean
+.PHONY: venv vllm run test browser lint bench gpu-check record clean
 
 venv: $(STAMP)
 
@@ -82,6 +84,10 @@ lint: venv
 
 bench: venv
 	$(BIN)/python -m engine.bench --workload seed --slots 3 $(ARGS)
+
+# Fails at once (exit 2) without CUDA; see engine/bench/gpu_check.py for what it runs and checks.
+gpu-check: venv
+	$(OFFLINE) $(BIN)/python -m engine.bench.gpu_check --out out/gpu-check $(ARGS)
 
 record: venv
 	$(OFFLINE) $(BIN)/python -m engine.page.recording $(ARGS)

@@ -12,6 +12,8 @@ Here we store those keys/values in our own KV cache and attend per sequence:
   D]`` and ``sequence_view`` ``[1, H_kv, T_kv, D]`` (a slice in ``slots`` mode, a block-table
   gather in ``paged`` mode). This applies exactly ``engine.masks.packed_step_mask``'s pattern.
 * ``concat`` mode: the article's way: concatenate every cache and apply that mask literally.
+* batch-invariant mode (any KV mode): per sequence over exactly its own keys
+  (``engine.invariant_attention``).
 
 Since the implementation name is unknown to transformers' mask registry, the model builds no mask of
 its own for these calls.
@@ -22,14 +24,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine import invariant_attention
+
 PACKED_ATTENTION = "cbp_packed"
 
 
 def register() -> None:
-    """Register ``packed_attention`` under ``PACKED_ATTENTION`` (idempotent)."""
+    """Register ``packed_attention`` under ``PACKED_ATTENTION``, and the batch-invariant attention
+    of ``model.generate`` (idempotent)."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+    invariant_attention.register()
 
 
 def packed_attention(
@@ -42,6 +48,8 @@ def packed_attention(
         returns: ([1, T, H, D], None)
     """
     batch = kwargs["packed_batch"]
+    if batch.invariant:
+        return invariant_attention.packed_attention(module, query, key, value, batch, scaling), None
     cache = batch.kv_cache
     if batch.packed_mask is not None:
         keys, values = cache.gather(module.layer_idx, key, value, batch)

@@ -32,11 +32,14 @@ class EngineConfig:
             blocks; ``None`` gives every slot room for the workload's longest sequence.
         prefix_caching: ``paged`` mode only: share the KV blocks of prompt prefixes that were
             computed before (vLLM's automatic prefix caching; ``engine.block_manager``).
+        batch_invariant: batch-invariant mode (``engine.invariant``): a sequence's logits do not
+            depend on what else shares its step, bitwise. Static and continuous engines only;
+            transformers' engine ignores it, with a warning.
 
     Raises:
         ValueError: on a slot count below 1, an unknown KV mode or policy, a token budget below
-            the slot count, a non-positive max_seq_len, block size or KV budget, or prefix
-            caching without the paged KV mode.
+            the slot count, a non-positive max_seq_len, block size or KV budget, prefix caching
+            without the paged KV mode, or a prefix_caching or batch_invariant that is not a bool.
     """
 
     num_slots: int = 3
@@ -49,6 +52,7 @@ class EngineConfig:
     block_size: int = 16
     kv_budget_mib: float | None = None
     prefix_caching: bool = False
+    batch_invariant: bool = False
 
     def __post_init__(self):
         if not isinstance(self.num_slots, int) or self.num_slots < 1:
@@ -77,6 +81,10 @@ class EngineConfig:
             )
         if self.kv_budget_mib is not None and not self.kv_budget_mib > 0:
             raise ValueError(f"The KV budget must be positive MiB (got {self.kv_budget_mib!r}).")
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(
+                f"batch_invariant must be True or False (got {self.batch_invariant!r})."
+            )
         if self.max_seq_len is not None and self.max_seq_len < 1:
             raise ValueError(f"max_seq_len must be positive (got {self.max_seq_len}).")
         if not isinstance(self.prefix_caching, bool):

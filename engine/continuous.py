@@ -23,6 +23,7 @@ from engine.run_control import wait_until
 from engine.sampler import RequestSampler, new_samplers
 from engine.scheduler import Scheduler
 from engine.sequence import Request, Sequence
+from engine.token_logits import LogitRecorder, TokenLogits
 from engine.trace import DECODE, PREFILL, ScheduledSeq, StepRecord, Trace, new_request_records
 from engine.workload import request_label
 
@@ -33,8 +34,11 @@ class ContinuousEngine:
     name = "continuous"
 
     def __init__(self, runner: ModelRunner, config: EngineConfig):
+        """Raises ValueError: batch-invariant mode for a model it does not support."""
         self.runner = runner
         self.config = config
+        if config.batch_invariant:
+            runner.require_batch_invariant()
 
     def run(
         self,
@@ -77,6 +81,7 @@ class ContinuousEngine:
             requests, cfg.num_slots, eos, cfg.max_num_batched_tokens, cfg.scheduling_policy, blocks
         )
         waiting = None if on_wait is None else functools.partial(on_wait, trace)
+        invariant, recorder = cfg.batch_invariant, LogitRecorder()
         samplers = new_samplers(requests)  # kept across preemptions with their draw counts
         self.runner.synchronize()
         t0 = time.perf_counter()
@@ -91,12 +96,13 @@ class ContinuousEngine:
             start_s = time.perf_counter() - t0
             plan = scheduler.schedule()
             batch = build_packed_batch(
-                plan.seqs, plan.num_new, cache, cfg.num_slots, self.runner.device
+                plan.seqs, plan.num_new, cache, cfg.num_slots, self.runner.device, invariant
             )
             record = _step_record(len(trace.steps), start_s, batch, plan, blocks)
             forward_start = time.perf_counter()
-            next_tokens = self._forward(batch, _step_samplers(plan, samplers))
+            next_tokens = self._forward(batch, _step_samplers(plan, samplers), recorder)
             record.forward_s = time.perf_counter() - forward_start
+            _keep_logits(trace, plan, recorder.pop())
             finished = scheduler.postprocess(plan, next_tokens)
             for seq in finished:
                 cache.release(seq.request_id)
@@ -122,11 +128,15 @@ class ContinuousEngine:
             num_blocks = self._num_blocks(self._max_seq_len(requests), requests)
             _check_fits(requests, num_blocks, self.config.block_size)
 
-    def _forward(self, batch, samplers: list[RequestSampler | None]) -> list[int]:
-        """The step's next tokens; an all-greedy step calls ``forward_packed`` as it always did."""
-        if any(s is not None for s in samplers):
-            return self.runner.forward_packed(batch, samplers)
-        return self.runner.forward_packed(batch)
+    def _forward(
+        self, batch, samplers: list[RequestSampler | None], recorder: LogitRecorder
+    ) -> list[int]:
+        """The step's next tokens, its logits rows into ``recorder``; an all-greedy step calls
+        ``forward_packed`` as it always did (one argument)."""
+        with self.runner.recording(recorder):
+            if any(s is not None for s in samplers):
+                return self.runner.forward_packed(batch, samplers)
+            return self.runner.forward_packed(batch)
 
     def _new_kv_cache(self, requests: list[Request]):
         """The configured KV cache; in ``paged`` mode, as many blocks as the budget holds.
@@ -167,6 +177,7 @@ class ContinuousEngine:
         info = {
             "token_budget": self.config.max_num_batched_tokens,
             "prefix_caching": self.config.prefix_caching,
+            "batch_invariant": self.config.batch_invariant,
         }
         if cache is not None:
             info |= {"kv_bytes_per_token": cache.bytes_per_token, "kv_bytes": cache.total_bytes}
@@ -219,6 +230,13 @@ def _check_fits(requests: list[Request], num_blocks: int, block_size: int) -> No
                 f"budget holds {blocks} of {block_size} tokens ({num_blocks * block_size} "
                 f"tokens). Raise the KV budget or lower its max_new_tokens."
             )
+
+
+def _keep_logits(trace: Trace, plan, rows: list[TokenLogits]) -> None:
+    """Give each sequence that samples a token this step its logits row (before postprocess)."""
+    for seq, n, row in zip(plan.seqs, plan.num_new, rows, strict=True):
+        if seq.num_cached_tokens + n == seq.num_tokens:  # not a partial prefill chunk
+            trace.request(seq.request_id).token_logits.append(row)
 
 
 def _step_samplers(plan, samplers: dict[int, RequestSampler]) -> list[RequestSampler | None]:

@@ -14,17 +14,27 @@ still compared.
 With ``block_sharing`` its prefix caching (``allow_block_sharing``) is on. transformers does not
 say how many prompt tokens each request found cached, so the trace's ``num_cached_tokens`` is
 None then (0 without sharing).
+
+Batch-invariant mode (``EngineConfig.batch_invariant``) does not reach it: transformers' manager
+runs its own kernels and batches, outside this project's control. Asking for it warns
+(``BATCH_INVARIANT_NOTE``) and the trace's ``info`` says so, rather than ignoring it silently.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
 from engine.sampler import hf_request_kwargs
 from engine.sequence import Request, truncate_at_stop
 from engine.trace import Trace, new_request_records
+
+BATCH_INVARIANT_NOTE = (
+    "batch-invariant mode does not apply to transformers' continuous batching: it runs its own "
+    "kernels and batches, outside this project's control; its outputs are batch-dependent"
+)
 
 
 class HFContinuousEngine:
@@ -33,9 +43,12 @@ class HFContinuousEngine:
     name = "hf_continuous"
 
     def __init__(self, runner: ModelRunner, config: EngineConfig, block_sharing: bool = False):
+        """Warns (``UserWarning``, ``BATCH_INVARIANT_NOTE``) when asked for batch invariance."""
         self.runner = runner
         self.config = config
         self.block_sharing = block_sharing
+        if config.batch_invariant:
+            warnings.warn(BATCH_INVARIANT_NOTE, UserWarning, stacklevel=2)
 
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
         """Run to completion. transformers' manager has no step hook, so ``on_step`` is never
@@ -44,11 +57,10 @@ class HFContinuousEngine:
         Raises:
             Exception: whatever ``on_wait`` raises (``RunStopped``): the manager is stopped.
         """
-        trace = Trace(
-            engine=self.name,
-            num_slots=self.config.num_slots,
-            info={"block_sharing": self.block_sharing},
-        )
+        info = {"block_sharing": self.block_sharing}
+        if self.config.batch_invariant:  # asked for, not applied
+            info |= {"batch_invariant": False, "batch_invariant_note": BATCH_INVARIANT_NOTE}
+        trace = Trace(engine=self.name, num_slots=self.config.num_slots, info=info)
         trace.requests = new_request_records(requests)
         prompts = [list(r.prompt_token_ids) for r in requests]
         caps = [r.max_new_tokens for r in requests]

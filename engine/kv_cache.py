@@ -85,6 +85,16 @@ class SlotKVCache:
         """One slot's first ``kv_len`` keys and values: [1, H_kv, kv_len, D]."""
         return self.keys[layer][slot, :, :kv_len][None], self.values[layer][slot, :, :kv_len][None]
 
+    def store_step(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+        """Batch-invariant mode: store the step's keys/values (as ``write``)."""
+        self.write(layer, key, value, batch)
+
+    def sequence_kv(self, layer: int, batch: PackedBatch, index: int):
+        """Keys and values of ``batch.seqs[index]``, cached and new: [H_kv, kv_len, D] each."""
+        kv_len = batch.num_cached[index] + batch.num_new[index]
+        keys, values = self.sequence_view(layer, batch, batch.seqs[index].slot, kv_len)
+        return keys[0], values[0]
+
     def release(self, request_id: int) -> None:
         """Nothing to free: the next occupant of the slot overwrites and masks stale entries."""
 
@@ -162,6 +172,16 @@ class PagedKVCache:
         picked = store.index_select(1, rows.reshape(-1))  # (H_kv, B * n, D)
         return picked.view(store.shape[0], num_rows, n, store.shape[-1]).transpose(0, 1)
 
+    def store_step(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+        """Batch-invariant mode: store the step's keys/values (as ``write``)."""
+        self.write(layer, key, value, batch)
+
+    def sequence_kv(self, layer: int, batch: PackedBatch, index: int):
+        """Keys and values of ``batch.seqs[index]``, cached and new: [H_kv, kv_len, D] each."""
+        kv_len = batch.num_cached[index] + batch.num_new[index]
+        keys, values = self.sequence_view(layer, batch, batch.seqs[index].slot, kv_len)
+        return keys[0], values[0]
+
     def release(self, request_id: int) -> None:
         """Nothing here: the scheduler returns a sequence's blocks through the block manager."""
 
@@ -185,12 +205,21 @@ class ConcatKVCache:
         cached = [self._store[i][layer] for i, n in zip(ids, batch.num_cached, strict=True) if n]
         keys = torch.cat([k for k, _ in cached] + [key], dim=2)  # (1, H_kv, T_kv, D)
         values = torch.cat([v for _, v in cached] + [value], dim=2)
-        start = 0
-        for request_id, n in zip(ids, batch.num_new, strict=True):
-            new = (key[:, :, start : start + n], value[:, :, start : start + n])
-            self._append(request_id, layer, new)
-            start += n
+        self.store_step(layer, key, value, batch)
         return keys, values
+
+    def store_step(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+        """Append each sequence's new keys/values ([1, H_kv, T, D] in packed order) to its own."""
+        start = 0
+        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
+            new = (key[:, :, start : start + n], value[:, :, start : start + n])
+            self._append(seq.request_id, layer, new)
+            start += n
+
+    def sequence_kv(self, layer: int, batch: PackedBatch, index: int):
+        """Keys and values of ``batch.seqs[index]`` after ``store_step``: [H_kv, kv_len, D] each."""
+        keys, values = self._store[batch.seqs[index].request_id][layer]
+        return keys[0], values[0]
 
     def _append(self, request_id: int, layer: int, new: tuple[torch.Tensor, torch.Tensor]):
         layers = self._store.setdefault(request_id, [None] * self.num_layers)
@@ -201,7 +230,10 @@ class ConcatKVCache:
             layers[layer] = (torch.cat([old[0], new[0]], 2), torch.cat([old[1], new[1]], 2))
 
     def prepare(self, batch: PackedBatch) -> None:
-        """Per step, before the forward: the packed mask this mode applies literally."""
+        """Per step, before the forward: the packed mask this mode applies literally (none in
+        batch-invariant mode, which attends per sequence)."""
+        if batch.invariant:
+            return
         mask = packed_step_mask(batch.num_cached, batch.num_new)  # (T, T_kv)
         batch.packed_mask = mask[None, None].to(batch.input_ids.device)
 

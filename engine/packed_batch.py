@@ -69,12 +69,16 @@ class PackedBatch:
     all_slots_decode: bool = False  # every slot feeds one token, packed in slot order
     kv_write_index: torch.Tensor | None = None  # storage rows of the new tokens' keys/values
     kv_block_rows: torch.Tensor | None = None  # paged: [B, max_blocks * block_size] storage rows
+    invariant: bool = False  # batch-invariant mode: attend per sequence (engine.invariant)
 
 
 def build_packed_batch(
-    seqs: list[Sequence], num_new: list[int], kv_cache, num_slots: int, device
+    seqs: list[Sequence], num_new: list[int], kv_cache, num_slots: int, device, invariant=False
 ) -> PackedBatch:
-    """Pack the scheduled sequences (in the given order), ``num_new[i]`` tokens each."""
+    """Pack the scheduled sequences (in the given order), ``num_new[i]`` tokens each.
+
+    ``invariant``: batch-invariant mode (``engine.invariant``), which attends per sequence.
+    """
     num_cached = [s.num_cached_tokens for s in seqs]
     token_ids = [t for s, n in zip(seqs, num_new, strict=True) for t in s.pending_token_ids(n)]
     q_seq, q_pos = query_layout(num_cached, num_new)  # (T,), (T,)
@@ -96,6 +100,7 @@ def build_packed_batch(
         decode_mask=_decode_mask(num_cached, single, slots, num_slots, device),
         prefills=_prefill_spans(num_cached, num_new, slots, device),
         kv_cache=kv_cache,
+        invariant=invariant,
     )
     batch.all_slots_decode = len(single) == len(seqs) == num_slots and all(
         s.slot == i for i, s in enumerate(seqs)

@@ -1,28 +1,48 @@
-"""The reference: per-request ``model.generate`` at batch 1, the ground truth for parity.
+"""The references: what each engine's outputs are compared against, token for token.
 
-A greedy request's reference is greedy ``generate``; a sampled one's (``engine.sampling``) is
-``generate(do_sample=True, temperature, top_k, top_p)`` right after ``torch.manual_seed(seed)``,
-which draws what the engines' per-request samplers draw (``engine.sampler``).
+* ``ReferenceCache`` (the normal mode): per-request ``model.generate`` at batch 1, the ground
+  truth for parity. A greedy request's reference is greedy ``generate``; a sampled one's
+  (``engine.sampling``) is ``generate(do_sample=True, temperature, top_k, top_p)`` right after
+  ``torch.manual_seed(seed)``, which draws what the engines' per-request samplers draw
+  (``engine.sampler``).
+* ``SoloReference`` (batch-invariant mode): the same computation as the engines, one sequence at a
+  time: the continuous engine with one slot and the batch-invariant kernels. An engine in that
+  mode must match it bitwise, logits included.
+
+Both keep each run's own logits per output token (``engine.token_logits``), and ``verdicts`` turns
+them into ✓ / ≈ / ✗ (``engine.divergence``): the margin at a split is measured in the reference's
+own pass, so it is never negative.
 
 Both are prefix-stable: the output for cap ``c`` is the first ``c`` tokens of the output for any
 larger cap (or the whole output, if it ended with EOS); a sampled one because its k-th draw never
-depends on the cap. ``ReferenceCache`` keeps the longest output per prompt and sampling settings
-and answers smaller caps from it, so repeated runs in the app cost nothing.
+depends on the cap. Both references keep the longest output per prompt and sampling settings and
+answer smaller caps from it, so repeated runs in the app cost nothing.
 
 An engine that samples with a random stream of its own (transformers' manager) cannot be compared
-token for token: its ``RequestRecord.comparable`` is False, and ``comparison`` says
-``NOT_COMPARED`` ("sampled with another generator: not compared") instead of a mismatch.
+token for token: its ``RequestRecord.comparable`` is False, ``comparison`` says ``NOT_COMPARED``
+("sampled with another generator: not compared") instead of a mismatch, and it gets no verdict.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
 
 import torch
 
+from engine import divergence
+from engine.config import EngineConfig
+from engine.divergence import Verdict, first_divergence  # noqa: F401  (re-exported)
 from engine.model_runner import ModelRunner
 from engine.sequence import Request, truncate_at_stop
+from engine.token_logits import (
+    LogitRecorder,
+    LogitTrail,
+    TokenLogits,
+    logit_and_abs_dot,
+    row_digest,
+)
 
 MATCH = "match"
 MISMATCH = "mismatch"
@@ -30,31 +50,27 @@ NOT_COMPARED = "not_compared"
 NOT_COMPARED_TEXT = "sampled with another generator: not compared"
 
 
-class ReferenceCache:
-    """Per-request outputs of plain ``model.generate`` (batch 1), by prompt and sampling."""
+class _Cache:
+    """Per prompt and sampling settings, the longest output computed so far, its cap and its
+    logits per token."""
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
-        # (prompt ids, sampling settings or None for greedy) -> (tokens, cap)
-        self._outputs: dict[tuple, tuple[list[int], int]] = {}
+        # (prompt ids, sampling settings or None for greedy) -> (tokens, cap, logits)
+        self._outputs: dict[tuple, tuple[list[int], int, LogitTrail]] = {}
 
     def output(self, request: Request, on_step: Callable[[], None] | None = None) -> list[int]:
         """The reference output ids of one request, up to its cap or first EOS.
 
-        ``on_step()`` is called after every generate step; an exception it raises ends the call.
+        ``on_step()`` is called after every generated token; an exception it raises ends the call.
         """
-        sampling = request.sampling if request.is_sampled else None
-        key = (request.prompt_token_ids, sampling)
-        hit = self._outputs.get(key)
-        if hit is None or not self._covers(hit, request.max_new_tokens):
-            ids, mask = self.runner.left_pad([list(request.prompt_token_ids)])
-            criteria = [_EveryStep(on_step)] if on_step is not None else None
-            out = self.runner.generate(
-                ids, mask, request.max_new_tokens, criteria, sampling=sampling
-            )
-            hit = (out[0, ids.shape[1] :].tolist(), request.max_new_tokens)
-            self._outputs[key] = hit
-        return truncate_at_stop(hit[0], request.max_new_tokens, self.runner.eos_token_ids)
+        tokens, _ = self._hit(request, on_step)
+        return tokens
+
+    def token_logits(self, request: Request) -> Sequence[TokenLogits]:
+        """The reference run's own logits at each of ``output(request)``'s tokens."""
+        tokens, logits = self._hit(request, None)
+        return logits if len(logits) == len(tokens) else logits[: len(tokens)]
 
     def outputs(
         self, requests: list[Request], on_request=None, on_step=None
@@ -70,10 +86,124 @@ class ReferenceCache:
                 on_request(i + 1, len(requests))
         return result
 
-    def _covers(self, hit: tuple[list[int], int], cap: int) -> bool:
-        tokens, cached_cap = hit
+    def verdicts(self, requests: list[Request], trace) -> dict[int, Verdict]:
+        """✓ / ≈ / ✗ of every request of an engine's ``trace``, by request id (none for a
+        request the engine sampled with a generator of its own: ``comparable`` False)."""
+        model = divergence.rounding_model(
+            self.runner.dtype, self.runner.hidden_size, self.runner.device.type
+        )
+        found = {}
+        for request in requests:
+            record = trace.request(request.request_id)
+            if not record.comparable:
+                continue
+            found[request.request_id] = divergence.judge(
+                request.request_id,
+                record.output_token_ids,
+                self.output(request),
+                self.token_logits(request),
+                record.token_logits or None,
+                model,
+                functools.partial(self.logit_at, request),
+                sampled=request.is_sampled,
+            )
+        return found
+
+    def logit_at(self, request: Request, index: int, token_id: int) -> tuple[float, float] | None:
+        """``(logit, abs_dot)`` of any token at output position ``index``, in the reference's own
+        pass (``engine.token_logits``), for a token outside the recorded top; None if unknown.
+
+        The reference is run again up to ``index``, keeping that position's whole row. The run is
+        deterministic, and the row's digest must equal the one recorded the first time (else
+        None: the recomputation is not the same pass).
+        """
+        recorded = self.token_logits(request)
+        if index >= len(recorded):
+            return None
+        kept = self._replay(request, index)
+        if kept is None or row_digest(kept[1]) != recorded[index].digest:
+            return None
+        return logit_and_abs_dot(kept, token_id)
+
+    def _hit(self, request: Request, on_step) -> tuple[list[int], LogitTrail]:
+        key = (request.prompt_token_ids, request.sampling if request.is_sampled else None)
+        hit = self._outputs.get(key)
+        if hit is None or not self._covers(hit, request.max_new_tokens):
+            tokens, logits = self._run(request, on_step)
+            trail = logits if isinstance(logits, LogitTrail) else LogitTrail(logits)
+            hit = (tokens, request.max_new_tokens, trail)
+            self._outputs[key] = hit
+        tokens = truncate_at_stop(hit[0], request.max_new_tokens, self.runner.eos_token_ids)
+        return tokens, hit[2]
+
+    def _covers(self, hit, cap: int) -> bool:
+        tokens, cached_cap, _ = hit
         ended = any(t in self.runner.eos_token_ids for t in tokens)
         return cached_cap >= cap or ended
+
+    def _run(self, request: Request, on_step) -> tuple[list[int], Sequence[TokenLogits]]:
+        raise NotImplementedError
+
+    def _replay(self, request: Request, index: int):
+        """``LogitRecorder.kept`` at output position ``index`` of a re-run; None: not offered."""
+        return None
+
+
+class ReferenceCache(_Cache):
+    """Per-request outputs of plain ``model.generate`` (batch 1), by prompt and sampling, with
+    the run's own logits."""
+
+    def _run(self, request: Request, on_step) -> tuple[list[int], Sequence[TokenLogits]]:
+        ids, mask = self.runner.left_pad([list(request.prompt_token_ids)])
+        criteria = [_EveryStep(on_step)] if on_step is not None else None
+        recorder = LogitRecorder()
+        with self.runner.recording(recorder):
+            out = self.runner.generate(
+                ids, mask, request.max_new_tokens, criteria, sampling=_sampling(request)
+            )
+        return out[0, ids.shape[1] :].tolist(), [rows[0] for rows in recorder.calls]
+
+    def _replay(self, request: Request, index: int):
+        ids, mask = self.runner.left_pad([list(request.prompt_token_ids)])
+        recorder = LogitRecorder(keep_call=index)
+        with self.runner.recording(recorder):
+            self.runner.generate(ids, mask, index + 1, None, sampling=_sampling(request))
+        return recorder.kept
+
+
+def _sampling(request: Request):
+    return request.sampling if request.is_sampled else None
+
+
+class SoloReference(_Cache):
+    """Batch-invariant mode's reference: each request alone through the continuous engine with
+    the batch-invariant kernels (one slot, no token budget, ``slots`` KV), arriving at once.
+
+    Raises:
+        ValueError: the model is not supported by batch-invariant mode.
+    """
+
+    def __init__(self, runner: ModelRunner, config: EngineConfig | None = None):
+        super().__init__(runner)
+        from engine.continuous import ContinuousEngine
+
+        base = config or EngineConfig()
+        solo = EngineConfig(1, ignore_eos=base.ignore_eos, batch_invariant=True)
+        self.engine = ContinuousEngine(runner, solo)
+
+    def _run(self, request: Request, on_step) -> tuple[list[int], Sequence[TokenLogits]]:
+        alone = dataclasses.replace(request, request_id=0, arrival_s=0.0)  # a trace of one
+        hook = None if on_step is None else (lambda trace, step: on_step())
+        record = self.engine.run([alone], on_step=hook).request(0)
+        return list(record.output_token_ids), record.token_logits
+
+
+def reference_for(runner: ModelRunner, config: EngineConfig | None = None) -> _Cache:
+    """The reference an engine with ``config`` is compared against: ``SoloReference`` in
+    batch-invariant mode, else ``ReferenceCache``."""
+    if config is not None and config.batch_invariant:
+        return SoloReference(runner, config)
+    return ReferenceCache(runner)
 
 
 class _EveryStep:
@@ -108,43 +238,3 @@ def comparison(record, reference: dict[int, list[int]] | None) -> str | None:
     if reference is None or record.request_id not in reference:
         return None
     return MATCH if record.output_token_ids == reference[record.request_id] else MISMATCH
-
-
-def first_divergence(output: list[int], reference: list[int]) -> int | None:
-    """Index of the first differing token (or of the shorter end), None if equal."""
-    for i, (a, b) in enumerate(zip(output, reference, strict=False)):
-        if a != b:
-            return i
-    return None if len(output) == len(reference) else min(len(output), len(reference))
-
-
-@dataclass
-class Divergence:
-    """Where an engine's output first left the reference, and how close the call was.
-
-    For a sampled request the margin compares raw logits too; a sampled token need not be the
-    argmax, so there it says how likely each token was, not whether it was a near-tie.
-    """
-
-    request_id: int
-    token_index: int  # position in the output ids where the two first differ
-    reference_token: int | None  # None: the reference ended here (EOS or cap)
-    engine_token: int | None  # None: the engine's output ended here
-    # Logit of the reference token minus that of the engine's token at this position, from a
-    # plain forward over prompt + reference prefix. Near 0: a float32 near-tie that a different
-    # summation order (batch shape, kernel) can flip; large: a real bug.
-    logit_margin: float | None
-
-
-def divergence(runner: ModelRunner, request: Request, output: list[int], reference: list[int]):
-    """The first ``Divergence`` of ``output`` from ``reference``; None when they are equal."""
-    index = first_divergence(output, reference)
-    if index is None:
-        return None
-    ref_token = reference[index] if index < len(reference) else None
-    engine_token = output[index] if index < len(output) else None
-    margin = None
-    if ref_token is not None and engine_token is not None:
-        logits = runner.next_token_logits([*request.prompt_token_ids, *reference[:index]])
-        margin = float(logits[ref_token] - logits[engine_token])
-    return Divergence(request.request_id, index, ref_token, engine_token, margin)

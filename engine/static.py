@@ -25,6 +25,7 @@ from engine.model_runner import ModelRunner
 from engine.run_control import wait_until
 from engine.sampler import RequestSampler, WaveSampler
 from engine.sequence import Request, truncate_at_stop
+from engine.token_logits import LogitRecorder, LogitTrail
 from engine.trace import DECODE, IDLE, PREFILL, ScheduledSeq, StepRecord, Trace, new_request_records
 
 
@@ -51,10 +52,22 @@ class StaticEngine:
 
     def __init__(self, runner: ModelRunner, config: EngineConfig, engine_kernels: bool = True):
         """``engine_kernels=False``: plain ``model.generate`` matmuls, without the engines' kernel
-        (``ModelRunner.engine_kernels``); the bench's ``static_generate``."""
+        (``ModelRunner.engine_kernels``); the bench's ``static_generate``.
+
+        ``config.batch_invariant``: the waves run through the batch-invariant kernels and
+        attention (``engine.invariant``), which strip each row's left padding.
+
+        Raises:
+            ValueError: batch-invariant mode without the engines' kernels, or for a model it
+                does not support.
+        """
         self.runner = runner
         self.engine_kernels = engine_kernels
         self.config = config
+        if config.batch_invariant:
+            if not engine_kernels:
+                raise ValueError("Batch-invariant mode needs the engines' kernels.")
+            runner.require_batch_invariant()
 
     def run(
         self,
@@ -69,6 +82,7 @@ class StaticEngine:
             Exception: whatever ``on_step`` or ``on_wait`` raises (``RunStopped``), at once.
         """
         trace = Trace(engine=self.name, num_slots=self.config.num_slots)
+        trace.info["batch_invariant"] = self.config.batch_invariant
         trace.requests = new_request_records(requests)
         pending = deque(sorted(requests, key=lambda r: r.arrival_order))
         waiting = None if on_wait is None else functools.partial(on_wait, trace)
@@ -122,12 +136,7 @@ class StaticEngine:
                 on_step(trace, None)
 
         clock = _StepClock(t0, width, caps, tick)
-        samplers = [RequestSampler(r.sampling) if r.is_sampled else None for r in wave]
-        processors = (
-            [WaveSampler(samplers, width)] if any(s is not None for s in samplers) else None
-        )
-        with self.runner.engine_kernels() if self.engine_kernels else contextlib.nullcontext():
-            out = self.runner.generate(input_ids, attention_mask, max(caps), [clock], processors)
+        out, recorder = self._generate(wave, input_ids, attention_mask, max(caps), clock)
         eos = self.runner.eos_token_ids
         outputs = [
             truncate_at_stop(out[row, width:].tolist(), r.max_new_tokens, eos)
@@ -141,7 +150,29 @@ class StaticEngine:
             rec.output_token_ids = tokens
             rec.output_text = self.runner.decode(tokens)
             rec.finish_reason = "eos" if tokens[-1] in self.runner.eos_token_ids else "length"
+            rec.token_logits = LogitTrail(recorder.calls[k][row] for k in range(len(tokens)))
         self._record_steps(trace, wave_index, wave, outputs, width, wave_start_s, clock.end_times)
+
+    def _generate(self, wave, input_ids, attention_mask, max_new_tokens: int, clock):
+        """``generate`` over the wave in its kernels, with its samplers; ``(output ids, the
+        LogitRecorder with one call per step)``."""
+        samplers = [RequestSampler(r.sampling) if r.is_sampled else None for r in wave]
+        processors = (
+            [WaveSampler(samplers, input_ids.shape[1])]
+            if any(s is not None for s in samplers)
+            else None
+        )
+        recorder = LogitRecorder()
+        kernels = (
+            self.runner.engine_kernels(self.config.batch_invariant)
+            if self.engine_kernels
+            else contextlib.nullcontext()
+        )
+        with kernels, self.runner.recording(recorder):
+            out = self.runner.generate(
+                input_ids, attention_mask, max_new_tokens, [clock], processors
+            )
+        return out, recorder
 
     @staticmethod
     def _record_steps(trace, wave_index, wave, outputs, width, wave_start_s, end_times) -> None:

@@ -13,11 +13,13 @@ per-request times on the client's clock (sent = ``admit_s``, first token, each t
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from engine.sampling import SamplingParams
+
+from engine.token_logits import LogitTrail
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -120,6 +122,9 @@ class RequestRecord:
     # Server engines only: when each output token reached the client (one per streamed chunk
     # when the server sends text without token ids).
     token_times_s: list[float] = field(default_factory=list)
+    # per output token, the run's own logits there (engine.token_logits); empty when not recorded
+    # (transformers' and server engines). Not in to_dict: engine.divergence turns it into verdicts.
+    token_logits: LogitTrail = field(default_factory=LogitTrail, repr=False, compare=False)
 
     @property
     def queue_s(self) -> float | None:
@@ -325,10 +330,17 @@ class Trace:
             "metrics": asdict(self.metrics()),
             "latency_percentiles": self.latency_percentiles(),
             "steps": [asdict(s) for s in self.steps],
-            "requests": [asdict(r) for r in self.requests],
+            "requests": [_request_dict(r) for r in self.requests],
             "server_samples": [asdict(s) for s in self.server_samples],
             "warnings": list(self.warnings),
         }
+
+
+def _request_dict(record: RequestRecord) -> dict:
+    """``asdict(record)`` without the logit trail (bulky, and not JSON)."""
+    fields = asdict(replace(record, token_logits=LogitTrail()))
+    del fields["token_logits"]
+    return fields
 
 
 def new_request_records(requests) -> list[RequestRecord]:

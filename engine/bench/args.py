@@ -29,6 +29,12 @@ ENGINES = (
     "vllm",  # a local vLLM server from .venv-vllm (make vllm), started and stopped by the bench
 )
 KV_MODE_OF = {"continuous": "slots", "continuous_paged": "paged", "continuous_concat": "concat"}
+# Engines that --batch-invariant cannot reach, and why (the bench says so rather than ignore it).
+NOT_INVARIANT = {
+    "static_generate": "it runs plain model.generate matmuls by design",
+    "hf_continuous": "transformers' engine runs its own kernels, outside this project's control",
+    "vllm": "a server engine runs its own kernels, outside this project's control",
+}
 # Flags that only some engines or arrival modes use: parsed as None so a given one can be told
 # from a default (and warned about when nothing uses it), then set to these defaults.
 SCOPED_DEFAULTS = {"rate": 1.0, "seed": 0, "policy": "decode_first", "block_size": 16}
@@ -96,6 +102,12 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="continuous_paged: share cached prompt-prefix blocks; hf_continuous: transformers' "
         "block sharing (default off for both)",
+    )
+    p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="static and continuous engines in batch-invariant mode, compared bitwise with each "
+        "request run alone; also times the normal mode for the cost",
     )
 
 
@@ -182,11 +194,18 @@ def ignored_flags(args: argparse.Namespace, names: list[str]) -> list[str]:
         "vllm_eager": ("vllm" in names, "only the vllm engine uses it"),
     }
     given = args.given | ({"vllm_eager"} if args.vllm_eager else set())
-    return [
+    lines = [
         f"--{name.replace('_', '-')} is ignored: {why}."
         for name, (used, why) in scopes.items()
         if name in given and not used
     ]
+    if getattr(args, "batch_invariant", False):
+        lines += [
+            f"--batch-invariant does not apply to {name}: {why}."
+            for name, why in NOT_INVARIANT.items()
+            if name in names
+        ]
+    return lines
 
 
 def check_args(args: argparse.Namespace, names: list[str]) -> None:
@@ -221,6 +240,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         "scheduling_policy": args.policy,
         "block_size": args.block_size,
         "kv_budget_mib": args.kv_budget_mib,
+        "batch_invariant": args.batch_invariant,
     }
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import device as devices
 from engine import loader
 from engine.loader import LoadedModel, ModelLoadError, load_model
 
@@ -36,34 +37,34 @@ def _chat_text(tokenizer) -> str:
 @pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU")
 def test_detect_device_auto_is_cpu_without_gpu():
     """With no CUDA and no MPS, auto and None both pick the CPU."""
-    assert loader.detect_device(None) == torch.device("cpu")
-    assert loader.detect_device("auto") == torch.device("cpu"), "auto should fall back to cpu"
+    assert devices.detect_device(None) == torch.device("cpu")
+    assert devices.detect_device("auto") == torch.device("cpu"), "auto should fall back to cpu"
 
 
 def test_detect_device_explicit_cpu():
     """An explicit "cpu" (any case) is always available."""
-    assert loader.detect_device(" CPU ") == torch.device("cpu")
+    assert devices.detect_device(" CPU ") == torch.device("cpu")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_detect_device_unavailable_cuda_raises():
     """Asking for CUDA on a machine without it is a ValueError that names CUDA."""
     with pytest.raises(ValueError, match="CUDA"):
-        loader.detect_device("cuda")
+        devices.detect_device("cuda")
 
 
 @pytest.mark.parametrize("name", ["tpu", "gpu0", "xpu"])
 def test_detect_device_unknown_name_raises(name):
     """Unknown or unsupported device names are a ValueError listing the accepted ones."""
     with pytest.raises(ValueError, match="auto, cpu, cuda"):
-        loader.detect_device(name)
+        devices.detect_device(name)
 
 
 def test_default_dtype_per_device():
     """float16 on CUDA, float32 on MPS and CPU."""
-    assert loader.default_dtype(torch.device("cuda")) == torch.float16
-    assert loader.default_dtype(torch.device("mps")) == torch.float32
-    assert loader.default_dtype(torch.device("cpu")) == torch.float32
+    assert devices.default_dtype(torch.device("cuda")) == torch.float16
+    assert devices.default_dtype(torch.device("mps")) == torch.float32
+    assert devices.default_dtype(torch.device("cpu")) == torch.float32
 
 
 @pytest.mark.parametrize(
@@ -80,13 +81,13 @@ def test_default_dtype_per_device():
 )
 def test_parse_dtype_names(name, device, expected):
     """Short and long dtype names (any case) and auto map to the right torch dtype."""
-    assert loader.parse_dtype(name, torch.device(device)) == expected
+    assert devices.parse_dtype(name, torch.device(device)) == expected
 
 
 def test_parse_dtype_bad_name_raises():
     """A dtype name that is not supported is a ValueError listing the accepted names."""
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
-        loader.parse_dtype("int8", torch.device("cpu"))
+        devices.parse_dtype("int8", torch.device("cpu"))
 
 
 def test_embedded_gguf_path_found_without_import():
@@ -142,10 +143,10 @@ def test_device_label_names_the_gpu(monkeypatch):
     """On CUDA the label carries torch's GPU name; where it cannot be read it says plain CUDA."""
     names = {0: "Fake GPU 80GB", 1: "Other Fake GPU"}
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: names[d.index or 0])
-    assert loader.describe_device(torch.device("cuda"), torch.float16) == (
+    assert devices.describe_device(torch.device("cuda"), torch.float16) == (
         f"CUDA ({names[0]}) · float16"
     )
-    assert loader.describe_device(torch.device("cuda:1"), torch.bfloat16) == (
+    assert devices.describe_device(torch.device("cuda:1"), torch.bfloat16) == (
         f"CUDA ({names[1]}) · bfloat16"
     )
 
@@ -153,7 +154,7 @@ def test_device_label_names_the_gpu(monkeypatch):
         raise RuntimeError("Found no NVIDIA driver on your system")
 
     monkeypatch.setattr(torch.cuda, "get_device_name", no_driver)
-    label = loader.describe_device(torch.device("cuda"), torch.float16)
+    label = devices.describe_device(torch.device("cuda"), torch.float16)
     assert label == "CUDA · float16", f"unreadable GPU name gives {label!r}"
 
 

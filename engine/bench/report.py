@@ -1,0 +1,189 @@
+"""The bench's report: the table, its summary lines, and the JSON document.
+
+``engine.bench.cli`` runs the engines; this module says what they did, on stdout and in the JSON
+described in the README's "Benchmark" section.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+from engine.bench.servers import failed_result
+from engine.bench.verdicts import add_invariant_cost, verdict_summary
+from engine.config import EngineConfig
+from engine.continuous import ContinuousEngine
+from engine.sequence import Request
+
+
+def format_table(results: dict[str, dict], weight_read_ms: float | None = None) -> str:
+    """One row per engine; speedup is against static when static ran.
+
+    ``x read``: ms/step over ``weight_read_ms``, the time to read every weight once (the limit
+    of a decode step; prefill steps and attention over long contexts cost more).
+    """
+    base = results.get("static", {}).get("wall_s")
+    head = f"{'engine':<18}{'wall_s':>16}{'steps':>7}{'tokens':>8}{'tok/s':>8}"
+    head += f"{'speedup':>9}{'ms/step':>9}{'x read':>8}  match"
+    lines = [head, "-" * len(head)]
+    for name, r in results.items():
+        spread = f"{r['wall_s']:.2f} ({r['wall_s_min']:.2f}-{r['wall_s_max']:.2f})"
+        speedup = f"{base / r['wall_s']:.2f}x" if base else "-"
+        match = {True: "yes", False: f"NO ({r['num_mismatched_requests']})", None: "-"}
+        skipped = r.get("num_not_compared_requests")
+        note = f", {skipped} sampled with another generator: not compared" if skipped else ""
+        lines.append(
+            f"{name:<18}{spread:>16}{r['num_steps'] or '-':>7}{r['num_generated_tokens']:>8}"
+            f"{r['tok_per_s']:>8.1f}{speedup:>9}{_ms(r['ms_per_step']):>9}"
+            f"{_ratio(r['ms_per_step'], weight_read_ms):>8}  {match[r['reference_match']]}{note}"
+        )
+    return "\n".join(lines)
+
+
+def _sampling_flags(args) -> dict | None:
+    """The sampling flags as given (None: none given; each request's settings are in its entry)."""
+    names = ("temperature", "top_k", "top_p", "seed_base")
+    given = {name: getattr(args, name) for name in names}
+    return given if any(v is not None for v in given.values()) else None
+
+
+def prefix_cache_line(results: dict[str, dict]) -> str:
+    """The prefix-cache hit rate of every engine that shares KV (``not reported`` where the
+    engine does not count its hits), e.g. ``prefix cache hit rate: continuous_paged 61.2%``."""
+    parts = []
+    for name, r in results.items():
+        if name in ("continuous_paged", "hf_continuous"):
+            rate = r["prefix_cache_hit_rate"]
+            parts.append(f"{name} {'not reported' if rate is None else f'{100 * rate:.1f}%'}")
+    return "prefix cache hit rate (cached / prompt tokens): " + (", ".join(parts) or "-")
+
+
+def _ms(ms_per_step: float) -> str:
+    return f"{ms_per_step:.1f}" if ms_per_step else "-"  # "-": an engine with no step trace
+
+
+def _ratio(ms_per_step: float, weight_read_ms: float | None) -> str:
+    return f"{ms_per_step / weight_read_ms:.2f}x" if weight_read_ms and ms_per_step else "-"
+
+
+def print_report(args, results, normal_results, extra, run) -> None:
+    """The table and the lines under it; a failed server engine's entry goes into ``results``.
+
+    ``run``: ``(median traces by engine, failures by engine, engines)``.
+    """
+    medians, failures, engines = run
+    print(format_table(results, extra["weight_read_ms"]))
+    if not args.no_reference:
+        for name, entry in results.items():
+            print(f"{name} against the reference: {verdict_summary(entry)}")
+    for line in add_invariant_cost(results, normal_results):
+        print(line)
+    if args.prefix_caching:
+        print(prefix_cache_line(results))
+    for name, trace in medians.items():
+        for warning in trace.warnings:
+            print(f"warning: {name}: {warning}", file=sys.stderr)
+    for name, message in failures.items():
+        print(f"{name} failed: {message}")
+        results[name] = failed_result(name, message, engines)
+    print(
+        f"engines' matmul kernel: {extra['engine_kernel']} "
+        f"(+{extra['engine_kernel_bytes'] / 1e6:.0f} MB of packed weights)"
+    )
+    if extra["decoder_layers"] is not None:  # engine.fused_layers, or transformers' own layers
+        steps = ", ".join(f"{n} {k}" for n, k in extra["decoder_layer_steps"].items() if k)
+        print(f"continuous engines' decoder layers: {extra['decoder_layers']} (steps: {steps})")
+    print(
+        f"weight read (the decode-step limit): {extra['weight_bytes'] / 1e6:.0f} MB in "
+        f"{extra['weight_read_ms']:.1f} ms"
+    )
+
+
+def optional_measures(args, runner, requests, extra) -> None:
+    """--floor and --profile, printed and added to ``extra``."""
+    if args.floor:
+        extra.update(measure_floor(runner, requests, args.repeat))
+        print(
+            f"floor_s (longest request alone, generate): {extra['floor_s']:.2f}; "
+            f"with the engines' matmul kernel: {extra['floor_engine_kernel_s']:.2f}"
+        )
+    if args.profile:
+        extra["profile"] = profile_host_overhead(runner, args.slots)
+        for ctx, p in extra["profile"].items():
+            print(f"profile @ ~{ctx} cached tokens: {p}")
+
+
+def measure_floor(runner, requests, repeat: int) -> dict[str, float]:
+    """Median wall times of ``model.generate`` on the longest-cap request alone (batch 1).
+
+    No schedule can finish the workload before its longest request, so ``floor_s`` (plain
+    ``model.generate``) is its floor here. ``floor_engine_kernel_s`` is the same call inside
+    ``runner.engine_kernels()``, the matmul kernel the engines use (``engine.linear_kernel``):
+    the floor for an engine with that kernel. The two alternate, ``repeat`` times each.
+    """
+    longest = max(requests, key=lambda r: r.max_new_tokens)
+    ids, mask = runner.left_pad([list(longest.prompt_token_ids)])
+    kernel = runner.engine_kernels
+    times: dict[str, list[float]] = {"floor_s": [], "floor_engine_kernel_s": []}
+    for _ in range(repeat):
+        for key, kernels in (("floor_s", nullcontext), ("floor_engine_kernel_s", kernel)):
+            with kernels():
+                runner.synchronize()
+                t0 = time.perf_counter()
+                runner.generate(ids, mask, longest.max_new_tokens)
+                runner.synchronize()
+            times[key].append(time.perf_counter() - t0)
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
+def profile_host_overhead(runner, num_slots: int, contexts=(100, 2000)) -> dict:
+    """Share of continuous step time spent outside the model forward, at two context sizes.
+
+    Runs ``num_slots`` requests with 10-token prompts to their cap with ``ignore_eos`` until the
+    step context (cached tokens of all sequences) passes ``max(contexts)``; then, for each target,
+    averages steps whose context is within 10 % of it.
+    """
+    prompt = tuple(range(1000, 1010))
+    cap = max(contexts) // num_slots - len(prompt) + 50
+    requests = [Request(i, "profile", cap, prompt) for i in range(num_slots)]
+    engine = ContinuousEngine(runner, EngineConfig(num_slots, ignore_eos=True))
+    trace = engine.run(requests)
+    result = {}
+    for target in contexts:
+        steps = [s for s in trace.steps[1:] if abs(s.num_cached_tokens - target) <= 0.1 * target]
+        step_s = sum(s.duration_s for s in steps)
+        forward_s = sum(s.forward_s for s in steps)
+        result[str(target)] = {
+            "num_steps": len(steps),
+            "ms_per_step": 1000 * step_s / len(steps) if steps else None,
+            "host_overhead_pct": 100 * (step_s - forward_s) / step_s if step_s else None,
+        }
+    return result
+
+
+def write_json(args, loaded, results: dict, extra: dict, reference_kind: str | None) -> None:
+    """The bench's JSON document (fields in the README's "Benchmark" section) at ``--json``.
+
+    ``reference_kind``: the reference's class name (``ReferenceCache`` or ``SoloReference``).
+    """
+    doc = {
+        "model": loaded.name,
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "slots": args.slots,
+        "workload": args.workload,
+        "repeat": args.repeat,
+        "arrival": args.arrival,
+        "rate": args.rate if args.arrival == "poisson" else None,
+        "seed": args.seed if args.arrival == "poisson" else None,
+        "sampling_flags": _sampling_flags(args),
+        "batch_invariant": args.batch_invariant,
+        "engines": results,
+        **extra,
+        "reference": reference_kind,
+    }
+    Path(args.json_path).write_text(json.dumps(doc, indent=2))
