@@ -215,10 +215,11 @@ def _run(rows, num_slots, knobs: tuple, x_axis: str, previous, handle: RunHandle
     def work(watch: Callable) -> RunState:  # the status line shows progress, not a Gradio bar
         return run_engines(model, requests, config, options, lambda *a, **k: None, watch)
 
+    views = progress_view.LiveTimelines()  # timelines redrawn within a CPU budget
     with LiveRun(work, control) as live:
         while not live.wait(PROGRESS_INTERVAL_S):
             elapsed_s = time.monotonic() - started_s
-            yield progress_view.live_outputs(
+            yield views.outputs(
                 live.progress(), requests, config.num_slots, x_axis, elapsed_s, control.time_limit_s
             )
     yield from _finished_outputs(live, previous, x_axis)
