@@ -187,14 +187,8 @@ def run_event(
         return
     try:
         knobs = (chat_template, check_reference, kv_mode, token_budget, policy, compare_hf)
-        yield from _run(
-            rows,
-            num_slots,
-            (*knobs, arrival_rate, kv_budget_mib, block_size, prefix_caching, server_names),
-            x_axis,
-            previous,
-            handle,
-        )
+        knobs = (*knobs, arrival_rate, kv_budget_mib, block_size, prefix_caching, server_names)
+        yield from _run(rows, num_slots, knobs, x_axis, previous, handle)
     finally:
         handle.finish()
 
