@@ -186,14 +186,8 @@ def run_event(
         return
     try:
         knobs = (chat_template, check_reference, kv_mode, token_budget, policy, compare_hf)
-        yield from _run(
-            rows,
-            num_slots,
-            (*knobs, arrival_rate, kv_budget_mib, block_size, prefix_caching, server_names),
-            x_axis,
-            previous,
-            handle,
-        )
+        knobs = (*knobs, arrival_rate, kv_budget_mib, block_size, prefix_caching, server_names)
+        yield from _run(rows, num_slots, knobs, x_axis, previous, handle)
     finally:
         handle.finish()
 
@@ -214,10 +208,11 @@ def _run(rows, num_slots, knobs: tuple, x_axis: str, previous, handle: RunHandle
     def work(watch: Callable) -> RunState:  # the status line shows progress, not a Gradio bar
         return run_engines(model, requests, config, options, lambda *a, **k: None, watch)
 
+    views = progress_view.LiveTimelines()  # timelines redrawn within a CPU budget
     with LiveRun(work, control) as live:
         while not live.wait(PROGRESS_INTERVAL_S):
             elapsed_s = time.monotonic() - started_s
-            yield progress_view.live_outputs(
+            yield views.outputs(
                 live.progress(), requests, config.num_slots, x_axis, elapsed_s, control.time_limit_s
             )
     yield from _finished_outputs(live, previous, x_axis)

@@ -2,7 +2,9 @@
 
 It is the one module-level mutable object the house style allows: loaded lazily (``get_model``) or
 at start (``load_shared_model``), after the ``CBP_MODEL_ALLOWLIST`` check. Its ``lock`` is held by
-the run in progress, so runs never overlap on the model. Tests build their own ``SharedModel``.
+the run in progress, so runs never overlap on the model. It loads and warms up on the page's engine
+thread (``engine.page.engine_thread``), where every run goes too. Tests build their own
+``SharedModel``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
+from engine.page.engine_thread import ENGINE_THREAD
 from engine.page.servers import PageServers
 from engine.reference import ReferenceCache
 from engine.static import StaticEngine
@@ -66,9 +69,15 @@ def load_shared_model(
     """
     global _shared_model
     check_model_allowed(model)
-    _shared_model = SharedModel.from_loaded(load_model(model, device, dtype))
-    _shared_model.warm_up()
+    # On the engine thread, which runs every run too: torch keeps one OpenMP pool (engine_thread)
+    _shared_model = ENGINE_THREAD.call(_load_and_warm_up, model, device, dtype)
     return _shared_model
+
+
+def _load_and_warm_up(model: str | None, device: str | None, dtype: str | None) -> SharedModel:
+    shared = SharedModel.from_loaded(load_model(model, device, dtype))
+    shared.warm_up()
+    return shared
 
 
 def get_model() -> SharedModel:
