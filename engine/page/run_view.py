@@ -84,8 +84,8 @@ def outputs_table(rows: list[list], engine_names: list[str]) -> gr.Dataframe:
 def output_column_widths(engine_names: list[str]) -> list[str]:
     """The outputs table's column widths: request, prompt, cap, one per engine, the verdict and
     the prompt tokens from the prefix cache."""
-    output_width = f"{56 // len(engine_names)}%"
-    return ["7%", "16%", "5%", *[output_width] * len(engine_names), "8%", "8%"]
+    output_width = f"{55 // len(engine_names)}%"
+    return ["7%", "16%", "6%", *[output_width] * len(engine_names), "8%", "8%"]
 
 
 @dataclass
