@@ -1,6 +1,7 @@
 # Developer entry points. Everything runs from the repository's own virtual environment in .venv.
 #   make venv   create .venv and install the pinned requirements (fast when nothing changed)
-#   make run    start the playground (ARGS="--device cuda --port 7861" passes flags through)
+#   make run    start the playground (ARGS="--device cuda --port 7861" passes flags through;
+#               ARGS=--vllm also starts a local vLLM beside it, building .venv-vllm if needed)
 #   make test   full test suite, offline; installs Chromium for the browser tests when root and
 #               builds .venv-vllm (make vllm) for the vLLM tests
 #   make lint   ruff check and format check
@@ -56,7 +57,9 @@ $(VLLM_STAMP):
 	$(VLLM_BIN)/python -c "import vllm, transformers; print('vllm', vllm.__version__)"
 	touch $@
 
+# ARGS=--vllm also builds .venv-vllm first (minutes, once): the page starts vLLM from it.
 run: venv
+	$(if $(findstring --vllm,$(ARGS)),@$(MAKE) --no-print-directory vllm)
 	$(BIN)/python app.py $(ARGS)
 
 # Browser tests need Chromium; without it they are skipped, so the rest still runs.

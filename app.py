@@ -23,10 +23,12 @@ QUIET = {"show_progress": "hidden", **HIDDEN}
 parse_args = launch.parse_args  # the command line, documented in engine.page.launch
 
 
-def build_demo(model_label: str, dtypes=("float32", "bfloat16"), dtype="float32") -> gr.Blocks:
-    """The page: request editor and settings, timelines, step heatmaps, tables; it opens on the
-    shipped recording of the default preset (``engine.page.recording``). ``dtypes``: the
-    precisions offered, ``dtype`` the loaded model's."""
+def build_demo(
+    model_label: str, server_names: list[str] = (), dtypes=("float32", "bfloat16"), dtype="float32"
+) -> gr.Blocks:
+    """The page: request editor and settings, timelines, step heatmaps, tables, the host's
+    servers (by name only); it opens on the shipped recording (``engine.page.recording``).
+    ``dtypes``: the precisions offered, ``dtype`` the loaded model's."""
     rows, chat_template, preset_text = presets.apply_preset(presets.DEFAULT_PRESET)
     shown = recording.opening_result()
     with gr.Blocks(title=panels.TITLE) as demo:
@@ -35,8 +37,8 @@ def build_demo(model_label: str, dtypes=("float32", "bfloat16"), dtype="float32"
             with gr.Column(scale=3):
                 requests = panels.requests_panel(rows, preset_text)
             with gr.Column(scale=1):
-                settings = panels.settings_panel(chat_template, list(dtypes), dtype)
-        results = panels.results_panel(shown)
+                settings = panels.settings_panel(chat_template, server_names, list(dtypes), dtype)
+        results = panels.results_panel(shown, server_names)
         downloads = panels.downloads_panel()
         run_state = gr.State(shown.state if shown is not None else None)
         handle_state = gr.State(RunHandle())  # copied per session: its run, for Stop (run_handle)
@@ -85,7 +87,8 @@ def wire_setup(demo, requests, settings, results, run_state) -> None:
     """Links, presets, table edits, uploads and downloads: everything that sets a run up."""
     s = settings
     link_outputs = [s.preset_dropdown, requests.table, s.chat_checkbox, requests.preset_markdown]
-    demo.load(page_io.from_link, None, [*link_outputs, s.slots_slider], **HIDDEN)
+    link_outputs += [s.slots_slider, s.prefix_caching_checkbox]
+    demo.load(page_io.from_link, None, link_outputs, **HIDDEN)
     chosen = [requests.table, s.chat_checkbox, requests.preset_markdown, s.slots_slider]
     choose = {"api_name": "apply_preset"}  # the endpoint's name before it also set the slots
     s.preset_dropdown.input(presets.choose_preset, s.preset_dropdown, chosen, **choose)
@@ -93,6 +96,7 @@ def wire_setup(demo, requests, settings, results, run_state) -> None:
     edited = [s.preset_dropdown, requests.preset_markdown]
     requests.table.input(presets.table_edited, None, edited, **HIDDEN)
     link_query = [s.preset_dropdown, s.slots_slider, results.step_slider, run_state]
+    link_query.append(s.prefix_caching_checkbox)
     s.link_button.click(page_io.setup_query, link_query, s.link_textbox, **HIDDEN).then(
         None, s.link_textbox, s.link_textbox, js=page_io.COPY_LINK_JS
     )

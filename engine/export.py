@@ -1,6 +1,7 @@
 """Exports: take a run's data to other tools (spreadsheets, scripts, Perfetto).
 
-* ``requests_csv``: one row per (engine, request) with outputs and latency metrics;
+* ``requests_csv``: one row per (engine, request) with outputs, latency metrics and the request's
+  sampling settings (blank for greedy);
 * ``traces_json``: every trace, whole (steps, requests, metrics);
 * ``perfetto_trace``: Chrome trace-event JSON (the format ``chrome://tracing`` and Perfetto UI
   open as is: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU),
@@ -18,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from engine.sampling import FIELDS as SAMPLING_FIELDS
 from engine.trace import Trace
 
 CSV_FIELDS = [
@@ -36,6 +38,7 @@ CSV_FIELDS = [
     "finish_reason",
     "output_text",
     "num_cached_tokens",  # prompt tokens from the prefix cache (added last: old readers go on)
+    *SAMPLING_FIELDS,  # temperature, top_k, top_p, seed: blank for a greedy request (added last)
 ]
 STEPS_TID = 0  # the steps track; slot s is track s + 1
 
@@ -47,7 +50,8 @@ def requests_csv(traces: dict[str, Trace]) -> str:
     writer.writeheader()
     for name, trace in traces.items():
         for r in trace.requests:
-            row = {f: getattr(r, f, None) for f in CSV_FIELDS}
+            row = {f: getattr(r, f, None) for f in CSV_FIELDS if f not in SAMPLING_FIELDS}
+            row |= r.sampling.to_dict() if r.sampling is not None else {}
             row.update(engine=name, num_output_tokens=len(r.output_token_ids))
             writer.writerow(row)
     return out.getvalue()

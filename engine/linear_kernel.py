@@ -117,10 +117,54 @@ class OneDNNLinears:
         return onednn_linear(x, self.packed[module], module.bias)
 
 
+class UpcastOneDNNLinears:
+    """float32 oneDNN copies of half-precision weights, for CPUs where oneDNN has no half kernel.
+
+    oneDNN multiplies bfloat16 only with AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT; on an AVX2-only
+    CPU it refuses the weights, and torch's own bfloat16 matmul is a slow generic loop for more
+    than one row. Measured on this project's AVX2 EPYC, one pass over SmolLM2's 210 bfloat16
+    decoder weights, 1 thread, CPU ms (2026-12-01, machine shared, so only ratios hold):
+
+        rows M                          1      3      8     64
+        F.linear (bfloat16)          27.5   71.2  177.2 1386.8
+        skinny_linear (bfloat16)     54.5   78.1  185.3 1451.8
+        oneDNN, float32 copies       57.8   55.8   69.6  256.3
+
+    So: one row goes through ``F.linear`` on the half weight (a vectorized matrix-vector loop that
+    streams half the bytes), more rows through oneDNN on float32 copies of the same values (exact:
+    bfloat16 and float16 values are float32 values), the sums in float32 and the result rounded to
+    the input's dtype, as a half-precision matmul with float32 accumulation does.
+
+    Raises:
+        RuntimeError: oneDNN cannot pack or multiply one of these weights.
+    """
+
+    def __init__(self, linears: list[nn.Linear]):
+        self.packed = {module: onednn_pack(module.weight.float()) for module in linears}
+        self.biases = {m: None if m.bias is None else m.bias.detach().float() for m in linears}
+        self._versions = {module: module.weight._version for module in linears}
+        with torch.inference_mode():
+            for module, packed in self.packed.items():
+                onednn_linear(module.weight.new_zeros(2, module.in_features).float(), packed)
+
+    @property
+    def packed_bytes(self) -> int:
+        """Memory the float32 packed copies take (twice the half-precision weights, or more)."""
+        return sum(torch.ops.mkldnn._nbytes(p) for p in self.packed.values())
+
+    def forward(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """A ``LinearForward``: ``module(x)``, its sums in float32, in ``x``'s dtype."""
+        assert module.weight._version == self._versions[module], "weight changed after packing"
+        if x.numel() == x.shape[-1]:  # one row
+            return F.linear(x, module.weight, module.bias)
+        out = onednn_linear(x.float(), self.packed[module], self.biases[module])
+        return out.to(x.dtype)
+
+
 class Kernel(NamedTuple):
     """The engines' kernel for a model: its name, its ``LinearForward``, the memory it adds."""
 
-    name: str  # "onednn", "skinny", or "none" (no linears to route: CUDA, MPS)
+    name: str  # "onednn", "onednn_f32", "skinny", or "none" (no linears to route: CUDA, MPS)
     forward: LinearForward
     extra_bytes: int
 
@@ -152,8 +196,9 @@ def on_x86() -> bool:
 def best_kernel(linears: list[nn.Linear], choice: str = "auto") -> Kernel:
     """The fastest kernel that works here for ``linears``, or ``skinny`` if ``choice`` says so.
 
-    ``"onednn"`` (packed copies, ``extra_bytes`` of them) on x86 where oneDNN takes every weight,
-    else ``"skinny"`` (no extra memory); ``"none"`` for no linears.
+    ``"onednn"`` (packed copies, ``extra_bytes`` of them) on x86 where oneDNN takes every weight;
+    for half-precision weights oneDNN refuses (bfloat16 on an AVX2-only CPU), ``"onednn_f32"``
+    (``UpcastOneDNNLinears``); else ``"skinny"`` (no extra memory); ``"none"`` for no linears.
     """
     if not linears:
         return Kernel("none", skinny_forward, 0)
@@ -162,8 +207,19 @@ def best_kernel(linears: list[nn.Linear], choice: str = "auto") -> Kernel:
     try:
         onednn = OneDNNLinears(linears)
     except RuntimeError:
-        return SKINNY
+        return _upcast_kernel(linears)
     return Kernel("onednn", onednn.forward, onednn.packed_bytes)
+
+
+def _upcast_kernel(linears: list[nn.Linear]) -> Kernel:
+    """``"onednn_f32"`` for half-precision weights oneDNN refused, where it takes float32 ones."""
+    if linears[0].weight.dtype not in (torch.bfloat16, torch.float16):
+        return SKINNY
+    try:
+        upcast = UpcastOneDNNLinears(linears)
+    except RuntimeError:
+        return SKINNY
+    return Kernel("onednn_f32", upcast.forward, upcast.packed_bytes)
 
 
 def linear_modules(model: nn.Module) -> list[nn.Linear]:

@@ -19,7 +19,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from engine import attention, invariant, linear_kernel, token_logits
+from engine import attention, fused_layers, invariant, linear_kernel, token_logits
 from engine.kv_cache import ConcatKVCache, PagedKVCache, SlotKVCache, kv_bytes_per_token
 from engine.packed_batch import PackedBatch
 from engine.sampler import HF_SAMPLING_PLACEHOLDERS, forked_rng, generate_options
@@ -29,7 +29,8 @@ class ModelRunner:
     """Wraps a ``engine.loader.LoadedModel``; see the module docstring.
 
     Raises:
-        ValueError: ``CBP_ENGINE_KERNEL`` is set to something other than ``auto`` or ``skinny``.
+        ValueError: ``CBP_ENGINE_KERNEL`` is set to something other than ``auto`` or ``skinny``,
+            or ``CBP_FUSED_LAYERS`` to something other than ``auto`` or ``off``.
     """
 
     def __init__(self, loaded):
@@ -44,6 +45,9 @@ class ModelRunner:
         cpu = self.device.type == "cpu"
         self._linears = linear_kernel.linear_modules(self.model) if cpu else []
         self._kernel_choice = linear_kernel.requested_kernel()  # ValueError: a bad host setting
+        # forward_packed through engine.fused_layers where they apply; ValueError: a bad setting
+        self.use_fused_layers = fused_layers.requested()
+        self.decoder_layer_steps = {"fused": 0, "transformers": 0}  # forward_packed calls by path
         attention.register()
 
     def engine_kernels(self, batch_invariant: bool = False):
@@ -98,8 +102,29 @@ class ModelRunner:
 
     @property
     def engine_kernel_bytes(self) -> int:
-        """Memory the engines' kernel adds (oneDNN's packed weight copies), in bytes."""
-        return self._kernel.extra_bytes
+        """Memory the engines' kernels add (oneDNN's packed weight copies, and the fused
+        decoder's stacked copies once the continuous engine has made them), in bytes."""
+        fused = self.__dict__.get("fused_decoder")
+        return self._kernel.extra_bytes + (fused.extra_bytes if fused is not None else 0)
+
+    @property
+    def decoder_layers(self) -> str | None:
+        """Which layers ``forward_packed`` ran since ``decoder_layer_steps`` was last reset:
+        ``"fused"``, ``"transformers"``, ``"mixed"`` (batch-invariant steps among fused ones),
+        or None (no step)."""
+        ran = [name for name, steps in self.decoder_layer_steps.items() if steps]
+        return None if not ran else ran[0] if len(ran) == 1 else "mixed"
+
+    @functools.cached_property
+    def fused_decoder(self) -> fused_layers.FusedDecoder | None:
+        """The continuous engine's fused layers (``engine.fused_layers``), made on first use;
+        None where they do not apply (not a CPU, not a Llama-style model, no linear kernel)."""
+        if not self._linears or fused_layers.unsupported_reason(self.model) is not None:
+            return None
+        try:
+            return fused_layers.FusedDecoder(self.model, self._kernel.name)
+        except RuntimeError:  # oneDNN refused a stacked weight: the model's own layers
+            return None
 
     @functools.cached_property
     def _kernel(self) -> linear_kernel.Kernel:
@@ -168,18 +193,33 @@ class ModelRunner:
             self.engine_kernels(batch.invariant),
             self._attention(attention.PACKED_ATTENTION),
         ):
-            logits = self.model(
-                input_ids=batch.input_ids,
-                position_ids=batch.position_ids,
-                use_cache=False,
-                logits_to_keep=batch.logits_indices,
-                packed_batch=batch,
-            ).logits  # (1, S, V)
+            logits = self._logits(batch)  # (1, S, V)
             tokens = logits[0].argmax(dim=-1).tolist()
             for i, sampler in enumerate(samplers or ()):
                 if sampler is not None:
                     tokens[i] = sampler.sample(logits[0, i], len(batch.seqs[i].output_token_ids))
         return tokens
+
+    def _logits(self, batch: PackedBatch) -> torch.Tensor:
+        """The packed row's logits at ``batch.logits_indices``: through the fused layers where
+        they apply (not for a batch-invariant batch), else through the model's own layers.
+
+        Shapes:
+            batch.input_ids: [1, T]  ->  returns [1, S, V]
+        """
+        fused = self.fused_decoder if self.use_fused_layers else None
+        if fused is not None and not getattr(batch, "invariant", False):
+            self.decoder_layer_steps["fused"] += 1
+            hidden = fused.hidden_states(batch)  # (1, S, d)
+            return self.model.get_output_embeddings()(hidden)  # (1, S, V)
+        self.decoder_layer_steps["transformers"] += 1
+        return self.model(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            use_cache=False,
+            logits_to_keep=batch.logits_indices,
+            packed_batch=batch,
+        ).logits  # (1, S, V)
 
     @contextlib.contextmanager
     def _attention(self, name: str):

@@ -1,8 +1,11 @@
 """An engine that is a server: any OpenAI-compatible ``/v1/completions``, driven like a client.
 
 The server does the batching; this engine only plays the workload at it. Each request is sent at
-its arrival time, greedy (``temperature=0``) and streamed (``stream=true``) with ``max_tokens`` set
-to its cap, and every request that has arrived is in flight at once. Per request it records, on
+its arrival time, greedy (``temperature=0``) or with its own sampling settings (``temperature``,
+``top_k``, ``top_p``, ``seed``, as vLLM's completions take them), streamed (``stream=true``) with
+``max_tokens`` set to its cap, and every request that has arrived is in flight at once. A sampled
+request draws from the server's random stream, not ours: its record is ``comparable=False``, and
+the reference check says "not compared" for it. Per request it records, on
 the client's clock: when it was sent (``admit_s``), its first token, each token
 (``token_times_s``) and its finish (the last token, set once the stream has ended). The server
 hides its slots, so the trace has no steps: lanes are per request, from sent to first token
@@ -64,6 +67,11 @@ class OpenAIEngine:
             self._info.settings.update(self.settings)
         return self._info
 
+    @property
+    def probed(self) -> ServerInfo | None:
+        """What the last successful probe learned; None before one (or after a restart)."""
+        return self._info
+
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
         """Play ``requests`` at the server. ``on_step`` is never called (no steps are seen).
 
@@ -77,6 +85,7 @@ class OpenAIEngine:
         trace.requests = new_request_records(requests)
         trace.info = {"server": info.to_dict()}
         trace.warnings = list(info.warnings)
+        self._mark_sampled(trace, requests, info)
         t0 = time.perf_counter()
         sampler = MetricsSampler(self.endpoint.url, t0, trace=trace)
         try:
@@ -89,6 +98,17 @@ class OpenAIEngine:
             trace.wall_s = max((r.finish_s or 0.0) for r in trace.requests) if requests else 0.0
             trace.info["server"] = {**trace.info["server"], "metrics_note": sampler.note}
         return trace
+
+    def _mark_sampled(self, trace: Trace, requests: list[Request], info: ServerInfo) -> None:
+        """Sampled requests draw from the server's random stream: not comparable with ours; and
+        a warning where their top_k cannot be sent."""
+        for rec, request in zip(trace.requests, requests, strict=True):
+            rec.comparable = not request.is_sampled
+        if not _takes_top_k(info) and any(r.is_sampled and r.sampling.top_k for r in requests):
+            trace.warnings.append(
+                f"{self.name} does not take top_k (vLLM's extension of the OpenAI API): its "
+                "sampled requests ran without their top_k limit."
+            )
 
     def _drive(self, requests, trace: Trace, t0: float, on_wait) -> None:
         """Run the streams on a loop thread; poll ``on_wait`` here until they are done."""
@@ -190,6 +210,8 @@ class OpenAIEngine:
             "temperature": 0,
             "stream": True,
         }
+        if request.is_sampled:
+            body |= _sampling_body(request.sampling, top_k=_takes_top_k(info))
         if info.model is not None:
             body["model"] = info.model
         if info.returns_token_ids:
@@ -245,6 +267,23 @@ class OpenAIEngine:
         rec.output_text = tokenizer.decode(tokens, skip_special_tokens=True)
         rec.finish_s = rec.token_times_s[-1] if rec.token_times_s else rec.admit_s
         rec.finish_reason = "eos" if finish == "stop" else str(finish)
+
+
+def _takes_top_k(info: ServerInfo) -> bool:
+    """Whether the server takes ``top_k``, vLLM's extension of the OpenAI API: servers with
+    vLLM's ``/version`` (vLLM, SGLang) do; others (``transformers serve``) refuse the field."""
+    return info.version is not None
+
+
+def _sampling_body(sampling, top_k: bool) -> dict:
+    """A sampled request's settings as completions fields; top_k (where the server takes it) and
+    top_p only when they limit."""
+    body = {"temperature": sampling.temperature, "seed": sampling.seed}
+    if top_k and sampling.top_k > 0:
+        body["top_k"] = sampling.top_k
+    if sampling.top_p < 1:
+        body["top_p"] = sampling.top_p
+    return body
 
 
 def endpoint_engines(loaded, num_slots: int, environ=None, reserved=()) -> dict[str, OpenAIEngine]:

@@ -10,8 +10,9 @@ request per variant, best first, and keeps the first the server accepts:
 3. prompt as text.
 
 It also reads ``/v1/models`` and ``/version``, and checks that the served model is the one loaded
-here: if not, a warning says the output comparison means nothing. An unreachable server raises
-``EndpointError`` here, before any run.
+here: if not, a warning says the output comparison means nothing, and prompts and outputs go as
+text (the server's tokenizer is another, so our token ids would be other words to it). An
+unreachable server raises ``EndpointError`` here, before any run.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class ServerInfo:
     returns_token_ids: bool  # output ids from the server (else the text is re-tokenized here)
     warnings: list[str] = field(default_factory=list)
     settings: dict = field(default_factory=dict)  # the local vLLM's flags, when we started it
+    # the served model is the loaded one (True), another (False), or unknown (None): only with
+    # the same model do its outputs mean anything against the reference
+    same_model: bool | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -53,6 +57,7 @@ class ServerInfo:
             "prompt_format": "token_ids" if self.prompt_token_ids else "text",
             "output_token_ids": "server" if self.returns_token_ids else "retokenized",
             "settings": dict(self.settings),
+            "same_model": self.same_model,
         }
 
 
@@ -105,8 +110,11 @@ def probe(endpoint: Endpoint, loaded) -> ServerInfo:
         version=version if isinstance(version, str) else None,
         prompt_token_ids=as_ids,
         returns_token_ids=any(_choice(c).get("token_ids") is not None for c in chunks),
+        same_model=None if served is None else model_key(served) in keys,
     )
     info.warnings += _model_warnings(endpoint, served, keys, loaded)
+    if info.same_model is False:  # its tokenizer is another: our token ids would be other words
+        info.prompt_token_ids = info.returns_token_ids = False
     return info
 
 

@@ -15,7 +15,7 @@ from engine.openai_engine import OpenAIEngine
 from engine.openai_probe import ServerInfo
 from engine.sequence import Request
 from engine.trace import Trace
-from engine.vllm_server import VllmServer, settings_for
+from engine.vllm_server import MAX_MODEL_LEN, VllmServer, settings_for
 
 
 class VllmEngine(OpenAIEngine):
@@ -29,9 +29,15 @@ class VllmEngine(OpenAIEngine):
         enforce_eager: bool = False,
         name: str = "vllm",
         venv: str | None = None,
+        max_model_len: int = MAX_MODEL_LEN,
     ):
-        """Raises ValueError: no ``.venv-vllm`` (``make vllm``) or nothing vLLM could load."""
-        settings = settings_for(loaded, num_slots, enforce_eager=enforce_eager)
+        """``max_model_len``: the longest request (prompt and output tokens) the server takes;
+        its KV cache is sized for that many tokens per slot.
+
+        Raises ValueError: no ``.venv-vllm`` (``make vllm``) or nothing vLLM could load."""
+        settings = settings_for(
+            loaded, num_slots, enforce_eager=enforce_eager, max_model_len=max_model_len
+        )
         self.server = VllmServer(settings, venv)
         super().__init__(self.server.endpoint(name), loaded, num_slots)
 

@@ -274,6 +274,7 @@ def _bench(args, loaded, runner, requests, engines: dict, normal: dict) -> int:
     warm_up(engines | normal, requests, failures)
     source, reference = _reference(args, runner, requests)
     memory = PeakMemory(loaded.device)
+    runner.decoder_layer_steps = dict.fromkeys(runner.decoder_layer_steps, 0)  # timed runs only
     traces, peaks = run_engines(engines | normal, requests, args.repeat, memory, failures)
     normal_results = {n.removesuffix(NORMAL): engine_result(traces.pop(n), None) for n in normal}
     results = {n: engine_result(runs, reference, peaks[n]) for n, runs in traces.items()}
@@ -285,6 +286,8 @@ def _bench(args, loaded, runner, requests, engines: dict, normal: dict) -> int:
         "weight_read_ms": weight_read_ms(loaded.model, runner.synchronize),
         "engine_kernel": runner.engine_kernel_name,
         "engine_kernel_bytes": runner.engine_kernel_bytes,
+        "decoder_layers": runner.decoder_layers,  # which layers the timed steps ran
+        "decoder_layer_steps": dict(runner.decoder_layer_steps),
     }
     print_report(args, results, normal_results, extra, (medians, failures, engines))
     optional_measures(args, runner, requests, extra)

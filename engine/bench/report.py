@@ -94,6 +94,9 @@ def print_report(args, results, normal_results, extra, run) -> None:
         f"engines' matmul kernel: {extra['engine_kernel']} "
         f"(+{extra['engine_kernel_bytes'] / 1e6:.0f} MB of packed weights)"
     )
+    if extra["decoder_layers"] is not None:  # engine.fused_layers, or transformers' own layers
+        steps = ", ".join(f"{n} {k}" for n, k in extra["decoder_layer_steps"].items() if k)
+        print(f"continuous engines' decoder layers: {extra['decoder_layers']} (steps: {steps})")
     print(
         f"weight read (the decode-step limit): {extra['weight_bytes'] / 1e6:.0f} MB in "
         f"{extra['weight_read_ms']:.1f} ms"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gradio as gr
 
 from engine.divergence import MATCH, NEAR_TIE, NUM_SHOWN
+from engine.reference import NOT_COMPARED_TEXT
 
 NOT_AVAILABLE = "—"
 CHOSEN = " ← chosen"  # marks, in the top 5, the token a run chose
@@ -71,26 +72,39 @@ def counts(entries: dict[int, dict]) -> tuple[int, int, int]:
     return num_match, num_tie, len(kinds) - num_match - num_tie
 
 
+def verdict_label(verdicts: dict[str, dict[int, dict]], engine: str, request_id: int) -> str:
+    """One engine's label for a request: "✓", "≈ near-tie at token 17", ... or "not compared"."""
+    entry = verdicts[engine].get(request_id)
+    return NOT_COMPARED if entry is None else entry["label"]
+
+
+def join_labels(labels: dict[str, str]) -> str:
+    """The outputs table's verdict cell: "✓" when every compared engine matches, else each
+    one's, e.g. "static ✓ · continuous ≈ near-tie at token 17"; then the engines that sampled
+    the request with a generator of their own, as "· hf_continuous: ... not compared"."""
+    skipped = [name for name, label in labels.items() if label == NOT_COMPARED]
+    shown = {name: label for name, label in labels.items() if label != NOT_COMPARED}
+    text = " · ".join(f"{name} {label}" for name, label in shown.items())
+    text = "✓" if all(label == "✓" for label in shown.values()) else text
+    return text + (f" · {' and '.join(skipped)}: {NOT_COMPARED_TEXT}" if skipped else "")
+
+
 def verdict_cell(verdicts: dict[str, dict[int, dict]], request_id: int) -> str:
-    """The outputs table's verdict for one request: "✓" when every engine matches, else each
-    engine's, e.g. "static ✓ · continuous ≈ near-tie at token 17"."""
-    labels = {
-        name: entries[request_id]["label"] if request_id in entries else NOT_COMPARED
-        for name, entries in verdicts.items()
-    }
-    if all(label == "✓" for label in labels.values()):
-        return "✓"
-    return " · ".join(f"{name} {label}" for name, label in labels.items())
+    """``join_labels`` of every judged engine's label for one request."""
+    return join_labels({name: verdict_label(verdicts, name, request_id) for name in verdicts})
 
 
-def verdict_summary(verdicts: dict[str, dict[int, dict]], reference_name: str) -> str:
+def verdict_summary(
+    verdicts: dict[str, dict[int, dict]], reference_name: str, some_not_compared: bool = False
+) -> str:
     """The status line's verdicts: "✓ all match `model.generate` token for token" (bitwise, in
     batch-invariant mode, when the logits were too), else the counts per engine, e.g.
     "against `model.generate`: static 6 ✓ 0 ≈ 0 ✗ · continuous 4 ✓ 2 ≈ 0 ✗"."""
     if all(counts(e)[0] == len(e) for e in verdicts.values()):
         equal = [e["logits_equal"] for v in verdicts.values() for e in v.values()]
         bitwise = ", logits bitwise equal" if equal and all(equal) else ""
-        return f"✓ all match {reference_name} token for token{bitwise}"
+        every = "all compared outputs match" if some_not_compared else "all match"
+        return f"✓ {every} {reference_name} token for token{bitwise}"
     parts = []
     for name, entries in verdicts.items():
         num_match, num_tie, num_differs = counts(entries)

@@ -1,21 +1,23 @@
-"""A live run: the engines in a worker thread, watched step by step, so the page can stream.
+"""A live run: the engines on the engine thread, watched step by step, so the page can stream.
 
 The Run handler is a generator. It cannot call the engines itself: Gradio stops a generator only
 between two of its yields (Stop button, closed tab), and a run can last minutes. So ``LiveRun``
-runs the work in one worker thread, and the handler polls it every fraction of a second and yields
-what it sees. The work calls ``watch(engine, trace)`` after every engine step, and
-``watch(engine, trace, waiting=True)`` every fraction of a second while an engine waits for requests
-to arrive; ``watch`` checks the ``RunControl`` (raising ``RunCancelled`` or ``RunTimedOut``, which
-unwinds the engine within one step or wait slice) and keeps a cheap snapshot of the engine's trace
-for the page.
+runs the work on the page's engine thread (``engine.page.engine_thread``: the one thread that also
+loaded the model, so torch has one OpenMP pool, as in the bench), and the handler polls it every
+fraction of a second and yields what it sees. The work calls ``watch(engine, trace)`` after every
+engine step, and ``watch(engine, trace, waiting=True)`` every fraction of a second while an engine
+waits for requests to arrive; ``watch`` checks the ``RunControl`` (raising ``RunCancelled`` or
+``RunTimedOut``, which unwinds the engine within one step or wait slice) and keeps a cheap snapshot
+of the engine's trace for the page.
 
-A stopped run keeps no reference to its engines, so their KV cache is freed as the worker ends.
-The worker runs in a copy of the caller's ``contextvars`` context, so ``gr.Progress`` still
+A stopped run keeps no reference to its engines, so their KV cache is freed as the work ends.
+The work runs in a copy of the caller's ``contextvars`` context, so ``gr.Progress`` still
 reports to the right event.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextvars
 import copy
 import dataclasses
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from engine.page.engine_thread import ENGINE_THREAD
 from engine.run_control import RunControl, RunStopped
 from engine.trace import Trace
 
@@ -42,6 +45,7 @@ class EngineProgress:
     num_requests: int = 0
     trace: Trace | None = None  # a snapshot: every finished request in, steps <= 0.5 s old
     waiting: bool = False  # the engine is waiting for requests to arrive
+    note: str | None = None  # what a server engine is waiting for ("starting the server (12 s)")
 
 
 def snapshot(trace: Trace) -> Trace:
@@ -59,7 +63,7 @@ def snapshot(trace: Trace) -> Trace:
 
 
 class LiveRun:
-    """Runs ``work(watch)`` in a worker thread; see the module docstring.
+    """Runs ``work(watch)`` on the engine thread; see the module docstring.
 
     Use it as a context manager: leaving the block (also by ``GeneratorExit`` when Gradio closes
     the handler) asks the worker to stop at its next step.
@@ -73,23 +77,27 @@ class LiveRun:
         self._last_snapshot_s: dict[str, float] = {}
         self._value: Any = None
         self._error: BaseException | None = None
-        context = contextvars.copy_context()
-        self._thread = threading.Thread(
-            target=context.run, args=(self._main,), name="cbp-live-run", daemon=True
-        )
+        self._context = contextvars.copy_context()
+        self._future: concurrent.futures.Future | None = None
 
     def __enter__(self) -> LiveRun:
-        self._thread.start()
+        self._future = ENGINE_THREAD.submit(self._context.run, self._main)
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.control.stop()  # no-op for a finished run; the worker ends within one step otherwise
 
     def watch(
-        self, engine: str, trace: Trace | None, done: bool = False, waiting: bool = False
+        self,
+        engine: str,
+        trace: Trace | None,
+        done: bool = False,
+        waiting: bool = False,
+        note: str | None = None,
     ) -> None:
         """Called by the work after each step of ``engine``, with ``done`` after its last, and with
-        ``waiting`` (no step ran) while it waits for requests to arrive.
+        ``waiting`` (no step ran) while it waits for requests to arrive or for a server (``note``
+        says what for; a server engine's trace comes with it as its streams go).
 
         Raises:
             RunStopped: the run should stop (see ``RunControl.check``).
@@ -99,6 +107,7 @@ class LiveRun:
         with self._lock:
             entry = self._progress.setdefault(engine, EngineProgress(engine))
             entry.waiting = waiting
+            entry.note = note
             if done and trace is not None:
                 entry.num_steps = len(trace.steps)
             elif not waiting:
@@ -115,8 +124,9 @@ class LiveRun:
 
     def wait(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds; True once the work ended (done, failed or stopped)."""
-        self._thread.join(timeout_s)
-        return not self._thread.is_alive()
+        assert self._future is not None, "wait() outside the with block"
+        concurrent.futures.wait([self._future], timeout_s)
+        return self._future.done()
 
     def progress(self) -> dict[str, EngineProgress]:
         """Each engine's progress so far, by engine name, in the order they started."""
@@ -130,7 +140,7 @@ class LiveRun:
             RunStopped: the run was cancelled or timed out.
             Exception: whatever the work raised.
         """
-        assert not self._thread.is_alive(), "result() before the run ended"
+        assert self._future is not None and self._future.done(), "result() before the run ended"
         if self._error is not None:
             raise self._error
         return self._value

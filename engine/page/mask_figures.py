@@ -4,6 +4,7 @@ Built from an ``engine.trace.Trace`` alone, through the same mask functions the 
 (``engine.masks``), so what the page draws is what the engine computed. A heatmap never hands the
 browser more than ``MAX_HEATMAP_CELLS`` cells: bigger masks are max-pooled into tiles, and the
 subtitle says so. Where two requests in one mask share a colour (ids seven apart), both are named.
+Keys a sequence took from the prefix cache are drawn paler (``prefix_cached_keys``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ import math
 import plotly.graph_objects as go
 import torch
 
-from engine.masks import block_diagonal_causal_mask, packed_layout, padded_wave_mask
+from engine.masks import (
+    PackedLayout,
+    block_diagonal_causal_mask,
+    packed_layout,
+    padded_wave_mask,
+)
 from engine.page.style import TEXT_COLOR, PageFigure, _discrete_scale, _style, request_color
 from engine.trace import IDLE, PREFILL, StepRecord, Trace
 
@@ -21,6 +27,7 @@ PAD_COLOR = "#c8c8c8"  # static mask: cells of left-padding tokens
 IDLE_ROW_COLOR = "#6e6e6e"  # static mask: attention of a row whose request already finished
 MAX_HEATMAP_CELLS = 512 * 4096
 MAX_QUERY_CELLS, MAX_KEY_CELLS = 512, 4096  # tile sizes are chosen to fit this box
+PREFIX_MARK = "*"  # after the label of a key column taken from the prefix cache: "R3 pos 12*"
 SMALL_GRID_CELLS = 80  # heatmaps up to this many cells a side get a 1-px gap between cells
 
 
@@ -73,6 +80,9 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
 
     Rows are query tokens in packed order, columns keys laid out ``[all cached | all new]`` as in
     ``engine.masks``; a cell is coloured by the sequence that owns it where attention is allowed.
+    Key columns whose keys came from the prefix cache (a sequence's first
+    ``num_prefix_cached_tokens``, computed by an earlier request) are drawn in a paler shade
+    of that colour and named so in their hover.
     """
     step = trace.steps[step_index]
     layout = packed_layout(
@@ -81,17 +91,13 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
     mask = block_diagonal_causal_mask(layout)  # (T, T_kv)
     num_q, num_kv = mask.shape
     codes = torch.where(mask, layout.q_seq[:, None].expand_as(mask), -1)  # (T, T_kv)
+    from_cache = prefix_cached_keys(step, layout)  # (T_kv,)
+    codes = torch.where(mask & from_cache[None, :], codes + len(step.seqs), codes)
     names = [f"R{s.request_id}" for s in step.seqs]
     fq, fk = _tile_factors(num_q, num_kv)
     if (fq, fk) == (1, 1):
-        y = [
-            f"{names[s]} pos {p}"
-            for s, p in zip(layout.q_seq.tolist(), layout.q_pos.tolist(), strict=True)
-        ]
-        x = [
-            f"{names[s]} pos {p}"
-            for s, p in zip(layout.k_seq.tolist(), layout.k_pos.tolist(), strict=True)
-        ]
+        y = _token_labels(names, layout.q_seq, layout.q_pos)
+        x = _token_labels(names, layout.k_seq, layout.k_pos, from_cache)
         hover, note = "query %{y} → key %{x}", None
     else:
         codes = _max_pool(codes, fq, fk)
@@ -99,6 +105,7 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
         hover = "queries %{y} → keys %{x}"
         note = f"aggregated: each cell is a {fq}×{fk} tile of tokens"
     colors = [request_color(s.request_id) for s in step.seqs]
+    colors += [paler(c) for c in colors]  # the same requests' keys from the prefix cache
     fig = PageFigure(_heatmap(codes, x, y, colors, hover))
     if layout.num_cached_keys > 0:
         fig.add_vline(
@@ -114,11 +121,45 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
         f"{num_q} {'query' if num_q == 1 else 'queries'} × {num_kv} keys · "
         f"{n_prefill} prefill + {len(step.seqs) - n_prefill} decode"
     ) + (f"<br>{note}" if note else "")
+    num_from_cache = int(from_cache.sum())
+    if num_from_cache:
+        subtitle += (
+            f"<br>pale key columns (pos{PREFIX_MARK}): {num_from_cache} keys from the prefix cache"
+        )
     starts = [sum(q.num_new_tokens for q in step.seqs[:i]) for i in range(len(step.seqs))]
     _mark_repeated_colours(
         fig, [(q.request_id, a // fq) for q, a in zip(step.seqs, starts, strict=True)]
     )
     return _mask_axes(_style(fig, title, subtitle), "keys: cached | this step's new tokens")
+
+
+def _token_labels(names: list[str], seq, pos, from_cache=None) -> list[str]:
+    """Axis labels "R3 pos 12" per token; ``PREFIX_MARK`` after keys from the prefix cache."""
+    cached = from_cache.tolist() if from_cache is not None else [False] * len(seq)
+    return [
+        f"{names[s]} pos {p}" + (PREFIX_MARK if c else "")
+        for s, p, c in zip(seq.tolist(), pos.tolist(), cached, strict=True)
+    ]
+
+
+def prefix_cached_keys(step: StepRecord, layout: PackedLayout) -> torch.Tensor:
+    """Which key columns of a packed step hold keys taken from the prefix cache: per sequence,
+    its first ``num_prefix_cached_tokens`` positions (always among its cached keys).
+
+    Shapes:
+        returns: [T_kv] bool
+    """
+    prefix = torch.tensor([s.num_prefix_cached_tokens for s in step.seqs], dtype=torch.long)
+    assert all(s.num_prefix_cached_tokens <= s.num_cached_tokens for s in step.seqs), (
+        "prefix-cached keys must be cached keys"
+    )
+    return layout.k_pos < prefix[layout.k_seq]  # (T_kv,)
+
+
+def paler(hex_color: str, share: float = 0.55) -> str:
+    """``hex_color`` mixed with ``share`` white: the same hue, lighter ("#0072B2" -> "#8cc0dc")."""
+    rgb = [int(hex_color[i : i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(c + (255 - c) * share):02x}" for c in rgb)
 
 
 def _mark_repeated_colours(fig: go.Figure, bands: list[tuple[int, int]]) -> None:

@@ -1,13 +1,15 @@
 """The page's links and workload files: what a workshop teacher hands out and what people take home.
 
-* Links that reproduce a setup: ``?preset=SLUG&slots=N&step=N``. ``from_link`` applies the preset
-  and the slot count when the page opens; ``step`` cannot be shown before a run exists, so
+* Links that reproduce a setup: ``?preset=SLUG&slots=N&step=N``, and ``&prefix_caching=1`` when
+  that toggle is on (links without it keep working, the toggle off). ``from_link`` applies the
+  preset, the slot count and the toggle when the page opens; ``step`` cannot be shown before a
+  run exists, so
   ``link_step`` keeps it and ``apply_link_step`` moves the step slider there once, after the
   first run (later runs start at their default step again). A value the page cannot use is named
   in a warning, with what the page uses instead. ``setup_query`` writes such a query for the
   current page; the page adds its own address in the browser.
-* Workload files: ``upload_workload`` fills the request table from a CSV or JSONL file;
-  ``table_files`` writes the table as both.
+* Workload files: ``upload_workload`` fills the request table from a CSV or JSONL file, sampling
+  settings included; ``table_files`` writes the table as both (``engine.workload_files``).
 
 Handlers are plain functions. Bad input is told in a warning toast whose message names the file
 line or table row, and changes nothing on the page; a ``gr.Error`` would also lay an error badge
@@ -24,6 +26,7 @@ import gradio as gr
 
 from engine import workload_files
 from engine.page import presets
+from engine.sampling import samples
 from engine.workload import parse_table
 
 MAX_SLOTS = 16  # the slot slider's maximum
@@ -47,11 +50,14 @@ LEAVE_QUEUE_JS = """(reply) => {
 }"""
 
 
-def setup_query(preset_name: str | None, num_slots, step_index, state) -> str:
+def setup_query(
+    preset_name: str | None, num_slots, step_index, state, prefix_caching: bool = False
+) -> str:
     """The query string that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12``.
 
     The preset is left out when the table is not a preset (after an upload); the step only when a
-    run exists. An edited table is not in the link: only presets travel by link.
+    run exists; ``prefix_caching=1`` only when the toggle is on (a link without it: off, as
+    before the toggle existed). An edited table is not in the link: only presets travel by link.
     """
     params = {}
     preset = presets.load_presets().get(preset_name or "")
@@ -60,18 +66,22 @@ def setup_query(preset_name: str | None, num_slots, step_index, state) -> str:
     params["slots"] = int(num_slots or 1)
     if state is not None:
         params["step"] = int(step_index or 0)
+    if prefix_caching:
+        params["prefix_caching"] = 1
     return "?" + urlencode(params)
 
 
 def from_link(request: gr.Request) -> tuple:
-    """Preset the page from its link: ``?preset=SLUG&slots=N``; a bad value is named in a warning.
-    A preset without ``slots`` brings the slot count its explanation speaks of.
+    """Preset the page from its link: ``?preset=SLUG&slots=N&prefix_caching=1``; a bad value is
+    named in a warning. A preset without ``slots`` brings the slot count its explanation speaks of.
 
-    Returns updates for the preset dropdown, request table, chat checkbox, preset text and slots
-    (``gr.skip()`` where the link sets nothing usable: the page keeps its defaults).
+    Returns updates for the preset dropdown, request table, chat checkbox, preset text, slots and
+    the prefix-caching toggle (``gr.skip()`` where the link sets nothing usable: the page keeps
+    its defaults).
     """
     params = _query_params(request)
-    updates = [gr.skip()] * 5
+    updates = [gr.skip()] * 6
+    updates[5] = _link_flag(params, "prefix_caching")
     preset = params.get("preset", "").strip()
     name = presets.by_slug(preset) if preset else None
     if name is not None:
@@ -91,6 +101,19 @@ def from_link(request: gr.Request) -> tuple:
         why = f"not a whole number from 1 to {MAX_SLOTS}; using {fallback or DEFAULT_SLOTS} slots"
         _warn_link("slots", slots, why)
     return tuple(updates)
+
+
+def _link_flag(params: dict[str, str], name: str):
+    """A link's on/off value: ``1``/``true``/``on`` -> True, ``0``/``false``/``off`` -> False;
+    ``gr.skip()`` when absent or unreadable (named in a warning)."""
+    value = params.get(name, "").strip()
+    if value.lower() in ("1", "true", "on", "yes"):
+        return True
+    if value.lower() in ("0", "false", "off", "no"):
+        return False
+    if value:
+        _warn_link(name, value, "use 1 (on) or 0 (off); the page keeps it off")
+    return gr.skip()
 
 
 def link_step(request: gr.Request) -> int | None:
@@ -125,9 +148,11 @@ def upload_workload(path: str | None) -> tuple:
         gr.Warning(str(exc), title="Not loaded")
         return gr.skip(), gr.skip(), gr.skip()
     arrivals = sum(spec.arrival_s > 0 for spec in specs)
+    sampled = sum(samples(spec.sampling) for spec in specs)
     text = f"Uploaded {len(specs)} request{'s' if len(specs) != 1 else ''}"
-    text += f", {arrivals} arriving after t = 0." if arrivals else "."
-    return workload_files.table_rows(specs), None, text
+    text += f", {arrivals} arriving after t = 0" if arrivals else ""
+    text += f", {sampled} sampled (the others greedy)" if sampled else ""
+    return workload_files.table_rows(specs, sampling_columns=True), None, text + "."
 
 
 def table_files(rows) -> list[str]:

@@ -11,7 +11,16 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine.page import divergence_view, page_io, playground, presets, run_view, tables, tour
+from engine.page import (
+    divergence_view,
+    page_io,
+    playground,
+    presets,
+    run_view,
+    server_panels,
+    tables,
+    tour,
+)
 from engine.page.run_view import RunResult
 
 TITLE = "Continuous Batching Playground"
@@ -29,6 +38,16 @@ KV_MODES = [
     ("article's concatenation (slow, O(n²))", "concat"),
 ]
 POLICIES = [("decode first", "decode_first"), ("prefill first", "prefill_first")]
+PREFIX_CACHING_INFO = (
+    "A prompt's full blocks that an earlier request computed are shared, not prefilled again "
+    "(vLLM's automatic prefix caching); the block map shows shared blocks and the mask the keys "
+    "taken from the cache. Paged KV mode only. The static engine cannot share: its waves "
+    "prefill every prompt in full."
+)
+REQUESTS_LABEL = (
+    "Requests (arrival_s: seconds after Run, 0 = at once; temperature, top_k, top_p, seed: "
+    "all empty = greedy, any one set = sampled from the row's own seeded generator)"
+)
 
 
 def header(model_label: str) -> None:
@@ -67,12 +86,13 @@ def requests_panel(rows: list[list], preset_text: str) -> RequestsPanel:
     table = gr.Dataframe(
         value=rows,
         headers=playground.REQUEST_HEADERS,
-        datatype=["str", "number", "number"],
+        # the seed is text: a browser number loses digits past 2^53, and seeds go to 2^63 - 1
+        datatype=["str", "number", "number", "number", "number", "number", "str"],
         type="array",
         interactive=True,
-        column_count=3,  # row_limits/column_limits: "not yet implemented" in 6.31
-        label="Requests (arrival_s: seconds after Run; 0 = at once)",
-        column_widths=["74%", "14%", "12%"],
+        column_count=len(playground.REQUEST_HEADERS),  # column_limits: not implemented in 6.31
+        label=REQUESTS_LABEL,
+        column_widths=["46%", "11%", "9%", "10%", "7%", "7%", "10%"],
         elem_id="requests_table",
     )
     with gr.Row():
@@ -107,6 +127,7 @@ class SettingsPanel:
     kv_mode_dropdown: gr.Dropdown
     kv_budget_number: gr.Number
     block_size_number: gr.Number
+    prefix_caching_checkbox: gr.Checkbox
     token_budget_number: gr.Number
     policy_radio: gr.Radio
     arrival_rate_number: gr.Number
@@ -120,9 +141,15 @@ class SettingsPanel:
     link_textbox: gr.Textbox
     stop_reply_textbox: gr.Textbox  # hidden: what Stop found ("running", "queued", "idle")
     leave_queue_button: gr.Button  # hidden: clicked by the page to take a queued run out
+    servers_checkbox: gr.CheckboxGroup | None = None  # the host's servers (hidden if none)
 
 
-def settings_panel(chat_template: bool, dtypes: list[str], dtype: str) -> SettingsPanel:
+def settings_panel(
+    chat_template: bool,
+    server_names: list[str] = (),
+    dtypes: list[str] = ("float32", "bfloat16"),
+    dtype: str = "float32",
+) -> SettingsPanel:
     """The right-hand column of settings; the engine knobs sit in a closed accordion, the
     precision (one of ``dtypes``, ``dtype`` first chosen) and batch-invariant mode below them."""
     preset_dropdown = gr.Dropdown(
@@ -145,6 +172,7 @@ def settings_panel(chat_template: bool, dtypes: list[str], dtype: str) -> Settin
     reference_checkbox = gr.Checkbox(
         value=True, label="Check outputs against model.generate", elem_id="reference_checkbox"
     )
+    servers = server_panels.servers_checkbox(list(server_names))
     with gr.Accordion("Engine settings", open=False):
         knobs = _engine_knobs()
     precision = _precision_knobs(dtypes, dtype)
@@ -173,6 +201,7 @@ def settings_panel(chat_template: bool, dtypes: list[str], dtype: str) -> Settin
         link_textbox,
         stop_reply,
         leave_queue,
+        servers_checkbox=servers,
     )
 
 
@@ -202,6 +231,12 @@ def _engine_knobs() -> tuple:
         block_size = gr.Number(  # no precision=0: it rounds 7.5 quietly
             value=16, label="Paged: tokens per block (1 to 256)", elem_id="block_size_number"
         )
+    prefix_caching = gr.Checkbox(
+        value=False,
+        label="Paged: prefix caching",
+        info=PREFIX_CACHING_INFO,
+        elem_id="prefix_caching_checkbox",
+    )
     token_budget = gr.Number(
         value=0, label="Token budget per step (0 = no limit)", elem_id="token_budget_number"
     )
@@ -218,7 +253,8 @@ def _engine_knobs() -> tuple:
         label="Also run transformers' built-in continuous batching",
         elem_id="compare_hf_checkbox",
     )
-    return kv_mode, kv_budget, block_size, token_budget, policy, arrival_rate, compare_hf
+    knobs = (kv_mode, kv_budget, block_size, prefix_caching, token_budget, policy, arrival_rate)
+    return (*knobs, compare_hf)
 
 
 @dataclass
@@ -238,6 +274,9 @@ class ResultsPanel:
     step_usage_plot: gr.Plot
     outputs_table: gr.Dataframe
     divergence: DivergencePanel
+    servers_markdown: gr.Markdown | None = None  # the host's servers: starting, ready, failed
+    server_timeline_plot: gr.Plot | None = None  # hidden without servers
+    server_chart_plot: gr.Plot | None = None
 
     def step_views(self) -> list:
         """The views a step or an x-axis change redraws, in ``run_view.STEP_VIEW_OUTPUTS`` order."""
@@ -250,12 +289,14 @@ class ResultsPanel:
         ]
 
 
-def results_panel(shown: RunResult | None = None) -> ResultsPanel:
-    """The results, below the editor, showing ``shown`` (the shipped recording) until a Run."""
+def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) -> ResultsPanel:
+    """The results, below the editor, showing ``shown`` (the shipped recording) until a Run;
+    with the host's servers (``server_names``), their line and charts too."""
     status = gr.Markdown(
         shown.status if shown is not None else "Press Run to compare the two engines.",
         elem_id="status_markdown",
     )
+    servers_line = server_panels.servers_line(list(server_names))
     x_axis = gr.Radio(
         [("seconds", "time"), ("step index", "step")],
         value="time",
@@ -276,6 +317,7 @@ def results_panel(shown: RunResult | None = None) -> ResultsPanel:
     with gr.Row():
         latency_cdf = _plot("latency_cdf_plot", shown and shown.latency_cdf)
         step_usage = _plot("step_usage_plot", shown and shown.step_usage)
+    server_plots = server_panels.server_plots(shown, list(server_names))
     engines = list(shown.state.traces()) if shown is not None else ["static", "continuous"]
     outputs = gr.Dataframe(
         value=shown.outputs if shown is not None else None,
@@ -287,9 +329,17 @@ def results_panel(shown: RunResult | None = None) -> ResultsPanel:
         column_widths=run_view.output_column_widths(engines),
         elem_id="outputs_table",
     )
-    divergence = divergence_panel(shown)
     return ResultsPanel(
-        status, x_axis, *step_views, metrics, latency_cdf, step_usage, outputs, divergence
+        status,
+        x_axis,
+        *step_views,
+        metrics,
+        latency_cdf,
+        step_usage,
+        outputs,
+        divergence_panel(shown),
+        servers_line,
+        *server_plots,
     )
 
 
@@ -387,6 +437,8 @@ def run_outputs(run_state: gr.State, results: ResultsPanel, downloads: gr.File) 
         results.block_map_plot,
         results.latency_cdf_plot,
         results.step_usage_plot,
+        results.server_timeline_plot,
+        results.server_chart_plot,
         results.divergence.dropdown,
         *results.divergence.views(),
     ]
@@ -408,9 +460,11 @@ def run_inputs(requests: RequestsPanel, settings: SettingsPanel, results, run_st
         s.arrival_rate_number,
         results.x_axis_radio,
         run_state,  # the previous run, put back if this one is stopped
-        s.kv_budget_number,
+        s.kv_budget_number,  # after the state: the API's earlier inputs keep their places
         s.block_size_number,
+        s.prefix_caching_checkbox,
         handle,  # for Stop
+        s.servers_checkbox,  # the host's servers to run too (names only)
         s.dtype_dropdown,
         s.batch_invariant_checkbox,
     ]

@@ -15,6 +15,7 @@ What the page shows of a run is built in ``engine.page.run_view``; the knobs are
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -25,7 +26,7 @@ import gradio as gr
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.hf_continuous import HFContinuousEngine
-from engine.page import divergence_view, progress_view
+from engine.page import divergence_view, progress_view, servers
 from engine.page.live_run import LiveRun
 from engine.page.run_handle import IDLE, RunHandle
 from engine.page.run_options import RunOptions, options_from_page, prepare
@@ -41,8 +42,9 @@ from engine.page.shared_model import SharedModel, get_model
 from engine.run_control import RunCancelled, RunControl, RunStopped, run_time_limit_s
 from engine.sequence import Request
 from engine.static import StaticEngine
+from engine.workload import TABLE_COLUMNS
 
-REQUEST_HEADERS = ["prompt", "max_new_tokens", "arrival_s"]
+REQUEST_HEADERS = list(TABLE_COLUMNS)  # prompt, max_new_tokens, arrival_s, sampling settings
 PROGRESS_INTERVAL_S = 0.5  # at most two progress reports a second
 STOPPED = "**Stopped** before the end."
 STOPPED_IN_QUEUE = "**Stopped** before it started: it left the queue."
@@ -84,7 +86,9 @@ def run_engines(
     the reference and transformers' engine), ``watch(engine, trace, waiting=True)`` every 0.05 s
     while an engine waits for arrivals, and ``watch(engine, trace, done=True)`` after each
     engine's last step; an exception it raises (``RunStopped``) ends the run within one step or
-    wait. The model's lock is held throughout, so runs never overlap on the model.
+    wait. The model's lock is held throughout, so runs never overlap on the model. The chosen
+    servers run last (``engine.page.servers.run_servers``, which reports their failures and stops
+    instead of raising them).
     """
     watch = watch or (lambda *_args, **_kwargs: None)
     with model.lock:
@@ -118,8 +122,9 @@ def _run_all(model, requests, config, options, progress, watch) -> RunState:
         watch("hf_continuous", None)
         progress(None, desc="transformers' continuous batching")
         stop_check = functools.partial(watch, "hf_continuous", waiting=True)
-        hf_config = EngineConfig(config.num_slots)  # invariance cannot reach it: the page says so
-        hf = HFContinuousEngine(runner, hf_config).run(requests, on_wait=stop_check)
+        hf_config = dataclasses.replace(config, batch_invariant=False)  # the page says why
+        hf_engine = HFContinuousEngine(runner, hf_config, block_sharing=config.prefix_caching)
+        hf = hf_engine.run(requests, on_wait=stop_check)
     state = RunState(static, continuous, None, hf, None, dtype=model.dtype_name)
     state.batch_invariant = invariant
     if options.check_reference:
@@ -128,6 +133,11 @@ def _run_all(model, requests, config, options, progress, watch) -> RunState:
             requests, _reference_counter(progress), lambda: watch("reference", None)
         )
         state.verdicts = divergence_view.judge_runs(runner, source, requests, state.traces())
+    if options.servers:  # last: a server that fails or is stopped leaves the rest whole
+        names = model.servers.check_names(options.servers)
+        state.servers, state.server_failures = servers.run_servers(
+            model.servers, names, requests, config.num_slots, watch
+        )
     return state
 
 
@@ -145,7 +155,9 @@ def run_event(
     previous: RunState | None = None,
     kv_budget_mib=None,
     block_size=None,
+    prefix_caching=False,
     handle: RunHandle | None = None,
+    server_names=None,
     dtype=None,
     batch_invariant=False,
 ) -> Iterator[tuple]:
@@ -156,9 +168,10 @@ def run_event(
     stop flag of this run's ``RunControl`` through the session's ``handle``
     (``engine.page.run_handle``): the worker stops within one step and the handler yields the
     previous results with "Stopped" and returns. When Gradio closes the generator (a closed tab)
-    the worker stops too. The paged KV knobs (``kv_budget_mib``, ``block_size``) and the handle
-    come after the state, and the precision (``dtype``, ``batch_invariant``) after the handle, so
-    the /run API's earlier inputs keep their positions.
+    the worker stops too. The paged KV knobs (``kv_budget_mib``, ``block_size``,
+    ``prefix_caching``), the handle, the chosen servers (``server_names``, the host's: see
+    ``engine.page.servers``, which runs them last) and the precision (``dtype``,
+    ``batch_invariant``) come after the state, so the /run API's earlier inputs keep their places.
 
     Bad input (a bad table, slot count or knob, a KV budget too small for a request, or a
     ``ValueError`` an engine raises mid-run) is not an error of the event: the status line says
@@ -180,14 +193,8 @@ def run_event(
         return
     try:
         knobs = (chat_template, check_reference, kv_mode, token_budget, policy, compare_hf)
-        yield from _run(
-            rows,
-            num_slots,
-            (*knobs, arrival_rate, kv_budget_mib, block_size, dtype, batch_invariant),
-            x_axis,
-            previous,
-            handle,
-        )
+        knobs = (*knobs, arrival_rate, kv_budget_mib, block_size, prefix_caching, server_names)
+        yield from _run(rows, num_slots, (*knobs, dtype, batch_invariant), x_axis, previous, handle)
     finally:
         handle.finish()
 
@@ -209,10 +216,11 @@ def _run(rows, num_slots, knobs: tuple, x_axis: str, previous, handle: RunHandle
     def work(watch: Callable) -> RunState:  # the status line shows progress, not a Gradio bar
         return run_engines(model, requests, config, options, lambda *a, **k: None, watch)
 
+    views = progress_view.LiveTimelines()  # timelines redrawn within a CPU budget
     with LiveRun(work, control) as live:
         while not live.wait(PROGRESS_INTERVAL_S):
             elapsed_s = time.monotonic() - started_s
-            yield progress_view.live_outputs(
+            yield views.outputs(
                 live.progress(), requests, config.num_slots, x_axis, elapsed_s, control.time_limit_s
             )
     yield from _finished_outputs(live, previous, x_axis)
@@ -236,6 +244,8 @@ def _finished_outputs(live: LiveRun, previous: RunState | None, x_axis: str) -> 
             raise gr.Error(f"Run stopped: {exc}", print_exception=False) from None
         gr.Warning(str(exc), title="Run stopped")  # bad input: told, as before the run
         return
+    for name, message in state.server_failures.items():  # the rest is shown: a toast each
+        gr.Warning(message, title=f"{name}: no results")
     yield render(state, x_axis).as_outputs()
 
 

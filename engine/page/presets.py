@@ -1,8 +1,11 @@
 """Presets: ready-made workloads from assets/presets.json, each with a paragraph on what it shows.
 
 A preset is ``{"slug": str, "chat_template": bool, "slots": int, "description": str, "check": {...},
-"requests": [[prompt, cap], ...]}``, where a request may add a third value, its ``arrival_s``; the
-slug names it in links (``?preset=seed&slots=3``). ``slots`` is the slot count its description
+"requests": [[prompt, cap], ...]}``, where a request may add its ``arrival_s`` and then its
+sampling settings (``temperature``, ``top_k``, ``top_p``, ``seed``: the table's columns); instead
+of ``requests`` a preset may name a shipped workload file, ``"workload": "workloads/NAME.jsonl"``
+(under ``assets/``), so the page and the bench run the same requests. The slug names it in links
+(``?preset=seed&slots=3``). ``slots`` is the slot count its description
 speaks of (choosing the preset sets it), and ``check`` states the description's claim in numbers,
 which ``tests/page/test_presets_real.py`` checks on the embedded model.
 """
@@ -12,7 +15,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-PRESETS_PATH = Path(__file__).resolve().parents[2] / "assets" / "presets.json"
+from engine.workload import TABLE_COLUMNS, load_jsonl
+from engine.workload_files import table_rows
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+PRESETS_PATH = ASSETS / "presets.json"
 DEFAULT_PRESET = "Article's six requests"
 
 
@@ -22,12 +29,17 @@ def load_presets(path: Path = PRESETS_PATH) -> dict[str, dict]:
 
 
 def apply_preset(name: str) -> tuple[list[list], bool, str]:
-    """The table rows ``[prompt, cap, arrival_s]``, chat-template setting and explanation.
+    """The table rows (``engine.workload.TABLE_COLUMNS``: prompt, cap, arrival_s and the four
+    sampling settings), chat-template setting and explanation.
 
-    A request without an arrival time arrives at t = 0.
+    A request without an arrival time arrives at t = 0; one without sampling settings is greedy
+    (its four cells empty).
     """
     preset = load_presets()[name]
-    rows = [(list(row) + [0])[:3] for row in preset["requests"]]
+    if "workload" in preset:
+        rows = table_rows(load_jsonl(ASSETS / preset["workload"]), sampling_columns=True)
+    else:
+        rows = [table_row(row) for row in preset["requests"]]
     return rows, bool(preset["chat_template"]), preset.get("description", "")
 
 
@@ -40,6 +52,16 @@ def choose_preset(name: str) -> tuple[list[list], bool, str, int]:
 def preset_slots(name: str) -> int:
     """The slots a preset is meant for (its text names them); 3 if it names none."""
     return int(load_presets()[name].get("slots", 3))
+
+
+def table_row(values: list) -> list:
+    """A preset's request ``[prompt, cap, arrival_s?, sampling...?]`` as a full table row:
+    arrival 0 and empty (greedy) sampling cells where it has none."""
+    width = len(TABLE_COLUMNS)
+    row = list(values)[:width]
+    if len(row) < 3:
+        row.append(0)
+    return row + [None] * (width - len(row))
 
 
 EDITED_TEXT = "Your own requests: edited from a preset, whose explanation no longer applies."

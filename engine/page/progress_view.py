@@ -7,16 +7,25 @@ output finished so far. The run's state, masks, slider, metrics and downloads ar
 are (``gr.skip()``) until the run ends. ``stopped_outputs`` puts the previous run's results back
 with a status line saying why this one stopped; ``refused_outputs`` says why a run did not start
 and leaves everything else as it is.
+
+Drawing a timeline is Python work (plotly builds and checks every trace and layout property): about
+0.1-0.2 s of CPU for both timelines of a 300-step run, measured on this 2-core machine, while the
+engine thread needs both cores and the interpreter lock between its ops. Redrawn every half
+second, it took up to a third of a core from the run it showed. ``LiveTimelines`` redraws them
+only as often as keeps their drawing under ``TIMELINE_CPU_SHARE`` of the run's time (and at once
+when an engine's first steps arrive); the status line and outputs still update every poll.
 """
 
 from __future__ import annotations
 
-import re
+import math
+import time
 
 import gradio as gr
 
-from engine.page import tables
+from engine.page import server_figures, tables
 from engine.page.live_run import EngineProgress
+from engine.page.markup import one_line, plain_markdown
 from engine.page.run_view import RUN_OUTPUTS, outputs_table, run_outputs, timeline
 from engine.sequence import Request
 from engine.trace import Trace, new_request_records
@@ -28,6 +37,7 @@ ENGINE_LABELS = {
     "reference": "model.generate reference",
 }
 LIVE_ENGINES = ("static", "continuous")  # the engines with a timeline and an outputs column
+TIMELINE_CPU_SHARE = 0.05  # live timelines' drawing: at most this share of the run's time
 
 
 def progress_line(
@@ -37,7 +47,7 @@ def progress_line(
     limit = f" (limit {time_limit_s:g} s)" if time_limit_s is not None else ""
     parts = [f"**Running** · {elapsed_s:.1f} s{limit}"]
     for name, p in progress.items():
-        label = ENGINE_LABELS.get(name, name)
+        label = ENGINE_LABELS.get(name) or plain_markdown(name)  # a server: the host's name
         if name in LIVE_ENGINES:
             waiting = ", waiting for arrivals" if p.waiting else ""
             parts.append(
@@ -47,10 +57,20 @@ def progress_line(
         elif name == "reference":
             parts.append(f"{label}: {p.num_steps} steps")
         else:
-            parts.append(f"{label}: running")
+            parts.append(f"{label}: {_server_progress(p)}")
     if not progress:
         parts.append("waiting for the model")
     return " · ".join(parts)
+
+
+def _server_progress(p: EngineProgress) -> str:
+    """What a server engine is doing: waiting for its start, or its streams so far."""
+    if p.note is not None:
+        return plain_markdown(one_line(p.note, 200))
+    if p.trace is None or not p.trace.info.get("server"):
+        return "running"
+    streaming = sum(r.first_token_s is not None and r.finish_s is None for r in p.trace.requests)
+    return f"{p.num_finished}/{p.num_requests} requests done, {streaming} streaming"
 
 
 def live_outputs(
@@ -60,19 +80,58 @@ def live_outputs(
     x_axis: str,
     elapsed_s: float,
     time_limit_s: float | None,
+    draw_timelines: bool = True,
 ) -> tuple:
-    """Updates for the Run event's outputs while the run goes (see the module docstring)."""
+    """Updates for the Run event's outputs while the run goes (see the module docstring); the
+    timelines stay as they are (``gr.skip()``) unless ``draw_timelines``."""
     traces = {name: _trace_so_far(progress, name, requests, num_slots) for name in LIVE_ENGINES}
     static, continuous = (
-        timeline(trace, x_axis, None, None) if trace.steps else gr.skip()
+        timeline(trace, x_axis, None, None) if trace.steps and draw_timelines else gr.skip()
         for trace in traces.values()
     )
+    servers = {  # server engines streaming now or done: their lanes and outputs so far
+        name: p.trace
+        for name, p in progress.items()
+        if p.trace is not None and p.trace.info.get("server")
+    }
+    lanes = (
+        server_figures.server_timeline_figure(servers) if servers and draw_timelines else gr.skip()
+    )
+    traces.update(servers)
     return run_outputs(
         static_timeline_plot=static,
         continuous_timeline_plot=continuous,
         outputs_table=outputs_table(tables.outputs_rows(traces, None), list(traces)),
         status_markdown=progress_line(progress, elapsed_s, time_limit_s),
+        server_timeline_plot=lanes,
     )
+
+
+class LiveTimelines:
+    """``live_outputs`` with the timelines redrawn only as often as ``cpu_share`` allows.
+
+    After a redraw that took ``c`` seconds of this thread's CPU, the next waits ``c / cpu_share``
+    seconds, unless an engine's first steps arrive (its timeline is drawn at once).
+    """
+
+    def __init__(self, cpu_share: float = TIMELINE_CPU_SHARE):
+        assert 0 < cpu_share <= 1, cpu_share
+        self.cpu_share = cpu_share
+        self.num_draws = 0
+        self._next_s = -math.inf
+        self._engines: tuple[str, ...] = ()
+
+    def outputs(self, progress: dict[str, EngineProgress], *args) -> tuple:
+        """``live_outputs(progress, *args)``, drawing the timelines when due."""
+        engines = tuple(n for n in LIVE_ENGINES if n in progress and progress[n].num_steps)
+        draw = time.monotonic() >= self._next_s or engines != self._engines
+        cpu_s = time.thread_time()
+        outputs = live_outputs(progress, *args, draw_timelines=draw)
+        if draw:
+            self.num_draws += 1
+            self._engines = engines
+            self._next_s = time.monotonic() + (time.thread_time() - cpu_s) / self.cpu_share
+        return outputs
 
 
 def stopped_outputs(previous_result, message: str) -> tuple:
@@ -83,6 +142,7 @@ def stopped_outputs(previous_result, message: str) -> tuple:
     if previous_result is None:
         figures = ("static_timeline_plot", "continuous_timeline_plot", "packed_mask_plot")
         figures += ("static_mask_plot", "block_map_plot", "latency_cdf_plot", "step_usage_plot")
+        figures += ("server_timeline_plot", "server_chart_plot")
         return run_outputs(
             **dict.fromkeys(figures),
             metrics_table=[],
@@ -102,11 +162,6 @@ def refused_outputs(reason: str, previous_status: str | None) -> tuple:
     if previous_status:
         status += f" Showing the previous run: {previous_status}"
     return run_outputs(status_markdown=status)
-
-
-def plain_markdown(text: str) -> str:
-    """``text`` escaped so Markdown shows it as typed (a message may quote what a person typed)."""
-    return re.sub(r"([\\`*_\[\]<>#|~])", r"\\\1", text)
 
 
 def _trace_so_far(

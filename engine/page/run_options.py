@@ -30,6 +30,8 @@ class RunOptions:
     arrival_seed: int = 0
     kv_budget_mib: float | None = None  # paged KV mode: None sizes the pool for every slot
     block_size: int = 16  # paged KV mode: tokens per block
+    prefix_caching: bool = False  # paged KV mode: share the KV blocks of computed prompt prefixes
+    servers: tuple[str, ...] = ()  # host-configured servers to run too, by name (never a URL)
     dtype: str | None = None  # precision: None, the loaded model's; else float32, bfloat16, ...
     batch_invariant: bool = False  # batch-invariant mode (engine.invariant), static and continuous
 
@@ -44,6 +46,8 @@ def options_from_page(
     arrival_rate,
     kv_budget_mib=None,
     block_size=None,
+    prefix_caching=False,
+    servers=None,
     dtype=None,
     batch_invariant=False,
 ) -> RunOptions:
@@ -63,6 +67,8 @@ def options_from_page(
         arrival_rate_per_s=_optional_positive(arrival_rate, "Arrival rate (requests/s)"),
         kv_budget_mib=_optional_positive(kv_budget_mib, "KV budget (MiB)"),
         block_size=16 if _blank(block_size) else _whole_number(block_size, "Block size"),
+        prefix_caching=bool(prefix_caching),
+        servers=_names(servers),
         dtype=None if _blank(dtype) else str(dtype).strip(),
         batch_invariant=bool(batch_invariant),
     )
@@ -74,8 +80,9 @@ def prepare(model, rows, num_slots, options: RunOptions):
     batch-invariant mode for a model it does not support.
 
     Raises:
-        ValueError: bad table, slot count or knob, a KV budget that cannot hold a request, or
-            batch-invariant mode on a model without its kernels.
+        ValueError: bad table, slot count or knob, a KV budget that cannot hold a request,
+            prefix caching without the paged KV mode, or batch-invariant mode on a model without
+            its kernels.
     """
     if hasattr(rows, "values") and hasattr(rows, "columns"):  # a pandas DataFrame
         rows = rows.values.tolist()
@@ -86,6 +93,7 @@ def prepare(model, rows, num_slots, options: RunOptions):
         scheduling_policy=options.policy,
         kv_budget_mib=options.kv_budget_mib,
         block_size=options.block_size,
+        prefix_caching=options.prefix_caching,  # the static engine never shares (its config)
         batch_invariant=options.batch_invariant,
     )
     if options.batch_invariant:
@@ -102,7 +110,19 @@ def prepare(model, rows, num_slots, options: RunOptions):
         max_context=model.loaded.max_context,
     )
     ContinuousEngine(model.runner, config).check_kv_budget(requests)  # before any engine starts
+    if options.servers:  # only names the host configured; the page never takes an address
+        if getattr(model, "servers", None) is None:
+            raise ValueError("This page has no servers configured, so none can run.")
+        model.servers.check_names(options.servers)
     return requests, config
+
+
+def _names(value) -> tuple[str, ...]:
+    """The chosen server names (a checkbox group's list; a single name from an API client)."""
+    if value is None or value == "":
+        return ()
+    names = [value] if isinstance(value, str) else list(value)
+    return tuple(str(name) for name in names)
 
 
 def _whole_number(value, what: str) -> int:

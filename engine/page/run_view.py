@@ -11,15 +11,24 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from engine import export
-from engine.page import divergence_view, figures, mask_figures, serving_figures, tables
-from engine.reference import mismatches
+from engine.page import (
+    block_map,
+    divergence_view,
+    figures,
+    mask_figures,
+    server_figures,
+    server_view,
+    serving_figures,
+    tables,
+)
+from engine.reference import NOT_COMPARED_TEXT, mismatches, not_compared_ids
 from engine.trace import DECODE, PREFILL, Trace
 
 # The Run event's outputs, by elem_id (the state has none), in wiring order. The first ten are the
@@ -38,6 +47,8 @@ RUN_OUTPUTS = (
     "block_map_plot",
     "latency_cdf_plot",
     "step_usage_plot",
+    "server_timeline_plot",
+    "server_chart_plot",
     "divergence_dropdown",
     "divergence_markdown",
     "divergence_textbox",
@@ -78,9 +89,10 @@ def outputs_table(
 
 
 def output_column_widths(engine_names: list[str]) -> list[str]:
-    """The outputs table's column widths: request, prompt, cap, one per engine, the verdict."""
-    output_width = f"{55 // len(engine_names)}%"  # the verdict names each engine's ✓ / ≈ / ✗
-    return ["7%", "16%", "6%", *[output_width] * len(engine_names), "16%"]
+    """The outputs table's column widths: request, prompt, cap, one per engine, the verdict (it
+    names each engine's ✓ / ≈ / ✗) and the prompt tokens from the prefix cache."""
+    output_width = f"{47 // len(engine_names)}%"
+    return ["7%", "16%", "6%", *[output_width] * len(engine_names), "16%", "8%"]
 
 
 @dataclass
@@ -92,17 +104,19 @@ class RunState:
     reference: dict[int, list[int]] | None
     hf_continuous: Trace | None = None  # transformers' own continuous batching, when compared
     recorded: Any = None  # ``engine.page.recording.Recording``: the shipped run, not run here
+    servers: dict[str, Trace] = field(default_factory=dict)  # host-configured servers, by name
+    server_failures: dict[str, str] = field(default_factory=dict)  # servers that failed: why
     # engine -> request id -> verdict entry (``divergence_view.judge_runs``); None: not judged
     verdicts: dict[str, dict[int, dict]] | None = None
     dtype: str | None = None  # the precision it ran in, e.g. "bfloat16" (None: not recorded)
     batch_invariant: bool = False
 
     def traces(self) -> dict[str, Trace]:
-        """The runs in display order, by engine name."""
+        """The runs in display order, by engine name (servers last, in the host's order)."""
         runs = {"static": self.static, "continuous": self.continuous}
         if self.hf_continuous is not None:
             runs["hf_continuous"] = self.hf_continuous
-        return runs
+        return {**runs, **self.servers}
 
     @property
     def num_steps(self) -> int:
@@ -144,6 +158,8 @@ class RunResult:
     downloads: list[str] | None = None  # file paths: CSV, whole-trace JSON, Perfetto trace
     latency_cdf: Any = None
     step_usage: Any = None
+    server_timeline: Any = None
+    server_chart: Any = None
 
     def as_outputs(self) -> tuple:
         """Values for the Run event's outputs, in ``RUN_OUTPUTS`` order."""
@@ -169,6 +185,8 @@ class RunResult:
             block_map_plot=v.block_map,
             latency_cdf_plot=self.latency_cdf,
             step_usage_plot=self.step_usage,
+            server_timeline_plot=self.server_timeline,
+            server_chart_plot=self.server_chart,
             **divergence_view.run_outputs(self.state),
         )
 
@@ -188,6 +206,8 @@ def render(
         downloads=write_downloads(state) if downloads else None,
         latency_cdf=serving_figures.latency_cdf_figure(list(state.traces().values())),
         step_usage=serving_figures.step_usage_figure(state.continuous),
+        server_timeline=server_figures.server_timeline_figure(state.servers, _x_max(state, "time")),
+        server_chart=server_figures.server_chart_figure(state.servers, state.continuous),
     )
 
 
@@ -207,14 +227,22 @@ def write_downloads(state: RunState) -> list[str]:
 
 def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
     """Both timelines on one x scale, cursor at ``step_index``; masks and block map at that step."""
-    x_max = max(figures.x_extent(state.static, x_axis), figures.x_extent(state.continuous, x_axis))
+    x_max = _x_max(state, x_axis)
     return StepViews(
         static_timeline=timeline(state.static, x_axis, x_max, step_index),
         continuous_timeline=timeline(state.continuous, x_axis, x_max, step_index),
         packed_mask=_at_step(mask_figures.mask_heatmap, state.continuous, step_index),
         static_mask=_at_step(mask_figures.static_mask_heatmap, state.static, step_index),
-        block_map=_at_step(serving_figures.block_map_figure, state.continuous, step_index),
+        block_map=_at_step(block_map.block_map_figure, state.continuous, step_index),
     )
+
+
+def _x_max(state: RunState, x_axis: str) -> float:
+    """The timelines' shared right end; in seconds, the servers' runs count too."""
+    ends = [figures.x_extent(state.static, x_axis), figures.x_extent(state.continuous, x_axis)]
+    if x_axis == "time":
+        ends += [t.wall_s for t in state.servers.values()]
+    return max(ends)
 
 
 def timeline(trace: Trace, x_axis: str, x_max: float | None, step_index: int | None):
@@ -248,13 +276,15 @@ def status_line(state: RunState) -> str:
     )
     if state.hf_continuous is not None:
         line += f" · transformers' continuous batching {state.hf_continuous.wall_s:.2f} s"
-    line += " · " + _verdict(state)
+    parts, server_lines = server_view.status_parts(state.servers, state.server_failures)
+    line += "".join(f" · {part}" for part in parts) + " · " + _verdict(state)
     precision = divergence_view.precision_text(state.dtype, state.batch_invariant)
     line = f"{precision} · {line}" if precision else line
     if state.batch_invariant and state.hf_continuous is not None:
         line += f" · {divergence_view.HF_OUTSIDE}"
     head = "" if state.recorded is None else state.recorded.label() + "  \n"
-    return f"{head}{line}  \n{NOISE_NOTE}"
+    tail = f"{server_lines}  \n" if server_lines else ""
+    return f"{head}{line}  \n{tail}{NOISE_NOTE}"
 
 
 def steps_comparison(static_steps: int, continuous_steps: int) -> str:
@@ -268,16 +298,43 @@ def steps_comparison(static_steps: int, continuous_steps: int) -> str:
 
 
 def _verdict(state: RunState) -> str:
+    """The reference verdict; requests an engine sampled with its own generator (transformers'
+    manager, a server) are named as not compared, never as differing."""
     if state.reference is None:
         return "outputs not checked against `model.generate`"
+    traces = _compared(state)  # a server serving another model is not checked
+    skipped_text = _skipped_text(traces)
     if state.verdicts is not None:
-        name = divergence_view.reference_name(state.batch_invariant)
-        return divergence_view.verdict_summary(state.verdicts, name)
-    bad = {name: _mismatched(t, state.reference) for name, t in state.traces().items()}
+        return _judged_verdict(state, traces, skipped_text)
+    bad = {name: _mismatched(t, state.reference) for name, t in traces.items()}
     if not any(bad.values()):
-        return "✓ all match `model.generate` token for token"
-    wrong = "; ".join(f"{n}: {', '.join(f'R{r}' for r in ids)}" for n, ids in bad.items() if ids)
-    return f"✗ differs from `model.generate` ({wrong})"
+        every = "all compared outputs match" if skipped_text else "all match"
+        return f"✓ {every} `model.generate` token for token{skipped_text}"
+    wrong = "; ".join(f"{n}: {_ids(ids)}" for n, ids in bad.items() if ids)
+    return f"✗ differs from `model.generate` ({wrong}){skipped_text}"
+
+
+def _skipped_text(traces: dict[str, Trace]) -> str:
+    """ " (hf_continuous: R1, R2: sampled with another generator: not compared)", or ""."""
+    skipped = {name: not_compared_ids(t) for name, t in traces.items()}
+    text = "; ".join(f"{n}: {_ids(ids)}" for n, ids in skipped.items() if ids)
+    return f" ({text}: {NOT_COMPARED_TEXT})" if text else ""
+
+
+def _judged_verdict(state: RunState, traces: dict[str, Trace], skipped_text: str) -> str:
+    """The verdicts' counts per engine (``divergence_view``), then any server that differs (the
+    servers run after the verdicts, and have none), then the requests not compared."""
+    name = divergence_view.reference_name(state.batch_invariant)
+    text = divergence_view.verdict_summary(state.verdicts, name, bool(skipped_text))
+    others = {
+        n: _mismatched(t, state.reference) for n, t in traces.items() if n not in state.verdicts
+    }
+    wrong = "; ".join(f"{n}: {_ids(ids)}" for n, ids in others.items() if ids)
+    return text + (f" · servers: ✗ differs ({wrong})" if wrong else "") + skipped_text
+
+
+def _ids(request_ids: list[int]) -> str:
+    return ", ".join(f"R{r}" for r in request_ids)
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -311,7 +368,10 @@ def slider_label(state: RunState) -> str:
 
 
 def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
-    return mismatches({r.request_id: r.output_token_ids for r in trace.requests}, reference)
+    """Requests whose output differs from the reference; those the engine sampled with a
+    generator of its own are not compared (``engine.reference.not_compared_ids``)."""
+    outputs = {r.request_id: r.output_token_ids for r in trace.requests}
+    return mismatches(outputs, reference, not_compared_ids(trace))
 
 
 def _compared_with(state: RunState) -> str:
@@ -321,6 +381,12 @@ def _compared_with(state: RunState) -> str:
 def _reference_ok(state: RunState) -> dict[str, bool | str] | None:
     if state.reference is None:
         return None
+    ok = {name: not _mismatched(t, state.reference) for name, t in _compared(state).items()}
     if state.verdicts is not None:  # ✓, ≈ (near-ties only) or ✗
-        return {name: divergence_view.engine_symbol(v) for name, v in state.verdicts.items()}
-    return {name: not _mismatched(t, state.reference) for name, t in state.traces().items()}
+        ok |= {n: divergence_view.engine_symbol(v) for n, v in state.verdicts.items() if n in ok}
+    return ok
+
+
+def _compared(state: RunState) -> dict[str, Trace]:
+    """The runs checked against the reference: all but servers serving another model."""
+    return {name: t for name, t in state.traces().items() if tables.compared(t)}

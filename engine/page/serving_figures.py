@@ -1,42 +1,29 @@
-"""Serving figures: latency CDFs, per-step token budget and KV block use, the KV block map, and
-the queue-wait and preemption marks laid over a timeline.
+"""Serving figures: latency CDFs, per-step token budget and KV block use, and the queue-wait and
+preemption marks laid over a timeline.
 
 Like ``engine.page.figures`` (whose look and request colours, ``engine.page.style``, these
-share), everything is built from ``engine.trace.Trace`` records alone. The block map reads the
-block tables the paged KV cache recorded at each step::
-
-    blocks 0..15 at step 40 (block size 16):
-    R0 R0 R2 -- R0 R2 R5 R5 -- -- R5 -- -- -- -- --      (-- free)
+share), everything is built from ``engine.trace.Trace`` records alone. The KV block map is drawn
+by ``engine.page.block_map``.
 """
 
 from __future__ import annotations
 
 import bisect
-import math
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.page.style import (
+from engine.page.style import (  # noqa: F401  (ENGINE_STYLE re-exported)
+    ENGINE_STYLE,
     PALETTE,
     TEXT_COLOR,
-    _discrete_scale,
     _style,
     bottom_legend,
-    request_color,
+    engine_styles,
 )
 from engine.trace import PREFILL, Trace
 
-# Engine line colours (Okabe–Ito, distinct from each other) and dashes, so lines differ in
-# shape as well as hue.
-ENGINE_STYLE = {
-    "static": ("#D55E00", "dot"),
-    "continuous": ("#0072B2", "solid"),
-    "hf_continuous": ("#009E73", "dash"),
-}
 CDF_METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("latency_s", "end-to-end"))
-FREE_BLOCK_COLOR = "rgba(128,128,128,0.25)"
-BLOCK_MAP_COLUMNS = 16  # narrow enough for each block's "R12" label on a phone
 QUEUE_LANE = "queue"
 QUEUE_COLOR = "rgba(128,128,128,0.35)"
 MIN_QUEUE_S = 1e-3  # shorter waits (the engine loop's own start-up) are not drawn
@@ -53,9 +40,11 @@ def latency_cdf_figure(traces: list[Trace]) -> go.Figure:
     """
     titles = [title for _, title in CDF_METRICS]
     fig = make_subplots(rows=1, cols=3, shared_yaxes=True, subplot_titles=titles)
+    styles = engine_styles([t.engine for t in traces])
     for col, (metric, _) in enumerate(CDF_METRICS, start=1):
         for trace in traces:
-            fig.add_trace(_cdf_line(trace, metric, show_legend=col == 1), row=1, col=col)
+            line = _cdf_line(trace, metric, col == 1, styles[trace.engine])
+            fig.add_trace(line, row=1, col=col)
         fig.update_xaxes(title_text="seconds", rangemode="tozero", row=1, col=col)
     fig.update_yaxes(tickformat=".0%", range=[0, 1.04])
     fig.update_yaxes(title_text="share of requests", col=1)
@@ -65,11 +54,11 @@ def latency_cdf_figure(traces: list[Trace]) -> go.Figure:
     return bottom_legend(fig, 90)
 
 
-def _cdf_line(trace: Trace, metric: str, show_legend: bool) -> go.Scatter:
+def _cdf_line(trace: Trace, metric: str, show_legend: bool, style: tuple) -> go.Scatter:
     """An empirical CDF as a step line through each request's value."""
     points = sorted((v, r.request_id) for r in trace.requests if (v := getattr(r, metric)))
     n = len(points)
-    color, dash = ENGINE_STYLE.get(trace.engine, (TEXT_COLOR, "solid"))
+    color, dash = style
     return go.Scatter(
         x=[v for v, _ in points],
         y=[(i + 1) / n for i in range(n)],
@@ -175,78 +164,6 @@ def _line_label(y: float, text: str) -> dict:
 
 def _ids(request_ids: list[int]) -> str:
     return ", ".join(f"R{i}" for i in request_ids)
-
-
-# --- KV block map ---------------------------------------------------------------------------------
-
-
-def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
-    """Which request owns each KV block during one step, free blocks grey (paged mode only).
-
-    Blocks are laid out in rows of ``BLOCK_MAP_COLUMNS``; a request's colour is its colour in
-    every other chart. Other KV modes get an empty figure that says why.
-    """
-    total = trace.info.get("kv_blocks")
-    if not total or not trace.steps:
-        fig = go.Figure()
-        fig.add_annotation(text="The block map needs the paged KV mode.", showarrow=False)
-        fig.update_xaxes(visible=False)
-        fig.update_yaxes(visible=False)
-        return _style(fig, "KV block map").update_layout(height=200)
-    step = trace.steps[min(step_index, len(trace.steps) - 1)]
-    block_size = trace.info["block_size"]
-    owner = _block_owners(step.block_tables, total)
-    colors = [FREE_BLOCK_COLOR, *PALETTE]
-    cols = min(BLOCK_MAP_COLUMNS, total)
-    rows = math.ceil(total / cols)
-    z = [[None] * cols for _ in range(rows)]
-    hover = [[""] * cols for _ in range(rows)]
-    labels = [[""] * cols for _ in range(rows)]
-    for block, (rid, index) in enumerate(owner):
-        r, c = divmod(block, cols)
-        z[r][c] = 0 if rid is None else 1 + PALETTE.index(request_color(rid))
-        hover[r][c] = _block_hover(block, rid, index, block_size)
-        labels[r][c] = "" if rid is None else f"R{rid}"  # names the owner: colours repeat from R7
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            text=labels,
-            texttemplate="%{text}",
-            textfont={"size": 10},
-            customdata=hover,
-            hovertemplate="%{customdata}<extra></extra>",
-            colorscale=_discrete_scale(colors),
-            zmin=-0.5,
-            zmax=len(colors) - 0.5,
-            showscale=False,
-            xgap=2,
-            ygap=2,
-        )
-    )
-    subtitle = (
-        f"{step.kv_blocks_used}/{total} blocks in use · {block_size} tokens per block · "
-        f"preempted here: {_ids(step.preempted) or 'none'}"
-    )
-    _style(fig, f"KV block map at step {step.index}", subtitle)
-    fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
-    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
-    return fig.update_layout(height=150 + 30 * rows)
-
-
-def _block_owners(block_tables: dict[int, list[int]], total: int) -> list[tuple[int | None, int]]:
-    """Per block: (owning request id or None, the block's index in that request's table)."""
-    owner: list[tuple[int | None, int]] = [(None, 0)] * total
-    for rid, table in block_tables.items():
-        for index, block in enumerate(table):
-            owner[block] = (int(rid), index)
-    return owner
-
-
-def _block_hover(block: int, rid: int | None, index: int, block_size: int) -> str:
-    if rid is None:
-        return f"block {block}: free"
-    first = index * block_size
-    return f"block {block}: R{rid}, tokens {first}–{first + block_size - 1}"
 
 
 # --- queue waits and preemptions on a timeline ----------------------------------------------------

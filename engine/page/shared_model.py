@@ -2,12 +2,14 @@
 
 It is the one module-level mutable object the house style allows: loaded lazily (``get_model``) or
 at start (``load_shared_model``), after the ``CBP_MODEL_ALLOWLIST`` check. Its ``lock`` is held by
-the run in progress, so runs never overlap on the model. Tests build their own ``SharedModel``.
+the run in progress, so runs never overlap on the model. It loads and warms up on the page's engine
+thread (``engine.page.engine_thread``), where every run goes too. Tests build their own
+``SharedModel``.
 
 Precision is a page setting: ``in_dtype`` gives the same model in another dtype (float32 or
-bfloat16, plus float16 on CUDA), loaded the first time it is asked for and kept beside the first
-(SmolLM2-135M: about 270 MB in bfloat16), sharing its lock. A dtype the device cannot run is
-refused before any weight loads, naming both (``engine.dtype_support``).
+bfloat16, plus float16 on CUDA), loaded (on the engine thread) the first time it is asked for and
+kept beside the first (SmolLM2-135M: about 270 MB in bfloat16), sharing its lock. A dtype the
+device cannot run is refused before any weight loads, naming both (``engine.dtype_support``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from engine.device import describe_device, parse_dtype
 from engine.dtype_support import check_dtype_supported
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
+from engine.page.engine_thread import ENGINE_THREAD
+from engine.page.servers import PageServers
 from engine.reference import ReferenceCache, SoloReference
 from engine.static import StaticEngine
 from engine.workload import parse_table, tokenize_requests
@@ -40,6 +44,7 @@ class SharedModel:
     runner: ModelRunner
     reference: ReferenceCache
     lock: threading.Lock = field(default_factory=threading.Lock)  # held by the one running run
+    servers: PageServers | None = None  # the host's servers (app.py --vllm, --endpoint), if any
     # dtype name -> the same model in that dtype; None: convert a copy of this one's weights
     loader: Callable[[str], LoadedModel] | None = field(default=None, repr=False)
     variants: dict[str, SharedModel] = field(default_factory=dict, repr=False)
@@ -82,11 +87,17 @@ class SharedModel:
             )
         if wanted not in self.variants:
             check_dtype_supported(self.loaded.device, getattr(torch, wanted))
-            loaded = self.loader(wanted) if self.loader else _converted(self.loaded, wanted)
-            variant = SharedModel.from_loaded(loaded, lock=self.lock, loader=self.loader)
-            variant.warm_up()
-            self.variants[wanted] = variant
+            self.variants[wanted] = ENGINE_THREAD.call(self._variant, wanted)
         return self.variants[wanted]
+
+    def _variant(self, dtype_name: str) -> SharedModel:
+        """This model in ``dtype_name``, loaded (or converted) and warmed up; same lock."""
+        loaded = self.loader(dtype_name) if self.loader else _converted(self.loaded, dtype_name)
+        variant = SharedModel.from_loaded(
+            loaded, lock=self.lock, loader=self.loader, servers=self.servers
+        )
+        variant.warm_up()
+        return variant
 
     def reference_for(self, batch_invariant: bool):
         """The reference runs are compared with: ``model.generate`` (``ReferenceCache``), or in
@@ -140,14 +151,25 @@ def load_shared_model(
     """
     global _shared_model
     check_model_allowed(model)
+    # On the engine thread, which runs every run too: torch keeps one OpenMP pool (engine_thread)
+    _shared_model = ENGINE_THREAD.call(_load_and_warm_up, model, device, dtype)
+    return _shared_model
+
+
+def _load_and_warm_up(model: str | None, device: str | None, dtype: str | None) -> SharedModel:
     loaded = load_model(model, device, dtype)
-    _shared_model = SharedModel.from_loaded(
+    shared = SharedModel.from_loaded(
         loaded, loader=lambda name: load_model(model, str(loaded.device), name)
     )
-    _shared_model.warm_up()
-    return _shared_model
+    shared.warm_up()
+    return shared
 
 
 def get_model() -> SharedModel:
     """The shared model, loading the default one on first use."""
     return _shared_model if _shared_model is not None else load_shared_model()
+
+
+def page_servers() -> PageServers | None:
+    """The shared model's servers, without loading a model (None before one is loaded)."""
+    return None if _shared_model is None else _shared_model.servers

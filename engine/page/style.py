@@ -5,8 +5,9 @@ request through ``request_color``, so a request keeps its colour in every chart;
 colour comes round again, and ``request_pattern`` gives the mark that tells such requests apart.
 Backgrounds are transparent and text and grid lines a neutral grey, so the figures read in light
 and dark themes. Titles are left-aligned with details in their subtitles, so they fit a phone.
-Used by ``engine.page.figures`` (timelines), ``engine.page.mask_figures`` (attention masks) and
-``engine.page.serving_figures``; these four are the only modules that import plotly.
+Used by ``engine.page.figures`` (timelines), ``engine.page.mask_figures`` (attention masks),
+``engine.page.serving_figures``, ``engine.page.block_map`` and ``engine.page.server_figures``
+(the servers' lanes and gauges); these six are the only modules that import plotly.
 """
 
 from __future__ import annotations
@@ -22,6 +23,28 @@ TEXT_COLOR = "#808080"  # mid grey: readable on white and on near-black
 GRID_COLOR = "rgba(128,128,128,0.25)"
 REPEAT_PATTERNS = ("", ".", "x", "+", "-", "|", "\\")  # by how many times the palette came round
 TITLE_FONT_PX = 15
+
+# Engine line colours (Okabe–Ito, distinct from each other) and dashes, so lines differ in
+# shape as well as hue.
+ENGINE_STYLE = {
+    "static": ("#D55E00", "dot"),
+    "continuous": ("#0072B2", "solid"),
+    "hf_continuous": ("#009E73", "dash"),
+}
+# Server engines (named by the host) in the order a run lists them.
+SERVER_STYLES = (
+    ("#CC79A7", "dashdot"),
+    ("#E69F00", "longdash"),
+    ("#56B4E9", "longdashdot"),
+    ("#F0E442", "dot"),
+)
+
+
+def engine_styles(names: list[str]) -> dict[str, tuple[str, str]]:
+    """(colour, dash) per engine: the built-in engines' own, servers ``SERVER_STYLES`` in order."""
+    servers = [n for n in names if n not in ENGINE_STYLE]
+    styles = {n: SERVER_STYLES[i % len(SERVER_STYLES)] for i, n in enumerate(servers)}
+    return {n: ENGINE_STYLE.get(n) or styles[n] for n in names}
 
 
 class PageFigure(go.Figure):

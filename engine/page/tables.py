@@ -7,8 +7,17 @@ plain strings: the page shows them as text, never as markup.
 
 from __future__ import annotations
 
-from engine.page.divergence_view import verdict_cell
-from engine.trace import Trace
+from engine.page.divergence_view import NOT_COMPARED as NOT_COMPARED_LABEL
+from engine.page.divergence_view import join_labels, verdict_label
+from engine.reference import (
+    MATCH,
+    MISMATCH,
+    NOT_COMPARED,
+    NOT_COMPARED_TEXT,
+    comparison,
+    not_compared_ids,
+)
+from engine.trace import RequestRecord, Trace
 
 METRICS_HEADERS = [
     "engine",
@@ -23,9 +32,10 @@ METRICS_HEADERS = [
     "p99 TTFT s",
     "preemptions",
     "outputs match model.generate",
+    "prefix-cache hit rate %",  # added last: the /run API's metrics columns keep their places
 ]
 # Column widths in pixels: wide enough for each name on any screen (a narrow one scrolls).
-METRICS_COLUMN_WIDTHS = [110, 84, 72, 100, 72, 100, 100, 110, 90, 90, 110, 150]
+METRICS_COLUMN_WIDTHS = [110, 84, 72, 100, 72, 100, 100, 110, 90, 90, 110, 150, 110]
 # Hover definitions of the metrics columns (the page sets them as the column names' titles).
 # Padding waste and slot utilisation have different denominators, so they need not add to 100.
 METRIC_HELP = {
@@ -46,7 +56,13 @@ METRIC_HELP = {
     "p99 TTFT s": "99th percentile of the time to first token.",
     "preemptions": "Times the paged KV cache ran dry and a sequence gave up its blocks.",
     "outputs match model.generate": "✓ when every output equals plain model.generate, token "
-    "for token.",
+    "for token. A request transformers' manager or a server sampled with its own random stream "
+    "cannot be compared: it is counted as not compared, never as a mismatch.",
+    "prefix-cache hit rate %": (
+        "Of all prompt tokens: the share taken from the prefix cache instead of being prefilled "
+        "(paged KV with prefix caching; the static engine never shares). — where an engine does "
+        "not say (transformers' manager)."
+    ),
 }
 METRICS_NOTE = (
     "**padding waste %** counts wasted token positions among those computed; **slot "
@@ -54,6 +70,8 @@ METRICS_NOTE = (
     "need not add to 100. Hover a column's name for its definition."
 )
 NOT_AVAILABLE = "—"
+ANOTHER_MODEL_TEXT = "another model, not compared"
+_COMPARISON_LABELS = {MATCH: "✓", MISMATCH: "✗ differs", NOT_COMPARED: NOT_COMPARED_LABEL}
 PROMPT_SHOWN_CHARS = 200  # longer prompts are clipped in the outputs table
 
 
@@ -73,8 +91,7 @@ def metrics_rows(
         speedup = f"{static_wall_s / m.wall_s:.2f}×" if static_wall_s and m.wall_s > 0 else "—"
         ok = NOT_AVAILABLE
         if reference_ok and name in reference_ok:
-            value = reference_ok[name]
-            ok = value if isinstance(value, str) else "✓" if value else "✗"
+            ok = _match_cell(reference_ok[name], len(not_compared_ids(trace)))
         rows.append(
             [
                 name,
@@ -89,24 +106,49 @@ def metrics_rows(
                 _rounded(trace.latency_percentiles()["ttft_s"]["p99"]),
                 m.num_preemptions if has_steps else NOT_AVAILABLE,
                 ok,
+                _percent(m.prefix_cache_hit_rate),
             ]
         )
     return rows
+
+
+def _match_cell(ok: bool | str, num_not_compared: int) -> str:
+    """✓ or ✗ over the compared requests (or the cell given: ✓ ≈ ✗), then how many were sampled
+    with another generator."""
+    mark = ok if isinstance(ok, str) else "✓" if ok else "✗"
+    if not num_not_compared:
+        return mark
+    return f"{mark} ({num_not_compared} {NOT_COMPARED_TEXT})"
+
+
+def _percent(share: float | None) -> float | str:
+    return NOT_AVAILABLE if share is None else round(100 * share, 1)
 
 
 def _rounded(value: float | None) -> float | str:
     return NOT_AVAILABLE if value is None else round(value, 2)
 
 
+CACHED_TOKENS_HEADER = "prompt tokens from the prefix cache"
+
+
 def outputs_headers(engine_names: list[str], reference: str = "model.generate") -> list[str]:
-    """request, prompt, cap, one output column per engine, then the reference verdict."""
+    """request, prompt, cap, one output column per engine, the reference verdict, then the
+    prompt tokens the continuous engine took from the prefix cache (added last)."""
     return [
         "request",
         "prompt",
         "cap",
         *(f"{n} output" for n in engine_names),
         f"matches {reference}",
+        CACHED_TOKENS_HEADER,
     ]
+
+
+def compared(trace: Trace) -> bool:
+    """False for a server that said it serves another model than the loaded one: its outputs
+    cannot match the reference, so it is left out of the check (a mismatch would mean nothing)."""
+    return (trace.info.get("server") or {}).get("same_model") is not False
 
 
 def outputs_rows(
@@ -115,22 +157,61 @@ def outputs_rows(
     verdicts: dict[str, dict[int, dict]] | None = None,
 ) -> list[list]:
     """One row per request (``outputs_headers`` order); the verdict names engines that differ,
-    or with ``verdicts`` (``engine.page.divergence_view``) says ✓, ≈ or ✗ per engine."""
+    and those that sampled the request with a generator of their own (not compared). A server
+    serving another model (``compared``) is left out of the check, which says so. With
+    ``verdicts`` (``engine.page.divergence_view``) it says ✓, ≈ or ✗ per engine."""
     runs = list(traces.items())
     first = runs[0][1]
+    unchecked = [name for name, trace in runs if not compared(trace)]
     rows = []
     for i, req in enumerate(first.requests):
         records = [(name, trace.requests[i]) for name, trace in runs]
         verdict = NOT_AVAILABLE
-        if reference is not None and verdicts is not None:
-            verdict = verdict_cell(verdicts, req.request_id)
-        elif reference is not None:
-            bad = [n for n, r in records if r.output_token_ids != reference.get(r.request_id)]
-            verdict = "✓" if not bad else "✗ " + " and ".join(bad)
+        if reference is not None:
+            checked = [(n, r) for n, r in records if n not in unchecked]
+            verdict = _verdict(checked, reference, verdicts)
+            if unchecked:
+                verdict += f" · {' and '.join(unchecked)}: {ANOTHER_MODEL_TEXT}"
         texts = [r.output_text for _, r in records]
         prompt = _clip(req.prompt, PROMPT_SHOWN_CHARS)
-        rows.append([f"R{req.request_id}", prompt, req.max_new_tokens, *texts, verdict])
+        cached = _cached_tokens(traces, i)
+        rows.append([f"R{req.request_id}", prompt, req.max_new_tokens, *texts, verdict, cached])
     return rows
+
+
+def _cached_tokens(traces: dict[str, Trace], index: int) -> int | str:
+    """The continuous engine's prefix-cache tokens for one request ("of 575" prompt tokens), or
+    "—" without it: the only engine of ours that shares blocks."""
+    trace = traces.get("continuous")
+    record = trace.requests[index] if trace is not None else None
+    if record is None or record.num_cached_tokens is None:
+        return NOT_AVAILABLE
+    return f"{record.num_cached_tokens} of {record.num_prompt_tokens}"
+
+
+def _verdict(
+    records: list[tuple[str, RequestRecord]], reference: dict[int, list[int]], judged=None
+) -> str:
+    """The verdict: "✓", or "✗ continuous", then "· hf_continuous: sampled with another
+    generator: not compared" for engines whose own random stream sampled the request. With
+    ``judged`` verdicts, each engine's own: "static ✓ · continuous ≈ near-tie at token 17"
+    (an engine without one, a server, by its comparison)."""
+    if judged:
+        return join_labels(
+            {
+                n: verdict_label(judged, n, r.request_id)
+                if n in judged
+                else _COMPARISON_LABELS[comparison(r, reference) or MISMATCH]
+                for n, r in records
+            }
+        )
+    verdicts = [(name, comparison(r, reference) or MISMATCH) for name, r in records]
+    bad = [name for name, v in verdicts if v == MISMATCH]
+    skipped = [name for name, v in verdicts if v == NOT_COMPARED]
+    text = "✓" if not bad else "✗ " + " and ".join(bad)
+    if skipped:
+        text += f" · {' and '.join(skipped)}: {NOT_COMPARED_TEXT}"
+    return text
 
 
 def _clip(text: str, limit: int) -> str:

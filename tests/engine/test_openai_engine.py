@@ -10,8 +10,9 @@ import pytest
 from engine.endpoints import Endpoint, EndpointError
 from engine.model_runner import ModelRunner
 from engine.openai_engine import OpenAIEngine, endpoint_engines
-from engine.reference import ReferenceCache
+from engine.reference import ReferenceCache, not_compared_ids
 from engine.run_control import RunCancelled
+from engine.sampling import SamplingParams
 from engine.workload import RequestSpec, tokenize_requests
 from tests.live_servers import TransformersServe, free_port
 from tests.tiny_model import tiny_runner
@@ -75,6 +76,21 @@ def test_times_are_on_the_client_clock(trace, requests):
         assert rec.token_times_s[0] == rec.first_token_s and rec.token_times_s[-1] == rec.finish_s
     assert trace.wall_s == max(r.finish_s for r in trace.requests)
     assert trace.metrics().mean_ttft_s > 0
+
+
+@pytest.mark.real_model
+def test_sampled_requests_reach_the_server_and_are_not_compared(serve, embedded_model, requests):
+    """A sampled request is sent with its settings and runs; its record is not comparable (the
+    server's random stream is its own), a greedy one beside it still is; the trace warns that
+    transformers serve takes no top_k."""
+    sampled = dataclasses.replace(requests[0], sampling=SamplingParams(0.8, 20, 0.9, seed=7))
+    greedy = dataclasses.replace(requests[2], request_id=1, arrival_s=0.0)
+    engine = OpenAIEngine(Endpoint("hf_serve", serve.url), embedded_model, 3)
+    trace = engine.run([dataclasses.replace(sampled, arrival_s=0.0), greedy])
+    assert [r.comparable for r in trace.requests] == [False, True], "comparable flags"
+    assert 1 <= len(trace.requests[0].output_token_ids) <= sampled.max_new_tokens
+    assert not_compared_ids(trace) == [0], not_compared_ids(trace)
+    assert any("does not take top_k" in w for w in trace.warnings), trace.warnings
 
 
 @pytest.mark.real_model

@@ -105,6 +105,20 @@ def test_stop_frees_the_server(vllm, embedded_model):
     assert len(vllm.run(short).requests[0].output_token_ids) == 3
 
 
+def test_another_model_gets_text_both_ways(vllm, embedded_model):
+    """Serving another model than the loaded one: a warning, and prompts and outputs as text
+    (token ids of our tokenizer would be other words to the server's)."""
+    from engine.openai_engine import OpenAIEngine
+
+    other = dataclasses.replace(embedded_model, name="Other-1B", source="/models/other-1b")
+    engine = OpenAIEngine(vllm.server.endpoint("other"), other, NUM_SLOTS)
+    trace = engine.run(_requests(embedded_model, [RequestSpec("The capital of France is", 4)]))
+    server = trace.info["server"]
+    assert (server["prompt_format"], server["output_token_ids"]) == ("text", "retokenized")
+    assert server["same_model"] is False and "cannot be compared" in trace.warnings[0]
+    assert trace.requests[0].output_text.strip(), "no output text from the server"
+
+
 def test_failed_start_shows_the_log():
     """A server that cannot start raises EndpointError with vLLM's own words."""
     settings = VllmSettings("/nonexistent/model-folder", "float32", 1, enforce_eager=True)

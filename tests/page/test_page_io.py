@@ -34,15 +34,15 @@ def test_setup_query_reproduces_preset_slots_and_step():
 
 def test_link_query_parameters_preset_the_page(recwarn):
     """?preset=SLUG&slots=N gives the preset's rows and the slot count, without a warning."""
-    name, rows, chat_template, text, slots = page_io.from_link(
+    name, rows, chat_template, text, slots, prefix_caching = page_io.from_link(
         _link(preset="one-long-many-short", slots=5)
     )
-    assert name == "One long, many short" and slots == 5
+    assert name == "One long, many short" and slots == 5 and prefix_caching == SKIP
     assert rows == presets.apply_preset(name)[0] and chat_template is False and text
-    assert page_io.from_link(_link()) == (SKIP,) * 5, "a plain link changed the page"
+    assert page_io.from_link(_link()) == (SKIP,) * 6, "a plain link changed the page"
     long_tail = page_io.from_link(_link(preset="long-tail"))
     assert long_tail[4] == presets.preset_slots(long_tail[0]) == 4, "the preset's slots not set"
-    assert page_io.from_link(None) == (SKIP,) * 5, "no request changed the page"
+    assert page_io.from_link(None) == (SKIP,) * 6, "no request changed the page"
     assert not [str(w.message) for w in recwarn], "a good link warned"
 
 
@@ -90,7 +90,8 @@ def test_upload_fills_the_table_and_clears_the_preset(tmp_path):
     path = tmp_path / "w.csv"
     path.write_text("prompt,max_new_tokens,arrival_s\nHi there,4,\nLater,3,1.5\n", encoding="utf-8")
     rows, preset, text = page_io.upload_workload(str(path))
-    assert rows == [["Hi there", 4, 0.0], ["Later", 3, 1.5]], rows
+    greedy = [None] * 4  # the sampling columns, empty
+    assert rows == [["Hi there", 4, 0.0, *greedy], ["Later", 3, 1.5, *greedy]], rows
     assert preset is None and "2 requests" in text and "1 arriving after" in text, text
 
 

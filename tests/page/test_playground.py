@@ -59,7 +59,7 @@ def test_run_comparison_renders_both_engines(result):
     assert sorted(state.reference) == [0, 1, 2, 3], f"reference ids {sorted(state.reference)}"
     assert [row[0] for row in result.metrics] == ["static", "continuous"], result.metrics
     assert [row[0] for row in result.outputs] == ["R0", "R1", "R2", "R3"], result.outputs
-    assert all(row[-1] == "✓" for row in result.outputs), "outputs differ from model.generate"
+    assert all(row[-2] == "✓" for row in result.outputs), "outputs differ from model.generate"
     assert "✓ all match" in result.status, result.status
     assert "2 slots" in result.status and "4 requests" in result.status, result.status
 
@@ -153,7 +153,7 @@ def test_numbers_as_strings_and_chat_template(shared):
     )
     assert [r.max_new_tokens for r in plain.state.static.requests] == [3, 2]
     assert chat.state.static.requests[0].num_prompt_tokens > 2, "chat template not applied"
-    assert plain.state.reference is None and plain.outputs[0][-1] == "—", "reference was run"
+    assert plain.state.reference is None and plain.outputs[0][-2] == "—", "reference was run"
 
 
 @pytest.mark.parametrize(
@@ -311,17 +311,18 @@ def test_every_preset_states_a_checkable_claim():
     """Each preset names the slots its text speaks of (the text says them) and a claim the
     real-model test checks (tests/page/test_presets_real.py)."""
     known = {"token_budget", "max_tokens_per_step", "long_requests", "fewer_steps", "min_ratio"}
-    known |= {"max_ratio", "continuous_steps", "lower_mean_ttft"}
+    known |= {"max_ratio", "continuous_steps", "lower_mean_ttft", "min_prefix_hit_rate"}
     for name, preset in presets.load_presets().items():
         check = preset["check"]
         assert check and set(check) <= known, f"{name}: {sorted(check)}"
         assert 1 <= preset["slots"] <= 16, f"{name}: slots {preset['slots']}"
         assert f"{preset['slots']} slots" in preset["description"], f"{name}: slots not in text"
         assert check.get("fewer_steps") in (None, "static", "continuous", "same"), name
+        assert check.get("lower_mean_ttft") in (None, "continuous", "prefix_caching"), name
         if check.get("fewer_steps"):
             bound = "max_ratio" if check["fewer_steps"] == "same" else "min_ratio"
             assert bound in check, f"{name}: no {bound}"
-        n = len(preset["requests"])
+        n = len(presets.apply_preset(name)[0])
         assert all(0 <= int(rid) < n for rid in check.get("long_requests", {})), name
         assert presets.choose_preset(name)[3] == preset["slots"]
 
@@ -366,7 +367,7 @@ def test_engine_knobs_reach_the_engines(shared):
     assert max(sum(s.num_new_tokens for s in st.seqs) for st in result.state.continuous.steps) <= 4
     assert result.state.hf_continuous is not None
     assert "✓ all match" in result.status, result.status
-    assert len(result.outputs[0]) == 7, "a third output column for transformers' engine"
+    assert len(result.outputs[0]) == 8, "a third output column for transformers' engine"
 
 
 def test_poisson_arrivals_reach_both_engines(shared):

@@ -37,6 +37,12 @@ def no_model_calls(shared, monkeypatch):
     monkeypatch.setattr(shared.runner, "generate", forbidden)
 
 
+def _sampled(**settings) -> list[list]:
+    """``ROWS`` with a third row, sampled with ``settings`` (the table's sampling columns)."""
+    cells = [settings.get(name) for name in ("temperature", "top_k", "top_p", "seed")]
+    return [*ROWS, ["sampled", 4, 0, *cells]]
+
+
 def _run_args(rows=ROWS, slots=2, budget=0, rate=0, kv_mib="0", block="16", previous=None):
     """``run_event``'s arguments, in app.py's order, with the knobs that tests vary."""
     knobs = (False, False, "paged", budget, "decode_first", False, rate, "time")
@@ -74,6 +80,15 @@ def _refused(*run_args) -> str:
         (_run_args(block="2.5"), "Block size must be a whole number"),
         (_run_args(block="0"), "Block size must be a whole number"),
         (_run_args(block="100000"), "from 1 to 256"),
+        (_run_args(rows=_sampled(temperature="-0.5")), "Row 3: temperature -0.5 is below 0"),
+        (_run_args(rows=_sampled(top_p="0")), "Row 3: top_p 0 is outside (0, 1]"),
+        (_run_args(rows=_sampled(top_p=1.5)), "Row 3: top_p 1.5 is outside (0, 1]"),
+        (_run_args(rows=_sampled(top_k="-1")), "Row 3: top_k -1 is below 0"),
+        (_run_args(rows=_sampled(top_k="2.5")), "Row 3: top_k 2.5 is not a whole number"),
+        (_run_args(rows=_sampled(seed="1.5")), "Row 3: seed 1.5 is not a whole number"),
+        (_run_args(rows=_sampled(seed="abc")), "Row 3: seed 'abc' is not a whole number"),
+        (_run_args(rows=_sampled(seed="-1")), "Row 3: seed -1 is out of range; use 0 to"),
+        (_run_args(rows=_sampled(seed=str(2**63))), f"Row 3: seed {2**63} is out of range"),
     ],
 )
 def test_bad_input_says_why_in_the_status_line_and_keeps_the_earlier_results(

@@ -5,14 +5,17 @@ Each preset in ``assets/presets.json`` has the slot count its text speaks of (``
 how long they really get (they must not stop at end-of-sequence early), which engine needs fewer
 steps and by at least how much (or that both need about the same), that continuous batching takes
 as many steps as its longest request, that no step passes the token budget, or that continuous
-batching serves the first tokens sooner. Step counts are compared, not wall times: steps do not
-depend on how busy the machine is. Both engines run for real (no reference check, to save time).
+batching serves the first tokens sooner, or that prefix caching hits often enough and serves them
+sooner with it (the continuous engine then runs again with the toggle on). Step counts are
+compared, not wall times, except for the TTFT claims, whose gaps are large: steps do not depend
+on how busy the machine is. The engines run for real (no reference check, to save time).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from engine.continuous import ContinuousEngine
 from engine.page import playground, presets
 from engine.page.run_options import RunOptions, prepare
 from engine.page.shared_model import SharedModel
@@ -37,6 +40,33 @@ def _run(model: SharedModel, name: str):
     )
     requests, config = prepare(model, rows, num_slots, options)
     return check, playground.run_engines(model, requests, config, options, lambda *a, **k: None)
+
+
+def _check_prefix_caching(model: SharedModel, name: str, check: dict, without) -> None:
+    """The toggle on (the continuous engine again; the static engine never shares): the hit rate
+    the text promises, the same outputs, lower mean TTFT."""
+    rows, chat_template, _, num_slots = presets.choose_preset(name)
+    options = RunOptions(chat_template=chat_template, kv_mode="paged", prefix_caching=True)
+    requests, config = prepare(model, rows, num_slots, options)
+    with model.lock:
+        cached = ContinuousEngine(model.runner, config).run(requests)
+    plain = without.continuous
+    hit_rate = cached.metrics().prefix_cache_hit_rate
+    print(f"{name}: prefix-cache hit rate {hit_rate:.2f}")
+    assert hit_rate >= check["min_prefix_hit_rate"], f"{name}: hit rate {hit_rate:.2f}"
+    assert without.static.metrics().prefix_cache_hit_rate == 0, "the static engine shared blocks"
+    for a, b in zip(cached.requests, plain.requests, strict=True):
+        assert a.output_token_ids == b.output_token_ids, f"{name}: R{a.request_id} changed"
+    saved = _prefilled_tokens(plain) - _prefilled_tokens(cached)
+    assert saved == cached.num_prefix_cached_tokens() > 0, f"{name}: {saved} tokens not prefilled"
+    if check.get("lower_mean_ttft") == "prefix_caching":
+        on, off = cached.metrics().mean_ttft_s, plain.metrics().mean_ttft_s
+        print(f"{name}: mean TTFT {off:.3f} s without prefix caching, {on:.3f} s with")
+        assert on < off, f"{name}: mean TTFT {on:.3f} s with prefix caching, {off:.3f} without"
+
+
+def _prefilled_tokens(trace) -> int:
+    return sum(s.num_new_tokens for step in trace.steps for s in step.seqs if s.kind == "prefill")
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -65,6 +95,8 @@ def test_preset_does_what_its_text_says(model, name):
     if "max_tokens_per_step" in check:
         most = max(s.num_scheduled_tokens for s in state.continuous.steps)
         assert most <= check["max_tokens_per_step"], f"{name}: a step carried {most} tokens"
+    if "min_prefix_hit_rate" in check:
+        _check_prefix_caching(model, name, check, state)
     if check.get("lower_mean_ttft") == "continuous":
         static_ttft = state.static.metrics().mean_ttft_s
         continuous_ttft = state.continuous.metrics().mean_ttft_s

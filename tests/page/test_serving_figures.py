@@ -6,7 +6,7 @@ from tiny_model import make_requests, tiny_runner
 
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
-from engine.page import figures, serving_figures
+from engine.page import block_map, figures, serving_figures
 from engine.static import StaticEngine
 
 SPECS = [("the quick brown fox", 30), ("hello world", 24), ("abc", 20), ("z" * 12, 9), ("q", 5)]
@@ -64,7 +64,7 @@ def test_step_usage_stacks_tokens_under_the_budget_and_follows_kv_blocks(paged):
 def test_block_map_colours_each_owned_block_by_its_request(paged):
     """Owned cells carry their request's colour code, free cells code 0, per the block tables."""
     step = max(paged.steps, key=lambda s: s.kv_blocks_used)
-    fig = serving_figures.block_map_figure(paged, step.index)
+    fig = block_map.block_map_figure(paged, step.index)
     cells = [z for row in fig.data[0].z for z in row if z is not None]
     assert len(cells) == paged.info["kv_blocks"]
     assert sum(1 for z in cells if z != 0) == step.kv_blocks_used
@@ -82,7 +82,7 @@ def test_block_map_colours_each_owned_block_by_its_request(paged):
 
 def test_block_map_explains_itself_without_paging(runner):
     trace = ContinuousEngine(runner, EngineConfig(2)).run(make_requests(SPECS[:2]))
-    fig = serving_figures.block_map_figure(trace, 0)
+    fig = block_map.block_map_figure(trace, 0)
     assert "paged" in fig.layout.annotations[0].text
 
 

@@ -8,6 +8,7 @@ from engine.trace import Trace
 
 PROMPT_LENS = [5, 6, 8, 9, 10, 7]
 CAPS = [6, 50, 300, 30, 180, 45]
+MATCH = tables.METRICS_HEADERS.index("outputs match model.generate")
 
 
 @pytest.fixture()
@@ -35,22 +36,22 @@ def test_metrics_rows_values(static, continuous):
     ttfts = sorted(r.ttft_s for r in continuous.requests)
     assert ttfts[-2] <= c_row[9] <= round(ttfts[-1], 2), "p99 TTFT lies between the top two"
     assert c_row[10] == 0, "no preemption in a slots-mode trace"
-    assert (s_row[-1], c_row[-1]) == ("✓", "✗"), "reference verdicts wrong"
+    assert (s_row[MATCH], c_row[MATCH]) == ("✓", "✗"), "reference verdicts wrong"
     unchecked = tables.metrics_rows({"continuous": continuous}, None)[0]
-    assert unchecked[5] == "—" and unchecked[-1] == "—", "no static or reference should give —"
+    assert unchecked[5] == "—" and unchecked[MATCH] == "—", "no static or reference: —"
 
 
 def test_outputs_rows_verdicts(static, continuous):
     """Outputs rows give both texts and say which engine differs from the reference."""
     reference = {r.request_id: list(r.output_token_ids) for r in static.requests}
     rows = tables.outputs_rows({"static": static, "continuous": continuous}, reference)
-    assert rows[0] == ["R0", "prompt 0", 6, "0 1 2 3 4 5", "0 1 2 3 4 5", "✓"], rows[0]
+    assert rows[0] == ["R0", "prompt 0", 6, "0 1 2 3 4 5", "0 1 2 3 4 5", "✓", "0 of 5"], rows[0]
     continuous.requests[2].output_token_ids = [7]
     assert (
-        tables.outputs_rows({"static": static, "continuous": continuous}, reference)[2][-1]
+        tables.outputs_rows({"static": static, "continuous": continuous}, reference)[2][-2]
         == "✗ continuous"
     )
-    assert tables.outputs_rows({"static": static, "continuous": continuous}, None)[0][-1] == "—", (
+    assert tables.outputs_rows({"static": static, "continuous": continuous}, None)[0][-2] == "—", (
         "no reference → —"
     )
 

@@ -45,7 +45,10 @@ def test_page_opens_on_the_recorded_run(page: Page):
     step = int(slider.input_value()) + 1
     slider.focus()
     slider.press("ArrowRight")
-    expect(page.locator("#packed_mask_plot .gtitle")).to_contain_text(f"Packed step {step}:")
+    expect(page.locator("#packed_mask_plot .gtitle")).to_contain_text(
+        f"Packed step {step}:",
+        timeout=30_000,  # redrawn by the server: slow on a busy machine
+    )
     expect(page.locator("#static_mask_plot .gtitle")).to_contain_text(f"Static step {step}:")
     expect(page.locator("#step_slider")).to_contain_text("continuous 0–")
 

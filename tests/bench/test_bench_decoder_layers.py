@@ -1,0 +1,36 @@
+"""The bench says which decoder layers our continuous engine ran (JSON and table)."""
+
+import json
+
+import pytest
+
+from engine.bench import cli as bench
+
+
+def _bench(tmp_path, engines: str, capsys) -> tuple[dict, str]:
+    out = tmp_path / "out.json"
+    assert bench.main(["--engines", engines, "--slots", "2", "--json", str(out)]) == 0
+    return json.loads(out.read_text()), capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("setting", "path"), [("auto", "fused"), ("off", "transformers")])
+def test_bench_reports_the_decoder_layers_of_the_timed_steps(
+    setting, path, tmp_path, tiny_loaded, capsys, monkeypatch
+):
+    """decoder_layers names the path; decoder_layer_steps counts the timed run's steps only."""
+    monkeypatch.setenv("CBP_FUSED_LAYERS", setting)
+    doc, table = _bench(tmp_path, "static,continuous", capsys)
+    steps = doc["engines"]["continuous"]["num_steps"]
+    other = "transformers" if path == "fused" else "fused"
+    assert doc["decoder_layers"] == path
+    assert doc["decoder_layer_steps"] == {path: steps, other: 0}
+    assert doc["engines"]["continuous"]["reference_match"] is True
+    assert f"decoder layers: {path} (steps: {path} {steps})" in table
+
+
+def test_bench_without_a_continuous_engine_reports_no_decoder_layers(tmp_path, tiny_loaded, capsys):
+    """With no continuous engine in the run, decoder_layers is null and the table says nothing."""
+    doc, table = _bench(tmp_path, "static", capsys)
+    assert doc["decoder_layers"] is None
+    assert doc["decoder_layer_steps"] == {"fused": 0, "transformers": 0}
+    assert "decoder layers" not in table

@@ -1,0 +1,118 @@
+"""vLLM on the page, in the browser: ``app.py --vllm`` starts a real vLLM from ``.venv-vllm``.
+
+The page shows its start-up in the servers line, then a run gives vLLM an outputs column checked
+against ``model.generate``, a row in the metrics, one lane per request on the servers' timeline,
+and the server chart from its ``/metrics``. A prompt past vLLM's context (started with
+``--vllm-max-model-len 256``; ours is 8,192) is refused by vLLM alone: the page says so and
+shows the other engines' results.
+Skipped without ``.venv-vllm`` (``make vllm``; CI builds it). Eager mode keeps the start short.
+"""
+
+from __future__ import annotations
+
+import pytest
+from browser_kit import (
+    PYTESTMARK,
+    SCREENSHOTS,
+    Page,
+    _cell,
+    _num_rows,
+    expect,
+    plot_summary,
+    run_and_wait,
+    set_requests,
+    set_slots,
+    status_text,
+)
+from server_kit import start_app_server
+
+from tests.live_servers import needs_vllm
+
+pytestmark = [*PYTESTMARK, needs_vllm, pytest.mark.real_model]
+VLLM_START_TIMEOUT_MS = 1_200_000  # eager start on a busy 2-core CPU: about 2 minutes idle
+ROWS = [("The capital of France is", 4), ("Today's weather is so", 6)]
+
+
+@pytest.fixture(scope="module")
+def server_url(request, tmp_path_factory) -> str:
+    """``app.py --vllm`` (eager, 2 sequences: the slots these tests use; 256 tokens per request,
+    so a prompt it refuses is cheap for our engines), for this module."""
+    args = ("--vllm", "--vllm-eager", "--vllm-max-num-seqs", "2", "--vllm-max-model-len", "256")
+    return start_app_server(request, tmp_path_factory, args)
+
+
+def _wait_for_vllm(page: Page) -> None:
+    line = page.locator("#servers_markdown")
+    expect(line).to_contain_text("vllm: starting vLLM (eager · float32 · up to 2 sequences")
+    expect(line).to_contain_text("vllm: ready · vLLM", timeout=VLLM_START_TIMEOUT_MS)
+
+
+def _outputs(page: Page) -> tuple[list[str], list[list[str]]]:
+    """The outputs table's headers and body cells."""
+    headers = [
+        h.strip() for h in page.locator("#outputs_table thead th").all_inner_texts() if h.strip()
+    ]
+    rows = [
+        [_cell(page, "outputs_table", r, c).inner_text().strip() for c in range(len(headers))]
+        for r in range(_num_rows(page, "outputs_table"))
+    ]
+    return headers, rows
+
+
+def test_vllm_column_lanes_and_server_chart(page: Page):
+    """A run with vLLM: its checked column, its metrics row, its lanes and its /metrics chart."""
+    _wait_for_vllm(page)
+    expect(page.locator("#servers_checkbox input[type=checkbox]")).to_be_checked()
+    set_requests(page, ROWS)
+    set_slots(page, 2)
+    run_and_wait(page)
+    status = status_text(page)
+    assert "✓ all match model.generate token for token" in status, status
+    assert " · vllm " in status and "not like for like" not in status, status
+    headers, rows = _outputs(page)
+    assert "vllm output" in headers, headers
+    column, verdict = headers.index("vllm output"), headers.index("matches model.generate")
+    for row in rows:
+        assert row[column] and row[verdict] == "✓", f"vLLM's output not shown or checked: {row}"
+    metrics_engines = page.locator('#metrics_table [role=gridcell][data-col="0"]').all_inner_texts()
+    assert "vllm" in [m.replace("⋮", "").strip() for m in metrics_engines], metrics_engines
+    lanes = plot_summary(page, "server_timeline_plot")
+    assert lanes["title"].startswith("Servers: one lane per request"), lanes
+    assert lanes["num_data"] == 2 and lanes["num_drawn"] == 2, lanes
+    lane_names = page.locator("#server_timeline_plot .js-plotly-plot").evaluate(
+        "el => el.data.map(d => [d.name, d.y])"
+    )
+    assert lane_names == [
+        ["waiting for the first token", ["R0", "R1"]],
+        ["decoding", ["R0", "R1"]],
+    ], lane_names
+    chart = page.locator("#server_chart_plot .js-plotly-plot")
+    chart_names = chart.evaluate("el => el.data.map(d => d.name)")
+    for name in ("vllm: running", "vllm: waiting", "vllm: KV use %", "continuous (ours): running"):
+        assert name in chart_names, f"{name!r} missing from the server chart: {chart_names}"
+    assert plot_summary(page, "server_chart_plot")["num_drawn"] >= 4
+    cdf = page.locator("#latency_cdf_plot .js-plotly-plot").evaluate(
+        "el => [...new Set(el.data.map(d => d.name))]"
+    )
+    assert "vllm" in cdf, cdf
+    page.locator("#server_timeline_plot").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOTS / "vllm-run.png"), full_page=True)
+
+
+def test_request_too_long_for_vllm_is_its_message_only(page: Page):
+    """vLLM refuses a prompt past its context: a clear message; our engines' results stay."""
+    _wait_for_vllm(page)
+    set_requests(page, [(" ".join(["word"] * 300), 3), ("Hello", 3)])
+    set_slots(page, 2)
+    run_and_wait(page)
+    status = status_text(page)
+    assert "✗ vllm: vllm refused Request R0" in status and "HTTP 400" in status, status
+    assert "maximum context length is 256 tokens" in status, "vLLM's reason is not shown"
+    assert "The other engines' results are kept" in status, status
+    assert "✓ all match model.generate token for token" in status, status
+    headers, rows = _outputs(page)
+    assert "vllm output" not in headers and "continuous output" in headers, headers
+    verdict = headers.index("matches model.generate")
+    assert all(row[verdict] == "✓" for row in rows), rows
+    line = page.locator("#servers_markdown")
+    expect(line).to_contain_text("vllm: ready")  # a refusal is no failure of the server

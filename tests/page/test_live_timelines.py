@@ -1,0 +1,43 @@
+"""Live timelines are redrawn within a CPU budget, and at once when an engine starts stepping."""
+
+from __future__ import annotations
+
+import time
+
+import plotly.graph_objects as go
+from tiny_model import make_requests, tiny_runner
+
+from engine.config import EngineConfig
+from engine.continuous import ContinuousEngine
+from engine.page.live_run import EngineProgress
+from engine.page.progress_view import LiveTimelines
+from engine.page.run_view import RUN_OUTPUTS
+from engine.static import StaticEngine
+
+STATIC = RUN_OUTPUTS.index("static_timeline_plot")
+CONTINUOUS = RUN_OUTPUTS.index("continuous_timeline_plot")
+STATUS = RUN_OUTPUTS.index("status_markdown")
+
+
+def test_timelines_wait_for_their_budget_but_a_starting_engine_is_drawn_at_once():
+    """A redraw comes only after its CPU cost over the share; a new engine's first steps draw."""
+    runner = tiny_runner()
+    requests = make_requests([("hello", 4), ("a longer prompt", 6)])
+    static = StaticEngine(runner, EngineConfig(2)).run(requests)
+    continuous = ContinuousEngine(runner, EngineConfig(2)).run(requests)
+    progress = {"static": EngineProgress("static", len(static.steps), 2, 2, static)}
+    views = LiveTimelines(cpu_share=1e-6)  # a redraw then waits for ages
+    first = views.outputs(progress, requests, 2, "time", 1.0, None)
+    assert isinstance(first[STATIC], go.Figure)
+    second = views.outputs(progress, requests, 2, "time", 1.5, None)
+    assert not isinstance(second[STATIC], go.Figure), "redrawn within the budget"
+    assert "1.5 s" in second[STATUS], "the status line must update every poll"
+    progress["continuous"] = EngineProgress("continuous", 1, 0, 2, continuous)
+    third = views.outputs(progress, requests, 2, "time", 2.0, None)
+    assert isinstance(third[CONTINUOUS], go.Figure), "a starting engine's timeline waited"
+    assert views.num_draws == 2
+    eager = LiveTimelines(cpu_share=1.0)  # waits as long as the draw's CPU took
+    eager.outputs(progress, requests, 2, "time", 1.0, None)
+    time.sleep(0.5)  # the draw's thread CPU time is at most its wall time: the redraw is due
+    later = eager.outputs(progress, requests, 2, "time", 1.5, None)
+    assert isinstance(later[CONTINUOUS], go.Figure), "no redraw once the budget allowed it"
