@@ -151,7 +151,7 @@ def settings_panel(
     dtype: str = "float32",
 ) -> SettingsPanel:
     """The right-hand column of settings; the engine knobs sit in a closed accordion, the
-    precision (one of ``dtypes``, ``dtype`` first chosen) and batch-invariant mode below them."""
+    precision (one of ``dtypes``, ``dtype`` first chosen) and batch-invariant mode last in it."""
     preset_dropdown = gr.Dropdown(
         choices=list(presets.load_presets()),
         value=presets.DEFAULT_PRESET,
@@ -175,7 +175,7 @@ def settings_panel(
     servers = server_panels.servers_checkbox(list(server_names))
     with gr.Accordion("Engine settings", open=False):
         knobs = _engine_knobs()
-    precision = _precision_knobs(dtypes, dtype)
+        precision = _precision_knobs(dtypes, dtype)
     with gr.Row():
         run_button = gr.Button("Run", variant="primary", elem_id="run_button")
         stop_button = gr.Button("Stop", variant="stop", elem_id="stop_button")
