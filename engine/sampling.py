@@ -105,7 +105,7 @@ def parse_sampling(temperature, top_k, top_p, seed, where: str) -> SamplingParam
             starts with ``where`` (e.g. "Row 3" or "w.csv line 4").
     """
     cells = dict(zip(FIELDS, (temperature, top_k, top_p, seed), strict=True))
-    given = {name: value for name, value in cells.items() if not _blank(value)}
+    given = {name: value for name, value in cells.items() if not is_blank(value)}
     if not given:
         return None
     try:
@@ -158,7 +158,8 @@ def _text(value, name: str) -> str:
         raise ValueError(f"{name} is a number too long to read.") from None
 
 
-def _blank(value) -> bool:
+def is_blank(value) -> bool:
+    """Whether a table cell is empty: None, NaN (pandas' empty cell) or only whitespace."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return True
     try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.sampling import FIELDS as SAMPLING_FIELDS
-from engine.sampling import SamplingParams, parse_sampling
+from engine.sampling import SamplingParams, is_blank, parse_sampling
 from engine.sequence import Request
 
 MAX_ROWS = 256  # requests per run; a Space owner can set CBP_MAX_ROWS
@@ -110,7 +110,7 @@ def parse_cap(value, where: str) -> int:
 
 def parse_spec(prompt, cap, where: str) -> RequestSpec:
     """Validate one (prompt, cap) pair. Raises ValueError naming ``where``."""
-    if _blank(prompt):
+    if is_blank(prompt):
         raise ValueError(f"{where}: the prompt is blank.")
     text = _text(prompt, where, "the prompt")
     max_chars = limits().max_prompt_chars
@@ -139,11 +139,11 @@ def parse_table(rows) -> list[RequestSpec]:
     width = len(TABLE_COLUMNS)
     for i, row in enumerate(rows or [], start=1):
         cells = (list(row) + [None] * width)[:width]
-        if all(_blank(cell) for cell in cells):
+        if all(is_blank(cell) for cell in cells):
             continue
         prompt, cap, arrival, *sampling = cells
         spec = parse_spec(prompt, cap, f"Row {i}")
-        if not _blank(arrival):
+        if not is_blank(arrival):
             spec = dataclasses.replace(spec, arrival_s=parse_arrival(arrival, f"Row {i}"))
         spec = dataclasses.replace(spec, sampling=parse_sampling(*sampling, f"Row {i}"))
         specs.append(spec)
@@ -282,15 +282,6 @@ def _text(value, where: str, what: str) -> str:
         return str(value)
     except ValueError:  # Python's int-to-str digit limit
         raise ValueError(f"{where}: {what} is a number too long to read.") from None
-
-
-def _blank(value) -> bool:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return True
-    try:
-        return not str(value).strip()
-    except ValueError:  # an int too long to print is not blank; parse_spec names its row
-        return False
 
 
 def checked_count(specs: list[RequestSpec]) -> list[RequestSpec]:
