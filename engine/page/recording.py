@@ -189,6 +189,7 @@ def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
     """Run the default preset with the page's default settings on the embedded model and write
     the recording to ``path``. Slow: it runs both engines and the reference for real."""
     from engine.page import page_io, playground, presets, shared_model
+    from engine.page.engine_thread import ENGINE_THREAD
     from engine.page.run_options import RunOptions, prepare
 
     model = shared_model.load_shared_model(device=device)
@@ -196,7 +197,10 @@ def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
     rows, chat_template, _ = presets.apply_preset(presets.DEFAULT_PRESET)
     options = RunOptions(chat_template=chat_template, check_reference=True, kv_mode="paged")
     requests, config = prepare(model, rows, page_io.DEFAULT_SLOTS, options)
-    state = playground.run_engines(model, requests, config, options, lambda *a, **k: None)
+    # On the page's engine thread, where the model was loaded: one OpenMP pool, as in the page.
+    no_progress = lambda *a, **k: None  # noqa: E731
+    run = playground.run_engines
+    state = ENGINE_THREAD.call(run, model, requests, config, options, no_progress)
     meta = Recording(
         preset=presets.DEFAULT_PRESET,
         num_slots=config.num_slots,
