@@ -29,17 +29,20 @@ or check transformers' own layers in the same engine.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine import attention, decode_attention
+from engine.host_setting import read_choice
 from engine.linear_kernel import onednn_pack, skinny_linear
 from engine.packed_batch import PackedBatch
 
-CHOICES = ("auto", "off")  # CBP_FUSED_LAYERS
+CHOICES = {  # CBP_FUSED_LAYERS
+    "auto": "the fused decoder layers where they apply",
+    "off": "transformers' own layers",
+}
 _LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -117,12 +120,7 @@ def requested() -> bool:
     Raises:
         ValueError: a value other than ``auto`` or ``off``, named in the message.
     """
-    choice = os.environ.get("CBP_FUSED_LAYERS", "").strip().lower() or "auto"
-    if choice not in CHOICES:
-        raise ValueError(
-            f"CBP_FUSED_LAYERS={choice!r}: use 'auto' (the fused decoder layers where they apply) "
-            "or 'off' (transformers' own layers)"
-        )
+    choice = read_choice("CBP_FUSED_LAYERS", CHOICES)
     return choice == "auto"
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import platform
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
@@ -40,6 +39,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.host_setting import read_choice
 
 MAX_SKINNY_ROWS = 64  # above this many rows plain F.linear is as fast as (W @ x.T).T
 
@@ -170,7 +171,10 @@ class Kernel(NamedTuple):
 
 
 SKINNY = Kernel("skinny", skinny_forward, 0)
-KERNEL_CHOICES = ("auto", "skinny")  # CBP_ENGINE_KERNEL: a host may forgo the packed copies
+KERNEL_CHOICES = {  # CBP_ENGINE_KERNEL: a host may forgo the packed copies
+    "auto": "the fastest kernel that works here",
+    "skinny": "MKL, without oneDNN's packed weight copies",
+}
 
 
 def requested_kernel() -> str:
@@ -179,12 +183,7 @@ def requested_kernel() -> str:
     Raises:
         ValueError: a value other than ``auto`` or ``skinny``, named in the message.
     """
-    choice = os.environ.get("CBP_ENGINE_KERNEL", "").strip().lower() or "auto"
-    if choice not in KERNEL_CHOICES:
-        raise ValueError(
-            f"CBP_ENGINE_KERNEL={choice!r}: use 'auto' (the fastest kernel that works here) or "
-            "'skinny' (MKL, without oneDNN's packed weight copies)"
-        )
+    choice = read_choice("CBP_ENGINE_KERNEL", KERNEL_CHOICES)
     return choice
 
 
