@@ -35,7 +35,22 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype)
     return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
-class SlotKVCache:
+class _WrittenInPlace:
+    """Batch-invariant mode's two calls for a cache that ``write``s every step's keys in place
+    and reads a slot back through ``sequence_view`` (the slot and paged caches)."""
+
+    def store_step(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+        """Batch-invariant mode: store the step's keys/values (as ``write``)."""
+        self.write(layer, key, value, batch)
+
+    def sequence_kv(self, layer: int, batch: PackedBatch, index: int):
+        """Keys and values of ``batch.seqs[index]``, cached and new: [H_kv, kv_len, D] each."""
+        kv_len = batch.num_cached[index] + batch.num_new[index]
+        keys, values = self.sequence_view(layer, batch, batch.seqs[index].slot, kv_len)
+        return keys[0], values[0]
+
+
+class SlotKVCache(_WrittenInPlace):
     """Preallocated per-slot KV storage written in place.
 
     Shapes:
@@ -85,21 +100,11 @@ class SlotKVCache:
         """One slot's first ``kv_len`` keys and values: [1, H_kv, kv_len, D]."""
         return self.keys[layer][slot, :, :kv_len][None], self.values[layer][slot, :, :kv_len][None]
 
-    def store_step(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
-        """Batch-invariant mode: store the step's keys/values (as ``write``)."""
-        self.write(layer, key, value, batch)
-
-    def sequence_kv(self, layer: int, batch: PackedBatch, index: int):
-        """Keys and values of ``batch.seqs[index]``, cached and new: [H_kv, kv_len, D] each."""
-        kv_len = batch.num_cached[index] + batch.num_new[index]
-        keys, values = self.sequence_view(layer, batch, batch.seqs[index].slot, kv_len)
-        return keys[0], values[0]
-
     def release(self, request_id: int) -> None:
         """Nothing to free: the next occupant of the slot overwrites and masks stale entries."""
 
 
-class PagedKVCache:
+class PagedKVCache(_WrittenInPlace):
     """A pool of KV blocks shared by all sequences, addressed through block tables.
 
     Storage keeps each block's tokens contiguous per head, so a block is rows
@@ -171,16 +176,6 @@ class PagedKVCache:
         num_rows, n = rows.shape
         picked = store.index_select(1, rows.reshape(-1))  # (H_kv, B * n, D)
         return picked.view(store.shape[0], num_rows, n, store.shape[-1]).transpose(0, 1)
-
-    def store_step(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
-        """Batch-invariant mode: store the step's keys/values (as ``write``)."""
-        self.write(layer, key, value, batch)
-
-    def sequence_kv(self, layer: int, batch: PackedBatch, index: int):
-        """Keys and values of ``batch.seqs[index]``, cached and new: [H_kv, kv_len, D] each."""
-        kv_len = batch.num_cached[index] + batch.num_new[index]
-        keys, values = self.sequence_view(layer, batch, batch.seqs[index].slot, kv_len)
-        return keys[0], values[0]
 
     def release(self, request_id: int) -> None:
         """Nothing here: the scheduler returns a sequence's blocks through the block manager."""
