@@ -26,6 +26,7 @@ from tiny_model import tiny_runner  # noqa: E402
 from engine.loader import LoadedModel, load_model  # noqa: E402
 from engine.page.playground import SharedModel  # noqa: E402
 from engine.reference import ReferenceCache  # noqa: E402
+from tests.live_servers import TransformersServe  # noqa: E402
 
 
 @pytest.fixture()
@@ -53,3 +54,12 @@ def embedded_model() -> LoadedModel:
 def server_url(request, tmp_path_factory) -> str:
     """``app.py`` on a free localhost port, offline; terminated when the module's tests end."""
     return start_app_server(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def serve(embedded_model) -> TransformersServe:
+    """``transformers serve`` with the embedded model on 127.0.0.1, stopped when the module's
+    tests end: the real OpenAI-compatible server of the endpoint tests."""
+    server = TransformersServe(embedded_model.source).start()
+    yield server
+    server.stop()

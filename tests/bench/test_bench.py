@@ -7,18 +7,13 @@ import pytest
 from engine.bench import args as bench_args
 from engine.bench import cli as bench
 from engine.linear_kernel import linear_modules
-
-
-def _workload(tmp_path, rows):
-    path = tmp_path / "w.jsonl"
-    path.write_text("\n".join(json.dumps({"prompt": p, "max_new_tokens": n}) for p, n in rows))
-    return str(path)
+from tests.bench.workload_files import corrupt_continuous_outputs, write_workload
 
 
 def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     """--json has every documented field per engine, and outputs match the reference."""
     out = tmp_path / "out.json"
-    workload = _workload(tmp_path, [("hello", 5), ("a longer prompt here", 12), ("z", 3)])
+    workload = write_workload(tmp_path, [("hello", 5), ("a longer prompt here", 12), ("z", 3)])
     argv = ["--workload", workload, "--slots", "2", "--json", str(out), "--floor"]
     argv += ["--out", str(tmp_path / "exports")]
     argv += ["--engines", "static,static_generate,continuous,continuous_concat,hf_continuous"]
@@ -72,7 +67,7 @@ def test_bench_reports_bad_input_clearly(tmp_path, tiny_loaded, capsys):
 def test_token_budget_and_repeat_flags(tmp_path, tiny_loaded):
     """--token-budget caps every continuous step's tokens; --repeat reports a spread."""
     out = tmp_path / "o.json"
-    workload = _workload(tmp_path, [("x" * 30, 4), ("y" * 25, 4)])
+    workload = write_workload(tmp_path, [("x" * 30, 4), ("y" * 25, 4)])
     argv = ["--workload", workload, "--engines", "continuous", "--token-budget", "8"]
     assert bench.main([*argv, "--repeat", "2", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
@@ -85,7 +80,7 @@ def test_small_kv_budget_preempts_and_still_matches(tmp_path, tiny_loaded):
     """--kv-budget-mib and --block-size size the paged pool; preemptions land in the JSON."""
     out = tmp_path / "p.json"
     rows = [("the quick brown fox", 30), ("hello world", 30), ("abc", 30)]
-    workload = _workload(tmp_path, rows)
+    workload = write_workload(tmp_path, rows)
     bytes_per_token = 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads, head size 16, fp32
     budget_mib = 14 * 4 * bytes_per_token / 2**20  # 14 blocks of 4 tokens: not 3 × 12 blocks
     argv = ["--workload", workload, "--engines", "continuous,continuous_paged", "--slots", "3"]
@@ -100,19 +95,9 @@ def test_small_kv_budget_preempts_and_still_matches(tmp_path, tiny_loaded):
 
 def test_a_mismatch_is_reported_with_its_token_and_margin(tmp_path, tiny_loaded, monkeypatch):
     """An engine output that differs from the reference fails the bench and is explained."""
-    from engine.continuous import ContinuousEngine
-
-    real_run = ContinuousEngine.run
-
-    def corrupted_run(self, requests, on_step=None):
-        trace = real_run(self, requests, on_step)
-        record = trace.requests[0]
-        record.output_token_ids = [*record.output_token_ids[:2], 3, *record.output_token_ids[3:]]
-        return trace
-
-    monkeypatch.setattr(ContinuousEngine, "run", corrupted_run)
+    corrupt_continuous_outputs(monkeypatch)
     out = tmp_path / "m.json"
-    workload = _workload(tmp_path, [("the quick brown fox", 8), ("hello", 6)])
+    workload = write_workload(tmp_path, [("the quick brown fox", 8), ("hello", 6)])
     argv = ["--workload", workload, "--engines", "static,continuous", "--json", str(out)]
     assert bench.main(argv) == 1, "a mismatch fails the bench"
     doc = json.loads(out.read_text())
@@ -167,7 +152,7 @@ def test_scoped_flags_get_their_defaults_when_not_given():
 
 def test_bench_warns_on_stderr_about_an_ignored_kv_budget(tmp_path, tiny_loaded, capsys):
     """--kv-budget-mib without continuous_paged runs, and says on stderr that it was ignored."""
-    workload = _workload(tmp_path, [("hello", 2)])
+    workload = write_workload(tmp_path, [("hello", 2)])
     argv = ["--workload", workload, "--engines", "continuous", "--kv-budget-mib", "8"]
     assert bench.main([*argv, "--no-reference"]) == 0
     err = capsys.readouterr().err
@@ -177,7 +162,7 @@ def test_bench_warns_on_stderr_about_an_ignored_kv_budget(tmp_path, tiny_loaded,
 def test_without_a_reference_nothing_claims_a_comparison(tmp_path, tiny_loaded, capsys):
     """--no-reference: no reference timing printed, and match and mismatch count are both null."""
     out = tmp_path / "out.json"
-    workload = _workload(tmp_path, [("hello", 2), ("there", 3)])
+    workload = write_workload(tmp_path, [("hello", 2), ("there", 3)])
     argv = ["--workload", workload, "--engines", "continuous", "--json", str(out)]
     assert bench.main([*argv, "--no-reference"]) == 0
     assert "reference:" not in capsys.readouterr().err

@@ -7,13 +7,7 @@ import pytest
 from engine.bench import args as bench_args
 from engine.bench import cli as bench
 from engine.bench import gpu_check
-
-
-def _workload(tmp_path, rows):
-    path = tmp_path / "w.jsonl"
-    path.write_text("\n".join(json.dumps({"prompt": p, "max_new_tokens": n}) for p, n in rows))
-    return str(path)
-
+from tests.bench.workload_files import corrupt_continuous_outputs, write_workload
 
 ROWS = [("hello", 5), ("a longer prompt here", 12), ("z", 3), ("the quick brown fox", 9)]
 
@@ -21,7 +15,7 @@ ROWS = [("hello", 5), ("a longer prompt here", 12), ("z", 3), ("the quick brown 
 def test_every_request_gets_a_verdict_and_each_engine_its_counts(tmp_path, tiny_loaded):
     """Normal mode: a verdict per request, counts that add up, mismatch count kept as it was."""
     out = tmp_path / "v.json"
-    argv = ["--workload", _workload(tmp_path, ROWS), "--slots", "2", "--json", str(out)]
+    argv = ["--workload", write_workload(tmp_path, ROWS), "--slots", "2", "--json", str(out)]
     assert bench.main([*argv, "--engines", "static,continuous,hf_continuous"]) == 0
     doc = json.loads(out.read_text())
     assert (doc["batch_invariant"], doc["reference"]) == (False, "ReferenceCache")
@@ -36,7 +30,7 @@ def test_every_request_gets_a_verdict_and_each_engine_its_counts(tmp_path, tiny_
 def test_batch_invariant_runs_are_bitwise_equal_to_solo_runs(tmp_path, tiny_loaded, capsys):
     """--batch-invariant: every request ✓ with bitwise-equal logits, and the mode's cost."""
     out = tmp_path / "i.json"
-    argv = ["--workload", _workload(tmp_path, ROWS), "--slots", "3", "--token-budget", "5"]
+    argv = ["--workload", write_workload(tmp_path, ROWS), "--slots", "3", "--token-budget", "5"]
     argv += ["--engines", "static,continuous,continuous_paged,continuous_concat"]
     assert bench.main([*argv, "--batch-invariant", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
@@ -52,7 +46,7 @@ def test_batch_invariant_runs_are_bitwise_equal_to_solo_runs(tmp_path, tiny_load
 
 def test_batch_invariant_says_where_it_cannot_apply(tmp_path, tiny_loaded, capsys):
     """hf_continuous and static_generate under --batch-invariant: a warning each, on stderr."""
-    workload = _workload(tmp_path, [("hello", 2)])
+    workload = write_workload(tmp_path, [("hello", 2)])
     argv = ["--workload", workload, "--engines", "continuous,hf_continuous,static_generate"]
     bench.main([*argv, "--batch-invariant", "--no-reference"])
     err = capsys.readouterr().err
@@ -64,19 +58,9 @@ def test_a_corrupted_output_is_a_difference_with_the_reference_margin(
     tmp_path, tiny_loaded, monkeypatch
 ):
     """An engine output changed by hand: ✗, with the reference's own (non-negative) margin."""
-    from engine.continuous import ContinuousEngine
-
-    real_run = ContinuousEngine.run
-
-    def corrupted_run(self, requests, on_step=None):
-        trace = real_run(self, requests, on_step)
-        record = trace.requests[0]
-        record.output_token_ids = [*record.output_token_ids[:2], 3, *record.output_token_ids[3:]]
-        return trace
-
-    monkeypatch.setattr(ContinuousEngine, "run", corrupted_run)
+    corrupt_continuous_outputs(monkeypatch)
     out = tmp_path / "m.json"
-    workload = _workload(tmp_path, [("the quick brown fox", 8), ("hello", 6)])
+    workload = write_workload(tmp_path, [("the quick brown fox", 8), ("hello", 6)])
     assert bench.main(["--workload", workload, "--engines", "continuous", "--json", str(out)]) == 1
     entry = json.loads(out.read_text())["engines"]["continuous"]
     (found,) = entry["mismatches"]

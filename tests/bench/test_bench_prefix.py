@@ -4,14 +4,9 @@ import json
 
 from engine.bench import args as bench_args
 from engine.bench import cli as bench
+from tests.bench.workload_files import write_workload
 
 OPENING = "a long shared opening, " * 13  # 299 byte tokens: more than one 256-token hf page
-
-
-def _workload(tmp_path, rows):
-    path = tmp_path / "w.jsonl"
-    path.write_text("\n".join(json.dumps({"prompt": p, "max_new_tokens": n}) for p, n in rows))
-    return str(path)
 
 
 def test_prefix_caching_flag_reports_hits_per_request_and_engine(tmp_path, tiny_loaded, capsys):
@@ -19,7 +14,7 @@ def test_prefix_caching_flag_reports_hits_per_request_and_engine(tmp_path, tiny_
     manager runs with block sharing (hits not reported: null); outputs match the reference."""
     out = tmp_path / "out.json"
     rows = [(OPENING + "one", 4), (OPENING + "two", 4), (OPENING + "three", 4), ("other", 3)]
-    argv = ["--workload", _workload(tmp_path, rows), "--slots", "1", "--json", str(out)]
+    argv = ["--workload", write_workload(tmp_path, rows), "--slots", "1", "--json", str(out)]
     argv += ["--engines", "static,continuous_paged,hf_continuous", "--prefix-caching"]
     assert bench.main(argv) == 0
     engines = json.loads(out.read_text())["engines"]
@@ -42,7 +37,7 @@ def test_without_the_flag_nothing_is_shared(tmp_path, tiny_loaded):
     """By default neither the paged engine nor transformers' manager shares blocks."""
     out = tmp_path / "out.json"
     rows = [(OPENING + "one", 3), (OPENING + "two", 3)]
-    argv = ["--workload", _workload(tmp_path, rows), "--slots", "1", "--json", str(out)]
+    argv = ["--workload", write_workload(tmp_path, rows), "--slots", "1", "--json", str(out)]
     assert bench.main([*argv, "--engines", "continuous_paged,hf_continuous"]) == 0
     engines = json.loads(out.read_text())["engines"]
     assert engines["continuous_paged"]["num_cached_tokens"] == 0

@@ -7,13 +7,7 @@ import pytest
 from engine.bench import args as bench_args
 from engine.bench import cli as bench
 from engine.sampling import MAX_SEED, SamplingParams
-
-
-def _workload(tmp_path, rows) -> str:
-    path = tmp_path / "w.jsonl"
-    path.write_text("\n".join(json.dumps(row) for row in rows))
-    return str(path)
-
+from tests.bench.workload_files import write_workload
 
 ROWS = [
     {"prompt": "hello", "max_new_tokens": 8},
@@ -26,7 +20,7 @@ def test_sampling_flags_apply_to_requests_without_their_own(tmp_path, tiny_loade
     """--temperature/--top-k/--top-p/--seed-base set the other requests' settings, request i
     seeded seed_base + i; every engine of ours matches seeded generate."""
     out = tmp_path / "s.json"
-    argv = ["--workload", _workload(tmp_path, ROWS), "--json", str(out), "--slots", "2"]
+    argv = ["--workload", write_workload(tmp_path, ROWS), "--json", str(out), "--slots", "2"]
     argv += ["--engines", "static,continuous,continuous_paged,hf_continuous"]
     argv += ["--temperature", "0.9", "--top-k", "20", "--top-p", "0.95", "--seed-base", "1000"]
     assert bench.main(argv) == 0
@@ -55,7 +49,7 @@ def test_sampling_flags_apply_to_requests_without_their_own(tmp_path, tiny_loade
 def test_a_greedy_bench_has_no_sampling(tmp_path, tiny_loaded):
     """Without sampling flags or columns, requests are greedy and the JSON says so."""
     out = tmp_path / "g.json"
-    argv = ["--workload", _workload(tmp_path, [ROWS[0]]), "--engines", "continuous"]
+    argv = ["--workload", write_workload(tmp_path, [ROWS[0]]), "--engines", "continuous"]
     assert bench.main([*argv, "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["sampling_flags"] is None

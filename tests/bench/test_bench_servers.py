@@ -8,22 +8,17 @@ import httpx
 import pytest
 
 from engine.bench import cli as bench
+from tests.bench.workload_files import write_workload
 from tests.live_servers import TransformersServe, free_port, needs_vllm
 
 PER_ENGINE_KEYS = {"wall_s", "num_generated_tokens", "latency_percentiles", "reference_match"}
-
-
-def _workload(tmp_path, rows):
-    path = tmp_path / "w.jsonl"
-    path.write_text("\n".join(json.dumps({"prompt": p, "max_new_tokens": n}) for p, n in rows))
-    return str(path)
 
 
 def test_unreachable_endpoint_keeps_the_other_engines(tmp_path, tiny_loaded, capsys):
     """A server that is not there fails alone: our engine's results stay, the exit code is 1."""
     out = tmp_path / "out.json"
     url = f"http://127.0.0.1:{free_port()}"
-    argv = ["--workload", _workload(tmp_path, [("hello", 4)]), "--engines", "continuous"]
+    argv = ["--workload", write_workload(tmp_path, [("hello", 4)]), "--engines", "continuous"]
     argv += ["--endpoint", f"gone={url}", "--json", str(out)]
     assert bench.main(argv) == 1
     engines = json.loads(out.read_text())["engines"]
@@ -55,7 +50,7 @@ def test_vllm_without_its_environment_says_make_vllm(tiny_loaded, monkeypatch, c
 
 def test_vllm_eager_alone_is_warned_about(tmp_path, tiny_loaded, capsys):
     """--vllm-eager without the vllm engine is ignored with a warning."""
-    argv = ["--workload", _workload(tmp_path, [("hi", 2)]), "--engines", "continuous"]
+    argv = ["--workload", write_workload(tmp_path, [("hi", 2)]), "--engines", "continuous"]
     assert bench.main([*argv, "--vllm-eager"]) == 0
     assert "--vllm-eager is ignored" in capsys.readouterr().err
 
@@ -66,7 +61,8 @@ def test_endpoint_has_every_engine_field_plus_server(tmp_path, embedded_model, m
     monkeypatch.setattr("engine.loader.load_model", lambda *a, **k: embedded_model)
     server = TransformersServe(embedded_model.source).start()
     out = tmp_path / "out.json"
-    argv = ["--workload", _workload(tmp_path, [("The capital of France is", 8), ("1, 2, 3,", 6)])]
+    rows = [("The capital of France is", 8), ("1, 2, 3,", 6)]
+    argv = ["--workload", write_workload(tmp_path, rows)]
     argv += ["--engines", "continuous", "--endpoint", f"hf_serve={server.url}", "--json", str(out)]
     try:
         assert bench.main(argv) == 0

@@ -26,13 +26,6 @@ SPECS = [
 
 
 @pytest.fixture(scope="module")
-def serve(embedded_model):
-    server = TransformersServe(embedded_model.source).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def requests(embedded_model):
     tokenizer, context = embedded_model.tokenizer, embedded_model.max_context
     return tokenize_requests(SPECS, tokenizer, chat_template=True, max_context=context)

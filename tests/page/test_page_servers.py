@@ -28,13 +28,6 @@ OUT = {name: i for i, name in enumerate(run_view.RUN_OUTPUTS)}
 
 
 @pytest.fixture(scope="module")
-def serve(embedded_model):
-    server = TransformersServe(embedded_model.source).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def page_model(embedded_model) -> shared_model.SharedModel:
     return shared_model.SharedModel.from_loaded(embedded_model)
 
