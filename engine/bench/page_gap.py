@@ -1,0 +1,153 @@
+"""The page against the bench: the same workload timed through the page's ``/run`` API and by
+``python -m engine.bench``, interleaved, on one machine.
+
+``python -m engine.bench.page_gap [--slots 3] [--kv-mode slots|paged] [--repeat 3] [--json F]``
+
+1. starts ``app.py`` on a free 127.0.0.1 port (offline) and waits until it serves;
+2. ``repeat`` times: one Run of the seed workload through ``gradio_client`` (no browser, so no
+   browser shares the CPUs), then one bench process on the same workload, slots and KV mode;
+3. prints each engine's wall times both ways and the page/bench ratio of their medians.
+
+The page's times are the ones its status line shows ("static 9.81 s · continuous 7.20 s"), which
+are the engines' own clocks on the server, as the bench's are. The reference check is off on
+both sides: it is not timed on either. Only one such server should run: two would share the
+cores, and so would anything else running on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from engine.workload import SEED_REQUESTS
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 300
+STATUS_INDEX = 7  # the status line's place in /run's returned tuple
+STATUS_TIMES = re.compile(r"static ([0-9.]+) s · continuous ([0-9.]+) s")
+BENCH_ENGINE = {"slots": "continuous", "paged": "continuous_paged"}  # page KV mode -> engine
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def start_app(log_path: Path) -> tuple[subprocess.Popen, str]:
+    """``app.py`` on a free localhost port. Returns the process and its URL once it serves.
+
+    Raises:
+        RuntimeError: the app exited or did not answer within ``START_TIMEOUT_S``.
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "app.py", "--port", str(port), "--host", "127.0.0.1"]
+    log = log_path.open("w")
+    proc = subprocess.Popen(
+        command, cwd=REPO_ROOT, env={**os.environ, **OFFLINE}, stdout=log, stderr=log
+    )
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"app.py did not serve {url}; its log: {log_path}")
+
+
+def page_run(url: str, slots: int, kv_mode: str) -> dict[str, float]:
+    """One Run through ``/run``: ``{"static": wall_s, "continuous": wall_s}`` from its status.
+
+    Raises:
+        RuntimeError: the status line has no times (the run was refused or failed; it is quoted).
+    """
+    from gradio_client import Client
+
+    table = {"headers": ["prompt", "max_new_tokens"], "data": [list(r) for r in SEED_REQUESTS]}
+    # chat template, reference check, KV mode, token budget, policy, transformers, rate, x axis
+    knobs = (False, False, kv_mode, 0, "decode_first", False, 0, "time")
+    result = Client(url, verbose=False).predict(table, slots, *knobs, api_name="/run")
+    status = result[STATUS_INDEX]
+    status = status.get("value", status) if isinstance(status, dict) else status
+    found = STATUS_TIMES.search(str(status))
+    if found is None:
+        raise RuntimeError(f"the page's run gave no times: {status!r}")
+    return {"static": float(found[1]), "continuous": float(found[2])}
+
+
+def bench_run(slots: int, kv_mode: str) -> dict[str, float]:
+    """One bench process on the seed: ``{"static": wall_s, "continuous": wall_s}``.
+
+    Raises:
+        subprocess.CalledProcessError: the bench failed.
+    """
+    engine = BENCH_ENGINE[kv_mode]
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "bench.json"
+        command = [sys.executable, "-m", "engine.bench", "--workload", "seed"]
+        command += ["--slots", str(slots), "--engines", f"static,{engine}", "--no-reference"]
+        subprocess.run(
+            [*command, "--json", str(out)],
+            cwd=REPO_ROOT,
+            env={**os.environ, **OFFLINE},
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        engines = json.loads(out.read_text())["engines"]
+    return {"static": engines["static"]["wall_s"], "continuous": engines[engine]["wall_s"]}
+
+
+def compare(page: list[dict], bench: list[dict]) -> dict:
+    """Medians per engine both ways and their ratio (page / bench: over 1 means the page is
+    slower)."""
+    summary = {}
+    for engine in ("static", "continuous"):
+        page_s = statistics.median(run[engine] for run in page)
+        bench_s = statistics.median(run[engine] for run in bench)
+        summary[engine] = {"page_s": page_s, "bench_s": bench_s, "ratio": page_s / bench_s}
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--slots", type=int, default=3)
+    parser.add_argument("--kv-mode", choices=sorted(BENCH_ENGINE), default="slots")
+    parser.add_argument("--repeat", type=int, default=3, help="page and bench runs, interleaved")
+    parser.add_argument("--json", dest="json_path", help="write the runs and the summary here")
+    args = parser.parse_args(argv)
+    log_path = Path(tempfile.mkdtemp()) / "app.log"
+    proc, url = start_app(log_path)
+    page, bench = [], []
+    try:
+        for i in range(args.repeat):
+            page.append(page_run(url, args.slots, args.kv_mode))
+            bench.append(bench_run(args.slots, args.kv_mode))
+            print(f"run {i + 1}: page {page[-1]}  bench {bench[-1]}", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    summary = compare(page, bench)
+    for engine, row in summary.items():
+        print(
+            f"{engine:<11} page {row['page_s']:.2f} s  bench {row['bench_s']:.2f} s  "
+            f"page/bench {row['ratio']:.3f}"
+        )
+    if args.json_path:
+        doc = {"settings": vars(args), "page": page, "bench": bench, "summary": summary}
+        Path(args.json_path).write_text(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
