@@ -12,23 +12,23 @@ samplers (``engine.sampler``), and ``generate`` samples after ``torch.manual_see
 
 ``hf_continuous_batch`` runs transformers' own ``ContinuousBatchingManager`` on the same model, for
 the comparison engine; its configs, sizing and polling are in the helper ``engine.hf_manager``.
+Which kernels the model's arithmetic runs through (the engines' matmul, the fused decoder layers,
+batch-invariant mode: ``engine_kernels``, ``fused_decoder``) is the base class
+``engine.runner_kernels.RunnerKernels``; this module keeps every call of the model.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-
 import torch
-import torch.nn.functional as F
 
-from engine import attention, fused_layers, hf_manager, invariant, linear_kernel, token_logits
+from engine import attention, hf_manager, token_logits
 from engine.kv_cache import ConcatKVCache, PagedKVCache, SlotKVCache, kv_bytes_per_token
 from engine.packed_batch import PackedBatch
+from engine.runner_kernels import RunnerKernels
 from engine.sampler import forked_rng, generate_options
 
 
-class ModelRunner:
+class ModelRunner(RunnerKernels):
     """Wraps a ``engine.loader.LoadedModel``; see the module docstring.
 
     Raises:
@@ -44,49 +44,8 @@ class ModelRunner:
         self.dtype = loaded.dtype
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.pad_token_id = _pad_token_id(self.tokenizer, loaded.eos_token_ids)
-        # The engines' matmul kernel pays off on CPU only; CUDA and MPS keep their own matmuls.
-        cpu = self.device.type == "cpu"
-        self._linears = linear_kernel.linear_modules(self.model) if cpu else []
-        self._kernel_choice = linear_kernel.requested_kernel()  # ValueError: a bad host setting
-        # forward_packed through engine.fused_layers where they apply; ValueError: a bad setting
-        self.use_fused_layers = fused_layers.requested()
-        self.decoder_layer_steps = {"fused": 0, "transformers": 0}  # forward_packed calls by path
+        self.init_kernels()  # ValueError: a bad CBP_ENGINE_KERNEL or CBP_FUSED_LAYERS
         attention.register()
-
-    def engine_kernels(self, batch_invariant: bool = False):
-        """Context: the engines' matmul kernel (``engine.linear_kernel``) for the model's linears.
-
-        Both engines run inside it; the reference and the floor run plain ``model.generate``.
-        ``batch_invariant``: the batch-invariant mode's kernels instead (``engine.invariant``:
-        every linear, norm and MLP in fixed row tiles, rotary tables, and for ``model.generate``
-        the invariant attention), on every device.
-
-        Raises:
-            ValueError: batch-invariant mode for a model it does not support.
-        """
-        if batch_invariant:
-            return self._invariant_context()
-        return linear_kernel.installed(self._linears, self._kernel.forward)
-
-    @contextlib.contextmanager
-    def _invariant_context(self):
-        with self.invariant_kernels.installed(), self._attention(invariant.INVARIANT_ATTENTION):
-            yield
-
-    @functools.cached_property
-    def invariant_kernels(self) -> invariant.InvariantKernels:
-        """The batch-invariant mode's kernels for this model (made on first use).
-
-        Raises:
-            ValueError: the model is not a Llama-style decoder (``engine.invariant``).
-        """
-        forward = self._kernel.forward if self._linears else _plain_linear
-        tile = invariant.tile_rows_for(self.device.type, self.dtype, self.engine_kernel_name)
-        return invariant.InvariantKernels(self.model, forward, tile)
-
-    def require_batch_invariant(self) -> None:
-        """Make the batch-invariant kernels now. Raises ValueError: a model it does not support."""
-        _ = self.invariant_kernels
 
     def recording(self, recorder: token_logits.LogitRecorder):
         """Context: every model call adds its logits rows to ``recorder``
@@ -97,42 +56,6 @@ class ModelRunner:
     def hidden_size(self) -> int:
         """d: the width of the final hidden state the output embedding multiplies."""
         return int(self.model.get_output_embeddings().weight.shape[-1])
-
-    @property
-    def engine_kernel_name(self) -> str:
-        """The engines' matmul kernel here: ``"onednn"``, ``"skinny"``, or ``"none"`` (GPU)."""
-        return self._kernel.name
-
-    @property
-    def engine_kernel_bytes(self) -> int:
-        """Memory the engines' kernels add (oneDNN's packed weight copies, and the fused
-        decoder's stacked copies once the continuous engine has made them), in bytes."""
-        fused = self.__dict__.get("fused_decoder")
-        return self._kernel.extra_bytes + (fused.extra_bytes if fused is not None else 0)
-
-    @property
-    def decoder_layers(self) -> str | None:
-        """Which layers ``forward_packed`` ran since ``decoder_layer_steps`` was last reset:
-        ``"fused"``, ``"transformers"``, ``"mixed"`` (batch-invariant steps among fused ones),
-        or None (no step)."""
-        ran = [name for name, steps in self.decoder_layer_steps.items() if steps]
-        return None if not ran else ran[0] if len(ran) == 1 else "mixed"
-
-    @functools.cached_property
-    def fused_decoder(self) -> fused_layers.FusedDecoder | None:
-        """The continuous engine's fused layers (``engine.fused_layers``), made on first use;
-        None where they do not apply (not a CPU, not a Llama-style model, no linear kernel)."""
-        if not self._linears or fused_layers.unsupported_reason(self.model) is not None:
-            return None
-        try:
-            return fused_layers.FusedDecoder(self.model, self._kernel.name)
-        except RuntimeError:  # oneDNN refused a stacked weight: the model's own layers
-            return None
-
-    @functools.cached_property
-    def _kernel(self) -> linear_kernel.Kernel:
-        # Made on first use: oneDNN's packed copies double the weights' memory.
-        return linear_kernel.best_kernel(self._linears, self._kernel_choice)
 
     # --- continuous engine -------------------------------------------------------------------
     def kv_shape(self) -> tuple[int, int, int]:
@@ -224,16 +147,6 @@ class ModelRunner:
             packed_batch=batch,
         ).logits  # (1, S, V)
 
-    @contextlib.contextmanager
-    def _attention(self, name: str):
-        config = self.model.config
-        previous = config._attn_implementation
-        config._attn_implementation = name
-        try:
-            yield
-        finally:
-            config._attn_implementation = previous
-
     # --- static engine and reference ---------------------------------------------------------
     def generate(
         self,
@@ -318,10 +231,6 @@ class ModelRunner:
             torch.cuda.synchronize()
         elif self.device.type == "mps":
             torch.mps.synchronize()
-
-
-def _plain_linear(module, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, module.weight, module.bias)
 
 
 def _pad_token_id(tokenizer, eos_token_ids) -> int:
