@@ -1,7 +1,7 @@
 """Continuous Batching Playground: the Gradio page. Layout and event wiring only.
 
-Panels are built by ``engine.page.panels``, handlers live in ``engine.page.playground`` and
-``engine.page.page_io``, and ``engine.page.launch`` loads the model and serves the page. Run with
+Panels are built by ``engine.page.panels``, ``settings_panel`` and ``results_panel``; handlers live
+in ``playground`` and ``page_io``; ``launch`` loads the model and serves the page. Run with
 ``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--port 7860]
 [--share]``.
 """
@@ -16,7 +16,9 @@ import gradio as gr  # noqa: E402
 
 from engine.page import divergence_view as differences  # noqa: E402
 from engine.page import launch, page_io, panels, playground, presets, recording, zerogpu  # noqa: E402
+from engine.page.results_panel import results_panel  # noqa: E402
 from engine.page.run_handle import RunHandle  # noqa: E402
+from engine.page.settings_panel import settings_panel  # noqa: E402
 
 HIDDEN = {"api_visibility": "undocumented"}
 QUIET = {"show_progress": "hidden", **HIDDEN}
@@ -37,8 +39,8 @@ def build_demo(
             with gr.Column(scale=3):
                 requests = panels.requests_panel(rows, preset_text)
             with gr.Column(scale=1):
-                settings = panels.settings_panel(chat_template, server_names, list(dtypes), dtype)
-        results = panels.results_panel(shown, server_names)
+                settings = settings_panel(chat_template, server_names, list(dtypes), dtype)
+        results = results_panel(shown, server_names)
         downloads = panels.downloads_panel()
         run_state = gr.State(shown.state if shown is not None else None)
         handle_state = gr.State(RunHandle())  # copied per session: its run, for Stop (run_handle)

@@ -9,23 +9,26 @@ It offers the three ways the engines use a loaded model:
 Decoding stops at every end-of-sequence id of the model's generation config. It is greedy, except
 for sampled requests (``engine.sampling``): ``forward_packed`` draws their tokens with their own
 samplers (``engine.sampler``), and ``generate`` samples after ``torch.manual_seed(seed)``.
+
+``hf_continuous_batch`` runs transformers' own ``ContinuousBatchingManager`` on the same model, for
+the comparison engine; its configs, sizing and polling are in the helper ``engine.hf_manager``.
+Which kernels the model's arithmetic runs through (the engines' matmul, the fused decoder layers,
+batch-invariant mode: ``engine_kernels``, ``fused_decoder``) is the base class
+``engine.runner_kernels.RunnerKernels``; this module keeps every call of the model.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-
 import torch
-import torch.nn.functional as F
 
-from engine import attention, fused_layers, invariant, linear_kernel, token_logits
+from engine import attention, hf_manager, token_logits
 from engine.kv_cache import ConcatKVCache, PagedKVCache, SlotKVCache, kv_bytes_per_token
 from engine.packed_batch import PackedBatch
-from engine.sampler import HF_SAMPLING_PLACEHOLDERS, forked_rng, generate_options
+from engine.runner_kernels import RunnerKernels
+from engine.sampler import forked_rng, generate_options
 
 
-class ModelRunner:
+class ModelRunner(RunnerKernels):
     """Wraps a ``engine.loader.LoadedModel``; see the module docstring.
 
     Raises:
@@ -41,49 +44,8 @@ class ModelRunner:
         self.dtype = loaded.dtype
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.pad_token_id = _pad_token_id(self.tokenizer, loaded.eos_token_ids)
-        # The engines' matmul kernel pays off on CPU only; CUDA and MPS keep their own matmuls.
-        cpu = self.device.type == "cpu"
-        self._linears = linear_kernel.linear_modules(self.model) if cpu else []
-        self._kernel_choice = linear_kernel.requested_kernel()  # ValueError: a bad host setting
-        # forward_packed through engine.fused_layers where they apply; ValueError: a bad setting
-        self.use_fused_layers = fused_layers.requested()
-        self.decoder_layer_steps = {"fused": 0, "transformers": 0}  # forward_packed calls by path
+        self.init_kernels()  # ValueError: a bad CBP_ENGINE_KERNEL or CBP_FUSED_LAYERS
         attention.register()
-
-    def engine_kernels(self, batch_invariant: bool = False):
-        """Context: the engines' matmul kernel (``engine.linear_kernel``) for the model's linears.
-
-        Both engines run inside it; the reference and the floor run plain ``model.generate``.
-        ``batch_invariant``: the batch-invariant mode's kernels instead (``engine.invariant``:
-        every linear, norm and MLP in fixed row tiles, rotary tables, and for ``model.generate``
-        the invariant attention), on every device.
-
-        Raises:
-            ValueError: batch-invariant mode for a model it does not support.
-        """
-        if batch_invariant:
-            return self._invariant_context()
-        return linear_kernel.installed(self._linears, self._kernel.forward)
-
-    @contextlib.contextmanager
-    def _invariant_context(self):
-        with self.invariant_kernels.installed(), self._attention(invariant.INVARIANT_ATTENTION):
-            yield
-
-    @functools.cached_property
-    def invariant_kernels(self) -> invariant.InvariantKernels:
-        """The batch-invariant mode's kernels for this model (made on first use).
-
-        Raises:
-            ValueError: the model is not a Llama-style decoder (``engine.invariant``).
-        """
-        forward = self._kernel.forward if self._linears else _plain_linear
-        tile = invariant.tile_rows_for(self.device.type, self.dtype, self.engine_kernel_name)
-        return invariant.InvariantKernels(self.model, forward, tile)
-
-    def require_batch_invariant(self) -> None:
-        """Make the batch-invariant kernels now. Raises ValueError: a model it does not support."""
-        _ = self.invariant_kernels
 
     def recording(self, recorder: token_logits.LogitRecorder):
         """Context: every model call adds its logits rows to ``recorder``
@@ -94,42 +56,6 @@ class ModelRunner:
     def hidden_size(self) -> int:
         """d: the width of the final hidden state the output embedding multiplies."""
         return int(self.model.get_output_embeddings().weight.shape[-1])
-
-    @property
-    def engine_kernel_name(self) -> str:
-        """The engines' matmul kernel here: ``"onednn"``, ``"skinny"``, or ``"none"`` (GPU)."""
-        return self._kernel.name
-
-    @property
-    def engine_kernel_bytes(self) -> int:
-        """Memory the engines' kernels add (oneDNN's packed weight copies, and the fused
-        decoder's stacked copies once the continuous engine has made them), in bytes."""
-        fused = self.__dict__.get("fused_decoder")
-        return self._kernel.extra_bytes + (fused.extra_bytes if fused is not None else 0)
-
-    @property
-    def decoder_layers(self) -> str | None:
-        """Which layers ``forward_packed`` ran since ``decoder_layer_steps`` was last reset:
-        ``"fused"``, ``"transformers"``, ``"mixed"`` (batch-invariant steps among fused ones),
-        or None (no step)."""
-        ran = [name for name, steps in self.decoder_layer_steps.items() if steps]
-        return None if not ran else ran[0] if len(ran) == 1 else "mixed"
-
-    @functools.cached_property
-    def fused_decoder(self) -> fused_layers.FusedDecoder | None:
-        """The continuous engine's fused layers (``engine.fused_layers``), made on first use;
-        None where they do not apply (not a CPU, not a Llama-style model, no linear kernel)."""
-        if not self._linears or fused_layers.unsupported_reason(self.model) is not None:
-            return None
-        try:
-            return fused_layers.FusedDecoder(self.model, self._kernel.name)
-        except RuntimeError:  # oneDNN refused a stacked weight: the model's own layers
-            return None
-
-    @functools.cached_property
-    def _kernel(self) -> linear_kernel.Kernel:
-        # Made on first use: oneDNN's packed copies double the weights' memory.
-        return linear_kernel.best_kernel(self._linears, self._kernel_choice)
 
     # --- continuous engine -------------------------------------------------------------------
     def kv_shape(self) -> tuple[int, int, int]:
@@ -221,16 +147,6 @@ class ModelRunner:
             packed_batch=batch,
         ).logits  # (1, S, V)
 
-    @contextlib.contextmanager
-    def _attention(self, name: str):
-        config = self.model.config
-        previous = config._attn_implementation
-        config._attn_implementation = name
-        try:
-            yield
-        finally:
-            config._attn_implementation = previous
-
     # --- static engine and reference ---------------------------------------------------------
     def generate(
         self,
@@ -293,69 +209,16 @@ class ModelRunner:
         sampling_kwargs: list[dict] | None = None,
         block_sharing: bool = False,
     ):
-        """Run prompts through transformers' ``ContinuousBatchingManager`` (greedy by default).
-
-        ``sampling_kwargs``: per prompt, the ``temperature``, ``top_k`` and ``top_p`` that
-        ``add_request`` passes to the manager's per-request processors
-        (``ContinuousBatchingConfig(per_request_processors=True)``), all sampled with its own
-        generator (``seed=0``); the global random state is restored afterwards.
-
-        Uses ``model.continuous_batching_context_manager`` with ``max_requests_per_batch`` =
-        ``num_slots`` and ``add_request(..., max_new_tokens=cap)`` per request; warm-up happens
-        before the clock starts. ``block_sharing`` sets ``ContinuousBatchingConfig``'s
-        ``allow_block_sharing``, transformers' prefix caching (its default is on; off here unless
-        asked, like our engines): a full page of ``HF_PAGE_SIZE`` prompt tokens is shared once a
-        request computed it. Returns ``(t0, outputs)``: ``perf_counter`` at the first request,
-        and per prompt a ``GenerationOutput`` (``generated_tokens``, ``timestamps`` in
-        ``perf_counter`` seconds).
-
-        ``on_poll()`` is called every ``HF_POLL_S`` (0.1 s) while results are awaited; an exception
-        it raises (``RunStopped``) stops the manager and propagates.
+        """Run prompts through transformers' ``ContinuousBatchingManager`` (greedy by default),
+        through ``engine.hf_manager.run_batch`` (which documents the arguments). Returns
+        ``(t0, outputs)``: ``perf_counter`` at the first request, a ``GenerationOutput`` per prompt.
 
         Raises:
-            RuntimeError: no result for ``HF_STALL_S`` (60 s): the manager stopped early.
+            RuntimeError: no result for ``hf_manager.HF_STALL_S``: the manager stopped early.
         """
-        import time
-
-        gen, cb = self._hf_configs(
-            prompts, caps, num_slots, sampled=bool(sampling_kwargs), block_sharing=block_sharing
+        return hf_manager.run_batch(
+            self, prompts, caps, num_slots, on_poll, sampling_kwargs, block_sharing
         )
-        per_request = sampling_kwargs or [{} for _ in prompts]
-        previous = self.model.config._attn_implementation
-        try:
-            with (
-                forked_rng(self.device, bool(sampling_kwargs)),
-                self.model.continuous_batching_context_manager(
-                    generation_config=gen, continuous_batching_config=cb, block=True, timeout=30
-                ) as manager,
-            ):
-                t0 = time.perf_counter()
-                for i, (ids, cap) in enumerate(zip(prompts, caps, strict=True)):
-                    kwargs = {"max_new_tokens": cap, "record_timestamps": True, **per_request[i]}
-                    manager.add_request(ids, request_id=f"r{i}", **kwargs)
-                results = _hf_results(manager, len(prompts), on_poll)
-        finally:
-            self.model.set_attn_implementation(previous)
-        return t0, [results[f"r{i}"] for i in range(len(prompts))]
-
-    def _hf_configs(self, prompts, caps, num_slots: int, sampled: bool, block_sharing: bool):
-        """transformers' ``GenerationConfig`` and ``ContinuousBatchingConfig`` for a batch."""
-        from transformers import ContinuousBatchingConfig, GenerationConfig
-
-        gen = GenerationConfig(
-            eos_token_id=sorted(self.eos_token_ids),
-            pad_token_id=self.pad_token_id,
-            max_new_tokens=max(caps),
-            **(HF_SAMPLING_PLACEHOLDERS if sampled else {"do_sample": False}),
-        )
-        cb = ContinuousBatchingConfig(
-            max_requests_per_batch=num_slots,
-            auto_switch_to_flash=False,
-            allow_block_sharing=block_sharing,
-            **_hf_sizes(prompts, caps, num_slots),
-            **({"per_request_processors": True, "seed": 0} if sampled else {}),
-        )
-        return gen, cb
 
     # --- shared ------------------------------------------------------------------------------
     def decode(self, token_ids: list[int]) -> str:
@@ -368,56 +231,6 @@ class ModelRunner:
             torch.cuda.synchronize()
         elif self.device.type == "mps":
             torch.mps.synchronize()
-
-
-HF_POLL_S = 0.1  # how often hf_continuous_batch calls on_poll while it waits for results
-HF_STALL_S = 60.0  # no result for this long: transformers' manager is taken to have stopped
-HF_PAGE_SIZE = 256  # ContinuousBatchingConfig's default page_size, in tokens
-
-
-def _hf_results(manager, num_requests: int, on_poll) -> dict:
-    """Wait for every request's finished ``GenerationOutput`` (by request id), calling
-    ``on_poll()`` every ``HF_POLL_S``.
-
-    Raises:
-        RuntimeError: no result for ``HF_STALL_S``: the manager stopped early.
-    """
-    import time
-
-    results = {}
-    last_result_s = time.perf_counter()
-    while len(results) < num_requests:
-        out = manager.get_result(timeout=HF_POLL_S)
-        if on_poll is not None:
-            on_poll()
-        if out is None:
-            if time.perf_counter() - last_result_s > HF_STALL_S:
-                raise RuntimeError("transformers' continuous batching stopped early")
-            continue
-        last_result_s = time.perf_counter()
-        if out.is_finished():
-            results[out.request_id] = out
-    return results
-
-
-def _hf_sizes(prompts: list[list[int]], caps: list[int], num_slots: int) -> dict[str, int]:
-    """``num_blocks`` and ``max_batch_tokens`` for ``ContinuousBatchingConfig``, like ours.
-
-    Left unset, transformers sizes its KV cache from free memory (60-90 % of it: 14 GB on a 24 GB
-    CPU machine, even for a tiny model; ``continuous_batching/cache.py``). Instead: room for every
-    slot's longest sequence, and one step can prefill ``num_slots`` of the longest prompts, as our
-    engine does without a token budget.
-    """
-    longest = max(len(p) + c for p, c in zip(prompts, caps, strict=True))
-    prompt_lengths = sorted((len(p) for p in prompts), reverse=True)
-    return {
-        "num_blocks": num_slots * -(-longest // HF_PAGE_SIZE),
-        "max_batch_tokens": sum(prompt_lengths[:num_slots]) + num_slots,
-    }
-
-
-def _plain_linear(module, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, module.weight, module.bias)
 
 
 def _pad_token_id(tokenizer, eos_token_ids) -> int:

@@ -1,7 +1,8 @@
 """The Gradio page: everything the playground's browser page needs beyond ``app.py``'s layout.
 
-* panel builders (``panels``), handlers (``playground``), each session's run for Run and Stop
-  (``run_handle``) and the live run (``live_run``, ``progress_view``);
+* panel builders (``panels``, ``settings_panel``, ``results_panel``), handlers (``playground``),
+  each session's run for Run and Stop (``run_handle``) and the live run (``live_run``,
+  ``progress_view``);
 * views of a finished run (``run_view``), figures (``style``, ``figures``, ``mask_figures``,
   ``serving_figures``), tables (``tables``) and the recorded run the page opens on
   (``recording``);

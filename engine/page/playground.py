@@ -26,7 +26,7 @@ import gradio as gr
 from engine.config import EngineConfig
 from engine.continuous import ContinuousEngine
 from engine.hf_continuous import HFContinuousEngine
-from engine.page import divergence_view, progress_view, servers
+from engine.page import divergence_view, progress_view, run_status, servers
 from engine.page.live_run import LiveRun
 from engine.page.run_handle import IDLE, RunHandle
 from engine.page.run_options import RunOptions, options_from_page, prepare
@@ -35,7 +35,6 @@ from engine.page.run_view import (
     RunState,
     render,
     run_outputs,
-    status_line,
     step_views,
 )
 from engine.page.shared_model import SharedModel, get_model
@@ -277,7 +276,7 @@ def _refused_outputs(previous: RunState | None, exc: ValueError) -> tuple:
     """A run refused for bad input: the reason in the status line and a warning toast; every other
     output, and the previous run's results with it, stays as it is."""
     gr.Warning(str(exc), title="Not run")
-    previous_status = None if previous is None else status_line(previous)
+    previous_status = None if previous is None else run_status.status_line(previous)
     return progress_view.refused_outputs(str(exc), previous_status)
 
 

@@ -1,7 +1,7 @@
 """Panel builders for the host's servers: the servers to run, the servers line, their charts.
 
-Built by ``engine.page.panels`` (settings and results panels) only when the host configured
-servers (``app.py --vllm``, ``--endpoint NAME=URL``, ``CBP_ENDPOINTS``); without any, the
+Built by ``engine.page.settings_panel`` and ``engine.page.results_panel`` only when the host
+configured servers (``app.py --vllm``, ``--endpoint NAME=URL``, ``CBP_ENDPOINTS``); without any, the
 checkboxes and the servers line are left out and the two charts hidden. The choices are the
 host's server names: there is no box to type an address into (``engine.page.servers``).
 

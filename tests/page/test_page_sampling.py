@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from fake_traces import continuous_trace, static_trace
 
-from engine.page import page_io, playground, presets, run_view, tables
+from engine.page import page_io, playground, presets, run_status, run_view, tables
 from engine.reference import NOT_COMPARED_TEXT, ReferenceCache
 from engine.sampling import SamplingParams
 from engine.sequence import Request
@@ -77,7 +77,7 @@ def test_a_real_mismatch_still_shows_beside_not_compared():
     reference = {r.request_id: list(r.output_token_ids) for r in static.requests}
     continuous.requests[0].output_token_ids = [9]
     state = run_view.RunState(static, continuous, reference, hf)
-    status = run_view.status_line(state)
+    status = run_status.status_line(state)
     assert "✗ differs from `model.generate` (continuous: R0)" in status, status
     assert f"(hf_continuous: R1: {NOT_COMPARED_TEXT})" in status, status
     rows = tables.outputs_rows(state.traces(), reference)

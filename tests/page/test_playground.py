@@ -9,7 +9,7 @@ import pytest
 from fake_traces import continuous_trace, static_trace
 
 from engine.loader import ModelLoadError
-from engine.page import playground, presets, run_view, shared_model
+from engine.page import playground, presets, run_status, run_view, shared_model
 from engine.trace import DECODE, PREFILL
 from engine.workload import MAX_ROWS, parse_table, seed_specs
 
@@ -273,7 +273,7 @@ def test_status_line_names_mismatches():
     continuous = continuous_trace([3, 4], [2, 3], num_slots=2)
     reference = {r.request_id: list(r.output_token_ids) for r in static.requests}
     reference[1] = [0]
-    status = run_view.status_line(run_view.RunState(static, continuous, reference))
+    status = run_status.status_line(run_view.RunState(static, continuous, reference))
     assert "✗ differs" in status and "static: R1" in status and "continuous: R1" in status, status
 
 
@@ -282,16 +282,16 @@ def test_status_line_gives_steps_beside_the_time_ratio_and_says_times_vary():
     does), and says in one line that wall times on a shared machine vary."""
     static = static_trace([4, 5, 6], [3, 30, 5], num_slots=2)
     continuous = continuous_trace([4, 5, 6], [3, 30, 5], num_slots=2)
-    status = run_view.status_line(run_view.RunState(static, continuous, None))
+    status = run_status.status_line(run_view.RunState(static, continuous, None))
     s, c = len(static.steps), len(continuous.steps)
     assert f"continuous {c} steps against static {s}: {s / c:.2f}× fewer" in status, status
-    assert status.endswith(run_view.NOISE_NOTE) and "vary" in run_view.NOISE_NOTE
+    assert status.endswith(run_status.NOISE_NOTE) and "vary" in run_status.NOISE_NOTE
     assert (
-        run_view.steps_comparison(480, 300)
+        run_status.steps_comparison(480, 300)
         == "continuous 300 steps against static 480: 1.60× fewer"
     )
-    assert run_view.steps_comparison(50, 52).endswith("1.04× more")
-    assert run_view.steps_comparison(64, 64).endswith(": the same")
+    assert run_status.steps_comparison(50, 52).endswith("1.04× more")
+    assert run_status.steps_comparison(64, 64).endswith(": the same")
 
 
 def test_presets_parse_and_article_matches_seed():

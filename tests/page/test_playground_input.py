@@ -11,7 +11,7 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-from engine.page import playground, run_view, shared_model
+from engine.page import playground, run_status, run_view, shared_model
 from engine.page.progress_view import plain_markdown
 
 ROWS = [["hello world", 5], ["abc", 12]]
@@ -99,7 +99,7 @@ def test_bad_input_says_why_in_the_status_line_and_keeps_the_earlier_results(
     status = _refused(*args[:10], previous, *args[11:])
     assert status.startswith("**Not run:** "), status
     assert plain_markdown(message) in status, f"{message!r} not in {status!r}"
-    earlier = f" Showing the previous run: {run_view.status_line(previous)}"
+    earlier = f" Showing the previous run: {run_status.status_line(previous)}"
     assert status.endswith(earlier), f"the previous run's status is not kept: {status!r}"
 
 

@@ -9,7 +9,7 @@ import torch
 from tiny_model import ByteTokenizer, make_requests, tiny_runner
 
 from engine.divergence import RoundingModel, judge
-from engine.page import divergence_view, playground, run_view, shared_model, tables
+from engine.page import divergence_view, playground, run_status, run_view, shared_model, tables
 from engine.reference import ReferenceCache
 from engine.token_logits import TokenLogits
 from engine.trace import Trace, new_request_records
@@ -62,7 +62,7 @@ def test_float16_on_the_cpu_is_refused_naming_both_and_nothing_is_lost(shared, m
     shown = dict(zip(run_view.RUN_OUTPUTS, updates[0], strict=True))
     status = shown.pop("status_markdown")
     assert status.startswith("**Not run:** float16 is offered on CUDA only"), status
-    assert "CPU" in status and status.endswith(run_view.status_line(previous)), status
+    assert "CPU" in status and status.endswith(run_status.status_line(previous)), status
     assert all(v == gr.skip() for v in shown.values()), "a refused dtype changed the results"
     assert "float16" not in shared.variants, "a refused dtype was loaded"
 

@@ -9,7 +9,7 @@ import re
 import pytest
 from fake_traces import continuous_trace, static_trace
 
-from engine.page import page_io, presets, recording, run_view, shared_model
+from engine.page import page_io, presets, recording, run_status, run_view, shared_model
 from engine.trace import Trace
 
 MAX_RECORDING_BYTES = 250_000  # compact JSON: the page sends it to every visitor
@@ -51,7 +51,7 @@ def test_every_view_renders_from_the_recording(shipped):
     draw at the first, the default and past the last step."""
     result = run_view.render(shipped, downloads=False)
     assert result.status.startswith("**Recorded run**"), result.status
-    assert "steps against" in result.status and run_view.NOISE_NOTE in result.status
+    assert "steps against" in result.status and run_status.NOISE_NOTE in result.status
     assert len(result.metrics) == 2 and len(result.outputs) == len(shipped.static.requests)
     assert result.latency_cdf is not None and result.step_usage is not None
     for step in (0, result.step_index, shipped.num_steps - 1, shipped.num_steps + 5):
