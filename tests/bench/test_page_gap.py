@@ -6,7 +6,7 @@ import pytest
 from fake_traces import continuous_trace, static_trace
 
 from engine.bench import page_gap
-from engine.page import run_view
+from engine.page import run_status, run_view
 
 
 def test_the_times_it_reads_are_the_ones_the_page_shows():
@@ -14,7 +14,7 @@ def test_the_times_it_reads_are_the_ones_the_page_shows():
     static = static_trace([4, 5, 6], [3, 30, 5], num_slots=2)
     continuous = continuous_trace([4, 5, 6], [3, 30, 5], num_slots=2)
     static.wall_s, continuous.wall_s = 12.25, 6.75  # exact in binary: printed as is
-    status = run_view.status_line(run_view.RunState(static, continuous, None))
+    status = run_status.status_line(run_view.RunState(static, continuous, None))
     found = page_gap.STATUS_TIMES.search(status)
     assert found is not None, status
     assert (float(found[1]), float(found[2])) == (12.25, 6.75)
