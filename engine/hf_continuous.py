@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import warnings
 
+from engine import hf_manager
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
 from engine.sampler import hf_request_kwargs
@@ -38,7 +39,7 @@ BATCH_INVARIANT_NOTE = (
 
 
 class HFContinuousEngine:
-    """Runs requests through ``ModelRunner.hf_continuous_batch``."""
+    """Runs requests through ``engine.hf_manager.run_batch`` on the runner's model."""
 
     name = "hf_continuous"
 
@@ -69,8 +70,8 @@ class HFContinuousEngine:
         if any(r.is_sampled for r in requests):
             vocab_size = self.runner.model.config.get_text_config().vocab_size
             kwargs = [hf_request_kwargs(r.sampling, vocab_size) for r in requests]
-        t0, outputs = self.runner.hf_continuous_batch(
-            prompts, caps, self.config.num_slots, poll, kwargs, self.block_sharing
+        t0, outputs = hf_manager.run_batch(
+            self.runner, prompts, caps, self.config.num_slots, poll, kwargs, self.block_sharing
         )
         for request, out in zip(requests, outputs, strict=True):
             rec = trace.request(request.request_id)

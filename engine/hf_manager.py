@@ -1,10 +1,9 @@
 """transformers' ``ContinuousBatchingManager`` driven for the model runner: configs, sizes, results.
 
-``engine.model_runner.ModelRunner.hf_continuous_batch`` calls ``run_batch`` with itself, so the
-runner stays the one place the engines reach the model through; this module is its helper for
-transformers' own continuous batching (the comparison engine ``engine.hf_continuous``), apart
-because the manager needs its own configs, KV sizing and result polling, none of which the
-project's engines use.
+The comparison engine ``engine.hf_continuous`` calls ``run_batch`` with its
+``engine.model_runner.ModelRunner``, whose model, device and stop ids it uses. It is apart from the
+runner because transformers' own continuous batching needs its own configs, KV sizing and result
+polling, none of which the project's engines use.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ Decoding stops at every end-of-sequence id of the model's generation config. It 
 for sampled requests (``engine.sampling``): ``forward_packed`` draws their tokens with their own
 samplers (``engine.sampler``), and ``generate`` samples after ``torch.manual_seed(seed)``.
 
-``hf_continuous_batch`` runs transformers' own ``ContinuousBatchingManager`` on the same model, for
-the comparison engine; its configs, sizing and polling are in the helper ``engine.hf_manager``.
+transformers' own ``ContinuousBatchingManager`` runs on the same runner's model through
+``engine.hf_manager.run_batch`` (the comparison engine ``engine.hf_continuous`` calls it).
 Which kernels the model's arithmetic runs through (the engines' matmul, the fused decoder layers,
 batch-invariant mode: ``engine_kernels``, ``fused_decoder``) is the base class
 ``engine.runner_kernels.RunnerKernels``; this module keeps every call of the model.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from engine import attention, hf_manager, token_logits
+from engine import attention, token_logits
 from engine.kv_cache import ConcatKVCache, PagedKVCache, SlotKVCache, kv_bytes_per_token
 from engine.packed_batch import PackedBatch
 from engine.runner_kernels import RunnerKernels
@@ -198,27 +198,6 @@ class ModelRunner(RunnerKernels):
             ids[row, width - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
             mask[row, width - len(tokens) :] = 1
         return ids, mask
-
-    # --- transformers' own continuous batching (a reference engine for the bench) -------------
-    def hf_continuous_batch(
-        self,
-        prompts: list[list[int]],
-        caps: list[int],
-        num_slots: int,
-        on_poll=None,
-        sampling_kwargs: list[dict] | None = None,
-        block_sharing: bool = False,
-    ):
-        """Run prompts through transformers' ``ContinuousBatchingManager`` (greedy by default),
-        through ``engine.hf_manager.run_batch`` (which documents the arguments). Returns
-        ``(t0, outputs)``: ``perf_counter`` at the first request, a ``GenerationOutput`` per prompt.
-
-        Raises:
-            RuntimeError: no result for ``hf_manager.HF_STALL_S``: the manager stopped early.
-        """
-        return hf_manager.run_batch(
-            self, prompts, caps, num_slots, on_poll, sampling_kwargs, block_sharing
-        )
 
     # --- shared ------------------------------------------------------------------------------
     def decode(self, token_ids: list[int]) -> str:
