@@ -3,7 +3,8 @@
 
 ``python -m engine.bench.page_gap [--slots 3] [--kv-mode slots|paged] [--repeat 3] [--json F]``
 
-1. starts ``app.py`` on a free 127.0.0.1 port (offline) and waits until it serves;
+1. starts ``app.py`` on a free 127.0.0.1 port (offline) and waits until it serves
+   (``engine.bench.app_server``);
 2. ``repeat`` times: one Run of the seed workload through ``gradio_client`` (no browser, so no
    browser shares the CPUs), then one bench process on the same workload, slots and KV mode;
 3. prints each engine's wall times both ways and the page/bench ratio of their medians.
@@ -20,49 +21,18 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
+from engine.bench import app_server
 from engine.workload import SEED_REQUESTS
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 300
 STATUS_INDEX = 7  # the status line's place in /run's returned tuple
 STATUS_TIMES = re.compile(r"static ([0-9.]+) s · continuous ([0-9.]+) s")
 BENCH_ENGINE = {"slots": "continuous", "paged": "continuous_paged"}  # page KV mode -> engine
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
-def start_app(log_path: Path) -> tuple[subprocess.Popen, str]:
-    """``app.py`` on a free localhost port. Returns the process and its URL once it serves.
-
-    Raises:
-        RuntimeError: the app exited or did not answer within ``START_TIMEOUT_S``.
-    """
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    command = [sys.executable, "app.py", "--port", str(port), "--host", "127.0.0.1"]
-    log = log_path.open("w")
-    proc = subprocess.Popen(
-        command, cwd=REPO_ROOT, env={**os.environ, **OFFLINE}, stdout=log, stderr=log
-    )
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return proc, url
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"app.py did not serve {url}; its log: {log_path}")
 
 
 def page_run(url: str, slots: int, kv_mode: str) -> dict[str, float]:
@@ -98,8 +68,8 @@ def bench_run(slots: int, kv_mode: str) -> dict[str, float]:
         command += ["--slots", str(slots), "--engines", f"static,{engine}", "--no-reference"]
         subprocess.run(
             [*command, "--json", str(out)],
-            cwd=REPO_ROOT,
-            env={**os.environ, **OFFLINE},
+            cwd=app_server.REPO_ROOT,
+            env={**os.environ, **app_server.OFFLINE},
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -127,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", dest="json_path", help="write the runs and the summary here")
     args = parser.parse_args(argv)
     log_path = Path(tempfile.mkdtemp()) / "app.log"
-    proc, url = start_app(log_path)
+    proc, url = app_server.start_app(log_path)
     page, bench = [], []
     try:
         for i in range(args.repeat):
@@ -135,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.append(bench_run(args.slots, args.kv_mode))
             print(f"run {i + 1}: page {page[-1]}  bench {bench[-1]}", flush=True)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        app_server.stop(proc)
     summary = compare(page, bench)
     for engine, row in summary.items():
         print(
