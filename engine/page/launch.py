@@ -22,7 +22,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.page import page_io, panels, servers, share, shared_model, tables
+from engine.page import page_io, panels, quiet_queue, servers, share, shared_model, tables
 from engine.vllm_server import MAX_MODEL_LEN
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -146,6 +146,7 @@ def _launch(build_demo: Callable, shared: shared_model.SharedModel, args) -> Non
     names = shared.servers.names if shared.servers is not None else []
     demo = build_demo(shared.label, names, shared.dtype_choices(), shared.dtype_name)
     demo.queue()
+    quiet_queue.quiet(demo)  # no thousand wake-ups a second on the engine's cores
     # quiet: Gradio's own launch lines would say "set share=True" even with --share.
     demo.launch(
         server_name=args.host,

@@ -44,7 +44,7 @@ from engine.static import StaticEngine
 from engine.workload import TABLE_COLUMNS
 
 REQUEST_HEADERS = list(TABLE_COLUMNS)  # prompt, max_new_tokens, arrival_s, sampling settings
-PROGRESS_INTERVAL_S = 0.5  # at most two progress reports a second
+PROGRESS_INTERVAL_S = 0.5  # at most two progress reports a second (fewer: progress_view)
 STOPPED = "**Stopped** before the end."
 STOPPED_IN_QUEUE = "**Stopped** before it started: it left the queue."
 
@@ -162,9 +162,10 @@ def run_event(
 ) -> Iterator[tuple]:
     """The Run button's handler: a generator streaming progress, then the finished results.
 
-    Yields the tuple app.py's outputs expect: live updates every ``PROGRESS_INTERVAL_S`` while the
-    engines run in a worker thread (``LiveRun``), then ``RunResult.as_outputs()``. Stop sets the
-    stop flag of this run's ``RunControl`` through the session's ``handle``
+    Yields the tuple app.py's outputs expect: live updates every ``PROGRESS_INTERVAL_S``, or less
+    often where Gradio's handling of them would take over ``progress_view.UPDATE_SHARE`` of the
+    run, while the engines run in a worker thread (``LiveRun``), then ``RunResult.as_outputs()``.
+    Stop sets the stop flag of this run's ``RunControl`` through the session's ``handle``
     (``engine.page.run_handle``): the worker stops within one step and the handler yields the
     previous results with "Stopped" and returns. When Gradio closes the generator (a closed tab)
     the worker stops too. The paged KV knobs (``kv_budget_mib``, ``block_size``,
@@ -215,13 +216,14 @@ def _run(rows, num_slots, knobs: tuple, x_axis: str, previous, handle: RunHandle
     def work(watch: Callable) -> RunState:  # the status line shows progress, not a Gradio bar
         return run_engines(model, requests, config, options, lambda *a, **k: None, watch)
 
-    views = progress_view.LiveTimelines()  # timelines redrawn within a CPU budget
+    views = progress_view.LiveTimelines()  # updates and redraws paced within a CPU budget
     with LiveRun(work, control) as live:
-        while not live.wait(PROGRESS_INTERVAL_S):
+        while not live.wait(views.wait_s(PROGRESS_INTERVAL_S)):
             elapsed_s = time.monotonic() - started_s
             yield views.outputs(
                 live.progress(), requests, config.num_slots, x_axis, elapsed_s, control.time_limit_s
             )
+            views.resumed()
     yield from _finished_outputs(live, previous, x_axis)
 
 

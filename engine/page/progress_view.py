@@ -13,7 +13,16 @@ Drawing a timeline is Python work (plotly builds and checks every trace and layo
 engine thread needs both cores and the interpreter lock between its ops. Redrawn every half
 second, it took up to a third of a core from the run it showed. ``LiveTimelines`` redraws them
 only as often as keeps their drawing under ``TIMELINE_CPU_SHARE`` of the run's time (and at once
-when an engine's first steps arrive); the status line and outputs still update every poll.
+when an engine's first steps arrive).
+
+Every update costs Gradio work too, on its event loop, whatever it holds: for each of the Run
+event's 19 outputs, even a skipped one, Gradio 6 builds a component and its config with three JSON
+schemas (``Blocks.postprocess_data``): 35-60 ms of CPU an update on this machine, measured with
+every output skipped. Sent twice a second, that took 14 s of a core in a 99 s run, and the page's
+runs took 1.13-1.34x the bench's. So ``LiveTimelines`` also paces the updates: it times how long
+Gradio took over the last one (from its hand-over to the next request for one) and waits long
+enough that this stays under ``UPDATE_SHARE`` of the run's time (``wait_s``), and it sends the
+outputs table only when its rows changed.
 """
 
 from __future__ import annotations
@@ -37,7 +46,8 @@ ENGINE_LABELS = {
     "reference": "model.generate reference",
 }
 LIVE_ENGINES = ("static", "continuous")  # the engines with a timeline and an outputs column
-TIMELINE_CPU_SHARE = 0.05  # live timelines' drawing: at most this share of the run's time
+TIMELINE_CPU_SHARE = 0.02  # live timelines' drawing: at most this share of the run's time
+UPDATE_SHARE = 0.02  # Gradio's handling of live updates: at most this share of the run's time
 
 
 def progress_line(
@@ -108,21 +118,37 @@ def live_outputs(
 
 
 class LiveTimelines:
-    """``live_outputs`` with the timelines redrawn only as often as ``cpu_share`` allows.
+    """``live_outputs`` paced for a run on a busy CPU (see the module docstring).
 
-    After a redraw that took ``c`` seconds of this thread's CPU, the next waits ``c / cpu_share``
-    seconds, unless an engine's first steps arrive (its timeline is drawn at once).
+    After a timeline redraw that took ``c`` seconds of this thread's CPU, the next waits
+    ``c / cpu_share`` seconds, unless an engine's first steps arrive (its timeline is drawn at
+    once). After an update that Gradio took ``g`` seconds to handle, the next waits at least
+    ``g / update_share`` seconds (``wait_s``). The outputs table is sent when its rows change.
     """
 
-    def __init__(self, cpu_share: float = TIMELINE_CPU_SHARE):
-        assert 0 < cpu_share <= 1, cpu_share
+    def __init__(self, cpu_share: float = TIMELINE_CPU_SHARE, update_share: float = UPDATE_SHARE):
+        assert 0 < cpu_share <= 1 and 0 < update_share <= 1, (cpu_share, update_share)
         self.cpu_share = cpu_share
+        self.update_share = update_share
         self.num_draws = 0
+        self.update_cost_s = 0.0  # Gradio's handling of the last update, wall seconds
         self._next_s = -math.inf
         self._engines: tuple[str, ...] = ()
+        self._table_rows: object = None  # the outputs table's rows as last sent
+        self._handed_s: float | None = None  # when the last update was handed to Gradio
+
+    def wait_s(self, interval_s: float) -> float:
+        """Seconds to wait before the next update: ``interval_s``, or longer after a costly one."""
+        return max(interval_s, self.update_cost_s / self.update_share)
+
+    def resumed(self) -> None:
+        """Gradio asks for the next update: handling the last one took it until now."""
+        if self._handed_s is not None:
+            self.update_cost_s = time.monotonic() - self._handed_s
 
     def outputs(self, progress: dict[str, EngineProgress], *args) -> tuple:
-        """``live_outputs(progress, *args)``, drawing the timelines when due."""
+        """``live_outputs(progress, *args)``, drawing the timelines when due and leaving the
+        outputs table as it is (``gr.skip()``) when its rows have not changed."""
         engines = tuple(n for n in LIVE_ENGINES if n in progress and progress[n].num_steps)
         draw = time.monotonic() >= self._next_s or engines != self._engines
         cpu_s = time.thread_time()
@@ -131,6 +157,19 @@ class LiveTimelines:
             self.num_draws += 1
             self._engines = engines
             self._next_s = time.monotonic() + (time.thread_time() - cpu_s) / self.cpu_share
+        outputs = self._unless_unchanged(outputs)
+        self._handed_s = time.monotonic()
+        return outputs
+
+    def _unless_unchanged(self, outputs: tuple) -> tuple:
+        """``outputs`` with the outputs table skipped if it holds the rows sent last time."""
+        index = RUN_OUTPUTS.index("outputs_table")
+        # Its constructor's arguments (rows, headers, widths): a component made while the app
+        # serves keeps no ``.value``.
+        shown = outputs[index].constructor_args
+        if shown == self._table_rows:
+            return (*outputs[:index], gr.skip(), *outputs[index + 1 :])
+        self._table_rows = shown
         return outputs
 
 

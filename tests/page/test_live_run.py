@@ -59,10 +59,18 @@ def shared(monkeypatch) -> playground.SharedModel:
     return model
 
 
-def _continuous_outputs(update) -> list[str]:
-    table = update[OUTPUTS_INDEX]
+def _continuous_outputs(table: gr.Dataframe) -> list[str]:
     column = table.value["headers"].index("continuous output")
     return [row[column] for row in table.value["data"]]
+
+
+def _tables_shown(updates) -> list[gr.Dataframe]:
+    """The outputs table the page shows after each update: a skipped one leaves the last."""
+    shown = []
+    for update in updates:
+        table = update[OUTPUTS_INDEX]
+        shown.append(table if isinstance(table, gr.Dataframe) else shown[-1])
+    return shown
 
 
 def _until_continuous_runs(events):
@@ -79,12 +87,13 @@ def test_progress_streams_before_the_run_ends(shared):
     final, live = updates[-1], updates[:-1]
     assert "✓ all match" in final[STATUS_INDEX], final[STATUS_INDEX]
     assert live and all(u[STATUS_INDEX].startswith("**Running**") for u in live), "no live status"
-    final_outputs = _continuous_outputs(final)
+    final_outputs = _continuous_outputs(final[OUTPUTS_INDEX])
+    tables = _tables_shown(live)
     partial = [
         outputs
-        for u in live
+        for u, table in zip(live, tables, strict=True)
         if "continuous batching:" in u[STATUS_INDEX]
-        for outputs in [_continuous_outputs(u)]
+        for outputs in [_continuous_outputs(table)]
         if any(outputs) and not all(outputs)
     ]
     assert partial, "no live update showed some continuous outputs while others were pending"
@@ -95,15 +104,29 @@ def test_progress_streams_before_the_run_ends(shared):
     static_done = f"static batching: {num_static_steps} steps, 4/4 requests done"
     in_continuous = [u[STATUS_INDEX] for u in live if "continuous batching:" in u[STATUS_INDEX]]
     assert in_continuous and all(static_done in s for s in in_continuous), in_continuous[:1]
-    for u in live:
+    for u, table in zip(live, tables, strict=True):
         done = re.search(r"continuous batching: \d+ steps, (\d+)/4", u[STATUS_INDEX])
-        shown = sum(bool(text) for text in _continuous_outputs(u))
+        shown = sum(bool(text) for text in _continuous_outputs(table))
         assert done is None or int(done[1]) == shown, f"status {done[0]} but {shown} outputs"
     drawn = [
         u[CONTINUOUS_TIMELINE_INDEX] for u in live if "continuous batching:" in u[STATUS_INDEX]
     ]
     final_timeline = final[CONTINUOUS_TIMELINE_INDEX]
     assert any(isinstance(fig, type(final_timeline)) for fig in drawn), "timeline not drawn live"
+
+
+def test_a_slow_taker_of_updates_is_sent_fewer(shared):
+    """Where each update takes Gradio long to handle, the handler waits longer before the next."""
+
+    def live_updates(handling_s: float) -> int:
+        num_live = 0
+        for update in playground.run_event(ROWS, *KNOBS):
+            num_live += update[STATUS_INDEX].startswith("**Running**")
+            time.sleep(handling_s)
+        return num_live
+
+    quick, slow = live_updates(0.0), live_updates(0.05)  # slow: each next update waits 2.5 s
+    assert slow <= 2 < quick, (slow, quick)
 
 
 def test_closing_the_handler_stops_the_engine_within_a_step_and_frees_the_kv_cache(shared):

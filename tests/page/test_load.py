@@ -75,3 +75,20 @@ def test_concurrent_users_each_get_their_own_checked_result(server_url: str) -> 
     status, prompts = _run(server_url, [["After the rush, the server", 2]], 1)
     assert MATCH_TEXT in status, f"the Run after the load failed: {status!r}"
     assert prompts == ["After the rush, the server"], f"the Run after the load got {prompts}"
+
+
+def test_a_run_streams_its_progress_through_the_server(server_url: str) -> None:
+    """A run long enough to stream sends live status lines before its checked final result."""
+    client = Client(url=server_url, verbose=False)
+    rows = [["Write a sentence about the sea:", 24], ["Name three colours:", 12]]
+    table = {"headers": ["prompt", "max_new_tokens"], "data": rows}
+    job = client.submit(table, 2, *DEFAULT_KNOBS, api_name="/run")
+    job.result(timeout=LOAD_TIMEOUT_S)
+    statuses = [_value(update[STATUS_INDEX]) for update in job.outputs()]
+    assert any(str(s).startswith("**Running**") for s in statuses[:-1]), statuses
+    assert MATCH_TEXT in statuses[-1], statuses[-1]
+
+
+def _value(output):
+    """An output as the client hands it: a plain value, or an update dict holding one."""
+    return output.get("value", output) if isinstance(output, dict) else output
