@@ -79,7 +79,7 @@ def test_concurrent_users_each_get_their_own_checked_result(server_url: str) -> 
 
 def test_a_run_streams_its_progress_through_the_server(server_url: str) -> None:
     """A run long enough to stream sends live status lines before its checked final result."""
-    client = Client(url=server_url, verbose=False)
+    client = Client(server_url, verbose=False)
     rows = [["Write a sentence about the sea:", 24], ["Name three colours:", 12]]
     table = {"headers": ["prompt", "max_new_tokens"], "data": rows}
     job = client.submit(table, 2, *DEFAULT_KNOBS, api_name="/run")
