@@ -1,32 +1,18 @@
 """Starting ``app.py`` for tests: a free localhost port, offline, and a wait until it serves.
 
 Used by the ``server_url`` fixtures (``tests/conftest.py`` per module, the browser tests' per
-package) and by tests that start a server of their own. The launching is
-``engine.bench.app_server``'s (the page-gap tool starts its server the same way); here its
-failures fail the test, with the server's log.
+package). The launching is ``engine.bench.app_server``'s (the page-gap tool and tests that need
+the server's process start theirs with it too); here its failures fail the test, with the
+server's log.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from engine.bench import app_server
 
 REPO_ROOT = app_server.REPO_ROOT
-
-
-def _free_port() -> int:
-    return app_server.free_port()
-
-
-def _wait_until_serving(url: str, proc, log_path: Path) -> None:
-    """Poll ``url`` until it answers 200; fail with the server's log if it dies or times out."""
-    try:
-        app_server.wait_until_serving(url, proc, log_path)
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
 
 
 def start_app_server(request, tmp_path_factory, args: tuple[str, ...] = ()) -> str:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 from types import SimpleNamespace
 
 import pytest
-from server_kit import REPO_ROOT, _free_port, _wait_until_serving
 
+from engine.bench import app_server
 from engine.page import share
 
 LOCAL_URL = "http://127.0.0.1:7860/"
@@ -65,28 +62,16 @@ def test_hanging_tunnel_waits_only_the_bound_then_prints_a_late_link():
 @pytest.mark.real_model
 def test_app_share_offline_says_so_and_keeps_serving(tmp_path):
     """``app.py --share`` offline prints "No public link" within the bound and still serves."""
-    port = _free_port()
     log_path = tmp_path / "app.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "app.py", "--port", str(port), "--share"],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            url = f"http://127.0.0.1:{port}/"
-            _wait_until_serving(url, proc, log_path)
-            served_s = time.monotonic()
-            while "No public link" not in log_path.read_text():
-                waited_s = time.monotonic() - served_s
-                assert waited_s < share.SHARE_WAIT_S + 5, f"no message:\n{log_path.read_text()}"
-                time.sleep(0.2)
-            time.sleep(0.5)
-            assert proc.poll() is None, f"app.py exited:\n{log_path.read_text()[-2000:]}"
-            _wait_until_serving(url, proc, log_path)  # still answers after giving up on the link
-        finally:
-            proc.terminate()
-            proc.wait(timeout=15)
+    proc, url = app_server.start_app(log_path, ("--share",))  # RuntimeError quotes its log
+    try:
+        served_s = time.monotonic()
+        while "No public link" not in log_path.read_text():
+            waited_s = time.monotonic() - served_s
+            assert waited_s < share.SHARE_WAIT_S + 5, f"no message:\n{log_path.read_text()}"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        assert proc.poll() is None, f"app.py exited:\n{log_path.read_text()[-2000:]}"
+        app_server.wait_until_serving(url, proc, log_path)  # still answers after giving up
+    finally:
+        app_server.stop(proc)
