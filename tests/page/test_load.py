@@ -47,8 +47,7 @@ def _run(url: str, rows: list[list], num_slots: int) -> tuple[str, list[str]]:
     client = Client(url, verbose=False)
     table = {"headers": ["prompt", "max_new_tokens"], "data": rows}
     result = client.predict(table, num_slots, *DEFAULT_KNOBS, api_name="/run")
-    outputs = result[OUTPUTS_INDEX]
-    outputs = outputs.get("value", outputs)  # returned as a gr.update(...) dict, value inside
+    outputs = _value(result[OUTPUTS_INDEX])  # returned as a gr.update(...) dict, value inside
     prompt_col = outputs["headers"].index("prompt")
     return result[STATUS_INDEX], [row[prompt_col] for row in outputs["data"]]
 
