@@ -93,7 +93,7 @@ gpu-check: venv
 	$(OFFLINE) $(BIN)/python -m engine.bench.gpu_check --out out/gpu-check $(ARGS)
 
 record: venv
-	$(OFFLINE) $(BIN)/python -m engine.page.recording $(ARGS)
+	$(OFFLINE) $(BIN)/python -m engine.page.handlers.recording $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -1,51 +1,54 @@
 """Continuous Batching Playground: the Gradio page. Layout and event wiring only.
 
-Panels are built by ``engine.page.panels``, ``settings_panel`` and ``results_panel``; handlers live
-in ``playground`` and ``page_io``; ``launch`` loads the model and serves the page. Run with
-``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--port 7860]
+Panels are built by ``engine.page.panels.page_panels``, ``settings_panel`` and ``results_panel``;
+handlers live in ``playground`` and ``page_io``; ``launch`` loads the model and serves the page. Run
+with ``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--port 7860]
 [--share]``.
 """
 
 from __future__ import annotations
 
-from engine import openmp_env
+from engine.model import openmp_env
 
 openmp_env.configure()  # before torch loads: the engines run in worker threads (see the module)
 
 import gradio as gr  # noqa: E402
 
-from engine.page import divergence_view as differences  # noqa: E402
-from engine.page import launch, page_io, panels, playground, presets, recording, zerogpu  # noqa: E402
-from engine.page.results_panel import results_panel  # noqa: E402
-from engine.page.run_handle import RunHandle  # noqa: E402
-from engine.page.settings_panel import settings_panel  # noqa: E402
+from engine.page.handlers import playground, recording  # noqa: E402
+from engine.page.host import launch, zerogpu  # noqa: E402
+from engine.page.inputs import page_io, presets  # noqa: E402
+from engine.page.panels import page_panels  # noqa: E402
+from engine.page.panels.results_panel import results_panel  # noqa: E402
+from engine.page.panels.settings_panel import settings_panel  # noqa: E402
+from engine.page.run.run_handle import RunHandle  # noqa: E402
+from engine.page.views import divergence_view as differences  # noqa: E402
 
 HIDDEN = {"api_visibility": "undocumented"}
 QUIET = {"show_progress": "hidden", **HIDDEN}
-parse_args = launch.parse_args  # the command line, documented in engine.page.launch
+parse_args = launch.parse_args  # the command line, documented in engine.page.host.launch
 
 
 def build_demo(
     model_label: str, server_names: list[str] = (), dtypes=("float32", "bfloat16"), dtype="float32"
 ) -> gr.Blocks:
     """The page: request editor and settings, timelines, step heatmaps, tables, the host's
-    servers (by name only); it opens on the shipped recording (``engine.page.recording``).
+    servers (by name only); it opens on the shipped recording (``engine.page.handlers.recording``).
     ``dtypes``: the precisions offered, ``dtype`` the loaded model's."""
     rows, chat_template, preset_text = presets.apply_preset(presets.DEFAULT_PRESET)
     shown = recording.opening_result()
-    with gr.Blocks(title=panels.TITLE) as demo:
-        panels.header(model_label)
+    with gr.Blocks(title=page_panels.TITLE) as demo:
+        page_panels.header(model_label)
         with gr.Row():
             with gr.Column(scale=3):
-                requests = panels.requests_panel(rows, preset_text)
+                requests = page_panels.requests_panel(rows, preset_text)
             with gr.Column(scale=1):
                 settings = settings_panel(chat_template, server_names, list(dtypes), dtype)
         results = results_panel(shown, server_names)
-        downloads = panels.downloads_panel()
+        downloads = page_panels.downloads_panel()
         run_state = gr.State(shown.state if shown is not None else None)
         handle_state = gr.State(RunHandle())  # copied per session: its run, for Stop (run_handle)
         link_step_state = gr.State()  # a link's step=N, applied after the first run
-        outputs = panels.run_outputs(run_state, results, downloads)
+        outputs = page_panels.run_outputs(run_state, results, downloads)
         wire_setup(demo, requests, settings, results, run_state)
         demo.load(page_io.link_step, None, link_step_state, **HIDDEN)
         run_event = wire_run(requests, settings, results, run_state, handle_state, outputs)
@@ -117,7 +120,7 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs):
     s.run_button.click(playground.run_pressed, handle_state, None, queue=False, **QUIET)
     return s.run_button.click(
         zerogpu.on_gpu(playground.run_event),  # spaces.GPU on a ZeroGPU Space, else as is
-        panels.run_inputs(requests, s, results, run_state, handle_state),
+        page_panels.run_inputs(requests, s, results, run_state, handle_state),
         outputs,
         concurrency_limit=1,
         concurrency_id="model",
@@ -141,7 +144,8 @@ def wire_stop(settings, results, run_state, handle_state, outputs, run_event) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Load the model (so problems show at start), then serve the page (``engine.page.launch``)."""
+    """Load the model (so problems show at start), then serve the page
+    (``engine.page.host.launch``)."""
     launch.serve(build_demo, argv)
 
 

@@ -2,13 +2,29 @@
 
 The package holds two engines that run the same list of requests on the same loaded model:
 
-* ``StaticEngine`` (``engine.static``): padded waves of ``B`` requests through ``model.generate``,
-  with a batch barrier between waves. The baseline people already know.
-* ``ContinuousEngine`` (``engine.continuous``): iteration-level scheduling over ``B`` slots, and
-  every in-flight token of a step packed into one ``[1, T]`` row with a block-diagonal causal mask,
-  so a new prompt's prefill rides in the same forward pass as the others' decode tokens.
+* ``StaticEngine`` (``engine.batching.static``): padded waves of ``B`` requests through
+  ``model.generate``, with a batch barrier between waves. The baseline people already know.
+* ``ContinuousEngine`` (``engine.batching.continuous``): iteration-level scheduling over ``B``
+  slots, and every in-flight token of a step packed into one ``[1, T]`` row with a block-diagonal
+  causal mask, so a new prompt's prefill rides in the same forward pass as the others' decode
+  tokens.
 
 Both write a ``Trace`` (``engine.trace``), the single source of every chart and metric.
+
+The core is a stack of rooms, each importing only the rooms below it (``tests/engine/test_wings.py``
+checks the order):
+
+* at the root, the vocabulary every room reads: ``config``, ``sequence``, ``sampling_params``,
+  ``token_logits``, ``trace``;
+* ``workloads``: request tables, workload files, exports;
+* ``serving``: scheduler, block manager, KV caches, packed batch, masks, sampler, run control;
+* ``kernels``: packed attention and its variants, the matmul kernel, fused decoder layers;
+* ``model``: loader, device, dtypes, the model runner (the only caller of the model);
+* ``batching``: the static and the continuous engine;
+* ``fidelity``: the per-request ``model.generate`` reference and divergence verdicts;
+* ``peers``: transformers' engine, OpenAI-compatible servers and vLLM, run beside ours.
+
+Above the core sit the page (``page``) and the command-line tools (``bench``).
 
 Named dimensions used in shape comments and ``Shapes:`` docstring sections:
 

@@ -31,8 +31,9 @@ class EngineConfig:
         kv_budget_mib: ``paged`` mode: KV memory in MiB (2**20 bytes), which sets the number of
             blocks; ``None`` gives every slot room for the workload's longest sequence.
         prefix_caching: ``paged`` mode only: share the KV blocks of prompt prefixes that were
-            computed before (vLLM's automatic prefix caching; ``engine.block_manager``).
-        batch_invariant: batch-invariant mode (``engine.invariant``): a sequence's logits do not
+            computed before (vLLM's automatic prefix caching; ``engine.serving.block_manager``).
+        batch_invariant: batch-invariant mode (``engine.kernels.invariant_ops``): a sequence's
+        logits do not
             depend on what else shares its step, bitwise. Static and continuous engines only;
             transformers' engine ignores it, with a warning.
 

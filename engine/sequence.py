@@ -1,7 +1,7 @@
 """Requests and sequences.
 
 A *request* is what the user asked for: a prompt, its own ``max_new_tokens`` cap and, optionally,
-its sampling settings (``engine.sampling``; none: greedy). A *sequence*
+its sampling settings (``engine.sampling_params``; none: greedy). A *sequence*
 is that request's state inside an engine: its slot, how many of its tokens already sit in the KV
 cache, and what it generated so far. Plain Python, no torch.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.sampling import SamplingParams
+    from engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Request:
     ``prompt_token_ids`` is exactly what every engine and the reference feed to the model
     (chat template applied or not, identically for all of them). ``sampling`` None (or at
     temperature 0) decodes greedily; otherwise the request samples from its own generator
-    (``engine.sampler``).
+    (``engine.serving.sampler``).
     """
 
     request_id: int
@@ -103,7 +103,8 @@ class Sequence:
         Its output so far is kept: on readmission the prompt and that output are prefilled again
         (from the prefix cache where it still holds their blocks), and decoding continues exactly
         where it stopped (greedy, or sampled: the request's generator has drawn once per kept
-        token, see ``engine.sampler``). ``block_hashes`` stay valid: tokens are only ever appended.
+        token, see ``engine.serving.sampler``). ``block_hashes`` stay valid: tokens are only ever
+        appended.
         """
         self.num_cached_tokens = 0
         self.num_prefix_cached_tokens = 0

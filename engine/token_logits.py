@@ -3,7 +3,8 @@
 Every run (the reference, the static engine, the continuous engine) keeps, for each output token,
 a ``TokenLogits``: the top ``TOP_K`` logits with their token ids, the norm of the hidden state that
 produced them, and a digest of the whole logits row. That is enough to explain a difference
-between two runs after the fact (``engine.divergence``) without keeping ``V`` floats per token:
+between two runs after the fact (``engine.fidelity.divergence``) without keeping ``V`` floats per
+token:
 
 * the top ``TOP_K`` give the margin between the chosen token and its rivals, in the run's own pass
   (not in some re-run of the prefix through another kernel);
@@ -37,7 +38,7 @@ class TokenLogits:
     ``token_ids`` and ``logits`` are the top ``TOP_K``, best first (the model's dtype values, as
     float). ``abs_dots[i]`` is ``sum_j |h_j| |W[token_ids[i], j]|`` for the final hidden state ``h``
     and the output embedding ``W``: the scale of that logit's rounding error
-    (``engine.divergence``). ``hidden_norm`` is ``||h||_2``; ``digest`` a hash of the whole
+    (``engine.fidelity.divergence``). ``hidden_norm`` is ``||h||_2``; ``digest`` a hash of the whole
     logits row's bytes (equal digests: bitwise equal rows).
     """
 

@@ -1,10 +1,10 @@
 """The trace: what happened at every step of a run, the single source of every chart and metric.
 
 An engine appends one ``StepRecord`` per forward pass and fills one ``RequestRecord`` per request.
-Figures (``engine.page.figures``), the metrics table and the bench read only this, so what the page
-shows is what the engine did. Times are seconds since the run started (``perf_counter``).
+Figures (``engine.page.figures.timelines``), the metrics table and the bench read only this, so what
+the page shows is what the engine did. Times are seconds since the run started (``perf_counter``).
 
-An engine behind a server (``engine.openai_engine``) sees no steps and no slots: its trace has
+An engine behind a server (``engine.peers.openai_engine``) sees no steps and no slots: its trace has
 per-request times on the client's clock (sent = ``admit_s``, first token, each token in
 ``token_times_s``, finish), what the server's ``/metrics`` said during the run
 (``server_samples``), and ``warnings`` a person should read beside its results.
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.sampling import SamplingParams
+    from engine.sampling_params import SamplingParams
 
 from engine.token_logits import LogitTrail
 
@@ -98,7 +98,7 @@ class RequestRecord:
 
     ``sampling``: the request's settings (None: greedy). ``comparable`` is False when the engine
     sampled it with a random stream of its own (transformers' manager), so its output is not
-    compared with the reference (``engine.reference.comparison``).
+    compared with the reference (``engine.fidelity.reference.comparison``).
     """
 
     request_id: int
@@ -123,7 +123,8 @@ class RequestRecord:
     # when the server sends text without token ids).
     token_times_s: list[float] = field(default_factory=list)
     # per output token, the run's own logits there (engine.token_logits); empty when not recorded
-    # (transformers' and server engines). Not in to_dict: engine.divergence turns it into verdicts.
+    # (transformers' and server engines). Not in to_dict: engine.fidelity.divergence turns it into
+    # verdicts.
     token_logits: LogitTrail = field(default_factory=LogitTrail, repr=False, compare=False)
 
     @property
@@ -205,7 +206,8 @@ class SlotRun:
 
 @dataclass
 class ServerSample:
-    """One reading of a server's Prometheus ``/metrics`` during a run (``engine.server_metrics``).
+    """One reading of a server's Prometheus ``/metrics`` during a run
+    (``engine.peers.server_metrics``).
 
     ``values`` holds the metrics the server has, by this project's names
     (``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_pct``); one it lacks is

@@ -23,17 +23,18 @@ if os.environ.get("CI"):
 from server_kit import start_app_server  # noqa: E402
 from tiny_model import tiny_runner  # noqa: E402
 
-from engine.loader import LoadedModel, load_model  # noqa: E402
-from engine.page.playground import SharedModel  # noqa: E402
-from engine.reference import ReferenceCache  # noqa: E402
+from engine.fidelity.reference import ReferenceCache  # noqa: E402
+from engine.model.loader import LoadedModel, load_model  # noqa: E402
+from engine.page.handlers.playground import SharedModel  # noqa: E402
 from tests.live_servers import TransformersServe  # noqa: E402
 
 
 @pytest.fixture()
 def tiny_loaded(monkeypatch) -> LoadedModel:
-    """A tiny random model, returned by every ``engine.loader.load_model`` call (CLI tests)."""
+    """A tiny random model, returned by every ``engine.model.loader.load_model`` call (CLI
+    tests)."""
     loaded = tiny_runner().loaded
-    monkeypatch.setattr("engine.loader.load_model", lambda *a, **k: loaded)
+    monkeypatch.setattr("engine.model.loader.load_model", lambda *a, **k: loaded)
     return loaded
 
 

@@ -80,7 +80,7 @@ class TransformersServe:
 
 def vllm_available() -> bool:
     """True when ``.venv-vllm`` (``make vllm``) or ``$CBP_VLLM_VENV`` holds a Python."""
-    from engine.vllm_server import vllm_python
+    from engine.peers.vllm_server import vllm_python
 
     try:
         vllm_python()

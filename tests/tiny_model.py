@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from engine.model_runner import ModelRunner
+from engine.model.model_runner import ModelRunner
 from engine.sequence import Request
 
 EOS_IDS = (2, 1)  # two end-of-sequence ids; the tokenizer knows only the first

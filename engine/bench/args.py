@@ -12,9 +12,9 @@ import dataclasses
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.endpoints import Endpoint, parse_endpoints
-from engine.sampling import SamplingParams, with_defaults
-from engine.workload import load_jsonl, poisson_arrivals, seed_specs
+from engine.peers.endpoints import Endpoint, parse_endpoints
+from engine.sampling_params import SamplingParams, with_defaults
+from engine.workloads.workload import load_jsonl, poisson_arrivals, seed_specs
 
 DESCRIPTION = (
     "Benchmark CLI: the same requests through each engine on one loaded model, side by side."
@@ -221,7 +221,7 @@ def check_args(args: argparse.Namespace, names: list[str]) -> None:
     EngineConfig(args.slots, **engine_options(args))
     sampling_defaults(args)
     if "vllm" in names:
-        from engine.vllm_server import vllm_python
+        from engine.peers.vllm_server import vllm_python
 
         vllm_python()  # refuses before the model loads when .venv-vllm is missing
 

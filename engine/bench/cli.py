@@ -19,6 +19,8 @@ import threading
 import time
 import warnings
 
+from engine.batching.continuous import ContinuousEngine
+from engine.batching.static import StaticEngine
 from engine.bench.args import (
     ENGINES,
     KV_MODE_OF,
@@ -39,11 +41,9 @@ from engine.bench.servers import (
 )
 from engine.bench.verdicts import add_verdicts
 from engine.config import EngineConfig
-from engine.continuous import ContinuousEngine
-from engine.reference import comparison, mismatches, not_compared_ids, reference_for
-from engine.static import StaticEngine
+from engine.fidelity.reference import comparison, mismatches, not_compared_ids, reference_for
 from engine.trace import Trace
-from engine.workload import tokenize_requests
+from engine.workloads.workload import tokenize_requests
 
 
 def make_engine(name: str, runner, num_slots: int, prefix_caching: bool = False, **options):
@@ -70,7 +70,7 @@ def make_engine(name: str, runner, num_slots: int, prefix_caching: bool = False,
         engine.name = name
         return engine
     if name == "hf_continuous":
-        from engine.hf_continuous import HFContinuousEngine
+        from engine.peers.transformers_engine import HFContinuousEngine
 
         config = EngineConfig(num_slots, batch_invariant=invariant)
         with warnings.catch_warnings():  # the bench says it itself (args.ignored_flags)
@@ -113,7 +113,7 @@ def median_trace(runs: list[Trace]) -> Trace:
 
 def write_exports(out_dir: str, traces: dict[str, list[Trace]]) -> None:
     """requests.csv, traces.json and trace.perfetto.json of each engine's median run."""
-    from engine import export
+    from engine.workloads import export
 
     export.write_files(out_dir, {name: median_trace(runs) for name, runs in traces.items()})
 
@@ -223,8 +223,8 @@ def _exit_on_sigterm(signum, frame):
 
 def _setup(args):
     """Model, runner, requests, engines (and their normal-mode twins). Raises ValueError."""
-    from engine.loader import load_model
-    from engine.model_runner import ModelRunner
+    from engine.model.loader import load_model
+    from engine.model.model_runner import ModelRunner
 
     names = [n.strip() for n in args.engines.split(",") if n.strip()]
     check_args(args, names)
@@ -250,8 +250,8 @@ def _setup(args):
 
 
 def _reference(args, runner, requests):
-    """``(source, outputs)``: the reference (``engine.reference.reference_for``) and its outputs,
-    or ``(None, None)`` with ``--no-reference``."""
+    """``(source, outputs)``: the reference (``engine.fidelity.reference.reference_for``) and its
+    outputs, or ``(None, None)`` with ``--no-reference``."""
     if args.no_reference:
         return None, None
     t0 = time.perf_counter()

@@ -4,9 +4,9 @@
 
 For each row count M, times one pass of every decoder-layer ``nn.Linear`` of the model (the
 weights a decode step streams, ``lm_head`` left out) with M random input rows, as plain
-``F.linear``, as ``engine.linear_kernel.skinny_linear`` and, where this torch has oneDNN, as
-``engine.linear_kernel.onednn_linear`` on packed weights; prints the best of ``--repeat`` in ms.
-This is the table in ``engine/linear_kernel.py``'s docstring.
+``F.linear``, as ``engine.kernels.linear_kernel.skinny_linear`` and, where this torch has oneDNN, as
+``engine.kernels.linear_kernel.onednn_linear`` on packed weights; prints the best of ``--repeat`` in
+ms. This is the table in ``engine/kernels/linear_kernel.py``'s docstring.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from engine.linear_kernel import linear_modules, onednn_linear, onednn_pack, skinny_linear
+from engine.kernels.linear_kernel import linear_modules, onednn_linear, onednn_pack, skinny_linear
 
 
 def time_pass_ms(weights: list[torch.Tensor], num_rows: int, linear, repeat: int) -> float:
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     except ValueError:
         print("error: --rows takes whole numbers >= 1, --repeat >= 1", file=sys.stderr)
         return 2
-    from engine.loader import load_model
+    from engine.model.loader import load_model
 
     model = load_model(args.model, "cpu", "float32").model
     weights = [m.weight for m in linear_modules(model) if m is not model.get_output_embeddings()]

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from engine.bench import app_server
-from engine.workload import SEED_REQUESTS
+from engine.workloads.workload import SEED_REQUESTS
 
 STATUS_INDEX = 7  # the status line's place in /run's returned tuple
 STATUS_TIMES = re.compile(r"static ([0-9.]+) s · continuous ([0-9.]+) s")

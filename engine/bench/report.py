@@ -13,10 +13,10 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+from engine.batching.continuous import ContinuousEngine
 from engine.bench.servers import failed_result
 from engine.bench.verdicts import add_invariant_cost, verdict_summary
 from engine.config import EngineConfig
-from engine.continuous import ContinuousEngine
 from engine.sequence import Request
 
 
@@ -94,7 +94,9 @@ def print_report(args, results, normal_results, extra, run) -> None:
         f"engines' matmul kernel: {extra['engine_kernel']} "
         f"(+{extra['engine_kernel_bytes'] / 1e6:.0f} MB of packed weights)"
     )
-    if extra["decoder_layers"] is not None:  # engine.fused_layers, or transformers' own layers
+    if (
+        extra["decoder_layers"] is not None
+    ):  # engine.kernels.fused_layers, or transformers' own layers
         steps = ", ".join(f"{n} {k}" for n, k in extra["decoder_layer_steps"].items() if k)
         print(f"continuous engines' decoder layers: {extra['decoder_layers']} (steps: {steps})")
     print(
@@ -122,8 +124,9 @@ def measure_floor(runner, requests, repeat: int) -> dict[str, float]:
 
     No schedule can finish the workload before its longest request, so ``floor_s`` (plain
     ``model.generate``) is its floor here. ``floor_engine_kernel_s`` is the same call inside
-    ``runner.engine_kernels()``, the matmul kernel the engines use (``engine.linear_kernel``):
-    the floor for an engine with that kernel. The two alternate, ``repeat`` times each.
+    ``runner.engine_kernels()``, the matmul kernel the engines use
+    (``engine.kernels.linear_kernel``): the floor for an engine with that kernel. The two alternate,
+    ``repeat`` times each.
     """
     longest = max(requests, key=lambda r: r.max_new_tokens)
     ids, mask = runner.left_pad([list(longest.prompt_token_ids)])

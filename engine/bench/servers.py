@@ -1,10 +1,10 @@
 """The bench's server engines: ``vllm`` and ``--endpoint NAME=URL``, and what can go wrong.
 
-A server engine is an ``OpenAIEngine`` (``engine.openai_engine``); ``vllm`` also owns a local
-server (``engine.vllm_engine``), started once before the warm-up and stopped when the bench ends,
-so every repeat runs on the same warm server. A server that cannot be reached, refuses a request
-or dies raises ``EndpointError``: that engine is dropped with its message, the others go on, and
-its JSON entry is ``{"error": ..., "server": ...}``. Successful entries get the same fields as
+A server engine is an ``OpenAIEngine`` (``engine.peers.openai_engine``); ``vllm`` also owns a local
+server (``engine.peers.vllm_engine``), started once before the warm-up and stopped when the bench
+ends, so every repeat runs on the same warm server. A server that cannot be reached, refuses a
+request or dies raises ``EndpointError``: that engine is dropped with its message, the others go on,
+and its JSON entry is ``{"error": ..., "server": ...}``. Successful entries get the same fields as
 every engine plus ``server`` (name, URL, version, settings, warnings, ``/metrics`` samples of the
 median run).
 """
@@ -15,7 +15,7 @@ import dataclasses
 import sys
 
 from engine.bench.args import endpoints
-from engine.endpoints import EndpointError
+from engine.peers.endpoints import EndpointError
 from engine.trace import Trace
 
 
@@ -25,11 +25,11 @@ def server_engines(args, names: list[str], loaded) -> dict:
     Raises:
         ValueError: no ``.venv-vllm``, or a bad ``--endpoint``.
     """
-    from engine.openai_engine import OpenAIEngine
+    from engine.peers.openai_engine import OpenAIEngine
 
     engines = {}
     if "vllm" in names:
-        from engine.vllm_engine import VllmEngine
+        from engine.peers.vllm_engine import VllmEngine
 
         engines["vllm"] = VllmEngine(loaded, args.slots, enforce_eager=args.vllm_eager)
     for endpoint in endpoints(args):

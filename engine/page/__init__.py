@@ -1,17 +1,19 @@
 """The Gradio page: everything the playground's browser page needs beyond ``app.py``'s layout.
 
-* panel builders (``panels``, ``settings_panel``, ``results_panel``), handlers (``playground``),
-  each session's run for Run and Stop (``run_handle``) and the live run (``live_run``,
-  ``progress_view``);
-* views of a finished run (``run_view``), figures (``style``, ``figures``, ``mask_figures``,
-  ``serving_figures``), tables (``tables``) and the recorded run the page opens on
-  (``recording``);
-* page input and output: uploads, downloads and links (``page_io``), presets (``presets``), the
-  guided tour (``tour``), run options (``run_options``);
-* the one shared model (``shared_model``), public links (``share``) and ZeroGPU Spaces
-  (``zerogpu``).
+Rooms, from the bottom up; each imports the serving core and only the page rooms below it
+(``tests/engine/test_wings.py`` checks the order):
+
+* ``figures``: every chart, from a ``Trace`` alone (the only plotly in the project);
+* ``inputs``: presets, uploads, downloads and links;
+* ``run``: one visitor's run, the engine thread, the shared model, the host's servers;
+* ``views``: what the page shows of a run, running or finished;
+* ``handlers``: Run, Stop and the step slider as plain functions; the recorded run;
+* ``panels``: the component builders ``app.py`` lays out;
+* ``host``: the command line, the server, the queue, share links and ZeroGPU Spaces.
 
 It reads the serving core's public interface (``engine.*``: engines, traces, workloads) and never
 reaches into an engine's internals; the core never imports this package. Nothing heavy is imported
 here.
 """
+
+__all__ = ["figures", "inputs", "run", "views", "handlers", "panels", "host"]

@@ -6,7 +6,7 @@ import pytest
 
 from engine.bench import args as bench_args
 from engine.bench import cli as bench
-from engine.linear_kernel import linear_modules
+from engine.kernels.linear_kernel import linear_modules
 from tests.bench.workload_files import corrupt_continuous_outputs, write_workload
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from engine.bench import args as bench_args
 from engine.bench import cli as bench
-from engine.sampling import MAX_SEED, SamplingParams
+from engine.sampling_params import MAX_SEED, SamplingParams
 from tests.bench.workload_files import write_workload
 
 ROWS = [

@@ -58,7 +58,7 @@ def test_vllm_eager_alone_is_warned_about(tmp_path, tiny_loaded, capsys):
 @pytest.mark.real_model
 def test_endpoint_has_every_engine_field_plus_server(tmp_path, embedded_model, monkeypatch):
     """An endpoint's JSON entry has the fields of ours plus `server`, and matches the reference."""
-    monkeypatch.setattr("engine.loader.load_model", lambda *a, **k: embedded_model)
+    monkeypatch.setattr("engine.model.loader.load_model", lambda *a, **k: embedded_model)
     server = TransformersServe(embedded_model.source).start()
     out = tmp_path / "out.json"
     rows = [("The capital of France is", 8), ("1, 2, 3,", 6)]
@@ -79,7 +79,7 @@ def test_endpoint_has_every_engine_field_plus_server(tmp_path, embedded_model, m
 @pytest.mark.real_model
 def test_bench_runs_vllm_beside_ours(tmp_path, embedded_model, monkeypatch, capsys):
     """`--engines continuous,vllm` on the seed: both match the reference, the server is stopped."""
-    monkeypatch.setattr("engine.loader.load_model", lambda *a, **k: embedded_model)
+    monkeypatch.setattr("engine.model.loader.load_model", lambda *a, **k: embedded_model)
     out = tmp_path / "out.json"
     argv = ["--workload", "seed", "--slots", "3", "--engines", "continuous,vllm", "--vllm-eager"]
     assert bench.main([*argv, "--json", str(out)]) == 0, capsys.readouterr().err[-3000:]

@@ -6,7 +6,7 @@ import pytest
 from fake_traces import continuous_trace, static_trace
 
 from engine.bench import page_gap
-from engine.page import run_status, run_view
+from engine.page.views import run_status, run_view
 
 
 def test_the_times_it_reads_are_the_ones_the_page_shows():

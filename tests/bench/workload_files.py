@@ -18,7 +18,7 @@ def write_workload(tmp_path, rows) -> str:
 def corrupt_continuous_outputs(monkeypatch) -> None:
     """Make the continuous engine's first request emit token id 3 at output index 2: a
     difference no numerics explain, for the bench's mismatch report."""
-    from engine.continuous import ContinuousEngine
+    from engine.batching.continuous import ContinuousEngine
 
     real_run = ContinuousEngine.run
 

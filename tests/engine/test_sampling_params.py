@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.sampling import MAX_SEED, SamplingParams, parse_sampling, with_defaults
-from engine.workload import RequestSpec, load_jsonl, parse_table
-from engine.workload_files import load_workload_file, table_rows, to_csv, to_jsonl
+from engine.sampling_params import MAX_SEED, SamplingParams, parse_sampling, with_defaults
+from engine.workloads.workload import RequestSpec, load_jsonl, parse_table
+from engine.workloads.workload_files import load_workload_file, table_rows, to_csv, to_jsonl
 
 SAMPLED = [
     RequestSpec("Hello", 4, 0.0, SamplingParams(0.7, 40, 0.9, 12345)),

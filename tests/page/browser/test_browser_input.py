@@ -116,7 +116,7 @@ def test_html_prompt_is_shown_as_text(page: Page):
 def test_upload_csv_fills_the_table_and_the_table_downloads(page: Page, tmp_path: Path):
     """An uploaded CSV fills the table; a bad one names its line and changes nothing; the table
     downloads as CSV."""
-    from engine.workload_files import load_workload_file
+    from engine.workloads.workload_files import load_workload_file
 
     good = tmp_path / "workload.csv"
     good.write_text("prompt,max_new_tokens,arrival_s\nHello there,5,\nGoodbye,3,0.5\n")

@@ -23,7 +23,7 @@ pytestmark = PYTESTMARK
 def test_link_presets_the_page(page: Page, server_url: str):
     """Opening ?preset=long-tail&slots=4 loads that preset's table and sets 4 slots; an unknown
     preset is named in a warning."""
-    from engine.page import presets
+    from engine.page.inputs import presets
 
     rows, _, _ = presets.apply_preset(presets.by_slug("long-tail"))
     page.goto(f"{server_url}?preset=long-tail&slots=4")
@@ -44,7 +44,7 @@ def test_setup_link_step_and_downloads(page: Page, server_url: str, tmp_path: Pa
     import csv
     import json
 
-    from engine.page import presets
+    from engine.page.inputs import presets
 
     preset_rows, _, _ = presets.apply_preset(presets.by_slug("equal-caps"))
     page.goto(f"{server_url}?preset=equal-caps&slots=2&step=3")

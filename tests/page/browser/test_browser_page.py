@@ -92,7 +92,7 @@ def test_files_dropped_on_the_table_go_through_the_upload_checks(page: Page):
 
 def test_metrics_columns_have_hover_definitions(page: Page):
     """Padding waste and slot utilisation carry hover definitions naming their denominators."""
-    from engine.page.tables import METRIC_HELP
+    from engine.page.views.tables import METRIC_HELP
 
     for name in ("padding waste %", "slot utilisation %"):
         header = page.locator("#metrics_table th").filter(has_text=name).first

@@ -1,0 +1,271 @@
+"""The continuous engine: iteration-level scheduling plus packed (ragged) batches.
+
+Each step, nano-vllm style: admit into free slots, pack every running sequence's pending tokens into
+one ``[1, T]`` row, run ONE forward pass (prefill fused with decode), append each sequence's next
+token (greedy, or drawn by its request's own sampler: ``engine.serving.sampler``), and free the
+slots of finished sequences so the next requests are admitted on the same step.
+In the ``paged`` KV mode the scheduler also hands out KV blocks and preempts when they run out,
+and with ``prefix_caching`` a new request starts from the cached blocks of its longest computed
+prefix (``engine.serving.block_manager``).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterator
+
+from engine.config import EngineConfig
+from engine.model.model_runner import ModelRunner
+from engine.sequence import Request, Sequence
+from engine.serving.block_manager import blocks_for
+from engine.serving.packed_batch import build_packed_batch
+from engine.serving.run_control import wait_until
+from engine.serving.sampler import RequestSampler, new_samplers
+from engine.serving.scheduler import Scheduler
+from engine.token_logits import LogitRecorder, TokenLogits
+from engine.trace import DECODE, PREFILL, ScheduledSeq, StepRecord, Trace, new_request_records
+from engine.workloads.workload import request_label
+
+
+class ContinuousEngine:
+    """Runs requests through ``config.num_slots`` slots, one packed forward pass per step."""
+
+    name = "continuous"
+
+    def __init__(self, runner: ModelRunner, config: EngineConfig):
+        """Raises ValueError: batch-invariant mode for a model it does not support."""
+        self.runner = runner
+        self.config = config
+        if config.batch_invariant:
+            runner.require_batch_invariant()
+
+    def run(
+        self,
+        requests: list[Request],
+        on_step: Callable | None = None,
+        on_wait: Callable[[Trace], None] | None = None,
+    ) -> Trace:
+        """Run to completion; ``on_step(trace, step)`` is called after every step, and
+        ``on_wait(trace)`` every ``WAIT_SLICE_S`` (0.05 s) while no request has arrived.
+
+        Raises:
+            ValueError: in ``paged`` mode, when the KV budget cannot hold some request alone.
+            Exception: whatever ``on_step`` or ``on_wait`` raises (``RunStopped``), at once.
+        """
+        trace = None
+        for trace, step in self.generate(requests, on_wait):
+            if on_step is not None:
+                on_step(trace, step)
+        return trace if trace is not None else self._new_trace(requests, None)
+
+    def generate(
+        self, requests: list[Request], on_wait: Callable[[Trace], None] | None = None
+    ) -> Iterator[tuple[Trace, StepRecord]]:
+        """Yield ``(trace, step)`` after every step; the trace fills in as the run goes.
+
+        While nothing runs and the next request has not arrived, the engine sleeps in slices of
+        ``WAIT_SLICE_S`` and calls ``on_wait(trace)`` after each (no step is recorded), so a run
+        told to stop ends within a slice, not at the arrival.
+
+        Raises:
+            ValueError: in ``paged`` mode, when the KV budget cannot hold some request alone.
+            Exception: whatever ``on_wait`` raises, at once; the KV cache goes with the generator.
+        """
+        cfg = self.config
+        cache = self._new_kv_cache(requests)
+        blocks = getattr(cache, "blocks", None)  # the paged cache's BlockManager
+        trace = self._new_trace(requests, cache)
+        eos = frozenset() if cfg.ignore_eos else self.runner.eos_token_ids
+        scheduler = Scheduler(
+            requests, cfg.num_slots, eos, cfg.max_num_batched_tokens, cfg.scheduling_policy, blocks
+        )
+        waiting = None if on_wait is None else functools.partial(on_wait, trace)
+        invariant, recorder = cfg.batch_invariant, LogitRecorder()
+        samplers = new_samplers(requests)  # kept across preemptions with their draw counts
+        self.runner.synchronize()
+        t0 = time.perf_counter()
+        while scheduler.has_work():
+            if not scheduler.running:  # idle until the next request arrives
+                wake_s = scheduler.next_arrival_s()
+                assert wake_s is not None, "nothing runs or waits, yet the scheduler has work"
+                wait_until(t0, wake_s, waiting)
+                now_s = time.perf_counter() - t0
+                self._record_admitted(trace, scheduler.admit(now_s), now_s)
+                continue
+            start_s = time.perf_counter() - t0
+            plan = scheduler.schedule()
+            batch = build_packed_batch(
+                plan.seqs, plan.num_new, cache, cfg.num_slots, self.runner.device, invariant
+            )
+            record = _step_record(len(trace.steps), start_s, batch, plan, blocks)
+            forward_start = time.perf_counter()
+            next_tokens = self._forward(batch, _step_samplers(plan, samplers), recorder)
+            record.forward_s = time.perf_counter() - forward_start
+            _keep_logits(trace, plan, recorder.pop())
+            finished = scheduler.postprocess(plan, next_tokens)
+            for seq in finished:
+                cache.release(seq.request_id)
+            record.end_s = time.perf_counter() - t0
+            admitted = scheduler.admit(record.end_s)
+            self._record_tokens(trace, plan.seqs, finished, record.end_s)
+            self._record_admitted(trace, admitted, record.end_s)
+            trace.steps.append(record)
+            trace.wall_s = record.end_s
+            yield trace, record
+        if blocks is not None:
+            blocks.check_no_leaks()
+            assert blocks.num_used_blocks == 0, f"{blocks.num_used_blocks} KV blocks still held"
+
+    def check_kv_budget(self, requests: list[Request]) -> None:
+        """Refuse, before any run, a workload the paged KV budget cannot hold (nothing to do in
+        the other KV modes): the check ``run`` would make when it allocates the cache.
+
+        Raises:
+            ValueError: some request alone needs more KV blocks than the budget holds.
+        """
+        if self.config.kv_mode == "paged":
+            num_blocks = self._num_blocks(self._max_seq_len(requests), requests)
+            _check_fits(requests, num_blocks, self.config.block_size)
+
+    def _forward(
+        self, batch, samplers: list[RequestSampler | None], recorder: LogitRecorder
+    ) -> list[int]:
+        """The step's next tokens, its logits rows into ``recorder``; an all-greedy step calls
+        ``forward_packed`` as it always did (one argument)."""
+        with self.runner.recording(recorder):
+            if any(s is not None for s in samplers):
+                return self.runner.forward_packed(batch, samplers)
+            return self.runner.forward_packed(batch)
+
+    def _new_kv_cache(self, requests: list[Request]):
+        """The configured KV cache; in ``paged`` mode, as many blocks as the budget holds.
+
+        Raises:
+            ValueError: when the paged budget cannot hold the longest request on its own.
+        """
+        cfg = self.config
+        max_seq_len = self._max_seq_len(requests)
+        num_blocks = None
+        if cfg.kv_mode == "paged":
+            num_blocks = self._num_blocks(max_seq_len, requests)
+            _check_fits(requests, num_blocks, cfg.block_size)
+        return self.runner.new_kv_cache(
+            cfg.kv_mode, cfg.num_slots, max_seq_len, num_blocks, cfg.block_size, cfg.prefix_caching
+        )
+
+    def _num_blocks(self, max_seq_len: int, requests: list[Request]) -> int:
+        """Blocks in the budget, at most what every slot's longest sequence needs at once (more
+        could never be used, so a huge budget allocates no more); without a budget, exactly that.
+
+        With prefix caching, blocks past that still hold cached prefixes, so a budget may give
+        up to every request's blocks at once (vLLM gives the cache all the memory it has).
+        """
+        cfg = self.config
+        enough = cfg.num_slots * blocks_for(max_seq_len, cfg.block_size)
+        if cfg.kv_budget_mib is None:
+            return enough
+        if cfg.prefix_caching:
+            every = sum(
+                blocks_for(r.num_prompt_tokens + r.max_new_tokens, cfg.block_size) for r in requests
+            )
+            enough = max(enough, every)
+        block_bytes = self.runner.kv_bytes_per_token() * cfg.block_size
+        return min(enough, int(cfg.kv_budget_mib * 2**20 // block_bytes))
+
+    def _new_trace(self, requests: list[Request], cache) -> Trace:
+        info = {
+            "token_budget": self.config.max_num_batched_tokens,
+            "prefix_caching": self.config.prefix_caching,
+            "batch_invariant": self.config.batch_invariant,
+        }
+        if cache is not None:
+            info |= {"kv_bytes_per_token": cache.bytes_per_token, "kv_bytes": cache.total_bytes}
+        if getattr(cache, "blocks", None) is not None:
+            info |= {"kv_blocks": cache.blocks.num_blocks, "block_size": cache.blocks.block_size}
+        return Trace(
+            engine=self.name,
+            num_slots=self.config.num_slots,
+            requests=new_request_records(requests),
+            kv_mode=self.config.kv_mode,
+            info=info,
+        )
+
+    def _max_seq_len(self, requests: list[Request]) -> int:
+        if self.config.max_seq_len is not None:
+            return self.config.max_seq_len
+        return max((r.num_prompt_tokens + r.max_new_tokens for r in requests), default=1)
+
+    @staticmethod
+    def _record_admitted(trace: Trace, admitted: list[Sequence], now_s: float) -> None:
+        for seq in admitted:
+            rec = trace.request(seq.request_id)
+            rec.slot = seq.slot
+            if rec.admit_s is None:  # queue time ends at the first admission, not a readmission
+                rec.admit_s = now_s
+                rec.num_cached_tokens = seq.num_prefix_cached_tokens
+
+    def _record_tokens(self, trace: Trace, seqs: list[Sequence], finished, now_s: float) -> None:
+        for seq in seqs:
+            rec = trace.request(seq.request_id)
+            if rec.first_token_s is None and seq.output_token_ids:
+                rec.first_token_s = now_s
+        for seq in finished:
+            rec = trace.request(seq.request_id)
+            rec.finish_s = now_s
+            rec.output_token_ids = list(seq.output_token_ids)
+            rec.output_text = self.runner.decode(seq.output_token_ids)
+            rec.finish_reason = seq.finish_reason
+            rec.num_preemptions = seq.num_preemptions
+
+
+def _check_fits(requests: list[Request], num_blocks: int, block_size: int) -> None:
+    """Every request must fit the whole KV pool alone, or preemption could never make room."""
+    for r in requests:
+        num_tokens = r.num_prompt_tokens + r.max_new_tokens - 1  # the last token is never cached
+        if blocks_for(num_tokens, block_size) > num_blocks:
+            blocks = "1 block" if num_blocks == 1 else f"{num_blocks} blocks"
+            raise ValueError(
+                f"{request_label(r.request_id)} needs {num_tokens} tokens of KV cache, but the KV "
+                f"budget holds {blocks} of {block_size} tokens ({num_blocks * block_size} "
+                f"tokens). Raise the KV budget or lower its max_new_tokens."
+            )
+
+
+def _keep_logits(trace: Trace, plan, rows: list[TokenLogits]) -> None:
+    """Give each sequence that samples a token this step its logits row (before postprocess)."""
+    for seq, n, row in zip(plan.seqs, plan.num_new, rows, strict=True):
+        if seq.num_cached_tokens + n == seq.num_tokens:  # not a partial prefill chunk
+            trace.request(seq.request_id).token_logits.append(row)
+
+
+def _step_samplers(plan, samplers: dict[int, RequestSampler]) -> list[RequestSampler | None]:
+    """Per scheduled sequence, its sampler when this step feeds its last pending token (so the
+    step's token is kept: ``Scheduler.postprocess``), else None (greedy, or a partial prefill)."""
+    return [
+        samplers.get(seq.request_id) if seq.num_cached_tokens + n == seq.num_tokens else None
+        for seq, n in zip(plan.seqs, plan.num_new, strict=True)
+    ]
+
+
+def _step_record(index: int, start_s: float, batch, plan, blocks) -> StepRecord:
+    seqs = [
+        ScheduledSeq(
+            request_id=seq.request_id,
+            slot=seq.slot,
+            kind=PREFILL if seq.is_prefill else DECODE,
+            num_new_tokens=new,
+            num_cached_tokens=cached,
+            num_prefix_cached_tokens=seq.num_prefix_cached_tokens,
+        )
+        for seq, cached, new in zip(batch.seqs, batch.num_cached, batch.num_new, strict=True)
+    ]
+    record = StepRecord(index=index, start_s=start_s, end_s=start_s, seqs=seqs)
+    record.preempted = [seq.request_id for seq in plan.preempted]
+    if blocks is not None:
+        record.kv_blocks_used = blocks.num_used_blocks
+        record.block_tables = {rid: list(table) for rid, table in blocks.block_tables.items()}
+        if blocks.prefix_caching:
+            record.shared_blocks = blocks.shared_blocks()
+            record.cached_free_blocks = blocks.cached_free_blocks()
+    return record

@@ -1,0 +1,247 @@
+"""Divergence verdicts: where an output left its reference, and whether rounding explains it.
+
+A batched engine sums in another order than a solo run, so in half precision a near-tie between
+two tokens can flip and the outputs split from there on. That is not a bug, and the playground
+should say so; a split that rounding cannot explain is one. For every request ``judge`` returns a
+``Verdict``: ``"match"`` (✓), ``"near-tie"`` (≈, at token k) or ``"differs"`` (✗), with what the
+divergence view shows: the common prefix (``output[:token_index]``), the split position, both
+tokens with their logits and the top 5 at that position in both runs.
+
+Both runs' logits come from the runs themselves (``engine.token_logits``: recorded when the output
+embedding computed them), never from a re-run of the prefix through another path.
+
+The rounding bound (``RoundingModel.logit_error``). A logit is ``z_v = sum_j h_j W[v, j]`` for the
+final hidden state ``h`` (``d`` components) and the output embedding ``W``. In each run:
+
+1. ``h`` is stored in the model's dtype, so each ``h_j`` carries a relative error of at most the
+   unit roundoff ``u`` (``2**-24`` float32, ``2**-11`` float16, ``2**-8`` bfloat16), which moves
+   ``z_v`` by at most ``u * A_v`` with ``A_v = sum_j |h_j| |W[v, j]|``;
+2. the ``d`` products are summed in a float32 accumulator, in an order that depends on the kernel
+   and the batch: at most ``gamma_d * A_v`` with ``gamma_d = d u32 / (1 - d u32)``,
+   ``u32 = 2**-24`` (Higham, *Accuracy and Stability of Numerical Algorithms*, §3.1). On CUDA a
+   half-precision matmul may reduce split-K partial sums in the dtype itself
+   (``allow_*_reduced_precision_reduction``): one more ``u * A_v``;
+3. the logit is rounded to the dtype: at most ``u |z_v|``.
+
+So ``|z_v - z_v*| <= e_v = (u + gamma_d [+ u]) A_v + u |z_v|`` against a common exact value
+``z_v*``, to first order. Token ``a`` (the reference's) beat ``b`` (the engine's) by
+``m = z_a - z_b >= 0`` in the reference run, and lost by ``m' = z'_b - z'_a >= 0`` in the engine
+run; rounding can explain both only if ``m + m' <= e_a + e_b + e'_a + e'_b`` (each run's errors
+from its own ``A_v`` and logits). That is the near-tie test; a token outside either run's top
+``TOP_K`` has an unknown logit, and the verdict is then "differs". Without the engine's logits
+(transformers' engine), the reference's errors count twice.
+
+This bounds the last stage only: the layers before it add their own rounding, so the two runs'
+hidden states are not one rounding apart but more. The bound is a worst case (every error with the
+same sign) and errors are usually about ``sqrt(d)`` times smaller, yet it can be exceeded by a
+deep network's accumulated differences. So "near-tie" claims only what the last stage alone could
+flip, and "differs" means not explained by it: a bug until someone explains it. For SmolLM2-135M
+in bfloat16, ``A_v`` is about 70 and logits about 25, so ``e_v`` is about 0.37 and a margin
+under about 1.5 logits counts as a near-tie; in float32 the same margin is about 0.01.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from engine.token_logits import TokenLogits, same_logits
+
+MATCH, NEAR_TIE, DIFFERS = "match", "near-tie", "differs"
+SYMBOLS = {MATCH: "✓", NEAR_TIE: "≈", DIFFERS: "✗"}
+NUM_SHOWN = 5  # top logits the divergence view shows per run
+ACCUMULATION_ROUNDOFF = 2.0**-24  # float32 accumulators in CPU and CUDA matmul kernels
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """``u``: half the gap between 1 and the next number (2**-24, 2**-11, 2**-8)."""
+    return torch.finfo(dtype).eps / 2
+
+
+@dataclass(frozen=True)
+class RoundingModel:
+    """The rounding error model of one run's logits (see the module docstring)."""
+
+    unit_roundoff: float  # u of the dtype hidden states and logits are stored in
+    hidden_size: int  # d
+    reduced_precision_reduction: bool = False  # CUDA half matmul: split-K partials in the dtype
+
+    def logit_error(self, abs_dot: float, logit: float) -> float:
+        """``e_v``: how far one run's last stage can move a logit ``z_v`` (``A_v = abs_dot``)."""
+        d_u = self.hidden_size * ACCUMULATION_ROUNDOFF
+        gamma = d_u / (1 - d_u)
+        extra = self.unit_roundoff if self.reduced_precision_reduction else 0.0
+        return (self.unit_roundoff + gamma + extra) * abs_dot + self.unit_roundoff * abs(logit)
+
+
+def rounding_model(dtype: torch.dtype, hidden_size: int, device_type: str = "cpu") -> RoundingModel:
+    """The ``RoundingModel`` of a model run in ``dtype`` on a device of ``device_type``."""
+    reduced = False
+    if device_type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+        matmul = torch.backends.cuda.matmul
+        flag = "fp16" if dtype == torch.float16 else "bf16"
+        reduced = bool(getattr(matmul, f"allow_{flag}_reduced_precision_reduction", False))
+    return RoundingModel(unit_roundoff(dtype), hidden_size, reduced)
+
+
+def first_divergence(output: list[int], reference: list[int]) -> int | None:
+    """Index of the first differing token (or of the shorter end), None if equal."""
+    for i, (a, b) in enumerate(zip(output, reference, strict=False)):
+        if a != b:
+            return i
+    return None if len(output) == len(reference) else min(len(output), len(reference))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One request's comparison with its reference: what the outputs table and view show."""
+
+    request_id: int
+    verdict: str  # MATCH | NEAR_TIE | DIFFERS
+    token_index: int | None = None  # k: first differing output position; common prefix = [:k]
+    reference_token: int | None = None  # None: the reference ended at k
+    engine_token: int | None = None  # None: the engine's output ended at k
+    reference_logits: TokenLogits | None = None  # the reference run's logits at k
+    engine_logits: TokenLogits | None = None  # the engine run's logits at k (None: not recorded)
+    logit_margin: float | None = None  # reference run: z_a - z_b (>= 0)
+    engine_margin: float | None = None  # engine run: z'_b - z'_a (>= 0)
+    rounding_bound: float | None = None  # e_a + e_b + e'_a + e'_b
+    logits_equal: bool | None = None  # match only: both runs' logits bitwise equal everywhere
+    reason: str = ""  # one line for people
+
+    @property
+    def symbol(self) -> str:
+        """✓, ≈ or ✗."""
+        return SYMBOLS[self.verdict]
+
+    @property
+    def label(self) -> str:
+        """The outputs table's cell: "✓", "≈ near-tie at token 17" or "✗ differs at token 4"."""
+        if self.verdict == MATCH:
+            return self.symbol
+        return f"{self.symbol} {self.verdict} at token {self.token_index}"
+
+    def to_dict(self, decode: Callable[[list[int]], str] | None = None) -> dict:
+        """JSON-ready fields; ``decode`` (ids -> text) adds each shown token's text."""
+
+        def side(rec: TokenLogits | None) -> dict | None:
+            if rec is None:
+                return None
+            top = [
+                {"token_id": t, "logit": z, **({"text": decode([t])} if decode else {})}
+                for t, z in zip(rec.token_ids[:NUM_SHOWN], rec.logits[:NUM_SHOWN], strict=True)
+            ]
+            return {
+                "reference_token_logit": _logit(rec, self.reference_token),
+                "engine_token_logit": _logit(rec, self.engine_token),
+                "hidden_norm": rec.hidden_norm,
+                "top": top,
+            }
+
+        return {
+            "request_id": self.request_id,
+            "verdict": self.verdict,
+            "symbol": self.symbol,
+            "label": self.label,
+            "token_index": self.token_index,
+            "reference_token": self.reference_token,
+            "engine_token": self.engine_token,
+            "logit_margin": self.logit_margin,
+            "engine_margin": self.engine_margin,
+            "rounding_bound": self.rounding_bound,
+            "logits_equal": self.logits_equal,
+            "reason": self.reason,
+            "reference_run": side(self.reference_logits),
+            "engine_run": side(self.engine_logits),
+        }
+
+
+def _logit(rec: TokenLogits, token_id: int | None) -> float | None:
+    return None if token_id is None else rec.logit_of(token_id)
+
+
+def judge(
+    request_id: int,
+    output: list[int],
+    reference: list[int],
+    reference_logits: Sequence[TokenLogits] | None,
+    engine_logits: Sequence[TokenLogits] | None,
+    model: RoundingModel,
+    reference_lookup: Callable[[int, int], tuple[float, float] | None] | None = None,
+    sampled: bool = False,
+) -> Verdict:
+    """The ``Verdict`` of ``output`` against ``reference`` (see the module docstring).
+
+    ``*_logits[i]`` are the runs' records at output position i (None or short: not recorded).
+    ``reference_lookup(k, token)``: ``(logit, abs_dot)`` of a token outside the reference's top
+    ``TOP_K`` at position k, from the reference's own pass (None: unknown). ``sampled``: the
+    request samples (``engine.sampling_params``); a drawn token need not be the argmax, so the
+    near-tie test does not apply and a split is "differs".
+    """
+    k = first_divergence(output, reference)
+    if k is None:
+        equal = same_logits(engine_logits, reference_logits)
+        return Verdict(request_id, MATCH, logits_equal=equal, reason="same tokens")
+    a = reference[k] if k < len(reference) else None
+    b = output[k] if k < len(output) else None
+    ref = reference_logits[k] if reference_logits and k < len(reference_logits) else None
+    eng = engine_logits[k] if engine_logits and k < len(engine_logits) else None
+    found = Verdict(request_id, DIFFERS, k, a, b, ref, eng)
+    if a is None or b is None:
+        return _with(found, reason="one output ended where the other went on")
+    if sampled:
+        return _with(found, reason="sampled tokens: the near-tie test is for greedy tokens only")
+    if ref is None:
+        return _with(found, reason="the reference's logits were not recorded")
+    z_a, z_b, abs_b = ref.logit_of(a), ref.logit_of(b), ref.abs_dot_of(b)
+    if z_b is None and reference_lookup is not None:
+        z_b, abs_b = reference_lookup(k, b) or (None, None)
+    if z_b is None:
+        return _with(found, reason=f"the engine's token is not in the reference's top {_k(ref)}")
+    margin = z_a - z_b
+    bound = model.logit_error(ref.abs_dot_of(a), z_a) + model.logit_error(abs_b, z_b)
+    if eng is None:  # no engine logits: the reference's errors count twice
+        return _weigh(found, margin, None, 2 * bound)
+    y_a, y_b = eng.logit_of(a), eng.logit_of(b)
+    if y_a is None or y_b is None:
+        whose = "reference's" if y_a is None else "engine's own"
+        why = f"the {whose} token is not in the engine's top {_k(eng)}"
+        return _with(found, logit_margin=margin, reason=why)
+    bound += model.logit_error(eng.abs_dot_of(a), y_a) + model.logit_error(eng.abs_dot_of(b), y_b)
+    return _weigh(found, margin, y_b - y_a, bound)
+
+
+def _weigh(found: Verdict, margin: float, engine_margin: float | None, bound: float) -> Verdict:
+    """Near-tie when both runs' margins together stay within the rounding bound."""
+    gap = margin + (engine_margin or 0.0)
+    near = gap <= bound
+    reason = (
+        f"the two runs' margins add up to {gap:.4g} logits, "
+        f"{'within' if near else 'beyond'} the rounding bound {bound:.4g}"
+    )
+    return _with(
+        found,
+        verdict=NEAR_TIE if near else DIFFERS,
+        logit_margin=margin,
+        engine_margin=engine_margin,
+        rounding_bound=bound,
+        reason=reason,
+    )
+
+
+def _k(rec: TokenLogits) -> int:
+    return len(rec.token_ids)
+
+
+def _with(base: Verdict, **changes) -> Verdict:
+    return replace(base, **changes)
+
+
+def count(verdicts: list[Verdict]) -> dict[str, int]:
+    """``num_match``, ``num_near_tie`` and ``num_differs`` of a run's verdicts."""
+    return {
+        f"num_{name.replace('-', '_')}": sum(1 for v in verdicts if v.verdict == name)
+        for name in (MATCH, NEAR_TIE, DIFFERS)
+    }

@@ -1,0 +1,240 @@
+"""The references: what each engine's outputs are compared against, token for token.
+
+* ``ReferenceCache`` (the normal mode): per-request ``model.generate`` at batch 1, the ground
+  truth for parity. A greedy request's reference is greedy ``generate``; a sampled one's
+  (``engine.sampling_params``) is ``generate(do_sample=True, temperature, top_k, top_p)`` right
+  after ``torch.manual_seed(seed)``, which draws what the engines' per-request samplers draw
+  (``engine.serving.sampler``).
+* ``SoloReference`` (batch-invariant mode): the same computation as the engines, one sequence at a
+  time: the continuous engine with one slot and the batch-invariant kernels. An engine in that
+  mode must match it bitwise, logits included.
+
+Both keep each run's own logits per output token (``engine.token_logits``), and ``verdicts`` turns
+them into ✓ / ≈ / ✗ (``engine.fidelity.divergence``): the margin at a split is measured in the
+reference's own pass, so it is never negative.
+
+Both are prefix-stable: the output for cap ``c`` is the first ``c`` tokens of the output for any
+larger cap (or the whole output, if it ended with EOS); a sampled one because its k-th draw never
+depends on the cap. Both references keep the longest output per prompt and sampling settings and
+answer smaller caps from it, so repeated runs in the app cost nothing.
+
+An engine that samples with a random stream of its own (transformers' manager) cannot be compared
+token for token: its ``RequestRecord.comparable`` is False, ``comparison`` says ``NOT_COMPARED``
+("sampled with another generator: not compared") instead of a mismatch, and it gets no verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+
+import torch
+
+from engine.config import EngineConfig
+from engine.fidelity import divergence
+from engine.fidelity.divergence import Verdict, first_divergence  # noqa: F401  (re-exported)
+from engine.model.model_runner import ModelRunner
+from engine.sequence import Request, truncate_at_stop
+from engine.token_logits import (
+    LogitRecorder,
+    LogitTrail,
+    TokenLogits,
+    logit_and_abs_dot,
+    row_digest,
+)
+
+MATCH = "match"
+MISMATCH = "mismatch"
+NOT_COMPARED = "not_compared"
+NOT_COMPARED_TEXT = "sampled with another generator: not compared"
+
+
+class _Cache:
+    """Per prompt and sampling settings, the longest output computed so far, its cap and its
+    logits per token."""
+
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+        # (prompt ids, sampling settings or None for greedy) -> (tokens, cap, logits)
+        self._outputs: dict[tuple, tuple[list[int], int, LogitTrail]] = {}
+
+    def output(self, request: Request, on_step: Callable[[], None] | None = None) -> list[int]:
+        """The reference output ids of one request, up to its cap or first EOS.
+
+        ``on_step()`` is called after every generated token; an exception it raises ends the call.
+        """
+        tokens, _ = self._hit(request, on_step)
+        return tokens
+
+    def token_logits(self, request: Request) -> Sequence[TokenLogits]:
+        """The reference run's own logits at each of ``output(request)``'s tokens."""
+        tokens, logits = self._hit(request, None)
+        return logits if len(logits) == len(tokens) else logits[: len(tokens)]
+
+    def outputs(
+        self, requests: list[Request], on_request=None, on_step=None
+    ) -> dict[int, list[int]]:
+        """Reference output ids for every request, by request id.
+
+        ``on_request(done, total)`` after each request; ``on_step()`` as in ``output``.
+        """
+        result = {}
+        for i, request in enumerate(requests):
+            result[request.request_id] = self.output(request, on_step)
+            if on_request is not None:
+                on_request(i + 1, len(requests))
+        return result
+
+    def verdicts(self, requests: list[Request], trace) -> dict[int, Verdict]:
+        """✓ / ≈ / ✗ of every request of an engine's ``trace``, by request id (none for a
+        request the engine sampled with a generator of its own: ``comparable`` False)."""
+        model = divergence.rounding_model(
+            self.runner.dtype, self.runner.hidden_size, self.runner.device.type
+        )
+        found = {}
+        for request in requests:
+            record = trace.request(request.request_id)
+            if not record.comparable:
+                continue
+            found[request.request_id] = divergence.judge(
+                request.request_id,
+                record.output_token_ids,
+                self.output(request),
+                self.token_logits(request),
+                record.token_logits or None,
+                model,
+                functools.partial(self.logit_at, request),
+                sampled=request.is_sampled,
+            )
+        return found
+
+    def logit_at(self, request: Request, index: int, token_id: int) -> tuple[float, float] | None:
+        """``(logit, abs_dot)`` of any token at output position ``index``, in the reference's own
+        pass (``engine.token_logits``), for a token outside the recorded top; None if unknown.
+
+        The reference is run again up to ``index``, keeping that position's whole row. The run is
+        deterministic, and the row's digest must equal the one recorded the first time (else
+        None: the recomputation is not the same pass).
+        """
+        recorded = self.token_logits(request)
+        if index >= len(recorded):
+            return None
+        kept = self._replay(request, index)
+        if kept is None or row_digest(kept[1]) != recorded[index].digest:
+            return None
+        return logit_and_abs_dot(kept, token_id)
+
+    def _hit(self, request: Request, on_step) -> tuple[list[int], LogitTrail]:
+        key = (request.prompt_token_ids, request.sampling if request.is_sampled else None)
+        hit = self._outputs.get(key)
+        if hit is None or not self._covers(hit, request.max_new_tokens):
+            tokens, logits = self._run(request, on_step)
+            trail = logits if isinstance(logits, LogitTrail) else LogitTrail(logits)
+            hit = (tokens, request.max_new_tokens, trail)
+            self._outputs[key] = hit
+        tokens = truncate_at_stop(hit[0], request.max_new_tokens, self.runner.eos_token_ids)
+        return tokens, hit[2]
+
+    def _covers(self, hit, cap: int) -> bool:
+        tokens, cached_cap, _ = hit
+        ended = any(t in self.runner.eos_token_ids for t in tokens)
+        return cached_cap >= cap or ended
+
+    def _run(self, request: Request, on_step) -> tuple[list[int], Sequence[TokenLogits]]:
+        raise NotImplementedError
+
+    def _replay(self, request: Request, index: int):
+        """``LogitRecorder.kept`` at output position ``index`` of a re-run; None: not offered."""
+        return None
+
+
+class ReferenceCache(_Cache):
+    """Per-request outputs of plain ``model.generate`` (batch 1), by prompt and sampling, with
+    the run's own logits."""
+
+    def _run(self, request: Request, on_step) -> tuple[list[int], Sequence[TokenLogits]]:
+        ids, mask = self.runner.left_pad([list(request.prompt_token_ids)])
+        criteria = [_EveryStep(on_step)] if on_step is not None else None
+        recorder = LogitRecorder()
+        with self.runner.recording(recorder):
+            out = self.runner.generate(
+                ids, mask, request.max_new_tokens, criteria, sampling=_sampling(request)
+            )
+        return out[0, ids.shape[1] :].tolist(), [rows[0] for rows in recorder.calls]
+
+    def _replay(self, request: Request, index: int):
+        ids, mask = self.runner.left_pad([list(request.prompt_token_ids)])
+        recorder = LogitRecorder(keep_call=index)
+        with self.runner.recording(recorder):
+            self.runner.generate(ids, mask, index + 1, None, sampling=_sampling(request))
+        return recorder.kept
+
+
+def _sampling(request: Request):
+    return request.sampling if request.is_sampled else None
+
+
+class SoloReference(_Cache):
+    """Batch-invariant mode's reference: each request alone through the continuous engine with
+    the batch-invariant kernels (one slot, no token budget, ``slots`` KV), arriving at once.
+
+    Raises:
+        ValueError: the model is not supported by batch-invariant mode.
+    """
+
+    def __init__(self, runner: ModelRunner, config: EngineConfig | None = None):
+        super().__init__(runner)
+        from engine.batching.continuous import ContinuousEngine
+
+        base = config or EngineConfig()
+        solo = EngineConfig(1, ignore_eos=base.ignore_eos, batch_invariant=True)
+        self.engine = ContinuousEngine(runner, solo)
+
+    def _run(self, request: Request, on_step) -> tuple[list[int], Sequence[TokenLogits]]:
+        alone = dataclasses.replace(request, request_id=0, arrival_s=0.0)  # a trace of one
+        hook = None if on_step is None else (lambda trace, step: on_step())
+        record = self.engine.run([alone], on_step=hook).request(0)
+        return list(record.output_token_ids), record.token_logits
+
+
+def reference_for(runner: ModelRunner, config: EngineConfig | None = None) -> _Cache:
+    """The reference an engine with ``config`` is compared against: ``SoloReference`` in
+    batch-invariant mode, else ``ReferenceCache``."""
+    if config is not None and config.batch_invariant:
+        return SoloReference(runner, config)
+    return ReferenceCache(runner)
+
+
+class _EveryStep:
+    """A ``StoppingCriteria`` that never stops generation itself, only calls ``callback()``."""
+
+    def __init__(self, callback: Callable[[], None]):
+        self.callback = callback
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:
+        self.callback()
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # (B,)
+
+
+def mismatches(
+    outputs: dict[int, list[int]], reference: dict[int, list[int]], not_compared=()
+) -> list[int]:
+    """Request ids whose output ids differ from the reference, leaving out ``not_compared``."""
+    skip = set(not_compared)
+    return [rid for rid, ref in reference.items() if rid not in skip and outputs.get(rid) != ref]
+
+
+def not_compared_ids(trace) -> list[int]:
+    """Request ids a trace's engine sampled with its own generator (``comparable`` False)."""
+    return [r.request_id for r in trace.requests if not r.comparable]
+
+
+def comparison(record, reference: dict[int, list[int]] | None) -> str | None:
+    """``MATCH``, ``MISMATCH`` or ``NOT_COMPARED`` for one ``RequestRecord``; None without a
+    reference (or none for this request)."""
+    if not record.comparable:
+        return NOT_COMPARED
+    if reference is None or record.request_id not in reference:
+        return None
+    return MATCH if record.output_token_ids == reference[record.request_id] else MISMATCH

@@ -1,0 +1,18 @@
+"""Kernels: the arithmetic a step runs through on the model's weights.
+
+The packed attention function (``packed_attention``) and its variants for decode
+(``decode_attention``) and batch-invariant mode (``invariant_attention``), the engines' matmul
+kernel (``linear_kernel``), batch-invariant ops (``invariant_ops``), the fused decoder layers
+(``fused_layers``) and the host settings that pick among them (``host_setting``). May import the
+root vocabulary, ``engine.workloads`` and ``engine.serving``.
+
+Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
+``decode_attention``, ``invariant_attention``, ``host_setting`` serve it from inside.
+"""
+
+__all__ = [
+    "packed_attention",
+    "invariant_ops",
+    "linear_kernel",
+    "fused_layers",
+]

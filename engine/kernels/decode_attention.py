@@ -1,0 +1,132 @@
+"""Decode attention that reads each slot's own keys, not every slot padded to the longest one.
+
+``engine.kernels.packed_attention`` attends all single-query sequences of a step in one SDPA call
+over ``[B, H_kv, T_kv, D]``, ``T_kv`` being the longest slot's length, with the rest masked. SDPA
+still reads and multiplies the masked keys, so one long request among short ones makes every slot
+pay for its length (and an idle slot costs as much as a busy one)::
+
+    kv lengths   slot 0: 300   slot 1: 40   slot 2: 35   slot 3: idle
+    one call     4 x 300 = 1200 key rows read
+    split        300 (slot 0 alone)  +  4 x 40 (the rest, padded to 40)  =  460
+
+On a decode-only step (every sequence feeds one token) ``plan_decode`` splits the step once: the
+``k`` longest sequences get one unmasked call each over exactly their keys, and the others share
+one masked call padded to the longest of them. ``k`` minimizes the key rows read plus
+``CALL_COST_KEYS`` per call. ``decode_attention`` then runs that split in every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.serving.packed_batch import PackedBatch
+
+# One more SDPA call (dispatch, output copy) costs about as much as reading this many key rows of
+# one slot (H_kv = 3, D = 64): ~15 us per call against ~0.1 us per key row on the 2-core CPU.
+CALL_COST_KEYS = 128
+
+
+@dataclass
+class DecodeSplit:
+    """How one decode-only step's attention is split into SDPA calls (the same in every layer).
+
+    Shapes:
+        shared_rows, shared_slots: [S_sh]   tokens (and slots) of the shared call
+        shared_mask: [B, 1, 1, width]        additive; None without a shared call
+        solo: (token row, slot, kv_len) per sequence that gets its own call
+    """
+
+    width: int  # keys of the shared call: the longest kv_len among its sequences (0: no call)
+    all_slots: bool  # every slot decodes, token t = slot t: the shared call needs no scatter
+    shared_rows: torch.Tensor
+    shared_slots: torch.Tensor
+    shared_mask: torch.Tensor | None
+    solo: list[tuple[int, int, int]]
+
+
+def plan_decode(batch: PackedBatch, dtype: torch.dtype) -> DecodeSplit | None:
+    """The split for a decode-only step in the ``slots`` or ``paged`` KV mode, else None."""
+    if batch.prefills or batch.decode_mask is None or batch.packed_mask is not None:
+        return None
+    kv_lens = [n + 1 for n in batch.num_cached]  # token i is sequence i's only query
+    order = sorted(range(len(kv_lens)), key=lambda i: -kv_lens[i])
+    num_solo = _best_num_solo([kv_lens[i] for i in order], batch.num_slots)
+    solo = [(i, batch.seqs[i].slot, kv_lens[i]) for i in order[:num_solo]]
+    shared = sorted(order[num_solo:])
+    width = max((kv_lens[i] for i in shared), default=0)
+    rows = torch.tensor(shared, dtype=torch.long)
+    mask = None
+    if shared:
+        keep = batch.decode_mask[..., :width]  # (B, 1, 1, width)
+        mask = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
+        mask.masked_fill_(~keep, float("-inf"))  # what SDPA makes of a boolean mask
+    return DecodeSplit(
+        width=width,
+        all_slots=batch.all_slots_decode,
+        shared_rows=rows.to(batch.input_ids.device),
+        shared_slots=batch.slot_ids[rows.to(batch.slot_ids.device)],
+        shared_mask=mask,
+        solo=solo,
+    )
+
+
+def _best_num_solo(sorted_lens: list[int], num_slots: int) -> int:
+    """How many of the longest sequences to attend alone: the fewest key rows plus calls."""
+    best_k, best_cost = 0, None
+    for k in range(len(sorted_lens) + 1):
+        shared = 0 if k == len(sorted_lens) else CALL_COST_KEYS + num_slots * sorted_lens[k]
+        cost = k * CALL_COST_KEYS + sum(sorted_lens[:k]) + shared
+        if best_cost is None or cost < best_cost:
+            best_k, best_cost = k, cost
+    return best_k
+
+
+def decode_attention(query, cache, layer: int, batch: PackedBatch, split: DecodeSplit, scaling):
+    """One layer's attention of a decode-only step, after its keys/values are written.
+
+    Shapes:
+        query: [1, H, T, D]  ->  returns [1, T, H, D]
+    """
+    num_heads, num_tokens, head_dim = query.shape[1:]
+    if split.all_slots and split.width:
+        out = _shared_all_slots(query, cache, layer, batch, split, scaling)  # (T, H, D)
+    else:
+        out = query.new_empty(num_tokens, num_heads, head_dim)  # (T, H, D)
+        if split.width:
+            _shared_scattered(query, cache, layer, batch, split, scaling, out)
+    for row, slot, kv_len in split.solo:
+        keys, values = cache.sequence_view(layer, batch, slot, kv_len)  # (1, H_kv, kv_len, D)
+        q = query[0, :, row].view(1, keys.shape[1], -1, head_dim)  # (1, H_kv, G, D)
+        o = F.scaled_dot_product_attention(q, keys, values, scale=scaling)  # (1, H_kv, G, D)
+        out[row] = o.reshape(num_heads, head_dim)
+    return out[None]
+
+
+def _shared_all_slots(query, cache, layer, batch, split, scaling) -> torch.Tensor:
+    """Every slot decodes (token t = slot t): queries viewed as [B, H_kv, G, D], no scatter."""
+    keys, values = cache.slot_view(layer, batch, split.width)  # (B, H_kv, width, D)
+    num_heads, num_slots, head_dim = query.shape[1:]
+    num_kv_heads = keys.shape[1]
+    q = query[0].view(num_kv_heads, num_heads // num_kv_heads, num_slots, head_dim)
+    o = F.scaled_dot_product_attention(
+        q.permute(2, 0, 1, 3), keys, values, attn_mask=split.shared_mask, scale=scaling
+    )  # (B, H_kv, G, D)
+    return o.reshape(num_slots, num_heads, head_dim)
+
+
+def _shared_scattered(query, cache, layer, batch, split, scaling, out) -> None:
+    """The shared sequences' queries scattered into their slots; idle slots compute a row."""
+    keys, values = cache.slot_view(layer, batch, split.width)  # (B, H_kv, width, D)
+    num_heads, head_dim = query.shape[1], query.shape[-1]
+    num_slots, num_kv_heads = keys.shape[:2]
+    rows, slots = split.shared_rows, split.shared_slots
+    q = query[0][:, rows].view(num_kv_heads, num_heads // num_kv_heads, len(rows), head_dim)
+    q_slots = query.new_zeros(num_slots, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    q_slots[slots] = q.permute(2, 0, 1, 3)  # (B, H_kv, G, D)
+    o = F.scaled_dot_product_attention(
+        q_slots, keys, values, attn_mask=split.shared_mask, scale=scaling
+    )  # (B, H_kv, G, D)
+    out[rows] = o[slots].reshape(len(rows), num_heads, head_dim)

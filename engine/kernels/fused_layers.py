@@ -1,0 +1,274 @@
+"""Fused decoder layers: the continuous engine's forward pass without transformers' module tree.
+
+A decode step of SmolLM2-135M multiplies 30 layers' weights by a few rows, so its floor is the time
+to read the weights once. Through transformers' modules each layer also runs about 60 small torch
+ops and a dozen Python module calls (RMSNorm as six ops, rotary as fourteen, three separate
+q/k/v matmuls, two gate/up matmuls, the SiLU, the residual adds), which on a 2-core CPU cost as
+much again as the weights. ``FusedDecoder`` runs the same computation on the same weights with
+fewer ops per layer:
+
+* **one matmul for q, k and v, one for gate and up**: the weights stacked once (``[Wq; Wk; Wv]``,
+  ``[Wg; Wu]``) and packed for oneDNN like ``engine.kernels.linear_kernel`` does; outputs split by
+  views;
+* **the residual add inside the matmul** (oneDNN's ``add`` post-op on ``o_proj`` and
+  ``down_proj``);
+* **RMSNorm as one op** (``torch.rms_norm``), **rotary as four** (``x * cos + flip(x) * sin'``
+  with the sign of ``rotate_half`` folded into ``sin'`` once per step), on q and k together;
+* attention and the KV cache are ``engine.kernels.packed_attention.packed_attention``'s, unchanged,
+  with the decode mask made additive once per step instead of once per layer inside SDPA.
+
+In float32 every one of these gives the same bits as transformers' modules (checked by
+``tests/engine/test_fused_layers.py``: the stacked matmul's columns, the fused residual add, the
+folded rotary, ``rms_norm``). Only the engines use it (``ModelRunner.forward_packed``); the
+reference still runs plain ``model.generate``. Supported: Llama-style decoders (``LlamaForCausalLM``
+and its look-alikes: q/k/v/o and gate/up/down linears, RMSNorm, SiLU, default RoPE) on CPU.
+``fused_decoder(model, kernel_name)`` returns ``None`` for anything else, and the runner keeps
+calling the model. A host turns them off with ``CBP_FUSED_LAYERS=off`` (``requested()``), to time
+or check transformers' own layers in the same engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.kernels import decode_attention, packed_attention
+from engine.kernels.host_setting import read_choice
+from engine.kernels.linear_kernel import onednn_pack, skinny_linear
+from engine.serving.packed_batch import PackedBatch
+
+CHOICES = {  # CBP_FUSED_LAYERS
+    "auto": "the fused decoder layers where they apply",
+    "off": "transformers' own layers",
+}
+_LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class FusedLinear:
+    """One weight, or several ``nn.Linear`` weights stacked along N, behind one matmul.
+
+    ``kernel`` is ``engine.kernels.linear_kernel``'s name for this model and host: ``"onednn"``
+    packs the stacked weight for ``torch.ops.mkldnn._linear_pointwise``; ``"onednn_f32"`` packs a
+    float32 copy of a half-precision weight and keeps the half one for single rows (as
+    ``UpcastOneDNNLinears``); ``"skinny"`` keeps it plain for ``skinny_linear``.
+
+    Shapes:
+        weights: [N_i, K] each  ->  stacked [N, K], N = sum N_i;  x: [M, K]  ->  [M, N]
+    """
+
+    def __init__(self, linears: list[nn.Linear], kernel: str):
+        weights = [m.weight.detach() for m in linears]
+        weight = weights[0] if len(weights) == 1 else torch.cat(weights)  # (N, K)
+        biases = [m.bias for m in linears]
+        self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+        self.kernel = kernel
+        self.stacked = len(weights) > 1
+        self.weight = None if kernel == "onednn" else weight  # plain matmuls and single rows
+        self.packed = None
+        if kernel == "onednn":
+            self.packed = onednn_pack(weight)
+        elif kernel == "onednn_f32":
+            self.packed = onednn_pack(weight.float())
+            self.bias32 = None if self.bias is None else self.bias.float()
+
+    @property
+    def extra_bytes(self) -> int:
+        """Memory this adds to the model's own weights (packed and stacked copies), in bytes."""
+        total = 0 if self.packed is None else torch.ops.mkldnn._nbytes(self.packed)
+        if self.stacked and self.weight is not None:
+            total += self.weight.numel() * self.weight.element_size()
+        return total
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "onednn":
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.kernel == "onednn_f32":
+            if x.shape[0] == 1:
+                return F.linear(x, self.weight, self.bias)
+            out = torch.ops.mkldnn._linear_pointwise(
+                x.float(), self.packed, self.bias32, "none", [], ""
+            )
+            return out.to(x.dtype)
+        return skinny_linear(x, self.weight, self.bias)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + self(x)``; oneDNN adds it in the matmul's epilogue (same float32 bits)."""
+        if self.kernel == "onednn":
+            op = torch.ops.mkldnn._linear_pointwise.binary
+            return op(x, residual, self.packed, self.bias, "add")
+        return residual + self(x)
+
+
+@dataclasses.dataclass
+class FusedLayer:
+    """One decoder layer's stacked weights and norm weights."""
+
+    attn: nn.Module  # the layer's attention module: packed_attention reads layer_idx from it
+    input_norm: torch.Tensor  # (d,)
+    post_norm: torch.Tensor  # (d,)
+    qkv: FusedLinear  # [Wq; Wk; Wv]
+    o: FusedLinear
+    gate_up: FusedLinear  # [Wg; Wu]
+    down: FusedLinear
+
+
+def requested() -> bool:
+    """Whether the host's ``CBP_FUSED_LAYERS`` (default ``"auto"``: where they apply) allows them.
+
+    Raises:
+        ValueError: a value other than ``auto`` or ``off``, named in the message.
+    """
+    choice = read_choice("CBP_FUSED_LAYERS", CHOICES)
+    return choice == "auto"
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why ``FusedDecoder`` cannot run ``model``, or None when it can."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or not hasattr(inner, "rotary_emb") or not hasattr(inner, "norm"):
+        return "not a Llama-style decoder (model.model.layers, rotary_emb, norm)"
+    config = model.config
+    if config.rope_parameters.get("rope_type", "default") != "default":
+        return f"RoPE type {config.rope_parameters['rope_type']!r}"
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"activation {getattr(config, 'hidden_act', None)!r}"
+    for layer in layers:
+        parts = {name: getattr(layer.self_attn, name, None) for name in _LAYER_LINEARS[:4]}
+        parts |= {name: getattr(layer.mlp, name, None) for name in _LAYER_LINEARS[4:]}
+        if any(type(m) is not nn.Linear for m in parts.values()):
+            return "a layer's projections are not plain nn.Linear"
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        if any(not type(n).__name__.endswith("RMSNorm") for n in norms):
+            return "a layer's norms are not RMSNorm"
+    return None
+
+
+class FusedDecoder:
+    """The decoder stack of a Llama-style model over a packed batch; see the module docstring.
+
+    Raises:
+        ValueError: the model is not supported (``unsupported_reason``).
+        RuntimeError: oneDNN cannot pack a stacked weight (``kernel`` ``"onednn"`` or
+            ``"onednn_f32"``).
+    """
+
+    def __init__(self, model: nn.Module, kernel: str):
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"fused decoder: {reason}")
+        inner = model.model
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        self.final_norm = inner.norm.weight
+        self.eps = float(inner.norm.variance_epsilon)
+        config = model.config
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.intermediate = config.intermediate_size
+        self.layers = [_fused_layer(layer, kernel) for layer in inner.layers]
+
+    @property
+    def extra_bytes(self) -> int:
+        """Memory of the stacked weight copies, in bytes."""
+        linears = [f for la in self.layers for f in (la.qkv, la.o, la.gate_up, la.down)]
+        return sum(f.extra_bytes for f in linears)
+
+    def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
+        """Final-normed hidden states of each sequence's last token, for the output embedding.
+
+        Shapes:
+            batch.input_ids: [1, T]  ->  returns [1, S, d]
+        """
+        x = self.embed(batch.input_ids[0])  # (T, d)
+        cos, sin = self.rotary(x, batch.position_ids)  # (1, T, D) each
+        half = self.head_dim // 2
+        rope = (cos[0, :, None], torch.cat((-sin[0, :, :half], sin[0, :, half:]), -1)[:, None])
+        split = decode_attention.plan_decode(batch, x.dtype)  # None unless decode-only
+        if split is None:
+            batch = _additive_decode_mask(batch, x.dtype)
+        for layer in self.layers:
+            x = self._layer(layer, x, rope, batch, split)
+        last = x[batch.logits_indices]  # (S, d)
+        return self._norm(last, self.final_norm)[None]  # (1, S, d)
+
+    def _layer(self, layer: FusedLayer, x, rope, batch, split) -> torch.Tensor:
+        """One decoder layer on the packed row. Shapes: x [T, d] -> [T, d]."""
+        num_tokens, heads, kv_heads, head_dim = (
+            x.shape[0],
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+        )
+        qkv = layer.qkv(self._norm(x, layer.input_norm))  # (T, (H + 2 H_kv) D)
+        qk = qkv[:, : (heads + kv_heads) * head_dim].view(num_tokens, heads + kv_heads, head_dim)
+        qk = _rotary(qk, *rope)  # (T, H + H_kv, D)
+        value = qkv[:, (heads + kv_heads) * head_dim :].view(num_tokens, kv_heads, head_dim)
+        query = qk[:, :heads].transpose(0, 1)[None]  # (1, H, T, D)
+        key = qk[:, heads:].transpose(0, 1)[None]  # (1, H_kv, T, D)
+        value = value.transpose(0, 1)[None]  # (1, H_kv, T, D)
+        scaling = layer.attn.scaling
+        if split is not None:
+            batch.kv_cache.write(layer.attn.layer_idx, key, value, batch)
+            out = decode_attention.decode_attention(
+                query, batch.kv_cache, layer.attn.layer_idx, batch, split, scaling
+            )  # (1, T, H, D)
+        else:
+            out, _ = packed_attention.packed_attention(
+                layer.attn, query, key, value, None, scaling=scaling, packed_batch=batch
+            )  # (1, T, H, D)
+        x = layer.o.add(out.reshape(num_tokens, heads * head_dim).contiguous(), x)
+        gate_up = layer.gate_up(self._norm(x, layer.post_norm))  # (T, 2 I)
+        act = F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
+        return layer.down.add(act, x)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """transformers' LlamaRMSNorm: normalize in float32, cast back, then scale by the weight."""
+        if x.dtype == torch.float32:
+            return torch.rms_norm(x, (x.shape[-1],), weight, self.eps)
+        return torch.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype) * weight
+
+
+def _fused_layer(layer: nn.Module, kernel: str) -> FusedLayer:
+    attn, mlp = layer.self_attn, layer.mlp
+    return FusedLayer(
+        attn=attn,
+        input_norm=layer.input_layernorm.weight.detach(),
+        post_norm=layer.post_attention_layernorm.weight.detach(),
+        qkv=FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj], kernel),
+        o=FusedLinear([attn.o_proj], kernel),
+        gate_up=FusedLinear([mlp.gate_proj, mlp.up_proj], kernel),
+        down=FusedLinear([mlp.down_proj], kernel),
+    )
+
+
+def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin``, with ``rotate_half(x) * sin == flip(x) * signed_sin``.
+
+    ``rotate_half(x) = cat(-x2, x1)`` and ``flip`` of the two halves is ``cat(x2, x1)``; negating
+    ``sin``'s first half instead of ``x2`` is exact, so the bits are transformers' own.
+
+    Shapes:
+        x: [T, heads, D];  cos, signed_sin: [T, 1, D]  ->  [T, heads, D]
+    """
+    num_tokens, heads, head_dim = x.shape
+    swapped = (
+        x.reshape(num_tokens, heads, 2, head_dim // 2).flip(2).view(num_tokens, heads, head_dim)
+    )
+    return x * cos + swapped * signed_sin
+
+
+def _additive_decode_mask(batch: PackedBatch, dtype: torch.dtype) -> PackedBatch:
+    """The batch with its boolean decode mask as SDPA's additive form (0 / -inf), made once.
+
+    SDPA turns a boolean mask into exactly this on every call; here it happens once per step.
+    """
+    mask = batch.decode_mask
+    if mask is None or mask.dtype != torch.bool:
+        return batch
+    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return dataclasses.replace(batch, decode_mask=additive.masked_fill_(~mask, float("-inf")))

@@ -1,0 +1,19 @@
+"""The model: loading it, the device and dtype it runs in, and the runner that calls it.
+
+``model_runner`` is the only module that calls the model; ``kernel_choice`` is its kernel half.
+Beside them: the ``loader``, the ``device`` and dtype checks (``dtype_support``), the model
+``allowlist`` and OpenMP settings (``openmp_env``). May import the rooms below it: ``workloads``,
+``serving``, ``kernels``.
+
+Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
+``kernel_choice`` serves it from inside.
+"""
+
+__all__ = [
+    "loader",
+    "device",
+    "dtype_support",
+    "allowlist",
+    "openmp_env",
+    "model_runner",
+]

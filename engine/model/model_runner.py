@@ -1,0 +1,224 @@
+"""The model runner: the only module that calls the model or touches the device.
+
+It offers the three ways the engines use a loaded model:
+
+* ``forward_packed``: one forward pass over a packed ``[1, T]`` row (continuous engine);
+* ``generate``: plain ``model.generate`` on a left-padded batch (static engine and the reference);
+* ``new_kv_cache``: KV storage for the continuous engine, sized from the model's config.
+
+Decoding stops at every end-of-sequence id of the model's generation config. It is greedy, except
+for sampled requests (``engine.sampling_params``): ``forward_packed`` draws their tokens with their
+own samplers (``engine.serving.sampler``), and ``generate`` samples after
+``torch.manual_seed(seed)``.
+
+transformers' own ``ContinuousBatchingManager`` runs on the same runner's model through
+``engine.peers.transformers_manager.run_batch`` (the comparison engine
+``engine.peers.transformers_engine`` calls it). Which kernels the model's arithmetic runs through
+(the engines' matmul, the fused decoder layers, batch-invariant mode: ``engine_kernels``,
+``fused_decoder``) is the base class ``engine.model.kernel_choice.RunnerKernels``; this module keeps
+every call of the model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine import token_logits
+from engine.kernels import packed_attention
+from engine.model.kernel_choice import RunnerKernels
+from engine.serving.kv_cache import ConcatKVCache, PagedKVCache, SlotKVCache, kv_bytes_per_token
+from engine.serving.packed_batch import PackedBatch
+from engine.serving.sampler import forked_rng, generate_options
+
+
+class ModelRunner(RunnerKernels):
+    """Wraps a ``engine.model.loader.LoadedModel``; see the module docstring.
+
+    Raises:
+        ValueError: ``CBP_ENGINE_KERNEL`` is set to something other than ``auto`` or ``skinny``,
+            or ``CBP_FUSED_LAYERS`` to something other than ``auto`` or ``off``.
+    """
+
+    def __init__(self, loaded):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.device = loaded.device
+        self.dtype = loaded.dtype
+        self.eos_token_ids = frozenset(loaded.eos_token_ids)
+        self.pad_token_id = _pad_token_id(self.tokenizer, loaded.eos_token_ids)
+        self.init_kernels()  # ValueError: a bad CBP_ENGINE_KERNEL or CBP_FUSED_LAYERS
+        packed_attention.register()
+
+    def recording(self, recorder: token_logits.LogitRecorder):
+        """Context: every model call adds its logits rows to ``recorder``
+        (``engine.token_logits``)."""
+        return token_logits.recording(self.model, recorder)
+
+    @property
+    def hidden_size(self) -> int:
+        """d: the width of the final hidden state the output embedding multiplies."""
+        return int(self.model.get_output_embeddings().weight.shape[-1])
+
+    # --- continuous engine -------------------------------------------------------------------
+    def kv_shape(self) -> tuple[int, int, int]:
+        """(L, H_kv, D): layers, key/value heads and head size of the model's KV cache."""
+        cfg = self.model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of one token's keys and values across all layers, in the model's dtype."""
+        return kv_bytes_per_token(*self.kv_shape(), self.dtype)
+
+    def new_kv_cache(
+        self,
+        kv_mode: str,
+        num_slots: int,
+        max_seq_len: int,
+        num_blocks=None,
+        block_size=16,
+        prefix_caching: bool = False,
+    ):
+        """KV storage for ``num_slots`` sequences of up to ``max_seq_len`` tokens each.
+
+        ``paged`` mode holds ``num_blocks`` blocks of ``block_size`` tokens instead, shared
+        between sequences through a prefix cache with ``prefix_caching``.
+        """
+        layers, kv_heads, head_dim = self.kv_shape()
+        if kv_mode == "concat":
+            return ConcatKVCache(layers, kv_heads, head_dim, self.dtype)
+        if kv_mode == "paged":
+            return PagedKVCache(
+                layers,
+                kv_heads,
+                head_dim,
+                num_blocks,
+                block_size,
+                self.dtype,
+                self.device,
+                prefix_caching,
+            )
+        return SlotKVCache(
+            layers, num_slots, kv_heads, head_dim, max_seq_len, self.dtype, self.device
+        )
+
+    def forward_packed(self, batch: PackedBatch, samplers=None) -> list[int]:
+        """One forward pass over the packed row; the next token of each sequence.
+
+        A token is the logits' argmax (greedy), except for the sequences whose entry in
+        ``samplers`` (one per sequence, None: greedy) is an
+        ``engine.serving.sampler.RequestSampler``: it draws that sequence's token for its next
+        output position. Pass a sampler only for a sequence whose token is kept (a partial prefill
+        chunk's logits are no next token).
+
+        ``batch.invariant``: in batch-invariant mode (``engine.kernels.invariant_ops``). The
+        step's logits rows (one per sequence) reach a ``LogitRecorder`` installed with
+        ``recording``.
+
+        Shapes:
+            batch.input_ids: [1, T]  ->  logits [1, S, V]  ->  returns S token ids
+        """
+        with (
+            torch.inference_mode(),
+            self.engine_kernels(batch.invariant),
+            self._attention(packed_attention.PACKED_ATTENTION),
+        ):
+            logits = self._logits(batch)  # (1, S, V)
+            tokens = logits[0].argmax(dim=-1).tolist()
+            for i, sampler in enumerate(samplers or ()):
+                if sampler is not None:
+                    tokens[i] = sampler.sample(logits[0, i], len(batch.seqs[i].output_token_ids))
+        return tokens
+
+    def _logits(self, batch: PackedBatch) -> torch.Tensor:
+        """The packed row's logits at ``batch.logits_indices``: through the fused layers where
+        they apply (not for a batch-invariant batch), else through the model's own layers.
+
+        Shapes:
+            batch.input_ids: [1, T]  ->  returns [1, S, V]
+        """
+        fused = self.fused_decoder if self.use_fused_layers else None
+        if fused is not None and not getattr(batch, "invariant", False):
+            self.decoder_layer_steps["fused"] += 1
+            hidden = fused.hidden_states(batch)  # (1, S, d)
+            return self.model.get_output_embeddings()(hidden)  # (1, S, V)
+        self.decoder_layer_steps["transformers"] += 1
+        return self.model(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            use_cache=False,
+            logits_to_keep=batch.logits_indices,
+            packed_batch=batch,
+        ).logits  # (1, S, V)
+
+    # --- static engine and reference ---------------------------------------------------------
+    def generate(
+        self,
+        input_ids,
+        attention_mask,
+        max_new_tokens: int,
+        stopping_criteria=None,
+        logits_processor=None,
+        sampling=None,
+    ):
+        """``model.generate`` on a left-padded batch: greedy, or sampled per ``sampling``.
+
+        ``logits_processor``: callables passed on to ``generate`` (the static engine's
+        ``engine.serving.sampler.WaveSampler``). ``sampling``: an
+        ``engine.sampling_params.SamplingParams``; when it samples (batch 1, the reference),
+        ``generate(do_sample=True, temperature, top_k, top_p)`` runs right after
+        ``torch.manual_seed(seed)``, every other sampling knob neutral, and the global random state
+        is restored afterwards. Each step's logits rows (one per batch row) reach a
+        ``LogitRecorder`` installed with ``recording``.
+
+        Shapes:
+            input_ids, attention_mask: [B, W]  ->  returns [B, W + N], N <= max_new_tokens
+        """
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+        sampled = sampling is not None and not sampling.is_greedy
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            eos_token_id=sorted(self.eos_token_ids),
+            pad_token_id=self.pad_token_id,
+            **(generate_options(sampling, self.model) if sampled else {"do_sample": False}),
+        )
+        with torch.inference_mode(), forked_rng(self.device, sampled):
+            if sampled:
+                torch.manual_seed(sampling.seed)
+            return self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                generation_config=config,
+                stopping_criteria=StoppingCriteriaList(stopping_criteria or []),
+                logits_processor=LogitsProcessorList(logits_processor or []),
+            )
+
+    def left_pad(self, token_lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-pad prompts into ``input_ids`` and ``attention_mask``, both [B, W]."""
+        width = max(len(t) for t in token_lists)
+        ids = torch.full((len(token_lists), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(token_lists), width), dtype=torch.long)
+        for row, tokens in enumerate(token_lists):
+            ids[row, width - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
+            mask[row, width - len(tokens) :] = 1
+        return ids, mask
+
+    # --- shared ------------------------------------------------------------------------------
+    def decode(self, token_ids: list[int]) -> str:
+        """Output ids -> text, special tokens (EOS) dropped."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so that timings are real."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        elif self.device.type == "mps":
+            torch.mps.synchronize()
+
+
+def _pad_token_id(tokenizer, eos_token_ids) -> int:
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    return int(sorted(eos_token_ids)[0])

@@ -1,0 +1,126 @@
+"""The KV block map: which requests hold each block of the paged KV cache at one step.
+
+Built from the block tables the paged KV cache recorded at each step (``engine.trace``); with
+prefix caching, shared blocks carry their reference count and free blocks that keep a cached
+prefix are marked::
+
+    blocks 0..15 at step 40 (block size 16):
+    R0×3 R0×3 R2 -- R0 R2 R5 R5 cc -- R5 -- -- -- -- --     (-- free, cc free but cached)
+"""
+
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+
+from engine.page.figures.style import PALETTE, _discrete_scale, _style, request_color
+from engine.trace import StepRecord, Trace
+
+FREE_BLOCK_COLOR = "rgba(128,128,128,0.25)"
+CACHED_FREE_BLOCK_COLOR = "rgba(128,128,128,0.6)"  # free, but keeps its prefix hash (evictable)
+BLOCK_MAP_COLUMNS = 16  # narrow enough for each block's "R12" label on a phone
+
+
+def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
+    """Which requests hold each KV block during one step, free blocks grey (paged mode only).
+
+    Blocks are laid out in rows of ``BLOCK_MAP_COLUMNS``; a request's colour is its colour in
+    every other chart. With prefix caching a block can be shared: it is labelled with the
+    request that holds it first and its reference count (``R0 ×3``), and its hover names every
+    request that shares it; a free block that keeps its cached prefix (evicted least recently used
+    first) is darker grey than a plain free one. Other KV modes get an empty figure that says why.
+    """
+    total = trace.info.get("kv_blocks")
+    if not total or not trace.steps:
+        fig = go.Figure()
+        fig.add_annotation(text="The block map needs the paged KV mode.", showarrow=False)
+        fig.update_xaxes(visible=False)
+        fig.update_yaxes(visible=False)
+        return _style(fig, "KV block map").update_layout(height=200)
+    step = trace.steps[min(step_index, len(trace.steps) - 1)]
+    colors = [FREE_BLOCK_COLOR, *PALETTE, CACHED_FREE_BLOCK_COLOR]
+    cols = min(BLOCK_MAP_COLUMNS, total)
+    rows = math.ceil(total / cols)
+    z = [[None] * cols for _ in range(rows)]
+    hover = [[""] * cols for _ in range(rows)]
+    labels = [[""] * cols for _ in range(rows)]
+    for block, (code, label, text) in enumerate(_block_cells(step, total, trace.info)):
+        r, c = divmod(block, cols)
+        z[r][c], labels[r][c], hover[r][c] = code, label, text
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            text=labels,
+            texttemplate="%{text}",
+            textfont={"size": 10},
+            customdata=hover,
+            hovertemplate="%{customdata}<extra></extra>",
+            colorscale=_discrete_scale(colors),
+            zmin=-0.5,
+            zmax=len(colors) - 0.5,
+            showscale=False,
+            xgap=2,
+            ygap=2,
+        )
+    )
+    _style(fig, f"KV block map at step {step.index}", _block_map_subtitle(step, total, trace.info))
+    fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
+    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
+    return fig.update_layout(height=150 + 30 * rows)
+
+
+def _block_map_subtitle(step: StepRecord, total: int, info: dict) -> str:
+    text = (
+        f"{step.kv_blocks_used}/{total} blocks in use · {info['block_size']} tokens per block · "
+        f"preempted here: {_ids(step.preempted) or 'none'}"
+    )
+    if info.get("prefix_caching"):
+        shared = [h for h in step.block_holders().values() if len(h) > 1]
+        cached = len(step.cached_free_blocks or [])
+        text += (
+            f"<br>prefix cache: {len(shared)} shared {'block' if len(shared) == 1 else 'blocks'}"
+        )
+        if shared:
+            first = shared[0]
+            text += f" (R{first[0]} ×{len(first)}: held by {len(first)} requests; hover for which)"
+        text += f" · {cached} free but cached (dark grey)"
+    return text
+
+
+def _block_cells(step: StepRecord, total: int, info: dict) -> list[tuple[int, str, str]]:
+    """Per block: (colour code, label, hover text). Code 0 is free, 1 + palette index a held
+    block (by its first holder's colour), the last code a free block that keeps its prefix."""
+    block_size = info["block_size"]
+    holders = step.block_holders()
+    index_in_table = {
+        block: pos
+        for table in (step.block_tables or {}).values()
+        for pos, block in enumerate(table)
+    }
+    eviction_order = {block: n for n, block in enumerate(step.cached_free_blocks or [], start=1)}
+    cells = []
+    for block in range(total):
+        rids = holders.get(block)
+        if rids:
+            rid, first = int(rids[0]), index_in_table[block] * block_size
+            code = 1 + PALETTE.index(request_color(rid))
+            tokens = f"tokens {first}–{first + block_size - 1}"
+            if len(rids) == 1:
+                cells.append((code, f"R{rid}", f"block {block}: R{rid}, {tokens}"))
+                continue
+            text = f"block {block}: shared by {_ids(rids)} (refcount {len(rids)}), {tokens} of each"
+            cells.append((code, f"R{rid} ×{len(rids)}", text))
+        elif block in eviction_order:
+            order = f"{eviction_order[block]} of {len(eviction_order)} to be evicted"
+            text = (
+                f"block {block}: free, keeps a cached prefix ({order}, least recently used first)"
+            )
+            cells.append((1 + len(PALETTE), "", text))
+        else:
+            cells.append((0, "", f"block {block}: free"))
+    return cells
+
+
+def _ids(request_ids: list[int]) -> str:
+    return ", ".join(f"R{i}" for i in request_ids)

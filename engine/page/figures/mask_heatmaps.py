@@ -1,0 +1,258 @@
+"""Attention-mask heatmaps: the packed step's block-diagonal mask and the static wave's padded one.
+
+Built from an ``engine.trace.Trace`` alone, through the same mask functions the engines use
+(``engine.serving.masks``), so what the page draws is what the engine computed. A heatmap never
+hands the browser more than ``MAX_HEATMAP_CELLS`` cells: bigger masks are max-pooled into tiles, and
+the subtitle says so. Where two requests in one mask share a colour (ids seven apart), both are
+named. Keys a sequence took from the prefix cache are drawn paler (``prefix_cached_keys``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+import torch
+
+from engine.page.figures.style import TEXT_COLOR, PageFigure, _discrete_scale, _style, request_color
+from engine.serving.masks import (
+    PackedLayout,
+    block_diagonal_causal_mask,
+    packed_layout,
+    padded_wave_mask,
+)
+from engine.trace import IDLE, PREFILL, StepRecord, Trace
+
+PAD_COLOR = "#c8c8c8"  # static mask: cells of left-padding tokens
+IDLE_ROW_COLOR = "#6e6e6e"  # static mask: attention of a row whose request already finished
+MAX_HEATMAP_CELLS = 512 * 4096
+MAX_QUERY_CELLS, MAX_KEY_CELLS = 512, 4096  # tile sizes are chosen to fit this box
+PREFIX_MARK = "*"  # after the label of a key column taken from the prefix cache: "R3 pos 12*"
+SMALL_GRID_CELLS = 80  # heatmaps up to this many cells a side get a 1-px gap between cells
+
+
+def _tile_factors(num_rows: int, num_cols: int) -> tuple[int, int]:
+    """Rows and columns per tile so a heatmap fits MAX_HEATMAP_CELLS; (1, 1) if it does already."""
+    if num_rows * num_cols <= MAX_HEATMAP_CELLS:
+        return 1, 1
+    return math.ceil(num_rows / MAX_QUERY_CELLS), math.ceil(num_cols / MAX_KEY_CELLS)
+
+
+def _max_pool(codes: torch.Tensor, fq: int, fk: int) -> torch.Tensor:
+    """Max over fq x fk tiles of an integer grid whose blank cells are -1.
+
+    Shapes:
+        codes: [T, T_kv] -> returns [ceil(T / fq), ceil(T_kv / fk)]
+    """
+    rows, cols = codes.shape
+    padded = torch.full((math.ceil(rows / fq) * fq, math.ceil(cols / fk) * fk), -1)
+    padded[:rows, :cols] = codes
+    return padded.reshape(padded.shape[0] // fq, fq, padded.shape[1] // fk, fk).amax(dim=(1, 3))
+
+
+def _tile_labels(n: int, factor: int) -> list[str]:
+    """Axis labels of pooled tiles: "0–7", "8–15", ..."""
+    return [f"{i}–{min(i + factor, n) - 1}" for i in range(0, n, factor)]
+
+
+def _heatmap(codes: torch.Tensor, x: list, y: list, colors: list[str], hover: str) -> go.Heatmap:
+    """A heatmap of integer codes (-1 = blank) drawn with one colour per code."""
+    z = codes.to(torch.float32)
+    z[codes < 0] = float("nan")
+    gap = 1 if max(codes.shape) <= SMALL_GRID_CELLS else 0  # cell borders only where they show
+    return go.Heatmap(
+        z=z.numpy(),
+        x=x,
+        y=y,
+        colorscale=_discrete_scale(colors),
+        zmin=-0.5,
+        zmax=len(colors) - 0.5,
+        showscale=False,
+        hoverongaps=False,
+        xgap=gap,
+        ygap=gap,
+        hovertemplate=hover + "<extra></extra>",
+    )
+
+
+def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
+    """The block-diagonal causal mask of one packed (continuous) step, coloured by request.
+
+    Rows are query tokens in packed order, columns keys laid out ``[all cached | all new]`` as in
+    ``engine.serving.masks``; a cell is coloured by the sequence that owns it where attention is
+    allowed. Key columns whose keys came from the prefix cache (a sequence's first
+    ``num_prefix_cached_tokens``, computed by an earlier request) are drawn in a paler shade
+    of that colour and named so in their hover.
+    """
+    step = trace.steps[step_index]
+    layout = packed_layout(
+        [s.num_cached_tokens for s in step.seqs], [s.num_new_tokens for s in step.seqs]
+    )
+    mask = block_diagonal_causal_mask(layout)  # (T, T_kv)
+    num_q, num_kv = mask.shape
+    codes = torch.where(mask, layout.q_seq[:, None].expand_as(mask), -1)  # (T, T_kv)
+    from_cache = prefix_cached_keys(step, layout)  # (T_kv,)
+    codes = torch.where(mask & from_cache[None, :], codes + len(step.seqs), codes)
+    names = [f"R{s.request_id}" for s in step.seqs]
+    fq, fk = _tile_factors(num_q, num_kv)
+    if (fq, fk) == (1, 1):
+        y = _token_labels(names, layout.q_seq, layout.q_pos)
+        x = _token_labels(names, layout.k_seq, layout.k_pos, from_cache)
+        hover, note = "query %{y} → key %{x}", None
+    else:
+        codes = _max_pool(codes, fq, fk)
+        y, x = _tile_labels(num_q, fq), _tile_labels(num_kv, fk)
+        hover = "queries %{y} → keys %{x}"
+        note = f"aggregated: each cell is a {fq}×{fk} tile of tokens"
+    colors = [request_color(s.request_id) for s in step.seqs]
+    colors += [paler(c) for c in colors]  # the same requests' keys from the prefix cache
+    fig = PageFigure(_heatmap(codes, x, y, colors, hover))
+    if layout.num_cached_keys > 0:
+        fig.add_vline(
+            x=layout.num_cached_keys / fk - 0.5,
+            name="cached | new",
+            line_color=TEXT_COLOR,
+            annotation_text="cached | new",
+            annotation_position="top",
+        )
+    n_prefill = sum(s.kind == PREFILL for s in step.seqs)
+    title = f"Packed step {step_index}: T={num_q}, T_kv={num_kv}"
+    subtitle = (
+        f"{num_q} {'query' if num_q == 1 else 'queries'} × {num_kv} keys · "
+        f"{n_prefill} prefill + {len(step.seqs) - n_prefill} decode"
+    ) + (f"<br>{note}" if note else "")
+    num_from_cache = int(from_cache.sum())
+    if num_from_cache:
+        subtitle += (
+            f"<br>pale key columns (pos{PREFIX_MARK}): {num_from_cache} keys from the prefix cache"
+        )
+    starts = [sum(q.num_new_tokens for q in step.seqs[:i]) for i in range(len(step.seqs))]
+    _mark_repeated_colours(
+        fig, [(q.request_id, a // fq) for q, a in zip(step.seqs, starts, strict=True)]
+    )
+    return _mask_axes(_style(fig, title, subtitle), "keys: cached | this step's new tokens")
+
+
+def _token_labels(names: list[str], seq, pos, from_cache=None) -> list[str]:
+    """Axis labels "R3 pos 12" per token; ``PREFIX_MARK`` after keys from the prefix cache."""
+    cached = from_cache.tolist() if from_cache is not None else [False] * len(seq)
+    return [
+        f"{names[s]} pos {p}" + (PREFIX_MARK if c else "")
+        for s, p, c in zip(seq.tolist(), pos.tolist(), cached, strict=True)
+    ]
+
+
+def prefix_cached_keys(step: StepRecord, layout: PackedLayout) -> torch.Tensor:
+    """Which key columns of a packed step hold keys taken from the prefix cache: per sequence,
+    its first ``num_prefix_cached_tokens`` positions (always among its cached keys).
+
+    Shapes:
+        returns: [T_kv] bool
+    """
+    prefix = torch.tensor([s.num_prefix_cached_tokens for s in step.seqs], dtype=torch.long)
+    assert all(s.num_prefix_cached_tokens <= s.num_cached_tokens for s in step.seqs), (
+        "prefix-cached keys must be cached keys"
+    )
+    return layout.k_pos < prefix[layout.k_seq]  # (T_kv,)
+
+
+def paler(hex_color: str, share: float = 0.55) -> str:
+    """``hex_color`` mixed with ``share`` white: the same hue, lighter ("#0072B2" -> "#8cc0dc")."""
+    rgb = [int(hex_color[i : i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(c + (255 - c) * share):02x}" for c in rgb)
+
+
+def _mark_repeated_colours(fig: go.Figure, bands: list[tuple[int, int]]) -> None:
+    """Where two requests in one heatmap share a colour (ids a palette apart), name each of them
+    at the top of its band of query rows (``bands``: request id, first row)."""
+    colours = [request_color(rid) for rid, _ in bands]
+    for (rid, row), colour in zip(bands, colours, strict=True):
+        if colours.count(colour) > 1:
+            fig.add_annotation(
+                x=0,
+                xref="x domain",
+                xanchor="left",
+                y=row,
+                yref="y",
+                yanchor="top",
+                text=f"<b>R{rid}</b>",
+                showarrow=False,
+                name="repeated colour",
+                font={"size": 10, "color": "#000000"},
+                bgcolor="rgba(255,255,255,0.8)",
+            )
+
+
+def _mask_axes(fig: go.Figure, x_title: str) -> go.Figure:
+    """Category axes, queries read top-down."""
+    fig.update_xaxes(type="category", title_text=x_title, showgrid=False)
+    fig.update_yaxes(type="category", title_text="queries", showgrid=False, autorange="reversed")
+    fig.update_layout(height=460)
+    return fig
+
+
+def _wave_start(trace: Trace, step_index: int) -> int:
+    """Position of the first step (the prefill) of the static wave holding ``step_index``."""
+    wave, pos = trace.steps[step_index].wave, step_index
+    while pos > 0 and trace.steps[pos - 1].wave == wave:
+        pos -= 1
+    return pos
+
+
+def _static_codes(step: StepRecord, pads: list[int], num_q: int, num_k: int) -> torch.Tensor:
+    """Per-cell codes of a padded wave step: row b, B = pad, B + 1 = idle row, -1 = blocked.
+
+    Shapes:
+        returns: [B * num_q, num_k]
+    """
+    num_rows = len(step.seqs)
+    mask = padded_wave_mask(pads, num_q, num_k)  # (B, Q, K)
+    k = torch.arange(num_k)[None, None, :]  # (1, 1, K)
+    q = torch.arange(num_k - num_q, num_k)[None, :, None]  # (1, Q, 1)
+    p = torch.tensor(pads)[:, None, None]  # (B, 1, 1)
+    pad = ((k < p) | (q < p)) & (k <= q)  # (B, Q, K)
+    idle = torch.tensor([s.kind == IDLE for s in step.seqs])[:, None, None]  # (B, 1, 1)
+    codes = torch.where(mask, torch.arange(num_rows)[:, None, None], -1)  # (B, Q, K)
+    codes = torch.where(pad, num_rows, codes)
+    codes = torch.where(mask & idle, num_rows + 1, codes)
+    return codes.reshape(num_rows * num_q, num_k)
+
+
+def static_mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
+    """The padded mask ``model.generate`` applies to one static step, rows stacked top-down.
+
+    Each row of the wave is a block of its queries against all key columns (left padding first);
+    pad cells and the attention of rows whose request already finished get neutral colours.
+    """
+    step = trace.steps[step_index]
+    first = _wave_start(trace, step_index)
+    prefill = trace.steps[first].seqs
+    pad_of = {s.slot: s.num_padding_tokens for s in prefill}
+    width = max(s.num_new_tokens + s.num_padding_tokens for s in prefill)
+    num_q = width if step_index == first else 1
+    num_k = width + step_index - first
+    pads = [pad_of.get(s.slot, 0) for s in step.seqs]
+    codes = _static_codes(step, pads, num_q, num_k)
+    fq, fk = _tile_factors(*codes.shape)
+    if (fq, fk) == (1, 1):
+        y = [f"R{s.request_id} col {c}" for s in step.seqs for c in range(num_k - num_q, num_k)]
+        x, hover, note = list(range(num_k)), "query %{y} → key col %{x}", None
+    else:
+        codes = _max_pool(codes, fq, fk)
+        y, x = _tile_labels(codes.shape[0] * fq, fq), _tile_labels(num_k, fk)
+        hover, note = "queries %{y} → keys %{x}", f"aggregated into {fq}×{fk} tiles"
+    colors = [request_color(s.request_id) for s in step.seqs] + [PAD_COLOR, IDLE_ROW_COLOR]
+    fig = PageFigure(_heatmap(codes, x, y, colors, hover))
+    for b in range(1, len(step.seqs)) if num_q > 1 and (fq, fk) == (1, 1) else ():
+        fig.add_hline(y=b * num_q - 0.5, name="row", line_color=TEXT_COLOR, line_width=1)
+    num_idle = sum(s.kind == IDLE for s in step.seqs)
+    title = f"Static step {step_index}: wave {step.wave}, its step {step_index - first}"
+    subtitle = (
+        f"{len(step.seqs)} rows × {num_q} {'query' if num_q == 1 else 'queries'} × {num_k} keys"
+        f"<br>{sum(pads)} pad tokens (light grey)<br>{num_idle} idle "
+        f"{'row' if num_idle == 1 else 'rows'} (dark grey: its request has ended)"
+        + (f"<br>{note}" if note else "")
+    )
+    if (fq, fk) == (1, 1):
+        _mark_repeated_colours(fig, [(s.request_id, b * num_q) for b, s in enumerate(step.seqs)])
+    return _mask_axes(_style(fig, title, subtitle), "key column (left padding first)")

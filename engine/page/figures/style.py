@@ -1,0 +1,134 @@
+"""The page's shared figure look: colours, titles, legends and the PNG button, for every chart.
+
+Colours come from the Okabe–Ito palette (safe for the common kinds of colour blindness), one per
+request through ``request_color``, so a request keeps its colour in every chart; from R7 on a
+colour comes round again, and ``request_pattern`` gives the mark that tells such requests apart.
+Backgrounds are transparent and text and grid lines a neutral grey, so the figures read in light
+and dark themes. Titles are left-aligned with details in their subtitles, so they fit a phone.
+Used by ``engine.page.figures.timelines`` (timelines), ``engine.page.figures.mask_heatmaps``
+(attention masks), ``engine.page.figures.serving_metrics``, ``engine.page.figures.block_map`` and
+``engine.page.figures.server_lanes`` (the servers' lanes and gauges); these six are the only modules
+that import plotly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import plotly.graph_objects as go
+
+# Okabe–Ito without black (black vanishes on a dark page).
+PALETTE = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
+TEXT_COLOR = "#808080"  # mid grey: readable on white and on near-black
+GRID_COLOR = "rgba(128,128,128,0.25)"
+REPEAT_PATTERNS = ("", ".", "x", "+", "-", "|", "\\")  # by how many times the palette came round
+TITLE_FONT_PX = 15
+
+# Engine line colours (Okabe–Ito, distinct from each other) and dashes, so lines differ in
+# shape as well as hue.
+ENGINE_STYLE = {
+    "static": ("#D55E00", "dot"),
+    "continuous": ("#0072B2", "solid"),
+    "hf_continuous": ("#009E73", "dash"),
+}
+# Server engines (named by the host) in the order a run lists them.
+SERVER_STYLES = (
+    ("#CC79A7", "dashdot"),
+    ("#E69F00", "longdash"),
+    ("#56B4E9", "longdashdot"),
+    ("#F0E442", "dot"),
+)
+
+
+def engine_styles(names: list[str]) -> dict[str, tuple[str, str]]:
+    """(colour, dash) per engine: the built-in engines' own, servers ``SERVER_STYLES`` in order."""
+    servers = [n for n in names if n not in ENGINE_STYLE]
+    styles = {n: SERVER_STYLES[i % len(SERVER_STYLES)] for i, n in enumerate(servers)}
+    return {n: ENGINE_STYLE.get(n) or styles[n] for n in names}
+
+
+class PageFigure(go.Figure):
+    """A plotly Figure that carries its Plotly config into the page.
+
+    Gradio's Plot sends ``fig.to_json()`` to the browser and hands a ``config`` key found there to
+    ``Plotly.react``; this adds one, so the modebar's camera button saves a PNG (drawn in the
+    browser, offline) under a name taken from the chart's title.
+    """
+
+    def plotly_config(self) -> dict:
+        """Plotly config: the PNG button's file name and scale, no Plotly logo."""
+        image = {"format": "png", "filename": chart_filename(self.layout.title.text), "scale": 2}
+        return {"displaylogo": False, "toImageButtonOptions": image}
+
+    def to_json(self, *args, **kwargs) -> str:
+        """The figure's JSON (``data``, ``layout``) plus ``config``."""
+        text = super().to_json(*args, **kwargs)
+        assert text.endswith("}"), "plotly JSON is one object"
+        return f"{text[:-1]}, {json.dumps('config')}: {json.dumps(self.plotly_config())}}}"
+
+
+def chart_filename(title: str | None) -> str:
+    """A file name (no extension) from a chart title: "Static batching — 3 slots" ->
+    "static-batching-3-slots"; at most 60 characters, "chart" when the title is empty."""
+    words = re.findall(r"[a-z0-9]+", re.sub(r"<[^>]*>", " ", (title or "").lower()))
+    return "-".join(words)[:60].strip("-") or "chart"
+
+
+def request_color(request_id: int) -> str:
+    """The colour of one request, the same in every chart."""
+    return PALETTE[request_id % len(PALETTE)]
+
+
+def request_pattern(request_id: int) -> str:
+    """The bar pattern that marks a request whose colour an earlier request already has: none for
+    R0–R6, dots for R7–R13, crosses for R14–R20, ... ("/" stays the idle rows' hatching)."""
+    return REPEAT_PATTERNS[(request_id // len(PALETTE)) % len(REPEAT_PATTERNS)]
+
+
+def _style(fig: go.Figure, title: str, subtitle: str | None = None) -> go.Figure:
+    """Apply the shared theme-neutral look: transparent background, grey text and grid, the title
+    left-aligned (it reads on a phone; the toolbar shows on the right, on hover only)."""
+    lines = 1 + (subtitle or "").count("<br>") + bool(subtitle)
+    fig.update_layout(
+        template="plotly_white",
+        title={
+            "text": title,
+            "subtitle": {"text": subtitle or ""},
+            "x": 0,
+            "xref": "container",
+            "xanchor": "left",
+            "pad": {"l": 12},
+            "font": {"size": TITLE_FONT_PX},
+        },
+        paper_bgcolor="rgba(0,0,0,0)",
+        plot_bgcolor="rgba(0,0,0,0)",
+        font={"color": TEXT_COLOR},
+        margin={"l": 90, "r": 20, "t": 40 + 18 * lines, "b": 50},
+    )
+    axis_style = {"gridcolor": GRID_COLOR, "zerolinecolor": GRID_COLOR, "linecolor": GRID_COLOR}
+    fig.update_xaxes(**axis_style)
+    fig.update_yaxes(**axis_style)
+    return fig
+
+
+def bottom_legend(fig: go.Figure, margin_bottom_px: int = 100) -> go.Figure:
+    """The legend in a row at the figure's bottom edge, below the x axis's ticks and title (it
+    may wrap on a narrow screen: the margin leaves it room)."""
+    return fig.update_layout(
+        legend={
+            "orientation": "h",
+            "x": 0,
+            "xanchor": "left",
+            "y": 0,
+            "yref": "container",
+            "yanchor": "bottom",
+        },
+        margin={"b": margin_bottom_px},
+    )
+
+
+def _discrete_scale(colors: list[str]) -> list[list]:
+    """A stepped colorscale: integer value i (with zmin=-0.5, zmax=n-0.5) gets colors[i]."""
+    n = len(colors)
+    return [pair for i, c in enumerate(colors) for pair in ([i / n, c], [(i + 1) / n, c])]

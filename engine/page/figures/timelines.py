@@ -1,0 +1,174 @@
+"""Figure builders: the two engines' timelines, one lane per slot, from their traces.
+
+Everything here is built from an ``engine.trace.Trace`` alone, so what the page draws is what the
+engine recorded. The shared look (palette, titles, legends) is ``engine.page.figures.style``; the
+mask heatmaps are ``engine.page.figures.mask_heatmaps`` and the serving views
+``engine.page.figures.serving_metrics``. This module re-exports the names other modules and tests
+have long used from here.
+"""
+
+from __future__ import annotations
+
+import html
+
+import plotly.graph_objects as go
+
+from engine.page.figures.mask_heatmaps import (  # noqa: F401  (re-exported)
+    MAX_HEATMAP_CELLS,
+    mask_heatmap,
+    static_mask_heatmap,
+)
+from engine.page.figures.style import (  # noqa: F401  (re-exported)
+    GRID_COLOR,
+    PALETTE,
+    TEXT_COLOR,
+    PageFigure,
+    _discrete_scale,
+    _style,
+    bottom_legend,
+    chart_filename,
+    request_color,
+    request_pattern,
+)
+from engine.trace import SlotRun, Trace
+
+IDLE_COLOR = "rgba(128,128,128,0.45)"  # timeline: a static row computed after its request finished
+PROMPT_HOVER_CHARS = 60
+
+
+def _engine_title(trace: Trace) -> str:
+    slots = "slot" if trace.num_slots == 1 else "slots"
+    return f"{trace.engine.capitalize()} batching — {trace.num_slots} {slots}"
+
+
+# --- timelines -----------------------------------------------------------------------------------
+
+
+def x_extent(trace: Trace, x_axis: str = "time") -> float:
+    """Right end of a trace on the timeline's x axis: last step's end (s) or number of steps."""
+    if not trace.steps:
+        return 0.0
+    return trace.steps[-1].end_s if x_axis == "time" else float(len(trace.steps))
+
+
+def _span(trace: Trace, run: SlotRun, x_axis: str) -> tuple[float, float]:
+    """(start, end) of a run on the x axis."""
+    if x_axis == "time":
+        return trace.steps[run.first].start_s, trace.steps[run.last].end_s
+    return float(run.first), float(run.last + 1)
+
+
+def _request_hover(trace: Trace, run: SlotRun) -> str:
+    """Hover text of one request bar (HTML-escaped: prompts are user text)."""
+    r = trace.request(run.request_id)
+    prompt = (
+        r.prompt if len(r.prompt) <= PROMPT_HOVER_CHARS else r.prompt[:PROMPT_HOVER_CHARS] + "…"
+    )
+    ttft = "—" if r.ttft_s is None else f"{r.ttft_s:.2f} s"
+    times = f"{trace.steps[run.first].start_s:.2f}–{trace.steps[run.last].end_s:.2f} s"
+    return (
+        f"<b>R{r.request_id}</b> · slot {run.slot}<br>{html.escape(prompt)}<br>"
+        f"cap {r.max_new_tokens} · generated {len(r.output_token_ids)} tokens<br>"
+        f"steps {run.first}–{run.last} · {times} · TTFT {ttft}"
+    )
+
+
+def _bar(runs: list[SlotRun], trace: Trace, x_axis: str, **style) -> go.Bar:
+    """One horizontal bar trace holding the given runs."""
+    spans = [_span(trace, run, x_axis) for run in runs]
+    return go.Bar(
+        orientation="h",
+        y=[f"slot {run.slot}" for run in runs],
+        base=[a for a, _ in spans],
+        x=[b - a for a, b in spans],
+        hovertemplate="%{hovertext}<extra></extra>",
+        marker_line_width=0,
+        **style,
+    )
+
+
+def timeline_figure(
+    trace: Trace, x_axis: str = "time", x_max: float | None = None, cursor: int | None = None
+) -> go.Figure:
+    """Slot lanes with one bar per request; static idle rows hatched grey, wave barriers dashed.
+
+    ``x_axis`` is ``"time"`` (seconds since start) or ``"step"`` (step index). ``x_max`` fixes the
+    x range so two engines share a scale; ``cursor`` (a step index) draws a vertical line there.
+    """
+    runs = trace.slot_runs()
+    fig = PageFigure()
+    for rid in sorted({r.request_id for r in runs if not r.idle}):
+        mine = [r for r in runs if r.request_id == rid and not r.idle]
+        hover = [_request_hover(trace, r) for r in mine]
+        fig.add_trace(
+            _bar(
+                mine,
+                trace,
+                x_axis,
+                name=f"R{rid}",
+                text=[f"R{rid}"] * len(mine),
+                marker={"color": request_color(rid), "pattern": _repeat_mark(rid)},
+                hovertext=hover,
+                showlegend=False,
+                textposition="inside",
+                insidetextanchor="middle",
+            )
+        )
+    idle = [r for r in runs if r.idle]
+    if idle:
+        hover = [
+            f"slot {r.slot} idle: R{r.request_id} finished, row still computed (padding)"
+            for r in idle
+        ]
+        fig.add_trace(
+            _bar(
+                idle,
+                trace,
+                x_axis,
+                name="idle row (padding)",
+                hovertext=hover,
+                marker={"color": IDLE_COLOR, "pattern": {"shape": "/", "fgcolor": TEXT_COLOR}},
+            )
+        )
+    _add_barriers(fig, trace, x_axis)
+    if cursor is not None and trace.steps:
+        fig.add_vline(x=_cursor_x(trace, cursor, x_axis), name="cursor", line_color=TEXT_COLOR)
+    _style(fig, _engine_title(trace))
+    lanes = [f"slot {i}" for i in range(trace.num_slots)]
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=lanes)
+    fig.update_yaxes(autorange="reversed")
+    x_title = "seconds since start" if x_axis == "time" else "step (one forward pass each)"
+    fig.update_xaxes(title_text=x_title, range=None if x_max is None else [0, x_max])
+    fig.update_layout(barmode="overlay", height=190 + 45 * trace.num_slots)
+    return bottom_legend(fig, 90)
+
+
+def _repeat_mark(request_id: int) -> dict:
+    """A bar's pattern: none for R0–R6, then a mark per round of the palette (see
+    ``request_pattern``), drawn in the bar's text colour over its request colour."""
+    shape = request_pattern(request_id)
+    return {"shape": shape, "fgcolor": "#ffffff", "size": 6, "solidity": 0.35} if shape else {}
+
+
+def _add_barriers(fig: go.Figure, trace: Trace, x_axis: str) -> None:
+    """A dashed vertical line where a static wave ends and the next waits for it (the batch
+    barrier); the run's end is no barrier. Its label sits left of the line, inside the plot."""
+    for pos, step in enumerate(trace.steps[:-1]):
+        if step.wave is None or trace.steps[pos + 1].wave == step.wave:
+            continue
+        x = step.end_s if x_axis == "time" else pos + 1
+        fig.add_vline(
+            x=x,
+            name="barrier",
+            line_dash="dash",
+            line_color=TEXT_COLOR,
+            annotation_text="barrier",
+            annotation_position="top left",
+        )
+
+
+def _cursor_x(trace: Trace, cursor: int, x_axis: str) -> float:
+    """Where the step cursor sits: that step's start, or the run's end if it had fewer steps."""
+    if cursor >= len(trace.steps):
+        return x_extent(trace, x_axis)
+    return trace.steps[cursor].start_s if x_axis == "time" else float(cursor)

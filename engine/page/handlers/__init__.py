@@ -1,0 +1,12 @@
+"""Handlers: the page's events as plain functions, testable without a browser.
+
+``playground``: Run, Stop and the step slider; ``recording``: the recorded run the page opens on
+(``make record``). May import the core and every page room below it.
+
+Nothing is imported here: import the modules by name. ``__all__`` is the room's face.
+"""
+
+__all__ = [
+    "playground",
+    "recording",
+]

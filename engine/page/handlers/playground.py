@@ -1,0 +1,355 @@
+"""The page's handlers as plain functions: run both engines, then redraw a step without the model.
+
+``app.py`` only lays out components and wires them to these functions, so everything the page does
+can be tested without a browser. ``run_comparison`` runs the static and the continuous engine (and,
+if asked, the per-request ``model.generate`` reference) on the same tokenized requests and renders
+every output; ``update_step`` redraws the heatmaps and timeline cursors from the stored traces.
+
+Bad input never loses anything: ``run_event`` (the Run button) puts the engine's ``ValueError``
+message in the status line and a warning toast, and leaves the previous results on the page;
+``run_comparison`` raises it as ``gr.Error``. The loaded model is the one shared module-level object
+(``engine.page.run.shared_model.get_model``), loaded once; tests pass their own ``SharedModel``
+instead. What the page shows of a run is built in ``engine.page.views.run_view``; the knobs are
+parsed in ``engine.page.run.run_options``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Callable, Iterator
+
+import gradio as gr
+
+from engine.batching.continuous import ContinuousEngine
+from engine.batching.static import StaticEngine
+from engine.config import EngineConfig
+from engine.page.run import host_servers
+from engine.page.run.live_run import LiveRun
+from engine.page.run.run_handle import IDLE, RunHandle
+from engine.page.run.run_options import RunOptions, options_from_page, prepare
+from engine.page.run.shared_model import SharedModel, get_model
+from engine.page.views import divergence_view, progress_view, run_status
+from engine.page.views.run_view import (
+    RunResult,
+    RunState,
+    render,
+    run_outputs,
+    step_views,
+)
+from engine.peers.transformers_engine import HFContinuousEngine
+from engine.sequence import Request
+from engine.serving.run_control import RunCancelled, RunControl, RunStopped, run_time_limit_s
+from engine.workloads.workload import TABLE_COLUMNS
+
+REQUEST_HEADERS = list(TABLE_COLUMNS)  # prompt, max_new_tokens, arrival_s, sampling settings
+PROGRESS_INTERVAL_S = 0.5  # at most two progress reports a second (fewer: progress_view)
+STOPPED = "**Stopped** before the end."
+STOPPED_IN_QUEUE = "**Stopped** before it started: it left the queue."
+
+
+# --- handlers ------------------------------------------------------------------------------------
+
+
+def run_comparison(
+    rows,
+    num_slots,
+    options: RunOptions,
+    progress=gr.Progress(),  # noqa: B008  (Gradio injects its tracker through this default)
+    x_axis: str = "time",
+    model: SharedModel | None = None,
+) -> RunResult:
+    """Run static and continuous batching (and optionally transformers' own) and render results.
+
+    Raises:
+        gr.Error: with the engine's message, on a bad table, slot count, knob or model load.
+    """
+    shared = model or _user_errors(get_model)
+    model = _user_errors(lambda: shared.in_dtype(options.dtype))  # the run's precision
+    requests, config = _user_errors(lambda: prepare(model, rows, num_slots, options))
+    return render(run_engines(model, requests, config, options, progress), x_axis)
+
+
+def run_engines(
+    model: SharedModel,
+    requests: list[Request],
+    config: EngineConfig,
+    options: RunOptions,
+    progress,
+    watch: Callable[..., None] | None = None,
+) -> RunState:
+    """Run every engine (and the reference) on ``requests``, one after the other.
+
+    ``watch(engine, trace)`` is called after every step of every engine (``trace`` is None for
+    the reference and transformers' engine), ``watch(engine, trace, waiting=True)`` every 0.05 s
+    while an engine waits for arrivals, and ``watch(engine, trace, done=True)`` after each
+    engine's last step; an exception it raises (``RunStopped``) ends the run within one step or
+    wait. The model's lock is held throughout, so runs never overlap on the model. The chosen
+    servers run last (``engine.page.run.host_servers.run_servers``, which reports their failures and
+    stops instead of raising them).
+    """
+    watch = watch or (lambda *_args, **_kwargs: None)
+    with model.lock:
+        try:
+            return _run_all(model, requests, config, options, progress, watch)
+        except RunStopped as exc:
+            # A fresh exception, raised while the lock is still held: the caught one's traceback
+            # holds the engines' frames and their KV cache, which must go before the next run
+            # can take the model.
+            stopped = type(exc)(str(exc))
+        raise stopped
+
+
+def _run_all(model, requests, config, options, progress, watch) -> RunState:
+    """``run_engines``'s body, called with the model's lock held."""
+    runner, invariant = model.runner, config.batch_invariant
+    static = StaticEngine(runner, EngineConfig(config.num_slots, batch_invariant=invariant)).run(
+        requests,
+        _on_step(progress, "static", _static_steps(requests, config), watch),
+        functools.partial(watch, "static", waiting=True),
+    )
+    watch("static", static, done=True)
+    continuous = ContinuousEngine(runner, config).run(
+        requests,
+        _on_step(progress, "continuous", _continuous_steps(requests, config), watch),
+        functools.partial(watch, "continuous", waiting=True),
+    )
+    watch("continuous", continuous, done=True)
+    hf = None
+    if options.compare_hf:  # no step hook: checked every 0.1 s while results are awaited
+        watch("hf_continuous", None)
+        progress(None, desc="transformers' continuous batching")
+        stop_check = functools.partial(watch, "hf_continuous", waiting=True)
+        hf_config = dataclasses.replace(config, batch_invariant=False)  # the page says why
+        hf_engine = HFContinuousEngine(runner, hf_config, block_sharing=config.prefix_caching)
+        hf = hf_engine.run(requests, on_wait=stop_check)
+    state = RunState(static, continuous, None, hf, None, dtype=model.dtype_name)
+    state.batch_invariant = invariant
+    if options.check_reference:
+        source = model.reference_for(invariant)
+        state.reference = source.outputs(
+            requests, _reference_counter(progress), lambda: watch("reference", None)
+        )
+        state.verdicts = divergence_view.judge_runs(runner, source, requests, state.traces())
+    if options.servers:  # last: a server that fails or is stopped leaves the rest whole
+        names = model.servers.check_names(options.servers)
+        state.servers, state.server_failures = host_servers.run_servers(
+            model.servers, names, requests, config.num_slots, watch
+        )
+    return state
+
+
+def run_event(
+    rows,
+    num_slots,
+    chat_template,
+    check_reference,
+    kv_mode,
+    token_budget,
+    policy,
+    compare_hf,
+    arrival_rate,
+    x_axis,
+    previous: RunState | None = None,
+    kv_budget_mib=None,
+    block_size=None,
+    prefix_caching=False,
+    handle: RunHandle | None = None,
+    server_names=None,
+    dtype=None,
+    batch_invariant=False,
+) -> Iterator[tuple]:
+    """The Run button's handler: a generator streaming progress, then the finished results.
+
+    Yields the tuple app.py's outputs expect: live updates every ``PROGRESS_INTERVAL_S``, or less
+    often where Gradio's handling of them would take over ``progress_view.UPDATE_SHARE`` of the
+    run, while the engines run in a worker thread (``LiveRun``), then ``RunResult.as_outputs()``.
+    Stop sets the stop flag of this run's ``RunControl`` through the session's ``handle``
+    (``engine.page.run.run_handle``): the worker stops within one step and the handler yields the
+    previous results with "Stopped" and returns. When Gradio closes the generator (a closed tab)
+    the worker stops too. The paged KV knobs (``kv_budget_mib``, ``block_size``,
+    ``prefix_caching``), the handle, the chosen servers (``server_names``, the host's: see
+    ``engine.page.run.host_servers``, which runs them last) and the precision (``dtype``,
+    ``batch_invariant``) come after the state, so the /run API's earlier inputs keep their places.
+
+    Bad input (a bad table, slot count or knob, a KV budget too small for a request, or a
+    ``ValueError`` an engine raises mid-run) is not an error of the event: the status line says
+    why the run did not happen (a warning toast too), the earlier results stay on the page (put
+    back, mid-run), and the handler returns. A Gradio error would lay its badge over that status
+    line.
+
+    Raises:
+        gr.Error: the model cannot load, or the run passed ``CBP_RUN_TIME_LIMIT_S`` (after
+            putting the ``previous`` run's results back).
+    """
+    handle = handle if handle is not None else RunHandle()
+    why_not = handle.start()
+    if why_not == "repeat":  # a second press while this session's run went on: as Gradio did
+        yield run_outputs()
+        return
+    if why_not == "stopped":
+        yield _stopped_outputs(previous, STOPPED_IN_QUEUE, x_axis)
+        return
+    try:
+        knobs = (chat_template, check_reference, kv_mode, token_budget, policy, compare_hf)
+        knobs = (*knobs, arrival_rate, kv_budget_mib, block_size, prefix_caching, server_names)
+        yield from _run(rows, num_slots, (*knobs, dtype, batch_invariant), x_axis, previous, handle)
+    finally:
+        handle.finish()
+
+
+def _run(rows, num_slots, knobs: tuple, x_axis: str, previous, handle: RunHandle):
+    """``run_event``'s work once the run may start: check the input, run, stream, finish."""
+    try:
+        options = options_from_page(*knobs)
+        model = _user_errors(get_model)  # the host's problem, not the input's: a gr.Error
+        model = model.in_dtype(options.dtype)  # a dtype the device cannot run: refused here
+        requests, config = prepare(model, rows, num_slots, options)
+    except ValueError as exc:
+        yield _refused_outputs(previous, exc)
+        return
+    control = RunControl(_user_errors(run_time_limit_s))
+    handle.attach(control)
+    started_s = time.monotonic()
+
+    def work(watch: Callable) -> RunState:  # the status line shows progress, not a Gradio bar
+        return run_engines(model, requests, config, options, lambda *a, **k: None, watch)
+
+    views = progress_view.LiveTimelines()  # updates and redraws paced within a CPU budget
+    with LiveRun(work, control) as live:
+        while not live.wait(views.wait_s(PROGRESS_INTERVAL_S)):
+            elapsed_s = time.monotonic() - started_s
+            yield views.outputs(
+                live.progress(), requests, config.num_slots, x_axis, elapsed_s, control.time_limit_s
+            )
+            views.resumed()
+    yield from _finished_outputs(live, previous, x_axis)
+
+
+def _finished_outputs(live: LiveRun, previous: RunState | None, x_axis: str) -> Iterator[tuple]:
+    """The ended run's results; a stopped or refused run puts ``previous`` back and says why.
+
+    Raises:
+        gr.Error: the run passed its time limit.
+    """
+    try:
+        state = live.result()
+    except RunCancelled:  # Stop (a closed tab ends at a yield: nobody sees this)
+        yield _stopped_outputs(previous, STOPPED, x_axis)
+        return
+    except (RunStopped, ValueError) as exc:  # the time limit, or bad input only engines could see
+        reason = progress_view.plain_markdown(str(exc))
+        yield _stopped_outputs(previous, f"**Stopped:** {reason}", x_axis)
+        if isinstance(exc, RunStopped):
+            raise gr.Error(f"Run stopped: {exc}", print_exception=False) from None
+        gr.Warning(str(exc), title="Run stopped")  # bad input: told, as before the run
+        return
+    for name, message in state.server_failures.items():  # the rest is shown: a toast each
+        gr.Warning(message, title=f"{name}: no results")
+    yield render(state, x_axis).as_outputs()
+
+
+def run_pressed(handle: RunHandle | None) -> None:
+    """Run pressed (unqueued, before the run is sent or deferred): see ``RunHandle.press``."""
+    if handle is not None:
+        handle.press()
+
+
+def stop_event(handle: RunHandle | None) -> str:
+    """The Stop button's handler (it waits for no other event). Stops this session's run through
+    its ``RunControl`` (the run then shows "Stopped" itself), or marks a run still waiting in the
+    queue; with nothing to stop, says so in a toast. Returns what there was: ``"running"``,
+    ``"queued"`` (the page then takes the run out of the queue) or ``"idle"``."""
+    what = handle.stop() if handle is not None else IDLE
+    if what == IDLE:
+        gr.Info("Nothing is running, so there is nothing to stop.", title="Stop")
+    return what
+
+
+def left_queue_event(handle: RunHandle | None, previous: RunState | None, x_axis: str) -> tuple:
+    """The queued run was taken out of the queue (after Stop): previous results, and why."""
+    if handle is not None:
+        handle.left_queue()
+    return _stopped_outputs(previous, STOPPED_IN_QUEUE, x_axis)
+
+
+def _refused_outputs(previous: RunState | None, exc: ValueError) -> tuple:
+    """A run refused for bad input: the reason in the status line and a warning toast; every other
+    output, and the previous run's results with it, stays as it is."""
+    gr.Warning(str(exc), title="Not run")
+    previous_status = None if previous is None else run_status.status_line(previous)
+    return progress_view.refused_outputs(str(exc), previous_status)
+
+
+def _stopped_outputs(previous: RunState | None, message: str, x_axis: str) -> tuple:
+    shown = None if previous is None else render(previous, x_axis, downloads=False)
+    return progress_view.stopped_outputs(shown, message)
+
+
+def update_step(state: RunState | None, step_index, x_axis: str) -> tuple:
+    """Redraw the heatmaps, block map and timeline cursors at a step (no model call)."""
+    if state is None:
+        return (gr.skip(),) * 5
+    return step_views(state, int(step_index or 0), x_axis).as_tuple()
+
+
+def _user_errors(fn: Callable):
+    """Call ``fn``; turn a ``ValueError`` (bad user input) into a ``gr.Error`` with its message."""
+    try:
+        return fn()
+    except ValueError as exc:
+        raise gr.Error(str(exc), print_exception=False) from exc
+
+
+def _static_steps(requests: list[Request], config: EngineConfig) -> int:
+    """Estimated static steps: each wave runs to its longest cap."""
+    b = config.num_slots
+    return sum(
+        max(r.max_new_tokens for r in requests[i : i + b]) for i in range(0, len(requests), b)
+    )
+
+
+def _continuous_steps(requests: list[Request], config: EngineConfig) -> int:
+    """Estimated continuous steps: all tokens spread over the slots, at least the longest cap."""
+    caps = [r.max_new_tokens for r in requests]
+    return max(math.ceil(sum(caps) / config.num_slots), max(caps))
+
+
+def _on_step(progress, engine: str, total: int, watch: Callable) -> Callable:
+    """An engine's ``on_step``: report progress, then let ``watch`` see the trace (or stop)."""
+    count = _step_counter(progress, f"{engine} batching", total)
+
+    def on_step(trace, step) -> None:
+        count(trace, step)
+        watch(engine, trace)
+
+    return on_step
+
+
+def _step_counter(progress, desc: str, total: int) -> Callable:
+    """An engine ``on_step`` callback reporting ``(done, total)`` steps to Gradio's progress.
+
+    Reports are at least ``PROGRESS_INTERVAL_S`` apart: a browser redrawing the bar every step
+    competes for the CPU with the engines it is timing.
+    """
+    done, last_s = 0, -math.inf
+
+    def on_step(_trace, _step) -> None:
+        nonlocal done, last_s
+        done += 1
+        if time.perf_counter() - last_s >= PROGRESS_INTERVAL_S:
+            last_s = time.perf_counter()
+            progress((done, max(total, done)), desc=desc)
+
+    return on_step
+
+
+def _reference_counter(progress) -> Callable:
+    """A ``ReferenceCache.outputs`` callback reporting requests done."""
+
+    def on_request(done: int, total: int) -> None:
+        progress((done, total), desc="model.generate reference")
+
+    return on_request

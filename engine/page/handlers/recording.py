@@ -1,0 +1,241 @@
+"""The recorded run: a real run of the default preset, shipped so the page never opens empty.
+
+Before anyone presses Run, the page shows ``assets/recorded_run.json``: both engines' traces and
+the ``model.generate`` reference, recorded by the real engines on the embedded model with the
+page's default settings, and labelled with where and when (device, dtype, date). Every chart,
+table and the step slider read it like any run (``engine.page.views.run_view``).
+
+The file is compact JSON: each trace's requests and steps are lists of values in a fixed field
+order, times rounded to 0.1 ms, and a step's block tables are written only when they changed::
+
+    step: [start_s, end_s, wave, forward_s, kv_blocks_used, preempted, seqs, block_tables | 0]
+    seq:  [request_id, slot, kind (0 prefill, 1 decode, 2 idle), new, cached, padding]
+
+Re-record it with ``python -m engine.page.handlers.recording`` (about a minute on a 2-core CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.model import openmp_env
+from engine.trace import DECODE, IDLE, PREFILL, RequestRecord, ScheduledSeq, StepRecord, Trace
+
+RECORDING_PATH = Path(__file__).resolve().parents[3] / "assets" / "recorded_run.json"
+FORMAT = 1
+KINDS = (PREFILL, DECODE, IDLE)
+REQUEST_FIELDS = (
+    "request_id",
+    "prompt",
+    "max_new_tokens",
+    "num_prompt_tokens",
+    "arrival_s",
+    "slot",
+    "admit_s",
+    "first_token_s",
+    "finish_s",
+    "output_token_ids",
+    "output_text",
+    "finish_reason",
+    "num_preemptions",
+)
+SAME = 0  # in a step's block-tables place: the same tables as the step before
+
+
+@dataclass(frozen=True)
+class Recording:
+    """Where, when and how the shipped run was recorded."""
+
+    preset: str
+    num_slots: int
+    kv_mode: str
+    model: str
+    device_label: str  # "CPU · float32", as the page's model line says it
+    machine: str  # e.g. "2-core AMD EPYC 7B13"
+    date: str  # ISO date
+    load_average: float | None = None  # the machine's 1-minute load average while recording
+    num_cpus: int | None = None
+
+    def label(self) -> str:
+        """One Markdown sentence for the status line (it says so when the machine was busy)."""
+        busy = ""
+        if self.load_average and self.num_cpus and self.load_average > self.num_cpus:
+            busy = (
+                f", on a busy machine (load average {self.load_average:.0f} on {self.num_cpus} "
+                "cores: its wall times are slow, its step counts are not)"
+            )
+        return (
+            f"**Recorded run** of “{self.preset}” at {self.num_slots} slots on {self.device_label}"
+            f" ({self.machine}, {self.model}), {self.date}{busy}: press Run to measure it here."
+        )
+
+
+def _t(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def encode_trace(trace: Trace) -> dict:
+    """A trace as compact JSON-ready values (see the module docstring)."""
+    steps, tables = [], None
+    for s in trace.steps:
+        seqs = [
+            [q.request_id, q.slot, KINDS.index(q.kind), q.num_new_tokens, q.num_cached_tokens]
+            + ([q.num_padding_tokens] if q.num_padding_tokens else [])
+            for q in s.seqs
+        ]
+        changed = s.block_tables is not None and s.block_tables != tables
+        step = [_t(s.start_s), _t(s.end_s), s.wave, _t(s.forward_s), s.kv_blocks_used]
+        steps.append(step + [s.preempted, seqs, s.block_tables if changed else SAME])
+        tables = s.block_tables
+    requests = [
+        [_t(v) if isinstance(v, float) else v for v in (getattr(r, f) for f in REQUEST_FIELDS)]
+        for r in trace.requests
+    ]
+    head = {"engine": trace.engine, "num_slots": trace.num_slots, "kv_mode": trace.kv_mode}
+    return (
+        head
+        | {"wall_s": _t(trace.wall_s), "info": trace.info, "requests": requests}
+        | {"steps": steps}
+    )
+
+
+def decode_trace(data: dict) -> Trace:
+    """The ``Trace`` that ``encode_trace`` wrote (block tables keyed by int request id again)."""
+    steps, tables = [], None
+    for index, raw in enumerate(data["steps"]):
+        start_s, end_s, wave, forward_s, blocks_used, preempted, seqs, raw_tables = raw
+        if raw_tables != SAME:
+            tables = {int(rid): list(t) for rid, t in raw_tables.items()}
+        scheduled = [
+            ScheduledSeq(rid, slot, KINDS[kind], new, cached, *pad)
+            for rid, slot, kind, new, cached, *pad in seqs
+        ]
+        record = StepRecord(index, start_s, end_s, scheduled, wave, forward_s, list(preempted))
+        record.kv_blocks_used = blocks_used
+        record.block_tables = None if tables is None else {k: list(v) for k, v in tables.items()}
+        steps.append(record)
+    fields = [dict(zip(REQUEST_FIELDS, r, strict=True)) for r in data["requests"]]
+    requests = [RequestRecord(**f) for f in fields]
+    return Trace(
+        engine=data["engine"],
+        num_slots=data["num_slots"],
+        steps=steps,
+        requests=requests,
+        wall_s=data["wall_s"],
+        kv_mode=data["kv_mode"],
+        info=data["info"],
+    )
+
+
+def load_recording(path: Path = RECORDING_PATH):
+    """The shipped run as a ``run_view.RunState`` whose ``recorded`` names where it was made.
+
+    Raises:
+        ValueError: the file is not a recording this page can read.
+    """
+    from engine.page.views.run_view import RunState  # run_view imports figures: not at import time
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path.name}: not a recorded run of format {FORMAT}.")
+    meta = Recording(**data["recording"])
+    reference = data.get("reference")
+    return RunState(
+        static=decode_trace(data["static"]),
+        continuous=decode_trace(data["continuous"]),
+        reference=None if reference is None else {int(k): v for k, v in reference.items()},
+        recorded=meta,
+    )
+
+
+def opening_result(path: Path = RECORDING_PATH):
+    """What the page shows before its first Run: the recording rendered (no download files), or
+    None when no recording ships (the page then opens empty)."""
+    from engine.page.views.run_view import render
+
+    if not path.exists():
+        return None
+    return render(load_recording(path), downloads=False)
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average (runnable threads), where the system tells it."""
+    try:
+        return round(os.getloadavg()[0], 1)
+    except OSError:
+        return None
+
+
+def _machine() -> str:
+    """The CPU's model name and core count, or the GPU's name, for the label."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()}-core {name}"
+
+
+def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
+    """Run the default preset with the page's default settings on the embedded model and write
+    the recording to ``path``. Slow: it runs both engines and the reference for real."""
+    from engine.page.handlers import playground
+    from engine.page.inputs import page_io, presets
+    from engine.page.run import shared_model
+    from engine.page.run.engine_thread import ENGINE_THREAD
+    from engine.page.run.run_options import RunOptions, prepare
+
+    model = shared_model.load_shared_model(device=device)
+    load_before = _load_average()
+    rows, chat_template, _ = presets.apply_preset(presets.DEFAULT_PRESET)
+    options = RunOptions(chat_template=chat_template, check_reference=True, kv_mode="paged")
+    requests, config = prepare(model, rows, page_io.DEFAULT_SLOTS, options)
+    # On the page's engine thread, where the model was loaded: one OpenMP pool, as in the page.
+    no_progress = lambda *a, **k: None  # noqa: E731
+    run = playground.run_engines
+    state = ENGINE_THREAD.call(run, model, requests, config, options, no_progress)
+    meta = Recording(
+        preset=presets.DEFAULT_PRESET,
+        num_slots=config.num_slots,
+        kv_mode=config.kv_mode,
+        model=model.loaded.name,
+        device_label=model.loaded.device_label,
+        machine=_machine() if model.loaded.device.type == "cpu" else model.loaded.device_label,
+        date=datetime.date.today().isoformat(),
+        load_average=None if load_before is None else (load_before + _load_average()) / 2,
+        num_cpus=os.cpu_count(),
+    )
+    data = {
+        "format": FORMAT,
+        "recording": meta.__dict__,
+        "static": encode_trace(state.static),
+        "continuous": encode_trace(state.continuous),
+        "reference": state.reference,
+    }
+    path.write_text(json.dumps(data, separators=(",", ":"), ensure_ascii=False) + "\n", "utf-8")
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m engine.page.handlers.recording [--out PATH] [--device cpu]``: re-record the
+    run."""
+    parser = argparse.ArgumentParser(description="Re-record the page's shipped run.")
+    parser.add_argument("--out", type=Path, default=RECORDING_PATH)
+    parser.add_argument("--device", default="cpu", help="cpu (what the label says), cuda, mps")
+    args = parser.parse_args(argv)
+    openmp_env.configure()  # as app.py does: the engines run in worker threads, as in the page
+    written = record(args.out, args.device)
+    print(f"wrote {written} ({written.stat().st_size / 1024:.0f} KiB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Starting the page: ``app.py``'s command line, the model load, and the server.
+
+``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--port 7860]
+[--host 127.0.0.1] [--share] [--vllm [--vllm-eager] [--vllm-max-num-seqs N]
+[--vllm-max-model-len TOKENS]]
+[--endpoint NAME=URL ...]``. The model loads before the page is served, so a bad model or device
+stops the start with one line instead of failing the first Run.
+
+The host's servers (``engine.page.run.host_servers``): ``--vllm`` starts a local vLLM on the loaded
+model (``make vllm`` builds its environment) in the background while the page serves, and stops it
+with the app (also on SIGTERM); ``--endpoint`` and ``CBP_ENDPOINTS`` name OpenAI-compatible
+servers elsewhere. The page offers exactly these, by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import gradio as gr
+
+from engine.page.host import quiet_queue, share
+from engine.page.inputs import page_io
+from engine.page.panels import page_panels
+from engine.page.run import host_servers, shared_model
+from engine.page.views import tables
+from engine.peers.vllm_server import MAX_MODEL_LEN
+
+ASSETS = Path(__file__).resolve().parents[3] / "assets"
+PAGE_CSS = ASSETS / "page.css"
+PAGE_JS = ASSETS / "page.js"
+
+
+def page_assets() -> dict:
+    """``launch()`` keywords for the page's own CSS and script (``assets/page.css``, ``page.js``),
+    with the metrics columns' hover definitions handed to the script."""
+    help_js = f"window.CBP_METRIC_HELP = {json.dumps(tables.METRIC_HELP)};"
+    script = PAGE_JS.read_text(encoding="utf-8")
+    return {"css_paths": [PAGE_CSS], "head": f"<script>{help_js}\n{script}</script>"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line flags."""
+    parser = argparse.ArgumentParser(description=page_panels.TITLE)
+    parser.add_argument("--model", default="embedded", help="embedded, a local folder or hub id")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
+    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument(
+        "--share",
+        action="store_true",
+        help="also print a public gradio.live link (waits a few seconds at most)",
+    )
+    _server_flags(parser)
+    return parser.parse_args(argv)
+
+
+def _server_flags(parser: argparse.ArgumentParser) -> None:
+    """The host's servers: a local vLLM and OpenAI-compatible endpoints (never a visitor's)."""
+    parser.add_argument(
+        "--vllm",
+        action="store_true",
+        help="start vLLM (from .venv-vllm: make vllm) on the loaded model with the page",
+    )
+    parser.add_argument(
+        "--vllm-eager",
+        action="store_true",
+        help="run that vLLM without torch.compile: it starts much sooner, its steps are slower",
+    )
+    parser.add_argument(
+        "--vllm-max-num-seqs",
+        type=int,
+        default=page_io.DEFAULT_SLOTS,
+        metavar="N",
+        help="that vLLM's --max-num-seqs, fixed at start (default: the page's default slots)",
+    )
+    parser.add_argument(
+        "--vllm-max-model-len",
+        type=int,
+        default=MAX_MODEL_LEN,
+        metavar="TOKENS",
+        help="that vLLM's --max-model-len: its longest request, prompt and output (default "
+        f"{MAX_MODEL_LEN}); its KV cache is sized for it",
+    )
+    parser.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="an OpenAI-compatible server the page may run on, by name (repeat for more; "
+        "CBP_ENDPOINTS=name=url,... adds more)",
+    )
+
+
+def configured_servers(args: argparse.Namespace, loaded) -> host_servers.PageServers | None:
+    """The servers the command line and ``CBP_ENDPOINTS`` give the page; None without any.
+
+    Raises:
+        ValueError: a bad endpoint or name, or ``--vllm`` without ``.venv-vllm``.
+    """
+    found = host_servers.configure(
+        loaded,
+        args.endpoint,
+        vllm=args.vllm,
+        vllm_eager=args.vllm_eager,
+        vllm_max_num_seqs=args.vllm_max_num_seqs,
+        vllm_max_model_len=args.vllm_max_model_len,
+        log=lambda line: print(line, flush=True),
+    )
+    return found if found.names else None
+
+
+def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -> None:
+    """Load the model (so problems show at start), then serve ``build_demo(label, server_names,
+    dtypes, dtype)``'s page: the host's servers (started in the background and stopped when the
+    page stops), the precisions offered and the loaded one.
+
+    Raises:
+        SystemExit: the model cannot load or a server flag is wrong (one line a person can act
+            on).
+    """
+    args = parse_args(argv)
+    try:
+        shared = shared_model.load_shared_model(args.model, args.device, args.dtype)
+        shared.servers = configured_servers(args, shared.loaded)
+    except ValueError as exc:  # ModelLoadError included: one line a person can act on
+        raise SystemExit(f"error: {exc}") from None
+    print(f"{shared.label} (loaded in {shared.loaded.load_s:.1f} s)", flush=True)
+    if shared.servers is not None:
+        # SIGTERM (a service manager, a test) exits through ``finally``: the servers stop too
+        signal.signal(signal.SIGTERM, _exit)
+        shared.servers.start()  # in the background: the page serves while vLLM starts
+    try:
+        _launch(build_demo, shared, args)
+    finally:
+        if shared.servers is not None:
+            shared.servers.close()
+
+
+def _exit(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _launch(build_demo: Callable, shared: shared_model.SharedModel, args) -> None:
+    """Build and serve the page until it is stopped."""
+    names = shared.servers.names if shared.servers is not None else []
+    demo = build_demo(shared.label, names, shared.dtype_choices(), shared.dtype_name)
+    demo.queue()
+    quiet_queue.quiet(demo)  # no thousand wake-ups a second on the engine's cores
+    # quiet: Gradio's own launch lines would say "set share=True" even with --share.
+    demo.launch(
+        server_name=args.host,
+        server_port=args.port,
+        prevent_thread_lock=True,
+        quiet=True,
+        **page_assets(),
+    )
+    print(f"* Running on local URL: {demo.local_url}", flush=True)
+    if args.share:
+        share.open_share_link(demo)  # bounded wait; the page serves locally meanwhile
+    demo.block_thread()

@@ -1,0 +1,12 @@
+"""Inputs: what a person brings to the page, and what a link hands on.
+
+Ready-made workloads (``presets``), workload uploads and downloads, and share links
+(``page_io``). May import the core and ``engine.page.figures``.
+
+Nothing is imported here: import the modules by name. ``__all__`` is the room's face.
+"""
+
+__all__ = [
+    "presets",
+    "page_io",
+]

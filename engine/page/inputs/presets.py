@@ -1,0 +1,82 @@
+"""Presets: ready-made workloads from assets/presets.json, each with a paragraph on what it shows.
+
+A preset is ``{"slug": str, "chat_template": bool, "slots": int, "description": str, "check": {...},
+"requests": [[prompt, cap], ...]}``, where a request may add its ``arrival_s`` and then its
+sampling settings (``temperature``, ``top_k``, ``top_p``, ``seed``: the table's columns); instead
+of ``requests`` a preset may name a shipped workload file, ``"workload": "workloads/NAME.jsonl"``
+(under ``assets/``), so the page and the bench run the same requests. The slug names it in links
+(``?preset=seed&slots=3``). ``slots`` is the slot count its description
+speaks of (choosing the preset sets it), and ``check`` states the description's claim in numbers,
+which ``tests/page/test_presets_real.py`` checks on the embedded model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.workloads.workload import TABLE_COLUMNS, load_jsonl
+from engine.workloads.workload_files import table_rows
+
+ASSETS = Path(__file__).resolve().parents[3] / "assets"
+PRESETS_PATH = ASSETS / "presets.json"
+DEFAULT_PRESET = "Article's six requests"
+
+
+def load_presets(path: Path = PRESETS_PATH) -> dict[str, dict]:
+    """Presets by name: ``{"chat_template": bool, "requests": [[prompt, cap], ...]}``."""
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def apply_preset(name: str) -> tuple[list[list], bool, str]:
+    """The table rows (``engine.workloads.workload.TABLE_COLUMNS``: prompt, cap, arrival_s and the
+    four sampling settings), chat-template setting and explanation.
+
+    A request without an arrival time arrives at t = 0; one without sampling settings is greedy
+    (its four cells empty).
+    """
+    preset = load_presets()[name]
+    if "workload" in preset:
+        rows = table_rows(load_jsonl(ASSETS / preset["workload"]), sampling_columns=True)
+    else:
+        rows = [table_row(row) for row in preset["requests"]]
+    return rows, bool(preset["chat_template"]), preset.get("description", "")
+
+
+def choose_preset(name: str) -> tuple[list[list], bool, str, int]:
+    """``apply_preset`` plus the slot count the preset's explanation speaks of (its ``slots``)."""
+    rows, chat_template, text = apply_preset(name)
+    return rows, chat_template, text, preset_slots(name)
+
+
+def preset_slots(name: str) -> int:
+    """The slots a preset is meant for (its text names them); 3 if it names none."""
+    return int(load_presets()[name].get("slots", 3))
+
+
+def table_row(values: list) -> list:
+    """A preset's request ``[prompt, cap, arrival_s?, sampling...?]`` as a full table row:
+    arrival 0 and empty (greedy) sampling cells where it has none."""
+    width = len(TABLE_COLUMNS)
+    row = list(values)[:width]
+    if len(row) < 3:
+        row.append(0)
+    return row + [None] * (width - len(row))
+
+
+EDITED_TEXT = "Your own requests: edited from a preset, whose explanation no longer applies."
+
+
+def table_edited() -> tuple[None, str]:
+    """The page's answer to a user's edit of the request table: no preset is selected any more,
+    and the preset's explanation gives way to ``EDITED_TEXT`` (it would describe other requests).
+    """
+    return None, EDITED_TEXT
+
+
+def by_slug(slug: str) -> str | None:
+    """The preset name for a link's ``preset=`` value (a slug or the name itself), else None."""
+    for name, preset in load_presets().items():
+        if slug in (preset.get("slug"), name):
+            return name
+    return None

@@ -1,0 +1,15 @@
+"""Panels: the page's components, one builder per panel, laid out by ``app.py``.
+
+Header, requests and downloads (``page_panels``), the settings (``settings_panel``), the results
+(``results_panel``), the host's servers (``server_panels``) and the ``tour``. May import the core
+and every page room below it.
+
+Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
+``server_panels``, ``tour`` serve it from inside.
+"""
+
+__all__ = [
+    "page_panels",
+    "settings_panel",
+    "results_panel",
+]

@@ -1,0 +1,169 @@
+"""The results panel: the status line and every view of a run, below the request editor.
+
+Timelines, the step slider, both attention masks, the block map, the metrics and outputs tables,
+the serving charts, the host's servers' line and charts, and "Where outputs differ"
+(``DivergencePanel``). It opens on the shipped recording (a ``RunResult``) until a Run;
+``engine.page.panels.page_panels.run_outputs`` lists what Run writes into it. Element ids
+(``elem_id``) are a contract: the browser tests and users' scripts find components by them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from engine.page.panels import server_panels
+from engine.page.views import divergence_view, run_view, tables
+from engine.page.views.run_view import RunResult
+
+
+@dataclass
+class ResultsPanel:
+    """The status line and every view of a run: timelines, masks, block map, tables, charts."""
+
+    status_markdown: gr.Markdown
+    x_axis_radio: gr.Radio
+    static_timeline_plot: gr.Plot
+    continuous_timeline_plot: gr.Plot
+    step_slider: gr.Slider
+    packed_mask_plot: gr.Plot
+    static_mask_plot: gr.Plot
+    block_map_plot: gr.Plot
+    metrics_table: gr.Dataframe
+    latency_cdf_plot: gr.Plot
+    step_usage_plot: gr.Plot
+    outputs_table: gr.Dataframe
+    divergence: DivergencePanel
+    servers_markdown: gr.Markdown | None = None  # the host's servers: starting, ready, failed
+    server_timeline_plot: gr.Plot | None = None  # hidden without servers
+    server_chart_plot: gr.Plot | None = None
+
+    def step_views(self) -> list:
+        """The views a step or an x-axis change redraws, in ``run_view.STEP_VIEW_OUTPUTS`` order."""
+        return [
+            self.static_timeline_plot,
+            self.continuous_timeline_plot,
+            self.packed_mask_plot,
+            self.static_mask_plot,
+            self.block_map_plot,
+        ]
+
+
+def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) -> ResultsPanel:
+    """The results, below the editor, showing ``shown`` (the shipped recording) until a Run;
+    with the host's servers (``server_names``), their line and charts too."""
+    status = gr.Markdown(
+        shown.status if shown is not None else "Press Run to compare the two engines.",
+        elem_id="status_markdown",
+    )
+    servers_line = server_panels.servers_line(list(server_names))
+    x_axis = gr.Radio(
+        [("seconds", "time"), ("step index", "step")],
+        value="time",
+        label="Timeline x axis",
+        elem_id="x_axis_radio",
+    )
+    step_views = _step_views(shown)
+    metrics = gr.Dataframe(
+        value=shown.metrics if shown is not None else None,
+        headers=tables.METRICS_HEADERS,
+        interactive=False,
+        wrap=True,
+        label="Metrics (hover a column's name for what it counts)",
+        column_widths=tables.METRICS_COLUMN_WIDTHS,
+        elem_id="metrics_table",
+    )
+    gr.Markdown(tables.METRICS_NOTE, elem_id="metrics_note")
+    with gr.Row():
+        latency_cdf = _plot("latency_cdf_plot", shown and shown.latency_cdf)
+        step_usage = _plot("step_usage_plot", shown and shown.step_usage)
+    server_plots = server_panels.server_plots(shown, list(server_names))
+    engines = list(shown.state.traces()) if shown is not None else ["static", "continuous"]
+    outputs = gr.Dataframe(
+        value=shown.outputs if shown is not None else None,
+        headers=tables.outputs_headers(engines),
+        datatype="str",  # plain text: model output is never rendered as HTML or Markdown
+        interactive=False,
+        wrap=True,
+        label="Outputs",
+        column_widths=run_view.output_column_widths(engines),
+        elem_id="outputs_table",
+    )
+    return ResultsPanel(
+        status,
+        x_axis,
+        *step_views,
+        metrics,
+        latency_cdf,
+        step_usage,
+        outputs,
+        divergence_panel(shown),
+        servers_line,
+        *server_plots,
+    )
+
+
+@dataclass
+class DivergencePanel:
+    """For a request whose output differs: which one, where it split and why, both runs' top 5."""
+
+    dropdown: gr.Dropdown
+    markdown: gr.Markdown
+    textbox: gr.Textbox  # the model's text: the common prefix and both next tokens, plain
+    table: gr.Dataframe
+
+    def views(self) -> list:
+        """What a pick redraws (``divergence_view.divergence_event``'s order)."""
+        return [self.markdown, self.textbox, self.table]
+
+
+def divergence_panel(shown: RunResult | None) -> DivergencePanel:
+    """A closed accordion under the outputs: pick an (engine, request) that differs."""
+    picks, value, text, prefix, rows = divergence_view.first_view(shown and shown.state)
+    with gr.Accordion("Where outputs differ", open=False, elem_id="divergence_accordion"):
+        dropdown = gr.Dropdown(
+            picks, value=value, label="Request and engine", elem_id="divergence_dropdown"
+        )
+        markdown = gr.Markdown(text, elem_id="divergence_markdown")
+        textbox = gr.Textbox(
+            prefix,
+            label="Common prefix, then each run's next token",
+            lines=4,
+            interactive=False,
+            elem_id="divergence_textbox",
+        )
+        table = gr.Dataframe(
+            value=rows,
+            headers=divergence_view.TOP_HEADERS,
+            datatype="str",
+            interactive=False,
+            label="Top 5 at the split, in both runs",
+            elem_id="divergence_table",
+        )
+    return DivergencePanel(dropdown, markdown, textbox, table)
+
+
+def _step_views(shown: RunResult | None) -> tuple:
+    """Both timelines, the step slider, both masks and the block map, in ``ResultsPanel`` order."""
+    v = shown.views if shown is not None else None
+    with gr.Row():
+        static_timeline = _plot("static_timeline_plot", v and v.static_timeline)
+        continuous_timeline = _plot("continuous_timeline_plot", v and v.continuous_timeline)
+    step_slider = gr.Slider(
+        0,
+        max(shown.state.num_steps - 1, 1) if shown is not None else 1,
+        value=shown.step_index if shown is not None else 0,
+        step=1,
+        label=run_view.slider_label(shown.state) if shown else "Step (one forward pass)",
+        elem_id="step_slider",
+    )
+    with gr.Row():
+        packed_mask = _plot("packed_mask_plot", v and v.packed_mask)
+        static_mask = _plot("static_mask_plot", v and v.static_mask)
+    block_map = _plot("block_map_plot", v and v.block_map)
+    return static_timeline, continuous_timeline, step_slider, packed_mask, static_mask, block_map
+
+
+def _plot(elem_id: str, figure) -> gr.Plot:
+    return gr.Plot(figure, show_label=False, elem_id=elem_id)

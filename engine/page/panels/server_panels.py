@@ -1,0 +1,69 @@
+"""Panel builders for the host's servers: the servers to run, the servers line, their charts.
+
+Built by ``engine.page.panels.settings_panel`` and ``engine.page.panels.results_panel`` only when
+the host configured servers (``app.py --vllm``, ``--endpoint NAME=URL``, ``CBP_ENDPOINTS``); without
+any, the checkboxes and the servers line are left out and the two charts hidden. The choices are the
+host's server names: there is no box to type an address into (``engine.page.run.host_servers``).
+
+The servers line under the status line refreshes itself: every second while a server starts
+(vLLM on a CPU takes minutes) and every few seconds after, so a server that died or restarted
+shows up too.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from engine.page.run import shared_model
+from engine.page.views import server_view
+
+STARTING_PERIOD_S = 1.0
+STEADY_PERIOD_S = 5.0
+
+
+def servers_checkbox(server_names: list[str]) -> gr.CheckboxGroup:
+    """The host's servers to run too, all ticked; hidden when there are none."""
+    return gr.CheckboxGroup(
+        server_names,
+        value=list(server_names),
+        label="Also run on the host's servers (after our engines, same requests)",
+        info="Set up by whoever runs this page (app.py --vllm, --endpoint NAME=URL).",
+        visible=bool(server_names),
+        elem_id="servers_checkbox",
+    )
+
+
+def servers_line(server_names: list[str]) -> gr.Markdown:
+    """The servers line, with the timer that keeps it fresh (none without servers)."""
+    line = gr.Markdown(
+        refresh_text() if server_names else "",
+        visible=bool(server_names),
+        elem_id="servers_markdown",
+    )
+    if server_names:
+        timer = gr.Timer(STARTING_PERIOD_S)
+        timer.tick(refresh, None, [line, timer], queue=False, api_visibility="undocumented")
+    return line
+
+
+def refresh_text() -> str:
+    return server_view.servers_markdown(shared_model.page_servers())
+
+
+def refresh() -> tuple[str, gr.Timer]:
+    """The servers line now, and the timer's next period (fast while a server starts)."""
+    servers = shared_model.page_servers()
+    starting = servers is not None and servers.starting()
+    period_s = STARTING_PERIOD_S if starting else STEADY_PERIOD_S
+    return server_view.servers_markdown(servers), gr.Timer(period_s)
+
+
+def server_plots(shown, server_names: list[str]) -> tuple[gr.Plot, gr.Plot]:
+    """The servers' request lanes and their /metrics chart, one above the other (both hidden
+    without servers)."""
+    with gr.Column(visible=bool(server_names)):
+        timeline = gr.Plot(
+            shown and shown.server_timeline, show_label=False, elem_id="server_timeline_plot"
+        )
+        chart = gr.Plot(shown and shown.server_chart, show_label=False, elem_id="server_chart_plot")
+    return timeline, chart

@@ -1,0 +1,171 @@
+"""The settings panel: preset, slots, checks, the engine knobs, precision, Run and Stop, the link.
+
+``app.py`` builds it in the right-hand column beside the request editor and wires its components'
+events (``engine.page.panels.page_panels.run_inputs`` lists what Run reads from it). It is its own
+module because it is the page's largest panel: the KV cache, token budget, arrival and precision
+knobs each carry labels and help text. Element ids (``elem_id``) are a contract: the browser tests
+and users' scripts find components by them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from engine.page.inputs import page_io, presets
+from engine.page.panels import server_panels
+
+KV_MODES = [
+    ("paged: blocks from a memory budget, preemption (vLLM)", "paged"),
+    ("in place, per slot", "slots"),
+    ("article's concatenation (slow, O(n²))", "concat"),
+]
+POLICIES = [("decode first", "decode_first"), ("prefill first", "prefill_first")]
+PREFIX_CACHING_INFO = (
+    "A prompt's full blocks that an earlier request computed are shared, not prefilled again "
+    "(vLLM's automatic prefix caching); the block map shows shared blocks and the mask the keys "
+    "taken from the cache. Paged KV mode only. The static engine cannot share: its waves "
+    "prefill every prompt in full."
+)
+
+
+@dataclass
+class SettingsPanel:
+    """Preset, slots, checks, the engine settings, Run and Stop, and the setup link."""
+
+    preset_dropdown: gr.Dropdown
+    slots_slider: gr.Slider
+    chat_checkbox: gr.Checkbox
+    reference_checkbox: gr.Checkbox
+    kv_mode_dropdown: gr.Dropdown
+    kv_budget_number: gr.Number
+    block_size_number: gr.Number
+    prefix_caching_checkbox: gr.Checkbox
+    token_budget_number: gr.Number
+    policy_radio: gr.Radio
+    arrival_rate_number: gr.Number
+    compare_hf_checkbox: gr.Checkbox
+    dtype_dropdown: gr.Dropdown
+    batch_invariant_checkbox: gr.Checkbox
+    precision_markdown: gr.Markdown  # what batch-invariant mode does, and where it does not reach
+    run_button: gr.Button
+    stop_button: gr.Button
+    link_button: gr.Button
+    link_textbox: gr.Textbox
+    stop_reply_textbox: gr.Textbox  # hidden: what Stop found ("running", "queued", "idle")
+    leave_queue_button: gr.Button  # hidden: clicked by the page to take a queued run out
+    servers_checkbox: gr.CheckboxGroup | None = None  # the host's servers (hidden if none)
+
+
+def settings_panel(
+    chat_template: bool,
+    server_names: list[str] = (),
+    dtypes: list[str] = ("float32", "bfloat16"),
+    dtype: str = "float32",
+) -> SettingsPanel:
+    """The right-hand column of settings; the engine knobs sit in a closed accordion, the
+    precision (one of ``dtypes``, ``dtype`` first chosen) and batch-invariant mode last in it."""
+    preset_dropdown = gr.Dropdown(
+        choices=list(presets.load_presets()),
+        value=presets.DEFAULT_PRESET,
+        label="Preset",
+        elem_id="preset_dropdown",
+    )
+    slots_slider = gr.Slider(
+        1,
+        page_io.MAX_SLOTS,
+        value=page_io.DEFAULT_SLOTS,
+        step=1,
+        label="Slots (B)",
+        elem_id="slots_slider",
+    )
+    chat_checkbox = gr.Checkbox(
+        value=chat_template, label="Use chat template", elem_id="chat_checkbox"
+    )
+    reference_checkbox = gr.Checkbox(
+        value=True, label="Check outputs against model.generate", elem_id="reference_checkbox"
+    )
+    servers = server_panels.servers_checkbox(list(server_names))
+    with gr.Accordion("Engine settings", open=False):
+        knobs = _engine_knobs()
+        precision = _precision_knobs(dtypes, dtype)
+    with gr.Row():
+        run_button = gr.Button("Run", variant="primary", elem_id="run_button")
+        stop_button = gr.Button("Stop", variant="stop", elem_id="stop_button")
+    link_button = gr.Button("Copy link to this setup", size="sm", elem_id="link_button")
+    link_textbox = gr.Textbox(
+        label="Link: preset, slots and step (an edited table is not in it)",
+        interactive=False,
+        buttons=["copy"],
+        elem_id="link_textbox",
+    )
+    stop_reply = gr.Textbox(visible="hidden", elem_id="stop_reply_textbox")
+    leave_queue = gr.Button("Leave the queue", visible="hidden", elem_id="leave_queue_button")
+    return SettingsPanel(
+        preset_dropdown,
+        slots_slider,
+        chat_checkbox,
+        reference_checkbox,
+        *knobs,
+        *precision,
+        run_button,
+        stop_button,
+        link_button,
+        link_textbox,
+        stop_reply,
+        leave_queue,
+        servers_checkbox=servers,
+    )
+
+
+def _precision_knobs(dtypes: list[str], dtype: str) -> tuple:
+    """The dtype, the batch-invariant toggle and its note, in ``SettingsPanel`` field order."""
+    with gr.Row():
+        dtype_dropdown = gr.Dropdown(
+            dtypes, value=dtype, label="Precision (dtype)", elem_id="dtype_dropdown"
+        )
+        invariant = gr.Checkbox(
+            value=False, label="Batch-invariant mode", elem_id="batch_invariant_checkbox"
+        )
+    return dtype_dropdown, invariant, gr.Markdown("", elem_id="precision_markdown")
+
+
+def _engine_knobs() -> tuple:
+    """The engine settings accordion's components, in ``SettingsPanel`` field order."""
+    kv_mode = gr.Dropdown(
+        KV_MODES, value="paged", label="Continuous engine's KV cache", elem_id="kv_mode_dropdown"
+    )
+    with gr.Row():
+        kv_budget = gr.Number(
+            value=0,
+            label="Paged: KV budget, MiB (0 = room for every slot)",
+            elem_id="kv_budget_number",
+        )
+        block_size = gr.Number(  # no precision=0: it rounds 7.5 quietly
+            value=16, label="Paged: tokens per block (1 to 256)", elem_id="block_size_number"
+        )
+    prefix_caching = gr.Checkbox(
+        value=False,
+        label="Paged: prefix caching",
+        info=PREFIX_CACHING_INFO,
+        elem_id="prefix_caching_checkbox",
+    )
+    token_budget = gr.Number(
+        value=0, label="Token budget per step (0 = no limit)", elem_id="token_budget_number"
+    )
+    policy = gr.Radio(
+        POLICIES, value="decode_first", label="Who gets the budget first", elem_id="policy_radio"
+    )
+    arrival_rate = gr.Number(
+        value=0,
+        label="Arrivals: Poisson rate, requests/s (0 = the table's arrival_s)",
+        elem_id="arrival_rate_number",
+    )
+    compare_hf = gr.Checkbox(
+        value=False,
+        label="Also run transformers' built-in continuous batching",
+        elem_id="compare_hf_checkbox",
+    )
+    knobs = (kv_mode, kv_budget, block_size, prefix_caching, token_budget, policy, arrival_rate)
+    return (*knobs, compare_hf)

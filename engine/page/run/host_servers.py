@@ -1,0 +1,273 @@
+"""The servers a host gave the page: a local vLLM (``app.py --vllm``) and OpenAI endpoints.
+
+A visitor never types a URL: a public page must not become a proxy to arbitrary addresses. The
+host names its servers at start (``--endpoint NAME=URL``, ``CBP_ENDPOINTS``, ``--vllm``); the
+page offers only those names, as checkboxes, and a run looks its servers up by name. The page
+shows no endpoint's URL either (a host's internal address stays the host's): messages name the
+server instead.
+
+``PageServers`` starts the local vLLM in a background thread as the page starts (minutes on a
+CPU) and probes each endpoint once, keeping each server's state for the page's servers line
+(``engine.page.views.server_view.servers_markdown``): starting (with the server's latest log line),
+ready, or failed and why. ``run_servers`` plays a run's workload at each chosen server after our
+engines: it waits for a server still starting (a local vLLM that died is started again), and a
+server that fails (unreachable, refused a request, died) is reported with its message while the
+other engines' results are kept. Stop and the time limit cancel a server's streams; the results
+of the engines that finished are kept then too.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from engine.peers.endpoints import EndpointError, endpoints_from_env, parse_endpoints
+from engine.peers.openai_engine import OpenAIEngine
+from engine.peers.vllm_server import MAX_MODEL_LEN
+from engine.sequence import Request
+from engine.serving.run_control import WAIT_SLICE_S, RunStopped
+from engine.trace import Trace
+
+BUILT_IN = ("static", "continuous", "hf_continuous", "reference")  # the page's own engine names
+LOCAL_VLLM = "vllm"
+CONFIGURED, STARTING, READY, FAILED = "configured", "starting", "ready", "failed"
+
+
+@dataclass
+class ServerStatus:
+    """Where one server stands, for the servers line."""
+
+    state: str  # CONFIGURED | STARTING | READY | FAILED
+    detail: str = ""  # starting: the server's latest log line; failed: why; ready: its facts
+    since_s: float = 0.0  # time.monotonic() when the state began
+
+
+class PageServers:
+    """The page's server engines by name, and each one's ``ServerStatus``."""
+
+    def __init__(self, engines: dict[str, OpenAIEngine], log: Callable[[str], None] | None = None):
+        """``log(line)`` hears every change of state (``app.py`` prints them)."""
+        self.engines = dict(engines)
+        self._log = log or (lambda _line: None)
+        self._lock = threading.Lock()
+        self._status = {
+            name: ServerStatus(CONFIGURED, since_s=time.monotonic()) for name in engines
+        }
+        self._threads: dict[str, threading.Thread] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.engines)
+
+    def status(self, name: str) -> ServerStatus:
+        with self._lock:
+            return self._status[name]
+
+    def is_local(self, name: str) -> bool:
+        """True for a server this page started (and stops): the local vLLM."""
+        return hasattr(self.engines[name], "server")
+
+    def starting(self) -> bool:
+        """True while some server is still starting or being probed."""
+        with self._lock:
+            return any(s.state in (CONFIGURED, STARTING) for s in self._status.values())
+
+    def start(self) -> PageServers:
+        """Start the local vLLM and probe every endpoint, each in a background thread."""
+        for name in self.engines:
+            self._begin(name)
+        return self
+
+    def check_names(self, names: Iterable[str]) -> list[str]:
+        """The chosen server names, in the host's order.
+
+        Raises:
+            ValueError: a name the host did not configure (the page takes no addresses).
+        """
+        chosen = list(dict.fromkeys(names or ()))
+        unknown = [n for n in chosen if n not in self.engines]
+        if unknown:
+            raise ValueError(
+                f"No server named {', '.join(map(repr, unknown))} is configured on this page; "
+                f"the host configured: {', '.join(self.names) or 'none'}."
+            )
+        return [n for n in self.engines if n in chosen]
+
+    def wait_ready(self, name: str, on_wait: Callable[[str], None]) -> None:
+        """Return once ``name`` can take a run; a local vLLM that is not running is started.
+
+        ``on_wait(note)`` is called every ``WAIT_SLICE_S`` while it starts, with a line saying
+        how far it got; whatever it raises (``RunStopped``) ends the wait (the start goes on).
+
+        Raises:
+            EndpointError: the server failed to start.
+        """
+        if not self.is_local(name):
+            return  # a remote endpoint: its run probes it and says if it cannot be reached
+        thread = self._threads.get(name)
+        if not self.engines[name].server.running and not (thread and thread.is_alive()):
+            thread = self._begin(name)
+        while thread is not None and thread.is_alive():
+            status = self.status(name)
+            line = f": {status.detail}" if status.detail else ""
+            on_wait(f"starting the server ({time.monotonic() - status.since_s:.0f} s){line}")
+            thread.join(WAIT_SLICE_S)
+        status = self.status(name)
+        if status.state == FAILED:
+            raise EndpointError(status.detail)
+
+    def public(self, name: str, message: str) -> str:
+        """``message`` with the server's URL replaced by its name (see the module docstring)."""
+        engine = self.engines[name]
+        if self.is_local(name):
+            return message
+        return message.replace(engine.endpoint.url, f"({name}'s address)")
+
+    def refresh(self, name: str, error: str | None = None) -> None:
+        """After a run on ``name`` (``error``: why it failed): ready if it still answers, else
+        failed (a local vLLM that died is started again by the next run)."""
+        engine = self.engines[name]
+        alive = engine.server.running if self.is_local(name) else engine.probed is not None
+        if alive:
+            self._set(name, READY, "")
+        elif error is not None:
+            self._set(name, FAILED, error)
+
+    def close(self) -> None:
+        """Stop every server this page started."""
+        for name, engine in self.engines.items():
+            if self.is_local(name):
+                engine.close()
+
+    def _begin(self, name: str) -> threading.Thread:
+        with self._lock:
+            thread = self._threads.get(name)
+            if thread is not None and thread.is_alive():
+                return thread
+            thread = threading.Thread(
+                target=self._prepare, args=(name,), name=f"cbp-server-{name}", daemon=True
+            )
+            self._threads[name] = thread
+            self._status[name] = ServerStatus(STARTING, "", time.monotonic())
+        thread.start()
+        return thread
+
+    def _prepare(self, name: str) -> None:
+        """Start (local) or probe (remote) one server; its status says how it went."""
+        engine = self.engines[name]
+        what = "starting vLLM" if self.is_local(name) else "asking what it serves"
+        self._log(f"{name}: {what}")
+        try:
+            if self.is_local(name):
+                engine.server.stop()  # a server that died: its leftovers go first
+                engine.start(lambda line: self._set(name, STARTING, line, keep_since=True))
+            engine.server_info()
+        except Exception as exc:  # noqa: BLE001  (any failure is the server's state to show)
+            message = self.public(name, str(exc) or type(exc).__name__)
+            self._set(name, FAILED, message)
+            self._log(f"{name}: failed: {message}")
+            return
+        self._set(name, READY, "")
+        self._log(f"{name}: ready")
+
+    def _set(self, name: str, state: str, detail: str, keep_since: bool = False) -> None:
+        with self._lock:
+            since_s = self._status[name].since_s if keep_since else time.monotonic()
+            self._status[name] = ServerStatus(state, detail, since_s)
+
+
+def configure(
+    loaded,
+    endpoint_items: Iterable[str] = (),
+    environ=None,
+    *,
+    vllm: bool = False,
+    vllm_eager: bool = False,
+    vllm_max_num_seqs: int = 3,
+    vllm_max_model_len: int = MAX_MODEL_LEN,
+    log: Callable[[str], None] | None = None,
+) -> PageServers:
+    """The page's servers: the local vLLM if ``vllm``, then ``--endpoint`` items, then
+    ``CBP_ENDPOINTS``. The local vLLM runs ``--max-num-seqs vllm_max_num_seqs`` and
+    ``--max-model-len vllm_max_model_len`` (both fixed at start).
+
+    Raises:
+        ValueError: a bad or repeated endpoint, a built-in engine's name, or no ``.venv-vllm``.
+    """
+    engines: dict[str, OpenAIEngine] = {}
+    reserved = set(BUILT_IN)
+    if vllm:
+        from engine.peers.vllm_engine import VllmEngine
+
+        engines[LOCAL_VLLM] = VllmEngine(
+            loaded, vllm_max_num_seqs, enforce_eager=vllm_eager, max_model_len=vllm_max_model_len
+        )
+        reserved.add(LOCAL_VLLM)
+    flagged = parse_endpoints(endpoint_items, reserved)
+    from_env = endpoints_from_env(environ, reserved)
+    for endpoint in from_env:
+        if endpoint.name in {e.name for e in flagged}:
+            raise ValueError(
+                f"CBP_ENDPOINTS entry {endpoint.name!r}: the name is already used by another "
+                "endpoint (--endpoint); pick another name."
+            )
+    for endpoint in [*flagged, *from_env]:
+        engines[endpoint.name] = OpenAIEngine(endpoint, loaded, vllm_max_num_seqs)
+    return PageServers(engines, log)
+
+
+def run_servers(
+    servers: PageServers, names: list[str], requests: list[Request], num_slots: int, watch
+) -> tuple[dict[str, Trace], dict[str, str]]:
+    """Run ``requests`` on each server in ``names``: (traces, failures), both by name.
+
+    ``watch`` is ``LiveRun.watch``. A failure's message says what went wrong for a person; after
+    a stop (Stop, the time limit) the server's streams are cancelled, and the servers not run
+    yet are listed as not run, with the reason.
+    """
+    traces: dict[str, Trace] = {}
+    failures: dict[str, str] = {}
+    for i, name in enumerate(names):
+        streaming = []  # not empty once its streams began
+        try:
+            trace = _run_one(servers, name, requests, functools.partial(watch, name), streaming)
+        except EndpointError as exc:
+            failures[name] = servers.public(name, str(exc))
+            servers.refresh(name, failures[name])
+            continue
+        except RunStopped as exc:
+            done = "Its streams were cancelled." if streaming else "It had not started streaming."
+            failures[name] = f"stopped: {exc} {done}"
+            failures.update(dict.fromkeys(names[i + 1 :], f"not run: {exc}"))
+            break
+        servers.refresh(name)
+        trace.warnings = [*trace.warnings, *_slot_warnings(servers, name, num_slots)]
+        watch(name, trace, done=True)
+        traces[name] = trace
+    return traces, failures
+
+
+def _run_one(servers: PageServers, name: str, requests, watch, streaming: list) -> Trace:
+    """One server's run; ``watch`` is ``LiveRun.watch`` for this server's name. ``streaming``
+    gets an item when the streams begin (a stop after that cancels them)."""
+    watch(None, waiting=True, note="waiting for the server")
+    servers.wait_ready(name, lambda note: watch(None, waiting=True, note=note))
+    streaming.append(True)
+    return servers.engines[name].run(requests, on_wait=lambda t: watch(t, waiting=True))
+
+
+def _slot_warnings(servers: PageServers, name: str, num_slots: int) -> list[str]:
+    """The local vLLM's sequences are fixed at start: say so when the run has other slots."""
+    if not servers.is_local(name):
+        return []
+    max_num_seqs = servers.engines[name].server.settings.max_num_seqs
+    if max_num_seqs == num_slots:
+        return []
+    return [
+        f"{name} runs up to {max_num_seqs} sequences at once (--max-num-seqs, fixed when the page "
+        f"started; app.py --vllm-max-num-seqs changes it), while this run gave our engines "
+        f"{num_slots} slots: the comparison is not like for like."
+    ]

@@ -1,0 +1,168 @@
+"""The page's engine knobs: parse them, then validate and tokenize the table into requests.
+
+Gradio hands numbers over as numbers or strings (an edited cell, an API client), so every knob is
+parsed here, and every bad value raises ``ValueError`` with a message the page shows as is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.batching.continuous import ContinuousEngine
+from engine.config import EngineConfig
+from engine.serving.run_control import run_time_limit_s
+from engine.workloads.workload import (
+    check_arrivals,
+    parse_table,
+    poisson_arrivals,
+    tokenize_requests,
+)
+
+MAX_ARRIVAL_S = 300.0  # the latest arrival a page run waits for (and never past its time limit)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The page's engine knobs, beside the table and the slot count."""
+
+    chat_template: bool = False
+    check_reference: bool = True
+    kv_mode: str = "paged"
+    token_budget: int | None = None  # None: no limit
+    policy: str = "decode_first"
+    compare_hf: bool = False
+    arrival_rate_per_s: float | None = None  # None: the table's arrival_s (0 when blank)
+    arrival_seed: int = 0
+    kv_budget_mib: float | None = None  # paged KV mode: None sizes the pool for every slot
+    block_size: int = 16  # paged KV mode: tokens per block
+    prefix_caching: bool = False  # paged KV mode: share the KV blocks of computed prompt prefixes
+    servers: tuple[str, ...] = ()  # host-configured servers to run too, by name (never a URL)
+    dtype: str | None = None  # precision: None, the loaded model's; else float32, bfloat16, ...
+    batch_invariant: bool = (
+        False  # batch-invariant mode (engine.kernels.invariant_ops), static and continuous
+    )
+
+
+def options_from_page(
+    chat_template,
+    check_reference,
+    kv_mode,
+    token_budget,
+    policy,
+    compare_hf,
+    arrival_rate,
+    kv_budget_mib=None,
+    block_size=None,
+    prefix_caching=False,
+    servers=None,
+    dtype=None,
+    batch_invariant=False,
+) -> RunOptions:
+    """The page's knobs as ``RunOptions``; empty or 0 budgets mean "no limit"; the dtype is
+    checked when its model is asked for (``SharedModel.in_dtype``).
+
+    Raises:
+        ValueError: a budget, rate or block size that is not a number of the right kind.
+    """
+    return RunOptions(
+        chat_template=bool(chat_template),
+        check_reference=bool(check_reference),
+        kv_mode=kv_mode or "paged",
+        token_budget=_optional_whole_number(token_budget, "Token budget"),
+        policy=policy or "decode_first",
+        compare_hf=bool(compare_hf),
+        arrival_rate_per_s=_optional_positive(arrival_rate, "Arrival rate (requests/s)"),
+        kv_budget_mib=_optional_positive(kv_budget_mib, "KV budget (MiB)"),
+        block_size=16 if _blank(block_size) else _whole_number(block_size, "Block size"),
+        prefix_caching=bool(prefix_caching),
+        servers=_names(servers),
+        dtype=None if _blank(dtype) else str(dtype).strip(),
+        batch_invariant=bool(batch_invariant),
+    )
+
+
+def prepare(model, rows, num_slots, options: RunOptions):
+    """Validate and tokenize the table, and build the continuous engine's config; a paged KV
+    budget too small for some request is refused here, before any engine starts, and so is
+    batch-invariant mode for a model it does not support.
+
+    Raises:
+        ValueError: bad table, slot count or knob, a KV budget that cannot hold a request,
+            prefix caching without the paged KV mode, or batch-invariant mode on a model without
+            its kernels.
+    """
+    if hasattr(rows, "values") and hasattr(rows, "columns"):  # a pandas DataFrame
+        rows = rows.values.tolist()
+    config = EngineConfig(
+        num_slots=_whole_number(num_slots, "Slots"),
+        kv_mode=options.kv_mode,
+        max_num_batched_tokens=options.token_budget,
+        scheduling_policy=options.policy,
+        kv_budget_mib=options.kv_budget_mib,
+        block_size=options.block_size,
+        prefix_caching=options.prefix_caching,  # the static engine never shares (its config)
+        batch_invariant=options.batch_invariant,
+    )
+    if options.batch_invariant:
+        model.runner.require_batch_invariant()
+    specs = parse_table(rows)
+    if options.arrival_rate_per_s:
+        specs = poisson_arrivals(specs, options.arrival_rate_per_s, options.arrival_seed)
+    time_limit_s = run_time_limit_s()
+    check_arrivals(specs, min(MAX_ARRIVAL_S, time_limit_s or MAX_ARRIVAL_S))
+    requests = tokenize_requests(
+        specs,
+        model.loaded.tokenizer,
+        chat_template=options.chat_template,
+        max_context=model.loaded.max_context,
+    )
+    ContinuousEngine(model.runner, config).check_kv_budget(requests)  # before any engine starts
+    if options.servers:  # only names the host configured; the page never takes an address
+        if getattr(model, "servers", None) is None:
+            raise ValueError("This page has no servers configured, so none can run.")
+        model.servers.check_names(options.servers)
+    return requests, config
+
+
+def _names(value) -> tuple[str, ...]:
+    """The chosen server names (a checkbox group's list; a single name from an API client)."""
+    if value is None or value == "":
+        return ()
+    names = [value] if isinstance(value, str) else list(value)
+    return tuple(str(name) for name in names)
+
+
+def _whole_number(value, what: str) -> int:
+    """A slider or number value -> int. Raises ValueError if it is missing or fractional."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a whole number (got {value!r}).") from None
+    if not number.is_integer():
+        raise ValueError(f"{what} must be a whole number (got {value!r}).")
+    return int(number)
+
+
+def _optional_whole_number(value, what: str) -> int | None:
+    """Empty or 0 means "no limit" (None); otherwise a whole number. Raises ValueError."""
+    if value is None or str(value).strip() in ("", "0"):
+        return None
+    return _whole_number(value, what)
+
+
+def _blank(value) -> bool:
+    return value is None or not str(value).strip()
+
+
+def _optional_positive(value, what: str) -> float | None:
+    """Empty or 0 means "not set" (None: the default, e.g. all arrive at once); otherwise a
+    positive number. Raises ValueError."""
+    if value is None or str(value).strip() in ("", "0"):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{what} must be a number (got {value!r}).") from None
+    if not number > 0:
+        raise ValueError(f"{what} must be positive, or 0 for the default (got {value}).")
+    return number

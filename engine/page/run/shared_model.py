@@ -1,0 +1,175 @@
+"""The shared model: one loaded model with its runner and reference cache, for every run.
+
+It is the one module-level mutable object the house style allows: loaded lazily (``get_model``) or
+at start (``load_shared_model``), after the ``CBP_MODEL_ALLOWLIST`` check. Its ``lock`` is held by
+the run in progress, so runs never overlap on the model. It loads and warms up on the page's engine
+thread (``engine.page.run.engine_thread``), where every run goes too. Tests build their own
+``SharedModel``.
+
+Precision is a page setting: ``in_dtype`` gives the same model in another dtype (float32 or
+bfloat16, plus float16 on CUDA), loaded (on the engine thread) the first time it is asked for and
+kept beside the first (SmolLM2-135M: about 270 MB in bfloat16), sharing its lock. A dtype the
+device cannot run is refused before any weight loads, naming both (``engine.model.dtype_support``).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.batching.continuous import ContinuousEngine
+from engine.batching.static import StaticEngine
+from engine.config import EngineConfig
+from engine.fidelity.reference import ReferenceCache, SoloReference
+from engine.model.allowlist import check_model_allowed
+from engine.model.device import describe_device, parse_dtype
+from engine.model.dtype_support import check_dtype_supported
+from engine.model.loader import LoadedModel, load_model
+from engine.model.model_runner import ModelRunner
+from engine.page.run.engine_thread import ENGINE_THREAD
+from engine.page.run.host_servers import PageServers
+from engine.workloads.workload import parse_table, tokenize_requests
+
+
+@dataclass
+class SharedModel:
+    """The loaded model with its runner and reference cache, shared by every run of the page."""
+
+    loaded: LoadedModel
+    runner: ModelRunner
+    reference: ReferenceCache
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held by the one running run
+    servers: PageServers | None = None  # the host's servers (app.py --vllm, --endpoint), if any
+    # dtype name -> the same model in that dtype; None: convert a copy of this one's weights
+    loader: Callable[[str], LoadedModel] | None = field(default=None, repr=False)
+    variants: dict[str, SharedModel] = field(default_factory=dict, repr=False)
+    solo_reference: SoloReference | None = field(default=None, repr=False)  # made on first use
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel, **fields) -> SharedModel:
+        runner = ModelRunner(loaded)
+        return cls(loaded, runner, ReferenceCache(runner), **fields)
+
+    @property
+    def dtype_name(self) -> str:
+        """The loaded dtype, e.g. "float32"."""
+        return str(self.loaded.dtype).removeprefix("torch.")
+
+    def dtype_choices(self) -> list[str]:
+        """The precisions the page offers: float32 and bfloat16, plus float16 on CUDA (or when
+        the model was loaded in it)."""
+        half = self.loaded.device.type == "cuda" or self.dtype_name == "float16"
+        return ["float32", "bfloat16", *(["float16"] if half else [])]
+
+    def in_dtype(self, name: str | None) -> SharedModel:
+        """This model in the dtype ``name`` (None, "" or "auto": this one), loaded on first use.
+
+        Raises:
+            ValueError: a name the page does not offer on this device, or a dtype the device
+                cannot run, naming both; checked before any weight loads (nothing is lost).
+        """
+        text = (name or "auto").strip().lower()
+        if text in ("auto", self.dtype_name):
+            return self
+        wanted = str(parse_dtype(text, self.loaded.device)).removeprefix("torch.")
+        if wanted == self.dtype_name:
+            return self
+        device = self.loaded.device_label.split(" · ")[0]
+        if wanted not in self.dtype_choices():
+            raise ValueError(
+                f"{wanted} is offered on CUDA only, and this model runs on {device}: "
+                f"choose {' or '.join(self.dtype_choices())}."
+            )
+        if wanted not in self.variants:
+            check_dtype_supported(self.loaded.device, getattr(torch, wanted))
+            self.variants[wanted] = ENGINE_THREAD.call(self._variant, wanted)
+        return self.variants[wanted]
+
+    def _variant(self, dtype_name: str) -> SharedModel:
+        """This model in ``dtype_name``, loaded (or converted) and warmed up; same lock."""
+        loaded = self.loader(dtype_name) if self.loader else _converted(self.loaded, dtype_name)
+        variant = SharedModel.from_loaded(
+            loaded, lock=self.lock, loader=self.loader, servers=self.servers
+        )
+        variant.warm_up()
+        return variant
+
+    def reference_for(self, batch_invariant: bool):
+        """The reference runs are compared with: ``model.generate`` (``ReferenceCache``), or in
+        batch-invariant mode each request alone in that mode (``SoloReference``)."""
+        if not batch_invariant:
+            return self.reference
+        if self.solo_reference is None:
+            self.solo_reference = SoloReference(self.runner)
+        return self.solo_reference
+
+    @property
+    def label(self) -> str:
+        """The page's model line, e.g. "Model: SmolLM2-135M-Instruct · runs on CPU · float32"."""
+        return f"Model: {self.loaded.name} · runs on {self.loaded.device_label}"
+
+    def warm_up(self) -> None:
+        """Run both engines once on two tiny requests, so one-time costs never reach a timing."""
+        specs = parse_table([["Warm-up", 2], ["Warm up again", 3]])
+        requests = tokenize_requests(
+            specs, self.loaded.tokenizer, chat_template=False, max_context=self.loaded.max_context
+        )
+        config = EngineConfig(num_slots=2)
+        StaticEngine(self.runner, config).run(requests)
+        ContinuousEngine(self.runner, config).run(requests)
+
+
+def _converted(loaded: LoadedModel, dtype_name: str) -> LoadedModel:
+    """A copy of ``loaded`` with its weights cast to ``dtype_name`` (models without a loader)."""
+    start_s = time.perf_counter()
+    dtype = getattr(torch, dtype_name)
+    converted = copy.copy(loaded)
+    converted.model = copy.deepcopy(loaded.model).to(dtype=dtype).eval()
+    converted.dtype = dtype
+    if "device_label" in vars(converted):  # a plain namespace (tests): the label is a value
+        converted.device_label = describe_device(loaded.device, dtype)
+    converted.load_s = time.perf_counter() - start_s
+    return converted
+
+
+_shared_model: SharedModel | None = None  # the one lazily loaded shared model (see house style)
+
+
+def load_shared_model(
+    model: str | None = None, device: str | None = None, dtype: str | None = None
+) -> SharedModel:
+    """Load the model (``engine.model.loader.load_model`` arguments) and make it the shared one.
+
+    Raises:
+        ModelLoadError: the model is not on ``CBP_MODEL_ALLOWLIST`` (checked first), or fails to
+            load (see ``load_model``).
+    """
+    global _shared_model
+    check_model_allowed(model)
+    # On the engine thread, which runs every run too: torch keeps one OpenMP pool (engine_thread)
+    _shared_model = ENGINE_THREAD.call(_load_and_warm_up, model, device, dtype)
+    return _shared_model
+
+
+def _load_and_warm_up(model: str | None, device: str | None, dtype: str | None) -> SharedModel:
+    loaded = load_model(model, device, dtype)
+    shared = SharedModel.from_loaded(
+        loaded, loader=lambda name: load_model(model, str(loaded.device), name)
+    )
+    shared.warm_up()
+    return shared
+
+
+def get_model() -> SharedModel:
+    """The shared model, loading the default one on first use."""
+    return _shared_model if _shared_model is not None else load_shared_model()
+
+
+def page_servers() -> PageServers | None:
+    """The shared model's servers, without loading a model (None before one is loaded)."""
+    return None if _shared_model is None else _shared_model.servers

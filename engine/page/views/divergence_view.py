@@ -1,0 +1,265 @@
+"""Where outputs differ: a verdict per engine and request, and the divergence view of one.
+
+In half precision a batched step sums in another order than a solo run, near-ties flip, and an
+output splits from its reference. That is not a bug, and the page says which it is. At the end of
+a run with the reference check, ``judge_runs`` gives every engine's output for every request its
+verdict against the reference (``engine.fidelity.divergence``): ✓ the same tokens, ≈ a near-tie at
+token k that rounding in the run's dtype explains, ✗ a difference it does not explain. It keeps them
+in the ``RunState`` with the token texts, so the rest reads no model: the outputs table's cells
+(``verdict_cell``), the status line's counts (``verdict_summary``) and, for the (engine, request)
+the user picks (``choices``), the divergence view (``view``): the common prefix, the split point,
+both runs' next tokens with their logits, and the top 5 at that position in both runs.
+
+Model text goes into a plain textbox and a table of strings, never into Markdown.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from engine.fidelity.divergence import MATCH, NEAR_TIE, NUM_SHOWN
+from engine.fidelity.reference import NOT_COMPARED_TEXT
+
+NOT_AVAILABLE = "—"
+CHOSEN = " ← chosen"  # marks, in the top 5, the token a run chose
+NOT_COMPARED = "not compared"  # sampled with another generator (transformers' engine)
+TOP_HEADERS = [
+    "rank",
+    "reference run: token",
+    "reference logit",
+    "engine run: token",
+    "engine logit",
+]
+NO_DIFFERENCE = "Every checked output equals its reference, token for token."
+NOT_CHECKED = "Outputs are compared with a reference after a run with the reference check on."
+
+
+def judge_runs(runner, source, requests, traces: dict) -> dict[str, dict[int, dict]]:
+    """Per engine, per request id: the verdict (``Verdict.to_dict`` with token texts) and, at a
+    split, ``prefix_text``, ``reference_token_text`` and ``engine_token_text``.
+
+    ``source``: the reference (``engine.fidelity.reference.ReferenceCache`` or ``SoloReference``)
+    that computed the run's reference outputs; ``traces``: engine name -> ``Trace``.
+    """
+
+    def decode(ids: list[int]) -> str:
+        return runner.tokenizer.decode(ids)
+
+    judged = {}
+    for name, trace in traces.items():
+        entries = {}
+        for request_id, verdict in source.verdicts(requests, trace).items():
+            entry = verdict.to_dict(decode)
+            k = verdict.token_index
+            if k is not None:
+                output = trace.request(request_id).output_token_ids
+                entry["prefix_text"] = decode(output[:k])
+                entry["reference_token_text"] = _token_text(decode, verdict.reference_token)
+                entry["engine_token_text"] = _token_text(decode, verdict.engine_token)
+            entries[request_id] = entry
+        judged[name] = entries
+    return judged
+
+
+def _token_text(decode, token_id: int | None) -> str:
+    return "(the output ended here)" if token_id is None else repr(decode([token_id]))
+
+
+def counts(entries: dict[int, dict]) -> tuple[int, int, int]:
+    """``(✓, ≈, ✗)`` among one engine's verdicts."""
+    kinds = [e["verdict"] for e in entries.values()]
+    num_match, num_tie = kinds.count(MATCH), kinds.count(NEAR_TIE)
+    return num_match, num_tie, len(kinds) - num_match - num_tie
+
+
+def verdict_label(verdicts: dict[str, dict[int, dict]], engine: str, request_id: int) -> str:
+    """One engine's label for a request: "✓", "≈ near-tie at token 17", ... or "not compared"."""
+    entry = verdicts[engine].get(request_id)
+    return NOT_COMPARED if entry is None else entry["label"]
+
+
+def join_labels(labels: dict[str, str]) -> str:
+    """The outputs table's verdict cell: "✓" when every compared engine matches, else each
+    one's, e.g. "static ✓ · continuous ≈ near-tie at token 17"; then the engines that sampled
+    the request with a generator of their own, as "· hf_continuous: ... not compared"."""
+    skipped = [name for name, label in labels.items() if label == NOT_COMPARED]
+    shown = {name: label for name, label in labels.items() if label != NOT_COMPARED}
+    text = " · ".join(f"{name} {label}" for name, label in shown.items())
+    text = "✓" if all(label == "✓" for label in shown.values()) else text
+    return text + (f" · {' and '.join(skipped)}: {NOT_COMPARED_TEXT}" if skipped else "")
+
+
+def verdict_cell(verdicts: dict[str, dict[int, dict]], request_id: int) -> str:
+    """``join_labels`` of every judged engine's label for one request."""
+    return join_labels({name: verdict_label(verdicts, name, request_id) for name in verdicts})
+
+
+def verdict_summary(
+    verdicts: dict[str, dict[int, dict]], reference_name: str, some_not_compared: bool = False
+) -> str:
+    """The status line's verdicts: "✓ all match `model.generate` token for token" (bitwise, in
+    batch-invariant mode, when the logits were too), else the counts per engine, e.g.
+    "against `model.generate`: static 6 ✓ 0 ≈ 0 ✗ · continuous 4 ✓ 2 ≈ 0 ✗"."""
+    if all(counts(e)[0] == len(e) for e in verdicts.values()):
+        equal = [e["logits_equal"] for v in verdicts.values() for e in v.values()]
+        bitwise = ", logits bitwise equal" if equal and all(equal) else ""
+        every = "all compared outputs match" if some_not_compared else "all match"
+        return f"✓ {every} {reference_name} token for token{bitwise}"
+    parts = []
+    for name, entries in verdicts.items():
+        num_match, num_tie, num_differs = counts(entries)
+        parts.append(f"{name} {num_match} ✓ {num_tie} ≈ {num_differs} ✗")
+    line = f"against {reference_name}: " + " · ".join(parts)
+    if any(counts(e)[1] for e in verdicts.values()):
+        line += " (≈: a near-tie that rounding explains, not a bug; see “Where outputs differ”)"
+    return line
+
+
+def choices(verdicts: dict[str, dict[int, dict]] | None) -> list[tuple[str, str]]:
+    """The divergence view's picks: every (engine, request) whose output differs, as
+    ``(label, "engine:request_id")``, by request."""
+    found = [
+        (request_id, name, entry["label"])
+        for name, entries in (verdicts or {}).items()
+        for request_id, entry in entries.items()
+        if entry["verdict"] != MATCH
+    ]
+    return [(f"R{rid} · {name} · {label}", f"{name}:{rid}") for rid, name, label in sorted(found)]
+
+
+def view(verdicts: dict[str, dict[int, dict]] | None, choice: str | None, dtype: str | None):
+    """``(markdown, text, top_rows)`` of the divergence view for ``choice`` ("engine:id").
+
+    The Markdown holds numbers and this module's words only; the model's text is in ``text``
+    (the common prefix and both next tokens) and ``top_rows`` (the top ``NUM_SHOWN`` of both runs).
+    """
+    if not verdicts:
+        return NOT_CHECKED, "", []
+    name, entry = _entry(verdicts, choice)
+    if entry is None:
+        return NO_DIFFERENCE, "", []
+    k = entry["token_index"]
+    ref, eng = entry["reference_run"], entry["engine_run"]
+    lines = [
+        f"**R{entry['request_id']}, {name}: {entry['label']}.** The two outputs "
+        f"share their first {k} tokens and split at token {k}. Why: {entry['reason']}."
+    ]
+    if ref is not None:
+        lines.append(f"Reference run: {_logits_line(ref)}.")
+    if eng is not None:
+        lines.append(f"Engine run: {_logits_line(eng)}.")
+    if entry["rounding_bound"] is not None:
+        lines.append(f"Rounding bound in {dtype or 'this dtype'}: {entry['rounding_bound']:.4g}.")
+    text = (
+        f"Common prefix ({k} tokens):\n{entry['prefix_text']}\n\n"
+        f"Reference's next token: {entry['reference_token_text']}\n"
+        f"Engine's next token: {entry['engine_token_text']}"
+    )
+    return "  \n".join(lines), text, _top_rows(entry)
+
+
+def first_view(state) -> tuple[list[tuple[str, str]], str | None, str, str, list[list[str]]]:
+    """``(picks, first pick, markdown, text, top_rows)`` for a ``run_view.RunState`` (or None;
+    the recorded run has no verdicts)."""
+    verdicts = getattr(state, "verdicts", None)
+    picks = choices(verdicts)
+    markdown, text, rows = view(verdicts, None, getattr(state, "dtype", None))
+    return picks, picks[0][1] if picks else None, markdown, text, rows
+
+
+def run_outputs(state) -> dict:
+    """The Run event's divergence outputs by name (in ``run_view.RUN_OUTPUTS``): the picks, and
+    the view of the first. Called in handlers only (it makes a ``gr.Dropdown`` update)."""
+    picks, value, markdown, text, rows = first_view(state)
+    return {
+        "divergence_dropdown": gr.Dropdown(choices=picks, value=value),
+        "divergence_markdown": markdown,
+        "divergence_textbox": text,
+        "divergence_table": rows,
+    }
+
+
+def divergence_event(state, choice: str | None) -> tuple:
+    """The divergence dropdown's handler: the view of the picked (engine, request)."""
+    if state is None:
+        return NOT_CHECKED, "", []
+    return view(getattr(state, "verdicts", None), choice, getattr(state, "dtype", None))
+
+
+def _entry(verdicts, choice: str | None) -> tuple[str | None, dict | None]:
+    """The picked ``(engine, entry)``; the first difference when ``choice`` is not one."""
+    picks = [value for _, value in choices(verdicts)]
+    if choice not in picks:
+        choice = picks[0] if picks else None
+    if choice is None:
+        return None, None
+    name, request_id = choice.rsplit(":", 1)
+    return name, verdicts[name][int(request_id)]
+
+
+def _logits_line(side: dict) -> str:
+    """One run's logits of both tokens ("—": outside that run's recorded top 8)."""
+    ref, eng = side["reference_token_logit"], side["engine_token_logit"]
+    return f"logit of the reference's token {_num(ref)}, of the engine's token {_num(eng)}"
+
+
+def _top_rows(entry: dict) -> list[list[str]]:
+    """``TOP_HEADERS`` rows: rank, then each run's token text and logit at that rank; the token
+    each run chose is marked (among equal logits the listed order is arbitrary)."""
+    sides = (
+        (entry["reference_run"], entry["reference_token"]),
+        (entry["engine_run"], entry["engine_token"]),
+    )
+    rows = []
+    for rank in range(NUM_SHOWN):
+        row = [str(rank + 1)]
+        for side, chosen in sides:
+            top = side["top"] if side is not None else []
+            if rank < len(top):
+                mark = CHOSEN if top[rank]["token_id"] == chosen else ""
+                row += [repr(top[rank]["text"]) + mark, _num(top[rank]["logit"])]
+            else:
+                row += [NOT_AVAILABLE, NOT_AVAILABLE]
+        rows.append(row)
+    return rows
+
+
+def _num(value: float | None) -> str:
+    return NOT_AVAILABLE if value is None else f"{value:.4g}"
+
+
+def reference_name(batch_invariant: bool) -> str:
+    """What the outputs were compared with, for people."""
+    return "each request run alone (batch-invariant)" if batch_invariant else "`model.generate`"
+
+
+def engine_symbol(entries: dict[int, dict]) -> str:
+    """The metrics table's cell: ✓ all match, ≈ near-ties but nothing unexplained, ✗ otherwise."""
+    _, num_tie, num_differs = counts(entries)
+    return "✗" if num_differs else "≈" if num_tie else "✓"
+
+
+def precision_text(dtype: str | None, batch_invariant: bool) -> str:
+    """The status line's precision part, e.g. "**bfloat16** · batch-invariant mode" ("" when
+    neither is known: the recorded run's label names its dtype)."""
+    parts = [f"**{dtype}**"] if dtype else []
+    return " · ".join([*parts, *(["batch-invariant mode"] if batch_invariant else [])])
+
+
+HF_OUTSIDE = (
+    "transformers' engine is outside our control: batch-invariant mode does not reach its "
+    "kernels, so its outputs still depend on the batch"
+)
+
+
+def settings_note(compare_hf: bool, batch_invariant: bool) -> str:
+    """The note under the precision settings: what batch-invariant mode does, and that it does
+    not reach transformers' engine when that engine is selected."""
+    if not batch_invariant:
+        return ""
+    note = (
+        "Batch-invariant mode: every linear, norm and attention computes a sequence's rows the "
+        "same way alone or packed, and each request is compared with its run alone, bitwise "
+        "(slower)."
+    )
+    return note + (f" **Note:** {HF_OUTSIDE}." if compare_hf else "")

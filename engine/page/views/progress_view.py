@@ -1,0 +1,214 @@
+"""The page while a run goes, and after one stopped early: progress line, live timelines, outputs.
+
+``live_outputs`` turns a ``LiveRun``'s progress into updates for the Run event's outputs (in
+``app.py``'s order): the status line counts steps and finished requests per engine, each started
+engine's timeline is drawn from its latest trace snapshot, and the outputs table shows every
+output finished so far. The run's state, masks, slider, metrics and downloads are left as they
+are (``gr.skip()``) until the run ends. ``stopped_outputs`` puts the previous run's results back
+with a status line saying why this one stopped; ``refused_outputs`` says why a run did not start
+and leaves everything else as it is.
+
+Drawing a timeline is Python work (plotly builds and checks every trace and layout property): about
+0.1-0.2 s of CPU for both timelines of a 300-step run, measured on this 2-core machine, while the
+engine thread needs both cores and the interpreter lock between its ops. Redrawn every half
+second, it took up to a third of a core from the run it showed. ``LiveTimelines`` redraws them
+only as often as keeps their drawing under ``TIMELINE_CPU_SHARE`` of the run's time (and at once
+when an engine's first steps arrive).
+
+Every update costs Gradio work too, on its event loop, whatever it holds: for each of the Run
+event's 19 outputs, even a skipped one, Gradio 6 builds a component and its config with three JSON
+schemas (``Blocks.postprocess_data``): 35-60 ms of CPU an update on this machine, measured with
+every output skipped. Sent twice a second, that took 14 s of a core in a 99 s run, and the page's
+runs took 1.13-1.34x the bench's. So ``LiveTimelines`` also paces the updates: it times how long
+Gradio took over the last one (from its hand-over to the next request for one) and waits long
+enough that this stays under ``UPDATE_SHARE`` of the run's time (``wait_s``), and it sends the
+outputs table only when its rows changed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import gradio as gr
+
+from engine.page.figures import server_lanes
+from engine.page.run.live_run import EngineProgress
+from engine.page.views import tables
+from engine.page.views.markup import one_line, plain_markdown
+from engine.page.views.run_view import RUN_OUTPUTS, outputs_table, run_outputs, timeline
+from engine.sequence import Request
+from engine.trace import Trace, new_request_records
+
+ENGINE_LABELS = {
+    "static": "static batching",
+    "continuous": "continuous batching",
+    "hf_continuous": "transformers' continuous batching",
+    "reference": "model.generate reference",
+}
+LIVE_ENGINES = ("static", "continuous")  # the engines with a timeline and an outputs column
+TIMELINE_CPU_SHARE = 0.02  # live timelines' drawing: at most this share of the run's time
+UPDATE_SHARE = 0.02  # Gradio's handling of live updates: at most this share of the run's time
+
+
+def progress_line(
+    progress: dict[str, EngineProgress], elapsed_s: float, time_limit_s: float | None
+) -> str:
+    """One Markdown line: elapsed time, then steps done and requests finished per engine."""
+    limit = f" (limit {time_limit_s:g} s)" if time_limit_s is not None else ""
+    parts = [f"**Running** · {elapsed_s:.1f} s{limit}"]
+    for name, p in progress.items():
+        label = ENGINE_LABELS.get(name) or plain_markdown(name)  # a server: the host's name
+        if name in LIVE_ENGINES:
+            waiting = ", waiting for arrivals" if p.waiting else ""
+            parts.append(
+                f"{label}: {p.num_steps} steps, {p.num_finished}/{p.num_requests} requests done"
+                + waiting
+            )
+        elif name == "reference":
+            parts.append(f"{label}: {p.num_steps} steps")
+        else:
+            parts.append(f"{label}: {_server_progress(p)}")
+    if not progress:
+        parts.append("waiting for the model")
+    return " · ".join(parts)
+
+
+def _server_progress(p: EngineProgress) -> str:
+    """What a server engine is doing: waiting for its start, or its streams so far."""
+    if p.note is not None:
+        return plain_markdown(one_line(p.note, 200))
+    if p.trace is None or not p.trace.info.get("server"):
+        return "running"
+    streaming = sum(r.first_token_s is not None and r.finish_s is None for r in p.trace.requests)
+    return f"{p.num_finished}/{p.num_requests} requests done, {streaming} streaming"
+
+
+def live_outputs(
+    progress: dict[str, EngineProgress],
+    requests: list[Request],
+    num_slots: int,
+    x_axis: str,
+    elapsed_s: float,
+    time_limit_s: float | None,
+    draw_timelines: bool = True,
+) -> tuple:
+    """Updates for the Run event's outputs while the run goes (see the module docstring); the
+    timelines stay as they are (``gr.skip()``) unless ``draw_timelines``."""
+    traces = {name: _trace_so_far(progress, name, requests, num_slots) for name in LIVE_ENGINES}
+    static, continuous = (
+        timeline(trace, x_axis, None, None) if trace.steps and draw_timelines else gr.skip()
+        for trace in traces.values()
+    )
+    servers = {  # server engines streaming now or done: their lanes and outputs so far
+        name: p.trace
+        for name, p in progress.items()
+        if p.trace is not None and p.trace.info.get("server")
+    }
+    lanes = (
+        server_lanes.server_timeline_figure(servers) if servers and draw_timelines else gr.skip()
+    )
+    traces.update(servers)
+    return run_outputs(
+        static_timeline_plot=static,
+        continuous_timeline_plot=continuous,
+        outputs_table=outputs_table(tables.outputs_rows(traces, None), list(traces)),
+        status_markdown=progress_line(progress, elapsed_s, time_limit_s),
+        server_timeline_plot=lanes,
+    )
+
+
+class LiveTimelines:
+    """``live_outputs`` paced for a run on a busy CPU (see the module docstring).
+
+    After a timeline redraw that took ``c`` seconds of this thread's CPU, the next waits
+    ``c / cpu_share`` seconds, unless an engine's first steps arrive (its timeline is drawn at
+    once). After an update that Gradio took ``g`` seconds to handle, the next waits at least
+    ``g / update_share`` seconds (``wait_s``). The outputs table is sent when its rows change.
+    """
+
+    def __init__(self, cpu_share: float = TIMELINE_CPU_SHARE, update_share: float = UPDATE_SHARE):
+        assert 0 < cpu_share <= 1 and 0 < update_share <= 1, (cpu_share, update_share)
+        self.cpu_share = cpu_share
+        self.update_share = update_share
+        self.num_draws = 0
+        self.update_cost_s = 0.0  # Gradio's handling of the last update, wall seconds
+        self._next_s = -math.inf
+        self._engines: tuple[str, ...] = ()
+        self._table_rows: object = None  # the outputs table's rows as last sent
+        self._handed_s: float | None = None  # when the last update was handed to Gradio
+
+    def wait_s(self, interval_s: float) -> float:
+        """Seconds to wait before the next update: ``interval_s``, or longer after a costly one."""
+        return max(interval_s, self.update_cost_s / self.update_share)
+
+    def resumed(self) -> None:
+        """Gradio asks for the next update: handling the last one took it until now."""
+        if self._handed_s is not None:
+            self.update_cost_s = time.monotonic() - self._handed_s
+
+    def outputs(self, progress: dict[str, EngineProgress], *args) -> tuple:
+        """``live_outputs(progress, *args)``, drawing the timelines when due and leaving the
+        outputs table as it is (``gr.skip()``) when its rows have not changed."""
+        engines = tuple(n for n in LIVE_ENGINES if n in progress and progress[n].num_steps)
+        draw = time.monotonic() >= self._next_s or engines != self._engines
+        cpu_s = time.thread_time()
+        outputs = live_outputs(progress, *args, draw_timelines=draw)
+        if draw:
+            self.num_draws += 1
+            self._engines = engines
+            self._next_s = time.monotonic() + (time.thread_time() - cpu_s) / self.cpu_share
+        outputs = self._unless_unchanged(outputs)
+        self._handed_s = time.monotonic()
+        return outputs
+
+    def _unless_unchanged(self, outputs: tuple) -> tuple:
+        """``outputs`` with the outputs table skipped if it holds the rows sent last time."""
+        index = RUN_OUTPUTS.index("outputs_table")
+        # Its constructor's arguments (rows, headers, widths): a component made while the app
+        # serves keeps no ``.value``.
+        shown = outputs[index].constructor_args
+        if shown == self._table_rows:
+            return (*outputs[:index], gr.skip(), *outputs[index + 1 :])
+        self._table_rows = shown
+        return outputs
+
+
+def stopped_outputs(previous_result, message: str) -> tuple:
+    """The Run event's outputs after a stop: the previous results (a ``RunResult``) or empty.
+
+    The run's state and downloads stay as they were; ``message`` leads the status line.
+    """
+    if previous_result is None:
+        figures = ("static_timeline_plot", "continuous_timeline_plot", "packed_mask_plot")
+        figures += ("static_mask_plot", "block_map_plot", "latency_cdf_plot", "step_usage_plot")
+        figures += ("server_timeline_plot", "server_chart_plot")
+        return run_outputs(
+            **dict.fromkeys(figures),
+            metrics_table=[],
+            outputs_table=outputs_table([], list(LIVE_ENGINES)),
+            status_markdown=message,
+        )
+    previous_result.status = f"{message} Showing the previous run: {previous_result.status}"
+    shown = dict(zip(RUN_OUTPUTS, previous_result.as_outputs(), strict=True))
+    del shown["run_state"], shown["downloads_file"]  # both stay as they are
+    return run_outputs(**shown)
+
+
+def refused_outputs(reason: str, previous_status: str | None) -> tuple:
+    """The Run event's outputs for a run refused before it started: "Not run" and ``reason`` (plain
+    text) in the status line, then the previous run's status if there is one; all else as is."""
+    status = f"**Not run:** {plain_markdown(reason)}"
+    if previous_status:
+        status += f" Showing the previous run: {previous_status}"
+    return run_outputs(status_markdown=status)
+
+
+def _trace_so_far(
+    progress: dict[str, EngineProgress], name: str, requests: list[Request], num_slots: int
+) -> Trace:
+    """The engine's latest snapshot, or an empty trace with every request if it has none yet."""
+    entry = progress.get(name)
+    if entry is not None and entry.trace is not None:
+        return entry.trace
+    return Trace(engine=name, num_slots=num_slots, requests=new_request_records(requests))

@@ -1,0 +1,121 @@
+"""The status line under Run, in words: wall times, speedup, step counts and the reference verdict.
+
+``status_line`` is the Markdown line a finished run shows (``run_view.render`` puts it in the
+``RunResult``); ``reference_ok`` is the per-engine match the metrics table's column reads. Both
+judge the runs the same way: against ``model.generate`` (or each request's solo run in
+batch-invariant mode), requests an engine sampled with a generator of its own named as not
+compared, never as differing. Text only, no figures: it is its own module so that ``run_view``
+stays the state and the views. ``state`` below is a ``run_view.RunState``; it is not imported
+here, since ``run_view`` imports this module.
+"""
+
+from __future__ import annotations
+
+import math
+
+from engine.fidelity.reference import NOT_COMPARED_TEXT, mismatches, not_compared_ids
+from engine.page.views import divergence_view, server_view, tables
+from engine.trace import Trace
+
+NOISE_NOTE = "Wall times on a shared machine vary from run to run; step counts do not."
+
+
+def status_line(state) -> str:
+    """Markdown: wall times, speedup, the step counts, the reference verdict, then a line on noise
+    (and, for the shipped recording, a first line saying where it was recorded)."""
+    s, c = state.static, state.continuous
+    speedup = s.wall_s / c.wall_s if c.wall_s > 0 else math.nan
+    line = (
+        f"{_count(len(s.requests), 'request')} · {_count(s.num_slots, 'slot')} · "
+        f"static {s.wall_s:.2f} s · "
+        f"continuous {c.wall_s:.2f} s · **speedup {speedup:.2f}×** (static time / continuous) · "
+        f"**{steps_comparison(len(s.steps), len(c.steps))}**"
+    )
+    if state.hf_continuous is not None:
+        line += f" · transformers' continuous batching {state.hf_continuous.wall_s:.2f} s"
+    parts, server_lines = server_view.status_parts(state.servers, state.server_failures)
+    line += "".join(f" · {part}" for part in parts) + " · " + _verdict(state)
+    precision = divergence_view.precision_text(state.dtype, state.batch_invariant)
+    line = f"{precision} · {line}" if precision else line
+    if state.batch_invariant and state.hf_continuous is not None:
+        line += f" · {divergence_view.HF_OUTSIDE}"
+    head = "" if state.recorded is None else state.recorded.label() + "  \n"
+    tail = f"{server_lines}  \n" if server_lines else ""
+    return f"{head}{line}  \n{tail}{NOISE_NOTE}"
+
+
+def steps_comparison(static_steps: int, continuous_steps: int) -> str:
+    """ "continuous 300 steps against static 480: 1.60× fewer" (steps do not depend on noise)."""
+    text = f"continuous {_count(continuous_steps, 'step')} against static {static_steps}"
+    if continuous_steps == static_steps or not continuous_steps or not static_steps:
+        return text + (": the same" if continuous_steps == static_steps else "")
+    if continuous_steps < static_steps:
+        return f"{text}: {static_steps / continuous_steps:.2f}× fewer"
+    return f"{text}: {continuous_steps / static_steps:.2f}× more"
+
+
+def _verdict(state) -> str:
+    """The reference verdict; requests an engine sampled with its own generator (transformers'
+    manager, a server) are named as not compared, never as differing."""
+    if state.reference is None:
+        return "outputs not checked against `model.generate`"
+    traces = _compared(state)  # a server serving another model is not checked
+    skipped_text = _skipped_text(traces)
+    if state.verdicts is not None:
+        return _judged_verdict(state, traces, skipped_text)
+    bad = {name: _mismatched(t, state.reference) for name, t in traces.items()}
+    if not any(bad.values()):
+        every = "all compared outputs match" if skipped_text else "all match"
+        return f"✓ {every} `model.generate` token for token{skipped_text}"
+    wrong = "; ".join(f"{n}: {_ids(ids)}" for n, ids in bad.items() if ids)
+    return f"✗ differs from `model.generate` ({wrong}){skipped_text}"
+
+
+def _skipped_text(traces: dict[str, Trace]) -> str:
+    """ " (hf_continuous: R1, R2: sampled with another generator: not compared)", or ""."""
+    skipped = {name: not_compared_ids(t) for name, t in traces.items()}
+    text = "; ".join(f"{n}: {_ids(ids)}" for n, ids in skipped.items() if ids)
+    return f" ({text}: {NOT_COMPARED_TEXT})" if text else ""
+
+
+def _judged_verdict(state, traces: dict[str, Trace], skipped_text: str) -> str:
+    """The verdicts' counts per engine (``divergence_view``), then any server that differs (the
+    servers run after the verdicts, and have none), then the requests not compared."""
+    name = divergence_view.reference_name(state.batch_invariant)
+    text = divergence_view.verdict_summary(state.verdicts, name, bool(skipped_text))
+    others = {
+        n: _mismatched(t, state.reference) for n, t in traces.items() if n not in state.verdicts
+    }
+    wrong = "; ".join(f"{n}: {_ids(ids)}" for n, ids in others.items() if ids)
+    return text + (f" · servers: ✗ differs ({wrong})" if wrong else "") + skipped_text
+
+
+def _ids(request_ids: list[int]) -> str:
+    return ", ".join(f"R{r}" for r in request_ids)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
+    """Requests whose output differs from the reference; those the engine sampled with a
+    generator of its own are not compared (``engine.fidelity.reference.not_compared_ids``)."""
+    outputs = {r.request_id: r.output_token_ids for r in trace.requests}
+    return mismatches(outputs, reference, not_compared_ids(trace))
+
+
+def reference_ok(state) -> dict[str, bool | str] | None:
+    """Per compared engine, the metrics table's match: True when every compared output equals the
+    reference, or with verdicts their ✓ / ≈ / ✗; None when the run was not checked."""
+    if state.reference is None:
+        return None
+    ok = {name: not _mismatched(t, state.reference) for name, t in _compared(state).items()}
+    if state.verdicts is not None:  # ✓, ≈ (near-ties only) or ✗
+        ok |= {n: divergence_view.engine_symbol(v) for n, v in state.verdicts.items() if n in ok}
+    return ok
+
+
+def _compared(state) -> dict[str, Trace]:
+    """The runs checked against the reference: all but servers serving another model."""
+    return {name: t for name, t in state.traces().items() if tables.compared(t)}

@@ -1,0 +1,289 @@
+"""The page's view of a run: what it keeps between events, and every figure and table it shows.
+
+``RunState`` is what a ``gr.State`` holds; ``render`` turns it into a ``RunResult`` (figures at the
+default step, tables, status line, download files), and ``step_views`` redraws the step-dependent
+figures for the step slider without touching the model. ``RUN_OUTPUTS`` names the Run event's
+outputs once, in the order ``app.py`` wires them; ``run_outputs`` builds that tuple by name. The
+status line's words and the reference verdict are ``engine.page.views.run_status``'s.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from engine.page.figures import (
+    block_map,
+    mask_heatmaps,
+    server_lanes,
+    serving_metrics,
+    timelines,
+)
+from engine.page.views import divergence_view, run_status, tables
+from engine.trace import DECODE, PREFILL, Trace
+from engine.workloads import export
+
+# The Run event's outputs, by elem_id (the state has none), in wiring order. The first ten are the
+# /run API's original outputs; later ones are appended, so API clients keep their positions.
+RUN_OUTPUTS = (
+    "run_state",
+    "static_timeline_plot",
+    "continuous_timeline_plot",
+    "packed_mask_plot",
+    "static_mask_plot",
+    "step_slider",
+    "metrics_table",
+    "outputs_table",
+    "status_markdown",
+    "downloads_file",
+    "block_map_plot",
+    "latency_cdf_plot",
+    "step_usage_plot",
+    "server_timeline_plot",
+    "server_chart_plot",
+    "divergence_dropdown",
+    "divergence_markdown",
+    "divergence_textbox",
+    "divergence_table",
+)
+# What the step slider and the x-axis choice redraw, in ``StepViews.as_tuple`` order.
+STEP_VIEW_OUTPUTS = (
+    "static_timeline_plot",
+    "continuous_timeline_plot",
+    "packed_mask_plot",
+    "static_mask_plot",
+    "block_map_plot",
+)
+CHART_HEADINGS = ("Static timeline", "Continuous timeline", "Packed mask", "Static mask")
+
+
+def run_outputs(**values) -> tuple:
+    """The Run event's output tuple from values by name; any output not given is left as is.
+
+    Raises:
+        TypeError: a name that is not in ``RUN_OUTPUTS``.
+    """
+    unknown = set(values) - set(RUN_OUTPUTS)
+    if unknown:
+        raise TypeError(f"not Run outputs: {sorted(unknown)}")
+    return tuple(values.get(name, gr.skip()) for name in RUN_OUTPUTS)
+
+
+def outputs_table(
+    rows: list[list], engine_names: list[str], reference: str = "model.generate"
+) -> gr.Dataframe:
+    """The outputs table with its headers and column widths for these engines."""
+    return gr.Dataframe(
+        value=rows,
+        headers=tables.outputs_headers(engine_names, reference),
+        column_widths=output_column_widths(engine_names),
+    )
+
+
+def output_column_widths(engine_names: list[str]) -> list[str]:
+    """The outputs table's column widths: request, prompt, cap, one per engine, the verdict (it
+    names each engine's ✓ / ≈ / ✗) and the prompt tokens from the prefix cache."""
+    output_width = f"{47 // len(engine_names)}%"
+    return ["7%", "16%", "6%", *[output_width] * len(engine_names), "16%", "8%"]
+
+
+@dataclass
+class RunState:
+    """What the page keeps between events (in a ``gr.State``): the two traces and the reference."""
+
+    static: Trace
+    continuous: Trace
+    reference: dict[int, list[int]] | None
+    hf_continuous: Trace | None = None  # transformers' own continuous batching, when compared
+    recorded: Any = (
+        None  # ``engine.page.handlers.recording.Recording``: the shipped run, not run here
+    )
+    servers: dict[str, Trace] = field(default_factory=dict)  # host-configured servers, by name
+    server_failures: dict[str, str] = field(default_factory=dict)  # servers that failed: why
+    # engine -> request id -> verdict entry (``divergence_view.judge_runs``); None: not judged
+    verdicts: dict[str, dict[int, dict]] | None = None
+    dtype: str | None = None  # the precision it ran in, e.g. "bfloat16" (None: not recorded)
+    batch_invariant: bool = False
+
+    def traces(self) -> dict[str, Trace]:
+        """The runs in display order, by engine name (servers last, in the host's order)."""
+        runs = {"static": self.static, "continuous": self.continuous}
+        if self.hf_continuous is not None:
+            runs["hf_continuous"] = self.hf_continuous
+        return {**runs, **self.servers}
+
+    @property
+    def num_steps(self) -> int:
+        """Steps of the longer run: the step slider's range."""
+        return max(len(self.static.steps), len(self.continuous.steps))
+
+
+@dataclass
+class StepViews:
+    """The figures that depend on the selected step (plotly figures, or None)."""
+
+    static_timeline: Any
+    continuous_timeline: Any
+    packed_mask: Any
+    static_mask: Any
+    block_map: Any
+
+    def as_tuple(self) -> tuple:
+        """In ``STEP_VIEW_OUTPUTS`` order."""
+        return (
+            self.static_timeline,
+            self.continuous_timeline,
+            self.packed_mask,
+            self.static_mask,
+            self.block_map,
+        )
+
+
+@dataclass
+class RunResult:
+    """Everything one Run renders."""
+
+    state: RunState
+    step_index: int
+    views: StepViews
+    metrics: list[list]
+    outputs: list[list]
+    status: str
+    downloads: list[str] | None = None  # file paths: CSV, whole-trace JSON, Perfetto trace
+    latency_cdf: Any = None
+    step_usage: Any = None
+    server_timeline: Any = None
+    server_chart: Any = None
+
+    def as_outputs(self) -> tuple:
+        """Values for the Run event's outputs, in ``RUN_OUTPUTS`` order."""
+        v = self.views
+        return run_outputs(
+            run_state=self.state,
+            static_timeline_plot=v.static_timeline,
+            continuous_timeline_plot=v.continuous_timeline,
+            packed_mask_plot=v.packed_mask,
+            static_mask_plot=v.static_mask,
+            step_slider=gr.Slider(
+                minimum=0,
+                maximum=max(self.state.num_steps - 1, 1),
+                value=self.step_index,
+                label=slider_label(self.state),
+            ),
+            metrics_table=self.metrics,
+            outputs_table=outputs_table(
+                self.outputs, list(self.state.traces()), _compared_with(self.state)
+            ),
+            status_markdown=self.status,
+            downloads_file=self.downloads,
+            block_map_plot=v.block_map,
+            latency_cdf_plot=self.latency_cdf,
+            step_usage_plot=self.step_usage,
+            server_timeline_plot=self.server_timeline,
+            server_chart_plot=self.server_chart,
+            **divergence_view.run_outputs(self.state),
+        )
+
+
+def render(
+    state: RunState, x_axis: str = "time", status: str | None = None, downloads: bool = True
+) -> RunResult:
+    """Everything the page shows for a finished run, at its default step; files if ``downloads``."""
+    step_index = default_step(state.continuous)
+    return RunResult(
+        state=state,
+        step_index=step_index,
+        views=step_views(state, step_index, x_axis),
+        metrics=tables.metrics_rows(state.traces(), run_status.reference_ok(state)),
+        outputs=tables.outputs_rows(state.traces(), state.reference, state.verdicts),
+        status=status or run_status.status_line(state),
+        downloads=write_downloads(state) if downloads else None,
+        latency_cdf=serving_metrics.latency_cdf_figure(list(state.traces().values())),
+        step_usage=serving_metrics.step_usage_figure(state.continuous),
+        server_timeline=server_lanes.server_timeline_figure(state.servers, _x_max(state, "time")),
+        server_chart=server_lanes.server_chart_figure(state.servers, state.continuous),
+    )
+
+
+def write_downloads(state: RunState) -> list[str]:
+    """The run's exports in a fresh temporary folder: requests.csv, traces.json, Perfetto JSON,
+    and charts.html (the four charts at the default step, interactive, offline)."""
+    folder = Path(tempfile.mkdtemp(prefix="cbp-run-"))
+    paths = export.write_files(folder, state.traces())
+    views = step_views(state, default_step(state.continuous), "time")
+    charts = dict(zip(CHART_HEADINGS, views.as_tuple()[:4], strict=True))
+    charts_path = folder / "charts.html"
+    charts_path.write_text(
+        export.charts_html({k: v for k, v in charts.items() if v is not None}), encoding="utf-8"
+    )
+    return [str(path) for path in [*paths, charts_path]]
+
+
+def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
+    """Both timelines on one x scale, cursor at ``step_index``; masks and block map at that step."""
+    x_max = _x_max(state, x_axis)
+    return StepViews(
+        static_timeline=timeline(state.static, x_axis, x_max, step_index),
+        continuous_timeline=timeline(state.continuous, x_axis, x_max, step_index),
+        packed_mask=_at_step(mask_heatmaps.mask_heatmap, state.continuous, step_index),
+        static_mask=_at_step(mask_heatmaps.static_mask_heatmap, state.static, step_index),
+        block_map=_at_step(block_map.block_map_figure, state.continuous, step_index),
+    )
+
+
+def _x_max(state: RunState, x_axis: str) -> float:
+    """The timelines' shared right end; in seconds, the servers' runs count too."""
+    ends = [timelines.x_extent(state.static, x_axis), timelines.x_extent(state.continuous, x_axis)]
+    if x_axis == "time":
+        ends += [t.wall_s for t in state.servers.values()]
+    return max(ends)
+
+
+def timeline(trace: Trace, x_axis: str, x_max: float | None, step_index: int | None):
+    """An engine's timeline with its queue waits and preemptions marked."""
+    fig = timelines.timeline_figure(trace, x_axis, x_max, step_index)
+    return serving_metrics.add_serving_marks(fig, trace, x_axis)
+
+
+def default_step(trace: Trace) -> int:
+    """The first step that fuses a prefill with decodes (the article's point), else step 0."""
+    for i, step in enumerate(trace.steps):
+        kinds = {s.kind for s in step.seqs}
+        if PREFILL in kinds and DECODE in kinds:
+            return i
+    return 0
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _at_step(builder: Callable, trace: Trace, step_index: int):
+    """``builder(trace, step)``, the step clamped to the run's last (None if it has no steps);
+    past the run's end the figure's subtitle says which step it shows instead."""
+    if not trace.steps:
+        return None
+    last = len(trace.steps) - 1
+    fig = builder(trace, min(max(step_index, 0), last))
+    if step_index > last:
+        note = f"{trace.engine} ran {len(trace.steps)} steps: its last, {last}, is shown"
+        subtitle = fig.layout.title.subtitle.text
+        fig.layout.title.subtitle.text = f"{note}<br>{subtitle}" if subtitle else note
+    return fig
+
+
+def slider_label(state: RunState) -> str:
+    """The step slider's label: which steps each engine has (one slider drives both)."""
+    s, c = len(state.static.steps), len(state.continuous.steps)
+    return (
+        f"Step (one forward pass): static steps 0–{max(s - 1, 0)}, continuous 0–{max(c - 1, 0)};"
+        " past an engine's last step, its views show that last step"
+    )
+
+
+def _compared_with(state: RunState) -> str:
+    return "its solo run" if state.batch_invariant else "model.generate"

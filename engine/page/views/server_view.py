@@ -1,0 +1,80 @@
+"""What the page says about its servers: the servers line, and a run's server results in words.
+
+``servers_markdown`` is the line under the status line while the page runs: each configured
+server starting (how long, and the server's latest log line), ready (what it serves, and for the
+local vLLM its version and settings), or failed and why. ``status_parts`` gives a run's status
+line its server part: each server's wall time, each failure, each warning (another model, other
+slots).
+"""
+
+from __future__ import annotations
+
+import time
+
+from engine.page.run.host_servers import FAILED, READY, STARTING, PageServers
+from engine.page.views.markup import one_line, plain_markdown
+from engine.trace import Trace
+
+
+def servers_markdown(servers: PageServers | None) -> str:
+    """The servers line: one part per configured server (empty when there are none)."""
+    if servers is None or not servers.names:
+        return ""
+    parts = [_server_part(servers, name) for name in servers.names]
+    return "**Servers** · " + " · ".join(parts)
+
+
+def _server_part(servers: PageServers, name: str) -> str:
+    status = servers.status(name)
+    label = f"**{plain_markdown(name)}**"
+    if status.state == FAILED:
+        return f"{label}: ✗ {plain_markdown(one_line(status.detail))}"
+    if status.state == READY:
+        return f"{label}: ready · {_facts(servers, name)}"
+    if status.state == STARTING and servers.is_local(name):
+        elapsed_s = time.monotonic() - status.since_s
+        line = f" · {plain_markdown(one_line(status.detail, 160))}" if status.detail else ""
+        return f"{label}: starting vLLM ({_settings(servers, name)}) · {elapsed_s:.0f} s{line}"
+    return f"{label}: asking what it serves"
+
+
+def _facts(servers: PageServers, name: str) -> str:
+    """What a ready server serves and runs with (never its address)."""
+    engine = servers.engines[name]
+    info = engine.probed
+    facts = []
+    if servers.is_local(name):
+        server = engine.server
+        started = f" · started in {server.start_s:.0f} s" if server.start_s else ""
+        facts.append(f"vLLM {server.version or '?'} ({_settings(servers, name)}){started}")
+    elif info is not None:
+        facts.append(f"serves {info.model or 'an unnamed model'}")
+        if info.version:
+            facts.append(f"version {info.version}")
+    if info is not None and info.same_model is False:
+        facts.append("⚠ another model than the one loaded here: its outputs are not compared")
+    return plain_markdown(" · ".join(facts)) if facts else "answering"
+
+
+def _settings(servers: PageServers, name: str) -> str:
+    s = servers.engines[name].server.settings
+    mode = "eager" if s.enforce_eager else "compiled"
+    return (
+        f"{mode} · {s.dtype} · up to {s.max_num_seqs} sequences at once · "
+        f"{s.max_model_len} tokens per request"
+    )
+
+
+def status_parts(servers: dict[str, Trace], failures: dict[str, str]) -> tuple[list[str], str]:
+    """(parts of the status line's first line, further lines): each server's wall time, then one
+    line per failure and per warning."""
+    parts = [f"{plain_markdown(name)} {t.wall_s:.2f} s" for name, t in servers.items()]
+    lines = [
+        f"**✗ {plain_markdown(name)}:** {plain_markdown(one_line(message))}"
+        for name, message in failures.items()
+    ]
+    for trace in servers.values():
+        lines += [f"⚠ {plain_markdown(one_line(w))}" for w in trace.warnings]
+    if failures:
+        lines.append("The other engines' results are kept.")
+    return parts, "  \n".join(lines)

@@ -1,0 +1,221 @@
+"""Table builders: the metrics and outputs tables, as rows of plain values (no plotly, no HTML).
+
+Both take the runs as ``{engine name: Trace}`` in display order, so a third engine (transformers'
+own continuous batching) adds a row to the metrics and a column to the outputs. Output texts stay
+plain strings: the page shows them as text, never as markup.
+"""
+
+from __future__ import annotations
+
+from engine.fidelity.reference import (
+    MATCH,
+    MISMATCH,
+    NOT_COMPARED,
+    NOT_COMPARED_TEXT,
+    comparison,
+    not_compared_ids,
+)
+from engine.page.views.divergence_view import NOT_COMPARED as NOT_COMPARED_LABEL
+from engine.page.views.divergence_view import join_labels, verdict_label
+from engine.trace import RequestRecord, Trace
+
+METRICS_HEADERS = [
+    "engine",
+    "wall s",
+    "steps",
+    "generated tokens",
+    "tok/s",
+    "speedup vs static",
+    "padding waste %",
+    "slot utilisation %",
+    "mean TTFT s",
+    "p99 TTFT s",
+    "preemptions",
+    "outputs match model.generate",
+    "prefix-cache hit rate %",  # added last: the /run API's metrics columns keep their places
+]
+# Column widths in pixels: wide enough for each name on any screen (a narrow one scrolls).
+METRICS_COLUMN_WIDTHS = [110, 84, 72, 100, 72, 100, 100, 110, 90, 90, 110, 150, 110]
+# Hover definitions of the metrics columns (the page sets them as the column names' titles).
+# Padding waste and slot utilisation have different denominators, so they need not add to 100.
+METRIC_HELP = {
+    "wall s": "Seconds from the engine's start to its last token (arrival waits included).",
+    "steps": "Forward passes of the model. Unlike wall time, the same on every machine.",
+    "generated tokens": "Output tokens, up to each request's end-of-sequence or cap; no padding.",
+    "tok/s": "Generated tokens per wall-clock second.",
+    "speedup vs static": "Static batching's wall time over this engine's.",
+    "padding waste %": (
+        "Of all token positions the model computed: the share that was left padding or a row "
+        "whose request had already finished (static batching). Denominator: computed tokens."
+    ),
+    "slot utilisation %": (
+        "Of all slot-steps (slots × steps): the share in which a slot worked on a live request. "
+        "Denominator: slots × steps, so it need not add to 100 with padding waste."
+    ),
+    "mean TTFT s": "Mean time to first token, from each request's arrival.",
+    "p99 TTFT s": "99th percentile of the time to first token.",
+    "preemptions": "Times the paged KV cache ran dry and a sequence gave up its blocks.",
+    "outputs match model.generate": "✓ when every output equals plain model.generate, token "
+    "for token. A request transformers' manager or a server sampled with its own random stream "
+    "cannot be compared: it is counted as not compared, never as a mismatch.",
+    "prefix-cache hit rate %": (
+        "Of all prompt tokens: the share taken from the prefix cache instead of being prefilled "
+        "(paged KV with prefix caching; the static engine never shares). — where an engine does "
+        "not say (transformers' manager)."
+    ),
+}
+METRICS_NOTE = (
+    "**padding waste %** counts wasted token positions among those computed; **slot "
+    "utilisation %** counts busy slot-steps among slots × steps. Different denominators: the two "
+    "need not add to 100. Hover a column's name for its definition."
+)
+NOT_AVAILABLE = "—"
+ANOTHER_MODEL_TEXT = "another model, not compared"
+_COMPARISON_LABELS = {MATCH: "✓", MISMATCH: "✗ differs", NOT_COMPARED: NOT_COMPARED_LABEL}
+PROMPT_SHOWN_CHARS = 200  # longer prompts are clipped in the outputs table
+
+
+def metrics_rows(
+    traces: dict[str, Trace], reference_ok: dict[str, bool | str] | None
+) -> list[list]:
+    """One ``METRICS_HEADERS`` row per engine; speedup is static wall time over this engine's.
+
+    An engine that records no steps (transformers' manager exposes none) shows "—" for the
+    step-based columns. ``reference_ok[name]``: True ✓, False ✗, or the cell itself (✓ ≈ ✗).
+    """
+    static_wall_s = traces["static"].wall_s if "static" in traces else None
+    rows = []
+    for name, trace in traces.items():
+        m = trace.metrics()
+        has_steps = bool(trace.steps)
+        speedup = f"{static_wall_s / m.wall_s:.2f}×" if static_wall_s and m.wall_s > 0 else "—"
+        ok = NOT_AVAILABLE
+        if reference_ok and name in reference_ok:
+            ok = _match_cell(reference_ok[name], len(not_compared_ids(trace)))
+        rows.append(
+            [
+                name,
+                round(m.wall_s, 2),
+                m.num_steps if has_steps else NOT_AVAILABLE,
+                m.num_generated_tokens,
+                round(m.tok_per_s, 1),
+                speedup,
+                round(m.padding_waste_pct, 1) if has_steps else NOT_AVAILABLE,
+                round(m.slot_utilisation_pct, 1) if has_steps else NOT_AVAILABLE,
+                round(m.mean_ttft_s, 2),
+                _rounded(trace.latency_percentiles()["ttft_s"]["p99"]),
+                m.num_preemptions if has_steps else NOT_AVAILABLE,
+                ok,
+                _percent(m.prefix_cache_hit_rate),
+            ]
+        )
+    return rows
+
+
+def _match_cell(ok: bool | str, num_not_compared: int) -> str:
+    """✓ or ✗ over the compared requests (or the cell given: ✓ ≈ ✗), then how many were sampled
+    with another generator."""
+    mark = ok if isinstance(ok, str) else "✓" if ok else "✗"
+    if not num_not_compared:
+        return mark
+    return f"{mark} ({num_not_compared} {NOT_COMPARED_TEXT})"
+
+
+def _percent(share: float | None) -> float | str:
+    return NOT_AVAILABLE if share is None else round(100 * share, 1)
+
+
+def _rounded(value: float | None) -> float | str:
+    return NOT_AVAILABLE if value is None else round(value, 2)
+
+
+CACHED_TOKENS_HEADER = "prompt tokens from the prefix cache"
+
+
+def outputs_headers(engine_names: list[str], reference: str = "model.generate") -> list[str]:
+    """request, prompt, cap, one output column per engine, the reference verdict, then the
+    prompt tokens the continuous engine took from the prefix cache (added last)."""
+    return [
+        "request",
+        "prompt",
+        "cap",
+        *(f"{n} output" for n in engine_names),
+        f"matches {reference}",
+        CACHED_TOKENS_HEADER,
+    ]
+
+
+def compared(trace: Trace) -> bool:
+    """False for a server that said it serves another model than the loaded one: its outputs
+    cannot match the reference, so it is left out of the check (a mismatch would mean nothing)."""
+    return (trace.info.get("server") or {}).get("same_model") is not False
+
+
+def outputs_rows(
+    traces: dict[str, Trace],
+    reference: dict[int, list[int]] | None,
+    verdicts: dict[str, dict[int, dict]] | None = None,
+) -> list[list]:
+    """One row per request (``outputs_headers`` order); the verdict names engines that differ,
+    and those that sampled the request with a generator of their own (not compared). A server
+    serving another model (``compared``) is left out of the check, which says so. With
+    ``verdicts`` (``engine.page.views.divergence_view``) it says ✓, ≈ or ✗ per engine."""
+    runs = list(traces.items())
+    first = runs[0][1]
+    unchecked = [name for name, trace in runs if not compared(trace)]
+    rows = []
+    for i, req in enumerate(first.requests):
+        records = [(name, trace.requests[i]) for name, trace in runs]
+        verdict = NOT_AVAILABLE
+        if reference is not None:
+            checked = [(n, r) for n, r in records if n not in unchecked]
+            verdict = _verdict(checked, reference, verdicts)
+            if unchecked:
+                verdict += f" · {' and '.join(unchecked)}: {ANOTHER_MODEL_TEXT}"
+        texts = [r.output_text for _, r in records]
+        prompt = _clip(req.prompt, PROMPT_SHOWN_CHARS)
+        cached = _cached_tokens(traces, i)
+        rows.append([f"R{req.request_id}", prompt, req.max_new_tokens, *texts, verdict, cached])
+    return rows
+
+
+def _cached_tokens(traces: dict[str, Trace], index: int) -> int | str:
+    """The continuous engine's prefix-cache tokens for one request ("of 575" prompt tokens), or
+    "—" without it: the only engine of ours that shares blocks."""
+    trace = traces.get("continuous")
+    record = trace.requests[index] if trace is not None else None
+    if record is None or record.num_cached_tokens is None:
+        return NOT_AVAILABLE
+    return f"{record.num_cached_tokens} of {record.num_prompt_tokens}"
+
+
+def _verdict(
+    records: list[tuple[str, RequestRecord]], reference: dict[int, list[int]], judged=None
+) -> str:
+    """The verdict: "✓", or "✗ continuous", then "· hf_continuous: sampled with another
+    generator: not compared" for engines whose own random stream sampled the request. With
+    ``judged`` verdicts, each engine's own: "static ✓ · continuous ≈ near-tie at token 17"
+    (an engine without one, a server, by its comparison)."""
+    if judged:
+        return join_labels(
+            {
+                n: verdict_label(judged, n, r.request_id)
+                if n in judged
+                else _COMPARISON_LABELS[comparison(r, reference) or MISMATCH]
+                for n, r in records
+            }
+        )
+    verdicts = [(name, comparison(r, reference) or MISMATCH) for name, r in records]
+    bad = [name for name, v in verdicts if v == MISMATCH]
+    skipped = [name for name, v in verdicts if v == NOT_COMPARED]
+    text = "✓" if not bad else "✗ " + " and ".join(bad)
+    if skipped:
+        text += f" · {' and '.join(skipped)}: {NOT_COMPARED_TEXT}"
+    return text
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… (+{len(text) - limit} chars)"

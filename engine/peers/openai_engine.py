@@ -1,0 +1,305 @@
+"""An engine that is a server: any OpenAI-compatible ``/v1/completions``, driven like a client.
+
+The server does the batching; this engine only plays the workload at it. Each request is sent at
+its arrival time, greedy (``temperature=0``) or with its own sampling settings (``temperature``,
+``top_k``, ``top_p``, ``seed``, as vLLM's completions take them), streamed (``stream=true``) with
+``max_tokens`` set to its cap, and every request that has arrived is in flight at once. A sampled
+request draws from the server's random stream, not ours: its record is ``comparable=False``, and
+the reference check says "not compared" for it. Per request it records, on
+the client's clock: when it was sent (``admit_s``), its first token, each token
+(``token_times_s``) and its finish (the last token, set once the stream has ended). The server
+hides its slots, so the trace has no steps: lanes are per request, from sent to first token
+(waiting) and from there to the last token (decoding).
+
+Outputs are the server's token ids where it returns them (vLLM), else its text re-tokenized with
+the loaded tokenizer (and the EOS id added when it says it stopped), then cut like every engine's
+output (``truncate_at_stop``), so the reference check applies as it is. What the server can do is
+probed once (``engine.peers.openai_probe``); ``engine.peers.server_metrics`` samples its
+``/metrics``.
+
+The streams run on an asyncio loop in a helper thread; the calling thread calls ``on_wait(trace)``
+every ``WAIT_SLICE_S`` and, when it raises (Stop, the time limit), cancels every stream (the server
+sees the connections close and drops the requests) and re-raises. Every other failure raises
+``EndpointError`` with the partial trace attached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import threading
+import time
+
+import httpx
+
+from engine.peers.endpoints import Endpoint, EndpointError
+from engine.peers.openai_probe import ServerInfo, error_detail, parse_sse_line, probe, unreachable
+from engine.peers.server_metrics import MetricsSampler
+from engine.sequence import Request, truncate_at_stop
+from engine.serving.run_control import WAIT_SLICE_S
+from engine.trace import RequestRecord, Trace, new_request_records
+from engine.workloads.workload import request_label
+
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 300.0  # the longest silence on a stream before the server counts as hung
+CANCEL_TIMEOUT_S = 10.0  # how long cancelled streams get to close
+
+
+class OpenAIEngine:
+    """Runs requests against one endpoint; ``name`` is the endpoint's name."""
+
+    def __init__(self, endpoint: Endpoint, loaded, num_slots: int, settings: dict | None = None):
+        """``loaded``: the ``LoadedModel`` whose tokenizer and EOS ids read the outputs, and whose
+        name the served model is checked against. ``num_slots`` is only recorded (the server
+        decides its own concurrency); ``settings``: facts about the server to report with it."""
+        self.endpoint = endpoint
+        self.name = endpoint.name
+        self.loaded = loaded
+        self.num_slots = num_slots
+        self.settings = dict(settings or {})
+        self.eos_token_ids = frozenset(loaded.eos_token_ids)
+        self._info: ServerInfo | None = None
+
+    def server_info(self) -> ServerInfo:
+        """What the server serves and accepts (probed on first use). Raises EndpointError."""
+        if self._info is None:
+            self._info = probe(self.endpoint, self.loaded)
+            self._info.settings.update(self.settings)
+        return self._info
+
+    @property
+    def probed(self) -> ServerInfo | None:
+        """What the last successful probe learned; None before one (or after a restart)."""
+        return self._info
+
+    def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
+        """Play ``requests`` at the server. ``on_step`` is never called (no steps are seen).
+
+        Raises:
+            EndpointError: unreachable, refused request, stream cut; ``exc.trace`` is partial.
+            Exception: whatever ``on_wait(trace)`` raises (``RunStopped``), after every stream
+                is cancelled.
+        """
+        info = self.server_info()
+        trace = Trace(engine=self.name, num_slots=self.num_slots)
+        trace.requests = new_request_records(requests)
+        trace.info = {"server": info.to_dict()}
+        trace.warnings = list(info.warnings)
+        self._mark_sampled(trace, requests, info)
+        t0 = time.perf_counter()
+        sampler = MetricsSampler(self.endpoint.url, t0, trace=trace)
+        try:
+            with sampler:
+                self._drive(requests, trace, t0, on_wait)
+        except EndpointError as exc:
+            exc.trace = trace
+            raise
+        finally:
+            trace.wall_s = max((r.finish_s or 0.0) for r in trace.requests) if requests else 0.0
+            trace.info["server"] = {**trace.info["server"], "metrics_note": sampler.note}
+        return trace
+
+    def _mark_sampled(self, trace: Trace, requests: list[Request], info: ServerInfo) -> None:
+        """Sampled requests draw from the server's random stream: not comparable with ours; and
+        a warning where their top_k cannot be sent."""
+        for rec, request in zip(trace.requests, requests, strict=True):
+            rec.comparable = not request.is_sampled
+        if not _takes_top_k(info) and any(r.is_sampled and r.sampling.top_k for r in requests):
+            trace.warnings.append(
+                f"{self.name} does not take top_k (vLLM's extension of the OpenAI API): its "
+                "sampled requests ran without their top_k limit."
+            )
+
+    def _drive(self, requests, trace: Trace, t0: float, on_wait) -> None:
+        """Run the streams on a loop thread; poll ``on_wait`` here until they are done."""
+        cancel = threading.Event()
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name=f"{self.name}-streams", daemon=True)
+        thread.start()
+        try:
+            future = asyncio.run_coroutine_threadsafe(
+                self._stream_all(requests, trace, t0, cancel), loop
+            )
+            while not concurrent.futures.wait([future], timeout=WAIT_SLICE_S).done:
+                if on_wait is None:
+                    continue
+                try:
+                    on_wait(trace)
+                except BaseException:
+                    cancel.set()
+                    concurrent.futures.wait([future], timeout=CANCEL_TIMEOUT_S)
+                    raise
+            future.result()
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=CANCEL_TIMEOUT_S)
+            if not thread.is_alive():
+                loop.close()
+
+    async def _stream_all(self, requests, trace: Trace, t0: float, cancel) -> None:
+        """Send each request at its arrival time; return when all finished or ``cancel`` is set.
+
+        Raises:
+            EndpointError: the first stream that failed (the others are cancelled).
+        """
+        timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        pending = sorted(requests, key=lambda r: r.arrival_order)
+        tasks: list[asyncio.Task] = []
+        async with httpx.AsyncClient(
+            base_url=self.endpoint.url, timeout=timeout, limits=limits
+        ) as c:
+            try:
+                while not cancel.is_set():
+                    now_s = time.perf_counter() - t0
+                    while pending and pending[0].arrival_s <= now_s:
+                        request = pending.pop(0)
+                        record = trace.request(request.request_id)
+                        tasks.append(asyncio.create_task(self._stream(c, request, record, t0)))
+                    failed = [t for t in tasks if t.done() and t.exception() is not None]
+                    if failed:
+                        raise failed[0].exception()
+                    if not pending and all(t.done() for t in tasks):
+                        return
+                    wake_s = pending[0].arrival_s - now_s if pending else WAIT_SLICE_S
+                    await asyncio.sleep(max(0.0, min(WAIT_SLICE_S, wake_s)))
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _stream(self, client, request: Request, rec: RequestRecord, t0: float) -> None:
+        """One request's stream, recorded into ``rec``. Raises EndpointError."""
+        label = request_label(request.request_id)
+        pieces: list[str] = []
+        ids: list[int] = []
+        finish = None
+        rec.admit_s = time.perf_counter() - t0
+        try:
+            async with client.stream("POST", "/v1/completions", json=self._body(request)) as r:
+                if r.status_code != 200:
+                    detail = error_detail(await r.aread())
+                    raise EndpointError(
+                        f"{self.name} refused {label}: HTTP {r.status_code}: {detail}"
+                    )
+                async for line in r.aiter_lines():
+                    chunk = parse_sse_line(line)
+                    if chunk is not None:
+                        finish = self._take(chunk, rec, pieces, ids, t0, label) or finish
+        except httpx.ConnectError as exc:
+            raise unreachable(self.endpoint, exc) from exc
+        except httpx.TransportError as exc:
+            raise EndpointError(
+                f"{self.name} stopped answering during {label} ({type(exc).__name__}); "
+                "the server may have died or been stopped."
+            ) from exc
+        if finish is None:
+            raise EndpointError(
+                f"{self.name} ended the stream of {label} before it finished; "
+                "the server may have died or been stopped."
+            )
+        self._finish(rec, request, pieces, ids, finish)
+
+    def _body(self, request: Request) -> dict:
+        info = self.server_info()
+        body = {
+            "prompt": list(request.prompt_token_ids)
+            if info.prompt_token_ids
+            else self._text(request),
+            "max_tokens": request.max_new_tokens,
+            "temperature": 0,
+            "stream": True,
+        }
+        if request.is_sampled:
+            body |= _sampling_body(request.sampling, top_k=_takes_top_k(info))
+        if info.model is not None:
+            body["model"] = info.model
+        if info.returns_token_ids:
+            body["return_token_ids"] = True
+        return body
+
+    def _text(self, request: Request) -> str:
+        """The prompt as text that the server tokenizes back into ``prompt_token_ids``.
+
+        The server adds the tokenizer's special prefix (BOS) itself, so it is left out here.
+        """
+        tokenizer = self.loaded.tokenizer
+        ids = list(request.prompt_token_ids)
+        prefix = list(tokenizer("", add_special_tokens=True)["input_ids"])
+        if prefix and ids[: len(prefix)] == prefix:
+            ids = ids[len(prefix) :]
+        return tokenizer.decode(ids, skip_special_tokens=False)
+
+    def _take(self, chunk: dict, rec: RequestRecord, pieces, ids, t0: float, label: str):
+        """Record one streamed chunk's tokens; return its finish reason (None mid-stream)."""
+        if "error" in chunk:
+            detail = error_detail(json.dumps(chunk).encode())
+            raise EndpointError(f"{self.name} failed during {label}: {detail}")
+        choices = chunk.get("choices") or []
+        if not choices:
+            return None  # a usage-only chunk
+        choice = choices[0]
+        text = choice.get("text") or ""
+        token_ids = choice.get("token_ids") or []
+        if text or token_ids:
+            t_s = time.perf_counter() - t0
+            if rec.first_token_s is None:
+                rec.first_token_s = t_s
+            # new lists, never changed in place: a mid-run copy of the record stays as it was
+            rec.token_times_s = [*rec.token_times_s, *[t_s] * max(1, len(token_ids))]
+            pieces.append(text)
+            ids.extend(int(i) for i in token_ids)
+            rec.output_text += text  # live text for a page; _finish writes the decoded output
+        return choice.get("finish_reason")
+
+    def _finish(self, rec: RequestRecord, request: Request, pieces, ids, finish: str) -> None:
+        """Outputs as every engine gives them: ids up to the cap, ending at the first EOS."""
+        tokenizer = self.loaded.tokenizer
+        if self.server_info().returns_token_ids:
+            tokens = list(ids)
+        else:
+            text = "".join(pieces)
+            tokens = list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+            if finish == "stop" and not (tokens and tokens[-1] in self.eos_token_ids):
+                tokens.append(_main_eos(tokenizer, self.eos_token_ids))
+        tokens = truncate_at_stop(tokens, request.max_new_tokens, self.eos_token_ids)
+        rec.output_token_ids = tokens
+        rec.output_text = tokenizer.decode(tokens, skip_special_tokens=True)
+        rec.finish_s = rec.token_times_s[-1] if rec.token_times_s else rec.admit_s
+        rec.finish_reason = "eos" if finish == "stop" else str(finish)
+
+
+def _takes_top_k(info: ServerInfo) -> bool:
+    """Whether the server takes ``top_k``, vLLM's extension of the OpenAI API: servers with
+    vLLM's ``/version`` (vLLM, SGLang) do; others (``transformers serve``) refuse the field."""
+    return info.version is not None
+
+
+def _sampling_body(sampling, top_k: bool) -> dict:
+    """A sampled request's settings as completions fields; top_k (where the server takes it) and
+    top_p only when they limit."""
+    body = {"temperature": sampling.temperature, "seed": sampling.seed}
+    if top_k and sampling.top_k > 0:
+        body["top_k"] = sampling.top_k
+    if sampling.top_p < 1:
+        body["top_p"] = sampling.top_p
+    return body
+
+
+def endpoint_engines(loaded, num_slots: int, environ=None, reserved=()) -> dict[str, OpenAIEngine]:
+    """One engine per endpoint in ``CBP_ENDPOINTS``, by name (the page's configured servers).
+
+    Raises:
+        ValueError: a bad entry, or a name in ``reserved`` (the page's own engines).
+    """
+    from engine.peers.endpoints import endpoints_from_env
+
+    found = endpoints_from_env(environ, reserved)
+    return {e.name: OpenAIEngine(e, loaded, num_slots) for e in found}
+
+
+def _main_eos(tokenizer, eos_token_ids: frozenset[int]) -> int:
+    """The EOS id a text-only server most likely stopped at: the tokenizer's, else the lowest."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return eos if eos in eos_token_ids else min(eos_token_ids)

@@ -1,0 +1,254 @@
+"""A local vLLM server on the loaded model, started and stopped from here.
+
+vLLM pins its own transformers, so it lives in a separate virtual environment, ``.venv-vllm``
+(``make vllm``; ``CBP_VLLM_VENV`` points elsewhere). ``VllmServer`` starts its OpenAI-compatible
+server on 127.0.0.1 and a free port with the loaded model's safetensors folder
+(``LoadedModel.source``), the same dtype, ``--max-num-seqs`` equal to the slot count and
+``--max-model-len 2048``; waits for ``/health``, telling a callback what the server is doing;
+and stops it with its whole process group (vLLM runs its engine in child processes), at the
+latest when this Python exits (``atexit``; a SIGKILLed parent leaves it running).
+
+Settings that matter on a CPU: by default vLLM keeps one core for itself and sizes its KV cache
+from the machine's memory. Here every core computes (``VLLM_CPU_OMP_THREADS_BIND=0-<n-1>``,
+``VLLM_CPU_NUM_OF_RESERVED_CPU=0``) and the KV cache is sized for the slots
+(``--kv-cache-memory-bytes``), so the server shares the machine politely. ``--enforce-eager``
+skips ``torch.compile`` (faster start, slower steps).
+
+The server is started as ``python -m vllm.entrypoints.openai.api_server``, which takes the same
+flags as ``vllm serve``: the ``vllm`` command of vllm-cpu 0.32.0 fails at start, asking for the
+package metadata of "vllm" while the package is installed as "vllm-cpu".
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from engine.peers.endpoints import Endpoint, EndpointError
+
+VLLM_VENV_ENV = "CBP_VLLM_VENV"
+DEFAULT_VENV = Path(__file__).resolve().parent.parent / ".venv-vllm"
+MAX_MODEL_LEN = 2048
+START_TIMEOUT_S = 1800.0  # compiled mode's warm-up took over 10 minutes on a busy 2-core CPU
+# a line after which the server never becomes healthy, though its API process stays up
+FATAL_LOG_LINE = "EngineCore failed to start"
+POLL_S = 0.5
+KV_MARGIN = 1.25  # KV cache room over slots x max_model_len tokens (block rounding, scratch)
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def vllm_python(venv: str | os.PathLike | None = None) -> Path:
+    """The Python of vLLM's environment (``CBP_VLLM_VENV``, else ``.venv-vllm``).
+
+    Raises:
+        ValueError: the environment is missing, saying how to build it.
+    """
+    root = Path(venv or os.environ.get(VLLM_VENV_ENV) or DEFAULT_VENV).expanduser()
+    python = root / "bin" / "python"
+    if not python.exists():
+        raise ValueError(
+            f"vLLM's environment {root} is missing; build it with `make vllm` (about 4 minutes)."
+        )
+    return python
+
+
+def kv_bytes_per_token(config, dtype_bytes: int) -> int:
+    """KV cache bytes one token takes in every layer: 2 (K, V) x L x H_kv x D x dtype size."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """How the server runs; ``describe`` is what the bench and the page report."""
+
+    model_dir: str  # the safetensors folder (or hub id) the server loads
+    dtype: str  # "float32", "bfloat16" or "float16", as the loaded model
+    max_num_seqs: int  # = the slot count
+    max_model_len: int = MAX_MODEL_LEN
+    enforce_eager: bool = False  # True: no torch.compile (vLLM's default is compiled)
+    kv_cache_bytes: int | None = None  # None: vLLM sizes it from the machine's memory
+    omp_threads_bind: str = f"0-{(os.cpu_count() or 1) - 1}"
+
+    def args(self, port: int) -> list[str]:
+        """The server's command-line flags."""
+        args = ["--model", self.model_dir, "--host", "127.0.0.1", "--port", str(port)]
+        args += ["--dtype", self.dtype, "--max-num-seqs", str(self.max_num_seqs)]
+        args += ["--max-model-len", str(self.max_model_len)]
+        if self.kv_cache_bytes is not None:
+            args += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
+        return args + (["--enforce-eager"] if self.enforce_eager else [])
+
+    def env(self) -> dict[str, str]:
+        """Variables added to the server's environment (CPU threads; ignored on CUDA)."""
+        return {
+            "VLLM_CPU_OMP_THREADS_BIND": self.omp_threads_bind,
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+            # vLLM gives its engine 600 s to start, less than a compiled warm-up can take here
+            "VLLM_ENGINE_READY_TIMEOUT_S": str(int(START_TIMEOUT_S)),
+        }
+
+    def describe(self) -> dict:
+        return {**asdict(self), "mode": "eager" if self.enforce_eager else "compiled", **self.env()}
+
+
+def settings_for(
+    loaded, num_slots: int, *, enforce_eager: bool = False, max_model_len: int = MAX_MODEL_LEN
+) -> VllmSettings:
+    """Settings that serve ``loaded`` as our engines run it: same weights, dtype and slots.
+
+    Raises:
+        ValueError: the model has no folder or hub id to load (``loaded.source``), or bad slots.
+    """
+    if num_slots < 1:
+        raise ValueError("vLLM needs at least 1 slot (--max-num-seqs).")
+    source = getattr(loaded, "source", None)
+    if not source:
+        raise ValueError("The loaded model has no folder or hub id that vLLM could load.")
+    dtype = str(loaded.dtype).removeprefix("torch.")
+    per_token = kv_bytes_per_token(loaded.model.config, loaded.dtype.itemsize)
+    kv_bytes = int(KV_MARGIN * per_token * num_slots * max_model_len)
+    return VllmSettings(source, dtype, num_slots, max_model_len, enforce_eager, kv_bytes)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class VllmServer:
+    """One ``vllm serve`` process group. Use ``with VllmServer(...) as server:`` or start/stop."""
+
+    def __init__(self, settings: VllmSettings, venv: str | os.PathLike | None = None):
+        self.settings = settings
+        self.python = vllm_python(venv)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.version: str | None = None
+        self.start_s: float | None = None  # seconds start() took
+        self.proc: subprocess.Popen | None = None
+        self._log = None  # the server's stdout and stderr, from start() to stop()
+        self.log_path: Path | None = None
+
+    def endpoint(self, name: str = "vllm") -> Endpoint:
+        return Endpoint(name, self.url)
+
+    def info(self) -> dict:
+        """Version, URL, start time and settings, as the bench and the page report them."""
+        return {
+            "version": self.version,
+            "url": self.url,
+            "start_s": self.start_s,
+            **self.settings.describe(),
+        }
+
+    def start(
+        self, on_progress: Callable[[str], None] | None = None, timeout_s: float = START_TIMEOUT_S
+    ) -> VllmServer:
+        """Start the server and wait until ``/health`` answers 200.
+
+        ``on_progress(line)`` gets the server's latest log line whenever it changes (a status line
+        can show it). Raises EndpointError (with the log's tail) if the server exits or is not
+        healthy within ``timeout_s``; the process group is stopped then.
+        """
+        t0 = time.perf_counter()
+        command = [str(self.python), "-m", SERVER_MODULE, *self.settings.args(self.port)]
+        env = {**os.environ, **self.settings.env()}
+        self._log = tempfile.NamedTemporaryFile(prefix="vllm-serve-", suffix=".log", delete=False)
+        self.log_path = Path(self._log.name)
+        self.proc = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        atexit.register(self.stop)  # a Python that exits without stop() still stops the server
+        try:
+            self._wait_healthy(t0 + timeout_s, on_progress)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_s = time.perf_counter() - t0
+        return self
+
+    def _wait_healthy(self, deadline: float, on_progress) -> None:
+        last = None
+        with httpx.Client(base_url=self.url, timeout=httpx.Timeout(2.0)) as client:
+            while True:
+                if self.proc.poll() is not None:
+                    raise EndpointError(
+                        f"vLLM exited with code {self.proc.returncode} while starting:\n"
+                        f"{self.log_tail()}"
+                    )
+                if FATAL_LOG_LINE in self.log_tail(200):
+                    raise EndpointError(f"vLLM's engine failed to start:\n{self.log_tail()}")
+                if time.perf_counter() > deadline:
+                    raise EndpointError(f"vLLM did not become healthy in time:\n{self.log_tail()}")
+                line = self.log_tail(1)
+                if on_progress is not None and line and line != last:
+                    on_progress(line)
+                    last = line
+                try:
+                    if client.get("/health").status_code == 200:
+                        self.version = (client.get("/version").json() or {}).get("version")
+                        return
+                except (httpx.HTTPError, ValueError):
+                    pass
+                time.sleep(POLL_S)
+
+    def log_tail(self, num_lines: int = 30) -> str:
+        """The last ``num_lines`` non-blank lines the server wrote."""
+        try:
+            text = self.log_path.read_text(errors="replace") if self.log_path else ""
+        except OSError:
+            return ""
+        return "\n".join([ln for ln in text.splitlines() if ln.strip()][-num_lines:])
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL what is left after ``timeout_s``."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.proc.wait(timeout=timeout_s)
+        self._signal(signal.SIGKILL)  # children that outlived the main process
+        self._log.close()
+        self.log_path.unlink(missing_ok=True)  # its tail is in any error already raised
+        self.proc = None
+        atexit.unregister(self.stop)
+
+    def kill(self) -> None:
+        """SIGKILL the whole server at once, as a crash would (tests of a server dying)."""
+        if self.proc is not None:
+            self._signal(signal.SIGKILL)
+            self.proc.wait(timeout=30.0)
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def __enter__(self) -> VllmServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,183 @@
+"""Sampling settings of one request: temperature, top-k, top-p and a seed (as vLLM's).
+
+A request without settings decodes greedily, as every engine always did. With settings, it samples
+from its own random generator seeded from its ``seed`` (``engine.serving.sampler``), so its tokens
+depend on nothing else in the batch. The settings mean what transformers' ``generate`` makes of
+them:
+
+* ``temperature``: logits are divided by it; ``0`` means greedy decoding (as in vLLM), and the
+  other three settings are then unused;
+* ``top_k``: only the ``top_k`` highest logits stay; ``0`` means no limit;
+* ``top_p``: only the smallest set of tokens whose probability reaches ``top_p`` stays; ``1``
+  means no limit;
+* ``seed``: the request's generator starts from it; 0 to 2^63 - 1.
+
+A row that sets any of the four samples; what it leaves empty takes the defaults above
+(temperature 1, top_k 0, top_p 1, seed 0). Plain Python, no torch: tables and files are parsed
+here before any model loads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+MAX_SEED = 2**63 - 1
+FIELDS = ("temperature", "top_k", "top_p", "seed")  # the optional table and file columns
+_EXACT_FLOAT_INT = 2**53  # integral floats above this may not be the number the user typed
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request picks its next token. See the module docstring for each field.
+
+    Raises:
+        ValueError: temperature below 0 or not finite, top_p outside (0, 1], top_k below 0 or
+            not a whole number, seed not a whole number or outside 0..2^63 - 1. The message
+            names the setting and its value, not the row: parsers add that.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        t, p, k, seed = self.temperature, self.top_p, self.top_k, self.seed
+        if not _is_number(t) or not math.isfinite(t):
+            raise ValueError(f"temperature {_show(t)} is not a finite number.")
+        if t < 0:
+            raise ValueError(f"temperature {t} is below 0; use 0 (greedy) or a positive number.")
+        if not _is_number(p) or not 0 < p <= 1:
+            raise ValueError(
+                f"top_p {_show(p)} is outside (0, 1]; use a number above 0, at most 1."
+            )
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise ValueError(f"top_k {_show(k)} is not a whole number.")
+        if k < 0:
+            raise ValueError(f"top_k {_show(k)} is below 0; use 0 (no limit) or more.")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed {_show(seed)} is not a whole number.")
+        if not 0 <= seed <= MAX_SEED:
+            raise ValueError(f"seed {_show(seed)} is out of range; use 0 to {MAX_SEED} (2^63 - 1).")
+        object.__setattr__(self, "temperature", float(t))  # transformers' warpers want floats
+        object.__setattr__(self, "top_p", float(p))
+
+    @property
+    def is_greedy(self) -> bool:
+        """True at temperature 0: the request decodes greedily and draws nothing."""
+        return self.temperature == 0
+
+    def to_dict(self) -> dict:
+        """``{"temperature", "top_k", "top_p", "seed"}``, as the files and the JSON write them."""
+        return asdict(self)
+
+
+def _is_number(value) -> bool:
+    """An int or float that converts to a float (an int of 400 digits does not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
+def _show(value) -> str:
+    """A value for a message: its repr, cut to 30 characters (an int may be thousands of digits)."""
+    try:
+        text = repr(value)
+    except ValueError:  # Python's int-to-str digit limit
+        return "(a number too long to print)"
+    return text if len(text) <= 30 else text[:27] + "..."
+
+
+def samples(params: SamplingParams | None) -> bool:
+    """Whether a request with these settings samples (not None, temperature above 0)."""
+    return params is not None and not params.is_greedy
+
+
+def parse_sampling(temperature, top_k, top_p, seed, where: str) -> SamplingParams | None:
+    """Four table cells (text or numbers) -> settings; None when all four are blank (greedy).
+
+    Raises:
+        ValueError: a cell that is not a number of the right kind or out of range; the message
+            starts with ``where`` (e.g. "Row 3" or "w.csv line 4").
+    """
+    cells = dict(zip(FIELDS, (temperature, top_k, top_p, seed), strict=True))
+    given = {name: value for name, value in cells.items() if not is_blank(value)}
+    if not given:
+        return None
+    try:
+        values = {
+            name: _whole(value, name) if name in ("top_k", "seed") else _number(value, name)
+            for name, value in given.items()
+        }
+        return SamplingParams(**values)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _number(value, name: str) -> float | int:
+    """A number as typed: "2" stays the int 2, so a message quotes it as the user wrote it."""
+    text = _text(value, name)
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{name} {text!r} is not a number.") from None
+
+
+def _whole(value, name: str) -> int:
+    """A whole number, read exactly: "9223372036854775807" stays that number, "5.0" is 5."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = _text(value, name)
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
+        raise ValueError(f"{name} {text!r} is not a whole number.") from None
+    if not number.is_integer():
+        raise ValueError(f"{name} {text} is not a whole number.")
+    if abs(number) > _EXACT_FLOAT_INT:
+        raise ValueError(f"{name} {text} is too large to read exactly; write it in digits.")
+    return int(number)
+
+
+def _text(value, name: str) -> str:
+    try:
+        return str(value).strip()
+    except ValueError:  # Python's int-to-str digit limit
+        raise ValueError(f"{name} is a number too long to read.") from None
+
+
+def is_blank(value) -> bool:
+    """Whether a table cell is empty: None, NaN (pandas' empty cell) or only whitespace."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    try:
+        return not str(value).strip()
+    except ValueError:  # an int too long to print is not blank
+        return False
+
+
+def with_defaults(
+    params: SamplingParams | None, defaults: SamplingParams | None, seed_base: int, index: int
+) -> SamplingParams | None:
+    """``params`` if the request has settings of its own; else ``defaults`` with the seed
+    ``seed_base + index`` (the bench's ``--seed-base``); None when neither is set.
+
+    Raises:
+        ValueError: ``seed_base + index`` beyond 2^63 - 1.
+    """
+    if params is not None or defaults is None:
+        return params
+    return SamplingParams(defaults.temperature, defaults.top_k, defaults.top_p, seed_base + index)

@@ -1,0 +1,18 @@
+"""Serving: what a continuous engine decides and lays out at each step, in plain bookkeeping.
+
+The ``scheduler``, the ``block_manager``, the KV caches (``kv_cache``), the ``packed_batch`` and its
+``masks``, the per-request ``sampler`` and ``run_control``. May import the root vocabulary and
+``engine.workloads``.
+
+Nothing is imported here: import the modules by name. ``__all__`` is the room's face.
+"""
+
+__all__ = [
+    "scheduler",
+    "block_manager",
+    "kv_cache",
+    "packed_batch",
+    "masks",
+    "sampler",
+    "run_control",
+]

@@ -1,0 +1,242 @@
+"""KV caches for the continuous engine.
+
+``SlotKVCache`` (mode ``"slots"``) preallocates one contiguous region per slot and writes every
+step's new keys and values in place, so a step costs the same whatever the context length::
+
+    keys[layer]  [B, H_kv, P, D]
+    slot 0:  R0 R0 R0 R0 R0 .. .. ..      (R0 has 5 tokens cached)
+    slot 1:  R4 R4 .. .. .. .. .. ..      (R4 was admitted when R1 finished; R1's stale
+    slot 2:  R2 R2 R2 R2 R2 R2 R2 ..       entries past position 1 are masked out)
+
+``PagedKVCache`` (mode ``"paged"``) is what vLLM does: one pool of fixed-size blocks, sized from a
+memory budget, handed out block by block through ``engine.serving.block_manager.BlockManager``. A
+step gathers each slot's blocks through its block table into the ``[B, H_kv, T_kv, D]`` view the
+attention reads (vLLM's paged-attention kernel reads the blocks in place; a gather is the portable
+torch equivalent and costs one extra pass over the context). With prefix caching several block
+tables can list the same block; a step only ever writes into blocks past a sequence's cached
+prefix, which are its own.
+
+``ConcatKVCache`` (mode ``"concat"``) is the article's way, kept as a teaching mode: each sequence
+owns its own growing tensors, and every step concatenates them into one packed cache and appends
+the new keys back per sequence, so each step copies the whole context (a run costs its square).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.serving.block_manager import BlockManager
+from engine.serving.masks import packed_step_mask
+from engine.serving.packed_batch import PackedBatch
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype) -> int:
+    """Bytes one token's keys and values take across all layers."""
+    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+class _WrittenInPlace:
+    """Batch-invariant mode's two calls for a cache that ``write``s every step's keys in place
+    and reads a slot back through ``sequence_view`` (the slot and paged caches)."""
+
+    def store_step(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+        """Batch-invariant mode: store the step's keys/values (as ``write``)."""
+        self.write(layer, key, value, batch)
+
+    def sequence_kv(self, layer: int, batch: PackedBatch, index: int):
+        """Keys and values of ``batch.seqs[index]``, cached and new: [H_kv, kv_len, D] each."""
+        kv_len = batch.num_cached[index] + batch.num_new[index]
+        keys, values = self.sequence_view(layer, batch, batch.seqs[index].slot, kv_len)
+        return keys[0], values[0]
+
+
+class SlotKVCache(_WrittenInPlace):
+    """Preallocated per-slot KV storage written in place.
+
+    Shapes:
+        keys, values: [L, B, H_kv, P, D]
+    """
+
+    def __init__(self, num_layers, num_slots, num_kv_heads, head_dim, max_seq_len, dtype, device):
+        shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_seq_len = max_seq_len
+        self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+
+    @property
+    def total_bytes(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size()
+
+    def write_index(self, slot_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Row of every (head, token) in a layer's storage viewed as ``[B * H_kv * P, D]``.
+
+        Built once per step; ``write`` then stores a layer's keys with one ``index_copy_``,
+        cheaper than advanced-index assignment. Shapes: slot_ids, positions [T] -> [H_kv * T].
+        """
+        num_kv_heads = self.keys.shape[2]
+        heads = torch.arange(num_kv_heads, device=slot_ids.device)[:, None]  # (H_kv, 1)
+        rows = (slot_ids[None, :] * num_kv_heads + heads) * self.max_seq_len + positions[None, :]
+        return rows.reshape(-1)  # (H_kv * T,), ordered head-major like key[0]
+
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+        """Store the step's new keys/values ([1, H_kv, T, D]) at (slot, position) of each token."""
+        head_dim = key.shape[-1]
+        index = batch.kv_write_index  # (H_kv * T,)
+        self.keys[layer].view(-1, head_dim).index_copy_(0, index, key[0].reshape(-1, head_dim))
+        self.values[layer].view(-1, head_dim).index_copy_(0, index, value[0].reshape(-1, head_dim))
+
+    def prepare(self, batch: PackedBatch) -> None:
+        """Per step, before the forward: the write index of every new token's keys/values."""
+        positions = batch.position_ids[0]  # (T,)
+        assert int(positions.max()) < self.max_seq_len, "a sequence outgrew its slot's KV"
+        batch.kv_write_index = self.write_index(batch.slot_ids, positions)
+
+    def slot_view(self, layer: int, batch: PackedBatch, kv_len: int):
+        """Keys and values of every slot's first ``kv_len`` positions: [B, H_kv, kv_len, D]."""
+        return self.keys[layer][:, :, :kv_len], self.values[layer][:, :, :kv_len]
+
+    def sequence_view(self, layer: int, batch: PackedBatch, slot: int, kv_len: int):
+        """One slot's first ``kv_len`` keys and values: [1, H_kv, kv_len, D]."""
+        return self.keys[layer][slot, :, :kv_len][None], self.values[layer][slot, :, :kv_len][None]
+
+    def release(self, request_id: int) -> None:
+        """Nothing to free: the next occupant of the slot overwrites and masks stale entries."""
+
+
+class PagedKVCache(_WrittenInPlace):
+    """A pool of KV blocks shared by all sequences, addressed through block tables.
+
+    Storage keeps each block's tokens contiguous per head, so a block is rows
+    ``[b * block_size, (b + 1) * block_size)`` of a layer's ``[H_kv, N * block_size, D]`` view.
+
+    Shapes:
+        keys, values: [L, H_kv, N * block_size, D]   (N = num_blocks)
+        per step (``prepare``): kv_block_rows [B, max_blocks * block_size], the storage row of
+        every position of every slot's sequence; kv_write_index [T], where each new token goes.
+    """
+
+    def __init__(
+        self,
+        num_layers,
+        num_kv_heads,
+        head_dim,
+        num_blocks,
+        block_size,
+        dtype,
+        device,
+        prefix_caching: bool = False,
+    ):
+        self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
+        shape = (num_layers, num_kv_heads, num_blocks * block_size, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+
+    @property
+    def total_bytes(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size()
+
+    def prepare(self, batch: PackedBatch) -> None:
+        """Per step, before the forward: storage rows of every slot's positions and new tokens.
+
+        The scheduler has already given every scheduled sequence the blocks its new tokens need.
+        """
+        block_size = self.blocks.block_size
+        tables = [self.blocks.block_tables[s.request_id] for s in batch.seqs]
+        width = max(len(t) for t in tables)
+        num_slots = batch.num_slots
+        padded = torch.zeros(num_slots, width, dtype=torch.long)  # (B, max_blocks); idle: block 0
+        for seq, table in zip(batch.seqs, tables, strict=True):
+            padded[seq.slot, : len(table)] = torch.tensor(table)
+        offsets = torch.arange(block_size)
+        rows = (padded[:, :, None] * block_size + offsets).reshape(num_slots, -1)
+        batch.kv_block_rows = rows.to(batch.input_ids.device)  # (B, max_blocks * block_size)
+        positions = batch.position_ids[0]  # (T,)
+        batch.kv_write_index = batch.kv_block_rows[batch.slot_ids, positions]  # (T,)
+
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+        """Store the step's new keys/values ([1, H_kv, T, D]) in their sequences' blocks."""
+        self.keys[layer].index_copy_(1, batch.kv_write_index, key[0])
+        self.values[layer].index_copy_(1, batch.kv_write_index, value[0])
+
+    def slot_view(self, layer: int, batch: PackedBatch, kv_len: int):
+        """Gather every slot's first ``kv_len`` positions: keys, values [B, H_kv, kv_len, D]."""
+        rows = batch.kv_block_rows[:, :kv_len]  # (B, kv_len)
+        return self._gather(self.keys[layer], rows), self._gather(self.values[layer], rows)
+
+    def sequence_view(self, layer: int, batch: PackedBatch, slot: int, kv_len: int):
+        """Gather one slot's first ``kv_len`` positions: keys, values [1, H_kv, kv_len, D]."""
+        rows = batch.kv_block_rows[slot : slot + 1, :kv_len]  # (1, kv_len)
+        return self._gather(self.keys[layer], rows), self._gather(self.values[layer], rows)
+
+    @staticmethod
+    def _gather(store: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """[H_kv, N * block_size, D] rows -> [B, H_kv, n, D] for ``rows`` [B, n]."""
+        num_rows, n = rows.shape
+        picked = store.index_select(1, rows.reshape(-1))  # (H_kv, B * n, D)
+        return picked.view(store.shape[0], num_rows, n, store.shape[-1]).transpose(0, 1)
+
+    def release(self, request_id: int) -> None:
+        """Nothing here: the scheduler returns a sequence's blocks through the block manager."""
+
+
+class ConcatKVCache:
+    """The article's per-sequence caches, concatenated into one packed cache every step.
+
+    Shapes:
+        per sequence and layer: keys, values [1, H_kv, n_cached, D]
+        ``gather`` returns: keys, values [1, H_kv, T_kv, D] laid out as [cached | new]
+    """
+
+    def __init__(self, num_layers, num_kv_heads, head_dim, dtype):
+        self.num_layers = num_layers
+        self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+        self._store: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def gather(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+        """Concatenate all cached KV plus this step's, then append the new KV per sequence."""
+        ids = [s.request_id for s in batch.seqs]
+        cached = [self._store[i][layer] for i, n in zip(ids, batch.num_cached, strict=True) if n]
+        keys = torch.cat([k for k, _ in cached] + [key], dim=2)  # (1, H_kv, T_kv, D)
+        values = torch.cat([v for _, v in cached] + [value], dim=2)
+        self.store_step(layer, key, value, batch)
+        return keys, values
+
+    def store_step(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+        """Append each sequence's new keys/values ([1, H_kv, T, D] in packed order) to its own."""
+        start = 0
+        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
+            new = (key[:, :, start : start + n], value[:, :, start : start + n])
+            self._append(seq.request_id, layer, new)
+            start += n
+
+    def sequence_kv(self, layer: int, batch: PackedBatch, index: int):
+        """Keys and values of ``batch.seqs[index]`` after ``store_step``: [H_kv, kv_len, D] each."""
+        keys, values = self._store[batch.seqs[index].request_id][layer]
+        return keys[0], values[0]
+
+    def _append(self, request_id: int, layer: int, new: tuple[torch.Tensor, torch.Tensor]):
+        layers = self._store.setdefault(request_id, [None] * self.num_layers)
+        old = layers[layer]
+        if old is None:
+            layers[layer] = (new[0].clone(), new[1].clone())
+        else:
+            layers[layer] = (torch.cat([old[0], new[0]], 2), torch.cat([old[1], new[1]], 2))
+
+    def prepare(self, batch: PackedBatch) -> None:
+        """Per step, before the forward: the packed mask this mode applies literally (none in
+        batch-invariant mode, which attends per sequence)."""
+        if batch.invariant:
+            return
+        mask = packed_step_mask(batch.num_cached, batch.num_new)  # (T, T_kv)
+        batch.packed_mask = mask[None, None].to(batch.input_ids.device)
+
+    def release(self, request_id: int) -> None:
+        self._store.pop(request_id, None)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(
+            2 * k.numel() * k.element_size() for layers in self._store.values() for k, _ in layers
+        )

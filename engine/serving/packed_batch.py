@@ -1,0 +1,135 @@
+"""The packed batch: one step's model inputs and attention metadata, built once per step.
+
+Every scheduled sequence's pending tokens go into one ``[1, T]`` row, each with its own position::
+
+    slots:      A (decode)   B (prefill, 3 tokens)   C (decode)
+    input_ids:  [ a7 |        b0 b1 b2          |   c4 ]
+    positions:  [ 7  |        0  1  2           |   4  ]
+    logits at:  [ 0  ,                  3       ,   4  ]   (each sequence's last token)
+
+Sequences feeding one token ("single-query": decode, or a one-token prompt) are attended together
+in one batched call over all slots; sequences feeding several ("multi-query": prefill) get one call
+each. That split is how vLLM separates decode and prefill metadata. Work here is per sequence and
+per query token, never per cached token, but for one vectorized ``[B, T_kv]`` decode-mask compare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.sequence import Sequence
+from engine.serving.masks import query_layout
+
+
+@dataclass
+class PrefillSpan:
+    """A multi-query sequence: its tokens are ``[token_start, token_end)`` of the packed row.
+
+    ``mask`` is ``None`` when the span starts at position 0 (plain causal), else the
+    ``[n, num_cached + n]`` causal mask of a chunk attending to its cached prefix.
+    """
+
+    token_start: int
+    token_end: int
+    slot: int
+    num_cached: int
+    mask: torch.Tensor | None
+
+
+@dataclass
+class PackedBatch:
+    """One step's inputs.
+
+    Shapes:
+        input_ids, position_ids: [1, T]
+        slot_ids: [T]                  slot of each token (where its KV is written)
+        logits_indices: [S]            last token of each sequence in the packed row
+        decode_rows, decode_slots: [S_d]   single-query tokens and their slots
+        decode_mask: [B, 1, 1, T_kv_d] keys each slot's decode query may see (>= 1 key per slot)
+        packed_mask: [1, 1, T, T_kv]   only in the ``concat`` KV mode
+        kv_block_rows: [B, max_blocks * block_size]   only in the ``paged`` KV mode
+    """
+
+    seqs: list[Sequence]
+    num_slots: int
+    num_cached: list[int]
+    num_new: list[int]
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    slot_ids: torch.Tensor
+    logits_indices: torch.Tensor
+    decode_rows: torch.Tensor
+    decode_slots: torch.Tensor
+    decode_mask: torch.Tensor | None
+    prefills: list[PrefillSpan]
+    kv_cache: object  # an engine.serving.kv_cache cache; its prepare() fills the fields below
+    packed_mask: torch.Tensor | None = None
+    all_slots_decode: bool = False  # every slot feeds one token, packed in slot order
+    kv_write_index: torch.Tensor | None = None  # storage rows of the new tokens' keys/values
+    kv_block_rows: torch.Tensor | None = None  # paged: [B, max_blocks * block_size] storage rows
+    invariant: bool = (
+        False  # batch-invariant mode: attend per sequence (engine.kernels.invariant_ops)
+    )
+
+
+def build_packed_batch(
+    seqs: list[Sequence], num_new: list[int], kv_cache, num_slots: int, device, invariant=False
+) -> PackedBatch:
+    """Pack the scheduled sequences (in the given order), ``num_new[i]`` tokens each.
+
+    ``invariant``: batch-invariant mode (``engine.kernels.invariant_ops``), which attends per
+    sequence.
+    """
+    num_cached = [s.num_cached_tokens for s in seqs]
+    token_ids = [t for s, n in zip(seqs, num_new, strict=True) for t in s.pending_token_ids(n)]
+    q_seq, q_pos = query_layout(num_cached, num_new)  # (T,), (T,)
+    slots = torch.tensor([s.slot for s in seqs], dtype=torch.long)  # (S,)
+    ends = torch.cumsum(torch.tensor(num_new), 0)  # (S,)
+    single = [i for i, n in enumerate(num_new) if n == 1]
+    decode_rows = (ends - 1)[single]  # (S_d,)
+    batch = PackedBatch(
+        seqs=seqs,
+        num_slots=num_slots,
+        num_cached=num_cached,
+        num_new=num_new,
+        input_ids=torch.tensor([token_ids], dtype=torch.long, device=device),
+        position_ids=q_pos[None].to(device),
+        slot_ids=slots[q_seq].to(device),
+        logits_indices=(ends - 1).to(device),
+        decode_rows=decode_rows.to(device),
+        decode_slots=slots[single].to(device),
+        decode_mask=_decode_mask(num_cached, single, slots, num_slots, device),
+        prefills=_prefill_spans(num_cached, num_new, slots, device),
+        kv_cache=kv_cache,
+        invariant=invariant,
+    )
+    batch.all_slots_decode = len(single) == len(seqs) == num_slots and all(
+        s.slot == i for i, s in enumerate(seqs)
+    )
+    kv_cache.prepare(batch)
+    return batch
+
+
+def _decode_mask(num_cached, single, slots, num_slots, device) -> torch.Tensor | None:
+    """Per slot, which of the first ``T_kv_d`` keys its single query sees ([B, 1, 1, T_kv_d])."""
+    if not single:
+        return None
+    kv_len = torch.ones(num_slots, dtype=torch.long)  # idle slots see one (ignored) key
+    kv_len[slots[single]] = torch.tensor([num_cached[i] + 1 for i in single])
+    keys = torch.arange(int(kv_len.max()))  # (T_kv_d,)
+    return (keys[None, :] < kv_len[:, None])[:, None, None, :].to(device)
+
+
+def _prefill_spans(num_cached, num_new, slots, device) -> list[PrefillSpan]:
+    spans, start = [], 0
+    for i, (cached, new) in enumerate(zip(num_cached, num_new, strict=True)):
+        if new > 1:
+            mask = None
+            if cached:
+                q = torch.arange(cached, cached + new)[:, None]  # (n, 1)
+                mask = (torch.arange(cached + new)[None, :] <= q).to(device)  # (n, cached + n)
+            spans.append(PrefillSpan(start, start + new, int(slots[i]), cached, mask))
+        start += new
+    return spans

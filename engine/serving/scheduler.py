@@ -1,0 +1,211 @@
+"""Iteration-level scheduler over ``B`` slots with a per-step token budget.
+
+Orca (OSDI '22) and vLLM's ``Scheduler``: every step runs the running sequences; when a sequence
+finishes, its slot goes to the next waiting request at once, on that same step, so its prefill rides
+in the very next forward pass.
+
+``max_num_batched_tokens`` (the token budget) caps the tokens of one step. With the
+``"decode_first"`` policy every decoding sequence gets its one token first and prefills share what
+is left; ``"prefill_first"`` serves prefills first (transformers' schedulers offer both). A prompt
+that does not fit what is left is prefilled in chunks over several steps (chunked prefill, Sarathi,
+OSDI '24); its cached prefix grows chunk by chunk and only its last chunk samples a token.
+
+With a paged KV cache (``block_manager``), every scheduled sequence first gets the blocks its new
+tokens need. When the pool runs dry, the newest running sequence is preempted (vLLM V1's
+``Scheduler.schedule``): its blocks are freed and it goes back to the front of the queue, to be
+recomputed later. A waiting request is admitted only when its first step's blocks are free beyond
+what the running sequences need for their next tokens, so admission does not cause preemption.
+
+With prefix caching (``BlockManager(prefix_caching=True)``), a request is looked up in the prefix
+cache when it is admitted (vLLM's ``KVCacheManager.get_computed_blocks``): its block table starts
+with the cached blocks of its longest cached prefix, at most ``num_tokens - 1`` tokens so that its
+last token is computed and samples, and its cached-token count starts there. After every step the
+blocks a sequence filled are hashed and registered (``postprocess``), so a sequence admitted at the
+end of that step can share them. Two equal prompts admitted together both miss: a block is shared
+once its keys and values exist (as in transformers; vLLM also shares blocks being computed in the
+same step). Evicting cached free blocks comes before preempting anyone: the pool counts them free.
+Plain Python bookkeeping, per sequence, never per token (a lookup hashes a prompt once).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.sequence import Request, Sequence, SequenceStatus
+from engine.serving.block_manager import BlockManager, blocks_for
+
+
+@dataclass
+class ScheduledStep:
+    """One step's plan: ``seqs`` in slot order (the packed order), ``num_new[i]`` tokens each,
+    and the sequences preempted to make room for it."""
+
+    seqs: list[Sequence]
+    num_new: list[int]
+    preempted: list[Sequence] = field(default_factory=list)
+
+
+class Scheduler:
+    """First-come first-served admission into the lowest free slot, under a token budget."""
+
+    def __init__(
+        self,
+        requests: list[Request],
+        num_slots: int,
+        eos_token_ids: frozenset[int],
+        max_num_batched_tokens: int | None = None,
+        policy: str = "decode_first",
+        block_manager: BlockManager | None = None,
+    ):
+        self.num_slots = num_slots
+        self.eos_token_ids = eos_token_ids
+        self.token_budget = max_num_batched_tokens
+        self.policy = policy
+        self.blocks = block_manager
+        by_arrival = sorted(requests, key=lambda r: r.arrival_order)
+        self.waiting: deque[Sequence] = deque(Sequence(r) for r in by_arrival)
+        self.running: dict[int, Sequence] = {}  # slot -> sequence
+        self._free_slots = list(range(num_slots))  # min-heap
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def next_arrival_s(self) -> float | None:
+        """When the first waiting request arrives (None if nothing waits)."""
+        return self.waiting[0].request.arrival_s if self.waiting else None
+
+    def admit(self, now_s: float = math.inf) -> list[Sequence]:
+        """Fill free slots with waiting requests that arrived by ``now_s``, in arrival order."""
+        admitted = []
+        while self.waiting and self._free_slots and self.waiting[0].request.arrival_s <= now_s:
+            hit = self._prefix_hit(self.waiting[0])
+            if not self._blocks_to_admit(self.waiting[0], hit):
+                break
+            seq = self.waiting.popleft()
+            if hit:
+                self.blocks.share(seq.request_id, hit)
+                seq.num_cached_tokens = len(hit) * self.blocks.block_size
+                seq.num_prefix_cached_tokens = seq.num_cached_tokens
+            seq.slot = heapq.heappop(self._free_slots)
+            seq.status = SequenceStatus.RUNNING
+            self.running[seq.slot] = seq
+            admitted.append(seq)
+        return admitted
+
+    def schedule(self) -> ScheduledStep:
+        """The next step: who runs, how many tokens each, and who was preempted for it."""
+        assert len(self.running) <= self.num_slots, "more running sequences than slots"
+        grants = self._grant_tokens()
+        preempted = self._allocate_blocks(grants) if self.blocks is not None else []
+        seqs = [self.running[slot] for slot in sorted(self.running) if slot in grants]
+        num_new = [grants[s.slot] for s in seqs]
+        assert self.token_budget is None or sum(num_new) <= self.token_budget, "budget exceeded"
+        return ScheduledStep(seqs, num_new, preempted)
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.blocks is not None and self.blocks.prefix_caching
+
+    def _prefix_hit(self, seq: Sequence) -> list[int]:
+        """Cached blocks of ``seq``'s longest cached prefix, leaving its last token to compute."""
+        if not self.prefix_caching:
+            return []
+        lookup = (seq.num_tokens - 1) // self.blocks.block_size
+        self.blocks.hash_blocks(seq.block_hashes, seq.num_tokens - 1, seq.token_ids)
+        return self.blocks.match_prefix(seq.block_hashes[:lookup])
+
+    def _blocks_to_admit(self, seq: Sequence, hit: list[int]) -> bool:
+        """Whether ``seq``'s first step fits in the free blocks the running sequences leave.
+
+        ``hit``: its prefix-cache blocks; those no one holds leave the free pool when shared.
+        """
+        if self.blocks is None:
+            return True
+        cached = len(hit) * self.blocks.block_size
+        first_step = min(seq.num_tokens - cached, self.token_budget or math.inf)
+        reserved = sum(
+            self.blocks.num_missing_blocks(s.request_id, s.num_tokens)
+            for s in self.running.values()
+        )
+        new = blocks_for(cached + first_step, self.blocks.block_size) - len(hit)
+        needed = new + self.blocks.num_free_among(hit)
+        return needed + reserved <= self.blocks.num_free_blocks
+
+    def _allocate_blocks(self, grants: dict[int, int]) -> list[Sequence]:
+        """Give each granted sequence, oldest first, the blocks for its new tokens.
+
+        When blocks run out, preempt the newest running sequence (possibly the one asking) and
+        drop its grant. Returns the preempted sequences.
+        """
+        preempted = []
+        for seq in sorted((self.running[slot] for slot in grants), key=_fcfs):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            need = seq.num_cached_tokens + grants[seq.slot]
+            while not self.blocks.allocate(seq.request_id, need):
+                victim = max(self.running.values(), key=_fcfs)
+                grants.pop(victim.slot, None)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+        return preempted
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.blocks.free(seq.request_id)
+        self._release_slot(seq)
+        seq.preempt()
+        self.waiting.appendleft(seq)  # newest goes first, so older ones end up ahead of it
+
+    def _release_slot(self, seq: Sequence) -> None:
+        del self.running[seq.slot]
+        heapq.heappush(self._free_slots, seq.slot)
+
+    def _grant_tokens(self) -> dict[int, int]:
+        """Slot -> tokens this step, by policy, within the budget."""
+        decodes = [s for s in self.running.values() if not s.is_prefill]
+        prefills = sorted(
+            (s for s in self.running.values() if s.is_prefill), key=_fcfs
+        )  # admission order
+        order = decodes + prefills if self.policy == "decode_first" else prefills + decodes
+        left = self.token_budget if self.token_budget is not None else math.inf
+        grants = {}
+        for seq in order:
+            n = min(seq.num_pending_tokens, left)
+            if n > 0:
+                grants[seq.slot] = int(n)
+                left -= n
+        return grants
+
+    def postprocess(self, step: ScheduledStep, next_tokens: list[int]) -> list[Sequence]:
+        """Cache the step's tokens; append a token where the step reached the sequence's end.
+
+        A sequence whose prefill chunk did not reach the end of its prompt samples nothing.
+        Finished sequences free their slots and KV blocks. Returns the finished sequences.
+        """
+        finished = []
+        for seq, n, token in zip(step.seqs, step.num_new, next_tokens, strict=True):
+            seq.num_cached_tokens += n
+            if self.prefix_caching:
+                self._cache_full_blocks(seq)
+            if seq.num_pending_tokens > 0:
+                continue  # a partial prefill chunk: its logits are not a next token
+            if seq.append_token(token, self.eos_token_ids):
+                self._release_slot(seq)
+                if self.blocks is not None:
+                    self.blocks.free(seq.request_id)
+                finished.append(seq)
+        return finished
+
+    def _cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the blocks ``seq`` filled with computed keys and values (prompt or output)."""
+        num_full = seq.num_cached_tokens // self.blocks.block_size
+        self.blocks.hash_blocks(seq.block_hashes, seq.num_cached_tokens, seq.token_ids)
+        self.blocks.cache_blocks(seq.request_id, seq.block_hashes, num_full)
+
+
+def _fcfs(seq: Sequence) -> tuple[float, int]:
+    return seq.request.arrival_order

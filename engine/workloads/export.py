@@ -1,0 +1,188 @@
+"""Exports: take a run's data to other tools (spreadsheets, scripts, Perfetto).
+
+* ``requests_csv``: one row per (engine, request) with outputs, latency metrics and the request's
+  sampling settings (blank for greedy);
+* ``traces_json``: every trace, whole (steps, requests, metrics);
+* ``perfetto_trace``: Chrome trace-event JSON (the format ``chrome://tracing`` and Perfetto UI
+  open as is: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU),
+  one process per engine, one track (thread) per slot with a span per request, and a "steps" track
+  with one span per forward pass;
+* ``charts_html``: the page's charts in one HTML file that works offline.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from engine.sampling_params import FIELDS as SAMPLING_FIELDS
+from engine.trace import Trace
+
+CSV_FIELDS = [
+    "engine",
+    "request_id",
+    "prompt",
+    "max_new_tokens",
+    "num_prompt_tokens",
+    "num_output_tokens",
+    "slot",
+    "arrival_s",
+    "queue_s",
+    "ttft_s",
+    "tpot_s",
+    "latency_s",
+    "finish_reason",
+    "output_text",
+    "num_cached_tokens",  # prompt tokens from the prefix cache (added last: old readers go on)
+    *SAMPLING_FIELDS,  # temperature, top_k, top_p, seed: blank for a greedy request (added last)
+]
+STEPS_TID = 0  # the steps track; slot s is track s + 1
+
+
+def requests_csv(traces: dict[str, Trace]) -> str:
+    """Per-request results and metrics of every engine, as CSV text (header row first)."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS)
+    writer.writeheader()
+    for name, trace in traces.items():
+        for r in trace.requests:
+            row = {f: getattr(r, f, None) for f in CSV_FIELDS if f not in SAMPLING_FIELDS}
+            row |= r.sampling.to_dict() if r.sampling is not None else {}
+            row.update(engine=name, num_output_tokens=len(r.output_token_ids))
+            writer.writerow(row)
+    return out.getvalue()
+
+
+def traces_json(traces: dict[str, Trace]) -> str:
+    """Every trace, whole, as one JSON document ``{engine: trace.to_dict()}``."""
+    return json.dumps({name: t.to_dict() for name, t in traces.items()}, indent=1)
+
+
+def perfetto_trace(traces: dict[str, Trace]) -> dict:
+    """Chrome trace-event JSON: per engine a process, per slot a track, per request a span.
+
+    A request gets one span per stay in a slot (``Trace.slot_runs``): a preempted request shows
+    where it ran each time, and an instant event marks the preemption on the steps track. A static
+    row kept after its request finished is a separate "idle" span. Timestamps (``ts``) and
+    durations (``dur``) are microseconds since each run started.
+    """
+    events = []
+    for pid, (name, trace) in enumerate(traces.items(), start=1):
+        events += _track_names(pid, name, trace)
+        events += [
+            _span(pid, STEPS_TID, f"step {s.index}", s.start_s, s.end_s, _step_args(trace, s))
+            for s in trace.steps
+        ]
+        events += [_run_span(pid, trace, run) for run in trace.slot_runs()]
+        events += [
+            _instant(pid, f"preempt R{rid}", step.start_s)
+            for step in trace.steps
+            for rid in step.preempted
+        ]
+    events.sort(key=lambda e: (e["ph"] != "M", e.get("ts", 0)))
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _run_span(pid: int, trace: Trace, run) -> dict:
+    r = trace.request(run.request_id)
+    args = {
+        "prompt": r.prompt,
+        "max_new_tokens": r.max_new_tokens,
+        "output_tokens": len(r.output_token_ids),
+        "ttft_s": r.ttft_s,
+        "num_cached_tokens": r.num_cached_tokens,
+        "steps": [run.first, run.last],
+    }
+    start_s, end_s = trace.steps[run.first].start_s, trace.steps[run.last].end_s
+    name = f"R{r.request_id}" + (" idle (padding)" if run.idle else "")
+    return _span(pid, run.slot + 1, name, start_s, end_s, args)
+
+
+def _instant(pid: int, name: str, at_s: float) -> dict:
+    ts = round(at_s * 1e6, 1)
+    return {"ph": "i", "s": "t", "pid": pid, "tid": STEPS_TID, "name": name, "ts": ts}
+
+
+def _track_names(pid: int, name: str, trace: Trace) -> list[dict]:
+    meta = [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}}]
+    meta.append(
+        {"ph": "M", "pid": pid, "tid": STEPS_TID, "name": "thread_name", "args": {"name": "steps"}}
+    )
+    for slot in range(trace.num_slots):
+        meta.append(
+            {
+                "ph": "M",
+                "pid": pid,
+                "tid": slot + 1,
+                "name": "thread_name",
+                "args": {"name": f"slot {slot}"},
+            }
+        )
+    return meta
+
+
+def _span(pid: int, tid: int, name: str, start_s: float, end_s: float, args: dict) -> dict:
+    return {
+        "ph": "X",
+        "pid": pid,
+        "tid": tid,
+        "name": name,
+        "ts": round(start_s * 1e6, 1),
+        "dur": round(max(0.0, end_s - start_s) * 1e6, 1),
+        "args": args,
+    }
+
+
+def _step_args(trace: Trace, step) -> dict:
+    args = {
+        "num_tokens": step.num_scheduled_tokens,
+        "num_seqs": len(step.seqs),
+        "prefill": [s.request_id for s in step.seqs if s.kind == "prefill"],
+    }
+    if trace.info.get("token_budget") is not None:
+        args["token_budget"] = trace.info["token_budget"]
+    if step.kv_blocks_used is not None:
+        args["kv_blocks_used"] = step.kv_blocks_used
+    if step.shared_blocks is not None:
+        args["kv_blocks_shared"] = len(step.shared_blocks)
+        args["kv_blocks_cached_free"] = len(step.cached_free_blocks or [])
+    return args
+
+
+def charts_html(charts: dict[str, Any]) -> str:
+    """One standalone HTML page with every chart, interactive and offline.
+
+    ``charts`` maps a heading to a plotly figure (``engine.page.figures.timelines.PageFigure`` keeps
+    its PNG button's file name). plotly.js is inlined once (about 4.6 MB), so the file opens without
+    a network; each chart's modebar still saves it as a PNG.
+    """
+    parts = []
+    for i, (heading, fig) in enumerate(charts.items()):
+        config = fig.plotly_config() if hasattr(fig, "plotly_config") else {}
+        div = fig.to_html(full_html=False, include_plotlyjs=i == 0, config=config)
+        parts.append(f"<h2>{html.escape(heading)}</h2>\n{div}")
+    body = "\n".join(parts)
+    return (
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
+        "<title>Continuous Batching Playground charts</title>"
+        "<style>body{font-family:sans-serif;margin:2em}</style></head>"
+        f"<body>\n{body}\n</body></html>\n"
+    )
+
+
+def write_files(folder: str | Path, traces: dict[str, Trace]) -> list[Path]:
+    """Write requests.csv, traces.json and trace.perfetto.json into ``folder``; their paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {
+        "requests.csv": requests_csv(traces),
+        "traces.json": traces_json(traces),
+        "trace.perfetto.json": json.dumps(perfetto_trace(traces)),
+    }
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    return [folder / name for name in files]

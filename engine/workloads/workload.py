@@ -1,0 +1,294 @@
+"""Workloads: the user's list of (prompt, max_new_tokens), validated and tokenized.
+
+Sources are the article's six requests (``seed_specs``), a JSONL file with one
+``{"prompt": ..., "max_new_tokens": ...}`` per line (``load_jsonl``), or the page's table
+(``parse_table``; Gradio sends edited numbers as strings). Each request may also carry
+``arrival_s`` and the sampling settings ``temperature``, ``top_k``, ``top_p`` and ``seed``
+(``engine.sampling_params``; all absent or blank: greedy). ``engine.workloads.workload_files`` reads
+and writes uploaded CSV and JSONL files. Every problem raises ``ValueError`` with
+a message a person can act on; the page and the bench show that message as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.sampling_params import FIELDS as SAMPLING_FIELDS
+from engine.sampling_params import SamplingParams, is_blank, parse_sampling
+from engine.sequence import Request
+
+MAX_ROWS = 256  # requests per run; a Space owner can set CBP_MAX_ROWS
+MAX_NEW_TOKENS_LIMIT = 2048  # per-request cap; CBP_MAX_NEW_TOKENS
+MAX_PROMPT_CHARS = 20_000  # per prompt; CBP_MAX_PROMPT_CHARS
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Input limits, read from the environment at each call so a host can tighten them."""
+
+    max_rows: int
+    max_new_tokens: int
+    max_prompt_chars: int
+
+
+def limits() -> Limits:
+    """The limits in force: ``CBP_MAX_ROWS``, ``CBP_MAX_NEW_TOKENS``, ``CBP_MAX_PROMPT_CHARS``.
+
+    Raises:
+        ValueError: a variable that is set but not a positive whole number.
+    """
+    return Limits(
+        max_rows=_env_limit("CBP_MAX_ROWS", MAX_ROWS),
+        max_new_tokens=_env_limit("CBP_MAX_NEW_TOKENS", MAX_NEW_TOKENS_LIMIT),
+        max_prompt_chars=_env_limit("CBP_MAX_PROMPT_CHARS", MAX_PROMPT_CHARS),
+    )
+
+
+def _env_limit(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"The environment variable {name}={text!r} must be a positive integer.")
+    return int(text)
+
+
+SEED_REQUESTS = (
+    ("The capital of France is", 6),
+    ("Today's weather is so", 50),
+    ("In machine learning, a transformer is", 300),
+    ("Once upon a time in a land far away,", 30),
+    ("Quantum computing differs from classical computing because", 180),
+    ("The history of the Roman Empire began", 45),
+)
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """A request as the user wrote it, before tokenization."""
+
+    prompt: str
+    max_new_tokens: int
+    arrival_s: float = 0.0  # seconds after the run starts
+    sampling: SamplingParams | None = None  # None: greedy
+
+
+def seed_specs() -> list[RequestSpec]:
+    """The article's six requests (see shared/seed/README.md)."""
+    return [RequestSpec(p, n) for p, n in SEED_REQUESTS]
+
+
+def parse_cap(value, where: str) -> int:
+    """A ``max_new_tokens`` cell -> int. Accepts ints, integral floats and their strings.
+
+    Raises:
+        ValueError: empty, not a whole number, < 1 or over the ``max_new_tokens`` limit.
+    """
+    limit = limits().max_new_tokens
+    text = _text(value, where, "max_new_tokens").strip() if value is not None else ""
+    if text == "" or (isinstance(value, float) and math.isnan(value)):
+        raise ValueError(
+            f"{where}: max_new_tokens is empty; enter a whole number from 1 to {limit}."
+        )
+    try:
+        number = float(text)
+    except ValueError:
+        raise ValueError(f"{where}: max_new_tokens {text!r} is not a number.") from None
+    if not number.is_integer():
+        raise ValueError(f"{where}: max_new_tokens {text} is not a whole number.")
+    cap = int(number)
+    if not 1 <= cap <= limit:
+        raise ValueError(f"{where}: max_new_tokens {cap} is out of range; use 1 to {limit}.")
+    return cap
+
+
+def parse_spec(prompt, cap, where: str) -> RequestSpec:
+    """Validate one (prompt, cap) pair. Raises ValueError naming ``where``."""
+    if is_blank(prompt):
+        raise ValueError(f"{where}: the prompt is blank.")
+    text = _text(prompt, where, "the prompt")
+    max_chars = limits().max_prompt_chars
+    if len(text) > max_chars:
+        raise ValueError(
+            f"{where}: the prompt has {len(text)} characters, over the limit of {max_chars}."
+        )
+    return RequestSpec(text, parse_cap(cap, where))
+
+
+TABLE_COLUMNS = ("prompt", "max_new_tokens", "arrival_s", *SAMPLING_FIELDS)
+
+
+def parse_table(rows) -> list[RequestSpec]:
+    """Rows of ``[prompt, max_new_tokens, arrival_s, temperature, top_k, top_p, seed]`` -> specs.
+
+    Every column after ``max_new_tokens`` is optional, so 2- and 3-cell rows still parse. A
+    missing or blank ``arrival_s`` means 0 (seconds after the run starts); the four sampling cells
+    all missing or blank mean greedy, and any one given makes the row sample
+    (``engine.sampling_params.parse_sampling``). Fully blank rows are skipped.
+
+    Raises:
+        ValueError: no request at all, a bad row (named by its 1-based number), or too many rows.
+    """
+    specs = []
+    width = len(TABLE_COLUMNS)
+    for i, row in enumerate(rows or [], start=1):
+        cells = (list(row) + [None] * width)[:width]
+        if all(is_blank(cell) for cell in cells):
+            continue
+        prompt, cap, arrival, *sampling = cells
+        spec = parse_spec(prompt, cap, f"Row {i}")
+        if not is_blank(arrival):
+            spec = dataclasses.replace(spec, arrival_s=parse_arrival(arrival, f"Row {i}"))
+        spec = dataclasses.replace(spec, sampling=parse_sampling(*sampling, f"Row {i}"))
+        specs.append(spec)
+    return checked_count(specs)
+
+
+def load_jsonl(path: str | Path) -> list[RequestSpec]:
+    """Read a JSONL workload: one ``{"prompt": str, "max_new_tokens": int}`` object per line.
+
+    Optional keys: ``arrival_s``, and ``temperature``, ``top_k``, ``top_p``, ``seed`` (absent or
+    null: greedy). Other keys are ignored.
+
+    Raises:
+        ValueError: unreadable file, or a line that is not such an object (named by its number).
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ValueError(f"Cannot read workload file {path}: {exc.strerror}.") from None
+    specs = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path.name} line {number}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: not valid JSON ({exc.msg}).") from None
+        if not isinstance(obj, dict) or "prompt" not in obj or "max_new_tokens" not in obj:
+            raise ValueError(f'{where}: expected {{"prompt": ..., "max_new_tokens": ...}}.')
+        spec = parse_spec(obj["prompt"], obj["max_new_tokens"], where)
+        if "arrival_s" in obj:
+            spec = dataclasses.replace(spec, arrival_s=parse_arrival(obj["arrival_s"], where))
+        sampling = parse_sampling(*(obj.get(name) for name in SAMPLING_FIELDS), where)
+        specs.append(dataclasses.replace(spec, sampling=sampling))
+    return checked_count(specs)
+
+
+def parse_arrival(value, where: str) -> float:
+    """An ``arrival_s`` value -> seconds >= 0. Raises ValueError naming ``where``."""
+    text = _text(value, where, "arrival_s")
+    try:
+        arrival = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{where}: arrival_s {text!r} is not a number of seconds.") from None
+    if not math.isfinite(arrival) or arrival < 0:
+        raise ValueError(f"{where}: arrival_s must be a finite number of seconds >= 0.")
+    return arrival
+
+
+def poisson_arrivals(specs: list[RequestSpec], rate_per_s: float, seed: int) -> list[RequestSpec]:
+    """The same specs, arriving as a Poisson process of ``rate_per_s`` (reproducible by seed).
+
+    Inter-arrival gaps are exponential with mean ``1 / rate_per_s``; the first request arrives
+    after one gap. Raises ValueError for a rate that is not positive.
+    """
+    if not rate_per_s > 0:
+        raise ValueError(f"The arrival rate must be positive (got {rate_per_s}).")
+    rng = random.Random(seed)
+    now_s, out = 0.0, []
+    for spec in specs:
+        now_s += rng.expovariate(rate_per_s)
+        out.append(dataclasses.replace(spec, arrival_s=now_s))
+    return out
+
+
+def check_arrivals(specs: list[RequestSpec], max_arrival_s: float) -> list[RequestSpec]:
+    """``specs`` unchanged. Raises ValueError when a request would arrive after ``max_arrival_s``:
+    engines wait for arrivals in real time, so a far-off arrival would hold the shared model."""
+    latest_s = max((s.arrival_s for s in specs), default=0.0)
+    if latest_s > max_arrival_s:
+        raise ValueError(
+            f"The last request would arrive {latest_s:.0f} s after Run, but a run waits for "
+            f"arrivals at most {max_arrival_s:g} s; raise the arrival rate or lower arrival_s."
+        )
+    return specs
+
+
+def request_label(request_id: int) -> str:
+    """How messages name a request: its id as in the outputs table, and its 1-based table row."""
+    return f"Request R{request_id} (row {request_id + 1})"
+
+
+def tokenize_requests(
+    specs: list[RequestSpec], tokenizer, *, chat_template: bool, max_context: int
+) -> list[Request]:
+    """Tokenize specs once, identically for every engine and the reference.
+
+    With ``chat_template`` each prompt becomes a one-turn user message in the tokenizer's chat
+    template, with the generation prompt added; otherwise the raw text is tokenized as is (special
+    tokens written in the text are not given their special meaning: see ``_encode``).
+
+    Raises:
+        ValueError: a prompt plus its cap that does not fit in ``max_context`` tokens.
+    """
+    requests = []
+    for request_id, spec in enumerate(specs):
+        ids = _encode(spec.prompt, tokenizer, chat_template)
+        where = request_label(request_id)
+        if not ids:
+            raise ValueError(f"{where}: the prompt has no tokens.")
+        if len(ids) + spec.max_new_tokens > max_context:
+            raise ValueError(
+                f"{where}: prompt ({len(ids)} tokens) + max_new_tokens ({spec.max_new_tokens}) "
+                f"exceeds the model's context of {max_context} tokens; shorten it."
+            )
+        requests.append(
+            Request(
+                request_id,
+                spec.prompt,
+                spec.max_new_tokens,
+                tuple(ids),
+                spec.arrival_s,
+                spec.sampling,
+            )
+        )
+    return requests
+
+
+def _encode(prompt: str, tokenizer, chat_template: bool) -> list[int]:
+    if chat_template:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+    # split_special_tokens: "<|im_end|>" typed in a prompt is text, never the EOS id itself.
+    return list(tokenizer(prompt, add_special_tokens=True, split_special_tokens=True)["input_ids"])
+
+
+def _text(value, where: str, what: str) -> str:
+    """A cell as text. Raises ValueError for an int too long to print (over 4,300 digits)."""
+    try:
+        return str(value)
+    except ValueError:  # Python's int-to-str digit limit
+        raise ValueError(f"{where}: {what} is a number too long to read.") from None
+
+
+def checked_count(specs: list[RequestSpec]) -> list[RequestSpec]:
+    """``specs`` unchanged. Raises ValueError when empty or over the row limit."""
+    if not specs:
+        raise ValueError("The workload is empty: add at least one request with a prompt.")
+    max_rows = limits().max_rows
+    if len(specs) > max_rows:
+        raise ValueError(f"{len(specs)} requests is over the limit of {max_rows} per run.")
+    return specs

@@ -1,0 +1,147 @@
+"""Workload files: upload a workload as CSV or JSONL into the page's table; download it back.
+
+Both formats carry the same fields per request: ``prompt``, ``max_new_tokens``, the optional
+``arrival_s`` (seconds after the run starts, 0 when absent or blank) and the optional sampling
+settings ``temperature``, ``top_k``, ``top_p`` and ``seed`` (``engine.sampling_params``; all absent
+or blank: greedy). Downloads write the sampling fields only when some request samples, so a greedy
+workload's files are what they always were. A CSV has a header
+row naming the columns, in any order; other columns are ignored, so the page's own
+``requests.csv`` download can be uploaded again. A JSONL file has one object per line
+(``engine.workloads.workload.load_jsonl``).
+
+Every problem raises ``ValueError`` naming the file and the line, so the page can show it as is.
+Values go through the same checks as the table (``engine.workloads.workload.parse_spec``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from engine.sampling_params import FIELDS as SAMPLING_FIELDS
+from engine.sampling_params import parse_sampling
+from engine.workloads.workload import (
+    RequestSpec,
+    checked_count,
+    load_jsonl,
+    parse_arrival,
+    parse_spec,
+)
+
+FIELDS = ["prompt", "max_new_tokens", "arrival_s"]
+REQUIRED = ("prompt", "max_new_tokens")
+ALL_FIELDS = [*FIELDS, *SAMPLING_FIELDS]
+
+
+def load_workload_file(path: str | Path) -> list[RequestSpec]:
+    """Read an uploaded workload: ``.csv`` with a header row, or ``.jsonl`` (or ``.json``) lines.
+
+    Raises:
+        ValueError: another extension, an unreadable file, or a bad line (named by its number).
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return load_csv(path)
+    if suffix in (".jsonl", ".json"):
+        return load_jsonl(path)
+    raise ValueError(f"{path.name}: upload a .csv or .jsonl file (got {suffix or 'no extension'}).")
+
+
+def load_csv(path: str | Path) -> list[RequestSpec]:
+    """Read a CSV workload whose header names prompt, max_new_tokens and maybe arrival_s and the
+    sampling columns (temperature, top_k, top_p, seed).
+
+    Rows whose cells are all blank are skipped. Line numbers count the header as line 1.
+
+    Raises:
+        ValueError: unreadable or non-UTF-8 file, a header without the required columns, a row
+            with too many cells, or a bad value (naming the line).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # tolerate the BOM spreadsheets write
+    except OSError as exc:
+        raise ValueError(f"Cannot read workload file {path.name}: {exc.strerror}.") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path.name} is not UTF-8 text; save it as UTF-8 CSV.") from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    header = [name.strip() for name in reader.fieldnames or []]
+    missing = [name for name in REQUIRED if name not in header]
+    if missing:
+        raise ValueError(
+            f"{path.name} line 1: the header must name the columns prompt and max_new_tokens "
+            f"(and optionally arrival_s); missing {', '.join(missing)}."
+        )
+    reader.fieldnames = header
+    specs = []
+    for row in reader:
+        where = f"{path.name} line {reader.line_num}"
+        if None in row:
+            raise ValueError(f"{where}: more cells than header columns (a stray comma?).")
+        if not any((value or "").strip() for value in row.values()):
+            continue
+        specs.append(_spec(row, where))
+    return checked_count(specs)
+
+
+def _spec(row: dict, where: str) -> RequestSpec:
+    spec = parse_spec(row.get("prompt"), row.get("max_new_tokens"), where)
+    arrival = (row.get("arrival_s") or "").strip()
+    arrival_s = parse_arrival(arrival, where) if arrival else 0.0
+    sampling = parse_sampling(*(row.get(name) for name in SAMPLING_FIELDS), where)
+    return RequestSpec(spec.prompt, spec.max_new_tokens, arrival_s, sampling)
+
+
+def table_rows(specs: list[RequestSpec], sampling_columns: bool = False) -> list[list]:
+    """Specs as the page's table rows ``[prompt, max_new_tokens, arrival_s]``; with
+    ``sampling_columns``, ``+ [temperature, top_k, top_p, seed]`` (all None for a greedy row)."""
+    rows = []
+    for s in specs:
+        row = [s.prompt, s.max_new_tokens, s.arrival_s]
+        if sampling_columns:
+            values = s.sampling.to_dict() if s.sampling is not None else {}
+            row += [values.get(name) for name in SAMPLING_FIELDS]
+        rows.append(row)
+    return rows
+
+
+def _any_sampling(specs: list[RequestSpec]) -> bool:
+    return any(s.sampling is not None for s in specs)
+
+
+def to_csv(specs: list[RequestSpec]) -> str:
+    """Specs as CSV text with the header ``prompt,max_new_tokens,arrival_s``, plus
+    ``temperature,top_k,top_p,seed`` when some spec has sampling settings (blank for greedy)."""
+    sampling = _any_sampling(specs)
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(ALL_FIELDS if sampling else FIELDS)
+    writer.writerows(
+        ["" if cell is None else cell for cell in row] for row in table_rows(specs, sampling)
+    )
+    return out.getvalue()
+
+
+def to_jsonl(specs: list[RequestSpec]) -> str:
+    """Specs as JSONL: one ``{"prompt", "max_new_tokens", "arrival_s"}`` object per line, with
+    ``temperature``, ``top_k``, ``top_p`` and ``seed`` on the lines of sampled requests."""
+    lines = []
+    for spec, row in zip(specs, table_rows(specs), strict=True):
+        obj = dict(zip(FIELDS, row, strict=True))
+        if spec.sampling is not None:
+            obj |= spec.sampling.to_dict()
+        lines.append(json.dumps(obj))
+    return "\n".join(lines) + "\n"
+
+
+def write_table_files(folder: str | Path, specs: list[RequestSpec]) -> list[Path]:
+    """Write ``workload.csv`` and ``workload.jsonl`` into ``folder``; their paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"workload.csv": to_csv(specs), "workload.jsonl": to_jsonl(specs)}
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    return [folder / name for name in files]

@@ -1,0 +1,177 @@
+"""The fused decoder and the decode attention split: the model's own numbers, fewer ops."""
+
+import pytest
+import torch
+from tiny_model import make_requests, tiny_model, tiny_runner
+from torch import nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from engine.batching.continuous import ContinuousEngine
+from engine.config import EngineConfig
+from engine.fidelity.reference import ReferenceCache
+from engine.kernels import decode_attention, fused_layers, linear_kernel
+
+HAS_ONEDNN = torch.backends.mkldnn.is_available()
+
+# Prompts of very different lengths, so decode steps split (one long sequence among short ones).
+SPECS = [("z" * 200, 30), ("a", 40), ("hello", 25), ("y" * 120, 10), ("q", 60), ("x" * 300, 8)]
+
+
+def _logits_per_step(runner, kv_mode: str, num_slots: int) -> list[torch.Tensor]:
+    caught = []
+    head = runner.model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda m, i, out: caught.append(out.detach().clone()))
+    try:
+        ContinuousEngine(runner, EngineConfig(num_slots, kv_mode=kv_mode, ignore_eos=True)).run(
+            make_requests(SPECS)
+        )
+    finally:
+        handle.remove()
+    return caught
+
+
+@pytest.mark.parametrize("kv_mode", ["slots", "paged", "concat"])
+def test_fused_layers_give_the_model_layers_bits_in_float32(kv_mode, monkeypatch):
+    """Without the decode split, every step's logits are bitwise those of the model's modules."""
+    runner = tiny_runner()
+    monkeypatch.setattr(decode_attention, "plan_decode", lambda batch, dtype: None)
+    runner.use_fused_layers = False
+    want = _logits_per_step(runner, kv_mode, 3)
+    runner.use_fused_layers = True
+    got = _logits_per_step(runner, kv_mode, 3)
+    assert runner.fused_decoder is not None
+    assert len(got) == len(want)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("kv_mode", ["slots", "paged"])
+@pytest.mark.parametrize("num_slots", [3, 4])
+def test_split_decode_steps_match_generate(kv_mode, num_slots, monkeypatch):
+    """Decode steps that split attend alone where it pays, and outputs still equal generate."""
+    runner = tiny_runner()
+    requests = make_requests(SPECS)
+    reference = ReferenceCache(runner).outputs(requests)
+    solo_counts = []
+    plan = decode_attention.plan_decode
+
+    def spy(batch, dtype):
+        split = plan(batch, dtype)
+        solo_counts.append(0 if split is None else len(split.solo))
+        return split
+
+    monkeypatch.setattr(decode_attention, "plan_decode", spy)
+    trace = ContinuousEngine(runner, EngineConfig(num_slots, kv_mode=kv_mode)).run(requests)
+    assert max(solo_counts) >= 1, "no decode step split"
+    for r in trace.requests:
+        assert r.output_token_ids == reference[r.request_id], f"request {r.request_id}"
+
+
+def test_split_decode_attention_is_the_padded_attention():
+    """Split attention agrees with the one padded, masked call to float32 rounding."""
+    runner = tiny_runner()
+    runner.use_fused_layers = True
+    got = _logits_per_step(runner, "slots", 4)
+    runner.use_fused_layers = False
+    want = _logits_per_step(runner, "slots", 4)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "num_slots", "expected"),
+    [
+        ([50, 45, 40], 3, 0),  # even lengths: one shared call
+        ([300, 40, 35], 3, 1),  # 128 + 300 + 128 + 3 * 40 = 676 < 128 + 3 * 300 = 1028
+        ([260], 8, 1),  # alone in 8 slots: 128 + 260 < 128 + 8 * 260
+        ([100, 100], 2, 0),  # 128 + 200 = 328 < 128 + 100 + 128 + 200 = 556
+    ],
+)
+def test_the_split_minimizes_key_rows_plus_calls(lengths, num_slots, expected):
+    """The number of solo calls is the cheapest one by the documented cost (worked by hand)."""
+    assert decode_attention.CALL_COST_KEYS == 128
+    assert decode_attention._best_num_solo(lengths, num_slots) == expected
+
+
+def test_folded_rotary_is_transformers_rotary_bitwise():
+    """x * cos + flip(x) * signed_sin gives apply_rotary_pos_emb's bits for q and k."""
+    gen = torch.Generator().manual_seed(0)
+    num_tokens, heads, kv_heads, head_dim = 5, 4, 2, 16
+    q = torch.randn(1, heads, num_tokens, head_dim, generator=gen)
+    k = torch.randn(1, kv_heads, num_tokens, head_dim, generator=gen)
+    angles = torch.randn(1, num_tokens, head_dim, generator=gen)
+    cos, sin = angles.cos(), angles.sin()
+    want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)
+    qk = torch.cat([q[0], k[0]]).transpose(0, 1).contiguous()  # (T, H + H_kv, D)
+    half = head_dim // 2
+    signed_sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), -1)[:, None]
+    got = fused_layers._rotary(qk, cos[0, :, None], signed_sin)
+    assert torch.equal(got[:, :heads].transpose(0, 1), want_q[0])
+    assert torch.equal(got[:, heads:].transpose(0, 1), want_k[0])
+
+
+@pytest.mark.skipif(not linear_kernel.on_x86() or not HAS_ONEDNN, reason="oneDNN on x86 only")
+@pytest.mark.parametrize("num_rows", [1, 3, 17])
+def test_stacked_onednn_matmul_is_the_separate_ones_bitwise(num_rows):
+    """[Wq; Wk; Wv] in one oneDNN matmul gives each projection's bits, the residual add too."""
+    gen = torch.Generator().manual_seed(num_rows)
+    linears = [nn.Linear(64, n, bias=False) for n in (64, 32, 32)]
+    x = torch.randn(num_rows, 64, generator=gen)
+    residual = torch.randn(num_rows, 128, generator=gen)
+    stacked = fused_layers.FusedLinear(linears, "onednn")
+    separate = [
+        linear_kernel.onednn_linear(x, linear_kernel.onednn_pack(m.weight)) for m in linears
+    ]
+    with torch.inference_mode():
+        assert torch.equal(stacked(x), torch.cat(separate, -1))
+        assert torch.equal(stacked.add(x, residual), residual + torch.cat(separate, -1))
+
+
+def test_a_model_the_fused_layers_do_not_know_runs_through_its_own_layers():
+    """A model the fused layers do not support gets none; the engine calls the model instead."""
+    model = tiny_model(seed=5)
+    model.config.hidden_act = "gelu"
+    assert fused_layers.unsupported_reason(model) == "activation 'gelu'"
+    with pytest.raises(ValueError, match="activation 'gelu'"):
+        fused_layers.FusedDecoder(model, "skinny")
+    runner = tiny_runner()
+    runner.model.config.hidden_act = "gelu"  # the modules keep SiLU: only the check sees this
+    assert runner.fused_decoder is None
+    requests = make_requests(SPECS[:3])
+    reference = ReferenceCache(runner).outputs(requests)
+    trace = ContinuousEngine(runner, EngineConfig(3)).run(requests)
+    assert {r.request_id: r.output_token_ids for r in trace.requests} == reference
+
+
+def test_the_fused_copies_count_in_engine_kernel_bytes():
+    """Once the continuous engine has run, engine_kernel_bytes includes the stacked copies."""
+    runner = tiny_runner()
+    before = runner.engine_kernel_bytes
+    ContinuousEngine(runner, EngineConfig(2)).run(make_requests(SPECS[:2]))
+    assert runner.fused_decoder is not None
+    assert runner.engine_kernel_bytes == before + runner.fused_decoder.extra_bytes > before
+
+
+def test_cbp_fused_layers_off_runs_transformers_layers_and_counts_the_steps(monkeypatch):
+    """CBP_FUSED_LAYERS=off: every step goes through the model's own layers, outputs unchanged."""
+    monkeypatch.setenv("CBP_FUSED_LAYERS", " OFF ")
+    runner = tiny_runner()
+    requests = make_requests(SPECS[:3])
+    reference = ReferenceCache(runner).outputs(requests)
+    trace = ContinuousEngine(runner, EngineConfig(3)).run(requests)
+    assert {r.request_id: r.output_token_ids for r in trace.requests} == reference
+    assert runner.decoder_layer_steps == {"fused": 0, "transformers": len(trace.steps)}
+    assert runner.decoder_layers == "transformers"
+    monkeypatch.delenv("CBP_FUSED_LAYERS")
+    runner = tiny_runner()
+    assert runner.decoder_layers is None
+    trace = ContinuousEngine(runner, EngineConfig(3)).run(requests)
+    assert runner.decoder_layer_steps == {"fused": len(trace.steps), "transformers": 0}
+    assert runner.decoder_layers == "fused"
+
+
+def test_a_bad_cbp_fused_layers_is_refused_naming_the_variable(monkeypatch):
+    """A CBP_FUSED_LAYERS value other than auto or off is a ValueError that names it."""
+    monkeypatch.setenv("CBP_FUSED_LAYERS", "fast")
+    with pytest.raises(ValueError, match="CBP_FUSED_LAYERS='fast'"):
+        tiny_runner()

@@ -1,0 +1,129 @@
+"""The ``vllm`` engine against a real vLLM server from ``.venv-vllm`` (skipped without it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import httpx
+import pytest
+
+from engine.fidelity.reference import ReferenceCache
+from engine.model.model_runner import ModelRunner
+from engine.peers.endpoints import EndpointError
+from engine.peers.server_metrics import parse_prometheus
+from engine.peers.vllm_server import VllmServer, VllmSettings
+from engine.serving.run_control import RunCancelled
+from engine.workloads.workload import RequestSpec, seed_specs, tokenize_requests
+from tests.live_servers import needs_vllm
+
+pytestmark = [needs_vllm, pytest.mark.real_model]
+NUM_SLOTS = 3
+
+
+@pytest.fixture(scope="module")
+def vllm(embedded_model):
+    from engine.peers.vllm_engine import VllmEngine
+
+    engine = VllmEngine(embedded_model, NUM_SLOTS, enforce_eager=True).start()
+    yield engine
+    engine.close()
+
+
+def _requests(loaded, specs, chat_template=False):
+    context = loaded.max_context
+    return tokenize_requests(
+        specs, loaded.tokenizer, chat_template=chat_template, max_context=context
+    )
+
+
+@pytest.fixture(scope="module")
+def seed_trace(vllm, embedded_model):
+    return vllm.run(_requests(embedded_model, seed_specs()))
+
+
+def test_float32_outputs_equal_generate(seed_trace, embedded_model):
+    """vLLM's greedy float32 outputs on the seed equal per-request model.generate."""
+    requests = _requests(embedded_model, seed_specs())
+    reference = ReferenceCache(ModelRunner(embedded_model)).outputs(requests)
+    for rec in seed_trace.requests:
+        assert rec.output_token_ids == reference[rec.request_id], f"R{rec.request_id} differs"
+
+
+def test_trace_reports_the_server(seed_trace):
+    """Token ids both ways, the version and the settings that ran are in the trace."""
+    server = seed_trace.info["server"]
+    assert (server["prompt_format"], server["output_token_ids"]) == ("token_ids", "server")
+    assert server["version"] and server["version"][0].isdigit(), server["version"]
+    settings = server["settings"]
+    assert (settings["max_num_seqs"], settings["dtype"], settings["mode"]) == (
+        3,
+        "float32",
+        "eager",
+    )
+    assert settings["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert seed_trace.warnings == [], seed_trace.warnings
+
+
+def test_server_samples_show_the_batch(seed_trace):
+    """/metrics samples: running requests reach 1..slots, KV use is a percentage."""
+    samples = seed_trace.server_samples
+    assert len(samples) >= 3, "fewer than three /metrics samples in a multi-second run"
+    running = [s.values["num_requests_running"] for s in samples]
+    assert 1 <= max(running) <= NUM_SLOTS, f"running requests {max(running)} outside 1..3"
+    assert all(0 <= s.values["kv_cache_usage_pct"] <= 100 for s in samples)
+    assert [s.t_s for s in samples] == sorted(s.t_s for s in samples)
+
+
+def test_too_long_request_is_refused(vllm, embedded_model):
+    """A prompt past --max-model-len is refused (HTTP 400) with the server's reason."""
+    long_prompt = "word " * 2100
+    requests = _requests(embedded_model, [RequestSpec("Hi", 4), RequestSpec(long_prompt, 4)])
+    with pytest.raises(EndpointError, match=r"vllm refused Request R1 .*HTTP 400") as info:
+        vllm.run(requests)
+    assert info.value.trace is not None and info.value.trace.engine == "vllm"
+
+
+def test_stop_frees_the_server(vllm, embedded_model):
+    """Cancelled streams are dropped by vLLM: no request is left running on it."""
+    requests = _requests(embedded_model, [RequestSpec("Tell me a long story.", 1500)] * 2, True)
+
+    def stop_after_first_token(trace):
+        if any(r.first_token_s is not None for r in trace.requests):
+            raise RunCancelled("stopped by the test")
+
+    with pytest.raises(RunCancelled):
+        vllm.run(requests, on_wait=stop_after_first_token)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        metrics = parse_prometheus(httpx.get(f"{vllm.server.url}/metrics").text)
+        if metrics["vllm:num_requests_running"] == 0:
+            break
+        time.sleep(0.2)
+    assert metrics["vllm:num_requests_running"] == 0, "vLLM still runs the cancelled requests"
+    short = [dataclasses.replace(requests[0], max_new_tokens=3)]
+    assert len(vllm.run(short).requests[0].output_token_ids) == 3
+
+
+def test_another_model_gets_text_both_ways(vllm, embedded_model):
+    """Serving another model than the loaded one: a warning, and prompts and outputs as text
+    (token ids of our tokenizer would be other words to the server's)."""
+    from engine.peers.openai_engine import OpenAIEngine
+
+    other = dataclasses.replace(embedded_model, name="Other-1B", source="/models/other-1b")
+    engine = OpenAIEngine(vllm.server.endpoint("other"), other, NUM_SLOTS)
+    trace = engine.run(_requests(embedded_model, [RequestSpec("The capital of France is", 4)]))
+    server = trace.info["server"]
+    assert (server["prompt_format"], server["output_token_ids"]) == ("text", "retokenized")
+    assert server["same_model"] is False and "cannot be compared" in trace.warnings[0]
+    assert trace.requests[0].output_text.strip(), "no output text from the server"
+
+
+def test_failed_start_shows_the_log():
+    """A server that cannot start raises EndpointError with vLLM's own words."""
+    settings = VllmSettings("/nonexistent/model-folder", "float32", 1, enforce_eager=True)
+    server = VllmServer(settings)
+    with pytest.raises(EndpointError, match="vLLM exited with code") as info:
+        server.start(timeout_s=600)
+    assert "nonexistent" in str(info.value), "the log tail does not name the bad folder"
+    assert not server.running

@@ -1,0 +1,101 @@
+"""Workload uploads: CSV and JSONL parse into specs, bad lines are named, downloads load back."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from engine.workloads.workload import RequestSpec, parse_table
+from engine.workloads.workload_files import load_workload_file, to_csv, to_jsonl, write_table_files
+
+SPECS = [
+    RequestSpec("Hello, world", 4),
+    RequestSpec('She said "hi",\nthen left', 7, 0.5),
+    RequestSpec("Ünïcödé", 2, 1.25),
+]
+
+
+def _write(tmp_path, name: str, text: str):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_csv_upload_reads_columns_in_any_order(tmp_path):
+    """A CSV with reordered columns, extra columns, blank rows and a BOM gives the right specs."""
+    text = (
+        "\ufeffarrival_s,engine,max_new_tokens,prompt\n"
+        "0.5,static,3,First\n"
+        ",,,\n"
+        ',static,5,"Second, with a comma"\n'
+    )
+    specs = load_workload_file(_write(tmp_path, "w.csv", text))
+    assert specs == [
+        RequestSpec("First", 3, 0.5),
+        RequestSpec("Second, with a comma", 5, 0.0),
+    ], f"parsed {specs}"
+
+
+def test_csv_and_jsonl_downloads_load_back(tmp_path):
+    """What the table download writes loads back to the same specs, quotes and newlines included."""
+    paths = write_table_files(tmp_path, SPECS)
+    assert [p.name for p in paths] == ["workload.csv", "workload.jsonl"]
+    for path in paths:
+        assert load_workload_file(path) == SPECS, f"{path.name} did not round-trip"
+    rows = list(csv.DictReader(io.StringIO(to_csv(SPECS))))
+    assert rows[1]["prompt"] == SPECS[1].prompt, "CSV quoting lost the newline or quotes"
+    objs = [json.loads(line) for line in to_jsonl(SPECS).splitlines()]
+    assert objs[2] == {"prompt": "Ünïcödé", "max_new_tokens": 2, "arrival_s": 1.25}
+
+
+def test_uploaded_rows_fit_the_table(tmp_path):
+    """Rows from an upload parse through the page's own table parser unchanged."""
+    from engine.workloads.workload_files import table_rows
+
+    assert parse_table(table_rows(SPECS)) == SPECS
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("bad.csv", "prompt,max_new_tokens\nok,3\nbad,zero\n", "bad.csv line 3: max_new_tokens"),
+        ("bad.csv", "prompt,max_new_tokens\nok,3\n,4\n", "bad.csv line 3: the prompt is blank"),
+        ("bad.csv", "prompt,max_new_tokens,arrival_s\nok,3,-1\n", "bad.csv line 2: arrival_s"),
+        ("bad.csv", "prompt,max_new_tokens\nok,3,extra\n", "bad.csv line 2: more cells"),
+        ("bad.csv", "text,cap\nok,3\n", "bad.csv line 1: the header must name"),
+        ("bad.csv", "prompt,max_new_tokens\n", "The workload is empty"),
+        ("bad.jsonl", '{"prompt": "ok", "max_new_tokens": 3}\n{"prompt": "x"\n', "line 2"),
+        ("bad.txt", "prompt,max_new_tokens\nok,3\n", "upload a .csv or .jsonl file"),
+    ],
+)
+def test_malformed_files_name_the_bad_line(tmp_path, name, text, message):
+    """A malformed upload raises ValueError whose message names the file and the bad line."""
+    with pytest.raises(ValueError) as excinfo:
+        load_workload_file(_write(tmp_path, name, text))
+    assert message in str(excinfo.value), f"message {str(excinfo.value)!r} lacks {message!r}"
+
+
+def test_csv_line_numbers_count_multiline_prompts(tmp_path):
+    """A bad row after a prompt spanning two lines is reported at its own physical line."""
+    text = 'prompt,max_new_tokens\n"two\nlines",3\nbad,0\n'
+    with pytest.raises(ValueError, match="line 4: max_new_tokens 0 is out of range"):
+        load_workload_file(_write(tmp_path, "m.csv", text))
+
+
+def test_non_utf8_csv_is_refused_clearly(tmp_path):
+    """A Latin-1 file is refused with a message asking for UTF-8."""
+    path = tmp_path / "latin.csv"
+    path.write_bytes("prompt,max_new_tokens\ncaf\xe9,3\n".encode("latin-1"))
+    with pytest.raises(ValueError, match="not UTF-8"):
+        load_workload_file(path)
+
+
+def test_table_arrival_column_is_optional():
+    """The table's third column sets arrival_s; blank or missing means 0."""
+    specs = parse_table([["a", 2, 1.5], ["b", 3, ""], ["c", 4, None], ["d", 5]])
+    assert [s.arrival_s for s in specs] == [1.5, 0.0, 0.0, 0.0], specs
+    with pytest.raises(ValueError, match="Row 2: arrival_s"):
+        parse_table([["a", 2], ["b", 3, "soon"]])

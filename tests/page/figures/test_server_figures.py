@@ -1,0 +1,69 @@
+"""The servers' figures from hand-written records: lanes per request, gauges over time."""
+
+from __future__ import annotations
+
+from engine.page.figures import server_lanes
+from engine.trace import RequestRecord, ScheduledSeq, ServerSample, StepRecord, Trace
+
+
+def _server_trace(name: str = "gpu") -> Trace:
+    """R0 sent at 0.1 s, first token 0.4 s, last 1.0 s; R1 sent at 0.2 s, no token yet."""
+    r0 = RequestRecord(0, "a", 8, 3, admit_s=0.1, first_token_s=0.4, finish_s=1.0)
+    r0.token_times_s = [0.4, 0.7, 1.0]
+    r1 = RequestRecord(1, "b", 8, 3, admit_s=0.2)
+    samples = [
+        ServerSample(0.25, {"num_requests_running": 2.0, "num_requests_waiting": 0.0}),
+        ServerSample(0.5, {"num_requests_running": 1.0, "kv_cache_usage_pct": 12.5}),
+    ]
+    trace = Trace(name, 2, requests=[r0, r1], wall_s=1.0, server_samples=samples)
+    trace.info = {"server": {"name": name}}
+    return trace
+
+
+def test_lanes_wait_then_decode_per_request():
+    """Pale bar from sent to first token, solid from first to last; unsent-token R1 waits only."""
+    fig = server_lanes.server_timeline_figure({"gpu": _server_trace()}, x_max=2.5)
+    bars = {t.name: t for t in fig.data}
+    waiting, decoding = bars["waiting for the first token"], bars["decoding"]
+    assert list(waiting.y) == ["R0", "R1"] and list(decoding.y) == ["R0"]
+    assert [round(b, 3) for b in waiting.base] == [0.1, 0.2]
+    assert [round(w, 3) for w in waiting.x] == [0.3, 0.0], "R0 waited 0.3 s; R1 has no token yet"
+    assert (decoding.base[0], round(decoding.x[0], 3)) == (0.4, 0.6)
+    assert tuple(fig.layout.xaxis.range) == (0, 2.5), "not on the shared x scale"
+    assert "gpu — 1/2 requests done · 1.00 s" in [a.text for a in fig.layout.annotations]
+
+
+def test_one_panel_per_server():
+    """Two servers: two panels sharing the x axis, each with its own lanes."""
+    fig = server_lanes.server_timeline_figure({"a": _server_trace("a"), "b": _server_trace("b")})
+    assert {t.yaxis for t in fig.data} == {"y", "y2"}
+    assert fig.layout.xaxis2.matches == "x" or fig.layout.xaxis.matches == "x2"
+
+
+def test_gauges_beside_our_engine():
+    """The chart draws the gauges a server has (none invented) and ours per step."""
+    ours = Trace("continuous", 2, wall_s=0.2)
+    ours.requests = [RequestRecord(0, "a", 2, 3), RequestRecord(1, "b", 2, 3)]
+    ours.steps = [
+        StepRecord(0, 0.0, 0.1, [ScheduledSeq(0, 0, "prefill", 3, 0)], kv_blocks_used=1),
+        StepRecord(1, 0.1, 0.2, [ScheduledSeq(0, 0, "decode", 1, 3)], kv_blocks_used=2),
+    ]
+    ours.info = {"kv_blocks": 4}
+    fig = server_lanes.server_chart_figure({"gpu": _server_trace()}, ours)
+    lines = {t.name: (list(t.x), list(t.y)) for t in fig.data}
+    assert lines["gpu: running"] == ([0.25, 0.5], [2.0, 1.0])
+    assert lines["gpu: waiting"] == ([0.25], [0.0]), "a missing gauge was filled in"
+    assert lines["gpu: KV use %"] == ([0.5], [12.5])
+    assert lines["continuous (ours): running"] == ([0.0, 0.1], [1, 1])
+    assert lines["continuous (ours): waiting"] == ([0.0, 0.1], [1, 1]), "R1 waits both steps"
+    assert lines["continuous (ours): KV blocks %"] == ([0.0, 0.1], [25.0, 50.0])
+
+
+def test_no_samples_or_no_server_says_why():
+    """A server without /metrics, or no server at all: an empty chart that says why."""
+    bare = _server_trace()
+    bare.server_samples = []
+    bare.info["server"]["metrics_note"] = "/metrics answered HTTP 404: no server samples"
+    fig = server_lanes.server_chart_figure({"gpu": bare})
+    assert fig.layout.annotations[0].text == "gpu: /metrics answered HTTP 404: no server samples"
+    assert "No server ran" in server_lanes.server_timeline_figure({}).layout.annotations[0].text

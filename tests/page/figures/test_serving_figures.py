@@ -1,0 +1,107 @@
+"""Serving figures (latency CDFs, budget and KV use per step, block map, queue and preemption
+marks), checked against the records of a real paged run on the tiny model."""
+
+import pytest
+from tiny_model import make_requests, tiny_runner
+
+from engine.batching.continuous import ContinuousEngine
+from engine.batching.static import StaticEngine
+from engine.config import EngineConfig
+from engine.page.figures import block_map, serving_metrics, timelines
+
+SPECS = [("the quick brown fox", 30), ("hello world", 24), ("abc", 20), ("z" * 12, 9), ("q", 5)]
+BLOCK_SIZE = 4
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return tiny_runner(seed=5)
+
+
+@pytest.fixture(scope="module")
+def paged(runner):
+    """4 slots over 14 blocks of 4 tokens, a token budget of 8: preemption and chunking happen."""
+    mib = 14 * BLOCK_SIZE * runner.kv_bytes_per_token() / 2**20
+    config = EngineConfig(
+        4, kv_mode="paged", block_size=BLOCK_SIZE, kv_budget_mib=mib, max_num_batched_tokens=8
+    )
+    trace = ContinuousEngine(runner, config).run(make_requests(SPECS))
+    assert trace.metrics().num_preemptions > 0, "the fixture should preempt"
+    return trace
+
+
+@pytest.fixture(scope="module")
+def static(runner):
+    return StaticEngine(runner, EngineConfig(2)).run(make_requests(SPECS))
+
+
+def test_cdf_has_one_line_per_engine_per_metric_through_every_value(paged, static):
+    """Each panel has a line per engine whose x values are that engine's sorted request values."""
+    fig = serving_metrics.latency_cdf_figure([static, paged])
+    assert len(fig.data) == 3 * 2
+    for line in fig.data:
+        trace = {"static": static, "continuous": paged}[line.name]
+        metric = {"x": "ttft_s", "x2": "tpot_s", "x3": "latency_s"}[line.xaxis]
+        values = sorted(v for r in trace.requests if (v := getattr(r, metric)) is not None)
+        assert list(line.x) == pytest.approx(values), f"{line.name} {metric}"
+        assert line.y[-1] == pytest.approx(1.0) and list(line.y) == sorted(line.y)
+
+
+def test_step_usage_stacks_tokens_under_the_budget_and_follows_kv_blocks(paged):
+    """Prefill + decode bars add up to each step's tokens; the KV line is the blocks in use."""
+    fig = serving_metrics.step_usage_figure(paged)
+    bars = [t for t in fig.data if t.type == "bar"]
+    totals = [sum(b.y[i] for b in bars) for i in range(len(paged.steps))]
+    assert totals == [st.num_scheduled_tokens for st in paged.steps]
+    assert max(totals) <= 8
+    assert any(s.y0 == 8 for s in fig.layout.shapes), "token budget line at 8"
+    kv = next(t for t in fig.data if t.name == "KV blocks in use")
+    assert list(kv.y) == [st.kv_blocks_used for st in paged.steps]
+    marks = next(t for t in fig.data if t.name == "preemption")
+    assert list(marks.x) == [st.index for st in paged.steps if st.preempted]
+
+
+def test_block_map_colours_each_owned_block_by_its_request(paged):
+    """Owned cells carry their request's colour code, free cells code 0, per the block tables."""
+    step = max(paged.steps, key=lambda s: s.kv_blocks_used)
+    fig = block_map.block_map_figure(paged, step.index)
+    cells = [z for row in fig.data[0].z for z in row if z is not None]
+    assert len(cells) == paged.info["kv_blocks"]
+    assert sum(1 for z in cells if z != 0) == step.kv_blocks_used
+    cols = len(fig.data[0].z[0])
+    for rid, table in step.block_tables.items():
+        want = 1 + timelines.PALETTE.index(timelines.request_color(rid))
+        for block in table:
+            assert fig.data[0].z[block // cols][block % cols] == want, f"block {block} of R{rid}"
+            label = fig.data[0].text[block // cols][block % cols]
+            assert label == f"R{rid}", f"block {block} of R{rid} is labelled {label!r}"
+            hover = fig.data[0].customdata[block // cols][block % cols]
+            assert hover.startswith(f"block {block}: R{rid}, tokens "), hover
+    assert fig.data[0].texttemplate == "%{text}", "the owners' names are not drawn on the blocks"
+
+
+def test_block_map_explains_itself_without_paging(runner):
+    trace = ContinuousEngine(runner, EngineConfig(2)).run(make_requests(SPECS[:2]))
+    fig = block_map.block_map_figure(trace, 0)
+    assert "paged" in fig.layout.annotations[0].text
+
+
+@pytest.mark.parametrize("x_axis", ["time", "step"])
+def test_timeline_marks_queue_waits_and_preemptions(paged, x_axis):
+    """A queue bar per request that waited; a cross per preemption on the lane it left."""
+    fig = serving_metrics.add_serving_marks(timelines.timeline_figure(paged, x_axis), paged, x_axis)
+    queue = next(t for t in fig.data if t.name == "queue wait")
+    waits = serving_metrics.queue_waits(paged)
+    assert sum(1 for w in waits if w[3]) == paged.metrics().num_preemptions, "one per preemption"
+    assert sorted(rid for rid, *_, again in waits if not again) == [
+        r.request_id for r in paged.requests
+    ]
+    drawn = [w for w in waits if w[2] - w[1] > serving_metrics.MIN_QUEUE_S]
+    assert len(queue.x) == len(drawn) > 0
+    assert all(w >= 0 for w in queue.x)
+    crosses = next(t for t in fig.data if t.name == "preemption")
+    assert len(crosses.x) == paged.metrics().num_preemptions
+    first = next(st for st in paged.steps if st.preempted)
+    before = {s.request_id: s.slot for s in paged.steps[first.index - 1].seqs}
+    assert crosses.y[0] == f"slot {before[first.preempted[0]]}"
+    assert fig.layout.yaxis.categoryarray[0] == "queue"

@@ -1,0 +1,139 @@
+"""The Run handler on bad input: the status line says why, and nothing on the page is lost.
+
+Every input error (the table, the slot count, each engine knob, arrivals past the wait limit) is
+treated alike: ``run_event`` yields one update that changes the status line only, shows the same
+message as a warning toast (outside Gradio, a ``UserWarning``), and returns without an error, so no
+error badge covers the status line and the earlier results stay on the page.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+
+from engine.page.handlers import playground
+from engine.page.run import shared_model
+from engine.page.views import run_status, run_view
+from engine.page.views.progress_view import plain_markdown
+
+ROWS = [["hello world", 5], ["abc", 12]]
+FAR_OFF_RATE = "0.000001"  # requests/s: the second request arrives days after Run
+
+
+@pytest.fixture(scope="module")
+def previous(shared) -> run_view.RunState:
+    """An earlier run's state, as the page keeps it."""
+    options = playground.RunOptions(check_reference=False)
+    return playground.run_comparison(ROWS, 2, options, lambda *a, **k: None, model=shared).state
+
+
+@pytest.fixture(autouse=True)
+def no_model_calls(shared, monkeypatch):
+    """The handler gets the tiny shared model, and any model call fails the test."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the model was called for a refused run")
+
+    monkeypatch.setattr(shared_model, "_shared_model", shared)
+    monkeypatch.setattr(shared.runner, "forward_packed", forbidden)
+    monkeypatch.setattr(shared.runner, "generate", forbidden)
+
+
+def _sampled(**settings) -> list[list]:
+    """``ROWS`` with a third row, sampled with ``settings`` (the table's sampling columns)."""
+    cells = [settings.get(name) for name in ("temperature", "top_k", "top_p", "seed")]
+    return [*ROWS, ["sampled", 4, 0, *cells]]
+
+
+def _run_args(rows=ROWS, slots=2, budget=0, rate=0, kv_mib="0", block="16", previous=None):
+    """``run_event``'s arguments, in app.py's order, with the knobs that tests vary."""
+    knobs = (False, False, "paged", budget, "decode_first", False, rate, "time")
+    return (rows, slots, *knobs, previous, kv_mib, block)
+
+
+def _refused(*run_args) -> str:
+    """Run the handler on bad input; check it changed the status line only and warned with the
+    same message; return the status line."""
+    with pytest.warns(UserWarning) as warned:
+        updates = list(playground.run_event(*run_args))
+    assert len(updates) == 1, f"{len(updates)} updates for a refused run"
+    shown = dict(zip(run_view.RUN_OUTPUTS, updates[0], strict=True))
+    status = shown.pop("status_markdown")
+    changed = [name for name, value in shown.items() if value != gr.skip()]
+    assert not changed, f"a refused run changed {changed}"
+    toasts = [str(w.message) for w in warned if plain_markdown(str(w.message)) in status]
+    assert toasts, f"no warning carries the status line's message: {status!r}"
+    return status
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (_run_args(rows=[["", 5]]), "Row 1: the prompt is blank"),
+        (_run_args(rows=[["hi", 0]]), "max_new_tokens 0 is out of range"),
+        (_run_args(slots=0), "at least 1"),
+        (_run_args(slots=1.5), "Slots must be a whole number"),
+        (_run_args(slots=3, budget=2), "at least the slot count"),
+        (_run_args(budget="abc"), "Token budget must be a whole number"),
+        (_run_args(rate=-1), "Arrival rate (requests/s) must be positive"),
+        (_run_args(rate=FAR_OFF_RATE), "a run waits for arrivals at most 300 s"),
+        (_run_args(kv_mib="-1"), "KV budget (MiB) must be positive"),
+        (_run_args(kv_mib="abc"), "KV budget (MiB) must be a number"),
+        (_run_args(block="2.5"), "Block size must be a whole number"),
+        (_run_args(block="0"), "Block size must be a whole number"),
+        (_run_args(block="100000"), "from 1 to 256"),
+        (_run_args(rows=_sampled(temperature="-0.5")), "Row 3: temperature -0.5 is below 0"),
+        (_run_args(rows=_sampled(top_p="0")), "Row 3: top_p 0 is outside (0, 1]"),
+        (_run_args(rows=_sampled(top_p=1.5)), "Row 3: top_p 1.5 is outside (0, 1]"),
+        (_run_args(rows=_sampled(top_k="-1")), "Row 3: top_k -1 is below 0"),
+        (_run_args(rows=_sampled(top_k="2.5")), "Row 3: top_k 2.5 is not a whole number"),
+        (_run_args(rows=_sampled(seed="1.5")), "Row 3: seed 1.5 is not a whole number"),
+        (_run_args(rows=_sampled(seed="abc")), "Row 3: seed 'abc' is not a whole number"),
+        (_run_args(rows=_sampled(seed="-1")), "Row 3: seed -1 is out of range; use 0 to"),
+        (_run_args(rows=_sampled(seed=str(2**63))), f"Row 3: seed {2**63} is out of range"),
+    ],
+)
+def test_bad_input_says_why_in_the_status_line_and_keeps_the_earlier_results(
+    args, message, previous
+):
+    """Bad table, slots or knob: "Not run" and the message lead the status line, the previous
+    run's status follows, and no other output (results, state, downloads) changes."""
+    status = _refused(*args[:10], previous, *args[11:])
+    assert status.startswith("**Not run:** "), status
+    assert plain_markdown(message) in status, f"{message!r} not in {status!r}"
+    earlier = f" Showing the previous run: {run_status.status_line(previous)}"
+    assert status.endswith(earlier), f"the previous run's status is not kept: {status!r}"
+
+
+def test_bad_input_before_any_run_says_why_only():
+    """With no earlier run the status line is the reason alone, and nothing else changes."""
+    status = _refused(*_run_args(block="0"))
+    assert status == "**Not run:** " + plain_markdown(
+        "Block size must be a whole number of tokens from 1 to 256 (got 0)."
+    ), status
+
+
+def test_arrivals_past_the_time_limit_are_refused_like_other_bad_input(monkeypatch):
+    """An arrival after CBP_RUN_TIME_LIMIT_S is refused in the status line, naming the limit."""
+    monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", "20")
+    status = _refused(*_run_args(rows=[["early", 3, 0], ["late", 3, 25]]))
+    assert "at most 20 s" in status, status
+
+
+def test_status_markdown_shows_typed_text_as_typed():
+    """Markdown and HTML characters in a message are escaped, so the status shows them as typed."""
+    assert plain_markdown("max_new_tokens *5* <b>x</b> `y` [z]") == (
+        r"max\_new\_tokens \*5\* \<b\>x\</b\> \`y\` \[z\]"
+    )
+    assert plain_markdown("Row 2: 3 s.") == "Row 2: 3 s.", "plain text was changed"
+
+
+def test_kv_budget_too_small_is_refused_before_any_engine_runs(shared, previous):
+    """A paged KV budget of one block, too small for a request, is refused like other bad input
+    ("Not run", no model call, previous results kept), and the message counts "1 block"."""
+    one_block_mib = 1.5 * 16 * shared.runner.kv_bytes_per_token() / 2**20  # 1.5 blocks of 16
+    args = _run_args(rows=[["hello world " * 3, 40]], kv_mib=str(one_block_mib))
+    status = _refused(*args[:10], previous, *args[11:])
+    assert status.startswith("**Not run:** Request R0 (row 1) needs"), status
+    assert "holds 1 block of 16 tokens (16 tokens)" in status, status
+    assert "1 blocks" not in status, status

@@ -1,0 +1,135 @@
+"""The shipped recording: it loads, every view renders from it, and re-recording works."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+from fake_traces import continuous_trace, static_trace
+
+from engine.page.handlers import recording
+from engine.page.inputs import page_io, presets
+from engine.page.run import shared_model
+from engine.page.views import run_status, run_view
+from engine.trace import Trace
+
+MAX_RECORDING_BYTES = 250_000  # compact JSON: the page sends it to every visitor
+
+
+@pytest.fixture(scope="module")
+def shipped() -> run_view.RunState:
+    return recording.load_recording()
+
+
+def test_shipped_recording_is_the_default_preset_labelled_with_where_and_when(shipped):
+    """The recording is the default preset at the default slots, on the paged KV cache, labelled
+    with device, dtype, date and an invitation to press Run; it is small."""
+    meta = shipped.recorded
+    rows, _, _ = presets.apply_preset(presets.DEFAULT_PRESET)
+    assert [r.prompt for r in shipped.static.requests] == [row[0] for row in rows]
+    assert [r.max_new_tokens for r in shipped.continuous.requests] == [row[1] for row in rows]
+    assert shipped.static.num_slots == page_io.DEFAULT_SLOTS == meta.num_slots
+    assert shipped.continuous.kv_mode == "paged" and shipped.continuous.info["kv_blocks"] > 0
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", meta.date), meta.date
+    label = meta.label()
+    for part in (meta.device_label, meta.date, "press Run to measure it here", "Recorded run"):
+        assert part in label, f"{part!r} missing from {label!r}"
+    assert " · " in meta.device_label, f"no dtype in {meta.device_label!r}"
+    size = recording.RECORDING_PATH.stat().st_size
+    assert size < MAX_RECORDING_BYTES, f"the recording is {size} bytes"
+
+
+def test_shipped_recording_matched_the_reference(shipped):
+    """Both engines' outputs in the recording equal the recorded model.generate reference."""
+    assert shipped.reference is not None
+    for trace in (shipped.static, shipped.continuous):
+        got = {r.request_id: r.output_token_ids for r in trace.requests}
+        assert got == shipped.reference, f"{trace.engine} differs from the reference"
+
+
+def test_every_view_renders_from_the_recording(shipped):
+    """Render gives every figure, both tables and a status naming the recording; the step views
+    draw at the first, the default and past the last step."""
+    result = run_view.render(shipped, downloads=False)
+    assert result.status.startswith("**Recorded run**"), result.status
+    assert "steps against" in result.status and run_status.NOISE_NOTE in result.status
+    assert len(result.metrics) == 2 and len(result.outputs) == len(shipped.static.requests)
+    assert result.latency_cdf is not None and result.step_usage is not None
+    for step in (0, result.step_index, shipped.num_steps - 1, shipped.num_steps + 5):
+        views = run_view.step_views(shipped, step, "step")
+        assert all(fig is not None for fig in views.as_tuple()), f"a view is missing at {step}"
+    outputs = dict(zip(run_view.RUN_OUTPUTS, result.as_outputs(), strict=True))
+    assert outputs["step_slider"].maximum == shipped.num_steps - 1
+
+
+def test_traces_survive_the_compact_format():
+    """encode_trace then decode_trace gives the trace back (times kept to 0.1 ms), block tables,
+    padding and waves included."""
+    static = static_trace([5, 6, 8], [3, 7, 4], num_slots=2)
+    paged = continuous_trace([5, 6, 8], [3, 7, 4], num_slots=2)
+    for i, step in enumerate(paged.steps):
+        step.kv_blocks_used = 1 + i % 3
+        step.block_tables = {s.request_id: list(range(i % 3 + 1)) for s in step.seqs}
+    paged.info = {"kv_blocks": 9, "block_size": 4}
+    for trace in (static, paged):
+        _round_times(trace)
+        text = json.dumps(recording.encode_trace(trace), separators=(",", ":"))
+        back = recording.decode_trace(json.loads(text))
+        assert isinstance(back, Trace)
+        assert back.steps == trace.steps, f"{trace.engine}: steps changed"
+        assert back.requests == trace.requests, f"{trace.engine}: requests changed"
+        assert dataclasses.replace(back, steps=[], requests=[]) == dataclasses.replace(
+            trace, steps=[], requests=[]
+        )
+
+
+def _round_times(trace: Trace) -> None:
+    """Times to 0.1 ms, as the file keeps them (0.30000000000000004 becomes 0.3)."""
+    for step in trace.steps:
+        step.start_s, step.end_s = round(step.start_s, 4), round(step.end_s, 4)
+    for r in trace.requests:
+        for name in ("arrival_s", "admit_s", "first_token_s", "finish_s"):
+            if getattr(r, name) is not None:
+                setattr(r, name, round(getattr(r, name), 4))
+    trace.wall_s = round(trace.wall_s, 4)
+
+
+def test_record_writes_a_recording_the_page_opens_on(shared, monkeypatch, tmp_path):
+    """``python -m engine.page.handlers.recording``'s function runs the default preset (here on the
+    tiny model) and writes a file that loads and renders."""
+    monkeypatch.setattr(shared_model, "load_shared_model", lambda **kwargs: shared)
+    monkeypatch.setattr(
+        presets, "apply_preset", lambda name: ([["hello world", 3], ["abc", 5]], False, "")
+    )
+    path = recording.record(tmp_path / "run.json")
+    state = recording.load_recording(path)
+    assert state.recorded.preset == presets.DEFAULT_PRESET and state.reference is not None
+    assert [len(r.output_token_ids) for r in state.continuous.requests] == [3, 5]
+    assert run_view.render(state, downloads=False).status.startswith("**Recorded run**")
+    assert recording.opening_result(tmp_path / "missing.json") is None
+
+
+def test_the_page_opens_on_the_recording(shipped):
+    """build_demo's run state and figures start from the recording (never empty frames)."""
+    import gradio as gr
+
+    import app
+
+    demo = app.build_demo("Model: test")
+    by_id = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
+    unpicked = ("downloads_file", "divergence_dropdown")  # no files; no verdicts recorded to pick
+    for elem_id in run_view.RUN_OUTPUTS[1:]:
+        if elem_id not in unpicked:
+            assert by_id[elem_id].value is not None, f"{elem_id} opens empty"
+    states = [b for b in demo.blocks.values() if isinstance(b, gr.State)]
+    assert any(isinstance(s.value, run_view.RunState) for s in states), "no recorded run state"
+
+
+def test_label_says_when_the_machine_was_busy(shipped):
+    """A recording made while the machine ran more threads than it has cores says so."""
+    quiet = dataclasses.replace(shipped.recorded, load_average=1.2, num_cpus=2)
+    busy = dataclasses.replace(shipped.recorded, load_average=16.5, num_cpus=2)
+    assert "busy" not in quiet.label()
+    assert "on a busy machine (load average 16 on 2 cores" in busy.label(), busy.label()

@@ -1,0 +1,128 @@
+"""Links and workload files in the page: setup links, the link's step, upload and table download."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from urllib.parse import parse_qs
+
+import gradio as gr
+import pytest
+
+from engine.page.inputs import page_io, presets
+from engine.workloads.workload import parse_table
+from engine.workloads.workload_files import load_workload_file
+
+SKIP = gr.skip()
+
+
+def _link(**params):
+    return SimpleNamespace(query_params={k: str(v) for k, v in params.items()})
+
+
+def test_setup_query_reproduces_preset_slots_and_step():
+    """The query names the preset by slug, the slots, and the step only once a run exists."""
+    name = presets.by_slug("long-tail")
+    query = page_io.setup_query(name, 4, 12, state=object())
+    assert query.startswith("?"), query
+    assert parse_qs(query[1:]) == {"preset": ["long-tail"], "slots": ["4"], "step": ["12"]}
+    before_run = parse_qs(page_io.setup_query(name, 4.0, 12, state=None)[1:])
+    assert "step" not in before_run and before_run["slots"] == ["4"], before_run
+    uploaded = parse_qs(page_io.setup_query(None, 2, 0, state=None)[1:])
+    assert uploaded == {"slots": ["2"]}, f"an uploaded table still names a preset: {uploaded}"
+
+
+def test_link_query_parameters_preset_the_page(recwarn):
+    """?preset=SLUG&slots=N gives the preset's rows and the slot count, without a warning."""
+    name, rows, chat_template, text, slots, prefix_caching = page_io.from_link(
+        _link(preset="one-long-many-short", slots=5)
+    )
+    assert name == "One long, many short" and slots == 5 and prefix_caching == SKIP
+    assert rows == presets.apply_preset(name)[0] and chat_template is False and text
+    assert page_io.from_link(_link()) == (SKIP,) * 6, "a plain link changed the page"
+    long_tail = page_io.from_link(_link(preset="long-tail"))
+    assert long_tail[4] == presets.preset_slots(long_tail[0]) == 4, "the preset's slots not set"
+    assert page_io.from_link(None) == (SKIP,) * 6, "no request changed the page"
+    assert not [str(w.message) for w in recwarn], "a good link warned"
+
+
+@pytest.mark.parametrize(
+    ("params", "said"),
+    [
+        ({"preset": "nope"}, "preset='nope' is ignored: no such preset; showing “Article's six"),
+        ({"preset": "nope"}, "presets: seed, one-long-many-short"),
+        ({"slots": "99"}, "slots='99' is ignored: not a whole number from 1 to 16; using 3 slots"),
+        ({"slots": "0"}, "slots='0' is ignored"),
+        ({"slots": "2.5"}, "slots='2.5' is ignored"),
+        ({"preset": "<img src=x>"}, "preset='&lt;img src=x&gt;' is ignored"),
+        ({"slots": "9" * 100}, f"slots='{'9' * 40}…' is ignored"),
+    ],
+)
+def test_bad_link_values_are_named_with_what_is_used_instead(params, said):
+    """A bad preset or slot count is skipped, and a warning names it (as plain text, clipped) and
+    what the page uses instead; a good value beside it still applies."""
+    good = {"slots": "4"} if "preset" in params else {"preset": "seed"}
+    with pytest.warns(UserWarning) as warned:
+        updates = page_io.from_link(_link(**params, **good))
+    messages = [str(w.message) for w in warned]
+    assert any(said in m for m in messages), f"{said!r} not in {messages}"
+    if "preset" in params:
+        assert updates[:4] == (SKIP,) * 4 and updates[4] == 4, updates
+    else:  # the preset's own slot count applies instead
+        assert updates[0] == presets.by_slug("seed") and updates[4] == 3, updates
+
+
+def test_link_step_is_kept_then_applied_once_after_a_run():
+    """step=N is read from the link, applied (clamped) after a run, then forgotten; a bad step is
+    named in a warning."""
+    assert page_io.link_step(_link(step=12)) == 12 and page_io.link_step(_link()) is None
+    with pytest.warns(UserWarning, match="step='-3' is ignored: not a whole number >= 0"):
+        assert page_io.link_step(_link(step="-3")) is None
+    run = SimpleNamespace(num_steps=10)
+    assert page_io.apply_link_step(run, 7) == (7, None), "step not applied, or not cleared"
+    assert page_io.apply_link_step(run, 50) == (9, None), "step past the run's end not clamped"
+    assert page_io.apply_link_step(None, 7) == (SKIP, SKIP), "applied without a run"
+    assert page_io.apply_link_step(run, None) == (SKIP, SKIP), "moved the slider without a link"
+
+
+def test_upload_fills_the_table_and_clears_the_preset(tmp_path):
+    """An uploaded CSV becomes table rows (with arrival_s); the preset dropdown is cleared."""
+    path = tmp_path / "w.csv"
+    path.write_text("prompt,max_new_tokens,arrival_s\nHi there,4,\nLater,3,1.5\n", encoding="utf-8")
+    rows, preset, text = page_io.upload_workload(str(path))
+    greedy = [None] * 4  # the sampling columns, empty
+    assert rows == [["Hi there", 4, 0.0, *greedy], ["Later", 3, 1.5, *greedy]], rows
+    assert preset is None and "2 requests" in text and "1 arriving after" in text, text
+
+
+def test_bad_upload_warns_naming_the_line_and_changes_nothing(tmp_path):
+    """A malformed upload warns, naming the file's bad line, and leaves table and preset as is."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "a", "max_new_tokens": 2}\n{"prompt": "b"}\n', encoding="utf-8")
+    with pytest.warns(UserWarning, match="bad.jsonl line 2"):
+        updates = page_io.upload_workload(str(path))
+    assert updates == (SKIP, SKIP, SKIP), f"a bad upload changed the page: {updates}"
+
+
+def test_table_download_loads_back_as_the_same_workload():
+    """The table's CSV and JSONL downloads load back to what the table itself parses to."""
+    rows, _, _ = presets.apply_preset(presets.by_slug("arrivals"))
+    paths = page_io.table_files(rows)
+    assert [Path(p).name for p in paths] == ["workload.csv", "workload.jsonl"]
+    for path in paths:
+        assert load_workload_file(path) == parse_table(rows), f"{path} differs from the table"
+    with pytest.raises(ValueError, match="Row 1"):
+        page_io.table_files([["", 3, 0]])
+    with pytest.warns(UserWarning, match="Row 1: the prompt is blank"):
+        shown = page_io.show_table_files([["", 3, 0]])
+    assert shown == SKIP, f"a bad table changed the file box: {shown}"
+    assert page_io.show_table_files(rows).visible is True, "the file box is not shown"
+
+
+def test_arrivals_preset_arrives_over_time():
+    """The "arrivals over time" preset has staggered arrivals and an explanation."""
+    name = presets.by_slug("arrivals")
+    rows, _, text = presets.apply_preset(name)
+    arrivals = [spec.arrival_s for spec in parse_table(rows)]
+    assert arrivals == sorted(arrivals) and arrivals[0] == 0 and arrivals[-1] > 1, arrivals
+    assert "arrival_s" in text and len(text) > 200, "the preset lacks its explanation"

@@ -1,0 +1,161 @@
+"""The host's servers on the page: configured by flag or environment only, offered by name only.
+
+No server needs to answer here: these tests check the configuration, the page's controls (a
+checkbox per configured server, never a box for an address), the servers line, and a local vLLM
+that cannot start (a Python without vLLM), which a run reports while keeping the other engines.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from pathlib import Path
+
+import gradio as gr
+import pytest
+
+from engine.page.handlers import playground
+from engine.page.host import launch
+from engine.page.run import host_servers, shared_model
+from engine.page.views import run_view, server_view
+from tests.live_servers import free_port
+
+OUT = {name: i for i, name in enumerate(run_view.RUN_OUTPUTS)}
+ROWS = [["hello world", 4], ["abc", 3]]
+
+
+def _run(rows, names):
+    events = playground.run_event(
+        rows, 2, False, True, "paged", 0, "decode_first", False, 0, "time", server_names=names
+    )
+    return dict(zip(run_view.RUN_OUTPUTS, list(events)[-1], strict=True))
+
+
+@pytest.fixture
+def page(shared, monkeypatch):
+    """The tiny shared model as the page's, its servers cleared after the test."""
+    monkeypatch.setattr(shared_model, "_shared_model", shared)
+    yield shared
+    shared.servers = None
+
+
+def test_endpoints_come_from_flags_then_the_environment(shared):
+    """--endpoint items first, then CBP_ENDPOINTS; URLs to their root; names as given."""
+    env = {"CBP_ENDPOINTS": "gpu=http://10.0.0.5:8000/v1"}
+    found = host_servers.configure(shared.loaded, ["mine=http://127.0.0.1:8001/"], env)
+    assert found.names == ["mine", "gpu"]
+    assert [e.endpoint.url for e in found.engines.values()] == [
+        "http://127.0.0.1:8001",
+        "http://10.0.0.5:8000",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("items", "env", "message"),
+    [
+        (["continuous=http://h:1"], "", "already used by a built-in engine"),
+        (["a=http://h:1"], "a=http://h:2", "already used by another endpoint"),
+        (["gpu"], "", "write it as NAME=URL"),
+        ([], "x=ftp://h:1", "CBP_ENDPOINTS entry"),
+    ],
+)
+def test_bad_server_configuration_is_refused(shared, items, env, message):
+    """A built-in name, a repeated name, a malformed entry: refused at start, saying which."""
+    with pytest.raises(ValueError, match=message):
+        host_servers.configure(shared.loaded, items, {"CBP_ENDPOINTS": env})
+
+
+def test_vllm_without_its_environment_says_how_to_build_it(shared, tmp_path, monkeypatch):
+    """--vllm without .venv-vllm stops the start with the command that builds it."""
+    monkeypatch.setenv("CBP_VLLM_VENV", str(tmp_path / "missing"))
+    loaded = _with_source(shared.loaded, tmp_path)
+    with pytest.raises(ValueError, match="make vllm"):
+        host_servers.configure(loaded, vllm=True)
+
+
+def test_command_line_flags():
+    """app.py's server flags: --vllm and its settings, and a repeated --endpoint."""
+    args = launch.parse_args(
+        ["--vllm", "--vllm-eager", "--vllm-max-num-seqs", "8", "--vllm-max-model-len", "512"]
+        + ["--endpoint", "a=http://h:1", "--endpoint", "b=http://h:2"]
+    )
+    assert (args.vllm, args.vllm_eager, args.vllm_max_num_seqs) == (True, True, 8)
+    assert args.vllm_max_model_len == 512
+    assert args.endpoint == ["a=http://h:1", "b=http://h:2"]
+    plain = launch.parse_args([])
+    assert (plain.vllm, plain.endpoint, plain.vllm_max_num_seqs) == (False, [], 3)
+    assert plain.vllm_max_model_len == 2048
+
+
+def test_the_page_offers_names_and_no_address_box():
+    """Configured servers are checkboxes, all ticked; no text box on the page takes input."""
+    import app
+
+    demo = app.build_demo("Model: test", ["gpu", "vllm"])
+    by_id = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
+    box = by_id["servers_checkbox"]
+    assert [c[1] for c in box.choices] == ["gpu", "vllm"] and box.value == ["gpu", "vllm"]
+    assert box.visible and by_id["servers_markdown"].visible
+    typing = [b for b in demo.blocks.values() if isinstance(b, gr.Textbox) and b.interactive]
+    assert typing == [], f"text boxes a visitor can type into: {[b.elem_id for b in typing]}"
+    run = next(fn for fn in demo.fns.values() if fn.api_name == "run")
+    # after the handle: the servers, then the precision (dtype, batch-invariant), appended later
+    assert run.inputs[-3] is box, "the servers are not the Run event's input after the handle"
+    bare = app.build_demo("Model: test")
+    bare_ids = {b.elem_id: b for b in bare.blocks.values() if getattr(b, "elem_id", None)}
+    assert not bare_ids["servers_checkbox"].visible and not bare_ids["servers_markdown"].visible
+
+
+def test_a_run_takes_only_configured_names(page):
+    """An API client's URL or unknown name is refused before anything runs."""
+    with pytest.warns(UserWarning, match="no servers configured"):
+        final = _run(ROWS, ["http://127.0.0.1:9"])
+    assert "**Not run:** This page has no servers configured" in final["status_markdown"]
+    page.servers = host_servers.configure(page.loaded, [f"gone=http://127.0.0.1:{free_port()}"])
+    with pytest.warns(UserWarning, match="No server named"):
+        final = _run(ROWS, ["http://evil.example:80"])
+    status = final["status_markdown"]
+    assert "**Not run:** No server named 'http://evil.example:80' is configured" in status, status
+    assert final["run_state"] == gr.skip(), "a refused run changed the page's run"
+
+
+def test_unreachable_endpoint_in_the_servers_line(page):
+    """The servers line says an endpoint cannot be reached, naming it but not its address."""
+    url = f"http://127.0.0.1:{free_port()}"
+    page.servers = host_servers.configure(page.loaded, [f"gone={url}"]).start()
+    _wait_started(page.servers)
+    line = server_view.servers_markdown(page.servers)
+    assert line.startswith("**Servers** · **gone**: ✗ Cannot reach gone at (gone's address)"), line
+    assert url not in line
+
+
+def test_vllm_that_cannot_start_is_reported_and_the_rest_kept(page, tmp_path, monkeypatch):
+    """A local vLLM that exits at start: ✗ in the servers line, and a run that asks for it
+    shows why while static and continuous are shown as usual."""
+    monkeypatch.setenv("CBP_VLLM_VENV", str(Path(sys.executable).parent.parent))  # no vLLM
+    loaded = _with_source(page.loaded, tmp_path)
+    page.servers = host_servers.configure(loaded, vllm=True, vllm_eager=True).start()
+    _wait_started(page.servers)
+    line = server_view.servers_markdown(page.servers)
+    assert "**vllm**: ✗ vLLM exited with code" in line, line
+    with pytest.warns(UserWarning, match="vLLM exited with code"):
+        final = _run(ROWS, ["vllm"])
+    status = final["status_markdown"]
+    assert "**✗ vllm:** vLLM exited with code" in status and "No module named" in status, status
+    assert list(final["run_state"].traces()) == ["static", "continuous"]
+    assert "✓ all match" in status, status
+
+
+def _with_source(loaded, folder: Path):
+    """The tiny model as if loaded from ``folder`` (what vLLM would be asked to load)."""
+    loaded = copy.copy(loaded)
+    loaded.source = str(folder)
+    return loaded
+
+
+def _wait_started(host: host_servers.PageServers, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while host.starting():
+        assert time.monotonic() < deadline, "the servers did not settle in time"
+        time.sleep(0.1)
