@@ -1,4 +1,5 @@
-"""The three wings: the core imports no page and no UI library, the bench no page, and no cycles."""
+"""The wings and their rooms: the core imports no page and no UI library, the bench no page, no
+cycles, and inside each wing every room imports only the rooms below it, through their faces."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ def _sources(folder: str) -> list[Path]:
 
 
 def _core_sources() -> list[Path]:
-    return [p for p in _sources("engine") if p.parent == ROOT / "engine"]
+    """Every module of the serving core: ``engine/`` less its page and bench wings."""
+    wings = (ROOT / "engine" / "page", ROOT / "engine" / "bench")
+    return [p for p in _sources("engine") if not any(w in p.parents for w in wings)]
 
 
 def test_core_imports_no_page_and_no_ui_library():
@@ -96,3 +99,128 @@ def test_cycle_finder_finds_a_planted_cycle():
     """The cycle check itself works: a planted a -> b -> a cycle is reported."""
     assert _find_cycle({"a": {"b"}, "b": {"a"}, "c": set()}) == ["a", "b", "a"]
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# The rooms of each wing, from the bottom up: a room imports only the rooms before it in its list.
+# The core's root modules (config, sequence, sampling_params, token_logits, trace) sit below every
+# core room; the page's rooms sit above the whole core.
+CORE_ROOMS = ["workloads", "serving", "kernels", "model", "batching", "fidelity", "peers"]
+PAGE_ROOMS = ["figures", "inputs", "run", "views", "handlers", "panels", "host"]
+MAX_MODULES_PER_FOLDER = 12
+
+
+def _rank(module: str) -> tuple[str, int] | None:
+    """``(wing, height)`` of a module's room: the core's root is height -1; None outside both."""
+    parts = module.split(".")
+    if parts[:2] == ["engine", "page"]:
+        return ("page", PAGE_ROOMS.index(parts[2])) if len(parts) > 3 else None
+    if parts[0] != "engine" or len(parts) < 2 or parts[1] == "bench":
+        return None
+    if len(parts) == 2:
+        return ("core", -1)
+    return ("core", CORE_ROOMS.index(parts[1]))
+
+
+def _upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that runs from a room to a room above it (or beside it) in the same wing."""
+    found = []
+    for module, targets in graph.items():
+        here = _rank(module)
+        for target in targets:
+            there = _rank(target)
+            same_room = module.split(".")[:-1] == target.split(".")[:-1]
+            if here and there and here[0] == there[0] and there[1] >= here[1] and not same_room:
+                found.append(f"{module} imports {target}")
+    return sorted(found)
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in [ROOT / "app.py", *_sources("engine")]}
+    return {
+        name: {m for m in _imports(path) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+
+
+def test_rooms_import_only_the_rooms_below_them():
+    """In the core and in the page, no import runs up or sideways between rooms."""
+    graph = _graph()
+    rooms = {".".join(m.split(".")[:-1]) for m in graph if _rank(m) and _rank(m)[1] >= 0}
+    assert len(rooms) == len(CORE_ROOMS) + len(PAGE_ROOMS), f"rooms found: {sorted(rooms)}"
+    upward = _upward_imports(graph)
+    assert not upward, f"imports that run back up between rooms: {upward}"
+
+
+def test_the_order_check_finds_a_planted_upward_import():
+    """The room check itself works: serving importing the model runner is reported."""
+    planted = {"engine.serving.scheduler": {"engine.model.model_runner", "engine.trace"}}
+    assert _upward_imports(planted) == [
+        "engine.serving.scheduler imports engine.model.model_runner"
+    ]
+    assert _upward_imports({"engine.trace": {"engine.workloads.workload"}}), "root reached up"
+    assert not _upward_imports({"engine.page.views.tables": {"engine.page.run.live_run"}})
+
+
+def _rooms() -> list[Path]:
+    return [p.parent for p in _sources("engine") if p.name == "__init__.py"]
+
+
+def test_no_folder_holds_more_than_a_dozen_modules():
+    """Each folder of ``engine/`` holds at most 12 modules (its ``__init__`` not counted)."""
+    crowded = {
+        str(room.relative_to(ROOT)): n
+        for room in _rooms()
+        if (n := len([p for p in room.glob("*.py") if p.name != "__init__.py"]))
+        > MAX_MODULES_PER_FOLDER
+    }
+    assert not crowded, f"folders over {MAX_MODULES_PER_FOLDER} modules: {crowded}"
+
+
+def test_every_room_says_what_it_holds_and_names_its_face():
+    """Each room's ``__init__`` has a docstring naming every module and an ``__all__`` of real
+    modules; it imports nothing (so importing one module never loads the room)."""
+    problems = []
+    for room in _rooms():
+        init = room / "__init__.py"
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        doc = ast.get_docstring(tree) or ""
+        modules = {p.stem for p in room.glob("*.py") if p.name != "__init__.py"}
+        modules |= {p.parent.name for p in room.glob("*/__init__.py")}
+        face = _dunder_all(tree)
+        name = str(room.relative_to(ROOT))
+        if room.name not in ("engine", "bench") and face is None:
+            problems.append(f"{name}: no __all__")
+        if face is not None and set(face) - modules:
+            problems.append(f"{name}: __all__ names no such module: {set(face) - modules}")
+        unnamed = sorted(m for m in modules if m != "__main__" and f"``{m}``" not in doc)
+        if room.name != "bench" and unnamed:
+            problems.append(f"{name}: its docstring does not name {unnamed}")
+        if any(isinstance(node, ast.Import | ast.ImportFrom) for node in tree.body):
+            problems.append(f"{name}: its __init__ imports")
+    assert not problems, problems
+
+
+def _dunder_all(tree: ast.Module) -> list[str] | None:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return list(ast.literal_eval(node.value))
+    return None
+
+
+def test_outside_a_room_only_its_face_is_imported():
+    """A module imported from another room is in its room's ``__all__``."""
+    faces = {}
+    for room in _rooms():
+        face = _dunder_all(ast.parse((room / "__init__.py").read_text(encoding="utf-8")))
+        if face is not None:
+            faces[_module_name(room / "__init__.py")] = set(face)
+    behind = []
+    for module, targets in _graph().items():
+        for target in targets:
+            room, _, leaf = target.rpartition(".")
+            if room in faces and not module.startswith(room + ".") and leaf not in faces[room]:
+                if target in _graph():  # a module, not a name imported from one
+                    behind.append(f"{module} imports {target}, which {room}.__all__ keeps inside")
+    assert not behind, behind
