@@ -1,6 +1,6 @@
 """Sampling settings of one request: temperature, top-k, top-p and a seed (as vLLM's).
 
-A request without settings decodes greedily, as every engine always did. With settings, it samples
+A request without settings decodes greedily. With settings, it samples
 from its own random generator seeded from its ``seed`` (``engine.serving.sampler``), so its tokens
 depend on nothing else in the batch. The settings mean what transformers' ``generate`` makes of
 them:

@@ -132,7 +132,7 @@ class ContinuousEngine:
         self, batch, samplers: list[RequestSampler | None], recorder: LogitRecorder
     ) -> list[int]:
         """The step's next tokens, its logits rows into ``recorder``; an all-greedy step calls
-        ``forward_packed`` as it always did (one argument)."""
+        ``forward_packed`` with the batch alone."""
         with self.runner.recording(recorder):
             if any(s is not None for s in samplers):
                 return self.runner.forward_packed(batch, samplers)

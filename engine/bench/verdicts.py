@@ -4,8 +4,8 @@ For every engine, every request gets a verdict against the reference
 (``engine.fidelity.divergence``): ``match`` ✓, ``near-tie`` ≈ (a flip that rounding explains) or
 ``differs`` ✗. The JSON entry of an engine carries ``num_match``, ``num_near_tie``, ``num_differs``
 and ``num_logits_equal`` (matches whose logits were bitwise equal to the reference's at every
-token), a ``verdict`` per request and, as before, ``mismatches`` for the requests that differ (now
-with the top 5 of both runs).
+token), a ``verdict`` per request and ``mismatches`` for the requests that differ (with the top 5
+of both runs).
 
 With ``--batch-invariant`` the engines also run once per repeat in the normal mode, and each entry
 gets ``normal_ms_per_step`` and ``invariant_cost_x`` (ms/step in the mode over the normal one).

@@ -33,7 +33,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.fidelity import divergence
-from engine.fidelity.divergence import Verdict, first_divergence  # noqa: F401  (re-exported)
+from engine.fidelity.divergence import Verdict
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request, truncate_at_stop
 from engine.token_logits import (

@@ -156,7 +156,7 @@ def _step_args(trace: Trace, step) -> dict:
 def charts_html(charts: dict[str, Any]) -> str:
     """One standalone HTML page with every chart, interactive and offline.
 
-    ``charts`` maps a heading to a plotly figure (``engine.page.figures.timelines.PageFigure`` keeps
+    ``charts`` maps a heading to a plotly figure (``engine.page.figures.style.PageFigure`` keeps
     its PNG button's file name). plotly.js is inlined once (about 4.6 MB), so the file opens without
     a network; each chart's modebar still saves it as a PNG.
     """

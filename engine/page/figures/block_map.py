@@ -14,7 +14,7 @@ import math
 
 import plotly.graph_objects as go
 
-from engine.page.figures.style import PALETTE, _discrete_scale, _style, request_color
+from engine.page.figures.style import PALETTE, discrete_scale, request_color, style_figure
 from engine.trace import StepRecord, Trace
 
 FREE_BLOCK_COLOR = "rgba(128,128,128,0.25)"
@@ -37,7 +37,7 @@ def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
         fig.add_annotation(text="The block map needs the paged KV mode.", showarrow=False)
         fig.update_xaxes(visible=False)
         fig.update_yaxes(visible=False)
-        return _style(fig, "KV block map").update_layout(height=200)
+        return style_figure(fig, "KV block map").update_layout(height=200)
     step = trace.steps[min(step_index, len(trace.steps) - 1)]
     colors = [FREE_BLOCK_COLOR, *PALETTE, CACHED_FREE_BLOCK_COLOR]
     cols = min(BLOCK_MAP_COLUMNS, total)
@@ -56,7 +56,7 @@ def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
             textfont={"size": 10},
             customdata=hover,
             hovertemplate="%{customdata}<extra></extra>",
-            colorscale=_discrete_scale(colors),
+            colorscale=discrete_scale(colors),
             zmin=-0.5,
             zmax=len(colors) - 0.5,
             showscale=False,
@@ -64,7 +64,9 @@ def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
             ygap=2,
         )
     )
-    _style(fig, f"KV block map at step {step.index}", _block_map_subtitle(step, total, trace.info))
+    style_figure(
+        fig, f"KV block map at step {step.index}", _block_map_subtitle(step, total, trace.info)
+    )
     fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
     fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
     return fig.update_layout(height=150 + 30 * rows)

@@ -14,7 +14,13 @@ import math
 import plotly.graph_objects as go
 import torch
 
-from engine.page.figures.style import TEXT_COLOR, PageFigure, _discrete_scale, _style, request_color
+from engine.page.figures.style import (
+    TEXT_COLOR,
+    PageFigure,
+    discrete_scale,
+    request_color,
+    style_figure,
+)
 from engine.serving.masks import (
     PackedLayout,
     block_diagonal_causal_mask,
@@ -64,7 +70,7 @@ def _heatmap(codes: torch.Tensor, x: list, y: list, colors: list[str], hover: st
         z=z.numpy(),
         x=x,
         y=y,
-        colorscale=_discrete_scale(colors),
+        colorscale=discrete_scale(colors),
         zmin=-0.5,
         zmax=len(colors) - 0.5,
         showscale=False,
@@ -130,7 +136,7 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
     _mark_repeated_colours(
         fig, [(q.request_id, a // fq) for q, a in zip(step.seqs, starts, strict=True)]
     )
-    return _mask_axes(_style(fig, title, subtitle), "keys: cached | this step's new tokens")
+    return _mask_axes(style_figure(fig, title, subtitle), "keys: cached | this step's new tokens")
 
 
 def _token_labels(names: list[str], seq, pos, from_cache=None) -> list[str]:
@@ -255,4 +261,4 @@ def static_mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
     )
     if (fq, fk) == (1, 1):
         _mark_repeated_colours(fig, [(s.request_id, b * num_q) for b, s in enumerate(step.seqs)])
-    return _mask_axes(_style(fig, title, subtitle), "key column (left padding first)")
+    return _mask_axes(style_figure(fig, title, subtitle), "key column (left padding first)")

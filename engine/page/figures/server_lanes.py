@@ -23,10 +23,10 @@ from plotly.subplots import make_subplots
 from engine.page.figures.style import (
     TEXT_COLOR,
     PageFigure,
-    _style,
     bottom_legend,
     engine_styles,
     request_color,
+    style_figure,
 )
 from engine.trace import Trace
 
@@ -41,7 +41,7 @@ def message_figure(title: str, text: str, height_px: int = 200) -> go.Figure:
     fig.add_annotation(text=html.escape(text), showarrow=False)
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
-    return _style(fig, title).update_layout(height=height_px)
+    return style_figure(fig, title).update_layout(height=height_px)
 
 
 # --- request lanes -------------------------------------------------------------------------------
@@ -75,7 +75,7 @@ def server_timeline_figure(
     fig.update_xaxes(title_text="seconds since start", row=len(names), col=1)
     fig.update_annotations(font_size=12)
     subtitle = "A server hides its slots: one lane per request, on the client's clock."
-    _style(fig, "Servers: one lane per request", subtitle + (f"<br>{note}" if note else ""))
+    style_figure(fig, "Servers: one lane per request", subtitle + (f"<br>{note}" if note else ""))
     fig.update_layout(barmode="overlay", height=170 + 60 * len(names) + LANE_PX * sum(heights))
     return bottom_legend(fig, 90)
 
@@ -151,7 +151,7 @@ def server_chart_figure(servers: dict[str, Trace], ours: Trace | None = None) ->
     fig.update_xaxes(title_text="seconds since start", row=2, col=1)
     subtitle = "From each server's /metrics, a few times a second"
     subtitle += f"<br>{html.escape(' · '.join(notes))}" if notes else ""
-    _style(fig, title, subtitle)
+    style_figure(fig, title, subtitle)
     return bottom_legend(fig.update_layout(height=520), 110)
 
 

@@ -13,13 +13,12 @@ import bisect
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.page.figures.style import (  # noqa: F401  (ENGINE_STYLE re-exported)
-    ENGINE_STYLE,
+from engine.page.figures.style import (
     PALETTE,
     TEXT_COLOR,
-    _style,
     bottom_legend,
     engine_styles,
+    style_figure,
 )
 from engine.trace import PREFILL, Trace
 
@@ -49,7 +48,9 @@ def latency_cdf_figure(traces: list[Trace]) -> go.Figure:
     fig.update_yaxes(tickformat=".0%", range=[0, 1.04])
     fig.update_yaxes(title_text="share of requests", col=1)
     fig.update_annotations(font_size=12)  # the panel titles: short, so they fit a phone's third
-    _style(fig, "Latency distributions", "Left and steep is better: most requests served fast.")
+    style_figure(
+        fig, "Latency distributions", "Left and steep is better: most requests served fast."
+    )
     fig.update_layout(height=380, margin={"l": 60, "t": 100})
     return bottom_legend(fig, 90)
 
@@ -105,7 +106,7 @@ def step_usage_figure(trace: Trace) -> go.Figure:
     fig.update_layout(barmode="stack", height=460)
     fig.update_yaxes(title_text="tokens / step", row=1, col=1)
     fig.update_xaxes(title_text="step", row=2, col=1)
-    return bottom_legend(_style(fig, "Token budget and KV cache per step"), 100)
+    return bottom_legend(style_figure(fig, "Token budget and KV cache per step"), 100)
 
 
 def _add_kv_use(fig: go.Figure, trace: Trace, steps: list[int]) -> None:

@@ -86,7 +86,7 @@ def request_pattern(request_id: int) -> str:
     return REPEAT_PATTERNS[(request_id // len(PALETTE)) % len(REPEAT_PATTERNS)]
 
 
-def _style(fig: go.Figure, title: str, subtitle: str | None = None) -> go.Figure:
+def style_figure(fig: go.Figure, title: str, subtitle: str | None = None) -> go.Figure:
     """Apply the shared theme-neutral look: transparent background, grey text and grid, the title
     left-aligned (it reads on a phone; the toolbar shows on the right, on hover only)."""
     lines = 1 + (subtitle or "").count("<br>") + bool(subtitle)
@@ -128,7 +128,7 @@ def bottom_legend(fig: go.Figure, margin_bottom_px: int = 100) -> go.Figure:
     )
 
 
-def _discrete_scale(colors: list[str]) -> list[list]:
+def discrete_scale(colors: list[str]) -> list[list]:
     """A stepped colorscale: integer value i (with zmin=-0.5, zmax=n-0.5) gets colors[i]."""
     n = len(colors)
     return [pair for i, c in enumerate(colors) for pair in ([i / n, c], [(i + 1) / n, c])]

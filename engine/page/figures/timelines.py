@@ -3,8 +3,7 @@
 Everything here is built from an ``engine.trace.Trace`` alone, so what the page draws is what the
 engine recorded. The shared look (palette, titles, legends) is ``engine.page.figures.style``; the
 mask heatmaps are ``engine.page.figures.mask_heatmaps`` and the serving views
-``engine.page.figures.serving_metrics``. This module re-exports the names other modules and tests
-have long used from here.
+``engine.page.figures.serving_metrics``.
 """
 
 from __future__ import annotations
@@ -13,22 +12,13 @@ import html
 
 import plotly.graph_objects as go
 
-from engine.page.figures.mask_heatmaps import (  # noqa: F401  (re-exported)
-    MAX_HEATMAP_CELLS,
-    mask_heatmap,
-    static_mask_heatmap,
-)
-from engine.page.figures.style import (  # noqa: F401  (re-exported)
-    GRID_COLOR,
-    PALETTE,
+from engine.page.figures.style import (
     TEXT_COLOR,
     PageFigure,
-    _discrete_scale,
-    _style,
     bottom_legend,
-    chart_filename,
     request_color,
     request_pattern,
+    style_figure,
 )
 from engine.trace import SlotRun, Trace
 
@@ -133,7 +123,7 @@ def timeline_figure(
     _add_barriers(fig, trace, x_axis)
     if cursor is not None and trace.steps:
         fig.add_vline(x=_cursor_x(trace, cursor, x_axis), name="cursor", line_color=TEXT_COLOR)
-    _style(fig, _engine_title(trace))
+    style_figure(fig, _engine_title(trace))
     lanes = [f"slot {i}" for i in range(trace.num_slots)]
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=lanes)
     fig.update_yaxes(autorange="reversed")

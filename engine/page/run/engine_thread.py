@@ -1,12 +1,12 @@
 """The one thread that makes every torch call of the page: the model load, the warm-up, each run.
 
 torch's CPU kernels run on GNU libgomp's OpenMP thread pools: one pool per thread that starts
-parallel work, kept as long as that thread lives. The page used to load and warm up the model in
-the main thread and run each comparison in a fresh worker thread, so every run had two pools. On a
-2-CPU machine that is more OpenMP threads than CPUs, and libgomp then cuts each wait's spin from
-300,000 loops to 100 (1,000 with ``OMP_WAIT_POLICY=ACTIVE``, ``engine.model.openmp_env``), so nearly
-every one of a step's ~200 parallel regions paid a sleep and a wake-up; the bench does all of it
-in its main thread, one pool. ``ENGINE_THREAD.submit(fn)`` runs ``fn`` on one long-lived daemon
+parallel work, kept as long as that thread lives. Loading the model in the main thread and running
+each comparison in a fresh worker thread would give every run two pools. On a 2-CPU machine that
+is more OpenMP threads than CPUs, and libgomp then cuts each wait's spin from 300,000 loops to
+100 (1,000 with ``OMP_WAIT_POLICY=ACTIVE``, ``engine.model.openmp_env``), so nearly every one of a
+step's ~200 parallel regions would pay a sleep and a wake-up; the bench does all of it in its main
+thread, one pool. ``ENGINE_THREAD.submit(fn)`` runs ``fn`` on one long-lived daemon
 thread, made at first use, so the page has one pool too. Only one call runs at a time; the page's
 runs take the model's lock anyway.
 """

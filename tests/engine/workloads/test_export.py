@@ -59,13 +59,13 @@ def test_perfetto_trace_events_are_well_formed():
 
 def test_charts_html_is_one_offline_page_with_every_chart():
     """charts.html inlines plotly.js once, draws each chart and loads nothing from the network."""
-    from engine.page.figures import timelines
+    from engine.page.figures import mask_heatmaps, timelines
     from engine.workloads.export import charts_html
 
     traces = _traces()
     charts = {
         "Static timeline": timelines.timeline_figure(traces["static"], "time", 10.0, 2),
-        "Packed mask": timelines.mask_heatmap(traces["continuous"], 2),
+        "Packed mask": mask_heatmaps.mask_heatmap(traces["continuous"], 2),
     }
     page = charts_html(charts)
     assert page.count("Plotly.newPlot(") == len(charts), "not one drawn chart per figure"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from fake_traces import STEP_S, continuous_trace, static_trace
 
-from engine.page.figures import timelines
+from engine.page.figures import mask_heatmaps, style, timelines
 from engine.serving.masks import packed_step_mask, padded_wave_mask
 from engine.trace import DECODE, IDLE, PREFILL, RequestRecord, ScheduledSeq, StepRecord, Trace
 
@@ -45,8 +45,8 @@ def _fused_step(trace: Trace) -> int:
 
 def test_request_color_is_stable_and_distinct():
     """A request always gets the same palette colour; neighbouring ids get different ones."""
-    assert timelines.request_color(3) == timelines.request_color(3 + len(timelines.PALETTE))
-    first = [timelines.request_color(i) for i in range(len(timelines.PALETTE))]
+    assert style.request_color(3) == style.request_color(3 + len(style.PALETTE))
+    first = [style.request_color(i) for i in range(len(style.PALETTE))]
     assert len(set(first)) == len(first), f"palette colours repeat: {first}"
 
 
@@ -60,7 +60,7 @@ def test_continuous_timeline_has_one_bar_per_request(continuous):
         assert bar.y[0] == f"slot {rec.slot}", f"R{rec.request_id} in lane {bar.y[0]}"
         assert bar.base[0] == pytest.approx(rec.admit_s), "bar does not start at the prefill step"
         assert bar.base[0] + bar.x[0] == pytest.approx(rec.finish_s), "bar does not end at finish"
-        assert bar.marker.color == timelines.request_color(rec.request_id), "bar colour differs"
+        assert bar.marker.color == style.request_color(rec.request_id), "bar colour differs"
 
 
 def test_continuous_timeline_has_no_idle_or_barrier(continuous):
@@ -132,7 +132,7 @@ def test_packed_mask_heatmap_matches_the_engine_mask(continuous):
     cached = [s.num_cached_tokens for s in step.seqs]
     new = [s.num_new_tokens for s in step.seqs]
     mask = packed_step_mask(cached, new).numpy()
-    fig = timelines.mask_heatmap(continuous, step_index)
+    fig = mask_heatmaps.mask_heatmap(continuous, step_index)
     z = np.asarray(fig.data[0].z)
     assert z.shape == mask.shape == (sum(new), sum(cached) + sum(new)), f"z is {z.shape}"
     assert np.array_equal(~np.isnan(z), mask), "coloured cells differ from the allowed cells"
@@ -148,13 +148,13 @@ def test_packed_mask_colours_cells_by_request(continuous):
     """Each allowed cell holds its sequence's index, whose colour is that request's colour."""
     step_index = _fused_step(continuous)
     step = continuous.steps[step_index]
-    fig = timelines.mask_heatmap(continuous, step_index)
+    fig = mask_heatmaps.mask_heatmap(continuous, step_index)
     z = np.asarray(fig.data[0].z)
     owners = [int(np.nanmax(row)) for row in z]
     expected = [i for i, s in enumerate(step.seqs) for _ in range(s.num_new_tokens)]
     assert owners == expected, "a query row is coloured by another sequence"
     scale = [c for _, c in fig.data[0].colorscale][::2]  # then paler: keys from a prefix cache
-    assert scale[: len(step.seqs)] == [timelines.request_color(s.request_id) for s in step.seqs]
+    assert scale[: len(step.seqs)] == [style.request_color(s.request_id) for s in step.seqs]
     assert fig.data[0].y[0].startswith(f"R{step.seqs[0].request_id} pos "), fig.data[0].y[0]
 
 
@@ -164,9 +164,9 @@ def test_huge_packed_step_is_aggregated():
     trace.requests = [RequestRecord(0, "a", 1, 1000), RequestRecord(1, "b", 1, 3000)]
     seqs = [ScheduledSeq(0, 0, DECODE, 1, 1000), ScheduledSeq(1, 1, PREFILL, 3000, 0)]
     trace.steps = [StepRecord(0, 0.0, 1.0, seqs)]
-    fig = timelines.mask_heatmap(trace, 0)
+    fig = mask_heatmaps.mask_heatmap(trace, 0)
     z = np.asarray(fig.data[0].z)
-    assert z.size <= timelines.MAX_HEATMAP_CELLS, f"{z.shape} handed to the browser"
+    assert z.size <= mask_heatmaps.MAX_HEATMAP_CELLS, f"{z.shape} handed to the browser"
     assert z.shape == (math.ceil(3001 / 6), 4001), f"unexpected tiling {z.shape}"
     assert set(np.unique(z[~np.isnan(z)])) == {0.0, 1.0}, "tiles lost a sequence"
     assert "aggregated" in fig.layout.title.subtitle.text, fig.layout.title.subtitle.text
@@ -174,7 +174,7 @@ def test_huge_packed_step_is_aggregated():
 
 def test_static_prefill_mask_shows_rows_padding(static):
     """Static step 0: rows stacked, request cells = padded mask, pad cells grey, none idle."""
-    fig = timelines.static_mask_heatmap(static, 0)
+    fig = mask_heatmaps.static_mask_heatmap(static, 0)
     z = np.asarray(fig.data[0].z)
     step = static.steps[0]
     width = max(s.num_new_tokens + s.num_padding_tokens for s in step.seqs)
@@ -194,7 +194,7 @@ def test_static_prefill_mask_shows_rows_padding(static):
 def test_static_decode_mask_shows_idle_rows(static):
     """A decode step after R0 finished: one query per row, R0's allowed cells drawn as idle."""
     step_index = 10  # wave 0, step 10: R0 (cap 6) is done, R1 and R2 still decode
-    fig = timelines.static_mask_heatmap(static, step_index)
+    fig = mask_heatmaps.static_mask_heatmap(static, step_index)
     z = np.asarray(fig.data[0].z)
     width = 8
     assert z.shape == (3, width + step_index), f"z is {z.shape}"
@@ -208,30 +208,22 @@ def test_figures_serialize_to_json(static, continuous):
     """Every figure serializes for the browser (NaN cells included)."""
     for fig in (
         timelines.timeline_figure(static, cursor=3),
-        timelines.mask_heatmap(continuous, _fused_step(continuous)),
-        timelines.static_mask_heatmap(static, 20),
+        mask_heatmaps.mask_heatmap(continuous, _fused_step(continuous)),
+        mask_heatmaps.static_mask_heatmap(static, 20),
     ):
         json.loads(fig.to_json())
 
 
 def test_only_figure_builders_import_plotly():
-    """House style: the figure builders (figures, mask_figures, serving_figures, block_map,
-    server_figures and their shared style) alone import plotly."""
+    """House style: the figure builders (the modules of ``engine/page/figures/``) alone import
+    plotly."""
     root = Path(__file__).resolve().parents[3]
+    figures = root / "engine" / "page" / "figures"
     offenders = [
         str(p.relative_to(root))
         for p in [root / "app.py", *root.glob("engine/**/*.py")]
-        if p.exists()
-        and p.name
-        not in (
-            "timelines.py",
-            "mask_figures.py",
-            "serving_figures.py",
-            "block_map.py",
-            "server_figures.py",
-            "style.py",
-        )
-        and "import plotly" in p.read_text()
+        if figures not in p.parents
+        and any(f"{word} plotly" in p.read_text() for word in ("import", "from"))
     ]
     assert not offenders, f"plotly imported outside the figure builders: {offenders}"
 
@@ -239,7 +231,10 @@ def test_only_figure_builders_import_plotly():
 def test_page_figures_carry_a_png_button_named_after_the_chart():
     """Every chart's JSON for the page has a config whose PNG file name comes from its title."""
     trace = continuous_trace(PROMPT_LENS, CAPS, num_slots=3)
-    for fig in (timelines.timeline_figure(trace, "step", 20, 1), timelines.mask_heatmap(trace, 1)):
+    for fig in (
+        timelines.timeline_figure(trace, "step", 20, 1),
+        mask_heatmaps.mask_heatmap(trace, 1),
+    ):
         sent = json.loads(fig.to_json())  # what gradio's Plot sends to the browser
         options = sent["config"]["toImageButtonOptions"]
         title_words = re.findall(r"[a-z0-9]+", fig.layout.title.text.lower())[:3]
@@ -252,12 +247,12 @@ def test_colours_repeat_only_with_a_visible_mark():
     carries a pattern, and a mask in which two requests share a colour names both."""
     caps = [3] * 8
     trace = continuous_trace([4] * 8, caps, num_slots=8)
-    assert timelines.request_color(0) == timelines.request_color(7)
+    assert style.request_color(0) == style.request_color(7)
     bars = _request_bars(timelines.timeline_figure(trace))
     patterns = {name: bar.marker.pattern.shape for name, bar in bars.items()}
     assert patterns["R7"] and not patterns["R0"], f"bar patterns: {patterns}"
     assert len({patterns[f"R{i}"] for i in range(7)}) == 1, "R0-R6 are unmarked alike"
     step = next(i for i, st in enumerate(trace.steps) if len(st.seqs) == 8)
-    names = [a.text for a in timelines.mask_heatmap(trace, step).layout.annotations]
+    names = [a.text for a in mask_heatmaps.mask_heatmap(trace, step).layout.annotations]
     assert "<b>R0</b>" in names and "<b>R7</b>" in names, f"mask marks: {names}"
     assert "<b>R1</b>" not in names, "a request with a colour of its own is marked"

@@ -7,7 +7,7 @@ from tiny_model import make_requests, tiny_runner
 from engine.batching.continuous import ContinuousEngine
 from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
-from engine.page.figures import block_map, serving_metrics, timelines
+from engine.page.figures import block_map, serving_metrics, style, timelines
 
 SPECS = [("the quick brown fox", 30), ("hello world", 24), ("abc", 20), ("z" * 12, 9), ("q", 5)]
 BLOCK_SIZE = 4
@@ -70,7 +70,7 @@ def test_block_map_colours_each_owned_block_by_its_request(paged):
     assert sum(1 for z in cells if z != 0) == step.kv_blocks_used
     cols = len(fig.data[0].z[0])
     for rid, table in step.block_tables.items():
-        want = 1 + timelines.PALETTE.index(timelines.request_color(rid))
+        want = 1 + style.PALETTE.index(style.request_color(rid))
         for block in table:
             assert fig.data[0].z[block // cols][block % cols] == want, f"block {block} of R{rid}"
             label = fig.data[0].text[block // cols][block % cols]
