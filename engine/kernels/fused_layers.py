@@ -18,8 +18,8 @@ fewer ops per layer:
   with the decode mask made additive once per step instead of once per layer inside SDPA.
 
 In float32 every one of these gives the same bits as transformers' modules (checked by
-``tests/engine/test_fused_layers.py``: the stacked matmul's columns, the fused residual add, the
-folded rotary, ``rms_norm``). Only the engines use it (``ModelRunner.forward_packed``); the
+``tests/engine/kernels/test_fused_layers.py``: the stacked matmul's columns, the fused residual add,
+the folded rotary, ``rms_norm``). Only the engines use it (``ModelRunner.forward_packed``); the
 reference still runs plain ``model.generate``. Supported: Llama-style decoders (``LlamaForCausalLM``
 and its look-alikes: q/k/v/o and gate/up/down linears, RMSNorm, SiLU, default RoPE) on CPU.
 ``fused_decoder(model, kernel_name)`` returns ``None`` for anything else, and the runner keeps

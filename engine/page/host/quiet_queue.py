@@ -13,7 +13,7 @@ bench's (``python -m engine.bench.page_gap``).
 ``quiet(demo)`` gives the queue Windows' values: an event starts up to 50 ms later than it would,
 and a progress bar is redrawn ten times a second, neither of which a person sees on runs that take
 seconds. Should a Gradio release rename these attributes, ``quiet`` warns and leaves the queue as
-it is (``tests/page/test_quiet_queue.py`` fails then, so the change is noticed).
+it is (``tests/page/host/test_quiet_queue.py`` fails then, so the change is noticed).
 """
 
 from __future__ import annotations

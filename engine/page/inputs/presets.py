@@ -7,7 +7,7 @@ of ``requests`` a preset may name a shipped workload file, ``"workload": "worklo
 (under ``assets/``), so the page and the bench run the same requests. The slug names it in links
 (``?preset=seed&slots=3``). ``slots`` is the slot count its description
 speaks of (choosing the preset sets it), and ``check`` states the description's claim in numbers,
-which ``tests/page/test_presets_real.py`` checks on the embedded model.
+which ``tests/page/inputs/test_presets_real.py`` checks on the embedded model.
 """
 
 from __future__ import annotations

@@ -312,7 +312,7 @@ def test_presets_parse_and_article_matches_seed():
 
 def test_every_preset_states_a_checkable_claim():
     """Each preset names the slots its text speaks of (the text says them) and a claim the
-    real-model test checks (tests/page/test_presets_real.py)."""
+    real-model test checks (tests/page/inputs/test_presets_real.py)."""
     known = {"token_budget", "max_tokens_per_step", "long_requests", "fewer_steps", "min_ratio"}
     known |= {"max_ratio", "continuous_steps", "lower_mean_ttft", "min_prefix_hit_rate"}
     for name, preset in presets.load_presets().items():
