@@ -1,9 +1,9 @@
 """The run: one visitor's run from the button to the engine thread, and the shared model.
 
 The ``engine_thread`` every torch call runs on, the ``live_run`` watched step by step, Run/Stop
-state (``run_handle``), the page's knobs (``run_options``), the ``shared_model`` and the host's
-servers (``host_servers``). May import the core and the page rooms below it (``figures``,
-``inputs``).
+state (``run_handle``), the page's knobs (``run_options``), the ``shared_model``, the host's
+servers (``host_servers``) and the turns runs take on the model (``run_queue``). May import the core
+and the page rooms below it (``figures``, ``inputs``).
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face.
 """
@@ -15,4 +15,5 @@ __all__ = [
     "run_options",
     "shared_model",
     "host_servers",
+    "run_queue",
 ]

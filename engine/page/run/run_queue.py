@@ -1,0 +1,170 @@
+"""The page's queue of runs: one run on the model at a time, and a true place and wait for the rest.
+
+A run is a measurement, so runs never share the model: they take turns. Gradio's own queue would
+do that (``concurrency_limit=1``), but what it tells a waiting browser is its own view: the place
+it sends can equal the total, and its estimate is the mean of past events, whatever they were. This
+queue is the page's own, so every waiting person can be told:
+
+* their true place and the true total (running and waiting runs, every session's);
+* an estimate from the work ahead: each run's steps (``work_steps``, from its requests' caps) times
+  this host's measured seconds per step, learned from the runs that finished here, plus what is
+  left of the running one;
+* that a session has one run in the queue at a time (``join`` refuses a second).
+
+``wait_turn`` blocks a handler's thread until its run is first and the model is free, in slices, so
+that the handler can stream its place between them::
+
+    ticket = queue.join(session, work_steps)          # ValueError: this session already waits
+    while not queue.wait_turn(ticket, timeout_s=1.0):
+        yield place_line(queue.place(ticket))
+    try:
+        run()                                         # the model is this ticket's
+    finally:
+        queue.finish(ticket, steps_done, wall_s)      # frees the model, teaches the estimate
+
+A ticket that leaves (Stop, a closed tab) is taken out wherever it stands.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+# Before any run has finished here, seconds per step come from the caller (the recorded run's
+# measured rate, say); each finished run then moves the estimate this share of the way to its own.
+LEARNING_RATE = 0.5
+
+
+@dataclass
+class Ticket:
+    """One run's place in the queue: whose it is, how much work it is, and when it joined."""
+
+    session: str
+    work_steps: int  # the run's forward passes, all engines and the reference together
+    number: int  # order of arrival
+    joined_s: float
+    started_s: float | None = None  # when it took the model; None while it waits
+
+
+@dataclass(frozen=True)
+class Place:
+    """What a waiting person is told: ``place`` 1 is next; ``total`` counts running and waiting
+    runs; ``estimate_s`` is the wait until this run starts (None: nothing measured yet)."""
+
+    place: int
+    total: int
+    waited_s: float
+    estimate_s: float | None
+    running: bool = False
+
+
+@dataclass
+class RunQueue:
+    """First come, first served turns on the model, with places and estimates for the waiting.
+
+    ``s_per_step``: the host's seconds per step to start from (None: no estimate until a run has
+    finished here). ``clock``: seconds, monotonic (a test passes its own).
+    """
+
+    s_per_step: float | None = None
+    clock: Callable[[], float] = time.monotonic
+    _waiting: list[Ticket] = field(default_factory=list)
+    _running: Ticket | None = None
+    _numbers: itertools.count = field(default_factory=itertools.count)
+    _changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def join(self, session: str, work_steps: int) -> Ticket:
+        """Queue a run of ``work_steps`` steps for ``session``.
+
+        Raises:
+            ValueError: this session already has a run waiting or running.
+        """
+        with self._changed:
+            if any(t.session == session for t in self._tickets()):
+                raise ValueError(
+                    "Your run is already in the queue: it starts by itself. "
+                    "Press Stop first to change it."
+                )
+            ticket = Ticket(session, max(1, int(work_steps)), next(self._numbers), self.clock())
+            self._waiting.append(ticket)
+            return ticket
+
+    def wait_turn(self, ticket: Ticket, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for ``ticket``'s turn; True once the model is its own.
+
+        Raises:
+            ValueError: the ticket is not in the queue (it left, or it already ran).
+        """
+        with self._changed:
+            if self._running is ticket:
+                return True
+            if ticket not in self._waiting:
+                raise ValueError("this run is no longer in the queue")
+            self._changed.wait_for(lambda: self._is_next(ticket), timeout=timeout_s)
+            if not self._is_next(ticket):
+                return False
+            self._waiting.remove(ticket)
+            ticket.started_s = self.clock()
+            self._running = ticket
+            return True
+
+    def leave(self, ticket: Ticket) -> None:
+        """Take ``ticket`` out, waiting or running (a run that ends without a measurement)."""
+        with self._changed:
+            if self._running is ticket:
+                self._running = None
+            elif ticket in self._waiting:
+                self._waiting.remove(ticket)
+            self._changed.notify_all()
+
+    def finish(self, ticket: Ticket, steps: int, wall_s: float) -> None:
+        """``ticket``'s run ended after ``steps`` steps in ``wall_s`` seconds: free the model and
+        move the host's seconds per step towards this run's."""
+        with self._changed:
+            if steps > 0 and wall_s > 0:
+                measured = wall_s / steps
+                old = self.s_per_step
+                self.s_per_step = (
+                    measured if old is None else old + LEARNING_RATE * (measured - old)
+                )
+        self.leave(ticket)
+
+    def place(self, ticket: Ticket) -> Place:
+        """Where ``ticket`` stands now (place 0 and ``running`` once it has the model)."""
+        with self._changed:
+            now = self.clock()
+            total = len(self._waiting) + (self._running is not None)
+            if self._running is ticket:
+                return Place(0, total, now - ticket.joined_s, 0.0, running=True)
+            if ticket not in self._waiting:
+                raise ValueError("this run is no longer in the queue")
+            ahead = self._waiting[: self._waiting.index(ticket)]
+            place = len(ahead) + 1
+            return Place(place, total, now - ticket.joined_s, self._wait_estimate_s(ahead, now))
+
+    def size(self) -> int:
+        """Runs running or waiting, every session's."""
+        with self._changed:
+            return len(self._waiting) + (self._running is not None)
+
+    def estimate_s(self, work_steps: int) -> float | None:
+        """Seconds a run of ``work_steps`` steps takes on this host (None: nothing measured)."""
+        return None if self.s_per_step is None else work_steps * self.s_per_step
+
+    def _wait_estimate_s(self, ahead: list[Ticket], now: float) -> float | None:
+        if self.s_per_step is None:
+            return None
+        wait_s = sum(t.work_steps for t in ahead) * self.s_per_step
+        if self._running is not None:
+            left_s = self._running.work_steps * self.s_per_step - (now - self._running.started_s)
+            wait_s += max(0.0, left_s)
+        return wait_s
+
+    def _is_next(self, ticket: Ticket) -> bool:
+        return self._running is None and bool(self._waiting) and self._waiting[0] is ticket
+
+    def _tickets(self) -> list[Ticket]:
+        return self._waiting + ([self._running] if self._running is not None else [])

@@ -1,0 +1,113 @@
+"""The page's run queue: true places and totals, estimates from the work ahead, one run each."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine.page.run.run_queue import RunQueue
+
+
+class Clock:
+    """A clock a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_places_and_totals_count_every_session():
+    """With one run going and three waiting, the waiting are told places 1, 2, 3 of 4."""
+    queue = RunQueue()
+    first = queue.join("a", 10)
+    assert queue.wait_turn(first, timeout_s=0)
+    waiting = [queue.join(s, 10) for s in "bcd"]
+    places = [queue.place(t) for t in waiting]
+    assert [(p.place, p.total) for p in places] == [(1, 4), (2, 4), (3, 4)], places
+    assert queue.place(first).running and queue.size() == 4
+
+
+def test_a_session_queues_one_run_at_a_time():
+    """A second Run from a session that waits (or runs) is refused with a message; after its run
+    ends the session may queue again."""
+    queue = RunQueue()
+    ticket = queue.join("a", 5)
+    with pytest.raises(ValueError, match="already in the queue"):
+        queue.join("a", 5)
+    assert queue.wait_turn(ticket, timeout_s=0)
+    with pytest.raises(ValueError, match="already in the queue"):
+        queue.join("a", 5)
+    queue.finish(ticket, 5, 1.0)
+    assert queue.join("a", 5).session == "a"
+
+
+def test_estimate_is_the_work_ahead_at_the_hosts_rate():
+    """The wait is the steps ahead times seconds per step, plus what is left of the running run."""
+    clock = Clock()
+    queue = RunQueue(s_per_step=0.5, clock=clock)
+    running = queue.join("a", 100)  # 50 s of work
+    assert queue.wait_turn(running, timeout_s=0)
+    second, third = queue.join("b", 20), queue.join("c", 40)
+    clock.now_s += 30  # 20 s left of the running run
+    assert queue.place(second).estimate_s == pytest.approx(20.0)
+    assert queue.place(third).estimate_s == pytest.approx(20.0 + 10.0)
+    assert queue.place(third).waited_s == pytest.approx(30.0)
+    clock.now_s += 100  # the running run is late: nothing more is counted for it
+    assert queue.place(second).estimate_s == pytest.approx(0.0)
+
+
+def test_no_estimate_before_anything_was_measured_and_finished_runs_teach_it():
+    """Without a rate there is no estimate; each finished run moves the rate towards its own."""
+    queue = RunQueue()
+    first = queue.join("a", 10)
+    second = queue.join("b", 10)
+    assert queue.place(second).estimate_s is None
+    assert queue.wait_turn(first, timeout_s=0)
+    queue.finish(first, steps=100, wall_s=20.0)
+    assert queue.s_per_step == pytest.approx(0.2)
+    assert queue.place(second).estimate_s == pytest.approx(0.0), "nothing is ahead any more"
+    assert queue.wait_turn(second, timeout_s=0)
+    queue.finish(second, steps=100, wall_s=40.0)
+    assert queue.s_per_step == pytest.approx(0.3), "half way from 0.2 to 0.4"
+
+
+def test_leaving_moves_the_rest_up_and_frees_the_model():
+    """A waiting run that leaves is gone from the places; a running one that leaves frees the
+    model for the next."""
+    queue = RunQueue()
+    first, second, third = (queue.join(s, 1) for s in "abc")
+    assert queue.wait_turn(first, timeout_s=0)
+    queue.leave(second)
+    assert queue.place(third).place == 1 and queue.size() == 2
+    with pytest.raises(ValueError, match="no longer in the queue"):
+        queue.place(second)
+    assert not queue.wait_turn(third, timeout_s=0), "the model is still the first run's"
+    queue.leave(first)
+    assert queue.wait_turn(third, timeout_s=0)
+
+
+def test_threads_take_the_model_in_order_of_arrival_one_at_a_time():
+    """Eight handler threads joined in order run in that order, never two at once."""
+    queue = RunQueue()
+    order, holding, overlaps = [], [], []
+    tickets = [queue.join(f"s{i}", 1) for i in range(8)]
+
+    def handler(ticket):
+        while not queue.wait_turn(ticket, timeout_s=0.05):
+            pass
+        holding.append(ticket)
+        overlaps.append(len(holding) > 1)
+        order.append(ticket.session)
+        holding.remove(ticket)
+        queue.finish(ticket, 1, 0.001)
+
+    threads = [threading.Thread(target=handler, args=(t,)) for t in reversed(tickets)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert order == [f"s{i}" for i in range(8)], order
+    assert not any(overlaps), "two runs held the model at once"
