@@ -3,7 +3,7 @@
     python -m engine.bench --workload seed --slots 3 --engines static,continuous --json out.json
 
 Prints one row per engine (wall_s, steps, generated tokens, tok/s, speedup vs static, ms/step,
-reference match) and writes the JSON described in the README. The model is loaded and warmed up
+reference match) and writes the JSON described in docs/bench.md. The model is loaded and warmed up
 before timing; the reference (per-request ``model.generate``) is never counted in any engine's time.
 With ``--repeat N`` the engines run interleaved (A B A B ...) and the median is reported.
 Server engines (``vllm``, ``--endpoint NAME=URL``) run beside ours: ``engine.bench.servers``.

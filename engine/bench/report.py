@@ -1,7 +1,7 @@
 """The bench's report: the table, its summary lines, and the JSON document.
 
 ``engine.bench.cli`` runs the engines; this module says what they did, on stdout and in the JSON
-described in the README's "Benchmark" section.
+described in docs/bench.md.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def profile_host_overhead(runner, num_slots: int, contexts=(100, 2000)) -> dict:
 
 
 def write_json(args, loaded, results: dict, extra: dict, reference_kind: str | None) -> None:
-    """The bench's JSON document (fields in the README's "Benchmark" section) at ``--json``.
+    """The bench's JSON document (fields in docs/bench.md) at ``--json``.
 
     ``reference_kind``: the reference's class name (``ReferenceCache`` or ``SoloReference``).
     """
