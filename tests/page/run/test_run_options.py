@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from types import SimpleNamespace
 
 import gradio as gr
 import pytest
 
-from engine.page.handlers import playground
+from engine.page.handlers import playground, recording
+from engine.page.inputs import page_io
 from engine.page.run.run_options import (
     RUN_INPUTS,
     RUN_STATES,
@@ -144,3 +146,33 @@ def test_an_api_call_with_the_first_ten_inputs_takes_the_defaults():
         settings_from_run(*PAGE_VALUES, "one too many")
     with pytest.raises(TypeError):
         settings_from_run(ROWS, 2)
+
+
+def test_the_recorded_run_uses_the_pages_default_settings(demo):
+    """The recorded run's settings parse as the page's initial values do (its dtype: the loaded
+    model's), and into the options it was recorded with."""
+    recorded = recording.recorded_settings()
+    values = {n: c.value for n, c in zip(RUN_INPUTS, _run_fn(demo).inputs, strict=True)}
+    shown = {f.name: values[f.name] for f in dataclasses.fields(RunSettings)}
+    page = RunSettings(**shown | {"rows": recorded.rows, "dtype": None})
+    assert options_from_page(recorded) == options_from_page(page), "not the page's defaults"
+    assert recorded.num_slots == page.num_slots and recorded.x_axis == page.x_axis
+    before = RunOptions(chat_template=recorded.chat_template, check_reference=True, kv_mode="paged")
+    assert options_from_page(recorded) == before
+
+
+def test_a_link_sets_settings_by_their_field_names(demo):
+    """A link's knobs are RunSettings fields, app.py writes them to those fields' components,
+    and from_link hands each value to its name."""
+    fields = {f.name for f in dataclasses.fields(RunSettings)}
+    knobs = set(page_io.LINK_OUTPUTS) - {"preset", "preset_text"}
+    assert knobs <= fields, f"link outputs that are no setting: {knobs - fields}"
+    (load,) = [fn for fn in demo.fns.values() if fn.fn is page_io.from_link]
+    ids = [c.elem_id for c in load.outputs]
+    by_name = dict(zip(page_io.LINK_OUTPUTS, ids, strict=True))
+    assert all(by_name[k] == ELEM_IDS[k] for k in knobs), by_name
+    assert by_name["preset"] == "preset_dropdown" and by_name["preset_text"] == "preset_markdown"
+    link = page_io.from_link(SimpleNamespace(query_params={"slots": "5", "prefix_caching": "1"}))
+    got = dict(zip(page_io.LINK_OUTPUTS, link, strict=True))
+    assert (got["num_slots"], got["prefix_caching"]) == (5, True), got
+    assert all(got[n] == gr.skip() for n in ("preset", "rows", "chat_template")), got
