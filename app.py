@@ -53,12 +53,8 @@ def build_demo(
         demo.load(page_io.link_step, None, link_step_state, **HIDDEN)
         run_event = wire_run(requests, settings, results, run_state, handle_state, outputs)
         wire_stop(settings, results, run_state, handle_state, outputs, run_event)
-        run_event.success(
-            page_io.apply_link_step,
-            [run_state, link_step_state],
-            [results.step_slider, link_step_state],
-            **HIDDEN,
-        )
+        step_io = [run_state, link_step_state], [results.step_slider, link_step_state]
+        run_event.success(page_io.apply_link_step, *step_io, **HIDDEN)
         wire_views(results, run_state)
         wire_precision(settings, results, run_state)
     return demo
@@ -91,8 +87,7 @@ def wire_views(results, run_state) -> None:
 def wire_setup(demo, requests, settings, results, run_state) -> None:
     """Links, presets, table edits, uploads and downloads: everything that sets a run up."""
     s = settings
-    link_outputs = [s.preset_dropdown, requests.table, s.chat_checkbox, requests.preset_markdown]
-    link_outputs += [s.slots_slider, s.prefix_caching_checkbox]
+    link_outputs = page_panels.page_components(page_io.LINK_OUTPUTS, requests, s, results)
     demo.load(page_io.from_link, None, link_outputs, **HIDDEN)
     chosen = [requests.table, s.chat_checkbox, requests.preset_markdown, s.slots_slider]
     choose = {"api_name": "apply_preset"}  # the endpoint's name before it also set the slots

@@ -29,7 +29,14 @@ from engine.config import EngineConfig
 from engine.page.run import host_servers
 from engine.page.run.live_run import LiveRun
 from engine.page.run.run_handle import IDLE, RunHandle
-from engine.page.run.run_options import RunOptions, options_from_page, prepare
+from engine.page.run.run_options import (
+    RUN_SIGNATURE,
+    RunOptions,
+    RunSettings,
+    options_from_page,
+    prepare,
+    settings_from_run,
+)
 from engine.page.run.shared_model import SharedModel, get_model
 from engine.page.views import divergence_view, progress_view, run_status
 from engine.page.views.run_view import (
@@ -141,38 +148,21 @@ def _run_all(model, requests, config, options, progress, watch) -> RunState:
     return state
 
 
-def run_event(
-    rows,
-    num_slots,
-    chat_template,
-    check_reference,
-    kv_mode,
-    token_budget,
-    policy,
-    compare_hf,
-    arrival_rate,
-    x_axis,
-    previous: RunState | None = None,
-    kv_budget_mib=None,
-    block_size=None,
-    prefix_caching=False,
-    handle: RunHandle | None = None,
-    server_names=None,
-    dtype=None,
-    batch_invariant=False,
-) -> Iterator[tuple]:
+def run_event(*values, **named) -> Iterator[tuple]:
     """The Run button's handler: a generator streaming progress, then the finished results.
+
+    Takes the Run event's inputs in ``run_options.RUN_INPUTS`` order (the /run API's positions;
+    its signature, for Gradio and API clients, is ``run_options.RUN_SIGNATURE``) or by name, and
+    builds the ``RunSettings`` from them (``settings_from_run``).
 
     Yields the tuple app.py's outputs expect: live updates every ``PROGRESS_INTERVAL_S``, or less
     often where Gradio's handling of them would take over ``progress_view.UPDATE_SHARE`` of the
     run, while the engines run in a worker thread (``LiveRun``), then ``RunResult.as_outputs()``.
     Stop sets the stop flag of this run's ``RunControl`` through the session's ``handle``
     (``engine.page.run.run_handle``): the worker stops within one step and the handler yields the
-    previous results with "Stopped" and returns. When Gradio closes the generator (a closed tab)
-    the worker stops too. The paged KV knobs (``kv_budget_mib``, ``block_size``,
-    ``prefix_caching``), the handle, the chosen servers (``server_names``, the host's: see
-    ``engine.page.run.host_servers``, which runs them last) and the precision (``dtype``,
-    ``batch_invariant``) come after the state, so the /run API's earlier inputs keep their places.
+    ``previous`` results with "Stopped" and returns. When Gradio closes the generator (a closed
+    tab) the worker stops too. The chosen servers (``server_names``, the host's: see
+    ``engine.page.run.host_servers``) run last.
 
     Bad input (a bad table, slot count or knob, a KV budget too small for a request, or a
     ``ValueError`` an engine raises mid-run) is not an error of the event: the status line says
@@ -183,30 +173,34 @@ def run_event(
     Raises:
         gr.Error: the model cannot load, or the run passed ``CBP_RUN_TIME_LIMIT_S`` (after
             putting the ``previous`` run's results back).
+        TypeError: too many inputs, or a required one missing.
     """
+    settings, previous, handle = settings_from_run(*values, **named)
     handle = handle if handle is not None else RunHandle()
     why_not = handle.start()
     if why_not == "repeat":  # a second press while this session's run went on: as Gradio did
         yield run_outputs()
         return
     if why_not == "stopped":
-        yield _stopped_outputs(previous, STOPPED_IN_QUEUE, x_axis)
+        yield _stopped_outputs(previous, STOPPED_IN_QUEUE, settings.x_axis)
         return
     try:
-        knobs = (chat_template, check_reference, kv_mode, token_budget, policy, compare_hf)
-        knobs = (*knobs, arrival_rate, kv_budget_mib, block_size, prefix_caching, server_names)
-        yield from _run(rows, num_slots, (*knobs, dtype, batch_invariant), x_axis, previous, handle)
+        yield from _run(settings, previous, handle)
     finally:
         handle.finish()
 
 
-def _run(rows, num_slots, knobs: tuple, x_axis: str, previous, handle: RunHandle):
+run_event.__signature__ = RUN_SIGNATURE  # Gradio names /run's parameters and defaults from it
+
+
+def _run(settings: RunSettings, previous, handle: RunHandle):
     """``run_event``'s work once the run may start: check the input, run, stream, finish."""
+    x_axis = settings.x_axis
     try:
-        options = options_from_page(*knobs)
+        options = options_from_page(settings)
         model = _user_errors(get_model)  # the host's problem, not the input's: a gr.Error
         model = model.in_dtype(options.dtype)  # a dtype the device cannot run: refused here
-        requests, config = prepare(model, rows, num_slots, options)
+        requests, config = prepare(model, settings.rows, settings.num_slots, options)
     except ValueError as exc:
         yield _refused_outputs(previous, exc)
         return

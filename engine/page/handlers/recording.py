@@ -23,9 +23,13 @@ import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.model import openmp_env
 from engine.trace import DECODE, IDLE, PREFILL, RequestRecord, ScheduledSeq, StepRecord, Trace
+
+if TYPE_CHECKING:
+    from engine.page.run.run_options import RunSettings
 
 RECORDING_PATH = Path(__file__).resolve().parents[3] / "assets" / "recorded_run.json"
 FORMAT = 1
@@ -185,20 +189,43 @@ def _machine() -> str:
     return f"{os.cpu_count()}-core {name}"
 
 
+def recorded_settings() -> RunSettings:
+    """The recorded run's ``RunSettings``: the default preset with the page's default settings
+    (``engine.page.panels.settings_panel``), on the loaded model's precision."""
+    from engine.page.inputs import page_io, presets
+    from engine.page.run.run_options import RunSettings
+
+    rows, chat_template, _ = presets.apply_preset(presets.DEFAULT_PRESET)
+    return RunSettings(
+        rows=rows,
+        num_slots=page_io.DEFAULT_SLOTS,
+        chat_template=chat_template,
+        check_reference=True,
+        kv_mode="paged",
+        token_budget=0,
+        policy="decode_first",
+        compare_hf=False,
+        arrival_rate=0,
+        x_axis="time",
+        kv_budget_mib=0,
+        block_size=16,
+    )
+
+
 def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
     """Run the default preset with the page's default settings on the embedded model and write
     the recording to ``path``. Slow: it runs both engines and the reference for real."""
     from engine.page.handlers import playground
-    from engine.page.inputs import page_io, presets
+    from engine.page.inputs import presets
     from engine.page.run import shared_model
     from engine.page.run.engine_thread import ENGINE_THREAD
-    from engine.page.run.run_options import RunOptions, prepare
+    from engine.page.run.run_options import options_from_page, prepare
 
     model = shared_model.load_shared_model(device=device)
     load_before = _load_average()
-    rows, chat_template, _ = presets.apply_preset(presets.DEFAULT_PRESET)
-    options = RunOptions(chat_template=chat_template, check_reference=True, kv_mode="paged")
-    requests, config = prepare(model, rows, page_io.DEFAULT_SLOTS, options)
+    settings = recorded_settings()
+    options = options_from_page(settings)
+    requests, config = prepare(model, settings.rows, settings.num_slots, options)
     # On the page's engine thread, where the model was loaded: one OpenMP pool, as in the page.
     no_progress = lambda *a, **k: None  # noqa: E731
     run = playground.run_engines

@@ -32,6 +32,10 @@ from engine.workloads.workload import parse_table
 MAX_SLOTS = 16  # the slot slider's maximum
 DEFAULT_SLOTS = 3  # the slot slider's value when the page opens
 MAX_QUOTED_CHARS = 40  # of a bad link value, quoted in a warning
+# What a link sets, in ``from_link``'s output order: the preset and its text, and the Run settings
+# it sets, by their ``RunSettings`` field names (``engine.page.run.run_options``); app.py finds
+# their components by these names (``engine.page.panels.page_panels.COMPONENTS``).
+LINK_OUTPUTS = ("preset", "rows", "chat_template", "preset_text", "num_slots", "prefix_caching")
 
 # Runs in the browser after ``setup_query``: prefix the page's own address (right behind a proxy
 # or inside a Space's iframe too), copy it to the clipboard where allowed, and show it.
@@ -75,18 +79,17 @@ def from_link(request: gr.Request) -> tuple:
     """Preset the page from its link: ``?preset=SLUG&slots=N&prefix_caching=1``; a bad value is
     named in a warning. A preset without ``slots`` brings the slot count its explanation speaks of.
 
-    Returns updates for the preset dropdown, request table, chat checkbox, preset text, slots and
-    the prefix-caching toggle (``gr.skip()`` where the link sets nothing usable: the page keeps
-    its defaults).
+    Returns updates for ``LINK_OUTPUTS``: the preset dropdown, request table, chat checkbox,
+    preset text, slots and the prefix-caching toggle (``gr.skip()`` where the link sets nothing
+    usable: the page keeps its defaults).
     """
     params = _query_params(request)
-    updates = [gr.skip()] * 6
-    updates[5] = _link_flag(params, "prefix_caching")
+    link = {"prefix_caching": _link_flag(params, "prefix_caching")}
     preset = params.get("preset", "").strip()
     name = presets.by_slug(preset) if preset else None
     if name is not None:
         rows, chat_template, text = presets.apply_preset(name)
-        updates[:4] = [name, rows, chat_template, text]
+        link |= {"preset": name, "rows": rows, "chat_template": chat_template, "preset_text": text}
     elif preset:
         slugs = ", ".join(p["slug"] for p in presets.load_presets().values() if p.get("slug"))
         shown = f"showing “{presets.DEFAULT_PRESET}” (presets: {slugs})"
@@ -94,13 +97,13 @@ def from_link(request: gr.Request) -> tuple:
     slots = params.get("slots", "").strip()
     fallback = presets.preset_slots(name) if name is not None else None  # what its text says
     if fallback is not None:
-        updates[4] = fallback
+        link["num_slots"] = fallback
     if slots.isdigit() and 1 <= int(slots) <= MAX_SLOTS:
-        updates[4] = int(slots)
+        link["num_slots"] = int(slots)
     elif slots:
         why = f"not a whole number from 1 to {MAX_SLOTS}; using {fallback or DEFAULT_SLOTS} slots"
         _warn_link("slots", slots, why)
-    return tuple(updates)
+    return tuple(link.get(name, gr.skip()) for name in LINK_OUTPUTS)
 
 
 def _link_flag(params: dict[str, str], name: str):

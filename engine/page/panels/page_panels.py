@@ -2,7 +2,8 @@
 
 ``app.py`` calls these in page order and wires their components' events; each builder only lays
 components out and returns them in a small dataclass named after the panel. Here: the header and
-guided tour, the request editor, the downloads, and the lists of what Run reads and writes. The
+guided tour, the request editor, the downloads, what Run writes, and the page's inputs by name
+(``COMPONENTS``: what Run reads, in ``run_options.RUN_INPUTS`` order, and what a link sets). The
 two large panels have modules of their own: ``engine.page.panels.settings_panel`` and
 ``engine.page.panels.results_panel``. Element ids (``elem_id``) are a contract: the browser tests
 and users' scripts find components by them.
@@ -10,7 +11,9 @@ and users' scripts find components by them.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gradio as gr
 
@@ -18,6 +21,7 @@ from engine.page.handlers import playground
 from engine.page.panels import tour
 from engine.page.panels.results_panel import ResultsPanel
 from engine.page.panels.settings_panel import SettingsPanel
+from engine.page.run.run_options import RUN_INPUTS
 
 TITLE = "Continuous Batching Playground"
 INTRO = (
@@ -136,27 +140,46 @@ def run_outputs(run_state: gr.State, results: ResultsPanel, downloads: gr.File) 
     ]
 
 
+# The component of each input the page names: Run's (``run_options.RUN_INPUTS``: the
+# ``RunSettings`` fields and two states) and a link's (``page_io.LINK_OUTPUTS``). Each is written
+# "panel.attribute", or the name of a ``gr.State`` (see ``page_components``).
+COMPONENTS = {
+    "rows": "requests.table",
+    "preset_text": "requests.preset_markdown",
+    "preset": "settings.preset_dropdown",
+    "num_slots": "settings.slots_slider",
+    "chat_template": "settings.chat_checkbox",
+    "check_reference": "settings.reference_checkbox",
+    "kv_mode": "settings.kv_mode_dropdown",
+    "kv_budget_mib": "settings.kv_budget_number",
+    "block_size": "settings.block_size_number",
+    "prefix_caching": "settings.prefix_caching_checkbox",
+    "token_budget": "settings.token_budget_number",
+    "policy": "settings.policy_radio",
+    "arrival_rate": "settings.arrival_rate_number",
+    "compare_hf": "settings.compare_hf_checkbox",
+    "server_names": "settings.servers_checkbox",
+    "dtype": "settings.dtype_dropdown",
+    "batch_invariant": "settings.batch_invariant_checkbox",
+    "x_axis": "results.x_axis_radio",
+    "previous": "run_state",
+    "handle": "handle_state",
+}
+
+
+def page_components(names, requests: RequestsPanel, settings: SettingsPanel, results, **states):
+    """The components of ``names`` (keys of ``COMPONENTS``), in that order; ``states`` are the
+    ``gr.State``s named there (``run_state``, ``handle_state``).
+
+    Raises:
+        KeyError: a name with no component, or a state not given.
+    """
+    page = SimpleNamespace(requests=requests, settings=settings, results=results, **states)
+    return [operator.attrgetter(COMPONENTS[name])(page) for name in names]
+
+
 def run_inputs(requests: RequestsPanel, settings: SettingsPanel, results, run_state, handle):
-    """What Run reads, in ``playground.run_event``'s argument order (the states are not in the
-    /run API; the inputs after each keep the API's earlier positions)."""
-    s = settings
-    return [
-        requests.table,
-        s.slots_slider,
-        s.chat_checkbox,
-        s.reference_checkbox,
-        s.kv_mode_dropdown,
-        s.token_budget_number,
-        s.policy_radio,
-        s.compare_hf_checkbox,
-        s.arrival_rate_number,
-        results.x_axis_radio,
-        run_state,  # the previous run, put back if this one is stopped
-        s.kv_budget_number,  # after the state: the API's earlier inputs keep their places
-        s.block_size_number,
-        s.prefix_caching_checkbox,
-        handle,  # for Stop
-        s.servers_checkbox,  # the host's servers to run too (names only)
-        s.dtype_dropdown,
-        s.batch_invariant_checkbox,
-    ]
+    """What Run reads, in ``run_options.RUN_INPUTS`` order (the /run API's; the states are not in
+    the API): each ``RunSettings`` field's component, found by its name."""
+    states = {"run_state": run_state, "handle_state": handle}
+    return page_components(RUN_INPUTS, requests, settings, results, **states)

@@ -1,12 +1,19 @@
-"""The page's engine knobs: parse them, then validate and tokenize the table into requests.
+"""The page's knobs: what Run reads, by name; parsed; then the table validated and tokenized.
 
-Gradio hands numbers over as numbers or strings (an edited cell, an API client), so every knob is
-parsed here, and every bad value raises ``ValueError`` with a message the page shows as is.
+``RunSettings`` holds Run's inputs as the page hands them over, one named field each, and
+``RUN_INPUTS`` is their one ordered list, the /run API's positions; ``settings_from_run`` builds the
+settings from the Run event's values (by position, as Gradio and API clients send them, or by name).
+``options_from_page`` parses them into ``RunOptions``: Gradio hands numbers over as numbers or
+strings (an edited cell, an API client), so every knob is parsed here, and every bad value raises
+``ValueError`` with a message the page shows as is. ``prepare`` turns the table into requests.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from dataclasses import dataclass
+from typing import Any
 
 from engine.batching.continuous import ContinuousEngine
 from engine.config import EngineConfig
@@ -19,6 +26,84 @@ from engine.workloads.workload import (
 )
 
 MAX_ARRIVAL_S = 300.0  # the latest arrival a page run waits for (and never past its time limit)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What Run reads from the page, one field per knob, as Gradio hands it over (numbers may be
+    strings, blanks None or ""): ``options_from_page`` parses it. The fields without a default are
+    the /run API's required inputs; the defaults are the API's too (blank: the page's default)."""
+
+    rows: Any  # the request table: a list of rows, or a pandas DataFrame
+    num_slots: Any  # Slots (B), a whole number
+    chat_template: bool
+    check_reference: bool  # check the outputs against model.generate
+    kv_mode: str | None  # "paged", "slots" or "concat"; blank: "paged"
+    token_budget: Any  # tokens per step; blank or 0: no limit
+    policy: str | None  # "decode_first" or "prefill_first"; blank: "decode_first"
+    compare_hf: bool  # also run transformers' continuous batching
+    arrival_rate: Any  # Poisson arrivals, requests/s; blank or 0: the table's arrival_s
+    x_axis: str  # the timelines' x axis, "time" or "step" (a view: no engine knob)
+    kv_budget_mib: Any = None  # paged KV: blank or 0 sizes the pool for every slot
+    block_size: Any = None  # paged KV: tokens per block; blank: 16
+    prefix_caching: bool = False  # paged KV: share computed prompt prefixes' blocks
+    server_names: Any = None  # the host's servers to run too: names (a list, or one name)
+    dtype: str | None = None  # blank: the loaded model's precision
+    batch_invariant: bool = False
+
+
+# The Run event's inputs, in the /run API's order: a contract (clients call /run by position), so
+# a new one goes at the end. Each is a ``RunSettings`` field or one of the session's states.
+# ``engine.page.panels.page_panels`` finds each one's component by this name.
+RUN_INPUTS = (
+    "rows",
+    "num_slots",
+    "chat_template",
+    "check_reference",
+    "kv_mode",
+    "token_budget",
+    "policy",
+    "compare_hf",
+    "arrival_rate",
+    "x_axis",
+    "previous",  # state: the run on the page (a ``RunState``), put back if this one is stopped
+    "kv_budget_mib",
+    "block_size",
+    "prefix_caching",
+    "handle",  # state: the session's ``RunHandle``, for Stop
+    "server_names",
+    "dtype",
+    "batch_invariant",
+)
+RUN_STATES = ("previous", "handle")  # the session's, not settings: not in the /run API
+
+
+def run_signature() -> inspect.Signature:
+    """The Run handler's parameters, one per ``RUN_INPUTS`` name with its field's default (None
+    for a state). Gradio names the /run API's parameters after it."""
+    empty, kind = inspect.Parameter.empty, inspect.Parameter.POSITIONAL_OR_KEYWORD
+    fields = dataclasses.fields(RunSettings)
+    default = {f.name: empty if f.default is dataclasses.MISSING else f.default for f in fields}
+    return inspect.Signature(
+        [inspect.Parameter(n, kind, default=default.get(n)) for n in RUN_INPUTS]
+    )
+
+
+RUN_SIGNATURE = run_signature()
+
+
+def settings_from_run(*values, **named) -> tuple[RunSettings, Any, Any]:
+    """The Run event's inputs, by position (``RUN_INPUTS``' order) or by name, as
+    ``(settings, previous, handle)``; an input not given takes its default.
+
+    Raises:
+        TypeError: too many inputs, an unknown name, or a required input missing.
+    """
+    bound = RUN_SIGNATURE.bind(*values, **named)
+    bound.apply_defaults()
+    given = dict(bound.arguments)
+    previous, handle = given.pop("previous"), given.pop("handle")
+    return RunSettings(**given), previous, handle
 
 
 @dataclass(frozen=True)
@@ -43,41 +128,29 @@ class RunOptions:
     )
 
 
-def options_from_page(
-    chat_template,
-    check_reference,
-    kv_mode,
-    token_budget,
-    policy,
-    compare_hf,
-    arrival_rate,
-    kv_budget_mib=None,
-    block_size=None,
-    prefix_caching=False,
-    servers=None,
-    dtype=None,
-    batch_invariant=False,
-) -> RunOptions:
+def options_from_page(settings: RunSettings) -> RunOptions:
     """The page's knobs as ``RunOptions``; empty or 0 budgets mean "no limit"; the dtype is
-    checked when its model is asked for (``SharedModel.in_dtype``).
+    checked when its model is asked for (``SharedModel.in_dtype``). The table and the slot count
+    are checked by ``prepare``.
 
     Raises:
         ValueError: a budget, rate or block size that is not a number of the right kind.
     """
+    s = settings
     return RunOptions(
-        chat_template=bool(chat_template),
-        check_reference=bool(check_reference),
-        kv_mode=kv_mode or "paged",
-        token_budget=_optional_whole_number(token_budget, "Token budget"),
-        policy=policy or "decode_first",
-        compare_hf=bool(compare_hf),
-        arrival_rate_per_s=_optional_positive(arrival_rate, "Arrival rate (requests/s)"),
-        kv_budget_mib=_optional_positive(kv_budget_mib, "KV budget (MiB)"),
-        block_size=16 if _blank(block_size) else _whole_number(block_size, "Block size"),
-        prefix_caching=bool(prefix_caching),
-        servers=_names(servers),
-        dtype=None if _blank(dtype) else str(dtype).strip(),
-        batch_invariant=bool(batch_invariant),
+        chat_template=bool(s.chat_template),
+        check_reference=bool(s.check_reference),
+        kv_mode=s.kv_mode or "paged",
+        token_budget=_optional_whole_number(s.token_budget, "Token budget"),
+        policy=s.policy or "decode_first",
+        compare_hf=bool(s.compare_hf),
+        arrival_rate_per_s=_optional_positive(s.arrival_rate, "Arrival rate (requests/s)"),
+        kv_budget_mib=_optional_positive(s.kv_budget_mib, "KV budget (MiB)"),
+        block_size=16 if _blank(s.block_size) else _whole_number(s.block_size, "Block size"),
+        prefix_caching=bool(s.prefix_caching),
+        servers=_names(s.server_names),
+        dtype=None if _blank(s.dtype) else str(s.dtype).strip(),
+        batch_invariant=bool(s.batch_invariant),
     )
 
 

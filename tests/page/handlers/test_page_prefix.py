@@ -11,6 +11,7 @@ import pytest
 
 from engine.page.handlers import playground
 from engine.page.inputs import page_io, presets
+from engine.page.run import run_options
 from engine.page.views import tables
 from engine.workloads.workload import load_jsonl, parse_table
 
@@ -28,13 +29,31 @@ ROWS = [
 HIT_RATE = tables.METRICS_HEADERS.index("prefix-cache hit rate %")
 
 
+def _options(check_reference: bool, kv_mode: str, block_size: str) -> run_options.RunOptions:
+    """The page's settings with the prefix-caching toggle on, as the page sends them, parsed."""
+    settings = run_options.RunSettings(
+        rows=ROWS,
+        num_slots=3,
+        chat_template=False,
+        check_reference=check_reference,
+        kv_mode=kv_mode,
+        token_budget="0",
+        policy="decode_first",
+        compare_hf=False,
+        arrival_rate="0",
+        x_axis="time",
+        kv_budget_mib="0",
+        block_size=block_size,
+        prefix_caching=True,
+    )
+    return run_options.options_from_page(settings)
+
+
 @pytest.fixture(scope="module")
 def result(shared) -> playground.RunResult:
     """Three slots: R0, R1 and R2 start together (R0 and R1 each compute the opening), then R3
     and R4 are admitted together and share the cached opening's blocks."""
-    options = playground.options_from_page(
-        False, True, "paged", "0", "decode_first", False, "0", "0", str(BLOCK_SIZE), True
-    )
+    options = _options(check_reference=True, kv_mode="paged", block_size=str(BLOCK_SIZE))
     return playground.run_comparison(ROWS, 3, options, lambda *a, **k: None, model=shared)
 
 
@@ -97,9 +116,7 @@ def test_packed_mask_marks_the_keys_from_the_prefix_cache(result):
 
 def test_prefix_caching_without_paged_kv_is_refused_naming_why(shared):
     """The toggle with the in-place KV mode is refused before any engine runs, saying why."""
-    options = playground.options_from_page(
-        False, False, "slots", "0", "decode_first", False, "0", "0", "16", True
-    )
+    options = _options(check_reference=False, kv_mode="slots", block_size="16")
     with pytest.raises(gr.Error, match="Prefix caching needs the paged KV cache"):
         playground.run_comparison(ROWS, 2, options, lambda *a, **k: None, model=shared)
 

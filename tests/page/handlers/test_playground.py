@@ -11,7 +11,7 @@ from fake_traces import continuous_trace, static_trace
 from engine.model.loader import ModelLoadError
 from engine.page.handlers import playground
 from engine.page.inputs import presets
-from engine.page.run import shared_model
+from engine.page.run import run_options, shared_model
 from engine.page.views import run_status, run_view
 from engine.trace import DECODE, PREFILL
 from engine.workloads.workload import MAX_ROWS, parse_table, seed_specs
@@ -387,10 +387,22 @@ def test_paged_kv_knobs_reach_the_engine_and_its_views(shared):
     """Paged mode with a small KV budget preempts, still matches generate, and the page draws the
     block map at each step and the per-step KV blocks."""
     mib = 12 * 4 * shared.runner.kv_bytes_per_token() / 2**20  # 12 blocks of 4 tokens
-    options = playground.options_from_page(
-        False, True, "paged", "0", "decode_first", False, "0", str(mib), "4"
-    )
     rows = [["the quick brown fox", 20], ["hello world", 20], ["abc", 20]]
+    settings = run_options.RunSettings(
+        rows=rows,
+        num_slots=3,
+        chat_template=False,
+        check_reference=True,
+        kv_mode="paged",
+        token_budget="0",
+        policy="decode_first",
+        compare_hf=False,
+        arrival_rate="0",
+        x_axis="time",
+        kv_budget_mib=str(mib),
+        block_size="4",
+    )
+    options = run_options.options_from_page(settings)
     result = playground.run_comparison(rows, 3, options, lambda *a, **k: None, model=shared)
     trace = result.state.continuous
     assert trace.kv_mode == "paged" and trace.info["kv_blocks"] == 12
