@@ -48,11 +48,13 @@ def build_demo(
         run_state = gr.State(shown.state if shown is not None else None)
         handle_state = gr.State(RunHandle())  # copied per session: its run, for Stop (run_handle)
         link_step_state = gr.State()  # a link's step=N, applied after the first run
-        outputs = page_panels.run_outputs(run_state, results, downloads)
+        outputs = page_panels.run_outputs(run_state, results, downloads, settings)
         wire_setup(demo, requests, settings, results, run_state)
         demo.load(page_io.link_step, None, link_step_state, **HIDDEN)
-        run_event = wire_run(requests, settings, results, run_state, handle_state, outputs)
-        wire_stop(settings, results, run_state, handle_state, outputs, run_event)
+        run_event, live_event = wire_run(
+            requests, settings, results, run_state, handle_state, outputs
+        )
+        wire_stop(settings, results, run_state, handle_state, outputs, [run_event, live_event])
         step_io = [run_state, link_step_state], [results.step_slider, link_step_state]
         run_event.success(page_io.apply_link_step, *step_io, **HIDDEN)
         wire_views(results, run_state)
@@ -110,22 +112,19 @@ def wire_setup(demo, requests, settings, results, run_state) -> None:
 
 
 def wire_run(requests, settings, results, run_state, handle_state, outputs):
-    """Run: noted at once (unqueued), then the run itself, one at a time on the shared model."""
-    s = settings
-    s.run_button.click(playground.run_pressed, handle_state, None, queue=False, **QUIET)
-    return s.run_button.click(
-        zerogpu.on_gpu(playground.run_event),  # spaces.GPU on a ZeroGPU Space, else as is
-        page_panels.run_inputs(requests, s, results, run_state, handle_state),
-        outputs,
-        concurrency_limit=1,
-        concurrency_id="model",
-        trigger_mode="always_last",  # a press while a stopped run ends starts right after it
-        api_name="run",
-        show_progress_on=results.status_markdown,  # one progress bar, queue place; results stay
-    )
+    """Run: noted at once (unqueued), then the run itself, which shows a recent identical run or
+    waits its turn on the model in the page's queue; "Run live anyway" skips the replay."""
+    s, run = settings, zerogpu.on_gpu(playground.run_event)  # spaces.GPU on ZeroGPU, else as is
+    s.run_button.click(playground.run_pressed, handle_state, s.run_note_markdown, queue=False)
+    kwargs = dict(concurrency_limit=zerogpu.run_concurrency(), trigger_mode="always_last")
+    kwargs |= dict(show_progress_on=results.status_markdown)  # one progress bar; results stay
+    live = page_panels.run_inputs(requests, s, results, run_state, handle_state, live=True)
+    live_event = s.live_button.click(run, live, outputs, **kwargs, **HIDDEN)
+    run_inputs = page_panels.run_inputs(requests, s, results, run_state, handle_state)
+    return s.run_button.click(run, run_inputs, outputs, api_name="run", **kwargs), live_event
 
 
-def wire_stop(settings, results, run_state, handle_state, outputs, run_event) -> None:
+def wire_stop(settings, results, run_state, handle_state, outputs, run_events) -> None:
     """Stop: through the run's own stop flag (at once: it waits for no other event); a run still
     in the queue is taken out of it (a cancel, immediate for an event that has not started)."""
     s = settings
@@ -134,7 +133,7 @@ def wire_stop(settings, results, run_state, handle_state, outputs, run_event) ->
     ).then(None, s.stop_reply_textbox, None, js=page_io.LEAVE_QUEUE_JS)
     left = [handle_state, run_state, results.x_axis_radio]
     s.leave_queue_button.click(
-        playground.left_queue_event, left, outputs, cancels=[run_event], queue=False, **QUIET
+        playground.left_queue_event, left, outputs, cancels=run_events, queue=False, **QUIET
     )
 
 

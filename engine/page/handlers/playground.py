@@ -26,6 +26,7 @@ import gradio as gr
 from engine.batching.continuous import ContinuousEngine
 from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
+from engine.page.handlers import run_turns
 from engine.page.run import host_servers
 from engine.page.run.live_run import LiveRun
 from engine.page.run.run_handle import IDLE, RunHandle
@@ -55,6 +56,7 @@ REQUEST_HEADERS = list(TABLE_COLUMNS)  # prompt, max_new_tokens, arrival_s, samp
 PROGRESS_INTERVAL_S = 0.5  # at most two progress reports a second (fewer: progress_view)
 STOPPED = "**Stopped** before the end."
 STOPPED_IN_QUEUE = "**Stopped** before it started: it left the queue."
+PRESSED_NOTE = "⏳ **Run pressed:** checking the table, then a place in the queue…"
 
 
 # --- handlers ------------------------------------------------------------------------------------
@@ -114,13 +116,13 @@ def _run_all(model, requests, config, options, progress, watch) -> RunState:
     runner, invariant = model.runner, config.batch_invariant
     static = StaticEngine(runner, EngineConfig(config.num_slots, batch_invariant=invariant)).run(
         requests,
-        _on_step(progress, "static", _static_steps(requests, config), watch),
+        _on_step(progress, "static", run_turns.static_steps(requests, config), watch),
         functools.partial(watch, "static", waiting=True),
     )
     watch("static", static, done=True)
     continuous = ContinuousEngine(runner, config).run(
         requests,
-        _on_step(progress, "continuous", _continuous_steps(requests, config), watch),
+        _on_step(progress, "continuous", run_turns.continuous_steps(requests, config), watch),
         functools.partial(watch, "continuous", waiting=True),
     )
     watch("continuous", continuous, done=True)
@@ -194,16 +196,47 @@ run_event.__signature__ = RUN_SIGNATURE  # Gradio names /run's parameters and de
 
 
 def _run(settings: RunSettings, previous, handle: RunHandle):
-    """``run_event``'s work once the run may start: check the input, run, stream, finish."""
+    """``run_event``'s work once the run may start: check the input, then show a recent identical
+    run at once, or wait for the model's turn, run, stream and finish (``run_turns``)."""
     x_axis = settings.x_axis
     try:
         options = options_from_page(settings)
         model = _user_errors(get_model)  # the host's problem, not the input's: a gr.Error
         model = model.in_dtype(options.dtype)  # a dtype the device cannot run: refused here
         requests, config = prepare(model, settings.rows, settings.num_slots, options)
+        key = run_turns.setup_key(model, requests, config, options)
+        recent = model.recent.find(key) if settings.replay_recent else None
+        if recent is None:
+            ticket = model.queue.join(
+                str(id(handle)), run_turns.work_steps(requests, config, options)
+            )
+            handle.queued(functools.partial(model.queue.leave, ticket))
     except ValueError as exc:
         yield _refused_outputs(previous, exc)
         return
+    if recent is not None:
+        yield run_turns.replayed_outputs(recent, model.recent.age_s(recent), x_axis)
+        return
+    try:
+        if not (yield from run_turns.wait_for_turn(model.queue, ticket, handle)):
+            yield _stopped_outputs(previous, STOPPED_IN_QUEUE, x_axis)
+            return
+        run = (model, requests, config, options)
+        yield from _run_live(run, handle, previous, x_axis, functools.partial(_done, ticket, key))
+    finally:
+        model.queue.leave(ticket)
+
+
+def _done(ticket, key, model: SharedModel, state: RunState, result: RunResult, wall_s: float):
+    """A live run finished: the queue learns its pace and frees the model; its setup is kept."""
+    model.queue.finish(ticket, ticket.work_steps, wall_s)
+    model.recent.keep(key, state, result.downloads)
+
+
+def _run_live(run: tuple, handle, previous, x_axis: str, on_done: Callable):
+    """The run itself, its turn on the model taken: stream its progress, then its results;
+    ``on_done(model, state, result, wall_s)`` once it finished well."""
+    model, requests, config, options = run
     control = RunControl(_user_errors(run_time_limit_s))
     handle.attach(control)
     started_s = time.monotonic()
@@ -212,6 +245,7 @@ def _run(settings: RunSettings, previous, handle: RunHandle):
         return run_engines(model, requests, config, options, lambda *a, **k: None, watch)
 
     views = progress_view.LiveTimelines()  # updates and redraws paced within a CPU budget
+    yield progress_view.with_run_note(run_outputs(), "▶ **Running:** progress below.")
     with LiveRun(work, control) as live:
         while not live.wait(views.wait_s(PROGRESS_INTERVAL_S)):
             elapsed_s = time.monotonic() - started_s
@@ -219,11 +253,19 @@ def _run(settings: RunSettings, previous, handle: RunHandle):
                 live.progress(), requests, config.num_slots, x_axis, elapsed_s, control.time_limit_s
             )
             views.resumed()
-    yield from _finished_outputs(live, previous, x_axis)
+    done = functools.partial(_finish, on_done, model, started_s)
+    yield from _finished_outputs(live, previous, x_axis, done)
 
 
-def _finished_outputs(live: LiveRun, previous: RunState | None, x_axis: str) -> Iterator[tuple]:
+def _finish(on_done: Callable, model, started_s: float, state: RunState, result: RunResult):
+    on_done(model, state, result, time.monotonic() - started_s)
+
+
+def _finished_outputs(
+    live: LiveRun, previous: RunState | None, x_axis: str, on_done: Callable | None = None
+) -> Iterator[tuple]:
     """The ended run's results; a stopped or refused run puts ``previous`` back and says why.
+    ``on_done(state, result)`` is called with a finished run's results before they are sent.
 
     Raises:
         gr.Error: the run passed its time limit.
@@ -242,13 +284,20 @@ def _finished_outputs(live: LiveRun, previous: RunState | None, x_axis: str) -> 
         return
     for name, message in state.server_failures.items():  # the rest is shown: a toast each
         gr.Warning(message, title=f"{name}: no results")
-    yield render(state, x_axis).as_outputs()
+    result = render(state, x_axis)
+    if on_done is not None:
+        on_done(state, result)
+    yield progress_view.with_run_note(result.as_outputs(), "✓ **Finished:** results below.")
 
 
-def run_pressed(handle: RunHandle | None) -> None:
-    """Run pressed (unqueued, before the run is sent or deferred): see ``RunHandle.press``."""
+def run_pressed(handle: RunHandle | None):
+    """Run pressed (unqueued, before the run is sent or deferred): see ``RunHandle.press``. The
+    note under Run changes at once, unless this press repeats one whose run goes on."""
     if handle is not None:
         handle.press()
+        if handle.ignore_next:
+            return gr.skip()
+    return PRESSED_NOTE
 
 
 def stop_event(handle: RunHandle | None) -> str:
@@ -295,20 +344,6 @@ def _user_errors(fn: Callable):
         return fn()
     except ValueError as exc:
         raise gr.Error(str(exc), print_exception=False) from exc
-
-
-def _static_steps(requests: list[Request], config: EngineConfig) -> int:
-    """Estimated static steps: each wave runs to its longest cap."""
-    b = config.num_slots
-    return sum(
-        max(r.max_new_tokens for r in requests[i : i + b]) for i in range(0, len(requests), b)
-    )
-
-
-def _continuous_steps(requests: list[Request], config: EngineConfig) -> int:
-    """Estimated continuous steps: all tokens spread over the slots, at least the longest cap."""
-    caps = [r.max_new_tokens for r in requests]
-    return max(math.ceil(sum(caps) / config.num_slots), max(caps))
 
 
 def _on_step(progress, engine: str, total: int, watch: Callable) -> Callable:

@@ -36,6 +36,22 @@ def gpu_duration_s(workload_limits: Limits | None = None) -> int:
     return int(min(max(worst_s, MIN_DURATION_S), MAX_DURATION_S))
 
 
+def run_concurrency() -> int | None:
+    """How many Run handlers Gradio starts at once: every one elsewhere (None), since runs wait
+    for the model in the page's own queue (``engine.page.run.run_queue``), which tells each its
+    place; one on ZeroGPU, where a handler holds a GPU from its start, so runs wait in Gradio's
+    queue instead, holding none."""
+    return 1 if _spaces() is not None else None
+
+
+def _spaces():
+    """The ``spaces`` module of a Hugging Face Space, or None."""
+    try:
+        return importlib.import_module("spaces")
+    except ImportError:
+        return None
+
+
 def on_gpu(fn: Callable) -> Callable:
     """``fn`` wrapped with ``spaces.GPU(duration=gpu_duration_s())`` when ``spaces`` imports, else
     ``fn`` itself.
@@ -43,8 +59,5 @@ def on_gpu(fn: Callable) -> Callable:
     Raises:
         ValueError: a limit variable in the environment that is not a positive whole number.
     """
-    try:
-        spaces = importlib.import_module("spaces")
-    except ImportError:
-        return fn
-    return spaces.GPU(duration=gpu_duration_s())(fn)
+    spaces = _spaces()
+    return fn if spaces is None else spaces.GPU(duration=gpu_duration_s())(fn)

@@ -117,7 +117,9 @@ def downloads_panel() -> gr.File:
     )
 
 
-def run_outputs(run_state: gr.State, results: ResultsPanel, downloads: gr.File) -> list:
+def run_outputs(
+    run_state: gr.State, results: ResultsPanel, downloads: gr.File, settings: SettingsPanel
+) -> list:
     """What Run and Stop write, in ``engine.page.views.run_view.RUN_OUTPUTS`` order (tested)."""
     return [
         run_state,
@@ -137,6 +139,8 @@ def run_outputs(run_state: gr.State, results: ResultsPanel, downloads: gr.File) 
         results.server_chart_plot,
         results.divergence.dropdown,
         *results.divergence.views(),
+        settings.run_note_markdown,
+        settings.live_button,
     ]
 
 
@@ -161,6 +165,7 @@ COMPONENTS = {
     "server_names": "settings.servers_checkbox",
     "dtype": "settings.dtype_dropdown",
     "batch_invariant": "settings.batch_invariant_checkbox",
+    "replay_recent": "settings.replay_state",
     "x_axis": "results.x_axis_radio",
     "previous": "run_state",
     "handle": "handle_state",
@@ -178,8 +183,14 @@ def page_components(names, requests: RequestsPanel, settings: SettingsPanel, res
     return [operator.attrgetter(COMPONENTS[name])(page) for name in names]
 
 
-def run_inputs(requests: RequestsPanel, settings: SettingsPanel, results, run_state, handle):
+def run_inputs(
+    requests: RequestsPanel, settings: SettingsPanel, results, run_state, handle, live=False
+):
     """What Run reads, in ``run_options.RUN_INPUTS`` order (the /run API's; the states are not in
-    the API): each ``RunSettings`` field's component, found by its name."""
+    the API): each ``RunSettings`` field's component, found by its name. ``live``: "Run live
+    anyway"'s, whose ``replay_recent`` is False."""
     states = {"run_state": run_state, "handle_state": handle}
-    return page_components(RUN_INPUTS, requests, settings, results, **states)
+    components = page_components(RUN_INPUTS, requests, settings, results, **states)
+    if live:
+        components[RUN_INPUTS.index("replay_recent")] = settings.live_state
+    return components

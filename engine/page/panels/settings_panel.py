@@ -15,6 +15,7 @@ import gradio as gr
 
 from engine.page.inputs import page_io, presets
 from engine.page.panels import server_panels
+from engine.serving.run_control import run_time_limit_s
 
 KV_MODES = [
     ("paged: blocks from a memory budget, preemption (vLLM)", "paged"),
@@ -56,6 +57,10 @@ class SettingsPanel:
     stop_reply_textbox: gr.Textbox  # hidden: what Stop found ("running", "queued", "idle")
     leave_queue_button: gr.Button  # hidden: clicked by the page to take a queued run out
     servers_checkbox: gr.CheckboxGroup | None = None  # the host's servers (hidden if none)
+    run_note_markdown: gr.Markdown | None = None  # under Run: queued, running, shown at once
+    live_button: gr.Button | None = None  # "Run live anyway", after a run shown at once
+    replay_state: gr.State | None = None  # Run's ``replay_recent``: True
+    live_state: gr.State | None = None  # "Run live anyway"'s ``replay_recent``: False
 
 
 def settings_panel(
@@ -93,6 +98,10 @@ def settings_panel(
     with gr.Row():
         run_button = gr.Button("Run", variant="primary", elem_id="run_button")
         stop_button = gr.Button("Stop", variant="stop", elem_id="stop_button")
+    run_note = gr.Markdown(run_note_text(), elem_id="run_note_markdown")
+    live_button = gr.Button(
+        "Run live anyway", size="sm", visible=False, elem_id="live_button", variant="secondary"
+    )
     link_button = gr.Button("Copy link to this setup", size="sm", elem_id="link_button")
     link_textbox = gr.Textbox(
         label="Link: preset, slots and step (an edited table is not in it)",
@@ -116,7 +125,21 @@ def settings_panel(
         stop_reply,
         leave_queue,
         servers_checkbox=servers,
+        run_note_markdown=run_note,
+        live_button=live_button,
+        replay_state=gr.State(True),
+        live_state=gr.State(False),
     )
+
+
+def run_note_text() -> str:
+    """The note under Run before a run: runs take turns, and the host's limit for one."""
+    try:
+        limit_s = run_time_limit_s()
+    except ValueError:  # a bad host setting: the Run itself says so
+        limit_s = None
+    limit = f" Each run may take up to {limit_s:g} s here." if limit_s else ""
+    return f"Runs take turns on the model, one at a time.{limit}"
 
 
 def _precision_knobs(dtypes: list[str], dtype: str) -> tuple:

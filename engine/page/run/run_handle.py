@@ -17,6 +17,7 @@ has not started.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from engine.serving.run_control import RunControl
 
@@ -35,6 +36,7 @@ class RunHandle:
         self.control: RunControl | None = None  # the running run's, None before it starts
         self.stop_requested = False
         self.ignore_next = False  # the next run to start is a second press during a run: skip it
+        self._leave_queue = None  # while the run waits in the page's queue: takes it out
 
     def __deepcopy__(self, memo) -> RunHandle:
         return RunHandle()
@@ -60,6 +62,12 @@ class RunHandle:
             self.pressed = True
             return None
 
+    def queued(self, leave: Callable[[], None]) -> None:
+        """The run joined the page's queue (``engine.page.run.run_queue``); ``leave`` takes it out
+        (Stop calls it; the run's handler then sees it gone and says so)."""
+        with self._lock:
+            self._leave_queue = leave
+
     def attach(self, control: RunControl) -> None:
         """The run's engines are about to start under ``control`` (stopped at once if Stop came
         in between)."""
@@ -82,6 +90,8 @@ class RunHandle:
                 return RUNNING
             if self.pressed:
                 self.stop_requested = True
+                if self._leave_queue is not None:
+                    self._leave_queue()
                 return QUEUED
             return IDLE
 
@@ -93,3 +103,4 @@ class RunHandle:
 
     def _reset(self) -> None:
         self.pressed, self.control, self.stop_requested = False, None, False
+        self._leave_queue = None

@@ -50,6 +50,9 @@ class RunSettings:
     server_names: Any = None  # the host's servers to run too: names (a list, or one name)
     dtype: str | None = None  # blank: the loaded model's precision
     batch_invariant: bool = False
+    # show a run of the same setup measured on this host within the replay window, instead of
+    # queueing a new one (engine.page.run.recent_runs); the page's Run button sends True
+    replay_recent: bool = False
 
 
 # The Run event's inputs, in the /run API's order: a contract (clients call /run by position), so
@@ -74,6 +77,7 @@ RUN_INPUTS = (
     "server_names",
     "dtype",
     "batch_invariant",
+    "replay_recent",
 )
 RUN_STATES = ("previous", "handle")  # the session's, not settings: not in the /run API
 

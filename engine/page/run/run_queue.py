@@ -22,7 +22,9 @@ that the handler can stream its place between them::
     finally:
         queue.finish(ticket, steps_done, wall_s)      # frees the model, teaches the estimate
 
-A ticket that leaves (Stop, a closed tab) is taken out wherever it stands.
+A ticket that leaves (Stop, a closed tab) is taken out wherever it stands. A waiting ticket whose
+handler stopped asking for ``STALE_S`` seconds (its generator no longer iterated) is dropped, so it
+can never hold the line.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 # Before any run has finished here, seconds per step come from the caller (the recorded run's
 # measured rate, say); each finished run then moves the estimate this share of the way to its own.
 LEARNING_RATE = 0.5
+STALE_S = 15.0  # a waiting ticket not asked about for this long is dropped
 
 
 @dataclass
@@ -47,6 +50,7 @@ class Ticket:
     number: int  # order of arrival
     joined_s: float
     started_s: float | None = None  # when it took the model; None while it waits
+    seen_s: float = 0.0  # when its handler last asked for its turn or place
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,8 @@ class RunQueue:
                     "Your run is already in the queue: it starts by itself. "
                     "Press Stop first to change it."
                 )
-            ticket = Ticket(session, max(1, int(work_steps)), next(self._numbers), self.clock())
+            now = self.clock()
+            ticket = Ticket(session, max(1, int(work_steps)), next(self._numbers), now, seen_s=now)
             self._waiting.append(ticket)
             return ticket
 
@@ -101,9 +106,9 @@ class RunQueue:
         with self._changed:
             if self._running is ticket:
                 return True
-            if ticket not in self._waiting:
-                raise ValueError("this run is no longer in the queue")
+            self._check_waiting(ticket)
             self._changed.wait_for(lambda: self._is_next(ticket), timeout=timeout_s)
+            self._check_waiting(ticket)
             if not self._is_next(ticket):
                 return False
             self._waiting.remove(ticket)
@@ -136,19 +141,21 @@ class RunQueue:
         """Where ``ticket`` stands now (place 0 and ``running`` once it has the model)."""
         with self._changed:
             now = self.clock()
-            total = len(self._waiting) + (self._running is not None)
             if self._running is ticket:
-                return Place(0, total, now - ticket.joined_s, 0.0, running=True)
-            if ticket not in self._waiting:
-                raise ValueError("this run is no longer in the queue")
+                return Place(0, self._size(), now - ticket.joined_s, 0.0, running=True)
+            self._check_waiting(ticket)
             ahead = self._waiting[: self._waiting.index(ticket)]
             place = len(ahead) + 1
-            return Place(place, total, now - ticket.joined_s, self._wait_estimate_s(ahead, now))
+            estimate_s = self._wait_estimate_s(ahead, now)
+            return Place(place, self._size(), now - ticket.joined_s, estimate_s)
 
     def size(self) -> int:
         """Runs running or waiting, every session's."""
         with self._changed:
-            return len(self._waiting) + (self._running is not None)
+            return self._size()
+
+    def _size(self) -> int:
+        return len(self._waiting) + (self._running is not None)
 
     def estimate_s(self, work_steps: int) -> float | None:
         """Seconds a run of ``work_steps`` steps takes on this host (None: nothing measured)."""
@@ -163,7 +170,25 @@ class RunQueue:
             wait_s += max(0.0, left_s)
         return wait_s
 
+    def _check_waiting(self, ticket: Ticket) -> None:
+        """Note that ``ticket``'s handler asked, and drop the waiting tickets nobody asks about.
+
+        Raises:
+            ValueError: ``ticket`` is not waiting (it left, was dropped, or already ran).
+        """
+        now = self.clock()
+        ticket.seen_s = now
+        stale = [t for t in self._waiting if now - t.seen_s > STALE_S]
+        for t in stale:
+            self._waiting.remove(t)
+        if stale:
+            self._changed.notify_all()
+        if ticket not in self._waiting:
+            raise ValueError("this run is no longer in the queue")
+
     def _is_next(self, ticket: Ticket) -> bool:
+        if self._waiting and self.clock() - self._waiting[0].seen_s > STALE_S:
+            self._check_waiting(ticket)  # the first in line went quiet: drop it
         return self._running is None and bool(self._waiting) and self._waiting[0] is ticket
 
     def _tickets(self) -> list[Ticket]:

@@ -33,6 +33,8 @@ from engine.model.loader import LoadedModel, load_model
 from engine.model.model_runner import ModelRunner
 from engine.page.run.engine_thread import ENGINE_THREAD
 from engine.page.run.host_servers import PageServers
+from engine.page.run.recent_runs import RecentRuns, replay_window_s
+from engine.page.run.run_queue import RunQueue
 from engine.workloads.workload import parse_table, tokenize_requests
 
 
@@ -49,6 +51,9 @@ class SharedModel:
     loader: Callable[[str], LoadedModel] | None = field(default=None, repr=False)
     variants: dict[str, SharedModel] = field(default_factory=dict, repr=False)
     solo_reference: SoloReference | None = field(default=None, repr=False)  # made on first use
+    # the turns runs take on the model, and the recent runs by setup: one for every dtype's copy
+    queue: RunQueue = field(default_factory=RunQueue, repr=False)
+    recent: RecentRuns = field(default_factory=lambda: RecentRuns(replay_window_s()), repr=False)
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, **fields) -> SharedModel:
@@ -94,7 +99,12 @@ class SharedModel:
         """This model in ``dtype_name``, loaded (or converted) and warmed up; same lock."""
         loaded = self.loader(dtype_name) if self.loader else _converted(self.loaded, dtype_name)
         variant = SharedModel.from_loaded(
-            loaded, lock=self.lock, loader=self.loader, servers=self.servers
+            loaded,
+            lock=self.lock,
+            loader=self.loader,
+            servers=self.servers,
+            queue=self.queue,
+            recent=self.recent,
         )
         variant.warm_up()
         return variant

@@ -34,6 +34,7 @@ import gradio as gr
 
 from engine.page.figures import server_lanes
 from engine.page.run.live_run import EngineProgress
+from engine.page.run.run_queue import Place
 from engine.page.views import tables
 from engine.page.views.markup import one_line, plain_markdown
 from engine.page.views.run_view import RUN_OUTPUTS, outputs_table, run_outputs, timeline
@@ -72,6 +73,41 @@ def progress_line(
     if not progress:
         parts.append("waiting for the model")
     return " · ".join(parts)
+
+
+def queue_line(place: Place, measured: bool) -> str:
+    """Markdown: a waiting run's true place, the total, its wait so far and the estimate (or why
+    there is none yet: ``measured`` False before any run finished on this host)."""
+    ahead = place.place - 1
+    line = f"**Waiting for the model:** place {place.place} of {place.total}"
+    line += f" ({ahead} before yours)" if ahead else " (yours is next)"
+    line += f" · waited {place.waited_s:.0f} s"
+    if place.estimate_s is not None:
+        line += f" · estimate {_duration(place.estimate_s)}"
+    elif not measured:
+        line += " · no estimate yet: the first run on this host is being measured"
+    return line + ". Runs take turns: each is a measurement. Yours starts by itself."
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` for a person: "40 s", "3 min"."""
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+def queued_outputs(place: Place, measured: bool) -> tuple:
+    """The Run event's outputs while the run waits for the model: its place, in the status line
+    and in the note under Run; everything else as is."""
+    line = queue_line(place, measured)
+    return run_outputs(status_markdown=line, run_note_markdown=f"⏳ {line}")
+
+
+def with_run_note(outputs: tuple, note: str, live_button: bool = False) -> tuple:
+    """``outputs`` (a Run outputs tuple) with the note under Run set to ``note`` and the "Run live
+    anyway" button shown or hidden."""
+    values = dict(zip(RUN_OUTPUTS, outputs, strict=True))
+    values["run_note_markdown"] = note
+    values["live_button"] = gr.Button(visible=live_button)
+    return tuple(values[name] for name in RUN_OUTPUTS)
 
 
 def _server_progress(p: EngineProgress) -> str:

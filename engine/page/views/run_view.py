@@ -50,6 +50,8 @@ RUN_OUTPUTS = (
     "divergence_markdown",
     "divergence_textbox",
     "divergence_table",
+    "run_note_markdown",  # the line under Run: queued, running, done, or shown at once
+    "live_button",  # "Run live anyway": shown with a run shown at once
 )
 # What the step slider and the x-axis choice redraw, in ``StepViews.as_tuple`` order.
 STEP_VIEW_OUTPUTS = (

@@ -331,7 +331,8 @@ def test_every_preset_states_a_checkable_claim():
 
 
 def test_app_wiring():
-    """app.py wires Run (serialized on the model) and the step views to the handlers."""
+    """app.py wires Run (every handler started; the page's queue serializes them on the model),
+    "Run live anyway" to the same handler, and the step views to theirs."""
     import app
 
     demo = app.build_demo("Model: test")
@@ -341,7 +342,12 @@ def test_app_wiring():
     wired = [c.elem_id for c in run.outputs[1:]]
     assert wired == list(run_view.RUN_OUTPUTS[1:]), f"Run outputs out of order: {wired}"
     assert [c.elem_id for c in by_api["step"].outputs] == list(run_view.STEP_VIEW_OUTPUTS)
-    assert (run.concurrency_limit, run.concurrency_id) == (1, "model"), "Run not serialized"
+    assert run.concurrency_limit is None, "a run waits in Gradio's queue, not the page's"
+    (live,) = [fn for fn in demo.fns.values() if fn.fn is run.fn and fn is not run]
+    assert live.concurrency_limit is None and live.api_name != "run"
+    assert [c._id for c in live.outputs] == [c._id for c in run.outputs]
+    replay = run_options.RUN_INPUTS.index("replay_recent")
+    assert (run.inputs[replay].value, live.inputs[replay].value) == (True, False)
     assert run.show_progress == "full", "a queued user would not see their place in the queue"
     assert run.trigger_mode == "always_last", "a Run pressed while a stopped run ends is lost"
     run_index = next(i for i, fn in demo.fns.items() if fn is run)
@@ -353,7 +359,8 @@ def test_app_wiring():
     assert not any(stop_cancels), "Stop cancels the Run event (a cancel waits, and drops Run)"
     (leave,) = [fn for fn in demo.fns.values() if fn.fn is playground.left_queue_event]
     cancels = [fn.cancels for fn in demo.fns.values() if fn.targets == leave.targets]
-    assert [run_index] in cancels, "a queued run cannot be taken out of the queue"
+    live_index = next(i for i, fn in demo.fns.items() if fn is live)
+    assert [run_index, live_index] in cancels, "a queued run cannot be taken out of the queue"
     assert [c._id for c in leave.outputs] == [c._id for c in run.outputs], "leaving restores less"
     for name in ("step", "x_axis"):
         assert by_api[name].fn is playground.update_step, f"{name} not wired to update_step"

@@ -1,0 +1,91 @@
+"""A pressed Run's way to the model: a recent identical run at once, or a true place in the queue.
+
+Runs are measurements, so they take turns on the model (``engine.page.run.run_queue``). Before a
+run joins the queue, ``recent`` looks for the same setup measured on this host within the replay
+window (``engine.page.run.recent_runs``); if there is one, the page shows it at once, labelled,
+with a "Run live anyway" button. Otherwise the run joins the queue and ``wait_for_turn`` streams
+its place, the total and the estimated wait until the model is its own.
+
+The estimate counts a run's work in steps: static waves to their longest caps, continuous steps
+(all tokens over the slots, at least the longest cap), a ``model.generate`` pass per request when
+the outputs are checked (each token a step) and transformers' engine when it is compared. The queue
+learns this host's seconds per such step from the runs that finish here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from engine.config import EngineConfig
+from engine.page.run.recent_runs import RecentRun, replay_label
+from engine.page.run.run_handle import RunHandle
+from engine.page.run.run_options import RunOptions
+from engine.page.run.run_queue import RunQueue, Ticket
+from engine.page.run.shared_model import SharedModel
+from engine.page.views import progress_view, run_status
+from engine.page.views.run_view import render
+from engine.sequence import Request
+
+QUEUE_POLL_S = 1.0  # how often a waiting run's place is sent
+
+
+def static_steps(requests: list[Request], config: EngineConfig) -> int:
+    """Estimated static steps: each wave runs to its longest cap."""
+    b = config.num_slots
+    return sum(
+        max(r.max_new_tokens for r in requests[i : i + b]) for i in range(0, len(requests), b)
+    )
+
+
+def continuous_steps(requests: list[Request], config: EngineConfig) -> int:
+    """Estimated continuous steps: all tokens spread over the slots, at least the longest cap."""
+    caps = [r.max_new_tokens for r in requests]
+    return max(math.ceil(sum(caps) / config.num_slots), max(caps))
+
+
+def work_steps(requests: list[Request], config: EngineConfig, options: RunOptions) -> int:
+    """A run's work in steps, for the queue's estimate (see the module docstring)."""
+    steps = static_steps(requests, config) + continuous_steps(requests, config)
+    if options.check_reference:
+        steps += sum(r.max_new_tokens for r in requests)
+    if options.compare_hf:
+        steps += continuous_steps(requests, config)
+    return steps
+
+
+def setup_key(
+    model: SharedModel, requests: list[Request], config: EngineConfig, options: RunOptions
+) -> tuple:
+    """What makes two runs identical: the model and its precision, the tokenized requests (prompt
+    ids, caps, arrivals, sampling settings) and every engine knob. The x axis is not in it: it only
+    changes how a run is drawn."""
+    rows = tuple(
+        (tuple(r.prompt_token_ids), r.max_new_tokens, r.arrival_s, repr(r.sampling))
+        for r in requests
+    )
+    return (model.label, model.dtype_name, repr(config), repr(options), rows)
+
+
+def replayed_outputs(recent: RecentRun, age_s: float, x_axis: str) -> tuple:
+    """The Run event's outputs showing ``recent`` as what it is: an earlier real run, labelled."""
+    label = replay_label(recent, age_s)
+    status = f"**Shown at once:** {label}. {run_status.status_line(recent.state)}"
+    result = render(recent.state, x_axis, status=status, downloads=False)
+    result.downloads = recent.downloads
+    return progress_view.with_run_note(
+        result.as_outputs(), f"↺ **Shown at once:** {label}.", live_button=True
+    )
+
+
+def wait_for_turn(queue: RunQueue, ticket: Ticket, handle: RunHandle) -> Iterator[tuple]:
+    """Yield the Run event's outputs with ``ticket``'s place until the model is its own; returns
+    False (as the generator's value) when Stop was pressed while it waited, True at its turn."""
+    try:
+        while not queue.wait_turn(ticket, timeout_s=QUEUE_POLL_S):
+            if handle.stop_requested:
+                return False
+            yield progress_view.queued_outputs(queue.place(ticket), queue.s_per_step is not None)
+    except ValueError:  # taken out of the queue: Stop
+        return False
+    return not handle.stop_requested

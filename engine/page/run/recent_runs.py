@@ -1,0 +1,101 @@
+"""Recent runs on this host, by setup: a Run identical to one measured minutes ago is shown at once.
+
+In a workshop most of a room runs the same few setups. A greedy run of the same requests on the
+same model, dtype, kernel and host gives the same tokens and the same schedule every time; only its
+timings move. So when a pressed Run's setup equals one that finished here within the window, the
+page shows that run at once, labelled as what it is ("measured at 14:02 on this host, 3 min ago,
+identical setup"), and a "Run live anyway" button queues a real run. Nothing is invented: the shown
+run is the earlier real one, and a live run of the same setup replaces it here.
+
+The window is a host setting, ``CBP_REPLAY_WINDOW_S`` (seconds; default 600; 0 turns replays off).
+The caller builds the key: everything that can change what a run shows (the table, every engine
+knob, the precision, the model), and nothing that only changes how it is drawn (the x axis).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_WINDOW_S = 600.0
+MAX_RUNS = 32  # setups kept; the least recently measured goes first
+
+
+def replay_window_s(environ=os.environ) -> float:
+    """``CBP_REPLAY_WINDOW_S``: how old a run may be and still be shown for an identical setup.
+
+    Raises:
+        ValueError: the variable is set to something other than a number of seconds >= 0.
+    """
+    text = (environ.get("CBP_REPLAY_WINDOW_S") or "").strip()
+    if not text:
+        return DEFAULT_WINDOW_S
+    try:
+        window_s = float(text)
+    except ValueError:
+        window_s = -1.0
+    if not window_s >= 0 or window_s == float("inf"):
+        raise ValueError(
+            f"CBP_REPLAY_WINDOW_S={text!r}: give a number of seconds (0 turns replays off)."
+        )
+    return window_s
+
+
+@dataclass(frozen=True)
+class RecentRun:
+    """A finished run kept for its setup: what the page rendered (``state``, the views' own type),
+    its download files, and when it finished (``measured_at``, seconds since the epoch)."""
+
+    state: Any
+    downloads: list[str] | None
+    measured_at: float
+
+
+@dataclass
+class RecentRuns:
+    """The latest finished run of each setup, for ``window_s`` seconds (0: none is kept)."""
+
+    window_s: float = DEFAULT_WINDOW_S
+    clock: Callable[[], float] = time.time
+    max_runs: int = MAX_RUNS
+    _runs: OrderedDict = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def keep(self, key: Hashable, state: Any, downloads: list[str] | None = None) -> None:
+        """Keep ``state`` as the latest run of setup ``key`` (it replaces an older one)."""
+        if self.window_s <= 0:
+            return
+        with self._lock:
+            self._runs.pop(key, None)
+            self._runs[key] = RecentRun(state, downloads, self.clock())
+            while len(self._runs) > self.max_runs:
+                self._runs.popitem(last=False)
+
+    def find(self, key: Hashable) -> RecentRun | None:
+        """The run of setup ``key`` that finished within the window, or None."""
+        with self._lock:
+            run = self._runs.get(key)
+            if run is not None and self.clock() - run.measured_at > self.window_s:
+                del self._runs[key]
+                return None
+            return run
+
+    def age_s(self, run: RecentRun) -> float:
+        """Seconds since ``run`` finished."""
+        return max(0.0, self.clock() - run.measured_at)
+
+
+def replay_label(run: RecentRun, age_s: float) -> str:
+    """What a replayed run says it is, e.g. "measured at 14:02 on this host, 3 min ago,
+    identical setup" (local time of the host)."""
+    at = time.strftime("%H:%M", time.localtime(run.measured_at))
+    if age_s < 60:
+        ago = f"{age_s:.0f} s ago"
+    else:
+        ago = f"{age_s / 60:.0f} min ago"
+    return f"measured at {at} on this host, {ago}, identical setup"

@@ -1,0 +1,151 @@
+"""Runs take turns through the page's queue, and an identical recent run is shown at once.
+
+Two sessions' Run handlers run in threads, as Gradio runs them now that Run has no concurrency
+limit of its own: the second waits in the page's queue and says its true place, then runs. A Run
+whose setup equals one that finished here within the window is the earlier run, labelled, with
+the "Run live anyway" button; Stop while waiting takes a run out of the queue.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import gradio as gr
+import pytest
+from tiny_model import tiny_runner
+
+from engine.fidelity.reference import ReferenceCache
+from engine.page.handlers import playground, run_turns
+from engine.page.run import shared_model
+from engine.page.run.recent_runs import RecentRuns
+from engine.page.run.run_handle import RunHandle
+from engine.page.views.run_view import RUN_OUTPUTS
+
+ROWS = [["hello world", 6], ["abc", 9]]
+SLOW_STEP_S = 0.02
+OUT = {name: i for i, name in enumerate(RUN_OUTPUTS)}
+
+
+@pytest.fixture
+def page(monkeypatch) -> playground.SharedModel:
+    """A fresh tiny shared model whose continuous steps take SLOW_STEP_S, polled quickly."""
+    runner = tiny_runner()
+    model = playground.SharedModel(runner.loaded, runner, ReferenceCache(runner))
+    forward = runner.forward_packed
+
+    def slow_forward(batch):
+        time.sleep(SLOW_STEP_S)
+        return forward(batch)
+
+    monkeypatch.setattr(runner, "forward_packed", slow_forward)
+    monkeypatch.setattr(shared_model, "_shared_model", model)
+    monkeypatch.setattr(run_turns, "QUEUE_POLL_S", 0.05)
+    monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.05)
+    return model
+
+
+def _events(handle: RunHandle, replay: bool = True, rows=ROWS):
+    """A Run handler's updates (a generator), as the page's Run button starts it."""
+    knobs = (2, False, True, "slots", 0, "decode_first", False, 0, "time")
+    return playground.run_event(rows, *knobs, handle=handle, replay_recent=replay)
+
+
+def _status(update: tuple) -> str:
+    return update[OUT["status_markdown"]]
+
+
+def test_a_second_session_waits_its_turn_with_its_true_place(page):
+    """While one session's run holds the model, another's says "place 1 of 2" and an estimate
+    only once a run has finished here; it then runs and finishes."""
+    first_updates, second_updates = [], []
+    first = threading.Thread(target=lambda: first_updates.extend(_events(RunHandle(), False)))
+    first.start()
+    deadline = time.monotonic() + 30
+    while page.queue.size() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    second_updates.extend(_events(RunHandle(), replay=False))
+    first.join(timeout=60)
+    waiting = [_status(u) for u in second_updates if "Waiting for the model" in str(_status(u))]
+    assert waiting, "the second run never said it was waiting"
+    assert "place 1 of 2 (yours is next)" in waiting[0], waiting[0]
+    assert "no estimate yet" in waiting[0], waiting[0]
+    for updates in (first_updates, second_updates):
+        assert "✓ all match" in _status(updates[-1]), _status(updates[-1])
+        assert updates[-1][OUT["run_note_markdown"]].startswith("✓ **Finished:**")
+    assert page.queue.size() == 0 and page.queue.s_per_step > 0, "the queue learned no pace"
+
+
+def test_an_identical_recent_run_is_shown_at_once_and_labelled(page, monkeypatch):
+    """A Run with the same setup as a run that just finished shows that run, without touching
+    the model, labelled as measured earlier; "Run live anyway" (no replay) runs the model."""
+    (*_, done) = _events(RunHandle())
+    state = done[OUT["run_state"]]
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a replay called the model")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(page.runner, "forward_packed", forbidden)
+        patched.setattr(page.runner, "generate", forbidden)
+        (replayed,) = list(_events(RunHandle()))
+    assert replayed[OUT["run_state"]] is state, "the replay is not the earlier run"
+    status = _status(replayed)
+    assert status.startswith("**Shown at once:** measured at ") and "identical setup" in status
+    assert "s ago" in status and "✓ all match" in status, status
+    assert replayed[OUT["live_button"]].visible is True, "no way to run it live"
+    *_, live = _events(RunHandle(), replay=False)
+    assert live[OUT["run_state"]] is not state, "Run live anyway replayed"
+    assert live[OUT["live_button"]].visible is False
+
+
+def test_another_setup_or_an_old_run_is_not_replayed(page):
+    """A different table runs live; a run older than the window is not shown."""
+    *_, done = _events(RunHandle())
+    *_, other = _events(RunHandle(), rows=[["hello world", 6], ["abc", 8]])
+    assert other[OUT["run_state"]] is not done[OUT["run_state"]]
+    page.recent = RecentRuns(window_s=60, clock=lambda: time.time() + 3600)
+    page.recent.keep("anything", done[OUT["run_state"]])
+    *_, again = _events(RunHandle())
+    assert not _status(again).startswith("**Shown at once"), "a run past the window was shown"
+
+
+def test_stop_while_waiting_takes_the_run_out_of_the_queue(page):
+    """Stop pressed while a run waits: it leaves the queue at once and says so; the run holding
+    the model is untouched."""
+    holder = page.queue.join("someone else", 10)
+    assert page.queue.wait_turn(holder, timeout_s=0)
+    handle = RunHandle()
+    handle.press()
+    events = _events(handle, replay=False)
+    waiting = next(u for u in events if "Waiting for the model" in str(_status(u)))
+    assert "place 1 of 2" in _status(waiting) and page.queue.size() == 2
+    assert handle.stop() == "queued"
+    assert page.queue.size() == 1, "Stop left the run in the queue"
+    rest = list(events)
+    assert rest and _status(rest[-1]) == playground.STOPPED_IN_QUEUE, [_status(u) for u in rest]
+    page.queue.leave(holder)
+
+
+def test_a_session_with_a_run_in_the_queue_cannot_queue_another(page):
+    """A second run from a session whose run waits is refused with a message; nothing is lost."""
+    holder = page.queue.join("someone else", 10)
+    assert page.queue.wait_turn(holder, timeout_s=0)
+    handle = RunHandle()
+    waiting = _events(handle, replay=False)
+    next(u for u in waiting if "Waiting for the model" in str(_status(u)))
+    with pytest.warns(UserWarning, match="already in the queue"):
+        (refused,) = list(_events(handle, replay=False))
+    assert "**Not run:** Your run is already in the queue" in _status(refused)
+    assert refused[OUT["run_state"]] == gr.skip()
+    waiting.close()
+    assert page.queue.size() == 1, "a closed handler left its ticket in the queue"
+    page.queue.leave(holder)
+
+
+def test_pressing_run_changes_the_note_under_it_at_once():
+    """The unqueued press handler writes the note under Run; a repeat press during a run does
+    not."""
+    handle = RunHandle()
+    assert playground.run_pressed(handle).startswith("⏳ **Run pressed:**")
+    assert playground.run_pressed(handle) == gr.skip(), "a repeat press rewrote the note"
