@@ -36,6 +36,7 @@ from engine.workloads.workload import (
     load_jsonl,
     parse_arrival,
     parse_spec,
+    read_workload_text,
 )
 
 FIELDS = ["prompt", "max_new_tokens", "arrival_s"]
@@ -95,17 +96,13 @@ def load_csv(path: str | Path) -> list[RequestSpec]:
     Rows whose cells are all blank are skipped. Line numbers count the header as line 1.
 
     Raises:
-        ValueError: unreadable or non-UTF-8 file, a header without the required columns, a row
-            with too many cells, text the ``csv`` module cannot read, or a bad value (naming the
-            line). A cell of any length is read, so a long prompt gets the prompt limit's message.
+        ValueError: unreadable or non-UTF-8 file (``read_workload_text``), a header without the
+            required columns, a row with too many cells, text the ``csv`` module cannot read, or a
+            bad value (naming the line). A cell of any length is read, so a long prompt gets the
+            prompt limit's message.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # tolerate the BOM spreadsheets write
-    except OSError as exc:
-        raise ValueError(f"Cannot read workload file {path.name}: {exc.strerror}.") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path.name} is not UTF-8 text; save it as UTF-8 CSV.") from None
+    text = read_workload_text(path)
     reader = csv.DictReader(io.StringIO(text, newline=""))
     with _field_limit(len(text) + 1):
         try:

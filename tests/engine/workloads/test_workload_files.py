@@ -134,6 +134,17 @@ def test_upload_over_the_byte_limit_is_refused_before_parsing(tmp_path, monkeypa
     assert wanted in str(excinfo.value), f"message {str(excinfo.value)!r}"
 
 
+@pytest.mark.parametrize("name", ["binary.csv", "binary.json", "binary.jsonl"])
+def test_binary_upload_gets_one_message_naming_the_file_whatever_its_extension(tmp_path, name):
+    """A PNG renamed .csv, .json or .jsonl is refused with the same message, naming the file."""
+    path = tmp_path / name
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    with pytest.raises(ValueError) as excinfo:
+        load_workload_file(path)
+    wanted = f"{name} is not UTF-8 text; save it as UTF-8."
+    assert str(excinfo.value) == wanted, f"message {str(excinfo.value)!r}"
+
+
 def test_table_arrival_column_is_optional():
     """The table's third column sets arrival_s; blank or missing means 0."""
     specs = parse_table([["a", 2, 1.5], ["b", 3, ""], ["c", 4, None], ["d", 5]])
