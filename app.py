@@ -81,6 +81,7 @@ def wire_views(results, run_state) -> None:
             results.step_views(),
             show_progress="hidden",
             trigger_mode="always_last",
+            preprocess=False,  # gr.Slider refuses a typed step out of range; step_views clamps it
             api_name=name,
             **HIDDEN,
         )

@@ -157,13 +157,11 @@ def load_jsonl(path: str | Path) -> list[RequestSpec]:
     null: greedy). Other keys are ignored.
 
     Raises:
-        ValueError: unreadable file, or a line that is not such an object (named by its number).
+        ValueError: unreadable or non-UTF-8 file (``read_workload_text``), or a line that is not
+            such an object (named by its number).
     """
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ValueError(f"Cannot read workload file {path}: {exc.strerror}.") from None
+    lines = read_workload_text(path).splitlines()
     specs = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -181,6 +179,22 @@ def load_jsonl(path: str | Path) -> list[RequestSpec]:
         sampling = parse_sampling(*(obj.get(name) for name in SAMPLING_FIELDS), where)
         specs.append(dataclasses.replace(spec, sampling=sampling))
     return checked_count(specs)
+
+
+def read_workload_text(path: str | Path) -> str:
+    """A workload file's text, read as UTF-8 (a leading BOM, as spreadsheets write, is dropped).
+
+    Raises:
+        ValueError: the file cannot be read, or is not UTF-8 text; one message for every file
+            type, naming the file.
+    """
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except OSError as exc:
+        raise ValueError(f"Cannot read workload file {path.name}: {exc.strerror}.") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path.name} is not UTF-8 text; save it as UTF-8.") from None
 
 
 def parse_arrival(value, where: str) -> float:

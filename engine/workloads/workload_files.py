@@ -11,13 +11,20 @@ row naming the columns, in any order; other columns are ignored, so the page's o
 
 Every problem raises ``ValueError`` naming the file and the line, so the page can show it as is.
 Values go through the same checks as the table (``engine.workloads.workload.parse_spec``).
+
+An upload's size is bounded in bytes before it is read (``max_upload_bytes``). CSV cells are read
+whatever their length, so a prompt over the character limit gets the same message as in JSONL,
+not the ``csv`` module's own field limit (131,072 characters).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from engine.sampling_params import FIELDS as SAMPLING_FIELDS
@@ -25,29 +32,61 @@ from engine.sampling_params import parse_sampling
 from engine.workloads.workload import (
     RequestSpec,
     checked_count,
+    limits,
     load_jsonl,
     parse_arrival,
     parse_spec,
+    read_workload_text,
 )
 
 FIELDS = ["prompt", "max_new_tokens", "arrival_s"]
 REQUIRED = ("prompt", "max_new_tokens")
 ALL_FIELDS = [*FIELDS, *SAMPLING_FIELDS]
+MAX_CELLS_BYTES = 1024  # per row, for the cells other than the prompt (an upload's size bound)
+
+# ``csv.field_size_limit`` is one setting for the whole process: a CSV read raises it to the
+# file's length and puts it back, one read at a time, so no other reader sees it raised.
+_FIELD_LIMIT_LOCK = threading.Lock()
+
+
+def max_upload_bytes() -> int:
+    """The largest upload read, in bytes: every allowed row with a prompt at the character limit
+    in 4-byte UTF-8 characters, plus ``MAX_CELLS_BYTES`` for its other cells (about 21 MB with
+    the default limits; a host's tighter ``CBP_MAX_ROWS`` or ``CBP_MAX_PROMPT_CHARS`` lower it).
+    """
+    limit = limits()
+    return limit.max_rows * (4 * limit.max_prompt_chars + MAX_CELLS_BYTES)
 
 
 def load_workload_file(path: str | Path) -> list[RequestSpec]:
     """Read an uploaded workload: ``.csv`` with a header row, or ``.jsonl`` (or ``.json``) lines.
 
     Raises:
-        ValueError: another extension, an unreadable file, or a bad line (named by its number).
+        ValueError: another extension, a file over ``max_upload_bytes``, an unreadable file, or a
+            bad line (named by its number).
     """
     path = Path(path)
+    _check_size(path)
     suffix = path.suffix.lower()
     if suffix == ".csv":
         return load_csv(path)
     if suffix in (".jsonl", ".json"):
         return load_jsonl(path)
     raise ValueError(f"{path.name}: upload a .csv or .jsonl file (got {suffix or 'no extension'}).")
+
+
+def _check_size(path: Path) -> None:
+    """Raises ValueError naming the file when it is over ``max_upload_bytes`` or unreadable."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ValueError(f"Cannot read workload file {path.name}: {exc.strerror}.") from None
+    limit = max_upload_bytes()
+    if size > limit:
+        raise ValueError(
+            f"{path.name} has {size:,} bytes, over the upload limit of {limit:,} bytes; "
+            "upload fewer or shorter requests."
+        )
 
 
 def load_csv(path: str | Path) -> list[RequestSpec]:
@@ -57,28 +96,47 @@ def load_csv(path: str | Path) -> list[RequestSpec]:
     Rows whose cells are all blank are skipped. Line numbers count the header as line 1.
 
     Raises:
-        ValueError: unreadable or non-UTF-8 file, a header without the required columns, a row
-            with too many cells, or a bad value (naming the line).
+        ValueError: unreadable or non-UTF-8 file (``read_workload_text``), a header without the
+            required columns, a row with too many cells, text the ``csv`` module cannot read, or a
+            bad value (naming the line). A cell of any length is read, so a long prompt gets the
+            prompt limit's message.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # tolerate the BOM spreadsheets write
-    except OSError as exc:
-        raise ValueError(f"Cannot read workload file {path.name}: {exc.strerror}.") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path.name} is not UTF-8 text; save it as UTF-8 CSV.") from None
+    text = read_workload_text(path)
     reader = csv.DictReader(io.StringIO(text, newline=""))
+    with _field_limit(len(text) + 1):
+        try:
+            return _read_rows(reader, path.name)
+        except csv.Error as exc:
+            where = f"{path.name} line {reader.line_num}"
+            raise ValueError(f"{where}: not readable as CSV ({exc}).") from None
+
+
+@contextlib.contextmanager
+def _field_limit(max_chars: int) -> Iterator[None]:
+    """``csv.field_size_limit`` at least ``max_chars`` inside the block, as it was after it."""
+    with _FIELD_LIMIT_LOCK:
+        old = csv.field_size_limit()
+        csv.field_size_limit(max(old, max_chars))
+        try:
+            yield
+        finally:
+            csv.field_size_limit(old)
+
+
+def _read_rows(reader: csv.DictReader, file_name: str) -> list[RequestSpec]:
+    """The specs of a CSV reader's rows; ``file_name`` names the file in messages."""
     header = [name.strip() for name in reader.fieldnames or []]
     missing = [name for name in REQUIRED if name not in header]
     if missing:
         raise ValueError(
-            f"{path.name} line 1: the header must name the columns prompt and max_new_tokens "
+            f"{file_name} line 1: the header must name the columns prompt and max_new_tokens "
             f"(and optionally arrival_s); missing {', '.join(missing)}."
         )
     reader.fieldnames = header
     specs = []
     for row in reader:
-        where = f"{path.name} line {reader.line_num}"
+        where = f"{file_name} line {reader.line_num}"
         if None in row:
             raise ValueError(f"{where}: more cells than header columns (a stray comma?).")
         if not any((value or "").strip() for value in row.values()):

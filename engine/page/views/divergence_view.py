@@ -8,7 +8,8 @@ token k that rounding in the run's dtype explains, ✗ a difference it does not 
 in the ``RunState`` with the token texts, so the rest reads no model: the outputs table's cells
 (``verdict_cell``), the status line's counts (``verdict_summary``) and, for the (engine, request)
 the user picks (``choices``), the divergence view (``view``): the common prefix, the split point,
-both runs' next tokens with their logits, and the top 5 at that position in both runs.
+both runs' next tokens with their logits, and the top 5 at that position in both runs (equal
+logits as ties, each run's chosen token first among them).
 
 Model text goes into a plain textbox and a table of strings, never into Markdown.
 """
@@ -23,8 +24,12 @@ from engine.fidelity.reference import NOT_COMPARED_TEXT
 NOT_AVAILABLE = "—"
 CHOSEN = " ← chosen"  # marks, in the top 5, the token a run chose
 NOT_COMPARED = "not compared"  # sampled with another generator (transformers' engine)
+TIES_NOTE = (
+    "Equal logits share a rank, the run's chosen token listed first among them; greedy "
+    "decoding's argmax breaks such a tie by the lower token id."
+)
 TOP_HEADERS = [
-    "rank",
+    "rank (reference · engine)",
     "reference run: token",
     "reference logit",
     "engine run: token",
@@ -150,12 +155,15 @@ def view(verdicts: dict[str, dict[int, dict]] | None, choice: str | None, dtype:
         lines.append(f"Engine run: {_logits_line(eng)}.")
     if entry["rounding_bound"] is not None:
         lines.append(f"Rounding bound in {dtype or 'this dtype'}: {entry['rounding_bound']:.4g}.")
+    sides = _ranked_sides(entry)
+    if any(_has_tie(side) for side in sides):
+        lines.append(TIES_NOTE)
     text = (
         f"Common prefix ({k} tokens):\n{entry['prefix_text']}\n\n"
         f"Reference's next token: {entry['reference_token_text']}\n"
         f"Engine's next token: {entry['engine_token_text']}"
     )
-    return "  \n".join(lines), text, _top_rows(entry)
+    return "  \n".join(lines), text, _top_rows(sides)
 
 
 def first_view(state) -> tuple[list[tuple[str, str]], str | None, str, str, list[list[str]]]:
@@ -203,25 +211,54 @@ def _logits_line(side: dict) -> str:
     return f"logit of the reference's token {_num(ref)}, of the engine's token {_num(eng)}"
 
 
-def _top_rows(entry: dict) -> list[list[str]]:
-    """``TOP_HEADERS`` rows: rank, then each run's token text and logit at that rank; the token
-    each run chose is marked (among equal logits the listed order is arbitrary)."""
-    sides = (
+Ranked = list[tuple[int, dict, bool]]  # one run's shown top: (rank, token entry, chosen?)
+
+
+def _ranked_sides(entry: dict) -> list[Ranked]:
+    """Both runs' shown top (reference, then engine) as ``(rank, token, chosen?)``: by logit,
+    highest first. Equal logits share a rank (the next rank skips: 1, 1, 3) and list the run's
+    chosen token first, then the others by token id, the order argmax would pick them in; the
+    recorded order among equal logits is ``topk``'s, which is arbitrary."""
+    ranked = []
+    for side, chosen in (
         (entry["reference_run"], entry["reference_token"]),
         (entry["engine_run"], entry["engine_token"]),
-    )
+    ):
+        top = side["top"] if side is not None else []
+        top = sorted(top, key=lambda t: (-t["logit"], t["token_id"] != chosen, t["token_id"]))
+        ranks = [1 + sum(other["logit"] > t["logit"] for other in top) for t in top]
+        ranked.append([(r, t, t["token_id"] == chosen) for r, t in zip(ranks, top, strict=True)])
+    return ranked
+
+
+def _has_tie(side: Ranked) -> bool:
+    ranks = [rank for rank, _, _ in side]
+    return len(set(ranks)) < len(ranks)
+
+
+def _top_rows(sides: list[Ranked]) -> list[list[str]]:
+    """``TOP_HEADERS`` rows from ``_ranked_sides``: the rank, then each run's token text and
+    logit; each run's chosen token is marked."""
     rows = []
-    for rank in range(NUM_SHOWN):
-        row = [str(rank + 1)]
-        for side, chosen in sides:
-            top = side["top"] if side is not None else []
-            if rank < len(top):
-                mark = CHOSEN if top[rank]["token_id"] == chosen else ""
-                row += [repr(top[rank]["text"]) + mark, _num(top[rank]["logit"])]
+    for position in range(NUM_SHOWN):
+        ranks, cells = [], []
+        for side in sides:
+            if position < len(side):
+                rank, token, chosen = side[position]
+                ranks.append(rank)
+                cells += [repr(token["text"]) + (CHOSEN if chosen else ""), _num(token["logit"])]
             else:
-                row += [NOT_AVAILABLE, NOT_AVAILABLE]
-        rows.append(row)
+                cells += [NOT_AVAILABLE, NOT_AVAILABLE]
+        rows.append([_rank_cell(ranks, position), *cells])
     return rows
+
+
+def _rank_cell(ranks: list[int], position: int) -> str:
+    """One number where the runs' ranks agree (or one run alone has a token in this row), else
+    "reference · engine", e.g. "1 · 2"."""
+    if len(set(ranks)) > 1:
+        return " · ".join(map(str, ranks))
+    return str(ranks[0] if ranks else position + 1)
 
 
 def _num(value: float | None) -> str:

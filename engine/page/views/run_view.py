@@ -227,7 +227,12 @@ def write_downloads(state: RunState) -> list[str]:
 
 
 def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
-    """Both timelines on one x scale, cursor at ``step_index``; masks and block map at that step."""
+    """Both timelines on one x scale, cursor at ``step_index``; masks and block map at that step.
+
+    A step outside the slider's range (any number can be typed into its box) is clamped to the
+    first or last step.
+    """
+    step_index = min(max(int(step_index), 0), max(state.num_steps - 1, 0))
     x_max = _x_max(state, x_axis)
     return StepViews(
         static_timeline=timeline(state.static, x_axis, x_max, step_index),

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from engine.workloads import workload_files
 from engine.workloads.workload import RequestSpec, parse_table
 from engine.workloads.workload_files import load_workload_file, to_csv, to_jsonl, write_table_files
 
@@ -91,6 +92,57 @@ def test_non_utf8_csv_is_refused_clearly(tmp_path):
     path.write_bytes("prompt,max_new_tokens\ncaf\xe9,3\n".encode("latin-1"))
     with pytest.raises(ValueError, match="not UTF-8"):
         load_workload_file(path)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_prompt_over_the_csv_field_limit_gets_the_prompt_limit_message(tmp_path, suffix):
+    """A 200,000-character prompt (over csv's own 131,072) is refused as over the prompt limit,
+    in CSV as in JSONL, and the csv module's field limit is as it was afterwards."""
+    prompt = "x" * 200_000
+    if suffix == ".csv":
+        text = f"prompt,max_new_tokens\nshort,3\n{prompt},3\n"
+    else:
+        text = json.dumps({"prompt": prompt, "max_new_tokens": 3}) + "\n"
+    field_limit = csv.field_size_limit()
+    with pytest.raises(ValueError) as excinfo:
+        load_workload_file(_write(tmp_path, "long" + suffix, text))
+    line = 3 if suffix == ".csv" else 1
+    wanted = f"long{suffix} line {line}: the prompt has 200000 characters, over the limit of 20000."
+    assert str(excinfo.value) == wanted, f"message {str(excinfo.value)!r}"
+    assert csv.field_size_limit() == field_limit, "the csv field limit stayed changed"
+
+
+def test_host_raised_prompt_limit_admits_a_csv_cell_over_131072(tmp_path, monkeypatch):
+    """With CBP_MAX_PROMPT_CHARS raised past csv's own field limit, such a CSV prompt loads."""
+    monkeypatch.setenv("CBP_MAX_PROMPT_CHARS", "200000")
+    path = _write(tmp_path, "long.csv", f"prompt,max_new_tokens\n{'y' * 150_000},3\n")
+    assert load_workload_file(path) == [RequestSpec("y" * 150_000, 3)]
+
+
+@pytest.mark.parametrize("name", ["big.csv", "big.jsonl"])
+def test_upload_over_the_byte_limit_is_refused_before_parsing(tmp_path, monkeypatch, name):
+    """A file over max_upload_bytes is refused, naming the file and the limit, unread."""
+    monkeypatch.setenv("CBP_MAX_ROWS", "2")
+    monkeypatch.setenv("CBP_MAX_PROMPT_CHARS", "100")
+    limit = workload_files.max_upload_bytes()
+    assert limit == 2 * (4 * 100 + workload_files.MAX_CELLS_BYTES), f"limit {limit}"
+    path = tmp_path / name
+    path.write_bytes(b"\xff" * (limit + 1))  # not even text: refused by size first
+    with pytest.raises(ValueError) as excinfo:
+        load_workload_file(path)
+    wanted = f"{name} has {limit + 1:,} bytes, over the upload limit of {limit:,} bytes"
+    assert wanted in str(excinfo.value), f"message {str(excinfo.value)!r}"
+
+
+@pytest.mark.parametrize("name", ["binary.csv", "binary.json", "binary.jsonl"])
+def test_binary_upload_gets_one_message_naming_the_file_whatever_its_extension(tmp_path, name):
+    """A PNG renamed .csv, .json or .jsonl is refused with the same message, naming the file."""
+    path = tmp_path / name
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    with pytest.raises(ValueError) as excinfo:
+        load_workload_file(path)
+    wanted = f"{name} is not UTF-8 text; save it as UTF-8."
+    assert str(excinfo.value) == wanted, f"message {str(excinfo.value)!r}"
 
 
 def test_table_arrival_column_is_optional():

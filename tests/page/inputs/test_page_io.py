@@ -104,6 +104,17 @@ def test_bad_upload_warns_naming_the_line_and_changes_nothing(tmp_path):
     assert updates == (SKIP, SKIP, SKIP), f"a bad upload changed the page: {updates}"
 
 
+def test_csv_prompt_over_131072_characters_warns_and_keeps_the_table(tmp_path):
+    """A CSV prompt longer than csv's own field limit warns with the prompt limit's message (no
+    csv.Error escapes to lay error badges on the page) and changes nothing."""
+    path = tmp_path / "huge.csv"
+    path.write_text(f"prompt,max_new_tokens\n{'x' * 300_000},4\n", encoding="utf-8")
+    wanted = "huge.csv line 2: the prompt has 300000 characters, over the limit of 20000."
+    with pytest.warns(UserWarning, match=wanted):
+        updates = page_io.upload_workload(str(path))
+    assert updates == (SKIP, SKIP, SKIP), f"a refused upload changed the page: {updates}"
+
+
 def test_table_download_loads_back_as_the_same_workload():
     """The table's CSV and JSONL downloads load back to what the table itself parses to."""
     rows, _, _ = presets.apply_preset(presets.by_slug("arrivals"))
