@@ -56,6 +56,7 @@ REQUEST_HEADERS = list(TABLE_COLUMNS)  # prompt, max_new_tokens, arrival_s, samp
 PROGRESS_INTERVAL_S = 0.5  # at most two progress reports a second (fewer: progress_view)
 STOPPED = "**Stopped** before the end."
 STOPPED_IN_QUEUE = "**Stopped** before it started: it left the queue."
+RUNNING_NOTE = "▶ **Running:** its progress is in the status line below."
 PRESSED_NOTE = "⏳ **Run pressed:** checking the table, then a place in the queue…"
 
 
@@ -245,13 +246,15 @@ def _run_live(run: tuple, handle, previous, x_axis: str, on_done: Callable):
         return run_engines(model, requests, config, options, lambda *a, **k: None, watch)
 
     views = progress_view.LiveTimelines()  # updates and redraws paced within a CPU budget
-    yield progress_view.with_run_note(run_outputs(), "▶ **Running:** progress below.")
+    note = RUNNING_NOTE  # the first update says so under Run too
     with LiveRun(work, control) as live:
         while not live.wait(views.wait_s(PROGRESS_INTERVAL_S)):
             elapsed_s = time.monotonic() - started_s
-            yield views.outputs(
+            update = views.outputs(
                 live.progress(), requests, config.num_slots, x_axis, elapsed_s, control.time_limit_s
             )
+            yield update if note is None else progress_view.with_run_note(update, note)
+            note = None
             views.resumed()
     done = functools.partial(_finish, on_done, model, started_s)
     yield from _finished_outputs(live, previous, x_axis, done)

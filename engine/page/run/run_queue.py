@@ -70,11 +70,13 @@ class RunQueue:
     """First come, first served turns on the model, with places and estimates for the waiting.
 
     ``s_per_step``: the host's seconds per step to start from (None: no estimate until a run has
-    finished here). ``clock``: seconds, monotonic (a test passes its own).
+    finished here). ``clock``: seconds, monotonic (a test passes its own). ``stale_s``: a waiting
+    ticket nobody asked about for this long is dropped.
     """
 
     s_per_step: float | None = None
     clock: Callable[[], float] = time.monotonic
+    stale_s: float = STALE_S
     _waiting: list[Ticket] = field(default_factory=list)
     _running: Ticket | None = None
     _numbers: itertools.count = field(default_factory=itertools.count)
@@ -178,7 +180,7 @@ class RunQueue:
         """
         now = self.clock()
         ticket.seen_s = now
-        stale = [t for t in self._waiting if now - t.seen_s > STALE_S]
+        stale = [t for t in self._waiting if now - t.seen_s > self.stale_s]
         for t in stale:
             self._waiting.remove(t)
         if stale:
@@ -187,7 +189,7 @@ class RunQueue:
             raise ValueError("this run is no longer in the queue")
 
     def _is_next(self, ticket: Ticket) -> bool:
-        if self._waiting and self.clock() - self._waiting[0].seen_s > STALE_S:
+        if self._waiting and self.clock() - self._waiting[0].seen_s > self.stale_s:
             self._check_waiting(ticket)  # the first in line went quiet: drop it
         return self._running is None and bool(self._waiting) and self._waiting[0] is ticket
 

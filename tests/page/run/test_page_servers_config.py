@@ -17,7 +17,7 @@ import pytest
 
 from engine.page.handlers import playground
 from engine.page.host import launch
-from engine.page.run import host_servers, shared_model
+from engine.page.run import host_servers, run_options, shared_model
 from engine.page.views import run_view, server_view
 from tests.live_servers import free_port
 
@@ -101,7 +101,11 @@ def test_the_page_offers_names_and_no_address_box():
     assert typing == [], f"text boxes a visitor can type into: {[b.elem_id for b in typing]}"
     run = next(fn for fn in demo.fns.values() if fn.api_name == "run")
     # after the handle: the servers, then the precision (dtype, batch-invariant), appended later
-    assert run.inputs[-3] is box, "the servers are not the Run event's input after the handle"
+    servers = run_options.RUN_INPUTS.index("server_names")
+    assert run_options.RUN_INPUTS[servers - 1] == "handle", (
+        "the servers no longer follow the handle"
+    )
+    assert run.inputs[servers] is box, "the servers are not the Run event's input after the handle"
     bare = app.build_demo("Model: test")
     bare_ids = {b.elem_id: b for b in bare.blocks.values() if getattr(b, "elem_id", None)}
     assert not bare_ids["servers_checkbox"].visible and not bare_ids["servers_markdown"].visible

@@ -39,7 +39,7 @@ API_PARAMETERS = [
     "server_names",
     "dtype",
     "batch_invariant",
-]
+]  # replay_recent, appended later, is a gr.State: API clients always run live
 # Each Run input's component on the page, by element id (None: a ``gr.State``).
 ELEM_IDS = {
     "rows": "requests_table",
@@ -60,11 +60,12 @@ ELEM_IDS = {
     "server_names": "servers_checkbox",
     "dtype": "dtype_dropdown",
     "batch_invariant": "batch_invariant_checkbox",
+    "replay_recent": None,  # a state: True for Run, False for "Run live anyway"
 }
 ROWS = [["hello", 4]]
 # A Run as the page sends it: numbers as numbers or strings, the states, a server's name.
 PAGE_VALUES = (ROWS, "3", 1, True, "paged", "8", "prefill_first", False, "2.5", "step", "prev")
-PAGE_VALUES += ("12", "4", True, "handle", ["gpu"], " bfloat16 ", True)
+PAGE_VALUES += ("12", "4", True, "handle", ["gpu"], " bfloat16 ", True, True)
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +110,7 @@ def test_the_run_api_keeps_its_positions_names_and_defaults(demo):
     assert later == dict.fromkeys(RUN_INPUTS[10:], None) | {
         "prefix_caching": False,
         "batch_invariant": False,
+        "replay_recent": False,  # an API client runs live unless it asks for a replay
     }, later
 
 

@@ -47,7 +47,7 @@ def test_a_session_queues_one_run_at_a_time():
 def test_estimate_is_the_work_ahead_at_the_hosts_rate():
     """The wait is the steps ahead times seconds per step, plus what is left of the running run."""
     clock = Clock()
-    queue = RunQueue(s_per_step=0.5, clock=clock)
+    queue = RunQueue(s_per_step=0.5, clock=clock, stale_s=1e9)
     running = queue.join("a", 100)  # 50 s of work
     assert queue.wait_turn(running, timeout_s=0)
     second, third = queue.join("b", 20), queue.join("c", 40)
@@ -111,3 +111,17 @@ def test_threads_take_the_model_in_order_of_arrival_one_at_a_time():
         thread.join(timeout=10)
     assert order == [f"s{i}" for i in range(8)], order
     assert not any(overlaps), "two runs held the model at once"
+
+
+def test_a_waiting_run_nobody_asks_about_is_dropped_and_cannot_hold_the_line():
+    """A handler that stopped asking (its generator no longer iterated) loses its place after
+    ``stale_s``, so the runs behind it move up and take the model."""
+    clock = Clock()
+    queue = RunQueue(clock=clock, stale_s=10)
+    gone, waiting = queue.join("gone", 1), queue.join("waiting", 1)
+    clock.now_s += 5
+    assert queue.place(waiting).place == 2
+    clock.now_s += 6  # "gone" last asked 11 s ago, "waiting" 6 s ago
+    assert queue.wait_turn(waiting, timeout_s=0), "a silent ticket held the line"
+    with pytest.raises(ValueError, match="no longer in the queue"):
+        queue.place(gone)
