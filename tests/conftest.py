@@ -10,6 +10,8 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# References stay in memory, so no test writes the user's cache (the store's tests switch it on)
+os.environ.setdefault("CBP_REFERENCE_CACHE", "off")
 
 import pytest  # noqa: E402  (after the environment is set on purpose)
 from hypothesis import settings  # noqa: E402

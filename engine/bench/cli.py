@@ -41,6 +41,7 @@ from engine.bench.servers import (
 )
 from engine.bench.verdicts import add_verdicts
 from engine.config import EngineConfig
+from engine.fidelity import reference_store
 from engine.fidelity.reference import comparison, mismatches, not_compared_ids, reference_for
 from engine.trace import Trace
 from engine.workloads.workload import tokenize_requests
@@ -255,7 +256,8 @@ def _reference(args, runner, requests):
     if args.no_reference:
         return None, None
     t0 = time.perf_counter()
-    source = reference_for(runner, EngineConfig(args.slots, **engine_options(args)))
+    config = EngineConfig(args.slots, **engine_options(args))
+    source = reference_for(runner, config, reference_store.open_store())  # CBP_REFERENCE_CACHE
     reference = source.outputs(requests)
     kind = "solo, batch-invariant" if args.batch_invariant else "generate"
     print(f"  reference ({kind}): {time.perf_counter() - t0:.2f} s (not counted)", file=sys.stderr)

@@ -16,7 +16,11 @@ reference's own pass, so it is never negative.
 Both are prefix-stable: the output for cap ``c`` is the first ``c`` tokens of the output for any
 larger cap (or the whole output, if it ended with EOS); a sampled one because its k-th draw never
 depends on the cap. Both references keep the longest output per prompt and sampling settings and
-answer smaller caps from it, so repeated runs in the app cost nothing.
+answer smaller caps from it, so repeated runs in the app cost nothing. Given a
+``engine.fidelity.reference_store.ReferenceStore`` (the page and the bench pass
+``reference_store.open_store()``), they also keep it on disk, keyed by everything that can change
+a token or a logit (``engine.fidelity.reference_key``; each class gives its ``mode``), and read it
+back in a later process instead of running the model again.
 
 An engine that samples with a random stream of its own (transformers' manager) cannot be compared
 token for token: its ``RequestRecord.comparable`` is False, ``comparison`` says ``NOT_COMPARED``
@@ -28,12 +32,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from engine.config import EngineConfig
 from engine.fidelity import divergence
 from engine.fidelity.divergence import Verdict
+from engine.fidelity.reference_key import Identity, code_digest
+from engine.fidelity.reference_store import ReferenceStore, Stored
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request, truncate_at_stop
 from engine.token_logits import (
@@ -49,15 +57,26 @@ MISMATCH = "mismatch"
 NOT_COMPARED = "not_compared"
 NOT_COMPARED_TEXT = "sampled with another generator: not compared"
 
+_ENGINE = Path(__file__).resolve().parents[1]  # engine/
+# The sources plain generate's reference runs through (its identity's "code"); the solo reference
+# runs through the engines, so its identity hashes every core module (engine/ less page, bench).
+GENERATE_SOURCES = (
+    "fidelity/reference.py",
+    "model/model_runner.py",
+    "serving/sampler.py",
+    "token_logits.py",
+)
+
 
 class _Cache:
     """Per prompt and sampling settings, the longest output computed so far, its cap and its
     logits per token."""
 
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner: ModelRunner, store: ReferenceStore | None = None):
         self.runner = runner
-        # (prompt ids, sampling settings or None for greedy) -> (tokens, cap, logits)
-        self._outputs: dict[tuple, tuple[list[int], int, LogitTrail]] = {}
+        self.store = store  # None: in memory only
+        # (prompt ids, sampling settings or None for greedy) -> the longest output so far
+        self._outputs: dict[tuple, Stored] = {}
 
     def output(self, request: Request, on_step: Callable[[], None] | None = None) -> list[int]:
         """The reference output ids of one request, up to its cap or first EOS.
@@ -126,20 +145,33 @@ class _Cache:
         return logit_and_abs_dot(kept, token_id)
 
     def _hit(self, request: Request, on_step) -> tuple[list[int], LogitTrail]:
-        key = (request.prompt_token_ids, request.sampling if request.is_sampled else None)
+        key = (request.prompt_token_ids, _sampling(request))
         hit = self._outputs.get(key)
+        if hit is None and self.store is not None:
+            hit = self.store.load(self.identity, *key)
         if hit is None or not self._covers(hit, request.max_new_tokens):
             tokens, logits = self._run(request, on_step)
             trail = logits if isinstance(logits, LogitTrail) else LogitTrail(logits)
-            hit = (tokens, request.max_new_tokens, trail)
-            self._outputs[key] = hit
-        tokens = truncate_at_stop(hit[0], request.max_new_tokens, self.runner.eos_token_ids)
-        return tokens, hit[2]
+            hit = Stored(tokens, request.max_new_tokens, trail)
+            if self.store is not None:
+                self.store.save(self.identity, *key, hit)
+        self._outputs[key] = hit
+        tokens = truncate_at_stop(hit.tokens, request.max_new_tokens, self.runner.eos_token_ids)
+        return tokens, hit.logits
 
-    def _covers(self, hit, cap: int) -> bool:
-        tokens, cached_cap, _ = hit
-        ended = any(t in self.runner.eos_token_ids for t in tokens)
-        return cached_cap >= cap or ended
+    def _covers(self, hit: Stored, cap: int) -> bool:
+        ended = any(t in self.runner.eos_token_ids for t in hit.tokens)
+        return hit.cap >= cap or ended
+
+    @functools.cached_property
+    def identity(self) -> Identity:
+        """This reference's key in the store (made on first use: it hashes the weights)."""
+        assert self.store is not None, "an identity is only needed with a store"
+        return self.store.identity(self.runner, self._mode())
+
+    def _mode(self) -> dict[str, Any]:
+        """The identity's ``mode``: what kind of reference, and what it runs through."""
+        raise NotImplementedError
 
     def _run(self, request: Request, on_step) -> tuple[list[int], Sequence[TokenLogits]]:
         raise NotImplementedError
@@ -152,6 +184,11 @@ class _Cache:
 class ReferenceCache(_Cache):
     """Per-request outputs of plain ``model.generate`` (batch 1), by prompt and sampling, with
     the run's own logits."""
+
+    def _mode(self) -> dict[str, Any]:
+        # Plain generate runs outside the engines' kernels: their matmul kernel does not apply.
+        sources = [_ENGINE / name for name in GENERATE_SOURCES]
+        return {"reference": "generate", "code": code_digest(sources)}
 
     def _run(self, request: Request, on_step) -> tuple[list[int], Sequence[TokenLogits]]:
         ids, mask = self.runner.left_pad([list(request.prompt_token_ids)])
@@ -183,13 +220,32 @@ class SoloReference(_Cache):
         ValueError: the model is not supported by batch-invariant mode.
     """
 
-    def __init__(self, runner: ModelRunner, config: EngineConfig | None = None):
-        super().__init__(runner)
+    def __init__(
+        self,
+        runner: ModelRunner,
+        config: EngineConfig | None = None,
+        store: ReferenceStore | None = None,
+    ):
+        super().__init__(runner, store)
         from engine.batching.continuous import ContinuousEngine
 
         base = config or EngineConfig()
         solo = EngineConfig(1, ignore_eos=base.ignore_eos, batch_invariant=True)
         self.engine = ContinuousEngine(runner, solo)
+
+    def _mode(self) -> dict[str, Any]:
+        # The batch-invariant kernels wrap the engines' matmul kernel (on a CPU) and size their
+        # tiles by it, so its name is part of the key; so is every core module it runs through.
+        skip = {"page", "bench"}
+        sources = [
+            p for p in sorted(_ENGINE.rglob("*.py")) if p.relative_to(_ENGINE).parts[0] not in skip
+        ]
+        return {
+            "reference": "solo",
+            "engine_kernel": self.runner.engine_kernel_name,
+            "engine_config": dataclasses.asdict(self.engine.config),
+            "code": code_digest(sources),
+        }
 
     def _run(self, request: Request, on_step) -> tuple[list[int], Sequence[TokenLogits]]:
         alone = dataclasses.replace(request, request_id=0, arrival_s=0.0)  # a trace of one
@@ -198,12 +254,14 @@ class SoloReference(_Cache):
         return list(record.output_token_ids), record.token_logits
 
 
-def reference_for(runner: ModelRunner, config: EngineConfig | None = None) -> _Cache:
+def reference_for(
+    runner: ModelRunner, config: EngineConfig | None = None, store: ReferenceStore | None = None
+) -> _Cache:
     """The reference an engine with ``config`` is compared against: ``SoloReference`` in
-    batch-invariant mode, else ``ReferenceCache``."""
+    batch-invariant mode, else ``ReferenceCache``; kept in ``store`` too, if given."""
     if config is not None and config.batch_invariant:
-        return SoloReference(runner, config)
-    return ReferenceCache(runner)
+        return SoloReference(runner, config, store)
+    return ReferenceCache(runner, store)
 
 
 class _EveryStep:

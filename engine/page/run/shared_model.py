@@ -25,6 +25,7 @@ import torch
 from engine.batching.continuous import ContinuousEngine
 from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
+from engine.fidelity import reference_store
 from engine.fidelity.reference import ReferenceCache, SoloReference
 from engine.model.allowlist import check_model_allowed
 from engine.model.device import describe_device, parse_dtype
@@ -58,7 +59,8 @@ class SharedModel:
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, **fields) -> SharedModel:
         runner = ModelRunner(loaded)
-        return cls(loaded, runner, ReferenceCache(runner), **fields)
+        # kept on disk too (CBP_REFERENCE_CACHE): a setup's reference is computed once per host
+        return cls(loaded, runner, ReferenceCache(runner, reference_store.open_store()), **fields)
 
     @property
     def dtype_name(self) -> str:
@@ -115,7 +117,7 @@ class SharedModel:
         if not batch_invariant:
             return self.reference
         if self.solo_reference is None:
-            self.solo_reference = SoloReference(self.runner)
+            self.solo_reference = SoloReference(self.runner, store=self.reference.store)
         return self.solo_reference
 
     @property

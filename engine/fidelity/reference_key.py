@@ -1,0 +1,142 @@
+"""The reference key: everything that can change a reference's tokens or logits, hashed.
+
+A stored reference (``engine.fidelity.reference_store``) is used only where all of it is equal:
+
+* the identity, one per reference and model (``identity_fields``):
+  - the model: its display name, class, config (less its folder path) and generation config, and
+    a SHA-256 of every weight's and buffer's bytes (``weights_digest``);
+  - the dtype; the device (``device_fields``: its type, and on a CPU its capability, model name and
+    thread count, on CUDA its name, compute capability and CUDA version); torch's and
+    transformers' versions;
+  - the end-of-sequence and pad ids ``generate`` is given, and the attention implementation;
+  - the reference's ``mode``, which its class gives (``engine.fidelity.reference``):
+    ``"generate"`` (plain ``model.generate``, outside the engines' kernels, so the engines' matmul
+    kernel does not apply), or ``"solo"`` (batch-invariant mode, whose kernels do depend on it:
+    the kernel's name and the solo engine's config), each with a SHA-256 of the source files it
+    runs through (``code_digest``), so an edit to them is a miss, never a stale reference;
+  - the logit record's shape (``TOP_K``, ``DIGEST_BYTES``) and the store's entry format;
+* the request (``request_fields``): its prompt token ids and sampling settings (None: greedy).
+
+The cap is not in the key: references are prefix-stable, so one entry answers every cap up to the
+longest computed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.sampling_params import SamplingParams
+from engine.token_logits import DIGEST_BYTES, TOP_K
+
+_SHA_CHUNK_BYTES = 2**24  # weights are hashed in slices of at most this many bytes
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a reference's entries share: ``fields`` (JSON values) and their SHA-256 ``digest``."""
+
+    fields: dict[str, Any]
+    digest: str
+
+    @classmethod
+    def of(cls, fields: dict[str, Any]) -> Identity:
+        return cls(fields, sha256_json(fields))
+
+
+def identity_fields(runner, mode: dict[str, Any], weights_sha256: str) -> dict[str, Any]:
+    """The identity of ``runner``'s model (an ``engine.model.model_runner.ModelRunner``) in one
+    reference ``mode``, as JSON values; ``weights_sha256`` is ``weights_digest(runner.model)``."""
+    model = runner.model
+    config = json.loads(model.config.to_json_string(use_diff=False))
+    config.pop("_name_or_path", None)  # where it was loaded from, not what it computes
+    return {
+        "model": getattr(runner.loaded, "name", None),
+        "model_class": type(model).__name__,
+        "weights_sha256": weights_sha256,
+        "config": config,
+        "generation_config": json.loads(model.generation_config.to_json_string(use_diff=False)),
+        "attention": model.config._attn_implementation,
+        "dtype": str(runner.dtype).removeprefix("torch."),
+        "device": device_fields(runner.device),
+        "torch": torch.__version__,
+        "transformers": _transformers_version(),
+        "eos_token_ids": sorted(runner.eos_token_ids),
+        "pad_token_id": runner.pad_token_id,
+        "logit_record": {"top_k": TOP_K, "digest_bytes": DIGEST_BYTES},
+        "mode": mode,
+    }
+
+
+def request_fields(prompt: tuple[int, ...], sampling: SamplingParams | None) -> dict[str, Any]:
+    """A request's part of the key: prompt ids and sampling settings (None: greedy)."""
+    return {
+        "prompt_token_ids": [int(t) for t in prompt],
+        "sampling": None if sampling is None else sampling.to_dict(),
+    }
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of every parameter's and buffer's name, dtype, shape and bytes (SmolLM2-135M in
+    float32: 540 MB, under a second on a CPU)."""
+    sha = hashlib.sha256()
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        raw = tensor.detach().contiguous().reshape(-1).cpu().view(torch.uint8)  # (bytes,)
+        sha.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        for start in range(0, raw.numel(), _SHA_CHUNK_BYTES):
+            sha.update(raw[start : start + _SHA_CHUNK_BYTES].numpy().data)
+    return sha.hexdigest()
+
+
+def device_fields(device: torch.device) -> dict[str, Any]:
+    """What of the device can change a result: its type, and the CPU's kernel dispatch
+    (capability, model, threads) or the GPU's name, compute capability and CUDA version."""
+    fields: dict[str, Any] = {"type": device.type, "machine": platform.machine()}
+    if device.type == "cpu":
+        fields["capability"] = torch.backends.cpu.get_cpu_capability()
+        fields["cpu"] = _cpu_model()
+        fields["threads"] = torch.get_num_threads()
+    elif device.type == "cuda":
+        fields["name"] = torch.cuda.get_device_name(device)
+        fields["capability"] = list(torch.cuda.get_device_capability(device))
+        fields["cuda"] = torch.version.cuda
+    return fields
+
+
+def code_digest(paths: list[Path]) -> str:
+    """SHA-256 of the source files ``paths``, in the order given."""
+    sha = hashlib.sha256()
+    for path in paths:
+        sha.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return sha.hexdigest()
+
+
+def sha256_json(value) -> str:
+    """SHA-256 of ``value`` as canonical JSON (sorted keys, no spaces)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.cache
+def _cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else ``platform.processor()``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__

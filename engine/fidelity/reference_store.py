@@ -1,0 +1,238 @@
+"""The reference store: references kept on disk, so a setup's reference is computed once per host.
+
+A reference (``engine.fidelity.reference``) costs a full ``model.generate`` per request, and is the
+same every time on the same model, dtype, device and code. The store keeps each one in the cache
+folder (``engine.model.loader.cache_dir``: ``$CBP_CACHE_DIR``), keyed by everything that can change
+a token or a logit (``engine.fidelity.reference_key``), so a run whose references are all stored
+skips the reference pass, in this process and the next.
+
+An entry holds the longest output computed so far for its key, and its cap: it answers every
+smaller cap (references are prefix-stable) and is replaced when a larger cap is computed (two
+processes racing on one entry: the last write wins; either is right). Files are plain JSON that a
+person can read::
+
+    <cache dir>/references/<identity digest, 24 hex>/identity.json    what the identity holds
+    <cache dir>/references/<identity digest, 24 hex>/<request digest, 32 hex>.json
+
+An entry holds its full identity digest, prompt ids and sampling (checked on reading), the cap,
+the output ids and the logit record per output token (``engine.token_logits``) as columns; floats
+are the record's float32 values, written exactly. An entry is written to a temporary file and
+renamed into place (``os.replace``), so no reader sees half of one; an entry that cannot be read
+or does not check out is logged as a warning and computed again, never an error. The folder is
+kept under ``MAX_BYTES`` (a 6-request preset takes about 250 kB): after each write the least
+recently used entries go first (a hit refreshes an entry's time).
+
+Host setting: ``CBP_REFERENCE_CACHE`` is ``on`` (default) or ``off``; ``off`` keeps references in
+memory only (``open_store`` returns None). The test suite sets it ``off`` except where it tests
+the store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from engine.fidelity.reference_key import (
+    Identity,
+    identity_fields,
+    request_fields,
+    sha256_json,
+    weights_digest,
+)
+from engine.model import loader
+from engine.sampling_params import SamplingParams
+from engine.token_logits import DIGEST_BYTES, LogitTrail, TokenLogits
+
+FORMAT = 1  # bump when an entry's layout or meaning changes
+MAX_BYTES = 256 * 2**20  # the references folder's bound; one 256-token output takes ~100 KB
+SETTING = "CBP_REFERENCE_CACHE"
+_CHOICES = {"on": True, "off": False}
+
+log = logging.getLogger(__name__)
+
+
+class Stored(NamedTuple):
+    """One reference output: the longest computed so far for a prompt and sampling settings."""
+
+    tokens: list[int]  # output ids of that run (up to its cap or first EOS)
+    cap: int  # the max_new_tokens it ran with
+    logits: LogitTrail  # its logit record, one per output token
+
+
+def open_store() -> ReferenceStore | None:
+    """The host's store under ``cache_dir() / "references"``, or None when ``CBP_REFERENCE_CACHE``
+    is ``off``.
+
+    Raises:
+        ValueError: ``CBP_REFERENCE_CACHE`` is set to something other than ``on`` or ``off``.
+    """
+    choice = os.environ.get(SETTING, "").strip().lower() or "on"
+    if choice not in _CHOICES:
+        raise ValueError(f"{SETTING}={choice!r}: use 'on' (keep references on disk) or 'off'")
+    return ReferenceStore(loader.cache_dir() / "references") if _CHOICES[choice] else None
+
+
+class ReferenceStore:
+    """Reference outputs on disk under ``folder``; see the module docstring."""
+
+    def __init__(self, folder: Path, max_bytes: int = MAX_BYTES):
+        self.folder = Path(folder)
+        self.max_bytes = max_bytes
+        self._weights: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> hex
+
+    def identity(self, runner, mode: dict[str, Any]) -> Identity:
+        """The identity (``engine.fidelity.reference_key``) of ``runner``'s model in one
+        reference ``mode``; the weights are hashed once per model."""
+        model = runner.model
+        if model not in self._weights:
+            self._weights[model] = weights_digest(model)
+        fields = identity_fields(runner, mode, self._weights[model])
+        return Identity.of({"format": FORMAT, **fields})
+
+    def load(
+        self, identity: Identity, prompt: tuple[int, ...], sampling: SamplingParams | None
+    ) -> Stored | None:
+        """The stored output for a prompt and sampling settings (None: greedy), or None if there
+        is none or it cannot be read (a warning says why)."""
+        path = self._path(identity, prompt, sampling)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            log.warning("Reference cache entry %s is unreadable (%s); recomputing.", path, err)
+            return None
+        try:
+            stored = _decode(json.loads(text), identity, prompt, sampling)
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            log.warning("Reference cache entry %s is corrupt (%s); recomputing.", path, err)
+            return None
+        try:
+            os.utime(path)  # recently used: pruned last
+        except OSError:
+            pass
+        return stored
+
+    def save(
+        self,
+        identity: Identity,
+        prompt: tuple[int, ...],
+        sampling: SamplingParams | None,
+        stored: Stored,
+    ) -> None:
+        """Write one entry atomically (replacing a shorter one), then prune the folder; a
+        failure to write is a warning, never an error."""
+        path = self._path(identity, prompt, sampling)
+        entry = _encode(stored, identity, prompt, sampling)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            described = path.parent / "identity.json"
+            if not described.exists():
+                _write_atomically(described, json.dumps(identity.fields, indent=1))
+            _write_atomically(path, json.dumps(entry, separators=(",", ":")))
+        except OSError as err:
+            log.warning("Could not write the reference cache entry %s: %s", path, err)
+            return
+        self.prune()
+
+    def prune(self) -> None:
+        """Delete the least recently used entries until the folder holds at most ``max_bytes``."""
+        entries = []
+        for path in self.folder.glob("*/*.json"):
+            if path.name == "identity.json":
+                continue
+            try:
+                stat = path.stat()
+            except OSError:  # another process pruned it
+                continue
+            entries.append((stat.st_mtime, stat.st_size, path))
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            path.unlink(missing_ok=True)
+            total -= size
+
+    def _path(self, identity: Identity, prompt, sampling) -> Path:
+        request = sha256_json(request_fields(prompt, sampling))
+        return self.folder / identity.digest[:24] / f"{request[:32]}.json"
+
+
+def _encode(stored: Stored, identity: Identity, prompt, sampling) -> dict[str, Any]:
+    rows = list(stored.logits)
+    return {
+        "format": FORMAT,
+        "identity": identity.digest,
+        **request_fields(prompt, sampling),
+        "cap": stored.cap,
+        "output_token_ids": list(stored.tokens),
+        "token_logits": {
+            "token_ids": [list(r.token_ids) for r in rows],
+            "logits": [list(r.logits) for r in rows],
+            "abs_dots": [list(r.abs_dots) for r in rows],
+            "hidden_norms": [r.hidden_norm for r in rows],
+            "digests": [r.digest for r in rows],
+        },
+    }
+
+
+def _decode(entry: dict, identity: Identity, prompt, sampling) -> Stored:
+    """An entry back into ``Stored``.
+
+    Raises:
+        ValueError, TypeError, KeyError, AttributeError: the entry is not one this key wrote.
+    """
+    if entry["format"] != FORMAT or entry["identity"] != identity.digest:
+        raise ValueError("written for another identity or format")
+    want = request_fields(prompt, sampling)
+    if any(entry[name] != value for name, value in want.items()):
+        raise ValueError("written for another request")
+    columns = entry["token_logits"]
+    k = len(columns["token_ids"][0]) if columns["token_ids"] else 0
+    rows = zip(
+        columns["token_ids"],
+        columns["logits"],
+        columns["abs_dots"],
+        columns["hidden_norms"],
+        columns["digests"],
+        strict=True,
+    )
+    trail = LogitTrail()
+    for ids, logits, dots, norm, digest in rows:
+        if not len(ids) == len(logits) == len(dots) == k:
+            raise ValueError("logit rows of different lengths")
+        floats = (tuple(map(float, logits)), tuple(map(float, dots)), float(norm))
+        trail.append(TokenLogits(tuple(_ints(ids)), *floats, _digest(digest)))
+    tokens, cap = _ints(entry["output_token_ids"]), entry["cap"]
+    if not isinstance(cap, int) or cap < len(tokens) or len(trail) < len(tokens):
+        raise ValueError("its cap, output and logit record do not agree")
+    return Stored(tokens, cap, trail)
+
+
+def _ints(values) -> list[int]:
+    if not isinstance(values, list) or not all(type(v) is int for v in values):
+        raise TypeError("expected a list of whole numbers")
+    return values
+
+
+def _digest(text) -> str:
+    if len(bytes.fromhex(text)) != DIGEST_BYTES:
+        raise ValueError("a logits digest of the wrong size")
+    return text
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it into place."""
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
