@@ -26,7 +26,13 @@ import torch
 from engine import token_logits
 from engine.kernels import packed_attention
 from engine.model.kernel_choice import RunnerKernels
-from engine.serving.kv_cache import ConcatKVCache, PagedKVCache, SlotKVCache, kv_bytes_per_token
+from engine.serving.kv_cache import (
+    ConcatKVCache,
+    KVCache,
+    PagedKVCache,
+    SlotKVCache,
+    kv_bytes_per_token,
+)
 from engine.serving.packed_batch import PackedBatch
 from engine.serving.sampler import forked_rng, generate_options
 
@@ -79,7 +85,7 @@ class ModelRunner(RunnerKernels):
         num_blocks=None,
         block_size=16,
         prefix_caching: bool = False,
-    ):
+    ) -> KVCache:
         """KV storage for ``num_slots`` sequences of up to ``max_seq_len`` tokens each.
 
         ``paged`` mode holds ``num_blocks`` blocks of ``block_size`` tokens instead, shared
