@@ -9,12 +9,13 @@ step's new keys and values in place, so a step costs the same whatever the conte
     slot 2:  R2 R2 R2 R2 R2 R2 R2 ..       entries past position 1 are masked out)
 
 ``PagedKVCache`` (mode ``"paged"``) is what vLLM does: one pool of fixed-size blocks, sized from a
-memory budget, handed out block by block through ``engine.serving.block_manager.BlockManager``. A
-step gathers each slot's blocks through its block table into the ``[B, H_kv, T_kv, D]`` view the
-attention reads (vLLM's paged-attention kernel reads the blocks in place; a gather is the portable
-torch equivalent and costs one extra pass over the context). With prefix caching several block
-tables can list the same block; a step only ever writes into blocks past a sequence's cached
-prefix, which are its own.
+memory budget, handed out block by block by the scheduler's
+``engine.serving.block_manager.BlockManager``. The cache owns only the storage: it reads the
+manager's block tables (a read-only view it is given) and never changes them. A step gathers each
+slot's blocks through its block table into the ``[B, H_kv, T_kv, D]`` view the attention reads
+(vLLM's paged-attention kernel reads the blocks in place; a gather is the portable torch equivalent
+and costs one extra pass over the context). With prefix caching several block tables can list the
+same block; a step only ever writes into blocks past a sequence's cached prefix, which are its own.
 
 ``ConcatKVCache`` (mode ``"concat"``) is the article's way, kept as a teaching mode: each sequence
 owns its own growing tensors, and every step concatenates them into one packed cache and appends
@@ -27,10 +28,10 @@ All three implement ``KVCache``, the one interface the engines and the attention
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 
 import torch
 
-from engine.serving.block_manager import BlockManager
 from engine.serving.masks import packed_step_mask
 from engine.serving.packed_batch import PackedBatch
 
@@ -51,7 +52,8 @@ class KVCache(ABC):
        ``prepare`` set ``batch.packed_mask`` (``ConcatKVCache``), its ``gather``;
     3. ``release(request_id)`` once per finished sequence, after the step.
 
-    ``bytes_per_token`` and ``total_bytes`` size the cache for the trace.
+    ``bytes_per_token`` and ``total_bytes`` size the cache for the trace. Block bookkeeping is not
+    the cache's: the scheduler owns the block manager.
 
     Shapes (the named dimensions of ``engine``):
         key, value (one layer's new keys/values of the step, in packed order): [1, H_kv, T, D]
@@ -182,6 +184,14 @@ class PagedKVCache(InPlaceKVCache):
 
     Storage keeps each block's tokens contiguous per head, so a block is rows
     ``[b * block_size, (b + 1) * block_size)`` of a layer's ``[H_kv, N * block_size, D]`` view.
+    ``block_tables`` is the scheduler's ``BlockManager.block_tables`` (request id -> block ids in
+    token order), given read-only: the scheduler allocates and frees blocks, the cache only reads
+    where each sequence's tokens live. ``prepare`` turns the tables into storage rows, one per
+    position; a shorter table and an idle slot are padded with block 0, never attended::
+
+        block_size 2;  R0's table [0, 1, 4] in slot 0;  R2's table [2] in slot 1
+        kv_block_rows  slot 0:  0 1 | 2 3 | 8 9
+                       slot 1:  4 5 | 0 1 | 0 1      (past its table: padding, never attended)
 
     Shapes:
         keys, values: [L, H_kv, N * block_size, D]   (N = num_blocks)
@@ -191,16 +201,17 @@ class PagedKVCache(InPlaceKVCache):
 
     def __init__(
         self,
-        num_layers,
-        num_kv_heads,
-        head_dim,
-        num_blocks,
-        block_size,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_blocks: int,
+        block_size: int,
+        block_tables: Mapping[int, list[int]],
         dtype,
         device,
-        prefix_caching: bool = False,
     ):
-        self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
+        self.block_size = block_size
+        self.block_tables = block_tables  # read only: the scheduler's block manager owns them
         shape = (num_layers, num_kv_heads, num_blocks * block_size, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
@@ -215,8 +226,10 @@ class PagedKVCache(InPlaceKVCache):
 
         The scheduler has already given every scheduled sequence the blocks its new tokens need.
         """
-        block_size = self.blocks.block_size
-        tables = [self.blocks.block_tables[s.request_id] for s in batch.seqs]
+        block_size = self.block_size
+        tables = [self.block_tables[s.request_id] for s in batch.seqs]
+        for table, cached, new in zip(tables, batch.num_cached, batch.num_new, strict=True):
+            assert len(table) * block_size >= cached + new, "a sequence has too few KV blocks"
         width = max(len(t) for t in tables)
         num_slots = batch.num_slots
         padded = torch.zeros(num_slots, width, dtype=torch.long)  # (B, max_blocks); idle: block 0
