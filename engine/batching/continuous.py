@@ -4,9 +4,10 @@ Each step, nano-vllm style: admit into free slots, pack every running sequence's
 one ``[1, T]`` row, run ONE forward pass (prefill fused with decode), append each sequence's next
 token (greedy, or drawn by its request's own sampler: ``engine.serving.sampler``), and free the
 slots of finished sequences so the next requests are admitted on the same step.
-In the ``paged`` KV mode the scheduler also hands out KV blocks and preempts when they run out,
-and with ``prefix_caching`` a new request starts from the cached blocks of its longest computed
-prefix (``engine.serving.block_manager``).
+In the ``paged`` KV mode the scheduler also owns the block manager, hands out KV blocks and
+preempts when they run out; the paged cache only reads the block tables. With ``prefix_caching``
+a new request starts from the cached blocks of its longest computed prefix
+(``engine.serving.block_manager``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator
+from types import MappingProxyType
 
 from engine.config import EngineConfig
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request, Sequence
-from engine.serving.block_manager import blocks_for
+from engine.serving.block_manager import BlockManager, blocks_for
+from engine.serving.kv_cache import KVCache
 from engine.serving.packed_batch import build_packed_batch
 from engine.serving.run_control import wait_until
 from engine.serving.sampler import RequestSampler, new_samplers
@@ -57,7 +60,7 @@ class ContinuousEngine:
         for trace, step in self.generate(requests, on_wait):
             if on_step is not None:
                 on_step(trace, step)
-        return trace if trace is not None else self._new_trace(requests, None)
+        return trace if trace is not None else self._new_trace(requests, None, None)
 
     def generate(
         self, requests: list[Request], on_wait: Callable[[Trace], None] | None = None
@@ -73,13 +76,10 @@ class ContinuousEngine:
             Exception: whatever ``on_wait`` raises, at once; the KV cache goes with the generator.
         """
         cfg = self.config
-        cache = self._new_kv_cache(requests)
-        blocks = getattr(cache, "blocks", None)  # the paged cache's BlockManager
-        trace = self._new_trace(requests, cache)
-        eos = frozenset() if cfg.ignore_eos else self.runner.eos_token_ids
-        scheduler = Scheduler(
-            requests, cfg.num_slots, eos, cfg.max_num_batched_tokens, cfg.scheduling_policy, blocks
-        )
+        scheduler = self._new_scheduler(requests)
+        blocks = scheduler.block_manager  # the scheduler's, in paged mode; else None
+        cache = self._new_kv_cache(requests, blocks)
+        trace = self._new_trace(requests, cache, blocks)
         waiting = None if on_wait is None else functools.partial(on_wait, trace)
         invariant, recorder = cfg.batch_invariant, LogitRecorder()
         samplers = new_samplers(requests)  # kept across preemptions with their draw counts
@@ -124,9 +124,7 @@ class ContinuousEngine:
         Raises:
             ValueError: some request alone needs more KV blocks than the budget holds.
         """
-        if self.config.kv_mode == "paged":
-            num_blocks = self._num_blocks(self._max_seq_len(requests), requests)
-            _check_fits(requests, num_blocks, self.config.block_size)
+        self._num_kv_blocks(requests)
 
     def _forward(
         self, batch, samplers: list[RequestSampler | None], recorder: LogitRecorder
@@ -138,20 +136,52 @@ class ContinuousEngine:
                 return self.runner.forward_packed(batch, samplers)
             return self.runner.forward_packed(batch)
 
-    def _new_kv_cache(self, requests: list[Request]):
-        """The configured KV cache; in ``paged`` mode, as many blocks as the budget holds.
+    def _new_scheduler(self, requests: list[Request]) -> Scheduler:
+        """The run's scheduler; in ``paged`` mode it owns a block manager of as many blocks as
+        the budget holds.
 
         Raises:
             ValueError: when the paged budget cannot hold the longest request on its own.
         """
         cfg = self.config
-        max_seq_len = self._max_seq_len(requests)
-        num_blocks = None
-        if cfg.kv_mode == "paged":
-            num_blocks = self._num_blocks(max_seq_len, requests)
-            _check_fits(requests, num_blocks, cfg.block_size)
+        eos = frozenset() if cfg.ignore_eos else self.runner.eos_token_ids
+        return Scheduler(
+            requests,
+            cfg.num_slots,
+            eos,
+            cfg.max_num_batched_tokens,
+            cfg.scheduling_policy,
+            self._num_kv_blocks(requests),
+            cfg.block_size,
+            cfg.prefix_caching,
+        )
+
+    def _num_kv_blocks(self, requests: list[Request]) -> int | None:
+        """``paged`` mode: the blocks of the pool (``_num_blocks``), once every request is known
+        to fit them alone; the other KV modes: None.
+
+        Raises:
+            ValueError: when the paged budget cannot hold the longest request on its own.
+        """
+        if self.config.kv_mode != "paged":
+            return None
+        num_blocks = self._num_blocks(self._max_seq_len(requests), requests)
+        _check_fits(requests, num_blocks, self.config.block_size)
+        return num_blocks
+
+    def _new_kv_cache(self, requests: list[Request], blocks: BlockManager | None) -> KVCache:
+        """The configured KV cache; in ``paged`` mode, storage for ``blocks``' pool, addressed
+        through a read-only view of its block tables."""
+        cfg = self.config
+        if blocks is None:
+            return self.runner.new_kv_cache(cfg.kv_mode, cfg.num_slots, self._max_seq_len(requests))
         return self.runner.new_kv_cache(
-            cfg.kv_mode, cfg.num_slots, max_seq_len, num_blocks, cfg.block_size, cfg.prefix_caching
+            cfg.kv_mode,
+            cfg.num_slots,
+            self._max_seq_len(requests),
+            blocks.num_blocks,
+            blocks.block_size,
+            MappingProxyType(blocks.block_tables),
         )
 
     def _num_blocks(self, max_seq_len: int, requests: list[Request]) -> int:
@@ -173,7 +203,9 @@ class ContinuousEngine:
         block_bytes = self.runner.kv_bytes_per_token() * cfg.block_size
         return min(enough, int(cfg.kv_budget_mib * 2**20 // block_bytes))
 
-    def _new_trace(self, requests: list[Request], cache) -> Trace:
+    def _new_trace(
+        self, requests: list[Request], cache: KVCache | None, blocks: BlockManager | None
+    ) -> Trace:
         info = {
             "token_budget": self.config.max_num_batched_tokens,
             "prefix_caching": self.config.prefix_caching,
@@ -181,8 +213,8 @@ class ContinuousEngine:
         }
         if cache is not None:
             info |= {"kv_bytes_per_token": cache.bytes_per_token, "kv_bytes": cache.total_bytes}
-        if getattr(cache, "blocks", None) is not None:
-            info |= {"kv_blocks": cache.blocks.num_blocks, "block_size": cache.blocks.block_size}
+        if blocks is not None:
+            info |= {"kv_blocks": blocks.num_blocks, "block_size": blocks.block_size}
         return Trace(
             engine=self.name,
             num_slots=self.config.num_slots,
@@ -248,7 +280,9 @@ def _step_samplers(plan, samplers: dict[int, RequestSampler]) -> list[RequestSam
     ]
 
 
-def _step_record(index: int, start_s: float, batch, plan, blocks) -> StepRecord:
+def _step_record(
+    index: int, start_s: float, batch, plan, blocks: BlockManager | None
+) -> StepRecord:
     seqs = [
         ScheduledSeq(
             request_id=seq.request_id,

@@ -21,12 +21,20 @@ every call of the model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from engine import token_logits
 from engine.kernels import packed_attention
 from engine.model.kernel_choice import RunnerKernels
-from engine.serving.kv_cache import ConcatKVCache, PagedKVCache, SlotKVCache, kv_bytes_per_token
+from engine.serving.kv_cache import (
+    ConcatKVCache,
+    KVCache,
+    PagedKVCache,
+    SlotKVCache,
+    kv_bytes_per_token,
+)
 from engine.serving.packed_batch import PackedBatch
 from engine.serving.sampler import forked_rng, generate_options
 
@@ -76,28 +84,30 @@ class ModelRunner(RunnerKernels):
         kv_mode: str,
         num_slots: int,
         max_seq_len: int,
-        num_blocks=None,
-        block_size=16,
-        prefix_caching: bool = False,
-    ):
+        num_blocks: int | None = None,
+        block_size: int = 16,
+        block_tables: Mapping[int, list[int]] | None = None,
+    ) -> KVCache:
         """KV storage for ``num_slots`` sequences of up to ``max_seq_len`` tokens each.
 
-        ``paged`` mode holds ``num_blocks`` blocks of ``block_size`` tokens instead, shared
-        between sequences through a prefix cache with ``prefix_caching``.
+        ``paged`` mode holds ``num_blocks`` blocks of ``block_size`` tokens instead, addressed
+        through ``block_tables``: the scheduler's block manager's tables, which the cache reads
+        and never changes.
         """
         layers, kv_heads, head_dim = self.kv_shape()
         if kv_mode == "concat":
             return ConcatKVCache(layers, kv_heads, head_dim, self.dtype)
         if kv_mode == "paged":
+            assert num_blocks is not None and block_tables is not None, "paged KV needs blocks"
             return PagedKVCache(
                 layers,
                 kv_heads,
                 head_dim,
                 num_blocks,
                 block_size,
+                block_tables,
                 self.dtype,
                 self.device,
-                prefix_caching,
             )
         return SlotKVCache(
             layers, num_slots, kv_heads, head_dim, max_seq_len, self.dtype, self.device

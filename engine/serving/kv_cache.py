@@ -9,23 +9,29 @@ step's new keys and values in place, so a step costs the same whatever the conte
     slot 2:  R2 R2 R2 R2 R2 R2 R2 ..       entries past position 1 are masked out)
 
 ``PagedKVCache`` (mode ``"paged"``) is what vLLM does: one pool of fixed-size blocks, sized from a
-memory budget, handed out block by block through ``engine.serving.block_manager.BlockManager``. A
-step gathers each slot's blocks through its block table into the ``[B, H_kv, T_kv, D]`` view the
-attention reads (vLLM's paged-attention kernel reads the blocks in place; a gather is the portable
-torch equivalent and costs one extra pass over the context). With prefix caching several block
-tables can list the same block; a step only ever writes into blocks past a sequence's cached
-prefix, which are its own.
+memory budget, handed out block by block by the scheduler's
+``engine.serving.block_manager.BlockManager``. The cache owns only the storage: it reads the
+manager's block tables (a read-only view it is given) and never changes them. A step gathers each
+slot's blocks through its block table into the ``[B, H_kv, T_kv, D]`` view the attention reads
+(vLLM's paged-attention kernel reads the blocks in place; a gather is the portable torch equivalent
+and costs one extra pass over the context). With prefix caching several block tables can list the
+same block; a step only ever writes into blocks past a sequence's cached prefix, which are its own.
 
 ``ConcatKVCache`` (mode ``"concat"``) is the article's way, kept as a teaching mode: each sequence
 owns its own growing tensors, and every step concatenates them into one packed cache and appends
 the new keys back per sequence, so each step copies the whole context (a run costs its square).
+
+All three implement ``KVCache``, the one interface the engines and the attention kernels use;
+``InPlaceKVCache`` is its refinement for the two caches that write each step's keys in place.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+
 import torch
 
-from engine.serving.block_manager import BlockManager
 from engine.serving.masks import packed_step_mask
 from engine.serving.packed_batch import PackedBatch
 
@@ -35,9 +41,78 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype)
     return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
-class _WrittenInPlace:
-    """Batch-invariant mode's two calls for a cache that ``write``s every step's keys in place
-    and reads a slot back through ``sequence_view`` (the slot and paged caches)."""
+class KVCache(ABC):
+    """What the continuous engine and the attention kernels call on a KV cache, per step:
+
+    1. ``prepare(batch)`` once, before the forward pass (``build_packed_batch`` calls it): the
+       per-step addressing the layers share (write rows, block rows, or the packed mask);
+    2. per layer, the attention kernels store the step's keys and values and read them back:
+       ``store_step`` + ``sequence_kv`` in batch-invariant mode (every cache), else
+       ``InPlaceKVCache``'s ``write`` + ``slot_view``/``sequence_view``, or, for a cache whose
+       ``prepare`` set ``batch.packed_mask`` (``ConcatKVCache``), its ``gather``;
+    3. ``release(request_id)`` once per finished sequence, after the step.
+
+    ``bytes_per_token`` and ``total_bytes`` size the cache for the trace. Block bookkeeping is not
+    the cache's: the scheduler owns the block manager.
+
+    Shapes (the named dimensions of ``engine``):
+        key, value (one layer's new keys/values of the step, in packed order): [1, H_kv, T, D]
+        ``sequence_kv``: keys, values [H_kv, kv_len, D], kv_len = num_cached + num_new
+        ``slot_view``: [B, H_kv, kv_len, D];  ``sequence_view``: [1, H_kv, kv_len, D]
+        ``ConcatKVCache.gather``: keys, values [1, H_kv, T_kv, D]
+
+    Raises:
+        AssertionError: from ``prepare`` when a sequence outgrew the storage given to it (an
+            engine bug: the engine sizes the cache and the scheduler hands out blocks).
+        KeyError: when asked for a request the cache never stored (an engine bug).
+    """
+
+    bytes_per_token: int  # one token's keys and values across all layers
+
+    @property
+    @abstractmethod
+    def total_bytes(self) -> int:
+        """Bytes of keys and values the cache holds now (preallocated storage counts whole)."""
+
+    @abstractmethod
+    def prepare(self, batch: PackedBatch) -> None:
+        """Per step, before the forward: fill the batch's KV addressing fields."""
+
+    @abstractmethod
+    def store_step(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+        """Batch-invariant mode: store the step's keys/values [1, H_kv, T, D] of ``layer``."""
+
+    @abstractmethod
+    def sequence_kv(
+        self, layer: int, batch: PackedBatch, index: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``batch.seqs[index]`` after ``store_step``: [H_kv, kv_len, D] each,
+        cached first then new (kv_len = its cached + new tokens)."""
+
+    @abstractmethod
+    def release(self, request_id: int) -> None:
+        """Forget a finished sequence's keys and values."""
+
+
+class InPlaceKVCache(KVCache):
+    """A ``KVCache`` with storage written in place every step and read back as views (the slot
+    and paged caches); batch-invariant mode's two calls come for free on top of them."""
+
+    @abstractmethod
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+        """Store the step's new keys/values [1, H_kv, T, D] where ``prepare`` said."""
+
+    @abstractmethod
+    def slot_view(
+        self, layer: int, batch: PackedBatch, kv_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of every slot's first ``kv_len`` positions: [B, H_kv, kv_len, D]."""
+
+    @abstractmethod
+    def sequence_view(
+        self, layer: int, batch: PackedBatch, slot: int, kv_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One slot's first ``kv_len`` keys and values: [1, H_kv, kv_len, D]."""
 
     def store_step(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
         """Batch-invariant mode: store the step's keys/values (as ``write``)."""
@@ -50,7 +125,7 @@ class _WrittenInPlace:
         return keys[0], values[0]
 
 
-class SlotKVCache(_WrittenInPlace):
+class SlotKVCache(InPlaceKVCache):
     """Preallocated per-slot KV storage written in place.
 
     Shapes:
@@ -104,11 +179,19 @@ class SlotKVCache(_WrittenInPlace):
         """Nothing to free: the next occupant of the slot overwrites and masks stale entries."""
 
 
-class PagedKVCache(_WrittenInPlace):
+class PagedKVCache(InPlaceKVCache):
     """A pool of KV blocks shared by all sequences, addressed through block tables.
 
     Storage keeps each block's tokens contiguous per head, so a block is rows
     ``[b * block_size, (b + 1) * block_size)`` of a layer's ``[H_kv, N * block_size, D]`` view.
+    ``block_tables`` is the scheduler's ``BlockManager.block_tables`` (request id -> block ids in
+    token order), given read-only: the scheduler allocates and frees blocks, the cache only reads
+    where each sequence's tokens live. ``prepare`` turns the tables into storage rows, one per
+    position; a shorter table and an idle slot are padded with block 0, never attended::
+
+        block_size 2;  R0's table [0, 1, 4] in slot 0;  R2's table [2] in slot 1
+        kv_block_rows  slot 0:  0 1 | 2 3 | 8 9
+                       slot 1:  4 5 | 0 1 | 0 1      (past its table: padding, never attended)
 
     Shapes:
         keys, values: [L, H_kv, N * block_size, D]   (N = num_blocks)
@@ -118,16 +201,17 @@ class PagedKVCache(_WrittenInPlace):
 
     def __init__(
         self,
-        num_layers,
-        num_kv_heads,
-        head_dim,
-        num_blocks,
-        block_size,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_blocks: int,
+        block_size: int,
+        block_tables: Mapping[int, list[int]],
         dtype,
         device,
-        prefix_caching: bool = False,
     ):
-        self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
+        self.block_size = block_size
+        self.block_tables = block_tables  # read only: the scheduler's block manager owns them
         shape = (num_layers, num_kv_heads, num_blocks * block_size, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
@@ -142,8 +226,10 @@ class PagedKVCache(_WrittenInPlace):
 
         The scheduler has already given every scheduled sequence the blocks its new tokens need.
         """
-        block_size = self.blocks.block_size
-        tables = [self.blocks.block_tables[s.request_id] for s in batch.seqs]
+        block_size = self.block_size
+        tables = [self.block_tables[s.request_id] for s in batch.seqs]
+        for table, cached, new in zip(tables, batch.num_cached, batch.num_new, strict=True):
+            assert len(table) * block_size >= cached + new, "a sequence has too few KV blocks"
         width = max(len(t) for t in tables)
         num_slots = batch.num_slots
         padded = torch.zeros(num_slots, width, dtype=torch.long)  # (B, max_blocks); idle: block 0
@@ -181,7 +267,7 @@ class PagedKVCache(_WrittenInPlace):
         """Nothing here: the scheduler returns a sequence's blocks through the block manager."""
 
 
-class ConcatKVCache:
+class ConcatKVCache(KVCache):
     """The article's per-sequence caches, concatenated into one packed cache every step.
 
     Shapes:

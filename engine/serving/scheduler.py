@@ -10,13 +10,14 @@ is left; ``"prefill_first"`` serves prefills first (transformers' schedulers off
 that does not fit what is left is prefilled in chunks over several steps (chunked prefill, Sarathi,
 OSDI '24); its cached prefix grows chunk by chunk and only its last chunk samples a token.
 
-With a paged KV cache (``block_manager``), every scheduled sequence first gets the blocks its new
-tokens need. When the pool runs dry, the newest running sequence is preempted (vLLM V1's
+With a paged KV cache, the scheduler builds and owns the ``block_manager`` (as nano-vllm's does;
+the paged cache only reads its block tables), and every scheduled sequence first gets the blocks
+its new tokens need. When the pool runs dry, the newest running sequence is preempted (vLLM V1's
 ``Scheduler.schedule``): its blocks are freed and it goes back to the front of the queue, to be
 recomputed later. A waiting request is admitted only when its first step's blocks are free beyond
 what the running sequences need for their next tokens, so admission does not cause preemption.
 
-With prefix caching (``BlockManager(prefix_caching=True)``), a request is looked up in the prefix
+With prefix caching (``Scheduler(..., prefix_caching=True)``), a request is looked up in the prefix
 cache when it is admitted (vLLM's ``KVCacheManager.get_computed_blocks``): its block table starts
 with the cached blocks of its longest cached prefix, at most ``num_tokens - 1`` tokens so that its
 last token is computed and samples, and its cached-token count starts there. After every step the
@@ -49,7 +50,16 @@ class ScheduledStep:
 
 
 class Scheduler:
-    """First-come first-served admission into the lowest free slot, under a token budget."""
+    """First-come first-served admission into the lowest free slot, under a token budget.
+
+    With ``num_kv_blocks`` (the paged KV mode) the scheduler builds and owns the
+    ``BlockManager`` of that many blocks of ``block_size`` tokens (with ``prefix_caching``, a
+    prefix cache too), as nano-vllm's scheduler does; the engine reads its block tables for the
+    KV cache and the trace through ``block_manager``. Without it, ``block_manager`` is None.
+
+    Raises:
+        ValueError: ``num_kv_blocks`` below 1 or ``block_size`` below 1 (``BlockManager``).
+    """
 
     def __init__(
         self,
@@ -58,13 +68,17 @@ class Scheduler:
         eos_token_ids: frozenset[int],
         max_num_batched_tokens: int | None = None,
         policy: str = "decode_first",
-        block_manager: BlockManager | None = None,
+        num_kv_blocks: int | None = None,
+        block_size: int = 16,
+        prefix_caching: bool = False,
     ):
         self.num_slots = num_slots
         self.eos_token_ids = eos_token_ids
         self.token_budget = max_num_batched_tokens
         self.policy = policy
-        self.blocks = block_manager
+        self.block_manager: BlockManager | None = None
+        if num_kv_blocks is not None:
+            self.block_manager = BlockManager(num_kv_blocks, block_size, prefix_caching)
         by_arrival = sorted(requests, key=lambda r: r.arrival_order)
         self.waiting: deque[Sequence] = deque(Sequence(r) for r in by_arrival)
         self.running: dict[int, Sequence] = {}  # slot -> sequence
@@ -86,8 +100,8 @@ class Scheduler:
                 break
             seq = self.waiting.popleft()
             if hit:
-                self.blocks.share(seq.request_id, hit)
-                seq.num_cached_tokens = len(hit) * self.blocks.block_size
+                self.block_manager.share(seq.request_id, hit)
+                seq.num_cached_tokens = len(hit) * self.block_manager.block_size
                 seq.num_prefix_cached_tokens = seq.num_cached_tokens
             seq.slot = heapq.heappop(self._free_slots)
             seq.status = SequenceStatus.RUNNING
@@ -99,7 +113,7 @@ class Scheduler:
         """The next step: who runs, how many tokens each, and who was preempted for it."""
         assert len(self.running) <= self.num_slots, "more running sequences than slots"
         grants = self._grant_tokens()
-        preempted = self._allocate_blocks(grants) if self.blocks is not None else []
+        preempted = self._allocate_blocks(grants) if self.block_manager is not None else []
         seqs = [self.running[slot] for slot in sorted(self.running) if slot in grants]
         num_new = [grants[s.slot] for s in seqs]
         assert self.token_budget is None or sum(num_new) <= self.token_budget, "budget exceeded"
@@ -107,32 +121,32 @@ class Scheduler:
 
     @property
     def prefix_caching(self) -> bool:
-        return self.blocks is not None and self.blocks.prefix_caching
+        return self.block_manager is not None and self.block_manager.prefix_caching
 
     def _prefix_hit(self, seq: Sequence) -> list[int]:
         """Cached blocks of ``seq``'s longest cached prefix, leaving its last token to compute."""
         if not self.prefix_caching:
             return []
-        lookup = (seq.num_tokens - 1) // self.blocks.block_size
-        self.blocks.hash_blocks(seq.block_hashes, seq.num_tokens - 1, seq.token_ids)
-        return self.blocks.match_prefix(seq.block_hashes[:lookup])
+        lookup = (seq.num_tokens - 1) // self.block_manager.block_size
+        self.block_manager.hash_blocks(seq.block_hashes, seq.num_tokens - 1, seq.token_ids)
+        return self.block_manager.match_prefix(seq.block_hashes[:lookup])
 
     def _blocks_to_admit(self, seq: Sequence, hit: list[int]) -> bool:
         """Whether ``seq``'s first step fits in the free blocks the running sequences leave.
 
         ``hit``: its prefix-cache blocks; those no one holds leave the free pool when shared.
         """
-        if self.blocks is None:
+        if self.block_manager is None:
             return True
-        cached = len(hit) * self.blocks.block_size
+        cached = len(hit) * self.block_manager.block_size
         first_step = min(seq.num_tokens - cached, self.token_budget or math.inf)
         reserved = sum(
-            self.blocks.num_missing_blocks(s.request_id, s.num_tokens)
+            self.block_manager.num_missing_blocks(s.request_id, s.num_tokens)
             for s in self.running.values()
         )
-        new = blocks_for(cached + first_step, self.blocks.block_size) - len(hit)
-        needed = new + self.blocks.num_free_among(hit)
-        return needed + reserved <= self.blocks.num_free_blocks
+        new = blocks_for(cached + first_step, self.block_manager.block_size) - len(hit)
+        needed = new + self.block_manager.num_free_among(hit)
+        return needed + reserved <= self.block_manager.num_free_blocks
 
     def _allocate_blocks(self, grants: dict[int, int]) -> list[Sequence]:
         """Give each granted sequence, oldest first, the blocks for its new tokens.
@@ -145,7 +159,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             need = seq.num_cached_tokens + grants[seq.slot]
-            while not self.blocks.allocate(seq.request_id, need):
+            while not self.block_manager.allocate(seq.request_id, need):
                 victim = max(self.running.values(), key=_fcfs)
                 grants.pop(victim.slot, None)
                 self._preempt(victim)
@@ -155,7 +169,7 @@ class Scheduler:
         return preempted
 
     def _preempt(self, seq: Sequence) -> None:
-        self.blocks.free(seq.request_id)
+        self.block_manager.free(seq.request_id)
         self._release_slot(seq)
         seq.preempt()
         self.waiting.appendleft(seq)  # newest goes first, so older ones end up ahead of it
@@ -195,16 +209,16 @@ class Scheduler:
                 continue  # a partial prefill chunk: its logits are not a next token
             if seq.append_token(token, self.eos_token_ids):
                 self._release_slot(seq)
-                if self.blocks is not None:
-                    self.blocks.free(seq.request_id)
+                if self.block_manager is not None:
+                    self.block_manager.free(seq.request_id)
                 finished.append(seq)
         return finished
 
     def _cache_full_blocks(self, seq: Sequence) -> None:
         """Register the blocks ``seq`` filled with computed keys and values (prompt or output)."""
-        num_full = seq.num_cached_tokens // self.blocks.block_size
-        self.blocks.hash_blocks(seq.block_hashes, seq.num_cached_tokens, seq.token_ids)
-        self.blocks.cache_blocks(seq.request_id, seq.block_hashes, num_full)
+        num_full = seq.num_cached_tokens // self.block_manager.block_size
+        self.block_manager.hash_blocks(seq.block_hashes, seq.num_cached_tokens, seq.token_ids)
+        self.block_manager.cache_blocks(seq.request_id, seq.block_hashes, num_full)
 
 
 def _fcfs(seq: Sequence) -> tuple[float, int]:

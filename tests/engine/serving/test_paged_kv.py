@@ -1,6 +1,8 @@
-"""The paged KV cache: block bookkeeping, preemption under a small budget, no leaked blocks."""
+"""The paged KV cache: block bookkeeping, preemption under a small budget, no leaked blocks;
+the scheduler owns the block manager and every KV mode's cache is a ``KVCache``."""
 
 import random
+from types import MappingProxyType
 
 import pytest
 from tiny_model import make_requests, tiny_runner
@@ -9,6 +11,8 @@ from engine.batching.continuous import ContinuousEngine
 from engine.config import EngineConfig
 from engine.fidelity.reference import ReferenceCache
 from engine.serving.block_manager import BlockManager, blocks_for
+from engine.serving.kv_cache import KVCache
+from engine.serving.scheduler import Scheduler
 
 SPECS = [
     ("the quick brown fox jumps", 40),
@@ -150,3 +154,47 @@ def test_a_huge_budget_allocates_only_what_the_workload_can_use(runner, requests
     blocks = [ContinuousEngine(runner, c).run(small).info["kv_blocks"] for c in (huge, unset)]
     longest = max(r.num_prompt_tokens + r.max_new_tokens for r in small)
     assert blocks[0] == blocks[1] == 3 * blocks_for(longest, BLOCK_SIZE), blocks
+
+
+def test_the_scheduler_builds_and_owns_the_block_manager():
+    """Given a block count the scheduler builds its own BlockManager; without one it has none."""
+    requests = make_requests(SPECS)
+    paged = Scheduler(requests, 2, frozenset(), num_kv_blocks=9, block_size=3, prefix_caching=True)
+    blocks = paged.block_manager
+    assert isinstance(blocks, BlockManager), "paged mode: the scheduler must own a block manager"
+    assert (blocks.num_blocks, blocks.block_size, blocks.prefix_caching) == (9, 3, True)
+    assert Scheduler(requests, 2, frozenset()).block_manager is None, "slots mode has no blocks"
+
+
+@pytest.mark.parametrize("kv_mode", ["slots", "paged", "concat"])
+def test_every_kv_mode_builds_a_kv_cache(runner, kv_mode):
+    """Each KV mode's cache implements the one KVCache interface the engines type against."""
+    blocks = BlockManager(num_blocks=4, block_size=BLOCK_SIZE)
+    cache = runner.new_kv_cache(
+        kv_mode, 2, 16, 4, BLOCK_SIZE, MappingProxyType(blocks.block_tables)
+    )
+    assert isinstance(cache, KVCache), f"{type(cache).__name__} is not a KVCache"
+    assert cache.bytes_per_token == runner.kv_bytes_per_token()
+
+
+def test_the_paged_cache_reads_the_managers_block_tables_and_cannot_change_them(
+    runner, requests, monkeypatch
+):
+    """The engine's paged cache sees the scheduler's block tables live, through a read-only view."""
+    caches = []
+    new_cache = runner.new_kv_cache
+
+    def tracked_cache(*args, **kwargs):
+        caches.append(new_cache(*args, **kwargs))
+        return caches[-1]
+
+    monkeypatch.setattr(runner, "new_kv_cache", tracked_cache)
+    engine = ContinuousEngine(runner, EngineConfig(2, kv_mode="paged", block_size=BLOCK_SIZE))
+    steps = engine.generate(requests[:2])
+    for _, (_, step) in zip(range(3), steps, strict=False):
+        (cache,) = caches
+        assert step.block_tables, "a paged step holds blocks"
+        assert dict(cache.block_tables) == step.block_tables, "the cache reads other tables"
+    with pytest.raises(TypeError):
+        cache.block_tables[99] = [0]  # the scheduler's block manager alone changes them
+    steps.close()
