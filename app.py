@@ -51,6 +51,9 @@ def build_demo(
         outputs = page_panels.run_outputs(run_state, results, downloads, settings)
         wire_setup(demo, requests, settings, results, run_state)
         demo.load(page_io.link_step, None, link_step_state, **HIDDEN)
+        demo.load(
+            lambda: True, None, settings.replay_checkbox, queue=False, **HIDDEN
+        )  # a page's Run
         run_event, live_event = wire_run(
             requests, settings, results, run_state, handle_state, outputs
         )

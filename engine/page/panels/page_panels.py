@@ -165,7 +165,7 @@ COMPONENTS = {
     "server_names": "settings.servers_checkbox",
     "dtype": "settings.dtype_dropdown",
     "batch_invariant": "settings.batch_invariant_checkbox",
-    "replay_recent": "settings.replay_state",
+    "replay_recent": "settings.replay_checkbox",
     "x_axis": "results.x_axis_radio",
     "previous": "run_state",
     "handle": "handle_state",

@@ -59,7 +59,8 @@ class SettingsPanel:
     servers_checkbox: gr.CheckboxGroup | None = None  # the host's servers (hidden if none)
     run_note_markdown: gr.Markdown | None = None  # under Run: queued, running, shown at once
     live_button: gr.Button | None = None  # "Run live anyway", after a run shown at once
-    replay_state: gr.State | None = None  # Run's ``replay_recent``: True
+    # Run's ``replay_recent``: False as the /run API's default; the page sets it True on load
+    replay_checkbox: gr.Checkbox | None = None
     live_state: gr.State | None = None  # "Run live anyway"'s ``replay_recent``: False
 
 
@@ -127,7 +128,7 @@ def settings_panel(
         servers_checkbox=servers,
         run_note_markdown=run_note,
         live_button=live_button,
-        replay_state=gr.State(True),
+        replay_checkbox=gr.Checkbox(False, visible=False, elem_id="replay_checkbox"),
         live_state=gr.State(False),
     )
 

@@ -347,7 +347,9 @@ def test_app_wiring():
     assert live.concurrency_limit is None and live.api_name != "run"
     assert [c._id for c in live.outputs] == [c._id for c in run.outputs]
     replay = run_options.RUN_INPUTS.index("replay_recent")
-    assert (run.inputs[replay].value, live.inputs[replay].value) == (True, False)
+    assert (run.inputs[replay].value, live.inputs[replay].value) == (False, False), "API replays"
+    (on_load,) = [fn for fn in demo.fns.values() if fn.outputs == [run.inputs[replay]]]
+    assert on_load.fn() is True and on_load.targets[0][1] == "load", "the page's Run never replays"
     assert run.show_progress == "full", "a queued user would not see their place in the queue"
     assert run.trigger_mode == "always_last", "a Run pressed while a stopped run ends is lost"
     run_index = next(i for i, fn in demo.fns.items() if fn is run)

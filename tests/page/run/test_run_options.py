@@ -39,7 +39,8 @@ API_PARAMETERS = [
     "server_names",
     "dtype",
     "batch_invariant",
-]  # replay_recent, appended later, is a gr.State: API clients always run live
+    "replay_recent",  # appended later, default False: API clients run live unless they ask
+]
 # Each Run input's component on the page, by element id (None: a ``gr.State``).
 ELEM_IDS = {
     "rows": "requests_table",
@@ -60,7 +61,7 @@ ELEM_IDS = {
     "server_names": "servers_checkbox",
     "dtype": "dtype_dropdown",
     "batch_invariant": "batch_invariant_checkbox",
-    "replay_recent": None,  # a state: True for Run, False for "Run live anyway"
+    "replay_recent": "replay_checkbox",  # hidden; the page sets it on load
 }
 ROWS = [["hello", 4]]
 # A Run as the page sends it: numbers as numbers or strings, the states, a server's name.
