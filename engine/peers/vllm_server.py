@@ -37,7 +37,8 @@ import httpx
 from engine.peers.endpoints import Endpoint, EndpointError
 
 VLLM_VENV_ENV = "CBP_VLLM_VENV"
-DEFAULT_VENV = Path(__file__).resolve().parent.parent / ".venv-vllm"
+REPO_ROOT = Path(__file__).resolve().parents[2]  # engine/peers/vllm_server.py -> the repository
+DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
 MAX_MODEL_LEN = 2048
 START_TIMEOUT_S = 1800.0  # compiled mode's warm-up took over 10 minutes on a busy 2-core CPU
 # a line after which the server never becomes healthy, though its API process stays up
