@@ -3,8 +3,8 @@
 transformers' own continuous batching (``transformers_engine``, with ``transformers_manager``),
 any OpenAI-compatible server (``openai_engine``, ``openai_probe``, ``endpoints``,
 ``server_metrics``) and a local vLLM (``vllm_engine``, ``vllm_server``), whose own schedule is
-recorded inside it by ``vllm_scheduler``. May import every core room below it; nothing in the core
-imports it.
+recorded inside it by ``vllm_scheduler`` and read back as a ``Trace`` by ``vllm_record``. May import
+every core room below it; nothing in the core imports it.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
 ``transformers_manager``, ``openai_probe``, ``server_metrics`` serve it from inside.
@@ -18,5 +18,6 @@ __all__ = [
     "endpoints",
     "vllm_engine",
     "vllm_server",
+    "vllm_record",
     "vllm_scheduler",
 ]
