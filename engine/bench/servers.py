@@ -6,7 +6,7 @@ ends, so every repeat runs on the same warm server. A server that cannot be reac
 request or dies raises ``EndpointError``: that engine is dropped with its message, the others go on,
 and its JSON entry is ``{"error": ..., "server": ...}``. Successful entries get the same fields as
 every engine plus ``server`` (name, URL, version, settings, warnings, ``/metrics`` samples of the
-median run).
+median run); ``vllm``'s ``num_steps`` counts the steps of vLLM's own record (``server_fields``).
 """
 
 from __future__ import annotations
@@ -82,12 +82,38 @@ def close_engines(engines: dict) -> None:
 
 
 def server_fields(trace: Trace) -> dict:
-    """``{"server": ...}`` for a server engine's JSON entry (its median run); {} otherwise."""
+    """What a server engine's JSON entry adds (its median run); {} for other engines.
+
+    ``server``: name, URL, version, settings, warnings and ``/metrics`` samples. The ``vllm``
+    engine also replaces ``num_steps`` (and ``ms_per_step``) with the steps of vLLM's own record
+    (``engine.peers.vllm_record``) and adds ``server.schedule``: those steps' count, time and
+    recording cost. Without a record ``num_steps`` stays 0, as for any server.
+    """
     server = trace.info.get("server")
     if server is None:
         return {}
     samples = [dataclasses.asdict(s) for s in trace.server_samples]
-    return {"server": {**server, "warnings": list(trace.warnings), "samples": samples}}
+    fields = {"server": {**server, "warnings": list(trace.warnings), "samples": samples}}
+    schedule = getattr(trace, "schedule", None)  # engine.peers.vllm_record.VllmTrace
+    if schedule is not None:
+        num_steps = len(schedule.steps)
+        fields["num_steps"] = num_steps
+        fields["ms_per_step"] = 1000 * trace.wall_s / num_steps if num_steps else 0.0
+        fields["server"]["schedule"] = schedule_summary(schedule)
+    return fields
+
+
+def schedule_summary(schedule: Trace) -> dict:
+    """vLLM's own steps in brief: how many, their time, and what recording them cost."""
+    info = schedule.info
+    return {
+        "num_steps": len(schedule.steps),
+        "step_s": sum(s.duration_s for s in schedule.steps),
+        "record_s": info.get("record_s"),
+        "record_cost_pct": info.get("record_cost_pct"),
+        "num_preemptions": sum(len(s.preempted) for s in schedule.steps),
+        "source": info.get("source"),
+    }
 
 
 def failed_result(name: str, message: str, engines: dict) -> dict:
@@ -98,3 +124,11 @@ def failed_result(name: str, message: str, engines: dict) -> dict:
     if hasattr(engine, "server"):
         server.update(settings=engine.server.info())
     return {"error": message, "server": server or None}
+
+
+def schedule_line(name: str, schedule: Trace) -> str:
+    """The report's line on a server's own steps, e.g. ``vllm: 301 steps in vLLM's own record
+    (recording took 0.03 % of their time)``."""
+    cost = schedule.info.get("record_cost_pct")
+    cost_text = "" if cost is None else f" (recording took {cost:.2f} % of their time)"
+    return f"{name}: {len(schedule.steps)} steps in vLLM's own record{cost_text}"

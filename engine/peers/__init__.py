@@ -2,11 +2,14 @@
 
 transformers' own continuous batching (``transformers_engine``, with ``transformers_manager``),
 any OpenAI-compatible server (``openai_engine``, ``openai_probe``, ``endpoints``,
-``server_metrics``) and a local vLLM (``vllm_engine``, ``vllm_server``). May import every core room
-below it; nothing in the core imports it.
+``server_metrics``) and a local vLLM (``vllm_engine``, ``vllm_server``), whose own schedule is
+recorded inside it by ``vllm_scheduler`` and read back as a ``Trace`` by ``vllm_record``. May import
+every core room below it; nothing in the core imports it.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
 ``transformers_manager``, ``openai_probe``, ``server_metrics`` serve it from inside.
+``vllm_scheduler`` is the face to vLLM: vLLM loads it by name (``--scheduler-cls``) in its own
+process, and it imports only vllm and the standard library, so no module here ever imports it.
 """
 
 __all__ = [
@@ -15,4 +18,6 @@ __all__ = [
     "endpoints",
     "vllm_engine",
     "vllm_server",
+    "vllm_record",
+    "vllm_scheduler",
 ]

@@ -177,7 +177,8 @@ class OpenAIEngine:
         finish = None
         rec.admit_s = time.perf_counter() - t0
         try:
-            async with client.stream("POST", "/v1/completions", json=self._body(request)) as r:
+            body, headers = self._body(request), self._headers(request)
+            async with client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
                 if r.status_code != 200:
                     detail = error_detail(await r.aread())
                     raise EndpointError(
@@ -200,6 +201,10 @@ class OpenAIEngine:
                 "the server may have died or been stopped."
             )
         self._finish(rec, request, pieces, ids, finish)
+
+    def _headers(self, request: Request) -> dict[str, str]:
+        """Extra HTTP headers of one request (none here; ``VllmEngine`` names its requests)."""
+        return {}
 
     def _body(self, request: Request) -> dict:
         info = self.server_info()

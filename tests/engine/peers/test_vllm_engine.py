@@ -18,16 +18,7 @@ from engine.workloads.workload import RequestSpec, seed_specs, tokenize_requests
 from tests.live_servers import needs_vllm
 
 pytestmark = [needs_vllm, pytest.mark.real_model]
-NUM_SLOTS = 3
-
-
-@pytest.fixture(scope="module")
-def vllm(embedded_model):
-    from engine.peers.vllm_engine import VllmEngine
-
-    engine = VllmEngine(embedded_model, NUM_SLOTS, enforce_eager=True).start()
-    yield engine
-    engine.close()
+NUM_SLOTS = 3  # the slots of the ``vllm`` fixture (tests/engine/peers/conftest.py), one a session
 
 
 def _requests(loaded, specs, chat_template=False):

@@ -1,0 +1,261 @@
+"""vLLM's own record of its schedule, read back as a ``Trace`` our views draw like our engines'.
+
+``engine.peers.vllm_scheduler`` runs inside vLLM and writes one JSON line per scheduled step (its
+docstring has the format). This module, on our side, does three things with that file:
+
+* **Identity.** Each request of a run is sent with the header ``X-Request-Id: cbp-<run>-<id>``
+  (``external_request_id``): ``<run>`` is a fresh tag per run, ``<id>`` our request id. vLLM's
+  completions endpoint takes the header over the body's ``request_id`` as the request's base id
+  (``OpenAIServing._base_request_id``) and its engine names the request
+  ``cmpl-<base>-<prompt index>-<8 random characters>`` (``serving.py``, then
+  ``InputProcessor.assign_request_id``), so ``our_request_id`` finds our id in any record line
+  whatever the order in which the requests arrived, and ignores other clients' and other runs'.
+* **Reading.** ``ScheduleLog`` marks where a run starts in the file and reads the complete lines
+  written since.
+* **Conversion.** ``schedule_trace`` replays the lines into a ``Trace``: one ``StepRecord`` per
+  step that ran a forward pass on our requests, with each request's scheduled tokens (prefill
+  while tokens other than its newest are missing from the KV cache, as our engines count it), the
+  tokens computed before, its prefix-cache hit, its lane, every held block table (vLLM's block
+  ids), shared blocks and preemptions. vLLM has no slots: a request takes the first free lane when
+  it is scheduled (new or resumed) and leaves it when vLLM preempts it or reports it finished,
+  as a slot would be taken and freed.
+
+The client's trace of the ``vllm`` engine (times per request, ``/metrics`` samples) stays the
+view from outside; ``VllmTrace`` carries the inside one beside it as ``schedule``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.trace import DECODE, PREFILL, RequestRecord, ScheduledSeq, StepRecord, Trace
+
+REQUEST_ID_HEADER = "X-Request-Id"
+SOURCE = "vLLM's own scheduler record (engine.peers.vllm_scheduler)"
+
+
+@dataclass
+class VllmTrace(Trace):
+    """The ``vllm`` engine's trace: the client's view, as every endpoint's trace, plus
+    ``schedule``, vLLM's steps from its own record (None when there is none; a warning says why).
+    """
+
+    schedule: Trace | None = None
+
+
+def new_run_tag() -> str:
+    """A fresh tag for one run's request ids (8 hex digits)."""
+    return secrets.token_hex(4)
+
+
+def external_request_id(run_tag: str, request_id: int) -> str:
+    """The id a request is sent with (``X-Request-Id``), e.g. ``cbp-9f3a01bc-12``."""
+    return f"cbp-{run_tag}-{request_id}"
+
+
+def our_request_id(vllm_request_id: str, run_tag: str) -> int | None:
+    """Our request id inside vLLM's (``cmpl-cbp-<tag>-<id>-0-<random>``); None for a request of
+    another run or client."""
+    match = re.search(rf"(?:^|-)cbp-{re.escape(run_tag)}-(\d+)(?=-|$)", vllm_request_id)
+    return int(match.group(1)) if match else None
+
+
+class ScheduleLog:
+    """The JSON-lines file a recording vLLM appends to, read run by run.
+
+    ``mark()`` before a run, ``read(mark)`` after it: the run's lines, after the ``start`` line
+    they ran under (written when vLLM started, before any run's mark; remembered in ``start``).
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.start: dict | None = None  # the latest start line read
+        self._offset = 0  # bytes read so far (complete lines only)
+
+    def mark(self) -> int:
+        """Where the next run's lines begin (bytes); the lines before it are read for their
+        start line only."""
+        self._read_from(self._offset)
+        return self._offset
+
+    def read(self, since: int) -> list[dict]:
+        """The start line, then the complete lines written after ``since`` (a line still being
+        written is left out).
+
+        Raises:
+            ValueError: a line that is not JSON (not a record of ``vllm_scheduler``).
+        """
+        before = self.start
+        records = self._read_from(since)
+        first_is_start = records and records[0].get("event") == "start"
+        return records if first_is_start or before is None else [before, *records]
+
+    def _read_from(self, since: int) -> list[dict]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(since)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset = since + len(complete)
+        records = parse_records(complete.decode("utf-8").splitlines())
+        for record in records:
+            if record.get("event") == "start":
+                self.start = record
+        return records
+
+
+def parse_records(lines) -> list[dict]:
+    """Records from JSON lines (blank ones skipped). Raises ValueError: a line is not JSON."""
+    records = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"line {n} of vLLM's schedule record is not JSON: {exc}") from exc
+    return records
+
+
+def schedule_trace(
+    records: list[dict],
+    requests: list[RequestRecord],
+    run_tag: str,
+    t0_unix_s: float,
+    name: str = "vllm",
+) -> Trace:
+    """vLLM's steps on ``requests`` as a ``Trace``, times in seconds since ``t0_unix_s``.
+
+    ``records``: the lines of one run (``ScheduleLog.read``); lines of other runs or clients
+    are skipped, and a step that ran none of ours is left out. ``requests``: the client trace's
+    records; outputs are copied from them, the times are vLLM's: admitted at the start of the
+    first step that schedules a request, first token at the end of the step that completes its
+    prompt, finished at the end of its last step.
+
+    Raises:
+        ValueError: no ``start`` line precedes the first step (not a whole record).
+    """
+    replay = _Replay(requests, run_tag, t0_unix_s)
+    for record in records:
+        if record.get("event") == "start":
+            replay.start(record)
+        elif record.get("event") == "step":
+            replay.step(record)
+    return replay.trace(name)
+
+
+class _Replay:
+    """Block tables, lanes and request facts, followed line by line."""
+
+    def __init__(self, requests: list[RequestRecord], run_tag: str, t0_unix_s: float):
+        self.run_tag, self.t0_unix_s = run_tag, t0_unix_s
+        self.requests = {r.request_id: dataclasses.replace(r, token_times_s=[]) for r in requests}
+        for rec in self.requests.values():
+            rec.slot = rec.admit_s = rec.first_token_s = rec.finish_s = None
+            rec.num_preemptions, rec.num_cached_tokens = 0, 0
+        self.settings: dict | None = None
+        self.steps: list[StepRecord] = []
+        self.tables: dict[int, list[int]] = {}  # request id -> its block ids, in order
+        self.lanes: dict[int, int] = {}  # request id -> lane, while vLLM runs it
+        self.num_prompt: dict[int, int] = {}
+        self.hits: dict[int, int] = {}  # request id -> prefix-cache hit at its latest admission
+        self.record_s = 0.0
+        self.num_foreign = 0  # scheduled entries of other runs or clients, skipped
+
+    def start(self, record: dict) -> None:
+        self.settings = record
+
+    def _ours(self, vllm_ids) -> list[int]:
+        found = [our_request_id(v, self.run_tag) for v in vllm_ids]
+        return [rid for rid in found if rid is not None and rid in self.requests]
+
+    def step(self, record: dict) -> None:
+        if self.settings is None:
+            raise ValueError("vLLM's schedule record has a step before its start line.")
+        preempted = self._ours(record["preempted"])
+        for rid in [*self._ours(record["finished"]), *preempted]:
+            self.tables.pop(rid, None)
+            self.lanes.pop(rid, None)
+        for rid in preempted:
+            self.requests[rid].num_preemptions += 1
+        start_s = record["start_unix_s"] - self.t0_unix_s
+        end_s = record["end_unix_s"] - self.t0_unix_s
+        seqs = [s for e in record["scheduled"] if (s := self._seq(e, start_s, end_s)) is not None]
+        if not seqs or not record["num_tokens"]:
+            return
+        self.record_s += record["record_s"]
+        step = StepRecord(len(self.steps), start_s, end_s, seqs, preempted=preempted)
+        step.block_tables = {rid: list(table) for rid, table in self.tables.items()}
+        step.kv_blocks_used = len({b for table in self.tables.values() for b in table})
+        if self.settings["prefix_caching"]:
+            holders = step.block_holders()
+            step.shared_blocks = {b: rids for b, rids in holders.items() if len(rids) > 1}
+        self.steps.append(step)
+
+    def _seq(self, entry: dict, start_s: float, end_s: float) -> ScheduledSeq | None:
+        """One scheduled request's share of the step; None for another run's request."""
+        rid = our_request_id(entry["req_id"], self.run_tag)
+        if rid is None or rid not in self.requests:
+            self.num_foreign += 1
+            return None
+        rec, computed, n = self.requests[rid], entry["num_computed"], entry["num_tokens"]
+        if "block_ids" in entry:  # new or resumed: the whole table, and an admission
+            self.tables[rid] = list(entry["block_ids"])
+            self.hits[rid] = computed
+            if rec.admit_s is None:
+                rec.admit_s, rec.num_cached_tokens = start_s, computed
+        else:
+            self.tables.setdefault(rid, []).extend(entry["new_block_ids"])
+        if rid not in self.lanes:
+            self.lanes[rid] = min(set(range(len(self.lanes) + 1)) - set(self.lanes.values()))
+        rec.slot = self.lanes[rid] if rec.slot is None else rec.slot
+        num_prompt = self.num_prompt.setdefault(rid, entry.get("num_prompt", rec.num_prompt_tokens))
+        num_tokens = num_prompt + entry.get("num_output", 0)  # prompt and outputs so far
+        if rec.first_token_s is None and computed + n >= num_prompt:
+            rec.first_token_s = end_s
+        rec.finish_s = end_s
+        prefill = computed < max(num_prompt, num_tokens - 1)  # as Sequence.is_prefill
+        return ScheduledSeq(
+            request_id=rid,
+            slot=self.lanes[rid],
+            kind=PREFILL if prefill else DECODE,
+            num_new_tokens=n,
+            num_cached_tokens=computed,
+            num_prefix_cached_tokens=self.hits.get(rid, 0),
+        )
+
+    def trace(self, name: str) -> Trace:
+        settings = self.settings or {}
+        num_lanes = 1 + max((s.slot for step in self.steps for s in step.seqs), default=-1)
+        step_s = sum(s.duration_s for s in self.steps)
+        info = {
+            "source": SOURCE,
+            "vllm": settings.get("vllm"),
+            "scheduler": settings.get("scheduler"),
+            "token_budget": settings.get("max_num_batched_tokens"),
+            "prefix_caching": settings.get("prefix_caching"),
+            "chunked_prefill": settings.get("chunked_prefill"),
+            "kv_blocks": settings.get("num_blocks"),
+            "block_size": settings.get("block_size"),
+            "record_s": self.record_s,
+            "record_cost_pct": 100 * self.record_s / step_s if step_s else None,
+            "num_foreign_seqs": self.num_foreign,
+        }
+        requests = [self.requests[rid] for rid in sorted(self.requests)]
+        return Trace(
+            engine=name,
+            num_slots=max(settings.get("max_num_seqs", 0), num_lanes),
+            steps=self.steps,
+            requests=requests,
+            wall_s=max((s.end_s for s in self.steps), default=0.0),
+            kv_mode="paged",
+            info=info,
+        )

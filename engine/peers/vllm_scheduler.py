@@ -1,0 +1,211 @@
+"""vLLM's own schedule, step by step: a scheduler class that vLLM loads and that records it.
+
+This module runs inside vLLM, not here: it imports only ``vllm`` and the standard library, and no
+module of this project imports it (``tests/engine/peers/test_vllm_record.py`` checks both). Start
+any vLLM (0.32) with it, on any machine, GPU deployments with tensor parallelism included (the
+scheduler runs once, in the engine core)::
+
+    PYTHONPATH=<this repository> CBP_VLLM_SCHEDULE_PATH=/tmp/schedule.jsonl \\
+        vllm serve MODEL --scheduler-cls engine.peers.vllm_scheduler.RecordingScheduler
+
+``engine/__init__.py`` and ``engine/peers/__init__.py`` import nothing, so vLLM's process loads
+this file alone. The local vLLM of the page and of the bench (``engine.peers.vllm_server``) starts
+this way by default; ``engine.peers.vllm_record`` reads the record back into a ``Trace``.
+
+The record is a JSON-lines file at ``$CBP_VLLM_SCHEDULE_PATH`` (appended to; flushed after each
+line). Its first line per engine start is a ``start`` event with the settings the schedule depends
+on (``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``, ``num_blocks``, prefix caching,
+chunked prefill, which base class); then one ``step`` line per call of ``schedule()``, in order::
+
+    {"event": "step", "step": 7, "start_unix_s": 1733.2, "end_unix_s": 1733.3, "record_s": 4e-05,
+     "num_tokens": 13, "scheduled": [
+       {"req_id": "cmpl-cbp-9f3a-0-0-1b2c3d4e", "num_tokens": 1, "num_computed": 17,
+        "num_output": 4, "new_block_ids": []},
+       {"req_id": "cmpl-cbp-9f3a-2-0-77aa00ff", "new": true, "num_prompt": 12, "num_tokens": 12,
+        "num_computed": 0, "block_ids": [5]}],
+     "resumed": [], "preempted": [], "finished": ["cmpl-cbp-9f3a-1-0-5e6f7a8b"],
+     "num_running": 2, "num_waiting": 0, "kv_usage": 0.0042}
+
+Per scheduled request, in the order vLLM scheduled them (running requests first, then admitted
+ones): ``num_tokens`` scheduled this step, ``num_computed`` tokens in its KV cache before the step
+(for a new or resumed request: its prefix-cache hit), ``num_prompt`` (new requests) or
+``num_output`` (the others: tokens generated so far, in flight included), and its block ids:
+``block_ids``, the whole table, for a new or a resumed request, ``new_block_ids``, the blocks
+added this step, for a running one (first KV cache group only: a plain decoder has one).
+``resumed``: requests scheduled again after a preemption; ``preempted``: those preempted while
+this step was scheduled; ``finished``: those finished (or aborted) since the previous step, so
+their blocks are free in this one. ``num_running``/``num_waiting`` after scheduling; ``kv_usage``:
+the fraction of KV blocks in use (vLLM's own ``usage``). A step with ``num_tokens`` 0 runs no
+forward pass; vLLM schedules one after the last request finishes, to report it finished.
+
+Times are wall clock (``time.time()``), so a reader in another process lines them up with its own.
+``start_unix_s`` is when ``schedule()`` was called; ``end_unix_s`` when ``update_from_output`` was
+called for that step, that is when the model's output (sampled tokens) is back: the step is
+scheduling plus the forward pass and sampling. The next ``schedule()`` would be a worse end: it
+comes only once there is work again, so an idle gap would count as the step. With async
+scheduling the next step is scheduled before this one's output is back, so steps overlap.
+
+``record_s`` is the time spent recording, charged to this step: building its record after
+``schedule()`` and writing the previous step's line (a line cannot hold its own write time).
+Summed over a run it is the recording's cost, to compare with the steps' time (target <= 2 %).
+
+The class: ``RecordingScheduler`` is what ``--scheduler-cls`` names. vLLM calls it with its config;
+it builds ``RecordingSyncScheduler`` (a subclass of ``Scheduler``) when async scheduling is off, as
+vLLM turns it off on CPUs, and ``RecordingAsyncScheduler`` (of ``AsyncScheduler``) when it is on:
+the class vLLM would have chosen by itself (``SchedulerConfig.get_scheduler_cls``), chosen when
+vLLM constructs it, since only its config says which.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import vllm
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+SCHEDULE_PATH_ENV = "CBP_VLLM_SCHEDULE_PATH"
+RECORD_FORMAT = 1  # the ``format`` of the start line; bumped when a field changes meaning
+
+
+class _Recording:
+    """The recording, mixed in before vLLM's scheduler class (``Scheduler`` or its subclass)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        path = os.environ.get(SCHEDULE_PATH_ENV)
+        if not path:
+            raise ValueError(
+                f"{type(self).__name__} records vLLM's schedule into the file named by "
+                f"${SCHEDULE_PATH_ENV}; set it (e.g. /tmp/schedule.jsonl) where vLLM starts."
+            )
+        self._record_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the run)
+        self._num_schedules = 0
+        self._pending: dict[int, tuple[dict, float]] = {}  # id(output) -> (record, build_s)
+        self._last_write_s = 0.0
+        self._write(self._start_record())
+        self._last_write_s = 0.0  # the start line is no step's cost
+
+    def _start_record(self) -> dict:
+        sched, cache = self.scheduler_config, self.cache_config
+        return {
+            "event": "start",
+            "format": RECORD_FORMAT,
+            "unix_s": time.time(),
+            "pid": os.getpid(),
+            "vllm": vllm.__version__,
+            "scheduler": _vllm_base(type(self)).__name__,
+            "max_num_seqs": sched.max_num_seqs,
+            "max_num_batched_tokens": sched.max_num_batched_tokens,
+            "chunked_prefill": bool(sched.enable_chunked_prefill),
+            "async_scheduling": bool(sched.async_scheduling),
+            "prefix_caching": bool(cache.enable_prefix_caching),
+            "block_size": self.block_size,
+            "num_blocks": self.kv_cache_config.num_blocks,
+            "num_kv_groups": len(self.kv_cache_config.kv_cache_groups),
+        }
+
+    def schedule(self, *args, **kwargs):
+        start_unix_s = time.time()
+        output = super().schedule(*args, **kwargs)
+        t0 = time.perf_counter()
+        record = self._step_record(output, start_unix_s)
+        self._pending[id(output)] = (record, time.perf_counter() - t0)
+        return output
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        end_unix_s = time.time()
+        pending = self._pending.pop(id(scheduler_output), None)
+        if pending is not None:
+            record, build_s = pending
+            record["end_unix_s"] = end_unix_s
+            record["record_s"] = build_s + self._last_write_s
+            self._write(record)
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._record_file.close()
+
+    def _write(self, record: dict) -> None:
+        t0 = time.perf_counter()
+        self._record_file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._record_file.flush()
+        self._last_write_s = time.perf_counter() - t0
+
+    def _step_record(self, output, start_unix_s: float) -> dict:
+        """One step's record from vLLM's ``SchedulerOutput`` (and two counts of its own)."""
+        new = {r.req_id: r for r in output.scheduled_new_reqs}
+        cached = output.scheduled_cached_reqs
+        position = {req_id: i for i, req_id in enumerate(cached.req_ids)}
+        scheduled = []
+        for req_id, num_tokens in output.num_scheduled_tokens.items():
+            if req_id in new:
+                r = new[req_id]
+                scheduled.append(
+                    {
+                        "req_id": req_id,
+                        "new": True,
+                        "num_prompt": r.prompt_len,
+                        "num_tokens": num_tokens,
+                        "num_computed": r.num_computed_tokens,
+                        "block_ids": _first_group(r.block_ids),
+                    }
+                )
+                continue
+            i = position[req_id]
+            entry = {
+                "req_id": req_id,
+                "num_tokens": num_tokens,
+                "num_computed": cached.num_computed_tokens[i],
+                "num_output": cached.num_output_tokens[i],
+            }
+            blocks = _first_group(cached.new_block_ids[i])
+            entry["block_ids" if req_id in cached.resumed_req_ids else "new_block_ids"] = blocks
+            scheduled.append(entry)
+        num_running, num_waiting = self.get_request_counts()
+        step = self._num_schedules
+        self._num_schedules += 1
+        return {
+            "event": "step",
+            "step": step,
+            "start_unix_s": start_unix_s,
+            "num_tokens": output.total_num_scheduled_tokens,
+            "scheduled": scheduled,
+            "resumed": sorted(cached.resumed_req_ids),
+            "preempted": sorted(output.preempted_req_ids or ()),
+            "finished": sorted(output.finished_req_ids),
+            "num_running": num_running,
+            "num_waiting": num_waiting,
+            "kv_usage": self.kv_cache_manager.usage,
+        }
+
+
+def _vllm_base(cls: type) -> type:
+    """The first vLLM class in ``cls``'s MRO (``Scheduler`` or ``AsyncScheduler``)."""
+    return next(c for c in cls.__mro__ if c.__module__.startswith("vllm."))
+
+
+def _first_group(block_ids) -> list[int]:
+    """The first KV cache group's block ids (vLLM gives one list per group; None: none new)."""
+    return list(block_ids[0]) if block_ids else []
+
+
+class RecordingSyncScheduler(_Recording, Scheduler):
+    """vLLM's ``Scheduler``, recording each step (async scheduling off, as on CPUs)."""
+
+
+class RecordingAsyncScheduler(_Recording, AsyncScheduler):
+    """vLLM's ``AsyncScheduler``, recording each step (async scheduling on)."""
+
+
+class RecordingScheduler:
+    """The class ``--scheduler-cls`` names: builds the recording subclass of the scheduler vLLM
+    would have chosen, by its config's ``async_scheduling``."""
+
+    def __new__(cls, *args, vllm_config, **kwargs):
+        async_on = vllm_config.scheduler_config.async_scheduling
+        chosen = RecordingAsyncScheduler if async_on else RecordingSyncScheduler
+        return chosen(*args, vllm_config=vllm_config, **kwargs)
