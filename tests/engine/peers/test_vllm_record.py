@@ -329,3 +329,13 @@ def test_recording_costs_under_two_percent(reversed_run):
     info = trace.schedule.info
     assert info["record_s"] > 0 and info["record_cost_pct"] <= 2, info
     assert server_fields(trace)["num_steps"] == len(trace.schedule.steps)
+
+
+def test_the_local_vllm_is_looked_for_in_the_repositorys_venv():
+    """``make vllm`` builds ``.venv-vllm`` at the repository's root, and that is where the local
+    vLLM is looked for (a wrong path silently skipped every vLLM test once)."""
+    from engine.peers import vllm_server
+
+    root = Path(__file__).resolve().parents[3]
+    assert (root / "Makefile").is_file(), root
+    assert vllm_server.DEFAULT_VENV == root / ".venv-vllm"
