@@ -224,10 +224,13 @@ def stopped_outputs(previous_result, message: str) -> tuple:
             metrics_table=[],
             outputs_table=outputs_table([], list(LIVE_ENGINES)),
             status_markdown=message,
+            run_note_markdown=message,
+            live_button=gr.Button(visible=False),
         )
     previous_result.status = f"{message} Showing the previous run: {previous_result.status}"
     shown = dict(zip(RUN_OUTPUTS, previous_result.as_outputs(), strict=True))
     del shown["run_state"], shown["downloads_file"]  # both stay as they are
+    shown |= {"run_note_markdown": message, "live_button": gr.Button(visible=False)}
     return run_outputs(**shown)
 
 
@@ -235,9 +238,10 @@ def refused_outputs(reason: str, previous_status: str | None) -> tuple:
     """The Run event's outputs for a run refused before it started: "Not run" and ``reason`` (plain
     text) in the status line, then the previous run's status if there is one; all else as is."""
     status = f"**Not run:** {plain_markdown(reason)}"
+    note = status
     if previous_status:
         status += f" Showing the previous run: {previous_status}"
-    return run_outputs(status_markdown=status)
+    return run_outputs(status_markdown=status, run_note_markdown=note)
 
 
 def _trace_so_far(

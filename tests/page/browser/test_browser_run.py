@@ -159,8 +159,8 @@ def test_stop_with_nothing_running_says_so(page: Page):
 
 
 def test_queue_place_is_shown_and_closing_the_tab_cancels(page: Page, browser, server_url):
-    """A second user sees their place and wait in words in the status line, readable (not under
-    the tracker); when the first closes the tab, their run goes."""
+    """A second user sees their true place, the total and their wait in words under Run, in view
+    and readable, and in the status line; when the first closes the tab, their run goes."""
     first = _open_app(browser, server_url)
     set_requests(first, [(LONG_PROMPT, LONG_CAP)])
     first.locator("#run_button").click()
@@ -169,12 +169,15 @@ def test_queue_place_is_shown_and_closing_the_tab_cancels(page: Page, browser, s
     set_requests(page, rows)
     set_slots(page, 2)
     page.locator("#run_button").click()
-    note = page.locator("#queue_note")
-    expect(note).to_contain_text(re.compile(r"Waiting in the queue: place 1 of 1"), timeout=10_000)
+    note = page.locator("#run_note_markdown")
+    waiting = re.compile(r"Waiting for the model: place 1 of 2 \(yours is next\)")
+    expect(note).to_contain_text(waiting, timeout=10_000)
     expect(note).to_contain_text(re.compile(r"waited \d+ s"))
-    _assert_readable(page, "#queue_note")
+    expect(_status(page)).to_contain_text(waiting)
+    _assert_readable(page, "#run_note_markdown")
+    assert note.bounding_box()["y"] < page.viewport_size["height"], "the place is below the fold"
     shot = SCREENSHOTS / "queued-status.png"
-    page.locator("#status_markdown").screenshot(path=str(shot))
+    page.screenshot(path=str(shot))
     print(f"screenshot: {shot}")
     closed_s = time.monotonic()
     first.context.close()
@@ -183,7 +186,7 @@ def test_queue_place_is_shown_and_closing_the_tab_cancels(page: Page, browser, s
     print(f"queued run done {elapsed_s:.1f} s after the first tab closed")
     assert elapsed_s < PROMPT_RUN_S, f"the queued run ended {elapsed_s:.0f} s after the close"
     assert_results(page, [p for p, _ in rows])
-    expect(note).to_have_count(0)
+    expect(note).to_contain_text("Finished")
 
 
 def _assert_readable(page: Page, selector: str) -> None:
@@ -208,10 +211,9 @@ def test_stop_while_queued_leaves_the_queue(page: Page, browser, server_url):
     first.locator("#run_button").click()
     expect(_status(first)).to_contain_text(RUNNING_STATUS, timeout=60_000)
     page.locator("#run_button").click()
-    expect(page.locator("#queue_note")).to_contain_text("place 1 of 1", timeout=10_000)
+    expect(page.locator("#run_note_markdown")).to_contain_text("place 1 of 2", timeout=10_000)
     page.locator("#stop_button").click()
     expect(_status(page)).to_contain_text("Stopped before it started: it left the queue.")
-    expect(page.locator("#queue_note")).to_have_count(0, timeout=10_000)
     _assert_no_error_badge(page)
     first.locator("#stop_button").click()
     expect(_status(first)).to_contain_text("Stopped before the end", timeout=10_000)
