@@ -56,8 +56,8 @@ REQUEST_HEADERS = list(TABLE_COLUMNS)  # prompt, max_new_tokens, arrival_s, samp
 PROGRESS_INTERVAL_S = 0.5  # at most two progress reports a second (fewer: progress_view)
 STOPPED = "**Stopped** before the end."
 STOPPED_IN_QUEUE = "**Stopped** before it started: it left the queue."
-RUNNING_NOTE = "▶ **Running:** its progress is in the status line below."
-PRESSED_NOTE = "⏳ **Run pressed:** checking the table, then a place in the queue…"
+RUNNING_NOTE = "**Running:** its progress is in the status line below."
+PRESSED_NOTE = "**Run pressed:** checking the table, then a place in the queue…"
 
 
 # --- handlers ------------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def replayed_outputs(recent: RecentRun, age_s: float, x_axis: str) -> tuple:
     result = render(recent.state, x_axis, status=status, downloads=False)
     result.downloads = recent.downloads
     return progress_view.with_run_note(
-        result.as_outputs(), f"↺ **Shown at once:** {label}.", live_button=True
+        result.as_outputs(), f"**Shown at once:** {label}.", live_button=True
     )
 
 

@@ -96,13 +96,13 @@ def settings_panel(
     with gr.Accordion("Engine settings", open=False):
         knobs = _engine_knobs()
         precision = _precision_knobs(dtypes, dtype)
-    with gr.Row():
-        run_button = gr.Button("Run", variant="primary", elem_id="run_button")
-        stop_button = gr.Button("Stop", variant="stop", elem_id="stop_button")
-    run_note = gr.Markdown(run_note_text(), elem_id="run_note_markdown")
+    run_note = gr.Markdown(run_note_text(), elem_id="run_note_markdown")  # in view when pressed
     live_button = gr.Button(
         "Run live anyway", size="sm", visible=False, elem_id="live_button", variant="secondary"
     )
+    with gr.Row():
+        run_button = gr.Button("Run", variant="primary", elem_id="run_button")
+        stop_button = gr.Button("Stop", variant="stop", elem_id="stop_button")
     link_button = gr.Button("Copy link to this setup", size="sm", elem_id="link_button")
     link_textbox = gr.Textbox(
         label="Link: preset, slots and step (an edited table is not in it)",

@@ -98,7 +98,7 @@ def queued_outputs(place: Place, measured: bool) -> tuple:
     """The Run event's outputs while the run waits for the model: its place, in the status line
     and in the note under Run; everything else as is."""
     line = queue_line(place, measured)
-    return run_outputs(status_markdown=line, run_note_markdown=f"⏳ {line}")
+    return run_outputs(status_markdown=line, run_note_markdown=line)
 
 
 def with_run_note(outputs: tuple, note: str, live_button: bool = False) -> tuple:

@@ -147,5 +147,5 @@ def test_pressing_run_changes_the_note_under_it_at_once():
     """The unqueued press handler writes the note under Run; a repeat press during a run does
     not."""
     handle = RunHandle()
-    assert playground.run_pressed(handle).startswith("⏳ **Run pressed:**")
+    assert playground.run_pressed(handle).startswith("**Run pressed:**")
     assert playground.run_pressed(handle) == gr.skip(), "a repeat press rewrote the note"
