@@ -208,9 +208,9 @@ def _run(settings: RunSettings, previous, handle: RunHandle):
         key = run_turns.setup_key(model, requests, config, options)
         recent = model.recent.find(key) if settings.replay_recent else None
         if recent is None:
-            ticket = model.queue.join(
-                str(id(handle)), run_turns.work_steps(requests, config, options)
-            )
+            steps = run_turns.work_steps(requests, config, options)
+            setup = key if settings.replay_recent else None  # shown an identical run, if one ends
+            ticket = model.queue.join(str(id(handle)), steps, setup)
             handle.queued(functools.partial(model.queue.leave, ticket))
     except ValueError as exc:
         yield _refused_outputs(previous, exc)
@@ -218,9 +218,14 @@ def _run(settings: RunSettings, previous, handle: RunHandle):
     if recent is not None:
         yield run_turns.replayed_outputs(recent, model.recent.age_s(recent), x_axis)
         return
+    find = functools.partial(model.recent.find, key) if settings.replay_recent else lambda: None
     try:
-        if not (yield from run_turns.wait_for_turn(model.queue, ticket, handle)):
+        waited = yield from run_turns.wait_for_turn(model.queue, ticket, handle, find)
+        if waited == run_turns.STOPPED:
             yield _stopped_outputs(previous, STOPPED_IN_QUEUE, x_axis)
+            return
+        if waited != run_turns.TURN:  # an identical run finished while this one waited
+            yield run_turns.replayed_outputs(waited, model.recent.age_s(waited), x_axis)
             return
         run = (model, requests, config, options)
         yield from _run_live(run, handle, previous, x_axis, functools.partial(_done, ticket, key))
@@ -230,8 +235,8 @@ def _run(settings: RunSettings, previous, handle: RunHandle):
 
 def _done(ticket, key, model: SharedModel, state: RunState, result: RunResult, wall_s: float):
     """A live run finished: the queue learns its pace and frees the model; its setup is kept."""
+    model.recent.keep(key, state, result.downloads)  # first: those waiting for it see it
     model.queue.finish(ticket, ticket.work_steps, wall_s)
-    model.recent.keep(key, state, result.downloads)
 
 
 def _run_live(run: tuple, handle, previous, x_axis: str, on_done: Callable):

@@ -4,7 +4,8 @@ Runs are measurements, so they take turns on the model (``engine.page.run.run_qu
 run joins the queue, ``recent`` looks for the same setup measured on this host within the replay
 window (``engine.page.run.recent_runs``); if there is one, the page shows it at once, labelled,
 with a "Run live anyway" button. Otherwise the run joins the queue and ``wait_for_turn`` streams
-its place, the total and the estimated wait until the model is its own.
+its place, the total and the estimated wait until the model is its own; if an identical run
+finishes while it waits, that run is shown instead (a replay-allowed Run only).
 
 The estimate counts a run's work in steps: static waves to their longest caps, continuous steps
 (all tokens over the slots, at least the longest cap), a ``model.generate`` pass per request when
@@ -15,7 +16,7 @@ learns this host's seconds per such step from the runs that finish here.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from engine.config import EngineConfig
 from engine.page.run.recent_runs import RecentRun, replay_label
@@ -28,6 +29,7 @@ from engine.page.views.run_view import render
 from engine.sequence import Request
 
 QUEUE_POLL_S = 1.0  # how often a waiting run's place is sent
+TURN, STOPPED = "turn", "stopped"  # how a wait ended (else: an identical run to show)
 
 
 def static_steps(requests: list[Request], config: EngineConfig) -> int:
@@ -78,14 +80,24 @@ def replayed_outputs(recent: RecentRun, age_s: float, x_axis: str) -> tuple:
     )
 
 
-def wait_for_turn(queue: RunQueue, ticket: Ticket, handle: RunHandle) -> Iterator[tuple]:
-    """Yield the Run event's outputs with ``ticket``'s place until the model is its own; returns
-    False (as the generator's value) when Stop was pressed while it waited, True at its turn."""
+def wait_for_turn(
+    queue: RunQueue, ticket: Ticket, handle: RunHandle, find_recent: Callable[[], RecentRun | None]
+) -> Iterator[tuple]:
+    """Yield the Run event's outputs with ``ticket``'s place until the model is its own.
+
+    Returns (as the generator's value) ``TURN`` at its turn, ``STOPPED`` when Stop took it out of
+    the queue, or the ``RecentRun`` of an identical setup that finished while it waited
+    (``find_recent``): in a room, the first run of a setup serves everyone who waited for it.
+    """
     try:
         while not queue.wait_turn(ticket, timeout_s=QUEUE_POLL_S):
             if handle.stop_requested:
-                return False
+                return STOPPED
+            if (recent := find_recent()) is not None:
+                return recent
             yield progress_view.queued_outputs(queue.place(ticket), queue.s_per_step is not None)
     except ValueError:  # taken out of the queue: Stop
-        return False
-    return not handle.stop_requested
+        return STOPPED
+    if handle.stop_requested:
+        return STOPPED
+    return find_recent() or TURN  # the run before may have been this very setup

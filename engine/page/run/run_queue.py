@@ -8,7 +8,8 @@ queue is the page's own, so every waiting person can be told:
 * their true place and the true total (running and waiting runs, every session's);
 * an estimate from the work ahead: each run's steps (``work_steps``, from its requests' caps) times
   this host's measured seconds per step, learned from the runs that finished here, plus what is
-  left of the running one;
+  left of the running one; a run whose setup is already ahead counts nothing, since it will be
+  shown that run when it finishes (``setup``);
 * that a session has one run in the queue at a time (``join`` refuses a second).
 
 ``wait_turn`` blocks a handler's thread until its run is first and the model is free, in slices, so
@@ -32,7 +33,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 # Before any run has finished here, seconds per step come from the caller (the recorded run's
@@ -51,6 +52,8 @@ class Ticket:
     joined_s: float
     started_s: float | None = None  # when it took the model; None while it waits
     seen_s: float = 0.0  # when its handler last asked for its turn or place
+    # what it runs, when it may be shown a run of the same setup instead (None: it runs live)
+    setup: Hashable | None = None
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,9 @@ class RunQueue:
     _numbers: itertools.count = field(default_factory=itertools.count)
     _changed: threading.Condition = field(default_factory=threading.Condition)
 
-    def join(self, session: str, work_steps: int) -> Ticket:
-        """Queue a run of ``work_steps`` steps for ``session``.
+    def join(self, session: str, work_steps: int, setup: Hashable | None = None) -> Ticket:
+        """Queue a run of ``work_steps`` steps for ``session``; ``setup``: its setup, when an
+        identical run finishing first would be shown to it instead (it then costs no turn).
 
         Raises:
             ValueError: this session already has a run waiting or running.
@@ -95,7 +99,8 @@ class RunQueue:
                     "Press Stop first to change it."
                 )
             now = self.clock()
-            ticket = Ticket(session, max(1, int(work_steps)), next(self._numbers), now, seen_s=now)
+            steps = max(1, int(work_steps))
+            ticket = Ticket(session, steps, next(self._numbers), now, seen_s=now, setup=setup)
             self._waiting.append(ticket)
             return ticket
 
@@ -166,7 +171,15 @@ class RunQueue:
     def _wait_estimate_s(self, ahead: list[Ticket], now: float) -> float | None:
         if self.s_per_step is None:
             return None
-        wait_s = sum(t.work_steps for t in ahead) * self.s_per_step
+        running = self._running
+        setups = set() if running is None or running.setup is None else {running.setup}
+        steps = 0
+        for t in ahead:  # a setup already ahead is measured once; the rest are shown that run
+            if t.setup is None or t.setup not in setups:
+                steps += t.work_steps
+            if t.setup is not None:
+                setups.add(t.setup)
+        wait_s = steps * self.s_per_step
         if self._running is not None:
             left_s = self._running.work_steps * self.s_per_step - (now - self._running.started_s)
             wait_s += max(0.0, left_s)

@@ -149,3 +149,24 @@ def test_pressing_run_changes_the_note_under_it_at_once():
     handle = RunHandle()
     assert playground.run_pressed(handle).startswith("**Run pressed:**")
     assert playground.run_pressed(handle) == gr.skip(), "a repeat press rewrote the note"
+
+
+def test_runs_waiting_for_an_identical_setup_are_shown_its_run_when_it_ends(page):
+    """Three sessions press Run on the same setup at once: one measures it, the two waiting are
+    shown that run as soon as it ends, without a turn on the model of their own."""
+    updates = {i: [] for i in range(3)}
+
+    def press(i):
+        updates[i].extend(_events(RunHandle()))
+
+    threads = [threading.Thread(target=press, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.05)  # in order: the first joins first
+    for thread in threads:
+        thread.join(timeout=120)
+    finals = [updates[i][-1] for i in range(3)]
+    shown = [_status(f).startswith("**Shown at once:**") for f in finals]
+    assert shown == [False, True, True], [_status(f)[:60] for f in finals]
+    assert all(f[OUT["run_state"]] is finals[0][OUT["run_state"]] for f in finals[1:])
+    assert page.queue.size() == 0

@@ -125,3 +125,19 @@ def test_a_waiting_run_nobody_asks_about_is_dropped_and_cannot_hold_the_line():
     assert queue.wait_turn(waiting, timeout_s=0), "a silent ticket held the line"
     with pytest.raises(ValueError, match="no longer in the queue"):
         queue.place(gone)
+
+
+def test_runs_of_a_setup_already_ahead_cost_no_wait():
+    """Runs that will be shown an identical run ahead of them (same setup) add nothing to the
+    estimate; a live run of that setup (no setup given) still counts."""
+    queue = RunQueue(s_per_step=1.0, clock=Clock(), stale_s=1e9)
+    running = queue.join("a", 10, setup="seed")
+    assert queue.wait_turn(running, timeout_s=0)
+    same = [queue.join(s, 10, setup="seed") for s in "bc"]
+    other = queue.join("d", 20, setup="custom")
+    live = queue.join("e", 10)
+    last = queue.join("f", 5, setup="custom")
+    assert [queue.place(t).estimate_s for t in same] == [10.0, 10.0]
+    assert queue.place(other).estimate_s == 10.0, "the seed runs ahead will be shown, not run"
+    assert queue.place(live).estimate_s == 30.0
+    assert queue.place(last).estimate_s == 40.0, "the custom setup ahead is measured once"
