@@ -74,12 +74,15 @@ class RunQueue:
 
     ``s_per_step``: the host's seconds per step to start from (None: no estimate until a run has
     finished here). ``clock``: seconds, monotonic (a test passes its own). ``stale_s``: a waiting
-    ticket nobody asked about for this long is dropped.
+    ticket nobody asked about for this long is dropped. ``shown_instead(setup)``: whether a run of
+    that setup would now be shown an earlier run (the page's recent runs), so it costs no wait.
     """
 
     s_per_step: float | None = None
     clock: Callable[[], float] = time.monotonic
     stale_s: float = STALE_S
+    # whether a run of this setup would be shown an earlier run now (it then takes no turn)
+    shown_instead: Callable[[Hashable], bool] = lambda setup: False
     _waiting: list[Ticket] = field(default_factory=list)
     _running: Ticket | None = None
     _numbers: itertools.count = field(default_factory=itertools.count)
@@ -175,13 +178,14 @@ class RunQueue:
         setups = set() if running is None or running.setup is None else {running.setup}
         steps = 0
         for t in ahead:  # a setup already ahead is measured once; the rest are shown that run
-            if t.setup is None or t.setup not in setups:
+            free = t.setup is not None and (t.setup in setups or self.shown_instead(t.setup))
+            if not free:
                 steps += t.work_steps
             if t.setup is not None:
                 setups.add(t.setup)
         wait_s = steps * self.s_per_step
-        if self._running is not None:
-            left_s = self._running.work_steps * self.s_per_step - (now - self._running.started_s)
+        if running is not None and not (running.setup and self.shown_instead(running.setup)):
+            left_s = running.work_steps * self.s_per_step - (now - running.started_s)
             wait_s += max(0.0, left_s)
         return wait_s
 

@@ -56,6 +56,9 @@ class SharedModel:
     queue: RunQueue = field(default_factory=RunQueue, repr=False)
     recent: RecentRuns = field(default_factory=lambda: RecentRuns(replay_window_s()), repr=False)
 
+    def __post_init__(self) -> None:
+        self.queue.shown_instead = lambda setup: self.recent.find(setup) is not None
+
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, **fields) -> SharedModel:
         runner = ModelRunner(loaded)

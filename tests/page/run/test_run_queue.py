@@ -141,3 +141,7 @@ def test_runs_of_a_setup_already_ahead_cost_no_wait():
     assert queue.place(other).estimate_s == 10.0, "the seed runs ahead will be shown, not run"
     assert queue.place(live).estimate_s == 30.0
     assert queue.place(last).estimate_s == 40.0, "the custom setup ahead is measured once"
+    queue.shown_instead = lambda setup: setup == "custom"  # a custom run just finished
+    assert queue.place(last).estimate_s == 20.0, "a setup just measured still counted"
+    queue.shown_instead = lambda setup: setup in ("custom", "seed")  # the running one too
+    assert queue.place(last).estimate_s == 10.0, "a run about to be shown, not run, counted"
