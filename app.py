@@ -51,15 +51,10 @@ def build_demo(
         outputs = page_panels.run_outputs(run_state, results, downloads, settings)
         wire_setup(demo, requests, settings, results, run_state)
         demo.load(page_io.link_step, None, link_step_state, **HIDDEN)
-        demo.load(
-            lambda: True, None, settings.replay_checkbox, queue=False, **HIDDEN
-        )  # a page's Run
-        run_event, live_event = wire_run(
-            requests, settings, results, run_state, handle_state, outputs
-        )
-        wire_stop(settings, results, run_state, handle_state, outputs, [run_event, live_event])
+        run_events = wire_run(requests, settings, results, run_state, handle_state, outputs)
+        wire_stop(settings, results, run_state, handle_state, outputs, run_events)
         step_io = [run_state, link_step_state], [results.step_slider, link_step_state]
-        run_event.success(page_io.apply_link_step, *step_io, **HIDDEN)
+        run_events[0].success(page_io.apply_link_step, *step_io, **HIDDEN)
         wire_views(results, run_state)
         wire_precision(settings, results, run_state)
     return demo
@@ -95,6 +90,7 @@ def wire_setup(demo, requests, settings, results, run_state) -> None:
     s = settings
     link_outputs = page_panels.page_components(page_io.LINK_OUTPUTS, requests, s, results)
     demo.load(page_io.from_link, None, link_outputs, **HIDDEN)
+    demo.load(lambda: True, None, s.replay_checkbox, queue=False, **HIDDEN)  # Run may replay
     chosen = [requests.table, s.chat_checkbox, requests.preset_markdown, s.slots_slider]
     choose = {"api_name": "apply_preset"}  # the endpoint's name before it also set the slots
     s.preset_dropdown.input(presets.choose_preset, s.preset_dropdown, chosen, **choose)
@@ -137,7 +133,7 @@ def wire_stop(settings, results, run_state, handle_state, outputs, run_events) -
     ).then(None, s.stop_reply_textbox, None, js=page_io.LEAVE_QUEUE_JS)
     left = [handle_state, run_state, results.x_axis_radio]
     s.leave_queue_button.click(
-        playground.left_queue_event, left, outputs, cancels=run_events, queue=False, **QUIET
+        playground.left_queue_event, left, outputs, cancels=list(run_events), queue=False, **QUIET
     )
 
 

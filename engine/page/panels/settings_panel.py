@@ -96,13 +96,7 @@ def settings_panel(
     with gr.Accordion("Engine settings", open=False):
         knobs = _engine_knobs()
         precision = _precision_knobs(dtypes, dtype)
-    run_note = gr.Markdown(run_note_text(), elem_id="run_note_markdown")  # in view when pressed
-    live_button = gr.Button(
-        "Run live anyway", size="sm", visible=False, elem_id="live_button", variant="secondary"
-    )
-    with gr.Row():
-        run_button = gr.Button("Run", variant="primary", elem_id="run_button")
-        stop_button = gr.Button("Stop", variant="stop", elem_id="stop_button")
+    run_note, live_button, run_button, stop_button = _run_controls()
     link_button = gr.Button("Copy link to this setup", size="sm", elem_id="link_button")
     link_textbox = gr.Textbox(
         label="Link: preset, slots and step (an edited table is not in it)",
@@ -131,6 +125,18 @@ def settings_panel(
         replay_checkbox=gr.Checkbox(False, visible=False, elem_id="replay_checkbox"),
         live_state=gr.State(False),
     )
+
+
+def _run_controls() -> tuple:
+    """The note under the settings (in view when Run is pressed), "Run live anyway", Run, Stop."""
+    run_note = gr.Markdown(run_note_text(), elem_id="run_note_markdown")
+    live_button = gr.Button(
+        "Run live anyway", size="sm", visible=False, elem_id="live_button", variant="secondary"
+    )
+    with gr.Row():
+        run_button = gr.Button("Run", variant="primary", elem_id="run_button")
+        stop_button = gr.Button("Stop", variant="stop", elem_id="stop_button")
+    return run_note, live_button, run_button, stop_button
 
 
 def run_note_text() -> str:
