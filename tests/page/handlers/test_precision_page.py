@@ -64,6 +64,7 @@ def test_float16_on_the_cpu_is_refused_naming_both_and_nothing_is_lost(shared, m
     shown = dict(zip(run_view.RUN_OUTPUTS, updates[0], strict=True))
     status = shown.pop("status_markdown")
     assert status.startswith("**Not run:** float16 is offered on CUDA only"), status
+    assert shown.pop("run_note_markdown").startswith("**Not run:** float16"), "Run's note kept"
     assert "CPU" in status and status.endswith(run_status.status_line(previous)), status
     assert all(v == gr.skip() for v in shown.values()), "a refused dtype changed the results"
     assert "float16" not in shared.variants, "a refused dtype was loaded"
