@@ -27,8 +27,16 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     assert doc["weight_bytes"] == sum(p.numel() * p.element_size() for p in params)
     linears = [m.weight for m in linear_modules(tiny_loaded.model)]
     packed = sum(w.numel() * w.element_size() for w in linears)
-    kernel = (doc["engine_kernel"], doc["engine_kernel_bytes"])
-    assert kernel == ("skinny", 0) or (kernel[0] == "onednn" and kernel[1] >= packed), kernel
+    choice = doc["kernel_choice"]  # the tiny model: measured at this start, kept nowhere
+    kernels = [r["kernel"] for r in choice["plan"]]
+    assert (choice["origin"], choice["file"], doc["engine_kernel"]) == (
+        "measured",
+        None,
+        "+".join(kernels),
+    ), choice
+    assert all(len(ts) == len(choice["rows"]) for ts in choice["times_ms"].values()), choice
+    copies = doc["engine_kernel_bytes"]  # without oneDNN: the fused layers' stacked copies only
+    assert copies >= packed if "onednn" in kernels else copies < packed, (kernels, copies)
     names = {"static", "static_generate", "continuous", "continuous_concat", "hf_continuous"}
     assert set(doc["engines"]) == names
     for name, r in doc["engines"].items():
@@ -52,6 +60,7 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     assert any(e["ph"] == "X" for e in perfetto["traceEvents"])
     table = capsys.readouterr().out
     assert "continuous_concat" in table and "speedup" in table and "x read" in table
+    assert "kernel choice: " in table and "ms per pass over" in table, "no kernel choice lines"
 
 
 def test_bench_reports_bad_input_clearly(tmp_path, tiny_loaded, capsys):
