@@ -256,8 +256,15 @@ ORIGINS = {  # KernelChoice.origin -> what it means for people
     "measured": "measured at this start",
     "cached": "measured at an earlier start on this host",
     "forced": "named by CBP_ENGINE_KERNEL",
+    "default": "not measured: a model built in memory",
     "none": "no CPU matmul to choose: the device's own",
 }
+
+
+def untimed_kernel() -> str:
+    """The kernel of a model that is not timed: ``onednn`` on x86 (the fastest at every row count
+    on this project's AMD EPYC, ``engine/kernels/linear_kernel.py``), else ``skinny``."""
+    return "onednn" if on_x86() else "skinny"
 
 
 @dataclasses.dataclass(frozen=True)

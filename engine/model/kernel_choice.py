@@ -13,7 +13,9 @@ The plan (``kernel_choice``) is the host's ``CBP_ENGINE_KERNEL``: ``auto`` (the 
 choice kept for this host, dtype and model (``engine.model.kernel_store``), or, at a host's first
 start, times the candidates on the model's own weights (``engine.kernels.kernel_timing``, at most
 5 s) and keeps the result; ``measure`` times them again; a kernel's name forces that kernel at
-every row count. ``kernel_summary()`` says in one line what was chosen and how.
+every row count. A model with no ``source`` (built in memory, as the tests' tiny model) is not
+timed: it gets ``engine.kernels.kernel_timing.untimed_kernel()``, so that such tests are quick and
+deterministic. ``kernel_summary()`` says in one line what was chosen and how.
 
 A base class, not an object the runner holds, so that every name stays on the runner as the
 engines, the bench and the tests use it (``runner.engine_kernels()``, ``runner.fused_decoder``,
@@ -142,13 +144,15 @@ class RunnerKernels:
             return KernelChoice(kernel_plan.RowPlan.single("none"), "none")
         if self._kernel_setting not in ("auto", "measure"):
             return KernelChoice(kernel_plan.RowPlan.single(self._kernel_setting), "forced")
+        source = getattr(self.loaded, "source", None)
+        if source is None:  # built in memory: nothing to key a file by, too small to time
+            return KernelChoice(
+                kernel_plan.RowPlan.single(kernel_timing.untimed_kernel()), "default"
+            )
         head = self.model.get_output_embeddings()
         decoder = [m for m in self._linears if m is not head] or self._linears
         candidates = kernel_timing.candidates_for(self.dtype)
-        source = getattr(self.loaded, "source", None)
-        key = None
-        if source is not None:
-            key = kernel_store.host_key(self.loaded.name, source, self.dtype, decoder, candidates)
+        key = kernel_store.host_key(self.loaded.name, source, self.dtype, decoder, candidates)
         measure = functools.partial(_measure, decoder, candidates)
         return kernel_store.stored_or_measured(key, measure, self._kernel_setting == "measure")
 
@@ -169,7 +173,7 @@ class RunnerKernels:
         choice = self.kernel_choice
         if choice.origin == "none":
             return kernel_plan.NO_KERNEL
-        if choice.origin == "forced":
+        if choice.origin in ("forced", "default"):
             kernel = kernel_plan.best_kernel(self._linears, choice.plan.names[0])
         else:
             try:

@@ -18,7 +18,7 @@ written costs only the next start's measurement. A measurement the time budget c
 (``Timings.complete`` false) is used at this start and not kept.
 
 A model with no ``source`` (built in memory, as the tests' tiny model) has nothing to key a file
-by: its choice is measured at each start and kept in memory only.
+by, and is not timed (``engine.model.kernel_choice``).
 """
 
 from __future__ import annotations
@@ -76,12 +76,10 @@ def choice_path(key: dict[str, Any]) -> Path:
 
 
 def stored_or_measured(
-    key: dict[str, Any] | None, measure: Callable[[], KernelChoice], remeasure: bool = False
+    key: dict[str, Any], measure: Callable[[], KernelChoice], remeasure: bool = False
 ) -> KernelChoice:
     """The choice kept for ``key``; else (no file, a bad one, ``remeasure``) ``measure()``'s,
-    written for the next start. ``key`` None: ``measure()``'s, kept in memory only."""
-    if key is None:
-        return measure()
+    written for the next start."""
     path = choice_path(key)
     stored = None if remeasure else read_choice(path, key)
     if stored is not None:
