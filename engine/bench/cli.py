@@ -288,6 +288,7 @@ def _bench(args, loaded, runner, requests, engines: dict, normal: dict) -> int:
         "weight_read_ms": weight_read_ms(loaded.model, runner.synchronize),
         "engine_kernel": runner.engine_kernel_name,
         "engine_kernel_bytes": runner.engine_kernel_bytes,
+        "kernel_choice": runner.kernel_choice.as_dict(),  # engine.kernels.kernel_timing
         "decoder_layers": runner.decoder_layers,  # which layers the timed steps ran
         "decoder_layer_steps": dict(runner.decoder_layer_steps),
     }

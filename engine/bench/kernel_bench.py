@@ -1,4 +1,4 @@
-"""Kernel micro-benchmark: ``F.linear`` against the engines' kernel, on the model's own weights.
+"""Kernel micro-benchmark: ``F.linear`` against the engines' kernels, on the model's own weights.
 
     python -m engine.bench.kernel_bench [--rows 1,2,3,4,8,16,64] [--repeat 9] [--model embedded]
 
@@ -6,32 +6,56 @@ For each row count M, times one pass of every decoder-layer ``nn.Linear`` of the
 weights a decode step streams, ``lm_head`` left out) with M random input rows, as plain
 ``F.linear``, as ``engine.kernels.linear_kernel.skinny_linear`` and, where this torch has oneDNN, as
 ``engine.kernels.linear_kernel.onednn_linear`` on packed weights; prints the best of ``--repeat`` in
-ms. This is the table in ``engine/kernels/linear_kernel.py``'s docstring.
+ms. The last column, ``chosen``, is the engines' kernel as the runner chose it for this host
+(``engine.model.kernel_choice``: measured at the first start, or named by ``CBP_ENGINE_KERNEL``),
+timed the same way through its row-count dispatch; the line under the table names it. This is the
+table in ``engine/kernels/linear_kernel.py``'s docstring.
 """
 
 from __future__ import annotations
 
 import argparse
+import platform
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from engine.kernels.kernel_timing import cpu_capabilities
 from engine.kernels.linear_kernel import linear_modules, onednn_linear, onednn_pack, skinny_linear
 
+Call = tuple[int, Callable[[torch.Tensor], torch.Tensor]]  # (input width K, x -> x @ W.T)
 
-def time_pass_ms(weights: list[torch.Tensor], num_rows: int, linear, repeat: int) -> float:
-    """Best-of-``repeat`` ms for ``linear(x, W)`` over every ``W``, x of ``num_rows`` rows."""
-    inputs = {w.shape[1]: torch.randn(num_rows, w.shape[1], dtype=w.dtype) for w in weights}
+
+def time_pass_ms(calls: list[Call], num_rows: int, dtype: torch.dtype, repeat: int) -> float:
+    """Best-of-``repeat`` ms for one pass over ``calls``, each on ``num_rows`` random rows."""
+    inputs = {width: torch.randn(num_rows, width, dtype=dtype) for width, _ in calls}
     best_s = float("inf")
     with torch.inference_mode():
         for _ in range(repeat):
             t0 = time.perf_counter()
-            for w in weights:
-                linear(inputs[w.shape[1]], w)
+            for width, call in calls:
+                call(inputs[width])
             best_s = min(best_s, time.perf_counter() - t0)
     return 1000 * best_s
+
+
+def _columns(decoder, kernel) -> dict[str, list[Call]]:
+    """Each column's calls: the candidates on the raw weights, then the runner's kernel."""
+    weights = [m.weight for m in decoder]
+    columns = {
+        "F.linear": [(w.shape[1], lambda x, w=w: F.linear(x, w)) for w in weights],
+        "skinny": [(w.shape[1], lambda x, w=w: skinny_linear(x, w)) for w in weights],
+    }
+    try:
+        packed = [(w.shape[1], onednn_pack(w)) for w in weights]
+        columns["onednn"] = [(k, lambda x, p=p: onednn_linear(x, p)) for k, p in packed]
+    except RuntimeError as exc:
+        print(f"no onednn column: {exc}", file=sys.stderr)
+    columns["chosen"] = [(m.in_features, lambda x, m=m: kernel.forward(m, x)) for m in decoder]
+    return columns
 
 
 def main(argv=None) -> int:
@@ -48,20 +72,21 @@ def main(argv=None) -> int:
         print("error: --rows takes whole numbers >= 1, --repeat >= 1", file=sys.stderr)
         return 2
     from engine.model.loader import load_model
+    from engine.model.model_runner import ModelRunner
 
-    model = load_model(args.model, "cpu", "float32").model
-    weights = [m.weight for m in linear_modules(model) if m is not model.get_output_embeddings()]
-    megabytes = sum(w.numel() * w.element_size() for w in weights) / 1e6
-    print(f"{len(weights)} linear weights, {megabytes:.0f} MB; best of {args.repeat}, ms")
-    kernels = {"F.linear": (weights, F.linear), "skinny": (weights, skinny_linear)}
-    try:
-        kernels["onednn"] = ([onednn_pack(w) for w in weights], onednn_linear)
-    except RuntimeError as exc:
-        print(f"no onednn column: {exc}", file=sys.stderr)
-    print(f"{'rows':>6}" + "".join(f"{name:>10}" for name in kernels))
+    loaded = load_model(args.model, "cpu", "float32")
+    model, runner = loaded.model, ModelRunner(loaded)
+    decoder = [m for m in linear_modules(model) if m is not model.get_output_embeddings()]
+    megabytes = sum(m.weight.numel() * m.weight.element_size() for m in decoder) / 1e6
+    print(f"{len(decoder)} linear weights, {megabytes:.0f} MB; best of {args.repeat}, ms")
+    columns = _columns(decoder, runner.engine_kernel)
+    print(f"{'rows':>6}" + "".join(f"{name:>10}" for name in columns))
     for num_rows in rows:
-        times = [time_pass_ms(ws, num_rows, fn, args.repeat) for ws, fn in kernels.values()]
+        times = [time_pass_ms(c, num_rows, torch.float32, args.repeat) for c in columns.values()]
         print(f"{num_rows:>6}" + "".join(f"{ms:>10.2f}" for ms in times))
+    cpu = cpu_capabilities().get("cpu_name") or platform.processor() or platform.machine()
+    chosen = runner.kernel_summary().removeprefix("matmul: ")
+    print(f"chosen: {chosen}; on {cpu}, torch {torch.__version__}")
     return 0
 
 

@@ -17,6 +17,8 @@ from engine.batching.continuous import ContinuousEngine
 from engine.bench.servers import failed_result, schedule_line
 from engine.bench.verdicts import add_invariant_cost, verdict_summary
 from engine.config import EngineConfig
+from engine.kernels.kernel_plan import RowPlan
+from engine.kernels.kernel_timing import ORIGINS
 from engine.sequence import Request
 
 
@@ -96,6 +98,8 @@ def print_report(args, results, normal_results, extra, run) -> None:
         f"engines' matmul kernel: {extra['engine_kernel']} "
         f"(+{extra['engine_kernel_bytes'] / 1e6:.0f} MB of packed weights)"
     )
+    for line in kernel_choice_lines(extra["kernel_choice"]):
+        print(line)
     if (
         extra["decoder_layers"] is not None
     ):  # engine.kernels.fused_layers, or transformers' own layers
@@ -105,6 +109,39 @@ def print_report(args, results, normal_results, extra, run) -> None:
         f"weight read (the decode-step limit): {extra['weight_bytes'] / 1e6:.0f} MB in "
         f"{extra['weight_read_ms']:.1f} ms"
     )
+
+
+def kernel_choice_lines(choice: dict) -> list[str]:
+    """How the engines' matmul was chosen (``engine.kernels.kernel_timing.KernelChoice.as_dict``):
+    its ranges and origin, then, where it was timed, ms per pass per candidate and row count, the
+    chosen one starred, e.g.::
+
+        kernel choice: linear 1-4 rows, onednn 5+ rows (measured at this start)
+          ms per pass over 35 of 210 linears (71 MB), best of 3; * chosen
+                rows       1       2 ...
+              linear    3.1*    3.3* ...
+    """
+    ranges = choice["plan"]
+    plan = RowPlan(tuple(r["from_rows"] for r in ranges), tuple(r["kernel"] for r in ranges))
+    where = f"; kept in {choice['file']}" if choice.get("file") else ""
+    lines = [f"kernel choice: {plan.describe()} ({ORIGINS[choice['origin']]}{where})"]
+    if choice.get("rows") is None:
+        return lines
+    rounds = choice["rounds"]
+    lines.append(
+        f"  ms per pass over {choice['timed_linears']} of {choice['total_linears']} linears "
+        f"({choice['timed_bytes'] / 1e6:.0f} MB), "
+        + (f"best of {rounds}" if rounds else "cut short by the time budget")
+        + f", {choice['measured_s']:.1f} s; * chosen"
+    )
+    lines.append(f"  {'rows':>10}" + "".join(f"{m:>8}" for m in choice["rows"]))
+    for name, times in choice["times_ms"].items():
+        cells = [
+            "-" if t is None else f"{t:.1f}" + ("*" if plan.name_at(m) == name else " ")
+            for t, m in zip(times, choice["rows"], strict=True)
+        ]
+        lines.append(f"  {name:>10}" + "".join(f"{cell:>8}" for cell in cells))
+    return lines
 
 
 def optional_measures(args, runner, requests, extra) -> None:

@@ -37,7 +37,8 @@ from torch import nn
 
 from engine.kernels import decode_attention, packed_attention
 from engine.kernels.host_setting import read_choice
-from engine.kernels.linear_kernel import onednn_pack, skinny_linear
+from engine.kernels.kernel_plan import RowPlan
+from engine.kernels.linear_kernel import bind
 from engine.serving.packed_batch import PackedBatch
 
 CHOICES = {  # CBP_FUSED_LAYERS
@@ -50,56 +51,45 @@ _LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"
 class FusedLinear:
     """One weight, or several ``nn.Linear`` weights stacked along N, behind one matmul.
 
-    ``kernel`` is ``engine.kernels.linear_kernel``'s name for this model and host: ``"onednn"``
-    packs the stacked weight for ``torch.ops.mkldnn._linear_pointwise``; ``"onednn_f32"`` packs a
-    float32 copy of a half-precision weight and keeps the half one for single rows (as
-    ``UpcastOneDNNLinears``); ``"skinny"`` keeps it plain for ``skinny_linear``.
+    ``kernel`` is the engines' plan for this model and host (``engine.kernels.kernel_plan``), or
+    the name of one kernel: each of its kernels binds the stacked weight once
+    (``engine.kernels.linear_kernel.bind``: ``"onednn"`` packs it, ``"onednn_f32"`` packs a float32
+    copy of a half-precision weight, ``"linear"`` and ``"skinny"`` keep it plain), and a call goes
+    to the plan's kernel for its row count.
 
     Shapes:
         weights: [N_i, K] each  ->  stacked [N, K], N = sum N_i;  x: [M, K]  ->  [M, N]
     """
 
-    def __init__(self, linears: list[nn.Linear], kernel: str):
+    def __init__(self, linears: list[nn.Linear], kernel: str | RowPlan):
+        plan = RowPlan.single(kernel) if isinstance(kernel, str) else kernel
         weights = [m.weight.detach() for m in linears]
         weight = weights[0] if len(weights) == 1 else torch.cat(weights)  # (N, K)
         biases = [m.bias for m in linears]
-        self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
-        self.kernel = kernel
+        bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
         self.stacked = len(weights) > 1
-        self.weight = None if kernel == "onednn" else weight  # plain matmuls and single rows
-        self.packed = None
-        if kernel == "onednn":
-            self.packed = onednn_pack(weight)
-        elif kernel == "onednn_f32":
-            self.packed = onednn_pack(weight.float())
-            self.bias32 = None if self.bias is None else self.bias.float()
+        self.stacked_bytes = weight.numel() * weight.element_size() if self.stacked else 0
+        bound = {name: bind(name, weight, bias) for name in plan.kernels}
+        self._bound = list(bound.values())
+        # by_rows[M]: the kernel at M rows, up to the last range's start (then the last's)
+        self._by_rows = [bound[plan.name_at(m)] for m in range(plan.starts[-1] + 1)]
 
     @property
     def extra_bytes(self) -> int:
         """Memory this adds to the model's own weights (packed and stacked copies), in bytes."""
-        total = 0 if self.packed is None else torch.ops.mkldnn._nbytes(self.packed)
-        if self.stacked and self.weight is not None:
-            total += self.weight.numel() * self.weight.element_size()
-        return total
+        packed = sum(b.extra_bytes for b in self._bound)
+        plain = any(b.weight is not None for b in self._bound)  # a kernel keeps the stacked copy
+        return packed + (self.stacked_bytes if plain else 0)
+
+    def _kernel(self, x: torch.Tensor):
+        return self._by_rows[min(x.shape[0], len(self._by_rows) - 1)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel == "onednn":
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        if self.kernel == "onednn_f32":
-            if x.shape[0] == 1:
-                return F.linear(x, self.weight, self.bias)
-            out = torch.ops.mkldnn._linear_pointwise(
-                x.float(), self.packed, self.bias32, "none", [], ""
-            )
-            return out.to(x.dtype)
-        return skinny_linear(x, self.weight, self.bias)
+        return self._kernel(x)(x)
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual + self(x)``; oneDNN adds it in the matmul's epilogue (same float32 bits)."""
-        if self.kernel == "onednn":
-            op = torch.ops.mkldnn._linear_pointwise.binary
-            return op(x, residual, self.packed, self.bias, "add")
-        return residual + self(x)
+        return self._kernel(x).add(x, residual)
 
 
 @dataclasses.dataclass
@@ -156,7 +146,7 @@ class FusedDecoder:
             ``"onednn_f32"``).
     """
 
-    def __init__(self, model: nn.Module, kernel: str):
+    def __init__(self, model: nn.Module, kernel: str | RowPlan):
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"fused decoder: {reason}")
@@ -233,7 +223,7 @@ class FusedDecoder:
         return torch.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype) * weight
 
 
-def _fused_layer(layer: nn.Module, kernel: str) -> FusedLayer:
+def _fused_layer(layer: nn.Module, kernel: str | RowPlan) -> FusedLayer:
     attn, mlp = layer.self_attn, layer.mlp
     return FusedLayer(
         attn=attn,

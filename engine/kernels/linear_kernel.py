@@ -13,13 +13,21 @@ weights), best of 5 (``python -m engine.bench.kernel_bench --rows 1,3,5,8,16,64,
     (* one row padded to two: a single row takes MKL's slower matrix-vector path;
      ** above 64 rows skinny_linear is F.linear)
 
-The engines use oneDNN (``torch.ops.mkldnn._linear_pointwise``, the op torch's inductor emits for
-CPU linears) with each weight reordered once into oneDNN's blocked layout
-(``torch.ops.mkldnn._reorder_linear_weight``). The packed copies cost at least as much memory as
-the weights themselves (``OneDNNLinears.packed_bytes``), and they are made once, on first use; they
-assume the weights no longer change (``forward`` asserts it). oneDNN is used on x86 CPUs only,
-where it was measured; elsewhere, or where oneDNN is missing or refuses a weight (float16 without
-AVX512-FP16, say), the engines fall back to ``skinny_linear``, MKL called as ``(W @ x.T).T``.
+The candidates (``CANDIDATES``), each a ``BoundLinear`` on one weight (``bind``):
+
+* ``linear``: ``F.linear``, the model's own matmul;
+* ``skinny``: ``skinny_linear``, MKL called as ``(W @ x.T).T``;
+* ``onednn``: oneDNN (``torch.ops.mkldnn._linear_pointwise``, the op torch's inductor emits for
+  CPU linears) on a copy of the weight reordered once into oneDNN's blocked layout
+  (``torch.ops.mkldnn._reorder_linear_weight``); in half precision this is oneDNN's bfloat16 or
+  float16 kernel (AVX512-BF16 or AMX where the CPU has them);
+* ``onednn_f32``: for half-precision weights, oneDNN on float32 copies of the same values
+  (``UpcastLinear``), for CPUs where oneDNN has no half kernel.
+
+Packed copies cost at least as much memory as the weights themselves (``extra_bytes``); they
+are made once, on first use, and assume the weights no longer change. Which candidate runs at
+which row count is ``engine.kernels.kernel_plan``'s; ``engine.kernels.kernel_timing`` measures
+them on this host. oneDNN is a candidate on x86 CPUs only (``on_x86``): elsewhere it is untried.
 
 Every kernel computes the same sums in another order, so results agree to float32 rounding (max
 |diff| about 1e-6 per layer), and the parity tests check greedy outputs against plain
@@ -34,15 +42,14 @@ import contextlib
 import functools
 import platform
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels.host_setting import read_choice
-
 MAX_SKINNY_ROWS = 64  # above this many rows plain F.linear is as fast as (W @ x.T).T
+CANDIDATES = ("linear", "skinny", "onednn", "onednn_f32")
+HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 LinearForward = Callable[[nn.Linear, torch.Tensor], torch.Tensor]
 
@@ -90,36 +97,67 @@ def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-class OneDNNLinears:
-    """oneDNN-packed copies of some ``nn.Linear`` weights, and the ``LinearForward`` using them.
+class BoundLinear:
+    """``F.linear`` on one weight: ``self(x)`` is ``F.linear(x, weight, bias)``; the base of the
+    other candidates, which compute the same through another kernel.
 
-    Each weight is packed and tried once on a one-row input, so a weight oneDNN cannot take fails
-    here rather than inside an engine step.
+    ``weight`` is None where a kernel keeps only a packed copy; ``extra_bytes`` is the memory its
+    copies add. ``add(x, residual)`` is ``residual + self(x)``.
 
-    Raises:
-        RuntimeError: oneDNN cannot pack or multiply one of these weights.
+    Shapes:
+        weight: [N, K];  bias: [N] or None;  x: [..., K]  ->  [..., N]
     """
 
-    def __init__(self, linears: list[nn.Linear]):
-        self.packed = {module: onednn_pack(module.weight) for module in linears}
-        self._versions = {module: module.weight._version for module in linears}
-        with torch.inference_mode():
-            for module, packed in self.packed.items():
-                onednn_linear(module.weight.new_zeros(1, module.in_features), packed, module.bias)
+    packed: torch.Tensor | None = None
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.weight, self.bias = weight, bias
 
     @property
-    def packed_bytes(self) -> int:
-        """Memory the packed copies take: at least that of the weights, more where oneDNN pads."""
-        return sum(torch.ops.mkldnn._nbytes(p) for p in self.packed.values())
+    def extra_bytes(self) -> int:
+        return 0 if self.packed is None else torch.ops.mkldnn._nbytes(self.packed)
 
-    def forward(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        """A ``LinearForward``: ``module(x)`` through its packed weight."""
-        assert module.weight._version == self._versions[module], "weight changed after packing"
-        return onednn_linear(x, self.packed[module], module.bias)
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return residual + self(x)
 
 
-class UpcastOneDNNLinears:
-    """float32 oneDNN copies of half-precision weights, for CPUs where oneDNN has no half kernel.
+class SkinnyLinear(BoundLinear):
+    """``skinny_linear`` on one weight."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return skinny_linear(x, self.weight, self.bias)
+
+
+class PackedLinear(BoundLinear):
+    """oneDNN on a packed copy of one weight (the weight itself is not kept).
+
+    The copy is tried once on a one-row input, so a weight oneDNN cannot take fails here rather
+    than inside an engine step. ``add`` puts the residual in the matmul's epilogue (oneDNN's
+    ``add`` post-op: the same float32 bits as adding after).
+
+    Raises:
+        RuntimeError: oneDNN cannot pack or multiply this weight.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__(None, bias)
+        self.packed = onednn_pack(weight)
+        with torch.inference_mode():
+            onednn_linear(weight.new_zeros(1, weight.shape[1]), self.packed, bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return onednn_linear(x, self.packed, self.bias)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        op = torch.ops.mkldnn._linear_pointwise.binary
+        return op(x, residual, self.packed, self.bias, "add")
+
+
+class UpcastLinear(BoundLinear):
+    """oneDNN on a float32 copy of a half-precision weight, for CPUs without a half kernel.
 
     oneDNN multiplies bfloat16 only with AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT; on an AVX2-only
     CPU it refuses the weights, and torch's own bfloat16 matmul is a slow generic loop for more
@@ -137,88 +175,42 @@ class UpcastOneDNNLinears:
     the input's dtype, as a half-precision matmul with float32 accumulation does.
 
     Raises:
-        RuntimeError: oneDNN cannot pack or multiply one of these weights.
+        RuntimeError: oneDNN cannot pack or multiply the float32 copy.
     """
 
-    def __init__(self, linears: list[nn.Linear]):
-        self.packed = {module: onednn_pack(module.weight.float()) for module in linears}
-        self.biases = {m: None if m.bias is None else m.bias.detach().float() for m in linears}
-        self._versions = {module: module.weight._version for module in linears}
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__(weight, bias)  # the half weight, for single rows
+        self.packed = onednn_pack(weight.detach().float())
+        self.bias32 = None if bias is None else bias.detach().float()
         with torch.inference_mode():
-            for module, packed in self.packed.items():
-                onednn_linear(module.weight.new_zeros(2, module.in_features).float(), packed)
+            onednn_linear(weight.new_zeros(2, weight.shape[1]).float(), self.packed)
 
-    @property
-    def packed_bytes(self) -> int:
-        """Memory the float32 packed copies take (twice the half-precision weights, or more)."""
-        return sum(torch.ops.mkldnn._nbytes(p) for p in self.packed.values())
-
-    def forward(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        """A ``LinearForward``: ``module(x)``, its sums in float32, in ``x``'s dtype."""
-        assert module.weight._version == self._versions[module], "weight changed after packing"
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() == x.shape[-1]:  # one row
-            return F.linear(x, module.weight, module.bias)
-        out = onednn_linear(x.float(), self.packed[module], self.biases[module])
-        return out.to(x.dtype)
+            return F.linear(x, self.weight, self.bias)
+        return onednn_linear(x.float(), self.packed, self.bias32).to(x.dtype)
 
 
-class Kernel(NamedTuple):
-    """The engines' kernel for a model: its name, its ``LinearForward``, the memory it adds."""
-
-    name: str  # "onednn", "onednn_f32", "skinny", or "none" (no linears to route: CUDA, MPS)
-    forward: LinearForward
-    extra_bytes: int
-
-
-SKINNY = Kernel("skinny", skinny_forward, 0)
-KERNEL_CHOICES = {  # CBP_ENGINE_KERNEL: a host may forgo the packed copies
-    "auto": "the fastest kernel that works here",
-    "skinny": "MKL, without oneDNN's packed weight copies",
+_BINDERS = {
+    "linear": BoundLinear,
+    "skinny": SkinnyLinear,
+    "onednn": PackedLinear,
+    "onednn_f32": UpcastLinear,
 }
 
 
-def requested_kernel() -> str:
-    """The host's ``CBP_ENGINE_KERNEL`` (default ``"auto"``).
+def bind(name: str, weight: torch.Tensor, bias: torch.Tensor | None = None) -> BoundLinear:
+    """The candidate ``name`` (one of ``CANDIDATES``) on ``weight`` [N, K] and ``bias``.
 
     Raises:
-        ValueError: a value other than ``auto`` or ``skinny``, named in the message.
+        RuntimeError: oneDNN cannot take the weight (``onednn``, ``onednn_f32``).
     """
-    choice = read_choice("CBP_ENGINE_KERNEL", KERNEL_CHOICES)
-    return choice
+    return _BINDERS[name](weight, bias)
 
 
 def on_x86() -> bool:
-    """Whether this CPU is x86-64, where oneDNN's kernel was measured (and is used)."""
+    """Whether this CPU is x86-64, the only kind where oneDNN is a candidate."""
     return platform.machine().lower() in ("x86_64", "amd64")
-
-
-def best_kernel(linears: list[nn.Linear], choice: str = "auto") -> Kernel:
-    """The fastest kernel that works here for ``linears``, or ``skinny`` if ``choice`` says so.
-
-    ``"onednn"`` (packed copies, ``extra_bytes`` of them) on x86 where oneDNN takes every weight;
-    for half-precision weights oneDNN refuses (bfloat16 on an AVX2-only CPU), ``"onednn_f32"``
-    (``UpcastOneDNNLinears``); else ``"skinny"`` (no extra memory); ``"none"`` for no linears.
-    """
-    if not linears:
-        return Kernel("none", skinny_forward, 0)
-    if choice == "skinny" or not on_x86():
-        return SKINNY
-    try:
-        onednn = OneDNNLinears(linears)
-    except RuntimeError:
-        return _upcast_kernel(linears)
-    return Kernel("onednn", onednn.forward, onednn.packed_bytes)
-
-
-def _upcast_kernel(linears: list[nn.Linear]) -> Kernel:
-    """``"onednn_f32"`` for half-precision weights oneDNN refused, where it takes float32 ones."""
-    if linears[0].weight.dtype not in (torch.bfloat16, torch.float16):
-        return SKINNY
-    try:
-        upcast = UpcastOneDNNLinears(linears)
-    except RuntimeError:
-        return SKINNY
-    return Kernel("onednn_f32", upcast.forward, upcast.packed_bytes)
 
 
 def linear_modules(model: nn.Module) -> list[nn.Linear]:

@@ -1,12 +1,13 @@
 """The model: loading it, the device and dtype it runs in, and the runner that calls it.
 
-``model_runner`` is the only module that calls the model; ``kernel_choice`` is its kernel half.
+``model_runner`` is the only module that calls the model; ``kernel_choice`` is its kernel half,
+and ``kernel_store`` keeps the kernel choice measured on this host.
 Beside them: the ``loader``, the ``device`` and dtype checks (``dtype_support``), the model
 ``allowlist`` and OpenMP settings (``openmp_env``). May import the rooms below it: ``workloads``,
 ``serving``, ``kernels``.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
-``kernel_choice`` serves it from inside.
+``kernel_choice`` and ``kernel_store`` serve it from inside.
 """
 
 __all__ = [

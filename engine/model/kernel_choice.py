@@ -1,12 +1,21 @@
 """The model runner's kernels: the engines' matmul, the fused decoder layers, batch-invariant mode.
 
 ``engine.model.model_runner.ModelRunner`` inherits ``RunnerKernels``, the half of the runner that
-picks what the model's arithmetic runs through: the engines' matmul kernel for its linears
-(``engine.kernels.linear_kernel``: oneDNN on packed weights, or the skinny kernel), the continuous
-engine's fused decoder layers (``engine.kernels.fused_layers``) and batch-invariant mode's kernels
-(``engine.kernels.invariant_ops``), each made on first use, since packed and stacked copies of the
-weights cost memory. It builds kernels from the weights and swaps the attention implementation;
-calling the model stays the runner's (``forward_packed``, ``generate``).
+picks what the model's arithmetic runs through: the engines' matmul kernel for its linears (a
+plan of ``engine.kernels.kernel_plan``: one candidate of ``engine.kernels.linear_kernel`` per
+range of row counts), the continuous engine's fused decoder layers (``engine.kernels.fused_layers``,
+on the same plan) and batch-invariant mode's kernels (``engine.kernels.invariant_ops``), each made
+on first use, since packed and stacked copies of the weights cost memory. It builds kernels from
+the weights and swaps the attention implementation; calling the model stays the runner's
+(``forward_packed``, ``generate``).
+
+The plan (``kernel_choice``) is the host's ``CBP_ENGINE_KERNEL``: ``auto`` (the default) reads the
+choice kept for this host, dtype and model (``engine.model.kernel_store``), or, at a host's first
+start, times the candidates on the model's own weights (``engine.kernels.kernel_timing``, at most
+5 s) and keeps the result; ``measure`` times them again; a kernel's name forces that kernel at
+every row count. A model with no ``source`` (built in memory, as the tests' tiny model) is not
+timed: it gets ``engine.kernels.kernel_timing.untimed_kernel()``, so that such tests are quick and
+deterministic. ``kernel_summary()`` says in one line what was chosen and how.
 
 A base class, not an object the runner holds, so that every name stays on the runner as the
 engines, the bench and the tests use it (``runner.engine_kernels()``, ``runner.fused_decoder``,
@@ -18,11 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import fused_layers, invariant_ops, linear_kernel
+from engine.kernels import fused_layers, invariant_ops, kernel_plan, kernel_timing, linear_kernel
+from engine.kernels.kernel_timing import KernelChoice
+from engine.model import kernel_store
+
+log = logging.getLogger(__name__)
 
 
 class RunnerKernels:
@@ -32,13 +46,14 @@ class RunnerKernels:
         """Find the model's linears and read the host's kernel settings (nothing is made yet).
 
         Raises:
-            ValueError: ``CBP_ENGINE_KERNEL`` is set to something other than ``auto`` or
-                ``skinny``, or ``CBP_FUSED_LAYERS`` to something other than ``auto`` or ``off``.
+            ValueError: ``CBP_ENGINE_KERNEL`` is set to something not in
+                ``engine.kernels.kernel_plan.KERNEL_CHOICES``, or ``CBP_FUSED_LAYERS`` to
+                something other than ``auto`` or ``off``.
         """
         # The engines' matmul kernel pays off on CPU only; CUDA and MPS keep their own matmuls.
         cpu = self.device.type == "cpu"
         self._linears = linear_kernel.linear_modules(self.model) if cpu else []
-        self._kernel_choice = linear_kernel.requested_kernel()  # ValueError: a bad host setting
+        self._kernel_setting = kernel_plan.requested_kernel()  # ValueError: a bad setting
         # forward_packed through engine.kernels.fused_layers where they apply; ValueError: a bad
         # setting
         self.use_fused_layers = fused_layers.requested()
@@ -76,7 +91,8 @@ class RunnerKernels:
             ValueError: the model is not a Llama-style decoder (``engine.kernels.invariant_ops``).
         """
         forward = self._kernel.forward if self._linears else _plain_linear
-        tile = invariant_ops.tile_rows_for(self.device.type, self.dtype, self.engine_kernel_name)
+        at_tile = self._kernel.plan.name_at(invariant_ops.TILE_ROWS)  # every call has tile rows
+        tile = invariant_ops.tile_rows_for(self.device.type, self.dtype, at_tile)
         return invariant_ops.InvariantKernels(self.model, forward, tile)
 
     def require_batch_invariant(self) -> None:
@@ -85,8 +101,14 @@ class RunnerKernels:
 
     @property
     def engine_kernel_name(self) -> str:
-        """The engines' matmul kernel here: ``"onednn"``, ``"skinny"``, or ``"none"`` (GPU)."""
+        """The engines' matmul kernels here, in row order: ``"onednn"``, ``"linear+onednn"``,
+        ..., or ``"none"`` (GPU)."""
         return self._kernel.name
+
+    @property
+    def engine_kernel(self) -> kernel_plan.Kernel:
+        """The engines' matmul kernel (``engine.kernels.kernel_plan.Kernel``), made on first use."""
+        return self._kernel
 
     @property
     def engine_kernel_bytes(self) -> int:
@@ -110,14 +132,57 @@ class RunnerKernels:
         if not self._linears or fused_layers.unsupported_reason(self.model) is not None:
             return None
         try:
-            return fused_layers.FusedDecoder(self.model, self._kernel.name)
+            return fused_layers.FusedDecoder(self.model, self._kernel.plan)
         except RuntimeError:  # oneDNN refused a stacked weight: the model's own layers
             return None
 
     @functools.cached_property
-    def _kernel(self) -> linear_kernel.Kernel:
+    def kernel_choice(self) -> KernelChoice:
+        """The engines' matmul plan and how it was chosen (see the module docstring), made on
+        first use: the first start on a host times the kernels (at most 5 s)."""
+        if not self._linears:
+            return KernelChoice(kernel_plan.RowPlan.single("none"), "none")
+        if self._kernel_setting not in ("auto", "measure"):
+            return KernelChoice(kernel_plan.RowPlan.single(self._kernel_setting), "forced")
+        source = getattr(self.loaded, "source", None)
+        if source is None:  # built in memory: nothing to key a file by, too small to time
+            return KernelChoice(
+                kernel_plan.RowPlan.single(kernel_timing.untimed_kernel()), "default"
+            )
+        head = self.model.get_output_embeddings()
+        decoder = [m for m in self._linears if m is not head] or self._linears
+        candidates = kernel_timing.candidates_for(self.dtype)
+        key = kernel_store.host_key(self.loaded.name, source, self.dtype, decoder, candidates)
+        measure = functools.partial(_measure, decoder, candidates)
+        return kernel_store.stored_or_measured(key, measure, self._kernel_setting == "measure")
+
+    def kernel_summary(self) -> str:
+        """One line for people (the page's model line shows it on hover): which matmul kernel
+        runs at which row counts, how it was chosen, and the memory its copies add."""
+        choice, kernel = self.kernel_choice, self._kernel
+        if choice.origin == "none":
+            return f"matmul: {kernel_timing.ORIGINS['none']}"
+        text = f"matmul: {choice.summary()}"
+        if kernel.plan != choice.plan:
+            text += f"; oneDNN refused the weights, so {kernel.plan.describe()}"
+        return text + f"; +{kernel.extra_bytes / 1e6:.0f} MB of weight copies"
+
+    @functools.cached_property
+    def _kernel(self) -> kernel_plan.Kernel:
         # Made on first use: oneDNN's packed copies double the weights' memory.
-        return linear_kernel.best_kernel(self._linears, self._kernel_choice)
+        choice = self.kernel_choice
+        if choice.origin == "none":
+            return kernel_plan.NO_KERNEL
+        if choice.origin in ("forced", "default"):
+            kernel = kernel_plan.best_kernel(self._linears, choice.plan.names[0])
+        else:
+            try:
+                kernel = kernel_plan.kernel_for(self._linears, choice.plan)
+            except RuntimeError:  # the timed weights passed, another one did not
+                kernel = kernel_plan.best_kernel(self._linears, "linear")
+        if kernel.plan != choice.plan:
+            log.warning("oneDNN refused the weights: the engines' matmul is %s", kernel.name)
+        return kernel
 
     @contextlib.contextmanager
     def _attention(self, name: str):
@@ -128,6 +193,16 @@ class RunnerKernels:
             yield
         finally:
             config._attn_implementation = previous
+
+
+def _measure(decoder, candidates) -> KernelChoice:
+    """Time ``candidates`` on a sample of the ``decoder`` linears; the fastest per row range."""
+    timings = kernel_timing.time_candidates(
+        kernel_timing.sample_linears(decoder), candidates, total_linears=len(decoder)
+    )
+    plan = kernel_timing.choose_plan(timings.rows, timings.times_ms)
+    log.info("Engines' matmul measured in %.1f s: %s", timings.measured_s, plan.describe())
+    return KernelChoice(plan, "measured", timings)
 
 
 def _plain_linear(module, x: torch.Tensor) -> torch.Tensor:

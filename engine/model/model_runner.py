@@ -14,9 +14,9 @@ own samplers (``engine.serving.sampler``), and ``generate`` samples after
 transformers' own ``ContinuousBatchingManager`` runs on the same runner's model through
 ``engine.peers.transformers_manager.run_batch`` (the comparison engine
 ``engine.peers.transformers_engine`` calls it). Which kernels the model's arithmetic runs through
-(the engines' matmul, the fused decoder layers, batch-invariant mode: ``engine_kernels``,
-``fused_decoder``) is the base class ``engine.model.kernel_choice.RunnerKernels``; this module keeps
-every call of the model.
+(the engines' matmul, measured per host and row count, the fused decoder layers, batch-invariant
+mode: ``engine_kernels``, ``kernel_choice``, ``kernel_summary()``, ``fused_decoder``) is the base
+class ``engine.model.kernel_choice.RunnerKernels``; this module keeps every call of the model.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ class ModelRunner(RunnerKernels):
     """Wraps a ``engine.model.loader.LoadedModel``; see the module docstring.
 
     Raises:
-        ValueError: ``CBP_ENGINE_KERNEL`` is set to something other than ``auto`` or ``skinny``,
-            or ``CBP_FUSED_LAYERS`` to something other than ``auto`` or ``off``.
+        ValueError: ``CBP_ENGINE_KERNEL`` is set to something not in
+            ``engine.kernels.kernel_plan.KERNEL_CHOICES``, or ``CBP_FUSED_LAYERS`` to something
+            other than ``auto`` or ``off``.
     """
 
     def __init__(self, loaded):

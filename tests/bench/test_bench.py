@@ -6,6 +6,9 @@ import pytest
 
 from engine.bench import args as bench_args
 from engine.bench import cli as bench
+from engine.bench import report
+from engine.kernels.kernel_plan import RowPlan
+from engine.kernels.kernel_timing import KernelChoice, Timings
 from engine.kernels.linear_kernel import linear_modules
 from tests.bench.workload_files import corrupt_continuous_outputs, write_workload
 
@@ -27,8 +30,12 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     assert doc["weight_bytes"] == sum(p.numel() * p.element_size() for p in params)
     linears = [m.weight for m in linear_modules(tiny_loaded.model)]
     packed = sum(w.numel() * w.element_size() for w in linears)
-    kernel = (doc["engine_kernel"], doc["engine_kernel_bytes"])
-    assert kernel == ("skinny", 0) or (kernel[0] == "onednn" and kernel[1] >= packed), kernel
+    choice = doc["kernel_choice"]  # the tiny model is built in memory: not measured
+    kernels = [r["kernel"] for r in choice["plan"]]
+    assert (choice["origin"], choice["file"], choice["times_ms"]) == ("default", None, None)
+    assert doc["engine_kernel"] == "+".join(kernels), (doc["engine_kernel"], kernels)
+    copies = doc["engine_kernel_bytes"]  # without oneDNN: the fused layers' stacked copies only
+    assert copies >= packed if "onednn" in kernels else copies < packed, (kernels, copies)
     names = {"static", "static_generate", "continuous", "continuous_concat", "hf_continuous"}
     assert set(doc["engines"]) == names
     for name, r in doc["engines"].items():
@@ -52,6 +59,29 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     assert any(e["ph"] == "X" for e in perfetto["traceEvents"])
     table = capsys.readouterr().out
     assert "continuous_concat" in table and "speedup" in table and "x read" in table
+    assert "kernel choice: " in table, "no kernel choice line"
+
+
+def test_the_report_shows_the_measured_times_and_stars_the_chosen():
+    """kernel_choice_lines: the ranges, the origin and file, then a row of ms per kernel with a
+    star on the kernel each row count runs."""
+    times = {"linear": (1.0, 5.0, 9.0), "onednn": (2.0, 3.0, None)}
+    plan = RowPlan((1, 2), ("linear", "onednn"))
+    timings = Timings((1, 2, 4), times, 35, 210, 70_000_000, 2.5, 0)
+    doc = KernelChoice(plan, "cached", timings, "/c/kc.json").as_dict()
+    lines = report.kernel_choice_lines(doc)
+    assert lines[0] == (
+        "kernel choice: linear 1-1 rows, onednn 2+ rows "
+        "(measured at an earlier start on this host; kept in /c/kc.json)"
+    ), lines[0]
+    assert "35 of 210 linears (70 MB), cut short by the time budget" in lines[1], lines[1]
+    assert lines[2].split() == ["rows", "1", "2", "4"]
+    assert lines[3].split() == ["linear", "1.0*", "5.0", "9.0"], lines[3]
+    assert lines[4].split() == ["onednn", "2.0", "3.0*", "-"], lines[4]
+    forced = KernelChoice(RowPlan.single("skinny"), "forced").as_dict()
+    assert report.kernel_choice_lines(forced) == [
+        "kernel choice: skinny at every row count (named by CBP_ENGINE_KERNEL)"
+    ]
 
 
 def test_bench_reports_bad_input_clearly(tmp_path, tiny_loaded, capsys):

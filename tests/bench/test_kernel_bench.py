@@ -6,9 +6,12 @@ import torch
 from engine.bench import kernel_bench
 
 
-def test_prints_a_row_per_row_count_without_lm_head(tiny_loaded, capsys):
-    """Rows 1 and 5 each get a positive timing per kernel, oneDNN's where torch has it; lm_head's
-    weight is not timed."""
+def test_prints_a_row_per_row_count_without_lm_head(tiny_loaded, capsys, tmp_path, monkeypatch):
+    """Rows 1 and 5 each get a positive timing per kernel, oneDNN's where torch has it, and the
+    chosen kernel's last; the line under the table names the choice, measured here (a model with
+    a source, a cache folder of its own); lm_head is not timed."""
+    monkeypatch.setenv("CBP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tiny_loaded, "source", "folder/tiny-llama", raising=False)
     assert kernel_bench.main(["--rows", "1,5", "--repeat", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     decoder = [m for m in tiny_loaded.model.modules() if type(m).__name__ == "Linear"]
@@ -16,10 +19,19 @@ def test_prints_a_row_per_row_count_without_lm_head(tiny_loaded, capsys):
     header = lines[1].split()
     expected = ["rows", "F.linear", "skinny"]
     expected += ["onednn"] if torch.backends.mkldnn.is_available() else []
-    assert header == expected, lines[1]
-    rows = [line.split() for line in lines[2:]]
+    assert header == [*expected, "chosen"], lines[1]
+    rows = [line.split() for line in lines[2:-1]]
     assert [r[0] for r in rows] == ["1", "5"]
     assert all(len(r) == len(header) and all(float(v) > 0 for v in r[1:]) for r in rows), rows
+    assert lines[-1].startswith("chosen: ") and "(measured at this start" in lines[-1], lines[-1]
+
+
+def test_the_chosen_column_is_the_forced_kernel(tiny_loaded, capsys, monkeypatch):
+    """CBP_ENGINE_KERNEL=skinny: the line under the table says skinny at every row count."""
+    monkeypatch.setenv("CBP_ENGINE_KERNEL", "skinny")
+    assert kernel_bench.main(["--rows", "2", "--repeat", "1"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("chosen: skinny at every row count (named by CBP_ENGINE_KERNEL)"), last
 
 
 def test_without_onednn_the_table_keeps_its_shape(tiny_loaded, capsys, monkeypatch):
@@ -27,7 +39,7 @@ def test_without_onednn_the_table_keeps_its_shape(tiny_loaded, capsys, monkeypat
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     assert kernel_bench.main(["--rows", "2", "--repeat", "1"]) == 0
     captured = capsys.readouterr()
-    assert captured.out.splitlines()[1].split() == ["rows", "F.linear", "skinny"]
+    assert captured.out.splitlines()[1].split() == ["rows", "F.linear", "skinny", "chosen"]
     assert "no onednn column" in captured.err
 
 

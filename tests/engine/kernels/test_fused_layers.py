@@ -10,6 +10,8 @@ from engine.batching.continuous import ContinuousEngine
 from engine.config import EngineConfig
 from engine.fidelity.reference import ReferenceCache
 from engine.kernels import decode_attention, fused_layers, linear_kernel
+from engine.kernels.kernel_plan import RowPlan
+from engine.kernels.kernel_timing import KernelChoice
 
 HAS_ONEDNN = torch.backends.mkldnn.is_available()
 
@@ -42,6 +44,51 @@ def test_fused_layers_give_the_model_layers_bits_in_float32(kv_mode, monkeypatch
     assert runner.fused_decoder is not None
     assert len(got) == len(want)
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def _with_plan(runner, plan: RowPlan):
+    """The runner as if its measurement had chosen ``plan``."""
+    runner.__dict__["kernel_choice"] = KernelChoice(plan, "measured")
+    return runner
+
+
+MIXED = RowPlan((1, 3, 8), ("linear", "skinny", "onednn" if HAS_ONEDNN else "linear"))
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [RowPlan.single("linear"), RowPlan.single("skinny"), MIXED],
+    ids=["linear", "skinny", "mixed"],
+)
+def test_fused_layers_give_the_model_layers_bits_for_every_plan(plan, monkeypatch):
+    """With F.linear, skinny, or a plan switching kernels by row count, the fused layers' logits
+    are bitwise those of the model's own modules through the same plan."""
+    runner = _with_plan(tiny_runner(), plan)
+    monkeypatch.setattr(decode_attention, "plan_decode", lambda batch, dtype: None)
+    runner.use_fused_layers = False
+    want = _logits_per_step(runner, "slots", 3)
+    runner.use_fused_layers = True
+    got = _logits_per_step(runner, "slots", 3)
+    assert runner.engine_kernel_name == plan.label and runner.fused_decoder is not None
+    assert len(got) == len(want)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_the_fused_layers_follow_the_plans_row_ranges(monkeypatch):
+    """Under a plan giving skinny 3 to 7 rows, the fused layers call skinny only at 3 to 7 rows,
+    and do call it (steps of 3 decoding sequences)."""
+    runner = _with_plan(tiny_runner(), MIXED)
+    seen = []
+    skinny = linear_kernel.skinny_linear
+
+    def spy(x, weight, bias=None):
+        seen.append(x.numel() // x.shape[-1])
+        return skinny(x, weight, bias)
+
+    monkeypatch.setattr(linear_kernel, "skinny_linear", spy)
+    ContinuousEngine(runner, EngineConfig(3, ignore_eos=True)).run(make_requests(SPECS[:3]))
+    assert runner.decoder_layers == "fused"
+    assert seen and all(3 <= rows <= 7 for rows in seen), sorted(set(seen))
 
 
 @pytest.mark.parametrize("kv_mode", ["slots", "paged"])

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from tiny_model import tiny_runner
 from torch import nn
 
-from engine.kernels import linear_kernel
+from engine.kernels import kernel_plan, linear_kernel
 from engine.kernels.linear_kernel import MAX_SKINNY_ROWS, onednn_linear, onednn_pack, skinny_linear
 
 HAS_ONEDNN = torch.backends.mkldnn.is_available()
@@ -45,9 +45,27 @@ def test_onednn_linear_equals_f_linear(num_rows, with_bias):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", linear_kernel.CANDIDATES)
+@pytest.mark.parametrize("num_rows", [1, 3, 70])
+def test_every_candidate_is_f_linear(name, num_rows):
+    """Each bound candidate gives F.linear's result, and add() adds the residual."""
+    if name.startswith("onednn") and not HAS_ONEDNN:
+        pytest.skip("this torch build has no oneDNN")
+    gen = torch.Generator().manual_seed(num_rows)
+    weight, bias = torch.randn(48, 40, generator=gen), torch.randn(48, generator=gen)
+    x, residual = torch.randn(num_rows, 40, generator=gen), torch.randn(num_rows, 48, generator=gen)
+    bound = linear_kernel.bind(name, weight, bias)
+    with torch.inference_mode():
+        torch.testing.assert_close(bound(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+        want = residual + F.linear(x, weight, bias)
+        torch.testing.assert_close(bound.add(x, residual), want, rtol=1e-5, atol=1e-5)
+    assert (bound.extra_bytes > 0) == name.startswith("onednn"), bound.extra_bytes
+
+
 @pytest.mark.skipif(not linear_kernel.on_x86(), reason="oneDNN is used on x86 only")
-def test_runner_uses_onednn_on_x86():
-    """On x86 CPUs the engines get the packed oneDNN kernel, not a silent fallback."""
+def test_a_forced_onednn_packs_every_weight(monkeypatch):
+    """CBP_ENGINE_KERNEL=onednn: the packed oneDNN kernel, copies at least the weights' size."""
+    monkeypatch.setenv("CBP_ENGINE_KERNEL", "onednn")
     runner = tiny_runner()
     assert runner.engine_kernel_name == "onednn", "oneDNN refused the weights"
     weights = [m.weight for m in linear_kernel.linear_modules(runner.model)]
@@ -57,6 +75,7 @@ def test_runner_uses_onednn_on_x86():
 @pytest.mark.skipif(not linear_kernel.on_x86(), reason="oneDNN is used on x86 only")
 def test_packed_forward_goes_through_onednn_for_every_linear(monkeypatch):
     """A packed-batch forward calls the oneDNN matmul once per linear, lm_head included."""
+    monkeypatch.setenv("CBP_ENGINE_KERNEL", "onednn")
     runner = tiny_runner()
     assert runner.engine_kernel_name == "onednn"  # packs (and tries) every weight, before the spy
     calls = []
@@ -78,7 +97,7 @@ def test_a_weight_onednn_refuses_means_skinny(monkeypatch):
         raise RuntimeError("no kernel for this weight")
 
     monkeypatch.setattr(linear_kernel, "onednn_pack", refuse)
-    kernel = linear_kernel.best_kernel([nn.Linear(8, 4)])
+    kernel = kernel_plan.best_kernel([nn.Linear(8, 4)])
     assert (kernel.name, kernel.extra_bytes) == ("skinny", 0)
 
 
@@ -86,7 +105,7 @@ def test_without_onednn_the_kernel_is_skinny(monkeypatch):
     """Where oneDNN is missing, best_kernel falls back to skinny_linear with no extra memory."""
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     layer = nn.Linear(8, 4)
-    kernel = linear_kernel.best_kernel([layer])
+    kernel = kernel_plan.best_kernel([layer])
     assert (kernel.name, kernel.extra_bytes) == ("skinny", 0)
     x = torch.randn(3, 8)
     torch.testing.assert_close(kernel.forward(layer, x), layer(x))
@@ -100,7 +119,7 @@ def test_a_host_can_forgo_the_packed_copies(monkeypatch):
 
 
 def test_a_bad_kernel_setting_is_named(monkeypatch):
-    """A CBP_ENGINE_KERNEL value other than auto or skinny is refused, naming the variable."""
+    """A CBP_ENGINE_KERNEL value outside its choices is refused, naming the variable."""
     monkeypatch.setenv("CBP_ENGINE_KERNEL", "fast")
     with pytest.raises(ValueError, match="CBP_ENGINE_KERNEL='fast'"):
         tiny_runner()
@@ -108,7 +127,7 @@ def test_a_bad_kernel_setting_is_named(monkeypatch):
 
 def test_no_linears_means_no_kernel():
     """With nothing to route (the runner on CUDA or MPS), the kernel is "none" and adds nothing."""
-    kernel = linear_kernel.best_kernel([])
+    kernel = kernel_plan.best_kernel([])
     assert (kernel.name, kernel.extra_bytes) == ("none", 0)
 
 
@@ -116,11 +135,11 @@ def test_no_linears_means_no_kernel():
 def test_a_weight_changed_after_packing_is_caught():
     """Packed copies would go stale silently: a forward after an in-place weight change fails."""
     layer = nn.Linear(8, 4)
-    packed = linear_kernel.OneDNNLinears([layer])
+    kernel = kernel_plan.best_kernel([layer], "onednn")
     with torch.no_grad():
         layer.weight.mul_(2)
     with pytest.raises(AssertionError, match="changed after packing"):
-        packed.forward(layer, torch.randn(2, 8))
+        kernel.forward(layer, torch.randn(2, 8))
 
 
 def test_installed_routes_then_restores(monkeypatch):

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels import linear_kernel
+from engine.kernels import kernel_plan, linear_kernel
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN"
@@ -33,7 +33,7 @@ def test_refused_bfloat16_gets_float32_copies(monkeypatch):
     """best_kernel picks onednn_f32, whose copies take twice the bfloat16 weights or more."""
     _refuse_half(monkeypatch)
     linears = _bf16_linears(0)
-    kernel = linear_kernel.best_kernel(linears)
+    kernel = kernel_plan.best_kernel(linears)
     assert kernel.name == "onednn_f32"
     assert kernel.extra_bytes >= sum(
         2 * m.weight.numel() * m.weight.element_size() for m in linears
@@ -45,7 +45,7 @@ def test_several_rows_sum_in_float32_and_round_once(monkeypatch, num_rows):
     """Rows >= 2: the float32 product of the bfloat16 values, rounded to bfloat16 once."""
     _refuse_half(monkeypatch)
     linears = _bf16_linears(num_rows)
-    kernel = linear_kernel.best_kernel(linears)
+    kernel = kernel_plan.best_kernel(linears)
     x = torch.randn(num_rows, 64).to(torch.bfloat16)
     with torch.inference_mode():
         for m in linears:
@@ -60,7 +60,7 @@ def test_one_row_is_the_half_precision_matmul(monkeypatch):
     """A single row goes through F.linear on the bfloat16 weight: its exact bits."""
     _refuse_half(monkeypatch)
     linears = _bf16_linears(1)
-    kernel = linear_kernel.best_kernel(linears)
+    kernel = kernel_plan.best_kernel(linears)
     x = torch.randn(1, 1, 64).to(torch.bfloat16)
     with torch.inference_mode():
         for m in linears:
@@ -72,5 +72,5 @@ def test_float32_weights_oneDNN_refuses_still_mean_skinny(monkeypatch):
     monkeypatch.setattr(
         linear_kernel, "onednn_pack", lambda w: (_ for _ in ()).throw(RuntimeError())
     )
-    kernel = linear_kernel.best_kernel([nn.Linear(8, 4)])
+    kernel = kernel_plan.best_kernel([nn.Linear(8, 4)])
     assert (kernel.name, kernel.extra_bytes) == ("skinny", 0)

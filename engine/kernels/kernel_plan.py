@@ -1,0 +1,177 @@
+"""The kernel plan: which matmul kernel the engines run at which row count, and the host's say.
+
+A decode step of one sequence multiplies each weight by one row, a prefill chunk by hundreds;
+the fastest kernel for one need not be the fastest for the other (issue 25's table: on a Xeon
+with AMX ``F.linear`` wins at 1 to 3 rows, oneDNN on packed weights at 5 and 16). A ``RowPlan``
+gives each range of row counts one candidate of ``engine.kernels.linear_kernel``, and
+``kernel_for`` builds the ``Kernel`` the engines install: per module, one bound linear per
+candidate the plan uses, picked per call by the input's row count (one list index).
+
+Where the plan comes from is the runner's (``engine.model.kernel_choice``): measured
+(``engine.kernels.kernel_timing``) or read from the cache folder, unless the host names one kernel
+in ``CBP_ENGINE_KERNEL`` (``requested_kernel``); a named kernel is ``best_kernel``, the same at
+every row count, with a stand-in where oneDNN refuses the weights.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from engine.kernels.host_setting import read_choice
+from engine.kernels.linear_kernel import HALF_DTYPES, LinearForward, bind, skinny_forward
+
+
+@dataclasses.dataclass(frozen=True)
+class RowPlan:
+    """Which kernel runs at each row count M (the rows of a linear's input: one per token the
+    step computes), as ranges that start at ``starts``::
+
+        starts   1          5          64
+        names    linear     onednn     skinny
+        M        1 .. 4     5 .. 63    64 and up
+
+    Raises:
+        ValueError: ``starts`` do not ascend from 1, or there is not one name per start.
+    """
+
+    starts: tuple[int, ...]
+    names: tuple[str, ...]
+
+    def __post_init__(self):
+        starts, names = self.starts, self.names
+        ascending = all(isinstance(s, int) and s >= 1 for s in starts) and all(
+            a < b for a, b in zip(starts, starts[1:], strict=False)
+        )
+        if not (len(starts) == len(names) >= 1 and starts[0] == 1 and ascending):
+            raise ValueError(
+                f"a row plan needs starts ascending from 1 and one kernel name each "
+                f"(got starts {starts!r}, names {names!r})"
+            )
+
+    @classmethod
+    def single(cls, name: str) -> RowPlan:
+        """``name`` at every row count."""
+        return cls((1,), (name,))
+
+    def name_at(self, num_rows: int) -> str:
+        """The kernel for ``num_rows`` rows (0 rows: the first range's)."""
+        return self.names[max(bisect.bisect_right(self.starts, num_rows) - 1, 0)]
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        """Each kernel the plan uses, once, in row order."""
+        return tuple(dict.fromkeys(self.names))
+
+    @property
+    def label(self) -> str:
+        """The kernels in row order, e.g. ``"onednn"`` or ``"linear+onednn"``."""
+        return "+".join(self.names)
+
+    def ranges(self) -> list[tuple[int, int | None, str]]:
+        """``(first M, last M or None: no end, kernel)`` per range."""
+        ends = [s - 1 for s in self.starts[1:]] + [None]
+        return list(zip(self.starts, ends, self.names, strict=True))
+
+    def describe(self) -> str:
+        """For people: ``"onednn at every row count"``, ``"linear 1-4 rows, onednn 5+ rows"``."""
+        if len(self.names) == 1:
+            return f"{self.names[0]} at every row count"
+        parts = []
+        for lo, hi, name in self.ranges():
+            parts.append(f"{name} {lo}+ rows" if hi is None else f"{name} {lo}-{hi} rows")
+        return ", ".join(parts)
+
+
+class Kernel(NamedTuple):
+    """The engines' kernel for a model: its ``LinearForward``, the memory it adds, its plan."""
+
+    forward: LinearForward
+    extra_bytes: int
+    plan: RowPlan  # "none" (no linears to route: CUDA, MPS), else names from CANDIDATES
+
+    @property
+    def name(self) -> str:
+        """``plan.label``: ``"onednn"``, ``"linear+onednn"``, ..., or ``"none"``."""
+        return self.plan.label
+
+
+NO_KERNEL = Kernel(skinny_forward, 0, RowPlan.single("none"))
+KERNEL_CHOICES = {  # CBP_ENGINE_KERNEL
+    "auto": "the fastest per row count, measured at the first start and kept in the cache folder",
+    "measure": "as auto, measured again at this start",
+    "linear": "F.linear everywhere",
+    "skinny": "MKL as (W @ x.T).T everywhere, without packed weight copies",
+    "onednn": "oneDNN on packed weight copies everywhere",
+    "onednn_f32": "oneDNN on float32 copies of half-precision weights everywhere",
+}
+
+
+def requested_kernel() -> str:
+    """The host's ``CBP_ENGINE_KERNEL`` (default ``"auto"``): a key of ``KERNEL_CHOICES``.
+
+    Raises:
+        ValueError: any other value, named in the message with every choice.
+    """
+    return read_choice("CBP_ENGINE_KERNEL", KERNEL_CHOICES)
+
+
+class _RowDispatch:
+    """``forward(module, x)``: ``module``'s bound kernel for the row count of ``x``."""
+
+    def __init__(self, linears: list[nn.Linear], plan: RowPlan):
+        bound = {n: {m: bind(n, m.weight, m.bias) for m in linears} for n in plan.kernels}
+        self.extra_bytes = sum(b.extra_bytes for by in bound.values() for b in by.values())
+        # by_rows[M]: the kernels at M rows, up to the last range's start (then the last's)
+        self._by_rows = [bound[plan.name_at(m)] for m in range(plan.starts[-1] + 1)]
+        self._versions = {m: m.weight._version for m in linears}
+        self._packed = any(b.packed is not None for by in bound.values() for b in by.values())
+
+    def forward(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """A ``LinearForward``: ``module(x)`` through the plan's kernel at ``x``'s row count."""
+        if self._packed:
+            assert module.weight._version == self._versions[module], "weight changed after packing"
+        num_rows = x.numel() // x.shape[-1]
+        return self._by_rows[min(num_rows, len(self._by_rows) - 1)][module](x)
+
+
+def kernel_for(linears: list[nn.Linear], plan: RowPlan) -> Kernel:
+    """The kernel that runs ``plan`` on ``linears``: each module's input goes to the plan's
+    kernel for its row count.
+
+    Raises:
+        RuntimeError: oneDNN cannot take one of the weights (a plan with ``onednn`` or
+            ``onednn_f32``).
+    """
+    if not linears:
+        return NO_KERNEL
+    dispatch = _RowDispatch(linears, plan)
+    return Kernel(dispatch.forward, dispatch.extra_bytes, plan)
+
+
+_FALLBACKS = {  # a named kernel, then what stands in where oneDNN refuses the weights
+    "linear": ("linear",),
+    "skinny": ("skinny",),
+    "onednn": ("onednn", "onednn_f32", "skinny"),
+    "onednn_f32": ("onednn_f32", "skinny"),
+}
+
+
+def best_kernel(linears: list[nn.Linear], choice: str = "onednn") -> Kernel:
+    """The kernel ``choice`` (one of ``CANDIDATES``) at every row count, or the nearest that
+    works here: where oneDNN refuses a weight, ``onednn`` becomes ``onednn_f32`` for
+    half-precision weights, else ``skinny`` (no extra memory); ``"none"`` for no linears.
+    """
+    half = bool(linears) and linears[0].weight.dtype in HALF_DTYPES
+    for name in _FALLBACKS[choice]:
+        if name == "onednn_f32" and choice == "onednn" and not half:
+            continue  # the float32 copies are for half-precision weights oneDNN refused
+        try:
+            return kernel_for(linears, RowPlan.single(name))
+        except RuntimeError:
+            continue
+    raise AssertionError("skinny never fails")  # pragma: no cover

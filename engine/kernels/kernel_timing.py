@@ -1,0 +1,331 @@
+"""Kernel timing: the engines' matmul chosen by timing the candidates where the engines run.
+
+Which kernel is fastest depends on the CPU, its memory and torch's build: oneDNN on packed
+weights was 2x faster than ``F.linear`` at one row on this project's AMD EPYC, and 1.5x slower on
+a Xeon with AMX (issue 25). So the runner (``engine.model.kernel_choice``) times every candidate
+(``candidates_for``) on the model's own weights at the row counts the engines meet
+(``time_candidates``), keeps the fastest per range of row counts (``choose_plan``), and
+``engine.model.kernel_store`` keeps that on disk, so only a host's first start pays for it.
+
+**Row counts** (``ROW_COUNTS``). A linear sees one row per token its step computes
+(``engine.serving.scheduler``): a decode step one per running sequence, 1 to the slot count (the
+page allows 16; the bench's workloads run 3 and 8); a prefill step the prompt tokens it takes (a
+whole prompt without a token budget, chunks of at most the budget with one), plus the decodes.
+The static engine's ``model.generate`` sees B rows per decode step and B x W in its prefill. So:
+every count from 1 to 6, then 8, 12 and 16 for decode, and 32 to 512, doubling, for prefill. A
+row count between two measured ones takes the choice of the one below; above 512, 512's
+(compute-bound there, where the order of the kernels stops changing).
+
+**The bound: at most ``BUDGET_S`` (5 s) at the first start.**
+
+* A subset of the weights: the decoder's first whole layers, in model order, until they hold twice
+  the last-level cache (at least 64 MiB; all of them in a smaller model). Every layer of a decoder
+  has the same shapes, so a few whole layers weigh each shape as the full stack does; and more
+  than the cache, so every pass streams its weights from memory as a real decode step does (a
+  subset that fits in the cache would time cache reads and favour compute-heavy kernels). The
+  output embedding is left out (as ``engine.bench.kernel_bench`` does). SmolLM2-135M in float32
+  on a 32 MiB cache: 5 of 30 layers (35 of 210 linears), 71 MB.
+* Best of ``REPEAT`` (3) rounds, after a warm-up on one layer of every (kernel, rows) pair that
+  builds oneDNN's primitives. Each round walks the row counts upwards and interleaves the
+  candidates in a rotating order, so the machine's drift falls on all of them alike.
+* The measurement stops before a pass that would end past the budget (its guess: the same
+  candidate's previous pass, scaled up by the ratio of row counts). A later round only sharpens
+  the times; a row count no round reached takes the choice below it, and a measurement that did
+  not finish one round is used for this start only (``Timings.complete``;
+  ``engine.model.kernel_store`` does not keep it). On a host whose cores are shared with other
+  busy processes, passes take many times longer (2 OpenMP threads on 2 busy cores wait at every
+  op) and the measurement is cut short, or noisy: ``CBP_ENGINE_KERNEL=measure`` times again.
+
+**The rule** (``choose_plan``): at each measured row count, the candidate with the least time; a
+candidate already chosen for the row count below keeps it while within ``TIE_FRACTION`` (2 %) of
+the least, so that timing noise between near-equal kernels does not split ranges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.kernels.kernel_plan import RowPlan
+from engine.kernels.linear_kernel import CANDIDATES, HALF_DTYPES, bind, on_x86
+
+DECODE_ROWS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+PREFILL_ROWS = (32, 64, 128, 256, 512)
+ROW_COUNTS = DECODE_ROWS + PREFILL_ROWS
+BUDGET_S = 5.0
+REPEAT = 3
+TIE_FRACTION = 0.02
+MIN_TIMED_BYTES = 64 * 2**20
+DEFAULT_CACHE_BYTES = 32 * 2**20  # where the OS does not say how large the last-level cache is
+_NATIVE_HALF = {  # the CPU capabilities (torch.cpu.get_capabilities) of oneDNN's half kernels
+    torch.bfloat16: ("avx512_bf16", "amx_bf16"),
+    torch.float16: ("avx512_fp16", "amx_fp16"),
+}
+
+log = logging.getLogger(__name__)
+
+
+def cpu_capabilities() -> dict[str, Any]:
+    """torch's view of this CPU (``torch.cpu.get_capabilities``: its name, instruction sets and
+    caches), or ``{}`` where this torch does not have it."""
+    get = getattr(torch.cpu, "get_capabilities", None)
+    try:
+        return dict(get()) if get is not None else {}
+    except RuntimeError:
+        return {}
+
+
+def candidates_for(dtype: torch.dtype) -> tuple[str, ...]:
+    """The kernels worth timing for weights of ``dtype`` here.
+
+    ``linear`` and ``skinny`` everywhere; oneDNN on x86 where torch has it: ``onednn`` in float32,
+    and in half precision only where the CPU has the native instructions (AVX512-BF16 or AMX for
+    bfloat16, AVX512-FP16 or AMX-FP16 for float16), plus ``onednn_f32`` (float32 copies).
+    """
+    names = ["linear", "skinny"]
+    if not (on_x86() and torch.backends.mkldnn.is_available()):
+        return tuple(names)
+    if dtype not in HALF_DTYPES:
+        return (*names, "onednn")
+    flags = cpu_capabilities()
+    if any(flags.get(flag) for flag in _NATIVE_HALF[dtype]):
+        names.append("onednn")
+    return (*names, "onednn_f32")
+
+
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache (Linux's sysfs), else ``DEFAULT_CACHE_BYTES``."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = entry.read_text().strip().upper()
+            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=DEFAULT_CACHE_BYTES)
+
+
+def sample_linears(linears: list[nn.Linear], target_bytes: int | None = None) -> list[nn.Linear]:
+    """The first whole layers of ``linears`` (model order) whose weights hold ``target_bytes``,
+    by default twice the last-level cache and at least ``MIN_TIMED_BYTES``; all of them if they
+    hold less. A layer is one period of the weights' shapes (7 linears in a Llama-style decoder:
+    q, k, v, o, gate, up, down); without a period, the prefix stops at the target."""
+    if target_bytes is None:
+        target_bytes = max(2 * last_level_cache_bytes(), MIN_TIMED_BYTES)
+    shapes = [tuple(m.weight.shape) for m in linears]
+    period = next(p for p in range(1, len(shapes) + 1) if shapes[p:] == shapes[: len(shapes) - p])
+    period = 1 if period == len(shapes) else period
+    count, total = 0, 0
+    while count < len(linears) and (total < target_bytes or count % period):
+        total += linears[count].weight.numel() * linears[count].weight.element_size()
+        count += 1
+    return linears[:count]
+
+
+@dataclasses.dataclass(frozen=True)
+class Timings:
+    """What ``time_candidates`` measured: ms per pass over the timed linears, per candidate and
+    row count (best of the rounds run; None: no round reached it)."""
+
+    rows: tuple[int, ...]
+    times_ms: dict[str, tuple[float | None, ...]]  # candidate -> one per row count
+    timed_linears: int  # how many linears a pass multiplies
+    total_linears: int  # of how many (the decoder's)
+    timed_bytes: int  # their weights
+    measured_s: float  # wall time of the measurement, building the candidates included
+    rounds: int  # complete rounds (every candidate at every row count)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every candidate was timed at every row count at least once."""
+        return self.rounds >= 1
+
+
+def time_candidates(
+    linears: list[nn.Linear],
+    names: tuple[str, ...],
+    rows: tuple[int, ...] = ROW_COUNTS,
+    total_linears: int | None = None,
+    budget_s: float = BUDGET_S,
+    repeat: int = REPEAT,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Timings:
+    """Best-of-``repeat`` ms per pass of ``F.linear(x, W)`` over every weight of ``linears`` (x: M
+    random rows in the weights' dtype), for each kernel in ``names`` at each M of ``rows``, within
+    about ``budget_s`` of wall time (see the module docstring). A candidate that cannot take a
+    weight (oneDNN refusing it) is left out, with a log line.
+    """
+    start_s = clock()
+    bound: dict[str, list] = {}
+    for name in names:
+        try:
+            bound[name] = [(m.in_features, bind(name, m.weight.detach(), m.bias)) for m in linears]
+        except RuntimeError as err:
+            log.info("kernel %s left out of the timing: %s", name, err)
+    dtype = linears[0].weight.dtype
+    widths = {m.in_features for m in linears}
+    best = {name: [float("inf")] * len(rows) for name in bound}
+    num_passes = 0
+    with torch.inference_mode():
+        inputs = [{k: torch.randn(num_rows, k).to(dtype) for k in widths} for num_rows in rows]
+        _warm_up(bound, inputs, linears)
+        last = dict.fromkeys(bound, (1, 0.0))  # each candidate's latest pass: (rows, seconds)
+        for i, name in _pass_order(list(bound), len(rows), repeat):
+            last_rows, last_s = last[name]
+            guess_s = last_s * max(1.0, rows[i] / last_rows)  # time grows at most with rows
+            if clock() - start_s + guess_s > budget_s:
+                break
+            t0 = clock()
+            for width, linear in bound[name]:
+                linear(inputs[i][width])
+            last[name] = (rows[i], clock() - t0)
+            best[name][i] = min(best[name][i], 1000 * last[name][1])
+            num_passes += 1
+    times = {n: tuple(None if t == float("inf") else t for t in ts) for n, ts in best.items()}
+    return Timings(
+        rows=tuple(rows),
+        times_ms=times,
+        timed_linears=len(linears),
+        total_linears=total_linears or len(linears),
+        timed_bytes=sum(m.weight.numel() * m.weight.element_size() for m in linears),
+        measured_s=clock() - start_s,
+        rounds=num_passes // max(len(rows) * len(bound), 1),
+    )
+
+
+def _pass_order(names: list[str], num_rows: int, repeat: int):
+    """``(row index, candidate)`` per pass: rounds, row counts upwards, candidates rotating."""
+    for round_index in range(repeat):
+        for i in range(num_rows):
+            shift = (round_index + i) % len(names)
+            for name in names[shift:] + names[:shift]:
+                yield i, name
+
+
+def _warm_up(bound: dict[str, list], inputs: list[dict], linears: list[nn.Linear]) -> None:
+    """Each candidate once on each weight shape at each row count: oneDNN builds (and caches) a
+    primitive per shape on its first call, which no timed pass should pay for."""
+    shapes = {tuple(m.weight.shape): i for i, m in reversed(list(enumerate(linears)))}
+    for calls in bound.values():
+        for by_width in inputs:
+            for i in shapes.values():
+                width, linear = calls[i]
+                linear(by_width[width])
+
+
+def choose_plan(
+    rows: tuple[int, ...],
+    times_ms: dict[str, tuple[float | None, ...]],
+    tie_fraction: float = TIE_FRACTION,
+) -> RowPlan:
+    """The fastest candidate per range of row counts (the rule in the module docstring).
+
+    ``times_ms[name][i]``: ms per pass of candidate ``name`` at ``rows[i]`` (None: not measured).
+    The first range starts at 1 row whatever the smallest measured count.
+
+    Raises:
+        ValueError: no candidate has a time at any row count.
+    """
+    starts: list[int] = []
+    names: list[str] = []
+    for i, num_rows in sorted(enumerate(rows), key=lambda pair: pair[1]):
+        measured = {n: ts[i] for n, ts in times_ms.items() if ts[i] is not None}
+        if not measured:
+            continue
+        fastest = min(measured, key=measured.__getitem__)
+        held = names[-1] if names else None
+        if held in measured and measured[held] <= measured[fastest] * (1 + tie_fraction):
+            fastest = held
+        if fastest != held:
+            starts.append(num_rows if starts else 1)
+            names.append(fastest)
+    if not names:
+        raise ValueError("no kernel was timed at any row count")
+    return RowPlan(tuple(starts), tuple(names))
+
+
+ORIGINS = {  # KernelChoice.origin -> what it means for people
+    "measured": "measured at this start",
+    "cached": "measured at an earlier start on this host",
+    "forced": "named by CBP_ENGINE_KERNEL",
+    "default": "not measured: a model built in memory",
+    "none": "no CPU matmul to choose: the device's own",
+}
+
+
+def untimed_kernel() -> str:
+    """The kernel of a model that is not timed: ``onednn`` on x86 (the fastest at every row count
+    on this project's AMD EPYC, ``engine/kernels/linear_kernel.py``), else ``skinny``."""
+    return "onednn" if on_x86() else "skinny"
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelChoice:
+    """The engines' matmul plan and how it was chosen: ``origin`` (a key of ``ORIGINS``), the
+    ``timings`` it was chosen by (measured or cached), and the file that keeps it (None: kept in
+    memory only)."""
+
+    plan: RowPlan
+    origin: str
+    timings: Timings | None = None
+    path: str | None = None
+
+    def summary(self) -> str:
+        """One line for people, e.g. ``"linear 1-4 rows, onednn 5+ rows (measured at an earlier
+        start on this host, in 2.1 s)"``."""
+        how = ORIGINS[self.origin]
+        if self.timings is not None:
+            how += f", in {self.timings.measured_s:.1f} s"
+        return f"{self.plan.describe()} ({how})"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``{"origin", "plan": [{"kernel", "from_rows", "to_rows"}], "file",
+        "rows", "times_ms", "timed_linears", "total_linears", "timed_bytes", "measured_s",
+        "rounds"}`` (the timing fields null when nothing was timed)."""
+        plan = [{"kernel": n, "from_rows": lo, "to_rows": hi} for lo, hi, n in self.plan.ranges()]
+        fields = dataclasses.fields(Timings)
+        timed = {f.name: None for f in fields}
+        if self.timings is not None:
+            timed = dataclasses.asdict(self.timings)
+            timed["rows"] = list(timed["rows"])
+            timed["times_ms"] = {n: list(ts) for n, ts in timed["times_ms"].items()}
+        return {"origin": self.origin, "plan": plan, "file": self.path, **timed}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any], origin: str, path: str | None = None) -> KernelChoice:
+        """The choice ``as_dict`` wrote, read back with a new ``origin`` and ``path``.
+
+        Raises:
+            ValueError, TypeError, KeyError: ``doc`` is not what ``as_dict`` writes, or names a
+                kernel outside ``CANDIDATES``.
+        """
+        ranges = doc["plan"]
+        plan = RowPlan(tuple(r["from_rows"] for r in ranges), tuple(r["kernel"] for r in ranges))
+        unknown = set(plan.names) - set(CANDIDATES)
+        if unknown:
+            raise ValueError(f"unknown kernels {sorted(unknown)}")
+        rows = tuple(int(r) for r in doc["rows"])
+        times = {
+            str(n): tuple(None if t is None else float(t) for t in ts)
+            for n, ts in doc["times_ms"].items()
+        }
+        if any(len(ts) != len(rows) for ts in times.values()):
+            raise ValueError("a candidate's times do not match the row counts")
+        timings = Timings(
+            rows=rows,
+            times_ms=times,
+            timed_linears=int(doc["timed_linears"]),
+            total_linears=int(doc["total_linears"]),
+            timed_bytes=int(doc["timed_bytes"]),
+            measured_s=float(doc["measured_s"]),
+            rounds=int(doc["rounds"]),
+        )
+        return cls(plan, origin, timings, path)
