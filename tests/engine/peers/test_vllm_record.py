@@ -334,8 +334,8 @@ def test_recording_costs_under_two_percent(reversed_run):
 def test_the_local_vllm_is_looked_for_in_the_repositorys_venv():
     """``make vllm`` builds ``.venv-vllm`` at the repository's root, and that is where the local
     vLLM is looked for (a wrong path silently skipped every vLLM test once)."""
-    from engine.peers import vllm_server
+    from engine.peers.vllm_server import DEFAULT_VENV
 
     root = Path(__file__).resolve().parents[3]
     assert (root / "Makefile").is_file(), root
-    assert vllm_server.DEFAULT_VENV == root / ".venv-vllm"
+    assert DEFAULT_VENV == root / ".venv-vllm"

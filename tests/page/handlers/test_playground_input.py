@@ -52,13 +52,15 @@ def _run_args(rows=ROWS, slots=2, budget=0, rate=0, kv_mib="0", block="16", prev
 
 
 def _refused(*run_args) -> str:
-    """Run the handler on bad input; check it changed the status line only and warned with the
-    same message; return the status line."""
+    """Run the handler on bad input; check it changed the status line (and the note under Run,
+    which says the same) only and warned with the same message; return the status line."""
     with pytest.warns(UserWarning) as warned:
         updates = list(playground.run_event(*run_args))
     assert len(updates) == 1, f"{len(updates)} updates for a refused run"
     shown = dict(zip(run_view.RUN_OUTPUTS, updates[0], strict=True))
     status = shown.pop("status_markdown")
+    note = shown.pop("run_note_markdown")
+    assert note.startswith("**Not run:**") and status.startswith(note), (note, status)
     changed = [name for name, value in shown.items() if value != gr.skip()]
     assert not changed, f"a refused run changed {changed}"
     toasts = [str(w.message) for w in warned if plain_markdown(str(w.message)) in status]
