@@ -165,7 +165,7 @@ def test_queue_place_is_shown_and_closing_the_tab_cancels(page: Page, browser, s
     set_requests(first, [(LONG_PROMPT, LONG_CAP)])
     first.locator("#run_button").click()
     expect(_status(first)).to_contain_text(RUNNING_STATUS, timeout=60_000)
-    rows = [("Cats like to", 3), ("Dogs enjoy", 2)]
+    rows = [("Cats like to", 4), ("Dogs enjoy", 3)]  # a setup no other test runs: not replayed
     set_requests(page, rows)
     set_slots(page, 2)
     page.locator("#run_button").click()
@@ -210,6 +210,7 @@ def test_stop_while_queued_leaves_the_queue(page: Page, browser, server_url):
     set_requests(first, [(LONG_PROMPT, LONG_CAP)])
     first.locator("#run_button").click()
     expect(_status(first)).to_contain_text(RUNNING_STATUS, timeout=60_000)
+    set_requests(page, [("Birds sing", 3)])  # a setup no other test runs: not replayed
     page.locator("#run_button").click()
     expect(page.locator("#run_note_markdown")).to_contain_text("place 1 of 2", timeout=10_000)
     page.locator("#stop_button").click()
