@@ -23,7 +23,6 @@ longest computed.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import platform
@@ -33,6 +32,7 @@ from typing import Any
 
 import torch
 
+from engine.model.device import cpu_model
 from engine.sampling_params import SamplingParams
 from engine.token_logits import DIGEST_BYTES, TOP_K
 
@@ -101,7 +101,7 @@ def device_fields(device: torch.device) -> dict[str, Any]:
     fields: dict[str, Any] = {"type": device.type, "machine": platform.machine()}
     if device.type == "cpu":
         fields["capability"] = torch.backends.cpu.get_cpu_capability()
-        fields["cpu"] = _cpu_model()
+        fields["cpu"] = cpu_model()
         fields["threads"] = torch.get_num_threads()
     elif device.type == "cuda":
         fields["name"] = torch.cuda.get_device_name(device)
@@ -122,18 +122,6 @@ def sha256_json(value) -> str:
     """SHA-256 of ``value`` as canonical JSON (sorted keys, no spaces)."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-@functools.cache
-def _cpu_model() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), else ``platform.processor()``."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _transformers_version() -> str:

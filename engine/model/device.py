@@ -7,6 +7,10 @@ and ``app.py`` accept. Every bad name raises ``ValueError`` with the names that 
 
 from __future__ import annotations
 
+import functools
+import platform
+from pathlib import Path
+
 import torch
 
 _DTYPES = {
@@ -86,3 +90,16 @@ def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
     if text not in _DTYPES:
         raise ValueError(f"Unknown dtype {name!r}; use auto, float32, float16 or bfloat16.")
     return _DTYPES[text]
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else ``platform.processor()``: part of the
+    keys of what is measured or computed on this host (the kernel choice, the references)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()

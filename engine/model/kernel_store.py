@@ -39,6 +39,7 @@ from torch import nn
 
 from engine.kernels.kernel_timing import KernelChoice, cpu_capabilities
 from engine.model import loader
+from engine.model.device import cpu_model
 
 FORMAT = 1  # bump when the file's layout, or the timing behind a choice, changes
 FOLDER = "kernel-choice"
@@ -55,7 +56,7 @@ def host_key(
     shapes = Counter(tuple(m.weight.shape) for m in linears)
     return {
         "format": FORMAT,
-        "cpu": capabilities.get("cpu_name") or _cpu_model(),
+        "cpu": capabilities.get("cpu_name") or cpu_model(),
         "machine": platform.machine(),
         "cpu_flags": flags or [torch.backends.cpu.get_cpu_capability()],
         "threads": torch.get_num_threads(),
@@ -134,14 +135,3 @@ def write_choice(path: Path, key: dict[str, Any], choice: KernelChoice) -> bool:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         return False
-
-
-def _cpu_model() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), else ``platform.processor()``."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
