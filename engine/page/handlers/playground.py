@@ -261,12 +261,11 @@ def _run_live(run: tuple, handle, previous, x_axis: str, on_done: Callable):
             yield update if note is None else progress_view.with_run_note(update, note)
             note = None
             views.resumed()
-    done = functools.partial(_finish, on_done, model, started_s)
+
+    def done(state: RunState, result: RunResult) -> None:
+        on_done(model, state, result, time.monotonic() - started_s)
+
     yield from _finished_outputs(live, previous, x_axis, done)
-
-
-def _finish(on_done: Callable, model, started_s: float, state: RunState, result: RunResult):
-    on_done(model, state, result, time.monotonic() - started_s)
 
 
 def _finished_outputs(

@@ -167,10 +167,6 @@ class RunQueue:
     def _size(self) -> int:
         return len(self._waiting) + (self._running is not None)
 
-    def estimate_s(self, work_steps: int) -> float | None:
-        """Seconds a run of ``work_steps`` steps takes on this host (None: nothing measured)."""
-        return None if self.s_per_step is None else work_steps * self.s_per_step
-
     def _wait_estimate_s(self, ahead: list[Ticket], now: float) -> float | None:
         if self.s_per_step is None:
             return None
