@@ -22,7 +22,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.page.host import quiet_queue, share
+from engine.page.host import quiet_queue, server_priority, share
 from engine.page.inputs import page_io
 from engine.page.panels import page_panels
 from engine.page.run import host_servers, shared_model
@@ -125,6 +125,7 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
     """
     args = parse_args(argv)
     try:
+        nice = server_priority.server_nice()
         shared = shared_model.load_shared_model(args.model, args.device, args.dtype)
         shared.servers = configured_servers(args, shared.loaded)
     except ValueError as exc:  # ModelLoadError included: one line a person can act on
@@ -134,6 +135,9 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
         # SIGTERM (a service manager, a test) exits through ``finally``: the servers stop too
         signal.signal(signal.SIGTERM, _exit)
         shared.servers.start()  # in the background: the page serves while vLLM starts
+    # after the engine thread's OpenMP pool exists: the server's threads, made from this one
+    # from here on, yield the CPU to a run being measured
+    server_priority.lower_this_thread(nice)
     try:
         _launch(build_demo, shared, args)
     finally:
@@ -148,7 +152,7 @@ def _exit(signum, _frame) -> None:
 def _launch(build_demo: Callable, shared: shared_model.SharedModel, args) -> None:
     """Build and serve the page until it is stopped."""
     names = shared.servers.names if shared.servers is not None else []
-    demo = build_demo(shared.label, names, shared.dtype_choices(), shared.dtype_name)
+    demo = build_demo(shared.label_markdown, names, shared.dtype_choices(), shared.dtype_name)
     demo.queue()
     quiet_queue.quiet(demo)  # no thousand wake-ups a second on the engine's cores
     # quiet: Gradio's own launch lines would say "set share=True" even with --share.

@@ -15,6 +15,7 @@ device cannot run is refused before any weight loads, naming both (``engine.mode
 from __future__ import annotations
 
 import copy
+import html
 import threading
 import time
 from collections.abc import Callable
@@ -127,6 +128,14 @@ class SharedModel:
     def label(self) -> str:
         """The page's model line, e.g. "Model: SmolLM2-135M-Instruct · runs on CPU · float32"."""
         return f"Model: {self.loaded.name} · runs on {self.loaded.device_label}"
+
+    @property
+    def label_markdown(self) -> str:
+        """The model line as the page shows it: ``label``, then "matmul kernels" whose hover text
+        says which kernel runs at which row counts and how it was chosen (measured on this host,
+        read from an earlier start, or named by ``CBP_ENGINE_KERNEL``)."""
+        summary = html.escape(self.runner.kernel_summary(), quote=True)
+        return f'{self.label} · <abbr title="{summary}">matmul kernels</abbr>'
 
     def warm_up(self) -> None:
         """Run both engines once on two tiny requests, so one-time costs never reach a timing."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import gradio as gr
@@ -232,6 +233,16 @@ def test_get_model_loads_once(monkeypatch, shared):
     first, second = shared_model.get_model(), shared_model.get_model()
     assert first is second and len(calls) == 1, f"loaded {len(calls)} times"
     assert first.label == "Model: tiny-llama · runs on CPU · float32", first.label
+
+
+def test_model_line_says_the_kernel_choice_on_hover(shared):
+    """The page's model line ends in "matmul kernels", whose hover text is the runner's own
+    summary of its kernel choice, escaped so that no quote in it ends the attribute."""
+    line = shared.label_markdown
+    summary = shared.runner.kernel_summary()
+    assert line.startswith(shared.label + ' · <abbr title="matmul: '), line
+    assert line.endswith('">matmul kernels</abbr>'), line
+    assert html.unescape(line.split('title="')[1].split('">')[0]) == summary
 
 
 def test_update_step_redraws_without_the_model(result, no_model):
