@@ -28,7 +28,12 @@ from engine.page.views import progress_view, run_status
 from engine.page.views.run_view import render
 from engine.sequence import Request
 
-QUEUE_POLL_S = 1.0  # how often a waiting run's place is sent
+QUEUE_POLL_S = 1.0  # how often a waiting run looks at its place
+# A waiting run's line is sent when its words change, else every this many seconds: each send
+# costs the server about 14 ms of CPU (Gradio rebuilds every skipped output's component), taken
+# from the run being measured. A closed tab's generator stops at its next send, so its ticket
+# goes stale (``run_queue.STALE_S``) within this many seconds more.
+QUEUE_RESEND_S = 5.0
 TURN, STOPPED = "turn", "stopped"  # how a wait ended (else: an identical run to show)
 
 
@@ -89,13 +94,17 @@ def wait_for_turn(
     the queue, or the ``RecentRun`` of an identical setup that finished while it waited
     (``find_recent``): in a room, the first run of a setup serves everyone who waited for it.
     """
+    sent, sent_s = None, -math.inf
     try:
         while not queue.wait_turn(ticket, timeout_s=QUEUE_POLL_S):
             if handle.stop_requested:
                 return STOPPED
             if (recent := find_recent()) is not None:
                 return recent
-            yield progress_view.queued_outputs(queue.place(ticket), queue.s_per_step is not None)
+            line = progress_view.queue_line(queue.place(ticket), queue.s_per_step is not None)
+            if line != sent or queue.clock() - sent_s >= QUEUE_RESEND_S:
+                sent, sent_s = line, queue.clock()
+                yield progress_view.queued_outputs(line)
     except ValueError:  # taken out of the queue: Stop
         return STOPPED
     if handle.stop_requested:

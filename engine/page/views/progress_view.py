@@ -81,23 +81,26 @@ def queue_line(place: Place, measured: bool) -> str:
     ahead = place.place - 1
     line = f"**Waiting for the model:** place {place.place} of {place.total}"
     line += f" ({ahead} before yours)" if ahead else " (yours is next)"
-    line += f" · waited {place.waited_s:.0f} s"
+    line += f" · waited {_coarse(place.waited_s)}"
     if place.estimate_s is not None:
-        line += f" · estimate {_duration(place.estimate_s)}"
+        line += f" · estimate {_coarse(place.estimate_s)}"
     elif not measured:
         line += " · no estimate yet: the first run on this host is being measured"
     return line + ". Runs take turns: each is a measurement. Yours starts by itself."
 
 
-def _duration(seconds: float) -> str:
-    """``seconds`` for a person: "40 s", "3 min"."""
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+def _coarse(seconds: float) -> str:
+    """``seconds`` for a person, to the nearest 10 s under 90 s ("40 s"), else in minutes ("3 min").
+
+    Coarse on purpose: a waiting run's line is sent again only when its words change
+    (``engine.page.handlers.run_turns``), and every line sent costs the server CPU time that the
+    run being measured would otherwise have."""
+    return f"{round(seconds, -1):.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
-def queued_outputs(place: Place, measured: bool) -> tuple:
-    """The Run event's outputs while the run waits for the model: its place, in the status line
-    and in the note under Run; everything else as is."""
-    line = queue_line(place, measured)
+def queued_outputs(line: str) -> tuple:
+    """The Run event's outputs while the run waits for the model: its ``queue_line``, in the
+    status line and in the note under Run; everything else as is."""
     return run_outputs(status_markdown=line, run_note_markdown=line)
 
 

@@ -170,3 +170,48 @@ def test_runs_waiting_for_an_identical_setup_are_shown_its_run_when_it_ends(page
     assert shown == [False, True, True], [_status(f)[:60] for f in finals]
     assert all(f[OUT["run_state"]] is finals[0][OUT["run_state"]] for f in finals[1:])
     assert page.queue.size() == 0
+
+
+def test_a_waiting_run_sends_its_line_only_when_its_words_change(monkeypatch):
+    """While nothing ahead moves, a waiting run polls its place every 0.1 s but sends its line
+    only when its words change (the wait, to 10 s) or ``QUEUE_RESEND_S`` has passed: each send
+    costs the server CPU time that the run being measured would have."""
+    from engine.page.run.run_queue import RunQueue
+
+    now = [0.0]
+    queue = RunQueue(clock=lambda: now[0])
+    running = queue.join("first", work_steps=100)
+    assert queue.wait_turn(running, timeout_s=0.0)
+    waiting = queue.join("second", work_steps=100)
+    monkeypatch.setattr(run_turns, "QUEUE_POLL_S", 0.001)
+    polls = []
+
+    def find_recent():
+        polls.append(now[0])
+        now[0] += 0.1
+        return None
+
+    updates = run_turns.wait_for_turn(queue, waiting, RunHandle(), find_recent)
+    sends = []  # (clock, line)
+    while now[0] < 60.0:
+        sends.append((now[0], next(updates)[OUT["status_markdown"]]))
+    updates.close()
+    assert len(polls) >= 600, len(polls)
+    assert "place 1 of 2 (yours is next) · waited 0 s" in sends[0][1], sends[0][1]
+    assert len(sends) <= 2 + 60 / run_turns.QUEUE_RESEND_S, f"{len(sends)} sends in 60 s"
+    for (before_s, before), (after_s, after) in zip(sends, sends[1:], strict=False):
+        gap_s = after_s - before_s
+        assert after != before or gap_s >= run_turns.QUEUE_RESEND_S - 0.2, (gap_s, after)
+    assert any("waited 60 s" in line for _, line in sends), "the wait was not kept up to date"
+
+
+def test_the_queue_line_rounds_its_waits():
+    """A waiting run's line says its wait and estimate to 10 s under 90 s, else in minutes, so
+    that it does not change (and is not sent again) every second."""
+    from engine.page.run.run_queue import Place
+    from engine.page.views.progress_view import queue_line
+
+    line = queue_line(Place(5, 5, 7.0, 627.0), measured=True)
+    assert "place 5 of 5 (4 before yours) · waited 10 s · estimate 10 min" in line, line
+    line = queue_line(Place(2, 3, 44.0, 86.0), measured=True)
+    assert "waited 40 s · estimate 90 s" in line, line

@@ -1,0 +1,80 @@
+"""The page's server threads yield the CPU to a run: made after the model loads, at a higher
+nice value than the engine thread, which keeps the one the process started with."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from engine.page.host import launch, server_priority
+from engine.page.run.engine_thread import ENGINE_THREAD
+
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="a nice value per thread is Linux's"
+)
+
+
+def _nice(thread_id: int = 0) -> int:
+    return os.getpriority(os.PRIO_PROCESS, thread_id)
+
+
+def _in_thread(fn):
+    """``fn()``'s value, run in a fresh thread (so that a nice value it raises dies with it)."""
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("value", fn()))
+    thread.start()
+    thread.join(timeout=30)
+    return out["value"]
+
+
+def test_the_setting_is_read_and_checked():
+    """``CBP_SERVER_NICE``: 10 when unset or empty, any whole number from 0 to 19, else a
+    message that names the variable."""
+    assert server_priority.server_nice({}) == 10
+    assert server_priority.server_nice({"CBP_SERVER_NICE": " "}) == 10
+    assert server_priority.server_nice({"CBP_SERVER_NICE": "0"}) == 0
+    assert server_priority.server_nice({"CBP_SERVER_NICE": "19"}) == 19
+    for bad in ("20", "-1", "ten", "2.5"):
+        with pytest.raises(ValueError, match="CBP_SERVER_NICE"):
+            server_priority.server_nice({"CBP_SERVER_NICE": bad})
+
+
+@linux_only
+def test_only_the_calling_thread_and_its_later_threads_are_lowered():
+    """The calling thread's nice value rises by the steps, a thread it then makes inherits it,
+    and the thread that made it keeps its own."""
+    before = _nice()
+
+    def lowered():
+        changed = server_priority.lower_this_thread(3)
+        return changed, _nice(), _in_thread(_nice)
+
+    changed, own, child = _in_thread(lowered)
+    assert changed and own == min(19, before + 3) and child == own, (before, own, child)
+    assert _nice() == before, "the caller's caller was lowered too"
+    assert _in_thread(lambda: server_priority.lower_this_thread(0)) is False
+
+
+@linux_only
+def test_serve_lowers_the_server_after_the_engine_thread_exists(monkeypatch):
+    """``serve`` loads the model (on the engine thread), then lowers the thread that launches
+    the page: the page's threads run at +CBP_SERVER_NICE, the engine thread as before."""
+    monkeypatch.setenv("CBP_SERVER_NICE", "4")
+    base = _nice()
+    engine_nice, server_nice = [], []
+
+    def fake_load(*_args):
+        engine_nice.append(ENGINE_THREAD.call(_nice))
+        loaded = SimpleNamespace(load_s=0.0)
+        return SimpleNamespace(label="Model: fake", loaded=loaded, servers=None)
+
+    monkeypatch.setattr(launch.shared_model, "load_shared_model", fake_load)
+    monkeypatch.setattr(launch, "configured_servers", lambda args, loaded: None)
+    monkeypatch.setattr(launch, "_launch", lambda *a: server_nice.append(_in_thread(_nice)))
+    _in_thread(lambda: launch.serve(lambda *a: None, []))
+    assert server_nice == [min(19, base + 4)], (base, server_nice)
+    assert ENGINE_THREAD.call(_nice) == engine_nice[0] == base, "the engine thread was lowered"
