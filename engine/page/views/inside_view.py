@@ -35,6 +35,7 @@ INSIDE_NOTE = (
 STEP_VIEWS = ("timeline", "packed mask", "KV block map")  # what ``step_figures`` draws
 LANES_NOTE = "vLLM has no slots: a request takes the first free lane, until preempted or finished"
 BLOCKS_NOTE = "vLLM's own block ids (block 0 is its null block, never held)"
+DEFAULT_HEIGHT_PX = 450  # plotly's height of a figure that sets none
 NO_SERVER = "No server ran in this run: tick one under “Also run on the host's servers”."
 
 
@@ -68,7 +69,13 @@ def labelled(fig: Any, title: str, source: str) -> Any:
     old = fig.layout.title.subtitle.text or ""
     subtitle = source + (f"<br>{old}" if old else "")
     margin_t = 40 + 18 * (2 + subtitle.count("<br>"))
-    return fig.update_layout(title_text=title, title_subtitle_text=subtitle, margin_t=margin_t)
+    grown_px = max(margin_t - (fig.layout.margin.t or 0), 0)  # the plot keeps its height
+    return fig.update_layout(
+        title_text=title,
+        title_subtitle_text=subtitle,
+        margin_t=margin_t,
+        height=(fig.layout.height or DEFAULT_HEIGHT_PX) + grown_px,
+    )
 
 
 def no_record_figure(servers: dict[str, Trace], what: str) -> Any:

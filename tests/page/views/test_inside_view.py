@@ -125,3 +125,15 @@ def test_without_a_record_the_inside_views_say_why(vllm):
         assert "gpu: no record of its own steps" in note.text, note.text
     none = run_view.render(_state({}), downloads=False)
     assert "No server ran" in none.inside_usage.layout.annotations[0].text
+
+
+def test_labels_leave_the_plot_its_height(shown):
+    """A label's extra subtitle lines grow the figure by the margin they take, so the plot area
+    (the block map's one row of blocks) keeps its height."""
+    from engine.page.figures import block_map
+
+    record = shown.state.servers["vllm"].schedule
+    plain = block_map.block_map_figure(record, 0)
+    labelled = _inside_at(shown.state, 0)["inside_block_map_plot"]
+    plot_px = [f.layout.height - f.layout.margin.t - f.layout.margin.b for f in (plain, labelled)]
+    assert plot_px[0] == plot_px[1] > 0, f"plot area {plot_px[0]} px, labelled {plot_px[1]} px"
