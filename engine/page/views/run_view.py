@@ -70,6 +70,7 @@ STEP_VIEW_OUTPUTS = (
     "inside_block_map_plot",
 )
 CHART_HEADINGS = ("Static timeline", "Continuous timeline", "Packed mask", "Static mask")
+INSIDE_HEADINGS = ("vLLM's own timeline", "vLLM's packed mask", "vLLM's KV block map")
 
 
 def run_outputs(**values) -> tuple:
@@ -236,11 +237,14 @@ def render(
 
 def write_downloads(state: RunState) -> list[str]:
     """The run's exports in a fresh temporary folder: requests.csv, traces.json, Perfetto JSON,
-    and charts.html (the four charts at the default step, interactive, offline)."""
+    and charts.html (the four charts at the default step, interactive, offline; with a server's
+    own record, its three step views too)."""
     folder = Path(tempfile.mkdtemp(prefix="cbp-run-"))
     paths = export.write_files(folder, state.traces())
     views = step_views(state, default_step(state.continuous), "time")
     charts = dict(zip(CHART_HEADINGS, views.as_tuple()[:4], strict=True))
+    if inside_view.own_record(state.servers) is not None:  # and vLLM's own steps, at that step
+        charts |= zip(INSIDE_HEADINGS, views.as_tuple()[5:], strict=True)
     charts_path = folder / "charts.html"
     charts_path.write_text(
         export.charts_html({k: v for k, v in charts.items() if v is not None}), encoding="utf-8"

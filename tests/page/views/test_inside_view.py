@@ -137,3 +137,16 @@ def test_labels_leave_the_plot_its_height(shown):
     labelled = _inside_at(shown.state, 0)["inside_block_map_plot"]
     plot_px = [f.layout.height - f.layout.margin.t - f.layout.margin.b for f in (plain, labelled)]
     assert plot_px[0] == plot_px[1] > 0, f"plot area {plot_px[0]} px, labelled {plot_px[1]} px"
+
+
+def test_downloads_carry_vllms_own_steps(vllm):
+    """The run's traces.json holds vLLM's record and charts.html its three step views."""
+    import json
+    from pathlib import Path
+
+    files = {Path(p).name: Path(p) for p in run_view.render(_state({"vllm": vllm})).downloads}
+    traces = json.loads(files["traces.json"].read_text())
+    assert len(traces["vllm"]["schedule"]["steps"]) == len(vllm.schedule.steps)
+    charts = files["charts.html"].read_text()
+    for heading in run_view.INSIDE_HEADINGS:
+        assert f"<h2>{heading.replace(chr(39), '&#x27;')}</h2>" in charts, heading
