@@ -7,18 +7,19 @@ the page shows is what the engine did. Times are seconds since the run started (
 An engine behind a server (``engine.peers.openai_engine``) sees no steps and no slots: its trace has
 per-request times on the client's clock (sent = ``admit_s``, first token, each token in
 ``token_times_s``, finish), what the server's ``/metrics`` said during the run
-(``server_samples``), and ``warnings`` a person should read beside its results.
+(``server_samples``), and ``warnings`` a person should read beside its results. A server that
+keeps its own record of its steps (a vLLM with ``engine.peers.vllm_scheduler``) adds it as
+``schedule``: a ``Trace`` of its own, with steps, lanes and block tables like ours.
+
+``Trace.to_dict`` is the JSON the downloads and the bench write; ``Trace.from_dict`` reads it back.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass, field, fields, replace
 
-if TYPE_CHECKING:
-    from engine.sampling_params import SamplingParams
-
+from engine.sampling_params import SamplingParams
 from engine.token_logits import LogitTrail
 
 PREFILL = "prefill"
@@ -231,6 +232,9 @@ class Trace:
     info: dict = field(default_factory=dict)  # engine-specific facts (e.g. KV bytes per token)
     server_samples: list[ServerSample] = field(default_factory=list)  # server engines only
     warnings: list[str] = field(default_factory=list)  # e.g. the server serves another model
+    # server engines only: the server's own record of its steps, when it keeps one (vLLM with
+    # engine.peers.vllm_scheduler): steps, lanes, block tables, on the same clock as this trace
+    schedule: Trace | None = None
 
     def request(self, request_id: int) -> RequestRecord:
         return self.requests[request_id]
@@ -322,8 +326,9 @@ class Trace:
         return 100.0 * useful / (len(self.steps) * self.num_slots)
 
     def to_dict(self) -> dict:
-        """A JSON-ready dict of the whole trace (steps, requests, metrics)."""
-        return {
+        """A JSON-ready dict of the whole trace (steps, requests, metrics); ``schedule``, the
+        server's own record as a dict of the same form, only when there is one."""
+        data = {
             "engine": self.engine,
             "num_slots": self.num_slots,
             "kv_mode": self.kv_mode,
@@ -336,6 +341,60 @@ class Trace:
             "server_samples": [asdict(s) for s in self.server_samples],
             "warnings": list(self.warnings),
         }
+        if self.schedule is not None:
+            data["schedule"] = self.schedule.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Trace:
+        """The trace ``to_dict`` wrote, read back, also after a trip through JSON (whose keys are
+        strings). ``metrics`` and ``latency_percentiles`` are not read: they follow from the rest.
+        Unknown keys (a later version's) are ignored; the logit trails were never written.
+
+        Raises:
+            KeyError: ``engine`` or ``num_slots`` missing (not a trace's dict).
+            ValueError: a request's sampling settings are invalid.
+        """
+        schedule = data.get("schedule")
+        return cls(
+            engine=data["engine"],
+            num_slots=data["num_slots"],
+            steps=[_step_from_dict(s) for s in data.get("steps", [])],
+            requests=[_request_from_dict(r) for r in data.get("requests", [])],
+            wall_s=data.get("wall_s", 0.0),
+            kv_mode=data.get("kv_mode"),
+            info=dict(data.get("info") or {}),
+            server_samples=[ServerSample(**s) for s in data.get("server_samples", [])],
+            warnings=list(data.get("warnings", [])),
+            schedule=None if schedule is None else Trace.from_dict(schedule),
+        )
+
+
+def _known(cls, data: dict) -> dict:
+    """``data``'s entries that are fields of dataclass ``cls``."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+def _int_keys(mapping: dict | None) -> dict | None:
+    """``{"3": v}`` (JSON) or ``{3: v}`` -> ``{3: list(v)}``; None stays None."""
+    return None if mapping is None else {int(k): list(v) for k, v in mapping.items()}
+
+
+def _step_from_dict(data: dict) -> StepRecord:
+    step = StepRecord(**_known(StepRecord, data))
+    step.seqs = [ScheduledSeq(**_known(ScheduledSeq, s)) for s in step.seqs]
+    step.preempted = list(step.preempted)
+    step.block_tables = _int_keys(step.block_tables)
+    step.shared_blocks = _int_keys(step.shared_blocks)
+    return step
+
+
+def _request_from_dict(data: dict) -> RequestRecord:
+    record = RequestRecord(**_known(RequestRecord, data))
+    if record.sampling is not None:
+        record.sampling = SamplingParams(**record.sampling)
+    return record
 
 
 def _request_dict(record: RequestRecord) -> dict:

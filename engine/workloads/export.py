@@ -2,11 +2,13 @@
 
 * ``requests_csv``: one row per (engine, request) with outputs, latency metrics and the request's
   sampling settings (blank for greedy);
-* ``traces_json``: every trace, whole (steps, requests, metrics);
+* ``traces_json``: every trace, whole (steps, requests, metrics, and a server's own record of its
+  steps where it keeps one: ``schedule``);
 * ``perfetto_trace``: Chrome trace-event JSON (the format ``chrome://tracing`` and Perfetto UI
   open as is: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU),
   one process per engine, one track (thread) per slot with a span per request, and a "steps" track
-  with one span per forward pass;
+  with one span per forward pass; a server's own record is one more process
+  (``vllm (own record)``), its lanes as tracks;
 * ``charts_html``: the page's charts in one HTML file that works offline.
 """
 
@@ -71,7 +73,7 @@ def perfetto_trace(traces: dict[str, Trace]) -> dict:
     durations (``dur``) are microseconds since each run started.
     """
     events = []
-    for pid, (name, trace) in enumerate(traces.items(), start=1):
+    for pid, (name, trace) in enumerate(_with_own_records(traces).items(), start=1):
         events += _track_names(pid, name, trace)
         events += [
             _span(pid, STEPS_TID, f"step {s.index}", s.start_s, s.end_s, _step_args(trace, s))
@@ -85,6 +87,17 @@ def perfetto_trace(traces: dict[str, Trace]) -> dict:
         ]
     events.sort(key=lambda e: (e["ph"] != "M", e.get("ts", 0)))
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _with_own_records(traces: dict[str, Trace]) -> dict[str, Trace]:
+    """The traces, each server's own record of its steps (``Trace.schedule``) right after it as
+    ``"<name> (own record)"``."""
+    found = {}
+    for name, trace in traces.items():
+        found[name] = trace
+        if trace.schedule is not None:
+            found[f"{name} (own record)"] = trace.schedule
+    return found
 
 
 def _run_span(pid: int, trace: Trace, run) -> dict:

@@ -86,7 +86,8 @@ def _block_map_subtitle(step: StepRecord, total: int, info: dict) -> str:
         if shared:
             first = shared[0]
             text += f" (R{first[0]} ×{len(first)}: held by {len(first)} requests; hover for which)"
-        text += f" · {cached} free but cached (dark grey)"
+        if step.cached_free_blocks is not None:  # vLLM's own record does not list them
+            text += f" · {cached} free but cached (dark grey)"
     return text
 
 

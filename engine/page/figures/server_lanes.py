@@ -10,7 +10,9 @@ records alone (``RequestRecord``: sent = ``admit_s``, first token, last token)::
 on seconds since the run started, the x axis our engines' timelines use. The server chart draws
 the gauges sampled from ``/metrics`` (``engine.peers.server_metrics``): running and waiting
 requests, and KV cache use, over time, beside our continuous engine's own running and waiting
-requests and paged KV use per step, so a server's batching reads against ours.
+requests and paged KV use per step, so a server's batching reads against ours. Both are the
+view from outside (``OUTSIDE``): a server that records its own steps is drawn from that record in
+our engines' views too (``engine.page.views.inside_view``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from engine.trace import Trace
 
 WAITING_OPACITY = 0.35  # a request's colour, pale: sent, no token yet
 LANE_PX = 24
+OUTSIDE = "View from outside"  # the first words of both figures' subtitles
 NO_SERVER = "No server ran in this run: tick one under “Also run on servers” and press Run."
 
 
@@ -74,7 +77,7 @@ def server_timeline_figure(
     fig.update_xaxes(range=None if x_max is None else [0, x_max])
     fig.update_xaxes(title_text="seconds since start", row=len(names), col=1)
     fig.update_annotations(font_size=12)
-    subtitle = "A server hides its slots: one lane per request, on the client's clock."
+    subtitle = f"{OUTSIDE}: a server hides its slots; one lane per request, the client's clock"
     style_figure(fig, "Servers: one lane per request", subtitle + (f"<br>{note}" if note else ""))
     fig.update_layout(barmode="overlay", height=170 + 60 * len(names) + LANE_PX * sum(heights))
     return bottom_legend(fig, 90)
@@ -134,7 +137,7 @@ def _lane_hover(trace: Trace, r) -> str:
 def server_chart_figure(servers: dict[str, Trace], ours: Trace | None = None) -> go.Figure:
     """Running and waiting requests (top) and KV cache use in % (bottom) over time, for every
     server that exposes them, beside ``ours`` (our continuous engine, per step)."""
-    title = "Servers' own view: running and waiting requests, KV cache use"
+    title = "Servers' /metrics: running and waiting requests, KV cache use"
     sampled = {n: t for n, t in servers.items() if t.server_samples}
     notes = [f"{n}: {_metrics_note(t)}" for n, t in servers.items() if n not in sampled]
     if not sampled:
@@ -149,7 +152,7 @@ def server_chart_figure(servers: dict[str, Trace], ours: Trace | None = None) ->
     fig.update_yaxes(title_text="requests", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="KV cache use %", range=[0, 105], row=2, col=1)
     fig.update_xaxes(title_text="seconds since start", row=2, col=1)
-    subtitle = "From each server's /metrics, a few times a second"
+    subtitle = f"{OUTSIDE}: each server's /metrics gauges, read a few times a second"
     subtitle += f"<br>{html.escape(' · '.join(notes))}" if notes else ""
     style_figure(fig, title, subtitle)
     return bottom_legend(fig.update_layout(height=520), 110)

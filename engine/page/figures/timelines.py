@@ -56,9 +56,12 @@ def _request_hover(trace: Trace, run: SlotRun) -> str:
     )
     ttft = "—" if r.ttft_s is None else f"{r.ttft_s:.2f} s"
     times = f"{trace.steps[run.first].start_s:.2f}–{trace.steps[run.last].end_s:.2f} s"
+    cached = ""
+    if r.num_cached_tokens:  # the prefix cache's share, on (first) admission
+        cached = f"<br>{r.num_cached_tokens} prompt tokens from the prefix cache"
     return (
         f"<b>R{r.request_id}</b> · slot {run.slot}<br>{html.escape(prompt)}<br>"
-        f"cap {r.max_new_tokens} · generated {len(r.output_token_ids)} tokens<br>"
+        f"cap {r.max_new_tokens} · generated {len(r.output_token_ids)} tokens{cached}<br>"
         f"steps {run.first}–{run.last} · {times} · TTFT {ttft}"
     )
 

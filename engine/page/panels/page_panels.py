@@ -141,6 +141,8 @@ def run_outputs(
         *results.divergence.views(),
         settings.run_note_markdown,
         settings.live_button,
+        *results.inside.step_views(),
+        results.inside.usage,
     ]
 
 

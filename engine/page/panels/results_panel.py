@@ -1,7 +1,8 @@
 """The results panel: the status line and every view of a run, below the request editor.
 
-Timelines, the step slider, both attention masks, the block map, the metrics and outputs tables,
-the serving charts, the host's servers' line and charts, and "Where outputs differ"
+Timelines, the step slider, both attention masks, the block map, a server's own record in the same
+views (hidden without servers), the metrics and outputs tables, the serving charts, the host's
+servers' line and charts, and "Where outputs differ"
 (``DivergencePanel``). It opens on the shipped recording (a ``RunResult``) until a Run;
 ``engine.page.panels.page_panels.run_outputs`` lists what Run writes into it. Element ids
 (``elem_id``) are a contract: the browser tests and users' scripts find components by them.
@@ -38,6 +39,7 @@ class ResultsPanel:
     servers_markdown: gr.Markdown | None = None  # the host's servers: starting, ready, failed
     server_timeline_plot: gr.Plot | None = None  # hidden without servers
     server_chart_plot: gr.Plot | None = None
+    inside: server_panels.InsidePlots | None = None  # a server's own record; hidden without servers
 
     def step_views(self) -> list:
         """The views a step or an x-axis change redraws, in ``run_view.STEP_VIEW_OUTPUTS`` order."""
@@ -47,6 +49,7 @@ class ResultsPanel:
             self.packed_mask_plot,
             self.static_mask_plot,
             self.block_map_plot,
+            *self.inside.step_views(),
         ]
 
 
@@ -65,6 +68,7 @@ def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) 
         elem_id="x_axis_radio",
     )
     step_views = _step_views(shown)
+    inside = server_panels.inside_plots(shown, list(server_names))
     metrics = gr.Dataframe(
         value=shown.metrics if shown is not None else None,
         headers=tables.METRICS_HEADERS,
@@ -101,6 +105,7 @@ def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) 
         divergence_panel(shown),
         servers_line,
         *server_plots,
+        inside,
     )
 
 

@@ -1,4 +1,5 @@
-"""Panel builders for the host's servers: the servers to run, the servers line, their charts.
+"""Panel builders for the host's servers: the servers to run, the servers line, their charts, and
+a server's own record of its steps (``InsidePlots``: the local vLLM from the inside).
 
 Built by ``engine.page.panels.settings_panel`` and ``engine.page.panels.results_panel`` only when
 the host configured servers (``app.py --vllm``, ``--endpoint NAME=URL``, ``CBP_ENDPOINTS``); without
@@ -12,10 +13,12 @@ shows up too.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
 
 from engine.page.run import shared_model
-from engine.page.views import server_view
+from engine.page.views import inside_view, server_view
 
 STARTING_PERIOD_S = 1.0
 STEADY_PERIOD_S = 5.0
@@ -67,3 +70,36 @@ def server_plots(shown, server_names: list[str]) -> tuple[gr.Plot, gr.Plot]:
         )
         chart = gr.Plot(shown and shown.server_chart, show_label=False, elem_id="server_chart_plot")
     return timeline, chart
+
+
+@dataclass
+class InsidePlots:
+    """A server's own record (``engine.page.views.inside_view``) in our engines' views."""
+
+    timeline: gr.Plot
+    mask: gr.Plot
+    block_map: gr.Plot
+    usage: gr.Plot
+
+    def step_views(self) -> list:
+        """What the step slider redraws (``run_view.STEP_VIEW_OUTPUTS``' ``inside_*``)."""
+        return [self.timeline, self.mask, self.block_map]
+
+
+def inside_plots(shown, server_names: list[str]) -> InsidePlots:
+    """Under our engines' step views: what says where these come from, then the server's timeline
+    and packed mask, its KV block map and its tokens and KV per step (hidden without servers)."""
+    views = shown.views if shown is not None else None
+    with gr.Column(visible=bool(server_names), elem_id="inside_column"):
+        gr.Markdown(inside_view.INSIDE_NOTE, elem_id="inside_markdown")
+        with gr.Row():
+            timeline = _plot("inside_timeline_plot", views and views.inside_timeline)
+            mask = _plot("inside_mask_plot", views and views.inside_mask)
+        with gr.Row():
+            block_map = _plot("inside_block_map_plot", views and views.inside_block_map)
+            usage = _plot("inside_usage_plot", shown and shown.inside_usage)
+    return InsidePlots(timeline, mask, block_map, usage)
+
+
+def _plot(elem_id: str, figure) -> gr.Plot:
+    return gr.Plot(figure, show_label=False, elem_id=elem_id)

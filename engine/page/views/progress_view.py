@@ -221,7 +221,8 @@ def stopped_outputs(previous_result, message: str) -> tuple:
     if previous_result is None:
         figures = ("static_timeline_plot", "continuous_timeline_plot", "packed_mask_plot")
         figures += ("static_mask_plot", "block_map_plot", "latency_cdf_plot", "step_usage_plot")
-        figures += ("server_timeline_plot", "server_chart_plot")
+        figures += ("server_timeline_plot", "server_chart_plot", "inside_timeline_plot")
+        figures += ("inside_mask_plot", "inside_block_map_plot", "inside_usage_plot")
         return run_outputs(
             **dict.fromkeys(figures),
             metrics_table=[],

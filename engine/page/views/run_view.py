@@ -2,9 +2,10 @@
 
 ``RunState`` is what a ``gr.State`` holds; ``render`` turns it into a ``RunResult`` (figures at the
 default step, tables, status line, download files), and ``step_views`` redraws the step-dependent
-figures for the step slider without touching the model. ``RUN_OUTPUTS`` names the Run event's
-outputs once, in the order ``app.py`` wires them; ``run_outputs`` builds that tuple by name. The
-status line's words and the reference verdict are ``engine.page.views.run_status``'s.
+figures for the step slider without touching the model; a server's own record of its steps (the
+local vLLM's) is drawn in the same views (``engine.page.views.inside_view``). ``RUN_OUTPUTS`` names
+the Run event's outputs once, in the order ``app.py`` wires them; ``run_outputs`` builds that tuple
+by name. The status line's words and the reference verdict are ``engine.page.views.run_status``'s.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from engine.page.figures import (
     serving_metrics,
     timelines,
 )
-from engine.page.views import divergence_view, run_status, tables
+from engine.page.views import divergence_view, inside_view, run_status, tables
 from engine.trace import DECODE, PREFILL, Trace
 from engine.workloads import export
 
@@ -52,6 +53,10 @@ RUN_OUTPUTS = (
     "divergence_table",
     "run_note_markdown",  # the line under Run: queued, running, done, or shown at once
     "live_button",  # "Run live anyway": shown with a run shown at once
+    "inside_timeline_plot",  # a server's own record (inside_view): its timeline,
+    "inside_mask_plot",  # packed mask and KV block map at the step, and its tokens and KV
+    "inside_block_map_plot",
+    "inside_usage_plot",
 )
 # What the step slider and the x-axis choice redraw, in ``StepViews.as_tuple`` order.
 STEP_VIEW_OUTPUTS = (
@@ -60,8 +65,12 @@ STEP_VIEW_OUTPUTS = (
     "packed_mask_plot",
     "static_mask_plot",
     "block_map_plot",
+    "inside_timeline_plot",
+    "inside_mask_plot",
+    "inside_block_map_plot",
 )
 CHART_HEADINGS = ("Static timeline", "Continuous timeline", "Packed mask", "Static mask")
+INSIDE_HEADINGS = ("vLLM's own timeline", "vLLM's packed mask", "vLLM's KV block map")
 
 
 def run_outputs(**values) -> tuple:
@@ -121,19 +130,24 @@ class RunState:
 
     @property
     def num_steps(self) -> int:
-        """Steps of the longer run: the step slider's range."""
-        return max(len(self.static.steps), len(self.continuous.steps))
+        """Steps of the longest run, a server's own record included: the step slider's range."""
+        runs = (len(self.static.steps), len(self.continuous.steps))
+        return max(*runs, inside_view.num_steps(self.servers))
 
 
 @dataclass
 class StepViews:
-    """The figures that depend on the selected step (plotly figures, or None)."""
+    """The figures that depend on the selected step (plotly figures, or None); ``inside_*``: a
+    server's own record (``inside_view.step_figures``)."""
 
     static_timeline: Any
     continuous_timeline: Any
     packed_mask: Any
     static_mask: Any
     block_map: Any
+    inside_timeline: Any = None
+    inside_mask: Any = None
+    inside_block_map: Any = None
 
     def as_tuple(self) -> tuple:
         """In ``STEP_VIEW_OUTPUTS`` order."""
@@ -143,6 +157,9 @@ class StepViews:
             self.packed_mask,
             self.static_mask,
             self.block_map,
+            self.inside_timeline,
+            self.inside_mask,
+            self.inside_block_map,
         )
 
 
@@ -161,6 +178,7 @@ class RunResult:
     step_usage: Any = None
     server_timeline: Any = None
     server_chart: Any = None
+    inside_usage: Any = None  # a server's own record: tokens and KV per step
 
     def as_outputs(self) -> tuple:
         """Values for the Run event's outputs, in ``RUN_OUTPUTS`` order."""
@@ -189,6 +207,10 @@ class RunResult:
             server_timeline_plot=self.server_timeline,
             server_chart_plot=self.server_chart,
             **divergence_view.run_outputs(self.state),
+            inside_timeline_plot=v.inside_timeline,
+            inside_mask_plot=v.inside_mask,
+            inside_block_map_plot=v.inside_block_map,
+            inside_usage_plot=self.inside_usage,
         )
 
 
@@ -209,16 +231,20 @@ def render(
         step_usage=serving_metrics.step_usage_figure(state.continuous),
         server_timeline=server_lanes.server_timeline_figure(state.servers, _x_max(state, "time")),
         server_chart=server_lanes.server_chart_figure(state.servers, state.continuous),
+        inside_usage=inside_view.usage_figure(state.servers),
     )
 
 
 def write_downloads(state: RunState) -> list[str]:
     """The run's exports in a fresh temporary folder: requests.csv, traces.json, Perfetto JSON,
-    and charts.html (the four charts at the default step, interactive, offline)."""
+    and charts.html (the four charts at the default step, interactive, offline; with a server's
+    own record, its three step views too)."""
     folder = Path(tempfile.mkdtemp(prefix="cbp-run-"))
     paths = export.write_files(folder, state.traces())
     views = step_views(state, default_step(state.continuous), "time")
     charts = dict(zip(CHART_HEADINGS, views.as_tuple()[:4], strict=True))
+    if inside_view.own_record(state.servers) is not None:  # and vLLM's own steps, at that step
+        charts |= zip(INSIDE_HEADINGS, views.as_tuple()[5:], strict=True)
     charts_path = folder / "charts.html"
     charts_path.write_text(
         export.charts_html({k: v for k, v in charts.items() if v is not None}), encoding="utf-8"
@@ -234,13 +260,16 @@ def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
     """
     step_index = min(max(int(step_index), 0), max(state.num_steps - 1, 0))
     x_max = _x_max(state, x_axis)
-    return StepViews(
+    views = StepViews(
         static_timeline=timeline(state.static, x_axis, x_max, step_index),
         continuous_timeline=timeline(state.continuous, x_axis, x_max, step_index),
         packed_mask=_at_step(mask_heatmaps.mask_heatmap, state.continuous, step_index),
         static_mask=_at_step(mask_heatmaps.static_mask_heatmap, state.static, step_index),
         block_map=_at_step(block_map.block_map_figure, state.continuous, step_index),
     )
+    inside = inside_view.step_figures(state.servers, step_index, x_axis, x_max)
+    views.inside_timeline, views.inside_mask, views.inside_block_map = inside
+    return views
 
 
 def _x_max(state: RunState, x_axis: str) -> float:
@@ -248,6 +277,9 @@ def _x_max(state: RunState, x_axis: str) -> float:
     ends = [timelines.x_extent(state.static, x_axis), timelines.x_extent(state.continuous, x_axis)]
     if x_axis == "time":
         ends += [t.wall_s for t in state.servers.values()]
+    found = inside_view.own_record(state.servers)
+    if found is not None:
+        ends.append(timelines.x_extent(found[1], x_axis))
     return max(ends)
 
 
@@ -284,11 +316,13 @@ def _at_step(builder: Callable, trace: Trace, step_index: int):
 
 
 def slider_label(state: RunState) -> str:
-    """The step slider's label: which steps each engine has (one slider drives both)."""
+    """The step slider's label: which steps each engine has (one slider drives them all)."""
     s, c = len(state.static.steps), len(state.continuous.steps)
+    found = inside_view.own_record(state.servers)
+    inside = f", {found[0]} 0–{len(found[1].steps) - 1} (its own record)" if found else ""
     return (
-        f"Step (one forward pass): static steps 0–{max(s - 1, 0)}, continuous 0–{max(c - 1, 0)};"
-        " past an engine's last step, its views show that last step"
+        f"Step (one forward pass): static steps 0–{max(s - 1, 0)}, continuous 0–{max(c - 1, 0)}"
+        f"{inside}; past an engine's last step, its views show that last step"
     )
 
 

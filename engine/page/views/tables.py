@@ -2,7 +2,9 @@
 
 Both take the runs as ``{engine name: Trace}`` in display order, so a third engine (transformers'
 own continuous batching) adds a row to the metrics and a column to the outputs. Output texts stay
-plain strings: the page shows them as text, never as markup.
+plain strings: the page shows them as text, never as markup. A server's step-based cells (steps,
+padding, slot use, preemptions, prefix-cache hit rate) come from its own record of its steps where
+it keeps one (``Trace.schedule``: the local vLLM).
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ METRIC_HELP = {
 METRICS_NOTE = (
     "**padding waste %** counts wasted token positions among those computed; **slot "
     "utilisation %** counts busy slot-steps among slots × steps. Different denominators: the two "
-    "need not add to 100. Hover a column's name for its definition."
+    "need not add to 100. A server's steps, slot use, preemptions and prefix-cache hits come "
+    "from its own record of its steps where it keeps one (the page's own vLLM). "
+    "Hover a column's name for its definition."
 )
 NOT_AVAILABLE = "—"
 ANOTHER_MODEL_TEXT = "another model, not compared"
@@ -81,13 +85,16 @@ def metrics_rows(
     """One ``METRICS_HEADERS`` row per engine; speedup is static wall time over this engine's.
 
     An engine that records no steps (transformers' manager exposes none) shows "—" for the
-    step-based columns. ``reference_ok[name]``: True ✓, False ✗, or the cell itself (✓ ≈ ✗).
+    step-based columns; a server takes them from its own record where it keeps one
+    (``Trace.schedule``). ``reference_ok[name]``: True ✓, False ✗, or the cell itself (✓ ≈ ✗).
     """
     static_wall_s = traces["static"].wall_s if "static" in traces else None
     rows = []
     for name, trace in traces.items():
         m = trace.metrics()
-        has_steps = bool(trace.steps)
+        inside = trace.schedule if trace.schedule is not None else trace  # the steps' record
+        s = inside.metrics() if inside is not trace else m
+        has_steps = bool(inside.steps)
         speedup = f"{static_wall_s / m.wall_s:.2f}×" if static_wall_s and m.wall_s > 0 else "—"
         ok = NOT_AVAILABLE
         if reference_ok and name in reference_ok:
@@ -96,17 +103,17 @@ def metrics_rows(
             [
                 name,
                 round(m.wall_s, 2),
-                m.num_steps if has_steps else NOT_AVAILABLE,
+                s.num_steps if has_steps else NOT_AVAILABLE,
                 m.num_generated_tokens,
                 round(m.tok_per_s, 1),
                 speedup,
-                round(m.padding_waste_pct, 1) if has_steps else NOT_AVAILABLE,
-                round(m.slot_utilisation_pct, 1) if has_steps else NOT_AVAILABLE,
+                round(s.padding_waste_pct, 1) if has_steps else NOT_AVAILABLE,
+                round(s.slot_utilisation_pct, 1) if has_steps else NOT_AVAILABLE,
                 round(m.mean_ttft_s, 2),
                 _rounded(trace.latency_percentiles()["ttft_s"]["p99"]),
-                m.num_preemptions if has_steps else NOT_AVAILABLE,
+                s.num_preemptions if has_steps else NOT_AVAILABLE,
                 ok,
-                _percent(m.prefix_cache_hit_rate),
+                _percent(s.prefix_cache_hit_rate),
             ]
         )
     return rows
@@ -181,12 +188,19 @@ def outputs_rows(
 
 def _cached_tokens(traces: dict[str, Trace], index: int) -> int | str:
     """The continuous engine's prefix-cache tokens for one request ("of 575" prompt tokens), or
-    "—" without it: the only engine of ours that shares blocks."""
+    "—" without it: the only engine of ours that shares blocks; then each server's, from its own
+    record where it keeps one ("· vllm 512", on its first admission)."""
     trace = traces.get("continuous")
     record = trace.requests[index] if trace is not None else None
-    if record is None or record.num_cached_tokens is None:
-        return NOT_AVAILABLE
-    return f"{record.num_cached_tokens} of {record.num_prompt_tokens}"
+    ours = NOT_AVAILABLE
+    if record is not None and record.num_cached_tokens is not None:
+        ours = f"{record.num_cached_tokens} of {record.num_prompt_tokens}"
+    servers = [
+        f"{name} {t.schedule.requests[index].num_cached_tokens}"
+        for name, t in traces.items()
+        if t.schedule is not None and t.schedule.steps
+    ]
+    return " · ".join([ours, *servers]) if servers else ours
 
 
 def _verdict(

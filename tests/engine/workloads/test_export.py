@@ -102,3 +102,25 @@ def test_perfetto_shows_each_stay_of_a_preempted_request():
     for spans in by_track.values():
         spans.sort()
         assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), "overlapping spans"
+
+
+def test_exports_carry_a_servers_own_record():
+    """traces.json holds vLLM's own record under ``schedule``; Perfetto shows it as one more
+    process, ``vllm (own record)``, with a span per step and per stay in a lane, and a mark per
+    preemption (from a record captured from a real vLLM)."""
+    from captured_vllm import captured_vllm_trace
+
+    vllm = captured_vllm_trace()
+    doc = json.loads(traces_json({"vllm": vllm}))
+    assert len(doc["vllm"]["schedule"]["steps"]) == len(vllm.schedule.steps)
+    events = perfetto_trace({"continuous": _traces()["continuous"], "vllm": vllm})["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert list(names.values()) == ["continuous", "vllm", "vllm (own record)"], names
+    own = next(pid for pid, name in names.items() if name == "vllm (own record)")
+    steps = [e for e in events if e["pid"] == own and e["name"].startswith("step ")]
+    assert len(steps) == len(vllm.schedule.steps)
+    preempts = [e for e in events if e["pid"] == own and e["ph"] == "i"]
+    assert len(preempts) == vllm.schedule.metrics().num_preemptions > 0
+    assert {e["name"] for e in events if e["pid"] == own and e["name"].startswith("R")} == {
+        f"R{r.request_id}" for r in vllm.requests
+    }

@@ -2,13 +2,16 @@
 
 The page shows its start-up in the servers line, then a run gives vLLM an outputs column checked
 against ``model.generate``, a row in the metrics, one lane per request on the servers' timeline,
-and the server chart from its ``/metrics``. A prompt past vLLM's context (started with
-``--vllm-max-model-len 256``; ours is 8,192) is refused by vLLM alone: the page says so and
-shows the other engines' results.
+and the server chart from its ``/metrics`` (the view from outside), and vLLM's own record of its
+steps in our engines' views, which the step slider walks through (the view from inside). A prompt
+past vLLM's context (started with ``--vllm-max-model-len 256``; ours is 8,192) is refused by vLLM
+alone: the page says so and shows the other engines' results.
 Skipped without ``.venv-vllm`` (``make vllm``; CI builds it). Eager mode keeps the start short.
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from browser_kit import (
@@ -42,8 +45,12 @@ def server_url(request, tmp_path_factory) -> str:
 
 
 def _wait_for_vllm(page: Page) -> None:
+    """The servers line names vLLM's settings while it starts (or, once a test before this one
+    saw it start, when it is ready: the page's first timer tick may replace "starting" before this
+    looks), then says it is ready."""
     line = page.locator("#servers_markdown")
-    expect(line).to_contain_text("vllm: starting vLLM (eager · float32 · up to 2 sequences")
+    settings = r"\(eager · float32 · up to 2 sequences"
+    expect(line).to_contain_text(re.compile(rf"vllm: (starting vLLM|ready · vLLM \S+) {settings}"))
     expect(line).to_contain_text("vllm: ready · vLLM", timeout=VLLM_START_TIMEOUT_MS)
 
 
@@ -97,6 +104,49 @@ def test_vllm_column_lanes_and_server_chart(page: Page):
     assert "vllm" in cdf, cdf
     page.locator("#server_timeline_plot").scroll_into_view_if_needed()
     page.screenshot(path=str(SCREENSHOTS / "vllm-run.png"), full_page=True)
+
+
+def _step_to(page: Page, step: int) -> tuple[int, list[str]]:
+    """Type ``step`` into the step slider's box; vLLM's packed mask queries and held blocks."""
+    box = page.locator("#step_slider input[type=number]")
+    box.fill(str(step))
+    box.press("Enter")
+    prefix = "vllm from the inside · "
+    mask_title = page.locator("#inside_mask_plot .gtitle")
+    expect(mask_title).to_contain_text(f"{prefix}Packed step {step}:")
+    blocks = page.locator("#inside_block_map_plot .gtitle")
+    expect(blocks).to_have_text(f"{prefix}KV block map at step {step}")
+    mask = page.locator("#inside_mask_plot .js-plotly-plot")
+    held_js = "el => el.data[0].text.flat().filter(t => t.startsWith('R'))"
+    held = page.locator("#inside_block_map_plot .js-plotly-plot").evaluate(held_js)
+    return mask.evaluate("el => el.data[0].y.length"), held
+
+
+def test_step_slider_walks_vllms_own_steps(page: Page):
+    """vLLM's own record in our views: the slider's label names its steps; moving the slider from
+    its first step to its last changes vLLM's packed mask (both prompts, then one decode) and its
+    block map (R0's blocks freed); each view says it comes from vLLM's own record, the lanes that
+    they are the view from outside."""
+    _wait_for_vllm(page)
+    set_requests(page, ROWS)
+    set_slots(page, 2)
+    run_and_wait(page)
+    expect(page.locator("#inside_markdown")).to_contain_text("vLLM from the inside")
+    label = page.locator("#step_slider").inner_text()
+    found = re.search(r"vllm 0–(\d+) \(its own record\)", label)
+    assert found, f"the step slider does not name vLLM's steps: {label!r}"
+    first, last = _step_to(page, 0), _step_to(page, int(found.group(1)))
+    assert first[0] > last[0] == 1, f"vLLM's mask: {first[0]} then {last[0]} queries"
+    assert any(b.startswith("R0") for b in first[1]), f"R0 holds no block at step 0: {first[1]}"
+    assert not any(b.startswith("R0") for b in last[1]), f"R0's blocks not freed: {last[1]}"
+    subtitle_js = "el => el.layout.title.subtitle.text"
+    for elem_id in ("inside_timeline_plot", "inside_mask_plot", "inside_block_map_plot"):
+        text = page.locator(f"#{elem_id} .js-plotly-plot").evaluate(subtitle_js)
+        assert text.startswith("From vllm"), f"{elem_id}: {text!r}"
+    lanes = page.locator("#server_timeline_plot .js-plotly-plot").evaluate(subtitle_js)
+    assert lanes.startswith("View from outside"), lanes
+    page.locator("#inside_markdown").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOTS / "vllm-inside.png"), full_page=True)
 
 
 def test_request_too_long_for_vllm_is_its_message_only(page: Page):

@@ -248,7 +248,8 @@ def test_model_line_says_the_kernel_choice_on_hover(shared):
 def test_update_step_redraws_without_the_model(result, no_model):
     """Moving the step slider redraws cursors and masks from the stored traces only."""
     views = playground.update_step(result.state, 3, "step")
-    static_tl, continuous_tl, packed, padded, block_map = views
+    static_tl, continuous_tl, packed, padded, block_map, *inside = views
+    assert len(inside) == 3, "vLLM's inside views are not redrawn with the step"
     for fig in (static_tl, continuous_tl):
         (cursor,) = [s for s in fig.layout.shapes if s.name == "cursor"]
         assert cursor.x0 == 3, f"cursor at {cursor.x0}"

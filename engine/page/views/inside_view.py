@@ -1,0 +1,135 @@
+"""A server from the inside: its own record of its steps, drawn with our engines' views, labelled.
+
+A server hides its steps; one that records them (the local vLLM, whose scheduler is
+``engine.peers.vllm_scheduler``) hands back its own record as ``Trace.schedule``: steps, lanes,
+block tables and prefix-cache hits, a trace like our engines'. ``engine.page.views.run_view`` draws
+it with our builders (timeline, packed mask and KV block map at the step slider's step, tokens and
+KV per step): this module finds the record, draws those views (``step_figures``, ``usage_figure``)
+and labels each with where it comes from:
+
+* **from its own record** (``own_record``, ``labelled``): what the server's scheduler did, step by
+  step, timed on this machine's clock from the run's start;
+* **from outside**: the servers' request lanes (the client's clock) and their ``/metrics`` chart
+  (``engine.page.figures.server_lanes``) say so themselves (``server_lanes.OUTSIDE``).
+
+Without a record each view is a figure that says why (``no_record_figure``).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from engine.page.figures import block_map, mask_heatmaps, serving_metrics, timelines
+from engine.page.figures.server_lanes import message_figure
+from engine.trace import Trace
+
+INSIDE_TITLE = "vLLM from the inside"
+INSIDE_NOTE = (
+    f"**{INSIDE_TITLE}** · these four charts come from vLLM's **own record**: its scheduler "
+    "writes each step it schedules (the requests' tokens, their KV blocks, prefix-cache hits, "
+    "preemptions), so they show the same views as our engines' above, and move with the same "
+    "step slider. The servers' lanes and `/metrics` chart further down are the **view from "
+    "outside**: what the client saw, and what the server's gauges said."
+)
+STEP_VIEWS = ("timeline", "packed mask", "KV block map")  # what ``step_figures`` draws
+LANES_NOTE = "vLLM has no slots: a request takes the first free lane, until preempted or finished"
+BLOCKS_NOTE = "vLLM's own block ids (block 0 is its null block, never held)"
+DEFAULT_HEIGHT_PX = 450  # plotly's height of a figure that sets none
+NO_SERVER = "No server ran in this run: tick one under “Also run on the host's servers”."
+
+
+def own_record(servers: dict[str, Trace]) -> tuple[str, Trace] | None:
+    """The first server whose trace carries its own record with steps: (name, record)."""
+    for name, trace in servers.items():
+        if trace.schedule is not None and trace.schedule.steps:
+            return name, trace.schedule
+    return None
+
+
+def num_steps(servers: dict[str, Trace]) -> int:
+    """Steps in the first server's own record (0 without one): the step slider covers them."""
+    found = own_record(servers)
+    return len(found[1].steps) if found else 0
+
+
+def source_line(name: str, record: Trace) -> str:
+    """Where an inside view comes from, for its subtitle (HTML-escaped)."""
+    version = record.info.get("vllm")
+    who = f"vLLM {version}" if version else "the server"
+    return html.escape(
+        f"From {name}'s own record: {who}'s scheduler, step by step (this machine's clock)"
+    )
+
+
+def labelled(fig: Any, title: str, source: str) -> Any:
+    """``fig`` (a plotly figure, or None) with ``title``, and ``source`` first in its subtitle."""
+    if fig is None:
+        return None
+    old = fig.layout.title.subtitle.text or ""
+    subtitle = source + (f"<br>{old}" if old else "")
+    margin_t = 40 + 18 * (2 + subtitle.count("<br>"))
+    grown_px = max(margin_t - (fig.layout.margin.t or 0), 0)  # the plot keeps its height
+    return fig.update_layout(
+        title_text=title,
+        title_subtitle_text=subtitle,
+        margin_t=margin_t,
+        height=(fig.layout.height or DEFAULT_HEIGHT_PX) + grown_px,
+    )
+
+
+def no_record_figure(servers: dict[str, Trace], what: str) -> Any:
+    """An empty ``what`` chart that says why: no server ran, or none kept a record (and why)."""
+    title = f"{INSIDE_TITLE}: {what}"
+    if not servers:
+        return message_figure(title, NO_SERVER)
+    reasons = [w for t in servers.values() for w in t.warnings if "own schedule" in w]
+    text = (
+        f"{', '.join(servers)}: no record of its own steps. Only a vLLM started with the "
+        "recording scheduler keeps one (app.py --vllm does); the lanes and /metrics chart below "
+        "are the view from outside."
+    )
+    return message_figure(title, " ".join([text, *reasons]))
+
+
+def step_figures(
+    servers: dict[str, Trace], step_index: int, x_axis: str, x_max: float | None
+) -> tuple[Any, Any, Any]:
+    """The first own record's timeline (cursor at ``step_index``), packed mask and KV block map
+    at that step (its last step past its end, as the subtitle says), each labelled; without a
+    record, three figures that say why."""
+    found = own_record(servers)
+    if found is None:
+        return tuple(no_record_figure(servers, what) for what in STEP_VIEWS)
+    name, record = found
+    last = len(record.steps) - 1
+    at = min(max(step_index, 0), last)
+    source = source_line(name, record)
+    past = f"<br>{name} ran {last + 1} steps: its last, {last}, is shown"
+    past = past if step_index > last else ""
+    timeline = timelines.timeline_figure(record, x_axis, x_max, step_index)
+    timeline = serving_metrics.add_serving_marks(timeline, record, x_axis)
+    lanes = f"{record.num_slots} {'lane' if record.num_slots == 1 else 'lanes'}"
+    mask = mask_heatmaps.mask_heatmap(record, at)
+    blocks = block_map.block_map_figure(record, at)
+    return (
+        labelled(timeline, f"{name} from the inside: {lanes}", f"{source}<br>{LANES_NOTE}"),
+        labelled(mask, f"{name} from the inside · {mask.layout.title.text}", source + past),
+        labelled(
+            blocks,
+            f"{name} from the inside · {blocks.layout.title.text}",
+            f"{source}<br>{BLOCKS_NOTE}{past}",
+        ),
+    )
+
+
+def usage_figure(servers: dict[str, Trace]) -> Any:
+    """Tokens scheduled (prefill, decode) against vLLM's token budget, and KV blocks in use with
+    preemptions, per step of the first own record; without one, a figure that says why."""
+    what = "tokens and KV blocks per step"
+    found = own_record(servers)
+    if found is None:
+        return no_record_figure(servers, what)
+    name, record = found
+    fig = serving_metrics.step_usage_figure(record)
+    return labelled(fig, f"{name} from the inside: {what}", source_line(name, record))

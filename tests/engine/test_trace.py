@@ -1,0 +1,74 @@
+"""The trace's JSON: ``Trace.to_dict`` read back by ``Trace.from_dict``, a server's own record of
+its steps (``schedule``: vLLM's, from a record captured from a real vLLM) included, and a trace
+without one written as before."""
+
+from __future__ import annotations
+
+import json
+
+from captured_vllm import captured_vllm_trace
+from fake_traces import continuous_trace
+
+from engine.sampling_params import SamplingParams
+from engine.trace import ServerSample, Trace
+
+OLD_KEYS = {
+    "engine",
+    "num_slots",
+    "kv_mode",
+    "wall_s",
+    "info",
+    "metrics",
+    "latency_percentiles",
+    "steps",
+    "requests",
+    "server_samples",
+    "warnings",
+}
+
+
+def _through_json(trace: Trace) -> Trace:
+    return Trace.from_dict(json.loads(json.dumps(trace.to_dict())))
+
+
+def test_vllms_own_record_round_trips_through_json():
+    """vLLM's trace with its own record comes back from JSON with every step of the record: lanes,
+    tokens, vLLM's block ids, shared prefix blocks, preemptions, and its requests' cache hits."""
+    trace = captured_vllm_trace()
+    trace.server_samples = [ServerSample(0.5, {"num_requests_running": 2.0})]
+    trace.warnings = ["a warning"]
+    back = _through_json(trace)
+    schedule = trace.schedule
+    assert back.schedule is not None, "the record was lost"
+    assert back.schedule.steps == schedule.steps, "a step of vLLM's record changed"
+    assert back.schedule.requests == schedule.requests
+    assert back.schedule.info == schedule.info and back.schedule.num_slots == schedule.num_slots
+    assert any(s.preempted for s in back.schedule.steps), "the capture's preemption was lost"
+    assert any(s.shared_blocks for s in back.schedule.steps), "its shared blocks were lost"
+    assert back.requests == trace.requests and back.server_samples == trace.server_samples
+    assert back.warnings == trace.warnings and back.wall_s == trace.wall_s
+    assert back.to_dict() == trace.to_dict(), "a second trip writes other JSON"
+
+
+def test_a_trace_without_a_record_keeps_its_json():
+    """Our engines' JSON has the keys it always had (no ``schedule``), and reads back whole, block
+    tables keyed by request id and sampling settings included."""
+    trace = continuous_trace([5, 9, 3], [4, 6, 2], num_slots=2)
+    trace.steps[1].block_tables = {0: [1, 2], 1: [3]}
+    trace.requests[2].sampling = SamplingParams(temperature=0.7, top_k=5, seed=3)
+    data = trace.to_dict()
+    assert set(data) == OLD_KEYS, f"the JSON's keys changed: {set(data) ^ OLD_KEYS}"
+    back = _through_json(trace)
+    assert back.schedule is None
+    assert back.steps == trace.steps and back.steps[1].block_tables == {0: [1, 2], 1: [3]}
+    assert back.requests[2].sampling == trace.requests[2].sampling
+    assert back.metrics() == trace.metrics()
+
+
+def test_unknown_keys_are_ignored():
+    """A later version's extra keys (top level, steps, requests) do not stop an older reader."""
+    data = continuous_trace([4], [2], num_slots=1).to_dict()
+    data["new_field"] = 1
+    data["steps"][0]["new_step_field"] = 2
+    data["requests"][0]["new_request_field"] = 3
+    assert len(Trace.from_dict(data).steps) == len(data["steps"])

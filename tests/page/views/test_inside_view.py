@@ -1,0 +1,152 @@
+"""vLLM from the inside on the page: its own record of a real run (captured from vLLM 0.32,
+``tests/captured_vllm.py``) drawn in our engines' views, moved by the step slider's handler, each
+view labelled with where it comes from; a server without a record says why it has none."""
+
+from __future__ import annotations
+
+import pytest
+from captured_vllm import CAPS, PROMPT_LENS, captured_vllm_trace
+from fake_traces import continuous_trace, static_trace
+
+from engine.page.handlers import playground
+from engine.page.views import inside_view, run_view, tables
+from engine.page.views.run_view import RunState
+from engine.trace import ServerSample, Trace
+
+INSIDE = ("inside_timeline_plot", "inside_mask_plot", "inside_block_map_plot")
+
+
+def _state(servers: dict[str, Trace]) -> RunState:
+    static = static_trace(PROMPT_LENS, CAPS, num_slots=3)
+    continuous = continuous_trace(PROMPT_LENS, CAPS, num_slots=3)
+    return RunState(static, continuous, None, servers=servers)
+
+
+@pytest.fixture(scope="module")
+def vllm() -> Trace:
+    """The captured run, with one /metrics sample (the capture kept none)."""
+    trace = captured_vllm_trace()
+    trace.server_samples = [ServerSample(0.2, {"num_requests_running": 2.0})]
+    return trace
+
+
+@pytest.fixture(scope="module")
+def shown(vllm) -> run_view.RunResult:
+    """The run as the page renders it (no download files)."""
+    return run_view.render(_state({"vllm": vllm}), downloads=False)
+
+
+def _inside_at(state: RunState, step: int, x_axis: str = "step") -> dict:
+    """The step slider's handler at ``step``: the inside views, by output name."""
+    figures = playground.update_step(state, step, x_axis)
+    views = dict(zip(run_view.STEP_VIEW_OUTPUTS, figures, strict=True))
+    return {name: views[name] for name in INSIDE}
+
+
+def test_step_slider_walks_vllms_own_steps(shown, vllm):
+    """The slider spans vLLM's steps (named in its label); at each, vLLM's packed mask has the
+    tokens vLLM scheduled in that step, and its block map the blocks vLLM's tables held then."""
+    record = vllm.schedule
+    assert shown.state.num_steps >= len(record.steps)
+    assert f"vllm 0–{len(record.steps) - 1} (its own record)" in run_view.slider_label(shown.state)
+    masks = set()
+    for k, step in enumerate(record.steps):
+        views = _inside_at(shown.state, k)
+        mask = views["inside_mask_plot"]
+        assert mask.layout.title.text.startswith(f"vllm from the inside · Packed step {k}: ")
+        assert len(mask.data[0].y) == step.num_scheduled_tokens, f"step {k}: other queries"
+        blocks = views["inside_block_map_plot"]
+        assert blocks.layout.title.text == f"vllm from the inside · KV block map at step {k}"
+        held = {
+            b
+            for b, label in enumerate(c for row in blocks.data[0].text for c in row)
+            if label.startswith("R")
+        }
+        assert held == set(step.block_holders()), f"step {k}: not vLLM's block ids"
+        masks.add(mask.to_json())
+    assert len(masks) > 1, "the mask did not change with the step"
+
+
+def test_shared_prefix_blocks_preemptions_and_cache_hits(shown, vllm):
+    """The block map names the prefix blocks R1 and R2 share (×2); the timeline and the tokens
+    chart mark vLLM's preemption; R1's 64 cached prompt tokens show in its hover, in the outputs
+    table and as pale key columns of its mask."""
+    record = vllm.schedule
+    k = next(i for i, s in enumerate(record.steps) if s.shared_blocks)
+    blocks = _inside_at(shown.state, k)["inside_block_map_plot"]
+    assert any(label.endswith("×2") for row in blocks.data[0].text for label in row)
+    timeline = _inside_at(shown.state, 0)["inside_timeline_plot"]
+    assert "preemption" in [t.name for t in timeline.data], "no preemption mark"
+    hovers = [h for t in timeline.data if t.name == "R1" for h in t.hovertext]
+    assert all("64 prompt tokens from the prefix cache" in h for h in hovers), hovers
+    usage = shown.inside_usage
+    assert "preemption" in [t.name for t in usage.data]
+    assert usage.layout.title.text == "vllm from the inside: tokens and KV blocks per step"
+    r1 = next(row for row in shown.outputs if row[0] == "R1")
+    assert r1[-1].endswith("· vllm 64"), r1[-1]
+    first = next(i for i, s in enumerate(record.steps) if 1 in {q.request_id for q in s.seqs})
+    mask = _inside_at(shown.state, first)["inside_mask_plot"]
+    assert "64 keys from the prefix cache" in mask.layout.title.subtitle.text
+
+
+def test_each_view_says_where_it_comes_from(shown):
+    """Inside views say they come from vLLM's own record; the lanes and /metrics chart that they
+    are the view from outside; the page's note says both."""
+    for name, fig in _inside_at(shown.state, 2, "time").items():
+        assert fig.layout.title.subtitle.text.startswith("From vllm&#x27;s own record"), name
+    assert shown.inside_usage.layout.title.subtitle.text.startswith("From vllm&#x27;s own")
+    for fig in (shown.server_timeline, shown.server_chart):
+        assert fig.layout.title.subtitle.text.startswith("View from outside"), fig.layout.title
+    note = inside_view.INSIDE_NOTE
+    assert "**own record**" in note and "**view from outside**" in note
+
+
+def test_metrics_row_counts_vllms_own_steps(shown, vllm):
+    """vLLM's metrics row takes steps, preemptions and the prefix-cache hit rate from its
+    record, not "—" or the client's zero."""
+    values = next(r for r in shown.metrics if r[0] == "vllm")
+    row = dict(zip(tables.METRICS_HEADERS, values, strict=True))
+    inside = vllm.schedule.metrics()
+    assert row["steps"] == inside.num_steps == len(vllm.schedule.steps)
+    assert row["preemptions"] == inside.num_preemptions > 0
+    assert row["prefix-cache hit rate %"] == round(100 * inside.prefix_cache_hit_rate, 1) > 0
+
+
+def test_without_a_record_the_inside_views_say_why(vllm):
+    """A server without its own record: every inside view is a message that says so, and the
+    step slider keeps our engines' range."""
+    plain = Trace("gpu", 3, requests=vllm.requests, wall_s=vllm.wall_s)
+    state = _state({"gpu": plain})
+    assert state.num_steps == max(len(state.static.steps), len(state.continuous.steps))
+    result = run_view.render(state, downloads=False)
+    figures = [*_inside_at(state, 0).values(), result.inside_usage]
+    for fig in figures:
+        (note,) = fig.layout.annotations
+        assert "gpu: no record of its own steps" in note.text, note.text
+    none = run_view.render(_state({}), downloads=False)
+    assert "No server ran" in none.inside_usage.layout.annotations[0].text
+
+
+def test_labels_leave_the_plot_its_height(shown):
+    """A label's extra subtitle lines grow the figure by the margin they take, so the plot area
+    (the block map's one row of blocks) keeps its height."""
+    from engine.page.figures import block_map
+
+    record = shown.state.servers["vllm"].schedule
+    plain = block_map.block_map_figure(record, 0)
+    labelled = _inside_at(shown.state, 0)["inside_block_map_plot"]
+    plot_px = [f.layout.height - f.layout.margin.t - f.layout.margin.b for f in (plain, labelled)]
+    assert plot_px[0] == plot_px[1] > 0, f"plot area {plot_px[0]} px, labelled {plot_px[1]} px"
+
+
+def test_downloads_carry_vllms_own_steps(vllm):
+    """The run's traces.json holds vLLM's record and charts.html its three step views."""
+    import json
+    from pathlib import Path
+
+    files = {Path(p).name: Path(p) for p in run_view.render(_state({"vllm": vllm})).downloads}
+    traces = json.loads(files["traces.json"].read_text())
+    assert len(traces["vllm"]["schedule"]["steps"]) == len(vllm.schedule.steps)
+    charts = files["charts.html"].read_text()
+    for heading in run_view.INSIDE_HEADINGS:
+        assert f"<h2>{heading.replace(chr(39), '&#x27;')}</h2>" in charts, heading
