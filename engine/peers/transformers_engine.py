@@ -27,11 +27,15 @@ import warnings
 
 from engine.config import EngineConfig
 from engine.model.model_runner import ModelRunner
-from engine.peers import transformers_manager
+from engine.peers import transformers_manager, transformers_scheduler
 from engine.sequence import Request, truncate_at_stop
 from engine.serving.sampler import hf_request_kwargs
 from engine.trace import Trace, new_request_records
 
+NO_RECORD_NOTE = (
+    "transformers did not build the recording scheduler it was asked for "
+    f"(scheduler_type={transformers_scheduler.SCHEDULER_TYPE!r}): no own schedule recorded"
+)
 BATCH_INVARIANT_NOTE = (
     "batch-invariant mode does not apply to transformers' continuous batching: it runs its own "
     "kernels and batches, outside this project's control; its outputs are batch-dependent"
@@ -71,7 +75,7 @@ class HFContinuousEngine:
         if any(r.is_sampled for r in requests):
             vocab_size = self.runner.model.config.get_text_config().vocab_size
             kwargs = [hf_request_kwargs(r.sampling, vocab_size) for r in requests]
-        t0, outputs = transformers_manager.run_batch(
+        t0, outputs, record = transformers_manager.run_batch(
             self.runner, prompts, caps, self.config.num_slots, poll, kwargs, self.block_sharing
         )
         for request, out in zip(requests, outputs, strict=True):
@@ -91,4 +95,11 @@ class HFContinuousEngine:
                 "eos" if tokens and tokens[-1] in self.runner.eos_token_ids else "length"
             )
         trace.wall_s = max((r.finish_s or 0.0) for r in trace.requests)
+        if record is None:
+            trace.warnings.append(NO_RECORD_NOTE)
+        else:
+            ids = {
+                transformers_manager.hf_request_id(i): r.request_id for i, r in enumerate(requests)
+            }
+            trace.schedule = transformers_scheduler.schedule_trace(record, trace.requests, ids, t0)
         return trace

@@ -3,13 +3,15 @@
 The comparison engine ``engine.peers.transformers_engine`` calls ``run_batch`` with its
 ``engine.model.model_runner.ModelRunner``, whose model, device and stop ids it uses. It is apart
 from the runner because transformers' own continuous batching needs its own configs, KV sizing and
-result polling, none of which the project's engines use.
+result polling, none of which the project's engines use. The manager runs with the recording
+scheduler of ``engine.peers.transformers_scheduler``, and ``run_batch`` hands back its record.
 """
 
 from __future__ import annotations
 
 import time
 
+from engine.peers import transformers_scheduler
 from engine.serving.sampler import HF_SAMPLING_PLACEHOLDERS, forked_rng
 
 HF_POLL_S = 0.1  # how often run_batch calls on_poll while it waits for results
@@ -38,9 +40,11 @@ def run_batch(
     before the clock starts. ``block_sharing`` sets ``ContinuousBatchingConfig``'s
     ``allow_block_sharing``, transformers' prefix caching (its default is on; off here unless
     asked, like our engines): a full page of ``HF_PAGE_SIZE`` prompt tokens is shared once a
-    request computed it. Returns ``(t0, outputs)``: ``perf_counter`` at the first request,
-    and per prompt a ``GenerationOutput`` (``generated_tokens``, ``timestamps`` in
-    ``perf_counter`` seconds).
+    request computed it. Returns ``(t0, outputs, record)``: ``perf_counter`` at the first
+    request, per prompt a ``GenerationOutput`` (``generated_tokens``, ``timestamps`` in
+    ``perf_counter`` seconds; request id ``hf_request_id(index)``), and the manager's own schedule
+    (``engine.peers.transformers_scheduler.ScheduleRecord``, read after its generation thread
+    stopped; None if transformers did not build the recording scheduler it was asked for).
 
     ``on_poll()`` is called every ``HF_POLL_S`` (0.1 s) while results are awaited; an exception
     it raises (``RunStopped``) stops the manager and propagates.
@@ -66,11 +70,28 @@ def run_batch(
             t0 = time.perf_counter()
             for i, (ids, cap) in enumerate(zip(prompts, caps, strict=True)):
                 kwargs = {"max_new_tokens": cap, "record_timestamps": True, **per_request[i]}
-                manager.add_request(ids, request_id=f"r{i}", **kwargs)
+                manager.add_request(ids, request_id=hf_request_id(i), **kwargs)
             results = _hf_results(manager, len(prompts), on_poll)
+            processor = manager.batch_processor  # the loop's (stop() drops it)
     finally:
         runner.model.set_attn_implementation(previous)
-    return t0, [results[f"r{i}"] for i in range(len(prompts))]
+    return t0, [results[hf_request_id(i)] for i in range(len(prompts))], _own_record(processor)
+
+
+def hf_request_id(index: int) -> str:
+    """The request id ``run_batch`` gives the ``index``-th prompt in transformers' manager."""
+    return f"r{index}"
+
+
+def _own_record(processor):
+    """The ``ScheduleRecord`` of the processor's scheduler, with ``settings["async_batching"]``
+    added; None if its scheduler is not the recording one. Read once the generation thread has
+    stopped (the context manager joined it), so its last step is closed."""
+    record = getattr(getattr(processor, "scheduler", None), "record", None)
+    if isinstance(record, transformers_scheduler.ScheduleRecord):
+        record.settings["async_batching"] = bool(processor.use_async_batching)
+        return record
+    return None
 
 
 def _hf_configs(runner, prompts, caps, num_slots: int, sampled: bool, block_sharing: bool):
@@ -84,6 +105,7 @@ def _hf_configs(runner, prompts, caps, num_slots: int, sampled: bool, block_shar
         **(HF_SAMPLING_PLACEHOLDERS if sampled else {"do_sample": False}),
     )
     cb = ContinuousBatchingConfig(
+        scheduler_type=transformers_scheduler.register(),
         max_requests_per_batch=num_slots,
         auto_switch_to_flash=False,
         allow_block_sharing=block_sharing,
