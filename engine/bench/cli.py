@@ -131,14 +131,17 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
     skipped = not_compared_ids(median_run)
     bad = mismatches(outputs, reference, skipped) if reference is not None else []
     wall_s = statistics.median(walls)
+    num_steps = m.num_steps  # hf_continuous: none of its own; its scheduler's record has them
+    if median_run.schedule is not None and not median_run.steps:
+        num_steps = len(median_run.schedule.steps)
     return {
         "wall_s": wall_s,
         "wall_s_min": min(walls),
         "wall_s_max": max(walls),
-        "num_steps": m.num_steps,
+        "num_steps": num_steps,
         "num_generated_tokens": m.num_generated_tokens,
         "tok_per_s": m.num_generated_tokens / wall_s if wall_s else 0.0,
-        "ms_per_step": 1000 * wall_s / m.num_steps if m.num_steps else 0.0,
+        "ms_per_step": 1000 * wall_s / num_steps if num_steps else 0.0,
         "padding_waste_pct": m.padding_waste_pct,
         "slot_utilisation_pct": m.slot_utilisation_pct,
         "requests_per_s": len(runs[0].requests) / wall_s if wall_s else 0.0,

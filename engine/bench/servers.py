@@ -127,8 +127,10 @@ def failed_result(name: str, message: str, engines: dict) -> dict:
 
 
 def schedule_line(name: str, schedule: Trace) -> str:
-    """The report's line on a server's own steps, e.g. ``vllm: 301 steps in vLLM's own record
-    (recording took 0.03 % of their time)``."""
+    """The report's line on an engine's own steps, e.g. ``vllm: 301 steps in vLLM's own record
+    (recording took 0.03 % of their time)``; transformers' (``hf_continuous``) is named by the
+    ``transformers`` version its record's info carries."""
     cost = schedule.info.get("record_cost_pct")
     cost_text = "" if cost is None else f" (recording took {cost:.2f} % of their time)"
-    return f"{name}: {len(schedule.steps)} steps in vLLM's own record{cost_text}"
+    owner = "transformers'" if schedule.info.get("transformers") else "vLLM's"
+    return f"{name}: {len(schedule.steps)} steps in {owner} own record{cost_text}"

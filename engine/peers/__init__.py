@@ -1,13 +1,15 @@
 """Peers: other engines run beside ours, on the same requests, written as our ``Trace``.
 
-transformers' own continuous batching (``transformers_engine``, with ``transformers_manager``),
+transformers' own continuous batching (``transformers_engine``, with ``transformers_manager``, and
+``transformers_scheduler``, the scheduler transformers builds by name that records its steps),
 any OpenAI-compatible server (``openai_engine``, ``openai_probe``, ``endpoints``,
 ``server_metrics``) and a local vLLM (``vllm_engine``, ``vllm_server``), whose own schedule is
 recorded inside it by ``vllm_scheduler`` and read back as a ``Trace`` by ``vllm_record``. May import
 every core room below it; nothing in the core imports it.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
-``transformers_manager``, ``openai_probe``, ``server_metrics`` serve it from inside.
+``transformers_manager``, ``transformers_scheduler``, ``openai_probe``, ``server_metrics`` serve it
+from inside.
 ``vllm_scheduler`` is the face to vLLM: vLLM loads it by name (``--scheduler-cls``) in its own
 process, and it imports only vllm and the standard library, so no module here ever imports it.
 """

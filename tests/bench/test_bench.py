@@ -60,6 +60,11 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     table = capsys.readouterr().out
     assert "continuous_concat" in table and "speedup" in table and "x read" in table
     assert "kernel choice: " in table, "no kernel choice line"
+    hf = doc["engines"]["hf_continuous"]  # its steps: from transformers' scheduler's own record
+    longest = max(len(q["output_token_ids"]) for q in hf["requests"])
+    assert hf["num_steps"] >= longest > 0, (hf["num_steps"], longest)  # a step per token
+    assert hf["ms_per_step"] == 1000 * hf["wall_s"] / hf["num_steps"]
+    assert f"hf_continuous: {hf['num_steps']} steps in transformers' own record" in table
 
 
 def test_the_report_shows_the_measured_times_and_stars_the_chosen():
