@@ -168,3 +168,17 @@ def test_preemptions_are_recorded_and_the_cache_restarts(runner):
         assert schedule.request(rid).num_preemptions == preempted.count(rid)
         num_generated = len(outputs[f"r{rid}"].generated_tokens)
         assert computed[rid] == len(prompt) + num_generated - 1, (rid, computed, num_generated)
+
+
+def test_block_sharing_hits_are_recorded_at_admission(runner):
+    """With block sharing, a request whose prompt opens with a full page (256 tokens) another
+    request computed starts with those tokens cached: its first step feeds only the rest."""
+    opening = "a long shared opening, " * 13  # 299 byte tokens: one full 256-token page
+    requests = make_requests([(opening + "one", 4), (opening + "two", 4)])
+    trace = HFContinuousEngine(runner, EngineConfig(1), block_sharing=True).run(requests)
+    schedule = trace.schedule
+    assert schedule.info["prefix_caching"] is True
+    assert [r.num_cached_tokens for r in schedule.requests] == [0, 256]
+    first = next(s for step in schedule.steps for s in step.seqs if s.request_id == 1)
+    assert (first.num_cached_tokens, first.num_prefix_cached_tokens) == (256, 256), first
+    assert first.num_new_tokens == requests[1].num_prompt_tokens - 256, first
