@@ -148,6 +148,37 @@ def test_run_pressed_right_after_stop_starts(page: Page):
     _timed_run(page, rows)
 
 
+# Stop, then Run and Stop three more times, 80 ms apart: all while the stopped run still ends
+# (it puts the previous results back), so the browser defers each Run click and replays the last.
+QUICK_PAIRS_JS = """() => {
+    const click = (id) => document.getElementById(id).click();
+    ["stop", "run", "stop", "run", "stop", "run", "stop"].forEach(
+        (name, i) => setTimeout(() => click(name + "_button"), 80 * i));
+}"""
+
+
+def test_quick_run_stop_pairs_end_stopped_and_the_next_run_runs(page: Page):
+    """Stop, then three quick Run/Stop pairs while the stopped run still ends: nothing runs after
+    the last Stop (the status stays on Stopped), no Stop said nothing was running, and the next
+    Run runs to the end."""
+    set_requests(page, [(LONG_PROMPT, LONG_CAP), ("Rivers flow into", 3)])
+    set_slots(page, 2)
+    page.locator("#run_button").click()
+    expect(_status(page)).to_contain_text(RUNNING_STATUS, timeout=60_000)
+    page.evaluate(QUICK_PAIRS_JS)
+    expect(_status(page)).to_contain_text("Stopped before", timeout=15_000)
+    page.wait_for_timeout(5_000)  # a run that the last Stop missed shows its progress by now
+    assert status_text(page).startswith("Stopped before"), (
+        f"after the last Stop: {status_text(page)}"
+    )
+    toasts = page.locator('[data-testid="toast-text"]', has_text="Nothing is running")
+    assert toasts.count() == 0, "Stop said nothing was running between Run presses"
+    _assert_no_error_badge(page)
+    rows = [("Cats like to", 3), ("Dogs enjoy", 2)]
+    set_requests(page, rows)
+    _timed_run(page, rows)
+
+
 def test_stop_with_nothing_running_says_so(page: Page):
     """Stop on a page with no run going changes nothing and says there is nothing to stop."""
     before = status_text(page)
