@@ -91,7 +91,7 @@ def wire_setup(demo, requests, settings, results, run_state) -> None:
     link_outputs = page_panels.page_components(page_io.LINK_OUTPUTS, requests, s, results)
     demo.load(page_io.from_link, None, link_outputs, **HIDDEN)
     demo.load(lambda: True, None, s.replay_checkbox, queue=False, **HIDDEN)  # Run may replay
-    chosen = [requests.table, s.chat_checkbox, requests.preset_markdown, s.slots_slider]
+    chosen = page_panels.page_components(presets.CHOSEN, requests, s, results)  # engine knobs too
     choose = {"api_name": "apply_preset"}  # the endpoint's name before it also set the slots
     s.preset_dropdown.input(presets.choose_preset, s.preset_dropdown, chosen, **choose)
     # A user's edit (not a preset or an upload): no preset any more.

@@ -11,6 +11,7 @@ from fake_traces import continuous_trace, static_trace
 from engine.model.loader import ModelLoadError
 from engine.page.handlers import playground
 from engine.page.inputs import presets
+from engine.page.panels import page_panels
 from engine.page.run import run_options, shared_model
 from engine.page.views import run_status, run_view
 from engine.trace import DECODE, PREFILL
@@ -369,6 +370,22 @@ def test_app_wiring():
     for name in ("step", "x_axis"):
         assert by_api[name].fn is playground.update_step, f"{name} not wired to update_step"
     assert app.parse_args([]).host == "127.0.0.1" and app.parse_args([]).port == 7860
+
+
+def test_choosing_a_preset_sets_the_engine_settings_back():
+    """The preset dropdown writes the engine settings too, each to the value the page opens
+    with: a token budget set for one preset does not carry over to the next."""
+    import app
+
+    demo = app.build_demo("Model: test")
+    (chosen,) = [fn for fn in demo.fns.values() if fn.fn is presets.choose_preset]
+    values = presets.choose_preset("Long-tail mix")
+    knobs = {c.elem_id: (c, v) for c, v in zip(chosen.outputs, values)}  # noqa: B905
+    for name, default in presets.ENGINE_DEFAULTS.items():
+        elem_id = page_panels.COMPONENTS[name].split(".")[-1]
+        assert elem_id in knobs, f"choosing a preset leaves {name} as it was"
+        component, value = knobs[elem_id]
+        assert value == default == component.value, f"{name}: set to {value}, opens at {default}"
 
 
 def test_engine_knobs_reach_the_engines(shared):
