@@ -13,6 +13,7 @@ import bisect
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from engine.page.figures.kv_pools import kv_pool_size
 from engine.page.figures.style import (
     PALETTE,
     TEXT_COLOR,
@@ -110,13 +111,18 @@ def step_usage_figure(trace: Trace) -> go.Figure:
 
 
 def _add_kv_use(fig: go.Figure, trace: Trace, steps: list[int]) -> None:
+    """The paged pool's blocks in use against all of them (its 100 %: the servers chart's KV %),
+    or for the other KV modes the cached tokens."""
     total = trace.info.get("kv_blocks")
     if total:
         used = [st.kv_blocks_used for st in trace.steps]
         name, unit = "KV blocks in use", "blocks"
+        share = [100.0 * (u or 0) / total for u in used]
+        hover = f"step %{{x}}: %{{y}} of {total} blocks, %{{customdata:.0f}} % of the pool"
     else:
         used = [st.num_cached_tokens + st.num_scheduled_tokens for st in trace.steps]
-        name, unit = "KV tokens in use", "tokens"
+        name, unit, share = "KV tokens in use", "tokens", None
+        hover = f"step %{{x}}: %{{y}} {unit}"
     fig.add_trace(
         go.Scatter(
             x=steps,
@@ -125,14 +131,16 @@ def _add_kv_use(fig: go.Figure, trace: Trace, steps: list[int]) -> None:
             mode="lines",
             fill="tozeroy",
             line={"color": PALETTE[2], "shape": "hv"},
-            hovertemplate=f"step %{{x}}: %{{y}} {unit}<extra></extra>",
+            customdata=share,
+            hovertemplate=f"{hover}<extra></extra>",
         ),
         row=2,
         col=1,
     )
     if total:
         fig.add_hline(y=total, line_dash="dash", line_color=TEXT_COLOR, row=2, col=1)
-        fig.add_annotation(**_line_label(total, f"{total} blocks"), row=2, col=1)
+        label = f"the whole pool, 100 %: {kv_pool_size(trace)}"
+        fig.add_annotation(**_line_label(total, label), row=2, col=1)
     preempt = [(i, used[i]) for i, st in enumerate(trace.steps) if st.preempted]
     if preempt:
         fig.add_trace(

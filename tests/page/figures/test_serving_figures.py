@@ -48,7 +48,8 @@ def test_cdf_has_one_line_per_engine_per_metric_through_every_value(paged, stati
 
 
 def test_step_usage_stacks_tokens_under_the_budget_and_follows_kv_blocks(paged):
-    """Prefill + decode bars add up to each step's tokens; the KV line is the blocks in use."""
+    """Prefill + decode bars add up to each step's tokens; the KV line is the blocks in use, its
+    hover their share of the pool, whose line says its size (the servers chart's 100 %)."""
     fig = serving_metrics.step_usage_figure(paged)
     bars = [t for t in fig.data if t.type == "bar"]
     totals = [sum(b.y[i] for b in bars) for i in range(len(paged.steps))]
@@ -57,6 +58,10 @@ def test_step_usage_stacks_tokens_under_the_budget_and_follows_kv_blocks(paged):
     assert any(s.y0 == 8 for s in fig.layout.shapes), "token budget line at 8"
     kv = next(t for t in fig.data if t.name == "KV blocks in use")
     assert list(kv.y) == [st.kv_blocks_used for st in paged.steps]
+    assert list(kv.customdata) == [100 * st.kv_blocks_used / 14 for st in paged.steps]
+    assert "of 14 blocks, %{customdata:.0f} % of the pool" in kv.hovertemplate
+    pool = [a.text for a in fig.layout.annotations if a.text.startswith("the whole pool")]
+    assert pool and "100 %: 14 blocks of 4 tokens, " in pool[0] and " MiB" in pool[0], pool
     marks = next(t for t in fig.data if t.name == "preemption")
     assert list(marks.x) == [st.index for st in paged.steps if st.preempted]
 
