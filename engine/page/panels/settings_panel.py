@@ -17,11 +17,17 @@ from engine.page.inputs import page_io, presets
 from engine.page.panels import server_panels
 from engine.serving.run_control import run_time_limit_s
 
+# Short enough to show whole in the settings column (about 24 characters at 1,000 px): each
+# one's meaning is in KV_MODE_INFO under the dropdown, which wraps.
 KV_MODES = [
-    ("paged: blocks from a memory budget, preemption (vLLM)", "paged"),
+    ("paged (vLLM's blocks)", "paged"),
     ("in place, per slot", "slots"),
-    ("article's concatenation (slow, O(n²))", "concat"),
+    ("concatenation (slow)", "concat"),
 ]
+KV_MODE_INFO = (
+    "Paged: blocks from a memory budget, with preemption, as vLLM. In place: each slot's own "
+    "rows. Concatenation: the article's, O(n²)."
+)
 POLICIES = [("decode first", "decode_first"), ("prefill first", "prefill_first")]
 PREFIX_CACHING_INFO = (
     "A prompt's full blocks that an earlier request computed are shared, not prefilled again "
@@ -168,6 +174,7 @@ def _engine_knobs() -> tuple:
         KV_MODES,
         value=default["kv_mode"],
         label="Continuous engine's KV cache",
+        info=KV_MODE_INFO,
         elem_id="kv_mode_dropdown",
     )
     with gr.Row():
