@@ -174,9 +174,10 @@ def test_quick_run_stop_pairs_end_stopped_and_the_next_run_runs(page: Page):
     toasts = page.locator('[data-testid="toast-text"]', has_text="Nothing is running")
     assert toasts.count() == 0, "Stop said nothing was running between Run presses"
     _assert_no_error_badge(page)
-    rows = [("Cats like to", 3), ("Dogs enjoy", 2)]
+    rows = [("Foxes hide in", 3), ("Owls hunt at", 2)]  # a setup no other test runs: not replayed
     set_requests(page, rows)
     _timed_run(page, rows)
+    assert not status_text(page).startswith("Shown at once"), "the next Run was not run live"
 
 
 def test_stop_with_nothing_running_says_so(page: Page):
