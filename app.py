@@ -46,7 +46,7 @@ def build_demo(
         results = results_panel(shown, server_names)
         downloads = page_panels.downloads_panel()
         run_state = gr.State(shown.state if shown is not None else None)
-        handle_state = gr.State(RunHandle())  # copied per session: its run, for Stop (run_handle)
+        handle_state = gr.State(RunHandle(zerogpu.runs_queue_in_gradio()))  # per session: Stop
         link_step_state = gr.State()  # a link's step=N, applied after the first run
         outputs = page_panels.run_outputs(run_state, results, downloads, settings)
         wire_setup(demo, requests, settings, results, run_state)
@@ -91,7 +91,7 @@ def wire_setup(demo, requests, settings, results, run_state) -> None:
     link_outputs = page_panels.page_components(page_io.LINK_OUTPUTS, requests, s, results)
     demo.load(page_io.from_link, None, link_outputs, **HIDDEN)
     demo.load(lambda: True, None, s.replay_checkbox, queue=False, **HIDDEN)  # Run may replay
-    chosen = [requests.table, s.chat_checkbox, requests.preset_markdown, s.slots_slider]
+    chosen = page_panels.page_components(presets.CHOSEN, requests, s, results)  # engine knobs too
     choose = {"api_name": "apply_preset"}  # the endpoint's name before it also set the slots
     s.preset_dropdown.input(presets.choose_preset, s.preset_dropdown, chosen, **choose)
     # A user's edit (not a preset or an upload): no preset any more.
@@ -115,7 +115,8 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs):
     """Run: noted at once (unqueued), then the run itself, which shows a recent identical run or
     waits its turn on the model in the page's queue; "Run live anyway" skips the replay."""
     s, run = settings, zerogpu.on_gpu(playground.run_event)  # spaces.GPU on ZeroGPU, else as is
-    s.run_button.click(playground.run_pressed, handle_state, s.run_note_markdown, queue=False)
+    for button in (s.run_button, s.live_button):  # each press counts (RunHandle.press)
+        button.click(playground.run_pressed, handle_state, s.run_note_markdown, queue=False)
     kwargs = dict(concurrency_limit=zerogpu.run_concurrency(), trigger_mode="always_last")
     kwargs |= dict(show_progress_on=results.status_markdown)  # one progress bar; results stay
     live = page_panels.run_inputs(requests, s, results, run_state, handle_state, live=True)
@@ -125,8 +126,8 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs):
 
 
 def wire_stop(settings, results, run_state, handle_state, outputs, run_events) -> None:
-    """Stop: through the run's own stop flag (at once: it waits for no other event); a run still
-    in the queue is taken out of it (a cancel, immediate for an event that has not started)."""
+    """Stop: through the session's RunHandle (at once: it waits for no other event); a run still
+    in Gradio's queue (ZeroGPU only) is cancelled, immediate for an event that has not started."""
     s = settings
     s.stop_button.click(  # queued (for its toast) but never waiting: no concurrency limit
         playground.stop_event, handle_state, s.stop_reply_textbox, concurrency_limit=None, **QUIET

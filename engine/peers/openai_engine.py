@@ -97,7 +97,8 @@ class OpenAIEngine:
             raise
         finally:
             trace.wall_s = max((r.finish_s or 0.0) for r in trace.requests) if requests else 0.0
-            trace.info["server"] = {**trace.info["server"], "metrics_note": sampler.note}
+            notes = {"metrics_note": sampler.note, "kv_pool": sampler.kv_pool}
+            trace.info["server"] = {**trace.info["server"], **notes}
         return trace
 
     def _mark_sampled(self, trace: Trace, requests: list[Request], info: ServerInfo) -> None:

@@ -15,11 +15,17 @@ kv_cache_usage_pct     share of the KV cache in use, 0 to 100
 Each name maps to the gauges of the servers known here (vLLM, SGLang, TGI, llama.cpp); a series
 with labels (vLLM's ``engine="0"``) is summed over them. A server without ``/metrics`` or without
 one of these gauges simply has fewer values: nothing fails, the sampler notes why in ``note``.
+
+A KV use % is a share of that server's own pool, sized its own way (vLLM's from its memory
+budget, ours from the workload), so two servers' 100 % are different amounts. ``kv_pool`` says
+what the whole is: the gauge's meaning (``KV_WHOLES``) and, where the server publishes it (vLLM's
+``vllm:cache_config_info`` labels), the pool's blocks and tokens per block.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
 
@@ -49,6 +55,17 @@ METRIC_ALIASES: dict[str, tuple[tuple[str, float], ...]] = {
         ("llamacpp:kv_cache_usage_ratio", 100.0),
     ),
 }
+
+
+# what 100 % of each KV gauge is: the pool the share is of
+KV_WHOLES = {
+    "vllm:kv_cache_usage_perc": "every block of vLLM's KV block pool",
+    "vllm:gpu_cache_usage_perc": "every block of vLLM's KV block pool",
+    "sglang:token_usage": "every token of SGLang's KV token pool",
+    "llamacpp:kv_cache_usage_ratio": "every cell of llama.cpp's KV cache (its context)",
+}
+POOL_INFO = "vllm:cache_config_info"  # an info gauge: the pool's size in its labels
+LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -88,6 +105,25 @@ def project_values(metrics: dict[str, float]) -> dict[str, float]:
     return values
 
 
+def kv_pool(text: str) -> dict:
+    """What 100 % of the server's KV use is, from one ``/metrics`` text: ``{"gauge": its KV
+    gauge, "whole": what the gauge is a share of}`` and, where published, ``"num_blocks"`` and
+    ``"block_size"`` (tokens); empty for a server without a known KV gauge."""
+    metrics = parse_prometheus(text)
+    gauge = next((g for g, _ in METRIC_ALIASES["kv_cache_usage_pct"] if g in metrics), None)
+    if gauge is None:
+        return {}
+    pool = {"gauge": gauge, "whole": KV_WHOLES[gauge]}
+    for line in text.splitlines():
+        if line.startswith(POOL_INFO + "{"):
+            labels = dict(LABEL.findall(line))
+            for ours, theirs in (("num_blocks", "num_gpu_blocks"), ("block_size", "block_size")):
+                if labels.get(theirs, "").isdigit():
+                    pool[ours] = int(labels[theirs])
+            break
+    return pool
+
+
 class MetricsSampler:
     """Reads ``<base_url>/metrics`` every ``period_s`` in a thread until ``stop()``.
 
@@ -110,6 +146,7 @@ class MetricsSampler:
         self.trace = trace
         self.samples: list[ServerSample] = []
         self.note: str | None = None  # why there are no samples, for a person
+        self.kv_pool: dict = {}  # what its KV use % is of (``kv_pool``), from the first reading
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="metrics-sampler", daemon=True)
 
@@ -152,6 +189,7 @@ class MetricsSampler:
             self.note = "/metrics has none of the known gauges: no server samples"
             return False
         self.note = None
+        self.kv_pool = self.kv_pool or kv_pool(response.text)
         sample = ServerSample(t_s, values)
         self.samples.append(sample)
         if self.trace is not None:

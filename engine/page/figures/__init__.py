@@ -1,11 +1,11 @@
 """Figures: every chart the page draws, built from a ``Trace`` alone (the only plotly here).
 
 The engines' ``timelines``, ``mask_heatmaps``, the KV ``block_map``, ``serving_metrics`` (latency
-CDFs, tokens and KV per step), ``server_lanes``, and their shared ``style``. May import the
-serving core only.
+CDFs, tokens and KV per step), ``server_lanes``, and their shared ``style`` and ``kv_pools`` (what
+100 % KV use is for each engine). May import the serving core only.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face; ``style``
-serves it from inside.
+and ``kv_pools`` serve it from inside.
 """
 
 __all__ = [

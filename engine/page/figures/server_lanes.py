@@ -12,7 +12,9 @@ the gauges sampled from ``/metrics`` (``engine.peers.server_metrics``): running 
 requests, and KV cache use, over time, beside our continuous engine's own running and waiting
 requests and paged KV use per step, so a server's batching reads against ours. Both are the
 view from outside (``OUTSIDE``): a server that records its own steps is drawn from that record in
-our engines' views too (``engine.page.views.inside_view``).
+our engines' views too (``engine.page.views.inside_view``). Each KV use % is a share of that
+engine's own pool, and the pools differ (``engine.page.figures.kv_pools``): the subtitle gives
+each pool's size and a KV line's hover says what its 100 % is.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import html
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from engine.page.figures.kv_pools import kv_pool_size, kv_pool_whole
 from engine.page.figures.style import (
     TEXT_COLOR,
     PageFigure,
@@ -150,12 +153,22 @@ def server_chart_figure(servers: dict[str, Trace], ours: Trace | None = None) ->
     if ours is not None and ours.steps:
         _add_ours(fig, ours)
     fig.update_yaxes(title_text="requests", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="KV cache use %", range=[0, 105], row=2, col=1)
+    fig.update_yaxes(title_text="KV use, % of its own pool", range=[0, 105], row=2, col=1)
     fig.update_xaxes(title_text="seconds since start", row=2, col=1)
     subtitle = f"{OUTSIDE}: each server's /metrics gauges, read a few times a second"
+    subtitle += f"<br>{html.escape(_pools_line(sampled, ours), quote=False)}"
     subtitle += f"<br>{html.escape(' · '.join(notes))}" if notes else ""
     style_figure(fig, title, subtitle)
     return bottom_legend(fig.update_layout(height=520), 110)
+
+
+def _pools_line(servers: dict[str, Trace], ours: Trace | None) -> str:
+    """The subtitle's line on KV use: 100 % is each engine's own pool, and how big each is."""
+    traces = dict(servers)
+    if ours is not None and ours.info.get("kv_blocks"):
+        traces[f"{ours.engine} (ours)"] = ours
+    sizes = [f"{n}: {kv_pool_size(t) or 'size not published'}" for n, t in traces.items()]
+    return "KV use %: each of its own pool, whose 100 % differs · " + " · ".join(sizes)
 
 
 def _metrics_note(trace: Trace) -> str:
@@ -174,7 +187,8 @@ def _add_gauges(fig: go.Figure, name: str, trace: Trace, style: tuple[str, str])
         points = [(s.t_s, s.values[key]) for s in trace.server_samples if key in s.values]
         if not points:
             continue
-        fig.add_trace(_line(points, f"{name}: {label}", color, line_dash), row=row, col=1)
+        whole = kv_pool_whole(trace) if row == 2 else None
+        fig.add_trace(_line(points, f"{name}: {label}", color, line_dash, whole), row=row, col=1)
 
 
 def _add_ours(fig: go.Figure, trace: Trace) -> None:
@@ -198,15 +212,20 @@ def _add_ours(fig: go.Figure, trace: Trace) -> None:
     fig.add_trace(_line(running, f"{name} (ours): running", TEXT_COLOR, "solid"), row=1, col=1)
     fig.add_trace(_line(waiting, f"{name} (ours): waiting", TEXT_COLOR, "dot"), row=1, col=1)
     if kv:
-        fig.add_trace(_line(kv, f"{name} (ours): KV blocks %", TEXT_COLOR, "dash"), row=2, col=1)
+        label, whole = f"{name} (ours): KV blocks %", kv_pool_whole(trace)
+        fig.add_trace(_line(kv, label, TEXT_COLOR, "dash", whole), row=2, col=1)
 
 
-def _line(points: list[tuple[float, float]], name: str, color: str, dash: str) -> go.Scatter:
+def _line(
+    points: list[tuple[float, float]], name: str, color: str, dash: str, whole: str | None = None
+) -> go.Scatter:
+    """A gauge over time; ``whole``: what 100 % is (a KV use line), said on hover."""
+    whole = f"<br>{html.escape(whole, quote=False)}" if whole else ""
     return go.Scatter(
         x=[t for t, _ in points],
         y=[v for _, v in points],
         mode="lines",
         name=name,
         line={"color": color, "dash": dash, "shape": "hv"},
-        hovertemplate=f"{html.escape(name)}: %{{y:.3g}} at %{{x:.2f}} s<extra></extra>",
+        hovertemplate=f"{html.escape(name)}: %{{y:.3g}} at %{{x:.2f}} s{whole}<extra></extra>",
     )

@@ -13,6 +13,7 @@ import bisect
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from engine.page.figures.kv_pools import kv_pool_size
 from engine.page.figures.style import (
     PALETTE,
     TEXT_COLOR,
@@ -20,12 +21,13 @@ from engine.page.figures.style import (
     engine_styles,
     style_figure,
 )
-from engine.trace import PREFILL, Trace
+from engine.trace import PREFILL, StepRecord, Trace
 
 CDF_METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("latency_s", "end-to-end"))
 QUEUE_LANE = "queue"
 QUEUE_COLOR = "rgba(128,128,128,0.35)"
 MIN_QUEUE_S = 1e-3  # shorter waits (the engine loop's own start-up) are not drawn
+PREFILL_OUTLINE_PX = 2  # per-step chart: a prefill bar is at least this wide on any screen
 
 
 # --- latency CDFs ---------------------------------------------------------------------------------
@@ -90,9 +92,9 @@ def step_usage_figure(trace: Trace) -> go.Figure:
         fig.add_trace(
             go.Bar(
                 x=steps,
-                y=[sum(s.num_new_tokens for s in st.seqs if s.kind == kind) for st in trace.steps],
+                y=[_num_tokens(step, kind) for step in trace.steps],
                 name=f"{kind} tokens",
-                marker_color=color,
+                marker={"color": color, "line": _bar_outline(kind, color)},
                 hovertemplate=f"step %{{x}}: %{{y}} {kind} tokens<extra></extra>",
             ),
             row=1,
@@ -103,20 +105,39 @@ def step_usage_figure(trace: Trace) -> go.Figure:
         fig.add_hline(y=budget, line_dash="dash", line_color=TEXT_COLOR, row=1, col=1)
         fig.add_annotation(**_line_label(budget, f"token budget {budget}"), row=1, col=1)
     _add_kv_use(fig, trace, steps)
-    fig.update_layout(barmode="stack", height=460)
+    fig.update_layout(barmode="stack", bargap=0, height=460)  # steps side by side
     fig.update_yaxes(title_text="tokens / step", row=1, col=1)
     fig.update_xaxes(title_text="step", row=2, col=1)
     return bottom_legend(style_figure(fig, "Token budget and KV cache per step"), 100)
 
 
+def _num_tokens(step: StepRecord, kind: str) -> int | None:
+    """A step's new tokens of ``kind``; None (no bar, so no outline along the axis) for a step
+    with no prefill."""
+    num_tokens = sum(s.num_new_tokens for s in step.seqs if s.kind == kind)
+    return None if kind == PREFILL and not num_tokens else num_tokens
+
+
+def _bar_outline(kind: str, color: str) -> dict:
+    """A bar's outline: prefill bars get one of ``PREFILL_OUTLINE_PX`` in their own colour, so the
+    few steps with a prefill stay in sight where a step is under a pixel wide (300 steps on a
+    phone); decode bars, one per step side by side, need none."""
+    return {"width": PREFILL_OUTLINE_PX if kind == PREFILL else 0, "color": color}
+
+
 def _add_kv_use(fig: go.Figure, trace: Trace, steps: list[int]) -> None:
+    """The paged pool's blocks in use against all of them (its 100 %: the servers chart's KV %),
+    or for the other KV modes the cached tokens."""
     total = trace.info.get("kv_blocks")
     if total:
         used = [st.kv_blocks_used for st in trace.steps]
         name, unit = "KV blocks in use", "blocks"
+        share = [100.0 * (u or 0) / total for u in used]
+        hover = f"step %{{x}}: %{{y}} of {total} blocks, %{{customdata:.0f}} % of the pool"
     else:
         used = [st.num_cached_tokens + st.num_scheduled_tokens for st in trace.steps]
-        name, unit = "KV tokens in use", "tokens"
+        name, unit, share = "KV tokens in use", "tokens", None
+        hover = f"step %{{x}}: %{{y}} {unit}"
     fig.add_trace(
         go.Scatter(
             x=steps,
@@ -125,14 +146,16 @@ def _add_kv_use(fig: go.Figure, trace: Trace, steps: list[int]) -> None:
             mode="lines",
             fill="tozeroy",
             line={"color": PALETTE[2], "shape": "hv"},
-            hovertemplate=f"step %{{x}}: %{{y}} {unit}<extra></extra>",
+            customdata=share,
+            hovertemplate=f"{hover}<extra></extra>",
         ),
         row=2,
         col=1,
     )
     if total:
         fig.add_hline(y=total, line_dash="dash", line_color=TEXT_COLOR, row=2, col=1)
-        fig.add_annotation(**_line_label(total, f"{total} blocks"), row=2, col=1)
+        label = f"the whole pool, 100 %: {kv_pool_size(trace)}"
+        fig.add_annotation(**_line_label(total, label), row=2, col=1)
     preempt = [(i, used[i]) for i, st in enumerate(trace.steps) if st.preempted]
     if preempt:
         fig.add_trace(

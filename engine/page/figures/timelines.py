@@ -24,6 +24,9 @@ from engine.trace import SlotRun, Trace
 
 IDLE_COLOR = "rgba(128,128,128,0.45)"  # timeline: a static row computed after its request finished
 PROMPT_HOVER_CHARS = 60
+# A barrier label's width as a share of the x range: "barrier" at the 12 px annotation font is
+# 38 px, about a sixth of a phone's timeline (230 px wide). Labels are kept this far apart.
+BARRIER_LABEL_SHARE = 0.2
 
 
 def _engine_title(trace: Trace) -> str:
@@ -123,7 +126,7 @@ def timeline_figure(
                 marker={"color": IDLE_COLOR, "pattern": {"shape": "/", "fgcolor": TEXT_COLOR}},
             )
         )
-    _add_barriers(fig, trace, x_axis)
+    _add_barriers(fig, trace, x_axis, x_max if x_max is not None else x_extent(trace, x_axis))
     if cursor is not None and trace.steps:
         fig.add_vline(x=_cursor_x(trace, cursor, x_axis), name="cursor", line_color=TEXT_COLOR)
     style_figure(fig, _engine_title(trace))
@@ -143,21 +146,35 @@ def _repeat_mark(request_id: int) -> dict:
     return {"shape": shape, "fgcolor": "#ffffff", "size": 6, "solidity": 0.35} if shape else {}
 
 
-def _add_barriers(fig: go.Figure, trace: Trace, x_axis: str) -> None:
+def _add_barriers(fig: go.Figure, trace: Trace, x_axis: str, x_span: float) -> None:
     """A dashed vertical line where a static wave ends and the next waits for it (the batch
-    barrier); the run's end is no barrier. Its label sits left of the line, inside the plot."""
-    for pos, step in enumerate(trace.steps[:-1]):
-        if step.wave is None or trace.steps[pos + 1].wave == step.wave:
-            continue
-        x = step.end_s if x_axis == "time" else pos + 1
-        fig.add_vline(
-            x=x,
-            name="barrier",
-            line_dash="dash",
-            line_color=TEXT_COLOR,
-            annotation_text="barrier",
-            annotation_position="top left",
-        )
+    barrier); the run's end is no barrier. Its label sits at the plot's top, left of the line
+    (right of it near the axis), where it touches no other label (``_barrier_label_sides``)."""
+    ends = [
+        step.end_s if x_axis == "time" else pos + 1
+        for pos, step in enumerate(trace.steps[:-1])
+        if step.wave is not None and trace.steps[pos + 1].wave != step.wave
+    ]
+    for x, side in zip(ends, _barrier_label_sides(ends, x_span), strict=True):
+        label = {"annotation_text": "barrier", "annotation_position": f"top {side}"} if side else {}
+        fig.add_vline(x=x, name="barrier", line_dash="dash", line_color=TEXT_COLOR, **label)
+
+
+def _barrier_label_sides(xs: list[float], x_span: float) -> list[str | None]:
+    """Where each barrier at ``xs`` (ascending, on an axis from 0 to ``x_span``) has its label:
+    ``"left"`` of its line, ``"right"`` where the left has no room (the axis, or the label
+    before), or None (a line with no label) where neither has. A label is
+    ``BARRIER_LABEL_SHARE`` of the span wide, so labels never touch, even on a phone."""
+    width, taken, sides = BARRIER_LABEL_SHARE * x_span, 0.0, []  # taken: the last label's end
+    for x in xs:
+        if x - width >= taken:
+            side, taken = "left", x
+        elif x >= taken and x + width <= x_span:
+            side, taken = "right", x + width
+        else:
+            side = None
+        sides.append(side)
+    return sides
 
 
 def _cursor_x(trace: Trace, cursor: int, x_axis: str) -> float:

@@ -29,7 +29,7 @@ from engine.config import EngineConfig
 from engine.page.handlers import run_turns
 from engine.page.run import host_servers
 from engine.page.run.live_run import LiveRun
-from engine.page.run.run_handle import IDLE, RunHandle
+from engine.page.run.run_handle import IDLE, REPEAT_PRESS, STOPPED_PRESS, RunHandle, Turn
 from engine.page.run.run_options import (
     RUN_SIGNATURE,
     RunOptions,
@@ -180,23 +180,23 @@ def run_event(*values, **named) -> Iterator[tuple]:
     """
     settings, previous, handle = settings_from_run(*values, **named)
     handle = handle if handle is not None else RunHandle()
-    why_not = handle.start()
-    if why_not == "repeat":  # a second press while this session's run went on: as Gradio did
+    turn = handle.start()
+    if turn.skip == REPEAT_PRESS:  # a second press during a run, or one already run: skipped
         yield run_outputs()
         return
-    if why_not == "stopped":
+    if turn.skip == STOPPED_PRESS:
         yield _stopped_outputs(previous, STOPPED_IN_QUEUE, settings.x_axis)
         return
     try:
-        yield from _run(settings, previous, handle)
+        yield from _run(settings, previous, handle, turn)
     finally:
-        handle.finish()
+        handle.finish(turn)
 
 
 run_event.__signature__ = RUN_SIGNATURE  # Gradio names /run's parameters and defaults from it
 
 
-def _run(settings: RunSettings, previous, handle: RunHandle):
+def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
     """``run_event``'s work once the run may start: check the input, then show a recent identical
     run at once, or wait for the model's turn, run, stream and finish (``run_turns``)."""
     x_axis = settings.x_axis
@@ -211,7 +211,7 @@ def _run(settings: RunSettings, previous, handle: RunHandle):
             steps = run_turns.work_steps(requests, config, options)
             setup = key if settings.replay_recent else None  # shown an identical run, if one ends
             ticket = model.queue.join(str(id(handle)), steps, setup)
-            handle.queued(functools.partial(model.queue.leave, ticket))
+            handle.queued(turn, functools.partial(model.queue.leave, ticket))
     except ValueError as exc:
         yield _refused_outputs(previous, exc)
         return
@@ -220,7 +220,7 @@ def _run(settings: RunSettings, previous, handle: RunHandle):
         return
     find = functools.partial(model.recent.find, key) if settings.replay_recent else lambda: None
     try:
-        waited = yield from run_turns.wait_for_turn(model.queue, ticket, handle, find)
+        waited = yield from run_turns.wait_for_turn(model.queue, ticket, turn, find)
         if waited == run_turns.STOPPED:
             yield _stopped_outputs(previous, STOPPED_IN_QUEUE, x_axis)
             return
@@ -228,7 +228,8 @@ def _run(settings: RunSettings, previous, handle: RunHandle):
             yield run_turns.replayed_outputs(waited, model.recent.age_s(waited), x_axis)
             return
         run = (model, requests, config, options)
-        yield from _run_live(run, handle, previous, x_axis, functools.partial(_done, ticket, key))
+        done = functools.partial(_done, ticket, key)
+        yield from _run_live(run, functools.partial(handle.attach, turn), previous, x_axis, done)
     finally:
         model.queue.leave(ticket)
 
@@ -239,12 +240,13 @@ def _done(ticket, key, model: SharedModel, state: RunState, result: RunResult, w
     model.queue.finish(ticket, ticket.work_steps, wall_s)
 
 
-def _run_live(run: tuple, handle, previous, x_axis: str, on_done: Callable):
-    """The run itself, its turn on the model taken: stream its progress, then its results;
-    ``on_done(model, state, result, wall_s)`` once it finished well."""
+def _run_live(run: tuple, attach: Callable, previous, x_axis: str, on_done: Callable):
+    """The run itself, its turn on the model taken: ``attach(control)`` hands Stop its control;
+    stream its progress, then its results; ``on_done(model, state, result, wall_s)`` once it
+    finished well."""
     model, requests, config, options = run
     control = RunControl(_user_errors(run_time_limit_s))
-    handle.attach(control)
+    attach(control)
     started_s = time.monotonic()
 
     def work(watch: Callable) -> RunState:  # the status line shows progress, not a Gradio bar
@@ -300,18 +302,17 @@ def _finished_outputs(
 def run_pressed(handle: RunHandle | None):
     """Run pressed (unqueued, before the run is sent or deferred): see ``RunHandle.press``. The
     note under Run changes at once, unless this press repeats one whose run goes on."""
-    if handle is not None:
-        handle.press()
-        if handle.ignore_next:
-            return gr.skip()
+    if handle is not None and not handle.press():
+        return gr.skip()
     return PRESSED_NOTE
 
 
 def stop_event(handle: RunHandle | None) -> str:
     """The Stop button's handler (it waits for no other event). Stops this session's run through
-    its ``RunControl`` (the run then shows "Stopped" itself), or marks a run still waiting in the
-    queue; with nothing to stop, says so in a toast. Returns what there was: ``"running"``,
-    ``"queued"`` (the page then takes the run out of the queue) or ``"idle"``."""
+    its ``RunControl`` or takes it out of the page's queue (the run then says "Stopped" itself),
+    and marks the presses not yet started; with nothing to stop, says so in a toast. Returns what
+    there was (``RunHandle.stop``): ``"running"``, ``"waiting"``, ``"queued"`` (a run in Gradio's
+    own queue, on ZeroGPU: the page then cancels it) or ``"idle"``."""
     what = handle.stop() if handle is not None else IDLE
     if what == IDLE:
         gr.Info("Nothing is running, so there is nothing to stop.", title="Stop")
@@ -319,7 +320,8 @@ def stop_event(handle: RunHandle | None) -> str:
 
 
 def left_queue_event(handle: RunHandle | None, previous: RunState | None, x_axis: str) -> tuple:
-    """The queued run was taken out of the queue (after Stop): previous results, and why."""
+    """The run waiting in Gradio's queue was cancelled (after Stop answered "queued"): previous
+    results, and why."""
     if handle is not None:
         handle.left_queue()
     return _stopped_outputs(previous, STOPPED_IN_QUEUE, x_axis)

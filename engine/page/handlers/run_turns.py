@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 
 from engine.config import EngineConfig
 from engine.page.run.recent_runs import RecentRun, replay_label
-from engine.page.run.run_handle import RunHandle
+from engine.page.run.run_handle import Turn
 from engine.page.run.run_options import RunOptions
 from engine.page.run.run_queue import RunQueue, Ticket
 from engine.page.run.shared_model import SharedModel
@@ -86,7 +86,7 @@ def replayed_outputs(recent: RecentRun, age_s: float, x_axis: str) -> tuple:
 
 
 def wait_for_turn(
-    queue: RunQueue, ticket: Ticket, handle: RunHandle, find_recent: Callable[[], RecentRun | None]
+    queue: RunQueue, ticket: Ticket, turn: Turn, find_recent: Callable[[], RecentRun | None]
 ) -> Iterator[tuple]:
     """Yield the Run event's outputs with ``ticket``'s place until the model is its own.
 
@@ -97,7 +97,7 @@ def wait_for_turn(
     sent, sent_s = None, -math.inf
     try:
         while not queue.wait_turn(ticket, timeout_s=QUEUE_POLL_S):
-            if handle.stop_requested:
+            if turn.stop_requested:
                 return STOPPED
             if (recent := find_recent()) is not None:
                 return recent
@@ -107,6 +107,6 @@ def wait_for_turn(
                 yield progress_view.queued_outputs(line)
     except ValueError:  # taken out of the queue: Stop
         return STOPPED
-    if handle.stop_requested:
+    if turn.stop_requested:
         return STOPPED
     return find_recent() or TURN  # the run before may have been this very setup

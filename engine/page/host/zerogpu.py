@@ -44,6 +44,12 @@ def run_concurrency() -> int | None:
     return 1 if _spaces() is not None else None
 
 
+def runs_queue_in_gradio() -> bool:
+    """Whether Run events wait in Gradio's queue before their handler starts (ZeroGPU: see
+    ``run_concurrency``), where Stop must cancel a waiting one (``engine.page.run.run_handle``)."""
+    return run_concurrency() is not None
+
+
 def _spaces():
     """The ``spaces`` module of a Hugging Face Space, or None."""
     try:

@@ -46,8 +46,9 @@ COPY_LINK_JS = """(query) => {
 }"""
 
 
-# Runs in the browser after Stop: a run still waiting in the queue is taken out of it by the
-# hidden button whose click cancels the Run event (immediate for an event that has not started).
+# Runs in the browser after Stop: a run still waiting in Gradio's queue (Stop answers "queued" only
+# on ZeroGPU, engine.page.run.run_handle) is taken out of it by the hidden button whose click
+# cancels the Run events (immediate for an event that has not started).
 LEAVE_QUEUE_JS = """(reply) => {
     if (reply === "queued") document.getElementById("leave_queue_button")?.click();
     return [];

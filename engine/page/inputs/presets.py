@@ -8,6 +8,14 @@ of ``requests`` a preset may name a shipped workload file, ``"workload": "worklo
 (``?preset=seed&slots=3``). ``slots`` is the slot count its description
 speaks of (choosing the preset sets it), and ``check`` states the description's claim in numbers,
 which ``tests/page/inputs/test_presets_real.py`` checks on the embedded model.
+
+A description's claim is about the engine settings it names and the page's defaults for the rest
+(its text says what to change next: "Set a token budget of 64 under Engine settings"). So choosing
+a preset also sets every engine setting that changes a run's schedule (``ENGINE_DEFAULTS``): to
+the preset's own ``"settings": {name: value}`` where it names one, else back to the default. A
+token budget left from the last preset would otherwise break this one's claim without a word.
+The precision, the checks and the servers to compare stay as the user set them: they change what
+is compared, not the schedule.
 """
 
 from __future__ import annotations
@@ -21,6 +29,19 @@ from engine.workloads.workload_files import table_rows
 ASSETS = Path(__file__).resolve().parents[3] / "assets"
 PRESETS_PATH = ASSETS / "presets.json"
 DEFAULT_PRESET = "Article's six requests"
+# The engine settings a preset's claim depends on, by their page names (``page_panels.COMPONENTS``)
+# with the page's defaults (``settings_panel`` shows these values at first).
+ENGINE_DEFAULTS = {
+    "kv_mode": "paged",
+    "kv_budget_mib": 0,  # MiB; 0: room for every slot
+    "block_size": 16,  # tokens per block
+    "prefix_caching": False,
+    "token_budget": 0,  # tokens per step; 0: no limit
+    "policy": "decode_first",
+    "arrival_rate": 0,  # requests/s; 0: the table's arrival_s
+}
+# What choosing a preset sets, in ``choose_preset``'s order (``page_panels.COMPONENTS`` names).
+CHOSEN = ("rows", "chat_template", "preset_text", "num_slots", *ENGINE_DEFAULTS)
 
 
 def load_presets(path: Path = PRESETS_PATH) -> dict[str, dict]:
@@ -43,10 +64,26 @@ def apply_preset(name: str) -> tuple[list[list], bool, str]:
     return rows, bool(preset["chat_template"]), preset.get("description", "")
 
 
-def choose_preset(name: str) -> tuple[list[list], bool, str, int]:
-    """``apply_preset`` plus the slot count the preset's explanation speaks of (its ``slots``)."""
+def choose_preset(name: str) -> tuple:
+    """What choosing preset ``name`` sets, in ``CHOSEN`` order: ``apply_preset``'s rows, chat
+    template and text, the slot count its text speaks of (its ``slots``) and its engine settings
+    (``preset_settings``)."""
     rows, chat_template, text = apply_preset(name)
-    return rows, chat_template, text, preset_slots(name)
+    return rows, chat_template, text, preset_slots(name), *preset_settings(name).values()
+
+
+def preset_settings(name: str) -> dict:
+    """The engine settings preset ``name`` runs with, in ``ENGINE_DEFAULTS`` order: its own
+    ``settings`` where it names them, the defaults for the rest.
+
+    Raises:
+        ValueError: the preset names a setting that is not in ``ENGINE_DEFAULTS``.
+    """
+    own = load_presets()[name].get("settings", {})
+    unknown = sorted(set(own) - set(ENGINE_DEFAULTS))
+    if unknown:
+        raise ValueError(f"preset {name!r} names unknown engine settings: {', '.join(unknown)}")
+    return ENGINE_DEFAULTS | own
 
 
 def preset_slots(name: str) -> int:

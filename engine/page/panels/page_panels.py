@@ -32,6 +32,9 @@ INTRO = (
     "others' decode steps behind a block-diagonal causal mask. Edit the requests, pick the number "
     "of slots and press Run; then drag the step slider to see each step's attention mask."
 )
+# Each header whole ("max_new_tokens" is 14 monospace characters, ~135 px with its padding and
+# menu) once the table is 860 px wide: assets/page.css keeps it so, and narrower screens scroll.
+REQUEST_COLUMN_WIDTHS = ["34%", "16%", "11%", "13%", "8%", "8%", "10%"]
 REQUESTS_LABEL = (
     "Requests (arrival_s: seconds after Run, 0 = at once; temperature, top_k, top_p, seed: "
     "all empty = greedy, any one set = sampled from the row's own seeded generator)"
@@ -80,7 +83,7 @@ def requests_panel(rows: list[list], preset_text: str) -> RequestsPanel:
         interactive=True,
         column_count=len(playground.REQUEST_HEADERS),  # column_limits: not implemented in 6.31
         label=REQUESTS_LABEL,
-        column_widths=["46%", "11%", "9%", "10%", "7%", "7%", "10%"],
+        column_widths=REQUEST_COLUMN_WIDTHS,
         elem_id="requests_table",
     )
     with gr.Row():

@@ -17,11 +17,17 @@ from engine.page.inputs import page_io, presets
 from engine.page.panels import server_panels
 from engine.serving.run_control import run_time_limit_s
 
+# Short enough to show whole in the settings column (about 24 characters at 1,000 px): each
+# one's meaning is in KV_MODE_INFO under the dropdown, which wraps.
 KV_MODES = [
-    ("paged: blocks from a memory budget, preemption (vLLM)", "paged"),
+    ("paged (vLLM's blocks)", "paged"),
     ("in place, per slot", "slots"),
-    ("article's concatenation (slow, O(n²))", "concat"),
+    ("concatenation (slow)", "concat"),
 ]
+KV_MODE_INFO = (
+    "Paged: blocks from a memory budget, with preemption, as vLLM. In place: each slot's own "
+    "rows. Concatenation: the article's, O(n²)."
+)
 POLICIES = [("decode first", "decode_first"), ("prefill first", "prefill_first")]
 PREFIX_CACHING_INFO = (
     "A prompt's full blocks that an earlier request computed are shared, not prefilled again "
@@ -163,32 +169,44 @@ def _precision_knobs(dtypes: list[str], dtype: str) -> tuple:
 
 def _engine_knobs() -> tuple:
     """The engine settings accordion's components, in ``SettingsPanel`` field order."""
+    default = presets.ENGINE_DEFAULTS  # a preset sets these back when chosen
     kv_mode = gr.Dropdown(
-        KV_MODES, value="paged", label="Continuous engine's KV cache", elem_id="kv_mode_dropdown"
+        KV_MODES,
+        value=default["kv_mode"],
+        label="Continuous engine's KV cache",
+        info=KV_MODE_INFO,
+        elem_id="kv_mode_dropdown",
     )
     with gr.Row():
         kv_budget = gr.Number(
-            value=0,
+            value=default["kv_budget_mib"],
             label="Paged: KV budget, MiB (0 = room for every slot)",
             elem_id="kv_budget_number",
         )
         block_size = gr.Number(  # no precision=0: it rounds 7.5 quietly
-            value=16, label="Paged: tokens per block (1 to 256)", elem_id="block_size_number"
+            value=default["block_size"],
+            label="Paged: tokens per block (1 to 256)",
+            elem_id="block_size_number",
         )
     prefix_caching = gr.Checkbox(
-        value=False,
+        value=default["prefix_caching"],
         label="Paged: prefix caching",
         info=PREFIX_CACHING_INFO,
         elem_id="prefix_caching_checkbox",
     )
     token_budget = gr.Number(
-        value=0, label="Token budget per step (0 = no limit)", elem_id="token_budget_number"
+        value=default["token_budget"],
+        label="Token budget per step (0 = no limit)",
+        elem_id="token_budget_number",
     )
     policy = gr.Radio(
-        POLICIES, value="decode_first", label="Who gets the budget first", elem_id="policy_radio"
+        POLICIES,
+        value=default["policy"],
+        label="Who gets the budget first",
+        elem_id="policy_radio",
     )
     arrival_rate = gr.Number(
-        value=0,
+        value=default["arrival_rate"],
         label="Arrivals: Poisson rate, requests/s (0 = the table's arrival_s)",
         elem_id="arrival_rate_number",
     )

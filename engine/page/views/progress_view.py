@@ -71,7 +71,7 @@ def progress_line(
         else:
             parts.append(f"{label}: {_server_progress(p)}")
     if not progress:
-        parts.append("waiting for the model")
+        parts.append("starting")  # the turn is ours; no engine step yet
     return " · ".join(parts)
 
 

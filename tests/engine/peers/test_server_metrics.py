@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from engine.peers.server_metrics import parse_prometheus, project_values
+import http.server
+import threading
+import time
+
+from engine.peers.server_metrics import MetricsSampler, kv_pool, parse_prometheus, project_values
 
 VLLM_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -46,3 +50,47 @@ def test_other_servers_and_absent_gauges():
         "num_requests_waiting": 0.0,
     }
     assert project_values(parse_prometheus("process_cpu_seconds_total 1.5\n")) == {}
+
+
+def test_kv_pool_says_what_the_kv_gauge_is_a_share_of():
+    """vLLM's KV use is of its block pool, whose size its cache_config_info labels give; SGLang's
+    of its token pool, size unknown; a server without a KV gauge has no pool to tell."""
+    info = 'vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="1310"} 1.0\n'
+    pool = kv_pool(VLLM_TEXT + info)
+    assert pool == {
+        "gauge": "vllm:kv_cache_usage_perc",
+        "whole": "every block of vLLM's KV block pool",
+        "num_blocks": 1310,
+        "block_size": 16,
+    }
+    assert "num_blocks" not in kv_pool(VLLM_TEXT), "a pool size was invented"
+    assert kv_pool("sglang:token_usage 0.5\n")["whole"] == "every token of SGLang's KV token pool"
+    assert kv_pool("sglang:num_running_reqs 5\n") == {}
+
+
+def test_the_sampler_keeps_the_pool_from_its_first_reading():
+    """A sampler on a server's /metrics keeps what its KV use is a share of, with the samples."""
+    text = VLLM_TEXT + 'vllm:cache_config_info{block_size="16",num_gpu_blocks="8"} 1.0\n'
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with MetricsSampler(url, time.perf_counter(), period_s=0.01) as sampler:
+            deadline = time.monotonic() + 10
+            while not sampler.samples and time.monotonic() < deadline:
+                time.sleep(0.01)
+    finally:
+        server.shutdown()
+    assert sampler.samples and sampler.kv_pool["num_blocks"] == 8, sampler.kv_pool

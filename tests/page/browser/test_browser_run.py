@@ -6,6 +6,8 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 from browser_kit import (
     PYTESTMARK,
     RUN_TIMEOUT_MS,
@@ -146,6 +148,43 @@ def test_run_pressed_right_after_stop_starts(page: Page):
     _assert_no_error_badge(page)
     set_requests(page, rows)
     _timed_run(page, rows)
+
+
+# Stop, then Run and Stop three more times, 80 ms apart: all while the stopped run still ends
+# (it puts the previous results back), so the browser defers each Run click and replays the last.
+QUICK_PAIRS_JS = """() => {
+    const click = (id) => document.getElementById(id).click();
+    ["stop", "run", "stop", "run", "stop", "run", "stop"].forEach(
+        (name, i) => setTimeout(() => click(name + "_button"), 80 * i));
+}"""
+
+
+@pytest.mark.xfail(
+    reason="issue 27 item 4, open: with replays on (the page's Run), a run still goes 5 s after "
+    "the last Stop in about 3 of 5 tries; the handler-level test_run_stop_pairs passes",
+    strict=False,
+)
+def test_quick_run_stop_pairs_end_stopped_and_the_next_run_runs(page: Page):
+    """Stop, then three quick Run/Stop pairs while the stopped run still ends: nothing runs after
+    the last Stop (the status stays on Stopped), no Stop said nothing was running, and the next
+    Run runs to the end."""
+    set_requests(page, [(LONG_PROMPT, LONG_CAP), ("Rivers flow into", 3)])
+    set_slots(page, 2)
+    page.locator("#run_button").click()
+    expect(_status(page)).to_contain_text(RUNNING_STATUS, timeout=60_000)
+    page.evaluate(QUICK_PAIRS_JS)
+    expect(_status(page)).to_contain_text("Stopped before", timeout=15_000)
+    page.wait_for_timeout(5_000)  # a run that the last Stop missed shows its progress by now
+    assert status_text(page).startswith("Stopped before"), (
+        f"after the last Stop: {status_text(page)}"
+    )
+    toasts = page.locator('[data-testid="toast-text"]', has_text="Nothing is running")
+    assert toasts.count() == 0, "Stop said nothing was running between Run presses"
+    _assert_no_error_badge(page)
+    rows = [("Foxes hide in", 3), ("Owls hunt at", 2)]  # a setup no other test runs: not replayed
+    set_requests(page, rows)
+    _timed_run(page, rows)
+    assert not status_text(page).startswith("Shown at once"), "the next Run was not run live"
 
 
 def test_stop_with_nothing_running_says_so(page: Page):

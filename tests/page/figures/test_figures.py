@@ -87,6 +87,20 @@ def test_static_timeline_draws_idle_rows_and_one_barrier_per_wave(static):
     assert idle.marker.pattern.shape == "/", "idle rows are not hatched"
 
 
+def test_barrier_labels_keep_apart_and_inside_the_chart():
+    """Barrier labels (a fifth of the x range wide: a label on a phone) never share room: one slot,
+    caps 20, 2, 20, 10 puts barriers at steps 20, 22 and 42 of 52; the first is labelled left of
+    its line, the second right of it, the third (no room either side) is a line alone. A barrier
+    near the axis is labelled right of its line."""
+    fig = timelines.timeline_figure(static_trace([4] * 4, [20, 2, 20, 10], 1), x_axis="step")
+    assert [s.x0 for s in _shapes(fig, "barrier")] == [20, 22, 42]
+    labels = [(a.x, a.xanchor) for a in fig.layout.annotations if a.text == "barrier"]
+    assert labels == [(20, "right"), (22, "left")], f"labels (x, anchor): {labels}"
+    near = timelines.timeline_figure(static_trace([4] * 2, [2, 30], 1), x_axis="step")
+    (label,) = [a for a in near.layout.annotations if a.text == "barrier"]
+    assert (label.x, label.xanchor) == (2, "left"), "a label near the axis left the plot"
+
+
 def test_step_axis_spans_step_indices_and_x_max_is_honoured(continuous):
     """In step mode a bar covers [first step, last step + 1); x_max fixes the range."""
     fig = timelines.timeline_figure(continuous, x_axis="step", x_max=480)

@@ -67,3 +67,30 @@ def test_no_samples_or_no_server_says_why():
     fig = server_lanes.server_chart_figure({"gpu": bare})
     assert fig.layout.annotations[0].text == "gpu: /metrics answered HTTP 404: no server samples"
     assert "No server ran" in server_lanes.server_timeline_figure({}).layout.annotations[0].text
+
+
+def test_kv_use_says_what_100_percent_is_for_each_engine():
+    """A server's KV use and ours are shares of different pools: each KV line's hover says what
+    its 100 % is (the pool, in blocks and MiB where known), and the subtitle gives every pool."""
+    ours = Trace("continuous", 2, wall_s=0.1)
+    ours.steps = [StepRecord(0, 0.0, 0.1, [ScheduledSeq(0, 0, "prefill", 3, 0)], kv_blocks_used=1)]
+    ours.info = {"kv_blocks": 28, "block_size": 16, "kv_bytes": 28 * 16 * 9216}
+    vllm = _server_trace("vllm")
+    vllm.info["server"] |= {
+        "kv_pool": {"whole": "every block of vLLM's KV block pool", "num_blocks": 1310},
+        "settings": {"kv_cache_bytes": 80 * 2**20},
+    }
+    bare = _server_trace("remote")
+    fig = server_lanes.server_chart_figure({"vllm": vllm, "remote": bare}, ours)
+    hover = {t.name: t.hovertemplate for t in fig.data}
+    assert (
+        "100 % = every block of vLLM's KV block pool: 1,310 blocks, 80.0 MiB"
+        in hover["vllm: KV use %"]
+    ), hover["vllm: KV use %"]
+    ours_whole = "100 % = every block of its paged KV pool: 28 blocks of 16 tokens, 3.94 MiB"
+    assert ours_whole in hover["continuous (ours): KV blocks %"]
+    assert "its size is not published" in hover["remote: KV use %"]
+    assert "100 %" not in hover["vllm: running"], "a request count was given a pool"
+    subtitle = fig.layout.title.subtitle.text
+    for pool in ("vllm: 1,310 blocks, 80.0 MiB", "remote: size not published", "(ours): 28 blocks"):
+        assert pool in subtitle, f"{pool!r} missing from the subtitle: {subtitle}"

@@ -8,6 +8,7 @@ from engine.batching.continuous import ContinuousEngine
 from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
 from engine.page.figures import block_map, serving_metrics, style, timelines
+from engine.trace import PREFILL
 
 SPECS = [("the quick brown fox", 30), ("hello world", 24), ("abc", 20), ("z" * 12, 9), ("q", 5)]
 BLOCK_SIZE = 4
@@ -48,17 +49,37 @@ def test_cdf_has_one_line_per_engine_per_metric_through_every_value(paged, stati
 
 
 def test_step_usage_stacks_tokens_under_the_budget_and_follows_kv_blocks(paged):
-    """Prefill + decode bars add up to each step's tokens; the KV line is the blocks in use."""
+    """Prefill + decode bars add up to each step's tokens; the KV line is the blocks in use, its
+    hover their share of the pool, whose line says its size (the servers chart's 100 %)."""
     fig = serving_metrics.step_usage_figure(paged)
     bars = [t for t in fig.data if t.type == "bar"]
-    totals = [sum(b.y[i] for b in bars) for i in range(len(paged.steps))]
+    totals = [sum(b.y[i] or 0 for b in bars) for i in range(len(paged.steps))]
     assert totals == [st.num_scheduled_tokens for st in paged.steps]
     assert max(totals) <= 8
     assert any(s.y0 == 8 for s in fig.layout.shapes), "token budget line at 8"
     kv = next(t for t in fig.data if t.name == "KV blocks in use")
     assert list(kv.y) == [st.kv_blocks_used for st in paged.steps]
+    assert list(kv.customdata) == [100 * st.kv_blocks_used / 14 for st in paged.steps]
+    assert "of 14 blocks, %{customdata:.0f} % of the pool" in kv.hovertemplate
+    pool = [a.text for a in fig.layout.annotations if a.text.startswith("the whole pool")]
+    assert pool and "100 %: 14 blocks of 4 tokens, " in pool[0] and " MiB" in pool[0], pool
     marks = next(t for t in fig.data if t.name == "preemption")
     assert list(marks.x) == [st.index for st in paged.steps if st.preempted]
+
+
+def test_step_usage_prefill_bars_show_on_a_narrow_chart(paged):
+    """Prefill bars carry an outline in their colour (at least 2 px wide where a step is under a
+    pixel, on a phone) and are absent, not zero, on decode-only steps (no outline along the
+    axis); steps sit side by side."""
+    fig = serving_metrics.step_usage_figure(paged)
+    prefill, decode = (t for t in fig.data if t.type == "bar")
+    assert prefill.name == "prefill tokens" and decode.name == "decode tokens"
+    assert prefill.marker.line.width >= 2 and prefill.marker.line.color == prefill.marker.color
+    assert not decode.marker.line.width, "decode bars outlined: one dark band at 300 steps"
+    has_prefill = [any(s.kind == PREFILL for s in st.seqs) for st in paged.steps]
+    assert any(has_prefill) and not all(has_prefill), "the fixture needs both kinds of step"
+    assert [y is not None for y in prefill.y] == has_prefill, list(prefill.y)
+    assert fig.layout.bargap == 0, "gaps between steps"
 
 
 def test_block_map_colours_each_owned_block_by_its_request(paged):

@@ -144,7 +144,7 @@ def test_shared_system_prompt_preset_is_the_shipped_workload():
     """The preset fills the table with assets/workloads/shared_prefix.jsonl at 4 slots, and its
     text says how to see prefix caching and that the static engine cannot share."""
     name = presets.by_slug("shared-system-prompt")
-    rows, chat_template, text, slots = presets.choose_preset(name)
+    rows, chat_template, text, slots, *_ = presets.choose_preset(name)
     assert parse_table(rows) == load_jsonl(presets.ASSETS / "workloads" / "shared_prefix.jsonl")
     assert (chat_template, slots) == (False, 4)
     assert "prefix caching" in text and "static engine cannot share" in text, text

@@ -12,6 +12,7 @@ from fake_traces import continuous_trace, static_trace
 from engine.model.loader import ModelLoadError
 from engine.page.handlers import playground
 from engine.page.inputs import presets
+from engine.page.panels import page_panels
 from engine.page.run import run_options, shared_model
 from engine.page.views import run_status, run_view
 from engine.trace import DECODE, PREFILL
@@ -365,8 +366,10 @@ def test_app_wiring():
     assert run.show_progress == "full", "a queued user would not see their place in the queue"
     assert run.trigger_mode == "always_last", "a Run pressed while a stopped run ends is lost"
     run_index = next(i for i, fn in demo.fns.items() if fn is run)
-    (pressed,) = [fn for fn in demo.fns.values() if fn.fn is playground.run_pressed]
-    assert pressed.targets == run.targets and not pressed.queue, "Run presses are not noted"
+    pressed = [fn for fn in demo.fns.values() if fn.fn is playground.run_pressed]
+    targets = sorted(map(str, [run.targets, live.targets]))
+    assert sorted(str(fn.targets) for fn in pressed) == targets, "Run presses are not noted"
+    assert not any(fn.queue for fn in pressed), "a Run press waits in the queue to be noted"
     (stop,) = [fn for fn in demo.fns.values() if fn.fn is playground.stop_event]
     assert stop.concurrency_limit is None, "Stop must never wait for another event"
     stop_cancels = [fn.cancels for fn in demo.fns.values() if fn.targets == stop.targets]
@@ -379,6 +382,22 @@ def test_app_wiring():
     for name in ("step", "x_axis"):
         assert by_api[name].fn is playground.update_step, f"{name} not wired to update_step"
     assert app.parse_args([]).host == "127.0.0.1" and app.parse_args([]).port == 7860
+
+
+def test_choosing_a_preset_sets_the_engine_settings_back():
+    """The preset dropdown writes the engine settings too, each to the value the page opens
+    with: a token budget set for one preset does not carry over to the next."""
+    import app
+
+    demo = app.build_demo("Model: test")
+    (chosen,) = [fn for fn in demo.fns.values() if fn.fn is presets.choose_preset]
+    values = presets.choose_preset("Long-tail mix")
+    knobs = {c.elem_id: (c, v) for c, v in zip(chosen.outputs, values)}  # noqa: B905
+    for name, default in presets.ENGINE_DEFAULTS.items():
+        elem_id = page_panels.COMPONENTS[name].split(".")[-1]
+        assert elem_id in knobs, f"choosing a preset leaves {name} as it was"
+        component, value = knobs[elem_id]
+        assert value == default == component.value, f"{name}: set to {value}, opens at {default}"
 
 
 def test_engine_knobs_reach_the_engines(shared):

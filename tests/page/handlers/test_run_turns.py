@@ -19,7 +19,7 @@ from engine.fidelity.reference import ReferenceCache
 from engine.page.handlers import playground, run_turns
 from engine.page.run import shared_model
 from engine.page.run.recent_runs import RecentRuns
-from engine.page.run.run_handle import RunHandle
+from engine.page.run.run_handle import RunHandle, Turn
 from engine.page.views.run_view import RUN_OUTPUTS
 
 ROWS = [["hello world", 6], ["abc", 9]]
@@ -120,7 +120,7 @@ def test_stop_while_waiting_takes_the_run_out_of_the_queue(page):
     events = _events(handle, replay=False)
     waiting = next(u for u in events if "Waiting for the model" in str(_status(u)))
     assert "place 1 of 2" in _status(waiting) and page.queue.size() == 2
-    assert handle.stop() == "queued"
+    assert handle.stop() == "waiting", "a run in the page's queue needs no Gradio cancel"
     assert page.queue.size() == 1, "Stop left the run in the queue"
     rest = list(events)
     assert rest and _status(rest[-1]) == playground.STOPPED_IN_QUEUE, [_status(u) for u in rest]
@@ -191,7 +191,7 @@ def test_a_waiting_run_sends_its_line_only_when_its_words_change(monkeypatch):
         now[0] += 0.1
         return None
 
-    updates = run_turns.wait_for_turn(queue, waiting, RunHandle(), find_recent)
+    updates = run_turns.wait_for_turn(queue, waiting, Turn(), find_recent)
     sends = []  # (clock, line)
     while now[0] < 60.0:
         sends.append((now[0], next(updates)[OUT["status_markdown"]]))

@@ -61,3 +61,12 @@ def test_duration_stays_within_zerogpu_bounds():
     ]
     assert small == zerogpu.MIN_DURATION_S and huge == zerogpu.MAX_DURATION_S, (small, huge)
     assert zerogpu.MIN_DURATION_S < mid[0] < mid[1] < mid[2] < zerogpu.MAX_DURATION_S, mid
+
+
+def test_runs_queue_in_gradio_only_on_zerogpu(monkeypatch):
+    """Off ZeroGPU every Run handler starts at once; on it they wait in Gradio's queue, one at a
+    time (so Stop must cancel a waiting one)."""
+    monkeypatch.setitem(sys.modules, "spaces", None)  # import spaces: ImportError
+    assert zerogpu.run_concurrency() is None and not zerogpu.runs_queue_in_gradio()
+    monkeypatch.setitem(sys.modules, "spaces", _fake_spaces([]))
+    assert zerogpu.run_concurrency() == 1 and zerogpu.runs_queue_in_gradio()

@@ -32,7 +32,7 @@ def model(embedded_model) -> SharedModel:
 
 def _run(model: SharedModel, name: str):
     check = PRESETS[name]["check"]
-    rows, chat_template, _, num_slots = presets.choose_preset(name)
+    rows, chat_template, _, num_slots, *_ = presets.choose_preset(name)
     options = RunOptions(
         chat_template=chat_template,
         check_reference=False,
@@ -46,7 +46,7 @@ def _run(model: SharedModel, name: str):
 def _check_prefix_caching(model: SharedModel, name: str, check: dict, without) -> None:
     """The toggle on (the continuous engine again; the static engine never shares): the hit rate
     the text promises, the same outputs, lower mean TTFT."""
-    rows, chat_template, _, num_slots = presets.choose_preset(name)
+    rows, chat_template, _, num_slots, *_ = presets.choose_preset(name)
     options = RunOptions(chat_template=chat_template, kv_mode="paged", prefix_caching=True)
     requests, config = prepare(model, rows, num_slots, options)
     with model.lock:

@@ -208,7 +208,8 @@ def test_engine_value_error_mid_run_is_told_like_bad_input(shared, monkeypatch):
 
 
 def test_progress_line_counts_each_engine():
-    """The live status names each engine with its steps and, for the engines, requests done."""
+    """The live status names each engine with its steps and, for the engines, requests done;
+    before the first step it says the run is starting (its turn on the model is taken)."""
     progress = {
         "static": EngineProgress("static", num_steps=12, num_finished=4, num_requests=4),
         "continuous": EngineProgress("continuous", num_steps=5, num_finished=1, num_requests=4),
@@ -222,7 +223,9 @@ def test_progress_line_counts_each_engine():
         "model.generate reference: 7 steps",
     ):
         assert part in line, f"{part!r} missing from {line!r}"
-    assert "limit" not in progress_line({}, 1.0, None), "an off time limit is shown"
+    first = progress_line({}, 1.0, None)  # the model's turn taken, no engine step yet
+    assert "limit" not in first, "an off time limit is shown"
+    assert first.endswith("· starting") and "waiting" not in first, f"a run said it waits: {first}"
     progress["continuous"].waiting = True
     line = progress_line(progress, elapsed_s=3.25, time_limit_s=None)
     assert "continuous batching: 5 steps, 1/4 requests done, waiting for arrivals" in line, line
@@ -245,7 +248,7 @@ def test_stop_ends_the_run_through_its_handle_and_puts_the_previous_results_back
     status = rest[-1][STATUS_INDEX]
     assert status.startswith("**Stopped** before the end. Showing the previous run:"), status
     assert [r[1] for r in rest[-1][OUTPUTS_INDEX].value["data"]] == ["kept result"]
-    assert not handle.pressed and handle.control is None, "the handle still holds the run"
+    assert handle.idle and handle.control is None, "the handle still holds the run"
     assert playground.stop_event(handle) == "idle", "Stop after the run found something to stop"
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from engine.page.handlers import playground
 from engine.page.run import shared_model
-from engine.page.run.run_handle import IDLE, QUEUED, RUNNING, RunHandle
+from engine.page.run.run_handle import IDLE, QUEUED, RUNNING, WAITING, RunHandle
 from engine.page.views import run_view
 from engine.serving.run_control import RunCancelled, RunControl
 
@@ -31,8 +31,9 @@ def test_stop_of_a_running_run_sets_its_own_stop_flag():
     """Stop reaches the running run's RunControl, which then raises at its next check."""
     handle, control = RunHandle(), RunControl()
     handle.press()
-    assert handle.start() is None
-    handle.attach(control)
+    turn = handle.start()
+    assert turn.skip is None
+    handle.attach(turn, control)
     assert handle.stop() == RUNNING
     with pytest.raises(RunCancelled):
         control.check()
@@ -42,61 +43,142 @@ def test_run_pressed_while_the_stopped_run_ends_starts():
     """A press after Stop, while the stopped run still ends, is a real press: it starts next."""
     handle = RunHandle()
     handle.press()
-    handle.start()
-    handle.attach(RunControl())
+    turn = handle.start()
+    handle.attach(turn, RunControl())
     handle.stop()
-    handle.press()  # 0.2 s after Stop: the browser defers it until the stopped run ends
-    handle.finish()
-    assert handle.start() is None, "the run pressed after Stop did not start"
+    assert handle.press(), "a press after Stop was taken for a repeat"
+    handle.finish(turn)  # 0.2 s after Stop: the browser deferred the click until now
+    assert handle.press(), "the deferred click's replay says its run will not go"
+    assert handle.start().skip is None, "the run pressed after Stop did not start"
 
 
 def test_a_second_press_during_a_run_is_skipped(shared):
     """Run pressed again while a run goes on (no Stop): its deferred run changes nothing."""
     handle = RunHandle()
     handle.press()
-    handle.start()
-    handle.press()
-    handle.finish()
+    turn = handle.start()
+    assert not handle.press(), "a second press during a run was not taken for a repeat"
+    handle.finish(turn)
+    assert not handle.press(), "the repeat's replayed click says a run will go"
     updates = list(playground.run_event([["hi", 2]], *KNOBS, handle=handle))
     assert updates == [run_view.run_outputs()], "the repeat press ran or changed the page"
-    assert handle.start() is None, "the press after the skipped repeat does not start"
+    handle.press()
+    assert handle.start().skip is None, "the press after the skipped repeat does not start"
 
 
 def test_stop_while_queued_ends_the_run_before_it_starts(shared, monkeypatch):
-    """Stop before the run left the queue: Stop answers "queued"; when the run's turn comes it
-    ends at once, saying so, without calling the model."""
+    """Stop before the run's handler started: Stop answers "waiting" ("queued" where runs wait in
+    Gradio's queue, which the page then cancels); when the handler starts it ends at once, saying
+    so, without calling the model."""
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the model ran for a run stopped in the queue")
 
     monkeypatch.setattr(shared.runner, "forward_packed", forbidden)
     monkeypatch.setattr(shared.runner, "generate", forbidden)
-    handle = RunHandle()
-    handle.press()
-    assert playground.stop_event(handle) == QUEUED
-    (update,) = playground.run_event([["hi", 2]], *KNOBS, handle=handle)
-    assert update[STATUS].startswith(playground.STOPPED_IN_QUEUE), update[STATUS]
-    assert not handle.pressed and not handle.stop_requested, "the handle kept the stopped run"
+    for gradio_queue, answer in ((False, WAITING), (True, QUEUED)):
+        handle = RunHandle(gradio_queue)
+        handle.press()
+        assert playground.stop_event(handle) == answer, "Stop before the start answered wrongly"
+        (update,) = playground.run_event([["hi", 2]], *KNOBS, handle=handle)
+        assert update[STATUS].startswith(playground.STOPPED_IN_QUEUE), update[STATUS]
+        assert handle.idle, "the handle kept the stopped run"
 
 
 def test_leaving_the_queue_resets_the_handle():
-    """Once the queued run is taken out of the queue, the next press starts normally."""
-    handle = RunHandle()
+    """Once the run is cancelled in Gradio's queue, the handle is idle and the next press starts
+    normally."""
+    handle = RunHandle(gradio_queue=True)
     handle.press()
-    handle.stop()
+    assert handle.stop() == QUEUED
     shown = playground.left_queue_event(handle, None, "time")
     assert shown[STATUS].startswith(playground.STOPPED_IN_QUEUE), shown[STATUS]
+    assert handle.idle, "a cancelled press still waits to start"
     handle.press()
-    assert handle.start() is None
+    assert handle.start().skip is None
 
 
 def test_each_session_gets_its_own_handle():
     """gr.State deep-copies its first value per session: every copy is a fresh handle."""
     import copy
 
-    first = RunHandle()
+    first = RunHandle(gradio_queue=True)
     first.press()
     fresh = copy.deepcopy(first)
-    assert not fresh.pressed and fresh is not first
+    assert fresh.idle and fresh is not first and fresh.gradio_queue
     state = gr.State(RunHandle())
-    assert isinstance(state.value, RunHandle) and not state.value.pressed
+    assert isinstance(state.value, RunHandle) and state.value.idle
+
+
+def test_a_stopped_run_that_ends_late_leaves_the_next_run_alone():
+    """A stopped run whose handler ends after the next run started (a generator closed late)
+    neither frees nor hides the next run: Stop still reaches it."""
+    handle = RunHandle()
+    handle.press()
+    first = handle.start()
+    handle.attach(first, RunControl())
+    assert handle.stop() == RUNNING
+    handle.press()
+    second, control = handle.start(), RunControl()
+    handle.attach(second, control)
+    handle.finish(first)
+    assert not handle.idle, "the late end of the stopped run made the page idle"
+    assert handle.stop() == RUNNING
+    with pytest.raises(RunCancelled):
+        control.check()
+
+
+def test_presses_before_a_start_give_one_run_for_the_latest():
+    """A double press gives one run; presses before a start run for the latest one: stopped if
+    Stop came after it, else run once (the replayed click's run is skipped)."""
+    handle = RunHandle()
+    assert handle.press() and not handle.press(), "a double press was taken for two runs"
+    turn = handle.start()
+    assert turn.skip is None
+    handle.finish(turn)
+    assert not handle.press(), "the deferred second click's replay says a run will go"
+    assert handle.start().skip == "repeat", "a double press ran twice"
+    handle = RunHandle()
+    handle.press()
+    assert handle.stop() == WAITING and not handle.idle, "Stop overlooked a press not started"
+    assert handle.press(), "a press after Stop was taken for a repeat"
+    turn = handle.start()
+    assert turn.skip is None, "the press after Stop did not run"
+    handle.finish(turn)
+    handle.press()  # the deferred click's replay
+    assert handle.start().skip == "repeat", "one press ran twice"
+    handle.press()
+    handle.stop()
+    assert handle.start().skip == "stopped", "a press before Stop ran"
+
+
+def test_a_replayed_click_is_not_a_new_press():
+    """The browser replays a click it deferred (press, then run) when the pending run ends: the
+    replay does not undo a Stop that came after the click; a session that never pressed (an
+    API client) runs."""
+    handle = RunHandle()
+    handle.press()
+    turn = handle.start()
+    handle.attach(turn, RunControl())
+    handle.stop()
+    assert handle.press(), "a press after Stop was taken for a repeat"
+    assert handle.stop() == RUNNING
+    handle.finish(turn)
+    assert not handle.press(), "the replay of a stopped click says its run will go"
+    assert handle.start().skip == "stopped", "a replayed click undid the Stop after it"
+    assert handle.idle, "a replayed click was counted as a new press"
+    assert RunHandle().start().skip is None
+
+
+def test_a_repeat_then_stop_then_run_runs_the_last_press():
+    """Run twice during a run, Stop, Run: the browser replays the last click, and it runs."""
+    handle = RunHandle()
+    handle.press()
+    turn = handle.start()
+    handle.attach(turn, RunControl())
+    assert not handle.press()
+    handle.stop()
+    assert handle.press()
+    handle.finish(turn)
+    assert handle.press(), "the replayed click says its run will not go"
+    assert handle.start().skip is None, "the press after Stop was skipped as a repeat"

@@ -1,0 +1,58 @@
+"""What 100 % KV use is for each engine: the pool its share is of, in blocks and MiB where known.
+
+Each engine sizes its own KV pool. Ours (the paged mode) allocates the blocks this run's longest
+sequence needs in every slot, or what the KV budget allows; a local vLLM gets the memory
+``--kv-cache-memory-bytes`` gives it (room for every slot at its longest model length, with a
+margin), and a remote server whatever its host gave it. So "43 %" of ours and "4 %" of vLLM's are
+shares of different wholes, and a chart that sets them side by side says what each whole is::
+
+    continuous (ours)   100 % = every block of its paged KV pool: 28 blocks of 16 tokens, 0.4 MiB
+    vllm                100 % = every block of vLLM's KV block pool: 1,310 blocks of 16 tokens,
+                                80.0 MiB
+
+Ours comes from the trace's ``info`` (``kv_blocks``, ``block_size``, ``kv_bytes``); a server's from
+``info["server"]``: ``kv_pool`` (what its ``/metrics`` said, ``engine.peers.server_metrics``) and,
+for a vLLM this page started, ``settings["kv_cache_bytes"]``.
+"""
+
+from __future__ import annotations
+
+from engine.trace import Trace
+
+OUR_WHOLE = "every block of its paged KV pool"
+UNKNOWN_WHOLE = "its whole KV cache, as its /metrics counts it"
+
+
+def kv_pool_size(trace: Trace) -> str | None:
+    """The pool's size as far as known, e.g. "28 blocks of 16 tokens, 0.4 MiB"; None if unknown."""
+    blocks, block_size, kv_bytes = _pool(trace)
+    parts = []
+    if blocks:
+        parts.append(f"{blocks:,} blocks" + (f" of {block_size} tokens" if block_size else ""))
+    if kv_bytes:
+        mib = kv_bytes / 2**20
+        parts.append(f"{mib:,.1f} MiB" if mib >= 10 else f"{mib:.3g} MiB")  # 80.0, 3.94, 0.0123
+    return ", ".join(parts) or None
+
+
+def kv_pool_whole(trace: Trace) -> str:
+    """What 100 % KV use is for ``trace``'s engine, e.g. "100 % = every block of its paged KV
+    pool: 28 blocks of 16 tokens, 0.4 MiB" (the size where known)."""
+    server = trace.info.get("server")
+    if server is None:
+        whole = OUR_WHOLE
+    else:
+        whole = (server.get("kv_pool") or {}).get("whole") or UNKNOWN_WHOLE
+    size = kv_pool_size(trace)
+    return f"100 % = {whole}" + (f": {size}" if size else " (its size is not published)")
+
+
+def _pool(trace: Trace) -> tuple[int | None, int | None, int | None]:
+    """(blocks, tokens per block, bytes) of ``trace``'s KV pool, each None where unknown."""
+    server = trace.info.get("server")
+    if server is None:
+        blocks = trace.info.get("kv_blocks")
+        return blocks, trace.info.get("block_size"), trace.info.get("kv_bytes") if blocks else None
+    pool = server.get("kv_pool") or {}
+    kv_bytes = (server.get("settings") or {}).get("kv_cache_bytes")
+    return pool.get("num_blocks"), pool.get("block_size"), kv_bytes

@@ -1,0 +1,151 @@
+"""What the page looks like on a phone (390 × 844) and at 1,280 × 720, measured in the browser:
+whole headers and caps in the request table, every prefill bar in the per-step chart, barrier
+labels apart, the KV-cache dropdown's text whole, the title in one font.
+
+Screenshots go to ``screenshots/`` at the repository's root (gitignored), for a person to look at.
+"""
+
+from __future__ import annotations
+
+import pytest
+from browser_kit import PYTESTMARK, SCREENSHOTS, Page, expect, run_and_wait, set_requests, set_slots
+
+from engine.page.panels.settings_panel import KV_MODES
+
+pytestmark = PYTESTMARK
+
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 720}
+SIZES = pytest.mark.parametrize("size", [PHONE, DESKTOP], ids=["phone", "desktop"])
+
+# Text that does not fit its box: the element's text, its scroll and client widths.
+CLIPPED_JS = """els => els.filter(e => e.scrollWidth > e.clientWidth + 1)
+    .map(e => [e.textContent.trim(), e.scrollWidth, e.clientWidth])"""
+
+
+def _shoot(page: Page, elem_id: str, size: dict) -> None:
+    name = f"look-{size['width']}-{elem_id}.png"
+    page.locator(f"#{elem_id}").screenshot(path=str(SCREENSHOTS / name))
+    print(f"screenshot: {SCREENSHOTS / name}")
+
+
+@SIZES
+def test_request_table_shows_whole_headers_and_caps(page: Page, size: dict):
+    """No header of the request table is cut ("m." for max_new_tokens) and the caps 300 and 180
+    show whole (not "3…"): on a phone the table scrolls sideways instead."""
+    page.set_viewport_size(size)
+    page.wait_for_timeout(500)
+    headers = page.locator("#requests_table th span")
+    expect(headers.first).to_be_visible()
+    clipped = headers.evaluate_all(CLIPPED_JS)
+    assert not clipped, f"headers cut (text, needed px, shown px): {clipped}"
+    caps = page.locator('#requests_table [data-testid^="cell-"][data-testid$="-1"] span')
+    assert {"300", "180"} <= set(caps.all_inner_texts()), caps.all_inner_texts()
+    clipped = caps.evaluate_all(CLIPPED_JS)
+    assert not clipped, f"caps cut (text, needed px, shown px): {clipped}"
+    _shoot(page, "requests_table", size)
+
+
+# Each drawn prefill bar of the per-step chart: how wide it shows (its box plus its outline), px.
+PREFILL_BARS_JS = """plot => {
+    const [trace] = Array.from(plot.querySelectorAll('.barlayer .trace.bars'))
+        .filter(g => g.__data__[0].trace.name === 'prefill tokens');  // Plotly's calcdata
+    const bars = trace.querySelectorAll('path');
+    return Array.from(bars).filter(p => p.getBoundingClientRect().height > 0)  // no prefill: flat
+        .map(p => p.getBoundingClientRect().width + parseFloat(getComputedStyle(p).strokeWidth));
+}"""
+
+
+@SIZES
+def test_every_prefill_bar_of_the_step_chart_shows(page: Page, size: dict):
+    """The per-step chart draws every step with a prefill (the recorded run: 4 of 300 steps) at
+    least 2 px wide, also on a phone where a step is under a pixel."""
+    page.set_viewport_size(size)
+    plot = page.locator("#step_usage_plot .js-plotly-plot")
+    expect(plot).to_have_count(1, timeout=60_000)
+    page.wait_for_timeout(1500)  # Plotly redraws at the new size
+    num_prefill = plot.evaluate("el => el.data[0].y.filter(y => y > 0).length")
+    assert num_prefill >= 3, f"the recorded run has {num_prefill} prefill steps"
+    widths = plot.evaluate(PREFILL_BARS_JS)
+    shown = [w for w in widths if w >= 2]
+    assert len(shown) == num_prefill, f"{num_prefill} prefill steps, bars shown px: {widths}"
+    _shoot(page, "step_usage_plot", size)
+
+
+@SIZES
+def test_kv_cache_dropdown_shows_each_choice_whole(page: Page, size: dict):
+    """Every choice of the continuous engine's KV cache fits the dropdown's box."""
+    page.set_viewport_size(size)
+    page.get_by_text("Engine settings", exact=True).click()
+    box = page.locator("#kv_mode_dropdown input")
+    expect(box).to_be_visible()
+    clipped = box.evaluate(
+        """(input, labels) => labels.filter(label => {
+            input.value = label;  // measured only: no input event, the page's value stays
+            return input.scrollWidth > input.clientWidth + 1;
+        })""",
+        [label for label, _ in KV_MODES],
+    )
+    assert not clipped, f"choices cut in the dropdown: {clipped}"
+    _shoot(page, "kv_mode_dropdown", size)
+
+
+# Characters of ``text`` whose width differs between two fallbacks: the page's font lacks them.
+MISSING_GLYPHS_JS = """async ([text, weight]) => {
+    const family = getComputedStyle(document.querySelector('h1')).fontFamily.split(',')[0];
+    await document.fonts.load(`${weight} 48px ${family}`, text);
+    const canvas = document.createElement('canvas').getContext('2d');
+    const width = (fallback, ch) => {
+        canvas.font = `${weight} 48px ${family}, ${fallback}`;
+        return canvas.measureText(ch).width;
+    };
+    return Array.from(new Set(text)).filter(ch => width('monospace', ch) !== width('serif', ch));
+}"""
+
+
+def test_title_is_set_in_one_font(page: Page):
+    """The title's font (and weight) has every letter and digit, so no letter of it (the "B" of
+    "Batching") is drawn in a fallback font."""
+    title = page.locator("h1").first
+    expect(title).to_have_text("Continuous Batching Playground")
+    weight = title.evaluate("e => getComputedStyle(e).fontWeight")
+    text = title.inner_text() + "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+    missing = page.evaluate(MISSING_GLYPHS_JS, [text, weight])
+    assert not missing, f"drawn in a fallback font at weight {weight}: {missing}"
+
+
+def test_barrier_labels_on_the_static_timeline_stay_apart(page: Page):
+    """Four requests on one slot (caps 20, 2, 20, 10): two barriers two steps apart; their
+    labels, on a phone and at 1,280 px, neither overlap nor leave the chart."""
+    rows = [("Look test one", 20), ("Look test two", 2), ("Look test three", 20)]
+    set_requests(page, [*rows, ("Look test four", 10)])  # a setup no other test runs: run live
+    set_slots(page, 1)
+    run_and_wait(page)
+    for size in (PHONE, DESKTOP):
+        page.set_viewport_size(size)
+        page.wait_for_timeout(1500)  # Plotly redraws at the new size
+        labels = page.locator("#static_timeline_plot .annotation").evaluate_all(
+            """els => els.map(e => {
+                const r = e.getBoundingClientRect();
+                return {left: r.left, right: r.right, top: r.top, bottom: r.bottom,
+                        text: e.textContent};
+            })"""
+        )
+        barriers = [b for b in labels if b["text"] == "barrier"]
+        assert len(barriers) >= 2, f"{size['width']} px: barrier labels {labels}"
+        (svg,) = page.locator("#static_timeline_plot .main-svg").first.evaluate_all(
+            "els => els.map(e => e.getBoundingClientRect().toJSON())"
+        )
+        for label in barriers:
+            inside = svg["left"] - 1 <= label["left"] and label["right"] <= svg["right"] + 1
+            assert inside, f"{size['width']} px: a barrier label leaves the chart: {label}"
+        for i, a in enumerate(barriers):
+            for b in barriers[i + 1 :]:
+                apart = (
+                    a["right"] <= b["left"]
+                    or b["right"] <= a["left"]
+                    or a["bottom"] <= b["top"]
+                    or b["bottom"] <= a["top"]
+                )
+                assert apart, f"{size['width']} px: barrier labels overlap: {a} and {b}"
+        _shoot(page, "static_timeline_plot", size)
