@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from browser_kit import (
     PYTESTMARK,
     RUN_TIMEOUT_MS,
