@@ -17,7 +17,9 @@ between), vLLM's from ``t0_unix_s``.
 When every request of a run arrives at 0 (and there are two or more), each is sent with
 ``vllm_xargs`` ``{"cbp_hold_for": <the run's count>, "cbp_run": <its tag>}``: the recording
 scheduler holds vLLM's first step until all of them wait (at most a few seconds), so vLLM starts
-with the whole workload as our engines do, not with whichever request reached it first.
+with the whole workload as our engines do, not with whichever request reached it first. Every
+request names its run (``cbp_run``, also without a hold), so vLLM starts each run with an empty
+prefix cache, as our engines do, and a warm-up's blocks are no hits for the run after it.
 """
 
 from __future__ import annotations
@@ -149,10 +151,13 @@ class VllmEngine(OpenAIEngine):
         return {REQUEST_ID_HEADER: external_request_id(self._run_tag, request.request_id)}
 
     def _body(self, request: Request) -> dict:
-        """The request's body; with ``vllm_xargs`` asking for the hold when the run has one."""
+        """The request's body, with ``vllm_xargs`` naming its run (the recording scheduler
+        starts a run with an empty prefix cache) and asking for the hold when the run has one."""
         body = super()._body(request)
-        if self._hold_for and self._run_tag is not None and self.server.settings.record_schedule:
-            body["vllm_xargs"] = {HOLD_FOR_KEY: self._hold_for, HOLD_RUN_KEY: self._run_tag}
+        if self._run_tag is not None and self.server.settings.record_schedule:
+            body["vllm_xargs"] = {HOLD_RUN_KEY: self._run_tag}
+            if self._hold_for:
+                body["vllm_xargs"][HOLD_FOR_KEY] = self._hold_for
         return body
 
     def close(self) -> None:

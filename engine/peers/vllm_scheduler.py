@@ -57,7 +57,10 @@ not with the first one the server happened to receive. vLLM's engine adds reques
 loop that calls ``schedule()``, so the hold never blocks: ``schedule()`` returns an empty step
 (no tokens, no forward pass, not recorded) and the loop comes back with the requests that came
 in meanwhile. A run is held once, for at most ``HOLD_LIMIT_S`` from its first held call, so a
-request that never comes cannot stall the server; the start line says the limit.
+request that never comes cannot stall the server; the start line says the limit. A request sent
+with ``cbp_run`` alone is not held; either way, when a run's first request is seen while nothing
+runs, the prefix cache is reset (``Scheduler.reset_prefix_cache``), so a run does not hit blocks
+an earlier run (a warm-up) left behind: each run of our engines starts with an empty cache too.
 
 The class: ``RecordingScheduler`` is what ``--scheduler-cls`` names. vLLM calls it with its config;
 it builds ``RecordingSyncScheduler`` (a subclass of ``Scheduler``) when async scheduling is off, as
@@ -99,6 +102,7 @@ class _Recording:
         self._pending: dict[int, tuple[dict, float]] = {}  # id(output) -> (record, build_s)
         self._last_write_s = 0.0
         self._held_runs: set[str] = set()  # runs held already (their hold is over)
+        self._seen_runs: set[str] = set()  # runs whose start reset the prefix cache
         self._hold: tuple[str, float] | None = None  # the run being held, since (monotonic s)
         self._write(self._start_record())
         self._last_write_s = 0.0  # the start line is no step's cost
@@ -136,15 +140,21 @@ class _Recording:
     def _holding(self) -> bool:
         """Whether to start nothing yet: nothing runs, and a run that asks to be held
         (``cbp_hold_for``) has fewer requests waiting than it asked for, for under
-        ``HOLD_LIMIT_S`` since its first held call."""
+        ``HOLD_LIMIT_S`` since its first held call. A run seen for the first time while nothing
+        runs starts with an empty prefix cache, as each run of our engines does."""
         if self.running:
             return False
-        runs: dict[str, list[int]] = {}
+        runs: dict[str, list[int]] = {}  # run -> its waiting requests' hold_for (0: no hold)
         for request in self.waiting:
             extra = getattr(request.sampling_params, "extra_args", None) or {}
-            run = extra.get(HOLD_RUN_KEY)
-            if run is not None and extra.get(HOLD_FOR_KEY) and run not in self._held_runs:
-                runs.setdefault(str(run), []).append(int(extra[HOLD_FOR_KEY]))
+            if extra.get(HOLD_RUN_KEY) is not None:
+                runs.setdefault(str(extra[HOLD_RUN_KEY]), []).append(
+                    int(extra.get(HOLD_FOR_KEY) or 0)
+                )
+        if set(runs) - self._seen_runs:
+            self._seen_runs |= set(runs)
+            self.reset_prefix_cache()  # nothing runs, so no block is held: it succeeds
+        runs = {r: w for r, w in runs.items() if any(w) and r not in self._held_runs}
         if not runs:
             return False
         run, wanted = next(iter(runs.items()))  # the run of the oldest held request
