@@ -40,6 +40,7 @@ from engine.peers.vllm_record import (
 )
 from engine.peers.vllm_server import (
     HOLD_FOR_KEY,
+    HOLD_ORDER_KEY,
     HOLD_RUN_KEY,
     MAX_MODEL_LEN,
     VllmServer,
@@ -157,7 +158,10 @@ class VllmEngine(OpenAIEngine):
         if self._run_tag is not None and self.server.settings.record_schedule:
             body["vllm_xargs"] = {HOLD_RUN_KEY: self._run_tag}
             if self._hold_for:
-                body["vllm_xargs"][HOLD_FOR_KEY] = self._hold_for
+                body["vllm_xargs"] |= {
+                    HOLD_FOR_KEY: self._hold_for,
+                    HOLD_ORDER_KEY: request.request_id,
+                }
         return body
 
     def close(self) -> None:

@@ -58,7 +58,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 RECORDING_SCHEDULER = "engine.peers.vllm_scheduler.RecordingScheduler"
 SCHEDULE_PATH_ENV = "CBP_VLLM_SCHEDULE_PATH"  # read by engine.peers.vllm_scheduler
 # vllm_xargs keys that hold vLLM's first step (read by engine.peers.vllm_scheduler)
-HOLD_FOR_KEY, HOLD_RUN_KEY = "cbp_hold_for", "cbp_run"
+HOLD_FOR_KEY, HOLD_RUN_KEY, HOLD_ORDER_KEY = "cbp_hold_for", "cbp_run", "cbp_order"
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention takes block sizes that are multiples of this
 
 
