@@ -84,3 +84,4 @@ def test_the_hold_keys_are_the_same_on_both_sides():
     }
     assert values["HOLD_FOR_KEY"] == vllm_server.HOLD_FOR_KEY
     assert values["HOLD_RUN_KEY"] == vllm_server.HOLD_RUN_KEY
+    assert values["HOLD_ORDER_KEY"] == vllm_server.HOLD_ORDER_KEY
