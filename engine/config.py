@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KV_MODES = ("slots", "paged", "concat")
-POLICIES = ("decode_first", "prefill_first")
+POLICIES = ("decode_first", "prefill_first", "vllm")
 MAX_BLOCK_SIZE = 256  # tokens per KV block; vLLM uses 16 to 128, and huge blocks waste memory
 
 
@@ -24,7 +24,8 @@ class EngineConfig:
         max_seq_len: P, per-slot KV capacity in tokens; ``None`` sizes it from the workload.
         max_num_batched_tokens: the token budget, most tokens in one step (continuous engine);
             ``None`` means no limit. It must be at least ``num_slots`` so every decode fits.
-        scheduling_policy: ``"decode_first"`` or ``"prefill_first"``: who gets the budget first.
+        scheduling_policy: ``"decode_first"`` or ``"prefill_first"``: who gets the budget first;
+            ``"vllm"``: vLLM's own scheduling, step for step (``engine.serving.scheduler``).
         wave_timeout_s: static engine: how long the oldest arrived request waits for a full wave.
         ignore_eos: generate every sequence to its cap (benchmarks only, as vLLM's ``ignore_eos``).
         block_size: ``paged`` mode: tokens per KV block.

@@ -126,6 +126,15 @@ class ContinuousEngine:
         """
         self._num_kv_blocks(requests)
 
+    def num_kv_blocks(self, requests: list[Request]) -> int | None:
+        """The paged KV pool's blocks for ``requests`` (None in the other KV modes), as ``run``
+        would size it; what a peer engine is given to schedule under the same pool.
+
+        Raises:
+            ValueError: some request alone needs more KV blocks than the budget holds.
+        """
+        return self._num_kv_blocks(requests)
+
     def _forward(
         self, batch, samplers: list[RequestSampler | None], recorder: LogitRecorder
     ) -> list[int]:

@@ -89,7 +89,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--policy",
-        help="continuous engines: decode_first or prefill_first (default decode_first)",
+        help="continuous engines: decode_first, prefill_first or vllm (vLLM's own scheduling) "
+        "(default decode_first)",
     )
     p.add_argument(
         "--kv-budget-mib",

@@ -33,8 +33,10 @@ from engine.bench.args import (
 from engine.bench.hardware_probe import PeakMemory, weight_bytes, weight_read_ms
 from engine.bench.report import optional_measures, print_report, write_json
 from engine.bench.servers import (
+    add_schedule_comparison,
     close_engines,
     guarded_run,
+    match_block_size,
     server_engines,
     server_fields,
     start_servers,
@@ -243,12 +245,15 @@ def _setup(args):
         chat_template=args.chat_template,
         max_context=loaded.max_context,
     )
+    match_block_size(args, names, loaded)
     options = engine_options(args)
-    servers = server_engines(args, names, loaded)  # vllm and the --endpoint engines
-    engines = {
-        n: servers.get(n) or make_engine(n, runner, args.slots, args.prefix_caching, **options)
+    ours = {
+        n: make_engine(n, runner, args.slots, args.prefix_caching, **options)
         for n in names
+        if n in ENGINES and n != "vllm"
     }
+    servers = server_engines(args, names, loaded, ours, requests)  # vllm, --endpoint engines
+    engines = {n: ours.get(n) or servers[n] for n in names}
     engines.update(servers)
     return loaded, runner, requests, engines, _normal_engines(runner, args.slots, names, options)
 
@@ -284,6 +289,7 @@ def _bench(args, loaded, runner, requests, engines: dict, normal: dict) -> int:
     normal_results = {n.removesuffix(NORMAL): engine_result(traces.pop(n), None) for n in normal}
     results = {n: engine_result(runs, reference, peaks[n]) for n, runs in traces.items()}
     medians = {n: median_trace(runs) for n, runs in traces.items()}
+    add_schedule_comparison(results, medians, engines)
     if source is not None:
         add_verdicts(runner, requests, medians, source, results)
     extra = {

@@ -14,7 +14,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from engine.batching.continuous import ContinuousEngine
-from engine.bench.servers import failed_result, schedule_line
+from engine.bench.servers import comparison_lines, failed_result, schedule_line
 from engine.bench.verdicts import add_invariant_cost, verdict_summary
 from engine.config import EngineConfig
 from engine.kernels.kernel_plan import RowPlan
@@ -89,6 +89,9 @@ def print_report(args, results, normal_results, extra, run) -> None:
     for name, trace in medians.items():
         if getattr(trace, "schedule", None) is not None:  # engine.peers.vllm_record.VllmTrace
             print(schedule_line(name, trace.schedule))
+            comparison = results[name].get("schedule_comparison")
+            for line in comparison_lines(comparison) if comparison else []:
+                print(line)
         for warning in trace.warnings:
             print(f"warning: {name}: {warning}", file=sys.stderr)
     for name, message in failures.items():

@@ -18,9 +18,15 @@ from engine.bench.args import endpoints
 from engine.peers.endpoints import EndpointError
 from engine.trace import Trace
 
+MATCHED = ("continuous_paged", "continuous")  # our engines vLLM's settings follow, first first
 
-def server_engines(args, names: list[str], loaded) -> dict:
+
+def server_engines(args, names: list[str], loaded, ours: dict | None = None, requests=None) -> dict:
     """The ``vllm`` engine (if named) and one engine per ``--endpoint``, by name.
+
+    ``ours``: our engines by name; when one of ``MATCHED`` runs (the first listed), vLLM gets its
+    settings (``engine.peers.vllm_server.matched_settings``) for ``requests``, and the engine
+    remembers which one it matches (``matched_to``) and what could not match (``unmatched``).
 
     Raises:
         ValueError: no ``.venv-vllm``, or a bad ``--endpoint``.
@@ -29,12 +35,50 @@ def server_engines(args, names: list[str], loaded) -> dict:
 
     engines = {}
     if "vllm" in names:
-        from engine.peers.vllm_engine import VllmEngine
-
-        engines["vllm"] = VllmEngine(loaded, args.slots, enforce_eager=args.vllm_eager)
+        engines["vllm"] = _vllm_engine(args, loaded, ours or {}, requests)
     for endpoint in endpoints(args):
         engines[endpoint.name] = OpenAIEngine(endpoint, loaded, args.slots)
     return engines
+
+
+def match_block_size(args, names: list[str], loaded) -> None:
+    """With ``vllm`` beside ``continuous_paged`` on a CPU and no ``--block-size``, our blocks
+    take vLLM's smallest CPU block size (``CPU_BLOCK_MULTIPLE`` tokens, not our default 16), so
+    the two schedules can be compared; said on stderr."""
+    from engine.peers.vllm_server import CPU_BLOCK_MULTIPLE
+
+    paged_beside_vllm = "vllm" in names and "continuous_paged" in names
+    if not paged_beside_vllm or "block_size" in args.given or loaded.device.type != "cpu":
+        return
+    args.block_size = CPU_BLOCK_MULTIPLE
+    print(
+        f"  continuous_paged: blocks of {CPU_BLOCK_MULTIPLE} tokens, as vLLM's on a CPU "
+        "(its attention takes multiples of 32 only), so their schedules compare",
+        file=sys.stderr,
+    )
+
+
+def _vllm_engine(args, loaded, ours: dict, requests):
+    """The ``vllm`` engine, with the settings of the first of ``MATCHED`` among ``ours``."""
+    from engine.peers.vllm_engine import VllmEngine
+    from engine.peers.vllm_server import matched_settings
+
+    name = next((n for n in MATCHED if n in ours), None)
+    if name is None or requests is None:
+        return VllmEngine(loaded, args.slots, enforce_eager=args.vllm_eager)
+    engine = ours[name]
+    settings, unmatched = matched_settings(
+        loaded,
+        engine.config,
+        requests,
+        engine.num_kv_blocks(requests),
+        enforce_eager=args.vllm_eager,
+    )
+    vllm = VllmEngine(loaded, args.slots, settings=settings)
+    vllm.matched_to, vllm.unmatched = name, unmatched
+    for line in unmatched:
+        print(f"warning: vllm's settings differ from {name}'s: {line}", file=sys.stderr)
+    return vllm
 
 
 def start_servers(engines: dict, failures: dict[str, str]) -> None:
@@ -134,3 +178,50 @@ def schedule_line(name: str, schedule: Trace) -> str:
     cost_text = "" if cost is None else f" (recording took {cost:.2f} % of their time)"
     owner = "transformers'" if schedule.info.get("transformers") else "vLLM's"
     return f"{name}: {len(schedule.steps)} steps in {owner} own record{cost_text}"
+
+
+def add_schedule_comparison(results: dict, medians: dict[str, Trace], engines: dict) -> None:
+    """``results["vllm"]["schedule_comparison"]``: our matched engine's schedule against vLLM's
+    own (``engine.peers.schedule_comparison.compare_schedules``, median runs), with ``engine``
+    (ours) and ``unmatched_settings``; nothing when vLLM's settings matched none of ours or its
+    record is missing."""
+    from engine.peers.schedule_comparison import compare_schedules
+
+    vllm = engines.get("vllm")
+    name = getattr(vllm, "matched_to", None)
+    schedule = getattr(medians.get("vllm"), "schedule", None)
+    if name is None or schedule is None or name not in medians or "vllm" not in results:
+        return
+    comparison = compare_schedules(medians[name], schedule)
+    results["vllm"]["schedule_comparison"] = {
+        "engine": name,
+        **comparison,
+        "unmatched_settings": list(vllm.unmatched),
+    }
+
+
+def comparison_lines(comparison: dict) -> list[str]:
+    """The report's lines on ``schedule_comparison``, e.g.::
+
+    schedule: continuous 300 steps, vllm 301; 98.3 % of steps plan alike; first difference
+      at step 0: vLLM does not run R1 (ours: 7 tokens)
+      admissions 6 / 6, preemptions 0 / 0, prefix-cache hits 0 (0 tokens) / 0 (0 tokens)
+    """
+    ours, theirs = comparison["ours"], comparison["vllm"]
+    first = comparison["first_difference"]
+    where = "none" if first is None else f"at step {first['step']}: {first['reason']}"
+    name = comparison["engine"]
+    lines = [
+        f"schedule: {name} {comparison['num_steps_ours']} steps, vllm "
+        f"{comparison['num_steps_vllm']}; {100 * comparison['equal_step_fraction']:.1f} % of "
+        f"steps plan alike; first difference {where}",
+        f"  {name} / vllm: admissions {ours['num_admissions']} / {theirs['num_admissions']}, "
+        f"preemptions {ours['num_preemptions']} / {theirs['num_preemptions']}, prefix-cache hits "
+        f"{_hits(ours)} / {_hits(theirs)}",
+    ]
+    lines += [f"  settings differ: {line}" for line in comparison["unmatched_settings"]]
+    return lines
+
+
+def _hits(tally: dict) -> str:
+    return f"{tally['num_prefix_hits']} ({tally['num_prefix_cached_tokens']} tokens)"

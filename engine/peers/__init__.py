@@ -4,7 +4,8 @@ transformers' own continuous batching (``transformers_engine``, with ``transform
 ``transformers_scheduler``, the scheduler transformers builds by name that records its steps),
 any OpenAI-compatible server (``openai_engine``, ``openai_probe``, ``endpoints``,
 ``server_metrics``) and a local vLLM (``vllm_engine``, ``vllm_server``), whose own schedule is
-recorded inside it by ``vllm_scheduler`` and read back as a ``Trace`` by ``vllm_record``. May import
+recorded inside it by ``vllm_scheduler``, read back as a ``Trace`` by ``vllm_record`` and set beside
+ours step by step by ``schedule_comparison``. May import
 every core room below it; nothing in the core imports it.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
@@ -22,4 +23,5 @@ __all__ = [
     "vllm_server",
     "vllm_record",
     "vllm_scheduler",
+    "schedule_comparison",
 ]

@@ -13,6 +13,13 @@ client's trace as above plus ``schedule``, vLLM's steps read back from its recor
 the run's tag, ``t0_unix_s``). Both traces are on the wall clock of this machine: the client's times
 count from just after ``t0_unix_s`` is read (the run's set-up, well under a millisecond, lies
 between), vLLM's from ``t0_unix_s``.
+
+When every request of a run arrives at 0 (and there are two or more), each is sent with
+``vllm_xargs`` ``{"cbp_hold_for": <the run's count>, "cbp_run": <its tag>}``: the recording
+scheduler holds vLLM's first step until all of them wait (at most a few seconds), so vLLM starts
+with the whole workload as our engines do, not with whichever request reached it first. Every
+request names its run (``cbp_run``, also without a hold), so vLLM starts each run with an empty
+prefix cache, as our engines do, and a warm-up's blocks are no hits for the run after it.
 """
 
 from __future__ import annotations
@@ -31,7 +38,15 @@ from engine.peers.vllm_record import (
     new_run_tag,
     schedule_trace,
 )
-from engine.peers.vllm_server import MAX_MODEL_LEN, VllmServer, VllmSettings, settings_for
+from engine.peers.vllm_server import (
+    HOLD_FOR_KEY,
+    HOLD_ORDER_KEY,
+    HOLD_RUN_KEY,
+    MAX_MODEL_LEN,
+    VllmServer,
+    VllmSettings,
+    settings_for,
+)
 from engine.sequence import Request
 from engine.trace import Trace
 
@@ -62,6 +77,7 @@ class VllmEngine(OpenAIEngine):
         self.server = VllmServer(settings, venv)
         super().__init__(self.server.endpoint(name), loaded, num_slots)
         self._run_tag: str | None = None  # the running run's tag in its request ids
+        self._hold_for = 0  # requests vLLM's first step waits for (0: no hold)
         self._log: ScheduleLog | None = None  # the server's schedule record, read run by run
 
     def start(self, on_progress: Callable[[str], None] | None = None) -> VllmEngine:
@@ -91,11 +107,13 @@ class VllmEngine(OpenAIEngine):
         log = self._schedule_log()
         mark = log.mark() if log is not None else 0
         self._run_tag = run_tag = new_run_tag()
+        all_at_0 = len(requests) > 1 and all(r.arrival_s == 0 for r in requests)
+        self._hold_for = len(requests) if all_at_0 else 0
         t0_unix_s = time.time()
         try:
             trace = super().run(requests, on_step, on_wait)
         finally:
-            self._run_tag = None
+            self._run_tag, self._hold_for = None, 0
         fields = {f.name: getattr(trace, f.name) for f in dataclasses.fields(Trace)}
         result = VllmTrace(**fields)
         if log is not None:
@@ -132,6 +150,19 @@ class VllmEngine(OpenAIEngine):
         if self._run_tag is None:
             return {}
         return {REQUEST_ID_HEADER: external_request_id(self._run_tag, request.request_id)}
+
+    def _body(self, request: Request) -> dict:
+        """The request's body, with ``vllm_xargs`` naming its run (the recording scheduler
+        starts a run with an empty prefix cache) and asking for the hold when the run has one."""
+        body = super()._body(request)
+        if self._run_tag is not None and self.server.settings.record_schedule:
+            body["vllm_xargs"] = {HOLD_RUN_KEY: self._run_tag}
+            if self._hold_for:
+                body["vllm_xargs"] |= {
+                    HOLD_FOR_KEY: self._hold_for,
+                    HOLD_ORDER_KEY: request.request_id,
+                }
+        return body
 
     def close(self) -> None:
         """Stop the server (and its engine processes)."""

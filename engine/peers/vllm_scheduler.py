@@ -49,6 +49,21 @@ scheduling the next step is scheduled before this one's output is back, so steps
 ``schedule()`` and writing the previous step's line (a line cannot hold its own write time).
 Summed over a run it is the recording's cost, to compare with the steps' time (target <= 2 %).
 
+**Holding the first step.** A request sent with ``vllm_xargs`` ``{"cbp_hold_for": N, "cbp_run":
+TAG}`` (vLLM hands them to the scheduler as ``sampling_params.extra_args``) asks the scheduler to
+start nothing while nothing runs and fewer than ``N`` requests of run ``TAG`` wait: a workload
+whose requests all arrive at 0 then starts with all of them, as our engines start, not with the
+first one the server happened to receive. vLLM's engine adds requests in the same loop that calls
+``schedule()``, so the hold never blocks: ``schedule()`` returns an empty step (no tokens, no
+forward pass, not recorded) and the loop comes back with the requests that came in meanwhile. When
+all have come, the run's requests are put in its own order (``cbp_order``) in the queue, since they
+reached vLLM in whatever order their HTTP requests did. A run is held once, for at most
+``HOLD_LIMIT_S`` from its first held call, so a request that never comes cannot stall the server;
+the start line says the limit. A request sent with ``cbp_run`` alone is not held; either way, when
+a run's first request is seen while nothing runs, the prefix cache is reset
+(``Scheduler.reset_prefix_cache``), so a run does not hit blocks an earlier run (a warm-up) left
+behind: each run of our engines starts with an empty cache too.
+
 The class: ``RecordingScheduler`` is what ``--scheduler-cls`` names. vLLM calls it with its config;
 it builds ``RecordingSyncScheduler`` (a subclass of ``Scheduler``) when async scheduling is off, as
 vLLM turns it off on CPUs, and ``RecordingAsyncScheduler`` (of ``AsyncScheduler``) when it is on:
@@ -61,6 +76,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
 
 import vllm
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -68,6 +84,10 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 SCHEDULE_PATH_ENV = "CBP_VLLM_SCHEDULE_PATH"
 RECORD_FORMAT = 1  # the ``format`` of the start line; bumped when a field changes meaning
+HOLD_FOR_KEY = "cbp_hold_for"  # extra_args: how many requests of the run to wait for
+HOLD_RUN_KEY = "cbp_run"  # extra_args: the run's tag
+HOLD_ORDER_KEY = "cbp_order"  # extra_args: the request's place in its run's order
+HOLD_LIMIT_S = 5.0  # the longest a run's first step is held
 
 
 class _Recording:
@@ -85,6 +105,9 @@ class _Recording:
         self._num_schedules = 0
         self._pending: dict[int, tuple[dict, float]] = {}  # id(output) -> (record, build_s)
         self._last_write_s = 0.0
+        self._held_runs: set[str] = set()  # runs held already (their hold is over)
+        self._seen_runs: set[str] = set()  # runs whose start reset the prefix cache
+        self._hold: tuple[str, float] | None = None  # the run being held, since (monotonic s)
         self._write(self._start_record())
         self._last_write_s = 0.0  # the start line is no step's cost
 
@@ -105,15 +128,73 @@ class _Recording:
             "block_size": self.block_size,
             "num_blocks": self.kv_cache_config.num_blocks,
             "num_kv_groups": len(self.kv_cache_config.kv_cache_groups),
+            "hold_limit_s": HOLD_LIMIT_S,
         }
 
     def schedule(self, *args, **kwargs):
+        if self._holding():
+            return self._empty_schedule(*args, **kwargs)
         start_unix_s = time.time()
         output = super().schedule(*args, **kwargs)
         t0 = time.perf_counter()
         record = self._step_record(output, start_unix_s)
         self._pending[id(output)] = (record, time.perf_counter() - t0)
         return output
+
+    def _holding(self) -> bool:
+        """Whether to start nothing yet: nothing runs, and a run that asks to be held
+        (``cbp_hold_for``) has fewer requests waiting than it asked for, for under
+        ``HOLD_LIMIT_S`` since its first held call. A run seen for the first time while nothing
+        runs starts with an empty prefix cache, as each run of our engines does."""
+        if self.running:
+            return False
+        runs: dict[str, list[int]] = {}  # run -> its waiting requests' hold_for (0: no hold)
+        for request in self.waiting:
+            extra = _extra(request)
+            if extra.get(HOLD_RUN_KEY) is not None:
+                runs.setdefault(str(extra[HOLD_RUN_KEY]), []).append(
+                    int(extra.get(HOLD_FOR_KEY) or 0)
+                )
+        if set(runs) - self._seen_runs:
+            self._seen_runs |= set(runs)
+            self.reset_prefix_cache()  # nothing runs, so no block is held: it succeeds
+        runs = {r: w for r, w in runs.items() if any(w) and r not in self._held_runs}
+        if not runs:
+            return False
+        run, wanted = next(iter(runs.items()))  # the run of the oldest held request
+        now_s = time.monotonic()
+        if self._hold is None or self._hold[0] != run:
+            self._hold = (run, now_s)
+        if len(wanted) >= max(wanted) or now_s - self._hold[1] > HOLD_LIMIT_S:
+            self._held_runs.add(run)  # go: all came, or the limit passed
+            self._hold = None
+            self._order_run(run)
+            return False
+        return True
+
+    def _order_run(self, run: str) -> None:
+        """Put a held run's waiting requests in its own order (``cbp_order``), in the places
+        they hold in the queue: they reached vLLM in whatever order their HTTP requests did,
+        and first come first served would admit them in that order."""
+        queue = self.waiting
+        if not isinstance(queue, deque):  # the priority policy's heap: its own order
+            return
+        items = list(queue)
+        places = [i for i, r in enumerate(items) if str(_extra(r).get(HOLD_RUN_KEY)) == run]
+        ordered = sorted((items[i] for i in places), key=lambda r: _extra(r).get(HOLD_ORDER_KEY, 0))
+        for i, request in zip(places, ordered, strict=True):
+            items[i] = request
+        queue.clear()
+        queue.extend(items)
+
+    def _empty_schedule(self, *args, **kwargs):
+        """vLLM's own schedule with no token budget: a step with no tokens, not recorded."""
+        budget = self.max_num_scheduled_tokens
+        self.max_num_scheduled_tokens = 0
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            self.max_num_scheduled_tokens = budget
 
     def update_from_output(self, scheduler_output, model_runner_output):
         end_unix_s = time.time()
@@ -181,6 +262,11 @@ class _Recording:
             "num_waiting": num_waiting,
             "kv_usage": self.kv_cache_manager.usage,
         }
+
+
+def _extra(request) -> dict:
+    """A request's ``vllm_xargs`` (its sampling parameters' ``extra_args``; {} without)."""
+    return getattr(request.sampling_params, "extra_args", None) or {}
 
 
 def _vllm_base(cls: type) -> type:

@@ -28,6 +28,7 @@ appended to), else a temporary file removed at ``stop()``.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import signal
 import socket
@@ -40,7 +41,9 @@ from pathlib import Path
 
 import httpx
 
+from engine.config import EngineConfig
 from engine.peers.endpoints import Endpoint, EndpointError
+from engine.sequence import Request
 
 VLLM_VENV_ENV = "CBP_VLLM_VENV"
 REPO_ROOT = Path(__file__).resolve().parents[2]  # engine/peers/vllm_server.py -> the repository
@@ -54,6 +57,9 @@ KV_MARGIN = 1.25  # KV cache room over slots x max_model_len tokens (block round
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 RECORDING_SCHEDULER = "engine.peers.vllm_scheduler.RecordingScheduler"
 SCHEDULE_PATH_ENV = "CBP_VLLM_SCHEDULE_PATH"  # read by engine.peers.vllm_scheduler
+# vllm_xargs keys that hold vLLM's first step (read by engine.peers.vllm_scheduler)
+HOLD_FOR_KEY, HOLD_RUN_KEY, HOLD_ORDER_KEY = "cbp_hold_for", "cbp_run", "cbp_order"
+CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention takes block sizes that are multiples of this
 
 
 def vllm_python(venv: str | os.PathLike | None = None) -> Path:
@@ -92,6 +98,11 @@ class VllmSettings:
     omp_threads_bind: str = f"0-{(os.cpu_count() or 1) - 1}"
     record_schedule: bool = True  # vLLM's scheduler records each step (engine.peers.vllm_scheduler)
     block_size: int | None = None  # KV block size in tokens; None: vLLM's (128 on CPUs, 16 on GPUs)
+    # The scheduler's settings, matched to ours by ``matched_settings``; None: vLLM's defaults.
+    max_num_batched_tokens: int | None = None  # the token budget of one step
+    num_kv_blocks: int | None = None  # KV blocks, vLLM's null block (block 0) included
+    prefix_caching: bool | None = None  # None: vLLM's default (on)
+    chunked_prefill: bool | None = None  # None: vLLM's default (on)
 
     def args(self, port: int) -> list[str]:
         """The server's command-line flags."""
@@ -102,6 +113,14 @@ class VllmSettings:
             args += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
         if self.block_size is not None:
             args += ["--block-size", str(self.block_size)]
+        if self.max_num_batched_tokens is not None:
+            args += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
+        if self.num_kv_blocks is not None:
+            args += ["--num-gpu-blocks-override", str(self.num_kv_blocks)]
+        switches = {"prefix-caching": self.prefix_caching, "chunked-prefill": self.chunked_prefill}
+        for flag, on in switches.items():
+            if on is not None:
+                args.append(f"--{'' if on else 'no-'}enable-{flag}")
         if self.record_schedule:
             args += ["--scheduler-cls", RECORDING_SCHEDULER]
         return args + (["--enforce-eager"] if self.enforce_eager else [])
@@ -136,6 +155,56 @@ def settings_for(
     per_token = kv_bytes_per_token(loaded.model.config, loaded.dtype.itemsize)
     kv_bytes = int(KV_MARGIN * per_token * num_slots * max_model_len)
     return VllmSettings(source, dtype, num_slots, max_model_len, enforce_eager, kv_bytes)
+
+
+def matched_settings(
+    loaded,
+    config: EngineConfig,
+    requests: list[Request],
+    num_kv_blocks: int | None,
+    *,
+    enforce_eager: bool = False,
+) -> tuple[VllmSettings, list[str]]:
+    """Settings that schedule as our continuous engine with ``config`` would, and the settings
+    that cannot match (one line each; empty when all do).
+
+    ``num_kv_blocks``: our paged KV pool's blocks (``ContinuousEngine.num_kv_blocks``), or None
+    for the ``slots`` KV mode, which never runs out: vLLM then gets room for every slot at its
+    own block size, and no prefix caching. Otherwise vLLM gets one block more than ours (its
+    block 0 is a null block no request holds), our block size (a CPU's takes multiples of
+    ``CPU_BLOCK_MULTIPLE`` only: the next one, said in the lines), and a ``max_model_len`` that
+    this pool can hold, as vLLM requires. Both: ``max_num_seqs`` = slots, our token budget (no
+    budget: the longest ``slots`` requests at once, a budget that never binds), chunked prefill
+    on (ours chunks whenever the budget binds), prefix caching as ours.
+
+    Raises:
+        ValueError: what ``settings_for`` raises.
+    """
+    num_slots = config.num_slots
+    lengths = sorted((r.num_prompt_tokens + r.max_new_tokens for r in requests), reverse=True)
+    budget = config.max_num_batched_tokens or max(num_slots, sum(lengths[:num_slots]))
+    base = settings_for(loaded, num_slots, enforce_eager=enforce_eager)
+    base = dataclasses.replace(base, max_num_batched_tokens=budget, chunked_prefill=True)
+    if num_kv_blocks is None:
+        return dataclasses.replace(base, prefix_caching=False), []
+    notes = []
+    block_size = config.block_size
+    if str(loaded.device).startswith("cpu") and block_size % CPU_BLOCK_MULTIPLE:
+        block_size = -(-block_size // CPU_BLOCK_MULTIPLE) * CPU_BLOCK_MULTIPLE
+        notes.append(
+            f"block size: ours {config.block_size}, vLLM {block_size} (vLLM's CPU attention takes "
+            f"multiples of {CPU_BLOCK_MULTIPLE} only; pass --block-size {block_size} to match)"
+        )
+    per_token = kv_bytes_per_token(loaded.model.config, loaded.dtype.itemsize)
+    settings = dataclasses.replace(
+        base,
+        block_size=block_size,
+        num_kv_blocks=num_kv_blocks + 1,  # + vLLM's null block
+        kv_cache_bytes=(num_kv_blocks + 1) * block_size * per_token,
+        max_model_len=min(MAX_MODEL_LEN, num_kv_blocks * block_size),
+        prefix_caching=config.prefix_caching,
+    )
+    return settings, notes
 
 
 def free_port() -> int:

@@ -26,6 +26,29 @@ end of that step can share them. Two equal prompts admitted together both miss: 
 once its keys and values exist (as in transformers; vLLM also shares blocks being computed in the
 same step). Evicting cached free blocks comes before preempting anyone: the pool counts them free.
 Plain Python bookkeeping, per sequence, never per token (a lookup hashes a prompt once).
+
+The ``"vllm"`` policy plans each step as vLLM V1's ``Scheduler.schedule`` does (vLLM 0.32,
+``vllm/v1/core/sched/scheduler.py``), so that our steps can equal vLLM's own record step for step
+(``engine.peers.schedule_comparison``). It differs from ``"decode_first"`` where vLLM does:
+
+* **Order.** Running requests are served in vLLM's running order, the order they were admitted
+  in (a resumed request goes last), each ``min(pending, budget left)`` tokens; then waiting
+  requests, and only while budget is left (``decode_first`` admits into a free slot even when no
+  budget is left for it).
+* **Preemption.** When blocks run out, the *last* running request is preempted
+  (``self.running.pop()``; first come first served keeps admission order and arrival order
+  alike, so it is the newest arrival, as ``decode_first`` picks); after a preemption no waiting
+  request is admitted in that step.
+* **Admission.** A waiting request needs blocks for its whole prompt (its tokens so far) beyond
+  its prefix-cache hit (``scheduler_reserve_full_isl``, on by default), not only for its first
+  chunk; a request that does not fit ends admission for the step.
+* **Prefix caching.** Blocks are registered in the prefix cache when they are allocated
+  (``KVCacheManager.allocate_slots`` -> ``cache_blocks``), before they are computed, so a request
+  admitted later in the same step shares the prompt blocks an earlier one computes in it (each
+  layer stores the whole step's keys before any attention reads them, so this is exact).
+
+The whole plan is made in ``admit`` (which the engine calls when a step ends, before it asks for
+the next) and handed out by ``schedule``.
 """
 
 from __future__ import annotations
@@ -83,6 +106,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque(Sequence(r) for r in by_arrival)
         self.running: dict[int, Sequence] = {}  # slot -> sequence
         self._free_slots = list(range(num_slots))  # min-heap
+        self._order: list[Sequence] = []  # "vllm" policy: vLLM's running order (admission order)
+        self._plan: ScheduledStep | None = None  # "vllm" policy: the next step, made in admit()
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -92,7 +117,10 @@ class Scheduler:
         return self.waiting[0].request.arrival_s if self.waiting else None
 
     def admit(self, now_s: float = math.inf) -> list[Sequence]:
-        """Fill free slots with waiting requests that arrived by ``now_s``, in arrival order."""
+        """Fill free slots with waiting requests that arrived by ``now_s``, in arrival order
+        (the ``"vllm"`` policy: plan the next step, admissions included: ``_plan_vllm_step``)."""
+        if self.policy == "vllm":
+            return self._plan_vllm_step(now_s)
         admitted = []
         while self.waiting and self._free_slots and self.waiting[0].request.arrival_s <= now_s:
             hit = self._prefix_hit(self.waiting[0])
@@ -112,6 +140,10 @@ class Scheduler:
     def schedule(self) -> ScheduledStep:
         """The next step: who runs, how many tokens each, and who was preempted for it."""
         assert len(self.running) <= self.num_slots, "more running sequences than slots"
+        if self.policy == "vllm":
+            plan, self._plan = self._plan, None
+            assert plan is not None and plan.seqs, "the vllm policy plans in admit(), called first"
+            return plan
         grants = self._grant_tokens()
         preempted = self._allocate_blocks(grants) if self.block_manager is not None else []
         seqs = [self.running[slot] for slot in sorted(self.running) if slot in grants]
@@ -177,6 +209,8 @@ class Scheduler:
     def _release_slot(self, seq: Sequence) -> None:
         del self.running[seq.slot]
         heapq.heappush(self._free_slots, seq.slot)
+        if self._order:
+            self._order.remove(seq)
 
     def _grant_tokens(self) -> dict[int, int]:
         """Slot -> tokens this step, by policy, within the budget."""
@@ -214,11 +248,86 @@ class Scheduler:
                 finished.append(seq)
         return finished
 
-    def _cache_full_blocks(self, seq: Sequence) -> None:
-        """Register the blocks ``seq`` filled with computed keys and values (prompt or output)."""
-        num_full = seq.num_cached_tokens // self.block_manager.block_size
-        self.block_manager.hash_blocks(seq.block_hashes, seq.num_cached_tokens, seq.token_ids)
+    def _cache_full_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """Register the blocks ``seq`` filled with keys and values (prompt or output): those of
+        its first ``num_tokens`` tokens (default: the computed ones)."""
+        num_tokens = seq.num_cached_tokens if num_tokens is None else num_tokens
+        num_full = num_tokens // self.block_manager.block_size
+        self.block_manager.hash_blocks(seq.block_hashes, num_tokens, seq.token_ids)
         self.block_manager.cache_blocks(seq.request_id, seq.block_hashes, num_full)
+
+    # --- the "vllm" policy: vLLM's Scheduler.schedule --------------------------------------
+    def _plan_vllm_step(self, now_s: float) -> list[Sequence]:
+        """Plan the next step as vLLM's ``Scheduler.schedule`` would (kept for ``schedule``);
+        return the requests it admits.
+
+        First the running requests in vLLM's order while budget is left (the ``while
+        req_index < len(self.running) and token_budget > 0`` loop), each with its blocks
+        (``_vllm_allocate``); then, unless that preempted someone, the waiting requests that
+        arrived by ``now_s`` while budget and a slot are left (``_vllm_admit_next``).
+        """
+        left = self.token_budget if self.token_budget is not None else math.inf
+        grants: dict[int, int] = {}  # slot -> tokens
+        preempted: list[Sequence] = []
+        for seq in list(self._order):
+            if left <= 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted in this loop
+            n = min(seq.num_pending_tokens, left)
+            if not self._vllm_allocate(seq, n, preempted):
+                break
+            grants[seq.slot] = n
+            left -= n
+        admitted = []
+        while not preempted and left > 0 and (seq := self._vllm_admit_next(now_s, left)):
+            grants[seq.slot] = n = min(seq.num_pending_tokens, left)
+            left -= n
+            admitted.append(seq)
+        seqs = [self.running[slot] for slot in sorted(grants)]
+        self._plan = ScheduledStep(seqs, [grants[s.slot] for s in seqs], preempted)
+        assert self.token_budget is None or sum(grants.values()) <= self.token_budget
+        return admitted
+
+    def _vllm_allocate(self, seq: Sequence, n: int, preempted: list[Sequence]) -> bool:
+        """Blocks for ``seq``'s next ``n`` tokens, preempting the last running request until
+        they fit (``allocate_slots`` in ``schedule``'s retry loop); False when ``seq`` itself
+        was preempted. New blocks are registered in the prefix cache at once."""
+        if self.block_manager is None:
+            return True
+        while not self.block_manager.allocate(seq.request_id, seq.num_cached_tokens + n):
+            victim = self._order[-1]
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is seq:
+                return False
+        if self.prefix_caching:
+            self._cache_full_blocks(seq, seq.num_cached_tokens + n)
+        return True
+
+    def _vllm_admit_next(self, now_s: float, left: float) -> Sequence | None:
+        """Admit the first waiting request if it arrived, a slot is free and blocks for its
+        whole prompt (its tokens so far) are free beyond its prefix-cache hit, with blocks for
+        its first ``min(pending, left)`` tokens; None otherwise (admission ends for the step)."""
+        if not (self.waiting and self._free_slots and self.waiting[0].request.arrival_s <= now_s):
+            return None
+        seq, blocks = self.waiting[0], self.block_manager
+        hit = self._prefix_hit(seq)
+        if blocks is not None:
+            needed = blocks_for(seq.num_tokens, blocks.block_size) - len(hit)
+            if needed + blocks.num_free_among(hit) > blocks.num_free_blocks:
+                return None
+        self.waiting.popleft()
+        if hit:
+            blocks.share(seq.request_id, hit)
+            seq.num_cached_tokens = seq.num_prefix_cached_tokens = len(hit) * blocks.block_size
+        seq.slot = heapq.heappop(self._free_slots)
+        seq.status = SequenceStatus.RUNNING
+        self.running[seq.slot] = seq
+        self._order.append(seq)
+        fits = self._vllm_allocate(seq, min(seq.num_pending_tokens, left), [])
+        assert fits, "an admitted request's first blocks did not fit"
+        return seq
 
 
 def _fcfs(seq: Sequence) -> tuple[float, int]:

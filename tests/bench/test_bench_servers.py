@@ -79,20 +79,31 @@ def test_endpoint_has_every_engine_field_plus_server(tmp_path, embedded_model, m
 @pytest.mark.real_model
 def test_bench_runs_vllm_beside_ours(tmp_path, embedded_model, monkeypatch, capsys):
     """`--engines continuous,vllm` on the seed: both match the reference, vLLM's steps are counted
-    from its own record, the server is stopped."""
+    from its own record, vLLM ran with our settings and its first step held until all six
+    requests arrived, so every step plans as ours; the server is stopped."""
     monkeypatch.setattr("engine.model.loader.load_model", lambda *a, **k: embedded_model)
     out = tmp_path / "out.json"
     argv = ["--workload", "seed", "--slots", "3", "--engines", "continuous,vllm", "--vllm-eager"]
     assert bench.main([*argv, "--json", str(out)]) == 0, capsys.readouterr().err[-3000:]
-    assert "steps in vLLM's own record" in capsys.readouterr().out, "no line on vLLM's steps"
+    report = capsys.readouterr().out
+    assert "steps in vLLM's own record" in report, "no line on vLLM's steps"
+    assert "schedule: continuous 300 steps, vllm 300; 100.0 % of steps plan alike" in report, report
     engines = json.loads(out.read_text())["engines"]
+    comparison = engines["vllm"]["schedule_comparison"]
+    assert comparison["equal_step_fraction"] == 1.0, comparison["first_difference"]
+    assert comparison["ours"] == comparison["vllm"], "admissions or preemptions differ"
     schedule = engines["vllm"]["server"]["schedule"]
     assert engines["vllm"]["num_steps"] == schedule["num_steps"] > 0, schedule
     assert schedule["record_cost_pct"] <= 2, schedule
     assert PER_ENGINE_KEYS <= set(engines["vllm"])
     assert engines["vllm"]["reference_match"] is True, engines["vllm"].get("mismatches")
     server = engines["vllm"]["server"]
-    assert server["settings"]["max_num_seqs"] == 3 and server["settings"]["mode"] == "eager"
+    settings = server["settings"]
+    assert (settings["max_num_seqs"], settings["mode"], settings["prefix_caching"]) == (
+        3,
+        "eager",
+        False,
+    ), settings
     assert server["version"] and server["samples"], "no version or no /metrics samples"
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{server['url']}/health", timeout=2)  # the bench stopped its server

@@ -90,16 +90,19 @@ def _budget_mib(runner, num_blocks: int) -> float:
 
 @pytest.mark.parametrize("num_blocks", [17, 24, 40])
 @pytest.mark.parametrize("token_budget", [None, 8])
+@pytest.mark.parametrize("policy", ["decode_first", "vllm"])
 def test_preemption_keeps_outputs_and_frees_every_block(
-    runner, requests, reference, num_blocks, token_budget
+    runner, requests, reference, num_blocks, token_budget, policy
 ):
-    """A pool too small for all slots preempts the newest sequence; outputs stay the reference."""
+    """A pool too small for all slots preempts the newest sequence; outputs stay the reference
+    (either policy)."""
     config = EngineConfig(
         4,
         kv_mode="paged",
         block_size=BLOCK_SIZE,
         kv_budget_mib=_budget_mib(runner, num_blocks),
         max_num_batched_tokens=token_budget,
+        scheduling_policy=policy,
     )
     trace = ContinuousEngine(runner, config).run(requests)  # asserts no leak at the end
     assert trace.info["kv_blocks"] == num_blocks

@@ -127,6 +127,19 @@ def test_identical_prompts_admitted_together_both_compute_and_a_later_one_hits(r
     assert trace.steps[0].shared_blocks == {}, "two fresh prefills cannot share blocks"
 
 
+def test_vllm_policy_shares_identical_prompts_admitted_together(runner, references):
+    """The vllm policy caches blocks when it allocates them, as vLLM does: the second of two
+    equal prompts admitted in one step hits the first's blocks in that very step, and the
+    outputs stay the reference."""
+    prompt = SYSTEM + "Same?"
+    requests = make_requests([(prompt, 10), (prompt, 10)])
+    trace = _run(runner, requests, num_slots=2, prefix_caching=True, scheduling_policy="vllm")
+    _check_outputs(trace, references, requests)
+    hit = (len(prompt) - 1) // 4 * 4
+    assert [r.num_cached_tokens for r in trace.requests] == [0, hit]
+    assert trace.steps[0].shared_blocks, "the first step already shares the prompt's blocks"
+
+
 def test_blocks_filled_by_decoding_are_cached_too(runner, references):
     """A prompt that continues an earlier prompt with its output hits blocks decode filled."""
     first = make_requests([(SYSTEM, 20)])[0]
@@ -217,12 +230,14 @@ WORKLOADS = st.lists(
     block_size=st.sampled_from([2, 4, 8]),
     token_budget=st.sampled_from([None, 3, 7]),
     tight=st.booleans(),
+    policy=st.sampled_from(["decode_first", "vllm"]),
 )
 def test_any_workload_matches_the_reference(
-    runner, references, specs, num_slots, block_size, token_budget, tight
+    runner, references, specs, num_slots, block_size, token_budget, tight, policy
 ):
-    """Random prompts with shared openings, slots, block sizes, budgets and pools: the outputs
-    equal the reference, and the run leaks no block."""
+    """Random prompts with shared openings, slots, block sizes, budgets, pools and policies (the
+    vllm policy shares blocks within a step): the outputs equal the reference, and the run leaks
+    no block."""
     requests = make_requests([(p + s or "a", cap) for p, s, cap in specs])
     longest = max(r.num_prompt_tokens + r.max_new_tokens for r in requests)
     pool = -(-longest // block_size) + 1 if tight else None
@@ -236,6 +251,7 @@ def test_any_workload_matches_the_reference(
         max_num_batched_tokens=budget_tokens,
         kv_budget_mib=budget,
         prefix_caching=True,
+        scheduling_policy=policy,
     )
     _check_outputs(trace, references, requests)
 

@@ -82,7 +82,7 @@ def test_prefill_first_policy_serves_prefills_first():
 
 
 @pytest.mark.parametrize("budget", [3, 5, 16])
-@pytest.mark.parametrize("policy", ["decode_first", "prefill_first"])
+@pytest.mark.parametrize("policy", ["decode_first", "prefill_first", "vllm"])
 def test_budget_is_never_exceeded_and_chunked_equals_unchunked(budget, policy):
     """Every step stays within the budget, and chunked prefill gives the unchunked outputs."""
     runner = tiny_runner()
@@ -106,3 +106,63 @@ def test_budget_below_slot_count_is_refused():
     """A budget that cannot fit one decode per slot is a clear ValueError."""
     with pytest.raises(ValueError, match="at least the slot count"):
         EngineConfig(4, max_num_batched_tokens=3)
+
+
+def _plan(step) -> dict[int, int]:
+    return {s.request_id: n for s, n in zip(step.seqs, step.num_new, strict=True)}
+
+
+def test_vllm_policy_serves_running_in_admission_order_then_admits_while_budget_is_left():
+    """vllm: the running requests take the budget first, in admission order; a waiting request
+    is admitted only while budget is left (decode_first would seat it with no tokens)."""
+    requests = make_requests([("ab", 5), ("c" * 10, 5), ("d", 5)])
+    scheduler = Scheduler(requests, 3, frozenset(), 4, policy="vllm")
+    admitted = scheduler.admit()
+    assert [s.request_id for s in admitted] == [0, 1], "R2 waits: R0 and R1 used the budget"
+    step = scheduler.schedule()
+    assert _plan(step) == {0: 2, 1: 2}
+    scheduler.postprocess(step, [9, 9])
+    assert scheduler.admit() == [], "R0 decodes (1), R1 chunks (3): no budget left for R2"
+    assert _plan(scheduler.schedule()) == {0: 1, 1: 3}
+
+
+def test_vllm_policy_preempts_the_last_running_and_admits_nobody_in_that_step():
+    """vllm: when blocks run out, the last request of vLLM's running order is preempted and
+    leaves it; no waiting request is admitted in that step."""
+    requests = make_requests([("aaa", 9), ("bbb", 9)])
+    scheduler = Scheduler(requests, 2, frozenset(), policy="vllm", num_kv_blocks=4, block_size=2)
+    scheduler.admit()  # R0, R1: 2 blocks each for 3 prompt tokens
+    scheduler.postprocess(scheduler.schedule(), [7, 7])
+    scheduler.admit()  # both decode their 4th token: still 2 blocks each
+    scheduler.postprocess(scheduler.schedule(), [7, 7])
+    assert scheduler.admit() == [], "a step that preempts admits nobody"
+    step = scheduler.schedule()  # 5th tokens need a 3rd block each: R1, the last, goes
+    assert [s.request_id for s in step.preempted] == [1] and _plan(step) == {0: 1}
+    assert [s.request_id for s in scheduler._order] == [0], "R1 left vLLM's running order"
+    assert scheduler.waiting[0].request_id == 1, "R1 waits first in line"
+
+
+def test_vllm_policy_admits_only_when_the_whole_prompt_fits():
+    """vllm: a waiting request needs blocks for its whole prompt, not only its first chunk
+    (decode_first admits R1 here: its first chunk fits)."""
+    requests = make_requests([("a" * 6, 2), ("b" * 9, 2)])
+    options = {"num_kv_blocks": 7, "block_size": 2}
+    vllm = Scheduler(requests, 2, frozenset(), 8, policy="vllm", **options)
+    assert [s.request_id for s in vllm.admit()] == [0], "R1's 9 tokens need 5 blocks, 4 free"
+    ours = Scheduler(requests, 2, frozenset(), 8, **options)
+    assert [s.request_id for s in ours.admit()] == [0, 1], "decode_first checks the first chunk"
+
+
+def test_vllm_policy_shares_prompt_blocks_within_one_step():
+    """vllm: blocks are cached when allocated, so a request admitted after another in the same
+    step starts from its prompt blocks (vLLM's allocate_slots -> cache_blocks)."""
+    requests = make_requests([("abcdefgh1", 3), ("abcdefgh2", 3)])
+    scheduler = Scheduler(
+        requests, 2, frozenset(), policy="vllm", num_kv_blocks=8, block_size=4, prefix_caching=True
+    )
+    scheduler.admit()
+    step = scheduler.schedule()
+    n = requests[0].num_prompt_tokens
+    assert _plan(step) == {0: n, 1: n - 8}, "R1 shares R0's two full blocks, computes the rest"
+    tables = scheduler.block_manager.block_tables
+    assert tables[0][:2] == tables[1][:2], "the first two blocks are shared"

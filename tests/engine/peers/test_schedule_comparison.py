@@ -1,0 +1,88 @@
+"""Our schedule beside vLLM's: plans step by step, the first difference and why, and the tallies,
+on hand-built traces."""
+
+from __future__ import annotations
+
+from engine.peers.schedule_comparison import compare_schedules, step_plans, tally
+from engine.trace import DECODE, PREFILL, ScheduledSeq, StepRecord, Trace
+
+
+def _trace(plans, preempted=None, hits=None, name="x") -> Trace:
+    """A trace whose step i runs ``plans[i]`` ({request id: tokens}); ``preempted``: step index ->
+    request ids preempted for it; ``hits``: request id -> prefix-cached tokens."""
+    preempted, hits = preempted or {}, hits or {}
+    steps = []
+    for i, plan in enumerate(plans):
+        seqs = [
+            ScheduledSeq(rid, slot, PREFILL if n > 1 else DECODE, n, 0, 0, hits.get(rid, 0))
+            for slot, (rid, n) in enumerate(plan.items())
+        ]
+        steps.append(StepRecord(i, i, i + 1, seqs, preempted=list(preempted.get(i, []))))
+    return Trace(engine=name, num_slots=3, steps=steps)
+
+
+SEED = [{0: 9, 1: 7}, {0: 1, 1: 1}, {0: 1, 1: 1, 2: 12}, {1: 1, 2: 1}]
+
+
+def test_equal_schedules_have_no_difference():
+    """The same plans at every step: fraction 1, no first difference, equal counts."""
+    result = compare_schedules(_trace(SEED), _trace(SEED))
+    assert result["equal_step_fraction"] == 1.0, result
+    assert result["first_difference"] is None, result
+    assert (result["num_steps_ours"], result["num_steps_vllm"]) == (4, 4)
+    assert result["ours"] == result["vllm"], "equal schedules tallied differently"
+
+
+def test_a_late_admission_is_the_first_difference():
+    """vLLM admits R2 one step later: step 2 differs first, and the reason names R2 and both
+    token counts; plans at equal indices after it still count."""
+    theirs = [{0: 9, 1: 7}, {0: 1, 1: 1}, {0: 1, 1: 1}, {1: 1, 2: 1}]
+    result = compare_schedules(_trace(SEED), _trace(theirs))
+    assert result["first_difference"]["step"] == 2, result
+    assert result["first_difference"]["reason"] == "vLLM does not run R2 (ours: 12 tokens)"
+    assert result["equal_step_fraction"] == 3 / 4, result
+
+
+def test_unequal_token_counts_and_extra_requests_are_named():
+    """A chunk of another size and a request only vLLM runs both appear in the reason."""
+    ours, theirs = [{0: 5}], [{0: 8, 3: 2}]
+    reason = compare_schedules(_trace(ours), _trace(theirs))["first_difference"]["reason"]
+    assert reason == "R0: ours 5 tokens, vLLM 8; vLLM runs R3 (2 tokens), ours does not", reason
+
+
+def test_a_longer_schedule_differs_where_the_shorter_ends():
+    """vLLM takes two more steps: the first difference is where ours ended, and the fraction is
+    out of the longer schedule."""
+    theirs = [*SEED, {2: 1}, {2: 1}]
+    result = compare_schedules(_trace(SEED), _trace(theirs))
+    assert result["first_difference"] == {
+        "step": 4,
+        "reason": "vLLM takes 2 more steps (the other ends here)",
+    }, result
+    assert result["equal_step_fraction"] == 4 / 6, result
+
+
+def test_a_preemption_is_said_where_plans_differ():
+    """A step where vLLM preempts: the reason says so beside the plan's difference."""
+    ours, theirs = [{0: 1, 1: 1}], [{0: 1}]
+    result = compare_schedules(_trace(ours), _trace(theirs, preempted={0: [1]}))
+    assert result["first_difference"]["reason"] == (
+        "vLLM does not run R1 (ours: 1 token); vLLM preempts R1 here"
+    ), result
+
+
+def test_empty_schedules_are_equal():
+    """Two schedules without steps: fraction 1, nothing differs (no division by zero)."""
+    result = compare_schedules(_trace([]), _trace([]))
+    assert (result["equal_step_fraction"], result["first_difference"]) == (1.0, None)
+
+
+def test_tally_counts_readmissions_and_prefix_hits():
+    """A request preempted and run again is admitted twice; one skipped for a step is not;
+    prefix-cache hits count per admission."""
+    plans = [{0: 32, 1: 32}, {0: 1}, {0: 1, 1: 1}, {0: 1}, {1: 20}]
+    trace = _trace(plans, preempted={3: [1]}, hits={1: 16})
+    counts = tally(trace)
+    assert (counts.num_admissions, counts.num_preemptions) == (3, 1), counts
+    assert (counts.num_prefix_hits, counts.num_prefix_cached_tokens) == (2, 32), counts
+    assert step_plans(trace)[2] == {0: 1, 1: 1}
