@@ -97,7 +97,8 @@ def _setup(url: str, session: Session, names: dict[str, str]):
     from gradio_client import Client
 
     client = Client(url, verbose=False)
-    table, chat, _text, slots = client.predict(names[session.preset], api_name="/apply_preset")
+    chosen = client.predict(names[session.preset], api_name="/apply_preset")
+    table, chat, _text, slots = chosen[:4]  # then the engine settings, all defaults in the tour
     table = _value(table)
     if session.custom:  # one cap changed: a setup nobody ran
         table["data"][0][1] = int(table["data"][0][1]) + 1 + session.number
