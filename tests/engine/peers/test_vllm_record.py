@@ -24,12 +24,12 @@ from engine.peers.vllm_record import (
     schedule_trace,
 )
 from engine.peers.vllm_server import DEFAULT_VENV, SCHEDULE_PATH_ENV, VllmServer, VllmSettings
-from engine.trace import DECODE, PREFILL, RequestRecord, Trace
+from engine.trace import DECODE, PREFILL, Trace
+from tests.captured_vllm import CAPTURED, captured_records, client_requests
 from tests.live_servers import needs_vllm
 
 ROOT = Path(__file__).resolve().parents[3]
 SCHEDULER = ROOT / "engine" / "peers" / "vllm_scheduler.py"
-CAPTURED = Path(__file__).with_name("vllm_schedule.jsonl")
 
 
 def _imports(path: Path) -> set[str]:
@@ -119,30 +119,16 @@ def test_our_id_is_found_in_vllms_request_id():
 
 
 def _captured() -> tuple[dict, list[dict]]:
-    capture, *records = parse_records(CAPTURED.read_text().splitlines())
+    capture, records = captured_records()
     assert capture["event"] == "capture", "the captured file starts with its capture line"
     return capture, records
-
-
-def _client_requests(capture: dict) -> list[RequestRecord]:
-    return [
-        RequestRecord(
-            r["request_id"],
-            f"R{r['request_id']}",
-            r["max_new_tokens"],
-            r["num_prompt_tokens"],
-            arrival_s=r["arrival_s"],
-            output_token_ids=r["output_token_ids"],
-        )
-        for r in capture["requests"]
-    ]
 
 
 @pytest.fixture(scope="module")
 def captured_trace() -> Trace:
     capture, records = _captured()
     return schedule_trace(
-        records, _client_requests(capture), capture["run_tag"], capture["t0_unix_s"]
+        records, client_requests(capture), capture["run_tag"], capture["t0_unix_s"]
     )
 
 
@@ -250,7 +236,7 @@ def test_kinds_and_times(captured_trace):
 def test_another_runs_tag_finds_nothing():
     """A record read with another run's tag yields no step: every share is someone else's."""
     capture, records = _captured()
-    trace = schedule_trace(records, _client_requests(capture), "00000000", capture["t0_unix_s"])
+    trace = schedule_trace(records, client_requests(capture), "00000000", capture["t0_unix_s"])
     assert trace.steps == [] and trace.info["num_foreign_seqs"] > 0
 
 
