@@ -18,7 +18,7 @@ from engine.bench.servers import comparison_lines, failed_result, schedule_line
 from engine.bench.verdicts import add_invariant_cost, verdict_summary
 from engine.config import EngineConfig
 from engine.kernels.kernel_plan import RowPlan
-from engine.kernels.kernel_timing import ORIGINS
+from engine.kernels.kernel_timing import ORIGINS, QUIET_SHARE
 from engine.sequence import Request
 
 
@@ -114,6 +114,15 @@ def print_report(args, results, normal_results, extra, run) -> None:
     )
 
 
+def _others_note(share: float | None) -> str:
+    """``", other work 45 % of the CPU (not kept)"``: what ``engine.kernels.cpu_share`` saw
+    while the kernels were timed; empty where it was not measured."""
+    if share is None:
+        return ""
+    kept = "" if share <= QUIET_SHARE else " (not kept: timed again at the next start)"
+    return f", other work {100 * share:.0f} % of the CPU{kept}"
+
+
 def kernel_choice_lines(choice: dict) -> list[str]:
     """How the engines' matmul was chosen (``engine.kernels.kernel_timing.KernelChoice.as_dict``):
     its ranges and origin, then, where it was timed, ms per pass per candidate and row count, the
@@ -135,7 +144,9 @@ def kernel_choice_lines(choice: dict) -> list[str]:
         f"  ms per pass over {choice['timed_linears']} of {choice['total_linears']} linears "
         f"({choice['timed_bytes'] / 1e6:.0f} MB), "
         + (f"best of {rounds}" if rounds else "cut short by the time budget")
-        + f", {choice['measured_s']:.1f} s; * chosen"
+        + f", {choice['measured_s']:.1f} s"
+        + _others_note(choice.get("others_cpu_share"))
+        + "; * chosen"
     )
     lines.append(f"  {'rows':>10}" + "".join(f"{m:>8}" for m in choice["rows"]))
     for name, times in choice["times_ms"].items():

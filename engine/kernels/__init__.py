@@ -3,12 +3,14 @@
 The packed attention function (``packed_attention``) and its variants for decode
 (``decode_attention``) and batch-invariant mode (``invariant_attention``), the engines' matmul
 kernels (``linear_kernel``), the plan of which runs at which row count (``kernel_plan``) and its
-measurement on this host (``kernel_timing``), batch-invariant ops (``invariant_ops``), the fused
+measurement on this host (``kernel_timing``, which asks ``cpu_share`` whether the machine was
+quiet meanwhile), batch-invariant ops (``invariant_ops``), the fused
 decoder layers (``fused_layers``) and the host settings that pick among them (``host_setting``).
 May import the root vocabulary, ``engine.workloads`` and ``engine.serving``.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
-``decode_attention``, ``invariant_attention``, ``host_setting`` serve it from inside.
+``decode_attention``, ``invariant_attention``, ``host_setting``, ``cpu_share`` serve it from
+inside.
 """
 
 __all__ = [

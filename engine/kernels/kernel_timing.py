@@ -35,6 +35,9 @@ row count between two measured ones takes the choice of the one below; above 512
   ``engine.model.kernel_store`` does not keep it). On a host whose cores are shared with other
   busy processes, passes take many times longer (2 OpenMP threads on 2 busy cores wait at every
   op) and the measurement is cut short, or noisy: ``CBP_ENGINE_KERNEL=measure`` times again.
+* Other work's share of the CPU during the passes is measured too (``engine.kernels.cpu_share``).
+  Over ``QUIET_SHARE`` (20 %) the measurement is used at this start only and not kept
+  (``Timings.quiet``): on a host busy with other work it is timed again at the next start.
 
 **The rule** (``choose_plan``): at each measured row count, the candidate with the least time; a
 candidate already chosen for the row count below keeps it while within ``TIE_FRACTION`` (2 %) of
@@ -53,6 +56,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.kernels.cpu_share import OtherWork
 from engine.kernels.kernel_plan import RowPlan
 from engine.kernels.linear_kernel import CANDIDATES, HALF_DTYPES, bind, on_x86
 
@@ -62,6 +66,7 @@ ROW_COUNTS = DECODE_ROWS + PREFILL_ROWS
 BUDGET_S = 5.0
 REPEAT = 3
 TIE_FRACTION = 0.02
+QUIET_SHARE = 0.2  # other work's share of the CPU up to which a measurement is kept
 MIN_TIMED_BYTES = 64 * 2**20
 DEFAULT_CACHE_BYTES = 32 * 2**20  # where the OS does not say how large the last-level cache is
 _NATIVE_HALF = {  # the CPU capabilities (torch.cpu.get_capabilities) of oneDNN's half kernels
@@ -142,11 +147,17 @@ class Timings:
     timed_bytes: int  # their weights
     measured_s: float  # wall time of the measurement, building the candidates included
     rounds: int  # complete rounds (every candidate at every row count)
+    others_cpu_share: float | None = None  # other work's share of the CPU meanwhile (cpu_share)
 
     @property
     def complete(self) -> bool:
         """Whether every candidate was timed at every row count at least once."""
         return self.rounds >= 1
+
+    @property
+    def quiet(self) -> bool:
+        """Whether other work used at most ``QUIET_SHARE`` of the CPU meanwhile (unknown: yes)."""
+        return self.others_cpu_share is None or self.others_cpu_share <= QUIET_SHARE
 
 
 def time_candidates(
@@ -174,7 +185,7 @@ def time_candidates(
     widths = {m.in_features for m in linears}
     best = {name: [float("inf")] * len(rows) for name in bound}
     num_passes = 0
-    with torch.inference_mode():
+    with torch.inference_mode(), OtherWork() as others:
         inputs = [{k: torch.randn(num_rows, k).to(dtype) for k in widths} for num_rows in rows]
         _warm_up(bound, inputs, linears)
         last = dict.fromkeys(bound, (1, 0.0))  # each candidate's latest pass: (rows, seconds)
@@ -198,6 +209,7 @@ def time_candidates(
         timed_bytes=sum(m.weight.numel() * m.weight.element_size() for m in linears),
         measured_s=clock() - start_s,
         rounds=num_passes // max(len(rows) * len(bound), 1),
+        others_cpu_share=others.share,
     )
 
 
@@ -284,12 +296,14 @@ class KernelChoice:
         how = ORIGINS[self.origin]
         if self.timings is not None:
             how += f", in {self.timings.measured_s:.1f} s"
+            if not self.timings.quiet:  # kept for this start only (engine.model.kernel_store)
+                how += f", other work using {self.timings.others_cpu_share:.0%} of the CPU"
         return f"{self.plan.describe()} ({how})"
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: ``{"origin", "plan": [{"kernel", "from_rows", "to_rows"}], "file",
         "rows", "times_ms", "timed_linears", "total_linears", "timed_bytes", "measured_s",
-        "rounds"}`` (the timing fields null when nothing was timed)."""
+        "rounds", "others_cpu_share"}`` (the timing fields null when nothing was timed)."""
         plan = [{"kernel": n, "from_rows": lo, "to_rows": hi} for lo, hi, n in self.plan.ranges()]
         fields = dataclasses.fields(Timings)
         timed = {f.name: None for f in fields}
@@ -327,5 +341,11 @@ class KernelChoice:
             timed_bytes=int(doc["timed_bytes"]),
             measured_s=float(doc["measured_s"]),
             rounds=int(doc["rounds"]),
+            others_cpu_share=_optional_float(doc.get("others_cpu_share")),
         )
         return cls(plan, origin, timings, path)
+
+
+def _optional_float(value: Any) -> float | None:
+    """``float(value)``, or None for None (a field files written before it existed lack)."""
+    return None if value is None else float(value)

@@ -15,7 +15,8 @@ A file is written to a temporary file and renamed into place (``os.replace``), s
 half of one. A file that cannot be read, is not what this module writes, or holds another key
 is logged as a warning and measured again (the new choice replaces it); a file that cannot be
 written costs only the next start's measurement. A measurement the time budget cut short
-(``Timings.complete`` false) is used at this start and not kept.
+(``Timings.complete`` false), or one taken while other work used the CPU (``Timings.quiet``
+false: ``engine.kernels.cpu_share``), is used at this start and not kept.
 
 A model with no ``source`` (built in memory, as the tests' tiny model) has nothing to key a file
 by, and is not timed (``engine.model.kernel_choice``).
@@ -90,6 +91,13 @@ def stored_or_measured(
         log.warning(
             "Kernel timing was cut short by its time budget (machine busy?); the choice is "
             "used at this start and measured again at the next."
+        )
+        return choice
+    if choice.timings is not None and not choice.timings.quiet:
+        log.warning(
+            "Other work used %.0f%% of the CPU while the kernels were timed; the choice is used "
+            "at this start and measured again at the next.",
+            100 * choice.timings.others_cpu_share,
         )
         return choice
     if write_choice(path, key, choice):

@@ -1,5 +1,6 @@
 """The bench CLI's contract: flags, table and JSON fields, on the tiny model."""
 
+import dataclasses
 import json
 
 import pytest
@@ -83,6 +84,9 @@ def test_the_report_shows_the_measured_times_and_stars_the_chosen():
     assert lines[2].split() == ["rows", "1", "2", "4"]
     assert lines[3].split() == ["linear", "1.0*", "5.0", "9.0"], lines[3]
     assert lines[4].split() == ["onednn", "2.0", "3.0*", "-"], lines[4]
+    busy = dataclasses.replace(timings, rounds=3, others_cpu_share=0.45)
+    busy_lines = report.kernel_choice_lines(KernelChoice(plan, "measured", busy).as_dict())
+    assert "best of 3, 2.5 s, other work 45 % of the CPU (not kept" in busy_lines[1], busy_lines[1]
     forced = KernelChoice(RowPlan.single("skinny"), "forced").as_dict()
     assert report.kernel_choice_lines(forced) == [
         "kernel choice: skinny at every row count (named by CBP_ENGINE_KERNEL)"

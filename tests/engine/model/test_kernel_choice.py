@@ -62,6 +62,7 @@ def test_the_choice_is_measured_once_then_read_back(cache_dir, monkeypatch):
         return real(*args, **{**kwargs, "budget_s": 120.0})
 
     monkeypatch.setattr(kernel_timing, "time_candidates", counted)
+    monkeypatch.setattr(kernel_timing, "QUIET_SHARE", 1.0)  # nor must other work stop the keeping
     first = _runner().kernel_choice
     assert (first.origin, len(calls)) == ("measured", 1)
     assert [str(p) for p in _files(cache_dir)] == [first.path], "one file, named in the choice"
@@ -151,6 +152,22 @@ def test_a_measurement_cut_short_is_not_kept(cache_dir, monkeypatch, caplog):
         choice = _runner().kernel_choice
     assert choice.origin == "measured" and choice.path is None and not _files(cache_dir)
     assert "cut short" in caplog.text
+
+
+def test_a_measurement_taken_while_the_cpu_was_busy_is_not_kept(cache_dir, monkeypatch, caplog):
+    """Other work over the quiet share: used, not written, and the summary says why."""
+
+    def busy(linears, names, rows=kernel_timing.ROW_COUNTS, total_linears=None, **kwargs):
+        times = {n: tuple(1.0 if n == "skinny" else 2.0 for _ in rows) for n in names}
+        return Timings(tuple(rows), times, len(linears), total_linears, 1, 5.0, 3, 0.45)
+
+    monkeypatch.setattr(kernel_timing, "time_candidates", busy)
+    with caplog.at_level(logging.WARNING, logger=kernel_store.__name__):
+        runner = _runner()
+    choice = runner.kernel_choice
+    assert choice.origin == "measured" and choice.path is None, "a busy measurement was kept"
+    assert not _files(cache_dir), "a file was written for a busy measurement"
+    assert "45% of the CPU" in caplog.text and "45% of the CPU" in runner.kernel_summary()
 
 
 def test_an_unwritable_cache_costs_only_a_warning(cache_dir, measured, caplog):

@@ -1,0 +1,47 @@
+"""Other work's share of the CPU, read from /proc as Linux writes it."""
+
+import pytest
+
+from engine.kernels.cpu_share import OtherWork, machine_ticks, process_ticks
+
+# user nice system idle iowait irq softirq steal guest guest_nice
+STAT = "cpu  {u} 0 {s} {idle} 5 0 0 {steal} 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\nintr 1 2\n"
+# pid (comm with a space) state ppid ... utime (14) stime (15)
+SELF = "4242 (python x) R 1 1 1 0 -1 4194304 10 0 0 0 {ut} {st} 0 0 20 0 3 0 100 1 1\n"
+
+
+def _write(proc, u, s, idle, steal, ut, st):
+    (proc / "self").mkdir(parents=True, exist_ok=True)
+    (proc / "stat").write_text(STAT.format(u=u, s=s, idle=idle, steal=steal))
+    (proc / "self" / "stat").write_text(SELF.format(ut=ut, st=st))
+
+
+def test_ticks_are_read_from_the_cpu_line_and_after_the_command_name():
+    """Busy excludes idle and iowait; a process's utime+stime come after its (spaced) name."""
+    assert machine_ticks(STAT.format(u=10, s=20, idle=100, steal=3)) == (33, 138)
+    assert process_ticks(SELF.format(ut=7, st=4)) == 11
+    with pytest.raises(ValueError, match="cpu"):
+        machine_ticks("intr 1 2\n")
+
+
+def test_the_share_is_the_machines_busy_time_less_this_process_over_all_time(tmp_path):
+    """1,000 ticks pass: 600 busy, 200 of them ours (steal counts as others): share 0.4."""
+    _write(tmp_path, u=0, s=0, idle=0, steal=0, ut=0, st=0)
+    with OtherWork(tmp_path) as others:
+        _write(tmp_path, u=400, s=100, idle=400, steal=100, ut=150, st=50)
+    assert others.share == pytest.approx(0.4), f"share {others.share}, expected 0.4"
+
+
+def test_a_machine_running_only_this_process_is_quiet(tmp_path):
+    """All busy ticks are this process's: share 0.0."""
+    _write(tmp_path, u=0, s=0, idle=0, steal=0, ut=0, st=0)
+    with OtherWork(tmp_path) as others:
+        _write(tmp_path, u=300, s=100, idle=595, steal=0, ut=300, st=100)
+    assert others.share == 0.0
+
+
+def test_without_proc_the_share_is_unknown(tmp_path):
+    """No /proc (macOS, Windows): None, and timing goes on as before."""
+    with OtherWork(tmp_path / "missing") as others:
+        pass
+    assert others.share is None
