@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from engine.kernels.cpu_share import OtherWork
 from engine.kernels.kernel_timing import cpu_capabilities
 from engine.kernels.linear_kernel import linear_modules, onednn_linear, onednn_pack, skinny_linear
 
@@ -81,12 +82,16 @@ def main(argv=None) -> int:
     print(f"{len(decoder)} linear weights, {megabytes:.0f} MB; best of {args.repeat}, ms")
     columns = _columns(decoder, runner.engine_kernel)
     print(f"{'rows':>6}" + "".join(f"{name:>10}" for name in columns))
-    for num_rows in rows:
-        times = [time_pass_ms(c, num_rows, torch.float32, args.repeat) for c in columns.values()]
-        print(f"{num_rows:>6}" + "".join(f"{ms:>10.2f}" for ms in times))
+    kernels = list(columns.values())
+    with OtherWork() as others:
+        for num_rows in rows:
+            times = [time_pass_ms(c, num_rows, torch.float32, args.repeat) for c in kernels]
+            print(f"{num_rows:>6}" + "".join(f"{ms:>10.2f}" for ms in times))
     cpu = cpu_capabilities().get("cpu_name") or platform.processor() or platform.machine()
     chosen = runner.kernel_summary().removeprefix("matmul: ")
     print(f"chosen: {chosen}; on {cpu}, torch {torch.__version__}")
+    if others.share is not None:  # a busy machine times the contention, not the kernels
+        print(f"other work used {100 * others.share:.0f} % of the CPU while the table was timed")
     return 0
 
 

@@ -9,8 +9,7 @@ decoder layers (``fused_layers``) and the host settings that pick among them (``
 May import the root vocabulary, ``engine.workloads`` and ``engine.serving``.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
-``decode_attention``, ``invariant_attention``, ``host_setting``, ``cpu_share`` serve it from
-inside.
+``decode_attention``, ``invariant_attention``, ``host_setting`` serve it from inside.
 """
 
 __all__ = [
@@ -20,4 +19,5 @@ __all__ = [
     "kernel_plan",
     "kernel_timing",
     "fused_layers",
+    "cpu_share",
 ]
