@@ -18,7 +18,8 @@ from engine.bench.servers import comparison_lines, failed_result, schedule_line
 from engine.bench.verdicts import add_invariant_cost, verdict_summary
 from engine.config import EngineConfig
 from engine.kernels.kernel_plan import RowPlan
-from engine.kernels.kernel_timing import ORIGINS, QUIET_SHARE
+from engine.kernels.kernel_timing import QUIET_SHARE
+from engine.model.kernel_store import ORIGINS
 from engine.sequence import Request
 
 
@@ -124,7 +125,7 @@ def _others_note(share: float | None) -> str:
 
 
 def kernel_choice_lines(choice: dict) -> list[str]:
-    """How the engines' matmul was chosen (``engine.kernels.kernel_timing.KernelChoice.as_dict``):
+    """How the engines' matmul was chosen (``engine.model.kernel_store.KernelChoice.as_dict``):
     its ranges and origin, then, where it was timed, ms per pass per candidate and row count, the
     chosen one starred, e.g.::
 

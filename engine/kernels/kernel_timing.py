@@ -58,7 +58,7 @@ from torch import nn
 
 from engine.kernels.cpu_share import OtherWork
 from engine.kernels.kernel_plan import RowPlan
-from engine.kernels.linear_kernel import CANDIDATES, HALF_DTYPES, bind, on_x86
+from engine.kernels.linear_kernel import HALF_DTYPES, bind, on_x86
 
 DECODE_ROWS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 PREFILL_ROWS = (32, 64, 128, 256, 512)
@@ -264,88 +264,7 @@ def choose_plan(
     return RowPlan(tuple(starts), tuple(names))
 
 
-ORIGINS = {  # KernelChoice.origin -> what it means for people
-    "measured": "measured at this start",
-    "cached": "measured at an earlier start on this host",
-    "forced": "named by CBP_ENGINE_KERNEL",
-    "default": "not measured: a model built in memory",
-    "none": "no CPU matmul to choose: the device's own",
-}
-
-
 def untimed_kernel() -> str:
     """The kernel of a model that is not timed: ``onednn`` on x86 (the fastest at every row count
     on this project's AMD EPYC, ``engine/kernels/linear_kernel.py``), else ``skinny``."""
     return "onednn" if on_x86() else "skinny"
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelChoice:
-    """The engines' matmul plan and how it was chosen: ``origin`` (a key of ``ORIGINS``), the
-    ``timings`` it was chosen by (measured or cached), and the file that keeps it (None: kept in
-    memory only)."""
-
-    plan: RowPlan
-    origin: str
-    timings: Timings | None = None
-    path: str | None = None
-
-    def summary(self) -> str:
-        """One line for people, e.g. ``"linear 1-4 rows, onednn 5+ rows (measured at an earlier
-        start on this host, in 2.1 s)"``."""
-        how = ORIGINS[self.origin]
-        if self.timings is not None:
-            how += f", in {self.timings.measured_s:.1f} s"
-            if not self.timings.quiet:  # kept for this start only (engine.model.kernel_store)
-                how += f", other work using {self.timings.others_cpu_share:.0%} of the CPU"
-        return f"{self.plan.describe()} ({how})"
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``{"origin", "plan": [{"kernel", "from_rows", "to_rows"}], "file",
-        "rows", "times_ms", "timed_linears", "total_linears", "timed_bytes", "measured_s",
-        "rounds", "others_cpu_share"}`` (the timing fields null when nothing was timed)."""
-        plan = [{"kernel": n, "from_rows": lo, "to_rows": hi} for lo, hi, n in self.plan.ranges()]
-        fields = dataclasses.fields(Timings)
-        timed = {f.name: None for f in fields}
-        if self.timings is not None:
-            timed = dataclasses.asdict(self.timings)
-            timed["rows"] = list(timed["rows"])
-            timed["times_ms"] = {n: list(ts) for n, ts in timed["times_ms"].items()}
-        return {"origin": self.origin, "plan": plan, "file": self.path, **timed}
-
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any], origin: str, path: str | None = None) -> KernelChoice:
-        """The choice ``as_dict`` wrote, read back with a new ``origin`` and ``path``.
-
-        Raises:
-            ValueError, TypeError, KeyError: ``doc`` is not what ``as_dict`` writes, or names a
-                kernel outside ``CANDIDATES``.
-        """
-        ranges = doc["plan"]
-        plan = RowPlan(tuple(r["from_rows"] for r in ranges), tuple(r["kernel"] for r in ranges))
-        unknown = set(plan.names) - set(CANDIDATES)
-        if unknown:
-            raise ValueError(f"unknown kernels {sorted(unknown)}")
-        rows = tuple(int(r) for r in doc["rows"])
-        times = {
-            str(n): tuple(None if t is None else float(t) for t in ts)
-            for n, ts in doc["times_ms"].items()
-        }
-        if any(len(ts) != len(rows) for ts in times.values()):
-            raise ValueError("a candidate's times do not match the row counts")
-        timings = Timings(
-            rows=rows,
-            times_ms=times,
-            timed_linears=int(doc["timed_linears"]),
-            total_linears=int(doc["total_linears"]),
-            timed_bytes=int(doc["timed_bytes"]),
-            measured_s=float(doc["measured_s"]),
-            rounds=int(doc["rounds"]),
-            others_cpu_share=_optional_float(doc.get("others_cpu_share")),
-        )
-        return cls(plan, origin, timings, path)
-
-
-def _optional_float(value: Any) -> float | None:
-    """``float(value)``, or None for None (a field files written before it existed lack)."""
-    return None if value is None else float(value)

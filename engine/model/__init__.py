@@ -7,7 +7,8 @@ Beside them: the ``loader``, the ``device`` and dtype checks (``dtype_support``)
 ``serving``, ``kernels``.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
-``kernel_choice`` and ``kernel_store`` serve it from inside.
+``kernel_choice`` serves it from inside; ``kernel_store`` is in the face for the bench, which reports
+how a choice was made (``ORIGINS``).
 """
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "allowlist",
     "openmp_env",
     "model_runner",
+    "kernel_store",
 ]

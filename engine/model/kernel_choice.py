@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import fused_layers, invariant_ops, kernel_plan, kernel_timing, linear_kernel
-from engine.kernels.kernel_timing import KernelChoice
 from engine.model import kernel_store
+from engine.model.kernel_store import KernelChoice
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class RunnerKernels:
         runs at which row counts, how it was chosen, and the memory its copies add."""
         choice, kernel = self.kernel_choice, self._kernel
         if choice.origin == "none":
-            return f"matmul: {kernel_timing.ORIGINS['none']}"
+            return f"matmul: {kernel_store.ORIGINS['none']}"
         text = f"matmul: {choice.summary()}"
         if kernel.plan != choice.plan:
             text += f"; oneDNN refused the weights, so {kernel.plan.describe()}"

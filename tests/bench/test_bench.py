@@ -9,8 +9,9 @@ from engine.bench import args as bench_args
 from engine.bench import cli as bench
 from engine.bench import report
 from engine.kernels.kernel_plan import RowPlan
-from engine.kernels.kernel_timing import KernelChoice, Timings
+from engine.kernels.kernel_timing import Timings
 from engine.kernels.linear_kernel import linear_modules
+from engine.model.kernel_store import KernelChoice
 from tests.bench.workload_files import corrupt_continuous_outputs, write_workload
 
 

@@ -11,7 +11,7 @@ from engine.config import EngineConfig
 from engine.fidelity.reference import ReferenceCache
 from engine.kernels import decode_attention, fused_layers, linear_kernel
 from engine.kernels.kernel_plan import RowPlan
-from engine.kernels.kernel_timing import KernelChoice
+from engine.model.kernel_store import KernelChoice
 
 HAS_ONEDNN = torch.backends.mkldnn.is_available()
 

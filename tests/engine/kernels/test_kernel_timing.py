@@ -8,7 +8,8 @@ from torch import nn
 
 from engine.kernels import kernel_timing
 from engine.kernels.kernel_plan import RowPlan
-from engine.kernels.kernel_timing import KernelChoice, choose_plan, time_candidates
+from engine.kernels.kernel_timing import choose_plan, time_candidates
+from engine.model.kernel_store import KernelChoice
 
 ROWS = (1, 2, 4, 8, 64)
 

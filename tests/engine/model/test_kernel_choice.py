@@ -182,7 +182,7 @@ def test_an_unwritable_cache_costs_only_a_warning(cache_dir, measured, caplog):
 def test_the_summary_names_the_ranges_and_how_they_were_chosen(measured):
     """kernel_summary: the plan's ranges, measured or read from an earlier start, the copies."""
     runner = _runner()
-    runner.__dict__["kernel_choice"] = kernel_timing.KernelChoice(
+    runner.__dict__["kernel_choice"] = kernel_store.KernelChoice(
         RowPlan((1, 5), ("linear", "skinny")), "cached"
     )
     summary = runner.kernel_summary()
