@@ -4,7 +4,16 @@
 // 2. A run waiting in the queue says its place and wait in the status line, in words.
 // 3. The metrics table's column names get hover definitions (window.CBP_METRIC_HELP, set below
 //    by launch.py from engine/page/tables.py).
+// 4. Clicks on Run and "Run live anyway" are counted (window.cbpRunClicks); each Run press sends
+//    the count, so the server tells Gradio's replay of a deferred click from a new click.
 (() => {
+  window.cbpRunClicks = 0;
+  document.addEventListener("click", (e) => {
+    if (e.target instanceof Element && e.target.closest("#run_button, #live_button")) {
+      window.cbpRunClicks += 1;
+    }
+  }, true);  // capture: counted before Gradio's own handler sends the press
+
   const onTable = (e) => e.target instanceof Element && e.target.closest("#requests_table");
   const hasFiles = (e) => !!e.dataTransfer && Array.from(e.dataTransfer.types || []).includes("Files");
   for (const type of ["dragenter", "dragover", "dragleave"]) {

@@ -55,6 +55,12 @@ LEAVE_QUEUE_JS = """(reply) => {
 }"""
 
 
+# Runs in the browser before ``run_pressed``: the press carries the page's count of clicks on Run
+# and "Run live anyway" so far (``assets/page.js``), by which the server tells Gradio's replay of a
+# deferred click from a new click (``engine.page.run.run_handle``).
+RUN_CLICKS_JS = """(handle, clicks) => [handle, window.cbpRunClicks || 0]"""
+
+
 def setup_query(
     preset_name: str | None, num_slots, step_index, state, prefix_caching: bool = False
 ) -> str:

@@ -14,7 +14,14 @@ What the browser does with a click on Run (Gradio 6's ``dispatch``), which the h
   answered before the Run event is sent, so a handler's press is always counted before it starts;
 * a click while the tab's Run event is pending is deferred, and of several only one is kept;
   when the pending event ends, the browser replays that click whole: ``run_pressed`` again, then
-  the Run event. The replayed press is not a new press (``press`` knows one is due);
+  the Run event. The replayed press is not a new press: each press carries the page's count of
+  clicks on Run so far (``assets/page.js``), and a replay's count is one ``press`` saw already.
+  The server cannot tell a replay by itself: whether the browser deferred a click depends on
+  when the end of the pending event reached the browser (after its last outputs were drawn);
+* the press and Stop are unqueued and never skipped (``trigger_mode="multiple"``), so the server
+  sees them in the order they were clicked (a queued Stop arrived 100 ms or more after a Run
+  clicked 80 ms later; with Gradio's default ``"once"`` a click while the button's last event was
+  pending was dropped, the last Stop of quick pairs too);
 * a cancel (the hidden leave-the-queue button, ZeroGPU only) replays nothing at once; a deferred
   click then waits for the end of some later Run event.
 
@@ -79,7 +86,7 @@ class RunHandle:
         self._stopped_upto = 0  # Stop came after this many presses
         self._turn: Turn | None = None  # the started run, until its handler finishes
         self._sent = False  # a Run event was sent and its handler has not started
-        self._deferred = False  # a click the browser deferred: it replays it (press, then run)
+        self._num_clicks = 0  # the highest count of clicks on Run a press carried (page.js)
 
     def __deepcopy__(self, memo) -> RunHandle:
         return RunHandle(self.gradio_queue)
@@ -96,19 +103,21 @@ class RunHandle:
         turn = self._turn
         return None if turn is None else turn.control
 
-    def press(self) -> bool:
+    def press(self, num_clicks: int = 0) -> bool:
         """A click on Run (before the browser sends, defers or replays its run); whether its run
         will go: False for a repeat (a press while a run goes on, or waits to start, that nobody
-        stopped: not counted) and for the replay of a deferred click whose press Stop marked."""
+        stopped: not counted) and for the replay of a deferred click whose press Stop marked.
+
+        ``num_clicks``: the page's count of clicks on Run so far; a count seen already is the
+        browser's replay of a click it deferred, which sends its Run event now. 0 (no count, as
+        from a test or a page without its script): a new click."""
         with self._lock:
-            busy = self._turn is not None or self._sent  # the tab's Run event is pending
-            if self._deferred and not busy:  # the browser replays the click it deferred
-                self._deferred, self._sent = False, True
+            if 0 < num_clicks <= self._num_clicks:  # the replay of a deferred click
+                self._sent = True
                 return self._will_run()
-            if busy:
-                self._deferred = True  # the browser keeps this click and replays it later
-            else:
-                self._sent = True  # the browser sends its Run event now
+            self._num_clicks = max(self._num_clicks, num_clicks)
+            if self._turn is None:
+                self._sent = True  # no Run event pending: the browser sends this one now
             turn = self._turn
             if (turn is not None and not turn.stop_requested) or self._will_run():
                 return False

@@ -77,9 +77,10 @@ class _RunEvent:
 class _Tab:
     """One browser tab's Run and Stop, as Gradio 6 runs them for app.py's wiring.
 
-    Run calls ``run_pressed``, then sends the Run event; while the tab's previous Run event has
-    not ended it defers the click instead (``trigger_mode="always_last"``: only the last click is
-    kept) and replays it whole when that event ends: ``run_pressed`` again, then the event. A
+    Run calls ``run_pressed`` with the page's count of clicks so far, then sends the Run event;
+    while the tab's previous Run event has not ended it defers the click instead
+    (``trigger_mode="always_last"``: only the last click is kept) and replays it whole when that
+    event ends: ``run_pressed`` again (the count as it is then), then the event. A
     sent event waits up to ``dispatch_s`` for a worker (Gradio's queue), then its generator is
     consumed in a thread. Stop calls ``stop_event`` in a thread; an answer "queued" comes back to
     the browser (5-40 ms), whose script clicks the hidden button: the cancel of every Run event
@@ -98,10 +99,12 @@ class _Tab:
         self.deferred_s: float | None = None  # when the press the browser defers was made
         self.stops: list[threading.Thread] = []
         self.stops_s: list[float] = []
+        self.num_clicks = 0  # clicks on Run so far (assets/page.js)
 
     def run(self) -> None:
         pressed_s = time.monotonic()
-        playground.run_pressed(self.handle)
+        self.num_clicks += 1
+        playground.run_pressed(self.handle, self.num_clicks)
         with self.lock:
             if self.events and not self.events[-1].done.is_set():
                 self.deferred_s = pressed_s
@@ -175,7 +178,7 @@ class _Tab:
             if not event.done.is_set():
                 event.done.set()
                 if replay and self.deferred_s is not None:
-                    playground.run_pressed(self.handle)
+                    playground.run_pressed(self.handle, self.num_clicks)
                     self._send(self.deferred_s)
                     self.deferred_s = None
 
