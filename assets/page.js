@@ -3,7 +3,8 @@
 //    (Gradio's own drop zone on the table would import them without the page's checks).
 // 2. A run waiting in the queue says its place and wait in the status line, in words.
 // 3. The metrics table's column names get hover definitions (window.CBP_METRIC_HELP, set below
-//    by launch.py from engine/page/tables.py).
+//    by launch.py from engine/page/tables.py), the scheduling policies theirs
+//    (window.CBP_POLICY_HELP, from engine/page/panels/settings_panel.py).
 // 4. Clicks on Run and "Run live anyway" are counted (window.cbpRunClicks); each Run press sends
 //    the count, so the server tells Gradio's replay of a deferred click from a new click.
 (() => {
@@ -75,5 +76,13 @@
     }
   };
 
-  setInterval(() => { queueNote(); metricHelp(); }, 250);
+  const policyHelp = () => {
+    const help = window.CBP_POLICY_HELP || {};
+    for (const choice of document.querySelectorAll("#policy_radio label")) {
+      const name = (choice.textContent || "").trim();
+      if (help[name] && choice.title !== help[name]) choice.title = help[name];
+    }
+  };
+
+  setInterval(() => { queueNote(); metricHelp(); policyHelp(); }, 250);
 })();
