@@ -115,7 +115,7 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs):
     """Run: noted at once (unqueued), then the run itself, which shows a recent identical run or
     waits its turn on the model in the page's queue; "Run live anyway" skips the replay."""
     s, run = settings, zerogpu.on_gpu(playground.run_event)  # spaces.GPU on ZeroGPU, else as is
-    pressed, js = [handle_state, s.run_clicks_number], page_io.RUN_CLICKS_JS  # RunHandle.press
+    pressed, js = [handle_state, s.click_number], page_io.RUN_CLICK_JS  # numbered: RunHandle
     for button in (s.run_button, s.live_button):
         button.click(playground.run_pressed, pressed, s.run_note_markdown, js=js, **PRESS)
     kwargs = dict(concurrency_limit=zerogpu.run_concurrency(), trigger_mode="always_last")
@@ -130,8 +130,8 @@ def wire_stop(settings, results, run_state, handle_state, outputs, run_events) -
     """Stop: through the session's RunHandle (unqueued, at once); a run still in Gradio's queue
     (ZeroGPU only) is cancelled, immediate for an event that has not started."""
     s = settings
-    reply = s.stop_reply_textbox
-    stop = s.stop_button.click(playground.stop_event, handle_state, reply, **PRESS, **QUIET)
+    reply, stopped, js = s.stop_reply_textbox, [handle_state, s.click_number], page_io.STOP_CLICK_JS
+    stop = s.stop_button.click(playground.stop_event, stopped, reply, js=js, **PRESS, **QUIET)
     stop.then(playground.stop_told, reply, None, trigger_mode="multiple", **QUIET)  # its toast
     stop.then(None, reply, None, js=page_io.LEAVE_QUEUE_JS)
     left = [handle_state, run_state, results.x_axis_radio]

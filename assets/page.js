@@ -5,15 +5,17 @@
 // 3. The metrics table's column names get hover definitions (window.CBP_METRIC_HELP, set below
 //    by launch.py from engine/page/tables.py), the scheduling policies theirs
 //    (window.CBP_POLICY_HELP, from engine/page/panels/settings_panel.py).
-// 4. Clicks on Run and "Run live anyway" are counted (window.cbpRunClicks); each Run press sends
-//    the count, so the server tells Gradio's replay of a deferred click from a new click.
+// 4. Clicks on Run ("Run live anyway" too) and Stop are numbered in one sequence: the latest
+//    Run click's number (window.cbpRunClick) goes with each Run press, the Stop click's with
+//    Stop, so the server acts in click order and tells Gradio's replay of a deferred click.
 (() => {
-  window.cbpRunClicks = 0;
+  let clicks = 0;
   document.addEventListener("click", (e) => {
-    if (e.target instanceof Element && e.target.closest("#run_button, #live_button")) {
-      window.cbpRunClicks += 1;
-    }
-  }, true);  // capture: counted before Gradio's own handler sends the press
+    const button = e.target instanceof Element && e.target.closest("button");
+    if (!button) return;
+    if (button.id === "run_button" || button.id === "live_button") window.cbpRunClick = ++clicks;
+    if (button.id === "stop_button") window.cbpStopClick = ++clicks;
+  }, true);  // capture: numbered before Gradio's own handler sends the press or Stop
 
   const onTable = (e) => e.target instanceof Element && e.target.closest("#requests_table");
   const hasFiles = (e) => !!e.dataTransfer && Array.from(e.dataTransfer.types || []).includes("Files");

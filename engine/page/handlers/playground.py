@@ -299,23 +299,23 @@ def _finished_outputs(
     yield progress_view.with_run_note(result.as_outputs(), "✓ **Finished:** results below.")
 
 
-def run_pressed(handle: RunHandle | None, num_clicks=0):
+def run_pressed(handle: RunHandle | None, seq=0):
     """Run pressed (unqueued, before the run is sent or deferred): see ``RunHandle.press``;
-    ``num_clicks``: the page's count of clicks on Run so far (``page_io.RUN_CLICKS_JS``). The
-    note under Run changes at once, unless this press repeats one whose run goes on."""
-    if handle is not None and not handle.press(int(num_clicks or 0)):
+    ``seq``: its click's number in the page's sequence of clicks (``page_io.RUN_CLICK_JS``).
+    The note under Run changes at once, unless no run goes for this press."""
+    if handle is not None and not handle.press(int(seq or 0)):
         return gr.skip()
     return PRESSED_NOTE
 
 
-def stop_event(handle: RunHandle | None) -> str:
-    """The Stop button's handler (unqueued, like ``run_pressed``: the server sees Run presses and
-    Stops in the order they were clicked). Stops this session's run through its ``RunControl`` or
-    takes it out of the page's queue (the run then says "Stopped" itself), and marks the presses
-    not yet started. Returns what there was (``RunHandle.stop``): ``"running"``, ``"waiting"``,
-    ``"queued"`` (a run in Gradio's own queue, on ZeroGPU: the page then cancels it) or
-    ``"idle"`` (``stop_told`` says so in a toast)."""
-    return handle.stop() if handle is not None else IDLE
+def stop_event(handle: RunHandle | None, seq=0) -> str:
+    """The Stop button's handler (unqueued, like ``run_pressed``; ``seq``: its click's number in
+    the page's sequence of clicks, ``page_io.STOP_CLICK_JS``). Stops this session's run through
+    its ``RunControl`` or takes it out of the page's queue (the run then says "Stopped" itself),
+    and marks the presses clicked before it. Returns what there was (``RunHandle.stop``):
+    ``"running"``, ``"waiting"``, ``"queued"`` (a run in Gradio's own queue, on ZeroGPU: the page
+    then cancels it) or ``"idle"`` (``stop_told`` says so in a toast)."""
+    return handle.stop(int(seq or 0)) if handle is not None else IDLE
 
 
 def stop_told(what: str) -> None:

@@ -81,7 +81,7 @@ class SettingsPanel:
     # Run's ``replay_recent``: False as the /run API's default; the page sets it True on load
     replay_checkbox: gr.Checkbox | None = None
     live_state: gr.State | None = None  # "Run live anyway"'s ``replay_recent``: False
-    run_clicks_number: gr.Number | None = None  # hidden: clicks on Run so far (RunHandle.press)
+    click_number: gr.Number | None = None  # hidden: a press's or Stop's click number (RunHandle)
 
 
 def settings_panel(
@@ -144,7 +144,7 @@ def settings_panel(
         live_button=live_button,
         replay_checkbox=gr.Checkbox(False, visible=False, elem_id="replay_checkbox"),
         live_state=gr.State(False),
-        run_clicks_number=gr.Number(0, visible=False, precision=0, elem_id="run_clicks_number"),
+        click_number=gr.Number(0, visible=False, precision=0, elem_id="click_number"),
     )
 
 

@@ -42,13 +42,13 @@ def test_stop_of_a_running_run_sets_its_own_stop_flag():
 def test_run_pressed_while_the_stopped_run_ends_starts():
     """A press after Stop, while the stopped run still ends, is a real press: it starts next."""
     handle = RunHandle()
-    handle.press(1)  # the page's count of clicks on Run so far
+    handle.press(1)  # the click's number in the page's sequence of Run and Stop clicks
     turn = handle.start()
     handle.attach(turn, RunControl())
-    handle.stop()
-    assert handle.press(2), "a press after Stop was taken for a repeat"
+    handle.stop(2)
+    assert handle.press(3), "a press after Stop was taken for a repeat"
     handle.finish(turn)  # 0.2 s after Stop: the browser deferred the click until now
-    assert handle.press(2), "the deferred click's replay says its run will not go"
+    assert handle.press(3), "the deferred click's replay says its run will not go"
     assert handle.start().skip is None, "the run pressed after Stop did not start"
 
 
@@ -140,15 +140,15 @@ def test_presses_before_a_start_give_one_run_for_the_latest():
     assert handle.start().skip == "repeat", "a double press ran twice"
     handle = RunHandle()
     handle.press(1)
-    assert handle.stop() == WAITING and not handle.idle, "Stop overlooked a press not started"
-    assert handle.press(2), "a press after Stop was taken for a repeat"
+    assert handle.stop(2) == WAITING and not handle.idle, "Stop overlooked a press not started"
+    assert handle.press(3), "a press after Stop was taken for a repeat"
     turn = handle.start()
     assert turn.skip is None, "the press after Stop did not run"
     handle.finish(turn)
-    handle.press(2)  # the deferred click's replay
+    handle.press(3)  # the deferred click's replay
     assert handle.start().skip == "repeat", "one press ran twice"
-    handle.press(3)
-    handle.stop()
+    handle.press(4)
+    handle.stop(5)
     assert handle.start().skip == "stopped", "a press before Stop ran"
 
 
@@ -160,11 +160,11 @@ def test_a_replayed_click_is_not_a_new_press():
     handle.press(1)
     turn = handle.start()
     handle.attach(turn, RunControl())
-    handle.stop()
-    assert handle.press(2), "a press after Stop was taken for a repeat"
-    assert handle.stop() == RUNNING
+    handle.stop(2)
+    assert handle.press(3), "a press after Stop was taken for a repeat"
+    assert handle.stop(4) == RUNNING
     handle.finish(turn)
-    assert not handle.press(2), "the replay of a stopped click says its run will go"
+    assert not handle.press(3), "the replay of a stopped click says its run will go"
     assert handle.start().skip == "stopped", "a replayed click undid the Stop after it"
     assert handle.idle, "a replayed click was counted as a new press"
     assert RunHandle().start().skip is None
@@ -177,10 +177,10 @@ def test_a_repeat_then_stop_then_run_runs_the_last_press():
     turn = handle.start()
     handle.attach(turn, RunControl())
     assert not handle.press(2)
-    handle.stop()
-    assert handle.press(3)
+    handle.stop(3)
+    assert handle.press(4)
     handle.finish(turn)
-    assert handle.press(3), "the replayed click says its run will not go"
+    assert handle.press(4), "the replayed click says its run will not go"
     assert handle.start().skip is None, "the press after Stop was skipped as a repeat"
 
 
@@ -200,3 +200,30 @@ def test_a_click_the_browser_did_not_defer_is_never_taken_for_a_replay():
     assert handle.start().skip == "repeat", "the repeat press ran"
     assert handle.press(4), "a new click, much later, was taken for a replay"
     assert handle.start().skip is None, "a new click, much later, did not run"
+
+
+def test_stops_and_presses_reaching_the_server_out_of_order_act_in_click_order():
+    """Issue 27: under load an unqueued Stop was handled before the press of a Run clicked 80 ms
+    earlier. By their click numbers: the last Stop still stops that press, and an earlier Stop
+    arriving late neither stops the run of a later press nor turns a real press into a repeat."""
+    handle = RunHandle()
+    handle.press(1)
+    turn = handle.start()
+    handle.attach(turn, RunControl())
+    assert not handle.press(3), "a press during a run, its Stop not yet arrived, said it runs"
+    assert handle.stop(2) == RUNNING, "the Stop before press 3, arriving after it, did not stop"
+    assert handle.stop(5) == RUNNING
+    assert not handle.press(4), "a press that Stop 5 came after says its run will go"
+    handle.finish(turn)
+    assert not handle.press(4), "the replay of press 4 says its run will go"
+    assert handle.start().skip == "stopped", "press 4 ran although Stop 5 came after it"
+    assert handle.idle, "the stopped presses still wait"
+    handle.press(6)
+    second, control = handle.start(), RunControl()
+    assert second.skip is None, "the run pressed after the Stops did not start"
+    handle.attach(second, control)
+    assert handle.stop(2) == WAITING, "a late Stop older than the run answered as if it stopped"
+    control.check()  # not stopped
+    assert handle.stop(7) == RUNNING
+    with pytest.raises(RunCancelled):
+        control.check()
