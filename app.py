@@ -25,6 +25,7 @@ from engine.page.views import divergence_view as differences  # noqa: E402
 
 HIDDEN = {"api_visibility": "undocumented"}
 QUIET = {"show_progress": "hidden", **HIDDEN}
+PRESS = {"queue": False, "trigger_mode": "multiple"}  # Run's press, Stop: in click order, each one
 parse_args = launch.parse_args  # the command line, documented in engine.page.host.launch
 
 
@@ -77,11 +78,10 @@ def wire_views(results, run_state) -> None:
             playground.update_step,
             [run_state, results.step_slider, results.x_axis_radio],
             results.step_views(),
-            show_progress="hidden",
             trigger_mode="always_last",
             preprocess=False,  # gr.Slider refuses a typed step out of range; step_views clamps it
             api_name=name,
-            **HIDDEN,
+            **QUIET,
         )
 
 
@@ -115,8 +115,9 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs):
     """Run: noted at once (unqueued), then the run itself, which shows a recent identical run or
     waits its turn on the model in the page's queue; "Run live anyway" skips the replay."""
     s, run = settings, zerogpu.on_gpu(playground.run_event)  # spaces.GPU on ZeroGPU, else as is
-    for button in (s.run_button, s.live_button):  # each press counts (RunHandle.press)
-        button.click(playground.run_pressed, handle_state, s.run_note_markdown, queue=False)
+    pressed, js = [handle_state, s.click_number], page_io.RUN_CLICK_JS  # numbered: RunHandle
+    for button in (s.run_button, s.live_button):
+        button.click(playground.run_pressed, pressed, s.run_note_markdown, js=js, **PRESS)
     kwargs = dict(concurrency_limit=zerogpu.run_concurrency(), trigger_mode="always_last")
     kwargs |= dict(show_progress_on=results.status_markdown)  # one progress bar; results stay
     live = page_panels.run_inputs(requests, s, results, run_state, handle_state, live=True)
@@ -126,12 +127,13 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs):
 
 
 def wire_stop(settings, results, run_state, handle_state, outputs, run_events) -> None:
-    """Stop: through the session's RunHandle (at once: it waits for no other event); a run still
-    in Gradio's queue (ZeroGPU only) is cancelled, immediate for an event that has not started."""
+    """Stop: through the session's RunHandle (unqueued, at once); a run still in Gradio's queue
+    (ZeroGPU only) is cancelled, immediate for an event that has not started."""
     s = settings
-    s.stop_button.click(  # queued (for its toast) but never waiting: no concurrency limit
-        playground.stop_event, handle_state, s.stop_reply_textbox, concurrency_limit=None, **QUIET
-    ).then(None, s.stop_reply_textbox, None, js=page_io.LEAVE_QUEUE_JS)
+    reply, stopped, js = s.stop_reply_textbox, [handle_state, s.click_number], page_io.STOP_CLICK_JS
+    stop = s.stop_button.click(playground.stop_event, stopped, reply, js=js, **PRESS, **QUIET)
+    stop.then(playground.stop_told, reply, None, trigger_mode="multiple", **QUIET)  # its toast
+    stop.then(None, reply, None, js=page_io.LEAVE_QUEUE_JS)
     left = [handle_state, run_state, results.x_axis_radio]
     s.leave_queue_button.click(
         playground.left_queue_event, left, outputs, cancels=list(run_events), queue=False, **QUIET

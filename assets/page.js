@@ -3,8 +3,20 @@
 //    (Gradio's own drop zone on the table would import them without the page's checks).
 // 2. A run waiting in the queue says its place and wait in the status line, in words.
 // 3. The metrics table's column names get hover definitions (window.CBP_METRIC_HELP, set below
-//    by launch.py from engine/page/tables.py).
+//    by launch.py from engine/page/tables.py), the scheduling policies theirs
+//    (window.CBP_POLICY_HELP, from engine/page/panels/settings_panel.py).
+// 4. Clicks on Run ("Run live anyway" too) and Stop are numbered in one sequence: the latest
+//    Run click's number (window.cbpRunClick) goes with each Run press, the Stop click's with
+//    Stop, so the server acts in click order and tells Gradio's replay of a deferred click.
 (() => {
+  let clicks = 0;
+  document.addEventListener("click", (e) => {
+    const button = e.target instanceof Element && e.target.closest("button");
+    if (!button) return;
+    if (button.id === "run_button" || button.id === "live_button") window.cbpRunClick = ++clicks;
+    if (button.id === "stop_button") window.cbpStopClick = ++clicks;
+  }, true);  // capture: numbered before Gradio's own handler sends the press or Stop
+
   const onTable = (e) => e.target instanceof Element && e.target.closest("#requests_table");
   const hasFiles = (e) => !!e.dataTransfer && Array.from(e.dataTransfer.types || []).includes("Files");
   for (const type of ["dragenter", "dragover", "dragleave"]) {
@@ -66,5 +78,13 @@
     }
   };
 
-  setInterval(() => { queueNote(); metricHelp(); }, 250);
+  const policyHelp = () => {
+    const help = window.CBP_POLICY_HELP || {};
+    for (const choice of document.querySelectorAll("#policy_radio label")) {
+      const name = (choice.textContent || "").trim();
+      if (help[name] && choice.title !== help[name]) choice.title = help[name];
+    }
+  };
+
+  setInterval(() => { queueNote(); metricHelp(); policyHelp(); }, 250);
 })();

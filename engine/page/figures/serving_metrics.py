@@ -154,7 +154,8 @@ def _add_kv_use(fig: go.Figure, trace: Trace, steps: list[int]) -> None:
     )
     if total:
         fig.add_hline(y=total, line_dash="dash", line_color=TEXT_COLOR, row=2, col=1)
-        label = f"the whole pool, 100 %: {kv_pool_size(trace)}"
+        # Two lines: on one, the label ran past the plot's left edge on a phone (390 px wide).
+        label = f"the whole pool, 100 %:<br>{kv_pool_size(trace)}"
         fig.add_annotation(**_line_label(total, label), row=2, col=1)
     preempt = [(i, used[i]) for i, st in enumerate(trace.steps) if st.preempted]
     if preempt:
@@ -183,6 +184,7 @@ def _line_label(y: float, text: str) -> dict:
         "showarrow": False,
         "xanchor": "right",
         "yanchor": "bottom",
+        "align": "right",  # a label of two lines ends both at the plot's right edge
     }
 
 

@@ -299,24 +299,29 @@ def _finished_outputs(
     yield progress_view.with_run_note(result.as_outputs(), "✓ **Finished:** results below.")
 
 
-def run_pressed(handle: RunHandle | None):
-    """Run pressed (unqueued, before the run is sent or deferred): see ``RunHandle.press``. The
-    note under Run changes at once, unless this press repeats one whose run goes on."""
-    if handle is not None and not handle.press():
+def run_pressed(handle: RunHandle | None, seq=0):
+    """Run pressed (unqueued, before the run is sent or deferred): see ``RunHandle.press``;
+    ``seq``: its click's number in the page's sequence of clicks (``page_io.RUN_CLICK_JS``).
+    The note under Run changes at once, unless no run goes for this press."""
+    if handle is not None and not handle.press(int(seq or 0)):
         return gr.skip()
     return PRESSED_NOTE
 
 
-def stop_event(handle: RunHandle | None) -> str:
-    """The Stop button's handler (it waits for no other event). Stops this session's run through
+def stop_event(handle: RunHandle | None, seq=0) -> str:
+    """The Stop button's handler (unqueued, like ``run_pressed``; ``seq``: its click's number in
+    the page's sequence of clicks, ``page_io.STOP_CLICK_JS``). Stops this session's run through
     its ``RunControl`` or takes it out of the page's queue (the run then says "Stopped" itself),
-    and marks the presses not yet started; with nothing to stop, says so in a toast. Returns what
-    there was (``RunHandle.stop``): ``"running"``, ``"waiting"``, ``"queued"`` (a run in Gradio's
-    own queue, on ZeroGPU: the page then cancels it) or ``"idle"``."""
-    what = handle.stop() if handle is not None else IDLE
+    and marks the presses clicked before it. Returns what there was (``RunHandle.stop``):
+    ``"running"``, ``"waiting"``, ``"queued"`` (a run in Gradio's own queue, on ZeroGPU: the page
+    then cancels it) or ``"idle"`` (``stop_told`` says so in a toast)."""
+    return handle.stop(int(seq or 0)) if handle is not None else IDLE
+
+
+def stop_told(what: str) -> None:
+    """After Stop (queued: a toast needs Gradio's queue): with nothing to stop, says so."""
     if what == IDLE:
         gr.Info("Nothing is running, so there is nothing to stop.", title="Stop")
-    return what
 
 
 def left_queue_event(handle: RunHandle | None, previous: RunState | None, x_axis: str) -> tuple:

@@ -55,6 +55,14 @@ LEAVE_QUEUE_JS = """(reply) => {
 }"""
 
 
+# Run in the browser before ``run_pressed`` and ``stop_event``: the press carries the number of
+# the latest click on Run (or "Run live anyway"), Stop its own, in the page's one sequence of
+# clicks (``assets/page.js``), by which the server acts in click order and tells Gradio's replay
+# of a deferred click from a new click (``engine.page.run.run_handle``).
+RUN_CLICK_JS = """(handle, seq) => [handle, window.cbpRunClick || 0]"""
+STOP_CLICK_JS = """(handle, seq) => [handle, window.cbpStopClick || 0]"""
+
+
 def setup_query(
     preset_name: str | None, num_slots, step_index, state, prefix_caching: bool = False
 ) -> str:

@@ -28,7 +28,20 @@ KV_MODE_INFO = (
     "Paged: blocks from a memory budget, with preemption, as vLLM. In place: each slot's own "
     "rows. Concatenation: the article's, O(n²)."
 )
-POLICIES = [("decode first", "decode_first"), ("prefill first", "prefill_first")]
+POLICIES = [
+    ("decode first", "decode_first"),
+    ("prefill first", "prefill_first"),
+    ("vLLM's order", "vllm"),  # last: the /run API's values for the others stay as they were
+]
+# Each policy's hover text, by its label (assets/page.js sets it as the choice's title).
+POLICY_HELP = {
+    "decode first": "Running sequences' decodes take the token budget first; a prompt's "
+    "prefill (chunked if need be) gets what is left.",
+    "prefill first": "Prompts' prefills take the token budget first; decodes get what is left.",
+    "vLLM's order": "vLLM V1's own scheduling, step for step: running requests in admission "
+    "order, then waiting ones while budget is left; when blocks run out the newest running "
+    "request is preempted (engine/serving/scheduler.py).",
+}
 PREFIX_CACHING_INFO = (
     "A prompt's full blocks that an earlier request computed are shared, not prefilled again "
     "(vLLM's automatic prefix caching); the block map shows shared blocks and the mask the keys "
@@ -68,6 +81,7 @@ class SettingsPanel:
     # Run's ``replay_recent``: False as the /run API's default; the page sets it True on load
     replay_checkbox: gr.Checkbox | None = None
     live_state: gr.State | None = None  # "Run live anyway"'s ``replay_recent``: False
+    click_number: gr.Number | None = None  # hidden: a press's or Stop's click number (RunHandle)
 
 
 def settings_panel(
@@ -130,6 +144,7 @@ def settings_panel(
         live_button=live_button,
         replay_checkbox=gr.Checkbox(False, visible=False, elem_id="replay_checkbox"),
         live_state=gr.State(False),
+        click_number=gr.Number(0, visible=False, precision=0, elem_id="click_number"),
     )
 
 

@@ -14,30 +14,41 @@ What the browser does with a click on Run (Gradio 6's ``dispatch``), which the h
   answered before the Run event is sent, so a handler's press is always counted before it starts;
 * a click while the tab's Run event is pending is deferred, and of several only one is kept;
   when the pending event ends, the browser replays that click whole: ``run_pressed`` again, then
-  the Run event. The replayed press is not a new press (``press`` knows one is due);
+  the Run event;
 * a cancel (the hidden leave-the-queue button, ZeroGPU only) replays nothing at once; a deferred
   click then waits for the end of some later Run event.
 
-Run and Stop can cross in every order (six quick Run/Stop pairs, say), so the handle keeps each
-thing apart instead of one set of flags:
+**Click order.** The press and Stop are unqueued and never skipped (``trigger_mode="multiple"``;
+with Gradio's default ``"once"`` a click while the button's last event was pending was dropped,
+the last Stop of quick pairs too). Still, they can reach the server out of order: under load a
+Stop clicked 80 ms after a Run was handled before that Run's press (issue 27). So the page numbers
+its clicks on Run and Stop in one sequence (``assets/page.js``), and each press and Stop carries
+its click's number (``seq``); the handle decides by these numbers, not by arrival:
 
-* **presses** are counted, unless a press repeats one whose run goes on, or waits to start, that
-  nobody stopped. Stop marks every press made before it;
-* a handler that **starts** claims every press not yet claimed and runs for the latest: it ends at
-  once ("stopped") when Stop came after that press. One that starts with no press to claim ran
-  for a press another handler already claimed, or for a repeat: it is skipped ("repeat"). A
-  session that never pressed (an API client) runs;
-* the **started run** (a ``Turn``, from ``start``): its ``RunControl`` while it runs, its way out of
-  the page's queue while it waits there, and whether Stop reached it. ``queued``, ``attach`` and
-  ``finish`` name their turn, so a stopped run that ends late (a generator Gradio closes after
-  the next run began) never touches the next run.
+* a Stop stops every press numbered before it, and the run started for one; not a later one;
+* a press whose number was seen already is the browser's replay of the click it deferred, not a
+  new press (the server cannot tell a replay by itself: whether the browser deferred a click
+  depends on when the end of the pending event reached the browser);
+* a press made while a run goes on (or waits to start) is a **repeat** unless a Stop numbered
+  between that run's press and it came: decided when a handler starts, as a Stop may arrive late.
+
+Without numbers (a test, or a page without its script) a press or Stop is numbered on arrival.
+
+A handler that **starts** claims every press not yet claimed and runs for the latest: it ends at
+once ("stopped") when a Stop came after that press, or is skipped ("repeat") for a repeat or when
+there is no press to claim (it ran for a press another handler claimed). A session that never
+pressed (an API client) runs. The **started run** (a ``Turn``, from ``start``) holds its
+``RunControl`` while it runs, its way out of the page's queue while it waits there, and whether
+Stop reached it. ``queued``, ``attach`` and ``finish`` name their turn, so a stopped run that ends
+late (a generator Gradio closes after the next run began) never touches the next run.
 
 What Stop answers tells the page what to do: ``"running"`` (the run stops itself within a step
 and says so), ``"waiting"`` (the run is taken out of the page's queue, or its press ends as its
-handler starts, and says so), ``"queued"`` (the run waits in Gradio's own queue, which only
-happens where Run has a concurrency limit, on ZeroGPU: the page then takes it out with a cancel)
-or ``"idle"`` (nothing to stop). Off ZeroGPU the page never cancels a Run event: a cancel reaches
-every Run event of the session, the next run's too.
+handler starts, and says so; also a Stop older than the run going on, which it leaves alone),
+``"queued"`` (the run waits in Gradio's own queue, which only happens where Run has a concurrency
+limit, on ZeroGPU: the page then takes it out with a cancel) or ``"idle"`` (nothing to stop). Off
+ZeroGPU the page never cancels a Run event: a cancel reaches every Run event of the session, the
+next run's too.
 """
 
 from __future__ import annotations
@@ -61,6 +72,7 @@ class Turn:
     control: RunControl | None = None  # while its engines run
     leave: Callable[[], None] | None = None  # while it waits in the page's queue: takes it out
     stop_requested: bool = False
+    press_seq: int = 0  # the number of the click it runs for (0: no press, an API client)
 
 
 class RunHandle:
@@ -74,12 +86,13 @@ class RunHandle:
     def __init__(self, gradio_queue: bool = False) -> None:
         self.gradio_queue = gradio_queue
         self._lock = threading.Lock()
-        self._num_pressed = 0  # Run presses counted (repeats and replays are not)
-        self._num_claimed = 0  # presses a started handler (or a cancel) accounted for
-        self._stopped_upto = 0  # Stop came after this many presses
+        self._seen_seq = 0  # the highest click number of a press or Stop seen
+        self._press_seq = 0  # the latest press's click number (replays are not presses)
+        self._pressed_during: int | None = None  # it came while the run for this press went on
+        self._claimed_seq = 0  # presses up to this number a handler (or a cancel) accounted for
+        self._stop_seq = 0  # the latest Stop's click number
         self._turn: Turn | None = None  # the started run, until its handler finishes
         self._sent = False  # a Run event was sent and its handler has not started
-        self._deferred = False  # a click the browser deferred: it replays it (press, then run)
 
     def __deepcopy__(self, memo) -> RunHandle:
         return RunHandle(self.gradio_queue)
@@ -96,36 +109,38 @@ class RunHandle:
         turn = self._turn
         return None if turn is None else turn.control
 
-    def press(self) -> bool:
-        """A click on Run (before the browser sends, defers or replays its run); whether its run
-        will go: False for a repeat (a press while a run goes on, or waits to start, that nobody
-        stopped: not counted) and for the replay of a deferred click whose press Stop marked."""
+    def press(self, seq: int = 0) -> bool:
+        """A click on Run (before the browser sends, defers or replays its run), numbered ``seq``
+        in the page's sequence of clicks (0: numbered on arrival); whether a run will go for it:
+        False for a repeat (see the module docstring), for a press that joins a run waiting to
+        start for an earlier one (one run goes, for the latest) and for a press a Stop came
+        after."""
         with self._lock:
-            busy = self._turn is not None or self._sent  # the tab's Run event is pending
-            if self._deferred and not busy:  # the browser replays the click it deferred
-                self._deferred, self._sent = False, True
-                return self._will_run()
-            if busy:
-                self._deferred = True  # the browser keeps this click and replays it later
-            else:
-                self._sent = True  # the browser sends its Run event now
-            turn = self._turn
-            if (turn is not None and not turn.stop_requested) or self._will_run():
-                return False
-            self._num_pressed += 1
-            return True
+            if 0 < seq <= self._seen_seq and seq == self._press_seq:  # a deferred click's replay
+                self._sent = True
+                return self._pending() and self._skip() is None
+            seq, turn = self._number(seq), self._turn
+            # A run waits to start for an earlier press that no Stop marked: this press joins it.
+            waiting = turn is None and self._pending() and self._skip() is None
+            if turn is None:
+                self._sent = True  # no Run event pending: the browser sends this one now
+            if seq > self._press_seq:
+                self._press_seq = seq
+                self._pressed_during = None if turn is None else turn.press_seq
+            return self._skip() is None and not waiting
 
     def start(self) -> Turn:
         """A Run handler begins: its ``Turn`` (``skip`` says why it must not run, if so); see the
         module docstring."""
         with self._lock:
             self._sent = False
-            if self._num_pressed and not self._pending():
+            if self._press_seq and not self._pending():
                 return Turn(skip=REPEAT_PRESS)
-            self._num_claimed = self._num_pressed
-            if self._num_pressed and self._stopped_upto >= self._num_pressed:
-                return Turn(skip=STOPPED_PRESS)
-            self._turn = Turn()
+            skip = self._skip()
+            self._claimed_seq = self._press_seq
+            if skip is not None:
+                return Turn(skip=skip)
+            self._turn = Turn(press_seq=self._press_seq)
             return self._turn
 
     def queued(self, turn: Turn, leave: Callable[[], None]) -> None:
@@ -150,13 +165,15 @@ class RunHandle:
             if self._turn is turn:
                 self._turn = None
 
-    def stop(self) -> str:
-        """Stop pressed: stop the started run and mark every press so far; what there was to
-        stop (see the module docstring)."""
+    def stop(self, seq: int = 0) -> str:
+        """Stop pressed, numbered ``seq`` in the page's sequence of clicks (0: numbered on
+        arrival): stop the started run and mark every press before it; what there was to stop
+        (see the module docstring)."""
         with self._lock:
+            seq = self._number(seq)
+            self._stop_seq = max(self._stop_seq, seq)
             turn, pending = self._turn, self._pending()
-            self._stopped_upto = self._num_pressed
-            if turn is not None:
+            if turn is not None and turn.press_seq < seq:
                 turn.stop_requested = True
                 if turn.control is not None:
                     turn.control.stop()
@@ -164,6 +181,8 @@ class RunHandle:
                 if turn.leave is not None:
                     turn.leave()
                 return WAITING
+            if turn is not None or (pending and self._press_seq > seq):
+                return WAITING  # a Stop older than the run, or the press, it found: left alone
             if pending:
                 return QUEUED if self.gradio_queue and self._sent else WAITING
             return IDLE
@@ -172,13 +191,26 @@ class RunHandle:
         """The page cancelled the session's Run events waiting in Gradio's queue: no press that
         Stop marked will start (a click deferred since is replayed after a later run)."""
         with self._lock:
-            self._num_claimed = max(self._num_claimed, self._stopped_upto)
+            if self._press_seq < self._stop_seq:
+                self._claimed_seq = max(self._claimed_seq, self._press_seq)
             self._sent = False
 
-    def _pending(self) -> bool:
-        """Presses that no handler has claimed yet."""
-        return self._num_claimed < self._num_pressed
+    def _number(self, seq: int) -> int:
+        """A click's number: ``seq``, or for an unnumbered one the next on arrival."""
+        seq = seq if seq > 0 else self._seen_seq + 1
+        self._seen_seq = max(self._seen_seq, seq)
+        return seq
 
-    def _will_run(self) -> bool:
-        """A press waits to start and Stop did not come after it."""
-        return self._pending() and self._stopped_upto < self._num_pressed
+    def _pending(self) -> bool:
+        """A press that no handler has claimed yet."""
+        return self._claimed_seq < self._press_seq
+
+    def _skip(self) -> str | None:
+        """Why the run for the latest press must not go (None: it goes): a Stop after it, or a
+        repeat (made while a run went on that no Stop numbered before it stopped)."""
+        if self._stop_seq > self._press_seq:
+            return STOPPED_PRESS
+        during = self._pressed_during
+        if during is not None and self._stop_seq < during:
+            return REPEAT_PRESS
+        return None

@@ -40,7 +40,7 @@ class RunSettings:
     check_reference: bool  # check the outputs against model.generate
     kv_mode: str | None  # "paged", "slots" or "concat"; blank: "paged"
     token_budget: Any  # tokens per step; blank or 0: no limit
-    policy: str | None  # "decode_first" or "prefill_first"; blank: "decode_first"
+    policy: str | None  # "decode_first", "prefill_first" or "vllm"; blank: "decode_first"
     compare_hf: bool  # also run transformers' continuous batching
     arrival_rate: Any  # Poisson arrivals, requests/s; blank or 0: the table's arrival_s
     x_axis: str  # the timelines' x axis, "time" or "step" (a view: no engine knob)

@@ -1,6 +1,6 @@
 """What the page looks like on a phone (390 × 844) and at 1,280 × 720, measured in the browser:
-whole headers and caps in the request table, every prefill bar in the per-step chart, barrier
-labels apart, the KV-cache dropdown's text whole, the title in one font.
+whole headers and caps in the request table, every prefill bar and line label in the per-step
+chart, barrier labels apart, the KV-cache dropdown's text whole, the title in one font.
 
 Screenshots go to ``screenshots/`` at the repository's root (gitignored), for a person to look at.
 """
@@ -69,6 +69,37 @@ def test_every_prefill_bar_of_the_step_chart_shows(page: Page, size: dict):
     widths = plot.evaluate(PREFILL_BARS_JS)
     shown = [w for w in widths if w >= 2]
     assert len(shown) == num_prefill, f"{num_prefill} prefill steps, bars shown px: {widths}"
+    _shoot(page, "step_usage_plot", size)
+
+
+# Each annotation of a plot: its text and box, and the plot area's left and right (page px).
+ANNOTATIONS_JS = """plot => {
+    const svg = plot.querySelector('.main-svg').getBoundingClientRect();
+    const size = plot._fullLayout._size;  // Plotly's plot area, px from the svg's corner
+    return Array.from(plot.querySelectorAll('.annotation')).map(e => {
+        const r = e.getBoundingClientRect();
+        return {text: e.textContent, left: r.left, right: r.right,
+                areaLeft: svg.left + size.l, areaRight: svg.left + size.l + size.w};
+    });
+}"""
+
+
+@SIZES
+def test_step_chart_labels_stay_within_the_plot(page: Page, size: dict):
+    """The per-step chart's line labels ("the whole pool, 100 %", the token budget) lie within
+    the plot area, also on a phone (issue 27: the pool's label ran past the left edge)."""
+    page.set_viewport_size(size)
+    plot = page.locator("#step_usage_plot .js-plotly-plot")
+    expect(plot).to_have_count(1, timeout=60_000)
+    page.wait_for_timeout(1500)  # Plotly redraws at the new size
+    labels = plot.evaluate(ANNOTATIONS_JS)
+    assert any("the whole pool" in label["text"] for label in labels), labels
+    outside = [
+        label
+        for label in labels
+        if label["left"] < label["areaLeft"] - 1 or label["right"] > label["areaRight"] + 1
+    ]
+    assert not outside, f"{size['width']} px: labels past the plot area: {outside}"
     _shoot(page, "step_usage_plot", size)
 
 

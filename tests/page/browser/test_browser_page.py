@@ -100,6 +100,22 @@ def test_metrics_columns_have_hover_definitions(page: Page):
     expect(page.locator("#metrics_note")).to_contain_text("Different denominators")
 
 
+def test_each_scheduling_policy_has_its_hover_text(page: Page):
+    """Each choice of "Who gets the budget first", vLLM's order too, explains itself on hover."""
+    from engine.page.panels.settings_panel import POLICY_HELP
+
+    page.get_by_text("Engine settings", exact=True).click()
+    for label, help_text in POLICY_HELP.items():
+        choice = page.locator("#policy_radio label").filter(has_text=label).first
+        expect(choice).to_have_attribute("title", help_text, timeout=10_000)
+    choice = page.locator("#policy_radio label").filter(has_text="vLLM's order").first
+    choice.scroll_into_view_if_needed()
+    choice.hover()
+    shot = SCREENSHOTS / "policy-radio.png"
+    page.locator("#policy_radio").screenshot(path=str(shot))
+    print(f"screenshot: {shot}")
+
+
 # --- layout: phone and 1,280 px -------------------------------------------------------------------
 
 BOXES_JS = """sel => Array.from(document.querySelectorAll(sel)).map(e => {

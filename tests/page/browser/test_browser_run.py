@@ -6,7 +6,6 @@ import re
 import time
 from pathlib import Path
 
-import pytest
 from browser_kit import (
     PYTESTMARK,
     RUN_TIMEOUT_MS,
@@ -158,11 +157,6 @@ QUICK_PAIRS_JS = """() => {
 }"""
 
 
-@pytest.mark.xfail(
-    reason="issue 27 item 4, open: with replays on (the page's Run), a run still goes 5 s after "
-    "the last Stop in about 3 of 5 tries; the handler-level test_run_stop_pairs passes",
-    strict=False,
-)
 def test_quick_run_stop_pairs_end_stopped_and_the_next_run_runs(page: Page):
     """Stop, then three quick Run/Stop pairs while the stopped run still ends: nothing runs after
     the last Stop (the status stays on Stopped), no Stop said nothing was running, and the next

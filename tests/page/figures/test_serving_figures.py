@@ -62,7 +62,7 @@ def test_step_usage_stacks_tokens_under_the_budget_and_follows_kv_blocks(paged):
     assert list(kv.customdata) == [100 * st.kv_blocks_used / 14 for st in paged.steps]
     assert "of 14 blocks, %{customdata:.0f} % of the pool" in kv.hovertemplate
     pool = [a.text for a in fig.layout.annotations if a.text.startswith("the whole pool")]
-    assert pool and "100 %: 14 blocks of 4 tokens, " in pool[0] and " MiB" in pool[0], pool
+    assert pool and "100 %:<br>14 blocks of 4 tokens, " in pool[0] and " MiB" in pool[0], pool
     marks = next(t for t in fig.data if t.name == "preemption")
     assert list(marks.x) == [st.index for st in paged.steps if st.preempted]
 

@@ -371,7 +371,15 @@ def test_app_wiring():
     assert sorted(str(fn.targets) for fn in pressed) == targets, "Run presses are not noted"
     assert not any(fn.queue for fn in pressed), "a Run press waits in the queue to be noted"
     (stop,) = [fn for fn in demo.fns.values() if fn.fn is playground.stop_event]
-    assert stop.concurrency_limit is None, "Stop must never wait for another event"
+    assert not stop.queue, "Stop waits in the queue: it can reach the server after a later Run"
+    for fn in [*pressed, stop]:  # issue 27: "once" drops a click while the last one is pending
+        assert fn.trigger_mode == "multiple", f"{fn.name}: a quick second click is dropped"
+    numbered = [fn for fn in [*pressed, stop] if len(fn.inputs) == 2 and fn.js]
+    assert len(numbered) == 3, "a press or Stop lacks its click number (issue 27)"
+    (told,) = [fn for fn in demo.fns.values() if fn.fn is playground.stop_told]
+    assert told.queue and told.trigger_after == next(
+        i for i, fn in demo.fns.items() if fn is stop
+    ), "Stop's toast is not queued after Stop"
     stop_cancels = [fn.cancels for fn in demo.fns.values() if fn.targets == stop.targets]
     assert not any(stop_cancels), "Stop cancels the Run event (a cancel waits, and drops Run)"
     (leave,) = [fn for fn in demo.fns.values() if fn.fn is playground.left_queue_event]

@@ -77,9 +77,11 @@ class _RunEvent:
 class _Tab:
     """One browser tab's Run and Stop, as Gradio 6 runs them for app.py's wiring.
 
-    Run calls ``run_pressed``, then sends the Run event; while the tab's previous Run event has
-    not ended it defers the click instead (``trigger_mode="always_last"``: only the last click is
-    kept) and replays it whole when that event ends: ``run_pressed`` again, then the event. A
+    Clicks on Run and Stop are numbered in one sequence, as the page's script does. Run calls
+    ``run_pressed`` with its click's number, then sends the Run event; while the tab's previous
+    Run event has not ended it defers the click instead (``trigger_mode="always_last"``: only the
+    last click is kept) and replays it whole when that event ends: ``run_pressed`` again (with
+    the latest Run click's number), then the event. A
     sent event waits up to ``dispatch_s`` for a worker (Gradio's queue), then its generator is
     consumed in a thread. Stop calls ``stop_event`` in a thread; an answer "queued" comes back to
     the browser (5-40 ms), whose script clicks the hidden button: the cancel of every Run event
@@ -98,10 +100,14 @@ class _Tab:
         self.deferred_s: float | None = None  # when the press the browser defers was made
         self.stops: list[threading.Thread] = []
         self.stops_s: list[float] = []
+        self.num_clicks = 0  # clicks on Run and Stop so far (assets/page.js numbers them)
+        self.run_click = 0  # the latest Run click's number
 
     def run(self) -> None:
         pressed_s = time.monotonic()
-        playground.run_pressed(self.handle)
+        self.num_clicks += 1
+        self.run_click = self.num_clicks
+        playground.run_pressed(self.handle, self.run_click)
         with self.lock:
             if self.events and not self.events[-1].done.is_set():
                 self.deferred_s = pressed_s
@@ -109,7 +115,8 @@ class _Tab:
                 self._send(pressed_s)
 
     def stop(self) -> None:
-        thread = threading.Thread(target=self._stop)
+        self.num_clicks += 1
+        thread = threading.Thread(target=self._stop, args=(self.num_clicks,))
         self.stops.append(thread)
         thread.start()
 
@@ -175,13 +182,13 @@ class _Tab:
             if not event.done.is_set():
                 event.done.set()
                 if replay and self.deferred_s is not None:
-                    playground.run_pressed(self.handle)
+                    playground.run_pressed(self.handle, self.run_click)
                     self._send(self.deferred_s)
                     self.deferred_s = None
 
-    def _stop(self) -> None:
+    def _stop(self, seq: int) -> None:
         self.stops_s.append(time.monotonic())
-        answer = playground.stop_event(self.handle)
+        answer = playground.stop_event(self.handle, seq)
         if answer != "queued":
             return
         time.sleep(self.rng.uniform(0.005, 0.04))  # the answer's way to the browser and back

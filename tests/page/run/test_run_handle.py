@@ -42,27 +42,27 @@ def test_stop_of_a_running_run_sets_its_own_stop_flag():
 def test_run_pressed_while_the_stopped_run_ends_starts():
     """A press after Stop, while the stopped run still ends, is a real press: it starts next."""
     handle = RunHandle()
-    handle.press()
+    handle.press(1)  # the click's number in the page's sequence of Run and Stop clicks
     turn = handle.start()
     handle.attach(turn, RunControl())
-    handle.stop()
-    assert handle.press(), "a press after Stop was taken for a repeat"
+    handle.stop(2)
+    assert handle.press(3), "a press after Stop was taken for a repeat"
     handle.finish(turn)  # 0.2 s after Stop: the browser deferred the click until now
-    assert handle.press(), "the deferred click's replay says its run will not go"
+    assert handle.press(3), "the deferred click's replay says its run will not go"
     assert handle.start().skip is None, "the run pressed after Stop did not start"
 
 
 def test_a_second_press_during_a_run_is_skipped(shared):
     """Run pressed again while a run goes on (no Stop): its deferred run changes nothing."""
     handle = RunHandle()
-    handle.press()
+    handle.press(1)
     turn = handle.start()
-    assert not handle.press(), "a second press during a run was not taken for a repeat"
+    assert not handle.press(2), "a second press during a run was not taken for a repeat"
     handle.finish(turn)
-    assert not handle.press(), "the repeat's replayed click says a run will go"
+    assert not handle.press(2), "the repeat's replayed click says a run will go"
     updates = list(playground.run_event([["hi", 2]], *KNOBS, handle=handle))
     assert updates == [run_view.run_outputs()], "the repeat press ran or changed the page"
-    handle.press()
+    handle.press(3)
     assert handle.start().skip is None, "the press after the skipped repeat does not start"
 
 
@@ -132,23 +132,23 @@ def test_presses_before_a_start_give_one_run_for_the_latest():
     """A double press gives one run; presses before a start run for the latest one: stopped if
     Stop came after it, else run once (the replayed click's run is skipped)."""
     handle = RunHandle()
-    assert handle.press() and not handle.press(), "a double press was taken for two runs"
+    assert handle.press(1) and not handle.press(2), "a double press was taken for two runs"
     turn = handle.start()
     assert turn.skip is None
     handle.finish(turn)
-    assert not handle.press(), "the deferred second click's replay says a run will go"
+    assert not handle.press(2), "the deferred second click's replay says a run will go"
     assert handle.start().skip == "repeat", "a double press ran twice"
     handle = RunHandle()
-    handle.press()
-    assert handle.stop() == WAITING and not handle.idle, "Stop overlooked a press not started"
-    assert handle.press(), "a press after Stop was taken for a repeat"
+    handle.press(1)
+    assert handle.stop(2) == WAITING and not handle.idle, "Stop overlooked a press not started"
+    assert handle.press(3), "a press after Stop was taken for a repeat"
     turn = handle.start()
     assert turn.skip is None, "the press after Stop did not run"
     handle.finish(turn)
-    handle.press()  # the deferred click's replay
+    handle.press(3)  # the deferred click's replay
     assert handle.start().skip == "repeat", "one press ran twice"
-    handle.press()
-    handle.stop()
+    handle.press(4)
+    handle.stop(5)
     assert handle.start().skip == "stopped", "a press before Stop ran"
 
 
@@ -157,14 +157,14 @@ def test_a_replayed_click_is_not_a_new_press():
     replay does not undo a Stop that came after the click; a session that never pressed (an
     API client) runs."""
     handle = RunHandle()
-    handle.press()
+    handle.press(1)
     turn = handle.start()
     handle.attach(turn, RunControl())
-    handle.stop()
-    assert handle.press(), "a press after Stop was taken for a repeat"
-    assert handle.stop() == RUNNING
+    handle.stop(2)
+    assert handle.press(3), "a press after Stop was taken for a repeat"
+    assert handle.stop(4) == RUNNING
     handle.finish(turn)
-    assert not handle.press(), "the replay of a stopped click says its run will go"
+    assert not handle.press(3), "the replay of a stopped click says its run will go"
     assert handle.start().skip == "stopped", "a replayed click undid the Stop after it"
     assert handle.idle, "a replayed click was counted as a new press"
     assert RunHandle().start().skip is None
@@ -173,12 +173,57 @@ def test_a_replayed_click_is_not_a_new_press():
 def test_a_repeat_then_stop_then_run_runs_the_last_press():
     """Run twice during a run, Stop, Run: the browser replays the last click, and it runs."""
     handle = RunHandle()
-    handle.press()
+    handle.press(1)
     turn = handle.start()
     handle.attach(turn, RunControl())
-    assert not handle.press()
-    handle.stop()
-    assert handle.press()
+    assert not handle.press(2)
+    handle.stop(3)
+    assert handle.press(4)
     handle.finish(turn)
-    assert handle.press(), "the replayed click says its run will not go"
+    assert handle.press(4), "the replayed click says its run will not go"
     assert handle.start().skip is None, "the press after Stop was skipped as a repeat"
+
+
+def test_a_click_the_browser_did_not_defer_is_never_taken_for_a_replay():
+    """Issue 27: clicks the browser sent rather than deferred (its view of the pending run lags
+    the server's) leave no replay due: the next click, much later, runs."""
+    handle = RunHandle()
+    handle.press(1)
+    turn = handle.start()
+    handle.finish(turn)  # the run's end has not reached the browser: it defers the next click
+    assert handle.press(2), "a press after the run ended was taken for a repeat"
+    assert handle.press(2), "the replay of that deferred click says its run will not go"
+    turn = handle.start()
+    assert turn.skip is None, "the click after the run ended did not run"
+    assert not handle.press(3), "a press during a run was not taken for a repeat"
+    handle.finish(turn)  # the browser sent click 3's Run event at once (its run not yet seen)
+    assert handle.start().skip == "repeat", "the repeat press ran"
+    assert handle.press(4), "a new click, much later, was taken for a replay"
+    assert handle.start().skip is None, "a new click, much later, did not run"
+
+
+def test_stops_and_presses_reaching_the_server_out_of_order_act_in_click_order():
+    """Issue 27: under load an unqueued Stop was handled before the press of a Run clicked 80 ms
+    earlier. By their click numbers: the last Stop still stops that press, and an earlier Stop
+    arriving late neither stops the run of a later press nor turns a real press into a repeat."""
+    handle = RunHandle()
+    handle.press(1)
+    turn = handle.start()
+    handle.attach(turn, RunControl())
+    assert not handle.press(3), "a press during a run, its Stop not yet arrived, said it runs"
+    assert handle.stop(2) == RUNNING, "the Stop before press 3, arriving after it, did not stop"
+    assert handle.stop(5) == RUNNING
+    assert not handle.press(4), "a press that Stop 5 came after says its run will go"
+    handle.finish(turn)
+    assert not handle.press(4), "the replay of press 4 says its run will go"
+    assert handle.start().skip == "stopped", "press 4 ran although Stop 5 came after it"
+    assert handle.idle, "the stopped presses still wait"
+    handle.press(6)
+    second, control = handle.start(), RunControl()
+    assert second.skip is None, "the run pressed after the Stops did not start"
+    handle.attach(second, control)
+    assert handle.stop(2) == WAITING, "a late Stop older than the run answered as if it stopped"
+    control.check()  # not stopped
+    assert handle.stop(7) == RUNNING
+    with pytest.raises(RunCancelled):
+        control.check()
