@@ -7,8 +7,8 @@ Beside them: the ``loader``, the ``device`` and dtype checks (``dtype_support``)
 ``serving``, ``kernels``.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
-``kernel_choice`` serves it from inside; ``kernel_store`` is in the face for the bench, which reports
-how a choice was made (``ORIGINS``).
+``kernel_choice`` serves it from inside; ``kernel_store`` is in the face for the bench, which
+reports how a choice was made (``ORIGINS``).
 """
 
 __all__ = [
