@@ -22,7 +22,11 @@ every output skipped. Sent twice a second, that took 14 s of a core in a 99 s ru
 runs took 1.13-1.34x the bench's. So ``LiveTimelines`` also paces the updates: it times how long
 Gradio took over the last one (from its hand-over to the next request for one) and waits long
 enough that this stays under ``UPDATE_SHARE`` of the run's time (``wait_s``), and it sends the
-outputs table only when its rows changed.
+outputs table only when its rows changed. The wait is at most ``MAX_UPDATE_WAIT_S`` (4 s): that
+hand-over time is wall time, and the page's server threads run at a lower priority than the
+engines (``CBP_SERVER_NICE``), so on a busy CPU one update can take them a second or more, and
+50 times that froze the live progress for a minute or longer (issue 26's room, and a browser
+test on a loaded machine: "Running · 0.5 s" for over 60 s).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ ENGINE_LABELS = {
 LIVE_ENGINES = ("static", "continuous")  # the engines with a timeline and an outputs column
 TIMELINE_CPU_SHARE = 0.02  # live timelines' drawing: at most this share of the run's time
 UPDATE_SHARE = 0.02  # Gradio's handling of live updates: at most this share of the run's time
+MAX_UPDATE_WAIT_S = 4.0  # ... but the live progress moves at least this often
 
 
 def progress_line(
@@ -163,7 +168,8 @@ class LiveTimelines:
     After a timeline redraw that took ``c`` seconds of this thread's CPU, the next waits
     ``c / cpu_share`` seconds, unless an engine's first steps arrive (its timeline is drawn at
     once). After an update that Gradio took ``g`` seconds to handle, the next waits at least
-    ``g / update_share`` seconds (``wait_s``). The outputs table is sent when its rows change.
+    ``g / update_share`` seconds, and at most ``MAX_UPDATE_WAIT_S`` (``wait_s``). The outputs
+    table is sent when its rows change.
     """
 
     def __init__(self, cpu_share: float = TIMELINE_CPU_SHARE, update_share: float = UPDATE_SHARE):
@@ -178,8 +184,10 @@ class LiveTimelines:
         self._handed_s: float | None = None  # when the last update was handed to Gradio
 
     def wait_s(self, interval_s: float) -> float:
-        """Seconds to wait before the next update: ``interval_s``, or longer after a costly one."""
-        return max(interval_s, self.update_cost_s / self.update_share)
+        """Seconds to wait before the next update: ``interval_s``, or longer after a costly one,
+        up to ``MAX_UPDATE_WAIT_S``."""
+        paced_s = max(interval_s, self.update_cost_s / self.update_share)
+        return min(paced_s, max(interval_s, MAX_UPDATE_WAIT_S))
 
     def resumed(self) -> None:
         """Gradio asks for the next update: handling the last one took it until now."""

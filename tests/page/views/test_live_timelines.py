@@ -13,7 +13,7 @@ from engine.batching.continuous import ContinuousEngine
 from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
 from engine.page.run.live_run import EngineProgress
-from engine.page.views.progress_view import LiveTimelines
+from engine.page.views.progress_view import MAX_UPDATE_WAIT_S, LiveTimelines
 from engine.page.views.run_view import RUN_OUTPUTS
 
 STATIC = RUN_OUTPUTS.index("static_timeline_plot")
@@ -65,10 +65,18 @@ def test_updates_wait_in_proportion_to_what_gradio_took_over_the_last():
     views.outputs(progress, make_requests([("hello", 4), ("abc", 3)]), 2, "time", 1.0, None)
     time.sleep(0.1)  # Gradio's postprocessing and sending, as the handler sees it
     views.resumed()
-    assert views.wait_s(0.5) >= 0.1 / 0.02, views.update_cost_s
+    assert views.wait_s(0.5) >= min(0.1 / 0.02, MAX_UPDATE_WAIT_S), views.update_cost_s
     views.outputs(progress, make_requests([("hello", 4), ("abc", 3)]), 2, "time", 1.5, None)
     views.resumed()  # handled at once
     assert views.wait_s(0.5) == 0.5, views.update_cost_s
+
+
+def test_a_slow_hand_over_never_freezes_the_progress_longer_than_the_cap():
+    """Gradio taking 3 s over an update (a starved server thread) waits 4 s, not 150 s."""
+    views = LiveTimelines(update_share=0.02)
+    views.update_cost_s = 3.0
+    assert views.wait_s(0.5) == MAX_UPDATE_WAIT_S, views.wait_s(0.5)
+    assert views.wait_s(10.0) == 10.0, "a longer plain interval is kept"
 
 
 def test_outputs_table_is_sent_only_when_its_rows_change():
