@@ -72,13 +72,11 @@ def run_work(
     the reference source its outputs are checked against (its ``missing`` references are the
     reference pass's work; None: all of them)."""
     continuous = continuous_steps(requests, config)
-    references = {}
-    if options.check_reference:
-        references = (
-            reference.missing(requests)
-            if reference is not None
-            else {(r.prompt_token_ids, r.request_id): r.max_new_tokens for r in requests}
-        )
+    references, recheck = {}, None
+    if options.check_reference and reference is not None:
+        references, recheck = reference.missing(requests), reference.still_missing
+    elif options.check_reference:
+        references = {(r.prompt_token_ids, r.request_id): r.max_new_tokens for r in requests}
     return Work(
         static_steps=static_steps(requests, config),
         continuous_steps=continuous,
@@ -86,6 +84,7 @@ def run_work(
         prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
         references=references,
         min_wall_s=max((r.arrival_s for r in requests), default=0.0),
+        recheck=recheck,
     )
 
 

@@ -27,7 +27,7 @@ so far over the units of its steps so far (``Pace.from_progress``).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
 LEARNING_RATE = 0.5  # each finished run moves a part's pace this share of the way to its own
@@ -45,7 +45,8 @@ class Work:
 
     ``references``: the reference outputs it must compute, those not stored when it joined, as
     ``(prompt ids, sampling) -> cap``; a run ahead computing the same key to at least that cap makes
-    it free. ``min_wall_s``: the engines wait for the last arrival, whatever their steps.
+    it free, and so does one stored since (``recheck(references)``: those still missing now).
+    ``min_wall_s``: the engines wait for the last arrival, whatever their steps.
     """
 
     static_steps: int = 0
@@ -54,11 +55,18 @@ class Work:
     prompt_tokens: int = 0  # every request's prompt, prefilled once by each engine
     references: Mapping[Hashable, int] = field(default_factory=dict)
     min_wall_s: float = 0.0
+    recheck: Callable[[Mapping], Mapping] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of_steps(cls, steps: int) -> Work:
         """Work known only as a number of steps (counted as the continuous engine's)."""
         return cls(continuous_steps=max(1, int(steps)))
+
+    def missing_now(self) -> Mapping[Hashable, int]:
+        """Its references still to compute now (``recheck``ed: stored since it joined are not)."""
+        if self.recheck is None or not self.references:
+            return self.references
+        return self.recheck(self.references)
 
     @property
     def steps(self) -> int:

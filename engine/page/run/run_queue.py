@@ -42,6 +42,10 @@ from dataclasses import dataclass, field
 from engine.page.run.run_cost import Pace, Work
 
 STALE_S = 15.0  # a waiting ticket not asked about for this long is dropped
+# Before any run finished, the running run's pace counts once it has done this many steps: its
+# first steps carry its prompts' prefill, and its progress reaches the queue seconds late (the
+# page's updates are paced), so a pace taken at once read 12x too slow in a room (2026-12-02).
+MIN_PROGRESS_STEPS = 20
 
 
 @dataclass
@@ -57,6 +61,7 @@ class Ticket:
     # what it runs, when it may be shown a run of the same setup instead (None: it runs live)
     setup: Hashable | None = None
     steps_done: int = 0  # its engine steps so far, once it runs (``RunQueue.progress``)
+    steps_done_s: float | None = None  # when those steps were reported (the queue's clock)
 
     @property
     def work_steps(self) -> int:
@@ -158,7 +163,8 @@ class RunQueue:
     def progress(self, ticket: Ticket, steps_done: int) -> None:
         """The running ``ticket``'s run has done ``steps_done`` engine steps."""
         with self._changed:
-            ticket.steps_done = max(ticket.steps_done, int(steps_done))
+            if int(steps_done) > ticket.steps_done:
+                ticket.steps_done, ticket.steps_done_s = int(steps_done), self.clock()
 
     def finish(
         self, ticket: Ticket, wall_s: float, parts_s: dict[str, float] | None = None
@@ -193,7 +199,7 @@ class RunQueue:
 
     def _wait_estimate_s(self, ahead: list[Ticket], now: float) -> float | None:
         running = self._running
-        pace = self.pace if self.pace.known else self._progress_pace(now)
+        pace = self.pace if self.pace.known else self._progress_pace()
         if pace is None:
             return None
         setups = set() if running is None or running.setup is None else {running.setup}
@@ -204,7 +210,8 @@ class RunQueue:
         for t in ahead:  # a setup already ahead is measured once; the rest are shown that run
             free = t.setup is not None and (t.setup in setups or self.shown_instead(t.setup))
             if not free:
-                refs = {k: c for k, c in t.work.references.items() if computed.get(k, -1) < c}
+                missing = t.work.missing_now()
+                refs = {k: c for k, c in missing.items() if computed.get(k, -1) < c}
                 wait_s += pace.cost_s(t.work, refs)
                 computed.update(refs)
             if t.setup is not None:
@@ -219,12 +226,16 @@ class RunQueue:
             left_s = max(left_s, pace.engine_s_left(running.work, running.steps_done))
         return max(0.0, left_s)
 
-    def _progress_pace(self, now: float) -> Pace | None:
-        """Before any run finished: the running run's pace so far (None before its steps)."""
+    def _progress_pace(self) -> Pace | None:
+        """Before any run finished: the running run's pace so far, as of its last report (None
+        before ``MIN_PROGRESS_STEPS``)."""
         running = self._running
         if running is None or running.started_s is None:
             return None
-        return Pace.from_progress(running.work, now - running.started_s, running.steps_done)
+        if running.steps_done < MIN_PROGRESS_STEPS or running.steps_done_s is None:
+            return None
+        elapsed_s = running.steps_done_s - running.started_s  # when they were done, not now
+        return Pace.from_progress(running.work, elapsed_s, running.steps_done)
 
     def _check_waiting(self, ticket: Ticket) -> None:
         """Note that ``ticket``'s handler asked, and drop the waiting tickets nobody asks about.

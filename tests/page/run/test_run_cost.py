@@ -128,3 +128,22 @@ def test_a_reference_a_run_ahead_computes_is_not_counted_again():
     larger = queue.pace.cost_s(third.work)
     assert queue.place(fourth).estimate_s == pytest.approx(with_ref + without + larger)
     assert second.work.references == third.work.references | {key: 50}
+
+
+def test_a_reference_stored_since_a_run_joined_is_no_longer_counted():
+    """A waiting run's references are checked again at each estimate (``recheck``): one stored
+    meanwhile (by another setup's run) costs nothing any more."""
+    key = (tuple(range(10)), None)
+    stored = set()
+    recheck = lambda refs: {k: c for k, c in refs.items() if k not in stored}  # noqa: E731
+    queue = RunQueue(s_per_step=0.1, stale_s=1e9)
+    queue.join("a", Work(continuous_steps=100))
+    waiting = queue.join("b", Work(continuous_steps=100, references={key: 50}, recheck=recheck))
+    last = queue.join("c", Work(continuous_steps=1))
+    before = queue.place(last).estimate_s
+    stored.add(key)
+    after = queue.place(last).estimate_s
+    assert before - after == pytest.approx(
+        queue.pace.cost_s(waiting.work) - queue.pace.cost_s(waiting.work, references={})
+    )
+    assert after < before

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from engine.page.run.run_cost import Pace
-from engine.page.run.run_queue import RunQueue
+from engine.page.run.run_queue import MIN_PROGRESS_STEPS, RunQueue
 
 
 class Clock:
@@ -85,13 +85,16 @@ def test_before_any_run_finished_the_running_runs_progress_gives_the_pace():
     assert queue.wait_turn(first, timeout_s=0)
     clock.now_s += 10
     assert queue.place(second).estimate_s is None, "no steps yet, no pace"
+    queue.progress(first, MIN_PROGRESS_STEPS - 1)
+    assert queue.place(second).estimate_s is None, "a pace from its first few steps"
     queue.progress(first, 20)  # 0.5 s a step
     left_s = 80 * 0.5 + queue.pace.run_s  # its steps left, then its rendering
     assert queue.place(second).estimate_s == pytest.approx(left_s), "80 steps left at 0.5 s"
     assert not queue.measured
     clock.now_s += 60  # slower than that: 30 of 100 steps in 70 s
     queue.progress(first, 30)
-    assert queue.place(second).estimate_s == pytest.approx(70 * 70 / 30 + queue.pace.run_s)
+    clock.now_s += 5  # the next report is late: the pace is as of the last one
+    assert queue.place(second).estimate_s == pytest.approx(70 * 70 / 30), "its 70 steps left"
 
 
 def test_leaving_moves_the_rest_up_and_frees_the_model():
