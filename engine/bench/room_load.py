@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import re
 import statistics
@@ -46,6 +47,7 @@ STATUS_INDEX = 7  # the status line's place in /run's outputs (the run's state i
 REPLAY_TARGET_S = 10.0
 ESTIMATE_TOLERANCE = 0.30
 MIN_WAIT_S = 10.0  # an estimate's error is judged against at least this wait
+ROUNDING_S = 5.0  # the page says a wait under 90 s to the nearest 10 s
 STATUS_TIMES = re.compile(r"static ([0-9.]+) s · continuous ([0-9.]+) s")
 ESTIMATE = re.compile(r"estimate ([0-9.]+) (s|min)")
 CHROMIUM = "/usr/bin/chromium"  # the browser sessions' (--browsers)
@@ -83,11 +85,15 @@ class Session:
     @property
     def estimate_error(self) -> float | None:
         """(estimate - actual wait) / actual wait, for a session told an estimate; a wait under
-        ``MIN_WAIT_S`` counts as that long (nobody can tell a 2 s wait from a 5 s one)."""
+        ``MIN_WAIT_S`` counts as that long (nobody can tell a 2 s wait from a 5 s one), and an
+        estimate under 90 s covers the 10 s the page rounds it to ("0 s" is 0 to 5 s)."""
         if self.first_estimate_s is None or self.started_s is None:
             return None
         actual_s = self.started_s - self.estimate_told_s
-        return (self.first_estimate_s - actual_s) / max(actual_s, MIN_WAIT_S)
+        off_s = self.first_estimate_s - actual_s
+        if self.first_estimate_s < 90:
+            off_s = math.copysign(max(0.0, abs(off_s) - ROUNDING_S), off_s)
+        return off_s / max(actual_s, MIN_WAIT_S)
 
 
 def preset_names(path: Path = PRESETS_PATH) -> dict[str, str]:

@@ -89,3 +89,13 @@ def test_an_estimate_given_after_a_run_is_in_the_right_range(room):
     told = [s for s in room if s.estimate_error is not None]
     for s in told:
         assert -0.5 <= s.estimate_error <= 1.0, (s.number, s.first_estimate_s, s.estimate_error)
+
+
+def test_an_estimate_is_judged_beyond_the_pages_rounding():
+    """The page says a wait under 90 s to 10 s ("0 s" for under 5 s): told "0 s", a start 5 s
+    later is no error; 20 s later it is 15 s short of a 20 s wait."""
+    session = room_load.Session(0, "seed", custom=False, first_estimate_s=0.0, estimate_told_s=1.0)
+    session.started_s = 6.0
+    assert session.estimate_error == 0.0
+    session.started_s = 21.0
+    assert session.estimate_error == -0.75
