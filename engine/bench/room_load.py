@@ -102,11 +102,19 @@ def preset_names(path: Path = PRESETS_PATH) -> dict[str, str]:
     return {preset["slug"]: name for name, preset in presets.items()}
 
 
-def preset_links(url: str, path: Path = PRESETS_PATH) -> dict[str, str]:
-    """The tour's link to each preset by slug, with the slots its text names (3 if none)."""
-    presets = json.loads(path.read_text(encoding="utf-8")).values()
-    link = preset_link
-    return {p["slug"]: link(url, p["slug"], int(p.get("slots", 3))) for p in presets}
+def preset_links(url: str, path: Path = PRESETS_PATH) -> dict[str, tuple[str, str]]:
+    """The tour's link to each preset by slug, with the slots its text names (3 if none), and
+    the start of its first prompt (which the page's table shows once the link is applied)."""
+    links = {}
+    for preset in json.loads(path.read_text(encoding="utf-8")).values():
+        if "requests" in preset:
+            first = preset["requests"][0][0]
+        else:  # a workload file under assets/: its first line's prompt
+            with (path.parent / preset["workload"]).open(encoding="utf-8") as lines:
+                first = json.loads(lines.readline())["prompt"]
+        link = preset_link(url, preset["slug"], int(preset.get("slots", 3)))
+        links[preset["slug"]] = (link, first.split("\n")[0][:30])
+    return links
 
 
 def _value(output):
@@ -322,9 +330,10 @@ def preset_link(url: str, slug: str, num_slots: int) -> str:
 
 
 def run_browsers(
-    room: list[Session], delays_s: list[float], t0: float, links: dict[str, str]
+    room: list[Session], delays_s: list[float], t0: float, links: dict[str, tuple[str, str]]
 ) -> None:
-    """Each browser session of ``room`` opens ``links[session.preset]`` and presses Run at
+    """Each browser session of ``room`` opens ``links[session.preset]`` (``preset_links``: the
+    link, and its first prompt's start) and presses Run, once the table shows it, at
     ``t0 + delays_s[i]`` (``time.monotonic``); its page is read into it until its result is in.
 
     A session's failure (the page does not load, a refusal, no result in ``TIMEOUT_S``) is set as
@@ -357,7 +366,7 @@ def _drive(browser, links: dict, room: list[Session], delays_s: list[float], t0:
         now_s = time.monotonic() - t0
         while pending and pending[0][0] <= now_s:
             _, session = pending.pop(0)
-            page = _press_run(browser, links[session.preset], session, t0)
+            page = _press_run(browser, *links[session.preset], session, t0)
             if page is not None:
                 open_pages[session.number] = (session, page)
         for number, (session, page) in list(open_pages.items()):
@@ -367,15 +376,16 @@ def _drive(browser, links: dict, room: list[Session], delays_s: list[float], t0:
         time.sleep(POLL_S)
 
 
-def _press_run(browser, link: str, session: Session, t0: float):
-    """A new context on ``link``, its preset's table loaded, Run pressed; the page, or None after
-    setting the session's error."""
+def _press_run(browser, link: str, first_prompt: str, session: Session, t0: float):
+    """A new context on ``link``, its preset's table loaded (``first_prompt`` in its first cell:
+    the page opens on its default preset, then applies the link's), Run pressed; the page, or
+    None after setting the session's error."""
     context = browser.new_context(viewport={"width": 1280, "height": 720})
     try:
         page = context.new_page()
         page.goto(link)
-        page.locator('#requests_table [data-testid="cell-0-0"]').wait_for(timeout=LOAD_TIMEOUT_MS)
-        page.locator("#preset_markdown").wait_for(timeout=LOAD_TIMEOUT_MS)
+        cell = page.locator('#requests_table [data-testid="cell-0-0"]', has_text=first_prompt)
+        cell.wait_for(timeout=LOAD_TIMEOUT_MS)
         session.pressed_s = time.monotonic() - t0
         page.locator("#run_button").click()
         return page
