@@ -144,6 +144,33 @@ class _Cache:
             return None
         return logit_and_abs_dot(kept, token_id)
 
+    def missing(self, requests: list[Request]) -> dict[tuple, int]:
+        """The references ``outputs(requests)`` would compute (not in memory or the store to
+        their caps), as ``(prompt ids, sampling settings) -> cap``: what a run's reference pass
+        costs (the page's queue estimate). Computes nothing (see ``still_missing``)."""
+        wanted = {}
+        for request in requests:
+            key = (request.prompt_token_ids, _sampling(request))
+            wanted[key] = max(wanted.get(key, 0), request.max_new_tokens)
+        return self.still_missing(wanted)
+
+    def still_missing(self, wanted: dict[tuple, int]) -> dict[tuple, int]:
+        """Those of ``wanted`` (``missing``'s keys and caps) not in memory or the store to their
+        caps now. It reads the store only once this reference's identity is known (hashing the
+        weights is torch work, left to the first reference pass), so before that a stored
+        reference counts as missing; an entry read is kept in memory."""
+        known = self.store is not None and "identity" in self.__dict__  # the cached property
+        found = {}
+        for key, cap in wanted.items():
+            hit = self._outputs.get(key)
+            if hit is None and known:
+                hit = self.store.load(self.identity, *key)
+                if hit is not None:
+                    self._outputs[key] = hit  # read once: the run itself finds it in memory
+            if hit is None or not self._covers(hit, cap):
+                found[key] = cap
+        return found
+
     def _hit(self, request: Request, on_step) -> tuple[list[int], LogitTrail]:
         key = (request.prompt_token_ids, _sampling(request))
         hit = self._outputs.get(key)

@@ -2,39 +2,69 @@
 
 The full room (30 sessions within a minute, the tour's presets) is a bench command,
 ``python -m engine.bench.room_load``; here the room is small and on one short preset, so that it
-takes about a minute: six sessions on the same setup, two with a setup of their own.
+takes about a minute: six sessions on the same setup, two with a setup of their own, and, where
+Chromium and playwright are installed, one person more in a real browser (``--browsers 1``) on
+that preset's link.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from engine.bench import room_load
 
 pytestmark = pytest.mark.real_model
+try:
+    import playwright.sync_api  # noqa: F401  (only whether it is installed)
+
+    BROWSERS = int(os.access(room_load.CHROMIUM, os.X_OK))
+except ImportError:
+    BROWSERS = 0
 
 
 @pytest.fixture(scope="module")
 def room(server_url) -> list[room_load.Session]:
     return room_load.run_room(
-        server_url, sessions=8, within_s=5, custom=2, seed=1, presets=("long-prompts",)
+        server_url,
+        sessions=8,
+        within_s=5,
+        custom=2,
+        seed=1,
+        presets=("long-prompts",),
+        browsers=BROWSERS,
     )
 
 
 def test_every_session_gets_a_full_result_without_an_error(room):
-    """All eight sessions end with the engines' times in their status line; none errs."""
+    """All eight sessions (and the browser's) end with the engines' times in their status line;
+    none errs."""
     result = room_load.summary(room)
     assert result["errors"] == [], result["errors"]
-    assert result["full_results"] == 8, [s.statuses[-1][:80] for s in room]
+    assert result["full_results"] == 8 + BROWSERS, [s.statuses[-1][:80] for s in room]
+    assert result["browser_full_results"] == BROWSERS
+
+
+@pytest.mark.skipif(not BROWSERS, reason="needs /usr/bin/chromium and the playwright package")
+def test_a_browser_on_the_presets_link_is_told_what_a_client_is(room):
+    """The browser session, on the tour's link of the room's preset, sees the result of the one
+    run of that setup (the same engine times as the clients'), in the page's own status line."""
+    (browser,) = [s for s in room if s.browser]
+    live = [s for s in room if not s.custom and not s.shown_at_once]
+    assert len(live) == 1, [(s.number, s.browser, s.shown_at_once) for s in room]
+    assert (browser.static_s, browser.continuous_s) == (live[0].static_s, live[0].continuous_s)
+    assert browser.result_after_s is not None and browser.result_after_s > 0
+    assert "Shown at once" in browser.statuses[-1] or browser is live[0], browser.statuses[-1]
 
 
 def test_one_run_of_a_setup_serves_everyone_who_waited_for_it(room):
-    """Of the six sessions on one setup, one measures it; the other five are shown that run
-    within ten seconds of its end, as what it is."""
+    """Of the six client sessions (and the browser) on one setup, one measures it; the other
+    clients are shown that run within ten seconds of its end, as what it is."""
     same = [s for s in room if not s.custom]
     live = [s for s in same if not s.shown_at_once]
     assert len(live) == 1, [(s.number, s.shown_at_once) for s in same]
-    shown = [s for s in same if s.shown_at_once]
+    shown = [s for s in same if s.shown_at_once and not s.browser]
     late_s = [s.done_s - live[0].done_s for s in shown]
     assert max(late_s) < room_load.REPLAY_TARGET_S, f"shown {late_s} s after the run ended"
     for s in shown:
@@ -59,3 +89,13 @@ def test_an_estimate_given_after_a_run_is_in_the_right_range(room):
     told = [s for s in room if s.estimate_error is not None]
     for s in told:
         assert -0.5 <= s.estimate_error <= 1.0, (s.number, s.first_estimate_s, s.estimate_error)
+
+
+def test_an_estimate_is_judged_beyond_the_pages_rounding():
+    """The page says a wait under 90 s to 10 s ("0 s" for under 5 s): told "0 s", a start 5 s
+    later is no error; 20 s later it is 15 s short of a 20 s wait."""
+    session = room_load.Session(0, "seed", custom=False, first_estimate_s=0.0, estimate_told_s=1.0)
+    session.started_s = 6.0
+    assert session.estimate_error == 0.0
+    session.started_s = 21.0
+    assert session.estimate_error == -0.75

@@ -208,9 +208,10 @@ def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
         key = run_turns.setup_key(model, requests, config, options)
         recent = model.recent.find(key) if settings.replay_recent else None
         if recent is None:
-            steps = run_turns.work_steps(requests, config, options)
+            reference = model.reference_for(config.batch_invariant)
+            work = run_turns.run_work(requests, config, options, reference)
             setup = key if settings.replay_recent else None  # shown an identical run, if one ends
-            ticket = model.queue.join(str(id(handle)), steps, setup)
+            ticket = model.queue.join(str(id(handle)), work, setup)
             handle.queued(turn, functools.partial(model.queue.leave, ticket))
     except ValueError as exc:
         yield _refused_outputs(previous, exc)
@@ -229,7 +230,9 @@ def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
             return
         run = (model, requests, config, options)
         done = functools.partial(_done, ticket, key)
-        yield from _run_live(run, functools.partial(handle.attach, turn), previous, x_axis, done)
+        watch = functools.partial(run_turns.report_progress, model.queue, ticket)
+        attach = functools.partial(handle.attach, turn)
+        yield from _run_live(run, attach, previous, x_axis, done, watch)
     finally:
         model.queue.leave(ticket)
 
@@ -237,13 +240,20 @@ def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
 def _done(ticket, key, model: SharedModel, state: RunState, result: RunResult, wall_s: float):
     """A live run finished: the queue learns its pace and frees the model; its setup is kept."""
     model.recent.keep(key, state, result.downloads)  # first: those waiting for it see it
-    model.queue.finish(ticket, ticket.work_steps, wall_s)
+    model.queue.finish(ticket, wall_s, run_turns.run_parts_s(state))
 
 
-def _run_live(run: tuple, attach: Callable, previous, x_axis: str, on_done: Callable):
+def _run_live(
+    run: tuple,
+    attach: Callable,
+    previous,
+    x_axis: str,
+    on_done: Callable,
+    on_progress: Callable | None = None,
+):
     """The run itself, its turn on the model taken: ``attach(control)`` hands Stop its control;
-    stream its progress, then its results; ``on_done(model, state, result, wall_s)`` once it
-    finished well."""
+    stream its progress (``on_progress(progress)`` at each update), then its results;
+    ``on_done(model, state, result, wall_s)`` once it finished well."""
     model, requests, config, options = run
     control = RunControl(_user_errors(run_time_limit_s))
     attach(control)
@@ -257,8 +267,11 @@ def _run_live(run: tuple, attach: Callable, previous, x_axis: str, on_done: Call
     with LiveRun(work, control) as live:
         while not live.wait(views.wait_s(PROGRESS_INTERVAL_S)):
             elapsed_s = time.monotonic() - started_s
+            progress = live.progress()
+            if on_progress is not None:
+                on_progress(progress)
             update = views.outputs(
-                live.progress(), requests, config.num_slots, x_axis, elapsed_s, control.time_limit_s
+                progress, requests, config.num_slots, x_axis, elapsed_s, control.time_limit_s
             )
             yield update if note is None else progress_view.with_run_note(update, note)
             note = None

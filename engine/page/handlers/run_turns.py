@@ -7,19 +7,25 @@ with a "Run live anyway" button. Otherwise the run joins the queue and ``wait_fo
 its place, the total and the estimated wait until the model is its own; if an identical run
 finishes while it waits, that run is shown instead (a replay-allowed Run only).
 
-The estimate counts a run's work in steps: static waves to their longest caps, continuous steps
-(all tokens over the slots, at least the longest cap), a ``model.generate`` pass per request when
-the outputs are checked (each token a step) and transformers' engine when it is compared. The queue
-learns this host's seconds per such step from the runs that finish here.
+The estimate counts a run's work in parts (``run_work``, ``engine.page.run.run_cost``): static
+waves to their longest caps, continuous steps (the caps packed onto the slots), transformers'
+engine when it is compared, the prompts' prefill, and the reference outputs not stored yet when
+the outputs are checked. The queue learns this host's pace for each part from the runs that finish
+here (``run_parts_s``: the engines' own times), and from the run in progress
+(``report_progress``) before the first one has.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import math
 from collections.abc import Callable, Iterator
 
 from engine.config import EngineConfig
+from engine.page.run.live_run import EngineProgress
 from engine.page.run.recent_runs import RecentRun, replay_label
+from engine.page.run.run_cost import Work
 from engine.page.run.run_handle import Turn
 from engine.page.run.run_options import RunOptions
 from engine.page.run.run_queue import RunQueue, Ticket
@@ -46,19 +52,54 @@ def static_steps(requests: list[Request], config: EngineConfig) -> int:
 
 
 def continuous_steps(requests: list[Request], config: EngineConfig) -> int:
-    """Estimated continuous steps: all tokens spread over the slots, at least the longest cap."""
-    caps = [r.max_new_tokens for r in requests]
-    return max(math.ceil(sum(caps) / config.num_slots), max(caps))
+    """Estimated continuous steps: the caps packed onto the slots in arrival order, each request
+    holding its slot for its cap's steps (plus its prefill chunks past the first under a token
+    budget) and the next taking the first slot freed. ``max(sum / slots, longest)`` is only a
+    lower bound: four caps 12, 20, 8, 30 on two slots take 50 steps, not 35."""
+    budget = config.max_num_batched_tokens
+    free_at = [0] * config.num_slots  # a heap: the step each slot is free from
+    for r in sorted(requests, key=lambda r: r.arrival_s):
+        chunks = math.ceil(len(r.prompt_token_ids) / budget) if budget else 1
+        start = heapq.heappop(free_at)
+        heapq.heappush(free_at, start + r.max_new_tokens + max(0, chunks - 1))
+    return max(free_at)
 
 
-def work_steps(requests: list[Request], config: EngineConfig, options: RunOptions) -> int:
-    """A run's work in steps, for the queue's estimate (see the module docstring)."""
-    steps = static_steps(requests, config) + continuous_steps(requests, config)
-    if options.check_reference:
-        steps += sum(r.max_new_tokens for r in requests)
-    if options.compare_hf:
-        steps += continuous_steps(requests, config)
-    return steps
+def run_work(
+    requests: list[Request], config: EngineConfig, options: RunOptions, reference=None
+) -> Work:
+    """A run's work in parts, for the queue's estimate (see the module docstring); ``reference``:
+    the reference source its outputs are checked against (its ``missing`` references are the
+    reference pass's work; None: all of them)."""
+    continuous = continuous_steps(requests, config)
+    references, recheck = {}, None
+    if options.check_reference and reference is not None:
+        references, recheck = reference.missing(requests), reference.still_missing
+    elif options.check_reference:
+        references = {(r.prompt_token_ids, r.request_id): r.max_new_tokens for r in requests}
+    return Work(
+        static_steps=static_steps(requests, config),
+        continuous_steps=continuous,
+        hf_steps=continuous if options.compare_hf else 0,
+        prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
+        references=references,
+        min_wall_s=max((r.arrival_s for r in requests), default=0.0),
+        recheck=recheck,
+    )
+
+
+def run_parts_s(state) -> dict[str, float]:
+    """A finished run's seconds in each engine (its traces' own wall times), for the queue."""
+    parts = {"static": state.static.wall_s, "continuous": state.continuous.wall_s}
+    if state.hf_continuous is not None:
+        parts["hf_continuous"] = state.hf_continuous.wall_s
+    return parts
+
+
+def report_progress(queue: RunQueue, ticket: Ticket, progress: dict[str, EngineProgress]) -> None:
+    """Tell the queue how many engine steps the running ``ticket``'s run has done."""
+    steps = sum(p.num_steps for name, p in progress.items() if name in ("static", "continuous"))
+    queue.progress(ticket, steps)
 
 
 def setup_key(
@@ -66,12 +107,15 @@ def setup_key(
 ) -> tuple:
     """What makes two runs identical: the model and its precision, the tokenized requests (prompt
     ids, caps, arrivals, sampling settings) and every engine knob. The x axis is not in it: it only
-    changes how a run is drawn."""
+    changes how a run is drawn. The precision is ``model``'s (the run's, its dtype chosen), so the
+    knob is left out: a page's dropdown sends "float32" where an API client sends nothing, and
+    both are the same run of the float32 model."""
     rows = tuple(
         (tuple(r.prompt_token_ids), r.max_new_tokens, r.arrival_s, repr(r.sampling))
         for r in requests
     )
-    return (model.label, model.dtype_name, repr(config), repr(options), rows)
+    knobs = repr(dataclasses.replace(options, dtype=None))
+    return (model.label, model.dtype_name, repr(config), knobs, rows)
 
 
 def replayed_outputs(recent: RecentRun, age_s: float, x_axis: str) -> tuple:
@@ -101,7 +145,7 @@ def wait_for_turn(
                 return STOPPED
             if (recent := find_recent()) is not None:
                 return recent
-            line = progress_view.queue_line(queue.place(ticket), queue.s_per_step is not None)
+            line = progress_view.queue_line(queue.place(ticket), queue.measured)
             if line != sent or queue.clock() - sent_s >= QUEUE_RESEND_S:
                 sent, sent_s = line, queue.clock()
                 yield progress_view.queued_outputs(line)

@@ -2,9 +2,9 @@
 
 The ``engine_thread`` every torch call runs on, the ``live_run`` watched step by step, Run/Stop
 state (``run_handle``), the page's knobs (``run_options``), the ``shared_model``, the host's
-servers (``host_servers``), the turns runs take on the model (``run_queue``) and the recent runs by
-setup (``recent_runs``). May import the core and the page rooms below it (``figures``,
-``inputs``).
+servers (``host_servers``), the turns runs take on the model (``run_queue``) and what a run costs
+(``run_cost``), and the recent runs by setup (``recent_runs``). May import the core and the page
+rooms below it (``figures``, ``inputs``).
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face.
 """
@@ -17,5 +17,6 @@ __all__ = [
     "shared_model",
     "host_servers",
     "run_queue",
+    "run_cost",
     "recent_runs",
 ]

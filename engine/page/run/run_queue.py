@@ -6,22 +6,25 @@ it sends can equal the total, and its estimate is the mean of past events, whate
 queue is the page's own, so every waiting person can be told:
 
 * their true place and the true total (running and waiting runs, every session's);
-* an estimate from the work ahead: each run's steps (``work_steps``, from its requests' caps) times
-  this host's measured seconds per step, learned from the runs that finished here, plus what is
-  left of the running one; a run whose setup is already ahead counts nothing, since it will be
-  shown that run when it finishes (``setup``);
+* an estimate from the work ahead: each run's work in parts (``run_cost.Work``: engine steps and
+  prefill, references to compute, the run's own rendering) at this host's pace for each part
+  (``run_cost.Pace``), learned from the runs that finished here (before the first, from the
+  running run's progress), plus what is left of the running one; a run whose setup is already
+  ahead counts nothing, since it will be shown that run when it finishes (``setup``), and a
+  reference a run ahead computes is not counted again;
 * that a session has one run in the queue at a time (``join`` refuses a second).
 
 ``wait_turn`` blocks a handler's thread until its run is first and the model is free, in slices, so
 that the handler can stream its place between them::
 
-    ticket = queue.join(session, work_steps)          # ValueError: this session already waits
+    ticket = queue.join(session, work)                # ValueError: this session already waits
     while not queue.wait_turn(ticket, timeout_s=1.0):
         yield place_line(queue.place(ticket))
     try:
-        run()                                         # the model is this ticket's
+        run()                                         # the model is this ticket's;
+        queue.progress(ticket, steps_done)            # its engine steps so far, now and then
     finally:
-        queue.finish(ticket, steps_done, wall_s)      # frees the model, teaches the estimate
+        queue.finish(ticket, wall_s, parts_s)         # frees the model, teaches the pace
 
 A ticket that leaves (Stop, a closed tab) is taken out wherever it stands. A waiting ticket whose
 handler stopped asking for ``STALE_S`` seconds (its generator no longer iterated) is dropped, so it
@@ -36,10 +39,13 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-# Before any run has finished here, seconds per step come from the caller (the recorded run's
-# measured rate, say); each finished run then moves the estimate this share of the way to its own.
-LEARNING_RATE = 0.5
+from engine.page.run.run_cost import Pace, Work
+
 STALE_S = 15.0  # a waiting ticket not asked about for this long is dropped
+# Before any run finished, the running run's pace counts once it has done this many steps: its
+# first steps carry its prompts' prefill, and its progress reaches the queue seconds late (the
+# page's updates are paced), so a pace taken at once read 12x too slow in a room (2026-12-02).
+MIN_PROGRESS_STEPS = 20
 
 
 @dataclass
@@ -47,13 +53,20 @@ class Ticket:
     """One run's place in the queue: whose it is, how much work it is, and when it joined."""
 
     session: str
-    work_steps: int  # the run's forward passes, all engines and the reference together
+    work: Work  # what the run will do, in the parts the estimate prices
     number: int  # order of arrival
     joined_s: float
     started_s: float | None = None  # when it took the model; None while it waits
     seen_s: float = 0.0  # when its handler last asked for its turn or place
     # what it runs, when it may be shown a run of the same setup instead (None: it runs live)
     setup: Hashable | None = None
+    steps_done: int = 0  # its engine steps so far, once it runs (``RunQueue.progress``)
+    steps_done_s: float | None = None  # when those steps were reported (the queue's clock)
+
+    @property
+    def work_steps(self) -> int:
+        """The run's engine steps, all engines together."""
+        return self.work.steps
 
 
 @dataclass(frozen=True)
@@ -72,10 +85,11 @@ class Place:
 class RunQueue:
     """First come, first served turns on the model, with places and estimates for the waiting.
 
-    ``s_per_step``: the host's seconds per step to start from (None: no estimate until a run has
-    finished here). ``clock``: seconds, monotonic (a test passes its own). ``stale_s``: a waiting
-    ticket nobody asked about for this long is dropped. ``shown_instead(setup)``: whether a run of
-    that setup would now be shown an earlier run (the page's recent runs), so it costs no wait.
+    ``s_per_step``: the host's seconds per step to start from (None: learned from the first run,
+    from its progress until it finishes); then the pace the finished runs taught. ``clock``:
+    seconds, monotonic (a test passes its own). ``stale_s``: a waiting ticket nobody asked about
+    for this long is dropped. ``shown_instead(setup)``: whether a run of that setup would now be
+    shown an earlier run (the page's recent runs), so it costs no wait.
     """
 
     s_per_step: float | None = None
@@ -83,14 +97,25 @@ class RunQueue:
     stale_s: float = STALE_S
     # whether a run of this setup would be shown an earlier run now (it then takes no turn)
     shown_instead: Callable[[Hashable], bool] = lambda setup: False
+    pace: Pace = field(default_factory=Pace)  # learned from the runs that finished here
     _waiting: list[Ticket] = field(default_factory=list)
     _running: Ticket | None = None
     _numbers: itertools.count = field(default_factory=itertools.count)
     _changed: threading.Condition = field(default_factory=threading.Condition)
 
-    def join(self, session: str, work_steps: int, setup: Hashable | None = None) -> Ticket:
-        """Queue a run of ``work_steps`` steps for ``session``; ``setup``: its setup, when an
-        identical run finishing first would be shown to it instead (it then costs no turn).
+    def __post_init__(self) -> None:
+        if self.s_per_step is not None:  # a given pace, as if a run had taught it
+            self.pace = Pace.uniform(self.s_per_step)
+
+    @property
+    def measured(self) -> bool:
+        """Whether a run finished here (else estimates come from the running run's progress)."""
+        return self.pace.known
+
+    def join(self, session: str, work: Work | int, setup: Hashable | None = None) -> Ticket:
+        """Queue a run of ``work`` (or of that many engine steps) for ``session``; ``setup``: its
+        setup, when an identical run finishing first would be shown to it instead (it then
+        costs no turn).
 
         Raises:
             ValueError: this session already has a run waiting or running.
@@ -102,8 +127,8 @@ class RunQueue:
                     "Press Stop first to change it."
                 )
             now = self.clock()
-            steps = max(1, int(work_steps))
-            ticket = Ticket(session, steps, next(self._numbers), now, seen_s=now, setup=setup)
+            work = work if isinstance(work, Work) else Work.of_steps(work)
+            ticket = Ticket(session, work, next(self._numbers), now, seen_s=now, setup=setup)
             self._waiting.append(ticket)
             return ticket
 
@@ -135,16 +160,21 @@ class RunQueue:
                 self._waiting.remove(ticket)
             self._changed.notify_all()
 
-    def finish(self, ticket: Ticket, steps: int, wall_s: float) -> None:
-        """``ticket``'s run ended after ``steps`` steps in ``wall_s`` seconds: free the model and
-        move the host's seconds per step towards this run's."""
+    def progress(self, ticket: Ticket, steps_done: int) -> None:
+        """The running ``ticket``'s run has done ``steps_done`` engine steps."""
         with self._changed:
-            if steps > 0 and wall_s > 0:
-                measured = wall_s / steps
-                old = self.s_per_step
-                self.s_per_step = (
-                    measured if old is None else old + LEARNING_RATE * (measured - old)
-                )
+            if int(steps_done) > ticket.steps_done:
+                ticket.steps_done, ticket.steps_done_s = int(steps_done), self.clock()
+
+    def finish(
+        self, ticket: Ticket, wall_s: float, parts_s: dict[str, float] | None = None
+    ) -> None:
+        """``ticket``'s run ended after ``wall_s`` seconds, ``parts_s`` of them in each engine
+        (None: unknown): free the model and teach the pace (``run_cost.Pace.learn``)."""
+        with self._changed:
+            if wall_s > 0:
+                self.pace.learn(ticket.work, wall_s, parts_s)
+                self.s_per_step = self.pace.s_per_unit()
         self.leave(ticket)
 
     def place(self, ticket: Ticket) -> Place:
@@ -168,22 +198,44 @@ class RunQueue:
         return len(self._waiting) + (self._running is not None)
 
     def _wait_estimate_s(self, ahead: list[Ticket], now: float) -> float | None:
-        if self.s_per_step is None:
-            return None
         running = self._running
+        pace = self.pace if self.pace.known else self._progress_pace()
+        if pace is None:
+            return None
         setups = set() if running is None or running.setup is None else {running.setup}
-        steps = 0
+        computed = {} if running is None else dict(running.work.references)  # key -> cap
+        wait_s = 0.0
+        if running is not None and not (running.setup and self.shown_instead(running.setup)):
+            wait_s += self._left_s(running, pace, now)
         for t in ahead:  # a setup already ahead is measured once; the rest are shown that run
             free = t.setup is not None and (t.setup in setups or self.shown_instead(t.setup))
             if not free:
-                steps += t.work_steps
+                missing = t.work.missing_now()
+                refs = {k: c for k, c in missing.items() if computed.get(k, -1) < c}
+                wait_s += pace.cost_s(t.work, refs)
+                computed.update(refs)
             if t.setup is not None:
                 setups.add(t.setup)
-        wait_s = steps * self.s_per_step
-        if running is not None and not (running.setup and self.shown_instead(running.setup)):
-            left_s = running.work_steps * self.s_per_step - (now - running.started_s)
-            wait_s += max(0.0, left_s)
         return wait_s
+
+    def _left_s(self, running: Ticket, pace: Pace, now: float) -> float:
+        """What is left of the running run: its cost less its time so far, and at least its
+        engine steps not yet done at the pace (a run slower than its estimate)."""
+        left_s = pace.cost_s(running.work) - (now - running.started_s)
+        if running.steps_done:
+            left_s = max(left_s, pace.engine_s_left(running.work, running.steps_done))
+        return max(0.0, left_s)
+
+    def _progress_pace(self) -> Pace | None:
+        """Before any run finished: the running run's pace so far, as of its last report (None
+        before ``MIN_PROGRESS_STEPS``)."""
+        running = self._running
+        if running is None or running.started_s is None:
+            return None
+        if running.steps_done < MIN_PROGRESS_STEPS or running.steps_done_s is None:
+            return None
+        elapsed_s = running.steps_done_s - running.started_s  # when they were done, not now
+        return Pace.from_progress(running.work, elapsed_s, running.steps_done)
 
     def _check_waiting(self, ticket: Ticket) -> None:
         """Note that ``ticket``'s handler asked, and drop the waiting tickets nobody asks about.

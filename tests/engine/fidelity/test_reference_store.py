@@ -207,3 +207,20 @@ def test_the_host_setting_turns_it_off(monkeypatch, tmp_path):
     monkeypatch.setenv("CBP_REFERENCE_CACHE", "maybe")
     with pytest.raises(ValueError, match="CBP_REFERENCE_CACHE='maybe'.*'on'.*'off'"):
         reference_store.open_store()
+
+
+def test_missing_names_what_a_reference_pass_would_compute(runner, store, requests, monkeypatch):
+    """``missing`` lists every request before a pass, none after it (in memory, or on disk for a
+    new object once its identity is known: hashing the weights is left to a pass), and a larger
+    cap again; it computes nothing."""
+    first = ReferenceCache(runner, store)
+    calls = _count_runs(monkeypatch, first)
+    assert len(first.missing(requests)) == len(requests) and not calls, "it ran the model"
+    first.outputs(requests)
+    assert first.missing(requests) == {}, "computed references still counted as missing"
+    second = ReferenceCache(runner, store)
+    assert len(second.missing(requests)) == len(requests), "read before its identity was known"
+    assert second.identity  # known after its first pass in a process; then the store is read
+    assert second.missing(requests) == {}, "stored references counted as missing"
+    longer = [dataclasses.replace(requests[0], max_new_tokens=40)]
+    assert list(second.missing(longer).values()) == [40], "a larger cap is not stored"

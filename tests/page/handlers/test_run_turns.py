@@ -8,6 +8,7 @@ the "Run live anyway" button; Stop while waiting takes a run out of the queue.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -180,9 +181,9 @@ def test_a_waiting_run_sends_its_line_only_when_its_words_change(monkeypatch):
 
     now = [0.0]
     queue = RunQueue(clock=lambda: now[0])
-    running = queue.join("first", work_steps=100)
+    running = queue.join("first", 100)
     assert queue.wait_turn(running, timeout_s=0.0)
-    waiting = queue.join("second", work_steps=100)
+    waiting = queue.join("second", 100)
     monkeypatch.setattr(run_turns, "QUEUE_POLL_S", 0.001)
     polls = []
 
@@ -215,3 +216,32 @@ def test_the_queue_line_rounds_its_waits():
     assert "place 5 of 5 (4 before yours) · waited 10 s · estimate 10 min" in line, line
     line = queue_line(Place(2, 3, 44.0, 86.0), measured=True)
     assert "waited 40 s · estimate 90 s" in line, line
+
+
+def test_continuous_steps_pack_the_caps_onto_the_slots():
+    """Caps 12, 20, 8, 30 on two slots take 50 continuous steps (the 30 starts when both early
+    slots are free at step 20), not ``max(sum / slots, longest)`` = 35; a token budget adds the
+    prefill chunks of a long prompt."""
+    from engine.config import EngineConfig
+    from engine.sequence import Request
+
+    caps = (12, 20, 8, 30)
+    requests = [Request(i, "p", cap, tuple(range(40))) for i, cap in enumerate(caps)]
+    assert run_turns.continuous_steps(requests, EngineConfig(num_slots=2)) == 50
+    assert run_turns.continuous_steps(requests, EngineConfig(num_slots=4)) == 30
+    budget = EngineConfig(num_slots=2, max_num_batched_tokens=16)  # 40 tokens: 2 chunks more
+    assert run_turns.continuous_steps(requests, budget) == 54, "slots free at 14, 22, 24, 54"
+
+
+def test_a_dtype_named_or_left_blank_is_the_same_setup(page):
+    """A Run that names the loaded model's dtype (the page's dropdown) and one that leaves it blank
+    (an API client) are the same setup, so one is shown the other's run; another knob is not."""
+    from engine.page.run.run_options import RunOptions, prepare
+
+    options = RunOptions(check_reference=False)
+    requests, config = prepare(page, ROWS, 2, options)
+    named = dataclasses.replace(options, dtype=page.dtype_name)
+    key = run_turns.setup_key(page, requests, config, options)
+    assert run_turns.setup_key(page, requests, config, named) == key
+    other = dataclasses.replace(options, block_size=8)
+    assert run_turns.setup_key(page, requests, config, other) != key

@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from engine.page.run.run_queue import RunQueue
+from engine.page.run.run_cost import Pace
+from engine.page.run.run_queue import MIN_PROGRESS_STEPS, RunQueue
 
 
 class Clock:
@@ -40,14 +41,15 @@ def test_a_session_queues_one_run_at_a_time():
     assert queue.wait_turn(ticket, timeout_s=0)
     with pytest.raises(ValueError, match="already in the queue"):
         queue.join("a", 5)
-    queue.finish(ticket, 5, 1.0)
+    queue.finish(ticket, wall_s=1.0)
     assert queue.join("a", 5).session == "a"
 
 
 def test_estimate_is_the_work_ahead_at_the_hosts_rate():
-    """The wait is the steps ahead times seconds per step, plus what is left of the running run."""
+    """The wait is the steps ahead times seconds per step, plus what is left of the running run
+    (here with no time of its own for rendering)."""
     clock = Clock()
-    queue = RunQueue(s_per_step=0.5, clock=clock, stale_s=1e9)
+    queue = RunQueue(pace=Pace.uniform(0.5, run_s=0.0), clock=clock, stale_s=1e9)
     running = queue.join("a", 100)  # 50 s of work
     assert queue.wait_turn(running, timeout_s=0)
     second, third = queue.join("b", 20), queue.join("c", 40)
@@ -62,16 +64,37 @@ def test_estimate_is_the_work_ahead_at_the_hosts_rate():
 def test_no_estimate_before_anything_was_measured_and_finished_runs_teach_it():
     """Without a rate there is no estimate; each finished run moves the rate towards its own."""
     queue = RunQueue()
-    first = queue.join("a", 10)
-    second = queue.join("b", 10)
+    first = queue.join("a", 100)
+    second = queue.join("b", 100)
     assert queue.place(second).estimate_s is None
     assert queue.wait_turn(first, timeout_s=0)
-    queue.finish(first, steps=100, wall_s=20.0)
-    assert queue.s_per_step == pytest.approx(0.2)
+    queue.finish(first, wall_s=20.0 + queue.pace.run_s)  # 20 s of steps, then rendering
+    assert queue.s_per_step == pytest.approx(0.2) and queue.measured
     assert queue.place(second).estimate_s == pytest.approx(0.0), "nothing is ahead any more"
     assert queue.wait_turn(second, timeout_s=0)
-    queue.finish(second, steps=100, wall_s=40.0)
+    queue.finish(second, wall_s=40.0 + queue.pace.run_s)
     assert queue.s_per_step == pytest.approx(0.3), "half way from 0.2 to 0.4"
+
+
+def test_before_any_run_finished_the_running_runs_progress_gives_the_pace():
+    """The first run's steps so far over its time so far price the runs behind it; a running run
+    slower than its estimate counts its steps not yet done."""
+    clock = Clock()
+    queue = RunQueue(clock=clock, stale_s=1e9)
+    first, second = queue.join("a", 100), queue.join("b", 50)
+    assert queue.wait_turn(first, timeout_s=0)
+    clock.now_s += 10
+    assert queue.place(second).estimate_s is None, "no steps yet, no pace"
+    queue.progress(first, MIN_PROGRESS_STEPS - 1)
+    assert queue.place(second).estimate_s is None, "a pace from its first few steps"
+    queue.progress(first, 20)  # 0.5 s a step
+    left_s = 80 * 0.5 + queue.pace.run_s  # its steps left, then its rendering
+    assert queue.place(second).estimate_s == pytest.approx(left_s), "80 steps left at 0.5 s"
+    assert not queue.measured
+    clock.now_s += 60  # slower than that: 30 of 100 steps in 70 s
+    queue.progress(first, 30)
+    clock.now_s += 5  # the next report is late: the pace is as of the last one
+    assert queue.place(second).estimate_s == pytest.approx(70 * 70 / 30), "its 70 steps left"
 
 
 def test_leaving_moves_the_rest_up_and_frees_the_model():
@@ -102,7 +125,7 @@ def test_threads_take_the_model_in_order_of_arrival_one_at_a_time():
         overlaps.append(len(holding) > 1)
         order.append(ticket.session)
         holding.remove(ticket)
-        queue.finish(ticket, 1, 0.001)
+        queue.finish(ticket, wall_s=0.001)
 
     threads = [threading.Thread(target=handler, args=(t,)) for t in reversed(tickets)]
     for thread in threads:
@@ -130,18 +153,26 @@ def test_a_waiting_run_nobody_asks_about_is_dropped_and_cannot_hold_the_line():
 def test_runs_of_a_setup_already_ahead_cost_no_wait():
     """Runs that will be shown an identical run ahead of them (same setup) add nothing to the
     estimate; a live run of that setup (no setup given) still counts."""
-    queue = RunQueue(s_per_step=1.0, clock=Clock(), stale_s=1e9)
+    queue = RunQueue(pace=Pace.uniform(1.0, run_s=0.0), clock=Clock(), stale_s=1e9)
     running = queue.join("a", 10, setup="seed")
     assert queue.wait_turn(running, timeout_s=0)
     same = [queue.join(s, 10, setup="seed") for s in "bc"]
     other = queue.join("d", 20, setup="custom")
     live = queue.join("e", 10)
     last = queue.join("f", 5, setup="custom")
-    assert [queue.place(t).estimate_s for t in same] == [10.0, 10.0]
-    assert queue.place(other).estimate_s == 10.0, "the seed runs ahead will be shown, not run"
-    assert queue.place(live).estimate_s == 30.0
-    assert queue.place(last).estimate_s == 40.0, "the custom setup ahead is measured once"
+    assert [queue.place(t).estimate_s for t in same] == pytest.approx([10.0, 10.0])
+    assert queue.place(other).estimate_s == pytest.approx(10.0), (
+        "the seed runs ahead will be shown, not run"
+    )
+    assert queue.place(live).estimate_s == pytest.approx(30.0)
+    assert queue.place(last).estimate_s == pytest.approx(40.0), (
+        "the custom setup ahead is measured once"
+    )
     queue.shown_instead = lambda setup: setup == "custom"  # a custom run just finished
-    assert queue.place(last).estimate_s == 20.0, "a setup just measured still counted"
+    assert queue.place(last).estimate_s == pytest.approx(20.0), (
+        "a setup just measured still counted"
+    )
     queue.shown_instead = lambda setup: setup in ("custom", "seed")  # the running one too
-    assert queue.place(last).estimate_s == 10.0, "a run about to be shown, not run, counted"
+    assert queue.place(last).estimate_s == pytest.approx(10.0), (
+        "a run about to be shown, not run, counted"
+    )

@@ -1,0 +1,176 @@
+"""A run's cost for the queue's estimate: its work in parts, and this host's pace for each part.
+
+What a page run's wall time is made of, timed per part on the tour's six presets (2-core AMD EPYC,
+float32, the reference check on, a busy machine; ``docs/measurements.md``, "Queue estimates"):
+
+* **the static engine**: its steps (each wave to its longest cap), 0.08-0.19 s each, and its
+  prefill: ``shared-system-prompt``'s 7,173 prompt tokens took 65 s of its 79 s, about 15 prompt
+  tokens costing what one step does;
+* **the continuous engine**: its steps (the caps packed onto the slots) and the same prefill, at
+  about the same pace; transformers' engine, when compared, as many steps again;
+* **the reference pass**, for each request whose reference is not stored yet
+  (``engine.fidelity.reference_store``): 9 to 102 s, about 15 steps' worth per request to set up
+  and judge, half a step per output token (batch 1) and its prompt's prefill; nothing when stored,
+  as it is for every tour preset after its first run on a host;
+* **the run itself**: rendering and judging, 1-2 s a run whatever the device (Python and plotly).
+
+So a ``Work`` counts each part but the last in *step units*: steps, plus prompt tokens over
+``PREFILL_TOKENS_PER_STEP``, plus the reference's step-equivalents above; the run itself is
+seconds. ``Pace`` learns each part's seconds per unit from the runs that finish here, as moving
+averages of seconds and of units (``LEARNING_RATE``): the engines' parts timed by their traces,
+the rest of the wall time taught to the reference's pace when a reference was computed, else to
+the run's own seconds (prior ``RUN_S``). A step count the caps over-estimate (end of sequence) or
+a ratio that differs on another device is absorbed by that part's pace; a part not yet seen is
+priced at the engines' pace. Before any run finished, the pace is the running run's: its seconds
+so far over the units of its steps so far (``Pace.from_progress``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+
+LEARNING_RATE = 0.5  # each finished run moves a part's pace this share of the way to its own
+ENGINE_PARTS = ("static", "continuous", "hf_continuous")  # each timed by its own trace
+REFERENCE = "reference"  # the references computed: the wall time less the engines' and the run's
+PREFILL_TOKENS_PER_STEP = 15.0  # prompt tokens whose prefill costs one step (measured: CPU)
+RUN_S = 1.5  # rendering and judging a run, before one was timed here (measured: CPU)
+REFERENCE_STEPS = 15.0  # setting up and judging one reference computed, in steps
+REFERENCE_TOKEN_STEPS = 0.5  # one reference output token (batch 1), in steps
+
+
+@dataclass(frozen=True)
+class Work:
+    """One run's work, in the units each part's time grows with.
+
+    ``references``: the reference outputs it must compute, those not stored when it joined, as
+    ``(prompt ids, sampling) -> cap``; a run ahead computing the same key to at least that cap makes
+    it free, and so does one stored since (``recheck(references)``: those still missing now).
+    ``min_wall_s``: the engines wait for the last arrival, whatever their steps.
+    """
+
+    static_steps: int = 0
+    continuous_steps: int = 0
+    hf_steps: int = 0
+    prompt_tokens: int = 0  # every request's prompt, prefilled once by each engine
+    references: Mapping[Hashable, int] = field(default_factory=dict)
+    min_wall_s: float = 0.0
+    recheck: Callable[[Mapping], Mapping] | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of_steps(cls, steps: int) -> Work:
+        """Work known only as a number of steps (counted as the continuous engine's)."""
+        return cls(continuous_steps=max(1, int(steps)))
+
+    def missing_now(self) -> Mapping[Hashable, int]:
+        """Its references still to compute now (``recheck``ed: stored since it joined are not)."""
+        if self.recheck is None or not self.references:
+            return self.references
+        return self.recheck(self.references)
+
+    @property
+    def steps(self) -> int:
+        """Every engine's steps together (the unit of a running run's progress)."""
+        return self.static_steps + self.continuous_steps + self.hf_steps
+
+    def units(self, references: Mapping[Hashable, int] | None = None) -> dict[str, float]:
+        """Step units per part (``ENGINE_PARTS`` and ``REFERENCE``); ``references``: those of its
+        reference outputs still to compute once the runs ahead are done (default: all)."""
+        prefill = self.prompt_tokens / PREFILL_TOKENS_PER_STEP
+        steps = (self.static_steps, self.continuous_steps, self.hf_steps)
+        units = {p: n + prefill if n else 0.0 for p, n in zip(ENGINE_PARTS, steps, strict=True)}
+        refs = self.references if references is None else references
+        units[REFERENCE] = sum(_reference_steps(key, cap) for key, cap in refs.items())
+        return units
+
+
+@dataclass
+class Pace:
+    """This host's seconds per step unit of each part of a run, learned from finished runs."""
+
+    # per part: moving averages of its seconds and of its step units, over the runs that had it
+    _seconds: dict[str, float] = field(default_factory=dict)
+    _units: dict[str, float] = field(default_factory=dict)
+    run_s: float = RUN_S  # rendering and judging a run: the prior, then a moving average
+
+    @property
+    def known(self) -> bool:
+        """True once a run taught a pace (before, only ``from_progress`` gives one)."""
+        return bool(self._units)
+
+    def s_per_unit(self, part: str | None = None) -> float | None:
+        """Seconds per step unit of ``part``; of the engines together if that one was not seen
+        (or ``part`` is None); None before any."""
+        if part in self._units and self._units[part] > 0:
+            return self._seconds[part] / self._units[part]
+        engines = [p for p in ENGINE_PARTS if p in self._units] or list(self._units)
+        units = sum(self._units[p] for p in engines)
+        return sum(self._seconds[p] for p in engines) / units if units > 0 else None
+
+    def learn(self, work: Work, wall_s: float, parts_s: Mapping[str, float] | None) -> None:
+        """A run of ``work`` took ``wall_s`` seconds, ``parts_s`` of them in each engine part
+        (None: unknown, one pace for all its units, the run's own seconds as they were)."""
+        units = work.units()
+        if parts_s is None:
+            total = sum(units.values())
+            work_s = max(0.0, wall_s - self.run_s)
+            seconds = {part: work_s * n / total for part, n in units.items()} if total else {}
+        else:
+            seconds = {part: s for part, s in parts_s.items() if part in ENGINE_PARTS}
+            rest_s = max(0.0, wall_s - sum(seconds.values()))
+            if units[REFERENCE] > 0:
+                seconds[REFERENCE] = max(0.0, rest_s - self.run_s)
+            else:
+                self.run_s = _moved(self.run_s, rest_s)
+        for part, part_s in seconds.items():
+            if units.get(part, 0.0) > 0:
+                self._seconds[part] = _moved(self._seconds.get(part), part_s)
+                self._units[part] = _moved(self._units.get(part), units[part])
+
+    def cost_s(self, work: Work, references: Mapping[Hashable, int] | None = None) -> float | None:
+        """Seconds ``work`` should take here (None: no pace yet); ``references``: those of its
+        reference outputs still to compute (default: all)."""
+        if not self.known:
+            return None
+        units = work.units(references)
+        engines_s = sum(units[part] * self.s_per_unit(part) for part in ENGINE_PARTS)
+        reference_s = units[REFERENCE] * self.s_per_unit(REFERENCE)
+        return max(engines_s, work.min_wall_s) + reference_s + self.run_s
+
+    def engine_s_left(self, work: Work, steps_done: int) -> float:
+        """Seconds of ``work``'s engine steps not yet done after ``steps_done`` (and their share
+        of its prefill), at the engines' pace."""
+        if not self.known or work.steps <= 0:
+            return 0.0
+        units = work.units()
+        engines = sum(units[part] for part in ENGINE_PARTS)
+        left = max(0, work.steps - steps_done) / work.steps
+        return left * engines * self.s_per_unit()
+
+    @staticmethod
+    def uniform(s_per_unit: float, run_s: float = RUN_S) -> Pace:
+        """A pace of ``s_per_unit`` seconds per step unit for every part, as if taught."""
+        return Pace({"continuous": s_per_unit}, {"continuous": 1.0}, run_s)
+
+    @staticmethod
+    def from_progress(work: Work, elapsed_s: float, steps_done: int) -> Pace | None:
+        """The pace of a run in progress: ``steps_done`` of ``work``'s engine steps (with their
+        share of its prefill) in ``elapsed_s``; None before its first step."""
+        if steps_done <= 0 or elapsed_s <= 0 or work.steps <= 0:
+            return None
+        units = work.units()
+        done = sum(units[part] for part in ENGINE_PARTS) * min(1.0, steps_done / work.steps)
+        return Pace.uniform(elapsed_s / done)
+
+
+def _reference_steps(key: Hashable, cap: int) -> float:
+    """Step units of computing one reference: set-up and judging, its prompt's prefill (the
+    prompt ids are the key's first item) and its output tokens at batch 1."""
+    prompt = key[0] if isinstance(key, tuple) and key else ()
+    prompt_len = len(prompt) if isinstance(prompt, tuple | list) else 0
+    return REFERENCE_STEPS + prompt_len / PREFILL_TOKENS_PER_STEP + cap * REFERENCE_TOKEN_STEPS
+
+
+def _moved(old: float | None, new: float) -> float:
+    """``old`` moved ``LEARNING_RATE`` of the way to ``new`` (``new`` itself if no ``old``)."""
+    return new if old is None else old + LEARNING_RATE * (new - old)
