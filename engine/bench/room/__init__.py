@@ -1,0 +1,10 @@
+"""The workshop room's people, for ``python -m engine.bench.room_load``.
+
+``session``: one person's Run through the page's API (``gradio_client``), and what they were
+told; ``browsers``: people on the page itself, in headless Chromium. May import the rest of
+``engine.bench`` and the core; nothing imports it but ``engine.bench.room_load``.
+
+Nothing is imported here: import the modules by name. ``__all__`` is the room's face.
+"""
+
+__all__ = ["session", "browsers"]

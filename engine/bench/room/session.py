@@ -1,0 +1,173 @@
+"""One session of a workshop room: a person's Run through the page's API, as the room saw it.
+
+A ``Session`` holds what one person was told and when (place and estimate, the start of their
+run, their result, whether it was an identical run shown at once) and the engines' times from
+the final status line. ``run_session`` plays a ``gradio_client`` session: choose a tour preset as
+a person would (``/apply_preset``), press Run (``/run`` with ``replay_recent``, what the page's
+button sends) and read the stream; ``read_status`` reads one status line, streamed or as a
+browser shows it (``engine.bench.room.browsers``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TOUR = ("seed", "one-long-many-short", "equal-caps", "long-prompts", "arrivals",
+        "shared-system-prompt")  # fmt: skip
+PRESETS_PATH = Path(__file__).resolve().parents[3] / "assets" / "presets.json"
+STATUS_INDEX = 7  # the status line's place in /run's outputs (the run's state is not sent)
+REPLAY_TARGET_S = 10.0
+ESTIMATE_TOLERANCE = 0.30
+MIN_WAIT_S = 10.0  # an estimate's error is judged against at least this wait
+ROUNDING_S = 5.0  # the page says a wait under 90 s to the nearest 10 s
+STATUS_TIMES = re.compile(r"static ([0-9.]+) s · continuous ([0-9.]+) s")
+ESTIMATE = re.compile(r"estimate ([0-9.]+) (s|min)")
+
+
+@dataclass
+class Session:
+    """One person's Run, as the room saw it; times in seconds since the room started."""
+
+    number: int
+    preset: str
+    custom: bool
+    browser: bool = False  # a real browser on the page (else a gradio_client session)
+    pressed_s: float = 0.0
+    first_estimate_s: float | None = None  # the first estimate it was told
+    estimate_told_s: float | None = None  # when it was told that estimate
+    started_s: float | None = None  # its run began (the status said Running)
+    done_s: float | None = None
+    shown_at_once: bool = False
+    static_s: float | None = None  # the engines' own times, from the final status line
+    continuous_s: float | None = None
+    error: str | None = None
+    statuses: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def result_after_s(self) -> float | None:
+        return None if self.done_s is None else self.done_s - self.pressed_s
+
+    @property
+    def estimate_error(self) -> float | None:
+        """(estimate - actual wait) / actual wait, for a session told an estimate; a wait under
+        ``MIN_WAIT_S`` counts as that long (nobody can tell a 2 s wait from a 5 s one), and an
+        estimate under 90 s covers the 10 s the page rounds it to ("0 s" is 0 to 5 s)."""
+        if self.first_estimate_s is None or self.started_s is None:
+            return None
+        actual_s = self.started_s - self.estimate_told_s
+        off_s = self.first_estimate_s - actual_s
+        if self.first_estimate_s < 90:
+            off_s = math.copysign(max(0.0, abs(off_s) - ROUNDING_S), off_s)
+        return off_s / max(actual_s, MIN_WAIT_S)
+
+
+def preset_names(path: Path = PRESETS_PATH) -> dict[str, str]:
+    """The page's preset names by slug (``assets/presets.json``)."""
+    presets = json.loads(path.read_text(encoding="utf-8"))
+    return {preset["slug"]: name for name, preset in presets.items()}
+
+
+def preset_links(url: str, path: Path = PRESETS_PATH) -> dict[str, tuple[str, str]]:
+    """The tour's link to each preset by slug, with the slots its text names (3 if none), and
+    the start of its first prompt (which the page's table shows once the link is applied)."""
+    links = {}
+    for preset in json.loads(path.read_text(encoding="utf-8")).values():
+        if "requests" in preset:
+            first = preset["requests"][0][0]
+        else:  # a workload file under assets/: its first line's prompt
+            with (path.parent / preset["workload"]).open(encoding="utf-8") as lines:
+                first = json.loads(lines.readline())["prompt"]
+        link = preset_link(url, preset["slug"], int(preset.get("slots", 3)))
+        links[preset["slug"]] = (link, first.split("\n")[0][:30])
+    return links
+
+
+def _value(output):
+    """A component's value as ``gradio_client`` hands it (a dict with ``value``, or plain)."""
+    return output.get("value", output) if isinstance(output, dict) else output
+
+
+def _setup(url: str, session: Session, names: dict[str, str]):
+    """A client that chose the session's preset as a person would (``/apply_preset``), and the
+    /run inputs it would send: the table (one cap changed for a custom session), slots, knobs."""
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+    chosen = client.predict(names[session.preset], api_name="/apply_preset")
+    table, chat, _text, slots = chosen[:4]  # then the engine settings, all defaults in the tour
+    table = _value(table)
+    if session.custom:  # one cap changed: a setup nobody ran
+        table["data"][0][1] = int(table["data"][0][1]) + 1 + session.number
+    # chat template, reference check, KV mode, token budget, policy, transformers, rate, x axis
+    knobs = (chat, True, "paged", 0, "decode_first", False, 0, "time")
+    return client, (table, _value(slots), *knobs)
+
+
+def run_session(url: str, session: Session, t0: float, names: dict[str, str]) -> None:
+    """Choose the session's preset, press Run, and read its stream into ``session``."""
+    try:
+        client, inputs = _setup(url, session, names)
+        session.pressed_s = time.monotonic() - t0
+        job = client.submit(*inputs, replay_recent=True, api_name="/run")
+        for update in job:
+            read_status(session, str(_value(update[STATUS_INDEX])), time.monotonic() - t0)
+        final = job.outputs()[-1] if job.outputs() else None
+        if final is None:
+            raise RuntimeError("no result")
+        read_status(session, str(_value(final[STATUS_INDEX])), time.monotonic() - t0)
+        session.done_s = time.monotonic() - t0
+        found = STATUS_TIMES.search(session.statuses[-1])
+        if found is None:
+            raise RuntimeError(f"no engine times in the final status: {session.statuses[-1]!r}")
+        session.static_s, session.continuous_s = float(found[1]), float(found[2])
+    except Exception as exc:  # noqa: BLE001  (any failure is the session's result, reported)
+        session.error = f"{type(exc).__name__}: {exc}"
+
+
+def read_status(session: Session, status: str, now_s: float) -> None:
+    """Note what one status line says: streamed Markdown, or the text a browser shows."""
+    if session.statuses and session.statuses[-1] == status:
+        return
+    session.statuses.append(status)
+    status = status.replace("**", "")
+    if status.startswith("Waiting for the model:"):
+        found = ESTIMATE.search(status)
+        if found and session.first_estimate_s is None:
+            scale = 60.0 if found[2] == "min" else 1.0
+            session.first_estimate_s = float(found[1]) * scale
+            session.estimate_told_s = now_s
+    elif status.startswith("Running") and session.started_s is None:
+        session.started_s = now_s
+    elif status.startswith("Shown at once:"):
+        session.shown_at_once = True
+
+
+def run_session_live(url: str, session: Session, names: dict[str, str]) -> None:
+    """``run_session`` with ``replay_recent`` off: a fresh measurement, its result awaited."""
+    client, inputs = _setup(url, session, names)
+    result = client.predict(*inputs, replay_recent=False, api_name="/run")
+    found = STATUS_TIMES.search(str(_value(result[STATUS_INDEX])))
+    if found:
+        session.static_s, session.continuous_s = float(found[1]), float(found[2])
+
+
+def engine_times(session: Session) -> None:
+    """The engines' times from a finished browser session's last status (an error if none)."""
+    if session.error or session.done_s is None:
+        return
+    found = STATUS_TIMES.search(session.statuses[-1]) if session.statuses else None
+    if found is None:
+        last = session.statuses[-1][:120] if session.statuses else ""
+        session.error = f"no engine times in the final status: {last!r}"
+        return
+    session.static_s, session.continuous_s = float(found[1]), float(found[2])
+
+
+def preset_link(url: str, slug: str, num_slots: int) -> str:
+    """The tour's link to preset ``slug`` with its slot count, on the page at ``url``."""
+    return f"{url.rstrip('/')}/?preset={slug}&slots={num_slots}"
