@@ -10,6 +10,9 @@ The host's servers (``engine.page.run.host_servers``): ``--vllm`` starts a local
 model (``make vllm`` builds its environment) in the background while the page serves, and stops it
 with the app (also on SIGTERM); ``--endpoint`` and ``CBP_ENDPOINTS`` name OpenAI-compatible
 servers elsewhere. The page offers exactly these, by name.
+
+The engines run in an engine process of their own (``engine.page.run.engine_process``), started
+after the page's model loads, unless ``CBP_ENGINE_PROCESS`` is ``off`` (or ``auto`` on ZeroGPU).
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.page.host import quiet_queue, server_priority, share
+from engine.page.host import quiet_queue, server_priority, share, zerogpu
 from engine.page.inputs import page_io
 from engine.page.panels import page_panels
-from engine.page.run import host_servers, shared_model
+from engine.page.run import engine_process, host_servers, shared_model
 from engine.page.views import tables
 from engine.peers.vllm_server import MAX_MODEL_LEN
 
@@ -126,14 +129,18 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
     args = parse_args(argv)
     try:
         nice = server_priority.server_nice()
+        in_process = engine_process.engine_process_wanted(on_zerogpu=zerogpu.on_zerogpu())
         shared = shared_model.load_shared_model(args.model, args.device, args.dtype)
         shared.servers = configured_servers(args, shared.loaded)
     except ValueError as exc:  # ModelLoadError included: one line a person can act on
         raise SystemExit(f"error: {exc}") from None
     print(f"{shared.label} (loaded in {shared.loaded.load_s:.1f} s)", flush=True)
+    # SIGTERM (a service manager, a test) exits through ``finally``: the servers stop too, and
+    # the engine process (a daemon) with the page
+    signal.signal(signal.SIGTERM, _exit)
+    if in_process:  # after the page's load: the worker reads the kernel choice it measured
+        shared.engine_process = _engine_process(args, shared)
     if shared.servers is not None:
-        # SIGTERM (a service manager, a test) exits through ``finally``: the servers stop too
-        signal.signal(signal.SIGTERM, _exit)
         shared.servers.start()  # in the background: the page serves while vLLM starts
     # after the engine thread's OpenMP pool exists: the server's threads, made from this one
     # from here on, yield the CPU to a run being measured
@@ -143,6 +150,21 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
     finally:
         if shared.servers is not None:
             shared.servers.close()
+        if shared.engine_process is not None:
+            shared.engine_process.close()
+
+
+def _engine_process(args, shared: shared_model.SharedModel) -> engine_process.EngineProcess:
+    """The engine process on the page's model, started: it loads while the page starts serving
+    (``CBP_ENGINE_PROCESS``; made from this thread before its nice value is raised, so the
+    worker keeps the start's)."""
+    device = str(shared.loaded.device)
+    jobs = ("engine.page.handlers.engine_work",)  # where a run's engine work is
+    spec = engine_process.ModelSpec(args.model, device, shared.dtype_name, preload=jobs)
+    process = engine_process.EngineProcess(spec)
+    process.start()
+    print(f"Engine process started (pid {process.pid}); it loads the model too.", flush=True)
+    return process
 
 
 def _exit(signum, _frame) -> None:
