@@ -33,6 +33,7 @@ pipe closes.
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import importlib
 import math
 import multiprocessing
@@ -235,6 +236,7 @@ class EngineProcess:
         if self._conn is not None:
             self._conn.close()
         self._process, self._conn, self._ready, self._busy = None, None, False, False
+        self._stop = None  # its semaphore goes with it (a new worker gets a new event)
 
 
 # --- the worker's side ---------------------------------------------------------------------------
@@ -244,6 +246,16 @@ def worker_main(spec: ModelSpec, conn, stop_event) -> None:
     """The worker: load ``spec``'s model, then answer jobs until the page goes (end of file or
     None). Every torch call happens on this, its main thread."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the page's to handle: it ends us
+    faulthandler.enable()  # a crash in native code says where, in the page's log
+    try:
+        _serve(spec, conn, stop_event)
+    except BaseException as exc:  # said in the page's log: a run only learns that it ended
+        print(f"Engine process {os.getpid()} ends: {type(exc).__name__}: {exc}", flush=True)
+        raise
+
+
+def _serve(spec: ModelSpec, conn, stop_event) -> None:
+    """``worker_main``'s body."""
     ENGINE_THREAD.adopt()  # loads of other precisions (in_dtype) stay on this thread too
     try:
         model = spec.shared()
@@ -283,7 +295,7 @@ def _send(conn, message: tuple) -> None:
     try:
         conn.send(message)
     except (BrokenPipeError, EOFError, ConnectionResetError):
-        raise SystemExit(0) from None
+        raise SystemExit("the page closed its end of the pipe") from None
     except Exception as exc:  # pickling failed: nothing was written
         what = type(message[1]).__name__
         conn.send(("error", RuntimeError(f"the engine process could not send a {what}: {exc}")))
