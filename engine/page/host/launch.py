@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -135,9 +136,10 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
     except ValueError as exc:  # ModelLoadError included: one line a person can act on
         raise SystemExit(f"error: {exc}") from None
     print(f"{shared.label} (loaded in {shared.loaded.load_s:.1f} s)", flush=True)
-    # SIGTERM (a service manager, a test) exits through ``finally``: the servers stop too, and
-    # the engine process (a daemon) with the page
-    signal.signal(signal.SIGTERM, _exit)
+    if threading.current_thread() is threading.main_thread():  # where signals can be handled
+        # SIGTERM (a service manager, a test) exits through ``finally``: the servers stop too,
+        # and the engine process (a daemon, which also ends when the page's pipe closes)
+        signal.signal(signal.SIGTERM, _exit)
     if in_process:  # after the page's load: the worker reads the kernel choice it measured
         shared.engine_process = _engine_process(args, shared)
     if shared.servers is not None:
