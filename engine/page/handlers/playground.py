@@ -84,7 +84,8 @@ def run_event(*values, **named) -> Iterator[tuple]:
 
     Yields the tuple app.py's outputs expect: live updates every ``PROGRESS_INTERVAL_S``, or less
     often where Gradio's handling of them would take over ``progress_view.UPDATE_SHARE`` of the
-    run, while the engines run in a worker thread (``LiveRun``), then ``RunResult.as_outputs()``.
+    run, while the engines run on the engine thread or in the engine process (``LiveRun``),
+    then ``RunResult.as_outputs()``.
     Stop sets the stop flag of this run's ``RunControl`` through the session's ``handle``
     (``engine.page.run.run_handle``): the worker stops within one step and the handler yields the
     ``previous`` results with "Stopped" and returns. When Gradio closes the generator (a closed

@@ -11,8 +11,9 @@ model (``make vllm`` builds its environment) in the background while the page se
 with the app (also on SIGTERM); ``--endpoint`` and ``CBP_ENDPOINTS`` name OpenAI-compatible
 servers elsewhere. The page offers exactly these, by name.
 
-The engines run in an engine process of their own (``engine.page.run.engine_process``), started
-after the page's model loads, unless ``CBP_ENGINE_PROCESS`` is ``off`` (or ``auto`` on ZeroGPU).
+The engines run in an engine process of their own (``engine.page.run.engine_process``), which
+loads its copy of the model after the page's and before the page serves, unless
+``CBP_ENGINE_PROCESS`` is ``off`` (or ``auto`` on ZeroGPU).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from engine.page.panels import page_panels
 from engine.page.run import engine_process, host_servers, shared_model
 from engine.page.views import tables
 from engine.peers.vllm_server import MAX_MODEL_LEN
+from engine.serving.run_control import RunStopped
 
 ASSETS = Path(__file__).resolve().parents[3] / "assets"
 PAGE_CSS = ASSETS / "page.css"
@@ -142,6 +144,11 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
         signal.signal(signal.SIGTERM, _exit)
     if in_process:  # after the page's load: the worker reads the kernel choice it measured
         shared.engine_process = _engine_process(args, shared)
+        try:  # before serving: the first Run does not wait, and a load that fails stops here
+            shared.engine_process.wait_ready()
+        except (ValueError, RunStopped) as exc:
+            shared.engine_process.close()
+            raise SystemExit(f"error: the engine process: {exc}") from None
     if shared.servers is not None:
         shared.servers.start()  # in the background: the page serves while vLLM starts
     # after the engine thread's OpenMP pool exists: the server's threads, made from this one
@@ -157,9 +164,8 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
 
 
 def _engine_process(args, shared: shared_model.SharedModel) -> engine_process.EngineProcess:
-    """The engine process on the page's model, started: it loads while the page starts serving
-    (``CBP_ENGINE_PROCESS``; made from this thread before its nice value is raised, so the
-    worker keeps the start's)."""
+    """The engine process on the page's model, started (``CBP_ENGINE_PROCESS``; made from this
+    thread before its nice value is raised, so the worker keeps the start's)."""
     device = str(shared.loaded.device)
     jobs = ("engine.page.handlers.engine_work",)  # where a run's engine work is
     spec = engine_process.ModelSpec(args.model, device, shared.dtype_name, preload=jobs)

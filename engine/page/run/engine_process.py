@@ -118,6 +118,17 @@ class EngineProcess:
         with self._lock:
             self._start()
 
+    def wait_ready(self) -> None:
+        """Start the worker unless one lives, and wait until its model is loaded and warm.
+
+        Raises:
+            EngineProcessLost: the worker ended first.
+            Exception: the model failed to load in the worker (its exception).
+        """
+        with self._lock:
+            self._start()
+            self._await_ready(RunControl())
+
     def run(self, fn: Callable, args: tuple, control: RunControl, watch: Callable) -> Any:
         """``fn(model, *args, watch)`` in the worker (started first if none lives); its value.
 

@@ -8,7 +8,9 @@ is more OpenMP threads than CPUs, and libgomp then cuts each wait's spin from 30
 step's ~200 parallel regions would pay a sleep and a wake-up; the bench does all of it in its main
 thread, one pool. ``ENGINE_THREAD.submit(fn)`` runs ``fn`` on one long-lived daemon
 thread, made at first use, so the page has one pool too. Only one call runs at a time; the page's
-runs take the model's lock anyway.
+runs take the model's lock anyway. With the engine process (``engine_process``, ``app.py``'s
+default) the page's engine thread loads the page's model and waits for the worker's answers; the
+worker's main thread ``adopt``s the role in its own process.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ engine waits for requests to arrive; ``watch`` checks the ``RunControl`` (raisin
 or ``RunTimedOut``, which unwinds the engine within one step or wait slice) and keeps a cheap
 snapshot of the engine's trace for the page.
 
+With the engine process (``engine.page.run.engine_process``) the work on the engine thread only
+waits for it: the worker keeps its progress with a ``LiveRun`` of its own and sends each entry,
+which ``watch(..., entry=...)`` takes as it is, so the page's side reads the same progress.
+
 A stopped run keeps no reference to its engines, so their KV cache is freed as the work ends.
 The work runs in a copy of the caller's ``contextvars`` context, so ``gr.Progress`` still
 reports to the right event.

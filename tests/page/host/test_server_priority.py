@@ -76,7 +76,7 @@ def test_serve_lowers_the_server_after_the_engine_thread_exists(monkeypatch):
 
     def fake_engine_process(*_args):
         process_nice.append(_nice())  # the worker would inherit this thread's nice value
-        return SimpleNamespace(close=lambda: None)
+        return SimpleNamespace(close=lambda: None, wait_ready=lambda: None)
 
     monkeypatch.setattr(launch.shared_model, "load_shared_model", fake_load)
     monkeypatch.setattr(launch, "configured_servers", lambda args, loaded: None)
