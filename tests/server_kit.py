@@ -13,6 +13,7 @@ import pytest
 from engine.bench import app_server
 
 REPO_ROOT = app_server.REPO_ROOT
+SERVERS: dict = {}  # url -> the app.py process serving it, for tests that look at its processes
 
 
 def start_app_server(request, tmp_path_factory, args: tuple[str, ...] = ()) -> str:
@@ -26,4 +27,5 @@ def start_app_server(request, tmp_path_factory, args: tuple[str, ...] = ()) -> s
     except RuntimeError as exc:
         pytest.fail(str(exc))
     request.addfinalizer(lambda: app_server.stop(proc))
+    SERVERS[url] = proc
     return url

@@ -74,3 +74,29 @@ def make_requests(specs: list[tuple[str, int]]) -> list[Request]:
     """(prompt, cap) pairs -> tokenized requests with ids 0..n-1."""
     tok = ByteTokenizer()
     return [Request(i, p, cap, tuple(tok.encode(p))) for i, (p, cap) in enumerate(specs)]
+
+
+def tiny_shared(spec=None):
+    """A warmed-up page ``SharedModel`` over ``tiny_runner()``: the engine process's loader in
+    tests (``ModelSpec(load=tiny_shared)``). ``spec.model == "slow"`` makes each forward pass
+    take ``SLOW_STEP_S`` more, so a run lasts long enough to watch, stop or kill."""
+    import time
+
+    from engine.fidelity.reference import ReferenceCache
+    from engine.page.run.shared_model import SharedModel
+
+    runner = tiny_runner()
+    if spec is not None and spec.model == "slow":
+        forward = runner.forward_packed
+
+        def slow_forward(batch):
+            time.sleep(SLOW_STEP_S)
+            return forward(batch)
+
+        runner.forward_packed = slow_forward
+    shared = SharedModel(runner.loaded, runner, ReferenceCache(runner))
+    shared.warm_up()
+    return shared
+
+
+SLOW_STEP_S = 0.02  # tiny_shared's slowed forward pass

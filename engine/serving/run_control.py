@@ -58,10 +58,17 @@ def run_time_limit_s() -> float | None:
 class RunControl:
     """A stop flag plus an optional deadline, checked by the engines once per step."""
 
-    def __init__(self, time_limit_s: float | None = None):
+    def __init__(self, time_limit_s: float | None = None, time_left_s: float | None = None):
+        """``time_left_s``: what is left of ``time_limit_s`` for a run that started elsewhere
+        (another process: monotonic clocks are per process), all of it by default."""
         self.time_limit_s = time_limit_s
         self._stop = threading.Event()
-        self._deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+        left_s = time_limit_s if time_left_s is None else time_left_s
+        self._deadline = None if left_s is None else time.monotonic() + left_s
+
+    def time_left_s(self) -> float | None:
+        """Seconds left before the time limit (0 once past it); None without a limit."""
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
 
     def stop(self) -> None:
         """Ask the run to stop; it raises ``RunCancelled`` at its next ``check()``."""

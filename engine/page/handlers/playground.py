@@ -15,19 +15,14 @@ parsed in ``engine.page.run.run_options``.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
 import time
 from collections.abc import Callable, Iterator
 
 import gradio as gr
 
-from engine.batching.continuous import ContinuousEngine
-from engine.batching.static import StaticEngine
-from engine.config import EngineConfig
 from engine.page.handlers import run_turns
-from engine.page.run import host_servers
+from engine.page.handlers.engine_work import run_engines
 from engine.page.run.live_run import LiveRun
 from engine.page.run.run_handle import IDLE, REPEAT_PRESS, STOPPED_PRESS, RunHandle, Turn
 from engine.page.run.run_options import (
@@ -39,7 +34,7 @@ from engine.page.run.run_options import (
     settings_from_run,
 )
 from engine.page.run.shared_model import SharedModel, get_model
-from engine.page.views import divergence_view, progress_view, run_status
+from engine.page.views import progress_view, run_status
 from engine.page.views.run_view import (
     RunResult,
     RunState,
@@ -47,13 +42,11 @@ from engine.page.views.run_view import (
     run_outputs,
     step_views,
 )
-from engine.peers.transformers_engine import HFContinuousEngine
-from engine.sequence import Request
 from engine.serving.run_control import RunCancelled, RunControl, RunStopped, run_time_limit_s
 from engine.workloads.workload import TABLE_COLUMNS
 
 REQUEST_HEADERS = list(TABLE_COLUMNS)  # prompt, max_new_tokens, arrival_s, sampling settings
-PROGRESS_INTERVAL_S = 0.5  # at most two progress reports a second (fewer: progress_view)
+PROGRESS_INTERVAL_S = 0.5  # at most two live updates a second (fewer: progress_view)
 STOPPED = "**Stopped** before the end."
 STOPPED_IN_QUEUE = "**Stopped** before it started: it left the queue."
 RUNNING_NOTE = "**Running:** its progress is in the status line below."
@@ -82,75 +75,6 @@ def run_comparison(
     return render(run_engines(model, requests, config, options, progress), x_axis)
 
 
-def run_engines(
-    model: SharedModel,
-    requests: list[Request],
-    config: EngineConfig,
-    options: RunOptions,
-    progress,
-    watch: Callable[..., None] | None = None,
-) -> RunState:
-    """Run every engine (and the reference) on ``requests``, one after the other.
-
-    ``watch(engine, trace)`` is called after every step of every engine (``trace`` is None for
-    the reference and transformers' engine), ``watch(engine, trace, waiting=True)`` every 0.05 s
-    while an engine waits for arrivals, and ``watch(engine, trace, done=True)`` after each
-    engine's last step; an exception it raises (``RunStopped``) ends the run within one step or
-    wait. The model's lock is held throughout, so runs never overlap on the model. The chosen
-    servers run last (``engine.page.run.host_servers.run_servers``, which reports their failures and
-    stops instead of raising them).
-    """
-    watch = watch or (lambda *_args, **_kwargs: None)
-    with model.lock:
-        try:
-            return _run_all(model, requests, config, options, progress, watch)
-        except RunStopped as exc:
-            # A fresh exception, raised while the lock is still held: the caught one's traceback
-            # holds the engines' frames and their KV cache, which must go before the next run
-            # can take the model.
-            stopped = type(exc)(str(exc))
-        raise stopped
-
-
-def _run_all(model, requests, config, options, progress, watch) -> RunState:
-    """``run_engines``'s body, called with the model's lock held."""
-    runner, invariant = model.runner, config.batch_invariant
-    static = StaticEngine(runner, EngineConfig(config.num_slots, batch_invariant=invariant)).run(
-        requests,
-        _on_step(progress, "static", run_turns.static_steps(requests, config), watch),
-        functools.partial(watch, "static", waiting=True),
-    )
-    watch("static", static, done=True)
-    continuous = ContinuousEngine(runner, config).run(
-        requests,
-        _on_step(progress, "continuous", run_turns.continuous_steps(requests, config), watch),
-        functools.partial(watch, "continuous", waiting=True),
-    )
-    watch("continuous", continuous, done=True)
-    hf = None
-    if options.compare_hf:  # no step hook: checked every 0.1 s while results are awaited
-        watch("hf_continuous", None)
-        progress(None, desc="transformers' continuous batching")
-        stop_check = functools.partial(watch, "hf_continuous", waiting=True)
-        hf_config = dataclasses.replace(config, batch_invariant=False)  # the page says why
-        hf_engine = HFContinuousEngine(runner, hf_config, block_sharing=config.prefix_caching)
-        hf = hf_engine.run(requests, on_wait=stop_check)
-    state = RunState(static, continuous, None, hf, None, dtype=model.dtype_name)
-    state.batch_invariant = invariant
-    if options.check_reference:
-        source = model.reference_for(invariant)
-        state.reference = source.outputs(
-            requests, _reference_counter(progress), lambda: watch("reference", None)
-        )
-        state.verdicts = divergence_view.judge_runs(runner, source, requests, state.traces())
-    if options.servers:  # last: a server that fails or is stopped leaves the rest whole
-        names = model.servers.check_names(options.servers)
-        state.servers, state.server_failures = host_servers.run_servers(
-            model.servers, names, requests, config.num_slots, watch
-        )
-    return state
-
-
 def run_event(*values, **named) -> Iterator[tuple]:
     """The Run button's handler: a generator streaming progress, then the finished results.
 
@@ -160,7 +84,8 @@ def run_event(*values, **named) -> Iterator[tuple]:
 
     Yields the tuple app.py's outputs expect: live updates every ``PROGRESS_INTERVAL_S``, or less
     often where Gradio's handling of them would take over ``progress_view.UPDATE_SHARE`` of the
-    run, while the engines run in a worker thread (``LiveRun``), then ``RunResult.as_outputs()``.
+    run, while the engines run on the engine thread or in the engine process (``LiveRun``),
+    then ``RunResult.as_outputs()``.
     Stop sets the stop flag of this run's ``RunControl`` through the session's ``handle``
     (``engine.page.run.run_handle``): the worker stops within one step and the handler yields the
     ``previous`` results with "Stopped" and returns. When Gradio closes the generator (a closed
@@ -260,7 +185,7 @@ def _run_live(
     started_s = time.monotonic()
 
     def work(watch: Callable) -> RunState:  # the status line shows progress, not a Gradio bar
-        return run_engines(model, requests, config, options, lambda *a, **k: None, watch)
+        return run_engines(model, requests, config, options, lambda *a, **k: None, watch, control)
 
     views = progress_view.LiveTimelines()  # updates and redraws paced within a CPU budget
     note = RUNNING_NOTE  # the first update says so under Run too
@@ -371,41 +296,3 @@ def _user_errors(fn: Callable):
         return fn()
     except ValueError as exc:
         raise gr.Error(str(exc), print_exception=False) from exc
-
-
-def _on_step(progress, engine: str, total: int, watch: Callable) -> Callable:
-    """An engine's ``on_step``: report progress, then let ``watch`` see the trace (or stop)."""
-    count = _step_counter(progress, f"{engine} batching", total)
-
-    def on_step(trace, step) -> None:
-        count(trace, step)
-        watch(engine, trace)
-
-    return on_step
-
-
-def _step_counter(progress, desc: str, total: int) -> Callable:
-    """An engine ``on_step`` callback reporting ``(done, total)`` steps to Gradio's progress.
-
-    Reports are at least ``PROGRESS_INTERVAL_S`` apart: a browser redrawing the bar every step
-    competes for the CPU with the engines it is timing.
-    """
-    done, last_s = 0, -math.inf
-
-    def on_step(_trace, _step) -> None:
-        nonlocal done, last_s
-        done += 1
-        if time.perf_counter() - last_s >= PROGRESS_INTERVAL_S:
-            last_s = time.perf_counter()
-            progress((done, max(total, done)), desc=desc)
-
-    return on_step
-
-
-def _reference_counter(progress) -> Callable:
-    """A ``ReferenceCache.outputs`` callback reporting requests done."""
-
-    def on_request(done: int, total: int) -> None:
-        progress((done, total), desc="model.generate reference")
-
-    return on_request

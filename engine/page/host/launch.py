@@ -10,6 +10,10 @@ The host's servers (``engine.page.run.host_servers``): ``--vllm`` starts a local
 model (``make vllm`` builds its environment) in the background while the page serves, and stops it
 with the app (also on SIGTERM); ``--endpoint`` and ``CBP_ENDPOINTS`` name OpenAI-compatible
 servers elsewhere. The page offers exactly these, by name.
+
+With ``CBP_ENGINE_PROCESS=on`` (or ``auto`` off ZeroGPU) the engines run in an engine process of
+their own (``engine.page.run.engine_process``), which loads its copy of the model after the
+page's and before the page serves; by default (``off``) they run on the page's engine thread.
 """
 
 from __future__ import annotations
@@ -17,17 +21,19 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import gradio as gr
 
-from engine.page.host import quiet_queue, server_priority, share
+from engine.page.host import quiet_queue, server_priority, share, zerogpu
 from engine.page.inputs import page_io
 from engine.page.panels import page_panels, settings_panel
-from engine.page.run import host_servers, shared_model
+from engine.page.run import engine_process, host_servers, shared_model
 from engine.page.views import tables
 from engine.peers.vllm_server import MAX_MODEL_LEN
+from engine.serving.run_control import RunStopped
 
 ASSETS = Path(__file__).resolve().parents[3] / "assets"
 PAGE_CSS = ASSETS / "page.css"
@@ -127,14 +133,24 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
     args = parse_args(argv)
     try:
         nice = server_priority.server_nice()
+        in_process = engine_process.engine_process_wanted(on_zerogpu=zerogpu.on_zerogpu())
         shared = shared_model.load_shared_model(args.model, args.device, args.dtype)
         shared.servers = configured_servers(args, shared.loaded)
     except ValueError as exc:  # ModelLoadError included: one line a person can act on
         raise SystemExit(f"error: {exc}") from None
     print(f"{shared.label} (loaded in {shared.loaded.load_s:.1f} s)", flush=True)
-    if shared.servers is not None:
-        # SIGTERM (a service manager, a test) exits through ``finally``: the servers stop too
+    if threading.current_thread() is threading.main_thread():  # where signals can be handled
+        # SIGTERM (a service manager, a test) exits through ``finally``: the servers stop too,
+        # and the engine process (a daemon, which also ends when the page's pipe closes)
         signal.signal(signal.SIGTERM, _exit)
+    if in_process:  # after the page's load: the worker reads the kernel choice it measured
+        shared.engine_process = _engine_process(args, shared)
+        try:  # before serving: the first Run does not wait, and a load that fails stops here
+            shared.engine_process.wait_ready()
+        except (ValueError, RunStopped) as exc:
+            shared.engine_process.close()
+            raise SystemExit(f"error: the engine process: {exc}") from None
+    if shared.servers is not None:
         shared.servers.start()  # in the background: the page serves while vLLM starts
     # after the engine thread's OpenMP pool exists: the server's threads, made from this one
     # from here on, yield the CPU to a run being measured
@@ -144,6 +160,20 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
     finally:
         if shared.servers is not None:
             shared.servers.close()
+        if shared.engine_process is not None:
+            shared.engine_process.close()
+
+
+def _engine_process(args, shared: shared_model.SharedModel) -> engine_process.EngineProcess:
+    """The engine process on the page's model, started (``CBP_ENGINE_PROCESS``; made from this
+    thread before its nice value is raised, so the worker keeps the start's)."""
+    device = str(shared.loaded.device)
+    jobs = ("engine.page.handlers.engine_work",)  # where a run's engine work is
+    spec = engine_process.ModelSpec(args.model, device, shared.dtype_name, preload=jobs)
+    process = engine_process.EngineProcess(spec)
+    process.start()
+    print(f"Engine process started (pid {process.pid}); it loads the model too.", flush=True)
+    return process
 
 
 def _exit(signum, _frame) -> None:

@@ -17,6 +17,10 @@ slowly, and at full speed between runs. Raising one's own nice value needs no pr
 it back would, so only threads made later are affected. Elsewhere than Linux (macOS keeps one
 nice value per process) nothing is changed.
 
+With the engine process (``engine.page.run.engine_process``) the engines run in a process of
+their own, started from this thread before it is lowered: it keeps the nice value the page started
+with, and the page's Python no longer shares a GIL with the run.
+
 ``CBP_SERVER_NICE`` sets how many steps (0 to 19, default 10; 0 leaves the server as it is).
 """
 

@@ -50,6 +50,12 @@ def runs_queue_in_gradio() -> bool:
     return run_concurrency() is not None
 
 
+def on_zerogpu() -> bool:
+    """Whether the page runs on a ZeroGPU Space (``spaces`` imports), where the GPU is lent to
+    the page's own process: no engine process there (``engine.page.run.engine_process``)."""
+    return _spaces() is not None
+
+
 def _spaces():
     """The ``spaces`` module of a Hugging Face Space, or None."""
     try:

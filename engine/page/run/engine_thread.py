@@ -8,7 +8,9 @@ is more OpenMP threads than CPUs, and libgomp then cuts each wait's spin from 30
 step's ~200 parallel regions would pay a sleep and a wake-up; the bench does all of it in its main
 thread, one pool. ``ENGINE_THREAD.submit(fn)`` runs ``fn`` on one long-lived daemon
 thread, made at first use, so the page has one pool too. Only one call runs at a time; the page's
-runs take the model's lock anyway.
+runs take the model's lock anyway. With the engine process (``engine_process``, ``app.py``'s
+default) the page's engine thread loads the page's model and waits for the worker's answers; the
+worker's main thread ``adopt``s the role in its own process.
 """
 
 from __future__ import annotations
@@ -28,15 +30,29 @@ class EngineThread:
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._adopted = False  # the thread is one that called ``adopt``: no loop serves calls
 
     @property
     def ident(self) -> int | None:
         """The thread's ``threading.get_ident()``, or None before the first call."""
         return None if self._thread is None else self._thread.ident
 
+    def adopt(self) -> None:
+        """Make the calling thread the engine thread, so ``call`` runs directly on it.
+
+        For a process whose main thread makes every torch call itself (the engine process,
+        ``engine.page.run.engine_process``): ``in_dtype`` and the loads then stay on that thread
+        and its one OpenMP pool. Nothing may ``submit`` afterwards (no loop serves the queue).
+        """
+        with self._lock:
+            assert self._thread is None, "the engine thread already runs"
+            self._thread = threading.current_thread()
+            self._adopted = True
+
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         """Queue ``fn(*args)``; the future holds its value, or what it raised."""
         future: Future = Future()
+        assert not self._adopted, "submit() on an adopted engine thread: call() instead"
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)

@@ -10,6 +10,10 @@ engine waits for requests to arrive; ``watch`` checks the ``RunControl`` (raisin
 or ``RunTimedOut``, which unwinds the engine within one step or wait slice) and keeps a cheap
 snapshot of the engine's trace for the page.
 
+With the engine process (``engine.page.run.engine_process``) the work on the engine thread only
+waits for it: the worker keeps its progress with a ``LiveRun`` of its own and sends each entry,
+which ``watch(..., entry=...)`` takes as it is, so the page's side reads the same progress.
+
 A stopped run keeps no reference to its engines, so their KV cache is freed as the work ends.
 The work runs in a copy of the caller's ``contextvars`` context, so ``gr.Progress`` still
 reports to the right event.
@@ -94,16 +98,22 @@ class LiveRun:
         done: bool = False,
         waiting: bool = False,
         note: str | None = None,
+        entry: EngineProgress | None = None,
     ) -> None:
         """Called by the work after each step of ``engine``, with ``done`` after its last, and with
         ``waiting`` (no step ran) while it waits for requests to arrive or for a server (``note``
-        says what for; a server engine's trace comes with it as its streams go).
+        says what for; a server engine's trace comes with it as its streams go). An ``entry``
+        kept elsewhere (the engine process's, ``engine.page.run.engine_process``) is taken as it
+        is, its trace None when the last one sent still holds.
 
         Raises:
             RunStopped: the run should stop (see ``RunControl.check``).
         """
         self.control.check()
         now_s = time.monotonic()
+        if entry is not None:
+            self._take(entry)
+            return
         with self._lock:
             entry = self._progress.setdefault(engine, EngineProgress(engine))
             entry.waiting = waiting
@@ -121,6 +131,13 @@ class LiveRun:
             if done or newly_finished or now_s - last_s >= SNAPSHOT_INTERVAL_S:
                 entry.trace = snapshot(trace)
                 self._last_snapshot_s[engine] = now_s
+
+    def _take(self, entry: EngineProgress) -> None:
+        with self._lock:
+            kept = self._progress.get(entry.name)
+            if entry.trace is None and kept is not None:
+                entry = dataclasses.replace(entry, trace=kept.trace)
+            self._progress[entry.name] = entry
 
     def wait(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds; True once the work ended (done, failed or stopped)."""

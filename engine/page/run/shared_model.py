@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -56,6 +57,9 @@ class SharedModel:
     # the turns runs take on the model, and the recent runs by setup: one for every dtype's copy
     queue: RunQueue = field(default_factory=RunQueue, repr=False)
     recent: RecentRuns = field(default_factory=lambda: RecentRuns(replay_window_s()), repr=False)
+    # the engine process (engine.page.run.engine_process) the runs' engines go to; None: the
+    # engine thread, in this process (tests, ZeroGPU, CBP_ENGINE_PROCESS=off)
+    engine_process: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.queue.shown_instead = lambda setup: self.recent.find(setup) is not None
@@ -111,6 +115,7 @@ class SharedModel:
             servers=self.servers,
             queue=self.queue,
             recent=self.recent,
+            engine_process=self.engine_process,
         )
         variant.warm_up()
         return variant
@@ -182,11 +187,13 @@ def load_shared_model(
     global _shared_model
     check_model_allowed(model)
     # On the engine thread, which runs every run too: torch keeps one OpenMP pool (engine_thread)
-    _shared_model = ENGINE_THREAD.call(_load_and_warm_up, model, device, dtype)
+    _shared_model = ENGINE_THREAD.call(load_and_warm_up, model, device, dtype)
     return _shared_model
 
 
-def _load_and_warm_up(model: str | None, device: str | None, dtype: str | None) -> SharedModel:
+def load_and_warm_up(model: str | None, device: str | None, dtype: str | None) -> SharedModel:
+    """``load_model(model, device, dtype)`` as a warmed-up ``SharedModel``, on the calling thread
+    (the engine thread, or the engine process's main thread)."""
     loaded = load_model(model, device, dtype)
     shared = SharedModel.from_loaded(
         loaded, loader=lambda name: load_model(model, str(loaded.device), name)

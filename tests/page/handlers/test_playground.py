@@ -10,7 +10,7 @@ import pytest
 from fake_traces import continuous_trace, static_trace
 
 from engine.model.loader import ModelLoadError
-from engine.page.handlers import playground
+from engine.page.handlers import engine_work, playground
 from engine.page.inputs import presets
 from engine.page.panels import page_panels
 from engine.page.run import run_options, shared_model
@@ -88,7 +88,7 @@ def test_timelines_share_the_x_scale(result):
 
 def test_progress_reports_every_step(shared, monkeypatch):
     """Progress counts each engine's steps up to the real total and each reference request."""
-    monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.0)
+    monkeypatch.setattr(engine_work, "PROGRESS_INTERVAL_S", 0.0)
     progress = RecordingProgress()
     result = playground.run_comparison(
         ROWS,
@@ -109,7 +109,7 @@ def test_progress_reports_every_step(shared, monkeypatch):
 
 def test_progress_reports_are_throttled(shared, monkeypatch):
     """With a long report interval each engine reports its first step only."""
-    monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 3600.0)
+    monkeypatch.setattr(engine_work, "PROGRESS_INTERVAL_S", 3600.0)
     progress = RecordingProgress()
     playground.run_comparison(
         ROWS,

@@ -1,6 +1,6 @@
 """Many users at once: concurrent Runs through ``gradio_client`` each get their own checked result.
 
-One ``app.py`` server (the ``server_url`` fixture in ``conftest.py``) is hit by 8 client threads at
+One ``app.py`` server, with its engines in an engine process (``CBP_ENGINE_PROCESS=on``), is hit by 8 client threads at
 the same moment, each with its own tiny workload (1-2 requests, caps 2-4). The Run event is queued
 with ``concurrency_limit=1``, so the runs are serialised; ``/run`` streams progress and ``predict``
 returns its last (final) output. The test checks that no user sees another user's prompts or an
@@ -9,9 +9,12 @@ unchecked result, and that the server still answers afterwards.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
 
 import pytest
+from server_kit import SERVERS, start_app_server
 
 try:
     from gradio_client import Client
@@ -40,6 +43,14 @@ pytestmark = [
     pytest.mark.real_model,
     pytest.mark.skipif(Client is None, reason="the gradio_client package is not installed"),
 ]
+
+
+@pytest.fixture(scope="module")
+def server_url(request, tmp_path_factory) -> str:
+    """``app.py`` with ``CBP_ENGINE_PROCESS=on`` (off by default), for every test here."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CBP_ENGINE_PROCESS", "on")
+        return start_app_server(request, tmp_path_factory)
 
 
 def _run(url: str, rows: list[list], num_slots: int) -> tuple[str, list[str]]:
@@ -86,6 +97,42 @@ def test_a_run_streams_its_progress_through_the_server(server_url: str) -> None:
     statuses = [_value(update[STATUS_INDEX]) for update in job.outputs()]
     assert any(str(s).startswith("**Running**") for s in statuses[:-1]), statuses
     assert MATCH_TEXT in statuses[-1], statuses[-1]
+
+
+def _cpu_s(pid: int) -> float:
+    """A process's user and system CPU time so far, seconds (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _engine_processes(pid: int) -> list[int]:
+    """The children of ``pid`` that multiprocessing spawned (the engine process)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError):  # a process that ended meanwhile
+            continue
+        if parent == pid and b"spawn_main" in command:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_launched_apps_engines_run_in_the_engine_process(server_url: str) -> None:
+    """app.py (CBP_ENGINE_PROCESS=on) has one engine process, and a run's CPU time is spent
+    there rather than in the page's process."""
+    page_pid = SERVERS[server_url].pid
+    workers = _engine_processes(page_pid)
+    assert len(workers) == 1, f"app.py should have one engine process, has {workers}"
+    before = _cpu_s(page_pid), _cpu_s(workers[0])
+    status, _ = _run(
+        server_url, [["Write a sentence about the sea:", 32], ["Name a colour:", 16]], 2
+    )
+    page_s, worker_s = _cpu_s(page_pid) - before[0], _cpu_s(workers[0]) - before[1]
+    assert MATCH_TEXT in status, status
+    assert worker_s > page_s, f"the engine process used {worker_s:.2f} s, the page {page_s:.2f} s"
 
 
 def _value(output):

@@ -1,0 +1,184 @@
+"""The engine process: a run there gives the thread's tokens and schedule, streams its progress,
+stops within a step, and a killed worker fails one run only.
+
+One worker per module (spawn and a tiny model load cost seconds): its model is ``tiny_shared``'s,
+with the continuous engine's forward pass slowed (``SLOW_STEP_S``) so that a run can be watched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import gradio as gr
+import pytest
+from tiny_model import SLOW_STEP_S, make_requests, tiny_shared
+
+from engine.config import EngineConfig
+from engine.page.handlers import engine_work, playground
+from engine.page.run import shared_model
+from engine.page.run.engine_process import (
+    EngineProcess,
+    ModelSpec,
+    engine_process_wanted,
+)
+from engine.page.run.live_run import LiveRun
+from engine.page.run.run_options import RunOptions
+from engine.page.views.run_view import RUN_OUTPUTS
+from engine.serving.run_control import RunCancelled, RunControl, RunTimedOut
+
+SPECS = [("hello world", 4), ("abc", 30), ("the quick brown fox", 3), ("x", 12)]
+CONFIG = EngineConfig(num_slots=2)
+CHECKED = RunOptions(chat_template=False, check_reference=True)
+STEP_BOUND_S = 3.0  # a stop must end the run within a step: generous for a shared machine
+STATUS_INDEX = RUN_OUTPUTS.index("status_markdown")
+NO_PROGRESS = lambda *a, **k: None  # noqa: E731
+
+
+@pytest.fixture(scope="module")
+def process():
+    """One engine process on the slowed tiny model for the module; ended afterwards."""
+    worker = EngineProcess(ModelSpec(model="slow", load=tiny_shared))
+    worker.start()
+    yield worker
+    worker.close()
+
+
+@pytest.fixture
+def in_process(process):
+    """A page-side tiny model whose runs go to ``process``."""
+    model = tiny_shared()
+    model.engine_process = process
+    return model
+
+
+def _schedule(trace) -> list[list[tuple]]:
+    """Each step's (request, kind, new tokens) triples: what a schedule decides."""
+    return [[(s.request_id, s.kind, s.num_new_tokens) for s in step.seqs] for step in trace.steps]
+
+
+def _tokens(trace) -> list[list[int]]:
+    return [list(r.output_token_ids) for r in trace.requests]
+
+
+def raises_value_error(_model, message: str, _watch):
+    """A job that fails as bad input does (module level: the worker imports it by name)."""
+    raise ValueError(message)
+
+
+def _live(model, control: RunControl) -> LiveRun:
+    """A run of SPECS on ``model`` as the page makes it: on the engine thread, watched."""
+    requests = make_requests(SPECS)
+
+    def work(watch):
+        return engine_work.run_engines(
+            model, requests, CONFIG, CHECKED, NO_PROGRESS, watch, control
+        )
+
+    return LiveRun(work, control)
+
+
+def _await(live: LiveRun, engine: str, timeout_s: float = 60.0) -> dict:
+    """Wait until ``engine`` shows a trace with a step; its progress then."""
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
+        seen = live.progress()
+        if engine in seen and seen[engine].trace is not None and seen[engine].trace.steps:
+            return seen
+        assert not live.wait(0.02), f"the run ended before {engine} was seen: {live.result()}"
+    raise AssertionError(f"no progress of {engine} within {timeout_s} s")
+
+
+def test_a_run_in_the_process_gives_the_threads_tokens_and_schedule(in_process):
+    """Static and continuous tokens and schedules match the thread's, and generate's outputs."""
+    requests = make_requests(SPECS)
+    here = engine_work.run_engines(tiny_shared(), requests, CONFIG, CHECKED, NO_PROGRESS)
+    there = engine_work.run_engines(in_process, requests, CONFIG, CHECKED, NO_PROGRESS)
+    for name in ("static", "continuous"):
+        mine, theirs = getattr(here, name), getattr(there, name)
+        assert _tokens(theirs) == _tokens(mine), f"{name}: tokens differ from the thread's"
+        assert _schedule(theirs) == _schedule(mine), f"{name}: schedule differs from the thread's"
+        reference = [list(there.reference[r.request_id]) for r in theirs.requests]
+        assert _tokens(theirs) == reference, f"{name}: not generate's tokens"
+    assert there.dtype == "float32" and there.verdicts, "no verdicts came back"
+
+
+def test_progress_arrives_while_it_runs_and_stop_ends_it_within_a_step(in_process):
+    """Snapshots of the continuous trace reach the page mid-run; Stop ends the run in a step."""
+    control = RunControl()
+    with _live(in_process, control) as live:
+        seen = _await(live, "continuous")
+        assert seen["static"].num_finished == len(SPECS), "static's last snapshot did not come"
+        stopped_s = time.monotonic()
+        control.stop()
+        assert live.wait(STEP_BOUND_S), f"still running {STEP_BOUND_S} s after Stop"
+        took_s = time.monotonic() - stopped_s
+    with pytest.raises(RunCancelled):
+        live.result()
+    assert took_s < STEP_BOUND_S, f"Stop took {took_s:.2f} s (a step is {SLOW_STEP_S} s)"
+
+
+def test_the_time_limit_reaches_the_worker(in_process):
+    """A run past its time limit ends with RunTimedOut, its message naming the limit."""
+    control = RunControl(time_limit_s=0.3)
+    with _live(in_process, control) as live:
+        assert live.wait(30), "the time limit did not end the run"
+    with pytest.raises(RunTimedOut, match="limit of 0.3 s"):
+        live.result()
+
+
+def test_bad_input_crosses_as_the_same_error(process):
+    """A ValueError raised in the worker reaches the page with its type and message."""
+    with pytest.raises(ValueError, match="^too many slots for this cache$"):
+        process.run(raises_value_error, ("too many slots for this cache",), RunControl(), None)
+
+
+def test_a_killed_worker_fails_its_run_in_the_status_line_and_the_next_run_works(
+    in_process, process, monkeypatch
+):
+    """SIGKILL mid-run: the page says so in its status line and a toast, not a traceback; the
+    next run starts a fresh worker and finishes."""
+    monkeypatch.setattr(shared_model, "_shared_model", in_process)
+    monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.05)
+    rows = [[prompt, cap] for prompt, cap in SPECS]
+    events = playground.run_event(
+        rows, 2, False, False, "slots", 0, "decode_first", False, 0, "time"
+    )
+    killed_pid = process.pid
+    for update in events:
+        if "continuous batching:" in str(update[STATUS_INDEX]):
+            os.kill(killed_pid, signal.SIGKILL)
+            break
+    shown = []
+    with pytest.raises(gr.Error, match="Run stopped: the engine process ended") as raised:
+        shown.extend(events)
+    last = shown[-1] if shown else None
+    assert "killed (SIGKILL" in str(raised.value), str(raised.value)
+    assert last is not None and "**Stopped:** the engine process ended" in last[STATUS_INDEX]
+    requests = make_requests(SPECS[:2])
+    state = engine_work.run_engines(in_process, requests, CONFIG, CHECKED, NO_PROGRESS)
+    assert process.pid not in (None, killed_pid), "no fresh worker was started"
+    assert len(state.continuous.requests) == 2, "the run after the kill did not finish"
+
+
+@pytest.mark.parametrize(
+    ("value", "on_zerogpu", "wanted"),
+    [
+        ("", False, False),
+        ("auto", False, True),
+        ("auto", True, False),
+        ("on", True, True),
+        ("OFF", False, False),
+    ],
+)
+def test_the_setting_chooses_the_process(value, on_zerogpu, wanted):
+    """CBP_ENGINE_PROCESS: off by default; auto is on except on ZeroGPU; on and off say so."""
+    environ = {"CBP_ENGINE_PROCESS": value}
+    assert engine_process_wanted(environ, on_zerogpu) is wanted, (value, on_zerogpu)
+
+
+def test_a_bad_setting_is_refused_by_name():
+    """Another value raises ValueError naming the variable and the choices."""
+    with pytest.raises(ValueError, match="CBP_ENGINE_PROCESS='yes': give auto, on or off"):
+        engine_process_wanted({"CBP_ENGINE_PROCESS": "yes"})
