@@ -1,10 +1,10 @@
 """Many users at once: concurrent Runs through ``gradio_client`` each get their own checked result.
 
-One ``app.py`` server, with its engines in an engine process (``CBP_ENGINE_PROCESS=on``), is hit by 8 client threads at
-the same moment, each with its own tiny workload (1-2 requests, caps 2-4). The Run event is queued
-with ``concurrency_limit=1``, so the runs are serialised; ``/run`` streams progress and ``predict``
-returns its last (final) output. The test checks that no user sees another user's prompts or an
-unchecked result, and that the server still answers afterwards.
+One ``app.py`` server, with its engines in an engine process (``CBP_ENGINE_PROCESS=on``), is hit
+by 8 client threads at the same moment, each with its own tiny workload (1-2 requests, caps 2-4).
+The Run event is queued with ``concurrency_limit=1``, so the runs are serialised; ``/run`` streams
+progress and ``predict`` returns its last (final) output. The test checks that no user sees
+another user's prompts or an unchecked result, and that the server still answers afterwards.
 """
 
 from __future__ import annotations
