@@ -98,7 +98,7 @@ def run_parts_s(state) -> dict[str, float]:
 
 def report_progress(queue: RunQueue, ticket: Ticket, progress: dict[str, EngineProgress]) -> None:
     """Tell the queue how many engine steps the running ``ticket``'s run has done."""
-    steps = sum(p.num_steps for name, p in progress.items() if name in ("static", "continuous"))
+    steps = sum(p.num_steps for name, p in progress.items() if name in progress_view.LIVE_ENGINES)
     queue.progress(ticket, steps)
 
 
