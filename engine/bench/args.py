@@ -71,7 +71,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--floor", action="store_true", help="time generate on the longest request alone"
     )
-    p.add_argument("--profile", action="store_true", help="continuous: forward vs host time split")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="continuous: forward vs host time split, and a decode step's time by op group",
+    )
     add_sampling_flags(p)
     _add_server_flags(p)
     p.epilog = (

@@ -30,7 +30,7 @@ from engine.bench.args import (
     load_specs,
     parse_args,
 )
-from engine.bench.hardware_probe import PeakMemory, weight_bytes, weight_read_ms
+from engine.bench.probes.hardware import PeakMemory, weight_bytes, weight_read_ms
 from engine.bench.report import optional_measures, print_report, write_json
 from engine.bench.servers import (
     add_schedule_comparison,

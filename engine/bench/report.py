@@ -14,6 +14,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from engine.batching.continuous import ContinuousEngine
+from engine.bench.probes.step_profile import decode_op_profile, profile_line
 from engine.bench.servers import comparison_lines, failed_result, schedule_line
 from engine.bench.verdicts import add_invariant_cost, verdict_summary
 from engine.config import EngineConfig
@@ -171,6 +172,8 @@ def optional_measures(args, runner, requests, extra) -> None:
         extra["profile"] = profile_host_overhead(runner, args.slots)
         for ctx, p in extra["profile"].items():
             print(f"profile @ ~{ctx} cached tokens: {p}")
+        extra["decode_ops"] = decode_op_profile(runner, args.slots)
+        print(profile_line(extra["decode_ops"]))
 
 
 def measure_floor(runner, requests, repeat: int) -> dict[str, float]:

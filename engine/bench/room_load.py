@@ -1,7 +1,7 @@
 """A workshop room against one page: many sessions press Run within a minute, each timed.
 
 ``python -m engine.bench.room_load [--sessions 30] [--within-s 60] [--custom 6] [--browsers 0]
-[--url URL] [--idle-check] [--json F]``
+[--url URL] [--idle-check] [--idle-repeat N] [--json F]``
 
 1. starts ``app.py`` on a free 127.0.0.1 port, offline (``engine.bench.app_server``), unless
    ``--url`` names a page already serving;
@@ -13,8 +13,9 @@
    preset's link and presses Run at its moment (``run_browsers``, below);
 3. reads each session's stream: when it was told its place and estimate, when its run started,
    when its result came, and whether it was shown at once (an identical run measured earlier);
-4. with ``--idle-check``, runs each measured setup once more alone, and compares the engines'
-   times in the room with the idle page's (the room must not slow a measurement);
+4. with ``--idle-check``, runs each measured setup once more alone (``--idle-repeat N``: N times,
+   and the summary says how far apart those runs were, the machine's own noise), and compares the
+   engines' times in the room with the idle page's (the room must not slow a measurement);
 5. prints a line per session and a summary, and writes them as JSON with ``--json``.
 
 The summary says what the workshop needs: every session got a full result, with no error; the
@@ -88,7 +89,9 @@ def run_room(
     return room + in_browsers
 
 
-def summary(room: list[Session], idle: dict[tuple, tuple[float, float]] | None = None) -> dict:
+def summary(
+    room: list[Session], idle: dict[tuple, list[tuple[float, float]]] | None = None
+) -> dict:
     """What the workshop needs to know (see the module docstring)."""
     errors = [s for s in room if s.error]
     replays = [s.result_after_s for s in room if s.shown_at_once and s.result_after_s is not None]
@@ -124,32 +127,38 @@ def summary(room: list[Session], idle: dict[tuple, tuple[float, float]] | None =
 
 
 def _room_over_idle(room: list[Session], idle: dict) -> dict:
-    """Per measured setup: the engines' times in the room over the idle page's."""
+    """Per measured setup: the engines' times in the room over the idle page's (the median of its
+    idle runs), and with two idle runs or more, how far those runs were apart (the slowest over
+    the fastest): the machine's own noise, against which a room's effect can be read."""
     ratios = {}
     for s in room:
         key = (s.preset, s.custom, s.number if s.custom else None)
         if key in idle and s.static_s and not s.shown_at_once:
-            idle_static, idle_continuous = idle[key]
-            ratios[f"{s.preset}{' (custom)' if s.custom else ''} #{s.number}"] = {
-                "static": s.static_s / idle_static,
-                "continuous": s.continuous_s / idle_continuous,
-            }
+            runs = idle[key]
+            entry = {}
+            for i, engine in enumerate(("static", "continuous")):
+                times = [run[i] for run in runs]
+                room_s = s.static_s if engine == "static" else s.continuous_s
+                entry[engine] = room_s / statistics.median(times)
+                if len(times) > 1:
+                    entry[f"idle_spread_{engine}"] = max(times) / min(times)
+            ratios[f"{s.preset}{' (custom)' if s.custom else ''} #{s.number}"] = entry
     return ratios
 
 
-def idle_check(url: str, room: list[Session]) -> dict[tuple, tuple[float, float]]:
-    """Each setup measured live in the room, run again alone (live, no replay)."""
+def idle_check(url: str, room: list[Session], repeat: int = 1) -> dict[tuple, list]:
+    """Each setup measured live in the room, run again alone (live, no replay) ``repeat`` times:
+    its key -> ``[(static_s, continuous_s), ...]``."""
     names, idle = preset_names(), {}
-    for s in room:
-        if s.shown_at_once or s.error:
-            continue
-        again = Session(s.number, s.preset, s.custom)
-        run_session_live(url, again, names)
-        if again.static_s:
-            idle[(s.preset, s.custom, s.number if s.custom else None)] = (
-                again.static_s,
-                again.continuous_s,
-            )
+    for _ in range(repeat):
+        for s in room:
+            if s.shown_at_once or s.error:
+                continue
+            again = Session(s.number, s.preset, s.custom)
+            run_session_live(url, again, names)
+            if again.static_s:
+                key = (s.preset, s.custom, s.number if s.custom else None)
+                idle.setdefault(key, []).append((again.static_s, again.continuous_s))
     return idle
 
 
@@ -188,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--url", help="a page already serving (default: start app.py here)")
     parser.add_argument("--idle-check", action="store_true")
+    parser.add_argument(
+        "--idle-repeat", type=int, default=1, help="--idle-check: alone runs per setup (default 1)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if not 0 <= args.custom <= args.sessions or args.sessions < 1 or args.browsers < 0:
@@ -209,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         room = run_room(
             url, args.sessions, args.within_s, args.custom, args.seed, presets, args.browsers
         )
-        idle = idle_check(url, room) if args.idle_check else None
+        idle = idle_check(url, room, max(1, args.idle_repeat)) if args.idle_check else None
     finally:
         if proc is not None:
             app_server.stop(proc)

@@ -24,9 +24,11 @@ def test_prints_a_row_per_row_count_without_lm_head(tiny_loaded, capsys, tmp_pat
     assert [r[0] for r in rows] == ["1", "5"]
     assert all(len(r) == len(header) and all(float(v) > 0 for v in r[1:]) for r in rows), rows
     assert lines[4].startswith("chosen: ") and "(measured at this start" in lines[4], lines[4]
-    assert lines[5:] == [] or (
-        len(lines) == 6 and lines[5].startswith("other work used ") and "% of the CPU" in lines[5]
-    ), lines[5:]
+    assert lines[5].startswith("the plan's kernel is within 5 % of the fastest candidate at ")
+    assert " of 2 row counts (furthest: " in lines[5], lines[5]
+    assert lines[6:] == [] or (
+        len(lines) == 7 and lines[6].startswith("other work used ") and "% of the CPU" in lines[6]
+    ), lines[6:]
 
 
 def test_the_chosen_column_is_the_forced_kernel(tiny_loaded, capsys, monkeypatch):
@@ -52,3 +54,33 @@ def test_bad_flags_are_refused(tiny_loaded, argv, capsys):
     """Row counts and repeats below 1, or not numbers, exit 2 with a message."""
     assert kernel_bench.main(argv) == 2
     assert "whole numbers" in capsys.readouterr().err
+
+
+def test_the_near_best_line_judges_the_plans_pick_from_the_candidates_columns():
+    """The plan's kernel is read from its own column (not from ``chosen``): 1.04x the fastest
+    counts as near, 1.10x does not, and the furthest is named with its kernel and rows."""
+    from engine.kernels.kernel_plan import RowPlan
+
+    plan = RowPlan((1, 4), ("linear", "skinny"))
+    table = [
+        (1, {"F.linear": 10.4, "skinny": 10.0, "chosen": 99.0}),
+        (8, {"F.linear": 20.0, "skinny": 22.0, "chosen": 22.1}),
+    ]
+    line = kernel_bench.near_best_line(table, plan)
+    expected = "the plan's kernel is within 5 % of the fastest candidate at 1 of 2 row counts"
+    assert line == f"{expected} (furthest: skinny at 8 rows, +10 %)", line
+
+
+def test_bfloat16_table_times_the_half_precision_candidates(tiny_loaded, capsys, monkeypatch):
+    """--dtype bfloat16 times the candidates the runner would time for bfloat16 weights here:
+    always F.linear and skinny, and oneDNN's float32 copies where oneDNN is on this CPU."""
+    from engine.kernels.kernel_timing import candidates_for
+
+    monkeypatch.setenv("CBP_ENGINE_KERNEL", "linear")
+    tiny_loaded.model.to(torch.bfloat16)
+    monkeypatch.setattr(tiny_loaded, "dtype", torch.bfloat16)
+    assert kernel_bench.main(["--rows", "2", "--repeat", "1", "--dtype", "bfloat16"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "in bfloat16" in lines[0], lines[0]
+    names = [kernel_bench.HEADERS.get(n, n) for n in candidates_for(torch.bfloat16)]
+    assert lines[1].split() == ["rows", *names, "chosen"], lines[1]

@@ -99,3 +99,19 @@ def test_an_estimate_is_judged_beyond_the_pages_rounding():
     assert session.estimate_error == 0.0
     session.started_s = 21.0
     assert session.estimate_error == -0.75
+
+
+def test_room_over_idle_reads_the_median_idle_run_and_its_spread():
+    """Two idle runs of a setup: the room's time is read against their median, and their spread
+    (slowest over fastest) is reported; one idle run reports no spread."""
+    measured = room_load.Session(0, "seed", custom=False, static_s=12.0, continuous_s=6.0)
+    other = room_load.Session(1, "equal-caps", custom=True, static_s=4.0, continuous_s=3.0)
+    idle = {("seed", False, None): [(8.0, 5.0), (12.0, 7.0)], ("equal-caps", True, 1): [(4.0, 2.0)]}
+    ratios = room_load.summary([measured, other], idle)["room_over_idle"]
+    assert ratios["seed #0"] == {
+        "static": 1.2,
+        "continuous": 1.0,
+        "idle_spread_static": 1.5,
+        "idle_spread_continuous": 1.4,
+    }, ratios
+    assert ratios["equal-caps (custom) #1"] == {"static": 1.0, "continuous": 1.5}, ratios

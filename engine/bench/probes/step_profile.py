@@ -1,0 +1,94 @@
+"""Where a continuous decode step's time goes, by torch op: matmuls, attention and the rest.
+
+A decode step reads every weight once, so its floor is the bench's weight read (``x read``); what
+it costs above that floor is either the matmul kernels running below the memory's speed at a few
+rows, or the other ops of each layer (norms, rotary, the KV cache writes, casts, views), each a
+few microseconds of dispatch. ``decode_op_profile`` runs ``num_slots`` sequences through the
+continuous engine under ``torch.profiler`` and sums each op's self time (its own, not its
+children's) per step into three groups, so a bench run says which of the two it is:
+
+* ``matmul_ms``: the linears (oneDNN's ``mkldnn::_linear_pointwise``, ``aten::mm``/``addmm``);
+* ``attention_ms``: ``scaled_dot_product_attention`` and what it calls;
+* ``other_ms``: every other op, with ``other_ops`` (ops per step) and the costliest of them.
+
+The profiler adds its own cost to each op (a few microseconds), so the groups add up to more than
+the unprofiled step: read them as shares. ``step_ms`` is the profiled step's wall time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from torch.profiler import ProfilerActivity, profile
+
+from engine.batching.continuous import ContinuousEngine
+from engine.config import EngineConfig
+from engine.sequence import Request
+
+MATMUL_OPS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::matmul")
+ATTENTION_MARK = "scaled_dot_product"  # aten::scaled_dot_product_attention and its kernels
+TOP_OTHER = 6  # the costliest other ops listed
+
+
+def op_group(name: str) -> str:
+    """``"matmul"``, ``"attention"`` or ``"other"`` for a profiler op name."""
+    if name.startswith(MATMUL_OPS):
+        return "matmul"
+    return "attention" if ATTENTION_MARK in name or "flash_attention" in name else "other"
+
+
+def decode_op_profile(runner, num_slots: int, num_steps: int = 24, prompt_len: int = 100) -> dict:
+    """Self time per op group, per decode step of ``num_slots`` sequences at about
+    ``num_slots * prompt_len`` cached tokens: the profiler starts after the prefill step and
+    stops with the run (one unprofiled run first, so oneDNN's primitives and the allocator's
+    blocks exist).
+
+    Returns ``{"num_steps", "step_ms", "matmul_ms", "attention_ms", "other_ms", "other_ops",
+    "top_other": [[op, ms per step], ...]}``; every ms is per decode step.
+    """
+    vocab = runner.loaded.model.config.vocab_size
+    prompt = tuple((1000 + i % 500) % vocab for i in range(prompt_len))
+    requests = [Request(i, "profile", num_steps + 1, prompt) for i in range(num_slots)]
+    config = EngineConfig(num_slots, ignore_eos=True)
+    ContinuousEngine(runner, config).run(requests)  # warm-up
+    prof = profile(activities=[ProfilerActivity.CPU])
+    started_s = []
+
+    def start_after_prefill(trace, step) -> None:
+        if not started_s:
+            prof.start()
+            started_s.append(time.perf_counter())
+
+    trace = ContinuousEngine(runner, config).run(requests, on_step=start_after_prefill)
+    wall_s = time.perf_counter() - started_s[0]
+    prof.stop()
+    num_decode = len(trace.steps) - 1
+    ms, counts, other = defaultdict(float), defaultdict(int), defaultdict(float)
+    for event in prof.key_averages():
+        group = op_group(event.key)
+        ms[group] += event.self_cpu_time_total / 1000 / num_decode
+        counts[group] += event.count
+        if group == "other":
+            other[event.key] += event.self_cpu_time_total / 1000 / num_decode
+    top = sorted(other.items(), key=lambda kv: -kv[1])[:TOP_OTHER]
+    return {
+        "num_steps": num_decode,
+        "step_ms": 1000 * wall_s / num_decode,
+        **{f"{g}_ms": ms[g] for g in ("matmul", "attention", "other")},
+        "other_ops": round(counts["other"] / num_decode),
+        "top_other": [[name, round(v, 2)] for name, v in top],
+    }
+
+
+def profile_line(result: dict) -> str:
+    """One line for the bench's stdout."""
+    total = result["matmul_ms"] + result["attention_ms"] + result["other_ms"]
+    share = {g: 100 * result[f"{g}_ms"] / total for g in ("matmul", "attention", "other")}
+    top = ", ".join(f"{name} {ms:.2f}" for name, ms in result["top_other"][:3])
+    return (
+        f"decode step under the profiler: {result['step_ms']:.1f} ms; self time per step: "
+        f"matmuls {result['matmul_ms']:.1f} ms ({share['matmul']:.0f} %), attention "
+        f"{result['attention_ms']:.1f} ms ({share['attention']:.0f} %), {result['other_ops']} "
+        f"other ops {result['other_ms']:.1f} ms ({share['other']:.0f} %: {top})"
+    )
