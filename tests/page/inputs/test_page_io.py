@@ -46,6 +46,22 @@ def test_link_query_parameters_preset_the_page(recwarn):
     assert not [str(w.message) for w in recwarn], "a good link warned"
 
 
+def test_link_preset_names_match_in_any_letter_case(recwarn):
+    """?preset=SEED (or Long-Tail) opens that preset without a warning; the page's own links keep
+    the canonical lower-case slug."""
+    for given, slug in (
+        ("SEED", "seed"),
+        ("Long-Tail", "long-tail"),
+        ("article's SIX requests", "seed"),
+    ):
+        updates = page_io.from_link(_link(preset=given))
+        assert updates[0] == presets.by_slug(slug), f"preset={given!r} opened {updates[0]!r}"
+        query = page_io.setup_query(updates[0], updates[4], 0, state=None)
+        assert parse_qs(query[1:])["preset"] == [slug], f"the link names {query}"
+    assert not [str(w.message) for w in recwarn], "a preset in other letter case warned"
+    assert presets.by_slug("") is None and presets.by_slug("SEEDS") is None
+
+
 @pytest.mark.parametrize(
     ("params", "said"),
     [
