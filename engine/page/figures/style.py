@@ -5,6 +5,7 @@ request through ``request_color``, so a request keeps its colour in every chart;
 colour comes round again, and ``request_pattern`` gives the mark that tells such requests apart.
 Backgrounds are transparent and text and grid lines a neutral grey, so the figures read in light
 and dark themes. Titles are left-aligned with details in their subtitles, so they fit a phone.
+Counts in the text agree with their nouns (``counted``: "1 pad token", "2 pad tokens").
 Used by ``engine.page.figures.timelines`` (timelines), ``engine.page.figures.mask_heatmaps``
 (attention masks), ``engine.page.figures.serving_metrics``, ``engine.page.figures.block_map`` and
 ``engine.page.figures.server_lanes`` (the servers' lanes and gauges); these six are the only modules
@@ -73,6 +74,12 @@ def chart_filename(title: str | None) -> str:
     "static-batching-3-slots"; at most 60 characters, "chart" when the title is empty."""
     words = re.findall(r"[a-z0-9]+", re.sub(r"<[^>]*>", " ", (title or "").lower()))
     return "-".join(words)[:60].strip("-") or "chart"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and its noun in agreement: "1 pad token", "2 pad tokens", "1 query", "3 queries"
+    (``plural`` where adding "s" is wrong)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
 
 
 def request_color(request_id: int) -> str:

@@ -16,6 +16,7 @@ from engine.page.figures.style import (
     TEXT_COLOR,
     PageFigure,
     bottom_legend,
+    counted,
     request_color,
     request_pattern,
     style_figure,
@@ -61,10 +62,11 @@ def _request_hover(trace: Trace, run: SlotRun) -> str:
     times = f"{trace.steps[run.first].start_s:.2f}–{trace.steps[run.last].end_s:.2f} s"
     cached = ""
     if r.num_cached_tokens:  # the prefix cache's share, on (first) admission
-        cached = f"<br>{r.num_cached_tokens} prompt tokens from the prefix cache"
+        cached = f"<br>{counted(r.num_cached_tokens, 'prompt token')} from the prefix cache"
     return (
         f"<b>R{r.request_id}</b> · slot {run.slot}<br>{html.escape(prompt)}<br>"
-        f"cap {r.max_new_tokens} · generated {len(r.output_token_ids)} tokens{cached}<br>"
+        f"cap {r.max_new_tokens} · generated "
+        f"{counted(len(r.output_token_ids), 'token')}{cached}<br>"
         f"steps {run.first}–{run.last} · {times} · TTFT {ttft}"
     )
 

@@ -110,7 +110,9 @@ def from_link(request: gr.Request) -> tuple:
     if slots.isdigit() and 1 <= int(slots) <= MAX_SLOTS:
         link["num_slots"] = int(slots)
     elif slots:
-        why = f"not a whole number from 1 to {MAX_SLOTS}; using {fallback or DEFAULT_SLOTS} slots"
+        used = fallback or DEFAULT_SLOTS
+        using = "1 slot" if used == 1 else f"{used} slots"
+        why = f"not a whole number from 1 to {MAX_SLOTS}; using {using}"
         _warn_link("slots", slots, why)
     return tuple(link.get(name, gr.skip()) for name in LINK_OUTPUTS)
 

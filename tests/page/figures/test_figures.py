@@ -218,6 +218,24 @@ def test_static_decode_mask_shows_idle_rows(static):
     assert "1 idle row " in fig.layout.title.subtitle.text, fig.layout.title.subtitle.text
 
 
+def test_counts_in_figure_text_agree_with_their_nouns():
+    """One pad token, one key, one query, one idle row, one generated token: each is named in
+    the singular ("1 pad token", never "1 pad tokens"); more than one in the plural."""
+    assert style.counted(1, "pad token") == "1 pad token"
+    assert style.counted(0, "query", "queries") == "0 queries"
+    one_pad = static_trace([4, 5], [1, 2], num_slots=2)  # R0 left-padded by 1; done after step 0
+    prefill = mask_heatmaps.static_mask_heatmap(one_pad, 0).layout.title.subtitle.text
+    assert "1 pad token (" in prefill and "2 rows" in prefill, prefill
+    decode = mask_heatmaps.static_mask_heatmap(one_pad, 1).layout.title.subtitle.text
+    assert "× 1 query ×" in decode and "1 idle row (" in decode, decode
+    single = continuous_trace([1], [1], num_slots=1)  # one 1-token prompt: 1 query, 1 key
+    packed = mask_heatmaps.mask_heatmap(single, 0).layout.title.subtitle.text
+    assert packed.startswith("1 query × 1 key ·"), packed
+    hover = timelines.timeline_figure(single, x_axis="step").data[0].hovertext
+    texts = [hover] if isinstance(hover, str) else list(hover or [])
+    assert texts and all("generated 1 token<br>" in t for t in texts), texts
+
+
 def test_figures_serialize_to_json(static, continuous):
     """Every figure serializes for the browser (NaN cells included)."""
     for fig in (
