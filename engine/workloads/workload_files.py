@@ -129,9 +129,10 @@ def _read_rows(reader: csv.DictReader, file_name: str) -> list[RequestSpec]:
     header = [name.strip() for name in reader.fieldnames or []]
     missing = [name for name in REQUIRED if name not in header]
     if missing:
+        optional = ", ".join(name for name in ALL_FIELDS if name not in REQUIRED)
         raise ValueError(
             f"{file_name} line 1: the header must name the columns prompt and max_new_tokens "
-            f"(and optionally arrival_s); missing {', '.join(missing)}."
+            f"(and optionally {optional}); missing {', '.join(missing)}."
         )
     reader.fieldnames = header
     specs = []

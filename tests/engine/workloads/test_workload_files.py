@@ -79,6 +79,16 @@ def test_malformed_files_name_the_bad_line(tmp_path, name, text, message):
     assert message in str(excinfo.value), f"message {str(excinfo.value)!r} lacks {message!r}"
 
 
+def test_header_message_names_every_optional_column(tmp_path):
+    """A header without the required columns is told every column a table may have: arrival_s
+    and the four sampling columns too."""
+    with pytest.raises(ValueError) as excinfo:
+        load_workload_file(_write(tmp_path, "h.csv", "text,cap\nok,3\n"))
+    message = str(excinfo.value)
+    for name in ("arrival_s", "temperature", "top_k", "top_p", "seed"):
+        assert name in message, f"the header message omits {name}: {message!r}"
+
+
 def test_csv_line_numbers_count_multiline_prompts(tmp_path):
     """A bad row after a prompt spanning two lines is reported at its own physical line."""
     text = 'prompt,max_new_tokens\n"two\nlines",3\nbad,0\n'
