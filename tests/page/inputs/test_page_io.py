@@ -112,10 +112,13 @@ def test_upload_fills_the_table_and_clears_the_preset(tmp_path):
 
 
 def test_bad_upload_warns_naming_the_line_and_changes_nothing(tmp_path):
-    """A malformed upload warns, naming the file's bad line, and leaves table and preset as is."""
+    """A malformed upload warns, naming every bad line of the file at once, and leaves table and
+    preset as is."""
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"prompt": "a", "max_new_tokens": 2}\n{"prompt": "b"}\n', encoding="utf-8")
-    with pytest.warns(UserWarning, match="bad.jsonl line 2"):
+    lines = '{"prompt": "a", "max_new_tokens": 2}\n{"prompt": "b"}\n'
+    lines += '{"prompt": "c", "max_new_tokens": 0}\n'
+    path.write_text(lines, encoding="utf-8")
+    with pytest.warns(UserWarning, match="bad.jsonl line 2.* bad.jsonl line 3: max_new_tokens 0"):
         updates = page_io.upload_workload(str(path))
     assert updates == (SKIP, SKIP, SKIP), f"a bad upload changed the page: {updates}"
 
