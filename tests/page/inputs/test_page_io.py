@@ -82,10 +82,29 @@ def test_bad_link_values_are_named_with_what_is_used_instead(params, said):
         updates = page_io.from_link(_link(**params, **good))
     messages = [str(w.message) for w in warned]
     assert any(said in m for m in messages), f"{said!r} not in {messages}"
-    if "preset" in params:
-        assert updates[:4] == (SKIP,) * 4 and updates[4] == 4, updates
+    if "preset" in params:  # the default preset's text stays, with the link's 4 slots noted
+        assert updates[:3] == (SKIP,) * 3 and updates[4] == 4, updates
+        assert "This link set 4 slots" in updates[3], updates[3]
     else:  # the preset's own slot count applies instead
         assert updates[0] == presets.by_slug("seed") and updates[4] == 3, updates
+
+
+def test_a_links_slots_never_contradict_the_presets_text():
+    """A link whose slots differ from those its preset's explanation speaks of ("at 3 slots")
+    adds a line saying so under the explanation; at the preset's own slots, or without slots,
+    the explanation stands alone."""
+    seed = presets.by_slug("seed")
+    description = presets.apply_preset(seed)[2]
+    assert "at 3 slots" in description, "the seed preset's text no longer names its slots"
+    text, slots = page_io.from_link(_link(preset="seed", slots=2))[3:5]
+    assert slots == 2 and text.startswith(description), text
+    assert "This link set 2 slots" in text and "speaks of 3" in text, text
+    assert page_io.from_link(_link(preset="seed", slots=3))[3] == description
+    assert page_io.from_link(_link(preset="seed"))[3] == description
+    text = page_io.from_link(_link(slots=1))[3]  # no preset: the page shows the default one's
+    assert text.startswith(presets.apply_preset(presets.DEFAULT_PRESET)[2]), text
+    assert "This link set 1 slot;" in text, text
+    assert page_io.from_link(_link(slots=3))[3] == SKIP, "the default preset's own slots noted"
 
 
 def test_link_step_is_kept_then_applied_once_after_a_run():
