@@ -25,6 +25,7 @@ TEXT_COLOR = "#808080"  # mid grey: readable on white and on near-black
 GRID_COLOR = "rgba(128,128,128,0.25)"
 REPEAT_PATTERNS = ("", ".", "x", "+", "-", "|", "\\")  # by how many times the palette came round
 TITLE_FONT_PX = 15
+TITLE_TOP_PX = 10  # every title's top, below the figure's top edge
 
 # Engine line colours (Okabe–Ito, distinct from each other) and dashes, so lines differ in
 # shape as well as hue.
@@ -95,7 +96,11 @@ def request_pattern(request_id: int) -> str:
 
 def style_figure(fig: go.Figure, title: str, subtitle: str | None = None) -> go.Figure:
     """Apply the shared theme-neutral look: transparent background, grey text and grid, the title
-    left-aligned (it reads on a phone; the toolbar shows on the right, on hover only)."""
+    left-aligned (it reads on a phone; the toolbar shows on the right, on hover only).
+
+    The title hangs ``TITLE_TOP_PX`` below the figure's top edge, its subtitle under it, so
+    figures side by side have their titles on one line whatever their subtitles' lengths
+    (Plotly's default centres the title in the top margin, which grows with the subtitle)."""
     lines = 1 + (subtitle or "").count("<br>") + bool(subtitle)
     fig.update_layout(
         template="plotly_white",
@@ -105,7 +110,10 @@ def style_figure(fig: go.Figure, title: str, subtitle: str | None = None) -> go.
             "x": 0,
             "xref": "container",
             "xanchor": "left",
-            "pad": {"l": 12},
+            "y": 1,
+            "yref": "container",
+            "yanchor": "top",
+            "pad": {"l": 12, "t": TITLE_TOP_PX},
             "font": {"size": TITLE_FONT_PX},
         },
         paper_bgcolor="rgba(0,0,0,0)",

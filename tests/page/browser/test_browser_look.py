@@ -8,7 +8,16 @@ Screenshots go to ``screenshots/`` at the repository's root (gitignored), for a 
 from __future__ import annotations
 
 import pytest
-from browser_kit import PYTESTMARK, SCREENSHOTS, Page, expect, run_and_wait, set_requests, set_slots
+from browser_kit import (
+    PLOT_IDS,
+    PYTESTMARK,
+    SCREENSHOTS,
+    Page,
+    expect,
+    run_and_wait,
+    set_requests,
+    set_slots,
+)
 
 from engine.page.panels.settings_panel import KV_MODES
 
@@ -143,6 +152,36 @@ def test_title_is_set_in_one_font(page: Page):
     text = title.inner_text() + "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
     missing = page.evaluate(MISSING_GLYPHS_JS, [text, weight])
     assert not missing, f"drawn in a fallback font at weight {weight}: {missing}"
+
+
+# A plot's title and subtitle boxes and its plot area's top, in px from the figure's top edge.
+TITLE_BOXES_JS = """plot => {
+    const top = plot.querySelector('.main-svg').getBoundingClientRect().top;
+    const box = sel => { const e = plot.querySelector(sel); if (!e) return null;
+        const r = e.getBoundingClientRect(); return {top: r.top - top, bottom: r.bottom - top}; };
+    return {title: box('.gtitle'), subtitle: box('.gtitle-subtitle'),
+            area: plot._fullLayout._size.t};
+}"""
+
+
+@SIZES
+def test_mask_titles_align_and_no_subtitle_runs_into_its_chart(page: Page, size: dict):
+    """The packed and the static mask's titles (side by side; their subtitles differ in length)
+    sit at one height, and every chart's subtitle ends above its plot area."""
+    page.set_viewport_size(size)
+    boxes = {}
+    for elem_id in PLOT_IDS:
+        plot = page.locator(f"#{elem_id} .js-plotly-plot")
+        expect(plot).to_have_count(1, timeout=60_000)
+        page.wait_for_timeout(300)
+        boxes[elem_id] = plot.evaluate(TITLE_BOXES_JS)
+    packed, static = boxes["packed_mask_plot"]["title"], boxes["static_mask_plot"]["title"]
+    assert abs(packed["top"] - static["top"]) <= 1, f"mask titles at {packed} and {static}"
+    for elem_id, box in boxes.items():
+        below = box["subtitle"] or box["title"]
+        assert below["bottom"] <= box["area"] + 1, f"{elem_id}: its title runs into it: {box}"
+    _shoot(page, "packed_mask_plot", size)
+    _shoot(page, "static_mask_plot", size)
 
 
 def test_barrier_labels_on_the_static_timeline_stay_apart(page: Page):

@@ -236,6 +236,22 @@ def test_counts_in_figure_text_agree_with_their_nouns():
     assert texts and all("generated 1 token<br>" in t for t in texts), texts
 
 
+def test_side_by_side_mask_titles_sit_at_one_height(static, continuous):
+    """The packed and the static mask (side by side on the page) hang their titles at the same
+    fixed distance below the figure's top, though the static subtitle has two lines more (with
+    Plotly's default the title is centred in a top margin that grows with the subtitle)."""
+    figs = [
+        mask_heatmaps.mask_heatmap(continuous, _fused_step(continuous)),
+        mask_heatmaps.static_mask_heatmap(static, 0),
+    ]
+    subtitles = [f.layout.title.subtitle.text.count("<br>") for f in figs]
+    assert subtitles[0] != subtitles[1], "the two subtitles no longer differ: a weaker test"
+    for fig in figs:
+        title = fig.layout.title
+        placed = (title.y, title.yref, title.yanchor, title.pad.t)
+        assert placed == (1, "container", "top", style.TITLE_TOP_PX), f"{title.text}: {placed}"
+
+
 def test_figures_serialize_to_json(static, continuous):
     """Every figure serializes for the browser (NaN cells included)."""
     for fig in (
