@@ -28,6 +28,9 @@ PROMPT_HOVER_CHARS = 60
 # A barrier label's width as a share of the x range: "barrier" at the 12 px annotation font is
 # 38 px, about a sixth of a phone's timeline (230 px wide). Labels are kept this far apart.
 BARRIER_LABEL_SHARE = 0.2
+# A barrier label's look: black on a near-opaque white box reads on the light and the dark theme
+# alike, over the grey hatching of idle rows too (grey text on it did not, on the dark theme).
+BARRIER_LABEL = {"annotation_font_color": "#000000", "annotation_bgcolor": "rgba(255,255,255,0.85)"}
 
 
 def _engine_title(trace: Trace) -> str:
@@ -159,6 +162,7 @@ def _add_barriers(fig: go.Figure, trace: Trace, x_axis: str, x_span: float) -> N
     ]
     for x, side in zip(ends, _barrier_label_sides(ends, x_span), strict=True):
         label = {"annotation_text": "barrier", "annotation_position": f"top {side}"} if side else {}
+        label |= BARRIER_LABEL if side else {}
         fig.add_vline(x=x, name="barrier", line_dash="dash", line_color=TEXT_COLOR, **label)
 
 

@@ -101,6 +101,37 @@ def test_barrier_labels_keep_apart_and_inside_the_chart():
     assert (label.x, label.xanchor) == (2, "left"), "a label near the axis left the plot"
 
 
+def _luminance(color: str) -> float:
+    """WCAG relative luminance of "#rrggbb" or "rgb(a)(r,g,b[,a])" (alpha ignored)."""
+    if color.startswith("#"):
+        rgb = [int(color[i : i + 2], 16) for i in (1, 3, 5)]
+    else:
+        rgb = [float(v) for v in re.findall(r"[\d.]+", color)[:3]]
+    linear = [c / 255 / 12.92 if c <= 10 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in rgb]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def _contrast(a: str, b: str) -> float:
+    high, low = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_barrier_labels_read_on_the_light_and_the_dark_theme(static):
+    """Each "barrier" label has a box of its own, near opaque, and its text contrasts with that
+    box by at least 4.5:1 (WCAG AA), so it reads on white, on Gradio's dark background and over
+    the grey idle rows alike."""
+    labels = [
+        a for a in timelines.timeline_figure(static).layout.annotations if a.text == "barrier"
+    ]
+    assert labels, "no barrier label drawn"
+    for label in labels:
+        box = label.bgcolor or "rgba(0,0,0,0)"
+        alpha = float(re.findall(r"[\d.]+", box)[3]) if box.startswith("rgba") else 1.0
+        assert alpha >= 0.8, f"the label's box is see-through ({box}): the theme shows through"
+        text = label.font.color or style.TEXT_COLOR
+        assert _contrast(text, box) >= 4.5, f"{text} on {box}: contrast {_contrast(text, box):.1f}"
+
+
 def test_step_axis_spans_step_indices_and_x_max_is_honoured(continuous):
     """In step mode a bar covers [first step, last step + 1); x_max fixes the range."""
     fig = timelines.timeline_figure(continuous, x_axis="step", x_max=480)
