@@ -8,6 +8,8 @@
 // 4. Clicks on Run ("Run live anyway" too) and Stop are numbered in one sequence: the latest
 //    Run click's number (window.cbpRunClick) goes with each Run press, the Stop click's with
 //    Stop, so the server acts in click order and tells Gradio's replay of a deferred click.
+// 5. A KV block map label ("R12", "R0 ×3") wider than its block is hidden instead of running into
+//    its neighbours' ("R1R2R3" on a phone); the block's hover still names it.
 (() => {
   let clicks = 0;
   document.addEventListener("click", (e) => {
@@ -86,5 +88,18 @@
     }
   };
 
-  setInterval(() => { queueNote(); metricHelp(); policyHelp(); }, 250);
+  const blockLabels = () => {
+    const plot = document.querySelector("#block_map_plot .js-plotly-plot");
+    const trace = plot && plot.data && plot.data[0];
+    const axis = plot && plot._fullLayout && plot._fullLayout.xaxis;
+    if (!trace || !axis || !trace.z || !trace.z.length) return;
+    const roomPx = axis._length / trace.z[0].length - (trace.xgap || 0) - 2;
+    for (const label of plot.querySelectorAll("g.heatmap-label text")) {
+      if (label.cbpRoomPx === roomPx) continue;  // measured at this width (Plotly redraws anew)
+      label.cbpRoomPx = roomPx;
+      label.style.visibility = label.getBBox().width <= roomPx ? "" : "hidden";
+    }
+  };
+
+  setInterval(() => { queueNote(); metricHelp(); policyHelp(); blockLabels(); }, 250);
 })();

@@ -25,7 +25,7 @@ from engine.trace import StepRecord, Trace
 
 FREE_BLOCK_COLOR = "rgba(128,128,128,0.25)"
 CACHED_FREE_BLOCK_COLOR = "rgba(128,128,128,0.6)"  # free, but keeps its prefix hash (evictable)
-BLOCK_MAP_COLUMNS = 16  # narrow enough for each block's "R12" label on a phone
+BLOCK_MAP_COLUMNS = 16  # narrow enough for each block's "R12" label on a phone (390 px)
 
 
 def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
@@ -75,7 +75,9 @@ def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
     )
     fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
     fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
-    return fig.update_layout(height=150 + 30 * rows)
+    # No tick labels: the blocks take the whole width (a phone's blocks then fit "R12"; labels
+    # that still do not fit are hidden in the browser, assets/page.js).
+    return fig.update_layout(height=150 + 30 * rows, margin={"l": 12, "r": 12})
 
 
 def _block_map_subtitle(step: StepRecord, total: int, info: dict) -> str:

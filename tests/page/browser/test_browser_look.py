@@ -184,6 +184,42 @@ def test_mask_titles_align_and_no_subtitle_runs_into_its_chart(page: Page, size:
     _shoot(page, "static_mask_plot", size)
 
 
+# The KV block map's labels: text, box, whether shown, and the width of one block (px).
+BLOCK_LABELS_JS = """plot => {
+    const trace = plot.data[0];
+    const block = plot._fullLayout.xaxis._length / trace.z[0].length - (trace.xgap || 0);
+    return Array.from(plot.querySelectorAll('g.heatmap-label text')).map(e => {
+        const r = e.getBoundingClientRect();
+        return {text: e.textContent, left: r.left, right: r.right, top: r.top, block,
+                shown: getComputedStyle(e).visibility !== 'hidden'};
+    });
+}"""
+
+
+@SIZES
+def test_kv_block_labels_fit_their_blocks(page: Page, size: dict):
+    """The KV block map's labels ("R0" ... "R5" on the recorded run) are shown, each within its
+    block and apart from its neighbours, on a phone as at 1,280 px; none would be "R1R2R3"."""
+    page.set_viewport_size(size)
+    plot = page.locator("#block_map_plot .js-plotly-plot")
+    expect(plot).to_have_count(1, timeout=60_000)
+    page.wait_for_timeout(1500)  # Plotly redraws at the new size; page.js measures the labels
+    labels = plot.evaluate(BLOCK_LABELS_JS)
+    shown = [label for label in labels if label["shown"] and label["text"]]
+    assert shown, f"{size['width']} px: no block label shown: {labels}"
+    for label in shown:
+        width = label["right"] - label["left"]
+        assert width <= label["block"], f"{size['width']} px: wider than its block: {label}"
+    rows = {}
+    for label in shown:
+        rows.setdefault(round(label["top"]), []).append(label)
+    for row in rows.values():
+        row.sort(key=lambda label: label["left"])
+        for a, b in zip(row, row[1:], strict=False):
+            assert a["right"] <= b["left"], f"{size['width']} px: labels run together: {a}, {b}"
+    _shoot(page, "block_map_plot", size)
+
+
 def test_barrier_labels_on_the_static_timeline_stay_apart(page: Page):
     """Four requests on one slot (caps 20, 2, 20, 10): two barriers two steps apart; their
     labels, on a phone and at 1,280 px, neither overlap nor leave the chart."""
