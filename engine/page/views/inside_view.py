@@ -22,7 +22,7 @@ from typing import Any
 
 from engine.page.figures import block_map, mask_heatmaps, serving_metrics, timelines
 from engine.page.figures.server_lanes import message_figure
-from engine.page.figures.style import counted
+from engine.page.views.markup import counted
 from engine.trace import Trace
 
 INSIDE_TITLE = "vLLM from the inside"

@@ -25,8 +25,8 @@ from engine.page.figures import (
     serving_metrics,
     timelines,
 )
-from engine.page.figures.style import counted
 from engine.page.views import divergence_view, inside_view, run_status, tables
+from engine.page.views.markup import counted
 from engine.trace import DECODE, PREFILL, Trace
 from engine.workloads import export
 

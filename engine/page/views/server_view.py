@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import time
 
-from engine.page.figures.style import counted
 from engine.page.run.host_servers import FAILED, READY, STARTING, PageServers
-from engine.page.views.markup import one_line, plain_markdown
+from engine.page.views.markup import counted, one_line, plain_markdown
 from engine.trace import Trace
 
 
