@@ -1,6 +1,7 @@
 // The page's own script (launch.py puts it in the page's <head>). Plain DOM, no framework:
 // 1. Files dropped on the request table go through the "Upload CSV or JSONL" button's parser
-//    (Gradio's own drop zone on the table would import them without the page's checks).
+//    (Gradio's own drop zone on the table would import them without the page's checks, and
+//    refuse a JSONL file with "Only .csv, .tsv allowed"), on a cell's text too.
 // 2. A run waiting in the queue says its place and wait in the status line, in words.
 // 3. The metrics table's column names get hover definitions (window.CBP_METRIC_HELP, set below
 //    by launch.py from engine/page/tables.py), the scheduling policies theirs
@@ -19,7 +20,10 @@
     if (button.id === "stop_button") window.cbpStopClick = ++clicks;
   }, true);  // capture: numbered before Gradio's own handler sends the press or Stop
 
-  const onTable = (e) => e.target instanceof Element && e.target.closest("#requests_table");
+  // Firefox aims drag events at the text node under the pointer: its parent is the element.
+  const elementOf = (target) => target instanceof Element ? target
+    : target instanceof Node ? target.parentElement : null;
+  const onTable = (e) => !!elementOf(e.target)?.closest("#requests_table");
   const hasFiles = (e) => !!e.dataTransfer && Array.from(e.dataTransfer.types || []).includes("Files");
   for (const type of ["dragenter", "dragover", "dragleave"]) {
     document.addEventListener(type, (e) => {
