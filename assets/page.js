@@ -1,6 +1,7 @@
 // The page's own script (launch.py puts it in the page's <head>). Plain DOM, no framework:
 // 1. Files dropped on the request table go through the "Upload CSV or JSONL" button's parser
-//    (Gradio's own drop zone on the table would import them without the page's checks).
+//    (Gradio's own drop zone on the table would import them without the page's checks, and
+//    refuse a JSONL file with "Only .csv, .tsv allowed"), on a cell's text too.
 // 2. A run waiting in the queue says its place and wait in the status line, in words.
 // 3. The metrics table's column names get hover definitions (window.CBP_METRIC_HELP, set below
 //    by launch.py from engine/page/tables.py), the scheduling policies theirs
@@ -8,6 +9,8 @@
 // 4. Clicks on Run ("Run live anyway" too) and Stop are numbered in one sequence: the latest
 //    Run click's number (window.cbpRunClick) goes with each Run press, the Stop click's with
 //    Stop, so the server acts in click order and tells Gradio's replay of a deferred click.
+// 5. A KV block map label ("R12", "R0 ×3") wider than its block is hidden instead of running into
+//    its neighbours' ("R1R2R3" on a phone); the block's hover still names it.
 (() => {
   let clicks = 0;
   document.addEventListener("click", (e) => {
@@ -17,7 +20,10 @@
     if (button.id === "stop_button") window.cbpStopClick = ++clicks;
   }, true);  // capture: numbered before Gradio's own handler sends the press or Stop
 
-  const onTable = (e) => e.target instanceof Element && e.target.closest("#requests_table");
+  // Firefox aims drag events at the text node under the pointer: its parent is the element.
+  const elementOf = (target) => target instanceof Element ? target
+    : target instanceof Node ? target.parentElement : null;
+  const onTable = (e) => !!elementOf(e.target)?.closest("#requests_table");
   const hasFiles = (e) => !!e.dataTransfer && Array.from(e.dataTransfer.types || []).includes("Files");
   for (const type of ["dragenter", "dragover", "dragleave"]) {
     document.addEventListener(type, (e) => {
@@ -86,5 +92,18 @@
     }
   };
 
-  setInterval(() => { queueNote(); metricHelp(); policyHelp(); }, 250);
+  const blockLabels = () => {
+    const plot = document.querySelector("#block_map_plot .js-plotly-plot");
+    const trace = plot && plot.data && plot.data[0];
+    const axis = plot && plot._fullLayout && plot._fullLayout.xaxis;
+    if (!trace || !axis || !trace.z || !trace.z.length) return;
+    const roomPx = axis._length / trace.z[0].length - (trace.xgap || 0) - 2;
+    for (const label of plot.querySelectorAll("g.heatmap-label text")) {
+      if (label.cbpRoomPx === roomPx) continue;  // measured at this width (Plotly redraws anew)
+      label.cbpRoomPx = roomPx;
+      label.style.visibility = label.getBBox().width <= roomPx ? "" : "hidden";
+    }
+  };
+
+  setInterval(() => { queueNote(); metricHelp(); policyHelp(); blockLabels(); }, 250);
 })();

@@ -39,9 +39,10 @@ class EngineConfig:
             transformers' engine ignores it, with a warning.
 
     Raises:
-        ValueError: on a slot count below 1, an unknown KV mode or policy, a token budget below
-            the slot count, a non-positive max_seq_len, block size or KV budget, prefix caching
-            without the paged KV mode, or a prefix_caching or batch_invariant that is not a bool.
+        ValueError: naming every bad setting at once (``problems``): a slot count below 1, an
+            unknown KV mode or policy, a token budget below the slot count, a non-positive
+            max_seq_len, block size or KV budget, prefix caching without the paged KV mode, or a
+            prefix_caching or batch_invariant that is not a bool.
     """
 
     num_slots: int = 3
@@ -57,42 +58,55 @@ class EngineConfig:
     batch_invariant: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.num_slots, int) or self.num_slots < 1:
-            raise ValueError(
-                f"Slots must be a whole number of at least 1 (got {self.num_slots!r})."
-            )
+        problems = self.problems()
+        if problems:
+            raise ValueError(" ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every bad setting, one sentence each (none when all are good), so that a person sees
+        them all at once instead of one per try."""
+        problems = []
+        slots_ok = isinstance(self.num_slots, int) and self.num_slots >= 1
+        if not slots_ok:
+            problems.append(f"Slots must be a whole number of at least 1 (got {self.num_slots!r}).")
         if self.kv_mode not in KV_MODES:
-            raise ValueError(
+            problems.append(
                 f"Unknown KV mode {self.kv_mode!r}; choose one of {', '.join(KV_MODES)}."
             )
         budget = self.max_num_batched_tokens
-        if budget is not None and (not isinstance(budget, int) or budget < self.num_slots):
-            raise ValueError(
+        if budget is not None and (
+            not isinstance(budget, int) or (slots_ok and budget < self.num_slots)
+        ):
+            problems.append(
                 f"The token budget ({budget}) must be a whole number, at least the slot count "
                 f"({self.num_slots}), so that every decoding sequence fits in a step."
             )
         if self.scheduling_policy not in POLICIES:
             choices = ", ".join(POLICIES)
-            raise ValueError(f"Unknown policy {self.scheduling_policy!r}; choose one of {choices}.")
+            problems.append(f"Unknown policy {self.scheduling_policy!r}; choose one of {choices}.")
         if self.wave_timeout_s < 0:
-            raise ValueError(f"wave_timeout_s must be >= 0 (got {self.wave_timeout_s}).")
+            problems.append(f"wave_timeout_s must be >= 0 (got {self.wave_timeout_s}).")
         if not isinstance(self.block_size, int) or not 1 <= self.block_size <= MAX_BLOCK_SIZE:
-            raise ValueError(
+            problems.append(
                 f"Block size must be a whole number of tokens from 1 to {MAX_BLOCK_SIZE} "
                 f"(got {self.block_size!r})."
             )
         if self.kv_budget_mib is not None and not self.kv_budget_mib > 0:
-            raise ValueError(f"The KV budget must be positive MiB (got {self.kv_budget_mib!r}).")
-        if not isinstance(self.batch_invariant, bool):
-            raise ValueError(
-                f"batch_invariant must be True or False (got {self.batch_invariant!r})."
-            )
+            problems.append(f"The KV budget must be positive MiB (got {self.kv_budget_mib!r}).")
         if self.max_seq_len is not None and self.max_seq_len < 1:
-            raise ValueError(f"max_seq_len must be positive (got {self.max_seq_len}).")
-        if not isinstance(self.prefix_caching, bool):
-            raise ValueError(f"prefix_caching must be True or False (got {self.prefix_caching!r}).")
-        if self.prefix_caching and self.kv_mode != "paged":
-            raise ValueError(
+            problems.append(f"max_seq_len must be positive (got {self.max_seq_len}).")
+        return problems + self._switch_problems()
+
+    def _switch_problems(self) -> list[str]:
+        """The on/off settings' problems: not a bool, or prefix caching without paged KV."""
+        problems = []
+        for name in ("batch_invariant", "prefix_caching"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                problems.append(f"{name} must be True or False (got {value!r}).")
+        if self.prefix_caching is True and self.kv_mode != "paged":
+            problems.append(
                 f"Prefix caching needs the paged KV cache (kv_mode 'paged'), where sequences can "
                 f"share KV blocks; the {self.kv_mode!r} mode keeps one private cache per sequence."
             )
+        return problems

@@ -6,7 +6,9 @@ Sources are the article's six requests (``seed_specs``), a JSONL file with one
 ``arrival_s`` and the sampling settings ``temperature``, ``top_k``, ``top_p`` and ``seed``
 (``engine.sampling_params``; all absent or blank: greedy). ``engine.workloads.workload_files`` reads
 and writes uploaded CSV and JSONL files. Every problem raises ``ValueError`` with
-a message a person can act on; the page and the bench show that message as it is.
+a message a person can act on; the page and the bench show that message as it is. A table or
+file with several bad rows or lines names them all at once (the first ``MAX_NAMED_PROBLEMS``, then
+how many more: ``raise_problems``), so a person fixes them in one go.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from engine.sequence import Request
 MAX_ROWS = 256  # requests per run; a Space owner can set CBP_MAX_ROWS
 MAX_NEW_TOKENS_LIMIT = 2048  # per-request cap; CBP_MAX_NEW_TOKENS
 MAX_PROMPT_CHARS = 20_000  # per prompt; CBP_MAX_PROMPT_CHARS
+MAX_NAMED_PROBLEMS = 5  # bad rows or lines named in one message; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -133,21 +136,46 @@ def parse_table(rows) -> list[RequestSpec]:
     (``engine.sampling_params.parse_sampling``). Fully blank rows are skipped.
 
     Raises:
-        ValueError: no request at all, a bad row (named by its 1-based number), or too many rows.
+        ValueError: no request at all, bad rows (each named by its 1-based number:
+            ``raise_problems``), or too many rows.
     """
-    specs = []
+    specs, problems = [], []
     width = len(TABLE_COLUMNS)
     for i, row in enumerate(rows or [], start=1):
         cells = (list(row) + [None] * width)[:width]
         if all(is_blank(cell) for cell in cells):
             continue
-        prompt, cap, arrival, *sampling = cells
-        spec = parse_spec(prompt, cap, f"Row {i}")
-        if not is_blank(arrival):
-            spec = dataclasses.replace(spec, arrival_s=parse_arrival(arrival, f"Row {i}"))
-        spec = dataclasses.replace(spec, sampling=parse_sampling(*sampling, f"Row {i}"))
-        specs.append(spec)
+        try:
+            specs.append(_table_spec(cells, f"Row {i}"))
+        except ValueError as exc:
+            problems.append(str(exc))
+    raise_problems(problems, "bad rows")
     return checked_count(specs)
+
+
+def _table_spec(cells: list, where: str) -> RequestSpec:
+    """One table row's spec. Raises ValueError naming ``where``."""
+    prompt, cap, arrival, *sampling = cells
+    spec = parse_spec(prompt, cap, where)
+    if not is_blank(arrival):
+        spec = dataclasses.replace(spec, arrival_s=parse_arrival(arrival, where))
+    return dataclasses.replace(spec, sampling=parse_sampling(*sampling, where))
+
+
+def raise_problems(problems: list[str], what: str = "problems") -> None:
+    """Nothing when ``problems`` is empty; else raises one ValueError that names the first
+    ``MAX_NAMED_PROBLEMS`` (each a sentence naming its row or line) and counts the rest
+    ("… and 7 more bad lines."), so a person sees every problem at once.
+
+    Raises:
+        ValueError: there is a problem; with one, its message is exactly that problem's.
+    """
+    if not problems:
+        return
+    message = " ".join(problems[:MAX_NAMED_PROBLEMS])
+    if len(problems) > MAX_NAMED_PROBLEMS:
+        message += f" … and {len(problems) - MAX_NAMED_PROBLEMS} more {what}."
+    raise ValueError(message)
 
 
 def load_jsonl(path: str | Path) -> list[RequestSpec]:
@@ -157,28 +185,36 @@ def load_jsonl(path: str | Path) -> list[RequestSpec]:
     null: greedy). Other keys are ignored.
 
     Raises:
-        ValueError: unreadable or non-UTF-8 file (``read_workload_text``), or a line that is not
-            such an object (named by its number).
+        ValueError: unreadable or non-UTF-8 file (``read_workload_text``), or lines that are not
+            such objects (each named by its number: ``raise_problems``).
     """
     path = Path(path)
     lines = read_workload_text(path).splitlines()
-    specs = []
+    specs, problems = [], []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        where = f"{path.name} line {number}"
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: not valid JSON ({exc.msg}).") from None
-        if not isinstance(obj, dict) or "prompt" not in obj or "max_new_tokens" not in obj:
-            raise ValueError(f'{where}: expected {{"prompt": ..., "max_new_tokens": ...}}.')
-        spec = parse_spec(obj["prompt"], obj["max_new_tokens"], where)
-        if "arrival_s" in obj:
-            spec = dataclasses.replace(spec, arrival_s=parse_arrival(obj["arrival_s"], where))
-        sampling = parse_sampling(*(obj.get(name) for name in SAMPLING_FIELDS), where)
-        specs.append(dataclasses.replace(spec, sampling=sampling))
+            specs.append(_jsonl_spec(line, f"{path.name} line {number}"))
+        except ValueError as exc:
+            problems.append(str(exc))
+    raise_problems(problems, "bad lines")
     return checked_count(specs)
+
+
+def _jsonl_spec(line: str, where: str) -> RequestSpec:
+    """One JSONL line's spec. Raises ValueError naming ``where``."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not valid JSON ({exc.msg}).") from None
+    if not isinstance(obj, dict) or "prompt" not in obj or "max_new_tokens" not in obj:
+        raise ValueError(f'{where}: expected {{"prompt": ..., "max_new_tokens": ...}}.')
+    spec = parse_spec(obj["prompt"], obj["max_new_tokens"], where)
+    if "arrival_s" in obj:
+        spec = dataclasses.replace(spec, arrival_s=parse_arrival(obj["arrival_s"], where))
+    sampling = parse_sampling(*(obj.get(name) for name in SAMPLING_FIELDS), where)
+    return dataclasses.replace(spec, sampling=sampling)
 
 
 def read_workload_text(path: str | Path) -> str:

@@ -9,7 +9,8 @@ row naming the columns, in any order; other columns are ignored, so the page's o
 ``requests.csv`` download can be uploaded again. A JSONL file has one object per line
 (``engine.workloads.workload.load_jsonl``).
 
-Every problem raises ``ValueError`` naming the file and the line, so the page can show it as is.
+Every problem raises ``ValueError`` naming the file and the line, so the page can show it as is;
+a file with several bad lines names them all in one message (the first five, then how many more).
 Values go through the same checks as the table (``engine.workloads.workload.parse_spec``).
 
 An upload's size is bounded in bytes before it is read (``max_upload_bytes``). CSV cells are read
@@ -36,6 +37,7 @@ from engine.workloads.workload import (
     load_jsonl,
     parse_arrival,
     parse_spec,
+    raise_problems,
     read_workload_text,
 )
 
@@ -129,19 +131,26 @@ def _read_rows(reader: csv.DictReader, file_name: str) -> list[RequestSpec]:
     header = [name.strip() for name in reader.fieldnames or []]
     missing = [name for name in REQUIRED if name not in header]
     if missing:
+        optional = ", ".join(name for name in ALL_FIELDS if name not in REQUIRED)
         raise ValueError(
             f"{file_name} line 1: the header must name the columns prompt and max_new_tokens "
-            f"(and optionally arrival_s); missing {', '.join(missing)}."
+            f"(and optionally {optional}); missing {', '.join(missing)}."
         )
     reader.fieldnames = header
-    specs = []
-    for row in reader:
-        where = f"{file_name} line {reader.line_num}"
-        if None in row:
-            raise ValueError(f"{where}: more cells than header columns (a stray comma?).")
-        if not any((value or "").strip() for value in row.values()):
-            continue
-        specs.append(_spec(row, where))
+    specs, problems = [], []
+    try:
+        for row in reader:
+            where = f"{file_name} line {reader.line_num}"
+            if None in row:
+                problems.append(f"{where}: more cells than header columns (a stray comma?).")
+            elif any((value or "").strip() for value in row.values()):
+                try:
+                    specs.append(_spec(row, where))
+                except ValueError as exc:
+                    problems.append(str(exc))
+    except csv.Error as exc:  # the rest of the file cannot be read: what was found, and this
+        problems.append(f"{file_name} line {reader.line_num}: not readable as CSV ({exc}).")
+    raise_problems(problems, "bad lines")
     return checked_count(specs)
 
 

@@ -14,12 +14,18 @@ import math
 
 import plotly.graph_objects as go
 
-from engine.page.figures.style import PALETTE, discrete_scale, request_color, style_figure
+from engine.page.figures.style import (
+    PALETTE,
+    counted,
+    discrete_scale,
+    request_color,
+    style_figure,
+)
 from engine.trace import StepRecord, Trace
 
 FREE_BLOCK_COLOR = "rgba(128,128,128,0.25)"
 CACHED_FREE_BLOCK_COLOR = "rgba(128,128,128,0.6)"  # free, but keeps its prefix hash (evictable)
-BLOCK_MAP_COLUMNS = 16  # narrow enough for each block's "R12" label on a phone
+BLOCK_MAP_COLUMNS = 16  # narrow enough for each block's "R12" label on a phone (390 px)
 
 
 def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
@@ -69,20 +75,21 @@ def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
     )
     fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
     fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
-    return fig.update_layout(height=150 + 30 * rows)
+    # No tick labels: the blocks take the whole width (a phone's blocks then fit "R12"; labels
+    # that still do not fit are hidden in the browser, assets/page.js).
+    return fig.update_layout(height=150 + 30 * rows, margin={"l": 12, "r": 12})
 
 
 def _block_map_subtitle(step: StepRecord, total: int, info: dict) -> str:
     text = (
-        f"{step.kv_blocks_used}/{total} blocks in use · {info['block_size']} tokens per block · "
+        f"{step.kv_blocks_used}/{total} blocks in use · {counted(info['block_size'], 'token')} "
+        "per block · "
         f"preempted here: {_ids(step.preempted) or 'none'}"
     )
     if info.get("prefix_caching"):
         shared = [h for h in step.block_holders().values() if len(h) > 1]
         cached = len(step.cached_free_blocks or [])
-        text += (
-            f"<br>prefix cache: {len(shared)} shared {'block' if len(shared) == 1 else 'blocks'}"
-        )
+        text += f"<br>prefix cache: {counted(len(shared), 'shared block')}"
         if shared:
             first = shared[0]
             text += f" (R{first[0]} ×{len(first)}: held by {len(first)} requests; hover for which)"

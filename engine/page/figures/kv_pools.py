@@ -17,6 +17,7 @@ for a vLLM this page started, ``settings["kv_cache_bytes"]``.
 
 from __future__ import annotations
 
+from engine.page.figures.style import counted
 from engine.trace import Trace
 
 OUR_WHOLE = "every block of its paged KV pool"
@@ -28,7 +29,8 @@ def kv_pool_size(trace: Trace) -> str | None:
     blocks, block_size, kv_bytes = _pool(trace)
     parts = []
     if blocks:
-        parts.append(f"{blocks:,} blocks" + (f" of {block_size} tokens" if block_size else ""))
+        of_tokens = f" of {counted(block_size, 'token')}" if block_size else ""
+        parts.append(f"{blocks:,} {'block' if blocks == 1 else 'blocks'}{of_tokens}")
     if kv_bytes:
         mib = kv_bytes / 2**20
         parts.append(f"{mib:,.1f} MiB" if mib >= 10 else f"{mib:.3g} MiB")  # 80.0, 3.94, 0.0123

@@ -17,6 +17,7 @@ import torch
 from engine.page.figures.style import (
     TEXT_COLOR,
     PageFigure,
+    counted,
     discrete_scale,
     request_color,
     style_figure,
@@ -124,13 +125,14 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
     n_prefill = sum(s.kind == PREFILL for s in step.seqs)
     title = f"Packed step {step_index}: T={num_q}, T_kv={num_kv}"
     subtitle = (
-        f"{num_q} {'query' if num_q == 1 else 'queries'} × {num_kv} keys · "
+        f"{counted(num_q, 'query', 'queries')} × {counted(num_kv, 'key')} · "
         f"{n_prefill} prefill + {len(step.seqs) - n_prefill} decode"
     ) + (f"<br>{note}" if note else "")
     num_from_cache = int(from_cache.sum())
     if num_from_cache:
         subtitle += (
-            f"<br>pale key columns (pos{PREFIX_MARK}): {num_from_cache} keys from the prefix cache"
+            f"<br>pale key columns (pos{PREFIX_MARK}): {counted(num_from_cache, 'key')} from the "
+            "prefix cache"
         )
     starts = [sum(q.num_new_tokens for q in step.seqs[:i]) for i in range(len(step.seqs))]
     _mark_repeated_colours(
@@ -254,9 +256,9 @@ def static_mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
     num_idle = sum(s.kind == IDLE for s in step.seqs)
     title = f"Static step {step_index}: wave {step.wave}, its step {step_index - first}"
     subtitle = (
-        f"{len(step.seqs)} rows × {num_q} {'query' if num_q == 1 else 'queries'} × {num_k} keys"
-        f"<br>{sum(pads)} pad tokens (light grey)<br>{num_idle} idle "
-        f"{'row' if num_idle == 1 else 'rows'} (dark grey: its request has ended)"
+        f"{counted(len(step.seqs), 'row')} × {counted(num_q, 'query', 'queries')} × "
+        f"{counted(num_k, 'key')}<br>{counted(sum(pads), 'pad token')} (light grey)<br>"
+        f"{counted(num_idle, 'idle row')} (dark grey: its request has ended)"
         + (f"<br>{note}" if note else "")
     )
     if (fq, fk) == (1, 1):

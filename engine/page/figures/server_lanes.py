@@ -29,6 +29,7 @@ from engine.page.figures.style import (
     TEXT_COLOR,
     PageFigure,
     bottom_legend,
+    counted,
     engine_styles,
     request_color,
     style_figure,
@@ -129,8 +130,8 @@ def _lane_hover(trace: Trace, r) -> str:
     last = "—" if r.finish_s is None else f"{r.finish_s:.2f} s"
     return (
         f"<b>{html.escape(trace.engine)} · R{r.request_id}</b><br>sent {r.admit_s:.2f} s · "
-        f"TTFT {ttft} · last token {last}<br>{len(r.token_times_s)} tokens streamed · cap "
-        f"{r.max_new_tokens}"
+        f"TTFT {ttft} · last token {last}<br>"
+        f"{counted(len(r.token_times_s), 'token')} streamed · cap {r.max_new_tokens}"
     )
 
 

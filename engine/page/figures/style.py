@@ -5,6 +5,7 @@ request through ``request_color``, so a request keeps its colour in every chart;
 colour comes round again, and ``request_pattern`` gives the mark that tells such requests apart.
 Backgrounds are transparent and text and grid lines a neutral grey, so the figures read in light
 and dark themes. Titles are left-aligned with details in their subtitles, so they fit a phone.
+Counts in the text agree with their nouns (``counted``: "1 pad token", "2 pad tokens").
 Used by ``engine.page.figures.timelines`` (timelines), ``engine.page.figures.mask_heatmaps``
 (attention masks), ``engine.page.figures.serving_metrics``, ``engine.page.figures.block_map`` and
 ``engine.page.figures.server_lanes`` (the servers' lanes and gauges); these six are the only modules
@@ -24,6 +25,7 @@ TEXT_COLOR = "#808080"  # mid grey: readable on white and on near-black
 GRID_COLOR = "rgba(128,128,128,0.25)"
 REPEAT_PATTERNS = ("", ".", "x", "+", "-", "|", "\\")  # by how many times the palette came round
 TITLE_FONT_PX = 15
+TITLE_TOP_PX = 10  # every title's top, below the figure's top edge
 
 # Engine line colours (Okabe–Ito, distinct from each other) and dashes, so lines differ in
 # shape as well as hue.
@@ -75,6 +77,12 @@ def chart_filename(title: str | None) -> str:
     return "-".join(words)[:60].strip("-") or "chart"
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and its noun in agreement: "1 pad token", "2 pad tokens", "1 query", "3 queries"
+    (``plural`` where adding "s" is wrong)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
+
+
 def request_color(request_id: int) -> str:
     """The colour of one request, the same in every chart."""
     return PALETTE[request_id % len(PALETTE)]
@@ -88,7 +96,11 @@ def request_pattern(request_id: int) -> str:
 
 def style_figure(fig: go.Figure, title: str, subtitle: str | None = None) -> go.Figure:
     """Apply the shared theme-neutral look: transparent background, grey text and grid, the title
-    left-aligned (it reads on a phone; the toolbar shows on the right, on hover only)."""
+    left-aligned (it reads on a phone; the toolbar shows on the right, on hover only).
+
+    The title hangs ``TITLE_TOP_PX`` below the figure's top edge, its subtitle under it, so
+    figures side by side have their titles on one line whatever their subtitles' lengths
+    (Plotly's default centres the title in the top margin, which grows with the subtitle)."""
     lines = 1 + (subtitle or "").count("<br>") + bool(subtitle)
     fig.update_layout(
         template="plotly_white",
@@ -98,7 +110,10 @@ def style_figure(fig: go.Figure, title: str, subtitle: str | None = None) -> go.
             "x": 0,
             "xref": "container",
             "xanchor": "left",
-            "pad": {"l": 12},
+            "y": 1,
+            "yref": "container",
+            "yanchor": "top",
+            "pad": {"l": 12, "t": TITLE_TOP_PX},
             "font": {"size": TITLE_FONT_PX},
         },
         paper_bgcolor="rgba(0,0,0,0)",

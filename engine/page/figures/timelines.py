@@ -16,6 +16,7 @@ from engine.page.figures.style import (
     TEXT_COLOR,
     PageFigure,
     bottom_legend,
+    counted,
     request_color,
     request_pattern,
     style_figure,
@@ -27,6 +28,9 @@ PROMPT_HOVER_CHARS = 60
 # A barrier label's width as a share of the x range: "barrier" at the 12 px annotation font is
 # 38 px, about a sixth of a phone's timeline (230 px wide). Labels are kept this far apart.
 BARRIER_LABEL_SHARE = 0.2
+# A barrier label's look: black on a near-opaque white box reads on the light and the dark theme
+# alike, over the grey hatching of idle rows too (grey text on it did not, on the dark theme).
+BARRIER_LABEL = {"annotation_font_color": "#000000", "annotation_bgcolor": "rgba(255,255,255,0.85)"}
 
 
 def _engine_title(trace: Trace) -> str:
@@ -61,10 +65,11 @@ def _request_hover(trace: Trace, run: SlotRun) -> str:
     times = f"{trace.steps[run.first].start_s:.2f}–{trace.steps[run.last].end_s:.2f} s"
     cached = ""
     if r.num_cached_tokens:  # the prefix cache's share, on (first) admission
-        cached = f"<br>{r.num_cached_tokens} prompt tokens from the prefix cache"
+        cached = f"<br>{counted(r.num_cached_tokens, 'prompt token')} from the prefix cache"
     return (
         f"<b>R{r.request_id}</b> · slot {run.slot}<br>{html.escape(prompt)}<br>"
-        f"cap {r.max_new_tokens} · generated {len(r.output_token_ids)} tokens{cached}<br>"
+        f"cap {r.max_new_tokens} · generated "
+        f"{counted(len(r.output_token_ids), 'token')}{cached}<br>"
         f"steps {run.first}–{run.last} · {times} · TTFT {ttft}"
     )
 
@@ -157,6 +162,7 @@ def _add_barriers(fig: go.Figure, trace: Trace, x_axis: str, x_span: float) -> N
     ]
     for x, side in zip(ends, _barrier_label_sides(ends, x_span), strict=True):
         label = {"annotation_text": "barrier", "annotation_position": f"top {side}"} if side else {}
+        label |= BARRIER_LABEL if side else {}
         fig.add_vline(x=x, name="barrier", line_dash="dash", line_color=TEXT_COLOR, **label)
 
 

@@ -86,7 +86,8 @@ def setup_query(
 
 def from_link(request: gr.Request) -> tuple:
     """Preset the page from its link: ``?preset=SLUG&slots=N&prefix_caching=1``; a bad value is
-    named in a warning. A preset without ``slots`` brings the slot count its explanation speaks of.
+    named in a warning. A preset without ``slots`` brings the slot count its explanation speaks of;
+    ``slots`` other than those adds a line to the explanation that says so (``slots_note``).
 
     Returns updates for ``LINK_OUTPUTS``: the preset dropdown, request table, chat checkbox,
     preset text, slots and the prefix-caching toggle (``gr.skip()`` where the link sets nothing
@@ -109,10 +110,26 @@ def from_link(request: gr.Request) -> tuple:
         link["num_slots"] = fallback
     if slots.isdigit() and 1 <= int(slots) <= MAX_SLOTS:
         link["num_slots"] = int(slots)
+        shown = name if name is not None else presets.DEFAULT_PRESET  # whose text the page shows
+        if int(slots) != presets.preset_slots(shown):
+            text = link.get("preset_text") or presets.apply_preset(shown)[2]
+            link["preset_text"] = text + slots_note(int(slots), presets.preset_slots(shown))
     elif slots:
-        why = f"not a whole number from 1 to {MAX_SLOTS}; using {fallback or DEFAULT_SLOTS} slots"
+        used = fallback or DEFAULT_SLOTS
+        using = "1 slot" if used == 1 else f"{used} slots"
+        why = f"not a whole number from 1 to {MAX_SLOTS}; using {using}"
         _warn_link("slots", slots, why)
     return tuple(link.get(name, gr.skip()) for name in LINK_OUTPUTS)
+
+
+def slots_note(num_slots: int, preset_slots: int) -> str:
+    """The line under a preset's explanation when a link set other slots than it speaks of, so
+    the page does not contradict itself ("at 3 slots" beside a slider at 2)."""
+    return (
+        f"\n\n*This link set {num_slots} {'slot' if num_slots == 1 else 'slots'}; the "
+        f"explanation above speaks of {preset_slots}, so its numbers may differ: set Slots to "
+        f"{preset_slots} to see them as described.*"
+    )
 
 
 def _link_flag(params: dict[str, str], name: str):

@@ -112,8 +112,14 @@ def table_edited() -> tuple[None, str]:
 
 
 def by_slug(slug: str) -> str | None:
-    """The preset name for a link's ``preset=`` value (a slug or the name itself), else None."""
-    for name, preset in load_presets().items():
-        if slug in (preset.get("slug"), name):
-            return name
+    """The preset name for a link's ``preset=`` value (a slug or the name itself, in any letter
+    case: ``SEED`` finds ``seed``), else None. An exact match wins over a case-folded one."""
+    if not slug:
+        return None
+    shipped = load_presets()
+    for match in (lambda text: text, str.casefold):
+        wanted = match(slug)
+        for name, preset in shipped.items():
+            if wanted in (match(preset.get("slug") or ""), match(name)):
+                return name
     return None

@@ -266,8 +266,10 @@ def _slot_warnings(servers: PageServers, name: str, num_slots: int) -> list[str]
     max_num_seqs = servers.engines[name].server.settings.max_num_seqs
     if max_num_seqs == num_slots:
         return []
+    sequences = "sequence" if max_num_seqs == 1 else "sequences"
+    slots = "1 slot" if num_slots == 1 else f"{num_slots} slots"
     return [
-        f"{name} runs up to {max_num_seqs} sequences at once (--max-num-seqs, fixed when the page "
-        f"started; app.py --vllm-max-num-seqs changes it), while this run gave our engines "
-        f"{num_slots} slots: the comparison is not like for like."
+        f"{name} runs up to {max_num_seqs} {sequences} at once (--max-num-seqs, fixed when the "
+        f"page started; app.py --vllm-max-num-seqs changes it), while this run gave our engines "
+        f"{slots}: the comparison is not like for like."
     ]

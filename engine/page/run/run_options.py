@@ -4,14 +4,17 @@
 ``RUN_INPUTS`` is their one ordered list, the /run API's positions; ``settings_from_run`` builds the
 settings from the Run event's values (by position, as Gradio and API clients send them, or by name).
 ``options_from_page`` parses them into ``RunOptions``: Gradio hands numbers over as numbers or
-strings (an edited cell, an API client), so every knob is parsed here, and every bad value raises
-``ValueError`` with a message the page shows as is. ``prepare`` turns the table into requests.
+strings (an edited cell, an API client), so every knob is parsed here, and bad values raise one
+``ValueError`` that names them all, with a message the page shows as is. ``prepare`` turns the
+table into requests.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +25,7 @@ from engine.workloads.workload import (
     check_arrivals,
     parse_table,
     poisson_arrivals,
+    raise_problems,
     tokenize_requests,
 )
 
@@ -134,28 +138,73 @@ class RunOptions:
 
 def options_from_page(settings: RunSettings) -> RunOptions:
     """The page's knobs as ``RunOptions``; empty or 0 budgets mean "no limit"; the dtype is
-    checked when its model is asked for (``SharedModel.in_dtype``). The table and the slot count
-    are checked by ``prepare``.
+    checked when its model is asked for (``SharedModel.in_dtype``). The table is checked by
+    ``prepare``, and so are the slot count and the settings' ranges, unless a knob here is bad:
+    then they are checked here too (``engine_config``), so that one message names every bad
+    setting at once.
 
     Raises:
-        ValueError: a budget, rate or block size that is not a number of the right kind.
+        ValueError: a budget, rate or block size that is not a number of the right kind (each
+            one named), with every other bad setting.
     """
-    s = settings
-    return RunOptions(
+    s, problems = settings, []
+    told = functools.partial(_told, problems)
+    block_size = 16 if _blank(s.block_size) else told(_whole_number, s.block_size, "Block size")
+    options = RunOptions(
         chat_template=bool(s.chat_template),
         check_reference=bool(s.check_reference),
         kv_mode=s.kv_mode or "paged",
-        token_budget=_optional_whole_number(s.token_budget, "Token budget"),
+        token_budget=told(_optional_whole_number, s.token_budget, "Token budget"),
         policy=s.policy or "decode_first",
         compare_hf=bool(s.compare_hf),
-        arrival_rate_per_s=_optional_positive(s.arrival_rate, "Arrival rate (requests/s)"),
-        kv_budget_mib=_optional_positive(s.kv_budget_mib, "KV budget (MiB)"),
-        block_size=16 if _blank(s.block_size) else _whole_number(s.block_size, "Block size"),
+        arrival_rate_per_s=told(_optional_positive, s.arrival_rate, "Arrival rate (requests/s)"),
+        kv_budget_mib=told(_optional_positive, s.kv_budget_mib, "KV budget (MiB)"),
+        block_size=16 if block_size is None else block_size,
         prefix_caching=bool(s.prefix_caching),
         servers=_names(s.server_names),
         dtype=None if _blank(s.dtype) else str(s.dtype).strip(),
         batch_invariant=bool(s.batch_invariant),
     )
+    if problems:  # the knobs that parsed are checked too (a bad one stands at its default)
+        told(engine_config, s.num_slots, options)
+    raise_problems(problems, "bad settings")
+    return options
+
+
+def engine_config(num_slots, options: RunOptions) -> EngineConfig:
+    """The continuous engine's config for the page's slot count and knobs.
+
+    Raises:
+        ValueError: a slot count that is not a whole number, and every bad setting
+            (``EngineConfig.problems``), in one message.
+    """
+    problems = []
+    slots = _told(problems, _whole_number, num_slots, "Slots")
+    try:
+        config = EngineConfig(
+            num_slots=1 if slots is None else slots,  # a bad count told; the rest checked
+            kv_mode=options.kv_mode,
+            max_num_batched_tokens=options.token_budget,
+            scheduling_policy=options.policy,
+            kv_budget_mib=options.kv_budget_mib,
+            block_size=options.block_size,
+            prefix_caching=options.prefix_caching,  # the static engine never shares (its config)
+            batch_invariant=options.batch_invariant,
+        )
+    except ValueError as exc:
+        problems.append(str(exc))
+    raise_problems(problems, "bad settings")
+    return config
+
+
+def _told(problems: list[str], parse: Callable, *args):
+    """``parse(*args)``; None, with its ``ValueError``'s message added to ``problems``, if it
+    raises one."""
+    try:
+        return parse(*args)
+    except ValueError as exc:
+        problems.append(str(exc))
+        return None
 
 
 def prepare(model, rows, num_slots, options: RunOptions):
@@ -170,16 +219,7 @@ def prepare(model, rows, num_slots, options: RunOptions):
     """
     if hasattr(rows, "values") and hasattr(rows, "columns"):  # a pandas DataFrame
         rows = rows.values.tolist()
-    config = EngineConfig(
-        num_slots=_whole_number(num_slots, "Slots"),
-        kv_mode=options.kv_mode,
-        max_num_batched_tokens=options.token_budget,
-        scheduling_policy=options.policy,
-        kv_budget_mib=options.kv_budget_mib,
-        block_size=options.block_size,
-        prefix_caching=options.prefix_caching,  # the static engine never shares (its config)
-        batch_invariant=options.batch_invariant,
-    )
+    config = engine_config(num_slots, options)
     if options.batch_invariant:
         model.runner.require_batch_invariant()
     specs = parse_table(rows)

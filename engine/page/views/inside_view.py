@@ -22,6 +22,7 @@ from typing import Any
 
 from engine.page.figures import block_map, mask_heatmaps, serving_metrics, timelines
 from engine.page.figures.server_lanes import message_figure
+from engine.page.views.markup import counted
 from engine.trace import Trace
 
 INSIDE_TITLE = "vLLM from the inside"
@@ -105,11 +106,11 @@ def step_figures(
     last = len(record.steps) - 1
     at = min(max(step_index, 0), last)
     source = source_line(name, record)
-    past = f"<br>{name} ran {last + 1} steps: its last, {last}, is shown"
+    past = f"<br>{name} ran {counted(last + 1, 'step')}: its last, {last}, is shown"
     past = past if step_index > last else ""
     timeline = timelines.timeline_figure(record, x_axis, x_max, step_index)
     timeline = serving_metrics.add_serving_marks(timeline, record, x_axis)
-    lanes = f"{record.num_slots} {'lane' if record.num_slots == 1 else 'lanes'}"
+    lanes = counted(record.num_slots, "lane")
     mask = mask_heatmaps.mask_heatmap(record, at)
     blocks = block_map.block_map_figure(record, at)
     return (

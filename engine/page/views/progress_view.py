@@ -40,7 +40,7 @@ from engine.page.figures import server_lanes
 from engine.page.run.live_run import EngineProgress
 from engine.page.run.run_queue import Place
 from engine.page.views import tables
-from engine.page.views.markup import one_line, plain_markdown
+from engine.page.views.markup import counted, one_line, plain_markdown
 from engine.page.views.run_view import RUN_OUTPUTS, outputs_table, run_outputs, timeline
 from engine.sequence import Request
 from engine.trace import Trace, new_request_records
@@ -68,11 +68,11 @@ def progress_line(
         if name in LIVE_ENGINES:
             waiting = ", waiting for arrivals" if p.waiting else ""
             parts.append(
-                f"{label}: {p.num_steps} steps, {p.num_finished}/{p.num_requests} requests done"
-                + waiting
+                f"{label}: {counted(p.num_steps, 'step')}, "
+                f"{p.num_finished}/{p.num_requests} requests done" + waiting
             )
         elif name == "reference":
-            parts.append(f"{label}: {p.num_steps} steps")
+            parts.append(f"{label}: {counted(p.num_steps, 'step')}")
         else:
             parts.append(f"{label}: {_server_progress(p)}")
     if not progress:

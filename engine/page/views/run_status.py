@@ -15,6 +15,7 @@ import math
 
 from engine.fidelity.reference import NOT_COMPARED_TEXT, mismatches, not_compared_ids
 from engine.page.views import divergence_view, server_view, tables
+from engine.page.views.markup import counted
 from engine.trace import Trace
 
 NOISE_NOTE = "Wall times on a shared machine vary from run to run; step counts do not."
@@ -26,7 +27,7 @@ def status_line(state) -> str:
     s, c = state.static, state.continuous
     speedup = s.wall_s / c.wall_s if c.wall_s > 0 else math.nan
     line = (
-        f"{_count(len(s.requests), 'request')} · {_count(s.num_slots, 'slot')} · "
+        f"{counted(len(s.requests), 'request')} · {counted(s.num_slots, 'slot')} · "
         f"static {s.wall_s:.2f} s · "
         f"continuous {c.wall_s:.2f} s · **speedup {speedup:.2f}×** (static time / continuous) · "
         f"**{steps_comparison(len(s.steps), len(c.steps))}**"
@@ -46,7 +47,7 @@ def status_line(state) -> str:
 
 def steps_comparison(static_steps: int, continuous_steps: int) -> str:
     """ "continuous 300 steps against static 480: 1.60× fewer" (steps do not depend on noise)."""
-    text = f"continuous {_count(continuous_steps, 'step')} against static {static_steps}"
+    text = f"continuous {counted(continuous_steps, 'step')} against static {static_steps}"
     if continuous_steps == static_steps or not continuous_steps or not static_steps:
         return text + (": the same" if continuous_steps == static_steps else "")
     if continuous_steps < static_steps:
@@ -92,10 +93,6 @@ def _judged_verdict(state, traces: dict[str, Trace], skipped_text: str) -> str:
 
 def _ids(request_ids: list[int]) -> str:
     return ", ".join(f"R{r}" for r in request_ids)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:

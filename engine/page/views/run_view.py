@@ -26,6 +26,7 @@ from engine.page.figures import (
     timelines,
 )
 from engine.page.views import divergence_view, inside_view, run_status, tables
+from engine.page.views.markup import counted
 from engine.trace import DECODE, PREFILL, Trace
 from engine.workloads import export
 
@@ -309,7 +310,7 @@ def _at_step(builder: Callable, trace: Trace, step_index: int):
     last = len(trace.steps) - 1
     fig = builder(trace, min(max(step_index, 0), last))
     if step_index > last:
-        note = f"{trace.engine} ran {len(trace.steps)} steps: its last, {last}, is shown"
+        note = f"{trace.engine} ran {counted(len(trace.steps), 'step')}: its last, {last}, is shown"
         subtitle = fig.layout.title.subtitle.text
         fig.layout.title.subtitle.text = f"{note}<br>{subtitle}" if subtitle else note
     return fig

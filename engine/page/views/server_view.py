@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from engine.page.run.host_servers import FAILED, READY, STARTING, PageServers
-from engine.page.views.markup import one_line, plain_markdown
+from engine.page.views.markup import counted, one_line, plain_markdown
 from engine.trace import Trace
 
 
@@ -60,8 +60,8 @@ def _settings(servers: PageServers, name: str) -> str:
     s = servers.engines[name].server.settings
     mode = "eager" if s.enforce_eager else "compiled"
     return (
-        f"{mode} · {s.dtype} · up to {s.max_num_seqs} sequences at once · "
-        f"{s.max_model_len} tokens per request"
+        f"{mode} · {s.dtype} · up to {counted(s.max_num_seqs, 'sequence')} at once · "
+        f"{counted(s.max_model_len, 'token')} per request"
     )
 
 

@@ -65,6 +65,22 @@ def test_any_out_of_range_cap_is_refused(cap):
         parse_cap(cap, "r")
 
 
+def test_every_bad_row_is_named_at_once():
+    """A table with several bad rows names each of them in one message (the good rows between
+    them pass); past five, the rest are counted."""
+    with pytest.raises(ValueError) as excinfo:
+        parse_table([["", 3], ["ok", 3], ["ok", 0], ["ok", "abc"]])
+    message = str(excinfo.value)
+    for fragment in ("Row 1: the prompt is blank", "Row 3: max_new_tokens 0", "Row 4:"):
+        assert fragment in message, f"{fragment!r} not named: {message!r}"
+    assert "Row 2" not in message, f"a good row is named: {message!r}"
+    with pytest.raises(ValueError) as excinfo:
+        parse_table([["ok", 0]] * 8)
+    message = str(excinfo.value)
+    assert [f"Row {i}:" in message for i in range(1, 9)] == [True] * 5 + [False] * 3, message
+    assert message.endswith("… and 3 more bad rows."), message
+
+
 def test_jsonl_errors_name_the_line(tmp_path):
     """A malformed JSONL line is reported with its line number."""
     path = tmp_path / "w.jsonl"

@@ -79,6 +79,37 @@ def test_malformed_files_name_the_bad_line(tmp_path, name, text, message):
     assert message in str(excinfo.value), f"message {str(excinfo.value)!r} lacks {message!r}"
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_every_bad_line_of_an_upload_is_named_at_once(tmp_path, suffix):
+    """An upload with seven bad lines among good ones names the first five bad lines in one
+    message and counts the other two; the good lines are not named."""
+    good, bad = ("ok", 3), [("", 3), ("x", 0), ("y", "abc"), ("z", -1), ("", 1), ("w", 0), ("v", 0)]
+    rows = [good, *bad[:3], good, *bad[3:]]
+    if suffix == ".csv":
+        text = "prompt,max_new_tokens\n" + "".join(f"{p},{c}\n" for p, c in rows)
+        first = 2  # the header is line 1
+    else:
+        text = "".join(json.dumps({"prompt": p, "max_new_tokens": c}) + "\n" for p, c in rows)
+        first = 1
+    with pytest.raises(ValueError) as excinfo:
+        load_workload_file(_write(tmp_path, f"many{suffix}", text))
+    message = str(excinfo.value)
+    bad_lines = [first + i for i, row in enumerate(rows) if row != good]
+    named = [line for line in range(first, first + len(rows)) if f"line {line}:" in message]
+    assert named == bad_lines[:5], f"named lines {named}, bad {bad_lines}: {message!r}"
+    assert message.endswith("… and 2 more bad lines."), message
+
+
+def test_header_message_names_every_optional_column(tmp_path):
+    """A header without the required columns is told every column a table may have: arrival_s
+    and the four sampling columns too."""
+    with pytest.raises(ValueError) as excinfo:
+        load_workload_file(_write(tmp_path, "h.csv", "text,cap\nok,3\n"))
+    message = str(excinfo.value)
+    for name in ("arrival_s", "temperature", "top_k", "top_p", "seed"):
+        assert name in message, f"the header message omits {name}: {message!r}"
+
+
 def test_csv_line_numbers_count_multiline_prompts(tmp_path):
     """A bad row after a prompt spanning two lines is reported at its own physical line."""
     text = 'prompt,max_new_tokens\n"two\nlines",3\nbad,0\n'

@@ -8,7 +8,16 @@ Screenshots go to ``screenshots/`` at the repository's root (gitignored), for a 
 from __future__ import annotations
 
 import pytest
-from browser_kit import PYTESTMARK, SCREENSHOTS, Page, expect, run_and_wait, set_requests, set_slots
+from browser_kit import (
+    PLOT_IDS,
+    PYTESTMARK,
+    SCREENSHOTS,
+    Page,
+    expect,
+    run_and_wait,
+    set_requests,
+    set_slots,
+)
 
 from engine.page.panels.settings_panel import KV_MODES
 
@@ -143,6 +152,72 @@ def test_title_is_set_in_one_font(page: Page):
     text = title.inner_text() + "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
     missing = page.evaluate(MISSING_GLYPHS_JS, [text, weight])
     assert not missing, f"drawn in a fallback font at weight {weight}: {missing}"
+
+
+# A plot's title and subtitle boxes and its plot area's top, in px from the figure's top edge.
+TITLE_BOXES_JS = """plot => {
+    const top = plot.querySelector('.main-svg').getBoundingClientRect().top;
+    const box = sel => { const e = plot.querySelector(sel); if (!e) return null;
+        const r = e.getBoundingClientRect(); return {top: r.top - top, bottom: r.bottom - top}; };
+    return {title: box('.gtitle'), subtitle: box('.gtitle-subtitle'),
+            area: plot._fullLayout._size.t};
+}"""
+
+
+@SIZES
+def test_mask_titles_align_and_no_subtitle_runs_into_its_chart(page: Page, size: dict):
+    """The packed and the static mask's titles (side by side; their subtitles differ in length)
+    sit at one height, and every chart's subtitle ends above its plot area."""
+    page.set_viewport_size(size)
+    boxes = {}
+    for elem_id in PLOT_IDS:
+        plot = page.locator(f"#{elem_id} .js-plotly-plot")
+        expect(plot).to_have_count(1, timeout=60_000)
+        page.wait_for_timeout(300)
+        boxes[elem_id] = plot.evaluate(TITLE_BOXES_JS)
+    packed, static = boxes["packed_mask_plot"]["title"], boxes["static_mask_plot"]["title"]
+    assert abs(packed["top"] - static["top"]) <= 1, f"mask titles at {packed} and {static}"
+    for elem_id, box in boxes.items():
+        below = box["subtitle"] or box["title"]
+        assert below["bottom"] <= box["area"] + 1, f"{elem_id}: its title runs into it: {box}"
+    _shoot(page, "packed_mask_plot", size)
+    _shoot(page, "static_mask_plot", size)
+
+
+# The KV block map's labels: text, box, whether shown, and the width of one block (px).
+BLOCK_LABELS_JS = """plot => {
+    const trace = plot.data[0];
+    const block = plot._fullLayout.xaxis._length / trace.z[0].length - (trace.xgap || 0);
+    return Array.from(plot.querySelectorAll('g.heatmap-label text')).map(e => {
+        const r = e.getBoundingClientRect();
+        return {text: e.textContent, left: r.left, right: r.right, top: r.top, block,
+                shown: getComputedStyle(e).visibility !== 'hidden'};
+    });
+}"""
+
+
+@SIZES
+def test_kv_block_labels_fit_their_blocks(page: Page, size: dict):
+    """The KV block map's labels ("R0" ... "R5" on the recorded run) are shown, each within its
+    block and apart from its neighbours, on a phone as at 1,280 px; none would be "R1R2R3"."""
+    page.set_viewport_size(size)
+    plot = page.locator("#block_map_plot .js-plotly-plot")
+    expect(plot).to_have_count(1, timeout=60_000)
+    page.wait_for_timeout(1500)  # Plotly redraws at the new size; page.js measures the labels
+    labels = plot.evaluate(BLOCK_LABELS_JS)
+    shown = [label for label in labels if label["shown"] and label["text"]]
+    assert shown, f"{size['width']} px: no block label shown: {labels}"
+    for label in shown:
+        width = label["right"] - label["left"]
+        assert width <= label["block"], f"{size['width']} px: wider than its block: {label}"
+    rows = {}
+    for label in shown:
+        rows.setdefault(round(label["top"]), []).append(label)
+    for row in rows.values():
+        row.sort(key=lambda label: label["left"])
+        for a, b in zip(row, row[1:], strict=False):
+            assert a["right"] <= b["left"], f"{size['width']} px: labels run together: {a}, {b}"
+    _shoot(page, "block_map_plot", size)
 
 
 def test_barrier_labels_on_the_static_timeline_stay_apart(page: Page):

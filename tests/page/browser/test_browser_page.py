@@ -59,18 +59,24 @@ def _wait_for_plots(page: Page) -> None:
         expect(page.locator(f"#{elem_id} .js-plotly-plot")).to_have_count(1, timeout=60_000)
 
 
-def _drop_file(page: Page, name: str, text: str) -> None:
-    """Drop a file called ``name`` holding ``text`` onto the request table's first cell."""
+def _drop_file(page: Page, name: str, text: str, on_text: bool = False) -> None:
+    """Drop a file called ``name`` holding ``text`` onto the request table's first cell (with
+    ``on_text``, onto the cell's text node, as Firefox aims drag events)."""
     page.locator('#requests_table [data-testid="cell-0-0"]').evaluate(
-        """(cell, [name, text]) => {
+        """(cell, [name, text, onText]) => {
             const files = new DataTransfer();
             files.items.add(new File([text], name, {type: "text/plain"}));
+            const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT,
+                {acceptNode: n => n.textContent.trim() ? NodeFilter.FILTER_ACCEPT
+                                                       : NodeFilter.FILTER_SKIP});
+            const target = onText ? walker.nextNode() : cell;
+            if (!target) throw new Error("the cell has no text node");
             for (const type of ["dragenter", "dragover", "drop"]) {
-                cell.dispatchEvent(new DragEvent(type,
+                target.dispatchEvent(new DragEvent(type,
                     {dataTransfer: files, bubbles: true, cancelable: true}));
             }
         }""",
-        [name, text],
+        [name, text, on_text],
     )
 
 
@@ -88,6 +94,16 @@ def test_files_dropped_on_the_table_go_through_the_upload_checks(page: Page):
     expect(page.locator("#preset_markdown")).to_contain_text("Uploaded 1 request", timeout=20_000)
     assert _num_rows(page, "requests_table") == 1
     expect(_cell(page, "requests_table", 0, 0)).to_contain_text("Dropped in")
+
+
+def test_a_jsonl_file_dropped_on_a_cells_text_is_uploaded(page: Page):
+    """A JSONL file dropped on the text of a cell (Firefox's drag target) goes through the
+    upload too, not to the table's own drop zone ("Only .csv, .tsv allowed")."""
+    _drop_file(page, "t.jsonl", '{"prompt": "Dropped on text", "max_new_tokens": 4}\n', True)
+    expect(page.locator("#preset_markdown")).to_contain_text("Uploaded 1 request", timeout=20_000)
+    expect(_cell(page, "requests_table", 0, 0)).to_contain_text("Dropped on text")
+    toasts = page.locator('[data-testid="toast-text"]').all_inner_texts()
+    assert not [t for t in toasts if "allowed" in t], f"the table's own drop zone took it: {toasts}"
 
 
 def test_metrics_columns_have_hover_definitions(page: Page):

@@ -89,10 +89,10 @@ def test_live_progress_appears_before_the_run_ends(page: Page):
     page.locator("#run_button").click()
     expect(_status(page)).to_contain_text(RUNNING_STATUS, timeout=60_000)
     expect(_status(page)).to_contain_text(
-        re.compile(r"static batching: \d+ steps, [0-2]/2 requests done")
+        re.compile(r"static batching: \d+ steps?, [0-2]/2 requests done")
     )
     expect(_status(page)).to_contain_text(
-        re.compile(r"continuous batching: \d+ steps, 1/2 requests done"), timeout=60_000
+        re.compile(r"continuous batching: \d+ steps?, 1/2 requests done"), timeout=60_000
     )
     shown = outputs_rows(page)
     assert shown[1][4] and not shown[0][4], f"continuous outputs not filling in: {shown}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from browser_kit import (
@@ -28,6 +29,40 @@ def test_guided_tour_steps_point_at_live_charts(page: Page):
     expect(tour).to_contain_text("schedules every step", timeout=10_000)
     expect(tour.locator('a[href="#continuous_timeline_plot"]')).to_be_visible()
     assert page.locator("#continuous_timeline_plot").count() == 1
+
+
+# Each step button of the tour: its text, the number's colour and height, and the button's width.
+STEP_BUTTONS_JS = """els => els.map(e => {
+    const number = e.querySelector('.step-number');
+    const style = getComputedStyle(number);
+    return {text: number.textContent.trim(), color: style.color,
+            height: number.getBoundingClientRect().height, width: e.getBoundingClientRect().width,
+            svg: !!number.querySelector('svg')};
+})"""
+
+
+def test_tour_on_a_phone_names_the_step_once_and_numbers_its_bars(page: Page):
+    """On a phone (390 px) the tour's header names the step once ("Step 1/5: Padding and the
+    barrier") and every step bar shows its number (or a tick) in a visible colour, side by side
+    within the screen."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.get_by_text("Guided tour: what to look at").click()
+    tour = page.locator("#tour_walkthrough")
+    expect(tour).to_have_class(re.compile(r"\bcompact\b"), timeout=10_000)
+    expect(tour.locator(".step-title")).to_have_text(
+        re.compile(r"^\s*Step 1/5:\s*Padding and the barrier\s*$")
+    )
+    page.locator("#tour_next_1").click()
+    expect(tour.locator(".step-title")).to_contain_text("Step 2/5: Iteration-level", timeout=10_000)
+    buttons = tour.locator(".step-button").evaluate_all(STEP_BUTTONS_JS)
+    assert len(buttons) == 5, buttons
+    for i, button in enumerate(buttons, start=1):
+        shown = button["svg"] or button["text"] == str(i)  # a visited step shows a tick
+        assert shown, f"bar {i} shows neither its number nor a tick: {button}"
+        clear = re.fullmatch(r"rgba\(.*,\s*0\)|transparent", button["color"])
+        assert not clear, f"bar {i}'s number is transparent: {button}"
+        assert button["height"] >= 14, f"bar {i} is too thin for its number: {button}"
+    assert sum(b["width"] for b in buttons) <= 390, f"the bars run off the screen: {buttons}"
 
 
 @pytest.mark.skipif(

@@ -101,6 +101,37 @@ def test_barrier_labels_keep_apart_and_inside_the_chart():
     assert (label.x, label.xanchor) == (2, "left"), "a label near the axis left the plot"
 
 
+def _luminance(color: str) -> float:
+    """WCAG relative luminance of "#rrggbb" or "rgb(a)(r,g,b[,a])" (alpha ignored)."""
+    if color.startswith("#"):
+        rgb = [int(color[i : i + 2], 16) for i in (1, 3, 5)]
+    else:
+        rgb = [float(v) for v in re.findall(r"[\d.]+", color)[:3]]
+    linear = [c / 255 / 12.92 if c <= 10 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in rgb]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def _contrast(a: str, b: str) -> float:
+    high, low = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_barrier_labels_read_on_the_light_and_the_dark_theme(static):
+    """Each "barrier" label has a box of its own, near opaque, and its text contrasts with that
+    box by at least 4.5:1 (WCAG AA), so it reads on white, on Gradio's dark background and over
+    the grey idle rows alike."""
+    labels = [
+        a for a in timelines.timeline_figure(static).layout.annotations if a.text == "barrier"
+    ]
+    assert labels, "no barrier label drawn"
+    for label in labels:
+        box = label.bgcolor or "rgba(0,0,0,0)"
+        alpha = float(re.findall(r"[\d.]+", box)[3]) if box.startswith("rgba") else 1.0
+        assert alpha >= 0.8, f"the label's box is see-through ({box}): the theme shows through"
+        text = label.font.color or style.TEXT_COLOR
+        assert _contrast(text, box) >= 4.5, f"{text} on {box}: contrast {_contrast(text, box):.1f}"
+
+
 def test_step_axis_spans_step_indices_and_x_max_is_honoured(continuous):
     """In step mode a bar covers [first step, last step + 1); x_max fixes the range."""
     fig = timelines.timeline_figure(continuous, x_axis="step", x_max=480)
@@ -216,6 +247,40 @@ def test_static_decode_mask_shows_idle_rows(static):
     assert np.all(z[0, pad0:] == 4) and np.all(z[0, :pad0] == 3), "R0's finished row not idle"
     assert np.all(z[2] == 2), "R2 (no padding) should see every key"
     assert "1 idle row " in fig.layout.title.subtitle.text, fig.layout.title.subtitle.text
+
+
+def test_counts_in_figure_text_agree_with_their_nouns():
+    """One pad token, one key, one query, one idle row, one generated token: each is named in
+    the singular ("1 pad token", never "1 pad tokens"); more than one in the plural."""
+    assert style.counted(1, "pad token") == "1 pad token"
+    assert style.counted(0, "query", "queries") == "0 queries"
+    one_pad = static_trace([4, 5], [1, 2], num_slots=2)  # R0 left-padded by 1; done after step 0
+    prefill = mask_heatmaps.static_mask_heatmap(one_pad, 0).layout.title.subtitle.text
+    assert "1 pad token (" in prefill and "2 rows" in prefill, prefill
+    decode = mask_heatmaps.static_mask_heatmap(one_pad, 1).layout.title.subtitle.text
+    assert "× 1 query ×" in decode and "1 idle row (" in decode, decode
+    single = continuous_trace([1], [1], num_slots=1)  # one 1-token prompt: 1 query, 1 key
+    packed = mask_heatmaps.mask_heatmap(single, 0).layout.title.subtitle.text
+    assert packed.startswith("1 query × 1 key ·"), packed
+    hover = timelines.timeline_figure(single, x_axis="step").data[0].hovertext
+    texts = [hover] if isinstance(hover, str) else list(hover or [])
+    assert texts and all("generated 1 token<br>" in t for t in texts), texts
+
+
+def test_side_by_side_mask_titles_sit_at_one_height(static, continuous):
+    """The packed and the static mask (side by side on the page) hang their titles at the same
+    fixed distance below the figure's top, though the static subtitle has two lines more (with
+    Plotly's default the title is centred in a top margin that grows with the subtitle)."""
+    figs = [
+        mask_heatmaps.mask_heatmap(continuous, _fused_step(continuous)),
+        mask_heatmaps.static_mask_heatmap(static, 0),
+    ]
+    subtitles = [f.layout.title.subtitle.text.count("<br>") for f in figs]
+    assert subtitles[0] != subtitles[1], "the two subtitles no longer differ: a weaker test"
+    for fig in figs:
+        title = fig.layout.title
+        placed = (title.y, title.yref, title.yanchor, title.pad.t)
+        assert placed == (1, "container", "top", style.TITLE_TOP_PX), f"{title.text}: {placed}"
 
 
 def test_figures_serialize_to_json(static, continuous):

@@ -46,6 +46,22 @@ def test_link_query_parameters_preset_the_page(recwarn):
     assert not [str(w.message) for w in recwarn], "a good link warned"
 
 
+def test_link_preset_names_match_in_any_letter_case(recwarn):
+    """?preset=SEED (or Long-Tail) opens that preset without a warning; the page's own links keep
+    the canonical lower-case slug."""
+    for given, slug in (
+        ("SEED", "seed"),
+        ("Long-Tail", "long-tail"),
+        ("article's SIX requests", "seed"),
+    ):
+        updates = page_io.from_link(_link(preset=given))
+        assert updates[0] == presets.by_slug(slug), f"preset={given!r} opened {updates[0]!r}"
+        query = page_io.setup_query(updates[0], updates[4], 0, state=None)
+        assert parse_qs(query[1:])["preset"] == [slug], f"the link names {query}"
+    assert not [str(w.message) for w in recwarn], "a preset in other letter case warned"
+    assert presets.by_slug("") is None and presets.by_slug("SEEDS") is None
+
+
 @pytest.mark.parametrize(
     ("params", "said"),
     [
@@ -66,10 +82,29 @@ def test_bad_link_values_are_named_with_what_is_used_instead(params, said):
         updates = page_io.from_link(_link(**params, **good))
     messages = [str(w.message) for w in warned]
     assert any(said in m for m in messages), f"{said!r} not in {messages}"
-    if "preset" in params:
-        assert updates[:4] == (SKIP,) * 4 and updates[4] == 4, updates
+    if "preset" in params:  # the default preset's text stays, with the link's 4 slots noted
+        assert updates[:3] == (SKIP,) * 3 and updates[4] == 4, updates
+        assert "This link set 4 slots" in updates[3], updates[3]
     else:  # the preset's own slot count applies instead
         assert updates[0] == presets.by_slug("seed") and updates[4] == 3, updates
+
+
+def test_a_links_slots_never_contradict_the_presets_text():
+    """A link whose slots differ from those its preset's explanation speaks of ("at 3 slots")
+    adds a line saying so under the explanation; at the preset's own slots, or without slots,
+    the explanation stands alone."""
+    seed = presets.by_slug("seed")
+    description = presets.apply_preset(seed)[2]
+    assert "at 3 slots" in description, "the seed preset's text no longer names its slots"
+    text, slots = page_io.from_link(_link(preset="seed", slots=2))[3:5]
+    assert slots == 2 and text.startswith(description), text
+    assert "This link set 2 slots" in text and "speaks of 3" in text, text
+    assert page_io.from_link(_link(preset="seed", slots=3))[3] == description
+    assert page_io.from_link(_link(preset="seed"))[3] == description
+    text = page_io.from_link(_link(slots=1))[3]  # no preset: the page shows the default one's
+    assert text.startswith(presets.apply_preset(presets.DEFAULT_PRESET)[2]), text
+    assert "This link set 1 slot;" in text, text
+    assert page_io.from_link(_link(slots=3))[3] == SKIP, "the default preset's own slots noted"
 
 
 def test_link_step_is_kept_then_applied_once_after_a_run():
@@ -96,10 +131,13 @@ def test_upload_fills_the_table_and_clears_the_preset(tmp_path):
 
 
 def test_bad_upload_warns_naming_the_line_and_changes_nothing(tmp_path):
-    """A malformed upload warns, naming the file's bad line, and leaves table and preset as is."""
+    """A malformed upload warns, naming every bad line of the file at once, and leaves table and
+    preset as is."""
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"prompt": "a", "max_new_tokens": 2}\n{"prompt": "b"}\n', encoding="utf-8")
-    with pytest.warns(UserWarning, match="bad.jsonl line 2"):
+    lines = '{"prompt": "a", "max_new_tokens": 2}\n{"prompt": "b"}\n'
+    lines += '{"prompt": "c", "max_new_tokens": 0}\n'
+    path.write_text(lines, encoding="utf-8")
+    with pytest.warns(UserWarning, match="bad.jsonl line 2.* bad.jsonl line 3: max_new_tokens 0"):
         updates = page_io.upload_workload(str(path))
     assert updates == (SKIP, SKIP, SKIP), f"a bad upload changed the page: {updates}"
 

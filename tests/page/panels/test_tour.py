@@ -27,6 +27,13 @@ def test_tour_explains_the_four_ideas():
         assert idea in text, f"the tour never explains {idea!r}"
 
 
+def test_step_titles_leave_the_numbering_to_the_stepper():
+    """No title starts with its own number: Gradio's stepper numbers the steps itself ("Step 1/5:
+    Padding and the barrier", not "Step 1/5: 1 · Padding and the barrier")."""
+    numbered = [s.title for s in tour.load_tour() if s.title[:1].isdigit()]
+    assert not numbered, f"titles numbered twice: {numbered}"
+
+
 def test_a_step_without_a_field_is_named(tmp_path):
     path = tmp_path / "tour.json"
     path.write_text(json.dumps([{"title": "t", "text": "x", "chart": "c"}]))

@@ -10,8 +10,10 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
+from engine.config import EngineConfig
 from engine.page.handlers import playground, recording
 from engine.page.inputs import page_io
+from engine.page.run import run_options
 from engine.page.run.run_options import (
     RUN_INPUTS,
     RUN_STATES,
@@ -138,6 +140,31 @@ def test_page_values_become_settings_by_name_and_parse_as_before():
         dtype="bfloat16",
         batch_invariant=True,
     )
+
+
+def test_every_bad_setting_is_named_at_once():
+    """A run with several bad settings is refused with one message naming each of them: knobs
+    that are no number of the right kind and settings out of range alike."""
+    knobs = (False, True, "paged", "abc", "", False, "-2", "time", None, "0", 0)  # ... block size
+    settings, _, _ = settings_from_run(ROWS, "3", *knobs)
+    with pytest.raises(ValueError) as excinfo:
+        options_from_page(settings)
+    message = str(excinfo.value)
+    for named in ("Token budget must be", "Arrival rate (requests/s) must be", "Block size must"):
+        assert named in message, f"{named!r} not named: {message!r}"
+    in_range, _, _ = settings_from_run(ROWS, "0", False, True, "paged", 2, "", False, 0, "time")
+    with pytest.raises(ValueError) as excinfo:
+        run_options.engine_config(
+            in_range.num_slots, dataclasses.replace(options_from_page(in_range), block_size=0)
+        )
+    message = str(excinfo.value)
+    for named in ("Slots must be", "Block size must"):
+        assert named in message, f"{named!r} not named: {message!r}"
+    with pytest.raises(ValueError) as excinfo:
+        EngineConfig(num_slots=4, kv_mode="nope", max_num_batched_tokens=2, kv_budget_mib=-1)
+    message = str(excinfo.value)
+    for named in ("Unknown KV mode", "token budget (2)", "KV budget must"):
+        assert named in message, f"{named!r} not named: {message!r}"
 
 
 def test_an_api_call_with_the_first_ten_inputs_takes_the_defaults():
