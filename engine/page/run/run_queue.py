@@ -71,14 +71,18 @@ class Ticket:
 
 @dataclass(frozen=True)
 class Place:
-    """What a waiting person is told: ``place`` 1 is next; ``total`` counts running and waiting
-    runs; ``estimate_s`` is the wait until this run starts (None: nothing measured yet)."""
+    """What a waiting person is told: ``place`` in line, the run in progress first (so the last
+    of five runs is "place 5 of 5", not "4 of 5": a fresh tester read the old count as someone
+    still behind them); ``total`` counts running and waiting runs; ``estimate_s`` is the wait
+    until this run starts (None: nothing measured yet); ``after_running``: a run is in progress
+    ahead of this one."""
 
     place: int
     total: int
     waited_s: float
     estimate_s: float | None
     running: bool = False
+    after_running: bool = False
 
 
 @dataclass
@@ -185,9 +189,11 @@ class RunQueue:
                 return Place(0, self._size(), now - ticket.joined_s, 0.0, running=True)
             self._check_waiting(ticket)
             ahead = self._waiting[: self._waiting.index(ticket)]
-            place = len(ahead) + 1
+            after_running = self._running is not None
+            place = len(ahead) + 1 + after_running
             estimate_s = self._wait_estimate_s(ahead, now)
-            return Place(place, self._size(), now - ticket.joined_s, estimate_s)
+            waited_s = now - ticket.joined_s
+            return Place(place, self._size(), waited_s, estimate_s, after_running=after_running)
 
     def size(self) -> int:
         """Runs running or waiting, every session's."""

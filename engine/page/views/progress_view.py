@@ -83,9 +83,14 @@ def progress_line(
 def queue_line(place: Place, measured: bool) -> str:
     """Markdown: a waiting run's true place, the total, its wait so far and the estimate (or why
     there is none yet: ``measured`` False before any run finished on this host)."""
-    ahead = place.place - 1
+    ahead = place.place - 1  # the run in progress included
     line = f"**Waiting for the model:** place {place.place} of {place.total}"
-    line += f" ({ahead} before yours)" if ahead else " (yours is next)"
+    if ahead == 0:
+        line += " (yours is next)"
+    elif place.after_running and ahead == 1:
+        line += " (yours is next, after the run in progress)"
+    else:
+        line += f" ({ahead} before yours)"
     line += f" · waited {_coarse(place.waited_s)}"
     if place.estimate_s is not None:
         line += f" · estimate {_coarse(place.estimate_s)}"

@@ -202,7 +202,7 @@ def test_queue_place_is_shown_and_closing_the_tab_cancels(page: Page, browser, s
     set_slots(page, 2)
     page.locator("#run_button").click()
     note = page.locator("#run_note_markdown")
-    waiting = re.compile(r"Waiting for the model: place 1 of 2 \(yours is next\)")
+    waiting = re.compile(r"Waiting for the model: place 2 of 2 \(yours is next, after the run")
     expect(note).to_contain_text(waiting, timeout=10_000)
     expect(note).to_contain_text(re.compile(r"waited \d+ s"))
     expect(_status(page)).to_contain_text(waiting)
@@ -244,7 +244,7 @@ def test_stop_while_queued_leaves_the_queue(page: Page, browser, server_url):
     expect(_status(first)).to_contain_text(RUNNING_STATUS, timeout=60_000)
     set_requests(page, [("Birds sing", 3)])  # a setup no other test runs: not replayed
     page.locator("#run_button").click()
-    expect(page.locator("#run_note_markdown")).to_contain_text("place 1 of 2", timeout=10_000)
+    expect(page.locator("#run_note_markdown")).to_contain_text("place 2 of 2", timeout=10_000)
     page.locator("#stop_button").click()
     expect(_status(page)).to_contain_text("Stopped before it started: it left the queue.")
     _assert_no_error_badge(page)

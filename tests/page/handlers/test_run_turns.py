@@ -57,7 +57,7 @@ def _status(update: tuple) -> str:
 
 
 def test_a_second_session_waits_its_turn_with_its_true_place(page):
-    """While one session's run holds the model, another's says "place 1 of 2" and an estimate
+    """While one session's run holds the model, another's says "place 2 of 2" and an estimate
     only once a run has finished here; it then runs and finishes."""
     first_updates, second_updates = [], []
     first = threading.Thread(target=lambda: first_updates.extend(_events(RunHandle(), False)))
@@ -69,7 +69,7 @@ def test_a_second_session_waits_its_turn_with_its_true_place(page):
     first.join(timeout=60)
     waiting = [_status(u) for u in second_updates if "Waiting for the model" in str(_status(u))]
     assert waiting, "the second run never said it was waiting"
-    assert "place 1 of 2 (yours is next)" in waiting[0], waiting[0]
+    assert "place 2 of 2 (yours is next, after the run in progress)" in waiting[0], waiting[0]
     assert "no estimate yet" in waiting[0], waiting[0]
     for updates in (first_updates, second_updates):
         assert "✓ all match" in _status(updates[-1]), _status(updates[-1])
@@ -120,7 +120,7 @@ def test_stop_while_waiting_takes_the_run_out_of_the_queue(page):
     handle.press()
     events = _events(handle, replay=False)
     waiting = next(u for u in events if "Waiting for the model" in str(_status(u)))
-    assert "place 1 of 2" in _status(waiting) and page.queue.size() == 2
+    assert "place 2 of 2" in _status(waiting) and page.queue.size() == 2
     assert handle.stop() == "waiting", "a run in the page's queue needs no Gradio cancel"
     assert page.queue.size() == 1, "Stop left the run in the queue"
     rest = list(events)
@@ -198,7 +198,8 @@ def test_a_waiting_run_sends_its_line_only_when_its_words_change(monkeypatch):
         sends.append((now[0], next(updates)[OUT["status_markdown"]]))
     updates.close()
     assert len(polls) >= 600, len(polls)
-    assert "place 1 of 2 (yours is next) · waited 0 s" in sends[0][1], sends[0][1]
+    expected = "place 2 of 2 (yours is next, after the run in progress) · waited 0 s"
+    assert expected in sends[0][1], sends[0][1]
     assert len(sends) <= 2 + 60 / run_turns.QUEUE_RESEND_S, f"{len(sends)} sends in 60 s"
     for (before_s, before), (after_s, after) in zip(sends, sends[1:], strict=False):
         gap_s = after_s - before_s
@@ -212,8 +213,10 @@ def test_the_queue_line_rounds_its_waits():
     from engine.page.run.run_queue import Place
     from engine.page.views.progress_view import queue_line
 
-    line = queue_line(Place(5, 5, 7.0, 627.0), measured=True)
+    line = queue_line(Place(5, 5, 7.0, 627.0, after_running=True), measured=True)
     assert "place 5 of 5 (4 before yours) · waited 10 s · estimate 10 min" in line, line
+    line = queue_line(Place(1, 3, 1.0, 5.0), measured=True)  # between two runs
+    assert "place 1 of 3 (yours is next) · " in line, line
     line = queue_line(Place(2, 3, 44.0, 86.0), measured=True)
     assert "waited 40 s · estimate 90 s" in line, line
 

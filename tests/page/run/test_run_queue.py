@@ -21,13 +21,15 @@ class Clock:
 
 
 def test_places_and_totals_count_every_session():
-    """With one run going and three waiting, the waiting are told places 1, 2, 3 of 4."""
+    """With one run going and three waiting, the waiting are told places 2, 3, 4 of 4: the run in
+    progress is first in line, so the last is told the total."""
     queue = RunQueue()
     first = queue.join("a", 10)
     assert queue.wait_turn(first, timeout_s=0)
     waiting = [queue.join(s, 10) for s in "bcd"]
     places = [queue.place(t) for t in waiting]
-    assert [(p.place, p.total) for p in places] == [(1, 4), (2, 4), (3, 4)], places
+    assert [(p.place, p.total) for p in places] == [(2, 4), (3, 4), (4, 4)], places
+    assert all(p.after_running for p in places), places
     assert queue.place(first).running and queue.size() == 4
 
 
@@ -104,7 +106,7 @@ def test_leaving_moves_the_rest_up_and_frees_the_model():
     first, second, third = (queue.join(s, 1) for s in "abc")
     assert queue.wait_turn(first, timeout_s=0)
     queue.leave(second)
-    assert queue.place(third).place == 1 and queue.size() == 2
+    assert queue.place(third).place == 2 and queue.size() == 2
     with pytest.raises(ValueError, match="no longer in the queue"):
         queue.place(second)
     assert not queue.wait_turn(third, timeout_s=0), "the model is still the first run's"
