@@ -1,9 +1,8 @@
 """Continuous Batching Playground: the Gradio page. Layout and event wiring only.
 
 Panels are built by ``engine.page.panels.page_panels``, ``settings_panel`` and ``results_panel``;
-handlers live in ``playground`` and ``page_io``; ``launch`` loads the model and serves the page. Run
-with ``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--port 7860]
-[--share]``.
+handlers live in ``playground`` and ``page_io``; ``launch`` loads the model and serves the page.
+Run with ``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--share]``.
 """
 
 from __future__ import annotations
@@ -48,6 +47,7 @@ def build_demo(
         downloads = page_panels.downloads_panel()
         run_state = gr.State(shown.state if shown is not None else None)
         handle_state = gr.State(RunHandle(zerogpu.runs_queue_in_gradio()))  # per session: Stop
+        demo.unload(playground.session_end_event(handle_state.value))  # a tab closed or reloaded
         link_step_state = gr.State()  # a link's step=N, applied after the first run
         outputs = page_panels.run_outputs(run_state, results, downloads, settings)
         wire_setup(demo, requests, settings, results, run_state)

@@ -89,7 +89,8 @@ def run_event(*values, **named) -> Iterator[tuple]:
     Stop sets the stop flag of this run's ``RunControl`` through the session's ``handle``
     (``engine.page.run.run_handle``): the worker stops within one step and the handler yields the
     ``previous`` results with "Stopped" and returns. When Gradio closes the generator (a closed
-    tab) the worker stops too. The chosen servers (``server_names``, the host's: see
+    tab) the worker stops too, and a closed or reloaded tab stops it at once through
+    ``session_end_event`` (``demo.unload``). The chosen servers (``server_names``, the host's: see
     ``engine.page.run.host_servers``) run last.
 
     Bad input (a bad table, slot count or knob, a KV budget too small for a request, or a
@@ -154,17 +155,19 @@ def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
             yield run_turns.replayed_outputs(waited, model.recent.age_s(waited), x_axis)
             return
         run = (model, requests, config, options)
-        done = functools.partial(_done, ticket, key)
+        done = functools.partial(_done, turn, ticket, key)
         watch = functools.partial(run_turns.report_progress, model.queue, ticket)
         attach = functools.partial(handle.attach, turn)
-        yield from _run_live(run, attach, previous, x_axis, done, watch)
+        yield from _run_live(run, attach, previous, x_axis, done, watch, lambda: turn.abandoned)
     finally:
         model.queue.leave(ticket)
 
 
-def _done(ticket, key, model: SharedModel, state: RunState, result: RunResult, wall_s: float):
-    """A live run finished: the queue learns its pace and frees the model; its setup is kept."""
-    model.recent.keep(key, state, result.downloads)  # first: those waiting for it see it
+def _done(turn: Turn, ticket, key, model: SharedModel, state, result: RunResult, wall_s: float):
+    """A live run finished: the queue learns its pace and frees the model; its setup is kept,
+    unless its tab went away first (``Turn.abandoned``: nobody saw it end)."""
+    if not turn.abandoned:
+        model.recent.keep(key, state, result.downloads)  # first: those waiting for it see it
     model.queue.finish(ticket, wall_s, run_turns.run_parts_s(state))
 
 
@@ -175,10 +178,12 @@ def _run_live(
     x_axis: str,
     on_done: Callable,
     on_progress: Callable | None = None,
+    abandoned: Callable[[], bool] = lambda: False,
 ):
     """The run itself, its turn on the model taken: ``attach(control)`` hands Stop its control;
     stream its progress (``on_progress(progress)`` at each update), then its results;
-    ``on_done(model, state, result, wall_s)`` once it finished well."""
+    ``on_done(model, state, result, wall_s)`` once it finished well. A run ``abandoned()`` by
+    its tab ends there: nothing is rendered for nobody, and nothing is kept."""
     model, requests, config, options = run
     control = RunControl(_user_errors(run_time_limit_s))
     attach(control)
@@ -205,6 +210,8 @@ def _run_live(
     def done(state: RunState, result: RunResult) -> None:
         on_done(model, state, result, time.monotonic() - started_s)
 
+    if abandoned():
+        return
     yield from _finished_outputs(live, previous, x_axis, done)
 
 
@@ -237,13 +244,28 @@ def _finished_outputs(
     yield progress_view.with_run_note(result.as_outputs(), "✓ **Finished:** results below.")
 
 
-def run_pressed(handle: RunHandle | None, seq=0):
+def run_pressed(handle: RunHandle | None, seq=0, request: gr.Request | None = None):
     """Run pressed (unqueued, before the run is sent or deferred): see ``RunHandle.press``;
     ``seq``: its click's number in the page's sequence of clicks (``page_io.RUN_CLICK_JS``).
-    The note under Run changes at once, unless no run goes for this press."""
+    The note under Run changes at once, unless no run goes for this press. The handle is noted
+    as the browser session's (``request``), for ``session_end_event``."""
+    if handle is not None and request is not None:
+        handle.joined(request.session_hash)
     if handle is not None and not handle.press(int(seq or 0)):
         return gr.skip()
     return PRESSED_NOTE
+
+
+def session_end_event(handles: RunHandle) -> Callable:
+    """``demo.unload``'s handler, for the page's first ``handles`` (which finds every session's):
+    a session whose tab closed or reloaded has its run stopped as by Stop, at once, and never
+    kept (``RunHandle.session_ended``). Gradio's own close of the Run handler waits for its next
+    yield, and for the run's event stream to that tab to be seen gone."""
+
+    def session_ended(request: gr.Request) -> None:
+        handles.session_ended(request.session_hash)
+
+    return session_ended
 
 
 def stop_event(handle: RunHandle | None, seq=0) -> str:

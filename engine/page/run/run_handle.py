@@ -49,11 +49,17 @@ handler starts, and says so; also a Stop older than the run going on, which it l
 limit, on ZeroGPU: the page then takes it out with a cancel) or ``"idle"`` (nothing to stop). Off
 ZeroGPU the page never cancels a Run event: a cancel reaches every Run event of the session, the
 next run's too.
+
+**A tab that goes away** (closed or reloaded) ends its session; Gradio then calls ``demo.unload``'s
+handler with the session's hash. Each press names its session (``joined``), so the page's handler
+finds that session's handle (``session_ended``) and ``abandon`` stops its run as Stop would, and
+marks it never to be kept for replay.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -73,6 +79,7 @@ class Turn:
     leave: Callable[[], None] | None = None  # while it waits in the page's queue: takes it out
     stop_requested: bool = False
     press_seq: int = 0  # the number of the click it runs for (0: no press, an API client)
+    abandoned: bool = False  # its tab closed or reloaded: its results are neither shown nor kept
 
 
 class RunHandle:
@@ -80,11 +87,14 @@ class RunHandle:
 
     ``gradio_queue``: Run events wait in Gradio's queue before their handler starts (ZeroGPU), so
     Stop of a press not yet started answers ``"queued"``. Gradio deep-copies a state's first value
-    for each session; a copy is a fresh handle with the same ``gradio_queue``.
+    for each session; a copy is a fresh handle with the same ``gradio_queue`` and the same
+    ``sessions``: the handles of the sessions that pressed Run, by Gradio's session hash (held
+    weakly: Gradio's own state keeps a session's handle), so that ``session_ended`` finds one.
     """
 
-    def __init__(self, gradio_queue: bool = False) -> None:
+    def __init__(self, gradio_queue: bool = False, sessions=None) -> None:
         self.gradio_queue = gradio_queue
+        self._sessions = weakref.WeakValueDictionary() if sessions is None else sessions
         self._lock = threading.Lock()
         self._seen_seq = 0  # the highest click number of a press or Stop seen
         self._press_seq = 0  # the latest press's click number (replays are not presses)
@@ -95,7 +105,29 @@ class RunHandle:
         self._sent = False  # a Run event was sent and its handler has not started
 
     def __deepcopy__(self, memo) -> RunHandle:
-        return RunHandle(self.gradio_queue)
+        return RunHandle(self.gradio_queue, self._sessions)
+
+    def joined(self, session_hash: str | None) -> None:
+        """This handle is the one of the browser session ``session_hash`` (a press names it)."""
+        if session_hash:
+            self._sessions[session_hash] = self
+
+    def session_ended(self, session_hash: str | None) -> None:
+        """The browser session ``session_hash`` ended (its tab closed or reloaded): its handle's
+        run is abandoned (``abandon``). Any handle of the page finds any session's."""
+        handle = self._sessions.pop(session_hash, None) if session_hash else None
+        if handle is not None:
+            handle.abandon()
+
+    def abandon(self) -> str:
+        """Nobody sees this session's run any more: stop it as Stop would (the run ends within an
+        engine step, or leaves the page's queue), also every press not yet started, and mark it
+        ``abandoned`` so that its results, should it finish first, are never shown or kept."""
+        with self._lock:
+            if self._turn is not None:
+                self._turn.abandoned = True
+            seq = self._seen_seq + 1  # after every click seen: stops them all
+        return self.stop(seq)
 
     @property
     def idle(self) -> bool:

@@ -227,3 +227,28 @@ def test_stops_and_presses_reaching_the_server_out_of_order_act_in_click_order()
     assert handle.stop(7) == RUNNING
     with pytest.raises(RunCancelled):
         control.check()
+
+
+def test_a_closed_or_reloaded_session_stops_its_run_and_its_presses():
+    """``demo.unload``'s handler, given the page's first handle, finds the session that pressed
+    Run (by Gradio's session hash) and stops its running run, marked abandoned (never kept), and
+    a press of it not yet started; another session's run goes on."""
+    import copy
+
+    first = RunHandle()
+    gone, other = copy.deepcopy(first), copy.deepcopy(first)  # two sessions' handles
+    for handle, name in ((gone, "gone"), (other, "other")):
+        playground.run_pressed(handle, 1, gr.Request(session_hash=name))
+    turn, control = gone.start(), RunControl()
+    gone.attach(turn, control)
+    other_turn, other_control = other.start(), RunControl()
+    other.attach(other_turn, other_control)
+    playground.run_pressed(gone, 2, gr.Request(session_hash="gone"))  # deferred: not started
+    playground.session_end_event(first)(gr.Request(session_hash="gone"))
+    with pytest.raises(RunCancelled):
+        control.check()
+    assert turn.abandoned, "the gone session's run may still be kept for replay"
+    gone.finish(turn)
+    assert gone.start().skip is not None, "a press of the gone session started a run"
+    other_control.check()  # still running: no exception
+    assert not other_turn.abandoned
