@@ -27,7 +27,7 @@ pytestmark = PYTESTMARK
 # about a minute of engine work on a 2-core CPU, far longer than any bound below.
 PRESET_LINK = "?preset=seed&slots=2"
 RUNNING_STATUS = re.compile(r"Running · [\d.]+ s")
-WAITING = re.compile(r"Waiting for the model: place 1 of 2")
+WAITING = re.compile(r"Waiting for the model: place 2 of 2")
 ENDED_S = 30  # the queued run is done this soon after the reload (uncancelled: minutes)
 
 
