@@ -63,11 +63,10 @@ def _columns(decoder, kernel, dtype: torch.dtype) -> dict[str, list[Call]]:
     """Each column's calls: the candidates the runner times for ``dtype`` here
     (``kernel_timing.candidates_for``) on the raw weights, then the runner's kernel."""
     columns = {}
-    for name in ("linear", "skinny", "onednn", "onednn_f32"):
-        if name not in candidates_for(dtype):
-            if name == "onednn" and dtype == torch.float32:
-                print("no onednn column: this torch or CPU has no oneDNN", file=sys.stderr)
-            continue
+    names = candidates_for(dtype)
+    if dtype == torch.float32 and "onednn" not in names:
+        print("no onednn column: this torch or CPU has no oneDNN", file=sys.stderr)
+    for name in names:
         try:
             bound = [(m.in_features, bind(name, m.weight)) for m in decoder]
         except RuntimeError as exc:

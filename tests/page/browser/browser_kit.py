@@ -40,6 +40,7 @@ PLOT_IDS = [
     "latency_cdf_plot",
     "step_usage_plot",
 ]
+RUNNING_STATUS = re.compile(r"Running · [\d.]+ s")  # a run's live status line
 SUCCESS_STATUS = re.compile(
     r"2 requests · 2 slots · static [\d.]+ s · continuous [\d.]+ s · .*"
     r"✓ all match model\.generate token for token"
@@ -115,6 +116,16 @@ def set_slots(page: Page, num_slots: int) -> None:
     box.fill(str(num_slots))
     box.press("Enter")
     expect(page.locator("#slots_slider input[type=range]")).to_have_value(str(num_slots))
+
+
+def open_session(browser, url: str, width: int = 1400, height: int = 1000) -> Page:
+    """Another person: a page at ``url`` in a browser context of its own (its own Gradio
+    session), once the request table is in."""
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    page.goto(url)
+    page.locator('#requests_table [data-testid="cell-0-0"]').wait_for(timeout=30_000)
+    return page
 
 
 def run_and_wait(page: Page) -> None:

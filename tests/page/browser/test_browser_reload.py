@@ -13,10 +13,12 @@ import time
 from browser_kit import (
     PYTESTMARK,
     RUN_TIMEOUT_MS,
+    RUNNING_STATUS,
     SUCCESS_STATUS,
     Page,
     _status,
     expect,
+    open_session,
     set_requests,
     set_slots,
 )
@@ -26,24 +28,15 @@ pytestmark = PYTESTMARK
 # The article's six requests at 2 slots (a setup no other test runs, so never replayed here):
 # about a minute of engine work on a 2-core CPU, far longer than any bound below.
 PRESET_LINK = "?preset=seed&slots=2"
-RUNNING_STATUS = re.compile(r"Running · [\d.]+ s")
 WAITING = re.compile(r"Waiting for the model: place 2 of 2")
 ENDED_S = 30  # the queued run is done this soon after the reload (uncancelled: minutes)
-
-
-def _open(browser, url: str) -> Page:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.goto(url)
-    page.locator('#requests_table [data-testid="cell-0-0"]').wait_for(timeout=30_000)
-    return page
 
 
 def test_reloading_the_tab_ends_its_run(page: Page, browser, server_url):
     """A run whose tab is reloaded mid-run ends: the run queued behind it is done within 30 s,
     and the same setup pressed again in the reloaded tab runs live (the abandoned run was not
     kept to be shown as a measurement)."""
-    first = _open(browser, server_url + PRESET_LINK)
+    first = open_session(browser, server_url + PRESET_LINK)
     first.locator("#run_button").click()
     expect(_status(first)).to_contain_text(RUNNING_STATUS, timeout=60_000)
     _reload_while_queued_behind(page, first, [("Reloading ends", 3), ("the run before", 2)])

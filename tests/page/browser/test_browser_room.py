@@ -10,7 +10,15 @@ from __future__ import annotations
 import re
 import time
 
-from browser_kit import PYTESTMARK, RUN_TIMEOUT_MS, SCREENSHOTS, _status, expect, set_requests
+from browser_kit import (
+    PYTESTMARK,
+    RUN_TIMEOUT_MS,
+    SCREENSHOTS,
+    _status,
+    expect,
+    open_session,
+    set_requests,
+)
 
 pytestmark = PYTESTMARK
 
@@ -22,19 +30,11 @@ NOTE_TARGET_MS = 5_000  # what is in view changes within this of pressing Run
 WAITING = re.compile(r"Waiting for the model: place (\d+) of (\d+)")
 
 
-def _open(browser, server_url: str):
-    context = browser.new_context(viewport={"width": 1280, "height": 720})
-    page = context.new_page()
-    page.goto(server_url)
-    page.locator('#requests_table [data-testid="cell-0-0"]').wait_for(timeout=30_000)
-    return page
-
-
 def test_six_sessions_on_one_setup_all_get_results_at_once(browser, server_url):
     """Six sessions press Run on one setup within seconds: each sees the note under Run change
     in view at once; the five waiting are told their place of 6; all six get full results, the
     five shown the first run within 10 s of it, labelled as an identical setup."""
-    pages = [_open(browser, server_url) for _ in range(ROOM)]
+    pages = [open_session(browser, server_url, 1280, 720) for _ in range(ROOM)]
     for page in pages:
         set_requests(page, ROWS)
     notes = [page.locator("#run_note_markdown") for page in pages]

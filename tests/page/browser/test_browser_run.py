@@ -9,12 +9,14 @@ from pathlib import Path
 from browser_kit import (
     PYTESTMARK,
     RUN_TIMEOUT_MS,
+    RUNNING_STATUS,
     SCREENSHOTS,
     SUCCESS_STATUS,
     Page,
     _status,
     assert_results,
     expect,
+    open_session,
     outputs_rows,
     plot_summary,
     run_and_wait,
@@ -61,16 +63,7 @@ def test_run_draws_timelines_masks_and_checked_outputs(page: Page, tmp_path: Pat
 
 LONG_PROMPT = "Once upon a time in a land far away,"
 LONG_CAP = 400  # ~25 s per engine on a 2-core CPU: far longer than any check below waits
-RUNNING_STATUS = re.compile(r"Running · [\d.]+ s")
 PROMPT_RUN_S = 30  # a 2-request run after a cancel must finish within this (uncancelled: > 60 s)
-
-
-def _open_app(browser, server_url: str) -> Page:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    other = context.new_page()
-    other.goto(server_url)
-    other.locator('#requests_table [data-testid="cell-0-0"]').wait_for(timeout=30_000)
-    return other
 
 
 def _timed_run(page: Page, rows: list[tuple[str, int]]) -> float:
@@ -193,7 +186,7 @@ def test_stop_with_nothing_running_says_so(page: Page):
 def test_queue_place_is_shown_and_closing_the_tab_cancels(page: Page, browser, server_url):
     """A second user sees their true place, the total and their wait in words under Run, in view
     and readable, and in the status line; when the first closes the tab, their run goes."""
-    first = _open_app(browser, server_url)
+    first = open_session(browser, server_url)
     set_requests(first, [(LONG_PROMPT, LONG_CAP)])
     first.locator("#run_button").click()
     expect(_status(first)).to_contain_text(RUNNING_STATUS, timeout=60_000)
@@ -238,7 +231,7 @@ def _assert_readable(page: Page, selector: str) -> None:
 
 def test_stop_while_queued_leaves_the_queue(page: Page, browser, server_url):
     """Stop pressed while one's run waits in the queue takes it out at once, and says so."""
-    first = _open_app(browser, server_url)
+    first = open_session(browser, server_url)
     set_requests(first, [(LONG_PROMPT, LONG_CAP)])
     first.locator("#run_button").click()
     expect(_status(first)).to_contain_text(RUNNING_STATUS, timeout=60_000)
