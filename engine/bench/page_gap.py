@@ -46,7 +46,9 @@ def page_run(url: str, slots: int, kv_mode: str) -> dict[str, float]:
     table = {"headers": ["prompt", "max_new_tokens"], "data": [list(r) for r in SEED_REQUESTS]}
     # chat template, reference check, KV mode, token budget, policy, transformers, rate, x axis
     knobs = (False, False, kv_mode, 0, "decode_first", False, 0, "time")
-    result = Client(url, verbose=False).predict(table, slots, *knobs, api_name="/run")
+    result = Client(url, verbose=False, download_files=False).predict(
+        table, slots, *knobs, api_name="/run"
+    )
     status = result[STATUS_INDEX]
     status = status.get("value", status) if isinstance(status, dict) else status
     found = STATUS_TIMES.search(str(status))

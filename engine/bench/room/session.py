@@ -27,6 +27,8 @@ MIN_WAIT_S = 10.0  # an estimate's error is judged against at least this wait
 ROUNDING_S = 5.0  # the page says a wait under 90 s to the nearest 10 s
 STATUS_TIMES = re.compile(r"static ([0-9.]+) s · continuous ([0-9.]+) s")
 ESTIMATE = re.compile(r"estimate ([0-9.]+) (s|min)")
+# How often a session reads its stream (gradio_client's own iterator polls every 1 ms).
+POLL_S = 0.25
 
 
 @dataclass
@@ -97,7 +99,10 @@ def _setup(url: str, session: Session, names: dict[str, str]):
     /run inputs it would send: the table (one cap changed for a custom session), slots, knobs."""
     from gradio_client import Client
 
-    client = Client(url, verbose=False)
+    # A person's browser fetches a run's files only when they click one; a client that fetched
+    # every file of every update (gradio_client's default), each over a new SSL context, took
+    # eight sessions 1.5 of a 2-core machine's CPUs from the page they measured (2026-12-03).
+    client = Client(url, verbose=False, download_files=False)
     chosen = client.predict(names[session.preset], api_name="/apply_preset")
     table, chat, _text, slots = chosen[:4]  # then the engine settings, all defaults in the tour
     table = _value(table)
@@ -114,7 +119,7 @@ def run_session(url: str, session: Session, t0: float, names: dict[str, str]) ->
         client, inputs = _setup(url, session, names)
         session.pressed_s = time.monotonic() - t0
         job = client.submit(*inputs, replay_recent=True, api_name="/run")
-        for update in job:
+        for update in updates(job):
             read_status(session, str(_value(update[STATUS_INDEX])), time.monotonic() - t0)
         final = job.outputs()[-1] if job.outputs() else None
         if final is None:
@@ -127,6 +132,20 @@ def run_session(url: str, session: Session, t0: float, names: dict[str, str]) ->
         session.static_s, session.continuous_s = float(found[1]), float(found[2])
     except Exception as exc:  # noqa: BLE001  (any failure is the session's result, reported)
         session.error = f"{type(exc).__name__}: {exc}"
+
+
+def updates(job):
+    """Each of ``job``'s streamed outputs once, as read every ``POLL_S`` seconds (the pattern
+    gradio_client's ``Job.outputs`` documents), until the job is done."""
+    seen = 0
+    while True:
+        done = job.done()  # before reading: the outputs read after it are all there are
+        outputs = job.outputs()
+        yield from outputs[seen:]
+        seen = len(outputs)
+        if done:
+            return
+        time.sleep(POLL_S)
 
 
 def read_status(session: Session, status: str, now_s: float) -> None:
