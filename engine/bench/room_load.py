@@ -10,7 +10,9 @@
    Run (``/run`` with ``replay_recent``, as the page's button sends it). ``custom`` of them first
    change one cap, so theirs is a setup nobody ran: it must be measured live, in turn. With
    ``--browsers N``, N more people use the page itself in headless Chromium: each opens a tour
-   preset's link and presses Run at its moment (``run_browsers``, below);
+   preset's link and presses Run at its moment (``run_browsers``, below). The clients and
+   browsers stand in for people on other machines: they run at nice 19 (``as_remote``), so on
+   the page's own CPUs they take only what the page leaves;
 3. reads each session's stream: when it was told its place and estimate, when its run started,
    when its result came, and whether it was shown at once (an identical run measured earlier);
 4. with ``--idle-check``, runs each measured setup once more alone (``--idle-repeat N``: N times,
@@ -44,6 +46,7 @@ from engine.bench.room.session import (
     REPLAY_TARGET_S,
     TOUR,
     Session,
+    as_remote,
     engine_times,
     preset_links,
     preset_names,
@@ -76,10 +79,10 @@ def run_room(
     threads = []
     if in_browsers:
         args = (in_browsers, browser_delays, t0, preset_links(url))
-        threads.append(threading.Thread(target=run_browsers, args=args))
+        threads.append(threading.Thread(target=as_remote(run_browsers), args=args))
         threads[-1].start()
     for session, delay_s in zip(room, delays, strict=True):
-        thread = threading.Timer(delay_s, run_session, (url, session, t0, names))
+        thread = threading.Timer(delay_s, as_remote(run_session), (url, session, t0, names))
         thread.start()
         threads.append(thread)
     for thread in threads:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,9 @@ MIN_WAIT_S = 10.0  # an estimate's error is judged against at least this wait
 ROUNDING_S = 5.0  # the page says a wait under 90 s to the nearest 10 s
 STATUS_TIMES = re.compile(r"static ([0-9.]+) s · continuous ([0-9.]+) s")
 ESTIMATE = re.compile(r"estimate ([0-9.]+) (s|min)")
+# The room's clients stand in for people on other machines: on the page's own CPUs they run at
+# the lowest priority, so that they take only what the page leaves (``as_remote``).
+CLIENT_NICE = 19
 # How often a session reads its stream (gradio_client's own iterator polls every 1 ms).
 POLL_S = 0.25
 
@@ -132,6 +137,21 @@ def run_session(url: str, session: Session, t0: float, names: dict[str, str]) ->
         session.static_s, session.continuous_s = float(found[1]), float(found[2])
     except Exception as exc:  # noqa: BLE001  (any failure is the session's result, reported)
         session.error = f"{type(exc).__name__}: {exc}"
+
+
+def as_remote(fn):
+    """``fn``, run at nice ``CLIENT_NICE`` on the thread that calls it: Linux keeps a nice value
+    per thread, and the threads and processes a thread starts (gradio_client's, Chromium) inherit
+    it. Where a nice value cannot be set, ``fn`` runs as it is."""
+
+    def run(*args):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CLIENT_NICE)
+        except (AttributeError, OSError):  # not Linux, or not allowed: the clients compete
+            pass
+        return fn(*args)
+
+    return run
 
 
 def updates(job):
