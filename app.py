@@ -87,18 +87,17 @@ def wire_views(results, run_state) -> None:
 
 def wire_setup(demo, requests, settings, results, run_state) -> None:
     """Links, presets, table edits, uploads and downloads: everything that sets a run up."""
-    s = settings
-    link_outputs = page_panels.page_components(page_io.LINK_OUTPUTS, requests, s, results)
-    demo.load(page_io.from_link, None, link_outputs, **HIDDEN)
+    s, page = settings, (requests, settings, results)
+    link_outputs = page_panels.page_components(page_io.LINK_OUTPUTS, *page)
+    demo.load(page_io.from_link, s.precision_state, link_outputs, **HIDDEN)
     demo.load(lambda: True, None, s.replay_checkbox, queue=False, **HIDDEN)  # Run may replay
-    chosen = page_panels.page_components(presets.CHOSEN, requests, s, results)  # engine knobs too
+    chosen = page_panels.page_components(presets.CHOSEN, *page)  # the engine knobs too
     choose = {"api_name": "apply_preset"}  # the endpoint's name before it also set the slots
     s.preset_dropdown.input(presets.choose_preset, s.preset_dropdown, chosen, **choose)
     # A user's edit (not a preset or an upload): no preset any more.
     edited = [s.preset_dropdown, requests.preset_markdown]
     requests.table.input(presets.table_edited, None, edited, **HIDDEN)
-    link_query = [s.preset_dropdown, s.slots_slider, results.step_slider, run_state]
-    link_query.append(s.prefix_caching_checkbox)
+    link_query = page_panels.page_components(page_io.LINK_INPUTS, *page, run_state=run_state)
     s.link_button.click(page_io.setup_query, link_query, s.link_textbox, **HIDDEN).then(
         None, s.link_textbox, s.link_textbox, js=page_io.COPY_LINK_JS
     )

@@ -1,13 +1,17 @@
 """The page's links and workload files: what a workshop teacher hands out and what people take home.
 
-* Links that reproduce a setup: ``?preset=SLUG&slots=N&step=N``, and ``&prefix_caching=1`` when
-  that toggle is on (links without it keep working, the toggle off). ``from_link`` applies the
-  preset, the slot count and the toggle when the page opens; ``step`` cannot be shown before a
-  run exists, so
+* Links that reproduce a setup: ``?preset=SLUG&slots=N&step=N``, then each engine setting that
+  differs from the page's default for that preset, by a short name (``kv=slots&budget=64&chat=1``,
+  and ``prefix_caching=1`` as before: ``engine.page.inputs.link_query.PARAMS``); a table that is no
+  preset's travels instead of the preset, packed into ``table=`` (``link_table.encode_table``).
+  Links written before these existed keep working and mean what they meant. ``from_link``
+  applies the link when the page opens; ``step`` cannot be shown before a run exists, so
   ``link_step`` keeps it and ``apply_link_step`` moves the step slider there once, after the
   first run (later runs start at their default step again). A value the page cannot use is named
-  in a warning, with what the page uses instead. ``setup_query`` writes such a query for the
-  current page; the page adds its own address in the browser.
+  in a warning, with what the page uses instead, and the rest still apply; a linked table's bad
+  rows are named as a typed table's are. ``setup_query`` writes such a query for the current page
+  (a table too long for a link is left out, and a warning says to share it as a file); the page
+  adds its own address in the browser.
 * Workload files: ``upload_workload`` fills the request table from a CSV or JSONL file, sampling
   settings included; ``table_files`` writes the table as both (``engine.workloads.workload_files``).
 
@@ -19,12 +23,13 @@ over the request table (as the Run button's handler, which says it in the status
 from __future__ import annotations
 
 import html
+import inspect
 import tempfile
 from urllib.parse import urlencode
 
 import gradio as gr
 
-from engine.page.inputs import presets
+from engine.page.inputs import link_query, link_table, presets
 from engine.sampling_params import samples
 from engine.workloads import workload_files
 from engine.workloads.workload import parse_table
@@ -34,9 +39,21 @@ DEFAULT_SLOTS = 3  # the slot slider's value when the page opens
 MAX_QUOTED_CHARS = 40  # of a bad link value, quoted in a warning
 # What a link sets, in ``from_link``'s output order: the preset and its text, and the Run settings
 # it sets, by their ``RunSettings`` field names (``engine.page.run.run_options``); app.py finds
-# their components by these names (``engine.page.panels.page_panels.COMPONENTS``).
+# their components by these names (``engine.page.panels.page_panels.COMPONENTS``). The first six
+# are those links set before they carried the other settings.
 LINK_OUTPUTS = ("preset", "rows", "chat_template", "preset_text", "num_slots", "prefix_caching")
-
+LINK_OUTPUTS += tuple(field for field in link_query.PARAMS if field not in LINK_OUTPUTS)
+# What ``setup_query`` reads, in its order, named as in ``COMPONENTS``: the first five as before
+# links carried the table and the other settings; ``previous`` is the run on the page, and
+# ``precision`` the host's (a ``link_query.Precision`` in a ``gr.State``).
+LINK_INPUTS = ("preset", "num_slots", "step", "previous", "prefix_caching", "rows", "precision")
+LINK_INPUTS += tuple(field for field in link_query.PARAMS if field not in LINK_INPUTS)
+LINKED_TEXT = "Requests from a link, not a preset's:"
+TOO_LONG = (
+    "The request table is too long for a link ({why}), so this link carries the rest of the "
+    "setup without it. To share the table, download it (“Download the table” under it) and hand "
+    "out the file: “Upload CSV or JSONL” loads it."
+)
 # Runs in the browser after ``setup_query``: prefix the page's own address (right behind a proxy
 # or inside a Space's iframe too), copy it to the clipboard where allowed, and show it.
 COPY_LINK_JS = """(query) => {
@@ -63,38 +80,86 @@ RUN_CLICK_JS = """(handle, seq) => [handle, window.cbpRunClick || 0]"""
 STOP_CLICK_JS = """(handle, seq) => [handle, window.cbpStopClick || 0]"""
 
 
-def setup_query(
-    preset_name: str | None, num_slots, step_index, state, prefix_caching: bool = False
-) -> str:
-    """The query string that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12``.
+def _link_signature() -> inspect.Signature:
+    """``setup_query``'s parameters, one per ``LINK_INPUTS`` name: the first four required, the
+    prefix-caching toggle off by default, the rest None (not given: the page's default)."""
+    kind, required = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty
+    default = {"prefix_caching": False} | dict.fromkeys(LINK_INPUTS[5:])
+    parameters = [inspect.Parameter(n, kind, default=default.get(n, required)) for n in LINK_INPUTS]
+    return inspect.Signature(parameters)
 
-    The preset is left out when the table is not a preset (after an upload); the step only when a
-    run exists; ``prefix_caching=1`` only when the toggle is on (a link without it: off, as
-    before the toggle existed). An edited table is not in the link: only presets travel by link.
+
+LINK_SIGNATURE = _link_signature()
+
+
+def setup_query(*values, **named) -> str:
+    """The query string that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12&budget=64``.
+
+    Takes ``LINK_INPUTS`` by position (as app.py wires them) or by name (``LINK_SIGNATURE``): the
+    preset dropdown's name, the slots, the step slider and the run on the page (``previous``: the
+    step is written only when a run exists), then the settings by ``RunSettings`` field (None: not
+    given), the table's ``rows`` (None: not given) and the host's ``precision``. The link names the
+    preset whose table the page shows, else carries the table; each setting only where it differs
+    from the page's default for that preset (``prefix_caching=1`` only when the toggle is on, as
+    before). A table too long for a link is left out, and a warning says to share it as a file.
+
+    Raises:
+        TypeError: too many inputs, an unknown name, or one of the first four missing.
     """
+    given = LINK_SIGNATURE.bind(*values, **named)
+    given.apply_defaults()
+    page = given.arguments
+    name, table = link_table.preset_or_table(page["preset"], page["rows"])
     params = {}
-    preset = presets.load_presets().get(preset_name or "")
-    if preset is not None:
-        params["preset"] = preset.get("slug") or preset_name
-    params["slots"] = int(num_slots or 1)
-    if state is not None:
-        params["step"] = int(step_index or 0)
-    if prefix_caching:
-        params["prefix_caching"] = 1
+    if name is not None:
+        params["preset"] = presets.load_presets()[name].get("slug") or name
+    params["slots"] = int(page["num_slots"] or 1)
+    if page["previous"] is not None:
+        params["step"] = int(page["step"] or 0)
+    precision = page["precision"] or link_query.Precision()
+    defaults = link_query.page_defaults(name or presets.DEFAULT_PRESET, precision)
+    params |= link_query.settings_params(page, defaults)
+    if table is not None:
+        try:
+            params["table"] = link_table.encode_table(table)
+        except ValueError as exc:
+            gr.Warning(TOO_LONG.format(why=html.escape(str(exc))), title="Link")
     return "?" + urlencode(params)
 
 
-def from_link(request: gr.Request) -> tuple:
-    """Preset the page from its link: ``?preset=SLUG&slots=N&prefix_caching=1``; a bad value is
-    named in a warning. A preset without ``slots`` brings the slot count its explanation speaks of;
-    ``slots`` other than those adds a line to the explanation that says so (``slots_note``).
+setup_query.__signature__ = LINK_SIGNATURE  # its inputs, by name, for help() and Gradio
 
-    Returns updates for ``LINK_OUTPUTS``: the preset dropdown, request table, chat checkbox,
-    preset text, slots and the prefix-caching toggle (``gr.skip()`` where the link sets nothing
-    usable: the page keeps its defaults).
+
+def from_link(request: gr.Request, precision: link_query.Precision | None = None) -> tuple:
+    """Set the page up from its link (``setup_query``'s parameters): the preset (with the slot
+    count its explanation speaks of when the link names none; other ``slots`` add a line to the
+    explanation that says so: ``slots_note``), a linked table instead of a preset's (its bad rows
+    named in a warning, as a typed table's), and every setting the link names. Each bad value is
+    named in a warning and keeps its default; the rest apply. ``precision``: the host's (the
+    dtypes a link may choose); None: ``link_query.Precision()``.
+
+    Returns updates for ``LINK_OUTPUTS`` (``gr.skip()`` where the link sets nothing usable: the
+    page keeps its defaults).
     """
     params = _query_params(request)
-    link = {"prefix_caching": _link_flag(params, "prefix_caching")}
+    precision = precision or link_query.Precision()
+    link = {}
+    name = _link_preset(params, link)
+    _link_slots(params, name, link)
+    _link_table(params, link)
+    defaults = link_query.page_defaults(name or presets.DEFAULT_PRESET, precision)
+    opened = link_query.page_defaults(presets.DEFAULT_PRESET, precision)  # the page as it opens
+    link |= {f: v for f, v in defaults.items() if f not in link and v != opened[f]}
+    settings, bad = link_query.link_settings(params, defaults, precision)
+    for parameter, value, why in bad:
+        _warn_link(parameter, value, why)
+    link |= settings
+    return tuple(link.get(output, gr.skip()) for output in LINK_OUTPUTS)
+
+
+def _link_preset(params: dict[str, str], link: dict) -> str | None:
+    """The link's preset name (its rows, chat template and text put in ``link``), or None; an
+    unknown one is named in a warning."""
     preset = params.get("preset", "").strip()
     name = presets.by_slug(preset) if preset else None
     if name is not None:
@@ -104,6 +169,12 @@ def from_link(request: gr.Request) -> tuple:
         slugs = ", ".join(p["slug"] for p in presets.load_presets().values() if p.get("slug"))
         shown = f"showing “{presets.DEFAULT_PRESET}” (presets: {slugs})"
         _warn_link("preset", preset, f"no such preset; {shown}")
+    return name
+
+
+def _link_slots(params: dict[str, str], name: str | None, link: dict) -> None:
+    """The link's slots in ``link`` (else preset ``name``'s own), with ``slots_note`` under the
+    explanation when they differ from those it speaks of; bad slots are named in a warning."""
     slots = params.get("slots", "").strip()
     fallback = presets.preset_slots(name) if name is not None else None  # what its text says
     if fallback is not None:
@@ -119,7 +190,37 @@ def from_link(request: gr.Request) -> tuple:
         using = "1 slot" if used == 1 else f"{used} slots"
         why = f"not a whole number from 1 to {MAX_SLOTS}; using {using}"
         _warn_link("slots", slots, why)
-    return tuple(link.get(name, gr.skip()) for name in LINK_OUTPUTS)
+
+
+def _link_table(params: dict[str, str], link: dict) -> None:
+    """The link's ``table=`` in ``link``: its rows, no preset, and a text saying where they came
+    from. A value that does not decode is named in a warning and changes nothing; rows that do
+    not parse are applied (as a typed table keeps them) and named in a warning."""
+    text = params.get("table", "").strip()
+    if not text:
+        return
+    try:
+        rows = link_table.decode_table(text)
+    except ValueError as exc:
+        _warn_link("table", text, f"{exc}; the page keeps its table")
+        return
+    try:
+        summary = f" {table_summary(parse_table(rows))}."
+    except ValueError as exc:
+        message = f"The link's table has rows to fix before Run: {html.escape(str(exc))}"
+        gr.Warning(message, title="Link")
+        summary = " some rows need fixing before Run (the warning names them)."
+    link |= {"preset": None, "rows": rows, "preset_text": LINKED_TEXT + summary}
+
+
+def table_summary(specs) -> str:
+    """How many requests, how many arrive after t = 0 and how many sample: "3 requests, 1
+    arriving after t = 0, 2 sampled (the others greedy)"."""
+    arrivals = sum(spec.arrival_s > 0 for spec in specs)
+    sampled = sum(samples(spec.sampling) for spec in specs)
+    text = f"{len(specs)} request{'s' if len(specs) != 1 else ''}"
+    text += f", {arrivals} arriving after t = 0" if arrivals else ""
+    return text + (f", {sampled} sampled (the others greedy)" if sampled else "")
 
 
 def slots_note(num_slots: int, preset_slots: int) -> str:
@@ -130,19 +231,6 @@ def slots_note(num_slots: int, preset_slots: int) -> str:
         f"explanation above speaks of {preset_slots}, so its numbers may differ: set Slots to "
         f"{preset_slots} to see them as described.*"
     )
-
-
-def _link_flag(params: dict[str, str], name: str):
-    """A link's on/off value: ``1``/``true``/``on`` -> True, ``0``/``false``/``off`` -> False;
-    ``gr.skip()`` when absent or unreadable (named in a warning)."""
-    value = params.get(name, "").strip()
-    if value.lower() in ("1", "true", "on", "yes"):
-        return True
-    if value.lower() in ("0", "false", "off", "no"):
-        return False
-    if value:
-        _warn_link(name, value, "use 1 (on) or 0 (off); the page keeps it off")
-    return gr.skip()
 
 
 def link_step(request: gr.Request) -> int | None:
@@ -176,12 +264,8 @@ def upload_workload(path: str | None) -> tuple:
     except ValueError as exc:
         gr.Warning(str(exc), title="Not loaded")
         return gr.skip(), gr.skip(), gr.skip()
-    arrivals = sum(spec.arrival_s > 0 for spec in specs)
-    sampled = sum(samples(spec.sampling) for spec in specs)
-    text = f"Uploaded {len(specs)} request{'s' if len(specs) != 1 else ''}"
-    text += f", {arrivals} arriving after t = 0" if arrivals else ""
-    text += f", {sampled} sampled (the others greedy)" if sampled else ""
-    return workload_files.table_rows(specs, sampling_columns=True), None, text + "."
+    text = f"Uploaded {table_summary(specs)}."
+    return workload_files.table_rows(specs, sampling_columns=True), None, text
 
 
 def table_files(rows) -> list[str]:
@@ -190,9 +274,7 @@ def table_files(rows) -> list[str]:
     Raises:
         ValueError: the table does not validate (the message names the row).
     """
-    if hasattr(rows, "values") and hasattr(rows, "columns"):  # a pandas DataFrame
-        rows = rows.values.tolist()
-    specs = parse_table(rows)
+    specs = parse_table(link_table.listed_rows(rows))
     folder = tempfile.mkdtemp(prefix="cbp-table-")
     return [str(p) for p in workload_files.write_table_files(folder, specs)]
 

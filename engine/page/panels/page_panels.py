@@ -3,8 +3,8 @@
 ``app.py`` calls these in page order and wires their components' events; each builder only lays
 components out and returns them in a small dataclass named after the panel. Here: the header and
 guided tour, the request editor, the downloads, what Run writes, and the page's inputs by name
-(``COMPONENTS``: what Run reads, in ``run_options.RUN_INPUTS`` order, and what a link sets). The
-two large panels have modules of their own: ``engine.page.panels.settings_panel`` and
+(``COMPONENTS``: what Run reads, in ``run_options.RUN_INPUTS`` order, and what a link reads and
+sets). The two large panels have modules of their own: ``engine.page.panels.settings_panel`` and
 ``engine.page.panels.results_panel``. Element ids (``elem_id``) are a contract: the browser tests
 and users' scripts find components by them.
 """
@@ -150,8 +150,9 @@ def run_outputs(
 
 
 # The component of each input the page names: Run's (``run_options.RUN_INPUTS``: the
-# ``RunSettings`` fields and two states) and a link's (``page_io.LINK_OUTPUTS``). Each is written
-# "panel.attribute", or the name of a ``gr.State`` (see ``page_components``).
+# ``RunSettings`` fields and two states) and a link's (``page_io.LINK_INPUTS`` and
+# ``LINK_OUTPUTS``). Each is written "panel.attribute", or the name of a ``gr.State`` (see
+# ``page_components``).
 COMPONENTS = {
     "rows": "requests.table",
     "preset_text": "requests.preset_markdown",
@@ -172,6 +173,8 @@ COMPONENTS = {
     "batch_invariant": "settings.batch_invariant_checkbox",
     "replay_recent": "settings.replay_checkbox",
     "x_axis": "results.x_axis_radio",
+    "step": "results.step_slider",  # a link's step
+    "precision": "settings.precision_state",  # the host's precisions, for links
     "previous": "run_state",
     "handle": "handle_state",
 }

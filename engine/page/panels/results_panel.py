@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from engine.page.inputs import link_query
 from engine.page.panels import server_panels
 from engine.page.views import divergence_view, run_view, tables
 from engine.page.views.run_view import RunResult
@@ -63,7 +64,7 @@ def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) 
     servers_line = server_panels.servers_line(list(server_names))
     x_axis = gr.Radio(
         [("seconds", "time"), ("step index", "step")],
-        value="time",
+        value=link_query.PAGE_DEFAULTS["x_axis"],
         label="Timeline x axis",
         elem_id="x_axis_radio",
     )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine.page.inputs import page_io, presets
+from engine.page.inputs import link_query, page_io, presets
 from engine.page.panels import server_panels
 from engine.serving.run_control import run_time_limit_s
 
@@ -42,6 +42,7 @@ POLICY_HELP = {
     "order, then waiting ones while budget is left; when blocks run out the newest running "
     "request is preempted (engine/serving/scheduler.py).",
 }
+SHOWN = link_query.PAGE_DEFAULTS  # what the page opens with (a link writes only other values)
 PREFIX_CACHING_INFO = (
     "A prompt's full blocks that an earlier request computed are shared, not prefilled again "
     "(vLLM's automatic prefix caching); the block map shows shared blocks and the mask the keys "
@@ -82,6 +83,8 @@ class SettingsPanel:
     replay_checkbox: gr.Checkbox | None = None
     live_state: gr.State | None = None  # "Run live anyway"'s ``replay_recent``: False
     click_number: gr.Number | None = None  # hidden: a press's or Stop's click number (RunHandle)
+    # the host's precisions (a ``link_query.Precision``): what a link may choose and leaves out
+    precision_state: gr.State | None = None
 
 
 def settings_panel(
@@ -110,7 +113,9 @@ def settings_panel(
         value=chat_template, label="Use chat template", elem_id="chat_checkbox"
     )
     reference_checkbox = gr.Checkbox(
-        value=True, label="Check outputs against model.generate", elem_id="reference_checkbox"
+        value=SHOWN["check_reference"],
+        label="Check outputs against model.generate",
+        elem_id="reference_checkbox",
     )
     servers = server_panels.servers_checkbox(list(server_names))
     with gr.Accordion("Engine settings", open=False):
@@ -119,7 +124,7 @@ def settings_panel(
     run_note, live_button, run_button, stop_button = _run_controls()
     link_button = gr.Button("Copy link to this setup", size="sm", elem_id="link_button")
     link_textbox = gr.Textbox(
-        label="Link: preset, slots and step (an edited table is not in it)",
+        label="Link: preset or table, slots, step and engine settings",
         interactive=False,
         buttons=["copy"],
         elem_id="link_textbox",
@@ -145,6 +150,7 @@ def settings_panel(
         replay_checkbox=gr.Checkbox(False, visible=False, elem_id="replay_checkbox"),
         live_state=gr.State(False),
         click_number=gr.Number(0, visible=False, precision=0, elem_id="click_number"),
+        precision_state=gr.State(link_query.Precision(dtype, tuple(dtypes))),
     )
 
 
@@ -177,7 +183,9 @@ def _precision_knobs(dtypes: list[str], dtype: str) -> tuple:
             dtypes, value=dtype, label="Precision (dtype)", elem_id="dtype_dropdown"
         )
         invariant = gr.Checkbox(
-            value=False, label="Batch-invariant mode", elem_id="batch_invariant_checkbox"
+            value=SHOWN["batch_invariant"],
+            label="Batch-invariant mode",
+            elem_id="batch_invariant_checkbox",
         )
     return dtype_dropdown, invariant, gr.Markdown("", elem_id="precision_markdown")
 
@@ -226,7 +234,7 @@ def _engine_knobs() -> tuple:
         elem_id="arrival_rate_number",
     )
     compare_hf = gr.Checkbox(
-        value=False,
+        value=SHOWN["compare_hf"],
         label="Also run transformers' built-in continuous batching",
         elem_id="compare_hf_checkbox",
     )

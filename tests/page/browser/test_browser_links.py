@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 from browser_kit import (
     PYTESTMARK,
     Page,
     _cell,
     _download,
+    _edit_cell,
     _num_rows,
     assert_results,
     expect,
+    open_session,
     run_and_wait,
     set_requests,
 )
@@ -44,7 +47,8 @@ def test_setup_link_step_and_downloads(page: Page, server_url: str, tmp_path: Pa
     import csv
     import json
 
-    from engine.page.inputs import presets
+    from engine.page.inputs import link_table, presets
+    from engine.workloads.workload import parse_table
 
     preset_rows, _, _ = presets.apply_preset(presets.by_slug("equal-caps"))
     page.goto(f"{server_url}?preset=equal-caps&slots=2&step=3")
@@ -62,8 +66,12 @@ def test_setup_link_step_and_downloads(page: Page, server_url: str, tmp_path: Pa
     page.locator("#link_button").click()
     link = page.locator("#link_textbox textarea, #link_textbox input").first
     expect(link).to_have_value(re.compile(r"^http://127\.0\.0\.1:\d+/\?"), timeout=10_000)
-    # the table was edited after the link's preset, so the page names no preset any more
-    assert link.input_value().endswith("/?slots=2&step=3"), link.input_value()
+    # the table was edited after the link's preset, so the link carries it instead of a preset
+    query = parse_qs(urlsplit(link.input_value()).query)
+    assert query.keys() == {"slots", "step", "table"}, query
+    assert (query["slots"], query["step"]) == (["2"], ["3"]), query
+    linked = parse_table(link_table.decode_table(query["table"][0]))  # typed caps come as text
+    assert linked == parse_table(rows), f"the link's table is {linked}"
 
     table = list(csv.DictReader(_download(page, "downloads_file", "requests.csv", tmp_path).open()))
     assert sorted((r["engine"], r["prompt"]) for r in table) == sorted(
@@ -79,3 +87,36 @@ def test_setup_link_step_and_downloads(page: Page, server_url: str, tmp_path: Pa
     page.wait_for_timeout(1000)  # let Plotly finish drawing after the step change
     page.screenshot(path=str(shot), full_page=True)
     print(f"screenshot: {shot}")
+
+
+def test_copied_link_carries_an_edited_table_and_a_setting(page: Page, browser):
+    """A cap edited in the table and a changed engine setting travel in the copied link: opened
+    in another session, the page shows the same table and the same setting."""
+    from engine.page.inputs import presets
+
+    rows, _, _ = presets.apply_preset(presets.DEFAULT_PRESET)
+    _edit_cell(page, 1, 1, 7)  # the second request's cap, 50 in the preset
+    page.get_by_text("Engine settings", exact=True).click()
+    page.locator("#policy_radio label").filter(has_text="prefill first").first.click()
+    expect(page.locator("#policy_radio input[type=radio]:checked")).to_have_value("prefill_first")
+
+    page.locator("#link_button").click()
+    link = page.locator("#link_textbox textarea, #link_textbox input").first
+    expect(link).to_have_value(re.compile(r"^http://127\.0\.0\.1:\d+/\?"), timeout=10_000)
+    query = parse_qs(urlsplit(link.input_value()).query)
+    assert query["policy"] == ["prefill_first"] and "table" in query, query
+    assert "preset" not in query, f"an edited table still names its preset: {query}"
+
+    other = open_session(browser, link.input_value())
+    cap = _cell(other, "requests_table", 1, 1)
+    expect(cap).to_contain_text("7", timeout=30_000)
+    assert _num_rows(other, "requests_table") == len(rows), "the link's table lost rows"
+    for i, row in enumerate(rows):
+        shown = _cell(other, "requests_table", i, 0).inner_text().replace("⋮", "").strip()
+        assert shown == row[0], f"row {i}: {shown!r}, not {row[0]!r}"
+    expect(other.locator("#preset_markdown")).to_contain_text("Requests from a link")
+    expect(other.locator("#preset_dropdown input")).to_have_value("")
+    other.get_by_text("Engine settings", exact=True).click()
+    checked = other.locator("#policy_radio input[type=radio]:checked")
+    expect(checked).to_have_value("prefill_first", timeout=10_000)
+    other.context.close()

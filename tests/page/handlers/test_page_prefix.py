@@ -162,6 +162,9 @@ def test_the_toggle_is_wired_after_the_runs_earlier_inputs():
     assert ids[at + 1] == "prefix_caching_checkbox", ids
     assert ids[at + 3] == "servers_checkbox", "after the handle, the servers' choice comes first"
     assert ids.index("kv_budget_number") == at - 1, ids
-    for handler, wired in ((page_io.setup_query, "inputs"), (page_io.from_link, "outputs")):
-        names = [c.elem_id for c in getattr(by_fn[handler], wired)]
-        assert names[-1] == "prefix_caching_checkbox", f"{handler.__name__}: {names}"
+    links = ((page_io.setup_query, "inputs", page_io.LINK_INPUTS),)
+    links += ((page_io.from_link, "outputs", page_io.LINK_OUTPUTS),)
+    for handler, wired, order in links:
+        names = [getattr(c, "elem_id", None) for c in getattr(by_fn[handler], wired)]
+        at = order.index("prefix_caching")
+        assert names[at] == "prefix_caching_checkbox", f"{handler.__name__}: {names}"

@@ -14,6 +14,7 @@ from engine.workloads.workload import parse_table
 from engine.workloads.workload_files import load_workload_file
 
 SKIP = gr.skip()
+NOTHING = (SKIP,) * len(page_io.LINK_OUTPUTS)  # a link that sets nothing
 
 
 def _link(**params):
@@ -23,26 +24,26 @@ def _link(**params):
 def test_setup_query_reproduces_preset_slots_and_step():
     """The query names the preset by slug, the slots, and the step only once a run exists."""
     name = presets.by_slug("long-tail")
-    query = page_io.setup_query(name, 4, 12, state=object())
+    query = page_io.setup_query(name, 4, 12, previous=object())
     assert query.startswith("?"), query
     assert parse_qs(query[1:]) == {"preset": ["long-tail"], "slots": ["4"], "step": ["12"]}
-    before_run = parse_qs(page_io.setup_query(name, 4.0, 12, state=None)[1:])
+    before_run = parse_qs(page_io.setup_query(name, 4.0, 12, previous=None)[1:])
     assert "step" not in before_run and before_run["slots"] == ["4"], before_run
-    uploaded = parse_qs(page_io.setup_query(None, 2, 0, state=None)[1:])
+    uploaded = parse_qs(page_io.setup_query(None, 2, 0, previous=None)[1:])
     assert uploaded == {"slots": ["2"]}, f"an uploaded table still names a preset: {uploaded}"
 
 
 def test_link_query_parameters_preset_the_page(recwarn):
     """?preset=SLUG&slots=N gives the preset's rows and the slot count, without a warning."""
-    name, rows, chat_template, text, slots, prefix_caching = page_io.from_link(
-        _link(preset="one-long-many-short", slots=5)
-    )
+    link = page_io.from_link(_link(preset="one-long-many-short", slots=5))
+    name, rows, chat_template, text, slots, prefix_caching = link[:6]
+    assert link[6:] == NOTHING[6:], f"a link without settings set some: {link[6:]}"
     assert name == "One long, many short" and slots == 5 and prefix_caching == SKIP
     assert rows == presets.apply_preset(name)[0] and chat_template is False and text
-    assert page_io.from_link(_link()) == (SKIP,) * 6, "a plain link changed the page"
+    assert page_io.from_link(_link()) == NOTHING, "a plain link changed the page"
     long_tail = page_io.from_link(_link(preset="long-tail"))
     assert long_tail[4] == presets.preset_slots(long_tail[0]) == 4, "the preset's slots not set"
-    assert page_io.from_link(None) == (SKIP,) * 6, "no request changed the page"
+    assert page_io.from_link(None) == NOTHING, "no request changed the page"
     assert not [str(w.message) for w in recwarn], "a good link warned"
 
 
@@ -56,7 +57,7 @@ def test_link_preset_names_match_in_any_letter_case(recwarn):
     ):
         updates = page_io.from_link(_link(preset=given))
         assert updates[0] == presets.by_slug(slug), f"preset={given!r} opened {updates[0]!r}"
-        query = page_io.setup_query(updates[0], updates[4], 0, state=None)
+        query = page_io.setup_query(updates[0], updates[4], 0, previous=None)
         assert parse_qs(query[1:])["preset"] == [slug], f"the link names {query}"
     assert not [str(w.message) for w in recwarn], "a preset in other letter case warned"
     assert presets.by_slug("") is None and presets.by_slug("SEEDS") is None
