@@ -13,7 +13,7 @@ openmp_env.configure()  # before torch loads: the engines run in worker threads 
 
 import gradio as gr  # noqa: E402
 
-from engine.page.handlers import playground, recording  # noqa: E402
+from engine.page.handlers import opening, playground, recording  # noqa: E402
 from engine.page.host import launch, zerogpu  # noqa: E402
 from engine.page.inputs import page_io, presets  # noqa: E402
 from engine.page.panels import page_panels  # noqa: E402
@@ -50,9 +50,9 @@ def build_demo(
         demo.unload(playground.session_end_event(handle_state.value))  # a tab closed or reloaded
         link_step_state = gr.State()  # a link's step=N, applied after the first run
         outputs = page_panels.run_outputs(run_state, results, downloads, settings)
-        wire_setup(demo, requests, settings, results, run_state)
+        link = wire_setup(demo, requests, settings, results, run_state)
         demo.load(page_io.link_step, None, link_step_state, **HIDDEN)
-        run_events = wire_run(requests, settings, results, run_state, handle_state, outputs)
+        run_events = wire_run(requests, settings, results, run_state, handle_state, outputs, link)
         wire_stop(settings, results, run_state, handle_state, outputs, run_events)
         step_io = [run_state, link_step_state], [results.step_slider, link_step_state]
         run_events[0].success(page_io.apply_link_step, *step_io, **HIDDEN)
@@ -73,23 +73,19 @@ def wire_precision(settings, results, run_state) -> None:
 def wire_views(results, run_state) -> None:
     """The step slider and the x-axis choice redraw the step views from the stored run."""
     changes = ((results.step_slider.change, "step"), (results.x_axis_radio.change, "x_axis"))
+    inputs = [run_state, results.step_slider, results.x_axis_radio]
+    # preprocess=False: gr.Slider refuses a typed step out of range; step_views clamps it
+    kwargs = dict(trigger_mode="always_last", preprocess=False, **QUIET)
     for event, name in changes:
-        event(
-            playground.update_step,
-            [run_state, results.step_slider, results.x_axis_radio],
-            results.step_views(),
-            trigger_mode="always_last",
-            preprocess=False,  # gr.Slider refuses a typed step out of range; step_views clamps it
-            api_name=name,
-            **QUIET,
-        )
+        event(playground.update_step, inputs, results.step_views(), api_name=name, **kwargs)
 
 
-def wire_setup(demo, requests, settings, results, run_state) -> None:
-    """Links, presets, table edits, uploads and downloads: everything that sets a run up."""
+def wire_setup(demo, requests, settings, results, run_state):
+    """Links, presets, table edits, uploads and downloads: everything that sets a run up; returns
+    the event that applies a link."""
     s, page = settings, (requests, settings, results)
     link_outputs = page_panels.page_components(page_io.LINK_OUTPUTS, *page)
-    demo.load(page_io.from_link, s.precision_state, link_outputs, **HIDDEN)
+    link = demo.load(page_io.from_link, s.precision_state, link_outputs, **HIDDEN)
     demo.load(lambda: True, None, s.replay_checkbox, queue=False, **HIDDEN)  # Run may replay
     chosen = page_panels.page_components(presets.CHOSEN, *page)  # the engine knobs too
     choose = {"api_name": "apply_preset"}  # the endpoint's name before it also set the slots
@@ -108,20 +104,24 @@ def wire_setup(demo, requests, settings, results, run_state) -> None:
     requests.table_button.click(
         page_io.show_table_files, requests.table, requests.table_file, **HIDDEN
     )
+    return link
 
 
-def wire_run(requests, settings, results, run_state, handle_state, outputs):
+def wire_run(requests, settings, results, run_state, handle_state, outputs, link):
     """Run: noted at once (unqueued), then the run itself, which shows a recent identical run or
-    waits its turn on the model in the page's queue; "Run live anyway" skips the replay."""
+    waits its turn on the model in the page's queue; "Run live anyway" skips the replay. After a
+    ``link``: its setup's recent run, or the recorded run said to be another setup's."""
     s, run = settings, zerogpu.on_gpu(playground.run_event)  # spaces.GPU on ZeroGPU, else as is
     pressed, js = [handle_state, s.click_number], page_io.RUN_CLICK_JS  # numbered: RunHandle
+    noted = [s.run_note_markdown, s.live_button]  # the note changes; "Run live anyway" goes
     for button in (s.run_button, s.live_button):
-        button.click(playground.run_pressed, pressed, s.run_note_markdown, js=js, **PRESS)
+        button.click(playground.run_pressed, pressed, noted, js=js, **PRESS)
     kwargs = dict(concurrency_limit=zerogpu.run_concurrency(), trigger_mode="always_last")
     kwargs |= dict(show_progress_on=results.status_markdown)  # one progress bar; results stay
     live = page_panels.run_inputs(requests, s, results, run_state, handle_state, live=True)
     live_event = s.live_button.click(run, live, outputs, **kwargs, **HIDDEN)
     run_inputs = page_panels.run_inputs(requests, s, results, run_state, handle_state)
+    link.then(opening.link_opened, [s.preset_dropdown, *run_inputs], outputs, **QUIET)
     return s.run_button.click(run, run_inputs, outputs, api_name="run", **kwargs), live_event
 
 

@@ -2,7 +2,10 @@
 // 1. Files dropped on the request table go through the "Upload CSV or JSONL" button's parser
 //    (Gradio's own drop zone on the table would import them without the page's checks, and
 //    refuse a JSONL file with "Only .csv, .tsv allowed"), on a cell's text too.
-// 2. A run waiting in the queue says its place and wait in the status line, in words.
+// 2. A run waiting in Gradio's own queue (ZeroGPU) says its place and wait in the status line, in
+//    words; not while the status line gives the page's own queue line ("Waiting for the model"):
+//    a second Run event of the session (a repeat press, answered at once) passes through Gradio's
+//    queue for a moment, and its "yours is next" stood under the page's own.
 // 3. The metrics table's column names get hover definitions (window.CBP_METRIC_HELP, set below
 //    by launch.py from engine/page/tables.py), the scheduling policies theirs
 //    (window.CBP_POLICY_HELP, from engine/page/panels/settings_panel.py).
@@ -48,12 +51,15 @@
 
   // Gradio's tracker writes "queue: 2/3 | 4.1/26.0s" (place/size | waited/estimate).
   const QUEUE = /queue:\s*(\d+)\s*\/\s*(\d+)\s*\|\s*([\d.]+)(?:\s*\/\s*([\d.]+))?\s*s/;
+  const PAGE_QUEUE = /^\s*Waiting for the model:/;  // progress_view.queue_line
   const queueNote = () => {
     const block = document.getElementById("status_markdown");
     if (!block) return;
     const tracker = block.querySelector("[data-testid=status-tracker]");
     const shown = tracker && !tracker.classList.contains("hide");
-    const m = shown ? QUEUE.exec(tracker.textContent || "") : null;
+    const line = block.querySelector("[data-testid=markdown]");
+    const waiting = PAGE_QUEUE.test((line && line.textContent) || "");  // the page's own line
+    const m = shown && !waiting ? QUEUE.exec(tracker.textContent || "") : null;
     let note = document.getElementById("queue_note");
     if (!m) {
       if (note) note.remove();

@@ -3,13 +3,15 @@
 ``playground``: Run, Stop and the step slider; ``run_turns``: a pressed Run's way to the model
 (a recent identical run at once, or its place in the queue); ``engine_work``: a run's engines,
 reference and servers, here or in the engine process; ``recording``: the recorded run the page
-opens on (``make record``). May import the core and every page room below it.
+opens on (``make record``); ``opening``: what a page opened from a setup link shows before its
+first Run. May import the core and every page room below it.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
 ``run_turns`` and ``engine_work`` serve it from inside.
 """
 
 __all__ = [
+    "opening",
     "playground",
     "recording",
 ]

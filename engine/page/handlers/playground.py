@@ -111,7 +111,7 @@ def run_event(*values, **named) -> Iterator[tuple]:
         yield run_outputs()
         return
     if turn.skip == STOPPED_PRESS:
-        yield _stopped_outputs(previous, STOPPED_IN_QUEUE, settings.x_axis)
+        yield _left_queue_outputs(previous)
         return
     try:
         yield from _run(settings, previous, handle, turn)
@@ -149,7 +149,7 @@ def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
     try:
         waited = yield from run_turns.wait_for_turn(model.queue, ticket, turn, find)
         if waited == run_turns.STOPPED:
-            yield _stopped_outputs(previous, STOPPED_IN_QUEUE, x_axis)
+            yield _left_queue_outputs(previous)
             return
         if waited != run_turns.TURN:  # an identical run finished while this one waited
             yield run_turns.replayed_outputs(waited, model.recent.age_s(waited), x_axis)
@@ -244,16 +244,18 @@ def _finished_outputs(
     yield progress_view.with_run_note(result.as_outputs(), "✓ **Finished:** results below.")
 
 
-def run_pressed(handle: RunHandle | None, seq=0, request: gr.Request | None = None):
+def run_pressed(handle: RunHandle | None, seq=0, request: gr.Request | None = None) -> tuple:
     """Run pressed (unqueued, before the run is sent or deferred): see ``RunHandle.press``;
     ``seq``: its click's number in the page's sequence of clicks (``page_io.RUN_CLICK_JS``).
-    The note under Run changes at once, unless no run goes for this press. The handle is noted
-    as the browser session's (``request``), for ``session_end_event``."""
+    Returns the note under Run and "Run live anyway": the note changes and the button goes at
+    once (it comes back only with a run shown at once), unless no run goes for this press (both
+    ``gr.skip()``). The handle is noted as the browser session's (``request``), for
+    ``session_end_event``."""
     if handle is not None and request is not None:
         handle.joined(request.session_hash)
     if handle is not None and not handle.press(int(seq or 0)):
-        return gr.skip()
-    return PRESSED_NOTE
+        return gr.skip(), gr.skip()
+    return PRESSED_NOTE, gr.Button(visible=False)
 
 
 def session_end_event(handles: RunHandle) -> Callable:
@@ -285,11 +287,11 @@ def stop_told(what: str) -> None:
 
 
 def left_queue_event(handle: RunHandle | None, previous: RunState | None, x_axis: str) -> tuple:
-    """The run waiting in Gradio's queue was cancelled (after Stop answered "queued"): previous
-    results, and why."""
+    """The run waiting in Gradio's queue was cancelled (after Stop answered "queued"): why, and
+    the previous run's status (its results still show; ``x_axis``: kept for the wiring)."""
     if handle is not None:
         handle.left_queue()
-    return _stopped_outputs(previous, STOPPED_IN_QUEUE, x_axis)
+    return _left_queue_outputs(previous)
 
 
 def _refused_outputs(previous: RunState | None, exc: ValueError) -> tuple:
@@ -298,6 +300,15 @@ def _refused_outputs(previous: RunState | None, exc: ValueError) -> tuple:
     gr.Warning(str(exc), title="Not run")
     previous_status = None if previous is None else run_status.status_line(previous)
     return progress_view.refused_outputs(str(exc), previous_status)
+
+
+def _left_queue_outputs(previous: RunState | None) -> tuple:
+    """A run stopped before it started: while it waited only the status line and the note under
+    Run changed, so only they are sent back, with the previous run's status line (its figures
+    are not drawn again: on a CPU busy with the run in progress, at the server's lower priority,
+    that redraw delayed "Stopped" by seconds)."""
+    previous_status = None if previous is None else run_status.status_line(previous)
+    return progress_view.left_queue_outputs(STOPPED_IN_QUEUE, previous_status)
 
 
 def _stopped_outputs(previous: RunState | None, message: str, x_axis: str) -> tuple:

@@ -27,7 +27,7 @@ from engine.page.run.live_run import EngineProgress
 from engine.page.run.recent_runs import RecentRun, replay_label
 from engine.page.run.run_cost import Work
 from engine.page.run.run_handle import Turn
-from engine.page.run.run_options import RunOptions
+from engine.page.run.run_options import RunOptions, RunSettings, options_from_page, prepare
 from engine.page.run.run_queue import RunQueue, Ticket
 from engine.page.run.shared_model import SharedModel
 from engine.page.views import progress_view, run_status
@@ -118,6 +118,18 @@ def setup_key(
     return (model.label, model.dtype_name, repr(config), knobs, rows)
 
 
+def settings_key(model: SharedModel, settings: RunSettings) -> tuple:
+    """``setup_key`` of the run that Run would start with ``settings`` on ``model``, which is
+    taken to be the run's precision (``settings.dtype`` is not looked at: see ``setup_key``).
+
+    Raises:
+        ValueError: the settings would be refused by Run (bad table, slots or knob).
+    """
+    options = options_from_page(settings)
+    requests, config = prepare(model, settings.rows, settings.num_slots, options)
+    return setup_key(model, requests, config, options)
+
+
 def replayed_outputs(recent: RecentRun, age_s: float, x_axis: str) -> tuple:
     """The Run event's outputs showing ``recent`` as what it is: an earlier real run, labelled."""
     label = replay_label(recent, age_s)
@@ -135,8 +147,9 @@ def wait_for_turn(
     """Yield the Run event's outputs with ``ticket``'s place until the model is its own.
 
     Returns (as the generator's value) ``TURN`` at its turn, ``STOPPED`` when Stop took it out of
-    the queue, or the ``RecentRun`` of an identical setup that finished while it waited
-    (``find_recent``): in a room, the first run of a setup serves everyone who waited for it.
+    the queue (at once: the queue wakes a ticket taken out, so no poll or resend delays it), or
+    the ``RecentRun`` of an identical setup that finished while it waited (``find_recent``): in a
+    room, the first run of a setup serves everyone who waited for it.
     """
     sent, sent_s = None, -math.inf
     try:

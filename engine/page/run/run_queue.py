@@ -137,7 +137,8 @@ class RunQueue:
             return ticket
 
     def wait_turn(self, ticket: Ticket, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for ``ticket``'s turn; True once the model is its own.
+        """Wait up to ``timeout_s`` for ``ticket``'s turn; True once the model is its own. A
+        ticket taken out meanwhile (Stop, ``leave``) ends the wait at once.
 
         Raises:
             ValueError: the ticket is not in the queue (it left, or it already ran).
@@ -146,7 +147,9 @@ class RunQueue:
             if self._running is ticket:
                 return True
             self._check_waiting(ticket)
-            self._changed.wait_for(lambda: self._is_next(ticket), timeout=timeout_s)
+            self._changed.wait_for(
+                lambda: self._is_next(ticket) or ticket not in self._waiting, timeout=timeout_s
+            )
             self._check_waiting(ticket)
             if not self._is_next(ticket):
                 return False

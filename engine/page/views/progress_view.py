@@ -110,8 +110,23 @@ def _coarse(seconds: float) -> str:
 
 def queued_outputs(line: str) -> tuple:
     """The Run event's outputs while the run waits for the model: its ``queue_line``, in the
-    status line and in the note under Run; everything else as is."""
-    return run_outputs(status_markdown=line, run_note_markdown=line)
+    status line and in the note under Run, and no "Run live anyway" (a run shown at once is no
+    longer what the page is about); everything else as is."""
+    return run_outputs(
+        status_markdown=line, run_note_markdown=line, live_button=gr.Button(visible=False)
+    )
+
+
+def left_queue_outputs(message: str, previous_status: str | None) -> tuple:
+    """The Run event's outputs for a run stopped before it started (while it waited, or before
+    its handler began): ``message`` in the status line, then the previous run's status if there
+    is one, and in the note under Run; everything else as is (the previous run still shows)."""
+    status = message
+    if previous_status:
+        status += f" Showing the previous run: {previous_status}"
+    return run_outputs(
+        status_markdown=status, run_note_markdown=message, live_button=gr.Button(visible=False)
+    )
 
 
 def with_run_note(outputs: tuple, note: str, live_button: bool = False) -> tuple:

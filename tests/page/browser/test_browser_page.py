@@ -28,10 +28,12 @@ DESKTOP = {"width": 1280, "height": 800}
 
 def test_page_opens_on_the_recorded_run(page: Page):
     """Before any Run: the status names the recording (device, dtype, date) and asks to press Run;
-    every chart is drawn, the tables are filled and the step slider redraws the step views."""
+    every chart is drawn, the tables are filled and the step slider redraws the step views; the
+    downloads box, with no files yet, is not shown."""
     status = _status(page)
     expect(status).to_contain_text("Recorded run")
     expect(status).to_contain_text("press Run to measure it here")
+    expect(page.locator("#downloads_file")).to_be_hidden()
     expect(status).to_contain_text(re.compile(r"CPU · float32.*\d{4}-\d\d-\d\d"))
     expect(status).to_contain_text(re.compile(r"continuous \d+ steps against static \d+"))
     _wait_for_plots(page)
@@ -51,6 +53,23 @@ def test_page_opens_on_the_recorded_run(page: Page):
     )
     expect(page.locator("#static_mask_plot .gtitle")).to_contain_text(f"Static step {step}:")
     expect(page.locator("#step_slider")).to_contain_text("continuous 0–")
+
+
+def test_a_link_to_another_setup_says_the_recorded_run_is_not_its_own(page: Page, server_url):
+    """Opened at ?preset=one-long-many-short, the page keeps the recorded run under the linked
+    preset's table and says so over it: the recorded run of the article's six requests, not of
+    the linked preset, which Run measures; a link to the recorded setup keeps its own label."""
+    page.goto(f"{server_url}?preset=one-long-many-short")
+    status = _status(page)
+    expect(status).to_contain_text("Not the linked setup", timeout=30_000)
+    expect(status).to_contain_text("recorded run of “Article's six requests” at 3 slots")
+    expect(status).to_contain_text("Press Run to measure “One long, many short” at 4 slots here")
+    _wait_for_plots(page)
+    page.goto(f"{server_url}?preset=seed&slots=3")
+    expect(page.locator("#preset_markdown")).to_contain_text("six", timeout=30_000)
+    page.wait_for_timeout(2000)  # the link's own events have ended
+    expect(status).to_contain_text("press Run to measure it here")
+    expect(status).not_to_contain_text("Not the linked setup")
 
 
 def _wait_for_plots(page: Page) -> None:
@@ -153,17 +172,24 @@ def _overlap(a: dict, b: dict) -> bool:
     )
 
 
-def _assert_titles_inside(page: Page) -> None:
-    """Every chart's title (and subtitle) lies inside its chart; the toolbar is hidden at rest."""
+def _assert_titles_inside(page: Page, phone: bool = False) -> None:
+    """Every chart's title (and subtitle) lies inside its chart; the toolbar is hidden at rest,
+    or on a phone (no hover: a tap left it shown) lies in a strip of its own above the title."""
     for elem_id in PLOT_IDS:
         (svg,) = _boxes(page, f"#{elem_id} .main-svg")[:1]
-        for title in _boxes(page, f"#{elem_id} .gtitle, #{elem_id} .gtitle-subtitle"):
+        titles = _boxes(page, f"#{elem_id} .gtitle, #{elem_id} .gtitle-subtitle")
+        for title in titles:
             inside = svg["left"] - 1 <= title["left"] and title["right"] <= svg["right"] + 1
             assert inside, f"{elem_id}: title {title['text']!r} cut off: {title} vs {svg}"
         opacity = page.locator(f"#{elem_id} .modebar-container").evaluate(
             "e => getComputedStyle(e).opacity"
         )
-        assert float(opacity) == 0, f"{elem_id}: the toolbar shows at rest, over the title"
+        if not phone:
+            assert float(opacity) == 0, f"{elem_id}: the toolbar shows at rest, over the title"
+            continue
+        (toolbar,) = _boxes(page, f"#{elem_id} .modebar")[:1]
+        over = [t["text"] for t in titles if _overlap(toolbar, t)]
+        assert not over, f"{elem_id}: the toolbar lies over {over}"
 
 
 def _assert_tables_readable(page: Page) -> None:
@@ -172,6 +198,14 @@ def _assert_tables_readable(page: Page) -> None:
         for header in _boxes(page, f"#{elem_id} th"):
             width_px = header["right"] - header["left"]
             assert width_px >= 56, f"{elem_id}: header {header['text']!r} is {width_px:.0f} px"
+    split = page.evaluate(  # a one-word header on two lines ("reques" over "t")
+        """() => Array.from(document.querySelectorAll('#outputs_table th .header'))
+            .filter(e => !e.textContent.trim().includes(' '))
+            .filter(e => e.getBoundingClientRect().height > 1.6 * parseFloat(
+                getComputedStyle(e).lineHeight || getComputedStyle(e).fontSize))
+            .map(e => e.textContent.trim())"""
+    )
+    assert not split, f"outputs table headers split mid-word: {split}"
 
 
 def _shoot(page: Page, name: str) -> None:
@@ -183,8 +217,9 @@ def _shoot(page: Page, name: str) -> None:
 
 
 def test_phone_layout_is_readable(page: Page):
-    """At 390 × 844: tables readable (they scroll sideways), CDF panel titles apart, chart titles
-    inside their charts with no toolbar over them. Screenshot: screenshots/phone-390.png."""
+    """At 390 × 844: tables readable (they scroll sideways, not cut at the screen's edge), CDF
+    panel titles apart, chart titles inside their charts with no toolbar over them.
+    Screenshot: screenshots/phone-390.png."""
     page.set_viewport_size(PHONE)
     _shoot(page, "phone-390.png")
     _assert_tables_readable(page)
@@ -193,8 +228,12 @@ def test_phone_layout_is_readable(page: Page):
     for i, a in enumerate(cdf_titles):
         for b in cdf_titles[i + 1 :]:
             assert not _overlap(a, b), f"CDF titles overlap: {a['text']!r} and {b['text']!r}"
-    _assert_titles_inside(page)
+    _assert_titles_inside(page, phone=True)
     for elem_id in ("metrics_table", "outputs_table"):
+        scroll = page.locator(f"#{elem_id} .table-container").evaluate(
+            "e => getComputedStyle(e).overflowX"
+        )
+        assert scroll == "auto", f"{elem_id}: cut off at the screen's edge, not scrolled"
         page.locator(f"#{elem_id}").screenshot(path=str(SCREENSHOTS / f"phone-{elem_id}.png"))
 
 

@@ -46,10 +46,12 @@ def page(monkeypatch) -> playground.SharedModel:
     return model
 
 
-def _events(handle: RunHandle, replay: bool = True, rows=ROWS):
+def _events(handle: RunHandle, replay: bool = True, rows=ROWS, previous=None):
     """A Run handler's updates (a generator), as the page's Run button starts it."""
     knobs = (2, False, True, "slots", 0, "decode_first", False, 0, "time")
-    return playground.run_event(rows, *knobs, handle=handle, replay_recent=replay)
+    return playground.run_event(
+        rows, *knobs, handle=handle, replay_recent=replay, previous=previous
+    )
 
 
 def _status(update: tuple) -> str:
@@ -145,11 +147,81 @@ def test_a_session_with_a_run_in_the_queue_cannot_queue_another(page):
 
 
 def test_pressing_run_changes_the_note_under_it_at_once():
-    """The unqueued press handler writes the note under Run; a repeat press during a run does
-    not."""
+    """The unqueued press handler writes the note under Run and hides "Run live anyway"; a repeat
+    press during a run changes neither."""
     handle = RunHandle()
-    assert playground.run_pressed(handle).startswith("**Run pressed:**")
-    assert playground.run_pressed(handle) == gr.skip(), "a repeat press rewrote the note"
+    note, live = playground.run_pressed(handle)
+    assert note.startswith("**Run pressed:**"), note
+    assert live.visible is False, "the press left Run live anyway shown"
+    repeat = playground.run_pressed(handle)
+    assert repeat == (gr.skip(), gr.skip()), f"a repeat press changed the page: {repeat}"
+
+
+def _live_shown(update: tuple) -> bool | None:
+    """Whether an update shows "Run live anyway" (None: it leaves the button as it is)."""
+    button = update[OUT["live_button"]]
+    return None if button == gr.skip() else button.visible
+
+
+def test_run_live_anyway_goes_once_pressed_and_comes_back_with_the_next_replay(page):
+    """ "Run live anyway", shown with a run shown at once, goes when pressed: the press hides it,
+    and so does every update of the live run while it waits in the queue and runs; the next run
+    shown at once shows it again."""
+    *_, done = _events(RunHandle())
+    (replayed,) = list(_events(RunHandle()))
+    assert _live_shown(replayed) is True, "no way to run it live"
+    holder = page.queue.join("someone else", 10)  # the live run has to wait its turn
+    assert page.queue.wait_turn(holder, timeout_s=0)
+    handle = RunHandle()
+    assert playground.run_pressed(handle)[1].visible is False, "the press left the button"
+    live = _events(handle, replay=False, previous=done[OUT["run_state"]])
+    waiting = next(live)
+    assert "Waiting for the model" in _status(waiting), _status(waiting)
+    assert _live_shown(waiting) is False, "the waiting live run left Run live anyway shown"
+    page.queue.leave(holder)
+    rest = list(live)
+    shown = [_live_shown(u) for u in rest]
+    assert True not in shown and shown[-1] is False, f"Run live anyway while it ran: {shown}"
+    (again,) = list(_events(RunHandle()))
+    assert _status(again).startswith("**Shown at once:**") and _live_shown(again) is True
+
+
+def test_stop_while_waiting_shows_at_once_and_redraws_nothing(page, monkeypatch):
+    """Stop on a run waiting in the queue ends its wait at once (not at its next poll), and what
+    the page is sent redraws nothing: the status line says it stopped, then the previous run's
+    status; the previous run's figures, tables and files stay as they are (a redraw at the
+    server's low priority, on a CPU busy with the run in progress, held "Stopped" back for
+    seconds)."""
+    poll_s = 2.0
+    monkeypatch.setattr(run_turns, "QUEUE_POLL_S", poll_s)
+    *_, done = _events(RunHandle(), replay=False)
+    previous = done[OUT["run_state"]]
+    holder = page.queue.join("someone else", 10)
+    assert page.queue.wait_turn(holder, timeout_s=0)
+    handle = RunHandle()
+    handle.press()
+    events = _events(handle, replay=False, previous=previous)
+    assert "Waiting for the model" in _status(next(events))
+    pressed_s = []
+
+    def press_stop():
+        pressed_s.append(time.monotonic())
+        handle.stop()
+
+    stop = threading.Timer(0.2, press_stop)
+    stop.start()
+    (stopped,) = list(events)
+    shown_s = time.monotonic() - pressed_s[0]
+    stop.join()
+    page.queue.leave(holder)
+    assert shown_s < poll_s / 2, f"Stop showed {shown_s:.1f} s after it was pressed"
+    status = _status(stopped)
+    assert status.startswith(playground.STOPPED_IN_QUEUE), status
+    assert "Showing the previous run:" in status and "✓ all match" in status, status
+    assert stopped[OUT["run_note_markdown"]] == playground.STOPPED_IN_QUEUE
+    changed = ("status_markdown", "run_note_markdown", "live_button")
+    redrawn = [n for n in RUN_OUTPUTS if n not in changed and stopped[OUT[n]] != gr.skip()]
+    assert not redrawn, f"a run stopped in the queue sent {redrawn} again"
 
 
 def test_runs_waiting_for_an_identical_setup_are_shown_its_run_when_it_ends(page):

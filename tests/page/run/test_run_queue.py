@@ -178,3 +178,23 @@ def test_runs_of_a_setup_already_ahead_cost_no_wait():
     assert queue.place(last).estimate_s == pytest.approx(10.0), (
         "a run about to be shown, not run, counted"
     )
+
+
+def test_a_ticket_taken_out_ends_its_wait_at_once():
+    """Stop takes a waiting run out of the queue (``leave``, from another thread): its handler's
+    ``wait_turn`` ends at once, not at the end of its poll, so the page can show it stopped."""
+    import time
+
+    queue = RunQueue()
+    holder = queue.join("a", 10)
+    assert queue.wait_turn(holder, timeout_s=0)
+    waiting = queue.join("b", 10)
+    timer = threading.Timer(0.1, queue.leave, args=(waiting,))
+    timer.start()
+    started_s = time.monotonic()
+    with pytest.raises(ValueError, match="no longer in the queue"):
+        queue.wait_turn(waiting, timeout_s=5.0)
+    waited_s = time.monotonic() - started_s
+    timer.join()
+    assert waited_s < 1.0, f"the wait went on {waited_s:.1f} s after the ticket left"
+    assert queue.size() == 1, "the run holding the model was touched"

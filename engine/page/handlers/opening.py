@@ -1,0 +1,99 @@
+"""What a page opened from a setup link shows before its first Run.
+
+The page opens on the recorded run of the default preset (``recording``). A link
+(``?preset=SLUG&slots=N``, engine settings such as ``budget=64``, or an edited ``table=``; applied
+by ``engine.page.inputs.page_io.from_link``) sets up another setup above it, and the recorded
+charts and tables under that setup's table read as if they were its own. So once the link is
+applied, ``link_opened`` reads what it set up, as Run would read it:
+
+* a run of that very setup measured on this host within the replay window
+  (``engine.page.run.recent_runs``) is shown, labelled as a Run shown at once is ("Shown at once:
+  measured at 14:02 on this host, 3 min ago, identical setup"), with "Run live anyway";
+* otherwise the recorded run stays, and the status line over the results says plainly whose run
+  it is, and that Run measures the linked setup.
+
+A page opened without a link, or with one that sets up the recorded run's own setup, stays as it
+opened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gradio as gr
+
+from engine.page.handlers import recording, run_turns
+from engine.page.inputs import link_query
+from engine.page.run.run_options import RunSettings, settings_from_run
+from engine.page.run.shared_model import SharedModel, get_model
+from engine.page.views import run_status
+from engine.page.views.run_view import run_outputs
+
+# A link's query keys that set a run up (``step`` moves the slider of a run, and sets none up).
+LINK_KEYS = ("preset", "slots", "table", *(param.name for param in link_query.PARAMS.values()))
+
+
+def link_opened(request: gr.Request | None, preset_name: str | None, *values) -> tuple:
+    """After ``page_io.from_link``: the linked setup's recent run, or the recorded run said to be
+    another setup's (see the module docstring).
+
+    Takes the preset dropdown's value, then Run's inputs in ``run_options.RUN_INPUTS`` order (the
+    page as the link left it; ``previous`` is the run on the page). Returns the Run event's
+    outputs (``run_view.RUN_OUTPUTS``), each left as it is (``gr.skip()``) where nothing changes,
+    as all are once the session pressed Run.
+    """
+    query = dict(request.query_params) if request is not None else {}
+    settings, previous, handle = settings_from_run(*values)
+    if not any(key in query for key in LINK_KEYS) or not _untouched(previous, handle):
+        return run_outputs()
+    model = get_model()
+    linked = _setup_key(model, settings)
+    if linked is None:  # a Run of it would be refused, and say why: nothing to show yet
+        return run_outputs()
+    recent = model.recent.find(linked)
+    if recent is not None:
+        shown = run_turns.replayed_outputs(recent, model.recent.age_s(recent), settings.x_axis)
+    elif linked != _setup_key(model, recording.recorded_settings()):
+        shown = run_outputs(status_markdown=not_linked_status(previous, preset_name, settings))
+    else:
+        shown = run_outputs()
+    return shown if _untouched(previous, handle) else run_outputs()  # Run pressed meanwhile
+
+
+def _untouched(previous, handle) -> bool:
+    """The page still shows the recorded run it opened on (``previous``), and no Run of the
+    session (``handle``, its ``RunHandle``) waits or goes: what Run shows is never overwritten."""
+    return getattr(previous, "recorded", None) is not None and (handle is None or handle.idle)
+
+
+def not_linked_status(previous, preset_name: str | None, settings: RunSettings) -> str:
+    """The status line over the recorded run (``previous``, a ``RunState`` whose ``recorded`` is
+    set) when a link set up another setup: whose run it is, whose it is not, and what Run does."""
+    recorded = previous.recorded
+    linked = f"“{preset_name}”" if preset_name else "the requests above"
+    slots = int(settings.num_slots or 0)
+    linked += f" at {_slots(slots)}" if slots else ""
+    linked += " with prefix caching" if settings.prefix_caching else ""
+    head = (
+        f"**Not the linked setup:** the results below are the recorded run of "
+        f"“{recorded.preset}” at {_slots(recorded.num_slots)} "
+        f"({recorded.device_label}, {recorded.date}), not of {linked}. "
+        f"Press Run to measure {linked} here."
+    )
+    unlabelled = dataclasses.replace(previous, recorded=None)  # its own label says "press Run"
+    return f"{head}  \n{run_status.status_line(unlabelled)}"
+
+
+def _setup_key(model: SharedModel, settings: RunSettings) -> tuple | None:
+    """The setup key of a Run with ``settings`` (``run_turns.settings_key``); None when Run would
+    refuse it, or would run another precision than ``model``'s."""
+    if (settings.dtype or "auto").strip().lower() not in ("auto", model.dtype_name):
+        return None
+    try:
+        return run_turns.settings_key(model, settings)
+    except ValueError:
+        return None
+
+
+def _slots(n: int) -> str:
+    return f"{n} slot" if n == 1 else f"{n} slots"
