@@ -93,7 +93,7 @@ class ModelSpec:
         """The model, loaded and warmed up (on the calling thread)."""
         if self.load is not None:
             return self.load(self)
-        return shared_model.load_and_warm_up(self.model, self.device, self.dtype)
+        return shared_model.load_and_warm_up(self.model, self.device, self.dtype, calibrate=False)
 
 
 class EngineProcess:

@@ -37,8 +37,18 @@ from engine.model.model_runner import ModelRunner
 from engine.page.run.engine_thread import ENGINE_THREAD
 from engine.page.run.host_servers import PageServers
 from engine.page.run.recent_runs import RecentRuns, replay_window_s
+from engine.page.run.run_cost import Work
 from engine.page.run.run_queue import RunQueue
 from engine.workloads.workload import parse_table, tokenize_requests
+
+# Timed at start for the queue's first estimates (``SharedModel.calibrate_pace``): a tour run in
+# small, 28 static steps (two waves) and about 20 continuous steps on 3 slots.
+CALIBRATION_TABLE = [
+    ["Explain what a KV cache stores.", 16],
+    ["Name three colours.", 4],
+    ["Why is the sky blue?", 8],
+    ["Write one sentence about batching.", 12],
+]
 
 
 @dataclass
@@ -158,6 +168,27 @@ class SharedModel:
         StaticEngine(self.runner, config).run(requests)
         ContinuousEngine(self.runner, config).run(requests)
 
+    def calibrate_pace(self) -> tuple[Work, dict[str, float]]:
+        """Time both engines on ``CALIBRATION_TABLE`` (3 slots) and teach the run queue that pace
+        (``RunQueue.calibrate``), so a room's first estimates come from a quiet, warm page: about
+        1 to 2 s at start on a 2-core CPU with SmolLM2-135M. Its step counts are the traces'.
+        Returns the work timed and its seconds in each engine."""
+        specs = parse_table(CALIBRATION_TABLE)
+        requests = tokenize_requests(
+            specs, self.loaded.tokenizer, chat_template=False, max_context=self.loaded.max_context
+        )
+        config = EngineConfig(num_slots=3)
+        static = StaticEngine(self.runner, config).run(requests)
+        continuous = ContinuousEngine(self.runner, config).run(requests)
+        work = Work(
+            static_steps=len(static.steps),
+            continuous_steps=len(continuous.steps),
+            prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
+        )
+        parts_s = {"static": static.wall_s, "continuous": continuous.wall_s}
+        self.queue.calibrate(work, parts_s)
+        return work, parts_s
+
 
 def _converted(loaded: LoadedModel, dtype_name: str) -> LoadedModel:
     """A copy of ``loaded`` with its weights cast to ``dtype_name`` (models without a loader)."""
@@ -191,14 +222,19 @@ def load_shared_model(
     return _shared_model
 
 
-def load_and_warm_up(model: str | None, device: str | None, dtype: str | None) -> SharedModel:
+def load_and_warm_up(
+    model: str | None, device: str | None, dtype: str | None, calibrate: bool = True
+) -> SharedModel:
     """``load_model(model, device, dtype)`` as a warmed-up ``SharedModel``, on the calling thread
-    (the engine thread, or the engine process's main thread)."""
+    (the engine thread, or the engine process's main thread); ``calibrate``: time its pace for the
+    queue's estimates too (``SharedModel.calibrate_pace``; the engine process has no queue)."""
     loaded = load_model(model, device, dtype)
     shared = SharedModel.from_loaded(
         loaded, loader=lambda name: load_model(model, str(loaded.device), name)
     )
     shared.warm_up()
+    if calibrate:
+        shared.calibrate_pace()
     return shared
 
 

@@ -82,7 +82,8 @@ def progress_line(
 
 def queue_line(place: Place, measured: bool) -> str:
     """Markdown: a waiting run's true place, the total, its wait so far and the estimate (or why
-    there is none yet: ``measured`` False before any run finished on this host)."""
+    there is none yet: ``measured`` False before any run finished on this host, or was timed at
+    start)."""
     ahead = place.place - 1  # the run in progress included
     line = f"**Waiting for the model:** place {place.place} of {place.total}"
     if ahead == 0:

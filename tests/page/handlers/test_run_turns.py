@@ -272,7 +272,8 @@ def test_a_waiting_run_sends_its_line_only_when_its_words_change(monkeypatch):
     assert len(polls) >= 600, len(polls)
     expected = "place 2 of 2 (yours is next, after the run in progress) · waited 0 s"
     assert expected in sends[0][1], sends[0][1]
-    assert len(sends) <= 2 + 60 / run_turns.QUEUE_RESEND_S, f"{len(sends)} sends in 60 s"
+    # its words change every 10 s (the wait, rounded), or it is sent again after QUEUE_RESEND_S
+    assert len(sends) <= 2 + 60 / min(10.0, run_turns.QUEUE_RESEND_S), f"{len(sends)} sends in 60 s"
     for (before_s, before), (after_s, after) in zip(sends, sends[1:], strict=False):
         gap_s = after_s - before_s
         assert after != before or gap_s >= run_turns.QUEUE_RESEND_S - 0.2, (gap_s, after)

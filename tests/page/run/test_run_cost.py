@@ -131,19 +131,19 @@ def test_a_reference_a_run_ahead_computes_is_not_counted_again():
 
 
 def test_a_reference_stored_since_a_run_joined_is_no_longer_counted():
-    """A waiting run's references are checked again at each estimate (``recheck``): one stored
+    """A waiting run's references are checked again once a run ended (``recheck``): one stored
     meanwhile (by another setup's run) costs nothing any more."""
     key = (tuple(range(10)), None)
     stored = set()
     recheck = lambda refs: {k: c for k, c in refs.items() if k not in stored}  # noqa: E731
     queue = RunQueue(s_per_step=0.1, stale_s=1e9)
-    queue.join("a", Work(continuous_steps=100))
+    running = queue.join("a", Work(continuous_steps=100))
+    assert queue.wait_turn(running, timeout_s=0)
     waiting = queue.join("b", Work(continuous_steps=100, references={key: 50}, recheck=recheck))
     last = queue.join("c", Work(continuous_steps=1))
-    before = queue.place(last).estimate_s
-    stored.add(key)
+    assert queue.place(last).estimate_s > queue.pace.cost_s(waiting.work)
+    stored.add(key)  # the running run stored it
+    queue.finish(running, wall_s=10.0 + queue.pace.run_s, parts_s={"continuous": 10.0})
     after = queue.place(last).estimate_s
-    assert before - after == pytest.approx(
-        queue.pace.cost_s(waiting.work) - queue.pace.cost_s(waiting.work, references={})
-    )
-    assert after < before
+    assert after == pytest.approx(queue.pace.cost_s(waiting.work, references={}))
+    assert after < queue.pace.cost_s(waiting.work)

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from engine.page.run.run_cost import Pace
+from engine.page.run.run_cost import Pace, Work
 from engine.page.run.run_queue import MIN_PROGRESS_STEPS, RunQueue
 
 
@@ -198,3 +198,49 @@ def test_a_ticket_taken_out_ends_its_wait_at_once():
     timer.join()
     assert waited_s < 1.0, f"the wait went on {waited_s:.1f} s after the ticket left"
     assert queue.size() == 1, "the run holding the model was touched"
+
+
+def test_a_pace_timed_at_start_prices_the_first_waits_and_never_overrides_a_finished_run():
+    """``calibrate`` teaches the pace of a run timed at start (as if it finished, rendering at the
+    prior), so the first waiting run gets an estimate before any run finished; once a run taught
+    a pace, a later calibration changes nothing."""
+    queue = RunQueue(stale_s=1e9)
+    timed = Work(static_steps=20, continuous_steps=10)
+    queue.calibrate(timed, {"static": 4.0, "continuous": 2.0})  # 0.2 s per step in either
+    assert queue.measured
+    first, second = queue.join("a", Work(static_steps=50, continuous_steps=50)), queue.join("b", 1)
+    assert queue.place(second).estimate_s == pytest.approx(100 * 0.2 + queue.pace.run_s)
+    assert queue.wait_turn(first, timeout_s=0)
+    queue.finish(
+        first, wall_s=100 * 0.4 + queue.pace.run_s, parts_s={"static": 20, "continuous": 20}
+    )
+    taught = queue.pace.s_per_unit()
+    queue.calibrate(timed, {"static": 40.0, "continuous": 20.0})
+    assert queue.pace.s_per_unit() == pytest.approx(taught), "a calibration overrode a real run"
+
+
+def test_the_store_is_read_for_a_waiting_run_once_per_run_ended():
+    """Looking at places again and again reads which references are still missing once; after a
+    run ended (which may have stored some), the next look reads it again and prices what the
+    store now holds."""
+    stored, reads = set(), []
+
+    def recheck(references):
+        reads.append(1)
+        return {key: cap for key, cap in references.items() if key not in stored}
+
+    queue = RunQueue(pace=Pace.uniform(1.0, run_s=0.0), clock=Clock(), stale_s=1e9)
+    running = queue.join("a", 10)
+    assert queue.wait_turn(running, timeout_s=0)
+    refs = {((1, 2, 3), None): 4}
+    ahead = queue.join("b", Work(continuous_steps=10, references=refs, recheck=recheck))
+    last = queue.join("c", 1)
+    first = queue.place(last).estimate_s
+    for _ in range(5):
+        assert queue.place(last).estimate_s == pytest.approx(first)
+    assert len(reads) == 1, f"the store was read {len(reads)} times between two runs"
+    stored.add(((1, 2, 3), None))
+    queue.finish(running, wall_s=10.0, parts_s={"continuous": 10.0})
+    assert queue.place(last).estimate_s < first, "a reference stored meanwhile is still priced"
+    assert len(reads) == 2
+    assert ahead.missing[1] == {}
