@@ -176,3 +176,14 @@ def test_arrivals_preset_arrives_over_time():
     arrivals = [spec.arrival_s for spec in parse_table(rows)]
     assert arrivals == sorted(arrivals) and arrivals[0] == 0 and arrivals[-1] > 1, arrivals
     assert "arrival_s" in text and len(text) > 200, "the preset lacks its explanation"
+
+
+def test_a_warning_quoting_a_cell_shows_its_markup_as_text():
+    """Gradio renders a toast's message as HTML: a cell's markup quoted in a warning (a table
+    shared through a link can carry any) arrives escaped, as text, never as a tag."""
+    cell = "<img src=x onerror=alert(1)>"
+    with pytest.warns(UserWarning) as warned:
+        shown = page_io.show_table_files([["hi", cell, 0]])
+    message = str(warned[0].message)
+    assert shown == SKIP
+    assert "&lt;img src=x onerror=alert(1)&gt;" in message and "<img" not in message, message
