@@ -108,6 +108,7 @@ class RunQueue:
     _running: Ticket | None = None
     _numbers: itertools.count = field(default_factory=itertools.count)
     _runs_ended: int = 0  # runs that took the model and gave it back
+    _calibrated_only: bool = False  # the pace is the one timed at start (``calibrate``)
     _changed: threading.Condition = field(default_factory=threading.Condition)
 
     def __post_init__(self) -> None:
@@ -177,11 +178,14 @@ class RunQueue:
         if it had finished here (its rendering at the prior ``run_cost.RUN_S``), unless a run
         already taught one. So the first estimates come from a quiet page, not from the first
         run's early steps, which a room's joins slow (2026-12-03: a 30-session room's first run
-        went 2.3x to 2.8x slower than alone, and the estimates it gave missed by 20 to 90 %)."""
+        went 2.3x to 2.8x slower than alone, and the estimates it gave missed by 20 to 90 %).
+        The first run that finishes replaces this pace rather than averaging with it: a start on
+        a busy machine (another page's run) timed a pace 25x too slow (2026-12-03)."""
         with self._changed:
             if not self.pace.known:
                 self.pace.learn(work, sum(parts_s.values()) + self.pace.run_s, parts_s)
                 self.s_per_step = self.pace.s_per_unit()
+                self._calibrated_only = True
 
     def progress(self, ticket: Ticket, steps_done: int) -> None:
         """The running ``ticket``'s run has done ``steps_done`` engine steps."""
@@ -196,6 +200,8 @@ class RunQueue:
         (None: unknown): free the model and teach the pace (``run_cost.Pace.learn``)."""
         with self._changed:
             if wall_s > 0:
+                if self._calibrated_only:  # a real run here outweighs the pace timed at start
+                    self.pace, self._calibrated_only = Pace(), False
                 self.pace.learn(ticket.work, wall_s, parts_s)
                 self.s_per_step = self.pace.s_per_unit()
         self.leave(ticket)

@@ -202,8 +202,9 @@ def test_a_ticket_taken_out_ends_its_wait_at_once():
 
 def test_a_pace_timed_at_start_prices_the_first_waits_and_never_overrides_a_finished_run():
     """``calibrate`` teaches the pace of a run timed at start (as if it finished, rendering at the
-    prior), so the first waiting run gets an estimate before any run finished; once a run taught
-    a pace, a later calibration changes nothing."""
+    prior), so the first waiting run gets an estimate before any run finished; the first run that
+    finishes replaces that pace (a busy start must not skew it), and a later calibration changes
+    nothing."""
     queue = RunQueue(stale_s=1e9)
     timed = Work(static_steps=20, continuous_steps=10)
     queue.calibrate(timed, {"static": 4.0, "continuous": 2.0})  # 0.2 s per step in either
@@ -215,6 +216,7 @@ def test_a_pace_timed_at_start_prices_the_first_waits_and_never_overrides_a_fini
         first, wall_s=100 * 0.4 + queue.pace.run_s, parts_s={"static": 20, "continuous": 20}
     )
     taught = queue.pace.s_per_unit()
+    assert taught == pytest.approx(0.4), "the first run did not replace the pace timed at start"
     queue.calibrate(timed, {"static": 40.0, "continuous": 20.0})
     assert queue.pace.s_per_unit() == pytest.approx(taught), "a calibration overrode a real run"
 
