@@ -22,8 +22,9 @@
 
 The summary says what the workshop needs: every session got a full result, with no error; the
 sessions on an already-run setup got theirs within ``REPLAY_TARGET_S``; each waiting session's
-first estimate against its actual wait (target: within ±30 %). The page has no estimate until
-the first run on this host has done a few steps; every estimate it tells counts.
+first estimate against its actual wait (target: within ±30 %). The page times its pace at start
+(``SharedModel.calibrate_pace``), so a session that waits is told an estimate from its first
+line; every estimate it tells counts.
 """
 
 from __future__ import annotations

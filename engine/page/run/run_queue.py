@@ -46,6 +46,8 @@ STALE_S = 15.0  # a waiting ticket not asked about for this long is dropped
 # first steps carry its prompts' prefill, and its progress reaches the queue seconds late (the
 # page's updates are paced), so a pace taken at once read 12x too slow in a room (2026-12-02).
 MIN_PROGRESS_STEPS = 20
+# The running run's pace over the learned one, as applied to the wait of the runs behind it.
+SLOWDOWN_RANGE = (0.5, 3.0)
 
 
 @dataclass
@@ -174,7 +176,7 @@ class RunQueue:
             self._changed.notify_all()
 
     def calibrate(self, work: Work, parts_s: dict[str, float]) -> None:
-        """Teach the pace a run of ``work`` timed at start, ``parts_s`` seconds in each engine, as
+        """Teach the pace a run of ``work`` timed at start, ``parts_s`` seconds in each part, as
         if it had finished here (its rendering at the prior ``run_cost.RUN_S``), unless a run
         already taught one. So the first estimates come from a quiet page, not from the first
         run's early steps, which a room's joins slow (2026-12-03: a 30-session room's first run
@@ -182,7 +184,7 @@ class RunQueue:
         The first run that finishes replaces this pace rather than averaging with it: a start on
         a busy machine (another page's run) timed a pace 25x too slow (2026-12-03)."""
         with self._changed:
-            if not self.pace.known:
+            if not self.pace.known:  # the engines' parts by name, the rest as the reference's
                 self.pace.learn(work, sum(parts_s.values()) + self.pace.run_s, parts_s)
                 self.s_per_step = self.pace.s_per_unit()
                 self._calibrated_only = True
@@ -235,15 +237,16 @@ class RunQueue:
             return None
         setups = set() if running is None or running.setup is None else {running.setup}
         computed = {} if running is None else dict(running.work.references)  # key -> cap
+        slowdown = self._slowdown(pace)
         wait_s = 0.0
         if running is not None and not (running.setup and self.shown_instead(running.setup)):
-            wait_s += self._left_s(running, pace, now)
+            wait_s += self._left_s(running, pace, now, slowdown)
         for t in ahead:  # a setup already ahead is measured once; the rest are shown that run
             free = t.setup is not None and (t.setup in setups or self.shown_instead(t.setup))
             if not free:
                 missing = self._missing_now(t)
                 refs = {k: c for k, c in missing.items() if computed.get(k, -1) < c}
-                wait_s += pace.cost_s(t.work, refs)
+                wait_s += slowdown * pace.cost_s(t.work, refs)
                 computed.update(refs)
             if t.setup is not None:
                 setups.add(t.setup)
@@ -258,13 +261,26 @@ class RunQueue:
             ticket.missing = (self._runs_ended, ticket.work.missing_now())
         return ticket.missing[1]
 
-    def _left_s(self, running: Ticket, pace: Pace, now: float) -> float:
-        """What is left of the running run: its cost less its time so far, and at least its
-        engine steps not yet done at the pace (a run slower than its estimate)."""
-        left_s = pace.cost_s(running.work) - (now - running.started_s)
+    def _left_s(self, running: Ticket, pace: Pace, now: float, slowdown: float = 1.0) -> float:
+        """What is left of the running run: its cost (at the ``slowdown`` it shows) less its time
+        so far, and at least its engine steps not yet done at that pace."""
+        left_s = slowdown * pace.cost_s(running.work) - (now - running.started_s)
         if running.steps_done:
-            left_s = max(left_s, pace.engine_s_left(running.work, running.steps_done))
+            left = pace.engine_s_left(running.work, running.steps_done)
+            left_s = max(left_s, slowdown * left)
         return max(0.0, left_s)
+
+    def _slowdown(self, pace: Pace) -> float:
+        """How much slower than ``pace`` the running run's engine steps go, as of its last report
+        (1 before ``MIN_PROGRESS_STEPS``; clipped to ``SLOWDOWN_RANGE``): the load on the page
+        now (people joining, a busy machine) is the best guess of the load while those ahead
+        run. In a 30-session room, estimates from the pace alone were 30 to 54 % short while
+        joins slowed the first runs 1.4x to 2.1x (2026-12-03)."""
+        progress = self._progress_pace()
+        if progress is None or pace is progress:
+            return 1.0
+        ratio = progress.s_per_unit() / pace.s_per_unit()
+        return min(max(ratio, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
 
     def _progress_pace(self) -> Pace | None:
         """Before any run finished: the running run's pace so far, as of its last report (None

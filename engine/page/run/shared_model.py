@@ -37,7 +37,7 @@ from engine.model.model_runner import ModelRunner
 from engine.page.run.engine_thread import ENGINE_THREAD
 from engine.page.run.host_servers import PageServers
 from engine.page.run.recent_runs import RecentRuns, replay_window_s
-from engine.page.run.run_cost import Work
+from engine.page.run.run_cost import REFERENCE, Work
 from engine.page.run.run_queue import RunQueue
 from engine.workloads.workload import parse_table, tokenize_requests
 
@@ -169,10 +169,11 @@ class SharedModel:
         ContinuousEngine(self.runner, config).run(requests)
 
     def calibrate_pace(self) -> tuple[Work, dict[str, float]]:
-        """Time both engines on ``CALIBRATION_TABLE`` (3 slots) and teach the run queue that pace
+        """Time both engines and the reference (``model.generate``, one request at a time, kept
+        in memory only) on ``CALIBRATION_TABLE`` (3 slots) and teach the run queue that pace
         (``RunQueue.calibrate``), so a room's first estimates come from a quiet, warm page: about
-        1 to 2 s at start on a 2-core CPU with SmolLM2-135M. Its step counts are the traces'.
-        Returns the work timed and its seconds in each engine."""
+        2 to 3 s at start on a 2-core CPU with SmolLM2-135M. Its step counts are the traces'.
+        Returns the work timed and its seconds in each part (the engines' and ``"reference"``)."""
         specs = parse_table(CALIBRATION_TABLE)
         requests = tokenize_requests(
             specs, self.loaded.tokenizer, chat_template=False, max_context=self.loaded.max_context
@@ -180,12 +181,18 @@ class SharedModel:
         config = EngineConfig(num_slots=3)
         static = StaticEngine(self.runner, config).run(requests)
         continuous = ContinuousEngine(self.runner, config).run(requests)
+        reference = ReferenceCache(self.runner)  # no store: these outputs are no one's run
+        references = reference.missing(requests)
+        start_s = time.perf_counter()
+        reference.outputs(requests)
         work = Work(
             static_steps=len(static.steps),
             continuous_steps=len(continuous.steps),
             prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
+            references=references,
         )
         parts_s = {"static": static.wall_s, "continuous": continuous.wall_s}
+        parts_s[REFERENCE] = time.perf_counter() - start_s
         self.queue.calibrate(work, parts_s)
         return work, parts_s
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from engine.page.run.run_cost import Pace, Work
-from engine.page.run.run_queue import MIN_PROGRESS_STEPS, RunQueue
+from engine.page.run.run_queue import MIN_PROGRESS_STEPS, SLOWDOWN_RANGE, RunQueue
 
 
 class Clock:
@@ -246,3 +246,21 @@ def test_the_store_is_read_for_a_waiting_run_once_per_run_ended():
     assert queue.place(last).estimate_s < first, "a reference stored meanwhile is still priced"
     assert len(reads) == 2
     assert ahead.missing[1] == {}
+
+
+def test_a_running_run_slower_than_the_pace_stretches_the_waits_behind_it():
+    """Once the running run has done ``MIN_PROGRESS_STEPS``, its pace over the learned one scales
+    what is left of it and the runs behind it (the load now is the best guess of the load
+    then), clipped to ``SLOWDOWN_RANGE``."""
+    clock = Clock()
+    queue = RunQueue(pace=Pace.uniform(0.1, run_s=0.0), clock=clock, stale_s=1e9)
+    running, last = queue.join("a", 100), (queue.join("b", 50), queue.join("c", 1))[1]
+    assert queue.wait_turn(running, timeout_s=0)
+    assert queue.place(last).estimate_s == pytest.approx(10.0 + 5.0), "at the pace"
+    clock.now_s += 8.0
+    queue.progress(running, 40)  # 0.2 s a step: twice the pace
+    assert queue.place(last).estimate_s == pytest.approx(60 * 0.2 + 2 * 5.0)
+    clock.now_s += 92.0
+    queue.progress(running, 50)  # 2 s a step: clipped to the range's top
+    top = SLOWDOWN_RANGE[1]
+    assert queue.place(last).estimate_s == pytest.approx(top * 0.1 * 50 + top * 5.0)
