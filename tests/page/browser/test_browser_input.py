@@ -64,7 +64,7 @@ def _fill_engine_setting(page: Page, elem_id: str, text: str) -> None:
     """Type ``text`` into a number box of the Engine settings accordion (opened if closed)."""
     box = page.locator(f"#{elem_id} input")
     if not box.is_visible():
-        page.get_by_text("Engine settings").click()
+        page.get_by_text("Engine settings", exact=True).click()
     expect(box).to_be_visible()
     for _ in range(5):  # the accordion may still be rendering its contents: fill until it sticks
         box.fill(text)

@@ -40,7 +40,7 @@ def test_bfloat16_near_ties_show_as_approx_and_open_a_divergence_view(page: Page
     for row in (1, 2, 4, 5):  # the default preset is the article's six requests at 3 slots
         _edit_cell(page, row, 1, CAP)
     if not page.locator("#dtype_dropdown input").is_visible():
-        page.get_by_text("Engine settings").click()
+        page.get_by_text("Engine settings", exact=True).click()
     _pick(page, "dtype_dropdown", "bfloat16")
     tracker = page.locator("#status_markdown [data-testid=status-tracker]")
     page.locator("#run_button").click()

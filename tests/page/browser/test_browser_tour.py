@@ -70,7 +70,7 @@ def test_tour_on_a_phone_names_the_step_once_and_numbers_its_bars(page: Page):
 )
 def test_readme_screenshot(page: Page):
     """The README's picture: the article's six requests, paged KV at 16 MiB (one preemption)."""
-    page.get_by_text("Engine settings").click()
+    page.get_by_text("Engine settings", exact=True).click()
     budget = page.locator("#kv_budget_number input")
     expect(budget).to_be_visible()
     for _ in range(5):  # the accordion may still be rendering its contents: fill until it sticks
