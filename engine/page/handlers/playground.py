@@ -16,7 +16,6 @@ parsed in ``engine.page.run.run_options``.
 from __future__ import annotations
 
 import functools
-import html
 import time
 from collections.abc import Callable, Iterator
 
@@ -24,6 +23,7 @@ import gradio as gr
 
 from engine.page.handlers import run_turns
 from engine.page.handlers.engine_work import run_engines
+from engine.page.inputs.page_io import toast_text
 from engine.page.run.live_run import LiveRun
 from engine.page.run.run_handle import IDLE, REPEAT_PRESS, STOPPED_PRESS, RunHandle, Turn
 from engine.page.run.run_options import (
@@ -234,11 +234,11 @@ def _finished_outputs(
         reason = progress_view.plain_markdown(str(exc))
         yield _stopped_outputs(previous, f"**Stopped:** {reason}", x_axis)
         if isinstance(exc, RunStopped):
-            raise gr.Error(f"Run stopped: {_toast(exc)}", print_exception=False) from None
-        gr.Warning(_toast(exc), title="Run stopped")  # bad input: told, as before the run
+            raise gr.Error(f"Run stopped: {toast_text(exc)}", print_exception=False) from None
+        gr.Warning(toast_text(exc), title="Run stopped")  # bad input: told, as before the run
         return
     for name, message in state.server_failures.items():  # the rest is shown: a toast each
-        gr.Warning(_toast(message), title=f"{_toast(name)}: no results")
+        gr.Warning(toast_text(message), title=f"{toast_text(name)}: no results")
     result = render(state, x_axis)
     if on_done is not None:
         on_done(state, result)
@@ -298,7 +298,7 @@ def left_queue_event(handle: RunHandle | None, previous: RunState | None, x_axis
 def _refused_outputs(previous: RunState | None, exc: ValueError) -> tuple:
     """A run refused for bad input: the reason in the status line and a warning toast; every other
     output, and the previous run's results with it, stays as it is."""
-    gr.Warning(_toast(exc), title="Not run")
+    gr.Warning(toast_text(exc), title="Not run")
     previous_status = None if previous is None else run_status.status_line(previous)
     return progress_view.refused_outputs(str(exc), previous_status)
 
@@ -329,10 +329,4 @@ def _user_errors(fn: Callable):
     try:
         return fn()
     except ValueError as exc:
-        raise gr.Error(_toast(exc), print_exception=False) from exc
-
-
-def _toast(message) -> str:
-    """``message`` as a toast's text: Gradio renders a toast's message as HTML, and an error may
-    quote what a person typed, uploaded or linked (a table's cell)."""
-    return html.escape(str(message), quote=False)
+        raise gr.Error(toast_text(exc), print_exception=False) from exc

@@ -262,7 +262,7 @@ def upload_workload(path: str | None) -> tuple:
     try:
         specs = workload_files.load_workload_file(path)
     except ValueError as exc:
-        gr.Warning(html.escape(str(exc), quote=False), title="Not loaded")
+        gr.Warning(toast_text(exc), title="Not loaded")
         return gr.skip(), gr.skip(), gr.skip()
     text = f"Uploaded {table_summary(specs)}."
     return workload_files.table_rows(specs, sampling_columns=True), None, text
@@ -285,7 +285,7 @@ def show_table_files(rows) -> gr.File:
     try:
         return gr.File(value=table_files(rows), visible=True)
     except ValueError as exc:
-        gr.Warning(html.escape(str(exc), quote=False), title="No download")
+        gr.Warning(toast_text(exc), title="No download")
         return gr.skip()
 
 
@@ -297,5 +297,12 @@ def _warn_link(name: str, value: str, instead: str) -> None:
     """A warning toast: the link's ``name=value`` (clipped, as plain text) is unusable, and why."""
     if len(value) > MAX_QUOTED_CHARS:
         value = value[:MAX_QUOTED_CHARS] + "…"
-    why = html.escape(instead, quote=False)
+    why = toast_text(instead)
     gr.Warning(f"The link's {name}={html.escape(value)!r} is ignored: {why}.", title="Link")
+
+
+def toast_text(message) -> str:
+    """``message`` as a toast's text: Gradio renders a toast's message as HTML, and an error may
+    quote what a person typed, uploaded or linked (a table's cell). Escaping ``&`` and ``<`` is
+    enough for no tag to form, and leaves a message's ``>= 0`` as it reads."""
+    return str(message).replace("&", "&amp;").replace("<", "&lt;")
