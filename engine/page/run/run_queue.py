@@ -237,7 +237,7 @@ class RunQueue:
             return None
         setups = set() if running is None or running.setup is None else {running.setup}
         computed = {} if running is None else dict(running.work.references)  # key -> cap
-        slowdown = self._slowdown(pace)
+        slowdown = self._slowdown() if self.pace.known else 1.0  # else the pace is the progress
         wait_s = 0.0
         if running is not None and not (running.setup and self.shown_instead(running.setup)):
             wait_s += self._left_s(running, pace, now, slowdown)
@@ -270,21 +270,21 @@ class RunQueue:
             left_s = max(left_s, slowdown * left)
         return max(0.0, left_s)
 
-    def _slowdown(self, pace: Pace) -> float:
-        """How much slower than ``pace`` the running run's engine steps go, as of its last report
-        (1 before ``MIN_PROGRESS_STEPS``; clipped to ``SLOWDOWN_RANGE``): the load on the page
-        now (people joining, a busy machine) is the best guess of the load while those ahead
-        run. In a 30-session room, estimates from the pace alone were 30 to 54 % short while
+    def _slowdown(self) -> float:
+        """How much slower than the learned pace the running run's engine steps go, as of its last
+        report (1 before ``MIN_PROGRESS_STEPS``; clipped to ``SLOWDOWN_RANGE``): the load on the
+        page now (people joining, a busy machine) is the best guess of the load while those
+        ahead run. In a 30-session room, estimates from the pace alone were 30 to 54 % short while
         joins slowed the first runs 1.4x to 2.1x (2026-12-03)."""
         progress = self._progress_pace()
-        if progress is None or pace is progress:
+        if progress is None:
             return 1.0
-        ratio = progress.s_per_unit() / pace.s_per_unit()
+        ratio = progress.s_per_unit() / self.pace.s_per_unit()
         return min(max(ratio, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
 
     def _progress_pace(self) -> Pace | None:
-        """Before any run finished: the running run's pace so far, as of its last report (None
-        before ``MIN_PROGRESS_STEPS``)."""
+        """The running run's pace so far, as of its last report (None before
+        ``MIN_PROGRESS_STEPS``): the estimates' pace until one is learned, then their slowdown."""
         running = self._running
         if running is None or running.started_s is None:
             return None
