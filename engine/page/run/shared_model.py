@@ -171,8 +171,10 @@ class SharedModel:
     def calibrate_pace(self) -> tuple[Work, dict[str, float]]:
         """Time both engines and the reference (``model.generate``, one request at a time, kept
         in memory only) on ``CALIBRATION_TABLE`` (3 slots) and teach the run queue that pace
-        (``RunQueue.calibrate``), so a room's first estimates come from a quiet, warm page: about
-        2 to 3 s at start on a 2-core CPU with SmolLM2-135M. Its step counts are the traces'.
+        (``RunQueue.calibrate``), so a room's first estimates come from a quiet, warm page: 5.7
+        to 5.9 s at start on a 2-core AMD EPYC with SmolLM2-135M in float32 (static 2.0 s,
+        continuous 0.9 s, the reference 2.7 to 3.0 s; 2026-12-03). Its step counts are the
+        traces'.
         Returns the work timed and its seconds in each part (the engines' and ``"reference"``)."""
         specs = parse_table(CALIBRATION_TABLE)
         requests = tokenize_requests(
