@@ -11,9 +11,11 @@ model (``make vllm`` builds its environment) in the background while the page se
 with the app (also on SIGTERM); ``--endpoint`` and ``CBP_ENDPOINTS`` name OpenAI-compatible
 servers elsewhere. The page offers exactly these, by name.
 
-With ``CBP_ENGINE_PROCESS=on`` (or ``auto`` off ZeroGPU) the engines run in an engine process of
-their own (``engine.page.run.engine_process``), which loads its copy of the model after the
-page's and before the page serves; by default (``off``) they run on the page's engine thread.
+By default (``CBP_ENGINE_PROCESS=auto``, on except on ZeroGPU) the engines run in an engine
+process of their own (``engine.page.run.engine_process``), which loads its copy of the model after
+the page's and before the page serves, then times the queue's pace where the runs will run. The
+CPUs are split between it and the page (``engine.page.run.cpu_split``, ``CBP_ENGINE_CPUS``); with
+``CBP_ENGINE_PROCESS=off`` the engines run on the page's engine thread.
 """
 
 from __future__ import annotations
@@ -26,14 +28,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import gradio as gr
+import torch
 
 from engine.page.host import quiet_queue, server_priority, share, zerogpu
 from engine.page.inputs import page_io
 from engine.page.panels import page_panels, settings_panel
-from engine.page.run import engine_process, host_servers, shared_model
+from engine.page.run import cpu_split, engine_process, host_servers, shared_model
+from engine.page.run.engine_thread import ENGINE_THREAD
 from engine.page.views import tables
 from engine.peers.vllm_server import MAX_MODEL_LEN
-from engine.serving.run_control import RunStopped
+from engine.serving.run_control import RunControl, RunStopped
 
 ASSETS = Path(__file__).resolve().parents[3] / "assets"
 PAGE_CSS = ASSETS / "page.css"
@@ -134,7 +138,10 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
     try:
         nice = server_priority.server_nice()
         in_process = engine_process.engine_process_wanted(on_zerogpu=zerogpu.on_zerogpu())
-        shared = shared_model.load_shared_model(args.model, args.device, args.dtype)
+        split = cpu_split.cpu_split() if in_process else None
+        shared = shared_model.load_shared_model(
+            args.model, args.device, args.dtype, calibrate=not in_process
+        )
         shared.servers = configured_servers(args, shared.loaded)
     except ValueError as exc:  # ModelLoadError included: one line a person can act on
         raise SystemExit(f"error: {exc}") from None
@@ -144,9 +151,9 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
         # and the engine process (a daemon, which also ends when the page's pipe closes)
         signal.signal(signal.SIGTERM, _exit)
     if in_process:  # after the page's load: the worker reads the kernel choice it measured
-        shared.engine_process = _engine_process(args, shared)
+        shared.engine_process = _engine_process(args, shared, split)
         try:  # before serving: the first Run does not wait, and a load that fails stops here
-            shared.engine_process.wait_ready()
+            _learn_from_engine_process(shared)
         except (ValueError, RunStopped) as exc:
             shared.engine_process.close()
             raise SystemExit(f"error: the engine process: {exc}") from None
@@ -164,16 +171,43 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
             shared.engine_process.close()
 
 
-def _engine_process(args, shared: shared_model.SharedModel) -> engine_process.EngineProcess:
+def _engine_process(
+    args, shared: shared_model.SharedModel, split: cpu_split.CpuSplit | None
+) -> engine_process.EngineProcess:
     """The engine process on the page's model, started (``CBP_ENGINE_PROCESS``; made from this
-    thread before its nice value is raised, so the worker keeps the start's)."""
+    thread before its nice value is raised, so the worker keeps the start's), on the engine CPUs
+    of ``split``; the page's process then keeps to the others, with as many torch threads."""
     device = str(shared.loaded.device)
     jobs = ("engine.page.handlers.engine_work",)  # where a run's engine work is
     spec = engine_process.ModelSpec(args.model, device, shared.dtype_name, preload=jobs)
-    process = engine_process.EngineProcess(spec)
-    process.start()
+    process = engine_process.EngineProcess(spec, cpus=split.engine if split else None)
+    process.start()  # spawned before the page keeps to its CPUs: torch there sees them all
     print(f"Engine process started (pid {process.pid}); it loads the model too.", flush=True)
+    if split is not None and cpu_split.pin_process(split.page):
+        ENGINE_THREAD.call(torch.set_num_threads, len(split.page))
+        shared.cpu_split = split
+        print(f"CPUs split: {split.describe()} ({cpu_split.ENV}).", flush=True)
     return process
+
+
+def _learn_from_engine_process(shared: shared_model.SharedModel) -> None:
+    """Wait for the engine process, then take its kernels for the page's label and its pace for
+    the queue's first estimates (``shared_model.engine_facts``), timed on its own CPUs.
+
+    Raises:
+        EngineProcessLost: it ended first.
+        Exception: its model failed to load (its exception).
+    """
+    process = shared.engine_process
+    process.wait_ready()
+    facts = process.run(shared_model.engine_facts, (), RunControl(), lambda *a, **k: None)
+    shared.engine_kernels, work, parts_s = facts
+    shared.queue.calibrate(work, parts_s)
+    print(f"Queue pace timed in the engine process: {_seconds(parts_s)}", flush=True)
+
+
+def _seconds(parts_s: dict[str, float]) -> str:
+    return ", ".join(f"{part} {s:.1f} s" for part, s in parts_s.items())
 
 
 def _exit(signum, _frame) -> None:

@@ -45,7 +45,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.page.run import shared_model
+import torch
+
+from engine.page.run import cpu_split, shared_model
 from engine.page.run.engine_thread import ENGINE_THREAD
 from engine.page.run.live_run import SNAPSHOT_INTERVAL_S, LiveRun
 from engine.serving.run_control import RunControl, RunStopped
@@ -63,14 +65,15 @@ class EngineProcessLost(RunStopped):
 
 def engine_process_wanted(environ=os.environ, on_zerogpu: bool = False) -> bool:
     """Whether ``app.py`` runs the engines in an engine process, from ``CBP_ENGINE_PROCESS``:
-    ``off`` (the default: the page's engine thread, as before), ``on``, or ``auto`` (on except on
-    ZeroGPU, which lends its GPU to the page's own process only). Off by default until its
-    effect on a room is measured on a quiet machine (docs/measurements.md).
+    ``auto`` (the default: on, except on ZeroGPU, which lends its GPU to the page's own process
+    only), ``on``, or ``off`` (the page's engine thread, in the page's process). On by default
+    since 2026-12-03: the engines then get CPUs of their own (``cpu_split``), which a room can no
+    longer slow (docs/measurements.md, "CPUs of their own").
 
     Raises:
         ValueError: another value.
     """
-    text = environ.get(ENV, "").strip().lower() or "off"
+    text = environ.get(ENV, "").strip().lower() or "auto"
     if text not in CHOICES:
         raise ValueError(f"{ENV}={text!r}: give auto, on or off")
     return text == "on" or (text == "auto" and not on_zerogpu)
@@ -99,8 +102,9 @@ class ModelSpec:
 class EngineProcess:
     """The page's end of one worker; see the module docstring. One run at a time."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, cpus: tuple[int, ...] | None = None):
         self.spec = spec
+        self.cpus = cpus  # the worker's CPUs, a torch thread each (cpu_split); None: the page's
         self._context = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()  # held by the run in progress
         self._process = None
@@ -162,7 +166,7 @@ class EngineProcess:
         self._stop = self._context.Event()
         self._process = self._context.Process(
             target=worker_main,
-            args=(self.spec, there, self._stop),
+            args=(self.spec, there, self._stop, self.cpus),
             name="cbp-engine-process",
             daemon=True,
         )
@@ -254,11 +258,14 @@ class EngineProcess:
 # --- the worker's side ---------------------------------------------------------------------------
 
 
-def worker_main(spec: ModelSpec, conn, stop_event) -> None:
-    """The worker: load ``spec``'s model, then answer jobs until the page goes (end of file or
-    None). Every torch call happens on this, its main thread."""
+def worker_main(spec: ModelSpec, conn, stop_event, cpus: tuple[int, ...] | None = None) -> None:
+    """The worker: keep to ``cpus`` (None: the page's), load ``spec``'s model, then answer jobs
+    until the page goes (end of file or None). Every torch call happens on this, its main
+    thread, with one torch thread per CPU of ``cpus``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the page's to handle: it ends us
     faulthandler.enable()  # a crash in native code says where, in the page's log
+    if cpus and cpu_split.pin_process(cpus):  # before any parallel work: its pool has them
+        torch.set_num_threads(len(cpus))
     try:
         _serve(spec, conn, stop_event)
     except BaseException as exc:  # said in the page's log: a run only learns that it ended

@@ -70,6 +70,10 @@ class SharedModel:
     # the engine process (engine.page.run.engine_process) the runs' engines go to; None: the
     # engine thread, in this process (tests, ZeroGPU, CBP_ENGINE_PROCESS=off)
     engine_process: Any = field(default=None, repr=False)
+    # the engine process's matmul kernels (``engine_facts``), which the page's label names; None:
+    # this process's runner's
+    engine_kernels: str | None = None
+    cpu_split: Any = None  # the engines' CPUs and the page's (``cpu_split.CpuSplit``), if split
 
     def __post_init__(self) -> None:
         self.queue.shown_instead = lambda setup: self.recent.find(setup) is not None
@@ -148,9 +152,14 @@ class SharedModel:
     def label_markdown(self) -> str:
         """The model line as the page shows it: ``label``, then "matmul kernels" whose hover text
         says which kernel runs at which row counts and how it was chosen (measured on this host,
-        read from an earlier start, or named by ``CBP_ENGINE_KERNEL``)."""
-        summary = html.escape(self.runner.kernel_summary(), quote=True)
-        return f'{self.label} · <abbr title="{summary}">matmul kernels</abbr>'
+        read from an earlier start, or named by ``CBP_ENGINE_KERNEL``), the engine process's when
+        the engines run there; and, when the CPUs are split, how many the engines have."""
+        summary = html.escape(self.engine_kernels or self.runner.kernel_summary(), quote=True)
+        line = f'{self.label} · <abbr title="{summary}">matmul kernels</abbr>'
+        if self.cpu_split is not None:
+            where = html.escape(self.cpu_split.describe().capitalize(), quote=True)
+            line += f' · <abbr title="{where}">{self.cpu_split.short()}</abbr>'
+        return line
 
     def warm_up(self) -> None:
         """Run both engines once on two tiny requests, so one-time costs never reach a timing;
@@ -169,12 +178,18 @@ class SharedModel:
         ContinuousEngine(self.runner, config).run(requests)
 
     def calibrate_pace(self) -> tuple[Work, dict[str, float]]:
+        """Time the pace (``time_pace``) and teach it to the run queue (``RunQueue.calibrate``),
+        so a room's first estimates come from a quiet, warm page.
+        Returns the work timed and its seconds in each part (the engines' and ``"reference"``)."""
+        work, parts_s = self.time_pace()
+        self.queue.calibrate(work, parts_s)
+        return work, parts_s
+
+    def time_pace(self) -> tuple[Work, dict[str, float]]:
         """Time both engines and the reference (``model.generate``, one request at a time, kept
-        in memory only) on ``CALIBRATION_TABLE`` (3 slots) and teach the run queue that pace
-        (``RunQueue.calibrate``), so a room's first estimates come from a quiet, warm page: 5.7
-        to 5.9 s at start on a 2-core AMD EPYC with SmolLM2-135M in float32 (static 2.0 s,
-        continuous 0.9 s, the reference 2.7 to 3.0 s; 2026-12-03). Its step counts are the
-        traces'.
+        in memory only) on ``CALIBRATION_TABLE`` (3 slots): 5.7 to 5.9 s at start on a 2-core
+        AMD EPYC with SmolLM2-135M in float32 (static 2.0 s, continuous 0.9 s, the reference 2.7
+        to 3.0 s; 2026-12-03). Its step counts are the traces'.
         Returns the work timed and its seconds in each part (the engines' and ``"reference"``)."""
         specs = parse_table(CALIBRATION_TABLE)
         requests = tokenize_requests(
@@ -195,8 +210,15 @@ class SharedModel:
         )
         parts_s = {"static": static.wall_s, "continuous": continuous.wall_s}
         parts_s[REFERENCE] = time.perf_counter() - start_s
-        self.queue.calibrate(work, parts_s)
         return work, parts_s
+
+
+def engine_facts(model: SharedModel, watch=None) -> tuple[str, Work, dict[str, float]]:
+    """What the page learns from the engine process once it is ready, as one of its jobs
+    (``EngineProcess.run``): its matmul kernels (``ModelRunner.kernel_summary``: it chose them
+    for its own CPUs and threads) and its pace (``SharedModel.time_pace``), timed where the runs
+    will run."""
+    return model.runner.kernel_summary(), *model.time_pace()
 
 
 def _converted(loaded: LoadedModel, dtype_name: str) -> LoadedModel:
@@ -216,9 +238,13 @@ _shared_model: SharedModel | None = None  # the one lazily loaded shared model (
 
 
 def load_shared_model(
-    model: str | None = None, device: str | None = None, dtype: str | None = None
+    model: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    calibrate: bool = True,
 ) -> SharedModel:
-    """Load the model (``engine.model.loader.load_model`` arguments) and make it the shared one.
+    """Load the model (``engine.model.loader.load_model`` arguments) and make it the shared one;
+    ``calibrate``: time the queue's pace here (False when an engine process will time it).
 
     Raises:
         ModelLoadError: the model is not on ``CBP_MODEL_ALLOWLIST`` (checked first), or fails to
@@ -227,7 +253,7 @@ def load_shared_model(
     global _shared_model
     check_model_allowed(model)
     # On the engine thread, which runs every run too: torch keeps one OpenMP pool (engine_thread)
-    _shared_model = ENGINE_THREAD.call(load_and_warm_up, model, device, dtype)
+    _shared_model = ENGINE_THREAD.call(load_and_warm_up, model, device, dtype, calibrate)
     return _shared_model
 
 

@@ -47,7 +47,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def server_url(request, tmp_path_factory) -> str:
-    """``app.py`` with ``CBP_ENGINE_PROCESS=on`` (off by default), for every test here."""
+    """``app.py`` with ``CBP_ENGINE_PROCESS=on`` (the default, auto, is on here too), for every
+    test here."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CBP_ENGINE_PROCESS", "on")
         return start_app_server(request, tmp_path_factory)
@@ -133,6 +134,36 @@ def test_a_launched_apps_engines_run_in_the_engine_process(server_url: str) -> N
     page_s, worker_s = _cpu_s(page_pid) - before[0], _cpu_s(workers[0]) - before[1]
     assert MATCH_TEXT in status, status
     assert worker_s > page_s, f"the engine process used {worker_s:.2f} s, the page {page_s:.2f} s"
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs CPU affinity and two CPUs",
+)
+def test_a_launched_apps_engines_keep_cpus_of_their_own(server_url: str) -> None:
+    """With CBP_ENGINE_CPUS unset (auto), the engine process and the page's threads run on
+    CPUs that do not overlap and together make every CPU the server was started with."""
+    page_pid = SERVERS[server_url].pid
+    (worker,) = _engine_processes(page_pid)
+    page_cpus = _thread_cpus(page_pid)
+    worker_cpus = _thread_cpus(worker)
+    assert len(page_cpus) == 1, f"the page's threads run on different CPUs: {page_cpus}"
+    assert len(worker_cpus) == 1, f"the engine process's threads differ: {worker_cpus}"
+    page, engines = page_cpus.pop(), worker_cpus.pop()
+    assert not page & engines, f"page {page}, engines {engines}"
+    assert page | engines == frozenset(os.sched_getaffinity(0))
+    assert min(page) == min(os.sched_getaffinity(0)), "auto leaves the page the first CPU"
+
+
+def _thread_cpus(pid: int) -> set[frozenset[int]]:
+    """The CPU sets ``pid``'s threads may run on (one set if every thread has the same)."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found.add(frozenset(os.sched_getaffinity(int(task.name))))
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return found
 
 
 def _value(output):

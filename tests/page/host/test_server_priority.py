@@ -69,7 +69,7 @@ def test_serve_lowers_the_server_after_the_engine_thread_exists(monkeypatch):
     base = _nice()
     engine_nice, server_nice, process_nice = [], [], []
 
-    def fake_load(*_args):
+    def fake_load(*_args, **_kwargs):
         engine_nice.append(ENGINE_THREAD.call(_nice))
         loaded = SimpleNamespace(load_s=0.0)
         return SimpleNamespace(label="Model: fake", loaded=loaded, servers=None)
@@ -81,6 +81,7 @@ def test_serve_lowers_the_server_after_the_engine_thread_exists(monkeypatch):
     monkeypatch.setattr(launch.shared_model, "load_shared_model", fake_load)
     monkeypatch.setattr(launch, "configured_servers", lambda args, loaded: None)
     monkeypatch.setattr(launch, "_engine_process", fake_engine_process)
+    monkeypatch.setattr(launch, "_learn_from_engine_process", lambda shared: None)
     monkeypatch.setattr(launch, "_launch", lambda *a: server_nice.append(_in_thread(_nice)))
     _in_thread(lambda: launch.serve(lambda *a: None, []))
     assert server_nice == [min(19, base + 4)], (base, server_nice)

@@ -165,7 +165,8 @@ def test_a_killed_worker_fails_its_run_in_the_status_line_and_the_next_run_works
 @pytest.mark.parametrize(
     ("value", "on_zerogpu", "wanted"),
     [
-        ("", False, False),
+        ("", False, True),
+        ("", True, False),
         ("auto", False, True),
         ("auto", True, False),
         ("on", True, True),
@@ -173,7 +174,7 @@ def test_a_killed_worker_fails_its_run_in_the_status_line_and_the_next_run_works
     ],
 )
 def test_the_setting_chooses_the_process(value, on_zerogpu, wanted):
-    """CBP_ENGINE_PROCESS: off by default; auto is on except on ZeroGPU; on and off say so."""
+    """CBP_ENGINE_PROCESS: auto by default, which is on except on ZeroGPU; on and off say so."""
     environ = {"CBP_ENGINE_PROCESS": value}
     assert engine_process_wanted(environ, on_zerogpu) is wanted, (value, on_zerogpu)
 

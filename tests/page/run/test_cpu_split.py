@@ -1,0 +1,92 @@
+"""The CPUs split between the engines and the page: the setting, and a worker kept to its CPUs.
+
+``cpu_split`` is read from ``CBP_ENGINE_CPUS`` against a given list of CPUs; the worker test
+spawns an engine process on the tiny model, kept to one CPU, and asks it where it runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from tiny_model import tiny_shared
+
+from engine.page.run.cpu_split import CpuSplit, cpu_split
+from engine.page.run.engine_process import EngineProcess, ModelSpec
+from engine.serving.run_control import RunControl
+
+FOUR = (0, 1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("value", "available", "engine", "page"),
+    [
+        ("", (0, 1), (1,), (0,)),  # auto by default: all but the first
+        ("auto", FOUR, (1, 2, 3), (0,)),
+        ("2", FOUR, (2, 3), (0, 1)),
+        ("1", (0, 1), (1,), (0,)),
+        (" AUTO ", (5, 3), (5,), (3,)),  # numbered as the system names them, sorted
+    ],
+)
+def test_the_setting_splits_the_cpus(value, available, engine, page):
+    """auto leaves the page the first CPU; a count gives the engines the last N."""
+    split = cpu_split({"CBP_ENGINE_CPUS": value}, available)
+    assert split == CpuSplit(engine=engine, page=page)
+
+
+@pytest.mark.parametrize(("value", "available"), [("all", FOUR), ("auto", (0,)), ("", ())])
+def test_no_split_when_asked_or_with_one_cpu(value, available):
+    """all shares every CPU; one CPU (or none known) cannot be split."""
+    assert cpu_split({"CBP_ENGINE_CPUS": value}, available) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "available", "message"),
+    [
+        ("4", FOUR, r"'4': give auto, all or a number of CPUs from 1 to 3"),
+        ("0", FOUR, r"'0': give auto, all or a number of CPUs from 1 to 3"),
+        ("half", FOUR, r"'half': give auto, all or a number"),
+        ("1", (0,), r"'1': give auto, all or a number of CPUs \(this host has one CPU\)"),
+    ],
+)
+def test_a_bad_setting_is_refused_by_name(value, available, message):
+    """A count that leaves the page no CPU, or a word, raises ValueError naming the variable."""
+    with pytest.raises(ValueError, match="CBP_ENGINE_CPUS=" + message):
+        cpu_split({"CBP_ENGINE_CPUS": value}, available)
+
+
+def test_the_split_is_described_for_the_page():
+    """The log line and the model line say which CPUs and how many threads."""
+    split = CpuSplit(engine=(1, 2, 3), page=(0,))
+    assert split.describe() == "engines on CPUs 1-3 (3 threads), the page on CPU 0"
+    assert split.short() == "engines on 3 of 4 CPUs"
+    assert CpuSplit(engine=(1,), page=(0,)).describe() == (
+        "engines on CPU 1 (1 thread), the page on CPU 0"
+    )
+
+
+def where_i_run(_model, _watch):
+    """A job (module level: the worker imports it by name): its CPUs and torch threads."""
+    return sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs CPU affinity and two CPUs",
+)
+def test_a_worker_keeps_to_its_cpus_with_a_thread_each():
+    """An engine process given the last CPU runs there with one torch thread; the page's own
+    CPUs are left as they were."""
+    last = max(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    worker = EngineProcess(ModelSpec(model="tiny", load=tiny_shared), cpus=(last,))
+    try:
+        worker.start()
+        cpus, threads = worker.run(where_i_run, (), RunControl(), lambda *a, **k: None)
+        assert cpus == [last]
+        assert threads == 1
+        assert os.sched_getaffinity(worker.pid) == {last}
+    finally:
+        worker.close()
+    assert os.sched_getaffinity(0) == before
