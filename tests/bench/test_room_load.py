@@ -16,6 +16,7 @@ import pytest
 from engine.bench import room_load
 
 pytestmark = pytest.mark.real_model
+WAITING = "**Waiting for the model:**"  # a waiting session's status line starts so
 try:
     import playwright.sync_api  # noqa: F401  (only whether it is installed)
 
@@ -79,22 +80,18 @@ def test_custom_setups_run_live_in_the_order_pressed_and_are_told_their_place(ro
     assert all(not s.shown_at_once for s in custom)
     assert custom[0].started_s < custom[1].started_s, "served out of order"
     for s in custom:
-        waiting = [line for line in s.statuses if line.startswith("**Waiting for the model:**")]
+        waiting = [line for line in s.statuses if line.startswith(WAITING)]
         assert waiting and " of " in waiting[0], s.statuses[:3]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="an estimate against a real wait is a timing: on a quiet fresh-clone run (2026-12-02) "
-    "a 34 s wait was told 80 s; its accuracy is the bench's (room_load's estimates_within_30pct) "
-    "and issue 26's open item",
-)
-def test_an_estimate_given_after_a_run_is_in_the_right_range(room):
-    """A session told an estimate (a run had finished here) started within a factor of two of
-    it; the ±30 % target is the bench's to measure (``room_load`` prints it)."""
-    told = [s for s in room if s.estimate_error is not None]
-    for s in told:
-        assert -0.5 <= s.estimate_error <= 1.0, (s.number, s.first_estimate_s, s.estimate_error)
+def test_every_session_that_waited_was_told_an_estimate(room):
+    """The page times its pace at start (in the engine process), so every session that waited
+    for a live run was told a number of seconds, not only its place. How close the estimates
+    come is a timing, the bench's to measure (``room_load``'s ``estimates_within_30pct``)."""
+    waited = [s for s in room if any(line.startswith(WAITING) for line in s.statuses)]
+    assert waited, "someone in a room of eight waited for a live run"
+    for s in waited:
+        assert s.first_estimate_s is not None, (s.number, s.statuses[:2])
 
 
 def test_an_estimate_is_judged_beyond_the_pages_rounding():

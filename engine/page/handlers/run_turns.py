@@ -133,11 +133,12 @@ def settings_key(model: SharedModel, settings: RunSettings) -> tuple:
 
 
 def replayed_outputs(recent: RecentRun, age_s: float, x_axis: str) -> tuple:
-    """The Run event's outputs showing ``recent`` as what it is: an earlier real run, labelled."""
+    """The Run event's outputs showing ``recent`` as what it is: an earlier real run, labelled;
+    its figures drawn once per x axis for everyone it is shown to (``RecentRun.drawn``)."""
     label = replay_label(recent, age_s)
     status = f"**Shown at once:** {label}. {run_status.status_line(recent.state)}"
-    result = render(recent.state, x_axis, status=status, downloads=False)
-    result.downloads = recent.downloads
+    drawn = recent.drawn(x_axis, lambda: render(recent.state, x_axis, downloads=False))
+    result = dataclasses.replace(drawn, status=status, downloads=recent.downloads)
     return progress_view.with_run_note(
         result.as_outputs(), f"**Shown at once:** {label}.", live_button=True
     )

@@ -92,10 +92,14 @@ def test_an_identical_recent_run_is_shown_at_once_and_labelled(page, monkeypatch
         patched.setattr(page.runner, "forward_packed", forbidden)
         patched.setattr(page.runner, "generate", forbidden)
         (replayed,) = list(_events(RunHandle()))
+        (again,) = list(_events(RunHandle()))
     assert replayed[OUT["run_state"]] is state, "the replay is not the earlier run"
     status = _status(replayed)
     assert status.startswith("**Shown at once:** measured at ") and "identical setup" in status
     assert "s ago" in status and "✓ all match" in status, status
+    plot = OUT["continuous_timeline_plot"]  # drawn once, shown to both
+    assert again[plot] is replayed[plot] and replayed[plot] is not None
+    assert _status(again).startswith("**Shown at once:** measured at "), _status(again)
     assert replayed[OUT["live_button"]].visible is True, "no way to run it live"
     *_, live = _events(RunHandle(), replay=False)
     assert live[OUT["run_state"]] is not state, "Run live anyway replayed"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -72,3 +73,30 @@ def test_the_label_says_when_and_where_it_was_measured():
     at = time.strftime("%H:%M", time.localtime(run.measured_at))
     assert replay_label(run, 12) == f"measured at {at} on this host, 12 s ago, identical setup"
     assert replay_label(run, 180).startswith(f"measured at {at} on this host, 3 min ago")
+
+
+def test_a_run_is_drawn_once_per_axis_however_many_are_shown_it():
+    """``RecentRun.drawn`` calls its draw once per key, even for people asking at the same
+    moment, and keeps each key's drawing apart."""
+    runs = RecentRuns(window_s=60.0)
+    runs.keep("seed", state="trace")
+    run = runs.find("seed")
+    calls = []
+
+    def draw(axis):
+        def drawing():
+            calls.append(axis)
+            time.sleep(0.05)  # long enough for the other threads to ask meanwhile
+            return {"axis": axis}
+
+        return drawing
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        drawings = list(pool.map(lambda _: run.drawn("time", draw("time")), range(4)))
+    assert calls == ["time"]
+    assert all(d is drawings[0] for d in drawings)
+    assert run.drawn("steps", draw("steps")) == {"axis": "steps"}
+    assert calls == ["time", "steps"]
+    runs.keep("seed", state="trace again")  # a new run of the setup starts with no drawings
+    assert runs.find("seed").drawn("time", draw("time")) == {"axis": "time"}
+    assert calls == ["time", "steps", "time"]
