@@ -9,9 +9,14 @@ float32, the reference check on, a busy machine; ``docs/measurements.md``, "Queu
 * **the continuous engine**: its steps (the caps packed onto the slots) and the same prefill, at
   about the same pace; transformers' engine, when compared, as many steps again;
 * **the reference pass**, for each request whose reference is not stored yet
-  (``engine.fidelity.reference_store``): 9 to 102 s, about 15 steps' worth per request to set up
-  and judge, half a step per output token (batch 1) and its prompt's prefill; nothing when stored,
-  as it is for every tour preset after its first run on a host;
+  (``engine.fidelity.reference_store``): 9 to 102 s; about 2 steps' worth per request to set up
+  and judge, a step per output token (batch 1) and its prompt's prefill; nothing when stored, as
+  it is for every tour preset after its first run on a host. (Measured with the engines on one
+  CPU of two, 2026-12-03: the small table timed at start, 40 tokens of 4 requests, took 39 to 48
+  step-equivalents, the article's six requests, 611 tokens, 620 to 790 in three rooms. The
+  figures first used here, 15 steps a request and half a step a token, were from engines sharing
+  both CPUs with a busy page; with them the table and the article's run were 3x to 4x apart,
+  and the first estimates of a room on a fresh host ran 26 to 40 % short.)
 * **the run itself**: rendering and judging, 1-2 s a run whatever the device (Python and plotly).
 
 So a ``Work`` counts each part but the last in *step units*: steps, plus prompt tokens over
@@ -35,8 +40,8 @@ ENGINE_PARTS = ("static", "continuous", "hf_continuous")  # each timed by its ow
 REFERENCE = "reference"  # the references computed: the wall time less the engines' and the run's
 PREFILL_TOKENS_PER_STEP = 15.0  # prompt tokens whose prefill costs one step (measured: CPU)
 RUN_S = 1.5  # rendering and judging a run, before one was timed here (measured: CPU)
-REFERENCE_STEPS = 15.0  # setting up and judging one reference computed, in steps
-REFERENCE_TOKEN_STEPS = 0.5  # one reference output token (batch 1), in steps
+REFERENCE_STEPS = 2.0  # setting up and judging one reference computed, in steps
+REFERENCE_TOKEN_STEPS = 1.0  # one reference output token (batch 1), in steps
 
 
 @dataclass(frozen=True)
