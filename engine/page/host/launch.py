@@ -150,7 +150,7 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
         # SIGTERM (a service manager, a test) exits through ``finally``: the servers stop too,
         # and the engine process (a daemon, which also ends when the page's pipe closes)
         signal.signal(signal.SIGTERM, _exit)
-    if in_process:  # after the page's load: the worker reads the kernel choice it measured
+    if in_process:  # after the page's load, so a model that cannot load stops the start first
         shared.engine_process = _engine_process(args, shared, split)
         try:  # before serving: the first Run does not wait, and a load that fails stops here
             _learn_from_engine_process(shared)
