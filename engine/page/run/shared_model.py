@@ -157,7 +157,8 @@ class SharedModel:
         summary = html.escape(self.engine_kernels or self.runner.kernel_summary(), quote=True)
         line = f'{self.label} · <abbr title="{summary}">matmul kernels</abbr>'
         if self.cpu_split is not None:
-            where = html.escape(self.cpu_split.describe().capitalize(), quote=True)
+            where = self.cpu_split.describe()
+            where = html.escape(where[:1].upper() + where[1:], quote=True)
             line += f' · <abbr title="{where}">{self.cpu_split.short()}</abbr>'
         return line
 

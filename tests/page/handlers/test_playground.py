@@ -14,6 +14,7 @@ from engine.page.handlers import engine_work, playground
 from engine.page.inputs import presets
 from engine.page.panels import page_panels
 from engine.page.run import run_options, shared_model
+from engine.page.run.cpu_split import CpuSplit
 from engine.page.views import run_status, run_view
 from engine.trace import DECODE, PREFILL
 from engine.workloads.workload import MAX_ROWS, parse_table, seed_specs
@@ -461,3 +462,20 @@ def test_paged_kv_knobs_reach_the_engine_and_its_views(shared):
     assert f"{step.kv_blocks_used}/12 blocks" in block_map.layout.title.subtitle.text
     usage = next(t for t in result.step_usage.data if t.name == "KV blocks in use")
     assert list(usage.y) == [s.kv_blocks_used for s in trace.steps]
+
+
+def test_model_line_names_the_engine_process_kernels_and_the_cpu_split(shared):
+    """With the engines in their own process, the kernels named are that process's, and the
+    CPUs split between it and the page are said in a few words, with the CPUs on hover."""
+    before = (shared.engine_kernels, shared.cpu_split)
+    try:
+        shared.engine_kernels = "matmul: skinny at 1 row (the engine process's)"
+        shared.cpu_split = CpuSplit(engine=(1,), page=(0,))
+        line = shared.label_markdown
+    finally:
+        shared.engine_kernels, shared.cpu_split = before
+    assert 'title="matmul: skinny at 1 row (the engine process&#x27;s)"' in line, line
+    assert line.endswith(
+        ' · <abbr title="Engines on CPU 1 (1 thread), the page on CPU 0">'
+        "engines on 1 of 2 CPUs</abbr>"
+    ), line
