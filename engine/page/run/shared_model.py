@@ -34,6 +34,7 @@ from engine.model.device import describe_device, parse_dtype
 from engine.model.dtype_support import check_dtype_supported
 from engine.model.loader import LoadedModel, load_model
 from engine.model.model_runner import ModelRunner
+from engine.page.run.cpu_split import CpuSplit
 from engine.page.run.engine_thread import ENGINE_THREAD
 from engine.page.run.host_servers import PageServers
 from engine.page.run.recent_runs import RecentRuns, replay_window_s
@@ -73,7 +74,7 @@ class SharedModel:
     # the engine process's matmul kernels (``engine_facts``), which the page's label names; None:
     # this process's runner's
     engine_kernels: str | None = None
-    cpu_split: Any = None  # the engines' CPUs and the page's (``cpu_split.CpuSplit``), if split
+    cpu_split: CpuSplit | None = None  # the engines' CPUs and the page's, when split
 
     def __post_init__(self) -> None:
         self.queue.shown_instead = lambda setup: self.recent.find(setup) is not None
