@@ -11,8 +11,9 @@
    change one cap, so theirs is a setup nobody ran: it must be measured live, in turn. With
    ``--browsers N``, N more people use the page itself in headless Chromium: each opens a tour
    preset's link and presses Run at its moment (``run_browsers``, below). The clients and
-   browsers stand in for people on other machines: they run at nice 19 (``as_remote``), so on
-   the page's own CPUs they take only what the page leaves;
+   browsers stand in for people on other machines: they run at nice 19 (``as_remote``), and
+   when the page keeps its engines on CPUs of their own, on the page's CPUs only
+   (``clients_cpus``), so they take only what the page leaves and nothing from the runs;
 3. reads each session's stream: when it was told its place and estimate, when its run started,
    when its result came, and whether it was shown at once (an identical run measured earlier);
 4. with ``--idle-check``, runs each measured setup once more alone (``--idle-repeat N``: N times,
@@ -48,6 +49,7 @@ from engine.bench.room.session import (
     TOUR,
     Session,
     as_remote,
+    clients_cpus,
     engine_times,
     preset_links,
     preset_names,
@@ -59,11 +61,19 @@ __all__ = ["CHROMIUM", "REPLAY_TARGET_S", "Session", "main", "run_room", "summar
 
 
 def run_room(
-    url: str, sessions: int, within_s: float, custom: int, seed: int, presets=TOUR, browsers=0
+    url: str,
+    sessions: int,
+    within_s: float,
+    custom: int,
+    seed: int,
+    presets=TOUR,
+    browsers=0,
+    cpus: set[int] | None = None,
 ) -> list[Session]:
     """Every session in its own thread, each pressing Run at its moment, on ``presets`` in turn
     (the last ``custom`` with a setup of their own), then ``browsers`` browser sessions on
-    ``presets`` in turn, all in one more thread (``run_browsers``); all joined."""
+    ``presets`` in turn, all in one more thread (``run_browsers``); all joined. ``cpus``: the
+    CPUs their threads and browsers keep to (``clients_cpus``; None: any)."""
     rng = random.Random(seed)
     names = preset_names()
     room = [
@@ -80,10 +90,10 @@ def run_room(
     threads = []
     if in_browsers:
         args = (in_browsers, browser_delays, t0, preset_links(url))
-        threads.append(threading.Thread(target=as_remote(run_browsers), args=args))
+        threads.append(threading.Thread(target=as_remote(run_browsers, cpus), args=args))
         threads[-1].start()
     for session, delay_s in zip(room, delays, strict=True):
-        thread = threading.Timer(delay_s, as_remote(run_session), (url, session, t0, names))
+        thread = threading.Timer(delay_s, as_remote(run_session, cpus), (url, session, t0, names))
         thread.start()
         threads.append(thread)
     for thread in threads:
@@ -215,15 +225,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(presets) - set(preset_names())
     if unknown or not presets:
         parser.error(f"--presets: no such preset {sorted(unknown)}; see assets/presets.json")
-    proc = None
+    proc, cpus = None, None
     url = args.url
     if url is None:
         log = Path(tempfile.mkdtemp(prefix="cbp-room-")) / "app.log"
         proc, url = app_server.start_app(log)
-        print(f"app.py serving at {url} (log: {log})", file=sys.stderr)
+        cpus = clients_cpus(proc.pid)
+        kept = "" if cpus is None else f"; clients on CPUs {sorted(cpus)}, the page's"
+        print(f"app.py serving at {url} (log: {log}){kept}", file=sys.stderr)
     try:
         room = run_room(
-            url, args.sessions, args.within_s, args.custom, args.seed, presets, args.browsers
+            url, args.sessions, args.within_s, args.custom, args.seed, presets, args.browsers, cpus
         )
         idle = idle_check(url, room, max(1, args.idle_repeat)) if args.idle_check else None
     finally:

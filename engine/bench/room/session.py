@@ -139,19 +139,36 @@ def run_session(url: str, session: Session, t0: float, names: dict[str, str]) ->
         session.error = f"{type(exc).__name__}: {exc}"
 
 
-def as_remote(fn):
-    """``fn``, run at nice ``CLIENT_NICE`` on the thread that calls it: Linux keeps a nice value
-    per thread, and the threads and processes a thread starts (gradio_client's, Chromium) inherit
-    it. Where a nice value cannot be set, ``fn`` runs as it is."""
+def as_remote(fn, cpus: set[int] | None = None):
+    """``fn``, run at nice ``CLIENT_NICE`` on the thread that calls it, and kept to ``cpus`` if
+    given (``clients_cpus``: the page's own): Linux keeps a nice value and a CPU set per thread,
+    and the threads and processes a thread starts (gradio_client's, Chromium) inherit them. Where
+    either cannot be set, ``fn`` runs without it."""
 
     def run(*args):
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CLIENT_NICE)
+            if cpus:
+                os.sched_setaffinity(0, cpus)  # 0: this thread, on Linux
         except (AttributeError, OSError):  # not Linux, or not allowed: the clients compete
             pass
         return fn(*args)
 
     return run
+
+
+def clients_cpus(page_pid: int) -> set[int] | None:
+    """The CPUs for a room's clients and browsers: those of the page's process ``page_pid`` when
+    it keeps to fewer than this machine's (the engines have the others: ``CBP_ENGINE_CPUS``), so
+    that the clients, who stand in for people on other machines, take no time from the runs they
+    measure; None (no restriction) when the page has every CPU or its set cannot be read. Five
+    unpinned Chromium sessions opening the page slowed its one run's static engine from 34 to 44
+    s (2026-12-03)."""
+    try:
+        page, every = os.sched_getaffinity(page_pid), os.sched_getaffinity(0)
+    except (AttributeError, OSError):  # not Linux, or the process is gone
+        return None
+    return page if page < every else None
 
 
 def updates(job):

@@ -182,9 +182,9 @@ def _run_live(
     abandoned: Callable[[], bool] = lambda: False,
 ):
     """The run itself, its turn on the model taken: ``attach(control)`` hands Stop its control;
-    stream its progress (``on_progress(progress)`` at each update), then its results;
-    ``on_done(model, state, result, wall_s)`` once it finished well. A run ``abandoned()`` by
-    its tab ends there: nothing is rendered for nobody, and nothing is kept."""
+    stream its progress, then its results (``on_progress(progress)`` is called as its steps are
+    done: ``LiveRun``); ``on_done(model, state, result, wall_s)`` once it finished well. A run
+    ``abandoned()`` by its tab ends there: nothing is rendered for nobody, and nothing is kept."""
     model, requests, config, options = run
     control = RunControl(_user_errors(run_time_limit_s))
     attach(control)
@@ -195,12 +195,10 @@ def _run_live(
 
     views = progress_view.LiveTimelines()  # updates and redraws paced within a CPU budget
     note = RUNNING_NOTE  # the first update says so under Run too
-    with LiveRun(work, control) as live:
+    with LiveRun(work, control, on_progress) as live:
         while not live.wait(views.wait_s(PROGRESS_INTERVAL_S)):
             elapsed_s = time.monotonic() - started_s
             progress = live.progress()
-            if on_progress is not None:
-                on_progress(progress)
             update = views.outputs(
                 progress, requests, config.num_slots, x_axis, elapsed_s, control.time_limit_s
             )

@@ -71,11 +71,24 @@ class LiveRun:
 
     Use it as a context manager: leaving the block (also by ``GeneratorExit`` when Gradio closes
     the handler) asks the worker to stop at its next step.
+
+    ``on_progress(progress)``, if given, is called with ``progress()`` after each ``watch``, on the
+    thread that watches: the queue learns the run's steps as they are done, not when the page's
+    handler next gets to run. Through the handler, a room's joins kept the page's CPU so busy
+    that its reports came tens of seconds late, and the estimates told to those waiting for this
+    very setup read "2 min" for waits of 40 to 65 s (2026-12-03). It must be quick and must not
+    raise.
     """
 
-    def __init__(self, work: Callable[[Callable], Any], control: RunControl):
+    def __init__(
+        self,
+        work: Callable[[Callable], Any],
+        control: RunControl,
+        on_progress: Callable[[dict[str, EngineProgress]], None] | None = None,
+    ):
         self.control = control
         self._work = work
+        self._on_progress = on_progress
         self._lock = threading.Lock()
         self._progress: dict[str, EngineProgress] = {}
         self._last_snapshot_s: dict[str, float] = {}
@@ -110,10 +123,18 @@ class LiveRun:
             RunStopped: the run should stop (see ``RunControl.check``).
         """
         self.control.check()
-        now_s = time.monotonic()
         if entry is not None:
             self._take(entry)
-            return
+        else:
+            self._keep(engine, trace, done, waiting, note)
+        if self._on_progress is not None:
+            self._on_progress(self.progress())
+
+    def _keep(
+        self, engine: str, trace: Trace | None, done: bool, waiting: bool, note: str | None
+    ) -> None:
+        """Count a step (or a wait) of ``engine`` and keep a snapshot of its ``trace`` when due."""
+        now_s = time.monotonic()
         with self._lock:
             entry = self._progress.setdefault(engine, EngineProgress(engine))
             entry.waiting = waiting

@@ -43,8 +43,8 @@ from engine.page.run.run_cost import Pace, Work
 
 STALE_S = 15.0  # a waiting ticket not asked about for this long is dropped
 # Before any run finished, the running run's pace counts once it has done this many steps: its
-# first steps carry its prompts' prefill, and its progress reaches the queue seconds late (the
-# page's updates are paced), so a pace taken at once read 12x too slow in a room (2026-12-02).
+# first steps carry its prompts' prefill, so a pace taken at once read 12x too slow in a room
+# (2026-12-02, when its progress also reached the queue only with the page's paced updates).
 MIN_PROGRESS_STEPS = 20
 # The running run's pace over the learned one, as applied to the wait of the runs behind it.
 SLOWDOWN_RANGE = (0.5, 3.0)
