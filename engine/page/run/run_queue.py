@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from engine.page.run.run_cost import Pace, Work
 
 STALE_S = 15.0  # a waiting ticket not asked about for this long is dropped
-# Before any run finished, the running run's pace counts once it has done this many steps: its
-# first steps carry its prompts' prefill, so a pace taken at once read 12x too slow in a room
-# (2026-12-02, when its progress also reached the queue only with the page's paced updates).
+# The running run's pace counts once it has done this many steps since its first report: a pace
+# taken at once read 12x too slow in a room (2026-12-02: its first steps carry its prompts'
+# prefill, and its progress reached the queue only with the page's paced updates).
 MIN_PROGRESS_STEPS = 20
 # The running run's pace over the learned one, as applied to the wait of the runs behind it.
 SLOWDOWN_RANGE = (0.5, 3.0)
@@ -64,6 +64,8 @@ class Ticket:
     setup: Hashable | None = None
     steps_done: int = 0  # its engine steps so far, once it runs (``RunQueue.progress``)
     steps_done_s: float | None = None  # when those steps were reported (the queue's clock)
+    # its first report of steps (count, when): its pace is timed from there (``_progress_pace``)
+    first_steps: tuple[int, float] | None = None
     # its references still to compute, as read after the queue's nth ended run (``_missing_now``)
     missing: tuple[int, Mapping[Hashable, int]] | None = field(default=None, repr=False)
 
@@ -194,6 +196,8 @@ class RunQueue:
         with self._changed:
             if int(steps_done) > ticket.steps_done:
                 ticket.steps_done, ticket.steps_done_s = int(steps_done), self.clock()
+                if ticket.first_steps is None:
+                    ticket.first_steps = (ticket.steps_done, ticket.steps_done_s)
 
     def finish(
         self, ticket: Ticket, wall_s: float, parts_s: dict[str, float] | None = None
@@ -283,15 +287,20 @@ class RunQueue:
         return min(max(ratio, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
 
     def _progress_pace(self) -> Pace | None:
-        """The running run's pace so far, as of its last report (None before
-        ``MIN_PROGRESS_STEPS``): the estimates' pace until one is learned, then their slowdown."""
+        """The running run's pace from its first report of steps to its last (None before
+        ``MIN_PROGRESS_STEPS`` between them): the estimates' pace until one is learned, then
+        their slowdown. Not from its start: what comes before its first step (the job handed to
+        the engine process, its first prompts' prefill) is no pace of its steps, and timed from
+        the start, a room's first run read 1.5x slower than it went, so those waiting for that
+        very setup were told 80 s for 51 (2026-12-03)."""
         running = self._running
-        if running is None or running.started_s is None:
+        if running is None or running.first_steps is None or running.steps_done_s is None:
             return None
-        if running.steps_done < MIN_PROGRESS_STEPS or running.steps_done_s is None:
+        first, first_s = running.first_steps
+        if running.steps_done - first < MIN_PROGRESS_STEPS:
             return None
-        elapsed_s = running.steps_done_s - running.started_s  # when they were done, not now
-        return Pace.from_progress(running.work, elapsed_s, running.steps_done)
+        elapsed_s = running.steps_done_s - first_s  # to when they were done, not now
+        return Pace.from_progress(running.work, elapsed_s, running.steps_done - first)
 
     def _check_waiting(self, ticket: Ticket) -> None:
         """Note that ``ticket``'s handler asked, and drop the waiting tickets nobody asks about.

@@ -79,24 +79,26 @@ def test_no_estimate_before_anything_was_measured_and_finished_runs_teach_it():
 
 
 def test_before_any_run_finished_the_running_runs_progress_gives_the_pace():
-    """The first run's steps so far over its time so far price the runs behind it; a running run
-    slower than its estimate counts its steps not yet done."""
+    """The first run's steps over their time, from its first report of steps, price the runs
+    behind it; a running run slower than its estimate counts its steps not yet done."""
     clock = Clock()
     queue = RunQueue(clock=clock, stale_s=1e9)
     first, second = queue.join("a", 100), queue.join("b", 50)
     assert queue.wait_turn(first, timeout_s=0)
     clock.now_s += 10
     assert queue.place(second).estimate_s is None, "no steps yet, no pace"
-    queue.progress(first, MIN_PROGRESS_STEPS - 1)
+    queue.progress(first, 1)  # its first step, 10 s after it took the model
+    clock.now_s += 5
+    queue.progress(first, MIN_PROGRESS_STEPS)
     assert queue.place(second).estimate_s is None, "a pace from its first few steps"
-    queue.progress(first, 20)  # 0.5 s a step
-    left_s = 80 * 0.5 + queue.pace.run_s  # its steps left, then its rendering
-    assert queue.place(second).estimate_s == pytest.approx(left_s), "80 steps left at 0.5 s"
+    clock.now_s += 5
+    queue.progress(first, 21)  # 20 steps in 10 s: 0.5 s a step
     assert not queue.measured
-    clock.now_s += 60  # slower than that: 30 of 100 steps in 70 s
-    queue.progress(first, 30)
+    assert queue.place(second).estimate_s == pytest.approx(79 * 0.5), "79 steps left at 0.5 s"
+    clock.now_s += 60  # slower than that: 30 steps in 70 s
+    queue.progress(first, 31)
     clock.now_s += 5  # the next report is late: the pace is as of the last one
-    assert queue.place(second).estimate_s == pytest.approx(70 * 70 / 30), "its 70 steps left"
+    assert queue.place(second).estimate_s == pytest.approx(69 * 70 / 30), "its 69 steps left"
 
 
 def test_leaving_moves_the_rest_up_and_frees_the_model():
@@ -249,18 +251,34 @@ def test_the_store_is_read_for_a_waiting_run_once_per_run_ended():
 
 
 def test_a_running_run_slower_than_the_pace_stretches_the_waits_behind_it():
-    """Once the running run has done ``MIN_PROGRESS_STEPS``, its pace over the learned one scales
-    what is left of it and the runs behind it (the load now is the best guess of the load
-    then), clipped to ``SLOWDOWN_RANGE``."""
+    """Once the running run has done ``MIN_PROGRESS_STEPS`` since its first report, its pace over
+    the learned one scales what is left of it and the runs behind it (the load now is the best
+    guess of the load then), clipped to ``SLOWDOWN_RANGE``."""
     clock = Clock()
     queue = RunQueue(pace=Pace.uniform(0.1, run_s=0.0), clock=clock, stale_s=1e9)
     running, last = queue.join("a", 100), (queue.join("b", 50), queue.join("c", 1))[1]
     assert queue.wait_turn(running, timeout_s=0)
     assert queue.place(last).estimate_s == pytest.approx(10.0 + 5.0), "at the pace"
+    clock.now_s += 0.2
+    queue.progress(running, 1)
     clock.now_s += 8.0
-    queue.progress(running, 40)  # 0.2 s a step: twice the pace
-    assert queue.place(last).estimate_s == pytest.approx(60 * 0.2 + 2 * 5.0)
+    queue.progress(running, 41)  # 0.2 s a step: twice the pace
+    assert queue.place(last).estimate_s == pytest.approx(59 * 0.2 + 2 * 5.0)
     clock.now_s += 92.0
     queue.progress(running, 50)  # 2 s a step: clipped to the range's top
     top = SLOWDOWN_RANGE[1]
     assert queue.place(last).estimate_s == pytest.approx(top * 0.1 * 50 + top * 5.0)
+
+
+def test_the_time_before_a_runs_first_step_is_not_its_pace():
+    """A run that takes 5 s to start (its job handed over, its first prefill) and then steps at
+    the learned pace stretches no wait: the slowdown is timed from its first report of steps."""
+    clock = Clock()
+    queue = RunQueue(pace=Pace.uniform(0.1, run_s=0.0), clock=clock, stale_s=1e9)
+    running, waiting = queue.join("a", 200), queue.join("b", 50)
+    assert queue.wait_turn(running, timeout_s=0)
+    clock.now_s += 5.0
+    queue.progress(running, 1)
+    clock.now_s += 4.0
+    queue.progress(running, 41)  # 40 steps in 4 s: the learned 0.1 s a step
+    assert queue.place(waiting).estimate_s == pytest.approx(159 * 0.1), "its 159 steps left"
