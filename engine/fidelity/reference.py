@@ -196,6 +196,15 @@ class _Cache:
         assert self.store is not None, "an identity is only needed with a store"
         return self.store.identity(self.runner, self._mode())
 
+    def key_as(self, identity: Identity) -> None:
+        """Read and write the store under ``identity``: another process's, where these references
+        are computed. The key holds the CPU's torch thread count (``reference_key.device_fields``),
+        so a page whose engines run in a process on CPUs of their own, with fewer threads, looked
+        its references up under a key they were never stored under: every stored one counted as
+        missing, and each estimate carried a reference pass that would not run (35 s too long
+        for the article's six requests, 2026-12-03)."""
+        self.__dict__["identity"] = identity  # the cached property's slot: set, not computed
+
     def _mode(self) -> dict[str, Any]:
         """The identity's ``mode``: what kind of reference, and what it runs through."""
         raise NotImplementedError

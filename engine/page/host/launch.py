@@ -191,8 +191,9 @@ def _engine_process(
 
 
 def _learn_from_engine_process(shared: shared_model.SharedModel) -> None:
-    """Wait for the engine process, then take its kernels for the page's label and its pace for
-    the queue's first estimates (``shared_model.engine_facts``), timed on its own CPUs.
+    """Wait for the engine process, then take its kernels for the page's label, its pace for
+    the queue's first estimates, timed on its own CPUs, and its references' keys in the store
+    (``shared_model.engine_facts``).
 
     Raises:
         EngineProcessLost: it ended first.
@@ -201,9 +202,8 @@ def _learn_from_engine_process(shared: shared_model.SharedModel) -> None:
     process = shared.engine_process
     process.wait_ready()
     facts = process.run(shared_model.engine_facts, (), RunControl(), lambda *a, **k: None)
-    shared.engine_kernels, work, parts_s = facts
-    shared.queue.calibrate(work, parts_s)
-    print(f"Queue pace timed in the engine process: {_seconds(parts_s)}", flush=True)
+    facts.teach(shared)
+    print(f"Queue pace timed in the engine process: {_seconds(facts.parts_s)}", flush=True)
 
 
 def _seconds(parts_s: dict[str, float]) -> str:

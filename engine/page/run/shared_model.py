@@ -29,6 +29,7 @@ from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
 from engine.fidelity import reference_store
 from engine.fidelity.reference import ReferenceCache, SoloReference
+from engine.fidelity.reference_key import Identity
 from engine.model.allowlist import check_model_allowed
 from engine.model.device import describe_device, parse_dtype
 from engine.model.dtype_support import check_dtype_supported
@@ -215,12 +216,36 @@ class SharedModel:
         return work, parts_s
 
 
-def engine_facts(model: SharedModel, watch=None) -> tuple[str, Work, dict[str, float]]:
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the page learns from the engine process once it is ready (``engine_facts``)."""
+
+    kernels: str  # its matmul kernels (``ModelRunner.kernel_summary``), chosen for its own threads
+    work: Work  # the pace table's work (``SharedModel.time_pace``), timed where the runs run
+    parts_s: dict[str, float]  # ... its seconds in each part
+    # its references' keys in the store, by batch-invariant mode (none without a store)
+    reference_keys: dict[bool, Identity] = field(default_factory=dict)
+
+    def teach(self, page: SharedModel) -> None:
+        """Give the page's model what it needs of these: the kernels for its model line, the pace
+        for its queue, and the store's keys of the references the engine process computes, so
+        its estimates count a stored reference as stored (``ReferenceCache.key_as``)."""
+        page.engine_kernels = self.kernels
+        page.queue.calibrate(self.work, self.parts_s)
+        for batch_invariant, identity in self.reference_keys.items():
+            page.reference_for(batch_invariant).key_as(identity)
+
+
+def engine_facts(model: SharedModel, watch=None) -> EngineFacts:
     """What the page learns from the engine process once it is ready, as one of its jobs
     (``EngineProcess.run``): its matmul kernels (``ModelRunner.kernel_summary``: it chose them
-    for its own CPUs and threads) and its pace (``SharedModel.time_pace``), timed where the runs
-    will run."""
-    return model.runner.kernel_summary(), *model.time_pace()
+    for its own CPUs and threads), its pace (``SharedModel.time_pace``), timed where the runs
+    will run, and its references' keys in the store (their thread count is the process's)."""
+    work, parts_s = model.time_pace()
+    keys = {}
+    if model.reference.store is not None:
+        keys = {flag: model.reference_for(flag).identity for flag in (False, True)}
+    return EngineFacts(model.runner.kernel_summary(), work, parts_s, keys)
 
 
 def _converted(loaded: LoadedModel, dtype_name: str) -> LoadedModel:

@@ -10,13 +10,21 @@ import os
 
 import pytest
 import torch
-from tiny_model import tiny_shared
+from tiny_model import make_requests, tiny_shared
 
+from engine.fidelity import reference_store
+from engine.fidelity.reference import ReferenceCache
 from engine.page.run.cpu_split import CpuSplit, cpu_split
 from engine.page.run.engine_process import EngineProcess, ModelSpec
+from engine.page.run.shared_model import engine_facts
 from engine.serving.run_control import RunControl
 
 FOUR = (0, 1, 2, 3)
+SPECS = [("hello world", 4), ("the quick brown fox", 3)]
+TWO_CPUS = pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs CPU affinity and two CPUs",
+)
 
 
 @pytest.mark.parametrize(
@@ -71,10 +79,7 @@ def where_i_run(_model, _watch):
     return sorted(os.sched_getaffinity(0)), torch.get_num_threads()
 
 
-@pytest.mark.skipif(
-    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
-    reason="needs CPU affinity and two CPUs",
-)
+@TWO_CPUS
 def test_a_worker_keeps_to_its_cpus_with_a_thread_each():
     """An engine process given the last CPU runs there with one torch thread; the page's own
     CPUs are left as they were."""
@@ -90,3 +95,41 @@ def test_a_worker_keeps_to_its_cpus_with_a_thread_each():
     finally:
         worker.close()
     assert os.sched_getaffinity(0) == before
+
+
+def stored_tiny_shared(spec=None):
+    """``tiny_shared`` with the host's reference store (``CBP_CACHE_DIR``), as a page has it."""
+    shared = tiny_shared(spec)
+    shared.reference = ReferenceCache(shared.runner, reference_store.open_store())
+    return shared
+
+
+def compute_references(model, specs, _watch):
+    """A job: both kinds of reference of ``specs``, computed (and stored) in the worker."""
+    requests = make_requests(specs)
+    for batch_invariant in (False, True):
+        model.reference_for(batch_invariant).outputs(requests)
+
+
+@TWO_CPUS
+def test_the_page_counts_the_references_its_engine_process_stored(tmp_path, monkeypatch):
+    """The store's key holds the torch thread count, and the worker has fewer threads than the
+    page: given the worker's keys (``engine_facts``), the page finds what the worker stored, so
+    its queue does not price a reference pass that will not run."""
+    monkeypatch.setenv("CBP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CBP_REFERENCE_CACHE", "on")  # the suite keeps it off
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the page's own, not the worker's
+    last = max(os.sched_getaffinity(0))
+    worker = EngineProcess(ModelSpec(model="tiny", load=stored_tiny_shared), cpus=(last,))
+    try:
+        worker.start()
+        facts = worker.run(engine_facts, (), RunControl(), lambda *a, **k: None)
+        worker.run(compute_references, (SPECS,), RunControl(), lambda *a, **k: None)
+    finally:
+        worker.close()
+    page, requests = stored_tiny_shared(), make_requests(SPECS)
+    assert page.reference.missing(requests), "found under the page's own key"
+    facts.teach(page)
+    assert page.reference_for(False).missing(requests) == {}
+    assert page.reference_for(True).missing(requests) == {}
+    assert page.queue.measured, "the pace timed in the worker"
