@@ -28,7 +28,7 @@ ESTIMATE_TOLERANCE = 0.30
 MIN_WAIT_S = 10.0  # an estimate's error is judged against at least this wait
 ROUNDING_S = 5.0  # the page says a wait under 90 s to the nearest 10 s
 STATUS_TIMES = re.compile(r"static ([0-9.]+) s · continuous ([0-9.]+) s")
-ESTIMATE = re.compile(r"estimate ([0-9.]+) (s|min)")
+ESTIMATE = re.compile(r"estimate (?:([0-9.]+) (s|min)|a few seconds)")  # the latter: 0 to 5 s
 # The room's clients stand in for people on other machines: on the page's own CPUs they run at
 # the lowest priority, so that they take only what the page leaves (``as_remote``).
 CLIENT_NICE = 19
@@ -61,12 +61,14 @@ class Session:
 
     @property
     def estimate_error(self) -> float | None:
-        """(estimate - actual wait) / actual wait, for a session told an estimate; a wait under
+        """(estimate - actual wait) / actual wait, for a session told an estimate (its wait ends
+        when its run starts, or when it is shown an identical run's result); a wait under
         ``MIN_WAIT_S`` counts as that long (nobody can tell a 2 s wait from a 5 s one), and an
-        estimate under 90 s covers the 10 s the page rounds it to ("0 s" is 0 to 5 s)."""
-        if self.first_estimate_s is None or self.started_s is None:
+        estimate under 90 s covers the 10 s the page rounds it to ("a few seconds" is 0 to 5 s)."""
+        end_s = self.done_s if self.shown_at_once else self.started_s  # shown: its wait ends there
+        if self.first_estimate_s is None or end_s is None:
             return None
-        actual_s = self.started_s - self.estimate_told_s
+        actual_s = end_s - self.estimate_told_s
         off_s = self.first_estimate_s - actual_s
         if self.first_estimate_s < 90:
             off_s = math.copysign(max(0.0, abs(off_s) - ROUNDING_S), off_s)
@@ -195,7 +197,7 @@ def read_status(session: Session, status: str, now_s: float) -> None:
         found = ESTIMATE.search(status)
         if found and session.first_estimate_s is None:
             scale = 60.0 if found[2] == "min" else 1.0
-            session.first_estimate_s = float(found[1]) * scale
+            session.first_estimate_s = float(found[1] or 0) * scale
             session.estimate_told_s = now_s
     elif status.startswith("Running") and session.started_s is None:
         session.started_s = now_s

@@ -21,6 +21,7 @@ import datetime
 import json
 import os
 import platform
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -254,14 +255,49 @@ def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m engine.page.handlers.recording [--out PATH] [--device cpu]``: re-record the
-    run."""
+    run, on the CPUs and threads the page's engines have (``keep_to_engine_cpus``).
+
+    Raises:
+        SystemExit: ``CBP_ENGINE_PROCESS`` or ``CBP_ENGINE_CPUS`` is set to a value they refuse.
+    """
     parser = argparse.ArgumentParser(description="Re-record the page's shipped run.")
     parser.add_argument("--out", type=Path, default=RECORDING_PATH)
     parser.add_argument("--device", default="cpu", help="cpu (what the label says), cuda, mps")
     args = parser.parse_args(argv)
     openmp_env.configure()  # as app.py does: the engines run in worker threads, as in the page
+    try:
+        split = keep_to_engine_cpus(os.environ) if args.device == "cpu" else None
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if split is not None:
+        print(f"Recording where the page's engines run: {split.describe()}.", flush=True)
     written = record(args.out, args.device)
     print(f"wrote {written} ({written.stat().st_size / 1024:.0f} KiB)")
+
+
+def keep_to_engine_cpus(environ: Mapping[str, str]):
+    """Keep this process to the CPUs the page's engines get, with a torch thread each, as the
+    engine process does (``cpu_split``, ``engine_process.worker_main``); the split, or None where
+    the page would not split (its engines in its own process, ``all``, one CPU).
+
+    So the recorded run is timed as the page's runs are, and the references it stores are keyed
+    as the engine process looks them up: the store's key holds the torch thread count, and a
+    recording made on both CPUs stored them where the page, its engines on one, never looked.
+
+    Raises:
+        ValueError: ``CBP_ENGINE_PROCESS`` or ``CBP_ENGINE_CPUS`` has a value they refuse.
+    """
+    import torch
+
+    from engine.page.run import cpu_split, engine_process
+    from engine.page.run.engine_thread import ENGINE_THREAD
+
+    wanted = engine_process.engine_process_wanted(environ)  # a CPU host: ZeroGPU lends GPUs
+    split = cpu_split.cpu_split(environ) if wanted else None
+    if split is None or not cpu_split.pin_process(split.engine):
+        return None
+    ENGINE_THREAD.call(torch.set_num_threads, len(split.engine))  # where the model loads, runs
+    return split
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ LIVE_ENGINES = ("static", "continuous")  # the engines with a timeline and an ou
 TIMELINE_CPU_SHARE = 0.02  # live timelines' drawing: at most this share of the run's time
 UPDATE_SHARE = 0.02  # Gradio's handling of live updates: at most this share of the run's time
 MAX_UPDATE_WAIT_S = 4.0  # ... but the live progress moves at least this often
+SOON_S, SOON = 5.0, "a few seconds"  # an estimate under SOON_S is said so, not "0 s"
 
 
 def progress_line(
@@ -83,7 +84,7 @@ def progress_line(
 def queue_line(place: Place, measured: bool) -> str:
     """Markdown: a waiting run's true place, the total, its wait so far and the estimate (or why
     there is none yet: ``measured`` False before any run finished on this host, or was timed at
-    start)."""
+    start); with a run of its setup ahead, that it is shown that run when it ends."""
     ahead = place.place - 1  # the run in progress included
     line = f"**Waiting for the model:** place {place.place} of {place.total}"
     if ahead == 0:
@@ -93,10 +94,13 @@ def queue_line(place: Place, measured: bool) -> str:
     else:
         line += f" ({ahead} before yours)"
     line += f" · waited {_coarse(place.waited_s)}"
-    if place.estimate_s is not None:
-        line += f" · estimate {_coarse(place.estimate_s)}"
+    if place.estimate_s is not None:  # under 5 s, "0 s" read as if the run had been forgotten
+        soon = place.estimate_s < SOON_S
+        line += f" · estimate {SOON if soon else _coarse(place.estimate_s)}"
     elif not measured:
         line += " · no estimate yet: the first run on this host is being measured"
+    if place.identical_ahead:  # its estimate is when that run ends
+        return line + ". An identical run is ahead of yours: you are shown it when it ends."
     return line + ". Runs take turns: each is a measurement. Yours starts by itself."
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 from fake_traces import continuous_trace, static_trace
@@ -133,3 +136,35 @@ def test_label_says_when_the_machine_was_busy(shipped):
     busy = dataclasses.replace(shipped.recorded, load_average=16.5, num_cpus=2)
     assert "busy" not in quiet.label()
     assert "on a busy machine (load average 16 on 2 cores" in busy.label(), busy.label()
+
+
+WHERE = (
+    "import os, torch\n"
+    "from engine.page.handlers.recording import keep_to_engine_cpus\n"
+    "from engine.page.run.engine_thread import ENGINE_THREAD\n"
+    "split = keep_to_engine_cpus(os.environ)\n"
+    "threads = ENGINE_THREAD.call(torch.get_num_threads)\n"
+    "print(split is not None, sorted(os.sched_getaffinity(0)), threads)"
+)
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs CPU affinity and two CPUs",
+)
+@pytest.mark.parametrize(
+    ("setting", "split"),
+    [({}, True), ({"CBP_ENGINE_CPUS": "all"}, False), ({"CBP_ENGINE_PROCESS": "off"}, False)],
+)
+def test_a_recording_runs_where_the_pages_engines_run(setting, split):
+    """``make record`` keeps to the engine CPUs with a torch thread each, as the engine process
+    does, unless the page would not split them; in a process of its own, since it pins it."""
+    cpus = sorted(os.sched_getaffinity(0))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CBP_ENGINE_")} | setting
+    done = subprocess.run(
+        [sys.executable, "-c", WHERE], env=env, capture_output=True, text=True, check=True
+    )
+    if split:
+        assert done.stdout.split() == ["True", f"[{cpus[-1]}]", "1"], done.stdout
+    else:
+        assert done.stdout.startswith(f"False {cpus}"), done.stdout

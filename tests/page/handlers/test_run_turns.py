@@ -296,6 +296,25 @@ def test_the_queue_line_rounds_its_waits():
     assert "place 1 of 3 (yours is next) · " in line, line
     line = queue_line(Place(2, 3, 44.0, 86.0), measured=True)
     assert "waited 40 s · estimate 90 s" in line, line
+    line = queue_line(Place(2, 2, 44.0, 4.4, after_running=True), measured=True)
+    assert "estimate a few seconds." in line, line  # not "0 s": the run in progress ends soon
+    line = queue_line(Place(7, 7, 3.0, 25.0, after_running=True, identical_ahead=True), True)
+    assert line.endswith(
+        "estimate 20 s. An identical run is ahead of yours: you are shown it when it ends."
+    ), line
+
+
+def test_the_room_reads_every_estimate_the_page_tells():
+    """The room bench parses the queue line's estimate as the page writes it, "a few seconds"
+    as 0 (``estimate_error`` allows the rounding)."""
+    from engine.bench.room.session import Session, read_status
+    from engine.page.run.run_queue import Place
+    from engine.page.views.progress_view import queue_line
+
+    for estimate_s, told_s in [(4.4, 0.0), (44.0, 40.0), (627.0, 600.0)]:
+        session = Session(0, "seed", custom=False)
+        read_status(session, queue_line(Place(2, 2, 1.0, estimate_s), measured=True), 1.0)
+        assert session.first_estimate_s == told_s, (estimate_s, session.first_estimate_s)
 
 
 def test_continuous_steps_pack_the_caps_onto_the_slots():

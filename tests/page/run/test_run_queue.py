@@ -156,7 +156,8 @@ def test_a_waiting_run_nobody_asks_about_is_dropped_and_cannot_hold_the_line():
 
 def test_runs_of_a_setup_already_ahead_cost_no_wait():
     """Runs that will be shown an identical run ahead of them (same setup) add nothing to the
-    estimate; a live run of that setup (no setup given) still counts."""
+    estimate; a live run of that setup (no setup given) still counts; and a run of a setup
+    ahead waits only until that run ends, whatever is between."""
     queue = RunQueue(pace=Pace.uniform(1.0, run_s=0.0), clock=Clock(), stale_s=1e9)
     running = queue.join("a", 10, setup="seed")
     assert queue.wait_turn(running, timeout_s=0)
@@ -165,21 +166,33 @@ def test_runs_of_a_setup_already_ahead_cost_no_wait():
     live = queue.join("e", 10)
     last = queue.join("f", 5, setup="custom")
     assert [queue.place(t).estimate_s for t in same] == pytest.approx([10.0, 10.0])
-    assert queue.place(other).estimate_s == pytest.approx(10.0), (
-        "the seed runs ahead will be shown, not run"
-    )
+    other_place = queue.place(other)
+    assert other_place.estimate_s == pytest.approx(10.0), "the seed runs ahead are shown"
+    assert not other_place.identical_ahead
     assert queue.place(live).estimate_s == pytest.approx(30.0)
-    assert queue.place(last).estimate_s == pytest.approx(40.0), (
-        "the custom setup ahead is measured once"
-    )
+    assert queue.place(last).estimate_s == pytest.approx(30.0), "until the custom run ahead ends"
+    assert queue.place(last).identical_ahead
     queue.shown_instead = lambda setup: setup == "custom"  # a custom run just finished
-    assert queue.place(last).estimate_s == pytest.approx(20.0), (
-        "a setup just measured still counted"
-    )
+    assert queue.place(last).estimate_s == pytest.approx(10.0), "a custom run counted"
     queue.shown_instead = lambda setup: setup in ("custom", "seed")  # the running one too
-    assert queue.place(last).estimate_s == pytest.approx(10.0), (
-        "a run about to be shown, not run, counted"
-    )
+    assert queue.place(last).estimate_s == pytest.approx(0.0), "a run about to be shown counted"
+
+
+def test_a_run_of_the_running_setup_waits_only_for_it():
+    """The seed running and five other setups waiting before it: a run of the seed is told the
+    running run's remaining time, and that it will be shown that run (a 30-session room told
+    such runs 240 to 300 s for waits of 20 to 80 s, counting the whole queue)."""
+    clock = Clock()
+    queue = RunQueue(pace=Pace.uniform(1.0, run_s=0.0), clock=clock, stale_s=1e9)
+    running = queue.join("a", 40, setup="seed")
+    assert queue.wait_turn(running, timeout_s=0)
+    for session in "bcdef":
+        queue.join(session, 50, setup=session)
+    seed = queue.join("g", 40, setup="seed")
+    clock.now_s += 15.0
+    place = queue.place(seed)
+    assert (place.place, place.total) == (7, 7)
+    assert place.estimate_s == pytest.approx(25.0) and place.identical_ahead, place
 
 
 def test_a_ticket_taken_out_ends_its_wait_at_once():
