@@ -23,8 +23,8 @@
 
 The summary says what the workshop needs: every session got a full result, with no error; the
 sessions on an already-run setup got theirs within ``REPLAY_TARGET_S``; each waiting session's
-first estimate against its actual wait (target: within ±30 %), apart for those whose run waited
-and those shown an identical run when it ended (their wait ends there). The page times its pace
+first estimate against its actual wait (target: within ±30 %), counted apart for the sessions
+whose own run waited and those shown an identical run when it ended. The page times its pace
 at start (``SharedModel.calibrate_pace``), so a session that waits is told an estimate from its
 first line; every estimate it tells counts.
 """

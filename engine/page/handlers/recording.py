@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
 def keep_to_engine_cpus(environ: Mapping[str, str]):
     """Keep this process to the CPUs the page's engines get, with a torch thread each, as the
     engine process does (``cpu_split``, ``engine_process.worker_main``); the split, or None where
-    the page would not split (its engines in its own process, ``all``, one CPU).
+    the page would not split (``CBP_ENGINE_PROCESS=off``, ``CBP_ENGINE_CPUS=all``, one CPU).
 
     So the recorded run is timed as the page's runs are, and the references it stores are keyed
     as the engine process looks them up: the store's key holds the torch thread count, and a
