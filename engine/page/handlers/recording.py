@@ -66,6 +66,7 @@ class Recording:
     date: str  # ISO date
     load_average: float | None = None  # the machine's 1-minute load average while recording
     num_cpus: int | None = None
+    engine_threads: int | None = None  # the engines' torch threads, when fewer than num_cpus
 
     def label(self) -> str:
         """One Markdown sentence for the status line (it says so when the machine was busy)."""
@@ -75,9 +76,12 @@ class Recording:
                 f", on a busy machine (load average {self.load_average:.0f} on {self.num_cpus} "
                 "cores: its wall times are slow, its step counts are not)"
             )
+        machine = self.machine
+        if self.engine_threads:  # as the page's engines run: on CPUs of their own
+            machine += f", engines on {self.engine_threads} of {self.num_cpus or '?'} CPUs"
         return (
             f"**Recorded run** of “{self.preset}” at {self.num_slots} slots on {self.device_label}"
-            f" ({self.machine}, {self.model}), {self.date}{busy}: press Run to measure it here."
+            f" ({machine}, {self.model}), {self.date}{busy}: press Run to measure it here."
         )
 
 
@@ -241,6 +245,7 @@ def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
         date=datetime.date.today().isoformat(),
         load_average=None if load_before is None else (load_before + _load_average()) / 2,
         num_cpus=os.cpu_count(),
+        engine_threads=_engine_threads(model),
     )
     data = {
         "format": FORMAT,
@@ -251,6 +256,19 @@ def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
     }
     path.write_text(json.dumps(data, separators=(",", ":"), ensure_ascii=False) + "\n", "utf-8")
     return path
+
+
+def _engine_threads(model) -> int | None:
+    """The engines' torch threads, when the recording kept to fewer CPUs than the machine has
+    (``keep_to_engine_cpus``); None otherwise, or on a GPU."""
+    import torch
+
+    from engine.page.run.engine_thread import ENGINE_THREAD
+
+    if model.loaded.device.type != "cpu":
+        return None
+    threads = ENGINE_THREAD.call(torch.get_num_threads)
+    return threads if threads < (os.cpu_count() or threads) else None
 
 
 def main(argv: list[str] | None = None) -> None:

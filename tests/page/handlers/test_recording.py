@@ -138,6 +138,17 @@ def test_label_says_when_the_machine_was_busy(shipped):
     assert "on a busy machine (load average 16 on 2 cores" in busy.label(), busy.label()
 
 
+def test_label_says_when_the_engines_had_cpus_of_their_own(shipped):
+    """A recording made on the engines' CPUs (``make record`` beside a split page) says so, since
+    its wall times are those of fewer CPUs than the machine has."""
+    split = dataclasses.replace(
+        shipped.recorded, machine="2-core AMD EPYC", num_cpus=2, engine_threads=1
+    )
+    assert "(2-core AMD EPYC, engines on 1 of 2 CPUs, " in split.label(), split.label()
+    whole = dataclasses.replace(shipped.recorded, engine_threads=None)
+    assert "engines on" not in whole.label()
+
+
 WHERE = (
     "import os, torch\n"
     "from engine.page.handlers.recording import keep_to_engine_cpus\n"
