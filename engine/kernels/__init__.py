@@ -5,7 +5,8 @@ The packed attention function (``packed_attention``) and its variants for decode
 kernels (``linear_kernel``), the plan of which runs at which row count (``kernel_plan``) and its
 measurement on this host (``kernel_timing``, which asks ``cpu_share`` whether the machine was
 quiet meanwhile), batch-invariant ops (``invariant_ops``), the fused
-decoder layers (``fused_layers``) and the host settings that pick among them (``host_setting``).
+decoder layers (``fused_layers``), the compiled step over them (``compiled_step``) and the host
+settings that pick among them (``host_setting``).
 May import the root vocabulary, ``engine.workloads`` and ``engine.serving``.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
@@ -19,5 +20,6 @@ __all__ = [
     "kernel_plan",
     "kernel_timing",
     "fused_layers",
+    "compiled_step",
     "cpu_share",
 ]

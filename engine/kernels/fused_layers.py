@@ -180,7 +180,7 @@ class FusedDecoder:
         rope = (cos[0, :, None], torch.cat((-sin[0, :, :half], sin[0, :, half:]), -1)[:, None])
         split = decode_attention.plan_decode(batch, x.dtype)  # None unless decode-only
         if split is None:
-            batch = _additive_decode_mask(batch, x.dtype)
+            batch = additive_decode_mask(batch, x.dtype)
         for layer in self.layers:
             x = self._layer(layer, x, rope, batch, split)
         last = x[batch.logits_indices]  # (S, d)
@@ -201,16 +201,7 @@ class FusedDecoder:
         query = qk[:, :heads].transpose(0, 1)[None]  # (1, H, T, D)
         key = qk[:, heads:].transpose(0, 1)[None]  # (1, H_kv, T, D)
         value = value.transpose(0, 1)[None]  # (1, H_kv, T, D)
-        scaling = layer.attn.scaling
-        if split is not None:
-            batch.kv_cache.write(layer.attn.layer_idx, key, value, batch)
-            out = decode_attention.decode_attention(
-                query, batch.kv_cache, layer.attn.layer_idx, batch, split, scaling
-            )  # (1, T, H, D)
-        else:
-            out, _ = packed_attention.packed_attention(
-                layer.attn, query, key, value, None, scaling=scaling, packed_batch=batch
-            )  # (1, T, H, D)
+        out = attend(layer.attn, query, key, value, batch, split)  # (1, T, H, D)
         x = layer.o.add(out.reshape(num_tokens, heads * head_dim).contiguous(), x)
         gate_up = layer.gate_up(self._norm(x, layer.post_norm))  # (T, 2 I)
         act = F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
@@ -236,6 +227,25 @@ def _fused_layer(layer: nn.Module, kernel: str | RowPlan) -> FusedLayer:
     )
 
 
+def attend(attn: nn.Module, query, key, value, batch: PackedBatch, split) -> torch.Tensor:
+    """One layer's attention on the packed row: its keys and values into the KV cache, then each
+    query over its own sequence's keys (``decode_attention`` on a decode-only step's ``split``,
+    else ``packed_attention``). The compiled step's attention op runs it too.
+
+    Shapes:
+        query: [1, H, T, D];  key, value: [1, H_kv, T, D]  ->  returns [1, T, H, D]
+    """
+    if split is not None:
+        batch.kv_cache.write(attn.layer_idx, key, value, batch)
+        return decode_attention.decode_attention(
+            query, batch.kv_cache, attn.layer_idx, batch, split, attn.scaling
+        )
+    out, _ = packed_attention.packed_attention(
+        attn, query, key, value, None, scaling=attn.scaling, packed_batch=batch
+    )
+    return out
+
+
 def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin``, with ``rotate_half(x) * sin == flip(x) * signed_sin``.
 
@@ -252,7 +262,7 @@ def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     return x * cos + swapped * signed_sin
 
 
-def _additive_decode_mask(batch: PackedBatch, dtype: torch.dtype) -> PackedBatch:
+def additive_decode_mask(batch: PackedBatch, dtype: torch.dtype) -> PackedBatch:
     """The batch with its boolean decode mask as SDPA's additive form (0 / -inf), made once.
 
     SDPA turns a boolean mask into exactly this on every call; here it happens once per step.

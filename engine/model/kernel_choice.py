@@ -32,8 +32,15 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import fused_layers, invariant_ops, kernel_plan, kernel_timing, linear_kernel
-from engine.model import kernel_store
+from engine.kernels import (
+    compiled_step,
+    fused_layers,
+    invariant_ops,
+    kernel_plan,
+    kernel_timing,
+    linear_kernel,
+)
+from engine.model import kernel_store, loader
 from engine.model.kernel_store import KernelChoice
 
 log = logging.getLogger(__name__)
@@ -57,7 +64,11 @@ class RunnerKernels:
         # forward_packed through engine.kernels.fused_layers where they apply; ValueError: a bad
         # setting
         self.use_fused_layers = fused_layers.requested()
-        self.decoder_layer_steps = {"fused": 0, "transformers": 0}  # forward_packed calls by path
+        # forward_packed calls by path
+        self.decoder_layer_steps = {"compiled": 0, "fused": 0, "transformers": 0}
+        # ValueError: a bad CBP_COMPILED_STEP
+        self._compile_setting = compiled_step.requested_setting()
+        self.compile_error: str | None = None  # set when compiling failed: the step runs eager
 
     def engine_kernels(self, batch_invariant: bool = False):
         """Context: the engines' matmul kernel (``engine.kernels.linear_kernel``) for the model's
@@ -135,6 +146,46 @@ class RunnerKernels:
             return fused_layers.FusedDecoder(self.model, self._kernel.plan)
         except RuntimeError:  # oneDNN refused a stacked weight: the model's own layers
             return None
+
+    @property
+    def step_mode(self) -> str:
+        """``"compiled"`` when ``forward_packed`` runs the compiled step, else ``"eager"``."""
+        return "compiled" if self.compiled_step is not None else "eager"
+
+    @property
+    def eager_reason(self) -> str | None:
+        """Why the step runs eager (None when it is compiled): the host's switch, no compiler,
+        another device, an unsupported model, or the compile error."""
+        if self.compiled_step is not None:
+            return None
+        if self.compile_error is not None:
+            return f"compiling failed: {self.compile_error}"
+        if self._compile_setting == "off":
+            return "CBP_COMPILED_STEP=off"
+        reason = compiled_step.compile_unavailable_reason(self.device)
+        if reason is None and not self.use_fused_layers:
+            reason = "the compiled step runs on the fused layers, and CBP_FUSED_LAYERS=off"
+        return reason or fused_layers.unsupported_reason(self.model) or "not available"
+
+    @functools.cached_property
+    def compiled_step(self) -> compiled_step.CompiledStep | None:
+        """The compiled step (``engine.kernels.compiled_step``), made on first use; None where
+        it does not apply (switched off, no compiler, not a CPU, not a Llama-style model) or
+        after it failed to compile."""
+        if self._compile_setting == "off" or self.compile_error is not None:
+            return None
+        if compiled_step.compile_unavailable_reason(self.device) is not None:
+            return None
+        decoder = self.fused_decoder if self.use_fused_layers else None
+        if decoder is None:
+            return None
+        return compiled_step.CompiledStep(self.model, decoder, str(loader.cache_dir()))
+
+    def drop_compiled_step(self, error: BaseException) -> None:
+        """Keep the eager path from now on, saying why (``eager_reason``)."""
+        self.compile_error = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        self.__dict__.pop("compiled_step", None)
+        log.warning("The compiled step failed; steps run eager: %s", self.compile_error)
 
     @functools.cached_property
     def kernel_choice(self) -> KernelChoice:

@@ -149,8 +149,18 @@ class ModelRunner(RunnerKernels):
         Shapes:
             batch.input_ids: [1, T]  ->  returns [1, S, V]
         """
+        invariant = getattr(batch, "invariant", False)
+        compiled = self.compiled_step if not invariant else None
+        if compiled is not None:
+            try:
+                hidden = compiled.hidden_states(batch)  # (1, S, d)
+            except Exception as error:  # a compile error: eager from now on, saying why
+                self.drop_compiled_step(error)
+            else:
+                self.decoder_layer_steps["compiled"] += 1
+                return self.model.get_output_embeddings()(hidden)  # (1, S, V)
         fused = self.fused_decoder if self.use_fused_layers else None
-        if fused is not None and not getattr(batch, "invariant", False):
+        if fused is not None and not invariant:
             self.decoder_layer_steps["fused"] += 1
             hidden = fused.hidden_states(batch)  # (1, S, d)
             return self.model.get_output_embeddings()(hidden)  # (1, S, V)

@@ -1,0 +1,309 @@
+"""The compiled step: the continuous engine's whole forward pass as one inductor graph.
+
+A decode step of a small model on a CPU spends as much time between ops (thousands of small torch
+ops, Python between them) as in its matmuls. vLLM's CPU build gets rid of that by compiling: it
+traces the model once with the token count marked dynamic, lets inductor fuse the norms, the
+SiLU-and-mul and the rotary embedding, and keeps attention as one opaque op
+(``vllm/platforms/cpu.py: CpuPlatform.check_and_update_config``, ``vllm/compilation/backends.py``).
+``CompiledStep`` does the same over the packed ``[1, T]`` row:
+
+* ``StepModule`` is the decoder stack written as plain tensor code (stacked QKV and gate-up
+  weights, RMSNorm, rotary, SiLU-and-mul, residuals, the final norm at each
+  sequence's last token), compiled once by ``torch.compile`` (inductor, ``freezing`` on, so the
+  weights are constants that inductor may prepack), with ``T`` and ``S`` dynamic: one graph
+  serves every step, whatever its token count;
+* attention stays one op, ``cbp::packed_attention`` (``torch.library.custom_op``): it reads the
+  step's ``PackedBatch`` from a forward context set around the call (vLLM's
+  ``vllm/forward_context.py: set_forward_context`` and ``unified_attention``), writes the layer's
+  keys and values into the KV cache and attends per sequence with
+  ``engine.kernels.fused_layers.attend``, the eager fused layers' own attention.
+
+Dynamic sizes of 1 are not specialized (``backed_size_oblivious``), so a step of one token runs the
+same graph as a step of hundreds. ``recompiles`` counts the graphs compiled after the first.
+Inductor's caches live in the model cache folder (``TORCHINDUCTOR_CACHE_DIR`` under
+``$CBP_CACHE_DIR/inductor``), so a later start reuses the first compile.
+
+``compile_unavailable_reason`` says why a host cannot compile (no C++ compiler, not a CPU); the
+runner then keeps the eager fused layers and reports the reason. Batch-invariant steps never run
+here: their kernels are ``engine.kernels.invariant_ops``'s.
+
+Shapes (the named dimensions of ``engine``): input_ids, positions [T]; logits_indices [S];
+returns final-normed hidden states [S, d].
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx.experimental._config
+import torch.nn.functional as F
+from torch import nn
+
+from engine.kernels import decode_attention, fused_layers
+from engine.kernels.host_setting import read_choice
+from engine.serving.packed_batch import PackedBatch
+
+CHOICES = {  # CBP_COMPILED_STEP
+    "auto": "the compiled step where a C++ compiler and a CPU allow it",
+    "off": "the eager fused layers",
+}
+
+
+@dataclass
+class _Forward:
+    """What the step's opaque ops need (set by ``CompiledStep.hidden_states``)."""
+
+    batch: PackedBatch
+    split: decode_attention.DecodeSplit | None
+    decoder: fused_layers.FusedDecoder  # each layer's attention module and bound matmuls
+
+
+_FORWARD: contextvars.ContextVar[_Forward] = contextvars.ContextVar("cbp_forward")
+_LINEARS = ("qkv", "o", "gate_up", "down")  # which FusedLayer matmul an op's ``which`` names
+
+
+@torch.library.custom_op("cbp::packed_attention", mutates_args=())
+def packed_attention_op(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int
+) -> torch.Tensor:
+    """One layer's attention of the step in flight: keys and values into the KV cache, then each
+    query over its own sequence's keys.
+
+    Shapes:
+        query: [T, H, D];  key, value: [T, H_kv, D]  ->  returns [T, H * D]
+    """
+    step = _FORWARD.get()
+    attn = step.decoder.layers[layer].attn
+    q = query.transpose(0, 1)[None]  # (1, H, T, D)
+    k = key.transpose(0, 1)[None]  # (1, H_kv, T, D)
+    v = value.transpose(0, 1)[None]  # (1, H_kv, T, D)
+    out = fused_layers.attend(attn, q, k, v, step.batch, step.split)  # (1, T, H, D)
+    return out.reshape(query.shape[0], -1).contiguous()
+
+
+@packed_attention_op.register_fake
+def _(query, key, value, layer):
+    return query.new_empty(query.shape[0], query.shape[1] * query.shape[2])
+
+
+@torch.library.custom_op("cbp::layer_matmul", mutates_args=())
+def layer_matmul_op(x: torch.Tensor, layer: int, which: int, out_features: int) -> torch.Tensor:
+    """``x @ W.T`` through the engines' matmul kernel for its row count
+    (``engine.kernels.fused_layers.FusedLinear``: oneDNN on packed weights, MKL, ...).
+
+    Shapes:
+        x: [T, K]  ->  returns [T, out_features]
+    """
+    linear = getattr(_FORWARD.get().decoder.layers[layer], _LINEARS[which])
+    return linear(x)
+
+
+@layer_matmul_op.register_fake
+def _(x, layer, which, out_features):
+    return x.new_empty(x.shape[0], out_features)
+
+
+@torch.library.custom_op("cbp::layer_matmul_add", mutates_args=())
+def layer_matmul_add_op(
+    x: torch.Tensor, residual: torch.Tensor, layer: int, which: int
+) -> torch.Tensor:
+    """``residual + x @ W.T``, the add in the matmul's epilogue where the kernel has one.
+
+    Shapes:
+        x: [T, K];  residual: [T, N]  ->  returns [T, N]
+    """
+    linear = getattr(_FORWARD.get().decoder.layers[layer], _LINEARS[which])
+    return linear.add(x, residual)
+
+
+@layer_matmul_add_op.register_fake
+def _(x, residual, layer, which):
+    return torch.empty_like(residual)
+
+
+class StepModule(nn.Module):
+    """The decoder stack of a Llama-style model as plain tensor code, for ``torch.compile``.
+
+    Its matmuls and attention are opaque ops (``cbp::layer_matmul``, ``cbp::layer_matmul_add``,
+    ``cbp::packed_attention``) over the fused decoder's bound weights; what inductor compiles and
+    fuses is everything between them: the embedding, RMSNorm, rotary, SiLU-and-mul, the splits
+    and views, and the final norm. Its own tensors (embedding, norm weights, rotary frequencies)
+    are the model's, held as buffers.
+
+    Shapes:
+        input_ids, positions: [T];  logits_indices: [S]  ->  hidden [S, d]
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        reason = fused_layers.unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"compiled step: {reason}")
+        inner, config = model.model, model.config
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.hidden = config.hidden_size
+        self.intermediate = config.intermediate_size
+        self.eps = float(inner.norm.variance_epsilon)
+        self.rope_scaling = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
+        self.num_layers = len(inner.layers)
+        self.register_buffer("embed", inner.embed_tokens.weight.detach(), persistent=False)
+        self.register_buffer("inv_freq", inner.rotary_emb.inv_freq.detach(), persistent=False)
+        self.register_buffer("final_norm", inner.norm.weight.detach(), persistent=False)
+        for i, layer in enumerate(inner.layers):
+            in_norm, post_norm = layer.input_layernorm, layer.post_attention_layernorm
+            self.register_buffer(f"in_norm{i}", in_norm.weight.detach(), persistent=False)
+            self.register_buffer(f"post_norm{i}", post_norm.weight.detach(), persistent=False)
+
+    def forward(self, input_ids, positions, logits_indices) -> torch.Tensor:
+        x = F.embedding(input_ids, self.embed)  # (T, d)
+        cos, sin = self._rope(positions, x.dtype)  # (T, 1, D) each
+        for i in range(self.num_layers):
+            x = self._layer(i, x, cos, sin)
+        return self._norm(x[logits_indices], self.final_norm)  # (S, d)
+
+    def _layer(self, i: int, x, cos, sin) -> torch.Tensor:
+        """One decoder layer. Shapes: x [T, d] -> [T, d]."""
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        num_tokens, width = x.shape[0], (heads + 2 * kv_heads) * head_dim
+        h = self._norm(x, getattr(self, f"in_norm{i}"))
+        qkv = torch.ops.cbp.layer_matmul(h, i, 0, width)  # (T, (H + 2 H_kv) D)
+        q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+        q = _rotary(q.reshape(num_tokens, heads, head_dim), cos, sin)  # (T, H, D)
+        k = _rotary(k.reshape(num_tokens, kv_heads, head_dim), cos, sin)  # (T, H_kv, D)
+        v = v.reshape(num_tokens, kv_heads, head_dim)
+        attn = torch.ops.cbp.packed_attention(q, k, v, i)  # (T, H D)
+        x = torch.ops.cbp.layer_matmul_add(attn, x, i, 1)  # (T, d)
+        h = self._norm(x, getattr(self, f"post_norm{i}"))
+        gate_up = torch.ops.cbp.layer_matmul(h, i, 2, 2 * self.intermediate)  # (T, 2 I)
+        gate, up = gate_up.split([self.intermediate, self.intermediate], -1)
+        return torch.ops.cbp.layer_matmul_add(F.silu(gate) * up, x, i, 3)  # (T, d)
+
+    def _rope(self, positions, dtype):
+        """transformers' default rotary tables at ``positions``. Shapes: [T] -> 2 x [T, 1, D]."""
+        freqs = positions[:, None].float() * self.inv_freq[None, :]  # (T, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (T, D)
+        cos = (emb.cos() * self.rope_scaling).to(dtype)
+        sin = (emb.sin() * self.rope_scaling).to(dtype)
+        return cos[:, None], sin[:, None]
+
+    def _norm(self, x, weight):
+        """transformers' LlamaRMSNorm: normalize in float32, cast back, scale by the weight."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(x.dtype)
+
+
+def _rotary(x, cos, sin):
+    """``x * cos + rotate_half(x) * sin``. Shapes: x [T, heads, D]; cos, sin [T, 1, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def requested_setting() -> str:
+    """The host's ``CBP_COMPILED_STEP``: ``"auto"`` (the default) or ``"off"``.
+
+    Raises:
+        ValueError: any other value, named in the message with both choices.
+    """
+    return read_choice("CBP_COMPILED_STEP", CHOICES)
+
+
+def compile_unavailable_reason(device: torch.device) -> str | None:
+    """Why this host cannot run the compiled step, or None when it can."""
+    if device.type != "cpu":
+        return f"the compiled step is built for CPUs; this model runs on {device.type}"
+    compiler = os.environ.get("CXX") or "c++"
+    if shutil.which(compiler) is None and shutil.which("g++") is None:
+        return "no C++ compiler on this host (inductor needs one)"
+    return None
+
+
+@dataclass
+class CompileStats:
+    """How the compiled step was built: graphs compiled, and seconds spent compiling."""
+
+    num_graphs: int = 0
+    compile_s: float = 0.0  # inductor's own time, every graph
+    first_call_s: float = 0.0  # the first step: tracing, compiling (or loading) and running
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def recompiles(self) -> int:
+        """Graphs compiled after the first: 0 when one graph serves every step."""
+        return max(self.num_graphs - 1, 0)
+
+
+class CompiledStep:
+    """The compiled forward pass of one model (see the module docstring); built on first call.
+
+    Raises (from ``logits``):
+        Exception: whatever inductor raises while compiling; the runner catches it, keeps the
+            eager path and reports the error (``CompileStats.errors``).
+    """
+
+    def __init__(self, model: nn.Module, decoder: fused_layers.FusedDecoder, cache_folder: str):
+        self.module = StepModule(model).eval()
+        self.decoder = decoder
+        self.stats = CompileStats()
+        self.cache_folder = cache_folder
+        self._compiled = None
+
+    def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
+        """Final-normed hidden states of each sequence's last token, for the output embedding
+        (called eagerly, so that ``engine.token_logits``'s recorder sees every call).
+
+        Shapes:
+            batch.input_ids: [1, T]  ->  returns [1, S, d]
+        """
+        first = self._compiled is None
+        split = decode_attention.plan_decode(batch, self.module.embed.dtype)
+        if split is None:
+            batch = fused_layers.additive_decode_mask(batch, self.module.embed.dtype)
+        ids, positions = batch.input_ids[0], batch.position_ids[0]  # (T,), (T,)
+        if first:  # no guard on T or S: one graph for every step
+            for tensor in (ids, positions, batch.logits_indices):
+                torch._dynamo.decorators.mark_unbacked(tensor, 0)
+        if first:
+            self._compiled = self._compile()
+        start_s = time.perf_counter()
+        token = _FORWARD.set(_Forward(batch, split, self.decoder))
+        try:
+            with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+                hidden = self._compiled(ids, positions, batch.logits_indices)  # (S, d)
+        finally:
+            _FORWARD.reset(token)
+        if first:
+            self.stats.first_call_s = time.perf_counter() - start_s
+        return hidden[None]  # (1, S, d)
+
+    def _compile(self):
+        _use_cache_folder(os.path.join(self.cache_folder, "inductor"))
+        stats = self.stats
+
+        def backend(graph, example_inputs):
+            from torch._inductor.compile_fx import compile_fx
+
+            start_s = time.perf_counter()
+            compiled = compile_fx(graph, example_inputs)
+            stats.num_graphs += 1
+            stats.compile_s += time.perf_counter() - start_s
+            return compiled
+
+        return torch.compile(self.module, backend=backend, dynamic=False, fullgraph=True)
+
+
+def _use_cache_folder(folder: str) -> None:
+    """Point inductor's caches (compiled kernels, FX graphs) at ``folder``, for this process."""
+    from torch._inductor.utils import clear_caches
+
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") != folder:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+        clear_caches()
