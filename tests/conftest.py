@@ -43,6 +43,13 @@ def tiny_loaded(monkeypatch) -> LoadedModel:
     return loaded
 
 
+@pytest.fixture(scope="session")
+def compile_cache_dir(tmp_path_factory) -> str:
+    """One cache folder (``CBP_CACHE_DIR``) for every tiny-model test that compiles a step, so
+    inductor compiles the tiny model's graph once per session and loads it after."""
+    return str(tmp_path_factory.mktemp("compile-cache"))
+
+
 @pytest.fixture(scope="module")
 def shared() -> SharedModel:
     """A tiny-model ``SharedModel`` per test module (a module may define its own instead)."""

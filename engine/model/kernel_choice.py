@@ -167,6 +167,19 @@ class RunnerKernels:
             reason = "the compiled step runs on the fused layers, and CBP_FUSED_LAYERS=off"
         return reason or fused_layers.unsupported_reason(self.model) or "not available"
 
+    @property
+    def num_compiled_graphs(self) -> int:
+        """Graphs the compiled step has compiled (or loaded from inductor's cache) so far."""
+        step = self.__dict__.get("compiled_step")
+        return step.stats.num_graphs if step is not None else 0
+
+    @property
+    def compile_s(self) -> float | None:
+        """Seconds the compiled step's first call took (tracing, compiling or loading from the
+        cache, one step); None before it, or when the step runs eager."""
+        step = self.__dict__.get("compiled_step")
+        return step.stats.first_call_s if step is not None and step.stats.num_graphs else None
+
     @functools.cached_property
     def compiled_step(self) -> compiled_step.CompiledStep | None:
         """The compiled step (``engine.kernels.compiled_step``), made on first use; None where

@@ -23,7 +23,7 @@ def test_bench_reports_the_decoder_layers_of_the_timed_steps(
     steps = doc["engines"]["continuous"]["num_steps"]
     other = "transformers" if path == "fused" else "fused"
     assert doc["decoder_layers"] == path
-    assert doc["decoder_layer_steps"] == {path: steps, other: 0}
+    assert doc["decoder_layer_steps"] == {"compiled": 0, path: steps, other: 0}
     assert doc["engines"]["continuous"]["reference_match"] is True
     assert f"decoder layers: {path} (steps: {path} {steps})" in table
 
@@ -32,5 +32,30 @@ def test_bench_without_a_continuous_engine_reports_no_decoder_layers(tmp_path, t
     """With no continuous engine in the run, decoder_layers is null and the table says nothing."""
     doc, table = _bench(tmp_path, "static", capsys)
     assert doc["decoder_layers"] is None
-    assert doc["decoder_layer_steps"] == {"fused": 0, "transformers": 0}
+    assert doc["decoder_layer_steps"] == {"compiled": 0, "fused": 0, "transformers": 0}
     assert "decoder layers" not in table
+
+
+def test_bench_reports_the_compiled_step(
+    tmp_path, tiny_loaded, capsys, monkeypatch, compile_cache_dir
+):
+    """With the compiled step on: compile_s at warm-up, step_mode "compiled" and no recompile for
+    the continuous engine, "eager" for static, and every timed continuous step ran compiled."""
+    monkeypatch.setenv("CBP_COMPILED_STEP", "auto")
+    monkeypatch.setenv("CBP_CACHE_DIR", compile_cache_dir)
+    doc, table = _bench(tmp_path, "static,continuous", capsys)
+    continuous, static = doc["engines"]["continuous"], doc["engines"]["static"]
+    assert (continuous["step_mode"], continuous["recompiles"]) == ("compiled", 0), continuous
+    assert (static["step_mode"], static["recompiles"]) == ("eager", 0)
+    assert doc["compile_s"] > 0 and doc["eager_reason"] is None
+    assert doc["decoder_layer_steps"]["compiled"] == continuous["num_steps"]
+    assert continuous["reference_match"] is True
+    assert "compiled step: first call" in table
+
+
+def test_bench_says_why_the_step_is_eager(tmp_path, tiny_loaded, capsys):
+    """With the step switched off (the suite's default), the JSON and the table name the reason."""
+    doc, table = _bench(tmp_path, "continuous", capsys)
+    assert doc["engines"]["continuous"]["step_mode"] == "eager"
+    assert doc["compile_s"] is None and doc["eager_reason"] == "CBP_COMPILED_STEP=off"
+    assert "step: eager (CBP_COMPILED_STEP=off)" in table

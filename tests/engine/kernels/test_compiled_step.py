@@ -25,11 +25,11 @@ SPECS = [("z" * 200, 30), ("a", 40), ("hello", 25), ("y" * 120, 10), ("q", 60), 
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    """A tiny-model runner with the compiled step on, its caches in a folder of the module's."""
+def compiled(compile_cache_dir):
+    """A tiny-model runner with the compiled step on, its caches in the session's folder."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CBP_COMPILED_STEP", "auto")
-        patch.setenv("CBP_CACHE_DIR", str(tmp_path_factory.mktemp("compile-cache")))
+        patch.setenv("CBP_CACHE_DIR", compile_cache_dir)
         runner = tiny_runner()
         assert runner.step_mode == "compiled", runner.eager_reason
         yield runner
