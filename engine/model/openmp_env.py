@@ -22,9 +22,10 @@ that shares its CPUs can set that in the environment, which wins over these defa
 
 from __future__ import annotations
 
-import os
+from engine import settings
 
-SETTINGS = {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "300000"}
+# the variables libgomp reads at load, with their defaults (declared in ``engine.settings``)
+SETTINGS = {name: settings.default(name) for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
 
 
 def configure() -> bool:
@@ -37,6 +38,6 @@ def configure() -> bool:
 
     if "torch" in sys.modules:
         return False
-    for name, value in SETTINGS.items():
-        os.environ.setdefault(name, value)
+    for name in SETTINGS:
+        settings.set_default(name)
     return True

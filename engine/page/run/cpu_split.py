@@ -28,6 +28,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from engine import settings
+
 ENV = "CBP_ENGINE_CPUS"
 
 
@@ -59,7 +61,7 @@ class CpuSplit:
 
 
 def cpu_split(
-    environ: Mapping[str, str] = os.environ, available: tuple[int, ...] | None = None
+    environ: Mapping[str, str] | None = None, available: tuple[int, ...] | None = None
 ) -> CpuSplit | None:
     """The split ``CBP_ENGINE_CPUS`` asks for on the CPUs ``available`` (default: this process's
     affinity); None for no split (``all``, ``auto`` on one CPU, or a system without affinity).
@@ -68,7 +70,7 @@ def cpu_split(
         ValueError: a value other than ``auto``, ``all`` or a whole number from 1 to one less
             than the CPUs available.
     """
-    text = environ.get(ENV, "").strip().lower() or "auto"
+    text = settings.value(ENV, environ).lower()
     if available is None:
         available = _available()
     cpus = tuple(sorted(available or ()))

@@ -14,7 +14,6 @@ knob, the precision, the model), and nothing that only changes how it is drawn (
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -22,19 +21,19 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_WINDOW_S = 600.0
+from engine import settings
+
+DEFAULT_WINDOW_S = float(settings.default("CBP_REPLAY_WINDOW_S"))
 MAX_RUNS = 32  # setups kept; the least recently measured goes first
 
 
-def replay_window_s(environ=os.environ) -> float:
+def replay_window_s(environ=None) -> float:
     """``CBP_REPLAY_WINDOW_S``: how old a run may be and still be shown for an identical setup.
 
     Raises:
         ValueError: the variable is set to something other than a number of seconds >= 0.
     """
-    text = (environ.get("CBP_REPLAY_WINDOW_S") or "").strip()
-    if not text:
-        return DEFAULT_WINDOW_S
+    text = settings.value("CBP_REPLAY_WINDOW_S", environ)
     try:
         window_s = float(text)
     except ValueError:
