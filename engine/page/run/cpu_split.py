@@ -11,12 +11,12 @@ Split, the engine process is pinned (``sched_setaffinity``) to the engine CPUs w
 thread per CPU, and the page's process (Gradio's event loop and workers, the figures it draws for
 everyone else) to the rest. On two CPUs that is one each: the engines run on one thread, about
 1.3x slower than on two on an idle page, and a busy page no longer touches them (a Python loop
-kept busy on the page's CPU left the engines' times within the machine's noise; 2026-12-03).
+kept busy on the page's CPU leaves the engines' times within the machine's noise).
 
 ``CBP_ENGINE_CPUS`` (read at start, with the engine process only):
 
 * ``auto`` (default): every CPU this process may use but the first, when it may use two or more;
-* ``all``: no split; the engines' threads share every CPU with the page (before 2026-12-03);
+* ``all``: no split; the engines' threads share every CPU with the page;
 * a count ``N``: the last ``N`` CPUs, from 1 to one less than the CPUs this process may use.
 
 Linux only (``os.sched_setaffinity``); elsewhere, or on a host with one CPU, there is no split.

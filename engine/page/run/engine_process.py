@@ -68,8 +68,8 @@ def engine_process_wanted(environ=None, on_zerogpu: bool = False) -> bool:
     """Whether ``app.py`` runs the engines in an engine process, from ``CBP_ENGINE_PROCESS``:
     ``auto`` (the default: on, except on ZeroGPU, which lends its GPU to the page's own process
     only), ``on``, or ``off`` (the page's engine thread, in the page's process). On by default
-    since 2026-12-03: the engines then get CPUs of their own (``cpu_split``), which a room can no
-    longer slow (docs/measurements.md, "CPUs of their own").
+    because the engines then get CPUs of their own (``cpu_split``), which a room cannot slow
+    (docs/measurements.md, "CPUs of their own").
 
     Raises:
         ValueError: another value.

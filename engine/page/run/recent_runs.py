@@ -59,9 +59,9 @@ class RecentRun:
 
     def drawn(self, key: Hashable, draw: Callable[[], Any]) -> Any:
         """``draw()``, made once per ``key`` (the x axis it is drawn on) and kept with this run:
-        a room shown one run draws its figures once, not once per person (each draw took the
-        page 1 to 2 s of CPU, and a 30-session room showed one run to up to five people at the
-        moment it ended; 2026-12-03). Callers must not change what it returns."""
+        a room shown one run draws its figures once, not once per person (each draw takes the
+        page a second or two of CPU, and several people can be shown one run the moment it
+        ends). Callers must not change what it returns."""
         with self._drawing:  # a second person waits for the first draw instead of repeating it
             if key not in self._drawings:
                 self._drawings[key] = draw()
