@@ -1,13 +1,15 @@
 """The code's shape: no history in its text (dates belong in docs/measurements.md and commit
-messages), in ``engine/`` and ``app.py``."""
+messages) and no function over 60 lines, in ``engine/`` and ``app.py``."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")  # YYYY-MM-DD
+MAX_FUNCTION_LINES = 60
 
 
 def _sources() -> list[Path]:
@@ -17,6 +19,18 @@ def _sources() -> list[Path]:
 def _dated_lines(text: str) -> list[int]:
     """The line numbers of ``text`` that hold a YYYY-MM-DD date."""
     return [n for n, line in enumerate(text.splitlines(), 1) if DATE.search(line)]
+
+
+def _long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int, int]]:
+    """``(name, first line, lines)`` of each function in ``source`` longer than ``limit`` lines,
+    decorators left out, its docstring counted."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > limit:
+                found.append((node.name, node.lineno, lines))
+    return found
 
 
 def test_the_date_check_finds_a_planted_date():
@@ -34,3 +48,20 @@ def test_no_dates_in_the_code():
     ]
     assert len(_sources()) > 50, "the project's modules were not found"
     assert not dated, f"dates in the code (move the note to docs/measurements.md): {dated}"
+
+
+def test_the_length_check_finds_a_planted_long_function():
+    """The check itself works: a 61-line function is listed, a 60-line one is not."""
+    body = "".join(f"    x{i} = {i}\n" for i in range(60))
+    assert _long_functions(f"def long():\n{body}") == [("long", 1, 61)], "a long one was missed"
+    assert _long_functions(f"def short():\n{body[: body.rindex('    x59')]}") == []
+
+
+def test_no_function_over_sixty_lines():
+    """No function or method in ``engine/`` or ``app.py`` is over 60 lines."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} {name} ({lines} lines)"
+        for path in _sources()
+        for name, line, lines in _long_functions(path.read_text(encoding="utf-8"))
+    ]
+    assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines: {offenders}"
