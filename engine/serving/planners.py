@@ -10,7 +10,8 @@ makes it:
 * ``plan(scheduler)`` returns the next step: who runs, how many tokens each, who was preempted;
 * ``release(seq)`` is told when a sequence leaves the running set (finished or preempted).
 
-``scheduler`` is that ``Scheduler``, typed ``Any`` here because the scheduler imports this module.
+``scheduler`` is that ``Scheduler``; ``SchedulerState`` names what a planner may use of it (the
+scheduler imports this module, so it is not imported here).
 
 ``DecodeFirstPlanner`` and ``PrefillFirstPlanner`` seat every arrival that fits in ``admit`` and
 share the token budget in ``plan`` (decodes or prefills first). ``VllmPlanner`` follows vLLM V1's
@@ -23,10 +24,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 from engine.sequence import Sequence, SequenceStatus
-from engine.serving.block_manager import blocks_for
+from engine.serving.block_manager import BlockManager, blocks_for
 
 
 @dataclass
@@ -39,12 +40,27 @@ class ScheduledStep:
     preempted: list[Sequence] = field(default_factory=list)
 
 
+class SchedulerState(Protocol):
+    """What a planner reads and calls on its ``engine.serving.scheduler.Scheduler``."""
+
+    token_budget: int | None
+    block_manager: BlockManager | None
+    running: dict[int, Sequence]  # slot -> sequence
+    prefix_caching: bool
+
+    def next_arrived(self, now_s: float) -> Sequence | None: ...
+    def prefix_hit(self, seq: Sequence) -> list[int]: ...
+    def seat(self, hit: list[int]) -> Sequence: ...
+    def preempt(self, seq: Sequence) -> None: ...
+    def cache_full_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None: ...
+
+
 def fcfs(seq: Sequence) -> int:
     """First come, first served: a sequence's place in arrival order (admission order too)."""
     return seq.request.arrival_order
 
 
-def budget_of(scheduler: Any) -> float:
+def budget_of(scheduler: SchedulerState) -> float:
     """The scheduler's token budget per step (``math.inf`` without one)."""
     return scheduler.token_budget if scheduler.token_budget is not None else math.inf
 
@@ -52,11 +68,11 @@ def budget_of(scheduler: Any) -> float:
 class Planner:
     """The interface: ``admit``, ``plan`` and ``release``; see the module docstring."""
 
-    def admit(self, scheduler: Any, now_s: float) -> list[Sequence]:
+    def admit(self, scheduler: SchedulerState, now_s: float) -> list[Sequence]:
         """Seat the waiting requests that arrived by ``now_s`` and fit; return them."""
         raise NotImplementedError
 
-    def plan(self, scheduler: Any) -> ScheduledStep:
+    def plan(self, scheduler: SchedulerState) -> ScheduledStep:
         """The next step's plan."""
         raise NotImplementedError
 
@@ -69,7 +85,7 @@ class _BudgetPlanner(Planner):
 
     prefills_first = False
 
-    def admit(self, scheduler: Any, now_s: float) -> list[Sequence]:
+    def admit(self, scheduler: SchedulerState, now_s: float) -> list[Sequence]:
         """Fill free slots with waiting requests that arrived by ``now_s``, in arrival order,
         while each one's first step fits the free KV blocks."""
         admitted = []
@@ -80,7 +96,7 @@ class _BudgetPlanner(Planner):
             admitted.append(scheduler.seat(hit))
         return admitted
 
-    def plan(self, scheduler: Any) -> ScheduledStep:
+    def plan(self, scheduler: SchedulerState) -> ScheduledStep:
         """Grant tokens by policy within the budget, then give the granted sequences their
         blocks (paged mode), preempting when they run out."""
         grants = self._grant_tokens(scheduler)
@@ -90,7 +106,7 @@ class _BudgetPlanner(Planner):
         seqs = [scheduler.running[slot] for slot in sorted(scheduler.running) if slot in grants]
         return ScheduledStep(seqs, [grants[s.slot] for s in seqs], preempted)
 
-    def _grant_tokens(self, scheduler: Any) -> dict[int, int]:
+    def _grant_tokens(self, scheduler: SchedulerState) -> dict[int, int]:
         """Slot -> tokens this step, by policy, within the budget."""
         running = scheduler.running.values()
         decodes = [s for s in running if not s.is_prefill]
@@ -106,7 +122,7 @@ class _BudgetPlanner(Planner):
         return grants
 
     @staticmethod
-    def _blocks_to_admit(scheduler: Any, seq: Sequence, hit: list[int]) -> bool:
+    def _blocks_to_admit(scheduler: SchedulerState, seq: Sequence, hit: list[int]) -> bool:
         """Whether ``seq``'s first step fits in the free blocks the running sequences leave.
 
         ``hit``: its prefix-cache blocks; those no one holds leave the free pool when shared.
@@ -125,7 +141,7 @@ class _BudgetPlanner(Planner):
         return needed + reserved <= blocks.num_free_blocks
 
     @staticmethod
-    def _allocate_blocks(scheduler: Any, grants: dict[int, int]) -> list[Sequence]:
+    def _allocate_blocks(scheduler: SchedulerState, grants: dict[int, int]) -> list[Sequence]:
         """Give each granted sequence, oldest first, the blocks for its new tokens.
 
         When blocks run out, preempt the newest running sequence (possibly the one asking) and
@@ -166,7 +182,7 @@ class VllmPlanner(Planner):
         self.order: list[Sequence] = []  # vLLM's running order
         self._plan: ScheduledStep | None = None  # the next step, made in admit()
 
-    def plan(self, scheduler: Any) -> ScheduledStep:
+    def plan(self, scheduler: SchedulerState) -> ScheduledStep:
         """The step ``admit`` planned (``admit`` must have been called since the last one)."""
         plan, self._plan = self._plan, None
         assert plan is not None and plan.seqs, "the vllm policy plans in admit(), called first"
@@ -176,7 +192,7 @@ class VllmPlanner(Planner):
         """``seq`` leaves vLLM's running order."""
         self.order.remove(seq)
 
-    def admit(self, scheduler: Any, now_s: float) -> list[Sequence]:
+    def admit(self, scheduler: SchedulerState, now_s: float) -> list[Sequence]:
         """Plan the next step as vLLM's ``Scheduler.schedule`` would (kept for ``plan``);
         return the requests it admits.
 
@@ -208,7 +224,9 @@ class VllmPlanner(Planner):
         assert scheduler.token_budget is None or sum(grants.values()) <= scheduler.token_budget
         return admitted
 
-    def _allocate(self, scheduler: Any, seq: Sequence, n: int, preempted: list[Sequence]) -> bool:
+    def _allocate(
+        self, scheduler: SchedulerState, seq: Sequence, n: int, preempted: list[Sequence]
+    ) -> bool:
         """Blocks for ``seq``'s next ``n`` tokens, preempting the last running request until
         they fit (``allocate_slots`` in ``schedule``'s retry loop); False when ``seq`` itself
         was preempted. New blocks are registered in the prefix cache at once."""
@@ -225,7 +243,7 @@ class VllmPlanner(Planner):
             scheduler.cache_full_blocks(seq, seq.num_cached_tokens + n)
         return True
 
-    def _admit_next(self, scheduler: Any, now_s: float, left: float) -> Sequence | None:
+    def _admit_next(self, scheduler: SchedulerState, now_s: float, left: float) -> Sequence | None:
         """Admit the first waiting request if it arrived, a slot is free and blocks for its
         whole prompt (its tokens so far) are free beyond its prefix-cache hit, with blocks for
         its first ``min(pending, left)`` tokens; None otherwise (admission ends for the step)."""
