@@ -15,7 +15,7 @@ The core is a stack of rooms, each importing only the rooms below it (``tests/en
 checks the order):
 
 * at the root, the vocabulary every room reads: ``config``, ``sequence``, ``sampling_params``,
-  ``token_logits``, ``trace``;
+  ``token_logits``, ``trace``, and ``settings``, the one module that reads the environment;
 * ``workloads``: request tables, workload files, exports;
 * ``serving``: scheduler, block manager, KV caches, packed batch, masks, sampler, run control;
 * ``kernels``: packed attention and its variants, the matmul kernel, fused decoder layers;

@@ -7,7 +7,6 @@ end of the server's log, so that a caller can show why.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -15,6 +14,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from engine import settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 300  # ~3 s from the safetensors cache, ~25 s on a first run; minutes busy
@@ -66,7 +67,7 @@ def start_app(log_path: Path, args: tuple[str, ...] = ()) -> tuple[subprocess.Po
         proc = subprocess.Popen(
             command,
             cwd=REPO_ROOT,
-            env={**os.environ, **OFFLINE},
+            env=settings.environment(OFFLINE),
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from engine import settings
 from engine.bench import app_server
 from engine.workloads.workload import SEED_REQUESTS
 
@@ -71,7 +71,7 @@ def bench_run(slots: int, kv_mode: str) -> dict[str, float]:
         subprocess.run(
             [*command, "--json", str(out)],
             cwd=app_server.REPO_ROOT,
-            env={**os.environ, **app_server.OFFLINE},
+            env=settings.environment(app_server.OFFLINE),
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

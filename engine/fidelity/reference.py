@@ -199,10 +199,9 @@ class _Cache:
     def key_as(self, identity: Identity) -> None:
         """Read and write the store under ``identity``: another process's, where these references
         are computed. The key holds the CPU's torch thread count (``reference_key.device_fields``),
-        so a page whose engines run in a process on CPUs of their own, with fewer threads, looked
-        its references up under a key they were never stored under: every stored one counted as
-        missing, and each estimate carried a reference pass that would not run (35 s too long
-        for the article's six requests, 2026-12-03)."""
+        so a page whose engines run in a process on CPUs of their own, with fewer threads, would
+        look its references up under a key they were never stored under: every stored one would
+        count as missing, and each estimate would carry a reference pass that does not run."""
         self.__dict__["identity"] = identity  # the cached property's slot: set, not computed
 
     def _mode(self) -> dict[str, Any]:

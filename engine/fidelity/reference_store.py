@@ -37,6 +37,7 @@ import weakref
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from engine import settings
 from engine.fidelity.reference_key import (
     Identity,
     identity_fields,
@@ -71,7 +72,7 @@ def open_store() -> ReferenceStore | None:
     Raises:
         ValueError: ``CBP_REFERENCE_CACHE`` is set to something other than ``on`` or ``off``.
     """
-    choice = os.environ.get(SETTING, "").strip().lower() or "on"
+    choice = settings.value(SETTING).lower()
     if choice not in _CHOICES:
         raise ValueError(f"{SETTING}={choice!r}: use 'on' (keep references on disk) or 'off'")
     return ReferenceStore(loader.cache_dir() / "references") if _CHOICES[choice] else None

@@ -2,7 +2,7 @@
 
 A kernel timing taken while other processes (or a hypervisor's other guests) use the cores
 times the contention, not the kernels: on a 2-core host at a load average of 5, the chosen
-kernel was up to 5x slower than the best candidate at some row counts (2026-12-02). The kernel
+kernel can be several times slower than the best candidate at some row counts. The kernel
 store keeps a measurement only when the machine was quiet (``engine.model.kernel_store``).
 
 Linux counts CPU time for the whole machine in ``/proc/stat`` (the ``cpu`` line: user, nice,

@@ -7,18 +7,17 @@ spelled out, so a typo in a Space's settings is an error, not a silent default.
 
 from __future__ import annotations
 
-import os
+from engine import settings
 
 
 def read_choice(name: str, choices: dict[str, str]) -> str:
-    """The value of the environment variable ``name``, lower-cased; unset or empty gives the
-    first of ``choices`` (choice -> what it does, for the message).
+    """The value of the environment variable ``name`` (declared in ``engine.settings``),
+    lower-cased; unset or empty gives its default (choice -> what it does, for the message).
 
     Raises:
         ValueError: a value not in ``choices``, naming the variable and every choice.
     """
-    default = next(iter(choices))
-    choice = os.environ.get(name, "").strip().lower() or default
+    choice = settings.value(name).lower()
     if choice not in choices:
         spelled = " or ".join(f"{key!r} ({what})" for key, what in choices.items())
         raise ValueError(f"{name}={choice!r}: use {spelled}")

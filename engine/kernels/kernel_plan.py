@@ -1,8 +1,8 @@
 """The kernel plan: which matmul kernel the engines run at which row count, and the host's say.
 
 A decode step of one sequence multiplies each weight by one row, a prefill chunk by hundreds;
-the fastest kernel for one need not be the fastest for the other (issue 25's table: on a Xeon
-with AMX ``F.linear`` wins at 1 to 3 rows, oneDNN on packed weights at 5 and 16). A ``RowPlan``
+the fastest kernel for one need not be the fastest for the other (on a Xeon with AMX
+``F.linear`` wins at 1 to 3 rows, oneDNN on packed weights at 5 and 16). A ``RowPlan``
 gives each range of row counts one candidate of ``engine.kernels.linear_kernel``, and
 ``kernel_for`` builds the ``Kernel`` the engines install: per module, one bound linear per
 candidate the plan uses, picked per call by the input's row count (one list index).

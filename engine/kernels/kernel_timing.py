@@ -2,7 +2,7 @@
 
 Which kernel is fastest depends on the CPU, its memory and torch's build: oneDNN on packed
 weights was 2x faster than ``F.linear`` at one row on this project's AMD EPYC, and 1.5x slower on
-a Xeon with AMX (issue 25). So the runner (``engine.model.kernel_choice``) times every candidate
+a Xeon with AMX. So the runner (``engine.model.kernel_choice``) times every candidate
 (``candidates_for``) on the model's own weights at the row counts the engines meet
 (``time_candidates``), keeps the fastest per range of row counts (``choose_plan``), and
 ``engine.model.kernel_store`` keeps that on disk, so only a host's first start pays for it.
@@ -42,11 +42,10 @@ row count between two measured ones takes the choice of the one below; above 512
 **The rule** (``choose_plan``): at each measured row count, the candidate with the least time; a
 candidate already chosen for the row count below keeps it while within ``TIE_FRACTION`` (5 %) of
 the least, so that timing noise between near-equal kernels does not split ranges. 5 % because
-that is the tolerance the choice is held to (issue 25: within 5 % of the best candidate), and
-because two timings of one kernel differ by about that much on a shared 2-core machine: on the
-AMD EPYC, ``python -m engine.bench.kernel_bench`` timed the same oneDNN kernel 3 to 6 % apart
-in one run (2026-12-02), and a 2 % rule had kept a plan that switched to ``skinny`` at 2 rows
-alone, where two full tables of the hour put it 5 % ahead of oneDNN and 22 % behind.
+that is the tolerance the choice is held to (within 5 % of the best candidate), and because
+two timings of one kernel differ by about that much on a shared 2-core machine
+(``python -m engine.bench.kernel_bench`` times the same kernel a few per cent apart in one run),
+so a tighter rule splits ranges on noise.
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ class UpcastLinear(BoundLinear):
     oneDNN multiplies bfloat16 only with AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT; on an AVX2-only
     CPU it refuses the weights, and torch's own bfloat16 matmul is a slow generic loop for more
     than one row. Measured on this project's AVX2 EPYC, one pass over SmolLM2's 210 bfloat16
-    decoder weights, 1 thread, CPU ms (2026-12-01, machine shared, so only ratios hold):
+    decoder weights, 1 thread, CPU ms (machine shared, so only ratios hold):
 
         rows M                          1      3      8     64
         F.linear (bfloat16)          27.5   71.2  177.2 1386.8

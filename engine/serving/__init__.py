@@ -1,10 +1,11 @@
 """Serving: what a continuous engine decides and lays out at each step, in plain bookkeeping.
 
-The ``scheduler``, the ``block_manager``, the KV caches (``kv_cache``), the ``packed_batch`` and its
-``masks``, the per-request ``sampler`` and ``run_control``. May import the root vocabulary and
-``engine.workloads``.
+The ``scheduler`` and its policies (``planners``), the ``block_manager``, the KV caches
+(``kv_cache``), the ``packed_batch`` and its ``masks``, the per-request ``sampler`` and
+``run_control``. May import the root vocabulary and ``engine.workloads``.
 
-Nothing is imported here: import the modules by name. ``__all__`` is the room's face.
+Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
+``planners`` serves ``scheduler`` from inside.
 """
 
 __all__ = [

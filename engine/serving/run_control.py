@@ -12,13 +12,14 @@ restart.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
 
-RUN_TIME_LIMIT_S = 600.0  # default per-run limit; CBP_RUN_TIME_LIMIT_S overrides, 0 turns it off
-RUN_TIME_LIMIT_ENV = "CBP_RUN_TIME_LIMIT_S"
+from engine import settings
+
+RUN_TIME_LIMIT_ENV = "CBP_RUN_TIME_LIMIT_S"  # 0 turns the limit off
+RUN_TIME_LIMIT_S = float(settings.default(RUN_TIME_LIMIT_ENV))  # the default per-run limit
 WAIT_SLICE_S = 0.05  # the longest sleep between two stop checks while an engine waits
 
 
@@ -40,9 +41,7 @@ def run_time_limit_s() -> float | None:
     Raises:
         ValueError: a value that is set but is not a number >= 0.
     """
-    text = os.environ.get(RUN_TIME_LIMIT_ENV, "").strip()
-    if not text:
-        return RUN_TIME_LIMIT_S
+    text = settings.value(RUN_TIME_LIMIT_ENV)
     try:
         limit_s = float(text)
     except ValueError:

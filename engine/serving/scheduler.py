@@ -47,8 +47,9 @@ The ``"vllm"`` policy plans each step as vLLM V1's ``Scheduler.schedule`` does (
   admitted later in the same step shares the prompt blocks an earlier one computes in it (each
   layer stores the whole step's keys before any attention reads them, so this is exact).
 
-The whole plan is made in ``admit`` (which the engine calls when a step ends, before it asks for
-the next) and handed out by ``schedule``.
+Each policy is a planner (``engine.serving.planners``); the scheduler keeps the state and the
+mechanics they share. The ``"vllm"`` planner makes the whole plan in ``admit`` (which the engine
+calls when a step ends, before it asks for the next), and ``schedule`` hands it out.
 """
 
 from __future__ import annotations
@@ -56,20 +57,10 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
 
 from engine.sequence import Request, Sequence, SequenceStatus
-from engine.serving.block_manager import BlockManager, blocks_for
-
-
-@dataclass
-class ScheduledStep:
-    """One step's plan: ``seqs`` in slot order (the packed order), ``num_new[i]`` tokens each,
-    and the sequences preempted to make room for it."""
-
-    seqs: list[Sequence]
-    num_new: list[int]
-    preempted: list[Sequence] = field(default_factory=list)
+from engine.serving.block_manager import BlockManager
+from engine.serving.planners import ScheduledStep, planner_for
 
 
 class Scheduler:
@@ -79,6 +70,7 @@ class Scheduler:
     ``BlockManager`` of that many blocks of ``block_size`` tokens (with ``prefix_caching``, a
     prefix cache too), as nano-vllm's scheduler does; the engine reads its block tables for the
     KV cache and the trace through ``block_manager``. Without it, ``block_manager`` is None.
+    ``policy`` picks the ``planner`` (``engine.serving.planners``) that decides each step.
 
     Raises:
         ValueError: ``num_kv_blocks`` below 1 or ``block_size`` below 1 (``BlockManager``).
@@ -99,6 +91,7 @@ class Scheduler:
         self.eos_token_ids = eos_token_ids
         self.token_budget = max_num_batched_tokens
         self.policy = policy
+        self.planner = planner_for(policy)
         self.block_manager: BlockManager | None = None
         if num_kv_blocks is not None:
             self.block_manager = BlockManager(num_kv_blocks, block_size, prefix_caching)
@@ -106,8 +99,6 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque(Sequence(r) for r in by_arrival)
         self.running: dict[int, Sequence] = {}  # slot -> sequence
         self._free_slots = list(range(num_slots))  # min-heap
-        self._order: list[Sequence] = []  # "vllm" policy: vLLM's running order (admission order)
-        self._plan: ScheduledStep | None = None  # "vllm" policy: the next step, made in admit()
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -117,45 +108,29 @@ class Scheduler:
         return self.waiting[0].request.arrival_s if self.waiting else None
 
     def admit(self, now_s: float = math.inf) -> list[Sequence]:
-        """Fill free slots with waiting requests that arrived by ``now_s``, in arrival order
-        (the ``"vllm"`` policy: plan the next step, admissions included: ``_plan_vllm_step``)."""
-        if self.policy == "vllm":
-            return self._plan_vllm_step(now_s)
-        admitted = []
-        while self.waiting and self._free_slots and self.waiting[0].request.arrival_s <= now_s:
-            hit = self._prefix_hit(self.waiting[0])
-            if not self._blocks_to_admit(self.waiting[0], hit):
-                break
-            seq = self.waiting.popleft()
-            if hit:
-                self.block_manager.share(seq.request_id, hit)
-                seq.num_cached_tokens = len(hit) * self.block_manager.block_size
-                seq.num_prefix_cached_tokens = seq.num_cached_tokens
-            seq.slot = heapq.heappop(self._free_slots)
-            seq.status = SequenceStatus.RUNNING
-            self.running[seq.slot] = seq
-            admitted.append(seq)
-        return admitted
+        """Seat waiting requests that arrived by ``now_s``, in arrival order, as the planner
+        decides (the ``"vllm"`` planner plans the whole next step here); return them."""
+        return self.planner.admit(self, now_s)
 
     def schedule(self) -> ScheduledStep:
         """The next step: who runs, how many tokens each, and who was preempted for it."""
         assert len(self.running) <= self.num_slots, "more running sequences than slots"
-        if self.policy == "vllm":
-            plan, self._plan = self._plan, None
-            assert plan is not None and plan.seqs, "the vllm policy plans in admit(), called first"
-            return plan
-        grants = self._grant_tokens()
-        preempted = self._allocate_blocks(grants) if self.block_manager is not None else []
-        seqs = [self.running[slot] for slot in sorted(self.running) if slot in grants]
-        num_new = [grants[s.slot] for s in seqs]
-        assert self.token_budget is None or sum(num_new) <= self.token_budget, "budget exceeded"
-        return ScheduledStep(seqs, num_new, preempted)
+        step = self.planner.plan(self)
+        assert self.token_budget is None or sum(step.num_new) <= self.token_budget, "over budget"
+        return step
 
     @property
     def prefix_caching(self) -> bool:
         return self.block_manager is not None and self.block_manager.prefix_caching
 
-    def _prefix_hit(self, seq: Sequence) -> list[int]:
+    # --- what every planner uses ---------------------------------------------------------
+    def next_arrived(self, now_s: float) -> Sequence | None:
+        """The first waiting sequence, if it arrived by ``now_s`` and a slot is free."""
+        if self.waiting and self._free_slots and self.waiting[0].request.arrival_s <= now_s:
+            return self.waiting[0]
+        return None
+
+    def prefix_hit(self, seq: Sequence) -> list[int]:
         """Cached blocks of ``seq``'s longest cached prefix, leaving its last token to compute."""
         if not self.prefix_caching:
             return []
@@ -163,44 +138,22 @@ class Scheduler:
         self.block_manager.hash_blocks(seq.block_hashes, seq.num_tokens - 1, seq.token_ids)
         return self.block_manager.match_prefix(seq.block_hashes[:lookup])
 
-    def _blocks_to_admit(self, seq: Sequence, hit: list[int]) -> bool:
-        """Whether ``seq``'s first step fits in the free blocks the running sequences leave.
+    def seat(self, hit: list[int]) -> Sequence:
+        """Seat the first waiting sequence in the lowest free slot, sharing its prefix-cache
+        blocks ``hit``; return it."""
+        seq = self.waiting.popleft()
+        if hit:
+            self.block_manager.share(seq.request_id, hit)
+            seq.num_cached_tokens = len(hit) * self.block_manager.block_size
+            seq.num_prefix_cached_tokens = seq.num_cached_tokens
+        seq.slot = heapq.heappop(self._free_slots)
+        seq.status = SequenceStatus.RUNNING
+        self.running[seq.slot] = seq
+        return seq
 
-        ``hit``: its prefix-cache blocks; those no one holds leave the free pool when shared.
-        """
-        if self.block_manager is None:
-            return True
-        cached = len(hit) * self.block_manager.block_size
-        first_step = min(seq.num_tokens - cached, self.token_budget or math.inf)
-        reserved = sum(
-            self.block_manager.num_missing_blocks(s.request_id, s.num_tokens)
-            for s in self.running.values()
-        )
-        new = blocks_for(cached + first_step, self.block_manager.block_size) - len(hit)
-        needed = new + self.block_manager.num_free_among(hit)
-        return needed + reserved <= self.block_manager.num_free_blocks
-
-    def _allocate_blocks(self, grants: dict[int, int]) -> list[Sequence]:
-        """Give each granted sequence, oldest first, the blocks for its new tokens.
-
-        When blocks run out, preempt the newest running sequence (possibly the one asking) and
-        drop its grant. Returns the preempted sequences.
-        """
-        preempted = []
-        for seq in sorted((self.running[slot] for slot in grants), key=_fcfs):
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            need = seq.num_cached_tokens + grants[seq.slot]
-            while not self.block_manager.allocate(seq.request_id, need):
-                victim = max(self.running.values(), key=_fcfs)
-                grants.pop(victim.slot, None)
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is seq:
-                    break
-        return preempted
-
-    def _preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks and slot and put it back at the front of the queue, to be
+        recomputed later."""
         self.block_manager.free(seq.request_id)
         self._release_slot(seq)
         seq.preempt()
@@ -209,25 +162,9 @@ class Scheduler:
     def _release_slot(self, seq: Sequence) -> None:
         del self.running[seq.slot]
         heapq.heappush(self._free_slots, seq.slot)
-        if self._order:
-            self._order.remove(seq)
+        self.planner.release(seq)
 
-    def _grant_tokens(self) -> dict[int, int]:
-        """Slot -> tokens this step, by policy, within the budget."""
-        decodes = [s for s in self.running.values() if not s.is_prefill]
-        prefills = sorted(
-            (s for s in self.running.values() if s.is_prefill), key=_fcfs
-        )  # admission order
-        order = decodes + prefills if self.policy == "decode_first" else prefills + decodes
-        left = self.token_budget if self.token_budget is not None else math.inf
-        grants = {}
-        for seq in order:
-            n = min(seq.num_pending_tokens, left)
-            if n > 0:
-                grants[seq.slot] = int(n)
-                left -= n
-        return grants
-
+    # --- after a step ----------------------------------------------------------------------
     def postprocess(self, step: ScheduledStep, next_tokens: list[int]) -> list[Sequence]:
         """Cache the step's tokens; append a token where the step reached the sequence's end.
 
@@ -238,7 +175,7 @@ class Scheduler:
         for seq, n, token in zip(step.seqs, step.num_new, next_tokens, strict=True):
             seq.num_cached_tokens += n
             if self.prefix_caching:
-                self._cache_full_blocks(seq)
+                self.cache_full_blocks(seq)
             if seq.num_pending_tokens > 0:
                 continue  # a partial prefill chunk: its logits are not a next token
             if seq.append_token(token, self.eos_token_ids):
@@ -248,87 +185,10 @@ class Scheduler:
                 finished.append(seq)
         return finished
 
-    def _cache_full_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None:
+    def cache_full_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None:
         """Register the blocks ``seq`` filled with keys and values (prompt or output): those of
         its first ``num_tokens`` tokens (default: the computed ones)."""
         num_tokens = seq.num_cached_tokens if num_tokens is None else num_tokens
         num_full = num_tokens // self.block_manager.block_size
         self.block_manager.hash_blocks(seq.block_hashes, num_tokens, seq.token_ids)
         self.block_manager.cache_blocks(seq.request_id, seq.block_hashes, num_full)
-
-    # --- the "vllm" policy: vLLM's Scheduler.schedule --------------------------------------
-    def _plan_vllm_step(self, now_s: float) -> list[Sequence]:
-        """Plan the next step as vLLM's ``Scheduler.schedule`` would (kept for ``schedule``);
-        return the requests it admits.
-
-        First the running requests in vLLM's order while budget is left (the ``while
-        req_index < len(self.running) and token_budget > 0`` loop), each with its blocks
-        (``_vllm_allocate``); then, unless that preempted someone, the waiting requests that
-        arrived by ``now_s`` while budget and a slot are left (``_vllm_admit_next``).
-        """
-        left = self.token_budget if self.token_budget is not None else math.inf
-        grants: dict[int, int] = {}  # slot -> tokens
-        preempted: list[Sequence] = []
-        for seq in list(self._order):
-            if left <= 0:
-                break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted in this loop
-            n = min(seq.num_pending_tokens, left)
-            if not self._vllm_allocate(seq, n, preempted):
-                break
-            grants[seq.slot] = n
-            left -= n
-        admitted = []
-        while not preempted and left > 0 and (seq := self._vllm_admit_next(now_s, left)):
-            grants[seq.slot] = n = min(seq.num_pending_tokens, left)
-            left -= n
-            admitted.append(seq)
-        seqs = [self.running[slot] for slot in sorted(grants)]
-        self._plan = ScheduledStep(seqs, [grants[s.slot] for s in seqs], preempted)
-        assert self.token_budget is None or sum(grants.values()) <= self.token_budget
-        return admitted
-
-    def _vllm_allocate(self, seq: Sequence, n: int, preempted: list[Sequence]) -> bool:
-        """Blocks for ``seq``'s next ``n`` tokens, preempting the last running request until
-        they fit (``allocate_slots`` in ``schedule``'s retry loop); False when ``seq`` itself
-        was preempted. New blocks are registered in the prefix cache at once."""
-        if self.block_manager is None:
-            return True
-        while not self.block_manager.allocate(seq.request_id, seq.num_cached_tokens + n):
-            victim = self._order[-1]
-            self._preempt(victim)
-            preempted.append(victim)
-            if victim is seq:
-                return False
-        if self.prefix_caching:
-            self._cache_full_blocks(seq, seq.num_cached_tokens + n)
-        return True
-
-    def _vllm_admit_next(self, now_s: float, left: float) -> Sequence | None:
-        """Admit the first waiting request if it arrived, a slot is free and blocks for its
-        whole prompt (its tokens so far) are free beyond its prefix-cache hit, with blocks for
-        its first ``min(pending, left)`` tokens; None otherwise (admission ends for the step)."""
-        if not (self.waiting and self._free_slots and self.waiting[0].request.arrival_s <= now_s):
-            return None
-        seq, blocks = self.waiting[0], self.block_manager
-        hit = self._prefix_hit(seq)
-        if blocks is not None:
-            needed = blocks_for(seq.num_tokens, blocks.block_size) - len(hit)
-            if needed + blocks.num_free_among(hit) > blocks.num_free_blocks:
-                return None
-        self.waiting.popleft()
-        if hit:
-            blocks.share(seq.request_id, hit)
-            seq.num_cached_tokens = seq.num_prefix_cached_tokens = len(hit) * blocks.block_size
-        seq.slot = heapq.heappop(self._free_slots)
-        seq.status = SequenceStatus.RUNNING
-        self.running[seq.slot] = seq
-        self._order.append(seq)
-        fits = self._vllm_allocate(seq, min(seq.num_pending_tokens, left), [])
-        assert fits, "an admitted request's first blocks did not fit"
-        return seq
-
-
-def _fcfs(seq: Sequence) -> tuple[float, int]:
-    return seq.request.arrival_order

@@ -16,18 +16,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine import settings
 from engine.sampling_params import FIELDS as SAMPLING_FIELDS
 from engine.sampling_params import SamplingParams, is_blank, parse_sampling
 from engine.sequence import Request
 
-MAX_ROWS = 256  # requests per run; a Space owner can set CBP_MAX_ROWS
-MAX_NEW_TOKENS_LIMIT = 2048  # per-request cap; CBP_MAX_NEW_TOKENS
-MAX_PROMPT_CHARS = 20_000  # per prompt; CBP_MAX_PROMPT_CHARS
+MAX_ROWS = int(settings.default("CBP_MAX_ROWS"))  # requests per run
+MAX_NEW_TOKENS_LIMIT = int(settings.default("CBP_MAX_NEW_TOKENS"))  # per-request cap
+MAX_PROMPT_CHARS = int(settings.default("CBP_MAX_PROMPT_CHARS"))  # per prompt
 MAX_NAMED_PROBLEMS = 5  # bad rows or lines named in one message; the rest are counted
 
 
@@ -47,16 +47,14 @@ def limits() -> Limits:
         ValueError: a variable that is set but not a positive whole number.
     """
     return Limits(
-        max_rows=_env_limit("CBP_MAX_ROWS", MAX_ROWS),
-        max_new_tokens=_env_limit("CBP_MAX_NEW_TOKENS", MAX_NEW_TOKENS_LIMIT),
-        max_prompt_chars=_env_limit("CBP_MAX_PROMPT_CHARS", MAX_PROMPT_CHARS),
+        max_rows=_env_limit("CBP_MAX_ROWS"),
+        max_new_tokens=_env_limit("CBP_MAX_NEW_TOKENS"),
+        max_prompt_chars=_env_limit("CBP_MAX_PROMPT_CHARS"),
     )
 
 
-def _env_limit(name: str, default: int) -> int:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
+def _env_limit(name: str) -> int:
+    text = settings.value(name)
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"The environment variable {name}={text!r} must be a positive integer.")
     return int(text)

@@ -107,8 +107,8 @@ def _setup(url: str, session: Session, names: dict[str, str]):
     from gradio_client import Client
 
     # A person's browser fetches a run's files only when they click one; a client that fetched
-    # every file of every update (gradio_client's default), each over a new SSL context, took
-    # eight sessions 1.5 of a 2-core machine's CPUs from the page they measured (2026-12-03).
+    # every file of every update (gradio_client's default), each over a new SSL context, takes a
+    # room's sessions much of a small machine's CPU away from the page they measure.
     client = Client(url, verbose=False, download_files=False)
     chosen = client.predict(names[session.preset], api_name="/apply_preset")
     table, chat, _text, slots = chosen[:4]  # then the engine settings, all defaults in the tour
@@ -163,9 +163,8 @@ def clients_cpus(page_pid: int) -> set[int] | None:
     """The CPUs for a room's clients and browsers: those of the page's process ``page_pid`` when
     it keeps to fewer than this machine's (the engines have the others: ``CBP_ENGINE_CPUS``), so
     that the clients, who stand in for people on other machines, take no time from the runs they
-    measure; None (no restriction) when the page has every CPU or its set cannot be read. Five
-    unpinned Chromium sessions opening the page slowed its one run's static engine from 34 to 44
-    s (2026-12-03)."""
+    measure (unpinned browsers opening the page slow its run); None (no restriction) when the
+    page has every CPU or its set cannot be read."""
     try:
         page, every = os.sched_getaffinity(page_pid), os.sched_getaffinity(0)
     except (AttributeError, OSError):  # not Linux, or the process is gone

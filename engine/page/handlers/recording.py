@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     openmp_env.configure()  # as app.py does: the engines run in worker threads, as in the page
     try:
-        split = keep_to_engine_cpus(os.environ) if args.device == "cpu" else None
+        split = keep_to_engine_cpus() if args.device == "cpu" else None
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     if split is not None:
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {written} ({written.stat().st_size / 1024:.0f} KiB)")
 
 
-def keep_to_engine_cpus(environ: Mapping[str, str]):
+def keep_to_engine_cpus(environ: Mapping[str, str] | None = None):
     """Keep this process to the CPUs the page's engines get, with a torch thread each, as the
     engine process does (``cpu_split``, ``engine_process.worker_main``); the split, or None where
     the page would not split (``CBP_ENGINE_PROCESS=off``, ``CBP_ENGINE_CPUS=all``, one CPU).

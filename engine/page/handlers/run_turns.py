@@ -36,11 +36,11 @@ from engine.sequence import Request
 
 QUEUE_POLL_S = 1.0  # how often a waiting run looks at its place
 # A waiting run's line is sent when its words change, else every this many seconds: each send
-# costs the server 14 to 30 ms of CPU (Gradio rebuilds every skipped output's component), taken
-# from the run being measured; sent every 5 s, 27 waiting people took a room's page 16 % of a CPU
-# (py-spy, 2026-12-03). A closed tab's run leaves at once (``demo.unload``); one whose browser
-# vanished stops at its next send, so its ticket goes stale (``run_queue.STALE_S``) within this
-# many seconds more.
+# costs the server tens of ms of CPU (Gradio rebuilds every skipped output's component), taken
+# from the run being measured, and a room of waiting people multiplies it (docs/measurements.md,
+# "What a waiting room costs the page"). A closed tab's run leaves at once (``demo.unload``); one
+# whose browser vanished stops at its next send, so its ticket goes stale (``run_queue.STALE_S``)
+# within this many seconds more.
 QUEUE_RESEND_S = 20.0
 TURN, STOPPED = "turn", "stopped"  # how a wait ended (else: an identical run to show)
 

@@ -3,12 +3,10 @@
 Gradio 6's queue (``gradio.queueing.Queue``) has two loops on the web server's event loop: one
 looks for events to start, sleeping ``sleep_when_free`` between looks (1 ms on Linux, 50 ms on
 Windows), and one looks for progress to send, every ``progress_update_sleep_when_free`` (10 ms;
-100 ms on Windows). That is about a thousand wake-ups a second whether or not anything is queued.
-Measured on this 2-core machine (per-thread CPU from ``/proc``; py-spy puts nearly all of the event
-loop thread's time in ``EpollSelector.select``): 9 % of a core on an idle page, and 12 s of a core
-in a 134 s run of the seed, time taken from one of the engine's two OpenMP threads while the other
-waits for it at the next barrier. It was most of the gap between the page's run times and the
-bench's (``python -m engine.bench.page_gap``).
+100 ms on Windows). That is about a thousand wake-ups a second whether or not anything is queued,
+and on a small host each one is time taken from the engines' OpenMP threads, which wait for each
+other at every barrier; it was most of the gap between the page's run times and the bench's
+(``python -m engine.bench.page_gap``; the figures are in docs/measurements.md).
 
 ``quiet(demo)`` gives the queue Windows' values: an event starts up to 50 ms later than it would,
 and a progress bar is redrawn ten times a second, neither of which a person sees on runs that take

@@ -29,17 +29,19 @@ from __future__ import annotations
 import os
 import sys
 
-DEFAULT_NICE = 10
+from engine import settings
+
 ENV = "CBP_SERVER_NICE"
+DEFAULT_NICE = int(settings.default(ENV))
 
 
-def server_nice(environ=os.environ) -> int:
+def server_nice(environ=None) -> int:
     """The nice steps for the page's server threads, from ``CBP_SERVER_NICE``.
 
     Raises:
         ValueError: not a whole number from 0 to 19.
     """
-    text = environ.get(ENV, "").strip() or str(DEFAULT_NICE)
+    text = settings.value(ENV, environ)
     if not text.isdigit() or not 0 <= int(text) <= 19:
         raise ValueError(f"{ENV}={text!r}: give a whole number from 0 to 19 (0: no change)")
     return int(text)

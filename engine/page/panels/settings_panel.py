@@ -95,6 +95,38 @@ def settings_panel(
 ) -> SettingsPanel:
     """The right-hand column of settings; the engine knobs sit in a closed accordion, the
     precision (one of ``dtypes``, ``dtype`` first chosen) and batch-invariant mode last in it."""
+    preset_dropdown, slots_slider, chat_checkbox, reference_checkbox = _setup_inputs(chat_template)
+    servers = server_panels.servers_checkbox(list(server_names))
+    with gr.Accordion("Engine settings", open=False):
+        knobs = _engine_knobs()
+        precision = _precision_knobs(dtypes, dtype)
+    run_note, live_button, run_button, stop_button = _run_controls()
+    link_button, link_textbox, stop_reply, leave_queue = _link_controls()
+    return SettingsPanel(
+        preset_dropdown,
+        slots_slider,
+        chat_checkbox,
+        reference_checkbox,
+        *knobs,
+        *precision,
+        run_button,
+        stop_button,
+        link_button,
+        link_textbox,
+        stop_reply,
+        leave_queue,
+        servers_checkbox=servers,
+        run_note_markdown=run_note,
+        live_button=live_button,
+        replay_checkbox=gr.Checkbox(False, visible=False, elem_id="replay_checkbox"),
+        live_state=gr.State(False),
+        click_number=gr.Number(0, visible=False, precision=0, elem_id="click_number"),
+        precision_state=gr.State(link_query.Precision(dtype, tuple(dtypes))),
+    )
+
+
+def _setup_inputs(chat_template: bool) -> tuple:
+    """Preset, slots, chat template and the reference check, in the panel's order."""
     preset_dropdown = gr.Dropdown(
         choices=list(presets.load_presets()),
         value=presets.DEFAULT_PRESET,
@@ -117,11 +149,11 @@ def settings_panel(
         label="Check outputs against model.generate",
         elem_id="reference_checkbox",
     )
-    servers = server_panels.servers_checkbox(list(server_names))
-    with gr.Accordion("Engine settings", open=False):
-        knobs = _engine_knobs()
-        precision = _precision_knobs(dtypes, dtype)
-    run_note, live_button, run_button, stop_button = _run_controls()
+    return preset_dropdown, slots_slider, chat_checkbox, reference_checkbox
+
+
+def _link_controls() -> tuple:
+    """ "Copy link to this setup" and its textbox; the hidden Stop reply and "Leave the queue"."""
     link_button = gr.Button("Copy link to this setup", size="sm", elem_id="link_button")
     link_textbox = gr.Textbox(
         label="Link: preset or table, slots, step and engine settings",
@@ -131,27 +163,7 @@ def settings_panel(
     )
     stop_reply = gr.Textbox(visible="hidden", elem_id="stop_reply_textbox")
     leave_queue = gr.Button("Leave the queue", visible="hidden", elem_id="leave_queue_button")
-    return SettingsPanel(
-        preset_dropdown,
-        slots_slider,
-        chat_checkbox,
-        reference_checkbox,
-        *knobs,
-        *precision,
-        run_button,
-        stop_button,
-        link_button,
-        link_textbox,
-        stop_reply,
-        leave_queue,
-        servers_checkbox=servers,
-        run_note_markdown=run_note,
-        live_button=live_button,
-        replay_checkbox=gr.Checkbox(False, visible=False, elem_id="replay_checkbox"),
-        live_state=gr.State(False),
-        click_number=gr.Number(0, visible=False, precision=0, elem_id="click_number"),
-        precision_state=gr.State(link_query.Precision(dtype, tuple(dtypes))),
-    )
+    return link_button, link_textbox, stop_reply, leave_queue
 
 
 def _run_controls() -> tuple:

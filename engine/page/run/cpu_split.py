@@ -11,12 +11,12 @@ Split, the engine process is pinned (``sched_setaffinity``) to the engine CPUs w
 thread per CPU, and the page's process (Gradio's event loop and workers, the figures it draws for
 everyone else) to the rest. On two CPUs that is one each: the engines run on one thread, about
 1.3x slower than on two on an idle page, and a busy page no longer touches them (a Python loop
-kept busy on the page's CPU left the engines' times within the machine's noise; 2026-12-03).
+kept busy on the page's CPU leaves the engines' times within the machine's noise).
 
 ``CBP_ENGINE_CPUS`` (read at start, with the engine process only):
 
 * ``auto`` (default): every CPU this process may use but the first, when it may use two or more;
-* ``all``: no split; the engines' threads share every CPU with the page (before 2026-12-03);
+* ``all``: no split; the engines' threads share every CPU with the page;
 * a count ``N``: the last ``N`` CPUs, from 1 to one less than the CPUs this process may use.
 
 Linux only (``os.sched_setaffinity``); elsewhere, or on a host with one CPU, there is no split.
@@ -27,6 +27,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from engine import settings
 
 ENV = "CBP_ENGINE_CPUS"
 
@@ -59,7 +61,7 @@ class CpuSplit:
 
 
 def cpu_split(
-    environ: Mapping[str, str] = os.environ, available: tuple[int, ...] | None = None
+    environ: Mapping[str, str] | None = None, available: tuple[int, ...] | None = None
 ) -> CpuSplit | None:
     """The split ``CBP_ENGINE_CPUS`` asks for on the CPUs ``available`` (default: this process's
     affinity); None for no split (``all``, ``auto`` on one CPU, or a system without affinity).
@@ -68,7 +70,7 @@ def cpu_split(
         ValueError: a value other than ``auto``, ``all`` or a whole number from 1 to one less
             than the CPUs available.
     """
-    text = environ.get(ENV, "").strip().lower() or "auto"
+    text = settings.value(ENV, environ).lower()
     if available is None:
         available = _available()
     cpus = tuple(sorted(available or ()))

@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from engine import settings
 from engine.page.run import cpu_split, shared_model
 from engine.page.run.engine_thread import ENGINE_THREAD
 from engine.page.run.live_run import SNAPSHOT_INTERVAL_S, LiveRun
@@ -63,17 +64,17 @@ class EngineProcessLost(RunStopped):
     how, for a person."""
 
 
-def engine_process_wanted(environ=os.environ, on_zerogpu: bool = False) -> bool:
+def engine_process_wanted(environ=None, on_zerogpu: bool = False) -> bool:
     """Whether ``app.py`` runs the engines in an engine process, from ``CBP_ENGINE_PROCESS``:
     ``auto`` (the default: on, except on ZeroGPU, which lends its GPU to the page's own process
     only), ``on``, or ``off`` (the page's engine thread, in the page's process). On by default
-    since 2026-12-03: the engines then get CPUs of their own (``cpu_split``), which a room can no
-    longer slow (docs/measurements.md, "CPUs of their own").
+    because the engines then get CPUs of their own (``cpu_split``), which a room cannot slow
+    (docs/measurements.md, "CPUs of their own").
 
     Raises:
         ValueError: another value.
     """
-    text = environ.get(ENV, "").strip().lower() or "auto"
+    text = settings.value(ENV, environ).lower()
     if text not in CHOICES:
         raise ValueError(f"{ENV}={text!r}: give auto, on or off")
     return text == "on" or (text == "auto" and not on_zerogpu)

@@ -74,10 +74,9 @@ class LiveRun:
 
     ``on_progress(progress)``, if given, is called with ``progress()`` after each ``watch``, on the
     thread that watches: the queue learns the run's steps as they are done, not when the page's
-    handler next gets to run. Through the handler, a room's joins kept the page's CPU so busy
-    that its reports came tens of seconds late, and the estimates told to those waiting for this
-    very setup read "2 min" for waits of 40 to 65 s (2026-12-03). It must be quick and must not
-    raise.
+    handler next gets to run: a room's joins can keep the page's CPU so busy that reports
+    through the handler come tens of seconds late, and the estimates with them. It must be quick
+    and must not raise.
     """
 
     def __init__(

@@ -14,7 +14,6 @@ knob, the precision, the model), and nothing that only changes how it is drawn (
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -22,19 +21,19 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_WINDOW_S = 600.0
+from engine import settings
+
+DEFAULT_WINDOW_S = float(settings.default("CBP_REPLAY_WINDOW_S"))
 MAX_RUNS = 32  # setups kept; the least recently measured goes first
 
 
-def replay_window_s(environ=os.environ) -> float:
+def replay_window_s(environ=None) -> float:
     """``CBP_REPLAY_WINDOW_S``: how old a run may be and still be shown for an identical setup.
 
     Raises:
         ValueError: the variable is set to something other than a number of seconds >= 0.
     """
-    text = (environ.get("CBP_REPLAY_WINDOW_S") or "").strip()
-    if not text:
-        return DEFAULT_WINDOW_S
+    text = settings.value("CBP_REPLAY_WINDOW_S", environ)
     try:
         window_s = float(text)
     except ValueError:
@@ -60,9 +59,9 @@ class RecentRun:
 
     def drawn(self, key: Hashable, draw: Callable[[], Any]) -> Any:
         """``draw()``, made once per ``key`` (the x axis it is drawn on) and kept with this run:
-        a room shown one run draws its figures once, not once per person (each draw took the
-        page 1 to 2 s of CPU, and a 30-session room showed one run to up to five people at the
-        moment it ended; 2026-12-03). Callers must not change what it returns."""
+        a room shown one run draws its figures once, not once per person (each draw takes the
+        page a second or two of CPU, and several people can be shown one run the moment it
+        ends). Callers must not change what it returns."""
         with self._drawing:  # a second person waits for the first draw instead of repeating it
             if key not in self._drawings:
                 self._drawings[key] = draw()

@@ -11,12 +11,8 @@ float32, the reference check on, a busy machine; ``docs/measurements.md``, "Queu
 * **the reference pass**, for each request whose reference is not stored yet
   (``engine.fidelity.reference_store``): 9 to 102 s; about 2 steps' worth per request to set up
   and judge, a step per output token (batch 1) and its prompt's prefill; nothing when stored, as
-  it is for every tour preset after its first run on a host. (Measured with the engines on one
-  CPU of two, 2026-12-03: the small table timed at start, 40 tokens of 4 requests, took 39 to 48
-  step-equivalents, the article's six requests, 611 tokens, 620 to 790 in three rooms. The
-  figures first used here, 15 steps a request and half a step a token, were from engines sharing
-  both CPUs with a busy page; with them the table and the article's run were 3x to 4x apart,
-  and the first estimates of a room on a fresh host ran 26 to 40 % short.)
+  it is for every tour preset after its first run on a host (the figures behind these
+  weights are in docs/measurements.md, "A room's first minute").
 * **the run itself**: rendering and judging, 1-2 s a run whatever the device (Python and plotly).
 
 So a ``Work`` counts each part but the last in *step units*: steps, plus prompt tokens over

@@ -21,7 +21,7 @@ What the browser does with a click on Run (Gradio 6's ``dispatch``), which the h
 **Click order.** The press and Stop are unqueued and never skipped (``trigger_mode="multiple"``;
 with Gradio's default ``"once"`` a click while the button's last event was pending was dropped,
 the last Stop of quick pairs too). Still, they can reach the server out of order: under load a
-Stop clicked 80 ms after a Run was handled before that Run's press (issue 27). So the page numbers
+Stop clicked moments after a Run can be handled before that Run's press. So the page numbers
 its clicks on Run and Stop in one sequence (``assets/page.js``), and each press and Stop carries
 its click's number (``seq``); the handle decides by these numbers, not by arrival:
 

@@ -42,9 +42,8 @@ from dataclasses import dataclass, field
 from engine.page.run.run_cost import Pace, Work
 
 STALE_S = 15.0  # a waiting ticket not asked about for this long is dropped
-# The running run's pace counts once it has done this many steps since its first report: a pace
-# taken at once read 12x too slow in a room (2026-12-02: its first steps carry its prompts'
-# prefill, and its progress reached the queue only with the page's paced updates).
+# The running run's pace counts once it has done this many steps since its first report: its
+# first steps carry its prompts' prefill, so a pace taken at once reads many times too slow.
 MIN_PROGRESS_STEPS = 20
 # The running run's pace over the learned one, as applied to the wait of the runs behind it.
 SLOWDOWN_RANGE = (0.5, 3.0)
@@ -183,10 +182,9 @@ class RunQueue:
         """Teach the pace a run of ``work`` timed at start, ``parts_s`` seconds in each part, as
         if it had finished here (its rendering at the prior ``run_cost.RUN_S``), unless a run
         already taught one. So the first estimates come from a quiet page, not from the first
-        run's early steps, which a room's joins slow (2026-12-03: a 30-session room's first run
-        went 2.3x to 2.8x slower than alone, and the estimates it gave missed by 20 to 90 %).
-        The first run that finishes replaces this pace rather than averaging with it: a start on
-        a busy machine (another page's run) timed a pace 25x too slow (2026-12-03)."""
+        run's early steps, which a room's joins slow. The first run that finishes replaces this
+        pace rather than averaging with it: a start on a busy machine (another page's run, say)
+        can time a pace many times too slow."""
         with self._changed:
             if not self.pace.known:  # the engines' parts by name, the rest as the reference's
                 self.pace.learn(work, sum(parts_s.values()) + self.pace.run_s, parts_s)
@@ -247,9 +245,9 @@ class RunQueue:
         self, ahead: list[Ticket], now: float, setup: Hashable | None = None
     ) -> tuple[float | None, bool]:
         """Seconds until a run behind ``ahead`` starts (None: no pace yet), and whether a run of
-        its ``setup`` is ahead: then it is shown that run when it ends, so the wait ends there.
-        Counted to the end of the queue instead, a 30-session room told those waiting for a
-        setup already running 240 to 300 s for waits of 20 to 80 s (2026-12-03)."""
+        its ``setup`` is ahead: then it is shown that run when it ends, so the wait ends there
+        (counted to the end of the queue, a room waiting for a setup already running would be
+        told several times its wait)."""
         running = self._running
         pace = self.pace if self.pace.known else self._progress_pace()
         setups = set() if running is None or running.setup is None else {running.setup}
@@ -279,8 +277,8 @@ class RunQueue:
     def _missing_now(self, ticket: Ticket) -> Mapping[Hashable, int]:
         """``ticket``'s references still to compute (``Work.missing_now``), read again only once a
         run ended since: a reference is stored by the run that computes it. Read at every look of
-        every waiting run, the reference store took a 30-session room's page 6 % of a CPU, under
-        this queue's lock (py-spy, 2026-12-03)."""
+        every waiting run, the reference store would cost a room's page CPU under this queue's
+        lock."""
         if ticket.missing is None or ticket.missing[0] != self._runs_ended:
             ticket.missing = (self._runs_ended, ticket.work.missing_now())
         return ticket.missing[1]
@@ -298,8 +296,8 @@ class RunQueue:
         """How much slower than the learned pace the running run's engine steps go, as of its last
         report (1 before ``MIN_PROGRESS_STEPS``; clipped to ``SLOWDOWN_RANGE``): the load on the
         page now (people joining, a busy machine) is the best guess of the load while those
-        ahead run. In a 30-session room, estimates from the pace alone were 30 to 54 % short while
-        joins slowed the first runs 1.4x to 2.1x (2026-12-03)."""
+        ahead run; estimates from the learned pace alone fall short while a room's joins slow the
+        first runs."""
         progress = self._progress_pace()
         if progress is None:
             return 1.0
@@ -311,8 +309,7 @@ class RunQueue:
         ``MIN_PROGRESS_STEPS`` between them): the estimates' pace until one is learned, then
         their slowdown. Not from its start: what comes before its first step (the job handed to
         the engine process, its first prompts' prefill) is no pace of its steps, and timed from
-        the start, a room's first run read 1.5x slower than it went, so those waiting for that
-        very setup were told 80 s for 51 (2026-12-03)."""
+        the start a run reads slower than it goes."""
         running = self._running
         if running is None or running.first_steps is None or running.steps_done_s is None:
             return None

@@ -190,9 +190,8 @@ class SharedModel:
 
     def time_pace(self) -> tuple[Work, dict[str, float]]:
         """Time both engines and the reference (``model.generate``, one request at a time, kept
-        in memory only) on ``CALIBRATION_TABLE`` (3 slots): 5.7 to 5.9 s at start on a 2-core
-        AMD EPYC with SmolLM2-135M in float32 (static 2.0 s, continuous 0.9 s, the reference 2.7
-        to 3.0 s; 2026-12-03). Its step counts are the traces'.
+        in memory only) on ``CALIBRATION_TABLE`` (3 slots): a few seconds at start with the
+        embedded model on a small CPU. Its step counts are the traces'.
         Returns the work timed and its seconds in each part (the engines' and ``"reference"``)."""
         specs = parse_table(CALIBRATION_TABLE)
         requests = tokenize_requests(

@@ -25,8 +25,7 @@ enough that this stays under ``UPDATE_SHARE`` of the run's time (``wait_s``), an
 outputs table only when its rows changed. The wait is at most ``MAX_UPDATE_WAIT_S`` (4 s): that
 hand-over time is wall time, and the page's server threads run at a lower priority than the
 engines (``CBP_SERVER_NICE``), so on a busy CPU one update can take them a second or more, and
-50 times that froze the live progress for a minute or longer (issue 26's room, and a browser
-test on a loaded machine: "Running · 0.5 s" for over 60 s).
+an uncapped wait of 50 times that would freeze the live progress for a minute or longer.
 """
 
 from __future__ import annotations

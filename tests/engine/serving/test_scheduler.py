@@ -5,7 +5,8 @@ from tiny_model import make_requests, tiny_runner
 
 from engine.batching.continuous import ContinuousEngine
 from engine.batching.static import StaticEngine
-from engine.config import EngineConfig
+from engine.config import POLICIES, EngineConfig
+from engine.serving.planners import Planner
 from engine.serving.scheduler import Scheduler
 from engine.trace import IDLE
 
@@ -138,7 +139,7 @@ def test_vllm_policy_preempts_the_last_running_and_admits_nobody_in_that_step():
     assert scheduler.admit() == [], "a step that preempts admits nobody"
     step = scheduler.schedule()  # 5th tokens need a 3rd block each: R1, the last, goes
     assert [s.request_id for s in step.preempted] == [1] and _plan(step) == {0: 1}
-    assert [s.request_id for s in scheduler._order] == [0], "R1 left vLLM's running order"
+    assert [s.request_id for s in scheduler.planner.order] == [0], "R1 left vLLM's running order"
     assert scheduler.waiting[0].request_id == 1, "R1 waits first in line"
 
 
@@ -166,3 +167,13 @@ def test_vllm_policy_shares_prompt_blocks_within_one_step():
     assert _plan(step) == {0: n, 1: n - 8}, "R1 shares R0's two full blocks, computes the rest"
     tables = scheduler.block_manager.block_tables
     assert tables[0][:2] == tables[1][:2], "the first two blocks are shared"
+
+
+def test_every_policy_has_a_planner_behind_one_interface():
+    """Each policy the config accepts is planned by a ``Planner``, a class of its own."""
+    planners = {
+        policy: type(Scheduler([], 1, frozenset(), policy=policy).planner) for policy in POLICIES
+    }
+    not_planners = [p for p, cls in planners.items() if not issubclass(cls, Planner)]
+    assert not not_planners, f"policies without a Planner: {not_planners}"
+    assert len(set(planners.values())) == len(POLICIES), f"policies share a class: {planners}"

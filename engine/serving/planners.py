@@ -1,0 +1,275 @@
+"""Planners: the scheduler's policies, one class each, behind one interface.
+
+A ``Scheduler`` (``engine.serving.scheduler``) holds the state of a run (waiting and running
+sequences, free slots, the block manager) and the mechanics every policy shares (seating a waiting
+sequence, preempting, postprocessing). What differs between policies is the plan, and a planner
+makes it:
+
+* ``admit(scheduler, now_s)`` seats waiting requests that arrived by ``now_s`` and returns them;
+  the engine calls it when a step ends (and when it wakes for an arrival);
+* ``plan(scheduler)`` returns the next step: who runs, how many tokens each, who was preempted;
+* ``release(seq)`` is told when a sequence leaves the running set (finished or preempted).
+
+``scheduler`` is that ``Scheduler``; ``SchedulerState`` names what a planner may use of it (the
+scheduler imports this module, so it is not imported here).
+
+``DecodeFirstPlanner`` and ``PrefillFirstPlanner`` seat every arrival that fits in ``admit`` and
+share the token budget in ``plan`` (decodes or prefills first). ``VllmPlanner`` follows vLLM V1's
+``Scheduler.schedule``, which serves the running requests and then admits waiting ones within one
+budget in a single pass: it makes the whole step in ``admit`` and hands it out in ``plan``. The
+policies and their differences are described in ``engine.serving.scheduler``'s docstring.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.sequence import Sequence, SequenceStatus
+from engine.serving.block_manager import BlockManager, blocks_for
+
+
+@dataclass
+class ScheduledStep:
+    """One step's plan: ``seqs`` in slot order (the packed order), ``num_new[i]`` tokens each,
+    and the sequences preempted to make room for it."""
+
+    seqs: list[Sequence]
+    num_new: list[int]
+    preempted: list[Sequence] = field(default_factory=list)
+
+
+class SchedulerState(Protocol):
+    """What a planner reads and calls on its ``engine.serving.scheduler.Scheduler``."""
+
+    token_budget: int | None
+    block_manager: BlockManager | None
+    running: dict[int, Sequence]  # slot -> sequence
+    prefix_caching: bool
+
+    def next_arrived(self, now_s: float) -> Sequence | None: ...
+    def prefix_hit(self, seq: Sequence) -> list[int]: ...
+    def seat(self, hit: list[int]) -> Sequence: ...
+    def preempt(self, seq: Sequence) -> None: ...
+    def cache_full_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None: ...
+
+
+def fcfs(seq: Sequence) -> int:
+    """First come, first served: a sequence's place in arrival order (admission order too)."""
+    return seq.request.arrival_order
+
+
+def budget_of(scheduler: SchedulerState) -> float:
+    """The scheduler's token budget per step (``math.inf`` without one)."""
+    return scheduler.token_budget if scheduler.token_budget is not None else math.inf
+
+
+class Planner:
+    """The interface: ``admit``, ``plan`` and ``release``; see the module docstring."""
+
+    def admit(self, scheduler: SchedulerState, now_s: float) -> list[Sequence]:
+        """Seat the waiting requests that arrived by ``now_s`` and fit; return them."""
+        raise NotImplementedError
+
+    def plan(self, scheduler: SchedulerState) -> ScheduledStep:
+        """The next step's plan."""
+        raise NotImplementedError
+
+    def release(self, seq: Sequence) -> None:
+        """``seq`` left the running set (finished or preempted)."""
+
+
+class _BudgetPlanner(Planner):
+    """Seat every arrival whose first step fits, then share the budget in ``order``."""
+
+    prefills_first = False
+
+    def admit(self, scheduler: SchedulerState, now_s: float) -> list[Sequence]:
+        """Fill free slots with waiting requests that arrived by ``now_s``, in arrival order,
+        while each one's first step fits the free KV blocks."""
+        admitted = []
+        while (seq := scheduler.next_arrived(now_s)) is not None:
+            hit = scheduler.prefix_hit(seq)
+            if not self._blocks_to_admit(scheduler, seq, hit):
+                break
+            admitted.append(scheduler.seat(hit))
+        return admitted
+
+    def plan(self, scheduler: SchedulerState) -> ScheduledStep:
+        """Grant tokens by policy within the budget, then give the granted sequences their
+        blocks (paged mode), preempting when they run out."""
+        grants = self._grant_tokens(scheduler)
+        preempted = []
+        if scheduler.block_manager is not None:
+            preempted = self._allocate_blocks(scheduler, grants)
+        seqs = [scheduler.running[slot] for slot in sorted(scheduler.running) if slot in grants]
+        return ScheduledStep(seqs, [grants[s.slot] for s in seqs], preempted)
+
+    def _grant_tokens(self, scheduler: SchedulerState) -> dict[int, int]:
+        """Slot -> tokens this step, by policy, within the budget."""
+        running = scheduler.running.values()
+        decodes = [s for s in running if not s.is_prefill]
+        prefills = sorted((s for s in running if s.is_prefill), key=fcfs)  # admission order
+        order = prefills + decodes if self.prefills_first else decodes + prefills
+        left = budget_of(scheduler)
+        grants = {}
+        for seq in order:
+            n = min(seq.num_pending_tokens, left)
+            if n > 0:
+                grants[seq.slot] = int(n)
+                left -= n
+        return grants
+
+    @staticmethod
+    def _blocks_to_admit(scheduler: SchedulerState, seq: Sequence, hit: list[int]) -> bool:
+        """Whether ``seq``'s first step fits in the free blocks the running sequences leave.
+
+        ``hit``: its prefix-cache blocks; those no one holds leave the free pool when shared.
+        """
+        blocks = scheduler.block_manager
+        if blocks is None:
+            return True
+        cached = len(hit) * blocks.block_size
+        first_step = min(seq.num_tokens - cached, scheduler.token_budget or math.inf)
+        reserved = sum(
+            blocks.num_missing_blocks(s.request_id, s.num_tokens)
+            for s in scheduler.running.values()
+        )
+        new = blocks_for(cached + first_step, blocks.block_size) - len(hit)
+        needed = new + blocks.num_free_among(hit)
+        return needed + reserved <= blocks.num_free_blocks
+
+    @staticmethod
+    def _allocate_blocks(scheduler: SchedulerState, grants: dict[int, int]) -> list[Sequence]:
+        """Give each granted sequence, oldest first, the blocks for its new tokens.
+
+        When blocks run out, preempt the newest running sequence (possibly the one asking) and
+        drop its grant. Returns the preempted sequences.
+        """
+        preempted = []
+        for seq in sorted((scheduler.running[slot] for slot in grants), key=fcfs):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            need = seq.num_cached_tokens + grants[seq.slot]
+            while not scheduler.block_manager.allocate(seq.request_id, need):
+                victim = max(scheduler.running.values(), key=fcfs)
+                grants.pop(victim.slot, None)
+                scheduler.preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+        return preempted
+
+
+class DecodeFirstPlanner(_BudgetPlanner):
+    """``"decode_first"``: every decoding sequence gets its token first; prefills share the
+    rest of the budget, oldest first."""
+
+
+class PrefillFirstPlanner(_BudgetPlanner):
+    """``"prefill_first"``: prefills, oldest first, get the budget before the decodes."""
+
+    prefills_first = True
+
+
+class VllmPlanner(Planner):
+    """``"vllm"``: vLLM V1's ``Scheduler.schedule``: the running requests in vLLM's running
+    order (``order``: admission order, a resumed request last), then waiting requests while
+    budget is left; the plan is made in ``admit``, which admission is part of."""
+
+    def __init__(self) -> None:
+        self.order: list[Sequence] = []  # vLLM's running order
+        self._plan: ScheduledStep | None = None  # the next step, made in admit()
+
+    def plan(self, scheduler: SchedulerState) -> ScheduledStep:
+        """The step ``admit`` planned (``admit`` must have been called since the last one)."""
+        plan, self._plan = self._plan, None
+        assert plan is not None and plan.seqs, "the vllm policy plans in admit(), called first"
+        return plan
+
+    def release(self, seq: Sequence) -> None:
+        """``seq`` leaves vLLM's running order."""
+        self.order.remove(seq)
+
+    def admit(self, scheduler: SchedulerState, now_s: float) -> list[Sequence]:
+        """Plan the next step as vLLM's ``Scheduler.schedule`` would (kept for ``plan``);
+        return the requests it admits.
+
+        First the running requests in vLLM's order while budget is left (the ``while
+        req_index < len(self.running) and token_budget > 0`` loop), each with its blocks
+        (``_allocate``); then, unless that preempted someone, the waiting requests that
+        arrived by ``now_s`` while budget and a slot are left (``_admit_next``).
+        """
+        left = budget_of(scheduler)
+        grants: dict[int, int] = {}  # slot -> tokens
+        preempted: list[Sequence] = []
+        for seq in list(self.order):
+            if left <= 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted in this loop
+            n = min(seq.num_pending_tokens, left)
+            if not self._allocate(scheduler, seq, n, preempted):
+                break
+            grants[seq.slot] = n
+            left -= n
+        admitted = []
+        while not preempted and left > 0 and (seq := self._admit_next(scheduler, now_s, left)):
+            grants[seq.slot] = n = min(seq.num_pending_tokens, left)
+            left -= n
+            admitted.append(seq)
+        seqs = [scheduler.running[slot] for slot in sorted(grants)]
+        self._plan = ScheduledStep(seqs, [grants[s.slot] for s in seqs], preempted)
+        assert scheduler.token_budget is None or sum(grants.values()) <= scheduler.token_budget
+        return admitted
+
+    def _allocate(
+        self, scheduler: SchedulerState, seq: Sequence, n: int, preempted: list[Sequence]
+    ) -> bool:
+        """Blocks for ``seq``'s next ``n`` tokens, preempting the last running request until
+        they fit (``allocate_slots`` in ``schedule``'s retry loop); False when ``seq`` itself
+        was preempted. New blocks are registered in the prefix cache at once."""
+        blocks = scheduler.block_manager
+        if blocks is None:
+            return True
+        while not blocks.allocate(seq.request_id, seq.num_cached_tokens + n):
+            victim = self.order[-1]
+            scheduler.preempt(victim)
+            preempted.append(victim)
+            if victim is seq:
+                return False
+        if scheduler.prefix_caching:
+            scheduler.cache_full_blocks(seq, seq.num_cached_tokens + n)
+        return True
+
+    def _admit_next(self, scheduler: SchedulerState, now_s: float, left: float) -> Sequence | None:
+        """Admit the first waiting request if it arrived, a slot is free and blocks for its
+        whole prompt (its tokens so far) are free beyond its prefix-cache hit, with blocks for
+        its first ``min(pending, left)`` tokens; None otherwise (admission ends for the step)."""
+        seq = scheduler.next_arrived(now_s)
+        if seq is None:
+            return None
+        blocks = scheduler.block_manager
+        hit = scheduler.prefix_hit(seq)
+        if blocks is not None:
+            needed = blocks_for(seq.num_tokens, blocks.block_size) - len(hit)
+            if needed + blocks.num_free_among(hit) > blocks.num_free_blocks:
+                return None
+        scheduler.seat(hit)
+        self.order.append(seq)
+        fits = self._allocate(scheduler, seq, min(seq.num_pending_tokens, left), [])
+        assert fits, "an admitted request's first blocks did not fit"
+        return seq
+
+
+PLANNERS = {
+    "decode_first": DecodeFirstPlanner,
+    "prefill_first": PrefillFirstPlanner,
+    "vllm": VllmPlanner,
+}
+
+
+def planner_for(policy: str) -> Planner:
+    """A new planner for ``policy`` (one of ``engine.config.POLICIES``)."""
+    return PLANNERS[policy]()

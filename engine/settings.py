@@ -1,0 +1,187 @@
+"""Settings: every environment variable the project reads, declared once and read here only.
+
+A host (a Space owner, a workshop teacher) tunes the playground with ``CBP_*`` variables. Each is
+declared once in ``SETTINGS``: its name, the kind of value it takes, its default (the value an
+unset or blank variable means) and what it does. ``docs/hosting.md``'s table of variables is
+checked against this one. The module that owns a setting turns its text into a value and refuses
+a bad one with a message naming the variable; this module only reads the environment, so that
+``os.environ`` appears nowhere else in ``engine/``. A variable is read at each call, so a host can
+change a per-run setting without a restart.
+
+``BORROWED`` names the variables of other tools the engine also reads (the hub's offline switches,
+``PYTHONPATH`` for vLLM's process). ``environment`` hands a child process this process's
+environment; ``set_default`` sets a variable a library reads at load (OpenMP's, before torch).
+The recording scheduler (``engine.peers.vllm_scheduler``) runs inside vLLM's own process and
+imports nothing of ours, so it reads ``CBP_VLLM_SCHEDULE_PATH`` itself.
+
+Standard library only: nothing here imports torch or any room.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: ``kind`` says what a value is, ``default`` is what unset or
+    blank means ("" when there is none), ``meaning`` what it does."""
+
+    name: str
+    kind: str
+    default: str
+    meaning: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("CBP_MAX_ROWS", "count", "256", "requests per run (read at every run)"),
+    Setting("CBP_MAX_NEW_TOKENS", "count", "2048", "largest max_new_tokens cap (every run)"),
+    Setting("CBP_MAX_PROMPT_CHARS", "count", "20000", "characters per prompt (every run)"),
+    Setting(
+        "CBP_REPLAY_WINDOW_S",
+        "seconds",
+        "600",
+        "how old a finished run may be and still be shown at once for an identical setup "
+        "(0: every Run runs live)",
+    ),
+    Setting(
+        "CBP_SERVER_NICE",
+        "0 to 19",
+        "10",
+        "nice steps the page's server threads run below the engines (0: no change; Linux)",
+    ),
+    Setting(
+        "CBP_ENGINE_PROCESS",
+        "auto, on, off",
+        "auto",
+        "where app.py runs the engines: an engine process of their own, or the page's thread "
+        "(auto: on, except on ZeroGPU); read at start",
+    ),
+    Setting(
+        "CBP_ENGINE_CPUS",
+        "auto, all, N",
+        "auto",
+        "the CPUs the engine process keeps to while the page serves on the rest (Linux); "
+        "read at start",
+    ),
+    Setting(
+        "CBP_RUN_TIME_LIMIT_S",
+        "seconds",
+        "600",
+        "seconds per run, all engines and the reference together (0: no limit; every run)",
+    ),
+    Setting(
+        "CBP_MODEL_ALLOWLIST",
+        "names",
+        "embedded",
+        "comma-separated model ids or folders app.py --model may load (*: any)",
+    ),
+    Setting(
+        "CBP_ENGINE_KERNEL",
+        "auto, measure, linear, skinny, onednn, onednn_f32",
+        "auto",
+        "the engines' CPU matmul kernel, or the fastest per row count timed on this host; "
+        "read at start",
+    ),
+    Setting(
+        "CBP_FUSED_LAYERS",
+        "auto, off",
+        "auto",
+        "the continuous engines' fused decoder layers on CPU, or transformers' own (off); "
+        "read at start",
+    ),
+    Setting(
+        "CBP_CACHE_DIR",
+        "path",
+        "~/.cache/cb-playground",
+        "the converted model, the stored references and the kernel choices",
+    ),
+    Setting(
+        "CBP_REFERENCE_CACHE",
+        "on, off",
+        "on",
+        "off: every run computes its model.generate references afresh",
+    ),
+    Setting(
+        "CBP_ENDPOINTS",
+        "name=url,...",
+        "",
+        "OpenAI-compatible servers offered beside the engines; read at start",
+    ),
+    Setting(
+        "CBP_VLLM_VENV",
+        "path",
+        "",
+        "vLLM's virtual environment (unset: the repository's .venv-vllm)",
+    ),
+    Setting(
+        "CBP_VLLM_SCHEDULE_PATH",
+        "path",
+        "",
+        "where the local vLLM records its schedule (unset: a temporary file)",
+    ),
+    Setting(
+        "OMP_WAIT_POLICY",
+        "OpenMP",
+        "ACTIVE",
+        "OpenMP's wait policy, set by app.py before torch loads unless already set",
+    ),
+    Setting(
+        "GOMP_SPINCOUNT",
+        "OpenMP",
+        "300000",
+        "libgomp's spin count, set by app.py before torch loads unless already set",
+    ),
+)
+
+# Other tools' variables that the engine reads too; their meaning is theirs.
+BORROWED = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT", "PYTHONPATH")
+
+_BY_NAME = {setting.name: setting for setting in SETTINGS}
+
+
+def setting(name: str) -> Setting:
+    """The declaration of ``name``.
+
+    Raises:
+        KeyError: a variable ``SETTINGS`` does not declare.
+    """
+    if name not in _BY_NAME:
+        raise KeyError(f"{name} is not declared in engine.settings.SETTINGS")
+    return _BY_NAME[name]
+
+
+def default(name: str) -> str:
+    """What an unset or blank ``name`` means ("" when it has no default)."""
+    return setting(name).default
+
+
+def value(name: str, environ: Mapping[str, str] | None = None) -> str:
+    """The text of ``name`` in ``environ`` (default: this process's environment), without
+    surrounding spaces; its default when it is unset or blank.
+
+    Raises:
+        KeyError: a variable ``SETTINGS`` does not declare.
+    """
+    declared = setting(name)
+    text = (os.environ if environ is None else environ).get(name) or ""
+    return text.strip() or declared.default
+
+
+def borrowed(name: str) -> str:
+    """The text of another tool's variable (one of ``BORROWED``); "" when unset."""
+    assert name in BORROWED, f"{name} is not declared in engine.settings.BORROWED"
+    return os.environ.get(name, "")
+
+
+def environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment with ``extra`` over it, for a child process."""
+    return {**os.environ, **(extra or {})}
+
+
+def set_default(name: str) -> None:
+    """Set ``name`` to its declared default for libraries this process loads later, unless the
+    host set it already."""
+    os.environ.setdefault(name, setting(name).default)
