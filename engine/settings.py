@@ -93,10 +93,17 @@ SETTINGS: tuple[Setting, ...] = (
         "read at start",
     ),
     Setting(
+        "CBP_COMPILED_STEP",
+        "auto, off",
+        "auto",
+        "the continuous engines' step compiled by inductor where a C++ compiler and a CPU allow "
+        "it, or the eager fused layers (off); read at start",
+    ),
+    Setting(
         "CBP_CACHE_DIR",
         "path",
         "~/.cache/cb-playground",
-        "the converted model, the stored references and the kernel choices",
+        "the converted model, the stored references, the kernel choices and inductor's caches",
     ),
     Setting(
         "CBP_REFERENCE_CACHE",
@@ -137,7 +144,14 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 # Other tools' variables that the engine reads too; their meaning is theirs.
-BORROWED = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT", "PYTHONPATH")
+BORROWED = (
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_ENDPOINT",
+    "PYTHONPATH",
+    "CXX",  # the C++ compiler inductor calls
+    "TORCHINDUCTOR_CACHE_DIR",  # set by the compiled step to CBP_CACHE_DIR/inductor
+)
 
 _BY_NAME = {setting.name: setting for setting in SETTINGS}
 
@@ -174,6 +188,12 @@ def borrowed(name: str) -> str:
     """The text of another tool's variable (one of ``BORROWED``); "" when unset."""
     assert name in BORROWED, f"{name} is not declared in engine.settings.BORROWED"
     return os.environ.get(name, "")
+
+
+def set_borrowed(name: str, text: str) -> None:
+    """Set another tool's variable (one of ``BORROWED``) for libraries in this process."""
+    assert name in BORROWED, f"{name} is not declared in engine.settings.BORROWED"
+    os.environ[name] = text
 
 
 def environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -44,6 +44,7 @@ import torch.fx.experimental._config
 import torch.nn.functional as F
 from torch import nn
 
+from engine import settings
 from engine.kernels import decode_attention, fused_layers
 from engine.kernels.host_setting import read_choice
 from engine.serving.packed_batch import PackedBatch
@@ -220,7 +221,7 @@ def compile_unavailable_reason(device: torch.device) -> str | None:
     """Why this host cannot run the compiled step, or None when it can."""
     if device.type != "cpu":
         return f"the compiled step is built for CPUs; this model runs on {device.type}"
-    compiler = os.environ.get("CXX") or "c++"
+    compiler = settings.borrowed("CXX") or "c++"
     if shutil.which(compiler) is None and shutil.which("g++") is None:
         return "no C++ compiler on this host (inductor needs one)"
     return None
@@ -304,6 +305,6 @@ def _use_cache_folder(folder: str) -> None:
     """Point inductor's caches (compiled kernels, FX graphs) at ``folder``, for this process."""
     from torch._inductor.utils import clear_caches
 
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") != folder:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    if settings.borrowed("TORCHINDUCTOR_CACHE_DIR") != folder:
+        settings.set_borrowed("TORCHINDUCTOR_CACHE_DIR", folder)
         clear_caches()
