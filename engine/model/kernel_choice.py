@@ -68,7 +68,9 @@ class RunnerKernels:
         self.decoder_layer_steps = {"compiled": 0, "fused": 0, "transformers": 0}
         # ValueError: a bad CBP_COMPILED_STEP
         self._compile_setting = compiled_step.requested_setting()
-        self.compile_error: str | None = None  # set when compiling failed: the step runs eager
+        # why the step runs eager though the host allows compiling (a compile error, or a
+        # process that never runs the engines); None: compiled where the host allows it
+        self.compile_error: str | None = None
 
     def engine_kernels(self, batch_invariant: bool = False):
         """Context: the engines' matmul kernel (``engine.kernels.linear_kernel``) for the model's
@@ -159,7 +161,7 @@ class RunnerKernels:
         if self.compiled_step is not None:
             return None
         if self.compile_error is not None:
-            return f"compiling failed: {self.compile_error}"
+            return self.compile_error
         if self._compile_setting == "off":
             return "CBP_COMPILED_STEP=off"
         reason = compiled_step.compile_unavailable_reason(self.device)
@@ -196,9 +198,23 @@ class RunnerKernels:
 
     def drop_compiled_step(self, error: BaseException) -> None:
         """Keep the eager path from now on, saying why (``eager_reason``)."""
-        self.compile_error = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-        self.__dict__.pop("compiled_step", None)
+        first_line = (str(error).splitlines() or [""])[0][:200]
+        self.keep_eager(f"compiling failed: {type(error).__name__}: {first_line}")
         log.warning("The compiled step failed; steps run eager: %s", self.compile_error)
+
+    def keep_eager(self, reason: str) -> None:
+        """Run the eager step from now on (``eager_reason`` says ``reason``): after a compile
+        error, or in a process whose model never runs the engines' runs."""
+        self.compile_error = reason
+        self.__dict__.pop("compiled_step", None)
+
+    def step_summary(self) -> str:
+        """One line for people: how the continuous engines' step runs, and why."""
+        if self.step_mode == "eager":
+            return f"step: eager ({self.eager_reason})"
+        first = self.compile_s
+        timing = "" if first is None else f"; its first call took {first:.1f} s"
+        return f"step: compiled by inductor, one graph for every token count{timing}"
 
     @functools.cached_property
     def kernel_choice(self) -> KernelChoice:

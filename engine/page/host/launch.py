@@ -140,7 +140,11 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
         in_process = engine_process.engine_process_wanted(on_zerogpu=zerogpu.on_zerogpu())
         split = cpu_split.cpu_split() if in_process else None
         shared = shared_model.load_shared_model(
-            args.model, args.device, args.dtype, calibrate=not in_process
+            args.model,
+            args.device,
+            args.dtype,
+            calibrate=not in_process,
+            runs_engines=not in_process,
         )
         shared.servers = configured_servers(args, shared.loaded)
     except ValueError as exc:  # ModelLoadError included: one line a person can act on
@@ -204,6 +208,7 @@ def _learn_from_engine_process(shared: shared_model.SharedModel) -> None:
     facts = process.run(shared_model.engine_facts, (), RunControl(), lambda *a, **k: None)
     facts.teach(shared)
     print(f"Queue pace timed in the engine process: {_seconds(facts.parts_s)}", flush=True)
+    print(f"Engine process {facts.step}", flush=True)
 
 
 def _seconds(parts_s: dict[str, float]) -> str:

@@ -75,6 +75,7 @@ class SharedModel:
     # the engine process's matmul kernels (``engine_facts``), which the page's label names; None:
     # this process's runner's
     engine_kernels: str | None = None
+    engine_step: str | None = None  # the engine process's ``ModelRunner.step_summary()``
     cpu_split: CpuSplit | None = None  # the engines' CPUs and the page's, when split
 
     def __post_init__(self) -> None:
@@ -158,6 +159,9 @@ class SharedModel:
         the engines run there; and, when the CPUs are split, how many the engines have."""
         summary = html.escape(self.engine_kernels or self.runner.kernel_summary(), quote=True)
         line = f'{self.label} · <abbr title="{summary}">matmul kernels</abbr>'
+        step = self.engine_step or self.runner.step_summary()
+        words = "eager step" if step.startswith("step: eager") else "compiled step"
+        line += f' · <abbr title="{html.escape(step, quote=True)}">{words}</abbr>'
         if self.cpu_split is not None:
             where = self.cpu_split.describe()
             where = html.escape(where[:1].upper() + where[1:], quote=True)
@@ -224,12 +228,14 @@ class EngineFacts:
     parts_s: dict[str, float]  # ... its seconds in each part
     # its references' keys in the store, by batch-invariant mode (none without a store)
     reference_keys: dict[bool, Identity] = field(default_factory=dict)
+    step: str | None = None  # how its continuous step runs (``ModelRunner.step_summary``)
 
     def teach(self, page: SharedModel) -> None:
         """Give the page's model what it needs of these: the kernels for its model line, the pace
         for its queue, and the store's keys of the references the engine process computes, so
         its estimates count a stored reference as stored (``ReferenceCache.key_as``)."""
         page.engine_kernels = self.kernels
+        page.engine_step = self.step
         page.queue.calibrate(self.work, self.parts_s)
         for batch_invariant, identity in self.reference_keys.items():
             page.reference_for(batch_invariant).key_as(identity)
@@ -244,7 +250,8 @@ def engine_facts(model: SharedModel, watch=None) -> EngineFacts:
     keys = {}
     if model.reference.store is not None:
         keys = {flag: model.reference_for(flag).identity for flag in (False, True)}
-    return EngineFacts(model.runner.kernel_summary(), work, parts_s, keys)
+    summary = model.runner.kernel_summary()
+    return EngineFacts(summary, work, parts_s, keys, model.runner.step_summary())
 
 
 def _converted(loaded: LoadedModel, dtype_name: str) -> LoadedModel:
@@ -268,9 +275,12 @@ def load_shared_model(
     device: str | None = None,
     dtype: str | None = None,
     calibrate: bool = True,
+    runs_engines: bool = True,
 ) -> SharedModel:
     """Load the model (``engine.model.loader.load_model`` arguments) and make it the shared one;
-    ``calibrate``: time the queue's pace here (False when an engine process will time it).
+    ``calibrate``: time the queue's pace here (False when an engine process will time it);
+    ``runs_engines``: False when an engine process runs the runs, so this copy never compiles
+    a step.
 
     Raises:
         ModelLoadError: the model is not on ``CBP_MODEL_ALLOWLIST`` (checked first), or fails to
@@ -279,20 +289,29 @@ def load_shared_model(
     global _shared_model
     check_model_allowed(model)
     # On the engine thread, which runs every run too: torch keeps one OpenMP pool (engine_thread)
-    _shared_model = ENGINE_THREAD.call(load_and_warm_up, model, device, dtype, calibrate)
+    _shared_model = ENGINE_THREAD.call(
+        load_and_warm_up, model, device, dtype, calibrate, runs_engines
+    )
     return _shared_model
 
 
 def load_and_warm_up(
-    model: str | None, device: str | None, dtype: str | None, calibrate: bool = True
+    model: str | None,
+    device: str | None,
+    dtype: str | None,
+    calibrate: bool = True,
+    runs_engines: bool = True,
 ) -> SharedModel:
     """``load_model(model, device, dtype)`` as a warmed-up ``SharedModel``, on the calling thread
     (the engine thread, or the engine process's main thread); ``calibrate``: time its pace for the
-    queue's estimates too (``SharedModel.calibrate_pace``; the engine process has no queue)."""
+    queue's estimates too (``SharedModel.calibrate_pace``; the engine process has no queue);
+    ``runs_engines``: False keeps its step eager (the warm-up compiles it otherwise)."""
     loaded = load_model(model, device, dtype)
     shared = SharedModel.from_loaded(
         loaded, loader=lambda name: load_model(model, str(loaded.device), name)
     )
+    if not runs_engines:
+        shared.runner.keep_eager("the engines run in the engine process")
     shared.warm_up()
     if calibrate:
         shared.calibrate_pace()

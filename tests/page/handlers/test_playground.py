@@ -238,13 +238,24 @@ def test_get_model_loads_once(monkeypatch, shared):
 
 
 def test_model_line_says_the_kernel_choice_on_hover(shared):
-    """The page's model line ends in "matmul kernels", whose hover text is the runner's own
+    """The page's model line names "matmul kernels", whose hover text is the runner's own
     summary of its kernel choice, escaped so that no quote in it ends the attribute."""
     line = shared.label_markdown
     summary = shared.runner.kernel_summary()
     assert line.startswith(shared.label + ' · <abbr title="matmul: '), line
-    assert line.endswith('">matmul kernels</abbr>'), line
+    assert '">matmul kernels</abbr>' in line, line
     assert html.unescape(line.split('title="')[1].split('">')[0]) == summary
+
+
+def test_model_line_says_whether_the_step_is_compiled_and_why_not(shared, monkeypatch):
+    """The model line ends in "eager step" with the reason on hover (the suite switches compiling
+    off), and in "compiled step" once the engine process says its step is compiled."""
+    line = shared.label_markdown
+    assert line.endswith('">eager step</abbr>'), line
+    hover = html.unescape(line.rsplit('title="', 1)[1].split('">')[0])
+    assert hover == "step: eager (CBP_COMPILED_STEP=off)", hover
+    monkeypatch.setattr(shared, "engine_step", "step: compiled by inductor, one graph")
+    assert shared.label_markdown.endswith('">compiled step</abbr>'), shared.label_markdown
 
 
 def test_update_step_redraws_without_the_model(result, no_model):
