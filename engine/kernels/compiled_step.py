@@ -7,21 +7,24 @@ SiLU-and-mul and the rotary embedding, and keeps attention as one opaque op
 (``vllm/platforms/cpu.py: CpuPlatform.check_and_update_config``, ``vllm/compilation/backends.py``).
 ``CompiledStep`` does the same over the packed ``[1, T]`` row:
 
-* ``StepModule`` is the decoder stack written as plain tensor code (stacked QKV and gate-up
-  weights, RMSNorm, rotary, SiLU-and-mul, residuals, the final norm at each
-  sequence's last token), compiled once by ``torch.compile`` (inductor, ``freezing`` on, so the
-  weights are constants that inductor may prepack), with ``T`` and ``S`` dynamic: one graph
-  serves every step, whatever its token count;
-* attention stays one op, ``cbp::packed_attention`` (``torch.library.custom_op``): it reads the
-  step's ``PackedBatch`` from a forward context set around the call (vLLM's
-  ``vllm/forward_context.py: set_forward_context`` and ``unified_attention``), writes the layer's
-  keys and values into the KV cache and attends per sequence with
-  ``engine.kernels.fused_layers.attend``, the eager fused layers' own attention.
+* ``StepModule`` is the decoder stack written as plain tensor code (RMSNorm, rotary,
+  SiLU-and-mul, residuals, the final norm at each sequence's last token), compiled once by
+  ``torch.compile`` (inductor) into one graph over all the layers;
+* each matmul is one op, ``cbp::layer_matmul`` or ``cbp::layer_matmul_add`` (the residual add in
+  the matmul's epilogue), on the fused layers' stacked weights through the host's measured kernel
+  for the row count (``engine.kernels.fused_layers.FusedLinear``), so compiling keeps the per-host
+  kernel choice and adds no weight copy;
+* attention stays one op, ``cbp::packed_attention``: it reads the step's ``PackedBatch`` from a
+  forward context set around the call (vLLM's ``vllm/forward_context.py: set_forward_context``
+  and ``unified_attention``), writes the layer's keys and values into the KV cache and attends per
+  sequence with ``engine.kernels.fused_layers.attend``, the eager fused layers' own attention.
 
-Dynamic sizes of 1 are not specialized (``backed_size_oblivious``), so a step of one token runs the
-same graph as a step of hundreds. ``recompiles`` counts the graphs compiled after the first.
-Inductor's caches live in the model cache folder (``TORCHINDUCTOR_CACHE_DIR`` under
-``$CBP_CACHE_DIR/inductor``), so a later start reuses the first compile.
+The token count ``T`` and the sequence count ``S`` are unbacked symbols
+(``torch._dynamo.decorators.mark_unbacked``), so no guard is put on them and sizes of 1 are not
+specialized: a step of one token runs the same graph as a step of hundreds. ``CompileStats``
+counts the graphs built; every one after the first is a recompile. Inductor's caches live in the
+model cache folder (``TORCHINDUCTOR_CACHE_DIR`` set to ``$CBP_CACHE_DIR/inductor``), so a later
+start loads the first compile instead of repeating it.
 
 ``compile_unavailable_reason`` says why a host cannot compile (no C++ compiler, not a CPU); the
 runner then keeps the eager fused layers and reports the reason. Batch-invariant steps never run
@@ -40,7 +43,6 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.fx.experimental._config
 import torch.nn.functional as F
 from torch import nn
 
@@ -282,13 +284,11 @@ class CompiledStep:
         if first:  # no guard on T or S: one graph for every step
             for tensor in (ids, positions, batch.logits_indices):
                 torch._dynamo.decorators.mark_unbacked(tensor, 0)
-        if first:
             self._compiled = self._compile()
         start_s = time.perf_counter()
         token = _FORWARD.set(_Forward(batch, split, self.decoder))
         try:
-            with torch.fx.experimental._config.patch(backed_size_oblivious=True):
-                hidden = self._compiled(ids, positions, batch.logits_indices)  # (S, d)
+            hidden = self._compiled(ids, positions, batch.logits_indices)  # (S, d)
         finally:
             _FORWARD.reset(token)
         if first:
