@@ -54,8 +54,11 @@ METRIC_HELP = {
         "Of all slot-steps (slots × steps): the share in which a slot worked on a live request. "
         "Denominator: slots × steps, so it need not add to 100 with padding waste."
     ),
-    "mean TTFT s": "Mean time to first token, from each request's arrival.",
-    "p99 TTFT s": "99th percentile of the time to first token.",
+    "mean TTFT s": "Mean time to first token, from each request's arrival. A server with its "
+    "own record of its steps (the page's vLLM) shows two: outside, when our client saw the "
+    "token; inside, when its record says the step that computed it ended.",
+    "p99 TTFT s": "99th percentile of the time to first token (a server with its own record: "
+    "outside and inside, as for the mean).",
     "preemptions": "Times the paged KV cache ran dry and a sequence gave up its blocks.",
     "outputs match model.generate": "✓ when every output equals plain model.generate, token "
     "for token. A request transformers' manager or a server sampled with its own random stream "
@@ -70,10 +73,12 @@ METRICS_NOTE = (
     "**padding waste %** counts wasted token positions among those computed; **slot "
     "utilisation %** counts busy slot-steps among slots × steps. Different denominators: the two "
     "need not add to 100. A server's steps, slot use, preemptions and prefix-cache hits come "
-    "from its own record of its steps where it keeps one (the page's own vLLM). "
+    "from its own record of its steps where it keeps one (the page's own vLLM); its TTFT "
+    "columns then give both views: **outside** (our client) and **inside** (its record). "
     "Hover a column's name for its definition."
 )
 NOT_AVAILABLE = "—"
+OUTSIDE, INSIDE = "outside", "inside"  # a server's TTFT seen by the client, and by its own record
 ANOTHER_MODEL_TEXT = "another model, not compared"
 _COMPARISON_LABELS = {MATCH: "✓", MISMATCH: "✗ differs", NOT_COMPARED: NOT_COMPARED_LABEL}
 PROMPT_SHOWN_CHARS = 200  # longer prompts are clipped in the outputs table
@@ -109,14 +114,31 @@ def metrics_rows(
                 speedup,
                 round(s.padding_waste_pct, 1) if has_steps else NOT_AVAILABLE,
                 round(s.slot_utilisation_pct, 1) if has_steps else NOT_AVAILABLE,
-                round(m.mean_ttft_s, 2),
-                _rounded(trace.latency_percentiles()["ttft_s"]["p99"]),
+                *_ttft_cells(trace),
                 s.num_preemptions if has_steps else NOT_AVAILABLE,
                 ok,
                 _percent(s.prefix_cache_hit_rate),
             ]
         )
     return rows
+
+
+def _ttft_cells(trace: Trace) -> list[float | str]:
+    """Mean and p99 TTFT. A server with its own record of its steps gets both views, labelled:
+    "outside 0.52 · inside 0.50", the client's times first, then its record's (both from each
+    request's arrival on the client's clock)."""
+    mean_s, p99_s = trace.metrics().mean_ttft_s, trace.latency_percentiles()["ttft_s"]["p99"]
+    if trace.schedule is None or not trace.schedule.steps:
+        return [round(mean_s, 2), _rounded(p99_s)]
+    inside = trace.schedule
+    inside_mean_s, inside_p99_s = (
+        inside.metrics().mean_ttft_s,
+        inside.latency_percentiles()["ttft_s"]["p99"],
+    )
+    return [
+        f"{OUTSIDE} {mean_s:.2f} · {INSIDE} {inside_mean_s:.2f}",
+        f"{OUTSIDE} {_rounded(p99_s)} · {INSIDE} {_rounded(inside_p99_s)}",
+    ]
 
 
 def _match_cell(ok: bool | str, num_not_compared: int) -> str:
