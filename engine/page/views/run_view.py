@@ -207,7 +207,7 @@ class RunResult:
             step_usage_plot=self.step_usage,
             server_timeline_plot=self.server_timeline,
             server_chart_plot=self.server_chart,
-            **divergence_view.run_outputs(self.state),
+            **divergence_view.run_outputs(self.state, run_status.servers_note(self.state)),
             inside_timeline_plot=v.inside_timeline,
             inside_mask_plot=v.inside_mask,
             inside_block_map_plot=v.inside_block_map,

@@ -175,9 +175,21 @@ def outputs_headers(engine_names: list[str], reference: str = "model.generate") 
 
 
 def compared(trace: Trace) -> bool:
-    """False for a server that said it serves another model than the loaded one: its outputs
-    cannot match the reference, so it is left out of the check (a mismatch would mean nothing)."""
-    return (trace.info.get("server") or {}).get("same_model") is not False
+    """False for a server whose outputs the reference cannot judge (``not_compared_why``): it is
+    left out of the check, as a mismatch would mean nothing."""
+    return not_compared_why(trace) is None
+
+
+def not_compared_why(trace: Trace) -> str | None:
+    """Why a server's outputs are left out of the reference check, in a few words: it serves
+    another model than the loaded one, or it ran in another precision than the run
+    (``engine.page.run.host_servers`` marks that); None when they are compared."""
+    server = trace.info.get("server") or {}
+    if server.get("same_model") is False:
+        return ANOTHER_MODEL_TEXT
+    if server.get("run_dtype") and server.get("dtype") and server["dtype"] != server["run_dtype"]:
+        return f"{server['dtype']}, not {server['run_dtype']}: not compared"
+    return None
 
 
 def outputs_rows(
@@ -191,7 +203,7 @@ def outputs_rows(
     ``verdicts`` (``engine.page.views.divergence_view``) it says ✓, ≈ or ✗ per engine."""
     runs = list(traces.items())
     first = runs[0][1]
-    unchecked = [name for name, trace in runs if not compared(trace)]
+    unchecked = {name: why for name, trace in runs if (why := not_compared_why(trace))}
     rows = []
     for i, req in enumerate(first.requests):
         records = [(name, trace.requests[i]) for name, trace in runs]
@@ -199,8 +211,7 @@ def outputs_rows(
         if reference is not None:
             checked = [(n, r) for n, r in records if n not in unchecked]
             verdict = _verdict(checked, reference, verdicts)
-            if unchecked:
-                verdict += f" · {' and '.join(unchecked)}: {ANOTHER_MODEL_TEXT}"
+            verdict += "".join(f" · {name}: {why}" for name, why in unchecked.items())
         texts = [r.output_text for _, r in records]
         prompt = _clip(req.prompt, PROMPT_SHOWN_CHARS)
         cached = _cached_tokens(traces, i)
