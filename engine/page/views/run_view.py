@@ -268,7 +268,7 @@ def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
         static_mask=_at_step(mask_heatmaps.static_mask_heatmap, state.static, step_index),
         block_map=_at_step(block_map.block_map_figure, state.continuous, step_index),
     )
-    inside = inside_view.step_figures(state.servers, step_index, x_axis, x_max)
+    inside = inside_view.step_figures(state.servers, step_index, x_axis, x_max, state.continuous)
     views.inside_timeline, views.inside_mask, views.inside_block_map = inside
     return views
 
