@@ -155,6 +155,10 @@ def step_figures(
     past = past if step_index > last else ""
     timeline = timelines.timeline_figure(record, x_axis, x_max, step_index)
     timeline = serving_metrics.add_serving_marks(timeline, record, x_axis)
+    timeline.update_yaxes(  # vLLM has lanes, not slots: the axis says so
+        tickvals=[f"slot {i}" for i in range(record.num_slots)],
+        ticktext=[f"lane {i}" for i in range(record.num_slots)],
+    )
     lanes = counted(record.num_slots, "lane")
     mask = mask_heatmaps.mask_heatmap(record, at)
     blocks = block_map.block_map_figure(record, at)

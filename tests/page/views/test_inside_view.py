@@ -184,3 +184,10 @@ def test_plans_alike_and_the_first_difference_beside_the_inside_view(vllm):
     assert (
         "step 1 plans as ours (rows in each scheduler's own order, which does not change " in mask
     ), mask
+
+
+def test_vllms_timeline_names_lanes_not_slots(shown):
+    """vLLM's own timeline says it has lanes, not slots, on its axis as in its subtitle."""
+    axis = shown.views.inside_timeline.layout.yaxis
+    assert axis.ticktext, "vLLM's timeline axis has no lane labels (its axis reads slot 0, 1, ...)"
+    assert list(axis.ticktext) == [f"lane {i}" for i in range(len(axis.ticktext))], axis.ticktext
