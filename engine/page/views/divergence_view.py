@@ -160,11 +160,17 @@ def view(verdicts: dict[str, dict[int, dict]] | None, choice: str | None, dtype:
     if any(_has_tie(side) for side in sides):
         lines.append(TIES_NOTE)
     text = (
-        f"Common prefix ({k} tokens):\n{entry['prefix_text']}\n\n"
+        f"Common prefix ({k} tokens):\n{_visible(entry['prefix_text'])}\n\n"
         f"Reference's next token: {entry['reference_token_text']}\n"
         f"Engine's next token: {entry['engine_token_text']}"
     )
     return "  \n".join(lines), text, _top_rows(sides)
+
+
+def _visible(text: str) -> str:
+    """``text`` as it is, unless it is only whitespace (newlines, spaces), which a textbox shows
+    as nothing: then quoted with its escapes ('\\n\\n'), so the prefix is seen to be there."""
+    return repr(text) if text and not text.strip() else text
 
 
 def first_view(
