@@ -14,6 +14,14 @@ from the machine's memory. Here every core computes (``VLLM_CPU_OMP_THREADS_BIND
 (``--kv-cache-memory-bytes``), so the server shares the machine politely. ``--enforce-eager``
 skips ``torch.compile`` (faster start, slower steps).
 
+The server starts on those cores whatever the starting thread keeps to. A child inherits its
+parent thread's CPU affinity, and the page's process keeps to the CPUs its engines leave it
+(``engine.page.run.cpu_split``: one of two): a vLLM started from there ran its engine, its API
+process and the client that times it on that one CPU, and its API process streamed tokens in
+bursts seconds after vLLM's own record had them, so every request's first token seemed to come
+near the run's end. ``start`` widens the starting thread's affinity to the server's cores for the
+moment it starts the process (``cpus_of(omp_threads_bind)``), then puts it back.
+
 The server is started as ``python -m vllm.entrypoints.openai.api_server``, which takes the same
 flags as ``vllm serve``: the ``vllm`` command of vllm-cpu 0.32.0 fails at start, asking for the
 package metadata of "vllm" while the package is installed as "vllm-cpu".
@@ -28,6 +36,7 @@ appended to), else a temporary file removed at ``stop()``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import os
 import signal
@@ -208,6 +217,41 @@ def matched_settings(
     return settings, notes
 
 
+def cpus_of(bind: str) -> set[int]:
+    """The CPU numbers of a ``VLLM_CPU_OMP_THREADS_BIND`` list: "0-3" or "0,2,5-7".
+
+    Raises:
+        ValueError: a part that is not a number or a range of numbers.
+    """
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in bind.split(","))):
+        first, _, last = part.partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise ValueError(f"{bind!r}: give CPU numbers and ranges, e.g. 0-3 or 0,2,5-7")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+@contextlib.contextmanager
+def _thread_on_cpus(cpus: set[int]):
+    """The calling thread may run on ``cpus`` inside the block (its own affinity, which the
+    processes it starts inherit); put back after. Nothing changes off Linux or where the system
+    refuses (a CPU outside this container's set)."""
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)  # 0: the calling thread, on Linux
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -257,9 +301,10 @@ class VllmServer:
         env = env_settings.environment({**self.settings.env(), **self._schedule_env()})
         self._log = tempfile.NamedTemporaryFile(prefix="vllm-serve-", suffix=".log", delete=False)
         self.log_path = Path(self._log.name)
-        self.proc = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+        with _thread_on_cpus(cpus_of(self.settings.omp_threads_bind)):  # the child inherits it
+            self.proc = subprocess.Popen(
+                command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         atexit.register(self.stop)  # a Python that exits without stop() still stops the server
         try:
             self._wait_healthy(t0 + timeout_s, on_progress)

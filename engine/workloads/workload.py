@@ -109,8 +109,8 @@ def parse_cap(value, where: str) -> int:
     return cap
 
 
-def parse_spec(prompt, cap, where: str) -> RequestSpec:
-    """Validate one (prompt, cap) pair. Raises ValueError naming ``where``."""
+def parse_prompt(prompt, where: str) -> str:
+    """A prompt cell -> its text. Raises ValueError naming ``where``: blank, or over the limit."""
     if is_blank(prompt):
         raise ValueError(f"{where}: the prompt is blank.")
     text = _text(prompt, where, "the prompt")
@@ -119,7 +119,45 @@ def parse_spec(prompt, cap, where: str) -> RequestSpec:
         raise ValueError(
             f"{where}: the prompt has {len(text)} characters, over the limit of {max_chars}."
         )
-    return RequestSpec(text, parse_cap(cap, where))
+    return text
+
+
+def parse_spec(prompt, cap, where: str) -> RequestSpec:
+    """Validate one (prompt, cap) pair. Raises ValueError naming ``where`` and every problem."""
+    return row_spec(prompt, cap, None, (), where)
+
+
+def row_spec(prompt, cap, arrival, sampling: tuple | list, where: str) -> RequestSpec:
+    """One request's cells -> its spec: the prompt, the cap, ``arrival`` (None or blank: 0) and
+    the four sampling cells (``SAMPLING_FIELDS``' order; empty or all blank: greedy).
+
+    Raises:
+        ValueError: one message naming ``where`` once and then every problem of the row, a
+            sentence each (at most one per cell group: prompt, cap, arrival, sampling), e.g.
+            "Row 3: the prompt is blank. max_new_tokens 0 is out of range; use 1 to 2048."
+    """
+    problems: list[str] = []
+
+    def told(parse, *args):
+        try:
+            return parse(*args)
+        except ValueError as exc:
+            problems.append(str(exc).removeprefix(f"{where}: "))
+            return None
+
+    text = told(parse_prompt, prompt, where)
+    max_new_tokens = told(parse_cap, cap, where)
+    arrival_s = 0.0 if is_blank(arrival) else told(parse_arrival, arrival, where)
+    cells = (list(sampling) + [None] * len(SAMPLING_FIELDS))[: len(SAMPLING_FIELDS)]
+    params = told(parse_sampling, *cells, where)
+    if problems:
+        raise ValueError(f"{where}: " + " ".join(_sentence(p) for p in problems))
+    return RequestSpec(text, max_new_tokens, arrival_s, params)
+
+
+def _sentence(text: str) -> str:
+    """``text`` ending in a full stop."""
+    return text if text.endswith((".", "?", "!")) else text + "."
 
 
 TABLE_COLUMNS = ("prompt", "max_new_tokens", "arrival_s", *SAMPLING_FIELDS)
@@ -152,12 +190,9 @@ def parse_table(rows) -> list[RequestSpec]:
 
 
 def _table_spec(cells: list, where: str) -> RequestSpec:
-    """One table row's spec. Raises ValueError naming ``where``."""
+    """One table row's spec. Raises ValueError naming ``where`` and every problem of the row."""
     prompt, cap, arrival, *sampling = cells
-    spec = parse_spec(prompt, cap, where)
-    if not is_blank(arrival):
-        spec = dataclasses.replace(spec, arrival_s=parse_arrival(arrival, where))
-    return dataclasses.replace(spec, sampling=parse_sampling(*sampling, where))
+    return row_spec(prompt, cap, arrival, sampling, where)
 
 
 def raise_problems(problems: list[str], what: str = "problems") -> None:
@@ -208,11 +243,11 @@ def _jsonl_spec(line: str, where: str) -> RequestSpec:
         raise ValueError(f"{where}: not valid JSON ({exc.msg}).") from None
     if not isinstance(obj, dict) or "prompt" not in obj or "max_new_tokens" not in obj:
         raise ValueError(f'{where}: expected {{"prompt": ..., "max_new_tokens": ...}}.')
-    spec = parse_spec(obj["prompt"], obj["max_new_tokens"], where)
-    if "arrival_s" in obj:
-        spec = dataclasses.replace(spec, arrival_s=parse_arrival(obj["arrival_s"], where))
-    sampling = parse_sampling(*(obj.get(name) for name in SAMPLING_FIELDS), where)
-    return dataclasses.replace(spec, sampling=sampling)
+    sampling = [obj.get(name) for name in SAMPLING_FIELDS]
+    arrival = obj.get("arrival_s")
+    if "arrival_s" in obj and arrival is None:  # a null arrival_s is refused, as before
+        arrival = "null"
+    return row_spec(obj["prompt"], obj["max_new_tokens"], arrival, sampling, where)
 
 
 def read_workload_text(path: str | Path) -> str:

@@ -29,16 +29,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from engine.sampling_params import FIELDS as SAMPLING_FIELDS
-from engine.sampling_params import parse_sampling
 from engine.workloads.workload import (
     RequestSpec,
     checked_count,
     limits,
     load_jsonl,
-    parse_arrival,
-    parse_spec,
     raise_problems,
     read_workload_text,
+    row_spec,
 )
 
 FIELDS = ["prompt", "max_new_tokens", "arrival_s"]
@@ -155,11 +153,9 @@ def _read_rows(reader: csv.DictReader, file_name: str) -> list[RequestSpec]:
 
 
 def _spec(row: dict, where: str) -> RequestSpec:
-    spec = parse_spec(row.get("prompt"), row.get("max_new_tokens"), where)
     arrival = (row.get("arrival_s") or "").strip()
-    arrival_s = parse_arrival(arrival, where) if arrival else 0.0
-    sampling = parse_sampling(*(row.get(name) for name in SAMPLING_FIELDS), where)
-    return RequestSpec(spec.prompt, spec.max_new_tokens, arrival_s, sampling)
+    sampling = [row.get(name) for name in SAMPLING_FIELDS]
+    return row_spec(row.get("prompt"), row.get("max_new_tokens"), arrival, sampling, where)
 
 
 def table_rows(specs: list[RequestSpec], sampling_columns: bool = False) -> list[list]:

@@ -80,8 +80,12 @@ def _cdf_line(trace: Trace, metric: str, show_legend: bool, style: tuple) -> go.
 # --- token budget and KV blocks per step ----------------------------------------------------------
 
 
+OFF_SCALE = 4  # a token budget over this many times the busiest step's tokens is not drawn
+
+
 def step_usage_figure(trace: Trace) -> go.Figure:
-    """Per step: tokens scheduled against the token budget; KV blocks (or tokens) in use.
+    """Per step: tokens scheduled against the token budget (named, not drawn, when it is over
+    ``OFF_SCALE`` times the busiest step's); KV blocks (or tokens) in use.
 
     The top panel stacks prefill and decode tokens; the bottom one shows the paged cache's
     blocks in use against its total, or for the other KV modes the cached tokens.
@@ -101,9 +105,13 @@ def step_usage_figure(trace: Trace) -> go.Figure:
             col=1,
         )
     budget = trace.info.get("token_budget")
-    if budget:
+    peak = max((step.num_scheduled_tokens for step in trace.steps), default=0)
+    if budget and budget <= OFF_SCALE * max(peak, 1):
         fig.add_hline(y=budget, line_dash="dash", line_color=TEXT_COLOR, row=1, col=1)
         fig.add_annotation(**_line_label(budget, f"token budget {budget}"), row=1, col=1)
+    elif budget:  # drawn, the line would flatten the steps' bars into the axis
+        label = _line_label(peak, f"token budget {budget}: off this scale")
+        fig.add_annotation(**label, row=1, col=1)
     _add_kv_use(fig, trace, steps)
     fig.update_layout(barmode="stack", bargap=0, height=460)  # steps side by side
     fig.update_yaxes(title_text="tokens / step", row=1, col=1)

@@ -65,7 +65,13 @@ def run_engines(
             if options.servers:  # last: a server that fails or is stopped leaves the rest whole
                 names = model.servers.check_names(options.servers)
                 state.servers, state.server_failures = host_servers.run_servers(
-                    model.servers, names, requests, config.num_slots, watch
+                    model.servers,
+                    names,
+                    requests,
+                    config.num_slots,
+                    watch,
+                    dtype=state.dtype,
+                    batch_invariant=config.batch_invariant,
                 )
             return state
         except RunStopped as exc:

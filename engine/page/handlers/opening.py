@@ -24,7 +24,7 @@ import gradio as gr
 
 from engine.page.handlers import recording, run_turns
 from engine.page.inputs import link_query
-from engine.page.run.run_options import RunSettings, settings_from_run
+from engine.page.run.run_options import RunSettings, options_from_page, settings_from_run
 from engine.page.run.shared_model import SharedModel, get_model
 from engine.page.views import run_status
 from engine.page.views.run_view import run_outputs
@@ -53,11 +53,44 @@ def link_opened(request: gr.Request | None, preset_name: str | None, *values) ->
     recent = model.recent.find(linked)
     if recent is not None:
         shown = run_turns.replayed_outputs(recent, model.recent.age_s(recent), settings.x_axis)
-    elif linked != _setup_key(model, recording.recorded_settings()):
+    elif _setup_key(model, _without_servers(settings)) != _setup_key(model, _recorded()):
         shown = run_outputs(status_markdown=not_linked_status(previous, preset_name, settings))
     else:
         shown = run_outputs()
     return shown if _untouched(previous, handle) else run_outputs()  # Run pressed meanwhile
+
+
+def _without_servers(settings: RunSettings) -> RunSettings:
+    """``settings`` without the host's servers: the recorded run has none, and a page whose
+    servers are ticked (as they are when it opens) runs our engines on the same setup."""
+    return dataclasses.replace(settings, server_names=None)
+
+
+def _recorded() -> RunSettings:
+    return recording.recorded_settings()
+
+
+def _differences(settings: RunSettings) -> list[str]:
+    """The engine settings of ``settings`` that differ from the recorded run's, in words ("token
+    budget 64"); empty when they cannot be read (Run would refuse them, and say why)."""
+    try:
+        linked = options_from_page(_without_servers(settings))
+        own = options_from_page(_recorded())
+    except ValueError:
+        return []
+    skip = {"servers", "dtype", "check_reference"}  # not the setup of our engines' run
+    return [
+        _setting_words(field.name.replace("_", " "), getattr(linked, field.name))
+        for field in dataclasses.fields(linked)
+        if field.name not in skip and getattr(linked, field.name) != getattr(own, field.name)
+    ]
+
+
+def _setting_words(name: str, value) -> str:
+    """ "prefix caching", "no chat template", "token budget 64"."""
+    if isinstance(value, bool):
+        return name if value else f"no {name}"
+    return f"{name} {value}"
 
 
 def _untouched(previous, handle) -> bool:
@@ -73,7 +106,8 @@ def not_linked_status(previous, preset_name: str | None, settings: RunSettings) 
     linked = f"“{preset_name}”" if preset_name else "the requests above"
     slots = int(settings.num_slots or 0)
     linked += f" at {_slots(slots)}" if slots else ""
-    linked += " with prefix caching" if settings.prefix_caching else ""
+    differences = _differences(settings)
+    linked += f" with {', '.join(differences)}" if differences else ""
     head = (
         f"**Not the linked setup:** the results below are the recorded run of "
         f"“{recorded.preset}” at {_slots(recorded.num_slots)} "

@@ -97,11 +97,12 @@ def setup_query(*values, **named) -> str:
 
     Takes ``LINK_INPUTS`` by position (as app.py wires them) or by name (``LINK_SIGNATURE``): the
     preset dropdown's name, the slots, the step slider and the run on the page (``previous``: the
-    step is written only when a run exists), then the settings by ``RunSettings`` field (None: not
-    given), the table's ``rows`` (None: not given) and the host's ``precision``. The link names the
-    preset whose table the page shows, else carries the table; each setting only where it differs
-    from the page's default for that preset (``prefix_caching=1`` only when the toggle is on, as
-    before). A table too long for a link is left out, and a warning says to share it as a file.
+    step is written only for a run of the page's, not for the recorded run it opens on), then the
+    settings by ``RunSettings`` field (None: not given), the table's ``rows`` (None: not given)
+    and the host's ``precision``. The link names the preset whose table the page shows, else
+    carries the table; each setting only where it differs from the page's default for that preset
+    (``prefix_caching=1`` only when the toggle is on, as before). A table too long for a link is
+    left out, and a warning says to share it as a file.
 
     Raises:
         TypeError: too many inputs, an unknown name, or one of the first four missing.
@@ -114,8 +115,8 @@ def setup_query(*values, **named) -> str:
     if name is not None:
         params["preset"] = presets.load_presets()[name].get("slug") or name
     params["slots"] = int(page["num_slots"] or 1)
-    if page["previous"] is not None:
-        params["step"] = int(page["step"] or 0)
+    if page["previous"] is not None and getattr(page["previous"], "recorded", None) is None:
+        params["step"] = int(page["step"] or 0)  # a run of this page's, not the recorded one
     precision = page["precision"] or link_query.Precision()
     defaults = link_query.page_defaults(name or presets.DEFAULT_PRESET, precision)
     params |= link_query.settings_params(page, defaults)

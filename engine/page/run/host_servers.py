@@ -220,13 +220,22 @@ def configure(
 
 
 def run_servers(
-    servers: PageServers, names: list[str], requests: list[Request], num_slots: int, watch
+    servers: PageServers,
+    names: list[str],
+    requests: list[Request],
+    num_slots: int,
+    watch,
+    dtype: str | None = None,
+    batch_invariant: bool = False,
 ) -> tuple[dict[str, Trace], dict[str, str]]:
     """Run ``requests`` on each server in ``names``: (traces, failures), both by name.
 
     ``watch`` is ``LiveRun.watch``. A failure's message says what went wrong for a person; after
     a stop (Stop, the time limit) the server's streams are cancelled, and the servers not run
-    yet are listed as not run, with the reason.
+    yet are listed as not run, with the reason. ``dtype`` and ``batch_invariant``: the run's
+    precision; a local vLLM in another dtype (fixed at its start) gets a warning, and its trace's
+    ``info["server"]`` names both dtypes (``dtype``, ``run_dtype``), so the reference check
+    leaves it out (``engine.page.views.tables.not_compared_why``).
     """
     traces: dict[str, Trace] = {}
     failures: dict[str, str] = {}
@@ -244,7 +253,8 @@ def run_servers(
             failures.update(dict.fromkeys(names[i + 1 :], f"not run: {exc}"))
             break
         servers.refresh(name)
-        trace.warnings = [*trace.warnings, *_slot_warnings(servers, name, num_slots)]
+        precision = _precision_warnings(servers, name, trace, dtype, batch_invariant)
+        trace.warnings = [*trace.warnings, *_slot_warnings(servers, name, num_slots), *precision]
         watch(name, trace, done=True)
         traces[name] = trace
     return traces, failures
@@ -273,3 +283,28 @@ def _slot_warnings(servers: PageServers, name: str, num_slots: int) -> list[str]
         f"page started; app.py --vllm-max-num-seqs changes it), while this run gave our engines "
         f"{slots}: the comparison is not like for like."
     ]
+
+
+def _precision_warnings(
+    servers: PageServers, name: str, trace: Trace, dtype: str | None, batch_invariant: bool
+) -> list[str]:
+    """The local vLLM's dtype is fixed at start: when the run has another, say so and record
+    both in ``trace.info["server"]`` (its outputs are then not compared); in batch-invariant
+    mode, say that vLLM does not run in it."""
+    if not servers.is_local(name) or dtype is None:
+        return []
+    served = servers.engines[name].server.settings.dtype
+    trace.info["server"] = {**trace.info.get("server", {}), "dtype": served, "run_dtype": dtype}
+    lines = []
+    if served != dtype:
+        lines.append(
+            f"{name} runs in {served} (fixed when the page started; app.py --dtype sets it), "
+            f"while this run ran our engines in {dtype}: its outputs are not compared with the "
+            "reference, which is in the run's precision."
+        )
+    if batch_invariant:
+        lines.append(
+            f"{name} does not run in batch-invariant mode: its outputs depend on the batch, and "
+            "its wall time is not that of our engines in that mode."
+        )
+    return lines

@@ -150,20 +150,21 @@ def options_from_page(settings: RunSettings) -> RunOptions:
     s, problems = settings, []
     told = functools.partial(_told, problems)
     block_size = 16 if _blank(s.block_size) else told(_whole_number, s.block_size, "Block size")
+    flag = functools.partial(told, _flag)
     options = RunOptions(
-        chat_template=bool(s.chat_template),
-        check_reference=bool(s.check_reference),
+        chat_template=flag(s.chat_template, "Use chat template"),
+        check_reference=flag(s.check_reference, "Check outputs against model.generate"),
         kv_mode=s.kv_mode or "paged",
         token_budget=told(_optional_whole_number, s.token_budget, "Token budget"),
         policy=s.policy or "decode_first",
-        compare_hf=bool(s.compare_hf),
+        compare_hf=flag(s.compare_hf, "Also run transformers' continuous batching"),
         arrival_rate_per_s=told(_optional_positive, s.arrival_rate, "Arrival rate (requests/s)"),
         kv_budget_mib=told(_optional_positive, s.kv_budget_mib, "KV budget (MiB)"),
         block_size=16 if block_size is None else block_size,
-        prefix_caching=bool(s.prefix_caching),
+        prefix_caching=flag(s.prefix_caching, "Prefix caching"),
         servers=_names(s.server_names),
         dtype=None if _blank(s.dtype) else str(s.dtype).strip(),
-        batch_invariant=bool(s.batch_invariant),
+        batch_invariant=flag(s.batch_invariant, "Batch-invariant mode"),
     )
     if problems:  # the knobs that parsed are checked too (a bad one stands at its default)
         told(engine_config, s.num_slots, options)
@@ -265,6 +266,24 @@ def _optional_whole_number(value, what: str) -> int | None:
     if value is None or str(value).strip() in ("", "0"):
         return None
     return _whole_number(value, what)
+
+
+FLAG_WORDS = {"true": True, "false": False}  # a checkbox's value as an API client may send it
+
+
+def _flag(value, what: str) -> bool:
+    """A checkbox value -> bool: True or False (the page's), None (unticked), 0 or 1, or the
+    words "true" and "false" in any case. Raises ValueError for anything else, so that
+    "yes please" is refused, not read as ticked."""
+    if value is None:
+        return False
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in FLAG_WORDS:
+        return FLAG_WORDS[value.strip().lower()]
+    raise ValueError(f"{what} must be true or false (got {value!r}).")
 
 
 def _blank(value) -> bool:

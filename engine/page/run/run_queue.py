@@ -14,6 +14,10 @@ queue is the page's own, so every waiting person can be told:
   reference a run ahead computes is not counted again;
 * that a session has one run in the queue at a time (``join`` refuses a second).
 
+No run lasts longer than the host's per-run limit (``CBP_RUN_TIME_LIMIT_S``, read at every
+estimate): the time limit stops it there. So each run ahead counts at most that limit, and the
+running one at most what is left of it, however much work a run asked for.
+
 ``wait_turn`` blocks a handler's thread until its run is first and the model is free, in slices, so
 that the handler can stream its place between them::
 
@@ -40,6 +44,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
 from engine.page.run.run_cost import Pace, Work
+from engine.serving.run_control import run_time_limit_s
 
 STALE_S = 15.0  # a waiting ticket not asked about for this long is dropped
 # The running run's pace counts once it has done this many steps since its first report: its
@@ -256,9 +261,13 @@ class RunQueue:
             return None, identical
         computed = {} if running is None else dict(running.work.references)  # key -> cap
         slowdown = self._slowdown() if self.pace.known else 1.0  # else the pace is the progress
+        limit_s = run_time_limit_s()  # a run is stopped there, whatever its work
         wait_s = 0.0
         if running is not None and not (running.setup and self.shown_instead(running.setup)):
-            wait_s += self._left_s(running, pace, now, slowdown)
+            left_s = self._left_s(running, pace, now, slowdown)
+            if limit_s is not None:
+                left_s = min(left_s, max(0.0, limit_s - (now - running.started_s)))
+            wait_s += left_s
         if identical and setup in setups:
             return wait_s, True
         for t in ahead:  # a setup already ahead is measured once; the rest are shown that run
@@ -266,7 +275,8 @@ class RunQueue:
             if not free:
                 missing = self._missing_now(t)
                 refs = {k: c for k, c in missing.items() if computed.get(k, -1) < c}
-                wait_s += slowdown * pace.cost_s(t.work, refs)
+                cost_s = slowdown * pace.cost_s(t.work, refs)
+                wait_s += cost_s if limit_s is None else min(cost_s, limit_s)
                 computed.update(refs)
             if identical and t.setup == setup:
                 return wait_s, True

@@ -36,6 +36,7 @@ TOP_HEADERS = [
     "engine logit",
 ]
 NO_DIFFERENCE = "Every checked output equals its reference, token for token."
+NO_DIFFERENCE_OURS = "Every output of our engines equals its reference, token for token."
 NOT_CHECKED = "Outputs are compared with a reference after a run with the reference check on."
 
 
@@ -159,26 +160,40 @@ def view(verdicts: dict[str, dict[int, dict]] | None, choice: str | None, dtype:
     if any(_has_tie(side) for side in sides):
         lines.append(TIES_NOTE)
     text = (
-        f"Common prefix ({k} tokens):\n{entry['prefix_text']}\n\n"
+        f"Common prefix ({k} tokens):\n{_visible(entry['prefix_text'])}\n\n"
         f"Reference's next token: {entry['reference_token_text']}\n"
         f"Engine's next token: {entry['engine_token_text']}"
     )
     return "  \n".join(lines), text, _top_rows(sides)
 
 
-def first_view(state) -> tuple[list[tuple[str, str]], str | None, str, str, list[list[str]]]:
+def _visible(text: str) -> str:
+    """``text`` as it is, unless it is only whitespace (newlines, spaces), which a textbox shows
+    as nothing: then quoted with its escapes ('\\n\\n'), so the prefix is seen to be there."""
+    return repr(text) if text and not text.strip() else text
+
+
+def first_view(
+    state, servers_note: str = ""
+) -> tuple[list[tuple[str, str]], str | None, str, str, list[list[str]]]:
     """``(picks, first pick, markdown, text, top_rows)`` for a ``run_view.RunState`` (or None;
-    the recorded run has no verdicts)."""
+    the recorded run has no verdicts). ``servers_note`` (``run_status.servers_note``): what the
+    servers, which get no verdicts, did against the reference; it follows the Markdown, so the
+    view never says every output matched while the status line says a server's differ."""
     verdicts = getattr(state, "verdicts", None)
     picks = choices(verdicts)
     markdown, text, rows = view(verdicts, None, getattr(state, "dtype", None))
+    if servers_note and verdicts:
+        if not picks:
+            markdown = NO_DIFFERENCE_OURS
+        markdown = f"{markdown}  \n{servers_note}"
     return picks, picks[0][1] if picks else None, markdown, text, rows
 
 
-def run_outputs(state) -> dict:
+def run_outputs(state, servers_note: str = "") -> dict:
     """The Run event's divergence outputs by name (in ``run_view.RUN_OUTPUTS``): the picks, and
     the view of the first. Called in handlers only (it makes a ``gr.Dropdown`` update)."""
-    picks, value, markdown, text, rows = first_view(state)
+    picks, value, markdown, text, rows = first_view(state, servers_note)
     return {
         "divergence_dropdown": gr.Dropdown(choices=picks, value=value),
         "divergence_markdown": markdown,

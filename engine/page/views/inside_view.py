@@ -13,6 +13,13 @@ and labels each with where it comes from:
   (``engine.page.figures.server_lanes``) say so themselves (``server_lanes.OUTSIDE``).
 
 Without a record each view is a figure that says why (``no_record_figure``).
+
+Beside the record, our continuous engine's schedule is compared with it step by step, as the
+bench does (``engine.peers.schedule_comparison``): the timeline's subtitle says how many steps
+plan alike and where the first difference is (``plans_line``), and the packed mask's whether the
+shown step plans as ours (``step_plan_line``). A step's plan is which requests run and how many
+tokens each; the rows of a packed mask are in its scheduler's own order (ours by slot, vLLM's
+running requests first, then the ones it admits), and that order does not change the plan.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from typing import Any
 from engine.page.figures import block_map, mask_heatmaps, serving_metrics, timelines
 from engine.page.figures.server_lanes import message_figure
 from engine.page.views.markup import counted
+from engine.peers import schedule_comparison
 from engine.trace import Trace
 
 INSIDE_TITLE = "vLLM from the inside"
@@ -38,6 +46,7 @@ LANES_NOTE = "vLLM has no slots: a request takes the first free lane, until pree
 BLOCKS_NOTE = "vLLM's own block ids (block 0 is its null block, never held)"
 DEFAULT_HEIGHT_PX = 450  # plotly's height of a figure that sets none
 NO_SERVER = "No server ran in this run: tick one under “Also run on the host's servers”."
+ROW_ORDER_NOTE = "rows in each scheduler's own order, which does not change the plan"
 
 
 def own_record(servers: dict[str, Trace]) -> tuple[str, Trace] | None:
@@ -93,12 +102,48 @@ def no_record_figure(servers: dict[str, Trace], what: str) -> Any:
     return message_figure(title, " ".join([text, *reasons]))
 
 
+def plans_line(ours: Trace | None, name: str, record: Trace) -> str:
+    """ "plans alike with ours: 298 of 300 steps, first difference at step 6 (vLLM runs R3 (12
+    tokens), ours does not)", or "" without our continuous run."""
+    if ours is None or not ours.steps:
+        return ""
+    compared = schedule_comparison.compare_schedules(ours, record)
+    longest = max(compared["num_steps_ours"], compared["num_steps_vllm"])
+    num_alike = round(compared["equal_step_fraction"] * longest)
+    line = f"plans alike with ours (continuous): {num_alike} of {counted(longest, 'step')}"
+    first = compared["first_difference"]
+    if first is None:
+        return line + ", no difference"
+    reason = first["reason"].replace("vLLM", name)
+    return f"{line}, first difference at step {first['step']} ({reason})"
+
+
+def step_plan_line(ours: Trace | None, name: str, record: Trace, index: int) -> str:
+    """Whether step ``index`` of ``record`` plans as ours: "step 50 plans as ours (...)" or
+    "step 6 differs from ours: ..."; "" without our run."""
+    if ours is None or not ours.steps:
+        return ""
+    if index >= len(ours.steps):
+        return f"ours ran {counted(len(ours.steps), 'step')}: no step {index} to compare"
+    if schedule_comparison.step_plan(ours.steps[index]) == schedule_comparison.step_plan(
+        record.steps[index]
+    ):
+        return f"step {index} plans as ours ({ROW_ORDER_NOTE})"
+    reason = schedule_comparison.difference_reason(ours, record, index).replace("vLLM", name)
+    return f"step {index} differs from ours: {reason}"
+
+
 def step_figures(
-    servers: dict[str, Trace], step_index: int, x_axis: str, x_max: float | None
+    servers: dict[str, Trace],
+    step_index: int,
+    x_axis: str,
+    x_max: float | None,
+    ours: Trace | None = None,
 ) -> tuple[Any, Any, Any]:
     """The first own record's timeline (cursor at ``step_index``), packed mask and KV block map
     at that step (its last step past its end, as the subtitle says), each labelled; without a
-    record, three figures that say why."""
+    record, three figures that say why. With ``ours`` (our continuous run), the timeline's
+    subtitle says how many steps plan alike, and the mask's whether the shown step does."""
     found = own_record(servers)
     if found is None:
         return tuple(no_record_figure(servers, what) for what in STEP_VIEWS)
@@ -110,12 +155,26 @@ def step_figures(
     past = past if step_index > last else ""
     timeline = timelines.timeline_figure(record, x_axis, x_max, step_index)
     timeline = serving_metrics.add_serving_marks(timeline, record, x_axis)
+    timeline.update_yaxes(  # vLLM has lanes, not slots: the axis says so
+        tickvals=[f"slot {i}" for i in range(record.num_slots)],
+        ticktext=[f"lane {i}" for i in range(record.num_slots)],
+    )
     lanes = counted(record.num_slots, "lane")
     mask = mask_heatmaps.mask_heatmap(record, at)
     blocks = block_map.block_map_figure(record, at)
+    plans = html.escape(plans_line(ours, name, record))
+    step_plan = html.escape(step_plan_line(ours, name, record, at))
     return (
-        labelled(timeline, f"{name} from the inside: {lanes}", f"{source}<br>{LANES_NOTE}"),
-        labelled(mask, f"{name} from the inside · {mask.layout.title.text}", source + past),
+        labelled(
+            timeline,
+            f"{name} from the inside: {lanes}",
+            f"{source}<br>{LANES_NOTE}" + (f"<br>{plans}" if plans else ""),
+        ),
+        labelled(
+            mask,
+            f"{name} from the inside · {mask.layout.title.text}",
+            source + past + (f"<br>{step_plan}" if step_plan else ""),
+        ),
         labelled(
             blocks,
             f"{name} from the inside · {blocks.layout.title.text}",

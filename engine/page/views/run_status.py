@@ -116,3 +116,22 @@ def reference_ok(state) -> dict[str, bool | str] | None:
 def _compared(state) -> dict[str, Trace]:
     """The runs checked against the reference: all but servers serving another model."""
     return {name: t for name, t in state.traces().items() if tables.compared(t)}
+
+
+def servers_note(state) -> str:
+    """What "Where outputs differ" says of the servers, which get no verdicts (they hand back no
+    logits): each compared server whose outputs differ, as the status line counts them, and each
+    server left out of the check, and why. "" without servers or a reference."""
+    if state.reference is None or not state.servers:
+        return ""
+    lines = []
+    for name, trace in state.servers.items():
+        why = tables.not_compared_why(trace)
+        if why is not None:
+            lines.append(f"**{name}**: {why} (see the ⚠ line under the status line).")
+        elif ids := _mismatched(trace, state.reference):
+            lines.append(
+                f"**{name}** differs from the reference at {_ids(ids)}: a server hands back no "
+                "logits, so whether rounding explains it cannot be judged here."
+            )
+    return "  \n".join(lines)

@@ -207,7 +207,7 @@ class RunResult:
             step_usage_plot=self.step_usage,
             server_timeline_plot=self.server_timeline,
             server_chart_plot=self.server_chart,
-            **divergence_view.run_outputs(self.state),
+            **divergence_view.run_outputs(self.state, run_status.servers_note(self.state)),
             inside_timeline_plot=v.inside_timeline,
             inside_mask_plot=v.inside_mask,
             inside_block_map_plot=v.inside_block_map,
@@ -268,7 +268,7 @@ def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
         static_mask=_at_step(mask_heatmaps.static_mask_heatmap, state.static, step_index),
         block_map=_at_step(block_map.block_map_figure, state.continuous, step_index),
     )
-    inside = inside_view.step_figures(state.servers, step_index, x_axis, x_max)
+    inside = inside_view.step_figures(state.servers, step_index, x_axis, x_max, state.continuous)
     views.inside_timeline, views.inside_mask, views.inside_block_map = inside
     return views
 

@@ -54,8 +54,11 @@ METRIC_HELP = {
         "Of all slot-steps (slots × steps): the share in which a slot worked on a live request. "
         "Denominator: slots × steps, so it need not add to 100 with padding waste."
     ),
-    "mean TTFT s": "Mean time to first token, from each request's arrival.",
-    "p99 TTFT s": "99th percentile of the time to first token.",
+    "mean TTFT s": "Mean time to first token, from each request's arrival. A server with its "
+    "own record of its steps (the page's vLLM) shows two: outside, when our client saw the "
+    "token; inside, when its record says the step that computed it ended.",
+    "p99 TTFT s": "99th percentile of the time to first token (a server with its own record: "
+    "outside and inside, as for the mean).",
     "preemptions": "Times the paged KV cache ran dry and a sequence gave up its blocks.",
     "outputs match model.generate": "✓ when every output equals plain model.generate, token "
     "for token. A request transformers' manager or a server sampled with its own random stream "
@@ -70,10 +73,12 @@ METRICS_NOTE = (
     "**padding waste %** counts wasted token positions among those computed; **slot "
     "utilisation %** counts busy slot-steps among slots × steps. Different denominators: the two "
     "need not add to 100. A server's steps, slot use, preemptions and prefix-cache hits come "
-    "from its own record of its steps where it keeps one (the page's own vLLM). "
+    "from its own record of its steps where it keeps one (the page's own vLLM); its TTFT "
+    "columns then give both views: **outside** (our client) and **inside** (its record). "
     "Hover a column's name for its definition."
 )
 NOT_AVAILABLE = "—"
+OUTSIDE, INSIDE = "outside", "inside"  # a server's TTFT seen by the client, and by its own record
 ANOTHER_MODEL_TEXT = "another model, not compared"
 _COMPARISON_LABELS = {MATCH: "✓", MISMATCH: "✗ differs", NOT_COMPARED: NOT_COMPARED_LABEL}
 PROMPT_SHOWN_CHARS = 200  # longer prompts are clipped in the outputs table
@@ -109,14 +114,31 @@ def metrics_rows(
                 speedup,
                 round(s.padding_waste_pct, 1) if has_steps else NOT_AVAILABLE,
                 round(s.slot_utilisation_pct, 1) if has_steps else NOT_AVAILABLE,
-                round(m.mean_ttft_s, 2),
-                _rounded(trace.latency_percentiles()["ttft_s"]["p99"]),
+                *_ttft_cells(trace),
                 s.num_preemptions if has_steps else NOT_AVAILABLE,
                 ok,
                 _percent(s.prefix_cache_hit_rate),
             ]
         )
     return rows
+
+
+def _ttft_cells(trace: Trace) -> list[float | str]:
+    """Mean and p99 TTFT. A server with its own record of its steps gets both views, labelled:
+    "outside 0.52 · inside 0.50", the client's times first, then its record's (both from each
+    request's arrival on the client's clock)."""
+    mean_s, p99_s = trace.metrics().mean_ttft_s, trace.latency_percentiles()["ttft_s"]["p99"]
+    if trace.schedule is None or not trace.schedule.steps:
+        return [round(mean_s, 2), _rounded(p99_s)]
+    inside = trace.schedule
+    inside_mean_s, inside_p99_s = (
+        inside.metrics().mean_ttft_s,
+        inside.latency_percentiles()["ttft_s"]["p99"],
+    )
+    return [
+        f"{OUTSIDE} {mean_s:.2f} · {INSIDE} {inside_mean_s:.2f}",
+        f"{OUTSIDE} {_rounded(p99_s)} · {INSIDE} {_rounded(inside_p99_s)}",
+    ]
 
 
 def _match_cell(ok: bool | str, num_not_compared: int) -> str:
@@ -153,9 +175,21 @@ def outputs_headers(engine_names: list[str], reference: str = "model.generate") 
 
 
 def compared(trace: Trace) -> bool:
-    """False for a server that said it serves another model than the loaded one: its outputs
-    cannot match the reference, so it is left out of the check (a mismatch would mean nothing)."""
-    return (trace.info.get("server") or {}).get("same_model") is not False
+    """False for a server whose outputs the reference cannot judge (``not_compared_why``): it is
+    left out of the check, as a mismatch would mean nothing."""
+    return not_compared_why(trace) is None
+
+
+def not_compared_why(trace: Trace) -> str | None:
+    """Why a server's outputs are left out of the reference check, in a few words: it serves
+    another model than the loaded one, or it ran in another precision than the run
+    (``engine.page.run.host_servers`` marks that); None when they are compared."""
+    server = trace.info.get("server") or {}
+    if server.get("same_model") is False:
+        return ANOTHER_MODEL_TEXT
+    if server.get("run_dtype") and server.get("dtype") and server["dtype"] != server["run_dtype"]:
+        return f"{server['dtype']}, not {server['run_dtype']}: not compared"
+    return None
 
 
 def outputs_rows(
@@ -169,7 +203,7 @@ def outputs_rows(
     ``verdicts`` (``engine.page.views.divergence_view``) it says ✓, ≈ or ✗ per engine."""
     runs = list(traces.items())
     first = runs[0][1]
-    unchecked = [name for name, trace in runs if not compared(trace)]
+    unchecked = {name: why for name, trace in runs if (why := not_compared_why(trace))}
     rows = []
     for i, req in enumerate(first.requests):
         records = [(name, trace.requests[i]) for name, trace in runs]
@@ -177,8 +211,7 @@ def outputs_rows(
         if reference is not None:
             checked = [(n, r) for n, r in records if n not in unchecked]
             verdict = _verdict(checked, reference, verdicts)
-            if unchecked:
-                verdict += f" · {' and '.join(unchecked)}: {ANOTHER_MODEL_TEXT}"
+            verdict += "".join(f" · {name}: {why}" for name, why in unchecked.items())
         texts = [r.output_text for _, r in records]
         prompt = _clip(req.prompt, PROMPT_SHOWN_CHARS)
         cached = _cached_tokens(traces, i)

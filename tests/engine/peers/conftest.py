@@ -1,7 +1,15 @@
 """The local vLLM the peers' tests share: one eager server per session (each start costs minutes on
-a small CPU), stopped when the session ends. Skipped without ``.venv-vllm`` (``needs_vllm``)."""
+a small CPU), stopped when the session ends. Skipped without ``.venv-vllm`` (``needs_vllm``).
+
+It is started as the page starts it: from a thread kept to one CPU, as the page's process keeps to
+the CPUs its engines leave it (``engine.page.run.cpu_split``), so the tests see what the page's
+vLLM would.
+"""
 
 from __future__ import annotations
+
+import os
+import threading
 
 import pytest
 
@@ -13,6 +21,36 @@ def vllm(embedded_model):
     """``VllmEngine`` on the embedded model: 3 slots, eager, recording its schedule (default)."""
     from engine.peers.vllm_engine import VllmEngine
 
-    engine = VllmEngine(embedded_model, NUM_SLOTS, enforce_eager=True).start()
+    engine = VllmEngine(embedded_model, NUM_SLOTS, enforce_eager=True)
+    on_page_cpu(engine.start)
     yield engine
     engine.close()
+
+
+def page_cpu() -> set[int] | None:
+    """The one CPU the page's process keeps to on this machine (its first), or None where there
+    is no split (one CPU, or no affinity)."""
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+        return None
+    return {min(os.sched_getaffinity(0))}
+
+
+def on_page_cpu(work):
+    """``work()`` in a thread kept to ``page_cpu()``, as the page runs it; its result (or error)."""
+    result: dict = {}
+
+    def target():
+        cpus = page_cpu()
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)  # 0: this thread, on Linux
+        try:
+            result["value"] = work()
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the caller's thread)
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, name="page-cpu")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]

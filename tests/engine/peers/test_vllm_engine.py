@@ -15,10 +15,14 @@ from engine.peers.server_metrics import parse_prometheus
 from engine.peers.vllm_server import VllmServer, VllmSettings
 from engine.serving.run_control import RunCancelled
 from engine.workloads.workload import RequestSpec, seed_specs, tokenize_requests
+from tests.engine.peers.conftest import on_page_cpu
 from tests.live_servers import needs_vllm
 
 pytestmark = [needs_vllm, pytest.mark.real_model]
 NUM_SLOTS = 3  # the slots of the ``vllm`` fixture (tests/engine/peers/conftest.py), one a session
+# How long after vLLM's record has a first token the client may see it: the stream's way through
+# vLLM's API process and our client (a few to tens of milliseconds on a busy 2-core CPU).
+CLIENT_LAG_BOUND_S = 1.0
 
 
 def _requests(loaded, specs, chat_template=False):
@@ -30,7 +34,8 @@ def _requests(loaded, specs, chat_template=False):
 
 @pytest.fixture(scope="module")
 def seed_trace(vllm, embedded_model):
-    return vllm.run(_requests(embedded_model, seed_specs()))
+    """The seed on the session's vLLM, played from a thread on the page's CPU, as the page does."""
+    return on_page_cpu(lambda: vllm.run(_requests(embedded_model, seed_specs())))
 
 
 def test_float32_outputs_equal_generate(seed_trace, embedded_model):
@@ -39,6 +44,35 @@ def test_float32_outputs_equal_generate(seed_trace, embedded_model):
     reference = ReferenceCache(ModelRunner(embedded_model)).outputs(requests)
     for rec in seed_trace.requests:
         assert rec.output_token_ids == reference[rec.request_id], f"R{rec.request_id} differs"
+
+
+def test_client_first_token_follows_vllms_record(seed_trace):
+    """Per request, the client sees its first token after vLLM scheduled its first decode (the
+    step after the one that computed that token) and within CLIENT_LAG_BOUND_S of it."""
+    inside = seed_trace.schedule
+    assert inside is not None, f"no record of vLLM's own steps: {seed_trace.warnings}"
+    for outside in seed_trace.requests:
+        rid = outside.request_id
+        first_decode_s = next(
+            (
+                step.start_s
+                for step in inside.steps
+                for s in step.seqs
+                if s.request_id == rid and s.kind == "decode"
+            ),
+            None,
+        )
+        assert first_decode_s is not None, f"R{rid}: vLLM's record has no decode step for it"
+        lag_s = outside.first_token_s - first_decode_s
+        assert lag_s >= 0, (
+            f"R{rid}: the client saw its first token {-lag_s:.3f} s before vLLM scheduled its "
+            "first decode: the two clocks disagree"
+        )
+        assert lag_s <= CLIENT_LAG_BOUND_S, (
+            f"R{rid}: the client saw its first token {lag_s:.2f} s after vLLM scheduled its "
+            f"first decode (at {first_decode_s:.2f} s; the run took {seed_trace.wall_s:.2f} s): "
+            "the stream reached the client late"
+        )
 
 
 def test_trace_reports_the_server(seed_trace):

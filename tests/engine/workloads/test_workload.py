@@ -16,6 +16,7 @@ from engine.workloads.workload import (
     seed_specs,
     tokenize_requests,
 )
+from engine.workloads.workload_files import load_workload_file
 
 
 def test_seed_is_the_articles_six_requests():
@@ -188,3 +189,32 @@ def test_valid_rows_round_trip(rows):
     """Valid rows, caps written as int, float or (padded) string, come back exactly, in order."""
     specs = parse_table([[prompt, form(cap)] for prompt, cap, form in rows])
     assert [(s.prompt, s.max_new_tokens) for s in specs] == [(p, c) for p, c, _ in rows]
+
+
+def test_every_problem_of_a_row_is_named():
+    """A row with a blank prompt, cap 0, arrival -1 and temperature -1 names all four problems,
+    the row once, a sentence each; a good row beside it is not named."""
+    with pytest.raises(ValueError) as excinfo:
+        parse_table([["ok", 3], ["", 0, -1, -1]])
+    message = str(excinfo.value)
+    assert message.startswith("Row 2: the prompt is blank. "), (
+        f"only one problem named: {message!r}"
+    )
+    for fragment in ("max_new_tokens 0 is out of range", "arrival_s must be", "temperature"):
+        assert fragment in message, f"{fragment!r} not named: {message!r}"
+    assert message.count("Row 2") == 1 and "Row 1" not in message, message
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_every_problem_of_an_uploaded_line_is_named(tmp_path, suffix):
+    """An uploaded line with a blank prompt, cap 0 and arrival -1 names all three problems."""
+    path = tmp_path / f"w{suffix}"
+    if suffix == ".csv":
+        path.write_text("prompt,max_new_tokens,arrival_s\n,0,-1\n")
+    else:
+        path.write_text(json.dumps({"prompt": "", "max_new_tokens": 0, "arrival_s": -1}) + "\n")
+    with pytest.raises(ValueError) as excinfo:
+        load_workload_file(path)
+    message = str(excinfo.value)
+    for fragment in ("the prompt is blank", "max_new_tokens 0 is out of range", "arrival_s must"):
+        assert fragment in message, f"{fragment!r} not named: {message!r}"

@@ -33,7 +33,12 @@ from tests.live_servers import needs_vllm
 
 pytestmark = [*PYTESTMARK, needs_vllm, pytest.mark.real_model]
 VLLM_START_TIMEOUT_MS = 1_200_000  # eager start on a busy 2-core CPU: about 2 minutes idle
+BF16_RUN_TIMEOUT_MS = 1_800_000  # loads the bfloat16 weights first
+# How far the client's TTFT may lie behind vLLM's record: the stream's way through vLLM's API
+# process and our client (tens of milliseconds when the client keeps up; seconds when it did not)
+TTFT_VIEWS_BOUND_S = 1.0
 ROWS = [("The capital of France is", 4), ("Today's weather is so", 6)]
+LONGER_ROWS = [(prompt, 60) for prompt in ("Once upon a time", "My favourite food is", *dict(ROWS))]
 
 
 @pytest.fixture(scope="module")
@@ -166,3 +171,88 @@ def test_request_too_long_for_vllm_is_its_message_only(page: Page):
     assert all(row[verdict] == "✓" for row in rows), rows
     line = page.locator("#servers_markdown")
     expect(line).to_contain_text("vllm: ready")  # a refusal is no failure of the server
+
+
+def _metrics_row(page: Page, engine: str) -> dict[str, str]:
+    """The metrics table's row of ``engine``, by column name."""
+    headers = [
+        h.strip() for h in page.locator("#metrics_table thead th").all_inner_texts() if h.strip()
+    ]
+    for r in range(_num_rows(page, "metrics_table")):
+        cells = [
+            _cell(page, "metrics_table", r, c).inner_text().replace("⋮", "").strip()
+            for c in range(len(headers))
+        ]
+        if cells[0] == engine:
+            return dict(zip(headers, cells, strict=True))
+    raise AssertionError(f"no metrics row for {engine}")
+
+
+def test_vllm_ttft_from_outside_agrees_with_its_own_record(page: Page):
+    """The metrics table gives vLLM's TTFT from both views, labelled, and the client's (outside)
+    lies within TTFT_VIEWS_BOUND_S of vLLM's own record (inside), mean and p99, on a run long
+    enough (about 120 of vLLM's steps) for a late stream to show."""
+    _wait_for_vllm(page)
+    set_requests(page, LONGER_ROWS)
+    set_slots(page, 2)
+    run_and_wait(page)
+    row = _metrics_row(page, "vllm")
+    for column in ("mean TTFT s", "p99 TTFT s"):
+        found = re.fullmatch(r"outside ([\d.]+) · inside ([\d.]+)", row[column])
+        assert found, f"vLLM's {column} does not give both views: {row[column]!r}"
+        outside, inside = map(float, found.groups())
+        assert 0 <= outside - inside <= TTFT_VIEWS_BOUND_S, (
+            f"vLLM's {column}: the client saw first tokens {outside - inside:.2f} s after "
+            f"vLLM's record had them (outside {outside}, inside {inside}; wall {row['wall s']} s)"
+        )
+
+
+def _pick(page: Page, elem_id: str, option: str) -> None:
+    """Choose ``option`` in a Gradio dropdown, as a person would: open it, click the option."""
+    page.locator(f"#{elem_id} input").click()
+    page.get_by_role("option", name=option, exact=True).click()
+    expect(page.locator(f"#{elem_id} input")).to_have_value(option)
+
+
+def test_vllm_in_float32_beside_a_bfloat16_run_is_not_compared(page: Page):
+    """A bfloat16 batch-invariant run beside the float32 vLLM: a ⚠ line says vLLM runs in
+    float32, the status line says no "✗ differs", the outputs table marks vLLM not compared, and
+    "Where outputs differ" says the same instead of "every checked output equals"."""
+    _wait_for_vllm(page)
+    set_requests(page, ROWS)
+    set_slots(page, 2)
+    if not page.locator("#dtype_dropdown input").is_visible():
+        page.get_by_text("Engine settings", exact=True).click()
+    _pick(page, "dtype_dropdown", "bfloat16")
+    page.locator("#batch_invariant_checkbox input").check()
+    tracker = page.locator("#status_markdown [data-testid=status-tracker]")
+    page.locator("#run_button").click()
+    expect(tracker).not_to_have_class(re.compile(r"\bhide\b"), timeout=30_000)
+    expect(tracker).to_have_class(re.compile(r"\bhide\b"), timeout=BF16_RUN_TIMEOUT_MS)
+    status = status_text(page)
+    assert status.startswith("bfloat16 · batch-invariant mode"), status
+    assert "✗ differs" not in status, f"vLLM in float32 judged against bfloat16: {status}"
+    assert "⚠ vllm runs in float32" in status, f"no ⚠ line on vLLM's precision: {status}"
+    headers, rows = _outputs(page)
+    verdict = headers.index("matches its solo run")
+    for row in rows:
+        assert "vllm: float32, not bfloat16: not compared" in row[verdict], row
+    page.locator("#divergence_accordion").get_by_text("Where outputs differ").click()
+    view = page.locator("#divergence_markdown")
+    expect(view).to_contain_text("vllm: float32, not bfloat16: not compared", timeout=10_000)
+    assert "Every checked output equals" not in view.inner_text(), view.inner_text()
+
+
+def test_inside_view_says_how_alike_the_plans_are(page: Page):
+    """Beside vLLM's own timeline the page says how many of its steps plan as our continuous
+    run's and where the first difference is; its packed mask says whether the shown step (the
+    run's default) plans as ours."""
+    _wait_for_vllm(page)
+    set_requests(page, ROWS)
+    set_slots(page, 2)
+    run_and_wait(page)
+    subtitle_js = "el => el.layout.title.subtitle.text"
+    timeline = page.locator("#inside_timeline_plot .js-plotly-plot").evaluate(subtitle_js)
+    assert re.search(r"plans alike with ours \(continuous\): \d+ of \d+ steps", timeline), timeline
+    mask = page.locator("#inside_mask_plot .js-plotly-plot").evaluate(subtitle_js)
+    assert re.search(r"step \d+ (plans as ours|differs from ours)", mask), mask

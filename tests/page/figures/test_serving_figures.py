@@ -126,3 +126,15 @@ def test_timeline_marks_queue_waits_and_preemptions(paged, x_axis):
     before = {s.request_id: s.slot for s in paged.steps[first.index - 1].seqs}
     assert crosses.y[0] == f"slot {before[first.preempted[0]]}"
     assert fig.layout.yaxis.categoryarray[0] == "queue"
+
+
+def test_a_token_budget_far_over_the_steps_is_named_not_drawn(paged):
+    """A budget of 2048 tokens over steps of at most 8 (vLLM's own record) is not drawn, which
+    would flatten the bars into the axis: a label names it "off this scale"."""
+    import dataclasses
+
+    wide = dataclasses.replace(paged, info={**paged.info, "token_budget": 2048})
+    fig = serving_metrics.step_usage_figure(wide)
+    assert not any(s.y0 == 2048 for s in fig.layout.shapes), "the 2048 line flattens the bars"
+    labels = [a.text for a in fig.layout.annotations]
+    assert "token budget 2048: off this scale" in labels, f"the budget is not named: {labels}"

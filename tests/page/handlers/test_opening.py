@@ -130,3 +130,26 @@ def test_app_runs_it_once_a_link_is_applied():
     assert opened.inputs[0].elem_id == "preset_dropdown"
     assert [c._id for c in opened.outputs] == [c._id for c in run.outputs]
     assert opened.show_progress == "hidden", "page load covers the results with spinners"
+
+
+def test_a_link_that_sets_up_the_recorded_run_on_a_page_with_servers_says_nothing_contrary(
+    model, recorded
+):
+    """On a page whose host configured a server (ticked, as the page opens), a link whose
+    settings all fall back to the recorded run's keeps the recorded run as it opened, never "Not
+    the linked setup ... not of" the same preset at the same slots; a link that differs in an
+    engine setting names that setting."""
+    from engine.page.run import host_servers
+
+    model.servers = host_servers.configure(model.loaded, ["gpu=http://127.0.0.1:9"])
+    own = dataclasses.replace(recording.recorded_settings(), server_names=["gpu"])
+    link = _link(preset="nope", slots=99)  # both refused by the page: the defaults stand
+    same = _opened(link, recorded.recorded.preset, own, recorded)
+    assert _changed(same) == [], (
+        f"the recorded setup said not to be the link's: {same[OUT['status_markdown']]}"
+    )
+    budget = dataclasses.replace(own, token_budget=64)
+    status = _opened(link, recorded.recorded.preset, budget, recorded)[OUT["status_markdown"]]
+    assert "at 3 slots with token budget 64." in status, (
+        f"the differing setting is not named: {status}"
+    )

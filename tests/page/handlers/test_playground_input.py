@@ -51,11 +51,11 @@ def _run_args(rows=ROWS, slots=2, budget=0, rate=0, kv_mib="0", block="16", prev
     return (rows, slots, *knobs, previous, kv_mib, block)
 
 
-def _refused(*run_args) -> str:
+def _refused(*run_args, **named) -> str:
     """Run the handler on bad input; check it changed the status line (and the note under Run,
     which says the same) only and warned with the same message; return the status line."""
     with pytest.warns(UserWarning) as warned:
-        updates = list(playground.run_event(*run_args))
+        updates = list(playground.run_event(*run_args, **named))
     assert len(updates) == 1, f"{len(updates)} updates for a refused run"
     shown = dict(zip(run_view.RUN_OUTPUTS, updates[0], strict=True))
     status = shown.pop("status_markdown")
@@ -139,3 +139,38 @@ def test_kv_budget_too_small_is_refused_before_any_engine_runs(shared, previous)
     assert status.startswith("**Not run:** Request R0 (row 1) needs"), status
     assert "holds 1 block of 16 tokens (16 tokens)" in status, status
     assert "1 blocks" not in status, status
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("check_reference", "yes please", "Check outputs against model.generate must be true"),
+        ("chat_template", "maybe", "Use chat template must be true or false (got 'maybe')"),
+        ("compare_hf", 2, "Also run transformers' continuous batching must be true or false"),
+        ("prefix_caching", [1], "Prefix caching must be true or false"),
+        ("batch_invariant", "on", "Batch-invariant mode must be true or false"),
+    ],
+)
+def test_a_checkbox_input_that_is_not_true_or_false_is_refused(name, value, message):
+    """A /run call with a checkbox input that is neither true nor false ("yes please") gets "Not
+    run" naming that setting, never a run that reads it as ticked."""
+    from engine.page.run.run_options import RUN_INPUTS
+
+    named = dict(zip(RUN_INPUTS, _run_args(), strict=False)) | {name: value}
+    status = _refused(**named)
+    assert plain_markdown(message) in status, f"{message!r} not in {status!r}"
+
+
+def test_checkbox_inputs_take_true_false_and_their_words():
+    """True/False, 0/1, None and the words "true"/"false" in any case are a checkbox's values."""
+    from engine.page.run.run_options import options_from_page, settings_from_run
+
+    for value, expected in [
+        (True, True),
+        ("TRUE", True),
+        (1, True),
+        ("false", False),
+        (None, False),
+    ]:
+        settings, _, _ = settings_from_run(*_run_args()[:3], value, *_run_args()[4:10])
+        assert options_from_page(settings).check_reference is expected, f"{value!r} misread"

@@ -3,6 +3,8 @@ on the tiny random model (no weights, no browser)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import gradio as gr
 import pytest
 import torch
@@ -204,3 +206,41 @@ def test_app_wires_the_precision_settings_and_the_divergence_view():
         "divergence_textbox",
         "divergence_table",
     ]
+
+
+def _as_server(trace: Trace, served_dtype: str, run_dtype: str) -> Trace:
+    """``trace`` as the page's vLLM hands it back: a server's info, with the dtype it ran in."""
+    server = {"same_model": True, "dtype": served_dtype, "run_dtype": run_dtype}
+    return dataclasses.replace(trace, engine="vllm", info={**trace.info, "server": server})
+
+
+def test_a_server_in_another_precision_is_not_compared_and_both_panels_agree(shared):
+    """A bfloat16 batch-invariant run beside a float32 server: the server's outputs (here a real
+    float32 run's, which split from the bfloat16 reference) are "not compared" in the outputs
+    table, the status line says no "✗ differs" for it, and "Where outputs differ" names it as not
+    compared instead of saying every output matched; a server in the run's own precision that
+    differs is named as differing by both panels."""
+    state = _run(shared, dtype="bfloat16", batch_invariant=True, check_reference=True).state
+    float32 = _run(shared, check_reference=False).state.continuous
+    split = [
+        r.request_id
+        for r in float32.requests
+        if r.output_token_ids != state.reference[r.request_id]
+    ]
+    assert split, "the float32 outputs equal the bfloat16 reference: nothing to check here"
+    state.servers = {"vllm": _as_server(float32, "float32", "bfloat16")}
+    status = run_status.status_line(state)
+    assert "✗ differs" not in status, f"a float32 server judged against bfloat16: {status}"
+    rows = tables.outputs_rows(state.traces(), state.reference, state.verdicts)
+    for row in rows:
+        assert "vllm: float32, not bfloat16: not compared" in row[-2], f"verdict cell: {row[-2]}"
+    _, _, markdown, _, _ = divergence_view.first_view(state, run_status.servers_note(state))
+    assert "**vllm**: float32, not bfloat16: not compared" in markdown, markdown
+    assert divergence_view.NO_DIFFERENCE not in markdown, f"says every output matched: {markdown}"
+
+    state.servers = {"vllm": _as_server(float32, "bfloat16", "bfloat16")}
+    status = run_status.status_line(state)
+    wanted = ", ".join(f"R{r}" for r in split)
+    assert f"servers: ✗ differs (vllm: {wanted})" in status, status
+    _, _, markdown, _, _ = divergence_view.first_view(state, run_status.servers_note(state))
+    assert f"**vllm** differs from the reference at {wanted}" in markdown, markdown

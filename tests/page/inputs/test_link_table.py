@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import random
@@ -140,3 +141,17 @@ def test_a_linked_tables_bad_rows_are_named_as_a_typed_tables():
     assert "&lt;b&gt;9&lt;/b&gt;" in message and "<b>" not in message, message
     assert [row[:2] for row in opened["rows"]] == [[None, 3], ["ok", 0], ["fine", 2], rows[3]]
     assert opened["preset"] is None and "need fixing" in opened["preset_text"], opened
+
+
+def test_a_link_before_any_run_carries_no_step():
+    """Before the first Run (the page shows its recorded run) "Copy link" writes no step; after
+    a run of the page's own it writes the slider's step."""
+    from engine.page.handlers import recording
+
+    recorded = recording.load_recording()
+    before = page_io.setup_query(None, 3, 6, recorded, rows=EDITED)
+    assert "step=" not in before, f"a link before any run carries a step: {before}"
+    after = page_io.setup_query(
+        None, 3, 6, dataclasses.replace(recorded, recorded=None), rows=EDITED
+    )
+    assert "step=6" in after, f"a link after a run lost its step: {after}"

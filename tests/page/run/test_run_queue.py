@@ -295,3 +295,22 @@ def test_the_time_before_a_runs_first_step_is_not_its_pace():
     clock.now_s += 4.0
     queue.progress(running, 41)  # 40 steps in 4 s: the learned 0.1 s a step
     assert queue.place(waiting).estimate_s == pytest.approx(159 * 0.1), "its 159 steps left"
+
+
+def test_an_estimate_counts_no_run_past_the_hosts_run_limit(monkeypatch):
+    """Each run ahead counts at most CBP_RUN_TIME_LIMIT_S (the limit stops it there), the running
+    one at most what is left of its limit: a huge run ahead adds 60 s, not its hours of work."""
+    monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", "60")
+    clock = Clock()
+    queue = RunQueue(pace=Pace.uniform(0.5, run_s=0.0), clock=clock, stale_s=1e9)
+    running = queue.join("a", 1_000_000)  # 500,000 s of work
+    assert queue.wait_turn(running, timeout_s=0)
+    huge, small, last = queue.join("b", 2_000_000), queue.join("c", 20), queue.join("d", 20)
+    clock.now_s += 45  # 15 s left of the running run's limit
+    assert queue.place(huge).estimate_s == pytest.approx(15.0), "the running run past its limit"
+    assert queue.place(small).estimate_s == pytest.approx(15.0 + 60.0), "a run ahead past 60 s"
+    assert queue.place(last).estimate_s == pytest.approx(15.0 + 60.0 + 10.0)
+    monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", "0")  # no limit: the work as it is
+    assert queue.place(small).estimate_s == pytest.approx(499_955.0 + 1_000_000.0), (
+        "without a limit"
+    )

@@ -68,3 +68,17 @@ def test_argmax_breaks_a_tie_by_the_lower_token_id():
     logits (as the model runner calls it, on a (B, V) row)."""
     logits = torch.tensor([[1.0, 20.0, 26.5, 3.0, 26.5, 26.5]])  # (B, V)
     assert logits.argmax(dim=-1).tolist() == [2], "argmax did not pick the first maximum"
+
+
+def test_a_common_prefix_of_whitespace_is_shown_not_blank():
+    """A common prefix of two newlines shows as '\\n\\n', never as an empty box; a prefix with
+    words shows as it is."""
+    verdicts = _verdicts([(3, 26.5)], [(7, 26.5)])
+    verdicts["continuous"][0]["prefix_text"] = "\n\n"
+    _, text, _ = divergence_view.view(verdicts, "continuous:0", "bfloat16")
+    assert text.startswith("Common prefix (4 tokens):\n'\\n\\n'\n\n"), (
+        f"whitespace not shown: {text!r}"
+    )
+    verdicts["continuous"][0]["prefix_text"] = "It is a"
+    _, text, _ = divergence_view.view(verdicts, "continuous:0", "bfloat16")
+    assert text.startswith("Common prefix (4 tokens):\nIt is a\n\n"), text

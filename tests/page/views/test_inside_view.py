@@ -4,6 +4,10 @@ view labelled with where it comes from; a server without a record says why it ha
 
 from __future__ import annotations
 
+import dataclasses
+import html
+import re
+
 import pytest
 from captured_vllm import CAPS, PROMPT_LENS, captured_vllm_trace
 from fake_traces import continuous_trace, static_trace
@@ -150,3 +154,40 @@ def test_downloads_carry_vllms_own_steps(vllm):
     charts = files["charts.html"].read_text()
     for heading in run_view.INSIDE_HEADINGS:
         assert f"<h2>{heading.replace(chr(39), '&#x27;')}</h2>" in charts, heading
+
+
+def test_plans_alike_and_the_first_difference_beside_the_inside_view(vllm):
+    """vLLM's timeline says how many steps plan alike with our continuous run and where the
+    first difference is; its packed mask says whether the shown step plans as ours, and that
+    the rows' order within a step does not change the plan."""
+    record = vllm.schedule
+    state = _state({"vllm": vllm})  # ours: another workload's schedule, unlike vLLM's
+    subtitle = _inside_at(state, 0)["inside_timeline_plot"].layout.title.subtitle.text
+    found = re.search(
+        r"plans alike with ours \(continuous\): (\d+) of (\d+) steps, first "
+        r"difference at step (\d+) \((.+)\)",
+        subtitle,
+    )
+    assert found, f"no plans line under vLLM's timeline: {subtitle!r}"
+    k = int(found.group(3))
+    mask = _inside_at(state, k)["inside_mask_plot"].layout.title.subtitle.text
+    assert f"step {k} differs from ours: " in mask, f"step {k}'s mask does not say so: {mask!r}"
+
+    alike = dataclasses.replace(record, engine="continuous")  # a run that planned as vLLM did
+    state = RunState(state.static, alike, None, servers={"vllm": vllm})
+    subtitle = _inside_at(state, 0)["inside_timeline_plot"].layout.title.subtitle.text
+    n = len(record.steps)
+    assert f"plans alike with ours (continuous): {n} of {n} steps, no difference" in subtitle, (
+        f"the same plans are not said to be alike: {subtitle!r}"
+    )
+    mask = html.unescape(_inside_at(state, 1)["inside_mask_plot"].layout.title.subtitle.text)
+    assert (
+        "step 1 plans as ours (rows in each scheduler's own order, which does not change " in mask
+    ), mask
+
+
+def test_vllms_timeline_names_lanes_not_slots(shown):
+    """vLLM's own timeline says it has lanes, not slots, on its axis as in its subtitle."""
+    axis = shown.views.inside_timeline.layout.yaxis
+    assert axis.ticktext, "vLLM's timeline axis has no lane labels (its axis reads slot 0, 1, ...)"
+    assert list(axis.ticktext) == [f"lane {i}" for i in range(len(axis.ticktext))], axis.ticktext

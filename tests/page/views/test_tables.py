@@ -87,3 +87,23 @@ def test_every_metrics_column_has_a_width_and_a_definition():
     assert set(tables.METRIC_HELP) == set(tables.METRICS_HEADERS) - {"engine"}
     assert "Denominator: computed tokens" in tables.METRIC_HELP["padding waste %"]
     assert "Denominator: slots × steps" in tables.METRIC_HELP["slot utilisation %"]
+
+
+def test_server_ttft_from_both_views(static):
+    """A server with its own record gets TTFT from outside (the client) and inside (its record),
+    each labelled; a server without one keeps plain numbers."""
+    from captured_vllm import captured_vllm_trace
+
+    vllm = captured_vllm_trace()
+    for rec in vllm.requests:  # the client saw every first token 0.25 s after vLLM's record
+        rec.first_token_s += 0.25
+    row = tables.metrics_rows({"static": static, "vllm": vllm}, None)[1]
+    mean = tables.METRICS_HEADERS.index("mean TTFT s")
+    outside, inside = vllm.metrics().mean_ttft_s, vllm.schedule.metrics().mean_ttft_s
+    wanted = f"outside {outside:.2f} · inside {inside:.2f}"
+    assert row[mean] == wanted, f"mean TTFT cell {row[mean]!r}, not both views ({wanted!r})"
+    p99 = row[mean + 1]
+    assert p99.startswith("outside ") and " · inside " in p99, f"p99 TTFT cell {p99!r}"
+    vllm.schedule = None
+    plain = tables.metrics_rows({"vllm": vllm}, None)[0]
+    assert plain[mean] == round(outside, 2), f"no record, yet the cell is {plain[mean]!r}"
