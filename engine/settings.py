@@ -94,10 +94,10 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "CBP_COMPILED_STEP",
-        "auto, off",
-        "auto",
+        "off, auto",
+        "off",
         "the continuous engines' step compiled by inductor where a C++ compiler and a CPU allow "
-        "it, or the eager fused layers (off); read at start",
+        "it (auto), or the eager fused layers (off); read at start",
     ),
     Setting(
         "CBP_CACHE_DIR",

@@ -12,9 +12,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # References stay in memory, so no test writes the user's cache (the store's tests switch it on)
 os.environ.setdefault("CBP_REFERENCE_CACHE", "off")
-# Compiling a step takes seconds to a minute, so tests run the eager step; the compiled step's own
-# tests (tests/engine/kernels/test_compiled_step.py and the real-model parity test) switch it on.
-os.environ.setdefault("CBP_COMPILED_STEP", "off")
+# Compiling a step takes seconds to a minute, so tests run the eager step (the default, set here
+# against a host's own setting); the compiled step's tests switch it on
+# (tests/engine/kernels/test_compiled_step.py, the bench's, and the real-model parity test).
+os.environ["CBP_COMPILED_STEP"] = "off"
 
 import pytest  # noqa: E402  (after the environment is set on purpose)
 from hypothesis import settings  # noqa: E402

@@ -117,7 +117,7 @@ def test_the_switch_turns_it_off_and_says_so(monkeypatch):
     runner = tiny_runner()
     assert runner.step_mode == "eager" and runner.eager_reason == "CBP_COMPILED_STEP=off"
     monkeypatch.setenv("CBP_COMPILED_STEP", "on")
-    with pytest.raises(ValueError, match="CBP_COMPILED_STEP='on'.*'auto'.*'off'"):
+    with pytest.raises(ValueError, match="CBP_COMPILED_STEP='on'.*'off'.*'auto'"):
         tiny_runner()
 
 
