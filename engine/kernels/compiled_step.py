@@ -40,7 +40,7 @@ import contextvars
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -249,7 +249,6 @@ class CompileStats:
     num_graphs: int = 0
     compile_s: float = 0.0  # inductor's own time, every graph
     first_call_s: float = 0.0  # the first step: tracing, compiling (or loading) and running
-    errors: list[str] = field(default_factory=list)
 
     @property
     def recompiles(self) -> int:
@@ -260,9 +259,9 @@ class CompileStats:
 class CompiledStep:
     """The compiled forward pass of one model (see the module docstring); built on first call.
 
-    Raises (from ``logits``):
-        Exception: whatever inductor raises while compiling; the runner catches it, keeps the
-            eager path and reports the error (``CompileStats.errors``).
+    Raises (from ``hidden_states``):
+        Exception: whatever dynamo or inductor raises while compiling; the runner catches it and
+            keeps the eager step, saying why (``ModelRunner.drop_compiled_step``).
     """
 
     def __init__(self, model: nn.Module, decoder: fused_layers.FusedDecoder, cache_folder: str):
