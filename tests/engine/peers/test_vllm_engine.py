@@ -21,8 +21,11 @@ from tests.live_servers import needs_vllm
 pytestmark = [needs_vllm, pytest.mark.real_model]
 NUM_SLOTS = 3  # the slots of the ``vllm`` fixture (tests/engine/peers/conftest.py), one a session
 # How long after vLLM's record has a first token the client may see it: the stream's way through
-# vLLM's API process and our client (a few to tens of milliseconds on a busy 2-core CPU).
-CLIENT_LAG_BOUND_S = 1.0
+# vLLM's API process and our client. Usually tens of milliseconds; up to about 2 s on a busy 2-core
+# CPU, since the client's stream thread runs at the page's server nice (CBP_SERVER_NICE) and the
+# first request opens the connection. The defect this guards against put first tokens 6.5 s late,
+# at the run's end.
+CLIENT_LAG_BOUND_S = 3.0
 
 
 def _requests(loaded, specs, chat_template=False):
