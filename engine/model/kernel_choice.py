@@ -158,8 +158,11 @@ class RunnerKernels:
     def eager_reason(self) -> str | None:
         """Why the step runs eager (None when it is compiled): the host's switch, no compiler,
         another device, an unsupported model, or the compile error."""
-        if self.compiled_step is not None:
-            return None
+        return None if self.compiled_step is not None else self._eager_cause()
+
+    def _eager_cause(self) -> str | None:
+        """Why this runner cannot run the compiled step, or None when it can: the one place that
+        decides, for ``compiled_step`` and ``eager_reason``."""
         if self.compile_error is not None:
             return self.compile_error
         if self._compile_setting == "off":
@@ -167,7 +170,9 @@ class RunnerKernels:
         reason = compiled_step.compile_unavailable_reason(self.device)
         if reason is None and not self.use_fused_layers:
             reason = "the compiled step runs on the fused layers, and CBP_FUSED_LAYERS=off"
-        return reason or fused_layers.unsupported_reason(self.model) or "not available"
+        if reason is None and self.fused_decoder is None:
+            reason = fused_layers.unsupported_reason(self.model) or "the fused layers do not apply"
+        return reason
 
     @property
     def num_compiled_graphs(self) -> int:
@@ -187,14 +192,10 @@ class RunnerKernels:
         """The compiled step (``engine.kernels.compiled_step``), made on first use; None where
         it does not apply (switched off, no compiler, not a CPU, not a Llama-style model) or
         after it failed to compile."""
-        if self._compile_setting == "off" or self.compile_error is not None:
+        if self._eager_cause() is not None:
             return None
-        if compiled_step.compile_unavailable_reason(self.device) is not None:
-            return None
-        decoder = self.fused_decoder if self.use_fused_layers else None
-        if decoder is None:
-            return None
-        return compiled_step.CompiledStep(self.model, decoder, str(loader.cache_dir()))
+        folder = str(loader.cache_dir())
+        return compiled_step.CompiledStep(self.model, self.fused_decoder, folder)
 
     def drop_compiled_step(self, error: BaseException) -> None:
         """Keep the eager path from now on, saying why (``eager_reason``)."""
