@@ -30,6 +30,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+REMOTE_NICE = 19  # a browser that stands in for a person on another machine (``remote_chromium``)
 RUN_TIMEOUT_MS = 120_000  # one Run of two tiny requests takes seconds; generous for a busy CI
 PLOT_IDS = [
     "static_timeline_plot",
@@ -55,6 +56,18 @@ PYTESTMARK = [
         reason=f"{CHROMIUM} is missing (install it with: apt-get install chromium)",
     ),
 ]
+
+
+def remote_chromium(folder: Path) -> str:
+    """An executable in ``folder`` that starts Chromium at nice ``REMOTE_NICE``, for tests whose
+    browser stands in for a person on another machine while the page measures something (as
+    ``engine.bench.room_load`` runs its browsers): on a 2-CPU host a browser at the page's
+    priority takes CPU from the server being timed. Its processes inherit the nice value; the
+    pipe to Playwright (file descriptors 3 and 4) passes through ``exec`` unchanged."""
+    wrapper = folder / "remote-chromium"
+    wrapper.write_text(f'#!/bin/sh\nexec nice -n {REMOTE_NICE} {CHROMIUM} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
 
 
 def _grid(page: Page, elem_id: str):

@@ -15,6 +15,7 @@ import re
 
 import pytest
 from browser_kit import (
+    CHROMIUM_ARGS,
     PYTESTMARK,
     SCREENSHOTS,
     Page,
@@ -22,10 +23,12 @@ from browser_kit import (
     _num_rows,
     expect,
     plot_summary,
+    remote_chromium,
     run_and_wait,
     set_requests,
     set_slots,
     status_text,
+    sync_playwright,
 )
 from server_kit import start_app_server
 
@@ -47,6 +50,17 @@ def server_url(request, tmp_path_factory) -> str:
     so a prompt it refuses is cheap for our engines), for this module."""
     args = ("--vllm", "--vllm-eager", "--vllm-max-num-seqs", "2", "--vllm-max-model-len", "256")
     return start_app_server(request, tmp_path_factory, args)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """One headless Chromium at nice ``REMOTE_NICE``: it stands in for a person on another
+    machine, so the TTFT both views time is the server's and the client's, not the browser's."""
+    executable = remote_chromium(tmp_path_factory.mktemp("browser"))
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
 
 
 def _wait_for_vllm(page: Page) -> None:
