@@ -93,6 +93,14 @@ SETTINGS: tuple[Setting, ...] = (
         "read at start",
     ),
     Setting(
+        "CBP_GEMV",
+        "auto, off",
+        "auto",
+        "this project's C++ matmul for a few rows (engine/kernels/csrc/gemv.cpp): built at the "
+        "first start and timed against the other kernels where a C++ compiler and AVX-512 are "
+        "found (auto), or never (off); read at start",
+    ),
+    Setting(
         "CBP_COMPILED_STEP",
         "off, auto",
         "off",

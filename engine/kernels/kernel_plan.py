@@ -108,6 +108,7 @@ KERNEL_CHOICES = {  # CBP_ENGINE_KERNEL
     "skinny": "MKL as (W @ x.T).T everywhere, without packed weight copies",
     "onednn": "oneDNN on packed weight copies everywhere",
     "onednn_f32": "oneDNN on float32 copies of half-precision weights everywhere",
+    "gemv": "this project's C++ kernel up to 16 rows (F.linear above), where it builds",
 }
 
 
@@ -158,6 +159,7 @@ _FALLBACKS = {  # a named kernel, then what stands in where oneDNN refuses the w
     "skinny": ("skinny",),
     "onednn": ("onednn", "onednn_f32", "skinny"),
     "onednn_f32": ("onednn_f32", "skinny"),
+    "gemv": ("gemv", "skinny"),
 }
 
 

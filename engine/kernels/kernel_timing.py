@@ -60,9 +60,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.kernels import gemv_build
 from engine.kernels.cpu_share import OtherWork
 from engine.kernels.kernel_plan import RowPlan
-from engine.kernels.linear_kernel import HALF_DTYPES, bind, on_x86
+from engine.kernels.linear_kernel import HALF_DTYPES, MAX_GEMV_ROWS, bind, on_x86
 
 DECODE_ROWS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 PREFILL_ROWS = (32, 64, 128, 256, 512)
@@ -73,6 +74,7 @@ TIE_FRACTION = 0.05
 QUIET_SHARE = 0.2  # other work's share of the CPU up to which a measurement is kept
 MIN_TIMED_BYTES = 64 * 2**20
 DEFAULT_CACHE_BYTES = 32 * 2**20  # where the OS does not say how large the last-level cache is
+MAX_ROWS = {"gemv": MAX_GEMV_ROWS}  # candidates timed only up to a row count (F.linear above)
 _NATIVE_HALF = {  # the CPU capabilities (torch.cpu.get_capabilities) of oneDNN's half kernels
     torch.bfloat16: ("avx512_bf16", "amx_bf16"),
     torch.float16: ("avx512_fp16", "amx_fp16"),
@@ -96,17 +98,22 @@ def candidates_for(dtype: torch.dtype) -> tuple[str, ...]:
 
     ``linear`` and ``skinny`` everywhere; oneDNN on x86 where torch has it: ``onednn`` in float32,
     and in half precision only where the CPU has the native instructions (AVX512-BF16 or AMX for
-    bfloat16, AVX512-FP16 or AMX-FP16 for float16), plus ``onednn_f32`` (float32 copies).
+    bfloat16, AVX512-FP16 or AMX-FP16 for float16), plus ``onednn_f32`` (float32 copies); and
+    ``gemv`` for float32 and bfloat16 weights where it builds (``engine.kernels.gemv_build``;
+    checking builds it, once per host).
     """
     names = ["linear", "skinny"]
-    if not (on_x86() and torch.backends.mkldnn.is_available()):
-        return tuple(names)
-    if dtype not in HALF_DTYPES:
-        return (*names, "onednn")
-    flags = cpu_capabilities()
-    if any(flags.get(flag) for flag in _NATIVE_HALF[dtype]):
-        names.append("onednn")
-    return (*names, "onednn_f32")
+    if on_x86() and torch.backends.mkldnn.is_available():
+        if dtype not in HALF_DTYPES:
+            names.append("onednn")
+        else:
+            flags = cpu_capabilities()
+            if any(flags.get(flag) for flag in _NATIVE_HALF[dtype]):
+                names.append("onednn")
+            names.append("onednn_f32")
+    if dtype in (torch.float32, torch.bfloat16) and gemv_build.available():
+        names.append("gemv")
+    return tuple(names)
 
 
 def last_level_cache_bytes() -> int:
@@ -191,9 +198,9 @@ def time_candidates(
     num_passes = 0
     with torch.inference_mode(), OtherWork() as others:
         inputs = [{k: torch.randn(num_rows, k).to(dtype) for k in widths} for num_rows in rows]
-        _warm_up(bound, inputs, linears)
+        _warm_up(bound, inputs, linears, rows)
         last = dict.fromkeys(bound, (1, 0.0))  # each candidate's latest pass: (rows, seconds)
-        for i, name in _pass_order(list(bound), len(rows), repeat):
+        for i, name in _pass_order(list(bound), rows, repeat):
             last_rows, last_s = last[name]
             guess_s = last_s * max(1.0, rows[i] / last_rows)  # time grows at most with rows
             if clock() - start_s + guess_s > budget_s:
@@ -212,26 +219,35 @@ def time_candidates(
         total_linears=total_linears or len(linears),
         timed_bytes=sum(m.weight.numel() * m.weight.element_size() for m in linears),
         measured_s=clock() - start_s,
-        rounds=num_passes // max(len(rows) * len(bound), 1),
+        rounds=num_passes // max(sum(len(_timed(bound, r)) for r in rows), 1),
         others_cpu_share=others.share,
     )
 
 
-def _pass_order(names: list[str], num_rows: int, repeat: int):
+def _timed(names, num_rows: int) -> list[str]:
+    """The candidates timed at ``num_rows``: each up to its ``MAX_ROWS`` (above it, it is another
+    candidate's kernel under its name)."""
+    return [n for n in names if num_rows <= MAX_ROWS.get(n, num_rows)]
+
+
+def _pass_order(names: list[str], rows: tuple[int, ...], repeat: int):
     """``(row index, candidate)`` per pass: rounds, row counts upwards, candidates rotating."""
     for round_index in range(repeat):
-        for i in range(num_rows):
-            shift = (round_index + i) % len(names)
-            for name in names[shift:] + names[:shift]:
+        for i, num_rows in enumerate(rows):
+            timed = _timed(names, num_rows)
+            shift = (round_index + i) % len(timed)
+            for name in timed[shift:] + timed[:shift]:
                 yield i, name
 
 
-def _warm_up(bound: dict[str, list], inputs: list[dict], linears: list[nn.Linear]) -> None:
-    """Each candidate once on each weight shape at each row count: oneDNN builds (and caches) a
-    primitive per shape on its first call, which no timed pass should pay for."""
+def _warm_up(bound: dict[str, list], inputs: list[dict], linears: list[nn.Linear], rows) -> None:
+    """Each candidate once on each weight shape at each row count it is timed at: oneDNN builds
+    (and caches) a primitive per shape on its first call, which no timed pass should pay for."""
     shapes = {tuple(m.weight.shape): i for i, m in reversed(list(enumerate(linears)))}
-    for calls in bound.values():
-        for by_width in inputs:
+    for name, calls in bound.items():
+        for by_width, num_rows in zip(inputs, rows, strict=True):
+            if name not in _timed([name], num_rows):
+                continue
             for i in shapes.values():
                 width, linear = calls[i]
                 linear(by_width[width])

@@ -22,7 +22,10 @@ The candidates (``CANDIDATES``), each a ``BoundLinear`` on one weight (``bind``)
   (``torch.ops.mkldnn._reorder_linear_weight``); in half precision this is oneDNN's bfloat16 or
   float16 kernel (AVX512-BF16 or AMX where the CPU has them);
 * ``onednn_f32``: for half-precision weights, oneDNN on float32 copies of the same values
-  (``UpcastLinear``), for CPUs where oneDNN has no half kernel.
+  (``UpcastLinear``), for CPUs where oneDNN has no half kernel;
+* ``gemv``: this project's C++ kernel for a few rows (``GemvLinear``, ``engine/kernels/csrc/
+  gemv.cpp``), on a copy of the weight packed in blocks of 16 outputs, float32 or bfloat16; a
+  candidate where it builds (``engine.kernels.gemv_build``).
 
 Packed copies cost at least as much memory as the weights themselves (``extra_bytes``); they
 are made once, on first use, and assume the weights no longer change. Which candidate runs at
@@ -47,8 +50,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels import gemv_build
+
 MAX_SKINNY_ROWS = 64  # above this many rows plain F.linear is as fast as (W @ x.T).T
-CANDIDATES = ("linear", "skinny", "onednn", "onednn_f32")
+MAX_GEMV_ROWS = 16  # above this many rows gemv's passes (8 rows each) lose to any GEMM
+CANDIDATES = ("linear", "skinny", "onednn", "onednn_f32", "gemv")
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 LinearForward = Callable[[nn.Linear, torch.Tensor], torch.Tensor]
@@ -191,11 +197,55 @@ class UpcastLinear(BoundLinear):
         return onednn_linear(x.float(), self.packed, self.bias32).to(x.dtype)
 
 
+class GemvLinear(BoundLinear):
+    """The gemv kernel (``torch.ops.cbp_gemv``) on a packed copy of one weight; the weight is
+    kept too, for inputs of more than ``MAX_GEMV_ROWS`` rows (``F.linear``) where a plan puts
+    gemv at every row count. ``add`` adds the residual as the kernel stores each output.
+
+    Raises:
+        RuntimeError: the kernel is not built here (the reason in the message), or it does not
+            take this weight (not float32 or bfloat16).
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        reason = gemv_build.unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(reason)
+        super().__init__(weight, bias)
+        self.num_out = weight.shape[0]
+        with torch.inference_mode():
+            self.packed = torch.ops.cbp_gemv.pack(weight.detach())
+
+    @property
+    def extra_bytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size()
+
+    def _rows(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])  # (M, K)
+        res = None if residual is None else residual.reshape(rows.shape[0], self.num_out)
+        out = torch.ops.cbp_gemv.linear(rows, self.packed, self.num_out, res)  # (M, N)
+        return out.view(*x.shape[:-1], self.num_out)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() > MAX_GEMV_ROWS * x.shape[-1] or x.dtype != self.packed.dtype:
+            return F.linear(x, self.weight, self.bias)
+        out = self._rows(x, None)
+        return out if self.bias is None else out + self.bias
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if self.bias is not None or x.numel() > MAX_GEMV_ROWS * x.shape[-1]:
+            return residual + self(x)
+        if x.dtype != self.packed.dtype or residual.dtype != x.dtype:
+            return residual + self(x)
+        return self._rows(x, residual.contiguous())
+
+
 _BINDERS = {
     "linear": BoundLinear,
     "skinny": SkinnyLinear,
     "onednn": PackedLinear,
     "onednn_f32": UpcastLinear,
+    "gemv": GemvLinear,
 }
 
 
@@ -203,7 +253,8 @@ def bind(name: str, weight: torch.Tensor, bias: torch.Tensor | None = None) -> B
     """The candidate ``name`` (one of ``CANDIDATES``) on ``weight`` [N, K] and ``bias``.
 
     Raises:
-        RuntimeError: oneDNN cannot take the weight (``onednn``, ``onednn_f32``).
+        RuntimeError: oneDNN cannot take the weight (``onednn``, ``onednn_f32``); the gemv
+            kernel is not built here or does not take its dtype (``gemv``).
     """
     return _BINDERS[name](weight, bias)
 

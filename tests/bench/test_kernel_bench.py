@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from engine.bench import kernel_bench
+from engine.kernels import gemv_build
 
 
 def test_prints_a_row_per_row_count_without_lm_head(tiny_loaded, capsys, tmp_path, monkeypatch):
@@ -19,6 +20,7 @@ def test_prints_a_row_per_row_count_without_lm_head(tiny_loaded, capsys, tmp_pat
     header = lines[1].split()
     expected = ["rows", "F.linear", "skinny"]
     expected += ["onednn"] if torch.backends.mkldnn.is_available() else []
+    expected += ["gemv"] if gemv_build.available() else []
     assert header == [*expected, "chosen"], lines[1]
     rows = [line.split() for line in lines[2:4]]
     assert [r[0] for r in rows] == ["1", "5"]
@@ -45,7 +47,8 @@ def test_without_onednn_the_table_keeps_its_shape(tiny_loaded, capsys, monkeypat
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     assert kernel_bench.main(["--rows", "2", "--repeat", "1"]) == 0
     captured = capsys.readouterr()
-    assert captured.out.splitlines()[1].split() == ["rows", "F.linear", "skinny", "chosen"]
+    gemv = ["gemv"] if gemv_build.available() else []
+    assert captured.out.splitlines()[1].split() == ["rows", "F.linear", "skinny", *gemv, "chosen"]
     assert "no onednn column" in captured.err
 
 

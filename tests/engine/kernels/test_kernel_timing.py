@@ -98,7 +98,8 @@ def test_the_sample_is_whole_layers_past_twice_the_cache(monkeypatch):
 
 def test_half_precision_times_onednn_only_on_a_cpu_built_for_it(monkeypatch):
     """bfloat16: oneDNN's own kernel is a candidate only with AVX512-BF16 or AMX; float32 copies
-    and the plain kernels always are (on x86 with oneDNN)."""
+    and the plain kernels always are (on x86 with oneDNN); gemv last, where it is built."""
+    monkeypatch.setattr(kernel_timing.gemv_build, "available", lambda: False)
     monkeypatch.setattr(kernel_timing, "on_x86", lambda: True)
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
     monkeypatch.setattr(kernel_timing, "cpu_capabilities", lambda: {"avx512_bf16": False})
@@ -108,6 +109,9 @@ def test_half_precision_times_onednn_only_on_a_cpu_built_for_it(monkeypatch):
     assert kernel_timing.candidates_for(torch.float32) == ("linear", "skinny", "onednn")
     monkeypatch.setattr(kernel_timing, "on_x86", lambda: False)
     assert kernel_timing.candidates_for(torch.float32) == ("linear", "skinny")
+    monkeypatch.setattr(kernel_timing.gemv_build, "available", lambda: True)
+    assert kernel_timing.candidates_for(torch.bfloat16) == ("linear", "skinny", "gemv")
+    assert "gemv" not in kernel_timing.candidates_for(torch.float16)  # not a dtype it takes
 
 
 def test_a_choice_survives_its_json():

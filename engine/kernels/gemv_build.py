@@ -1,0 +1,118 @@
+"""The gemv kernel's build: ``csrc/gemv.cpp`` compiled once per host, or the reason it is not.
+
+``engine/kernels/csrc/gemv.cpp`` is this project's matmul for a few rows (a decode step's): the
+weight packed in blocks of 16 outputs and read once per pass, one fused multiply-add per row and
+weight vector (its header says how). It needs AVX-512 (F, BW, VL), so the build targets those
+sets by name, not ``-march=native``: one build serves every AVX-512 CPU that shares the cache
+folder (the AMD EPYC and the Intel Xeon alike). torch's own extension tools build it
+(``torch.utils.cpp_extension.load``, with ninja) into
+``CBP_CACHE_DIR/gemv/<digest of the source, torch's version and the flags>``, so only a host's
+first start compiles (seconds) and later ones load the library. It registers its ops with torch
+(``torch.ops.cbp_gemv.pack``, ``torch.ops.cbp_gemv.linear``) and runs on torch's own thread pool.
+
+``unavailable_reason()`` says why it cannot run here (the kernel choice then leaves it out):
+``CBP_GEMV=off``, not an x86 CPU with AVX-512, no C++ compiler, no ninja, or a build that failed
+(its first error line). A Space image without a compiler runs the other kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import platform
+import shutil
+from pathlib import Path
+
+import torch
+
+from engine import settings
+from engine.kernels.host_setting import read_choice
+
+SOURCE = Path(__file__).parent / "csrc" / "gemv.cpp"
+FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma")
+NEEDED_SETS = ("avx512_f", "avx512_bw", "avx512_vl")
+MAX_ROWS_PER_PASS = 8  # rows one pass over the weight serves (kMaxGroup in gemv.cpp)
+CHOICES = {
+    "auto": "built and timed where a C++ compiler and an AVX-512 CPU are found",
+    "off": "never built; the engines choose among the other kernels",
+}
+
+log = logging.getLogger(__name__)
+
+
+def requested_setting() -> str:
+    """The host's ``CBP_GEMV``: ``"auto"`` (the default) or ``"off"``.
+
+    Raises:
+        ValueError: any other value, named in the message with both choices.
+    """
+    return read_choice("CBP_GEMV", CHOICES)
+
+
+def host_reason() -> str | None:
+    """Why this host cannot build the kernel (CPU, compiler, ninja), or None when it can."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the gemv kernel is written for x86-64 CPUs; this is {platform.machine()}"
+    get = getattr(torch.cpu, "get_capabilities", None)
+    capabilities = dict(get()) if get is not None else {}
+    missing = [name for name in NEEDED_SETS if not capabilities.get(name)]
+    if missing:
+        return f"the gemv kernel needs AVX-512; this CPU lacks {', '.join(missing)}"
+    compiler = settings.borrowed("CXX") or "c++"
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler on this host ({compiler!r} not found) to build the gemv kernel"
+    from torch.utils import cpp_extension
+
+    if not cpp_extension.is_ninja_available():
+        return "ninja (pip install ninja) is missing, so torch cannot build the gemv kernel"
+    return None
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernel does not run here (the setting, the host, a failed build), or None when it
+    is built and loaded (this builds it on the first call in a process)."""
+    if requested_setting() == "off":
+        return "CBP_GEMV=off"
+    return _built()
+
+
+@functools.cache
+def _built() -> str | None:
+    """Build (or load the earlier build of) the kernel once per process: None, or why not."""
+    reason = host_reason()
+    if reason is not None:
+        return reason
+    folder = Path(settings.value("CBP_CACHE_DIR")).expanduser() / "gemv" / build_digest()
+    folder.mkdir(parents=True, exist_ok=True)
+    library = folder / "cbp_gemv.so"
+    try:
+        if library.exists():  # built before from this very source, torch and flags: load it
+            torch.ops.load_library(str(library))
+            return None
+        from torch.utils import cpp_extension
+
+        cpp_extension.load(
+            name="cbp_gemv",
+            sources=[str(SOURCE)],
+            extra_cflags=list(FLAGS),
+            build_directory=str(folder),
+            is_python_module=False,
+            verbose=False,
+        )
+    except (RuntimeError, OSError, ImportError) as exc:
+        line = next((ln for ln in str(exc).splitlines() if "error" in ln.lower()), str(exc))
+        log.warning("the gemv kernel did not build: %s", line)
+        return f"the gemv kernel did not build: {line.strip()[:300]}"
+    return None
+
+
+def build_digest() -> str:
+    """What a build depends on, hashed: the source, torch's version and the flags."""
+    text = "\n".join([SOURCE.read_text(), torch.__version__, *FLAGS])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def available() -> bool:
+    """Whether ``torch.ops.cbp_gemv`` runs here (built on the first call in a process)."""
+    return unavailable_reason() is None
