@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import time
 from collections.abc import Callable
 
 from engine.batching.continuous import ContinuousEngine
 from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
-from engine.page.handlers import run_turns
 from engine.page.run import host_servers
 from engine.page.run.run_options import RunOptions
 from engine.page.run.shared_model import SharedModel
@@ -30,15 +27,12 @@ from engine.peers.transformers_engine import HFContinuousEngine
 from engine.sequence import Request
 from engine.serving.run_control import RunControl, RunStopped
 
-PROGRESS_INTERVAL_S = 0.5  # at most two Gradio progress reports a second
-
 
 def run_engines(
     model: SharedModel,
     requests: list[Request],
     config: EngineConfig,
     options: RunOptions,
-    progress,
     watch: Callable[..., None] | None = None,
     control: RunControl | None = None,
 ) -> RunState:
@@ -61,7 +55,7 @@ def run_engines(
     watch = watch or (lambda *_args, **_kwargs: None)
     with model.lock:
         try:
-            state = _engines(model, requests, config, options, progress, watch, control)
+            state = _engines(model, requests, config, options, watch, control)
             if options.servers:  # last: a server that fails or is stopped leaves the rest whole
                 names = model.servers.check_names(options.servers)
                 state.servers, state.server_failures = host_servers.run_servers(
@@ -82,10 +76,10 @@ def run_engines(
         raise stopped
 
 
-def _engines(model, requests, config, options, progress, watch, control) -> RunState:
+def _engines(model, requests, config, options, watch, control) -> RunState:
     """The engine part, here or in the engine process."""
     if model.engine_process is None:
-        return engine_work(model, requests, config, options, progress, watch)
+        return engine_work(model, requests, config, options, watch)
     job = (model.dtype_name, requests, config, dataclasses.replace(options, servers=()))
     control = control or RunControl()
     return model.engine_process.run(work_in_process, job, control, watch)
@@ -93,28 +87,27 @@ def _engines(model, requests, config, options, progress, watch, control) -> RunS
 
 def work_in_process(model: SharedModel, dtype_name: str, requests, config, options, watch):
     """``engine_work`` in the engine process, on its model in ``dtype_name``."""
-    return engine_work(model.in_dtype(dtype_name), requests, config, options, _no_progress, watch)
+    return engine_work(model.in_dtype(dtype_name), requests, config, options, watch)
 
 
-def engine_work(model, requests, config, options, progress, watch) -> RunState:
+def engine_work(model, requests, config, options, watch) -> RunState:
     """The engines, transformers' engine and the reference with its verdicts (no servers)."""
     runner, invariant = model.runner, config.batch_invariant
     static = StaticEngine(runner, EngineConfig(config.num_slots, batch_invariant=invariant)).run(
         requests,
-        _on_step(progress, "static", run_turns.static_steps(requests, config), watch),
+        functools.partial(_on_step, watch, "static"),
         functools.partial(watch, "static", waiting=True),
     )
     watch("static", static, done=True)
     continuous = ContinuousEngine(runner, config).run(
         requests,
-        _on_step(progress, "continuous", run_turns.continuous_steps(requests, config), watch),
+        functools.partial(_on_step, watch, "continuous"),
         functools.partial(watch, "continuous", waiting=True),
     )
     watch("continuous", continuous, done=True)
     hf = None
     if options.compare_hf:  # no step hook: checked every 0.1 s while results are awaited
         watch("hf_continuous", None)
-        progress(None, desc="transformers' continuous batching")
         stop_check = functools.partial(watch, "hf_continuous", waiting=True)
         hf_config = dataclasses.replace(config, batch_invariant=False)  # the page says why
         hf_engine = HFContinuousEngine(runner, hf_config, block_sharing=config.prefix_caching)
@@ -123,50 +116,11 @@ def engine_work(model, requests, config, options, progress, watch) -> RunState:
     state.batch_invariant = invariant
     if options.check_reference:
         source = model.reference_for(invariant)
-        state.reference = source.outputs(
-            requests, _reference_counter(progress), lambda: watch("reference", None)
-        )
+        state.reference = source.outputs(requests, on_step=lambda: watch("reference", None))
         state.verdicts = divergence_view.judge_runs(runner, source, requests, state.traces())
     return state
 
 
-def _no_progress(*_args, **_kwargs) -> None:
-    """No Gradio progress bar (the page's status line shows the run's progress)."""
-
-
-def _on_step(progress, engine: str, total: int, watch: Callable) -> Callable:
-    """An engine's ``on_step``: report progress, then let ``watch`` see the trace (or stop)."""
-    count = _step_counter(progress, f"{engine} batching", total)
-
-    def on_step(trace, step) -> None:
-        count(trace, step)
-        watch(engine, trace)
-
-    return on_step
-
-
-def _step_counter(progress, desc: str, total: int) -> Callable:
-    """An engine ``on_step`` callback reporting ``(done, total)`` steps to Gradio's progress.
-
-    Reports are at least ``PROGRESS_INTERVAL_S`` apart: a browser redrawing the bar every step
-    competes for the CPU with the engines it is timing.
-    """
-    done, last_s = 0, -math.inf
-
-    def on_step(_trace, _step) -> None:
-        nonlocal done, last_s
-        done += 1
-        if time.perf_counter() - last_s >= PROGRESS_INTERVAL_S:
-            last_s = time.perf_counter()
-            progress((done, max(total, done)), desc=desc)
-
-    return on_step
-
-
-def _reference_counter(progress) -> Callable:
-    """A ``ReferenceCache.outputs`` callback reporting requests done."""
-
-    def on_request(done: int, total: int) -> None:
-        progress((done, total), desc="model.generate reference")
-
-    return on_request
+def _on_step(watch: Callable, engine: str, trace, _step) -> None:
+    """An engine's ``on_step``: let ``watch`` see the trace (or stop the run)."""
+    watch(engine, trace)

@@ -33,7 +33,6 @@ CONFIG = EngineConfig(num_slots=2)
 CHECKED = RunOptions(chat_template=False, check_reference=True)
 STEP_BOUND_S = 3.0  # a stop must end the run within a step: generous for a shared machine
 STATUS_INDEX = RUN_OUTPUTS.index("status_markdown")
-NO_PROGRESS = lambda *a, **k: None  # noqa: E731
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +71,7 @@ def _live(model, control: RunControl) -> LiveRun:
     requests = make_requests(SPECS)
 
     def work(watch):
-        return engine_work.run_engines(
-            model, requests, CONFIG, CHECKED, NO_PROGRESS, watch, control
-        )
+        return engine_work.run_engines(model, requests, CONFIG, CHECKED, watch, control)
 
     return LiveRun(work, control)
 
@@ -93,8 +90,8 @@ def _await(live: LiveRun, engine: str, timeout_s: float = 60.0) -> dict:
 def test_a_run_in_the_process_gives_the_threads_tokens_and_schedule(in_process):
     """Static and continuous tokens and schedules match the thread's, and generate's outputs."""
     requests = make_requests(SPECS)
-    here = engine_work.run_engines(tiny_shared(), requests, CONFIG, CHECKED, NO_PROGRESS)
-    there = engine_work.run_engines(in_process, requests, CONFIG, CHECKED, NO_PROGRESS)
+    here = engine_work.run_engines(tiny_shared(), requests, CONFIG, CHECKED)
+    there = engine_work.run_engines(in_process, requests, CONFIG, CHECKED)
     for name in ("static", "continuous"):
         mine, theirs = getattr(here, name), getattr(there, name)
         assert _tokens(theirs) == _tokens(mine), f"{name}: tokens differ from the thread's"
@@ -157,7 +154,7 @@ def test_a_killed_worker_fails_its_run_in_the_status_line_and_the_next_run_works
     assert "killed (SIGKILL" in str(raised.value), str(raised.value)
     assert last is not None and "**Stopped:** the engine process ended" in last[STATUS_INDEX]
     requests = make_requests(SPECS[:2])
-    state = engine_work.run_engines(in_process, requests, CONFIG, CHECKED, NO_PROGRESS)
+    state = engine_work.run_engines(in_process, requests, CONFIG, CHECKED)
     assert process.pid not in (None, killed_pid), "no fresh worker was started"
     assert len(state.continuous.requests) == 2, "the run after the kill did not finish"
 
