@@ -90,7 +90,7 @@ class ModelSpec:
     dtype: str | None = None
     load: Callable[[ModelSpec], Any] | None = None
     # modules the jobs' functions live in, imported before the worker says it is ready, so the
-    # first run does not wait for them (the page's: gradio and plotly come with its views)
+    # first run does not wait for them (the page's: ``engine.worker.comparison``)
     preload: tuple[str, ...] = ()
 
     def shared(self) -> shared_model.SharedModel:

@@ -11,7 +11,7 @@ import torch
 from page_runs import run_and_render
 from tiny_model import ByteTokenizer, make_requests, tiny_runner
 
-from engine.fidelity.divergence import RoundingModel, judge
+from engine.fidelity.divergence import RoundingModel, judge, judge_runs
 from engine.fidelity.reference import ReferenceCache
 from engine.page.handlers import playground
 from engine.page.run import shared_model
@@ -150,7 +150,7 @@ def _judged() -> dict:
         trace.requests[0].output_token_ids, trace.requests[1].output_token_ids = output, [8]
         traces[name] = trace
     runner = type("Runner", (), {"tokenizer": ByteTokenizer()})()
-    return traces, divergence_view.judge_runs(runner, _HandMade(), requests, traces)
+    return traces, judge_runs(runner, _HandMade(), requests, traces)
 
 
 def test_a_near_tie_shows_per_engine_in_the_table_and_status_and_opens_its_view():
