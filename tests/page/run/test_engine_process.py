@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import gradio as gr
 import pytest
@@ -123,6 +126,35 @@ def test_the_time_limit_reaches_the_worker(in_process):
         assert live.wait(30), "the time limit did not end the run"
     with pytest.raises(RunTimedOut, match="limit of 0.3 s"):
         live.result()
+
+
+MAIN_LIKE_APP = """
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import gradio  # as app.py does before it starts the engine process
+from tiny_model import tiny_shared, worker_modules
+from engine.page.run.engine_process import EngineProcess, ModelSpec
+from engine.serving.run_control import RunControl
+if __name__ == "__main__":
+    process = EngineProcess(ModelSpec(load=tiny_shared))
+    names = process.run(worker_modules, (), RunControl(), lambda *a, **k: None)
+    process.close()
+    print("ui:", *[n for n in names if n.split(".")[0] in ("gradio", "plotly")])
+"""
+
+
+def test_the_worker_of_a_page_script_loads_no_ui_library(tmp_path):
+    """Started from a main script that imports gradio (as ``app.py`` does), the worker loads
+    neither gradio nor plotly: spawn does not run the page's script again there."""
+    tests = Path(__file__).resolve().parents[2]
+    script = tmp_path / "main_like_app.py"
+    script.write_text(MAIN_LIKE_APP.format(root=str(tests.parent), tests=str(tests)), "utf-8")
+    command = [sys.executable, str(script)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ui:" in done.stdout, done.stdout
+    ui = done.stdout.split("ui:", 1)[1].split()
+    assert not ui, f"the engine process loaded UI modules: {ui[:10]}"
 
 
 def test_bad_input_crosses_as_the_same_error(process):
