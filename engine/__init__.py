@@ -22,7 +22,9 @@ checks the order):
 * ``model``: loader, device, dtypes, the model runner (the only caller of the model);
 * ``batching``: the static and the continuous engine;
 * ``fidelity``: the per-request ``model.generate`` reference and divergence verdicts;
-* ``peers``: transformers' engine, OpenAI-compatible servers and vLLM, run beside ours.
+* ``peers``: transformers' engine, OpenAI-compatible servers and vLLM, run beside ours;
+* ``worker``: a run's engine work as one typed job and one typed result, in core types only,
+  for the engine process and the page's engine thread alike.
 
 Above the core sit the page (``page``) and the command-line tools (``bench``).
 

@@ -100,3 +100,10 @@ def tiny_shared(spec=None):
 
 
 SLOW_STEP_S = 0.02  # tiny_shared's slowed forward pass
+
+
+def worker_modules(_model, _watch) -> list[str]:
+    """An engine-process job (tests): the names of the modules loaded where it runs."""
+    import sys
+
+    return sorted(sys.modules)

@@ -5,7 +5,8 @@ two tokens can flip and the outputs split from there on. That is not a bug, and 
 should say so; a split that rounding cannot explain is one. For every request ``judge`` returns a
 ``Verdict``: ``"match"`` (✓), ``"near-tie"`` (≈, at token k) or ``"differs"`` (✗), with what the
 divergence view shows: the common prefix (``output[:token_index]``), the split position, both
-tokens with their logits and the top 5 at that position in both runs.
+tokens with their logits and the top 5 at that position in both runs. ``judge_runs`` does it for
+every engine of a run and adds the token texts, so what shows the verdicts needs no model.
 
 Both runs' logits come from the runs themselves (``engine.token_logits``: recorded when the output
 embedding computed them), never from a re-run of the prefix through another path.
@@ -245,3 +246,36 @@ def count(verdicts: list[Verdict]) -> dict[str, int]:
         f"num_{name.replace('-', '_')}": sum(1 for v in verdicts if v.verdict == name)
         for name in (MATCH, NEAR_TIE, DIFFERS)
     }
+
+
+def judge_runs(runner, source, requests, traces: dict) -> dict[str, dict[int, dict]]:
+    """Every engine's verdicts with the texts the divergence view shows, so nothing after a run
+    reads the model: per engine, per request id, the verdict (``Verdict.to_dict`` with token
+    texts) and, at a split, ``prefix_text``, ``reference_token_text`` and ``engine_token_text``.
+
+    ``runner``: the model runner whose tokenizer decodes; ``source``: the reference
+    (``engine.fidelity.reference.ReferenceCache`` or ``SoloReference``) that computed the run's
+    reference outputs; ``traces``: engine name -> ``Trace``.
+    """
+
+    def decode(ids: list[int]) -> str:
+        return runner.tokenizer.decode(ids)
+
+    judged = {}
+    for name, trace in traces.items():
+        entries = {}
+        for request_id, verdict in source.verdicts(requests, trace).items():
+            entry = verdict.to_dict(decode)
+            k = verdict.token_index
+            if k is not None:
+                output = trace.request(request_id).output_token_ids
+                entry["prefix_text"] = decode(output[:k])
+                entry["reference_token_text"] = _token_text(decode, verdict.reference_token)
+                entry["engine_token_text"] = _token_text(decode, verdict.engine_token)
+            entries[request_id] = entry
+        judged[name] = entries
+    return judged
+
+
+def _token_text(decode: Callable[[list[int]], str], token_id: int | None) -> str:
+    return "(the output ended here)" if token_id is None else repr(decode([token_id]))

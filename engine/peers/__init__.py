@@ -6,7 +6,7 @@ any OpenAI-compatible server (``openai_engine``, ``openai_probe``, ``endpoints``
 ``server_metrics``) and a local vLLM (``vllm_engine``, ``vllm_server``), whose own schedule is
 recorded inside it by ``vllm_scheduler``, read back as a ``Trace`` by ``vllm_record`` and set beside
 ours step by step by ``schedule_comparison``. May import
-every core room below it; nothing in the core imports it.
+every core room below it; in the core only ``worker`` imports it.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
 ``transformers_manager``, ``transformers_scheduler``, ``openai_probe``, ``server_metrics`` serve it

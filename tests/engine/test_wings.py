@@ -104,7 +104,16 @@ def test_cycle_finder_finds_a_planted_cycle():
 # The rooms of each wing, from the bottom up: a room imports only the rooms before it in its list.
 # The core's root modules (config, sequence, sampling_params, token_logits, trace) sit below every
 # core room; the page's rooms sit above the whole core.
-CORE_ROOMS = ["workloads", "serving", "kernels", "model", "batching", "fidelity", "peers"]
+CORE_ROOMS = [
+    "workloads",
+    "serving",
+    "kernels",
+    "model",
+    "batching",
+    "fidelity",
+    "peers",
+    "worker",
+]
 PAGE_ROOMS = ["figures", "inputs", "run", "views", "handlers", "panels", "host"]
 MAX_MODULES_PER_FOLDER = 12
 

@@ -1,36 +1,27 @@
-"""A run's engine work: static, continuous, transformers' engine, the reference and verdicts, then
-the host's servers; in the page's engine thread or in the engine process.
+"""A run's engine work, then the host's servers; in the page's engine thread or in the engine
+process.
 
-``run_engines`` is what a run does once its turn on the model came. The engine part
-(``engine_work``) runs where the model's ``engine_process`` says: in this process (None: the
-caller's thread, the page's engine thread), or in the engine process
-(``engine.page.run.engine_process``), where ``work_in_process`` does the same with the worker's
-own copy of the model and sends its progress back. The host's servers always run here, after the
-engines, as they are the page's (``engine.page.run.host_servers``).
+``run_engines`` is what a run does once its turn on the model came. It asks the core for the
+engine part as one ``engine.worker.comparison.ComparisonJob``, which runs where the model's
+``engine_process`` says: in this process (None: the caller's thread, the page's engine thread),
+or in the engine process (``engine.page.run.engine_process``), where ``work_in_worker`` runs it
+on the worker's own copy of the model and sends its progress back. The ``ComparisonResult`` that
+comes back (core types only) becomes the page's ``RunState``. The host's servers always run here,
+after the engines, as they are the page's (``engine.page.run.host_servers``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
-import time
 from collections.abc import Callable
 
-from engine.batching.continuous import ContinuousEngine
-from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
-from engine.page.handlers import run_turns
 from engine.page.run import host_servers
 from engine.page.run.run_options import RunOptions
 from engine.page.run.shared_model import SharedModel
-from engine.page.views import divergence_view
 from engine.page.views.run_view import RunState
-from engine.peers.transformers_engine import HFContinuousEngine
 from engine.sequence import Request
 from engine.serving.run_control import RunControl, RunStopped
-
-PROGRESS_INTERVAL_S = 0.5  # at most two Gradio progress reports a second
+from engine.worker.comparison import ComparisonJob, run_job, work_in_worker
 
 
 def run_engines(
@@ -38,18 +29,15 @@ def run_engines(
     requests: list[Request],
     config: EngineConfig,
     options: RunOptions,
-    progress,
     watch: Callable[..., None] | None = None,
     control: RunControl | None = None,
 ) -> RunState:
     """Run every engine (and the reference) on ``requests``, one after the other.
 
-    ``watch(engine, trace)`` is called after every step of every engine (``trace`` is None for
-    the reference and transformers' engine), ``watch(engine, trace, waiting=True)`` every 0.05 s
-    while an engine waits for arrivals, and ``watch(engine, trace, done=True)`` after each
-    engine's last step; an exception it raises (``RunStopped``) ends the run within one step or
-    wait. In the engine process, ``watch(engine, None, entry=progress)`` is called with each
-    progress entry the worker sends instead, and ``control`` (the run's stop flag and time limit)
+    ``watch`` sees every engine's steps as ``engine.worker.comparison`` says; an exception it
+    raises (``RunStopped``) ends the run within one step or wait. In the engine process,
+    ``watch(engine, None, entry=progress)`` is called with each progress entry the worker sends
+    instead, and ``control`` (the run's stop flag and time limit)
     reaches the worker. The model's lock is held throughout, so runs never overlap on the model.
     The chosen servers run last (``engine.page.run.host_servers.run_servers``, which reports
     their failures and stops instead of raising them).
@@ -59,9 +47,16 @@ def run_engines(
         ValueError: bad input only an engine could see.
     """
     watch = watch or (lambda *_args, **_kwargs: None)
+    job = ComparisonJob(
+        requests,
+        config,
+        compare_hf=options.compare_hf,
+        check_reference=options.check_reference,
+        dtype=model.dtype_name,
+    )
     with model.lock:
         try:
-            state = _engines(model, requests, config, options, progress, watch, control)
+            state = RunState.from_comparison(_engines(model, job, watch, control))
             if options.servers:  # last: a server that fails or is stopped leaves the rest whole
                 names = model.servers.check_names(options.servers)
                 state.servers, state.server_failures = host_servers.run_servers(
@@ -82,91 +77,8 @@ def run_engines(
         raise stopped
 
 
-def _engines(model, requests, config, options, progress, watch, control) -> RunState:
+def _engines(model: SharedModel, job: ComparisonJob, watch: Callable, control):
     """The engine part, here or in the engine process."""
     if model.engine_process is None:
-        return engine_work(model, requests, config, options, progress, watch)
-    job = (model.dtype_name, requests, config, dataclasses.replace(options, servers=()))
-    control = control or RunControl()
-    return model.engine_process.run(work_in_process, job, control, watch)
-
-
-def work_in_process(model: SharedModel, dtype_name: str, requests, config, options, watch):
-    """``engine_work`` in the engine process, on its model in ``dtype_name``."""
-    return engine_work(model.in_dtype(dtype_name), requests, config, options, _no_progress, watch)
-
-
-def engine_work(model, requests, config, options, progress, watch) -> RunState:
-    """The engines, transformers' engine and the reference with its verdicts (no servers)."""
-    runner, invariant = model.runner, config.batch_invariant
-    static = StaticEngine(runner, EngineConfig(config.num_slots, batch_invariant=invariant)).run(
-        requests,
-        _on_step(progress, "static", run_turns.static_steps(requests, config), watch),
-        functools.partial(watch, "static", waiting=True),
-    )
-    watch("static", static, done=True)
-    continuous = ContinuousEngine(runner, config).run(
-        requests,
-        _on_step(progress, "continuous", run_turns.continuous_steps(requests, config), watch),
-        functools.partial(watch, "continuous", waiting=True),
-    )
-    watch("continuous", continuous, done=True)
-    hf = None
-    if options.compare_hf:  # no step hook: checked every 0.1 s while results are awaited
-        watch("hf_continuous", None)
-        progress(None, desc="transformers' continuous batching")
-        stop_check = functools.partial(watch, "hf_continuous", waiting=True)
-        hf_config = dataclasses.replace(config, batch_invariant=False)  # the page says why
-        hf_engine = HFContinuousEngine(runner, hf_config, block_sharing=config.prefix_caching)
-        hf = hf_engine.run(requests, on_wait=stop_check)
-    state = RunState(static, continuous, None, hf, None, dtype=model.dtype_name)
-    state.batch_invariant = invariant
-    if options.check_reference:
-        source = model.reference_for(invariant)
-        state.reference = source.outputs(
-            requests, _reference_counter(progress), lambda: watch("reference", None)
-        )
-        state.verdicts = divergence_view.judge_runs(runner, source, requests, state.traces())
-    return state
-
-
-def _no_progress(*_args, **_kwargs) -> None:
-    """No Gradio progress bar (the page's status line shows the run's progress)."""
-
-
-def _on_step(progress, engine: str, total: int, watch: Callable) -> Callable:
-    """An engine's ``on_step``: report progress, then let ``watch`` see the trace (or stop)."""
-    count = _step_counter(progress, f"{engine} batching", total)
-
-    def on_step(trace, step) -> None:
-        count(trace, step)
-        watch(engine, trace)
-
-    return on_step
-
-
-def _step_counter(progress, desc: str, total: int) -> Callable:
-    """An engine ``on_step`` callback reporting ``(done, total)`` steps to Gradio's progress.
-
-    Reports are at least ``PROGRESS_INTERVAL_S`` apart: a browser redrawing the bar every step
-    competes for the CPU with the engines it is timing.
-    """
-    done, last_s = 0, -math.inf
-
-    def on_step(_trace, _step) -> None:
-        nonlocal done, last_s
-        done += 1
-        if time.perf_counter() - last_s >= PROGRESS_INTERVAL_S:
-            last_s = time.perf_counter()
-            progress((done, max(total, done)), desc=desc)
-
-    return on_step
-
-
-def _reference_counter(progress) -> Callable:
-    """A ``ReferenceCache.outputs`` callback reporting requests done."""
-
-    def on_request(done: int, total: int) -> None:
-        progress((done, total), desc="model.generate reference")
-
-    return on_request
+        return run_job(model, job, watch)
+    return model.engine_process.run(work_in_worker, (job,), control or RunControl(), watch)

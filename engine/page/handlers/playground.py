@@ -1,16 +1,16 @@
 """The page's handlers as plain functions: run both engines, then redraw a step without the model.
 
 ``app.py`` only lays out components and wires them to these functions, so everything the page does
-can be tested without a browser. ``run_comparison`` runs the static and the continuous engine (and,
-if asked, the per-request ``model.generate`` reference) on the same tokenized requests and renders
-every output; ``update_step`` redraws the heatmaps and timeline cursors from the stored traces.
+can be tested without a browser. ``run_event`` (the Run button) runs the static and the
+continuous engine (and, if asked, the per-request ``model.generate`` reference) on the same
+tokenized requests and renders every output; ``update_step`` redraws the heatmaps and timeline
+cursors from the stored traces.
 
-Bad input never loses anything: ``run_event`` (the Run button) puts the engine's ``ValueError``
-message in the status line and a warning toast, and leaves the previous results on the page;
-``run_comparison`` raises it as ``gr.Error``. The loaded model is the one shared module-level object
-(``engine.page.run.shared_model.get_model``), loaded once; tests pass their own ``SharedModel``
-instead. What the page shows of a run is built in ``engine.page.views.run_view``; the knobs are
-parsed in ``engine.page.run.run_options``.
+Bad input never loses anything: ``run_event`` puts the engine's ``ValueError`` message in the
+status line and a warning toast, and leaves the previous results on the page. The loaded model is
+the one shared module-level object (``engine.page.run.shared_model.get_model``), loaded once;
+tests put their own ``SharedModel`` in its place. What the page shows of a run is built in
+``engine.page.views.run_view``; the knobs are parsed in ``engine.page.run.run_options``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from engine.page.run.live_run import LiveRun
 from engine.page.run.run_handle import IDLE, REPEAT_PRESS, STOPPED_PRESS, RunHandle, Turn
 from engine.page.run.run_options import (
     RUN_SIGNATURE,
-    RunOptions,
     RunSettings,
     options_from_page,
     prepare,
@@ -57,25 +56,6 @@ PRESSED_NOTE = "**Run pressed:** checking the table, then a place in the queueâ€
 # --- handlers ------------------------------------------------------------------------------------
 
 
-def run_comparison(
-    rows,
-    num_slots,
-    options: RunOptions,
-    progress=gr.Progress(),  # noqa: B008  (Gradio injects its tracker through this default)
-    x_axis: str = "time",
-    model: SharedModel | None = None,
-) -> RunResult:
-    """Run static and continuous batching (and optionally transformers' own) and render results.
-
-    Raises:
-        gr.Error: with the engine's message, on a bad table, slot count, knob or model load.
-    """
-    shared = model or _user_errors(get_model)
-    model = _user_errors(lambda: shared.in_dtype(options.dtype))  # the run's precision
-    requests, config = _user_errors(lambda: prepare(model, rows, num_slots, options))
-    return render(run_engines(model, requests, config, options, progress), x_axis)
-
-
 def run_event(*values, **named) -> Iterator[tuple]:
     """The Run button's handler: a generator streaming progress, then the finished results.
 
@@ -95,14 +75,14 @@ def run_event(*values, **named) -> Iterator[tuple]:
     ``engine.page.run.host_servers``) run last.
 
     Bad input (a bad table, slot count or knob, a KV budget too small for a request, or a
-    ``ValueError`` an engine raises mid-run) is not an error of the event: the status line says
-    why the run did not happen (a warning toast too), the earlier results stay on the page (put
-    back, mid-run), and the handler returns. A Gradio error would lay its badge over that status
-    line.
+    ``ValueError`` an engine raises mid-run), and a model that cannot load, is not an error of
+    the event: the status line says why the run did not happen (a warning toast too), the
+    earlier results stay on the page (put back, mid-run), and the handler returns. A Gradio
+    error would lay its badge over that status line.
 
     Raises:
-        gr.Error: the model cannot load, or the run passed ``CBP_RUN_TIME_LIMIT_S`` (after
-            putting the ``previous`` run's results back).
+        gr.Error: the run passed ``CBP_RUN_TIME_LIMIT_S`` (after putting the ``previous``
+            run's results back).
         TypeError: too many inputs, or a required one missing.
     """
     settings, previous, handle = settings_from_run(*values, **named)
@@ -129,7 +109,7 @@ def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
     x_axis = settings.x_axis
     try:
         options = options_from_page(settings)
-        model = _user_errors(get_model)  # the host's problem, not the input's: a gr.Error
+        model = get_model()  # one that cannot load (a ValueError) is told as "Not run" too
         model = model.in_dtype(options.dtype)  # a dtype the device cannot run: refused here
         requests, config = prepare(model, settings.rows, settings.num_slots, options)
         key = run_turns.setup_key(model, requests, config, options)
@@ -191,7 +171,7 @@ def _run_live(
     started_s = time.monotonic()
 
     def work(watch: Callable) -> RunState:  # the status line shows progress, not a Gradio bar
-        return run_engines(model, requests, config, options, lambda *a, **k: None, watch, control)
+        return run_engines(model, requests, config, options, watch, control)
 
     views = progress_view.LiveTimelines()  # updates and redraws paced within a CPU budget
     note = RUNNING_NOTE  # the first update says so under Run too

@@ -232,9 +232,7 @@ def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
     options = options_from_page(settings)
     requests, config = prepare(model, settings.rows, settings.num_slots, options)
     # On the page's engine thread, where the model was loaded: one OpenMP pool, as in the page.
-    no_progress = lambda *a, **k: None  # noqa: E731
-    run = playground.run_engines
-    state = ENGINE_THREAD.call(run, model, requests, config, options, no_progress)
+    state = ENGINE_THREAD.call(playground.run_engines, model, requests, config, options)
     meta = Recording(
         preset=presets.DEFAULT_PRESET,
         num_slots=config.num_slots,

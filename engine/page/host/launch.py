@@ -182,7 +182,7 @@ def _engine_process(
     thread before its nice value is raised, so the worker keeps the start's), on the engine CPUs
     of ``split``; the page's process then keeps to the others, with as many torch threads."""
     device = str(shared.loaded.device)
-    jobs = ("engine.page.handlers.engine_work",)  # where a run's engine work is
+    jobs = ("engine.worker.comparison",)  # where a run's engine work is
     spec = engine_process.ModelSpec(args.model, device, shared.dtype_name, preload=jobs)
     process = engine_process.EngineProcess(spec, cpus=split.engine if split else None)
     process.start()  # spawned before the page keeps to its CPUs: torch there sees them all

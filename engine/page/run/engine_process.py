@@ -8,7 +8,8 @@ Two processes have two GILs.
 
 ``EngineProcess(spec)`` keeps one worker, started with multiprocessing's *spawn* context (a fork
 would copy a process whose torch and OpenMP threads exist, with locks held by threads the child
-does not have). The worker loads the same model (``ModelSpec``), warms it up, then runs one job at
+does not have), without the page's main script (``_start_without_main``: no gradio, no plotly
+there). The worker loads the same model (``ModelSpec``), warms it up, then runs one job at
 a time on its main thread, which makes every torch call (one OpenMP pool: ``engine_thread`` says
 why). ``run(fn, args, control, watch)`` calls ``fn(model, *args, watch)`` there: ``fn`` is a
 module-level function (pickled by name) and ``model`` the worker's ``SharedModel``::
@@ -35,10 +36,12 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import importlib
+import importlib.machinery
 import math
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -90,7 +93,7 @@ class ModelSpec:
     dtype: str | None = None
     load: Callable[[ModelSpec], Any] | None = None
     # modules the jobs' functions live in, imported before the worker says it is ready, so the
-    # first run does not wait for them (the page's: gradio and plotly come with its views)
+    # first run does not wait for them (the page's: ``engine.worker.comparison``)
     preload: tuple[str, ...] = ()
 
     def shared(self) -> shared_model.SharedModel:
@@ -171,7 +174,7 @@ class EngineProcess:
             name="cbp-engine-process",
             daemon=True,
         )
-        self._process.start()
+        _start_without_main(self._process)
         there.close()  # the worker's end: a dead worker then reads as end of file here
         self._conn, self._ready = here, False
 
@@ -254,6 +257,25 @@ class EngineProcess:
             self._conn.close()
         self._process, self._conn, self._ready, self._busy = None, None, False, False
         self._stop = None  # its semaphore goes with it (a new worker gets a new event)
+
+
+def _start_without_main(process) -> None:
+    """Start ``process`` without the page's main module in it.
+
+    Spawn runs the parent's main script again in the child (as ``__mp_main__``): for
+    ``python app.py`` that loads gradio, plotly and the whole page into the worker, which needs
+    none of it (its jobs name their own modules, ``engine.worker.comparison``, and the OpenMP
+    settings ``app.py`` makes reach it through the environment). A main module whose spec is
+    named ``__main__`` is one spawn leaves alone, as for ``python -m package``; the spec is put
+    back once the child's start data is taken.
+    """
+    main = sys.modules["__main__"]
+    spec = getattr(main, "__spec__", None)
+    main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)
+    try:
+        process.start()
+    finally:
+        main.__spec__ = spec
 
 
 # --- the worker's side ---------------------------------------------------------------------------

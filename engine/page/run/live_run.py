@@ -15,14 +15,11 @@ waits for it: the worker keeps its progress with a ``LiveRun`` of its own and se
 which ``watch(..., entry=...)`` takes as it is, so the page's side reads the same progress.
 
 A stopped run keeps no reference to its engines, so their KV cache is freed as the work ends.
-The work runs in a copy of the caller's ``contextvars`` context, so ``gr.Progress`` still
-reports to the right event.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextvars
 import copy
 import dataclasses
 import math
@@ -93,11 +90,10 @@ class LiveRun:
         self._last_snapshot_s: dict[str, float] = {}
         self._value: Any = None
         self._error: BaseException | None = None
-        self._context = contextvars.copy_context()
         self._future: concurrent.futures.Future | None = None
 
     def __enter__(self) -> LiveRun:
-        self._future = ENGINE_THREAD.submit(self._context.run, self._main)
+        self._future = ENGINE_THREAD.submit(self._main)
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -2,10 +2,10 @@
 
 In half precision a batched step sums in another order than a solo run, near-ties flip, and an
 output splits from its reference. That is not a bug, and the page says which it is. At the end of
-a run with the reference check, ``judge_runs`` gives every engine's output for every request its
-verdict against the reference (``engine.fidelity.divergence``): ✓ the same tokens, ≈ a near-tie at
-token k that rounding in the run's dtype explains, ✗ a difference it does not explain. It keeps them
-in the ``RunState`` with the token texts, so the rest reads no model: the outputs table's cells
+a run with the reference check, ``engine.fidelity.divergence.judge_runs`` gives every engine's
+output for every request its verdict against the reference: ✓ the same tokens, ≈ a near-tie at
+token k that rounding in the run's dtype explains, ✗ a difference it does not explain. The
+``RunState`` keeps them with the token texts, so the rest reads no model: the outputs table's cells
 (``verdict_cell``), the status line's counts (``verdict_summary``) and, for the (engine, request)
 the user picks (``choices``), the divergence view (``view``): the common prefix, the split point,
 both runs' next tokens with their logits, and the top 5 at that position in both runs (equal
@@ -38,37 +38,6 @@ TOP_HEADERS = [
 NO_DIFFERENCE = "Every checked output equals its reference, token for token."
 NO_DIFFERENCE_OURS = "Every output of our engines equals its reference, token for token."
 NOT_CHECKED = "Outputs are compared with a reference after a run with the reference check on."
-
-
-def judge_runs(runner, source, requests, traces: dict) -> dict[str, dict[int, dict]]:
-    """Per engine, per request id: the verdict (``Verdict.to_dict`` with token texts) and, at a
-    split, ``prefix_text``, ``reference_token_text`` and ``engine_token_text``.
-
-    ``source``: the reference (``engine.fidelity.reference.ReferenceCache`` or ``SoloReference``)
-    that computed the run's reference outputs; ``traces``: engine name -> ``Trace``.
-    """
-
-    def decode(ids: list[int]) -> str:
-        return runner.tokenizer.decode(ids)
-
-    judged = {}
-    for name, trace in traces.items():
-        entries = {}
-        for request_id, verdict in source.verdicts(requests, trace).items():
-            entry = verdict.to_dict(decode)
-            k = verdict.token_index
-            if k is not None:
-                output = trace.request(request_id).output_token_ids
-                entry["prefix_text"] = decode(output[:k])
-                entry["reference_token_text"] = _token_text(decode, verdict.reference_token)
-                entry["engine_token_text"] = _token_text(decode, verdict.engine_token)
-            entries[request_id] = entry
-        judged[name] = entries
-    return judged
-
-
-def _token_text(decode, token_id: int | None) -> str:
-    return "(the output ended here)" if token_id is None else repr(decode([token_id]))
 
 
 def counts(entries: dict[int, dict]) -> tuple[int, int, int]:

@@ -28,6 +28,7 @@ from engine.page.figures import (
 from engine.page.views import divergence_view, inside_view, run_status, tables
 from engine.page.views.markup import counted
 from engine.trace import DECODE, PREFILL, Trace
+from engine.worker.comparison import ComparisonResult
 from engine.workloads import export
 
 # The Run event's outputs, by elem_id (the state has none), in wiring order. The first ten are the
@@ -117,10 +118,23 @@ class RunState:
     )
     servers: dict[str, Trace] = field(default_factory=dict)  # host-configured servers, by name
     server_failures: dict[str, str] = field(default_factory=dict)  # servers that failed: why
-    # engine -> request id -> verdict entry (``divergence_view.judge_runs``); None: not judged
+    # engine -> request id -> verdict entry (``divergence.judge_runs``); None: not judged
     verdicts: dict[str, dict[int, dict]] | None = None
     dtype: str | None = None  # the precision it ran in, e.g. "bfloat16" (None: not recorded)
     batch_invariant: bool = False
+
+    @classmethod
+    def from_comparison(cls, result: ComparisonResult) -> RunState:
+        """The page's state of the engines' answer (no servers yet)."""
+        return cls(
+            result.static,
+            result.continuous,
+            result.reference,
+            result.hf_continuous,
+            verdicts=result.verdicts,
+            dtype=result.dtype,
+            batch_invariant=result.batch_invariant,
+        )
 
     def traces(self) -> dict[str, Trace]:
         """The runs in display order, by engine name (servers last, in the host's order)."""

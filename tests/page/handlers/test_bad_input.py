@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gradio as gr
 import pytest
+from page_runs import run_and_render
 from tiny_model import make_requests, tiny_runner
 
 from engine.batching.continuous import ContinuousEngine
@@ -11,6 +12,7 @@ from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
 from engine.fidelity.reference import ReferenceCache
 from engine.page.handlers import playground
+from engine.page.run.run_options import RunOptions
 from engine.trace import PREFILL
 from engine.workloads.workload import MAX_PROMPT_CHARS, MAX_ROWS
 
@@ -64,8 +66,8 @@ def test_tiny_caps_mixed_with_long_ones_match_generate(runner):
 
 
 def _run(shared, rows):
-    options = playground.RunOptions(check_reference=False)
-    return playground.run_comparison(rows, 2, options, lambda *a, **k: None, model=shared)
+    options = RunOptions(check_reference=False)
+    return run_and_render(rows, 2, options, shared)
 
 
 def test_a_thousand_rows_are_refused_at_once(shared):
@@ -103,5 +105,5 @@ def test_slot_count_zero_is_refused_with_the_same_message_everywhere(shared):
     with pytest.raises(ValueError) as engine_error:
         EngineConfig(0)
     with pytest.raises(gr.Error) as page_error:
-        playground.run_comparison([["hi", 3]], 0, playground.RunOptions(), None, model=shared)
+        run_and_render([["hi", 3]], 0, RunOptions(), shared)
     assert page_error.value.message == str(engine_error.value)

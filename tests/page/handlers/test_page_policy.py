@@ -3,8 +3,9 @@ text, and a Run with it schedules as the engines' ``--policy vllm`` does."""
 
 from __future__ import annotations
 
+from page_runs import run_and_render
+
 from engine.batching.continuous import ContinuousEngine
-from engine.page.handlers import playground
 from engine.page.panels import settings_panel
 from engine.page.run.run_options import RunSettings, options_from_page, prepare
 
@@ -35,7 +36,7 @@ def test_a_run_with_vllms_policy_schedules_as_the_engine_does(shared):
     assert options.policy == "vllm", f"the page's choice parsed as {options.policy!r}"
     requests, config = prepare(shared, ROWS, 2, options)
     assert config.scheduling_policy == "vllm", "the engine's config lost vLLM's policy"
-    state = playground.run_comparison(ROWS, 2, options, lambda *a, **k: None, model=shared).state
+    state = run_and_render(ROWS, 2, options, shared).state
     direct = ContinuousEngine(shared.runner, config).run(requests)
     page_steps = [
         [(s.request_id, s.num_new_tokens) for s in st.seqs] for st in state.continuous.steps

@@ -8,6 +8,7 @@ from urllib.parse import parse_qs
 
 import gradio as gr
 import pytest
+from page_runs import run_and_render
 
 from engine.page.handlers import playground
 from engine.page.inputs import page_io, presets
@@ -54,7 +55,7 @@ def result(shared) -> playground.RunResult:
     """Three slots: R0, R1 and R2 start together (R0 and R1 each compute the opening), then R3
     and R4 are admitted together and share the cached opening's blocks."""
     options = _options(check_reference=True, kv_mode="paged", block_size=str(BLOCK_SIZE))
-    return playground.run_comparison(ROWS, 3, options, lambda *a, **k: None, model=shared)
+    return run_and_render(ROWS, 3, options, shared)
 
 
 def test_the_toggle_shares_prefix_blocks_and_outputs_still_match(result):
@@ -118,7 +119,7 @@ def test_prefix_caching_without_paged_kv_is_refused_naming_why(shared):
     """The toggle with the in-place KV mode is refused before any engine runs, saying why."""
     options = _options(check_reference=False, kv_mode="slots", block_size="16")
     with pytest.raises(gr.Error, match="Prefix caching needs the paged KV cache"):
-        playground.run_comparison(ROWS, 2, options, lambda *a, **k: None, model=shared)
+        run_and_render(ROWS, 2, options, shared)
 
 
 def test_links_carry_the_toggle_and_old_links_leave_it_off(recwarn):

@@ -8,10 +8,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from fake_traces import continuous_trace, static_trace
+from page_runs import run_and_render
 
 from engine.fidelity.reference import NOT_COMPARED_TEXT, ReferenceCache
-from engine.page.handlers import playground
 from engine.page.inputs import page_io, presets
+from engine.page.run.run_options import RunOptions
 from engine.page.views import run_status, run_view, tables
 from engine.sampling_params import SamplingParams
 from engine.sequence import Request
@@ -28,8 +29,8 @@ ROWS = [
 
 
 def _run(shared, rows=ROWS, compare_hf=False):
-    options = playground.RunOptions(check_reference=True, compare_hf=compare_hf)
-    return playground.run_comparison(rows, 2, options, lambda *a, **k: None, model=shared)
+    options = RunOptions(check_reference=True, compare_hf=compare_hf)
+    return run_and_render(rows, 2, options, shared)
 
 
 def test_sampled_rows_match_seeded_generate_in_both_engines(shared):

@@ -8,13 +8,15 @@ from pathlib import Path
 import gradio as gr
 import pytest
 from fake_traces import continuous_trace, static_trace
+from page_runs import run_and_render
 
 from engine.model.loader import ModelLoadError
-from engine.page.handlers import engine_work, playground
+from engine.page.handlers import playground
 from engine.page.inputs import presets
 from engine.page.panels import page_panels
 from engine.page.run import run_options, shared_model
 from engine.page.run.cpu_split import CpuSplit
+from engine.page.run.run_options import RunOptions
 from engine.page.views import run_status, run_view
 from engine.trace import DECODE, PREFILL
 from engine.workloads.workload import MAX_ROWS, parse_table, seed_specs
@@ -22,28 +24,9 @@ from engine.workloads.workload import MAX_ROWS, parse_table, seed_specs
 ROWS = [["hello world", 5], ["abc", 12], ["the quick brown fox", 3], ["x", 7]]
 
 
-class RecordingProgress:
-    """Stands in for ``gr.Progress``: keeps every ``(done, total, desc)`` report."""
-
-    def __init__(self):
-        self.calls: list[tuple[int, int, str]] = []
-
-    def __call__(self, progress, desc=None, **kwargs):
-        self.calls.append((*progress, desc))
-
-    def by(self, desc: str) -> list[tuple[int, int]]:
-        return [(done, total) for done, total, d in self.calls if d == desc]
-
-
 @pytest.fixture(scope="module")
 def result(shared) -> playground.RunResult:
-    return playground.run_comparison(
-        ROWS,
-        2,
-        playground.RunOptions(chat_template=False, check_reference=True),
-        lambda *a, **k: None,
-        model=shared,
-    )
+    return run_and_render(ROWS, 2, RunOptions(chat_template=False, check_reference=True), shared)
 
 
 @pytest.fixture
@@ -58,7 +41,7 @@ def no_model(monkeypatch, shared):
     monkeypatch.setattr(playground, "get_model", forbidden)
 
 
-def test_run_comparison_renders_both_engines(result):
+def test_a_run_renders_both_engines(result):
     """A run holds both traces, the reference, 2 metrics rows, 1 output row per request."""
     state = result.state
     assert (state.static.engine, state.continuous.engine) == ("static", "continuous")
@@ -87,42 +70,6 @@ def test_timelines_share_the_x_scale(result):
     assert static_range == continuous_range == [0, longest], (static_range, continuous_range)
 
 
-def test_progress_reports_every_step(shared, monkeypatch):
-    """Progress counts each engine's steps up to the real total and each reference request."""
-    monkeypatch.setattr(engine_work, "PROGRESS_INTERVAL_S", 0.0)
-    progress = RecordingProgress()
-    result = playground.run_comparison(
-        ROWS,
-        2,
-        playground.RunOptions(chat_template=False, check_reference=True),
-        progress,
-        model=shared,
-    )
-    for desc, trace in (
-        ("static batching", result.state.static),
-        ("continuous batching", result.state.continuous),
-    ):
-        calls = progress.by(desc)
-        assert [done for done, _ in calls] == list(range(1, len(trace.steps) + 1)), desc
-        assert all(done <= total for done, total in calls), f"{desc}: done over total"
-    assert progress.by("model.generate reference") == [(i, 4) for i in range(1, 5)]
-
-
-def test_progress_reports_are_throttled(shared, monkeypatch):
-    """With a long report interval each engine reports its first step only."""
-    monkeypatch.setattr(engine_work, "PROGRESS_INTERVAL_S", 3600.0)
-    progress = RecordingProgress()
-    playground.run_comparison(
-        ROWS,
-        2,
-        playground.RunOptions(chat_template=False, check_reference=False),
-        progress,
-        model=shared,
-    )
-    assert progress.by("static batching") == [(1, 19)], progress.by("static batching")
-    assert [done for done, _ in progress.by("continuous batching")] == [1], "not throttled"
-
-
 def test_as_outputs_matches_the_wiring(result):
     """``as_outputs`` gives every Run output by name: state, figures, slider, tables, status."""
     out = dict(zip(run_view.RUN_OUTPUTS, result.as_outputs(), strict=True))
@@ -143,20 +90,8 @@ def test_as_outputs_matches_the_wiring(result):
 def test_numbers_as_strings_and_chat_template(shared):
     """Caps typed as strings are accepted, and the chat template changes the prompt tokens."""
     rows = [["hi", "3"], ["yo", "2.0"]]
-    plain = playground.run_comparison(
-        rows,
-        1,
-        playground.RunOptions(chat_template=False, check_reference=False),
-        lambda *a, **k: None,
-        model=shared,
-    )
-    chat = playground.run_comparison(
-        rows,
-        1,
-        playground.RunOptions(chat_template=True, check_reference=False),
-        lambda *a, **k: None,
-        model=shared,
-    )
+    plain = run_and_render(rows, 1, RunOptions(chat_template=False, check_reference=False), shared)
+    chat = run_and_render(rows, 1, RunOptions(chat_template=True, check_reference=False), shared)
     assert [r.max_new_tokens for r in plain.state.static.requests] == [3, 2]
     assert chat.state.static.requests[0].num_prompt_tokens > 2, "chat template not applied"
     assert plain.state.reference is None and plain.outputs[0][-2] == "—", "reference was run"
@@ -181,13 +116,7 @@ def test_numbers_as_strings_and_chat_template(shared):
 def test_bad_input_raises_gr_error_before_the_model(rows, slots, message, shared, no_model):
     """Bad input raises gr.Error with the engine's message, and no model call happens."""
     with pytest.raises(gr.Error) as caught:
-        playground.run_comparison(
-            rows,
-            slots,
-            playground.RunOptions(chat_template=False, check_reference=True),
-            lambda *a, **k: None,
-            model=shared,
-        )
+        run_and_render(rows, slots, RunOptions(chat_template=False, check_reference=True), shared)
     assert message in caught.value.message, caught.value.message
 
 
@@ -196,29 +125,27 @@ def test_gr_error_carries_the_workload_message_verbatim(shared):
     with pytest.raises(ValueError) as engine_error:
         parse_table([["hi", "abc"]])
     with pytest.raises(gr.Error) as page_error:
-        playground.run_comparison(
+        run_and_render(
             [["hi", "abc"]],
             2,
-            playground.RunOptions(chat_template=False, check_reference=False),
-            None,
-            model=shared,
+            RunOptions(chat_template=False, check_reference=False),
+            shared,
         )
     assert page_error.value.message == str(engine_error.value)
 
 
-def test_model_load_error_becomes_gr_error(monkeypatch):
-    """A model that cannot load is reported on the page, not as a crash."""
+def test_model_load_error_is_told_in_the_status_line(monkeypatch):
+    """A model that cannot load is reported in the status line ("Not run"), not as a crash."""
 
     def failing_load(*args, **kwargs):
         raise ModelLoadError("Cannot find model 'nope'; pass a local folder or hub id.")
 
     monkeypatch.setattr(shared_model, "_shared_model", None)
     monkeypatch.setattr(shared_model, "load_model", failing_load)
-    with pytest.raises(gr.Error) as caught:
-        playground.run_comparison(
-            ROWS, 2, playground.RunOptions(chat_template=False, check_reference=False), None
-        )
-    assert "Cannot find model 'nope'" in caught.value.message
+    knobs = (2, False, False, "slots", 0, "decode_first", False, 0, "time")
+    (update,) = list(playground.run_event(ROWS, *knobs, replay_recent=False))
+    status = update[run_view.RUN_OUTPUTS.index("status_markdown")]
+    assert status.startswith("**Not run:**") and "Cannot find model" in status, status
 
 
 def test_get_model_loads_once(monkeypatch, shared):
@@ -422,10 +349,8 @@ def test_choosing_a_preset_sets_the_engine_settings_back():
 
 def test_engine_knobs_reach_the_engines(shared):
     """KV mode, token budget and the transformers comparison all run and still match generate."""
-    options = playground.RunOptions(
-        check_reference=True, kv_mode="concat", token_budget=4, compare_hf=True
-    )
-    result = playground.run_comparison(ROWS, 2, options, lambda *a, **k: None, model=shared)
+    options = RunOptions(check_reference=True, kv_mode="concat", token_budget=4, compare_hf=True)
+    result = run_and_render(ROWS, 2, options, shared)
     assert result.state.continuous.kv_mode == "concat"
     assert max(sum(s.num_new_tokens for s in st.seqs) for st in result.state.continuous.steps) <= 4
     assert result.state.hf_continuous is not None
@@ -435,8 +360,8 @@ def test_engine_knobs_reach_the_engines(shared):
 
 def test_poisson_arrivals_reach_both_engines(shared):
     """With an arrival rate, requests arrive over time and nobody is admitted early."""
-    options = playground.RunOptions(check_reference=False, arrival_rate_per_s=50.0)
-    result = playground.run_comparison(ROWS, 2, options, lambda *a, **k: None, model=shared)
+    options = RunOptions(check_reference=False, arrival_rate_per_s=50.0)
+    result = run_and_render(ROWS, 2, options, shared)
     for trace in (result.state.static, result.state.continuous):
         arrivals = [r.arrival_s for r in trace.requests]
         assert arrivals == sorted(arrivals) and arrivals[0] > 0, "Poisson arrivals not applied"
@@ -463,7 +388,7 @@ def test_paged_kv_knobs_reach_the_engine_and_its_views(shared):
         block_size="4",
     )
     options = run_options.options_from_page(settings)
-    result = playground.run_comparison(rows, 3, options, lambda *a, **k: None, model=shared)
+    result = run_and_render(rows, 3, options, shared)
     trace = result.state.continuous
     assert trace.kv_mode == "paged" and trace.info["kv_blocks"] == 12
     assert trace.metrics().num_preemptions > 0, "12 blocks of 4 cannot hold three of these"

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import gradio as gr
 import pytest
+from page_runs import run_and_render
 
 from engine.page.handlers import playground
 from engine.page.run import shared_model
+from engine.page.run.run_options import RunOptions
 from engine.page.views import run_status, run_view
 from engine.page.views.progress_view import plain_markdown
 
@@ -23,8 +25,8 @@ FAR_OFF_RATE = "0.000001"  # requests/s: the second request arrives days after R
 @pytest.fixture(scope="module")
 def previous(shared) -> run_view.RunState:
     """An earlier run's state, as the page keeps it."""
-    options = playground.RunOptions(check_reference=False)
-    return playground.run_comparison(ROWS, 2, options, lambda *a, **k: None, model=shared).state
+    options = RunOptions(check_reference=False)
+    return run_and_render(ROWS, 2, options, shared).state
 
 
 @pytest.fixture(autouse=True)

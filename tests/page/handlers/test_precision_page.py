@@ -8,18 +8,19 @@ import dataclasses
 import gradio as gr
 import pytest
 import torch
+from page_runs import run_and_render
 from tiny_model import ByteTokenizer, make_requests, tiny_runner
 
-from engine.fidelity.divergence import RoundingModel, judge
+from engine.fidelity.divergence import RoundingModel, judge, judge_runs
 from engine.fidelity.reference import ReferenceCache
 from engine.page.handlers import playground
 from engine.page.run import shared_model
+from engine.page.run.run_options import RunOptions
 from engine.page.views import divergence_view, run_status, run_view, tables
 from engine.token_logits import TokenLogits
 from engine.trace import Trace, new_request_records
 
 ROWS = [["hello world", 6], ["abc", 9], ["the quick brown fox", 4]]
-QUIET = lambda *a, **k: None  # noqa: E731  (stands in for gr.Progress)
 BF16 = RoundingModel(2.0**-8, 576)
 
 
@@ -31,7 +32,7 @@ def shared() -> shared_model.SharedModel:
 
 
 def _run(shared, **options) -> playground.RunResult:
-    return playground.run_comparison(ROWS, 2, playground.RunOptions(**options), QUIET, model=shared)
+    return run_and_render(ROWS, 2, RunOptions(**options), shared)
 
 
 def _run_event_args(dtype, previous=None):
@@ -87,7 +88,7 @@ def test_a_dtype_the_device_cannot_run_is_refused_before_any_load(monkeypatch):
 
     monkeypatch.setattr(shared_model, "check_dtype_supported", refuse)
     with pytest.raises(gr.Error, match="compute capability 7.5"):
-        playground.run_comparison(ROWS, 2, playground.RunOptions(dtype="bfloat16"), QUIET, model)
+        run_and_render(ROWS, 2, RunOptions(dtype="bfloat16"), model)
     assert not loads and not model.variants, "weights were loaded for a refused dtype"
     with pytest.raises(ValueError, match="Unknown dtype"):
         model.in_dtype("float8")
@@ -149,7 +150,7 @@ def _judged() -> dict:
         trace.requests[0].output_token_ids, trace.requests[1].output_token_ids = output, [8]
         traces[name] = trace
     runner = type("Runner", (), {"tokenizer": ByteTokenizer()})()
-    return traces, divergence_view.judge_runs(runner, _HandMade(), requests, traces)
+    return traces, judge_runs(runner, _HandMade(), requests, traces)
 
 
 def test_a_near_tie_shows_per_engine_in_the_table_and_status_and_opens_its_view():

@@ -40,7 +40,7 @@ def _run(model: SharedModel, name: str):
         token_budget=check.get("token_budget"),
     )
     requests, config = prepare(model, rows, num_slots, options)
-    return check, playground.run_engines(model, requests, config, options, lambda *a, **k: None)
+    return check, playground.run_engines(model, requests, config, options)
 
 
 def _check_prefix_caching(model: SharedModel, name: str, check: dict, without) -> None:

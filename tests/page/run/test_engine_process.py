@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import gradio as gr
 import pytest
@@ -33,7 +36,6 @@ CONFIG = EngineConfig(num_slots=2)
 CHECKED = RunOptions(chat_template=False, check_reference=True)
 STEP_BOUND_S = 3.0  # a stop must end the run within a step: generous for a shared machine
 STATUS_INDEX = RUN_OUTPUTS.index("status_markdown")
-NO_PROGRESS = lambda *a, **k: None  # noqa: E731
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +74,7 @@ def _live(model, control: RunControl) -> LiveRun:
     requests = make_requests(SPECS)
 
     def work(watch):
-        return engine_work.run_engines(
-            model, requests, CONFIG, CHECKED, NO_PROGRESS, watch, control
-        )
+        return engine_work.run_engines(model, requests, CONFIG, CHECKED, watch, control)
 
     return LiveRun(work, control)
 
@@ -93,8 +93,8 @@ def _await(live: LiveRun, engine: str, timeout_s: float = 60.0) -> dict:
 def test_a_run_in_the_process_gives_the_threads_tokens_and_schedule(in_process):
     """Static and continuous tokens and schedules match the thread's, and generate's outputs."""
     requests = make_requests(SPECS)
-    here = engine_work.run_engines(tiny_shared(), requests, CONFIG, CHECKED, NO_PROGRESS)
-    there = engine_work.run_engines(in_process, requests, CONFIG, CHECKED, NO_PROGRESS)
+    here = engine_work.run_engines(tiny_shared(), requests, CONFIG, CHECKED)
+    there = engine_work.run_engines(in_process, requests, CONFIG, CHECKED)
     for name in ("static", "continuous"):
         mine, theirs = getattr(here, name), getattr(there, name)
         assert _tokens(theirs) == _tokens(mine), f"{name}: tokens differ from the thread's"
@@ -128,6 +128,35 @@ def test_the_time_limit_reaches_the_worker(in_process):
         live.result()
 
 
+MAIN_LIKE_APP = """
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import gradio  # as app.py does before it starts the engine process
+from tiny_model import tiny_shared, worker_modules
+from engine.page.run.engine_process import EngineProcess, ModelSpec
+from engine.serving.run_control import RunControl
+if __name__ == "__main__":
+    process = EngineProcess(ModelSpec(load=tiny_shared))
+    names = process.run(worker_modules, (), RunControl(), lambda *a, **k: None)
+    process.close()
+    print("ui:", *[n for n in names if n.split(".")[0] in ("gradio", "plotly")])
+"""
+
+
+def test_the_worker_of_a_page_script_loads_no_ui_library(tmp_path):
+    """Started from a main script that imports gradio (as ``app.py`` does), the worker loads
+    neither gradio nor plotly: spawn does not run the page's script again there."""
+    tests = Path(__file__).resolve().parents[2]
+    script = tmp_path / "main_like_app.py"
+    script.write_text(MAIN_LIKE_APP.format(root=str(tests.parent), tests=str(tests)), "utf-8")
+    command = [sys.executable, str(script)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ui:" in done.stdout, done.stdout
+    ui = done.stdout.split("ui:", 1)[1].split()
+    assert not ui, f"the engine process loaded UI modules: {ui[:10]}"
+
+
 def test_bad_input_crosses_as_the_same_error(process):
     """A ValueError raised in the worker reaches the page with its type and message."""
     with pytest.raises(ValueError, match="^too many slots for this cache$"):
@@ -157,7 +186,7 @@ def test_a_killed_worker_fails_its_run_in_the_status_line_and_the_next_run_works
     assert "killed (SIGKILL" in str(raised.value), str(raised.value)
     assert last is not None and "**Stopped:** the engine process ended" in last[STATUS_INDEX]
     requests = make_requests(SPECS[:2])
-    state = engine_work.run_engines(in_process, requests, CONFIG, CHECKED, NO_PROGRESS)
+    state = engine_work.run_engines(in_process, requests, CONFIG, CHECKED)
     assert process.pid not in (None, killed_pid), "no fresh worker was started"
     assert len(state.continuous.requests) == 2, "the run after the kill did not finish"
 

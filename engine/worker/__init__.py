@@ -1,0 +1,13 @@
+"""Worker: a run's engine work as one typed job and one typed result, wherever it runs.
+
+``comparison``: the static and continuous engines, transformers' engine and the reference with
+its verdicts on one model, asked for with a ``ComparisonJob`` and answered with a
+``ComparisonResult`` of core types; the engine process runs it, and so does the page's engine
+thread. May import every core room below it, ``peers`` included; nothing in the core imports it.
+
+Nothing is imported here: import the modules by name. ``__all__`` is the room's face.
+"""
+
+__all__ = [
+    "comparison",
+]

@@ -1,0 +1,130 @@
+"""A run's engine work: one typed job in, one typed result out, in core types only.
+
+The page asks for a ``ComparisonJob``: the tokenized requests, the engine config, whether
+transformers' engine runs too and whether outputs are checked against the reference, and the
+precision. ``run_job`` runs on one model, one after the other:
+
+    static engine ─▶ continuous engine ─▶ transformers' engine ─▶ reference ─▶ verdicts
+                                          (compare_hf)             (check_reference)
+
+and answers with a ``ComparisonResult``: the traces, the reference output ids and the verdicts
+(``engine.fidelity.divergence.judge_runs``, with their token texts). The page turns it into what it
+shows. ``work_in_worker`` is the engine process's entry: the same job on the worker's model in the
+job's precision. The page's engine thread calls ``run_job`` itself when no engine process runs.
+Nothing here imports the page, gradio or plotly, so the worker loads none of them for its jobs (a
+test checks it).
+
+``watch(engine, trace)`` is called after every step of every engine (``trace`` is None for the
+reference and transformers' engine), ``watch(engine, trace, waiting=True)`` while an engine waits
+for arrivals, and ``watch(engine, trace, done=True)`` after each engine's last step; an exception
+it raises (``RunStopped``) ends the work within one step or wait.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.batching.continuous import ContinuousEngine
+from engine.batching.static import StaticEngine
+from engine.config import EngineConfig
+from engine.fidelity.divergence import judge_runs
+from engine.model.model_runner import ModelRunner
+from engine.peers.transformers_engine import HFContinuousEngine
+from engine.sequence import Request
+from engine.trace import Trace
+
+Watch = Callable[..., None]  # watch(engine, trace, done=False, waiting=False)
+
+
+class ComparisonModel(Protocol):
+    """What a job needs of the model it runs on (the page's ``SharedModel`` is one)."""
+
+    runner: ModelRunner
+
+    @property
+    def dtype_name(self) -> str: ...
+
+    def in_dtype(self, name: str | None) -> ComparisonModel: ...
+
+    def reference_for(self, batch_invariant: bool): ...
+
+
+@dataclass(frozen=True)
+class ComparisonJob:
+    """What a run asks of the engines."""
+
+    requests: list[Request]
+    config: EngineConfig  # the continuous engine's; the static engine takes its slots and mode
+    compare_hf: bool = False  # run transformers' continuous batching too
+    check_reference: bool = False  # compute the reference and judge every engine against it
+    dtype: str | None = None  # the precision to run in, e.g. "bfloat16" (None: the model's own)
+
+
+@dataclass
+class ComparisonResult:
+    """What the engines answer: traces, reference outputs and verdicts."""
+
+    static: Trace
+    continuous: Trace
+    hf_continuous: Trace | None = None  # transformers' own continuous batching, when compared
+    reference: dict[int, list[int]] | None = None  # request id -> reference output ids
+    # engine -> request id -> verdict entry (``judge_runs``); None: not judged
+    verdicts: dict[str, dict[int, dict]] | None = None
+    dtype: str | None = None  # the precision it ran in, e.g. "bfloat16"
+    batch_invariant: bool = False
+
+    def traces(self) -> dict[str, Trace]:
+        """The engines' traces by name: static, continuous, then transformers' when it ran."""
+        runs = {"static": self.static, "continuous": self.continuous}
+        if self.hf_continuous is not None:
+            runs["hf_continuous"] = self.hf_continuous
+        return runs
+
+
+def work_in_worker(model: ComparisonModel, job: ComparisonJob, watch: Watch) -> ComparisonResult:
+    """``run_job`` in the engine process, on its model in the job's precision."""
+    return run_job(model.in_dtype(job.dtype), job, watch)
+
+
+def run_job(model: ComparisonModel, job: ComparisonJob, watch: Watch) -> ComparisonResult:
+    """The engines, transformers' engine and the reference with its verdicts, on ``model``.
+
+    Raises:
+        RunStopped: ``watch`` stopped the run.
+        ValueError: bad input only an engine could see.
+    """
+    runner, config, requests = model.runner, job.config, job.requests
+    invariant = config.batch_invariant
+    static_config = EngineConfig(config.num_slots, batch_invariant=invariant)
+    result = ComparisonResult(
+        static=_run_engine(StaticEngine(runner, static_config), "static", requests, watch),
+        continuous=_run_engine(ContinuousEngine(runner, config), "continuous", requests, watch),
+        dtype=model.dtype_name,
+        batch_invariant=invariant,
+    )
+    if job.compare_hf:  # no step hook: checked every 0.1 s while results are awaited
+        watch("hf_continuous", None)
+        stop_check = functools.partial(watch, "hf_continuous", waiting=True)
+        hf_config = dataclasses.replace(config, batch_invariant=False)  # the page says why
+        hf_engine = HFContinuousEngine(runner, hf_config, block_sharing=config.prefix_caching)
+        result.hf_continuous = hf_engine.run(requests, on_wait=stop_check)
+    if job.check_reference:
+        source = model.reference_for(invariant)
+        result.reference = source.outputs(requests, on_step=lambda: watch("reference", None))
+        result.verdicts = judge_runs(runner, source, requests, result.traces())
+    return result
+
+
+def _run_engine(engine, name: str, requests: list[Request], watch: Watch) -> Trace:
+    """One of our engines over ``requests``, every step and wait watched; its trace."""
+    trace = engine.run(
+        requests,
+        lambda trace, _step: watch(name, trace),
+        functools.partial(watch, name, waiting=True),
+    )
+    watch(name, trace, done=True)
+    return trace
