@@ -7,7 +7,12 @@
 //
 // so that one pass reads it front to back in one stream per block: at each k, one 64-byte load
 // (float32; 32 bytes of bfloat16, widened) feeds one fused multiply-add per row, broadcasting
-// x[m, k]. Two blocks run side by side (2 x M accumulators of 16 float32 lanes, no horizontal
+// x[m, k]. On a CPU with AVX512-BF16, a bfloat16 weight is packed by pairs of k instead,
+//
+//     packed[b, i, j, t] = W[16 b + j, 2 i + t]   shape [ceil(N / 16), ceil(K / 2), 16, 2],
+//
+// and one VDPBF16PS per row and 64-byte load takes two k at once (x rounded to bfloat16 first,
+// as a bfloat16 matmul's input is already). Two blocks run side by side (2 x M accumulators of 16 float32 lanes, no horizontal
 // sums). Rows go in groups of at most 8 (each group reads the weight once more); the threads of
 // torch's pool (at::parallel_for) share the blocks. Sums are float32, in k order, as a GEMM
 // micro-kernel's; a bfloat16 result is rounded to nearest even, then the residual is added (in
@@ -94,6 +99,62 @@ inline void blocks(const float* x, const W* packed, int64_t K, int64_t b, Out<T>
   }
 }
 
+// The pairs layout: blocks b .. b + B - 1, x as bfloat16 pairs [M, K2] (K2 = ceil(K / 2)).
+template <int M, int B, typename T>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void pair_blocks(
+    const int32_t* x, const c10::BFloat16* packed, int64_t K2, int64_t b, Out<T> o) {
+  __m512 acc[B][M];
+  const c10::BFloat16* w[B];
+  for (int j = 0; j < B; ++j) {
+    w[j] = packed + (b + j) * K2 * 2 * kBlock;
+    for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < K2; ++i) {
+    __m512bh wv[B];
+    for (int j = 0; j < B; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(w[j] + (i + kAhead) * 2 * kBlock), _MM_HINT_T0);
+      wv[j] = (__m512bh)_mm512_loadu_si512(w[j] + i * 2 * kBlock);
+    }
+    for (int m = 0; m < M; ++m) {
+      __m512bh xb = (__m512bh)_mm512_set1_epi32(x[m * K2 + i]);
+      for (int j = 0; j < B; ++j) acc[j][m] = _mm512_dpbf16_ps(acc[j][m], xb, wv[j]);
+    }
+  }
+  for (int j = 0; j < B; ++j) {
+    int64_t n0 = (b + j) * kBlock, left = std::min<int64_t>(kBlock, o.N - n0);
+    __mmask16 mask = left >= kBlock ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    for (int m = 0; m < M; ++m) store(o, m, n0, mask, acc[j][m]);
+  }
+}
+
+template <int M, typename T>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pair_group(
+    const int32_t* x, const c10::BFloat16* packed, int64_t K2, Out<T> o) {
+  int64_t num_blocks = (o.N + kBlock - 1) / kBlock, num_pairs = (num_blocks + 1) / 2;
+  at::parallel_for(0, num_pairs, 4, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      if (2 * p + 1 < num_blocks)
+        pair_blocks<M, 2, T>(x, packed, K2, 2 * p, o);
+      else
+        pair_blocks<M, 1, T>(x, packed, K2, 2 * p, o);
+    }
+  });
+}
+
+template <typename T>
+void pair_rows(int64_t M, const int32_t* x, const c10::BFloat16* packed, int64_t K2, Out<T> o) {
+  switch (M) {
+    case 1: return pair_group<1, T>(x, packed, K2, o);
+    case 2: return pair_group<2, T>(x, packed, K2, o);
+    case 3: return pair_group<3, T>(x, packed, K2, o);
+    case 4: return pair_group<4, T>(x, packed, K2, o);
+    case 5: return pair_group<5, T>(x, packed, K2, o);
+    case 6: return pair_group<6, T>(x, packed, K2, o);
+    case 7: return pair_group<7, T>(x, packed, K2, o);
+    default: return pair_group<8, T>(x, packed, K2, o);
+  }
+}
+
 template <int M, typename W, typename T>
 void group(const float* x, const W* packed, int64_t K, Out<T> o) {
   int64_t num_blocks = (o.N + kBlock - 1) / kBlock, num_pairs = (num_blocks + 1) / 2;
@@ -133,23 +194,57 @@ void run(const at::Tensor& x32, const at::Tensor& packed, at::Tensor& y,
   }
 }
 
+// The bfloat16 rows of x as pairs of k, [M, K2] 32-bit words: x itself when it is contiguous
+// bfloat16 with an even K, else a zero-padded copy.
+at::Tensor x_pairs(const at::Tensor& x, int64_t K2) {
+  if (x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.size(1) == 2 * K2) return x;
+  auto padded = at::zeros({x.size(0), 2 * K2}, x.options().dtype(at::kBFloat16));
+  padded.narrow(1, 0, x.size(1)).copy_(x);
+  return padded;
+}
+
+bool has_bf16_pairs() { return __builtin_cpu_supports("avx512bf16"); }
+
 at::Tensor pack(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2, "gemv.pack: a weight [N, K]");
   TORCH_CHECK(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16,
               "gemv.pack: float32 or bfloat16 weights only");
   int64_t N = weight.size(0), K = weight.size(1), num_blocks = (N + kBlock - 1) / kBlock;
+  if (weight.scalar_type() == at::kBFloat16 && has_bf16_pairs()) {
+    int64_t K2 = (K + 1) / 2;
+    auto padded = at::zeros({num_blocks * kBlock, 2 * K2}, weight.options());
+    padded.narrow(0, 0, N).narrow(1, 0, K).copy_(weight);
+    return padded.view({num_blocks, kBlock, K2, 2}).permute({0, 2, 1, 3}).contiguous();
+  }
   auto padded = at::zeros({num_blocks * kBlock, K}, weight.options());
   padded.narrow(0, 0, N).copy_(weight);
   return padded.view({num_blocks, kBlock, K}).transpose(1, 2).contiguous();
 }
 
+template <typename T>
+void run_pairs(const at::Tensor& x, const at::Tensor& packed, at::Tensor& y,
+               const std::optional<at::Tensor>& residual) {
+  int64_t M = x.size(0), K2 = packed.size(1), N = y.size(1);
+  auto pairs = x_pairs(x, K2);
+  const int32_t* words = reinterpret_cast<const int32_t*>(pairs.data_ptr<c10::BFloat16>());
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxGroup) {
+    int64_t g = std::min(kMaxGroup, M - m0);
+    Out<T> o{y.data_ptr<T>() + m0 * N,
+             residual ? residual->data_ptr<T>() + m0 * N : nullptr, N};
+    pair_rows<T>(g, words + m0 * K2, packed.data_ptr<c10::BFloat16>(), K2, o);
+  }
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                   const std::optional<at::Tensor>& residual) {
-  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3 && packed.size(2) == kBlock, "gemv.linear: shapes");
-  TORCH_CHECK(x.size(1) == packed.size(1) && n <= packed.size(0) * kBlock, "gemv.linear: K or N");
+  bool pairs = packed.dim() == 4;  // bfloat16 by pairs of k (AVX512-BF16)
+  TORCH_CHECK(x.dim() == 2 && (packed.dim() == 3 || pairs) && packed.size(2) == kBlock,
+              "gemv.linear: shapes");
+  int64_t packed_k = pairs ? 2 * packed.size(1) : packed.size(1);
+  TORCH_CHECK(x.size(1) == packed_k || (pairs && x.size(1) + 1 == packed_k), "gemv.linear: K");
+  TORCH_CHECK(n <= packed.size(0) * kBlock, "gemv.linear: N");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "gemv.linear: float32 or bfloat16 inputs only");
-  auto x32 = x.to(at::kFloat).contiguous();
   auto y = at::empty({x.size(0), n}, x.options());
   std::optional<at::Tensor> res;
   if (residual) {
@@ -157,6 +252,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                 "gemv.linear: the residual must be [M, N] in the input's dtype");
     res = residual->contiguous();
   }
+  if (pairs) {
+    if (y.scalar_type() == at::kFloat) run_pairs<float>(x, packed, y, res);
+    else run_pairs<c10::BFloat16>(x, packed, y, res);
+    return y;
+  }
+  auto x32 = x.to(at::kFloat).contiguous();
   bool w32 = packed.scalar_type() == at::kFloat, y32 = y.scalar_type() == at::kFloat;
   if (w32 && y32) run<float, float>(x32, packed, y, res);
   else if (w32) run<float, c10::BFloat16>(x32, packed, y, res);
