@@ -13,6 +13,7 @@ from tests.tiny_model import tiny_runner
         ("mkldnn::_linear_pointwise.binary", "matmul"),
         ("aten::addmm", "matmul"),
         ("aten::mm", "matmul"),
+        ("cbp_gemv::linear", "matmul"),
         ("aten::scaled_dot_product_attention", "attention"),
         ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
         ("aten::rms_norm", "other"),

@@ -7,7 +7,8 @@ few microseconds of dispatch. ``decode_op_profile`` runs ``num_slots`` sequences
 continuous engine under ``torch.profiler`` and sums each op's self time (its own, not its
 children's) per step into three groups, so a bench run says which of the two it is:
 
-* ``matmul_ms``: the linears (oneDNN's ``mkldnn::_linear_pointwise``, ``aten::mm``/``addmm``);
+* ``matmul_ms``: the linears (oneDNN's ``mkldnn::_linear_pointwise``, the gemv kernel's
+  ``cbp_gemv::linear``, ``aten::mm``/``addmm``);
 * ``attention_ms``: ``scaled_dot_product_attention`` and what it calls;
 * ``other_ms``: every other op, with ``other_ops`` (ops per step) and the costliest of them.
 
@@ -26,7 +27,14 @@ from engine.batching.continuous import ContinuousEngine
 from engine.config import EngineConfig
 from engine.sequence import Request
 
-MATMUL_OPS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::matmul")
+MATMUL_OPS = (
+    "mkldnn::_linear_pointwise",
+    "cbp_gemv::linear",  # this project's kernel (engine/kernels/csrc/gemv.cpp)
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::matmul",
+)
 ATTENTION_MARK = "scaled_dot_product"  # aten::scaled_dot_product_attention and its kernels
 TOP_OTHER = 6  # the costliest other ops listed
 
