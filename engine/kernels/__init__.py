@@ -2,7 +2,8 @@
 
 The packed attention function (``packed_attention``) and its variants for decode
 (``decode_attention``) and batch-invariant mode (``invariant_attention``), the engines' matmul
-kernels (``linear_kernel``), the plan of which runs at which row count (``kernel_plan``) and its
+kernels (``linear_kernel``, with this project's C++ kernel built by ``gemv_build`` from
+``csrc/gemv.cpp``), the plan of which runs at which row count (``kernel_plan``) and its
 measurement on this host (``kernel_timing``, which asks ``cpu_share`` whether the machine was
 quiet meanwhile), batch-invariant ops (``invariant_ops``), the fused
 decoder layers (``fused_layers``), the compiled step over them (``compiled_step``) and the host
@@ -10,7 +11,8 @@ settings that pick among them (``host_setting``).
 May import the root vocabulary, ``engine.workloads`` and ``engine.serving``.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
-``decode_attention``, ``invariant_attention``, ``host_setting`` serve it from inside.
+``decode_attention``, ``invariant_attention``, ``host_setting``, ``gemv_build`` serve it from
+inside.
 """
 
 __all__ = [

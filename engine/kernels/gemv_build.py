@@ -87,7 +87,9 @@ def _built() -> str | None:
     folder.mkdir(parents=True, exist_ok=True)
     library = folder / "cbp_gemv.so"
     try:
-        if library.exists():  # built before from this very source, torch and flags: load it
+        # built before from this very source, torch and flags, and no build under way (torch's
+        # builder holds a "lock" file in the folder while it writes the library): load it
+        if library.exists() and not (folder / "lock").exists():
             torch.ops.load_library(str(library))
             return None
         from torch.utils import cpp_extension
