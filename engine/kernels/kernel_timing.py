@@ -261,7 +261,8 @@ def choose_plan(
     """The fastest candidate per range of row counts (the rule in the module docstring).
 
     ``times_ms[name][i]``: ms per pass of candidate ``name`` at ``rows[i]`` (None: not measured).
-    The first range starts at 1 row whatever the smallest measured count.
+    The first range starts at 1 row whatever the smallest measured count; a range of a candidate
+    with a ``MAX_ROWS`` ends there at the latest (the next range starts one row past it).
 
     Raises:
         ValueError: no candidate has a time at any row count.
@@ -277,7 +278,9 @@ def choose_plan(
         if held in measured and measured[held] <= measured[fastest] * (1 + tie_fraction):
             fastest = held
         if fastest != held:
-            starts.append(num_rows if starts else 1)
+            # a held candidate that stops at its MAX_ROWS hands over just past it
+            limit = MAX_ROWS.get(held, num_rows) if held else num_rows
+            starts.append(min(num_rows, limit + 1) if starts else 1)
             names.append(fastest)
     if not names:
         raise ValueError("no kernel was timed at any row count")

@@ -43,6 +43,15 @@ def test_a_near_tie_keeps_the_kernel_chosen_below():
     assert choose_plan((1, 2), far) == RowPlan((1, 2), ("linear", "onednn"))
 
 
+def test_a_kernel_with_a_row_limit_hands_over_just_past_it():
+    """gemv, timed up to 16 rows (F.linear under its name above), fastest at 16: the next kernel
+    takes over at 17 rows, not at the next measured count (32)."""
+    limit = kernel_timing.MAX_ROWS["gemv"]
+    times = {"gemv": (1.0, 2.0, None), "onednn": (3.0, 4.0, 5.0)}
+    plan = choose_plan((1, limit, 32), times)
+    assert plan == RowPlan((1, limit + 1), ("gemv", "onednn")), plan
+
+
 def test_unmeasured_cells_are_skipped_and_nothing_timed_is_an_error():
     """None (a pass the budget cut) is no time; with no time at all there is no plan."""
     times = {"linear": (3.0, None, None), "skinny": (1.0, None, None)}
