@@ -12,8 +12,8 @@
 //     packed[b, i, j, t] = W[16 b + j, 2 i + t]   shape [ceil(N / 16), ceil(K / 2), 16, 2],
 //
 // and one VDPBF16PS per row and 64-byte load takes two k at once (x rounded to bfloat16 first,
-// as a bfloat16 matmul's input is already). Two blocks run side by side (2 x M accumulators of 16 float32 lanes, no horizontal
-// sums). Rows go in groups of at most 8 (each group reads the weight once more); the threads of
+// as a bfloat16 matmul's input is already). Up to four blocks run side by side (one accumulator
+// of 16 float32 lanes per block and row, no horizontal sums). Rows go in groups of at most 8 (each group reads the weight once more); the threads of
 // torch's pool (at::parallel_for) share the blocks. Sums are float32, in k order, as a GEMM
 // micro-kernel's; a bfloat16 result is rounded to nearest even, then the residual is added (in
 // float32, rounded again), as a bfloat16 matmul followed by an add does.
@@ -34,6 +34,14 @@ namespace {
 constexpr int64_t kBlock = 16;    // outputs per packed block: one register of float32 lanes
 constexpr int64_t kMaxGroup = 8;  // rows per pass over the weight
 constexpr int64_t kAhead = 32;    // k steps prefetched ahead in a block's stream
+constexpr int64_t kGrain = 8;     // blocks per thread at least
+
+// Blocks read side by side: one stream for one or two rows, four for three or four rows, two
+// for more (fewer streams prefetch better; more rows need more independent sums to keep the
+// multiply-adds busy, within the 32 vector registers).
+constexpr int blocks_side_by_side(int rows) { return rows <= 2 ? 1 : rows <= 4 ? 4 : 2; }
+// The pairs layout (bfloat16, VDPBF16PS) keeps four streams up to eight rows.
+constexpr int pair_blocks_side_by_side(int rows) { return rows <= 2 ? 1 : 4; }
 
 inline __m512 widen(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 widen(const c10::BFloat16* p) {
@@ -130,14 +138,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void pair
 template <int M, typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pair_group(
     const int32_t* x, const c10::BFloat16* packed, int64_t K2, Out<T> o) {
-  int64_t num_blocks = (o.N + kBlock - 1) / kBlock, num_pairs = (num_blocks + 1) / 2;
-  at::parallel_for(0, num_pairs, 4, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      if (2 * p + 1 < num_blocks)
-        pair_blocks<M, 2, T>(x, packed, K2, 2 * p, o);
-      else
-        pair_blocks<M, 1, T>(x, packed, K2, 2 * p, o);
-    }
+  constexpr int B = pair_blocks_side_by_side(M);
+  int64_t num_blocks = (o.N + kBlock - 1) / kBlock;
+  at::parallel_for(0, num_blocks, kGrain, [&](int64_t b0, int64_t b1) {
+    int64_t b = b0;
+    for (; b + B <= b1; b += B) pair_blocks<M, B, T>(x, packed, K2, b, o);
+    for (; b < b1; ++b) pair_blocks<M, 1, T>(x, packed, K2, b, o);
   });
 }
 
@@ -157,14 +163,12 @@ void pair_rows(int64_t M, const int32_t* x, const c10::BFloat16* packed, int64_t
 
 template <int M, typename W, typename T>
 void group(const float* x, const W* packed, int64_t K, Out<T> o) {
-  int64_t num_blocks = (o.N + kBlock - 1) / kBlock, num_pairs = (num_blocks + 1) / 2;
-  at::parallel_for(0, num_pairs, 4, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      if (2 * p + 1 < num_blocks)
-        blocks<M, 2, W, T>(x, packed, K, 2 * p, o);
-      else
-        blocks<M, 1, W, T>(x, packed, K, 2 * p, o);
-    }
+  constexpr int B = blocks_side_by_side(M);
+  int64_t num_blocks = (o.N + kBlock - 1) / kBlock;
+  at::parallel_for(0, num_blocks, kGrain, [&](int64_t b0, int64_t b1) {
+    int64_t b = b0;
+    for (; b + B <= b1; b += B) blocks<M, B, W, T>(x, packed, K, b, o);
+    for (; b < b1; ++b) blocks<M, 1, W, T>(x, packed, K, b, o);
   });
 }
 
