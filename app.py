@@ -117,6 +117,7 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs, link
     for button in (s.run_button, s.live_button):
         button.click(playground.run_pressed, pressed, noted, js=js, **PRESS)
     kwargs = dict(concurrency_limit=zerogpu.run_concurrency(), trigger_mode="always_last")
+    kwargs |= dict(preprocess=False)  # Run checks its inputs itself: a bad one says "Not run"
     kwargs |= dict(show_progress_on=results.status_markdown)  # one progress bar; results stay
     live = page_panels.run_inputs(requests, s, results, run_state, handle_state, live=True)
     live_event = s.live_button.click(run, live, outputs, **kwargs, **HIDDEN)

@@ -33,6 +33,7 @@ from engine.page.run.run_options import (
     options_from_page,
     prepare,
     settings_from_run,
+    view_inputs,
 )
 from engine.page.run.shared_model import SharedModel, get_model
 from engine.page.views import progress_view, run_status
@@ -126,18 +127,18 @@ run_event.__signature__ = RUN_SIGNATURE  # Gradio names /run's parameters and de
 def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
     """``run_event``'s work once the run may start: check the input, then show a recent identical
     run at once, or wait for the model's turn, run, stream and finish (``run_turns``)."""
-    x_axis = settings.x_axis
     try:
-        options = options_from_page(settings)
+        options = options_from_page(settings)  # every input checked, the table's shape too
+        x_axis, replay = view_inputs(settings)
         model = _user_errors(get_model)  # the host's problem, not the input's: a gr.Error
         model = model.in_dtype(options.dtype)  # a dtype the device cannot run: refused here
         requests, config = prepare(model, settings.rows, settings.num_slots, options)
         key = run_turns.setup_key(model, requests, config, options)
-        recent = model.recent.find(key) if settings.replay_recent else None
+        recent = model.recent.find(key) if replay else None
         if recent is None:
             reference = model.reference_for(config.batch_invariant)
             work = run_turns.run_work(requests, config, options, reference)
-            setup = key if settings.replay_recent else None  # shown an identical run, if one ends
+            setup = key if replay else None  # shown an identical run, if one ends
             ticket = model.queue.join(str(id(handle)), work, setup)
             handle.queued(turn, functools.partial(model.queue.leave, ticket))
     except ValueError as exc:
@@ -146,7 +147,7 @@ def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
     if recent is not None:
         yield run_turns.replayed_outputs(recent, model.recent.age_s(recent), x_axis)
         return
-    find = functools.partial(model.recent.find, key) if settings.replay_recent else lambda: None
+    find = functools.partial(model.recent.find, key) if replay else lambda: None
     try:
         waited = yield from run_turns.wait_for_turn(model.queue, ticket, turn, find)
         if waited == run_turns.STOPPED:

@@ -34,7 +34,7 @@ from engine.sampling_params import samples
 from engine.workloads import workload_files
 from engine.workloads.workload import parse_table
 
-MAX_SLOTS = 16  # the slot slider's maximum
+MAX_SLOTS = link_query.MAX_SLOTS  # the slot slider's maximum
 DEFAULT_SLOTS = 3  # the slot slider's value when the page opens
 MAX_QUOTED_CHARS = 40  # of a bad link value, quoted in a warning
 # What a link sets, in ``from_link``'s output order: the preset and its text, and the Run settings

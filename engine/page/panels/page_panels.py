@@ -19,6 +19,7 @@ import gradio as gr
 
 from engine.page.handlers import playground
 from engine.page.panels import tour
+from engine.page.panels.requests_table import RequestsTable
 from engine.page.panels.results_panel import ResultsPanel
 from engine.page.panels.settings_panel import SettingsPanel
 from engine.page.run.run_options import RUN_INPUTS
@@ -74,7 +75,7 @@ class RequestsPanel:
 
 def requests_panel(rows: list[list], preset_text: str) -> RequestsPanel:
     """The request editor, filled with the default preset's ``rows``."""
-    table = gr.Dataframe(
+    table = RequestsTable(  # a gr.Dataframe whose API value Run's handler checks
         value=rows,
         headers=playground.REQUEST_HEADERS,
         # the seed is text: a browser number loses digits past 2^53, and seeds go to 2^63 - 1
