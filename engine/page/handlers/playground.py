@@ -23,7 +23,7 @@ import gradio as gr
 
 from engine.page.handlers import run_turns
 from engine.page.handlers.engine_work import run_engines
-from engine.page.inputs.page_io import toast_text
+from engine.page.inputs.page_io import apply_link_step, toast_text
 from engine.page.run.live_run import LiveRun
 from engine.page.run.run_handle import IDLE, REPEAT_PRESS, STOPPED_PRESS, RunHandle, Turn
 from engine.page.run.run_options import (
@@ -38,6 +38,7 @@ from engine.page.run.run_options import (
 from engine.page.run.shared_model import SharedModel, get_model
 from engine.page.views import progress_view, run_status
 from engine.page.views.run_view import (
+    STEP_VIEW_OUTPUTS,
     RunResult,
     RunState,
     render,
@@ -319,8 +320,19 @@ def _stopped_outputs(previous: RunState | None, message: str, x_axis: str) -> tu
 def update_step(state: RunState | None, step_index, x_axis: str) -> tuple:
     """Redraw the heatmaps, block map and timeline cursors at a step (no model call)."""
     if state is None:
-        return (gr.skip(),) * 5
+        return (gr.skip(),) * len(STEP_VIEW_OUTPUTS)
     return step_views(state, int(step_index or 0), x_axis).as_tuple()
+
+
+def link_step_event(state: RunState | None, pending_step: int | None, x_axis: str) -> tuple:
+    """After a run: the step slider at a link's kept step (``page_io.apply_link_step``) and the
+    step views drawn at that step, in one update, so that the slider never reads a step the views
+    do not show. Returns the slider, the kept step (cleared) and the step views; without a run or
+    a kept step, nothing changes."""
+    if state is None or pending_step is None:
+        return (gr.skip(),) * (2 + len(STEP_VIEW_OUTPUTS))
+    step, kept = apply_link_step(state, pending_step)
+    return (step, kept, *step_views(state, step, x_axis).as_tuple())
 
 
 def _user_errors(fn: Callable):

@@ -7,11 +7,12 @@
   Links written before these existed keep working and mean what they meant. ``from_link``
   applies the link when the page opens; ``step`` cannot be shown before a run exists, so
   ``link_step`` keeps it and ``apply_link_step`` moves the step slider there once, after the
-  first run (later runs start at their default step again). A value the page cannot use is named
-  in a warning, with what the page uses instead, and the rest still apply; a linked table's bad
-  rows are named as a typed table's are. ``setup_query`` writes such a query for the current page
-  (a table too long for a link is left out, and a warning says to share it as a file); the page
-  adds its own address in the browser.
+  first run (later runs start at their default step again), the step views drawn there in the
+  same update (``engine.page.handlers.playground.link_step_event``). A value the page cannot use
+  is named in a warning, with what the page uses instead, and the rest still apply; a linked
+  table's bad rows are named as a typed table's are. ``setup_query`` writes such a query for the
+  current page (a table too long for a link is left out, and a warning says to share it as a
+  file); the page adds its own address in the browser.
 * Workload files: ``upload_workload`` fills the request table from a CSV or JSONL file, sampling
   settings included; ``table_files`` writes the table as both (``engine.workloads.workload_files``).
 
