@@ -100,13 +100,15 @@ def wire_setup(demo, requests, settings, results, run_state):
     s.link_button.click(page_io.setup_query, link_query, s.link_textbox, **HIDDEN).then(
         None, s.link_textbox, s.link_textbox, js=page_io.COPY_LINK_JS
     )
-    uploaded = [requests.table, s.preset_dropdown, requests.preset_markdown]
+    note = requests.warning_html  # the last warning, until the next action
+    uploaded = [requests.table, s.preset_dropdown, requests.preset_markdown, note]
     requests.upload_button.upload(
         page_io.upload_workload, requests.upload_button, uploaded, **HIDDEN
     )
-    requests.table_button.click(
-        page_io.show_table_files, requests.table, requests.table_file, **HIDDEN
-    )
+    shown = [requests.table_file, note]
+    requests.table_button.click(page_io.show_table_files, requests.table, shown, **HIDDEN)
+    actions = [requests.table.input, s.preset_dropdown.input, s.run_button.click]
+    gr.on([*actions, s.live_button.click], None, None, note, js="() => ''", **HIDDEN)
     return link
 
 
