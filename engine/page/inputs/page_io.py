@@ -160,6 +160,8 @@ def from_link(request: gr.Request, precision: link_query.Precision | None = None
     if step and not step.isdigit():
         _warn_link(link, "step", step, "not a whole number >= 0; runs start at their default step")
     link |= settings
+    if name is not None and "preset_text" in link:
+        link["preset_text"] += switched_note(name, settings)
     if link.get("input_warning"):
         link["input_warning"] = warning_note("Link", link["input_warning"])
     return tuple(link.get(output, gr.skip()) for output in LINK_OUTPUTS)
@@ -239,6 +241,20 @@ def slots_note(num_slots: int, preset_slots: int) -> str:
         f"\n\n*This link set {num_slots} {'slot' if num_slots == 1 else 'slots'}; the "
         f"explanation above speaks of {preset_slots}, so its numbers may differ: set Slots to "
         f"{preset_slots} to see them as described.*"
+    )
+
+
+def switched_note(name: str, settings: dict) -> str:
+    """The line under preset ``name``'s explanation when the link already turned on the setting
+    the explanation asks to turn on (the one its ``check`` compares: ``lower_mean_ttft``), so the
+    page does not ask for what is done; "" otherwise."""
+    switch = presets.load_presets()[name].get("check", {}).get("lower_mean_ttft")
+    if switch is None or settings.get(switch) is not True:
+        return ""
+    what = switch.replace("_", " ")
+    return (
+        f"\n\n*This link turned {what} on already: Run measures the run with it; turn it off "
+        "under Engine settings to see the run without.*"
     )
 
 

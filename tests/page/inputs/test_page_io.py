@@ -221,3 +221,13 @@ def test_the_warning_note_is_cleared_by_the_next_action():
     assert ("run_button", "click") in cleared_by, cleared_by
     handlers = {fn.fn for fn in setting}
     assert {page_io.upload_workload, page_io.show_table_files, page_io.from_link} <= handlers
+
+
+def test_a_link_that_turned_prefix_caching_on_does_not_ask_to_turn_it_on():
+    """Under the shared-system-prompt preset's "turn on prefix caching", a link that already
+    turned it on says so; without it in the link, no such line."""
+    text = page_io.LINK_OUTPUTS.index("preset_text")
+    on = page_io.from_link(_link(preset="shared-system-prompt", prefix_caching=1))[text]
+    assert "This link turned prefix caching on already" in on, on
+    off = page_io.from_link(_link(preset="shared-system-prompt"))[text]
+    assert "turned prefix caching on" not in off, off
