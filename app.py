@@ -54,8 +54,9 @@ def build_demo(
         demo.load(page_io.link_step, None, link_step_state, **HIDDEN)
         run_events = wire_run(requests, settings, results, run_state, handle_state, outputs, link)
         wire_stop(settings, results, run_state, handle_state, outputs, run_events)
-        step_io = [run_state, link_step_state], [results.step_slider, link_step_state]
-        run_events[0].success(page_io.apply_link_step, *step_io, **HIDDEN)
+        step_in = [run_state, link_step_state, results.x_axis_radio]
+        step_out = [results.step_slider, link_step_state, *results.step_views()]
+        run_events[0].success(playground.link_step_event, step_in, step_out, **HIDDEN)
         wire_views(results, run_state)
         wire_precision(settings, results, run_state)
     return demo
@@ -71,8 +72,10 @@ def wire_precision(settings, results, run_state) -> None:
 
 
 def wire_views(results, run_state) -> None:
-    """The step slider and the x-axis choice redraw the step views from the stored run."""
-    changes = ((results.step_slider.change, "step"), (results.x_axis_radio.change, "x_axis"))
+    """The step slider and the x-axis choice redraw the step views from the stored run. The
+    slider's own moves only (``input``): a step the page sets (a run's results, a link's step)
+    comes with its views in the same update, so the slider never reads a step not drawn."""
+    changes = ((results.step_slider.input, "step"), (results.x_axis_radio.change, "x_axis"))
     inputs = [run_state, results.step_slider, results.x_axis_radio]
     # preprocess=False: gr.Slider refuses a typed step out of range; step_views clamps it
     kwargs = dict(trigger_mode="always_last", preprocess=False, **QUIET)
@@ -97,13 +100,15 @@ def wire_setup(demo, requests, settings, results, run_state):
     s.link_button.click(page_io.setup_query, link_query, s.link_textbox, **HIDDEN).then(
         None, s.link_textbox, s.link_textbox, js=page_io.COPY_LINK_JS
     )
-    uploaded = [requests.table, s.preset_dropdown, requests.preset_markdown]
+    note = requests.warning_html  # the last warning, until the next action
+    uploaded = [requests.table, s.preset_dropdown, requests.preset_markdown, note]
     requests.upload_button.upload(
         page_io.upload_workload, requests.upload_button, uploaded, **HIDDEN
     )
-    requests.table_button.click(
-        page_io.show_table_files, requests.table, requests.table_file, **HIDDEN
-    )
+    shown = [requests.table_file, note]
+    requests.table_button.click(page_io.show_table_files, requests.table, shown, **HIDDEN)
+    actions = [requests.table.input, s.preset_dropdown.input, s.run_button.click]
+    gr.on([*actions, s.live_button.click], None, None, note, js="() => ''", **HIDDEN)
     return link
 
 
@@ -117,6 +122,7 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs, link
     for button in (s.run_button, s.live_button):
         button.click(playground.run_pressed, pressed, noted, js=js, **PRESS)
     kwargs = dict(concurrency_limit=zerogpu.run_concurrency(), trigger_mode="always_last")
+    kwargs |= dict(preprocess=False)  # Run checks its inputs itself: a bad one says "Not run"
     kwargs |= dict(show_progress_on=results.status_markdown)  # one progress bar; results stay
     live = page_panels.run_inputs(requests, s, results, run_state, handle_state, live=True)
     live_event = s.live_button.click(run, live, outputs, **kwargs, **HIDDEN)

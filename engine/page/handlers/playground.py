@@ -23,7 +23,7 @@ import gradio as gr
 
 from engine.page.handlers import run_turns
 from engine.page.handlers.engine_work import run_engines
-from engine.page.inputs.page_io import toast_text
+from engine.page.inputs.page_io import apply_link_step, toast_text
 from engine.page.run.live_run import LiveRun
 from engine.page.run.run_handle import IDLE, REPEAT_PRESS, STOPPED_PRESS, RunHandle, Turn
 from engine.page.run.run_options import (
@@ -32,10 +32,12 @@ from engine.page.run.run_options import (
     options_from_page,
     prepare,
     settings_from_run,
+    view_inputs,
 )
 from engine.page.run.shared_model import SharedModel, get_model
 from engine.page.views import progress_view, run_status
 from engine.page.views.run_view import (
+    STEP_VIEW_OUTPUTS,
     RunResult,
     RunState,
     render,
@@ -106,18 +108,18 @@ run_event.__signature__ = RUN_SIGNATURE  # Gradio names /run's parameters and de
 def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
     """``run_event``'s work once the run may start: check the input, then show a recent identical
     run at once, or wait for the model's turn, run, stream and finish (``run_turns``)."""
-    x_axis = settings.x_axis
     try:
-        options = options_from_page(settings)
+        options = options_from_page(settings)  # every input checked, the table's shape too
+        x_axis, replay = view_inputs(settings)
         model = get_model()  # one that cannot load (a ValueError) is told as "Not run" too
         model = model.in_dtype(options.dtype)  # a dtype the device cannot run: refused here
         requests, config = prepare(model, settings.rows, settings.num_slots, options)
         key = run_turns.setup_key(model, requests, config, options)
-        recent = model.recent.find(key) if settings.replay_recent else None
+        recent = model.recent.find(key) if replay else None
         if recent is None:
             reference = model.reference_for(config.batch_invariant)
             work = run_turns.run_work(requests, config, options, reference)
-            setup = key if settings.replay_recent else None  # shown an identical run, if one ends
+            setup = key if replay else None  # shown an identical run, if one ends
             ticket = model.queue.join(str(id(handle)), work, setup)
             handle.queued(turn, functools.partial(model.queue.leave, ticket))
     except ValueError as exc:
@@ -126,7 +128,7 @@ def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
     if recent is not None:
         yield run_turns.replayed_outputs(recent, model.recent.age_s(recent), x_axis)
         return
-    find = functools.partial(model.recent.find, key) if settings.replay_recent else lambda: None
+    find = functools.partial(model.recent.find, key) if replay else lambda: None
     try:
         waited = yield from run_turns.wait_for_turn(model.queue, ticket, turn, find)
         if waited == run_turns.STOPPED:
@@ -298,8 +300,19 @@ def _stopped_outputs(previous: RunState | None, message: str, x_axis: str) -> tu
 def update_step(state: RunState | None, step_index, x_axis: str) -> tuple:
     """Redraw the heatmaps, block map and timeline cursors at a step (no model call)."""
     if state is None:
-        return (gr.skip(),) * 5
+        return (gr.skip(),) * len(STEP_VIEW_OUTPUTS)
     return step_views(state, int(step_index or 0), x_axis).as_tuple()
+
+
+def link_step_event(state: RunState | None, pending_step: int | None, x_axis: str) -> tuple:
+    """After a run: the step slider at a link's kept step (``page_io.apply_link_step``) and the
+    step views drawn at that step, in one update, so that the slider never reads a step the views
+    do not show. Returns the slider, the kept step (cleared) and the step views; without a run or
+    a kept step, nothing changes."""
+    if state is None or pending_step is None:
+        return (gr.skip(),) * (2 + len(STEP_VIEW_OUTPUTS))
+    step, kept = apply_link_step(state, pending_step)
+    return (step, kept, *step_views(state, step, x_axis).as_tuple())
 
 
 def _user_errors(fn: Callable):

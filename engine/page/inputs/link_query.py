@@ -30,6 +30,7 @@ PAGE_DEFAULTS = {
     "x_axis": "time",
 }
 X_AXES = ("time", "step")
+MAX_SLOTS = 16  # the slot slider's maximum, and the most slots a run (or a link) may ask for
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,12 @@
   Links written before these existed keep working and mean what they meant. ``from_link``
   applies the link when the page opens; ``step`` cannot be shown before a run exists, so
   ``link_step`` keeps it and ``apply_link_step`` moves the step slider there once, after the
-  first run (later runs start at their default step again). A value the page cannot use is named
-  in a warning, with what the page uses instead, and the rest still apply; a linked table's bad
-  rows are named as a typed table's are. ``setup_query`` writes such a query for the current page
-  (a table too long for a link is left out, and a warning says to share it as a file); the page
-  adds its own address in the browser.
+  first run (later runs start at their default step again), the step views drawn there in the
+  same update (``engine.page.handlers.playground.link_step_event``). A value the page cannot use
+  is named in a warning, with what the page uses instead, and the rest still apply; a linked
+  table's bad rows are named as a typed table's are. ``setup_query`` writes such a query for the
+  current page (a table too long for a link is left out, and a warning says to share it as a
+  file); the page adds its own address in the browser.
 * Workload files: ``upload_workload`` fills the request table from a CSV or JSONL file, sampling
   settings included; ``table_files`` writes the table as both (``engine.workloads.workload_files``).
 
@@ -34,7 +35,7 @@ from engine.sampling_params import samples
 from engine.workloads import workload_files
 from engine.workloads.workload import parse_table
 
-MAX_SLOTS = 16  # the slot slider's maximum
+MAX_SLOTS = link_query.MAX_SLOTS  # the slot slider's maximum
 DEFAULT_SLOTS = 3  # the slot slider's value when the page opens
 MAX_QUOTED_CHARS = 40  # of a bad link value, quoted in a warning
 # What a link sets, in ``from_link``'s output order: the preset and its text, and the Run settings
@@ -43,6 +44,7 @@ MAX_QUOTED_CHARS = 40  # of a bad link value, quoted in a warning
 # are those links set before they carried the other settings.
 LINK_OUTPUTS = ("preset", "rows", "chat_template", "preset_text", "num_slots", "prefix_caching")
 LINK_OUTPUTS += tuple(field for field in link_query.PARAMS if field not in LINK_OUTPUTS)
+LINK_OUTPUTS += ("input_warning",)  # the link's warnings, kept in sight (``warning_note``)
 # What ``setup_query`` reads, in its order, named as in ``COMPONENTS``: the first five as before
 # links carried the table and the other settings; ``previous`` is the run on the page, and
 # ``precision`` the host's (a ``link_query.Precision`` in a ``gr.State``).
@@ -153,8 +155,15 @@ def from_link(request: gr.Request, precision: link_query.Precision | None = None
     link |= {f: v for f, v in defaults.items() if f not in link and v != opened[f]}
     settings, bad = link_query.link_settings(params, defaults, precision)
     for parameter, value, why in bad:
-        _warn_link(parameter, value, why)
+        _warn_link(link, parameter, value, why)
+    step = params.get("step", "").strip()  # kept by ``link_step``; said here, with the rest
+    if step and not step.isdigit():
+        _warn_link(link, "step", step, "not a whole number >= 0; runs start at their default step")
     link |= settings
+    if name is not None and "preset_text" in link:
+        link["preset_text"] += switched_note(name, settings)
+    if link.get("input_warning"):
+        link["input_warning"] = warning_note("Link", link["input_warning"])
     return tuple(link.get(output, gr.skip()) for output in LINK_OUTPUTS)
 
 
@@ -169,7 +178,7 @@ def _link_preset(params: dict[str, str], link: dict) -> str | None:
     elif preset:
         slugs = ", ".join(p["slug"] for p in presets.load_presets().values() if p.get("slug"))
         shown = f"showing “{presets.DEFAULT_PRESET}” (presets: {slugs})"
-        _warn_link("preset", preset, f"no such preset; {shown}")
+        _warn_link(link, "preset", preset, f"no such preset; {shown}")
     return name
 
 
@@ -190,7 +199,7 @@ def _link_slots(params: dict[str, str], name: str | None, link: dict) -> None:
         used = fallback or DEFAULT_SLOTS
         using = "1 slot" if used == 1 else f"{used} slots"
         why = f"not a whole number from 1 to {MAX_SLOTS}; using {using}"
-        _warn_link("slots", slots, why)
+        _warn_link(link, "slots", slots, why)
 
 
 def _link_table(params: dict[str, str], link: dict) -> None:
@@ -203,13 +212,14 @@ def _link_table(params: dict[str, str], link: dict) -> None:
     try:
         rows = link_table.decode_table(text)
     except ValueError as exc:
-        _warn_link("table", text, f"{exc}; the page keeps its table")
+        _warn_link(link, "table", text, f"{exc}; the page keeps its table")
         return
     try:
         summary = f" {table_summary(parse_table(rows))}."
     except ValueError as exc:
-        message = f"The link's table has rows to fix before Run: {html.escape(str(exc))}"
-        gr.Warning(message, title="Link")
+        message = "The link's table has rows to fix before Run: "
+        gr.Warning(message + html.escape(str(exc)), title="Link")
+        link.setdefault("input_warning", []).append(message + str(exc))
         summary = " some rows need fixing before Run (the warning names them)."
     link |= {"preset": None, "rows": rows, "preset_text": LINKED_TEXT + summary}
 
@@ -234,12 +244,24 @@ def slots_note(num_slots: int, preset_slots: int) -> str:
     )
 
 
+def switched_note(name: str, settings: dict) -> str:
+    """The line under preset ``name``'s explanation when the link already turned on the setting
+    the explanation asks to turn on (the one its ``check`` compares: ``lower_mean_ttft``), so the
+    page does not ask for what is done; "" otherwise."""
+    switch = presets.load_presets()[name].get("check", {}).get("lower_mean_ttft")
+    if switch is None or settings.get(switch) is not True:
+        return ""
+    what = switch.replace("_", " ")
+    return (
+        f"\n\n*This link turned {what} on already: Run measures the run with it; turn it off "
+        "under Engine settings to see the run without.*"
+    )
+
+
 def link_step(request: gr.Request) -> int | None:
     """The link's ``step=N`` (a whole number >= 0), kept until the first run; None if absent or
-    bad (a bad one is named in a warning)."""
+    bad (``from_link`` names a bad one with the link's other warnings)."""
     step = _query_params(request).get("step", "").strip()
-    if step and not step.isdigit():
-        _warn_link("step", step, "not a whole number >= 0; runs start at their default step")
     return int(step) if step.isdigit() else None
 
 
@@ -254,19 +276,19 @@ def apply_link_step(state, pending_step: int | None) -> tuple:
 def upload_workload(path: str | None) -> tuple:
     """Fill the request table from an uploaded CSV or JSONL file.
 
-    Returns the table rows, the preset dropdown (cleared: the table is no preset now) and the
-    explanation text; for a malformed file, a warning naming the file and the bad line, and no
-    change.
+    Returns the table rows, the preset dropdown (cleared: the table is no preset now), the
+    explanation text and the warning note (cleared); for a malformed file, a warning naming the
+    file and the bad line, kept in the note too, and no other change.
     """
     if not path:
-        return gr.skip(), gr.skip(), gr.skip()
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     try:
         specs = workload_files.load_workload_file(path)
     except ValueError as exc:
         gr.Warning(toast_text(exc), title="Not loaded")
-        return gr.skip(), gr.skip(), gr.skip()
+        return gr.skip(), gr.skip(), gr.skip(), warning_note("Not loaded", [str(exc)])
     text = f"Uploaded {table_summary(specs)}."
-    return workload_files.table_rows(specs, sampling_columns=True), None, text
+    return workload_files.table_rows(specs, sampling_columns=True), None, text, ""
 
 
 def table_files(rows) -> list[str]:
@@ -280,26 +302,40 @@ def table_files(rows) -> list[str]:
     return [str(p) for p in workload_files.write_table_files(folder, specs)]
 
 
-def show_table_files(rows) -> gr.File:
-    """``table_files`` shown in the page's (until then hidden) file box; for a table that does
-    not validate, a warning naming the row, and the file box as it was."""
+def show_table_files(rows) -> tuple:
+    """``table_files`` shown in the page's (until then hidden) file box, and the warning note
+    cleared; for a table that does not validate, a warning naming the row, kept in the note too,
+    and the file box as it was."""
     try:
-        return gr.File(value=table_files(rows), visible=True)
+        return gr.File(value=table_files(rows), visible=True), ""
     except ValueError as exc:
         gr.Warning(toast_text(exc), title="No download")
-        return gr.skip()
+        return gr.skip(), warning_note("No download", [str(exc)])
+
+
+def warning_note(title: str, messages: list[str]) -> str:
+    """The note under the request table that keeps the last warnings in sight until the next
+    action (a toast is gone in seconds): ``title`` and each message, as HTML that shows a
+    message as written (it may quote a linked or uploaded value)."""
+    items = "".join(f"<li>{html.escape(message, quote=False)}</li>" for message in messages)
+    title = html.escape(title, quote=False)
+    return f'<div class="input-warning">⚠ <strong>{title}:</strong><ul>{items}</ul></div>'
 
 
 def _query_params(request: gr.Request | None) -> dict[str, str]:
     return dict(request.query_params) if request is not None else {}
 
 
-def _warn_link(name: str, value: str, instead: str) -> None:
-    """A warning toast: the link's ``name=value`` (clipped, as plain text) is unusable, and why."""
+def _warn_link(link: dict, name: str, value: str, instead: str) -> None:
+    """A warning toast: the link's ``name=value`` (clipped, as plain text) is unusable, and why;
+    the same message is added to ``link``'s warnings for its note (``warning_note``)."""
     if len(value) > MAX_QUOTED_CHARS:
         value = value[:MAX_QUOTED_CHARS] + "…"
     why = toast_text(instead)
     gr.Warning(f"The link's {name}={html.escape(value)!r} is ignored: {why}.", title="Link")
+    link.setdefault("input_warning", []).append(
+        f"The link's {name}={value!r} is ignored: {instead}."
+    )
 
 
 def toast_text(message) -> str:

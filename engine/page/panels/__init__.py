@@ -5,7 +5,7 @@ Header, requests and downloads (``page_panels``), the settings (``settings_panel
 and every page room below it.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
-``server_panels``, ``tour`` serve it from inside.
+``server_panels``, ``tour`` and ``requests_table`` serve it from inside.
 """
 
 __all__ = [

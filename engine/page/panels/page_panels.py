@@ -19,6 +19,7 @@ import gradio as gr
 
 from engine.page.handlers import playground
 from engine.page.panels import tour
+from engine.page.panels.requests_table import RequestsTable
 from engine.page.panels.results_panel import ResultsPanel
 from engine.page.panels.settings_panel import SettingsPanel
 from engine.page.run.run_options import RUN_INPUTS
@@ -70,11 +71,12 @@ class RequestsPanel:
     table_button: gr.Button
     table_file: gr.File
     preset_markdown: gr.Markdown
+    warning_html: gr.HTML  # the last warning about the table or the link, until the next action
 
 
 def requests_panel(rows: list[list], preset_text: str) -> RequestsPanel:
     """The request editor, filled with the default preset's ``rows``."""
-    table = gr.Dataframe(
+    table = RequestsTable(  # a gr.Dataframe whose API value Run's handler checks
         value=rows,
         headers=playground.REQUEST_HEADERS,
         # the seed is text: a browser number loses digits past 2^53, and seeds go to 2^63 - 1
@@ -103,8 +105,11 @@ def requests_panel(rows: list[list], preset_text: str) -> RequestsPanel:
         visible=False,
         elem_id="table_file",
     )
+    warning_html = gr.HTML("", elem_id="warning_html")  # page_io.warning_note; empty: nothing
     preset_markdown = gr.Markdown(preset_text, elem_id="preset_markdown")
-    return RequestsPanel(table, upload_button, table_button, table_file, preset_markdown)
+    return RequestsPanel(
+        table, upload_button, table_button, table_file, preset_markdown, warning_html
+    )
 
 
 def downloads_panel() -> gr.File:
@@ -156,6 +161,7 @@ def run_outputs(
 COMPONENTS = {
     "rows": "requests.table",
     "preset_text": "requests.preset_markdown",
+    "input_warning": "requests.warning_html",  # a link's warnings (page_io.warning_note)
     "preset": "settings.preset_dropdown",
     "num_slots": "settings.slots_slider",
     "chat_template": "settings.chat_checkbox",

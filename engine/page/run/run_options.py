@@ -20,6 +20,7 @@ from typing import Any
 
 from engine.batching.continuous import ContinuousEngine
 from engine.config import EngineConfig
+from engine.page.inputs.link_query import MAX_SLOTS, X_AXES
 from engine.serving.run_control import run_time_limit_s
 from engine.workloads.workload import (
     check_arrivals,
@@ -150,7 +151,10 @@ def options_from_page(settings: RunSettings) -> RunOptions:
     s, problems = settings, []
     told = functools.partial(_told, problems)
     block_size = 16 if _blank(s.block_size) else told(_whole_number, s.block_size, "Block size")
-    flag = functools.partial(told, _flag)
+
+    def flag(value, what: str) -> bool:  # a bad one told, and standing at False
+        return bool(told(_flag, value, what))
+
     options = RunOptions(
         chat_template=flag(s.chat_template, "Use chat template"),
         check_reference=flag(s.check_reference, "Check outputs against model.generate"),
@@ -162,14 +166,32 @@ def options_from_page(settings: RunSettings) -> RunOptions:
         kv_budget_mib=told(_optional_positive, s.kv_budget_mib, "KV budget (MiB)"),
         block_size=16 if block_size is None else block_size,
         prefix_caching=flag(s.prefix_caching, "Prefix caching"),
-        servers=_names(s.server_names),
+        servers=told(_names, s.server_names) or (),
         dtype=None if _blank(s.dtype) else str(s.dtype).strip(),
         batch_invariant=flag(s.batch_invariant, "Batch-invariant mode"),
     )
+    told(view_inputs, s)  # no engine knobs, but Run's inputs: named with the rest
     if problems:  # the knobs that parsed are checked too (a bad one stands at its default)
         told(engine_config, s.num_slots, options)
     raise_problems(problems, "bad settings")
     return options
+
+
+def view_inputs(settings: RunSettings) -> tuple[str, bool]:
+    """The two inputs of Run that no engine reads: the timelines' x axis (blank: "time") and
+    whether a recent identical run may be shown (``replay_recent``).
+
+    Raises:
+        ValueError: an x axis that is not one of ``X_AXES``, or a ``replay_recent`` that is not
+            true or false.
+    """
+    problems = []
+    x_axis = X_AXES[0] if _blank(settings.x_axis) else settings.x_axis
+    if x_axis not in X_AXES:
+        problems.append(f"The x axis must be one of {', '.join(X_AXES)} (got {x_axis!r}).")
+    replay = _told(problems, _flag, settings.replay_recent, "replay_recent")
+    raise_problems(problems, "bad settings")
+    return x_axis, replay
 
 
 def engine_config(num_slots, options: RunOptions) -> EngineConfig:
@@ -181,6 +203,9 @@ def engine_config(num_slots, options: RunOptions) -> EngineConfig:
     """
     problems = []
     slots = _told(problems, _whole_number, num_slots, "Slots")
+    if slots is not None and slots > MAX_SLOTS:  # the slider's limit (EngineConfig: at least 1)
+        problems.append(f"Slots must be at most {MAX_SLOTS} (got {slots}).")
+        slots = None
     try:
         config = EngineConfig(
             num_slots=1 if slots is None else slots,  # a bad count told; the rest checked
@@ -218,12 +243,10 @@ def prepare(model, rows, num_slots, options: RunOptions):
             prefix caching without the paged KV mode, or batch-invariant mode on a model without
             its kernels.
     """
-    if hasattr(rows, "values") and hasattr(rows, "columns"):  # a pandas DataFrame
-        rows = rows.values.tolist()
     config = engine_config(num_slots, options)
     if options.batch_invariant:
         model.runner.require_batch_invariant()
-    specs = parse_table(rows)
+    specs = parse_table(request_rows(rows))
     if options.arrival_rate_per_s:
         specs = poisson_arrivals(specs, options.arrival_rate_per_s, options.arrival_seed)
     time_limit_s = run_time_limit_s()
@@ -242,12 +265,47 @@ def prepare(model, rows, num_slots, options: RunOptions):
     return requests, config
 
 
+TABLE_FORM = '{"headers": [...], "data": [[prompt, max_new_tokens, ...], ...]}'
+
+
+def request_rows(table) -> list:
+    """The request table's rows, from what Run was sent: the table as the page and the /run API
+    send it (``TABLE_FORM``), its rows as a list, or a pandas DataFrame. The rows themselves are
+    checked by ``parse_table``.
+
+    Raises:
+        ValueError: anything else (missing, text, a number, a dict without ``data``), or a row
+            that is not a list of cells.
+    """
+    if hasattr(table, "values") and hasattr(table, "columns"):  # a pandas DataFrame
+        return table.values.tolist()
+    rows = table.get("data") if isinstance(table, dict) else table
+    if not isinstance(rows, list | tuple):
+        raise ValueError(f"The request table must be a table, {TABLE_FORM} (got {_quoted(table)}).")
+    problems = [
+        f"Row {i} must be a list of cells (got {_quoted(row)})."
+        for i, row in enumerate(rows, start=1)
+        if not isinstance(row, list | tuple)
+    ]
+    raise_problems(problems, "bad rows")
+    return list(rows)
+
+
+def _quoted(value, max_chars: int = 60) -> str:
+    """``repr(value)``, cut to ``max_chars``."""
+    text = repr(value)
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+
+
 def _names(value) -> tuple[str, ...]:
-    """The chosen server names (a checkbox group's list; a single name from an API client)."""
+    """The chosen server names (a checkbox group's list; a single name from an API client).
+    Raises ValueError for anything else."""
     if value is None or value == "":
         return ()
-    names = [value] if isinstance(value, str) else list(value)
-    return tuple(str(name) for name in names)
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"Servers must be a list of server names (got {_quoted(value)}).")
+    return tuple(names)
 
 
 def _whole_number(value, what: str) -> int:
@@ -297,7 +355,7 @@ def _optional_positive(value, what: str) -> float | None:
         return None
     try:
         number = float(value)
-    except ValueError:
+    except (TypeError, ValueError):
         raise ValueError(f"{what} must be a number (got {value!r}).") from None
     if not number > 0:
         raise ValueError(f"{what} must be positive, or 0 for the default (got {value}).")

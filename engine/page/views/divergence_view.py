@@ -22,17 +22,17 @@ from engine.fidelity.divergence import MATCH, NEAR_TIE, NUM_SHOWN
 from engine.fidelity.reference import NOT_COMPARED_TEXT
 
 NOT_AVAILABLE = "—"
-CHOSEN = " ← chosen"  # marks, in the top 5, the token a run chose
+CHOSEN = " ← chosen by {}"  # marks, in the top 5, the token a run (or both) chose
 NOT_COMPARED = "not compared"  # sampled with another generator (transformers' engine)
 TIES_NOTE = (
     "Equal logits share a rank, the run's chosen token listed first among them; greedy "
     "decoding's argmax breaks such a tie by the lower token id."
 )
-TOP_HEADERS = [
-    "rank (reference · engine)",
-    "reference run: token",
+TOP_HEADERS = [  # one token per row: its rank and logit in each run ("—": not in its top 5)
+    "token",
+    "reference rank",
     "reference logit",
-    "engine run: token",
+    "engine rank",
     "engine logit",
 ]
 NO_DIFFERENCE = "Every checked output equals its reference, token for token."
@@ -221,28 +221,28 @@ def _has_tie(side: Ranked) -> bool:
 
 
 def _top_rows(sides: list[Ranked]) -> list[list[str]]:
-    """``TOP_HEADERS`` rows from ``_ranked_sides``: the rank, then each run's token text and
-    logit; each run's chosen token is marked."""
+    """``TOP_HEADERS`` rows from ``_ranked_sides``: one row per token of either run's top, in
+    the reference's order, then the engine's other tokens; each with its rank and logit in each
+    run ("—" where that run's top lacks it), the token a run chose marked."""
+    found = [{t["token_id"]: (rank, t, chosen) for rank, t, chosen in side} for side in sides]
+    order = list(dict.fromkeys(t["token_id"] for side in sides for _, t, _ in side))
     rows = []
-    for position in range(NUM_SHOWN):
-        ranks, cells = [], []
-        for side in sides:
-            if position < len(side):
-                rank, token, chosen = side[position]
-                ranks.append(rank)
-                cells += [repr(token["text"]) + (CHOSEN if chosen else ""), _num(token["logit"])]
-            else:
-                cells += [NOT_AVAILABLE, NOT_AVAILABLE]
-        rows.append([_rank_cell(ranks, position), *cells])
+    for token_id in order[: 2 * NUM_SHOWN]:
+        shown = [side.get(token_id) for side in found]
+        text = next(entry[1]["text"] for entry in shown if entry is not None)
+        chose = [run for run, entry in zip(RUNS, shown, strict=False) if entry and entry[2]]
+        mark = CHOSEN.format(" and ".join(chose)) if chose else ""
+        cells = [repr(text) + mark]
+        for entry in shown:
+            no = entry is None
+            cells += (
+                [NOT_AVAILABLE, NOT_AVAILABLE] if no else [str(entry[0]), _num(entry[1]["logit"])]
+            )
+        rows.append(cells)
     return rows
 
 
-def _rank_cell(ranks: list[int], position: int) -> str:
-    """One number where the runs' ranks agree (or one run alone has a token in this row), else
-    "reference · engine", e.g. "1 · 2"."""
-    if len(set(ranks)) > 1:
-        return " · ".join(map(str, ranks))
-    return str(ranks[0] if ranks else position + 1)
+RUNS = ("reference", "engine")  # the two runs, in ``_ranked_sides``' order
 
 
 def _num(value: float | None) -> str:

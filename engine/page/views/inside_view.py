@@ -133,6 +133,16 @@ def step_plan_line(ours: Trace | None, name: str, record: Trace, index: int) -> 
     return f"step {index} differs from ours: {reason}"
 
 
+def scale_line(name: str, record: Trace, x_axis: str, x_max: float | None) -> str:
+    """Why the own record's timeline runs past its end: it shares our timelines' x scale, which a
+    longer run of ours sets ("" when its own end sets it)."""
+    end = timelines.x_extent(record, x_axis)
+    if x_max is None or x_max <= end * 1.02:
+        return ""
+    own = f"step {len(record.steps) - 1}" if x_axis == "step" else f"{end:.2f} s"
+    return html.escape(f"x axis shared with our timelines: {name}'s own record ends at {own}")
+
+
 def step_figures(
     servers: dict[str, Trace],
     step_index: int,
@@ -164,11 +174,12 @@ def step_figures(
     blocks = block_map.block_map_figure(record, at)
     plans = html.escape(plans_line(ours, name, record))
     step_plan = html.escape(step_plan_line(ours, name, record, at))
+    scale = scale_line(name, record, x_axis, x_max)
     return (
         labelled(
             timeline,
             f"{name} from the inside: {lanes}",
-            f"{source}<br>{LANES_NOTE}" + (f"<br>{plans}" if plans else ""),
+            f"{source}<br>{LANES_NOTE}" + "".join(f"<br>{x}" for x in (scale, plans) if x),
         ),
         labelled(
             mask,

@@ -142,3 +142,36 @@ def test_upload_csv_fills_the_table_and_the_table_downloads(page: Page, tmp_path
     expect(_cell(page, "requests_table", 1, 0)).to_contain_text("Goodbye")  # table kept
     tracker = page.locator("#requests_table [data-testid=status-tracker]")
     expect(tracker).to_have_class(re.compile(r"\bhide\b"))  # no "Error" badge over the table
+
+
+def test_a_warning_stays_under_the_table_until_the_next_action(page: Page, server_url, tmp_path):
+    """A refused upload and a link's ignored parameter stay named under the table after their
+    toasts have gone, until the next action (a cell edited, a preset chosen)."""
+    note = page.locator("#warning_html")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("prompt,max_new_tokens\nfine,3\noops,many\n")
+    with page.expect_file_chooser() as chooser:
+        page.locator("#upload_button").click()
+    chooser.value.set_files(str(bad))
+    expect(note).to_contain_text("bad.csv line 3", timeout=20_000)
+    expect(note).to_contain_text("Not loaded:")
+    _close_toasts(page)
+    expect(note).to_contain_text("bad.csv line 3")  # a state: no toast, the note still there
+    _edit_cell(page, 0, 1, 7)
+    expect(note).not_to_contain_text("bad.csv", timeout=10_000)
+
+    page.goto(f"{server_url}?slots=99&kv=odd")
+    expect(note).to_contain_text("slots='99' is ignored", timeout=30_000)
+    expect(note).to_contain_text("kv='odd' is ignored")
+    _close_toasts(page)
+    expect(note).to_contain_text("slots='99' is ignored")
+    page.locator("#preset_dropdown input").click()
+    page.get_by_role("option").nth(1).click()
+    expect(note).not_to_contain_text("ignored", timeout=10_000)
+
+
+def _close_toasts(page: Page) -> None:
+    """Wait until every toast on the page has gone by itself (Gradio's toasts last 7 to 15 s)."""
+    toasts = page.locator('[data-testid="toast-body"]')
+    expect(toasts.first).to_be_visible(timeout=20_000)
+    expect(toasts).to_have_count(0, timeout=60_000)

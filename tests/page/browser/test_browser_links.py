@@ -21,6 +21,12 @@ from browser_kit import (
 )
 
 pytestmark = PYTESTMARK
+# The step the slider reads, and the one the packed mask's title names ("Packed step N: ...").
+STEPS_SHOWN_JS = """() => [
+    document.querySelector('#step_slider input[type=range]')?.value,
+    document.querySelector('#packed_mask_plot .gtitle')?.textContent.match(/step (\\d+)/)?.[1],
+]"""
+SLIDER_AND_MASK_AT = f"(step) => ({STEPS_SHOWN_JS})().every((shown) => shown === String(step))"
 
 
 def test_link_presets_the_page(page: Page, server_url: str):
@@ -60,8 +66,9 @@ def test_setup_link_step_and_downloads(page: Page, server_url: str, tmp_path: Pa
     set_requests(page, rows)  # small caps keep the run short; the link's step still applies
     run_and_wait(page)
     assert_results(page, [p for p, _ in rows])
-    expect(page.locator("#step_slider input[type=range]")).to_have_value("3")
-    expect(page.locator("#packed_mask_plot .gtitle")).to_contain_text("Packed step 3")
+    # The slider and the views move to the link's step in one update (link_step_event): wait
+    # for that state, slider and mask title together, as long as a loaded machine takes.
+    page.wait_for_function(SLIDER_AND_MASK_AT, arg=3, timeout=120_000)
 
     page.locator("#link_button").click()
     link = page.locator("#link_textbox textarea, #link_textbox input").first
@@ -84,7 +91,6 @@ def test_setup_link_step_and_downloads(page: Page, server_url: str, tmp_path: Pa
     assert len(spans) == 2 * len(rows), f"want one request span per engine and request: {spans}"
 
     shot = tmp_path / "playground.png"
-    page.wait_for_timeout(1000)  # let Plotly finish drawing after the step change
     page.screenshot(path=str(shot), full_page=True)
     print(f"screenshot: {shot}")
 

@@ -65,7 +65,8 @@ def test_no_samples_or_no_server_says_why():
     bare.server_samples = []
     bare.info["server"]["metrics_note"] = "/metrics answered HTTP 404: no server samples"
     fig = server_lanes.server_chart_figure({"gpu": bare})
-    assert fig.layout.annotations[0].text == "gpu: /metrics answered HTTP 404: no server samples"
+    text = fig.layout.annotations[0].text.replace("<br>", " ")  # in lines a phone shows whole
+    assert text == "gpu: /metrics answered HTTP 404: no server samples", text
     assert "No server ran" in server_lanes.server_timeline_figure({}).layout.annotations[0].text
 
 
@@ -94,3 +95,13 @@ def test_kv_use_says_what_100_percent_is_for_each_engine():
     subtitle = fig.layout.title.subtitle.text
     for pool in ("vllm: 1,310 blocks, 80.0 MiB", "remote: size not published", "(ours): 28 blocks"):
         assert pool in subtitle, f"{pool!r} missing from the subtitle: {subtitle}"
+
+
+def test_a_message_chart_breaks_its_text_into_lines_a_phone_shows_whole():
+    """ "No server ran…" (and every other empty chart's message) comes in lines of at most
+    MESSAGE_LINE_CHARS characters (Plotly never wraps: one long line was clipped on a phone),
+    and the lines together say the whole message."""
+    fig = server_lanes.server_timeline_figure({}, None)
+    lines = fig.layout.annotations[0].text.split("<br>")
+    assert len(lines) > 1 and max(map(len, lines)) <= server_lanes.MESSAGE_LINE_CHARS, lines
+    assert " ".join(lines) == server_lanes.NO_SERVER, lines

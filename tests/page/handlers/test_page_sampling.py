@@ -96,7 +96,7 @@ def test_upload_and_download_carry_the_sampling_columns(tmp_path):
         "prompt,max_new_tokens,temperature,seed\nGreedy,4,,\nSampled,3,0.7,9223372036854775807\n",
         encoding="utf-8",
     )
-    rows, preset, text = page_io.upload_workload(str(path))
+    rows, preset, text, _ = page_io.upload_workload(str(path))
     assert rows == [
         ["Greedy", 4, 0.0, None, None, None, None],
         ["Sampled", 3, 0.0, 0.7, 0, 1.0, 2**63 - 1],

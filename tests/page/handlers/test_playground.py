@@ -219,7 +219,38 @@ def test_update_step_clamps_to_the_shorter_run(result, no_model):
 
 def test_update_step_before_any_run_changes_nothing():
     """With no run yet, the step slider leaves every figure as it is."""
-    assert playground.update_step(None, 0, "time") == (gr.skip(),) * 5
+    skips = (gr.skip(),) * len(run_view.STEP_VIEW_OUTPUTS)
+    assert playground.update_step(None, 0, "time") == skips
+
+
+def test_a_links_step_moves_the_slider_and_the_views_together(result, no_model):
+    """After a run, a link's kept step comes back as the slider's value together with the step
+    views drawn at that step (one update: the slider never reads a step the views do not show),
+    clamped to the run, and the kept step is cleared."""
+    state = result.state
+    for kept, step in ((3, 3), (10_000, state.num_steps - 1)):
+        slider, cleared, *views = playground.link_step_event(state, kept, "step")
+        assert (slider, cleared) == (step, None), f"link step {kept}: slider {slider}, {cleared}"
+        drawn = playground.update_step(state, step, "step")
+        assert [v.to_json() for v in views] == [v.to_json() for v in drawn], f"step {kept}"
+    skips = (gr.skip(),) * (2 + len(run_view.STEP_VIEW_OUTPUTS))
+    assert playground.link_step_event(state, None, "time") == skips, "moved without a link"
+    assert playground.link_step_event(None, 3, "time") == skips, "moved without a run"
+
+
+def test_only_the_users_moves_of_the_step_slider_redraw_the_step_views():
+    """The slider's redraw listens to its ``input`` (the user's moves), not ``change``: a step the
+    page sets carries its views (a run's results, ``link_step_event``), and a second redraw
+    arriving later could draw another step than the slider reads."""
+    import app
+
+    demo = app.build_demo("Model: test")
+    (slider,) = [b for b in demo.blocks.values() if getattr(b, "elem_id", "") == "step_slider"]
+    events = {e for fn in demo.fns.values() for i, e in fn.targets if i == slider._id}
+    assert events == {"input"}, f"the step slider's events: {events}"
+    (linked,) = [fn for fn in demo.fns.values() if fn.name == "link_step_event"]
+    drawn = {getattr(o, "elem_id", None) for o in linked.outputs}
+    assert {"step_slider", "packed_mask_plot"} <= drawn, f"a link's step sets only {drawn}"
 
 
 def test_status_line_names_mismatches():

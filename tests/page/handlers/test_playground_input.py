@@ -12,13 +12,20 @@ import gradio as gr
 import pytest
 from page_runs import run_and_render
 
+from engine.bench.app_server import free_port
 from engine.page.handlers import playground
 from engine.page.run import shared_model
 from engine.page.run.run_options import RunOptions
 from engine.page.views import run_status, run_view
 from engine.page.views.progress_view import plain_markdown
 
+try:
+    from gradio_client import Client
+except ImportError:  # gradio_client ships with gradio, but keep the module importable without it
+    Client = None
+
 ROWS = [["hello world", 5], ["abc", 12]]
+STATUS_INDEX = 7  # the status line in /run's returned tuple (run_state is not returned)
 FAR_OFF_RATE = "0.000001"  # requests/s: the second request arrives days after Run
 
 
@@ -176,3 +183,67 @@ def test_checkbox_inputs_take_true_false_and_their_words():
     ]:
         settings, _, _ = settings_from_run(*_run_args()[:3], value, *_run_args()[4:10])
         assert options_from_page(settings).check_reference is expected, f"{value!r} misread"
+
+
+API_TABLE = {"headers": ["prompt", "max_new_tokens"], "data": ROWS}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("num_slots", "abc", "Slots must be a whole number (got 'abc')"),
+        ("num_slots", 17, "Slots must be at most 16 (got 17)"),
+        ("rows", None, "The request table must be a table"),
+        ("rows", "hello", "The request table must be a table"),
+        ("rows", {"headers": ["prompt"], "data": "x"}, "The request table must be a table"),
+        ("rows", {"headers": ["prompt"], "data": ["x"]}, "Row 1 must be a list of cells"),
+        ("server_names", 5, "Servers must be a list of server names (got 5)"),
+        ("x_axis", "bogus", "The x axis must be one of time, step (got 'bogus')"),
+        ("replay_recent", "maybe", "replay_recent must be true or false (got 'maybe')"),
+        ("arrival_rate", [1], "Arrival rate (requests/s) must be a number"),
+        ("batch_invariant", "on", "Batch-invariant mode must be true or false"),
+    ],
+)
+def test_a_run_input_of_the_wrong_type_is_refused_by_name(name, value, message):
+    """Each /run input of the wrong type (slots "abc", rows None or "hello", ...) gets "Not run"
+    naming it, and only it: no TypeError, no second message about the same input."""
+    from engine.page.run.run_options import RUN_INPUTS
+
+    named = dict(zip(RUN_INPUTS, _run_args(), strict=False)) | {name: value}
+    status = _refused(**named)
+    assert plain_markdown(message) in status, f"{message!r} not in {status!r}"
+    assert status.count("must") == 1, f"more than one problem named: {status!r}"
+
+
+def test_the_api_table_form_runs_as_its_rows():
+    """The table as the page and the /run API send it ({"headers", "data"}) is read as its rows."""
+    from engine.page.run.run_options import request_rows
+
+    assert request_rows(API_TABLE) == ROWS
+    assert request_rows(ROWS) == ROWS
+
+
+@pytest.mark.skipif(Client is None, reason="the gradio_client package is not installed")
+def test_served_run_api_says_not_run_for_inputs_of_the_wrong_type():
+    """Through a served page, /run with num_slots="abc", rows=None, rows="hello" or
+    check_reference="yes please" returns a "Not run" status line naming the input, instead of
+    Gradio's opaque error."""
+    import app
+
+    demo = app.build_demo("Model: test")
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True)
+    knobs = _run_args()[2:10]
+    calls = [
+        ("Slots must be a whole number", (API_TABLE, "abc", *knobs)),
+        ("The request table must be a table", (None, 2, *knobs)),
+        ("The request table must be a table", ("hello", 2, *knobs)),
+        ("Check outputs against model.generate", (API_TABLE, 2, False, "yes please", *knobs[2:])),
+    ]
+    try:
+        client = Client(demo.local_url, verbose=False)
+        for message, args in calls:
+            status = client.predict(*args, api_name="/run")[STATUS_INDEX]
+            assert status.startswith("**Not run:**"), f"{args[:4]}: {status!r}"
+            assert plain_markdown(message) in status, f"{message!r} not in {status!r}"
+    finally:
+        demo.close()

@@ -110,10 +110,11 @@ def test_a_links_slots_never_contradict_the_presets_text():
 
 def test_link_step_is_kept_then_applied_once_after_a_run():
     """step=N is read from the link, applied (clamped) after a run, then forgotten; a bad step is
-    named in a warning."""
+    named in a warning, with the link's others."""
     assert page_io.link_step(_link(step=12)) == 12 and page_io.link_step(_link()) is None
+    assert page_io.link_step(_link(step="-3")) is None
     with pytest.warns(UserWarning, match="step='-3' is ignored: not a whole number >= 0"):
-        assert page_io.link_step(_link(step="-3")) is None
+        page_io.from_link(_link(step="-3"))
     run = SimpleNamespace(num_steps=10)
     assert page_io.apply_link_step(run, 7) == (7, None), "step not applied, or not cleared"
     assert page_io.apply_link_step(run, 50) == (9, None), "step past the run's end not clamped"
@@ -125,10 +126,11 @@ def test_upload_fills_the_table_and_clears_the_preset(tmp_path):
     """An uploaded CSV becomes table rows (with arrival_s); the preset dropdown is cleared."""
     path = tmp_path / "w.csv"
     path.write_text("prompt,max_new_tokens,arrival_s\nHi there,4,\nLater,3,1.5\n", encoding="utf-8")
-    rows, preset, text = page_io.upload_workload(str(path))
+    rows, preset, text, note = page_io.upload_workload(str(path))
     greedy = [None] * 4  # the sampling columns, empty
     assert rows == [["Hi there", 4, 0.0, *greedy], ["Later", 3, 1.5, *greedy]], rows
     assert preset is None and "2 requests" in text and "1 arriving after" in text, text
+    assert note == "", f"an upload that loaded left a warning in sight: {note!r}"
 
 
 def test_bad_upload_warns_naming_the_line_and_changes_nothing(tmp_path):
@@ -140,7 +142,8 @@ def test_bad_upload_warns_naming_the_line_and_changes_nothing(tmp_path):
     path.write_text(lines, encoding="utf-8")
     with pytest.warns(UserWarning, match="bad.jsonl line 2.* bad.jsonl line 3: max_new_tokens 0"):
         updates = page_io.upload_workload(str(path))
-    assert updates == (SKIP, SKIP, SKIP), f"a bad upload changed the page: {updates}"
+    assert updates[:3] == (SKIP, SKIP, SKIP), f"a bad upload changed the page: {updates}"
+    assert "bad.jsonl line 3: max_new_tokens 0" in updates[3], f"not kept in sight: {updates[3]}"
 
 
 def test_csv_prompt_over_131072_characters_warns_and_keeps_the_table(tmp_path):
@@ -151,7 +154,7 @@ def test_csv_prompt_over_131072_characters_warns_and_keeps_the_table(tmp_path):
     wanted = "huge.csv line 2: the prompt has 300000 characters, over the limit of 20000."
     with pytest.warns(UserWarning, match=wanted):
         updates = page_io.upload_workload(str(path))
-    assert updates == (SKIP, SKIP, SKIP), f"a refused upload changed the page: {updates}"
+    assert updates[:3] == (SKIP, SKIP, SKIP), f"a refused upload changed the page: {updates}"
 
 
 def test_table_download_loads_back_as_the_same_workload():
@@ -164,9 +167,11 @@ def test_table_download_loads_back_as_the_same_workload():
     with pytest.raises(ValueError, match="Row 1"):
         page_io.table_files([["", 3, 0]])
     with pytest.warns(UserWarning, match="Row 1: the prompt is blank"):
-        shown = page_io.show_table_files([["", 3, 0]])
+        shown, note = page_io.show_table_files([["", 3, 0]])
     assert shown == SKIP, f"a bad table changed the file box: {shown}"
-    assert page_io.show_table_files(rows).visible is True, "the file box is not shown"
+    assert "Row 1: the prompt is blank" in note, f"the refusal is not kept in sight: {note}"
+    shown, note = page_io.show_table_files(rows)
+    assert shown.visible is True and note == "", "the file box is not shown, or a note stays"
 
 
 def test_arrivals_preset_arrives_over_time():
@@ -183,7 +188,46 @@ def test_a_warning_quoting_a_cell_shows_its_markup_as_text():
     shared through a link can carry any) arrives escaped, as text, never as a tag."""
     cell = "<img src=x onerror=alert(1)>"
     with pytest.warns(UserWarning) as warned:
-        shown = page_io.show_table_files([["hi", cell, 0]])
+        shown, note = page_io.show_table_files([["hi", cell, 0]])
     message = str(warned[0].message)
-    assert shown == SKIP
+    assert shown == SKIP and "<img" not in note, note
     assert "&lt;img src=x onerror=alert(1)>" in message and "<img" not in message, message
+
+
+def test_a_links_warnings_stay_in_sight_in_one_note(recwarn):
+    """Every ignored link parameter is named in the note under the table (the toasts go in
+    seconds), as text; a link without a bad parameter leaves the note as it is."""
+    link = page_io.from_link(_link(preset="nope", slots=99, step="x", kv="<b>odd</b>"))
+    note = dict(zip(page_io.LINK_OUTPUTS, link, strict=True))["input_warning"]
+    for said in ("preset='nope' is ignored", "slots='99' is ignored", "step='x' is ignored"):
+        assert said in note, f"{said!r} not kept in sight: {note}"
+    assert "kv='&lt;b&gt;odd&lt;/b&gt;' is ignored" in note and "<b>" not in note, note
+    assert page_io.from_link(_link(slots=4))[-1] == SKIP, "a good link changed the note"
+
+
+def test_the_warning_note_is_cleared_by_the_next_action():
+    """The note stays until the next action: a table edit, a preset chosen or Run (cleared in the
+    browser) or the next upload or table download (which set it, or clear it)."""
+    import app
+
+    demo = app.build_demo("Model: test")
+    by_id = {b._id: b for b in demo.blocks.values()}
+    (note,) = [b for b in by_id.values() if getattr(b, "elem_id", "") == "warning_html"]
+    setting = [fn for fn in demo.fns.values() if note in fn.outputs]
+    clears = [fn for fn in setting if fn.fn is None and fn.js]
+    cleared_by = {(by_id[i].elem_id, event) for fn in clears for i, event in fn.targets}
+    for action in [("requests_table", "input"), ("preset_dropdown", "input")]:
+        assert action in cleared_by, f"{action} leaves the warning: {cleared_by}"
+    assert ("run_button", "click") in cleared_by, cleared_by
+    handlers = {fn.fn for fn in setting}
+    assert {page_io.upload_workload, page_io.show_table_files, page_io.from_link} <= handlers
+
+
+def test_a_link_that_turned_prefix_caching_on_does_not_ask_to_turn_it_on():
+    """Under the shared-system-prompt preset's "turn on prefix caching", a link that already
+    turned it on says so; without it in the link, no such line."""
+    text = page_io.LINK_OUTPUTS.index("preset_text")
+    on = page_io.from_link(_link(preset="shared-system-prompt", prefix_caching=1))[text]
+    assert "This link turned prefix caching on already" in on, on
+    off = page_io.from_link(_link(preset="shared-system-prompt"))[text]
+    assert "turned prefix caching on" not in off, off

@@ -195,7 +195,7 @@ def test_a_link_sets_settings_by_their_field_names(demo):
     """A link's knobs are RunSettings fields, app.py writes them to those fields' components,
     and from_link hands each value to its name."""
     fields = {f.name for f in dataclasses.fields(RunSettings)}
-    knobs = set(page_io.LINK_OUTPUTS) - {"preset", "preset_text"}
+    knobs = set(page_io.LINK_OUTPUTS) - {"preset", "preset_text", "input_warning"}
     assert knobs <= fields, f"link outputs that are no setting: {knobs - fields}"
     (load,) = [fn for fn in demo.fns.values() if fn.fn is page_io.from_link]
     ids = [c.elem_id for c in load.outputs]

@@ -38,18 +38,19 @@ def _verdicts(reference_top, engine_top, reference_token=3, engine_token=7) -> d
 
 def test_equal_logits_share_a_rank_with_the_chosen_token_first():
     """Three tokens at logit 26.5, listed by topk with the reference's choice third, show as
-    rank 1 each with the chosen first; the engine's untied top keeps ranks 1 and 2; the markdown
-    says once how argmax breaks a tie."""
+    rank 1 each with the chosen first; the engine's untied top keeps ranks 1 and 2; each row is
+    one token, with its rank and logit in both runs; the markdown says once how argmax breaks a
+    tie."""
     reference = [(7, 26.5), (4, 26.5), (3, 26.5), (11, 25.0), (2, 24.0)]
     engine = [(7, 26.75), (4, 26.5), (3, 26.5), (11, 25.0), (2, 24.0)]
     markdown, _, rows = divergence_view.view(_verdicts(reference, engine), None, "bfloat16")
-    chosen = divergence_view.CHOSEN
+    by = divergence_view.CHOSEN.format
     assert rows == [
-        ["1", f"' different'{chosen}", "26.5", f"' extreme'{chosen}", "26.75"],
-        ["1 · 2", "' same'", "26.5", "' different'", "26.5"],
-        ["1 · 2", "' extreme'", "26.5", "' same'", "26.5"],
-        ["4", "' new'", "25", "' new'", "25"],
-        ["5", "' odd'", "24", "' odd'", "24"],
+        [f"' different'{by('reference')}", "1", "26.5", "2", "26.5"],
+        ["' same'", "1", "26.5", "2", "26.5"],
+        [f"' extreme'{by('engine')}", "1", "26.5", "1", "26.75"],
+        ["' new'", "4", "25", "4", "25"],
+        ["' odd'", "5", "24", "5", "24"],
     ], rows
     assert markdown.count(divergence_view.TIES_NOTE) == 1, markdown
 
@@ -58,8 +59,11 @@ def test_without_ties_the_ranks_are_positions_and_no_note_is_added():
     """A top 5 with distinct logits keeps its order and ranks 1 to 5, and the note is left out."""
     distinct = [(3, 26.5), (7, 26.0), (4, 25.5), (11, 25.0), (2, 24.0)]
     markdown, _, rows = divergence_view.view(_verdicts(distinct, distinct, 3, 3), None, None)
-    assert [row[0] for row in rows] == ["1", "2", "3", "4", "5"], rows
-    assert [row[1] for row in rows][1:] == ["' extreme'", "' same'", "' new'", "' odd'"], rows
+    assert [row[1] for row in rows] == ["1", "2", "3", "4", "5"], rows
+    assert [row[3] for row in rows] == ["1", "2", "3", "4", "5"], rows
+    assert [row[0] for row in rows][1:] == ["' extreme'", "' same'", "' new'", "' odd'"], rows
+    both = divergence_view.CHOSEN.format("reference and engine")
+    assert rows[0][0] == f"' different'{both}", rows
     assert divergence_view.TIES_NOTE not in markdown, markdown
 
 

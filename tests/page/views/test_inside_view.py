@@ -191,3 +191,17 @@ def test_vllms_timeline_names_lanes_not_slots(shown):
     axis = shown.views.inside_timeline.layout.yaxis
     assert axis.ticktext, "vLLM's timeline axis has no lane labels (its axis reads slot 0, 1, ...)"
     assert list(axis.ticktext) == [f"lane {i}" for i in range(len(axis.ticktext))], axis.ticktext
+
+
+def test_an_inside_timeline_on_our_longer_scale_says_where_its_record_ends(vllm):
+    """When our static run takes more steps than vLLM's record, vLLM's timeline keeps our
+    timelines' x scale and its subtitle says where its own record ends."""
+    state = _state({"vllm": vllm})
+    longer = static_trace(PROMPT_LENS, [cap * 3 for cap in CAPS], num_slots=1)
+    state = dataclasses.replace(state, static=longer)
+    _, record = inside_view.own_record(state.servers)
+    assert len(longer.steps) > len(record.steps), "the test needs our run to be the longer one"
+    timeline = _inside_at(state, 0, "step")["inside_timeline_plot"]
+    said = f"own record ends at step {len(record.steps) - 1}"
+    assert said in timeline.layout.title.subtitle.text, timeline.layout.title.subtitle.text
+    assert timeline.layout.xaxis.range[1] == len(longer.steps), timeline.layout.xaxis.range
