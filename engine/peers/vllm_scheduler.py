@@ -428,7 +428,7 @@ def server_from_environment(record_format: int) -> RecordServer | None:
     if not address:
         return None
     steps_text = os.environ.get(RECORD_STEPS_ENV, "").strip() or str(DEFAULT_MAX_NUM_STEPS)
-    if not steps_text.isdigit():
+    if not steps_text.isdigit() or int(steps_text) < 1:
         raise ValueError(f"${RECORD_STEPS_ENV}={steps_text!r}: give a number of steps, e.g. 4096")
     token = os.environ.get(RECORD_TOKEN_ENV, "").strip()
     return RecordServer(address, token, int(steps_text), record_format=record_format)

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -214,8 +215,34 @@ def test_addresses_and_the_environment(helper):
     taken = helper.ask(op="env", env={ADDRESS: f"127.0.0.1:{first['port']}"})
     assert "cannot serve the record there" in taken["error"], taken
     assert ADDRESS in helper.ask(op="env", env={ADDRESS: "localhost"})["error"]
-    assert STEPS in helper.ask(op="env", env={ADDRESS: ":0", STEPS: "many"})["error"]
+    for bad in ("many", "0"):
+        assert STEPS in helper.ask(op="env", env={ADDRESS: ":0", STEPS: bad})["error"], bad
     sized = helper.ask(op="env", env={ADDRESS: "0.0.0.0:0", STEPS: "3"})
     assert (sized["host"], sized["max_num_steps"]) == ("0.0.0.0", 3), sized
     for answer in (first, sized):
         helper.ask(op="close", port=answer["port"])
+
+
+@pytest.mark.real_model
+def test_a_real_vllm_serves_the_record_its_file_holds(embedded_model, monkeypatch):
+    """A vLLM started with a record address and a record file: after a small run, the record
+    read over HTTP from the run's mark is the file's, line for line, with no prompt text."""
+    from engine.peers.vllm_server import VllmServer, settings_for
+
+    port = free_port()
+    monkeypatch.setenv(ADDRESS, f"127.0.0.1:{port}")
+    monkeypatch.delenv(TOKEN, raising=False)
+    settings = settings_for(embedded_model, 2, enforce_eager=True, max_model_len=256)
+    with VllmServer(settings) as server:
+        feed, log = RecordFeed(f"127.0.0.1:{port}"), ScheduleLog(server.schedule_path)
+        http_mark, file_mark = feed.mark(), log.mark()
+        body = {"model": settings.model_dir, "prompt": "The cat sat on", "max_tokens": 4}
+        for _ in range(2):
+            answer = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)
+            assert answer.status_code == 200, answer.text
+        time.sleep(1.0)  # the last step's line is written when its output is back
+        over_http, from_file = feed.read(http_mark), log.read(file_mark)
+    steps = [r for r in over_http if r["event"] == "step"]
+    assert len(steps) >= 8, f"a run of 2 x 4 tokens gave {len(steps)} steps"
+    assert over_http == from_file, "the record over HTTP differs from the file's"
+    assert "cat sat" not in json.dumps(over_http), "the record holds a prompt's text"
