@@ -12,7 +12,8 @@ change a per-run setting without a restart.
 ``PYTHONPATH`` for vLLM's process). ``environment`` hands a child process this process's
 environment; ``set_default`` sets a variable a library reads at load (OpenMP's, before torch).
 The recording scheduler (``engine.peers.vllm_scheduler``) runs inside vLLM's own process and
-imports nothing of ours, so it reads ``CBP_VLLM_SCHEDULE_PATH`` itself.
+imports nothing of ours, so it reads ``CBP_VLLM_SCHEDULE_PATH`` and the ``CBP_VLLM_RECORD_*``
+variables itself; they are declared here all the same.
 
 Standard library only: nothing here imports torch or any room.
 """
@@ -136,6 +137,24 @@ SETTINGS: tuple[Setting, ...] = (
         "path",
         "",
         "where the local vLLM records its schedule (unset: a temporary file)",
+    ),
+    Setting(
+        "CBP_VLLM_RECORD_ADDRESS",
+        "HOST:PORT",
+        "",
+        "where a recording vLLM serves its schedule over HTTP (GET /record; unset: not served)",
+    ),
+    Setting(
+        "CBP_VLLM_RECORD_TOKEN",
+        "text",
+        "",
+        "bearer token the served record requires, and that its reader here sends (unset: none)",
+    ),
+    Setting(
+        "CBP_VLLM_RECORD_STEPS",
+        "count",
+        "4096",
+        "how many of its latest steps a recording vLLM keeps to serve",
     ),
     Setting(
         "OMP_WAIT_POLICY",

@@ -11,7 +11,10 @@ docstring has the format). This module, on our side, does three things with that
   ``InputProcessor.assign_request_id``), so ``our_request_id`` finds our id in any record line
   whatever the order in which the requests arrived, and ignores other clients' and other runs'.
 * **Reading.** ``ScheduleLog`` marks where a run starts in the file and reads the complete lines
-  written since.
+  written since. ``RecordFeed`` does the same over HTTP, from a recording vLLM that serves its
+  record (``$CBP_VLLM_RECORD_ADDRESS``, ``engine.peers.vllm_scheduler``), and raises
+  ``RecordError`` with what to do when the address gives no record: it does not answer, answers
+  without a record, needs a token, or has dropped the steps asked for.
 * **Conversion.** ``schedule_trace`` replays the lines into a ``Trace``: one ``StepRecord`` per
   step that ran a forward pass on our requests, with each request's scheduled tokens (prefill
   while tokens other than its newest are missing from the KV cache, as our engines count it), the
@@ -34,10 +37,17 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
+from engine import settings as env_settings
 from engine.trace import DECODE, PREFILL, RequestRecord, ScheduledSeq, StepRecord, Trace
 
 REQUEST_ID_HEADER = "X-Request-Id"
 SOURCE = "vLLM's own scheduler record (engine.peers.vllm_scheduler)"
+RECORD_TOKEN_ENV = "CBP_VLLM_RECORD_TOKEN"  # the served record's bearer token, here as there
+RECORD_KIND = "cbp-vllm-schedule"  # the served record's ``record`` field
+MARK_SINCE = 1 << 62  # an index past any step: the answer has the next index and no steps
+FETCH_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -110,6 +120,98 @@ class ScheduleLog:
             if record.get("event") == "start":
                 self.start = record
         return records
+
+
+class RecordError(ValueError):
+    """A record address that gives no usable record; the message says which case and what to do."""
+
+
+class RecordFeed:
+    """A served record (``engine.peers.vllm_scheduler``), read run by run as ``ScheduleLog``
+    reads the file: ``mark()`` before a run, ``read(mark)`` after it.
+
+    ``address``: ``http://HOST:PORT`` (``HOST:PORT`` alone is read as http; the path defaults to
+    ``/record``). ``token``: the server's bearer token (None: ``$CBP_VLLM_RECORD_TOKEN`` here).
+    """
+
+    def __init__(self, address: str, token: str | None = None, timeout_s: float = FETCH_TIMEOUT_S):
+        url = address.strip().rstrip("/")
+        url = url if "://" in url else f"http://{url}"
+        self.url = url if httpx.URL(url).path not in ("", "/") else f"{url}/record"
+        self.token = env_settings.value(RECORD_TOKEN_ENV) if token is None else token
+        self.timeout_s = timeout_s
+        self.start: dict | None = None  # the latest start line fetched
+
+    def mark(self) -> int:
+        """The index the next run's first step will get."""
+        return self.fetch(MARK_SINCE)["next"]
+
+    def read(self, since: int) -> list[dict]:
+        """The start line, then the step lines from index ``since`` on, as ``ScheduleLog.read``.
+
+        Raises:
+            RecordError: as ``fetch``, or steps from ``since`` on were dropped from the ring.
+        """
+        page = self.fetch(since)
+        if page["next"] < since:
+            raise RecordError(
+                f"The record at {self.url} restarted: it has {page['next']} steps, fewer than "
+                f"the {since} it had at the run's start (vLLM restarted?). Run again."
+            )
+        if since < page["oldest"]:
+            raise RecordError(
+                f"The record at {self.url} no longer holds steps {since} to {page['oldest'] - 1} "
+                f"(it keeps the latest {page['max_num_steps']}): start vLLM with a larger "
+                "CBP_VLLM_RECORD_STEPS, or run fewer steps between reads."
+            )
+        return [r for r in [page["start"], *page["steps"]] if r is not None]
+
+    def fetch(self, since: int) -> dict:
+        """The server's answer to ``GET /record?since=...`` (fields in its module's docstring).
+
+        Raises:
+            RecordError: the address does not answer, needs a token (or another one), or
+                answers without a record (another server, or another path).
+        """
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        try:
+            response = httpx.get(
+                self.url, params={"since": since}, headers=headers, timeout=self.timeout_s
+            )
+        except httpx.HTTPError as exc:
+            raise RecordError(
+                f"The record address {self.url} does not answer ({type(exc).__name__}: {exc}). "
+                "Is vLLM running with CBP_VLLM_RECORD_ADDRESS=HOST:PORT set, and can this "
+                "machine reach that port?"
+            ) from exc
+        if response.status_code == 401:
+            given = "refuses the token given" if self.token else "needs a token"
+            raise RecordError(
+                f"The record at {self.url} {given}: set CBP_VLLM_RECORD_TOKEN here to the "
+                "value the server was started with."
+            )
+        return self._page(response)
+
+    def _page(self, response: httpx.Response) -> dict:
+        try:
+            page = response.json()
+        except ValueError:
+            page = None
+        fields = {"start", "steps", "oldest", "next", "max_num_steps"}
+        if not (
+            response.status_code == 200
+            and isinstance(page, dict)
+            and page.get("record") == RECORD_KIND
+            and fields <= set(page)
+        ):
+            raise RecordError(
+                f"{self.url} answers (HTTP {response.status_code}) but without a record of "
+                "vLLM's schedule: give the address vLLM serves its record at "
+                "(CBP_VLLM_RECORD_ADDRESS, path /record), not its API's."
+            )
+        if page["start"] is not None:
+            self.start = page["start"]
+        return page
 
 
 def parse_records(lines) -> list[dict]:

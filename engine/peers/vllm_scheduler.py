@@ -9,13 +9,17 @@ scheduler runs once, in the engine core)::
         vllm serve MODEL --scheduler-cls engine.peers.vllm_scheduler.RecordingScheduler
 
 ``engine/__init__.py`` and ``engine/peers/__init__.py`` import nothing, so vLLM's process loads
-this file alone. The local vLLM of the page and of the bench (``engine.peers.vllm_server``) starts
-this way by default; ``engine.peers.vllm_record`` reads the record back into a ``Trace``.
+this file alone (a copy of it in a folder on ``PYTHONPATH`` does as well, with
+``--scheduler-cls vllm_scheduler.RecordingScheduler``). The local vLLM of the page and of the
+bench (``engine.peers.vllm_server``) starts this way by default; ``engine.peers.vllm_record``
+reads the record back into a ``Trace``, from the file or over HTTP.
 
 The record is a JSON-lines file at ``$CBP_VLLM_SCHEDULE_PATH`` (appended to; flushed after each
-line). Its first line per engine start is a ``start`` event with the settings the schedule depends
-on (``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``, ``num_blocks``, prefix caching,
-chunked prefill, which base class); then one ``step`` line per call of ``schedule()``, in order::
+line), or served over HTTP at ``$CBP_VLLM_RECORD_ADDRESS`` (the same lines, the latest few
+thousand steps; below), or both; one of them must be set. Its first line per engine start is a
+``start`` event with the settings the schedule depends on (``max_num_seqs``,
+``max_num_batched_tokens``, ``block_size``, ``num_blocks``, prefix caching, chunked prefill, which
+base class); then one ``step`` line per call of ``schedule()``, in order::
 
     {"event": "step", "step": 7, "start_unix_s": 1733.2, "end_unix_s": 1733.3, "record_s": 4e-05,
      "num_tokens": 13, "scheduled": [
@@ -64,6 +68,23 @@ a run's first request is seen while nothing runs, the prefix cache is reset
 (``Scheduler.reset_prefix_cache``), so a run does not hit blocks an earlier run (a warm-up) left
 behind: each run of our engines starts with an empty cache too.
 
+**The record over HTTP.** With ``$CBP_VLLM_RECORD_ADDRESS`` (``HOST:PORT``; ``:PORT`` or
+``PORT`` alone: 127.0.0.1; PORT 0: any free one) set where vLLM starts, a ``ThreadingHTTPServer``
+on a daemon thread answers ``GET /record?since=N`` (N: 0 when left out) with JSON::
+
+    {"record": "cbp-vllm-schedule", "format": 1, "start": {"event": "start", ...},
+     "oldest": 904, "next": 5000, "max_num_steps": 4096, "steps": [{"event": "step", ...}, ...]}
+
+``start`` is the start line, ``steps`` the step lines from index ``max(N, oldest)`` up to ``next``
+(exclusive), each as the file has it. Indices count step lines in the order they were written,
+from 0 at the engine's start. Memory is bounded: a ring keeps the latest ``$CBP_VLLM_RECORD_STEPS``
+step lines (default ``DEFAULT_MAX_NUM_STEPS``), already encoded; a reader that asks for
+``N < oldest`` has lost ``oldest - N`` steps. With ``$CBP_VLLM_RECORD_TOKEN`` set, every request
+needs ``Authorization: Bearer <token>`` (401 without it). It binds 127.0.0.1 unless the address
+names another host; one reachable from elsewhere (``0.0.0.0:PORT``) should have a token. The
+record, in the file as over HTTP, holds request ids, counts and block ids: never a prompt's text
+or tokens.
+
 The class: ``RecordingScheduler`` is what ``--scheduler-cls`` names. vLLM calls it with its config;
 it builds ``RecordingSyncScheduler`` (a subclass of ``Scheduler``) when async scheduling is off, as
 vLLM turns it off on CPUs, and ``RecordingAsyncScheduler`` (of ``AsyncScheduler``) when it is on:
@@ -73,10 +94,15 @@ vLLM constructs it, since only its config says which.
 
 from __future__ import annotations
 
+import hmac
+import itertools
 import json
 import os
+import threading
 import time
 from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 import vllm
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -88,6 +114,13 @@ HOLD_FOR_KEY = "cbp_hold_for"  # extra_args: how many requests of the run to wai
 HOLD_RUN_KEY = "cbp_run"  # extra_args: the run's tag
 HOLD_ORDER_KEY = "cbp_order"  # extra_args: the request's place in its run's order
 HOLD_LIMIT_S = 5.0  # the longest a run's first step is held
+RECORD_ADDRESS_ENV = "CBP_VLLM_RECORD_ADDRESS"
+RECORD_TOKEN_ENV = "CBP_VLLM_RECORD_TOKEN"
+RECORD_STEPS_ENV = "CBP_VLLM_RECORD_STEPS"
+DEFAULT_MAX_NUM_STEPS = 4096  # a few KiB of JSON each at most: a few MiB of memory
+RECORD_PATH = "/record"
+RECORD_KIND = "cbp-vllm-schedule"  # the ``record`` field: what the HTTP record serves
+DEFAULT_HOST = "127.0.0.1"
 
 
 class _Recording:
@@ -95,13 +128,15 @@ class _Recording:
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        path = os.environ.get(SCHEDULE_PATH_ENV)
-        if not path:
+        path = os.environ.get(SCHEDULE_PATH_ENV, "").strip()
+        self._record_server = server_from_environment(RECORD_FORMAT)
+        if not path and self._record_server is None:
             raise ValueError(
                 f"{type(self).__name__} records vLLM's schedule into the file named by "
-                f"${SCHEDULE_PATH_ENV}; set it (e.g. /tmp/schedule.jsonl) where vLLM starts."
+                f"${SCHEDULE_PATH_ENV}, or serves it at ${RECORD_ADDRESS_ENV} (HOST:PORT), or "
+                "both; set one (e.g. /tmp/schedule.jsonl) where vLLM starts."
             )
-        self._record_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the run)
+        self._record_file = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115
         self._num_schedules = 0
         self._pending: dict[int, tuple[dict, float]] = {}  # id(output) -> (record, build_s)
         self._last_write_s = 0.0
@@ -208,12 +243,23 @@ class _Recording:
 
     def shutdown(self) -> None:
         super().shutdown()
-        self._record_file.close()
+        if self._record_file is not None:
+            self._record_file.close()
+        if self._record_server is not None:
+            self._record_server.close()
 
     def _write(self, record: dict) -> None:
+        """One line to the file and to the served ring, whichever are on."""
         t0 = time.perf_counter()
-        self._record_file.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._record_file.flush()
+        line = json.dumps(record, separators=(",", ":"))
+        if self._record_file is not None:
+            self._record_file.write(line + "\n")
+            self._record_file.flush()
+        if self._record_server is not None:
+            if record["event"] == "start":
+                self._record_server.ring.set_start(line)
+            else:
+                self._record_server.ring.append(line)
         self._last_write_s = time.perf_counter() - t0
 
     def _step_record(self, output, start_unix_s: float) -> dict:
@@ -277,6 +323,154 @@ def _vllm_base(cls: type) -> type:
 def _first_group(block_ids) -> list[int]:
     """The first KV cache group's block ids (vLLM gives one list per group; None: none new)."""
     return list(block_ids[0]) if block_ids else []
+
+
+# --- the record over HTTP (standard library only) -----------------------------------------------
+# Kept in this file, so that a copy of this one file is all a vLLM deployment needs; the section
+# is over the house's 300 lines a file for that reason.
+
+
+class StepRing:
+    """The ``start`` line and the latest ``max_num_steps`` step lines (JSON text), indexed from 0
+    in the order they were added; safe to add to from one thread and read from others."""
+
+    def __init__(self, max_num_steps: int = DEFAULT_MAX_NUM_STEPS):
+        if max_num_steps < 1:
+            raise ValueError(
+                f"the record's ring needs room for 1 step at least, not {max_num_steps}"
+            )
+        self.max_num_steps = max_num_steps
+        self._start = "null"  # the start line's JSON text
+        self._steps: deque[str] = deque(maxlen=max_num_steps)
+        self._next = 0  # the index the next step line gets
+        self._lock = threading.Lock()
+
+    def set_start(self, line: str) -> None:
+        with self._lock:
+            self._start = line
+
+    def append(self, line: str) -> None:
+        with self._lock:
+            self._steps.append(line)
+            self._next += 1
+
+    def body(self, since: int, record_format: int) -> bytes:
+        """The JSON answer to ``GET /record?since=...`` (its fields: the module's docstring)."""
+        with self._lock:
+            oldest = self._next - len(self._steps)
+            skip = min(max(since - oldest, 0), len(self._steps))
+            steps = list(itertools.islice(self._steps, skip, None))
+            start, next_index = self._start, self._next
+        head = (
+            f'{{"record":"{RECORD_KIND}","format":{record_format},"start":{start},'
+            f'"oldest":{oldest},"next":{next_index},"max_num_steps":{self.max_num_steps},'
+        )
+        return (head + '"steps":[' + ",".join(steps) + "]}").encode("utf-8")
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``(host, port)`` from ``HOST:PORT``, ``:PORT`` or ``PORT`` (host: 127.0.0.1).
+
+    Raises:
+        ValueError: the port is not a number from 0 to 65535.
+    """
+    host, _, port = address.strip().rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(
+            f"${RECORD_ADDRESS_ENV}={address!r}: give HOST:PORT, e.g. 127.0.0.1:8100 (PORT 0: any)"
+        )
+    return host or DEFAULT_HOST, int(port)
+
+
+class RecordServer:
+    """The ring, served by a ``ThreadingHTTPServer`` on a daemon thread (see the docstring)."""
+
+    def __init__(
+        self,
+        address: str,
+        token: str = "",
+        max_num_steps: int = DEFAULT_MAX_NUM_STEPS,
+        record_format: int = 1,
+    ):
+        self.ring = StepRing(max_num_steps)
+        self.record_format = record_format  # the start line's ``format``, repeated in answers
+        host, port = parse_address(address)
+        try:
+            self._httpd = ThreadingHTTPServer((host, port), _handler(self, token))
+        except OSError as exc:
+            raise ValueError(
+                f"${RECORD_ADDRESS_ENV}={address!r}: cannot serve the record there ({exc}); "
+                "pick a free port, or PORT 0 for any"
+            ) from exc
+        self._httpd.daemon_threads = True
+        self.host, self.port = self._httpd.server_address[:2]
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="cbp-record-http", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def server_from_environment(record_format: int) -> RecordServer | None:
+    """The server ``$CBP_VLLM_RECORD_ADDRESS`` asks for (None when it is unset or blank).
+
+    Raises:
+        ValueError: a bad address or ring size, or an address that cannot be bound.
+    """
+    address = os.environ.get(RECORD_ADDRESS_ENV, "").strip()
+    if not address:
+        return None
+    steps_text = os.environ.get(RECORD_STEPS_ENV, "").strip() or str(DEFAULT_MAX_NUM_STEPS)
+    if not steps_text.isdigit() or int(steps_text) < 1:
+        raise ValueError(f"${RECORD_STEPS_ENV}={steps_text!r}: give a number of steps, e.g. 4096")
+    token = os.environ.get(RECORD_TOKEN_ENV, "").strip()
+    return RecordServer(address, token, int(steps_text), record_format=record_format)
+
+
+def _handler(server: RecordServer, token: str) -> type[BaseHTTPRequestHandler]:
+    """The request handler class of ``server``: ``GET /record``, behind ``token`` if any."""
+    expected = f"Bearer {token}".encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            given = self.headers.get("Authorization", "").encode()
+            if token and not hmac.compare_digest(given, expected):
+                self._answer(401, _message(f"send Authorization: Bearer <${RECORD_TOKEN_ENV}>"))
+                return
+            url = urlsplit(self.path)
+            if url.path.rstrip("/") != RECORD_PATH:
+                self._answer(404, _message(f"the record is at GET {RECORD_PATH}?since=N"))
+                return
+            since = parse_qs(url.query).get("since", ["0"])[-1]
+            if not since.isdigit():
+                self._answer(400, _message(f"since={since!r}: give a step index (0 or more)"))
+                return
+            self._answer(200, server.ring.body(int(since), server.record_format))
+
+        def _answer(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            if status == 401:
+                self.send_header("WWW-Authenticate", "Bearer")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:  # no line per request in vLLM's log
+            pass
+
+    return Handler
+
+
+def _message(text: str) -> bytes:
+    return json.dumps({"error": text}).encode("utf-8")
 
 
 class RecordingSyncScheduler(_Recording, Scheduler):

@@ -13,7 +13,8 @@ from engine import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 # Runs inside vLLM's own process and imports nothing of ours (its test: tests/engine/peers/
-# test_vllm_record.py), so it reads CBP_VLLM_SCHEDULE_PATH itself; the table declares it.
+# test_vllm_record.py), so it reads CBP_VLLM_SCHEDULE_PATH and CBP_VLLM_RECORD_* itself; the table
+# declares them.
 READS_ITS_OWN = {Path("engine/peers/vllm_scheduler.py")}
 ENVIRONMENT_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
 

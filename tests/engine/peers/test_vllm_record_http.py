@@ -1,0 +1,248 @@
+"""The recording scheduler's record over HTTP, without starting vLLM: its ring and server run in a
+helper process of vLLM's environment (the scheduler's module imports vllm, which ours lacks), are
+fed record lines, and are read back here with ``RecordFeed`` as the file reader reads the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.peers.vllm_record import RecordError, RecordFeed, ScheduleLog, schedule_trace
+from engine.peers.vllm_server import vllm_python
+from tests.captured_vllm import CAPTURED, captured_records, client_requests
+from tests.live_servers import free_port, needs_vllm
+
+pytestmark = needs_vllm
+ROOT = Path(__file__).resolve().parents[3]
+START = {"event": "start", "format": 1, "max_num_seqs": 3, "block_size": 32}
+ADDRESS, TOKEN, STEPS = "CBP_VLLM_RECORD_ADDRESS", "CBP_VLLM_RECORD_TOKEN", "CBP_VLLM_RECORD_STEPS"
+# The helper: one JSON command a line on stdin, one JSON answer a line on stdout. It loads the
+# scheduler's module by name, as vLLM does.
+HELPER = """
+import importlib, json, os, sys
+m = importlib.import_module("engine.peers.vllm_scheduler")
+servers = {}
+for text in sys.stdin:
+    cmd = json.loads(text)
+    try:
+        if cmd["op"] == "serve":
+            s = m.RecordServer(cmd["address"], cmd.get("token", ""), cmd.get("max_num_steps", 4096))
+        elif cmd["op"] == "env":
+            os.environ.update(cmd["env"])
+            for name in cmd.get("unset", []):
+                os.environ.pop(name, None)
+            s = m.server_from_environment(1)
+        if cmd["op"] in ("serve", "env"):
+            servers[getattr(s, "port", None)] = s
+            out = s and {"port": s.port, "host": s.host, "max_num_steps": s.ring.max_num_steps}
+        elif cmd["op"] == "lines":
+            ring = servers[cmd["port"]].ring
+            for line in cmd["lines"]:
+                ring.set_start(line) if '"event":"start"' in line else ring.append(line)
+            out = {}
+        elif cmd["op"] == "close":
+            servers.pop(cmd["port"]).close()
+            out = {}
+    except ValueError as exc:
+        out = {"error": str(exc)}
+    print(json.dumps(out), flush=True)
+"""
+
+
+class Helper:
+    """The helper process: ``serve`` a ring, feed it ``lines``, ``close`` it."""
+
+    def __init__(self):
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [str(vllm_python()), "-c", HELPER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+
+    def ask(self, **cmd) -> dict | None:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        assert answer, "the helper process in vLLM's environment died"
+        return json.loads(answer)
+
+    def serve(self, address: str = "127.0.0.1:0", **kw) -> str:
+        answer = self.ask(op="serve", address=address, **kw)
+        assert "error" not in answer, answer["error"]
+        return f"http://{answer['host']}:{answer['port']}"
+
+    def feed(self, url: str, records: list) -> None:
+        lines = [r if isinstance(r, str) else _line(r) for r in records]
+        self.ask(op="lines", port=httpx.URL(url).port, lines=lines)
+
+    def close(self, url: str) -> None:
+        self.ask(op="close", port=httpx.URL(url).port)
+
+
+@pytest.fixture(scope="module")
+def helper():
+    process = Helper()
+    yield process
+    process.proc.stdin.close()
+    process.proc.wait(timeout=30)
+
+
+def _line(record: dict) -> str:
+    return json.dumps(record, separators=(",", ":"))
+
+
+def _step(i: int) -> str:
+    return _line({"event": "step", "step": i, "num_tokens": 1, "scheduled": []})
+
+
+@pytest.fixture
+def served(helper):
+    """A record server on 127.0.0.1 and a free port, holding 4 steps at most; closed after."""
+    url = helper.serve(max_num_steps=4)
+    helper.feed(url, [START])
+    yield url
+    helper.close(url)
+
+
+def test_steps_since_an_index_with_the_oldest_and_the_next(helper, served):
+    """Of 10 steps, a ring of 4 holds 6 to 9: ``since`` picks from there, ``oldest`` and ``next``
+    say what it holds, and ``mark`` gives the next index."""
+    feed = RecordFeed(served)
+    assert feed.mark() == 0 and feed.read(0) == [START], "an empty ring gave steps"
+    helper.feed(served, [_step(i) for i in range(10)])
+    page = feed.fetch(0)
+    assert (page["oldest"], page["next"], page["max_num_steps"]) == (6, 10, 4), page
+    assert [s["step"] for s in page["steps"]] == [6, 7, 8, 9], "the ring is not the latest 4"
+    records = feed.read(7)
+    assert records[0] == START and [r["step"] for r in records[1:]] == [7, 8, 9], records
+    assert feed.mark() == 10 and feed.read(10) == [START], "past the last step: the start alone"
+    assert feed.start == START, "the feed does not remember the start line"
+
+
+def test_steps_dropped_from_the_ring_are_an_error_that_says_which(helper, served):
+    """Asking for steps the ring no longer holds names them and the setting to raise."""
+    helper.feed(served, [_step(i) for i in range(10)])
+    with pytest.raises(RecordError, match=rf"steps 3 to 5 .*{STEPS}"):
+        RecordFeed(served).read(3)
+
+
+def test_the_served_record_is_the_file_record(helper):
+    """The captured vLLM record, served line by line, reads back as the same records list as the
+    file, and replays into the same trace."""
+    capture, records = captured_records()
+    url = helper.serve(":0", max_num_steps=len(records))
+    try:
+        helper.feed(url, records)
+        over_http = RecordFeed(url.removeprefix("http://")).read(0)
+    finally:
+        helper.close(url)
+    from_file = ScheduleLog(CAPTURED).read(0)[1:]  # after the capture line
+    assert over_http == from_file == records, "the served record differs from the file's"
+    args = (client_requests(capture), capture["run_tag"], capture["t0_unix_s"])
+    http_trace, file_trace = schedule_trace(over_http, *args), schedule_trace(from_file, *args)
+    assert http_trace.to_dict() == file_trace.to_dict(), "the traces differ"
+
+
+def test_a_token_guards_the_record(helper):
+    """With a token, a request without it or with another gets 401, and the feed says what to
+    set; with it, the record."""
+    url = helper.serve(":0", token="s3cret")
+    try:
+        helper.feed(url, [START])
+        bare = httpx.get(f"{url}/record")
+        assert bare.status_code == 401 and bare.headers["WWW-Authenticate"] == "Bearer", bare
+        with pytest.raises(RecordError, match=f"needs a token.*{TOKEN}"):
+            RecordFeed(url, token="").fetch(0)
+        with pytest.raises(RecordError, match="refuses the token"):
+            RecordFeed(url, token="guess").fetch(0)
+        assert RecordFeed(url, token="s3cret").read(0) == [START], "the right token was refused"
+    finally:
+        helper.close(url)
+
+
+def test_an_address_that_does_not_answer():
+    """Nothing listening: the feed says the address does not answer and what to check."""
+    with pytest.raises(RecordError, match=f"does not answer.*{ADDRESS}"):
+        RecordFeed(f"127.0.0.1:{free_port()}", timeout_s=2.0).mark()
+
+
+class _NotARecord(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        body = b'{"object": "list", "data": []}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_an_address_that_answers_without_a_record(served):
+    """Another server (JSON, but not a record), or the record server at another path: the feed
+    says it answers without a record."""
+    other = ThreadingHTTPServer(("127.0.0.1", 0), _NotARecord)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(RecordError, match=r"HTTP 200\) but without a record"):
+            RecordFeed(f"http://127.0.0.1:{other.server_address[1]}/v1/models").mark()
+    finally:
+        other.shutdown()
+        other.server_close()
+    with pytest.raises(RecordError, match=r"HTTP 404\) but without a record"):
+        RecordFeed(f"{served}/metrics").mark()
+    assert httpx.get(f"{served}/record?since=x").status_code == 400, "a bad since was taken"
+
+
+def test_addresses_and_the_environment(helper):
+    """Unset serves nothing; ``:PORT`` binds 127.0.0.1 with the default ring; the ring's size
+    comes from its variable; a bad address, size, or a taken port is refused, naming it."""
+    assert helper.ask(op="env", env={}, unset=[ADDRESS, STEPS, TOKEN]) is None, "served unset"
+    first = helper.ask(op="env", env={ADDRESS: ":0"})
+    assert (first["host"], first["max_num_steps"]) == ("127.0.0.1", 4096), first
+    taken = helper.ask(op="env", env={ADDRESS: f"127.0.0.1:{first['port']}"})
+    assert "cannot serve the record there" in taken["error"], taken
+    assert ADDRESS in helper.ask(op="env", env={ADDRESS: "localhost"})["error"]
+    for bad in ("many", "0"):
+        assert STEPS in helper.ask(op="env", env={ADDRESS: ":0", STEPS: bad})["error"], bad
+    sized = helper.ask(op="env", env={ADDRESS: "0.0.0.0:0", STEPS: "3"})
+    assert (sized["host"], sized["max_num_steps"]) == ("0.0.0.0", 3), sized
+    for answer in (first, sized):
+        helper.ask(op="close", port=answer["port"])
+
+
+@pytest.mark.real_model
+def test_a_real_vllm_serves_the_record_its_file_holds(embedded_model, monkeypatch):
+    """A vLLM started with a record address and a record file: after a small run, the record
+    read over HTTP from the run's mark is the file's, line for line, with no prompt text."""
+    from engine.peers.vllm_server import VllmServer, settings_for
+
+    port = free_port()
+    monkeypatch.setenv(ADDRESS, f"127.0.0.1:{port}")
+    monkeypatch.delenv(TOKEN, raising=False)
+    settings = settings_for(embedded_model, 2, enforce_eager=True, max_model_len=256)
+    with VllmServer(settings) as server:
+        feed, log = RecordFeed(f"127.0.0.1:{port}"), ScheduleLog(server.schedule_path)
+        http_mark, file_mark = feed.mark(), log.mark()
+        body = {"model": settings.model_dir, "prompt": "The cat sat on", "max_tokens": 4}
+        for _ in range(2):
+            answer = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)
+            assert answer.status_code == 200, answer.text
+        time.sleep(1.0)  # the last step's line is written when its output is back
+        over_http, from_file = feed.read(http_mark), log.read(file_mark)
+    steps = [r for r in over_http if r["event"] == "step"]
+    assert len(steps) >= 8, f"a run of 2 x 4 tokens gave {len(steps)} steps"
+    assert over_http == from_file, "the record over HTTP differs from the file's"
+    assert "cat sat" not in json.dumps(over_http), "the record holds a prompt's text"
