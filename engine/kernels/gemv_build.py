@@ -30,7 +30,10 @@ from engine import settings
 from engine.kernels.host_setting import read_choice
 
 SOURCE = Path(__file__).parent / "csrc" / "gemv.cpp"
-FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma")
+# -fopenmp: at::parallel_for is OpenMP in a header, so without it the kernel runs on one thread;
+# the library then needs libgomp.so.1, which resolves to the copy torch has already loaded
+FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma")
+LINK_FLAGS = ("-fopenmp",)
 NEEDED_SETS = ("avx512_f", "avx512_bw", "avx512_vl")
 MAX_ROWS_PER_PASS = 8  # rows one pass over the weight serves (kMaxGroup in gemv.cpp)
 CHOICES = {
@@ -98,6 +101,7 @@ def _built() -> str | None:
             name="cbp_gemv",
             sources=[str(SOURCE)],
             extra_cflags=list(FLAGS),
+            extra_ldflags=list(LINK_FLAGS),
             build_directory=str(folder),
             is_python_module=False,
             verbose=False,
@@ -111,7 +115,7 @@ def _built() -> str | None:
 
 def build_digest() -> str:
     """What a build depends on, hashed: the source, torch's version and the flags."""
-    text = "\n".join([SOURCE.read_text(), torch.__version__, *FLAGS])
+    text = "\n".join([SOURCE.read_text(), torch.__version__, *FLAGS, *LINK_FLAGS])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
