@@ -72,9 +72,8 @@ def wire_precision(settings, results, run_state) -> None:
 
 
 def wire_views(results, run_state) -> None:
-    """The step slider and the x-axis choice redraw the step views from the stored run. The
-    slider's own moves only (``input``): a step the page sets (a run's results, a link's step)
-    comes with its views in the same update, so the slider never reads a step not drawn."""
+    """The slider's own moves (``input``) and the x-axis choice redraw the step views from the
+    stored run; a step the page sets (a run's, a link's) comes with its views in one update."""
     changes = ((results.step_slider.input, "step"), (results.x_axis_radio.change, "x_axis"))
     inputs = [run_state, results.step_slider, results.x_axis_radio]
     # preprocess=False: gr.Slider refuses a typed step out of range; step_views clamps it
@@ -93,8 +92,7 @@ def wire_setup(demo, requests, settings, results, run_state):
     chosen = page_panels.page_components(presets.CHOSEN, *page)  # the engine knobs too
     choose = {"api_name": "apply_preset"}  # the endpoint's name before it also set the slots
     s.preset_dropdown.input(presets.choose_preset, s.preset_dropdown, chosen, **choose)
-    # A user's edit (not a preset or an upload): no preset any more.
-    edited = [s.preset_dropdown, requests.preset_markdown]
+    edited = [s.preset_dropdown, requests.preset_markdown]  # a user's edit: no preset any more
     requests.table.input(presets.table_edited, None, edited, **HIDDEN)
     link_query = page_panels.page_components(page_io.LINK_INPUTS, *page, run_state=run_state)
     s.link_button.click(page_io.setup_query, link_query, s.link_textbox, **HIDDEN).then(
@@ -102,13 +100,12 @@ def wire_setup(demo, requests, settings, results, run_state):
     )
     note = requests.warning_html  # the last warning, until the next action
     uploaded = [requests.table, s.preset_dropdown, requests.preset_markdown, note]
-    requests.upload_button.upload(
-        page_io.upload_workload, requests.upload_button, uploaded, **HIDDEN
-    )
+    button = requests.upload_button
+    button.upload(page_io.upload_workload, button, uploaded, **HIDDEN)
     shown = [requests.table_file, note]
     requests.table_button.click(page_io.show_table_files, requests.table, shown, **HIDDEN)
-    actions = [requests.table.input, s.preset_dropdown.input, s.run_button.click]
-    gr.on([*actions, s.live_button.click], None, None, note, js="() => ''", **HIDDEN)
+    acts = [requests.table.input, s.preset_dropdown.input, s.run_button.click, s.live_button.click]
+    gr.on(acts, None, None, note, js="() => ''", **HIDDEN)
     return link
 
 
@@ -134,20 +131,18 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs, link
 def wire_stop(settings, results, run_state, handle_state, outputs, run_events) -> None:
     """Stop: through the session's RunHandle (unqueued, at once); a run still in Gradio's queue
     (ZeroGPU only) is cancelled, immediate for an event that has not started."""
-    s = settings
+    s, left = settings, [handle_state, run_state, results.x_axis_radio]
     reply, stopped, js = s.stop_reply_textbox, [handle_state, s.click_number], page_io.STOP_CLICK_JS
     stop = s.stop_button.click(playground.stop_event, stopped, reply, js=js, **PRESS, **QUIET)
     stop.then(playground.stop_told, reply, None, trigger_mode="multiple", **QUIET)  # its toast
     stop.then(None, reply, None, js=page_io.LEAVE_QUEUE_JS)
-    left = [handle_state, run_state, results.x_axis_radio]
     s.leave_queue_button.click(
         playground.left_queue_event, left, outputs, cancels=list(run_events), queue=False, **QUIET
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Load the model (so problems show at start), then serve the page
-    (``engine.page.host.launch``)."""
+    """Load the model (so problems show at start), then serve the page (``launch.serve``)."""
     launch.serve(build_demo, argv)
 
 
