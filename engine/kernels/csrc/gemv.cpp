@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -80,6 +81,16 @@ inline void store(Out<c10::BFloat16> o, int64_t m, int64_t n0, __mmask16 mask, _
   _mm256_mask_storeu_epi16(o.y + m * o.N + n0, mask, h);
 }
 
+// The sums of blocks b .. b + B - 1, rows 0 .. M - 1, stored (the last block may be partial).
+template <int M, int B, typename T>
+inline void store_blocks(__m512 (&acc)[B][M], int64_t b, Out<T> o) {
+  for (int j = 0; j < B; ++j) {
+    int64_t n0 = (b + j) * kBlock, left = std::min<int64_t>(kBlock, o.N - n0);
+    __mmask16 mask = left >= kBlock ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    for (int m = 0; m < M; ++m) store(o, m, n0, mask, acc[j][m]);
+  }
+}
+
 // Blocks b .. b + B - 1 for rows 0 .. M - 1 of x (float32 [M, K]).
 template <int M, int B, typename W, typename T>
 inline void blocks(const float* x, const W* packed, int64_t K, int64_t b, Out<T> o) {
@@ -100,11 +111,7 @@ inline void blocks(const float* x, const W* packed, int64_t K, int64_t b, Out<T>
       for (int j = 0; j < B; ++j) acc[j][m] = _mm512_fmadd_ps(xb, wv[j], acc[j][m]);
     }
   }
-  for (int j = 0; j < B; ++j) {
-    int64_t n0 = (b + j) * kBlock, left = std::min<int64_t>(kBlock, o.N - n0);
-    __mmask16 mask = left >= kBlock ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
-    for (int m = 0; m < M; ++m) store(o, m, n0, mask, acc[j][m]);
-  }
+  store_blocks<M, B>(acc, b, o);
 }
 
 // The pairs layout: blocks b .. b + B - 1, x as bfloat16 pairs [M, K2] (K2 = ceil(K / 2)).
@@ -128,74 +135,60 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void pair
       for (int j = 0; j < B; ++j) acc[j][m] = _mm512_dpbf16_ps(acc[j][m], xb, wv[j]);
     }
   }
-  for (int j = 0; j < B; ++j) {
-    int64_t n0 = (b + j) * kBlock, left = std::min<int64_t>(kBlock, o.N - n0);
-    __mmask16 mask = left >= kBlock ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
-    for (int m = 0; m < M; ++m) store(o, m, n0, mask, acc[j][m]);
+  store_blocks<M, B>(acc, b, o);
+}
+
+// f(std::integral_constant<int, M>{}) for a row count of 1 to 8: M a compile-time constant.
+template <typename F>
+void by_rows(int64_t M, F&& f) {
+  switch (M) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    default: return f(std::integral_constant<int, 8>{});
   }
 }
 
-template <int M, typename T>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pair_group(
-    const int32_t* x, const c10::BFloat16* packed, int64_t K2, Out<T> o) {
-  constexpr int B = pair_blocks_side_by_side(M);
-  int64_t num_blocks = (o.N + kBlock - 1) / kBlock;
+// The blocks of N outputs shared among torch's threads, each thread's range read B blocks side
+// by side, then one by one: f(std::integral_constant<int, B or 1>{}, first block).
+template <int B, typename F>
+void over_blocks(int64_t N, F&& f) {
+  int64_t num_blocks = (N + kBlock - 1) / kBlock;
   at::parallel_for(0, num_blocks, kGrain, [&](int64_t b0, int64_t b1) {
     int64_t b = b0;
-    for (; b + B <= b1; b += B) pair_blocks<M, B, T>(x, packed, K2, b, o);
-    for (; b < b1; ++b) pair_blocks<M, 1, T>(x, packed, K2, b, o);
+    for (; b + B <= b1; b += B) f(std::integral_constant<int, B>{}, b);
+    for (; b < b1; ++b) f(std::integral_constant<int, 1>{}, b);
   });
 }
 
-template <typename T>
-void pair_rows(int64_t M, const int32_t* x, const c10::BFloat16* packed, int64_t K2, Out<T> o) {
-  switch (M) {
-    case 1: return pair_group<1, T>(x, packed, K2, o);
-    case 2: return pair_group<2, T>(x, packed, K2, o);
-    case 3: return pair_group<3, T>(x, packed, K2, o);
-    case 4: return pair_group<4, T>(x, packed, K2, o);
-    case 5: return pair_group<5, T>(x, packed, K2, o);
-    case 6: return pair_group<6, T>(x, packed, K2, o);
-    case 7: return pair_group<7, T>(x, packed, K2, o);
-    default: return pair_group<8, T>(x, packed, K2, o);
-  }
-}
-
-template <int M, typename W, typename T>
-void group(const float* x, const W* packed, int64_t K, Out<T> o) {
-  constexpr int B = blocks_side_by_side(M);
-  int64_t num_blocks = (o.N + kBlock - 1) / kBlock;
-  at::parallel_for(0, num_blocks, kGrain, [&](int64_t b0, int64_t b1) {
-    int64_t b = b0;
-    for (; b + B <= b1; b += B) blocks<M, B, W, T>(x, packed, K, b, o);
-    for (; b < b1; ++b) blocks<M, 1, W, T>(x, packed, K, b, o);
-  });
-}
-
-template <typename W, typename T>
-void rows(int64_t M, const float* x, const W* packed, int64_t K, Out<T> o) {
-  switch (M) {
-    case 1: return group<1, W, T>(x, packed, K, o);
-    case 2: return group<2, W, T>(x, packed, K, o);
-    case 3: return group<3, W, T>(x, packed, K, o);
-    case 4: return group<4, W, T>(x, packed, K, o);
-    case 5: return group<5, W, T>(x, packed, K, o);
-    case 6: return group<6, W, T>(x, packed, K, o);
-    case 7: return group<7, W, T>(x, packed, K, o);
-    default: return group<8, W, T>(x, packed, K, o);
+// f(rows in the group, first row, the group's output) per group of at most kMaxGroup rows.
+template <typename T, typename F>
+void by_groups(at::Tensor& y, const std::optional<at::Tensor>& residual, F&& f) {
+  int64_t M = y.size(0), N = y.size(1);
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxGroup) {
+    Out<T> o{y.data_ptr<T>() + m0 * N, residual ? residual->data_ptr<T>() + m0 * N : nullptr, N};
+    f(std::min(kMaxGroup, M - m0), m0, o);
   }
 }
 
 template <typename W, typename T>
 void run(const at::Tensor& x32, const at::Tensor& packed, at::Tensor& y,
          const std::optional<at::Tensor>& residual) {
-  int64_t M = x32.size(0), K = x32.size(1), N = y.size(1);
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxGroup) {
-    int64_t g = std::min(kMaxGroup, M - m0);
-    Out<T> o{y.data_ptr<T>() + m0 * N,
-             residual ? residual->data_ptr<T>() + m0 * N : nullptr, N};
-    rows<W, T>(g, x32.data_ptr<float>() + m0 * K, packed.data_ptr<W>(), K, o);
-  }
+  int64_t K = x32.size(1);
+  const W* w = packed.data_ptr<W>();
+  by_groups<T>(y, residual, [&](int64_t g, int64_t m0, Out<T> o) {
+    const float* x = x32.data_ptr<float>() + m0 * K;
+    by_rows(g, [&](auto m) {
+      constexpr int M = decltype(m)::value;
+      over_blocks<blocks_side_by_side(M)>(o.N, [&](auto nb, int64_t b) {
+        blocks<M, decltype(nb)::value, W, T>(x, w, K, b, o);
+      });
+    });
+  });
 }
 
 // The bfloat16 rows of x as pairs of k, [M, K2] 32-bit words: x itself when it is contiguous
@@ -228,15 +221,18 @@ at::Tensor pack(const at::Tensor& weight) {
 template <typename T>
 void run_pairs(const at::Tensor& x, const at::Tensor& packed, at::Tensor& y,
                const std::optional<at::Tensor>& residual) {
-  int64_t M = x.size(0), K2 = packed.size(1), N = y.size(1);
+  int64_t K2 = packed.size(1);
   auto pairs = x_pairs(x, K2);
   const int32_t* words = reinterpret_cast<const int32_t*>(pairs.data_ptr<c10::BFloat16>());
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxGroup) {
-    int64_t g = std::min(kMaxGroup, M - m0);
-    Out<T> o{y.data_ptr<T>() + m0 * N,
-             residual ? residual->data_ptr<T>() + m0 * N : nullptr, N};
-    pair_rows<T>(g, words + m0 * K2, packed.data_ptr<c10::BFloat16>(), K2, o);
-  }
+  const c10::BFloat16* w = packed.data_ptr<c10::BFloat16>();
+  by_groups<T>(y, residual, [&](int64_t g, int64_t m0, Out<T> o) {
+    by_rows(g, [&](auto m) {
+      constexpr int M = decltype(m)::value;
+      over_blocks<pair_blocks_side_by_side(M)>(o.N, [&](auto nb, int64_t b) {
+        pair_blocks<M, decltype(nb)::value, T>(words + m0 * K2, w, K2, b, o);
+      });
+    });
+  });
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
