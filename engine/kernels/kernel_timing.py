@@ -224,10 +224,15 @@ def time_candidates(
     )
 
 
+def _timed_at(name: str, num_rows: int) -> bool:
+    """Whether candidate ``name`` is timed at ``num_rows``: up to its ``MAX_ROWS`` (above it, it
+    is another candidate's kernel under its name)."""
+    return num_rows <= MAX_ROWS.get(name, num_rows)
+
+
 def _timed(names, num_rows: int) -> list[str]:
-    """The candidates timed at ``num_rows``: each up to its ``MAX_ROWS`` (above it, it is another
-    candidate's kernel under its name)."""
-    return [n for n in names if num_rows <= MAX_ROWS.get(n, num_rows)]
+    """The candidates timed at ``num_rows``."""
+    return [n for n in names if _timed_at(n, num_rows)]
 
 
 def _pass_order(names: list[str], rows: tuple[int, ...], repeat: int):
@@ -246,7 +251,7 @@ def _warm_up(bound: dict[str, list], inputs: list[dict], linears: list[nn.Linear
     shapes = {tuple(m.weight.shape): i for i, m in reversed(list(enumerate(linears)))}
     for name, calls in bound.items():
         for by_width, num_rows in zip(inputs, rows, strict=True):
-            if name not in _timed([name], num_rows):
+            if not _timed_at(name, num_rows):
                 continue
             for i in shapes.values():
                 width, linear = calls[i]
@@ -279,8 +284,7 @@ def choose_plan(
             fastest = held
         if fastest != held:
             # a held candidate that stops at its MAX_ROWS hands over just past it
-            limit = MAX_ROWS.get(held, num_rows) if held else num_rows
-            starts.append(min(num_rows, limit + 1) if starts else 1)
+            starts.append(min(num_rows, MAX_ROWS.get(held, num_rows) + 1) if starts else 1)
             names.append(fastest)
     if not names:
         raise ValueError("no kernel was timed at any row count")
