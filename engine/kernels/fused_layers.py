@@ -37,8 +37,7 @@ from torch import nn
 
 from engine.kernels import decode_attention, packed_attention
 from engine.kernels.host_setting import read_choice
-from engine.kernels.kernel_plan import RowPlan
-from engine.kernels.linear_kernel import bind
+from engine.kernels.kernel_plan import RowPlan, bind_plan
 from engine.serving.packed_batch import PackedBatch
 
 CHOICES = {  # CBP_FUSED_LAYERS
@@ -69,7 +68,7 @@ class FusedLinear:
         bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
         self.stacked = len(weights) > 1
         self.stacked_bytes = weight.numel() * weight.element_size() if self.stacked else 0
-        bound = {name: bind(name, weight, bias) for name in plan.kernels}
+        bound = bind_plan(plan, weight, bias)  # gemv keeps the stacked copy only if it must
         self._bound = list(bound.values())
         # by_rows[M]: the kernel at M rows, up to the last range's start (then the last's)
         self._by_rows = [bound[plan.name_at(m)] for m in range(plan.starts[-1] + 1)]

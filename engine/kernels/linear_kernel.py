@@ -199,8 +199,9 @@ class UpcastLinear(BoundLinear):
 
 class GemvLinear(BoundLinear):
     """The gemv kernel (``torch.ops.cbp_gemv``) on a packed copy of one weight; the weight is
-    kept too, for inputs of more than ``MAX_GEMV_ROWS`` rows (``F.linear``) where a plan puts
-    gemv at every row count. ``add`` adds the residual as the kernel stores each output.
+    kept too, for inputs of more than ``MAX_GEMV_ROWS`` rows (``F.linear``), unless a plan gives
+    those rows another kernel (``kernel_plan.bind_plan`` then drops it). ``add`` adds the
+    residual as the kernel stores each output.
 
     Raises:
         RuntimeError: the kernel is not built here (the reason in the message), or it does not
@@ -232,6 +233,7 @@ class GemvLinear(BoundLinear):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self._takes(x):
+            assert self.weight is not None, "a row count the plan gives another kernel"
             return F.linear(x, self.weight, self.bias)
         out = self._rows(x, None)
         return out if self.bias is None else out + self.bias

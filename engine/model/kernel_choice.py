@@ -109,8 +109,14 @@ class RunnerKernels:
         return invariant_ops.InvariantKernels(self.model, forward, tile)
 
     def require_batch_invariant(self) -> None:
-        """Make the batch-invariant kernels now. Raises ValueError: a model it does not support."""
-        _ = self.invariant_kernels
+        """Refuse now a model batch-invariant mode does not support; its kernels are made on
+        first use (``invariant_kernels``), so a process that only checks a run (the page, beside
+        an engine process) never packs weight copies for it.
+
+        Raises:
+            ValueError: the model is not a Llama-style decoder (``invariant_ops.check_supported``).
+        """
+        invariant_ops.check_supported(self.model)
 
     @property
     def engine_kernel_name(self) -> str:

@@ -134,7 +134,9 @@ class SharedModel:
             recent=self.recent,
             engine_process=self.engine_process,
         )
-        variant.warm_up()
+        if self.engine_process is not None:  # its runs run there: no kernels, no compile here
+            variant.runner.keep_eager("the engines run in the engine process")
+        variant.warm_up(engines=self.engine_process is None)
         return variant
 
     def reference_for(self, batch_invariant: bool):
@@ -168,14 +170,17 @@ class SharedModel:
             line += f' · <abbr title="{where}">{self.cpu_split.short()}</abbr>'
         return line
 
-    def warm_up(self) -> None:
-        """Run both engines once on two tiny requests, so one-time costs never reach a timing;
-        and key the reference store (hashing the weights, about a second for SmolLM2-135M), so
-        the queue's estimates know from the first Run which references are stored already
-        (``engine.page.run.run_cost``; before, a stored reference counted as missing until the
-        first reference pass, and the first estimates ran long)."""
+    def warm_up(self, engines: bool = True) -> None:
+        """Key the reference store (hashing the weights, about a second for SmolLM2-135M), so the
+        queue's estimates know from the first Run which references are stored already
+        (``engine.page.run.run_cost``); and with ``engines``, run both engines once on two tiny
+        requests, so one-time costs never reach a timing. Without (the page's copy, when an
+        engine process runs the runs) no engine runs here, so this process never makes the
+        engines' kernels: their weight copies are several times the model's size."""
         if self.reference.store is not None:
             self.reference.identity  # noqa: B018  (a cached property: computed here, once)
+        if not engines:
+            return
         specs = parse_table([["Warm-up", 2], ["Warm up again", 3]])
         requests = tokenize_requests(
             specs, self.loaded.tokenizer, chat_template=False, max_context=self.loaded.max_context
@@ -279,8 +284,8 @@ def load_shared_model(
 ) -> SharedModel:
     """Load the model (``engine.model.loader.load_model`` arguments) and make it the shared one;
     ``calibrate``: time the queue's pace here (False when an engine process will time it);
-    ``runs_engines``: False when an engine process runs the runs, so this copy never compiles
-    a step.
+    ``runs_engines``: False when an engine process runs the runs, so this copy never runs an
+    engine: no compiled step, no kernel weight copies.
 
     Raises:
         ModelLoadError: the model is not on ``CBP_MODEL_ALLOWLIST`` (checked first), or fails to
@@ -305,14 +310,15 @@ def load_and_warm_up(
     """``load_model(model, device, dtype)`` as a warmed-up ``SharedModel``, on the calling thread
     (the engine thread, or the engine process's main thread); ``calibrate``: time its pace for the
     queue's estimates too (``SharedModel.calibrate_pace``; the engine process has no queue);
-    ``runs_engines``: False keeps its step eager (the warm-up compiles it otherwise)."""
+    ``runs_engines``: False keeps its step eager and runs no engine at warm-up (which would
+    compile the step and make the kernels' weight copies)."""
     loaded = load_model(model, device, dtype)
     shared = SharedModel.from_loaded(
         loaded, loader=lambda name: load_model(model, str(loaded.device), name)
     )
     if not runs_engines:
         shared.runner.keep_eager("the engines run in the engine process")
-    shared.warm_up()
+    shared.warm_up(engines=runs_engines)
     if calibrate:
         shared.calibrate_pace()
     return shared

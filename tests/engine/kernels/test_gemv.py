@@ -67,6 +67,22 @@ def test_bfloat16_rounds_the_float32_sum_once_then_adds(num_rows):
 
 
 @needs_gemv
+def test_a_plan_with_another_kernel_above_gemvs_rows_drops_the_plain_weight():
+    """Bound for a plan that gives more than ``MAX_GEMV_ROWS`` rows to oneDNN, gemv keeps no
+    plain weight (a stacked copy made for it is freed) and that plan still computes F.linear at
+    every row count; gemv at every row count keeps it, for F.linear above its rows."""
+    weight, x, _ = _case(960, 576, MAX_GEMV_ROWS + 4, torch.float32)
+    split = kernel_plan.RowPlan((1, MAX_GEMV_ROWS + 1), ("gemv", "onednn"))
+    bound = kernel_plan.bind_plan(split, weight, None)
+    assert bound["gemv"].weight is None, "oneDNN has the rows past gemv's: no plain copy kept"
+    for m in (1, MAX_GEMV_ROWS, MAX_GEMV_ROWS + 4):
+        out = bound[split.name_at(m)](x[:m])
+        torch.testing.assert_close(out, F.linear(x[:m], weight), msg=f"{m} rows")
+    alone = kernel_plan.bind_plan(kernel_plan.RowPlan.single("gemv"), weight, None)
+    assert alone["gemv"].weight is weight, "gemv at every row count keeps the weight for F.linear"
+
+
+@needs_gemv
 def test_an_input_with_leading_dimensions_keeps_them():
     """[B, S, K] -> [B, S, N], as an nn.Linear's forward."""
     weight, x, _ = _case(48, 40, 6, torch.float32)

@@ -1,5 +1,7 @@
-"""The local vLLM the peers' tests share: one eager server per session (each start costs minutes on
-a small CPU), stopped when the session ends. Skipped without ``.venv-vllm`` (``needs_vllm``).
+"""The local vLLM the peers' tests share: one eager server (each start costs minutes on a small
+CPU), stopped after the last test of this folder, not at the end of the session: the page's tests
+that follow start vLLMs of their own, and on a 24 GiB machine an idle one left beside them (3 GB)
+helped the suite run out of memory. Skipped without ``.venv-vllm`` (``needs_vllm``).
 
 It is started as the page starts it: from a thread kept to one CPU, as the page's process keeps to
 the CPUs its engines leave it (``engine.page.run.cpu_split``), so the tests see what the page's
@@ -10,21 +12,34 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import pytest
 
 NUM_SLOTS = 3
+HERE = Path(__file__).parent
+_open_servers: list = []  # the shared vLLM while it runs, for the teardown hook below
 
 
 @pytest.fixture(scope="session")
 def vllm(embedded_model):
-    """``VllmEngine`` on the embedded model: 3 slots, eager, recording its schedule (default)."""
+    """``VllmEngine`` on the embedded model: 3 slots, eager, recording its schedule (default).
+    Session-scoped, since a folder without ``__init__.py`` has no package scope; closed by
+    ``pytest_runtest_teardown`` once the tests leave this folder (closing twice is harmless)."""
     from engine.peers.vllm_engine import VllmEngine
 
     engine = VllmEngine(embedded_model, NUM_SLOTS, enforce_eager=True)
     on_page_cpu(engine.start)
+    _open_servers.append(engine)
     yield engine
     engine.close()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """After this folder's last test (the next one is elsewhere, or none), stop the shared vLLM."""
+    if nextitem is None or HERE not in Path(nextitem.path).parents:
+        while _open_servers:
+            _open_servers.pop().close()
 
 
 def page_cpu() -> set[int] | None:

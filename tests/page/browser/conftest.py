@@ -1,10 +1,18 @@
 """Fixtures of the browser tests: one app server for the package, one Chromium per module.
 
 The server (``app.py`` on the embedded model, CPU, a free localhost port) is shared by every
-browser test module, so it starts once; each test gets a fresh page.
+browser test module, so it starts once; each test gets a fresh page. A folder without
+``__init__.py`` has no package scope, so that server lives to the end of the session.
+
+``test_browser_vllm.py`` starts a page of its own, with a vLLM beside it, so it runs first here
+(``pytest_collection_modifyitems``), before the shared server starts: after it, both pages,
+their engine processes and the two vLLMs the suite runs by then came to more than a 24 GiB
+machine holds, and the kernel killed the suite.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from browser_kit import CHROMIUM, CHROMIUM_ARGS
@@ -20,6 +28,23 @@ except ImportError:  # the playwright package is optional: browser tests are ski
 def server_url(request, tmp_path_factory) -> str:
     """``app.py`` on a free localhost port, offline, for all browser tests; stopped at the end."""
     return start_app_server(request, tmp_path_factory)
+
+
+HERE = Path(__file__).parent
+OWN_SERVER_MODULES = ("test_browser_vllm.py",)  # modules that start a page of their own
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Among this folder's tests, the modules with a page of their own run first, before the
+    shared server starts; the order is otherwise kept."""
+    here = [i for i, item in enumerate(items) if HERE in Path(item.path).parents]
+    if not here:
+        return
+    mine = [items[i] for i in here]
+    first = [item for item in mine if Path(item.path).name in OWN_SERVER_MODULES]
+    rest = [item for item in mine if Path(item.path).name not in OWN_SERVER_MODULES]
+    for i, item in zip(here, first + rest, strict=True):
+        items[i] = item
 
 
 # --- fixtures ------------------------------------------------------------------------------------
