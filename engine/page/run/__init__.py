@@ -4,9 +4,10 @@ The ``engine_thread`` every torch call runs on, the ``engine_process`` that runs
 process of their own (``CBP_ENGINE_PROCESS``) on CPUs of their own (``cpu_split``), the
 ``live_run`` watched step by step, Run/Stop state (``run_handle``), the page's knobs
 (``run_options``), the ``shared_model``, the host's servers (``host_servers``), the turns runs
-take on the model (``run_queue``) and what a run costs (``run_cost``), and the recent runs by
-setup (``recent_runs``). May import the core and the page rooms below it (``figures``,
-``inputs``).
+take on the model (``run_queue``), what a run costs (``run_cost``), and the recent runs by setup
+(``recent_runs``). ``queue_ticket`` (a run's ticket in the queue, and the place and wait its
+person is told) serves ``run_queue`` from inside. May import the core and the page rooms below it
+(``figures``, ``inputs``).
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face.
 """

@@ -24,6 +24,13 @@ the run's own seconds (prior ``RUN_S``). A step count the caps over-estimate (en
 a ratio that differs on another device is absorbed by that part's pace; a part not yet seen is
 priced at the engines' pace. Before any run finished, the pace is the running run's: its seconds
 so far over the units of its steps so far (``Pace.from_progress``).
+
+A run whose own cost at a learned pace is over ``LIMIT_MARGIN`` times the host's per-run limit
+(``CBP_RUN_TIME_LIMIT_S``) would be stopped by it long before its end, so it is refused before it
+queues (``over_limit``). Not at the limit itself: an estimate at a pace learned here has run
+up to 90 % long in rooms (``docs/measurements.md``, "A workshop room, measured with quiet
+clients"; the machine's own speed moved 2x within an hour), so a run estimated between the limit
+and twice it may well finish, and if not, the limit stops it.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ PREFILL_TOKENS_PER_STEP = 15.0  # prompt tokens whose prefill costs one step (me
 RUN_S = 1.5  # rendering and judging a run, before one was timed here (measured: CPU)
 REFERENCE_STEPS = 2.0  # setting up and judging one reference computed, in steps
 REFERENCE_TOKEN_STEPS = 1.0  # one reference output token (batch 1), in steps
+LIMIT_MARGIN = 2.0  # a run whose cost is over this many times the run limit is refused
 
 
 @dataclass(frozen=True)
@@ -162,6 +170,27 @@ class Pace:
         units = work.units()
         done = sum(units[part] for part in ENGINE_PARTS) * min(1.0, steps_done / work.steps)
         return Pace.uniform(elapsed_s / done)
+
+
+def over_limit(cost_s: float | None, limit_s: float | None) -> str | None:
+    """Why a run of ``cost_s`` seconds here is refused under a per-run limit of ``limit_s`` (None:
+    no limit), for a person: its estimate, the limit and what to change; None when it may run
+    (its cost unknown, or not over ``LIMIT_MARGIN`` times the limit)."""
+    if cost_s is None or limit_s is None or cost_s <= LIMIT_MARGIN * limit_s:
+        return None
+    return (
+        f"This run's estimate here is {_duration(cost_s)}, over {LIMIT_MARGIN:g} times this "
+        f"host's limit of {_duration(limit_s)} a run: the limit would stop it long before its "
+        "end. Make it smaller: fewer rows, smaller max_new_tokens caps, more slots, earlier "
+        "arrivals, or fewer engines and checks (transformers' engine, the reference check)."
+    )
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` for a person: "40 s", "12 min", "10.1 h"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
 
 
 def _reference_steps(key: Hashable, cap: int) -> float:

@@ -5,18 +5,24 @@ do that (``concurrency_limit=1``), but what it tells a waiting browser is its ow
 it sends can equal the total, and its estimate is the mean of past events, whatever they were. This
 queue is the page's own, so every waiting person can be told:
 
-* their true place and the true total (running and waiting runs, every session's);
+* their true place and the true total, counting runs, not sessions: a waiting run whose setup is
+  already ahead takes no turn, so it adds no place (``queue_ticket``: what place and total mean);
 * an estimate from the work ahead: each run's work in parts (``run_cost.Work``: engine steps and
   prefill, references to compute, the run's own rendering) at this host's pace for each part
   (``run_cost.Pace``), learned from the runs that finished here (before the first, from the
   running run's progress), plus what is left of the running one; a run whose setup is already
   ahead counts nothing, since it will be shown that run when it finishes (``setup``), and a
-  reference a run ahead computes is not counted again;
-* that a session has one run in the queue at a time (``join`` refuses a second).
+  reference a run ahead computes is not counted again; what a ticket is told counts down from
+  what it was told last, and moves only past a tolerance (``queue_ticket.ToldWait``);
+* that a session has one run in the queue at a time (``join`` refuses a second);
+* before it queues, that a run cannot finish within the host's per-run limit: ``join`` refuses
+  one whose own cost at the learned pace is well over it (``run_cost.over_limit``).
 
 No run lasts longer than the host's per-run limit (``CBP_RUN_TIME_LIMIT_S``, read at every
 estimate): the time limit stops it there. So each run ahead counts at most that limit, and the
-running one at most what is left of it, however much work a run asked for.
+running one at most what is left of it, however much work a run asked for. ``join`` refuses only
+on a pace learned from a run that finished here: the pace timed at start (``calibrate``) has come
+out many times too slow on a busy machine, and would refuse runs that fit.
 
 ``wait_turn`` blocks a handler's thread until its run is first and the model is free, in slices, so
 that the handler can stream its place between them::
@@ -43,58 +49,13 @@ import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
-from engine.page.run.run_cost import Pace, Work
+from engine.page.run.queue_ticket import Place, Ticket, run_places
+from engine.page.run.run_cost import Pace, Work, over_limit
 from engine.serving.run_control import run_time_limit_s
 
 STALE_S = 15.0  # a waiting ticket not asked about for this long is dropped
-# The running run's pace counts once it has done this many steps since its first report: its
-# first steps carry its prompts' prefill, so a pace taken at once reads many times too slow.
-MIN_PROGRESS_STEPS = 20
 # The running run's pace over the learned one, as applied to the wait of the runs behind it.
 SLOWDOWN_RANGE = (0.5, 3.0)
-
-
-@dataclass
-class Ticket:
-    """One run's place in the queue: whose it is, how much work it is, and when it joined."""
-
-    session: str
-    work: Work  # what the run will do, in the parts the estimate prices
-    number: int  # order of arrival
-    joined_s: float
-    started_s: float | None = None  # when it took the model; None while it waits
-    seen_s: float = 0.0  # when its handler last asked for its turn or place
-    # what it runs, when it may be shown a run of the same setup instead (None: it runs live)
-    setup: Hashable | None = None
-    steps_done: int = 0  # its engine steps so far, once it runs (``RunQueue.progress``)
-    steps_done_s: float | None = None  # when those steps were reported (the queue's clock)
-    # its first report of steps (count, when): its pace is timed from there (``_progress_pace``)
-    first_steps: tuple[int, float] | None = None
-    # its references still to compute, as read after the queue's nth ended run (``_missing_now``)
-    missing: tuple[int, Mapping[Hashable, int]] | None = field(default=None, repr=False)
-
-    @property
-    def work_steps(self) -> int:
-        """The run's engine steps, all engines together."""
-        return self.work.steps
-
-
-@dataclass(frozen=True)
-class Place:
-    """What a waiting person is told: ``place`` in line, the run in progress first (so the last
-    of five runs is "place 5 of 5", not "4 of 5": a fresh tester read the old count as someone
-    still behind them); ``total`` counts running and waiting runs; ``estimate_s`` is the wait
-    until this run starts, or with ``identical_ahead`` (a run of the same setup is ahead, running
-    or waiting) until that run ends and is shown to it (None: nothing measured yet);
-    ``after_running``: a run is in progress ahead of this one."""
-
-    place: int
-    total: int
-    waited_s: float
-    estimate_s: float | None
-    running: bool = False
-    after_running: bool = False
-    identical_ahead: bool = False  # a run of its setup is ahead: shown when it ends, at estimate_s
 
 
 @dataclass
@@ -137,7 +98,9 @@ class RunQueue:
         costs no turn).
 
         Raises:
-            ValueError: this session already has a run waiting or running.
+            ValueError: this session already has a run waiting or running, or the run's own cost
+                at the pace learned here is well over the host's per-run limit (the message
+                gives its estimate, the limit and what to change: ``run_cost.over_limit``).
         """
         with self._changed:
             if any(t.session == session for t in self._tickets()):
@@ -147,6 +110,8 @@ class RunQueue:
                 )
             now = self.clock()
             work = work if isinstance(work, Work) else Work.of_steps(work)
+            if (refusal := over_limit(self._own_cost_s(work), run_time_limit_s())) is not None:
+                raise ValueError(refusal)
             ticket = Ticket(session, work, next(self._numbers), now, seen_s=now, setup=setup)
             self._waiting.append(ticket)
             return ticket
@@ -218,30 +183,37 @@ class RunQueue:
         self.leave(ticket)
 
     def place(self, ticket: Ticket) -> Place:
-        """Where ``ticket`` stands now (place 0 and ``running`` once it has the model)."""
+        """Where ``ticket`` stands now among the runs in line (``queue_ticket``), and the wait it
+        is told (``ToldWait``); place 0 and ``running`` once it has the model."""
         with self._changed:
             now = self.clock()
             if self._running is ticket:
-                return Place(0, self._size(), now - ticket.joined_s, 0.0, running=True)
-            self._check_waiting(ticket)
-            ahead = self._waiting[: self._waiting.index(ticket)]
+                total = self._places()[1]
+                return Place(0, total, now - ticket.joined_s, 0.0, running=True)
+            self._check_waiting(ticket)  # first: it may drop stale tickets
+            places, total = self._places()
+            index = self._waiting.index(ticket)
             after_running = self._running is not None
-            place = len(ahead) + 1 + after_running
-            estimate_s, identical = self._wait_estimate_s(ahead, now, ticket.setup)
-            waited_s = now - ticket.joined_s
+            estimate_s, identical = self._wait_estimate_s(self._waiting[:index], now, ticket.setup)
             return Place(
-                place,
-                self._size(),
-                waited_s,
-                estimate_s,
+                places[index + after_running],
+                total,
+                now - ticket.joined_s,
+                ticket.told.tell(estimate_s, now),
                 after_running=after_running,
                 identical_ahead=identical,
+                estimate_now_s=estimate_s,
             )
 
     def size(self) -> int:
-        """Runs running or waiting, every session's."""
+        """Tickets running or waiting, every session's (identical runs each counted)."""
         with self._changed:
             return self._size()
+
+    def _places(self) -> tuple[list[int], int]:
+        """``queue_ticket.run_places`` of the line: the running run, then the waiting."""
+        line = ([self._running] if self._running is not None else []) + self._waiting
+        return run_places([t.setup for t in line])
 
     def _size(self) -> int:
         return len(self._waiting) + (self._running is not None)
@@ -254,7 +226,7 @@ class RunQueue:
         (counted to the end of the queue, a room waiting for a setup already running would be
         told several times its wait)."""
         running = self._running
-        pace = self.pace if self.pace.known else self._progress_pace()
+        pace = self.pace if self.pace.known else running.progress_pace() if running else None
         setups = set() if running is None or running.setup is None else {running.setup}
         identical = setup is not None and (setup in setups or any(t.setup == setup for t in ahead))
         if pace is None:
@@ -264,7 +236,7 @@ class RunQueue:
         limit_s = run_time_limit_s()  # a run is stopped there, whatever its work
         wait_s = 0.0
         if running is not None and not (running.setup and self.shown_instead(running.setup)):
-            left_s = self._left_s(running, pace, now, slowdown)
+            left_s = running.left_s(pace, now, slowdown)
             if limit_s is not None:
                 left_s = min(left_s, max(0.0, limit_s - (now - running.started_s)))
             wait_s += left_s
@@ -284,6 +256,19 @@ class RunQueue:
                 setups.add(t.setup)
         return wait_s, identical
 
+    def _own_cost_s(self, work: Work) -> float | None:
+        """``work``'s own seconds here at the pace learned from finished runs (None: none yet, or
+        only the pace timed at start); of its references (those missing as it joins), those a
+        run in line computes are left out."""
+        if self._calibrated_only:
+            return None
+        computed: dict[Hashable, int] = {}  # key -> the largest cap a run in line computes
+        for t in self._tickets():
+            for key, cap in t.work.references.items():
+                computed[key] = max(cap, computed.get(key, -1))
+        refs = {k: c for k, c in work.references.items() if computed.get(k, -1) < c}
+        return self.pace.cost_s(work, refs)
+
     def _missing_now(self, ticket: Ticket) -> Mapping[Hashable, int]:
         """``ticket``'s references still to compute (``Work.missing_now``), read again only once a
         run ended since: a reference is stored by the run that computes it. Read at every look of
@@ -293,41 +278,17 @@ class RunQueue:
             ticket.missing = (self._runs_ended, ticket.work.missing_now())
         return ticket.missing[1]
 
-    def _left_s(self, running: Ticket, pace: Pace, now: float, slowdown: float = 1.0) -> float:
-        """What is left of the running run: its cost (at the ``slowdown`` it shows) less its time
-        so far, and at least its engine steps not yet done at that pace."""
-        left_s = slowdown * pace.cost_s(running.work) - (now - running.started_s)
-        if running.steps_done:
-            left = pace.engine_s_left(running.work, running.steps_done)
-            left_s = max(left_s, slowdown * left)
-        return max(0.0, left_s)
-
     def _slowdown(self) -> float:
         """How much slower than the learned pace the running run's engine steps go, as of its last
         report (1 before ``MIN_PROGRESS_STEPS``; clipped to ``SLOWDOWN_RANGE``): the load on the
         page now (people joining, a busy machine) is the best guess of the load while those
         ahead run; estimates from the learned pace alone fall short while a room's joins slow the
         first runs."""
-        progress = self._progress_pace()
+        progress = self._running.progress_pace() if self._running is not None else None
         if progress is None:
             return 1.0
         ratio = progress.s_per_unit() / self.pace.s_per_unit()
         return min(max(ratio, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
-
-    def _progress_pace(self) -> Pace | None:
-        """The running run's pace from its first report of steps to its last (None before
-        ``MIN_PROGRESS_STEPS`` between them): the estimates' pace until one is learned, then
-        their slowdown. Not from its start: what comes before its first step (the job handed to
-        the engine process, its first prompts' prefill) is no pace of its steps, and timed from
-        the start a run reads slower than it goes."""
-        running = self._running
-        if running is None or running.first_steps is None or running.steps_done_s is None:
-            return None
-        first, first_s = running.first_steps
-        if running.steps_done - first < MIN_PROGRESS_STEPS:
-            return None
-        elapsed_s = running.steps_done_s - first_s  # to when they were done, not now
-        return Pace.from_progress(running.work, elapsed_s, running.steps_done - first)
 
     def _check_waiting(self, ticket: Ticket) -> None:
         """Note that ``ticket``'s handler asked, and drop the waiting tickets nobody asks about.

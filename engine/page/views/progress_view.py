@@ -81,12 +81,16 @@ def progress_line(
 
 
 def queue_line(place: Place, measured: bool) -> str:
-    """Markdown: a waiting run's true place, the total, its wait so far and the estimate (or why
-    there is none yet: ``measured`` False before any run finished on this host, or was timed at
-    start); with a run of its setup ahead, that it is shown that run when it ends."""
+    """Markdown: a waiting run's true place among the runs in line, their total, its wait so far
+    and the estimate (or why there is none yet: ``measured`` False before any run finished on
+    this host, or was timed at start); with a run of its setup ahead, that run's place, and that
+    it is shown that run when it ends."""
     ahead = place.place - 1  # the run in progress included
     line = f"**Waiting for the model:** place {place.place} of {place.total}"
-    if ahead == 0:
+    if place.identical_ahead:  # the place is that run's
+        before = f"{ahead} before it" if ahead else "in progress" if place.after_running else "next"
+        line += f" (an identical run's, {before})"
+    elif ahead == 0:
         line += " (yours is next)"
     elif place.after_running and ahead == 1:
         line += " (yours is next, after the run in progress)"

@@ -298,10 +298,45 @@ def test_the_queue_line_rounds_its_waits():
     assert "waited 40 s · estimate 90 s" in line, line
     line = queue_line(Place(2, 2, 44.0, 4.4, after_running=True), measured=True)
     assert "estimate a few seconds." in line, line  # not "0 s": the run in progress ends soon
-    line = queue_line(Place(7, 7, 3.0, 25.0, after_running=True, identical_ahead=True), True)
+    line = queue_line(Place(3, 5, 3.0, 25.0, after_running=True, identical_ahead=True), True)
     assert line.endswith(
         "estimate 20 s. An identical run is ahead of yours: you are shown it when it ends."
     ), line
+
+
+def test_the_queue_line_gives_an_identical_runs_place_as_that_runs():
+    """A run waiting for an identical run ahead is told that run's place (its own adds none), and
+    whether that run is in progress, next, or has runs before it; never "yours is next"."""
+    from engine.page.run.run_queue import Place
+    from engine.page.views.progress_view import queue_line
+
+    running = queue_line(Place(1, 3, 3.0, 25.0, after_running=True, identical_ahead=True), True)
+    assert "place 1 of 3 (an identical run's, in progress) · " in running, running
+    waiting = queue_line(Place(3, 5, 3.0, 25.0, after_running=True, identical_ahead=True), True)
+    assert "place 3 of 5 (an identical run's, 2 before it) · " in waiting, waiting
+    between = queue_line(Place(1, 2, 3.0, 25.0, identical_ahead=True), True)  # between two runs
+    assert "place 1 of 2 (an identical run's, next) · " in between, between
+    assert not any("yours is next" in line for line in (running, waiting, between))
+
+
+def test_a_run_over_the_limit_is_not_run_and_keeps_the_results(page, monkeypatch):
+    """Through the Run event (the Run button's and /run's path), a run whose estimate at the pace
+    learned here is well over the host's run limit is refused before it queues: "Not run" with
+    its estimate and the limit, the previous run's results left as they are."""
+    from engine.page.run.run_cost import Pace
+
+    *_, done = _events(RunHandle(), replay=False)
+    previous = done[OUT["run_state"]]
+    page.queue.pace = Pace.uniform(100.0)  # as if finished runs taught 100 s a step
+    monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", "60")
+    with pytest.warns(UserWarning, match="estimate here"):
+        (refused,) = list(_events(RunHandle(), replay=False, previous=previous))
+    status = _status(refused)
+    assert status.startswith("**Not run:** This run's estimate here is "), status
+    assert "limit of 60 s" in status and "fewer rows" in status, status
+    assert "Showing the previous run:" in status and "✓ all match" in status, status
+    assert refused[OUT["run_state"]] == gr.skip(), "the previous results were replaced"
+    assert page.queue.size() == 0, "a refused run was queued"
 
 
 def test_the_room_reads_every_estimate_the_page_tells():

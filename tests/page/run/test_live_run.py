@@ -7,6 +7,7 @@ is slowed down (``SLOW_STEP_S``) to give the run a length the handler can watch 
 from __future__ import annotations
 
 import gc
+import math
 import re
 import time
 import weakref
@@ -17,7 +18,7 @@ from tiny_model import tiny_runner
 
 from engine.fidelity.reference import ReferenceCache
 from engine.page.handlers import playground
-from engine.page.run import shared_model
+from engine.page.run import run_cost, shared_model
 from engine.page.run.live_run import EngineProgress, LiveRun
 from engine.page.run.run_handle import RunHandle
 from engine.page.views.progress_view import progress_line
@@ -201,6 +202,8 @@ def test_time_limit_stops_the_run_and_puts_the_previous_results_back(shared, mon
     """Past CBP_RUN_TIME_LIMIT_S the run stops with a message; the earlier results come back."""
     previous = list(playground.run_event([["earlier run", 2]], *KNOBS))[-1]
     monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", "0.3")
+    # past any margin: the run joins (a run refused up front is test_run_turns's) and is stopped
+    monkeypatch.setattr(run_cost, "LIMIT_MARGIN", math.inf)
     events = playground.run_event(ROWS, *KNOBS, previous[0])
     updates = []
     with pytest.raises(gr.Error, match=r"longer than the limit of 0\.3 s"):

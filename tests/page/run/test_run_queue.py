@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
-from engine.page.run.run_cost import Pace, Work
-from engine.page.run.run_queue import MIN_PROGRESS_STEPS, SLOWDOWN_RANGE, RunQueue
+from engine.page.run.queue_ticket import MIN_PROGRESS_STEPS
+from engine.page.run.run_cost import LIMIT_MARGIN, Pace, Work
+from engine.page.run.run_queue import SLOWDOWN_RANGE, RunQueue
 
 
 class Clock:
@@ -175,13 +176,14 @@ def test_runs_of_a_setup_already_ahead_cost_no_wait():
     queue.shown_instead = lambda setup: setup == "custom"  # a custom run just finished
     assert queue.place(last).estimate_s == pytest.approx(10.0), "a custom run counted"
     queue.shown_instead = lambda setup: setup in ("custom", "seed")  # the running one too
-    assert queue.place(last).estimate_s == pytest.approx(0.0), "a run about to be shown counted"
+    estimate_now_s = queue.place(last).estimate_now_s  # not yet told: within its tolerance
+    assert estimate_now_s == pytest.approx(0.0), "a run about to be shown counted"
 
 
 def test_a_run_of_the_running_setup_waits_only_for_it():
     """The seed running and five other setups waiting before it: a run of the seed is told the
-    running run's remaining time, and that it will be shown that run (a 30-session room told
-    such runs 240 to 300 s for waits of 20 to 80 s, counting the whole queue)."""
+    running run's place and remaining time, and that it will be shown that run (a 30-session room
+    told such runs 240 to 300 s for waits of 20 to 80 s, counting the whole queue)."""
     clock = Clock()
     queue = RunQueue(pace=Pace.uniform(1.0, run_s=0.0), clock=clock, stale_s=1e9)
     running = queue.join("a", 40, setup="seed")
@@ -191,7 +193,7 @@ def test_a_run_of_the_running_setup_waits_only_for_it():
     seed = queue.join("g", 40, setup="seed")
     clock.now_s += 15.0
     place = queue.place(seed)
-    assert (place.place, place.total) == (7, 7)
+    assert (place.place, place.total) == (1, 6), "not the running run's place among six runs"
     assert place.estimate_s == pytest.approx(25.0) and place.identical_ahead, place
 
 
@@ -300,12 +302,13 @@ def test_the_time_before_a_runs_first_step_is_not_its_pace():
 def test_an_estimate_counts_no_run_past_the_hosts_run_limit(monkeypatch):
     """Each run ahead counts at most CBP_RUN_TIME_LIMIT_S (the limit stops it there), the running
     one at most what is left of its limit: a huge run ahead adds 60 s, not its hours of work."""
-    monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", "60")
+    monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", "0")  # joined with no limit: none is refused
     clock = Clock()
     queue = RunQueue(pace=Pace.uniform(0.5, run_s=0.0), clock=clock, stale_s=1e9)
     running = queue.join("a", 1_000_000)  # 500,000 s of work
     assert queue.wait_turn(running, timeout_s=0)
     huge, small, last = queue.join("b", 2_000_000), queue.join("c", 20), queue.join("d", 20)
+    monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", "60")
     clock.now_s += 45  # 15 s left of the running run's limit
     assert queue.place(huge).estimate_s == pytest.approx(15.0), "the running run past its limit"
     assert queue.place(small).estimate_s == pytest.approx(15.0 + 60.0), "a run ahead past 60 s"
@@ -314,3 +317,111 @@ def test_an_estimate_counts_no_run_past_the_hosts_run_limit(monkeypatch):
     assert queue.place(small).estimate_s == pytest.approx(499_955.0 + 1_000_000.0), (
         "without a limit"
     )
+
+
+def test_identical_runs_count_once_in_places_and_totals():
+    """Places and totals count runs, not sessions: a waiting run whose setup is ahead adds no
+    place for those behind it and is told the place of the run it will be shown; everyone is
+    told the same total."""
+    queue = RunQueue(pace=Pace.uniform(1.0, run_s=0.0), clock=Clock(), stale_s=1e9)
+    running = queue.join("a", 10, setup="seed")
+    assert queue.wait_turn(running, timeout_s=0)
+    setups = ["custom", "seed", "seed", "custom", None, "other"]
+    waiting = [queue.join(f"s{i}", 10, setup=setup) for i, setup in enumerate(setups)]
+    places = [queue.place(t) for t in waiting]
+    told = [(p.place, p.total, p.identical_ahead) for p in places]
+    assert told == [
+        (2, 4, False),
+        (1, 4, True),  # shown the running seed run
+        (1, 4, True),
+        (2, 4, True),  # shown the first custom run
+        (3, 4, False),  # run live: a turn of its own
+        (4, 4, False),
+    ], told
+    assert queue.place(running).total == 4 and queue.size() == 7
+
+
+def test_a_told_estimate_counts_down_and_moves_only_past_its_tolerance():
+    """What a waiting run is told counts down from what it was told last while the queue's own
+    estimate stays within ``TOLD_TOLERANCE_SHARE`` (at least ``TOLD_TOLERANCE_S``) of it, and
+    moves to the queue's estimate once past: an estimate flipping by 30 s is told 80, 70, 60,
+    not 80, 50, 60."""
+    clock = Clock()
+    shown = {"B": False}  # whether run B ahead would be shown a recent run (it then costs nothing)
+    queue = RunQueue(
+        pace=Pace.uniform(1.0, run_s=0.0),
+        clock=clock,
+        stale_s=1e9,
+        shown_instead=lambda setup: shown.get(setup, False),
+    )
+    running = queue.join("a", 60)  # 60 s
+    assert queue.wait_turn(running, timeout_s=0)
+    queue.join("b", 20, setup="B")  # 20 s, or nothing when shown
+    mine = queue.join("c", 1)
+    told, now = [], []
+    for flip in (False, True, False, True, False):
+        shown["B"] = flip
+        place = queue.place(mine)
+        told.append(place.estimate_s)
+        now.append(place.estimate_now_s)
+        clock.now_s += 10
+    assert now == pytest.approx([80, 50, 60, 30, 40]), now
+    # 50 is within 30 % of 70 counted down; 30 is past 30 % of 50; 40 is past 10 s from 20
+    assert told == pytest.approx([80, 70, 60, 30, 40]), told
+
+
+def test_a_run_well_over_the_limit_is_refused_before_it_queues(monkeypatch):
+    """At a learned pace, a run whose own cost is over ``LIMIT_MARGIN`` times the run limit is
+    refused as it joins, with its estimate, the limit and what to change; one between the limit
+    and that margin joins (its estimate may be noisy, and the limit stops it)."""
+    monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", "60")
+    queue = RunQueue(pace=Pace.uniform(1.0, run_s=0.0), clock=Clock(), stale_s=1e9)
+    over = 60 * LIMIT_MARGIN + 1
+    with pytest.raises(ValueError) as refused:
+        queue.join("a", int(over))
+    message = str(refused.value)
+    assert "estimate here is 2 min" in message and "limit of 60 s" in message, message
+    assert "fewer rows" in message and "max_new_tokens" in message, message
+    assert queue.size() == 0, "a refused run was queued"
+    near = queue.join("a", int(60 * LIMIT_MARGIN) - 1)
+    assert queue.place(near).place == 1, "a run near the limit was refused"
+
+
+def test_a_reference_a_run_ahead_computes_does_not_refuse_a_run():
+    """The refusal prices a run's references as the estimate does: one that a run in line
+    already computes costs it nothing, and another one is priced."""
+    key, other = ((1, 2, 3), None), ((4, 5, 6), None)
+    queue = RunQueue(pace=Pace.uniform(1.0, run_s=0.0), clock=Clock(), stale_s=1e9)
+    queue.join("a", Work(continuous_steps=1, references={key: 200}))  # no limit set yet
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setenv("CBP_RUN_TIME_LIMIT_S", "60")
+        assert queue.join("b", Work(continuous_steps=10, references={key: 200}))
+        with pytest.raises(ValueError, match="over 2 times"):
+            queue.join("c", Work(continuous_steps=10, references={other: 200}))
+
+
+def test_no_run_is_refused_without_a_pace_learned_from_a_finished_run(monkeypatch):
+    """With no pace, or only the pace timed at start (which a busy start made many times too
+    slow), no run is refused; once a run finished here, the same run is."""
+    monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", "60")
+    queue = RunQueue(stale_s=1e9)
+    big = Work(continuous_steps=1000)
+    queue.leave(queue.join("a", big))  # no pace at all
+    queue.calibrate(Work(continuous_steps=10), {"continuous": 10.0})  # 1 s a step, timed at start
+    first = queue.join("a", big)
+    assert queue.wait_turn(first, timeout_s=0)
+    queue.finish(first, wall_s=10.0, parts_s={"continuous": 10.0})  # a finished run: 10 ms a step
+    queue.join("b", 100)  # 1 s here
+    with pytest.raises(ValueError, match="estimate here"):
+        queue.join("c", Work(continuous_steps=13_000))  # 130 s
+
+
+def test_a_place_is_counted_after_the_silent_tickets_are_dropped():
+    """The look that drops a silent ticket ahead tells a place and total without it."""
+    clock = Clock()
+    queue = RunQueue(clock=clock, stale_s=10)
+    queue.join("gone", 1, setup="x")
+    mine = queue.join("mine", 1, setup="y")
+    clock.now_s += 11
+    place = queue.place(mine)
+    assert (place.place, place.total) == (1, 1), place
