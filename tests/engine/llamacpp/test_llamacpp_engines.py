@@ -60,6 +60,16 @@ def test_trace_reports_the_server_settings(f32_trace, embedded_model):
     assert f32_trace.warnings == [], f32_trace.warnings
 
 
+def test_metrics_are_sampled(f32_trace):
+    """The server's /metrics (--metrics) is read during the run: running and waiting requests
+    under this project's names, never more running than the slots."""
+    samples = f32_trace.server_samples
+    assert samples, f"no /metrics sample: {f32_trace.info['server'].get('metrics_note')}"
+    for sample in samples:
+        assert {"num_requests_running", "num_requests_waiting"} <= set(sample.values), sample
+        assert 0 <= sample.values["num_requests_running"] <= NUM_SLOTS, sample
+
+
 def test_q4_runs_and_is_labelled(llamacpp_q4, embedded_model):
     """The shipped Q4_1 file serves every request up to its cap, and its trace says that its
     differences are expected (quantized weights), whatever the verdicts."""
