@@ -23,6 +23,7 @@ checks the order):
 * ``batching``: the static and the continuous engine;
 * ``fidelity``: the per-request ``model.generate`` reference and divergence verdicts;
 * ``peers``: transformers' engine, OpenAI-compatible servers and vLLM, run beside ours;
+* ``llamacpp``: llama.cpp's ``llama-server`` on the loaded weights (F32 or the shipped Q4_1);
 * ``worker``: a run's engine work as one typed job and one typed result, in core types only,
   for the engine process and the page's engine thread alike.
 

@@ -133,6 +133,13 @@ SETTINGS: tuple[Setting, ...] = (
         "vLLM's virtual environment (unset: the repository's .venv-vllm)",
     ),
     Setting(
+        "CBP_LLAMACPP_DIR",
+        "path",
+        "",
+        "llama.cpp's build folder: its llama-server, source and converter (unset: the "
+        "repository's .llamacpp)",
+    ),
+    Setting(
         "CBP_VLLM_SCHEDULE_PATH",
         "path",
         "",

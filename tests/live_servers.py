@@ -1,9 +1,11 @@
-"""Real OpenAI-compatible servers for tests: ``transformers serve`` and a local vLLM, on 127.0.0.1.
+"""Real OpenAI-compatible servers for tests: ``transformers serve``, a local vLLM and a local
+llama.cpp, on 127.0.0.1.
 
 Tests of the server engines run against real servers, never a mock. ``transformers serve`` ships
 with the transformers we pin (its extras: fastapi, uvicorn, pydantic and openai, all in the test
 requirements) and serves the embedded model's safetensors folder. vLLM comes from ``.venv-vllm``
-(``make vllm``); without it the vLLM tests are skipped, saying so.
+(``make vllm``); without it the vLLM tests are skipped, saying so. llama.cpp's ``llama-server``
+comes from ``.llamacpp`` (``make llamacpp``); without it the llama.cpp tests are skipped, saying so.
 """
 
 from __future__ import annotations
@@ -91,3 +93,18 @@ def vllm_available() -> bool:
 
 NO_VLLM = "vLLM's environment .venv-vllm is missing: build it with `make vllm` (CI does)"
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason=NO_VLLM)
+
+
+def llamacpp_available() -> bool:
+    """True when ``make llamacpp`` built ``llama-server`` (or ``$CBP_LLAMACPP_DIR`` holds one)."""
+    from engine.llamacpp.server import server_binary
+
+    try:
+        server_binary()
+    except ValueError:
+        return False
+    return True
+
+
+NO_LLAMACPP = "llama.cpp's llama-server is not built: build it with `make llamacpp` (CI does)"
+needs_llamacpp = pytest.mark.skipif(not llamacpp_available(), reason=NO_LLAMACPP)

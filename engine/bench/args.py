@@ -27,13 +27,18 @@ ENGINES = (
     "continuous_concat",
     "hf_continuous",
     "vllm",  # a local vLLM server from .venv-vllm (make vllm), started and stopped by the bench
+    "llamacpp",  # a local llama-server (make llamacpp) on the loaded weights as an F32 GGUF
+    "llamacpp_q4",  # the same server on the embedded model's shipped Q4_1 GGUF
 )
+SERVERS = ("vllm", "llamacpp", "llamacpp_q4")  # the engines that are local servers
 KV_MODE_OF = {"continuous": "slots", "continuous_paged": "paged", "continuous_concat": "concat"}
 # Engines that --batch-invariant cannot reach, and why (the bench says so rather than ignore it).
 NOT_INVARIANT = {
     "static_generate": "it runs plain model.generate matmuls by design",
     "hf_continuous": "transformers' engine runs its own kernels, outside this project's control",
     "vllm": "a server engine runs its own kernels, outside this project's control",
+    "llamacpp": "a server engine runs its own kernels, outside this project's control",
+    "llamacpp_q4": "a server engine runs its own kernels, outside this project's control",
 }
 # Flags that only some engines or arrival modes use: parsed as None so a given one can be told
 # from a default (and warned about when nothing uses it), then set to these defaults.
@@ -229,6 +234,10 @@ def check_args(args: argparse.Namespace, names: list[str]) -> None:
         from engine.peers.vllm_server import vllm_python
 
         vllm_python()  # refuses before the model loads when .venv-vllm is missing
+    if "llamacpp" in names or "llamacpp_q4" in names:
+        from engine.llamacpp.server import server_binary
+
+        server_binary()  # refuses before the model loads when llama-server is not built
 
 
 def endpoints(args: argparse.Namespace) -> list[Endpoint]:

@@ -40,6 +40,8 @@ def format_table(results: dict[str, dict], weight_read_ms: float | None = None) 
         match = {True: "yes", False: f"NO ({r['num_mismatched_requests']})", None: "-"}
         skipped = r.get("num_not_compared_requests")
         note = f", {skipped} sampled with another generator: not compared" if skipped else ""
+        expected = r.get("info", {}).get("differences_expected")  # llamacpp_q4
+        note += f" ({expected})" if expected and r["reference_match"] is not None else ""
         lines.append(
             f"{name:<18}{spread:>16}{r['num_steps'] or '-':>7}{r['num_generated_tokens']:>8}"
             f"{r['tok_per_s']:>8.1f}{speedup:>9}{_ms(r['ms_per_step']):>9}"
@@ -83,7 +85,9 @@ def print_report(args, results, normal_results, extra, run) -> None:
     print(format_table(results, extra["weight_read_ms"]))
     if not args.no_reference:
         for name, entry in results.items():
-            print(f"{name} against the reference: {verdict_summary(entry)}")
+            expected = entry.get("info", {}).get("differences_expected")
+            label = f" ({expected})" if expected else ""
+            print(f"{name} against the reference: {verdict_summary(entry)}{label}")
     for line in add_invariant_cost(results, normal_results):
         print(line)
     if args.prefix_caching:

@@ -1,8 +1,10 @@
-"""The bench's server engines: ``vllm`` and ``--endpoint NAME=URL``, and what can go wrong.
+"""The bench's server engines: ``vllm``, ``llamacpp``, ``llamacpp_q4`` and ``--endpoint NAME=URL``,
+and what can go wrong.
 
-A server engine is an ``OpenAIEngine`` (``engine.peers.openai_engine``); ``vllm`` also owns a local
-server (``engine.peers.vllm_engine``), started once before the warm-up and stopped when the bench
-ends, so every repeat runs on the same warm server. A server that cannot be reached, refuses a
+A server engine is an ``OpenAIEngine`` (``engine.peers.openai_engine``); ``vllm`` and the two
+llama.cpp engines also own a local server (``engine.peers.vllm_engine``,
+``engine.llamacpp.engines``), started once before the warm-up and stopped when the bench ends, so
+every repeat runs on the same warm server. A server that cannot be reached, refuses a
 request or dies raises ``EndpointError``: that engine is dropped with its message, the others go on,
 and its JSON entry is ``{"error": ..., "server": ...}``. Successful entries get the same fields as
 every engine plus ``server`` (name, URL, version, settings, warnings, ``/metrics`` samples of the
@@ -22,20 +24,28 @@ MATCHED = ("continuous_paged", "continuous")  # our engines vLLM's settings foll
 
 
 def server_engines(args, names: list[str], loaded, ours: dict | None = None, requests=None) -> dict:
-    """The ``vllm`` engine (if named) and one engine per ``--endpoint``, by name.
+    """The ``vllm`` and llama.cpp engines (those named) and one engine per ``--endpoint``, by name.
 
     ``ours``: our engines by name; when one of ``MATCHED`` runs (the first listed), vLLM gets its
     settings (``engine.peers.vllm_server.matched_settings``) for ``requests``, and the engine
     remembers which one it matches (``matched_to``) and what could not match (``unmatched``).
 
+    The llama.cpp engines get ``--parallel`` = ``--slots`` and slots sized to the longest of
+    ``requests``.
+
     Raises:
-        ValueError: no ``.venv-vllm``, or a bad ``--endpoint``.
+        ValueError: no ``.venv-vllm``, no llama-server or GGUF for it, or a bad ``--endpoint``.
     """
     from engine.peers.openai_engine import OpenAIEngine
 
     engines = {}
     if "vllm" in names:
         engines["vllm"] = _vllm_engine(args, loaded, ours or {}, requests)
+    for name in ("llamacpp", "llamacpp_q4"):
+        if name in names:
+            from engine.llamacpp.engines import LlamaCppEngine
+
+            engines[name] = LlamaCppEngine(loaded, args.slots, name=name, requests=requests)
     for endpoint in endpoints(args):
         engines[endpoint.name] = OpenAIEngine(endpoint, loaded, args.slots)
     return engines
@@ -87,8 +97,8 @@ def start_servers(engines: dict, failures: dict[str, str]) -> None:
         start = getattr(engine, "start", None)
         if start is None or name in failures:
             continue
-        mode = "eager" if engine.server.settings.enforce_eager else "compiled"
-        print(f"  {name}: starting vLLM ({mode}); this takes minutes", file=sys.stderr, flush=True)
+        product, what = _server_kind(engine.server.settings)
+        print(f"  {name}: starting {product} ({what})", file=sys.stderr, flush=True)
         try:
             start()
         except EndpointError as exc:
@@ -96,9 +106,17 @@ def start_servers(engines: dict, failures: dict[str, str]) -> None:
             continue
         server = engine.server
         print(
-            f"  {name}: vLLM {server.version} ready in {server.start_s:.0f} s at {server.url}",
+            f"  {name}: {product} {server.version} ready in {server.start_s:.0f} s at {server.url}",
             file=sys.stderr,
         )
+
+
+def _server_kind(settings) -> tuple[str, str]:
+    """``(product, what)`` of a local server's settings, as the start lines name them."""
+    if hasattr(settings, "enforce_eager"):  # engine.peers.vllm_server.VllmSettings
+        mode = "eager" if settings.enforce_eager else "compiled"
+        return "vLLM", f"{mode}; this takes minutes"
+    return "llama.cpp", f"{settings.weights} weights, {settings.num_slots} slots"
 
 
 def guarded_run(name: str, engine, requests, failures: dict[str, str]) -> Trace | None:

@@ -233,7 +233,7 @@ def cpus_of(bind: str) -> set[int]:
 
 
 @contextlib.contextmanager
-def _thread_on_cpus(cpus: set[int]):
+def thread_on_cpus(cpus: set[int]):
     """The calling thread may run on ``cpus`` inside the block (its own affinity, which the
     processes it starts inherit); put back after. Nothing changes off Linux or where the system
     refuses (a CPU outside this container's set)."""
@@ -301,7 +301,7 @@ class VllmServer:
         env = env_settings.environment({**self.settings.env(), **self._schedule_env()})
         self._log = tempfile.NamedTemporaryFile(prefix="vllm-serve-", suffix=".log", delete=False)
         self.log_path = Path(self._log.name)
-        with _thread_on_cpus(cpus_of(self.settings.omp_threads_bind)):  # the child inherits it
+        with thread_on_cpus(cpus_of(self.settings.omp_threads_bind)):  # the child inherits it
             self.proc = subprocess.Popen(
                 command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )

@@ -112,6 +112,7 @@ CORE_ROOMS = [
     "batching",
     "fidelity",
     "peers",
+    "llamacpp",
     "worker",
 ]
 PAGE_ROOMS = ["figures", "inputs", "run", "views", "handlers", "panels", "host"]

