@@ -108,3 +108,26 @@ def llamacpp_available() -> bool:
 
 NO_LLAMACPP = "llama.cpp's llama-server is not built: build it with `make llamacpp` (CI does)"
 needs_llamacpp = pytest.mark.skipif(not llamacpp_available(), reason=NO_LLAMACPP)
+
+
+class FolderServers:
+    """Servers one test folder shares, stopped after that folder's last test rather than at the
+    end of the session (a folder without ``__init__.py`` has no package scope): the suite's later
+    tests start servers of their own, and idle ones left beside them ran a 24 GiB machine out of
+    memory. Its conftest keeps each server (``keep``) and calls ``after`` from its
+    ``pytest_runtest_teardown`` hook; a server's ``close`` may then run twice (harmless here)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._open: list = []
+
+    def keep(self, server):
+        """``server`` (anything with ``close()``), closed after the folder's last test."""
+        self._open.append(server)
+        return server
+
+    def after(self, item, nextitem) -> None:
+        """A test here ended: close the servers if the next test is elsewhere (or none)."""
+        if nextitem is None or self.folder not in Path(nextitem.path).parents:
+            while self._open:
+                self._open.pop().close()

@@ -1,12 +1,18 @@
 """The llama.cpp servers the llama.cpp tests share: one ``llama-server`` per engine and session
-(the F32 file is converted once, in about 30 s, and kept in the model cache), stopped when the
-session ends. Skipped without ``make llamacpp``'s build (``needs_llamacpp``)."""
+(the F32 file is converted once, in about 30 s, and kept in the model cache), stopped after this
+folder's last test (``FolderServers``). Skipped without ``make llamacpp``'s build
+(``needs_llamacpp``)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from engine.workloads.workload import RequestSpec, tokenize_requests
+from tests.live_servers import FolderServers
+
+SHARED = FolderServers(Path(__file__).parent)
 
 NUM_SLOTS = 2
 # Two short greedy requests: quick on a 2-core CPU.
@@ -26,7 +32,7 @@ def llamacpp(embedded_model):
 
     engine = LlamaCppEngine(embedded_model, NUM_SLOTS, requests=short_requests(embedded_model))
     engine.start()
-    yield engine
+    yield SHARED.keep(engine)
     engine.close()
 
 
@@ -38,5 +44,10 @@ def llamacpp_q4(embedded_model):
     requests = short_requests(embedded_model)
     engine = LlamaCppEngine(embedded_model, NUM_SLOTS, name="llamacpp_q4", requests=requests)
     engine.start()
-    yield engine
+    yield SHARED.keep(engine)
     engine.close()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """After this folder's last test, stop the shared llama.cpp servers."""
+    SHARED.after(item, nextitem)

@@ -16,30 +16,27 @@ from pathlib import Path
 
 import pytest
 
+from tests.live_servers import FolderServers
+
 NUM_SLOTS = 3
-HERE = Path(__file__).parent
-_open_servers: list = []  # the shared vLLM while it runs, for the teardown hook below
+SHARED = FolderServers(Path(__file__).parent)
 
 
 @pytest.fixture(scope="session")
 def vllm(embedded_model):
-    """``VllmEngine`` on the embedded model: 3 slots, eager, recording its schedule (default).
-    Session-scoped, since a folder without ``__init__.py`` has no package scope; closed by
-    ``pytest_runtest_teardown`` once the tests leave this folder (closing twice is harmless)."""
+    """``VllmEngine`` on the embedded model: 3 slots, eager, recording its schedule (default);
+    stopped once the tests leave this folder (``FolderServers``)."""
     from engine.peers.vllm_engine import VllmEngine
 
     engine = VllmEngine(embedded_model, NUM_SLOTS, enforce_eager=True)
     on_page_cpu(engine.start)
-    _open_servers.append(engine)
-    yield engine
+    yield SHARED.keep(engine)
     engine.close()
 
 
 def pytest_runtest_teardown(item, nextitem):
-    """After this folder's last test (the next one is elsewhere, or none), stop the shared vLLM."""
-    if nextitem is None or HERE not in Path(nextitem.path).parents:
-        while _open_servers:
-            _open_servers.pop().close()
+    """After this folder's last test, stop the shared vLLM."""
+    SHARED.after(item, nextitem)
 
 
 def page_cpu() -> set[int] | None:
