@@ -13,6 +13,12 @@ On a decode-only step (every sequence feeds one token) ``plan_decode`` splits th
 ``k`` longest sequences get one unmasked call each over exactly their keys, and the others share
 one masked call padded to the longest of them. ``k`` minimizes the key rows read plus
 ``CALL_COST_KEYS`` per call. ``decode_attention`` then runs that split in every layer.
+
+Each call is this project's C++ decode attention (``torch.ops.cbp_attention.decode``, built with
+the gemv kernel by ``engine.kernels.gemv_build``) where it runs, which takes each slot's key
+count instead of a mask: torch's CPU flash attention spends most of such a small call setting up
+(about 65 us a call in float32 on the 2-core EPYC, 30 calls a step). Elsewhere (no AVX-512, no
+compiler, ``CBP_GEMV=off``, another device or dtype) it is SDPA with the additive mask.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.kernels import gemv_build
 from engine.serving.packed_batch import PackedBatch
 
 # One more SDPA call (dispatch, output copy) costs about as much as reading this many key rows of
@@ -35,7 +42,9 @@ class DecodeSplit:
 
     Shapes:
         shared_rows, shared_slots: [S_sh]   tokens (and slots) of the shared call
-        shared_mask: [B, 1, 1, width]        additive; None without a shared call
+        shared_mask: [B, 1, 1, width]        additive, for SDPA; None without a shared call
+        shared_lens: [B]                     keys per slot in the shared call, for the C++
+                                             kernel (0: a slot outside it, left unattended)
         solo: (token row, slot, kv_len) per sequence that gets its own call
     """
 
@@ -45,6 +54,8 @@ class DecodeSplit:
     shared_slots: torch.Tensor
     shared_mask: torch.Tensor | None
     solo: list[tuple[int, int, int]]
+    kernel: bool = False  # calls go to torch.ops.cbp_attention.decode, not SDPA
+    shared_lens: torch.Tensor | None = None
 
 
 def plan_decode(batch: PackedBatch, dtype: torch.dtype) -> DecodeSplit | None:
@@ -58,8 +69,12 @@ def plan_decode(batch: PackedBatch, dtype: torch.dtype) -> DecodeSplit | None:
     shared = sorted(order[num_solo:])
     width = max((kv_lens[i] for i in shared), default=0)
     rows = torch.tensor(shared, dtype=torch.long)
-    mask = None
-    if shared:
+    kernel = kernel_runs(batch.input_ids.device, dtype)
+    mask = lens = None
+    if shared and kernel:
+        lens = torch.zeros(batch.num_slots, dtype=torch.long)  # (B,)
+        lens[[batch.seqs[i].slot for i in shared]] = torch.tensor([kv_lens[i] for i in shared])
+    elif shared:
         keep = batch.decode_mask[..., :width]  # (B, 1, 1, width)
         mask = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
         mask.masked_fill_(~keep, float("-inf"))  # what SDPA makes of a boolean mask
@@ -70,7 +85,29 @@ def plan_decode(batch: PackedBatch, dtype: torch.dtype) -> DecodeSplit | None:
         shared_slots=batch.slot_ids[rows.to(batch.slot_ids.device)],
         shared_mask=mask,
         solo=solo,
+        kernel=kernel,
+        shared_lens=lens,
     )
+
+
+def kernel_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``torch.ops.cbp_attention.decode`` serves a step on ``device`` in ``dtype``."""
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    return gemv_build.available()
+
+
+def _attend(q, keys, values, lens, mask, scaling, kernel: bool) -> torch.Tensor:
+    """Softmax attention of ``q`` over each slot's first ``lens`` keys (the kernel) or under
+    ``mask`` (SDPA).
+
+    Shapes:
+        q: [B, H_kv, G, D];  keys, values: [B, H_kv, T_kv, D];  lens: [B];
+        mask: [B, 1, 1, T_kv] or None  ->  [B, H_kv, G, D]
+    """
+    if kernel:
+        return torch.ops.cbp_attention.decode(q, keys, values, lens, scaling)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling)
 
 
 def _best_num_solo(sorted_lens: list[int], num_slots: int) -> int:
@@ -100,7 +137,8 @@ def decode_attention(query, cache, layer: int, batch: PackedBatch, split: Decode
     for row, slot, kv_len in split.solo:
         keys, values = cache.sequence_view(layer, batch, slot, kv_len)  # (1, H_kv, kv_len, D)
         q = query[0, :, row].view(1, keys.shape[1], -1, head_dim)  # (1, H_kv, G, D)
-        o = F.scaled_dot_product_attention(q, keys, values, scale=scaling)  # (1, H_kv, G, D)
+        lens = torch.tensor([kv_len]) if split.kernel else None
+        o = _attend(q, keys, values, lens, None, scaling, split.kernel)  # (1, H_kv, G, D)
         out[row] = o.reshape(num_heads, head_dim)
     return out[None]
 
@@ -111,9 +149,8 @@ def _shared_all_slots(query, cache, layer, batch, split, scaling) -> torch.Tenso
     num_heads, num_slots, head_dim = query.shape[1:]
     num_kv_heads = keys.shape[1]
     q = query[0].view(num_kv_heads, num_heads // num_kv_heads, num_slots, head_dim)
-    o = F.scaled_dot_product_attention(
-        q.permute(2, 0, 1, 3), keys, values, attn_mask=split.shared_mask, scale=scaling
-    )  # (B, H_kv, G, D)
+    q = q.permute(2, 0, 1, 3)  # (B, H_kv, G, D)
+    o = _attend(q, keys, values, split.shared_lens, split.shared_mask, scaling, split.kernel)
     return o.reshape(num_slots, num_heads, head_dim)
 
 
@@ -126,7 +163,5 @@ def _shared_scattered(query, cache, layer, batch, split, scaling, out) -> None:
     q = query[0][:, rows].view(num_kv_heads, num_heads // num_kv_heads, len(rows), head_dim)
     q_slots = query.new_zeros(num_slots, num_kv_heads, num_heads // num_kv_heads, head_dim)
     q_slots[slots] = q.permute(2, 0, 1, 3)  # (B, H_kv, G, D)
-    o = F.scaled_dot_product_attention(
-        q_slots, keys, values, attn_mask=split.shared_mask, scale=scaling
-    )  # (B, H_kv, G, D)
+    o = _attend(q_slots, keys, values, split.shared_lens, split.shared_mask, scaling, split.kernel)
     out[rows] = o[slots].reshape(len(rows), num_heads, head_dim)

@@ -1,16 +1,20 @@
-"""The gemv kernel's build: ``csrc/gemv.cpp`` compiled once per host, or the reason it is not.
+"""The gemv kernel's build: this project's C++ kernels compiled once per host, or the reason not.
 
 ``engine/kernels/csrc/gemv.cpp`` is this project's matmul for a few rows (a decode step's): the
 weight packed in blocks of 16 outputs and read once per pass, one fused multiply-add per row and
-weight vector (its header says how). It needs AVX-512 (F, BW, VL), so the build targets those
+weight vector (its header says how). ``csrc/decode_attention.cpp``, built with it into the same
+library, is a decode step's attention (``torch.ops.cbp_attention.decode``; used by
+``engine.kernels.decode_attention``). Both need AVX-512 (F, BW, VL), so the build targets those
 sets by name, not ``-march=native``: one build serves every AVX-512 CPU that shares the cache
 folder (the AMD EPYC and the Intel Xeon alike). torch's own extension tools build it
 (``torch.utils.cpp_extension.load``, with ninja) into
-``CBP_CACHE_DIR/gemv/<digest of the source, torch's version and the flags>``, so only a host's
+``CBP_CACHE_DIR/gemv/<digest of the sources, torch's version and the flags>``, so only a host's
 first start compiles (seconds) and later ones load the library. It registers its ops with torch
-(``torch.ops.cbp_gemv.pack``, ``torch.ops.cbp_gemv.linear``) and runs on torch's own thread pool.
+(``torch.ops.cbp_gemv.pack``, ``torch.ops.cbp_gemv.linear``, ``torch.ops.cbp_attention.decode``)
+and runs on torch's own thread pool.
 
-``unavailable_reason()`` says why it cannot run here (the kernel choice then leaves it out):
+``unavailable_reason()`` says why it cannot run here (the kernel choice then leaves gemv out, and
+decode attention stays torch's SDPA):
 ``CBP_GEMV=off``, not an x86 CPU with AVX-512, no C++ compiler, no ninja, or a build that failed
 (its first error line). A Space image without a compiler runs the other kernels.
 """
@@ -29,7 +33,7 @@ import torch
 from engine import settings
 from engine.kernels.host_setting import read_choice
 
-SOURCE = Path(__file__).parent / "csrc" / "gemv.cpp"
+SOURCES = tuple(Path(__file__).parent / "csrc" / n for n in ("gemv.cpp", "decode_attention.cpp"))
 # -fopenmp: at::parallel_for is OpenMP in a header, so without it the kernel runs on one thread;
 # the library then needs libgomp.so.1, which resolves to the copy torch has already loaded
 FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma")
@@ -99,7 +103,7 @@ def _built() -> str | None:
 
         cpp_extension.load(
             name="cbp_gemv",
-            sources=[str(SOURCE)],
+            sources=[str(source) for source in SOURCES],
             extra_cflags=list(FLAGS),
             extra_ldflags=list(LINK_FLAGS),
             build_directory=str(folder),
@@ -114,11 +118,13 @@ def _built() -> str | None:
 
 
 def build_digest() -> str:
-    """What a build depends on, hashed: the source, torch's version and the flags."""
-    text = "\n".join([SOURCE.read_text(), torch.__version__, *FLAGS, *LINK_FLAGS])
+    """What a build depends on, hashed: the sources, torch's version and the flags."""
+    sources = [source.read_text() for source in SOURCES]
+    text = "\n".join([*sources, torch.__version__, *FLAGS, *LINK_FLAGS])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def available() -> bool:
-    """Whether ``torch.ops.cbp_gemv`` runs here (built on the first call in a process)."""
+    """Whether ``torch.ops.cbp_gemv`` (and ``torch.ops.cbp_attention``) run here (built on the
+    first call in a process)."""
     return unavailable_reason() is None

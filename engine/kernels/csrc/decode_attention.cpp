@@ -1,0 +1,201 @@
+// decode_attention: each sequence's one query token over its own first kv_len keys.
+//
+// A decode step's attention is tiny (SmolLM2-135M, 3 sequences of 200 tokens: 27 query rows by
+// 200 keys of 64 values a layer), and torch's CPU flash attention spends most of a call setting
+// up its blocks and buffers (65 to 85 us a call, 30 calls a step). Here one call does it
+// directly, for every sequence (slot) b and key/value head h at once:
+//
+//     q[b, h, g, :]   g < G query heads sharing key/value head h (grouped-query attention)
+//     k[b, h, t, :], v[b, h, t, :]   t < kv_len[b]; kv_len[b] = 0: the output row is zeros
+//     out[b, h, g, :] = softmax_t(scale * q . k[t]) @ v
+//
+// in float32 whatever the input's dtype (bfloat16 widened; the result rounded to nearest even),
+// with the softmax's maximum subtracted first, as SDPA does. The key/value rows may be any
+// strided view (a slot cache's, a paged cache's gather) whose last dimension is contiguous.
+// exp is Cephes' single-precision polynomial (exp_ps below), within 2 ulp of expf.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kLanes = 16;       // float32 lanes of one AVX-512 register
+constexpr int64_t kMaxChunks = 16;   // head size up to 256
+constexpr int64_t kMaxGroup = 16;    // query heads per key/value head
+constexpr int64_t kWorkGrain = 8192; // key rows x query heads per thread at least
+
+inline __mmask16 lane_mask(int64_t d, int64_t head) {
+  int64_t left = std::min<int64_t>(kLanes, head - d);
+  return static_cast<__mmask16>((1u << left) - 1u);
+}
+
+inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+
+inline __m512 load(const c10::BFloat16* p, __mmask16 m) {  // widen: bfloat16 is float32's top
+  __m256i raw = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+
+inline void store(c10::BFloat16* p, __m512 v, __mmask16 m) {
+  alignas(64) float lanes[kLanes];
+  _mm512_store_ps(lanes, v);
+  for (int i = 0; i < kLanes; ++i) {
+    if ((m >> i) & 1) p[i] = c10::BFloat16(lanes[i]);  // round to nearest even
+  }
+}
+
+// exp(x) for 16 lanes: x = n ln 2 + r, |r| <= ln 2 / 2, exp(r) by Cephes' polynomial, times 2^n.
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.33654f));  // below: 0 after scaling, as expf
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+struct Views {  // element strides of q, k, v and out, over (b, h, t or g); the last is 1
+  int64_t q[3], k[3], v[3], out[3];
+};
+
+// Scores of G queries against len keys: scores[g * len + t] = scale * q[g] . k[t].
+template <typename T>
+void score(const T* q, const T* k, const Views& s, int64_t group, int64_t len, int64_t head,
+           float scale, float* scores) {
+  int64_t chunks = (head + kLanes - 1) / kLanes;
+  __m512 qv[kMaxGroup][kMaxChunks];
+  for (int64_t g = 0; g < group; ++g) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      qv[g][c] = load(q + g * s.q[2] + c * kLanes, lane_mask(c * kLanes, head));
+    }
+  }
+  for (int64_t t = 0; t < len; ++t) {
+    const T* row = k + t * s.k[2];
+    __m512 kv[kMaxChunks];
+    for (int64_t c = 0; c < chunks; ++c) kv[c] = load(row + c * kLanes, lane_mask(c * kLanes, head));
+    for (int64_t g = 0; g < group; ++g) {
+      __m512 acc = _mm512_mul_ps(qv[g][0], kv[0]);
+      for (int64_t c = 1; c < chunks; ++c) acc = _mm512_fmadd_ps(qv[g][c], kv[c], acc);
+      scores[g * len + t] = _mm512_reduce_add_ps(acc) * scale;
+    }
+  }
+}
+
+// Each query's scores in place as exp(score - max); returns nothing, sums into sums[g].
+void softmax_numerators(float* scores, int64_t group, int64_t len, float* sums) {
+  for (int64_t g = 0; g < group; ++g) {
+    float* row = scores + g * len;
+    float top = *std::max_element(row, row + len);
+    __m512 shift = _mm512_set1_ps(top), total = _mm512_setzero_ps();
+    for (int64_t t = 0; t < len; t += kLanes) {
+      __mmask16 m = lane_mask(t, len);
+      __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + t), shift));
+      _mm512_mask_storeu_ps(row + t, m, e);
+      total = _mm512_add_ps(total, _mm512_maskz_mov_ps(m, e));
+    }
+    sums[g] = _mm512_reduce_add_ps(total);
+  }
+}
+
+// out[g] = sum_t weights[g * len + t] v[t] / sums[g].
+template <typename T>
+void weigh(const float* weights, const float* sums, const T* v, const Views& s, int64_t group,
+           int64_t len, int64_t head, T* out) {
+  int64_t chunks = (head + kLanes - 1) / kLanes;
+  __m512 acc[kMaxGroup][kMaxChunks];
+  for (int64_t g = 0; g < group; ++g) {
+    for (int64_t c = 0; c < chunks; ++c) acc[g][c] = _mm512_setzero_ps();
+  }
+  for (int64_t t = 0; t < len; ++t) {
+    const T* row = v + t * s.v[2];
+    __m512 vv[kMaxChunks];
+    for (int64_t c = 0; c < chunks; ++c) vv[c] = load(row + c * kLanes, lane_mask(c * kLanes, head));
+    for (int64_t g = 0; g < group; ++g) {
+      __m512 w = _mm512_set1_ps(weights[g * len + t]);
+      for (int64_t c = 0; c < chunks; ++c) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    __m512 inv = _mm512_set1_ps(len > 0 ? 1.0f / sums[g] : 0.0f);
+    for (int64_t c = 0; c < chunks; ++c) {
+      store(out + g * s.out[2] + c * kLanes, _mm512_mul_ps(acc[g][c], inv),
+            lane_mask(c * kLanes, head));
+    }
+  }
+}
+
+template <typename T>
+void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const int64_t* lens,
+         double scale, at::Tensor& out) {
+  int64_t slots = q.size(0), heads = q.size(1), group = q.size(2), head = q.size(3);
+  Views s{};
+  for (int i = 0; i < 3; ++i) {
+    s.q[i] = q.stride(i), s.k[i] = k.stride(i), s.v[i] = v.stride(i), s.out[i] = out.stride(i);
+  }
+  const T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  int64_t longest = *std::max_element(lens, lens + slots);
+  int64_t grain = std::max<int64_t>(1, kWorkGrain / std::max<int64_t>(1, longest * group));
+  at::parallel_for(0, slots * heads, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(group * std::max<int64_t>(longest, 1));
+    float sums[kMaxGroup];
+    for (int64_t task = begin; task < end; ++task) {
+      int64_t b = task / heads, h = task % heads, len = lens[b];
+      const T* qb = qp + b * s.q[0] + h * s.q[1];
+      const T* kb = kp + b * s.k[0] + h * s.k[1];
+      const T* vb = vp + b * s.v[0] + h * s.v[1];
+      score(qb, kb, s, group, len, head, static_cast<float>(scale), scores.data());
+      softmax_numerators(scores.data(), group, len, sums);
+      weigh(scores.data(), sums, vb, s, group, len, head, op + b * s.out[0] + h * s.out[1]);
+    }
+  });
+}
+
+at::Tensor decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& kv_lens, double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v: [B, H_kv, G or T, D]");
+  TORCH_CHECK(q.size(0) == k.size(0) && k.sizes() == v.sizes() && q.size(1) == k.size(1) &&
+                  q.size(3) == k.size(3),
+              "q [B, H_kv, G, D] and k, v [B, H_kv, T, D] must agree");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
+              "q, k and v must share one dtype");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
+              "each head's values must be contiguous");
+  TORCH_CHECK(q.size(3) <= kLanes * kMaxChunks && q.size(2) <= kMaxGroup,
+              "head size up to 256 and up to 16 query heads per key/value head");
+  auto lens = kv_lens.to(at::kLong).contiguous();
+  TORCH_CHECK(lens.dim() == 1 && lens.size(0) == q.size(0), "kv_lens: [B]");
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < lens.size(0); ++b) {
+    TORCH_CHECK(lp[b] >= 0 && lp[b] <= k.size(2), "kv_lens must lie within the keys given");
+  }
+  auto out = at::empty(q.sizes(), q.options());
+  if (q.scalar_type() == at::kFloat) run<float>(q, k, v, lp, scale, out);
+  else if (q.scalar_type() == at::kBFloat16) run<c10::BFloat16>(q, k, v, lp, scale, out);
+  else TORCH_CHECK(false, "decode attention takes float32 or bfloat16");
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(cbp_attention, m) {
+  m.def("decode(Tensor q, Tensor k, Tensor v, Tensor kv_lens, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(cbp_attention, CPU, m) { m.impl("decode", decode); }
