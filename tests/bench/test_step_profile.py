@@ -16,6 +16,7 @@ from tests.tiny_model import tiny_runner
         ("cbp_gemv::linear", "matmul"),
         ("aten::scaled_dot_product_attention", "attention"),
         ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
+        ("cbp_attention::decode", "attention"),
         ("aten::rms_norm", "other"),
         ("aten::index_copy_", "other"),
     ],

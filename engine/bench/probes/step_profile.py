@@ -9,7 +9,8 @@ children's) per step into three groups, so a bench run says which of the two it 
 
 * ``matmul_ms``: the linears (oneDNN's ``mkldnn::_linear_pointwise``, the gemv kernel's
   ``cbp_gemv::linear``, ``aten::mm``/``addmm``);
-* ``attention_ms``: ``scaled_dot_product_attention`` and what it calls;
+* ``attention_ms``: ``scaled_dot_product_attention`` and what it calls, or this project's decode
+  attention (``cbp_attention::decode``);
 * ``other_ms``: every other op, with ``other_ops`` (ops per step) and the costliest of them.
 
 The profiler adds its own cost to each op (a few microseconds), so the groups add up to more than
@@ -36,6 +37,7 @@ MATMUL_OPS = (
     "aten::matmul",
 )
 ATTENTION_MARK = "scaled_dot_product"  # aten::scaled_dot_product_attention and its kernels
+ATTENTION_OPS = ("cbp_attention::",)  # this project's decode attention (csrc/decode_attention.cpp)
 TOP_OTHER = 6  # the costliest other ops listed
 
 
@@ -43,7 +45,9 @@ def op_group(name: str) -> str:
     """``"matmul"``, ``"attention"`` or ``"other"`` for a profiler op name."""
     if name.startswith(MATMUL_OPS):
         return "matmul"
-    return "attention" if ATTENTION_MARK in name or "flash_attention" in name else "other"
+    if name.startswith(ATTENTION_OPS) or ATTENTION_MARK in name or "flash_attention" in name:
+        return "attention"
+    return "other"
 
 
 def decode_op_profile(runner, num_slots: int, num_steps: int = 24, prompt_len: int = 100) -> dict:
