@@ -63,6 +63,10 @@ def test_run_draws_timelines_masks_and_checked_outputs(page: Page, tmp_path: Pat
 
 LONG_PROMPT = "Once upon a time in a land far away,"
 LONG_CAP = 400  # ~25 s per engine on a 2-core CPU: far longer than any check below waits
+# The live-progress run's long request: its continuous run must outlast several of the page's
+# progress reports (0.5 s apart) after the short request ends; at 60 tokens it took 1.8 s and a
+# fresh-clone run saw no report between its start and its end
+PROGRESS_CAP = 240
 PROMPT_RUN_S = 30  # a 2-request run after a cancel must finish within this (uncancelled: > 60 s)
 
 
@@ -77,7 +81,7 @@ def _timed_run(page: Page, rows: list[tuple[str, int]]) -> float:
 
 def test_live_progress_appears_before_the_run_ends(page: Page):
     """While a run goes the status counts steps and finished requests, and outputs fill in."""
-    set_requests(page, [(LONG_PROMPT, 60), ("The sky is", 3)])
+    set_requests(page, [(LONG_PROMPT, PROGRESS_CAP), ("The sky is", 3)])
     set_slots(page, 2)
     page.locator("#run_button").click()
     expect(_status(page)).to_contain_text(RUNNING_STATUS, timeout=60_000)
