@@ -80,15 +80,20 @@ class TransformersServe:
         self.log.close()
 
 
+def _found(locate) -> bool:
+    """Whether ``locate()`` finds what it looks for (it raises ValueError when it does not)."""
+    try:
+        locate()
+    except ValueError:
+        return False
+    return True
+
+
 def vllm_available() -> bool:
     """True when ``.venv-vllm`` (``make vllm``) or ``$CBP_VLLM_VENV`` holds a Python."""
     from engine.peers.vllm_server import vllm_python
 
-    try:
-        vllm_python()
-    except ValueError:
-        return False
-    return True
+    return _found(vllm_python)
 
 
 NO_VLLM = "vLLM's environment .venv-vllm is missing: build it with `make vllm` (CI does)"
@@ -99,11 +104,7 @@ def llamacpp_available() -> bool:
     """True when ``make llamacpp`` built ``llama-server`` (or ``$CBP_LLAMACPP_DIR`` holds one)."""
     from engine.llamacpp.server import server_binary
 
-    try:
-        server_binary()
-    except ValueError:
-        return False
-    return True
+    return _found(server_binary)
 
 
 NO_LLAMACPP = "llama.cpp's llama-server is not built: build it with `make llamacpp` (CI does)"
