@@ -3,11 +3,13 @@
 Tests of the server engines run against real servers, never a mock. ``transformers serve`` ships
 with the transformers we pin (its extras: fastapi, uvicorn, pydantic and openai, all in the test
 requirements) and serves the embedded model's safetensors folder. vLLM comes from ``.venv-vllm``
-(``make vllm``); without it the vLLM tests are skipped, saying so.
+(``make vllm``); without it the vLLM tests are skipped, saying so. ``RecordHelper`` serves
+record rings as the recording scheduler does, in a process of vLLM's environment, without vLLM.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 SERVE_START_TIMEOUT_S = 300  # transformers serve imports and loads the model: ~15 s idle
 
 
@@ -91,3 +94,81 @@ def vllm_available() -> bool:
 
 NO_VLLM = "vLLM's environment .venv-vllm is missing: build it with `make vllm` (CI does)"
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason=NO_VLLM)
+
+
+# The record servers' helper: one JSON command a line on stdin, one JSON answer a line on stdout.
+# It loads the scheduler's module by name, as vLLM does.
+RECORD_HELPER = """
+import importlib, json, os, sys
+m = importlib.import_module("engine.peers.vllm_scheduler")
+servers = {}
+for text in sys.stdin:
+    cmd = json.loads(text)
+    try:
+        if cmd["op"] == "serve":
+            s = m.RecordServer(cmd["address"], cmd.get("token", ""), cmd.get("max_num_steps", 4096))
+        elif cmd["op"] == "env":
+            os.environ.update(cmd["env"])
+            for name in cmd.get("unset", []):
+                os.environ.pop(name, None)
+            s = m.server_from_environment(1)
+        if cmd["op"] in ("serve", "env"):
+            servers[getattr(s, "port", None)] = s
+            out = s and {"port": s.port, "host": s.host, "max_num_steps": s.ring.max_num_steps}
+        elif cmd["op"] == "lines":
+            ring = servers[cmd["port"]].ring
+            for line in cmd["lines"]:
+                ring.set_start(line) if '"event":"start"' in line else ring.append(line)
+            out = {}
+        elif cmd["op"] == "close":
+            servers.pop(cmd["port"]).close()
+            out = {}
+    except ValueError as exc:
+        out = {"error": str(exc)}
+    print(json.dumps(out), flush=True)
+"""
+
+
+class RecordHelper:
+    """The record servers' helper process, in vLLM's environment: ``serve`` a ring, ``feed``
+    it lines, ``close`` it; ``stop`` the process."""
+
+    def __init__(self):
+        from engine.peers.vllm_server import vllm_python
+
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [str(vllm_python()), "-c", RECORD_HELPER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+
+    def ask(self, **cmd) -> dict | None:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        assert answer, "the helper process in vLLM's environment died"
+        return json.loads(answer)
+
+    def serve(self, address: str = "127.0.0.1:0", **kw) -> str:
+        answer = self.ask(op="serve", address=address, **kw)
+        assert "error" not in answer, answer["error"]
+        return f"http://{answer['host']}:{answer['port']}"
+
+    def feed(self, url: str, records: list) -> None:
+        lines = [r if isinstance(r, str) else record_line(r) for r in records]
+        self.ask(op="lines", port=httpx.URL(url).port, lines=lines)
+
+    def close(self, url: str) -> None:
+        self.ask(op="close", port=httpx.URL(url).port)
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def record_line(record: dict) -> str:
+    return json.dumps(record, separators=(",", ":"))

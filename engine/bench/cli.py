@@ -6,7 +6,9 @@ Prints one row per engine (wall_s, steps, generated tokens, tok/s, speedup vs st
 reference match) and writes the JSON described in docs/bench.md. The model is loaded and warmed up
 before timing; the reference (per-request ``model.generate``) is never counted in any engine's time.
 With ``--repeat N`` the engines run interleaved (A B A B ...) and the median is reported.
-Server engines (``vllm``, ``--endpoint NAME=URL``) run beside ours: ``engine.bench.servers``.
+Server engines (``vllm``, ``--endpoint NAME=URL``) run beside ours: ``engine.bench.servers``; an
+endpoint with ``--endpoint-record`` sets our continuous engine's settings
+(``engine.bench.deployment``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from engine.bench.args import (
     load_specs,
     parse_args,
 )
+from engine.bench.deployment import follow_deployment
 from engine.bench.probes.hardware import PeakMemory, weight_bytes, weight_read_ms
 from engine.bench.report import optional_measures, print_report, write_json
 from engine.bench.servers import (
@@ -267,7 +270,8 @@ def _setup(args):
         for n in names
         if n in ENGINES and n != "vllm"
     }
-    servers = server_engines(args, names, loaded, ours, requests)  # vllm, --endpoint engines
+    followed = follow_deployment(args, ours)  # --endpoint-record: ours on its settings
+    servers = server_engines(args, names, loaded, ours, requests, followed)  # vllm, --endpoint
     engines = {n: ours.get(n) or servers[n] for n in names}
     engines.update(servers)
     return loaded, runner, requests, engines, _normal_engines(runner, args.slots, names, options)
