@@ -41,23 +41,19 @@ def server_engines(
     Raises:
         ValueError: no ``.venv-vllm``, or a bad ``--endpoint`` or ``--endpoint-record``.
     """
-    from engine.peers.openai_engine import OpenAIEngine
-    from engine.peers.vllm_engine import RecordedEngine
-    from engine.peers.vllm_record import RecordFeed
+    from engine.peers.vllm_engine import endpoint_engine
 
     engines = {}
     if "vllm" in names:
         engines["vllm"] = _vllm_engine(args, loaded, ours or {}, requests)
     matched = next((n for n in MATCHED if n in (ours or {})), None)
     for endpoint in endpoints(args):
+        engines[endpoint.name] = engine = endpoint_engine(endpoint, loaded, args.slots)
         if endpoint.record_url is None:
-            engines[endpoint.name] = OpenAIEngine(endpoint, loaded, args.slots)
             continue
-        engine = RecordedEngine(endpoint, loaded, args.slots, RecordFeed(endpoint.record_url))
         mine = followed if followed is not None and followed.endpoint == endpoint.name else None
         engine.matched_to, engine.followed = matched, mine
         engine.unmatched = mine.unmatched if mine else ["ours ran on the flags' settings"]
-        engines[endpoint.name] = engine
     return engines
 
 

@@ -215,6 +215,14 @@ class VllmEngine(RecordedEngine):
         self.server.stop()
 
 
+def endpoint_engine(endpoint, loaded, num_slots: int) -> OpenAIEngine:
+    """An endpoint's engine (``engine.peers.endpoints.Endpoint``): a ``RecordedEngine`` reading
+    its server's record over HTTP when it has a record URL, else a plain ``OpenAIEngine``."""
+    if endpoint.record_url is None:
+        return OpenAIEngine(endpoint, loaded, num_slots)
+    return RecordedEngine(endpoint, loaded, num_slots, RecordFeed(endpoint.record_url))
+
+
 def _mark(record) -> tuple[int, str | None]:
     """``(mark, None)``: where the run's steps begin; ``(0, line)`` when the record cannot be
     read (``RecordError``: the address does not answer, holds no record, needs a token)."""
