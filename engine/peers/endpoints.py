@@ -8,7 +8,8 @@ command line (the bench's ``--endpoint NAME=URL``, repeated) or in the environme
 refused at start with a message naming the entry.
 
 An endpoint may also name where its server serves its own record of its steps, ``NAME=RECORD_URL``
-(the bench's ``--endpoint-record``, beside that endpoint's ``--endpoint``): a vLLM started with the
+(``--endpoint-record``, beside that endpoint's ``--endpoint``; ``CBP_ENDPOINT_RECORDS`` for the
+page): a vLLM started with the
 recording scheduler and ``CBP_VLLM_RECORD_ADDRESS`` (``engine.peers.vllm_scheduler``). Such an
 endpoint is seen from the inside too (``engine.peers.vllm_engine``).
 
@@ -26,6 +27,7 @@ from urllib.parse import urlparse
 from engine import settings
 
 ENDPOINTS_ENV = "CBP_ENDPOINTS"
+RECORDS_ENV = "CBP_ENDPOINT_RECORDS"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 
 
@@ -158,3 +160,10 @@ def endpoints_from_env(
     text = settings.value(ENDPOINTS_ENV, environ)
     items = [item for item in text.split(",") if item.strip()]
     return parse_endpoints(items, reserved, where=f"{ENDPOINTS_ENV} entry")
+
+
+def records_from_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The ``NAME=RECORD_URL`` items in ``CBP_ENDPOINT_RECORDS`` (comma list; [] when unset), for
+    ``with_records(..., where=RECORDS_ENV + " entry")``."""
+    text = settings.value(RECORDS_ENV, environ)
+    return [item for item in text.split(",") if item.strip()]

@@ -4,7 +4,8 @@ A visitor never types a URL: a public page must not become a proxy to arbitrary 
 host names its servers at start (``--endpoint NAME=URL``, ``CBP_ENDPOINTS``, ``--vllm``); the
 page offers only those names, as checkboxes, and a run looks its servers up by name. The page
 shows no endpoint's URL either (a host's internal address stays the host's): messages name the
-server instead. An endpoint given ``--endpoint-record NAME=RECORD_URL`` is a vLLM serving its own
+server instead. An endpoint given ``--endpoint-record NAME=RECORD_URL`` (or
+``CBP_ENDPOINT_RECORDS``) is a vLLM serving its own
 record of its steps (``engine.peers.vllm_engine.RecordedEngine``): its runs carry that record as
 the trace's ``schedule``, drawn from the inside like the local vLLM's, and its record address is
 hidden as its URL is.
@@ -28,9 +29,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from engine.peers.endpoints import (
+    RECORDS_ENV,
     EndpointError,
     endpoints_from_env,
     parse_endpoints,
+    records_from_env,
     with_records,
 )
 from engine.peers.openai_engine import OpenAIEngine
@@ -213,7 +216,8 @@ def configure(
     """The page's servers: the local vLLM if ``vllm``, then ``--endpoint`` items, then
     ``CBP_ENDPOINTS``. The local vLLM runs ``--max-num-seqs vllm_max_num_seqs`` and
     ``--max-model-len vllm_max_model_len`` (both fixed at start). ``record_items``:
-    ``--endpoint-record NAME=RECORD_URL`` entries, for endpoints of either kind.
+    ``--endpoint-record NAME=RECORD_URL`` entries, then ``CBP_ENDPOINT_RECORDS``'s, for
+    endpoints of either kind.
 
     Raises:
         ValueError: a bad or repeated endpoint, a built-in engine's name, no ``.venv-vllm``, or
@@ -236,7 +240,9 @@ def configure(
                 f"CBP_ENDPOINTS entry {endpoint.name!r}: the name is already used by another "
                 "endpoint (--endpoint); pick another name."
             )
-    for endpoint in with_records([*flagged, *from_env], record_items):
+    found = with_records([*flagged, *from_env], record_items)
+    found = with_records(found, records_from_env(environ), f"{RECORDS_ENV} entry")
+    for endpoint in found:
         engines[endpoint.name] = endpoint_engine(endpoint, loaded, vllm_max_num_seqs)
     return PageServers(engines, log)
 
