@@ -3,7 +3,8 @@
 Tests of the server engines run against real servers, never a mock. ``transformers serve`` ships
 with the transformers we pin (its extras: fastapi, uvicorn, pydantic and openai, all in the test
 requirements) and serves the embedded model's safetensors folder. vLLM comes from ``.venv-vllm``
-(``make vllm``); without it the vLLM tests are skipped, saying so. ``RecordHelper`` serves
+(``make vllm``); without it the vLLM tests are skipped, saying so. ``UserVllm`` starts one as a
+user would, serving its record over HTTP. ``RecordHelper`` serves
 record rings as the recording scheduler does, in a process of vLLM's environment, without vLLM.
 """
 
@@ -24,6 +25,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE_START_TIMEOUT_S = 300  # transformers serve imports and loads the model: ~15 s idle
+VLLM_START_TIMEOUT_S = 900  # an eager vLLM starts in about 2 minutes on an idle 2-core CPU
 
 
 def free_port() -> int:
@@ -78,6 +80,61 @@ class TransformersServe:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self.log.close()
+
+
+class UserVllm:
+    """``python -m vllm.entrypoints.openai.api_server`` started as a user would: the recording
+    scheduler named with ``--scheduler-cls``, this repository on ``PYTHONPATH`` and the record
+    served at ``CBP_VLLM_RECORD_ADDRESS``; its own process group, stopped with it."""
+
+    def __init__(self, model_dir: str):
+        from engine.peers.vllm_server import vllm_python
+
+        self.api_port, self.record_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.api_port}"
+        self.record_url = f"http://127.0.0.1:{self.record_port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="user-vllm-", suffix=".log")
+        self.command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server"]
+        self.command += ["--model", model_dir, "--port", str(self.api_port), "--max-num-seqs", "3"]
+        self.command += ["--scheduler-cls", "engine.peers.vllm_scheduler.RecordingScheduler"]
+        self.command += ["--enforce-eager"]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> UserVllm:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CBP_VLLM_")}
+        env |= {"PYTHONPATH": str(ROOT), "CBP_VLLM_RECORD_ADDRESS": f"127.0.0.1:{self.record_port}"}
+        # on a CPU: a 1 GiB KV cache, every core computing (vLLM's defaults size the cache from
+        # the machine's memory and keep a core for itself)
+        env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+        env |= {"VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}"}
+        self.proc = subprocess.Popen(
+            self.command, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        deadline = time.monotonic() + VLLM_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"vLLM exited {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        pytest.fail(f"vLLM did not start in time:\n{self.tail()}")
+
+    def tail(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
         self.log.close()
 
 

@@ -8,78 +8,15 @@ of the recording scheduler's own module (``RecordHelper``)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import tempfile
-import time
-from pathlib import Path
 
-import httpx
 import pytest
 
 from engine.bench import cli as bench
 from tests.bench.workload_files import write_workload
 from tests.captured_vllm import captured_records
-from tests.live_servers import ROOT, RecordHelper, free_port, needs_vllm
+from tests.live_servers import RecordHelper, UserVllm, free_port, needs_vllm
 
-START_TIMEOUT_S = 900  # an eager vLLM starts in about 2 minutes on an idle 2-core CPU
 ROWS = [("The capital of France is", 8), ("1, 2, 3,", 6)]  # each fits 5 blocks of 32 tokens
-
-
-class UserVllm:
-    """``python -m vllm.entrypoints.openai.api_server`` started as a user would: the recording
-    scheduler named with ``--scheduler-cls``, this repository on ``PYTHONPATH`` and the record
-    served at ``CBP_VLLM_RECORD_ADDRESS``; its own process group, stopped with it."""
-
-    def __init__(self, model_dir: str):
-        from engine.peers.vllm_server import vllm_python
-
-        self.api_port, self.record_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.api_port}"
-        self.record_url = f"http://127.0.0.1:{self.record_port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="user-vllm-", suffix=".log")
-        self.command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server"]
-        self.command += ["--model", model_dir, "--port", str(self.api_port), "--max-num-seqs", "3"]
-        self.command += ["--scheduler-cls", "engine.peers.vllm_scheduler.RecordingScheduler"]
-        self.command += ["--enforce-eager"]
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> UserVllm:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CBP_VLLM_")}
-        env |= {"PYTHONPATH": str(ROOT), "CBP_VLLM_RECORD_ADDRESS": f"127.0.0.1:{self.record_port}"}
-        # on a CPU: a 1 GiB KV cache, every core computing (vLLM's defaults size the cache from
-        # the machine's memory and keep a core for itself)
-        env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-        env |= {"VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}"}
-        self.proc = subprocess.Popen(
-            self.command, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"vLLM exited {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        self.stop()
-        pytest.fail(f"vLLM did not start in time:\n{self.tail()}")
-
-    def tail(self) -> str:
-        return Path(self.log.name).read_text(errors="replace")[-3000:]
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
