@@ -98,7 +98,9 @@ class UserVllm:
         self.command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server"]
         self.command += ["--model", model_dir, "--port", str(self.api_port), "--max-num-seqs", "3"]
         self.command += ["--scheduler-cls", "engine.peers.vllm_scheduler.RecordingScheduler"]
-        self.command += ["--enforce-eager"]
+        # float32, as our engines run the embedded model: vLLM's "auto" runs a float32 model
+        # in bfloat16, whose outputs differ from the float32 reference
+        self.command += ["--dtype", "float32", "--enforce-eager"]
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> UserVllm:

@@ -36,12 +36,12 @@ def rings():
 
 
 def _bench(argv: list[str], tmp_path, capsys) -> tuple[int, dict, str]:
-    """The bench's exit code, its JSON's engines and its stderr."""
+    """The bench's exit code, its JSON's engines, and its stderr then its stdout."""
     out = tmp_path / "out.json"
     code = bench.main([*argv, "--json", str(out)])
-    err = capsys.readouterr().err
+    said = capsys.readouterr()
     engines = json.loads(out.read_text())["engines"] if out.exists() else {}
-    return code, engines, err
+    return code, engines, said.err + said.out
 
 
 @needs_vllm
@@ -58,7 +58,7 @@ def test_a_user_started_vllm_is_seen_from_the_inside(
     argv += ["--endpoint", f"myvllm={user_vllm.url}"]
     argv += ["--endpoint-record", f"myvllm={user_vllm.record_url}"]
     code, engines, err = _bench(argv, tmp_path, capsys)
-    assert code == 0, err[-3000:]
+    assert code == 0, err[-4000:]
     assert str(embedded_model.dtype) == "torch.float32", embedded_model.dtype
     entry = engines["myvllm"]
     schedule = entry["server"]["schedule"]
@@ -115,7 +115,7 @@ def test_a_record_address_without_this_runs_record_says_which(
     argv = ["--workload", write_workload(tmp_path, ROWS), "--engines", "continuous_paged"]
     argv += ["--endpoint", f"hf={serve.url}", "--endpoint-record", f"hf={record(serve, rings)}"]
     code, engines, err = _bench(argv, tmp_path, capsys)
-    assert code == 0, err[-3000:]
+    assert code == 0, err[-4000:]
     lines = [line for line in err.splitlines() if line.startswith("warning: hf: no inside view:")]
     assert len(lines) == 1 and words in lines[0], err[-3000:]
     entry = engines["hf"]
