@@ -127,6 +127,13 @@ SETTINGS: tuple[Setting, ...] = (
         "OpenAI-compatible servers offered beside the engines; read at start",
     ),
     Setting(
+        "CBP_ENDPOINT_RECORDS",
+        "name=url,...",
+        "",
+        "where those endpoints' vLLMs serve their records of their steps, as app.py "
+        "--endpoint-record; read at start",
+    ),
+    Setting(
         "CBP_VLLM_VENV",
         "path",
         "",

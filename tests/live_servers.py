@@ -4,12 +4,15 @@ llama.cpp, on 127.0.0.1.
 Tests of the server engines run against real servers, never a mock. ``transformers serve`` ships
 with the transformers we pin (its extras: fastapi, uvicorn, pydantic and openai, all in the test
 requirements) and serves the embedded model's safetensors folder. vLLM comes from ``.venv-vllm``
-(``make vllm``); without it the vLLM tests are skipped, saying so. llama.cpp's ``llama-server``
+(``make vllm``); without it the vLLM tests are skipped, saying so. ``UserVllm`` starts one as a
+user would, serving its record over HTTP. ``RecordHelper`` serves record rings as the recording
+scheduler does, in a process of vLLM's environment, without vLLM. llama.cpp's ``llama-server``
 comes from ``.llamacpp`` (``make llamacpp``); without it the llama.cpp tests are skipped, saying so.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -22,7 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 SERVE_START_TIMEOUT_S = 300  # transformers serve imports and loads the model: ~15 s idle
+VLLM_START_TIMEOUT_S = 900  # an eager vLLM starts in about 2 minutes on an idle 2-core CPU
 
 
 def free_port() -> int:
@@ -80,6 +85,63 @@ class TransformersServe:
         self.log.close()
 
 
+class UserVllm:
+    """``python -m vllm.entrypoints.openai.api_server`` started as a user would: the recording
+    scheduler named with ``--scheduler-cls``, this repository on ``PYTHONPATH`` and the record
+    served at ``CBP_VLLM_RECORD_ADDRESS``; its own process group, stopped with it."""
+
+    def __init__(self, model_dir: str):
+        from engine.peers.vllm_server import vllm_python
+
+        self.api_port, self.record_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.api_port}"
+        self.record_url = f"http://127.0.0.1:{self.record_port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="user-vllm-", suffix=".log")
+        self.command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server"]
+        self.command += ["--model", model_dir, "--port", str(self.api_port), "--max-num-seqs", "3"]
+        self.command += ["--scheduler-cls", "engine.peers.vllm_scheduler.RecordingScheduler"]
+        # float32, as our engines run the embedded model: vLLM's "auto" runs a float32 model
+        # in bfloat16, whose outputs differ from the float32 reference
+        self.command += ["--dtype", "float32", "--enforce-eager"]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> UserVllm:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CBP_VLLM_")}
+        env |= {"PYTHONPATH": str(ROOT), "CBP_VLLM_RECORD_ADDRESS": f"127.0.0.1:{self.record_port}"}
+        # on a CPU: a 1 GiB KV cache, every core computing (vLLM's defaults size the cache from
+        # the machine's memory and keep a core for itself)
+        env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+        env |= {"VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}"}
+        self.proc = subprocess.Popen(
+            self.command, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        deadline = time.monotonic() + VLLM_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"vLLM exited {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        pytest.fail(f"vLLM did not start in time:\n{self.tail()}")
+
+    def tail(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        self.log.close()
+
+
 def _found(locate) -> bool:
     """Whether ``locate()`` finds what it looks for (it raises ValueError when it does not)."""
     try:
@@ -132,3 +194,81 @@ class FolderServers:
         if nextitem is None or self.folder not in Path(nextitem.path).parents:
             while self._open:
                 self._open.pop().close()
+
+
+# The record servers' helper: one JSON command a line on stdin, one JSON answer a line on stdout.
+# It loads the scheduler's module by name, as vLLM does.
+RECORD_HELPER = """
+import importlib, json, os, sys
+m = importlib.import_module("engine.peers.vllm_scheduler")
+servers = {}
+for text in sys.stdin:
+    cmd = json.loads(text)
+    try:
+        if cmd["op"] == "serve":
+            s = m.RecordServer(cmd["address"], cmd.get("token", ""), cmd.get("max_num_steps", 4096))
+        elif cmd["op"] == "env":
+            os.environ.update(cmd["env"])
+            for name in cmd.get("unset", []):
+                os.environ.pop(name, None)
+            s = m.server_from_environment(1)
+        if cmd["op"] in ("serve", "env"):
+            servers[getattr(s, "port", None)] = s
+            out = s and {"port": s.port, "host": s.host, "max_num_steps": s.ring.max_num_steps}
+        elif cmd["op"] == "lines":
+            ring = servers[cmd["port"]].ring
+            for line in cmd["lines"]:
+                ring.set_start(line) if '"event":"start"' in line else ring.append(line)
+            out = {}
+        elif cmd["op"] == "close":
+            servers.pop(cmd["port"]).close()
+            out = {}
+    except ValueError as exc:
+        out = {"error": str(exc)}
+    print(json.dumps(out), flush=True)
+"""
+
+
+class RecordHelper:
+    """The record servers' helper process, in vLLM's environment: ``serve`` a ring, ``feed``
+    it lines, ``close`` it; ``stop`` the process."""
+
+    def __init__(self):
+        from engine.peers.vllm_server import vllm_python
+
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [str(vllm_python()), "-c", RECORD_HELPER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+
+    def ask(self, **cmd) -> dict | None:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        assert answer, "the helper process in vLLM's environment died"
+        return json.loads(answer)
+
+    def serve(self, address: str = "127.0.0.1:0", **kw) -> str:
+        answer = self.ask(op="serve", address=address, **kw)
+        assert "error" not in answer, answer["error"]
+        return f"http://{answer['host']}:{answer['port']}"
+
+    def feed(self, url: str, records: list) -> None:
+        lines = [r if isinstance(r, str) else record_line(r) for r in records]
+        self.ask(op="lines", port=httpx.URL(url).port, lines=lines)
+
+    def close(self, url: str) -> None:
+        self.ask(op="close", port=httpx.URL(url).port)
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def record_line(record: dict) -> str:
+    return json.dumps(record, separators=(",", ":"))

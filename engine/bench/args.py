@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.peers.endpoints import Endpoint, parse_endpoints
+from engine.peers.endpoints import Endpoint, parse_endpoints, with_records
 from engine.sampling_params import SamplingParams, with_defaults
 from engine.workloads.workload import load_jsonl, poisson_arrivals, seed_specs
 
@@ -122,7 +122,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_server_flags(p: argparse.ArgumentParser) -> None:
-    """Server engines: ``--endpoint NAME=URL`` (repeatable) and vLLM's eager mode."""
+    """Server engines: ``--endpoint NAME=URL`` and ``--endpoint-record NAME=RECORD_URL``
+    (repeatable), and vLLM's eager mode."""
     p.add_argument(
         "--endpoint",
         action="append",
@@ -130,6 +131,15 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
         metavar="NAME=URL",
         help="an OpenAI-compatible server run as engine NAME (repeatable), e.g. "
         "gpu=http://gpu-box:8000",
+    )
+    p.add_argument(
+        "--endpoint-record",
+        action="append",
+        default=[],
+        metavar="NAME=RECORD_URL",
+        help="where endpoint NAME's vLLM serves its record of its steps (CBP_VLLM_RECORD_ADDRESS "
+        "there; repeatable), e.g. gpu=http://gpu-box:8100: its steps are read from there, and "
+        "our continuous engine runs with its settings",
     )
     p.add_argument(
         "--vllm-eager",
@@ -241,8 +251,13 @@ def check_args(args: argparse.Namespace, names: list[str]) -> None:
 
 
 def endpoints(args: argparse.Namespace) -> list[Endpoint]:
-    """The ``--endpoint NAME=URL`` flags, checked. Raises ValueError (bad entry, name taken)."""
-    return parse_endpoints(args.endpoint, reserved=ENGINES)
+    """The ``--endpoint NAME=URL`` flags with their ``--endpoint-record NAME=RECORD_URL``, checked.
+
+    Raises:
+        ValueError: a bad entry, a name taken, or a record for a name no ``--endpoint`` has.
+    """
+    found = parse_endpoints(args.endpoint, reserved=ENGINES)
+    return with_records(found, getattr(args, "endpoint_record", []))
 
 
 def engine_options(args: argparse.Namespace) -> dict:

@@ -7,8 +7,9 @@ reference match) and writes the JSON described in docs/bench.md. The model is lo
 before timing; the reference (per-request ``model.generate``) is never counted in any engine's time.
 With ``--repeat N`` the engines run interleaved (A B A B ...) and the median is reported.
 Server engines (``vllm``, ``llamacpp``, ``llamacpp_q4``, ``--endpoint NAME=URL``) run beside
-ours: ``engine.bench.servers``. The exit code is 1 when an engine failed or an output differs
-from the reference, except where the engine's trace says differences are expected
+ours: ``engine.bench.servers``; an endpoint with ``--endpoint-record`` sets our continuous engine's
+settings (``engine.bench.deployment``). The exit code is 1 when an engine failed or an output
+differs from the reference, except where the engine's trace says differences are expected
 (``llamacpp_q4``'s quantized weights).
 """
 
@@ -34,6 +35,7 @@ from engine.bench.args import (
     load_specs,
     parse_args,
 )
+from engine.bench.deployment import follow_deployment
 from engine.bench.probes.hardware import PeakMemory, weight_bytes, weight_read_ms
 from engine.bench.report import optional_measures, print_report, write_json
 from engine.bench.servers import (
@@ -271,7 +273,8 @@ def _setup(args):
         for n in names
         if n in ENGINES and n not in SERVERS
     }
-    servers = server_engines(args, names, loaded, ours, requests)  # SERVERS, --endpoint engines
+    followed = follow_deployment(args, ours)  # --endpoint-record: ours on its settings
+    servers = server_engines(args, names, loaded, ours, requests, followed)  # SERVERS, --endpoint
     engines = {n: ours.get(n) or servers[n] for n in names}
     engines.update(servers)
     return loaded, runner, requests, engines, _normal_engines(runner, args.slots, names, options)

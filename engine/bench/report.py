@@ -96,7 +96,7 @@ def print_report(args, results, normal_results, extra, run) -> None:
         if getattr(trace, "schedule", None) is not None:  # engine.peers.vllm_record.VllmTrace
             print(schedule_line(name, trace.schedule))
             comparison = results[name].get("schedule_comparison")
-            for line in comparison_lines(comparison) if comparison else []:
+            for line in comparison_lines(comparison, name) if comparison else []:
                 print(line)
         for warning in trace.warnings:
             print(f"warning: {name}: {warning}", file=sys.stderr)

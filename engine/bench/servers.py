@@ -1,6 +1,12 @@
 """The bench's server engines: ``vllm``, ``llamacpp``, ``llamacpp_q4`` and ``--endpoint NAME=URL``,
 and what can go wrong.
 
+An endpoint with ``--endpoint-record NAME=RECORD_URL`` is a ``RecordedEngine``
+(``engine.peers.vllm_engine``) reading its server's record over HTTP: its entry gets
+``num_steps`` from that record and a ``schedule_comparison`` with our matched engine, which ran on
+the deployment's settings (``engine.bench.deployment``); a record that cannot be read leaves the
+entry as any endpoint's, with one warning saying why.
+
 A server engine is an ``OpenAIEngine`` (``engine.peers.openai_engine``); ``vllm`` and the two
 llama.cpp engines also own a local server (``engine.peers.vllm_engine``,
 ``engine.llamacpp.engines``), started once before the warm-up and stopped when the bench ends, so
@@ -23,20 +29,25 @@ from engine.trace import Trace
 MATCHED = ("continuous_paged", "continuous")  # our engines vLLM's settings follow, first first
 
 
-def server_engines(args, names: list[str], loaded, ours: dict | None = None, requests=None) -> dict:
+def server_engines(
+    args, names: list[str], loaded, ours: dict | None = None, requests=None, followed=None
+) -> dict:
     """The ``vllm`` and llama.cpp engines (those named) and one engine per ``--endpoint``, by name.
 
     ``ours``: our engines by name; when one of ``MATCHED`` runs (the first listed), vLLM gets its
     settings (``engine.peers.vllm_server.matched_settings``) for ``requests``, and the engine
     remembers which one it matches (``matched_to``) and what could not match (``unmatched``).
+    An endpoint with a record URL remembers the same, and ``followed``: the
+    ``engine.bench.deployment.Followed`` when ours took its settings, else None.
 
     The llama.cpp engines get ``--parallel`` = ``--slots`` and slots sized to the longest of
     ``requests``.
 
     Raises:
-        ValueError: no ``.venv-vllm``, no llama-server or GGUF for it, or a bad ``--endpoint``.
+        ValueError: no ``.venv-vllm``, no llama-server or GGUF for it, or a bad ``--endpoint`` or
+            ``--endpoint-record``.
     """
-    from engine.peers.openai_engine import OpenAIEngine
+    from engine.peers.vllm_engine import endpoint_engine
 
     engines = {}
     if "vllm" in names:
@@ -46,8 +57,14 @@ def server_engines(args, names: list[str], loaded, ours: dict | None = None, req
             from engine.llamacpp.engines import LlamaCppEngine
 
             engines[name] = LlamaCppEngine(loaded, args.slots, name=name, requests=requests)
+    matched = next((n for n in MATCHED if n in (ours or {})), None)
     for endpoint in endpoints(args):
-        engines[endpoint.name] = OpenAIEngine(endpoint, loaded, args.slots)
+        engines[endpoint.name] = engine = endpoint_engine(endpoint, loaded, args.slots)
+        if endpoint.record_url is None:
+            continue
+        mine = followed if followed is not None and followed.endpoint == endpoint.name else None
+        engine.matched_to, engine.followed = matched, mine
+        engine.unmatched = mine.unmatched if mine else ["ours ran on the flags' settings"]
     return engines
 
 
@@ -199,27 +216,29 @@ def schedule_line(name: str, schedule: Trace) -> str:
 
 
 def add_schedule_comparison(results: dict, medians: dict[str, Trace], engines: dict) -> None:
-    """``results["vllm"]["schedule_comparison"]``: our matched engine's schedule against vLLM's
-    own (``engine.peers.schedule_comparison.compare_schedules``, median runs), with ``engine``
-    (ours) and ``unmatched_settings``; nothing when vLLM's settings matched none of ours or its
-    record is missing."""
+    """``results[server]["schedule_comparison"]`` for ``vllm`` and each endpoint with a record:
+    our matched engine's schedule against the server's own
+    (``engine.peers.schedule_comparison.compare_schedules``, median runs), with ``engine`` (ours)
+    and ``unmatched_settings``; an endpoint's also has ``settings_taken`` (the deployment's
+    settings ours ran on, and ``from`` whom; None when ours kept the flags'). Nothing for a
+    server whose settings matched none of ours or whose record is missing."""
     from engine.peers.schedule_comparison import compare_schedules
 
-    vllm = engines.get("vllm")
-    name = getattr(vllm, "matched_to", None)
-    schedule = getattr(medians.get("vllm"), "schedule", None)
-    if name is None or schedule is None or name not in medians or "vllm" not in results:
-        return
-    comparison = compare_schedules(medians[name], schedule)
-    results["vllm"]["schedule_comparison"] = {
-        "engine": name,
-        **comparison,
-        "unmatched_settings": list(vllm.unmatched),
-    }
+    for server, engine in engines.items():
+        name = getattr(engine, "matched_to", None)
+        schedule = getattr(medians.get(server), "schedule", None)
+        if name is None or schedule is None or name not in medians or server not in results:
+            continue
+        comparison = compare_schedules(medians[name], schedule)
+        entry = {"engine": name, **comparison, "unmatched_settings": list(engine.unmatched)}
+        if hasattr(engine, "followed"):
+            followed = engine.followed
+            entry["settings_taken"] = None if followed is None else followed.to_dict()
+        results[server]["schedule_comparison"] = entry
 
 
-def comparison_lines(comparison: dict) -> list[str]:
-    """The report's lines on ``schedule_comparison``, e.g.::
+def comparison_lines(comparison: dict, server: str = "vllm") -> list[str]:
+    """The report's lines on ``server``'s ``schedule_comparison``, e.g.::
 
     schedule: continuous 300 steps, vllm 301; 98.3 % of steps plan alike; first difference
       at step 0: vLLM does not run R1 (ours: 7 tokens)
@@ -230,13 +249,20 @@ def comparison_lines(comparison: dict) -> list[str]:
     where = "none" if first is None else f"at step {first['step']}: {first['reason']}"
     name = comparison["engine"]
     lines = [
-        f"schedule: {name} {comparison['num_steps_ours']} steps, vllm "
+        f"schedule: {name} {comparison['num_steps_ours']} steps, {server} "
         f"{comparison['num_steps_vllm']}; {100 * comparison['equal_step_fraction']:.1f} % of "
         f"steps plan alike; first difference {where}",
-        f"  {name} / vllm: admissions {ours['num_admissions']} / {theirs['num_admissions']}, "
+        f"  {name} / {server}: admissions {ours['num_admissions']} / {theirs['num_admissions']}, "
         f"preemptions {ours['num_preemptions']} / {theirs['num_preemptions']}, prefix-cache hits "
         f"{_hits(ours)} / {_hits(theirs)}",
     ]
+    taken = comparison.get("settings_taken")
+    if taken is not None:
+        settings = {k: v for k, v in taken.items() if k != "from"}
+        lines.append(
+            f"  {name} ran on {taken['from']}'s settings (its record's start line): "
+            + ", ".join(f"{k} {v}" for k, v in settings.items())
+        )
     lines += [f"  settings differ: {line}" for line in comparison["unmatched_settings"]]
     return lines
 

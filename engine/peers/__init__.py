@@ -3,9 +3,10 @@
 transformers' own continuous batching (``transformers_engine``, with ``transformers_manager``, and
 ``transformers_scheduler``, the scheduler transformers builds by name that records its steps),
 any OpenAI-compatible server (``openai_engine``, ``openai_probe``, ``endpoints``,
-``server_metrics``) and a local vLLM (``vllm_engine``, ``vllm_server``), whose own schedule is
-recorded inside it by ``vllm_scheduler``, read back as a ``Trace`` by ``vllm_record`` and set beside
-ours step by step by ``schedule_comparison``. May import
+``server_metrics``) and vLLM (``vllm_engine``: any recording vLLM endpoint, and a local one with
+``vllm_server``), whose own schedule is recorded inside it by ``vllm_scheduler``, read back as a
+``Trace`` by ``vllm_record`` and set beside ours step by step by ``schedule_comparison``, which
+also gives ours a deployment's settings. May import
 every core room below it; in the core only ``worker`` imports it.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;

@@ -7,6 +7,12 @@ command line (the bench's ``--endpoint NAME=URL``, repeated) or in the environme
 (``CBP_ENDPOINTS="name=url,name2=url2"``). Both are parsed and checked here, once, so a typo is
 refused at start with a message naming the entry.
 
+An endpoint may also name where its server serves its own record of its steps, ``NAME=RECORD_URL``
+(``--endpoint-record``, beside that endpoint's ``--endpoint``; ``CBP_ENDPOINT_RECORDS`` for the
+page): a vLLM started with the
+recording scheduler and ``CBP_VLLM_RECORD_ADDRESS`` (``engine.peers.vllm_scheduler``). Such an
+endpoint is seen from the inside too (``engine.peers.vllm_engine``).
+
 The configuration lives on the host only: nothing here takes a URL from a page visitor, so a public
 page cannot be turned into a proxy to arbitrary addresses.
 """
@@ -15,12 +21,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlparse
 
 from engine import settings
 
 ENDPOINTS_ENV = "CBP_ENDPOINTS"
+RECORDS_ENV = "CBP_ENDPOINT_RECORDS"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 
 
@@ -43,6 +50,7 @@ class Endpoint:
 
     name: str  # engine name: letters, digits, '_', '.', '-' (at most 40)
     url: str  # base URL without a trailing '/' or '/v1', e.g. "http://127.0.0.1:8000"
+    record_url: str | None = None  # where its server serves its record of its steps; None: none
 
 
 def parse_endpoint(text: str, where: str = "--endpoint") -> Endpoint:
@@ -67,6 +75,11 @@ def parse_endpoint(text: str, where: str = "--endpoint") -> Endpoint:
 
 def _base_url(url: str, where: str) -> str:
     """The URL's root without a trailing '/' or '/v1'. Raises ValueError."""
+    return _checked_url(url, where).rstrip("/").removesuffix("/v1").rstrip("/")
+
+
+def _checked_url(url: str, where: str) -> str:
+    """``url`` when it is ``http(s)://host[:port][/path]``. Raises ValueError saying why not."""
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ValueError(f"{where}: the URL must start with http:// or https:// and name a host.")
@@ -76,8 +89,7 @@ def _base_url(url: str, where: str) -> str:
         parsed.port  # noqa: B018  (raises on a port that is not a number from 0 to 65535)
     except ValueError:
         raise ValueError(f"{where}: the port must be a number from 1 to 65535.") from None
-    base = url.rstrip("/")
-    return base.removesuffix("/v1").rstrip("/")
+    return url
 
 
 def parse_endpoints(
@@ -105,6 +117,38 @@ def parse_endpoints(
     return endpoints
 
 
+def with_records(
+    endpoints: list[Endpoint], items: Iterable[str], where: str = "--endpoint-record"
+) -> list[Endpoint]:
+    """``endpoints``, each with the record URL that an ``NAME=RECORD_URL`` of ``items`` gives it.
+
+    A record URL is ``http(s)://host:port`` (the path defaults to ``/record`` where it is read,
+    ``engine.peers.vllm_record.RecordFeed``); it is the record's own address
+    (``CBP_VLLM_RECORD_ADDRESS``), not the server's API.
+
+    Raises:
+        ValueError: a bad entry, a name that no endpoint has, or a name given twice.
+    """
+    urls: dict[str, str] = {}
+    names = {e.name for e in endpoints}
+    for item in items:
+        name, sep, url = (part.strip() for part in item.strip().partition("="))
+        if not sep or not name or not url:
+            raise ValueError(
+                f"{where} {item!r}: write it as NAME=RECORD_URL, e.g. gpu=http://10.0.0.5:8100."
+            )
+        if name not in names:
+            known = ", ".join(sorted(names)) or "none"
+            raise ValueError(
+                f"{where} {item!r}: no endpoint is named {name!r} (endpoints: {known}); give "
+                f"--endpoint {name}=URL for its API as well."
+            )
+        if name in urls:
+            raise ValueError(f"{where} {item!r}: {name!r} has a record URL already.")
+        urls[name] = _checked_url(url, f"{where} {item!r}").rstrip("/")
+    return [replace(e, record_url=urls.get(e.name, e.record_url)) for e in endpoints]
+
+
 def endpoints_from_env(
     environ: Mapping[str, str] | None = None, reserved: Iterable[str] = ()
 ) -> list[Endpoint]:
@@ -116,3 +160,10 @@ def endpoints_from_env(
     text = settings.value(ENDPOINTS_ENV, environ)
     items = [item for item in text.split(",") if item.strip()]
     return parse_endpoints(items, reserved, where=f"{ENDPOINTS_ENV} entry")
+
+
+def records_from_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The ``NAME=RECORD_URL`` items in ``CBP_ENDPOINT_RECORDS`` (comma list; [] when unset), for
+    ``with_records(..., where=RECORDS_ENV + " entry")``."""
+    text = settings.value(RECORDS_ENV, environ)
+    return [item for item in text.split(",") if item.strip()]

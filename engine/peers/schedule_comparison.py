@@ -14,16 +14,38 @@ can shift every later step, so the first difference, and why, says more than the
 
 Beside the plans, each side's tallies: admissions (a request's first step, and its first after a
 preemption), preemptions, and prefix-cache hits at admission (requests and cached tokens).
-Plain Python over traces; nothing here runs an engine.
+Plain Python over traces, dicts and ``EngineConfig``; nothing here runs an engine.
+
+**A deployment's settings.** To compare with a vLLM deployment of one's own, ours runs with the
+settings its record's ``start`` line gives (``DeploymentSettings``, ``followed_config``); the other
+way round from the local vLLM, which is started with ours
+(``engine.peers.vllm_server.matched_settings``)::
+
+    =========================  =====================================================================
+    start line                 ours (``EngineConfig``)
+    =========================  =====================================================================
+    ``max_num_seqs``           ``num_slots``
+    ``max_num_batched_tokens`` ``max_num_batched_tokens`` (the token budget)
+    ``block_size``             ``block_size`` (paged KV mode)
+    ``num_blocks``             a KV budget of ``num_blocks - 1`` blocks (vLLM's block 0 is a null
+                               block no request holds); ours allocates no more than the workload
+                               could ever hold, which never changes a schedule
+    ``prefix_caching``         ``prefix_caching`` (paged KV mode)
+    ``chunked_prefill``        ours chunks whenever the budget binds: off there is a difference
+    ``async_scheduling``       ours schedules after each step's tokens: on there is a difference
+    =========================  =====================================================================
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 
+from engine.config import MAX_BLOCK_SIZE, EngineConfig
 from engine.trace import StepRecord, Trace
 
 Plan = dict[int, int]  # request id -> tokens scheduled in the step
+NULL_BLOCKS = 1  # vLLM's block 0, which no request holds
 
 
 @dataclass(frozen=True)
@@ -120,3 +142,101 @@ def difference_reason(ours: Trace, vllm: Trace, index: int) -> str:
 
 def _tokens(n: int) -> str:
     return f"{n} token{'s' * (n != 1)}"
+
+
+@dataclass(frozen=True)
+class DeploymentSettings:
+    """What a recording vLLM's ``start`` line says its schedule depends on."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int  # the token budget of one step
+    block_size: int  # tokens per KV block
+    num_kv_blocks: int  # blocks requests can hold: vLLM's ``num_blocks`` less its null block
+    chunked_prefill: bool
+    prefix_caching: bool
+    async_scheduling: bool
+
+    @classmethod
+    def from_start(cls, start: dict) -> DeploymentSettings:
+        """The settings of a ``start`` line.
+
+        Raises:
+            ValueError: a field is missing or of the wrong kind (not a recording vLLM's line).
+        """
+        try:
+            return cls(
+                max_num_seqs=int(start["max_num_seqs"]),
+                max_num_batched_tokens=int(start["max_num_batched_tokens"]),
+                block_size=int(start["block_size"]),
+                num_kv_blocks=int(start["num_blocks"]) - NULL_BLOCKS,
+                chunked_prefill=bool(start["chunked_prefill"]),
+                prefix_caching=bool(start["prefix_caching"]),
+                async_scheduling=bool(start.get("async_scheduling", False)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"the record's start line lacks the scheduler's settings ({exc!r}): is it a "
+                "record of engine.peers.vllm_scheduler?"
+            ) from None
+
+    def describe(self) -> str:
+        """One line, e.g. ``max_num_seqs 3, max_num_batched_tokens 2048, block size 128, 727 KV
+        blocks, chunked prefill on, prefix caching on``."""
+        on = {True: "on", False: "off"}
+        return (
+            f"max_num_seqs {self.max_num_seqs}, max_num_batched_tokens "
+            f"{self.max_num_batched_tokens}, block size {self.block_size}, {self.num_kv_blocks} KV "
+            f"blocks, chunked prefill {on[self.chunked_prefill]}, prefix caching "
+            f"{on[self.prefix_caching]}"
+        )
+
+
+def followed_config(
+    settings: DeploymentSettings, config: EngineConfig, kv_bytes_per_token: int
+) -> tuple[EngineConfig, list[str]]:
+    """``config`` with the deployment's settings, and one line per setting ours cannot follow.
+
+    ``kv_bytes_per_token``: our KV cache's bytes per token (``ModelRunner.kv_bytes_per_token``),
+    to turn the deployment's blocks into our KV budget. In the ``slots`` KV mode the blocks and
+    prefix caching stay ours (lines say so); the policy and the batch-invariant mode stay ours.
+    """
+    notes = []
+    if not settings.chunked_prefill:
+        notes.append(
+            "chunked prefill: the deployment's is off, ours chunks a prompt whenever the token "
+            "budget binds"
+        )
+    if settings.async_scheduling:
+        notes.append(
+            "async scheduling: the deployment schedules a step before the previous one's tokens "
+            "are back, ours after"
+        )
+    budget = max(settings.max_num_batched_tokens, settings.max_num_seqs)
+    followed = dataclasses.replace(
+        config, num_slots=settings.max_num_seqs, max_num_batched_tokens=budget
+    )
+    if config.kv_mode != "paged":
+        notes.append(
+            f"KV cache: ours keeps a cache per slot ({config.kv_mode}), the deployment pages "
+            f"{settings.num_kv_blocks} blocks of {settings.block_size} tokens (continuous_paged "
+            "follows them)"
+        )
+        if settings.prefix_caching:
+            notes.append("prefix caching: the deployment's is on; ours needs the paged KV cache")
+        return followed, notes
+    if not 1 <= settings.block_size <= MAX_BLOCK_SIZE:
+        notes.append(
+            f"block size: the deployment's {settings.block_size}, ours {config.block_size} "
+            f"(ours takes 1 to {MAX_BLOCK_SIZE} tokens)"
+        )
+    block_size = settings.block_size if 1 <= settings.block_size <= MAX_BLOCK_SIZE else None
+    block_size = block_size or config.block_size
+    block_bytes = kv_bytes_per_token * block_size
+    kv_budget_mib = settings.num_kv_blocks * block_bytes / 2**20  # exact: 2**20 is a power of 2
+    followed = dataclasses.replace(
+        followed,
+        block_size=block_size,
+        kv_budget_mib=kv_budget_mib,
+        prefix_caching=settings.prefix_caching,
+    )
+    return followed, notes

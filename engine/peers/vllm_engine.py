@@ -1,25 +1,40 @@
-"""The ``vllm`` engine: a local vLLM server on the loaded model, driven as an endpoint.
+"""vLLM as an engine, seen from the inside too: any recording vLLM endpoint, and a local vLLM.
 
-``VllmEngine`` owns a ``VllmServer`` (``engine.peers.vllm_server``) and plays workloads at it
-through ``OpenAIEngine``, so its trace is an endpoint's trace (per-request times, server samples)
-with the server's version and settings in ``trace.info["server"]["settings"]``. The server starts on
-the first run, or earlier with ``start()`` (a caller that wants to show its start-up passes
-``on_progress``), and stays up until ``close()``, so repeats and warm-ups pay the start once.
+``RecordedEngine`` plays a workload at an OpenAI-compatible endpoint as ``OpenAIEngine`` does (the
+view from outside: client-clock times, ``/metrics``) and reads the server's own record of the
+run's steps (``engine.peers.vllm_scheduler``), from one of two sources with the same
+``mark()``/``read(mark)`` face (``engine.peers.vllm_record``):
 
-The server records its own schedule (``engine.peers.vllm_scheduler``, on by default): each run's
-requests are sent as ``X-Request-Id: cbp-<run>-<id>``, and the run returns a ``VllmTrace``, the
-client's trace as above plus ``schedule``, vLLM's steps read back from its record
-(``engine.peers.vllm_record``); ``info["schedule_record"]`` says where they came from (the file,
-the run's tag, ``t0_unix_s``). Both traces are on the wall clock of this machine: the client's times
-count from just after ``t0_unix_s`` is read (the run's set-up, well under a millisecond, lies
-between), vLLM's from ``t0_unix_s``.
+* ``RecordFeed``: a record served over HTTP (``CBP_VLLM_RECORD_ADDRESS`` where vLLM runs); an
+  endpoint given ``--endpoint-record NAME=RECORD_URL`` is this engine with a feed;
+* ``ScheduleLog``: the file of the local vLLM (``VllmEngine``, below).
+
+Each run's requests are sent as ``X-Request-Id: cbp-<run>-<id>``, so the run's steps are found
+among the record's by that tag, and the run returns a ``VllmTrace``: the client's trace plus
+``schedule``, vLLM's steps as a ``Trace``. ``info["schedule_record"]`` says where they came from
+(``path`` or ``url``, the run's tag, ``t0_unix_s``), and ``error`` when they did not. Both traces
+are on the wall clock of this machine: the client's times count from just after ``t0_unix_s`` is
+read (the run's set-up, well under a millisecond, lies between), vLLM's from ``t0_unix_s``.
 
 When every request of a run arrives at 0 (and there are two or more), each is sent with
-``vllm_xargs`` ``{"cbp_hold_for": <the run's count>, "cbp_run": <its tag>}``: the recording
-scheduler holds vLLM's first step until all of them wait (at most a few seconds), so vLLM starts
-with the whole workload as our engines do, not with whichever request reached it first. Every
-request names its run (``cbp_run``, also without a hold), so vLLM starts each run with an empty
-prefix cache, as our engines do, and a warm-up's blocks are no hits for the run after it.
+``vllm_xargs`` ``{"cbp_hold_for": <the run's count>, "cbp_run": <its tag>, "cbp_order": <id>}``:
+the recording scheduler holds vLLM's first step until all of them wait (at most a few seconds),
+so vLLM starts with the whole workload as our engines do, not with whichever request reached it
+first. Every request names its run (``cbp_run``, also without a hold), so vLLM starts each run
+with an empty prefix cache, as our engines do, and a warm-up's blocks are no hits for the run
+after it. These fields go only to a server that answers vLLM's ``/version`` and whose record was
+read at the run's start: another server would refuse them.
+
+A record that cannot be read never fails the run: the outside view stays, ``schedule`` is None and
+one warning says which of these it met (``RecordError``'s cases): the address does not answer,
+answers without a record, needs a token, no longer holds the run's steps, or holds none of this
+run's steps (the record of another server).
+
+``VllmEngine`` is the ``vllm`` engine: it owns a ``VllmServer`` (``engine.peers.vllm_server``) on
+the loaded model and reads its record file. Its trace is an endpoint's trace with the server's
+version and settings in ``trace.info["server"]["settings"]``. The server starts on the first run,
+or earlier with ``start()`` (a caller that wants to show its start-up passes ``on_progress``), and
+stays up until ``close()``, so repeats and warm-ups pay the start once.
 """
 
 from __future__ import annotations
@@ -32,6 +47,8 @@ from engine.peers.openai_engine import OpenAIEngine
 from engine.peers.openai_probe import ServerInfo
 from engine.peers.vllm_record import (
     REQUEST_ID_HEADER,
+    RecordError,
+    RecordFeed,
     ScheduleLog,
     VllmTrace,
     external_request_id,
@@ -51,7 +68,89 @@ from engine.sequence import Request
 from engine.trace import Trace
 
 
-class VllmEngine(OpenAIEngine):
+class RecordedEngine(OpenAIEngine):
+    """An endpoint whose server records its steps; ``record``: where to read them (None: a
+    plain endpoint, seen from outside only)."""
+
+    def __init__(
+        self, endpoint, loaded, num_slots: int, record: RecordFeed | ScheduleLog | None = None
+    ):
+        super().__init__(endpoint, loaded, num_slots)
+        self.record = record
+        self._run_tag: str | None = None  # the running run's tag in its request ids
+        self._hold_for = 0  # requests vLLM's first step waits for (0: no hold)
+        self._tagged = False  # whether this run's requests carry vllm_xargs
+
+    def _record(self) -> RecordFeed | ScheduleLog | None:
+        """Where this run's steps are read from (``VllmEngine``: its running server's file)."""
+        return self.record
+
+    def run(self, requests: list[Request], on_step=None, on_wait=None) -> VllmTrace:
+        """``OpenAIEngine.run``, with the server's own steps of the run in ``schedule`` (None,
+        with one warning saying why, when its record cannot be read).
+
+        Raises what ``OpenAIEngine.run`` raises (its partial trace has no ``schedule``).
+        """
+        info = self.server_info()  # the first run probes the server: its request precedes the mark
+        record = self._record()
+        mark, problem = _mark(record)
+        self._run_tag = run_tag = new_run_tag()
+        self._tagged = record is not None and problem is None and info.version is not None
+        all_at_0 = len(requests) > 1 and all(r.arrival_s == 0 for r in requests)
+        self._hold_for = len(requests) if all_at_0 and self._tagged else 0
+        t0_unix_s = time.time()
+        try:
+            trace = super().run(requests, on_step, on_wait)
+        finally:
+            self._run_tag, self._hold_for, self._tagged = None, 0, False
+        fields = {f.name: getattr(trace, f.name) for f in dataclasses.fields(Trace)}
+        result = VllmTrace(**fields)
+        if record is None:
+            return result
+        where = {**_source(record), "run_tag": run_tag, "t0_unix_s": t0_unix_s}
+        if problem is None:
+            result.schedule, problem = self._read_schedule(result, record, mark, run_tag, t0_unix_s)
+        if problem is not None:
+            where["error"] = problem
+            result.warnings.append(problem)
+        result.info = {**result.info, "schedule_record": where}
+        return result
+
+    def _read_schedule(self, trace: Trace, record, mark: int, run_tag: str, t0_unix_s: float):
+        """``(schedule, None)``: the server's steps of this run as a ``Trace``; ``(None, line)``
+        when its record cannot be read or holds none of this run's steps."""
+        try:
+            records = record.read(mark)
+            schedule = schedule_trace(records, trace.requests, run_tag, t0_unix_s, self.name)
+        except RecordError as exc:
+            return None, f"no inside view: {exc}"
+        except (OSError, ValueError, KeyError) as exc:
+            return None, f"vLLM's own schedule could not be read ({_named(record)}): {exc}"
+        if trace.requests and not schedule.steps:
+            return None, _no_step_line(record, schedule, run_tag, self.name)
+        return schedule, None
+
+    def _headers(self, request: Request) -> dict[str, str]:
+        """``X-Request-Id: cbp-<run>-<id>``: vLLM's request ids then name our request."""
+        if self._run_tag is None:
+            return {}
+        return {REQUEST_ID_HEADER: external_request_id(self._run_tag, request.request_id)}
+
+    def _body(self, request: Request) -> dict:
+        """The request's body, with ``vllm_xargs`` naming its run (the recording scheduler
+        starts a run with an empty prefix cache) and asking for the hold when the run has one."""
+        body = super()._body(request)
+        if self._tagged:
+            body["vllm_xargs"] = {HOLD_RUN_KEY: self._run_tag}
+            if self._hold_for:
+                body["vllm_xargs"] |= {
+                    HOLD_FOR_KEY: self._hold_for,
+                    HOLD_ORDER_KEY: request.request_id,
+                }
+        return body
+
+
+class VllmEngine(RecordedEngine):
     """vLLM with ``--max-num-seqs`` = ``num_slots``, the loaded model's folder and dtype."""
 
     def __init__(
@@ -76,9 +175,6 @@ class VllmEngine(OpenAIEngine):
             )
         self.server = VllmServer(settings, venv)
         super().__init__(self.server.endpoint(name), loaded, num_slots)
-        self._run_tag: str | None = None  # the running run's tag in its request ids
-        self._hold_for = 0  # requests vLLM's first step waits for (0: no hold)
-        self._log: ScheduleLog | None = None  # the server's schedule record, read run by run
 
     def start(self, on_progress: Callable[[str], None] | None = None) -> VllmEngine:
         """Start the server unless it runs; ``on_progress(line)`` sees its log while it starts.
@@ -97,73 +193,65 @@ class VllmEngine(OpenAIEngine):
         return info
 
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> VllmTrace:
-        """``OpenAIEngine.run`` on the local server, started first if it is not running, with
+        """``RecordedEngine.run`` on the local server, started first if it is not running, with
         vLLM's own steps in ``schedule`` (None, with a warning, when its record is missing).
 
         Raises what ``OpenAIEngine.run`` raises (its partial trace has no ``schedule``).
         """
         self.start()
-        self.server_info()  # the first run probes the server: its request comes before the mark
-        log = self._schedule_log()
-        mark = log.mark() if log is not None else 0
-        self._run_tag = run_tag = new_run_tag()
-        all_at_0 = len(requests) > 1 and all(r.arrival_s == 0 for r in requests)
-        self._hold_for = len(requests) if all_at_0 else 0
-        t0_unix_s = time.time()
-        try:
-            trace = super().run(requests, on_step, on_wait)
-        finally:
-            self._run_tag, self._hold_for = None, 0
-        fields = {f.name: getattr(trace, f.name) for f in dataclasses.fields(Trace)}
-        result = VllmTrace(**fields)
-        if log is not None:
-            where = {"path": str(log.path), "run_tag": run_tag, "t0_unix_s": t0_unix_s}
-            result.info = {**result.info, "schedule_record": where}
-            result.schedule = self._read_schedule(result, log, mark, run_tag, t0_unix_s)
-        return result
+        return super().run(requests, on_step, on_wait)
 
-    def _schedule_log(self) -> ScheduleLog | None:
+    def _record(self) -> ScheduleLog | None:
         """The running server's record (a new one after a restart); None when it records none."""
         path = self.server.schedule_path
         if path is None:
-            self._log = None
-        elif self._log is None or self._log.path != path:
-            self._log = ScheduleLog(path)
-        return self._log
-
-    def _read_schedule(self, trace: Trace, log: ScheduleLog, mark: int, run_tag: str, t0_unix_s):
-        """vLLM's steps of this run as a ``Trace``; None, with a warning in ``trace``, if its
-        record cannot be read or holds none of this run's steps."""
-        try:
-            records = log.read(mark)
-            schedule = schedule_trace(records, trace.requests, run_tag, t0_unix_s, self.name)
-        except (OSError, ValueError, KeyError) as exc:
-            trace.warnings.append(f"vLLM's own schedule could not be read ({log.path}): {exc}")
-            return None
-        if trace.requests and not schedule.steps:
-            trace.warnings.append(f"vLLM's own schedule ({log.path}) has no step of this run.")
-            return None
-        return schedule
-
-    def _headers(self, request: Request) -> dict[str, str]:
-        """``X-Request-Id: cbp-<run>-<id>``: vLLM's request ids then name our request."""
-        if self._run_tag is None:
-            return {}
-        return {REQUEST_ID_HEADER: external_request_id(self._run_tag, request.request_id)}
-
-    def _body(self, request: Request) -> dict:
-        """The request's body, with ``vllm_xargs`` naming its run (the recording scheduler
-        starts a run with an empty prefix cache) and asking for the hold when the run has one."""
-        body = super()._body(request)
-        if self._run_tag is not None and self.server.settings.record_schedule:
-            body["vllm_xargs"] = {HOLD_RUN_KEY: self._run_tag}
-            if self._hold_for:
-                body["vllm_xargs"] |= {
-                    HOLD_FOR_KEY: self._hold_for,
-                    HOLD_ORDER_KEY: request.request_id,
-                }
-        return body
+            self.record = None
+        elif self.record is None or self.record.path != path:
+            self.record = ScheduleLog(path)
+        return self.record
 
     def close(self) -> None:
         """Stop the server (and its engine processes)."""
         self.server.stop()
+
+
+def endpoint_engine(endpoint, loaded, num_slots: int) -> OpenAIEngine:
+    """An endpoint's engine (``engine.peers.endpoints.Endpoint``): a ``RecordedEngine`` reading
+    its server's record over HTTP when it has a record URL, else a plain ``OpenAIEngine``."""
+    if endpoint.record_url is None:
+        return OpenAIEngine(endpoint, loaded, num_slots)
+    return RecordedEngine(endpoint, loaded, num_slots, RecordFeed(endpoint.record_url))
+
+
+def _mark(record) -> tuple[int, str | None]:
+    """``(mark, None)``: where the run's steps begin; ``(0, line)`` when the record cannot be
+    read (``RecordError``: the address does not answer, holds no record, needs a token)."""
+    if record is None:
+        return 0, None
+    try:
+        return record.mark(), None
+    except RecordError as exc:
+        return 0, f"no inside view: {exc}"
+
+
+def _source(record) -> dict:
+    """Where a record is read: ``{"url": ...}`` or ``{"path": ...}``."""
+    return {"url": record.url} if isinstance(record, RecordFeed) else {"path": str(record.path)}
+
+
+def _named(record) -> str:
+    return next(iter(_source(record).values()))
+
+
+def _no_step_line(record, schedule: Trace, run_tag: str, name: str) -> str:
+    """Why a record holds none of the run's steps: it ran other requests meanwhile, or none."""
+    where = _named(record)
+    if not isinstance(record, RecordFeed):
+        return f"vLLM's own schedule ({where}) has no step of this run."
+    seen = schedule.info.get("num_foreign_seqs", 0)
+    what = f"only other requests ({seen} scheduled)" if seen else "no step"
+    return (
+        f"no inside view: the record at {where} holds {what} while this run ran (its requests "
+        f"are cbp-{run_tag}-*): it is the record of another server, not of {name}'s; give "
+        "--endpoint-record the record address of the vLLM that --endpoint names."
+    )

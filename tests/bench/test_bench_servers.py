@@ -33,10 +33,13 @@ def test_unreachable_endpoint_keeps_the_other_engines(tmp_path, tiny_loaded, cap
         (["--endpoint", "nourl"], "NAME=URL"),
         (["--endpoint", "continuous=http://h:1"], "built-in engine"),
         (["--engines", "continuous,typo"], "Unknown engine 'typo'"),
+        (["--endpoint", "a=http://h:1", "--endpoint-record", "b=http://h:2"], "no endpoint is"),
+        (["--endpoint", "a=http://h:1", "--endpoint-record", "a=h:2"], "http:// or https://"),
     ],
 )
 def test_bad_server_flags_are_refused(argv, words, tiny_loaded, capsys):
-    """A bad --endpoint or engine name stops the bench before any run, saying why."""
+    """A bad --endpoint or --endpoint-record, or engine name, stops the bench before any run,
+    saying why."""
     assert bench.main(argv) == 2
     assert words in capsys.readouterr().err
 

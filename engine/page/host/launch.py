@@ -3,13 +3,15 @@
 ``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--port 7860]
 [--host 127.0.0.1] [--share] [--vllm [--vllm-eager] [--vllm-max-num-seqs N]
 [--vllm-max-model-len TOKENS]]
-[--endpoint NAME=URL ...]``. The model loads before the page is served, so a bad model or device
-stops the start with one line instead of failing the first Run.
+[--endpoint NAME=URL ...] [--endpoint-record NAME=RECORD_URL ...]``. The model loads before the
+page is served, so a bad model or device stops the start with one line instead of failing the
+first Run.
 
 The host's servers (``engine.page.run.host_servers``): ``--vllm`` starts a local vLLM on the loaded
 model (``make vllm`` builds its environment) in the background while the page serves, and stops it
 with the app (also on SIGTERM); ``--endpoint`` and ``CBP_ENDPOINTS`` name OpenAI-compatible
-servers elsewhere. The page offers exactly these, by name.
+servers elsewhere, and ``--endpoint-record`` where such a vLLM serves its record of its steps.
+The page offers exactly these, by name.
 
 By default (``CBP_ENGINE_PROCESS=auto``, on except on ZeroGPU) the engines run in an engine
 process of their own (``engine.page.run.engine_process``), which loads its copy of the model after
@@ -105,6 +107,14 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
         help="an OpenAI-compatible server the page may run on, by name (repeat for more; "
         "CBP_ENDPOINTS=name=url,... adds more)",
     )
+    parser.add_argument(
+        "--endpoint-record",
+        action="append",
+        default=[],
+        metavar="NAME=RECORD_URL",
+        help="where endpoint NAME's vLLM serves its record of its steps (CBP_VLLM_RECORD_ADDRESS "
+        "there): the page draws its runs from the inside too (repeatable)",
+    )
 
 
 def configured_servers(args: argparse.Namespace, loaded) -> host_servers.PageServers | None:
@@ -121,6 +131,7 @@ def configured_servers(args: argparse.Namespace, loaded) -> host_servers.PageSer
         vllm_max_num_seqs=args.vllm_max_num_seqs,
         vllm_max_model_len=args.vllm_max_model_len,
         log=lambda line: print(line, flush=True),
+        record_items=args.endpoint_record,
     )
     return found if found.names else None
 

@@ -4,7 +4,11 @@ A visitor never types a URL: a public page must not become a proxy to arbitrary 
 host names its servers at start (``--endpoint NAME=URL``, ``CBP_ENDPOINTS``, ``--vllm``); the
 page offers only those names, as checkboxes, and a run looks its servers up by name. The page
 shows no endpoint's URL either (a host's internal address stays the host's): messages name the
-server instead.
+server instead. An endpoint given ``--endpoint-record NAME=RECORD_URL`` (or
+``CBP_ENDPOINT_RECORDS``) is a vLLM serving its own
+record of its steps (``engine.peers.vllm_engine.RecordedEngine``): its runs carry that record as
+the trace's ``schedule``, drawn from the inside like the local vLLM's, and its record address is
+hidden as its URL is.
 
 ``PageServers`` starts the local vLLM in a background thread as the page starts (minutes on a
 CPU) and probes each endpoint once, keeping each server's state for the page's servers line
@@ -24,8 +28,16 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from engine.peers.endpoints import EndpointError, endpoints_from_env, parse_endpoints
+from engine.peers.endpoints import (
+    RECORDS_ENV,
+    EndpointError,
+    endpoints_from_env,
+    parse_endpoints,
+    records_from_env,
+    with_records,
+)
 from engine.peers.openai_engine import OpenAIEngine
+from engine.peers.vllm_engine import endpoint_engine
 from engine.peers.vllm_server import MAX_MODEL_LEN
 from engine.sequence import Request
 from engine.serving.run_control import WAIT_SLICE_S, RunStopped
@@ -124,7 +136,17 @@ class PageServers:
         engine = self.engines[name]
         if self.is_local(name):
             return message
+        record_url = engine.endpoint.record_url
+        if record_url:  # first: the API's URL may begin the record's
+            message = message.replace(record_url, f"({name}'s record address)")
         return message.replace(engine.endpoint.url, f"({name}'s address)")
+
+    def public_trace(self, name: str, trace: Trace) -> None:
+        """``trace``'s warnings and record source without the server's addresses (``public``)."""
+        trace.warnings = [self.public(name, line) for line in trace.warnings]
+        if "schedule_record" in trace.info:
+            where = {k: self.public(name, str(v)) for k, v in trace.info["schedule_record"].items()}
+            trace.info = {**trace.info, "schedule_record": where}
 
     def refresh(self, name: str, error: str | None = None) -> None:
         """After a run on ``name`` (``error``: why it failed): ready if it still answers, else
@@ -189,13 +211,17 @@ def configure(
     vllm_max_num_seqs: int = 3,
     vllm_max_model_len: int = MAX_MODEL_LEN,
     log: Callable[[str], None] | None = None,
+    record_items: Iterable[str] = (),
 ) -> PageServers:
     """The page's servers: the local vLLM if ``vllm``, then ``--endpoint`` items, then
     ``CBP_ENDPOINTS``. The local vLLM runs ``--max-num-seqs vllm_max_num_seqs`` and
-    ``--max-model-len vllm_max_model_len`` (both fixed at start).
+    ``--max-model-len vllm_max_model_len`` (both fixed at start). ``record_items``:
+    ``--endpoint-record NAME=RECORD_URL`` entries, then ``CBP_ENDPOINT_RECORDS``'s, for
+    endpoints of either kind.
 
     Raises:
-        ValueError: a bad or repeated endpoint, a built-in engine's name, or no ``.venv-vllm``.
+        ValueError: a bad or repeated endpoint, a built-in engine's name, no ``.venv-vllm``, or
+            a bad record entry (one for a name no endpoint has).
     """
     engines: dict[str, OpenAIEngine] = {}
     reserved = set(BUILT_IN)
@@ -214,8 +240,10 @@ def configure(
                 f"CBP_ENDPOINTS entry {endpoint.name!r}: the name is already used by another "
                 "endpoint (--endpoint); pick another name."
             )
-    for endpoint in [*flagged, *from_env]:
-        engines[endpoint.name] = OpenAIEngine(endpoint, loaded, vllm_max_num_seqs)
+    found = with_records([*flagged, *from_env], record_items)
+    found = with_records(found, records_from_env(environ), f"{RECORDS_ENV} entry")
+    for endpoint in found:
+        engines[endpoint.name] = endpoint_engine(endpoint, loaded, vllm_max_num_seqs)
     return PageServers(engines, log)
 
 
@@ -253,6 +281,7 @@ def run_servers(
             failures.update(dict.fromkeys(names[i + 1 :], f"not run: {exc}"))
             break
         servers.refresh(name)
+        servers.public_trace(name, trace)
         precision = _precision_warnings(servers, name, trace, dtype, batch_invariant)
         trace.warnings = [*trace.warnings, *_slot_warnings(servers, name, num_slots), *precision]
         watch(name, trace, done=True)

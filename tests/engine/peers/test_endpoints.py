@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from engine.peers.endpoints import Endpoint, endpoints_from_env, parse_endpoint, parse_endpoints
+from engine.peers.endpoints import (
+    Endpoint,
+    endpoints_from_env,
+    parse_endpoint,
+    parse_endpoints,
+    with_records,
+)
 
 
 def test_parse_endpoint_keeps_the_root_url():
@@ -51,3 +57,34 @@ def test_env_lists_endpoints_in_order():
     assert endpoints_from_env({"CBP_ENDPOINTS": " "}) == []
     with pytest.raises(ValueError, match="CBP_ENDPOINTS"):
         endpoints_from_env({"CBP_ENDPOINTS": "one"})
+
+
+def test_a_record_url_joins_its_endpoint():
+    """``NAME=RECORD_URL`` gives the named endpoint its record URL as written (no '/v1' cut) and
+    leaves the others without one."""
+    found = parse_endpoints(["gpu=http://10.0.0.5:8000/v1", "cpu=http://h:1"])
+    joined = with_records(found, [" gpu = http://10.0.0.5:8100/ "])
+    assert joined == [
+        Endpoint("gpu", "http://10.0.0.5:8000", "http://10.0.0.5:8100"),
+        Endpoint("cpu", "http://h:1"),
+    ], joined
+
+
+@pytest.mark.parametrize(
+    ("items", "words"),
+    [
+        (["gpu"], "NAME=RECORD_URL"),
+        (["gpu="], "NAME=RECORD_URL"),
+        (["tpu=http://h:2"], "no endpoint is named 'tpu' .*--endpoint tpu=URL"),
+        (["gpu=10.0.0.5:8100"], "http:// or https://"),
+        (["gpu=http://h:123456"], "port"),
+        (["gpu=http://h:2?since=0"], "query"),
+        (["gpu=http://h:2", "gpu=http://h:3"], "has a record URL already"),
+    ],
+)
+def test_bad_record_urls_are_refused_with_their_text(items, words):
+    """A malformed ``--endpoint-record``, one for a name no endpoint has, or a second one for the
+    same name raises ValueError quoting the entry and saying what to do."""
+    with pytest.raises(ValueError, match=words) as info:
+        with_records([Endpoint("gpu", "http://h:1")], items)
+    assert repr(items[-1]) in str(info.value), f"message does not quote the entry: {info.value}"

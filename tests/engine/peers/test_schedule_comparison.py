@@ -1,9 +1,18 @@
 """Our schedule beside vLLM's: plans step by step, the first difference and why, and the tallies,
-on hand-built traces."""
+on hand-built traces; and ours on a deployment's settings, from its start line."""
 
 from __future__ import annotations
 
-from engine.peers.schedule_comparison import compare_schedules, step_plans, tally
+import pytest
+
+from engine.config import EngineConfig
+from engine.peers.schedule_comparison import (
+    DeploymentSettings,
+    compare_schedules,
+    followed_config,
+    step_plans,
+    tally,
+)
 from engine.trace import DECODE, PREFILL, ScheduledSeq, StepRecord, Trace
 
 
@@ -86,3 +95,43 @@ def test_tally_counts_readmissions_and_prefix_hits():
     assert (counts.num_admissions, counts.num_preemptions) == (3, 1), counts
     assert (counts.num_prefix_hits, counts.num_prefix_cached_tokens) == (2, 32), counts
     assert step_plans(trace)[2] == {0: 1, 1: 1}
+
+
+# A recording vLLM's start line, as tests/engine/peers/vllm_schedule.jsonl has it.
+START = {
+    "event": "start",
+    "max_num_seqs": 3,
+    "max_num_batched_tokens": 384,
+    "chunked_prefill": True,
+    "async_scheduling": False,
+    "prefix_caching": True,
+    "block_size": 32,
+    "num_blocks": 6,
+}
+
+
+def test_ours_takes_the_deployments_settings():
+    """Slots, token budget, block size and prefix caching come from the start line, and the KV
+    budget holds exactly its blocks less vLLM's null block, whatever a token's KV size."""
+    ours = EngineConfig(8, kv_mode="paged", block_size=16, scheduling_policy="vllm")
+    for per_token in (46080, 23040, 12345, 7):
+        config, notes = followed_config(DeploymentSettings.from_start(START), ours, per_token)
+        assert notes == [], notes
+        fields = (config.num_slots, config.max_num_batched_tokens, config.block_size)
+        assert fields == (3, 384, 32), fields
+        assert config.prefix_caching is True and config.scheduling_policy == "vllm", config
+        blocks = int(config.kv_budget_mib * 2**20 // (per_token * 32))
+        assert blocks == 5, f"{per_token} B/token: the budget holds {blocks} blocks, not 5"
+
+
+def test_settings_ours_cannot_follow_are_named():
+    """Chunked prefill off, async scheduling and a per-slot KV cache are each named in a line;
+    a start line without the scheduler's settings is refused."""
+    start = {**START, "chunked_prefill": False, "async_scheduling": True}
+    config, notes = followed_config(DeploymentSettings.from_start(start), EngineConfig(2), 4)
+    assert (config.num_slots, config.kv_mode, config.prefix_caching) == (3, "slots", False)
+    text = " | ".join(notes)
+    for words in ("chunked prefill", "async scheduling", "5 blocks of 32", "prefix caching"):
+        assert words in text, f"no line on {words!r}: {text}"
+    with pytest.raises(ValueError, match="lacks the scheduler's settings"):
+        DeploymentSettings.from_start({"event": "start", "max_num_seqs": 3})

@@ -5,102 +5,29 @@ fed record lines, and are read back here with ``RecordFeed`` as the file reader 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import httpx
 import pytest
 
 from engine.peers.vllm_record import RecordError, RecordFeed, ScheduleLog, schedule_trace
-from engine.peers.vllm_server import vllm_python
 from tests.captured_vllm import CAPTURED, captured_records, client_requests
+from tests.live_servers import RecordHelper as Helper
 from tests.live_servers import free_port, needs_vllm
+from tests.live_servers import record_line as _line
 
 pytestmark = needs_vllm
-ROOT = Path(__file__).resolve().parents[3]
 START = {"event": "start", "format": 1, "max_num_seqs": 3, "block_size": 32}
 ADDRESS, TOKEN, STEPS = "CBP_VLLM_RECORD_ADDRESS", "CBP_VLLM_RECORD_TOKEN", "CBP_VLLM_RECORD_STEPS"
-# The helper: one JSON command a line on stdin, one JSON answer a line on stdout. It loads the
-# scheduler's module by name, as vLLM does.
-HELPER = """
-import importlib, json, os, sys
-m = importlib.import_module("engine.peers.vllm_scheduler")
-servers = {}
-for text in sys.stdin:
-    cmd = json.loads(text)
-    try:
-        if cmd["op"] == "serve":
-            s = m.RecordServer(cmd["address"], cmd.get("token", ""), cmd.get("max_num_steps", 4096))
-        elif cmd["op"] == "env":
-            os.environ.update(cmd["env"])
-            for name in cmd.get("unset", []):
-                os.environ.pop(name, None)
-            s = m.server_from_environment(1)
-        if cmd["op"] in ("serve", "env"):
-            servers[getattr(s, "port", None)] = s
-            out = s and {"port": s.port, "host": s.host, "max_num_steps": s.ring.max_num_steps}
-        elif cmd["op"] == "lines":
-            ring = servers[cmd["port"]].ring
-            for line in cmd["lines"]:
-                ring.set_start(line) if '"event":"start"' in line else ring.append(line)
-            out = {}
-        elif cmd["op"] == "close":
-            servers.pop(cmd["port"]).close()
-            out = {}
-    except ValueError as exc:
-        out = {"error": str(exc)}
-    print(json.dumps(out), flush=True)
-"""
-
-
-class Helper:
-    """The helper process: ``serve`` a ring, feed it ``lines``, ``close`` it."""
-
-    def __init__(self):
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(
-            [str(vllm_python()), "-c", HELPER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-
-    def ask(self, **cmd) -> dict | None:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        answer = self.proc.stdout.readline()
-        assert answer, "the helper process in vLLM's environment died"
-        return json.loads(answer)
-
-    def serve(self, address: str = "127.0.0.1:0", **kw) -> str:
-        answer = self.ask(op="serve", address=address, **kw)
-        assert "error" not in answer, answer["error"]
-        return f"http://{answer['host']}:{answer['port']}"
-
-    def feed(self, url: str, records: list) -> None:
-        lines = [r if isinstance(r, str) else _line(r) for r in records]
-        self.ask(op="lines", port=httpx.URL(url).port, lines=lines)
-
-    def close(self, url: str) -> None:
-        self.ask(op="close", port=httpx.URL(url).port)
 
 
 @pytest.fixture(scope="module")
 def helper():
     process = Helper()
     yield process
-    process.proc.stdin.close()
-    process.proc.wait(timeout=30)
-
-
-def _line(record: dict) -> str:
-    return json.dumps(record, separators=(",", ":"))
+    process.stop()
 
 
 def _step(i: int) -> str:

@@ -66,6 +66,34 @@ def test_bad_server_configuration_is_refused(shared, items, env, message):
         host_servers.configure(shared.loaded, items, {"CBP_ENDPOINTS": env})
 
 
+def test_an_endpoint_with_a_record_reads_it_and_hides_its_address(shared):
+    """--endpoint-record, or CBP_ENDPOINT_RECORDS, gives that endpoint (flagged or from
+    CBP_ENDPOINTS) an engine that reads its record there; the page's messages name both
+    addresses instead of showing them; a record for a name no endpoint has is refused."""
+    env = {"CBP_ENDPOINTS": "gpu=http://10.0.0.5:8000"}
+    records = ["gpu=http://10.0.0.5:8100", "mine=http://127.0.0.1:8001/record"]
+    found = host_servers.configure(
+        shared.loaded, ["mine=http://127.0.0.1:8001"], env, record_items=records
+    )
+    feeds = {name: getattr(e, "record", None) for name, e in found.engines.items()}
+    assert feeds["gpu"].url == "http://10.0.0.5:8100/record", feeds
+    assert feeds["mine"].url == "http://127.0.0.1:8001/record", feeds
+    said = found.public("mine", "The record at http://127.0.0.1:8001/record needs a token")
+    assert said == "The record at (mine's record address) needs a token", said
+    said = found.public("gpu", "http://10.0.0.5:8000 and http://10.0.0.5:8100/record")
+    assert said == "(gpu's address) and (gpu's record address)/record", said
+    with pytest.raises(ValueError, match="no endpoint is named 'tpu'"):
+        host_servers.configure(shared.loaded, [], env, record_items=["tpu=http://h:1"])
+    by_env = {**env, "CBP_ENDPOINT_RECORDS": "gpu=http://10.0.0.5:8100,"}
+    from_env = host_servers.configure(shared.loaded, [], by_env).engines["gpu"]
+    assert from_env.record.url == "http://10.0.0.5:8100/record", "CBP_ENDPOINT_RECORDS unread"
+    with pytest.raises(ValueError, match="CBP_ENDPOINT_RECORDS entry 'x'"):
+        host_servers.configure(shared.loaded, [], {**env, "CBP_ENDPOINT_RECORDS": "x"})
+    assert launch.parse_args(["--endpoint-record", "a=http://h:1"]).endpoint_record == [
+        "a=http://h:1"
+    ]
+
+
 def test_vllm_without_its_environment_says_how_to_build_it(shared, tmp_path, monkeypatch):
     """--vllm without .venv-vllm stops the start with the command that builds it."""
     monkeypatch.setenv("CBP_VLLM_VENV", str(tmp_path / "missing"))

@@ -1,0 +1,66 @@
+"""The bench beside a recorded deployment: our continuous engine on the deployment's own settings.
+
+An endpoint given ``--endpoint-record NAME=RECORD_URL`` is a vLLM serving its record of its steps
+(``engine.peers.vllm_scheduler``). Before any run, ``follow_deployment`` reads that record's
+``start`` line and rebuilds the first of our engines that the schedules are compared with
+(``continuous_paged``, else ``continuous``) on the deployment's settings
+(``engine.peers.schedule_comparison``), saying on stderr which it took and what it could not
+follow. A record that cannot be read leaves ours on the flags' settings, with one line saying why
+(``RecordError``); the endpoint still runs, seen from outside.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+
+from engine.batching.continuous import ContinuousEngine
+from engine.bench.args import endpoints
+from engine.bench.servers import MATCHED
+from engine.peers.schedule_comparison import DeploymentSettings, followed_config
+from engine.peers.vllm_record import RecordError, RecordFeed
+
+
+@dataclass(frozen=True)
+class Followed:
+    """Which of our engines took which endpoint's settings, and what it could not follow."""
+
+    engine: str  # our engine's name, e.g. "continuous_paged"
+    endpoint: str  # the endpoint whose record's start line gave the settings
+    settings: DeploymentSettings
+    unmatched: list[str]  # one line per setting ours could not follow
+
+    def to_dict(self) -> dict:
+        return {"from": self.endpoint, **dataclasses.asdict(self.settings)}
+
+
+def follow_deployment(args, ours: dict) -> Followed | None:
+    """Rebuild the first of ``MATCHED`` in ``ours`` (by name; replaced in place) on the first
+    recorded endpoint's settings; None when there is no such endpoint or engine, or its record's
+    start line cannot be read (one line on stderr says why)."""
+    recorded = [e for e in endpoints(args) if e.record_url]
+    name = next((n for n in MATCHED if n in ours), None)
+    if not recorded or name is None:
+        return None
+    endpoint = recorded[0]
+    try:
+        feed = RecordFeed(endpoint.record_url)
+        feed.mark()
+        settings = DeploymentSettings.from_start(feed.start or {})
+    except (RecordError, ValueError) as exc:
+        kept = f"{name} keeps the flags' settings"
+        print(f"warning: {endpoint.name}: {exc} ({kept})", file=sys.stderr)
+        return None
+    engine = ours[name]
+    config, unmatched = followed_config(settings, engine.config, engine.runner.kv_bytes_per_token())
+    ours[name] = ContinuousEngine(engine.runner, config)
+    ours[name].name = name
+    print(
+        f"  {name}: {endpoint.name}'s settings, from its record's start line: "
+        f"{settings.describe()}",
+        file=sys.stderr,
+    )
+    for line in unmatched:
+        print(f"warning: {name}'s settings differ from {endpoint.name}'s: {line}", file=sys.stderr)
+    return Followed(name, endpoint.name, settings, unmatched)
