@@ -12,8 +12,11 @@ fewer ops per layer:
   views;
 * **the residual add inside the matmul** (oneDNN's ``add`` post-op on ``o_proj`` and
   ``down_proj``);
-* **RMSNorm as one op** (``torch.rms_norm``), **rotary as four** (``x * cos + flip(x) * sin'``
-  with the sign of ``rotate_half`` folded into ``sin'`` once per step), on q and k together;
+* **RMSNorm as one op** (``torch.rms_norm``; in bfloat16, where this project's C++ kernels
+  build, ``torch.ops.cbp_layer.rms_norm`` from ``csrc/layer_ops.cpp`` in place of the casts
+  around it), **SiLU-and-mul as one op in bfloat16** (``torch.ops.cbp_layer.silu_mul``), **rotary
+  as four** (``x * cos + flip(x) * sin'`` with the sign of ``rotate_half`` folded into ``sin'``
+  once per step), on q and k together;
 * attention and the KV cache are ``engine.kernels.packed_attention.packed_attention``'s, unchanged,
   with the decode mask made additive once per step instead of once per layer inside SDPA.
 
@@ -35,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels import decode_attention, packed_attention
+from engine.kernels import decode_attention, gemv_build, packed_attention
 from engine.kernels.host_setting import read_choice
 from engine.kernels.kernel_plan import RowPlan, bind_plan
 from engine.serving.packed_batch import PackedBatch
@@ -160,6 +163,7 @@ class FusedDecoder:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.intermediate = config.intermediate_size
         self.layers = [_fused_layer(layer, kernel) for layer in inner.layers]
+        self.layer_ops = layer_ops_run(self.final_norm)  # cbp_layer's bfloat16 norm and SiLU
 
     @property
     def extra_bytes(self) -> int:
@@ -203,6 +207,8 @@ class FusedDecoder:
         out = attend(layer.attn, query, key, value, batch, split)  # (1, T, H, D)
         x = layer.o.add(out.reshape(num_tokens, heads * head_dim).contiguous(), x)
         gate_up = layer.gate_up(self._norm(x, layer.post_norm))  # (T, 2 I)
+        if self.layer_ops:
+            return layer.down.add(torch.ops.cbp_layer.silu_mul(gate_up), x)  # (T, I) -> (T, d)
         act = F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
         return layer.down.add(act, x)
 
@@ -210,7 +216,19 @@ class FusedDecoder:
         """transformers' LlamaRMSNorm: normalize in float32, cast back, then scale by the weight."""
         if x.dtype == torch.float32:
             return torch.rms_norm(x, (x.shape[-1],), weight, self.eps)
+        if self.layer_ops:
+            return torch.ops.cbp_layer.rms_norm(x, weight, self.eps)
         return torch.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype) * weight
+
+
+def layer_ops_run(weight: torch.Tensor) -> bool:
+    """Whether ``torch.ops.cbp_layer`` (built with the gemv kernel) serves a model whose weights
+    are like ``weight``: bfloat16 on a CPU. float32 keeps torch's ops, whose bits are
+    transformers' own; elsewhere (no compiler, ``CBP_GEMV=off``) torch's ops serve bfloat16 too.
+    """
+    if weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
+        return False
+    return gemv_build.available()
 
 
 def _fused_layer(layer: nn.Module, kernel: str | RowPlan) -> FusedLayer:

@@ -4,17 +4,19 @@
 weight packed in blocks of 16 outputs and read once per pass, one fused multiply-add per row and
 weight vector (its header says how). ``csrc/decode_attention.cpp``, built with it into the same
 library, is a decode step's attention (``torch.ops.cbp_attention.decode``; used by
-``engine.kernels.decode_attention``). Both need AVX-512 (F, BW, VL), so the build targets those
+``engine.kernels.decode_attention``), and ``csrc/layer_ops.cpp`` a bfloat16 layer's RMSNorm and
+SiLU-and-mul (``torch.ops.cbp_layer``; used by ``engine.kernels.fused_layers``); ``csrc/simd.h``
+holds their shared AVX-512 helpers. All need AVX-512 (F, BW, VL), so the build targets those
 sets by name, not ``-march=native``: one build serves every AVX-512 CPU that shares the cache
 folder (the AMD EPYC and the Intel Xeon alike). torch's own extension tools build it
 (``torch.utils.cpp_extension.load``, with ninja) into
 ``CBP_CACHE_DIR/gemv/<digest of the sources, torch's version and the flags>``, so only a host's
 first start compiles (seconds) and later ones load the library. It registers its ops with torch
-(``torch.ops.cbp_gemv.pack``, ``torch.ops.cbp_gemv.linear``, ``torch.ops.cbp_attention.decode``)
-and runs on torch's own thread pool.
+(``torch.ops.cbp_gemv.pack``, ``torch.ops.cbp_gemv.linear``, ``torch.ops.cbp_attention.decode``,
+``torch.ops.cbp_layer.rms_norm`` and ``silu_mul``) and runs on torch's own thread pool.
 
 ``unavailable_reason()`` says why it cannot run here (the kernel choice then leaves gemv out, and
-decode attention stays torch's SDPA):
+decode attention stays torch's SDPA, a bfloat16 layer's norm and activation torch's ops):
 ``CBP_GEMV=off``, not an x86 CPU with AVX-512, no C++ compiler, no ninja, or a build that failed
 (its first error line). A Space image without a compiler runs the other kernels.
 """
@@ -33,7 +35,9 @@ import torch
 from engine import settings
 from engine.kernels.host_setting import read_choice
 
-SOURCES = tuple(Path(__file__).parent / "csrc" / n for n in ("gemv.cpp", "decode_attention.cpp"))
+_CSRC = Path(__file__).parent / "csrc"
+SOURCES = tuple(_CSRC / n for n in ("gemv.cpp", "decode_attention.cpp", "layer_ops.cpp"))
+HEADERS = (_CSRC / "simd.h",)  # included by the sources: part of what a build depends on
 # -fopenmp: at::parallel_for is OpenMP in a header, so without it the kernel runs on one thread;
 # the library then needs libgomp.so.1, which resolves to the copy torch has already loaded
 FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma")
@@ -118,13 +122,13 @@ def _built() -> str | None:
 
 
 def build_digest() -> str:
-    """What a build depends on, hashed: the sources, torch's version and the flags."""
-    sources = [source.read_text() for source in SOURCES]
+    """What a build depends on, hashed: the sources and headers, torch's version and the flags."""
+    sources = [source.read_text() for source in (*SOURCES, *HEADERS)]
     text = "\n".join([*sources, torch.__version__, *FLAGS, *LINK_FLAGS])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def available() -> bool:
-    """Whether ``torch.ops.cbp_gemv`` (and ``torch.ops.cbp_attention``) run here (built on the
-    first call in a process)."""
+    """Whether ``torch.ops.cbp_gemv`` (and ``cbp_attention``, ``cbp_layer``) run here (built on
+    the first call in a process)."""
     return unavailable_reason() is None

@@ -12,7 +12,7 @@
 // in float32 whatever the input's dtype (bfloat16 widened; the result rounded to nearest even),
 // with the softmax's maximum subtracted first, as SDPA does. The key/value rows may be any
 // strided view (a slot cache's, a paged cache's gather) whose last dimension is contiguous.
-// exp is Cephes' single-precision polynomial (exp_ps below), within 2 ulp of expf.
+// exp is Cephes' single-precision polynomial (simd.h's exp_ps), within 2 ulp of expf.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -20,55 +20,23 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "simd.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 namespace {
 
-constexpr int64_t kLanes = 16;       // float32 lanes of one AVX-512 register
 constexpr int64_t kMaxChunks = 16;   // head size up to 256
 constexpr int64_t kMaxGroup = 16;    // query heads per key/value head
 constexpr int64_t kWorkGrain = 8192; // key rows x query heads per thread at least
 
-inline __mmask16 lane_mask(int64_t d, int64_t head) {
-  int64_t left = std::min<int64_t>(kLanes, head - d);
-  return static_cast<__mmask16>((1u << left) - 1u);
-}
-
-inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-
-inline __m512 load(const c10::BFloat16* p, __mmask16 m) {  // widen: bfloat16 is float32's top
-  __m256i raw = _mm256_maskz_loadu_epi16(m, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-inline void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-
-inline void store(c10::BFloat16* p, __m512 v, __mmask16 m) {
-  alignas(64) float lanes[kLanes];
-  _mm512_store_ps(lanes, v);
-  for (int i = 0; i < kLanes; ++i) {
-    if ((m >> i) & 1) p[i] = c10::BFloat16(lanes[i]);  // round to nearest even
-  }
-}
-
-// exp(x) for 16 lanes: x = n ln 2 + r, |r| <= ln 2 / 2, exp(r) by Cephes' polynomial, times 2^n.
-inline __m512 exp_ps(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.33654f));  // below: 0 after scaling, as expf
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
+using cbp::exp_ps;
+using cbp::kLanes;
+using cbp::lane_mask;
+using cbp::load;
+using cbp::store;
 
 struct Views {  // element strides of q, k, v and out, over (b, h, t or g); the last is 1
   int64_t q[3], k[3], v[3], out[3];
