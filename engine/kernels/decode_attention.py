@@ -19,6 +19,9 @@ the gemv kernel by ``engine.kernels.gemv_build``) where it runs, which takes eac
 count instead of a mask: torch's CPU flash attention spends most of such a small call setting up
 (about 65 us a call in float32 on the 2-core EPYC, 30 calls a step). Elsewhere (no AVX-512, no
 compiler, ``CBP_GEMV=off``, another device or dtype) it is SDPA with the additive mask.
+
+With the slot cache and the kernel, the fused layers skip the split: ``decode_step`` runs a
+layer's whole attention (rotary, KV write, each token over its own slot's keys) in one call.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import gemv_build
+from engine.serving.kv_cache import SlotKVCache
 from engine.serving.packed_batch import PackedBatch
 
 # One more SDPA call (dispatch, output copy) costs about as much as reading this many key rows of
@@ -56,6 +60,7 @@ class DecodeSplit:
     solo: list[tuple[int, int, int]]
     kernel: bool = False  # calls go to torch.ops.cbp_attention.decode, not SDPA
     shared_lens: torch.Tensor | None = None
+    whole_step: bool = False  # the kernel and a slot cache: ``decode_step`` does the layer's all
 
 
 def plan_decode(batch: PackedBatch, dtype: torch.dtype) -> DecodeSplit | None:
@@ -87,6 +92,7 @@ def plan_decode(batch: PackedBatch, dtype: torch.dtype) -> DecodeSplit | None:
         solo=solo,
         kernel=kernel,
         shared_lens=lens,
+        whole_step=kernel and isinstance(batch.kv_cache, SlotKVCache),
     )
 
 
@@ -119,6 +125,24 @@ def _best_num_solo(sorted_lens: list[int], num_slots: int) -> int:
         if best_cost is None or cost < best_cost:
             best_k, best_cost = k, cost
     return best_k
+
+
+def decode_step(qkv, cos, signed_sin, layer: int, batch: PackedBatch, num_heads: int, scaling):
+    """One layer's whole attention on a decode-only step whose ``split.whole_step`` is set, in one
+    ``torch.ops.cbp_attention.decode_step`` call: the rotary on each token's query and key
+    (``engine.kernels.fused_layers``' folded form, the same roundings), its key and value into
+    its slot at its position, and its queries over that slot's keys, position + 1 of them (no
+    padding to the longest slot, no split). vLLM's CPU attention likewise writes the cache inside
+    its attention op (``vllm/v1/attention/backends/cpu_attn.py``, ``forward``).
+
+    Shapes:
+        qkv: [T, (H + 2 H_kv) D];  cos, signed_sin: [T, D]  ->  returns [T, H D]
+    """
+    keys, values = batch.kv_cache.layer_storage(layer)  # (B, H_kv, P, D) each
+    positions = batch.position_ids[0]  # (T,)
+    return torch.ops.cbp_attention.decode_step(
+        qkv, cos, signed_sin, keys, values, batch.slot_ids, positions, num_heads, scaling
+    )
 
 
 def decode_attention(query, cache, layer: int, batch: PackedBatch, split: DecodeSplit, scaling):

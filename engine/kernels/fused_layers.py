@@ -18,7 +18,10 @@ fewer ops per layer:
   as four** (``x * cos + flip(x) * sin'`` with the sign of ``rotate_half`` folded into ``sin'``
   once per step), on q and k together;
 * attention and the KV cache are ``engine.kernels.packed_attention.packed_attention``'s, unchanged,
-  with the decode mask made additive once per step instead of once per layer inside SDPA.
+  with the decode mask made additive once per step instead of once per layer inside SDPA; a
+  decode-only step splits its attention by slot length (``engine.kernels.decode_attention``),
+  and with the slot cache and the C++ kernels runs each layer's rotary, KV write and attention
+  as one call (``decode_attention.decode_step``).
 
 In float32 every one of these gives the same bits as transformers' modules (checked by
 ``tests/engine/kernels/test_fused_layers.py``: the stacked matmul's columns, the fused residual add,
@@ -198,6 +201,13 @@ class FusedDecoder:
             self.head_dim,
         )
         qkv = layer.qkv(self._norm(x, layer.input_norm))  # (T, (H + 2 H_kv) D)
+        if split is not None and split.whole_step:
+            cos, signed_sin = rope[0][:, 0], rope[1][:, 0]  # (T, D) each
+            index = layer.attn.layer_idx
+            out = decode_attention.decode_step(
+                qkv, cos, signed_sin, index, batch, heads, layer.attn.scaling
+            )  # (T, H D)
+            return self._mlp(layer, layer.o.add(out, x))
         qk = qkv[:, : (heads + kv_heads) * head_dim].view(num_tokens, heads + kv_heads, head_dim)
         qk = _rotary(qk, *rope)  # (T, H + H_kv, D)
         value = qkv[:, (heads + kv_heads) * head_dim :].view(num_tokens, kv_heads, head_dim)
@@ -206,6 +216,11 @@ class FusedDecoder:
         value = value.transpose(0, 1)[None]  # (1, H_kv, T, D)
         out = attend(layer.attn, query, key, value, batch, split)  # (1, T, H, D)
         x = layer.o.add(out.reshape(num_tokens, heads * head_dim).contiguous(), x)
+        return self._mlp(layer, x)
+
+    def _mlp(self, layer: FusedLayer, x: torch.Tensor) -> torch.Tensor:
+        """The layer's second half: norm, gate-up, SiLU-and-mul, down, residual.
+        Shapes: x [T, d] -> [T, d]."""
         gate_up = layer.gate_up(self._norm(x, layer.post_norm))  # (T, 2 I)
         if self.layer_ops:
             return layer.down.add(torch.ops.cbp_layer.silu_mul(gate_up), x)  # (T, I) -> (T, d)

@@ -40,7 +40,9 @@ SOURCES = tuple(_CSRC / n for n in ("gemv.cpp", "decode_attention.cpp", "layer_o
 HEADERS = (_CSRC / "simd.h",)  # included by the sources: part of what a build depends on
 # -fopenmp: at::parallel_for is OpenMP in a header, so without it the kernel runs on one thread;
 # the library then needs libgomp.so.1, which resolves to the copy torch has already loaded
-FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma")
+# -ffp-contract=off: a product then a sum round twice, as torch's separate ops do (the rotary in
+# decode_attention.cpp); the kernels' own fused multiply-adds are written as such
+FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-ffp-contract=off")
 LINK_FLAGS = ("-fopenmp",)
 NEEDED_SETS = ("avx512_f", "avx512_bw", "avx512_vl")
 MAX_ROWS_PER_PASS = 8  # rows one pass over the weight serves (kMaxGroup in gemv.cpp)

@@ -171,6 +171,11 @@ class SlotKVCache(InPlaceKVCache):
         """Keys and values of every slot's first ``kv_len`` positions: [B, H_kv, kv_len, D]."""
         return self.keys[layer][:, :, :kv_len], self.values[layer][:, :, :kv_len]
 
+    def layer_storage(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's whole storage, for a kernel that writes and reads it in place:
+        [B, H_kv, P, D] each."""
+        return self.keys[layer], self.values[layer]
+
     def sequence_view(self, layer: int, batch: PackedBatch, slot: int, kv_len: int):
         """One slot's first ``kv_len`` keys and values: [1, H_kv, kv_len, D]."""
         return self.keys[layer][slot, :, :kv_len][None], self.values[layer][slot, :, :kv_len][None]

@@ -160,10 +160,124 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return out;
 }
 
+// x * cos + swap(x) * signed_sin on one head's row, swap exchanging the row's two halves (the
+// fused layers' folded rotary), rounded to T after each multiply and the add, as torch's three
+// ops are (no fused multiply-add: the build passes -ffp-contract=off).
+template <typename T>
+inline T rotated(const T* x, const T* cos, const T* signed_sin, int64_t d, int64_t head) {
+  int64_t half = head / 2, other = d < half ? d + half : d - half;
+  T a = static_cast<T>(static_cast<float>(x[d]) * static_cast<float>(cos[d]));
+  T b = static_cast<T>(static_cast<float>(x[other]) * static_cast<float>(signed_sin[d]));
+  return static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
+}
+
+struct StepShape {
+  int64_t heads, kv_heads, head, qkv_stride, rope_stride, cache[3];  // cache: b, h, t strides
+};
+
+// One (token, key/value head) of a decode step: rotary on its key and its G queries, the key and
+// value into the cache at (slot, position), then the G queries over the slot's position + 1 keys.
+template <typename T>
+void step_task(const T* qkv, const T* cos, const T* sin, T* kc, T* vc, int64_t slot,
+               int64_t position, int64_t h, const StepShape& z, float scale, T* out,
+               std::vector<float>& scores) {
+  int64_t group = z.heads / z.kv_heads, head = z.head;
+  const T* key = qkv + (z.heads + h) * head;
+  const T* value = qkv + (z.heads + z.kv_heads + h) * head;
+  int64_t row = slot * z.cache[0] + h * z.cache[1];
+  T* key_slot = kc + row + position * z.cache[2];
+  T* value_slot = vc + row + position * z.cache[2];
+  for (int64_t d = 0; d < head; ++d) {
+    key_slot[d] = rotated(key, cos, sin, d, head);
+    value_slot[d] = value[d];
+  }
+  T queries[kMaxGroup * kLanes * kMaxChunks];
+  for (int64_t g = 0; g < group; ++g) {
+    const T* query = qkv + (h * group + g) * head;
+    for (int64_t d = 0; d < head; ++d) queries[g * head + d] = rotated(query, cos, sin, d, head);
+  }
+  Views s{};
+  s.q[2] = head, s.k[2] = z.cache[2], s.v[2] = z.cache[2], s.out[2] = head;
+  int64_t len = position + 1;
+  float sums[kMaxGroup];
+  scores.resize(group * len);
+  score(queries, kc + row, s, group, len, head, scale, scores.data());
+  softmax_numerators(scores.data(), group, len, sums);
+  weigh(scores.data(), sums, vc + row, s, group, len, head, out + h * group * head);
+}
+
+template <typename T>
+void run_step(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+              at::Tensor& kc, at::Tensor& vc, const int64_t* slots, const int64_t* positions,
+              const StepShape& z, double scale, at::Tensor& out) {
+  int64_t tokens = qkv.size(0), kv_heads = z.kv_heads;
+  const T *qp = qkv.data_ptr<T>(), *cp = cos.data_ptr<T>(), *sp = sin.data_ptr<T>();
+  T *kp = kc.data_ptr<T>(), *vp = vc.data_ptr<T>(), *op = out.data_ptr<T>();
+  int64_t longest = *std::max_element(positions, positions + tokens) + 1;
+  int64_t group = z.heads / kv_heads;
+  int64_t grain = std::max<int64_t>(1, kWorkGrain / std::max<int64_t>(1, longest * group));
+  at::parallel_for(0, tokens * kv_heads, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t task = begin; task < end; ++task) {
+      int64_t t = task / kv_heads, h = task % kv_heads;
+      step_task(qp + t * z.qkv_stride, cp + t * z.rope_stride, sp + t * z.rope_stride, kp, vp,
+                slots[t], positions[t], h, z, static_cast<float>(scale),
+                op + t * z.heads * z.head, scores);
+    }
+  });
+}
+
+at::Tensor decode_step(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
+                       at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slots,
+                       const at::Tensor& positions, int64_t heads, double scale) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qkv: [T, (H + 2 H_kv) D], rows contiguous");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.strides() == v_cache.strides() && k_cache.stride(3) == 1,
+              "k_cache, v_cache: [B, H_kv, P, D], alike, each head's values contiguous");
+  int64_t tokens = qkv.size(0), kv_heads = k_cache.size(1), head = k_cache.size(3);
+  TORCH_CHECK(heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= kMaxGroup &&
+                  head % 2 == 0 && head <= kLanes * kMaxChunks,
+              "heads must be a multiple of H_kv, up to 16 times it; an even head size up to 256");
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * head, "qkv's width must be (H + 2 H_kv) D");
+  TORCH_CHECK(cos.dim() == 2 && cos.sizes() == signed_sin.sizes() && cos.size(0) == tokens &&
+                  cos.size(1) == head && cos.stride(1) == 1 &&
+                  cos.strides() == signed_sin.strides(),
+              "cos, signed_sin: [T, D], alike, rows contiguous");
+  for (auto type : {cos.scalar_type(), signed_sin.scalar_type(), k_cache.scalar_type(),
+                    v_cache.scalar_type()}) {
+    TORCH_CHECK(type == qkv.scalar_type(), "qkv, rotary and caches share one dtype");
+  }
+  auto slot_ids = slots.to(at::kLong).contiguous(), pos = positions.to(at::kLong).contiguous();
+  TORCH_CHECK(slot_ids.numel() == tokens && pos.numel() == tokens, "slots, positions: [T]");
+  const int64_t *sp = slot_ids.data_ptr<int64_t>(), *pp = pos.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    TORCH_CHECK(sp[t] >= 0 && sp[t] < k_cache.size(0) && pp[t] >= 0 && pp[t] < k_cache.size(2),
+                "each token's slot and position must lie within the cache");
+    for (int64_t u = 0; u < t; ++u) TORCH_CHECK(sp[u] != sp[t], "one token per slot");
+  }
+  StepShape z{heads, kv_heads, head, qkv.stride(0), cos.stride(0),
+              {k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)}};
+  auto out = at::empty({tokens, heads * head}, qkv.options());
+  if (qkv.scalar_type() == at::kFloat) {
+    run_step<float>(qkv, cos, signed_sin, k_cache, v_cache, sp, pp, z, scale, out);
+  } else if (qkv.scalar_type() == at::kBFloat16) {
+    run_step<c10::BFloat16>(qkv, cos, signed_sin, k_cache, v_cache, sp, pp, z, scale, out);
+  } else {
+    TORCH_CHECK(false, "decode attention takes float32 or bfloat16");
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(cbp_attention, m) {
   m.def("decode(Tensor q, Tensor k, Tensor v, Tensor kv_lens, float scale) -> Tensor");
+  m.def(
+      "decode_step(Tensor qkv, Tensor cos, Tensor signed_sin, Tensor(a!) k_cache, "
+      "Tensor(b!) v_cache, Tensor slots, Tensor positions, int heads, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(cbp_attention, CPU, m) { m.impl("decode", decode); }
+TORCH_LIBRARY_IMPL(cbp_attention, CPU, m) {
+  m.impl("decode", decode);
+  m.impl("decode_step", decode_step);
+}

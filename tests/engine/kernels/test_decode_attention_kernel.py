@@ -1,14 +1,22 @@
 """The C++ decode attention (``torch.ops.cbp_attention.decode``, ``csrc/decode_attention.cpp``):
 SDPA's result over each slot's first ``kv_len`` keys, on strided key views, in float32 and
-bfloat16; and the engines' decode steps through it (skipped where it does not build)."""
+bfloat16; a whole decode step's attention in one call (``decode_step``); and the engines' decode
+steps through them (skipped where they do not build)."""
 
 from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_model import make_requests, tiny_runner
 
+from engine.batching.continuous import ContinuousEngine
+from engine.config import EngineConfig
 from engine.kernels import decode_attention, gemv_build
+from engine.model.model_runner import ModelRunner
 
 needs_kernel = pytest.mark.skipif(
     not gemv_build.available(), reason=f"not built here: {gemv_build.unavailable_reason()}"
@@ -102,3 +110,75 @@ def test_the_kernel_serves_cpu_float32_and_bfloat16_only_where_built(monkeypatch
     assert not decode_attention.kernel_runs(torch.device("meta"), torch.float32)
     monkeypatch.setenv("CBP_GEMV", "off")
     assert not decode_attention.kernel_runs(cpu, torch.float32)
+
+
+def _logits_per_step(runner, kv_mode: str, whole_step: bool | None, monkeypatch) -> list:
+    """Every step's logits of an engine run whose decode splits have ``whole_step`` forced
+    (None: as planned)."""
+    if whole_step is not None:
+        plan = decode_attention.plan_decode
+
+        def forced(batch, dtype):
+            split = plan(batch, dtype)
+            return split if split is None else dataclasses.replace(split, whole_step=whole_step)
+
+        monkeypatch.setattr(decode_attention, "plan_decode", forced)
+    caught = []
+    head = runner.model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda m, i, out: caught.append(out.detach().clone()))
+    try:
+        config = EngineConfig(4, kv_mode=kv_mode, ignore_eos=True)
+        ContinuousEngine(runner, config).run(make_requests(WHOLE_STEP_SPECS))
+    finally:
+        handle.remove()
+        monkeypatch.undo()
+    return caught
+
+
+# lengths far apart, more requests than slots: split steps (solo and shared calls), idle slots
+WHOLE_STEP_SPECS = [("z" * 150, 20), ("a", 30), ("hello", 12), ("y" * 60, 8), ("q", 25)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_whole_decode_step_in_one_call_gives_the_separate_ops_bits(dtype, monkeypatch):
+    """``decode_step`` (rotary, KV write and attention in one call) runs the slot cache's decode
+    steps, and every step's logits are bitwise those of the rotary ops, the cache's write and the
+    ``decode`` calls of the split; the paged cache keeps the separate calls."""
+    runner = tiny_runner()
+    if dtype == torch.bfloat16:
+        runner.loaded.model.to(dtype)
+        runner = ModelRunner(SimpleNamespace(**(vars(runner.loaded) | {"dtype": dtype})))
+    planned = []
+    plan = decode_attention.plan_decode
+    monkeypatch.setattr(
+        decode_attention, "plan_decode", lambda b, d: planned.append(plan(b, d)) or planned[-1]
+    )
+    got = _logits_per_step(runner, "slots", None, monkeypatch)
+    assert any(s is not None and s.whole_step for s in planned), "decode steps ran whole"
+    want = _logits_per_step(runner, "slots", False, monkeypatch)
+    assert len(got) == len(want) > 20
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    paged = []
+    monkeypatch.setattr(
+        decode_attention, "plan_decode", lambda b, d: paged.append(plan(b, d)) or paged[-1]
+    )
+    _logits_per_step(runner, "paged", None, monkeypatch)
+    assert not any(s is not None and s.whole_step for s in paged)
+
+
+@needs_kernel
+def test_a_whole_decode_step_refuses_what_it_cannot_serve():
+    """Two tokens of one slot, a position past the cache, a qkv of the wrong width: refused."""
+    heads, kv_heads, head = 4, 2, 16
+    qkv = torch.randn(2, (heads + 2 * kv_heads) * head)
+    cos = torch.randn(2, head)
+    keys, values = torch.zeros(2, 3, kv_heads, 8, head).unbind(0)
+    positions = torch.tensor([0, 1])
+    call = torch.ops.cbp_attention.decode_step
+    with pytest.raises(RuntimeError, match="one token per slot"):
+        call(qkv, cos, cos, keys, values, torch.tensor([1, 1]), positions, heads, 0.25)
+    with pytest.raises(RuntimeError, match="within the cache"):
+        call(qkv, cos, cos, keys, values, torch.tensor([0, 1]), positions + 7, heads, 0.25)
+    with pytest.raises(RuntimeError, match="qkv's width"):
+        call(qkv[:, 1:], cos, cos, keys, values, torch.tensor([0, 1]), positions, heads, 0.25)

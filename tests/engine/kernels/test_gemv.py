@@ -155,3 +155,16 @@ def test_real_model_outputs_equal_generate(gemv_runner):
     for name, engine in engines.items():
         for r in engine.run(requests).requests:
             assert r.output_token_ids == reference[r.request_id], f"{name} R{r.request_id}"
+
+
+def test_a_host_that_can_build_the_kernels_builds_them(monkeypatch):
+    """Where the CPU, the compiler and ninja allow it, the build succeeds: a source that stops
+    compiling fails here, instead of skipping every kernel test and running the engines
+    without their kernels."""
+    monkeypatch.setenv("CBP_GEMV", "auto")
+    if gemv_build.host_reason() is not None:
+        pytest.skip(f"this host cannot build the kernels: {gemv_build.host_reason()}")
+    assert gemv_build.unavailable_reason() is None
+    for op in ("cbp_gemv.linear", "cbp_attention.decode_step", "cbp_layer.rms_norm"):
+        library, name = op.split(".")
+        assert hasattr(getattr(torch.ops, library), name), op
