@@ -36,35 +36,45 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class TransformersServe:
-    """``transformers serve <model_dir>`` on 127.0.0.1 in its own process group."""
+class ServerProcess:
+    """An OpenAI-compatible server started as its own process group on 127.0.0.1: ``start``
+    waits for ``/health`` (failing the test with the log's tail if it exits or times out),
+    ``stop`` sends SIGTERM and, after ``stop_wait_s``, SIGKILL. A subclass sets ``name``,
+    ``start_timeout_s``, ``poll_s``, ``stop_wait_s``, ``url``, ``command`` and ``env()``."""
 
-    def __init__(self, model_dir: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="transformers-serve-", suffix=".log")
-        code = "from transformers.cli.transformers import main; main()"
-        self.command = [sys.executable, "-c", code, "serve", model_dir, "--host", "127.0.0.1"]
-        self.command += ["--port", str(self.port), "--device", "cpu", "--dtype", "float32"]
+    name = "server"
+    start_timeout_s = 300.0
+    poll_s = 0.5
+    stop_wait_s = 30.0
+
+    def __init__(self, url: str, command: list[str], log_prefix: str):
+        self.url, self.command = url, command
+        self.log = tempfile.NamedTemporaryFile(prefix=log_prefix, suffix=".log")
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> TransformersServe:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    def env(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def start(self):
         self.proc = subprocess.Popen(
-            self.command, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            self.command,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=self.env(),
+            start_new_session=True,
         )
-        deadline = time.monotonic() + SERVE_START_TIMEOUT_S
+        deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                pytest.fail(f"transformers serve exited {self.proc.returncode}:\n{self.tail()}")
+                pytest.fail(f"{self.name} exited {self.proc.returncode}:\n{self.tail()}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
-            time.sleep(0.5)
+            time.sleep(self.poll_s)
         self.stop()
-        pytest.fail(f"transformers serve did not start in time:\n{self.tail()}")
+        pytest.fail(f"{self.name} did not start in time:\n{self.tail()}")
 
     def tail(self) -> str:
         return Path(self.log.name).read_text(errors="replace")[-3000:]
@@ -79,67 +89,60 @@ class TransformersServe:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=self.stop_wait_s)
             except subprocess.TimeoutExpired:
                 self.kill()
         self.log.close()
 
 
-class UserVllm:
+class TransformersServe(ServerProcess):
+    """``transformers serve <model_dir>`` on 127.0.0.1 in its own process group."""
+
+    name = "transformers serve"
+    start_timeout_s = SERVE_START_TIMEOUT_S
+
+    def __init__(self, model_dir: str):
+        self.port = free_port()
+        code = "from transformers.cli.transformers import main; main()"
+        command = [sys.executable, "-c", code, "serve", model_dir, "--host", "127.0.0.1"]
+        command += ["--port", str(self.port), "--device", "cpu", "--dtype", "float32"]
+        super().__init__(f"http://127.0.0.1:{self.port}", command, "transformers-serve-")
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+class UserVllm(ServerProcess):
     """``python -m vllm.entrypoints.openai.api_server`` started as a user would: the recording
     scheduler named with ``--scheduler-cls``, this repository on ``PYTHONPATH`` and the record
     served at ``CBP_VLLM_RECORD_ADDRESS``; its own process group, stopped with it."""
+
+    name = "vLLM"
+    start_timeout_s = VLLM_START_TIMEOUT_S
+    poll_s = 1.0
+    stop_wait_s = 60.0
 
     def __init__(self, model_dir: str):
         from engine.peers.vllm_server import vllm_python
 
         self.api_port, self.record_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.api_port}"
         self.record_url = f"http://127.0.0.1:{self.record_port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="user-vllm-", suffix=".log")
-        self.command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server"]
-        self.command += ["--model", model_dir, "--port", str(self.api_port), "--max-num-seqs", "3"]
-        self.command += ["--scheduler-cls", "engine.peers.vllm_scheduler.RecordingScheduler"]
+        command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server"]
+        command += ["--model", model_dir, "--port", str(self.api_port), "--max-num-seqs", "3"]
+        command += ["--scheduler-cls", "engine.peers.vllm_scheduler.RecordingScheduler"]
         # float32, as our engines run the embedded model: vLLM's "auto" runs a float32 model
         # in bfloat16, whose outputs differ from the float32 reference
-        self.command += ["--dtype", "float32", "--enforce-eager"]
-        self.proc: subprocess.Popen | None = None
+        command += ["--dtype", "float32", "--enforce-eager"]
+        super().__init__(f"http://127.0.0.1:{self.api_port}", command, "user-vllm-")
 
-    def start(self) -> UserVllm:
+    def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CBP_VLLM_")}
         env |= {"PYTHONPATH": str(ROOT), "CBP_VLLM_RECORD_ADDRESS": f"127.0.0.1:{self.record_port}"}
         # on a CPU: a 1 GiB KV cache, every core computing (vLLM's defaults size the cache from
         # the machine's memory and keep a core for itself)
         env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
         env |= {"VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}"}
-        self.proc = subprocess.Popen(
-            self.command, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        deadline = time.monotonic() + VLLM_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"vLLM exited {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        self.stop()
-        pytest.fail(f"vLLM did not start in time:\n{self.tail()}")
-
-    def tail(self) -> str:
-        return Path(self.log.name).read_text(errors="replace")[-3000:]
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
-        self.log.close()
+        return env
 
 
 def _found(locate) -> bool:
