@@ -37,7 +37,7 @@ from engine.kernels.host_setting import read_choice
 
 _CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(_CSRC / n for n in ("gemv.cpp", "decode_attention.cpp", "layer_ops.cpp"))
-HEADERS = (_CSRC / "simd.h",)  # included by the sources: part of what a build depends on
+HEADERS = (_CSRC / "simd.h",)  # included by every source: part of what a build depends on
 # -fopenmp: at::parallel_for is OpenMP in a header, so without it the kernel runs on one thread;
 # the library then needs libgomp.so.1, which resolves to the copy torch has already loaded
 # -ffp-contract=off: a product then a sum round twice, as torch's separate ops do (the rotary in

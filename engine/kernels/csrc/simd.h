@@ -25,17 +25,17 @@ inline __m512 load(const c10::BFloat16* p, __mmask16 m) {  // widen: bfloat16 is
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-// float32 lanes rounded to bfloat16, nearest even (finite values), as their top 16 bits
-inline __m256i to_bf16_bits(__m512 v) {
+// float32 lanes rounded to bfloat16 (nearest even, finite values), still as float32 lanes
+inline __m512 round_bf16(__m512 v) {
   __m512i bits = _mm512_castps_si512(v);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   bits = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16));
+  return _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(0xFFFF0000)));
 }
 
-// float32 lanes rounded to bfloat16 (nearest even) and widened back to float32
-inline __m512 round_bf16(__m512 v) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16_bits(v)), 16));
+// float32 lanes rounded to bfloat16 (nearest even, finite values), as their top 16 bits
+inline __m256i to_bf16_bits(__m512 v) {
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(round_bf16(v)), 16));
 }
 
 inline void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
