@@ -1,7 +1,8 @@
 # Developer entry points. Everything runs from the repository's own virtual environment in .venv.
 #   make venv   create .venv and install the pinned requirements (fast when nothing changed)
 #   make run    start the playground (ARGS="--device cuda --port 7861" passes flags through;
-#               ARGS=--vllm also starts a local vLLM beside it, building .venv-vllm if needed)
+#               ARGS=--vllm also starts a local vLLM beside it, building .venv-vllm if needed;
+#               ARGS=--llamacpp starts llama.cpp's llama-server, building it if needed)
 #   make test   full test suite, offline; installs Chromium for the browser tests when root and
 #               builds .venv-vllm (make vllm) and llama-server (make llamacpp) for their tests
 #   make lint   ruff check and format check
@@ -93,9 +94,11 @@ $(LLAMACPP_STAMP): | $(BIN)/python
 	$(BIN)/python -m pip install --no-deps --target $(LLAMACPP)/python $(SENTENCEPIECE)
 	touch $@
 
-# ARGS=--vllm also builds .venv-vllm first (minutes, once): the page starts vLLM from it.
+# ARGS=--vllm also builds .venv-vllm first (minutes, once): the page starts vLLM from it;
+# ARGS=--llamacpp builds llama-server first (minutes, once).
 run: venv
 	$(if $(findstring --vllm,$(ARGS)),@$(MAKE) --no-print-directory vllm)
+	$(if $(findstring --llamacpp,$(ARGS)),@$(MAKE) --no-print-directory llamacpp)
 	$(BIN)/python app.py $(ARGS)
 
 # Browser tests need Chromium; without it they are skipped, so the rest still runs.

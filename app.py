@@ -36,7 +36,7 @@ def build_demo(
     ``dtypes``: the precisions offered, ``dtype`` the loaded model's."""
     rows, chat_template, preset_text = presets.apply_preset(presets.DEFAULT_PRESET)
     shown = recording.opening_result()
-    with gr.Blocks(title=page_panels.TITLE) as demo:
+    with gr.Blocks(title=page_panels.TITLE, delete_cache=page_panels.DELETE_CACHE_S) as demo:
         page_panels.header(model_label)
         with gr.Row():
             with gr.Column(scale=3):
@@ -115,9 +115,12 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs, link
     ``link``: its setup's recent run, or the recorded run said to be another setup's."""
     s, run = settings, zerogpu.on_gpu(playground.run_event)  # spaces.GPU on ZeroGPU, else as is
     pressed, js = [handle_state, s.click_number], page_io.RUN_CLICK_JS  # numbered: RunHandle
-    noted = [s.run_note_markdown, s.live_button]  # the note changes; "Run live anyway" goes
+    # The note and the status line say "Run pressed"; "Run live anyway" goes. The press's
+    # progress shows on the note: the status line's tracker is the run's.
+    noted = [s.run_note_markdown, s.live_button, results.status_markdown]
+    on_note = {"show_progress_on": s.run_note_markdown}
     for button in (s.run_button, s.live_button):
-        button.click(playground.run_pressed, pressed, noted, js=js, **PRESS)
+        button.click(playground.run_pressed, pressed, noted, js=js, **on_note, **PRESS)
     kwargs = dict(concurrency_limit=zerogpu.run_concurrency(), trigger_mode="always_last")
     kwargs |= dict(preprocess=False)  # Run checks its inputs itself: a bad one says "Not run"
     kwargs |= dict(show_progress_on=results.status_markdown)  # one progress bar; results stay

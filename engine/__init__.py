@@ -14,8 +14,9 @@ Both write a ``Trace`` (``engine.trace``), the single source of every chart and 
 The core is a stack of rooms, each importing only the rooms below it (``tests/engine/test_wings.py``
 checks the order):
 
-* at the root, the vocabulary every room reads: ``config``, ``sequence``, ``sampling_params``,
-  ``token_logits``, ``trace``, and ``settings``, the one module that reads the environment;
+* at the root, the vocabulary every room reads: ``knobs`` (each knob of a run declared once),
+  ``config``, ``sequence``, ``sampling_params``, ``token_logits``, ``trace``, and ``settings``,
+  the one module that reads the environment;
 * ``workloads``: request tables, workload files, exports;
 * ``serving``: scheduler, block manager, KV caches, packed batch, masks, sampler, run control;
 * ``kernels``: packed attention and its variants, the matmul kernel, fused decoder layers;

@@ -1,12 +1,11 @@
-"""Engine configuration: a small dataclass that validates itself."""
+"""Engine configuration: a small dataclass that validates itself against the knobs' ranges
+(``engine.knobs``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-KV_MODES = ("slots", "paged", "concat")
-POLICIES = ("decode_first", "prefill_first", "vllm")
-MAX_BLOCK_SIZE = 256  # tokens per KV block; vLLM uses 16 to 128, and huge blocks waste memory
+from engine.knobs import KV_MODES, MAX_BLOCK_SIZE, POLICIES  # the knobs' ranges, declared there
 
 
 @dataclass(frozen=True)

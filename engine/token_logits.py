@@ -20,7 +20,7 @@ call of the model adds one list of rows (one per sequence the call computed logi
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import zlib
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 TOP_K = 8  # logits kept per output token; the divergence view shows the first 5
-DIGEST_BYTES = 8  # blake2b digest size of a logits row
+DIGEST_BYTES = 4  # a logits row's digest: its CRC-32
 
 
 @dataclass(frozen=True)
@@ -95,16 +95,19 @@ def token_logits_rows(
 
 
 def row_digest(logits: torch.Tensor) -> str:
-    """``TokenLogits.digest``: a hash of one logits row's bytes ``[V]`` in its own dtype."""
+    """``TokenLogits.digest``: the CRC-32 of one logits row's bytes ``[V]`` in its own dtype, as
+    8 hex digits. It only tells whether two runs' rows are bitwise equal, so a checksum does; at a
+    few GB/s it costs a quarter of a cryptographic hash's time (a row of 49,152 float32 logits is
+    192 KiB, and a step of 8 sequences digests 8 of them)."""
     raw = logits.detach().contiguous().cpu().view(torch.uint8).numpy()
-    return hashlib.blake2b(raw.tobytes(), digest_size=DIGEST_BYTES).hexdigest()
+    return f"{zlib.crc32(raw):08x}"
 
 
 class LogitTrail(Sequence):
     """One run's ``TokenLogits`` for each output token of one request, stored compactly.
 
     A ``TokenLogits`` as Python objects takes about 800 bytes; here a token takes about 110
-    (float32 and int32 arrays, 8-byte digests), so long runs on a public page stay small. Reading
+    (float32 and int32 arrays, 4-byte digests), so long runs on a public page stay small. Reading
     ``trail[i]`` builds the ``TokenLogits`` again, equal to the one appended.
     """
 
@@ -153,14 +156,17 @@ class LogitRecorder:
     ``calls[i]`` holds the rows of the i-th model call: one per sequence (packed engine) or per
     batch row (``model.generate``, one call per generated token). ``keep_call=i`` also keeps that
     call's whole first row: ``kept = (hidden [d], logits [V], weight [V, d])``, for a logit outside
-    the top ``TOP_K`` (``logit_and_abs_dot``).
+    the top ``TOP_K`` (``logit_and_abs_dot``). ``skip_rows``: row indices the next calls leave
+    unrecorded (None in their place), for rows whose tokens are dropped (a static wave's finished
+    rows and its padding): their top-k and digest cost as much as a kept row's.
     """
 
     def __init__(self, top_k: int = TOP_K, keep_call: int | None = None):
         self.top_k = top_k
         self.keep_call = keep_call
-        self.calls: list[list[TokenLogits]] = []
+        self.calls: list[list[TokenLogits | None]] = []
         self.kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.skip_rows: frozenset[int] = frozenset()
 
     def hook(self, module, inputs, output) -> None:
         """``register_forward_hook`` callback: record the rows of one call."""
@@ -168,7 +174,12 @@ class LogitRecorder:
         logits = output.reshape(-1, output.shape[-1])  # (R, V)
         if len(self.calls) == self.keep_call:
             self.kept = (hidden[0].detach().clone(), logits[0].detach().clone(), module.weight)
-        self.calls.append(token_logits_rows(hidden, logits, module.weight, self.top_k))
+        if not self.skip_rows:
+            self.calls.append(token_logits_rows(hidden, logits, module.weight, self.top_k))
+            return
+        keep = [r for r in range(len(logits)) if r not in self.skip_rows]
+        rows = iter(token_logits_rows(hidden[keep], logits[keep], module.weight, self.top_k))
+        self.calls.append([next(rows) if r in keep else None for r in range(len(logits))])
 
     def pop(self) -> list[TokenLogits]:
         """The rows of the latest call, removed from the recorder."""

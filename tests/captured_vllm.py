@@ -17,14 +17,16 @@ from engine.peers.vllm_record import VllmTrace, parse_records, schedule_trace
 from engine.trace import RequestRecord
 
 CAPTURED = Path(__file__).resolve().parent / "engine" / "peers" / "vllm_schedule.jsonl"
+# a second run, whose prefix-cache hits depend on the eviction order (see the capture module)
+CAPTURED_EVICTION = CAPTURED.with_name("vllm_eviction.jsonl")
 NUM_SLOTS = 3
 PROMPT_LENS = [10, 70, 66, 28]
 CAPS = [6, 8, 8, 12]
 
 
-def captured_records() -> tuple[dict, list[dict]]:
+def captured_records(path: Path = CAPTURED) -> tuple[dict, list[dict]]:
     """The capture line (run tag, start, the client's requests) and vLLM's record lines."""
-    capture, *records = parse_records(CAPTURED.read_text().splitlines())
+    capture, *records = parse_records(path.read_text().splitlines())
     return capture, records
 
 

@@ -214,7 +214,11 @@ for text in sys.stdin:
             os.environ.update(cmd["env"])
             for name in cmd.get("unset", []):
                 os.environ.pop(name, None)
-            s = m.server_from_environment(1)
+            s = m.server_from_environment(1, cmd.get("port_offset", 0))
+        elif cmd["op"] == "dp":  # the rank and size the scheduler finds in a config
+            ns = __import__("types").SimpleNamespace
+            rank, size = m._data_parallel(ns(parallel_config=ns(**cmd["parallel"])))
+            out = {"rank": rank, "size": size}
         if cmd["op"] in ("serve", "env"):
             servers[getattr(s, "port", None)] = s
             out = s and {"port": s.port, "host": s.host, "max_num_steps": s.ring.max_num_steps}

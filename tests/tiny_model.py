@@ -6,6 +6,8 @@ from types import SimpleNamespace
 
 import torch
 
+from engine.batching.continuous import ContinuousEngine
+from engine.config import EngineConfig
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request
 
@@ -107,3 +109,16 @@ def worker_modules(_model, _watch) -> list[str]:
     import sys
 
     return sorted(sys.modules)
+
+
+def step_logits(runner, config: EngineConfig, specs: list[tuple[str, int]]) -> list[torch.Tensor]:
+    """Every step's logits ``[1, S, V]`` in a continuous engine run of ``specs`` under
+    ``config``: the output embedding's outputs, captured by a forward hook."""
+    caught = []
+    head = runner.model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda m, i, out: caught.append(out.detach().clone()))
+    try:
+        ContinuousEngine(runner, config).run(make_requests(specs))
+    finally:
+        handle.remove()
+    return caught

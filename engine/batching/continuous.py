@@ -1,9 +1,10 @@
 """The continuous engine: iteration-level scheduling plus packed (ragged) batches.
 
-Each step, nano-vllm style: admit into free slots, pack every running sequence's pending tokens into
-one ``[1, T]`` row, run ONE forward pass (prefill fused with decode), append each sequence's next
-token (greedy, or drawn by its request's own sampler: ``engine.serving.sampler``), and free the
-slots of finished sequences so the next requests are admitted on the same step.
+Each step, nano-vllm style: pack every running sequence's pending tokens into one ``[1, T]`` row,
+run ONE forward pass (prefill fused with decode), append each sequence's next token (greedy, or
+drawn by its request's own sampler: ``engine.serving.sampler``), free the slots of finished
+sequences and plan the next step (``Scheduler.schedule``), so the next requests are admitted on
+the same step.
 In the ``paged`` KV mode the scheduler also owns the block manager, hands out KV blocks and
 preempts when they run out; the paged cache only reads the block tables. With ``prefix_caching``
 a new request starts from the cached blocks of its longest computed prefix
@@ -25,7 +26,7 @@ from engine.serving.kv_cache import KVCache
 from engine.serving.packed_batch import build_packed_batch
 from engine.serving.run_control import wait_until
 from engine.serving.sampler import RequestSampler, new_samplers
-from engine.serving.scheduler import Scheduler
+from engine.serving.scheduler import ScheduledStep, Scheduler
 from engine.token_logits import LogitRecorder, TokenLogits
 from engine.trace import DECODE, PREFILL, ScheduledSeq, StepRecord, Trace, new_request_records
 from engine.workloads.workload import request_label
@@ -85,21 +86,24 @@ class ContinuousEngine:
         samplers = new_samplers(requests)  # kept across preemptions with their draw counts
         self.runner.synchronize()
         t0 = time.perf_counter()
+        plan = ScheduledStep([], [])
         while scheduler.has_work():
-            if not scheduler.running:  # idle until the next request arrives
+            if not plan.seqs:  # idle until the next request arrives
+                assert not scheduler.running, "sequences run, yet the step plans none"
                 wake_s = scheduler.next_arrival_s()
                 assert wake_s is not None, "nothing runs or waits, yet the scheduler has work"
                 wait_until(t0, wake_s, waiting)
                 now_s = time.perf_counter() - t0
-                self._record_admitted(trace, scheduler.admit(now_s), now_s)
+                plan = scheduler.schedule(now_s)
+                self._record_admitted(trace, plan.admitted, now_s)
                 continue
             start_s = time.perf_counter() - t0
-            plan = scheduler.schedule()
             batch = build_packed_batch(
                 plan.seqs, plan.num_new, cache, cfg.num_slots, self.runner.device, invariant
             )
             record = _step_record(len(trace.steps), start_s, batch, plan, blocks)
             forward_start = time.perf_counter()
+            recorder.skip_rows = _partial_chunks(plan)
             next_tokens = self._forward(batch, _step_samplers(plan, samplers), recorder)
             record.forward_s = time.perf_counter() - forward_start
             _keep_logits(trace, plan, recorder.pop())
@@ -107,9 +111,9 @@ class ContinuousEngine:
             for seq in finished:
                 cache.release(seq.request_id)
             record.end_s = time.perf_counter() - t0
-            admitted = scheduler.admit(record.end_s)
             self._record_tokens(trace, plan.seqs, finished, record.end_s)
-            self._record_admitted(trace, admitted, record.end_s)
+            plan = scheduler.schedule(record.end_s)  # the next step, planned as this one ends
+            self._record_admitted(trace, plan.admitted, record.end_s)
             trace.steps.append(record)
             trace.wall_s = record.end_s
             yield trace, record
@@ -166,17 +170,7 @@ class ContinuousEngine:
         )
 
     def _num_kv_blocks(self, requests: list[Request]) -> int | None:
-        """``paged`` mode: the blocks of the pool (``_num_blocks``), once every request is known
-        to fit them alone; the other KV modes: None.
-
-        Raises:
-            ValueError: when the paged budget cannot hold the longest request on its own.
-        """
-        if self.config.kv_mode != "paged":
-            return None
-        num_blocks = self._num_blocks(self._max_seq_len(requests), requests)
-        _check_fits(requests, num_blocks, self.config.block_size)
-        return num_blocks
+        return kv_pool_blocks(self.config, requests, self.runner.kv_bytes_per_token())
 
     def _new_kv_cache(self, requests: list[Request], blocks: BlockManager | None) -> KVCache:
         """The configured KV cache; in ``paged`` mode, storage for ``blocks``' pool, addressed
@@ -192,25 +186,6 @@ class ContinuousEngine:
             blocks.block_size,
             MappingProxyType(blocks.block_tables),
         )
-
-    def _num_blocks(self, max_seq_len: int, requests: list[Request]) -> int:
-        """Blocks in the budget, at most what every slot's longest sequence needs at once (more
-        could never be used, so a huge budget allocates no more); without a budget, exactly that.
-
-        With prefix caching, blocks past that still hold cached prefixes, so a budget may give
-        up to every request's blocks at once (vLLM gives the cache all the memory it has).
-        """
-        cfg = self.config
-        enough = cfg.num_slots * blocks_for(max_seq_len, cfg.block_size)
-        if cfg.kv_budget_mib is None:
-            return enough
-        if cfg.prefix_caching:
-            every = sum(
-                blocks_for(r.num_prompt_tokens + r.max_new_tokens, cfg.block_size) for r in requests
-            )
-            enough = max(enough, every)
-        block_bytes = self.runner.kv_bytes_per_token() * cfg.block_size
-        return min(enough, int(cfg.kv_budget_mib * 2**20 // block_bytes))
 
     def _new_trace(
         self, requests: list[Request], cache: KVCache | None, blocks: BlockManager | None
@@ -233,9 +208,7 @@ class ContinuousEngine:
         )
 
     def _max_seq_len(self, requests: list[Request]) -> int:
-        if self.config.max_seq_len is not None:
-            return self.config.max_seq_len
-        return max((r.num_prompt_tokens + r.max_new_tokens for r in requests), default=1)
+        return max_seq_len(self.config, requests)
 
     @staticmethod
     def _record_admitted(trace: Trace, admitted: list[Sequence], now_s: float) -> None:
@@ -260,6 +233,51 @@ class ContinuousEngine:
             rec.num_preemptions = seq.num_preemptions
 
 
+def kv_pool_blocks(
+    config: EngineConfig, requests: list[Request], kv_bytes_per_token: int
+) -> int | None:
+    """``paged`` mode: the blocks of the KV pool for ``requests`` under ``config``, for a model
+    whose keys and values take ``kv_bytes_per_token`` per token, once every request is known to
+    fit them alone; the other KV modes: None. Needs no model: a process without one checks a
+    budget with it.
+
+    Raises:
+        ValueError: when the paged budget cannot hold the longest request on its own.
+    """
+    if config.kv_mode != "paged":
+        return None
+    num_blocks = _num_blocks(config, requests, kv_bytes_per_token)
+    _check_fits(requests, num_blocks, config.block_size)
+    return num_blocks
+
+
+def max_seq_len(config: EngineConfig, requests: list[Request]) -> int:
+    """The longest sequence the KV cache holds: ``config.max_seq_len``, else the longest request's
+    prompt and cap."""
+    if config.max_seq_len is not None:
+        return config.max_seq_len
+    return max((r.num_prompt_tokens + r.max_new_tokens for r in requests), default=1)
+
+
+def _num_blocks(config: EngineConfig, requests: list[Request], kv_bytes_per_token: int) -> int:
+    """Blocks in the budget, at most what every slot's longest sequence needs at once (more
+    could never be used, so a huge budget allocates no more); without a budget, exactly that.
+
+    With prefix caching, blocks past that still hold cached prefixes, so a budget may give
+    up to every request's blocks at once (vLLM gives the cache all the memory it has).
+    """
+    enough = config.num_slots * blocks_for(max_seq_len(config, requests), config.block_size)
+    if config.kv_budget_mib is None:
+        return enough
+    if config.prefix_caching:
+        every = sum(
+            blocks_for(r.num_prompt_tokens + r.max_new_tokens, config.block_size) for r in requests
+        )
+        enough = max(enough, every)
+    block_bytes = kv_bytes_per_token * config.block_size
+    return min(enough, int(config.kv_budget_mib * 2**20 // block_bytes))
+
+
 def _check_fits(requests: list[Request], num_blocks: int, block_size: int) -> None:
     """Every request must fit the whole KV pool alone, or preemption could never make room."""
     for r in requests:
@@ -273,18 +291,33 @@ def _check_fits(requests: list[Request], num_blocks: int, block_size: int) -> No
             )
 
 
-def _keep_logits(trace: Trace, plan, rows: list[TokenLogits]) -> None:
+def _keep_logits(trace: Trace, plan, rows: list[TokenLogits | None]) -> None:
     """Give each sequence that samples a token this step its logits row (before postprocess)."""
     for seq, n, row in zip(plan.seqs, plan.num_new, rows, strict=True):
-        if seq.num_cached_tokens + n == seq.num_tokens:  # not a partial prefill chunk
+        if _feeds_last_token(seq, n):  # not a partial prefill chunk
             trace.request(seq.request_id).token_logits.append(row)
+
+
+def _feeds_last_token(seq, n: int) -> bool:
+    """Whether a step feeding ``n`` of ``seq``'s tokens feeds its last pending one, so that the
+    step's logits give its next token (else it is a partial prefill chunk)."""
+    return seq.num_cached_tokens + n == seq.num_tokens
+
+
+def _partial_chunks(plan) -> frozenset[int]:
+    """The rows of partial prefill chunks: their logits are no next token, so go unrecorded."""
+    return frozenset(
+        row
+        for row, (seq, n) in enumerate(zip(plan.seqs, plan.num_new, strict=True))
+        if not _feeds_last_token(seq, n)
+    )
 
 
 def _step_samplers(plan, samplers: dict[int, RequestSampler]) -> list[RequestSampler | None]:
     """Per scheduled sequence, its sampler when this step feeds its last pending token (so the
     step's token is kept: ``Scheduler.postprocess``), else None (greedy, or a partial prefill)."""
     return [
-        samplers.get(seq.request_id) if seq.num_cached_tokens + n == seq.num_tokens else None
+        samplers.get(seq.request_id) if _feeds_last_token(seq, n) else None
         for seq, n in zip(plan.seqs, plan.num_new, strict=True)
     ]
 

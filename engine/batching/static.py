@@ -1,13 +1,16 @@
-"""The static engine: padded waves through ``model.generate`` with a batch barrier.
+"""The static engine: padded waves with a batch barrier.
 
 Requests go in waves of ``B`` in arrival order (see ``StaticEngine._next_wave`` for how a wave
-forms when requests arrive over time). Each wave is left-padded to its longest prompt and
-generated with plain ``model.generate`` (greedy; a sampled request's row draws from its own
-generator through ``engine.serving.sampler.WaveSampler``) until every row reached its own cap or an
-EOS; rows that finished early are still computed every step (padding waste), and the next wave
-starts only when the whole wave is done (the barrier). A stopping criterion timestamps every step
-and tells ``generate`` which rows reached their cap.
-"""
+forms when requests arrive over time). Each wave is padded to its longest prompt and run until
+every row reached its own cap or an EOS (a sampled request's row draws from its own generator,
+``engine.serving.sampler``); rows that finished early are still computed every step (padding
+waste), and the next wave starts only when the whole wave is done (the barrier).
+
+A wave runs through the continuous engine's packed forward pass (``engine.batching.wave``), so
+that static against continuous compares schedules on the same kernels; the bench's
+``static_generate`` and batch-invariant mode run it left-padded through plain ``model.generate``
+instead, where a stopping criterion timestamps every step and tells ``generate`` which rows
+reached their cap."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from engine.batching.wave import WaveResult, run_wave
 from engine.config import EngineConfig
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request, truncate_at_stop
@@ -51,11 +55,13 @@ class StaticEngine:
     name = "static"
 
     def __init__(self, runner: ModelRunner, config: EngineConfig, engine_kernels: bool = True):
-        """``engine_kernels=False``: plain ``model.generate`` matmuls, without the engines' kernel
-        (``ModelRunner.engine_kernels``); the bench's ``static_generate``.
+        """The waves run through the continuous engine's packed forward pass
+        (``engine.batching.wave``), except in two cases, where they run through ``generate``:
 
-        ``config.batch_invariant``: the waves run through the batch-invariant kernels and
-        attention (``engine.kernels.invariant_ops``), which strip each row's left padding.
+        * ``engine_kernels=False``: plain ``model.generate`` matmuls, without the engines' kernel
+          (``ModelRunner.engine_kernels``); the bench's ``static_generate``;
+        * ``config.batch_invariant``: the batch-invariant kernels and attention
+          (``engine.kernels.invariant_ops``), which strip each row's left padding.
 
         Raises:
             ValueError: batch-invariant mode without the engines' kernels, or for a model it
@@ -64,6 +70,7 @@ class StaticEngine:
         self.runner = runner
         self.engine_kernels = engine_kernels
         self.config = config
+        self.packed = engine_kernels and not config.batch_invariant
         if config.batch_invariant:
             if not engine_kernels:
                 raise ValueError("Batch-invariant mode needs the engines' kernels.")
@@ -126,41 +133,41 @@ class StaticEngine:
 
     def _run_wave(self, trace, wave_index, wave: list[Request], t0, on_step) -> None:
         wave_start_s = time.perf_counter() - t0
-        prompts = [list(r.prompt_token_ids) for r in wave]
-        input_ids, attention_mask = self.runner.left_pad(prompts)
-        width = input_ids.shape[1]
-        caps = [r.max_new_tokens for r in wave]
+        width = max(r.num_prompt_tokens for r in wave)
 
         def tick(_num_steps):
             if on_step is not None:
                 on_step(trace, None)
 
-        clock = _StepClock(t0, width, caps, tick)
-        out, recorder = self._generate(wave, input_ids, attention_mask, max(caps), clock)
+        if self.packed:
+            result = run_wave(self.runner, wave, t0, tick)
+        else:
+            result = self._generate(wave, t0, tick)
         eos = self.runner.eos_token_ids
         outputs = [
-            truncate_at_stop(out[row, width:].tolist(), r.max_new_tokens, eos)
-            for row, r in enumerate(wave)
+            truncate_at_stop(tokens, r.max_new_tokens, eos)
+            for r, tokens in zip(wave, result.token_ids, strict=True)
         ]
+        end_times, calls = result.end_times, result.recorder.calls
         for row, (request, tokens) in enumerate(zip(wave, outputs, strict=True)):
             rec = trace.request(request.request_id)
             rec.slot, rec.admit_s = row, wave_start_s
-            rec.first_token_s = clock.end_times[0]
-            rec.finish_s = clock.end_times[len(tokens) - 1]
+            rec.first_token_s = end_times[0]
+            rec.finish_s = end_times[len(tokens) - 1]
             rec.output_token_ids = tokens
             rec.output_text = self.runner.decode(tokens)
             rec.finish_reason = "eos" if tokens[-1] in self.runner.eos_token_ids else "length"
-            rec.token_logits = LogitTrail(recorder.calls[k][row] for k in range(len(tokens)))
-        self._record_steps(trace, wave_index, wave, outputs, width, wave_start_s, clock.end_times)
+            rec.token_logits = LogitTrail(calls[k][row] for k in range(len(tokens)))
+        self._record_steps(trace, wave_index, wave, outputs, width, wave_start_s, end_times)
 
-    def _generate(self, wave, input_ids, attention_mask, max_new_tokens: int, clock):
-        """``generate`` over the wave in its kernels, with its samplers; ``(output ids, the
-        LogitRecorder with one call per step)``."""
+    def _generate(self, wave, t0, tick) -> WaveResult:
+        """The wave left-padded through ``generate``, in its kernels, with its samplers."""
+        input_ids, attention_mask = self.runner.left_pad([list(r.prompt_token_ids) for r in wave])
+        width = input_ids.shape[1]
+        clock = _StepClock(t0, width, [r.max_new_tokens for r in wave], tick)
         samplers = [RequestSampler(r.sampling) if r.is_sampled else None for r in wave]
         processors = (
-            [WaveSampler(samplers, input_ids.shape[1])]
-            if any(s is not None for s in samplers)
-            else None
+            [WaveSampler(samplers, width)] if any(s is not None for s in samplers) else None
         )
         recorder = LogitRecorder()
         kernels = (
@@ -170,9 +177,9 @@ class StaticEngine:
         )
         with kernels, self.runner.recording(recorder):
             out = self.runner.generate(
-                input_ids, attention_mask, max_new_tokens, [clock], processors
+                input_ids, attention_mask, max(r.max_new_tokens for r in wave), [clock], processors
             )
-        return out, recorder
+        return WaveResult(out[:, width:].tolist(), clock.end_times, recorder)
 
     @staticmethod
     def _record_steps(trace, wave_index, wave, outputs, width, wave_start_s, end_times) -> None:

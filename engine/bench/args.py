@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from engine.config import EngineConfig
+from engine.knobs import KNOB
 from engine.peers.endpoints import Endpoint, parse_endpoints, with_records
 from engine.sampling_params import SamplingParams, with_defaults
 from engine.workloads.workload import load_jsonl, poisson_arrivals, seed_specs
@@ -42,14 +43,27 @@ NOT_INVARIANT = {
 }
 # Flags that only some engines or arrival modes use: parsed as None so a given one can be told
 # from a default (and warned about when nothing uses it), then set to these defaults.
-SCOPED_DEFAULTS = {"rate": 1.0, "seed": 0, "policy": "decode_first", "block_size": 16}
+SCOPED_DEFAULTS = {"rate": 1.0, "seed": 0} | {
+    name: KNOB[name].default for name in ("policy", "block_size")
+}
+# The engine knobs the bench takes as flags (``engine.knobs``), in ``--help``'s order; all but
+# ``--prefix-caching`` are ``EngineConfig`` options (``engine_options``).
+ENGINE_FLAGS = (
+    "token_budget",
+    "policy",
+    "kv_budget_mib",
+    "block_size",
+    "prefix_caching",
+    "batch_invariant",
+)
+FLAG_TYPES = {"whole": int, "number": float, "choice": str}  # a knob's kind: its flag's type
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line; scoped flags (``SCOPED_DEFAULTS``) get their defaults after parsing."""
     p = argparse.ArgumentParser(prog="python -m engine.bench", description=DESCRIPTION)
     p.add_argument("--workload", default="seed", help="'seed' or a JSONL file path (default seed)")
-    p.add_argument("--slots", type=int, default=3, help="B: concurrent sequences (default 3)")
+    _add_knob_flag(p, "num_slots", default=KNOB["num_slots"].default)
     p.add_argument(
         "--engines",
         default="static,continuous",
@@ -58,11 +72,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--json", dest="json_path", help="write results to this JSON file")
     p.add_argument("--model", default=None, help="model id or folder (default: embedded)")
     p.add_argument("--device", default=None, help="auto, cpu, cuda or mps (default auto)")
-    dtypes = "auto, float32, float16 or bfloat16 (default auto)"
-    p.add_argument("--dtype", default=None, help=dtypes)
-    p.add_argument("--chat-template", action="store_true", help="wrap prompts in the chat template")
+    _add_knob_flag(p, "dtype")
+    _add_knob_flag(p, "chat_template")
     p.add_argument("--repeat", type=int, default=1, help="runs per engine, interleaved (default 1)")
-    p.add_argument("--no-reference", action="store_true", help="skip the model.generate check")
+    _add_knob_flag(p, "check_reference")  # --no-reference: a flag turns the check off
     p.add_argument(
         "--arrival",
         choices=("file", "all", "poisson"),
@@ -91,34 +104,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return _with_defaults(p.parse_args(argv))
 
 
+def _add_knob_flag(p: argparse.ArgumentParser, name: str, **default) -> None:
+    """Knob ``name``'s flag (``engine.knobs``), with its help: an on/off knob's sets it
+    (``store_true``), another's takes a value of its kind, None unless ``default`` says."""
+    knob = KNOB[name]
+    if knob.kind == "flag":
+        p.add_argument(knob.bench_flag, action="store_true", help=knob.bench_help)
+    else:
+        p.add_argument(knob.bench_flag, type=FLAG_TYPES[knob.kind], help=knob.bench_help, **default)
+
+
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
-    """The continuous engines' knobs: token budget, policy, the paged KV cache, prefix caching."""
-    p.add_argument(
-        "--token-budget", type=int, help="continuous engines: max tokens per step (default: none)"
-    )
-    p.add_argument(
-        "--policy",
-        help="continuous engines: decode_first, prefill_first or vllm (vLLM's own scheduling) "
-        "(default decode_first)",
-    )
-    p.add_argument(
-        "--kv-budget-mib",
-        type=float,
-        help="continuous_paged: KV memory in MiB (default: room for every slot)",
-    )
-    p.add_argument("--block-size", type=int, help="continuous_paged: tokens per block (default 16)")
-    p.add_argument(
-        "--prefix-caching",
-        action="store_true",
-        help="continuous_paged: share cached prompt-prefix blocks; hf_continuous: transformers' "
-        "block sharing (default off for both)",
-    )
-    p.add_argument(
-        "--batch-invariant",
-        action="store_true",
-        help="static and continuous engines in batch-invariant mode, compared bitwise with each "
-        "request run alone; also times the normal mode for the cost",
-    )
+    """The continuous engines' knobs: token budget, policy, the paged KV cache, prefix caching,
+    batch-invariant mode (``ENGINE_FLAGS``)."""
+    for name in ENGINE_FLAGS:
+        _add_knob_flag(p, name)
 
 
 def _add_server_flags(p: argparse.ArgumentParser) -> None:
@@ -264,13 +264,8 @@ def engine_options(args: argparse.Namespace) -> dict:
     """The continuous engines' ``EngineConfig`` options from the flags (``--prefix-caching``
     is not among them: only ``continuous_paged`` and ``hf_continuous`` take it, as
     ``bench.make_engine``'s ``prefix_caching``)."""
-    return {
-        "max_num_batched_tokens": args.token_budget,
-        "scheduling_policy": args.policy,
-        "block_size": args.block_size,
-        "kv_budget_mib": args.kv_budget_mib,
-        "batch_invariant": args.batch_invariant,
-    }
+    shared = [name for name in ENGINE_FLAGS if name != "prefix_caching"]
+    return {KNOB[name].config: getattr(args, name) for name in shared}
 
 
 def load_specs(args: argparse.Namespace):

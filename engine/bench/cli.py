@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 
 from engine.batching.continuous import ContinuousEngine
 from engine.batching.static import StaticEngine
@@ -51,6 +52,8 @@ from engine.bench.verdicts import add_verdicts
 from engine.config import EngineConfig
 from engine.fidelity import reference_store
 from engine.fidelity.reference import comparison, mismatches, not_compared_ids, reference_for
+from engine.kernels import cpu_share
+from engine.peers.openai_engine import OpenAIEngine
 from engine.trace import Trace
 from engine.workloads.workload import tokenize_requests
 
@@ -89,12 +92,21 @@ def make_engine(name: str, runner, num_slots: int, prefix_caching: bool = False,
 
 
 def run_engines(
-    engines: dict, requests, repeat: int, memory: PeakMemory, failures: dict | None = None
+    engines: dict,
+    requests,
+    repeat: int,
+    memory: PeakMemory,
+    failures: dict | None = None,
+    before_run: Callable[[], None] | None = None,
 ):
     """Each engine ``repeat`` times, interleaved, so machine noise hits all of them alike.
 
+    Each run waits first until the machine is quiet (``engine.kernels.cpu_share.wait_quiet``),
+    then calls ``before_run()`` (the bench times a read of the weights there, so that the limit a
+    step is measured against comes from the same minutes as the step).
     Returns ``(traces, peaks)``: per engine its traces, and the highest of each run's
-    ``PeakMemory.peak_bytes()`` fields (None where not measured). A server engine that fails
+    ``PeakMemory.peak_bytes()`` fields and ``others_cpu_share`` (other work's share of the CPU
+    during a run of ours; None for servers, or where not measured). A server engine that fails
     (``EndpointError``) gets its message in ``failures`` and no traces; the others go on.
     """
     failures = {} if failures is None else failures
@@ -103,16 +115,27 @@ def run_engines(
     for _ in range(repeat):
         for name, engine in engines.items():
             memory.reset()
-            trace = guarded_run(name, engine, requests, failures)
+            cpu_share.wait_quiet()  # not on the heels of the previous run's leftover work
+            if before_run is not None:
+                before_run()
+            with cpu_share.OtherWork() as others:
+                trace = guarded_run(name, engine, requests, failures)
             if trace is None:
                 continue
             traces[name].append(trace)
-            for key, value in memory.peak_bytes().items():
+            fields = memory.peak_bytes() | {"others_cpu_share": _ours(engine, others.share)}
+            for key, value in fields.items():
                 known = [v for v in (peaks[name].get(key), value) if v is not None]
                 peaks[name][key] = max(known) if known else None
             print(f"  {name}: {traces[name][-1].wall_s:.2f} s", file=sys.stderr, flush=True)
     traces = {name: runs for name, runs in traces.items() if name not in failures}
     return traces, {name: peaks[name] for name in traces}
+
+
+def _ours(engine, share: float | None) -> float | None:
+    """Other work's share of the CPU in one run of ``engine``, for an engine in this process
+    (a server's own process is other work to this one, so its share says nothing)."""
+    return None if isinstance(engine, OpenAIEngine) else share
 
 
 def median_trace(runs: list[Trace]) -> Trace:
@@ -186,9 +209,11 @@ def step_fields(engine, runner, recompiles: int) -> dict:
     """``step_mode`` (``"compiled"`` or ``"eager"``; None for engines that are not ours) and
     ``recompiles`` (graphs compiled during the timed runs) of one engine's JSON entry.
 
-    Our continuous engines run the runner's step (batch-invariant steps always eager); the static
-    engine's waves run ``model.generate``, eager."""
-    if isinstance(engine, ContinuousEngine):
+    Our continuous engines and the static engine's packed waves run the runner's step
+    (batch-invariant steps always eager); ``static_generate``'s waves run ``model.generate``,
+    eager."""
+    packed = isinstance(engine, StaticEngine) and engine.packed
+    if isinstance(engine, ContinuousEngine) or packed:
         compiled = runner.step_mode == "compiled" and not engine.config.batch_invariant
         mode = "compiled" if compiled else "eager"
         return {"step_mode": mode, "recompiles": recompiles if compiled else 0}
@@ -308,7 +333,15 @@ def _bench(args, loaded, runner, requests, engines: dict, normal: dict) -> int:
     memory = PeakMemory(loaded.device)
     runner.decoder_layer_steps = dict.fromkeys(runner.decoder_layer_steps, 0)  # timed runs only
     graphs_warm = runner.num_compiled_graphs
-    traces, peaks = run_engines(engines | normal, requests, args.repeat, memory, failures)
+    reads_ms: list[float] = []  # one read of the weights before each timed run
+    traces, peaks = run_engines(
+        engines | normal,
+        requests,
+        args.repeat,
+        memory,
+        failures,
+        lambda: reads_ms.append(weight_read_ms(loaded.model, runner.synchronize)),
+    )
     recompiles = runner.num_compiled_graphs - graphs_warm
     normal_results = {n.removesuffix(NORMAL): engine_result(traces.pop(n), None) for n in normal}
     results = {n: engine_result(runs, reference, peaks[n]) for n, runs in traces.items()}
@@ -320,7 +353,8 @@ def _bench(args, loaded, runner, requests, engines: dict, normal: dict) -> int:
         add_verdicts(runner, requests, medians, source, results)
     extra = {
         "weight_bytes": weight_bytes(loaded.model),
-        "weight_read_ms": weight_read_ms(loaded.model, runner.synchronize),
+        "weight_read_ms": statistics.median(reads_ms) if reads_ms else None,
+        "weight_read_ms_range": [min(reads_ms), max(reads_ms)] if reads_ms else None,
         "engine_kernel": runner.engine_kernel_name,
         "engine_kernel_bytes": runner.engine_kernel_bytes,
         "kernel_choice": runner.kernel_choice.as_dict(),  # engine.kernels.kernel_timing

@@ -54,6 +54,12 @@ def follow_deployment(args, ours: dict) -> Followed | None:
         return None
     engine = ours[name]
     config, unmatched = followed_config(settings, engine.config, engine.runner.kv_bytes_per_token())
+    dtype = str(engine.runner.dtype).removeprefix("torch.")
+    if settings.dtype and settings.dtype != dtype:
+        unmatched.append(
+            f"dtype: the deployment runs in {settings.dtype}, ours in {dtype} (--dtype): its "
+            f"outputs are checked against the {dtype} reference, so differences are expected"
+        )
     ours[name] = ContinuousEngine(engine.runner, config)
     ours[name].name = name
     print(

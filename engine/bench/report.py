@@ -113,15 +113,18 @@ def print_report(args, results, normal_results, extra, run) -> None:
         extra["decoder_layers"] is not None
     ):  # engine.kernels.fused_layers, or transformers' own layers
         steps = ", ".join(f"{n} {k}" for n, k in extra["decoder_layer_steps"].items() if k)
-        print(f"continuous engines' decoder layers: {extra['decoder_layers']} (steps: {steps})")
+        print(f"our engines' decoder layers: {extra['decoder_layers']} (steps: {steps})")
     if extra["compile_s"] is not None:
         print(f"compiled step: first call {extra['compile_s']:.1f} s (tracing and compiling)")
     elif extra["eager_reason"] is not None:
         print(f"step: eager ({extra['eager_reason']})")
-    print(
-        f"weight read (the decode-step limit): {extra['weight_bytes'] / 1e6:.0f} MB in "
-        f"{extra['weight_read_ms']:.1f} ms"
-    )
+    if extra["weight_read_ms"] is not None:
+        low, high = extra["weight_read_ms_range"]
+        print(
+            f"weight read (the decode-step limit): {extra['weight_bytes'] / 1e6:.0f} MB in "
+            f"{extra['weight_read_ms']:.1f} ms (median of the reads before each timed run; "
+            f"{low:.1f} to {high:.1f} ms)"
+        )
 
 
 def _others_note(share: float | None) -> str:

@@ -42,6 +42,7 @@ from engine.fidelity import divergence
 from engine.fidelity.divergence import Verdict
 from engine.fidelity.reference_key import Identity, code_digest
 from engine.fidelity.reference_store import ReferenceStore, Stored
+from engine.fidelity.stored_references import covers, entry_key, wanted_references
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request, truncate_at_stop
 from engine.token_logits import (
@@ -148,11 +149,7 @@ class _Cache:
         """The references ``outputs(requests)`` would compute (not in memory or the store to
         their caps), as ``(prompt ids, sampling settings) -> cap``: what a run's reference pass
         costs (the page's queue estimate). Computes nothing (see ``still_missing``)."""
-        wanted = {}
-        for request in requests:
-            key = (request.prompt_token_ids, _sampling(request))
-            wanted[key] = max(wanted.get(key, 0), request.max_new_tokens)
-        return self.still_missing(wanted)
+        return self.still_missing(wanted_references(requests))
 
     def still_missing(self, wanted: dict[tuple, int]) -> dict[tuple, int]:
         """Those of ``wanted`` (``missing``'s keys and caps) not in memory or the store to their
@@ -172,7 +169,7 @@ class _Cache:
         return found
 
     def _hit(self, request: Request, on_step) -> tuple[list[int], LogitTrail]:
-        key = (request.prompt_token_ids, _sampling(request))
+        key = entry_key(request)
         hit = self._outputs.get(key)
         if hit is None and self.store is not None:
             hit = self.store.load(self.identity, *key)
@@ -187,8 +184,7 @@ class _Cache:
         return tokens, hit.logits
 
     def _covers(self, hit: Stored, cap: int) -> bool:
-        ended = any(t in self.runner.eos_token_ids for t in hit.tokens)
-        return hit.cap >= cap or ended
+        return covers(hit, cap, self.runner.eos_token_ids)
 
     @functools.cached_property
     def identity(self) -> Identity:

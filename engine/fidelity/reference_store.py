@@ -49,7 +49,7 @@ from engine.model import loader
 from engine.sampling_params import SamplingParams
 from engine.token_logits import DIGEST_BYTES, LogitTrail, TokenLogits
 
-FORMAT = 1  # bump when an entry's layout or meaning changes
+FORMAT = 2  # bump when an entry's layout or meaning changes (2: CRC-32 row digests)
 MAX_BYTES = 256 * 2**20  # the references folder's bound; one 256-token output takes ~100 KB
 SETTING = "CBP_REFERENCE_CACHE"
 _CHOICES = {"on": True, "off": False}

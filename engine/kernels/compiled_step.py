@@ -279,7 +279,7 @@ class CompiledStep:
             batch.input_ids: [1, T]  ->  returns [1, S, d]
         """
         first = self._compiled is None
-        split = decode_attention.plan_decode(batch, self.module.embed.dtype)
+        split = decode_attention.plan_decode(batch, self.module.embed.dtype, whole=False)
         if split is None:
             batch = fused_layers.additive_decode_mask(batch, self.module.embed.dtype)
         ids, positions = batch.input_ids[0], batch.position_ids[0]  # (T,), (T,)

@@ -19,6 +19,7 @@ the share is unknown (None) and the timing is trusted as before.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user, nice, system, irq, softirq, steal (idle 3, iowait 4)
@@ -84,3 +85,18 @@ class OtherWork:
         except (OSError, ValueError):
             return None
         return busy, total, own
+
+
+def wait_quiet(max_wait_s: float = 5.0, window_s: float = 0.25, quiet_share: float = 0.1) -> float:
+    """Wait, in windows of ``window_s``, until other work's share of the CPU over a window is
+    below ``quiet_share`` (or unknown), at most about ``max_wait_s``; the seconds waited.
+
+    The bench calls it before each timed run, so that a run does not pay for the work its
+    predecessor left behind (a server's threads still busy after its run ends)."""
+    started_s = time.perf_counter()
+    while True:
+        with OtherWork() as others:
+            time.sleep(window_s)
+        waited_s = time.perf_counter() - started_s
+        if others.share is None or others.share < quiet_share or waited_s >= max_wait_s:
+            return waited_s

@@ -20,8 +20,9 @@ count instead of a mask: torch's CPU flash attention spends most of such a small
 (about 65 us a call in float32 on the 2-core EPYC, 30 calls a step). Elsewhere (no AVX-512, no
 compiler, ``CBP_GEMV=off``, another device or dtype) it is SDPA with the additive mask.
 
-With the slot cache and the kernel, the fused layers skip the split: ``decode_step`` runs a
-layer's whole attention (rotary, KV write, each token over its own slot's keys) in one call.
+With the kernel and an in-place cache (slot or paged), the fused layers skip the split:
+``decode_step`` runs a layer's whole attention (rotary, KV write, each token over its own
+sequence's keys, through its block table) in one call.
 """
 
 from __future__ import annotations
@@ -32,17 +33,25 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import gemv_build
-from engine.serving.kv_cache import SlotKVCache
+from engine.kernels.linear_kernel import MAX_GEMV_ROWS
+from engine.serving.kv_cache import InPlaceKVCache
 from engine.serving.packed_batch import PackedBatch
 
 # One more SDPA call (dispatch, output copy) costs about as much as reading this many key rows of
 # one slot (H_kv = 3, D = 64): ~15 us per call against ~0.1 us per key row on the 2-core CPU.
 CALL_COST_KEYS = 128
+# The most tokens a step with prefill chunks may have for ``decode_step`` to serve it: one query
+# per token reads its keys alone, which flash attention's blocks beat on a long prompt; at this
+# many rows the gemv kernel still serves the matmuls (``MAX_GEMV_ROWS``), so the whole step runs
+# in one call (``engine.kernels.fused_layers.LayerStack``).
+MAX_WHOLE_STEP_TOKENS = MAX_GEMV_ROWS
 
 
 @dataclass
 class DecodeSplit:
-    """How one decode-only step's attention is split into SDPA calls (the same in every layer).
+    """How one step's attention is split into SDPA calls (the same in every layer); or
+    ``whole_step``: ``decode_step`` does all of it (a decode-only step, or a short step with
+    prefill chunks).
 
     Shapes:
         shared_rows, shared_slots: [S_sh]   tokens (and slots) of the shared call
@@ -60,12 +69,24 @@ class DecodeSplit:
     solo: list[tuple[int, int, int]]
     kernel: bool = False  # calls go to torch.ops.cbp_attention.decode, not SDPA
     shared_lens: torch.Tensor | None = None
-    whole_step: bool = False  # the kernel and a slot cache: ``decode_step`` does the layer's all
+    whole_step: bool = False  # the kernel, an in-place cache: ``decode_step`` does the layer's all
 
 
-def plan_decode(batch: PackedBatch, dtype: torch.dtype) -> DecodeSplit | None:
-    """The split for a decode-only step in the ``slots`` or ``paged`` KV mode, else None."""
-    if batch.prefills or batch.decode_mask is None or batch.packed_mask is not None:
+def plan_decode(batch: PackedBatch, dtype: torch.dtype, whole: bool = True) -> DecodeSplit | None:
+    """The split for a decode-only step in the ``slots`` or ``paged`` KV mode, else None.
+
+    Where the caller takes ``decode_step`` (``whole``) and it serves the step, the split is
+    ``whole_step`` and otherwise empty. ``decode_step`` also serves a step of at most
+    ``MAX_WHOLE_STEP_TOKENS`` tokens with prefill chunks in it (a short prompt admitted beside
+    the decodes), one query per token; a longer step keeps the packed attention."""
+    if batch.packed_mask is not None:
+        return None
+    kernel = kernel_runs(batch.input_ids.device, dtype)
+    short = batch.input_ids.shape[1] <= MAX_WHOLE_STEP_TOKENS
+    if whole and kernel and isinstance(batch.kv_cache, InPlaceKVCache) and short:
+        none = batch.slot_ids[:0]
+        return DecodeSplit(0, False, none, none, None, [], kernel=True, whole_step=True)
+    if batch.prefills or batch.decode_mask is None:
         return None
     kv_lens = [n + 1 for n in batch.num_cached]  # token i is sequence i's only query
     order = sorted(range(len(kv_lens)), key=lambda i: -kv_lens[i])
@@ -74,7 +95,6 @@ def plan_decode(batch: PackedBatch, dtype: torch.dtype) -> DecodeSplit | None:
     shared = sorted(order[num_solo:])
     width = max((kv_lens[i] for i in shared), default=0)
     rows = torch.tensor(shared, dtype=torch.long)
-    kernel = kernel_runs(batch.input_ids.device, dtype)
     mask = lens = None
     if shared and kernel:
         lens = torch.zeros(batch.num_slots, dtype=torch.long)  # (B,)
@@ -92,7 +112,6 @@ def plan_decode(batch: PackedBatch, dtype: torch.dtype) -> DecodeSplit | None:
         solo=solo,
         kernel=kernel,
         shared_lens=lens,
-        whole_step=kernel and isinstance(batch.kv_cache, SlotKVCache),
     )
 
 
@@ -131,17 +150,19 @@ def decode_step(qkv, cos, signed_sin, layer: int, batch: PackedBatch, num_heads:
     """One layer's whole attention on a decode-only step whose ``split.whole_step`` is set, in one
     ``torch.ops.cbp_attention.decode_step`` call: the rotary on each token's query and key
     (``engine.kernels.fused_layers``' folded form, the same roundings), its key and value into
-    its slot at its position, and its queries over that slot's keys, position + 1 of them (no
-    padding to the longest slot, no split). vLLM's CPU attention likewise writes the cache inside
+    its sequence's KV block at its position, and its queries over that sequence's keys,
+    position + 1 of them, block by block through ``batch.kv_block_table`` (no padding to the
+    longest sequence, no split, no gather). vLLM's CPU attention likewise writes the cache inside
     its attention op (``vllm/v1/attention/backends/cpu_attn.py``, ``forward``).
 
     Shapes:
         qkv: [T, (H + 2 H_kv) D];  cos, signed_sin: [T, D]  ->  returns [T, H D]
     """
-    keys, values = batch.kv_cache.layer_storage(layer)  # (B, H_kv, P, D) each
+    keys, values = batch.kv_cache.block_storage(layer)  # (H_kv, N, S, D) each
     positions = batch.position_ids[0]  # (T,)
+    table = batch.kv_block_table  # (B, M)
     return torch.ops.cbp_attention.decode_step(
-        qkv, cos, signed_sin, keys, values, batch.slot_ids, positions, num_heads, scaling
+        qkv, cos, signed_sin, keys, values, table, batch.slot_ids, positions, num_heads, scaling
     )
 
 

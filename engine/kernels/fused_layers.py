@@ -20,8 +20,12 @@ fewer ops per layer:
 * attention and the KV cache are ``engine.kernels.packed_attention.packed_attention``'s, unchanged,
   with the decode mask made additive once per step instead of once per layer inside SDPA; a
   decode-only step splits its attention by slot length (``engine.kernels.decode_attention``),
-  and with the slot cache and the C++ kernels runs each layer's rotary, KV write and attention
-  as one call (``decode_attention.decode_step``).
+  and with an in-place cache (slot or paged) and the C++ kernels runs each layer's rotary, KV
+  write and attention as one call (``decode_attention.decode_step``);
+* **the whole layer stack in one call** on such a step, where the gemv kernel serves its row count
+  (``torch.ops.cbp_step.decoder_layers``, ``csrc/decoder_layers.cpp``): the same kernels in the
+  same order, called from C++, so a step no longer pays Python and the dispatcher for some 1,700
+  small ops between them.
 
 In float32 every one of these gives the same bits as transformers' modules (checked by
 ``tests/engine/kernels/test_fused_layers.py``: the stacked matmul's columns, the fused residual add,
@@ -44,6 +48,7 @@ from torch import nn
 from engine.kernels import decode_attention, gemv_build, packed_attention
 from engine.kernels.host_setting import read_choice
 from engine.kernels.kernel_plan import RowPlan, bind_plan
+from engine.kernels.linear_kernel import GemvLinear
 from engine.serving.packed_batch import PackedBatch
 
 CHOICES = {  # CBP_FUSED_LAYERS
@@ -87,7 +92,11 @@ class FusedLinear:
         return packed + (self.stacked_bytes if plain else 0)
 
     def _kernel(self, x: torch.Tensor):
-        return self._by_rows[min(x.shape[0], len(self._by_rows) - 1)]
+        return self.kernel_at(x.shape[0])
+
+    def kernel_at(self, num_rows: int):
+        """The bound kernel that serves ``num_rows`` rows."""
+        return self._by_rows[min(num_rows, len(self._by_rows) - 1)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._kernel(x)(x)
@@ -108,6 +117,11 @@ class FusedLayer:
     o: FusedLinear
     gate_up: FusedLinear  # [Wg; Wu]
     down: FusedLinear
+
+    @property
+    def linears(self) -> tuple[FusedLinear, ...]:
+        """Its four matmuls in the order a step runs them: qkv, o, gate_up, down."""
+        return self.qkv, self.o, self.gate_up, self.down
 
 
 def requested() -> bool:
@@ -167,11 +181,12 @@ class FusedDecoder:
         self.intermediate = config.intermediate_size
         self.layers = [_fused_layer(layer, kernel) for layer in inner.layers]
         self.layer_ops = layer_ops_run(self.final_norm)  # cbp_layer's bfloat16 norm and SiLU
+        self.stack = LayerStack.of(self.layers, self.eps)  # None: the loop in Python serves
 
     @property
     def extra_bytes(self) -> int:
         """Memory of the stacked weight copies, in bytes."""
-        linears = [f for la in self.layers for f in (la.qkv, la.o, la.gate_up, la.down)]
+        linears = [f for la in self.layers for f in la.linears]
         return sum(f.extra_bytes for f in linears)
 
     def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
@@ -184,11 +199,14 @@ class FusedDecoder:
         cos, sin = self.rotary(x, batch.position_ids)  # (1, T, D) each
         half = self.head_dim // 2
         rope = (cos[0, :, None], torch.cat((-sin[0, :, :half], sin[0, :, half:]), -1)[:, None])
-        split = decode_attention.plan_decode(batch, x.dtype)  # None unless decode-only
+        split = decode_attention.plan_decode(batch, x.dtype)  # None: prefills, the packed path
         if split is None:
             batch = additive_decode_mask(batch, x.dtype)
-        for layer in self.layers:
-            x = self._layer(layer, x, rope, batch, split)
+        if split is not None and split.whole_step and self.stack and self.stack.takes(x):
+            x = self.stack(x, rope[0][:, 0], rope[1][:, 0], batch, self.num_heads)  # (T, d)
+        else:
+            for layer in self.layers:
+                x = self._layer(layer, x, rope, batch, split)
         last = x[batch.logits_indices]  # (S, d)
         return self._norm(last, self.final_norm)[None]  # (1, S, d)
 
@@ -234,6 +252,85 @@ class FusedDecoder:
         if self.layer_ops:
             return torch.ops.cbp_layer.rms_norm(x, weight, self.eps)
         return torch.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype) * weight
+
+
+@dataclasses.dataclass
+class LayerStack:
+    """The decoder layers' weights as ``torch.ops.cbp_step.decoder_layers`` takes them, for a
+    decode step in one call. ``of`` builds it where every projection is the gemv kernel's
+    without a bias; ``takes(x)`` says whether the plan gives gemv ``x``'s row count.
+
+    Shapes:
+        norms: 2 L weights [d];  packed: 4 L gemv layouts;  widths: qkv, o, gate_up, down's N
+    """
+
+    linears: list[FusedLinear]  # 4 per layer: qkv, o, gate_up, down
+    layer_indices: list[int]  # each layer's KV cache index (its attention's layer_idx)
+    norms: list[torch.Tensor]
+    packed: list[torch.Tensor]
+    widths: list[int]
+    scaling: float
+    eps: float
+
+    @classmethod
+    def of(cls, layers: list[FusedLayer], eps: float) -> LayerStack | None:
+        """The stack for ``layers``, or None where the op is not built or a projection is not
+        the gemv kernel's (another plan, a bias) or the layers differ in scaling."""
+        linears = [f for la in layers for f in la.linears]
+        gemv = [next((b for b in f._bound if isinstance(b, GemvLinear)), None) for f in linears]
+        scalings = {la.attn.scaling for la in layers}
+        if not gemv_build.available() or len(scalings) != 1:
+            return None
+        if any(g is None or g.bias is not None for g in gemv):
+            return None
+        return cls(
+            linears=linears,
+            layer_indices=[la.attn.layer_idx for la in layers],
+            norms=[w for la in layers for w in (la.input_norm, la.post_norm)],
+            packed=[g.packed for g in gemv],
+            widths=[g.num_out for g in gemv[:4]],
+            scaling=scalings.pop(),
+            eps=eps,
+        )
+
+    taken: dict[int, bool] = dataclasses.field(default_factory=dict)  # row count: gemv's?
+    num_calls: int = 0  # decode steps it ran
+
+    def takes(self, x: torch.Tensor) -> bool:
+        """Whether every projection runs the gemv kernel on ``x`` [T, d] (its row count, in
+        float32 or bfloat16: the op's norms are those of ``FusedDecoder._norm`` in these two)."""
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            return False
+        rows = x.shape[0]
+        if rows not in self.taken:
+            kernels = [f.kernel_at(rows) for f in self.linears]
+            self.taken[rows] = all(isinstance(k, GemvLinear) and k.takes(x) for k in kernels)
+        return self.taken[rows]
+
+    def __call__(self, x, cos, signed_sin, batch: PackedBatch, num_heads: int) -> torch.Tensor:
+        """Every layer on a decode step whose split is ``whole_step``.
+
+        Shapes:
+            x: [T, d];  cos, signed_sin: [T, D]  ->  returns [T, d]
+        """
+        self.num_calls += 1
+        storage = [batch.kv_cache.block_storage(i) for i in self.layer_indices]
+        return torch.ops.cbp_step.decoder_layers(
+            x,
+            cos,
+            signed_sin,
+            self.norms,
+            self.packed,
+            self.widths,
+            [keys for keys, _ in storage],
+            [values for _, values in storage],
+            batch.kv_block_table,
+            batch.slot_ids,
+            batch.position_ids[0],
+            num_heads,
+            self.scaling,
+            self.eps,
+        )
 
 
 def layer_ops_run(weight: torch.Tensor) -> bool:

@@ -5,15 +5,18 @@ weight packed in blocks of 16 outputs and read once per pass, one fused multiply
 weight vector (its header says how). ``csrc/decode_attention.cpp``, built with it into the same
 library, is a decode step's attention (``torch.ops.cbp_attention.decode``; used by
 ``engine.kernels.decode_attention``), and ``csrc/layer_ops.cpp`` a bfloat16 layer's RMSNorm and
-SiLU-and-mul (``torch.ops.cbp_layer``; used by ``engine.kernels.fused_layers``); ``csrc/simd.h``
-holds their shared AVX-512 helpers. All need AVX-512 (F, BW, VL), so the build targets those
+SiLU-and-mul (``torch.ops.cbp_layer``; used by ``engine.kernels.fused_layers``), and
+``csrc/decoder_layers.cpp`` a decode step's every layer in one call (``torch.ops.cbp_step``, the
+others' entry points called back to back through ``csrc/ops.h``); ``csrc/simd.h`` holds their
+shared AVX-512 helpers. All need AVX-512 (F, BW, VL), so the build targets those
 sets by name, not ``-march=native``: one build serves every AVX-512 CPU that shares the cache
 folder (the AMD EPYC and the Intel Xeon alike). torch's own extension tools build it
 (``torch.utils.cpp_extension.load``, with ninja) into
 ``CBP_CACHE_DIR/gemv/<digest of the sources, torch's version and the flags>``, so only a host's
 first start compiles (seconds) and later ones load the library. It registers its ops with torch
 (``torch.ops.cbp_gemv.pack``, ``torch.ops.cbp_gemv.linear``, ``torch.ops.cbp_attention.decode``,
-``torch.ops.cbp_layer.rms_norm`` and ``silu_mul``) and runs on torch's own thread pool.
+``torch.ops.cbp_layer.rms_norm`` and ``silu_mul``, ``torch.ops.cbp_step.decoder_layers``) and
+runs on torch's own thread pool.
 
 ``unavailable_reason()`` says why it cannot run here (the kernel choice then leaves gemv out, and
 decode attention stays torch's SDPA, a bfloat16 layer's norm and activation torch's ops):
@@ -36,8 +39,10 @@ from engine import settings
 from engine.kernels.host_setting import read_choice
 
 _CSRC = Path(__file__).parent / "csrc"
-SOURCES = tuple(_CSRC / n for n in ("gemv.cpp", "decode_attention.cpp", "layer_ops.cpp"))
-HEADERS = (_CSRC / "simd.h",)  # included by every source: part of what a build depends on
+SOURCES = tuple(
+    _CSRC / n for n in ("gemv.cpp", "decode_attention.cpp", "layer_ops.cpp", "decoder_layers.cpp")
+)
+HEADERS = (_CSRC / "simd.h", _CSRC / "ops.h")  # included by the sources: part of a build's key
 # -fopenmp: at::parallel_for is OpenMP in a header, so without it the kernel runs on one thread;
 # the library then needs libgomp.so.1, which resolves to the copy torch has already loaded
 # -ffp-contract=off: a product then a sum round twice, as torch's separate ops do (the rotary in

@@ -227,19 +227,19 @@ class GemvLinear(BoundLinear):
         out = torch.ops.cbp_gemv.linear(rows, self.packed, self.num_out, res)  # (M, N)
         return out.view(*x.shape[:-1], self.num_out)
 
-    def _takes(self, x: torch.Tensor) -> bool:
+    def takes(self, x: torch.Tensor) -> bool:
         """Whether the kernel takes ``x``: at most ``MAX_GEMV_ROWS`` rows, the weight's dtype."""
         return x.numel() <= MAX_GEMV_ROWS * x.shape[-1] and x.dtype == self.packed.dtype
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._takes(x):
+        if not self.takes(x):
             assert self.weight is not None, "a row count the plan gives another kernel"
             return F.linear(x, self.weight, self.bias)
         out = self._rows(x, None)
         return out if self.bias is None else out + self.bias
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        if self.bias is not None or not self._takes(x) or residual.dtype != x.dtype:
+        if self.bias is not None or not self.takes(x) or residual.dtype != x.dtype:
             return residual + self(x)
         return self._rows(x, residual.contiguous())
 

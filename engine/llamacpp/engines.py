@@ -8,7 +8,10 @@ as the one token "\n\n"), so each request asks for ``verbose``: every chunk then
 token's id in ``__verbose.tokens``, which ``_take`` hands to the client as ``token_ids``, the
 field vLLM fills. Its trace is an endpoint's trace with the server's build and settings in
 ``trace.info["server"]["settings"]``. The server starts
-on the first run, or earlier with ``start()``, and stays up until ``close()``.
+on the first run, or earlier with ``start()``, and stays up until ``close()``. A host that keeps
+it for many workloads (the page) calls ``fit`` before each: ``--parallel`` and the context per
+slot follow that run's slots and longest request, and a running server with other settings is
+stopped, to start again with these (about a second).
 
 Two engines, one per GGUF file (``engine.llamacpp.gguf_file``):
 
@@ -23,6 +26,7 @@ Two engines, one per GGUF file (``engine.llamacpp.gguf_file``):
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from engine.llamacpp.gguf_file import f32_gguf, q4_gguf
@@ -87,10 +91,27 @@ class LlamaCppEngine(OpenAIEngine):
             raise ValueError(f"Unknown llama.cpp engine {name!r}; choose {' or '.join(WEIGHTS)}.")
         self.weights = WEIGHTS[name]
         path = gguf_for(loaded, self.weights)
-        alias = Path(loaded.source).name
-        settings = settings_for(path, self.weights, alias, num_slots, requests)
+        self.alias = Path(loaded.source).name
+        settings = settings_for(path, self.weights, self.alias, num_slots, requests)
         self.server = LlamaServer(settings, binary)
         super().__init__(self.server.endpoint(name), loaded, num_slots)
+
+    def fit(self, requests: list[Request], num_slots: int) -> bool:
+        """Settings for this workload: ``num_slots`` slots, each sized to the longest of
+        ``requests``. A running server with other settings is stopped (``start`` or ``run`` starts
+        it with these). Returns True when the settings changed.
+
+        Raises:
+            ValueError: fewer than one slot.
+        """
+        old = self.server.settings
+        new = settings_for(old.model_path, self.weights, self.alias, num_slots, requests)
+        new = replace(new, cpus=old.cpus)
+        if new == old:
+            return False
+        self.server.stop()
+        self.server.settings, self.num_slots = new, num_slots
+        return True
 
     def start(self, on_progress: Callable[[str], None] | None = None) -> LlamaCppEngine:
         """Start the server unless it runs. Raises EndpointError (with its log's tail)."""

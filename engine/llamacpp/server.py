@@ -75,6 +75,12 @@ class LlamaSettings:
     ctx_per_slot: int = CTX_PER_SLOT  # tokens one slot holds: its longest request
     cpus: str = f"0-{(os.cpu_count() or 1) - 1}"  # the CPUs it computes on, e.g. "0-1"
 
+    @property
+    def dtype(self) -> str:
+        """The precision its outputs are compared in: "float32", its activations and logits on
+        a CPU whichever weights it multiplies (its KV cache is llama.cpp's default, F16)."""
+        return "float32"
+
     def args(self, port: int) -> list[str]:
         """The server's command-line flags."""
         threads = str(len(cpus_of(self.cpus)))

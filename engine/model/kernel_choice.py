@@ -72,9 +72,11 @@ class RunnerKernels:
         # process that never runs the engines); None: compiled where the host allows it
         self.compile_error: str | None = None
 
-    def engine_kernels(self, batch_invariant: bool = False):
+    def engine_kernels(self, batch_invariant: bool = False, head_only: bool = False):
         """Context: the engines' matmul kernel (``engine.kernels.linear_kernel``) for the model's
-        linears.
+        linears; ``head_only``: for the output embedding alone, on a step whose layers run
+        outside the model's modules (the fused layers), so a step does not pay for installing
+        the kernel on some 200 linears it never calls.
 
         Both engines run inside it; the reference and the floor run plain ``model.generate``.
         ``batch_invariant``: the batch-invariant mode's kernels instead
@@ -86,7 +88,9 @@ class RunnerKernels:
         """
         if batch_invariant:
             return self._invariant_context()
-        return linear_kernel.installed(self._linears, self._kernel.forward)
+        head = self.model.get_output_embeddings()
+        linears = [head] if head_only and head in self._linears else self._linears
+        return linear_kernel.installed(linears, self._kernel.forward)
 
     @contextlib.contextmanager
     def _invariant_context(self):
@@ -110,8 +114,7 @@ class RunnerKernels:
 
     def require_batch_invariant(self) -> None:
         """Refuse now a model batch-invariant mode does not support; its kernels are made on
-        first use (``invariant_kernels``), so a process that only checks a run (the page, beside
-        an engine process) never packs weight copies for it.
+        first use (``invariant_kernels``), so a check before a run packs no weight copies.
 
         Raises:
             ValueError: the model is not a Llama-style decoder (``invariant_ops.check_supported``).

@@ -44,6 +44,7 @@ from engine.workloads.workload import request_label
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 300.0  # the longest silence on a stream before the server counts as hung
 CANCEL_TIMEOUT_S = 10.0  # how long cancelled streams get to close
+LATE_SEND_S = 0.5  # a request sent this long after its arrival is reported as sent late
 
 
 class OpenAIEngine:
@@ -92,6 +93,7 @@ class OpenAIEngine:
         try:
             with sampler:
                 self._drive(requests, trace, t0, on_wait)
+            trace.warnings += late_sends(trace, self.name)
         except EndpointError as exc:
             exc.trace = trace
             raise
@@ -274,6 +276,23 @@ class OpenAIEngine:
         rec.output_text = tokenizer.decode(tokens, skip_special_tokens=True)
         rec.finish_s = rec.token_times_s[-1] if rec.token_times_s else rec.admit_s
         rec.finish_reason = "eos" if finish == "stop" else str(finish)
+
+
+def late_sends(trace: Trace, name: str) -> list[str]:
+    """One line when the client sent some request over ``LATE_SEND_S`` after its arrival (this
+    host too busy to keep time): its TTFT from outside counts that delay, the server's own
+    record does not."""
+    late = [(r.admit_s - r.arrival_s, r) for r in trace.requests if r.admit_s is not None]
+    late = [(delay_s, r) for delay_s, r in late if delay_s > LATE_SEND_S]
+    if not late:
+        return []
+    worst_s, worst = max(late, key=lambda pair: pair[0])
+    many = f"{len(late)} requests" if len(late) > 1 else "1 request"
+    return [
+        f"This host's client sent {many} to {name} late, up to {worst_s:.2f} s after arrival "
+        f"(R{worst.request_id}; the host was busy): TTFT from outside counts that "
+        "delay; a server's own record counts from the send."
+    ]
 
 
 def _takes_top_k(info: ServerInfo) -> bool:

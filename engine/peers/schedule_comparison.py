@@ -155,6 +155,7 @@ class DeploymentSettings:
     chunked_prefill: bool
     prefix_caching: bool
     async_scheduling: bool
+    dtype: str | None = None  # the model's, as the server runs it; None in an older record
 
     @classmethod
     def from_start(cls, start: dict) -> DeploymentSettings:
@@ -172,6 +173,7 @@ class DeploymentSettings:
                 chunked_prefill=bool(start["chunked_prefill"]),
                 prefix_caching=bool(start["prefix_caching"]),
                 async_scheduling=bool(start.get("async_scheduling", False)),
+                dtype=str(start["dtype"]) if start.get("dtype") else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(
@@ -181,13 +183,14 @@ class DeploymentSettings:
 
     def describe(self) -> str:
         """One line, e.g. ``max_num_seqs 3, max_num_batched_tokens 2048, block size 128, 727 KV
-        blocks, chunked prefill on, prefix caching on``."""
+        blocks, chunked prefill on, prefix caching on, float32``."""
         on = {True: "on", False: "off"}
+        dtype = f", {self.dtype}" if self.dtype else ""
         return (
             f"max_num_seqs {self.max_num_seqs}, max_num_batched_tokens "
             f"{self.max_num_batched_tokens}, block size {self.block_size}, {self.num_kv_blocks} KV "
             f"blocks, chunked prefill {on[self.chunked_prefill]}, prefix caching "
-            f"{on[self.prefix_caching]}"
+            f"{on[self.prefix_caching]}{dtype}"
         )
 
 

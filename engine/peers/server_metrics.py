@@ -16,6 +16,12 @@ Each name maps to the gauges of the servers known here (vLLM, SGLang, TGI, llama
 with labels (vLLM's ``engine="0"``) is summed over them. A server without ``/metrics`` or without
 one of these gauges simply has fewer values: nothing fails, the sampler notes why in ``note``.
 
+llama.cpp's ``/metrics`` has no KV gauge in the build ``make llamacpp`` makes; its ``/slots``
+(on by default) says more: each slot's context (``n_ctx``), whether it is processing, and its
+request's prompt and decoded tokens. For a server with ``llamacpp:`` gauges and no KV gauge, each
+sample then also reads ``/slots``, and its KV use is the processing slots' tokens over every
+slot's context (``slots_kv_pct``; ``kv_pool``'s gauge ``SLOTS_GAUGE``).
+
 A KV use % is a share of that server's own pool, sized its own way (vLLM's from its memory
 budget, ours from the workload), so two servers' 100 % are different amounts. ``kv_pool`` says
 what the whole is: the gauge's meaning (``KV_WHOLES``) and, where the server publishes it (vLLM's
@@ -57,12 +63,14 @@ METRIC_ALIASES: dict[str, tuple[tuple[str, float], ...]] = {
 }
 
 
+SLOTS_GAUGE = "llamacpp /slots"  # KV use from llama.cpp's slots (``slots_kv_pct``)
 # what 100 % of each KV gauge is: the pool the share is of
 KV_WHOLES = {
     "vllm:kv_cache_usage_perc": "every block of vLLM's KV block pool",
     "vllm:gpu_cache_usage_perc": "every block of vLLM's KV block pool",
     "sglang:token_usage": "every token of SGLang's KV token pool",
     "llamacpp:kv_cache_usage_ratio": "every cell of llama.cpp's KV cache (its context)",
+    SLOTS_GAUGE: "every slot's context in llama.cpp's KV cache, from /slots",
 }
 POOL_INFO = "vllm:cache_config_info"  # an info gauge: the pool's size in its labels
 LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -103,6 +111,26 @@ def project_values(metrics: dict[str, float]) -> dict[str, float]:
                 values[ours] = metrics[theirs] * scale
                 break
     return values
+
+
+def slots_kv_pct(slots: list[dict]) -> tuple[float, dict] | None:
+    """KV use % from llama.cpp's ``/slots`` answer: the tokens of the slots processing a request
+    (prompt and decoded) over the sum of every slot's ``n_ctx``; with the pool it is of
+    (``kv_pool``'s form, its ``whole`` naming the slots and their context). None without slots."""
+    whole = sum(int(s.get("n_ctx") or 0) for s in slots)
+    if not slots or whole <= 0:
+        return None
+    used = sum(
+        int(s.get("n_prompt_tokens") or 0)
+        + int((s.get("next_token") or [{}])[0].get("n_decoded") or 0)
+        for s in slots
+        if s.get("is_processing")
+    )
+    size = f"{len(slots)} × {whole // len(slots)} tokens"
+    return 100.0 * used / whole, {
+        "gauge": SLOTS_GAUGE,
+        "whole": f"{KV_WHOLES[SLOTS_GAUGE]}: {size}",
+    }
 
 
 def kv_pool(text: str) -> dict:
@@ -184,14 +212,29 @@ class MetricsSampler:
         if response.status_code != 200:
             self.note = f"/metrics answered HTTP {response.status_code}: no server samples"
             return False
-        values = project_values(parse_prometheus(response.text))
+        metrics = parse_prometheus(response.text)
+        values = project_values(metrics)
         if not values:
             self.note = "/metrics has none of the known gauges: no server samples"
             return False
         self.note = None
         self.kv_pool = self.kv_pool or kv_pool(response.text)
+        if "kv_cache_usage_pct" not in values and any(m.startswith("llamacpp:") for m in metrics):
+            self._slots_kv(client, values)
         sample = ServerSample(t_s, values)
         self.samples.append(sample)
         if self.trace is not None:
             self.trace.server_samples = [*self.trace.server_samples, sample]
         return True
+
+    def _slots_kv(self, client: httpx.Client, values: dict[str, float]) -> None:
+        """llama.cpp's KV use from ``/slots`` into ``values`` (``slots_kv_pct``), and its pool;
+        nothing when ``/slots`` does not answer with slots."""
+        try:
+            response = client.get(self.url.removesuffix("/metrics") + "/slots")
+            found = slots_kv_pct(response.json()) if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, TypeError, AttributeError, IndexError):
+            return
+        if found is not None:
+            values["kv_cache_usage_pct"], pool = found
+            self.kv_pool = self.kv_pool or pool

@@ -290,6 +290,7 @@ class _Replay:
             "kv_blocks": settings.get("num_block_ids"),  # the block map draws every id
             "kv_blocks_usable": settings.get("num_blocks"),
             "kv_trash_blocks": settings.get("num_trash_block_ids"),
+            "kv_reserved_blocks": settings.get("num_trash_block_ids"),  # the block map's name
             "block_size": settings.get("block_size"),
             "record_s": record.record_s,
             "record_cost_pct": 100 * record.record_s / step_s if step_s else None,

@@ -21,7 +21,10 @@ docstring has the format). This module, on our side, does three things with that
   tokens computed before, its prefix-cache hit, its lane, every held block table (vLLM's block
   ids), shared blocks and preemptions. vLLM has no slots: a request takes the first free lane when
   it is scheduled (new or resumed) and leaves it when vLLM preempts it or reports it finished,
-  as a slot would be taken and freed.
+  as a slot would be taken and freed. With data parallelism each engine core (rank) schedules
+  its own requests from its own KV pool, and its lines say which (``dp_rank``; a line without
+  one is rank 0's): rank ``r`` takes lanes from ``r * max_num_seqs`` on, and a step's block
+  tables are its rank's alone (block ids of different ranks name different blocks).
 
 The client's trace of the ``vllm`` engine (times per request, ``/metrics`` samples) stays the
 view from outside; ``VllmTrace`` carries the inside one beside it as ``schedule``.
@@ -240,7 +243,9 @@ def schedule_trace(
     are skipped, and a step that ran none of ours is left out. ``requests``: the client trace's
     records; outputs are copied from them, the times are vLLM's: admitted at the start of the
     first step that schedules a request, first token at the end of the step that completes its
-    prompt, finished at the end of its last step.
+    prompt, finished at the end of its last step. A request arrives when the client sent it
+    (its record's ``admit_s``) where that is later than the workload's arrival: a client that
+    sends late (its host busy) does not count against vLLM's own times.
 
     Raises:
         ValueError: no ``start`` line precedes the first step (not a whole record).
@@ -261,6 +266,7 @@ class _Replay:
         self.run_tag, self.t0_unix_s = run_tag, t0_unix_s
         self.requests = {r.request_id: dataclasses.replace(r, token_times_s=[]) for r in requests}
         for rec in self.requests.values():
+            rec.arrival_s = max(rec.arrival_s, rec.admit_s or 0.0)  # sent late: from the send
             rec.slot = rec.admit_s = rec.first_token_s = rec.finish_s = None
             rec.num_preemptions, rec.num_cached_tokens = 0, 0
         self.settings: dict | None = None
@@ -269,11 +275,18 @@ class _Replay:
         self.lanes: dict[int, int] = {}  # request id -> lane, while vLLM runs it
         self.num_prompt: dict[int, int] = {}
         self.hits: dict[int, int] = {}  # request id -> prefix-cache hit at its latest admission
+        self.rank_of: dict[int, int] = {}  # request id -> the data-parallel rank that runs it
+        self.ranks: set[int] = set()  # ranks seen, in start lines and steps
         self.record_s = 0.0
         self.num_foreign = 0  # scheduled entries of other runs or clients, skipped
 
     def start(self, record: dict) -> None:
         self.settings = record
+        self.ranks.add(int(record.get("dp_rank", 0)))
+
+    @property
+    def lanes_per_rank(self) -> int:
+        return int((self.settings or {}).get("max_num_seqs") or 1)
 
     def _ours(self, vllm_ids) -> list[int]:
         found = [our_request_id(v, self.run_tag) for v in vllm_ids]
@@ -290,20 +303,25 @@ class _Replay:
             self.requests[rid].num_preemptions += 1
         start_s = record["start_unix_s"] - self.t0_unix_s
         end_s = record["end_unix_s"] - self.t0_unix_s
-        seqs = [s for e in record["scheduled"] if (s := self._seq(e, start_s, end_s)) is not None]
+        rank = int(record.get("dp_rank", 0))
+        self.ranks.add(rank)
+        seqs = [
+            s for e in record["scheduled"] if (s := self._seq(e, rank, start_s, end_s)) is not None
+        ]
         if not seqs or not record["num_tokens"]:
             return
         self.record_s += record["record_s"]
         step = StepRecord(len(self.steps), start_s, end_s, seqs, preempted=preempted)
-        step.block_tables = {rid: list(table) for rid, table in self.tables.items()}
-        step.kv_blocks_used = len({b for table in self.tables.values() for b in table})
+        tables = {r: t for r, t in self.tables.items() if self.rank_of.get(r, 0) == rank}
+        step.block_tables = {rid: list(table) for rid, table in tables.items()}
+        step.kv_blocks_used = len({b for table in tables.values() for b in table})
         if self.settings["prefix_caching"]:
             holders = step.block_holders()
             step.shared_blocks = {b: rids for b, rids in holders.items() if len(rids) > 1}
         self.steps.append(step)
 
-    def _seq(self, entry: dict, start_s: float, end_s: float) -> ScheduledSeq | None:
-        """One scheduled request's share of the step; None for another run's request."""
+    def _seq(self, entry: dict, rank: int, start_s: float, end_s: float) -> ScheduledSeq | None:
+        """One scheduled request's share of a step of ``rank``; None for another run's request."""
         rid = our_request_id(entry["req_id"], self.run_tag)
         if rid is None or rid not in self.requests:
             self.num_foreign += 1
@@ -316,8 +334,11 @@ class _Replay:
                 rec.admit_s, rec.num_cached_tokens = start_s, computed
         else:
             self.tables.setdefault(rid, []).extend(entry["new_block_ids"])
+        self.rank_of[rid] = rank
         if rid not in self.lanes:
-            self.lanes[rid] = min(set(range(len(self.lanes) + 1)) - set(self.lanes.values()))
+            first = rank * self.lanes_per_rank
+            taken = {lane for r, lane in self.lanes.items() if self.rank_of.get(r, 0) == rank}
+            self.lanes[rid] = min(set(range(first, first + len(taken) + 1)) - taken)
         rec.slot = self.lanes[rid] if rec.slot is None else rec.slot
         num_prompt = self.num_prompt.setdefault(rid, entry.get("num_prompt", rec.num_prompt_tokens))
         num_tokens = num_prompt + entry.get("num_output", 0)  # prompt and outputs so far
@@ -346,15 +367,18 @@ class _Replay:
             "prefix_caching": settings.get("prefix_caching"),
             "chunked_prefill": settings.get("chunked_prefill"),
             "kv_blocks": settings.get("num_blocks"),
+            "kv_reserved_blocks": 1,  # block 0, vLLM's null block, is never held
             "block_size": settings.get("block_size"),
             "record_s": self.record_s,
             "record_cost_pct": 100 * self.record_s / step_s if step_s else None,
             "num_foreign_seqs": self.num_foreign,
+            "dp_size": max(int(settings.get("dp_size", 1)), len(self.ranks)),
+            "lanes_per_rank": self.lanes_per_rank,
         }
         requests = [self.requests[rid] for rid in sorted(self.requests)]
         return Trace(
             engine=name,
-            num_slots=max(settings.get("max_num_seqs", 0), num_lanes),
+            num_slots=max(settings.get("max_num_seqs", 0) * info["dp_size"], num_lanes),
             steps=self.steps,
             requests=requests,
             wall_s=max((s.end_s for s in self.steps), default=0.0),

@@ -3,7 +3,7 @@
 This module runs inside vLLM, not here: it imports only ``vllm`` and the standard library, and no
 module of this project imports it (``tests/engine/peers/test_vllm_record.py`` checks both). Start
 any vLLM (0.32) with it, on any machine, GPU deployments with tensor parallelism included (the
-scheduler runs once, in the engine core)::
+scheduler runs once, in the engine core; once per rank with data parallelism, below)::
 
     PYTHONPATH=<this repository> CBP_VLLM_SCHEDULE_PATH=/tmp/schedule.jsonl \\
         vllm serve MODEL --scheduler-cls engine.peers.vllm_scheduler.RecordingScheduler
@@ -19,7 +19,9 @@ line), or served over HTTP at ``$CBP_VLLM_RECORD_ADDRESS`` (the same lines, the 
 thousand steps; below), or both; one of them must be set. Its first line per engine start is a
 ``start`` event with the settings the schedule depends on (``max_num_seqs``,
 ``max_num_batched_tokens``, ``block_size``, ``num_blocks``, prefix caching, chunked prefill, which
-base class); then one ``step`` line per call of ``schedule()``, in order::
+base class), the model's ``dtype`` as the server runs it, and the engine core's data-parallel
+``dp_rank`` and ``dp_size`` (0 and 1 without data parallelism); then one ``step`` line per call
+of ``schedule()``, in order::
 
     {"event": "step", "step": 7, "start_unix_s": 1733.2, "end_unix_s": 1733.3, "record_s": 4e-05,
      "num_tokens": 13, "scheduled": [
@@ -28,7 +30,7 @@ base class); then one ``step`` line per call of ``schedule()``, in order::
        {"req_id": "cmpl-cbp-9f3a-2-0-77aa00ff", "new": true, "num_prompt": 12, "num_tokens": 12,
         "num_computed": 0, "block_ids": [5]}],
      "resumed": [], "preempted": [], "finished": ["cmpl-cbp-9f3a-1-0-5e6f7a8b"],
-     "num_running": 2, "num_waiting": 0, "kv_usage": 0.0042}
+     "num_running": 2, "num_waiting": 0, "kv_usage": 0.0042, "dp_rank": 0}
 
 Per scheduled request, in the order vLLM scheduled them (running requests first, then admitted
 ones): ``num_tokens`` scheduled this step, ``num_computed`` tokens in its KV cache before the step
@@ -41,6 +43,12 @@ this step was scheduled; ``finished``: those finished (or aborted) since the pre
 their blocks are free in this one. ``num_running``/``num_waiting`` after scheduling; ``kv_usage``:
 the fraction of KV blocks in use (vLLM's own ``usage``). A step with ``num_tokens`` 0 runs no
 forward pass; vLLM schedules one after the last request finishes, to report it finished.
+
+**Parallelism.** Tensor and pipeline parallelism keep one scheduler, in the one engine core, so
+one record. Data parallelism runs one engine core, so one scheduler and one record, per rank:
+each line names its rank (``dp_rank``; a reader takes a line without one, written before ranks
+were recorded, as rank 0's), all ranks append to the one file, and each serves its record on the
+address's port plus its rank (``8100``, ``8101``, ...; port 0: any free one each).
 
 Times are wall clock (``time.time()``), so a reader in another process lines them up with its own.
 ``start_unix_s`` is when ``schedule()`` was called; ``end_unix_s`` when ``update_from_output`` was
@@ -129,7 +137,9 @@ class _Recording:
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         path = os.environ.get(SCHEDULE_PATH_ENV, "").strip()
-        self._record_server = server_from_environment(RECORD_FORMAT)
+        self._dp_rank, self._dp_size = _data_parallel(self.vllm_config)
+        port_offset = self._dp_rank if self._dp_size > 1 else 0
+        self._record_server = server_from_environment(RECORD_FORMAT, port_offset)
         if not path and self._record_server is None:
             raise ValueError(
                 f"{type(self).__name__} records vLLM's schedule into the file named by "
@@ -164,6 +174,9 @@ class _Recording:
             "num_blocks": self.kv_cache_config.num_blocks,
             "num_kv_groups": len(self.kv_cache_config.kv_cache_groups),
             "hold_limit_s": HOLD_LIMIT_S,
+            "dtype": _dtype_name(self.vllm_config),
+            "dp_rank": self._dp_rank,
+            "dp_size": self._dp_size,
         }
 
     def schedule(self, *args, **kwargs):
@@ -307,12 +320,20 @@ class _Recording:
             "num_running": num_running,
             "num_waiting": num_waiting,
             "kv_usage": self.kv_cache_manager.usage,
+            "dp_rank": self._dp_rank,
         }
 
 
 def _extra(request) -> dict:
     """A request's ``vllm_xargs`` (its sampling parameters' ``extra_args``; {} without)."""
     return getattr(request.sampling_params, "extra_args", None) or {}
+
+
+def _data_parallel(vllm_config) -> tuple[int, int]:
+    """This engine core's data-parallel rank and the number of ranks (0 and 1 without)."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    rank = int(getattr(parallel, "data_parallel_rank", 0) or 0)
+    return rank, max(int(getattr(parallel, "data_parallel_size", 1) or 1), 1)
 
 
 def _vllm_base(cls: type) -> type:
@@ -418,8 +439,9 @@ class RecordServer:
         self._httpd.server_close()
 
 
-def server_from_environment(record_format: int) -> RecordServer | None:
-    """The server ``$CBP_VLLM_RECORD_ADDRESS`` asks for (None when it is unset or blank).
+def server_from_environment(record_format: int, port_offset: int = 0) -> RecordServer | None:
+    """The server ``$CBP_VLLM_RECORD_ADDRESS`` asks for (None when it is unset or blank), on its
+    port plus ``port_offset`` (a data-parallel rank's; port 0 stays any free one).
 
     Raises:
         ValueError: a bad address or ring size, or an address that cannot be bound.
@@ -427,6 +449,9 @@ def server_from_environment(record_format: int) -> RecordServer | None:
     address = os.environ.get(RECORD_ADDRESS_ENV, "").strip()
     if not address:
         return None
+    host, port = parse_address(address)
+    if port and port_offset:
+        address = f"{host}:{port + port_offset}"
     steps_text = os.environ.get(RECORD_STEPS_ENV, "").strip() or str(DEFAULT_MAX_NUM_STEPS)
     if not steps_text.isdigit() or int(steps_text) < 1:
         raise ValueError(f"${RECORD_STEPS_ENV}={steps_text!r}: give a number of steps, e.g. 4096")
@@ -489,3 +514,9 @@ class RecordingScheduler:
         async_on = vllm_config.scheduler_config.async_scheduling
         chosen = RecordingAsyncScheduler if async_on else RecordingSyncScheduler
         return chosen(*args, vllm_config=vllm_config, **kwargs)
+
+
+def _dtype_name(vllm_config) -> str | None:
+    """The model's dtype as the server runs it ("float32", "bfloat16"); None where unknown."""
+    dtype = getattr(getattr(vllm_config, "model_config", None), "dtype", None)
+    return None if dtype is None else str(dtype).removeprefix("torch.")

@@ -52,6 +52,7 @@ import httpx
 
 from engine import settings as env_settings
 from engine.config import EngineConfig
+from engine.model.model_card import model_config
 from engine.peers.endpoints import Endpoint, EndpointError
 from engine.sequence import Request
 
@@ -162,7 +163,7 @@ def settings_for(
     if not source:
         raise ValueError("The loaded model has no folder or hub id that vLLM could load.")
     dtype = str(loaded.dtype).removeprefix("torch.")
-    per_token = kv_bytes_per_token(loaded.model.config, loaded.dtype.itemsize)
+    per_token = kv_bytes_per_token(model_config(loaded), loaded.dtype.itemsize)
     kv_bytes = int(KV_MARGIN * per_token * num_slots * max_model_len)
     return VllmSettings(source, dtype, num_slots, max_model_len, enforce_eager, kv_bytes)
 
@@ -205,7 +206,7 @@ def matched_settings(
             f"block size: ours {config.block_size}, vLLM {block_size} (vLLM's CPU attention takes "
             f"multiples of {CPU_BLOCK_MULTIPLE} only; pass --block-size {block_size} to match)"
         )
-    per_token = kv_bytes_per_token(loaded.model.config, loaded.dtype.itemsize)
+    per_token = kv_bytes_per_token(model_config(loaded), loaded.dtype.itemsize)
     settings = dataclasses.replace(
         base,
         block_size=block_size,

@@ -29,8 +29,32 @@ A block whose count drops to 0 keeps its hash in an LRU queue of cached free blo
 sequence can still hit it. New blocks come from the plain free list first; only when that is empty
 is the least recently freed cached block evicted (its hash dropped). A sequence's blocks enter the
 queue tail first (vLLM and nano-vllm free them in reverse), so a prefix loses its end before its
-start, and what is left still matches from the first block. Unlike vLLM's single free queue,
-blocks without a hash are always used before any cached block is evicted.
+start, and what is left still matches from the first block.
+
+**vLLM's order** (``vllm_order=True``, the ``"vllm"`` policy's; vLLM 0.32's ``BlockPool``,
+``vllm/v1/core/block_pool.py``). vLLM keeps one ``FreeKVCacheBlockQueue`` and pops its front;
+``free_blocks`` prepends the blocks without a hash (LIFO reuse) and appends the hashed ones (LRU),
+so it too uses every block without a hash before evicting a cached one: the plain list and the
+cached queue above are the two ends of its queue. Three things differ from the default order:
+
+* **A block computed twice keeps its hash.** vLLM does not de-duplicate: a second block filled
+  with a prefix that already has a cached block is registered under the same hash (lookups get
+  the earliest still cached), so when freed it joins the cached queue and outlives the first
+  copy's eviction. By default the copy stays without a hash and is reused before any eviction.
+  This is the one difference that changes plans: identical prompts whose length is a multiple
+  of the block size (the last block is recomputed), or identical outputs decoded by two
+  sequences, leave copies that vLLM keeps and ours reuses, so under a full pool vLLM evicts an
+  older prefix that ours keeps, and a later request of that prefix hits in ours only::
+
+      cached queue (LRU first), ours:  [D1 D0 A1 A0]     plain: [x]     x: A1's copy, no hash
+      cached queue (LRU first), vLLM:  [D1 D0 A1 A1' A0] plain: []
+      a 2-block request then takes x and D1 in ours (D0 still hits), D1 and D0 in vLLM
+
+* **A freed block without a hash goes to the front** of the plain list (reused next), where by
+  default it goes behind the never-used blocks.
+* **A sequence's blocks are freed tail first without prefix caching too.**
+
+The last two change which block ids a sequence gets, never what it hits.
 """
 
 from __future__ import annotations
@@ -64,13 +88,20 @@ class BlockManager:
     """A pool of ``num_blocks`` KV blocks, their reference counts and one block table per request.
 
     Without prefix caching every block has at most one holder and the pool behaves as a plain free
-    list. With it, see the module docstring.
+    list. With it, see the module docstring; ``vllm_order`` frees and re-registers blocks as vLLM
+    does (the module docstring's "vLLM's order").
 
     Raises:
         ValueError: on fewer than one block or a block size below 1.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        prefix_caching: bool = False,
+        vllm_order: bool = False,
+    ):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(
                 f"A paged KV cache needs at least one block of at least one token "
@@ -79,12 +110,14 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.prefix_caching = prefix_caching
+        self.vllm_order = vllm_order
         self.block_tables: dict[int, list[int]] = {}  # request id -> block ids in token order
         self.ref_counts = [0] * num_blocks  # sequences holding each block
         self._free: deque[int] = deque(range(num_blocks))  # free, no hash
         self._cached_free: OrderedDict[int, None] = OrderedDict()  # free, hashed; LRU first
         self._hash_of: dict[int, bytes] = {}  # block id -> its prefix hash (full, computed)
-        self._block_of: dict[bytes, int] = {}  # prefix hash -> block id
+        # prefix hash -> its blocks, first registered first (more than one only with vllm_order)
+        self._blocks_of: dict[bytes, dict[int, None]] = {}
         self._num_hashed: dict[int, int] = {}  # request id -> leading table blocks looked at
 
     @property
@@ -121,25 +154,34 @@ class BlockManager:
     def _evict(self) -> int:
         """Take the least recently used cached free block and forget its hash."""
         block, _ = self._cached_free.popitem(last=False)
-        del self._block_of[self._hash_of.pop(block)]
+        h = self._hash_of.pop(block)
+        del self._blocks_of[h][block]
+        if not self._blocks_of[h]:
+            del self._blocks_of[h]
         return block
 
     def free(self, request_id: int) -> int:
         """Release ``request_id``'s blocks; the number released (0 if it held none).
 
         A block goes back to the pool when no other sequence holds it: to the cached free queue
-        if it has a hash (tail blocks first), else to the plain free list.
+        if it has a hash (tail blocks first), else to the plain free list: its end by default,
+        its front with ``vllm_order`` (tail block first, so it is reused first).
         """
         table = self.block_tables.pop(request_id, [])
         self._num_hashed.pop(request_id, None)
-        for block in reversed(table) if self.prefix_caching else table:
+        plain = []
+        for block in reversed(table) if self.prefix_caching or self.vllm_order else table:
             self.ref_counts[block] -= 1
             assert self.ref_counts[block] >= 0, f"block {block} released more than held"
             if self.ref_counts[block] == 0:
                 if block in self._hash_of:
                     self._cached_free[block] = None
                 else:
-                    self._free.append(block)
+                    plain.append(block)
+        if self.vllm_order:
+            self._free.extendleft(reversed(plain))  # vLLM's prepend_n: plain[0] ends up first
+        else:
+            self._free.extend(plain)
         return len(table)
 
     # --- prefix caching --------------------------------------------------------------------
@@ -159,13 +201,14 @@ class BlockManager:
         return hashes
 
     def match_prefix(self, hashes: list[bytes]) -> list[int]:
-        """The cached blocks of the longest prefix of ``hashes`` (block ids, in order)."""
+        """The cached blocks of the longest prefix of ``hashes`` (block ids, in order); where a
+        hash has two blocks, the first registered."""
         found = []
         for h in hashes:
-            block = self._block_of.get(h)
-            if block is None:
+            blocks = self._blocks_of.get(h)
+            if blocks is None:
                 break
-            found.append(block)
+            found.append(next(iter(blocks)))
         return found
 
     def num_free_among(self, blocks: list[int]) -> int:
@@ -187,15 +230,16 @@ class BlockManager:
         """Register the first ``num_full_blocks`` blocks of ``request_id`` (now full and computed)
         under ``hashes``, so later sequences can share them.
 
-        A block whose hash another block already has (two equal prefixes computed in the same
-        step) stays without one and returns to the plain free list when released.
+        A block whose hash another block already has (an equal prefix computed twice) stays
+        without one and returns to the plain free list when released; with ``vllm_order`` it is
+        registered under that hash too, after the first.
         """
         table = self.block_tables[request_id]
         assert num_full_blocks <= min(len(hashes), len(table)), "caching an unfilled block"
         for i in range(self._num_hashed.get(request_id, 0), num_full_blocks):
             h, block = hashes[i], table[i]
-            if h not in self._block_of:
-                self._block_of[h] = block
+            if h not in self._blocks_of or self.vllm_order:
+                self._blocks_of.setdefault(h, {})[block] = None
                 self._hash_of[block] = h
         self._num_hashed[request_id] = max(self._num_hashed.get(request_id, 0), num_full_blocks)
 
@@ -230,8 +274,10 @@ class BlockManager:
         assert sorted(free) == [b for b in range(self.num_blocks) if held[b] == 0], (
             f"KV blocks leaked or doubled: {len(held)} held + {len(free)} free != {self.num_blocks}"
         )
-        assert all(self._block_of[h] == b for b, h in self._hash_of.items()), "hash map broken"
-        assert len(self._block_of) == len(self._hash_of), "hash map broken"
+        assert all(b in self._blocks_of[h] for b, h in self._hash_of.items()), "hash map broken"
+        registered = sum(len(blocks) for blocks in self._blocks_of.values())
+        assert registered == len(self._hash_of), "hash map broken"
+        assert self.vllm_order or registered == len(self._blocks_of), "a hash with two blocks"
         assert all(b in self._hash_of for b in self._cached_free), (
             "a cached free block lost its hash"
         )

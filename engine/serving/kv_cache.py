@@ -114,6 +114,11 @@ class InPlaceKVCache(KVCache):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One slot's first ``kv_len`` keys and values: [1, H_kv, kv_len, D]."""
 
+    @abstractmethod
+    def block_storage(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's whole storage as blocks, for a kernel that writes and reads it in place
+        through ``batch.kv_block_table``: keys, values [H_kv, N, S, D] (N blocks of S positions)."""
+
     def store_step(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
         """Batch-invariant mode: store the step's keys/values (as ``write``)."""
         self.write(layer, key, value, batch)
@@ -138,6 +143,7 @@ class SlotKVCache(InPlaceKVCache):
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.max_seq_len = max_seq_len
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+        self.block_table = torch.arange(num_slots, device=device)[:, None]  # (B, 1): a slot a block
 
     @property
     def total_bytes(self) -> int:
@@ -166,15 +172,15 @@ class SlotKVCache(InPlaceKVCache):
         positions = batch.position_ids[0]  # (T,)
         assert int(positions.max()) < self.max_seq_len, "a sequence outgrew its slot's KV"
         batch.kv_write_index = self.write_index(batch.slot_ids, positions)
+        batch.kv_block_table = self.block_table
 
     def slot_view(self, layer: int, batch: PackedBatch, kv_len: int):
         """Keys and values of every slot's first ``kv_len`` positions: [B, H_kv, kv_len, D]."""
         return self.keys[layer][:, :, :kv_len], self.values[layer][:, :, :kv_len]
 
-    def layer_storage(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A layer's whole storage, for a kernel that writes and reads it in place:
-        [B, H_kv, P, D] each."""
-        return self.keys[layer], self.values[layer]
+    def block_storage(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's storage with each slot one block of P positions: [H_kv, B, P, D] each."""
+        return self.keys[layer].transpose(0, 1), self.values[layer].transpose(0, 1)
 
     def sequence_view(self, layer: int, batch: PackedBatch, slot: int, kv_len: int):
         """One slot's first ``kv_len`` keys and values: [1, H_kv, kv_len, D]."""
@@ -200,8 +206,9 @@ class PagedKVCache(InPlaceKVCache):
 
     Shapes:
         keys, values: [L, H_kv, N * block_size, D]   (N = num_blocks)
-        per step (``prepare``): kv_block_rows [B, max_blocks * block_size], the storage row of
-        every position of every slot's sequence; kv_write_index [T], where each new token goes.
+        per step (``prepare``): kv_block_table [B, max_blocks], each slot's block table, padded;
+        kv_block_rows [B, max_blocks * block_size], the storage row of every position of every
+        slot's sequence; kv_write_index [T], where each new token goes.
     """
 
     def __init__(
@@ -240,6 +247,7 @@ class PagedKVCache(InPlaceKVCache):
         padded = torch.zeros(num_slots, width, dtype=torch.long)  # (B, max_blocks); idle: block 0
         for seq, table in zip(batch.seqs, tables, strict=True):
             padded[seq.slot, : len(table)] = torch.tensor(table)
+        batch.kv_block_table = padded.to(batch.input_ids.device)
         offsets = torch.arange(block_size)
         rows = (padded[:, :, None] * block_size + offsets).reshape(num_slots, -1)
         batch.kv_block_rows = rows.to(batch.input_ids.device)  # (B, max_blocks * block_size)
@@ -250,6 +258,12 @@ class PagedKVCache(InPlaceKVCache):
         """Store the step's new keys/values ([1, H_kv, T, D]) in their sequences' blocks."""
         self.keys[layer].index_copy_(1, batch.kv_write_index, key[0])
         self.values[layer].index_copy_(1, batch.kv_write_index, value[0])
+
+    def block_storage(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's storage as its blocks: [H_kv, N, block_size, D] each."""
+        num_kv_heads, _, head_dim = self.keys.shape[1:]
+        shape = (num_kv_heads, -1, self.block_size, head_dim)
+        return self.keys[layer].view(shape), self.values[layer].view(shape)
 
     def slot_view(self, layer: int, batch: PackedBatch, kv_len: int):
         """Gather every slot's first ``kv_len`` positions: keys, values [B, H_kv, kv_len, D]."""

@@ -50,6 +50,7 @@ class PackedBatch:
         decode_mask: [B, 1, 1, T_kv_d] keys each slot's decode query may see (>= 1 key per slot)
         packed_mask: [1, 1, T, T_kv]   only in the ``concat`` KV mode
         kv_block_rows: [B, max_blocks * block_size]   only in the ``paged`` KV mode
+        kv_block_table: [B, M]         each slot's KV blocks (the slot cache: [B, 1], itself)
     """
 
     seqs: list[Sequence]
@@ -69,6 +70,7 @@ class PackedBatch:
     all_slots_decode: bool = False  # every slot feeds one token, packed in slot order
     kv_write_index: torch.Tensor | None = None  # storage rows of the new tokens' keys/values
     kv_block_rows: torch.Tensor | None = None  # paged: [B, max_blocks * block_size] storage rows
+    kv_block_table: torch.Tensor | None = None  # slot and paged KV modes, for decode_step
     invariant: bool = (
         False  # batch-invariant mode: attend per sequence (engine.kernels.invariant_ops)
     )

@@ -3,21 +3,21 @@
 A ``Scheduler`` (``engine.serving.scheduler``) holds the state of a run (waiting and running
 sequences, free slots, the block manager) and the mechanics every policy shares (seating a waiting
 sequence, preempting, postprocessing). What differs between policies is the plan, and a planner
-makes it:
+makes it, one step per call:
 
-* ``admit(scheduler, now_s)`` seats waiting requests that arrived by ``now_s`` and returns them;
-  the engine calls it when a step ends (and when it wakes for an arrival);
-* ``plan(scheduler)`` returns the next step: who runs, how many tokens each, who was preempted;
+* ``schedule(scheduler, now_s)`` plans the next step: it seats waiting requests that arrived by
+  ``now_s`` and fit, and returns who runs, how many tokens each, who was preempted for it and who
+  was admitted; the engine calls it when a step ends (and when it wakes for an arrival);
 * ``release(seq)`` is told when a sequence leaves the running set (finished or preempted).
 
 ``scheduler`` is that ``Scheduler``; ``SchedulerState`` names what a planner may use of it (the
 scheduler imports this module, so it is not imported here).
 
-``DecodeFirstPlanner`` and ``PrefillFirstPlanner`` seat every arrival that fits in ``admit`` and
-share the token budget in ``plan`` (decodes or prefills first). ``VllmPlanner`` follows vLLM V1's
-``Scheduler.schedule``, which serves the running requests and then admits waiting ones within one
-budget in a single pass: it makes the whole step in ``admit`` and hands it out in ``plan``. The
-policies and their differences are described in ``engine.serving.scheduler``'s docstring.
+``DecodeFirstPlanner`` and ``PrefillFirstPlanner`` first seat every arrival that fits, then share
+the token budget (decodes or prefills first). ``VllmPlanner`` follows vLLM V1's
+``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``): the running requests first, then
+waiting ones while budget is left, in one pass. The policies and their differences are described in
+``engine.serving.scheduler``'s docstring.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from engine.serving.block_manager import BlockManager, blocks_for
 @dataclass
 class ScheduledStep:
     """One step's plan: ``seqs`` in slot order (the packed order), ``num_new[i]`` tokens each,
-    and the sequences preempted to make room for it."""
+    the sequences preempted to make room for it and those admitted (seated) for it."""
 
     seqs: list[Sequence]
     num_new: list[int]
     preempted: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)
 
 
 class SchedulerState(Protocol):
@@ -66,14 +67,10 @@ def budget_of(scheduler: SchedulerState) -> float:
 
 
 class Planner:
-    """The interface: ``admit``, ``plan`` and ``release``; see the module docstring."""
+    """The interface: ``schedule`` and ``release``; see the module docstring."""
 
-    def admit(self, scheduler: SchedulerState, now_s: float) -> list[Sequence]:
-        """Seat the waiting requests that arrived by ``now_s`` and fit; return them."""
-        raise NotImplementedError
-
-    def plan(self, scheduler: SchedulerState) -> ScheduledStep:
-        """The next step's plan."""
+    def schedule(self, scheduler: SchedulerState, now_s: float) -> ScheduledStep:
+        """Plan the next step, admitting the waiting requests that arrived by ``now_s``."""
         raise NotImplementedError
 
     def release(self, seq: Sequence) -> None:
@@ -85,26 +82,23 @@ class _BudgetPlanner(Planner):
 
     prefills_first = False
 
-    def admit(self, scheduler: SchedulerState, now_s: float) -> list[Sequence]:
+    def schedule(self, scheduler: SchedulerState, now_s: float) -> ScheduledStep:
         """Fill free slots with waiting requests that arrived by ``now_s``, in arrival order,
-        while each one's first step fits the free KV blocks."""
+        while each one's first step fits the free KV blocks; grant tokens by policy within the
+        budget; give the granted sequences their blocks (paged mode), preempting when they run
+        out."""
         admitted = []
         while (seq := scheduler.next_arrived(now_s)) is not None:
             hit = scheduler.prefix_hit(seq)
             if not self._blocks_to_admit(scheduler, seq, hit):
                 break
             admitted.append(scheduler.seat(hit))
-        return admitted
-
-    def plan(self, scheduler: SchedulerState) -> ScheduledStep:
-        """Grant tokens by policy within the budget, then give the granted sequences their
-        blocks (paged mode), preempting when they run out."""
         grants = self._grant_tokens(scheduler)
         preempted = []
         if scheduler.block_manager is not None:
             preempted = self._allocate_blocks(scheduler, grants)
         seqs = [scheduler.running[slot] for slot in sorted(scheduler.running) if slot in grants]
-        return ScheduledStep(seqs, [grants[s.slot] for s in seqs], preempted)
+        return ScheduledStep(seqs, [grants[s.slot] for s in seqs], preempted, admitted)
 
     def _grant_tokens(self, scheduler: SchedulerState) -> dict[int, int]:
         """Slot -> tokens this step, by policy, within the budget."""
@@ -176,25 +170,17 @@ class PrefillFirstPlanner(_BudgetPlanner):
 class VllmPlanner(Planner):
     """``"vllm"``: vLLM V1's ``Scheduler.schedule``: the running requests in vLLM's running
     order (``order``: admission order, a resumed request last), then waiting requests while
-    budget is left; the plan is made in ``admit``, which admission is part of."""
+    budget is left."""
 
     def __init__(self) -> None:
         self.order: list[Sequence] = []  # vLLM's running order
-        self._plan: ScheduledStep | None = None  # the next step, made in admit()
-
-    def plan(self, scheduler: SchedulerState) -> ScheduledStep:
-        """The step ``admit`` planned (``admit`` must have been called since the last one)."""
-        plan, self._plan = self._plan, None
-        assert plan is not None and plan.seqs, "the vllm policy plans in admit(), called first"
-        return plan
 
     def release(self, seq: Sequence) -> None:
         """``seq`` leaves vLLM's running order."""
         self.order.remove(seq)
 
-    def admit(self, scheduler: SchedulerState, now_s: float) -> list[Sequence]:
-        """Plan the next step as vLLM's ``Scheduler.schedule`` would (kept for ``plan``);
-        return the requests it admits.
+    def schedule(self, scheduler: SchedulerState, now_s: float) -> ScheduledStep:
+        """Plan the next step as vLLM's ``Scheduler.schedule`` would.
 
         First the running requests in vLLM's order while budget is left (the ``while
         req_index < len(self.running) and token_budget > 0`` loop), each with its blocks
@@ -220,9 +206,7 @@ class VllmPlanner(Planner):
             left -= n
             admitted.append(seq)
         seqs = [scheduler.running[slot] for slot in sorted(grants)]
-        self._plan = ScheduledStep(seqs, [grants[s.slot] for s in seqs], preempted)
-        assert scheduler.token_budget is None or sum(grants.values()) <= scheduler.token_budget
-        return admitted
+        return ScheduledStep(seqs, [grants[s.slot] for s in seqs], preempted, admitted)
 
     def _allocate(
         self, scheduler: SchedulerState, seq: Sequence, n: int, preempted: list[Sequence]

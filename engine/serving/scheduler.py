@@ -46,10 +46,13 @@ The ``"vllm"`` policy plans each step as vLLM V1's ``Scheduler.schedule`` does (
   (``KVCacheManager.allocate_slots`` -> ``cache_blocks``), before they are computed, so a request
   admitted later in the same step shares the prompt blocks an earlier one computes in it (each
   layer stores the whole step's keys before any attention reads them, so this is exact).
+* **Free blocks.** The block manager frees and reuses blocks in vLLM's order (``vllm_order``,
+  ``engine.serving.block_manager``): a block computed twice keeps its hash, so eviction under a
+  full pool can keep other prefixes than ``decode_first`` keeps.
 
 Each policy is a planner (``engine.serving.planners``); the scheduler keeps the state and the
-mechanics they share. The ``"vllm"`` planner makes the whole plan in ``admit`` (which the engine
-calls when a step ends, before it asks for the next), and ``schedule`` hands it out.
+mechanics they share. One ``schedule(now_s)`` call plans one step, admissions included, whatever
+the policy; the engine calls it when a step ends (and when it wakes for an arrival).
 """
 
 from __future__ import annotations
@@ -94,7 +97,9 @@ class Scheduler:
         self.planner = planner_for(policy)
         self.block_manager: BlockManager | None = None
         if num_kv_blocks is not None:
-            self.block_manager = BlockManager(num_kv_blocks, block_size, prefix_caching)
+            self.block_manager = BlockManager(
+                num_kv_blocks, block_size, prefix_caching, vllm_order=policy == "vllm"
+            )
         by_arrival = sorted(requests, key=lambda r: r.arrival_order)
         self.waiting: deque[Sequence] = deque(Sequence(r) for r in by_arrival)
         self.running: dict[int, Sequence] = {}  # slot -> sequence
@@ -107,15 +112,12 @@ class Scheduler:
         """When the first waiting request arrives (None if nothing waits)."""
         return self.waiting[0].request.arrival_s if self.waiting else None
 
-    def admit(self, now_s: float = math.inf) -> list[Sequence]:
-        """Seat waiting requests that arrived by ``now_s``, in arrival order, as the planner
-        decides (the ``"vllm"`` planner plans the whole next step here); return them."""
-        return self.planner.admit(self, now_s)
-
-    def schedule(self) -> ScheduledStep:
-        """The next step: who runs, how many tokens each, and who was preempted for it."""
+    def schedule(self, now_s: float = math.inf) -> ScheduledStep:
+        """The next step: who runs, how many tokens each, who was preempted for it, and who was
+        admitted for it (waiting requests that arrived by ``now_s``, in arrival order, as the
+        planner decides)."""
+        step = self.planner.schedule(self, now_s)
         assert len(self.running) <= self.num_slots, "more running sequences than slots"
-        step = self.planner.plan(self)
         assert self.token_budget is None or sum(step.num_new) <= self.token_budget, "over budget"
         return step
 

@@ -2,12 +2,16 @@
 
 ``comparison``: the static and continuous engines, transformers' engine and the reference with
 its verdicts on one model, asked for with a ``ComparisonJob`` and answered with a
-``ComparisonResult`` of core types; the engine process runs it, and so does the page's engine
-thread. May import every core room below it, ``peers`` included; nothing in the core imports it.
+``ComparisonResult`` of core types (and ``JudgeJob``: verdicts of traces made elsewhere); the
+engine process runs it, and so does the page's engine thread. ``model_facts``: what a process
+without the weights needs of the model (its tokenizer, sizes, labels and reference keys), asked
+for the same way. May import every core room below it, ``peers`` included; nothing in the core
+imports it.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face.
 """
 
 __all__ = [
     "comparison",
+    "model_facts",
 ]

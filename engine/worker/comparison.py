@@ -18,6 +18,10 @@ test checks it).
 reference and transformers' engine), ``watch(engine, trace, waiting=True)`` while an engine waits
 for arrivals, and ``watch(engine, trace, done=True)`` after each engine's last step; an exception
 it raises (``RunStopped``) ends the work within one step or wait.
+
+``JudgeJob`` asks for the verdicts of traces made elsewhere (the page's servers, which run after
+the engines, outside this job): ``judge_in_worker`` judges them against the same reference, whose
+outputs the comparison cached, so it computes no reference again for the same requests.
 """
 
 from __future__ import annotations
@@ -128,3 +132,24 @@ def _run_engine(engine, name: str, requests: list[Request], watch: Watch) -> Tra
     )
     watch(name, trace, done=True)
     return trace
+
+
+@dataclass(frozen=True)
+class JudgeJob:
+    """Traces made elsewhere (servers), to judge against the reference of ``requests``."""
+
+    requests: list[Request]
+    traces: dict[str, Trace]  # by engine name
+    dtype: str | None = None  # the run's precision, as in ``ComparisonJob``
+    batch_invariant: bool = False  # the reference: each request alone, as in the run
+
+
+def judge_in_worker(
+    model: ComparisonModel, job: JudgeJob, _watch: Watch
+) -> dict[str, dict[int, dict]]:
+    """``judge_runs`` of ``job.traces`` on the worker's model in the job's precision: engine ->
+    request id -> verdict entry. A trace without logits (a server's) is judged with the
+    reference's rounding bound counted twice (``engine.fidelity.divergence``)."""
+    model = model.in_dtype(job.dtype)
+    source = model.reference_for(job.batch_invariant)
+    return judge_runs(model.runner, source, job.requests, job.traces)

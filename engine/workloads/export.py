@@ -9,7 +9,8 @@
   one process per engine, one track (thread) per slot with a span per request, and a "steps" track
   with one span per forward pass; a server's own record is one more process
   (``vllm (own record)``), its lanes as tracks;
-* ``charts_html``: the page's charts in one HTML file that works offline.
+* ``charts_html``: the page's charts in one HTML file that works offline;
+* ``download_folder``: a fresh folder for one download's files, the oldest pruned.
 """
 
 from __future__ import annotations
@@ -18,11 +19,16 @@ import csv
 import html
 import io
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from engine.sampling_params import FIELDS as SAMPLING_FIELDS
 from engine.trace import Trace
+
+DOWNLOAD_ROOT = Path(tempfile.gettempdir()) / "cbp-downloads"
+KEPT_DOWNLOADS = 32  # folders per prefix: Gradio copies a handler's files into its own cache
 
 CSV_FIELDS = [
     "engine",
@@ -199,3 +205,17 @@ def write_files(folder: str | Path, traces: dict[str, Trace]) -> list[Path]:
     for name, text in files.items():
         (folder / name).write_text(text, encoding="utf-8")
     return [folder / name for name in files]
+
+
+def download_folder(prefix: str, root: Path = DOWNLOAD_ROOT, keep: int = KEPT_DOWNLOADS) -> Path:
+    """A fresh folder under ``root`` for one download's files, named ``prefix`` and a random tail.
+    The oldest folders of that prefix beyond the newest ``keep`` are removed, so a long-lived page
+    does not fill its disk one run at a time: Gradio serves a handler's returned files from copies
+    in its own cache, so a folder is needed only until its handler returns."""
+    root.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+    older = sorted(root.glob(f"{prefix}*"), key=lambda path: path.stat().st_mtime)
+    for path in older[: max(len(older) - keep, 0)]:
+        if path != folder:
+            shutil.rmtree(path, ignore_errors=True)
+    return folder

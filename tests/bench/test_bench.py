@@ -49,6 +49,7 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
         assert r["peak_rss_bytes"] > doc["weight_bytes"], f"{name}: RSS holds the weights"
         # transformers sizes its own KV cache from free memory unless told (14 GB here once)
         assert r["peak_rss_added_bytes"] < 2**30, f"{name}: a tiny model's run added over 1 GiB"
+        assert 0.0 <= r["others_cpu_share"] <= 1.0, f"{name}: other work's share (Linux /proc)"
         req = r["requests"][1]
         assert set(req) >= {"request_id", "prompt", "max_new_tokens", "output_token_ids"}
         assert set(req) >= {"output_text", "ttft_s", "latency_s"}

@@ -1,4 +1,5 @@
-"""The bench says which decoder layers our continuous engine ran (JSON and table)."""
+"""The bench says which decoder layers our engines ran (JSON and table): the continuous engines'
+steps and the static engine's packed waves; ``static_generate`` runs ``generate``'s own."""
 
 import json
 
@@ -17,10 +18,11 @@ def _bench(tmp_path, engines: str, capsys) -> tuple[dict, str]:
 def test_bench_reports_the_decoder_layers_of_the_timed_steps(
     setting, path, tmp_path, tiny_loaded, capsys, monkeypatch
 ):
-    """decoder_layers names the path; decoder_layer_steps counts the timed run's steps only."""
+    """decoder_layers names the path; decoder_layer_steps counts the timed runs' steps only,
+    the static engine's waves with the continuous engine's steps."""
     monkeypatch.setenv("CBP_FUSED_LAYERS", setting)
     doc, table = _bench(tmp_path, "static,continuous", capsys)
-    steps = doc["engines"]["continuous"]["num_steps"]
+    steps = sum(doc["engines"][name]["num_steps"] for name in ("static", "continuous"))
     other = "transformers" if path == "fused" else "fused"
     assert doc["decoder_layers"] == path
     assert doc["decoder_layer_steps"] == {"compiled": 0, path: steps, other: 0}
@@ -28,27 +30,32 @@ def test_bench_reports_the_decoder_layers_of_the_timed_steps(
     assert f"decoder layers: {path} (steps: {path} {steps})" in table
 
 
-def test_bench_without_a_continuous_engine_reports_no_decoder_layers(tmp_path, tiny_loaded, capsys):
-    """With no continuous engine in the run, decoder_layers is null and the table says nothing."""
-    doc, table = _bench(tmp_path, "static", capsys)
+def test_bench_without_our_packed_steps_reports_no_decoder_layers(tmp_path, tiny_loaded, capsys):
+    """With only ``static_generate`` (plain ``generate``), decoder_layers is null and the table
+    says nothing; the static engine alone reports its waves' layers."""
+    doc, table = _bench(tmp_path, "static_generate", capsys)
     assert doc["decoder_layers"] is None
     assert doc["decoder_layer_steps"] == {"compiled": 0, "fused": 0, "transformers": 0}
     assert "decoder layers" not in table
+    doc, table = _bench(tmp_path, "static", capsys)
+    steps = doc["engines"]["static"]["num_steps"]
+    assert (doc["decoder_layers"], doc["decoder_layer_steps"]["fused"]) == ("fused", steps)
 
 
 def test_bench_reports_the_compiled_step(
     tmp_path, tiny_loaded, capsys, monkeypatch, compile_cache_dir
 ):
     """With the compiled step on: compile_s at warm-up, step_mode "compiled" and no recompile for
-    the continuous engine, "eager" for static, and every timed continuous step ran compiled."""
+    the continuous engine and the static engine's waves, every timed step of theirs compiled."""
     monkeypatch.setenv("CBP_COMPILED_STEP", "auto")
     monkeypatch.setenv("CBP_CACHE_DIR", compile_cache_dir)
     doc, table = _bench(tmp_path, "static,continuous", capsys)
     continuous, static = doc["engines"]["continuous"], doc["engines"]["static"]
     assert (continuous["step_mode"], continuous["recompiles"]) == ("compiled", 0), continuous
-    assert (static["step_mode"], static["recompiles"]) == ("eager", 0)
+    assert (static["step_mode"], static["recompiles"]) == ("compiled", 0), static
     assert doc["compile_s"] > 0 and doc["eager_reason"] is None
-    assert doc["decoder_layer_steps"]["compiled"] == continuous["num_steps"]
+    num_steps = continuous["num_steps"] + static["num_steps"]
+    assert doc["decoder_layer_steps"]["compiled"] == num_steps
     assert continuous["reference_match"] is True
     assert "compiled step: first call" in table
 

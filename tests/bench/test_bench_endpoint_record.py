@@ -67,7 +67,7 @@ def test_a_user_started_vllm_is_seen_from_the_inside(
     assert comparison["equal_step_fraction"] >= 0.95, comparison["first_difference"]
     assert entry["reference_match"] is True, entry.get("num_mismatched_requests")
     taken = comparison["settings_taken"]
-    assert (taken["from"], taken["max_num_seqs"]) == ("myvllm", 3), taken
+    assert (taken["from"], taken["max_num_seqs"], taken["dtype"]) == ("myvllm", 3, "float32"), taken
     assert "myvllm's settings, from its record's start line: max_num_seqs 3" in err, err[-3000:]
     assert entry["info"]["schedule_record"]["url"] == f"{user_vllm.record_url}/record"
 

@@ -13,6 +13,13 @@
 // with the softmax's maximum subtracted first, as SDPA does. The key/value rows may be any
 // strided view (a slot cache's, a paged cache's gather) whose last dimension is contiguous.
 // exp is Cephes' single-precision polynomial (simd.h's exp_ps), within 2 ulp of expf.
+//
+// decode_step does a step's whole attention for one layer: rotary, every new key and value into
+// the cache first, then the attention above, each token's queries over its sequence's first
+// position + 1 keys (so the tokens of a short prefill chunk attend causally, one query each). Its cache is blocks of S positions, [H_kv, N, S, D],
+// found through a block table [B, M] as in vLLM's paged attention: slot b's position p lives in
+// block block_table[b, p / S] at offset p % S. A slot cache is the case M = 1, S = P (each slot
+// one block); a paged cache's table is its sequences' block tables, padded.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -20,6 +27,7 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "ops.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -42,10 +50,10 @@ struct Views {  // element strides of q, k, v and out, over (b, h, t or g); the 
   int64_t q[3], k[3], v[3], out[3];
 };
 
-// Scores of G queries against len keys: scores[g * len + t] = scale * q[g] . k[t].
+// Scores of G queries against len keys: scores[g * ld + t] = scale * q[g] . k[t].
 template <typename T>
 void score(const T* q, const T* k, const Views& s, int64_t group, int64_t len, int64_t head,
-           float scale, float* scores) {
+           float scale, float* scores, int64_t ld) {
   int64_t chunks = (head + kLanes - 1) / kLanes;
   __m512 qv[kMaxGroup][kMaxChunks];
   for (int64_t g = 0; g < group; ++g) {
@@ -60,7 +68,7 @@ void score(const T* q, const T* k, const Views& s, int64_t group, int64_t len, i
     for (int64_t g = 0; g < group; ++g) {
       __m512 acc = _mm512_mul_ps(qv[g][0], kv[0]);
       for (int64_t c = 1; c < chunks; ++c) acc = _mm512_fmadd_ps(qv[g][c], kv[c], acc);
-      scores[g * len + t] = _mm512_reduce_add_ps(acc) * scale;
+      scores[g * ld + t] = _mm512_reduce_add_ps(acc) * scale;
     }
   }
 }
@@ -81,31 +89,51 @@ void softmax_numerators(float* scores, int64_t group, int64_t len, float* sums) 
   }
 }
 
+using Sums = __m512[kMaxGroup][kMaxChunks];
+
+// acc[g] += sum_t weights[g * ld + t] v[t], over len value rows v_stride apart.
+template <typename T>
+void accumulate(const float* weights, int64_t ld, const T* v, int64_t v_stride, int64_t group,
+                int64_t len, int64_t head, Sums& acc) {
+  int64_t chunks = (head + kLanes - 1) / kLanes;
+  for (int64_t t = 0; t < len; ++t) {
+    const T* row = v + t * v_stride;
+    __m512 vv[kMaxChunks];
+    for (int64_t c = 0; c < chunks; ++c) vv[c] = load(row + c * kLanes, lane_mask(c * kLanes, head));
+    for (int64_t g = 0; g < group; ++g) {
+      __m512 w = _mm512_set1_ps(weights[g * ld + t]);
+      for (int64_t c = 0; c < chunks; ++c) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
+    }
+  }
+}
+
+void clear(Sums& acc, int64_t group, int64_t head) {
+  for (int64_t g = 0; g < group; ++g) {
+    for (int64_t c = 0; c < (head + kLanes - 1) / kLanes; ++c) acc[g][c] = _mm512_setzero_ps();
+  }
+}
+
+// out[g] = acc[g] / sums[g] (zeros where no key was attended), out rows out_stride apart.
+template <typename T>
+void finish(const Sums& acc, const float* sums, int64_t group, int64_t len, int64_t head, T* out,
+            int64_t out_stride) {
+  for (int64_t g = 0; g < group; ++g) {
+    __m512 inv = _mm512_set1_ps(len > 0 ? 1.0f / sums[g] : 0.0f);
+    for (int64_t c = 0; c < (head + kLanes - 1) / kLanes; ++c) {
+      store(out + g * out_stride + c * kLanes, _mm512_mul_ps(acc[g][c], inv),
+            lane_mask(c * kLanes, head));
+    }
+  }
+}
+
 // out[g] = sum_t weights[g * len + t] v[t] / sums[g].
 template <typename T>
 void weigh(const float* weights, const float* sums, const T* v, const Views& s, int64_t group,
            int64_t len, int64_t head, T* out) {
-  int64_t chunks = (head + kLanes - 1) / kLanes;
-  __m512 acc[kMaxGroup][kMaxChunks];
-  for (int64_t g = 0; g < group; ++g) {
-    for (int64_t c = 0; c < chunks; ++c) acc[g][c] = _mm512_setzero_ps();
-  }
-  for (int64_t t = 0; t < len; ++t) {
-    const T* row = v + t * s.v[2];
-    __m512 vv[kMaxChunks];
-    for (int64_t c = 0; c < chunks; ++c) vv[c] = load(row + c * kLanes, lane_mask(c * kLanes, head));
-    for (int64_t g = 0; g < group; ++g) {
-      __m512 w = _mm512_set1_ps(weights[g * len + t]);
-      for (int64_t c = 0; c < chunks; ++c) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
-    }
-  }
-  for (int64_t g = 0; g < group; ++g) {
-    __m512 inv = _mm512_set1_ps(len > 0 ? 1.0f / sums[g] : 0.0f);
-    for (int64_t c = 0; c < chunks; ++c) {
-      store(out + g * s.out[2] + c * kLanes, _mm512_mul_ps(acc[g][c], inv),
-            lane_mask(c * kLanes, head));
-    }
-  }
+  Sums acc;
+  clear(acc, group, head);
+  accumulate(weights, len, v, s.v[2], group, len, head, acc);
+  finish(acc, sums, group, len, head, out, s.out[2]);
 }
 
 template <typename T>
@@ -128,7 +156,7 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const in
       const T* qb = qp + b * s.q[0] + h * s.q[1];
       const T* kb = kp + b * s.k[0] + h * s.k[1];
       const T* vb = vp + b * s.v[0] + h * s.v[1];
-      score(qb, kb, s, group, len, head, static_cast<float>(scale), scores.data());
+      score(qb, kb, s, group, len, head, static_cast<float>(scale), scores.data(), len);
       softmax_numerators(scores.data(), group, len, sums);
       weigh(scores.data(), sums, vb, s, group, len, head, op + b * s.out[0] + h * s.out[1]);
     }
@@ -172,47 +200,72 @@ inline T rotated(const T* x, const T* cos, const T* signed_sin, int64_t d, int64
 }
 
 struct StepShape {
-  int64_t heads, kv_heads, head, qkv_stride, rope_stride, cache[3];  // cache: b, h, t strides
+  int64_t heads, kv_heads, head, qkv_stride, rope_stride;
+  int64_t cache[3];     // element strides of k_cache and v_cache over (h, block, offset)
+  int64_t block_size;   // positions per block (S)
+  int64_t table_width;  // blocks per block-table row (M)
 };
 
-// One (token, key/value head) of a decode step: rotary on its key and its G queries, the key and
-// value into the cache at (slot, position), then the G queries over the slot's position + 1 keys.
+// One (token, key/value head) of a step, first half: rotary on its key, and the key and value
+// into the cache at the token's position.
 template <typename T>
-void step_task(const T* qkv, const T* cos, const T* sin, T* kc, T* vc, int64_t slot,
-               int64_t position, int64_t h, const StepShape& z, float scale, T* out,
-               std::vector<float>& scores) {
-  int64_t group = z.heads / z.kv_heads, head = z.head;
+void write_task(const T* qkv, const T* cos, const T* sin, T* kc, T* vc, const int64_t* blocks,
+                int64_t position, int64_t h, const StepShape& z) {
+  int64_t head = z.head, size = z.block_size;
   const T* key = qkv + (z.heads + h) * head;
   const T* value = qkv + (z.heads + z.kv_heads + h) * head;
-  int64_t row = slot * z.cache[0] + h * z.cache[1];
-  T* key_slot = kc + row + position * z.cache[2];
-  T* value_slot = vc + row + position * z.cache[2];
+  int64_t here = h * z.cache[0] + blocks[position / size] * z.cache[1] + position % size * z.cache[2];
   for (int64_t d = 0; d < head; ++d) {
-    key_slot[d] = rotated(key, cos, sin, d, head);
-    value_slot[d] = value[d];
+    kc[here + d] = rotated(key, cos, sin, d, head);
+    vc[here + d] = value[d];
   }
+}
+
+// Second half, once every token's key is in the cache: rotary on its G queries, then the queries
+// over the sequence's position + 1 keys, block by block through its block-table row.
+template <typename T>
+void attend_task(const T* qkv, const T* cos, const T* sin, const T* kc, const T* vc,
+                 const int64_t* blocks, int64_t position, int64_t h, const StepShape& z,
+                 float scale, T* out, std::vector<float>& scores) {
+  int64_t group = z.heads / z.kv_heads, head = z.head, size = z.block_size;
   T queries[kMaxGroup * kLanes * kMaxChunks];
   for (int64_t g = 0; g < group; ++g) {
     const T* query = qkv + (h * group + g) * head;
     for (int64_t d = 0; d < head; ++d) queries[g * head + d] = rotated(query, cos, sin, d, head);
   }
   Views s{};
-  s.q[2] = head, s.k[2] = z.cache[2], s.v[2] = z.cache[2], s.out[2] = head;
-  int64_t len = position + 1;
-  float sums[kMaxGroup];
+  s.q[2] = head, s.k[2] = z.cache[2];
+  int64_t len = position + 1, num_blocks = (len + size - 1) / size;
   scores.resize(group * len);
-  score(queries, kc + row, s, group, len, head, scale, scores.data());
+  for (int64_t j = 0; j < num_blocks; ++j) {
+    int64_t start = h * z.cache[0] + blocks[j] * z.cache[1], n = std::min(size, len - j * size);
+    score(queries, kc + start, s, group, n, head, scale, scores.data() + j * size, len);
+  }
+  float sums[kMaxGroup];
   softmax_numerators(scores.data(), group, len, sums);
-  weigh(scores.data(), sums, vc + row, s, group, len, head, out + h * group * head);
+  Sums acc;
+  clear(acc, group, head);
+  for (int64_t j = 0; j < num_blocks; ++j) {
+    int64_t start = h * z.cache[0] + blocks[j] * z.cache[1], n = std::min(size, len - j * size);
+    accumulate(scores.data() + j * size, len, vc + start, z.cache[2], group, n, head, acc);
+  }
+  finish(acc, sums, group, len, head, out + h * group * head, head);
 }
 
+// Every token's keys and values into the cache, then every token's queries over its keys: a
+// token of a prefill chunk sees the keys its chunk wrote before it, as causal attention does.
 template <typename T>
 void run_step(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
-              at::Tensor& kc, at::Tensor& vc, const int64_t* slots, const int64_t* positions,
-              const StepShape& z, double scale, at::Tensor& out) {
+              at::Tensor& kc, at::Tensor& vc, const int64_t* table, const int64_t* slots,
+              const int64_t* positions, const StepShape& z, double scale, at::Tensor& out) {
   int64_t tokens = qkv.size(0), kv_heads = z.kv_heads;
   const T *qp = qkv.data_ptr<T>(), *cp = cos.data_ptr<T>(), *sp = sin.data_ptr<T>();
   T *kp = kc.data_ptr<T>(), *vp = vc.data_ptr<T>(), *op = out.data_ptr<T>();
+  for (int64_t task = 0; task < tokens * kv_heads; ++task) {
+    int64_t t = task / kv_heads, h = task % kv_heads;
+    write_task(qp + t * z.qkv_stride, cp + t * z.rope_stride, sp + t * z.rope_stride, kp, vp,
+               table + slots[t] * z.table_width, positions[t], h, z);
+  }
   int64_t longest = *std::max_element(positions, positions + tokens) + 1;
   int64_t group = z.heads / kv_heads;
   int64_t grain = std::max<int64_t>(1, kWorkGrain / std::max<int64_t>(1, longest * group));
@@ -220,21 +273,40 @@ void run_step(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& si
     std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
       int64_t t = task / kv_heads, h = task % kv_heads;
-      step_task(qp + t * z.qkv_stride, cp + t * z.rope_stride, sp + t * z.rope_stride, kp, vp,
-                slots[t], positions[t], h, z, static_cast<float>(scale),
-                op + t * z.heads * z.head, scores);
+      attend_task(qp + t * z.qkv_stride, cp + t * z.rope_stride, sp + t * z.rope_stride, kp, vp,
+                  table + slots[t] * z.table_width, positions[t], h, z, static_cast<float>(scale),
+                  op + t * z.heads * z.head, scores);
     }
   });
 }
 
+// Refuses a call whose tokens, positions or block table lie outside the cache.
+void check_places(const at::Tensor& table, const int64_t* slots, const int64_t* positions,
+                  int64_t tokens, int64_t num_blocks, int64_t block_size) {
+  const int64_t* tp = table.data_ptr<int64_t>();
+  for (int64_t i = 0; i < table.numel(); ++i) {
+    TORCH_CHECK(tp[i] >= 0 && tp[i] < num_blocks, "block_table names a block outside the cache");
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    TORCH_CHECK(slots[t] >= 0 && slots[t] < table.size(0) && positions[t] >= 0 &&
+                    positions[t] < table.size(1) * block_size,
+                "each token's slot and position must lie within the cache");
+    for (int64_t u = 0; u < t; ++u) {
+      TORCH_CHECK(slots[u] != slots[t] || positions[u] != positions[t],
+                  "one token per slot and position");
+    }
+  }
+}
+
 at::Tensor decode_step(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
-                       at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slots,
-                       const at::Tensor& positions, int64_t heads, double scale) {
+                       at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& block_table,
+                       const at::Tensor& slots, const at::Tensor& positions, int64_t heads,
+                       double scale) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qkv: [T, (H + 2 H_kv) D], rows contiguous");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
                   k_cache.strides() == v_cache.strides() && k_cache.stride(3) == 1,
-              "k_cache, v_cache: [B, H_kv, P, D], alike, each head's values contiguous");
-  int64_t tokens = qkv.size(0), kv_heads = k_cache.size(1), head = k_cache.size(3);
+              "k_cache, v_cache: [H_kv, N, S, D], alike, each head's values contiguous");
+  int64_t tokens = qkv.size(0), kv_heads = k_cache.size(0), head = k_cache.size(3);
   TORCH_CHECK(heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= kMaxGroup &&
                   head % 2 == 0 && head <= kLanes * kMaxChunks,
               "heads must be a multiple of H_kv, up to 16 times it; an even head size up to 256");
@@ -247,21 +319,21 @@ at::Tensor decode_step(const at::Tensor& qkv, const at::Tensor& cos, const at::T
                     v_cache.scalar_type()}) {
     TORCH_CHECK(type == qkv.scalar_type(), "qkv, rotary and caches share one dtype");
   }
+  auto table = block_table.to(at::kLong).contiguous();
+  TORCH_CHECK(table.dim() == 2 && table.size(1) > 0, "block_table: [B, M]");
   auto slot_ids = slots.to(at::kLong).contiguous(), pos = positions.to(at::kLong).contiguous();
   TORCH_CHECK(slot_ids.numel() == tokens && pos.numel() == tokens, "slots, positions: [T]");
   const int64_t *sp = slot_ids.data_ptr<int64_t>(), *pp = pos.data_ptr<int64_t>();
-  for (int64_t t = 0; t < tokens; ++t) {
-    TORCH_CHECK(sp[t] >= 0 && sp[t] < k_cache.size(0) && pp[t] >= 0 && pp[t] < k_cache.size(2),
-                "each token's slot and position must lie within the cache");
-    for (int64_t u = 0; u < t; ++u) TORCH_CHECK(sp[u] != sp[t], "one token per slot");
-  }
+  check_places(table, sp, pp, tokens, k_cache.size(1), k_cache.size(2));
   StepShape z{heads, kv_heads, head, qkv.stride(0), cos.stride(0),
-              {k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)}};
+              {k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)}, k_cache.size(2),
+              table.size(1)};
   auto out = at::empty({tokens, heads * head}, qkv.options());
+  const int64_t* tp = table.data_ptr<int64_t>();
   if (qkv.scalar_type() == at::kFloat) {
-    run_step<float>(qkv, cos, signed_sin, k_cache, v_cache, sp, pp, z, scale, out);
+    run_step<float>(qkv, cos, signed_sin, k_cache, v_cache, tp, sp, pp, z, scale, out);
   } else if (qkv.scalar_type() == at::kBFloat16) {
-    run_step<c10::BFloat16>(qkv, cos, signed_sin, k_cache, v_cache, sp, pp, z, scale, out);
+    run_step<c10::BFloat16>(qkv, cos, signed_sin, k_cache, v_cache, tp, sp, pp, z, scale, out);
   } else {
     TORCH_CHECK(false, "decode attention takes float32 or bfloat16");
   }
@@ -270,11 +342,23 @@ at::Tensor decode_step(const at::Tensor& qkv, const at::Tensor& cos, const at::T
 
 }  // namespace
 
+namespace cbp {
+at::Tensor decode_step_attention(const at::Tensor& qkv, const at::Tensor& cos,
+                                 const at::Tensor& signed_sin, at::Tensor k_cache,
+                                 at::Tensor v_cache, const at::Tensor& block_table,
+                                 const at::Tensor& slots, const at::Tensor& positions,
+                                 int64_t heads, double scale) {
+  return decode_step(qkv, cos, signed_sin, k_cache, v_cache, block_table, slots, positions, heads,
+                     scale);
+}
+}  // namespace cbp
+
 TORCH_LIBRARY(cbp_attention, m) {
   m.def("decode(Tensor q, Tensor k, Tensor v, Tensor kv_lens, float scale) -> Tensor");
   m.def(
       "decode_step(Tensor qkv, Tensor cos, Tensor signed_sin, Tensor(a!) k_cache, "
-      "Tensor(b!) v_cache, Tensor slots, Tensor positions, int heads, float scale) -> Tensor");
+      "Tensor(b!) v_cache, Tensor block_table, Tensor slots, Tensor positions, int heads, "
+      "float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(cbp_attention, CPU, m) {

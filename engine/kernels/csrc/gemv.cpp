@@ -25,6 +25,7 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "ops.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -263,6 +264,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
 }
 
 }  // namespace
+
+namespace cbp {
+at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                       const std::optional<at::Tensor>& residual) {
+  return linear(x, packed, n, residual);
+}
+}  // namespace cbp
 
 TORCH_LIBRARY(cbp_gemv, m) {
   m.def("pack(Tensor weight) -> Tensor");

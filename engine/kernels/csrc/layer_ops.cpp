@@ -23,6 +23,7 @@
 
 #include <cmath>
 
+#include "ops.h"
 #include "simd.h"
 
 namespace {
@@ -99,6 +100,13 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 }
 
 }  // namespace
+
+namespace cbp {
+at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return rms_norm(x, weight, eps);
+}
+at::Tensor silu_mul_bf16(const at::Tensor& gate_up) { return silu_mul(gate_up); }
+}  // namespace cbp
 
 TORCH_LIBRARY(cbp_layer, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");

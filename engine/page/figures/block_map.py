@@ -6,6 +6,10 @@ prefix are marked::
 
     blocks 0..15 at step 40 (block size 16):
     R0×3 R0×3 R2 -- R0 R2 R5 R5 cc -- R5 -- -- -- -- --     (-- free, cc free but cached)
+
+A server's or transformers' own record may reserve its first block ids, never held (vLLM's null
+block 0, transformers' two trash blocks): ``info["kv_reserved_blocks"]`` counts them (an older
+transformers record names them ``kv_trash_blocks``), and they are drawn apart, never as free.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from engine.trace import StepRecord, Trace
 
 FREE_BLOCK_COLOR = "rgba(128,128,128,0.25)"
 CACHED_FREE_BLOCK_COLOR = "rgba(128,128,128,0.6)"  # free, but keeps its prefix hash (evictable)
+RESERVED_BLOCK_COLOR = "rgba(40,40,40,0.9)"  # reserved by the server, never held nor free
 BLOCK_MAP_COLUMNS = 16  # narrow enough for each block's "R12" label on a phone (390 px)
 
 
@@ -45,7 +50,7 @@ def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
         fig.update_yaxes(visible=False)
         return style_figure(fig, "KV block map").update_layout(height=200)
     step = trace.steps[min(step_index, len(trace.steps) - 1)]
-    colors = [FREE_BLOCK_COLOR, *PALETTE, CACHED_FREE_BLOCK_COLOR]
+    colors = [FREE_BLOCK_COLOR, *PALETTE, CACHED_FREE_BLOCK_COLOR, RESERVED_BLOCK_COLOR]
     cols = min(BLOCK_MAP_COLUMNS, total)
     rows = math.ceil(total / cols)
     z = [[None] * cols for _ in range(rows)]
@@ -80,10 +85,17 @@ def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
     return fig.update_layout(height=150 + 30 * rows, margin={"l": 12, "r": 12})
 
 
+def num_reserved_blocks(info: dict) -> int:
+    """Block ids at the start of the map that its owner reserves, never held (0: none)."""
+    return int(info.get("kv_reserved_blocks") or info.get("kv_trash_blocks") or 0)
+
+
 def _block_map_subtitle(step: StepRecord, total: int, info: dict) -> str:
+    reserved = num_reserved_blocks(info)
+    aside = f" ({reserved} more reserved, black)" if reserved else ""
     text = (
-        f"{step.kv_blocks_used}/{total} blocks in use · {counted(info['block_size'], 'token')} "
-        "per block · "
+        f"{step.kv_blocks_used}/{total - reserved} blocks in use{aside} · "
+        f"{counted(info['block_size'], 'token')} per block · "
         f"preempted here: {_ids(step.preempted) or 'none'}"
     )
     if info.get("prefix_caching"):
@@ -100,7 +112,8 @@ def _block_map_subtitle(step: StepRecord, total: int, info: dict) -> str:
 
 def _block_cells(step: StepRecord, total: int, info: dict) -> list[tuple[int, str, str]]:
     """Per block: (colour code, label, hover text). Code 0 is free, 1 + palette index a held
-    block (by its first holder's colour), the last code a free block that keeps its prefix."""
+    block (by its first holder's colour), then a free block that keeps its prefix, and last a
+    reserved one."""
     block_size = info["block_size"]
     holders = step.block_holders()
     index_in_table = {
@@ -109,9 +122,13 @@ def _block_cells(step: StepRecord, total: int, info: dict) -> list[tuple[int, st
         for pos, block in enumerate(table)
     }
     eviction_order = {block: n for n, block in enumerate(step.cached_free_blocks or [], start=1)}
+    reserved = num_reserved_blocks(info)
     cells = []
     for block in range(total):
         rids = holders.get(block)
+        if block < reserved and not rids:
+            cells.append((2 + len(PALETTE), "", f"block {block}: reserved, never held"))
+            continue
         if rids:
             rid, first = int(rids[0]), index_in_table[block] * block_size
             code = 1 + PALETTE.index(request_color(rid))

@@ -227,7 +227,8 @@ def _static_codes(step: StepRecord, pads: list[int], num_q: int, num_k: int) -> 
 
 
 def static_mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
-    """The padded mask ``model.generate`` applies to one static step, rows stacked top-down.
+    """The padded mask of one static step (as ``model.generate`` applies it to a left-padded
+    wave; the packed waves attend the same keys), rows stacked top-down.
 
     Each row of the wave is a block of its queries against all key columns (left padding first);
     pad cells and the attention of rows whose request already finished get neutral colours.

@@ -7,7 +7,8 @@ records alone (``RequestRecord``: sent = ``admit_s``, first token, last token)::
     R1 |  ░░░░░▓▓▓▓▓▓▓▓▓▓▓▓|      ▓ decoding: first token to last
     R2 |        ░░░░░░░░░▓▓▓▓|
 
-on seconds since the run started, the x axis our engines' timelines use. The server chart draws
+on seconds since the run started, the x axis our engines' timelines use (so lengths compare
+across engines; the subtitle says so, and when the servers' runs end on it). The server chart draws
 the gauges sampled from ``/metrics`` (``engine.peers.server_metrics``): running and waiting
 requests, and KV cache use, over time, beside our continuous engine's own running and waiting
 requests and paged KV use per step, so a server's batching reads against ours. Both are the
@@ -28,6 +29,7 @@ from plotly.subplots import make_subplots
 from engine.page.figures.kv_pools import kv_pool_size, kv_pool_whole
 from engine.page.figures.style import (
     TEXT_COLOR,
+    TITLE_LINE_PX,
     PageFigure,
     bottom_legend,
     counted,
@@ -65,7 +67,8 @@ def server_timeline_figure(
     servers: dict[str, Trace], x_max: float | None = None, note: str | None = None
 ) -> go.Figure:
     """One panel per server, one lane per request: waiting for its first token (pale), then
-    decoding until its last (solid). ``x_max`` (seconds) shares the other timelines' scale."""
+    decoding until its last (solid). ``x_max`` (seconds) shares the other timelines' scale, and
+    the subtitle says so and when the last server's run ends (``_shared_axis_line``)."""
     if not servers:
         return message_figure("Servers: one lane per request", NO_SERVER)
     names = list(servers)
@@ -89,9 +92,25 @@ def server_timeline_figure(
     fig.update_xaxes(title_text="seconds since start", row=len(names), col=1)
     fig.update_annotations(font_size=12)
     subtitle = f"{OUTSIDE}: a server hides its slots; one lane per request, the client's clock"
-    style_figure(fig, "Servers: one lane per request", subtitle + (f"<br>{note}" if note else ""))
-    fig.update_layout(barmode="overlay", height=170 + 60 * len(names) + LANE_PX * sum(heights))
+    lines = [subtitle, _shared_axis_line(servers, x_max), note]
+    style_figure(fig, "Servers: one lane per request", "<br>".join(x for x in lines if x))
+    height_px = 170 + 60 * len(names) + LANE_PX * sum(heights)
+    height_px += TITLE_LINE_PX if x_max is not None else 0  # the plot keeps its height
+    fig.update_layout(barmode="overlay", height=height_px)
     return bottom_legend(fig, 90)
+
+
+def _shared_axis_line(servers: dict[str, Trace], x_max: float | None) -> str:
+    """The lanes' subtitle line on our timelines' seconds axis (``x_max``): it says so (the lanes
+    stay in seconds when our timelines are drawn by step index), and when the servers' runs end
+    on it; "" without ``x_max``."""
+    if x_max is None:
+        return ""
+    end_s = max(t.wall_s for t in servers.values())
+    return (
+        "x axis in seconds, on our timelines' time scale, so lengths compare · "
+        f"the servers end by {end_s:.2f} s"
+    )
 
 
 def _requests_line(trace: Trace) -> str:

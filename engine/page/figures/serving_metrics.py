@@ -13,6 +13,7 @@ import bisect
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from engine.page.figures import block_map
 from engine.page.figures.kv_pools import kv_pool_size
 from engine.page.figures.style import (
     PALETTE,
@@ -24,8 +25,9 @@ from engine.page.figures.style import (
 from engine.trace import PREFILL, StepRecord, Trace
 
 CDF_METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("latency_s", "end-to-end"))
-QUEUE_LANE = "queue"
+QUEUE_ROW = "queue"  # the timeline's row of queue waits, above the lanes: no lane itself
 QUEUE_COLOR = "rgba(128,128,128,0.35)"
+QUEUE_BAR_WIDTH = 0.4  # of its row: half a lane's request bar (plotly's default, 0.8)
 MIN_QUEUE_S = 1e-3  # shorter waits (the engine loop's own start-up) are not drawn
 PREFILL_OUTLINE_PX = 2  # per-step chart: a prefill bar is at least this wide on any screen
 
@@ -134,10 +136,12 @@ def _bar_outline(kind: str, color: str) -> dict:
 
 
 def _add_kv_use(fig: go.Figure, trace: Trace, steps: list[int]) -> None:
-    """The paged pool's blocks in use against all of them (its 100 %: the servers chart's KV %),
-    or for the other KV modes the cached tokens."""
+    """The paged pool's blocks in use against all it can hold (its 100 %: the servers chart's
+    KV %; a record's reserved blocks, never held, left out), or for the other KV modes the
+    cached tokens."""
     total = trace.info.get("kv_blocks")
     if total:
+        total -= block_map.num_reserved_blocks(trace.info)
         used = [st.kv_blocks_used for st in trace.steps]
         name, unit = "KV blocks in use", "blocks"
         share = [100.0 * (u or 0) / total for u in used]
@@ -204,9 +208,14 @@ def _ids(request_ids: list[int]) -> str:
 
 
 def add_serving_marks(fig: go.Figure, trace: Trace, x_axis: str = "time") -> go.Figure:
-    """Mark queue waits (a ``queue`` lane above the slots, only when someone waited: from arrival
-    to admission, and from each preemption to readmission) and preemptions (crosses on the lane
-    the preempted request left) on a ``engine.page.figures.timelines.timeline_figure``."""
+    """Mark queue waits and preemptions on a ``engine.page.figures.timelines.timeline_figure``.
+
+    A queue wait runs from arrival to admission, and from each preemption to readmission; the
+    waits go on a ``queue`` row above the lanes, only when someone waited. That row is set apart
+    as no lane: a dotted line parts it from the lanes and its bars are half a lane's height. A
+    wait is not drawn on the lane its request later takes: while it waits, that lane is busy
+    with another request. Preemptions are crosses on the lane the preempted request left.
+    """
     _add_preemptions(fig, trace, x_axis)
     waits = [w for w in queue_waits(trace) if w[2] - w[1] > MIN_QUEUE_S]
     if not waits:
@@ -215,9 +224,10 @@ def add_serving_marks(fig: go.Figure, trace: Trace, x_axis: str = "time") -> go.
     fig.add_trace(
         go.Bar(
             orientation="h",
-            y=[QUEUE_LANE] * len(waits),
+            y=[QUEUE_ROW] * len(waits),
             base=[a for a, _ in spans],
             x=[b - a for a, b in spans],
+            width=QUEUE_BAR_WIDTH,
             marker={"color": QUEUE_COLOR, "line": {"color": TEXT_COLOR, "width": 1}},
             name="queue wait",
             hovertext=[
@@ -227,8 +237,10 @@ def add_serving_marks(fig: go.Figure, trace: Trace, x_axis: str = "time") -> go.
             hovertemplate="%{hovertext}<extra></extra>",
         )
     )
-    lanes = [QUEUE_LANE] + [f"slot {i}" for i in range(trace.num_slots)]
-    fig.update_yaxes(categoryarray=lanes)
+    rows = [QUEUE_ROW] + [f"slot {i}" for i in range(trace.num_slots)]
+    fig.update_yaxes(categoryarray=rows)
+    # Between the queue's row (category 0) and the first lane (1).
+    fig.add_hline(y=0.5, line_dash="dot", line_width=1, line_color=TEXT_COLOR)
     return fig.update_layout(height=(fig.layout.height or 300) + 45)
 
 

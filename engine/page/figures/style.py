@@ -26,6 +26,7 @@ GRID_COLOR = "rgba(128,128,128,0.25)"
 REPEAT_PATTERNS = ("", ".", "x", "+", "-", "|", "\\")  # by how many times the palette came round
 TITLE_FONT_PX = 15
 TITLE_TOP_PX = 10  # every title's top, below the figure's top edge
+TITLE_LINE_PX = 18  # each line of a title and its subtitle takes this much of the top margin
 
 # Engine line colours (Okabe–Ito, distinct from each other) and dashes, so lines differ in
 # shape as well as hue.
@@ -119,7 +120,7 @@ def style_figure(fig: go.Figure, title: str, subtitle: str | None = None) -> go.
         paper_bgcolor="rgba(0,0,0,0)",
         plot_bgcolor="rgba(0,0,0,0)",
         font={"color": TEXT_COLOR},
-        margin={"l": 90, "r": 20, "t": 40 + 18 * lines, "b": 50},
+        margin={"l": 90, "r": 20, "t": 40 + TITLE_LINE_PX * lines, "b": 50},
     )
     axis_style = {"gridcolor": GRID_COLOR, "zerolinecolor": GRID_COLOR, "linecolor": GRID_COLOR}
     fig.update_xaxes(**axis_style)

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from engine.page.figures.style import (
     TEXT_COLOR,
+    TITLE_LINE_PX,
     PageFigure,
     bottom_legend,
     counted,
@@ -46,6 +47,17 @@ def x_extent(trace: Trace, x_axis: str = "time") -> float:
     if not trace.steps:
         return 0.0
     return trace.steps[-1].end_s if x_axis == "time" else float(len(trace.steps))
+
+
+def _shared_axis_line(end: float, x_max: float | None, x_axis: str) -> str:
+    """A timeline's subtitle line when its x axis is shared (``x_max``: the page's timelines all
+    run to the longest run's end, so bar lengths compare across engines): it says so, and where
+    this run ends on that axis (``end``): "... · this run ends at 12.00 s", or "takes 300 steps".
+    A shorter run's empty right part then reads as the comparison it is. "" without ``x_max``."""
+    if x_max is None:
+        return ""
+    own = f"ends at {end:.2f} s" if x_axis == "time" else f"takes {counted(round(end), 'step')}"
+    return f"x axis shared with the other timelines · this run {own}"
 
 
 def _span(trace: Trace, run: SlotRun, x_axis: str) -> tuple[float, float]:
@@ -94,7 +106,8 @@ def timeline_figure(
     """Slot lanes with one bar per request; static idle rows hatched grey, wave barriers dashed.
 
     ``x_axis`` is ``"time"`` (seconds since start) or ``"step"`` (step index). ``x_max`` fixes the
-    x range so two engines share a scale; ``cursor`` (a step index) draws a vertical line there.
+    x range so two engines share a scale, and the subtitle says so (``_shared_axis_line``);
+    ``cursor`` (a step index) draws a vertical line there.
     """
     runs = trace.slot_runs()
     fig = PageFigure()
@@ -134,13 +147,15 @@ def timeline_figure(
     _add_barriers(fig, trace, x_axis, x_max if x_max is not None else x_extent(trace, x_axis))
     if cursor is not None and trace.steps:
         fig.add_vline(x=_cursor_x(trace, cursor, x_axis), name="cursor", line_color=TEXT_COLOR)
-    style_figure(fig, _engine_title(trace))
+    shared = _shared_axis_line(x_extent(trace, x_axis), x_max, x_axis)
+    style_figure(fig, _engine_title(trace), shared or None)
     lanes = [f"slot {i}" for i in range(trace.num_slots)]
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=lanes)
     fig.update_yaxes(autorange="reversed")
     x_title = "seconds since start" if x_axis == "time" else "step (one forward pass each)"
     fig.update_xaxes(title_text=x_title, range=None if x_max is None else [0, x_max])
-    fig.update_layout(barmode="overlay", height=190 + 45 * trace.num_slots)
+    subtitle_px = TITLE_LINE_PX if shared else 0  # the plot keeps its height
+    fig.update_layout(barmode="overlay", height=190 + 45 * trace.num_slots + subtitle_px)
     return bottom_legend(fig, 90)
 
 

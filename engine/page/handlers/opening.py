@@ -25,12 +25,12 @@ import gradio as gr
 from engine.page.handlers import recording, run_turns
 from engine.page.inputs import link_query
 from engine.page.run.run_options import RunSettings, options_from_page, settings_from_run
-from engine.page.run.shared_model import SharedModel, get_model
+from engine.page.run.shared_model import PageModel, get_model
 from engine.page.views import run_status
 from engine.page.views.run_view import run_outputs
 
 # A link's query keys that set a run up (``step`` moves the slider of a run, and sets none up).
-LINK_KEYS = ("preset", "slots", "table", *(param.name for param in link_query.PARAMS.values()))
+LINK_KEYS = ("preset", "slots", "table", *(param.url for param in link_query.PARAMS.values()))
 
 
 def link_opened(request: gr.Request | None, preset_name: str | None, *values) -> tuple:
@@ -118,7 +118,7 @@ def not_linked_status(previous, preset_name: str | None, settings: RunSettings) 
     return f"{head}  \n{run_status.status_line(unlabelled)}"
 
 
-def _setup_key(model: SharedModel, settings: RunSettings) -> tuple | None:
+def _setup_key(model: PageModel, settings: RunSettings) -> tuple | None:
     """The setup key of a Run with ``settings`` (``run_turns.settings_key``); None when Run would
     refuse it, or would run another precision than ``model``'s."""
     if (settings.dtype or "auto").strip().lower() not in ("auto", model.dtype_name):

@@ -7,9 +7,10 @@ tokenized requests and renders every output; ``update_step`` redraws the heatmap
 cursors from the stored traces.
 
 Bad input never loses anything: ``run_event`` puts the engine's ``ValueError`` message in the
-status line and a warning toast, and leaves the previous results on the page. The loaded model is
-the one shared module-level object (``engine.page.run.shared_model.get_model``), loaded once;
-tests put their own ``SharedModel`` in its place. What the page shows of a run is built in
+status line and a warning toast, and leaves the previous results on the page. The model is the
+one shared module-level object (``engine.page.run.shared_model.get_model``): a ``SharedModel``
+loaded once, or the engine process's ``ModelView``; tests put their own ``SharedModel`` (imported
+from here) in its place. What the page shows of a run is built in
 ``engine.page.views.run_view``; the knobs are parsed in ``engine.page.run.run_options``.
 """
 
@@ -34,7 +35,7 @@ from engine.page.run.run_options import (
     settings_from_run,
     view_inputs,
 )
-from engine.page.run.shared_model import SharedModel, get_model
+from engine.page.run.shared_model import PageModel, SharedModel, get_model  # noqa: F401
 from engine.page.views import progress_view, run_status
 from engine.page.views.run_view import (
     STEP_VIEW_OUTPUTS,
@@ -53,6 +54,7 @@ STOPPED = "**Stopped** before the end."
 STOPPED_IN_QUEUE = "**Stopped** before it started: it left the queue."
 RUNNING_NOTE = "**Running:** its progress is in the status line below."
 PRESSED_NOTE = "**Run pressed:** checking the table, then a place in the queue…"
+PRESSED_STATUS = f"{PRESSED_NOTE} The results below stay as they are until it starts."
 
 
 # --- handlers ------------------------------------------------------------------------------------
@@ -146,7 +148,7 @@ def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
         model.queue.leave(ticket)
 
 
-def _done(turn: Turn, ticket, key, model: SharedModel, state, result: RunResult, wall_s: float):
+def _done(turn: Turn, ticket, key, model: PageModel, state, result: RunResult, wall_s: float):
     """A live run finished: the queue learns its pace and frees the model; its setup is kept,
     unless its tab went away first (``Turn.abandoned``: nobody saw it end)."""
     if not turn.abandoned:
@@ -228,15 +230,16 @@ def _finished_outputs(
 def run_pressed(handle: RunHandle | None, seq=0, request: gr.Request | None = None) -> tuple:
     """Run pressed (unqueued, before the run is sent or deferred): see ``RunHandle.press``;
     ``seq``: its click's number in the page's sequence of clicks (``page_io.RUN_CLICK_JS``).
-    Returns the note under Run and "Run live anyway": the note changes and the button goes at
-    once (it comes back only with a run shown at once), unless no run goes for this press (both
-    ``gr.skip()``). The handle is noted as the browser session's (``request``), for
-    ``session_end_event``."""
+    Returns the note under Run, "Run live anyway" and the status line: the note and the status
+    line say Run was pressed (the status line no longer gives the previous run's line, which
+    stayed until the run's first update) and the button goes, at once (it comes back only with a
+    run shown at once), unless no run goes for this press (all three ``gr.skip()``). The handle
+    is noted as the browser session's (``request``), for ``session_end_event``."""
     if handle is not None and request is not None:
         handle.joined(request.session_hash)
     if handle is not None and not handle.press(int(seq or 0)):
-        return gr.skip(), gr.skip()
-    return PRESSED_NOTE, gr.Button(visible=False)
+        return gr.skip(), gr.skip(), gr.skip()
+    return PRESSED_NOTE, gr.Button(visible=False), PRESSED_STATUS
 
 
 def session_end_event(handles: RunHandle) -> Callable:

@@ -29,7 +29,7 @@ from engine.page.run.run_cost import Work
 from engine.page.run.run_handle import Turn
 from engine.page.run.run_options import RunOptions, RunSettings, options_from_page, prepare
 from engine.page.run.run_queue import RunQueue, Ticket
-from engine.page.run.shared_model import SharedModel
+from engine.page.run.shared_model import PageModel
 from engine.page.views import progress_view, run_status
 from engine.page.views.run_view import render
 from engine.sequence import Request
@@ -105,7 +105,7 @@ def report_progress(queue: RunQueue, ticket: Ticket, progress: dict[str, EngineP
 
 
 def setup_key(
-    model: SharedModel, requests: list[Request], config: EngineConfig, options: RunOptions
+    model: PageModel, requests: list[Request], config: EngineConfig, options: RunOptions
 ) -> tuple:
     """What makes two runs identical: the model and its precision, the tokenized requests (prompt
     ids, caps, arrivals, sampling settings) and every engine knob. The x axis is not in it: it only
@@ -120,7 +120,7 @@ def setup_key(
     return (model.label, model.dtype_name, repr(config), knobs, rows)
 
 
-def settings_key(model: SharedModel, settings: RunSettings) -> tuple:
+def settings_key(model: PageModel, settings: RunSettings) -> tuple:
     """``setup_key`` of the run that Run would start with ``settings`` on ``model``, which is
     taken to be the run's precision (``settings.dtype`` is not looked at: see ``setup_key``).
 

@@ -2,22 +2,27 @@
 
 ``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--port 7860]
 [--host 127.0.0.1] [--share] [--vllm [--vllm-eager] [--vllm-max-num-seqs N]
-[--vllm-max-model-len TOKENS]]
+[--vllm-max-model-len TOKENS]] [--llamacpp]
 [--endpoint NAME=URL ...] [--endpoint-record NAME=RECORD_URL ...]``. The model loads before the
 page is served, so a bad model or device stops the start with one line instead of failing the
 first Run.
 
 The host's servers (``engine.page.run.host_servers``): ``--vllm`` starts a local vLLM on the loaded
 model (``make vllm`` builds its environment) in the background while the page serves, and stops it
-with the app (also on SIGTERM); ``--endpoint`` and ``CBP_ENDPOINTS`` name OpenAI-compatible
+with the app (also on SIGTERM); ``--llamacpp`` does the same with llama.cpp's ``llama-server``
+(``make llamacpp`` builds it) as two engines, ``llamacpp`` (F32) and ``llamacpp_q4``;
+``--endpoint`` and ``CBP_ENDPOINTS`` name OpenAI-compatible
 servers elsewhere, and ``--endpoint-record`` where such a vLLM serves its record of its steps.
 The page offers exactly these, by name.
 
 By default (``CBP_ENGINE_PROCESS=auto``, on except on ZeroGPU) the engines run in an engine
-process of their own (``engine.page.run.engine_process``), which loads its copy of the model after
-the page's and before the page serves, then times the queue's pace where the runs will run. The
-CPUs are split between it and the page (``engine.page.run.cpu_split``, ``CBP_ENGINE_CPUS``); with
-``CBP_ENGINE_PROCESS=off`` the engines run on the page's engine thread.
+process of their own (``engine.page.run.engine_process``), which holds the only copy of the
+model: it loads it before the page serves, then tells the page its facts (tokenizer, sizes,
+labels, reference keys) and times the queue's pace where the runs will run; the page's model is
+then a ``model_view.ModelView``, with no weights. The CPUs are split between the two processes
+(``engine.page.run.cpu_split``, ``CBP_ENGINE_CPUS``). With ``CBP_ENGINE_PROCESS=off`` the page
+loads the model itself (``shared_model.load_shared_model``) and the engines run on its engine
+thread.
 """
 
 from __future__ import annotations
@@ -32,14 +37,15 @@ from pathlib import Path
 import gradio as gr
 import torch
 
-from engine.page.host import quiet_queue, server_priority, share, zerogpu
+from engine.model.allowlist import check_model_allowed
+from engine.page.host import model_view, quiet_queue, server_priority, share, zerogpu
 from engine.page.inputs import page_io
 from engine.page.panels import page_panels, settings_panel
 from engine.page.run import cpu_split, engine_process, host_servers, shared_model
 from engine.page.run.engine_thread import ENGINE_THREAD
 from engine.page.views import tables
 from engine.peers.vllm_server import MAX_MODEL_LEN
-from engine.serving.run_control import RunControl, RunStopped
+from engine.serving.run_control import RunStopped
 
 ASSETS = Path(__file__).resolve().parents[3] / "assets"
 PAGE_CSS = ASSETS / "page.css"
@@ -73,7 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _server_flags(parser: argparse.ArgumentParser) -> None:
-    """The host's servers: a local vLLM and OpenAI-compatible endpoints (never a visitor's)."""
+    """The host's servers: a local vLLM, llama.cpp and OpenAI-compatible endpoints (never a
+    visitor's)."""
     parser.add_argument(
         "--vllm",
         action="store_true",
@@ -100,6 +107,12 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
         f"{MAX_MODEL_LEN}); its KV cache is sized for it",
     )
     parser.add_argument(
+        "--llamacpp",
+        action="store_true",
+        help="start llama.cpp's llama-server (make llamacpp) on the loaded weights with the page: "
+        "engines llamacpp (F32) and llamacpp_q4 (the embedded model's Q4_1 file)",
+    )
+    parser.add_argument(
         "--endpoint",
         action="append",
         default=[],
@@ -121,7 +134,8 @@ def configured_servers(args: argparse.Namespace, loaded) -> host_servers.PageSer
     """The servers the command line and ``CBP_ENDPOINTS`` give the page; None without any.
 
     Raises:
-        ValueError: a bad endpoint or name, or ``--vllm`` without ``.venv-vllm``.
+        ValueError: a bad endpoint or name, ``--vllm`` without ``.venv-vllm``, or
+            ``--llamacpp`` without ``llama-server``.
     """
     found = host_servers.configure(
         loaded,
@@ -132,6 +146,7 @@ def configured_servers(args: argparse.Namespace, loaded) -> host_servers.PageSer
         vllm_max_model_len=args.vllm_max_model_len,
         log=lambda line: print(line, flush=True),
         record_items=args.endpoint_record,
+        llamacpp=args.llamacpp,
     )
     return found if found.names else None
 
@@ -146,80 +161,79 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
             on).
     """
     args = parse_args(argv)
+    process = None
     try:
         nice = server_priority.server_nice()
-        in_process = engine_process.engine_process_wanted(on_zerogpu=zerogpu.on_zerogpu())
-        split = cpu_split.cpu_split() if in_process else None
-        shared = shared_model.load_shared_model(
-            args.model,
-            args.device,
-            args.dtype,
-            calibrate=not in_process,
-            runs_engines=not in_process,
-        )
-        shared.servers = configured_servers(args, shared.loaded)
+        if engine_process.engine_process_wanted(on_zerogpu=zerogpu.on_zerogpu()):
+            check_model_allowed(args.model)  # before anything loads, as load_shared_model does
+            process, split = _engine_process(args, cpu_split.cpu_split())
+            model = _connect(process, split)
+        else:
+            model = shared_model.load_shared_model(args.model, args.device, args.dtype)
+            print(f"{model.label} (loaded in {model.loaded.load_s:.1f} s)", flush=True)
+        model.servers = configured_servers(args, model.loaded)
     except ValueError as exc:  # ModelLoadError included: one line a person can act on
+        if process is not None:
+            process.close()
         raise SystemExit(f"error: {exc}") from None
-    print(f"{shared.label} (loaded in {shared.loaded.load_s:.1f} s)", flush=True)
     if threading.current_thread() is threading.main_thread():  # where signals can be handled
         # SIGTERM (a service manager, a test) exits through ``finally``: the servers stop too,
         # and the engine process (a daemon, which also ends when the page's pipe closes)
         signal.signal(signal.SIGTERM, _exit)
-    if in_process:  # after the page's load, so a model that cannot load stops the start first
-        shared.engine_process = _engine_process(args, shared, split)
-        try:  # before serving: the first Run does not wait, and a load that fails stops here
-            _learn_from_engine_process(shared)
-        except (ValueError, RunStopped) as exc:
-            shared.engine_process.close()
-            raise SystemExit(f"error: the engine process: {exc}") from None
-    if shared.servers is not None:
-        shared.servers.start()  # in the background: the page serves while vLLM starts
+    if model.servers is not None:
+        model.servers.start()  # in the background: the page serves while vLLM starts
     # after the engine thread's OpenMP pool exists: the server's threads, made from this one
     # from here on, yield the CPU to a run being measured
     server_priority.lower_this_thread(nice)
     try:
-        _launch(build_demo, shared, args)
+        _launch(build_demo, model, args)
     finally:
-        if shared.servers is not None:
-            shared.servers.close()
-        if shared.engine_process is not None:
-            shared.engine_process.close()
+        if model.servers is not None:
+            model.servers.close()
+        if process is not None:
+            process.close()
 
 
 def _engine_process(
-    args, shared: shared_model.SharedModel, split: cpu_split.CpuSplit | None
-) -> engine_process.EngineProcess:
-    """The engine process on the page's model, started (``CBP_ENGINE_PROCESS``; made from this
-    thread before its nice value is raised, so the worker keeps the start's), on the engine CPUs
-    of ``split``; the page's process then keeps to the others, with as many torch threads."""
-    device = str(shared.loaded.device)
-    jobs = ("engine.worker.comparison",)  # where a run's engine work is
-    spec = engine_process.ModelSpec(args.model, device, shared.dtype_name, preload=jobs)
+    args, split: cpu_split.CpuSplit | None
+) -> tuple[engine_process.EngineProcess, cpu_split.CpuSplit | None]:
+    """The engine process on the command line's model, started (``CBP_ENGINE_PROCESS``; made
+    from this thread before its nice value is raised, so the worker keeps the start's), on the
+    engine CPUs of ``split``; the page's process then keeps to the others, with as many torch
+    threads. Returns it and the split, None where the CPUs are not split."""
+    jobs = ("engine.worker.comparison", "engine.worker.model_facts")  # where its jobs are
+    spec = engine_process.ModelSpec(args.model, args.device, args.dtype, preload=jobs)
     process = engine_process.EngineProcess(spec, cpus=split.engine if split else None)
     process.start()  # spawned before the page keeps to its CPUs: torch there sees them all
-    print(f"Engine process started (pid {process.pid}); it loads the model too.", flush=True)
-    if split is not None and cpu_split.pin_process(split.page):
-        ENGINE_THREAD.call(torch.set_num_threads, len(split.page))
-        shared.cpu_split = split
-        print(f"CPUs split: {split.describe()} ({cpu_split.ENV}).", flush=True)
-    return process
+    print(f"Engine process started (pid {process.pid}); it loads the model.", flush=True)
+    if split is None or not cpu_split.pin_process(split.page):
+        return process, None
+    ENGINE_THREAD.call(torch.set_num_threads, len(split.page))
+    print(f"CPUs split: {split.describe()} ({cpu_split.ENV}).", flush=True)
+    return process, split
 
 
-def _learn_from_engine_process(shared: shared_model.SharedModel) -> None:
-    """Wait for the engine process, then take its kernels for the page's label, its pace for
-    the queue's first estimates, timed on its own CPUs, and its references' keys in the store
-    (``shared_model.engine_facts``).
+def _connect(
+    process: engine_process.EngineProcess, split: cpu_split.CpuSplit | None
+) -> model_view.ModelView:
+    """Wait for the engine process, then make the page's model from its facts and pace
+    (``ModelView.connect``), the shared one (``shared_model.use_model``); ``split``: the CPUs,
+    as the model line says them.
 
     Raises:
-        EngineProcessLost: it ended first.
-        Exception: its model failed to load (its exception).
+        SystemExit: the engine process ended first, or its model failed to load.
     """
-    process = shared.engine_process
-    process.wait_ready()
-    facts = process.run(shared_model.engine_facts, (), RunControl(), lambda *a, **k: None)
-    facts.teach(shared)
-    print(f"Queue pace timed in the engine process: {_seconds(facts.parts_s)}", flush=True)
-    print(f"Engine process {facts.step}", flush=True)
+    try:
+        view, _work, parts_s = model_view.ModelView.connect(process, cpu_split=split)
+    except (ValueError, RunStopped) as exc:
+        process.close()
+        raise SystemExit(f"error: the engine process: {exc}") from None
+    shared_model.use_model(view)
+    where = f"loaded in {view.facts.card.load_s:.1f} s in the engine process"
+    print(f"{view.label} ({where})", flush=True)
+    print(f"Queue pace timed in the engine process: {_seconds(parts_s)}", flush=True)
+    print(f"Engine process {view.facts.step}", flush=True)
+    return view
 
 
 def _seconds(parts_s: dict[str, float]) -> str:
@@ -230,10 +244,10 @@ def _exit(signum, _frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def _launch(build_demo: Callable, shared: shared_model.SharedModel, args) -> None:
+def _launch(build_demo: Callable, model: shared_model.PageModel, args) -> None:
     """Build and serve the page until it is stopped."""
-    names = shared.servers.names if shared.servers is not None else []
-    demo = build_demo(shared.label_markdown, names, shared.dtype_choices(), shared.dtype_name)
+    names = model.servers.names if model.servers is not None else []
+    demo = build_demo(model.label_markdown, names, model.dtype_choices(), model.dtype_name)
     demo.queue()
     quiet_queue.quiet(demo)  # no thousand wake-ups a second on the engine's cores
     # quiet: Gradio's own launch lines would say "set share=True" even with --share.

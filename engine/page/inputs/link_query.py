@@ -1,6 +1,7 @@
 """What a link says of the engine settings: one short query parameter per setting.
 
-Every knob of the settings panel that Run reads has a parameter (``PARAMS``), e.g.
+Every knob of the settings panel that Run reads has a parameter (``PARAMS``: each knob's ``url``
+in ``engine.knobs``, with its kind and range), e.g.
 ``kv=slots&budget=64&policy=vllm&chat=1&check=0&hf=1&x=step&dtype=bfloat16&invariant=1``.
 ``settings_params`` writes one only where the page differs from its default for the link's preset
 (``page_defaults``), so a link to an untouched page stays ``?preset=seed&slots=3``.
@@ -17,20 +18,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine.config import KV_MODES, MAX_BLOCK_SIZE, POLICIES
+from engine.knobs import KNOBS, Knob
 from engine.page.inputs import presets
 
 FLAG_WORDS = {"1": True, "true": True, "on": True, "yes": True}
 FLAG_WORDS |= {"0": False, "false": False, "off": False, "no": False}
-# The page's defaults for the settings no preset sets (settings_panel and results_panel show them).
-PAGE_DEFAULTS = {
-    "check_reference": True,
-    "compare_hf": False,
-    "batch_invariant": False,
-    "x_axis": "time",
-}
-X_AXES = ("time", "step")
-MAX_SLOTS = 16  # the slot slider's maximum, and the most slots a run (or a link) may ask for
 
 
 @dataclass(frozen=True)
@@ -41,45 +33,19 @@ class Precision:
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
 
 
-@dataclass(frozen=True)
-class LinkParam:
-    """One setting's parameter: its ``name`` in the query and its ``kind``: "flag" (1 or 0),
-    "choice" (one of ``choices``; none given: the host's dtypes), "whole" (a whole number from
-    ``low`` to ``high``) or "number" (a finite number >= 0). ``zero`` says what 0 means."""
-
-    name: str
-    kind: str
-    choices: tuple[str, ...] = ()
-    low: int = 0
-    high: int | None = None
-    zero: str = ""
-
-
-# Each setting a link carries, by its ``RunSettings`` field name, in ``LINK_OUTPUTS`` order.
-PARAMS = {
-    "chat_template": LinkParam("chat", "flag"),
-    "prefix_caching": LinkParam("prefix_caching", "flag"),  # the name before the others existed
-    "check_reference": LinkParam("check", "flag"),
-    "kv_mode": LinkParam("kv", "choice", KV_MODES),
-    "token_budget": LinkParam("budget", "whole", zero="no limit"),
-    "policy": LinkParam("policy", "choice", POLICIES),
-    "compare_hf": LinkParam("hf", "flag"),
-    "arrival_rate": LinkParam("rate", "number", zero="the table's arrival_s"),
-    "x_axis": LinkParam("x", "choice", X_AXES),
-    "kv_budget_mib": LinkParam("kv_mib", "number", zero="room for every slot"),
-    "block_size": LinkParam("block", "whole", low=1, high=MAX_BLOCK_SIZE),
-    "dtype": LinkParam("dtype", "choice"),
-    "batch_invariant": LinkParam("invariant", "flag"),
-}
+# Each setting a link carries (its knob's ``url``), by its ``RunSettings`` field name, in the order
+# a link writes them (``engine.knobs.KNOBS``); the slots are ``page_io``'s, written in every link.
+PARAMS = {knob.name: knob for knob in KNOBS if knob.url and knob.name != "num_slots"}
 
 
 def page_defaults(preset_name: str, precision: Precision) -> dict:
     """Each ``PARAMS`` setting as the page shows it on preset ``preset_name`` when it opens (or the
-    preset is chosen): the preset's chat template and engine settings, the host's dtype, and
-    ``PAGE_DEFAULTS``."""
+    preset is chosen): the knobs' defaults, the preset's chat template and engine settings, and
+    the host's dtype."""
     chat_template = bool(presets.load_presets()[preset_name]["chat_template"])
     own = presets.preset_settings(preset_name) | {"dtype": precision.dtype}
-    return {"chat_template": chat_template} | PAGE_DEFAULTS | own
+    defaults = {field: knob.default for field, knob in PARAMS.items()}
+    return defaults | {"chat_template": chat_template} | own
 
 
 def settings_params(values: Mapping, defaults: Mapping) -> dict[str, str]:
@@ -92,7 +58,7 @@ def settings_params(values: Mapping, defaults: Mapping) -> dict[str, str]:
             continue
         text = _write(param, value)
         if text != _write(param, defaults[field]):
-            params[param.name] = text
+            params[param.url] = text
     return params
 
 
@@ -103,18 +69,18 @@ def link_settings(
     ``why`` ending in what the page keeps instead (``defaults``)."""
     settings, bad = {}, []
     for field, param in PARAMS.items():
-        text = query.get(param.name, "").strip()
+        text = query.get(param.url, "").strip()
         if not text:
             continue
         try:
             settings[field] = _read(param, text, precision)
         except ValueError as exc:
             kept = _shown(param, defaults[field])
-            bad.append((param.name, text, f"{exc}; the page keeps {kept}"))
+            bad.append((param.url, text, f"{exc}; the page keeps {kept}"))
     return settings, bad
 
 
-def _write(param: LinkParam, value) -> str:
+def _write(param: Knob, value) -> str:
     """``value`` as the parameter's text: "1"/"0", the choice, or the number without ".0"."""
     if param.kind == "flag":
         return "1" if value else "0"
@@ -127,7 +93,7 @@ def _write(param: LinkParam, value) -> str:
     return str(int(number)) if number.is_integer() else repr(number)
 
 
-def _read(param: LinkParam, text: str, precision: Precision):
+def _read(param: Knob, text: str, precision: Precision):
     """The parameter's value from its query ``text``. Raises ValueError saying what it takes."""
     if param.kind == "flag":
         if text.lower() not in FLAG_WORDS:
@@ -152,7 +118,7 @@ def _read(param: LinkParam, text: str, precision: Precision):
     return int(number)
 
 
-def _shown(param: LinkParam, value) -> str:
+def _shown(param: Knob, value) -> str:
     """How a warning names the value the page keeps: "it off", "paged", "0 (no limit)"."""
     if param.kind == "flag":
         return "it on" if value else "it off"

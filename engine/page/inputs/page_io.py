@@ -25,18 +25,18 @@ from __future__ import annotations
 
 import html
 import inspect
-import tempfile
 from urllib.parse import urlencode
 
 import gradio as gr
 
+from engine.knobs import KNOB
 from engine.page.inputs import link_query, link_table, presets
 from engine.sampling_params import samples
-from engine.workloads import workload_files
+from engine.workloads import export, workload_files
 from engine.workloads.workload import parse_table
 
-MAX_SLOTS = link_query.MAX_SLOTS  # the slot slider's maximum
-DEFAULT_SLOTS = 3  # the slot slider's value when the page opens
+MAX_SLOTS = KNOB["num_slots"].high  # the slot slider's maximum
+DEFAULT_SLOTS = KNOB["num_slots"].default  # the slot slider's value when the page opens
 MAX_QUOTED_CHARS = 40  # of a bad link value, quoted in a warning
 # What a link sets, in ``from_link``'s output order: the preset and its text, and the Run settings
 # it sets, by their ``RunSettings`` field names (``engine.page.run.run_options``); app.py finds
@@ -298,7 +298,7 @@ def table_files(rows) -> list[str]:
         ValueError: the table does not validate (the message names the row).
     """
     specs = parse_table(link_table.listed_rows(rows))
-    folder = tempfile.mkdtemp(prefix="cbp-table-")
+    folder = export.download_folder("cbp-table-")
     return [str(p) for p in workload_files.write_table_files(folder, specs)]
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from engine.knobs import KNOB
 from engine.workloads.workload import TABLE_COLUMNS, load_jsonl
 from engine.workloads.workload_files import table_rows
 
@@ -30,16 +31,18 @@ ASSETS = Path(__file__).resolve().parents[3] / "assets"
 PRESETS_PATH = ASSETS / "presets.json"
 DEFAULT_PRESET = "Article's six requests"
 # The engine settings a preset's claim depends on, by their page names (``page_panels.COMPONENTS``)
-# with the page's defaults (``settings_panel`` shows these values at first).
-ENGINE_DEFAULTS = {
-    "kv_mode": "paged",
-    "kv_budget_mib": 0,  # MiB; 0: room for every slot
-    "block_size": 16,  # tokens per block
-    "prefix_caching": False,
-    "token_budget": 0,  # tokens per step; 0: no limit
-    "policy": "decode_first",
-    "arrival_rate": 0,  # requests/s; 0: the table's arrival_s
-}
+# with their knobs' defaults (``engine.knobs``; ``settings_panel`` shows these values at first), in
+# the order the /apply_preset endpoint returns them (a contract: a new one goes at the end).
+PRESET_KNOBS = (
+    "kv_mode",
+    "kv_budget_mib",
+    "block_size",
+    "prefix_caching",
+    "token_budget",
+    "policy",
+)
+PRESET_KNOBS += ("arrival_rate",)
+ENGINE_DEFAULTS = {name: KNOB[name].default for name in PRESET_KNOBS}
 # What choosing a preset sets, in ``choose_preset``'s order (``page_panels.COMPONENTS`` names).
 CHOSEN = ("rows", "chat_template", "preset_text", "num_slots", *ENGINE_DEFAULTS)
 

@@ -25,6 +25,8 @@ from engine.page.panels.settings_panel import SettingsPanel
 from engine.page.run.run_options import RUN_INPUTS
 
 TITLE = "Continuous Batching Playground"
+# Gradio deletes the files it cached for the page (downloads, uploads) hourly, those over a day old
+DELETE_CACHE_S = (3600, 86400)
 INTRO = (
     "The same requests run twice on the same model. **Static batching** pads a wave of B requests "
     "and runs it until its longest request is done; the other slots idle behind the batch "
@@ -151,6 +153,7 @@ def run_outputs(
         settings.live_button,
         *results.inside.step_views(),
         results.inside.usage,
+        results.inside.column,
     ]
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine.page.inputs import link_query
+from engine.knobs import KNOB
 from engine.page.panels import server_panels
 from engine.page.views import divergence_view, run_view, tables
 from engine.page.views.run_view import RunResult
@@ -62,11 +62,9 @@ def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) 
         elem_id="status_markdown",
     )
     servers_line = server_panels.servers_line(list(server_names))
+    axis = KNOB["x_axis"]
     x_axis = gr.Radio(
-        [("seconds", "time"), ("step index", "step")],
-        value=link_query.PAGE_DEFAULTS["x_axis"],
-        label="Timeline x axis",
-        elem_id="x_axis_radio",
+        list(axis.labels), value=axis.default, label=axis.label, elem_id="x_axis_radio"
     )
     step_views = _step_views(shown)
     inside = server_panels.inside_plots(shown, list(server_names))

@@ -1,9 +1,11 @@
 """Panel builders for the host's servers: the servers to run, the servers line, their charts, and
-a server's own record of its steps (``InsidePlots``: the local vLLM from the inside).
+a scheduler's own record of its steps (``InsidePlots``: the local vLLM, or transformers'
+continuous batching, from the inside).
 
 Built by ``engine.page.panels.settings_panel`` and ``engine.page.panels.results_panel`` only when
-the host configured servers (``app.py --vllm``, ``--endpoint NAME=URL``, ``CBP_ENDPOINTS``); without
-any, the checkboxes and the servers line are left out and the two charts hidden. The choices are the
+the host configured servers (``app.py --vllm``, ``--llamacpp``, ``--endpoint NAME=URL``,
+``CBP_ENDPOINTS``); without any, the checkboxes and the servers line are left out and the two
+charts hidden (the inside views too, until transformers' record is drawn). The choices are the
 host's server names: there is no box to type an address into (``engine.page.run.host_servers``).
 
 The servers line under the status line refreshes itself: every second while a server starts
@@ -30,7 +32,7 @@ def servers_checkbox(server_names: list[str]) -> gr.CheckboxGroup:
         server_names,
         value=list(server_names),
         label="Also run on the host's servers (after our engines, same requests)",
-        info="Set up by whoever runs this page (app.py --vllm, --endpoint NAME=URL).",
+        info="Set up by whoever runs this page (app.py --vllm, --llamacpp, --endpoint NAME=URL).",
         visible=bool(server_names),
         elem_id="servers_checkbox",
     )
@@ -74,12 +76,13 @@ def server_plots(shown, server_names: list[str]) -> tuple[gr.Plot, gr.Plot]:
 
 @dataclass
 class InsidePlots:
-    """A server's own record (``engine.page.views.inside_view``) in our engines' views."""
+    """A scheduler's own record (``engine.page.views.inside_view``) in our engines' views."""
 
     timeline: gr.Plot
     mask: gr.Plot
     block_map: gr.Plot
     usage: gr.Plot
+    column: gr.Column  # hidden without servers until a run draws transformers' record
 
     def step_views(self) -> list:
         """What the step slider redraws (``run_view.STEP_VIEW_OUTPUTS``' ``inside_*``)."""
@@ -87,10 +90,12 @@ class InsidePlots:
 
 
 def inside_plots(shown, server_names: list[str]) -> InsidePlots:
-    """Under our engines' step views: what says where these come from, then the server's timeline
-    and packed mask, its KV block map and its tokens and KV per step (hidden without servers)."""
+    """Under our engines' step views: what says where these come from, then the scheduler's
+    timeline and packed mask, its KV block map and its tokens and KV per step (hidden without
+    servers, until a run with transformers' continuous batching shows them)."""
     views = shown.views if shown is not None else None
-    with gr.Column(visible=bool(server_names), elem_id="inside_column"):
+    visible = bool(server_names) or bool(shown is not None and shown.inside_shown)
+    with gr.Column(visible=visible, elem_id="inside_column") as column:
         gr.Markdown(inside_view.INSIDE_NOTE, elem_id="inside_markdown")
         with gr.Row():
             timeline = _plot("inside_timeline_plot", views and views.inside_timeline)
@@ -98,7 +103,7 @@ def inside_plots(shown, server_names: list[str]) -> InsidePlots:
         with gr.Row():
             block_map = _plot("inside_block_map_plot", views and views.inside_block_map)
             usage = _plot("inside_usage_plot", shown and shown.inside_usage)
-    return InsidePlots(timeline, mask, block_map, usage)
+    return InsidePlots(timeline, mask, block_map, usage, column)
 
 
 def _plot(elem_id: str, figure) -> gr.Plot:

@@ -2,9 +2,10 @@
 
 ``app.py`` builds it in the right-hand column beside the request editor and wires its components'
 events (``engine.page.panels.page_panels.run_inputs`` lists what Run reads from it). It is its own
-module because it is the page's largest panel: the KV cache, token budget, arrival and precision
-knobs each carry labels and help text. Element ids (``elem_id``) are a contract: the browser tests
-and users' scripts find components by them.
+module because it is the page's largest panel. Each knob's component takes its label, help, range
+and default from the knob's declaration (``engine.knobs``); which widget it is, and where, is
+this panel's. Element ids (``elem_id``) are a contract: the browser tests and users' scripts find
+components by them.
 """
 
 from __future__ import annotations
@@ -13,42 +14,14 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine.page.inputs import link_query, page_io, presets
+from engine.knobs import KNOB
+from engine.page.inputs import link_query, presets
 from engine.page.panels import server_panels
 from engine.serving.run_control import run_time_limit_s
 
-# Short enough to show whole in the settings column (about 24 characters at 1,000 px): each
-# one's meaning is in KV_MODE_INFO under the dropdown, which wraps.
-KV_MODES = [
-    ("paged (vLLM's blocks)", "paged"),
-    ("in place, per slot", "slots"),
-    ("concatenation (slow)", "concat"),
-]
-KV_MODE_INFO = (
-    "Paged: blocks from a memory budget, with preemption, as vLLM. In place: each slot's own "
-    "rows. Concatenation: the article's, O(n²)."
-)
-POLICIES = [
-    ("decode first", "decode_first"),
-    ("prefill first", "prefill_first"),
-    ("vLLM's order", "vllm"),  # last: the /run API's values for the others stay as they were
-]
 # Each policy's hover text, by its label (assets/page.js sets it as the choice's title).
-POLICY_HELP = {
-    "decode first": "Running sequences' decodes take the token budget first; a prompt's "
-    "prefill (chunked if need be) gets what is left.",
-    "prefill first": "Prompts' prefills take the token budget first; decodes get what is left.",
-    "vLLM's order": "vLLM V1's own scheduling, step for step: running requests in admission "
-    "order, then waiting ones while budget is left; when blocks run out the newest running "
-    "request is preempted (engine/serving/scheduler.py).",
-}
-SHOWN = link_query.PAGE_DEFAULTS  # what the page opens with (a link writes only other values)
-PREFIX_CACHING_INFO = (
-    "A prompt's full blocks that an earlier request computed are shared, not prefilled again "
-    "(vLLM's automatic prefix caching); the block map shows shared blocks and the mask the keys "
-    "taken from the cache. Paged KV mode only. The static engine cannot share: its waves "
-    "prefill every prompt in full."
-)
+POLICY_LABELS = [label for label, _ in KNOB["policy"].labels]
+POLICY_HELP = dict(zip(POLICY_LABELS, KNOB["policy"].hovers, strict=True))
 
 
 @dataclass
@@ -133,22 +106,19 @@ def _setup_inputs(chat_template: bool) -> tuple:
         label="Preset",
         elem_id="preset_dropdown",
     )
+    slots = KNOB["num_slots"]
     slots_slider = gr.Slider(
-        1,
-        page_io.MAX_SLOTS,
-        value=page_io.DEFAULT_SLOTS,
+        slots.low,
+        slots.high,
+        value=slots.default,
         step=1,
-        label="Slots (B)",
+        label=slots.label,
         elem_id="slots_slider",
     )
     chat_checkbox = gr.Checkbox(
-        value=chat_template, label="Use chat template", elem_id="chat_checkbox"
+        value=chat_template, label=KNOB["chat_template"].label, elem_id="chat_checkbox"
     )
-    reference_checkbox = gr.Checkbox(
-        value=SHOWN["check_reference"],
-        label="Check outputs against model.generate",
-        elem_id="reference_checkbox",
-    )
+    reference_checkbox = _checkbox("check_reference", "reference_checkbox")
     return preset_dropdown, slots_slider, chat_checkbox, reference_checkbox
 
 
@@ -192,63 +162,48 @@ def _precision_knobs(dtypes: list[str], dtype: str) -> tuple:
     """The dtype, the batch-invariant toggle and its note, in ``SettingsPanel`` field order."""
     with gr.Row():
         dtype_dropdown = gr.Dropdown(
-            dtypes, value=dtype, label="Precision (dtype)", elem_id="dtype_dropdown"
+            dtypes, value=dtype, label=KNOB["dtype"].label, elem_id="dtype_dropdown"
         )
-        invariant = gr.Checkbox(
-            value=SHOWN["batch_invariant"],
-            label="Batch-invariant mode",
-            elem_id="batch_invariant_checkbox",
-        )
+        invariant = _checkbox("batch_invariant", "batch_invariant_checkbox")
     return dtype_dropdown, invariant, gr.Markdown("", elem_id="precision_markdown")
 
 
 def _engine_knobs() -> tuple:
-    """The engine settings accordion's components, in ``SettingsPanel`` field order."""
-    default = presets.ENGINE_DEFAULTS  # a preset sets these back when chosen
-    kv_mode = gr.Dropdown(
-        KV_MODES,
-        value=default["kv_mode"],
-        label="Continuous engine's KV cache",
-        info=KV_MODE_INFO,
-        elem_id="kv_mode_dropdown",
-    )
+    """The engine settings accordion's components, in ``SettingsPanel`` field order, each at its
+    knob's default (a preset sets these back when chosen: ``presets.ENGINE_DEFAULTS``)."""
+    kv_mode = _choices(gr.Dropdown, "kv_mode", "kv_mode_dropdown")
     with gr.Row():
-        kv_budget = gr.Number(
-            value=default["kv_budget_mib"],
-            label="Paged: KV budget, MiB (0 = room for every slot)",
-            elem_id="kv_budget_number",
-        )
-        block_size = gr.Number(  # no precision=0: it rounds 7.5 quietly
-            value=default["block_size"],
-            label="Paged: tokens per block (1 to 256)",
-            elem_id="block_size_number",
-        )
-    prefix_caching = gr.Checkbox(
-        value=default["prefix_caching"],
-        label="Paged: prefix caching",
-        info=PREFIX_CACHING_INFO,
-        elem_id="prefix_caching_checkbox",
-    )
-    token_budget = gr.Number(
-        value=default["token_budget"],
-        label="Token budget per step (0 = no limit)",
-        elem_id="token_budget_number",
-    )
-    policy = gr.Radio(
-        POLICIES,
-        value=default["policy"],
-        label="Who gets the budget first",
-        elem_id="policy_radio",
-    )
-    arrival_rate = gr.Number(
-        value=default["arrival_rate"],
-        label="Arrivals: Poisson rate, requests/s (0 = the table's arrival_s)",
-        elem_id="arrival_rate_number",
-    )
-    compare_hf = gr.Checkbox(
-        value=SHOWN["compare_hf"],
-        label="Also run transformers' built-in continuous batching",
-        elem_id="compare_hf_checkbox",
-    )
+        kv_budget = _number("kv_budget_mib", "kv_budget_number")
+        block_size = _number("block_size", "block_size_number")  # no precision=0: it rounds 7.5
+    prefix_caching = _checkbox("prefix_caching", "prefix_caching_checkbox")
+    token_budget = _number("token_budget", "token_budget_number")
+    policy = _choices(gr.Radio, "policy", "policy_radio")
+    arrival_rate = _number("arrival_rate", "arrival_rate_number")
+    compare_hf = _checkbox("compare_hf", "compare_hf_checkbox")
     knobs = (kv_mode, kv_budget, block_size, prefix_caching, token_budget, policy, arrival_rate)
     return (*knobs, compare_hf)
+
+
+def _checkbox(name: str, elem_id: str) -> gr.Checkbox:
+    """Knob ``name``'s checkbox, with its label, help and default (``engine.knobs``)."""
+    knob = KNOB[name]
+    return gr.Checkbox(knob.default, label=knob.label, info=knob.info or None, elem_id=elem_id)
+
+
+def _number(name: str, elem_id: str) -> gr.Number:
+    """Knob ``name``'s number box, with its label, help and default."""
+    knob = KNOB[name]
+    return gr.Number(knob.default, label=knob.label, info=knob.info or None, elem_id=elem_id)
+
+
+def _choices(widget: type, name: str, elem_id: str):
+    """Knob ``name``'s ``widget`` (a dropdown or radio) of its labelled choices, with its label,
+    help and default."""
+    knob = KNOB[name]
+    return widget(
+        list(knob.labels),
+        value=knob.default,
+        label=knob.label,
+        info=knob.info or None,
+        elem_id=elem_id,
+    )

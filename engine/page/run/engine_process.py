@@ -9,7 +9,7 @@ Two processes have two GILs.
 ``EngineProcess(spec)`` keeps one worker, started with multiprocessing's *spawn* context (a fork
 would copy a process whose torch and OpenMP threads exist, with locks held by threads the child
 does not have), without the page's main script (``_start_without_main``: no gradio, no plotly
-there). The worker loads the same model (``ModelSpec``), warms it up, then runs one job at
+there). The worker loads the model (``ModelSpec``), warms it up, then runs one job at
 a time on its main thread, which makes every torch call (one OpenMP pool: ``engine_thread`` says
 why). ``run(fn, args, control, watch)`` calls ``fn(model, *args, watch)`` there: ``fn`` is a
 module-level function (pickled by name) and ``model`` the worker's ``SharedModel``::
@@ -93,7 +93,7 @@ class ModelSpec:
     dtype: str | None = None
     load: Callable[[ModelSpec], Any] | None = None
     # modules the jobs' functions live in, imported before the worker says it is ready, so the
-    # first run does not wait for them (the page's: ``engine.worker.comparison``)
+    # first run does not wait for them (the page's: ``engine.worker.comparison``, ``model_facts``)
     preload: tuple[str, ...] = ()
 
     def shared(self) -> shared_model.SharedModel:

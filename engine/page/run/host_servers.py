@@ -1,7 +1,10 @@
-"""The servers a host gave the page: a local vLLM (``app.py --vllm``) and OpenAI endpoints.
+"""The servers a host gave the page: a local vLLM (``app.py --vllm``), llama.cpp's
+``llama-server`` as two engines (``--llamacpp``: ``llamacpp``, F32, and ``llamacpp_q4``, the
+shipped Q4_1 file) and OpenAI endpoints.
 
 A visitor never types a URL: a public page must not become a proxy to arbitrary addresses. The
-host names its servers at start (``--endpoint NAME=URL``, ``CBP_ENDPOINTS``, ``--vllm``); the
+host names its servers at start (``--endpoint NAME=URL``, ``CBP_ENDPOINTS``, ``--vllm``,
+``--llamacpp``); the
 page offers only those names, as checkboxes, and a run looks its servers up by name. The page
 shows no endpoint's URL either (a host's internal address stays the host's): messages name the
 server instead. An endpoint given ``--endpoint-record NAME=RECORD_URL`` (or
@@ -10,14 +13,15 @@ record of its steps (``engine.peers.vllm_engine.RecordedEngine``): its runs carr
 the trace's ``schedule``, drawn from the inside like the local vLLM's, and its record address is
 hidden as its URL is.
 
-``PageServers`` starts the local vLLM in a background thread as the page starts (minutes on a
+``PageServers`` starts the local servers in background threads as the page starts (minutes on a
 CPU) and probes each endpoint once, keeping each server's state for the page's servers line
 (``engine.page.views.server_view.servers_markdown``): starting (with the server's latest log line),
 ready, or failed and why. ``run_servers`` plays a run's workload at each chosen server after our
 engines: it waits for a server still starting (a local vLLM that died is started again), and a
 server that fails (unreachable, refused a request, died) is reported with its message while the
 other engines' results are kept. Stop and the time limit cancel a server's streams; the results
-of the engines that finished are kept then too.
+of the engines that finished are kept then too. The llama.cpp servers take each run's slots and
+longest request (``LlamaCppEngine.fit``): one started with other settings starts again first.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from engine.trace import Trace
 
 BUILT_IN = ("static", "continuous", "hf_continuous", "reference")  # the page's own engine names
 LOCAL_VLLM = "vllm"
+LLAMACPP_NAMES = ("llamacpp", "llamacpp_q4")  # engine.llamacpp.engines.WEIGHTS' names
 CONFIGURED, STARTING, READY, FAILED = "configured", "starting", "ready", "failed"
 
 
@@ -79,7 +84,7 @@ class PageServers:
             return self._status[name]
 
     def is_local(self, name: str) -> bool:
-        """True for a server this page started (and stops): the local vLLM."""
+        """True for a server this page started (and stops): the local vLLM or llama.cpp's."""
         return hasattr(self.engines[name], "server")
 
     def starting(self) -> bool:
@@ -87,8 +92,12 @@ class PageServers:
         with self._lock:
             return any(s.state in (CONFIGURED, STARTING) for s in self._status.values())
 
+    def fits(self, name: str) -> bool:
+        """True for a server that takes each run's slots and requests (llama.cpp's)."""
+        return hasattr(self.engines[name], "fit")
+
     def start(self) -> PageServers:
-        """Start the local vLLM and probe every endpoint, each in a background thread."""
+        """Start the local servers and probe every endpoint, each in a background thread."""
         for name in self.engines:
             self._begin(name)
         return self
@@ -109,7 +118,7 @@ class PageServers:
         return [n for n in self.engines if n in chosen]
 
     def wait_ready(self, name: str, on_wait: Callable[[str], None]) -> None:
-        """Return once ``name`` can take a run; a local vLLM that is not running is started.
+        """Return once ``name`` can take a run; a local server that is not running is started.
 
         ``on_wait(note)`` is called every ``WAIT_SLICE_S`` while it starts, with a line saying
         how far it got; whatever it raises (``RunStopped``) ends the wait (the start goes on).
@@ -180,7 +189,7 @@ class PageServers:
     def _prepare(self, name: str) -> None:
         """Start (local) or probe (remote) one server; its status says how it went."""
         engine = self.engines[name]
-        what = "starting vLLM" if self.is_local(name) else "asking what it serves"
+        what = "starting the server" if self.is_local(name) else "asking what it serves"
         self._log(f"{name}: {what}")
         try:
             if self.is_local(name):
@@ -212,16 +221,18 @@ def configure(
     vllm_max_model_len: int = MAX_MODEL_LEN,
     log: Callable[[str], None] | None = None,
     record_items: Iterable[str] = (),
+    llamacpp: bool = False,
 ) -> PageServers:
-    """The page's servers: the local vLLM if ``vllm``, then ``--endpoint`` items, then
-    ``CBP_ENDPOINTS``. The local vLLM runs ``--max-num-seqs vllm_max_num_seqs`` and
-    ``--max-model-len vllm_max_model_len`` (both fixed at start). ``record_items``:
-    ``--endpoint-record NAME=RECORD_URL`` entries, then ``CBP_ENDPOINT_RECORDS``'s, for
-    endpoints of either kind.
+    """The page's servers: the local vLLM if ``vllm``, the llama.cpp engines if ``llamacpp``,
+    then ``--endpoint`` items, then ``CBP_ENDPOINTS``. The local vLLM runs ``--max-num-seqs
+    vllm_max_num_seqs`` and ``--max-model-len vllm_max_model_len`` (both fixed at start).
+    ``record_items``: ``--endpoint-record NAME=RECORD_URL`` entries, then
+    ``CBP_ENDPOINT_RECORDS``'s, for endpoints of either kind.
 
     Raises:
-        ValueError: a bad or repeated endpoint, a built-in engine's name, no ``.venv-vllm``, or
-            a bad record entry (one for a name no endpoint has).
+        ValueError: a bad or repeated endpoint, a built-in engine's name, no ``.venv-vllm``, no
+            ``llama-server`` (``make llamacpp``) or GGUF for it, or a bad record entry (one for
+            a name no endpoint has).
     """
     engines: dict[str, OpenAIEngine] = {}
     reserved = set(BUILT_IN)
@@ -232,6 +243,9 @@ def configure(
             loaded, vllm_max_num_seqs, enforce_eager=vllm_eager, max_model_len=vllm_max_model_len
         )
         reserved.add(LOCAL_VLLM)
+    if llamacpp:
+        engines |= _llamacpp_engines(loaded, vllm_max_num_seqs, log or (lambda _line: None))
+        reserved |= set(LLAMACPP_NAMES)
     flagged = parse_endpoints(endpoint_items, reserved)
     from_env = endpoints_from_env(environ, reserved)
     for endpoint in from_env:
@@ -247,6 +261,25 @@ def configure(
     return PageServers(engines, log)
 
 
+def _llamacpp_engines(loaded, num_slots: int, log: Callable[[str], None]) -> dict:
+    """``llamacpp`` (the loaded weights as an F32 GGUF, converted once: about 30 s) and, for
+    the embedded model, ``llamacpp_q4`` (its shipped Q4_1 file); another model gets ``llamacpp``
+    alone, said in ``log``.
+
+    Raises:
+        ValueError: no ``llama-server`` (``make llamacpp``), or the F32 file cannot be made.
+    """
+    from engine.llamacpp.engines import LlamaCppEngine
+
+    log("llamacpp: the F32 GGUF of the loaded weights (converted on first use, about 30 s)")
+    engines = {"llamacpp": LlamaCppEngine(loaded, num_slots)}
+    try:
+        engines["llamacpp_q4"] = LlamaCppEngine(loaded, num_slots, name="llamacpp_q4")
+    except ValueError as exc:
+        log(f"llamacpp_q4: not offered: {exc}")
+    return engines
+
+
 def run_servers(
     servers: PageServers,
     names: list[str],
@@ -255,6 +288,7 @@ def run_servers(
     watch,
     dtype: str | None = None,
     batch_invariant: bool = False,
+    prefix_caching: bool | None = None,
 ) -> tuple[dict[str, Trace], dict[str, str]]:
     """Run ``requests`` on each server in ``names``: (traces, failures), both by name.
 
@@ -263,14 +297,16 @@ def run_servers(
     yet are listed as not run, with the reason. ``dtype`` and ``batch_invariant``: the run's
     precision; a local vLLM in another dtype (fixed at its start) gets a warning, and its trace's
     ``info["server"]`` names both dtypes (``dtype``, ``run_dtype``), so the reference check
-    leaves it out (``engine.page.views.tables.not_compared_why``).
+    leaves it out (``engine.page.views.tables.not_compared_why``). ``prefix_caching``: whether
+    our engines cached prompt prefixes; a local vLLM that does otherwise gets a warning.
     """
     traces: dict[str, Trace] = {}
     failures: dict[str, str] = {}
     for i, name in enumerate(names):
         streaming = []  # not empty once its streams began
         try:
-            trace = _run_one(servers, name, requests, functools.partial(watch, name), streaming)
+            watched = functools.partial(watch, name)
+            trace = _run_one(servers, name, requests, num_slots, watched, streaming)
         except EndpointError as exc:
             failures[name] = servers.public(name, str(exc))
             servers.refresh(name, failures[name])
@@ -283,24 +319,32 @@ def run_servers(
         servers.refresh(name)
         servers.public_trace(name, trace)
         precision = _precision_warnings(servers, name, trace, dtype, batch_invariant)
-        trace.warnings = [*trace.warnings, *_slot_warnings(servers, name, num_slots), *precision]
+        unlike = [*_slot_warnings(servers, name, num_slots), *precision]
+        unlike += _prefix_warnings(servers, name, prefix_caching)
+        trace.warnings = [*trace.warnings, *unlike]
         watch(name, trace, done=True)
         traces[name] = trace
     return traces, failures
 
 
-def _run_one(servers: PageServers, name: str, requests, watch, streaming: list) -> Trace:
-    """One server's run; ``watch`` is ``LiveRun.watch`` for this server's name. ``streaming``
+def _run_one(
+    servers: PageServers, name: str, requests, num_slots: int, watch, streaming: list
+) -> Trace:
+    """One server's run; ``watch`` is ``LiveRun.watch`` for this server's name. A server that
+    fits each run (``PageServers.fits``) gets ``num_slots`` and ``requests`` first. ``streaming``
     gets an item when the streams begin (a stop after that cancels them)."""
     watch(None, waiting=True, note="waiting for the server")
-    servers.wait_ready(name, lambda note: watch(None, waiting=True, note=note))
+    on_wait = lambda note: watch(None, waiting=True, note=note)  # noqa: E731
+    servers.wait_ready(name, on_wait)
+    if servers.fits(name) and servers.engines[name].fit(requests, num_slots):
+        servers.wait_ready(name, on_wait)  # it starts again with this run's settings
     streaming.append(True)
     return servers.engines[name].run(requests, on_wait=lambda t: watch(t, waiting=True))
 
 
 def _slot_warnings(servers: PageServers, name: str, num_slots: int) -> list[str]:
     """The local vLLM's sequences are fixed at start: say so when the run has other slots."""
-    if not servers.is_local(name):
+    if not servers.is_local(name) or servers.fits(name):
         return []
     max_num_seqs = servers.engines[name].server.settings.max_num_seqs
     if max_num_seqs == num_slots:
@@ -314,12 +358,34 @@ def _slot_warnings(servers: PageServers, name: str, num_slots: int) -> list[str]
     ]
 
 
+def _prefix_warnings(servers: PageServers, name: str, prefix_caching: bool | None) -> list[str]:
+    """The local vLLM's prefix caching is fixed at start (on, vLLM's default, unless the page
+    turned it off): say so when the run's engines did otherwise."""
+    if not servers.is_local(name) or servers.fits(name) or prefix_caching is None:
+        return []
+    served = servers.engines[name].server.settings.prefix_caching is not False
+    if served == prefix_caching:
+        return []
+    theirs, ours = ("caches", "did not") if served else ("does not cache", "did")
+    return [
+        f"{name} {theirs} prompt prefixes (fixed when the page started), while this run's "
+        f"engines {ours} (the prefix caching setting): where prompts share a prefix, its "
+        "time to first token and its plans differ for that reason, not for its scheduler."
+    ]
+
+
+def _fixed_by(servers: PageServers, name: str) -> str:
+    if servers.fits(name):
+        return "llama.cpp computes in it, whatever the weights"
+    return "fixed when the page started; app.py --dtype sets it"
+
+
 def _precision_warnings(
     servers: PageServers, name: str, trace: Trace, dtype: str | None, batch_invariant: bool
 ) -> list[str]:
     """The local vLLM's dtype is fixed at start: when the run has another, say so and record
     both in ``trace.info["server"]`` (its outputs are then not compared); in batch-invariant
-    mode, say that vLLM does not run in it."""
+    mode, say that the server does not run in it."""
     if not servers.is_local(name) or dtype is None:
         return []
     served = servers.engines[name].server.settings.dtype
@@ -327,7 +393,7 @@ def _precision_warnings(
     lines = []
     if served != dtype:
         lines.append(
-            f"{name} runs in {served} (fixed when the page started; app.py --dtype sets it), "
+            f"{name} runs in {served} ({_fixed_by(servers, name)}), "
             f"while this run ran our engines in {dtype}: its outputs are not compared with the "
             "reference, which is in the run's precision."
         )

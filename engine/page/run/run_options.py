@@ -1,26 +1,25 @@
 """The page's knobs: what Run reads, by name; parsed; then the table validated and tokenized.
 
 ``RunSettings`` holds Run's inputs as the page hands them over, one named field each, and
-``RUN_INPUTS`` is their one ordered list, the /run API's positions; ``settings_from_run`` builds the
-settings from the Run event's values (by position, as Gradio and API clients send them, or by name).
-``options_from_page`` parses them into ``RunOptions``: Gradio hands numbers over as numbers or
-strings (an edited cell, an API client), so every knob is parsed here, and bad values raise one
-``ValueError`` that names them all, with a message the page shows as is. ``prepare`` turns the
-table into requests.
+``RUN_INPUTS`` is their one ordered list, the /run API's positions; each is a knob declared in
+``engine.knobs`` or one of ``OTHER_INPUTS``. ``settings_from_run`` builds the settings from the
+Run event's values (by position, as Gradio and API clients send them, or by name).
+``options_from_page`` parses them into ``RunOptions``, each knob by its kind (``knob_value``):
+Gradio hands numbers over as numbers or strings (an edited cell, an API client), so every knob is
+parsed here, and bad values raise one ``ValueError`` that names them all, with a message the page
+shows as is. ``prepare`` turns the table into requests.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.batching.continuous import ContinuousEngine
 from engine.config import EngineConfig
-from engine.page.inputs.link_query import MAX_SLOTS, X_AXES
+from engine.knobs import KNOB, KNOBS, Knob
 from engine.serving.run_control import run_time_limit_s
 from engine.workloads.workload import (
     check_arrivals,
@@ -31,34 +30,6 @@ from engine.workloads.workload import (
 )
 
 MAX_ARRIVAL_S = 300.0  # the latest arrival a page run waits for (and never past its time limit)
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """What Run reads from the page, one field per knob, as Gradio hands it over (numbers may be
-    strings, blanks None or ""): ``options_from_page`` parses it. The fields without a default are
-    the /run API's required inputs; the defaults are the API's too (blank: the page's default)."""
-
-    rows: Any  # the request table: a list of rows, or a pandas DataFrame
-    num_slots: Any  # Slots (B), a whole number
-    chat_template: bool
-    check_reference: bool  # check the outputs against model.generate
-    kv_mode: str | None  # "paged", "slots" or "concat"; blank: "paged"
-    token_budget: Any  # tokens per step; blank or 0: no limit
-    policy: str | None  # "decode_first", "prefill_first" or "vllm"; blank: "decode_first"
-    compare_hf: bool  # also run transformers' continuous batching
-    arrival_rate: Any  # Poisson arrivals, requests/s; blank or 0: the table's arrival_s
-    x_axis: str  # the timelines' x axis, "time" or "step" (a view: no engine knob)
-    kv_budget_mib: Any = None  # paged KV: blank or 0 sizes the pool for every slot
-    block_size: Any = None  # paged KV: tokens per block; blank: 16
-    prefix_caching: bool = False  # paged KV: share computed prompt prefixes' blocks
-    server_names: Any = None  # the host's servers to run too: names (a list, or one name)
-    dtype: str | None = None  # blank: the loaded model's precision
-    batch_invariant: bool = False
-    # show a run of the same setup measured on this host within the replay window, instead of
-    # queueing a new one (engine.page.run.recent_runs); the page's Run button sends True
-    replay_recent: bool = False
-
 
 # The Run event's inputs, in the /run API's order: a contract (clients call /run by position), so
 # a new one goes at the end. Each is a ``RunSettings`` field or one of the session's states.
@@ -85,6 +56,38 @@ RUN_INPUTS = (
     "replay_recent",
 )
 RUN_STATES = ("previous", "handle")  # the session's, not settings: not in the /run API
+# Run's inputs that are no knob of ``engine.knobs.KNOBS``: the request table (a list of rows, or a
+# pandas DataFrame), the host's servers to run too (names: a list, or one name), and whether a
+# run of the same setup measured on this host within the replay window may be shown instead of
+# queueing a new one (``engine.page.run.recent_runs``; the page's Run button sends True).
+OTHER_INPUTS = ("rows", "server_names", "replay_recent")
+REQUIRED = RUN_INPUTS[: RUN_INPUTS.index("previous")]  # what /run took at first: no default
+
+
+def _input_default(name: str):
+    """A Run input's /run default: none for the first ten; else off for an on/off input and
+    None (blank: the page's default) for the rest."""
+    if name in REQUIRED:
+        return dataclasses.MISSING
+    on_off = name == "replay_recent" or (name in KNOB and KNOB[name].kind == "flag")
+    return False if on_off else None
+
+
+RunSettings = dataclasses.make_dataclass(
+    "RunSettings",
+    [
+        (name, Any, dataclasses.field(default=_input_default(name)))
+        for name in RUN_INPUTS
+        if name not in RUN_STATES
+    ],
+    frozen=True,
+)
+RunSettings.__module__ = __name__
+RunSettings.__doc__ = """What Run reads from the page, one field per ``RUN_INPUTS`` name less the
+states, as Gradio hands it over (numbers may be strings, blanks None or ""): each knob's field is
+named after it (``engine.knobs``), the others are ``OTHER_INPUTS``. ``options_from_page`` parses
+it. The fields without a default are the /run API's required inputs; the defaults are the API's
+too (blank: the page's default)."""
 
 
 def run_signature() -> inspect.Signature:
@@ -117,7 +120,8 @@ def settings_from_run(*values, **named) -> tuple[RunSettings, Any, Any]:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """The page's engine knobs, beside the table and the slot count."""
+    """The page's engine knobs, beside the table and the slot count: each field a knob's
+    (``engine.knobs``) as a run reads it, by the knob's name (``OPTION_NAMES`` where not)."""
 
     chat_template: bool = False
     check_reference: bool = True
@@ -137,44 +141,66 @@ class RunOptions:
     )
 
 
+OPTION_NAMES = {"arrival_rate": "arrival_rate_per_s"}  # a knob whose option has a unit in its name
+# The knobs ``options_from_page`` parses: those with a ``RunOptions`` field (not the slots, which
+# ``engine_config`` checks, nor the x axis, a view: ``view_inputs``).
+OPTION_KNOBS = tuple(
+    knob
+    for knob in KNOBS
+    if OPTION_NAMES.get(knob.name, knob.name) in {f.name for f in dataclasses.fields(RunOptions)}
+)
+
+
 def options_from_page(settings: RunSettings) -> RunOptions:
-    """The page's knobs as ``RunOptions``; empty or 0 budgets mean "no limit"; the dtype is
-    checked when its model is asked for (``SharedModel.in_dtype``). The table is checked by
-    ``prepare``, and so are the slot count and the settings' ranges, unless a knob here is bad:
-    then they are checked here too (``engine_config``), so that one message names every bad
-    setting at once.
+    """The page's knobs as ``RunOptions`` (``knob_value``); the dtype is checked when its model is
+    asked for (``SharedModel.in_dtype``). The table is checked by ``prepare``, and so are the slot
+    count and the settings' ranges, unless a knob here is bad: then they are checked here too
+    (``engine_config``), so that one message names every bad setting at once.
 
     Raises:
-        ValueError: a budget, rate or block size that is not a number of the right kind (each
-            one named), with every other bad setting.
+        ValueError: a budget, rate, block size or switch that is not a value of the right kind
+            (each one named), with every other bad setting.
     """
-    s, problems = settings, []
-    told = functools.partial(_told, problems)
-    block_size = 16 if _blank(s.block_size) else told(_whole_number, s.block_size, "Block size")
-
-    def flag(value, what: str) -> bool:  # a bad one told, and standing at False
-        return bool(told(_flag, value, what))
-
-    options = RunOptions(
-        chat_template=flag(s.chat_template, "Use chat template"),
-        check_reference=flag(s.check_reference, "Check outputs against model.generate"),
-        kv_mode=s.kv_mode or "paged",
-        token_budget=told(_optional_whole_number, s.token_budget, "Token budget"),
-        policy=s.policy or "decode_first",
-        compare_hf=flag(s.compare_hf, "Also run transformers' continuous batching"),
-        arrival_rate_per_s=told(_optional_positive, s.arrival_rate, "Arrival rate (requests/s)"),
-        kv_budget_mib=told(_optional_positive, s.kv_budget_mib, "KV budget (MiB)"),
-        block_size=16 if block_size is None else block_size,
-        prefix_caching=flag(s.prefix_caching, "Prefix caching"),
-        servers=told(_names, s.server_names) or (),
-        dtype=None if _blank(s.dtype) else str(s.dtype).strip(),
-        batch_invariant=flag(s.batch_invariant, "Batch-invariant mode"),
-    )
-    told(view_inputs, s)  # no engine knobs, but Run's inputs: named with the rest
+    problems = []
+    values = {}
+    for knob in OPTION_KNOBS:  # a bad one told, and standing at its default
+        value = _told(problems, knob_value, knob, getattr(settings, knob.name))
+        values[OPTION_NAMES.get(knob.name, knob.name)] = knob.unset if value is None else value
+    servers = _told(problems, _names, settings.server_names) or ()
+    options = RunOptions(**values, servers=servers)
+    _told(problems, view_inputs, settings)  # no engine knobs, but Run's inputs: named with the rest
     if problems:  # the knobs that parsed are checked too (a bad one stands at its default)
-        told(engine_config, s.num_slots, options)
+        _told(problems, engine_config, settings.num_slots, options)
     raise_problems(problems, "bad settings")
     return options
+
+
+def knob_value(knob: Knob, value):
+    """A knob's value from the page as a run reads it: blank (or 0, for a knob whose 0 means
+    "not set") is ``knob.unset``; a flag is true or false, a choice its text (checked by
+    ``EngineConfig``, or for the dtype by its model), a number a whole one or a positive one.
+
+    Raises:
+        ValueError: a value that is not of the knob's kind, naming the knob.
+    """
+    if knob.kind == "flag":
+        return _flag(value, knob.named)
+    text = "" if value is None else str(value).strip()
+    if not text or (knob.zero and _is_zero(text)):  # 0, 0.0 (a number field), "0.00"
+        return knob.unset
+    if knob.kind == "choice":
+        return str(value).strip()
+    if knob.kind == "whole":
+        return _whole_number(value, knob.named)
+    return _positive(value, knob.named)
+
+
+def _is_zero(text: str) -> bool:
+    """Whether ``text`` reads as the number 0 in any spelling."""
+    try:
+        return float(text) == 0
+    except ValueError:
+        return False
 
 
 def view_inputs(settings: RunSettings) -> tuple[str, bool]:
@@ -182,41 +208,34 @@ def view_inputs(settings: RunSettings) -> tuple[str, bool]:
     whether a recent identical run may be shown (``replay_recent``).
 
     Raises:
-        ValueError: an x axis that is not one of ``X_AXES``, or a ``replay_recent`` that is not
-            true or false.
+        ValueError: an x axis that is not one of its knob's choices, or a ``replay_recent`` that
+            is not true or false.
     """
-    problems = []
-    x_axis = X_AXES[0] if _blank(settings.x_axis) else settings.x_axis
-    if x_axis not in X_AXES:
-        problems.append(f"The x axis must be one of {', '.join(X_AXES)} (got {x_axis!r}).")
+    problems, axis = [], KNOB["x_axis"]
+    x_axis = axis.default if _blank(settings.x_axis) else settings.x_axis
+    if x_axis not in axis.choices:
+        problems.append(f"The x axis must be one of {', '.join(axis.choices)} (got {x_axis!r}).")
     replay = _told(problems, _flag, settings.replay_recent, "replay_recent")
     raise_problems(problems, "bad settings")
     return x_axis, replay
 
 
 def engine_config(num_slots, options: RunOptions) -> EngineConfig:
-    """The continuous engine's config for the page's slot count and knobs.
+    """The continuous engine's config for the page's slot count and knobs (each knob's
+    ``config`` field; the static engine never shares prefixes: its own config).
 
     Raises:
         ValueError: a slot count that is not a whole number, and every bad setting
             (``EngineConfig.problems``), in one message.
     """
-    problems = []
-    slots = _told(problems, _whole_number, num_slots, "Slots")
-    if slots is not None and slots > MAX_SLOTS:  # the slider's limit (EngineConfig: at least 1)
-        problems.append(f"Slots must be at most {MAX_SLOTS} (got {slots}).")
+    problems, slots_knob = [], KNOB["num_slots"]
+    slots = _told(problems, _whole_number, num_slots, slots_knob.named)
+    if slots is not None and slots > slots_knob.high:  # EngineConfig: at least 1
+        problems.append(f"Slots must be at most {slots_knob.high} (got {slots}).")
         slots = None
+    given = {k.config: getattr(options, k.name) for k in OPTION_KNOBS if k.config}
     try:
-        config = EngineConfig(
-            num_slots=1 if slots is None else slots,  # a bad count told; the rest checked
-            kv_mode=options.kv_mode,
-            max_num_batched_tokens=options.token_budget,
-            scheduling_policy=options.policy,
-            kv_budget_mib=options.kv_budget_mib,
-            block_size=options.block_size,
-            prefix_caching=options.prefix_caching,  # the static engine never shares (its config)
-            batch_invariant=options.batch_invariant,
-        )
+        config = EngineConfig(num_slots=1 if slots is None else slots, **given)  # a bad count told
     except ValueError as exc:
         problems.append(str(exc))
     raise_problems(problems, "bad settings")
@@ -245,7 +264,7 @@ def prepare(model, rows, num_slots, options: RunOptions):
     """
     config = engine_config(num_slots, options)
     if options.batch_invariant:
-        model.runner.require_batch_invariant()
+        model.check_batch_invariant()
     specs = parse_table(request_rows(rows))
     if options.arrival_rate_per_s:
         specs = poisson_arrivals(specs, options.arrival_rate_per_s, options.arrival_seed)
@@ -253,11 +272,11 @@ def prepare(model, rows, num_slots, options: RunOptions):
     check_arrivals(specs, min(MAX_ARRIVAL_S, time_limit_s or MAX_ARRIVAL_S))
     requests = tokenize_requests(
         specs,
-        model.loaded.tokenizer,
+        model.tokenizer,
         chat_template=options.chat_template,
-        max_context=model.loaded.max_context,
+        max_context=model.max_context,
     )
-    ContinuousEngine(model.runner, config).check_kv_budget(requests)  # before any engine starts
+    model.check_kv_budget(config, requests)  # before any engine starts
     if options.servers:  # only names the host configured; the page never takes an address
         if getattr(model, "servers", None) is None:
             raise ValueError("This page has no servers configured, so none can run.")
@@ -319,13 +338,6 @@ def _whole_number(value, what: str) -> int:
     return int(number)
 
 
-def _optional_whole_number(value, what: str) -> int | None:
-    """Empty or 0 means "no limit" (None); otherwise a whole number. Raises ValueError."""
-    if value is None or str(value).strip() in ("", "0"):
-        return None
-    return _whole_number(value, what)
-
-
 FLAG_WORDS = {"true": True, "false": False}  # a checkbox's value as an API client may send it
 
 
@@ -348,11 +360,8 @@ def _blank(value) -> bool:
     return value is None or not str(value).strip()
 
 
-def _optional_positive(value, what: str) -> float | None:
-    """Empty or 0 means "not set" (None: the default, e.g. all arrive at once); otherwise a
-    positive number. Raises ValueError."""
-    if value is None or str(value).strip() in ("", "0"):
-        return None
+def _positive(value, what: str) -> float:
+    """A positive number. Raises ValueError."""
     try:
         number = float(value)
     except (TypeError, ValueError):

@@ -6,6 +6,13 @@ the run in progress, so runs never overlap on the model. It loads and warms up o
 thread (``engine.page.run.engine_thread``), where every run goes too. Tests build their own
 ``SharedModel``.
 
+What the page asks of its model is ``PageModel``. A ``SharedModel`` serves it in this process, with
+the weights here (ZeroGPU, ``CBP_ENGINE_PROCESS=off``, the engine process's own, tests); with an
+engine process, the page's model is ``engine.page.host.model_view.ModelView``, which holds a
+tokenizer and the engine process's answers (``engine.worker.model_facts``) and no weights
+(``use_model`` makes it the shared one). Both send their work through ``run(fn, args, control,
+watch)``: here on the calling thread, or to the engine process (``EngineProcess.run``).
+
 Precision is a page setting: ``in_dtype`` gives the same model in another dtype (float32 or
 bfloat16, plus float16 on CUDA), loaded (on the engine thread) the first time it is asked for and
 kept beside the first (SmolLM2-135M: about 270 MB in bfloat16), sharing its lock. A dtype the
@@ -20,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -29,7 +36,6 @@ from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
 from engine.fidelity import reference_store
 from engine.fidelity.reference import ReferenceCache, SoloReference
-from engine.fidelity.reference_key import Identity
 from engine.model.allowlist import check_model_allowed
 from engine.model.device import describe_device, parse_dtype
 from engine.model.dtype_support import check_dtype_supported
@@ -41,6 +47,8 @@ from engine.page.run.host_servers import PageServers
 from engine.page.run.recent_runs import RecentRuns, replay_window_s
 from engine.page.run.run_cost import REFERENCE, Work
 from engine.page.run.run_queue import RunQueue
+from engine.sequence import Request
+from engine.serving.run_control import RunControl
 from engine.workloads.workload import parse_table, tokenize_requests
 
 # Timed at start for the queue's first estimates (``SharedModel.calibrate_pace``): a tour run in
@@ -51,6 +59,44 @@ CALIBRATION_TABLE = [
     ["Why is the sky blue?", 8],
     ["Write one sentence about batching.", 12],
 ]
+
+
+class PageModel(Protocol):
+    """What the page asks of its model, wherever the weights are: ``SharedModel`` (here) and
+    ``engine.page.host.model_view.ModelView`` (in the engine process) both answer it."""
+
+    lock: threading.Lock  # held by the one running run
+    servers: PageServers | None
+    queue: RunQueue
+    recent: RecentRuns
+    cpu_split: CpuSplit | None
+
+    @property
+    def dtype_name(self) -> str: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def max_context(self) -> int: ...
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def label_markdown(self) -> str: ...
+
+    def dtype_choices(self) -> list[str]: ...
+
+    def in_dtype(self, name: str | None) -> PageModel: ...
+
+    def reference_for(self, batch_invariant: bool): ...
+
+    def check_batch_invariant(self) -> None: ...
+
+    def check_kv_budget(self, config: EngineConfig, requests: list[Request]) -> None: ...
+
+    def run(self, fn: Callable, args: tuple, control: RunControl, watch: Callable) -> Any: ...
 
 
 @dataclass
@@ -69,13 +115,6 @@ class SharedModel:
     # the turns runs take on the model, and the recent runs by setup: one for every dtype's copy
     queue: RunQueue = field(default_factory=RunQueue, repr=False)
     recent: RecentRuns = field(default_factory=lambda: RecentRuns(replay_window_s()), repr=False)
-    # the engine process (engine.page.run.engine_process) the runs' engines go to; None: the
-    # engine thread, in this process (tests, ZeroGPU, CBP_ENGINE_PROCESS=off)
-    engine_process: Any = field(default=None, repr=False)
-    # the engine process's matmul kernels (``engine_facts``), which the page's label names; None:
-    # this process's runner's
-    engine_kernels: str | None = None
-    engine_step: str | None = None  # the engine process's ``ModelRunner.step_summary()``
     cpu_split: CpuSplit | None = None  # the engines' CPUs and the page's, when split
 
     def __post_init__(self) -> None:
@@ -92,11 +131,19 @@ class SharedModel:
         """The loaded dtype, e.g. "float32"."""
         return str(self.loaded.dtype).removeprefix("torch.")
 
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (``LoadedModel.tokenizer``)."""
+        return self.loaded.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        """The model's context, in tokens."""
+        return self.loaded.max_context
+
     def dtype_choices(self) -> list[str]:
-        """The precisions the page offers: float32 and bfloat16, plus float16 on CUDA (or when
-        the model was loaded in it)."""
-        half = self.loaded.device.type == "cuda" or self.dtype_name == "float16"
-        return ["float32", "bfloat16", *(["float16"] if half else [])]
+        """The precisions the page offers (``dtype_choices``)."""
+        return dtype_choices(self.loaded.device, self.dtype_name)
 
     def in_dtype(self, name: str | None) -> SharedModel:
         """This model in the dtype ``name`` (None, "" or "auto": this one), loaded on first use.
@@ -105,20 +152,10 @@ class SharedModel:
             ValueError: a name the page does not offer on this device, or a dtype the device
                 cannot run, naming both; checked before any weight loads (nothing is lost).
         """
-        text = (name or "auto").strip().lower()
-        if text in ("auto", self.dtype_name):
-            return self
-        wanted = str(parse_dtype(text, self.loaded.device)).removeprefix("torch.")
+        wanted = wanted_dtype(name, self.loaded.device, self.dtype_choices(), self.dtype_name)
         if wanted == self.dtype_name:
             return self
-        device = self.loaded.device_label.split(" · ")[0]
-        if wanted not in self.dtype_choices():
-            raise ValueError(
-                f"{wanted} is offered on CUDA only, and this model runs on {device}: "
-                f"choose {' or '.join(self.dtype_choices())}."
-            )
         if wanted not in self.variants:
-            check_dtype_supported(self.loaded.device, getattr(torch, wanted))
             self.variants[wanted] = ENGINE_THREAD.call(self._variant, wanted)
         return self.variants[wanted]
 
@@ -132,11 +169,9 @@ class SharedModel:
             servers=self.servers,
             queue=self.queue,
             recent=self.recent,
-            engine_process=self.engine_process,
+            cpu_split=self.cpu_split,
         )
-        if self.engine_process is not None:  # its runs run there: no kernels, no compile here
-            variant.runner.keep_eager("the engines run in the engine process")
-        variant.warm_up(engines=self.engine_process is None)
+        variant.warm_up()
         return variant
 
     def reference_for(self, batch_invariant: bool):
@@ -148,6 +183,27 @@ class SharedModel:
             self.solo_reference = SoloReference(self.runner, store=self.reference.store)
         return self.solo_reference
 
+    def check_batch_invariant(self) -> None:
+        """Refuse batch-invariant mode for a model it does not support.
+
+        Raises:
+            ValueError: the model is not a Llama-style decoder.
+        """
+        self.runner.require_batch_invariant()
+
+    def check_kv_budget(self, config: EngineConfig, requests: list[Request]) -> None:
+        """Refuse, before any engine starts, a paged KV budget that cannot hold some request.
+
+        Raises:
+            ValueError: some request alone needs more KV blocks than the budget holds.
+        """
+        ContinuousEngine(self.runner, config).check_kv_budget(requests)
+
+    def run(self, fn: Callable, args: tuple, control: RunControl, watch: Callable) -> Any:
+        """``fn(self, *args, watch)`` on the calling thread (the page's engine thread): the
+        in-process end of ``EngineProcess.run``; ``control`` stops it through ``watch``."""
+        return fn(self, *args, watch)
+
     @property
     def label(self) -> str:
         """The page's model line, e.g. "Model: SmolLM2-135M-Instruct · runs on CPU · float32"."""
@@ -155,32 +211,18 @@ class SharedModel:
 
     @property
     def label_markdown(self) -> str:
-        """The model line as the page shows it: ``label``, then "matmul kernels" whose hover text
-        says which kernel runs at which row counts and how it was chosen (measured on this host,
-        read from an earlier start, or named by ``CBP_ENGINE_KERNEL``), the engine process's when
-        the engines run there; and, when the CPUs are split, how many the engines have."""
-        summary = html.escape(self.engine_kernels or self.runner.kernel_summary(), quote=True)
-        line = f'{self.label} · <abbr title="{summary}">matmul kernels</abbr>'
-        step = self.engine_step or self.runner.step_summary()
-        words = "eager step" if step.startswith("step: eager") else "compiled step"
-        line += f' · <abbr title="{html.escape(step, quote=True)}">{words}</abbr>'
-        if self.cpu_split is not None:
-            where = self.cpu_split.describe()
-            where = html.escape(where[:1].upper() + where[1:], quote=True)
-            line += f' · <abbr title="{where}">{self.cpu_split.short()}</abbr>'
-        return line
+        """The model line as the page shows it (``model_line``), with this runner's kernels and
+        step."""
+        kernels, step = self.runner.kernel_summary(), self.runner.step_summary()
+        return model_line(self.label, kernels, step, self.cpu_split)
 
-    def warm_up(self, engines: bool = True) -> None:
+    def warm_up(self) -> None:
         """Key the reference store (hashing the weights, about a second for SmolLM2-135M), so the
         queue's estimates know from the first Run which references are stored already
-        (``engine.page.run.run_cost``); and with ``engines``, run both engines once on two tiny
-        requests, so one-time costs never reach a timing. Without (the page's copy, when an
-        engine process runs the runs) no engine runs here, so this process never makes the
-        engines' kernels: their weight copies are several times the model's size."""
+        (``engine.page.run.run_cost``), and run both engines once on two tiny requests, so
+        one-time costs never reach a timing."""
         if self.reference.store is not None:
             self.reference.identity  # noqa: B018  (a cached property: computed here, once)
-        if not engines:
-            return
         specs = parse_table([["Warm-up", 2], ["Warm up again", 3]])
         requests = tokenize_requests(
             specs, self.loaded.tokenizer, chat_template=False, max_context=self.loaded.max_context
@@ -224,39 +266,55 @@ class SharedModel:
         return work, parts_s
 
 
-@dataclass(frozen=True)
-class EngineFacts:
-    """What the page learns from the engine process once it is ready (``engine_facts``)."""
-
-    kernels: str  # its matmul kernels (``ModelRunner.kernel_summary``), chosen for its own threads
-    work: Work  # the pace table's work (``SharedModel.time_pace``), timed where the runs run
-    parts_s: dict[str, float]  # ... its seconds in each part
-    # its references' keys in the store, by batch-invariant mode (none without a store)
-    reference_keys: dict[bool, Identity] = field(default_factory=dict)
-    step: str | None = None  # how its continuous step runs (``ModelRunner.step_summary``)
-
-    def teach(self, page: SharedModel) -> None:
-        """Give the page's model what it needs of these: the kernels for its model line, the pace
-        for its queue, and the store's keys of the references the engine process computes, so
-        its estimates count a stored reference as stored (``ReferenceCache.key_as``)."""
-        page.engine_kernels = self.kernels
-        page.engine_step = self.step
-        page.queue.calibrate(self.work, self.parts_s)
-        for batch_invariant, identity in self.reference_keys.items():
-            page.reference_for(batch_invariant).key_as(identity)
+def engine_pace(model: SharedModel, _watch) -> tuple[Work, dict[str, float]]:
+    """The pace (``SharedModel.time_pace``) as a job (``run``): timed where the runs run."""
+    return model.time_pace()
 
 
-def engine_facts(model: SharedModel, watch=None) -> EngineFacts:
-    """What the page learns from the engine process once it is ready, as one of its jobs
-    (``EngineProcess.run``): its matmul kernels (``ModelRunner.kernel_summary``: it chose them
-    for its own CPUs and threads), its pace (``SharedModel.time_pace``), timed where the runs
-    will run, and its references' keys in the store (their thread count is the process's)."""
-    work, parts_s = model.time_pace()
-    keys = {}
-    if model.reference.store is not None:
-        keys = {flag: model.reference_for(flag).identity for flag in (False, True)}
-    summary = model.runner.kernel_summary()
-    return EngineFacts(summary, work, parts_s, keys, model.runner.step_summary())
+def dtype_choices(device: torch.device, dtype_name: str) -> list[str]:
+    """The precisions the page offers: float32 and bfloat16, plus float16 on CUDA (or when the
+    model was loaded in it)."""
+    half = device.type == "cuda" or dtype_name == "float16"
+    return ["float32", "bfloat16", *(["float16"] if half else [])]
+
+
+def wanted_dtype(name: str | None, device: torch.device, offered: list[str], own: str) -> str:
+    """The dtype ``name`` asks for (None, "" or "auto": ``own``, the loaded one's).
+
+    Raises:
+        ValueError: a name the page does not offer (``offered``) on this device, or a dtype the
+            device cannot run, naming both.
+    """
+    text = (name or "auto").strip().lower()
+    if text in ("auto", own):
+        return own
+    wanted = str(parse_dtype(text, device)).removeprefix("torch.")
+    if wanted == own:
+        return own
+    if wanted not in offered:
+        where = describe_device(device, torch.float32).split(" · ")[0]
+        raise ValueError(
+            f"{wanted} is offered on CUDA only, and this model runs on {where}: "
+            f"choose {' or '.join(offered)}."
+        )
+    check_dtype_supported(device, getattr(torch, wanted))
+    return wanted
+
+
+def model_line(label: str, kernels: str, step: str, cpu_split: CpuSplit | None) -> str:
+    """The model line as the page shows it: ``label``, then "matmul kernels" whose hover text
+    (``kernels``) says which kernel runs at which row counts and how it was chosen (measured on
+    this host, read from an earlier start, or named by ``CBP_ENGINE_KERNEL``), the step's kind
+    with ``step`` on hover; and, when the CPUs are split, how many the engines have."""
+    summary = html.escape(kernels, quote=True)
+    line = f'{label} · <abbr title="{summary}">matmul kernels</abbr>'
+    words = "eager step" if step.startswith("step: eager") else "compiled step"
+    line += f' · <abbr title="{html.escape(step, quote=True)}">{words}</abbr>'
+    if cpu_split is not None:
+        where = cpu_split.describe()
+        where = html.escape(where[:1].upper() + where[1:], quote=True)
+        line += f' · <abbr title="{where}">{cpu_split.short()}</abbr>'
+    return line
 
 
 def _converted(loaded: LoadedModel, dtype_name: str) -> LoadedModel:
@@ -272,7 +330,7 @@ def _converted(loaded: LoadedModel, dtype_name: str) -> LoadedModel:
     return converted
 
 
-_shared_model: SharedModel | None = None  # the one lazily loaded shared model (see house style)
+_shared_model: PageModel | None = None  # the one lazily loaded shared model (see house style)
 
 
 def load_shared_model(
@@ -280,51 +338,43 @@ def load_shared_model(
     device: str | None = None,
     dtype: str | None = None,
     calibrate: bool = True,
-    runs_engines: bool = True,
 ) -> SharedModel:
     """Load the model (``engine.model.loader.load_model`` arguments) and make it the shared one;
-    ``calibrate``: time the queue's pace here (False when an engine process will time it);
-    ``runs_engines``: False when an engine process runs the runs, so this copy never runs an
-    engine: no compiled step, no kernel weight copies.
+    ``calibrate``: time the queue's pace here.
 
     Raises:
         ModelLoadError: the model is not on ``CBP_MODEL_ALLOWLIST`` (checked first), or fails to
             load (see ``load_model``).
     """
-    global _shared_model
     check_model_allowed(model)
     # On the engine thread, which runs every run too: torch keeps one OpenMP pool (engine_thread)
-    _shared_model = ENGINE_THREAD.call(
-        load_and_warm_up, model, device, dtype, calibrate, runs_engines
-    )
-    return _shared_model
+    return use_model(ENGINE_THREAD.call(load_and_warm_up, model, device, dtype, calibrate))
 
 
 def load_and_warm_up(
-    model: str | None,
-    device: str | None,
-    dtype: str | None,
-    calibrate: bool = True,
-    runs_engines: bool = True,
+    model: str | None, device: str | None, dtype: str | None, calibrate: bool = True
 ) -> SharedModel:
     """``load_model(model, device, dtype)`` as a warmed-up ``SharedModel``, on the calling thread
     (the engine thread, or the engine process's main thread); ``calibrate``: time its pace for the
-    queue's estimates too (``SharedModel.calibrate_pace``; the engine process has no queue);
-    ``runs_engines``: False keeps its step eager and runs no engine at warm-up (which would
-    compile the step and make the kernels' weight copies)."""
+    queue's estimates too (``SharedModel.calibrate_pace``; the engine process has no queue)."""
     loaded = load_model(model, device, dtype)
     shared = SharedModel.from_loaded(
         loaded, loader=lambda name: load_model(model, str(loaded.device), name)
     )
-    if not runs_engines:
-        shared.runner.keep_eager("the engines run in the engine process")
-    shared.warm_up(engines=runs_engines)
+    shared.warm_up()
     if calibrate:
         shared.calibrate_pace()
     return shared
 
 
-def get_model() -> SharedModel:
+def use_model(model: PageModel) -> PageModel:
+    """Make ``model`` the shared one (``app.py`` with an engine process: its ``ModelView``)."""
+    global _shared_model
+    _shared_model = model
+    return model
+
+
+def get_model() -> PageModel:
     """The shared model, loading the default one on first use."""
     return _shared_model if _shared_model is not None else load_shared_model()
 

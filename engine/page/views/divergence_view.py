@@ -11,6 +11,11 @@ the user picks (``choices``), the divergence view (``view``): the common prefix,
 both runs' next tokens with their logits, and the top 5 at that position in both runs (equal
 logits as ties, each run's chosen token first among them).
 
+A server on quantized weights (``llamacpp_q4``: its trace's ``info["differences_expected"]``)
+is judged too, but a split of its is labelled with that note, "≠ at token k (quantized weights:
+differences expected)" (``expected_differences``), counted apart from ✗ and never shown as a
+failure of ours.
+
 Model text goes into a plain textbox and a table of strings, never into Markdown.
 """
 
@@ -24,6 +29,12 @@ from engine.fidelity.reference import NOT_COMPARED_TEXT
 NOT_AVAILABLE = "—"
 CHOSEN = " ← chosen by {}"  # marks, in the top 5, the token a run (or both) chose
 NOT_COMPARED = "not compared"  # sampled with another generator (transformers' engine)
+EXPECTED = "expected"  # a split on quantized weights: differences expected, not a failure
+EXPECTED_SYMBOL = "≠"
+EXPECTED_WHY = (
+    "its weights are the 4-bit ones ours are dequantized from, and it multiplies them as they "
+    "are, so a token may differ wherever their rounding decides it"
+)
 TIES_NOTE = (
     "Equal logits share a rank, the run's chosen token listed first among them; greedy "
     "decoding's argmax breaks such a tie by the lower token id."
@@ -41,10 +52,40 @@ NOT_CHECKED = "Outputs are compared with a reference after a run with the refere
 
 
 def counts(entries: dict[int, dict]) -> tuple[int, int, int]:
-    """``(✓, ≈, ✗)`` among one engine's verdicts."""
+    """``(✓, ≈, ✗)`` among one engine's verdicts (an expected difference is none of them)."""
     kinds = [e["verdict"] for e in entries.values()]
     num_match, num_tie = kinds.count(MATCH), kinds.count(NEAR_TIE)
-    return num_match, num_tie, len(kinds) - num_match - num_tie
+    return num_match, num_tie, len(kinds) - num_match - num_tie - kinds.count(EXPECTED)
+
+
+def num_expected(entries: dict[int, dict]) -> int:
+    """One engine's splits on quantized weights (``expected_differences``)."""
+    return sum(e["verdict"] == EXPECTED for e in entries.values())
+
+
+def expected_differences(verdicts: dict[str, dict[int, dict]], traces: dict) -> dict:
+    """``verdicts`` with each split of an engine whose trace expects differences
+    (``info["differences_expected"]``, the note) marked as such: verdict ``EXPECTED``, label
+    "≠ at token k (note)", the reason in words and no rounding bound (the float32 bound says
+    nothing of 4-bit weights). The others are returned as they are."""
+    marked = {}
+    for name, entries in verdicts.items():
+        note = traces[name].info.get("differences_expected") if name in traces else None
+        marked[name] = {
+            request_id: entry
+            if not note or entry["verdict"] == MATCH
+            else entry
+            | {
+                "verdict": EXPECTED,
+                "symbol": EXPECTED_SYMBOL,
+                "label": f"{EXPECTED_SYMBOL} at token {entry['token_index']} ({note})",
+                "reason": f"{note}: {EXPECTED_WHY}",
+                "rounding_bound": None,
+                "note": note,
+            }
+            for request_id, entry in entries.items()
+        }
+    return marked
 
 
 def verdict_label(verdicts: dict[str, dict[int, dict]], engine: str, request_id: int) -> str:
@@ -84,6 +125,9 @@ def verdict_summary(
     for name, entries in verdicts.items():
         num_match, num_tie, num_differs = counts(entries)
         parts.append(f"{name} {num_match} ✓ {num_tie} ≈ {num_differs} ✗")
+        if num := num_expected(entries):
+            note = next(e["note"] for e in entries.values() if e["verdict"] == EXPECTED)
+            parts[-1] += f" {num} {EXPECTED_SYMBOL} ({note})"
     line = f"against {reference_name}: " + " · ".join(parts)
     if any(counts(e)[1] for e in verdicts.values()):
         line += " (≈: a near-tie that rounding explains, not a bug; see “Where outputs differ”)"
@@ -255,9 +299,12 @@ def reference_name(batch_invariant: bool) -> str:
 
 
 def engine_symbol(entries: dict[int, dict]) -> str:
-    """The metrics table's cell: ✓ all match, ≈ near-ties but nothing unexplained, ✗ otherwise."""
+    """The metrics table's cell: ✓ all match, ≈ near-ties but nothing unexplained, ≠ expected
+    differences (quantized weights) and nothing unexplained, ✗ otherwise."""
     _, num_tie, num_differs = counts(entries)
-    return "✗" if num_differs else "≈" if num_tie else "✓"
+    if num_differs:
+        return "✗"
+    return EXPECTED_SYMBOL if num_expected(entries) else "≈" if num_tie else "✓"
 
 
 def precision_text(dtype: str | None, batch_invariant: bool) -> str:

@@ -1,14 +1,17 @@
-"""A server from the inside: its own record of its steps, drawn with our engines' views, labelled.
+"""A scheduler from the inside: its own record of its steps, in our engines' views, labelled.
 
 A server hides its steps; one that records them (the local vLLM, whose scheduler is
 ``engine.peers.vllm_scheduler``) hands back its own record as ``Trace.schedule``: steps, lanes,
-block tables and prefix-cache hits, a trace like our engines'. ``engine.page.views.run_view`` draws
-it with our builders (timeline, packed mask and KV block map at the step slider's step, tokens and
-KV per step): this module finds the record, draws those views (``step_figures``, ``usage_figure``)
-and labels each with where it comes from:
+block tables and prefix-cache hits, a trace like our engines'. transformers' continuous batching,
+run beside our engines when the page's box is ticked, records its own the same way
+(``engine.peers.transformers_scheduler``). ``engine.page.views.run_view`` draws the first record
+of a run (the host's servers in their order, then transformers', ``RunState.inside_runs``) with
+our builders (timeline, packed mask and KV block map at the step slider's step, tokens and KV per
+step): this module finds the record, draws those views (``step_figures``, ``usage_figure``) and
+labels each with where it comes from:
 
-* **from its own record** (``own_record``, ``labelled``): what the server's scheduler did, step by
-  step, timed on this machine's clock from the run's start;
+* **from its own record** (``own_record``, ``labelled``): what the scheduler did, step by step,
+  timed on this machine's clock from the run's start;
 * **from outside**: the servers' request lanes (the client's clock) and their ``/metrics`` chart
   (``engine.page.figures.server_lanes``) say so themselves (``server_lanes.OUTSIDE``).
 
@@ -25,6 +28,7 @@ running requests first, then the ones it admits), and that order does not change
 from __future__ import annotations
 
 import html
+import textwrap
 from typing import Any
 
 from engine.page.figures import block_map, mask_heatmaps, serving_metrics, timelines
@@ -33,43 +37,66 @@ from engine.page.views.markup import counted
 from engine.peers import schedule_comparison
 from engine.trace import Trace
 
-INSIDE_TITLE = "vLLM from the inside"
+INSIDE_TITLE = "From the inside"
 INSIDE_NOTE = (
-    f"**{INSIDE_TITLE}** · these four charts come from vLLM's **own record**: its scheduler "
-    "writes each step it schedules (the requests' tokens, their KV blocks, prefix-cache hits, "
-    "preemptions), so they show the same views as our engines' above, and move with the same "
-    "step slider. The servers' lanes and `/metrics` chart further down are the **view from "
-    "outside**: what the client saw, and what the server's gauges said."
+    f"**{INSIDE_TITLE}** · these four charts come from a scheduler's **own record**: vLLM's "
+    "(a server started with the recording scheduler) or, when it is ticked, transformers' "
+    "continuous batching's. It writes each step it schedules (the requests' tokens, their KV "
+    "blocks, prefix-cache hits, preemptions), so they show the same views as our engines' "
+    "above, and move with the same step slider. The servers' lanes and `/metrics` chart further "
+    "down are the **view from outside**: what the client saw, and what the server's gauges said."
 )
 STEP_VIEWS = ("timeline", "packed mask", "KV block map")  # what ``step_figures`` draws
-LANES_NOTE = "vLLM has no slots: a request takes the first free lane, until preempted or finished"
-BLOCKS_NOTE = "vLLM's own block ids (block 0 is its null block, never held)"
+LANES_NOTE = "{who} has no slots: a request takes the first free lane, until preempted or finished"
+BLOCKS_NOTE = "{who}'s own block ids ({reserved}, never held: black)"
 DEFAULT_HEIGHT_PX = 450  # plotly's height of a figure that sets none
-NO_SERVER = "No server ran in this run: tick one under “Also run on the host's servers”."
+SUBTITLE_LINE_CHARS = 100  # plotly never wraps a subtitle: longer lines are cut at the edge
+NO_SERVER = (
+    "No server ran in this run, nor transformers' continuous batching: tick one under “Also run "
+    "on the host's servers”, or “Also run transformers' built-in continuous batching”."
+)
 ROW_ORDER_NOTE = "rows in each scheduler's own order, which does not change the plan"
 
 
-def own_record(servers: dict[str, Trace]) -> tuple[str, Trace] | None:
-    """The first server whose trace carries its own record with steps: (name, record)."""
-    for name, trace in servers.items():
+def own_record(runs: dict[str, Trace]) -> tuple[str, Trace] | None:
+    """The first run whose trace carries its own record with steps: (name, record)."""
+    for name, trace in runs.items():
         if trace.schedule is not None and trace.schedule.steps:
             return name, trace.schedule
     return None
 
 
-def num_steps(servers: dict[str, Trace]) -> int:
-    """Steps in the first server's own record (0 without one): the step slider covers them."""
-    found = own_record(servers)
+def num_steps(runs: dict[str, Trace]) -> int:
+    """Steps in the first run's own record (0 without one): the step slider covers them."""
+    found = own_record(runs)
     return len(found[1].steps) if found else 0
+
+
+def scheduler_name(record: Trace) -> str:
+    """Whose scheduler wrote ``record``: "vLLM", "transformers" or "the server"."""
+    if "vllm" in record.info:
+        return "vLLM"
+    return "transformers" if "transformers" in record.info else "the server"
 
 
 def source_line(name: str, record: Trace) -> str:
     """Where an inside view comes from, for its subtitle (HTML-escaped)."""
-    version = record.info.get("vllm")
-    who = f"vLLM {version}" if version else "the server"
+    who = scheduler_name(record)
+    version = record.info.get(who.lower())
+    who = f"{who} {version}" if version else who
     return html.escape(
         f"From {name}'s own record: {who}'s scheduler, step by step (this machine's clock)"
     )
+
+
+def blocks_note(record: Trace) -> str:
+    """What the block map's ids are, and which ones the scheduler reserves."""
+    who, reserved = scheduler_name(record), block_map.num_reserved_blocks(record.info)
+    if not reserved:
+        return f"{who}'s own block ids"
+    which = "block 0" if reserved == 1 else f"blocks 0–{reserved - 1}"
+    what = {"vLLM": "its null block", "transformers": "its trash blocks"}.get(who, "reserved")
+    return BLOCKS_NOTE.format(who=who, reserved=f"{which}: {what}")
 
 
 def labelled(fig: Any, title: str, source: str) -> Any:
@@ -88,16 +115,17 @@ def labelled(fig: Any, title: str, source: str) -> Any:
     )
 
 
-def no_record_figure(servers: dict[str, Trace], what: str) -> Any:
-    """An empty ``what`` chart that says why: no server ran, or none kept a record (and why)."""
+def no_record_figure(runs: dict[str, Trace], what: str) -> Any:
+    """An empty ``what`` chart that says why: no server (nor transformers) ran, or none kept a
+    record (and why)."""
     title = f"{INSIDE_TITLE}: {what}"
-    if not servers:
+    if not runs:
         return message_figure(title, NO_SERVER)
-    reasons = [w for t in servers.values() for w in t.warnings if "own schedule" in w]
+    reasons = [w for t in runs.values() for w in t.warnings if "own schedule" in w]
     text = (
-        f"{', '.join(servers)}: no record of its own steps. Only a vLLM started with the "
-        "recording scheduler keeps one (app.py --vllm does); the lanes and /metrics chart below "
-        "are the view from outside."
+        f"{', '.join(runs)}: no record of its own steps. Only a vLLM started with the "
+        "recording scheduler keeps one (app.py --vllm does), and transformers' continuous "
+        "batching; the lanes and /metrics chart below are the view from outside."
     )
     return message_figure(title, " ".join([text, *reasons]))
 
@@ -133,18 +161,8 @@ def step_plan_line(ours: Trace | None, name: str, record: Trace, index: int) -> 
     return f"step {index} differs from ours: {reason}"
 
 
-def scale_line(name: str, record: Trace, x_axis: str, x_max: float | None) -> str:
-    """Why the own record's timeline runs past its end: it shares our timelines' x scale, which a
-    longer run of ours sets ("" when its own end sets it)."""
-    end = timelines.x_extent(record, x_axis)
-    if x_max is None or x_max <= end * 1.02:
-        return ""
-    own = f"step {len(record.steps) - 1}" if x_axis == "step" else f"{end:.2f} s"
-    return html.escape(f"x axis shared with our timelines: {name}'s own record ends at {own}")
-
-
 def step_figures(
-    servers: dict[str, Trace],
+    runs: dict[str, Trace],
     step_index: int,
     x_axis: str,
     x_max: float | None,
@@ -152,11 +170,12 @@ def step_figures(
 ) -> tuple[Any, Any, Any]:
     """The first own record's timeline (cursor at ``step_index``), packed mask and KV block map
     at that step (its last step past its end, as the subtitle says), each labelled; without a
-    record, three figures that say why. With ``ours`` (our continuous run), the timeline's
+    record, three figures that say why. The timeline runs on ``x_max``, the x axis our
+    timelines share, as its subtitle says. With ``ours`` (our continuous run), the timeline's
     subtitle says how many steps plan alike, and the mask's whether the shown step does."""
-    found = own_record(servers)
+    found = own_record(runs)
     if found is None:
-        return tuple(no_record_figure(servers, what) for what in STEP_VIEWS)
+        return tuple(no_record_figure(runs, what) for what in STEP_VIEWS)
     name, record = found
     last = len(record.steps) - 1
     at = min(max(step_index, 0), last)
@@ -165,21 +184,24 @@ def step_figures(
     past = past if step_index > last else ""
     timeline = timelines.timeline_figure(record, x_axis, x_max, step_index)
     timeline = serving_metrics.add_serving_marks(timeline, record, x_axis)
-    timeline.update_yaxes(  # vLLM has lanes, not slots: the axis says so
-        tickvals=[f"slot {i}" for i in range(record.num_slots)],
-        ticktext=[f"lane {i}" for i in range(record.num_slots)],
+    rows = list(timeline.layout.yaxis.categoryarray)  # the lanes, and the queue's row if drawn
+    timeline.update_yaxes(  # a record has lanes, not slots: the axis says so; the queue its name
+        tickvals=rows, ticktext=[lane_label(row, record) for row in rows]
     )
     lanes = counted(record.num_slots, "lane")
+    num_ranks = int(record.info.get("dp_size") or 1)
+    if num_ranks > 1:
+        lanes += f" on {num_ranks} engine cores (data parallel)"
     mask = mask_heatmaps.mask_heatmap(record, at)
     blocks = block_map.block_map_figure(record, at)
-    plans = html.escape(plans_line(ours, name, record))
-    step_plan = html.escape(step_plan_line(ours, name, record, at))
-    scale = scale_line(name, record, x_axis, x_max)
+    plans = _wrapped(plans_line(ours, name, record))
+    step_plan = _wrapped(step_plan_line(ours, name, record, at))
     return (
         labelled(
             timeline,
             f"{name} from the inside: {lanes}",
-            f"{source}<br>{LANES_NOTE}" + "".join(f"<br>{x}" for x in (scale, plans) if x),
+            f"{source}<br>{LANES_NOTE.format(who=scheduler_name(record))}"
+            + (f"<br>{plans}" if plans else ""),
         ),
         labelled(
             mask,
@@ -189,18 +211,35 @@ def step_figures(
         labelled(
             blocks,
             f"{name} from the inside · {blocks.layout.title.text}",
-            f"{source}<br>{BLOCKS_NOTE}{past}",
+            f"{source}<br>{html.escape(blocks_note(record))}{past}",
         ),
     )
 
 
-def usage_figure(servers: dict[str, Trace]) -> Any:
-    """Tokens scheduled (prefill, decode) against vLLM's token budget, and KV blocks in use with
-    preemptions, per step of the first own record; without one, a figure that says why."""
+def lane_label(row: str, record: Trace) -> str:
+    """A timeline row's label: "slot 3" reads "lane 3", or with data parallelism, each engine
+    core (rank) taking ``lanes_per_rank`` lanes, "rank 1 · lane 0"; other rows keep theirs."""
+    num_ranks, per_rank = record.info.get("dp_size") or 1, record.info.get("lanes_per_rank")
+    if not row.startswith("slot ") or num_ranks <= 1 or not per_rank:
+        return row.replace("slot", "lane")
+    rank, lane = divmod(int(row.removeprefix("slot ")), per_rank)
+    return f"rank {rank} · lane {lane}"
+
+
+def _wrapped(line: str) -> str:
+    """``line`` HTML-escaped, in subtitle lines of at most ``SUBTITLE_LINE_CHARS``."""
+    parts = textwrap.wrap(line, SUBTITLE_LINE_CHARS, break_on_hyphens=False)
+    return "<br>".join(html.escape(part) for part in parts)
+
+
+def usage_figure(runs: dict[str, Trace]) -> Any:
+    """Tokens scheduled (prefill, decode) against the scheduler's token budget, and KV blocks in
+    use with preemptions, per step of the first own record; without one, a figure that says
+    why."""
     what = "tokens and KV blocks per step"
-    found = own_record(servers)
+    found = own_record(runs)
     if found is None:
-        return no_record_figure(servers, what)
+        return no_record_figure(runs, what)
     name, record = found
     fig = serving_metrics.step_usage_figure(record)
     return labelled(fig, f"{name} from the inside: {what}", source_line(name, record))

@@ -3,10 +3,12 @@
 ``live_outputs`` turns a ``LiveRun``'s progress into updates for the Run event's outputs (in
 ``app.py``'s order): the status line counts steps and finished requests per engine, each started
 engine's timeline is drawn from its latest trace snapshot, and the outputs table shows every
-output finished so far. The run's state, masks, slider, metrics and downloads are left as they
-are (``gr.skip()``) until the run ends. ``stopped_outputs`` puts the previous run's results back
-with a status line saying why this one stopped; ``refused_outputs`` says why a run did not start
-and leaves everything else as it is.
+output finished so far. The first update clears what the previous run left in the views drawn only
+when a run ends (masks, block maps, charts, metrics: ``CLEARED_AT_START``) and in the timelines
+of the engines not started yet, each saying when it is drawn, so that no view shows the previous
+run beside this one's; the run's state, slider and downloads stay as they are (``gr.skip()``).
+``stopped_outputs`` puts the previous run's results back with a status line saying why this one
+stopped; ``refused_outputs`` says why a run did not start and leaves everything else as it is.
 
 Drawing a timeline is Python work (plotly builds and checks every trace and layout property): about
 0.1-0.2 s of CPU for both timelines of a 300-step run, measured on this 2-core machine, while the
@@ -55,6 +57,21 @@ TIMELINE_CPU_SHARE = 0.02  # live timelines' drawing: at most this share of the 
 UPDATE_SHARE = 0.02  # Gradio's handling of live updates: at most this share of the run's time
 MAX_UPDATE_WAIT_S = 4.0  # ... but the live progress moves at least this often
 SOON_S, SOON = 5.0, "a few seconds"  # an estimate under SOON_S is said so, not "0 s"
+# Views drawn when a run ends, cleared at its first live update (with what the chart will show)
+CLEARED_AT_START = {
+    "packed_mask_plot": "Packed mask",
+    "static_mask_plot": "Static mask",
+    "block_map_plot": "KV block map",
+    "latency_cdf_plot": "Latency",
+    "step_usage_plot": "Tokens per step",
+    "server_chart_plot": "Servers' throughput",
+    "inside_timeline_plot": "From the inside: timeline",
+    "inside_mask_plot": "From the inside: packed mask",
+    "inside_block_map_plot": "From the inside: KV block map",
+    "inside_usage_plot": "From the inside: tokens and KV per step",
+}
+DRAWN_AT_END = "Drawn when this run ends."
+SKIP = gr.skip()  # an output left as it is
 
 
 def progress_line(
@@ -190,6 +207,33 @@ def live_outputs(
     )
 
 
+def cleared_outputs(outputs: tuple) -> tuple:
+    """A run's first update: ``outputs`` with the views it leaves as they are (the previous
+    run's) replaced by charts that say when they are drawn, and the metrics table emptied."""
+    values = dict(zip(RUN_OUTPUTS, outputs, strict=True))
+    unset = {name for name, value in values.items() if isinstance(value, dict) and value == SKIP}
+    for name in unset & {"static_timeline_plot", "continuous_timeline_plot"}:
+        values[name] = _not_started(name.removesuffix("_timeline_plot"))
+    if "server_timeline_plot" in unset:
+        values["server_timeline_plot"] = server_lanes.message_figure(
+            "Servers: one lane per request", DRAWN_AT_END
+        )
+    for name, title in CLEARED_AT_START.items():
+        values[name] = server_lanes.message_figure(title, DRAWN_AT_END)
+    values["metrics_table"] = []
+    return tuple(values[name] for name in RUN_OUTPUTS)
+
+
+def _not_started(name: str):
+    """An engine's timeline before its first step: says when it starts."""
+    label = ENGINE_LABELS[name]
+    text = (
+        f"{label.capitalize()}'s timeline starts when its first steps are done "
+        "(the engines run one after another)."
+    )
+    return server_lanes.message_figure(f"{label.capitalize()}: timeline", text)
+
+
 class LiveTimelines:
     """``live_outputs`` paced for a run on a busy CPU (see the module docstring).
 
@@ -210,6 +254,7 @@ class LiveTimelines:
         self._engines: tuple[str, ...] = ()
         self._table_rows: object = None  # the outputs table's rows as last sent
         self._handed_s: float | None = None  # when the last update was handed to Gradio
+        self._cleared = False  # the first update cleared the previous run's views
 
     def wait_s(self, interval_s: float) -> float:
         """Seconds to wait before the next update: ``interval_s``, or longer after a costly one,
@@ -233,6 +278,8 @@ class LiveTimelines:
             self.num_draws += 1
             self._engines = engines
             self._next_s = time.monotonic() + (time.thread_time() - cpu_s) / self.cpu_share
+        if not self._cleared:  # once, outside the redraws' CPU budget
+            outputs, self._cleared = cleared_outputs(outputs), True
         outputs = self._unless_unchanged(outputs)
         self._handed_s = time.monotonic()
         return outputs

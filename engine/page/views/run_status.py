@@ -80,8 +80,8 @@ def _skipped_text(traces: dict[str, Trace]) -> str:
 
 
 def _judged_verdict(state, traces: dict[str, Trace], skipped_text: str) -> str:
-    """The verdicts' counts per engine (``divergence_view``), then any server that differs (the
-    servers run after the verdicts, and have none), then the requests not compared."""
+    """The verdicts' counts per engine (``divergence_view``; the servers' too, judged after
+    they ran), then any server without verdicts that differs, then the requests not compared."""
     name = divergence_view.reference_name(state.batch_invariant)
     text = divergence_view.verdict_summary(state.verdicts, name, bool(skipped_text))
     others = {
@@ -119,14 +119,17 @@ def _compared(state) -> dict[str, Trace]:
 
 
 def servers_note(state) -> str:
-    """What "Where outputs differ" says of the servers, which get no verdicts (they hand back no
-    logits): each compared server whose outputs differ, as the status line counts them, and each
-    server left out of the check, and why. "" without servers or a reference."""
+    """What "Where outputs differ" says of the servers without verdicts of their own (a run
+    stopped before they were judged): each compared server whose outputs differ, as the status
+    line counts them, and each server left out of the check, and why. "" without servers or a
+    reference."""
     if state.reference is None or not state.servers:
         return ""
     lines = []
     for name, trace in state.servers.items():
         why = tables.not_compared_why(trace)
+        if name in (state.verdicts or {}):
+            continue  # judged: its splits are among the view's picks
         if why is not None:
             lines.append(f"**{name}**: {why} (see the ⚠ line under the status line).")
         elif ids := _mismatched(trace, state.reference):

@@ -10,10 +10,8 @@ by name. The status line's words and the reference verdict are ``engine.page.vie
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -59,6 +57,7 @@ RUN_OUTPUTS = (
     "inside_mask_plot",  # packed mask and KV block map at the step, and its tokens and KV
     "inside_block_map_plot",
     "inside_usage_plot",
+    "inside_column",  # shown when transformers' record is drawn on a page without servers
 )
 # What the step slider and the x-axis choice redraw, in ``StepViews.as_tuple`` order.
 STEP_VIEW_OUTPUTS = (
@@ -72,7 +71,12 @@ STEP_VIEW_OUTPUTS = (
     "inside_block_map_plot",
 )
 CHART_HEADINGS = ("Static timeline", "Continuous timeline", "Packed mask", "Static mask")
-INSIDE_HEADINGS = ("vLLM's own timeline", "vLLM's packed mask", "vLLM's KV block map")
+INSIDE_HEADINGS = ("{name}'s own timeline", "{name}'s packed mask", "{name}'s KV block map")
+
+
+def inside_headings(name: str) -> tuple[str, ...]:
+    """charts.html's headings of the inside views of ``name``'s own record."""
+    return tuple(heading.format(name=name) for heading in INSIDE_HEADINGS)
 
 
 def run_outputs(**values) -> tuple:
@@ -143,11 +147,17 @@ class RunState:
             runs["hf_continuous"] = self.hf_continuous
         return {**runs, **self.servers}
 
+    def inside_runs(self) -> dict[str, Trace]:
+        """The runs whose own record the inside views may draw, the first found first: the
+        servers in the host's order, then transformers' continuous batching when it ran."""
+        hf = {"hf_continuous": self.hf_continuous} if self.hf_continuous is not None else {}
+        return {**self.servers, **hf}
+
     @property
     def num_steps(self) -> int:
-        """Steps of the longest run, a server's own record included: the step slider's range."""
+        """Steps of the longest run, the inside views' record included: the step slider's range."""
         runs = (len(self.static.steps), len(self.continuous.steps))
-        return max(*runs, inside_view.num_steps(self.servers))
+        return max(*runs, inside_view.num_steps(self.inside_runs()))
 
 
 @dataclass
@@ -194,6 +204,7 @@ class RunResult:
     server_timeline: Any = None
     server_chart: Any = None
     inside_usage: Any = None  # a server's own record: tokens and KV per step
+    inside_shown: bool = False  # show the inside views (hidden on a page without servers)
 
     def as_outputs(self) -> tuple:
         """Values for the Run event's outputs, in ``RUN_OUTPUTS`` order."""
@@ -226,6 +237,7 @@ class RunResult:
             inside_mask_plot=v.inside_mask,
             inside_block_map_plot=v.inside_block_map,
             inside_usage_plot=self.inside_usage,
+            inside_column=gr.Column(visible=True) if self.inside_shown else gr.skip(),
         )
 
 
@@ -246,7 +258,8 @@ def render(
         step_usage=serving_metrics.step_usage_figure(state.continuous),
         server_timeline=server_lanes.server_timeline_figure(state.servers, _x_max(state, "time")),
         server_chart=server_lanes.server_chart_figure(state.servers, state.continuous),
-        inside_usage=inside_view.usage_figure(state.servers),
+        inside_usage=inside_view.usage_figure(state.inside_runs()),
+        inside_shown=state.hf_continuous is not None,
     )
 
 
@@ -254,12 +267,13 @@ def write_downloads(state: RunState) -> list[str]:
     """The run's exports in a fresh temporary folder: requests.csv, traces.json, Perfetto JSON,
     and charts.html (the four charts at the default step, interactive, offline; with a server's
     own record, its three step views too)."""
-    folder = Path(tempfile.mkdtemp(prefix="cbp-run-"))
+    folder = export.download_folder("cbp-run-")
     paths = export.write_files(folder, state.traces())
     views = step_views(state, default_step(state.continuous), "time")
     charts = dict(zip(CHART_HEADINGS, views.as_tuple()[:4], strict=True))
-    if inside_view.own_record(state.servers) is not None:  # and vLLM's own steps, at that step
-        charts |= zip(INSIDE_HEADINGS, views.as_tuple()[5:], strict=True)
+    found = inside_view.own_record(state.inside_runs())
+    if found is not None:  # and a scheduler's own steps, at that step
+        charts |= zip(inside_headings(found[0]), views.as_tuple()[5:], strict=True)
     charts_path = folder / "charts.html"
     charts_path.write_text(
         export.charts_html({k: v for k, v in charts.items() if v is not None}), encoding="utf-8"
@@ -282,7 +296,9 @@ def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
         static_mask=_at_step(mask_heatmaps.static_mask_heatmap, state.static, step_index),
         block_map=_at_step(block_map.block_map_figure, state.continuous, step_index),
     )
-    inside = inside_view.step_figures(state.servers, step_index, x_axis, x_max, state.continuous)
+    inside = inside_view.step_figures(
+        state.inside_runs(), step_index, x_axis, x_max, state.continuous
+    )
     views.inside_timeline, views.inside_mask, views.inside_block_map = inside
     return views
 
@@ -292,7 +308,7 @@ def _x_max(state: RunState, x_axis: str) -> float:
     ends = [timelines.x_extent(state.static, x_axis), timelines.x_extent(state.continuous, x_axis)]
     if x_axis == "time":
         ends += [t.wall_s for t in state.servers.values()]
-    found = inside_view.own_record(state.servers)
+    found = inside_view.own_record(state.inside_runs())
     if found is not None:
         ends.append(timelines.x_extent(found[1], x_axis))
     return max(ends)
@@ -333,7 +349,7 @@ def _at_step(builder: Callable, trace: Trace, step_index: int):
 def slider_label(state: RunState) -> str:
     """The step slider's label: which steps each engine has (one slider drives them all)."""
     s, c = len(state.static.steps), len(state.continuous.steps)
-    found = inside_view.own_record(state.servers)
+    found = inside_view.own_record(state.inside_runs())
     inside = f", {found[0]} 0–{len(found[1].steps) - 1} (its own record)" if found else ""
     return (
         f"Step (one forward pass): static steps 0–{max(s - 1, 0)}, continuous 0–{max(c - 1, 0)}"

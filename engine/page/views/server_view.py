@@ -1,10 +1,10 @@
 """What the page says about its servers: the servers line, and a run's server results in words.
 
 ``servers_markdown`` is the line under the status line while the page runs: each configured
-server starting (how long, and the server's latest log line), ready (what it serves, and for the
-local vLLM its version and settings), or failed and why. ``status_parts`` gives a run's status
-line its server part: each server's wall time, each failure, each warning (another model, other
-slots).
+server starting (how long, and the server's latest log line), ready (what it serves, and for a
+local vLLM or llama.cpp its version and settings), or failed and why. ``status_parts`` gives a
+run's status line its server part: each server's wall time, each failure, each warning (another
+model, other slots).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import time
 
 from engine.page.run.host_servers import FAILED, READY, STARTING, PageServers
 from engine.page.views.markup import counted, one_line, plain_markdown
+from engine.peers.vllm_server import cpus_of
 from engine.trace import Trace
 
 
@@ -34,7 +35,8 @@ def _server_part(servers: PageServers, name: str) -> str:
     if status.state == STARTING and servers.is_local(name):
         elapsed_s = time.monotonic() - status.since_s
         line = f" · {plain_markdown(one_line(status.detail, 160))}" if status.detail else ""
-        return f"{label}: starting vLLM ({_settings(servers, name)}) · {elapsed_s:.0f} s{line}"
+        what = "llama.cpp" if servers.fits(name) else "vLLM"
+        return f"{label}: starting {what} ({_settings(servers, name)}) · {elapsed_s:.0f} s{line}"
     return f"{label}: asking what it serves"
 
 
@@ -46,7 +48,8 @@ def _facts(servers: PageServers, name: str) -> str:
     if servers.is_local(name):
         server = engine.server
         started = f" · started in {server.start_s:.0f} s" if server.start_s else ""
-        facts.append(f"vLLM {server.version or '?'} ({_settings(servers, name)}){started}")
+        what = "llama.cpp" if servers.fits(name) else "vLLM"
+        facts.append(f"{what} {server.version or '?'} ({_settings(servers, name)}){started}")
     elif info is not None:
         facts.append(f"serves {info.model or 'an unnamed model'}")
         if info.version:
@@ -58,6 +61,12 @@ def _facts(servers: PageServers, name: str) -> str:
 
 def _settings(servers: PageServers, name: str) -> str:
     s = servers.engines[name].server.settings
+    if servers.fits(name):  # llama.cpp: its weights, and the last run's slots
+        return (
+            f"{s.weights.upper()} weights · {counted(s.num_slots, 'slot')} of "
+            f"{counted(s.ctx_per_slot, 'token')} (each run's own) · "
+            f"{counted(len(cpus_of(s.cpus)), 'thread')}"
+        )
     mode = "eager" if s.enforce_eager else "compiled"
     return (
         f"{mode} · {s.dtype} · up to {counted(s.max_num_seqs, 'sequence')} at once · "

@@ -106,8 +106,8 @@ def test_an_output_that_ends_early_differs():
 def test_a_logit_trail_gives_back_what_was_appended():
     """LogitTrail stores records compactly and returns them equal, by index and by slice."""
     rows = [
-        TokenLogits((4, 9), (20.5, 19.25), (70.125, 65.5), 48.0, "00ff00ff00ff00ff"),
-        TokenLogits((1, 2), (-3.0, -3.5), (1.5, 2.25), 0.5, "0123456789abcdef"),
+        TokenLogits((4, 9), (20.5, 19.25), (70.125, 65.5), 48.0, "00ff00ff"),
+        TokenLogits((1, 2), (-3.0, -3.5), (1.5, 2.25), 0.5, "89abcdef"),
     ]
     trail = LogitTrail(rows)
     assert len(trail) == 2 and trail[0] == rows[0] and trail[-1] == rows[1]

@@ -1,8 +1,12 @@
 """Other work's share of the CPU, read from /proc as Linux writes it."""
 
+import subprocess
+import sys
+import time
+
 import pytest
 
-from engine.kernels.cpu_share import OtherWork, machine_ticks, process_ticks
+from engine.kernels.cpu_share import OtherWork, machine_ticks, process_ticks, wait_quiet
 
 # user nice system idle iowait irq softirq steal guest guest_nice
 STAT = "cpu  {u} 0 {s} {idle} 5 0 0 {steal} 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\nintr 1 2\n"
@@ -45,3 +49,18 @@ def test_without_proc_the_share_is_unknown(tmp_path):
     with OtherWork(tmp_path / "missing") as others:
         pass
     assert others.share is None
+
+
+def test_waiting_for_a_quiet_machine_stops_when_it_is_quiet_or_at_its_limit():
+    """A process spinning beside this one keeps the machine busy: the wait runs to its limit;
+    where any share counts as quiet, it ends after its first window."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        busy_s = wait_quiet(max_wait_s=0.6, window_s=0.1, quiet_share=0.1)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    quiet_s = wait_quiet(max_wait_s=3.0, window_s=0.1, quiet_share=1.01)
+    assert busy_s >= 0.6, f"waited {busy_s:.2f} s beside a spinning process"
+    assert 0.1 <= quiet_s < busy_s, f"waited {quiet_s:.2f} s on a quiet machine"

@@ -5,15 +5,13 @@ steps through them (skipped where they do not build)."""
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_model import make_requests, tiny_runner
+from tiny_model import step_logits, tiny_runner
 
-from engine.batching.continuous import ContinuousEngine
 from engine.config import EngineConfig
 from engine.kernels import decode_attention, gemv_build
 from engine.model.model_runner import ModelRunner
@@ -112,27 +110,15 @@ def test_the_kernel_serves_cpu_float32_and_bfloat16_only_where_built(monkeypatch
     assert not decode_attention.kernel_runs(cpu, torch.float32)
 
 
-def _logits_per_step(runner, kv_mode: str, whole_step: bool | None, monkeypatch) -> list:
-    """Every step's logits of an engine run whose decode splits have ``whole_step`` forced
-    (None: as planned)."""
-    if whole_step is not None:
-        plan = decode_attention.plan_decode
-
-        def forced(batch, dtype):
-            split = plan(batch, dtype)
-            return split if split is None else dataclasses.replace(split, whole_step=whole_step)
-
-        monkeypatch.setattr(decode_attention, "plan_decode", forced)
-    caught = []
-    head = runner.model.get_output_embeddings()
-    handle = head.register_forward_hook(lambda m, i, out: caught.append(out.detach().clone()))
+def _logits_per_step(runner, kv_mode: str, whole: bool, monkeypatch) -> list:
+    """Every step's logits of an engine run, with decode steps planned ``whole`` or split."""
+    plan = decode_attention.plan_decode
+    monkeypatch.setattr(decode_attention, "plan_decode", lambda b, d: plan(b, d, whole=whole))
     try:
-        config = EngineConfig(4, kv_mode=kv_mode, ignore_eos=True)
-        ContinuousEngine(runner, config).run(make_requests(WHOLE_STEP_SPECS))
+        config = EngineConfig(4, kv_mode=kv_mode, ignore_eos=True, block_size=4)
+        return step_logits(runner, config, WHOLE_STEP_SPECS)
     finally:
-        handle.remove()
         monkeypatch.undo()
-    return caught
 
 
 # lengths far apart, more requests than slots: split steps (solo and shared calls), idle slots
@@ -140,45 +126,110 @@ WHOLE_STEP_SPECS = [("z" * 150, 20), ("a", 30), ("hello", 12), ("y" * 60, 8), ("
 
 
 @needs_kernel
+@pytest.mark.parametrize("kv_mode", ["slots", "paged"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_whole_decode_step_in_one_call_gives_the_separate_ops_bits(dtype, monkeypatch):
-    """``decode_step`` (rotary, KV write and attention in one call) runs the slot cache's decode
-    steps, and every step's logits are bitwise those of the rotary ops, the cache's write and the
-    ``decode`` calls of the split; the paged cache keeps the separate calls."""
+def test_a_whole_decode_step_in_one_call_gives_the_separate_ops_bits(dtype, kv_mode, monkeypatch):
+    """``decode_step`` (rotary, KV write and attention in one call) runs the decode steps of the
+    slot and the paged cache, and every step's logits are bitwise those of the rotary ops, the
+    cache's write and the ``decode`` calls of the split."""
     runner = tiny_runner()
     if dtype == torch.bfloat16:
         runner.loaded.model.to(dtype)
         runner = ModelRunner(SimpleNamespace(**(vars(runner.loaded) | {"dtype": dtype})))
     planned = []
     plan = decode_attention.plan_decode
-    monkeypatch.setattr(
-        decode_attention, "plan_decode", lambda b, d: planned.append(plan(b, d)) or planned[-1]
-    )
-    got = _logits_per_step(runner, "slots", None, monkeypatch)
-    assert any(s is not None and s.whole_step for s in planned), "decode steps ran whole"
-    want = _logits_per_step(runner, "slots", False, monkeypatch)
+
+    def recorded(batch, dtype, whole=True):
+        planned.append(plan(batch, dtype, whole))
+        return planned[-1]
+
+    monkeypatch.setattr(decode_attention, "plan_decode", recorded)
+    got = _logits_per_step(runner, kv_mode, True, monkeypatch)
+    assert sum(s is not None and s.whole_step for s in planned) > 20, "decode steps ran whole"
+    want = _logits_per_step(runner, kv_mode, False, monkeypatch)
     assert len(got) == len(want) > 20
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
-    paged = []
-    monkeypatch.setattr(
-        decode_attention, "plan_decode", lambda b, d: paged.append(plan(b, d)) or paged[-1]
-    )
-    _logits_per_step(runner, "paged", None, monkeypatch)
-    assert not any(s is not None and s.whole_step for s in paged)
+
+
+def _step_inputs(dtype, seed=0):
+    """A decode step of 3 tokens (slots 2, 0, 3 of 4) at positions 9, 0 and 5: qkv, cos, sin."""
+    gen = torch.Generator().manual_seed(seed)
+    heads, kv_heads, head = 6, 2, 32
+    qkv = torch.randn(3, (heads + 2 * kv_heads) * head, generator=gen).to(dtype)
+    cos, sin = torch.randn(2, 3, head, generator=gen).to(dtype).unbind(0)
+    return qkv, cos, sin, torch.tensor([2, 0, 3]), torch.tensor([9, 0, 5]), heads
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_whole_decode_step_reads_blocks_as_a_slot_cache_reads_slots(dtype):
+    """The same step over a slot cache [H_kv, B, P, D] and over blocks of 4 positions, scattered
+    in a pool through a block table, writes the same keys and values and gives the same bits."""
+    qkv, cos, sin, slots, positions, heads = _step_inputs(dtype)
+    gen = torch.Generator().manual_seed(1)
+    slot_k, slot_v = torch.randn(2, 2, 4, 12, 32, generator=gen).to(dtype).unbind(0)
+    table = torch.randperm(4 * 3, generator=gen).view(4, 3) + 1  # block 0 stays unused
+    pool_k, pool_v = torch.zeros(2, 2, 13, 4, 32, dtype=dtype).unbind(0)
+    for slot in range(4):
+        for j in range(3):
+            pool_k[:, table[slot, j]] = slot_k[:, slot, 4 * j : 4 * j + 4]
+            pool_v[:, table[slot, j]] = slot_v[:, slot, 4 * j : 4 * j + 4]
+    call = torch.ops.cbp_attention.decode_step
+    one_block_each = torch.arange(4)[:, None]
+    want = call(qkv, cos, sin, slot_k, slot_v, one_block_each, slots, positions, heads, 0.3)
+    got = call(qkv, cos, sin, pool_k, pool_v, table, slots, positions, heads, 0.3)
+    assert torch.equal(got, want)
+    for slot, pos in zip(slots.tolist(), positions.tolist(), strict=True):
+        block, offset = table[slot, pos // 4], pos % 4
+        assert torch.equal(pool_k[:, block, offset], slot_k[:, slot, pos])
+        assert torch.equal(pool_v[:, block, offset], slot_v[:, slot, pos])
+    assert pool_k[:, 0].count_nonzero() == 0, "a block outside the tables is not touched"
 
 
 @needs_kernel
 def test_a_whole_decode_step_refuses_what_it_cannot_serve():
-    """Two tokens of one slot, a position past the cache, a qkv of the wrong width: refused."""
+    """Two tokens of one slot at one position, a position past the cache, a qkv of the wrong
+    width, a block table naming a block outside the cache: refused."""
     heads, kv_heads, head = 4, 2, 16
     qkv = torch.randn(2, (heads + 2 * kv_heads) * head)
     cos = torch.randn(2, head)
-    keys, values = torch.zeros(2, 3, kv_heads, 8, head).unbind(0)
-    positions = torch.tensor([0, 1])
+    keys, values = torch.zeros(2, kv_heads, 3, 8, head).unbind(0)  # (H_kv, B, P, D) each
+    table = torch.arange(3)[:, None]
+    positions, slots = torch.tensor([0, 1]), torch.tensor([0, 1])
     call = torch.ops.cbp_attention.decode_step
-    with pytest.raises(RuntimeError, match="one token per slot"):
-        call(qkv, cos, cos, keys, values, torch.tensor([1, 1]), positions, heads, 0.25)
+    with pytest.raises(RuntimeError, match="one token per slot and position"):
+        same = torch.tensor([1, 1])  # slot 1 at position 1, twice
+        call(qkv, cos, cos, keys, values, table, same, same, heads, 0.25)
     with pytest.raises(RuntimeError, match="within the cache"):
-        call(qkv, cos, cos, keys, values, torch.tensor([0, 1]), positions + 7, heads, 0.25)
+        call(qkv, cos, cos, keys, values, table, slots, positions + 7, heads, 0.25)
     with pytest.raises(RuntimeError, match="qkv's width"):
-        call(qkv[:, 1:], cos, cos, keys, values, torch.tensor([0, 1]), positions, heads, 0.25)
+        call(qkv[:, 1:], cos, cos, keys, values, table, slots, positions, heads, 0.25)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        call(qkv, cos, cos, keys, values, table + 1, slots, positions, heads, 0.25)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prefill_chunk_in_one_step_is_its_tokens_one_step_each(dtype):
+    """A step with a chunk of 5 tokens of slot 1 (positions 3 to 7, after 3 cached) beside a
+    decode of slot 0 gives the bits, and leaves the cache, of 5 steps of one token each: every
+    key is written before any query reads, so each chunk token sees the chunk's earlier keys."""
+    gen = torch.Generator().manual_seed(3)
+    heads, kv_heads, head = 6, 2, 32
+    qkv = torch.randn(6, (heads + 2 * kv_heads) * head, generator=gen).to(dtype)
+    cos, sin = torch.randn(2, 6, head, generator=gen).to(dtype).unbind(0)
+    slots, positions = torch.tensor([0, 1, 1, 1, 1, 1]), torch.tensor([4, 3, 4, 5, 6, 7])
+    cache = torch.randn(2, kv_heads, 2, 10, head, generator=gen).to(dtype)  # (2, H_kv, B, P, D)
+    table = torch.arange(2)[:, None]
+    call = torch.ops.cbp_attention.decode_step
+    whole_k, whole_v = cache.clone().unbind(0)
+    whole = call(qkv, cos, sin, whole_k, whole_v, table, slots, positions, heads, 0.2)
+    one_k, one_v = cache.clone().unbind(0)
+    one = torch.cat([
+        call(qkv[t : t + 1], cos[t : t + 1], sin[t : t + 1], one_k, one_v, table,
+             slots[t : t + 1], positions[t : t + 1], heads, 0.2)
+        for t in range(6)
+    ])  # fmt: skip
+    assert torch.equal(whole, one)
+    assert torch.equal(whole_k, one_k) and torch.equal(whole_v, one_v)
+    assert not torch.equal(whole_k[:, 1, 3:8], cache[0][:, 1, 3:8]), "the chunk wrote its keys"

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from tiny_model import make_requests, tiny_model, tiny_runner
+from tiny_model import make_requests, step_logits, tiny_model, tiny_runner
 from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -20,16 +20,7 @@ SPECS = [("z" * 200, 30), ("a", 40), ("hello", 25), ("y" * 120, 10), ("q", 60), 
 
 
 def _logits_per_step(runner, kv_mode: str, num_slots: int) -> list[torch.Tensor]:
-    caught = []
-    head = runner.model.get_output_embeddings()
-    handle = head.register_forward_hook(lambda m, i, out: caught.append(out.detach().clone()))
-    try:
-        ContinuousEngine(runner, EngineConfig(num_slots, kv_mode=kv_mode, ignore_eos=True)).run(
-            make_requests(SPECS)
-        )
-    finally:
-        handle.remove()
-    return caught
+    return step_logits(runner, EngineConfig(num_slots, kv_mode=kv_mode, ignore_eos=True), SPECS)
 
 
 @pytest.mark.parametrize("kv_mode", ["slots", "paged", "concat"])
@@ -94,15 +85,16 @@ def test_the_fused_layers_follow_the_plans_row_ranges(monkeypatch):
 @pytest.mark.parametrize("kv_mode", ["slots", "paged"])
 @pytest.mark.parametrize("num_slots", [3, 4])
 def test_split_decode_steps_match_generate(kv_mode, num_slots, monkeypatch):
-    """Decode steps that split attend alone where it pays, and outputs still equal generate."""
+    """Decode steps that split attend alone where it pays, and outputs still equal generate (the
+    split as a host without ``decode_step`` runs it)."""
     runner = tiny_runner()
     requests = make_requests(SPECS)
     reference = ReferenceCache(runner).outputs(requests)
     solo_counts = []
     plan = decode_attention.plan_decode
 
-    def spy(batch, dtype):
-        split = plan(batch, dtype)
+    def spy(batch, dtype, whole=True):
+        split = plan(batch, dtype, whole=False)
         solo_counts.append(0 if split is None else len(split.solo))
         return split
 

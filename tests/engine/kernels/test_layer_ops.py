@@ -9,9 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_model import make_requests, tiny_runner
+from tiny_model import step_logits, tiny_runner
 
-from engine.batching.continuous import ContinuousEngine
 from engine.config import EngineConfig
 from engine.kernels import fused_layers, gemv_build
 from engine.model.model_runner import ModelRunner
@@ -78,15 +77,9 @@ def _bf16_runner() -> ModelRunner:
 
 
 def _logits(runner) -> list[torch.Tensor]:
-    caught = []
-    head = runner.model.get_output_embeddings()
-    handle = head.register_forward_hook(lambda m, i, out: caught.append(out.detach().clone()))
-    try:
-        config = EngineConfig(3, ignore_eos=True)
-        ContinuousEngine(runner, config).run(make_requests([("z" * 90, 12), ("a", 20), ("hi", 9)]))
-    finally:
-        handle.remove()
-    return caught
+    return step_logits(
+        runner, EngineConfig(3, ignore_eos=True), [("z" * 90, 12), ("a", 20), ("hi", 9)]
+    )
 
 
 @needs_kernel

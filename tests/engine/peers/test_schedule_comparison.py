@@ -135,3 +135,13 @@ def test_settings_ours_cannot_follow_are_named():
         assert words in text, f"no line on {words!r}: {text}"
     with pytest.raises(ValueError, match="lacks the scheduler's settings"):
         DeploymentSettings.from_start({"event": "start", "max_num_seqs": 3})
+
+
+def test_the_start_lines_dtype_is_read_where_a_record_has_it():
+    """A record's start line names the model's dtype as the server runs it; an older record
+    without it reads as unknown, and the description says the dtype only where known."""
+    settings = DeploymentSettings.from_start({**START, "dtype": "bfloat16"})
+    assert settings.dtype == "bfloat16"
+    assert settings.describe().endswith("prefix caching on, bfloat16"), settings.describe()
+    older = DeploymentSettings.from_start(START)
+    assert older.dtype is None and older.describe().endswith("prefix caching on")

@@ -6,7 +6,13 @@ import http.server
 import threading
 import time
 
-from engine.peers.server_metrics import MetricsSampler, kv_pool, parse_prometheus, project_values
+from engine.peers.server_metrics import (
+    MetricsSampler,
+    kv_pool,
+    parse_prometheus,
+    project_values,
+    slots_kv_pct,
+)
 
 VLLM_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -66,6 +72,23 @@ def test_kv_pool_says_what_the_kv_gauge_is_a_share_of():
     assert "num_blocks" not in kv_pool(VLLM_TEXT), "a pool size was invented"
     assert kv_pool("sglang:token_usage 0.5\n")["whole"] == "every token of SGLang's KV token pool"
     assert kv_pool("sglang:num_running_reqs 5\n") == {}
+
+
+def test_llamacpp_kv_use_from_its_slots():
+    """llama.cpp's /slots: the processing slots' prompt and decoded tokens over every slot's
+    context; an idle slot's leftover prompt is not in use; no slots, no value."""
+
+    def slot(processing: bool, prompt: int, decoded: int) -> dict:
+        next_token = [{"n_decoded": decoded, "n_remain": 3}]
+        return {"n_ctx": 100, "is_processing": processing, "n_prompt_tokens": prompt,
+                "next_token": next_token}  # fmt: skip
+
+    pct, pool = slots_kv_pct(
+        [slot(True, 20, 5), slot(False, 40, 9), slot(True, 10, 0), {"n_ctx": 100}]
+    )
+    assert pct == 100.0 * 35 / 400, pct
+    assert pool["gauge"] == "llamacpp /slots" and pool["whole"].endswith(": 4 × 100 tokens"), pool
+    assert slots_kv_pct([]) is None
 
 
 def test_the_sampler_keeps_the_pool_from_its_first_reading():

@@ -90,7 +90,9 @@ def test_trace_reports_the_server(seed_trace):
         "eager",
     )
     assert settings["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
-    assert seed_trace.warnings == [], seed_trace.warnings
+    # a client on a busy host may send late, and says so (openai_engine.late_sends): no other line
+    warnings = [w for w in seed_trace.warnings if "client sent" not in w]
+    assert warnings == [], seed_trace.warnings
 
 
 def test_server_samples_show_the_batch(seed_trace):

@@ -325,3 +325,17 @@ def test_the_local_vllm_is_looked_for_in_the_repositorys_venv():
     root = Path(__file__).resolve().parents[3]
     assert (root / "Makefile").is_file(), root
     assert DEFAULT_VENV == root / ".venv-vllm"
+
+
+def test_a_request_sent_late_arrives_at_vllm_when_sent():
+    """The client sent R1 1.5 s after its arrival (its host busy): vLLM's own view has it
+    arrive at the send, so its TTFT and queue wait do not count the client's delay."""
+    capture, records = _captured()
+    requests = client_requests(capture)
+    late = requests[1]
+    late.admit_s = late.arrival_s + 1.5
+    trace = schedule_trace(records, requests, capture["run_tag"], capture["t0_unix_s"])
+    inside = trace.request(late.request_id)
+    assert inside.arrival_s == late.arrival_s + 1.5
+    on_time = trace.request(requests[0].request_id)
+    assert on_time.arrival_s == requests[0].arrival_s, "a request not sent late keeps its arrival"

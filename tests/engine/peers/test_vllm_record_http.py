@@ -150,6 +150,21 @@ def test_addresses_and_the_environment(helper):
         helper.ask(op="close", port=answer["port"])
 
 
+def test_a_data_parallel_rank_serves_its_record_on_the_port_plus_its_rank(helper):
+    """Rank r of a data-parallel vLLM serves on the address's port plus r (port 0: any); the
+    scheduler reads its rank and the number of ranks from vLLM's parallel config."""
+    port = free_port()
+    served = helper.ask(op="env", env={ADDRESS: f"127.0.0.1:{port - 1}"}, port_offset=1)
+    assert served["port"] == port, served
+    helper.ask(op="close", port=served["port"])
+    anywhere = helper.ask(op="env", env={ADDRESS: ":0"}, port_offset=3)
+    assert anywhere["port"] != 3, anywhere
+    helper.ask(op="close", port=anywhere["port"])
+    parallel = {"data_parallel_rank": 1, "data_parallel_size": 2}
+    assert helper.ask(op="dp", parallel=parallel) == {"rank": 1, "size": 2}
+    assert helper.ask(op="dp", parallel={}) == {"rank": 0, "size": 1}
+
+
 @pytest.mark.real_model
 def test_a_real_vllm_serves_the_record_its_file_holds(embedded_model, monkeypatch):
     """A vLLM started with a record address and a record file: after a small run, the record
@@ -172,4 +187,7 @@ def test_a_real_vllm_serves_the_record_its_file_holds(embedded_model, monkeypatc
     steps = [r for r in over_http if r["event"] == "step"]
     assert len(steps) >= 8, f"a run of 2 x 4 tokens gave {len(steps)} steps"
     assert over_http == from_file, "the record over HTTP differs from the file's"
+    start = over_http[0]
+    assert (start["dp_rank"], start["dp_size"]) == (0, 1), "the start line names no rank"
+    assert all(s["dp_rank"] == 0 for s in steps), "a step without its rank"
     assert "cat sat" not in json.dumps(over_http), "the record holds a prompt's text"

@@ -111,6 +111,50 @@ def test_equal_blocks_computed_twice_keep_one_hash():
     blocks.check_no_leaks()
 
 
+@pytest.mark.parametrize(
+    ("vllm_order", "d_hit", "a_hit"),
+    [(False, [0], [2, 3]), (True, [], [2, 3])],
+    ids=["default", "vllm"],
+)
+def test_a_copy_kept_cached_in_vllms_order_costs_an_older_prefix(vllm_order, d_hit, a_hit):
+    """D, A, A again (its last block recomputed: a copy), then E in a dry pool of 5: by default
+    the copy has no hash and is reused, so D's first block survives; in vLLM's order the copy
+    keeps A's hash, E evicts both of D's blocks, and A still hits through the copy's original."""
+    blocks = BlockManager(5, BLOCK, prefix_caching=True, vllm_order=vllm_order)
+    d, a, e = X + Y, Y + Z, Z + X
+    _compute(blocks, 0, d)  # blocks 0, 1
+    blocks.free(0)
+    _compute(blocks, 1, a)  # blocks 2, 3
+    blocks.free(1)
+    hashes = blocks.hash_blocks([], len(a) - 1, _tokens(a))
+    blocks.share(2, blocks.match_prefix(hashes))  # a hit leaves the last token to compute
+    assert blocks.block_tables[2] == [2]
+    _compute(blocks, 2, a, hashes)  # block 4: A's second block again
+    blocks.free(2)
+    cached = [1, 0, 3, 4, 2] if vllm_order else [1, 0, 3, 2]
+    assert blocks.cached_free_blocks() == cached, "the copy's place in the cached queue"
+    _compute(blocks, 3, e)
+    assert blocks.block_tables[3] == ([1, 0] if vllm_order else [4, 1]), "E's blocks"
+    assert _lookup(blocks, d + [7]) == d_hit, "what is left of D"
+    assert _lookup(blocks, a + [7]) == a_hit, "A hits its first registered blocks"
+    blocks.check_no_leaks()
+
+
+def test_vllms_order_reuses_a_freed_plain_block_first_and_frees_tails_first():
+    """vLLM prepends freed blocks without a hash, a table's tail first, ahead of never-used
+    ones (``free_blocks``), with or without prefix caching; the default appends them."""
+    for prefix_caching in (False, True):
+        blocks = BlockManager(6, BLOCK, prefix_caching=prefix_caching, vllm_order=True)
+        assert blocks.allocate(0, 7) and blocks.block_tables[0] == [0, 1]
+        blocks.free(0)
+        assert blocks.allocate(1, 12) and blocks.block_tables[1] == [1, 0, 2], prefix_caching
+        blocks.check_no_leaks()
+    blocks = BlockManager(6, BLOCK)
+    assert blocks.allocate(0, 7)
+    blocks.free(0)
+    assert blocks.allocate(1, 12) and blocks.block_tables[1] == [2, 3, 4]
+
+
 def test_leak_check_catches_a_reference_the_tables_do_not_hold():
     """A block counted as held but in no table is a leak."""
     blocks = BlockManager(3, BLOCK, prefix_caching=True)
@@ -132,10 +176,11 @@ OPS = st.lists(
 
 
 @settings(max_examples=60, deadline=None)
-@given(OPS)
-def test_random_workloads_keep_counts_non_negative_and_free_plus_used_total(ops):
-    """Any mix of admissions with lookups, growth, caching and frees keeps the books straight."""
-    blocks = BlockManager(12, BLOCK, prefix_caching=True)
+@given(OPS, st.booleans())
+def test_random_workloads_keep_counts_non_negative_and_free_plus_used_total(ops, vllm_order):
+    """Any mix of admissions with lookups, growth, caching and frees keeps the books straight,
+    in either free order."""
+    blocks = BlockManager(12, BLOCK, prefix_caching=True, vllm_order=vllm_order)
     seqs: dict[int, tuple[list[int], list[bytes], int]] = {}  # rid -> tokens, hashes, computed
     for op, rid, prefix, n in ops:
         if op == "free" or (op == "admit" and rid in seqs):

@@ -17,15 +17,14 @@ def test_finished_slot_is_refilled_on_the_same_step():
     """The request that takes a freed slot prefills in the very next step."""
     requests = make_requests(SPECS)
     scheduler = Scheduler(requests, num_slots=2, eos_token_ids=frozenset())
-    first = scheduler.admit()
-    assert [s.slot for s in first] == [0, 1]
-    finished = scheduler.postprocess(scheduler.schedule(), [7, 7])
+    first = scheduler.schedule()
+    assert [s.slot for s in first.admitted] == [0, 1]
+    finished = scheduler.postprocess(first, [7, 7])
     assert finished == []
     finished = scheduler.postprocess(scheduler.schedule(), [7, 7])
     assert [s.request_id for s in finished] == [0], "request 0 (cap 2) finishes on step 2"
-    admitted = scheduler.admit()
-    assert [(s.request_id, s.slot) for s in admitted] == [(2, 0)]
     step = scheduler.schedule()
+    assert [(s.request_id, s.slot) for s in step.admitted] == [(2, 0)]
     assert step.seqs[0].request_id == 2, "slot 0 runs request 2 on the next step"
     assert step.num_new[0] == len("c"), "its whole prompt is prefilled in that step"
 
@@ -62,7 +61,6 @@ def test_budget_serves_decodes_first_then_chunks_prefill():
     """decode_first: decodes take one token each, the prefill gets the rest as a chunk."""
     requests = make_requests([("ab", 5), ("c" * 10, 5)])
     scheduler = Scheduler(requests, 2, frozenset(), max_num_batched_tokens=4)
-    scheduler.admit()
     step = scheduler.schedule()
     assert step.num_new == [2, 2], "first step: R0's 2-token prompt, then 2 of R1's 10"
     scheduler.postprocess(step, [9, 9])
@@ -76,7 +74,6 @@ def test_prefill_first_policy_serves_prefills_first():
     """prefill_first: a prefill chunk takes the budget before the decodes."""
     requests = make_requests([("ab", 5), ("c" * 10, 5)])
     scheduler = Scheduler(requests, 2, frozenset(), 4, policy="prefill_first")
-    scheduler.admit()
     scheduler.postprocess(scheduler.schedule(), [9, 9])
     step = scheduler.schedule()
     assert dict(zip([s.request_id for s in step.seqs], step.num_new, strict=True)) == {1: 4}
@@ -118,13 +115,13 @@ def test_vllm_policy_serves_running_in_admission_order_then_admits_while_budget_
     is admitted only while budget is left (decode_first would seat it with no tokens)."""
     requests = make_requests([("ab", 5), ("c" * 10, 5), ("d", 5)])
     scheduler = Scheduler(requests, 3, frozenset(), 4, policy="vllm")
-    admitted = scheduler.admit()
-    assert [s.request_id for s in admitted] == [0, 1], "R2 waits: R0 and R1 used the budget"
     step = scheduler.schedule()
+    assert [s.request_id for s in step.admitted] == [0, 1], "R2 waits: R0 and R1 used the budget"
     assert _plan(step) == {0: 2, 1: 2}
     scheduler.postprocess(step, [9, 9])
-    assert scheduler.admit() == [], "R0 decodes (1), R1 chunks (3): no budget left for R2"
-    assert _plan(scheduler.schedule()) == {0: 1, 1: 3}
+    step = scheduler.schedule()
+    assert step.admitted == [], "R0 decodes (1), R1 chunks (3): no budget left for R2"
+    assert _plan(step) == {0: 1, 1: 3}
 
 
 def test_vllm_policy_preempts_the_last_running_and_admits_nobody_in_that_step():
@@ -132,12 +129,10 @@ def test_vllm_policy_preempts_the_last_running_and_admits_nobody_in_that_step():
     leaves it; no waiting request is admitted in that step."""
     requests = make_requests([("aaa", 9), ("bbb", 9)])
     scheduler = Scheduler(requests, 2, frozenset(), policy="vllm", num_kv_blocks=4, block_size=2)
-    scheduler.admit()  # R0, R1: 2 blocks each for 3 prompt tokens
-    scheduler.postprocess(scheduler.schedule(), [7, 7])
-    scheduler.admit()  # both decode their 4th token: still 2 blocks each
-    scheduler.postprocess(scheduler.schedule(), [7, 7])
-    assert scheduler.admit() == [], "a step that preempts admits nobody"
+    scheduler.postprocess(scheduler.schedule(), [7, 7])  # R0, R1: 2 blocks each for 3 tokens
+    scheduler.postprocess(scheduler.schedule(), [7, 7])  # 4th tokens: still 2 blocks each
     step = scheduler.schedule()  # 5th tokens need a 3rd block each: R1, the last, goes
+    assert step.admitted == [], "a step that preempts admits nobody"
     assert [s.request_id for s in step.preempted] == [1] and _plan(step) == {0: 1}
     assert [s.request_id for s in scheduler.planner.order] == [0], "R1 left vLLM's running order"
     assert scheduler.waiting[0].request_id == 1, "R1 waits first in line"
@@ -149,9 +144,10 @@ def test_vllm_policy_admits_only_when_the_whole_prompt_fits():
     requests = make_requests([("a" * 6, 2), ("b" * 9, 2)])
     options = {"num_kv_blocks": 7, "block_size": 2}
     vllm = Scheduler(requests, 2, frozenset(), 8, policy="vllm", **options)
-    assert [s.request_id for s in vllm.admit()] == [0], "R1's 9 tokens need 5 blocks, 4 free"
+    assert [s.request_id for s in vllm.schedule().admitted] == [0], "R1 needs 5 blocks, 4 free"
     ours = Scheduler(requests, 2, frozenset(), 8, **options)
-    assert [s.request_id for s in ours.admit()] == [0, 1], "decode_first checks the first chunk"
+    admitted = ours.schedule().admitted
+    assert [s.request_id for s in admitted] == [0, 1], "decode_first checks the first chunk"
 
 
 def test_vllm_policy_shares_prompt_blocks_within_one_step():
@@ -161,7 +157,6 @@ def test_vllm_policy_shares_prompt_blocks_within_one_step():
     scheduler = Scheduler(
         requests, 2, frozenset(), policy="vllm", num_kv_blocks=8, block_size=4, prefix_caching=True
     )
-    scheduler.admit()
     step = scheduler.schedule()
     n = requests[0].num_prompt_tokens
     assert _plan(step) == {0: n, 1: n - 8}, "R1 shares R0's two full blocks, computes the rest"

@@ -4,10 +4,12 @@ import csv
 import io
 import itertools
 import json
+import os
 import re
 
 from fake_traces import continuous_trace, static_trace
 
+from engine.workloads import export
 from engine.workloads.export import CSV_FIELDS, perfetto_trace, requests_csv, traces_json
 
 PROMPT_LENS = [5, 6, 8, 9, 10, 7]
@@ -124,3 +126,16 @@ def test_exports_carry_a_servers_own_record():
     assert {e["name"] for e in events if e["pid"] == own and e["name"].startswith("R")} == {
         f"R{r.request_id}" for r in vllm.requests
     }
+
+
+def test_download_folders_keep_only_the_newest_of_their_prefix(tmp_path):
+    folders = []
+    for index in range(5):
+        folders.append(export.download_folder("cbp-run-", root=tmp_path, keep=3))
+        (folders[-1] / "requests.csv").write_text("x")
+        os.utime(folders[-1], (index, index))  # mtimes 0..4 s: creation order, whatever the clock
+    other = export.download_folder("cbp-table-", root=tmp_path, keep=3)
+    newest = export.download_folder("cbp-run-", root=tmp_path, keep=3)
+    kept = sorted(path for path in tmp_path.iterdir() if path.name.startswith("cbp-run-"))
+    assert kept == sorted([*folders[3:], newest])  # the two oldest of five, then the third, went
+    assert other.is_dir() and newest.is_dir() and not any(newest.iterdir())

@@ -4,8 +4,9 @@ The server (``app.py`` on the embedded model, CPU, a free localhost port) is sha
 browser test module, so it starts once; each test gets a fresh page. A folder without
 ``__init__.py`` has no package scope, so that server lives to the end of the session.
 
-``test_browser_vllm.py`` starts a page of its own, with a vLLM beside it, so it runs first here
-(``pytest_collection_modifyitems``), before the shared server starts: after it, both pages,
+``test_browser_vllm.py`` and ``test_browser_llamacpp.py`` start a page of their own, with a
+vLLM or llama.cpp beside it, so they run first here (``pytest_collection_modifyitems``), before
+the shared server starts: after it, both pages,
 their engine processes and the two vLLMs the suite runs by then came to more than a 24 GiB
 machine holds, and the kernel killed the suite.
 """
@@ -31,7 +32,7 @@ def server_url(request, tmp_path_factory) -> str:
 
 
 HERE = Path(__file__).parent
-OWN_SERVER_MODULES = ("test_browser_vllm.py",)  # modules that start a page of their own
+OWN_SERVER_MODULES = ("test_browser_vllm.py", "test_browser_llamacpp.py")  # a page of their own
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -7,6 +7,8 @@ Screenshots go to ``screenshots/`` at the repository's root (gitignored), for a 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from browser_kit import (
     PLOT_IDS,
@@ -19,7 +21,7 @@ from browser_kit import (
     set_slots,
 )
 
-from engine.page.panels.settings_panel import KV_MODES
+from engine.knobs import KNOB
 
 pytestmark = PYTESTMARK
 
@@ -124,7 +126,7 @@ def test_kv_cache_dropdown_shows_each_choice_whole(page: Page, size: dict):
             input.value = label;  // measured only: no input event, the page's value stays
             return input.scrollWidth > input.clientWidth + 1;
         })""",
-        [label for label, _ in KV_MODES],
+        [label for label, _ in KNOB["kv_mode"].labels],
     )
     assert not clipped, f"choices cut in the dropdown: {clipped}"
     _shoot(page, "kv_mode_dropdown", size)
@@ -152,6 +154,43 @@ def test_title_is_set_in_one_font(page: Page):
     text = title.inner_text() + "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
     missing = page.evaluate(MISSING_GLYPHS_JS, [text, weight])
     assert not missing, f"drawn in a fallback font at weight {weight}: {missing}"
+
+
+def _drawn_fonts(page: Page, selector: str, text: str | None = None) -> list[set[str]]:
+    """The fonts Chromium drew the text of each element matching ``selector`` in (its family
+    names; only elements whose whole text is ``text``, if given), as DevTools records them."""
+    devtools = page.context.new_cdp_session(page)
+    devtools.send("DOM.enable")
+    devtools.send("CSS.enable")
+    root = devtools.send("DOM.getDocument", {"depth": -1})["root"]["nodeId"]
+    nodes = devtools.send("DOM.querySelectorAll", {"nodeId": root, "selector": selector})
+    fonts = []
+    for node in nodes["nodeIds"]:
+        html = devtools.send("DOM.getOuterHTML", {"nodeId": node})["outerHTML"]
+        if text is not None and re.sub(r"<[^>]*>", "", html).strip() != text:
+            continue
+        used = devtools.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
+        fonts.append({font["familyName"] for font in used})
+    devtools.detach()
+    return fonts
+
+
+def test_tables_draw_the_check_mark_as_the_status_line_does(page: Page):
+    """The metrics and outputs tables draw "✓" in a font the status line's text is drawn in: the
+    tables' monospace font, IBM Plex Mono, draws it as "√"."""
+    status = page.locator("#status_markdown [data-testid=markdown]")
+    expect(status).to_contain_text("✓", timeout=30_000)  # the recorded run's verdict
+    page_fonts = set().union(*_drawn_fonts(page, "#status_markdown [data-testid=markdown] p"))
+    for elem_id in ("metrics_table", "outputs_table"):
+        cells = f'#{elem_id} [role=grid] [data-testid^="cell-"] .cell-wrap'
+        expect(page.locator(cells, has_text="✓").first).to_be_visible()
+        page.evaluate("() => document.fonts.ready.then(() => true)")  # web fonts it asked for
+        drawn = _drawn_fonts(page, cells, "✓")
+        assert drawn, f"{elem_id}: no cell shows ✓ alone (the recorded run's verdict)"
+        for families in drawn:
+            assert families <= page_fonts, (
+                f"{elem_id}: ✓ drawn in {families}, the status line's text in {page_fonts}"
+            )
 
 
 # A plot's title and subtitle boxes and its plot area's top, in px from the figure's top edge.

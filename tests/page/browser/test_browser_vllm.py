@@ -37,9 +37,11 @@ from tests.live_servers import needs_vllm
 pytestmark = [*PYTESTMARK, needs_vllm, pytest.mark.real_model]
 VLLM_START_TIMEOUT_MS = 1_200_000  # eager start on a busy 2-core CPU: about 2 minutes idle
 BF16_RUN_TIMEOUT_MS = 1_800_000  # loads the bfloat16 weights first
-# How far the client's TTFT may lie behind vLLM's record: the stream's way through vLLM's API
-# process and our client (tens of milliseconds when the client keeps up; seconds when it did not)
-TTFT_VIEWS_BOUND_S = 1.0
+# How far the client's mean TTFT may lie behind vLLM's record, as a share of the run's wall time.
+# The lag is the stream's way through vLLM's API process and our client, which runs at the page's
+# server nice: tens of milliseconds on a quiet host, over a second on a busy one (CI on 2 cores).
+# The defect this guards against held streams back to the run's end: most of the wall time.
+TTFT_VIEWS_BOUND_SHARE = 0.5
 ROWS = [("The capital of France is", 4), ("Today's weather is so", 6)]
 LONGER_ROWS = [(prompt, 60) for prompt in ("Once upon a time", "My favourite food is", *dict(ROWS))]
 
@@ -150,7 +152,7 @@ def test_step_slider_walks_vllms_own_steps(page: Page):
     set_requests(page, ROWS)
     set_slots(page, 2)
     run_and_wait(page)
-    expect(page.locator("#inside_markdown")).to_contain_text("vLLM from the inside")
+    expect(page.locator("#inside_markdown")).to_contain_text("From the inside")
     label = page.locator("#step_slider").inner_text()
     found = re.search(r"vllm 0–(\d+) \(its own record\)", label)
     assert found, f"the step slider does not name vLLM's steps: {label!r}"
@@ -203,21 +205,24 @@ def _metrics_row(page: Page, engine: str) -> dict[str, str]:
 
 
 def test_vllm_ttft_from_outside_agrees_with_its_own_record(page: Page):
-    """The metrics table gives vLLM's TTFT from both views, labelled, and the client's (outside)
-    lies within TTFT_VIEWS_BOUND_S of vLLM's own record (inside), mean and p99, on a run long
-    enough (about 120 of vLLM's steps) for a late stream to show."""
+    """The metrics table gives vLLM's TTFT from both views, labelled; the client's (outside) is
+    never before vLLM's own record (inside), and its mean lies within TTFT_VIEWS_BOUND_SHARE of
+    the wall time of it, on a run long enough (about 120 of vLLM's steps) for a late stream to
+    show. No bound in seconds: how far a niced client lags is the host's load, not the page's."""
     _wait_for_vllm(page)
     set_requests(page, LONGER_ROWS)
     set_slots(page, 2)
     run_and_wait(page)
     row = _metrics_row(page, "vllm")
+    wall_s = float(row["wall s"])
     for column in ("mean TTFT s", "p99 TTFT s"):
         found = re.fullmatch(r"outside ([\d.]+) · inside ([\d.]+)", row[column])
         assert found, f"vLLM's {column} does not give both views: {row[column]!r}"
         outside, inside = map(float, found.groups())
-        assert 0 <= outside - inside <= TTFT_VIEWS_BOUND_S, (
+        bound_s = TTFT_VIEWS_BOUND_SHARE * wall_s if column.startswith("mean") else wall_s
+        assert 0 <= outside - inside <= bound_s, (
             f"vLLM's {column}: the client saw first tokens {outside - inside:.2f} s after "
-            f"vLLM's record had them (outside {outside}, inside {inside}; wall {row['wall s']} s)"
+            f"vLLM's record had them (outside {outside}, inside {inside}; wall {wall_s} s)"
         )
 
 

@@ -140,6 +140,27 @@ def test_step_axis_spans_step_indices_and_x_max_is_honoured(continuous):
     assert list(fig.layout.xaxis.range) == [0, 480], "x_max not applied"
 
 
+@pytest.mark.parametrize("x_axis", ["time", "step"])
+def test_a_timeline_on_a_shared_x_axis_says_so_and_where_it_ends(static, continuous, x_axis):
+    """Both engines' timelines run to the longer run's end, so bar lengths compare across them;
+    each one's subtitle says its axis is shared and where its own run ends on it (the shorter
+    run's empty right part read as a mistake), and both keep their plot's height."""
+    x_max = max(timelines.x_extent(t, x_axis) for t in (static, continuous))
+    for trace in (static, continuous):
+        fig = timelines.timeline_figure(trace, x_axis, x_max)
+        end = timelines.x_extent(trace, x_axis)
+        own = f"ends at {end:.2f} s" if x_axis == "time" else f"takes {round(end)} steps"
+        subtitle = fig.layout.title.subtitle.text or ""
+        assert "x axis shared with the other timelines" in subtitle, f"{trace.engine}: {subtitle!r}"
+        assert f"this run {own}" in subtitle, f"{trace.engine}: {subtitle!r}"
+        assert list(fig.layout.xaxis.range) == [0, x_max]
+        alone = timelines.timeline_figure(trace, x_axis)
+        assert not alone.layout.title.subtitle.text, "an axis of its own is said to be shared"
+        plot_px = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+        alone_px = alone.layout.height - alone.layout.margin.t - alone.layout.margin.b
+        assert plot_px == alone_px, f"the subtitle took {alone_px - plot_px} px from the plot"
+
+
 def test_cursor_sits_at_the_step(continuous):
     """The cursor is at the step's start time (time mode) or its index, and at the end past it."""
     at_time = _shapes(timelines.timeline_figure(continuous, cursor=7), "cursor")

@@ -33,6 +33,20 @@ def test_lanes_wait_then_decode_per_request():
     assert "gpu — 1/2 requests done · 1.00 s" in [a.text for a in fig.layout.annotations]
 
 
+def test_lanes_on_our_longer_x_axis_say_it_is_shared_and_where_the_servers_end():
+    """The servers' lanes keep our timelines' x axis (to 19 s, our static run) though the
+    servers ended at 1 s, so lengths compare across engines: the subtitle says so, and where the
+    servers' runs end (without it, the empty 18 s read as a wrong range)."""
+    fig = server_lanes.server_timeline_figure({"gpu": _server_trace()}, x_max=19.0)
+    assert tuple(fig.layout.xaxis.range) == (0, 19.0)
+    subtitle = fig.layout.title.subtitle.text
+    # in seconds whatever our timelines' axis: drawn by step index, theirs is not shared
+    assert "x axis in seconds, on our timelines' time scale" in subtitle, subtitle
+    assert "the servers end by 1.00 s" in subtitle, subtitle
+    alone = server_lanes.server_timeline_figure({"gpu": _server_trace()})
+    assert "shared" not in alone.layout.title.subtitle.text, "its own axis is said to be shared"
+
+
 def test_one_panel_per_server():
     """Two servers: two panels sharing the x axis, each with its own lanes."""
     fig = server_lanes.server_timeline_figure({"a": _server_trace("a"), "b": _server_trace("b")})

@@ -128,6 +128,20 @@ def test_timeline_marks_queue_waits_and_preemptions(paged, x_axis):
     assert fig.layout.yaxis.categoryarray[0] == "queue"
 
 
+def test_queue_waits_are_set_apart_from_the_lanes(paged):
+    """The queue's row is no lane: a line parts it from the lanes, and its bars are half a lane's
+    height (a lane's request bar takes plotly's default, 0.8 of its row)."""
+    fig = serving_metrics.add_serving_marks(timelines.timeline_figure(paged), paged)
+    queue = next(t for t in fig.data if t.name == "queue wait")
+    lanes = [t for t in fig.data if t.type == "bar" and t.name != "queue wait"]
+    assert queue.width is not None and queue.width <= 0.4, (
+        f"queue bars as tall as a lane's: {queue.width}"
+    )
+    assert all(t.width is None for t in lanes), "a lane's bars changed height"
+    parting = [s for s in fig.layout.shapes if s.y0 == s.y1 == 0.5 and s.yref == "y"]
+    assert parting, "no line parts the queue's row from the lanes"
+
+
 def test_a_token_budget_far_over_the_steps_is_named_not_drawn(paged):
     """A budget of 2048 tokens over steps of at most 8 (vLLM's own record) is not drawn, which
     would flatten the bars into the axis: a label names it "off this scale"."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from pathlib import Path
 
@@ -12,13 +13,16 @@ from page_runs import run_and_render
 
 from engine.model.loader import ModelLoadError
 from engine.page.handlers import playground
+from engine.page.host.model_view import ModelView
 from engine.page.inputs import presets
 from engine.page.panels import page_panels
 from engine.page.run import run_options, shared_model
 from engine.page.run.cpu_split import CpuSplit
+from engine.page.run.run_handle import RunHandle
 from engine.page.run.run_options import RunOptions
 from engine.page.views import run_status, run_view
 from engine.trace import DECODE, PREFILL
+from engine.worker.model_facts import facts_of
 from engine.workloads.workload import MAX_ROWS, parse_table, seed_specs
 
 ROWS = [["hello world", 5], ["abc", 12], ["the quick brown fox", 3], ["x", 7]]
@@ -174,15 +178,16 @@ def test_model_line_says_the_kernel_choice_on_hover(shared):
     assert html.unescape(line.split('title="')[1].split('">')[0]) == summary
 
 
-def test_model_line_says_whether_the_step_is_compiled_and_why_not(shared, monkeypatch):
+def test_model_line_says_whether_the_step_is_compiled_and_why_not(shared):
     """The model line ends in "eager step" with the reason on hover (the suite switches compiling
     off), and in "compiled step" once the engine process says its step is compiled."""
     line = shared.label_markdown
     assert line.endswith('">eager step</abbr>'), line
     hover = html.unescape(line.rsplit('title="', 1)[1].split('">')[0])
     assert hover == "step: eager (CBP_COMPILED_STEP=off)", hover
-    monkeypatch.setattr(shared, "engine_step", "step: compiled by inductor, one graph")
-    assert shared.label_markdown.endswith('">compiled step</abbr>'), shared.label_markdown
+    facts = dataclasses.replace(facts_of(shared), step="step: compiled by inductor, one graph")
+    line = ModelView(facts, engine=None).label_markdown
+    assert line.endswith('">compiled step</abbr>'), line
 
 
 def test_update_step_redraws_without_the_model(result, no_model):
@@ -362,6 +367,24 @@ def test_app_wiring():
     assert app.parse_args([]).host == "127.0.0.1" and app.parse_args([]).port == 7860
 
 
+def test_a_run_press_puts_its_note_in_the_status_line_at_once():
+    """Run's press (unqueued, answered before the run's first update) writes the status line
+    too: "Run pressed", not the previous run's line, from the moment Run is pressed. Its
+    progress shows on the note under Run, so the status line's tracker stays the run's."""
+    import app
+
+    demo = app.build_demo("Model: test")
+    for press in [fn for fn in demo.fns.values() if fn.fn is playground.run_pressed]:
+        written = [c.elem_id for c in press.outputs]
+        update = dict(zip(written, playground.run_pressed(RunHandle()), strict=True))
+        status = update.get("status_markdown")
+        assert status and status.startswith("**Run pressed:**"), (
+            f"the status line keeps the previous run's line after a press: {written}"
+        )
+        tracked = [c.elem_id for c in press.show_progress_on or press.outputs]
+        assert "status_markdown" not in tracked, "the press's progress hides the run's tracker"
+
+
 def test_choosing_a_preset_sets_the_engine_settings_back():
     """The preset dropdown writes the engine settings too, each to the value the page opens
     with: a token budget set for one preset does not carry over to the next."""
@@ -434,13 +457,9 @@ def test_paged_kv_knobs_reach_the_engine_and_its_views(shared):
 def test_model_line_names_the_engine_process_kernels_and_the_cpu_split(shared):
     """With the engines in their own process, the kernels named are that process's, and the
     CPUs split between it and the page are said in a few words, with the CPUs on hover."""
-    before = (shared.engine_kernels, shared.cpu_split)
-    try:
-        shared.engine_kernels = "matmul: skinny at 1 row (the engine process's)"
-        shared.cpu_split = CpuSplit(engine=(1,), page=(0,))
-        line = shared.label_markdown
-    finally:
-        shared.engine_kernels, shared.cpu_split = before
+    kernels = "matmul: skinny at 1 row (the engine process's)"
+    facts = dataclasses.replace(facts_of(shared), kernels=kernels)
+    line = ModelView(facts, engine=None, cpu_split=CpuSplit(engine=(1,), page=(0,))).label_markdown
     assert 'title="matmul: skinny at 1 row (the engine process&#x27;s)"' in line, line
     assert line.endswith(
         ' · <abbr title="Engines on CPU 1 (1 thread), the page on CPU 0">'

@@ -151,14 +151,15 @@ def test_a_session_with_a_run_in_the_queue_cannot_queue_another(page):
 
 
 def test_pressing_run_changes_the_note_under_it_at_once():
-    """The unqueued press handler writes the note under Run and hides "Run live anyway"; a repeat
-    press during a run changes neither."""
+    """The unqueued press handler writes the note under Run and the status line and hides "Run
+    live anyway"; a repeat press during a run changes none of them."""
     handle = RunHandle()
-    note, live = playground.run_pressed(handle)
+    note, live, status = playground.run_pressed(handle)
     assert note.startswith("**Run pressed:**"), note
+    assert status.startswith("**Run pressed:**"), status
     assert live.visible is False, "the press left Run live anyway shown"
     repeat = playground.run_pressed(handle)
-    assert repeat == (gr.skip(), gr.skip()), f"a repeat press changed the page: {repeat}"
+    assert repeat == (gr.skip(),) * 3, f"a repeat press changed the page: {repeat}"
 
 
 def _live_shown(update: tuple) -> bool | None:

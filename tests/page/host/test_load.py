@@ -155,6 +155,25 @@ def test_a_launched_apps_engines_keep_cpus_of_their_own(server_url: str) -> None
     assert min(page) == min(os.sched_getaffinity(0)), "auto leaves the page the first CPU"
 
 
+PAGE_RSS_BOUND_BYTES = 2**30  # the page's process with a tokenizer: about half of this
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc (Linux)")
+def test_the_page_process_holds_no_weights_beside_its_engine_process(server_url: str) -> None:
+    """The launched page's process maps no weights file (a process that loads the model maps its
+    safetensors) and stays under 1 GiB resident after the runs above: the model is the engine
+    process's alone."""
+    page_pid = SERVERS[server_url].pid
+    assert len(_engine_processes(page_pid)) == 1, "app.py should have one engine process"
+    maps = Path(f"/proc/{page_pid}/maps").read_text().splitlines()
+    weights = sorted({line.split()[-1] for line in maps if line.endswith(".safetensors")})
+    assert not weights, f"the page's process maps the model's weights: {weights}"
+    rss_bytes = int(Path(f"/proc/{page_pid}/statm").read_text().split()[1]) * os.sysconf(
+        "SC_PAGE_SIZE"
+    )
+    assert rss_bytes < PAGE_RSS_BOUND_BYTES, f"the page's process holds {rss_bytes / 2**20:.0f} MiB"
+
+
 def _thread_cpus(pid: int) -> set[frozenset[int]]:
     """The CPU sets ``pid``'s threads may run on (one set if every thread has the same)."""
     found = set()

@@ -61,27 +61,25 @@ def test_only_the_calling_thread_and_its_later_threads_are_lowered():
 
 @linux_only
 def test_serve_lowers_the_server_after_the_engine_thread_exists(monkeypatch):
-    """``serve`` loads the model (on the engine thread), then lowers the thread that launches
-    the page: the page's threads run at +CBP_SERVER_NICE, the engine thread and the engine
-    process as before."""
+    """``serve`` starts the engine process and takes the page's model from it, then lowers the
+    thread that launches the page: the page's threads run at +CBP_SERVER_NICE, the engine thread
+    and the engine process as before."""
     monkeypatch.setenv("CBP_SERVER_NICE", "4")
     monkeypatch.setenv("CBP_ENGINE_PROCESS", "on")
     base = _nice()
     engine_nice, server_nice, process_nice = [], [], []
 
-    def fake_load(*_args, **_kwargs):
+    def fake_connect(*_args):
         engine_nice.append(ENGINE_THREAD.call(_nice))
-        loaded = SimpleNamespace(load_s=0.0)
-        return SimpleNamespace(label="Model: fake", loaded=loaded, servers=None)
+        return SimpleNamespace(label="Model: fake", loaded=None, servers=None)
 
     def fake_engine_process(*_args):
         process_nice.append(_nice())  # the worker would inherit this thread's nice value
-        return SimpleNamespace(close=lambda: None, wait_ready=lambda: None)
+        return SimpleNamespace(close=lambda: None), None
 
-    monkeypatch.setattr(launch.shared_model, "load_shared_model", fake_load)
     monkeypatch.setattr(launch, "configured_servers", lambda args, loaded: None)
     monkeypatch.setattr(launch, "_engine_process", fake_engine_process)
-    monkeypatch.setattr(launch, "_learn_from_engine_process", lambda shared: None)
+    monkeypatch.setattr(launch, "_connect", fake_connect)
     monkeypatch.setattr(launch, "_launch", lambda *a: server_nice.append(_in_thread(_nice)))
     _in_thread(lambda: launch.serve(lambda *a: None, []))
     assert server_nice == [min(19, base + 4)], (base, server_nice)

@@ -42,7 +42,7 @@ def test_every_setting_is_a_link_parameter():
     """Each setting the link carries is one LINK_OUTPUTS name, and the test covers every one."""
     assert set(CHANGED) == set(link_query.PARAMS), "a setting without a round-trip case"
     assert set(link_query.PARAMS) <= set(page_io.LINK_OUTPUTS) & set(page_io.LINK_INPUTS)
-    names = [p.name for p in link_query.PARAMS.values()]
+    names = [p.url for p in link_query.PARAMS.values()]
     assert len(names) == len(set(names)), f"two settings share a parameter name: {names}"
 
 
@@ -122,7 +122,7 @@ def test_a_bad_setting_is_named_and_keeps_its_default(param, value, said):
         opened = _opened(query)
     messages = [str(w.message) for w in warned]
     assert any(f"{param}=" in m and said in m for m in messages), f"{said!r} not in {messages}"
-    (field,) = [f for f, p in link_query.PARAMS.items() if p.name == param]
+    (field,) = [f for f, p in link_query.PARAMS.items() if p.url == param]
     assert opened[field] == SKIP, f"a bad {param} still set {field}: {opened[field]!r}"
     good_field = "x_axis" if param != "x" else "token_budget"
     assert opened[good_field] in ("step", 64) and opened["num_slots"] == 4, opened

@@ -14,9 +14,9 @@ from tiny_model import make_requests, tiny_shared
 
 from engine.fidelity import reference_store
 from engine.fidelity.reference import ReferenceCache
+from engine.page.host.model_view import ModelView
 from engine.page.run.cpu_split import CpuSplit, cpu_split
 from engine.page.run.engine_process import EngineProcess, ModelSpec
-from engine.page.run.shared_model import engine_facts
 from engine.serving.run_control import RunControl
 
 FOUR = (0, 1, 2, 3)
@@ -114,8 +114,8 @@ def compute_references(model, specs, _watch):
 @TWO_CPUS
 def test_the_page_counts_the_references_its_engine_process_stored(tmp_path, monkeypatch):
     """The store's key holds the torch thread count, and the worker has fewer threads than the
-    page: given the worker's keys (``engine_facts``), the page finds what the worker stored, so
-    its queue does not price a reference pass that will not run."""
+    page: given the worker's keys (``ModelView.connect``: its ``model_facts``), the page finds
+    what the worker stored, so its queue does not price a reference pass that will not run."""
     monkeypatch.setenv("CBP_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CBP_REFERENCE_CACHE", "on")  # the suite keeps it off
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the page's own, not the worker's
@@ -123,13 +123,12 @@ def test_the_page_counts_the_references_its_engine_process_stored(tmp_path, monk
     worker = EngineProcess(ModelSpec(model="tiny", load=stored_tiny_shared), cpus=(last,))
     try:
         worker.start()
-        facts = worker.run(engine_facts, (), RunControl(), lambda *a, **k: None)
+        page, _work, _parts_s = ModelView.connect(worker)
         worker.run(compute_references, (SPECS,), RunControl(), lambda *a, **k: None)
     finally:
         worker.close()
-    page, requests = stored_tiny_shared(), make_requests(SPECS)
-    assert page.reference.missing(requests), "found under the page's own key"
-    facts.teach(page)
+    requests = make_requests(SPECS)
+    assert stored_tiny_shared().reference.missing(requests), "found under the page's own key"
     assert page.reference_for(False).missing(requests) == {}
     assert page.reference_for(True).missing(requests) == {}
     assert page.queue.measured, "the pace timed in the worker"

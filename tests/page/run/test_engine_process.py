@@ -20,6 +20,7 @@ from tiny_model import SLOW_STEP_S, make_requests, tiny_shared
 
 from engine.config import EngineConfig
 from engine.page.handlers import engine_work, playground
+from engine.page.host.model_view import ModelView
 from engine.page.run import shared_model
 from engine.page.run.engine_process import (
     EngineProcess,
@@ -47,11 +48,10 @@ def process():
     worker.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def in_process(process):
-    """A page-side tiny model whose runs go to ``process``."""
-    model = tiny_shared()
-    model.engine_process = process
+    """The page's model whose runs go to ``process`` (``ModelView``: no weights here)."""
+    model, _work, _parts_s = ModelView.connect(process)
     return model
 
 

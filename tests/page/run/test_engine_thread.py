@@ -28,9 +28,9 @@ def test_the_load_warm_up_and_every_run_share_one_thread(monkeypatch):
         load_threads.append(threading.get_ident())
         return loaded
 
-    def recorded_warm_up(self, engines=True):
+    def recorded_warm_up(self):
         warm_up_threads.append(threading.get_ident())
-        warm_up(self, engines)
+        warm_up(self)
 
     monkeypatch.setattr(shared_model, "load_model", load)
     monkeypatch.setattr(shared_model.SharedModel, "warm_up", recorded_warm_up)

@@ -11,6 +11,7 @@ import gradio as gr
 import pytest
 
 from engine.config import EngineConfig
+from engine.knobs import KNOB
 from engine.page.handlers import playground, recording
 from engine.page.inputs import page_io
 from engine.page.run import run_options
@@ -88,6 +89,16 @@ def test_run_inputs_are_the_settings_fields_and_the_two_states():
     assert len(set(RUN_INPUTS)) == len(RUN_INPUTS), f"a Run input named twice: {RUN_INPUTS}"
     assert [n for n in RUN_INPUTS if n not in RUN_STATES] == fields, "declaration and fields differ"
     assert set(RUN_STATES) <= set(RUN_INPUTS)
+
+
+def test_each_run_input_is_a_knob_another_input_or_a_state():
+    """Run reads every declared knob, and besides them only the other inputs and the states; the
+    fields after the required ones default to off or blank."""
+    names = set(RUN_INPUTS) - set(RUN_STATES) - set(run_options.OTHER_INPUTS)
+    assert names <= set(KNOB), f"Run inputs that are no knob: {names - set(KNOB)}"
+    assert set(KNOB) - names == set(), f"knobs Run does not read: {set(KNOB) - names}"
+    for field in dataclasses.fields(RunSettings)[len(run_options.REQUIRED) :]:
+        assert field.default in (False, None), f"{field.name} defaults to {field.default!r}"
 
 
 def test_app_wires_runs_inputs_in_the_declared_order_by_name(demo):
@@ -206,3 +217,13 @@ def test_a_link_sets_settings_by_their_field_names(demo):
     got = dict(zip(page_io.LINK_OUTPUTS, link, strict=True))
     assert (got["num_slots"], got["prefix_caching"]) == (5, True), got
     assert all(got[n] == gr.skip() for n in ("preset", "rows", "chat_template")), got
+
+
+@pytest.mark.parametrize("zero", [0, 0.0, "0", "0.0", " 0.00 "])
+def test_zero_in_any_spelling_means_no_limit(zero):
+    """A knob whose 0 means "not set" reads 0 as unset however a client spells it: a number
+    field sends 0.0, an API client may send "0.0"; neither is refused as a bad budget."""
+    assert run_options.knob_value(KNOB["token_budget"], zero) is None
+    assert run_options.knob_value(KNOB["kv_budget_mib"], zero) is None
+    with pytest.raises(ValueError, match="budget"):
+        run_options.knob_value(KNOB["token_budget"], "lots")

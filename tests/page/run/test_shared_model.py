@@ -22,26 +22,3 @@ def test_the_pace_timed_at_start_prices_that_same_work_at_its_measured_seconds()
     assert set(parts_s) == {"static", "continuous", "reference"} and work.units()["reference"] > 0
     expected_s = sum(parts_s.values()) + shared.queue.pace.run_s
     assert shared.queue.pace.cost_s(work) == pytest.approx(expected_s)
-
-
-def _made_kernels(runner) -> set[str]:
-    """Which of the runner's kernel objects exist: they are made on first use (cached
-    properties), and each packs weight copies."""
-    return {"_kernel", "fused_decoder", "invariant_kernels"} & set(vars(runner))
-
-
-def test_a_page_beside_an_engine_process_makes_no_kernels():
-    """The page's copy of the model, when an engine process runs the runs, is warmed up and
-    checks a batch-invariant run without making the engines' kernels (their weight copies
-    are several times the model's size); the same copy warmed up with its engines makes them."""
-    from engine.fidelity.reference import ReferenceCache
-    from engine.page.run.shared_model import SharedModel
-    from tests.tiny_model import tiny_runner
-
-    runner = tiny_runner()
-    page = SharedModel(runner.loaded, runner, ReferenceCache(runner))
-    page.warm_up(engines=False)
-    runner.require_batch_invariant()
-    assert _made_kernels(runner) == set(), f"the page made {_made_kernels(runner)}"
-    page.warm_up()
-    assert "_kernel" in _made_kernels(runner), "warmed up with its engines, it makes them"

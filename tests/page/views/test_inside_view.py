@@ -12,6 +12,7 @@ import pytest
 from captured_vllm import CAPS, PROMPT_LENS, captured_vllm_trace
 from fake_traces import continuous_trace, static_trace
 
+from engine.page.figures import serving_metrics
 from engine.page.handlers import playground
 from engine.page.views import inside_view, run_view, tables
 from engine.page.views.run_view import RunState
@@ -152,7 +153,7 @@ def test_downloads_carry_vllms_own_steps(vllm):
     traces = json.loads(files["traces.json"].read_text())
     assert len(traces["vllm"]["schedule"]["steps"]) == len(vllm.schedule.steps)
     charts = files["charts.html"].read_text()
-    for heading in run_view.INSIDE_HEADINGS:
+    for heading in run_view.inside_headings("vllm"):
         assert f"<h2>{heading.replace(chr(39), '&#x27;')}</h2>" in charts, heading
 
 
@@ -163,6 +164,9 @@ def test_plans_alike_and_the_first_difference_beside_the_inside_view(vllm):
     record = vllm.schedule
     state = _state({"vllm": vllm})  # ours: another workload's schedule, unlike vLLM's
     subtitle = _inside_at(state, 0)["inside_timeline_plot"].layout.title.subtitle.text
+    lines = html.unescape(subtitle).split("<br>")
+    assert max(map(len, lines)) <= inside_view.SUBTITLE_LINE_CHARS, "a line plotly would cut"
+    subtitle = subtitle.replace("<br>", " ")  # the long plans line comes wrapped
     found = re.search(
         r"plans alike with ours \(continuous\): (\d+) of (\d+) steps, first "
         r"difference at step (\d+) \((.+)\)",
@@ -170,17 +174,19 @@ def test_plans_alike_and_the_first_difference_beside_the_inside_view(vllm):
     )
     assert found, f"no plans line under vLLM's timeline: {subtitle!r}"
     k = int(found.group(3))
-    mask = _inside_at(state, k)["inside_mask_plot"].layout.title.subtitle.text
+    mask = _inside_at(state, k)["inside_mask_plot"].layout.title.subtitle.text.replace("<br>", " ")
     assert f"step {k} differs from ours: " in mask, f"step {k}'s mask does not say so: {mask!r}"
 
     alike = dataclasses.replace(record, engine="continuous")  # a run that planned as vLLM did
     state = RunState(state.static, alike, None, servers={"vllm": vllm})
     subtitle = _inside_at(state, 0)["inside_timeline_plot"].layout.title.subtitle.text
+    subtitle = subtitle.replace("<br>", " ")
     n = len(record.steps)
     assert f"plans alike with ours (continuous): {n} of {n} steps, no difference" in subtitle, (
         f"the same plans are not said to be alike: {subtitle!r}"
     )
-    mask = html.unescape(_inside_at(state, 1)["inside_mask_plot"].layout.title.subtitle.text)
+    mask = _inside_at(state, 1)["inside_mask_plot"].layout.title.subtitle.text
+    mask = html.unescape(mask).replace("<br>", " ")
     assert (
         "step 1 plans as ours (rows in each scheduler's own order, which does not change " in mask
     ), mask
@@ -190,18 +196,31 @@ def test_vllms_timeline_names_lanes_not_slots(shown):
     """vLLM's own timeline says it has lanes, not slots, on its axis as in its subtitle."""
     axis = shown.views.inside_timeline.layout.yaxis
     assert axis.ticktext, "vLLM's timeline axis has no lane labels (its axis reads slot 0, 1, ...)"
-    assert list(axis.ticktext) == [f"lane {i}" for i in range(len(axis.ticktext))], axis.ticktext
+    lanes = [text for text in axis.ticktext if text != serving_metrics.QUEUE_ROW]
+    assert lanes == [f"lane {i}" for i in range(len(lanes))], axis.ticktext
+
+
+def test_vllms_queue_waits_are_labelled_as_the_queue_not_a_lane(shown):
+    """Every row of vLLM's own timeline has a label: its queue waits' row says "queue" (without
+    one, it read as a fourth lane under three labelled ones)."""
+    fig = shown.views.inside_timeline
+    assert any(t.name == "queue wait" for t in fig.data), "the captured run should have waits"
+    axis = fig.layout.yaxis
+    labels = dict(zip(axis.tickvals or (), axis.ticktext or (), strict=True))
+    unlabelled = [row for row in axis.categoryarray if row not in labels]
+    assert not unlabelled, f"rows without a label on vLLM's timeline: {unlabelled}"
+    assert labels[serving_metrics.QUEUE_ROW] == serving_metrics.QUEUE_ROW, labels
 
 
 def test_an_inside_timeline_on_our_longer_scale_says_where_its_record_ends(vllm):
     """When our static run takes more steps than vLLM's record, vLLM's timeline keeps our
-    timelines' x scale and its subtitle says where its own record ends."""
+    timelines' x scale and its subtitle says it is shared and where its own record ends."""
     state = _state({"vllm": vllm})
     longer = static_trace(PROMPT_LENS, [cap * 3 for cap in CAPS], num_slots=1)
     state = dataclasses.replace(state, static=longer)
     _, record = inside_view.own_record(state.servers)
     assert len(longer.steps) > len(record.steps), "the test needs our run to be the longer one"
     timeline = _inside_at(state, 0, "step")["inside_timeline_plot"]
-    said = f"own record ends at step {len(record.steps) - 1}"
+    said = f"x axis shared with the other timelines · this run takes {len(record.steps)} steps"
     assert said in timeline.layout.title.subtitle.text, timeline.layout.title.subtitle.text
     assert timeline.layout.xaxis.range[1] == len(longer.steps), timeline.layout.xaxis.range

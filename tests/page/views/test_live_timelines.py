@@ -13,7 +13,7 @@ from engine.batching.continuous import ContinuousEngine
 from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
 from engine.page.run.live_run import EngineProgress
-from engine.page.views.progress_view import MAX_UPDATE_WAIT_S, LiveTimelines
+from engine.page.views.progress_view import CLEARED_AT_START, MAX_UPDATE_WAIT_S, LiveTimelines
 from engine.page.views.run_view import RUN_OUTPUTS
 
 STATIC = RUN_OUTPUTS.index("static_timeline_plot")
@@ -89,3 +89,28 @@ def test_outputs_table_is_sent_only_when_its_rows_change():
     assert isinstance(first[TABLE], gr.Dataframe) and isinstance(done[TABLE], gr.Dataframe)
     assert same[TABLE] == gr.skip(), "an unchanged table was sent again"
     assert first[TABLE].value != done[TABLE].value
+
+
+def test_the_first_update_clears_the_previous_runs_views_and_says_when_they_come():
+    """While static runs, the continuous timeline, the masks, the block map, the charts and the
+    metrics must not show the previous run: the first update replaces them with charts that say
+    when they are drawn; later updates leave them be."""
+    runner = tiny_runner()
+    requests = make_requests([("hello", 4), ("a longer prompt", 6)])
+    static = StaticEngine(runner, EngineConfig(2)).run(requests)
+    progress = {"static": EngineProgress("static", len(static.steps), 0, 2, static)}
+    views = LiveTimelines()
+    first = dict(
+        zip(RUN_OUTPUTS, views.outputs(progress, requests, 2, "time", 1.0, None), strict=True)
+    )
+    cleared = [*CLEARED_AT_START, "continuous_timeline_plot", "server_timeline_plot"]
+    for name in cleared:
+        texts = [a.text for a in first[name].layout.annotations]
+        assert any("Drawn when this run ends" in t or "starts when" in t for t in texts), name
+    assert first["metrics_table"] == []
+    assert isinstance(first["static_timeline_plot"], go.Figure), "static's steps are drawn"
+    second = dict(
+        zip(RUN_OUTPUTS, views.outputs(progress, requests, 2, "time", 1.5, None), strict=True)
+    )
+    assert all(not isinstance(second[name], go.Figure) for name in cleared), "cleared again"
+    assert not isinstance(second["metrics_table"], list)

@@ -1,0 +1,105 @@
+"""A static wave through the continuous engine's packed forward pass: the same kernels, the same
+padding waste and barrier as ``model.generate`` on the left-padded wave.
+
+The static engine's lesson is what padding and the barrier cost, not whose kernels are faster, so
+its waves run through ``ModelRunner.forward_packed`` (the fused decoder layers, the slot KV cache,
+``decode_step``), like the continuous engine's steps. Every row computes what it would in
+``generate``::
+
+    step 0 (prefill)  each row's padding and its prompt, the padding packed as a sequence of its
+                      own (its keys are computed and never attended, as a masked pad's are)
+    step k >= 1       every row feeds one token, a finished row too (its tokens are dropped
+                      later), until every row has reached its cap or an end-of-sequence id
+
+    row 0  [pad pad p0 p1 | t1 | t2 | t3 (finished: computed, dropped) ]
+    row 1  [ q0  q1 q2 q3 | u1 | u2 | u3 ]
+
+A row's tokens equal its request's per-request ``generate`` tokens in float32, as the continuous
+engine's do: each row sees only its own prompt and outputs, at positions 0, 1, ...
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.model.model_runner import ModelRunner
+from engine.sequence import Request, Sequence
+from engine.serving.packed_batch import build_packed_batch
+from engine.serving.sampler import RequestSampler
+from engine.token_logits import LogitRecorder
+
+
+@dataclass
+class _Padding:
+    """A row's left padding as a packed sequence of its own (step 0 only), in a slot of its own."""
+
+    slot: int
+    token_ids: list[int]
+    num_cached_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+
+    def pending_token_ids(self, limit: int | None = None) -> list[int]:
+        return self.token_ids[:limit]
+
+
+@dataclass
+class WaveResult:
+    """What a wave computed: every row's generated tokens (past its cap or EOS too, cut later),
+    each step's end time (seconds after the run's start), and the logits rows of every step."""
+
+    token_ids: list[list[int]]
+    end_times: list[float]
+    recorder: LogitRecorder
+
+
+def run_wave(
+    runner: ModelRunner,
+    wave: list[Request],
+    t0: float,
+    on_step: Callable[[int], None] | None = None,
+) -> WaveResult:
+    """Run ``wave`` (its rows in order) to the end: until every row has reached its
+    ``max_new_tokens`` or generated an end-of-sequence id. ``on_step(num_steps)`` is called after
+    every step.
+
+    Raises:
+        Exception: whatever ``on_step`` raises (``RunStopped``), at once.
+    """
+    width = max(r.num_prompt_tokens for r in wave)
+    seqs = [Sequence(r, slot=row) for row, r in enumerate(wave)]
+    pad_lens = [width - r.num_prompt_tokens for r in wave if r.num_prompt_tokens < width]
+    pads = [_Padding(len(wave) + i, [runner.pad_token_id] * n) for i, n in enumerate(pad_lens)]
+    num_slots = len(wave) + len(pads)
+    max_len = width + max(r.max_new_tokens for r in wave)
+    cache = runner.new_kv_cache("slots", num_slots, max_len)
+    samplers = [RequestSampler(r.sampling) if r.is_sampled else None for r in wave]
+    recorder, end_times = LogitRecorder(), []
+    step = (seqs + pads, [r.num_prompt_tokens for r in wave] + [len(p.token_ids) for p in pads])
+    while step is not None:
+        batch = build_packed_batch(*step, cache, num_slots, runner.device)
+        # a finished row's tokens and the padding's are dropped: their logits go unrecorded
+        finished = [row for row, seq in enumerate(seqs) if _row_done(seq, runner.eos_token_ids)]
+        recorder.skip_rows = frozenset(finished + list(range(len(wave), len(step[0]))))
+        with runner.recording(recorder):  # an all-greedy step passes the batch alone
+            if any(s is not None for s in samplers):
+                padding = [None] * (len(step[0]) - len(wave))
+                tokens = runner.forward_packed(batch, samplers + padding)
+            else:
+                tokens = runner.forward_packed(batch)
+        for seq, token in zip(seqs, tokens, strict=False):  # the padding's token is dropped
+            seq.num_cached_tokens = seq.num_tokens
+            seq.output_token_ids.append(token)
+        end_times.append(time.perf_counter() - t0)
+        if on_step is not None:
+            on_step(len(end_times))
+        done = all(_row_done(seq, runner.eos_token_ids) for seq in seqs)
+        step = None if done else (seqs, [1] * len(seqs))
+    return WaveResult([s.output_token_ids for s in seqs], end_times, recorder)
+
+
+def _row_done(seq: Sequence, eos_token_ids: frozenset[int]) -> bool:
+    """Whether a row has reached its cap or generated an end-of-sequence id."""
+    outputs = seq.output_token_ids
+    return len(outputs) >= seq.request.max_new_tokens or not eos_token_ids.isdisjoint(outputs)

@@ -1,0 +1,263 @@
+"""The knobs of a run, each declared once: its name, kind, range, default, help and outside names.
+
+A ``Knob`` is one setting a person turns: on the page (its label and help), in a link (its query
+parameter, ``url``), on the bench's command line (``bench_flag`` and ``bench_help``) and in
+``EngineConfig`` (``config``, the field it sets). ``KNOBS`` lists them in the order a link writes
+them, ``KNOB`` finds one by name. The page's settings, links and panel and the bench's flags are
+built from these declarations; ``EngineConfig`` checks its ranges against the same ``KV_MODES``,
+``POLICIES`` and ``MAX_BLOCK_SIZE``.
+
+Kinds: ``"flag"`` (on or off), ``"choice"`` (one of ``choices``; none given: the host's dtypes),
+``"whole"`` (a whole number from ``low`` to ``high``) and ``"number"`` (a number >= 0). A number
+whose ``zero`` is set takes 0 for "not set" and says what that means ("no limit"); a run reads it
+as None. Plain data that imports nothing of the project: the page and the bench both read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+KV_MODES = ("slots", "paged", "concat")
+POLICIES = ("decode_first", "prefill_first", "vllm")  # a new one goes last (/run takes them)
+MAX_BLOCK_SIZE = 256  # tokens per KV block; vLLM uses 16 to 128, and huge blocks waste memory
+MAX_SLOTS = 16  # the most slots a page run (or a link) may ask for: the slot slider's maximum
+X_AXES = ("time", "step")
+KINDS = ("flag", "choice", "whole", "number")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob: how Run, a link, the page and the bench name, check and explain it.
+
+    ``default`` is the value the page shows when no preset or host sets it (0 for a ``zero``
+    number); ``label`` and ``info`` are the page's label and help under it, and ``title`` names
+    the knob in error messages where the label would not ("Token budget must be a whole
+    number"). A choice's ``labels`` are the page's ``(label, value)`` pairs in the page's order,
+    and ``hovers`` each one's hover text. An empty ``url``, ``bench_flag`` or ``config`` says the
+    knob has no such outside name.
+    """
+
+    name: str  # the ``RunSettings`` field, and the page's name for its component
+    kind: str  # one of KINDS
+    default: Any
+    label: str = ""
+    title: str = ""  # empty: the label
+    info: str = ""
+    choices: tuple[str, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    hovers: tuple[str, ...] = ()
+    low: int = 0
+    high: int | None = None
+    zero: str = ""  # what 0 means ("no limit"); empty: 0 is an ordinary value
+    url: str = ""  # the link's query parameter
+    bench_flag: str = ""  # the bench's command-line flag
+    bench_help: str = ""  # its --help text
+    config: str = ""  # the ``EngineConfig`` field it sets
+
+    @property
+    def named(self) -> str:
+        """How a message names the knob: its ``title``, else its label."""
+        return self.title or self.label
+
+    @property
+    def unset(self) -> Any:
+        """What a run reads when the knob is blank (or bad, beside the message that says so):
+        None for a ``zero`` number, else the default."""
+        return None if self.zero else self.default
+
+
+PREFIX_CACHING_INFO = (
+    "A prompt's full blocks that an earlier request computed are shared, not prefilled again "
+    "(vLLM's automatic prefix caching); the block map shows shared blocks and the mask the keys "
+    "taken from the cache. Paged KV mode only. The static engine cannot share: its waves "
+    "prefill every prompt in full."
+)
+KV_MODE_INFO = (
+    "Paged: blocks from a memory budget, with preemption, as vLLM. In place: each slot's own "
+    "rows. Concatenation: the article's, O(n²)."
+)
+# Each policy's hover text (assets/page.js sets it as the choice's title), in ``labels`` order.
+POLICY_HOVERS = (
+    "Running sequences' decodes take the token budget first; a prompt's prefill (chunked if need "
+    "be) gets what is left.",
+    "Prompts' prefills take the token budget first; decodes get what is left.",
+    "vLLM V1's own scheduling, step for step: running requests in admission order, then waiting "
+    "ones while budget is left; when blocks run out the newest running request is preempted "
+    "(engine/serving/scheduler.py).",
+)
+
+# In the order a link writes them: the slots, then chat and prefix caching (which links carried
+# before the others), then the /run API's order. A new knob goes at the end.
+KNOBS = (
+    Knob(
+        "num_slots",
+        "whole",
+        3,
+        label="Slots (B)",
+        title="Slots",
+        low=1,
+        high=MAX_SLOTS,
+        url="slots",
+        bench_flag="--slots",
+        bench_help="B: concurrent sequences (default 3)",
+        config="num_slots",
+    ),
+    Knob(
+        "chat_template",
+        "flag",
+        False,
+        label="Use chat template",
+        url="chat",
+        bench_flag="--chat-template",
+        bench_help="wrap prompts in the chat template",
+    ),
+    Knob(
+        "prefix_caching",
+        "flag",
+        False,
+        label="Paged: prefix caching",
+        title="Prefix caching",
+        info=PREFIX_CACHING_INFO,
+        url="prefix_caching",
+        bench_flag="--prefix-caching",
+        bench_help="continuous_paged: share cached prompt-prefix blocks; hf_continuous: "
+        "transformers' block sharing (default off for both)",
+        config="prefix_caching",
+    ),
+    Knob(
+        "check_reference",
+        "flag",
+        True,
+        label="Check outputs against model.generate",
+        url="check",
+        bench_flag="--no-reference",  # the bench's flag turns the check off
+        bench_help="skip the model.generate check",
+    ),
+    Knob(
+        "kv_mode",
+        "choice",
+        "paged",
+        label="Continuous engine's KV cache",
+        title="KV mode",
+        info=KV_MODE_INFO,
+        choices=KV_MODES,
+        # short enough to show whole in the settings column (about 24 characters at 1,000 px):
+        # each one's meaning is in the info under the dropdown, which wraps
+        labels=(
+            ("paged (vLLM's blocks)", "paged"),
+            ("in place, per slot", "slots"),
+            ("concatenation (slow)", "concat"),
+        ),
+        url="kv",
+        config="kv_mode",
+    ),
+    Knob(
+        "token_budget",
+        "whole",
+        0,
+        label="Token budget per step (0 = no limit)",
+        title="Token budget",
+        zero="no limit",
+        url="budget",
+        bench_flag="--token-budget",
+        bench_help="continuous engines: max tokens per step (default: none)",
+        config="max_num_batched_tokens",
+    ),
+    Knob(
+        "policy",
+        "choice",
+        "decode_first",
+        label="Who gets the budget first",
+        title="Policy",
+        choices=POLICIES,
+        labels=(
+            ("decode first", "decode_first"),
+            ("prefill first", "prefill_first"),
+            ("vLLM's order", "vllm"),  # last: the /run API's values for the others stay
+        ),
+        hovers=POLICY_HOVERS,
+        url="policy",
+        bench_flag="--policy",
+        bench_help="continuous engines: decode_first, "
+        "prefill_first or vllm (vLLM's own scheduling) (default decode_first)",
+        config="scheduling_policy",
+    ),
+    Knob(
+        "compare_hf",
+        "flag",
+        False,
+        label="Also run transformers' built-in continuous batching",
+        title="Also run transformers' continuous batching",
+        url="hf",
+    ),
+    Knob(
+        "arrival_rate",
+        "number",
+        0,
+        title="Arrival rate (requests/s)",
+        label="Arrivals: Poisson rate, requests/s (0 = the table's arrival_s)",
+        zero="the table's arrival_s",
+        url="rate",
+    ),
+    # which clock the page's timelines are drawn against: no engine reads it, but a link carries it
+    Knob(
+        "x_axis",
+        "choice",
+        "time",
+        label="Timeline x axis",
+        title="The x axis",
+        choices=X_AXES,
+        labels=(("seconds", "time"), ("step index", "step")),
+        url="x",
+    ),
+    Knob(
+        "kv_budget_mib",
+        "number",
+        0,
+        label="Paged: KV budget, MiB (0 = room for every slot)",
+        title="KV budget (MiB)",
+        zero="room for every slot",
+        url="kv_mib",
+        bench_flag="--kv-budget-mib",
+        bench_help="continuous_paged: KV memory in MiB (default: room for every slot)",
+        config="kv_budget_mib",
+    ),
+    Knob(
+        "block_size",
+        "whole",
+        16,
+        label=f"Paged: tokens per block (1 to {MAX_BLOCK_SIZE})",
+        title="Block size",
+        low=1,
+        high=MAX_BLOCK_SIZE,
+        url="block",
+        bench_flag="--block-size",
+        bench_help="continuous_paged: tokens per block (default 16)",
+        config="block_size",
+    ),
+    # None: the loaded model's own precision (the page shows the host's dtype)
+    Knob(
+        "dtype",
+        "choice",
+        None,
+        label="Precision (dtype)",
+        title="Precision",
+        url="dtype",
+        bench_flag="--dtype",
+        bench_help="auto, float32, float16 or bfloat16 (default auto)",
+    ),
+    Knob(
+        "batch_invariant",
+        "flag",
+        False,
+        label="Batch-invariant mode",
+        url="invariant",
+        bench_flag="--batch-invariant",
+        bench_help="static and continuous engines in batch-invariant "
+        "mode, compared bitwise with each request run alone; also times the normal mode for the "
+        "cost",
+        config="batch_invariant",
+    ),
+)
+KNOB = {knob.name: knob for knob in KNOBS}

@@ -1,0 +1,62 @@
+"""What a process without the model's weights learns of the model, asked of the one that holds it.
+
+The page tokenizes requests, sizes their KV budget, labels the model and prices a run's reference
+pass; none of that needs the weights. ``model_facts`` (a job: ``fn(model, *args, watch)``, run by
+the engine process or called in the page's own process) answers with ``ModelFacts``, in core
+types only: the ``ModelCard`` (tokenizer, config, dtype, sizes), the engines' matmul kernels and
+step as people read them, whether batch-invariant mode runs on this model, and the keys its
+references are stored under, in each mode. The keys hold the holder's CPU thread count
+(``engine.fidelity.reference_key.device_fields``), so only the holder can give them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.fidelity.reference_key import Identity
+from engine.model.model_card import ModelCard
+from engine.worker.comparison import ComparisonModel
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The model as a process without its weights sees it."""
+
+    card: ModelCard  # tokenizer, config, device, dtype, EOS ids, context, KV bytes per token
+    kernels: str  # the engines' matmul kernels (``ModelRunner.kernel_summary``)
+    step: str  # how the continuous step runs (``ModelRunner.step_summary``)
+    batch_invariant_refusal: str | None  # why batch-invariant mode cannot run; None: it can
+    # the store's keys of the references, by batch-invariant mode (none without a store)
+    reference_keys: dict[bool, Identity] = field(default_factory=dict)
+
+    @property
+    def dtype_name(self) -> str:
+        """The model's dtype, e.g. "float32"."""
+        return str(self.card.dtype).removeprefix("torch.")
+
+
+def model_facts(model: ComparisonModel, dtype: str | None, _watch: Callable) -> ModelFacts:
+    """``facts_of`` the model in ``dtype`` (None: its own), loaded there on first use."""
+    return facts_of(model.in_dtype(dtype))
+
+
+def facts_of(model: ComparisonModel) -> ModelFacts:
+    """What a process without ``model``'s weights needs of it (see the module docstring)."""
+    runner = model.runner
+    try:
+        runner.require_batch_invariant()
+        refusal = None
+    except ValueError as exc:
+        refusal = str(exc)
+    modes = (False,) if refusal else (False, True)
+    keys = {}
+    if model.reference_for(False).store is not None:
+        keys = {flag: model.reference_for(flag).identity for flag in modes}
+    return ModelFacts(
+        card=ModelCard.of(runner),
+        kernels=runner.kernel_summary(),
+        step=runner.step_summary(),
+        batch_invariant_refusal=refusal,
+        reference_keys=keys,
+    )
