@@ -141,12 +141,40 @@ def open_session(browser, url: str, width: int = 1400, height: int = 1000) -> Pa
     return page
 
 
-def run_and_wait(page: Page) -> None:
-    """Press Run and wait until the run's progress tracker shows it started, then finished."""
-    tracker = page.locator("#status_markdown [data-testid=status-tracker]")
+# The note under Run while a run is in flight: pressed, waiting for the model, running.
+IN_FLIGHT_NOTE = re.compile(r"Run pressed:|Waiting for the model:|Running:")
+# Keeps the texts the note under Run takes from the click on. A run ended when the note said it
+# was in flight and no longer does, and the status line's progress tracker is hidden. The tracker
+# alone cannot say it: Run's press (unqueued) and the run (queued) both update the status line, and
+# the press's answer may come after the run's first update.
+WATCH_NOTE_JS = """() => {
+    const text = () => document.querySelector('#run_note_markdown [data-testid=markdown]')
+        .innerText;
+    window.cbpNotes = [];
+    new MutationObserver(() => { window.cbpNotes.push(text()); })
+        .observe(document.querySelector('#run_note_markdown'),
+                 {subtree: true, childList: true, characterData: true});
+}"""
+RUN_ENDED_JS = """(inFlight) => {
+    const note = document.querySelector('#run_note_markdown [data-testid=markdown]').innerText;
+    const tracker = document.querySelector('#status_markdown [data-testid=status-tracker]');
+    const pattern = new RegExp(inFlight);
+    return window.cbpNotes.some((seen) => pattern.test(seen)) && !pattern.test(note)
+        && (!tracker || tracker.classList.contains('hide'));
+}"""
+
+
+def run_and_wait(page: Page, timeout_ms: int = RUN_TIMEOUT_MS) -> None:
+    """Press Run and wait until the run ended: the note under Run said it was in flight (pressed,
+    waiting, running) and no longer does, and the status line's progress tracker is hidden."""
+    page.evaluate(WATCH_NOTE_JS)
     page.locator("#run_button").click()
-    expect(tracker).not_to_have_class(re.compile(r"\bhide\b"), timeout=10_000)
-    expect(tracker).to_have_class(re.compile(r"\bhide\b"), timeout=RUN_TIMEOUT_MS)
+    wait_for_run_end(page, timeout_ms)
+
+
+def wait_for_run_end(page: Page, timeout_ms: int = RUN_TIMEOUT_MS) -> None:
+    """Wait for the end of a run whose click came after ``WATCH_NOTE_JS`` (``run_and_wait``)."""
+    page.wait_for_function(RUN_ENDED_JS, arg=IN_FLIGHT_NOTE.pattern, timeout=timeout_ms)
 
 
 def status_text(page: Page) -> str:

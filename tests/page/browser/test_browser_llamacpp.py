@@ -21,6 +21,7 @@ from browser_kit import (
     _num_rows,
     expect,
     plot_summary,
+    run_and_wait,
     status_text,
 )
 from server_kit import start_app_server
@@ -66,10 +67,7 @@ def test_seed_run_with_llamacpp_shows_columns_verdicts_lanes_and_metrics(page: P
     expect(boxes).to_have_count(2)
     for i in range(2):
         expect(boxes.nth(i)).to_be_checked()
-    page.locator("#run_button").click()  # the seed run: minutes on a busy 2-core CPU
-    tracker = page.locator("#status_markdown [data-testid=status-tracker]")
-    expect(tracker).not_to_have_class(re.compile(r"\bhide\b"), timeout=10_000)
-    expect(tracker).to_have_class(re.compile(r"\bhide\b"), timeout=5 * RUN_TIMEOUT_MS)
+    run_and_wait(page, 5 * RUN_TIMEOUT_MS)  # the seed run: minutes on a busy 2-core CPU
     status = status_text(page)
     assert "**✗" not in status and not re.search(r"[1-9]\d* ✗", status), status
     for name in NAMES:

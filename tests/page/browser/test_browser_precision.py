@@ -18,6 +18,7 @@ from browser_kit import (
     _edit_cell,
     expect,
     outputs_rows,
+    run_and_wait,
     status_text,
 )
 
@@ -42,10 +43,7 @@ def test_bfloat16_near_ties_show_as_approx_and_open_a_divergence_view(page: Page
     if not page.locator("#dtype_dropdown input").is_visible():
         page.get_by_text("Engine settings", exact=True).click()
     _pick(page, "dtype_dropdown", "bfloat16")
-    tracker = page.locator("#status_markdown [data-testid=status-tracker]")
-    page.locator("#run_button").click()
-    expect(tracker).not_to_have_class(re.compile(r"\bhide\b"), timeout=30_000)
-    expect(tracker).to_have_class(re.compile(r"\bhide\b"), timeout=BF16_RUN_TIMEOUT_MS)
+    run_and_wait(page, BF16_RUN_TIMEOUT_MS)
     status = status_text(page)
     assert status.startswith("bfloat16 · 6 requests · 3 slots"), status
     assert re.search(r"continuous \d ✓ [1-6] ≈ 0 ✗|static \d ✓ [1-6] ≈ 0 ✗", status), status
