@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from engine import settings as env_settings
-from engine.peers.endpoints import Endpoint, EndpointError
+from engine.peers.endpoints import Endpoint, EndpointError, MissingBuild
 from engine.peers.vllm_server import cpus_of, free_port, thread_on_cpus
 
 LLAMACPP_DIR_ENV = "CBP_LLAMACPP_DIR"
@@ -53,13 +53,13 @@ def server_binary(binary: str | os.PathLike | None = None) -> Path:
     """The ``llama-server`` to start: ``binary``, else the one ``make llamacpp`` built.
 
     Raises:
-        ValueError: no executable there, saying how to build it.
+        MissingBuild: no executable there, saying how to build it.
     """
     path = Path(binary) if binary is not None else llamacpp_dir() / SERVER_BINARY
     if not (path.is_file() and os.access(path, os.X_OK)):
-        raise ValueError(
-            f"llama.cpp's server {path} is missing; build it with `make llamacpp` "
-            "(cmake and a C++ compiler; minutes, once)."
+        build = "build it with `make llamacpp` (cmake and a C++ compiler; minutes, once)."
+        raise MissingBuild(
+            f"llama.cpp's server {path} is missing; {build}", f"no llama-server here; {build}"
         )
     return path
 
