@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from engine.llamacpp.gguf_file import f32_gguf, q4_gguf
-from engine.llamacpp.server import LlamaServer, settings_for
+from engine.llamacpp.server import LlamaServer, server_binary, settings_for
 from engine.model.loader import EMBEDDED_CACHE_NAME, cache_dir
 from engine.peers.endpoints import EndpointError
 from engine.peers.openai_engine import OpenAIEngine
@@ -84,12 +84,14 @@ class LlamaCppEngine(OpenAIEngine):
         ``binary``: the server to start (default: ``make llamacpp``'s).
 
         Raises:
-            ValueError: an unknown name, no server binary, or no GGUF for this model
-                (``gguf_for``; the F32 file is converted here on first use, in about 30 s).
+            ValueError: an unknown name, or no GGUF for this model (``gguf_for``; the F32 file
+                is converted here on first use, in about 30 s).
+            MissingBuild: no server binary (looked for first), or no converter for the F32 file.
         """
         if name not in WEIGHTS:
             raise ValueError(f"Unknown llama.cpp engine {name!r}; choose {' or '.join(WEIGHTS)}.")
         self.weights = WEIGHTS[name]
+        binary = server_binary(binary)  # before a conversion of half a minute
         path = gguf_for(loaded, self.weights)
         self.alias = Path(loaded.source).name
         settings = settings_for(path, self.weights, self.alias, num_slots, requests)

@@ -30,6 +30,7 @@ from pathlib import Path
 from engine import settings as env_settings
 from engine.llamacpp.server import llamacpp_dir
 from engine.model.loader import cache_dir, embedded_gguf_path
+from engine.peers.endpoints import MissingBuild
 
 CONVERTER = "convert_hf_to_gguf.py"
 CONVERT_TIMEOUT_S = 900.0  # about 30 s for SmolLM2-135M on a 2-core CPU
@@ -40,13 +41,14 @@ def converter_path(folder: str | os.PathLike | None = None) -> Path:
     """llama.cpp's ``convert_hf_to_gguf.py`` in the source ``make llamacpp`` unpacked.
 
     Raises:
-        ValueError: no unpacked source in the llama.cpp folder, saying how to get one.
+        MissingBuild: no unpacked source in the llama.cpp folder, saying how to get one.
     """
     root = Path(folder) if folder is not None else llamacpp_dir()
     found = sorted(root.glob(f"llama_cpp_python-*/vendor/llama.cpp/{CONVERTER}"))
     if not found:
-        raise ValueError(
-            f"llama.cpp's converter ({CONVERTER}) is not in {root}; run `make llamacpp`."
+        raise MissingBuild(
+            f"llama.cpp's converter ({CONVERTER}) is not in {root}; run `make llamacpp`.",
+            f"no llama.cpp converter here ({CONVERTER}); run `make llamacpp`.",
         )
     return found[-1]
 

@@ -5,7 +5,10 @@ elsewhere). ``LlamaServer`` starts it on 127.0.0.1 and a free port (or a given o
 ``--parallel`` equal to the slot count and a context per slot sized to the longest request
 (``--ctx-size`` is the whole KV cache, split evenly between the slots); waits for ``/health``;
 and stops it with its process group, at the latest when this Python exits (``atexit``). Its log
-is kept in a temporary file while it runs, and every error quotes its tail.
+is kept in a temporary file while it runs, and every error quotes its tail. Once healthy, its
+``/props`` says what it runs with (``props``): its build, its slots (``total_slots``) and each
+slot's context (``default_generation_settings.n_ctx``: llama.cpp rounds the context up to a
+multiple of 256 tokens, so a slot may hold more than asked).
 
 Threads are set as ours and vLLM's are: every CPU computes (``--threads`` and
 ``--threads-batch`` = the CPUs of ``cpus``), and the process starts with the starting thread's
@@ -30,7 +33,7 @@ from pathlib import Path
 import httpx
 
 from engine import settings as env_settings
-from engine.peers.endpoints import Endpoint, EndpointError
+from engine.peers.endpoints import Endpoint, EndpointError, MissingBuild
 from engine.peers.vllm_server import cpus_of, free_port, thread_on_cpus
 
 LLAMACPP_DIR_ENV = "CBP_LLAMACPP_DIR"
@@ -53,13 +56,13 @@ def server_binary(binary: str | os.PathLike | None = None) -> Path:
     """The ``llama-server`` to start: ``binary``, else the one ``make llamacpp`` built.
 
     Raises:
-        ValueError: no executable there, saying how to build it.
+        MissingBuild: no executable there, saying how to build it.
     """
     path = Path(binary) if binary is not None else llamacpp_dir() / SERVER_BINARY
     if not (path.is_file() and os.access(path, os.X_OK)):
-        raise ValueError(
-            f"llama.cpp's server {path} is missing; build it with `make llamacpp` "
-            "(cmake and a C++ compiler; minutes, once)."
+        build = "build it with `make llamacpp` (cmake and a C++ compiler; minutes, once)."
+        raise MissingBuild(
+            f"llama.cpp's server {path} is missing; {build}", f"no llama-server here; {build}"
         )
     return path
 
@@ -110,6 +113,14 @@ def settings_for(
     return LlamaSettings(str(model_path), weights, alias, num_slots, ctx)
 
 
+def published_props(props: dict) -> dict:
+    """``{"total_slots": slots, "n_ctx": tokens per slot}`` from llama-server's ``/props``
+    answer, each left out where missing or not a positive count."""
+    n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
+    found = {"total_slots": props.get("total_slots"), "n_ctx": n_ctx}
+    return {k: v for k, v in found.items() if isinstance(v, int) and v > 0}
+
+
 class LlamaServer:
     """One ``llama-server`` process. Use ``with LlamaServer(...) as server:`` or start/stop."""
 
@@ -121,6 +132,7 @@ class LlamaServer:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.version: str | None = None  # llama.cpp's build, from /props
+        self.props: dict = {}  # {"total_slots", "n_ctx"} from /props (``published_props``)
         self.start_s: float | None = None  # seconds start() took
         self.proc: subprocess.Popen | None = None
         self._log = None  # the server's stdout and stderr, from start() to stop()
@@ -130,8 +142,13 @@ class LlamaServer:
         return Endpoint(name, self.url)
 
     def info(self) -> dict:
-        """Version, URL, start time and settings, as the bench reports them."""
-        return {"version": self.version, "url": self.url, "start_s": self.start_s}
+        """Version, URL, start time and what ``/props`` published, as the bench reports them."""
+        return {
+            "version": self.version,
+            "url": self.url,
+            "start_s": self.start_s,
+            "props": dict(self.props),
+        }
 
     def start(
         self, on_progress: Callable[[str], None] | None = None, timeout_s: float = START_TIMEOUT_S
@@ -173,7 +190,8 @@ class LlamaServer:
                     last = line
                 try:
                     if client.get("/health").status_code == 200:
-                        self.version = (client.get("/props").json() or {}).get("build_info")
+                        props = client.get("/props").json() or {}
+                        self.version, self.props = props.get("build_info"), published_props(props)
                         return
                 except (httpx.HTTPError, ValueError):
                     pass

@@ -44,6 +44,17 @@ class EndpointError(ValueError):
         self.trace = trace
 
 
+class MissingBuild(ValueError):
+    """A local server's build is missing here: ``make vllm``'s environment, or ``make
+    llamacpp``'s server or converter. The message names the path and the command; ``public``
+    says it without the path, for a page (``engine.page.run.host_servers`` lists such a server
+    as failed with it)."""
+
+    def __init__(self, message: str, public: str):
+        super().__init__(message)
+        self.public = public
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """One configured OpenAI-compatible server."""

@@ -25,7 +25,8 @@ slot's context (``slots_kv_pct``; ``kv_pool``'s gauge ``SLOTS_GAUGE``).
 A KV use % is a share of that server's own pool, sized its own way (vLLM's from its memory
 budget, ours from the workload), so two servers' 100 % are different amounts. ``kv_pool`` says
 what the whole is: the gauge's meaning (``KV_WHOLES``) and, where the server publishes it (vLLM's
-``vllm:cache_config_info`` labels), the pool's blocks and tokens per block.
+``vllm:cache_config_info`` labels), the pool's blocks and tokens per block, or (llama.cpp's
+``/slots``) its slots and each one's context.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ def project_values(metrics: dict[str, float]) -> dict[str, float]:
 def slots_kv_pct(slots: list[dict]) -> tuple[float, dict] | None:
     """KV use % from llama.cpp's ``/slots`` answer: the tokens of the slots processing a request
     (prompt and decoded) over the sum of every slot's ``n_ctx``; with the pool it is of
-    (``kv_pool``'s form, its ``whole`` naming the slots and their context). None without slots."""
+    (``kv_pool``'s form, with ``"num_slots"`` and ``"slot_tokens"``: each slot's context).
+    None without slots."""
     whole = sum(int(s.get("n_ctx") or 0) for s in slots)
     if not slots or whole <= 0:
         return None
@@ -126,10 +128,11 @@ def slots_kv_pct(slots: list[dict]) -> tuple[float, dict] | None:
         for s in slots
         if s.get("is_processing")
     )
-    size = f"{len(slots)} × {whole // len(slots)} tokens"
     return 100.0 * used / whole, {
         "gauge": SLOTS_GAUGE,
-        "whole": f"{KV_WHOLES[SLOTS_GAUGE]}: {size}",
+        "whole": KV_WHOLES[SLOTS_GAUGE],
+        "num_slots": len(slots),
+        "slot_tokens": whole // len(slots),
     }
 
 

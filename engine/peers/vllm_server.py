@@ -53,7 +53,7 @@ import httpx
 from engine import settings as env_settings
 from engine.config import EngineConfig
 from engine.model.model_card import model_config
-from engine.peers.endpoints import Endpoint, EndpointError
+from engine.peers.endpoints import Endpoint, EndpointError, MissingBuild
 from engine.sequence import Request
 
 VLLM_VENV_ENV = "CBP_VLLM_VENV"
@@ -77,13 +77,14 @@ def vllm_python(venv: str | os.PathLike | None = None) -> Path:
     """The Python of vLLM's environment (``CBP_VLLM_VENV``, else ``.venv-vllm``).
 
     Raises:
-        ValueError: the environment is missing, saying how to build it.
+        MissingBuild: the environment is missing, saying how to build it.
     """
     root = Path(venv or env_settings.value(VLLM_VENV_ENV) or DEFAULT_VENV).expanduser()
     python = root / "bin" / "python"
     if not python.exists():
-        raise ValueError(
-            f"vLLM's environment {root} is missing; build it with `make vllm` (about 4 minutes)."
+        build = "build it with `make vllm` (about 4 minutes)."
+        raise MissingBuild(
+            f"vLLM's environment {root} is missing; {build}", f"no vLLM here; {build}"
         )
     return python
 

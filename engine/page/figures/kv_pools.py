@@ -9,10 +9,14 @@ shares of different wholes, and a chart that sets them side by side says what ea
     continuous (ours)   100 % = every block of its paged KV pool: 28 blocks of 16 tokens, 0.4 MiB
     vllm                100 % = every block of vLLM's KV block pool: 1,310 blocks of 16 tokens,
                                 80.0 MiB
+    llamacpp            100 % = every slot's context in llama.cpp's KV cache, from /slots:
+                                3 slots × 512 tokens (llama.cpp /props)
 
 Ours comes from the trace's ``info`` (``kv_blocks``, ``block_size``, ``kv_bytes``); a server's from
-``info["server"]``: ``kv_pool`` (what its ``/metrics`` said, ``engine.peers.server_metrics``) and,
-for a vLLM this page started, ``settings["kv_cache_bytes"]``.
+``info["server"]``: ``kv_pool`` (what its ``/metrics`` said, ``engine.peers.server_metrics``;
+for llama.cpp its slots and their context from ``/slots``), for a vLLM this page started
+``settings["kv_cache_bytes"]``, and for a llama.cpp this page started ``settings["props"]``
+(``total_slots`` and each slot's ``n_ctx``, from its ``/props``: known from the run's start).
 """
 
 from __future__ import annotations
@@ -25,8 +29,11 @@ UNKNOWN_WHOLE = "its whole KV cache, as its /metrics counts it"
 
 
 def kv_pool_size(trace: Trace) -> str | None:
-    """The pool's size as far as known, e.g. "28 blocks of 16 tokens, 0.4 MiB"; None if unknown."""
+    """The pool's size as far as known, e.g. "28 blocks of 16 tokens, 0.4 MiB", or for
+    llama.cpp "3 slots × 512 tokens (llama.cpp /props)"; None if unknown."""
     blocks, block_size, kv_bytes = _pool(trace)
+    if not (blocks or kv_bytes):
+        return _slots_size(trace)
     parts = []
     if blocks:
         of_tokens = f" of {counted(block_size, 'token')}" if block_size else ""
@@ -58,3 +65,18 @@ def _pool(trace: Trace) -> tuple[int | None, int | None, int | None]:
     pool = server.get("kv_pool") or {}
     kv_bytes = (server.get("settings") or {}).get("kv_cache_bytes")
     return pool.get("num_blocks"), pool.get("block_size"), kv_bytes
+
+
+def _slots_size(trace: Trace) -> str | None:
+    """llama.cpp's pool as slots × each slot's context, from ``/props`` (a server this page
+    started) or else ``/slots`` (any llama-server, once sampled); None when neither said."""
+    server = trace.info.get("server") or {}
+    props = (server.get("settings") or {}).get("props") or {}
+    pool = server.get("kv_pool") or {}
+    for slots, tokens, source in (
+        (props.get("total_slots"), props.get("n_ctx"), "llama.cpp /props"),
+        (pool.get("num_slots"), pool.get("slot_tokens"), "llama.cpp /slots"),
+    ):
+        if slots and tokens:
+            return f"{counted(slots, 'slot')} × {counted(tokens, 'token')} ({source})"
+    return None

@@ -133,9 +133,11 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
 def configured_servers(args: argparse.Namespace, loaded) -> host_servers.PageServers | None:
     """The servers the command line and ``CBP_ENDPOINTS`` give the page; None without any.
 
+    ``--vllm`` without ``.venv-vllm`` or ``--llamacpp`` without ``llama-server`` gives a server
+    that is failed from the start, saying which ``make`` target builds it (``host_servers``).
+
     Raises:
-        ValueError: a bad endpoint or name, ``--vllm`` without ``.venv-vllm``, or
-            ``--llamacpp`` without ``llama-server``.
+        ValueError: a bad endpoint or name, or no GGUF for llama.cpp.
     """
     found = host_servers.configure(
         loaded,

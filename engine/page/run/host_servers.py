@@ -16,11 +16,14 @@ hidden as its URL is.
 ``PageServers`` starts the local servers in background threads as the page starts (minutes on a
 CPU) and probes each endpoint once, keeping each server's state for the page's servers line
 (``engine.page.views.server_view.servers_markdown``): starting (with the server's latest log line),
-ready, or failed and why. ``run_servers`` plays a run's workload at each chosen server after our
-engines: it waits for a server still starting (a local vLLM that died is started again), and a
-server that fails (unreachable, refused a request, died) is reported with its message while the
-other engines' results are kept. Stop and the time limit cancel a server's streams; the results
-of the engines that finished are kept then too. The llama.cpp servers take each run's slots and
+ready, or failed and why. A local server whose build is missing here (no ``.venv-vllm``, no
+``llama-server``) is no reason to stop the page: it is listed as failed from the start, saying
+which ``make`` target builds it (``Unbuilt``), and a run that asks for it reports that.
+``run_servers`` plays a run's workload at each chosen server after our engines: it waits for a
+server still starting (a local vLLM that died is started again), and a server that fails
+(unreachable, refused a request, died, never built) is reported with its message while the other
+engines' results are kept. Stop and the time limit cancel a server's streams; the results of the
+engines that finished are kept then too. The llama.cpp servers take each run's slots and
 longest request (``LlamaCppEngine.fit``): one started with other settings starts again first.
 """
 
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 from engine.peers.endpoints import (
     RECORDS_ENV,
     EndpointError,
+    MissingBuild,
     endpoints_from_env,
     parse_endpoints,
     records_from_env,
@@ -62,16 +66,31 @@ class ServerStatus:
     since_s: float = 0.0  # time.monotonic() when the state began
 
 
+@dataclass(frozen=True)
+class Unbuilt:
+    """A local server the host asked for whose build is missing here: listed as failed with
+    ``why`` (``MissingBuild.public``: no path, the ``make`` target that builds it)."""
+
+    why: str
+
+
 class PageServers:
     """The page's server engines by name, and each one's ``ServerStatus``."""
 
-    def __init__(self, engines: dict[str, OpenAIEngine], log: Callable[[str], None] | None = None):
-        """``log(line)`` hears every change of state (``app.py`` prints them)."""
+    def __init__(
+        self, engines: dict[str, OpenAIEngine | Unbuilt], log: Callable[[str], None] | None = None
+    ):
+        """``log(line)`` hears every change of state (``app.py`` prints them); an ``Unbuilt``
+        server is failed from the start."""
         self.engines = dict(engines)
         self._log = log or (lambda _line: None)
         self._lock = threading.Lock()
+        now = time.monotonic()
         self._status = {
-            name: ServerStatus(CONFIGURED, since_s=time.monotonic()) for name in engines
+            name: ServerStatus(FAILED, e.why, now)
+            if isinstance(e, Unbuilt)
+            else ServerStatus(CONFIGURED, since_s=now)
+            for name, e in self.engines.items()
         }
         self._threads: dict[str, threading.Thread] = {}
 
@@ -97,10 +116,16 @@ class PageServers:
         return hasattr(self.engines[name], "fit")
 
     def start(self) -> PageServers:
-        """Start the local servers and probe every endpoint, each in a background thread."""
+        """Start the local servers and probe every endpoint, each in a background thread (an
+        ``Unbuilt`` one stays failed)."""
         for name in self.engines:
-            self._begin(name)
+            if not self.unbuilt(name):
+                self._begin(name)
         return self
+
+    def unbuilt(self, name: str) -> bool:
+        """True for a local server whose build is missing here (``Unbuilt``)."""
+        return isinstance(self.engines[name], Unbuilt)
 
     def check_names(self, names: Iterable[str]) -> list[str]:
         """The chosen server names, in the host's order.
@@ -124,8 +149,10 @@ class PageServers:
         how far it got; whatever it raises (``RunStopped``) ends the wait (the start goes on).
 
         Raises:
-            EndpointError: the server failed to start.
+            EndpointError: the server failed to start, or its build is missing (``Unbuilt``).
         """
+        if self.unbuilt(name):
+            raise EndpointError(self.engines[name].why)
         if not self.is_local(name):
             return  # a remote endpoint: its run probes it and says if it cannot be reached
         thread = self._threads.get(name)
@@ -143,7 +170,7 @@ class PageServers:
     def public(self, name: str, message: str) -> str:
         """``message`` with the server's URL replaced by its name (see the module docstring)."""
         engine = self.engines[name]
-        if self.is_local(name):
+        if self.is_local(name) or self.unbuilt(name):
             return message
         record_url = engine.endpoint.record_url
         if record_url:  # first: the API's URL may begin the record's
@@ -159,7 +186,10 @@ class PageServers:
 
     def refresh(self, name: str, error: str | None = None) -> None:
         """After a run on ``name`` (``error``: why it failed): ready if it still answers, else
-        failed (a local vLLM that died is started again by the next run)."""
+        failed (a local vLLM that died is started again by the next run); an ``Unbuilt`` one
+        stays failed."""
+        if self.unbuilt(name):
+            return
         engine = self.engines[name]
         alive = engine.server.running if self.is_local(name) else engine.probed is not None
         if alive:
@@ -229,22 +259,29 @@ def configure(
     ``record_items``: ``--endpoint-record NAME=RECORD_URL`` entries, then
     ``CBP_ENDPOINT_RECORDS``'s, for endpoints of either kind.
 
+    A local server whose build is missing (no ``.venv-vllm``: ``make vllm``; no
+    ``llama-server``: ``make llamacpp``) is configured as ``Unbuilt``: the page starts, and
+    lists it as failed with the command that builds it (``log`` hears the path looked at).
+
     Raises:
-        ValueError: a bad or repeated endpoint, a built-in engine's name, no ``.venv-vllm``, no
-            ``llama-server`` (``make llamacpp``) or GGUF for it, or a bad record entry (one for
-            a name no endpoint has).
+        ValueError: a bad or repeated endpoint, a built-in engine's name, no GGUF for
+            llama.cpp, a local vLLM's model with no folder or hub id, or a bad record entry (one
+            for a name no endpoint has).
     """
-    engines: dict[str, OpenAIEngine] = {}
+    log = log or (lambda _line: None)
+    engines: dict[str, OpenAIEngine | Unbuilt] = {}
     reserved = set(BUILT_IN)
     if vllm:
         from engine.peers.vllm_engine import VllmEngine
 
-        engines[LOCAL_VLLM] = VllmEngine(
-            loaded, vllm_max_num_seqs, enforce_eager=vllm_eager, max_model_len=vllm_max_model_len
-        )
+        make = functools.partial(
+            VllmEngine, loaded, vllm_max_num_seqs, enforce_eager=vllm_eager,
+            max_model_len=vllm_max_model_len,
+        )  # fmt: skip
+        engines[LOCAL_VLLM] = _built(LOCAL_VLLM, make, log)
         reserved.add(LOCAL_VLLM)
     if llamacpp:
-        engines |= _llamacpp_engines(loaded, vllm_max_num_seqs, log or (lambda _line: None))
+        engines |= _llamacpp_engines(loaded, vllm_max_num_seqs, log)
         reserved |= set(LLAMACPP_NAMES)
     flagged = parse_endpoints(endpoint_items, reserved)
     from_env = endpoints_from_env(environ, reserved)
@@ -261,22 +298,37 @@ def configure(
     return PageServers(engines, log)
 
 
+def _built(name: str, make: Callable[[], OpenAIEngine], log) -> OpenAIEngine | Unbuilt:
+    """``make()``, or ``Unbuilt`` when it raises ``MissingBuild`` (said in ``log``, with the
+    path)."""
+    try:
+        return make()
+    except MissingBuild as exc:
+        log(f"{name}: failed: {exc}")
+        return Unbuilt(exc.public)
+
+
 def _llamacpp_engines(loaded, num_slots: int, log: Callable[[str], None]) -> dict:
     """``llamacpp`` (the loaded weights as an F32 GGUF, converted once: about 30 s) and, for
     the embedded model, ``llamacpp_q4`` (its shipped Q4_1 file); another model gets ``llamacpp``
-    alone, said in ``log``.
+    alone, said in ``log``. Without ``make llamacpp``'s build each is ``Unbuilt``.
 
     Raises:
-        ValueError: no ``llama-server`` (``make llamacpp``), or the F32 file cannot be made.
+        ValueError: the F32 file cannot be made (no local safetensors folder, the converter
+            failed).
     """
-    from engine.llamacpp.engines import LlamaCppEngine
+    from engine.llamacpp.engines import LlamaCppEngine, gguf_for
 
     log("llamacpp: the F32 GGUF of the loaded weights (converted on first use, about 30 s)")
-    engines = {"llamacpp": LlamaCppEngine(loaded, num_slots)}
+    f32 = functools.partial(LlamaCppEngine, loaded, num_slots)
+    engines = {"llamacpp": _built("llamacpp", f32, log)}
     try:
-        engines["llamacpp_q4"] = LlamaCppEngine(loaded, num_slots, name="llamacpp_q4")
+        gguf_for(loaded, "q4_1")  # the embedded model's shipped file, or why there is none
     except ValueError as exc:
         log(f"llamacpp_q4: not offered: {exc}")
+        return engines
+    q4 = functools.partial(LlamaCppEngine, loaded, num_slots, name="llamacpp_q4")
+    engines["llamacpp_q4"] = _built("llamacpp_q4", q4, log)
     return engines
 
 

@@ -10,7 +10,7 @@ import pytest
 from engine.llamacpp.engines import LlamaCppEngine
 from engine.llamacpp.gguf_file import q4_gguf
 from engine.llamacpp.server import LlamaServer, settings_for
-from engine.peers.endpoints import EndpointError
+from engine.peers.endpoints import EndpointError, MissingBuild
 from engine.workloads.workload import RequestSpec
 from tests.engine.llamacpp.conftest import short_requests
 from tests.live_servers import needs_llamacpp
@@ -22,9 +22,12 @@ def _settings():
 
 def test_missing_binary_is_refused_with_the_build_command(tmp_path):
     """A server binary that is not there is refused before anything starts, naming
-    ``make llamacpp``."""
-    with pytest.raises(ValueError, match="make llamacpp"):
+    ``make llamacpp``: for the console with the path, for the page without it."""
+    with pytest.raises(MissingBuild, match="make llamacpp") as caught:
         LlamaServer(_settings(), binary=tmp_path / "llama-server")
+    assert str(tmp_path) in str(caught.value), "the console message lost the path looked at"
+    assert caught.value.public.startswith("no llama-server here; build it with `make llamacpp`")
+    assert str(tmp_path) not in caught.value.public, "the page's message shows the host's path"
 
 
 def test_binary_that_exits_at_once_says_its_exit_code():

@@ -76,7 +76,8 @@ def test_kv_pool_says_what_the_kv_gauge_is_a_share_of():
 
 def test_llamacpp_kv_use_from_its_slots():
     """llama.cpp's /slots: the processing slots' prompt and decoded tokens over every slot's
-    context; an idle slot's leftover prompt is not in use; no slots, no value."""
+    context; an idle slot's leftover prompt is not in use; the pool is the slots and each one's
+    context; no slots, no value."""
 
     def slot(processing: bool, prompt: int, decoded: int) -> dict:
         next_token = [{"n_decoded": decoded, "n_remain": 3}]
@@ -87,7 +88,12 @@ def test_llamacpp_kv_use_from_its_slots():
         [slot(True, 20, 5), slot(False, 40, 9), slot(True, 10, 0), {"n_ctx": 100}]
     )
     assert pct == 100.0 * 35 / 400, pct
-    assert pool["gauge"] == "llamacpp /slots" and pool["whole"].endswith(": 4 × 100 tokens"), pool
+    assert pool == {
+        "gauge": "llamacpp /slots",
+        "whole": "every slot's context in llama.cpp's KV cache, from /slots",
+        "num_slots": 4,
+        "slot_tokens": 100,
+    }, pool
     assert slots_kv_pct([]) is None
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from engine.llamacpp.server import published_props
 from engine.page.figures import server_lanes
+from engine.peers.server_metrics import slots_kv_pct
 from engine.trace import RequestRecord, ScheduledSeq, ServerSample, StepRecord, Trace
 
 
@@ -109,6 +111,53 @@ def test_kv_use_says_what_100_percent_is_for_each_engine():
     subtitle = fig.layout.title.subtitle.text
     for pool in ("vllm: 1,310 blocks, 80.0 MiB", "remote: size not published", "(ours): 28 blocks"):
         assert pool in subtitle, f"{pool!r} missing from the subtitle: {subtitle}"
+
+
+# /props and /slots as llama-server answers them with --parallel 3 and --ctx-size 1536 (fields
+# this project does not read left out)
+LLAMA_PROPS = {
+    "default_generation_settings": {"params": {"n_predict": -1, "temperature": 0.8}, "n_ctx": 512},
+    "total_slots": 3,
+    "model_alias": "smollm2-135m-instruct",
+    "build_info": "b1-a1b2c3d",
+}
+LLAMA_SLOTS = [
+    {"id": i, "n_ctx": 512, "is_processing": i == 0, "n_prompt_tokens": 40,
+     "next_token": [{"has_next_token": True, "has_new_line": False, "n_remain": 10,
+                     "n_decoded": 6}]}
+    for i in range(3)
+]  # fmt: skip
+
+
+def test_llamacpp_pool_is_its_slots_and_their_context():
+    """llama.cpp publishes its slots and each one's context: from /props for a server this page
+    started (known from the run's start), from /slots for any llama-server. The subtitle and the
+    KV line's hover give them where they said "size not published"; vLLM's stay as they are."""
+    local = _server_trace("llamacpp")
+    _pct, pool = slots_kv_pct(LLAMA_SLOTS)
+    local.info["server"] |= {"kv_pool": pool, "settings": {"props": published_props(LLAMA_PROPS)}}
+    remote = _server_trace("llama_box")
+    remote.info["server"] |= {"kv_pool": pool}
+    vllm = _server_trace("vllm")
+    vllm.info["server"] |= {
+        "kv_pool": {"whole": "every block of vLLM's KV block pool", "num_blocks": 1310},
+        "settings": {"kv_cache_bytes": 80 * 2**20},
+    }
+    servers = {"llamacpp": local, "llama_box": remote, "vllm": vllm}
+    fig = server_lanes.server_chart_figure(servers)
+    subtitle = fig.layout.title.subtitle.text
+    for size in (
+        "llamacpp: 3 slots × 512 tokens (llama.cpp /props)",
+        "llama_box: 3 slots × 512 tokens (llama.cpp /slots)",
+        "vllm: 1,310 blocks, 80.0 MiB",
+    ):
+        assert size in subtitle, f"{size!r} missing from the subtitle: {subtitle}"
+    assert "not published" not in subtitle, subtitle
+    hover = {t.name: t.hovertemplate for t in fig.data}
+    whole = "100 % = every slot's context in llama.cpp's KV cache, from /slots: 3 slots × 512"
+    assert f"{whole} tokens (llama.cpp /props)" in hover["llamacpp: KV use %"], hover
+    assert "not published" not in hover["llama_box: KV use %"], hover
+    assert published_props({"total_slots": 0, "default_generation_settings": {}}) == {}
 
 
 def test_a_message_chart_breaks_its_text_into_lines_a_phone_shows_whole():

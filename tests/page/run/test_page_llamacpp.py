@@ -70,6 +70,8 @@ def test_both_engines_fit_the_run_and_get_verdicts(page):
         assert state.servers[name].num_slots == 2
         assert set(state.verdicts[name]) == {0, 1, 2}, f"{name} not judged: {state.verdicts}"
     f32_trace = state.servers["llamacpp"]
+    padded = -(-longest // 256) * 256  # llama.cpp rounds each slot's context up to 256 tokens
+    assert f32_trace.info["server"]["settings"]["props"] == {"total_slots": 2, "n_ctx": padded}
     assert f32_trace.info["server"]["kv_pool"]["gauge"] == "llamacpp /slots", f32_trace.info
     kv = [s.values.get("kv_cache_usage_pct") for s in f32_trace.server_samples]
     assert any(v for v in kv), f"no KV use from /slots in {f32_trace.server_samples}"

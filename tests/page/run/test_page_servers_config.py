@@ -1,8 +1,9 @@
 """The host's servers on the page: configured by flag or environment only, offered by name only.
 
 No server needs to answer here: these tests check the configuration, the page's controls (a
-checkbox per configured server, never a box for an address), the servers line, and a local vLLM
-that cannot start (a Python without vLLM), which a run reports while keeping the other engines.
+checkbox per configured server, never a box for an address), the servers line, and local servers
+that cannot start (a Python without vLLM, a build that is missing), which a run reports while
+keeping the other engines.
 """
 
 from __future__ import annotations
@@ -94,12 +95,37 @@ def test_an_endpoint_with_a_record_reads_it_and_hides_its_address(shared):
     ]
 
 
-def test_vllm_without_its_environment_says_how_to_build_it(shared, tmp_path, monkeypatch):
-    """--vllm without .venv-vllm stops the start with the command that builds it."""
-    monkeypatch.setenv("CBP_VLLM_VENV", str(tmp_path / "missing"))
-    loaded = _with_source(shared.loaded, tmp_path)
-    with pytest.raises(ValueError, match="make vllm"):
-        host_servers.configure(loaded, vllm=True)
+@pytest.mark.parametrize(
+    ("flag", "env", "missing"),
+    [
+        ("vllm", "CBP_VLLM_VENV", "no vLLM here"),
+        ("llamacpp", "CBP_LLAMACPP_DIR", "no llama-server here"),
+    ],
+)
+def test_a_server_not_built_is_failed_on_the_page(page, tmp_path, monkeypatch, flag, env, missing):
+    """--vllm without .venv-vllm, --llamacpp without llama-server: the page starts anyway; the
+    servers line lists the server as failed with the make target that builds it (the path looked
+    at goes to the log only), and a run that asks for it says so while static and continuous are
+    shown as usual. A typo in --endpoint beside it still stops the start."""
+    monkeypatch.setenv(env, str(tmp_path / "missing"))
+    loaded, logged = _with_source(page.loaded, tmp_path), []
+    page.servers = host_servers.configure(loaded, log=logged.append, **{flag: True}).start()
+    assert page.servers.names == [flag], "llamacpp_q4 is the embedded model's only"
+    assert page.servers.status(flag).state == host_servers.FAILED and not page.servers.starting()
+    line = server_view.servers_markdown(page.servers)
+    said = f"**{flag}**: ✗ {missing}; build it with \\`make {flag}\\`"
+    assert line.startswith(f"**Servers** · {said}"), line
+    assert str(tmp_path) not in line, "the host's path is on the page"
+    assert any(str(tmp_path / "missing") in entry for entry in logged), logged
+    with pytest.warns(UserWarning, match=f"{missing}; build it with `make {flag}`"):
+        final = _run(ROWS, [flag])
+    status = final["status_markdown"]
+    assert f"**✗ {flag}:** {missing}; build it with \\`make {flag}\\`" in status, status
+    assert "The other engines' results are kept." in status, status
+    assert list(final["run_state"].traces()) == ["static", "continuous"]
+    assert "✓ all match" in status, status
+    with pytest.raises(ValueError, match="write it as NAME=URL"):
+        host_servers.configure(loaded, ["gpu"], **{flag: True})
 
 
 def test_command_line_flags():
