@@ -21,11 +21,12 @@ from tests.live_servers import needs_vllm
 pytestmark = [needs_vllm, pytest.mark.real_model]
 NUM_SLOTS = 3  # the slots of the ``vllm`` fixture (tests/engine/peers/conftest.py), one a session
 # How long after vLLM's record has a first token the client may see it: the stream's way through
-# vLLM's API process and our client. Usually tens of milliseconds; up to about 2 s on a busy 2-core
-# CPU, since the client's stream thread runs at the page's server nice (CBP_SERVER_NICE) and the
-# first request opens the connection. The defect this guards against put first tokens 6.5 s late,
-# at the run's end.
-CLIENT_LAG_BOUND_S = 3.0
+# vLLM's API process and our client. Usually tens of milliseconds; seconds for one request on a
+# busy 2-core CPU, since the client's stream thread runs at the page's server nice
+# (CBP_SERVER_NICE) and the first request opens the connection. The defect this guards against
+# put every first token at the run's end: a mean lag of most of the run's wall time.
+CLIENT_LAG_BOUND_S = 3.0  # the mean over the run's requests
+CLIENT_LAG_SHARE = 0.5  # any one request's, as a share of the run's wall time
 
 
 def _requests(loaded, specs, chat_template=False):
@@ -51,9 +52,11 @@ def test_float32_outputs_equal_generate(seed_trace, embedded_model):
 
 def test_client_first_token_follows_vllms_record(seed_trace):
     """Per request, the client sees its first token after vLLM scheduled its first decode (the
-    step after the one that computed that token) and within CLIENT_LAG_BOUND_S of it."""
+    step after the one that computed that token); the lag's mean is within CLIENT_LAG_BOUND_S and
+    each one within CLIENT_LAG_SHARE of the run's wall time."""
     inside = seed_trace.schedule
     assert inside is not None, f"no record of vLLM's own steps: {seed_trace.warnings}"
+    lags_s = {}
     for outside in seed_trace.requests:
         rid = outside.request_id
         first_decode_s = next(
@@ -66,16 +69,15 @@ def test_client_first_token_follows_vllms_record(seed_trace):
             None,
         )
         assert first_decode_s is not None, f"R{rid}: vLLM's record has no decode step for it"
-        lag_s = outside.first_token_s - first_decode_s
+        lags_s[rid] = lag_s = outside.first_token_s - first_decode_s
         assert lag_s >= 0, (
             f"R{rid}: the client saw its first token {-lag_s:.3f} s before vLLM scheduled its "
             "first decode: the two clocks disagree"
         )
-        assert lag_s <= CLIENT_LAG_BOUND_S, (
-            f"R{rid}: the client saw its first token {lag_s:.2f} s after vLLM scheduled its "
-            f"first decode (at {first_decode_s:.2f} s; the run took {seed_trace.wall_s:.2f} s): "
-            "the stream reached the client late"
-        )
+    said = ", ".join(f"R{rid} {lag_s:.2f} s" for rid, lag_s in lags_s.items())
+    said += f" (the run took {seed_trace.wall_s:.2f} s): the stream reached the client late"
+    assert sum(lags_s.values()) / len(lags_s) <= CLIENT_LAG_BOUND_S, f"mean lag over bound: {said}"
+    assert max(lags_s.values()) <= CLIENT_LAG_SHARE * seed_trace.wall_s, f"a lag too long: {said}"
 
 
 def test_trace_reports_the_server(seed_trace):
