@@ -12,7 +12,7 @@ own samplers (``engine.serving.sampler``), and ``generate`` samples after
 ``torch.manual_seed(seed)``.
 
 transformers' own ``ContinuousBatchingManager`` runs on the same runner's model through
-``engine.peers.transformers_manager.run_batch`` (the comparison engine
+``engine.peers.transformers_engine.run_batch`` (the comparison engine
 ``engine.peers.transformers_engine`` calls it). Which kernels the model's arithmetic runs through
 (the engines' matmul, measured per host and row count, the fused decoder layers, batch-invariant
 mode: ``engine_kernels``, ``kernel_choice``, ``kernel_summary()``, ``fused_decoder``) is the base

@@ -5,8 +5,9 @@ scheduler in ``ContinuousBatchingManager._create_batch_processor`` (``continuous
 ``SCHEDULER_MAPPING[continuous_batching_config.scheduler_type]`` (``scheduler.py``; the config's
 comment: "For all types available, checks SCHEDULER_MAPPING"). ``register()`` adds
 ``RecordingFIFOScheduler`` to that mapping as ``SCHEDULER_TYPE``, and
-``engine.peers.transformers_manager`` asks for it by that name: transformers itself constructs it,
-in our process, on the manager's generation thread. No method of transformers is patched.
+``engine.peers.transformers_engine.run_batch`` asks for it by that name: transformers itself
+constructs it, in our process, on the manager's generation thread. No method of transformers is
+patched.
 
 ``RecordingFIFOScheduler`` is transformers' default ``FIFOScheduler`` (decoding requests first,
 then split prefills, then waiting ones), unchanged: each override calls the base method and only

@@ -4,9 +4,8 @@ vLLM pins its own transformers, so it lives in a separate virtual environment, `
 (``make vllm``; ``CBP_VLLM_VENV`` points elsewhere). ``VllmServer`` starts its OpenAI-compatible
 server on 127.0.0.1 and a free port with the loaded model's safetensors folder
 (``LoadedModel.source``), the same dtype, ``--max-num-seqs`` equal to the slot count and
-``--max-model-len 2048``; waits for ``/health``, telling a callback what the server is doing;
-and stops it with its whole process group (vLLM runs its engine in child processes), at the
-latest when this Python exits (``atexit``; a SIGKILLed parent leaves it running).
+``--max-model-len 2048``. Starting, waiting for ``/health`` and stopping the whole process group
+(vLLM runs its engine in child processes) are ``engine.peers.server_process.ServerProcess``'s.
 
 Settings that matter on a CPU: by default vLLM keeps one core for itself and sizes its KV cache
 from the machine's memory. Here every core computes (``VLLM_CPU_OMP_THREADS_BIND=0-<n-1>``,
@@ -14,13 +13,8 @@ from the machine's memory. Here every core computes (``VLLM_CPU_OMP_THREADS_BIND
 (``--kv-cache-memory-bytes``), so the server shares the machine politely. ``--enforce-eager``
 skips ``torch.compile`` (faster start, slower steps).
 
-The server starts on those cores whatever the starting thread keeps to. A child inherits its
-parent thread's CPU affinity, and the page's process keeps to the CPUs its engines leave it
-(``engine.page.run.cpu_split``: one of two): a vLLM started from there ran its engine, its API
-process and the client that times it on that one CPU, and its API process streamed tokens in
-bursts seconds after vLLM's own record had them, so every request's first token seemed to come
-near the run's end. ``start`` widens the starting thread's affinity to the server's cores for the
-moment it starts the process (``cpus_of(omp_threads_bind)``), then puts it back.
+The server starts on those cores whatever the starting thread keeps to
+(``ServerProcess.cpus``: ``cpus_of(omp_threads_bind)``).
 
 The server is started as ``python -m vllm.entrypoints.openai.api_server``, which takes the same
 flags as ``vllm serve``: the ``vllm`` command of vllm-cpu 0.32.0 fails at start, asking for the
@@ -35,16 +29,9 @@ appended to), else a temporary file removed at ``stop()``.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import dataclasses
 import os
-import signal
-import socket
-import subprocess
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -53,7 +40,8 @@ import httpx
 from engine import settings as env_settings
 from engine.config import EngineConfig
 from engine.model.model_card import model_config
-from engine.peers.endpoints import Endpoint, EndpointError, MissingBuild
+from engine.peers.endpoints import Endpoint, MissingBuild
+from engine.peers.server_process import ServerProcess, cpus_of
 from engine.sequence import Request
 
 VLLM_VENV_ENV = "CBP_VLLM_VENV"
@@ -63,7 +51,6 @@ MAX_MODEL_LEN = 2048
 START_TIMEOUT_S = 1800.0  # compiled mode's warm-up took over 10 minutes on a busy 2-core CPU
 # a line after which the server never becomes healthy, though its API process stays up
 FATAL_LOG_LINE = "EngineCore failed to start"
-POLL_S = 0.5
 KV_MARGIN = 1.25  # KV cache room over slots x max_model_len tokens (block rounding, scratch)
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 RECORDING_SCHEDULER = "engine.peers.vllm_scheduler.RecordingScheduler"
@@ -219,60 +206,18 @@ def matched_settings(
     return settings, notes
 
 
-def cpus_of(bind: str) -> set[int]:
-    """The CPU numbers of a ``VLLM_CPU_OMP_THREADS_BIND`` list: "0-3" or "0,2,5-7".
+class VllmServer(ServerProcess):
+    """One ``vllm serve`` process group (vLLM runs its engine in child processes)."""
 
-    Raises:
-        ValueError: a part that is not a number or a range of numbers.
-    """
-    cpus: set[int] = set()
-    for part in filter(None, (p.strip() for p in bind.split(","))):
-        first, _, last = part.partition("-")
-        if not first.isdigit() or (last and not last.isdigit()):
-            raise ValueError(f"{bind!r}: give CPU numbers and ranges, e.g. 0-3 or 0,2,5-7")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
-
-
-@contextlib.contextmanager
-def thread_on_cpus(cpus: set[int]):
-    """The calling thread may run on ``cpus`` inside the block (its own affinity, which the
-    processes it starts inherit); put back after. Nothing changes off Linux or where the system
-    refuses (a CPU outside this container's set)."""
-    if not cpus or not hasattr(os, "sched_setaffinity"):
-        yield
-        return
-    before = os.sched_getaffinity(0)  # 0: the calling thread, on Linux
-    try:
-        os.sched_setaffinity(0, cpus)
-    except OSError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class VllmServer:
-    """One ``vllm serve`` process group. Use ``with VllmServer(...) as server:`` or start/stop."""
+    NAME = "vLLM"
+    LOG_PREFIX = "vllm-serve-"
+    START_TIMEOUT_S = START_TIMEOUT_S
 
     def __init__(self, settings: VllmSettings, venv: str | os.PathLike | None = None):
+        """Raises MissingBuild: no vLLM in ``venv`` (``make vllm``)."""
+        super().__init__()
         self.settings = settings
         self.python = vllm_python(venv)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.version: str | None = None
-        self.start_s: float | None = None  # seconds start() took
-        self.proc: subprocess.Popen | None = None
-        self._log = None  # the server's stdout and stderr, from start() to stop()
-        self.log_path: Path | None = None
         # vLLM's schedule record (engine.peers.vllm_scheduler), while it runs; None: not recorded
         self.schedule_path: Path | None = None
         self._schedule_is_temporary = False
@@ -289,32 +234,14 @@ class VllmServer:
             **self.settings.describe(),
         }
 
-    def start(
-        self, on_progress: Callable[[str], None] | None = None, timeout_s: float = START_TIMEOUT_S
-    ) -> VllmServer:
-        """Start the server and wait until ``/health`` answers 200.
+    def command(self) -> list[str]:
+        return [str(self.python), "-m", SERVER_MODULE, *self.settings.args(self.port)]
 
-        ``on_progress(line)`` gets the server's latest log line whenever it changes (a status line
-        can show it). Raises EndpointError (with the log's tail) if the server exits or is not
-        healthy within ``timeout_s``; the process group is stopped then.
-        """
-        t0 = time.perf_counter()
-        command = [str(self.python), "-m", SERVER_MODULE, *self.settings.args(self.port)]
-        env = env_settings.environment({**self.settings.env(), **self._schedule_env()})
-        self._log = tempfile.NamedTemporaryFile(prefix="vllm-serve-", suffix=".log", delete=False)
-        self.log_path = Path(self._log.name)
-        with thread_on_cpus(cpus_of(self.settings.omp_threads_bind)):  # the child inherits it
-            self.proc = subprocess.Popen(
-                command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        atexit.register(self.stop)  # a Python that exits without stop() still stops the server
-        try:
-            self._wait_healthy(t0 + timeout_s, on_progress)
-        except BaseException:
-            self.stop()
-            raise
-        self.start_s = time.perf_counter() - t0
-        return self
+    def environment(self) -> dict[str, str]:
+        return env_settings.environment({**self.settings.env(), **self._schedule_env()})
+
+    def cpus(self) -> set[int]:
+        return cpus_of(self.settings.omp_threads_bind)
 
     def _schedule_env(self) -> dict[str, str]:
         """Where the recording scheduler writes, and the path it is imported from.
@@ -342,77 +269,14 @@ class VllmServer:
             "PYTHONPATH": os.pathsep.join(python_path),
         }
 
-    def _wait_healthy(self, deadline: float, on_progress) -> None:
-        last = None
-        with httpx.Client(base_url=self.url, timeout=httpx.Timeout(2.0)) as client:
-            while True:
-                if self.proc.poll() is not None:
-                    raise EndpointError(
-                        f"vLLM exited with code {self.proc.returncode} while starting:\n"
-                        f"{self.log_tail()}"
-                    )
-                if FATAL_LOG_LINE in self.log_tail(200):
-                    raise EndpointError(f"vLLM's engine failed to start:\n{self.log_tail()}")
-                if time.perf_counter() > deadline:
-                    raise EndpointError(f"vLLM did not become healthy in time:\n{self.log_tail()}")
-                line = self.log_tail(1)
-                if on_progress is not None and line and line != last:
-                    on_progress(line)
-                    last = line
-                try:
-                    if client.get("/health").status_code == 200:
-                        self.version = (client.get("/version").json() or {}).get("version")
-                        return
-                except (httpx.HTTPError, ValueError):
-                    pass
-                time.sleep(POLL_S)
+    def _on_healthy(self, client: httpx.Client) -> None:
+        self.version = (client.get("/version").json() or {}).get("version")
 
-    def log_tail(self, num_lines: int = 30) -> str:
-        """The last ``num_lines`` non-blank lines the server wrote."""
-        try:
-            text = self.log_path.read_text(errors="replace") if self.log_path else ""
-        except OSError:
-            return ""
-        return "\n".join([ln for ln in text.splitlines() if ln.strip()][-num_lines:])
+    def _fatal(self) -> str | None:
+        return "vLLM's engine failed to start" if FATAL_LOG_LINE in self.log_tail(200) else None
 
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the server's process group, then SIGKILL what is left after ``timeout_s``."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self._signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self._signal(signal.SIGKILL)
-                self.proc.wait(timeout=timeout_s)
-        self._signal(signal.SIGKILL)  # children that outlived the main process
-        self._log.close()
-        self.log_path.unlink(missing_ok=True)  # its tail is in any error already raised
+    def _cleanup(self) -> None:
+        """The schedule record, unless ``CBP_VLLM_SCHEDULE_PATH`` named it (then it is kept)."""
         if self.schedule_path is not None and self._schedule_is_temporary:
             self.schedule_path.unlink(missing_ok=True)
         self.schedule_path = None
-        self.proc = None
-        atexit.unregister(self.stop)
-
-    def kill(self) -> None:
-        """SIGKILL the whole server at once, as a crash would (tests of a server dying)."""
-        if self.proc is not None:
-            self._signal(signal.SIGKILL)
-            self.proc.wait(timeout=30.0)
-
-    def _signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def __enter__(self) -> VllmServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -13,7 +13,7 @@ import time
 
 from engine.page.run.host_servers import FAILED, READY, STARTING, PageServers
 from engine.page.views.markup import counted, one_line, plain_markdown
-from engine.peers.vllm_server import cpus_of
+from engine.peers.server_process import cpus_of
 from engine.trace import Trace
 
 

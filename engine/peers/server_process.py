@@ -1,0 +1,236 @@
+"""A local server process started and stopped from here: vLLM's and llama.cpp's alike.
+
+``ServerProcess`` starts a command in its own process group on 127.0.0.1 and a port, with its
+stdout and stderr in a temporary log file; waits until ``/health`` answers 200, telling a
+callback each new log line (the page's servers line shows it); and stops the whole group,
+SIGTERM then SIGKILL, at the latest when this Python exits (``atexit``; a SIGKILLed parent
+leaves it running). Every error quotes the log's tail. A subclass names its server (``NAME``),
+builds its command and environment, and says what a healthy server publishes (``_on_healthy``)
+and which log line means it never will be (``_fatal``).
+
+CPU affinity: a child inherits its parent thread's, and the page's process keeps to the CPUs its
+engines leave it (``engine.page.run.cpu_split``: one of two). So ``start`` widens the starting
+thread's affinity to the server's CPUs for the moment it starts the process
+(``thread_on_cpus``), then puts it back. A vLLM started without that ran its engine, its API
+process and the client that times it on one CPU, and streamed tokens in bursts.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from engine.peers.endpoints import EndpointError
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cpus_of(bind: str) -> set[int]:
+    """The CPU numbers of a ``VLLM_CPU_OMP_THREADS_BIND`` list: "0-3" or "0,2,5-7".
+
+    Raises:
+        ValueError: a part that is not a number or a range of numbers.
+    """
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in bind.split(","))):
+        first, _, last = part.partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise ValueError(f"{bind!r}: give CPU numbers and ranges, e.g. 0-3 or 0,2,5-7")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+@contextlib.contextmanager
+def thread_on_cpus(cpus: set[int]):
+    """The calling thread may run on ``cpus`` inside the block (its own affinity, which the
+    processes it starts inherit); put back after. Nothing changes off Linux or where the system
+    refuses (a CPU outside this container's set)."""
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)  # 0: the calling thread, on Linux
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+class ServerProcess:
+    """One server process group. Use ``with Server(...) as server:`` or ``start``/``stop``."""
+
+    NAME = "the server"  # as messages name it
+    LOG_PREFIX = "server-"
+    POLL_S = 0.5
+    START_TIMEOUT_S = 300.0
+    STOP_TIMEOUT_S = 30.0
+    TAIL_LINES = 30  # of the log, quoted in errors
+
+    def __init__(self, port: int | None = None):
+        """``port``: where it listens (default: a free one)."""
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.version: str | None = None
+        self.start_s: float | None = None  # seconds start() took
+        self.proc: subprocess.Popen | None = None
+        self._log = None  # the server's stdout and stderr, from start() to stop()
+        self.log_path: Path | None = None
+
+    # --- what a subclass says ---------------------------------------------------------------------
+
+    def command(self) -> list[str]:
+        """The command line that starts the server on ``self.port``."""
+        raise NotImplementedError
+
+    def environment(self) -> dict[str, str] | None:
+        """The server's environment (None: this process's)."""
+        return None
+
+    def cpus(self) -> set[int]:
+        """The CPUs the server computes on (empty: the starting thread's)."""
+        return set()
+
+    def _on_healthy(self, client: httpx.Client) -> None:
+        """Read what a healthy server publishes (its version, its settings)."""
+
+    def _fatal(self) -> str | None:
+        """Why the server will never be healthy, read from its log (None: no such line yet)."""
+        return None
+
+    def exit_message(self, when: str) -> str:
+        """Why the server is gone, for a person: its exit code and log."""
+        code = None if self.proc is None else self.proc.poll()
+        return f"{self.NAME} exited with code {code} {when}:\n{self.log_tail()}"
+
+    def _cleanup(self) -> None:
+        """After the process group is gone: remove what the server left (``stop``)."""
+
+    # --- the process ------------------------------------------------------------------------------
+
+    def start(
+        self, on_progress: Callable[[str], None] | None = None, timeout_s: float | None = None
+    ):
+        """Start the server and wait until ``/health`` answers 200; returns ``self``.
+
+        ``on_progress(line)`` gets the server's latest log line whenever it changes;
+        ``timeout_s`` defaults to ``START_TIMEOUT_S``.
+
+        Raises:
+            EndpointError: it exited (with the log's tail, or ``exit_message``'s reason), its
+                log said it never will be healthy, or it was not healthy within ``timeout_s``;
+                the process group is stopped then.
+        """
+        t0 = time.perf_counter()
+        timeout_s = self.START_TIMEOUT_S if timeout_s is None else timeout_s
+        command, env = self.command(), self.environment()
+        self._log = tempfile.NamedTemporaryFile(prefix=self.LOG_PREFIX, suffix=".log", delete=False)
+        self.log_path = Path(self._log.name)
+        with thread_on_cpus(self.cpus()):  # the child inherits it
+            self.proc = subprocess.Popen(
+                command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        atexit.register(self.stop)  # a Python that exits without stop() still stops the server
+        try:
+            self._wait_healthy(t0 + timeout_s, on_progress)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_s = time.perf_counter() - t0
+        return self
+
+    def _wait_healthy(self, deadline: float, on_progress) -> None:
+        last = None
+        with httpx.Client(base_url=self.url, timeout=httpx.Timeout(2.0)) as client:
+            while True:
+                self._check_alive(deadline)
+                line = self.log_tail(1)
+                if on_progress is not None and line and line != last:
+                    on_progress(line)
+                    last = line
+                try:
+                    if client.get("/health").status_code == 200:
+                        self._on_healthy(client)
+                        return
+                except (httpx.HTTPError, ValueError):
+                    pass
+                time.sleep(self.POLL_S)
+
+    def _check_alive(self, deadline: float) -> None:
+        """Raises EndpointError: the server exited, will never be healthy, or ran out of time."""
+        if self.proc.poll() is not None:
+            raise EndpointError(self.exit_message("while starting"))
+        fatal = self._fatal()
+        if fatal is not None:
+            raise EndpointError(f"{fatal}:\n{self.log_tail()}")
+        if time.perf_counter() > deadline:
+            raise EndpointError(f"{self.NAME} was not healthy in time:\n{self.log_tail()}")
+
+    def log_tail(self, num_lines: int | None = None) -> str:
+        """The last ``num_lines`` (default ``TAIL_LINES``) non-blank lines the server wrote."""
+        try:
+            text = self.log_path.read_text(errors="replace") if self.log_path else ""
+        except OSError:
+            return ""
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        return "\n".join(lines[-(num_lines or self.TAIL_LINES) :])
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """SIGTERM the server's process group, then SIGKILL what is left after ``timeout_s``
+        (default ``STOP_TIMEOUT_S``), children that outlived the main process included."""
+        if self.proc is None:
+            return
+        timeout_s = self.STOP_TIMEOUT_S if timeout_s is None else timeout_s
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.proc.wait(timeout=timeout_s)
+        self._signal(signal.SIGKILL)  # children that outlived the main process
+        self._log.close()
+        self.log_path.unlink(missing_ok=True)  # its tail is in any error already raised
+        self._cleanup()
+        self.proc = None
+        atexit.unregister(self.stop)
+
+    def kill(self) -> None:
+        """SIGKILL the whole server at once, as a crash would (tests of a server dying)."""
+        if self.proc is not None:
+            self._signal(signal.SIGKILL)
+            self.proc.wait(timeout=self.STOP_TIMEOUT_S)
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
