@@ -14,128 +14,82 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+from engine.peers.endpoints import EndpointError
+from engine.peers.server_process import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE_START_TIMEOUT_S = 300  # transformers serve imports and loads the model: ~15 s idle
 VLLM_START_TIMEOUT_S = 900  # an eager vLLM starts in about 2 minutes on an idle 2-core CPU
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+class TestServer(ServerProcess):
+    """The engine's ``ServerProcess`` for a test: a server that does not start fails the test
+    with its log's tail."""
 
-
-class ServerProcess:
-    """An OpenAI-compatible server started as its own process group on 127.0.0.1: ``start``
-    waits for ``/health`` (failing the test with the log's tail if it exits or times out),
-    ``stop`` sends SIGTERM and, after ``stop_wait_s``, SIGKILL. A subclass sets ``name``,
-    ``start_timeout_s``, ``poll_s``, ``stop_wait_s``, ``url``, ``command`` and ``env()``."""
-
-    name = "server"
-    start_timeout_s = 300.0
-    poll_s = 0.5
-    stop_wait_s = 30.0
-
-    def __init__(self, url: str, command: list[str], log_prefix: str):
-        self.url, self.command = url, command
-        self.log = tempfile.NamedTemporaryFile(prefix=log_prefix, suffix=".log")
-        self.proc: subprocess.Popen | None = None
-
-    def env(self) -> dict[str, str]:
-        return dict(os.environ)
-
-    def start(self):
-        self.proc = subprocess.Popen(
-            self.command,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=self.env(),
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"{self.name} exited {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(self.poll_s)
-        self.stop()
-        pytest.fail(f"{self.name} did not start in time:\n{self.tail()}")
+    def start(self, on_progress=None, timeout_s=None):
+        try:
+            return super().start(on_progress, timeout_s)
+        except EndpointError as exc:
+            pytest.fail(str(exc))
 
     def tail(self) -> str:
-        return Path(self.log.name).read_text(errors="replace")[-3000:]
-
-    def kill(self) -> None:
-        """SIGKILL the server's process group, as a crash would."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=self.stop_wait_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.log.close()
+        return self.log_tail()
 
 
-class TransformersServe(ServerProcess):
+class TransformersServe(TestServer):
     """``transformers serve <model_dir>`` on 127.0.0.1 in its own process group."""
 
-    name = "transformers serve"
-    start_timeout_s = SERVE_START_TIMEOUT_S
+    NAME = "transformers serve"
+    LOG_PREFIX = "transformers-serve-"
+    START_TIMEOUT_S = SERVE_START_TIMEOUT_S
 
     def __init__(self, model_dir: str):
-        self.port = free_port()
-        code = "from transformers.cli.transformers import main; main()"
-        command = [sys.executable, "-c", code, "serve", model_dir, "--host", "127.0.0.1"]
-        command += ["--port", str(self.port), "--device", "cpu", "--dtype", "float32"]
-        super().__init__(f"http://127.0.0.1:{self.port}", command, "transformers-serve-")
+        super().__init__()
+        self.model_dir = model_dir
 
-    def env(self) -> dict[str, str]:
+    def command(self) -> list[str]:
+        code = "from transformers.cli.transformers import main; main()"
+        command = [sys.executable, "-c", code, "serve", self.model_dir, "--host", "127.0.0.1"]
+        return command + ["--port", str(self.port), "--device", "cpu", "--dtype", "float32"]
+
+    def environment(self) -> dict[str, str]:
         return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-class UserVllm(ServerProcess):
+class UserVllm(TestServer):
     """``python -m vllm.entrypoints.openai.api_server`` started as a user would: the recording
     scheduler named with ``--scheduler-cls``, this repository on ``PYTHONPATH`` and the record
     served at ``CBP_VLLM_RECORD_ADDRESS``; its own process group, stopped with it."""
 
-    name = "vLLM"
-    start_timeout_s = VLLM_START_TIMEOUT_S
-    poll_s = 1.0
-    stop_wait_s = 60.0
+    NAME = "vLLM"
+    LOG_PREFIX = "user-vllm-"
+    START_TIMEOUT_S = VLLM_START_TIMEOUT_S
+    POLL_S = 1.0
+    STOP_TIMEOUT_S = 60.0
 
     def __init__(self, model_dir: str):
+        super().__init__()
+        self.model_dir, self.api_port, self.record_port = model_dir, self.port, free_port()
+        self.record_url = f"http://127.0.0.1:{self.record_port}"
+
+    def command(self) -> list[str]:
         from engine.peers.vllm_server import vllm_python
 
-        self.api_port, self.record_port = free_port(), free_port()
-        self.record_url = f"http://127.0.0.1:{self.record_port}"
         command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server"]
-        command += ["--model", model_dir, "--port", str(self.api_port), "--max-num-seqs", "3"]
+        command += ["--model", self.model_dir, "--port", str(self.port), "--max-num-seqs", "3"]
         command += ["--scheduler-cls", "engine.peers.vllm_scheduler.RecordingScheduler"]
         # float32, as our engines run the embedded model: vLLM's "auto" runs a float32 model
         # in bfloat16, whose outputs differ from the float32 reference
-        command += ["--dtype", "float32", "--enforce-eager"]
-        super().__init__(f"http://127.0.0.1:{self.api_port}", command, "user-vllm-")
+        return command + ["--dtype", "float32", "--enforce-eager"]
 
-    def env(self) -> dict[str, str]:
+    def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CBP_VLLM_")}
         env |= {"PYTHONPATH": str(ROOT), "CBP_VLLM_RECORD_ADDRESS": f"127.0.0.1:{self.record_port}"}
         # on a CPU: a 1 GiB KV cache, every core computing (vLLM's defaults size the cache from

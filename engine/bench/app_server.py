@@ -7,7 +7,6 @@ end of the server's log, so that a caller can show why.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -16,18 +15,12 @@ import urllib.request
 from pathlib import Path
 
 from engine import settings
+from engine.peers.server_process import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 300  # ~3 s from the safetensors cache, ~25 s on a first run; minutes busy
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 LOG_TAIL_CHARS = 3000  # how much of the server's log a failure quotes
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until_serving(url: str, proc: subprocess.Popen, log_path: Path) -> None:
