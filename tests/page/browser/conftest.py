@@ -32,7 +32,12 @@ def server_url(request, tmp_path_factory) -> str:
 
 
 HERE = Path(__file__).parent
-OWN_SERVER_MODULES = ("test_browser_vllm.py", "test_browser_llamacpp.py")  # a page of their own
+# the modules with a page of their own
+OWN_SERVER_MODULES = (
+    "test_browser_vllm.py",
+    "test_browser_llamacpp.py",
+    "test_browser_endpoint.py",
+)
 
 
 def pytest_collection_modifyitems(session, config, items):
