@@ -178,11 +178,16 @@ class PageServers:
         return message.replace(engine.endpoint.url, f"({name}'s address)")
 
     def public_trace(self, name: str, trace: Trace) -> None:
-        """``trace``'s warnings and record source without the server's addresses (``public``)."""
+        """``trace``'s warnings, record source and server facts without the server's addresses
+        (``public``)."""
         trace.warnings = [self.public(name, line) for line in trace.warnings]
-        if "schedule_record" in trace.info:
-            where = {k: self.public(name, str(v)) for k, v in trace.info["schedule_record"].items()}
-            trace.info = {**trace.info, "schedule_record": where}
+        for key in ("schedule_record", "server"):
+            found = trace.info.get(key)
+            if isinstance(found, dict):
+                kept = {
+                    k: self.public(name, v) if isinstance(v, str) else v for k, v in found.items()
+                }
+                trace.info = {**trace.info, key: kept}
 
     def refresh(self, name: str, error: str | None = None) -> None:
         """After a run on ``name`` (``error``: why it failed): ready if it still answers, else

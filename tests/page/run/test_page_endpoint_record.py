@@ -49,7 +49,7 @@ def test_a_recorded_endpoint_is_drawn_from_the_inside(user_vllm, embedded_model,
     assert timeline is not None and timeline.data, "no inside timeline for the endpoint"
     drawn = html.unescape(json.dumps(timeline.to_plotly_json()))
     assert "From gpu's own record" in drawn, timeline.layout.title
-    shown = json.dumps([trace.warnings, trace.info.get("schedule_record")])
+    shown = json.dumps([trace.warnings, trace.info], default=str)  # as traces.json gives them
     shown += str(final["status_markdown"])
     for address in (user_vllm.url, user_vllm.record_url):
         assert address not in shown, f"{address} shown on the page"
