@@ -195,6 +195,23 @@ def plot_summary(page: Page, elem_id: str) -> dict:
     )
 
 
+def table(page: Page, elem_id: str) -> tuple[list[str], list[list[str]]]:
+    """A table's headers and body cells, without the column menus' "⋮"."""
+    headers = [
+        h.replace("⋮", "").strip()
+        for h in page.locator(f"#{elem_id} thead th").all_inner_texts()
+        if h.strip()
+    ]
+    rows = [
+        [
+            _cell(page, elem_id, r, c).inner_text().replace("⋮", "").strip()
+            for c in range(len(headers))
+        ]
+        for r in range(_num_rows(page, elem_id))
+    ]
+    return headers, rows
+
+
 def outputs_rows(page: Page) -> list[list[str]]:
     """The outputs table's body cells as text, row by row."""
     return [

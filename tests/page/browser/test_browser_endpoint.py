@@ -17,13 +17,12 @@ from browser_kit import (
     PYTESTMARK,
     SCREENSHOTS,
     Page,
-    _cell,
-    _num_rows,
     expect,
     run_and_wait,
     set_requests,
     set_slots,
     status_text,
+    table,
 )
 from server_kit import start_app_server
 
@@ -51,18 +50,6 @@ def server_url(request, tmp_path_factory, user_vllm) -> str:
     return start_app_server(request, tmp_path_factory, args)
 
 
-def _outputs(page: Page) -> tuple[list[str], list[list[str]]]:
-    """The outputs table's headers and body cells."""
-    headers = [
-        h.strip() for h in page.locator("#outputs_table thead th").all_inner_texts() if h.strip()
-    ]
-    rows = [
-        [_cell(page, "outputs_table", r, c).inner_text().strip() for c in range(len(headers))]
-        for r in range(_num_rows(page, "outputs_table"))
-    ]
-    return headers, rows
-
-
 def test_endpoint_with_a_record_is_drawn_from_the_inside(page: Page):
     """The endpoint's column is checked against model.generate; the inside views come from its
     own record: the slider names its steps, and its first step's packed mask holds both prompts
@@ -74,7 +61,7 @@ def test_endpoint_with_a_record_is_drawn_from_the_inside(page: Page):
     run_and_wait(page)
     status = status_text(page)
     assert f" · {NAME} " in status and "✗" not in status, status
-    headers, rows = _outputs(page)
+    headers, rows = table(page, "outputs_table")
     column, verdict = headers.index(f"{NAME} output"), headers.index("matches model.generate")
     for row in rows:
         assert row[column] and row[verdict] == "✓", f"{NAME}'s output not shown or checked: {row}"

@@ -17,12 +17,11 @@ from browser_kit import (
     RUN_TIMEOUT_MS,
     SCREENSHOTS,
     Page,
-    _cell,
-    _num_rows,
     expect,
     plot_summary,
     run_and_wait,
     status_text,
+    table,
 )
 from server_kit import start_app_server
 
@@ -40,23 +39,6 @@ def server_url(request, tmp_path_factory) -> str:
     return start_app_server(request, tmp_path_factory, ("--llamacpp",))
 
 
-def _table(page: Page, elem_id: str) -> tuple[list[str], list[list[str]]]:
-    """A table's headers and body cells."""
-    headers = [
-        h.replace("⋮", "").strip()
-        for h in page.locator(f"#{elem_id} thead th").all_inner_texts()
-        if h.strip()
-    ]
-    rows = [
-        [
-            _cell(page, elem_id, r, c).inner_text().replace("⋮", "").strip()
-            for c in range(len(headers))
-        ]
-        for r in range(_num_rows(page, elem_id))
-    ]
-    return headers, rows
-
-
 def test_seed_run_with_llamacpp_shows_columns_verdicts_lanes_and_metrics(page: Page):
     """The seed preset with llama.cpp ticked: both engines' columns, verdicts, metrics rows,
     lanes and /metrics curves; no ✗ on either, the Q4_1 splits labelled."""
@@ -72,7 +54,7 @@ def test_seed_run_with_llamacpp_shows_columns_verdicts_lanes_and_metrics(page: P
     assert "**✗" not in status and not re.search(r"[1-9]\d* ✗", status), status
     for name in NAMES:
         assert f" · {name} " in status, f"{name} missing from the status line: {status}"
-    headers, rows = _table(page, "outputs_table")
+    headers, rows = table(page, "outputs_table")
     verdict = headers.index("matches model.generate")
     for name in NAMES:
         column = headers.index(f"{name} output")
@@ -81,7 +63,7 @@ def test_seed_run_with_llamacpp_shows_columns_verdicts_lanes_and_metrics(page: P
         assert "✗" not in row[verdict], f"{row[0]}: a failure shown: {row[verdict]}"
         labels = re.findall(r"llamacpp_q4 (≠[^·]*)", row[verdict])
         assert all(LABEL in label for label in labels), row[verdict]
-    _, metrics = _table(page, "metrics_table")
+    _, metrics = table(page, "metrics_table")
     assert set(NAMES) <= {row[0] for row in metrics}, metrics
     lanes = plot_summary(page, "server_timeline_plot")
     assert lanes["title"].startswith("Servers: one lane per request"), lanes

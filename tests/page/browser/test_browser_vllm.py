@@ -29,6 +29,7 @@ from browser_kit import (
     set_slots,
     status_text,
     sync_playwright,
+    table,
 )
 from server_kit import start_app_server
 
@@ -75,18 +76,6 @@ def _wait_for_vllm(page: Page) -> None:
     expect(line).to_contain_text("vllm: ready · vLLM", timeout=VLLM_START_TIMEOUT_MS)
 
 
-def _outputs(page: Page) -> tuple[list[str], list[list[str]]]:
-    """The outputs table's headers and body cells."""
-    headers = [
-        h.strip() for h in page.locator("#outputs_table thead th").all_inner_texts() if h.strip()
-    ]
-    rows = [
-        [_cell(page, "outputs_table", r, c).inner_text().strip() for c in range(len(headers))]
-        for r in range(_num_rows(page, "outputs_table"))
-    ]
-    return headers, rows
-
-
 def test_vllm_column_lanes_and_server_chart(page: Page):
     """A run with vLLM: its checked column, its metrics row, its lanes and its /metrics chart."""
     _wait_for_vllm(page)
@@ -97,7 +86,7 @@ def test_vllm_column_lanes_and_server_chart(page: Page):
     status = status_text(page)
     assert "✓ all match model.generate token for token" in status, status
     assert " · vllm " in status and "not like for like" not in status, status
-    headers, rows = _outputs(page)
+    headers, rows = table(page, "outputs_table")
     assert "vllm output" in headers, headers
     column, verdict = headers.index("vllm output"), headers.index("matches model.generate")
     for row in rows:
@@ -181,7 +170,7 @@ def test_request_too_long_for_vllm_is_its_message_only(page: Page):
     assert "maximum context length is 256 tokens" in status, "vLLM's reason is not shown"
     assert "The other engines' results are kept" in status, status
     assert "✓ all match model.generate token for token" in status, status
-    headers, rows = _outputs(page)
+    headers, rows = table(page, "outputs_table")
     assert "vllm output" not in headers and "continuous output" in headers, headers
     verdict = headers.index("matches model.generate")
     assert all(row[verdict] == "✓" for row in rows), rows
@@ -249,7 +238,7 @@ def test_vllm_in_float32_beside_a_bfloat16_run_is_not_compared(page: Page):
     assert status.startswith("bfloat16 · batch-invariant mode"), status
     assert "✗ differs" not in status, f"vLLM in float32 judged against bfloat16: {status}"
     assert "⚠ vllm runs in float32" in status, f"no ⚠ line on vLLM's precision: {status}"
-    headers, rows = _outputs(page)
+    headers, rows = table(page, "outputs_table")
     verdict = headers.index("matches its solo run")
     for row in rows:
         assert "vllm: float32, not bfloat16: not compared" in row[verdict], row
