@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 import gradio as gr
 
 from engine.page.handlers import run_turns
-from engine.page.handlers.engine_work import run_engines
+from engine.page.handlers.run_turns import run_engines
 from engine.page.inputs.page_io import apply_link_step, toast_text
 from engine.page.run.live_run import LiveRun
 from engine.page.run.run_handle import IDLE, REPEAT_PRESS, STOPPED_PRESS, RunHandle, Turn
@@ -174,8 +174,8 @@ def _run_live(
     attach(control)
     started_s = time.monotonic()
 
-    def work(watch: Callable) -> RunState:  # the status line shows progress, not a Gradio bar
-        return run_engines(model, requests, config, options, watch, control)
+    def work(take: Callable) -> RunState:  # the status line shows progress, not a Gradio bar
+        return run_engines(model, requests, config, options, take, control)
 
     views = progress_view.LiveTimelines()  # updates and redraws paced within a CPU budget
     note = RUNNING_NOTE  # the first update says so under Run too

@@ -223,7 +223,6 @@ def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
     from engine.page.handlers import playground
     from engine.page.inputs import presets
     from engine.page.run import shared_model
-    from engine.page.run.engine_thread import ENGINE_THREAD
     from engine.page.run.run_options import options_from_page, prepare
 
     model = shared_model.load_shared_model(device=device)
@@ -231,8 +230,9 @@ def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
     settings = recorded_settings()
     options = options_from_page(settings)
     requests, config = prepare(model, settings.rows, settings.num_slots, options)
-    # On the page's engine thread, where the model was loaded: one OpenMP pool, as in the page.
-    state = ENGINE_THREAD.call(playground.run_engines, model, requests, config, options)
+    # On the page's engine thread (the model's worker), where the model was loaded: one OpenMP
+    # pool, as in the page.
+    state = playground.run_engines(model, requests, config, options)
     meta = Recording(
         preset=presets.DEFAULT_PRESET,
         num_slots=config.num_slots,
@@ -261,7 +261,7 @@ def _engine_threads(model) -> int | None:
     (``keep_to_engine_cpus``); None otherwise, or on a GPU."""
     import torch
 
-    from engine.page.run.engine_thread import ENGINE_THREAD
+    from engine.page.run.engine_worker import ENGINE_THREAD
 
     if model.loaded.device.type != "cpu":
         return None
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def keep_to_engine_cpus(environ: Mapping[str, str] | None = None):
     """Keep this process to the CPUs the page's engines get, with a torch thread each, as the
-    engine process does (``cpu_split``, ``engine_process.worker_main``); the split, or None where
+    engine process does (``cpu_split``, ``engine_worker.worker_main``); the split, or None where
     the page would not split (``CBP_ENGINE_PROCESS=off``, ``CBP_ENGINE_CPUS=all``, one CPU).
 
     So the recorded run is timed as the page's runs are, and the references it stores are keyed
@@ -305,10 +305,10 @@ def keep_to_engine_cpus(environ: Mapping[str, str] | None = None):
     """
     import torch
 
-    from engine.page.run import cpu_split, engine_process
-    from engine.page.run.engine_thread import ENGINE_THREAD
+    from engine.page.run import cpu_split, engine_worker
+    from engine.page.run.engine_worker import ENGINE_THREAD
 
-    wanted = engine_process.engine_process_wanted(environ)  # a CPU host: ZeroGPU lends GPUs
+    wanted = engine_worker.engine_process_wanted(environ)  # a CPU host: ZeroGPU lends GPUs
     split = cpu_split.cpu_split(environ) if wanted else None
     if split is None or not cpu_split.pin_process(split.engine):
         return None

@@ -13,6 +13,14 @@ engine when it is compared, the prompts' prefill, and the reference outputs not 
 the outputs are checked. The queue learns this host's pace for each part from the runs that finish
 here (``run_parts_s``: the engines' own times), and from the run in progress
 (``report_progress``) before the first one has.
+
+Its turn come, ``run_engines`` is the run's engine work: one ``engine.worker.comparison``
+``ComparisonJob`` to the model's worker (``engine.page.run.engine_worker``: the engine thread or
+the engine process), whose ``ComparisonResult`` (core types only) becomes the page's ``RunState``;
+then the host's servers, here, as they are the page's (``engine.page.run.host_servers``), their
+outputs judged against the same reference by one more job (``JudgeJob``), the verdicts of a
+server on quantized weights labelled as expected differences
+(``engine.page.views.divergence_view.expected_differences``).
 """
 
 from __future__ import annotations
@@ -23,16 +31,19 @@ import math
 from collections.abc import Callable, Iterator
 
 from engine.config import EngineConfig
-from engine.page.run.live_run import EngineProgress
+from engine.page.run import host_servers
+from engine.page.run.engine_worker import EngineProgress, ProgressLog, Take
 from engine.page.run.recent_runs import RecentRun, replay_label
 from engine.page.run.run_cost import Work
 from engine.page.run.run_handle import Turn
 from engine.page.run.run_options import RunOptions, RunSettings, options_from_page, prepare
 from engine.page.run.run_queue import RunQueue, Ticket
 from engine.page.run.shared_model import PageModel
-from engine.page.views import progress_view, run_status
-from engine.page.views.run_view import render
+from engine.page.views import divergence_view, progress_view, run_status, tables
+from engine.page.views.run_view import RunState, render
 from engine.sequence import Request
+from engine.serving.run_control import RunControl, RunStopped
+from engine.worker.comparison import ComparisonJob, JudgeJob, judge_in_worker, work_in_worker
 
 QUEUE_POLL_S = 1.0  # how often a waiting run looks at its place
 # A waiting run's line is sent when its words change, else every this many seconds: each send
@@ -170,3 +181,81 @@ def wait_for_turn(
     if turn.stop_requested:
         return STOPPED
     return find_recent() or TURN  # the run before may have been this very setup
+
+
+def run_engines(
+    model: PageModel,
+    requests: list[Request],
+    config: EngineConfig,
+    options: RunOptions,
+    take: Take | None = None,
+    control: RunControl | None = None,
+) -> RunState:
+    """Run every engine (and the reference) on ``requests`` in ``model``'s worker, one after
+    the other, then the chosen servers here (``host_servers.run_servers``, which reports their
+    failures and stops instead of raising them).
+
+    ``take`` receives each engine's progress (``EngineProgress``) as the worker sends it;
+    ``control`` (the run's stop flag and time limit) ends the run within one step or wait. The
+    model's lock is held throughout, so runs never overlap on the model.
+
+    Raises:
+        RunStopped: the run was stopped (``EngineProcessLost``: the engine process died).
+        ValueError: bad input only an engine could see.
+    """
+    take = take or (lambda _entry: None)
+    control = control or RunControl()
+    job = ComparisonJob(
+        requests,
+        config,
+        compare_hf=options.compare_hf,
+        check_reference=options.check_reference,
+        dtype=model.dtype_name,
+    )
+    with model.lock:
+        try:
+            state = RunState.from_comparison(
+                model.worker.run(work_in_worker, (job,), control, take)
+            )
+            if options.servers:  # last: a server that fails or is stopped leaves the rest whole
+                _run_servers(model, state, requests, config, options, control, take)
+            return state
+        except RunStopped as exc:
+            # A fresh exception, raised while the lock is still held: the caught one's traceback
+            # holds the engines' frames and their KV cache, which must go before the next run
+            # can take the model.
+            stopped = type(exc)(str(exc))
+        raise stopped
+
+
+def _run_servers(model: PageModel, state: RunState, requests, config, options, control, take):
+    """The host's chosen servers' traces and failures into ``state``, watched here, then
+    judged (``_judge_servers``)."""
+    names = model.servers.check_names(options.servers)
+    state.servers, state.server_failures = host_servers.run_servers(
+        model.servers,
+        names,
+        requests,
+        config.num_slots,
+        ProgressLog(control, take).watch,
+        dtype=state.dtype,
+        batch_invariant=config.batch_invariant,
+        prefix_caching=config.prefix_caching,
+    )
+    _judge_servers(model, state, requests, control, take)
+
+
+def _judge_servers(model: PageModel, state: RunState, requests, control, take) -> None:
+    """The servers' verdicts into ``state.verdicts`` (those the reference can judge: not another
+    model's, not another precision's), labelled where differences are expected. After a stop,
+    or without the reference check, none: the page then names their differences by request."""
+    traces = {n: t for n, t in state.servers.items() if tables.compared(t)}
+    if state.verdicts is None or not traces:
+        return
+    job = JudgeJob(requests, traces, state.dtype, state.batch_invariant)
+    try:
+        control.check()  # a stopped run asks the engine process for nothing more
+        judged = model.worker.run(judge_in_worker, (job,), control, take)
+    except RunStopped:
+        return  # the servers' results stay, unjudged
+    state.verdicts = {**state.verdicts, **divergence_view.expected_differences(judged, traces)}

@@ -16,13 +16,13 @@ servers elsewhere, and ``--endpoint-record`` where such a vLLM serves its record
 The page offers exactly these, by name.
 
 By default (``CBP_ENGINE_PROCESS=auto``, on except on ZeroGPU) the engines run in an engine
-process of their own (``engine.page.run.engine_process``), which holds the only copy of the
-model: it loads it before the page serves, then tells the page its facts (tokenizer, sizes,
-labels, reference keys) and times the queue's pace where the runs will run; the page's model is
-then a ``model_view.ModelView``, with no weights. The CPUs are split between the two processes
-(``engine.page.run.cpu_split``, ``CBP_ENGINE_CPUS``). With ``CBP_ENGINE_PROCESS=off`` the page
-loads the model itself (``shared_model.load_shared_model``) and the engines run on its engine
-thread.
+process of their own (``engine.page.run.engine_worker.ProcessWorker``), which holds the only
+copy of the model: it loads it before the page serves, then tells the page its facts (tokenizer,
+sizes, labels, reference keys) and times the queue's pace where the runs will run; the page's
+model is then a ``shared_model.ModelView``, with no weights. The CPUs are split between the two
+processes (``engine.page.run.cpu_split``, ``CBP_ENGINE_CPUS``). With ``CBP_ENGINE_PROCESS=off``
+the page loads the model itself (``shared_model.load_shared_model``) and the engines run on its
+engine thread.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ import gradio as gr
 import torch
 
 from engine.model.allowlist import check_model_allowed
-from engine.page.host import model_view, quiet_queue, server_priority, share, zerogpu
+from engine.page.host import quiet_queue, server_priority, share, zerogpu
 from engine.page.inputs import page_io
 from engine.page.panels import page_panels, settings_panel
-from engine.page.run import cpu_split, engine_process, host_servers, shared_model
-from engine.page.run.engine_thread import ENGINE_THREAD
+from engine.page.run import cpu_split, engine_worker, host_servers, shared_model
+from engine.page.run.engine_worker import ENGINE_THREAD
 from engine.page.views import tables
 from engine.peers.vllm_server import MAX_MODEL_LEN
 from engine.serving.run_control import RunStopped
@@ -166,7 +166,7 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
     process = None
     try:
         nice = server_priority.server_nice()
-        if engine_process.engine_process_wanted(on_zerogpu=zerogpu.on_zerogpu()):
+        if engine_worker.engine_process_wanted(on_zerogpu=zerogpu.on_zerogpu()):
             check_model_allowed(args.model)  # before anything loads, as load_shared_model does
             process, split = _engine_process(args, cpu_split.cpu_split())
             model = _connect(process, split)
@@ -198,14 +198,16 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
 
 def _engine_process(
     args, split: cpu_split.CpuSplit | None
-) -> tuple[engine_process.EngineProcess, cpu_split.CpuSplit | None]:
+) -> tuple[engine_worker.ProcessWorker, cpu_split.CpuSplit | None]:
     """The engine process on the command line's model, started (``CBP_ENGINE_PROCESS``; made
     from this thread before its nice value is raised, so the worker keeps the start's), on the
     engine CPUs of ``split``; the page's process then keeps to the others, with as many torch
     threads. Returns it and the split, None where the CPUs are not split."""
     jobs = ("engine.worker.comparison", "engine.worker.model_facts")  # where its jobs are
-    spec = engine_process.ModelSpec(args.model, args.device, args.dtype, preload=jobs)
-    process = engine_process.EngineProcess(spec, cpus=split.engine if split else None)
+    spec = engine_worker.ModelSpec(
+        shared_model.load_spec, args.model, args.device, args.dtype, preload=jobs
+    )
+    process = engine_worker.ProcessWorker(spec, cpus=split.engine if split else None)
     process.start()  # spawned before the page keeps to its CPUs: torch there sees them all
     print(f"Engine process started (pid {process.pid}); it loads the model.", flush=True)
     if split is None or not cpu_split.pin_process(split.page):
@@ -216,8 +218,8 @@ def _engine_process(
 
 
 def _connect(
-    process: engine_process.EngineProcess, split: cpu_split.CpuSplit | None
-) -> model_view.ModelView:
+    process: engine_worker.ProcessWorker, split: cpu_split.CpuSplit | None
+) -> shared_model.ModelView:
     """Wait for the engine process, then make the page's model from its facts and pace
     (``ModelView.connect``), the shared one (``shared_model.use_model``); ``split``: the CPUs,
     as the model line says them.
@@ -226,7 +228,7 @@ def _connect(
         SystemExit: the engine process ended first, or its model failed to load.
     """
     try:
-        view, _work, parts_s = model_view.ModelView.connect(process, cpu_split=split)
+        view, _work, parts_s = shared_model.ModelView.connect(process, cpu_split=split)
     except (ValueError, RunStopped) as exc:
         process.close()
         raise SystemExit(f"error: the engine process: {exc}") from None

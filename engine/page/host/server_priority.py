@@ -8,7 +8,7 @@ one stalls every parallel region of the step until it yields: a room of ten wait
 the engines' times 1.3× to 1.9× those of an idle page.
 
 Linux keeps a nice value per thread, and a thread inherits its creator's. So the main thread, after
-the model is loaded and warmed up on the engine thread (``engine.page.run.engine_thread``, whose
+the model is loaded and warmed up on the engine thread (``engine_worker.ENGINE_THREAD``, whose
 OpenMP pool is made then, at the nice value the process started with), raises its own nice value
 before Gradio starts its server: the server's event loop and its worker threads are made from it,
 and inherit it. The kernel's fair scheduler then gives a runnable engine thread about ten times
@@ -17,9 +17,9 @@ slowly, and at full speed between runs. Raising one's own nice value needs no pr
 it back would, so only threads made later are affected. Elsewhere than Linux (macOS keeps one
 nice value per process) nothing is changed.
 
-With the engine process (``engine.page.run.engine_process``) the engines run in a process of
-their own, started from this thread before it is lowered: it keeps the nice value the page started
-with, and the page's Python no longer shares a GIL with the run.
+With the engine process (``engine.page.run.engine_worker.ProcessWorker``) the engines run in a
+process of their own, started from this thread before it is lowered: it keeps the nice value the
+page started with, and the page's Python no longer shares a GIL with the run.
 
 ``CBP_SERVER_NICE`` sets how many steps (0 to 19, default 10; 0 leaves the server as it is).
 """

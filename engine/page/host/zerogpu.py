@@ -52,7 +52,7 @@ def runs_queue_in_gradio() -> bool:
 
 def on_zerogpu() -> bool:
     """Whether the page runs on a ZeroGPU Space (``spaces`` imports), where the GPU is lent to
-    the page's own process: no engine process there (``engine.page.run.engine_process``)."""
+    the page's own process: no engine process there (``engine.page.run.engine_worker``)."""
     return _spaces() is not None
 
 

@@ -2,7 +2,7 @@
 
 A run is a measurement, and on a small host the page that serves a room shares the CPUs with it.
 Nice values (``engine.page.host.server_priority``) and a process of their own
-(``engine_process``) did not keep a room off the engines' times: on the 2-core AMD EPYC, torch's
+(``engine_worker``) did not keep a room off the engines' times: on the 2-core AMD EPYC, torch's
 two OpenMP threads wait for each other at every parallel region of a step, so a page thread that
 takes either CPU for a moment stalls both, and a 30-session room's runs took 1.5x to 2.3x their
 idle time (docs/measurements.md, "What a waiting room costs the page").

@@ -349,13 +349,14 @@ def run_servers(
 ) -> tuple[dict[str, Trace], dict[str, str]]:
     """Run ``requests`` on each server in ``names``: (traces, failures), both by name.
 
-    ``watch`` is ``LiveRun.watch``. A failure's message says what went wrong for a person; after
-    a stop (Stop, the time limit) the server's streams are cancelled, and the servers not run
-    yet are listed as not run, with the reason. ``dtype`` and ``batch_invariant``: the run's
-    precision; a local vLLM in another dtype (fixed at its start) gets a warning, and its trace's
-    ``info["server"]`` names both dtypes (``dtype``, ``run_dtype``), so the reference check
-    leaves it out (``engine.page.views.tables.not_compared_why``). ``prefix_caching``: whether
-    our engines cached prompt prefixes; a local vLLM that does otherwise gets a warning.
+    ``watch`` is ``engine_worker.ProgressLog.watch``. A failure's message says what went wrong
+    for a person; after a stop (Stop, the time limit) the server's streams are cancelled, and the
+    servers not run yet are listed as not run, with the reason. ``dtype`` and
+    ``batch_invariant``: the run's precision; a local vLLM in another dtype (fixed at its start)
+    gets a warning, and its trace's ``info["server"]`` names both dtypes (``dtype``,
+    ``run_dtype``), so the reference check leaves it out
+    (``engine.page.views.tables.not_compared_why``). ``prefix_caching``: whether our engines
+    cached prompt prefixes; a local vLLM that does otherwise gets a warning.
     """
     traces: dict[str, Trace] = {}
     failures: dict[str, str] = {}
@@ -387,7 +388,7 @@ def run_servers(
 def _run_one(
     servers: PageServers, name: str, requests, num_slots: int, watch, streaming: list
 ) -> Trace:
-    """One server's run; ``watch`` is ``LiveRun.watch`` for this server's name. A server that
+    """One server's run; ``watch`` is ``ProgressLog.watch`` for this server's name. A server that
     fits each run (``PageServers.fits``) gets ``num_slots`` and ``requests`` first. ``streaming``
     gets an item when the streams begin (a stop after that cancels them)."""
     watch(None, waiting=True, note="waiting for the server")

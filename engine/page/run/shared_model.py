@@ -1,22 +1,27 @@
-"""The shared model: one loaded model with its runner and reference cache, for every run.
+"""The page's model: one object every run uses, wherever the weights are.
 
 It is the one module-level mutable object the house style allows: loaded lazily (``get_model``) or
-at start (``load_shared_model``), after the ``CBP_MODEL_ALLOWLIST`` check. Its ``lock`` is held by
-the run in progress, so runs never overlap on the model. It loads and warms up on the page's engine
-thread (``engine.page.run.engine_thread``), where every run goes too. Tests build their own
-``SharedModel``.
+at start (``load_shared_model``), after the ``CBP_MODEL_ALLOWLIST`` check, or made from an engine
+process (``use_model``). What the page asks of it is ``PageModel``: a tokenizer, a label, checks
+before a run joins the queue (KV budget, batch-invariant mode), the references stored, its
+precisions, and the page's parts, one for every precision: the ``lock`` held by the run in
+progress (runs never overlap on the model), the run queue, the recent runs, the host's servers
+and the ``worker`` its engine jobs go to (``engine.page.run.engine_worker``). Two kinds answer it:
 
-What the page asks of its model is ``PageModel``. A ``SharedModel`` serves it in this process, with
-the weights here (ZeroGPU, ``CBP_ENGINE_PROCESS=off``, the engine process's own, tests); with an
-engine process, the page's model is ``engine.page.host.model_view.ModelView``, which holds a
-tokenizer and the engine process's answers (``engine.worker.model_facts``) and no weights
-(``use_model`` makes it the shared one). Both send their work through ``run(fn, args, control,
-watch)``: here on the calling thread, or to the engine process (``EngineProcess.run``).
+- ``SharedModel``: the weights here, with the runner and reference cache; its worker is a
+  ``ThreadWorker`` (ZeroGPU, ``CBP_ENGINE_PROCESS=off``, tests). It is also the model an engine
+  process holds (``load_spec``). It loads and warms up on the page's engine thread, where every
+  run goes too. Tests build their own.
+- ``ModelView``: the engine process's model as the page sees it, no weights: a tokenizer and
+  the facts that process answers (``engine.worker.model_facts``); it reads the reference store
+  itself under the keys those facts give (``engine.fidelity.stored_references``). Its worker is
+  the ``ProcessWorker``.
 
 Precision is a page setting: ``in_dtype`` gives the same model in another dtype (float32 or
-bfloat16, plus float16 on CUDA), loaded (on the engine thread) the first time it is asked for and
-kept beside the first (SmolLM2-135M: about 270 MB in bfloat16), sharing its lock. A dtype the
-device cannot run is refused before any weight loads, naming both (``engine.model.dtype_support``).
+bfloat16, plus float16 on CUDA), loaded where the weights are the first time it is asked for and
+kept beside the first (SmolLM2-135M: about 270 MB in bfloat16), sharing its page's parts. A dtype
+the device cannot run is refused before any weight loads, naming both
+(``engine.model.dtype_support``).
 """
 
 from __future__ import annotations
@@ -27,28 +32,36 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from engine.batching.continuous import ContinuousEngine
+from engine.batching.continuous import ContinuousEngine, kv_pool_blocks
 from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
 from engine.fidelity import reference_store
 from engine.fidelity.reference import ReferenceCache, SoloReference
+from engine.fidelity.stored_references import StoredReferences
 from engine.model.allowlist import check_model_allowed
 from engine.model.device import describe_device, parse_dtype
 from engine.model.dtype_support import check_dtype_supported
 from engine.model.loader import LoadedModel, load_model
 from engine.model.model_runner import ModelRunner
 from engine.page.run.cpu_split import CpuSplit
-from engine.page.run.engine_thread import ENGINE_THREAD
+from engine.page.run.engine_worker import (
+    ENGINE_THREAD,
+    ModelSpec,
+    ProcessWorker,
+    ThreadWorker,
+    Worker,
+)
 from engine.page.run.host_servers import PageServers
 from engine.page.run.recent_runs import RecentRuns, replay_window_s
 from engine.page.run.run_cost import REFERENCE, Work
 from engine.page.run.run_queue import RunQueue
 from engine.sequence import Request
 from engine.serving.run_control import RunControl
+from engine.worker.model_facts import ModelFacts, model_facts
 from engine.workloads.workload import parse_table, tokenize_requests
 
 # Timed at start for the queue's first estimates (``SharedModel.calibrate_pace``): a tour run in
@@ -61,79 +74,31 @@ CALIBRATION_TABLE = [
 ]
 
 
-class PageModel(Protocol):
-    """What the page asks of its model, wherever the weights are: ``SharedModel`` (here) and
-    ``engine.page.host.model_view.ModelView`` (in the engine process) both answer it."""
+@dataclass(kw_only=True)
+class PageModel:
+    """What the page asks of its model, and the page's parts of it (see the module docstring).
+    ``loaded`` is a ``LoadedModel`` or its ``ModelCard``: name, tokenizer, device, dtype."""
 
-    lock: threading.Lock  # held by the one running run
-    servers: PageServers | None
-    queue: RunQueue
-    recent: RecentRuns
-    cpu_split: CpuSplit | None
-
-    @property
-    def dtype_name(self) -> str: ...
-
-    @property
-    def tokenizer(self) -> Any: ...
-
-    @property
-    def max_context(self) -> int: ...
-
-    @property
-    def label(self) -> str: ...
-
-    @property
-    def label_markdown(self) -> str: ...
-
-    def dtype_choices(self) -> list[str]: ...
-
-    def in_dtype(self, name: str | None) -> PageModel: ...
-
-    def reference_for(self, batch_invariant: bool): ...
-
-    def check_batch_invariant(self) -> None: ...
-
-    def check_kv_budget(self, config: EngineConfig, requests: list[Request]) -> None: ...
-
-    def run(self, fn: Callable, args: tuple, control: RunControl, watch: Callable) -> Any: ...
-
-
-@dataclass
-class SharedModel:
-    """The loaded model with its runner and reference cache, shared by every run of the page."""
-
-    loaded: LoadedModel
-    runner: ModelRunner
-    reference: ReferenceCache
     lock: threading.Lock = field(default_factory=threading.Lock)  # held by the one running run
     servers: PageServers | None = None  # the host's servers (app.py --vllm, --endpoint), if any
-    # dtype name -> the same model in that dtype; None: convert a copy of this one's weights
-    loader: Callable[[str], LoadedModel] | None = field(default=None, repr=False)
-    variants: dict[str, SharedModel] = field(default_factory=dict, repr=False)
-    solo_reference: SoloReference | None = field(default=None, repr=False)  # made on first use
     # the turns runs take on the model, and the recent runs by setup: one for every dtype's copy
     queue: RunQueue = field(default_factory=RunQueue, repr=False)
     recent: RecentRuns = field(default_factory=lambda: RecentRuns(replay_window_s()), repr=False)
     cpu_split: CpuSplit | None = None  # the engines' CPUs and the page's, when split
+    worker: Worker | None = field(default=None, repr=False)  # where its engine jobs run
+    variants: dict[str, PageModel] = field(default_factory=dict, repr=False)  # by dtype name
 
     def __post_init__(self) -> None:
         self.queue.shown_instead = lambda setup: self.recent.find(setup) is not None
 
-    @classmethod
-    def from_loaded(cls, loaded: LoadedModel, **fields) -> SharedModel:
-        runner = ModelRunner(loaded)
-        # kept on disk too (CBP_REFERENCE_CACHE): a setup's reference is computed once per host
-        return cls(loaded, runner, ReferenceCache(runner, reference_store.open_store()), **fields)
-
     @property
     def dtype_name(self) -> str:
-        """The loaded dtype, e.g. "float32"."""
+        """The model's dtype, e.g. "float32"."""
         return str(self.loaded.dtype).removeprefix("torch.")
 
     @property
     def tokenizer(self) -> Any:
-        """The model's tokenizer (``LoadedModel.tokenizer``)."""
+        """The model's own tokenizer, as it was loaded with the weights."""
         return self.loaded.tokenizer
 
     @property
@@ -141,12 +106,24 @@ class SharedModel:
         """The model's context, in tokens."""
         return self.loaded.max_context
 
+    @property
+    def label(self) -> str:
+        """The page's model line, e.g. "Model: SmolLM2-135M-Instruct · runs on CPU · float32"."""
+        return f"Model: {self.loaded.name} · runs on {self.loaded.device_label}"
+
+    @property
+    def label_markdown(self) -> str:
+        """The model line as the page shows it (``model_line``), with its kernels and step."""
+        kernels, step = self.kernels_and_step()
+        return model_line(self.label, kernels, step, self.cpu_split)
+
     def dtype_choices(self) -> list[str]:
         """The precisions the page offers (``dtype_choices``)."""
         return dtype_choices(self.loaded.device, self.dtype_name)
 
-    def in_dtype(self, name: str | None) -> SharedModel:
-        """This model in the dtype ``name`` (None, "" or "auto": this one), loaded on first use.
+    def in_dtype(self, name: str | None) -> PageModel:
+        """This model in the dtype ``name`` (None, "" or "auto": this one), loaded where the
+        weights are on first use.
 
         Raises:
             ValueError: a name the page does not offer on this device, or a dtype the device
@@ -156,21 +133,77 @@ class SharedModel:
         if wanted == self.dtype_name:
             return self
         if wanted not in self.variants:
-            self.variants[wanted] = ENGINE_THREAD.call(self._variant, wanted)
+            self.variants[wanted] = self._variant(wanted)
         return self.variants[wanted]
 
+    def page_parts(self) -> dict[str, Any]:
+        """The parts every precision of the model shares, as keywords for another's."""
+        parts = ("lock", "servers", "queue", "recent", "cpu_split", "worker")
+        return {name: getattr(self, name) for name in parts}
+
+    def kernels_and_step(self) -> tuple[str, str]:
+        """The engines' matmul kernels and how the step runs, as people read them."""
+        raise NotImplementedError
+
+    def _variant(self, dtype_name: str) -> PageModel:
+        raise NotImplementedError
+
+    def reference_for(self, batch_invariant: bool):
+        """The references runs are compared with, in ``batch_invariant``'s mode: what they
+        have (``missing``) prices a run's reference pass."""
+        raise NotImplementedError
+
+    def check_batch_invariant(self) -> None:
+        """Refuse batch-invariant mode for a model it does not support.
+
+        Raises:
+            ValueError: the model is not a Llama-style decoder.
+        """
+        raise NotImplementedError
+
+    def check_kv_budget(self, config: EngineConfig, requests: list[Request]) -> None:
+        """Refuse, before any engine starts, a paged KV budget that cannot hold some request.
+
+        Raises:
+            ValueError: some request alone needs more KV blocks than the budget holds.
+        """
+        raise NotImplementedError
+
+
+@dataclass
+class SharedModel(PageModel):
+    """The loaded model with its runner and reference cache; its worker: the engine thread."""
+
+    loaded: LoadedModel
+    runner: ModelRunner
+    reference: ReferenceCache
+    # dtype name -> the same model in that dtype; None: convert a copy of this one's weights
+    loader: Callable[[str], LoadedModel] | None = field(default=None, repr=False)
+    solo_reference: SoloReference | None = field(default=None, repr=False)  # made on first use
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.worker is None:
+            self.worker = ThreadWorker(self)
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel, **fields) -> SharedModel:
+        runner = ModelRunner(loaded)
+        # kept on disk too (CBP_REFERENCE_CACHE): a setup's reference is computed once per host
+        return cls(loaded, runner, ReferenceCache(runner, reference_store.open_store()), **fields)
+
+    def kernels_and_step(self) -> tuple[str, str]:
+        """This runner's matmul kernels and step."""
+        return self.runner.kernel_summary(), self.runner.step_summary()
+
     def _variant(self, dtype_name: str) -> SharedModel:
-        """This model in ``dtype_name``, loaded (or converted) and warmed up; same lock."""
+        """This model in ``dtype_name``, loaded (or converted) and warmed up on the engine
+        thread; same page parts."""
+        return ENGINE_THREAD.call(self._load_variant, dtype_name)
+
+    def _load_variant(self, dtype_name: str) -> SharedModel:
         loaded = self.loader(dtype_name) if self.loader else _converted(self.loaded, dtype_name)
-        variant = SharedModel.from_loaded(
-            loaded,
-            lock=self.lock,
-            loader=self.loader,
-            servers=self.servers,
-            queue=self.queue,
-            recent=self.recent,
-            cpu_split=self.cpu_split,
-        )
+        variant = SharedModel.from_loaded(loaded, loader=self.loader, **self.page_parts())
         variant.warm_up()
         return variant
 
@@ -184,37 +217,10 @@ class SharedModel:
         return self.solo_reference
 
     def check_batch_invariant(self) -> None:
-        """Refuse batch-invariant mode for a model it does not support.
-
-        Raises:
-            ValueError: the model is not a Llama-style decoder.
-        """
         self.runner.require_batch_invariant()
 
     def check_kv_budget(self, config: EngineConfig, requests: list[Request]) -> None:
-        """Refuse, before any engine starts, a paged KV budget that cannot hold some request.
-
-        Raises:
-            ValueError: some request alone needs more KV blocks than the budget holds.
-        """
         ContinuousEngine(self.runner, config).check_kv_budget(requests)
-
-    def run(self, fn: Callable, args: tuple, control: RunControl, watch: Callable) -> Any:
-        """``fn(self, *args, watch)`` on the calling thread (the page's engine thread): the
-        in-process end of ``EngineProcess.run``; ``control`` stops it through ``watch``."""
-        return fn(self, *args, watch)
-
-    @property
-    def label(self) -> str:
-        """The page's model line, e.g. "Model: SmolLM2-135M-Instruct · runs on CPU · float32"."""
-        return f"Model: {self.loaded.name} · runs on {self.loaded.device_label}"
-
-    @property
-    def label_markdown(self) -> str:
-        """The model line as the page shows it (``model_line``), with this runner's kernels and
-        step."""
-        kernels, step = self.runner.kernel_summary(), self.runner.step_summary()
-        return model_line(self.label, kernels, step, self.cpu_split)
 
     def warm_up(self) -> None:
         """Key the reference store (hashing the weights, about a second for SmolLM2-135M), so the
@@ -267,8 +273,71 @@ class SharedModel:
 
 
 def engine_pace(model: SharedModel, _watch) -> tuple[Work, dict[str, float]]:
-    """The pace (``SharedModel.time_pace``) as a job (``run``): timed where the runs run."""
+    """The pace (``SharedModel.time_pace``) as a job (``Worker.run``): timed where the runs
+    run."""
     return model.time_pace()
+
+
+def _untaken(_entry) -> None:
+    """The ``take`` of a job nobody watches (facts, pace)."""
+
+
+@dataclass
+class ModelView(PageModel):
+    """The engine process's model in one precision, seen from the page (see the module
+    docstring); ``worker`` is the ``ProcessWorker``."""
+
+    facts: ModelFacts
+    references: dict[bool, StoredReferences] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def connect(cls, worker: ProcessWorker, **parts) -> tuple[ModelView, Work, dict[str, float]]:
+        """Wait for ``worker``'s model, then ask it for its facts and its pace (timed where the
+        runs run), which the view's queue learns. Returns the view and the pace's work and
+        seconds in each part.
+
+        Raises:
+            EngineProcessLost: it ended first.
+            Exception: its model failed to load (its exception).
+        """
+        worker.wait_ready()
+        facts = worker.run(model_facts, (None,), RunControl(), _untaken)
+        view = cls(facts, worker=worker, **parts)
+        work, parts_s = worker.run(engine_pace, (), RunControl(), _untaken)
+        view.queue.calibrate(work, parts_s)
+        return view, work, parts_s
+
+    @property
+    def loaded(self):
+        """The model as ``LoadedModel``'s readers see it, less its weights (a ``ModelCard``):
+        what the host's servers are configured from."""
+        return self.facts.card
+
+    def kernels_and_step(self) -> tuple[str, str]:
+        """The engine process's matmul kernels and step."""
+        return self.facts.kernels, self.facts.step
+
+    def _variant(self, dtype_name: str) -> ModelView:
+        """The engine process's model in ``dtype_name``: loaded there, its facts asked once."""
+        facts = self.worker.run(model_facts, (dtype_name,), RunControl(), _untaken)
+        return ModelView(facts, **self.page_parts())
+
+    def reference_for(self, batch_invariant: bool) -> StoredReferences:
+        """Which references of ``batch_invariant``'s kind the store holds: the engine process
+        computes them, under the keys its facts gave."""
+        if batch_invariant not in self.references:
+            identity = self.facts.reference_keys.get(batch_invariant)
+            store = reference_store.open_store() if identity is not None else None
+            eos = self.facts.card.eos_token_ids
+            self.references[batch_invariant] = StoredReferences(store, identity, eos)
+        return self.references[batch_invariant]
+
+    def check_batch_invariant(self) -> None:
+        if self.facts.batch_invariant_refusal is not None:
+            raise ValueError(self.facts.batch_invariant_refusal)
+
+    def check_kv_budget(self, config: EngineConfig, requests: list[Request]) -> None:
+        kv_pool_blocks(config, requests, self.facts.card.kv_bytes_per_token)
 
 
 def dtype_choices(device: torch.device, dtype_name: str) -> list[str]:
@@ -347,7 +416,7 @@ def load_shared_model(
             load (see ``load_model``).
     """
     check_model_allowed(model)
-    # On the engine thread, which runs every run too: torch keeps one OpenMP pool (engine_thread)
+    # On the engine thread, which runs every run too: torch keeps one OpenMP pool (engine_worker)
     return use_model(ENGINE_THREAD.call(load_and_warm_up, model, device, dtype, calibrate))
 
 
@@ -365,6 +434,12 @@ def load_and_warm_up(
     if calibrate:
         shared.calibrate_pace()
     return shared
+
+
+def load_spec(spec: ModelSpec) -> SharedModel:
+    """The engine process's model: ``load_and_warm_up`` of ``spec``'s model, device and dtype
+    (its queue's pace is timed as a job, ``engine_pace``)."""
+    return load_and_warm_up(spec.model, spec.device, spec.dtype, calibrate=False)
 
 
 def use_model(model: PageModel) -> PageModel:

@@ -38,7 +38,7 @@ import time
 import gradio as gr
 
 from engine.page.figures import server_lanes
-from engine.page.run.live_run import EngineProgress
+from engine.page.run.engine_worker import EngineProgress
 from engine.page.run.run_queue import Place
 from engine.page.views import tables
 from engine.page.views.markup import counted, one_line, plain_markdown

@@ -13,13 +13,13 @@ from page_runs import run_and_render
 
 from engine.model.loader import ModelLoadError
 from engine.page.handlers import playground
-from engine.page.host.model_view import ModelView
 from engine.page.inputs import presets
 from engine.page.panels import page_panels
 from engine.page.run import run_options, shared_model
 from engine.page.run.cpu_split import CpuSplit
 from engine.page.run.run_handle import RunHandle
 from engine.page.run.run_options import RunOptions
+from engine.page.run.shared_model import ModelView
 from engine.page.views import run_status, run_view
 from engine.trace import DECODE, PREFILL
 from engine.worker.model_facts import facts_of
@@ -186,7 +186,7 @@ def test_model_line_says_whether_the_step_is_compiled_and_why_not(shared):
     hover = html.unescape(line.rsplit('title="', 1)[1].split('">')[0])
     assert hover == "step: eager (CBP_COMPILED_STEP=off)", hover
     facts = dataclasses.replace(facts_of(shared), step="step: compiled by inductor, one graph")
-    line = ModelView(facts, engine=None).label_markdown
+    line = ModelView(facts).label_markdown
     assert line.endswith('">compiled step</abbr>'), line
 
 
@@ -459,7 +459,7 @@ def test_model_line_names_the_engine_process_kernels_and_the_cpu_split(shared):
     CPUs split between it and the page are said in a few words, with the CPUs on hover."""
     kernels = "matmul: skinny at 1 row (the engine process's)"
     facts = dataclasses.replace(facts_of(shared), kernels=kernels)
-    line = ModelView(facts, engine=None, cpu_split=CpuSplit(engine=(1,), page=(0,))).label_markdown
+    line = ModelView(facts, cpu_split=CpuSplit(engine=(1,), page=(0,))).label_markdown
     assert 'title="matmul: skinny at 1 row (the engine process&#x27;s)"' in line, line
     assert line.endswith(
         ' · <abbr title="Engines on CPU 1 (1 thread), the page on CPU 0">'

@@ -14,9 +14,9 @@ from tiny_model import make_requests, tiny_shared
 
 from engine.fidelity import reference_store
 from engine.fidelity.reference import ReferenceCache
-from engine.page.host.model_view import ModelView
 from engine.page.run.cpu_split import CpuSplit, cpu_split
-from engine.page.run.engine_process import EngineProcess, ModelSpec
+from engine.page.run.engine_worker import ModelSpec, ProcessWorker
+from engine.page.run.shared_model import ModelView
 from engine.serving.run_control import RunControl
 
 FOUR = (0, 1, 2, 3)
@@ -85,7 +85,7 @@ def test_a_worker_keeps_to_its_cpus_with_a_thread_each():
     CPUs are left as they were."""
     last = max(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
-    worker = EngineProcess(ModelSpec(model="tiny", load=tiny_shared), cpus=(last,))
+    worker = ProcessWorker(ModelSpec(model="tiny", load=tiny_shared), cpus=(last,))
     try:
         worker.start()
         cpus, threads = worker.run(where_i_run, (), RunControl(), lambda *a, **k: None)
@@ -120,7 +120,7 @@ def test_the_page_counts_the_references_its_engine_process_stored(tmp_path, monk
     monkeypatch.setenv("CBP_REFERENCE_CACHE", "on")  # the suite keeps it off
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the page's own, not the worker's
     last = max(os.sched_getaffinity(0))
-    worker = EngineProcess(ModelSpec(model="tiny", load=stored_tiny_shared), cpus=(last,))
+    worker = ProcessWorker(ModelSpec(model="tiny", load=stored_tiny_shared), cpus=(last,))
     try:
         worker.start()
         page, _work, _parts_s = ModelView.connect(worker)

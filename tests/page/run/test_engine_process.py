@@ -19,16 +19,12 @@ import pytest
 from tiny_model import SLOW_STEP_S, make_requests, tiny_shared
 
 from engine.config import EngineConfig
-from engine.page.handlers import engine_work, playground
-from engine.page.host.model_view import ModelView
+from engine.page.handlers import playground, run_turns
 from engine.page.run import shared_model
-from engine.page.run.engine_process import (
-    EngineProcess,
-    ModelSpec,
-    engine_process_wanted,
-)
+from engine.page.run.engine_worker import ModelSpec, ProcessWorker, engine_process_wanted
 from engine.page.run.live_run import LiveRun
 from engine.page.run.run_options import RunOptions
+from engine.page.run.shared_model import ModelView
 from engine.page.views.run_view import RUN_OUTPUTS
 from engine.serving.run_control import RunCancelled, RunControl, RunTimedOut
 
@@ -42,7 +38,7 @@ STATUS_INDEX = RUN_OUTPUTS.index("status_markdown")
 @pytest.fixture(scope="module")
 def process():
     """One engine process on the slowed tiny model for the module; ended afterwards."""
-    worker = EngineProcess(ModelSpec(model="slow", load=tiny_shared))
+    worker = ProcessWorker(ModelSpec(model="slow", load=tiny_shared))
     worker.start()
     yield worker
     worker.close()
@@ -73,8 +69,8 @@ def _live(model, control: RunControl) -> LiveRun:
     """A run of SPECS on ``model`` as the page makes it: on the engine thread, watched."""
     requests = make_requests(SPECS)
 
-    def work(watch):
-        return engine_work.run_engines(model, requests, CONFIG, CHECKED, watch, control)
+    def work(take):
+        return run_turns.run_engines(model, requests, CONFIG, CHECKED, take, control)
 
     return LiveRun(work, control)
 
@@ -93,8 +89,8 @@ def _await(live: LiveRun, engine: str, timeout_s: float = 60.0) -> dict:
 def test_a_run_in_the_process_gives_the_threads_tokens_and_schedule(in_process):
     """Static and continuous tokens and schedules match the thread's, and generate's outputs."""
     requests = make_requests(SPECS)
-    here = engine_work.run_engines(tiny_shared(), requests, CONFIG, CHECKED)
-    there = engine_work.run_engines(in_process, requests, CONFIG, CHECKED)
+    here = run_turns.run_engines(tiny_shared(), requests, CONFIG, CHECKED)
+    there = run_turns.run_engines(in_process, requests, CONFIG, CHECKED)
     for name in ("static", "continuous"):
         mine, theirs = getattr(here, name), getattr(there, name)
         assert _tokens(theirs) == _tokens(mine), f"{name}: tokens differ from the thread's"
@@ -133,10 +129,10 @@ import sys
 sys.path[:0] = [{root!r}, {tests!r}]
 import gradio  # as app.py does before it starts the engine process
 from tiny_model import tiny_shared, worker_modules
-from engine.page.run.engine_process import EngineProcess, ModelSpec
+from engine.page.run.engine_worker import ModelSpec, ProcessWorker
 from engine.serving.run_control import RunControl
 if __name__ == "__main__":
-    process = EngineProcess(ModelSpec(load=tiny_shared))
+    process = ProcessWorker(ModelSpec(load=tiny_shared))
     names = process.run(worker_modules, (), RunControl(), lambda *a, **k: None)
     process.close()
     print("ui:", *[n for n in names if n.split(".")[0] in ("gradio", "plotly")])
@@ -186,7 +182,7 @@ def test_a_killed_worker_fails_its_run_in_the_status_line_and_the_next_run_works
     assert "killed (SIGKILL" in str(raised.value), str(raised.value)
     assert last is not None and "**Stopped:** the engine process ended" in last[STATUS_INDEX]
     requests = make_requests(SPECS[:2])
-    state = engine_work.run_engines(in_process, requests, CONFIG, CHECKED)
+    state = run_turns.run_engines(in_process, requests, CONFIG, CHECKED)
     assert process.pid not in (None, killed_pid), "no fresh worker was started"
     assert len(state.continuous.requests) == 2, "the run after the kill did not finish"
 

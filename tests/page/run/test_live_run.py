@@ -19,7 +19,8 @@ from tiny_model import tiny_runner
 from engine.fidelity.reference import ReferenceCache
 from engine.page.handlers import playground
 from engine.page.run import run_cost, shared_model
-from engine.page.run.live_run import EngineProgress, LiveRun
+from engine.page.run.engine_worker import EngineProgress
+from engine.page.run.live_run import LiveRun
 from engine.page.run.run_handle import RunHandle
 from engine.page.views.progress_view import progress_line
 from engine.page.views.run_view import RUN_OUTPUTS
@@ -58,7 +59,7 @@ def shared(monkeypatch) -> playground.SharedModel:
     monkeypatch.setattr(shared_model, "_shared_model", model)
     monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.05)
     monkeypatch.setattr(
-        "engine.page.run.live_run.SNAPSHOT_INTERVAL_S", 3600.0
+        "engine.page.run.engine_worker.SNAPSHOT_INTERVAL_S", 3600.0
     )  # finishes still shown
     return model
 

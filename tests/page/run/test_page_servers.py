@@ -14,7 +14,7 @@ import pytest
 
 from engine.page.handlers import playground
 from engine.page.run import host_servers, shared_model
-from engine.page.run.live_run import LiveRun
+from engine.page.run.engine_worker import ProgressLog
 from engine.page.run.run_handle import RunHandle
 from engine.page.views import run_view, tables
 from engine.peers.endpoints import Endpoint
@@ -44,7 +44,7 @@ def with_servers(page_model, monkeypatch):
         return page_model.servers
 
     monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.1)
-    monkeypatch.setattr("engine.page.run.live_run.SNAPSHOT_INTERVAL_S", 0.1)
+    monkeypatch.setattr("engine.page.run.engine_worker.SNAPSHOT_INTERVAL_S", 0.1)
     yield attach
     page_model.servers = None
 
@@ -193,10 +193,10 @@ def test_time_limit_cancels_a_slow_server(serve, embedded_model):
         [RequestSpec(LONG_ROWS[0][0], 1500)], embedded_model.tokenizer, chat_template=True,
         max_context=embedded_model.max_context,
     )  # fmt: skip
-    live = LiveRun(lambda watch: None, RunControl(time_limit_s=2.0))
+    log = ProgressLog(RunControl(time_limit_s=2.0), lambda _entry: None)
     t0 = time.monotonic()
     traces, failures = host_servers.run_servers(
-        host, ["hf_serve", "second"], requests, 1, live.watch
+        host, ["hf_serve", "second"], requests, 1, log.watch
     )
     assert time.monotonic() - t0 < 2.0 + 10, "the time limit did not cancel the streams"
     assert traces == {}

@@ -14,10 +14,10 @@ import pytest
 import torch
 from tiny_model import tiny_shared
 
-from engine.page.host.model_view import ModelView
 from engine.page.run import shared_model
-from engine.page.run.engine_process import EngineProcess, ModelSpec
+from engine.page.run.engine_worker import ModelSpec, ProcessWorker
 from engine.page.run.run_options import RunOptions, prepare
+from engine.page.run.shared_model import ModelView
 
 ROWS = [["hello world", 4], ["abc", 30], ["the quick brown fox", 3]]
 OPTIONS = RunOptions(chat_template=True, kv_mode="paged", kv_budget_mib=1.0)
@@ -26,7 +26,7 @@ OPTIONS = RunOptions(chat_template=True, kv_mode="paged", kv_budget_mib=1.0)
 @pytest.fixture(scope="module")
 def process():
     """One engine process on the tiny model for the module; ended afterwards."""
-    worker = EngineProcess(ModelSpec(model="tiny", load=tiny_shared))
+    worker = ProcessWorker(ModelSpec(model="tiny", load=tiny_shared))
     worker.start()
     yield worker
     worker.close()
