@@ -9,8 +9,8 @@ precision. ``run_job`` runs on one model, one after the other:
 
 and answers with a ``ComparisonResult``: the traces, the reference output ids and the verdicts
 (``engine.fidelity.divergence.judge_runs``, with their token texts). The page turns it into what it
-shows. ``work_in_worker`` is the engine process's entry: the same job on the worker's model in the
-job's precision. The page's engine thread calls ``run_job`` itself when no engine process runs.
+shows. ``work_in_worker`` is the worker's entry, in the engine process or on the page's engine
+thread alike: the same job on the worker's model in the job's precision.
 Nothing here imports the page, gradio or plotly, so the worker loads none of them for its jobs (a
 test checks it).
 
@@ -90,7 +90,7 @@ class ComparisonResult:
 
 
 def work_in_worker(model: ComparisonModel, job: ComparisonJob, watch: Watch) -> ComparisonResult:
-    """``run_job`` in the engine process, on its model in the job's precision."""
+    """``run_job`` where the weights are, on the model in the job's precision."""
     return run_job(model.in_dtype(job.dtype), job, watch)
 
 
