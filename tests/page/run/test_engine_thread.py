@@ -1,4 +1,5 @@
-"""The page's torch calls share one thread: the model load, the warm-up and every run."""
+"""The page's torch calls share one thread (the load, the warm-up and every run), and the worker's
+progress log paces what it sends."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from tiny_model import tiny_runner
 
 from engine.page.run import engine_worker, shared_model
 from engine.page.run.live_run import LiveRun
-from engine.serving.run_control import RunControl
+from engine.serving.run_control import RunCancelled, RunControl
+from engine.trace import RequestRecord, Trace
 
 
 def _run_on_live_thread() -> int:
@@ -55,3 +57,37 @@ def test_a_call_from_the_engine_thread_runs_at_once_and_errors_reach_the_caller(
     with pytest.raises(KeyError, match="boom"):
         worker.call(failing)
     assert worker.call(lambda: 7) == 7, "the thread died with the error"
+
+
+def test_a_progress_log_sends_each_snapshot_once_and_paces_unchanged_entries():
+    """Paced (the process's pipe): the first step's entry carries a snapshot, an unchanged entry
+    within the interval is not sent, a finished request brings a new snapshot and the last step
+    is always sent, its trace None when the receiver has it; unpaced, every step is sent."""
+    records = [RequestRecord(i, f"p{i}", max_new_tokens=2, num_prompt_tokens=3) for i in (0, 1)]
+    trace = Trace(engine="continuous", num_slots=2, requests=records)
+    sent = []
+    log = engine_worker.ProgressLog(RunControl(), sent.append, every_s=3600.0)
+    log.watch("continuous", trace)
+    log.watch("continuous", trace)  # nothing new: kept back
+    records[0].finish_s = 0.2
+    log.watch("continuous", trace)  # a request finished: a new snapshot
+    log.watch("continuous", trace, done=True)
+    assert [e.num_steps for e in sent] == [1, 3, 0], "an unchanged entry was sent, or one missed"
+    assert [e.num_finished for e in sent] == [0, 1, 1]
+    assert sent[0].trace is not trace and sent[1].trace.requests[0].finish_s == 0.2
+    assert sent[2].trace is not None, "done: the last snapshot is always taken and sent"
+    every = []
+    unpaced = engine_worker.ProgressLog(RunControl(), every.append)
+    for _ in range(3):
+        unpaced.watch("continuous", trace)
+    assert [e.num_steps for e in every] == [1, 2, 3] and every[1].trace is None
+
+
+def test_a_stopped_run_stops_at_its_next_watch():
+    """Once its control is stopped, the log raises at the engines' next step."""
+    control = RunControl()
+    log = engine_worker.ProgressLog(control, lambda _entry: None)
+    log.watch("static", None)
+    control.stop()
+    with pytest.raises(RunCancelled):
+        log.watch("static", None)
