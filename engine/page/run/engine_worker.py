@@ -225,11 +225,8 @@ class ProgressLog:
         entry.num_requests = len(trace.requests)
         num_finished = sum(r.finish_s is not None for r in trace.requests)
         newly_finished, entry.num_finished = num_finished != entry.num_finished, num_finished
-        if (
-            done
-            or newly_finished
-            or now_s - self._snapshot_s.get(engine, -math.inf) >= (SNAPSHOT_INTERVAL_S)
-        ):
+        due = now_s - self._snapshot_s.get(engine, -math.inf) >= SNAPSHOT_INTERVAL_S
+        if done or newly_finished or due:
             entry.trace = snapshot(trace)
             self._snapshot_s[engine] = now_s
         return entry
