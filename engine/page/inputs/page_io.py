@@ -30,6 +30,7 @@ from urllib.parse import urlencode
 import gradio as gr
 
 from engine.knobs import KNOB
+from engine.page.figures.style import counted
 from engine.page.inputs import link_query, link_table, presets
 from engine.sampling_params import samples
 from engine.workloads import export, workload_files
@@ -197,8 +198,7 @@ def _link_slots(params: dict[str, str], name: str | None, link: dict) -> None:
             link["preset_text"] = text + slots_note(int(slots), presets.preset_slots(shown))
     elif slots:
         used = fallback or DEFAULT_SLOTS
-        using = "1 slot" if used == 1 else f"{used} slots"
-        why = f"not a whole number from 1 to {MAX_SLOTS}; using {using}"
+        why = f"not a whole number from 1 to {MAX_SLOTS}; using {counted(used, 'slot')}"
         _warn_link(link, "slots", slots, why)
 
 
@@ -229,7 +229,7 @@ def table_summary(specs) -> str:
     arriving after t = 0, 2 sampled (the others greedy)"."""
     arrivals = sum(spec.arrival_s > 0 for spec in specs)
     sampled = sum(samples(spec.sampling) for spec in specs)
-    text = f"{len(specs)} request{'s' if len(specs) != 1 else ''}"
+    text = counted(len(specs), "request")
     text += f", {arrivals} arriving after t = 0" if arrivals else ""
     return text + (f", {sampled} sampled (the others greedy)" if sampled else "")
 
@@ -238,7 +238,7 @@ def slots_note(num_slots: int, preset_slots: int) -> str:
     """The line under a preset's explanation when a link set other slots than it speaks of, so
     the page does not contradict itself ("at 3 slots" beside a slider at 2)."""
     return (
-        f"\n\n*This link set {num_slots} {'slot' if num_slots == 1 else 'slots'}; the "
+        f"\n\n*This link set {counted(num_slots, 'slot')}; the "
         f"explanation above speaks of {preset_slots}, so its numbers may differ: set Slots to "
         f"{preset_slots} to see them as described.*"
     )

@@ -10,24 +10,16 @@ run beside this one's; the run's state, slider and downloads stay as they are (`
 ``stopped_outputs`` puts the previous run's results back with a status line saying why this one
 stopped; ``refused_outputs`` says why a run did not start and leaves everything else as it is.
 
-Drawing a timeline is Python work (plotly builds and checks every trace and layout property): about
-0.1-0.2 s of CPU for both timelines of a 300-step run, measured on this 2-core machine, while the
-engine thread needs both cores and the interpreter lock between its ops. Redrawn every half
-second, it took up to a third of a core from the run it showed. ``LiveTimelines`` redraws them
-only as often as keeps their drawing under ``TIMELINE_CPU_SHARE`` of the run's time (and at once
-when an engine's first steps arrive).
-
-Every update costs Gradio work too, on its event loop, whatever it holds: for each of the Run
-event's 19 outputs, even a skipped one, Gradio 6 builds a component and its config with three JSON
-schemas (``Blocks.postprocess_data``): 35-60 ms of CPU an update on this machine, measured with
-every output skipped. Sent twice a second, that took 14 s of a core in a 99 s run, and the page's
-runs took 1.13-1.34x the bench's. So ``LiveTimelines`` also paces the updates: it times how long
-Gradio took over the last one (from its hand-over to the next request for one) and waits long
-enough that this stays under ``UPDATE_SHARE`` of the run's time (``wait_s``), and it sends the
-outputs table only when its rows changed. The wait is at most ``MAX_UPDATE_WAIT_S`` (4 s): that
-hand-over time is wall time, and the page's server threads run at a lower priority than the
-engines (``CBP_SERVER_NICE``), so on a busy CPU one update can take them a second or more, and
-an uncapped wait of 50 times that would freeze the live progress for a minute or longer.
+Live updates are paced so that showing the run takes little from it
+(``docs/measurements.md`` has the costs). Drawing a timeline is Python work that competes with the
+engine thread for the CPU, so ``LiveTimelines`` redraws the timelines only as often as keeps their
+drawing under ``TIMELINE_CPU_SHARE`` of the run's time (and at once when an engine's first steps
+arrive). Every update also costs Gradio work on its event loop, skipped outputs included, so it
+times how long Gradio took over the last one (from its hand-over to the next request for one) and
+waits long enough that this stays under ``UPDATE_SHARE`` of the run's time (``wait_s``), and it
+sends the outputs table only when its rows changed. The wait is at most ``MAX_UPDATE_WAIT_S``: the
+page's server threads run at a lower priority than the engines (``CBP_SERVER_NICE``), so on a busy
+CPU one update can take them seconds, and an uncapped wait would freeze the live progress.
 """
 
 from __future__ import annotations
@@ -38,10 +30,11 @@ import time
 import gradio as gr
 
 from engine.page.figures import server_lanes
+from engine.page.figures.style import counted
 from engine.page.run.live_run import EngineProgress
 from engine.page.run.run_queue import Place
 from engine.page.views import tables
-from engine.page.views.markup import counted, one_line, plain_markdown
+from engine.page.views.markup import one_line, plain_markdown
 from engine.page.views.run_view import RUN_OUTPUTS, outputs_table, run_outputs, timeline
 from engine.sequence import Request
 from engine.trace import Trace, new_request_records
@@ -302,12 +295,8 @@ def stopped_outputs(previous_result, message: str) -> tuple:
     The run's state and downloads stay as they were; ``message`` leads the status line.
     """
     if previous_result is None:
-        figures = ("static_timeline_plot", "continuous_timeline_plot", "packed_mask_plot")
-        figures += ("static_mask_plot", "block_map_plot", "latency_cdf_plot", "step_usage_plot")
-        figures += ("server_timeline_plot", "server_chart_plot", "inside_timeline_plot")
-        figures += ("inside_mask_plot", "inside_block_map_plot", "inside_usage_plot")
         return run_outputs(
-            **dict.fromkeys(figures),
+            **dict.fromkeys(name for name in RUN_OUTPUTS if name.endswith("_plot")),
             metrics_table=[],
             outputs_table=outputs_table([], list(LIVE_ENGINES)),
             status_markdown=message,

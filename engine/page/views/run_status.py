@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 
 from engine.fidelity.reference import NOT_COMPARED_TEXT, mismatches, not_compared_ids
+from engine.page.figures.style import counted
 from engine.page.views import divergence_view, server_view, tables
-from engine.page.views.markup import counted
 from engine.trace import Trace
 
 NOISE_NOTE = "Wall times on a shared machine vary from run to run; step counts do not."
