@@ -32,8 +32,7 @@ import textwrap
 from typing import Any
 
 from engine.page.figures import block_map, mask_heatmaps, serving_metrics, timelines
-from engine.page.figures.server_lanes import message_figure
-from engine.page.figures.style import TITLE_LINE_PX, counted
+from engine.page.figures.style import TITLE_LINE_PX, counted, message_figure
 from engine.peers import schedule_comparison
 from engine.trace import Trace
 

@@ -30,7 +30,7 @@ import time
 import gradio as gr
 
 from engine.page.figures import server_lanes
-from engine.page.figures.style import counted
+from engine.page.figures.style import counted, message_figure
 from engine.page.run.live_run import EngineProgress
 from engine.page.run.run_queue import Place
 from engine.page.views import tables
@@ -208,11 +208,11 @@ def cleared_outputs(outputs: tuple) -> tuple:
     for name in unset & {"static_timeline_plot", "continuous_timeline_plot"}:
         values[name] = _not_started(name.removesuffix("_timeline_plot"))
     if "server_timeline_plot" in unset:
-        values["server_timeline_plot"] = server_lanes.message_figure(
+        values["server_timeline_plot"] = message_figure(
             "Servers: one lane per request", DRAWN_AT_END
         )
     for name, title in CLEARED_AT_START.items():
-        values[name] = server_lanes.message_figure(title, DRAWN_AT_END)
+        values[name] = message_figure(title, DRAWN_AT_END)
     values["metrics_table"] = []
     return tuple(values[name] for name in RUN_OUTPUTS)
 
@@ -224,7 +224,7 @@ def _not_started(name: str):
         f"{label.capitalize()}'s timeline starts when its first steps are done "
         "(the engines run one after another)."
     )
-    return server_lanes.message_figure(f"{label.capitalize()}: timeline", text)
+    return message_figure(f"{label.capitalize()}: timeline", text)
 
 
 class LiveTimelines:
