@@ -41,7 +41,7 @@ def servers_checkbox(server_names: list[str]) -> gr.CheckboxGroup:
 def servers_line(server_names: list[str]) -> gr.Markdown:
     """The servers line, with the timer that keeps it fresh (none without servers)."""
     line = gr.Markdown(
-        refresh_text() if server_names else "",
+        server_view.servers_markdown(shared_model.page_servers()) if server_names else "",
         visible=bool(server_names),
         elem_id="servers_markdown",
     )
@@ -49,10 +49,6 @@ def servers_line(server_names: list[str]) -> gr.Markdown:
         timer = gr.Timer(STARTING_PERIOD_S)
         timer.tick(refresh, None, [line, timer], queue=False, api_visibility="undocumented")
     return line
-
-
-def refresh_text() -> str:
-    return server_view.servers_markdown(shared_model.page_servers())
 
 
 def refresh() -> tuple[str, gr.Timer]:

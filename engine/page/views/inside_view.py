@@ -65,12 +65,6 @@ def own_record(runs: dict[str, Trace]) -> tuple[str, Trace] | None:
     return None
 
 
-def num_steps(runs: dict[str, Trace]) -> int:
-    """Steps in the first run's own record (0 without one): the step slider covers them."""
-    found = own_record(runs)
-    return len(found[1].steps) if found else 0
-
-
 def scheduler_name(record: Trace) -> str:
     """Whose scheduler wrote ``record``: "vLLM", "transformers" or "the server"."""
     if "vllm" in record.info:

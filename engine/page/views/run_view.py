@@ -144,8 +144,9 @@ class RunState:
     @property
     def num_steps(self) -> int:
         """Steps of the longest run, the inside views' record included: the step slider's range."""
-        runs = (len(self.static.steps), len(self.continuous.steps))
-        return max(*runs, inside_view.num_steps(self.inside_runs()))
+        found = inside_view.own_record(self.inside_runs())
+        inside = len(found[1].steps) if found else 0
+        return max(len(self.static.steps), len(self.continuous.steps), inside)
 
 
 @dataclass
