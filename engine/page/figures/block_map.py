@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 from engine.page.figures.style import (
     PALETTE,
     counted,
-    discrete_scale,
+    discrete_colors,
     message_figure,
     request_color,
     request_ids,
@@ -65,10 +65,7 @@ def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
             textfont={"size": 10},
             customdata=hover,
             hovertemplate="%{customdata}<extra></extra>",
-            colorscale=discrete_scale(colors),
-            zmin=-0.5,
-            zmax=len(colors) - 0.5,
-            showscale=False,
+            **discrete_colors(colors),
             xgap=2,
             ygap=2,
         )

@@ -154,10 +154,12 @@ def bottom_legend(fig: go.Figure, margin_bottom_px: int = 100) -> go.Figure:
     )
 
 
-def discrete_scale(colors: list[str]) -> list[list]:
-    """A stepped colorscale: integer value i (with zmin=-0.5, zmax=n-0.5) gets colors[i]."""
+def discrete_colors(colors: list[str]) -> dict:
+    """A heatmap's colour settings in which integer value i gets ``colors[i]`` (a stepped
+    colorscale over -0.5 to n - 0.5), with no colour bar."""
     n = len(colors)
-    return [pair for i, c in enumerate(colors) for pair in ([i / n, c], [(i + 1) / n, c])]
+    scale = [pair for i, c in enumerate(colors) for pair in ([i / n, c], [(i + 1) / n, c])]
+    return {"colorscale": scale, "zmin": -0.5, "zmax": n - 0.5, "showscale": False}
 
 
 def message_figure(title: str, text: str, height_px: int = 200) -> go.Figure:
