@@ -92,14 +92,13 @@ def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) 
         step_usage = plot("step_usage_plot", shown and shown.step_usage)
     server_plots = server_panels.server_plots(shown, list(server_names))
     engines = list(shown.state.traces()) if shown is not None else ["static", "continuous"]
-    outputs = gr.Dataframe(
-        value=shown.outputs if shown is not None else None,
-        headers=tables.outputs_headers(engines),
+    outputs = run_view.outputs_table(
+        shown.outputs if shown is not None else None,
+        engines,
         datatype="str",  # plain text: model output is never rendered as HTML or Markdown
         interactive=False,
         wrap=True,
         label="Outputs",
-        column_widths=run_view.output_column_widths(engines),
         elem_id="outputs_table",
     )
     return ResultsPanel(

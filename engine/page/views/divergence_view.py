@@ -217,8 +217,6 @@ def run_outputs(state, servers_note: str = "") -> dict:
 
 def divergence_event(state, choice: str | None) -> tuple:
     """The divergence dropdown's handler: the view of the picked (engine, request)."""
-    if state is None:
-        return NOT_CHECKED, "", []
     return view(getattr(state, "verdicts", None), choice, getattr(state, "dtype", None))
 
 

@@ -80,13 +80,15 @@ def run_outputs(**values) -> tuple:
 
 
 def outputs_table(
-    rows: list[list], engine_names: list[str], reference: str = "model.generate"
+    rows: list[list] | None, engine_names: list[str], reference: str = "model.generate", **props
 ) -> gr.Dataframe:
-    """The outputs table with its headers and column widths for these engines."""
+    """The outputs table with its headers and column widths for these engines; ``props``: the
+    panel's other settings, where the panel builds it."""
     return gr.Dataframe(
         value=rows,
         headers=tables.outputs_headers(engine_names, reference),
         column_widths=output_column_widths(engine_names),
+        **props,
     )
 
 
