@@ -139,12 +139,16 @@ def left_queue_outputs(message: str, previous_status: str | None) -> tuple:
     """The Run event's outputs for a run stopped before it started (while it waited, or before
     its handler began): ``message`` in the status line, then the previous run's status if there
     is one, and in the note under Run; everything else as is (the previous run still shows)."""
-    status = message
-    if previous_status:
-        status += f" Showing the previous run: {previous_status}"
     return run_outputs(
-        status_markdown=status, run_note_markdown=message, live_button=gr.Button(visible=False)
+        status_markdown=_with_previous(message, previous_status),
+        run_note_markdown=message,
+        live_button=gr.Button(visible=False),
     )
+
+
+def _with_previous(message: str, previous_status: str | None) -> str:
+    """``message``, then the previous run's status line where there is one (it still shows)."""
+    return message + (f" Showing the previous run: {previous_status}" if previous_status else "")
 
 
 def with_run_note(outputs: tuple, note: str, live_button: bool = False) -> tuple:
@@ -303,7 +307,7 @@ def stopped_outputs(previous_result, message: str) -> tuple:
             run_note_markdown=message,
             live_button=gr.Button(visible=False),
         )
-    previous_result.status = f"{message} Showing the previous run: {previous_result.status}"
+    previous_result.status = _with_previous(message, previous_result.status)
     shown = dict(zip(RUN_OUTPUTS, previous_result.as_outputs(), strict=True))
     del shown["run_state"], shown["downloads_file"]  # both stay as they are
     shown |= {"run_note_markdown": message, "live_button": gr.Button(visible=False)}
@@ -313,11 +317,10 @@ def stopped_outputs(previous_result, message: str) -> tuple:
 def refused_outputs(reason: str, previous_status: str | None) -> tuple:
     """The Run event's outputs for a run refused before it started: "Not run" and ``reason`` (plain
     text) in the status line, then the previous run's status if there is one; all else as is."""
-    status = f"**Not run:** {plain_markdown(reason)}"
-    note = status
-    if previous_status:
-        status += f" Showing the previous run: {previous_status}"
-    return run_outputs(status_markdown=status, run_note_markdown=note)
+    note = f"**Not run:** {plain_markdown(reason)}"
+    return run_outputs(
+        status_markdown=_with_previous(note, previous_status), run_note_markdown=note
+    )
 
 
 def _trace_so_far(
