@@ -21,8 +21,10 @@ import plotly.graph_objects as go
 from engine.page.figures.style import (
     PALETTE,
     counted,
-    discrete_scale,
+    discrete_colors,
+    message_figure,
     request_color,
+    request_ids,
     style_figure,
 )
 from engine.trace import StepRecord, Trace
@@ -44,11 +46,7 @@ def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
     """
     total = trace.info.get("kv_blocks")
     if not total or not trace.steps:
-        fig = go.Figure()
-        fig.add_annotation(text="The block map needs the paged KV mode.", showarrow=False)
-        fig.update_xaxes(visible=False)
-        fig.update_yaxes(visible=False)
-        return style_figure(fig, "KV block map").update_layout(height=200)
+        return message_figure("KV block map", "The block map needs the paged KV mode.")
     step = trace.steps[min(step_index, len(trace.steps) - 1)]
     colors = [FREE_BLOCK_COLOR, *PALETTE, CACHED_FREE_BLOCK_COLOR, RESERVED_BLOCK_COLOR]
     cols = min(BLOCK_MAP_COLUMNS, total)
@@ -67,10 +65,7 @@ def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
             textfont={"size": 10},
             customdata=hover,
             hovertemplate="%{customdata}<extra></extra>",
-            colorscale=discrete_scale(colors),
-            zmin=-0.5,
-            zmax=len(colors) - 0.5,
-            showscale=False,
+            **discrete_colors(colors),
             xgap=2,
             ygap=2,
         )
@@ -96,7 +91,7 @@ def _block_map_subtitle(step: StepRecord, total: int, info: dict) -> str:
     text = (
         f"{step.kv_blocks_used}/{total - reserved} blocks in use{aside} · "
         f"{counted(info['block_size'], 'token')} per block · "
-        f"preempted here: {_ids(step.preempted) or 'none'}"
+        f"preempted here: {request_ids(step.preempted) or 'none'}"
     )
     if info.get("prefix_caching"):
         shared = [h for h in step.block_holders().values() if len(h) > 1]
@@ -136,8 +131,10 @@ def _block_cells(step: StepRecord, total: int, info: dict) -> list[tuple[int, st
             if len(rids) == 1:
                 cells.append((code, f"R{rid}", f"block {block}: R{rid}, {tokens}"))
                 continue
-            text = f"block {block}: shared by {_ids(rids)} (refcount {len(rids)}), {tokens} of each"
-            cells.append((code, f"R{rid} ×{len(rids)}", text))
+            shared = f"shared by {request_ids(rids)} (refcount {len(rids)})"
+            cells.append(
+                (code, f"R{rid} ×{len(rids)}", f"block {block}: {shared}, {tokens} of each")
+            )
         elif block in eviction_order:
             order = f"{eviction_order[block]} of {len(eviction_order)} to be evicted"
             text = (
@@ -147,7 +144,3 @@ def _block_cells(step: StepRecord, total: int, info: dict) -> list[tuple[int, st
         else:
             cells.append((0, "", f"block {block}: free"))
     return cells
-
-
-def _ids(request_ids: list[int]) -> str:
-    return ", ".join(f"R{i}" for i in request_ids)

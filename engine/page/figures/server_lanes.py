@@ -21,7 +21,6 @@ each pool's size and a KV line's hover says what its 100 % is.
 from __future__ import annotations
 
 import html
-import textwrap
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -34,6 +33,7 @@ from engine.page.figures.style import (
     bottom_legend,
     counted,
     engine_styles,
+    message_figure,
     request_color,
     style_figure,
 )
@@ -43,21 +43,6 @@ WAITING_OPACITY = 0.35  # a request's colour, pale: sent, no token yet
 LANE_PX = 24
 OUTSIDE = "View from outside"  # the first words of both figures' subtitles
 NO_SERVER = "No server ran in this run: tick one under “Also run on servers” and press Run."
-
-
-MESSAGE_LINE_CHARS = 44  # a message's line: whole on a 390-px phone (Plotly never wraps text)
-
-
-def message_figure(title: str, text: str, height_px: int = 200) -> go.Figure:
-    """An empty chart that says why it is empty, its text in lines a phone shows whole (the
-    chart grows to hold them)."""
-    fig = PageFigure()
-    lines = textwrap.wrap(text, MESSAGE_LINE_CHARS, break_on_hyphens=False)
-    fig.add_annotation(text="<br>".join(html.escape(line) for line in lines), showarrow=False)
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
-    height_px = max(height_px, 120 + 18 * len(lines))  # every line inside the chart
-    return style_figure(fig, title).update_layout(height=height_px)
 
 
 # --- request lanes -------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from engine.page.figures.style import (
     TEXT_COLOR,
     bottom_legend,
     engine_styles,
+    request_ids,
     style_figure,
 )
 from engine.trace import PREFILL, StepRecord, Trace
@@ -178,7 +179,7 @@ def _add_kv_use(fig: go.Figure, trace: Trace, steps: list[int]) -> None:
                 mode="markers",
                 name="preemption",
                 marker={"symbol": "x", "size": 10, "color": PALETTE[5]},
-                customdata=[_ids(trace.steps[i].preempted) for i, _ in preempt],
+                customdata=[request_ids(trace.steps[i].preempted) for i, _ in preempt],
                 hovertemplate="step %{x}: preempted %{customdata}<extra></extra>",
             ),
             row=2,
@@ -198,10 +199,6 @@ def _line_label(y: float, text: str) -> dict:
         "yanchor": "bottom",
         "align": "right",  # a label of two lines ends both at the plot's right edge
     }
-
-
-def _ids(request_ids: list[int]) -> str:
-    return ", ".join(f"R{i}" for i in request_ids)
 
 
 # --- queue waits and preemptions on a timeline ----------------------------------------------------

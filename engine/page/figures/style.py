@@ -5,7 +5,9 @@ request through ``request_color``, so a request keeps its colour in every chart;
 colour comes round again, and ``request_pattern`` gives the mark that tells such requests apart.
 Backgrounds are transparent and text and grid lines a neutral grey, so the figures read in light
 and dark themes. Titles are left-aligned with details in their subtitles, so they fit a phone.
-Counts in the text agree with their nouns (``counted``: "1 pad token", "2 pad tokens").
+Counts in the text agree with their nouns (``counted``: "1 pad token", "2 pad tokens"), and
+requests are named alike everywhere (``request_ids``: "R0, R3"). A chart with nothing to draw says
+why (``message_figure``).
 Used by ``engine.page.figures.timelines`` (timelines), ``engine.page.figures.mask_heatmaps``
 (attention masks), ``engine.page.figures.serving_metrics``, ``engine.page.figures.block_map`` and
 ``engine.page.figures.server_lanes`` (the servers' lanes and gauges); these six are the only modules
@@ -14,8 +16,10 @@ that import plotly.
 
 from __future__ import annotations
 
+import html
 import json
 import re
+import textwrap
 
 import plotly.graph_objects as go
 
@@ -27,6 +31,7 @@ REPEAT_PATTERNS = ("", ".", "x", "+", "-", "|", "\\")  # by how many times the p
 TITLE_FONT_PX = 15
 TITLE_TOP_PX = 10  # every title's top, below the figure's top edge
 TITLE_LINE_PX = 18  # each line of a title and its subtitle takes this much of the top margin
+MESSAGE_LINE_CHARS = 44  # a message's line: whole on a 390-px phone (Plotly never wraps text)
 
 # Engine line colours (Okabe–Ito, distinct from each other) and dashes, so lines differ in
 # shape as well as hue.
@@ -82,6 +87,11 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     """``n`` and its noun in agreement: "1 pad token", "2 pad tokens", "1 query", "3 queries"
     (``plural`` where adding "s" is wrong)."""
     return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
+
+
+def request_ids(ids: list[int]) -> str:
+    """Requests by name: "R0, R3"."""
+    return ", ".join(f"R{i}" for i in ids)
 
 
 def request_color(request_id: int) -> str:
@@ -144,7 +154,21 @@ def bottom_legend(fig: go.Figure, margin_bottom_px: int = 100) -> go.Figure:
     )
 
 
-def discrete_scale(colors: list[str]) -> list[list]:
-    """A stepped colorscale: integer value i (with zmin=-0.5, zmax=n-0.5) gets colors[i]."""
+def discrete_colors(colors: list[str]) -> dict:
+    """A heatmap's colour settings in which integer value i gets ``colors[i]`` (a stepped
+    colorscale over -0.5 to n - 0.5), with no colour bar."""
     n = len(colors)
-    return [pair for i, c in enumerate(colors) for pair in ([i / n, c], [(i + 1) / n, c])]
+    scale = [pair for i, c in enumerate(colors) for pair in ([i / n, c], [(i + 1) / n, c])]
+    return {"colorscale": scale, "zmin": -0.5, "zmax": n - 0.5, "showscale": False}
+
+
+def message_figure(title: str, text: str, height_px: int = 200) -> go.Figure:
+    """An empty chart that says why it is empty, its text in lines a phone shows whole (the
+    chart grows to hold them)."""
+    fig = PageFigure()
+    lines = textwrap.wrap(text, MESSAGE_LINE_CHARS, break_on_hyphens=False)
+    fig.add_annotation(text="<br>".join(html.escape(line) for line in lines), showarrow=False)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    height_px = max(height_px, 120 + TITLE_LINE_PX * len(lines))  # every line inside the chart
+    return style_figure(fig, title).update_layout(height=height_px)

@@ -35,8 +35,7 @@ BARRIER_LABEL = {"annotation_font_color": "#000000", "annotation_bgcolor": "rgba
 
 
 def _engine_title(trace: Trace) -> str:
-    slots = "slot" if trace.num_slots == 1 else "slots"
-    return f"{trace.engine.capitalize()} batching — {trace.num_slots} {slots}"
+    return f"{trace.engine.capitalize()} batching — {counted(trace.num_slots, 'slot')}"
 
 
 # --- timelines -----------------------------------------------------------------------------------

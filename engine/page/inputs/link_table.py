@@ -39,8 +39,7 @@ BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
 def preset_or_table(preset_name: str | None, rows) -> tuple[str | None, list | None]:
     """What a link hands on for the page's table: ``(preset, None)`` for a preset's table (the
     dropdown's, or any preset's that it equals request for request), else ``(None, rows)`` (as
-    lists). Without ``rows`` (None: not given): the dropdown's preset, as before tables
-    travelled."""
+    lists). Without ``rows`` (None: not given): the dropdown's preset."""
     shipped = presets.load_presets()
     chosen = preset_name if preset_name in shipped else None
     if rows is None:

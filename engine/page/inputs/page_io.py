@@ -2,17 +2,17 @@
 
 * Links that reproduce a setup: ``?preset=SLUG&slots=N&step=N``, then each engine setting that
   differs from the page's default for that preset, by a short name (``kv=slots&budget=64&chat=1``,
-  and ``prefix_caching=1`` as before: ``engine.page.inputs.link_query.PARAMS``); a table that is no
-  preset's travels instead of the preset, packed into ``table=`` (``link_table.encode_table``).
-  Links written before these existed keep working and mean what they meant. ``from_link``
-  applies the link when the page opens; ``step`` cannot be shown before a run exists, so
-  ``link_step`` keeps it and ``apply_link_step`` moves the step slider there once, after the
-  first run (later runs start at their default step again), the step views drawn there in the
-  same update (``engine.page.handlers.playground.link_step_event``). A value the page cannot use
-  is named in a warning, with what the page uses instead, and the rest still apply; a linked
-  table's bad rows are named as a typed table's are. ``setup_query`` writes such a query for the
-  current page (a table too long for a link is left out, and a warning says to share it as a
-  file); the page adds its own address in the browser.
+  and ``prefix_caching=1``: ``engine.page.inputs.link_query.PARAMS``); a table that is no preset's
+  travels instead of the preset, packed into ``table=`` (``link_table.encode_table``). Older links
+  keep working and mean what they meant. ``from_link`` applies the link when the page opens;
+  ``step`` cannot be shown before a run exists, so ``link_step`` keeps it and ``apply_link_step``
+  moves the step slider there once, after the first run (later runs start at their default step
+  again), the step views drawn there in the same update
+  (``engine.page.handlers.playground.link_step_event``). A value the page cannot use is named in a
+  warning, with what the page uses instead, and the rest still apply; a linked table's bad rows are
+  named as a typed table's are. ``setup_query`` writes such a query for the current page (a table
+  too long for a link is left out, and a warning says to share it as a file); the page adds its own
+  address in the browser.
 * Workload files: ``upload_workload`` fills the request table from a CSV or JSONL file, sampling
   settings included; ``table_files`` writes the table as both (``engine.workloads.workload_files``).
 
@@ -30,6 +30,7 @@ from urllib.parse import urlencode
 import gradio as gr
 
 from engine.knobs import KNOB
+from engine.page.figures.style import counted
 from engine.page.inputs import link_query, link_table, presets
 from engine.sampling_params import samples
 from engine.workloads import export, workload_files
@@ -40,14 +41,14 @@ DEFAULT_SLOTS = KNOB["num_slots"].default  # the slot slider's value when the pa
 MAX_QUOTED_CHARS = 40  # of a bad link value, quoted in a warning
 # What a link sets, in ``from_link``'s output order: the preset and its text, and the Run settings
 # it sets, by their ``RunSettings`` field names (``engine.page.run.run_options``); app.py finds
-# their components by these names (``engine.page.panels.page_panels.COMPONENTS``). The first six
-# are those links set before they carried the other settings.
+# their components by these names (``engine.page.panels.page_panels.COMPONENTS``). The order is
+# the API's: a new output goes at the end.
 LINK_OUTPUTS = ("preset", "rows", "chat_template", "preset_text", "num_slots", "prefix_caching")
 LINK_OUTPUTS += tuple(field for field in link_query.PARAMS if field not in LINK_OUTPUTS)
 LINK_OUTPUTS += ("input_warning",)  # the link's warnings, kept in sight (``warning_note``)
-# What ``setup_query`` reads, in its order, named as in ``COMPONENTS``: the first five as before
-# links carried the table and the other settings; ``previous`` is the run on the page, and
-# ``precision`` the host's (a ``link_query.Precision`` in a ``gr.State``).
+# What ``setup_query`` reads, in its order (the API's: a new input goes at the end), named as in
+# ``COMPONENTS``; ``previous`` is the run on the page, and ``precision`` the host's (a
+# ``link_query.Precision`` in a ``gr.State``).
 LINK_INPUTS = ("preset", "num_slots", "step", "previous", "prefix_caching", "rows", "precision")
 LINK_INPUTS += tuple(field for field in link_query.PARAMS if field not in LINK_INPUTS)
 LINKED_TEXT = "Requests from a link, not a preset's:"
@@ -103,7 +104,7 @@ def setup_query(*values, **named) -> str:
     settings by ``RunSettings`` field (None: not given), the table's ``rows`` (None: not given)
     and the host's ``precision``. The link names the preset whose table the page shows, else
     carries the table; each setting only where it differs from the page's default for that preset
-    (``prefix_caching=1`` only when the toggle is on, as before). A table too long for a link is
+    (``prefix_caching=1`` only when the toggle is on). A table too long for a link is
     left out, and a warning says to share it as a file.
 
     Raises:
@@ -197,8 +198,7 @@ def _link_slots(params: dict[str, str], name: str | None, link: dict) -> None:
             link["preset_text"] = text + slots_note(int(slots), presets.preset_slots(shown))
     elif slots:
         used = fallback or DEFAULT_SLOTS
-        using = "1 slot" if used == 1 else f"{used} slots"
-        why = f"not a whole number from 1 to {MAX_SLOTS}; using {using}"
+        why = f"not a whole number from 1 to {MAX_SLOTS}; using {counted(used, 'slot')}"
         _warn_link(link, "slots", slots, why)
 
 
@@ -229,7 +229,7 @@ def table_summary(specs) -> str:
     arriving after t = 0, 2 sampled (the others greedy)"."""
     arrivals = sum(spec.arrival_s > 0 for spec in specs)
     sampled = sum(samples(spec.sampling) for spec in specs)
-    text = f"{len(specs)} request{'s' if len(specs) != 1 else ''}"
+    text = counted(len(specs), "request")
     text += f", {arrivals} arriving after t = 0" if arrivals else ""
     return text + (f", {sampled} sampled (the others greedy)" if sampled else "")
 
@@ -238,7 +238,7 @@ def slots_note(num_slots: int, preset_slots: int) -> str:
     """The line under a preset's explanation when a link set other slots than it speaks of, so
     the page does not contradict itself ("at 3 slots" beside a slider at 2)."""
     return (
-        f"\n\n*This link set {num_slots} {'slot' if num_slots == 1 else 'slots'}; the "
+        f"\n\n*This link set {counted(num_slots, 'slot')}; the "
         f"explanation above speaks of {preset_slots}, so its numbers may differ: set Slots to "
         f"{preset_slots} to see them as described.*"
     )

@@ -33,15 +33,8 @@ DEFAULT_PRESET = "Article's six requests"
 # The engine settings a preset's claim depends on, by their page names (``page_panels.COMPONENTS``)
 # with their knobs' defaults (``engine.knobs``; ``settings_panel`` shows these values at first), in
 # the order the /apply_preset endpoint returns them (a contract: a new one goes at the end).
-PRESET_KNOBS = (
-    "kv_mode",
-    "kv_budget_mib",
-    "block_size",
-    "prefix_caching",
-    "token_budget",
-    "policy",
-)
-PRESET_KNOBS += ("arrival_rate",)
+PRESET_KNOBS = ("kv_mode", "kv_budget_mib", "block_size", "prefix_caching", "token_budget")
+PRESET_KNOBS += ("policy", "arrival_rate")
 ENGINE_DEFAULTS = {name: KNOB[name].default for name in PRESET_KNOBS}
 # What choosing a preset sets, in ``choose_preset``'s order (``page_panels.COMPONENTS`` names).
 CHOSEN = ("rows", "chat_template", "preset_text", "num_slots", *ENGINE_DEFAULTS)

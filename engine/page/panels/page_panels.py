@@ -20,9 +20,10 @@ import gradio as gr
 from engine.page.handlers import playground
 from engine.page.panels import tour
 from engine.page.panels.requests_table import RequestsTable
-from engine.page.panels.results_panel import ResultsPanel
+from engine.page.panels.results_panel import ResultsPanel, by_elem_id
 from engine.page.panels.settings_panel import SettingsPanel
 from engine.page.run.run_options import RUN_INPUTS
+from engine.page.views.run_view import RUN_OUTPUTS
 
 TITLE = "Continuous Batching Playground"
 # Gradio deletes the files it cached for the page (downloads, uploads) hourly, those over a day old
@@ -130,31 +131,14 @@ def downloads_panel() -> gr.File:
 def run_outputs(
     run_state: gr.State, results: ResultsPanel, downloads: gr.File, settings: SettingsPanel
 ) -> list:
-    """What Run and Stop write, in ``engine.page.views.run_view.RUN_OUTPUTS`` order (tested)."""
-    return [
-        run_state,
-        results.static_timeline_plot,
-        results.continuous_timeline_plot,
-        results.packed_mask_plot,
-        results.static_mask_plot,
-        results.step_slider,
-        results.metrics_table,
-        results.outputs_table,
-        results.status_markdown,
-        downloads,
-        results.block_map_plot,
-        results.latency_cdf_plot,
-        results.step_usage_plot,
-        results.server_timeline_plot,
-        results.server_chart_plot,
-        results.divergence.dropdown,
-        *results.divergence.views(),
-        settings.run_note_markdown,
-        settings.live_button,
-        *results.inside.step_views(),
-        results.inside.usage,
-        results.inside.column,
-    ]
+    """What Run and Stop write, in ``engine.page.views.run_view.RUN_OUTPUTS`` order: each
+    component found by its ``elem_id``, the output's name.
+
+    Raises:
+        KeyError: an output with no component.
+    """
+    found = by_elem_id(results, settings) | {"run_state": run_state, "downloads_file": downloads}
+    return [found[name] for name in RUN_OUTPUTS]
 
 
 # The component of each input the page names: Run's (``run_options.RUN_INPUTS``: the

@@ -10,12 +10,13 @@ servers' line and charts, and "Where outputs differ"
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 
 import gradio as gr
 
 from engine.knobs import KNOB
 from engine.page.panels import server_panels
+from engine.page.panels.server_panels import plot
 from engine.page.views import divergence_view, run_view, tables
 from engine.page.views.run_view import RunResult
 
@@ -44,14 +45,22 @@ class ResultsPanel:
 
     def step_views(self) -> list:
         """The views a step or an x-axis change redraws, in ``run_view.STEP_VIEW_OUTPUTS`` order."""
-        return [
-            self.static_timeline_plot,
-            self.continuous_timeline_plot,
-            self.packed_mask_plot,
-            self.static_mask_plot,
-            self.block_map_plot,
-            *self.inside.step_views(),
-        ]
+        found = by_elem_id(self)
+        return [found[name] for name in run_view.STEP_VIEW_OUTPUTS]
+
+
+def by_elem_id(*panels) -> dict:
+    """Every component of ``panels`` (panel dataclasses, nested ones included) by its
+    ``elem_id``; those without one are left out."""
+    found = {}
+    for panel in panels:
+        for f in fields(panel):
+            value = getattr(panel, f.name)
+            if is_dataclass(value):
+                found |= by_elem_id(value)
+            elif getattr(value, "elem_id", None):
+                found[value.elem_id] = value
+    return found
 
 
 def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) -> ResultsPanel:
@@ -79,18 +88,17 @@ def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) 
     )
     gr.Markdown(tables.METRICS_NOTE, elem_id="metrics_note")
     with gr.Row():
-        latency_cdf = _plot("latency_cdf_plot", shown and shown.latency_cdf)
-        step_usage = _plot("step_usage_plot", shown and shown.step_usage)
+        latency_cdf = plot("latency_cdf_plot", shown and shown.latency_cdf)
+        step_usage = plot("step_usage_plot", shown and shown.step_usage)
     server_plots = server_panels.server_plots(shown, list(server_names))
     engines = list(shown.state.traces()) if shown is not None else ["static", "continuous"]
-    outputs = gr.Dataframe(
-        value=shown.outputs if shown is not None else None,
-        headers=tables.outputs_headers(engines),
+    outputs = run_view.outputs_table(
+        shown.outputs if shown is not None else None,
+        engines,
         datatype="str",  # plain text: model output is never rendered as HTML or Markdown
         interactive=False,
         wrap=True,
         label="Outputs",
-        column_widths=run_view.output_column_widths(engines),
         elem_id="outputs_table",
     )
     return ResultsPanel(
@@ -152,8 +160,8 @@ def _step_views(shown: RunResult | None) -> tuple:
     """Both timelines, the step slider, both masks and the block map, in ``ResultsPanel`` order."""
     v = shown.views if shown is not None else None
     with gr.Row():
-        static_timeline = _plot("static_timeline_plot", v and v.static_timeline)
-        continuous_timeline = _plot("continuous_timeline_plot", v and v.continuous_timeline)
+        static_timeline = plot("static_timeline_plot", v and v.static_timeline)
+        continuous_timeline = plot("continuous_timeline_plot", v and v.continuous_timeline)
     step_slider = gr.Slider(
         0,
         max(shown.state.num_steps - 1, 1) if shown is not None else 1,
@@ -163,11 +171,7 @@ def _step_views(shown: RunResult | None) -> tuple:
         elem_id="step_slider",
     )
     with gr.Row():
-        packed_mask = _plot("packed_mask_plot", v and v.packed_mask)
-        static_mask = _plot("static_mask_plot", v and v.static_mask)
-    block_map = _plot("block_map_plot", v and v.block_map)
+        packed_mask = plot("packed_mask_plot", v and v.packed_mask)
+        static_mask = plot("static_mask_plot", v and v.static_mask)
+    block_map = plot("block_map_plot", v and v.block_map)
     return static_timeline, continuous_timeline, step_slider, packed_mask, static_mask, block_map
-
-
-def _plot(elem_id: str, figure) -> gr.Plot:
-    return gr.Plot(figure, show_label=False, elem_id=elem_id)

@@ -41,7 +41,7 @@ def servers_checkbox(server_names: list[str]) -> gr.CheckboxGroup:
 def servers_line(server_names: list[str]) -> gr.Markdown:
     """The servers line, with the timer that keeps it fresh (none without servers)."""
     line = gr.Markdown(
-        refresh_text() if server_names else "",
+        server_view.servers_markdown(shared_model.page_servers()) if server_names else "",
         visible=bool(server_names),
         elem_id="servers_markdown",
     )
@@ -49,10 +49,6 @@ def servers_line(server_names: list[str]) -> gr.Markdown:
         timer = gr.Timer(STARTING_PERIOD_S)
         timer.tick(refresh, None, [line, timer], queue=False, api_visibility="undocumented")
     return line
-
-
-def refresh_text() -> str:
-    return server_view.servers_markdown(shared_model.page_servers())
 
 
 def refresh() -> tuple[str, gr.Timer]:
@@ -67,10 +63,8 @@ def server_plots(shown, server_names: list[str]) -> tuple[gr.Plot, gr.Plot]:
     """The servers' request lanes and their /metrics chart, one above the other (both hidden
     without servers)."""
     with gr.Column(visible=bool(server_names)):
-        timeline = gr.Plot(
-            shown and shown.server_timeline, show_label=False, elem_id="server_timeline_plot"
-        )
-        chart = gr.Plot(shown and shown.server_chart, show_label=False, elem_id="server_chart_plot")
+        timeline = plot("server_timeline_plot", shown and shown.server_timeline)
+        chart = plot("server_chart_plot", shown and shown.server_chart)
     return timeline, chart
 
 
@@ -84,10 +78,6 @@ class InsidePlots:
     usage: gr.Plot
     column: gr.Column  # hidden without servers until a run draws transformers' record
 
-    def step_views(self) -> list:
-        """What the step slider redraws (``run_view.STEP_VIEW_OUTPUTS``' ``inside_*``)."""
-        return [self.timeline, self.mask, self.block_map]
-
 
 def inside_plots(shown, server_names: list[str]) -> InsidePlots:
     """Under our engines' step views: what says where these come from, then the scheduler's
@@ -98,13 +88,14 @@ def inside_plots(shown, server_names: list[str]) -> InsidePlots:
     with gr.Column(visible=visible, elem_id="inside_column") as column:
         gr.Markdown(inside_view.INSIDE_NOTE, elem_id="inside_markdown")
         with gr.Row():
-            timeline = _plot("inside_timeline_plot", views and views.inside_timeline)
-            mask = _plot("inside_mask_plot", views and views.inside_mask)
+            timeline = plot("inside_timeline_plot", views and views.inside_timeline)
+            mask = plot("inside_mask_plot", views and views.inside_mask)
         with gr.Row():
-            block_map = _plot("inside_block_map_plot", views and views.inside_block_map)
-            usage = _plot("inside_usage_plot", shown and shown.inside_usage)
+            block_map = plot("inside_block_map_plot", views and views.inside_block_map)
+            usage = plot("inside_usage_plot", shown and shown.inside_usage)
     return InsidePlots(timeline, mask, block_map, usage, column)
 
 
-def _plot(elem_id: str, figure) -> gr.Plot:
+def plot(elem_id: str, figure) -> gr.Plot:
+    """A chart without a label (its title says what it is); ``figure`` may be None."""
     return gr.Plot(figure, show_label=False, elem_id=elem_id)

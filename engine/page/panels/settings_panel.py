@@ -118,7 +118,7 @@ def _setup_inputs(chat_template: bool) -> tuple:
     chat_checkbox = gr.Checkbox(
         value=chat_template, label=KNOB["chat_template"].label, elem_id="chat_checkbox"
     )
-    reference_checkbox = _checkbox("check_reference", "reference_checkbox")
+    reference_checkbox = _knob(gr.Checkbox, "check_reference", "reference_checkbox")
     return preset_dropdown, slots_slider, chat_checkbox, reference_checkbox
 
 
@@ -164,46 +164,31 @@ def _precision_knobs(dtypes: list[str], dtype: str) -> tuple:
         dtype_dropdown = gr.Dropdown(
             dtypes, value=dtype, label=KNOB["dtype"].label, elem_id="dtype_dropdown"
         )
-        invariant = _checkbox("batch_invariant", "batch_invariant_checkbox")
+        invariant = _knob(gr.Checkbox, "batch_invariant", "batch_invariant_checkbox")
     return dtype_dropdown, invariant, gr.Markdown("", elem_id="precision_markdown")
 
 
 def _engine_knobs() -> tuple:
     """The engine settings accordion's components, in ``SettingsPanel`` field order, each at its
     knob's default (a preset sets these back when chosen: ``presets.ENGINE_DEFAULTS``)."""
-    kv_mode = _choices(gr.Dropdown, "kv_mode", "kv_mode_dropdown")
+    kv_mode = _knob(gr.Dropdown, "kv_mode", "kv_mode_dropdown")
     with gr.Row():
-        kv_budget = _number("kv_budget_mib", "kv_budget_number")
-        block_size = _number("block_size", "block_size_number")  # no precision=0: it rounds 7.5
-    prefix_caching = _checkbox("prefix_caching", "prefix_caching_checkbox")
-    token_budget = _number("token_budget", "token_budget_number")
-    policy = _choices(gr.Radio, "policy", "policy_radio")
-    arrival_rate = _number("arrival_rate", "arrival_rate_number")
-    compare_hf = _checkbox("compare_hf", "compare_hf_checkbox")
+        kv_budget = _knob(gr.Number, "kv_budget_mib", "kv_budget_number")
+        # no precision=0 for the block size: it would round 7.5
+        block_size = _knob(gr.Number, "block_size", "block_size_number")
+    prefix_caching = _knob(gr.Checkbox, "prefix_caching", "prefix_caching_checkbox")
+    token_budget = _knob(gr.Number, "token_budget", "token_budget_number")
+    policy = _knob(gr.Radio, "policy", "policy_radio")
+    arrival_rate = _knob(gr.Number, "arrival_rate", "arrival_rate_number")
+    compare_hf = _knob(gr.Checkbox, "compare_hf", "compare_hf_checkbox")
     knobs = (kv_mode, kv_budget, block_size, prefix_caching, token_budget, policy, arrival_rate)
     return (*knobs, compare_hf)
 
 
-def _checkbox(name: str, elem_id: str) -> gr.Checkbox:
-    """Knob ``name``'s checkbox, with its label, help and default (``engine.knobs``)."""
+def _knob(widget: type, name: str, elem_id: str):
+    """Knob ``name``'s ``widget`` (a checkbox, number box, dropdown or radio) with its label,
+    help and default, and a choice knob's labelled choices (``engine.knobs``)."""
     knob = KNOB[name]
-    return gr.Checkbox(knob.default, label=knob.label, info=knob.info or None, elem_id=elem_id)
-
-
-def _number(name: str, elem_id: str) -> gr.Number:
-    """Knob ``name``'s number box, with its label, help and default."""
-    knob = KNOB[name]
-    return gr.Number(knob.default, label=knob.label, info=knob.info or None, elem_id=elem_id)
-
-
-def _choices(widget: type, name: str, elem_id: str):
-    """Knob ``name``'s ``widget`` (a dropdown or radio) of its labelled choices, with its label,
-    help and default."""
-    knob = KNOB[name]
-    return widget(
-        list(knob.labels),
-        value=knob.default,
-        label=knob.label,
-        info=knob.info or None,
-        elem_id=elem_id,
-    )
+    choices = {"choices": list(knob.labels)} if knob.labels else {}
+    info = knob.info or None
+    return widget(value=knob.default, label=knob.label, info=info, elem_id=elem_id, **choices)

@@ -217,8 +217,6 @@ def run_outputs(state, servers_note: str = "") -> dict:
 
 def divergence_event(state, choice: str | None) -> tuple:
     """The divergence dropdown's handler: the view of the picked (engine, request)."""
-    if state is None:
-        return NOT_CHECKED, "", []
     return view(getattr(state, "verdicts", None), choice, getattr(state, "dtype", None))
 
 
@@ -277,11 +275,8 @@ def _top_rows(sides: list[Ranked]) -> list[list[str]]:
         chose = [run for run, entry in zip(RUNS, shown, strict=False) if entry and entry[2]]
         mark = CHOSEN.format(" and ".join(chose)) if chose else ""
         cells = [repr(text) + mark]
-        for entry in shown:
-            no = entry is None
-            cells += (
-                [NOT_AVAILABLE, NOT_AVAILABLE] if no else [str(entry[0]), _num(entry[1]["logit"])]
-            )
+        for entry in shown:  # (rank, token, chosen?), or None where that run's top lacks it
+            cells += [str(entry[0]), _num(entry[1]["logit"])] if entry else [NOT_AVAILABLE] * 2
         rows.append(cells)
     return rows
 

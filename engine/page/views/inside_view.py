@@ -32,8 +32,7 @@ import textwrap
 from typing import Any
 
 from engine.page.figures import block_map, mask_heatmaps, serving_metrics, timelines
-from engine.page.figures.server_lanes import message_figure
-from engine.page.views.markup import counted
+from engine.page.figures.style import TITLE_LINE_PX, counted, message_figure
 from engine.peers import schedule_comparison
 from engine.trace import Trace
 
@@ -64,12 +63,6 @@ def own_record(runs: dict[str, Trace]) -> tuple[str, Trace] | None:
         if trace.schedule is not None and trace.schedule.steps:
             return name, trace.schedule
     return None
-
-
-def num_steps(runs: dict[str, Trace]) -> int:
-    """Steps in the first run's own record (0 without one): the step slider covers them."""
-    found = own_record(runs)
-    return len(found[1].steps) if found else 0
 
 
 def scheduler_name(record: Trace) -> str:
@@ -105,7 +98,7 @@ def labelled(fig: Any, title: str, source: str) -> Any:
         return None
     old = fig.layout.title.subtitle.text or ""
     subtitle = source + (f"<br>{old}" if old else "")
-    margin_t = 40 + 18 * (2 + subtitle.count("<br>"))
+    margin_t = 40 + TITLE_LINE_PX * (2 + subtitle.count("<br>"))
     grown_px = max(margin_t - (fig.layout.margin.t or 0), 0)  # the plot keeps its height
     return fig.update_layout(
         title_text=title,
@@ -177,11 +170,9 @@ def step_figures(
     if found is None:
         return tuple(no_record_figure(runs, what) for what in STEP_VIEWS)
     name, record = found
-    last = len(record.steps) - 1
-    at = min(max(step_index, 0), last)
+    at, past = clamped_step(name, len(record.steps), step_index)
+    past = f"<br>{past}" if past else ""
     source = source_line(name, record)
-    past = f"<br>{name} ran {counted(last + 1, 'step')}: its last, {last}, is shown"
-    past = past if step_index > last else ""
     timeline = timelines.timeline_figure(record, x_axis, x_max, step_index)
     timeline = serving_metrics.add_serving_marks(timeline, record, x_axis)
     rows = list(timeline.layout.yaxis.categoryarray)  # the lanes, and the queue's row if drawn
@@ -214,6 +205,14 @@ def step_figures(
             f"{source}<br>{html.escape(blocks_note(record))}{past}",
         ),
     )
+
+
+def clamped_step(name: str, num_steps: int, step_index: int) -> tuple[int, str]:
+    """The step of a run of ``num_steps`` that ``step_index`` shows (clamped to its first and
+    last), and past its last a note that says so ("" otherwise)."""
+    last = num_steps - 1
+    past = f"{name} ran {counted(num_steps, 'step')}: its last, {last}, is shown"
+    return min(max(step_index, 0), last), past if step_index > last else ""
 
 
 def lane_label(row: str, record: Trace) -> str:

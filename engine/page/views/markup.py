@@ -1,5 +1,4 @@
-"""Markdown the page writes around text it did not write: a person's input, a server's message;
-and counts in agreement with their nouns (``counted``).
+"""Markdown the page writes around text it did not write: a person's input, a server's message.
 
 Status lines are Markdown; a message may quote what a person typed or what a server answered, so
 that text is escaped to show as written (never as markup, links or HTML).
@@ -15,12 +14,6 @@ MAX_MESSAGE_CHARS = 400  # a server's message in a status line; the console has 
 def plain_markdown(text: str) -> str:
     """``text`` escaped so Markdown shows it as typed (a message may quote what a person typed)."""
     return re.sub(r"([\\`*_\[\]<>#|~])", r"\\\1", text)
-
-
-def counted(n: int, noun: str) -> str:
-    """``n`` and its noun in agreement: "1 step", "2 steps" (the figures' own is
-    ``engine.page.figures.style.counted``, inside their room)."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:

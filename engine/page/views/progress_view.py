@@ -10,24 +10,16 @@ run beside this one's; the run's state, slider and downloads stay as they are (`
 ``stopped_outputs`` puts the previous run's results back with a status line saying why this one
 stopped; ``refused_outputs`` says why a run did not start and leaves everything else as it is.
 
-Drawing a timeline is Python work (plotly builds and checks every trace and layout property): about
-0.1-0.2 s of CPU for both timelines of a 300-step run, measured on this 2-core machine, while the
-engine thread needs both cores and the interpreter lock between its ops. Redrawn every half
-second, it took up to a third of a core from the run it showed. ``LiveTimelines`` redraws them
-only as often as keeps their drawing under ``TIMELINE_CPU_SHARE`` of the run's time (and at once
-when an engine's first steps arrive).
-
-Every update costs Gradio work too, on its event loop, whatever it holds: for each of the Run
-event's 19 outputs, even a skipped one, Gradio 6 builds a component and its config with three JSON
-schemas (``Blocks.postprocess_data``): 35-60 ms of CPU an update on this machine, measured with
-every output skipped. Sent twice a second, that took 14 s of a core in a 99 s run, and the page's
-runs took 1.13-1.34x the bench's. So ``LiveTimelines`` also paces the updates: it times how long
-Gradio took over the last one (from its hand-over to the next request for one) and waits long
-enough that this stays under ``UPDATE_SHARE`` of the run's time (``wait_s``), and it sends the
-outputs table only when its rows changed. The wait is at most ``MAX_UPDATE_WAIT_S`` (4 s): that
-hand-over time is wall time, and the page's server threads run at a lower priority than the
-engines (``CBP_SERVER_NICE``), so on a busy CPU one update can take them a second or more, and
-an uncapped wait of 50 times that would freeze the live progress for a minute or longer.
+Live updates are paced so that showing the run takes little from it
+(``docs/measurements.md`` has the costs). Drawing a timeline is Python work that competes with the
+engine thread for the CPU, so ``LiveTimelines`` redraws the timelines only as often as keeps their
+drawing under ``TIMELINE_CPU_SHARE`` of the run's time (and at once when an engine's first steps
+arrive). Every update also costs Gradio work on its event loop, skipped outputs included, so it
+times how long Gradio took over the last one (from its hand-over to the next request for one) and
+waits long enough that this stays under ``UPDATE_SHARE`` of the run's time (``wait_s``), and it
+sends the outputs table only when its rows changed. The wait is at most ``MAX_UPDATE_WAIT_S``: the
+page's server threads run at a lower priority than the engines (``CBP_SERVER_NICE``), so on a busy
+CPU one update can take them seconds, and an uncapped wait would freeze the live progress.
 """
 
 from __future__ import annotations
@@ -38,10 +30,11 @@ import time
 import gradio as gr
 
 from engine.page.figures import server_lanes
+from engine.page.figures.style import counted, message_figure
 from engine.page.run.engine_worker import EngineProgress
 from engine.page.run.run_queue import Place
 from engine.page.views import tables
-from engine.page.views.markup import counted, one_line, plain_markdown
+from engine.page.views.markup import one_line, plain_markdown
 from engine.page.views.run_view import RUN_OUTPUTS, outputs_table, run_outputs, timeline
 from engine.sequence import Request
 from engine.trace import Trace, new_request_records
@@ -146,12 +139,16 @@ def left_queue_outputs(message: str, previous_status: str | None) -> tuple:
     """The Run event's outputs for a run stopped before it started (while it waited, or before
     its handler began): ``message`` in the status line, then the previous run's status if there
     is one, and in the note under Run; everything else as is (the previous run still shows)."""
-    status = message
-    if previous_status:
-        status += f" Showing the previous run: {previous_status}"
     return run_outputs(
-        status_markdown=status, run_note_markdown=message, live_button=gr.Button(visible=False)
+        status_markdown=_with_previous(message, previous_status),
+        run_note_markdown=message,
+        live_button=gr.Button(visible=False),
     )
+
+
+def _with_previous(message: str, previous_status: str | None) -> str:
+    """``message``, then the previous run's status line where there is one (it still shows)."""
+    return message + (f" Showing the previous run: {previous_status}" if previous_status else "")
 
 
 def with_run_note(outputs: tuple, note: str, live_button: bool = False) -> tuple:
@@ -215,11 +212,11 @@ def cleared_outputs(outputs: tuple) -> tuple:
     for name in unset & {"static_timeline_plot", "continuous_timeline_plot"}:
         values[name] = _not_started(name.removesuffix("_timeline_plot"))
     if "server_timeline_plot" in unset:
-        values["server_timeline_plot"] = server_lanes.message_figure(
+        values["server_timeline_plot"] = message_figure(
             "Servers: one lane per request", DRAWN_AT_END
         )
     for name, title in CLEARED_AT_START.items():
-        values[name] = server_lanes.message_figure(title, DRAWN_AT_END)
+        values[name] = message_figure(title, DRAWN_AT_END)
     values["metrics_table"] = []
     return tuple(values[name] for name in RUN_OUTPUTS)
 
@@ -231,7 +228,7 @@ def _not_started(name: str):
         f"{label.capitalize()}'s timeline starts when its first steps are done "
         "(the engines run one after another)."
     )
-    return server_lanes.message_figure(f"{label.capitalize()}: timeline", text)
+    return message_figure(f"{label.capitalize()}: timeline", text)
 
 
 class LiveTimelines:
@@ -302,19 +299,15 @@ def stopped_outputs(previous_result, message: str) -> tuple:
     The run's state and downloads stay as they were; ``message`` leads the status line.
     """
     if previous_result is None:
-        figures = ("static_timeline_plot", "continuous_timeline_plot", "packed_mask_plot")
-        figures += ("static_mask_plot", "block_map_plot", "latency_cdf_plot", "step_usage_plot")
-        figures += ("server_timeline_plot", "server_chart_plot", "inside_timeline_plot")
-        figures += ("inside_mask_plot", "inside_block_map_plot", "inside_usage_plot")
         return run_outputs(
-            **dict.fromkeys(figures),
+            **dict.fromkeys(name for name in RUN_OUTPUTS if name.endswith("_plot")),
             metrics_table=[],
             outputs_table=outputs_table([], list(LIVE_ENGINES)),
             status_markdown=message,
             run_note_markdown=message,
             live_button=gr.Button(visible=False),
         )
-    previous_result.status = f"{message} Showing the previous run: {previous_result.status}"
+    previous_result.status = _with_previous(message, previous_result.status)
     shown = dict(zip(RUN_OUTPUTS, previous_result.as_outputs(), strict=True))
     del shown["run_state"], shown["downloads_file"]  # both stay as they are
     shown |= {"run_note_markdown": message, "live_button": gr.Button(visible=False)}
@@ -324,11 +317,10 @@ def stopped_outputs(previous_result, message: str) -> tuple:
 def refused_outputs(reason: str, previous_status: str | None) -> tuple:
     """The Run event's outputs for a run refused before it started: "Not run" and ``reason`` (plain
     text) in the status line, then the previous run's status if there is one; all else as is."""
-    status = f"**Not run:** {plain_markdown(reason)}"
-    note = status
-    if previous_status:
-        status += f" Showing the previous run: {previous_status}"
-    return run_outputs(status_markdown=status, run_note_markdown=note)
+    note = f"**Not run:** {plain_markdown(reason)}"
+    return run_outputs(
+        status_markdown=_with_previous(note, previous_status), run_note_markdown=note
+    )
 
 
 def _trace_so_far(

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 
 from engine.fidelity.reference import NOT_COMPARED_TEXT, mismatches, not_compared_ids
+from engine.page.figures.style import counted, request_ids
 from engine.page.views import divergence_view, server_view, tables
-from engine.page.views.markup import counted
 from engine.trace import Trace
 
 NOISE_NOTE = "Wall times on a shared machine vary from run to run; step counts do not."
@@ -68,14 +68,14 @@ def _verdict(state) -> str:
     if not any(bad.values()):
         every = "all compared outputs match" if skipped_text else "all match"
         return f"✓ {every} `model.generate` token for token{skipped_text}"
-    wrong = "; ".join(f"{n}: {_ids(ids)}" for n, ids in bad.items() if ids)
+    wrong = "; ".join(f"{n}: {request_ids(ids)}" for n, ids in bad.items() if ids)
     return f"✗ differs from `model.generate` ({wrong}){skipped_text}"
 
 
 def _skipped_text(traces: dict[str, Trace]) -> str:
     """ " (hf_continuous: R1, R2: sampled with another generator: not compared)", or ""."""
     skipped = {name: not_compared_ids(t) for name, t in traces.items()}
-    text = "; ".join(f"{n}: {_ids(ids)}" for n, ids in skipped.items() if ids)
+    text = "; ".join(f"{n}: {request_ids(ids)}" for n, ids in skipped.items() if ids)
     return f" ({text}: {NOT_COMPARED_TEXT})" if text else ""
 
 
@@ -87,12 +87,8 @@ def _judged_verdict(state, traces: dict[str, Trace], skipped_text: str) -> str:
     others = {
         n: _mismatched(t, state.reference) for n, t in traces.items() if n not in state.verdicts
     }
-    wrong = "; ".join(f"{n}: {_ids(ids)}" for n, ids in others.items() if ids)
+    wrong = "; ".join(f"{n}: {request_ids(ids)}" for n, ids in others.items() if ids)
     return text + (f" · servers: ✗ differs ({wrong})" if wrong else "") + skipped_text
-
-
-def _ids(request_ids: list[int]) -> str:
-    return ", ".join(f"R{r}" for r in request_ids)
 
 
 def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
@@ -134,7 +130,7 @@ def servers_note(state) -> str:
             lines.append(f"**{name}**: {why} (see the ⚠ line under the status line).")
         elif ids := _mismatched(trace, state.reference):
             lines.append(
-                f"**{name}** differs from the reference at {_ids(ids)}: a server hands back no "
-                "logits, so whether rounding explains it cannot be judged here."
+                f"**{name}** differs from the reference at {request_ids(ids)}: a server hands "
+                "back no logits, so whether rounding explains it cannot be judged here."
             )
     return "  \n".join(lines)

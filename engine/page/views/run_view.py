@@ -11,7 +11,7 @@ by name. The status line's words and the reference verdict are ``engine.page.vie
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import gradio as gr
@@ -24,7 +24,6 @@ from engine.page.figures import (
     timelines,
 )
 from engine.page.views import divergence_view, inside_view, run_status, tables
-from engine.page.views.markup import counted
 from engine.trace import DECODE, PREFILL, Trace
 from engine.worker.comparison import ComparisonResult
 from engine.workloads import export
@@ -59,17 +58,6 @@ RUN_OUTPUTS = (
     "inside_usage_plot",
     "inside_column",  # shown when transformers' record is drawn on a page without servers
 )
-# What the step slider and the x-axis choice redraw, in ``StepViews.as_tuple`` order.
-STEP_VIEW_OUTPUTS = (
-    "static_timeline_plot",
-    "continuous_timeline_plot",
-    "packed_mask_plot",
-    "static_mask_plot",
-    "block_map_plot",
-    "inside_timeline_plot",
-    "inside_mask_plot",
-    "inside_block_map_plot",
-)
 CHART_HEADINGS = ("Static timeline", "Continuous timeline", "Packed mask", "Static mask")
 INSIDE_HEADINGS = ("{name}'s own timeline", "{name}'s packed mask", "{name}'s KV block map")
 
@@ -92,13 +80,15 @@ def run_outputs(**values) -> tuple:
 
 
 def outputs_table(
-    rows: list[list], engine_names: list[str], reference: str = "model.generate"
+    rows: list[list] | None, engine_names: list[str], reference: str = "model.generate", **props
 ) -> gr.Dataframe:
-    """The outputs table with its headers and column widths for these engines."""
+    """The outputs table with its headers and column widths for these engines; ``props``: the
+    panel's other settings, where the panel builds it."""
     return gr.Dataframe(
         value=rows,
         headers=tables.outputs_headers(engine_names, reference),
         column_widths=output_column_widths(engine_names),
+        **props,
     )
 
 
@@ -156,14 +146,16 @@ class RunState:
     @property
     def num_steps(self) -> int:
         """Steps of the longest run, the inside views' record included: the step slider's range."""
-        runs = (len(self.static.steps), len(self.continuous.steps))
-        return max(*runs, inside_view.num_steps(self.inside_runs()))
+        found = inside_view.own_record(self.inside_runs())
+        inside = len(found[1].steps) if found else 0
+        return max(len(self.static.steps), len(self.continuous.steps), inside)
 
 
 @dataclass
 class StepViews:
     """The figures that depend on the selected step (plotly figures, or None); ``inside_*``: a
-    server's own record (``inside_view.step_figures``)."""
+    server's own record (``inside_view.step_figures``). Each field is the figure of the output
+    named ``<field>_plot`` (``STEP_VIEW_OUTPUTS``)."""
 
     static_timeline: Any
     continuous_timeline: Any
@@ -176,16 +168,15 @@ class StepViews:
 
     def as_tuple(self) -> tuple:
         """In ``STEP_VIEW_OUTPUTS`` order."""
-        return (
-            self.static_timeline,
-            self.continuous_timeline,
-            self.packed_mask,
-            self.static_mask,
-            self.block_map,
-            self.inside_timeline,
-            self.inside_mask,
-            self.inside_block_map,
-        )
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    def by_output(self) -> dict[str, Any]:
+        """The figures by output name (``STEP_VIEW_OUTPUTS``)."""
+        return dict(zip(STEP_VIEW_OUTPUTS, self.as_tuple(), strict=True))
+
+
+# What the step slider and the x-axis choice redraw, in ``StepViews.as_tuple`` order.
+STEP_VIEW_OUTPUTS = tuple(f"{f.name}_plot" for f in fields(StepViews))
 
 
 @dataclass
@@ -208,13 +199,9 @@ class RunResult:
 
     def as_outputs(self) -> tuple:
         """Values for the Run event's outputs, in ``RUN_OUTPUTS`` order."""
-        v = self.views
         return run_outputs(
+            **self.views.by_output(),
             run_state=self.state,
-            static_timeline_plot=v.static_timeline,
-            continuous_timeline_plot=v.continuous_timeline,
-            packed_mask_plot=v.packed_mask,
-            static_mask_plot=v.static_mask,
             step_slider=gr.Slider(
                 minimum=0,
                 maximum=max(self.state.num_steps - 1, 1),
@@ -227,15 +214,11 @@ class RunResult:
             ),
             status_markdown=self.status,
             downloads_file=self.downloads,
-            block_map_plot=v.block_map,
             latency_cdf_plot=self.latency_cdf,
             step_usage_plot=self.step_usage,
             server_timeline_plot=self.server_timeline,
             server_chart_plot=self.server_chart,
             **divergence_view.run_outputs(self.state, run_status.servers_note(self.state)),
-            inside_timeline_plot=v.inside_timeline,
-            inside_mask_plot=v.inside_mask,
-            inside_block_map_plot=v.inside_block_map,
             inside_usage_plot=self.inside_usage,
             inside_column=gr.Column(visible=True) if self.inside_shown else gr.skip(),
         )
@@ -337,10 +320,9 @@ def _at_step(builder: Callable, trace: Trace, step_index: int):
     past the run's end the figure's subtitle says which step it shows instead."""
     if not trace.steps:
         return None
-    last = len(trace.steps) - 1
-    fig = builder(trace, min(max(step_index, 0), last))
-    if step_index > last:
-        note = f"{trace.engine} ran {counted(len(trace.steps), 'step')}: its last, {last}, is shown"
+    at, note = inside_view.clamped_step(trace.engine, len(trace.steps), step_index)
+    fig = builder(trace, at)
+    if note:
         subtitle = fig.layout.title.subtitle.text
         fig.layout.title.subtitle.text = f"{note}<br>{subtitle}" if subtitle else note
     return fig

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import time
 
+from engine.page.figures.style import counted
 from engine.page.run.host_servers import FAILED, READY, STARTING, PageServers
-from engine.page.views.markup import counted, one_line, plain_markdown
+from engine.page.views.markup import one_line, plain_markdown
 from engine.peers.server_process import cpus_of
 from engine.trace import Trace
 

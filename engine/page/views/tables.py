@@ -17,30 +17,18 @@ from engine.fidelity.reference import (
     comparison,
     not_compared_ids,
 )
+from engine.page.views.divergence_view import NOT_AVAILABLE, join_labels, verdict_label
 from engine.page.views.divergence_view import NOT_COMPARED as NOT_COMPARED_LABEL
-from engine.page.views.divergence_view import join_labels, verdict_label
 from engine.trace import RequestRecord, Trace
 
-METRICS_HEADERS = [
-    "engine",
-    "wall s",
-    "steps",
-    "generated tokens",
-    "tok/s",
-    "speedup vs static",
-    "padding waste %",
-    "slot utilisation %",
-    "mean TTFT s",
-    "p99 TTFT s",
-    "preemptions",
-    "outputs match model.generate",
-    "prefix-cache hit rate %",  # added last: the /run API's metrics columns keep their places
-]
 # Column widths in pixels: wide enough for each name on any screen (a narrow one scrolls).
 METRICS_COLUMN_WIDTHS = [110, 84, 72, 100, 72, 100, 100, 110, 90, 90, 110, 150, 110]
-# Hover definitions of the metrics columns (the page sets them as the column names' titles).
-# Padding waste and slot utilisation have different denominators, so they need not add to 100.
-METRIC_HELP = {
+# The metrics table's columns in order, with their hover definitions (the page sets them as the
+# column names' titles); the prefix-cache column came last, so the /run API's metrics columns keep
+# their places. Padding waste and slot utilisation have different denominators, so they need not
+# add to 100.
+METRICS_COLUMNS = {
+    "engine": "",
     "wall s": "Seconds from the engine's start to its last token (arrival waits included).",
     "steps": "Forward passes of the model. Unlike wall time, the same on every machine.",
     "generated tokens": "Output tokens, up to each request's end-of-sequence or cap; no padding.",
@@ -69,6 +57,8 @@ METRIC_HELP = {
         "not say (transformers' manager)."
     ),
 }
+METRICS_HEADERS = list(METRICS_COLUMNS)
+METRIC_HELP = {name: text for name, text in METRICS_COLUMNS.items() if text}
 METRICS_NOTE = (
     "**padding waste %** counts wasted token positions among those computed; **slot "
     "utilisation %** counts busy slot-steps among slots × steps. Different denominators: the two "
@@ -77,7 +67,6 @@ METRICS_NOTE = (
     "columns then give both views: **outside** (our client) and **inside** (its record). "
     "Hover a column's name for its definition."
 )
-NOT_AVAILABLE = "—"
 OUTSIDE, INSIDE = "outside", "inside"  # a server's TTFT seen by the client, and by its own record
 ANOTHER_MODEL_TEXT = "another model, not compared"
 _COMPARISON_LABELS = {MATCH: "✓", MISMATCH: "✗ differs", NOT_COMPARED: NOT_COMPARED_LABEL}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.llamacpp.server import published_props
-from engine.page.figures import server_lanes
+from engine.page.figures import server_lanes, style
 from engine.peers.server_metrics import slots_kv_pct
 from engine.trace import RequestRecord, ScheduledSeq, ServerSample, StepRecord, Trace
 
@@ -166,5 +166,5 @@ def test_a_message_chart_breaks_its_text_into_lines_a_phone_shows_whole():
     and the lines together say the whole message."""
     fig = server_lanes.server_timeline_figure({}, None)
     lines = fig.layout.annotations[0].text.split("<br>")
-    assert len(lines) > 1 and max(map(len, lines)) <= server_lanes.MESSAGE_LINE_CHARS, lines
+    assert len(lines) > 1 and max(map(len, lines)) <= style.MESSAGE_LINE_CHARS, lines
     assert " ".join(lines) == server_lanes.NO_SERVER, lines
