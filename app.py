@@ -1,7 +1,5 @@
-"""Continuous Batching Playground: the Gradio page. Layout and event wiring only.
-
-Panels are built by ``engine.page.panels.page_panels``, ``settings_panel`` and ``results_panel``;
-handlers live in ``playground`` and ``page_io``; ``launch`` loads the model and serves the page.
+"""Continuous Batching Playground: the Gradio page, layout and event wiring only (panels in
+``engine.page.panels``, handlers in ``engine.page.handlers``, the start in ``launch``).
 Run with ``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--share]``.
 """
 
@@ -115,8 +113,7 @@ def wire_run(requests, settings, results, run_state, handle_state, outputs, link
     ``link``: its setup's recent run, or the recorded run said to be another setup's."""
     s, run = settings, zerogpu.on_gpu(playground.run_event)  # spaces.GPU on ZeroGPU, else as is
     pressed, js = [handle_state, s.click_number], page_io.RUN_CLICK_JS  # numbered: RunHandle
-    # The note and the status line say "Run pressed"; "Run live anyway" goes. The press's
-    # progress shows on the note: the status line's tracker is the run's.
+    # "Run pressed" on the note and status line, with the press's tracker on the note
     noted = [s.run_note_markdown, s.live_button, results.status_markdown]
     on_note = {"show_progress_on": s.run_note_markdown}
     for button in (s.run_button, s.live_button):
