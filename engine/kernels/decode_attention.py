@@ -1,9 +1,10 @@
 """Decode attention that reads each slot's own keys, not every slot padded to the longest one.
 
-``engine.kernels.packed_attention`` attends all single-query sequences of a step in one SDPA call
-over ``[B, H_kv, T_kv, D]``, ``T_kv`` being the longest slot's length, with the rest masked. SDPA
-still reads and multiplies the masked keys, so one long request among short ones makes every slot
-pay for its length (and an idle slot costs as much as a busy one)::
+``one_call`` attends all single-query sequences of a step in one SDPA call (the packed
+attention's way, ``engine.kernels.packed_attention``) over ``[B, H_kv, T_kv, D]``, ``T_kv`` being
+the longest slot's length, with the rest masked. SDPA still reads and multiplies the masked keys,
+so one long request among short ones makes every slot pay for its length (and an idle slot costs
+as much as a busy one)::
 
     kv lengths   slot 0: 300   slot 1: 40   slot 2: 35   slot 3: idle
     one call     4 x 300 = 1200 key rows read
@@ -58,7 +59,7 @@ class DecodeSplit:
         shared_mask: [B, 1, 1, width]        additive, for SDPA; None without a shared call
         shared_lens: [B]                     keys per slot in the shared call, for the C++
                                              kernel (0: a slot outside it, left unattended)
-        solo: (token row, slot, kv_len) per sequence that gets its own call
+        solo: (index, kv_len) per sequence that gets its own call (its token row is its index)
     """
 
     width: int  # keys of the shared call: the longest kv_len among its sequences (0: no call)
@@ -66,7 +67,7 @@ class DecodeSplit:
     shared_rows: torch.Tensor
     shared_slots: torch.Tensor
     shared_mask: torch.Tensor | None
-    solo: list[tuple[int, int, int]]
+    solo: list[tuple[int, int]]
     kernel: bool = False  # calls go to torch.ops.cbp_attention.decode, not SDPA
     shared_lens: torch.Tensor | None = None
     whole_step: bool = False  # the kernel, an in-place cache: ``decode_step`` does the layer's all
@@ -91,7 +92,7 @@ def plan_decode(batch: PackedBatch, dtype: torch.dtype, whole: bool = True) -> D
     kv_lens = [n + 1 for n in batch.num_cached]  # token i is sequence i's only query
     order = sorted(range(len(kv_lens)), key=lambda i: -kv_lens[i])
     num_solo = _best_num_solo([kv_lens[i] for i in order], batch.num_slots)
-    solo = [(i, batch.seqs[i].slot, kv_lens[i]) for i in order[:num_solo]]
+    solo = [(i, kv_lens[i]) for i in order[:num_solo]]
     shared = sorted(order[num_solo:])
     width = max((kv_lens[i] for i in shared), default=0)
     rows = torch.tensor(shared, dtype=torch.long)
@@ -112,6 +113,19 @@ def plan_decode(batch: PackedBatch, dtype: torch.dtype, whole: bool = True) -> D
         solo=solo,
         kernel=kernel,
         shared_lens=lens,
+    )
+
+
+def one_call(batch: PackedBatch) -> DecodeSplit:
+    """The split that attends every single-query sequence of ``batch`` in one SDPA call over all
+    slots, under ``batch.decode_mask`` (the packed attention's, beside its prefill calls)."""
+    return DecodeSplit(
+        width=batch.decode_mask.shape[-1],
+        all_slots=batch.all_slots_decode,
+        shared_rows=batch.decode_rows,
+        shared_slots=batch.decode_slots,
+        shared_mask=batch.decode_mask,
+        solo=[],
     )
 
 
@@ -179,8 +193,8 @@ def decode_attention(query, cache, layer: int, batch: PackedBatch, split: Decode
         out = query.new_empty(num_tokens, num_heads, head_dim)  # (T, H, D)
         if split.width:
             _shared_scattered(query, cache, layer, batch, split, scaling, out)
-    for row, slot, kv_len in split.solo:
-        keys, values = cache.sequence_view(layer, batch, slot, kv_len)  # (1, H_kv, kv_len, D)
+    for row, kv_len in split.solo:
+        keys, values = (t[None] for t in cache.sequence_kv(layer, batch, row))  # (1, H_kv, kv, D)
         q = query[0, :, row].view(1, keys.shape[1], -1, head_dim)  # (1, H_kv, G, D)
         lens = torch.tensor([kv_len]) if split.kernel else None
         o = _attend(q, keys, values, lens, None, scaling, split.kernel)  # (1, H_kv, G, D)

@@ -114,7 +114,7 @@ def packed_attention(module, query, key, value, batch, scaling) -> torch.Tensor:
     """
     layer = module.layer_idx
     cache = batch.kv_cache
-    cache.store_step(layer, key, value, batch)
+    cache.write(layer, key, value, batch)
     out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # (T, H, D)
     start = 0
     for i, (cached, new) in enumerate(zip(batch.num_cached, batch.num_new, strict=True)):

@@ -21,8 +21,11 @@ same block; a step only ever writes into blocks past a sequence's cached prefix,
 owns its own growing tensors, and every step concatenates them into one packed cache and appends
 the new keys back per sequence, so each step copies the whole context (a run costs its square).
 
-All three implement ``KVCache``, the one interface the engines and the attention kernels use;
-``InPlaceKVCache`` is its refinement for the two caches that write each step's keys in place.
+All three implement ``KVCache``, the one interface the engines and the attention kernels use:
+``write`` stores a step's keys and values, ``sequence_kv`` reads one sequence's back. The two
+caches that write in place (``InPlaceKVCache``) also give every slot's keys at once
+(``slot_view``) and their storage as blocks (``block_storage``) for the batched decode kernels;
+the concat cache gives its packed concatenation (``gather``).
 """
 
 from __future__ import annotations
@@ -46,10 +49,11 @@ class KVCache(ABC):
 
     1. ``prepare(batch)`` once, before the forward pass (``build_packed_batch`` calls it): the
        per-step addressing the layers share (write rows, block rows, or the packed mask);
-    2. per layer, the attention kernels store the step's keys and values and read them back:
-       ``store_step`` + ``sequence_kv`` in batch-invariant mode (every cache), else
-       ``InPlaceKVCache``'s ``write`` + ``slot_view``/``sequence_view``, or, for a cache whose
-       ``prepare`` set ``batch.packed_mask`` (``ConcatKVCache``), its ``gather``;
+    2. per layer, the attention kernels store the step's keys and values (``write``) and read
+       them back: one sequence's (``sequence_kv``, every cache), every slot's at once
+       (``InPlaceKVCache.slot_view``, ``block_storage``), or, for a cache whose ``prepare`` set
+       ``batch.packed_mask`` (``ConcatKVCache``), the packed concatenation (``gather``, which
+       writes too);
     3. ``release(request_id)`` once per finished sequence, after the step.
 
     ``bytes_per_token`` and ``total_bytes`` size the cache for the trace. Block bookkeeping is not
@@ -58,7 +62,7 @@ class KVCache(ABC):
     Shapes (the named dimensions of ``engine``):
         key, value (one layer's new keys/values of the step, in packed order): [1, H_kv, T, D]
         ``sequence_kv``: keys, values [H_kv, kv_len, D], kv_len = num_cached + num_new
-        ``slot_view``: [B, H_kv, kv_len, D];  ``sequence_view``: [1, H_kv, kv_len, D]
+        ``slot_view``: [B, H_kv, kv_len, D]
         ``ConcatKVCache.gather``: keys, values [1, H_kv, T_kv, D]
 
     Raises:
@@ -79,14 +83,14 @@ class KVCache(ABC):
         """Per step, before the forward: fill the batch's KV addressing fields."""
 
     @abstractmethod
-    def store_step(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
-        """Batch-invariant mode: store the step's keys/values [1, H_kv, T, D] of ``layer``."""
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+        """Store the step's new keys/values [1, H_kv, T, D] of ``layer`` (packed order)."""
 
     @abstractmethod
     def sequence_kv(
         self, layer: int, batch: PackedBatch, index: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of ``batch.seqs[index]`` after ``store_step``: [H_kv, kv_len, D] each,
+        """Keys and values of ``batch.seqs[index]`` after ``write``: [H_kv, kv_len, D] each,
         cached first then new (kv_len = its cached + new tokens)."""
 
     @abstractmethod
@@ -95,12 +99,8 @@ class KVCache(ABC):
 
 
 class InPlaceKVCache(KVCache):
-    """A ``KVCache`` with storage written in place every step and read back as views (the slot
-    and paged caches); batch-invariant mode's two calls come for free on top of them."""
-
-    @abstractmethod
-    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
-        """Store the step's new keys/values [1, H_kv, T, D] where ``prepare`` said."""
+    """A ``KVCache`` with storage written in place every step (where ``prepare`` said) and read
+    back as views: the slot and paged caches."""
 
     @abstractmethod
     def slot_view(
@@ -109,25 +109,18 @@ class InPlaceKVCache(KVCache):
         """Keys and values of every slot's first ``kv_len`` positions: [B, H_kv, kv_len, D]."""
 
     @abstractmethod
-    def sequence_view(
-        self, layer: int, batch: PackedBatch, slot: int, kv_len: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One slot's first ``kv_len`` keys and values: [1, H_kv, kv_len, D]."""
+    def _slot_kv(self, layer: int, batch: PackedBatch, slot: int, kv_len: int):
+        """One slot's first ``kv_len`` keys and values: [H_kv, kv_len, D] each."""
 
     @abstractmethod
     def block_storage(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A layer's whole storage as blocks, for a kernel that writes and reads it in place
         through ``batch.kv_block_table``: keys, values [H_kv, N, S, D] (N blocks of S positions)."""
 
-    def store_step(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
-        """Batch-invariant mode: store the step's keys/values (as ``write``)."""
-        self.write(layer, key, value, batch)
-
     def sequence_kv(self, layer: int, batch: PackedBatch, index: int):
         """Keys and values of ``batch.seqs[index]``, cached and new: [H_kv, kv_len, D] each."""
         kv_len = batch.num_cached[index] + batch.num_new[index]
-        keys, values = self.sequence_view(layer, batch, batch.seqs[index].slot, kv_len)
-        return keys[0], values[0]
+        return self._slot_kv(layer, batch, batch.seqs[index].slot, kv_len)
 
 
 class SlotKVCache(InPlaceKVCache):
@@ -182,9 +175,8 @@ class SlotKVCache(InPlaceKVCache):
         """A layer's storage with each slot one block of P positions: [H_kv, B, P, D] each."""
         return self.keys[layer].transpose(0, 1), self.values[layer].transpose(0, 1)
 
-    def sequence_view(self, layer: int, batch: PackedBatch, slot: int, kv_len: int):
-        """One slot's first ``kv_len`` keys and values: [1, H_kv, kv_len, D]."""
-        return self.keys[layer][slot, :, :kv_len][None], self.values[layer][slot, :, :kv_len][None]
+    def _slot_kv(self, layer: int, batch: PackedBatch, slot: int, kv_len: int):
+        return self.keys[layer][slot, :, :kv_len], self.values[layer][slot, :, :kv_len]
 
     def release(self, request_id: int) -> None:
         """Nothing to free: the next occupant of the slot overwrites and masks stale entries."""
@@ -270,10 +262,10 @@ class PagedKVCache(InPlaceKVCache):
         rows = batch.kv_block_rows[:, :kv_len]  # (B, kv_len)
         return self._gather(self.keys[layer], rows), self._gather(self.values[layer], rows)
 
-    def sequence_view(self, layer: int, batch: PackedBatch, slot: int, kv_len: int):
-        """Gather one slot's first ``kv_len`` positions: keys, values [1, H_kv, kv_len, D]."""
-        rows = batch.kv_block_rows[slot : slot + 1, :kv_len]  # (1, kv_len)
-        return self._gather(self.keys[layer], rows), self._gather(self.values[layer], rows)
+    def _slot_kv(self, layer: int, batch: PackedBatch, slot: int, kv_len: int):
+        """Gather one slot's first ``kv_len`` positions: keys, values [H_kv, kv_len, D]."""
+        rows = batch.kv_block_rows[slot, :kv_len]  # (kv_len,)
+        return self.keys[layer].index_select(1, rows), self.values[layer].index_select(1, rows)
 
     @staticmethod
     def _gather(store: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -305,10 +297,10 @@ class ConcatKVCache(KVCache):
         cached = [self._store[i][layer] for i, n in zip(ids, batch.num_cached, strict=True) if n]
         keys = torch.cat([k for k, _ in cached] + [key], dim=2)  # (1, H_kv, T_kv, D)
         values = torch.cat([v for _, v in cached] + [value], dim=2)
-        self.store_step(layer, key, value, batch)
+        self.write(layer, key, value, batch)
         return keys, values
 
-    def store_step(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
         """Append each sequence's new keys/values ([1, H_kv, T, D] in packed order) to its own."""
         start = 0
         for seq, n in zip(batch.seqs, batch.num_new, strict=True):
@@ -317,7 +309,7 @@ class ConcatKVCache(KVCache):
             start += n
 
     def sequence_kv(self, layer: int, batch: PackedBatch, index: int):
-        """Keys and values of ``batch.seqs[index]`` after ``store_step``: [H_kv, kv_len, D] each."""
+        """Keys and values of ``batch.seqs[index]`` after ``write``: [H_kv, kv_len, D] each."""
         keys, values = self._store[batch.seqs[index].request_id][layer]
         return keys[0], values[0]
 

@@ -25,7 +25,8 @@ from engine.serving.masks import query_layout
 
 @dataclass
 class PrefillSpan:
-    """A multi-query sequence: its tokens are ``[token_start, token_end)`` of the packed row.
+    """A multi-query sequence, ``seqs[index]``: its tokens are ``[token_start, token_end)`` of the
+    packed row.
 
     ``mask`` is ``None`` when the span starts at position 0 (plain causal), else the
     ``[n, num_cached + n]`` causal mask of a chunk attending to its cached prefix.
@@ -33,7 +34,7 @@ class PrefillSpan:
 
     token_start: int
     token_end: int
-    slot: int
+    index: int  # its place in the batch's ``seqs``
     num_cached: int
     mask: torch.Tensor | None
 
@@ -103,7 +104,7 @@ def build_packed_batch(
         decode_rows=decode_rows.to(device),
         decode_slots=slots[single].to(device),
         decode_mask=_decode_mask(num_cached, single, slots, num_slots, device),
-        prefills=_prefill_spans(num_cached, num_new, slots, device),
+        prefills=_prefill_spans(num_cached, num_new, device),
         kv_cache=kv_cache,
         invariant=invariant,
     )
@@ -124,7 +125,7 @@ def _decode_mask(num_cached, single, slots, num_slots, device) -> torch.Tensor |
     return (keys[None, :] < kv_len[:, None])[:, None, None, :].to(device)
 
 
-def _prefill_spans(num_cached, num_new, slots, device) -> list[PrefillSpan]:
+def _prefill_spans(num_cached, num_new, device) -> list[PrefillSpan]:
     spans, start = [], 0
     for i, (cached, new) in enumerate(zip(num_cached, num_new, strict=True)):
         if new > 1:
@@ -132,6 +133,6 @@ def _prefill_spans(num_cached, num_new, slots, device) -> list[PrefillSpan]:
             if cached:
                 q = torch.arange(cached, cached + new)[:, None]  # (n, 1)
                 mask = (torch.arange(cached + new)[None, :] <= q).to(device)  # (n, cached + n)
-            spans.append(PrefillSpan(start, start + new, int(slots[i]), cached, mask))
+            spans.append(PrefillSpan(start, start + new, i, cached, mask))
         start += new
     return spans
