@@ -1,36 +1,31 @@
 """A run's cost for the queue's estimate: its work in parts, and this host's pace for each part.
 
-What a page run's wall time is made of, timed per part on the tour's six presets (2-core AMD EPYC,
-float32, the reference check on, a busy machine; ``docs/measurements.md``, "Queue estimates"):
+A page run's wall time is made of (the per-part timings that set these units are in
+``docs/measurements.md``, "Queue estimates" and "A room's first minute"):
 
-* **the static engine**: its steps (each wave to its longest cap), 0.08-0.19 s each, and its
-  prefill: ``shared-system-prompt``'s 7,173 prompt tokens took 65 s of its 79 s, about 15 prompt
-  tokens costing what one step does;
-* **the continuous engine**: its steps (the caps packed onto the slots) and the same prefill, at
-  about the same pace; transformers' engine, when compared, as many steps again;
+* **the static engine**: its steps (each wave to its longest cap) and its prefill, about
+  ``PREFILL_TOKENS_PER_STEP`` prompt tokens costing what one step does;
+* **the continuous engine**: its steps (the caps packed onto the slots) and the same prefill;
+  transformers' engine, when compared, as many steps again;
 * **the reference pass**, for each request whose reference is not stored yet
-  (``engine.fidelity.reference_store``): 9 to 102 s; about 2 steps' worth per request to set up
-  and judge, a step per output token (batch 1) and its prompt's prefill; nothing when stored, as
-  it is for every tour preset after its first run on a host (the figures behind these
-  weights are in docs/measurements.md, "A room's first minute").
-* **the run itself**: rendering and judging, 1-2 s a run whatever the device (Python and plotly).
+  (``engine.fidelity.reference_store``): ``REFERENCE_STEPS`` per request to set up and judge, a
+  step per output token (batch 1) and its prompt's prefill; nothing when stored;
+* **the run itself**: rendering and judging (Python and plotly), in seconds.
 
-So a ``Work`` counts each part but the last in *step units*: steps, plus prompt tokens over
-``PREFILL_TOKENS_PER_STEP``, plus the reference's step-equivalents above; the run itself is
-seconds. ``Pace`` learns each part's seconds per unit from the runs that finish here, as moving
-averages of seconds and of units (``LEARNING_RATE``): the engines' parts timed by their traces,
-the rest of the wall time taught to the reference's pace when a reference was computed, else to
-the run's own seconds (prior ``RUN_S``). A step count the caps over-estimate (end of sequence) or
-a ratio that differs on another device is absorbed by that part's pace; a part not yet seen is
-priced at the engines' pace. Before any run finished, the pace is the running run's: its seconds
-so far over the units of its steps so far (``Pace.from_progress``).
+So a ``Work`` counts each part but the last in *step units*. ``Pace`` learns each part's seconds
+per unit from the runs that finish here, as moving averages of seconds and of units
+(``LEARNING_RATE``): the engines' parts timed by their traces, the rest of the wall time taught to
+the reference's pace when a reference was computed, else to the run's own seconds (prior
+``RUN_S``). A step count the caps over-estimate (end of sequence) or a ratio that differs on
+another device is absorbed by that part's pace; a part not yet seen is priced at the engines'
+pace. Before any run finished, the pace is the running run's: its seconds so far over the units
+of its steps so far (``Pace.from_progress``).
 
 A run whose own cost at a learned pace is over ``LIMIT_MARGIN`` times the host's per-run limit
 (``CBP_RUN_TIME_LIMIT_S``) would be stopped by it long before its end, so it is refused before it
-queues (``over_limit``). Not at the limit itself: an estimate at a pace learned here has run
-up to 90 % long in rooms (``docs/measurements.md``, "A workshop room, measured with quiet
-clients"; the machine's own speed moved 2x within an hour), so a run estimated between the limit
-and twice it may well finish, and if not, the limit stops it.
+queues (``over_limit``). Not at the limit itself: the machine's own speed moves, so an estimate
+learned here can run long, and a run estimated between the limit and twice it may well finish;
+if not, the limit stops it.
 """
 
 from __future__ import annotations
