@@ -79,13 +79,21 @@ def make_requests(specs: list[tuple[str, int]]) -> list[Request]:
 
 
 def tiny_shared(spec=None):
-    """A warmed-up page ``SharedModel`` over ``tiny_runner()``: the engine process's loader in
-    tests (``ModelSpec(load=tiny_shared)``). ``spec.model == "slow"`` makes each forward pass
-    take ``SLOW_STEP_S`` more, so a run lasts long enough to watch, stop or kill."""
+    """A warmed-up page ``SharedModel`` over ``tiny_runner()`` (see ``tiny_worker_model``)."""
+    from engine.page.run.shared_model import SharedModel
+
+    return tiny_worker_model(spec, SharedModel)
+
+
+def tiny_worker_model(spec=None, kind=None):
+    """A warmed-up ``kind`` (default: the core's ``WorkerModel``) over ``tiny_runner()``: the
+    engine process's loader in tests (``ModelSpec(load=tiny_worker_model)``).
+    ``spec.model == "slow"`` makes each forward pass take ``SLOW_STEP_S`` more, so a run lasts
+    long enough to watch, stop or kill."""
     import time
 
     from engine.fidelity.reference import ReferenceCache
-    from engine.page.run.shared_model import SharedModel
+    from engine.worker.worker_model import WorkerModel
 
     runner = tiny_runner()
     if spec is not None and spec.model == "slow":
@@ -96,9 +104,9 @@ def tiny_shared(spec=None):
             return forward(batch)
 
         runner.forward_packed = slow_forward
-    shared = SharedModel(runner.loaded, runner, ReferenceCache(runner))
-    shared.warm_up()
-    return shared
+    held = (kind or WorkerModel)(runner.loaded, runner, ReferenceCache(runner))
+    held.warm_up()
+    return held
 
 
 SLOW_STEP_S = 0.02  # tiny_shared's slowed forward pass

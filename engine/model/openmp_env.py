@@ -10,7 +10,7 @@ main thread had run one parallel op. With ``OMP_WAIT_POLICY=ACTIVE`` the crowded
 loops instead, and ``GOMP_SPINCOUNT=300000`` keeps the uncrowded spin at libgomp's default
 (docs/measurements.md, "In the page").
 
-Since then the page makes every torch call on one thread (``engine.page.run.engine_worker``), so it
+Since then the page makes every torch call on one thread (``engine.worker.worker_process``), so it
 has one pool, as the bench does, and these settings only matter if some other thread starts
 parallel work. They are kept as a guard. Spinning has a price on a machine other processes keep
 busy: there a spinning thread takes a CPU another process wanted, and a pass can take many times

@@ -161,7 +161,7 @@ class MetricsSampler:
     Times are ``time.perf_counter() - t0``, the run's clock. Use as a context manager, or call
     ``start()`` and ``stop()``; ``samples`` and ``note`` are complete after ``stop()``. With a
     ``trace``, each sample also goes to ``trace.server_samples``, as a new list each time, so a
-    copy of the trace taken mid-run (the page's ``engine_worker.snapshot``) never changes after.
+    copy of the trace taken mid-run (``engine.worker.progress.snapshot``) never changes after.
     """
 
     def __init__(

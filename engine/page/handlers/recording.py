@@ -261,7 +261,7 @@ def _engine_threads(model) -> int | None:
     (``keep_to_engine_cpus``); None otherwise, or on a GPU."""
     import torch
 
-    from engine.page.run.engine_worker import ENGINE_THREAD
+    from engine.worker.worker_process import ENGINE_THREAD
 
     if model.loaded.device.type != "cpu":
         return None
@@ -293,8 +293,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def keep_to_engine_cpus(environ: Mapping[str, str] | None = None):
     """Keep this process to the CPUs the page's engines get, with a torch thread each, as the
-    engine process does (``cpu_split``, ``engine_worker.worker_main``); the split, or None where
-    the page would not split (``CBP_ENGINE_PROCESS=off``, ``CBP_ENGINE_CPUS=all``, one CPU).
+    engine process does (``cpu_split``, ``engine.worker.worker_process.worker_main``); the split,
+    or None where the page would not split (``CBP_ENGINE_PROCESS=off``, ``CBP_ENGINE_CPUS=all``,
+    one CPU).
 
     So the recorded run is timed as the page's runs are, and the references it stores are keyed
     as the engine process looks them up: the store's key holds the torch thread count, and a
@@ -306,13 +307,14 @@ def keep_to_engine_cpus(environ: Mapping[str, str] | None = None):
     import torch
 
     from engine.page.run import cpu_split, engine_worker
-    from engine.page.run.engine_worker import ENGINE_THREAD
+    from engine.worker import worker_process
 
     wanted = engine_worker.engine_process_wanted(environ)  # a CPU host: ZeroGPU lends GPUs
     split = cpu_split.cpu_split(environ) if wanted else None
-    if split is None or not cpu_split.pin_process(split.engine):
+    if split is None or not worker_process.pin_process(split.engine):
         return None
-    ENGINE_THREAD.call(torch.set_num_threads, len(split.engine))  # where the model loads, runs
+    # where the model loads, and runs
+    worker_process.ENGINE_THREAD.call(torch.set_num_threads, len(split.engine))
     return split
 
 

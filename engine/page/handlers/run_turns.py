@@ -15,7 +15,7 @@ here (``run_parts_s``: the engines' own times), and from the run in progress
 (``report_progress``) before the first one has.
 
 Its turn come, ``run_engines`` is the run's engine work: one ``engine.worker.comparison``
-``ComparisonJob`` to the model's worker (``engine.page.run.engine_worker``: the engine thread or
+``ComparisonJob`` to the model's worker (``engine.worker.worker_process``: the engine thread or
 the engine process), whose ``ComparisonResult`` (core types only) becomes the page's ``RunState``;
 then the host's servers, here, as they are the page's (``engine.page.run.host_servers``), their
 outputs judged against the same reference by one more job (``JudgeJob``), the verdicts of a
@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterator
 
 from engine.config import EngineConfig
 from engine.page.run import host_servers
-from engine.page.run.engine_worker import EngineProgress, ProgressLog, Take
 from engine.page.run.recent_runs import RecentRun, replay_label
 from engine.page.run.run_cost import Work
 from engine.page.run.run_handle import Turn
@@ -44,6 +43,7 @@ from engine.page.views.run_view import RunState, render
 from engine.sequence import Request
 from engine.serving.run_control import RunControl, RunStopped
 from engine.worker.comparison import ComparisonJob, JudgeJob, judge_in_worker, work_in_worker
+from engine.worker.progress import EngineProgress, ProgressLog, Take
 
 QUEUE_POLL_S = 1.0  # how often a waiting run looks at its place
 # A waiting run's line is sent when its words change, else every this many seconds: each send

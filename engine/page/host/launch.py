@@ -16,7 +16,7 @@ servers elsewhere, and ``--endpoint-record`` where such a vLLM serves its record
 The page offers exactly these, by name.
 
 By default (``CBP_ENGINE_PROCESS=auto``, on except on ZeroGPU) the engines run in an engine
-process of their own (``engine.page.run.engine_worker.ProcessWorker``), which holds the only
+process of their own (``engine.worker.worker_process.ProcessWorker``), which holds the only
 copy of the model: it loads it before the page serves, then tells the page its facts (tokenizer,
 sizes, labels, reference keys) and times the queue's pace where the runs will run; the page's
 model is then a ``shared_model.ModelView``, with no weights. The CPUs are split between the two
@@ -42,10 +42,11 @@ from engine.page.host import quiet_queue, server_priority, share, zerogpu
 from engine.page.inputs import page_io
 from engine.page.panels import page_panels, settings_panel
 from engine.page.run import cpu_split, engine_worker, host_servers, shared_model
-from engine.page.run.engine_worker import ENGINE_THREAD
 from engine.page.views import tables
 from engine.peers.vllm_server import MAX_MODEL_LEN
 from engine.serving.run_control import RunStopped
+from engine.worker import worker_model, worker_process
+from engine.worker.worker_process import ENGINE_THREAD
 
 ASSETS = Path(__file__).resolve().parents[3] / "assets"
 PAGE_CSS = ASSETS / "page.css"
@@ -198,19 +199,19 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
 
 def _engine_process(
     args, split: cpu_split.CpuSplit | None
-) -> tuple[engine_worker.ProcessWorker, cpu_split.CpuSplit | None]:
+) -> tuple[worker_process.ProcessWorker, cpu_split.CpuSplit | None]:
     """The engine process on the command line's model, started (``CBP_ENGINE_PROCESS``; made
     from this thread before its nice value is raised, so the worker keeps the start's), on the
     engine CPUs of ``split``; the page's process then keeps to the others, with as many torch
     threads. Returns it and the split, None where the CPUs are not split."""
     jobs = ("engine.worker.comparison", "engine.worker.model_facts")  # where its jobs are
-    spec = engine_worker.ModelSpec(
-        shared_model.load_spec, args.model, args.device, args.dtype, preload=jobs
+    spec = worker_process.ModelSpec(
+        worker_model.load_spec, args.model, args.device, args.dtype, preload=jobs
     )
-    process = engine_worker.ProcessWorker(spec, cpus=split.engine if split else None)
+    process = worker_process.ProcessWorker(spec, cpus=split.engine if split else None)
     process.start()  # spawned before the page keeps to its CPUs: torch there sees them all
     print(f"Engine process started (pid {process.pid}); it loads the model.", flush=True)
-    if split is None or not cpu_split.pin_process(split.page):
+    if split is None or not worker_process.pin_process(split.page):
         return process, None
     ENGINE_THREAD.call(torch.set_num_threads, len(split.page))
     print(f"CPUs split: {split.describe()} ({cpu_split.ENV}).", flush=True)
@@ -218,7 +219,7 @@ def _engine_process(
 
 
 def _connect(
-    process: engine_worker.ProcessWorker, split: cpu_split.CpuSplit | None
+    process: worker_process.ProcessWorker, split: cpu_split.CpuSplit | None
 ) -> shared_model.ModelView:
     """Wait for the engine process, then make the page's model from its facts and pace
     (``ModelView.connect``), the shared one (``shared_model.use_model``); ``split``: the CPUs,

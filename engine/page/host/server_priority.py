@@ -8,16 +8,17 @@ one stalls every parallel region of the step until it yields: a room of ten wait
 the engines' times 1.3× to 1.9× those of an idle page.
 
 Linux keeps a nice value per thread, and a thread inherits its creator's. So the main thread, after
-the model is loaded and warmed up on the engine thread (``engine_worker.ENGINE_THREAD``, whose
-OpenMP pool is made then, at the nice value the process started with), raises its own nice value
-before Gradio starts its server: the server's event loop and its worker threads are made from it,
-and inherit it. The kernel's fair scheduler then gives a runnable engine thread about ten times
-the CPU share of a server thread at nice +10, so the page still answers while a run measures, more
-slowly, and at full speed between runs. Raising one's own nice value needs no privilege; lowering
+the model is loaded and warmed up on the engine thread
+(``engine.worker.worker_process.ENGINE_THREAD``, whose OpenMP pool is made then, at the nice
+value the process started with), raises its own nice value before Gradio starts its server: the
+server's event loop and its worker threads are made from it, and inherit it. The kernel's fair
+scheduler then gives a runnable engine thread about ten times the CPU share of a server thread at
+nice +10, so the page still answers while a run measures, more slowly, and at full speed between
+runs. Raising one's own nice value needs no privilege; lowering
 it back would, so only threads made later are affected. Elsewhere than Linux (macOS keeps one
 nice value per process) nothing is changed.
 
-With the engine process (``engine.page.run.engine_worker.ProcessWorker``) the engines run in a
+With the engine process (``engine.worker.worker_process.ProcessWorker``) the engines run in a
 process of their own, started from this thread before it is lowered: it keeps the nice value the
 page started with, and the page's Python no longer shares a GIL with the run.
 

@@ -2,16 +2,17 @@
 
 A run is a measurement, and on a small host the page that serves a room shares the CPUs with it.
 Nice values (``engine.page.host.server_priority``) and a process of their own
-(``engine_worker``) did not keep a room off the engines' times: on the 2-core AMD EPYC, torch's
-two OpenMP threads wait for each other at every parallel region of a step, so a page thread that
-takes either CPU for a moment stalls both, and a 30-session room's runs took 1.5x to 2.3x their
-idle time (docs/measurements.md, "What a waiting room costs the page").
+(``engine.worker.worker_process``) did not keep a room off the engines' times: on the 2-core AMD
+EPYC, torch's two OpenMP threads wait for each other at every parallel region of a step, so a
+page thread that takes either CPU for a moment stalls both, and a 30-session room's runs took
+1.5x to 2.3x their idle time (docs/measurements.md, "What a waiting room costs the page").
 
-Split, the engine process is pinned (``sched_setaffinity``) to the engine CPUs with one torch
-thread per CPU, and the page's process (Gradio's event loop and workers, the figures it draws for
-everyone else) to the rest. On two CPUs that is one each: the engines run on one thread, about
-1.3x slower than on two on an idle page, and a busy page no longer touches them (a Python loop
-kept busy on the page's CPU leaves the engines' times within the machine's noise).
+Split, the engine process is pinned (``sched_setaffinity``: ``worker_process.pin_process``) to
+the engine CPUs with one torch thread per CPU, and the page's process (Gradio's event loop and
+workers, the figures it draws for everyone else) to the rest. On two CPUs that is one each: the
+engines run on one thread, about 1.3x slower than on two on an idle page, and a busy page no
+longer touches them (a Python loop kept busy on the page's CPU leaves the engines' times within
+the machine's noise).
 
 ``CBP_ENGINE_CPUS`` (read at start, with the engine process only):
 
@@ -86,28 +87,6 @@ def cpu_split(
     if count < 1:
         return None
     return CpuSplit(engine=cpus[-count:], page=cpus[:-count])
-
-
-def pin_process(cpus: tuple[int, ...]) -> bool:
-    """Pin every thread of this process to ``cpus`` (threads made later inherit it).
-
-    Returns False, changing nothing more, where the system has no affinity or refuses it.
-    """
-    if not hasattr(os, "sched_setaffinity"):
-        return False
-    try:
-        threads = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        threads = [0]  # the calling thread only
-    try:
-        for thread in threads:
-            try:
-                os.sched_setaffinity(thread, cpus)
-            except ProcessLookupError:  # a thread that ended meanwhile
-                continue
-    except OSError:
-        return False
-    return True
 
 
 def _available() -> tuple[int, ...]:

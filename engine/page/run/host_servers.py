@@ -349,9 +349,9 @@ def run_servers(
 ) -> tuple[dict[str, Trace], dict[str, str]]:
     """Run ``requests`` on each server in ``names``: (traces, failures), both by name.
 
-    ``watch`` is ``engine_worker.ProgressLog.watch``. A failure's message says what went wrong
-    for a person; after a stop (Stop, the time limit) the server's streams are cancelled, and the
-    servers not run yet are listed as not run, with the reason. ``dtype`` and
+    ``watch`` is ``engine.worker.progress.ProgressLog.watch``. A failure's message says what
+    went wrong for a person; after a stop (Stop, the time limit) the server's streams are
+    cancelled, and the servers not run yet are listed as not run, with the reason. ``dtype`` and
     ``batch_invariant``: the run's precision; a local vLLM in another dtype (fixed at its start)
     gets a warning, and its trace's ``info["server"]`` names both dtypes (``dtype``,
     ``run_dtype``), so the reference check leaves it out

@@ -2,9 +2,10 @@
 
 The Run handler is a generator. It cannot call the engines itself: Gradio stops a generator only
 between two of its yields (Stop button, closed tab), and a run can last minutes. So ``LiveRun``
-runs the work on the page's engine thread (``engine_worker.ENGINE_THREAD``), and the handler
-polls it every fraction of a second and yields what it sees. The work sends its jobs to the
-model's worker (``engine_worker``) with ``take`` as the receiver of each engine's progress;
+runs the work on the page's engine thread (``engine.worker.worker_process.ENGINE_THREAD``), and
+the handler polls it every fraction of a second and yields what it sees. The work sends its jobs
+to the model's worker (``engine.worker.worker_process``) with ``take`` as the receiver of each
+engine's progress;
 ``take`` keeps the latest entry per engine, its trace kept when the entry brings none.
 
 A stopped run keeps no reference to its engines, so their KV cache is freed as the work ends.
@@ -19,8 +20,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from engine.page.run.engine_worker import ENGINE_THREAD, EngineProgress
 from engine.serving.run_control import RunControl, RunStopped
+from engine.worker.progress import EngineProgress
+from engine.worker.worker_process import ENGINE_THREAD
 
 
 class LiveRun:

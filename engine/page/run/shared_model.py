@@ -6,12 +6,12 @@ process (``use_model``). What the page asks of it is ``PageModel``: a tokenizer,
 before a run joins the queue (KV budget, batch-invariant mode), the references stored, its
 precisions, and the page's parts, one for every precision: the ``lock`` held by the run in
 progress (runs never overlap on the model), the run queue, the recent runs, the host's servers
-and the ``worker`` its engine jobs go to (``engine.page.run.engine_worker``). Two kinds answer it:
+and the ``worker`` its engine jobs go to (``engine.worker.worker_process``). Two kinds answer it:
 
-- ``SharedModel``: the weights here, with the runner and reference cache; its worker is a
-  ``ThreadWorker`` (ZeroGPU, ``CBP_ENGINE_PROCESS=off``, tests). It is also the model an engine
-  process holds (``load_spec``). It loads and warms up on the page's engine thread, where every
-  run goes too. Tests build their own.
+- ``SharedModel``: the weights here, the core's ``engine.worker.worker_model.WorkerModel`` (the
+  model an engine process holds) with the page's parts; its worker is a ``ThreadWorker``
+  (ZeroGPU, ``CBP_ENGINE_PROCESS=off``, tests). It loads and warms up on the page's engine
+  thread, where every run goes too. Tests build their own.
 - ``ModelView``: the engine process's model as the page sees it, no weights: a tokenizer and
   the facts that process answers (``engine.worker.model_facts``); it reads the reference store
   itself under the keys those facts give (``engine.fidelity.stored_references``). Its worker is
@@ -26,52 +26,27 @@ the device cannot run is refused before any weight loads, naming both
 
 from __future__ import annotations
 
-import copy
 import html
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from engine.batching.continuous import ContinuousEngine, kv_pool_blocks
-from engine.batching.static import StaticEngine
+from engine.batching.continuous import kv_pool_blocks
 from engine.config import EngineConfig
 from engine.fidelity import reference_store
-from engine.fidelity.reference import ReferenceCache, SoloReference
 from engine.fidelity.stored_references import StoredReferences
 from engine.model.allowlist import check_model_allowed
-from engine.model.device import describe_device, parse_dtype
-from engine.model.dtype_support import check_dtype_supported
-from engine.model.loader import LoadedModel, load_model
-from engine.model.model_runner import ModelRunner
 from engine.page.run.cpu_split import CpuSplit
-from engine.page.run.engine_worker import (
-    ENGINE_THREAD,
-    ModelSpec,
-    ProcessWorker,
-    ThreadWorker,
-    Worker,
-)
 from engine.page.run.host_servers import PageServers
 from engine.page.run.recent_runs import RecentRuns, replay_window_s
-from engine.page.run.run_cost import REFERENCE, Work
+from engine.page.run.run_cost import Work
 from engine.page.run.run_queue import RunQueue
 from engine.sequence import Request
 from engine.serving.run_control import RunControl
+from engine.worker import worker_model
 from engine.worker.model_facts import ModelFacts, model_facts
-from engine.workloads.workload import parse_table, tokenize_requests
-
-# Timed at start for the queue's first estimates (``SharedModel.calibrate_pace``): a tour run in
-# small, 28 static steps (two waves) and about 20 continuous steps on 3 slots.
-CALIBRATION_TABLE = [
-    ["Explain what a KV cache stores.", 16],
-    ["Name three colours.", 4],
-    ["Why is the sky blue?", 8],
-    ["Write one sentence about batching.", 12],
-]
+from engine.worker.worker_model import WorkerModel, engine_pace
+from engine.worker.worker_process import ENGINE_THREAD, ProcessWorker, ThreadWorker, Worker
 
 
 @dataclass(kw_only=True)
@@ -91,10 +66,8 @@ class PageModel:
     def __post_init__(self) -> None:
         self.queue.shown_instead = lambda setup: self.recent.find(setup) is not None
 
-    @property
-    def dtype_name(self) -> str:
-        """The model's dtype, e.g. "float32"."""
-        return str(self.loaded.dtype).removeprefix("torch.")
+    dtype_name = WorkerModel.dtype_name
+    label = WorkerModel.label
 
     @property
     def tokenizer(self) -> Any:
@@ -107,11 +80,6 @@ class PageModel:
         return self.loaded.max_context
 
     @property
-    def label(self) -> str:
-        """The page's model line, e.g. "Model: SmolLM2-135M-Instruct · runs on CPU · float32"."""
-        return f"Model: {self.loaded.name} · runs on {self.loaded.device_label}"
-
-    @property
     def label_markdown(self) -> str:
         """The model line as the page shows it (``model_line``), with its kernels and step."""
         kernels, step = self.kernels_and_step()
@@ -119,7 +87,7 @@ class PageModel:
 
     def dtype_choices(self) -> list[str]:
         """The precisions the page offers (``dtype_choices``)."""
-        return dtype_choices(self.loaded.device, self.dtype_name)
+        return worker_model.dtype_choices(self.loaded.device, self.dtype_name)
 
     def in_dtype(self, name: str | None) -> PageModel:
         """This model in the dtype ``name`` (None, "" or "auto": this one), loaded where the
@@ -129,12 +97,7 @@ class PageModel:
             ValueError: a name the page does not offer on this device, or a dtype the device
                 cannot run, naming both; checked before any weight loads (nothing is lost).
         """
-        wanted = wanted_dtype(name, self.loaded.device, self.dtype_choices(), self.dtype_name)
-        if wanted == self.dtype_name:
-            return self
-        if wanted not in self.variants:
-            self.variants[wanted] = self._variant(wanted)
-        return self.variants[wanted]
+        return worker_model.variant_in(self, name)
 
     def page_parts(self) -> dict[str, Any]:
         """The parts every precision of the model shares, as keywords for another's."""
@@ -171,111 +134,26 @@ class PageModel:
 
 
 @dataclass
-class SharedModel(PageModel):
-    """The loaded model with its runner and reference cache; its worker: the engine thread."""
-
-    loaded: LoadedModel
-    runner: ModelRunner
-    reference: ReferenceCache
-    # dtype name -> the same model in that dtype; None: convert a copy of this one's weights
-    loader: Callable[[str], LoadedModel] | None = field(default=None, repr=False)
-    solo_reference: SoloReference | None = field(default=None, repr=False)  # made on first use
+class SharedModel(WorkerModel, PageModel):
+    """The loaded model with its runner and reference cache (``WorkerModel``) and the page's
+    parts; its worker: the engine thread."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.worker is None:
             self.worker = ThreadWorker(self)
 
-    @classmethod
-    def from_loaded(cls, loaded: LoadedModel, **fields) -> SharedModel:
-        runner = ModelRunner(loaded)
-        # kept on disk too (CBP_REFERENCE_CACHE): a setup's reference is computed once per host
-        return cls(loaded, runner, ReferenceCache(runner, reference_store.open_store()), **fields)
-
-    def kernels_and_step(self) -> tuple[str, str]:
-        """This runner's matmul kernels and step."""
-        return self.runner.kernel_summary(), self.runner.step_summary()
-
-    def _variant(self, dtype_name: str) -> SharedModel:
-        """This model in ``dtype_name``, loaded (or converted) and warmed up on the engine
-        thread; same page parts."""
-        return ENGINE_THREAD.call(self._load_variant, dtype_name)
-
-    def _load_variant(self, dtype_name: str) -> SharedModel:
-        loaded = self.loader(dtype_name) if self.loader else _converted(self.loaded, dtype_name)
-        variant = SharedModel.from_loaded(loaded, loader=self.loader, **self.page_parts())
-        variant.warm_up()
-        return variant
-
-    def reference_for(self, batch_invariant: bool):
-        """The reference runs are compared with: ``model.generate`` (``ReferenceCache``), or in
-        batch-invariant mode each request alone in that mode (``SoloReference``)."""
-        if not batch_invariant:
-            return self.reference
-        if self.solo_reference is None:
-            self.solo_reference = SoloReference(self.runner, store=self.reference.store)
-        return self.solo_reference
-
-    def check_batch_invariant(self) -> None:
-        self.runner.require_batch_invariant()
-
-    def check_kv_budget(self, config: EngineConfig, requests: list[Request]) -> None:
-        ContinuousEngine(self.runner, config).check_kv_budget(requests)
-
-    def warm_up(self) -> None:
-        """Key the reference store (hashing the weights, about a second for SmolLM2-135M), so the
-        queue's estimates know from the first Run which references are stored already
-        (``engine.page.run.run_cost``), and run both engines once on two tiny requests, so
-        one-time costs never reach a timing."""
-        if self.reference.store is not None:
-            self.reference.identity  # noqa: B018  (a cached property: computed here, once)
-        specs = parse_table([["Warm-up", 2], ["Warm up again", 3]])
-        requests = tokenize_requests(
-            specs, self.loaded.tokenizer, chat_template=False, max_context=self.loaded.max_context
-        )
-        config = EngineConfig(num_slots=2)
-        StaticEngine(self.runner, config).run(requests)
-        ContinuousEngine(self.runner, config).run(requests)
+    def _variant_fields(self) -> dict[str, Any]:
+        return self.page_parts()
 
     def calibrate_pace(self) -> tuple[Work, dict[str, float]]:
-        """Time the pace (``time_pace``) and teach it to the run queue (``RunQueue.calibrate``),
-        so a room's first estimates come from a quiet, warm page.
+        """Time the pace (``WorkerModel.time_pace``) and teach it to the run queue
+        (``RunQueue.calibrate``), so a room's first estimates come from a quiet, warm page.
         Returns the work timed and its seconds in each part (the engines' and ``"reference"``)."""
-        work, parts_s = self.time_pace()
+        counts, parts_s = self.time_pace()
+        work = Work(**counts)
         self.queue.calibrate(work, parts_s)
         return work, parts_s
-
-    def time_pace(self) -> tuple[Work, dict[str, float]]:
-        """Time both engines and the reference (``model.generate``, one request at a time, kept
-        in memory only) on ``CALIBRATION_TABLE`` (3 slots): a few seconds at start with the
-        embedded model on a small CPU. Its step counts are the traces'.
-        Returns the work timed and its seconds in each part (the engines' and ``"reference"``)."""
-        specs = parse_table(CALIBRATION_TABLE)
-        requests = tokenize_requests(
-            specs, self.loaded.tokenizer, chat_template=False, max_context=self.loaded.max_context
-        )
-        config = EngineConfig(num_slots=3)
-        static = StaticEngine(self.runner, config).run(requests)
-        continuous = ContinuousEngine(self.runner, config).run(requests)
-        reference = ReferenceCache(self.runner)  # no store: these outputs are no one's run
-        references = reference.missing(requests)
-        start_s = time.perf_counter()
-        reference.outputs(requests)
-        work = Work(
-            static_steps=len(static.steps),
-            continuous_steps=len(continuous.steps),
-            prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
-            references=references,
-        )
-        parts_s = {"static": static.wall_s, "continuous": continuous.wall_s}
-        parts_s[REFERENCE] = time.perf_counter() - start_s
-        return work, parts_s
-
-
-def engine_pace(model: SharedModel, _watch) -> tuple[Work, dict[str, float]]:
-    """The pace (``SharedModel.time_pace``) as a job (``Worker.run``): timed where the runs
-    run."""
-    return model.time_pace()
 
 
 def _untaken(_entry) -> None:
@@ -303,7 +181,8 @@ class ModelView(PageModel):
         worker.wait_ready()
         facts = worker.run(model_facts, (None,), RunControl(), _untaken)
         view = cls(facts, worker=worker, **parts)
-        work, parts_s = worker.run(engine_pace, (), RunControl(), _untaken)
+        counts, parts_s = worker.run(engine_pace, (), RunControl(), _untaken)
+        work = Work(**counts)
         view.queue.calibrate(work, parts_s)
         return view, work, parts_s
 
@@ -340,36 +219,6 @@ class ModelView(PageModel):
         kv_pool_blocks(config, requests, self.facts.card.kv_bytes_per_token)
 
 
-def dtype_choices(device: torch.device, dtype_name: str) -> list[str]:
-    """The precisions the page offers: float32 and bfloat16, plus float16 on CUDA (or when the
-    model was loaded in it)."""
-    half = device.type == "cuda" or dtype_name == "float16"
-    return ["float32", "bfloat16", *(["float16"] if half else [])]
-
-
-def wanted_dtype(name: str | None, device: torch.device, offered: list[str], own: str) -> str:
-    """The dtype ``name`` asks for (None, "" or "auto": ``own``, the loaded one's).
-
-    Raises:
-        ValueError: a name the page does not offer (``offered``) on this device, or a dtype the
-            device cannot run, naming both.
-    """
-    text = (name or "auto").strip().lower()
-    if text in ("auto", own):
-        return own
-    wanted = str(parse_dtype(text, device)).removeprefix("torch.")
-    if wanted == own:
-        return own
-    if wanted not in offered:
-        where = describe_device(device, torch.float32).split(" · ")[0]
-        raise ValueError(
-            f"{wanted} is offered on CUDA only, and this model runs on {where}: "
-            f"choose {' or '.join(offered)}."
-        )
-    check_dtype_supported(device, getattr(torch, wanted))
-    return wanted
-
-
 def model_line(label: str, kernels: str, step: str, cpu_split: CpuSplit | None) -> str:
     """The model line as the page shows it: ``label``, then "matmul kernels" whose hover text
     (``kernels``) says which kernel runs at which row counts and how it was chosen (measured on
@@ -384,19 +233,6 @@ def model_line(label: str, kernels: str, step: str, cpu_split: CpuSplit | None) 
         where = html.escape(where[:1].upper() + where[1:], quote=True)
         line += f' · <abbr title="{where}">{cpu_split.short()}</abbr>'
     return line
-
-
-def _converted(loaded: LoadedModel, dtype_name: str) -> LoadedModel:
-    """A copy of ``loaded`` with its weights cast to ``dtype_name`` (models without a loader)."""
-    start_s = time.perf_counter()
-    dtype = getattr(torch, dtype_name)
-    converted = copy.copy(loaded)
-    converted.model = copy.deepcopy(loaded.model).to(dtype=dtype).eval()
-    converted.dtype = dtype
-    if "device_label" in vars(converted):  # a plain namespace (tests): the label is a value
-        converted.device_label = describe_device(loaded.device, dtype)
-    converted.load_s = time.perf_counter() - start_s
-    return converted
 
 
 _shared_model: PageModel | None = None  # the one lazily loaded shared model (see house style)
@@ -416,30 +252,19 @@ def load_shared_model(
             load (see ``load_model``).
     """
     check_model_allowed(model)
-    # On the engine thread, which runs every run too: torch keeps one OpenMP pool (engine_worker)
+    # On the engine thread, which runs every run too: torch keeps one OpenMP pool (worker_process)
     return use_model(ENGINE_THREAD.call(load_and_warm_up, model, device, dtype, calibrate))
 
 
 def load_and_warm_up(
     model: str | None, device: str | None, dtype: str | None, calibrate: bool = True
 ) -> SharedModel:
-    """``load_model(model, device, dtype)`` as a warmed-up ``SharedModel``, on the calling thread
-    (the engine thread, or the engine process's main thread); ``calibrate``: time its pace for the
-    queue's estimates too (``SharedModel.calibrate_pace``; the engine process has no queue)."""
-    loaded = load_model(model, device, dtype)
-    shared = SharedModel.from_loaded(
-        loaded, loader=lambda name: load_model(model, str(loaded.device), name)
-    )
-    shared.warm_up()
+    """``worker_model.load_and_warm_up`` as a ``SharedModel``, on the calling thread;
+    ``calibrate``: time its pace for the queue's estimates too (``SharedModel.calibrate_pace``)."""
+    shared = worker_model.load_and_warm_up(model, device, dtype, kind=SharedModel)
     if calibrate:
         shared.calibrate_pace()
     return shared
-
-
-def load_spec(spec: ModelSpec) -> SharedModel:
-    """The engine process's model: ``load_and_warm_up`` of ``spec``'s model, device and dtype
-    (its queue's pace is timed as a job, ``engine_pace``)."""
-    return load_and_warm_up(spec.model, spec.device, spec.dtype, calibrate=False)
 
 
 def use_model(model: PageModel) -> PageModel:

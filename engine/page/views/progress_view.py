@@ -31,13 +31,13 @@ import gradio as gr
 
 from engine.page.figures import server_lanes
 from engine.page.figures.style import counted, message_figure
-from engine.page.run.engine_worker import EngineProgress
 from engine.page.run.run_queue import Place
 from engine.page.views import tables
 from engine.page.views.markup import one_line, plain_markdown
 from engine.page.views.run_view import RUN_OUTPUTS, outputs_table, run_outputs, timeline
 from engine.sequence import Request
 from engine.trace import Trace, new_request_records
+from engine.worker.progress import EngineProgress
 
 ENGINE_LABELS = {
     "static": "static batching",

@@ -22,6 +22,7 @@ from engine.page.run.run_options import RunOptions
 from engine.page.run.shared_model import ModelView
 from engine.page.views import run_status, run_view
 from engine.trace import DECODE, PREFILL
+from engine.worker import worker_model
 from engine.worker.model_facts import facts_of
 from engine.workloads.workload import MAX_ROWS, parse_table, seed_specs
 
@@ -145,7 +146,7 @@ def test_model_load_error_is_told_in_the_status_line(monkeypatch):
         raise ModelLoadError("Cannot find model 'nope'; pass a local folder or hub id.")
 
     monkeypatch.setattr(shared_model, "_shared_model", None)
-    monkeypatch.setattr(shared_model, "load_model", failing_load)
+    monkeypatch.setattr(worker_model, "load_model", failing_load)
     knobs = (2, False, False, "slots", 0, "decode_first", False, 0, "time")
     (update,) = list(playground.run_event(ROWS, *knobs, replay_recent=False))
     status = update[run_view.RUN_OUTPUTS.index("status_markdown")]
@@ -161,8 +162,8 @@ def test_get_model_loads_once(monkeypatch, shared):
         return shared.loaded
 
     monkeypatch.setattr(shared_model, "_shared_model", None)
-    monkeypatch.setattr(shared_model, "load_model", fake_load)
-    monkeypatch.setattr(shared_model, "ModelRunner", lambda loaded: shared.runner)
+    monkeypatch.setattr(worker_model, "load_model", fake_load)
+    monkeypatch.setattr(worker_model, "ModelRunner", lambda loaded: shared.runner)
     first, second = shared_model.get_model(), shared_model.get_model()
     assert first is second and len(calls) == 1, f"loaded {len(calls)} times"
     assert first.label == "Model: tiny-llama · runs on CPU · float32", first.label

@@ -19,6 +19,7 @@ from engine.page.run.run_options import RunOptions
 from engine.page.views import divergence_view, run_status, run_view, tables
 from engine.token_logits import TokenLogits
 from engine.trace import Trace, new_request_records
+from engine.worker import worker_model
 
 ROWS = [["hello world", 6], ["abc", 9], ["the quick brown fox", 4]]
 BF16 = RoundingModel(2.0**-8, 576)
@@ -86,7 +87,7 @@ def test_a_dtype_the_device_cannot_run_is_refused_before_any_load(monkeypatch):
     def refuse(device, dtype):
         raise ValueError(old_gpu)
 
-    monkeypatch.setattr(shared_model, "check_dtype_supported", refuse)
+    monkeypatch.setattr(worker_model, "check_dtype_supported", refuse)
     with pytest.raises(gr.Error, match="compute capability 7.5"):
         run_and_render(ROWS, 2, RunOptions(dtype="bfloat16"), model)
     assert not loads and not model.variants, "weights were loaded for a refused dtype"

@@ -13,6 +13,7 @@ from engine.model import loader
 from engine.model.allowlist import allowed_models, check_model_allowed
 from engine.model.loader import ModelLoadError
 from engine.page.run import shared_model
+from engine.worker import worker_model
 
 ENGINE_SOURCES = sorted((Path(__file__).resolve().parents[3] / "engine").rglob("*.py"))
 
@@ -24,7 +25,7 @@ def no_load(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("a model load started")
 
-    monkeypatch.setattr(shared_model, "load_model", forbidden)
+    monkeypatch.setattr(worker_model, "load_model", forbidden)
 
 
 def test_default_allowlist_is_the_embedded_model_alone(monkeypatch, no_load):

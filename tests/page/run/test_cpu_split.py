@@ -10,14 +10,14 @@ import os
 
 import pytest
 import torch
-from tiny_model import make_requests, tiny_shared
+from tiny_model import make_requests, tiny_worker_model
 
 from engine.fidelity import reference_store
 from engine.fidelity.reference import ReferenceCache
 from engine.page.run.cpu_split import CpuSplit, cpu_split
-from engine.page.run.engine_worker import ModelSpec, ProcessWorker
 from engine.page.run.shared_model import ModelView
 from engine.serving.run_control import RunControl
+from engine.worker.worker_process import ModelSpec, ProcessWorker
 
 FOUR = (0, 1, 2, 3)
 SPECS = [("hello world", 4), ("the quick brown fox", 3)]
@@ -85,7 +85,7 @@ def test_a_worker_keeps_to_its_cpus_with_a_thread_each():
     CPUs are left as they were."""
     last = max(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
-    worker = ProcessWorker(ModelSpec(model="tiny", load=tiny_shared), cpus=(last,))
+    worker = ProcessWorker(ModelSpec(model="tiny", load=tiny_worker_model), cpus=(last,))
     try:
         worker.start()
         cpus, threads = worker.run(where_i_run, (), RunControl(), lambda *a, **k: None)
@@ -98,8 +98,9 @@ def test_a_worker_keeps_to_its_cpus_with_a_thread_each():
 
 
 def stored_tiny_shared(spec=None):
-    """``tiny_shared`` with the host's reference store (``CBP_CACHE_DIR``), as a page has it."""
-    shared = tiny_shared(spec)
+    """``tiny_worker_model`` with the host's reference store (``CBP_CACHE_DIR``), as a page has
+    it."""
+    shared = tiny_worker_model(spec)
     shared.reference = ReferenceCache(shared.runner, reference_store.open_store())
     return shared
 

@@ -1,8 +1,9 @@
 """The engine process: a run there gives the thread's tokens and schedule, streams its progress,
 stops within a step, and a killed worker fails one run only.
 
-One worker per module (spawn and a tiny model load cost seconds): its model is ``tiny_shared``'s,
-with the continuous engine's forward pass slowed (``SLOW_STEP_S``) so that a run can be watched.
+One worker per module (spawn and a tiny model load cost seconds): its model is
+``tiny_worker_model``'s, with the continuous engine's forward pass slowed (``SLOW_STEP_S``) so
+that a run can be watched.
 """
 
 from __future__ import annotations
@@ -16,17 +17,18 @@ from pathlib import Path
 
 import gradio as gr
 import pytest
-from tiny_model import SLOW_STEP_S, make_requests, tiny_shared
+from tiny_model import SLOW_STEP_S, make_requests, tiny_shared, tiny_worker_model
 
 from engine.config import EngineConfig
 from engine.page.handlers import playground, run_turns
 from engine.page.run import shared_model
-from engine.page.run.engine_worker import ModelSpec, ProcessWorker, engine_process_wanted
+from engine.page.run.engine_worker import engine_process_wanted
 from engine.page.run.live_run import LiveRun
 from engine.page.run.run_options import RunOptions
 from engine.page.run.shared_model import ModelView
 from engine.page.views.run_view import RUN_OUTPUTS
 from engine.serving.run_control import RunCancelled, RunControl, RunTimedOut
+from engine.worker.worker_process import ModelSpec, ProcessWorker
 
 SPECS = [("hello world", 4), ("abc", 30), ("the quick brown fox", 3), ("x", 12)]
 CONFIG = EngineConfig(num_slots=2)
@@ -38,7 +40,7 @@ STATUS_INDEX = RUN_OUTPUTS.index("status_markdown")
 @pytest.fixture(scope="module")
 def process():
     """One engine process on the slowed tiny model for the module; ended afterwards."""
-    worker = ProcessWorker(ModelSpec(model="slow", load=tiny_shared))
+    worker = ProcessWorker(ModelSpec(model="slow", load=tiny_worker_model))
     worker.start()
     yield worker
     worker.close()
@@ -128,20 +130,24 @@ MAIN_LIKE_APP = """
 import sys
 sys.path[:0] = [{root!r}, {tests!r}]
 import gradio  # as app.py does before it starts the engine process
-from tiny_model import tiny_shared, worker_modules
-from engine.page.run.engine_worker import ModelSpec, ProcessWorker
+from tiny_model import tiny_worker_model, worker_modules
+from engine.worker.worker_process import ModelSpec, ProcessWorker
 from engine.serving.run_control import RunControl
 if __name__ == "__main__":
-    process = ProcessWorker(ModelSpec(load=tiny_shared))
+    jobs = ("engine.worker.comparison", "engine.worker.model_facts")  # launch's preload
+    process = ProcessWorker(ModelSpec(load=tiny_worker_model, preload=jobs))
     names = process.run(worker_modules, (), RunControl(), lambda *a, **k: None)
     process.close()
-    print("ui:", *[n for n in names if n.split(".")[0] in ("gradio", "plotly")])
+    page = [n for n in names if n == "engine.page" or n.startswith("engine.page.")]
+    print("ui:", *[n for n in names if n.split(".")[0] in ("gradio", "plotly")], *page)
 """
 
 
-def test_the_worker_of_a_page_script_loads_no_ui_library(tmp_path):
-    """Started from a main script that imports gradio (as ``app.py`` does), the worker loads
-    neither gradio nor plotly: spawn does not run the page's script again there."""
+def test_the_worker_of_a_page_script_loads_no_ui_library_and_no_page_module(tmp_path):
+    """Started from a main script that imports gradio (as ``app.py`` does), the worker, its
+    model loaded and the page's jobs preloaded, loads neither gradio nor plotly (spawn does not
+    run the page's script again there) nor any ``engine.page`` module: it imports the core
+    only (``engine.worker.worker_process``)."""
     tests = Path(__file__).resolve().parents[2]
     script = tmp_path / "main_like_app.py"
     script.write_text(MAIN_LIKE_APP.format(root=str(tests.parent), tests=str(tests)), "utf-8")
@@ -150,7 +156,7 @@ def test_the_worker_of_a_page_script_loads_no_ui_library(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ui:" in done.stdout, done.stdout
     ui = done.stdout.split("ui:", 1)[1].split()
-    assert not ui, f"the engine process loaded UI modules: {ui[:10]}"
+    assert not ui, f"the engine process loaded UI or page modules: {ui[:10]}"
 
 
 def test_bad_input_crosses_as_the_same_error(process):

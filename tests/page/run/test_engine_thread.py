@@ -8,10 +8,11 @@ import threading
 import pytest
 from tiny_model import tiny_runner
 
-from engine.page.run import engine_worker, shared_model
+from engine.page.run import shared_model
 from engine.page.run.live_run import LiveRun
 from engine.serving.run_control import RunCancelled, RunControl
 from engine.trace import RequestRecord, Trace
+from engine.worker import progress, worker_model, worker_process
 
 
 def _run_on_live_thread() -> int:
@@ -34,20 +35,20 @@ def test_the_load_warm_up_and_every_run_share_one_thread(monkeypatch):
         warm_up_threads.append(threading.get_ident())
         warm_up(self)
 
-    monkeypatch.setattr(shared_model, "load_model", load)
+    monkeypatch.setattr(worker_model, "load_model", load)
     monkeypatch.setattr(shared_model.SharedModel, "warm_up", recorded_warm_up)
     monkeypatch.setattr(shared_model, "_shared_model", None)
     shared = shared_model.load_shared_model("embedded")
     assert shared.loaded is loaded and shared_model.get_model() is shared
     runs = [_run_on_live_thread(), _run_on_live_thread()]
     assert load_threads == warm_up_threads == runs[:1]
-    assert runs == [engine_worker.ENGINE_THREAD.ident] * 2
+    assert runs == [worker_process.ENGINE_THREAD.ident] * 2
     assert runs[0] != threading.get_ident(), "the work ran on the caller's thread"
 
 
 def test_a_call_from_the_engine_thread_runs_at_once_and_errors_reach_the_caller():
     """call() on the engine thread itself runs directly (no deadlock); raised errors come back."""
-    worker = engine_worker.EngineThread("test-engine")
+    worker = worker_process.EngineThread("test-engine")
     nested = worker.call(lambda: worker.call(threading.get_ident))
     assert nested == worker.ident != threading.get_ident()
 
@@ -66,7 +67,7 @@ def test_a_progress_log_sends_each_snapshot_once_and_paces_unchanged_entries():
     records = [RequestRecord(i, f"p{i}", max_new_tokens=2, num_prompt_tokens=3) for i in (0, 1)]
     trace = Trace(engine="continuous", num_slots=2, requests=records)
     sent = []
-    log = engine_worker.ProgressLog(RunControl(), sent.append, every_s=3600.0)
+    log = progress.ProgressLog(RunControl(), sent.append, every_s=3600.0)
     log.watch("continuous", trace)
     log.watch("continuous", trace)  # nothing new: kept back
     records[0].finish_s = 0.2
@@ -77,7 +78,7 @@ def test_a_progress_log_sends_each_snapshot_once_and_paces_unchanged_entries():
     assert sent[0].trace is not trace and sent[1].trace.requests[0].finish_s == 0.2
     assert sent[2].trace is not None, "done: the last snapshot is always taken and sent"
     every = []
-    unpaced = engine_worker.ProgressLog(RunControl(), every.append)
+    unpaced = progress.ProgressLog(RunControl(), every.append)
     for _ in range(3):
         unpaced.watch("continuous", trace)
     assert [e.num_steps for e in every] == [1, 2, 3] and every[1].trace is None
@@ -86,7 +87,7 @@ def test_a_progress_log_sends_each_snapshot_once_and_paces_unchanged_entries():
 def test_a_stopped_run_stops_at_its_next_watch():
     """Once its control is stopped, the log raises at the engines' next step."""
     control = RunControl()
-    log = engine_worker.ProgressLog(control, lambda _entry: None)
+    log = progress.ProgressLog(control, lambda _entry: None)
     log.watch("static", None)
     control.stop()
     with pytest.raises(RunCancelled):

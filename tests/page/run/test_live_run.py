@@ -19,12 +19,12 @@ from tiny_model import tiny_runner
 from engine.fidelity.reference import ReferenceCache
 from engine.page.handlers import playground
 from engine.page.run import run_cost, shared_model
-from engine.page.run.engine_worker import EngineProgress
 from engine.page.run.live_run import LiveRun
 from engine.page.run.run_handle import RunHandle
 from engine.page.views.progress_view import progress_line
 from engine.page.views.run_view import RUN_OUTPUTS
 from engine.serving.run_control import RunCancelled, RunControl, RunTimedOut, run_time_limit_s
+from engine.worker.progress import EngineProgress
 
 ROWS = [["hello world", 4], ["abc", 30], ["the quick brown fox", 3], ["x", 12]]
 KNOBS = (2, False, True, "slots", 0, "decode_first", False, 0, "time")  # slots and the knobs
@@ -59,7 +59,7 @@ def shared(monkeypatch) -> playground.SharedModel:
     monkeypatch.setattr(shared_model, "_shared_model", model)
     monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.05)
     monkeypatch.setattr(
-        "engine.page.run.engine_worker.SNAPSHOT_INTERVAL_S", 3600.0
+        "engine.worker.progress.SNAPSHOT_INTERVAL_S", 3600.0
     )  # finishes still shown
     return model
 

@@ -2,7 +2,8 @@
 tokens, checks and labels as the model in-process; another precision is asked of the engine
 process.
 
-One worker for the module, on ``tiny_shared``'s model (spawn and a tiny model load cost seconds).
+One worker for the module, on ``tiny_worker_model``'s model (spawn and a tiny model load cost
+seconds).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import types
 
 import pytest
 import torch
-from tiny_model import tiny_shared
+from tiny_model import tiny_shared, tiny_worker_model
 
 from engine.page.run import shared_model
-from engine.page.run.engine_worker import ModelSpec, ProcessWorker
 from engine.page.run.run_options import RunOptions, prepare
 from engine.page.run.shared_model import ModelView
+from engine.worker.worker_process import ModelSpec, ProcessWorker
 
 ROWS = [["hello world", 4], ["abc", 30], ["the quick brown fox", 3]]
 OPTIONS = RunOptions(chat_template=True, kv_mode="paged", kv_budget_mib=1.0)
@@ -26,7 +27,7 @@ OPTIONS = RunOptions(chat_template=True, kv_mode="paged", kv_budget_mib=1.0)
 @pytest.fixture(scope="module")
 def process():
     """One engine process on the tiny model for the module; ended afterwards."""
-    worker = ProcessWorker(ModelSpec(model="tiny", load=tiny_shared))
+    worker = ProcessWorker(ModelSpec(model="tiny", load=tiny_worker_model))
     worker.start()
     yield worker
     worker.close()

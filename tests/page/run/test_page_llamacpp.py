@@ -36,7 +36,7 @@ def page(page_servers, monkeypatch):
     """``page_servers`` as the page's model, its progress seen every 0.1 s."""
     monkeypatch.setattr(shared_model, "_shared_model", page_servers)
     monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.1)
-    monkeypatch.setattr("engine.page.run.engine_worker.SNAPSHOT_INTERVAL_S", 0.1)
+    monkeypatch.setattr("engine.worker.progress.SNAPSHOT_INTERVAL_S", 0.1)
     return page_servers
 
 

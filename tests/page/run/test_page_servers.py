@@ -14,12 +14,12 @@ import pytest
 
 from engine.page.handlers import playground
 from engine.page.run import host_servers, shared_model
-from engine.page.run.engine_worker import ProgressLog
 from engine.page.run.run_handle import RunHandle
 from engine.page.views import run_view, tables
 from engine.peers.endpoints import Endpoint
 from engine.peers.openai_engine import OpenAIEngine
 from engine.serving.run_control import RunControl
+from engine.worker.progress import ProgressLog
 from engine.workloads.workload import RequestSpec, tokenize_requests
 from tests.live_servers import TransformersServe, free_port
 
@@ -44,7 +44,7 @@ def with_servers(page_model, monkeypatch):
         return page_model.servers
 
     monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.1)
-    monkeypatch.setattr("engine.page.run.engine_worker.SNAPSHOT_INTERVAL_S", 0.1)
+    monkeypatch.setattr("engine.worker.progress.SNAPSHOT_INTERVAL_S", 0.1)
     yield attach
     page_model.servers = None
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.page.run.shared_model import CALIBRATION_TABLE
+from engine.worker.worker_model import CALIBRATION_TABLE
 from tests.tiny_model import tiny_shared
 
 

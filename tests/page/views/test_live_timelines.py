@@ -12,9 +12,9 @@ from tiny_model import make_requests, tiny_runner
 from engine.batching.continuous import ContinuousEngine
 from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
-from engine.page.run.engine_worker import EngineProgress
 from engine.page.views.progress_view import CLEARED_AT_START, MAX_UPDATE_WAIT_S, LiveTimelines
 from engine.page.views.run_view import RUN_OUTPUTS
+from engine.worker.progress import EngineProgress
 
 STATIC = RUN_OUTPUTS.index("static_timeline_plot")
 CONTINUOUS = RUN_OUTPUTS.index("continuous_timeline_plot")

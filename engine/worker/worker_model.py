@@ -1,0 +1,255 @@
+"""The model a worker holds: the weights with their runner and reference cache, in any precision.
+
+``WorkerModel`` is what every job (``comparison``, ``model_facts``) runs on, in the engine process
+(``load_spec``) or on the page's engine thread (the page's ``SharedModel`` is one, with the page's
+parts added). ``in_dtype`` gives the same model in another dtype (float32 or bfloat16, plus
+float16 on CUDA), loaded (or converted) and warmed up on the engine thread the first time it is
+asked for and kept beside the first; a dtype the device cannot run is refused before any weight
+loads, naming both (``engine.model.dtype_support``). ``time_pace`` times both engines and the
+reference on a small table, in plain numbers (step and token counts, seconds per part), which the
+page's run queue learns its first estimates from (``engine_pace``: the same as a job).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.batching.continuous import ContinuousEngine
+from engine.batching.static import StaticEngine
+from engine.config import EngineConfig
+from engine.fidelity import reference_store
+from engine.fidelity.reference import ReferenceCache, SoloReference
+from engine.model.device import describe_device, parse_dtype
+from engine.model.dtype_support import check_dtype_supported
+from engine.model.loader import LoadedModel, load_model
+from engine.model.model_runner import ModelRunner
+from engine.sequence import Request
+from engine.worker.worker_process import ENGINE_THREAD, ModelSpec
+from engine.workloads.workload import parse_table, tokenize_requests
+
+# Timed by ``time_pace`` for the queue's first estimates: a tour run in small, 28 static steps
+# (two waves) and about 20 continuous steps on 3 slots.
+CALIBRATION_TABLE = [
+    ["Explain what a KV cache stores.", 16],
+    ["Name three colours.", 4],
+    ["Why is the sky blue?", 8],
+    ["Write one sentence about batching.", 12],
+]
+REFERENCE = "reference"  # the reference pass's part of the pace (the others: the engines' names)
+
+# A pace: the work timed (``static_steps``, ``continuous_steps``, ``prompt_tokens``,
+# ``references``: counts) and its seconds in each part ("static", "continuous", ``REFERENCE``).
+Pace = tuple[dict[str, int], dict[str, float]]
+
+
+@dataclass
+class WorkerModel:
+    """The loaded model with its runner and reference cache (see the module docstring)."""
+
+    loaded: LoadedModel
+    runner: ModelRunner
+    reference: ReferenceCache
+    # dtype name -> the same model in that dtype; None: convert a copy of this one's weights
+    loader: Callable[[str], LoadedModel] | None = field(default=None, repr=False)
+    solo_reference: SoloReference | None = field(default=None, repr=False)  # made on first use
+    variants: dict[str, Any] = field(default_factory=dict, repr=False, kw_only=True)  # by dtype
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel, **fields) -> WorkerModel:
+        runner = ModelRunner(loaded)
+        # kept on disk too (CBP_REFERENCE_CACHE): a setup's reference is computed once per host
+        return cls(loaded, runner, ReferenceCache(runner, reference_store.open_store()), **fields)
+
+    @property
+    def dtype_name(self) -> str:
+        """The model's dtype, e.g. "float32"."""
+        return str(self.loaded.dtype).removeprefix("torch.")
+
+    @property
+    def label(self) -> str:
+        """The model line, e.g. "Model: SmolLM2-135M-Instruct · runs on CPU · float32"."""
+        return f"Model: {self.loaded.name} · runs on {self.loaded.device_label}"
+
+    def in_dtype(self, name: str | None) -> WorkerModel:
+        """This model in the dtype ``name`` (None, "" or "auto": this one), loaded on first use.
+
+        Raises:
+            ValueError: a name not offered on this device (``dtype_choices``), or a dtype the
+                device cannot run, naming both; checked before any weight loads.
+        """
+        return variant_in(self, name)
+
+    def kernels_and_step(self) -> tuple[str, str]:
+        """This runner's matmul kernels and step, as people read them."""
+        return self.runner.kernel_summary(), self.runner.step_summary()
+
+    def _variant(self, dtype_name: str) -> WorkerModel:
+        """This model in ``dtype_name``, loaded (or converted) and warmed up on the engine
+        thread, with ``_variant_fields``."""
+        return ENGINE_THREAD.call(self._load_variant, dtype_name)
+
+    def _load_variant(self, dtype_name: str) -> WorkerModel:
+        loaded = self.loader(dtype_name) if self.loader else _converted(self.loaded, dtype_name)
+        variant = type(self).from_loaded(loaded, loader=self.loader, **self._variant_fields())
+        variant.warm_up()
+        return variant
+
+    def _variant_fields(self) -> dict[str, Any]:
+        """Fields another precision of this model shares (none here; the page's parts there)."""
+        return {}
+
+    def reference_for(self, batch_invariant: bool):
+        """The reference runs are compared with: ``model.generate`` (``ReferenceCache``), or in
+        batch-invariant mode each request alone in that mode (``SoloReference``)."""
+        if not batch_invariant:
+            return self.reference
+        if self.solo_reference is None:
+            self.solo_reference = SoloReference(self.runner, store=self.reference.store)
+        return self.solo_reference
+
+    def check_batch_invariant(self) -> None:
+        """Refuse batch-invariant mode for a model it does not support.
+
+        Raises:
+            ValueError: the model is not a Llama-style decoder.
+        """
+        self.runner.require_batch_invariant()
+
+    def check_kv_budget(self, config: EngineConfig, requests: list[Request]) -> None:
+        """Refuse, before any engine starts, a paged KV budget that cannot hold some request.
+
+        Raises:
+            ValueError: some request alone needs more KV blocks than the budget holds.
+        """
+        ContinuousEngine(self.runner, config).check_kv_budget(requests)
+
+    def warm_up(self) -> None:
+        """Key the reference store (hashing the weights, about a second for SmolLM2-135M), so the
+        page's estimates know from the first Run which references are stored already, and run
+        both engines once on two tiny requests, so one-time costs never reach a timing."""
+        if self.reference.store is not None:
+            self.reference.identity  # noqa: B018  (a cached property: computed here, once)
+        specs = parse_table([["Warm-up", 2], ["Warm up again", 3]])
+        requests = tokenize_requests(
+            specs, self.loaded.tokenizer, chat_template=False, max_context=self.loaded.max_context
+        )
+        config = EngineConfig(num_slots=2)
+        StaticEngine(self.runner, config).run(requests)
+        ContinuousEngine(self.runner, config).run(requests)
+
+    def time_pace(self) -> Pace:
+        """Time both engines and the reference (``model.generate``, one request at a time, kept
+        in memory only) on ``CALIBRATION_TABLE`` (3 slots): a few seconds with the embedded
+        model on a small CPU. Its step counts are the traces'. Returns a ``Pace``."""
+        specs = parse_table(CALIBRATION_TABLE)
+        requests = tokenize_requests(
+            specs, self.loaded.tokenizer, chat_template=False, max_context=self.loaded.max_context
+        )
+        config = EngineConfig(num_slots=3)
+        static = StaticEngine(self.runner, config).run(requests)
+        continuous = ContinuousEngine(self.runner, config).run(requests)
+        reference = ReferenceCache(self.runner)  # no store: these outputs are no one's run
+        references = reference.missing(requests)
+        start_s = time.perf_counter()
+        reference.outputs(requests)
+        work = {
+            "static_steps": len(static.steps),
+            "continuous_steps": len(continuous.steps),
+            "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
+            "references": references,
+        }
+        parts_s = {"static": static.wall_s, "continuous": continuous.wall_s}
+        parts_s[REFERENCE] = time.perf_counter() - start_s
+        return work, parts_s
+
+
+def engine_pace(model: WorkerModel, _watch) -> Pace:
+    """The pace (``WorkerModel.time_pace``) as a job: timed where the runs run."""
+    return model.time_pace()
+
+
+def variant_in(model, name: str | None):
+    """``model`` (a ``WorkerModel`` or the page's view of one) in the dtype ``name``: itself for
+    None, "" or "auto", else from ``model.variants``, made by ``model._variant`` on first use.
+
+    Raises:
+        ValueError: see ``WorkerModel.in_dtype``.
+    """
+    own = model.dtype_name
+    offered = dtype_choices(model.loaded.device, own)
+    wanted = wanted_dtype(name, model.loaded.device, offered, own)
+    if wanted == own:
+        return model
+    if wanted not in model.variants:
+        model.variants[wanted] = model._variant(wanted)
+    return model.variants[wanted]
+
+
+def dtype_choices(device: torch.device, dtype_name: str) -> list[str]:
+    """The precisions offered: float32 and bfloat16, plus float16 on CUDA (or when the model was
+    loaded in it)."""
+    half = device.type == "cuda" or dtype_name == "float16"
+    return ["float32", "bfloat16", *(["float16"] if half else [])]
+
+
+def wanted_dtype(name: str | None, device: torch.device, offered: list[str], own: str) -> str:
+    """The dtype ``name`` asks for (None, "" or "auto": ``own``, the loaded one's).
+
+    Raises:
+        ValueError: a name not ``offered`` on this device, or a dtype the device cannot run,
+            naming both.
+    """
+    text = (name or "auto").strip().lower()
+    if text in ("auto", own):
+        return own
+    wanted = str(parse_dtype(text, device)).removeprefix("torch.")
+    if wanted == own:
+        return own
+    if wanted not in offered:
+        where = describe_device(device, torch.float32).split(" · ")[0]
+        raise ValueError(
+            f"{wanted} is offered on CUDA only, and this model runs on {where}: "
+            f"choose {' or '.join(offered)}."
+        )
+    check_dtype_supported(device, getattr(torch, wanted))
+    return wanted
+
+
+def _converted(loaded: LoadedModel, dtype_name: str) -> LoadedModel:
+    """A copy of ``loaded`` with its weights cast to ``dtype_name`` (models without a loader)."""
+    start_s = time.perf_counter()
+    dtype = getattr(torch, dtype_name)
+    converted = copy.copy(loaded)
+    converted.model = copy.deepcopy(loaded.model).to(dtype=dtype).eval()
+    converted.dtype = dtype
+    if "device_label" in vars(converted):  # a plain namespace (tests): the label is a value
+        converted.device_label = describe_device(loaded.device, dtype)
+    converted.load_s = time.perf_counter() - start_s
+    return converted
+
+
+def load_and_warm_up(
+    model: str | None, device: str | None, dtype: str | None, kind: type = WorkerModel
+) -> Any:
+    """``load_model(model, device, dtype)`` as a warmed-up ``kind`` (a ``WorkerModel``, or the
+    page's ``SharedModel``), on the calling thread (the engine thread, or the engine process's
+    main thread); its other precisions load with ``load_model`` too.
+
+    Raises:
+        ModelLoadError: the model fails to load (see ``load_model``).
+    """
+    loaded = load_model(model, device, dtype)
+    held = kind.from_loaded(loaded, loader=lambda name: load_model(model, str(loaded.device), name))
+    held.warm_up()
+    return held
+
+
+def load_spec(spec: ModelSpec) -> WorkerModel:
+    """The engine process's model: ``load_and_warm_up`` of ``spec``'s model, device and dtype."""
+    return load_and_warm_up(spec.model, spec.device, spec.dtype)
