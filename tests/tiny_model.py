@@ -112,6 +112,19 @@ def tiny_worker_model(spec=None, kind=None):
 SLOW_STEP_S = 0.02  # tiny_shared's slowed forward pass
 
 
+def tiny_process_worker(model: str = "tiny"):
+    """A started engine process on ``tiny_worker_model`` (``model``: "tiny", or "slow" for the
+    slowed forward pass), yielded, then ended: the body of a module fixture."""
+    from engine.worker.worker_process import ModelSpec, ProcessWorker
+
+    worker = ProcessWorker(ModelSpec(model=model, load=tiny_worker_model))
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.close()
+
+
 def worker_modules(_model, _watch) -> list[str]:
     """An engine-process job (tests): the names of the modules loaded where it runs."""
     import sys

@@ -45,7 +45,7 @@ from engine.sequence import Request
 from engine.serving.run_control import RunControl
 from engine.worker import worker_model
 from engine.worker.model_facts import ModelFacts, model_facts
-from engine.worker.worker_model import WorkerModel, engine_pace
+from engine.worker.worker_model import Pace, WorkerModel, engine_pace
 from engine.worker.worker_process import ENGINE_THREAD, ProcessWorker, ThreadWorker, Worker
 
 
@@ -99,6 +99,15 @@ class PageModel:
         """
         return worker_model.variant_in(self, name)
 
+    def learn_pace(self, pace: Pace) -> tuple[Work, dict[str, float]]:
+        """Teach the run queue a timed ``pace`` (``RunQueue.calibrate``), so a room's first
+        estimates come from it. Returns the work timed, as the queue counts it, and its seconds in
+        each part (the engines' and ``"reference"``)."""
+        counts, parts_s = pace
+        work = Work(**counts)
+        self.queue.calibrate(work, parts_s)
+        return work, parts_s
+
     def page_parts(self) -> dict[str, Any]:
         """The parts every precision of the model shares, as keywords for another's."""
         parts = ("lock", "servers", "queue", "recent", "cpu_split", "worker")
@@ -147,13 +156,9 @@ class SharedModel(WorkerModel, PageModel):
         return self.page_parts()
 
     def calibrate_pace(self) -> tuple[Work, dict[str, float]]:
-        """Time the pace (``WorkerModel.time_pace``) and teach it to the run queue
-        (``RunQueue.calibrate``), so a room's first estimates come from a quiet, warm page.
-        Returns the work timed and its seconds in each part (the engines' and ``"reference"``)."""
-        counts, parts_s = self.time_pace()
-        work = Work(**counts)
-        self.queue.calibrate(work, parts_s)
-        return work, parts_s
+        """Time the pace here (``WorkerModel.time_pace``) on a quiet, warm page and teach it to
+        the run queue (``learn_pace``, which says what it returns)."""
+        return self.learn_pace(self.time_pace())
 
 
 def _untaken(_entry) -> None:
@@ -181,9 +186,7 @@ class ModelView(PageModel):
         worker.wait_ready()
         facts = worker.run(model_facts, (None,), RunControl(), _untaken)
         view = cls(facts, worker=worker, **parts)
-        counts, parts_s = worker.run(engine_pace, (), RunControl(), _untaken)
-        work = Work(**counts)
-        view.queue.calibrate(work, parts_s)
+        work, parts_s = view.learn_pace(worker.run(engine_pace, (), RunControl(), _untaken))
         return view, work, parts_s
 
     @property

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import gradio as gr
 import pytest
-from tiny_model import SLOW_STEP_S, make_requests, tiny_shared, tiny_worker_model
+from tiny_model import SLOW_STEP_S, make_requests, tiny_process_worker, tiny_shared
 
 from engine.config import EngineConfig
 from engine.page.handlers import playground, run_turns
@@ -28,7 +28,6 @@ from engine.page.run.run_options import RunOptions
 from engine.page.run.shared_model import ModelView
 from engine.page.views.run_view import RUN_OUTPUTS
 from engine.serving.run_control import RunCancelled, RunControl, RunTimedOut
-from engine.worker.worker_process import ModelSpec, ProcessWorker
 
 SPECS = [("hello world", 4), ("abc", 30), ("the quick brown fox", 3), ("x", 12)]
 CONFIG = EngineConfig(num_slots=2)
@@ -40,10 +39,7 @@ STATUS_INDEX = RUN_OUTPUTS.index("status_markdown")
 @pytest.fixture(scope="module")
 def process():
     """One engine process on the slowed tiny model for the module; ended afterwards."""
-    worker = ProcessWorker(ModelSpec(model="slow", load=tiny_worker_model))
-    worker.start()
-    yield worker
-    worker.close()
+    yield from tiny_process_worker("slow")
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,11 @@ import types
 
 import pytest
 import torch
-from tiny_model import tiny_shared, tiny_worker_model
+from tiny_model import tiny_process_worker, tiny_shared
 
 from engine.page.run import shared_model
 from engine.page.run.run_options import RunOptions, prepare
 from engine.page.run.shared_model import ModelView
-from engine.worker.worker_process import ModelSpec, ProcessWorker
 
 ROWS = [["hello world", 4], ["abc", 30], ["the quick brown fox", 3]]
 OPTIONS = RunOptions(chat_template=True, kv_mode="paged", kv_budget_mib=1.0)
@@ -27,10 +26,7 @@ OPTIONS = RunOptions(chat_template=True, kv_mode="paged", kv_budget_mib=1.0)
 @pytest.fixture(scope="module")
 def process():
     """One engine process on the tiny model for the module; ended afterwards."""
-    worker = ProcessWorker(ModelSpec(model="tiny", load=tiny_worker_model))
-    worker.start()
-    yield worker
-    worker.close()
+    yield from tiny_process_worker("tiny")
 
 
 @pytest.fixture(scope="module")
