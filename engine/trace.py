@@ -318,6 +318,22 @@ class Trace:
                 wasted += fed_padding + (s.num_new_tokens if s.kind == IDLE else 0)
         return 100.0 * wasted / computed if computed else 0.0
 
+    def prefill_split(self) -> tuple[int, float]:
+        """The run's prefill as the run queue prices it: ``(tokens, seconds)``.
+
+        ``tokens``: the prompt positions its steps computed, a static wave's left padding
+        included. ``seconds``: each step with prefill's time beyond a step without one (the
+        median of those; the shortest step if every step prefilled), since a step's fixed cost,
+        reading every weight once, is its decodes' anyway. ``(0, 0.0)`` with no prefill step.
+        """
+        steps = [(step.duration_s, _prefill_tokens(step)) for step in self.steps]
+        prefills = [(s, n) for s, n in steps if n]
+        if not prefills:
+            return 0, 0.0
+        decodes = [s for s, n in steps if not n] or [min(s for s, _ in steps)]
+        step_s = statistics.median(decodes)
+        return sum(n for _, n in prefills), sum(max(0.0, s - step_s) for s, _ in prefills)
+
     def slot_utilisation_pct(self) -> float:
         """Share of slot-steps that worked on a live request (idle rows and empty slots count 0)."""
         if not self.steps or self.num_slots == 0:
@@ -417,3 +433,8 @@ def new_request_records(requests) -> list[RequestRecord]:
         )
         for r in requests
     ]
+
+
+def _prefill_tokens(step: StepRecord) -> int:
+    """The prompt positions ``step`` computed: its prefill tokens and their left padding."""
+    return sum(s.num_new_tokens + s.num_padding_tokens for s in step.seqs if s.kind == PREFILL)

@@ -30,21 +30,33 @@ from engine.model.dtype_support import check_dtype_supported
 from engine.model.loader import LoadedModel, load_model
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request
+from engine.trace import Trace
 from engine.worker.worker_process import ENGINE_THREAD, ModelSpec
 from engine.workloads.workload import parse_table, tokenize_requests
 
 # Timed by ``time_pace`` for the queue's first estimates: a tour run in small, 28 static steps
-# (two waves) and about 20 continuous steps on 3 slots.
+# (two waves) and about 20 continuous steps on 3 slots, and one prompt long enough (about 80
+# tokens; under 480 bytes for the tests' byte-level tokenizer) that its prefill is timed too.
 CALIBRATION_TABLE = [
     ["Explain what a KV cache stores.", 16],
     ["Name three colours.", 4],
     ["Why is the sky blue?", 8],
     ["Write one sentence about batching.", 12],
+    [
+        "A serving engine keeps many requests in flight. Each step it picks the sequences "
+        "that run, feeds their new tokens through the model in one batch and appends a token "
+        "to each sequence that decodes. A new request's prompt is prefilled first: all of its "
+        "tokens go through the model together, which costs more than a decode step, since "
+        "every token is a row of every matrix product. Say this in one sentence.",
+        4,
+    ],
 ]
 REFERENCE = "reference"  # the reference pass's part of the pace (the others: the engines' names)
+PREFILL = "prefill"  # the engines' prefill, the part of their time beyond their steps
 
 # A pace: the work timed (``static_steps``, ``continuous_steps``, ``prompt_tokens``,
-# ``references``: counts) and its seconds in each part ("static", "continuous", ``REFERENCE``).
+# ``static_prefill_tokens``, ``references``: counts) and its seconds in each part ("static",
+# "continuous", ``PREFILL``, ``REFERENCE``: ``pace_parts``).
 Pace = tuple[dict[str, int], dict[str, float]]
 
 
@@ -162,11 +174,24 @@ class WorkerModel:
             "static_steps": len(static.steps),
             "continuous_steps": len(continuous.steps),
             "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
+            "static_prefill_tokens": static.prefill_split()[0],
             "references": references,
         }
-        parts_s = {"static": static.wall_s, "continuous": continuous.wall_s}
+        parts_s = pace_parts({"static": static, "continuous": continuous})
         parts_s[REFERENCE] = time.perf_counter() - start_s
         return work, parts_s
+
+
+def pace_parts(traces: dict[str, Trace]) -> dict[str, float]:
+    """A run's seconds in each part of the run queue's pace: each engine's steps (its trace's
+    wall time less its prefill's) and, as ``PREFILL``, their prefill together
+    (``engine.trace.Trace.prefill_split``)."""
+    parts_s = {PREFILL: 0.0}
+    for name, trace in traces.items():
+        prefill_s = trace.prefill_split()[1]
+        parts_s[name] = trace.wall_s - prefill_s
+        parts_s[PREFILL] += prefill_s
+    return parts_s
 
 
 def engine_pace(model: WorkerModel, _watch) -> Pace:

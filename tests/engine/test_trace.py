@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from captured_vllm import captured_vllm_trace
 from fake_traces import continuous_trace
 
 from engine.sampling_params import SamplingParams
-from engine.trace import ServerSample, Trace
+from engine.trace import DECODE, PREFILL, ScheduledSeq, ServerSample, StepRecord, Trace
 
 OLD_KEYS = {
     "engine",
@@ -72,3 +73,36 @@ def test_unknown_keys_are_ignored():
     data["steps"][0]["new_step_field"] = 2
     data["requests"][0]["new_request_field"] = 3
     assert len(Trace.from_dict(data).steps) == len(data["steps"])
+
+
+def _step(index: int, duration_s: float, seqs: list[ScheduledSeq]) -> StepRecord:
+    return StepRecord(index, index * 1.0, index * 1.0 + duration_s, seqs)
+
+
+def test_prefill_split_times_each_prefill_step_beyond_a_decode_step():
+    """Decode steps of 0.10, 0.10 and 0.40 s (median 0.10): a step prefilling 40 tokens with 10
+    of left padding in 0.60 s, and one with a 20-token chunk beside a decode in 0.30 s, give 70
+    prompt positions in 0.5 + 0.2 s."""
+    decode = [ScheduledSeq(0, 0, DECODE, 1, 5)]
+    trace = Trace(engine="static", num_slots=2)
+    trace.steps = [
+        _step(0, 0.60, [ScheduledSeq(0, 0, PREFILL, 40, 0, num_padding_tokens=10)]),
+        _step(1, 0.10, decode),
+        _step(2, 0.40, decode),
+        _step(3, 0.30, decode + [ScheduledSeq(1, 1, PREFILL, 20, 0)]),
+        _step(4, 0.10, decode),
+    ]
+    tokens, seconds = trace.prefill_split()
+    assert tokens == 70 and seconds == pytest.approx(0.5 + 0.2)
+
+
+def test_prefill_split_of_a_run_with_no_decode_step_or_no_prefill():
+    """Every step prefilled: the shortest is the step's own cost. No prefill step: nothing."""
+    trace = Trace(engine="continuous", num_slots=1)
+    trace.steps = [
+        _step(0, 0.5, [ScheduledSeq(0, 0, PREFILL, 30, 0)]),
+        _step(1, 0.2, [ScheduledSeq(1, 0, PREFILL, 4, 0)]),
+    ]
+    assert trace.prefill_split() == (34, pytest.approx(0.3))
+    trace.steps = [_step(0, 0.5, [ScheduledSeq(0, 0, DECODE, 1, 3)])]
+    assert trace.prefill_split() == (0, 0.0)

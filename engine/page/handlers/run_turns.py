@@ -7,12 +7,12 @@ with a "Run live anyway" button. Otherwise the run joins the queue and ``wait_fo
 its place, the total and the estimated wait until the model is its own; if an identical run
 finishes while it waits, that run is shown instead (a replay-allowed Run only).
 
-The estimate counts a run's work in parts (``run_work``, ``engine.page.run.run_cost``): static
-waves to their longest caps, continuous steps (the caps packed onto the slots), transformers'
-engine when it is compared, the prompts' prefill, and the reference outputs not stored yet when
-the outputs are checked. The queue learns this host's pace for each part from the runs that finish
-here (``run_parts_s``: the engines' own times), and from the run in progress
-(``report_progress``) before the first one has.
+The estimate counts a run's work in parts (``run_work``, ``engine.page.run.run_cost``): static waves
+to their longest caps, continuous steps (the caps packed onto the slots), transformers' engine when
+it is compared, the prompts' prefill (a static wave's padding included), and the reference outputs
+not stored yet when the outputs are checked. The queue learns this host's pace for each part from
+the runs that finish here (``run_parts_s``: the engines' steps and prefill, timed by their traces),
+and from the run in progress (``report_progress``) before the first one has.
 
 Its turn come, ``run_engines`` is the run's engine work: one ``engine.worker.comparison``
 ``ComparisonJob`` to the model's worker (``engine.worker.worker_process``: the engine thread or
@@ -44,6 +44,7 @@ from engine.sequence import Request
 from engine.serving.run_control import RunControl, RunStopped
 from engine.worker.comparison import ComparisonJob, JudgeJob, judge_in_worker, work_in_worker
 from engine.worker.progress import EngineProgress, ProgressLog, Take
+from engine.worker.worker_model import pace_parts
 
 QUEUE_POLL_S = 1.0  # how often a waiting run looks at its place
 # A waiting run's line is sent when its words change, else every this many seconds: each send
@@ -62,6 +63,13 @@ def static_steps(requests: list[Request], config: EngineConfig) -> int:
     return sum(
         max(r.max_new_tokens for r in requests[i : i + b]) for i in range(0, len(requests), b)
     )
+
+
+def static_prefill_tokens(requests: list[Request], config: EngineConfig) -> int:
+    """The static waves' prompt positions: each wave's rows left-padded to its longest prompt."""
+    b = config.num_slots
+    waves = (requests[i : i + b] for i in range(0, len(requests), b))
+    return sum(len(w) * max(len(r.prompt_token_ids) for r in w) for w in waves)
 
 
 def continuous_steps(requests: list[Request], config: EngineConfig) -> int:
@@ -95,6 +103,7 @@ def run_work(
         continuous_steps=continuous,
         hf_steps=continuous if options.compare_hf else 0,
         prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
+        static_prefill_tokens=static_prefill_tokens(requests, config),
         references=references,
         min_wall_s=max((r.arrival_s for r in requests), default=0.0),
         recheck=recheck,
@@ -102,11 +111,12 @@ def run_work(
 
 
 def run_parts_s(state) -> dict[str, float]:
-    """A finished run's seconds in each engine (its traces' own wall times), for the queue."""
-    parts = {"static": state.static.wall_s, "continuous": state.continuous.wall_s}
+    """A finished run's seconds in each engine's steps and in their prefill, as its traces timed
+    them (``engine.worker.worker_model.pace_parts``), for the queue."""
+    traces = {"static": state.static, "continuous": state.continuous}
     if state.hf_continuous is not None:
-        parts["hf_continuous"] = state.hf_continuous.wall_s
-    return parts
+        traces["hf_continuous"] = state.hf_continuous
+    return pace_parts(traces)
 
 
 def report_progress(queue: RunQueue, ticket: Ticket, progress: dict[str, EngineProgress]) -> None:

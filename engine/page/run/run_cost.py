@@ -3,29 +3,33 @@
 A page run's wall time is made of (the per-part timings that set these units are in
 ``docs/measurements.md``, "Queue estimates" and "A room's first minute"):
 
-* **the static engine**: its steps (each wave to its longest cap) and its prefill, about
-  ``PREFILL_TOKENS_PER_STEP`` prompt tokens costing what one step does;
-* **the continuous engine**: its steps (the caps packed onto the slots) and the same prefill;
-  transformers' engine, when compared, as many steps again;
+* **the static engine**: its steps (each wave to its longest cap);
+* **the continuous engine**: its steps (the caps packed onto the slots); transformers' engine,
+  when compared, as many steps again;
+* **the engines' prefill**: the prompt positions they compute (a static wave's left padding
+  included), each costing a share of a step that this host's traces say
+  (``engine.trace.Trace.prefill_split``): a long system prompt is mostly prefill, a chat of short
+  prompts mostly steps;
 * **the reference pass**, for each request whose reference is not stored yet
   (``engine.fidelity.reference_store``): ``REFERENCE_STEPS`` per request to set up and judge, a
   step per output token (batch 1) and its prompt's prefill; nothing when stored;
 * **the run itself**: rendering and judging (Python and plotly), in seconds.
 
-So a ``Work`` counts each part but the last in *step units*. ``Pace`` learns each part's seconds
-per unit from the runs that finish here, as moving averages of seconds and of units
-(``LEARNING_RATE``): the engines' parts timed by their traces, the rest of the wall time taught to
-the reference's pace when a reference was computed, else to the run's own seconds (prior
-``RUN_S``). A step count the caps over-estimate (end of sequence) or a ratio that differs on
-another device is absorbed by that part's pace; a part not yet seen is priced at the engines'
-pace. Before any run finished, the pace is the running run's: its seconds so far over the units
-of its steps so far (``Pace.from_progress``).
+So a ``Work`` counts each part but the last in *units*: steps, and prompt tokens for the prefill.
+``Pace`` learns each part's seconds per unit from the runs that finish here, as moving averages of
+seconds and of units (``LEARNING_RATE``): the engines' steps and prefill timed by their traces, the
+rest of the wall time taught to the reference's pace when a reference was computed, else to the
+run's own seconds (prior ``RUN_S``). A step count the caps over-estimate (end of sequence) or a
+ratio that differs on another device is absorbed by that part's pace; a part not yet seen is priced
+at the engines' pace (the prefill at ``PREFILL_TOKENS_PER_STEP`` tokens a step). Before any run
+finished, the pace is the running run's: its seconds so far over the units of its steps so far
+(``Pace.from_progress``).
 
-A run whose own cost at a learned pace is over ``LIMIT_MARGIN`` times the host's per-run limit
-(``CBP_RUN_TIME_LIMIT_S``) would be stopped by it long before its end, so it is refused before it
-queues (``over_limit``). Not at the limit itself: the machine's own speed moves, so an estimate
-learned here can run long, and a run estimated between the limit and twice it may well finish;
-if not, the limit stops it.
+A run whose own cost at a learned pace is over ``LIMIT_MARGIN`` times the
+host's per-run limit (``CBP_RUN_TIME_LIMIT_S``) would be stopped by it long before its end, so it is
+refused before it queues (``over_limit``). Not at the limit itself: the machine's own speed moves,
+so an estimate learned here can run long, and a run estimated between the limit and twice it may
+well finish; if not, the limit stops it.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from dataclasses import dataclass, field
 
 LEARNING_RATE = 0.5  # each finished run moves a part's pace this share of the way to its own
 ENGINE_PARTS = ("static", "continuous", "hf_continuous")  # each timed by its own trace
+PREFILL = "prefill"  # the engines' prompt tokens: their steps' time beyond a step without prefill
 REFERENCE = "reference"  # the references computed: the wall time less the engines' and the run's
-PREFILL_TOKENS_PER_STEP = 15.0  # prompt tokens whose prefill costs one step (measured: CPU)
+PREFILL_TOKENS_PER_STEP = 15.0  # prompt tokens whose prefill costs one step, until a trace timed it
 RUN_S = 1.5  # rendering and judging a run, before one was timed here (measured: CPU)
 REFERENCE_STEPS = 2.0  # setting up and judging one reference computed, in steps
 REFERENCE_TOKEN_STEPS = 1.0  # one reference output token (batch 1), in steps
@@ -57,6 +62,7 @@ class Work:
     continuous_steps: int = 0
     hf_steps: int = 0
     prompt_tokens: int = 0  # every request's prompt, prefilled once by each engine
+    static_prefill_tokens: int = 0  # the static waves' prompt positions, padding included
     references: Mapping[Hashable, int] = field(default_factory=dict)
     min_wall_s: float = 0.0
     recheck: Callable[[Mapping], Mapping] | None = field(default=None, compare=False, repr=False)
@@ -78,21 +84,29 @@ class Work:
         return self.static_steps + self.continuous_steps + self.hf_steps
 
     def units(self, references: Mapping[Hashable, int] | None = None) -> dict[str, float]:
-        """Step units per part (``ENGINE_PARTS`` and ``REFERENCE``); ``references``: those of its
-        reference outputs still to compute once the runs ahead are done (default: all)."""
-        prefill = self.prompt_tokens / PREFILL_TOKENS_PER_STEP
+        """Units per part: steps for ``ENGINE_PARTS``, prompt positions for ``PREFILL``, step
+        units for ``REFERENCE``; ``references``: those of its reference outputs still to compute
+        once the runs ahead are done (default: all)."""
         steps = (self.static_steps, self.continuous_steps, self.hf_steps)
-        units = {p: n + prefill if n else 0.0 for p, n in zip(ENGINE_PARTS, steps, strict=True)}
+        units = {p: float(n) for p, n in zip(ENGINE_PARTS, steps, strict=True)}
+        packed = sum(1 for n in steps[1:] if n)  # the engines that prefill each prompt once
+        static = (self.static_prefill_tokens or self.prompt_tokens) if self.static_steps else 0
+        units[PREFILL] = float(static + packed * self.prompt_tokens)
         refs = self.references if references is None else references
         units[REFERENCE] = sum(_reference_steps(key, cap) for key, cap in refs.items())
         return units
 
+    def engine_steps(self) -> float:
+        """The engines' work in steps, their prefill at ``PREFILL_TOKENS_PER_STEP`` a step."""
+        units = self.units()
+        return sum(units[p] for p in ENGINE_PARTS) + units[PREFILL] / PREFILL_TOKENS_PER_STEP
+
 
 @dataclass
 class Pace:
-    """This host's seconds per step unit of each part of a run, learned from finished runs."""
+    """This host's seconds per unit of each part of a run, learned from finished runs."""
 
-    # per part: moving averages of its seconds and of its step units, over the runs that had it
+    # per part: moving averages of its seconds and of its units, over the runs that had it
     _seconds: dict[str, float] = field(default_factory=dict)
     _units: dict[str, float] = field(default_factory=dict)
     run_s: float = RUN_S  # rendering and judging a run: the prior, then a moving average
@@ -103,24 +117,37 @@ class Pace:
         return bool(self._units)
 
     def s_per_unit(self, part: str | None = None) -> float | None:
-        """Seconds per step unit of ``part``; of the engines together if that one was not seen
-        (or ``part`` is None); None before any."""
+        """Seconds per unit of ``part``; if that one was not seen (or ``part`` is None), the
+        engines' seconds per step together (for ``PREFILL``: over ``PREFILL_TOKENS_PER_STEP``);
+        None before any."""
         if part in self._units and self._units[part] > 0:
             return self._seconds[part] / self._units[part]
         engines = [p for p in ENGINE_PARTS if p in self._units] or list(self._units)
         units = sum(self._units[p] for p in engines)
-        return sum(self._seconds[p] for p in engines) / units if units > 0 else None
+        if units <= 0:
+            return None
+        s_per_step = sum(self._seconds[p] for p in engines) / units
+        return s_per_step / PREFILL_TOKENS_PER_STEP if part == PREFILL else s_per_step
+
+    def engines_s(self, work: Work) -> float:
+        """Seconds of ``work``'s engine steps and prefill at this pace (0 before any)."""
+        if not self.known:
+            return 0.0
+        units = work.units()
+        return sum(units[part] * self.s_per_unit(part) for part in (*ENGINE_PARTS, PREFILL))
 
     def learn(self, work: Work, wall_s: float, parts_s: Mapping[str, float] | None) -> None:
-        """A run of ``work`` took ``wall_s`` seconds, ``parts_s`` of them in each engine part
-        (None: unknown, one pace for all its units, the run's own seconds as they were)."""
+        """A run of ``work`` took ``wall_s`` seconds, ``parts_s`` of them in each engine's steps
+        and in their ``PREFILL`` (None: unknown, one pace for all its units, the run's own
+        seconds as they were, the prefill at ``PREFILL_TOKENS_PER_STEP`` a step)."""
         units = work.units()
         if parts_s is None:
-            total = sum(units.values())
+            weights = dict(units, **{PREFILL: units[PREFILL] / PREFILL_TOKENS_PER_STEP})
+            total = sum(weights.values())
             work_s = max(0.0, wall_s - self.run_s)
-            seconds = {part: work_s * n / total for part, n in units.items()} if total else {}
+            seconds = {part: work_s * n / total for part, n in weights.items()} if total else {}
         else:
-            seconds = {part: s for part, s in parts_s.items() if part in ENGINE_PARTS}
+            seconds = {p: s for p, s in parts_s.items() if p in (*ENGINE_PARTS, PREFILL)}
             rest_s = max(0.0, wall_s - sum(seconds.values()))
             if units[REFERENCE] > 0:
                 seconds[REFERENCE] = max(0.0, rest_s - self.run_s)
@@ -136,24 +163,20 @@ class Pace:
         reference outputs still to compute (default: all)."""
         if not self.known:
             return None
-        units = work.units(references)
-        engines_s = sum(units[part] * self.s_per_unit(part) for part in ENGINE_PARTS)
-        reference_s = units[REFERENCE] * self.s_per_unit(REFERENCE)
-        return max(engines_s, work.min_wall_s) + reference_s + self.run_s
+        reference_s = work.units(references)[REFERENCE] * self.s_per_unit(REFERENCE)
+        return max(self.engines_s(work), work.min_wall_s) + reference_s + self.run_s
 
     def engine_s_left(self, work: Work, steps_done: int) -> float:
         """Seconds of ``work``'s engine steps not yet done after ``steps_done`` (and their share
-        of its prefill), at the engines' pace."""
-        if not self.known or work.steps <= 0:
+        of its prefill), at this pace."""
+        if work.steps <= 0:
             return 0.0
-        units = work.units()
-        engines = sum(units[part] for part in ENGINE_PARTS)
-        left = max(0, work.steps - steps_done) / work.steps
-        return left * engines * self.s_per_unit()
+        return max(0, work.steps - steps_done) / work.steps * self.engines_s(work)
 
     @staticmethod
     def uniform(s_per_unit: float, run_s: float = RUN_S) -> Pace:
-        """A pace of ``s_per_unit`` seconds per step unit for every part, as if taught."""
+        """A pace of ``s_per_unit`` seconds per step for every part (the prefill at
+        ``PREFILL_TOKENS_PER_STEP`` tokens a step), as if taught."""
         return Pace({"continuous": s_per_unit}, {"continuous": 1.0}, run_s)
 
     @staticmethod
@@ -162,8 +185,7 @@ class Pace:
         share of its prefill) in ``elapsed_s``; None before its first step."""
         if steps_done <= 0 or elapsed_s <= 0 or work.steps <= 0:
             return None
-        units = work.units()
-        done = sum(units[part] for part in ENGINE_PARTS) * min(1.0, steps_done / work.steps)
+        done = work.engine_steps() * min(1.0, steps_done / work.steps)
         return Pace.uniform(elapsed_s / done)
 
 

@@ -368,6 +368,20 @@ def test_continuous_steps_pack_the_caps_onto_the_slots():
     assert run_turns.continuous_steps(requests, budget) == 54, "slots free at 14, 22, 24, 54"
 
 
+def test_the_static_prefill_estimate_is_what_the_static_engine_computes():
+    """Prompts of 3, 10 | 5, 2 tokens on 2 slots: each wave's rows padded to its longest prompt,
+    20 + 10 prompt positions, in the estimate and in the static engine's own trace."""
+    from engine.batching.static import StaticEngine
+    from engine.config import EngineConfig
+    from engine.sequence import Request
+
+    lengths = (3, 10, 5, 2)
+    requests = [Request(i, "p", 3, tuple(range(1, n + 1))) for i, n in enumerate(lengths)]
+    config = EngineConfig(num_slots=2)
+    assert run_turns.static_prefill_tokens(requests, config) == 30
+    assert StaticEngine(tiny_runner(), config).run(requests).prefill_split()[0] == 30
+
+
 def test_a_dtype_named_or_left_blank_is_the_same_setup(page):
     """A Run that names the loaded model's dtype (the page's dropdown) and one that leaves it blank
     (an API client) are the same setup, so one is shown the other's run; another knob is not."""

@@ -3,6 +3,7 @@ references free, and the sum over a queue within the ±30 % a waiting person is 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -30,10 +31,11 @@ class Host:
         self.reference_s, self.token_s, self.run_s = reference_s, token_s, run_s
 
     def parts_s(self, work: Work) -> dict[str, float]:
-        prefill_s = work.prompt_tokens * self.prompt_token_s
+        """As ``engine.worker.worker_model.pace_parts`` splits a run: steps and prefill apart."""
         return {
-            "static": work.static_steps * self.static_s + prefill_s,
-            "continuous": work.continuous_steps * self.continuous_s + prefill_s,
+            "static": work.static_steps * self.static_s,
+            "continuous": work.continuous_steps * self.continuous_s,
+            "prefill": 2 * work.prompt_tokens * self.prompt_token_s,
         }
 
     def wall_s(self, work: Work) -> float:
@@ -92,6 +94,33 @@ def test_each_engine_part_learns_its_own_pace():
     assert pace.cost_s(mostly_continuous) - pace.run_s == pytest.approx(
         host.wall_s(mostly_continuous)
     )
+
+
+def test_a_learned_prefill_pace_prices_a_long_prompt_run():
+    """A host whose prompt token costs a tenth of a step (not 1 / PREFILL_TOKENS_PER_STEP): after
+    one chat-like run with short prompts, a run that is mostly one long system prompt's prefill
+    is priced at the host's prefill pace, with the static waves' padding counted."""
+    pace = Pace(run_s=0.0)
+    chat = Work(static_steps=100, continuous_steps=60, prompt_tokens=50, static_prefill_tokens=90)
+    # 0.1 s a step; (90 + 50) prompt positions at 0.01 s each
+    pace.learn(chat, 17.4, {"static": 10.0, "continuous": 6.0, "prefill": 1.4})
+    assert pace.s_per_unit("prefill") == pytest.approx(0.01)
+    policy = Work(
+        static_steps=20, continuous_steps=20, prompt_tokens=2000, static_prefill_tokens=2400
+    )
+    want_s = 40 * 0.1 + (2400 + 2000) * 0.01
+    assert pace.cost_s(policy) == pytest.approx(want_s + pace.run_s)
+    # the same run with no padding in its waves costs its 400 padded positions less
+    unpadded = dataclasses.replace(policy, static_prefill_tokens=2000)
+    assert pace.cost_s(policy) - pace.cost_s(unpadded) == pytest.approx(400 * 0.01)
+
+
+def test_before_a_prefill_was_timed_a_prompt_token_costs_the_prior_share_of_a_step():
+    """A pace taught only steps prices each prompt position at 1 / PREFILL_TOKENS_PER_STEP of a
+    step, for each engine that prefills it."""
+    pace = Pace.uniform(0.2, run_s=0.0)
+    prompts = Work(continuous_steps=10, prompt_tokens=300)
+    assert pace.cost_s(prompts) == pytest.approx(0.2 * (10 + 300 / PREFILL_TOKENS_PER_STEP))
 
 
 def test_a_stored_reference_costs_nothing_and_a_missing_one_its_prior_share():

@@ -19,6 +19,9 @@ def test_the_pace_timed_at_start_prices_that_same_work_at_its_measured_seconds()
     assert work.static_steps == max(caps[:3]) + max(caps[3:]), "static: two waves on 3 slots"
     assert 0 < work.continuous_steps < work.static_steps, "continuous packs the caps"
     assert shared.queue.measured
-    assert set(parts_s) == {"static", "continuous", "reference"} and work.units()["reference"] > 0
+    assert (
+        set(parts_s) == {"static", "continuous", "prefill", "reference"}
+        and work.units()["reference"] > 0
+    )
     expected_s = sum(parts_s.values()) + shared.queue.pace.run_s
     assert shared.queue.pace.cost_s(work) == pytest.approx(expected_s)
