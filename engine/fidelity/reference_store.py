@@ -256,14 +256,8 @@ def _decode(entry: dict, identity: Identity, key: tuple) -> Stored:
         raise ValueError("written for another request")
     columns = entry["token_logits"]
     k = len(columns["token_ids"][0]) if columns["token_ids"] else 0
-    rows = zip(
-        columns["token_ids"],
-        columns["logits"],
-        columns["abs_dots"],
-        columns["hidden_norms"],
-        columns["digests"],
-        strict=True,
-    )
+    names = ("token_ids", "logits", "abs_dots", "hidden_norms", "digests")  # as ``_encode`` writes
+    rows = zip(*(columns[name] for name in names), strict=True)
     trail = LogitTrail()
     for ids, logits, dots, norm, digest in rows:
         if not len(ids) == len(logits) == len(dots) == k:

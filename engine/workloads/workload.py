@@ -319,16 +319,10 @@ def tokenize_requests(
                 f"{where}: prompt ({len(ids)} tokens) + max_new_tokens ({spec.max_new_tokens}) "
                 f"exceeds the model's context of {max_context} tokens; shorten it."
             )
-        requests.append(
-            Request(
-                request_id,
-                spec.prompt,
-                spec.max_new_tokens,
-                tuple(ids),
-                spec.arrival_s,
-                spec.sampling,
-            )
+        request = Request(
+            request_id, spec.prompt, spec.max_new_tokens, tuple(ids), spec.arrival_s, spec.sampling
         )
+        requests.append(request)
     return requests
 
 
