@@ -4,9 +4,7 @@ A batched engine sums in another order than a solo run, so in half precision a n
 two tokens can flip and the outputs split from there on. That is not a bug, and the playground
 should say so; a split that rounding cannot explain is one. For every request ``judge`` returns a
 ``Verdict``: ``"match"`` (✓), ``"near-tie"`` (≈, at token k) or ``"differs"`` (✗), with what the
-divergence view shows: the common prefix (``output[:token_index]``), the split position, both
-tokens with their logits and the top 5 at that position in both runs. ``judge_runs`` does it for
-every engine of a run and adds the token texts, so what shows the verdicts needs no model.
+divergence view shows; ``judge_runs`` does it for every engine of a run.
 
 Both runs' logits come from the runs themselves (``engine.token_logits``: recorded when the output
 embedding computed them), never from a re-run of the prefix through another path.
@@ -36,15 +34,14 @@ This bounds the last stage only: the layers before it add their own rounding, so
 hidden states are not one rounding apart but more. The bound is a worst case (every error with the
 same sign) and errors are usually about ``sqrt(d)`` times smaller, yet it can be exceeded by a
 deep network's accumulated differences. So "near-tie" claims only what the last stage alone could
-flip, and "differs" means not explained by it: a bug until someone explains it. For SmolLM2-135M
-in bfloat16, ``A_v`` is about 70 and logits about 25, so ``e_v`` is about 0.37 and a margin
-under about 1.5 logits counts as a near-tie; in float32 the same margin is about 0.01.
+flip, and "differs" means not explained by it: a bug until someone explains it (docs/precision.md
+gives the bound's size for the embedded model).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -95,6 +92,9 @@ def first_divergence(output: list[int], reference: list[int]) -> int | None:
     return None if len(output) == len(reference) else min(len(output), len(reference))
 
 
+_RECORDS = ("reference_logits", "engine_logits")  # a ``Verdict``'s logit records: JSON as ``*_run``
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One request's comparison with its reference: what the outputs table and view show."""
@@ -135,32 +135,19 @@ class Verdict:
                 for t, z in zip(rec.token_ids[:NUM_SHOWN], rec.logits[:NUM_SHOWN], strict=True)
             ]
             return {
-                "reference_token_logit": _logit(rec, self.reference_token),
-                "engine_token_logit": _logit(rec, self.engine_token),
+                "reference_token_logit": rec.logit_of(self.reference_token),  # None: ended
+                "engine_token_logit": rec.logit_of(self.engine_token),
                 "hidden_norm": rec.hidden_norm,
                 "top": top,
             }
 
-        return {
-            "request_id": self.request_id,
-            "verdict": self.verdict,
+        kept = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _RECORDS}
+        return kept | {
             "symbol": self.symbol,
             "label": self.label,
-            "token_index": self.token_index,
-            "reference_token": self.reference_token,
-            "engine_token": self.engine_token,
-            "logit_margin": self.logit_margin,
-            "engine_margin": self.engine_margin,
-            "rounding_bound": self.rounding_bound,
-            "logits_equal": self.logits_equal,
-            "reason": self.reason,
             "reference_run": side(self.reference_logits),
             "engine_run": side(self.engine_logits),
         }
-
-
-def _logit(rec: TokenLogits, token_id: int | None) -> float | None:
-    return None if token_id is None else rec.logit_of(token_id)
 
 
 def judge(
@@ -191,16 +178,17 @@ def judge(
     eng = engine_logits[k] if engine_logits and k < len(engine_logits) else None
     found = Verdict(request_id, DIFFERS, k, a, b, ref, eng)
     if a is None or b is None:
-        return _with(found, reason="one output ended where the other went on")
+        return replace(found, reason="one output ended where the other went on")
     if sampled:
-        return _with(found, reason="sampled tokens: the near-tie test is for greedy tokens only")
+        return replace(found, reason="sampled tokens: the near-tie test is for greedy tokens only")
     if ref is None:
-        return _with(found, reason="the reference's logits were not recorded")
+        return replace(found, reason="the reference's logits were not recorded")
     z_a, z_b, abs_b = ref.logit_of(a), ref.logit_of(b), ref.abs_dot_of(b)
     if z_b is None and reference_lookup is not None:
         z_b, abs_b = reference_lookup(k, b) or (None, None)
     if z_b is None:
-        return _with(found, reason=f"the engine's token is not in the reference's top {_k(ref)}")
+        why = f"the engine's token is not in the reference's top {len(ref.token_ids)}"
+        return replace(found, reason=why)
     margin = z_a - z_b
     bound = model.logit_error(ref.abs_dot_of(a), z_a) + model.logit_error(abs_b, z_b)
     if eng is None:  # no engine logits: the reference's errors count twice
@@ -208,8 +196,8 @@ def judge(
     y_a, y_b = eng.logit_of(a), eng.logit_of(b)
     if y_a is None or y_b is None:
         whose = "reference's" if y_a is None else "engine's own"
-        why = f"the {whose} token is not in the engine's top {_k(eng)}"
-        return _with(found, logit_margin=margin, reason=why)
+        why = f"the {whose} token is not in the engine's top {len(eng.token_ids)}"
+        return replace(found, logit_margin=margin, reason=why)
     bound += model.logit_error(eng.abs_dot_of(a), y_a) + model.logit_error(eng.abs_dot_of(b), y_b)
     return _weigh(found, margin, y_b - y_a, bound)
 
@@ -222,7 +210,7 @@ def _weigh(found: Verdict, margin: float, engine_margin: float | None, bound: fl
         f"the two runs' margins add up to {gap:.4g} logits, "
         f"{'within' if near else 'beyond'} the rounding bound {bound:.4g}"
     )
-    return _with(
+    return replace(
         found,
         verdict=NEAR_TIE if near else DIFFERS,
         logit_margin=margin,
@@ -230,14 +218,6 @@ def _weigh(found: Verdict, margin: float, engine_margin: float | None, bound: fl
         rounding_bound=bound,
         reason=reason,
     )
-
-
-def _k(rec: TokenLogits) -> int:
-    return len(rec.token_ids)
-
-
-def _with(base: Verdict, **changes) -> Verdict:
-    return replace(base, **changes)
 
 
 def count(verdicts: list[Verdict]) -> dict[str, int]:
@@ -257,10 +237,7 @@ def judge_runs(runner, source, requests, traces: dict) -> dict[str, dict[int, di
     (``engine.fidelity.reference.ReferenceCache`` or ``SoloReference``) that computed the run's
     reference outputs; ``traces``: engine name -> ``Trace``.
     """
-
-    def decode(ids: list[int]) -> str:
-        return runner.tokenizer.decode(ids)
-
+    decode = runner.tokenizer.decode
     judged = {}
     for name, trace in traces.items():
         entries = {}

@@ -1,26 +1,19 @@
 """The references: what each engine's outputs are compared against, token for token.
 
-* ``ReferenceCache`` (the normal mode): per-request ``model.generate`` at batch 1, the ground
-  truth for parity. A greedy request's reference is greedy ``generate``; a sampled one's
-  (``engine.sampling_params``) is ``generate(do_sample=True, temperature, top_k, top_p)`` right
-  after ``torch.manual_seed(seed)``, which draws what the engines' per-request samplers draw
-  (``engine.serving.sampler``).
+* ``ReferenceCache`` (the normal mode): per-request ``model.generate`` at batch 1. A sampled
+  request's reference (``engine.sampling_params``) is ``generate(do_sample=True, temperature,
+  top_k, top_p)`` right after ``torch.manual_seed(seed)``, which draws what the engines'
+  per-request samplers draw (``engine.serving.sampler``).
 * ``SoloReference`` (batch-invariant mode): the same computation as the engines, one sequence at a
   time: the continuous engine with one slot and the batch-invariant kernels. An engine in that
   mode must match it bitwise, logits included.
 
-Both keep each run's own logits per output token (``engine.token_logits``), and ``verdicts`` turns
-them into ✓ / ≈ / ✗ (``engine.fidelity.divergence``): the margin at a split is measured in the
-reference's own pass, so it is never negative.
-
-Both are prefix-stable: the output for cap ``c`` is the first ``c`` tokens of the output for any
-larger cap (or the whole output, if it ended with EOS); a sampled one because its k-th draw never
-depends on the cap. Both references keep the longest output per prompt and sampling settings and
-answer smaller caps from it, so repeated runs in the app cost nothing. Given a
-``engine.fidelity.reference_store.ReferenceStore`` (the page and the bench pass
-``reference_store.open_store()``), they also keep it on disk, keyed by everything that can change
-a token or a logit (``engine.fidelity.reference_key``; each class gives its ``mode``), and read it
-back in a later process instead of running the model again.
+Both keep each run's own logits per output token (``engine.token_logits``), which ``verdicts``
+turns into ✓ / ≈ / ✗ (``engine.fidelity.divergence``). Both are prefix-stable: the output for cap
+``c`` is the first ``c`` tokens of the output for any larger cap (or the whole output, if it ended
+with EOS; a sampled one's k-th draw never depends on the cap). So each keeps the longest output
+per prompt and sampling settings and answers smaller caps from it, in memory and, given a
+``ReferenceStore``, on disk (``engine.fidelity.reference_store``; each class gives its ``mode``).
 
 An engine that samples with a random stream of its own (transformers' manager) cannot be compared
 token for token: its ``RequestRecord.comparable`` is False, ``comparison`` says ``NOT_COMPARED``
@@ -41,8 +34,14 @@ from engine.config import EngineConfig
 from engine.fidelity import divergence
 from engine.fidelity.divergence import Verdict
 from engine.fidelity.reference_key import Identity, code_digest
-from engine.fidelity.reference_store import ReferenceStore, Stored
-from engine.fidelity.stored_references import covers, entry_key, wanted_references
+from engine.fidelity.reference_store import (
+    ReferenceStore,
+    Stored,
+    covers,
+    entry_key,
+    still_missing,
+    wanted_references,
+)
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request, truncate_at_stop
 from engine.token_logits import (
@@ -92,19 +91,10 @@ class _Cache:
         tokens, logits = self._hit(request, None)
         return logits if len(logits) == len(tokens) else logits[: len(tokens)]
 
-    def outputs(
-        self, requests: list[Request], on_request=None, on_step=None
-    ) -> dict[int, list[int]]:
-        """Reference output ids for every request, by request id.
-
-        ``on_request(done, total)`` after each request; ``on_step()`` as in ``output``.
-        """
-        result = {}
-        for i, request in enumerate(requests):
-            result[request.request_id] = self.output(request, on_step)
-            if on_request is not None:
-                on_request(i + 1, len(requests))
-        return result
+    def outputs(self, requests: list[Request], on_step=None) -> dict[int, list[int]]:
+        """Reference output ids for every request, by request id; ``on_step()`` as in
+        ``output``."""
+        return {request.request_id: self.output(request, on_step) for request in requests}
 
     def verdicts(self, requests: list[Request], trace) -> dict[int, Verdict]:
         """✓ / ≈ / ✗ of every request of an engine's ``trace``, by request id (none for a
@@ -156,49 +146,30 @@ class _Cache:
         caps now. It reads the store only once this reference's identity is known (hashing the
         weights is torch work, left to the first reference pass), so before that a stored
         reference counts as missing; an entry read is kept in memory."""
-        known = self.store is not None and "identity" in self.__dict__  # the cached property
-        found = {}
-        for key, cap in wanted.items():
-            hit = self._outputs.get(key)
-            if hit is None and known:
-                hit = self.store.load(self.identity, *key)
-                if hit is not None:
-                    self._outputs[key] = hit  # read once: the run itself finds it in memory
-            if hit is None or not self._covers(hit, cap):
-                found[key] = cap
-        return found
+        identity = self.__dict__.get("identity")  # the cached property, once computed
+        store = self.store if identity is not None else None
+        return still_missing(wanted, self._outputs, store, identity, self.runner.eos_token_ids)
 
     def _hit(self, request: Request, on_step) -> tuple[list[int], LogitTrail]:
         key = entry_key(request)
         hit = self._outputs.get(key)
         if hit is None and self.store is not None:
-            hit = self.store.load(self.identity, *key)
-        if hit is None or not self._covers(hit, request.max_new_tokens):
+            hit = self.store.load(self.identity, key)
+        if hit is None or not covers(hit, request.max_new_tokens, self.runner.eos_token_ids):
             tokens, logits = self._run(request, on_step)
             trail = logits if isinstance(logits, LogitTrail) else LogitTrail(logits)
             hit = Stored(tokens, request.max_new_tokens, trail)
             if self.store is not None:
-                self.store.save(self.identity, *key, hit)
+                self.store.save(self.identity, key, hit)
         self._outputs[key] = hit
         tokens = truncate_at_stop(hit.tokens, request.max_new_tokens, self.runner.eos_token_ids)
         return tokens, hit.logits
-
-    def _covers(self, hit: Stored, cap: int) -> bool:
-        return covers(hit, cap, self.runner.eos_token_ids)
 
     @functools.cached_property
     def identity(self) -> Identity:
         """This reference's key in the store (made on first use: it hashes the weights)."""
         assert self.store is not None, "an identity is only needed with a store"
         return self.store.identity(self.runner, self._mode())
-
-    def key_as(self, identity: Identity) -> None:
-        """Read and write the store under ``identity``: another process's, where these references
-        are computed. The key holds the CPU's torch thread count (``reference_key.device_fields``),
-        so a page whose engines run in a process on CPUs of their own, with fewer threads, would
-        look its references up under a key they were never stored under: every stored one would
-        count as missing, and each estimate would carry a reference pass that does not run."""
-        self.__dict__["identity"] = identity  # the cached property's slot: set, not computed
 
     def _mode(self) -> dict[str, Any]:
         """The identity's ``mode``: what kind of reference, and what it runs through."""

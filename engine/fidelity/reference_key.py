@@ -1,24 +1,12 @@
 """The reference key: everything that can change a reference's tokens or logits, hashed.
 
 A stored reference (``engine.fidelity.reference_store``) is used only where all of it is equal:
-
-* the identity, one per reference and model (``identity_fields``):
-  - the model: its display name, class, config (less its folder path) and generation config, and
-    a SHA-256 of every weight's and buffer's bytes (``weights_digest``);
-  - the dtype; the device (``device_fields``: its type, and on a CPU its capability, model name and
-    thread count, on CUDA its name, compute capability and CUDA version); torch's and
-    transformers' versions;
-  - the end-of-sequence and pad ids ``generate`` is given, and the attention implementation;
-  - the reference's ``mode``, which its class gives (``engine.fidelity.reference``):
-    ``"generate"`` (plain ``model.generate``, outside the engines' kernels, so the engines' matmul
-    kernel does not apply), or ``"solo"`` (batch-invariant mode, whose kernels do depend on it:
-    the kernel's name and the solo engine's config), each with a SHA-256 of the source files it
-    runs through (``code_digest``), so an edit to them is a miss, never a stale reference;
-  - the logit record's shape (``TOP_K``, ``DIGEST_BYTES``) and the store's entry format;
-* the request (``request_fields``): its prompt token ids and sampling settings (None: greedy).
-
-The cap is not in the key: references are prefix-stable, so one entry answers every cap up to the
-longest computed.
+the identity, one per reference and model (``identity_fields``: the model and a hash of its
+weights, the dtype, the device, the library versions, what ``generate`` is given, the logit
+record's shape, and the reference's ``mode``, which its class in ``engine.fidelity.reference``
+gives with a SHA-256 of the source files it runs through, so an edit to them is a miss, never a
+stale reference), and the request (``request_fields``). The cap is not in the key: references are
+prefix-stable, so one entry answers every cap up to the longest computed.
 """
 
 from __future__ import annotations
@@ -46,14 +34,12 @@ class Identity:
     fields: dict[str, Any]
     digest: str
 
-    @classmethod
-    def of(cls, fields: dict[str, Any]) -> Identity:
-        return cls(fields, sha256_json(fields))
-
 
 def identity_fields(runner, mode: dict[str, Any], weights_sha256: str) -> dict[str, Any]:
     """The identity of ``runner``'s model (an ``engine.model.model_runner.ModelRunner``) in one
     reference ``mode``, as JSON values; ``weights_sha256`` is ``weights_digest(runner.model)``."""
+    import transformers  # heavy: imported when an identity is made, not with this module
+
     model = runner.model
     config = json.loads(model.config.to_json_string(use_diff=False))
     config.pop("_name_or_path", None)  # where it was loaded from, not what it computes
@@ -67,7 +53,7 @@ def identity_fields(runner, mode: dict[str, Any], weights_sha256: str) -> dict[s
         "dtype": str(runner.dtype).removeprefix("torch."),
         "device": device_fields(runner.device),
         "torch": torch.__version__,
-        "transformers": _transformers_version(),
+        "transformers": transformers.__version__,
         "eos_token_ids": sorted(runner.eos_token_ids),
         "pad_token_id": runner.pad_token_id,
         "logit_record": {"top_k": TOP_K, "digest_bytes": DIGEST_BYTES},
@@ -122,9 +108,3 @@ def sha256_json(value) -> str:
     """SHA-256 of ``value`` as canonical JSON (sorted keys, no spaces)."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _transformers_version() -> str:
-    import transformers
-
-    return transformers.__version__

@@ -7,20 +7,21 @@ a token or a logit (``engine.fidelity.reference_key``), so a run whose reference
 skips the reference pass, in this process and the next.
 
 An entry holds the longest output computed so far for its key, and its cap: it answers every
-smaller cap (references are prefix-stable) and is replaced when a larger cap is computed (two
-processes racing on one entry: the last write wins; either is right). Files are plain JSON that a
-person can read::
+smaller cap (``covers``) and is replaced when a larger cap is computed (two processes racing on
+one entry: the last write wins; either is right). Files are plain JSON that a person can read::
 
     <cache dir>/references/<identity digest, 24 hex>/identity.json    what the identity holds
     <cache dir>/references/<identity digest, 24 hex>/<request digest, 32 hex>.json
 
 An entry holds its full identity digest, prompt ids and sampling (checked on reading), the cap,
-the output ids and the logit record per output token (``engine.token_logits``) as columns; floats
-are the record's float32 values, written exactly. An entry is written to a temporary file and
-renamed into place (``os.replace``), so no reader sees half of one; an entry that cannot be read
-or does not check out is logged as a warning and computed again, never an error. The folder is
-kept under ``MAX_BYTES`` (a 6-request preset takes about 250 kB): after each write the least
-recently used entries go first (a hit refreshes an entry's time).
+the output ids and the logit record per output token (``engine.token_logits``) as columns of
+exact float32 values. It is written to a temporary file and renamed into place, so no reader sees
+half of one; one that cannot be read or does not check out is logged as a warning and computed
+again, never an error. The folder is kept under ``MAX_BYTES``, least recently used entries first.
+
+``StoredReferences`` says which references the store holds to a process that has their key but not
+the model: the page, whose queue prices a run by its reference pass while an engine process runs
+the runs and gives it the key.
 
 Host setting: ``CBP_REFERENCE_CACHE`` is ``on`` (default) or ``off``; ``off`` keeps references in
 memory only (``open_store`` returns None). The test suite sets it ``off`` except where it tests
@@ -29,11 +30,13 @@ the store.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import tempfile
 import weakref
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -46,7 +49,7 @@ from engine.fidelity.reference_key import (
     weights_digest,
 )
 from engine.model import loader
-from engine.sampling_params import SamplingParams
+from engine.sequence import Request
 from engine.token_logits import DIGEST_BYTES, LogitTrail, TokenLogits
 
 FORMAT = 2  # bump when an entry's layout or meaning changes (2: CRC-32 row digests)
@@ -93,14 +96,13 @@ class ReferenceStore:
         if model not in self._weights:
             self._weights[model] = weights_digest(model)
         fields = identity_fields(runner, mode, self._weights[model])
-        return Identity.of({"format": FORMAT, **fields})
+        fields = {"format": FORMAT, **fields}
+        return Identity(fields, sha256_json(fields))
 
-    def load(
-        self, identity: Identity, prompt: tuple[int, ...], sampling: SamplingParams | None
-    ) -> Stored | None:
-        """The stored output for a prompt and sampling settings (None: greedy), or None if there
-        is none or it cannot be read (a warning says why)."""
-        path = self._path(identity, prompt, sampling)
+    def load(self, identity: Identity, key: tuple) -> Stored | None:
+        """The stored output for ``key`` (``entry_key``: prompt ids, sampling settings or None),
+        or None if there is none or it cannot be read (a warning says why)."""
+        path = self._path(identity, key)
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -109,27 +111,19 @@ class ReferenceStore:
             log.warning("Reference cache entry %s is unreadable (%s); recomputing.", path, err)
             return None
         try:
-            stored = _decode(json.loads(text), identity, prompt, sampling)
+            stored = _decode(json.loads(text), identity, key)
         except (ValueError, TypeError, KeyError, AttributeError) as err:
             log.warning("Reference cache entry %s is corrupt (%s); recomputing.", path, err)
             return None
-        try:
+        with contextlib.suppress(OSError):
             os.utime(path)  # recently used: pruned last
-        except OSError:
-            pass
         return stored
 
-    def save(
-        self,
-        identity: Identity,
-        prompt: tuple[int, ...],
-        sampling: SamplingParams | None,
-        stored: Stored,
-    ) -> None:
-        """Write one entry atomically (replacing a shorter one), then prune the folder; a
+    def save(self, identity: Identity, key: tuple, stored: Stored) -> None:
+        """Write ``key``'s entry atomically (replacing a shorter one), then prune the folder; a
         failure to write is a warning, never an error."""
-        path = self._path(identity, prompt, sampling)
-        entry = _encode(stored, identity, prompt, sampling)
+        path = self._path(identity, key)
+        entry = _encode(stored, identity, key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             described = path.parent / "identity.json"
@@ -159,17 +153,84 @@ class ReferenceStore:
             path.unlink(missing_ok=True)
             total -= size
 
-    def _path(self, identity: Identity, prompt, sampling) -> Path:
-        request = sha256_json(request_fields(prompt, sampling))
+    def _path(self, identity: Identity, key: tuple) -> Path:
+        request = sha256_json(request_fields(*key))
         return self.folder / identity.digest[:24] / f"{request[:32]}.json"
 
 
-def _encode(stored: Stored, identity: Identity, prompt, sampling) -> dict[str, Any]:
+def entry_key(request: Request) -> tuple:
+    """``(prompt ids, sampling settings or None for greedy)``: what a reference is kept by."""
+    return request.prompt_token_ids, request.sampling if request.is_sampled else None
+
+
+def wanted_references(requests: Iterable[Request]) -> dict[tuple, int]:
+    """The references ``requests`` need, as ``entry_key -> cap`` (the largest cap asked)."""
+    wanted = {}
+    for request in requests:
+        key = entry_key(request)
+        wanted[key] = max(wanted.get(key, 0), request.max_new_tokens)
+    return wanted
+
+
+def covers(hit: Stored, cap: int, eos_token_ids: Iterable[int]) -> bool:
+    """Whether ``hit`` answers a request with ``cap`` (references are prefix-stable: a larger
+    cap, or an output that ended at an end-of-sequence id, answers it)."""
+    eos = set(eos_token_ids)
+    return hit.cap >= cap or any(t in eos for t in hit.tokens)
+
+
+def still_missing(
+    wanted: dict[tuple, int],
+    kept: dict[tuple, Stored],
+    store: ReferenceStore | None,
+    identity: Identity | None,
+    eos_token_ids: Iterable[int],
+) -> dict[tuple, int]:
+    """Those of ``wanted`` (``entry_key -> cap``) that neither ``kept`` nor ``store`` (under
+    ``identity``; None: not read) holds to their caps now; an entry read from the store is put
+    in ``kept``."""
+    found = {}
+    for key, cap in wanted.items():
+        hit = kept.get(key)
+        if (hit is None or not covers(hit, cap, eos_token_ids)) and store is not None:
+            loaded = store.load(identity, key)
+            if loaded is not None:
+                kept[key] = hit = loaded
+        if hit is None or not covers(hit, cap, eos_token_ids):
+            found[key] = cap
+    return found
+
+
+class StoredReferences:
+    """The references ``store`` holds under ``identity`` (None: no store, nothing held), for a
+    process without the model; ``missing`` and ``still_missing`` answer as the references'
+    own (``engine.fidelity.reference``) would."""
+
+    def __init__(
+        self, store: ReferenceStore | None, identity: Identity | None, eos_token_ids: Iterable[int]
+    ):
+        self.store = store if identity is not None else None
+        self.identity = identity
+        self.eos_token_ids = tuple(eos_token_ids)
+        self._read: dict[tuple, Stored] = {}  # entries read, by entry_key
+
+    def missing(self, requests: list[Request]) -> dict[tuple, int]:
+        """The references a reference pass over ``requests`` would compute, as
+        ``entry_key -> cap``."""
+        return self.still_missing(wanted_references(requests))
+
+    def still_missing(self, wanted: dict[tuple, int]) -> dict[tuple, int]:
+        """Those of ``wanted`` (``missing``'s keys and caps) the store does not hold to their
+        caps now."""
+        return still_missing(wanted, self._read, self.store, self.identity, self.eos_token_ids)
+
+
+def _encode(stored: Stored, identity: Identity, key: tuple) -> dict[str, Any]:
     rows = list(stored.logits)
     return {
         "format": FORMAT,
         "identity": identity.digest,
-        **request_fields(prompt, sampling),
+        **request_fields(*key),
         "cap": stored.cap,
         "output_token_ids": list(stored.tokens),
         "token_logits": {
@@ -182,7 +243,7 @@ def _encode(stored: Stored, identity: Identity, prompt, sampling) -> dict[str, A
     }
 
 
-def _decode(entry: dict, identity: Identity, prompt, sampling) -> Stored:
+def _decode(entry: dict, identity: Identity, key: tuple) -> Stored:
     """An entry back into ``Stored``.
 
     Raises:
@@ -190,19 +251,13 @@ def _decode(entry: dict, identity: Identity, prompt, sampling) -> Stored:
     """
     if entry["format"] != FORMAT or entry["identity"] != identity.digest:
         raise ValueError("written for another identity or format")
-    want = request_fields(prompt, sampling)
+    want = request_fields(*key)
     if any(entry[name] != value for name, value in want.items()):
         raise ValueError("written for another request")
     columns = entry["token_logits"]
     k = len(columns["token_ids"][0]) if columns["token_ids"] else 0
-    rows = zip(
-        columns["token_ids"],
-        columns["logits"],
-        columns["abs_dots"],
-        columns["hidden_norms"],
-        columns["digests"],
-        strict=True,
-    )
+    names = ("token_ids", "logits", "abs_dots", "hidden_norms", "digests")  # as ``_encode`` writes
+    rows = zip(*(columns[name] for name in names), strict=True)
     trail = LogitTrail()
     for ids, logits, dots, norm, digest in rows:
         if not len(ids) == len(logits) == len(dots) == k:

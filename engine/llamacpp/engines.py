@@ -1,26 +1,18 @@
 """The ``llamacpp`` and ``llamacpp_q4`` engines: a local ``llama-server``, driven as an endpoint.
 
 ``LlamaCppEngine`` owns a ``LlamaServer`` (``engine.llamacpp.server``) and plays workloads at it
-through ``OpenAIEngine``, the client every server engine shares: each request streamed at its
-arrival time, greedy, its prompt sent as our token ids. llama.cpp's completions stream text, not
-token ids, and text re-tokenized is not always the tokens generated ("\n" then "\n" comes back
-as the one token "\n\n"), so each request asks for ``verbose``: every chunk then carries its
-token's id in ``__verbose.tokens``, which ``_take`` hands to the client as ``token_ids``, the
-field vLLM fills. Its trace is an endpoint's trace with the server's build and settings in
-``trace.info["server"]["settings"]``. The server starts
-on the first run, or earlier with ``start()``, and stays up until ``close()``. A host that keeps
-it for many workloads (the page) calls ``fit`` before each: ``--parallel`` and the context per
-slot follow that run's slots and longest request, and a running server with other settings is
-stopped, to start again with these (about a second).
+through ``OpenAIEngine``, the client every server engine shares, its prompts sent as our token
+ids. llama.cpp streams text, and text re-tokenized is not always the tokens generated (two "\n"
+tokens come back as the one token "\n\n"), so each request asks for ``verbose`` chunks, whose
+``__verbose.tokens`` ``_take`` hands to the client as ``token_ids``, the field vLLM fills. The
+server starts on the first run (or ``start()``) and stays up until ``close()``; a host that keeps
+it for many workloads calls ``fit`` before each.
 
-Two engines, one per GGUF file (``engine.llamacpp.gguf_file``):
-
-- ``llamacpp``: the loaded model's float32 weights as an F32 GGUF. Its outputs should equal the
-  reference's up to near-ties, like any float32 engine's.
-- ``llamacpp_q4``: the embedded model's shipped Q4_1 file. Its weights are the 4-bit ones ours
-  are dequantized from, and its matmuls run on them as they are, so a token may differ where the
-  rounding decides it. Its trace says so (``info["differences_expected"]`` =
-  ``QUANTIZED_NOTE``), and the bench shows its verdicts with that label, never as a failure.
+``llamacpp`` serves the loaded model's float32 weights as an F32 GGUF
+(``engine.llamacpp.gguf_file``) and should match the reference up to near-ties; ``llamacpp_q4``
+serves the embedded model's shipped Q4_1 file, so a token may differ where the weights' rounding
+decides it: its trace says so (``info["differences_expected"]``) and the bench never counts that
+as a failure. docs/servers.md tells the whole story.
 """
 
 from __future__ import annotations
@@ -32,7 +24,7 @@ from pathlib import Path
 from engine.llamacpp.gguf_file import f32_gguf, q4_gguf
 from engine.llamacpp.server import LlamaServer, server_binary, settings_for
 from engine.model.loader import EMBEDDED_CACHE_NAME, cache_dir
-from engine.peers.endpoints import EndpointError
+from engine.peers.endpoints import Endpoint, EndpointError
 from engine.peers.openai_engine import OpenAIEngine
 from engine.sequence import Request
 from engine.trace import Trace
@@ -93,10 +85,9 @@ class LlamaCppEngine(OpenAIEngine):
         self.weights = WEIGHTS[name]
         binary = server_binary(binary)  # before a conversion of half a minute
         path = gguf_for(loaded, self.weights)
-        self.alias = Path(loaded.source).name
-        settings = settings_for(path, self.weights, self.alias, num_slots, requests)
+        settings = settings_for(path, self.weights, Path(loaded.source).name, num_slots, requests)
         self.server = LlamaServer(settings, binary)
-        super().__init__(self.server.endpoint(name), loaded, num_slots)
+        super().__init__(Endpoint(name, self.server.url), loaded, num_slots)
 
     def fit(self, requests: list[Request], num_slots: int) -> bool:
         """Settings for this workload: ``num_slots`` slots, each sized to the longest of
@@ -107,7 +98,7 @@ class LlamaCppEngine(OpenAIEngine):
             ValueError: fewer than one slot.
         """
         old = self.server.settings
-        new = settings_for(old.model_path, self.weights, self.alias, num_slots, requests)
+        new = settings_for(old.model_path, old.weights, old.alias, num_slots, requests)
         new = replace(new, cpus=old.cpus)
         if new == old:
             return False

@@ -1,21 +1,12 @@
 """The GGUF files llama.cpp serves: the loaded weights in float32, or the shipped Q4_1 file.
 
-llama.cpp reads only its own format. The embedded model ships as a Q4_1 GGUF, which the loader
-dequantizes into a float32 safetensors folder (``engine.model.loader``) that our engines and vLLM
-load. ``f32_gguf`` turns that folder back into a GGUF in float32 with llama.cpp's own converter
-(``convert_hf_to_gguf.py --outtype f32``, from the source ``make llamacpp`` fetched), so
-llama.cpp computes on the very weights ours do. The file is kept in the model cache, beside the
-embedded model's folder, named by a hash of the folder's config and weights (``weights_key``):
-a changed model gets a new file, an unchanged one is converted once. It is written under a
-temporary name and renamed, so a crash never leaves half a file.
-
-``q4_gguf`` is the shipped file as it is: llama.cpp then runs its quantized matmuls on 4-bit
-weights, so its outputs may differ from ours where the rounding of the weights decides a token.
-
-The converter runs on this Python (it needs torch, numpy and transformers, all here) with the
-``gguf-py`` vendored beside it (version 0.19.0 of the gguf package, the one that converter
-calls) and sentencepiece from ``<llama.cpp folder>/python``, which ``make llamacpp`` installs
-there: the converter imports it before it finds the model has no SentencePiece tokenizer.
+llama.cpp reads only its own format. ``f32_gguf`` converts the loader's float32 safetensors folder
+(``engine.model.loader``) back into a GGUF with llama.cpp's own converter, so llama.cpp computes
+on the very weights ours do; the file is kept in the model cache, named by a hash of the folder
+(``weights_key``), and written under a temporary name then renamed, so a crash never leaves half
+a file. ``q4_gguf`` is the embedded model's shipped file as it is. The converter runs on this
+Python with the ``gguf-py`` vendored beside it, and with the sentencepiece that ``make llamacpp``
+installs in ``<llama.cpp folder>/python`` (the converter imports it even for BPE tokenizers).
 """
 
 from __future__ import annotations
@@ -37,13 +28,13 @@ CONVERT_TIMEOUT_S = 900.0  # about 30 s for SmolLM2-135M on a 2-core CPU
 KEY_CHARS = 16  # hex characters of the weights' hash in the file's name
 
 
-def converter_path(folder: str | os.PathLike | None = None) -> Path:
+def converter_path() -> Path:
     """llama.cpp's ``convert_hf_to_gguf.py`` in the source ``make llamacpp`` unpacked.
 
     Raises:
         MissingBuild: no unpacked source in the llama.cpp folder, saying how to get one.
     """
-    root = Path(folder) if folder is not None else llamacpp_dir()
+    root = llamacpp_dir()
     found = sorted(root.glob(f"llama_cpp_python-*/vendor/llama.cpp/{CONVERTER}"))
     if not found:
         raise MissingBuild(

@@ -1,20 +1,13 @@
 """A local ``llama-server`` on a GGUF file, started and stopped from here.
 
-``make llamacpp`` builds llama.cpp's server into ``.llamacpp`` (``CBP_LLAMACPP_DIR`` points
-elsewhere). ``LlamaServer`` starts it on 127.0.0.1 and a free port (or a given one) with
-``--parallel`` equal to the slot count and a context per slot sized to the longest request
-(``--ctx-size`` is the whole KV cache, split evenly between the slots). Starting, waiting for
-``/health`` and stopping are ``engine.peers.server_process.ServerProcess``'s. Once healthy, its
-``/props`` says what it runs with (``props``): its build, its slots (``total_slots``) and each
-slot's context (``default_generation_settings.n_ctx``: llama.cpp rounds the context up to a
-multiple of 256 tokens, so a slot may hold more than asked).
-
-Threads are set as ours and vLLM's are: every CPU computes (``--threads`` and
-``--threads-batch`` = the CPUs of ``cpus``), and the process starts with the starting thread's
-affinity widened to those CPUs (``engine.peers.server_process.thread_on_cpus``), since a child
-inherits it and the page's process keeps to fewer. ``--metrics`` publishes the gauges the
-server chart reads; ``--alias`` names the served model after the loaded one, so the client
-sends token ids both ways and checks outputs against the reference.
+``make llamacpp`` builds it into ``.llamacpp`` (``CBP_LLAMACPP_DIR`` points elsewhere).
+``LlamaServer`` starts it on 127.0.0.1 with ``--parallel`` equal to the slot count and a context
+per slot sized to the longest request (``--ctx-size`` is the whole KV cache, split evenly between
+the slots); starting, waiting for ``/health`` and stopping are
+``engine.peers.server_process.ServerProcess``'s. Every CPU of ``cpus`` computes, as for our
+engines and vLLM, the process starting with its affinity widened to them (the page's own process
+keeps to fewer). ``--alias`` names the served model after the loaded one, so the client sends
+token ids both ways.
 """
 
 from __future__ import annotations
@@ -22,11 +15,12 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 
 from engine import settings as env_settings
-from engine.peers.endpoints import Endpoint, MissingBuild
+from engine.peers.endpoints import MissingBuild
 from engine.peers.server_process import ServerProcess, cpus_of
 
 LLAMACPP_DIR_ENV = "CBP_LLAMACPP_DIR"
@@ -67,12 +61,9 @@ class LlamaSettings:
     num_slots: int  # --parallel: = our slot count
     ctx_per_slot: int = CTX_PER_SLOT  # tokens one slot holds: its longest request
     cpus: str = f"0-{(os.cpu_count() or 1) - 1}"  # the CPUs it computes on, e.g. "0-1"
-
-    @property
-    def dtype(self) -> str:
-        """The precision its outputs are compared in: "float32", its activations and logits on
-        a CPU whichever weights it multiplies (its KV cache is llama.cpp's default, F16)."""
-        return "float32"
+    # The precision its outputs are compared in: its activations and logits on a CPU are float32
+    # whichever weights it multiplies (its KV cache is llama.cpp's default, F16).
+    dtype: ClassVar[str] = "float32"
 
     def args(self, port: int) -> list[str]:
         """The server's command-line flags."""
@@ -132,9 +123,6 @@ class LlamaServer(ServerProcess):
         self.settings = settings
         self.binary = server_binary(binary)
         self.props: dict = {}  # {"total_slots", "n_ctx"} from /props (``published_props``)
-
-    def endpoint(self, name: str) -> Endpoint:
-        return Endpoint(name, self.url)
 
     def info(self) -> dict:
         """Version, URL, start time and what ``/props`` published, as the bench reports them."""

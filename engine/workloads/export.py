@@ -1,16 +1,7 @@
-"""Exports: take a run's data to other tools (spreadsheets, scripts, Perfetto).
-
-* ``requests_csv``: one row per (engine, request) with outputs, latency metrics and the request's
-  sampling settings (blank for greedy);
-* ``traces_json``: every trace, whole (steps, requests, metrics, and a server's own record of its
-  steps where it keeps one: ``schedule``);
-* ``perfetto_trace``: Chrome trace-event JSON (the format ``chrome://tracing`` and Perfetto UI
-  open as is: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU),
-  one process per engine, one track (thread) per slot with a span per request, and a "steps" track
-  with one span per forward pass; a server's own record is one more process
-  (``vllm (own record)``), its lanes as tracks;
-* ``charts_html``: the page's charts in one HTML file that works offline;
-* ``download_folder``: a fresh folder for one download's files, the oldest pruned.
+"""Exports: take a run's data to other tools: spreadsheets (``requests_csv``), scripts
+(``traces_json``: every trace whole, a server's own record of its steps included), Perfetto
+(``perfetto_trace``) and a browser with no network (``charts_html``); ``download_folder`` gives
+each download a fresh folder.
 """
 
 from __future__ import annotations
@@ -71,7 +62,10 @@ def traces_json(traces: dict[str, Trace]) -> str:
 
 
 def perfetto_trace(traces: dict[str, Trace]) -> dict:
-    """Chrome trace-event JSON: per engine a process, per slot a track, per request a span.
+    """Chrome trace-event JSON (what ``chrome://tracing`` and Perfetto UI open as is:
+    https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU): per engine a
+    process, per slot a track, per request a span, and a "steps" track with a span per forward
+    pass; a server's own record of its steps is one more process (``"vllm (own record)"``).
 
     A request gets one span per stay in a slot (``Trace.slot_runs``): a preempted request shows
     where it ran each time, and an instant event marks the preemption on the steps track. A static
@@ -127,21 +121,12 @@ def _instant(pid: int, name: str, at_s: float) -> dict:
 
 
 def _track_names(pid: int, name: str, trace: Trace) -> list[dict]:
-    meta = [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}}]
-    meta.append(
-        {"ph": "M", "pid": pid, "tid": STEPS_TID, "name": "thread_name", "args": {"name": "steps"}}
-    )
-    for slot in range(trace.num_slots):
-        meta.append(
-            {
-                "ph": "M",
-                "pid": pid,
-                "tid": slot + 1,
-                "name": "thread_name",
-                "args": {"name": f"slot {slot}"},
-            }
-        )
-    return meta
+    tracks = {STEPS_TID: "steps"} | {slot + 1: f"slot {slot}" for slot in range(trace.num_slots)}
+    threads = [
+        {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": track}}
+        for tid, track in tracks.items()
+    ]
+    return [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}}, *threads]
 
 
 def _span(pid: int, tid: int, name: str, start_s: float, end_s: float, args: dict) -> dict:
@@ -195,13 +180,19 @@ def charts_html(charts: dict[str, Any]) -> str:
 
 def write_files(folder: str | Path, traces: dict[str, Trace]) -> list[Path]:
     """Write requests.csv, traces.json and trace.perfetto.json into ``folder``; their paths."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     files = {
         "requests.csv": requests_csv(traces),
         "traces.json": traces_json(traces),
         "trace.perfetto.json": json.dumps(perfetto_trace(traces)),
     }
+    return write_texts(folder, files)
+
+
+def write_texts(folder: str | Path, files: dict[str, str]) -> list[Path]:
+    """Write each ``name -> text`` of ``files`` into ``folder`` (made if missing), as UTF-8;
+    their paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         (folder / name).write_text(text, encoding="utf-8")
     return [folder / name for name in files]

@@ -2,13 +2,12 @@
 
 Sources are the article's six requests (``seed_specs``), a JSONL file with one
 ``{"prompt": ..., "max_new_tokens": ...}`` per line (``load_jsonl``), or the page's table
-(``parse_table``; Gradio sends edited numbers as strings). Each request may also carry
-``arrival_s`` and the sampling settings ``temperature``, ``top_k``, ``top_p`` and ``seed``
-(``engine.sampling_params``; all absent or blank: greedy). ``engine.workloads.workload_files`` reads
-and writes uploaded CSV and JSONL files. Every problem raises ``ValueError`` with
-a message a person can act on; the page and the bench show that message as it is. A table or
-file with several bad rows or lines names them all at once (the first ``MAX_NAMED_PROBLEMS``, then
-how many more: ``raise_problems``), so a person fixes them in one go.
+(``parse_table``; Gradio sends edited numbers as strings); uploaded CSV and JSONL files go through
+``engine.workloads.workload_files``. Each request may also carry ``arrival_s`` and the sampling
+settings ``temperature``, ``top_k``, ``top_p`` and ``seed`` (``engine.sampling_params``; all
+absent or blank: greedy). Every problem raises ``ValueError`` with a message a person can act on,
+which the page and the bench show as it is; several bad rows or lines are named in one message
+(``raise_problems``), so a person fixes them in one go.
 """
 
 from __future__ import annotations
@@ -122,11 +121,6 @@ def parse_prompt(prompt, where: str) -> str:
     return text
 
 
-def parse_spec(prompt, cap, where: str) -> RequestSpec:
-    """Validate one (prompt, cap) pair. Raises ValueError naming ``where`` and every problem."""
-    return row_spec(prompt, cap, None, (), where)
-
-
 def row_spec(prompt, cap, arrival, sampling: tuple | list, where: str) -> RequestSpec:
     """One request's cells -> its spec: the prompt, the cap, ``arrival`` (None or blank: 0) and
     the four sampling cells (``SAMPLING_FIELDS``' order; empty or all blank: greedy).
@@ -164,12 +158,8 @@ TABLE_COLUMNS = ("prompt", "max_new_tokens", "arrival_s", *SAMPLING_FIELDS)
 
 
 def parse_table(rows) -> list[RequestSpec]:
-    """Rows of ``[prompt, max_new_tokens, arrival_s, temperature, top_k, top_p, seed]`` -> specs.
-
-    Every column after ``max_new_tokens`` is optional, so 2- and 3-cell rows still parse. A
-    missing or blank ``arrival_s`` means 0 (seconds after the run starts); the four sampling cells
-    all missing or blank mean greedy, and any one given makes the row sample
-    (``engine.sampling_params.parse_sampling``). Fully blank rows are skipped.
+    """Rows of ``TABLE_COLUMNS`` cells -> specs. Every column after ``max_new_tokens`` is
+    optional (``row_spec``), so 2- and 3-cell rows still parse; fully blank rows are skipped.
 
     Raises:
         ValueError: no request at all, bad rows (each named by its 1-based number:
@@ -181,18 +171,13 @@ def parse_table(rows) -> list[RequestSpec]:
         cells = (list(row) + [None] * width)[:width]
         if all(is_blank(cell) for cell in cells):
             continue
+        prompt, cap, arrival, *sampling = cells
         try:
-            specs.append(_table_spec(cells, f"Row {i}"))
+            specs.append(row_spec(prompt, cap, arrival, sampling, f"Row {i}"))
         except ValueError as exc:
             problems.append(str(exc))
     raise_problems(problems, "bad rows")
     return checked_count(specs)
-
-
-def _table_spec(cells: list, where: str) -> RequestSpec:
-    """One table row's spec. Raises ValueError naming ``where`` and every problem of the row."""
-    prompt, cap, arrival, *sampling = cells
-    return row_spec(prompt, cap, arrival, sampling, where)
 
 
 def raise_problems(problems: list[str], what: str = "problems") -> None:
@@ -334,16 +319,10 @@ def tokenize_requests(
                 f"{where}: prompt ({len(ids)} tokens) + max_new_tokens ({spec.max_new_tokens}) "
                 f"exceeds the model's context of {max_context} tokens; shorten it."
             )
-        requests.append(
-            Request(
-                request_id,
-                spec.prompt,
-                spec.max_new_tokens,
-                tuple(ids),
-                spec.arrival_s,
-                spec.sampling,
-            )
+        request = Request(
+            request_id, spec.prompt, spec.max_new_tokens, tuple(ids), spec.arrival_s, spec.sampling
         )
+        requests.append(request)
     return requests
 
 

@@ -1,17 +1,13 @@
 """Workload files: upload a workload as CSV or JSONL into the page's table; download it back.
 
-Both formats carry the same fields per request: ``prompt``, ``max_new_tokens``, the optional
-``arrival_s`` (seconds after the run starts, 0 when absent or blank) and the optional sampling
-settings ``temperature``, ``top_k``, ``top_p`` and ``seed`` (``engine.sampling_params``; all absent
-or blank: greedy). Downloads write the sampling fields only when some request samples, so a greedy
-workload's files are what they always were. A CSV has a header
-row naming the columns, in any order; other columns are ignored, so the page's own
-``requests.csv`` download can be uploaded again. A JSONL file has one object per line
-(``engine.workloads.workload.load_jsonl``).
-
-Every problem raises ``ValueError`` naming the file and the line, so the page can show it as is;
-a file with several bad lines names them all in one message (the first five, then how many more).
-Values go through the same checks as the table (``engine.workloads.workload.parse_spec``).
+Both formats carry a request's fields as the table does (``TABLE_COLUMNS``: ``prompt``,
+``max_new_tokens``, and the optional ``arrival_s`` and sampling settings), and their values go
+through the table's checks (``engine.workloads.workload.row_spec``). Downloads write the sampling
+fields only when some request samples, so a greedy workload's files are what they always were. A
+CSV has a header row naming the columns, in any order; other columns are ignored, so the page's
+own ``requests.csv`` download can be uploaded again. A JSONL file has one object per line
+(``engine.workloads.workload.load_jsonl``). Every problem raises ``ValueError`` naming the file
+and the line; a file with several bad lines names them all in one message.
 
 An upload's size is bounded in bytes before it is read (``max_upload_bytes``). CSV cells are read
 whatever their length, so a prompt over the character limit gets the same message as in JSONL,
@@ -29,7 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from engine.sampling_params import FIELDS as SAMPLING_FIELDS
+from engine.workloads.export import write_texts
 from engine.workloads.workload import (
+    TABLE_COLUMNS,
     RequestSpec,
     checked_count,
     limits,
@@ -39,9 +37,8 @@ from engine.workloads.workload import (
     row_spec,
 )
 
-FIELDS = ["prompt", "max_new_tokens", "arrival_s"]
+FIELDS = TABLE_COLUMNS[:3]  # every download's columns; the sampling ones follow where used
 REQUIRED = ("prompt", "max_new_tokens")
-ALL_FIELDS = [*FIELDS, *SAMPLING_FIELDS]
 MAX_CELLS_BYTES = 1024  # per row, for the cells other than the prompt (an upload's size bound)
 
 # ``csv.field_size_limit`` is one setting for the whole process: a CSV read raises it to the
@@ -66,17 +63,6 @@ def load_workload_file(path: str | Path) -> list[RequestSpec]:
             bad line (named by its number).
     """
     path = Path(path)
-    _check_size(path)
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        return load_csv(path)
-    if suffix in (".jsonl", ".json"):
-        return load_jsonl(path)
-    raise ValueError(f"{path.name}: upload a .csv or .jsonl file (got {suffix or 'no extension'}).")
-
-
-def _check_size(path: Path) -> None:
-    """Raises ValueError naming the file when it is over ``max_upload_bytes`` or unreadable."""
     try:
         size = path.stat().st_size
     except OSError as exc:
@@ -87,19 +73,22 @@ def _check_size(path: Path) -> None:
             f"{path.name} has {size:,} bytes, over the upload limit of {limit:,} bytes; "
             "upload fewer or shorter requests."
         )
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return load_csv(path)
+    if suffix in (".jsonl", ".json"):
+        return load_jsonl(path)
+    raise ValueError(f"{path.name}: upload a .csv or .jsonl file (got {suffix or 'no extension'}).")
 
 
 def load_csv(path: str | Path) -> list[RequestSpec]:
-    """Read a CSV workload whose header names prompt, max_new_tokens and maybe arrival_s and the
-    sampling columns (temperature, top_k, top_p, seed).
-
-    Rows whose cells are all blank are skipped. Line numbers count the header as line 1.
+    """Read a CSV workload whose header names prompt, max_new_tokens and any other of
+    ``TABLE_COLUMNS``, in any order. Blank rows are skipped; the header is line 1.
 
     Raises:
-        ValueError: unreadable or non-UTF-8 file (``read_workload_text``), a header without the
-            required columns, a row with too many cells, text the ``csv`` module cannot read, or a
-            bad value (naming the line). A cell of any length is read, so a long prompt gets the
-            prompt limit's message.
+        ValueError: what ``read_workload_text`` raises, a header without the required columns, a
+            row with too many cells, text the ``csv`` module cannot read, or bad values (each
+            line named).
     """
     path = Path(path)
     text = read_workload_text(path)
@@ -129,7 +118,7 @@ def _read_rows(reader: csv.DictReader, file_name: str) -> list[RequestSpec]:
     header = [name.strip() for name in reader.fieldnames or []]
     missing = [name for name in REQUIRED if name not in header]
     if missing:
-        optional = ", ".join(name for name in ALL_FIELDS if name not in REQUIRED)
+        optional = ", ".join(name for name in TABLE_COLUMNS if name not in REQUIRED)
         raise ValueError(
             f"{file_name} line 1: the header must name the columns prompt and max_new_tokens "
             f"(and optionally {optional}); missing {', '.join(missing)}."
@@ -171,17 +160,13 @@ def table_rows(specs: list[RequestSpec], sampling_columns: bool = False) -> list
     return rows
 
 
-def _any_sampling(specs: list[RequestSpec]) -> bool:
-    return any(s.sampling is not None for s in specs)
-
-
 def to_csv(specs: list[RequestSpec]) -> str:
     """Specs as CSV text with the header ``prompt,max_new_tokens,arrival_s``, plus
     ``temperature,top_k,top_p,seed`` when some spec has sampling settings (blank for greedy)."""
-    sampling = _any_sampling(specs)
+    sampling = any(s.sampling is not None for s in specs)
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(ALL_FIELDS if sampling else FIELDS)
+    writer.writerow(TABLE_COLUMNS if sampling else FIELDS)
     writer.writerows(
         ["" if cell is None else cell for cell in row] for row in table_rows(specs, sampling)
     )
@@ -202,9 +187,4 @@ def to_jsonl(specs: list[RequestSpec]) -> str:
 
 def write_table_files(folder: str | Path, specs: list[RequestSpec]) -> list[Path]:
     """Write ``workload.csv`` and ``workload.jsonl`` into ``folder``; their paths."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    files = {"workload.csv": to_csv(specs), "workload.jsonl": to_jsonl(specs)}
-    for name, text in files.items():
-        (folder / name).write_text(text, encoding="utf-8")
-    return [folder / name for name in files]
+    return write_texts(folder, {"workload.csv": to_csv(specs), "workload.jsonl": to_jsonl(specs)})

@@ -14,7 +14,7 @@ and the ``worker`` its engine jobs go to (``engine.worker.worker_process``). Two
   thread, where every run goes too. Tests build their own.
 - ``ModelView``: the engine process's model as the page sees it, no weights: a tokenizer and
   the facts that process answers (``engine.worker.model_facts``); it reads the reference store
-  itself under the keys those facts give (``engine.fidelity.stored_references``). Its worker is
+  itself under the keys those facts give (``engine.fidelity.reference_store``). Its worker is
   the ``ProcessWorker``.
 
 Precision is a page setting: ``in_dtype`` gives the same model in another dtype (float32 or
@@ -34,7 +34,7 @@ from typing import Any
 from engine.batching.continuous import kv_pool_blocks
 from engine.config import EngineConfig
 from engine.fidelity import reference_store
-from engine.fidelity.stored_references import StoredReferences
+from engine.fidelity.reference_store import StoredReferences
 from engine.model.allowlist import check_model_allowed
 from engine.page.run.cpu_split import CpuSplit
 from engine.page.run.host_servers import PageServers
