@@ -1,9 +1,5 @@
 """Serving figures: latency CDFs, per-step token budget and KV block use, and the queue-wait and
 preemption marks laid over a timeline.
-
-Like ``engine.page.figures.timelines`` (whose look and request colours,
-``engine.page.figures.style``, these share), everything is built from ``engine.trace.Trace`` records
-alone. The KV block map is drawn by ``engine.page.figures.block_map``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The page's shared figure look: colours, titles, legends and the PNG button, for every chart.
 
 Colours come from the Okabe–Ito palette (safe for the common kinds of colour blindness), one per
-request through ``request_color``, so a request keeps its colour in every chart; from R7 on a
-colour comes round again, and ``request_pattern`` gives the mark that tells such requests apart.
+request, so a request keeps its colour in every chart (``request_color``, ``request_pattern``).
 Backgrounds are transparent and text and grid lines a neutral grey, so the figures read in light
-and dark themes. Titles are left-aligned with details in their subtitles, so they fit a phone.
-Counts in the text agree with their nouns (``counted``: "1 pad token", "2 pad tokens"), and
-requests are named alike everywhere (``request_ids``: "R0, R3"). A chart with nothing to draw says
-why (``message_figure``).
-Used by ``engine.page.figures.timelines`` (timelines), ``engine.page.figures.mask_heatmaps``
-(attention masks), ``engine.page.figures.serving_metrics``, ``engine.page.figures.block_map`` and
-``engine.page.figures.server_lanes`` (the servers' lanes and gauges); these six are the only modules
-that import plotly.
+and dark themes; titles are left-aligned with details in their subtitles, so they fit a phone.
 """
 
 from __future__ import annotations

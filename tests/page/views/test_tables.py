@@ -49,7 +49,7 @@ def test_outputs_rows_verdicts(static, continuous):
     continuous.requests[2].output_token_ids = [7]
     assert (
         tables.outputs_rows({"static": static, "continuous": continuous}, reference)[2][-2]
-        == "✗ continuous"
+        == "static ✓ · continuous ✗ differs"
     )
     assert tables.outputs_rows({"static": static, "continuous": continuous}, None)[0][-2] == "—", (
         "no reference → —"
