@@ -113,19 +113,11 @@ def _coarse(seconds: float) -> str:
     return f"{round(seconds, -1):.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
-def queued_outputs(line: str) -> tuple:
-    """The Run event's outputs while the run waits for the model: its ``queue_line``, in the
-    status line and in the note under Run, and no "Run live anyway" (a run shown at once is no
+def queued_outputs(message: str, previous_status: str | None = None) -> tuple:
+    """The Run event's outputs for a run in the queue, waiting (its ``queue_line``) or stopped
+    before it started: ``message`` in the status line, then the previous run's status where given
+    (it still shows), and in the note under Run; no "Run live anyway" (a run shown at once is no
     longer what the page is about); everything else as is."""
-    return run_outputs(
-        status_markdown=line, run_note_markdown=line, live_button=gr.Button(visible=False)
-    )
-
-
-def left_queue_outputs(message: str, previous_status: str | None) -> tuple:
-    """The Run event's outputs for a run stopped before it started (while it waited, or before
-    its handler began): ``message`` in the status line, then the previous run's status if there
-    is one, and in the note under Run; everything else as is (the previous run still shows)."""
     return run_outputs(
         status_markdown=_with_previous(message, previous_status),
         run_note_markdown=message,

@@ -100,9 +100,7 @@ class RunState:
     continuous: Trace
     reference: dict[int, list[int]] | None
     hf_continuous: Trace | None = None  # transformers' own continuous batching, when compared
-    recorded: Any = (
-        None  # ``engine.page.handlers.recording.Recording``: the shipped run, not run here
-    )
+    recorded: Any = None  # the shipped run (``engine.page.handlers.recording.Recording``)
     servers: dict[str, Trace] = field(default_factory=dict)  # host-configured servers, by name
     server_failures: dict[str, str] = field(default_factory=dict)  # servers that failed: why
     # engine -> request id -> verdict entry (``divergence.judge_runs``); None: not judged
