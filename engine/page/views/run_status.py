@@ -81,15 +81,15 @@ def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
     return mismatches(outputs, reference, not_compared_ids(trace))
 
 
-def reference_ok(state) -> dict[str, bool | str] | None:
-    """Per compared engine, the metrics table's match: True when every compared output equals the
-    reference, or with verdicts their ✓ / ≈ / ✗; None when the run was not checked."""
+def reference_ok(state) -> dict[str, str] | None:
+    """Per compared engine, the metrics table's match: its verdicts' ✓ / ≈ / ≠ / ✗
+    (``divergence_view.engine_symbol``), or without verdicts ✓ when every compared output equals
+    the reference, else ✗; None when the run was not checked."""
     if state.reference is None:
         return None
-    ok = {name: not _mismatched(t, state.reference) for name, t in _compared(state).items()}
-    if state.verdicts is not None:  # ✓, ≈ (near-ties only) or ✗
-        ok |= {n: divergence_view.engine_symbol(v) for n, v in state.verdicts.items() if n in ok}
-    return ok
+    ok = {n: "✗" if _mismatched(t, state.reference) else "✓" for n, t in _compared(state).items()}
+    judged = state.verdicts or {}
+    return ok | {n: divergence_view.engine_symbol(v) for n, v in judged.items() if n in ok}
 
 
 def _compared(state) -> dict[str, Trace]:

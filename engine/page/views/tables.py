@@ -73,14 +73,12 @@ _COMPARISON_LABELS = {MATCH: "✓", MISMATCH: "✗ differs", NOT_COMPARED: NOT_C
 PROMPT_SHOWN_CHARS = 200  # longer prompts are clipped in the outputs table
 
 
-def metrics_rows(
-    traces: dict[str, Trace], reference_ok: dict[str, bool | str] | None
-) -> list[list]:
+def metrics_rows(traces: dict[str, Trace], reference_ok: dict[str, str] | None) -> list[list]:
     """One ``METRICS_HEADERS`` row per engine; speedup is static wall time over this engine's.
 
     An engine that records no steps (transformers' manager exposes none) shows "—" for the
     step-based columns; a server takes them from its own record where it keeps one
-    (``Trace.schedule``). ``reference_ok[name]``: True ✓, False ✗, or the cell itself (✓ ≈ ✗).
+    (``Trace.schedule``). ``reference_ok[name]``: the engine's match, ✓ ≈ ≠ or ✗.
     """
     static_wall_s = traces["static"].wall_s if "static" in traces else None
     rows = []
@@ -130,10 +128,8 @@ def _ttft_cells(trace: Trace) -> list[float | str]:
     ]
 
 
-def _match_cell(ok: bool | str, num_not_compared: int) -> str:
-    """✓ or ✗ over the compared requests (or the cell given: ✓ ≈ ✗), then how many were sampled
-    with another generator."""
-    mark = ok if isinstance(ok, str) else "✓" if ok else "✗"
+def _match_cell(mark: str, num_not_compared: int) -> str:
+    """The engine's mark (✓ ≈ ≠ ✗), then how many requests were sampled with another generator."""
     if not num_not_compared:
         return mark
     return f"{mark} ({num_not_compared} {NOT_COMPARED_TEXT})"
