@@ -98,9 +98,7 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
 
     Rows are query tokens in packed order, columns keys laid out ``[all cached | all new]`` as in
     ``engine.serving.masks``; a cell is coloured by the sequence that owns it where attention is
-    allowed. Key columns whose keys came from the prefix cache (a sequence's first
-    ``num_prefix_cached_tokens``, computed by an earlier request) are drawn in a paler shade
-    of that colour and named so in their hover.
+    allowed, paler where the key came from the prefix cache (``prefix_cached_keys``).
     """
     step = trace.steps[step_index]
     layout = packed_layout(

@@ -201,13 +201,12 @@ def _line_label(y: float, text: str) -> dict:
 
 
 def add_serving_marks(fig: go.Figure, trace: Trace, x_axis: str = "time") -> go.Figure:
-    """Mark queue waits and preemptions on a ``engine.page.figures.timelines.timeline_figure``.
+    """Mark queue waits (``queue_waits``) and preemptions on a ``timelines.timeline_figure``.
 
-    A queue wait runs from arrival to admission, and from each preemption to readmission; the
-    waits go on a ``queue`` row above the lanes, only when someone waited. That row is set apart
-    as no lane: a dotted line parts it from the lanes and its bars are half a lane's height. A
-    wait is not drawn on the lane its request later takes: while it waits, that lane is busy
-    with another request. Preemptions are crosses on the lane the preempted request left.
+    The waits go on a ``queue`` row above the lanes, only when someone waited, set apart as no
+    lane (a dotted line, bars half a lane's height): a wait is not drawn on the lane its request
+    later takes, which is busy with another request meanwhile. Preemptions are crosses on the
+    lane the preempted request left.
     """
     _add_preemptions(fig, trace, x_axis)
     waits = [w for w in queue_waits(trace) if w[2] - w[1] > MIN_QUEUE_S]

@@ -58,9 +58,10 @@ def _verdict(state) -> str:
     if state.reference is None:
         return "outputs not checked against `model.generate`"
     traces = _compared(state)  # a server serving another model is not checked
-    skipped = {name: not_compared_ids(t) for name, t in traces.items()}
-    skipped_text = "; ".join(f"{n}: {request_ids(ids)}" for n, ids in skipped.items() if ids)
-    skipped_text = f" ({skipped_text}: {NOT_COMPARED_TEXT})" if skipped_text else ""
+    skipped = "; ".join(
+        f"{n}: {request_ids(ids)}" for n, t in traces.items() if (ids := not_compared_ids(t))
+    )
+    skipped_text = f" ({skipped}: {NOT_COMPARED_TEXT})" if skipped else ""
     judged = state.verdicts or {}
     wrong = "; ".join(
         f"{n}: {request_ids(ids)}"
