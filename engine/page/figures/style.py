@@ -89,10 +89,12 @@ def request_color(request_id: int) -> str:
     return PALETTE[request_id % len(PALETTE)]
 
 
-def request_pattern(request_id: int) -> str:
+def request_pattern(request_id: int) -> dict:
     """The bar pattern that marks a request whose colour an earlier request already has: none for
-    R0–R6, dots for R7–R13, crosses for R14–R20, ... ("/" stays the idle rows' hatching)."""
-    return REPEAT_PATTERNS[(request_id // len(PALETTE)) % len(REPEAT_PATTERNS)]
+    R0–R6, dots for R7–R13, crosses for R14–R20, ... ("/" stays the idle rows' hatching), drawn
+    in white over the request's colour."""
+    shape = REPEAT_PATTERNS[(request_id // len(PALETTE)) % len(REPEAT_PATTERNS)]
+    return {"shape": shape, "fgcolor": "#ffffff", "size": 6, "solidity": 0.35} if shape else {}
 
 
 def style_figure(fig: go.Figure, title: str, subtitle: str | None = None) -> go.Figure:

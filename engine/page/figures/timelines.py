@@ -106,7 +106,7 @@ def timeline_figure(
                 x_axis,
                 name=f"R{rid}",
                 text=[f"R{rid}"] * len(mine),
-                marker={"color": request_color(rid), "pattern": _repeat_mark(rid)},
+                marker={"color": request_color(rid), "pattern": request_pattern(rid)},
                 hovertext=hover,
                 showlegend=False,
                 textposition="inside",
@@ -143,13 +143,6 @@ def timeline_figure(
     subtitle_px = TITLE_LINE_PX if shared else 0  # the plot keeps its height
     fig.update_layout(barmode="overlay", height=190 + 45 * trace.num_slots + subtitle_px)
     return bottom_legend(fig, 90)
-
-
-def _repeat_mark(request_id: int) -> dict:
-    """A bar's pattern: none for R0–R6, then a mark per round of the palette (see
-    ``request_pattern``), drawn in the bar's text colour over its request colour."""
-    shape = request_pattern(request_id)
-    return {"shape": shape, "fgcolor": "#ffffff", "size": 6, "solidity": 0.35} if shape else {}
 
 
 def _add_barriers(fig: go.Figure, trace: Trace, x_axis: str, x_span: float) -> None:
