@@ -33,7 +33,6 @@ INSIDE_NOTE = (
 )
 STEP_VIEWS = ("timeline", "packed mask", "KV block map")  # what ``step_figures`` draws
 LANES_NOTE = "{who} has no slots: a request takes the first free lane, until preempted or finished"
-BLOCKS_NOTE = "{who}'s own block ids ({reserved}, never held: black)"
 DEFAULT_HEIGHT_PX = 450  # plotly's height of a figure that sets none
 SUBTITLE_LINE_CHARS = 100  # plotly never wraps a subtitle: longer lines are cut at the edge
 NO_SERVER = (
@@ -75,7 +74,7 @@ def blocks_note(record: Trace) -> str:
         return f"{who}'s own block ids"
     which = "block 0" if reserved == 1 else f"blocks 0–{reserved - 1}"
     what = {"vLLM": "its null block", "transformers": "its trash blocks"}.get(who, "reserved")
-    return BLOCKS_NOTE.format(who=who, reserved=f"{which}: {what}")
+    return f"{who}'s own block ids ({which}: {what}, never held: black)"
 
 
 def labelled(fig: Any, title: str, *lines: str) -> Any:
