@@ -36,14 +36,10 @@ BLOCK_MAP_COLUMNS = 16  # narrow enough for each block's "R12" label on a phone 
 
 
 def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
-    """Which requests hold each KV block during one step, free blocks grey (paged mode only).
-
-    Blocks are laid out in rows of ``BLOCK_MAP_COLUMNS``; a request's colour is its colour in
-    every other chart. With prefix caching a block can be shared: it is labelled with the
-    request that holds it first and its reference count (``R0 ×3``), and its hover names every
-    request that shares it; a free block that keeps its cached prefix (evicted least recently used
-    first) is darker grey than a plain free one. Other KV modes get an empty figure that says why.
-    """
+    """Which requests hold each KV block during one step, in rows of ``BLOCK_MAP_COLUMNS``, each
+    request in its colour of every other chart; a shared block is labelled with its first holder
+    and reference count (``R0 ×3``), its hover naming every holder. Other KV modes than the paged
+    one get an empty figure that says why."""
     total = trace.info.get("kv_blocks")
     if not total or not trace.steps:
         return message_figure("KV block map", "The block map needs the paged KV mode.")

@@ -1,22 +1,15 @@
 """What 100 % KV use is for each engine: the pool its share is of, in blocks and MiB where known.
 
-Each engine sizes its own KV pool. Ours (the paged mode) allocates the blocks this run's longest
-sequence needs in every slot, or what the KV budget allows; a local vLLM gets the memory
-``--kv-cache-memory-bytes`` gives it (room for every slot at its longest model length, with a
-margin), and a remote server whatever its host gave it. So "43 %" of ours and "4 %" of vLLM's are
-shares of different wholes, and a chart that sets them side by side says what each whole is::
+Each engine sizes its own KV pool: ours the blocks this run's longest sequence needs in every
+slot (or what the KV budget allows), a local vLLM what ``--kv-cache-memory-bytes`` gives it, a
+remote server whatever its host gave it. So "43 %" of ours and "4 %" of vLLM's are shares of
+different wholes, and a chart that sets them side by side says what each whole is::
 
     continuous (ours)   100 % = every block of its paged KV pool: 28 blocks of 16 tokens, 0.4 MiB
     vllm                100 % = every block of vLLM's KV block pool: 1,310 blocks of 16 tokens,
                                 80.0 MiB
     llamacpp            100 % = every slot's context in llama.cpp's KV cache, from /slots:
                                 3 slots × 512 tokens (llama.cpp /props)
-
-Ours comes from the trace's ``info`` (``kv_blocks``, ``block_size``, ``kv_bytes``); a server's from
-``info["server"]``: ``kv_pool`` (what its ``/metrics`` said, ``engine.peers.server_metrics``;
-for llama.cpp its slots and their context from ``/slots``), for a vLLM this page started
-``settings["kv_cache_bytes"]``, and for a llama.cpp this page started ``settings["props"]``
-(``total_slots`` and each slot's ``n_ctx``, from its ``/props``: known from the run's start).
 """
 
 from __future__ import annotations
@@ -57,7 +50,10 @@ def kv_pool_whole(trace: Trace) -> str:
 
 
 def _pool(trace: Trace) -> tuple[int | None, int | None, int | None]:
-    """(blocks, tokens per block, bytes) of ``trace``'s KV pool, each None where unknown."""
+    """(blocks, tokens per block, bytes) of ``trace``'s KV pool, each None where unknown: ours
+    from its ``info`` (``kv_blocks``, ``block_size``, ``kv_bytes``), a server's from
+    ``info["server"]``: ``kv_pool`` (what its ``/metrics`` said, ``engine.peers.server_metrics``)
+    and, for a vLLM this page started, ``settings["kv_cache_bytes"]``."""
     server = trace.info.get("server")
     if server is None:
         blocks = trace.info.get("kv_blocks")

@@ -62,12 +62,20 @@ def _tile_labels(n: int, factor: int) -> list[str]:
     return [f"{i}–{min(i + factor, n) - 1}" for i in range(0, n, factor)]
 
 
-def _heatmap(codes: torch.Tensor, x: list, y: list, colors: list[str], hover: str) -> go.Heatmap:
-    """A heatmap of integer codes (-1 = blank) drawn with one colour per code."""
+def _heatmap(
+    codes: torch.Tensor, x: list, y: list, colors: list[str], hover: str
+) -> tuple[go.Figure, int, int]:
+    """A figure of integer codes (-1 = blank) drawn with one colour per code, and its tile size
+    ``(fq, fk)``: a grid over ``MAX_HEATMAP_CELLS`` is max-pooled into tiles first, each labelled
+    with its rows' and columns' ranges instead of ``y`` and ``x`` (``(1, 1)``: not pooled)."""
+    fq, fk = _tile_factors(*codes.shape)
+    if (fq, fk) != (1, 1):
+        y, x = _tile_labels(codes.shape[0], fq), _tile_labels(codes.shape[1], fk)
+        codes, hover = _max_pool(codes, fq, fk), "queries %{y} → keys %{x}"
     z = codes.to(torch.float32)
     z[codes < 0] = float("nan")
     gap = 1 if max(codes.shape) <= SMALL_GRID_CELLS else 0  # cell borders only where they show
-    return go.Heatmap(
+    heatmap = go.Heatmap(
         z=z.numpy(),
         x=x,
         y=y,
@@ -77,6 +85,12 @@ def _heatmap(codes: torch.Tensor, x: list, y: list, colors: list[str], hover: st
         ygap=gap,
         hovertemplate=hover + "<extra></extra>",
     )
+    return PageFigure(heatmap), fq, fk
+
+
+def _tiles_note(fq: int, fk: int) -> str:
+    """The subtitle's line on a pooled heatmap ("" when not pooled)."""
+    return f"<br>aggregated: each cell is a {fq}×{fk} tile of tokens" if fq * fk > 1 else ""
 
 
 def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
@@ -84,9 +98,7 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
 
     Rows are query tokens in packed order, columns keys laid out ``[all cached | all new]`` as in
     ``engine.serving.masks``; a cell is coloured by the sequence that owns it where attention is
-    allowed. Key columns whose keys came from the prefix cache (a sequence's first
-    ``num_prefix_cached_tokens``, computed by an earlier request) are drawn in a paler shade
-    of that colour and named so in their hover.
+    allowed, paler where the key came from the prefix cache (``prefix_cached_keys``).
     """
     step = trace.steps[step_index]
     layout = packed_layout(
@@ -98,19 +110,11 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
     from_cache = prefix_cached_keys(step, layout)  # (T_kv,)
     codes = torch.where(mask & from_cache[None, :], codes + len(step.seqs), codes)
     names = [f"R{s.request_id}" for s in step.seqs]
-    fq, fk = _tile_factors(num_q, num_kv)
-    if (fq, fk) == (1, 1):
-        y = _token_labels(names, layout.q_seq, layout.q_pos)
-        x = _token_labels(names, layout.k_seq, layout.k_pos, from_cache)
-        hover, note = "query %{y} → key %{x}", None
-    else:
-        codes = _max_pool(codes, fq, fk)
-        y, x = _tile_labels(num_q, fq), _tile_labels(num_kv, fk)
-        hover = "queries %{y} → keys %{x}"
-        note = f"aggregated: each cell is a {fq}×{fk} tile of tokens"
+    y = _token_labels(names, layout.q_seq, layout.q_pos)
+    x = _token_labels(names, layout.k_seq, layout.k_pos, from_cache)
     colors = [request_color(s.request_id) for s in step.seqs]
     colors += [paler(c) for c in colors]  # the same requests' keys from the prefix cache
-    fig = PageFigure(_heatmap(codes, x, y, colors, hover))
+    fig, fq, fk = _heatmap(codes, x, y, colors, "query %{y} → key %{x}")
     if layout.num_cached_keys > 0:
         fig.add_vline(
             x=layout.num_cached_keys / fk - 0.5,
@@ -124,7 +128,7 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
     subtitle = (
         f"{counted(num_q, 'query', 'queries')} × {counted(num_kv, 'key')} · "
         f"{n_prefill} prefill + {len(step.seqs) - n_prefill} decode"
-    ) + (f"<br>{note}" if note else "")
+    ) + _tiles_note(fq, fk)
     num_from_cache = int(from_cache.sum())
     if num_from_cache:
         subtitle += (
@@ -239,16 +243,9 @@ def static_mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
     num_k = width + step_index - first
     pads = [pad_of.get(s.slot, 0) for s in step.seqs]
     codes = _static_codes(step, pads, num_q, num_k)
-    fq, fk = _tile_factors(*codes.shape)
-    if (fq, fk) == (1, 1):
-        y = [f"R{s.request_id} col {c}" for s in step.seqs for c in range(num_k - num_q, num_k)]
-        x, hover, note = list(range(num_k)), "query %{y} → key col %{x}", None
-    else:
-        codes = _max_pool(codes, fq, fk)
-        y, x = _tile_labels(codes.shape[0] * fq, fq), _tile_labels(num_k, fk)
-        hover, note = "queries %{y} → keys %{x}", f"aggregated into {fq}×{fk} tiles"
+    y = [f"R{s.request_id} col {c}" for s in step.seqs for c in range(num_k - num_q, num_k)]
     colors = [request_color(s.request_id) for s in step.seqs] + [PAD_COLOR, IDLE_ROW_COLOR]
-    fig = PageFigure(_heatmap(codes, x, y, colors, hover))
+    fig, fq, fk = _heatmap(codes, list(range(num_k)), y, colors, "query %{y} → key col %{x}")
     for b in range(1, len(step.seqs)) if num_q > 1 and (fq, fk) == (1, 1) else ():
         fig.add_hline(y=b * num_q - 0.5, name="row", line_color=TEXT_COLOR, line_width=1)
     num_idle = sum(s.kind == IDLE for s in step.seqs)
@@ -256,8 +253,7 @@ def static_mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
     subtitle = (
         f"{counted(len(step.seqs), 'row')} × {counted(num_q, 'query', 'queries')} × "
         f"{counted(num_k, 'key')}<br>{counted(sum(pads), 'pad token')} (light grey)<br>"
-        f"{counted(num_idle, 'idle row')} (dark grey: its request has ended)"
-        + (f"<br>{note}" if note else "")
+        f"{counted(num_idle, 'idle row')} (dark grey: its request has ended)" + _tiles_note(fq, fk)
     )
     if (fq, fk) == (1, 1):
         _mark_repeated_colours(fig, [(s.request_id, b * num_q) for b, s in enumerate(step.seqs)])

@@ -7,15 +7,11 @@ records alone (``RequestRecord``: sent = ``admit_s``, first token, last token)::
     R1 |  ░░░░░▓▓▓▓▓▓▓▓▓▓▓▓|      ▓ decoding: first token to last
     R2 |        ░░░░░░░░░▓▓▓▓|
 
-on seconds since the run started, the x axis our engines' timelines use (so lengths compare
-across engines; the subtitle says so, and when the servers' runs end on it). The server chart draws
-the gauges sampled from ``/metrics`` (``engine.peers.server_metrics``): running and waiting
-requests, and KV cache use, over time, beside our continuous engine's own running and waiting
-requests and paged KV use per step, so a server's batching reads against ours. Both are the
-view from outside (``OUTSIDE``): a server that records its own steps is drawn from that record in
-our engines' views too (``engine.page.views.inside_view``). Each KV use % is a share of that
-engine's own pool, and the pools differ (``engine.page.figures.kv_pools``): the subtitle gives
-each pool's size and a KV line's hover says what its 100 % is.
+The server chart draws the gauges sampled from ``/metrics`` (``engine.peers.server_metrics``)
+beside our continuous engine's own, so a server's batching reads against ours. Both are the view
+from outside (``OUTSIDE``); a server's own record of its steps is drawn by
+``engine.page.views.inside_view``. Each KV use % is of that engine's own pool
+(``engine.page.figures.kv_pools``).
 """
 
 from __future__ import annotations
@@ -48,12 +44,10 @@ NO_SERVER = "No server ran in this run: tick one under “Also run on servers”
 # --- request lanes -------------------------------------------------------------------------------
 
 
-def server_timeline_figure(
-    servers: dict[str, Trace], x_max: float | None = None, note: str | None = None
-) -> go.Figure:
+def server_timeline_figure(servers: dict[str, Trace], x_max: float | None = None) -> go.Figure:
     """One panel per server, one lane per request: waiting for its first token (pale), then
     decoding until its last (solid). ``x_max`` (seconds) shares the other timelines' scale, and
-    the subtitle says so and when the last server's run ends (``_shared_axis_line``)."""
+    the subtitle says so and when the last server's run ends."""
     if not servers:
         return message_figure("Servers: one lane per request", NO_SERVER)
     names = list(servers)
@@ -77,25 +71,17 @@ def server_timeline_figure(
     fig.update_xaxes(title_text="seconds since start", row=len(names), col=1)
     fig.update_annotations(font_size=12)
     subtitle = f"{OUTSIDE}: a server hides its slots; one lane per request, the client's clock"
-    lines = [subtitle, _shared_axis_line(servers, x_max), note]
-    style_figure(fig, "Servers: one lane per request", "<br>".join(x for x in lines if x))
     height_px = 170 + 60 * len(names) + LANE_PX * sum(heights)
-    height_px += TITLE_LINE_PX if x_max is not None else 0  # the plot keeps its height
+    if x_max is not None:  # in seconds even when our timelines are drawn by step index
+        end_s = max(t.wall_s for t in servers.values())
+        subtitle += (
+            "<br>x axis in seconds, on our timelines' time scale, so lengths compare · "
+            f"the servers end by {end_s:.2f} s"
+        )
+        height_px += TITLE_LINE_PX  # the plot keeps its height
+    style_figure(fig, "Servers: one lane per request", subtitle)
     fig.update_layout(barmode="overlay", height=height_px)
     return bottom_legend(fig, 90)
-
-
-def _shared_axis_line(servers: dict[str, Trace], x_max: float | None) -> str:
-    """The lanes' subtitle line on our timelines' seconds axis (``x_max``): it says so (the lanes
-    stay in seconds when our timelines are drawn by step index), and when the servers' runs end
-    on it; "" without ``x_max``."""
-    if x_max is None:
-        return ""
-    end_s = max(t.wall_s for t in servers.values())
-    return (
-        "x axis in seconds, on our timelines' time scale, so lengths compare · "
-        f"the servers end by {end_s:.2f} s"
-    )
 
 
 def _requests_line(trace: Trace) -> str:

@@ -1,9 +1,5 @@
 """Serving figures: latency CDFs, per-step token budget and KV block use, and the queue-wait and
 preemption marks laid over a timeline.
-
-Like ``engine.page.figures.timelines`` (whose look and request colours,
-``engine.page.figures.style``, these share), everything is built from ``engine.trace.Trace`` records
-alone. The KV block map is drawn by ``engine.page.figures.block_map``.
 """
 
 from __future__ import annotations
@@ -30,7 +26,9 @@ QUEUE_ROW = "queue"  # the timeline's row of queue waits, above the lanes: no la
 QUEUE_COLOR = "rgba(128,128,128,0.35)"
 QUEUE_BAR_WIDTH = 0.4  # of its row: half a lane's request bar (plotly's default, 0.8)
 MIN_QUEUE_S = 1e-3  # shorter waits (the engine loop's own start-up) are not drawn
-PREFILL_OUTLINE_PX = 2  # per-step chart: a prefill bar is at least this wide on any screen
+# Per-step chart: a prefill bar's outline, so the few steps with a prefill stay in sight where a
+# step is under a pixel wide (300 steps on a phone); decode bars, side by side, need none.
+PREFILL_OUTLINE_PX = 2
 
 
 # --- latency CDFs ---------------------------------------------------------------------------------
@@ -96,12 +94,13 @@ def step_usage_figure(trace: Trace) -> go.Figure:
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12)
     steps = list(range(len(trace.steps)))
     for kind, color in ((PREFILL, PALETTE[4]), ("decode", PALETTE[1])):
+        outline = {"width": PREFILL_OUTLINE_PX if kind == PREFILL else 0, "color": color}
         fig.add_trace(
             go.Bar(
                 x=steps,
                 y=[_num_tokens(step, kind) for step in trace.steps],
                 name=f"{kind} tokens",
-                marker={"color": color, "line": _bar_outline(kind, color)},
+                marker={"color": color, "line": outline},
                 hovertemplate=f"step %{{x}}: %{{y}} {kind} tokens<extra></extra>",
             ),
             row=1,
@@ -127,13 +126,6 @@ def _num_tokens(step: StepRecord, kind: str) -> int | None:
     with no prefill."""
     num_tokens = sum(s.num_new_tokens for s in step.seqs if s.kind == kind)
     return None if kind == PREFILL and not num_tokens else num_tokens
-
-
-def _bar_outline(kind: str, color: str) -> dict:
-    """A bar's outline: prefill bars get one of ``PREFILL_OUTLINE_PX`` in their own colour, so the
-    few steps with a prefill stay in sight where a step is under a pixel wide (300 steps on a
-    phone); decode bars, one per step side by side, need none."""
-    return {"width": PREFILL_OUTLINE_PX if kind == PREFILL else 0, "color": color}
 
 
 def _add_kv_use(fig: go.Figure, trace: Trace, steps: list[int]) -> None:
@@ -205,13 +197,12 @@ def _line_label(y: float, text: str) -> dict:
 
 
 def add_serving_marks(fig: go.Figure, trace: Trace, x_axis: str = "time") -> go.Figure:
-    """Mark queue waits and preemptions on a ``engine.page.figures.timelines.timeline_figure``.
+    """Mark queue waits (``queue_waits``) and preemptions on a ``timelines.timeline_figure``.
 
-    A queue wait runs from arrival to admission, and from each preemption to readmission; the
-    waits go on a ``queue`` row above the lanes, only when someone waited. That row is set apart
-    as no lane: a dotted line parts it from the lanes and its bars are half a lane's height. A
-    wait is not drawn on the lane its request later takes: while it waits, that lane is busy
-    with another request. Preemptions are crosses on the lane the preempted request left.
+    The waits go on a ``queue`` row above the lanes, only when someone waited, set apart as no
+    lane (a dotted line, bars half a lane's height): a wait is not drawn on the lane its request
+    later takes, which is busy with another request meanwhile. Preemptions are crosses on the
+    lane the preempted request left.
     """
     _add_preemptions(fig, trace, x_axis)
     waits = [w for w in queue_waits(trace) if w[2] - w[1] > MIN_QUEUE_S]

@@ -1,17 +1,9 @@
 """The page's shared figure look: colours, titles, legends and the PNG button, for every chart.
 
 Colours come from the Okabe–Ito palette (safe for the common kinds of colour blindness), one per
-request through ``request_color``, so a request keeps its colour in every chart; from R7 on a
-colour comes round again, and ``request_pattern`` gives the mark that tells such requests apart.
+request, so a request keeps its colour in every chart (``request_color``, ``request_pattern``).
 Backgrounds are transparent and text and grid lines a neutral grey, so the figures read in light
-and dark themes. Titles are left-aligned with details in their subtitles, so they fit a phone.
-Counts in the text agree with their nouns (``counted``: "1 pad token", "2 pad tokens"), and
-requests are named alike everywhere (``request_ids``: "R0, R3"). A chart with nothing to draw says
-why (``message_figure``).
-Used by ``engine.page.figures.timelines`` (timelines), ``engine.page.figures.mask_heatmaps``
-(attention masks), ``engine.page.figures.serving_metrics``, ``engine.page.figures.block_map`` and
-``engine.page.figures.server_lanes`` (the servers' lanes and gauges); these six are the only modules
-that import plotly.
+and dark themes; titles are left-aligned with details in their subtitles, so they fit a phone.
 """
 
 from __future__ import annotations
@@ -64,16 +56,14 @@ class PageFigure(go.Figure):
     browser, offline) under a name taken from the chart's title.
     """
 
-    def plotly_config(self) -> dict:
-        """Plotly config: the PNG button's file name and scale, no Plotly logo."""
-        image = {"format": "png", "filename": chart_filename(self.layout.title.text), "scale": 2}
-        return {"displaylogo": False, "toImageButtonOptions": image}
-
     def to_json(self, *args, **kwargs) -> str:
-        """The figure's JSON (``data``, ``layout``) plus ``config``."""
+        """The figure's JSON (``data``, ``layout``) plus ``config``: the PNG button's file name
+        and scale, and no Plotly logo."""
         text = super().to_json(*args, **kwargs)
         assert text.endswith("}"), "plotly JSON is one object"
-        return f"{text[:-1]}, {json.dumps('config')}: {json.dumps(self.plotly_config())}}}"
+        image = {"format": "png", "filename": chart_filename(self.layout.title.text), "scale": 2}
+        config = {"displaylogo": False, "toImageButtonOptions": image}
+        return f"{text[:-1]}, {json.dumps('config')}: {json.dumps(config)}}}"
 
 
 def chart_filename(title: str | None) -> str:
@@ -99,10 +89,12 @@ def request_color(request_id: int) -> str:
     return PALETTE[request_id % len(PALETTE)]
 
 
-def request_pattern(request_id: int) -> str:
+def request_pattern(request_id: int) -> dict:
     """The bar pattern that marks a request whose colour an earlier request already has: none for
-    R0–R6, dots for R7–R13, crosses for R14–R20, ... ("/" stays the idle rows' hatching)."""
-    return REPEAT_PATTERNS[(request_id // len(PALETTE)) % len(REPEAT_PATTERNS)]
+    R0–R6, dots for R7–R13, crosses for R14–R20, ... ("/" stays the idle rows' hatching), drawn
+    in white over the request's colour."""
+    shape = REPEAT_PATTERNS[(request_id // len(PALETTE)) % len(REPEAT_PATTERNS)]
+    return {"shape": shape, "fgcolor": "#ffffff", "size": 6, "solidity": 0.35} if shape else {}
 
 
 def style_figure(fig: go.Figure, title: str, subtitle: str | None = None) -> go.Figure:

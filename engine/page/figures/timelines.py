@@ -1,10 +1,4 @@
-"""Figure builders: the two engines' timelines, one lane per slot, from their traces.
-
-Everything here is built from an ``engine.trace.Trace`` alone, so what the page draws is what the
-engine recorded. The shared look (palette, titles, legends) is ``engine.page.figures.style``; the
-mask heatmaps are ``engine.page.figures.mask_heatmaps`` and the serving views
-``engine.page.figures.serving_metrics``.
-"""
+"""The engines' timelines: a lane per slot, a bar per request, wave barriers and a step cursor."""
 
 from __future__ import annotations
 
@@ -34,13 +28,6 @@ BARRIER_LABEL_SHARE = 0.2
 BARRIER_LABEL = {"annotation_font_color": "#000000", "annotation_bgcolor": "rgba(255,255,255,0.85)"}
 
 
-def _engine_title(trace: Trace) -> str:
-    return f"{trace.engine.capitalize()} batching — {counted(trace.num_slots, 'slot')}"
-
-
-# --- timelines -----------------------------------------------------------------------------------
-
-
 def x_extent(trace: Trace, x_axis: str = "time") -> float:
     """Right end of a trace on the timeline's x axis: last step's end (s) or number of steps."""
     if not trace.steps:
@@ -49,10 +36,9 @@ def x_extent(trace: Trace, x_axis: str = "time") -> float:
 
 
 def _shared_axis_line(end: float, x_max: float | None, x_axis: str) -> str:
-    """A timeline's subtitle line when its x axis is shared (``x_max``: the page's timelines all
-    run to the longest run's end, so bar lengths compare across engines): it says so, and where
-    this run ends on that axis (``end``): "... · this run ends at 12.00 s", or "takes 300 steps".
-    A shorter run's empty right part then reads as the comparison it is. "" without ``x_max``."""
+    """A timeline's subtitle line when its x axis runs to the longest run's end (``x_max``): it
+    says so, and where this run ends (``end``): "... · this run ends at 12.00 s", or "takes 300
+    steps", so a shorter run's empty right part reads as the comparison it is; "" otherwise."""
     if x_max is None:
         return ""
     own = f"ends at {end:.2f} s" if x_axis == "time" else f"takes {counted(round(end), 'step')}"
@@ -120,7 +106,7 @@ def timeline_figure(
                 x_axis,
                 name=f"R{rid}",
                 text=[f"R{rid}"] * len(mine),
-                marker={"color": request_color(rid), "pattern": _repeat_mark(rid)},
+                marker={"color": request_color(rid), "pattern": request_pattern(rid)},
                 hovertext=hover,
                 showlegend=False,
                 textposition="inside",
@@ -147,7 +133,8 @@ def timeline_figure(
     if cursor is not None and trace.steps:
         fig.add_vline(x=_cursor_x(trace, cursor, x_axis), name="cursor", line_color=TEXT_COLOR)
     shared = _shared_axis_line(x_extent(trace, x_axis), x_max, x_axis)
-    style_figure(fig, _engine_title(trace), shared or None)
+    title = f"{trace.engine.capitalize()} batching — {counted(trace.num_slots, 'slot')}"
+    style_figure(fig, title, shared or None)
     lanes = [f"slot {i}" for i in range(trace.num_slots)]
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=lanes)
     fig.update_yaxes(autorange="reversed")
@@ -156,13 +143,6 @@ def timeline_figure(
     subtitle_px = TITLE_LINE_PX if shared else 0  # the plot keeps its height
     fig.update_layout(barmode="overlay", height=190 + 45 * trace.num_slots + subtitle_px)
     return bottom_legend(fig, 90)
-
-
-def _repeat_mark(request_id: int) -> dict:
-    """A bar's pattern: none for R0–R6, then a mark per round of the palette (see
-    ``request_pattern``), drawn in the bar's text colour over its request colour."""
-    shape = request_pattern(request_id)
-    return {"shape": shape, "fgcolor": "#ffffff", "size": 6, "solidity": 0.35} if shape else {}
 
 
 def _add_barriers(fig: go.Figure, trace: Trace, x_axis: str, x_span: float) -> None:

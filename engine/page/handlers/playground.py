@@ -292,7 +292,7 @@ def _left_queue_outputs(previous: RunState | None) -> tuple:
     are not drawn again: on a CPU busy with the run in progress, at the server's lower priority,
     that redraw delayed "Stopped" by seconds)."""
     previous_status = None if previous is None else run_status.status_line(previous)
-    return progress_view.left_queue_outputs(STOPPED_IN_QUEUE, previous_status)
+    return progress_view.queued_outputs(STOPPED_IN_QUEUE, previous_status)
 
 
 def _stopped_outputs(previous: RunState | None, message: str, x_axis: str) -> tuple:

@@ -1,20 +1,12 @@
 """Where outputs differ: a verdict per engine and request, and the divergence view of one.
 
-In half precision a batched step sums in another order than a solo run, near-ties flip, and an
-output splits from its reference. That is not a bug, and the page says which it is. At the end of
-a run with the reference check, ``engine.fidelity.divergence.judge_runs`` gives every engine's
-output for every request its verdict against the reference: ✓ the same tokens, ≈ a near-tie at
-token k that rounding in the run's dtype explains, ✗ a difference it does not explain. The
-``RunState`` keeps them with the token texts, so the rest reads no model: the outputs table's cells
-(``verdict_cell``), the status line's counts (``verdict_summary``) and, for the (engine, request)
-the user picks (``choices``), the divergence view (``view``): the common prefix, the split point,
-both runs' next tokens with their logits, and the top 5 at that position in both runs (equal
-logits as ties, each run's chosen token first among them).
-
-A server on quantized weights (``llamacpp_q4``: its trace's ``info["differences_expected"]``)
-is judged too, but a split of its is labelled with that note, "≠ at token k (quantized weights:
-differences expected)" (``expected_differences``), counted apart from ✗ and never shown as a
-failure of ours.
+``engine.fidelity.divergence.judge_runs`` gives every engine's output for every request its
+verdict against the reference (✓ the same tokens, ≈ a near-tie that rounding in the run's dtype
+explains, ✗ a difference it does not explain). The ``RunState`` keeps them with the token texts,
+so the rest reads no model: the outputs table's cells (``join_labels``), the status line's counts
+(``verdict_summary``) and the divergence view of the (engine, request) the user picks (``view``).
+A server on quantized weights gets "≠ at token k (note)" instead (``expected_differences``),
+counted apart from ✗ and never shown as a failure of ours.
 
 Model text goes into a plain textbox and a table of strings, never into Markdown.
 """
@@ -51,16 +43,12 @@ NO_DIFFERENCE_OURS = "Every output of our engines equals its reference, token fo
 NOT_CHECKED = "Outputs are compared with a reference after a run with the reference check on."
 
 
-def counts(entries: dict[int, dict]) -> tuple[int, int, int]:
-    """``(✓, ≈, ✗)`` among one engine's verdicts (an expected difference is none of them)."""
+def counts(entries: dict[int, dict]) -> tuple[int, int, int, int]:
+    """``(✓, ≈, ✗, ≠)`` among one engine's verdicts; ≠: a split on quantized weights
+    (``expected_differences``)."""
     kinds = [e["verdict"] for e in entries.values()]
-    num_match, num_tie = kinds.count(MATCH), kinds.count(NEAR_TIE)
-    return num_match, num_tie, len(kinds) - num_match - num_tie - kinds.count(EXPECTED)
-
-
-def num_expected(entries: dict[int, dict]) -> int:
-    """One engine's splits on quantized weights (``expected_differences``)."""
-    return sum(e["verdict"] == EXPECTED for e in entries.values())
+    num_match, num_tie, num_expected = (kinds.count(k) for k in (MATCH, NEAR_TIE, EXPECTED))
+    return num_match, num_tie, len(kinds) - num_match - num_tie - num_expected, num_expected
 
 
 def expected_differences(verdicts: dict[str, dict[int, dict]], traces: dict) -> dict:
@@ -105,11 +93,6 @@ def join_labels(labels: dict[str, str]) -> str:
     return text + (f" · {' and '.join(skipped)}: {NOT_COMPARED_TEXT}" if skipped else "")
 
 
-def verdict_cell(verdicts: dict[str, dict[int, dict]], request_id: int) -> str:
-    """``join_labels`` of every judged engine's label for one request."""
-    return join_labels({name: verdict_label(verdicts, name, request_id) for name in verdicts})
-
-
 def verdict_summary(
     verdicts: dict[str, dict[int, dict]], reference_name: str, some_not_compared: bool = False
 ) -> str:
@@ -123,11 +106,11 @@ def verdict_summary(
         return f"✓ {every} {reference_name} token for token{bitwise}"
     parts = []
     for name, entries in verdicts.items():
-        num_match, num_tie, num_differs = counts(entries)
+        num_match, num_tie, num_differs, num_expected = counts(entries)
         parts.append(f"{name} {num_match} ✓ {num_tie} ≈ {num_differs} ✗")
-        if num := num_expected(entries):
+        if num_expected:
             note = next(e["note"] for e in entries.values() if e["verdict"] == EXPECTED)
-            parts[-1] += f" {num} {EXPECTED_SYMBOL} ({note})"
+            parts[-1] += f" {num_expected} {EXPECTED_SYMBOL} ({note})"
     line = f"against {reference_name}: " + " · ".join(parts)
     if any(counts(e)[1] for e in verdicts.values()):
         line += " (≈: a near-tie that rounding explains, not a bug; see “Where outputs differ”)"
@@ -296,10 +279,10 @@ def reference_name(batch_invariant: bool) -> str:
 def engine_symbol(entries: dict[int, dict]) -> str:
     """The metrics table's cell: ✓ all match, ≈ near-ties but nothing unexplained, ≠ expected
     differences (quantized weights) and nothing unexplained, ✗ otherwise."""
-    _, num_tie, num_differs = counts(entries)
+    _, num_tie, num_differs, num_expected = counts(entries)
     if num_differs:
         return "✗"
-    return EXPECTED_SYMBOL if num_expected(entries) else "≈" if num_tie else "✓"
+    return EXPECTED_SYMBOL if num_expected else "≈" if num_tie else "✓"
 
 
 def precision_text(dtype: str | None, batch_invariant: bool) -> str:

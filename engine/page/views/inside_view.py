@@ -1,28 +1,14 @@
 """A scheduler from the inside: its own record of its steps, in our engines' views, labelled.
 
-A server hides its steps; one that records them (the local vLLM, whose scheduler is
-``engine.peers.vllm_scheduler``) hands back its own record as ``Trace.schedule``: steps, lanes,
-block tables and prefix-cache hits, a trace like our engines'. transformers' continuous batching,
-run beside our engines when the page's box is ticked, records its own the same way
-(``engine.peers.transformers_scheduler``). ``engine.page.views.run_view`` draws the first record
-of a run (the host's servers in their order, then transformers', ``RunState.inside_runs``) with
-our builders (timeline, packed mask and KV block map at the step slider's step, tokens and KV per
-step): this module finds the record, draws those views (``step_figures``, ``usage_figure``) and
-labels each with where it comes from:
-
-* **from its own record** (``own_record``, ``labelled``): what the scheduler did, step by step,
-  timed on this machine's clock from the run's start;
-* **from outside**: the servers' request lanes (the client's clock) and their ``/metrics`` chart
-  (``engine.page.figures.server_lanes``) say so themselves (``server_lanes.OUTSIDE``).
-
-Without a record each view is a figure that says why (``no_record_figure``).
-
-Beside the record, our continuous engine's schedule is compared with it step by step, as the
-bench does (``engine.peers.schedule_comparison``): the timeline's subtitle says how many steps
-plan alike and where the first difference is (``plans_line``), and the packed mask's whether the
-shown step plans as ours (``step_plan_line``). A step's plan is which requests run and how many
-tokens each; the rows of a packed mask are in its scheduler's own order (ours by slot, vLLM's
-running requests first, then the ones it admits), and that order does not change the plan.
+A server hides its steps; one that records them (the local vLLM, ``engine.peers.vllm_scheduler``)
+hands back its own record as ``Trace.schedule``, a trace like our engines', and so does
+transformers' continuous batching (``engine.peers.transformers_scheduler``). This module draws
+the first record of a run (``RunState.inside_runs``) with our builders (``step_figures``,
+``usage_figure``), each labelled as from that record (``labelled``), or says why there is none
+(``no_record_figure``); the servers' lanes and ``/metrics`` chart are the view from outside
+(``engine.page.figures.server_lanes``). Our continuous engine's schedule is compared with the
+record step by step, as the bench does (``engine.peers.schedule_comparison``): a step's plan is
+which requests run and how many tokens each, whatever the order of a packed mask's rows.
 """
 
 from __future__ import annotations
@@ -47,7 +33,6 @@ INSIDE_NOTE = (
 )
 STEP_VIEWS = ("timeline", "packed mask", "KV block map")  # what ``step_figures`` draws
 LANES_NOTE = "{who} has no slots: a request takes the first free lane, until preempted or finished"
-BLOCKS_NOTE = "{who}'s own block ids ({reserved}, never held: black)"
 DEFAULT_HEIGHT_PX = 450  # plotly's height of a figure that sets none
 SUBTITLE_LINE_CHARS = 100  # plotly never wraps a subtitle: longer lines are cut at the edge
 NO_SERVER = (
@@ -89,15 +74,13 @@ def blocks_note(record: Trace) -> str:
         return f"{who}'s own block ids"
     which = "block 0" if reserved == 1 else f"blocks 0–{reserved - 1}"
     what = {"vLLM": "its null block", "transformers": "its trash blocks"}.get(who, "reserved")
-    return BLOCKS_NOTE.format(who=who, reserved=f"{which}: {what}")
+    return f"{who}'s own block ids ({which}: {what}, never held: black)"
 
 
-def labelled(fig: Any, title: str, source: str) -> Any:
-    """``fig`` (a plotly figure, or None) with ``title``, and ``source`` first in its subtitle."""
-    if fig is None:
-        return None
-    old = fig.layout.title.subtitle.text or ""
-    subtitle = source + (f"<br>{old}" if old else "")
+def labelled(fig: Any, title: str, *lines: str) -> Any:
+    """``fig`` (a plotly figure) with ``title``, and ``lines`` (its source first; "" left out)
+    first in its subtitle."""
+    subtitle = "<br>".join(line for line in (*lines, fig.layout.title.subtitle.text) if line)
     margin_t = 40 + TITLE_LINE_PX * (2 + subtitle.count("<br>"))
     grown_px = max(margin_t - (fig.layout.margin.t or 0), 0)  # the plot keeps its height
     return fig.update_layout(
@@ -171,7 +154,6 @@ def step_figures(
         return tuple(no_record_figure(runs, what) for what in STEP_VIEWS)
     name, record = found
     at, past = clamped_step(name, len(record.steps), step_index)
-    past = f"<br>{past}" if past else ""
     source = source_line(name, record)
     timeline = timelines.timeline_figure(record, x_axis, x_max, step_index)
     timeline = serving_metrics.add_serving_marks(timeline, record, x_axis)
@@ -185,24 +167,28 @@ def step_figures(
         lanes += f" on {num_ranks} engine cores (data parallel)"
     mask = mask_heatmaps.mask_heatmap(record, at)
     blocks = block_map.block_map_figure(record, at)
-    plans = _wrapped(plans_line(ours, name, record))
-    step_plan = _wrapped(step_plan_line(ours, name, record, at))
+    inside = f"{name} from the inside"
     return (
         labelled(
             timeline,
-            f"{name} from the inside: {lanes}",
-            f"{source}<br>{LANES_NOTE.format(who=scheduler_name(record))}"
-            + (f"<br>{plans}" if plans else ""),
+            f"{inside}: {lanes}",
+            source,
+            LANES_NOTE.format(who=scheduler_name(record)),
+            _wrapped(plans_line(ours, name, record)),
         ),
         labelled(
             mask,
-            f"{name} from the inside · {mask.layout.title.text}",
-            source + past + (f"<br>{step_plan}" if step_plan else ""),
+            f"{inside} · {mask.layout.title.text}",
+            source,
+            past,
+            _wrapped(step_plan_line(ours, name, record, at)),
         ),
         labelled(
             blocks,
-            f"{name} from the inside · {blocks.layout.title.text}",
-            f"{source}<br>{html.escape(blocks_note(record))}{past}",
+            f"{inside} · {blocks.layout.title.text}",
+            source,
+            html.escape(blocks_note(record)),
+            past,
         ),
     )
 

@@ -1,25 +1,12 @@
 """The page while a run goes, and after one stopped early: progress line, live timelines, outputs.
 
-``live_outputs`` turns a ``LiveRun``'s progress into updates for the Run event's outputs (in
-``app.py``'s order): the status line counts steps and finished requests per engine, each started
-engine's timeline is drawn from its latest trace snapshot, and the outputs table shows every
-output finished so far. The first update clears what the previous run left in the views drawn only
-when a run ends (masks, block maps, charts, metrics: ``CLEARED_AT_START``) and in the timelines
-of the engines not started yet, each saying when it is drawn, so that no view shows the previous
-run beside this one's; the run's state, slider and downloads stay as they are (``gr.skip()``).
-``stopped_outputs`` puts the previous run's results back with a status line saying why this one
-stopped; ``refused_outputs`` says why a run did not start and leaves everything else as it is.
-
-Live updates are paced so that showing the run takes little from it
-(``docs/measurements.md`` has the costs). Drawing a timeline is Python work that competes with the
-engine thread for the CPU, so ``LiveTimelines`` redraws the timelines only as often as keeps their
-drawing under ``TIMELINE_CPU_SHARE`` of the run's time (and at once when an engine's first steps
-arrive). Every update also costs Gradio work on its event loop, skipped outputs included, so it
-times how long Gradio took over the last one (from its hand-over to the next request for one) and
-waits long enough that this stays under ``UPDATE_SHARE`` of the run's time (``wait_s``), and it
-sends the outputs table only when its rows changed. The wait is at most ``MAX_UPDATE_WAIT_S``: the
-page's server threads run at a lower priority than the engines (``CBP_SERVER_NICE``), so on a busy
-CPU one update can take them seconds, and an uncapped wait would freeze the live progress.
+``live_outputs`` turns a ``LiveRun``'s progress into updates for the Run event's outputs: the
+status line counts steps and finished requests per engine, each started engine's timeline is drawn
+from its latest trace snapshot, and the outputs table shows every output finished so far. The first
+update (``cleared_outputs``) clears what the previous run left, so that no view shows it beside
+this one's. ``stopped_outputs`` puts the previous run's results back with a status line saying why
+this one stopped; ``refused_outputs`` says why a run did not start. ``LiveTimelines`` paces the
+updates so that showing the run takes little from it.
 """
 
 from __future__ import annotations
@@ -126,19 +113,11 @@ def _coarse(seconds: float) -> str:
     return f"{round(seconds, -1):.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
-def queued_outputs(line: str) -> tuple:
-    """The Run event's outputs while the run waits for the model: its ``queue_line``, in the
-    status line and in the note under Run, and no "Run live anyway" (a run shown at once is no
+def queued_outputs(message: str, previous_status: str | None = None) -> tuple:
+    """The Run event's outputs for a run in the queue, waiting (its ``queue_line``) or stopped
+    before it started: ``message`` in the status line, then the previous run's status where given
+    (it still shows), and in the note under Run; no "Run live anyway" (a run shown at once is no
     longer what the page is about); everything else as is."""
-    return run_outputs(
-        status_markdown=line, run_note_markdown=line, live_button=gr.Button(visible=False)
-    )
-
-
-def left_queue_outputs(message: str, previous_status: str | None) -> tuple:
-    """The Run event's outputs for a run stopped before it started (while it waited, or before
-    its handler began): ``message`` in the status line, then the previous run's status if there
-    is one, and in the note under Run; everything else as is (the previous run still shows)."""
     return run_outputs(
         status_markdown=_with_previous(message, previous_status),
         run_note_markdown=message,
@@ -155,9 +134,9 @@ def with_run_note(outputs: tuple, note: str, live_button: bool = False) -> tuple
     """``outputs`` (a Run outputs tuple) with the note under Run set to ``note`` and the "Run live
     anyway" button shown or hidden."""
     values = dict(zip(RUN_OUTPUTS, outputs, strict=True))
-    values["run_note_markdown"] = note
-    values["live_button"] = gr.Button(visible=live_button)
-    return tuple(values[name] for name in RUN_OUTPUTS)
+    return run_outputs(
+        **values | {"run_note_markdown": note, "live_button": gr.Button(visible=live_button)}
+    )
 
 
 def _server_progress(p: EngineProgress) -> str:
@@ -180,7 +159,8 @@ def live_outputs(
     draw_timelines: bool = True,
 ) -> tuple:
     """Updates for the Run event's outputs while the run goes (see the module docstring); the
-    timelines stay as they are (``gr.skip()``) unless ``draw_timelines``."""
+    run's state, slider and downloads, and the timelines unless ``draw_timelines``, stay as they
+    are (``gr.skip()``)."""
     traces = {name: _trace_so_far(progress, name, requests, num_slots) for name in LIVE_ENGINES}
     static, continuous = (
         timeline(trace, x_axis, None, None) if trace.steps and draw_timelines else gr.skip()
@@ -232,13 +212,18 @@ def _not_started(name: str):
 
 
 class LiveTimelines:
-    """``live_outputs`` paced for a run on a busy CPU (see the module docstring).
+    """``live_outputs`` paced so that showing the run takes little from it (``docs/measurements.md``
+    has the costs).
 
-    After a timeline redraw that took ``c`` seconds of this thread's CPU, the next waits
-    ``c / cpu_share`` seconds, unless an engine's first steps arrive (its timeline is drawn at
-    once). After an update that Gradio took ``g`` seconds to handle, the next waits at least
-    ``g / update_share`` seconds, and at most ``MAX_UPDATE_WAIT_S`` (``wait_s``). The outputs
-    table is sent when its rows change.
+    Drawing a timeline is Python work that competes with the engine thread for the CPU: after a
+    redraw that took ``c`` seconds of this thread's CPU, the next waits ``c / cpu_share`` seconds,
+    unless an engine's first steps arrive (its timeline is drawn at once). Every update also costs
+    Gradio work on its event loop, skipped outputs included: after one that Gradio took ``g``
+    seconds to handle (from its hand-over to the next request for one), the next waits at least
+    ``g / update_share`` seconds (``wait_s``), and the outputs table is sent only when its rows
+    change. The wait is at most ``MAX_UPDATE_WAIT_S``: the page's server threads run at a lower
+    priority than the engines (``CBP_SERVER_NICE``), so on a busy CPU one update can take them
+    seconds, and an uncapped wait would freeze the live progress.
     """
 
     def __init__(self, cpu_share: float = TIMELINE_CPU_SHARE, update_share: float = UPDATE_SHARE):

@@ -1,12 +1,8 @@
 """The status line under Run, in words: wall times, speedup, step counts and the reference verdict.
 
-``status_line`` is the Markdown line a finished run shows (``run_view.render`` puts it in the
-``RunResult``); ``reference_ok`` is the per-engine match the metrics table's column reads. Both
-judge the runs the same way: against ``model.generate`` (or each request's solo run in
-batch-invariant mode), requests an engine sampled with a generator of its own named as not
-compared, never as differing. Text only, no figures: it is its own module so that ``run_view``
-stays the state and the views. ``state`` below is a ``run_view.RunState``; it is not imported
-here, since ``run_view`` imports this module.
+``status_line`` is the Markdown line a finished run shows; ``reference_ok`` is the per-engine
+match the metrics table's column reads. Both judge the runs alike (``_mismatched``). ``state``
+below is a ``run_view.RunState``, not imported here since ``run_view`` imports this module.
 """
 
 from __future__ import annotations
@@ -56,38 +52,26 @@ def steps_comparison(static_steps: int, continuous_steps: int) -> str:
 
 
 def _verdict(state) -> str:
-    """The reference verdict; requests an engine sampled with its own generator (transformers'
-    manager, a server) are named as not compared, never as differing."""
+    """The reference verdict: the verdicts' counts per engine (``divergence_view``; the shipped
+    recording has none), then the requests of each engine without verdicts whose output differs,
+    then those not compared (``_mismatched``)."""
     if state.reference is None:
         return "outputs not checked against `model.generate`"
     traces = _compared(state)  # a server serving another model is not checked
-    skipped_text = _skipped_text(traces)
-    if state.verdicts is not None:
-        return _judged_verdict(state, traces, skipped_text)
-    bad = {name: _mismatched(t, state.reference) for name, t in traces.items()}
-    if not any(bad.values()):
-        every = "all compared outputs match" if skipped_text else "all match"
-        return f"✓ {every} `model.generate` token for token{skipped_text}"
-    wrong = "; ".join(f"{n}: {request_ids(ids)}" for n, ids in bad.items() if ids)
-    return f"✗ differs from `model.generate` ({wrong}){skipped_text}"
-
-
-def _skipped_text(traces: dict[str, Trace]) -> str:
-    """ " (hf_continuous: R1, R2: sampled with another generator: not compared)", or ""."""
-    skipped = {name: not_compared_ids(t) for name, t in traces.items()}
-    text = "; ".join(f"{n}: {request_ids(ids)}" for n, ids in skipped.items() if ids)
-    return f" ({text}: {NOT_COMPARED_TEXT})" if text else ""
-
-
-def _judged_verdict(state, traces: dict[str, Trace], skipped_text: str) -> str:
-    """The verdicts' counts per engine (``divergence_view``; the servers' too, judged after
-    they ran), then any server without verdicts that differs, then the requests not compared."""
+    skipped = "; ".join(
+        f"{n}: {request_ids(ids)}" for n, t in traces.items() if (ids := not_compared_ids(t))
+    )
+    skipped_text = f" ({skipped}: {NOT_COMPARED_TEXT})" if skipped else ""
+    judged = state.verdicts or {}
+    wrong = "; ".join(
+        f"{n}: {request_ids(ids)}"
+        for n, t in traces.items()
+        if n not in judged and (ids := _mismatched(t, state.reference))
+    )
     name = divergence_view.reference_name(state.batch_invariant)
-    text = divergence_view.verdict_summary(state.verdicts, name, bool(skipped_text))
-    others = {
-        n: _mismatched(t, state.reference) for n, t in traces.items() if n not in state.verdicts
-    }
-    wrong = "; ".join(f"{n}: {request_ids(ids)}" for n, ids in others.items() if ids)
+    if state.verdicts is None and wrong:
+        return f"✗ differs from {name} ({wrong}){skipped_text}"
+    text = divergence_view.verdict_summary(judged, name, bool(skipped_text))
     return text + (f" · servers: ✗ differs ({wrong})" if wrong else "") + skipped_text
 
 
@@ -98,15 +82,15 @@ def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
     return mismatches(outputs, reference, not_compared_ids(trace))
 
 
-def reference_ok(state) -> dict[str, bool | str] | None:
-    """Per compared engine, the metrics table's match: True when every compared output equals the
-    reference, or with verdicts their ✓ / ≈ / ✗; None when the run was not checked."""
+def reference_ok(state) -> dict[str, str] | None:
+    """Per compared engine, the metrics table's match: its verdicts' ✓ / ≈ / ≠ / ✗
+    (``divergence_view.engine_symbol``), or without verdicts ✓ when every compared output equals
+    the reference, else ✗; None when the run was not checked."""
     if state.reference is None:
         return None
-    ok = {name: not _mismatched(t, state.reference) for name, t in _compared(state).items()}
-    if state.verdicts is not None:  # ✓, ≈ (near-ties only) or ✗
-        ok |= {n: divergence_view.engine_symbol(v) for n, v in state.verdicts.items() if n in ok}
-    return ok
+    ok = {n: "✗" if _mismatched(t, state.reference) else "✓" for n, t in _compared(state).items()}
+    judged = state.verdicts or {}
+    return ok | {n: divergence_view.engine_symbol(v) for n, v in judged.items() if n in ok}
 
 
 def _compared(state) -> dict[str, Trace]:

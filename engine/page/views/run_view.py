@@ -2,10 +2,8 @@
 
 ``RunState`` is what a ``gr.State`` holds; ``render`` turns it into a ``RunResult`` (figures at the
 default step, tables, status line, download files), and ``step_views`` redraws the step-dependent
-figures for the step slider without touching the model; a server's own record of its steps (the
-local vLLM's) is drawn in the same views (``engine.page.views.inside_view``). ``RUN_OUTPUTS`` names
-the Run event's outputs once, in the order ``app.py`` wires them; ``run_outputs`` builds that tuple
-by name. The status line's words and the reference verdict are ``engine.page.views.run_status``'s.
+figures for the step slider without touching the model. ``RUN_OUTPUTS`` names the Run event's
+outputs once, in the order ``app.py`` wires them.
 """
 
 from __future__ import annotations
@@ -82,21 +80,16 @@ def run_outputs(**values) -> tuple:
 def outputs_table(
     rows: list[list] | None, engine_names: list[str], reference: str = "model.generate", **props
 ) -> gr.Dataframe:
-    """The outputs table with its headers and column widths for these engines; ``props``: the
+    """The outputs table with its headers and column widths for these engines (request, prompt,
+    cap, one per engine, the verdict and the prompt tokens from the prefix cache); ``props``: the
     panel's other settings, where the panel builds it."""
+    output_width = f"{47 // len(engine_names)}%"
     return gr.Dataframe(
         value=rows,
         headers=tables.outputs_headers(engine_names, reference),
-        column_widths=output_column_widths(engine_names),
+        column_widths=["7%", "16%", "6%", *[output_width] * len(engine_names), "16%", "8%"],
         **props,
     )
-
-
-def output_column_widths(engine_names: list[str]) -> list[str]:
-    """The outputs table's column widths: request, prompt, cap, one per engine, the verdict (it
-    names each engine's ✓ / ≈ / ✗) and the prompt tokens from the prefix cache."""
-    output_width = f"{47 // len(engine_names)}%"
-    return ["7%", "16%", "6%", *[output_width] * len(engine_names), "16%", "8%"]
 
 
 @dataclass
@@ -107,9 +100,7 @@ class RunState:
     continuous: Trace
     reference: dict[int, list[int]] | None
     hf_continuous: Trace | None = None  # transformers' own continuous batching, when compared
-    recorded: Any = (
-        None  # ``engine.page.handlers.recording.Recording``: the shipped run, not run here
-    )
+    recorded: Any = None  # the shipped run (``engine.page.handlers.recording.Recording``)
     servers: dict[str, Trace] = field(default_factory=dict)  # host-configured servers, by name
     server_failures: dict[str, str] = field(default_factory=dict)  # servers that failed: why
     # engine -> request id -> verdict entry (``divergence.judge_runs``); None: not judged
@@ -210,7 +201,9 @@ class RunResult:
             ),
             metrics_table=self.metrics,
             outputs_table=outputs_table(
-                self.outputs, list(self.state.traces()), _compared_with(self.state)
+                self.outputs,
+                list(self.state.traces()),
+                "its solo run" if self.state.batch_invariant else "model.generate",
             ),
             status_markdown=self.status,
             downloads_file=self.downloads,
@@ -337,7 +330,3 @@ def slider_label(state: RunState) -> str:
         f"Step (one forward pass): static steps 0–{max(s - 1, 0)}, continuous 0–{max(c - 1, 0)}"
         f"{inside}; past an engine's last step, its views show that last step"
     )
-
-
-def _compared_with(state: RunState) -> str:
-    return "its solo run" if state.batch_invariant else "model.generate"

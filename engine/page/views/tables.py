@@ -73,14 +73,12 @@ _COMPARISON_LABELS = {MATCH: "✓", MISMATCH: "✗ differs", NOT_COMPARED: NOT_C
 PROMPT_SHOWN_CHARS = 200  # longer prompts are clipped in the outputs table
 
 
-def metrics_rows(
-    traces: dict[str, Trace], reference_ok: dict[str, bool | str] | None
-) -> list[list]:
+def metrics_rows(traces: dict[str, Trace], reference_ok: dict[str, str] | None) -> list[list]:
     """One ``METRICS_HEADERS`` row per engine; speedup is static wall time over this engine's.
 
     An engine that records no steps (transformers' manager exposes none) shows "—" for the
     step-based columns; a server takes them from its own record where it keeps one
-    (``Trace.schedule``). ``reference_ok[name]``: True ✓, False ✗, or the cell itself (✓ ≈ ✗).
+    (``Trace.schedule``). ``reference_ok[name]``: the engine's match, ✓ ≈ ≠ or ✗.
     """
     static_wall_s = traces["static"].wall_s if "static" in traces else None
     rows = []
@@ -130,10 +128,8 @@ def _ttft_cells(trace: Trace) -> list[float | str]:
     ]
 
 
-def _match_cell(ok: bool | str, num_not_compared: int) -> str:
-    """✓ or ✗ over the compared requests (or the cell given: ✓ ≈ ✗), then how many were sampled
-    with another generator."""
-    mark = ok if isinstance(ok, str) else "✓" if ok else "✗"
+def _match_cell(mark: str, num_not_compared: int) -> str:
+    """The engine's mark (✓ ≈ ≠ ✗), then how many requests were sampled with another generator."""
     if not num_not_compared:
         return mark
     return f"{mark} ({num_not_compared} {NOT_COMPARED_TEXT})"
@@ -186,10 +182,9 @@ def outputs_rows(
     reference: dict[int, list[int]] | None,
     verdicts: dict[str, dict[int, dict]] | None = None,
 ) -> list[list]:
-    """One row per request (``outputs_headers`` order); the verdict names engines that differ,
-    and those that sampled the request with a generator of their own (not compared). A server
-    serving another model (``compared``) is left out of the check, which says so. With
-    ``verdicts`` (``engine.page.views.divergence_view``) it says ✓, ≈ or ✗ per engine."""
+    """One row per request (``outputs_headers`` order), its verdict cell ``_verdict``'s; a server
+    whose outputs the reference cannot judge (``not_compared_why``) is left out of the check,
+    which says so."""
     runs = list(traces.items())
     first = runs[0][1]
     unchecked = {name: why for name, trace in runs if (why := not_compared_why(trace))}
@@ -228,26 +223,19 @@ def _cached_tokens(traces: dict[str, Trace], index: int) -> int | str:
 def _verdict(
     records: list[tuple[str, RequestRecord]], reference: dict[int, list[int]], judged=None
 ) -> str:
-    """The verdict: "✓", or "✗ continuous", then "· hf_continuous: sampled with another
-    generator: not compared" for engines whose own random stream sampled the request. With
-    ``judged`` verdicts, each engine's own: "static ✓ · continuous ≈ near-tie at token 17"
-    (an engine without one, a server, by its comparison)."""
-    if judged:
-        return join_labels(
-            {
-                n: verdict_label(judged, n, r.request_id)
-                if n in judged
-                else _COMPARISON_LABELS[comparison(r, reference) or MISMATCH]
-                for n, r in records
-            }
-        )
-    verdicts = [(name, comparison(r, reference) or MISMATCH) for name, r in records]
-    bad = [name for name, v in verdicts if v == MISMATCH]
-    skipped = [name for name, v in verdicts if v == NOT_COMPARED]
-    text = "✓" if not bad else "✗ " + " and ".join(bad)
-    if skipped:
-        text += f" · {' and '.join(skipped)}: {NOT_COMPARED_TEXT}"
-    return text
+    """The verdict cell (``join_labels``): "✓", or each engine's label, its ``judged`` verdict
+    where it has one ("continuous ≈ near-tie at token 17"), else its comparison with the
+    reference ("continuous ✗ differs"); then the engines that sampled the request with a
+    generator of their own, as not compared."""
+    judged = judged or {}
+    return join_labels(
+        {
+            n: verdict_label(judged, n, r.request_id)
+            if n in judged
+            else _COMPARISON_LABELS[comparison(r, reference) or MISMATCH]
+            for n, r in records
+        }
+    )
 
 
 def _clip(text: str, limit: int) -> str:

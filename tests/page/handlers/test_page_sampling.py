@@ -84,7 +84,7 @@ def test_a_real_mismatch_still_shows_beside_not_compared():
     assert "✗ differs from `model.generate` (continuous: R0)" in status, status
     assert f"(hf_continuous: R1: {NOT_COMPARED_TEXT})" in status, status
     rows = tables.outputs_rows(state.traces(), reference)
-    assert rows[0][-2] == "✗ continuous", rows[0]
+    assert rows[0][-2] == "static ✓ · continuous ✗ differs · hf_continuous ✓", rows[0]
     assert rows[1][-2] == f"✓ · hf_continuous: {NOT_COMPARED_TEXT}", rows[1]
 
 

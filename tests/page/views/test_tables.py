@@ -24,7 +24,7 @@ def continuous():
 def test_metrics_rows_values(static, continuous):
     """Metrics rows carry trace.metrics() values, speedup vs static and the reference verdict."""
     rows = tables.metrics_rows(
-        {"static": static, "continuous": continuous}, {"static": True, "continuous": False}
+        {"static": static, "continuous": continuous}, {"static": "✓", "continuous": "✗"}
     )
     assert all(len(r) == len(tables.METRICS_HEADERS) for r in rows), "row/header length differ"
     (s_row, c_row) = rows
@@ -49,7 +49,7 @@ def test_outputs_rows_verdicts(static, continuous):
     continuous.requests[2].output_token_ids = [7]
     assert (
         tables.outputs_rows({"static": static, "continuous": continuous}, reference)[2][-2]
-        == "✗ continuous"
+        == "static ✓ · continuous ✗ differs"
     )
     assert tables.outputs_rows({"static": static, "continuous": continuous}, None)[0][-2] == "—", (
         "no reference → —"
