@@ -1,19 +1,13 @@
 """What a page opened from a setup link shows before its first Run.
 
-The page opens on the recorded run of the default preset (``recording``). A link
-(``?preset=SLUG&slots=N``, engine settings such as ``budget=64``, or an edited ``table=``; applied
-by ``engine.page.inputs.page_io.from_link``) sets up another setup above it, and the recorded
-charts and tables under that setup's table read as if they were its own. So once the link is
-applied, ``link_opened`` reads what it set up, as Run would read it:
-
-* a run of that very setup measured on this host within the replay window
-  (``engine.page.run.recent_runs``) is shown, labelled as a Run shown at once is ("Shown at once:
-  measured at 14:02 on this host, 3 min ago, identical setup"), with "Run live anyway";
-* otherwise the recorded run stays, and the status line over the results says plainly whose run
-  it is, and that Run measures the linked setup.
-
-A page opened without a link, or with one that sets up the recorded run's own setup, stays as it
-opened.
+The page opens on the recorded run of the default preset (``recording``). A link applied by
+``engine.page.inputs.page_io.from_link`` sets up another setup above it, under which the recorded
+charts would read as if they were its own. So ``link_opened`` then reads the linked setup as Run
+would: a run of that very setup measured on this host within the replay window
+(``engine.page.run.recent_runs``) is shown, labelled as a Run shown at once is, with "Run live
+anyway"; otherwise the recorded run stays, and the status line says whose run it is, and that Run
+measures the linked setup. A page opened without a link, or with one that sets up the recorded
+run's own setup, stays as it opened.
 """
 
 from __future__ import annotations
@@ -22,9 +16,10 @@ import dataclasses
 
 import gradio as gr
 
+from engine.page.figures.style import counted
 from engine.page.handlers import recording, run_turns
-from engine.page.inputs import link_query
-from engine.page.run.run_options import RunSettings, options_from_page, settings_from_run
+from engine.page.inputs import link_query, page_io
+from engine.page.run.run_options import RunSettings, options_from_page, prepare, settings_from_run
 from engine.page.run.shared_model import PageModel, get_model
 from engine.page.views import run_status
 from engine.page.views.run_view import run_outputs
@@ -35,14 +30,14 @@ LINK_KEYS = ("preset", "slots", "table", *(param.url for param in link_query.PAR
 
 def link_opened(request: gr.Request | None, preset_name: str | None, *values) -> tuple:
     """After ``page_io.from_link``: the linked setup's recent run, or the recorded run said to be
-    another setup's (see the module docstring).
+    another setup's.
 
     Takes the preset dropdown's value, then Run's inputs in ``run_options.RUN_INPUTS`` order (the
     page as the link left it; ``previous`` is the run on the page). Returns the Run event's
     outputs (``run_view.RUN_OUTPUTS``), each left as it is (``gr.skip()``) where nothing changes,
     as all are once the session pressed Run.
     """
-    query = dict(request.query_params) if request is not None else {}
+    query = page_io.query_params(request)
     settings, previous, handle = settings_from_run(*values)
     if not any(key in query for key in LINK_KEYS) or not _untouched(previous, handle):
         return run_outputs()
@@ -50,10 +45,10 @@ def link_opened(request: gr.Request | None, preset_name: str | None, *values) ->
     linked = _setup_key(model, settings)
     if linked is None:  # a Run of it would be refused, and say why: nothing to show yet
         return run_outputs()
-    recent = model.recent.find(linked)
+    recent, recorded = model.recent.find(linked), recording.recorded_settings()
     if recent is not None:
         shown = run_turns.replayed_outputs(recent, model.recent.age_s(recent), settings.x_axis)
-    elif _setup_key(model, _without_servers(settings)) != _setup_key(model, _recorded()):
+    elif _setup_key(model, _without_servers(settings)) != _setup_key(model, recorded):
         shown = run_outputs(status_markdown=not_linked_status(previous, preset_name, settings))
     else:
         shown = run_outputs()
@@ -66,16 +61,12 @@ def _without_servers(settings: RunSettings) -> RunSettings:
     return dataclasses.replace(settings, server_names=None)
 
 
-def _recorded() -> RunSettings:
-    return recording.recorded_settings()
-
-
 def _differences(settings: RunSettings) -> list[str]:
     """The engine settings of ``settings`` that differ from the recorded run's, in words ("token
     budget 64"); empty when they cannot be read (Run would refuse them, and say why)."""
     try:
         linked = options_from_page(_without_servers(settings))
-        own = options_from_page(_recorded())
+        own = options_from_page(recording.recorded_settings())
     except ValueError:
         return []
     skip = {"servers", "dtype", "check_reference"}  # not the setup of our engines' run
@@ -105,12 +96,12 @@ def not_linked_status(previous, preset_name: str | None, settings: RunSettings) 
     recorded = previous.recorded
     linked = f"“{preset_name}”" if preset_name else "the requests above"
     slots = int(settings.num_slots or 0)
-    linked += f" at {_slots(slots)}" if slots else ""
+    linked += f" at {counted(slots, 'slot')}" if slots else ""
     differences = _differences(settings)
     linked += f" with {', '.join(differences)}" if differences else ""
     head = (
         f"**Not the linked setup:** the results below are the recorded run of "
-        f"“{recorded.preset}” at {_slots(recorded.num_slots)} "
+        f"“{recorded.preset}” at {counted(recorded.num_slots, 'slot')} "
         f"({recorded.device_label}, {recorded.date}), not of {linked}. "
         f"Press Run to measure {linked} here."
     )
@@ -119,15 +110,13 @@ def not_linked_status(previous, preset_name: str | None, settings: RunSettings) 
 
 
 def _setup_key(model: PageModel, settings: RunSettings) -> tuple | None:
-    """The setup key of a Run with ``settings`` (``run_turns.settings_key``); None when Run would
-    refuse it, or would run another precision than ``model``'s."""
+    """``run_turns.setup_key`` of the run that Run would start with ``settings`` on ``model``;
+    None when Run would refuse it, or would run another precision than ``model``'s."""
     if (settings.dtype or "auto").strip().lower() not in ("auto", model.dtype_name):
         return None
     try:
-        return run_turns.settings_key(model, settings)
+        options = options_from_page(settings)
+        requests, config = prepare(model, settings.rows, settings.num_slots, options)
     except ValueError:
         return None
-
-
-def _slots(n: int) -> str:
-    return f"{n} slot" if n == 1 else f"{n} slots"
+    return run_turns.setup_key(model, requests, config, options)

@@ -11,7 +11,7 @@ order, times rounded to 0.1 ms, and a step's block tables are written only when 
     step: [start_s, end_s, wave, forward_s, kv_blocks_used, preempted, seqs, block_tables | 0]
     seq:  [request_id, slot, kind (0 prefill, 1 decode, 2 idle), new, cached, padding]
 
-Re-record it with ``python -m engine.page.handlers.recording`` (about a minute on a 2-core CPU).
+Re-record it with ``python -m engine.page.handlers.recording`` (``make record``).
 """
 
 from __future__ import annotations
@@ -181,46 +181,22 @@ def _load_average() -> float | None:
         return None
 
 
-def _machine() -> str:
-    """The CPU's model name and core count, or the GPU's name, for the label."""
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()}-core {name}"
-
-
 def recorded_settings() -> RunSettings:
     """The recorded run's ``RunSettings``: the default preset with the page's default settings
-    (``engine.page.panels.settings_panel``), on the loaded model's precision."""
-    from engine.page.inputs import page_io, presets
+    (``link_query.page_defaults``), on the loaded model's precision (no ``dtype``)."""
+    from engine.page.inputs import link_query, page_io, presets
     from engine.page.run.run_options import RunSettings
 
-    rows, chat_template, _ = presets.apply_preset(presets.DEFAULT_PRESET)
-    return RunSettings(
-        rows=rows,
-        num_slots=page_io.DEFAULT_SLOTS,
-        chat_template=chat_template,
-        check_reference=True,
-        kv_mode="paged",
-        token_budget=0,
-        policy="decode_first",
-        compare_hf=False,
-        arrival_rate=0,
-        x_axis="time",
-        kv_budget_mib=0,
-        block_size=16,
-    )
+    preset = presets.DEFAULT_PRESET
+    settings = link_query.page_defaults(preset, link_query.Precision()) | {"dtype": None}
+    rows = presets.apply_preset(preset)[0]
+    return RunSettings(rows=rows, num_slots=page_io.DEFAULT_SLOTS, **settings)
 
 
 def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
     """Run the default preset with the page's default settings on the embedded model and write
     the recording to ``path``. Slow: it runs both engines and the reference for real."""
-    from engine.page.handlers import playground
+    from engine.page.handlers import run_turns
     from engine.page.inputs import presets
     from engine.page.run import shared_model
     from engine.page.run.run_options import options_from_page, prepare
@@ -232,14 +208,14 @@ def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
     requests, config = prepare(model, settings.rows, settings.num_slots, options)
     # On the page's engine thread (the model's worker), where the model was loaded: one OpenMP
     # pool, as in the page.
-    state = playground.run_engines(model, requests, config, options)
+    state = run_turns.run_engines(model, requests, config, options)
     meta = Recording(
         preset=presets.DEFAULT_PRESET,
         num_slots=config.num_slots,
         kv_mode=config.kv_mode,
         model=model.loaded.name,
         device_label=model.loaded.device_label,
-        machine=_machine() if model.loaded.device.type == "cpu" else model.loaded.device_label,
+        machine=_machine(model.loaded),
         date=datetime.date.today().isoformat(),
         load_average=None if load_before is None else (load_before + _load_average()) / 2,
         num_cpus=os.cpu_count(),
@@ -254,6 +230,15 @@ def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
     }
     path.write_text(json.dumps(data, separators=(",", ":"), ensure_ascii=False) + "\n", "utf-8")
     return path
+
+
+def _machine(loaded) -> str:
+    """The CPU's core count and model name, or the GPU's label."""
+    from engine.model.device import cpu_model  # torch: not before main's openmp_env.configure
+
+    if loaded.device.type != "cpu":
+        return loaded.device_label
+    return f"{os.cpu_count()}-core {cpu_model() or platform.machine()}"
 
 
 def _engine_threads(model) -> int | None:
@@ -295,11 +280,8 @@ def keep_to_engine_cpus(environ: Mapping[str, str] | None = None):
     """Keep this process to the CPUs the page's engines get, with a torch thread each, as the
     engine process does (``cpu_split``, ``engine.worker.worker_process.worker_main``); the split,
     or None where the page would not split (``CBP_ENGINE_PROCESS=off``, ``CBP_ENGINE_CPUS=all``,
-    one CPU).
-
-    So the recorded run is timed as the page's runs are, and the references it stores are keyed
-    as the engine process looks them up: the store's key holds the torch thread count, and a
-    recording made on both CPUs stored them where the page, its engines on one, never looked.
+    one CPU). So the recorded run is timed as the page's runs are, and the references it stores
+    are keyed (by torch thread count, among others) where the engine process looks them up.
 
     Raises:
         ValueError: ``CBP_ENGINE_PROCESS`` or ``CBP_ENGINE_CPUS`` has a value they refuse.

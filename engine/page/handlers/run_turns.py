@@ -1,26 +1,12 @@
 """A pressed Run's way to the model: a recent identical run at once, or a true place in the queue.
 
-Runs are measurements, so they take turns on the model (``engine.page.run.run_queue``). Before a
-run joins the queue, ``recent`` looks for the same setup measured on this host within the replay
-window (``engine.page.run.recent_runs``); if there is one, the page shows it at once, labelled,
-with a "Run live anyway" button. Otherwise the run joins the queue and ``wait_for_turn`` streams
-its place, the total and the estimated wait until the model is its own; if an identical run
-finishes while it waits, that run is shown instead (a replay-allowed Run only).
-
-The estimate counts a run's work in parts (``run_work``, ``engine.page.run.run_cost``): static waves
-to their longest caps, continuous steps (the caps packed onto the slots), transformers' engine when
-it is compared, the prompts' prefill (a static wave's padding included), and the reference outputs
-not stored yet when the outputs are checked. The queue learns this host's pace for each part from
-the runs that finish here (``run_parts_s``: the engines' steps and prefill, timed by their traces),
-and from the run in progress (``report_progress``) before the first one has.
-
-Its turn come, ``run_engines`` is the run's engine work: one ``engine.worker.comparison``
-``ComparisonJob`` to the model's worker (``engine.worker.worker_process``: the engine thread or
-the engine process), whose ``ComparisonResult`` (core types only) becomes the page's ``RunState``;
-then the host's servers, here, as they are the page's (``engine.page.run.host_servers``), their
-outputs judged against the same reference by one more job (``JudgeJob``), the verdicts of a
-server on quantized weights labelled as expected differences
-(``engine.page.views.divergence_view.expected_differences``).
+Runs are measurements, so they take turns on the model (``engine.page.run.run_queue``). A run whose
+setup (``setup_key``) was measured on this host within the replay window
+(``engine.page.run.recent_runs``) is shown at once, labelled, with a "Run live anyway" button
+(``replayed_outputs``). Otherwise it joins the queue with its work in parts (``run_work``: steps,
+and the prompt positions each engine prefills), which the queue times at the pace it learns from the
+runs that finish here (``run_parts_s``), and ``wait_for_turn`` streams its place; an identical run
+that finishes meanwhile is shown instead. Its turn come, ``run_engines`` does the run's engine work.
 """
 
 from __future__ import annotations
@@ -35,7 +21,7 @@ from engine.page.run import host_servers
 from engine.page.run.recent_runs import RecentRun, replay_label
 from engine.page.run.run_cost import Work
 from engine.page.run.run_handle import Turn
-from engine.page.run.run_options import RunOptions, RunSettings, options_from_page, prepare
+from engine.page.run.run_options import RunOptions
 from engine.page.run.run_queue import RunQueue, Ticket
 from engine.page.run.shared_model import PageModel
 from engine.page.views import divergence_view, progress_view, run_status, tables
@@ -48,11 +34,9 @@ from engine.worker.worker_model import pace_parts
 
 QUEUE_POLL_S = 1.0  # how often a waiting run looks at its place
 # A waiting run's line is sent when its words change, else every this many seconds: each send
-# costs the server tens of ms of CPU (Gradio rebuilds every skipped output's component), taken
-# from the run being measured, and a room of waiting people multiplies it (docs/measurements.md,
-# "What a waiting room costs the page"). A closed tab's run leaves at once (``demo.unload``); one
-# whose browser vanished stops at its next send, so its ticket goes stale (``run_queue.STALE_S``)
-# within this many seconds more.
+# costs the server CPU taken from the run being measured, times a room of waiting people
+# (docs/measurements.md, "What a waiting room costs the page"). A run whose browser vanished stops
+# at its next send, so its ticket goes stale (``run_queue.STALE_S``) within this many seconds more.
 QUEUE_RESEND_S = 20.0
 TURN, STOPPED = "turn", "stopped"  # how a wait ended (else: an identical run to show)
 
@@ -89,9 +73,9 @@ def continuous_steps(requests: list[Request], config: EngineConfig) -> int:
 def run_work(
     requests: list[Request], config: EngineConfig, options: RunOptions, reference=None
 ) -> Work:
-    """A run's work in parts, for the queue's estimate (see the module docstring); ``reference``:
-    the reference source its outputs are checked against (its ``missing`` references are the
-    reference pass's work; None: all of them)."""
+    """A run's work in parts, for the queue's estimate (``engine.page.run.run_cost`` says what
+    each part counts); ``reference``: the reference source, whose ``missing`` references are the
+    reference pass's work (None: all of them)."""
     continuous = continuous_steps(requests, config)
     references, recheck = {}, None
     if options.check_reference and reference is not None:
@@ -139,18 +123,6 @@ def setup_key(
     )
     knobs = repr(dataclasses.replace(options, dtype=None))
     return (model.label, model.dtype_name, repr(config), knobs, rows)
-
-
-def settings_key(model: PageModel, settings: RunSettings) -> tuple:
-    """``setup_key`` of the run that Run would start with ``settings`` on ``model``, which is
-    taken to be the run's precision (``settings.dtype`` is not looked at: see ``setup_key``).
-
-    Raises:
-        ValueError: the settings would be refused by Run (bad table, slots or knob).
-    """
-    options = options_from_page(settings)
-    requests, config = prepare(model, settings.rows, settings.num_slots, options)
-    return setup_key(model, requests, config, options)
 
 
 def replayed_outputs(recent: RecentRun, age_s: float, x_axis: str) -> tuple:
@@ -239,8 +211,10 @@ def run_engines(
 
 
 def _run_servers(model: PageModel, state: RunState, requests, config, options, control, take):
-    """The host's chosen servers' traces and failures into ``state``, watched here, then
-    judged (``_judge_servers``)."""
+    """The host's chosen servers' traces and failures into ``state``, watched here, then their
+    verdicts into ``state.verdicts``: those the reference can judge (not another model's, not
+    another precision's), labelled where differences are expected. After a stop, or without the
+    reference check, none: the page then names their differences by request."""
     names = model.servers.check_names(options.servers)
     state.servers, state.server_failures = host_servers.run_servers(
         model.servers,
@@ -252,13 +226,6 @@ def _run_servers(model: PageModel, state: RunState, requests, config, options, c
         batch_invariant=config.batch_invariant,
         prefix_caching=config.prefix_caching,
     )
-    _judge_servers(model, state, requests, control, take)
-
-
-def _judge_servers(model: PageModel, state: RunState, requests, control, take) -> None:
-    """The servers' verdicts into ``state.verdicts`` (those the reference can judge: not another
-    model's, not another precision's), labelled where differences are expected. After a stop,
-    or without the reference check, none: the page then names their differences by request."""
     traces = {n: t for n, t in state.servers.items() if tables.compared(t)}
     if state.verdicts is None or not traces:
         return

@@ -1,15 +1,11 @@
 """What a link says of the engine settings: one short query parameter per setting.
 
 Every knob of the settings panel that Run reads has a parameter (``PARAMS``: each knob's ``url``
-in ``engine.knobs``, with its kind and range), e.g.
-``kv=slots&budget=64&policy=vllm&chat=1&check=0&hf=1&x=step&dtype=bfloat16&invariant=1``.
+in ``engine.knobs``), e.g. ``kv=slots&budget=64&policy=vllm&chat=1&check=0&hf=1&x=step``.
 ``settings_params`` writes one only where the page differs from its default for the link's preset
-(``page_defaults``), so a link to an untouched page stays ``?preset=seed&slots=3``.
-``link_settings`` reads them back: each bad value comes back with why and what the page keeps
-instead, and the others still apply. The table travels by ``engine.page.inputs.link_table``.
-
-Plain functions, no gradio: ``engine.page.inputs.page_io`` turns these into the page's updates and
-warnings.
+(``page_defaults``), so a link to an untouched page stays ``?preset=seed&slots=3``;
+``link_settings`` reads them back, each bad value with why and what the page keeps instead.
+Plain functions, no gradio: ``engine.page.inputs.page_io`` makes the page's updates of them.
 """
 
 from __future__ import annotations

@@ -3,9 +3,8 @@
 A table that is no preset's (``preset_or_table``) travels as its rows in compact JSON (blank cells
 at a row's end left out), zlib-compressed, in base64url without padding (``encode_table``):
 ``[["Hi", 4], ["Later", 3, 1.5], ["Sampled", 8, 0, 0.7, null, null, "42"]]``. ``decode_table``
-reads it back with bounded work (``MAX_TABLE_CHARS`` in, ``MAX_TABLE_JSON_BYTES`` out, so a forged
-value cannot be a zip bomb) and checks only its shape: the rows are then checked as a typed table
-is (``parse_table``), their bad rows named.
+reads it back with bounded work and checks only its shape: the rows are then checked as a typed
+table is (``parse_table``), their bad rows named.
 
 Plain functions, no gradio. Errors are ``ValueError`` whose message says what is wrong, in words.
 """
@@ -22,15 +21,12 @@ import zlib
 from engine.page.inputs import presets
 from engine.workloads.workload import MAX_ROWS, TABLE_COLUMNS, parse_table
 
-# The encoded table's length limit, in characters of the ``table=`` value. Browsers take far
-# longer URLs, but links are pasted into chats, mails and slides, and proxies cap the request line
-# (nginx's default buffer is 8 KiB for the whole line); 4,000 keeps a link well under that with
-# the other parameters. The article's six requests take 260 characters, 40 short prompts under
-# 1,000; a table of long prompts is a workload file's job.
+# The encoded table's length limit, in characters of the ``table=`` value: links are pasted into
+# chats, mails and slides, and proxies cap the request line (nginx's default buffer is 8 KiB for
+# the whole line). A table of long prompts is a workload file's job.
 MAX_TABLE_CHARS = 4000
-# What a ``table=`` value may unpack to, in bytes of JSON: zlib packs up to ~1,000:1, so 3 KB of
-# forged input could otherwise unpack to megabytes (a zip bomb). 256 KiB is far more than an honest
-# 4,000-character table holds, even of repeated prompts, and cheap to parse.
+# What a ``table=`` value may unpack to, in bytes of JSON: zlib packs up to ~1,000:1, so a forged
+# value could otherwise unpack to megabytes (a zip bomb); an honest table holds far less.
 MAX_TABLE_JSON_BYTES = 256 * 1024
 MAX_TABLE_ROWS = MAX_ROWS  # rows in a link: the default limit of requests per run
 BASE64URL = re.compile(r"[A-Za-z0-9_-]+")

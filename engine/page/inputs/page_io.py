@@ -1,24 +1,18 @@
 """The page's links and workload files: what a workshop teacher hands out and what people take home.
 
 * Links that reproduce a setup: ``?preset=SLUG&slots=N&step=N``, then each engine setting that
-  differs from the page's default for that preset, by a short name (``kv=slots&budget=64&chat=1``,
-  and ``prefix_caching=1``: ``engine.page.inputs.link_query.PARAMS``); a table that is no preset's
-  travels instead of the preset, packed into ``table=`` (``link_table.encode_table``). Older links
-  keep working and mean what they meant. ``from_link`` applies the link when the page opens;
-  ``step`` cannot be shown before a run exists, so ``link_step`` keeps it and ``apply_link_step``
-  moves the step slider there once, after the first run (later runs start at their default step
-  again), the step views drawn there in the same update
-  (``engine.page.handlers.playground.link_step_event``). A value the page cannot use is named in a
-  warning, with what the page uses instead, and the rest still apply; a linked table's bad rows are
-  named as a typed table's are. ``setup_query`` writes such a query for the current page (a table
-  too long for a link is left out, and a warning says to share it as a file); the page adds its own
-  address in the browser.
+  differs from the page's default for that preset, by a short name (``link_query``); a table that
+  is no preset's travels instead of the preset, packed into ``table=`` (``link_table``). Older
+  links keep working and mean what they meant. ``setup_query`` writes one for the current page
+  (the page adds its own address in the browser); ``from_link`` applies one when the page opens,
+  and ``link_step`` keeps its step until the first run has one
+  (``engine.page.handlers.playground.link_step_event``).
 * Workload files: ``upload_workload`` fills the request table from a CSV or JSONL file, sampling
   settings included; ``table_files`` writes the table as both (``engine.workloads.workload_files``).
 
-Handlers are plain functions. Bad input is told in a warning toast whose message names the file
-line or table row, and changes nothing on the page; a ``gr.Error`` would also lay an error badge
-over the request table (as the Run button's handler, which says it in the status line too).
+Bad input is told in a warning toast, and in the note under the table (``warning_note``), naming
+the link's value, the file's line or the table's row, and what the page uses instead; the rest
+still applies. A ``gr.Error`` would also lay an error badge over the request table.
 """
 
 from __future__ import annotations
@@ -98,14 +92,11 @@ LINK_SIGNATURE = _link_signature()
 def setup_query(*values, **named) -> str:
     """The query string that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12&budget=64``.
 
-    Takes ``LINK_INPUTS`` by position (as app.py wires them) or by name (``LINK_SIGNATURE``): the
-    preset dropdown's name, the slots, the step slider and the run on the page (``previous``: the
-    step is written only for a run of the page's, not for the recorded run it opens on), then the
-    settings by ``RunSettings`` field (None: not given), the table's ``rows`` (None: not given)
-    and the host's ``precision``. The link names the preset whose table the page shows, else
-    carries the table; each setting only where it differs from the page's default for that preset
-    (``prefix_caching=1`` only when the toggle is on). A table too long for a link is
-    left out, and a warning says to share it as a file.
+    Takes ``LINK_INPUTS`` by position (as app.py wires them) or by name (``LINK_SIGNATURE``;
+    None: not given). The step is written only for a run of the page's (``previous``), not for
+    the recorded run it opens on. The link names the preset whose table the page shows, else
+    carries the table (one too long for a link is left out, and a warning says to share it as a
+    file); each setting only where it differs from the page's default for that preset.
 
     Raises:
         TypeError: too many inputs, an unknown name, or one of the first four missing.
@@ -145,7 +136,7 @@ def from_link(request: gr.Request, precision: link_query.Precision | None = None
     Returns updates for ``LINK_OUTPUTS`` (``gr.skip()`` where the link sets nothing usable: the
     page keeps its defaults).
     """
-    params = _query_params(request)
+    params = query_params(request)
     precision = precision or link_query.Precision()
     link = {}
     name = _link_preset(params, link)
@@ -261,16 +252,8 @@ def switched_note(name: str, settings: dict) -> str:
 def link_step(request: gr.Request) -> int | None:
     """The link's ``step=N`` (a whole number >= 0), kept until the first run; None if absent or
     bad (``from_link`` names a bad one with the link's other warnings)."""
-    step = _query_params(request).get("step", "").strip()
+    step = query_params(request).get("step", "").strip()
     return int(step) if step.isdigit() else None
-
-
-def apply_link_step(state, pending_step: int | None) -> tuple:
-    """After a run: the step slider at the link's step (clamped to the run), and the kept step
-    cleared. Without a run or a kept step, nothing changes."""
-    if state is None or pending_step is None:
-        return gr.skip(), gr.skip()
-    return min(max(int(pending_step), 0), max(state.num_steps - 1, 0)), None
 
 
 def upload_workload(path: str | None) -> tuple:
@@ -322,7 +305,8 @@ def warning_note(title: str, messages: list[str]) -> str:
     return f'<div class="input-warning">⚠ <strong>{title}:</strong><ul>{items}</ul></div>'
 
 
-def _query_params(request: gr.Request | None) -> dict[str, str]:
+def query_params(request: gr.Request | None) -> dict[str, str]:
+    """The page's query parameters (none without a request)."""
     return dict(request.query_params) if request is not None else {}
 
 

@@ -2,20 +2,18 @@
 
 A preset is ``{"slug": str, "chat_template": bool, "slots": int, "description": str, "check": {...},
 "requests": [[prompt, cap], ...]}``, where a request may add its ``arrival_s`` and then its
-sampling settings (``temperature``, ``top_k``, ``top_p``, ``seed``: the table's columns); instead
-of ``requests`` a preset may name a shipped workload file, ``"workload": "workloads/NAME.jsonl"``
-(under ``assets/``), so the page and the bench run the same requests. The slug names it in links
-(``?preset=seed&slots=3``). ``slots`` is the slot count its description
-speaks of (choosing the preset sets it), and ``check`` states the description's claim in numbers,
-which ``tests/page/inputs/test_presets_real.py`` checks on the embedded model.
+sampling settings (the table's columns); instead of ``requests`` a preset may name a shipped
+workload file, ``"workload": "workloads/NAME.jsonl"`` (under ``assets/``), so the page and the
+bench run the same requests. The slug names it in links (``?preset=seed&slots=3``), ``slots`` is
+the slot count its description speaks of, and ``check`` states the description's claim in
+numbers (``tests/page/inputs/test_presets_real.py`` checks it on the embedded model).
 
-A description's claim is about the engine settings it names and the page's defaults for the rest
-(its text says what to change next: "Set a token budget of 64 under Engine settings"). So choosing
-a preset also sets every engine setting that changes a run's schedule (``ENGINE_DEFAULTS``): to
-the preset's own ``"settings": {name: value}`` where it names one, else back to the default. A
-token budget left from the last preset would otherwise break this one's claim without a word.
-The precision, the checks and the servers to compare stay as the user set them: they change what
-is compared, not the schedule.
+The claim holds for the engine settings the description names and the page's defaults for the
+rest, so choosing a preset also sets every engine setting that changes a run's schedule
+(``ENGINE_DEFAULTS``): to the preset's own ``"settings": {name: value}``, else back to the default
+(a token budget left from the last preset would break this one's claim without a word). The
+precision, the checks and the servers stay as the user set them: they change what is compared,
+not the schedule.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Panels: the page's components, one builder per panel, laid out by ``app.py``.
 
 Header, requests and downloads (``page_panels``), the settings (``settings_panel``), the results
-(``results_panel``), the host's servers (``server_panels``) and the ``tour``. May import the core
-and every page room below it.
+(``results_panel``), the host's servers (``server_panels``) and the ``tour``. Element ids
+(``elem_id``) are a contract: the browser tests and users' scripts find components by them. May
+import the core and every page room below it.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
 ``server_panels``, ``tour`` and ``requests_table`` serve it from inside.

@@ -1,12 +1,7 @@
-"""Panel builders: the page's components, built inside ``app.py``'s ``gr.Blocks``, one panel each.
-
-``app.py`` calls these in page order and wires their components' events; each builder only lays
-components out and returns them in a small dataclass named after the panel. Here: the header and
-guided tour, the request editor, the downloads, what Run writes, and the page's inputs by name
-(``COMPONENTS``: what Run reads, in ``run_options.RUN_INPUTS`` order, and what a link reads and
-sets). The two large panels have modules of their own: ``engine.page.panels.settings_panel`` and
-``engine.page.panels.results_panel``. Element ids (``elem_id``) are a contract: the browser tests
-and users' scripts find components by them.
+"""Panel builders: the header and guided tour, the request editor and the downloads, built inside
+``app.py``'s ``gr.Blocks``, each returning its components in a small dataclass named after the
+panel; and the page's components by name: what Run reads and writes, what a link reads and sets
+(``COMPONENTS``).
 """
 
 from __future__ import annotations
@@ -17,13 +12,13 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from engine.page.handlers import playground
 from engine.page.panels import tour
 from engine.page.panels.requests_table import RequestsTable
 from engine.page.panels.results_panel import ResultsPanel, by_elem_id
 from engine.page.panels.settings_panel import SettingsPanel
 from engine.page.run.run_options import RUN_INPUTS
 from engine.page.views.run_view import RUN_OUTPUTS
+from engine.workloads.workload import TABLE_COLUMNS
 
 TITLE = "Continuous Batching Playground"
 # Gradio deletes the files it cached for the page (downloads, uploads) hourly, those over a day old
@@ -81,12 +76,12 @@ def requests_panel(rows: list[list], preset_text: str) -> RequestsPanel:
     """The request editor, filled with the default preset's ``rows``."""
     table = RequestsTable(  # a gr.Dataframe whose API value Run's handler checks
         value=rows,
-        headers=playground.REQUEST_HEADERS,
+        headers=list(TABLE_COLUMNS),  # prompt, max_new_tokens, arrival_s, sampling settings
         # the seed is text: a browser number loses digits past 2^53, and seeds go to 2^63 - 1
         datatype=["str", "number", "number", "number", "number", "number", "str"],
         type="array",
         interactive=True,
-        column_count=len(playground.REQUEST_HEADERS),  # column_limits: not implemented in 6.31
+        column_count=len(TABLE_COLUMNS),  # column_limits: not implemented in 6.31
         label=REQUESTS_LABEL,
         column_widths=REQUEST_COLUMN_WIDTHS,
         elem_id="requests_table",

@@ -2,10 +2,8 @@
 
 Timelines, the step slider, both attention masks, the block map, a server's own record in the same
 views (hidden without servers), the metrics and outputs tables, the serving charts, the host's
-servers' line and charts, and "Where outputs differ"
-(``DivergencePanel``). It opens on the shipped recording (a ``RunResult``) until a Run;
-``engine.page.panels.page_panels.run_outputs`` lists what Run writes into it. Element ids
-(``elem_id``) are a contract: the browser tests and users' scripts find components by them.
+servers' line and charts, and "Where outputs differ" (``DivergencePanel``). It opens on the
+shipped recording until a Run.
 """
 
 from __future__ import annotations

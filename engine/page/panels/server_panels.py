@@ -2,15 +2,10 @@
 a scheduler's own record of its steps (``InsidePlots``: the local vLLM, or transformers'
 continuous batching, from the inside).
 
-Built by ``engine.page.panels.settings_panel`` and ``engine.page.panels.results_panel`` only when
-the host configured servers (``app.py --vllm``, ``--llamacpp``, ``--endpoint NAME=URL``,
-``CBP_ENDPOINTS``); without any, the checkboxes and the servers line are left out and the two
-charts hidden (the inside views too, until transformers' record is drawn). The choices are the
-host's server names: there is no box to type an address into (``engine.page.run.host_servers``).
-
-The servers line under the status line refreshes itself: every second while a server starts
-(vLLM on a CPU takes minutes) and every few seconds after, so a server that died or restarted
-shows up too.
+Without servers set up by the host (``engine.page.run.host_servers``: there is no box to type an
+address into), the checkboxes and the servers line are left out and the charts hidden (the inside
+views too, until transformers' record is drawn). The servers line refreshes itself: every second
+while a server starts, every few seconds after, so a server that died or restarted shows up too.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The settings panel: preset, slots, checks, the engine knobs, precision, Run and Stop, the link.
 
-``app.py`` builds it in the right-hand column beside the request editor and wires its components'
-events (``engine.page.panels.page_panels.run_inputs`` lists what Run reads from it). It is its own
-module because it is the page's largest panel. Each knob's component takes its label, help, range
-and default from the knob's declaration (``engine.knobs``); which widget it is, and where, is
-this panel's. Element ids (``elem_id``) are a contract: the browser tests and users' scripts find
-components by them.
+Built in the right-hand column beside the request editor. Each knob's component takes its label,
+help, range and default from the knob's declaration (``engine.knobs``); which widget it is, and
+where, is this panel's.
 """
 
 from __future__ import annotations

@@ -108,18 +108,13 @@ def test_a_links_slots_never_contradict_the_presets_text():
     assert page_io.from_link(_link(slots=3))[3] == SKIP, "the default preset's own slots noted"
 
 
-def test_link_step_is_kept_then_applied_once_after_a_run():
-    """step=N is read from the link, applied (clamped) after a run, then forgotten; a bad step is
-    named in a warning, with the link's others."""
+def test_link_step_is_kept_for_after_a_run():
+    """step=N is read from the link and kept (``link_step_event`` applies it after a run); a bad
+    step is named in a warning, with the link's others."""
     assert page_io.link_step(_link(step=12)) == 12 and page_io.link_step(_link()) is None
     assert page_io.link_step(_link(step="-3")) is None
     with pytest.warns(UserWarning, match="step='-3' is ignored: not a whole number >= 0"):
         page_io.from_link(_link(step="-3"))
-    run = SimpleNamespace(num_steps=10)
-    assert page_io.apply_link_step(run, 7) == (7, None), "step not applied, or not cleared"
-    assert page_io.apply_link_step(run, 50) == (9, None), "step past the run's end not clamped"
-    assert page_io.apply_link_step(None, 7) == (SKIP, SKIP), "applied without a run"
-    assert page_io.apply_link_step(run, None) == (SKIP, SKIP), "moved the slider without a link"
 
 
 def test_upload_fills_the_table_and_clears_the_preset(tmp_path):
