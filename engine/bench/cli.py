@@ -105,12 +105,10 @@ def run_engines(
     """Each engine ``repeat`` times, interleaved, so machine noise hits all of them alike.
 
     Each run waits first until the machine is quiet (``engine.kernels.cpu_share.wait_quiet``),
-    then calls ``before_run()`` (the bench times a read of the weights there, so that the limit a
-    step is measured against comes from the same minutes as the step).
-    Returns ``(traces, peaks)``: per engine its traces, and the highest of each run's
-    ``PeakMemory.peak_bytes()`` fields and ``others_cpu_share`` (other work's share of the CPU
-    during a run of ours; None for servers, or where not measured). A server engine that fails
-    (``EndpointError``) gets its message in ``failures`` and no traces; the others go on.
+    then calls ``before_run()`` (the bench reads the weights there, so that a step's limit comes
+    from the same minutes as the step). Returns ``(traces, peaks)``: per engine its traces, and
+    the highest of each run's ``PeakMemory.peak_bytes()`` fields and ``others_cpu_share``. A
+    server engine that fails gets its message in ``failures`` and no traces; the others go on.
     """
     traces: dict[str, list[Trace]] = {name: [] for name in engines}
     peaks: dict[str, dict] = {name: {} for name in engines}

@@ -206,11 +206,9 @@ def schedule_line(name: str, schedule: Trace) -> str:
 
 def add_schedule_comparison(results: dict, medians: dict[str, Trace], engines: dict) -> None:
     """``results[server]["schedule_comparison"]`` for ``vllm`` and each endpoint with a record:
-    our matched engine's schedule against the server's own
-    (``engine.peers.schedule_comparison.compare_schedules``, median runs), with ``engine`` (ours)
-    and ``unmatched_settings``; an endpoint's also has ``settings_taken`` (the deployment's
-    settings ours ran on, and ``from`` whom; None when ours kept the flags'). Nothing for a
-    server whose settings matched none of ours or whose record is missing."""
+    our matched engine's schedule against the server's own (``engine.peers.schedule_comparison``,
+    median runs; fields in docs/bench.md). Nothing for a server whose settings matched none of
+    ours or whose record is missing."""
     from engine.peers.schedule_comparison import compare_schedules
 
     for server, engine in engines.items():
