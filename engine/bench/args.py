@@ -1,8 +1,9 @@
 """The bench's command line: flags, their scopes and defaults, and the workload they select.
 
-``python -m engine.bench --help`` lists the flags. Flags that only some engines or arrival modes
-use (``SCOPED_DEFAULTS``, ``--token-budget``, ``--kv-budget-mib``) are parsed as None, so a flag
-that was given can be told from a default and named when nothing selected uses it.
+``python -m engine.bench --help`` lists the flags; those of the engine knobs are built from their
+declarations (``engine.knobs``). Flags that only some engines or arrival modes use (``SCOPED``)
+are parsed as None or False, so a flag that was given can be told from a default and named when
+nothing selected uses it (``ignored_flags``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.knobs import KNOB
+from engine.knobs import KNOB, KNOBS, Knob
 from engine.peers.endpoints import Endpoint, parse_endpoints, with_records
 from engine.sampling_params import SamplingParams, with_defaults
 from engine.workloads.workload import load_jsonl, poisson_arrivals, seed_specs
@@ -34,48 +35,39 @@ ENGINES = (
 SERVERS = ("vllm", "llamacpp", "llamacpp_q4")  # the engines that are local servers
 KV_MODE_OF = {"continuous": "slots", "continuous_paged": "paged", "continuous_concat": "concat"}
 # Engines that --batch-invariant cannot reach, and why (the bench says so rather than ignore it).
+OWN_KERNELS = "runs its own kernels, outside this project's control"
 NOT_INVARIANT = {
     "static_generate": "it runs plain model.generate matmuls by design",
-    "hf_continuous": "transformers' engine runs its own kernels, outside this project's control",
-    "vllm": "a server engine runs its own kernels, outside this project's control",
-    "llamacpp": "a server engine runs its own kernels, outside this project's control",
-    "llamacpp_q4": "a server engine runs its own kernels, outside this project's control",
+    "hf_continuous": f"transformers' engine {OWN_KERNELS}",
+    **dict.fromkeys(SERVERS, f"a server engine {OWN_KERNELS}"),
 }
-# Flags that only some engines or arrival modes use: parsed as None so a given one can be told
-# from a default (and warned about when nothing uses it), then set to these defaults.
+# The defaults of the scoped flags that have one, set after parsing.
 SCOPED_DEFAULTS = {"rate": 1.0, "seed": 0} | {
     name: KNOB[name].default for name in ("policy", "block_size")
 }
-# The engine knobs the bench takes as flags (``engine.knobs``), in ``--help``'s order; all but
-# ``--prefix-caching`` are ``EngineConfig`` options (``engine_options``).
-ENGINE_FLAGS = (
-    "token_budget",
-    "policy",
-    "kv_budget_mib",
-    "block_size",
-    "prefix_caching",
-    "batch_invariant",
-)
+# Flags that only some engines or arrival modes use (``ignored_flags``).
+SCOPED = (*SCOPED_DEFAULTS, "token_budget", "kv_budget_mib", "prefix_caching", "vllm_eager")
 FLAG_TYPES = {"whole": int, "number": float, "choice": str}  # a knob's kind: its flag's type
+# The sampling flags' values where another one is given (any one makes a request sample).
+SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed_base": 0}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line; scoped flags (``SCOPED_DEFAULTS``) get their defaults after parsing."""
     p = argparse.ArgumentParser(prog="python -m engine.bench", description=DESCRIPTION)
     p.add_argument("--workload", default="seed", help="'seed' or a JSONL file path (default seed)")
-    _add_knob_flag(p, "num_slots", default=KNOB["num_slots"].default)
     p.add_argument(
         "--engines",
         default="static,continuous",
         help=f"comma list of {ENGINES} (default static,continuous)",
     )
+    for knob in KNOBS:
+        if knob.bench_flag:
+            _add_knob_flag(p, knob)
     p.add_argument("--json", dest="json_path", help="write results to this JSON file")
     p.add_argument("--model", default=None, help="model id or folder (default: embedded)")
     p.add_argument("--device", default=None, help="auto, cpu, cuda or mps (default auto)")
-    _add_knob_flag(p, "dtype")
-    _add_knob_flag(p, "chat_template")
     p.add_argument("--repeat", type=int, default=1, help="runs per engine, interleaved (default 1)")
-    _add_knob_flag(p, "check_reference")  # --no-reference: a flag turns the check off
     p.add_argument(
         "--arrival",
         choices=("file", "all", "poisson"),
@@ -85,7 +77,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, help="poisson: arrivals per second (default 1.0)")
     p.add_argument("--seed", type=int, help="poisson: the arrivals' random seed (default 0)")
     p.add_argument("--out", help="folder for requests.csv, traces.json, trace.perfetto.json")
-    _add_engine_flags(p)
     p.add_argument(
         "--floor", action="store_true", help="time generate on the longest request alone"
     )
@@ -94,31 +85,31 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="continuous: forward vs host time split, and a decode step's time by op group",
     )
-    add_sampling_flags(p)
+    _add_sampling_flags(p)
     _add_server_flags(p)
     p.epilog = (
         "A flag that no selected engine (or arrival mode) uses is ignored with a warning on "
         "stderr, e.g. --kv-budget-mib without continuous_paged, or --rate without "
         "--arrival poisson."
     )
-    return _with_defaults(p.parse_args(argv))
+    args = p.parse_args(argv)
+    args.given = {name for name in SCOPED if getattr(args, name) not in (None, False)}
+    for name, default in SCOPED_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    return args
 
 
-def _add_knob_flag(p: argparse.ArgumentParser, name: str, **default) -> None:
-    """Knob ``name``'s flag (``engine.knobs``), with its help: an on/off knob's sets it
-    (``store_true``), another's takes a value of its kind, None unless ``default`` says."""
-    knob = KNOB[name]
+def _add_knob_flag(p: argparse.ArgumentParser, knob: Knob) -> None:
+    """The knob's flag, with its help: an on/off knob's sets it (``store_true``, so
+    ``--no-reference`` turns the check off), another's takes a value of its kind (None where
+    the knob is scoped or unset)."""
     if knob.kind == "flag":
         p.add_argument(knob.bench_flag, action="store_true", help=knob.bench_help)
     else:
-        p.add_argument(knob.bench_flag, type=FLAG_TYPES[knob.kind], help=knob.bench_help, **default)
-
-
-def _add_engine_flags(p: argparse.ArgumentParser) -> None:
-    """The continuous engines' knobs: token budget, policy, the paged KV cache, prefix caching,
-    batch-invariant mode (``ENGINE_FLAGS``)."""
-    for name in ENGINE_FLAGS:
-        _add_knob_flag(p, name)
+        default = None if knob.name in SCOPED_DEFAULTS else knob.unset
+        kind = FLAG_TYPES[knob.kind]
+        p.add_argument(knob.bench_flag, type=kind, default=default, help=knob.bench_help)
 
 
 def _add_server_flags(p: argparse.ArgumentParser) -> None:
@@ -148,9 +139,9 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
     """``--temperature``, ``--top-k``, ``--top-p``, ``--seed-base``: settings for every request
-    that has none of its own in the workload (any one given makes those requests sample)."""
+    that has none of its own in the workload (``SAMPLING_DEFAULTS``)."""
     sampled = "requests without their own settings sample"
     p.add_argument(
         "--temperature", type=float, help=f"{sampled} at this temperature (default 1; 0: greedy)"
@@ -162,39 +153,31 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def sampling_flags(args: argparse.Namespace) -> dict | None:
+    """The sampling flags as given, by name (None when none is given)."""
+    given = {name: getattr(args, name) for name in SAMPLING_DEFAULTS}
+    return given if any(value is not None for value in given.values()) else None
+
+
 def sampling_defaults(args: argparse.Namespace) -> SamplingParams | None:
     """The settings the sampling flags give, their seed the seed base (None when no sampling
-    flag is given; the unset ones take their defaults).
+    flag is given; the unset ones take ``SAMPLING_DEFAULTS``).
 
     Raises:
         ValueError: a bad value, naming its flag.
     """
-    flags = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed_base": 0}
-    given = {name: getattr(args, name, None) for name in flags}
-    if all(value is None for value in given.values()):
+    given = sampling_flags(args)
+    if given is None:
         return None
-    values = {name: flags[name] if value is None else value for name, value in given.items()}
-    for name in flags:
-        field = "seed" if name == "seed_base" else name
+    values = {name: SAMPLING_DEFAULTS[name] if v is None else v for name, v in given.items()}
+    for name, value in values.items():
         try:
-            SamplingParams(**{field: values[name]})
+            SamplingParams(**{"seed" if name == "seed_base" else name: value})
         except ValueError as exc:
             raise ValueError(f"--{name.replace('_', '-')}: {exc}") from None
     return SamplingParams(
         values["temperature"], values["top_k"], values["top_p"], values["seed_base"]
     )
-
-
-def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` with ``given`` (the scoped flags set on the command line) and their defaults."""
-    scoped = (*SCOPED_DEFAULTS, "token_budget", "kv_budget_mib")
-    args.given = {name for name in scoped if getattr(args, name) is not None}
-    if args.prefix_caching:
-        args.given.add("prefix_caching")
-    for name, default in SCOPED_DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
-    return args
 
 
 def ignored_flags(args: argparse.Namespace, names: list[str]) -> list[str]:
@@ -213,13 +196,12 @@ def ignored_flags(args: argparse.Namespace, names: list[str]) -> list[str]:
         "seed": (poisson, "only --arrival poisson uses it"),
         "vllm_eager": ("vllm" in names, "only the vllm engine uses it"),
     }
-    given = args.given | ({"vllm_eager"} if args.vllm_eager else set())
     lines = [
         f"--{name.replace('_', '-')} is ignored: {why}."
         for name, (used, why) in scopes.items()
-        if name in given and not used
+        if name in args.given and not used
     ]
-    if getattr(args, "batch_invariant", False):
+    if args.batch_invariant:
         lines += [
             f"--batch-invariant does not apply to {name}: {why}."
             for name, why in NOT_INVARIANT.items()
@@ -257,15 +239,18 @@ def endpoints(args: argparse.Namespace) -> list[Endpoint]:
         ValueError: a bad entry, a name taken, or a record for a name no ``--endpoint`` has.
     """
     found = parse_endpoints(args.endpoint, reserved=ENGINES)
-    return with_records(found, getattr(args, "endpoint_record", []))
+    return with_records(found, args.endpoint_record)
 
 
 def engine_options(args: argparse.Namespace) -> dict:
-    """The continuous engines' ``EngineConfig`` options from the flags (``--prefix-caching``
-    is not among them: only ``continuous_paged`` and ``hf_continuous`` take it, as
-    ``bench.make_engine``'s ``prefix_caching``)."""
-    shared = [name for name in ENGINE_FLAGS if name != "prefix_caching"]
-    return {KNOB[name].config: getattr(args, name) for name in shared}
+    """The continuous engines' ``EngineConfig`` options from the knobs' flags: all but the slots
+    (``EngineConfig``'s first argument) and ``--prefix-caching`` (only ``continuous_paged`` and
+    ``hf_continuous`` take it, as ``cli.make_engine``'s ``prefix_caching``)."""
+    return {
+        knob.config: getattr(args, knob.name)
+        for knob in KNOBS
+        if knob.bench_flag and knob.config and knob.name not in ("num_slots", "prefix_caching")
+    }
 
 
 def load_specs(args: argparse.Namespace):

@@ -2,15 +2,11 @@
 
     python -m engine.bench --workload seed --slots 3 --engines static,continuous --json out.json
 
-Prints one row per engine (wall_s, steps, generated tokens, tok/s, speedup vs static, ms/step,
-reference match) and writes the JSON described in docs/bench.md. The model is loaded and warmed up
-before timing; the reference (per-request ``model.generate``) is never counted in any engine's time.
-With ``--repeat N`` the engines run interleaved (A B A B ...) and the median is reported.
-Server engines (``vllm``, ``llamacpp``, ``llamacpp_q4``, ``--endpoint NAME=URL``) run beside
-ours: ``engine.bench.servers``; an endpoint with ``--endpoint-record`` sets our continuous engine's
-settings (``engine.bench.deployment``). The exit code is 1 when an engine failed or an output
-differs from the reference, except where the engine's trace says differences are expected
-(``llamacpp_q4``'s quantized weights).
+Flags in ``engine.bench.args``, the table and the JSON (docs/bench.md) in ``engine.bench.report``,
+server engines in ``engine.bench.servers``. The model is loaded and warmed up before timing; the
+reference (``engine.fidelity.reference``) is never counted in any engine's time. The exit code is
+2 on a bad flag, 1 when an engine failed or an output differs from the reference (except where
+the engine's trace says differences are expected: ``llamacpp_q4``'s quantized weights), else 0.
 """
 
 from __future__ import annotations
@@ -57,6 +53,13 @@ from engine.peers.openai_engine import OpenAIEngine
 from engine.trace import Trace
 from engine.workloads.workload import tokenize_requests
 
+# The ``engine.trace.RunMetrics`` fields of an engine's JSON entry, and the ``RequestRecord``
+# fields of a request's, as they are
+METRIC_FIELDS = ("num_generated_tokens", "padding_waste_pct", "slot_utilisation_pct",
+                 "num_preemptions", "num_cached_tokens", "prefix_cache_hit_rate")  # fmt: skip
+REQUEST_FIELDS = ("request_id", "prompt", "max_new_tokens", "output_token_ids", "output_text",
+                  "ttft_s", "latency_s", "num_prompt_tokens", "num_cached_tokens")  # fmt: skip
+
 
 def make_engine(name: str, runner, num_slots: int, prefix_caching: bool = False, **options):
     """An engine by its bench name; ``options`` go to the continuous engines' ``EngineConfig``.
@@ -96,34 +99,32 @@ def run_engines(
     requests,
     repeat: int,
     memory: PeakMemory,
-    failures: dict | None = None,
-    before_run: Callable[[], None] | None = None,
+    failures: dict[str, str],
+    before_run: Callable[[], None],
 ):
     """Each engine ``repeat`` times, interleaved, so machine noise hits all of them alike.
 
     Each run waits first until the machine is quiet (``engine.kernels.cpu_share.wait_quiet``),
-    then calls ``before_run()`` (the bench times a read of the weights there, so that the limit a
-    step is measured against comes from the same minutes as the step).
-    Returns ``(traces, peaks)``: per engine its traces, and the highest of each run's
-    ``PeakMemory.peak_bytes()`` fields and ``others_cpu_share`` (other work's share of the CPU
-    during a run of ours; None for servers, or where not measured). A server engine that fails
-    (``EndpointError``) gets its message in ``failures`` and no traces; the others go on.
+    then calls ``before_run()`` (the bench reads the weights there, so that a step's limit comes
+    from the same minutes as the step). Returns ``(traces, peaks)``: per engine its traces, and
+    the highest of each run's ``PeakMemory.peak_bytes()`` fields and ``others_cpu_share``. A
+    server engine that fails gets its message in ``failures`` and no traces; the others go on.
     """
-    failures = {} if failures is None else failures
     traces: dict[str, list[Trace]] = {name: [] for name in engines}
     peaks: dict[str, dict] = {name: {} for name in engines}
     for _ in range(repeat):
         for name, engine in engines.items():
             memory.reset()
             cpu_share.wait_quiet()  # not on the heels of the previous run's leftover work
-            if before_run is not None:
-                before_run()
+            before_run()
             with cpu_share.OtherWork() as others:
                 trace = guarded_run(name, engine, requests, failures)
             if trace is None:
                 continue
             traces[name].append(trace)
-            fields = memory.peak_bytes() | {"others_cpu_share": _ours(engine, others.share)}
+            # a server's own process is other work to this one: its share says nothing
+            share = None if isinstance(engine, OpenAIEngine) else others.share
+            fields = memory.peak_bytes() | {"others_cpu_share": share}
             for key, value in fields.items():
                 known = [v for v in (peaks[name].get(key), value) if v is not None]
                 peaks[name][key] = max(known) if known else None
@@ -132,22 +133,9 @@ def run_engines(
     return traces, {name: peaks[name] for name in traces}
 
 
-def _ours(engine, share: float | None) -> float | None:
-    """Other work's share of the CPU in one run of ``engine``, for an engine in this process
-    (a server's own process is other work to this one, so its share says nothing)."""
-    return None if isinstance(engine, OpenAIEngine) else share
-
-
 def median_trace(runs: list[Trace]) -> Trace:
     """The run with the median wall time (the upper one of an even count)."""
     return sorted(runs, key=lambda t: t.wall_s)[len(runs) // 2]
-
-
-def write_exports(out_dir: str, traces: dict[str, list[Trace]]) -> None:
-    """requests.csv, traces.json and trace.perfetto.json of each engine's median run."""
-    from engine.workloads import export
-
-    export.write_files(out_dir, {name: median_trace(runs) for name, runs in traces.items()})
 
 
 def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None = None) -> dict:
@@ -170,16 +158,11 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
         "wall_s_min": min(walls),
         "wall_s_max": max(walls),
         "num_steps": num_steps,
-        "num_generated_tokens": m.num_generated_tokens,
         "tok_per_s": m.num_generated_tokens / wall_s if wall_s else 0.0,
         "ms_per_step": 1000 * wall_s / num_steps if num_steps else 0.0,
-        "padding_waste_pct": m.padding_waste_pct,
-        "slot_utilisation_pct": m.slot_utilisation_pct,
         "requests_per_s": len(runs[0].requests) / wall_s if wall_s else 0.0,
+        **{field: getattr(m, field) for field in METRIC_FIELDS},
         "latency_percentiles": median_run.latency_percentiles(),
-        "num_preemptions": m.num_preemptions,
-        "num_cached_tokens": m.num_cached_tokens,
-        "prefix_cache_hit_rate": m.prefix_cache_hit_rate,
         **(peaks or {}),
         "reference_match": None if reference is None else not bad,
         "num_mismatched_requests": None if reference is None else len(bad),
@@ -187,18 +170,10 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
         "info": median_run.info,
         **server_fields(median_run),
         "requests": [
-            {
-                "request_id": r.request_id,
-                "prompt": r.prompt,
-                "max_new_tokens": r.max_new_tokens,
-                "output_token_ids": r.output_token_ids,
-                "output_text": r.output_text,
-                "ttft_s": r.ttft_s,
-                "latency_s": r.latency_s,
+            {field: getattr(r, field) for field in REQUEST_FIELDS}
+            | {
                 "sampling": None if r.sampling is None else r.sampling.to_dict(),
                 "comparison": comparison(r, reference),
-                "num_prompt_tokens": r.num_prompt_tokens,
-                "num_cached_tokens": r.num_cached_tokens,
             }
             for r in median_run.requests
         ],
@@ -222,12 +197,11 @@ def step_fields(engine, runner, recompiles: int) -> dict:
     return {"step_mode": None, "recompiles": None}
 
 
-def warm_up(engines: dict, requests, failures: dict | None = None) -> None:
+def warm_up(engines: dict, requests, failures: dict[str, str]) -> None:
     """One short run per engine, so one-time costs (allocations, kernels) are not timed.
 
     Local servers start first; a server engine that fails gets its message in ``failures``.
     """
-    failures = {} if failures is None else failures
     start_servers(engines, failures)
     short = [
         dataclasses.replace(r, max_new_tokens=min(4, r.max_new_tokens), arrival_s=0.0)
@@ -366,7 +340,9 @@ def _bench(args, loaded, runner, requests, engines: dict, normal: dict) -> int:
     print_report(args, results, normal_results, extra, (medians, failures, engines))
     optional_measures(args, runner, requests, extra)
     if args.out:
-        write_exports(args.out, traces)
+        from engine.workloads import export
+
+        export.write_files(args.out, medians)  # requests.csv, traces.json, trace.perfetto.json
     if args.json_path:
         write_json(args, loaded, results, extra, None if source is None else type(source).__name__)
     ok = not failures and all(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from engine.batching.continuous import ContinuousEngine
 from engine.bench.args import endpoints
-from engine.bench.servers import MATCHED
+from engine.bench.servers import matched_engine
 from engine.peers.schedule_comparison import DeploymentSettings, followed_config
 from engine.peers.vllm_record import RecordError, RecordFeed
 
@@ -36,11 +36,11 @@ class Followed:
 
 
 def follow_deployment(args, ours: dict) -> Followed | None:
-    """Rebuild the first of ``MATCHED`` in ``ours`` (by name; replaced in place) on the first
-    recorded endpoint's settings; None when there is no such endpoint or engine, or its record's
-    start line cannot be read (one line on stderr says why)."""
+    """Rebuild ``matched_engine(ours)`` (replaced in place) on the first recorded endpoint's
+    settings; None when there is no such endpoint or engine, or its record's start line cannot be
+    read (one line on stderr says why)."""
     recorded = [e for e in endpoints(args) if e.record_url]
-    name = next((n for n in MATCHED if n in ours), None)
+    name = matched_engine(ours)
     if not recorded or name is None:
         return None
     endpoint = recorded[0]

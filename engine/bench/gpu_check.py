@@ -2,19 +2,13 @@
 
     python -m engine.bench.gpu_check [--out out/gpu-check] [--model embedded] [--repeat 1]
 
-On a CUDA machine it runs ``python -m engine.bench`` (in this process, one model load per run):
-
-1. parity in float32: every engine of ours against per-request ``model.generate``, seed workload;
-2. the divergence report in float16 and in bfloat16, each without and with ``--batch-invariant``
-   (verdicts ✓ / ≈ / ✗ per request, bitwise logits in the invariant mode, its cost in ms/step);
-3. the bench on the seed workload (3 slots) and the long-tail mix (8 slots), float16.
-
-Each run writes ``<out>/<name>.json`` (the bench's JSON) and ``<out>/summary.json`` collects, per
-run, its exit status and per engine the match and verdict counts. A bench exit status of 1 (outputs
-differ) is expected in half precision and recorded, not fatal; the check fails (exit 1) when the
-float32 parity fails, when a run cannot run (exit 2), or when an invariant run is not bitwise.
-
-Without CUDA it stops at once with exit status 2 and says so.
+On a CUDA machine it runs ``python -m engine.bench`` in this process (``runs``: float32 parity,
+the float16 and bfloat16 divergence report without and with ``--batch-invariant``, the bench on
+the seed and long-tail workloads), each into ``<out>/<name>.json``, and collects per run its exit
+status and per engine the match and verdict counts in ``<out>/summary.json``. Outputs that differ
+(exit status 1) are expected in half precision and recorded; the check fails (exit 1) on broken
+float32 parity, a run that cannot run (exit 2), or an invariant run that is not bitwise
+(``failures``). Without CUDA it stops at once with exit status 2 and says so.
 """
 
 from __future__ import annotations

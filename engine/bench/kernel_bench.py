@@ -3,17 +3,13 @@
     python -m engine.bench.kernel_bench [--rows 1,2,3,4,8,16,64] [--repeat 9] [--model embedded]
                                         [--dtype float32|bfloat16|float16]
 
-For each row count M, times one pass of every decoder-layer ``nn.Linear`` of the model (the
-weights a decode step streams, ``lm_head`` left out) with M random input rows, through each
-candidate the runner itself times for that dtype on this host
-(``engine.kernels.kernel_timing.candidates_for``, bound by ``engine.kernels.linear_kernel.bind``):
-plain ``F.linear``, ``skinny`` and, where this torch and CPU have oneDNN, ``onednn`` on packed
-weights (and ``onednn_f32``, float32 copies, in half precision); prints the best of ``--repeat``
-in ms, the columns taking turns within each repeat. The last column, ``chosen``, is the engines'
-kernel as the runner chose it for this host (``engine.model.kernel_choice``: measured at the first
-start, or named by ``CBP_ENGINE_KERNEL``), timed the same way through its row-count dispatch; the
-lines under the table name it and count the row counts where the kernel it picks is within 5 %
-of the fastest candidate. This is the table in ``engine/kernels/linear_kernel.py``'s docstring.
+For each row count M, times one pass of every decoder-layer ``nn.Linear`` (``lm_head`` left out)
+on M random rows through each candidate the runner itself times for that dtype on this host
+(``engine.kernels.kernel_timing.candidates_for``), and through ``chosen``, the engines' kernel as
+the runner chose it here; prints the best of ``--repeat`` in ms, the columns taking turns within
+each repeat. The lines under the table name the chosen kernel and count the row counts where it
+is within 5 % of the fastest candidate. docs/bench.md says more; the table in
+``engine/kernels/linear_kernel.py``'s docstring is its output.
 """
 
 from __future__ import annotations

@@ -3,23 +3,18 @@
 
 ``python -m engine.bench.page_gap [--slots 3] [--kv-mode slots|paged] [--repeat 3] [--json F]``
 
-1. starts ``app.py`` on a free 127.0.0.1 port (offline) and waits until it serves
-   (``engine.bench.app_server``);
-2. ``repeat`` times: one Run of the seed workload through ``gradio_client`` (no browser, so no
-   browser shares the CPUs), then one bench process on the same workload, slots and KV mode;
-3. prints each engine's wall times both ways and the page/bench ratio of their medians.
-
-The page's times are the ones its status line shows ("static 9.81 s · continuous 7.20 s"), which
-are the engines' own clocks on the server, as the bench's are. The reference check is off on
-both sides: it is not timed on either. Only one such server should run: two would share the
-cores, and so would anything else running on the machine.
+Starts ``app.py`` (``engine.bench.app_server``), then ``repeat`` times runs the seed workload once
+through ``gradio_client`` (no browser, so none shares the CPUs) and once in a bench process on the
+same slots and KV mode, and prints each engine's wall times both ways and the page/bench ratio of
+their medians. The page's times are those its status line shows, the engines' own clocks on the
+server, as the bench's are; the reference check is off on both sides. Anything else running on
+the machine, a second server included, shares its cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -28,10 +23,9 @@ from pathlib import Path
 
 from engine import settings
 from engine.bench import app_server
+from engine.bench.room.session import STATUS_TIMES, run_knobs, status_line
 from engine.workloads.workload import SEED_REQUESTS
 
-STATUS_INDEX = 7  # the status line's place in /run's returned tuple
-STATUS_TIMES = re.compile(r"static ([0-9.]+) s · continuous ([0-9.]+) s")
 BENCH_ENGINE = {"slots": "continuous", "paged": "continuous_paged"}  # page KV mode -> engine
 
 
@@ -44,14 +38,12 @@ def page_run(url: str, slots: int, kv_mode: str) -> dict[str, float]:
     from gradio_client import Client
 
     table = {"headers": ["prompt", "max_new_tokens"], "data": [list(r) for r in SEED_REQUESTS]}
-    # chat template, reference check, KV mode, token budget, policy, transformers, rate, x axis
-    knobs = (False, False, kv_mode, 0, "decode_first", False, 0, "time")
+    knobs = run_knobs(check_reference=False, kv_mode=kv_mode)
     result = Client(url, verbose=False, download_files=False).predict(
         table, slots, *knobs, api_name="/run"
     )
-    status = result[STATUS_INDEX]
-    status = status.get("value", status) if isinstance(status, dict) else status
-    found = STATUS_TIMES.search(str(status))
+    status = status_line(result)
+    found = STATUS_TIMES.search(status)
     if found is None:
         raise RuntimeError(f"the page's run gave no times: {status!r}")
     return {"static": float(found[1]), "continuous": float(found[2])}

@@ -14,6 +14,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from engine.batching.continuous import ContinuousEngine
+from engine.bench.args import sampling_flags
 from engine.bench.probes.step_profile import decode_op_profile, profile_line
 from engine.bench.servers import comparison_lines, failed_result, schedule_line
 from engine.bench.verdicts import add_invariant_cost, verdict_summary
@@ -48,13 +49,6 @@ def format_table(results: dict[str, dict], weight_read_ms: float | None = None) 
             f"{_ratio(r['ms_per_step'], weight_read_ms):>8}  {match[r['reference_match']]}{note}"
         )
     return "\n".join(lines)
-
-
-def _sampling_flags(args) -> dict | None:
-    """The sampling flags as given (None: none given; each request's settings are in its entry)."""
-    names = ("temperature", "top_k", "top_p", "seed_base")
-    given = {name: getattr(args, name) for name in names}
-    return given if any(v is not None for v in given.values()) else None
 
 
 def prefix_cache_line(results: dict[str, dict]) -> str:
@@ -109,9 +103,7 @@ def print_report(args, results, normal_results, extra, run) -> None:
     )
     for line in kernel_choice_lines(extra["kernel_choice"]):
         print(line)
-    if (
-        extra["decoder_layers"] is not None
-    ):  # engine.kernels.fused_layers, or transformers' own layers
+    if extra["decoder_layers"] is not None:  # engine.kernels.fused_layers, or transformers'
         steps = ", ".join(f"{n} {k}" for n, k in extra["decoder_layer_steps"].items() if k)
         print(f"our engines' decoder layers: {extra['decoder_layers']} (steps: {steps})")
     if extra["compile_s"] is not None:
@@ -251,7 +243,7 @@ def write_json(args, loaded, results: dict, extra: dict, reference_kind: str | N
         "arrival": args.arrival,
         "rate": args.rate if args.arrival == "poisson" else None,
         "seed": args.seed if args.arrival == "poisson" else None,
-        "sampling_flags": _sampling_flags(args),
+        "sampling_flags": sampling_flags(args),  # as given
         "batch_invariant": args.batch_invariant,
         "engines": results,
         **extra,

@@ -3,30 +3,15 @@
 ``python -m engine.bench.room_load [--sessions 30] [--within-s 60] [--custom 6] [--browsers 0]
 [--url URL] [--idle-check] [--idle-repeat N] [--json F]``
 
-1. starts ``app.py`` on a free 127.0.0.1 port, offline (``engine.bench.app_server``), unless
-   ``--url`` names a page already serving;
-2. ``sessions`` ``gradio_client`` sessions, each at its own moment within ``within_s`` seconds
-   (seeded), choose a preset of the workshop tour as a person would (``/apply_preset``) and press
-   Run (``/run`` with ``replay_recent``, as the page's button sends it). ``custom`` of them first
-   change one cap, so theirs is a setup nobody ran: it must be measured live, in turn. With
-   ``--browsers N``, N more people use the page itself in headless Chromium: each opens a tour
-   preset's link and presses Run at its moment (``run_browsers``, below). The clients and
-   browsers stand in for people on other machines: they run at nice 19 (``as_remote``), and
-   when the page keeps its engines on CPUs of their own, on the page's CPUs only
-   (``clients_cpus``), so they take only what the page leaves and nothing from the runs;
-3. reads each session's stream: when it was told its place and estimate, when its run started,
-   when its result came, and whether it was shown at once (an identical run measured earlier);
-4. with ``--idle-check``, runs each measured setup once more alone (``--idle-repeat N``: N times,
-   and the summary says how far apart those runs were, the machine's own noise), and compares the
-   engines' times in the room with the idle page's (the room must not slow a measurement);
-5. prints a line per session and a summary, and writes them as JSON with ``--json``.
-
-The summary says what the workshop needs: every session got a full result, with no error; the
-sessions on an already-run setup got theirs within ``REPLAY_TARGET_S``; each waiting session's
-first estimate against its actual wait (target: within ±30 %), counted apart for the sessions
-whose own run waited and those shown an identical run when it ended. The page times its pace
-at start (``SharedModel.calibrate_pace``), so a session that waits is told an estimate from its
-first line; every estimate it tells counts.
+Starts ``app.py`` on a free 127.0.0.1 port, offline (``engine.bench.app_server``), unless ``--url``
+names a page already serving. ``sessions`` ``gradio_client`` sessions (``engine.bench.room``),
+and ``--browsers`` more in headless Chromium, each choose a tour preset as a person would and
+press Run at their own moment within ``within_s`` seconds (seeded); the last ``custom`` of them
+first change one cap, so that theirs is a setup nobody ran and must be measured live. The clients
+stand in for people on other machines: they take only what the page leaves (``as_remote``). It
+prints a line per session and a summary (``summary``), and with ``--idle-check`` runs each
+measured setup again alone to compare the engines' times (the room must not slow a measurement).
+docs/bench.md describes the flags and the summary's fields.
 """
 
 from __future__ import annotations
@@ -51,7 +36,6 @@ from engine.bench.room.session import (
     Session,
     as_remote,
     clients_cpus,
-    engine_times,
     preset_links,
     preset_names,
     run_session,
@@ -99,28 +83,22 @@ def run_room(
         threads.append(thread)
     for thread in threads:
         thread.join()
-    for session in in_browsers:
-        engine_times(session)
     return room + in_browsers
 
 
 def summary(
     room: list[Session], idle: dict[tuple, list[tuple[float, float]]] | None = None
 ) -> dict:
-    """What the workshop needs to know (see the module docstring)."""
-    errors = [s for s in room if s.error]
+    """What the workshop needs to know: every session got a full result, with no error; those
+    shown an identical run got it within ``REPLAY_TARGET_S``; each waiting session's first
+    estimate against its actual wait (within ``ESTIMATE_TOLERANCE``), counted apart for the
+    sessions whose own run waited and those shown an identical run when it ended."""
     replays = [s.result_after_s for s in room if s.shown_at_once and s.result_after_s is not None]
     measured = {s.preset: s.done_s for s in room if not s.custom and not s.shown_at_once}
     after_live = [
         s.done_s - measured[s.preset]
         for s in room
         if s.shown_at_once and s.done_s is not None and measured.get(s.preset) is not None
-    ]
-    live_estimates = [
-        s.estimate_error for s in room if s.estimate_error is not None and not s.shown_at_once
-    ]
-    shown_estimates = [
-        s.estimate_error for s in room if s.estimate_error is not None and s.shown_at_once
     ]
     result = {
         "sessions": len(room),
@@ -129,25 +107,24 @@ def summary(
         "browser_full_results": sum(
             s.browser and s.done_s is not None and not s.error for s in room
         ),
-        "errors": [f"session {s.number}: {s.error}" for s in errors],
+        "errors": [f"session {s.number}: {s.error}" for s in room if s.error],
         "shown_at_once": len(replays),
         "shown_at_once_max_s": max(replays, default=None),  # from the press
         # from the end of the live run of the same setup, for those pressed before it ended
         "shown_after_its_run_max_s": max(after_live, default=None),
         "replay_target_s": REPLAY_TARGET_S,
         "live": sum(not s.shown_at_once and s.done_s is not None for s in room),
-        # sessions whose own run waited (a custom setup, or the first of a setup)
-        "estimates_told": len(live_estimates),
-        "estimates_within_30pct": sum(abs(e) <= ESTIMATE_TOLERANCE for e in live_estimates),
-        "estimate_error_median": statistics.median(live_estimates) if live_estimates else None,
-        # sessions that waited for an identical run ahead and were shown it when it ended
-        "shown_estimates_told": len(shown_estimates),
-        "shown_estimates_within_30pct": sum(abs(e) <= ESTIMATE_TOLERANCE for e in shown_estimates),
-        "shown_estimate_error_median": (
-            statistics.median(shown_estimates) if shown_estimates else None
-        ),
         "last_result_s": max((s.done_s for s in room if s.done_s is not None), default=None),
     }
+    # "": sessions whose own run waited (a custom setup, or the first of a setup); "shown_":
+    # those that waited for an identical run ahead and were shown it when it ended
+    told = [(s.shown_at_once, s.estimate_error) for s in room if s.estimate_error is not None]
+    for prefix, shown in (("", False), ("shown_", True)):
+        errors = [error for at_once, error in told if at_once == shown]
+        within = sum(abs(error) <= ESTIMATE_TOLERANCE for error in errors)
+        result[f"{prefix}estimates_told"] = len(errors)
+        result[f"{prefix}estimates_within_30pct"] = within
+        result[f"{prefix}estimate_error_median"] = statistics.median(errors) if errors else None
     if idle:
         result["room_over_idle"] = _room_over_idle(room, idle)
     return result
@@ -159,9 +136,8 @@ def _room_over_idle(room: list[Session], idle: dict) -> dict:
     the fastest): the machine's own noise, against which a room's effect can be read."""
     ratios = {}
     for s in room:
-        key = (s.preset, s.custom, s.number if s.custom else None)
-        if key in idle and s.static_s and not s.shown_at_once:
-            runs = idle[key]
+        if s.setup in idle and s.static_s and not s.shown_at_once:
+            runs = idle[s.setup]
             entry = {}
             for i, engine in enumerate(("static", "continuous")):
                 times = [run[i] for run in runs]
@@ -175,7 +151,7 @@ def _room_over_idle(room: list[Session], idle: dict) -> dict:
 
 def idle_check(url: str, room: list[Session], repeat: int = 1) -> dict[tuple, list]:
     """Each setup measured live in the room, run again alone (live, no replay) ``repeat`` times:
-    its key -> ``[(static_s, continuous_s), ...]``."""
+    its ``Session.setup`` -> ``[(static_s, continuous_s), ...]``."""
     names, idle = preset_names(), {}
     for _ in range(repeat):
         for s in room:
@@ -184,8 +160,7 @@ def idle_check(url: str, room: list[Session], repeat: int = 1) -> dict[tuple, li
             again = Session(s.number, s.preset, s.custom)
             run_session_live(url, again, names)
             if again.static_s:
-                key = (s.preset, s.custom, s.number if s.custom else None)
-                idle.setdefault(key, []).append((again.static_s, again.continuous_s))
+                idle.setdefault(s.setup, []).append((again.static_s, again.continuous_s))
     return idle
 
 

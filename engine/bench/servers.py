@@ -1,20 +1,13 @@
 """The bench's server engines: ``vllm``, ``llamacpp``, ``llamacpp_q4`` and ``--endpoint NAME=URL``,
 and what can go wrong.
 
-An endpoint with ``--endpoint-record NAME=RECORD_URL`` is a ``RecordedEngine``
-(``engine.peers.vllm_engine``) reading its server's record over HTTP: its entry gets
-``num_steps`` from that record and a ``schedule_comparison`` with our matched engine, which ran on
-the deployment's settings (``engine.bench.deployment``); a record that cannot be read leaves the
-entry as any endpoint's, with one warning saying why.
-
-A server engine is an ``OpenAIEngine`` (``engine.peers.openai_engine``); ``vllm`` and the two
-llama.cpp engines also own a local server (``engine.peers.vllm_engine``,
-``engine.llamacpp.engines``), started once before the warm-up and stopped when the bench ends, so
-every repeat runs on the same warm server. A server that cannot be reached, refuses a
-request or dies raises ``EndpointError``: that engine is dropped with its message, the others go on,
-and its JSON entry is ``{"error": ..., "server": ...}``. Successful entries get the same fields as
-every engine plus ``server`` (name, URL, version, settings, warnings, ``/metrics`` samples of the
-median run); ``vllm``'s ``num_steps`` counts the steps of vLLM's own record (``server_fields``).
+A server engine is an ``OpenAIEngine`` (``engine.peers.openai_engine``); the local ones own their
+server, started once before the warm-up and stopped when the bench ends, so every repeat runs on
+the same warm server. A server that cannot be reached, refuses a request or dies raises
+``EndpointError``: that engine is dropped with its message (``failed_result``), the others go on.
+An endpoint with ``--endpoint-record`` reads its server's record of its steps and is compared with
+our matched engine (``add_schedule_comparison``; ``engine.bench.deployment``). The JSON fields are
+in docs/bench.md.
 """
 
 from __future__ import annotations
@@ -29,19 +22,15 @@ from engine.trace import Trace
 MATCHED = ("continuous_paged", "continuous")  # our engines vLLM's settings follow, first first
 
 
-def server_engines(
-    args, names: list[str], loaded, ours: dict | None = None, requests=None, followed=None
-) -> dict:
+def server_engines(args, names: list[str], loaded, ours: dict, requests, followed) -> dict:
     """The ``vllm`` and llama.cpp engines (those named) and one engine per ``--endpoint``, by name.
 
     ``ours``: our engines by name; when one of ``MATCHED`` runs (the first listed), vLLM gets its
     settings (``engine.peers.vllm_server.matched_settings``) for ``requests``, and the engine
     remembers which one it matches (``matched_to``) and what could not match (``unmatched``).
     An endpoint with a record URL remembers the same, and ``followed``: the
-    ``engine.bench.deployment.Followed`` when ours took its settings, else None.
-
-    The llama.cpp engines get ``--parallel`` = ``--slots`` and slots sized to the longest of
-    ``requests``.
+    ``engine.bench.deployment.Followed`` when ours took its settings, else None. The llama.cpp
+    engines get ``--parallel`` = ``--slots`` and slots sized to the longest of ``requests``.
 
     Raises:
         ValueError: no ``.venv-vllm``, no llama-server or GGUF for it, or a bad ``--endpoint`` or
@@ -50,14 +39,14 @@ def server_engines(
     from engine.peers.vllm_engine import endpoint_engine
 
     engines = {}
+    matched = matched_engine(ours)
     if "vllm" in names:
-        engines["vllm"] = _vllm_engine(args, loaded, ours or {}, requests)
+        engines["vllm"] = _vllm_engine(args, loaded, ours, matched, requests)
     for name in ("llamacpp", "llamacpp_q4"):
         if name in names:
             from engine.llamacpp.engines import LlamaCppEngine
 
             engines[name] = LlamaCppEngine(loaded, args.slots, name=name, requests=requests)
-    matched = next((n for n in MATCHED if n in (ours or {})), None)
     for endpoint in endpoints(args):
         engines[endpoint.name] = engine = endpoint_engine(endpoint, loaded, args.slots)
         if endpoint.record_url is None:
@@ -66,6 +55,12 @@ def server_engines(
         engine.matched_to, engine.followed = matched, mine
         engine.unmatched = mine.unmatched if mine else ["ours ran on the flags' settings"]
     return engines
+
+
+def matched_engine(ours: dict) -> str | None:
+    """The first of ``MATCHED`` among ``ours`` (by name): the engine a server's schedule is
+    compared with; None when neither runs."""
+    return next((name for name in MATCHED if name in ours), None)
 
 
 def match_block_size(args, names: list[str], loaded) -> None:
@@ -85,13 +80,12 @@ def match_block_size(args, names: list[str], loaded) -> None:
     )
 
 
-def _vllm_engine(args, loaded, ours: dict, requests):
-    """The ``vllm`` engine, with the settings of the first of ``MATCHED`` among ``ours``."""
+def _vllm_engine(args, loaded, ours: dict, name: str | None, requests):
+    """The ``vllm`` engine, with the settings of our engine ``name`` (``matched_engine``)."""
     from engine.peers.vllm_engine import VllmEngine
     from engine.peers.vllm_server import matched_settings
 
-    name = next((n for n in MATCHED if n in ours), None)
-    if name is None or requests is None:
+    if name is None:
         return VllmEngine(loaded, args.slots, enforce_eager=args.vllm_eager)
     engine = ours[name]
     settings, unmatched = matched_settings(
@@ -165,34 +159,29 @@ def server_fields(trace: Trace) -> dict:
 
     ``server``: name, URL, version, settings, warnings and ``/metrics`` samples. The ``vllm``
     engine also replaces ``num_steps`` (and ``ms_per_step``) with the steps of vLLM's own record
-    (``engine.peers.vllm_record``) and adds ``server.schedule``: those steps' count, time and
-    recording cost. Without a record ``num_steps`` stays 0, as for any server.
+    (``engine.peers.vllm_record``) and adds ``server.schedule``: those steps in brief (count,
+    time, preemptions, what recording them cost). Without a record ``num_steps`` stays 0, as for
+    any server.
     """
     server = trace.info.get("server")
     if server is None:
         return {}
     samples = [dataclasses.asdict(s) for s in trace.server_samples]
     fields = {"server": {**server, "warnings": list(trace.warnings), "samples": samples}}
-    schedule = getattr(trace, "schedule", None)  # engine.peers.vllm_record.VllmTrace
+    schedule = trace.schedule  # engine.peers.vllm_record.VllmTrace
     if schedule is not None:
         num_steps = len(schedule.steps)
         fields["num_steps"] = num_steps
         fields["ms_per_step"] = 1000 * trace.wall_s / num_steps if num_steps else 0.0
-        fields["server"]["schedule"] = schedule_summary(schedule)
+        fields["server"]["schedule"] = {
+            "num_steps": num_steps,
+            "step_s": sum(s.duration_s for s in schedule.steps),
+            "record_s": schedule.info.get("record_s"),
+            "record_cost_pct": schedule.info.get("record_cost_pct"),
+            "num_preemptions": sum(len(s.preempted) for s in schedule.steps),
+            "source": schedule.info.get("source"),
+        }
     return fields
-
-
-def schedule_summary(schedule: Trace) -> dict:
-    """vLLM's own steps in brief: how many, their time, and what recording them cost."""
-    info = schedule.info
-    return {
-        "num_steps": len(schedule.steps),
-        "step_s": sum(s.duration_s for s in schedule.steps),
-        "record_s": info.get("record_s"),
-        "record_cost_pct": info.get("record_cost_pct"),
-        "num_preemptions": sum(len(s.preempted) for s in schedule.steps),
-        "source": info.get("source"),
-    }
 
 
 def failed_result(name: str, message: str, engines: dict) -> dict:
@@ -217,16 +206,14 @@ def schedule_line(name: str, schedule: Trace) -> str:
 
 def add_schedule_comparison(results: dict, medians: dict[str, Trace], engines: dict) -> None:
     """``results[server]["schedule_comparison"]`` for ``vllm`` and each endpoint with a record:
-    our matched engine's schedule against the server's own
-    (``engine.peers.schedule_comparison.compare_schedules``, median runs), with ``engine`` (ours)
-    and ``unmatched_settings``; an endpoint's also has ``settings_taken`` (the deployment's
-    settings ours ran on, and ``from`` whom; None when ours kept the flags'). Nothing for a
-    server whose settings matched none of ours or whose record is missing."""
+    our matched engine's schedule against the server's own (``engine.peers.schedule_comparison``,
+    median runs; fields in docs/bench.md). Nothing for a server whose settings matched none of
+    ours or whose record is missing."""
     from engine.peers.schedule_comparison import compare_schedules
 
     for server, engine in engines.items():
         name = getattr(engine, "matched_to", None)
-        schedule = getattr(medians.get(server), "schedule", None)
+        schedule = medians[server].schedule if server in medians else None
         if name is None or schedule is None or name not in medians or server not in results:
             continue
         comparison = compare_schedules(medians[name], schedule)

@@ -2,13 +2,8 @@
 
 For every engine, every request gets a verdict against the reference
 (``engine.fidelity.divergence``): ``match`` ✓, ``near-tie`` ≈ (a flip that rounding explains) or
-``differs`` ✗. The JSON entry of an engine carries ``num_match``, ``num_near_tie``, ``num_differs``
-and ``num_logits_equal`` (matches whose logits were bitwise equal to the reference's at every
-token), a ``verdict`` per request and ``mismatches`` for the requests that differ (with the top 5
-of both runs).
-
-With ``--batch-invariant`` the engines also run once per repeat in the normal mode, and each entry
-gets ``normal_ms_per_step`` and ``invariant_cost_x`` (ms/step in the mode over the normal one).
+``differs`` ✗. With ``--batch-invariant`` the engines also run once per repeat in the normal mode,
+and each entry gets that mode's ms/step beside its own. The JSON fields are in docs/bench.md.
 """
 
 from __future__ import annotations
@@ -25,9 +20,7 @@ def add_verdicts(runner, requests, median_traces: dict, reference, results: dict
     ``ReferenceCache`` or ``SoloReference``.
     """
 
-    def decode(ids):
-        return runner.tokenizer.decode(ids)
-
+    decode = runner.tokenizer.decode
     for name, trace in median_traces.items():
         verdicts = reference.verdicts(requests, trace)
         entry = results[name]
@@ -47,11 +40,9 @@ def add_verdicts(runner, requests, median_traces: dict, reference, results: dict
 def _split_line(item: dict) -> str:
     ref = item["reference_run"] or {}
     top = ", ".join(f"{t['text']!r} {t['logit']:.4g}" for t in ref.get("top", [])[:3])
-    margin = item["logit_margin"]
-    margin_text = "-" if margin is None else f"{margin:.4g}"
     return (
         f"R{item['request_id']} {item['label']}: reference {item['reference_token']} vs "
-        f"engine {item['engine_token']}, margin {margin_text} (bound "
+        f"engine {item['engine_token']}, margin {_num(item['logit_margin'])} (bound "
         f"{_num(item['rounding_bound'])}); reference's top: {top}; {item['reason']}"
     )
 

@@ -1,13 +1,10 @@
 """Hardware probes for the bench: peak resident memory, and the time to read the weights once.
 
-* ``PeakMemory`` reports the peak resident set size (RSS) of this process since its last
-  ``reset()``. On Linux it resets the kernel's high-water mark (``VmHWM``) by writing ``5`` to
-  ``/proc/self/clear_refs`` (see ``man 5 proc``), so each engine gets its own peak; elsewhere it
-  falls back to ``ru_maxrss``, the peak since the process started. On CUDA it also reports
-  ``torch.cuda.max_memory_allocated``.
-* ``weight_read_ms`` times one pass that reads every parameter (a ``sum`` per tensor, on the same
-  threads the forward uses). Decoding a batch of a few sequences must read every weight once per
-  step, so this is the lower limit of a decode step on this machine.
+``PeakMemory`` reports the peak resident set size (RSS) since its last ``reset()``: on Linux it
+resets the kernel's high-water mark (``VmHWM``) by writing ``5`` to ``/proc/self/clear_refs``
+(``man 5 proc``), so each engine gets its own peak; elsewhere it falls back to ``ru_maxrss``, the
+peak since the process started. ``weight_read_ms`` times one read of every parameter: decoding a
+batch of a few sequences reads every weight once per step, so this is a decode step's floor.
 """
 
 from __future__ import annotations

@@ -3,18 +3,11 @@
 A decode step reads every weight once, so its floor is the bench's weight read (``x read``); what
 it costs above that floor is either the matmul kernels running below the memory's speed at a few
 rows, or the other ops of each layer (norms, rotary, the KV cache writes, casts, views), each a
-few microseconds of dispatch. ``decode_op_profile`` runs ``num_slots`` sequences through the
-continuous engine under ``torch.profiler`` and sums each op's self time (its own, not its
-children's) per step into three groups, so a bench run says which of the two it is:
-
-* ``matmul_ms``: the linears (oneDNN's ``mkldnn::_linear_pointwise``, the gemv kernel's
-  ``cbp_gemv::linear``, ``aten::mm``/``addmm``);
-* ``attention_ms``: ``scaled_dot_product_attention`` and what it calls, or this project's decode
-  attention (``cbp_attention::decode``);
-* ``other_ms``: every other op, with ``other_ops`` (ops per step) and the costliest of them.
-
-The profiler adds its own cost to each op (a few microseconds), so the groups add up to more than
-the unprofiled step: read them as shares. ``step_ms`` is the profiled step's wall time.
+few microseconds of dispatch. ``decode_op_profile`` sums each op's self time (its own, not its
+children's) per step under ``torch.profiler`` into three groups (``op_group``: ``MATMUL_OPS``,
+attention, and every other op), so a bench run says which of the two it is. The profiler adds a
+few microseconds to each op, so the groups add up to more than the unprofiled step: read them as
+shares.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from engine.bench.room.session import Session, read_status
+from engine.bench.room.session import Session, read_status, take_times
 
 CHROMIUM = "/usr/bin/chromium"  # the browser sessions' (--browsers)
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu"]
@@ -104,9 +104,9 @@ def _poll(session: Session, page, t0: float) -> bool:
     if note.startswith(REFUSED):
         session.error = f"the page says: {note[:200]!r}"
         return True
-    if not note.startswith(FINISHED):
-        read_status(session, status, now_s)
-        return False
     read_status(session, status, now_s)
+    if not note.startswith(FINISHED):
+        return False
     session.done_s = now_s
+    take_times(session)
     return True

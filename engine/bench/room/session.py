@@ -1,10 +1,8 @@
 """One session of a workshop room: a person's Run through the page's API, as the room saw it.
 
-A ``Session`` holds what one person was told and when (place and estimate, the start of their
-run, their result, whether it was an identical run shown at once) and the engines' times from
-the final status line. ``run_session`` plays a ``gradio_client`` session: choose a tour preset as
-a person would (``/apply_preset``), press Run (``/run`` with ``replay_recent``, what the page's
-button sends) and read the stream; ``read_status`` reads one status line, streamed or as a
+``run_session`` plays a ``gradio_client`` session: it chooses a tour preset as a person would
+(``/apply_preset``), presses Run (``/run`` with ``replay_recent``, as the page's button sends it)
+and reads the stream into a ``Session``; ``read_status`` reads one status line, streamed or as a
 browser shows it (``engine.bench.room.browsers``).
 """
 
@@ -19,10 +17,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.knobs import KNOB
+
 TOUR = ("seed", "one-long-many-short", "equal-caps", "long-prompts", "arrivals",
         "shared-system-prompt")  # fmt: skip
 PRESETS_PATH = Path(__file__).resolve().parents[3] / "assets" / "presets.json"
 STATUS_INDEX = 7  # the status line's place in /run's outputs (the run's state is not sent)
+# /run's knobs after the table and the slots, in its order (the page's ``RUN_INPUTS``)
+RUN_KNOBS = ("chat_template", "check_reference", "kv_mode", "token_budget", "policy",
+             "compare_hf", "arrival_rate", "x_axis")  # fmt: skip
 REPLAY_TARGET_S = 10.0
 ESTIMATE_TOLERANCE = 0.30
 MIN_WAIT_S = 10.0  # an estimate's error is judged against at least this wait
@@ -54,6 +57,11 @@ class Session:
     continuous_s: float | None = None
     error: str | None = None
     statuses: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def setup(self) -> tuple:
+        """What it ran: its preset, and for a custom session its own cap (its number)."""
+        return (self.preset, self.custom, self.number if self.custom else None)
 
     @property
     def result_after_s(self) -> float | None:
@@ -91,7 +99,7 @@ def preset_links(url: str, path: Path = PRESETS_PATH) -> dict[str, tuple[str, st
         else:  # a workload file under assets/: its first line's prompt
             with (path.parent / preset["workload"]).open(encoding="utf-8") as lines:
                 first = json.loads(lines.readline())["prompt"]
-        link = preset_link(url, preset["slug"], int(preset.get("slots", 3)))
+        link = f"{url.rstrip('/')}/?preset={preset['slug']}&slots={int(preset.get('slots', 3))}"
         links[preset["slug"]] = (link, first.split("\n")[0][:30])
     return links
 
@@ -99,6 +107,17 @@ def preset_links(url: str, path: Path = PRESETS_PATH) -> dict[str, tuple[str, st
 def _value(output):
     """A component's value as ``gradio_client`` hands it (a dict with ``value``, or plain)."""
     return output.get("value", output) if isinstance(output, dict) else output
+
+
+def status_line(outputs) -> str:
+    """The status line among one update of /run's ``outputs``."""
+    return str(_value(outputs[STATUS_INDEX]))
+
+
+def run_knobs(**values) -> tuple:
+    """/run's ``RUN_KNOBS`` inputs: each knob's default (``engine.knobs``) unless ``values``
+    names it."""
+    return tuple(values.get(name, KNOB[name].default) for name in RUN_KNOBS)
 
 
 def _setup(url: str, session: Session, names: dict[str, str]):
@@ -115,9 +134,7 @@ def _setup(url: str, session: Session, names: dict[str, str]):
     table = _value(table)
     if session.custom:  # one cap changed: a setup nobody ran
         table["data"][0][1] = int(table["data"][0][1]) + 1 + session.number
-    # chat template, reference check, KV mode, token budget, policy, transformers, rate, x axis
-    knobs = (chat, True, "paged", 0, "decode_first", False, 0, "time")
-    return client, (table, _value(slots), *knobs)
+    return client, (table, _value(slots), *run_knobs(chat_template=chat))
 
 
 def run_session(url: str, session: Session, t0: float, names: dict[str, str]) -> None:
@@ -126,17 +143,12 @@ def run_session(url: str, session: Session, t0: float, names: dict[str, str]) ->
         client, inputs = _setup(url, session, names)
         session.pressed_s = time.monotonic() - t0
         job = client.submit(*inputs, replay_recent=True, api_name="/run")
-        for update in updates(job):
-            read_status(session, str(_value(update[STATUS_INDEX])), time.monotonic() - t0)
-        final = job.outputs()[-1] if job.outputs() else None
-        if final is None:
+        for update in updates(job):  # the final result is the last of them
+            read_status(session, status_line(update), time.monotonic() - t0)
+        if not session.statuses:
             raise RuntimeError("no result")
-        read_status(session, str(_value(final[STATUS_INDEX])), time.monotonic() - t0)
         session.done_s = time.monotonic() - t0
-        found = STATUS_TIMES.search(session.statuses[-1])
-        if found is None:
-            raise RuntimeError(f"no engine times in the final status: {session.statuses[-1]!r}")
-        session.static_s, session.continuous_s = float(found[1]), float(found[2])
+        take_times(session)
     except Exception as exc:  # noqa: BLE001  (any failure is the session's result, reported)
         session.error = f"{type(exc).__name__}: {exc}"
 
@@ -208,23 +220,14 @@ def run_session_live(url: str, session: Session, names: dict[str, str]) -> None:
     """``run_session`` with ``replay_recent`` off: a fresh measurement, its result awaited."""
     client, inputs = _setup(url, session, names)
     result = client.predict(*inputs, replay_recent=False, api_name="/run")
-    found = STATUS_TIMES.search(str(_value(result[STATUS_INDEX])))
-    if found:
-        session.static_s, session.continuous_s = float(found[1]), float(found[2])
+    read_status(session, status_line(result), 0.0)
+    take_times(session)
 
 
-def engine_times(session: Session) -> None:
-    """The engines' times from a finished browser session's last status (an error if none)."""
-    if session.error or session.done_s is None:
-        return
-    found = STATUS_TIMES.search(session.statuses[-1]) if session.statuses else None
+def take_times(session: Session) -> None:
+    """The engines' times from a finished session's last status line (an error if none)."""
+    found = STATUS_TIMES.search(session.statuses[-1])
     if found is None:
-        last = session.statuses[-1][:120] if session.statuses else ""
-        session.error = f"no engine times in the final status: {last!r}"
-        return
-    session.static_s, session.continuous_s = float(found[1]), float(found[2])
-
-
-def preset_link(url: str, slug: str, num_slots: int) -> str:
-    """The tour's link to preset ``slug`` with its slot count, on the page at ``url``."""
-    return f"{url.rstrip('/')}/?preset={slug}&slots={num_slots}"
+        session.error = f"no engine times in the final status: {session.statuses[-1][:120]!r}"
+    else:
+        session.static_s, session.continuous_s = float(found[1]), float(found[2])
