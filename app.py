@@ -44,7 +44,7 @@ def build_demo(
         results = results_panel(shown, server_names)
         downloads = page_panels.downloads_panel()
         run_state = gr.State(shown.state if shown is not None else None)
-        handle_state = gr.State(RunHandle(zerogpu.runs_queue_in_gradio()))  # per session: Stop
+        handle_state = gr.State(RunHandle(gradio_queue=zerogpu.on_zerogpu()))  # per session: Stop
         demo.unload(playground.session_end_event(handle_state.value))  # a tab closed or reloaded
         link_step_state = gr.State()  # a link's step=N, applied after the first run
         outputs = page_panels.run_outputs(run_state, results, downloads, settings)

@@ -1,28 +1,14 @@
-"""Starting the page: ``app.py``'s command line, the model load, and the server.
+"""Starting the page: ``app.py``'s command line (``parse_args``), the model load, and the server.
 
-``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--port 7860]
-[--host 127.0.0.1] [--share] [--vllm [--vllm-eager] [--vllm-max-num-seqs N]
-[--vllm-max-model-len TOKENS]] [--llamacpp]
-[--endpoint NAME=URL ...] [--endpoint-record NAME=RECORD_URL ...]``. The model loads before the
-page is served, so a bad model or device stops the start with one line instead of failing the
-first Run.
+The model loads before the page is served, so a bad model or device stops the start with one line
+instead of failing the first Run. The host's servers (``engine.page.run.host_servers``) start in
+the background while the page serves, and stop with it (also on SIGTERM).
 
-The host's servers (``engine.page.run.host_servers``): ``--vllm`` starts a local vLLM on the loaded
-model (``make vllm`` builds its environment) in the background while the page serves, and stops it
-with the app (also on SIGTERM); ``--llamacpp`` does the same with llama.cpp's ``llama-server``
-(``make llamacpp`` builds it) as two engines, ``llamacpp`` (F32) and ``llamacpp_q4``;
-``--endpoint`` and ``CBP_ENDPOINTS`` name OpenAI-compatible
-servers elsewhere, and ``--endpoint-record`` where such a vLLM serves its record of its steps.
-The page offers exactly these, by name.
-
-By default (``CBP_ENGINE_PROCESS=auto``, on except on ZeroGPU) the engines run in an engine
-process of their own (``engine.worker.worker_process.ProcessWorker``), which holds the only
-copy of the model: it loads it before the page serves, then tells the page its facts (tokenizer,
-sizes, labels, reference keys) and times the queue's pace where the runs will run; the page's
-model is then a ``shared_model.ModelView``, with no weights. The CPUs are split between the two
-processes (``engine.page.run.cpu_split``, ``CBP_ENGINE_CPUS``). With ``CBP_ENGINE_PROCESS=off``
-the page loads the model itself (``shared_model.load_shared_model``) and the engines run on its
-engine thread.
+By default (``engine.page.run.engine_worker``) the engines run in an engine process of their own,
+which holds the only copy of the model, tells the page its facts and times the queue's pace where
+the runs will run: the page's model is then a ``shared_model.ModelView``, with no weights, and the
+CPUs are split between the two processes (``engine.page.run.cpu_split``). Otherwise the page loads
+the model itself (``shared_model.load_shared_model``) and the engines run on its engine thread.
 """
 
 from __future__ import annotations
@@ -132,10 +118,8 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def configured_servers(args: argparse.Namespace, loaded) -> host_servers.PageServers | None:
-    """The servers the command line and ``CBP_ENDPOINTS`` give the page; None without any.
-
-    ``--vllm`` without ``.venv-vllm`` or ``--llamacpp`` without ``llama-server`` gives a server
-    that is failed from the start, saying which ``make`` target builds it (``host_servers``).
+    """The servers the command line and ``CBP_ENDPOINTS`` give the page
+    (``host_servers.configure``); None without any.
 
     Raises:
         ValueError: a bad endpoint or name, or no GGUF for llama.cpp.
@@ -236,13 +220,10 @@ def _connect(
     shared_model.use_model(view)
     where = f"loaded in {view.facts.card.load_s:.1f} s in the engine process"
     print(f"{view.label} ({where})", flush=True)
-    print(f"Queue pace timed in the engine process: {_seconds(parts_s)}", flush=True)
+    pace = ", ".join(f"{part} {s:.1f} s" for part, s in parts_s.items())
+    print(f"Queue pace timed in the engine process: {pace}", flush=True)
     print(f"Engine process {view.facts.step}", flush=True)
     return view
-
-
-def _seconds(parts_s: dict[str, float]) -> str:
-    return ", ".join(f"{part} {s:.1f} s" for part, s in parts_s.items())
 
 
 def _exit(signum, _frame) -> None:

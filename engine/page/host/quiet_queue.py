@@ -1,17 +1,13 @@
 """Gradio's queue without its busy polling, so that the page's runs keep both cores.
 
 Gradio 6's queue (``gradio.queueing.Queue``) has two loops on the web server's event loop: one
-looks for events to start, sleeping ``sleep_when_free`` between looks (1 ms on Linux, 50 ms on
-Windows), and one looks for progress to send, every ``progress_update_sleep_when_free`` (10 ms;
-100 ms on Windows). That is about a thousand wake-ups a second whether or not anything is queued,
-and on a small host each one is time taken from the engines' OpenMP threads, which wait for each
-other at every barrier; it was most of the gap between the page's run times and the bench's
-(``python -m engine.bench.page_gap``; the figures are in docs/measurements.md).
-
-``quiet(demo)`` gives the queue Windows' values: an event starts up to 50 ms later than it would,
-and a progress bar is redrawn ten times a second, neither of which a person sees on runs that take
-seconds. Should a Gradio release rename these attributes, ``quiet`` warns and leaves the queue as
-it is (``tests/page/host/test_quiet_queue.py`` fails then, so the change is noticed).
+looks for events to start, every ``sleep_when_free`` (1 ms on Linux, 50 ms on Windows), and one
+for progress to send, every ``progress_update_sleep_when_free`` (10 ms; 100 ms on Windows). That
+is about a thousand wake-ups a second whether or not anything is queued, each one time taken from
+the engines' OpenMP threads, which wait for each other at every barrier (``python -m
+engine.bench.page_gap`` measures it; docs/measurements.md). ``quiet(demo)`` gives the queue
+Windows' values: an event starts up to 50 ms later, and a progress bar is redrawn ten times a
+second, neither of which a person sees on runs that take seconds.
 """
 
 from __future__ import annotations

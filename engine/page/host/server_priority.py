@@ -1,28 +1,20 @@
 """The page's server threads yield the CPU to the run being measured.
 
 A run is a measurement, and on a small host it shares the CPUs with the page that serves everyone
-else: each new session costs Gradio about 0.3 s of CPU (it copies every component's config into
-the session's state), and each update sent to a waiting run about 14 ms (every skipped output is
-rebuilt). On a 2-CPU machine torch's OpenMP threads use both CPUs, so a server thread that takes
-one stalls every parallel region of the step until it yields: a room of ten waiting clients made
-the engines' times 1.3× to 1.9× those of an idle page.
+else: each new session and each update sent to a waiting run costs Gradio's server CPU time, and
+with torch's OpenMP threads on every CPU, a server thread that takes one stalls every parallel
+region of the step until it yields (docs/measurements.md, "Does the room slow the run being
+measured?").
 
 Linux keeps a nice value per thread, and a thread inherits its creator's. So the main thread, after
-the model is loaded and warmed up on the engine thread
-(``engine.worker.worker_process.ENGINE_THREAD``, whose OpenMP pool is made then, at the nice
-value the process started with), raises its own nice value before Gradio starts its server: the
-server's event loop and its worker threads are made from it, and inherit it. The kernel's fair
-scheduler then gives a runnable engine thread about ten times the CPU share of a server thread at
-nice +10, so the page still answers while a run measures, more slowly, and at full speed between
-runs. Raising one's own nice value needs no privilege; lowering
-it back would, so only threads made later are affected. Elsewhere than Linux (macOS keeps one
-nice value per process) nothing is changed.
-
-With the engine process (``engine.worker.worker_process.ProcessWorker``) the engines run in a
-process of their own, started from this thread before it is lowered: it keeps the nice value the
-page started with, and the page's Python no longer shares a GIL with the run.
-
-``CBP_SERVER_NICE`` sets how many steps (0 to 19, default 10; 0 leaves the server as it is).
+the engine thread's OpenMP pool is made (``engine.worker.worker_process.ENGINE_THREAD``) and the
+engine process is started, both at the nice value the process started with, raises its own nice
+value before Gradio starts its server: the server's event loop and its worker threads are made
+from it, and inherit it. The kernel's fair scheduler then gives a runnable engine thread about ten
+times the CPU share of a server thread at nice +10, so the page still answers while a run
+measures, more slowly. Raising one's own nice value needs no privilege; lowering it back would, so
+only threads made later are affected. Elsewhere than Linux (macOS keeps one nice value per
+process) nothing is changed. ``CBP_SERVER_NICE`` sets how many steps (``engine.settings``).
 """
 
 from __future__ import annotations
@@ -33,7 +25,6 @@ import sys
 from engine import settings
 
 ENV = "CBP_SERVER_NICE"
-DEFAULT_NICE = int(settings.default(ENV))
 
 
 def server_nice(environ=None) -> int:

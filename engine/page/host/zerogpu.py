@@ -41,18 +41,14 @@ def run_concurrency() -> int | None:
     for the model in the page's own queue (``engine.page.run.run_queue``), which tells each its
     place; one on ZeroGPU, where a handler holds a GPU from its start, so runs wait in Gradio's
     queue instead, holding none."""
-    return 1 if _spaces() is not None else None
-
-
-def runs_queue_in_gradio() -> bool:
-    """Whether Run events wait in Gradio's queue before their handler starts (ZeroGPU: see
-    ``run_concurrency``), where Stop must cancel a waiting one (``engine.page.run.run_handle``)."""
-    return run_concurrency() is not None
+    return 1 if on_zerogpu() else None
 
 
 def on_zerogpu() -> bool:
-    """Whether the page runs on a ZeroGPU Space (``spaces`` imports), where the GPU is lent to
-    the page's own process: no engine process there (``engine.page.run.engine_worker``)."""
+    """Whether the page runs on a ZeroGPU Space (``spaces`` imports): Run events then wait in
+    Gradio's queue (``run_concurrency``), where Stop must cancel a waiting one
+    (``engine.page.run.run_handle``); and the GPU is lent to the page's own process, so there is
+    no engine process (``engine.page.run.engine_worker``)."""
     return _spaces() is not None
 
 

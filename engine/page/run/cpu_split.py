@@ -1,18 +1,13 @@
 """The CPUs a run's engines keep to themselves, and the rest, on which the page serves.
 
 A run is a measurement, and on a small host the page that serves a room shares the CPUs with it.
-Nice values (``engine.page.host.server_priority``) and a process of their own
-(``engine.worker.worker_process``) did not keep a room off the engines' times: on the 2-core AMD
-EPYC, torch's two OpenMP threads wait for each other at every parallel region of a step, so a
-page thread that takes either CPU for a moment stalls both, and a 30-session room's runs took
-1.5x to 2.3x their idle time (docs/measurements.md, "What a waiting room costs the page").
-
-Split, the engine process is pinned (``sched_setaffinity``: ``worker_process.pin_process``) to
-the engine CPUs with one torch thread per CPU, and the page's process (Gradio's event loop and
-workers, the figures it draws for everyone else) to the rest. On two CPUs that is one each: the
-engines run on one thread, about 1.3x slower than on two on an idle page, and a busy page no
-longer touches them (a Python loop kept busy on the page's CPU leaves the engines' times within
-the machine's noise).
+Nice values (``engine.page.host.server_priority``) and a process of their own did not keep a room
+off the engines' times: torch's OpenMP threads wait for each other at every parallel region of a
+step, so a page thread that takes any of their CPUs for a moment stalls them all
+(docs/measurements.md, "CPUs of their own"). Split, each process keeps to its own CPUs
+(``engine.worker.worker_process.pin_process``): the engine process to the engine CPUs, with one
+torch thread each, and the page's (Gradio's event loop and workers, the figures it draws) to the
+rest.
 
 ``CBP_ENGINE_CPUS`` (read at start, with the engine process only):
 
@@ -41,11 +36,6 @@ class CpuSplit:
     engine: tuple[int, ...]
     page: tuple[int, ...]
 
-    @property
-    def engine_threads(self) -> int:
-        """torch threads for the engines: one per engine CPU."""
-        return len(self.engine)
-
     def short(self) -> str:
         """A few words for the page's model line, e.g. "engines on 1 of 2 CPUs"."""
         total = len(self.engine) + len(self.page)
@@ -54,7 +44,7 @@ class CpuSplit:
     def describe(self) -> str:
         """One line for the start's log and the page, e.g. "engines on CPU 1 (1 thread), the
         page on CPU 0"."""
-        n = self.engine_threads
+        n = len(self.engine)  # torch threads: one per engine CPU
         return (
             f"engines on {_cpus(self.engine)} ({n} thread{'s' * (n != 1)}), "
             f"the page on {_cpus(self.page)}"

@@ -1,8 +1,5 @@
-"""Which worker the page's engines run in: ``CBP_ENGINE_PROCESS`` chooses between the engine
-thread in the page's process (``ThreadWorker``) and an engine process of its own on CPUs of its
-own (``ProcessWorker``, ``cpu_split``); both are ``engine.worker.worker_process``'s, one worker
-interface with two transports, and the worker process imports core modules only.
-"""
+"""Which worker the page's engines run in (``CBP_ENGINE_PROCESS``): the engine thread in the
+page's process, or an engine process of its own (``engine.worker.worker_process``)."""
 
 from __future__ import annotations
 

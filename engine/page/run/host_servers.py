@@ -1,30 +1,18 @@
 """The servers a host gave the page: a local vLLM (``app.py --vllm``), llama.cpp's
 ``llama-server`` as two engines (``--llamacpp``: ``llamacpp``, F32, and ``llamacpp_q4``, the
-shipped Q4_1 file) and OpenAI endpoints.
+shipped Q4_1 file) and OpenAI endpoints (``--endpoint``, ``CBP_ENDPOINTS``; with
+``--endpoint-record`` or ``CBP_ENDPOINT_RECORDS``, a vLLM serving its record of its steps, drawn
+from the inside: ``engine.peers.vllm_engine.RecordedEngine``).
 
 A visitor never types a URL: a public page must not become a proxy to arbitrary addresses. The
-host names its servers at start (``--endpoint NAME=URL``, ``CBP_ENDPOINTS``, ``--vllm``,
-``--llamacpp``); the
-page offers only those names, as checkboxes, and a run looks its servers up by name. The page
-shows no endpoint's URL either (a host's internal address stays the host's): messages name the
-server instead. An endpoint given ``--endpoint-record NAME=RECORD_URL`` (or
-``CBP_ENDPOINT_RECORDS``) is a vLLM serving its own
-record of its steps (``engine.peers.vllm_engine.RecordedEngine``): its runs carry that record as
-the trace's ``schedule``, drawn from the inside like the local vLLM's, and its record address is
-hidden as its URL is.
+host names its servers at start (``configure``), the page offers only those names, and a run looks
+its servers up by name. No message shows a server's URL or record address either (``public``): a
+host's internal address stays the host's.
 
-``PageServers`` starts the local servers in background threads as the page starts (minutes on a
-CPU) and probes each endpoint once, keeping each server's state for the page's servers line
-(``engine.page.views.server_view.servers_markdown``): starting (with the server's latest log line),
-ready, or failed and why. A local server whose build is missing here (no ``.venv-vllm``, no
-``llama-server``) is no reason to stop the page: it is listed as failed from the start, saying
-which ``make`` target builds it (``Unbuilt``), and a run that asks for it reports that.
-``run_servers`` plays a run's workload at each chosen server after our engines: it waits for a
-server still starting (a local vLLM that died is started again), and a server that fails
-(unreachable, refused a request, died, never built) is reported with its message while the other
-engines' results are kept. Stop and the time limit cancel a server's streams; the results of the
-engines that finished are kept then too. The llama.cpp servers take each run's slots and
-longest request (``LlamaCppEngine.fit``): one started with other settings starts again first.
+``PageServers`` starts the local servers and probes each endpoint in the background as the page
+starts, keeping each one's state for the servers line (``engine.page.views.server_view``).
+``run_servers`` plays a run's workload at each chosen server after our engines; a server that
+fails is reported with its message while the other engines' results are kept.
 """
 
 from __future__ import annotations
@@ -69,7 +57,8 @@ class ServerStatus:
 @dataclass(frozen=True)
 class Unbuilt:
     """A local server the host asked for whose build is missing here: listed as failed with
-    ``why`` (``MissingBuild.public``: no path, the ``make`` target that builds it)."""
+    ``why`` (``MissingBuild.public``: no path, the ``make`` target that builds it), and so is a
+    run that asks for it."""
 
     why: str
 
@@ -262,11 +251,9 @@ def configure(
     then ``--endpoint`` items, then ``CBP_ENDPOINTS``. The local vLLM runs ``--max-num-seqs
     vllm_max_num_seqs`` and ``--max-model-len vllm_max_model_len`` (both fixed at start).
     ``record_items``: ``--endpoint-record NAME=RECORD_URL`` entries, then
-    ``CBP_ENDPOINT_RECORDS``'s, for endpoints of either kind.
-
-    A local server whose build is missing (no ``.venv-vllm``: ``make vllm``; no
-    ``llama-server``: ``make llamacpp``) is configured as ``Unbuilt``: the page starts, and
-    lists it as failed with the command that builds it (``log`` hears the path looked at).
+    ``CBP_ENDPOINT_RECORDS``'s, for endpoints of either kind. A local server whose build is
+    missing (no ``.venv-vllm``: ``make vllm``; no ``llama-server``: ``make llamacpp``) is
+    ``Unbuilt`` (``log`` hears the path looked at): no reason to stop the page.
 
     Raises:
         ValueError: a bad or repeated endpoint, a built-in engine's name, no GGUF for
@@ -351,12 +338,9 @@ def run_servers(
 
     ``watch`` is ``engine.worker.progress.ProgressLog.watch``. A failure's message says what
     went wrong for a person; after a stop (Stop, the time limit) the server's streams are
-    cancelled, and the servers not run yet are listed as not run, with the reason. ``dtype`` and
-    ``batch_invariant``: the run's precision; a local vLLM in another dtype (fixed at its start)
-    gets a warning, and its trace's ``info["server"]`` names both dtypes (``dtype``,
-    ``run_dtype``), so the reference check leaves it out
-    (``engine.page.views.tables.not_compared_why``). ``prefix_caching``: whether our engines
-    cached prompt prefixes; a local vLLM that does otherwise gets a warning.
+    cancelled, and the servers not run yet are listed as not run, with the reason. ``num_slots``,
+    ``dtype``, ``batch_invariant`` and ``prefix_caching`` (None: unknown) are our engines' run
+    settings: a local server fixed otherwise at its start says so in its trace's warnings.
     """
     traces: dict[str, Trace] = {}
     failures: dict[str, str] = {}
@@ -432,26 +416,24 @@ def _prefix_warnings(servers: PageServers, name: str, prefix_caching: bool | Non
     ]
 
 
-def _fixed_by(servers: PageServers, name: str) -> str:
-    if servers.fits(name):
-        return "llama.cpp computes in it, whatever the weights"
-    return "fixed when the page started; app.py --dtype sets it"
-
-
 def _precision_warnings(
     servers: PageServers, name: str, trace: Trace, dtype: str | None, batch_invariant: bool
 ) -> list[str]:
-    """The local vLLM's dtype is fixed at start: when the run has another, say so and record
-    both in ``trace.info["server"]`` (its outputs are then not compared); in batch-invariant
-    mode, say that the server does not run in it."""
+    """The local server's dtype is fixed at start: when the run has another, say so and record
+    both in ``trace.info["server"]`` (``dtype``, ``run_dtype``: its outputs are then not compared,
+    ``engine.page.views.tables.not_compared_why``); in batch-invariant mode, say that the server
+    does not run in it."""
     if not servers.is_local(name) or dtype is None:
         return []
     served = servers.engines[name].server.settings.dtype
     trace.info["server"] = {**trace.info.get("server", {}), "dtype": served, "run_dtype": dtype}
     lines = []
+    fixed_by = "fixed when the page started; app.py --dtype sets it"
+    if servers.fits(name):
+        fixed_by = "llama.cpp computes in it, whatever the weights"
     if served != dtype:
         lines.append(
-            f"{name} runs in {served} ({_fixed_by(servers, name)}), "
+            f"{name} runs in {served} ({fixed_by}), "
             f"while this run ran our engines in {dtype}: its outputs are not compared with the "
             "reference, which is in the run's precision."
         )

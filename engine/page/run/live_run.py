@@ -5,8 +5,7 @@ between two of its yields (Stop button, closed tab), and a run can last minutes.
 runs the work on the page's engine thread (``engine.worker.worker_process.ENGINE_THREAD``), and
 the handler polls it every fraction of a second and yields what it sees. The work sends its jobs
 to the model's worker (``engine.worker.worker_process``) with ``take`` as the receiver of each
-engine's progress;
-``take`` keeps the latest entry per engine, its trace kept when the entry brings none.
+engine's progress.
 
 A stopped run keeps no reference to its engines, so their KV cache is freed as the work ends.
 """
@@ -32,10 +31,9 @@ class LiveRun:
     the handler) stops ``control``, so the engines stop at their next step.
 
     ``on_progress(progress)``, if given, is called with ``progress()`` after each ``take``, on
-    the thread that takes: the queue learns the run's steps as they are done, not when the page's
-    handler next gets to run: a room's joins can keep the page's CPU so busy that reports
-    through the handler come tens of seconds late, and the estimates with them. It must be quick
-    and must not raise.
+    the thread that takes, so the queue learns the run's steps as they are done, not when the
+    page's handler next gets to run (a busy page can delay that by tens of seconds). It must be
+    quick and must not raise.
     """
 
     def __init__(

@@ -15,14 +15,12 @@ told the same ``total``. A run with no setup (run live anyway) always takes a tu
 
 **The estimate counts down.** Each ticket keeps the wait it was last told and when
 (``ToldWait``); what it is told next is that wait less the time since, unless the queue's fresh
-estimate differs from it by more than ``TOLD_TOLERANCE_SHARE`` of it (and more than
-``TOLD_TOLERANCE_S``). The fresh estimate moves with things that barely move the wait (the
-running run's slowdown re-read at each report of its steps, a finished run moving the pace), and
-told as it is, the line would read 70, 60, 80, 50 s.
-The share is the error the room measurements hold an estimate to (within ±30 %,
-``docs/measurements.md``): a change inside it is the estimate's own noise; one past it (a run
-ahead left, the run in progress ran slower than its estimate) is told at once. The floor is the
-queue line's own step under 90 s (10 s), below which a change shows as a flip between two words.
+estimate is past a tolerance from it. The fresh estimate moves with things that barely move the
+wait (the running run's slowdown re-read at each report of its steps, a finished run moving the
+pace), and told as it is, the line would read 70, 60, 80, 50 s. The tolerance's share is the error
+the room measurements hold an estimate to (within ±30 %, ``docs/measurements.md``): a change past
+it (a run ahead left, the run in progress ran slower than its estimate) is told at once. Its floor
+is the queue line's own step under 90 s, below which a change shows as a flip between two words.
 """
 
 from __future__ import annotations
@@ -67,7 +65,6 @@ class Ticket:
 
     session: str
     work: Work  # what the run will do, in the parts the estimate prices
-    number: int  # order of arrival
     joined_s: float
     started_s: float | None = None  # when it took the model; None while it waits
     seen_s: float = 0.0  # when its handler last asked for its turn or place
@@ -81,11 +78,6 @@ class Ticket:
     # (``RunQueue._missing_now``)
     missing: tuple[int, Mapping[Hashable, int]] | None = field(default=None, repr=False)
     told: ToldWait = field(default_factory=ToldWait, repr=False)  # the wait it was told last
-
-    @property
-    def work_steps(self) -> int:
-        """The run's engine steps, all engines together."""
-        return self.work.steps
 
     def left_s(self, pace: Pace, now: float, slowdown: float = 1.0) -> float:
         """What is left of its run, once it runs: its cost (at the ``slowdown`` it shows) less its
@@ -113,13 +105,11 @@ class Ticket:
 
 @dataclass(frozen=True)
 class Place:
-    """What a waiting person is told: ``place`` in line among the runs (the run in progress first,
-    so the last of five runs is "place 5 of 5"; with ``identical_ahead``, the place of the run of
-    its setup ahead); ``total``: the runs in line, running and waiting, each setup ahead counted
-    once (the module docstring); ``estimate_s``: the wait until this run starts, or with
-    ``identical_ahead`` until that run ends and is shown to it, counting down as ``ToldWait`` says
-    (None: nothing measured yet; ``estimate_now_s``: the queue's estimate as it is now);
-    ``after_running``: a run is in progress ahead of this one."""
+    """What a waiting person is told (the module docstring says how places and totals count):
+    ``place`` in line among the runs, the run in progress first (with ``identical_ahead``, the
+    place of the run of its setup ahead); ``total``: the runs in line; ``estimate_s``: the wait
+    until this run starts, or with ``identical_ahead`` until that run ends and is shown to it
+    (None: nothing measured yet); ``after_running``: a run is in progress ahead of this one."""
 
     place: int
     total: int

@@ -7,9 +7,9 @@ page shows that run at once, labelled as what it is ("measured at 14:02 on this 
 identical setup"), and a "Run live anyway" button queues a real run. Nothing is invented: the shown
 run is the earlier real one, and a live run of the same setup replaces it here.
 
-The window is a host setting, ``CBP_REPLAY_WINDOW_S`` (seconds; default 600; 0 turns replays off).
-The caller builds the key: everything that can change what a run shows (the table, every engine
-knob, the precision, the model), and nothing that only changes how it is drawn (the x axis).
+The window is a host setting (``replay_window_s``). The caller builds the key: everything that
+can change what a run shows (the table, every engine knob, the precision, the model), and nothing
+that only changes how it is drawn (the x axis).
 """
 
 from __future__ import annotations
@@ -106,8 +106,5 @@ def replay_label(run: RecentRun, age_s: float) -> str:
     """What a replayed run says it is, e.g. "measured at 14:02 on this host, 3 min ago,
     identical setup" (local time of the host)."""
     at = time.strftime("%H:%M", time.localtime(run.measured_at))
-    if age_s < 60:
-        ago = f"{age_s:.0f} s ago"
-    else:
-        ago = f"{age_s / 60:.0f} min ago"
+    ago = f"{age_s:.0f} s ago" if age_s < 60 else f"{age_s / 60:.0f} min ago"
     return f"measured at {at} on this host, {ago}, identical setup"

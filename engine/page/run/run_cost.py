@@ -25,11 +25,7 @@ at the engines' pace (the prefill at ``PREFILL_TOKENS_PER_STEP`` tokens a step).
 finished, the pace is the running run's: its seconds so far over the units of its steps so far
 (``Pace.from_progress``).
 
-A run whose own cost at a learned pace is over ``LIMIT_MARGIN`` times the
-host's per-run limit (``CBP_RUN_TIME_LIMIT_S``) would be stopped by it long before its end, so it is
-refused before it queues (``over_limit``). Not at the limit itself: the machine's own speed moves,
-so an estimate learned here can run long, and a run estimated between the limit and twice it may
-well finish; if not, the limit stops it.
+A run far over the host's per-run limit is refused before it queues (``over_limit``).
 """
 
 from __future__ import annotations
@@ -191,8 +187,10 @@ class Pace:
 
 def over_limit(cost_s: float | None, limit_s: float | None) -> str | None:
     """Why a run of ``cost_s`` seconds here is refused under a per-run limit of ``limit_s`` (None:
-    no limit), for a person: its estimate, the limit and what to change; None when it may run
-    (its cost unknown, or not over ``LIMIT_MARGIN`` times the limit)."""
+    no limit, ``CBP_RUN_TIME_LIMIT_S``), for a person: its estimate, the limit and what to change;
+    None when it may run (its cost unknown, or not over ``LIMIT_MARGIN`` times the limit). Not at
+    the limit itself: the machine's own speed moves, so a run estimated between the limit and
+    twice it may well finish; if not, the limit stops it."""
     if cost_s is None or limit_s is None or cost_s <= LIMIT_MARGIN * limit_s:
         return None
     return (

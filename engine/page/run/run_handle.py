@@ -18,12 +18,12 @@ What the browser does with a click on Run (Gradio 6's ``dispatch``), which the h
 * a cancel (the hidden leave-the-queue button, ZeroGPU only) replays nothing at once; a deferred
   click then waits for the end of some later Run event.
 
-**Click order.** The press and Stop are unqueued and never skipped (``trigger_mode="multiple"``;
-with Gradio's default ``"once"`` a click while the button's last event was pending was dropped,
-the last Stop of quick pairs too). Still, they can reach the server out of order: under load a
-Stop clicked moments after a Run can be handled before that Run's press. So the page numbers
-its clicks on Run and Stop in one sequence (``assets/page.js``), and each press and Stop carries
-its click's number (``seq``); the handle decides by these numbers, not by arrival:
+**Click order.** The press and Stop are unqueued and never skipped (``trigger_mode="multiple"``:
+with Gradio's default ``"once"`` a click while the button's last event was pending is dropped).
+Still, under load a Stop clicked moments after a Run can be handled before that Run's press. So
+the page numbers its clicks on Run and Stop in one sequence (``assets/page.js``), each press and
+Stop carries its click's number (``seq``; without one, a test or a page without its script, it is
+numbered on arrival), and the handle decides by these numbers, not by arrival:
 
 * a Stop stops every press numbered before it, and the run started for one; not a later one;
 * a press whose number was seen already is the browser's replay of the click it deferred, not a
@@ -32,28 +32,20 @@ its click's number (``seq``); the handle decides by these numbers, not by arriva
 * a press made while a run goes on (or waits to start) is a **repeat** unless a Stop numbered
   between that run's press and it came: decided when a handler starts, as a Stop may arrive late.
 
-Without numbers (a test, or a page without its script) a press or Stop is numbered on arrival.
+A handler that **starts** claims every press not yet claimed and runs for the latest, unless
+``start`` says why not (``Turn.skip``); a session that never pressed (an API client) runs.
+``queued``, ``attach`` and ``finish`` name their ``Turn``, so a stopped run that ends late (a
+generator Gradio closes after the next run began) never touches the next run.
 
-A handler that **starts** claims every press not yet claimed and runs for the latest: it ends at
-once ("stopped") when a Stop came after that press, or is skipped ("repeat") for a repeat or when
-there is no press to claim (it ran for a press another handler claimed). A session that never
-pressed (an API client) runs. The **started run** (a ``Turn``, from ``start``) holds its
-``RunControl`` while it runs, its way out of the page's queue while it waits there, and whether
-Stop reached it. ``queued``, ``attach`` and ``finish`` name their turn, so a stopped run that ends
-late (a generator Gradio closes after the next run began) never touches the next run.
-
-What Stop answers tells the page what to do: ``"running"`` (the run stops itself within a step
-and says so), ``"waiting"`` (the run is taken out of the page's queue, or its press ends as its
-handler starts, and says so; also a Stop older than the run going on, which it leaves alone),
+What Stop answers tells the page what to do (``stop``): ``"running"`` (the run stops itself
+within a step and says so), ``"waiting"`` (the run is taken out of the page's queue, or its press
+ends as its handler starts; also a Stop older than the run going on, which it leaves alone),
 ``"queued"`` (the run waits in Gradio's own queue, which only happens where Run has a concurrency
-limit, on ZeroGPU: the page then takes it out with a cancel) or ``"idle"`` (nothing to stop). Off
-ZeroGPU the page never cancels a Run event: a cancel reaches every Run event of the session, the
-next run's too.
+limit, on ZeroGPU: the page then takes it out with a cancel) or ``"idle"``. Off ZeroGPU the page
+never cancels a Run event: a cancel reaches every Run event of the session, the next run's too.
 
-**A tab that goes away** (closed or reloaded) ends its session; Gradio then calls ``demo.unload``'s
-handler with the session's hash. Each press names its session (``joined``), so the page's handler
-finds that session's handle (``session_ended``) and ``abandon`` stops its run as Stop would, and
-marks it never to be kept for replay.
+A tab that goes away (closed or reloaded) ends its session, and Gradio calls ``demo.unload``'s
+handler, which stops its run as Stop would (``session_ended``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The page's knobs: what Run reads, by name; parsed; then the table validated and tokenized.
 
-``RunSettings`` holds Run's inputs as the page hands them over, one named field each, and
-``RUN_INPUTS`` is their one ordered list, the /run API's positions; each is a knob declared in
-``engine.knobs`` or one of ``OTHER_INPUTS``. ``settings_from_run`` builds the settings from the
-Run event's values (by position, as Gradio and API clients send them, or by name).
-``options_from_page`` parses them into ``RunOptions``, each knob by its kind (``knob_value``):
-Gradio hands numbers over as numbers or strings (an edited cell, an API client), so every knob is
-parsed here, and bad values raise one ``ValueError`` that names them all, with a message the page
-shows as is. ``prepare`` turns the table into requests.
+Run's inputs (``RUN_INPUTS``, the /run API's positions) arrive as ``RunSettings``
+(``settings_from_run``) and are parsed into ``RunOptions`` (``options_from_page``): Gradio hands
+numbers over as numbers or strings (an edited cell, an API client), so every knob is parsed here,
+and bad values raise one ``ValueError`` that names them all, with a message the page shows as is.
+``prepare`` turns the table into requests.
 """
 
 from __future__ import annotations
@@ -65,10 +62,10 @@ REQUIRED = RUN_INPUTS[: RUN_INPUTS.index("previous")]  # what /run took at first
 
 
 def _input_default(name: str):
-    """A Run input's /run default: none for the first ten; else off for an on/off input and
-    None (blank: the page's default) for the rest."""
+    """A Run input's /run default: none (``inspect.Parameter.empty``) for the first ten; None for
+    a state; else off for an on/off input and None (blank: the page's default) for the rest."""
     if name in REQUIRED:
-        return dataclasses.MISSING
+        return inspect.Parameter.empty
     on_off = name == "replay_recent" or (name in KNOB and KNOB[name].kind == "flag")
     return False if on_off else None
 
@@ -76,7 +73,9 @@ def _input_default(name: str):
 RunSettings = dataclasses.make_dataclass(
     "RunSettings",
     [
-        (name, Any, dataclasses.field(default=_input_default(name)))
+        (name, Any)
+        if name in REQUIRED
+        else (name, Any, dataclasses.field(default=_input_default(name)))
         for name in RUN_INPUTS
         if name not in RUN_STATES
     ],
@@ -88,20 +87,13 @@ states, as Gradio hands it over (numbers may be strings, blanks None or ""): eac
 named after it (``engine.knobs``), the others are ``OTHER_INPUTS``. ``options_from_page`` parses
 it. The fields without a default are the /run API's required inputs; the defaults are the API's
 too (blank: the page's default)."""
-
-
-def run_signature() -> inspect.Signature:
-    """The Run handler's parameters, one per ``RUN_INPUTS`` name with its field's default (None
-    for a state). Gradio names the /run API's parameters after it."""
-    empty, kind = inspect.Parameter.empty, inspect.Parameter.POSITIONAL_OR_KEYWORD
-    fields = dataclasses.fields(RunSettings)
-    default = {f.name: empty if f.default is dataclasses.MISSING else f.default for f in fields}
-    return inspect.Signature(
-        [inspect.Parameter(n, kind, default=default.get(n)) for n in RUN_INPUTS]
-    )
-
-
-RUN_SIGNATURE = run_signature()
+# The Run handler's parameters, one per ``RUN_INPUTS`` name: Gradio names /run's after them.
+RUN_SIGNATURE = inspect.Signature(
+    [
+        inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=_input_default(n))
+        for n in RUN_INPUTS
+    ]
+)
 
 
 def settings_from_run(*values, **named) -> tuple[RunSettings, Any, Any]:
@@ -136,9 +128,7 @@ class RunOptions:
     prefix_caching: bool = False  # paged KV mode: share the KV blocks of computed prompt prefixes
     servers: tuple[str, ...] = ()  # host-configured servers to run too, by name (never a URL)
     dtype: str | None = None  # precision: None, the loaded model's; else float32, bfloat16, ...
-    batch_invariant: bool = (
-        False  # batch-invariant mode (engine.kernels.invariant_ops), static and continuous
-    )
+    batch_invariant: bool = False  # static and continuous (engine.kernels.invariant_ops)
 
 
 OPTION_NAMES = {"arrival_rate": "arrival_rate_per_s"}  # a knob whose option has a unit in its name
@@ -212,7 +202,7 @@ def view_inputs(settings: RunSettings) -> tuple[str, bool]:
             is not true or false.
     """
     problems, axis = [], KNOB["x_axis"]
-    x_axis = axis.default if _blank(settings.x_axis) else settings.x_axis
+    x_axis = knob_value(axis, settings.x_axis)  # blank: its default
     if x_axis not in axis.choices:
         problems.append(f"The x axis must be one of {', '.join(axis.choices)} (got {x_axis!r}).")
     replay = _told(problems, _flag, settings.replay_recent, "replay_recent")
@@ -272,9 +262,9 @@ def prepare(model, rows, num_slots, options: RunOptions):
     check_arrivals(specs, min(MAX_ARRIVAL_S, time_limit_s or MAX_ARRIVAL_S))
     requests = tokenize_requests(
         specs,
-        model.tokenizer,
+        model.loaded.tokenizer,
         chat_template=options.chat_template,
-        max_context=model.max_context,
+        max_context=model.loaded.max_context,
     )
     model.check_kv_budget(config, requests)  # before any engine starts
     if options.servers:  # only names the host configured; the page never takes an address
@@ -354,10 +344,6 @@ def _flag(value, what: str) -> bool:
     if isinstance(value, str) and value.strip().lower() in FLAG_WORDS:
         return FLAG_WORDS[value.strip().lower()]
     raise ValueError(f"{what} must be true or false (got {value!r}).")
-
-
-def _blank(value) -> bool:
-    return value is None or not str(value).strip()
 
 
 def _positive(value, what: str) -> float:

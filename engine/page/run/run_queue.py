@@ -3,26 +3,17 @@
 A run is a measurement, so runs never share the model: they take turns. Gradio's own queue would
 do that (``concurrency_limit=1``), but what it tells a waiting browser is its own view: the place
 it sends can equal the total, and its estimate is the mean of past events, whatever they were. This
-queue is the page's own, so every waiting person can be told:
-
-* their true place and the true total, counting runs, not sessions: a waiting run whose setup is
-  already ahead takes no turn, so it adds no place (``queue_ticket``: what place and total mean);
-* an estimate from the work ahead: each run's work in parts (``run_cost.Work``: engine steps and
-  prefill, references to compute, the run's own rendering) at this host's pace for each part
-  (``run_cost.Pace``), learned from the runs that finished here (before the first, from the
-  running run's progress), plus what is left of the running one; a run whose setup is already
-  ahead counts nothing, since it will be shown that run when it finishes (``setup``), and a
-  reference a run ahead computes is not counted again; what a ticket is told counts down from
-  what it was told last, and moves only past a tolerance (``queue_ticket.ToldWait``);
-* that a session has one run in the queue at a time (``join`` refuses a second);
-* before it queues, that a run cannot finish within the host's per-run limit: ``join`` refuses
-  one whose own cost at the learned pace is well over it (``run_cost.over_limit``).
+queue is the page's own, so every waiting person is told their true place among the runs in line
+(``queue_ticket``) and an estimate from the work ahead: each run's cost at this host's pace
+(``run_cost``), plus what is left of the running one. A run whose setup is already ahead counts
+nothing, since it will be shown that run when it finishes (``setup``), and a reference a run ahead
+computes is not counted again. A session has one run in the queue at a time.
 
 No run lasts longer than the host's per-run limit (``CBP_RUN_TIME_LIMIT_S``, read at every
 estimate): the time limit stops it there. So each run ahead counts at most that limit, and the
-running one at most what is left of it, however much work a run asked for. ``join`` refuses only
-on a pace learned from a run that finished here: the pace timed at start (``calibrate``) has come
-out many times too slow on a busy machine, and would refuse runs that fit.
+running one at most what is left of it. ``join`` refuses a run whose own cost is well over it
+(``run_cost.over_limit``), but only on a pace learned from a run that finished here: the pace
+timed at start (``calibrate``) can come out many times too slow on a busy machine.
 
 ``wait_turn`` blocks a handler's thread until its run is first and the model is free, in slices, so
 that the handler can stream its place between them::
@@ -43,7 +34,6 @@ can never hold the line.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
@@ -62,29 +52,22 @@ SLOWDOWN_RANGE = (0.5, 3.0)
 class RunQueue:
     """First come, first served turns on the model, with places and estimates for the waiting.
 
-    ``s_per_step``: the host's seconds per step to start from (None: learned from the first run,
-    from its progress until it finishes); then the pace the finished runs taught. ``clock``:
-    seconds, monotonic (a test passes its own). ``stale_s``: a waiting ticket nobody asked about
+    ``pace``: the host's seconds per step unit of each part, taught by the finished runs (or
+    given; before one, estimates come from the running run's progress). ``clock``: seconds,
+    monotonic (a test passes its own). ``stale_s``: a waiting ticket nobody asked about
     for this long is dropped. ``shown_instead(setup)``: whether a run of that setup would now be
     shown an earlier run (the page's recent runs), so it costs no wait.
     """
 
-    s_per_step: float | None = None
     clock: Callable[[], float] = time.monotonic
     stale_s: float = STALE_S
-    # whether a run of this setup would be shown an earlier run now (it then takes no turn)
     shown_instead: Callable[[Hashable], bool] = lambda setup: False
     pace: Pace = field(default_factory=Pace)  # learned from the runs that finished here
     _waiting: list[Ticket] = field(default_factory=list)
     _running: Ticket | None = None
-    _numbers: itertools.count = field(default_factory=itertools.count)
     _runs_ended: int = 0  # runs that took the model and gave it back
     _calibrated_only: bool = False  # the pace is the one timed at start (``calibrate``)
     _changed: threading.Condition = field(default_factory=threading.Condition)
-
-    def __post_init__(self) -> None:
-        if self.s_per_step is not None:  # a given pace, as if a run had taught it
-            self.pace = Pace.uniform(self.s_per_step)
 
     @property
     def measured(self) -> bool:
@@ -112,7 +95,7 @@ class RunQueue:
             work = work if isinstance(work, Work) else Work.of_steps(work)
             if (refusal := over_limit(self._own_cost_s(work), run_time_limit_s())) is not None:
                 raise ValueError(refusal)
-            ticket = Ticket(session, work, next(self._numbers), now, seen_s=now, setup=setup)
+            ticket = Ticket(session, work, now, seen_s=now, setup=setup)
             self._waiting.append(ticket)
             return ticket
 
@@ -158,7 +141,6 @@ class RunQueue:
         with self._changed:
             if not self.pace.known:  # the engines' parts by name, the rest as the reference's
                 self.pace.learn(work, sum(parts_s.values()) + self.pace.run_s, parts_s)
-                self.s_per_step = self.pace.s_per_unit()
                 self._calibrated_only = True
 
     def progress(self, ticket: Ticket, steps_done: int) -> None:
@@ -179,7 +161,6 @@ class RunQueue:
                 if self._calibrated_only:  # a real run here outweighs the pace timed at start
                     self.pace, self._calibrated_only = Pace(), False
                 self.pace.learn(ticket.work, wall_s, parts_s)
-                self.s_per_step = self.pace.s_per_unit()
         self.leave(ticket)
 
     def place(self, ticket: Ticket) -> Place:
@@ -188,10 +169,10 @@ class RunQueue:
         with self._changed:
             now = self.clock()
             if self._running is ticket:
-                total = self._places()[1]
+                total = run_places([t.setup for t in self._tickets()])[1]
                 return Place(0, total, now - ticket.joined_s, 0.0, running=True)
             self._check_waiting(ticket)  # first: it may drop stale tickets
-            places, total = self._places()
+            places, total = run_places([t.setup for t in self._tickets()])
             index = self._waiting.index(ticket)
             after_running = self._running is not None
             estimate_s, identical = self._wait_estimate_s(self._waiting[:index], now, ticket.setup)
@@ -208,15 +189,7 @@ class RunQueue:
     def size(self) -> int:
         """Tickets running or waiting, every session's (identical runs each counted)."""
         with self._changed:
-            return self._size()
-
-    def _places(self) -> tuple[list[int], int]:
-        """``queue_ticket.run_places`` of the line: the running run, then the waiting."""
-        line = ([self._running] if self._running is not None else []) + self._waiting
-        return run_places([t.setup for t in line])
-
-    def _size(self) -> int:
-        return len(self._waiting) + (self._running is not None)
+            return len(self._tickets())
 
     def _wait_estimate_s(
         self, ahead: list[Ticket], now: float, setup: Hashable | None = None
@@ -312,4 +285,5 @@ class RunQueue:
         return self._running is None and bool(self._waiting) and self._waiting[0] is ticket
 
     def _tickets(self) -> list[Ticket]:
-        return self._waiting + ([self._running] if self._running is not None else [])
+        """The line: the running run, then the waiting."""
+        return ([self._running] if self._running is not None else []) + self._waiting

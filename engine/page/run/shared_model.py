@@ -2,26 +2,19 @@
 
 It is the one module-level mutable object the house style allows: loaded lazily (``get_model``) or
 at start (``load_shared_model``), after the ``CBP_MODEL_ALLOWLIST`` check, or made from an engine
-process (``use_model``). What the page asks of it is ``PageModel``: a tokenizer, a label, checks
-before a run joins the queue (KV budget, batch-invariant mode), the references stored, its
-precisions, and the page's parts, one for every precision: the ``lock`` held by the run in
-progress (runs never overlap on the model), the run queue, the recent runs, the host's servers
-and the ``worker`` its engine jobs go to (``engine.worker.worker_process``). Two kinds answer it:
+process (``use_model``). ``PageModel`` is what the page asks of it, and the page's parts, which
+every precision of it shares (``in_dtype``, as ``engine.worker.worker_model`` says): the ``lock``
+held by the run in progress (runs never overlap on the model), the run queue, the recent runs,
+the host's servers and the ``worker`` its engine jobs go to (``engine.worker.worker_process``).
+Two kinds answer it:
 
-- ``SharedModel``: the weights here, the core's ``engine.worker.worker_model.WorkerModel`` (the
-  model an engine process holds) with the page's parts; its worker is a ``ThreadWorker``
-  (ZeroGPU, ``CBP_ENGINE_PROCESS=off``, tests). It loads and warms up on the page's engine
-  thread, where every run goes too. Tests build their own.
+- ``SharedModel``: the weights here, the core's ``WorkerModel`` with the page's parts; its worker
+  is a ``ThreadWorker`` (ZeroGPU, ``CBP_ENGINE_PROCESS=off``, tests), the page's engine thread,
+  where it loads and warms up too.
 - ``ModelView``: the engine process's model as the page sees it, no weights: a tokenizer and
   the facts that process answers (``engine.worker.model_facts``); it reads the reference store
-  itself under the keys those facts give (``engine.fidelity.reference_store``). Its worker is
-  the ``ProcessWorker``.
-
-Precision is a page setting: ``in_dtype`` gives the same model in another dtype (float32 or
-bfloat16, plus float16 on CUDA), loaded where the weights are the first time it is asked for and
-kept beside the first (SmolLM2-135M: about 270 MB in bfloat16), sharing its page's parts. A dtype
-the device cannot run is refused before any weight loads, naming both
-(``engine.model.dtype_support``).
+  itself under the keys those facts give
+  (``engine.fidelity.reference_store``). Its worker is the ``ProcessWorker``.
 """
 
 from __future__ import annotations
@@ -52,7 +45,9 @@ from engine.worker.worker_process import ENGINE_THREAD, ProcessWorker, ThreadWor
 @dataclass(kw_only=True)
 class PageModel:
     """What the page asks of its model, and the page's parts of it (see the module docstring).
-    ``loaded`` is a ``LoadedModel`` or its ``ModelCard``: name, tokenizer, device, dtype."""
+    ``loaded`` is a ``LoadedModel`` or its ``ModelCard``: name, tokenizer, device, dtype. Each
+    kind also answers ``WorkerModel``'s ``kernels_and_step``, ``reference_for``,
+    ``check_batch_invariant``, ``check_kv_budget`` and ``_variant`` (what they do is said there)."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)  # held by the one running run
     servers: PageServers | None = None  # the host's servers (app.py --vllm, --endpoint), if any
@@ -68,36 +63,28 @@ class PageModel:
 
     dtype_name = WorkerModel.dtype_name
     label = WorkerModel.label
-
-    @property
-    def tokenizer(self) -> Any:
-        """The model's own tokenizer, as it was loaded with the weights."""
-        return self.loaded.tokenizer
-
-    @property
-    def max_context(self) -> int:
-        """The model's context, in tokens."""
-        return self.loaded.max_context
+    in_dtype = WorkerModel.in_dtype  # its variants: the page's parts shared, kept in ``variants``
 
     @property
     def label_markdown(self) -> str:
-        """The model line as the page shows it (``model_line``), with its kernels and step."""
+        """The model line as the page shows it: ``label``, then "matmul kernels" whose hover text
+        says which kernel runs at which row counts and how it was chosen (measured on this host,
+        read from an earlier start, or named by ``CBP_ENGINE_KERNEL``), the step's kind with its
+        summary on hover; and, when the CPUs are split, how many the engines have."""
         kernels, step = self.kernels_and_step()
-        return model_line(self.label, kernels, step, self.cpu_split)
+        summary = html.escape(kernels, quote=True)
+        line = f'{self.label} · <abbr title="{summary}">matmul kernels</abbr>'
+        words = "eager step" if step.startswith("step: eager") else "compiled step"
+        line += f' · <abbr title="{html.escape(step, quote=True)}">{words}</abbr>'
+        if self.cpu_split is not None:
+            where = self.cpu_split.describe()
+            where = html.escape(where[:1].upper() + where[1:], quote=True)
+            line += f' · <abbr title="{where}">{self.cpu_split.short()}</abbr>'
+        return line
 
     def dtype_choices(self) -> list[str]:
         """The precisions the page offers (``dtype_choices``)."""
         return worker_model.dtype_choices(self.loaded.device, self.dtype_name)
-
-    def in_dtype(self, name: str | None) -> PageModel:
-        """This model in the dtype ``name`` (None, "" or "auto": this one), loaded where the
-        weights are on first use.
-
-        Raises:
-            ValueError: a name the page does not offer on this device, or a dtype the device
-                cannot run, naming both; checked before any weight loads (nothing is lost).
-        """
-        return worker_model.variant_in(self, name)
 
     def learn_pace(self, pace: Pace) -> tuple[Work, dict[str, float]]:
         """Teach the run queue a timed ``pace`` (``RunQueue.calibrate``), so a room's first
@@ -112,34 +99,6 @@ class PageModel:
         """The parts every precision of the model shares, as keywords for another's."""
         parts = ("lock", "servers", "queue", "recent", "cpu_split", "worker")
         return {name: getattr(self, name) for name in parts}
-
-    def kernels_and_step(self) -> tuple[str, str]:
-        """The engines' matmul kernels and how the step runs, as people read them."""
-        raise NotImplementedError
-
-    def _variant(self, dtype_name: str) -> PageModel:
-        raise NotImplementedError
-
-    def reference_for(self, batch_invariant: bool):
-        """The references runs are compared with, in ``batch_invariant``'s mode: what they
-        have (``missing``) prices a run's reference pass."""
-        raise NotImplementedError
-
-    def check_batch_invariant(self) -> None:
-        """Refuse batch-invariant mode for a model it does not support.
-
-        Raises:
-            ValueError: the model is not a Llama-style decoder.
-        """
-        raise NotImplementedError
-
-    def check_kv_budget(self, config: EngineConfig, requests: list[Request]) -> None:
-        """Refuse, before any engine starts, a paged KV budget that cannot hold some request.
-
-        Raises:
-            ValueError: some request alone needs more KV blocks than the budget holds.
-        """
-        raise NotImplementedError
 
 
 @dataclass
@@ -222,22 +181,6 @@ class ModelView(PageModel):
         kv_pool_blocks(config, requests, self.facts.card.kv_bytes_per_token)
 
 
-def model_line(label: str, kernels: str, step: str, cpu_split: CpuSplit | None) -> str:
-    """The model line as the page shows it: ``label``, then "matmul kernels" whose hover text
-    (``kernels``) says which kernel runs at which row counts and how it was chosen (measured on
-    this host, read from an earlier start, or named by ``CBP_ENGINE_KERNEL``), the step's kind
-    with ``step`` on hover; and, when the CPUs are split, how many the engines have."""
-    summary = html.escape(kernels, quote=True)
-    line = f'{label} · <abbr title="{summary}">matmul kernels</abbr>'
-    words = "eager step" if step.startswith("step: eager") else "compiled step"
-    line += f' · <abbr title="{html.escape(step, quote=True)}">{words}</abbr>'
-    if cpu_split is not None:
-        where = cpu_split.describe()
-        where = html.escape(where[:1].upper() + where[1:], quote=True)
-        line += f' · <abbr title="{where}">{cpu_split.short()}</abbr>'
-    return line
-
-
 _shared_model: PageModel | None = None  # the one lazily loaded shared model (see house style)
 
 
@@ -256,18 +199,10 @@ def load_shared_model(
     """
     check_model_allowed(model)
     # On the engine thread, which runs every run too: torch keeps one OpenMP pool (worker_process)
-    return use_model(ENGINE_THREAD.call(load_and_warm_up, model, device, dtype, calibrate))
-
-
-def load_and_warm_up(
-    model: str | None, device: str | None, dtype: str | None, calibrate: bool = True
-) -> SharedModel:
-    """``worker_model.load_and_warm_up`` as a ``SharedModel``, on the calling thread;
-    ``calibrate``: time its pace for the queue's estimates too (``SharedModel.calibrate_pace``)."""
-    shared = worker_model.load_and_warm_up(model, device, dtype, kind=SharedModel)
+    shared = ENGINE_THREAD.call(worker_model.load_and_warm_up, model, device, dtype, SharedModel)
     if calibrate:
-        shared.calibrate_pace()
-    return shared
+        ENGINE_THREAD.call(shared.calibrate_pace)
+    return use_model(shared)
 
 
 def use_model(model: PageModel) -> PageModel:

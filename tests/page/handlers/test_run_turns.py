@@ -76,7 +76,7 @@ def test_a_second_session_waits_its_turn_with_its_true_place(page):
     for updates in (first_updates, second_updates):
         assert "✓ all match" in _status(updates[-1]), _status(updates[-1])
         assert updates[-1][OUT["run_note_markdown"]].startswith("✓ **Finished:**")
-    assert page.queue.size() == 0 and page.queue.s_per_step > 0, "the queue learned no pace"
+    assert page.queue.size() == 0 and page.queue.pace.known, "the queue learned no pace"
 
 
 def test_an_identical_recent_run_is_shown_at_once_and_labelled(page, monkeypatch):

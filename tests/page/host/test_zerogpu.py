@@ -67,6 +67,6 @@ def test_runs_queue_in_gradio_only_on_zerogpu(monkeypatch):
     """Off ZeroGPU every Run handler starts at once; on it they wait in Gradio's queue, one at a
     time (so Stop must cancel a waiting one)."""
     monkeypatch.setitem(sys.modules, "spaces", None)  # import spaces: ImportError
-    assert zerogpu.run_concurrency() is None and not zerogpu.runs_queue_in_gradio()
+    assert zerogpu.run_concurrency() is None and not zerogpu.on_zerogpu()
     monkeypatch.setitem(sys.modules, "spaces", _fake_spaces([]))
-    assert zerogpu.run_concurrency() == 1 and zerogpu.runs_queue_in_gradio()
+    assert zerogpu.run_concurrency() == 1 and zerogpu.on_zerogpu()

@@ -144,7 +144,7 @@ def test_the_last_arrival_bounds_the_engines_time():
 def test_a_reference_a_run_ahead_computes_is_not_counted_again():
     """Two waiting runs need the same missing reference: the second's wait counts it once (in
     the run ahead), not twice; a larger cap than the one ahead is computed again."""
-    queue = RunQueue(s_per_step=0.1, stale_s=1e9)
+    queue = RunQueue(pace=Pace.uniform(0.1), stale_s=1e9)
     key = (tuple(range(10)), None)
     first = queue.join("a", Work(continuous_steps=100, references={key: 50}))
     second = queue.join("b", Work(continuous_steps=100, references={key: 50}))
@@ -165,7 +165,7 @@ def test_a_reference_stored_since_a_run_joined_is_no_longer_counted():
     key = (tuple(range(10)), None)
     stored = set()
     recheck = lambda refs: {k: c for k, c in refs.items() if k not in stored}  # noqa: E731
-    queue = RunQueue(s_per_step=0.1, stale_s=1e9)
+    queue = RunQueue(pace=Pace.uniform(0.1), stale_s=1e9)
     running = queue.join("a", Work(continuous_steps=100))
     assert queue.wait_turn(running, timeout_s=0)
     waiting = queue.join("b", Work(continuous_steps=100, references={key: 50}, recheck=recheck))

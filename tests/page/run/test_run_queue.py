@@ -72,11 +72,11 @@ def test_no_estimate_before_anything_was_measured_and_finished_runs_teach_it():
     assert queue.place(second).estimate_s is None
     assert queue.wait_turn(first, timeout_s=0)
     queue.finish(first, wall_s=20.0 + queue.pace.run_s)  # 20 s of steps, then rendering
-    assert queue.s_per_step == pytest.approx(0.2) and queue.measured
+    assert queue.pace.s_per_unit() == pytest.approx(0.2) and queue.measured
     assert queue.place(second).estimate_s == pytest.approx(0.0), "nothing is ahead any more"
     assert queue.wait_turn(second, timeout_s=0)
     queue.finish(second, wall_s=40.0 + queue.pace.run_s)
-    assert queue.s_per_step == pytest.approx(0.3), "half way from 0.2 to 0.4"
+    assert queue.pace.s_per_unit() == pytest.approx(0.3), "half way from 0.2 to 0.4"
 
 
 def test_before_any_run_finished_the_running_runs_progress_gives_the_pace():
