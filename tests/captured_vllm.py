@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from engine.peers.vllm_record import VllmTrace, parse_records, schedule_trace
-from engine.trace import RequestRecord
+from engine.peers.vllm_record import parse_records, schedule_trace
+from engine.trace import RequestRecord, Trace
 
 CAPTURED = Path(__file__).resolve().parent / "engine" / "peers" / "vllm_schedule.jsonl"
 # a second run, whose prefix-cache hits depend on the eviction order (see the capture module)
@@ -47,7 +47,7 @@ def client_requests(capture: dict) -> list[RequestRecord]:
     ]
 
 
-def captured_vllm_trace(name: str = "vllm") -> VllmTrace:
+def captured_vllm_trace(name: str = "vllm") -> Trace:
     """The captured run as the page's ``vllm`` engine would hold it: client records (here with
     vLLM's times, no streamed token times) and vLLM's own record as ``schedule``."""
     capture, records = captured_records()
@@ -58,6 +58,6 @@ def captured_vllm_trace(name: str = "vllm") -> VllmTrace:
     for r in requests:
         r.num_cached_tokens = 0  # the client does not know the prefix cache's share
     info = {"server": {"model": "captured", "same_model": True, "settings": {}}}
-    trace = VllmTrace(name, NUM_SLOTS, requests=requests, wall_s=schedule.wall_s, info=info)
+    trace = Trace(name, NUM_SLOTS, requests=requests, wall_s=schedule.wall_s, info=info)
     trace.schedule = schedule
     return trace

@@ -168,7 +168,7 @@ for text in sys.stdin:
             os.environ.update(cmd["env"])
             for name in cmd.get("unset", []):
                 os.environ.pop(name, None)
-            s = m.server_from_environment(1, cmd.get("port_offset", 0))
+            s = m.server_from_environment(cmd.get("port_offset", 0))
         elif cmd["op"] == "dp":  # the rank and size the scheduler finds in a config
             ns = __import__("types").SimpleNamespace
             rank, size = m._data_parallel(ns(parallel_config=ns(**cmd["parallel"])))

@@ -87,7 +87,7 @@ def print_report(args, results, normal_results, extra, run) -> None:
     if args.prefix_caching:
         print(prefix_cache_line(results))
     for name, trace in medians.items():
-        if getattr(trace, "schedule", None) is not None:  # engine.peers.vllm_record.VllmTrace
+        if trace.schedule is not None:  # a server's own record of its steps
             print(schedule_line(name, trace.schedule))
             comparison = results[name].get("schedule_comparison")
             for line in comparison_lines(comparison, name) if comparison else []:

@@ -168,7 +168,7 @@ def server_fields(trace: Trace) -> dict:
         return {}
     samples = [dataclasses.asdict(s) for s in trace.server_samples]
     fields = {"server": {**server, "warnings": list(trace.warnings), "samples": samples}}
-    schedule = trace.schedule  # engine.peers.vllm_record.VllmTrace
+    schedule = trace.schedule  # a server's own record of its steps
     if schedule is not None:
         num_steps = len(schedule.steps)
         fields["num_steps"] = num_steps

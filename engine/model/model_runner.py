@@ -11,9 +11,8 @@ for sampled requests (``engine.sampling_params``): ``forward_packed`` draws thei
 own samplers (``engine.serving.sampler``), and ``generate`` samples after
 ``torch.manual_seed(seed)``.
 
-transformers' own ``ContinuousBatchingManager`` runs on the same runner's model through
-``engine.peers.transformers_engine.run_batch`` (the comparison engine
-``engine.peers.transformers_engine`` calls it). Which kernels the model's arithmetic runs through
+transformers' own ``ContinuousBatchingManager`` runs on the same runner's model in the comparison
+engine ``engine.peers.transformers_engine``. Which kernels the model's arithmetic runs through
 (the engines' matmul, measured per host and row count, the fused decoder layers, batch-invariant
 mode: ``engine_kernels``, ``kernel_choice``, ``kernel_summary()``, ``fused_decoder``) is the base
 class ``engine.model.kernel_choice.RunnerKernels``; this module keeps every call of the model.

@@ -2,16 +2,11 @@
 
 An endpoint is a name and a base URL, ``NAME=URL``. The name becomes the engine's name in the
 tables, the JSON and the charts; the URL is the server's root (``http://host:8000``; a trailing
-``/v1`` is accepted and dropped, the engine adds the paths itself). Hosts configure them on the
-command line (the bench's ``--endpoint NAME=URL``, repeated) or in the environment
-(``CBP_ENDPOINTS="name=url,name2=url2"``). Both are parsed and checked here, once, so a typo is
+``/v1`` is dropped). Hosts configure them on the command line (the bench's ``--endpoint NAME=URL``,
+repeated) or in the environment (``CBP_ENDPOINTS="name=url,name2=url2"``), and may add where an
+endpoint's vLLM serves its own record of its steps (``--endpoint-record NAME=RECORD_URL``,
+``CBP_ENDPOINT_RECORDS``; ``with_records``). Both are parsed and checked here, once, so a typo is
 refused at start with a message naming the entry.
-
-An endpoint may also name where its server serves its own record of its steps, ``NAME=RECORD_URL``
-(``--endpoint-record``, beside that endpoint's ``--endpoint``; ``CBP_ENDPOINT_RECORDS`` for the
-page): a vLLM started with the
-recording scheduler and ``CBP_VLLM_RECORD_ADDRESS`` (``engine.peers.vllm_scheduler``). Such an
-endpoint is seen from the inside too (``engine.peers.vllm_engine``).
 
 The configuration lives on the host only: nothing here takes a URL from a page visitor, so a public
 page cannot be turned into a proxy to arbitrary addresses.
@@ -81,12 +76,8 @@ def parse_endpoint(text: str, where: str = "--endpoint") -> Endpoint:
             f"{where} {text!r}: the name {name!r} must start with a letter or digit and hold only "
             "letters, digits, '_', '.' or '-' (at most 40 characters)."
         )
-    return Endpoint(name, _base_url(url, f"{where} {text!r}"))
-
-
-def _base_url(url: str, where: str) -> str:
-    """The URL's root without a trailing '/' or '/v1'. Raises ValueError."""
-    return _checked_url(url, where).rstrip("/").removesuffix("/v1").rstrip("/")
+    root = _checked_url(url, f"{where} {text!r}").rstrip("/").removesuffix("/v1").rstrip("/")
+    return Endpoint(name, root)
 
 
 def _checked_url(url: str, where: str) -> str:
@@ -133,9 +124,9 @@ def with_records(
 ) -> list[Endpoint]:
     """``endpoints``, each with the record URL that an ``NAME=RECORD_URL`` of ``items`` gives it.
 
-    A record URL is ``http(s)://host:port`` (the path defaults to ``/record`` where it is read,
-    ``engine.peers.vllm_record.RecordFeed``); it is the record's own address
-    (``CBP_VLLM_RECORD_ADDRESS``), not the server's API.
+    A record URL is ``http(s)://host:port``, the record's own address (a vLLM started with the
+    recording scheduler and ``CBP_VLLM_RECORD_ADDRESS``, ``engine.peers.vllm_scheduler``), not
+    the server's API; ``engine.peers.vllm_record.RecordFeed`` reads it.
 
     Raises:
         ValueError: a bad entry, a name that no endpoint has, or a name given twice.

@@ -1,21 +1,17 @@
 """An engine that is a server: any OpenAI-compatible ``/v1/completions``, driven like a client.
 
 The server does the batching; this engine only plays the workload at it. Each request is sent at
-its arrival time, greedy (``temperature=0``) or with its own sampling settings (``temperature``,
-``top_k``, ``top_p``, ``seed``, as vLLM's completions take them), streamed (``stream=true``) with
-``max_tokens`` set to its cap, and every request that has arrived is in flight at once. A sampled
-request draws from the server's random stream, not ours: its record is ``comparable=False``, and
-the reference check says "not compared" for it. Per request it records, on
-the client's clock: when it was sent (``admit_s``), its first token, each token
-(``token_times_s``) and its finish (the last token, set once the stream has ended). The server
-hides its slots, so the trace has no steps: lanes are per request, from sent to first token
-(waiting) and from there to the last token (decoding).
+its arrival time, streamed, with ``max_tokens`` set to its cap: greedy (``temperature=0``) or with
+its own sampling settings, as vLLM's completions take them. A sampled request draws from the
+server's random stream, not ours, so its record is ``comparable=False``. Per request it records,
+on the client's clock, when it was sent (``admit_s``), each token (``token_times_s``) and its
+finish. The server hides its slots, so the trace has no steps: lanes are per request, from sent
+to first token (waiting) and from there to the last token (decoding).
 
-Outputs are the server's token ids where it returns them (vLLM), else its text re-tokenized with
-the loaded tokenizer (and the EOS id added when it says it stopped), then cut like every engine's
-output (``truncate_at_stop``), so the reference check applies as it is. What the server can do is
-probed once (``engine.peers.openai_probe``); ``engine.peers.server_metrics`` samples its
-``/metrics``.
+Outputs are the server's token ids where it returns them, else its text re-tokenized here, then
+cut like every engine's output (``truncate_at_stop``), so the reference check applies as it is.
+What the server can do is probed once (``engine.peers.openai_probe``);
+``engine.peers.server_metrics`` samples its ``/metrics``.
 
 The streams run on an asyncio loop in a helper thread; the calling thread calls ``on_wait(trace)``
 every ``WAIT_SLICE_S`` and, when it raises (Stop, the time limit), cancels every stream (the server
@@ -50,15 +46,14 @@ LATE_SEND_S = 0.5  # a request sent this long after its arrival is reported as s
 class OpenAIEngine:
     """Runs requests against one endpoint; ``name`` is the endpoint's name."""
 
-    def __init__(self, endpoint: Endpoint, loaded, num_slots: int, settings: dict | None = None):
+    def __init__(self, endpoint: Endpoint, loaded, num_slots: int):
         """``loaded``: the ``LoadedModel`` whose tokenizer and EOS ids read the outputs, and whose
         name the served model is checked against. ``num_slots`` is only recorded (the server
-        decides its own concurrency); ``settings``: facts about the server to report with it."""
+        decides its own concurrency)."""
         self.endpoint = endpoint
         self.name = endpoint.name
         self.loaded = loaded
         self.num_slots = num_slots
-        self.settings = dict(settings or {})
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self._info: ServerInfo | None = None
 
@@ -66,7 +61,6 @@ class OpenAIEngine:
         """What the server serves and accepts (probed on first use). Raises EndpointError."""
         if self._info is None:
             self._info = probe(self.endpoint, self.loaded)
-            self._info.settings.update(self.settings)
         return self._info
 
     @property
@@ -89,7 +83,7 @@ class OpenAIEngine:
         trace.warnings = list(info.warnings)
         self._mark_sampled(trace, requests, info)
         t0 = time.perf_counter()
-        sampler = MetricsSampler(self.endpoint.url, t0, trace=trace)
+        sampler = MetricsSampler(self.endpoint.url, t0, trace)
         try:
             with sampler:
                 self._drive(requests, trace, t0, on_wait)
@@ -310,18 +304,6 @@ def _sampling_body(sampling, top_k: bool) -> dict:
     if sampling.top_p < 1:
         body["top_p"] = sampling.top_p
     return body
-
-
-def endpoint_engines(loaded, num_slots: int, environ=None, reserved=()) -> dict[str, OpenAIEngine]:
-    """One engine per endpoint in ``CBP_ENDPOINTS``, by name (the page's configured servers).
-
-    Raises:
-        ValueError: a bad entry, or a name in ``reserved`` (the page's own engines).
-    """
-    from engine.peers.endpoints import endpoints_from_env
-
-    found = endpoints_from_env(environ, reserved)
-    return {e.name: OpenAIEngine(e, loaded, num_slots) for e in found}
 
 
 def _main_eos(tokenizer, eos_token_ids: frozenset[int]) -> int:

@@ -72,19 +72,14 @@ def model_key(name: str) -> str:
     return PurePosixPath(name.rstrip("/")).name.lower()
 
 
-def loaded_model_keys(loaded) -> set[str]:
-    """``model_key`` of every name the loaded model goes by (display name, folder or hub id)."""
-    names = [getattr(loaded, "name", None), getattr(loaded, "source", None)]
-    return {model_key(n) for n in names if n}
-
-
 def probe(endpoint: Endpoint, loaded) -> ServerInfo:
     """Ask the server what it serves and accepts. Raises EndpointError (unreachable, refusing)."""
     with httpx.Client(base_url=endpoint.url, timeout=httpx.Timeout(PROBE_TIMEOUT_S)) as client:
         models = _get_json(client, endpoint, "/v1/models")
         listed = [m.get("id") for m in (models or {}).get("data", []) if isinstance(m, dict)]
         listed = [m for m in listed if isinstance(m, str)]
-        keys = loaded_model_keys(loaded)
+        names = (getattr(loaded, "name", None), getattr(loaded, "source", None))  # folder, hub id
+        keys = {model_key(n) for n in names if n}
         model = next((m for m in listed if model_key(m) in keys), listed[0] if listed else None)
         version = (_get_json(client, endpoint, "/version") or {}).get("version")
         ids = list(loaded.tokenizer(PROBE_PROMPT, add_special_tokens=True)["input_ids"])

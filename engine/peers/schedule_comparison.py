@@ -227,13 +227,13 @@ def followed_config(
         if settings.prefix_caching:
             notes.append("prefix caching: the deployment's is on; ours needs the paged KV cache")
         return followed, notes
-    if not 1 <= settings.block_size <= MAX_BLOCK_SIZE:
+    block_size = settings.block_size
+    if not 1 <= block_size <= MAX_BLOCK_SIZE:
         notes.append(
-            f"block size: the deployment's {settings.block_size}, ours {config.block_size} "
+            f"block size: the deployment's {block_size}, ours {config.block_size} "
             f"(ours takes 1 to {MAX_BLOCK_SIZE} tokens)"
         )
-    block_size = settings.block_size if 1 <= settings.block_size <= MAX_BLOCK_SIZE else None
-    block_size = block_size or config.block_size
+        block_size = config.block_size
     block_bytes = kv_bytes_per_token * block_size
     kv_budget_mib = settings.num_kv_blocks * block_bytes / 2**20  # exact: 2**20 is a power of 2
     followed = dataclasses.replace(

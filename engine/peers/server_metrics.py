@@ -16,17 +16,12 @@ Each name maps to the gauges of the servers known here (vLLM, SGLang, TGI, llama
 with labels (vLLM's ``engine="0"``) is summed over them. A server without ``/metrics`` or without
 one of these gauges simply has fewer values: nothing fails, the sampler notes why in ``note``.
 
-llama.cpp's ``/metrics`` has no KV gauge in the build ``make llamacpp`` makes; its ``/slots``
-(on by default) says more: each slot's context (``n_ctx``), whether it is processing, and its
-request's prompt and decoded tokens. For a server with ``llamacpp:`` gauges and no KV gauge, each
-sample then also reads ``/slots``, and its KV use is the processing slots' tokens over every
-slot's context (``slots_kv_pct``; ``kv_pool``'s gauge ``SLOTS_GAUGE``).
+llama.cpp's ``/metrics`` has no KV gauge in the build ``make llamacpp`` makes; its KV use is then
+read from ``/slots`` (``slots_kv_pct``).
 
 A KV use % is a share of that server's own pool, sized its own way (vLLM's from its memory
-budget, ours from the workload), so two servers' 100 % are different amounts. ``kv_pool`` says
-what the whole is: the gauge's meaning (``KV_WHOLES``) and, where the server publishes it (vLLM's
-``vllm:cache_config_info`` labels), the pool's blocks and tokens per block, or (llama.cpp's
-``/slots``) its slots and each one's context.
+budget, ours from the workload), so two servers' 100 % are different amounts: ``kv_pool`` says
+what the whole is.
 """
 
 from __future__ import annotations
@@ -156,26 +151,20 @@ def kv_pool(text: str) -> dict:
 
 
 class MetricsSampler:
-    """Reads ``<base_url>/metrics`` every ``period_s`` in a thread until ``stop()``.
+    """Reads ``<base_url>/metrics`` every ``period_s`` in a thread until ``stop()``, into
+    ``trace.server_samples``.
 
     Times are ``time.perf_counter() - t0``, the run's clock. Use as a context manager, or call
-    ``start()`` and ``stop()``; ``samples`` and ``note`` are complete after ``stop()``. With a
-    ``trace``, each sample also goes to ``trace.server_samples``, as a new list each time, so a
-    copy of the trace taken mid-run (``engine.worker.progress.snapshot``) never changes after.
+    ``start()`` and ``stop()``; the samples and ``note`` are complete after ``stop()``. Each sample
+    makes a new list, so a copy of the trace taken mid-run (``engine.worker.progress.snapshot``)
+    never changes after.
     """
 
-    def __init__(
-        self,
-        base_url: str,
-        t0: float,
-        period_s: float = SAMPLE_PERIOD_S,
-        trace: Trace | None = None,
-    ):
+    def __init__(self, base_url: str, t0: float, trace: Trace, period_s: float = SAMPLE_PERIOD_S):
         self.url = base_url.rstrip("/") + "/metrics"
         self.t0 = t0
         self.period_s = period_s
         self.trace = trace
-        self.samples: list[ServerSample] = []
         self.note: str | None = None  # why there are no samples, for a person
         self.kv_pool: dict = {}  # what its KV use % is of (``kv_pool``), from the first reading
         self._stop = threading.Event()
@@ -225,9 +214,7 @@ class MetricsSampler:
         if "kv_cache_usage_pct" not in values and any(m.startswith("llamacpp:") for m in metrics):
             self._slots_kv(client, values)
         sample = ServerSample(t_s, values)
-        self.samples.append(sample)
-        if self.trace is not None:
-            self.trace.server_samples = [*self.trace.server_samples, sample]
+        self.trace.server_samples = [*self.trace.server_samples, sample]
         return True
 
     def _slots_kv(self, client: httpx.Client, values: dict[str, float]) -> None:

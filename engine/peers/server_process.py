@@ -9,10 +9,9 @@ builds its command and environment, and says what a healthy server publishes (``
 and which log line means it never will be (``_fatal``).
 
 CPU affinity: a child inherits its parent thread's, and the page's process keeps to the CPUs its
-engines leave it (``engine.page.run.cpu_split``: one of two). So ``start`` widens the starting
-thread's affinity to the server's CPUs for the moment it starts the process
-(``thread_on_cpus``), then puts it back. A vLLM started without that ran its engine, its API
-process and the client that times it on one CPU, and streamed tokens in bursts.
+engines leave it (``engine.page.run.cpu_split``). So ``start`` widens the starting thread's
+affinity to the server's CPUs while it starts the process (``thread_on_cpus``; without it a vLLM
+streamed in bursts: docs/measurements.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """transformers' own continuous batching, wrapped as an engine for side-by-side runs.
 
 What a transformers user would pick instead of this project's engine: ``ContinuousBatchingManager``
-(``transformers/generation/continuous_batching/``) with the same requests, per-request caps and slot
-limit (``max_requests_per_batch``), greedy. It exposes no slot schedule, so its trace has
-per-request times (from its per-token timestamps) and no steps.
+(``transformers/generation/continuous_batching/``) on the runner's model, with the same requests,
+per-request caps and slot limit (``max_requests_per_batch``), greedy, and the recording scheduler
+of ``engine.peers.transformers_scheduler``, whose record becomes the trace's ``schedule``. Its own
+configs, KV sizing and result polling are used here only. The trace has per-request times from
+the manager's per-token timestamps, and no steps of its own.
 
 Sampled requests (``engine.sampling_params``) run with the same temperature, top-k and top-p through
 the manager's per-request processors, but it draws every request from one random stream of its own;
@@ -14,10 +16,6 @@ still compared.
 With ``block_sharing`` its prefix caching (``allow_block_sharing``) is on. transformers does not
 say how many prompt tokens each request found cached, so the trace's ``num_cached_tokens`` is
 None then (0 without sharing).
-
-``run_batch`` drives the manager on the runner's model (its device and stop ids): its own configs,
-KV sizing and result polling, none of which the project's engines use, with the recording
-scheduler of ``engine.peers.transformers_scheduler``, whose record it hands back.
 
 Batch-invariant mode (``EngineConfig.batch_invariant``) does not reach it: transformers' manager
 runs its own kernels and batches, outside this project's control. Asking for it warns
@@ -41,7 +39,7 @@ NO_RECORD_NOTE = (
     "transformers did not build the recording scheduler it was asked for "
     f"(scheduler_type={transformers_scheduler.SCHEDULER_TYPE!r}): no own schedule recorded"
 )
-HF_POLL_S = 0.1  # how often run_batch calls on_poll while it waits for results
+HF_POLL_S = 0.1  # how often on_wait is called while results are awaited
 HF_STALL_S = 60.0  # no result for this long: transformers' manager is taken to have stopped
 HF_PAGE_SIZE = 256  # ContinuousBatchingConfig's default page_size, in tokens
 BATCH_INVARIANT_NOTE = (
@@ -51,7 +49,7 @@ BATCH_INVARIANT_NOTE = (
 
 
 class HFContinuousEngine:
-    """Runs requests through ``run_batch`` on the runner's model."""
+    """Runs requests through transformers' manager on the runner's model (its device, stop ids)."""
 
     name = "hf_continuous"
 
@@ -65,9 +63,10 @@ class HFContinuousEngine:
 
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
         """Run to completion. transformers' manager has no step hook, so ``on_step`` is never
-        called; ``on_wait(trace)`` is called every 0.1 s while its results are awaited.
+        called; ``on_wait(trace)`` is called every ``HF_POLL_S`` while its results are awaited.
 
         Raises:
+            RuntimeError: no result for ``HF_STALL_S``: the manager stopped early.
             Exception: whatever ``on_wait`` raises (``RunStopped``): the manager is stopped.
         """
         info = {"block_sharing": self.block_sharing}
@@ -75,32 +74,21 @@ class HFContinuousEngine:
             info |= {"batch_invariant": False, "batch_invariant_note": BATCH_INVARIANT_NOTE}
         trace = Trace(engine=self.name, num_slots=self.config.num_slots, info=info)
         trace.requests = new_request_records(requests)
-        prompts = [list(r.prompt_token_ids) for r in requests]
-        caps = [r.max_new_tokens for r in requests]
         poll = None if on_wait is None else functools.partial(on_wait, trace)
-        kwargs = None
-        if any(r.is_sampled for r in requests):
-            vocab_size = self.runner.model.config.get_text_config().vocab_size
-            kwargs = [hf_request_kwargs(r.sampling, vocab_size) for r in requests]
-        t0, outputs, record = run_batch(
-            self.runner, prompts, caps, self.config.num_slots, poll, kwargs, self.block_sharing
-        )
+        t0, outputs, record = self._generate(requests, poll)
+        eos_ids = self.runner.eos_token_ids
         for request, out in zip(requests, outputs, strict=True):
             rec = trace.request(request.request_id)
             rec.comparable = not request.is_sampled
             rec.num_cached_tokens = None if self.block_sharing else 0
-            tokens = truncate_at_stop(
-                list(out.generated_tokens), request.max_new_tokens, self.runner.eos_token_ids
-            )
+            tokens = truncate_at_stop(list(out.generated_tokens), request.max_new_tokens, eos_ids)
             stamps = out.timestamps or []
             rec.admit_s = 0.0
             rec.first_token_s = stamps[0] - t0 if stamps else None
             rec.finish_s = stamps[len(tokens) - 1] - t0 if len(stamps) >= len(tokens) else None
             rec.output_token_ids = tokens
             rec.output_text = self.runner.decode(tokens)
-            rec.finish_reason = (
-                "eos" if tokens and tokens[-1] in self.runner.eos_token_ids else "length"
-            )
+            rec.finish_reason = "eos" if tokens and tokens[-1] in eos_ids else "length"
         trace.wall_s = max((r.finish_s or 0.0) for r in trace.requests)
         if record is None:
             trace.warnings.append(NO_RECORD_NOTE)
@@ -109,68 +97,68 @@ class HFContinuousEngine:
             trace.schedule = transformers_scheduler.schedule_trace(record, trace.requests, ids, t0)
         return trace
 
+    def _generate(self, requests: list[Request], on_poll):
+        """Run ``requests`` through ``model.continuous_batching_context_manager`` (warm-up happens
+        before the clock starts); the global random state is restored afterwards.
 
-def run_batch(
-    runner,
-    prompts: list[list[int]],
-    caps: list[int],
-    num_slots: int,
-    on_poll=None,
-    sampling_kwargs: list[dict] | None = None,
-    block_sharing: bool = False,
-):
-    """Run prompts through transformers' ``ContinuousBatchingManager`` (greedy by default).
+        Returns ``(t0, outputs, record)``: ``perf_counter`` at the first request; per request a
+        ``GenerationOutput`` (``generated_tokens``, ``timestamps`` in ``perf_counter`` seconds);
+        the manager's ``transformers_scheduler.ScheduleRecord`` (None if transformers did not
+        build the recording scheduler). Raises what ``run`` raises.
+        """
+        model, sampled = self.runner.model, any(r.is_sampled for r in requests)
+        vocab_size = model.config.get_text_config().vocab_size
+        gen, cb = self._configs(requests, sampled)
+        previous = model.config._attn_implementation
+        try:
+            with (
+                forked_rng(self.runner.device, sampled),
+                model.continuous_batching_context_manager(
+                    generation_config=gen, continuous_batching_config=cb, block=True, timeout=30
+                ) as manager,
+            ):
+                t0 = time.perf_counter()
+                for i, request in enumerate(requests):
+                    kwargs = hf_request_kwargs(request.sampling, vocab_size) if sampled else {}
+                    manager.add_request(
+                        list(request.prompt_token_ids),
+                        request_id=hf_request_id(i),
+                        max_new_tokens=request.max_new_tokens,
+                        record_timestamps=True,
+                        **kwargs,
+                    )
+                results = _hf_results(manager, len(requests), on_poll)
+                processor = manager.batch_processor  # the loop's (stop() drops it)
+        finally:
+            model.set_attn_implementation(previous)
+        outputs = [results[hf_request_id(i)] for i in range(len(requests))]
+        return t0, outputs, _own_record(processor)
 
-    ``sampling_kwargs``: per prompt, the ``temperature``, ``top_k`` and ``top_p`` that
-    ``add_request`` passes to the manager's per-request processors
-    (``ContinuousBatchingConfig(per_request_processors=True)``), all sampled with its own
-    generator (``seed=0``); the global random state is restored afterwards.
+    def _configs(self, requests: list[Request], sampled: bool):
+        """transformers' ``GenerationConfig`` and ``ContinuousBatchingConfig``: sampled requests
+        go through per-request processors (``seed=0``); ``allow_block_sharing`` (transformers'
+        prefix caching, on by default there) is ``block_sharing``, off unless asked, like ours."""
+        from transformers import ContinuousBatchingConfig, GenerationConfig
 
-    Uses ``model.continuous_batching_context_manager`` with ``max_requests_per_batch`` =
-    ``num_slots`` and ``add_request(..., max_new_tokens=cap)`` per request; warm-up happens
-    before the clock starts. ``block_sharing`` sets ``ContinuousBatchingConfig``'s
-    ``allow_block_sharing``, transformers' prefix caching (its default is on; off here unless
-    asked, like our engines): a full page of ``HF_PAGE_SIZE`` prompt tokens is shared once a
-    request computed it. Returns ``(t0, outputs, record)``: ``perf_counter`` at the first
-    request, per prompt a ``GenerationOutput`` (``generated_tokens``, ``timestamps`` in
-    ``perf_counter`` seconds; request id ``hf_request_id(index)``), and the manager's own schedule
-    (``engine.peers.transformers_scheduler.ScheduleRecord``, read after its generation thread
-    stopped; None if transformers did not build the recording scheduler it was asked for).
-
-    ``on_poll()`` is called every ``HF_POLL_S`` (0.1 s) while results are awaited; an exception
-    it raises (``RunStopped``) stops the manager and propagates.
-
-    ``runner``: the ``engine.model.model_runner.ModelRunner`` whose model, device and stop ids it
-    uses.
-
-    Raises:
-        RuntimeError: no result for ``HF_STALL_S`` (60 s): the manager stopped early.
-    """
-    gen, cb = _hf_configs(
-        runner, prompts, caps, num_slots, sampled=bool(sampling_kwargs), block_sharing=block_sharing
-    )
-    per_request = sampling_kwargs or [{} for _ in prompts]
-    previous = runner.model.config._attn_implementation
-    try:
-        with (
-            forked_rng(runner.device, bool(sampling_kwargs)),
-            runner.model.continuous_batching_context_manager(
-                generation_config=gen, continuous_batching_config=cb, block=True, timeout=30
-            ) as manager,
-        ):
-            t0 = time.perf_counter()
-            for i, (ids, cap) in enumerate(zip(prompts, caps, strict=True)):
-                kwargs = {"max_new_tokens": cap, "record_timestamps": True, **per_request[i]}
-                manager.add_request(ids, request_id=hf_request_id(i), **kwargs)
-            results = _hf_results(manager, len(prompts), on_poll)
-            processor = manager.batch_processor  # the loop's (stop() drops it)
-    finally:
-        runner.model.set_attn_implementation(previous)
-    return t0, [results[hf_request_id(i)] for i in range(len(prompts))], _own_record(processor)
+        gen = GenerationConfig(
+            eos_token_id=sorted(self.runner.eos_token_ids),
+            pad_token_id=self.runner.pad_token_id,
+            max_new_tokens=max(r.max_new_tokens for r in requests),
+            **(HF_SAMPLING_PLACEHOLDERS if sampled else {"do_sample": False}),
+        )
+        cb = ContinuousBatchingConfig(
+            scheduler_type=transformers_scheduler.register(),
+            max_requests_per_batch=self.config.num_slots,
+            auto_switch_to_flash=False,
+            allow_block_sharing=self.block_sharing,
+            **_hf_sizes(requests, self.config.num_slots),
+            **({"per_request_processors": True, "seed": 0} if sampled else {}),
+        )
+        return gen, cb
 
 
 def hf_request_id(index: int) -> str:
-    """The request id ``run_batch`` gives the ``index``-th prompt in transformers' manager."""
+    """The request id the ``index``-th request gets in transformers' manager."""
     return f"r{index}"
 
 
@@ -183,27 +171,6 @@ def _own_record(processor):
         record.settings["async_batching"] = bool(processor.use_async_batching)
         return record
     return None
-
-
-def _hf_configs(runner, prompts, caps, num_slots: int, sampled: bool, block_sharing: bool):
-    """transformers' ``GenerationConfig`` and ``ContinuousBatchingConfig`` for a batch."""
-    from transformers import ContinuousBatchingConfig, GenerationConfig
-
-    gen = GenerationConfig(
-        eos_token_id=sorted(runner.eos_token_ids),
-        pad_token_id=runner.pad_token_id,
-        max_new_tokens=max(caps),
-        **(HF_SAMPLING_PLACEHOLDERS if sampled else {"do_sample": False}),
-    )
-    cb = ContinuousBatchingConfig(
-        scheduler_type=transformers_scheduler.register(),
-        max_requests_per_batch=num_slots,
-        auto_switch_to_flash=False,
-        allow_block_sharing=block_sharing,
-        **_hf_sizes(prompts, caps, num_slots),
-        **({"per_request_processors": True, "seed": 0} if sampled else {}),
-    )
-    return gen, cb
 
 
 def _hf_results(manager, num_requests: int, on_poll) -> dict:
@@ -229,16 +196,16 @@ def _hf_results(manager, num_requests: int, on_poll) -> dict:
     return results
 
 
-def _hf_sizes(prompts: list[list[int]], caps: list[int], num_slots: int) -> dict[str, int]:
+def _hf_sizes(requests: list[Request], num_slots: int) -> dict[str, int]:
     """``num_blocks`` and ``max_batch_tokens`` for ``ContinuousBatchingConfig``, like ours.
 
     Left unset, transformers sizes its KV cache from free memory (60-90 % of it: 14 GB on a 24 GB
     CPU machine, even for a tiny model; ``continuous_batching/cache.py``). Instead: room for every
     slot's longest sequence, and one step can prefill ``num_slots`` of the longest prompts, as our
-    engine does without a token budget.
+    engine does without a token budget; a page holds ``HF_PAGE_SIZE`` tokens.
     """
-    longest = max(len(p) + c for p, c in zip(prompts, caps, strict=True))
-    prompt_lengths = sorted((len(p) for p in prompts), reverse=True)
+    longest = max(r.num_prompt_tokens + r.max_new_tokens for r in requests)
+    prompt_lengths = sorted((r.num_prompt_tokens for r in requests), reverse=True)
     return {
         "num_blocks": num_slots * -(-longest // HF_PAGE_SIZE),
         "max_batch_tokens": sum(prompt_lengths[:num_slots]) + num_slots,

@@ -2,12 +2,10 @@
 
 transformers' continuous batching (``transformers/generation/continuous_batching/``) builds its
 scheduler in ``ContinuousBatchingManager._create_batch_processor`` (``continuous_api.py``) as
-``SCHEDULER_MAPPING[continuous_batching_config.scheduler_type]`` (``scheduler.py``; the config's
-comment: "For all types available, checks SCHEDULER_MAPPING"). ``register()`` adds
-``RecordingFIFOScheduler`` to that mapping as ``SCHEDULER_TYPE``, and
-``engine.peers.transformers_engine.run_batch`` asks for it by that name: transformers itself
-constructs it, in our process, on the manager's generation thread. No method of transformers is
-patched.
+``SCHEDULER_MAPPING[continuous_batching_config.scheduler_type]`` (``scheduler.py``).
+``register()`` adds ``RecordingFIFOScheduler`` to that mapping as ``SCHEDULER_TYPE``, and
+``engine.peers.transformers_engine`` asks for it by that name: transformers itself constructs it,
+on the manager's generation thread. No method of transformers is patched.
 
 ``RecordingFIFOScheduler`` is transformers' default ``FIFOScheduler`` (decoding requests first,
 then split prefills, then waiting ones), unchanged: each override calls the base method and only
@@ -39,18 +37,17 @@ needed, never on CPU) the next batch is scheduled before this one's outputs are 
 is when the next batch's preparation starts, and a finished request's last plan may be one step
 late; ``info["async_batching"]`` says which.
 
-``schedule_trace`` turns the record into a ``Trace`` like ``engine.peers.vllm_record``'s: one
-``StepRecord`` per forward pass, lanes, block tables, shared blocks, preemptions.
+``schedule_trace`` replays the record into a ``Trace`` (``vllm_record.ScheduleReplay``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
 
-from engine.trace import DECODE, PREFILL, RequestRecord, ScheduledSeq, StepRecord, Trace
+from engine.peers.vllm_record import ScheduleReplay
+from engine.trace import RequestRecord, Trace
 
 SCHEDULER_TYPE = "cbp_recording_fifo"  # the name ``ContinuousBatchingConfig.scheduler_type`` takes
 SOURCE = "transformers' own scheduler record (engine.peers.transformers_scheduler)"
@@ -202,106 +199,50 @@ def schedule_trace(
     name: str = "hf_continuous",
 ) -> Trace:
     """transformers' steps on ``requests`` as a ``Trace``, times in seconds since ``t0_s``
-    (``perf_counter``).
+    (``perf_counter``), replayed as ``engine.peers.vllm_record.ScheduleReplay`` says.
 
     ``ids``: transformers' request id -> ours; other requests' plans are skipped. ``requests``:
-    the engine trace's records; outputs are copied from them, the times are the record's:
-    admitted at the start of the first step that schedules a request, first token at the end of
-    the step that completes its prompt, finished at the end of its last step. A request takes the
-    first free lane when it is scheduled (new or requeued) and leaves it when transformers
-    preempts it or frees it, as a slot would be taken and freed.
+    the engine trace's records.
     """
-    replay = _Replay(requests, ids, t0_s, bool(record.settings.get("prefix_sharing")))
-    for step in record.steps:
-        replay.step(step)
-    return replay.trace(name, record)
+    replay = ScheduleReplay(requests)
+    prefix_sharing = bool(record.settings.get("prefix_sharing"))
+    for planned in record.steps:
+        preempted = [ids[h] for h in planned.preempted if h in ids]
+        replay.release([ids[h] for h in planned.finished if h in ids], preempted)
+        start_s = planned.start_s - t0_s
+        end_s = (planned.start_s if planned.end_s is None else planned.end_s) - t0_s
+        seqs = [
+            _seq(replay, ids[p.request_id], p, start_s, end_s)
+            for p in planned.seqs
+            if p.request_id in ids
+        ]
+        if seqs:
+            tables = {ids[h]: table for h, table in planned.block_tables.items() if h in ids}
+            replay.add_step(start_s, end_s, seqs, preempted, tables, prefix_sharing)
+    settings = record.settings
+    info = {
+        "source": SOURCE,
+        "transformers": settings.get("transformers"),
+        "scheduler": settings.get("scheduler"),
+        "token_budget": settings.get("max_batch_tokens"),
+        "prefix_caching": settings.get("prefix_sharing"),
+        "async_batching": settings.get("async_batching"),
+        "kv_blocks": settings.get("num_block_ids"),  # the block map draws every id
+        "kv_blocks_usable": settings.get("num_blocks"),
+        "kv_trash_blocks": settings.get("num_trash_block_ids"),
+        "kv_reserved_blocks": settings.get("num_trash_block_ids"),  # the block map's name
+        "block_size": settings.get("block_size"),
+    }
+    num_slots = settings.get("max_requests_per_batch") or 0
+    return replay.trace(name, num_slots, info, record.record_s)
 
 
-class _Replay:
-    """Lanes and request facts, followed step by step."""
-
-    def __init__(self, requests, ids: dict[str, int], t0_s: float, prefix_sharing: bool):
-        self.ids, self.t0_s, self.prefix_sharing = ids, t0_s, prefix_sharing
-        self.requests = {r.request_id: dataclasses.replace(r, token_times_s=[]) for r in requests}
-        for rec in self.requests.values():
-            rec.slot = rec.admit_s = rec.first_token_s = rec.finish_s = None
-            rec.num_preemptions, rec.num_cached_tokens = 0, 0
-        self.steps: list[StepRecord] = []
-        self.lanes: dict[int, int] = {}  # our request id -> lane, while transformers runs it
-        self.hits: dict[int, int] = {}  # our request id -> tokens cached at its latest admission
-
-    def _ours(self, hf_ids: list[str]) -> list[int]:
-        return [self.ids[h] for h in hf_ids if h in self.ids]
-
-    def step(self, planned: PlannedStep) -> None:
-        preempted = self._ours(planned.preempted)
-        for rid in [*self._ours(planned.finished), *preempted]:
-            self.lanes.pop(rid, None)
-        for rid in preempted:
-            self.requests[rid].num_preemptions += 1
-        start_s = planned.start_s - self.t0_s
-        end_s = (planned.start_s if planned.end_s is None else planned.end_s) - self.t0_s
-        seqs = [self._seq(p, start_s, end_s) for p in planned.seqs if p.request_id in self.ids]
-        if not seqs:
-            return
-        step = StepRecord(len(self.steps), start_s, end_s, seqs, preempted=preempted)
-        step.block_tables = {
-            self.ids[h]: list(table) for h, table in planned.block_tables.items() if h in self.ids
-        }
-        step.kv_blocks_used = len({b for table in step.block_tables.values() for b in table})
-        if self.prefix_sharing:
-            holders = step.block_holders()
-            step.shared_blocks = {b: rids for b, rids in holders.items() if len(rids) > 1}
-        self.steps.append(step)
-
-    def _seq(self, planned: PlannedSeq, start_s: float, end_s: float) -> ScheduledSeq:
-        rid = self.ids[planned.request_id]
-        rec, computed = self.requests[rid], planned.num_computed
-        if rid not in self.lanes:  # new, or requeued after a preemption: an admission
-            self.lanes[rid] = min(set(range(len(self.lanes) + 1)) - set(self.lanes.values()))
-            self.hits[rid] = computed
-            if rec.admit_s is None:
-                rec.admit_s, rec.num_cached_tokens = start_s, computed
-        rec.slot = self.lanes[rid] if rec.slot is None else rec.slot
-        if rec.first_token_s is None and computed + planned.num_tokens >= planned.num_prompt:
-            rec.first_token_s = end_s
-        rec.finish_s = end_s
-        num_tokens = planned.num_prompt + planned.num_generated  # prompt and outputs so far
-        prefill = computed < max(planned.num_prompt, num_tokens - 1)  # as Sequence.is_prefill
-        return ScheduledSeq(
-            request_id=rid,
-            slot=self.lanes[rid],
-            kind=PREFILL if prefill else DECODE,
-            num_new_tokens=planned.num_tokens,
-            num_cached_tokens=computed,
-            num_prefix_cached_tokens=self.hits[rid],
-        )
-
-    def trace(self, name: str, record: ScheduleRecord) -> Trace:
-        settings = record.settings
-        num_lanes = 1 + max((s.slot for step in self.steps for s in step.seqs), default=-1)
-        step_s = sum(s.duration_s for s in self.steps)
-        info = {
-            "source": SOURCE,
-            "transformers": settings.get("transformers"),
-            "scheduler": settings.get("scheduler"),
-            "token_budget": settings.get("max_batch_tokens"),
-            "prefix_caching": settings.get("prefix_sharing"),
-            "async_batching": settings.get("async_batching"),
-            "kv_blocks": settings.get("num_block_ids"),  # the block map draws every id
-            "kv_blocks_usable": settings.get("num_blocks"),
-            "kv_trash_blocks": settings.get("num_trash_block_ids"),
-            "kv_reserved_blocks": settings.get("num_trash_block_ids"),  # the block map's name
-            "block_size": settings.get("block_size"),
-            "record_s": record.record_s,
-            "record_cost_pct": 100 * record.record_s / step_s if step_s else None,
-        }
-        return Trace(
-            engine=name,
-            num_slots=max(settings.get("max_requests_per_batch") or 0, num_lanes),
-            steps=self.steps,
-            requests=[self.requests[rid] for rid in sorted(self.requests)],
-            wall_s=max((s.end_s for s in self.steps), default=0.0),
-            kv_mode="paged",
-            info=info,
-        )
+def _seq(replay: ScheduleReplay, rid: int, planned: PlannedSeq, start_s: float, end_s: float):
+    """One request's share of a step (``ScheduledSeq``); a request without a lane is admitted."""
+    if rid not in replay.lanes:  # new, or requeued after a preemption: an admission
+        replay.take_lane(rid)
+        replay.admit(rid, planned.num_computed, start_s)
+    num_tokens = planned.num_prompt + planned.num_generated  # prompt and outputs so far
+    return replay.scheduled(
+        rid, planned.num_tokens, planned.num_computed, planned.num_prompt, num_tokens, end_s
+    )

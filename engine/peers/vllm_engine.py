@@ -1,45 +1,31 @@
 """vLLM as an engine, seen from the inside too: any recording vLLM endpoint, and a local vLLM.
 
 ``RecordedEngine`` plays a workload at an OpenAI-compatible endpoint as ``OpenAIEngine`` does (the
-view from outside: client-clock times, ``/metrics``) and reads the server's own record of the
-run's steps (``engine.peers.vllm_scheduler``), from one of two sources with the same
-``mark()``/``read(mark)`` face (``engine.peers.vllm_record``):
+view from outside) and reads the server's own record of the run's steps
+(``engine.peers.vllm_scheduler``) from a ``RecordFeed`` (over HTTP; an endpoint given
+``--endpoint-record NAME=RECORD_URL``) or a ``ScheduleLog`` (the local vLLM's file), both of
+``engine.peers.vllm_record``. Each run's requests are sent as ``X-Request-Id: cbp-<run>-<id>``, so
+its steps are found among the record's by that tag; the trace's ``schedule`` holds them as a
+``Trace``, and ``info["schedule_record"]`` says where they came from (``path`` or ``url``, the
+run's tag, ``t0_unix_s``), and ``error`` when they did not. Both traces are on this machine's wall
+clock: the client's times count from just after ``t0_unix_s`` is read, vLLM's from ``t0_unix_s``.
 
-* ``RecordFeed``: a record served over HTTP (``CBP_VLLM_RECORD_ADDRESS`` where vLLM runs); an
-  endpoint given ``--endpoint-record NAME=RECORD_URL`` is this engine with a feed;
-* ``ScheduleLog``: the file of the local vLLM (``VllmEngine``, below).
-
-Each run's requests are sent as ``X-Request-Id: cbp-<run>-<id>``, so the run's steps are found
-among the record's by that tag, and the run returns a ``VllmTrace``: the client's trace plus
-``schedule``, vLLM's steps as a ``Trace``. ``info["schedule_record"]`` says where they came from
-(``path`` or ``url``, the run's tag, ``t0_unix_s``), and ``error`` when they did not. Both traces
-are on the wall clock of this machine: the client's times count from just after ``t0_unix_s`` is
-read (the run's set-up, well under a millisecond, lies between), vLLM's from ``t0_unix_s``.
-
-When every request of a run arrives at 0 (and there are two or more), each is sent with
-``vllm_xargs`` ``{"cbp_hold_for": <the run's count>, "cbp_run": <its tag>, "cbp_order": <id>}``:
-the recording scheduler holds vLLM's first step until all of them wait (at most a few seconds),
-so vLLM starts with the whole workload as our engines do, not with whichever request reached it
-first. Every request names its run (``cbp_run``, also without a hold), so vLLM starts each run
-with an empty prefix cache, as our engines do, and a warm-up's blocks are no hits for the run
-after it. These fields go only to a server that answers vLLM's ``/version`` and whose record was
-read at the run's start: another server would refuse them.
-
-A record that cannot be read never fails the run: the outside view stays, ``schedule`` is None and
-one warning says which of these it met (``RecordError``'s cases): the address does not answer,
-answers without a record, needs a token, no longer holds the run's steps, or holds none of this
-run's steps (the record of another server).
+Every request names its run in ``vllm_xargs`` (``cbp_run``), and when all of a run's requests
+arrive at 0 (two or more) they ask vLLM to hold its first step until all of them wait
+(``cbp_hold_for``, ``cbp_order``: ``engine.peers.vllm_scheduler``'s "Holding the first step").
+These fields go only to a server that answers vLLM's ``/version`` and whose record was read at the
+run's start: another server would refuse them. A record that cannot be read never fails the run:
+``schedule`` is None and one warning says why (``RecordError``'s cases).
 
 ``VllmEngine`` is the ``vllm`` engine: it owns a ``VllmServer`` (``engine.peers.vllm_server``) on
-the loaded model and reads its record file. Its trace is an endpoint's trace with the server's
-version and settings in ``trace.info["server"]["settings"]``. The server starts on the first run,
-or earlier with ``start()`` (a caller that wants to show its start-up passes ``on_progress``), and
-stays up until ``close()``, so repeats and warm-ups pay the start once.
+the loaded model, started on the first run (or by ``start()``) and up until ``close()``, so
+repeats and warm-ups pay the start once; its version and settings are in
+``trace.info["server"]["settings"]``.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import secrets
 import time
 from collections.abc import Callable
 
@@ -50,9 +36,7 @@ from engine.peers.vllm_record import (
     RecordError,
     RecordFeed,
     ScheduleLog,
-    VllmTrace,
     external_request_id,
-    new_run_tag,
     schedule_trace,
 )
 from engine.peers.vllm_server import (
@@ -85,7 +69,7 @@ class RecordedEngine(OpenAIEngine):
         """Where this run's steps are read from (``VllmEngine``: its running server's file)."""
         return self.record
 
-    def run(self, requests: list[Request], on_step=None, on_wait=None) -> VllmTrace:
+    def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
         """``OpenAIEngine.run``, with the server's own steps of the run in ``schedule`` (None,
         with one warning saying why, when its record cannot be read).
 
@@ -94,7 +78,7 @@ class RecordedEngine(OpenAIEngine):
         info = self.server_info()  # the first run probes the server: its request precedes the mark
         record = self._record()
         mark, problem = _mark(record)
-        self._run_tag = run_tag = new_run_tag()
+        self._run_tag = run_tag = secrets.token_hex(4)  # 8 hex digits, fresh per run
         self._tagged = record is not None and problem is None and info.version is not None
         all_at_0 = len(requests) > 1 and all(r.arrival_s == 0 for r in requests)
         self._hold_for = len(requests) if all_at_0 and self._tagged else 0
@@ -103,18 +87,16 @@ class RecordedEngine(OpenAIEngine):
             trace = super().run(requests, on_step, on_wait)
         finally:
             self._run_tag, self._hold_for, self._tagged = None, 0, False
-        fields = {f.name: getattr(trace, f.name) for f in dataclasses.fields(Trace)}
-        result = VllmTrace(**fields)
         if record is None:
-            return result
+            return trace
         where = {**_source(record), "run_tag": run_tag, "t0_unix_s": t0_unix_s}
         if problem is None:
-            result.schedule, problem = self._read_schedule(result, record, mark, run_tag, t0_unix_s)
+            trace.schedule, problem = self._read_schedule(trace, record, mark, run_tag, t0_unix_s)
         if problem is not None:
             where["error"] = problem
-            result.warnings.append(problem)
-        result.info = {**result.info, "schedule_record": where}
-        return result
+            trace.warnings.append(problem)
+        trace.info = {**trace.info, "schedule_record": where}
+        return trace
 
     def _read_schedule(self, trace: Trace, record, mark: int, run_tag: str, t0_unix_s: float):
         """``(schedule, None)``: the server's steps of this run as a ``Trace``; ``(None, line)``
@@ -159,8 +141,6 @@ class VllmEngine(RecordedEngine):
         num_slots: int,
         *,
         enforce_eager: bool = False,
-        name: str = "vllm",
-        venv: str | None = None,
         max_model_len: int = MAX_MODEL_LEN,
         settings: VllmSettings | None = None,
     ):
@@ -173,8 +153,8 @@ class VllmEngine(RecordedEngine):
             settings = settings_for(
                 loaded, num_slots, enforce_eager=enforce_eager, max_model_len=max_model_len
             )
-        self.server = VllmServer(settings, venv)
-        super().__init__(self.server.endpoint(name), loaded, num_slots)
+        self.server = VllmServer(settings)
+        super().__init__(self.server.endpoint(), loaded, num_slots)
 
     def start(self, on_progress: Callable[[str], None] | None = None) -> VllmEngine:
         """Start the server unless it runs; ``on_progress(line)`` sees its log while it starts.
@@ -192,7 +172,7 @@ class VllmEngine(RecordedEngine):
         info.settings.update(self.server.info())
         return info
 
-    def run(self, requests: list[Request], on_step=None, on_wait=None) -> VllmTrace:
+    def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
         """``RecordedEngine.run`` on the local server, started first if it is not running, with
         vLLM's own steps in ``schedule`` (None, with a warning, when its record is missing).
 

@@ -10,24 +10,14 @@ docstring has the format). This module, on our side, does three things with that
   ``cmpl-<base>-<prompt index>-<8 random characters>`` (``serving.py``, then
   ``InputProcessor.assign_request_id``), so ``our_request_id`` finds our id in any record line
   whatever the order in which the requests arrived, and ignores other clients' and other runs'.
-* **Reading.** ``ScheduleLog`` marks where a run starts in the file and reads the complete lines
-  written since. ``RecordFeed`` does the same over HTTP, from a recording vLLM that serves its
-  record (``$CBP_VLLM_RECORD_ADDRESS``, ``engine.peers.vllm_scheduler``), and raises
-  ``RecordError`` with what to do when the address gives no record: it does not answer, answers
-  without a record, needs a token, or has dropped the steps asked for.
-* **Conversion.** ``schedule_trace`` replays the lines into a ``Trace``: one ``StepRecord`` per
-  step that ran a forward pass on our requests, with each request's scheduled tokens (prefill
-  while tokens other than its newest are missing from the KV cache, as our engines count it), the
-  tokens computed before, its prefix-cache hit, its lane, every held block table (vLLM's block
-  ids), shared blocks and preemptions. vLLM has no slots: a request takes the first free lane when
-  it is scheduled (new or resumed) and leaves it when vLLM preempts it or reports it finished,
-  as a slot would be taken and freed. With data parallelism each engine core (rank) schedules
-  its own requests from its own KV pool, and its lines say which (``dp_rank``; a line without
-  one is rank 0's): rank ``r`` takes lanes from ``r * max_num_seqs`` on, and a step's block
-  tables are its rank's alone (block ids of different ranks name different blocks).
-
-The client's trace of the ``vllm`` engine (times per request, ``/metrics`` samples) stays the
-view from outside; ``VllmTrace`` carries the inside one beside it as ``schedule``.
+* **Reading.** ``ScheduleLog`` reads the file run by run, ``RecordFeed`` the record a vLLM
+  serves over HTTP (``$CBP_VLLM_RECORD_ADDRESS``).
+* **Conversion.** ``schedule_trace`` replays the lines into a ``Trace`` (``ScheduleReplay``,
+  which transformers' record uses too): one ``StepRecord`` per step that ran a forward pass on our
+  requests, with scheduled and cached tokens, prefix-cache hits, lanes, block tables (vLLM's block
+  ids), shared blocks and preemptions. With data parallelism each engine core (rank) schedules
+  its own requests from its own KV pool (``dp_rank``; a line without one is rank 0's): rank ``r``
+  takes lanes from ``r * max_num_seqs`` on, and a step's block tables are its rank's alone.
 """
 
 from __future__ import annotations
@@ -36,8 +26,6 @@ import dataclasses
 import json
 import os
 import re
-import secrets
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -51,20 +39,6 @@ RECORD_TOKEN_ENV = "CBP_VLLM_RECORD_TOKEN"  # the served record's bearer token, 
 RECORD_KIND = "cbp-vllm-schedule"  # the served record's ``record`` field
 MARK_SINCE = 1 << 62  # an index past any step: the answer has the next index and no steps
 FETCH_TIMEOUT_S = 10.0
-
-
-@dataclass
-class VllmTrace(Trace):
-    """The ``vllm`` engine's trace: the client's view, as every endpoint's trace, plus
-    ``schedule``, vLLM's steps from its own record (None when there is none; a warning says why).
-    """
-
-    schedule: Trace | None = None
-
-
-def new_run_tag() -> str:
-    """A fresh tag for one run's request ids (8 hex digits)."""
-    return secrets.token_hex(4)
 
 
 def external_request_id(run_tag: str, request_id: int) -> str:
@@ -241,40 +215,120 @@ def schedule_trace(
 
     ``records``: the lines of one run (``ScheduleLog.read``); lines of other runs or clients
     are skipped, and a step that ran none of ours is left out. ``requests``: the client trace's
-    records; outputs are copied from them, the times are vLLM's: admitted at the start of the
-    first step that schedules a request, first token at the end of the step that completes its
-    prompt, finished at the end of its last step. A request arrives when the client sent it
+    records, replayed as ``ScheduleReplay`` says. A request arrives when the client sent it
     (its record's ``admit_s``) where that is later than the workload's arrival: a client that
     sends late (its host busy) does not count against vLLM's own times.
 
     Raises:
         ValueError: no ``start`` line precedes the first step (not a whole record).
     """
-    replay = _Replay(requests, run_tag, t0_unix_s)
+    replay = _VllmReplay(requests, run_tag, t0_unix_s)
     for record in records:
         if record.get("event") == "start":
             replay.start(record)
         elif record.get("event") == "step":
             replay.step(record)
-    return replay.trace(name)
+    return replay.vllm_trace(name)
 
 
-class _Replay:
-    """Block tables, lanes and request facts, followed line by line."""
+class ScheduleReplay:
+    """A server's own record, followed step by step into a ``Trace`` our views draw: vLLM's
+    (``_VllmReplay``) and transformers' (``engine.peers.transformers_scheduler``).
 
-    def __init__(self, requests: list[RequestRecord], run_tag: str, t0_unix_s: float):
-        self.run_tag, self.t0_unix_s = run_tag, t0_unix_s
+    Outputs are copied from the client's records, the times are the record's: admitted at the
+    start of the first step that schedules a request, first token at the end of the step that
+    completes its prompt, finished at the end of its last step. A server has no slots: a request
+    takes the first free lane when it is scheduled (new or resumed) and leaves it when the server
+    preempts it or reports it finished, as a slot would be taken and freed.
+    """
+
+    def __init__(self, requests: list[RequestRecord]):
         self.requests = {r.request_id: dataclasses.replace(r, token_times_s=[]) for r in requests}
         for rec in self.requests.values():
-            rec.arrival_s = max(rec.arrival_s, rec.admit_s or 0.0)  # sent late: from the send
             rec.slot = rec.admit_s = rec.first_token_s = rec.finish_s = None
             rec.num_preemptions, rec.num_cached_tokens = 0, 0
-        self.settings: dict | None = None
         self.steps: list[StepRecord] = []
-        self.tables: dict[int, list[int]] = {}  # request id -> its block ids, in order
-        self.lanes: dict[int, int] = {}  # request id -> lane, while vLLM runs it
-        self.num_prompt: dict[int, int] = {}
+        self.lanes: dict[int, int] = {}  # request id -> lane, while the server runs it
         self.hits: dict[int, int] = {}  # request id -> prefix-cache hit at its latest admission
+
+    def release(self, finished: list[int], preempted: list[int]) -> None:
+        """Free the lanes of requests finished or preempted before a step."""
+        for rid in [*finished, *preempted]:
+            self.lanes.pop(rid, None)
+        for rid in preempted:
+            self.requests[rid].num_preemptions += 1
+
+    def take_lane(self, rid: int, first: int = 0, taken: set[int] | None = None) -> None:
+        """The lowest lane from ``first`` on that is not ``taken`` (default: any lane held)."""
+        taken = set(self.lanes.values()) if taken is None else taken
+        self.lanes[rid] = min(set(range(first, first + len(taken) + 1)) - taken)
+
+    def admit(self, rid: int, computed: int, start_s: float) -> None:
+        """A request scheduled new or resumed, with ``computed`` tokens in its KV cache."""
+        rec = self.requests[rid]
+        self.hits[rid] = computed
+        if rec.admit_s is None:
+            rec.admit_s, rec.num_cached_tokens = start_s, computed
+
+    def scheduled(
+        self, rid: int, num_new: int, computed: int, num_prompt: int, num_tokens: int, end_s: float
+    ) -> ScheduledSeq:
+        """One request's share of a step ending at ``end_s``: ``num_new`` tokens on
+        ``computed`` cached ones, with ``num_tokens`` (prompt and outputs so far) in all."""
+        rec = self.requests[rid]
+        rec.slot = self.lanes[rid] if rec.slot is None else rec.slot
+        if rec.first_token_s is None and computed + num_new >= num_prompt:
+            rec.first_token_s = end_s
+        rec.finish_s = end_s
+        prefill = computed < max(num_prompt, num_tokens - 1)  # as Sequence.is_prefill
+        return ScheduledSeq(
+            request_id=rid,
+            slot=self.lanes[rid],
+            kind=PREFILL if prefill else DECODE,
+            num_new_tokens=num_new,
+            num_cached_tokens=computed,
+            num_prefix_cached_tokens=self.hits.get(rid, 0),
+        )
+
+    def add_step(self, start_s, end_s, seqs, preempted, tables, prefix_caching: bool) -> None:
+        """A step that ran ``seqs``, with the block tables (request id -> block ids) held then."""
+        step = StepRecord(len(self.steps), start_s, end_s, seqs, preempted=preempted)
+        step.block_tables = {rid: list(table) for rid, table in tables.items()}
+        step.kv_blocks_used = len({b for table in tables.values() for b in table})
+        if prefix_caching:
+            holders = step.block_holders()
+            step.shared_blocks = {b: rids for b, rids in holders.items() if len(rids) > 1}
+        self.steps.append(step)
+
+    def trace(self, name: str, num_slots: int, info: dict, record_s: float) -> Trace:
+        """The replayed ``Trace``; ``record_s``: the time the server spent recording."""
+        num_lanes = 1 + max((s.slot for step in self.steps for s in step.seqs), default=-1)
+        step_s = sum(s.duration_s for s in self.steps)
+        info = {**info, "record_s": record_s}
+        info["record_cost_pct"] = 100 * record_s / step_s if step_s else None
+        return Trace(
+            engine=name,
+            num_slots=max(num_slots, num_lanes),
+            steps=self.steps,
+            requests=[self.requests[rid] for rid in sorted(self.requests)],
+            wall_s=max((s.end_s for s in self.steps), default=0.0),
+            kv_mode="paged",
+            info=info,
+        )
+
+
+class _VllmReplay(ScheduleReplay):
+    """vLLM's lines: block tables grow step by step, and each data-parallel rank has its lanes."""
+
+    def __init__(self, requests: list[RequestRecord], run_tag: str, t0_unix_s: float):
+        sent = [
+            dataclasses.replace(r, arrival_s=max(r.arrival_s, r.admit_s or 0.0)) for r in requests
+        ]
+        super().__init__(sent)
+        self.run_tag, self.t0_unix_s = run_tag, t0_unix_s
+        self.settings: dict | None = None
+        self.tables: dict[int, list[int]] = {}  # request id -> its block ids, in order
+        self.num_prompt: dict[int, int] = {}
         self.rank_of: dict[int, int] = {}  # request id -> the data-parallel rank that runs it
         self.ranks: set[int] = set()  # ranks seen, in start lines and steps
         self.record_s = 0.0
@@ -295,12 +349,10 @@ class _Replay:
     def step(self, record: dict) -> None:
         if self.settings is None:
             raise ValueError("vLLM's schedule record has a step before its start line.")
-        preempted = self._ours(record["preempted"])
-        for rid in [*self._ours(record["finished"]), *preempted]:
+        finished, preempted = self._ours(record["finished"]), self._ours(record["preempted"])
+        self.release(finished, preempted)
+        for rid in [*finished, *preempted]:
             self.tables.pop(rid, None)
-            self.lanes.pop(rid, None)
-        for rid in preempted:
-            self.requests[rid].num_preemptions += 1
         start_s = record["start_unix_s"] - self.t0_unix_s
         end_s = record["end_unix_s"] - self.t0_unix_s
         rank = int(record.get("dp_rank", 0))
@@ -311,14 +363,8 @@ class _Replay:
         if not seqs or not record["num_tokens"]:
             return
         self.record_s += record["record_s"]
-        step = StepRecord(len(self.steps), start_s, end_s, seqs, preempted=preempted)
         tables = {r: t for r, t in self.tables.items() if self.rank_of.get(r, 0) == rank}
-        step.block_tables = {rid: list(table) for rid, table in tables.items()}
-        step.kv_blocks_used = len({b for table in tables.values() for b in table})
-        if self.settings["prefix_caching"]:
-            holders = step.block_holders()
-            step.shared_blocks = {b: rids for b, rids in holders.items() if len(rids) > 1}
-        self.steps.append(step)
+        self.add_step(start_s, end_s, seqs, preempted, tables, self.settings["prefix_caching"])
 
     def _seq(self, entry: dict, rank: int, start_s: float, end_s: float) -> ScheduledSeq | None:
         """One scheduled request's share of a step of ``rank``; None for another run's request."""
@@ -326,39 +372,24 @@ class _Replay:
         if rid is None or rid not in self.requests:
             self.num_foreign += 1
             return None
-        rec, computed, n = self.requests[rid], entry["num_computed"], entry["num_tokens"]
+        computed = entry["num_computed"]
         if "block_ids" in entry:  # new or resumed: the whole table, and an admission
             self.tables[rid] = list(entry["block_ids"])
-            self.hits[rid] = computed
-            if rec.admit_s is None:
-                rec.admit_s, rec.num_cached_tokens = start_s, computed
+            self.admit(rid, computed, start_s)
         else:
             self.tables.setdefault(rid, []).extend(entry["new_block_ids"])
         self.rank_of[rid] = rank
-        if rid not in self.lanes:
-            first = rank * self.lanes_per_rank
+        if rid not in self.lanes:  # rank r's lanes start at r * max_num_seqs
             taken = {lane for r, lane in self.lanes.items() if self.rank_of.get(r, 0) == rank}
-            self.lanes[rid] = min(set(range(first, first + len(taken) + 1)) - taken)
-        rec.slot = self.lanes[rid] if rec.slot is None else rec.slot
-        num_prompt = self.num_prompt.setdefault(rid, entry.get("num_prompt", rec.num_prompt_tokens))
-        num_tokens = num_prompt + entry.get("num_output", 0)  # prompt and outputs so far
-        if rec.first_token_s is None and computed + n >= num_prompt:
-            rec.first_token_s = end_s
-        rec.finish_s = end_s
-        prefill = computed < max(num_prompt, num_tokens - 1)  # as Sequence.is_prefill
-        return ScheduledSeq(
-            request_id=rid,
-            slot=self.lanes[rid],
-            kind=PREFILL if prefill else DECODE,
-            num_new_tokens=n,
-            num_cached_tokens=computed,
-            num_prefix_cached_tokens=self.hits.get(rid, 0),
-        )
+            self.take_lane(rid, rank * self.lanes_per_rank, taken)
+        num_prompt = entry.get("num_prompt", self.requests[rid].num_prompt_tokens)
+        num_prompt = self.num_prompt.setdefault(rid, num_prompt)
+        num_tokens = num_prompt + entry.get("num_output", 0)
+        return self.scheduled(rid, entry["num_tokens"], computed, num_prompt, num_tokens, end_s)
 
-    def trace(self, name: str) -> Trace:
+    def vllm_trace(self, name: str) -> Trace:
         settings = self.settings or {}
-        num_lanes = 1 + max((s.slot for step in self.steps for s in step.seqs), default=-1)
-        step_s = sum(s.duration_s for s in self.steps)
+        dp_size = max(int(settings.get("dp_size", 1)), len(self.ranks))
         info = {
             "source": SOURCE,
             "vllm": settings.get("vllm"),
@@ -369,19 +400,9 @@ class _Replay:
             "kv_blocks": settings.get("num_blocks"),
             "kv_reserved_blocks": 1,  # block 0, vLLM's null block, is never held
             "block_size": settings.get("block_size"),
-            "record_s": self.record_s,
-            "record_cost_pct": 100 * self.record_s / step_s if step_s else None,
             "num_foreign_seqs": self.num_foreign,
-            "dp_size": max(int(settings.get("dp_size", 1)), len(self.ranks)),
+            "dp_size": dp_size,
             "lanes_per_rank": self.lanes_per_rank,
         }
-        requests = [self.requests[rid] for rid in sorted(self.requests)]
-        return Trace(
-            engine=name,
-            num_slots=max(settings.get("max_num_seqs", 0) * info["dp_size"], num_lanes),
-            steps=self.steps,
-            requests=requests,
-            wall_s=max((s.end_s for s in self.steps), default=0.0),
-            kv_mode="paged",
-            info=info,
-        )
+        num_slots = settings.get("max_num_seqs", 0) * dp_size
+        return self.trace(name, num_slots, info, self.record_s)

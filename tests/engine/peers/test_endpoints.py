@@ -50,13 +50,16 @@ def test_names_must_be_unique_and_not_builtin():
 
 
 def test_env_lists_endpoints_in_order():
-    """CBP_ENDPOINTS is a comma list; unset or blank means none; errors name the variable."""
+    """CBP_ENDPOINTS is a comma list; unset or blank means none; errors name the variable, and
+    built-in engine names are refused."""
     env = {"CBP_ENDPOINTS": "one=http://a:1, two=http://b:2/v1,"}
     assert endpoints_from_env(env) == [Endpoint("one", "http://a:1"), Endpoint("two", "http://b:2")]
     assert endpoints_from_env({}) == []
     assert endpoints_from_env({"CBP_ENDPOINTS": " "}) == []
     with pytest.raises(ValueError, match="CBP_ENDPOINTS"):
         endpoints_from_env({"CBP_ENDPOINTS": "one"})
+    with pytest.raises(ValueError, match="built-in engine"):
+        endpoints_from_env({"CBP_ENDPOINTS": "continuous=http://h:1"}, ["continuous"])
 
 
 def test_a_record_url_joins_its_endpoint():

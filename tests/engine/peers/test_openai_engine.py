@@ -10,7 +10,7 @@ import pytest
 from engine.fidelity.reference import ReferenceCache, not_compared_ids
 from engine.model.model_runner import ModelRunner
 from engine.peers.endpoints import Endpoint, EndpointError
-from engine.peers.openai_engine import OpenAIEngine, endpoint_engines
+from engine.peers.openai_engine import OpenAIEngine
 from engine.sampling_params import SamplingParams
 from engine.serving.run_control import RunCancelled
 from engine.workloads.workload import RequestSpec, tokenize_requests
@@ -150,17 +150,3 @@ def test_unreachable_server_is_named():
     with pytest.raises(EndpointError, match="Cannot reach gone at " + url) as info:
         engine.run([])
     assert info.value.trace is None
-
-
-def test_page_endpoints_come_from_the_environment():
-    """CBP_ENDPOINTS gives one engine per entry, named as configured; built-in names are refused."""
-    loaded = tiny_runner().loaded
-    env = {"CBP_ENDPOINTS": "gpu=http://10.0.0.5:8000/v1,cpu=http://127.0.0.1:9"}
-    engines = endpoint_engines(loaded, 4, env)
-    assert {n: e.endpoint.url for n, e in engines.items()} == {
-        "gpu": "http://10.0.0.5:8000",
-        "cpu": "http://127.0.0.1:9",
-    }
-    assert all(e.name == n and e.num_slots == 4 for n, e in engines.items())
-    with pytest.raises(ValueError, match="built-in engine"):
-        endpoint_engines(loaded, 4, {"CBP_ENDPOINTS": "continuous=http://h:1"}, ["continuous"])

@@ -13,6 +13,7 @@ from engine.peers.server_metrics import (
     project_values,
     slots_kv_pct,
 )
+from engine.trace import Trace
 
 VLLM_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -116,10 +117,11 @@ def test_the_sampler_keeps_the_pool_from_its_first_reading():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        with MetricsSampler(url, time.perf_counter(), period_s=0.01) as sampler:
+        trace = Trace(engine="server", num_slots=1)
+        with MetricsSampler(url, time.perf_counter(), trace, period_s=0.01) as sampler:
             deadline = time.monotonic() + 10
-            while not sampler.samples and time.monotonic() < deadline:
+            while not trace.server_samples and time.monotonic() < deadline:
                 time.sleep(0.01)
     finally:
         server.shutdown()
-    assert sampler.samples and sampler.kv_pool["num_blocks"] == 8, sampler.kv_pool
+    assert trace.server_samples and sampler.kv_pool["num_blocks"] == 8, sampler.kv_pool

@@ -17,7 +17,6 @@ import pytest
 from engine.bench.servers import server_fields
 from engine.peers.vllm_record import (
     ScheduleLog,
-    VllmTrace,
     external_request_id,
     our_request_id,
     parse_records,
@@ -263,13 +262,13 @@ def test_log_reads_complete_lines_after_the_mark(tmp_path):
 
 def test_bench_counts_vllms_own_steps(captured_trace):
     """The bench's vllm entry takes ``num_steps`` from vLLM's record, with its recording cost."""
-    client = VllmTrace(engine="vllm", num_slots=3, wall_s=10.0, info={"server": {"url": "u"}})
+    client = Trace(engine="vllm", num_slots=3, wall_s=10.0, info={"server": {"url": "u"}})
     client.schedule = captured_trace
     fields = server_fields(client)
     assert fields["num_steps"] == len(captured_trace.steps) > 0
     assert fields["server"]["schedule"]["num_steps"] == fields["num_steps"]
     assert 0 < fields["server"]["schedule"]["record_cost_pct"] < 2, "recording above 2 %"
-    assert "num_steps" not in server_fields(VllmTrace(engine="vllm", num_slots=3, info=client.info))
+    assert "num_steps" not in server_fields(Trace(engine="vllm", num_slots=3, info=client.info))
     json.dumps(fields)
 
 
