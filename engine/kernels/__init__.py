@@ -7,12 +7,11 @@ kernels (``linear_kernel``, with this project's C++ kernel built by ``gemv_build
 measurement on this host (``kernel_timing``, which asks ``cpu_share`` whether the machine was
 quiet meanwhile), batch-invariant ops (``invariant_ops``), the fused
 decoder layers (``fused_layers``), the compiled step over them (``compiled_step``) and the host
-settings that pick among them (``host_setting``).
+settings that pick among them (``host_setting``, read here and by the model's runner).
 May import the root vocabulary, ``engine.workloads`` and ``engine.serving``.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
-``decode_attention``, ``invariant_attention``, ``host_setting``, ``gemv_build`` serve it from
-inside.
+``decode_attention``, ``invariant_attention``, ``gemv_build`` serve it from inside.
 """
 
 __all__ = [
@@ -24,4 +23,5 @@ __all__ = [
     "fused_layers",
     "compiled_step",
     "cpu_share",
+    "host_setting",
 ]

@@ -1,34 +1,26 @@
 """The compiled step: the continuous engine's whole forward pass as one inductor graph.
 
-A decode step of a small model on a CPU spends as much time between ops (thousands of small torch
-ops, Python between them) as in its matmuls. vLLM's CPU build gets rid of that by compiling: it
-traces the model once with the token count marked dynamic, lets inductor fuse the norms, the
+A decode step of a small model on a CPU spends as much time between ops as in its matmuls. vLLM's
+CPU build compiles the model once with the token count dynamic, lets inductor fuse the norms, the
 SiLU-and-mul and the rotary embedding, and keeps attention as one opaque op
 (``vllm/platforms/cpu.py: CpuPlatform.check_and_update_config``, ``vllm/compilation/backends.py``).
 ``CompiledStep`` does the same over the packed ``[1, T]`` row:
 
-* ``StepModule`` is the decoder stack written as plain tensor code (RMSNorm, rotary,
-  SiLU-and-mul, residuals, the final norm at each sequence's last token), compiled once by
-  ``torch.compile`` (inductor) into one graph over all the layers;
-* each matmul is one op, ``cbp::layer_matmul`` or ``cbp::layer_matmul_add`` (the residual add in
-  the matmul's epilogue), on the fused layers' stacked weights through the host's measured kernel
-  for the row count (``engine.kernels.fused_layers.FusedLinear``), so compiling keeps the per-host
-  kernel choice and adds no weight copy;
-* attention stays one op, ``cbp::packed_attention``: it reads the step's ``PackedBatch`` from a
+* ``StepModule`` is the decoder stack as plain tensor code, compiled by ``torch.compile``
+  (inductor) into one graph over all the layers;
+* each matmul is one op, ``cbp::layer_matmul`` (a residual added in the matmul's epilogue), on
+  the fused layers' bound weights (``kernel_plan.PlannedLinear``), so compiling keeps the
+  per-host kernel plan and adds no weight copy;
+* attention is one op, ``cbp::packed_attention``: it reads the step's ``PackedBatch`` from a
   forward context set around the call (vLLM's ``vllm/forward_context.py: set_forward_context``
-  and ``unified_attention``), writes the layer's keys and values into the KV cache and attends per
-  sequence with ``engine.kernels.fused_layers.attend``, the eager fused layers' own attention.
+  and ``unified_attention``) and runs the eager fused layers' own ``fused_layers.attend``.
 
 The token count ``T`` and the sequence count ``S`` are unbacked symbols
-(``torch._dynamo.decorators.mark_unbacked``), so no guard is put on them and sizes of 1 are not
-specialized: a step of one token runs the same graph as a step of hundreds. ``CompileStats``
-counts the graphs built; every one after the first is a recompile. Inductor's caches live in the
-model cache folder (``TORCHINDUCTOR_CACHE_DIR`` set to ``$CBP_CACHE_DIR/inductor``), so a later
-start loads the first compile instead of repeating it.
-
-``compile_unavailable_reason`` says why a host cannot compile (no C++ compiler, not a CPU); the
-runner then keeps the eager fused layers and reports the reason. Batch-invariant steps never run
-here: their kernels are ``engine.kernels.invariant_ops``'s.
+(``torch._dynamo.decorators.mark_unbacked``), so one graph serves a step of one token and of
+hundreds; ``CompileStats`` counts the graphs built. Inductor's caches live under the cache folder
+(``TORCHINDUCTOR_CACHE_DIR``), so a later start loads the first compile. Where the host cannot
+compile (``compile_unavailable_reason``) or compiling fails, the runner keeps the eager fused
+layers and says why. Batch-invariant steps never run here.
 
 Shapes (the named dimensions of ``engine``): input_ids, positions [T]; logits_indices [S];
 returns final-normed hidden states [S, d].
@@ -48,12 +40,10 @@ from torch import nn
 
 from engine import settings
 from engine.kernels import decode_attention, fused_layers
-from engine.kernels.host_setting import read_choice
 from engine.serving.packed_batch import PackedBatch
 
-# CBP_COMPILED_STEP; the first is the default. Off by default: on the 2-core CPUs measured, the
-# compiled step is no faster than the eager fused layers (its matmuls, most of a step, are the same
-# oneDNN calls), and it costs a compile at start (docs/measurements.md).
+# CBP_COMPILED_STEP; off by default: it is no faster than the eager fused layers on the CPUs
+# measured (its matmuls are the same calls) and costs a compile at start (docs/measurements.md).
 CHOICES = {
     "off": "the eager fused layers",
     "auto": "the compiled step where a C++ compiler and a CPU allow it",
@@ -89,24 +79,16 @@ def packed_attention_op(query, key, value, layer: int) -> torch.Tensor:
     return out.reshape(query.shape[0], -1).contiguous()
 
 
-def layer_matmul_op(x, layer: int, which: int, out_features: int) -> torch.Tensor:
-    """``cbp::layer_matmul``: ``x @ W.T`` through the engines' matmul kernel for its row count
-    (``engine.kernels.fused_layers.FusedLinear``: oneDNN on packed weights, MKL, ...).
+def layer_matmul_op(x, residual, layer: int, which: int, out_features: int) -> torch.Tensor:
+    """``cbp::layer_matmul``: ``x @ W.T``, plus ``residual`` where given (in the matmul's
+    epilogue where the kernel has one), through the engines' kernel plan for its row count
+    (``engine.kernels.kernel_plan.PlannedLinear``).
 
     Shapes:
-        x: [T, K]  ->  returns [T, out_features]
+        x: [T, K];  residual: [T, out_features] or None  ->  returns [T, out_features]
     """
-    return getattr(_FORWARD.get().decoder.layers[layer], _LINEARS[which])(x)
-
-
-def layer_matmul_add_op(x, residual, layer: int, which: int) -> torch.Tensor:
-    """``cbp::layer_matmul_add``: ``residual + x @ W.T``, the add in the matmul's epilogue where
-    the kernel has one.
-
-    Shapes:
-        x: [T, K];  residual: [T, N]  ->  returns [T, N]
-    """
-    return getattr(_FORWARD.get().decoder.layers[layer], _LINEARS[which]).add(x, residual)
+    linear = getattr(_FORWARD.get().decoder.layers[layer], _LINEARS[which])
+    return linear(x) if residual is None else linear.add(x, residual)
 
 
 def _define_ops() -> torch.library.Library:
@@ -122,13 +104,10 @@ def _define_ops() -> torch.library.Library:
                 query.shape[0], query.shape[1] * query.shape[2]
             ),
         ),
-        "layer_matmul(Tensor x, int layer, int which, int out_features) -> Tensor": (
+        "layer_matmul(Tensor x, Tensor? residual, int layer, int which, int out_features)"
+        " -> Tensor": (
             layer_matmul_op,
-            lambda x, layer, which, out_features: x.new_empty(x.shape[0], out_features),
-        ),
-        "layer_matmul_add(Tensor x, Tensor residual, int layer, int which) -> Tensor": (
-            layer_matmul_add_op,
-            lambda x, residual, layer, which: torch.empty_like(residual),
+            lambda x, residual, layer, which, out_features: x.new_empty(x.shape[0], out_features),
         ),
     }
     for schema, (kernel, fake) in ops.items():
@@ -145,37 +124,32 @@ _LIBRARY = _define_ops()
 class StepModule(nn.Module):
     """The decoder stack of a Llama-style model as plain tensor code, for ``torch.compile``.
 
-    Its matmuls and attention are opaque ops (``cbp::layer_matmul``, ``cbp::layer_matmul_add``,
-    ``cbp::packed_attention``) over the fused decoder's bound weights; what inductor compiles and
-    fuses is everything between them: the embedding, RMSNorm, rotary, SiLU-and-mul, the splits
-    and views, and the final norm. Its own tensors (embedding, norm weights, rotary frequencies)
-    are the model's, held as buffers.
+    Its matmuls and attention are opaque ops (``cbp::layer_matmul``, ``cbp::packed_attention``)
+    over the fused decoder's bound weights; what inductor compiles and fuses is everything
+    between them: the embedding, RMSNorm, rotary, SiLU-and-mul, the splits and views, and the
+    final norm. Its tensors (embedding, norms, rotary frequencies) are the fused decoder's, held
+    as buffers.
 
     Shapes:
         input_ids, positions: [T];  logits_indices: [S]  ->  hidden [S, d]
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, decoder: fused_layers.FusedDecoder):
         super().__init__()
-        reason = fused_layers.unsupported_reason(model)
-        if reason is not None:
-            raise ValueError(f"compiled step: {reason}")
-        inner, config = model.model, model.config
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self.hidden = config.hidden_size
-        self.intermediate = config.intermediate_size
-        self.eps = float(inner.norm.variance_epsilon)
-        self.rope_scaling = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
-        self.num_layers = len(inner.layers)
-        self.register_buffer("embed", inner.embed_tokens.weight.detach(), persistent=False)
-        self.register_buffer("inv_freq", inner.rotary_emb.inv_freq.detach(), persistent=False)
-        self.register_buffer("final_norm", inner.norm.weight.detach(), persistent=False)
-        for i, layer in enumerate(inner.layers):
-            in_norm, post_norm = layer.input_layernorm, layer.post_attention_layernorm
-            self.register_buffer(f"in_norm{i}", in_norm.weight.detach(), persistent=False)
-            self.register_buffer(f"post_norm{i}", post_norm.weight.detach(), persistent=False)
+        self.num_heads = decoder.num_heads
+        self.num_kv_heads = decoder.num_kv_heads
+        self.head_dim = decoder.head_dim
+        self.hidden = decoder.embed.weight.shape[1]
+        self.intermediate = decoder.intermediate
+        self.eps = decoder.eps
+        self.rope_scaling = float(getattr(decoder.rotary, "attention_scaling", 1.0))
+        self.num_layers = len(decoder.layers)
+        self.register_buffer("embed", decoder.embed.weight.detach(), persistent=False)
+        self.register_buffer("inv_freq", decoder.rotary.inv_freq.detach(), persistent=False)
+        self.register_buffer("final_norm", decoder.final_norm.detach(), persistent=False)
+        for i, layer in enumerate(decoder.layers):
+            self.register_buffer(f"in_norm{i}", layer.input_norm, persistent=False)
+            self.register_buffer(f"post_norm{i}", layer.post_norm, persistent=False)
 
     def forward(self, input_ids, positions, logits_indices) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed)  # (T, d)
@@ -189,17 +163,17 @@ class StepModule(nn.Module):
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         num_tokens, width = x.shape[0], (heads + 2 * kv_heads) * head_dim
         h = self._norm(x, getattr(self, f"in_norm{i}"))
-        qkv = torch.ops.cbp.layer_matmul(h, i, 0, width)  # (T, (H + 2 H_kv) D)
+        qkv = torch.ops.cbp.layer_matmul(h, None, i, 0, width)  # (T, (H + 2 H_kv) D)
         q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
         q = _rotary(q.reshape(num_tokens, heads, head_dim), cos, sin)  # (T, H, D)
         k = _rotary(k.reshape(num_tokens, kv_heads, head_dim), cos, sin)  # (T, H_kv, D)
         v = v.reshape(num_tokens, kv_heads, head_dim)
         attn = torch.ops.cbp.packed_attention(q, k, v, i)  # (T, H D)
-        x = torch.ops.cbp.layer_matmul_add(attn, x, i, 1)  # (T, d)
+        x = torch.ops.cbp.layer_matmul(attn, x, i, 1, self.hidden)  # (T, d)
         h = self._norm(x, getattr(self, f"post_norm{i}"))
-        gate_up = torch.ops.cbp.layer_matmul(h, i, 2, 2 * self.intermediate)  # (T, 2 I)
+        gate_up = torch.ops.cbp.layer_matmul(h, None, i, 2, 2 * self.intermediate)  # (T, 2 I)
         gate, up = gate_up.split([self.intermediate, self.intermediate], -1)
-        return torch.ops.cbp.layer_matmul_add(F.silu(gate) * up, x, i, 3)  # (T, d)
+        return torch.ops.cbp.layer_matmul(F.silu(gate) * up, x, i, 3, self.hidden)  # (T, d)
 
     def _rope(self, positions, dtype):
         """transformers' default rotary tables at ``positions``. Shapes: [T] -> 2 x [T, 1, D]."""
@@ -221,15 +195,6 @@ def _rotary(x, cos, sin):
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
-
-
-def requested_setting() -> str:
-    """The host's ``CBP_COMPILED_STEP``: ``"off"`` (the default) or ``"auto"``.
-
-    Raises:
-        ValueError: any other value, named in the message with both choices.
-    """
-    return read_choice("CBP_COMPILED_STEP", CHOICES)
 
 
 def compile_unavailable_reason(device: torch.device) -> str | None:
@@ -264,8 +229,8 @@ class CompiledStep:
             keeps the eager step, saying why (``ModelRunner.drop_compiled_step``).
     """
 
-    def __init__(self, model: nn.Module, decoder: fused_layers.FusedDecoder, cache_folder: str):
-        self.module = StepModule(model).eval()
+    def __init__(self, decoder: fused_layers.FusedDecoder, cache_folder: str):
+        self.module = StepModule(decoder).eval()
         self.decoder = decoder
         self.stats = CompileStats()
         self.cache_folder = cache_folder
@@ -298,7 +263,12 @@ class CompiledStep:
         return hidden[None]  # (1, S, d)
 
     def _compile(self):
-        _use_cache_folder(os.path.join(self.cache_folder, "inductor"))
+        from torch._inductor.utils import clear_caches
+
+        folder = os.path.join(self.cache_folder, "inductor")  # inductor's, for this process
+        if settings.borrowed("TORCHINDUCTOR_CACHE_DIR") != folder:
+            settings.set_borrowed("TORCHINDUCTOR_CACHE_DIR", folder)
+            clear_caches()
         stats = self.stats
 
         def backend(graph, example_inputs):
@@ -311,12 +281,3 @@ class CompiledStep:
             return compiled
 
         return torch.compile(self.module, backend=backend, dynamic=False, fullgraph=True)
-
-
-def _use_cache_folder(folder: str) -> None:
-    """Point inductor's caches (compiled kernels, FX graphs) at ``folder``, for this process."""
-    from torch._inductor.utils import clear_caches
-
-    if settings.borrowed("TORCHINDUCTOR_CACHE_DIR") != folder:
-        settings.set_borrowed("TORCHINDUCTOR_CACHE_DIR", folder)
-        clear_caches()

@@ -1,9 +1,8 @@
 """Other work's share of the CPU: was the machine quiet while something was timed?
 
 A kernel timing taken while other processes (or a hypervisor's other guests) use the cores
-times the contention, not the kernels: on a 2-core host at a load average of 5, the chosen
-kernel can be several times slower than the best candidate at some row counts. The kernel
-store keeps a measurement only when the machine was quiet (``engine.model.kernel_store``).
+times the contention, not the kernels, so the kernel store keeps a measurement only when the
+machine was quiet (``engine.model.kernel_store``).
 
 Linux counts CPU time for the whole machine in ``/proc/stat`` (the ``cpu`` line: user, nice,
 system, idle, iowait, irq, softirq, steal, in clock ticks) and for this process, all its threads
@@ -14,7 +13,7 @@ together, in ``/proc/self/stat`` (utime and stime, fields 14 and 15). Over an in
 where busy is everything but idle and iowait, so steal (time the hypervisor gave this machine's
 cores to someone else) counts as other work. 0.0 is a machine running nothing but this process;
 0.5 on 2 cores is one core's worth of other work. Where ``/proc`` is missing (macOS, Windows)
-the share is unknown (None) and the timing is trusted as before.
+the share is unknown (None) and the timing is trusted.
 """
 
 from __future__ import annotations

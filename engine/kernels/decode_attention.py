@@ -15,15 +15,11 @@ On a decode-only step (every sequence feeds one token) ``plan_decode`` splits th
 one masked call padded to the longest of them. ``k`` minimizes the key rows read plus
 ``CALL_COST_KEYS`` per call. ``decode_attention`` then runs that split in every layer.
 
-Each call is this project's C++ decode attention (``torch.ops.cbp_attention.decode``, built with
-the gemv kernel by ``engine.kernels.gemv_build``) where it runs, which takes each slot's key
-count instead of a mask: torch's CPU flash attention spends most of such a small call setting up
-(about 65 us a call in float32 on the 2-core EPYC, 30 calls a step). Elsewhere (no AVX-512, no
-compiler, ``CBP_GEMV=off``, another device or dtype) it is SDPA with the additive mask.
-
-With the kernel and an in-place cache (slot or paged), the fused layers skip the split:
-``decode_step`` runs a layer's whole attention (rotary, KV write, each token over its own
-sequence's keys, through its block table) in one call.
+Each call is this project's C++ decode attention (``torch.ops.cbp_attention.decode``, built by
+``engine.kernels.gemv_build``) where it runs: it takes each slot's key count instead of a mask,
+where torch's CPU flash attention spends most of such a small call setting up. Elsewhere it is
+SDPA with the additive mask. With the kernel and an in-place cache (slot or paged) the fused
+layers skip the split: ``decode_step`` runs a layer's whole attention in one call.
 """
 
 from __future__ import annotations

@@ -1,40 +1,30 @@
 """Fused decoder layers: the continuous engine's forward pass without transformers' module tree.
 
-A decode step of SmolLM2-135M multiplies 30 layers' weights by a few rows, so its floor is the time
-to read the weights once. Through transformers' modules each layer also runs about 60 small torch
-ops and a dozen Python module calls (RMSNorm as six ops, rotary as fourteen, three separate
-q/k/v matmuls, two gate/up matmuls, the SiLU, the residual adds), which on a 2-core CPU cost as
-much again as the weights. ``FusedDecoder`` runs the same computation on the same weights with
-fewer ops per layer:
+A decode step of a small model multiplies each layer's weights by a few rows, so its floor is the
+time to read the weights once; through transformers' modules each layer also runs about 60 small
+torch ops and a dozen Python module calls, which on a small CPU cost as much again.
+``FusedDecoder`` runs the same computation on the same weights with fewer ops per layer:
 
 * **one matmul for q, k and v, one for gate and up**: the weights stacked once (``[Wq; Wk; Wv]``,
-  ``[Wg; Wu]``) and packed for oneDNN like ``engine.kernels.linear_kernel`` does; outputs split by
-  views;
-* **the residual add inside the matmul** (oneDNN's ``add`` post-op on ``o_proj`` and
-  ``down_proj``);
-* **RMSNorm as one op** (``torch.rms_norm``; in bfloat16, where this project's C++ kernels
-  build, ``torch.ops.cbp_layer.rms_norm`` from ``csrc/layer_ops.cpp`` in place of the casts
-  around it), **SiLU-and-mul as one op in bfloat16** (``torch.ops.cbp_layer.silu_mul``), **rotary
-  as four** (``x * cos + flip(x) * sin'`` with the sign of ``rotate_half`` folded into ``sin'``
-  once per step), on q and k together;
-* attention and the KV cache are ``engine.kernels.packed_attention.packed_attention``'s, unchanged,
-  with the decode mask made additive once per step instead of once per layer inside SDPA; a
-  decode-only step splits its attention by slot length (``engine.kernels.decode_attention``),
-  and with an in-place cache (slot or paged) and the C++ kernels runs each layer's rotary, KV
-  write and attention as one call (``decode_attention.decode_step``);
-* **the whole layer stack in one call** on such a step, where the gemv kernel serves its row count
-  (``torch.ops.cbp_step.decoder_layers``, ``csrc/decoder_layers.cpp``): the same kernels in the
-  same order, called from C++, so a step no longer pays Python and the dispatcher for some 1,700
-  small ops between them.
+  ``[Wg; Wu]``) and bound to the engines' kernel plan (``engine.kernels.kernel_plan``); outputs
+  split by views;
+* **the residual add inside the matmul** (``BoundLinear.add``, oneDNN's ``add`` post-op);
+* **RMSNorm as one op** (``torch.rms_norm``; in bfloat16 where the C++ kernels build,
+  ``torch.ops.cbp_layer.rms_norm``), **SiLU-and-mul as one op in bfloat16**
+  (``torch.ops.cbp_layer.silu_mul``), **rotary as four** (``_rotary``), on q and k together;
+* attention and the KV cache are ``engine.kernels.packed_attention``'s, with the decode mask made
+  additive once per step; a decode-only step splits its attention by slot length
+  (``engine.kernels.decode_attention``), and with an in-place cache and the C++ kernels runs each
+  layer's rotary, KV write and attention as one call (``decode_attention.decode_step``);
+* **the whole layer stack in one call** on such a step where the gemv kernel serves its row count
+  (``LayerStack``: ``torch.ops.cbp_step.decoder_layers``), the same kernels in the same order
+  called from C++, without Python and the dispatcher between some 1,700 small ops.
 
-In float32 every one of these gives the same bits as transformers' modules (checked by
-``tests/engine/kernels/test_fused_layers.py``: the stacked matmul's columns, the fused residual add,
-the folded rotary, ``rms_norm``). Only the engines use it (``ModelRunner.forward_packed``); the
-reference still runs plain ``model.generate``. Supported: Llama-style decoders (``LlamaForCausalLM``
-and its look-alikes: q/k/v/o and gate/up/down linears, RMSNorm, SiLU, default RoPE) on CPU.
-``fused_decoder(model, kernel_name)`` returns ``None`` for anything else, and the runner keeps
-calling the model. A host turns them off with ``CBP_FUSED_LAYERS=off`` (``requested()``), to time
-or check transformers' own layers in the same engine.
+In float32 each of these gives the same bits as transformers' modules
+(``tests/engine/kernels/test_fused_layers.py``). Only the engines use it
+(``ModelRunner.forward_packed``). Supported: Llama-style decoders (q/k/v/o and gate/up/down
+linears, RMSNorm, SiLU, default RoPE) on CPU (``unsupported_reason``); for anything else, or with
+``CBP_FUSED_LAYERS=off``, the runner calls the model itself.
 """
 
 from __future__ import annotations
@@ -46,8 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels import decode_attention, gemv_build, packed_attention
-from engine.kernels.host_setting import read_choice
-from engine.kernels.kernel_plan import RowPlan, bind_plan
+from engine.kernels.kernel_plan import PlannedLinear, RowPlan
 from engine.kernels.linear_kernel import GemvLinear
 from engine.serving.packed_batch import PackedBatch
 
@@ -58,54 +47,6 @@ CHOICES = {  # CBP_FUSED_LAYERS
 _LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-class FusedLinear:
-    """One weight, or several ``nn.Linear`` weights stacked along N, behind one matmul.
-
-    ``kernel`` is the engines' plan for this model and host (``engine.kernels.kernel_plan``), or
-    the name of one kernel: each of its kernels binds the stacked weight once
-    (``engine.kernels.linear_kernel.bind``: ``"onednn"`` packs it, ``"onednn_f32"`` packs a float32
-    copy of a half-precision weight, ``"linear"`` and ``"skinny"`` keep it plain), and a call goes
-    to the plan's kernel for its row count.
-
-    Shapes:
-        weights: [N_i, K] each  ->  stacked [N, K], N = sum N_i;  x: [M, K]  ->  [M, N]
-    """
-
-    def __init__(self, linears: list[nn.Linear], kernel: str | RowPlan):
-        plan = RowPlan.single(kernel) if isinstance(kernel, str) else kernel
-        weights = [m.weight.detach() for m in linears]
-        weight = weights[0] if len(weights) == 1 else torch.cat(weights)  # (N, K)
-        biases = [m.bias for m in linears]
-        bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
-        self.stacked = len(weights) > 1
-        self.stacked_bytes = weight.numel() * weight.element_size() if self.stacked else 0
-        bound = bind_plan(plan, weight, bias)  # gemv keeps the stacked copy only if it must
-        self._bound = list(bound.values())
-        # by_rows[M]: the kernel at M rows, up to the last range's start (then the last's)
-        self._by_rows = [bound[plan.name_at(m)] for m in range(plan.starts[-1] + 1)]
-
-    @property
-    def extra_bytes(self) -> int:
-        """Memory this adds to the model's own weights (packed and stacked copies), in bytes."""
-        packed = sum(b.extra_bytes for b in self._bound)
-        plain = any(b.weight is not None for b in self._bound)  # a kernel keeps the stacked copy
-        return packed + (self.stacked_bytes if plain else 0)
-
-    def _kernel(self, x: torch.Tensor):
-        return self.kernel_at(x.shape[0])
-
-    def kernel_at(self, num_rows: int):
-        """The bound kernel that serves ``num_rows`` rows."""
-        return self._by_rows[min(num_rows, len(self._by_rows) - 1)]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self._kernel(x)(x)
-
-    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """``residual + self(x)``; oneDNN adds it in the matmul's epilogue (same float32 bits)."""
-        return self._kernel(x).add(x, residual)
-
-
 @dataclasses.dataclass
 class FusedLayer:
     """One decoder layer's stacked weights and norm weights."""
@@ -113,25 +54,15 @@ class FusedLayer:
     attn: nn.Module  # the layer's attention module: packed_attention reads layer_idx from it
     input_norm: torch.Tensor  # (d,)
     post_norm: torch.Tensor  # (d,)
-    qkv: FusedLinear  # [Wq; Wk; Wv]
-    o: FusedLinear
-    gate_up: FusedLinear  # [Wg; Wu]
-    down: FusedLinear
+    qkv: PlannedLinear  # [Wq; Wk; Wv]
+    o: PlannedLinear
+    gate_up: PlannedLinear  # [Wg; Wu]
+    down: PlannedLinear
 
     @property
-    def linears(self) -> tuple[FusedLinear, ...]:
+    def linears(self) -> tuple[PlannedLinear, ...]:
         """Its four matmuls in the order a step runs them: qkv, o, gate_up, down."""
         return self.qkv, self.o, self.gate_up, self.down
-
-
-def requested() -> bool:
-    """Whether the host's ``CBP_FUSED_LAYERS`` (default ``"auto"``: where they apply) allows them.
-
-    Raises:
-        ValueError: a value other than ``auto`` or ``off``, named in the message.
-    """
-    choice = read_choice("CBP_FUSED_LAYERS", CHOICES)
-    return choice == "auto"
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -212,12 +143,8 @@ class FusedDecoder:
 
     def _layer(self, layer: FusedLayer, x, rope, batch, split) -> torch.Tensor:
         """One decoder layer on the packed row. Shapes: x [T, d] -> [T, d]."""
-        num_tokens, heads, kv_heads, head_dim = (
-            x.shape[0],
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-        )
+        num_tokens, head_dim = x.shape[0], self.head_dim
+        heads, kv_heads = self.num_heads, self.num_kv_heads
         qkv = layer.qkv(self._norm(x, layer.input_norm))  # (T, (H + 2 H_kv) D)
         if split is not None and split.whole_step:
             cos, signed_sin = rope[0][:, 0], rope[1][:, 0]  # (T, D) each
@@ -264,7 +191,7 @@ class LayerStack:
         norms: 2 L weights [d];  packed: 4 L gemv layouts;  widths: qkv, o, gate_up, down's N
     """
 
-    linears: list[FusedLinear]  # 4 per layer: qkv, o, gate_up, down
+    linears: list[PlannedLinear]  # 4 per layer: qkv, o, gate_up, down
     layer_indices: list[int]  # each layer's KV cache index (its attention's layer_idx)
     norms: list[torch.Tensor]
     packed: list[torch.Tensor]
@@ -277,7 +204,7 @@ class LayerStack:
         """The stack for ``layers``, or None where the op is not built or a projection is not
         the gemv kernel's (another plan, a bias) or the layers differ in scaling."""
         linears = [f for la in layers for f in la.linears]
-        gemv = [next((b for b in f._bound if isinstance(b, GemvLinear)), None) for f in linears]
+        gemv = [next((b for b in f.bound if isinstance(b, GemvLinear)), None) for f in linears]
         scalings = {la.attn.scaling for la in layers}
         if not gemv_build.available() or len(scalings) != 1:
             return None
@@ -349,10 +276,10 @@ def _fused_layer(layer: nn.Module, kernel: str | RowPlan) -> FusedLayer:
         attn=attn,
         input_norm=layer.input_layernorm.weight.detach(),
         post_norm=layer.post_attention_layernorm.weight.detach(),
-        qkv=FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj], kernel),
-        o=FusedLinear([attn.o_proj], kernel),
-        gate_up=FusedLinear([mlp.gate_proj, mlp.up_proj], kernel),
-        down=FusedLinear([mlp.down_proj], kernel),
+        qkv=PlannedLinear([attn.q_proj, attn.k_proj, attn.v_proj], kernel),
+        o=PlannedLinear([attn.o_proj], kernel),
+        gate_up=PlannedLinear([mlp.gate_proj, mlp.up_proj], kernel),
+        down=PlannedLinear([mlp.down_proj], kernel),
     )
 
 

@@ -1,27 +1,22 @@
-"""The gemv kernel's build: this project's C++ kernels compiled once per host, or the reason not.
+"""The C++ kernels' build: ``csrc/`` compiled once per host into one library, or the reason not.
 
-``engine/kernels/csrc/gemv.cpp`` is this project's matmul for a few rows (a decode step's): the
-weight packed in blocks of 16 outputs and read once per pass, one fused multiply-add per row and
-weight vector (its header says how). ``csrc/decode_attention.cpp``, built with it into the same
-library, is a decode step's attention (``torch.ops.cbp_attention.decode``; used by
-``engine.kernels.decode_attention``), and ``csrc/layer_ops.cpp`` a bfloat16 layer's RMSNorm and
-SiLU-and-mul (``torch.ops.cbp_layer``; used by ``engine.kernels.fused_layers``), and
-``csrc/decoder_layers.cpp`` a decode step's every layer in one call (``torch.ops.cbp_step``, the
-others' entry points called back to back through ``csrc/ops.h``); ``csrc/simd.h`` holds their
-shared AVX-512 helpers. All need AVX-512 (F, BW, VL), so the build targets those
-sets by name, not ``-march=native``: one build serves every AVX-512 CPU that shares the cache
-folder (the AMD EPYC and the Intel Xeon alike). torch's own extension tools build it
-(``torch.utils.cpp_extension.load``, with ninja) into
-``CBP_CACHE_DIR/gemv/<digest of the sources, torch's version and the flags>``, so only a host's
-first start compiles (seconds) and later ones load the library. It registers its ops with torch
-(``torch.ops.cbp_gemv.pack``, ``torch.ops.cbp_gemv.linear``, ``torch.ops.cbp_attention.decode``,
-``torch.ops.cbp_layer.rms_norm`` and ``silu_mul``, ``torch.ops.cbp_step.decoder_layers``) and
-runs on torch's own thread pool.
+The sources: ``csrc/gemv.cpp``, the matmul for a few rows (``torch.ops.cbp_gemv.pack`` and
+``linear``: the weight packed in blocks of 16 outputs and read once per pass; its header says
+how); ``csrc/decode_attention.cpp``, a decode step's attention (``torch.ops.cbp_attention``, used
+by ``engine.kernels.decode_attention``); ``csrc/layer_ops.cpp``, a bfloat16 layer's RMSNorm and
+SiLU-and-mul (``torch.ops.cbp_layer``, used by ``engine.kernels.fused_layers``);
+``csrc/decoder_layers.cpp``, a decode step's every layer in one call (``torch.ops.cbp_step``, the
+others' entry points called back to back through ``csrc/ops.h``); ``csrc/simd.h``, their shared
+AVX-512 helpers. They run on torch's own thread pool.
 
-``unavailable_reason()`` says why it cannot run here (the kernel choice then leaves gemv out, and
-decode attention stays torch's SDPA, a bfloat16 layer's norm and activation torch's ops):
-``CBP_GEMV=off``, not an x86 CPU with AVX-512, no C++ compiler, no ninja, or a build that failed
-(its first error line). A Space image without a compiler runs the other kernels.
+All need AVX-512 (F, BW, VL), so the build targets those sets by name, not ``-march=native``: one
+build serves every AVX-512 CPU that shares the cache folder. torch's extension tools build it
+(``torch.utils.cpp_extension.load``, with ninja) into ``CBP_CACHE_DIR/gemv/<build_digest()>``, so
+only a host's first start compiles (seconds) and later ones load the library.
+
+``unavailable_reason()`` says why it cannot run here: ``CBP_GEMV=off``, not an x86 CPU with
+AVX-512, no C++ compiler, no ninja, or a build that failed (its first error line). The callers
+then keep torch's ops, so a Space image without a compiler runs the other kernels.
 """
 
 from __future__ import annotations
@@ -32,6 +27,7 @@ import logging
 import platform
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -50,7 +46,6 @@ HEADERS = (_CSRC / "simd.h", _CSRC / "ops.h")  # included by the sources: part o
 FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-ffp-contract=off")
 LINK_FLAGS = ("-fopenmp",)
 NEEDED_SETS = ("avx512_f", "avx512_bw", "avx512_vl")
-MAX_ROWS_PER_PASS = 8  # rows one pass over the weight serves (kMaxGroup in gemv.cpp)
 CHOICES = {
     "auto": "built and timed where a C++ compiler and an AVX-512 CPU are found",
     "off": "never built; the engines choose among the other kernels",
@@ -59,21 +54,26 @@ CHOICES = {
 log = logging.getLogger(__name__)
 
 
-def requested_setting() -> str:
-    """The host's ``CBP_GEMV``: ``"auto"`` (the default) or ``"off"``.
+def on_x86() -> bool:
+    """Whether this CPU is x86-64, the only kind where oneDNN and these kernels are candidates."""
+    return platform.machine().lower() in ("x86_64", "amd64")
 
-    Raises:
-        ValueError: any other value, named in the message with both choices.
-    """
-    return read_choice("CBP_GEMV", CHOICES)
+
+def cpu_capabilities() -> dict[str, Any]:
+    """torch's view of this CPU (``torch.cpu.get_capabilities``: its name, instruction sets and
+    caches), or ``{}`` where this torch does not have it."""
+    get = getattr(torch.cpu, "get_capabilities", None)
+    try:
+        return dict(get()) if get is not None else {}
+    except RuntimeError:
+        return {}
 
 
 def host_reason() -> str | None:
     """Why this host cannot build the kernel (CPU, compiler, ninja), or None when it can."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    if not on_x86():
         return f"the gemv kernel is written for x86-64 CPUs; this is {platform.machine()}"
-    get = getattr(torch.cpu, "get_capabilities", None)
-    capabilities = dict(get()) if get is not None else {}
+    capabilities = cpu_capabilities()
     missing = [name for name in NEEDED_SETS if not capabilities.get(name)]
     if missing:
         return f"the gemv kernel needs AVX-512; this CPU lacks {', '.join(missing)}"
@@ -90,7 +90,7 @@ def host_reason() -> str | None:
 def unavailable_reason() -> str | None:
     """Why the kernel does not run here (the setting, the host, a failed build), or None when it
     is built and loaded (this builds it on the first call in a process)."""
-    if requested_setting() == "off":
+    if read_choice("CBP_GEMV", CHOICES) == "off":  # ValueError: a bad setting
         return "CBP_GEMV=off"
     return _built()
 

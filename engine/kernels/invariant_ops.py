@@ -19,16 +19,12 @@ a batched output differs from the solo one. This mode removes each dependence by
   order.
 * Embedding lookups, residual adds and the rotary products are elementwise and exact per element.
 
-This is what vLLM's batch invariance does on GPUs (``VLLM_BATCH_INVARIANT=1``, vLLM #27433, beta),
-after Thinking Machines' "Defeating Nondeterminism in LLM Inference" (He et al., 2025), which gives
-batch-invariant matmul, RMSNorm and attention kernels; neither runs on a CPU. Here the kernels are
-torch's own, called with fixed shapes. That the kernels then compute each row the same way is
-checked, not assumed: the tests compare packed and solo logits bitwise in float32 and bfloat16.
-On CUDA, cuBLAS picks kernels by shape, so fixed shapes give the same choice; ``make gpu-check``
-reports whether the logits came out bitwise equal there.
-
-The reference in this mode is the same computation with one sequence at a time: the continuous
-engine with one slot (``engine.fidelity.reference.SoloReference``).
+This is vLLM's batch invariance on GPUs (``VLLM_BATCH_INVARIANT=1``, vLLM #27433), after Thinking
+Machines' "Defeating Nondeterminism in LLM Inference" (He et al., 2025), whose kernels do not run
+on a CPU; here the kernels are torch's own, called with fixed shapes. The tests compare packed
+and solo logits bitwise in float32 and bfloat16; on CUDA, ``make gpu-check`` reports it. The
+reference in this mode is the continuous engine with one slot
+(``engine.fidelity.reference.SoloReference``).
 
 Supported models: Llama-style decoders (``*RMSNorm``, ``*MLP`` and ``*RotaryEmbedding`` modules,
 static RoPE). Others raise ``ValueError`` when the mode is asked for.
@@ -76,12 +72,9 @@ def tile_rows_for(device_type: str, dtype: torch.dtype, kernel_name: str) -> int
     return TILE_ROWS
 
 
-def _tiled_linear(forward: LinearForward, tile: int, module: nn.Linear, x: torch.Tensor):
+def _tiled(forward: Callable, tile: int, module: nn.Module, x: torch.Tensor):
+    """``forward(module, x)`` on tiles of ``tile`` rows (``tiled_rows``)."""
     return tiled_rows(functools.partial(forward, module), x, tile)
-
-
-def _tiled_module(original: Callable, tile: int, module: nn.Module, x: torch.Tensor):
-    return tiled_rows(functools.partial(original, module), x, tile)
 
 
 class RopeTable:
@@ -163,14 +156,10 @@ class InvariantKernels:
         """Within the block, the model computes in batch-invariant mode."""
         patched = []
         try:
-            for module in self.linears:
-                forward = functools.partial(_tiled_linear, self.linear_forward, self.tile_rows)
-                module.forward = functools.partial(forward, module)
-                patched.append(module)
-            for module in self.tiled:
-                original = type(module).forward
-                forward = functools.partial(_tiled_module, original, self.tile_rows)
-                module.forward = functools.partial(forward, module)
+            routed = [(m, self.linear_forward) for m in self.linears]
+            routed += [(m, type(m).forward) for m in self.tiled]  # the module's own, tiled
+            for module, forward in routed:
+                module.forward = functools.partial(_tiled, forward, self.tile_rows, module)
                 patched.append(module)
             for table in self.ropes:
                 table.rotary.forward = table.forward

@@ -1,16 +1,12 @@
-"""The kernel plan: which matmul kernel the engines run at which row count, and the host's say.
+"""The kernel plan: which matmul kernel the engines run at which row count.
 
-A decode step of one sequence multiplies each weight by one row, a prefill chunk by hundreds;
-the fastest kernel for one need not be the fastest for the other (on a Xeon with AMX
-``F.linear`` wins at 1 to 3 rows, oneDNN on packed weights at 5 and 16). A ``RowPlan``
-gives each range of row counts one candidate of ``engine.kernels.linear_kernel``, and
-``kernel_for`` builds the ``Kernel`` the engines install: per module, one bound linear per
-candidate the plan uses, picked per call by the input's row count (one list index).
-
-Where the plan comes from is the runner's (``engine.model.kernel_choice``): measured
-(``engine.kernels.kernel_timing``) or read from the cache folder, unless the host names one kernel
-in ``CBP_ENGINE_KERNEL`` (``requested_kernel``); a named kernel is ``best_kernel``, the same at
-every row count, with a stand-in where oneDNN refuses the weights.
+A decode step of one sequence multiplies each weight by one row, a prefill chunk by hundreds, and
+the fastest kernel for one need not be the fastest for the other. A ``RowPlan`` gives each range
+of row counts one candidate of ``engine.kernels.linear_kernel``; a ``PlannedLinear`` runs it on
+one weight (or several stacked), picking per call by the input's row count (one list index), and
+``kernel_for`` builds from them the ``Kernel`` the engines install.
+Where a plan comes from is ``engine.model.kernel_choice``'s; a kernel the host names in
+``CBP_ENGINE_KERNEL`` (``KERNEL_CHOICES``) runs at every row count (``best_kernel``).
 """
 
 from __future__ import annotations
@@ -22,13 +18,12 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from engine.kernels.host_setting import read_choice
 from engine.kernels.linear_kernel import (
     HALF_DTYPES,
     MAX_GEMV_ROWS,
+    BoundLinear,
     LinearForward,
     bind,
-    skinny_forward,
 )
 
 
@@ -106,7 +101,7 @@ class Kernel(NamedTuple):
         return self.plan.label
 
 
-NO_KERNEL = Kernel(skinny_forward, 0, RowPlan.single("none"))
+NO_KERNEL = Kernel(nn.Linear.forward, 0, RowPlan.single("none"))  # the device's own matmul
 KERNEL_CHOICES = {  # CBP_ENGINE_KERNEL
     "auto": "the fastest per row count, measured at the first start and kept in the cache folder",
     "measure": "as auto, measured again at this start",
@@ -116,15 +111,6 @@ KERNEL_CHOICES = {  # CBP_ENGINE_KERNEL
     "onednn_f32": "oneDNN on float32 copies of half-precision weights everywhere",
     "gemv": "this project's C++ kernel up to 16 rows (F.linear above), where it builds",
 }
-
-
-def requested_kernel() -> str:
-    """The host's ``CBP_ENGINE_KERNEL`` (default ``"auto"``): a key of ``KERNEL_CHOICES``.
-
-    Raises:
-        ValueError: any other value, named in the message with every choice.
-    """
-    return read_choice("CBP_ENGINE_KERNEL", KERNEL_CHOICES)
 
 
 def bind_plan(plan: RowPlan, weight: torch.Tensor, bias: torch.Tensor | None) -> dict:
@@ -143,24 +129,51 @@ def bind_plan(plan: RowPlan, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return bound
 
 
-class _RowDispatch:
-    """``forward(module, x)``: ``module``'s bound kernel for the row count of ``x``."""
+class PlannedLinear:
+    """One weight, or several ``nn.Linear`` weights stacked along N, behind one matmul that runs
+    the plan's kernel for its row count; each kernel binds the stacked weight once (``bind_plan``).
 
-    def __init__(self, linears: list[nn.Linear], plan: RowPlan):
-        by_module = {m: bind_plan(plan, m.weight, m.bias) for m in linears}
-        bound = {n: {m: by_module[m][n] for m in linears} for n in plan.kernels}
-        self.extra_bytes = sum(b.extra_bytes for by in bound.values() for b in by.values())
-        # by_rows[M]: the kernels at M rows, up to the last range's start (then the last's)
+    ``kernel`` is a plan, or the name of one kernel for every row count. ``add(x, residual)`` is
+    ``residual + self(x)``, the add in the matmul's epilogue where the kernel has one (oneDNN's:
+    the same float32 bits).
+
+    Shapes:
+        weights: [N_i, K] each  ->  stacked [N, K], N = sum N_i;  x: [..., K]  ->  [..., N]
+
+    Raises:
+        RuntimeError: as ``bind``.
+    """
+
+    def __init__(self, linears: list[nn.Linear], kernel: str | RowPlan):
+        plan = RowPlan.single(kernel) if isinstance(kernel, str) else kernel
+        weight = _stack([m.weight.detach() for m in linears])  # (N, K)
+        bias = None if linears[0].bias is None else _stack([m.bias.detach() for m in linears])
+        self.stacked_bytes = weight.numel() * weight.element_size() if len(linears) > 1 else 0
+        bound = bind_plan(plan, weight, bias)  # gemv keeps the stacked copy only if it must
+        self.bound = list(bound.values())
+        # by_rows[M]: the kernel at M rows, up to the last range's start (then the last's)
         self._by_rows = [bound[plan.name_at(m)] for m in range(plan.starts[-1] + 1)]
-        self._versions = {m: m.weight._version for m in linears}
-        self._packed = any(b.packed is not None for by in bound.values() for b in by.values())
 
-    def forward(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        """A ``LinearForward``: ``module(x)`` through the plan's kernel at ``x``'s row count."""
-        if self._packed:
-            assert module.weight._version == self._versions[module], "weight changed after packing"
-        num_rows = x.numel() // x.shape[-1]
-        return self._by_rows[min(num_rows, len(self._by_rows) - 1)][module](x)
+    @property
+    def extra_bytes(self) -> int:
+        """Memory this adds to the model's own weights (packed and stacked copies), in bytes."""
+        packed = sum(b.extra_bytes for b in self.bound)
+        plain = any(b.weight is not None for b in self.bound)  # a kernel keeps the stacked copy
+        return packed + (self.stacked_bytes if plain else 0)
+
+    def kernel_at(self, num_rows: int) -> BoundLinear:
+        """The bound kernel that serves ``num_rows`` rows."""
+        return self._by_rows[min(num_rows, len(self._by_rows) - 1)]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel_at(x.numel() // x.shape[-1])(x)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.kernel_at(x.numel() // x.shape[-1]).add(x, residual)
+
+
+def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
 def kernel_for(linears: list[nn.Linear], plan: RowPlan) -> Kernel:
@@ -173,8 +186,16 @@ def kernel_for(linears: list[nn.Linear], plan: RowPlan) -> Kernel:
     """
     if not linears:
         return NO_KERNEL
-    dispatch = _RowDispatch(linears, plan)
-    return Kernel(dispatch.forward, dispatch.extra_bytes, plan)
+    planned = {m: PlannedLinear([m], plan) for m in linears}
+    versions = {m: m.weight._version for m in linears}
+    packed = any(b.packed is not None for p in planned.values() for b in p.bound)
+
+    def forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        if packed:
+            assert module.weight._version == versions[module], "weight changed after packing"
+        return planned[module](x)
+
+    return Kernel(forward, sum(p.extra_bytes for p in planned.values()), plan)
 
 
 _FALLBACKS = {  # a named kernel, then what stands in where oneDNN refuses the weights

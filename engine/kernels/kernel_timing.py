@@ -1,51 +1,34 @@
 """Kernel timing: the engines' matmul chosen by timing the candidates where the engines run.
 
-Which kernel is fastest depends on the CPU, its memory and torch's build: oneDNN on packed
-weights was 2x faster than ``F.linear`` at one row on this project's AMD EPYC, and 1.5x slower on
-a Xeon with AMX. So the runner (``engine.model.kernel_choice``) times every candidate
-(``candidates_for``) on the model's own weights at the row counts the engines meet
-(``time_candidates``), keeps the fastest per range of row counts (``choose_plan``), and
-``engine.model.kernel_store`` keeps that on disk, so only a host's first start pays for it.
+Which kernel is fastest depends on the CPU, its memory and torch's build, so every candidate
+(``candidates_for``) is timed on the model's own weights at the row counts the engines meet
+(``time_candidates``) and the fastest per range of row counts is kept (``choose_plan``).
+``engine.model.kernel_store`` keeps the result on disk, so only a host's first start pays.
 
-**Row counts** (``ROW_COUNTS``). A linear sees one row per token its step computes
-(``engine.serving.scheduler``): a decode step one per running sequence, 1 to the slot count (the
-page allows 16; the bench's workloads run 3 and 8); a prefill step the prompt tokens it takes (a
-whole prompt without a token budget, chunks of at most the budget with one), plus the decodes.
-The static engine's ``model.generate`` sees B rows per decode step and B x W in its prefill. So:
-every count from 1 to 6, then 8, 12 and 16 for decode, and 32 to 512, doubling, for prefill. A
-row count between two measured ones takes the choice of the one below; above 512, 512's
+**Row counts** (``ROW_COUNTS``): a linear sees one row per token its step computes, so a decode
+step one per running sequence (up to the page's 16 slots) and a prefill step up to its token
+budget, plus the decodes. So: 1 to 6, 8, 12 and 16 for decode, and 32 to 512, doubling, for
+prefill. A count between two measured ones takes the choice of the one below; above 512, 512's
 (compute-bound there, where the order of the kernels stops changing).
 
-**The bound: at most ``BUDGET_S`` (5 s) at the first start.**
+**The bound: at most ``BUDGET_S`` at the first start.**
 
-* A subset of the weights: the decoder's first whole layers, in model order, until they hold twice
-  the last-level cache (at least 64 MiB; all of them in a smaller model). Every layer of a decoder
-  has the same shapes, so a few whole layers weigh each shape as the full stack does; and more
-  than the cache, so every pass streams its weights from memory as a real decode step does (a
-  subset that fits in the cache would time cache reads and favour compute-heavy kernels). The
-  output embedding is left out (as ``engine.bench.kernel_bench`` does). SmolLM2-135M in float32
-  on a 32 MiB cache: 5 of 30 layers (35 of 210 linears), 71 MB.
-* Best of ``REPEAT`` (3) rounds, after a warm-up on one layer of every (kernel, rows) pair that
-  builds oneDNN's primitives. Each round walks the row counts upwards and interleaves the
-  candidates in a rotating order, so the machine's drift falls on all of them alike.
-* The measurement stops before a pass that would end past the budget (its guess: the same
-  candidate's previous pass, scaled up by the ratio of row counts). A later round only sharpens
-  the times; a row count no round reached takes the choice below it, and a measurement that did
-  not finish one round is used for this start only (``Timings.complete``;
-  ``engine.model.kernel_store`` does not keep it). On a host whose cores are shared with other
-  busy processes, passes take many times longer (2 OpenMP threads on 2 busy cores wait at every
-  op) and the measurement is cut short, or noisy: ``CBP_ENGINE_KERNEL=measure`` times again.
-* Other work's share of the CPU during the passes is measured too (``engine.kernels.cpu_share``).
-  Over ``QUIET_SHARE`` (20 %) the measurement is used at this start only and not kept
-  (``Timings.quiet``): on a host busy with other work it is timed again at the next start.
+* A subset of the weights (``sample_linears``): the decoder's first whole layers until they hold
+  twice the last-level cache. Every layer has the same shapes, so a few weigh each shape as the
+  full stack does; more than the cache, so every pass streams its weights from memory as a real
+  decode step does. The output embedding is left out.
+* Best of ``REPEAT`` rounds, after a warm-up that builds oneDNN's primitives. Each round walks the
+  row counts upwards and rotates the candidates' order, so the machine's drift falls on all alike.
+* The measurement stops before a pass that would end past the budget (guessed from the same
+  candidate's previous pass, scaled by the ratio of row counts). A row count no round reached
+  takes the choice below it; a measurement that did not finish one round (``Timings.complete``),
+  or that ran while other work used more than ``QUIET_SHARE`` of the CPU (``Timings.quiet``,
+  ``engine.kernels.cpu_share``), serves this start only and is not kept.
 
 **The rule** (``choose_plan``): at each measured row count, the candidate with the least time; a
-candidate already chosen for the row count below keeps it while within ``TIE_FRACTION`` (5 %) of
-the least, so that timing noise between near-equal kernels does not split ranges. 5 % because
-that is the tolerance the choice is held to (within 5 % of the best candidate), and because
-two timings of one kernel differ by about that much on a shared 2-core machine
-(``python -m engine.bench.kernel_bench`` times the same kernel a few per cent apart in one run),
-so a tighter rule splits ranges on noise.
+candidate already chosen for the row count below keeps it while within ``TIE_FRACTION`` of the
+least, so that noise between near-equal kernels does not split ranges. 5 %: the tolerance the
+choice is held to, and about how far two timings of one kernel differ on a shared 2-core machine.
 """
 
 from __future__ import annotations
@@ -55,15 +38,15 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
 from engine.kernels import gemv_build
 from engine.kernels.cpu_share import OtherWork
+from engine.kernels.gemv_build import cpu_capabilities, on_x86
 from engine.kernels.kernel_plan import RowPlan
-from engine.kernels.linear_kernel import HALF_DTYPES, MAX_GEMV_ROWS, bind, on_x86
+from engine.kernels.linear_kernel import HALF_DTYPES, MAX_GEMV_ROWS, bind
 
 DECODE_ROWS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 PREFILL_ROWS = (32, 64, 128, 256, 512)
@@ -81,16 +64,6 @@ _NATIVE_HALF = {  # the CPU capabilities (torch.cpu.get_capabilities) of oneDNN'
 }
 
 log = logging.getLogger(__name__)
-
-
-def cpu_capabilities() -> dict[str, Any]:
-    """torch's view of this CPU (``torch.cpu.get_capabilities``: its name, instruction sets and
-    caches), or ``{}`` where this torch does not have it."""
-    get = getattr(torch.cpu, "get_capabilities", None)
-    try:
-        return dict(get()) if get is not None else {}
-    except RuntimeError:
-        return {}
 
 
 def candidates_for(dtype: torch.dtype) -> tuple[str, ...]:
@@ -224,15 +197,10 @@ def time_candidates(
     )
 
 
-def _timed_at(name: str, num_rows: int) -> bool:
-    """Whether candidate ``name`` is timed at ``num_rows``: up to its ``MAX_ROWS`` (above it, it
-    is another candidate's kernel under its name)."""
-    return num_rows <= MAX_ROWS.get(name, num_rows)
-
-
 def _timed(names, num_rows: int) -> list[str]:
-    """The candidates timed at ``num_rows``."""
-    return [n for n in names if _timed_at(n, num_rows)]
+    """The candidates timed at ``num_rows``: each up to its ``MAX_ROWS`` (above it, it is another
+    candidate's kernel under its name)."""
+    return [n for n in names if num_rows <= MAX_ROWS.get(n, num_rows)]
 
 
 def _pass_order(names: list[str], rows: tuple[int, ...], repeat: int):
@@ -248,13 +216,11 @@ def _pass_order(names: list[str], rows: tuple[int, ...], repeat: int):
 def _warm_up(bound: dict[str, list], inputs: list[dict], linears: list[nn.Linear], rows) -> None:
     """Each candidate once on each weight shape at each row count it is timed at: oneDNN builds
     (and caches) a primitive per shape on its first call, which no timed pass should pay for."""
-    shapes = {tuple(m.weight.shape): i for i, m in reversed(list(enumerate(linears)))}
-    for name, calls in bound.items():
-        for by_width, num_rows in zip(inputs, rows, strict=True):
-            if not _timed_at(name, num_rows):
-                continue
-            for i in shapes.values():
-                width, linear = calls[i]
+    first_of_shape = {tuple(m.weight.shape): i for i, m in reversed(list(enumerate(linears)))}
+    for by_width, num_rows in zip(inputs, rows, strict=True):
+        for name in _timed(bound, num_rows):
+            for i in first_of_shape.values():
+                width, linear = bound[name][i]
                 linear(by_width[width])
 
 

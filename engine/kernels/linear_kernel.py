@@ -1,49 +1,33 @@
 """The linear kernel: a faster CPU matmul for the engines' linears, same sums as ``F.linear``.
 
 A decode step multiplies every weight matrix by only a few rows of activations (one per sequence),
-so its time should be the time to stream the weights from memory. On CPU, which kernel does the
-matmul decides how close it gets. Measured in torch 2.13 on this project's 2-core AMD EPYC
-(AVX-512) machine, one pass over the 210 decoder-layer linears of SmolLM2-135M (425 MB of float32
-weights), best of 5 (``python -m engine.bench.kernel_bench --rows 1,3,5,8,16,64,512 --repeat 5``):
-
-    rows M                      1      3      5      8     16     64    512
-    F.linear(x, W)  (MKL)  ms  26.3   48.3   30.4   34.5   41.9   88.0  520.3
-    skinny_linear   (MKL)  ms  15.0*  18.3   22.5   31.3   38.3   86.4  519.0**
-    oneDNN, packed W       ms  12.7   13.5   12.7   14.8   17.3   41.2  229.9
-    (* one row padded to two: a single row takes MKL's slower matrix-vector path;
-     ** above 64 rows skinny_linear is F.linear)
-
-The candidates (``CANDIDATES``), each a ``BoundLinear`` on one weight (``bind``):
+so its time should be the time to stream the weights from memory; on CPU, which kernel does the
+matmul decides how close it gets (``python -m engine.bench.kernel_bench`` times them; figures in
+docs/measurements.md). The candidates (``CANDIDATES``), each a ``BoundLinear`` on one weight
+(``bind``):
 
 * ``linear``: ``F.linear``, the model's own matmul;
 * ``skinny``: ``skinny_linear``, MKL called as ``(W @ x.T).T``;
 * ``onednn``: oneDNN (``torch.ops.mkldnn._linear_pointwise``, the op torch's inductor emits for
-  CPU linears) on a copy of the weight reordered once into oneDNN's blocked layout
-  (``torch.ops.mkldnn._reorder_linear_weight``); in half precision this is oneDNN's bfloat16 or
-  float16 kernel (AVX512-BF16 or AMX where the CPU has them);
-* ``onednn_f32``: for half-precision weights, oneDNN on float32 copies of the same values
-  (``UpcastLinear``), for CPUs where oneDNN has no half kernel;
-* ``gemv``: this project's C++ kernel for a few rows (``GemvLinear``, ``engine/kernels/csrc/
-  gemv.cpp``), on a copy of the weight packed in blocks of 16 outputs, float32 or bfloat16; a
-  candidate where it builds (``engine.kernels.gemv_build``).
+  CPU linears) on a copy of the weight reordered once into oneDNN's blocked layout; in half
+  precision, oneDNN's bfloat16 or float16 kernel;
+* ``onednn_f32``: for half-precision weights, oneDNN on float32 copies (``UpcastLinear``);
+* ``gemv``: this project's C++ kernel for a few rows (``GemvLinear``,
+  ``engine.kernels.gemv_build``), float32 or bfloat16.
 
-Packed copies cost at least as much memory as the weights themselves (``extra_bytes``); they
-are made once, on first use, and assume the weights no longer change. Which candidate runs at
-which row count is ``engine.kernels.kernel_plan``'s; ``engine.kernels.kernel_timing`` measures
-them on this host. oneDNN is a candidate on x86 CPUs only (``on_x86``): elsewhere it is untried.
-
-Every kernel computes the same sums in another order, so results agree to float32 rounding (max
-|diff| about 1e-6 per layer), and the parity tests check greedy outputs against plain
-``model.generate``. ``installed(linears, forward)`` routes ``nn.Linear`` modules through a kernel
-for the length of a ``with`` block; the model itself is not changed, so the reference and the
-floor still run plain ``model.generate``.
+Packed copies cost at least as much memory as the weights themselves (``extra_bytes``); they are
+made once and assume the weights no longer change. Which candidate runs at which row count is
+``engine.kernels.kernel_plan``'s. Every kernel computes the same sums in another order, so results
+agree to float32 rounding, and the parity tests check greedy outputs against plain
+``model.generate``. ``installed`` routes ``nn.Linear`` modules through a kernel for the length of
+a ``with`` block; the model itself is not changed, so the reference still runs plain
+``model.generate``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import platform
 from collections.abc import Callable, Iterator
 
 import torch
@@ -167,17 +151,9 @@ class UpcastLinear(BoundLinear):
 
     oneDNN multiplies bfloat16 only with AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT; on an AVX2-only
     CPU it refuses the weights, and torch's own bfloat16 matmul is a slow generic loop for more
-    than one row. Measured on this project's AVX2 EPYC, one pass over SmolLM2's 210 bfloat16
-    decoder weights, 1 thread, CPU ms (machine shared, so only ratios hold):
-
-        rows M                          1      3      8     64
-        F.linear (bfloat16)          27.5   71.2  177.2 1386.8
-        skinny_linear (bfloat16)     54.5   78.1  185.3 1451.8
-        oneDNN, float32 copies       57.8   55.8   69.6  256.3
-
-    So: one row goes through ``F.linear`` on the half weight (a vectorized matrix-vector loop that
-    streams half the bytes), more rows through oneDNN on float32 copies of the same values (exact:
-    bfloat16 and float16 values are float32 values), the sums in float32 and the result rounded to
+    than one row. So one row goes through ``F.linear`` on the half weight (a vectorized
+    matrix-vector loop that streams half the bytes), more rows through oneDNN on float32 copies
+    of the same values (exact: half values are float32 values), summed in float32 and rounded to
     the input's dtype, as a half-precision matmul with float32 accumulation does.
 
     Raises:
@@ -261,11 +237,6 @@ def bind(name: str, weight: torch.Tensor, bias: torch.Tensor | None = None) -> B
             kernel is not built here or does not take its dtype (``gemv``).
     """
     return _BINDERS[name](weight, bias)
-
-
-def on_x86() -> bool:
-    """Whether this CPU is x86-64, the only kind where oneDNN is a candidate."""
-    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 def linear_modules(model: nn.Module) -> list[nn.Linear]:

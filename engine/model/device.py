@@ -25,19 +25,20 @@ _DTYPES = {
 _DEVICE_HINT = "use auto, cpu, cuda, cuda:N or mps"
 
 
-def describe_device(device: torch.device, dtype: torch.dtype) -> str:
-    """The device line for people: "CPU · float32", "MPS · float32", "CUDA (<GPU name>) · float16".
+def device_name(device: torch.device) -> str:
+    """The device for people: "CPU", "MPS" or "CUDA (<GPU name>)"; plain "CUDA" where the GPU's
+    name cannot be read (a ZeroGPU Space outside a GPU call, say)."""
+    if device.type != "cuda":
+        return device.type.upper()
+    try:
+        return f"CUDA ({torch.cuda.get_device_name(device)})"
+    except (RuntimeError, AssertionError, AttributeError):
+        return "CUDA"
 
-    The GPU name comes from ``torch.cuda.get_device_name``; where it cannot be read (a ZeroGPU
-    Space outside a GPU call, say) the label is plain "CUDA".
-    """
-    kind = device.type.upper()
-    if device.type == "cuda":
-        try:
-            kind = f"CUDA ({torch.cuda.get_device_name(device)})"
-        except (RuntimeError, AssertionError, AttributeError):
-            kind = "CUDA"
-    return f"{kind} · {str(dtype).removeprefix('torch.')}"
+
+def describe_device(device: torch.device, dtype: torch.dtype) -> str:
+    """The device line for people: "CPU · float32", "CUDA (<GPU name>) · float16"."""
+    return f"{device_name(device)} · {str(dtype).removeprefix('torch.')}"
 
 
 def detect_device(requested: str | None = None) -> torch.device:

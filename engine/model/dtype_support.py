@@ -7,10 +7,9 @@ halfway through a run (or after a model was replaced). Two checks, both cheap:
   bfloat16 matmul units and torch either emulates it (slowly) or refuses it, kernel by kernel.
   ``torch.cuda.is_bf16_supported(including_emulation=False)`` says which.
 * **Everything else** is probed: the few ops a decoder step needs (a linear, a norm's float32
-  reduction, ``exp``, SDPA) run once on tiny tensors of that dtype on that device. On this
-  project's CPUs float16 and bfloat16 both run that way (torch converts to float32 inside its
-  kernels when the CPU lacks AVX512-FP16 / AVX512-BF16, so they are correct but slower); where a
-  torch build or device lacks a kernel for the dtype, the probe fails and names it.
+  reduction, ``exp``, SDPA) run once on tiny tensors of that dtype on that device; where a torch
+  build or device lacks a kernel for the dtype, the probe fails and names it. (On a CPU without
+  AVX512-FP16 / AVX512-BF16 torch converts to float32 inside its kernels: correct but slower.)
 """
 
 from __future__ import annotations
@@ -19,6 +18,8 @@ import functools
 
 import torch
 import torch.nn.functional as F
+
+from engine.model.device import device_name
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
@@ -33,7 +34,7 @@ def check_dtype_supported(device: torch.device, dtype: torch.dtype) -> None:
     if reason:
         name = str(dtype).removeprefix("torch.")
         raise ValueError(
-            f"{name} is not supported on {_device_name(device)}: {reason}. "
+            f"{name} is not supported on {device_name(device)}: {reason}. "
             "Use float32 (or float16 on CUDA) instead."
         )
 
@@ -78,12 +79,3 @@ def _probe(device: torch.device, dtype: torch.dtype) -> None:
     q = torch.ones(1, 2, 3, 4, dtype=dtype, device=device)
     F.scaled_dot_product_attention(q, q, q, is_causal=True)
     torch.exp(y).argmax(dim=-1).tolist()
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        try:
-            return f"CUDA ({torch.cuda.get_device_name(device)})"
-        except (RuntimeError, AssertionError):
-            return "CUDA"
-    return device.type.upper()

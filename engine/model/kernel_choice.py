@@ -1,26 +1,20 @@
 """The model runner's kernels: the engines' matmul, the fused decoder layers, batch-invariant mode.
 
-``engine.model.model_runner.ModelRunner`` inherits ``RunnerKernels``, the half of the runner that
-picks what the model's arithmetic runs through: the engines' matmul kernel for its linears (a
-plan of ``engine.kernels.kernel_plan``: one candidate of ``engine.kernels.linear_kernel`` per
-range of row counts), the continuous engine's fused decoder layers (``engine.kernels.fused_layers``,
-on the same plan) and batch-invariant mode's kernels (``engine.kernels.invariant_ops``), each made
-on first use, since packed and stacked copies of the weights cost memory. It builds kernels from
-the weights and swaps the attention implementation; calling the model stays the runner's
-(``forward_packed``, ``generate``).
+``RunnerKernels`` is the half of ``engine.model.model_runner.ModelRunner`` that picks what the
+model's arithmetic runs through: the engines' matmul plan (``kernel_choice``), the fused decoder
+layers and the compiled step on that plan, and batch-invariant mode's kernels, each made on first
+use, since packed and stacked copies of the weights cost memory. Calling the model stays the
+runner's.
 
-The plan (``kernel_choice``) is the host's ``CBP_ENGINE_KERNEL``: ``auto`` (the default) reads the
-choice kept for this host, dtype and model (``engine.model.kernel_store``), or, at a host's first
-start, times the candidates on the model's own weights (``engine.kernels.kernel_timing``, at most
-5 s) and keeps the result; ``measure`` times them again; a kernel's name forces that kernel at
-every row count. A model with no ``source`` (built in memory, as the tests' tiny model) is not
-timed: it gets ``engine.kernels.kernel_timing.untimed_kernel()``, so that such tests are quick and
-deterministic. ``kernel_summary()`` says in one line what was chosen and how.
+The plan follows the host's ``CBP_ENGINE_KERNEL``: ``auto`` reads the choice kept for this host
+(``engine.model.kernel_store``) or times the candidates (``engine.kernels.kernel_timing``) and
+keeps them; ``measure`` times them again; a kernel's name forces that kernel. A model with no
+``source`` (built in memory, as the tests' tiny model) is not timed, so such tests stay quick and
+deterministic.
 
 A base class, not an object the runner holds, so that every name stays on the runner as the
-engines, the bench and the tests use it (``runner.engine_kernels()``, ``runner.fused_decoder``,
-``runner.engine_kernel_bytes``). The subclass sets ``model``, ``device`` and ``dtype``, then calls
-``init_kernels``.
+engines, the bench and the tests use it. The subclass sets ``model``, ``device`` and ``dtype``,
+then calls ``init_kernels``.
 """
 
 from __future__ import annotations
@@ -28,9 +22,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-
-import torch
-import torch.nn.functional as F
 
 from engine.kernels import (
     compiled_step,
@@ -40,6 +31,7 @@ from engine.kernels import (
     kernel_timing,
     linear_kernel,
 )
+from engine.kernels.host_setting import read_choice
 from engine.model import kernel_store, loader
 from engine.model.kernel_store import KernelChoice
 
@@ -53,35 +45,27 @@ class RunnerKernels:
         """Find the model's linears and read the host's kernel settings (nothing is made yet).
 
         Raises:
-            ValueError: ``CBP_ENGINE_KERNEL`` is set to something not in
-                ``engine.kernels.kernel_plan.KERNEL_CHOICES``, or ``CBP_FUSED_LAYERS`` to
-                something other than ``auto`` or ``off``.
+            ValueError: ``CBP_ENGINE_KERNEL``, ``CBP_FUSED_LAYERS`` or ``CBP_COMPILED_STEP`` is
+                not one of its choices.
         """
         # The engines' matmul kernel pays off on CPU only; CUDA and MPS keep their own matmuls.
         cpu = self.device.type == "cpu"
         self._linears = linear_kernel.linear_modules(self.model) if cpu else []
-        self._kernel_setting = kernel_plan.requested_kernel()  # ValueError: a bad setting
-        # forward_packed through engine.kernels.fused_layers where they apply; ValueError: a bad
-        # setting
-        self.use_fused_layers = fused_layers.requested()
+        self._kernel_setting = read_choice("CBP_ENGINE_KERNEL", kernel_plan.KERNEL_CHOICES)
+        fused_setting = read_choice("CBP_FUSED_LAYERS", fused_layers.CHOICES)
+        self.use_fused_layers = fused_setting == "auto"  # forward_packed's fused layers
+        self._compile_setting = read_choice("CBP_COMPILED_STEP", compiled_step.CHOICES)
         # forward_packed calls by path
         self.decoder_layer_steps = {"compiled": 0, "fused": 0, "transformers": 0}
-        # ValueError: a bad CBP_COMPILED_STEP
-        self._compile_setting = compiled_step.requested_setting()
-        # why the step runs eager though the host allows compiling (a compile error, or a
-        # process that never runs the engines); None: compiled where the host allows it
+        # why the step runs eager though the host allows compiling (a compile error)
         self.compile_error: str | None = None
 
     def engine_kernels(self, batch_invariant: bool = False, head_only: bool = False):
-        """Context: the engines' matmul kernel (``engine.kernels.linear_kernel``) for the model's
-        linears; ``head_only``: for the output embedding alone, on a step whose layers run
-        outside the model's modules (the fused layers), so a step does not pay for installing
-        the kernel on some 200 linears it never calls.
-
-        Both engines run inside it; the reference and the floor run plain ``model.generate``.
-        ``batch_invariant``: the batch-invariant mode's kernels instead
-        (``engine.kernels.invariant_ops``: every linear, norm and MLP in fixed row tiles, rotary
-        tables, and for ``model.generate`` the invariant attention), on every device.
+        """Context: the engines' matmul kernel for the model's linears (both engines run inside
+        it; the reference runs plain ``model.generate``). ``head_only``: for the output
+        embedding alone, on a step whose layers run outside the model's modules (the fused
+        layers). ``batch_invariant``: batch-invariant mode's kernels and attention instead
+        (``engine.kernels.invariant_ops``), on every device.
 
         Raises:
             ValueError: batch-invariant mode for a model it does not support.
@@ -90,7 +74,7 @@ class RunnerKernels:
             return self._invariant_context()
         head = self.model.get_output_embeddings()
         linears = [head] if head_only and head in self._linears else self._linears
-        return linear_kernel.installed(linears, self._kernel.forward)
+        return linear_kernel.installed(linears, self.engine_kernel.forward)
 
     @contextlib.contextmanager
     def _invariant_context(self):
@@ -107,10 +91,10 @@ class RunnerKernels:
         Raises:
             ValueError: the model is not a Llama-style decoder (``engine.kernels.invariant_ops``).
         """
-        forward = self._kernel.forward if self._linears else _plain_linear
-        at_tile = self._kernel.plan.name_at(invariant_ops.TILE_ROWS)  # every call has tile rows
+        # every call has tile rows
+        at_tile = self.engine_kernel.plan.name_at(invariant_ops.TILE_ROWS)
         tile = invariant_ops.tile_rows_for(self.device.type, self.dtype, at_tile)
-        return invariant_ops.InvariantKernels(self.model, forward, tile)
+        return invariant_ops.InvariantKernels(self.model, self.engine_kernel.forward, tile)
 
     def require_batch_invariant(self) -> None:
         """Refuse now a model batch-invariant mode does not support; its kernels are made on
@@ -125,19 +109,32 @@ class RunnerKernels:
     def engine_kernel_name(self) -> str:
         """The engines' matmul kernels here, in row order: ``"onednn"``, ``"linear+onednn"``,
         ..., or ``"none"`` (GPU)."""
-        return self._kernel.name
+        return self.engine_kernel.name
 
-    @property
+    @functools.cached_property
     def engine_kernel(self) -> kernel_plan.Kernel:
-        """The engines' matmul kernel (``engine.kernels.kernel_plan.Kernel``), made on first use."""
-        return self._kernel
+        """The engines' matmul kernel for ``kernel_choice``'s plan, made on first use (oneDNN's
+        packed copies double the weights' memory)."""
+        choice = self.kernel_choice
+        if choice.origin == "none":
+            return kernel_plan.NO_KERNEL
+        if choice.origin in ("forced", "default"):
+            kernel = kernel_plan.best_kernel(self._linears, choice.plan.names[0])
+        else:
+            try:
+                kernel = kernel_plan.kernel_for(self._linears, choice.plan)
+            except RuntimeError:  # the timed weights passed, another one did not
+                kernel = kernel_plan.best_kernel(self._linears, "linear")
+        if kernel.plan != choice.plan:
+            log.warning("oneDNN refused the weights: the engines' matmul is %s", kernel.name)
+        return kernel
 
     @property
     def engine_kernel_bytes(self) -> int:
         """Memory the engines' kernels add (oneDNN's packed weight copies, and the fused
         decoder's stacked copies once the continuous engine has made them), in bytes."""
         fused = self.__dict__.get("fused_decoder")
-        return self._kernel.extra_bytes + (fused.extra_bytes if fused is not None else 0)
+        return self.engine_kernel.extra_bytes + (fused.extra_bytes if fused is not None else 0)
 
     @property
     def decoder_layers(self) -> str | None:
@@ -154,7 +151,7 @@ class RunnerKernels:
         if not self._linears or fused_layers.unsupported_reason(self.model) is not None:
             return None
         try:
-            return fused_layers.FusedDecoder(self.model, self._kernel.plan)
+            return fused_layers.FusedDecoder(self.model, self.engine_kernel.plan)
         except RuntimeError:  # oneDNN refused a stacked weight: the model's own layers
             return None
 
@@ -204,19 +201,14 @@ class RunnerKernels:
         if self._eager_cause() is not None:
             return None
         folder = str(loader.cache_dir())
-        return compiled_step.CompiledStep(self.model, self.fused_decoder, folder)
+        return compiled_step.CompiledStep(self.fused_decoder, folder)
 
     def drop_compiled_step(self, error: BaseException) -> None:
         """Keep the eager path from now on, saying why (``eager_reason``)."""
         first_line = (str(error).splitlines() or [""])[0][:200]
-        self.keep_eager(f"compiling failed: {type(error).__name__}: {first_line}")
-        log.warning("The compiled step failed; steps run eager: %s", self.compile_error)
-
-    def keep_eager(self, reason: str) -> None:
-        """Run the eager step from now on (``eager_reason`` says ``reason``): after a compile
-        error, or in a process whose model never runs the engines' runs."""
-        self.compile_error = reason
+        self.compile_error = f"compiling failed: {type(error).__name__}: {first_line}"
         self.__dict__.pop("compiled_step", None)
+        log.warning("The compiled step failed; steps run eager: %s", self.compile_error)
 
     def step_summary(self) -> str:
         """One line for people: how the continuous engines' step runs, and why."""
@@ -249,30 +241,13 @@ class RunnerKernels:
     def kernel_summary(self) -> str:
         """One line for people (the page's model line shows it on hover): which matmul kernel
         runs at which row counts, how it was chosen, and the memory its copies add."""
-        choice, kernel = self.kernel_choice, self._kernel
+        choice, kernel = self.kernel_choice, self.engine_kernel
         if choice.origin == "none":
             return f"matmul: {kernel_store.ORIGINS['none']}"
         text = f"matmul: {choice.summary()}"
         if kernel.plan != choice.plan:
             text += f"; oneDNN refused the weights, so {kernel.plan.describe()}"
         return text + f"; +{kernel.extra_bytes / 1e6:.0f} MB of weight copies"
-
-    @functools.cached_property
-    def _kernel(self) -> kernel_plan.Kernel:
-        # Made on first use: oneDNN's packed copies double the weights' memory.
-        choice = self.kernel_choice
-        if choice.origin == "none":
-            return kernel_plan.NO_KERNEL
-        if choice.origin in ("forced", "default"):
-            kernel = kernel_plan.best_kernel(self._linears, choice.plan.names[0])
-        else:
-            try:
-                kernel = kernel_plan.kernel_for(self._linears, choice.plan)
-            except RuntimeError:  # the timed weights passed, another one did not
-                kernel = kernel_plan.best_kernel(self._linears, "linear")
-        if kernel.plan != choice.plan:
-            log.warning("oneDNN refused the weights: the engines' matmul is %s", kernel.name)
-        return kernel
 
     @contextlib.contextmanager
     def _attention(self, name: str):
@@ -293,7 +268,3 @@ def _measure(decoder, candidates) -> KernelChoice:
     plan = kernel_timing.choose_plan(timings.rows, timings.times_ms)
     log.info("Engines' matmul measured in %.1f s: %s", timings.measured_s, plan.describe())
     return KernelChoice(plan, "measured", timings)
-
-
-def _plain_linear(module, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, module.weight, module.bias)

@@ -1,25 +1,20 @@
 """The kernel store: the engines' matmul choice (``KernelChoice``), kept on disk per host.
 
-``engine.kernels.kernel_timing`` takes up to 5 s to time the candidate kernels. What it finds
-holds for as long as nothing it depends on changes, so the choice is kept in the cache folder
-(``engine.model.loader.cache_dir``: ``$CBP_CACHE_DIR``) as one small JSON file per key::
+Timing the candidates (``engine.kernels.kernel_timing``) takes seconds, and what it finds holds
+while nothing it depends on changes, so the choice is kept in the cache folder as one JSON file
+per key::
 
     <cache dir>/kernel-choice/<SHA-256 of the key, 24 hex>.json
     {"key": {...}, "choice": {"origin", "plan": [{"kernel", "from_rows", "to_rows"}],
                               "rows", "times_ms", ...}}
 
-The key (``host_key``) is everything that can change which kernel is fastest: the CPU (model
-name, machine, the instruction sets torch sees, the thread count), torch's version, the dtype,
-the model (its name, where it was loaded from and its linears' shapes), and the candidates timed.
-A file is written to a temporary file and renamed into place (``os.replace``), so no reader sees
-half of one. A file that cannot be read, is not what this module writes, or holds another key
-is logged as a warning and measured again (the new choice replaces it); a file that cannot be
-written costs only the next start's measurement. A measurement the time budget cut short
-(``Timings.complete`` false), or one taken while other work used the CPU (``Timings.quiet``
-false: ``engine.kernels.cpu_share``), is used at this start and not kept.
-
-A model with no ``source`` (built in memory, as the tests' tiny model) has nothing to key a file
-by, and is not timed (``engine.model.kernel_choice``).
+The key (``host_key``) is everything that can change which kernel is fastest: the CPU, its
+instruction sets and the thread count, torch's version, the dtype, the model and its linears'
+shapes, and the candidates timed. A file is written to a temporary file and renamed into place,
+so no reader sees half of one. A file that cannot be read, is not what this module writes, or
+holds another key is logged and measured again; a file that cannot be written costs only the
+next start's measurement. A measurement cut short or taken on a busy machine
+(``Timings.complete``, ``Timings.quiet``) is used at this start and not kept.
 """
 
 from __future__ import annotations
@@ -112,6 +107,7 @@ class KernelChoice:
         }
         if any(len(ts) != len(rows) for ts in times.values()):
             raise ValueError("a candidate's times do not match the row counts")
+        share = doc.get("others_cpu_share")  # absent from files written before it existed
         timings = Timings(
             rows=rows,
             times_ms=times,
@@ -120,14 +116,9 @@ class KernelChoice:
             timed_bytes=int(doc["timed_bytes"]),
             measured_s=float(doc["measured_s"]),
             rounds=int(doc["rounds"]),
-            others_cpu_share=_optional_float(doc.get("others_cpu_share")),
+            others_cpu_share=None if share is None else float(share),
         )
         return cls(plan, origin, timings, path)
-
-
-def _optional_float(value: Any) -> float | None:
-    """``float(value)``, or None for None (a field files written before it existed lack)."""
-    return None if value is None else float(value)
 
 
 def host_key(
@@ -169,17 +160,17 @@ def stored_or_measured(
     if stored is not None:
         return stored
     choice = measure()
-    if choice.timings is not None and not choice.timings.complete:
-        log.warning(
-            "Kernel timing was cut short by its time budget (machine busy?); the choice is "
-            "used at this start and measured again at the next."
+    timings = choice.timings
+    if timings is not None and not (timings.complete and timings.quiet):
+        why = (
+            "cut short by its time budget (machine busy?)"
+            if not timings.complete
+            else f"taken while other work used {timings.others_cpu_share:.0%} of the CPU"
         )
-        return choice
-    if choice.timings is not None and not choice.timings.quiet:
         log.warning(
-            "Other work used %.0f%% of the CPU while the kernels were timed; the choice is used "
-            "at this start and measured again at the next.",
-            100 * choice.timings.others_cpu_share,
+            "Kernel timing was %s; the choice is used at this start and measured again at the "
+            "next.",
+            why,
         )
         return choice
     if write_choice(path, key, choice):

@@ -203,22 +203,12 @@ def _load_embedded(dtype: torch.dtype) -> tuple[Any, Any, str]:
 
 def _load_gguf(path: Path) -> tuple[Any, Any]:
     """Dense float32 model and tokenizer unpacked from a GGUF file (about 20 s for SmolLM2)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import GgufConfig
 
-    folder, filename = str(path.parent), path.name
-    tokenizer = AutoTokenizer.from_pretrained(
-        folder, gguf_file=filename, local_files_only=True, trust_remote_code=False
-    )
-    net = AutoModelForCausalLM.from_pretrained(
-        folder,
-        gguf_file=filename,
-        local_files_only=True,
-        trust_remote_code=False,
-        # dequantize=True gives plain nn.Linear weights and drops the GGUF quantizer, which would
-        # otherwise make save_pretrained refuse ("quantized with gguf and is not serializable").
-        quantization_config=GgufConfig(dequantize=True),
-        attn_implementation="sdpa",
-        dtype=CACHE_DTYPE,
+    # dequantize=True gives plain nn.Linear weights and drops the GGUF quantizer, which would
+    # otherwise make save_pretrained refuse ("quantized with gguf and is not serializable").
+    net, tokenizer = _from_pretrained(
+        str(path.parent), CACHE_DTYPE, True, path.name, GgufConfig(dequantize=True)
     )
     assert not getattr(net, "is_quantized", False), "GGUF model still quantized after dequantize"
     return net, tokenizer
@@ -302,16 +292,18 @@ def _check_config(source: str, name: str, where: str) -> None:
         )
 
 
-def _from_pretrained(source: str, dtype: torch.dtype, local_only: bool) -> tuple[Any, Any]:
+def _from_pretrained(
+    source: str, dtype: torch.dtype, local_only: bool, gguf_file=None, quantization_config=None
+) -> tuple[Any, Any]:
+    """Model and tokenizer from a folder or hub id (``gguf_file``: a GGUF file in the folder)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        source, trust_remote_code=False, local_files_only=local_only
-    )
+    common = {"trust_remote_code": False, "local_files_only": local_only, "gguf_file": gguf_file}
+    tokenizer = AutoTokenizer.from_pretrained(source, **common)
     net = AutoModelForCausalLM.from_pretrained(
         source,
-        trust_remote_code=False,
-        local_files_only=local_only,
+        **common,
+        quantization_config=quantization_config,
         attn_implementation="sdpa",
         dtype=dtype,
     )

@@ -9,13 +9,8 @@ It offers the three ways the engines use a loaded model:
 Decoding stops at every end-of-sequence id of the model's generation config. It is greedy, except
 for sampled requests (``engine.sampling_params``): ``forward_packed`` draws their tokens with their
 own samplers (``engine.serving.sampler``), and ``generate`` samples after
-``torch.manual_seed(seed)``.
-
-transformers' own ``ContinuousBatchingManager`` runs on the same runner's model in the comparison
-engine ``engine.peers.transformers_engine``. Which kernels the model's arithmetic runs through
-(the engines' matmul, measured per host and row count, the fused decoder layers, batch-invariant
-mode: ``engine_kernels``, ``kernel_choice``, ``kernel_summary()``, ``fused_decoder``) is the base
-class ``engine.model.kernel_choice.RunnerKernels``; this module keeps every call of the model.
+``torch.manual_seed(seed)``. Which kernels the arithmetic runs through is the base class's,
+``engine.model.kernel_choice.RunnerKernels``; this module keeps every call of the model.
 """
 
 from __future__ import annotations
@@ -42,9 +37,7 @@ class ModelRunner(RunnerKernels):
     """Wraps a ``engine.model.loader.LoadedModel``; see the module docstring.
 
     Raises:
-        ValueError: ``CBP_ENGINE_KERNEL`` is set to something not in
-            ``engine.kernels.kernel_plan.KERNEL_CHOICES``, or ``CBP_FUSED_LAYERS`` to something
-            other than ``auto`` or ``off``.
+        ValueError: a bad kernel setting (``RunnerKernels.init_kernels``).
     """
 
     def __init__(self, loaded):
@@ -55,7 +48,7 @@ class ModelRunner(RunnerKernels):
         self.dtype = loaded.dtype
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.pad_token_id = _pad_token_id(self.tokenizer, loaded.eos_token_ids)
-        self.init_kernels()  # ValueError: a bad CBP_ENGINE_KERNEL or CBP_FUSED_LAYERS
+        self.init_kernels()
         packed_attention.register()
 
     def recording(self, recorder: token_logits.LogitRecorder):
@@ -116,15 +109,11 @@ class ModelRunner(RunnerKernels):
     def forward_packed(self, batch: PackedBatch, samplers=None) -> list[int]:
         """One forward pass over the packed row; the next token of each sequence.
 
-        A token is the logits' argmax (greedy), except for the sequences whose entry in
-        ``samplers`` (one per sequence, None: greedy) is an
-        ``engine.serving.sampler.RequestSampler``: it draws that sequence's token for its next
-        output position. Pass a sampler only for a sequence whose token is kept (a partial prefill
-        chunk's logits are no next token).
-
-        ``batch.invariant``: in batch-invariant mode (``engine.kernels.invariant_ops``). The
-        step's logits rows (one per sequence) reach a ``LogitRecorder`` installed with
-        ``recording``.
+        A token is the logits' argmax, except where ``samplers`` (one per sequence, None: greedy)
+        holds an ``engine.serving.sampler.RequestSampler``: it draws that sequence's token. Pass
+        a sampler only for a sequence whose token is kept (a partial prefill chunk's logits are
+        no next token). ``batch.invariant``: in batch-invariant mode. The logits rows reach a
+        ``LogitRecorder`` installed with ``recording``.
 
         Shapes:
             batch.input_ids: [1, T]  ->  logits [1, S, V]  ->  returns S token ids
@@ -188,13 +177,11 @@ class ModelRunner(RunnerKernels):
     ):
         """``model.generate`` on a left-padded batch: greedy, or sampled per ``sampling``.
 
-        ``logits_processor``: callables passed on to ``generate`` (the static engine's
-        ``engine.serving.sampler.WaveSampler``). ``sampling``: an
-        ``engine.sampling_params.SamplingParams``; when it samples (batch 1, the reference),
-        ``generate(do_sample=True, temperature, top_k, top_p)`` runs right after
-        ``torch.manual_seed(seed)``, every other sampling knob neutral, and the global random state
-        is restored afterwards. Each step's logits rows (one per batch row) reach a
-        ``LogitRecorder`` installed with ``recording``.
+        ``logits_processor``: passed on to ``generate`` (the static engine's ``WaveSampler``).
+        ``sampling``: an ``engine.sampling_params.SamplingParams``; when it samples (batch 1, the
+        reference), ``generate`` samples right after ``torch.manual_seed(seed)``, and the global
+        random state is restored afterwards. The logits rows reach a ``LogitRecorder`` installed
+        with ``recording``.
 
         Shapes:
             input_ids, attention_mask: [B, W]  ->  returns [B, W + N], N <= max_new_tokens

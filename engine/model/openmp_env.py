@@ -1,21 +1,16 @@
-"""OpenMP settings for a process that runs the model outside its main thread (the web page).
+"""OpenMP settings for a process that runs the model outside its main thread.
 
 torch's CPU kernels (MKL and oneDNN matmuls included) run on GNU libgomp's OpenMP thread pools,
 one pool per thread that starts parallel work. Once a process's pools hold more threads than
 there are CPUs, libgomp cuts how long a waiting thread spins before it sleeps from 300,000 to 100
 loops (``GOMP_SPINCOUNT`` in the libgomp manual), and every small parallel region of a step pays a
-sleep and a wake-up. The page once had two pools (the main thread's, from loading the model, and a
-worker's per run), and the seed workload's continuous run took almost twice as long once the
-main thread had run one parallel op. With ``OMP_WAIT_POLICY=ACTIVE`` the crowded case spins 1,000
-loops instead, and ``GOMP_SPINCOUNT=300000`` keeps the uncrowded spin at libgomp's default
-(docs/measurements.md, "In the page").
+sleep and a wake-up. With ``OMP_WAIT_POLICY=ACTIVE`` the crowded case spins 1,000 loops instead,
+and ``GOMP_SPINCOUNT=300000`` keeps the uncrowded spin at libgomp's default (docs/measurements.md).
 
-Since then the page makes every torch call on one thread (``engine.worker.worker_process``), so it
-has one pool, as the bench does, and these settings only matter if some other thread starts
-parallel work. They are kept as a guard. Spinning has a price on a machine other processes keep
-busy: there a spinning thread takes a CPU another process wanted, and a pass can take many times
-longer than with ``OMP_WAIT_POLICY=PASSIVE``; a host that shares its CPUs can set that in the
-environment, which wins over these defaults.
+The page makes every torch call on one thread (``engine.worker.worker_process``), so these matter
+only if some other thread starts parallel work: they are a guard. On a machine other processes
+keep busy a spinning thread takes a CPU another process wanted; such a host can set
+``OMP_WAIT_POLICY=PASSIVE`` in the environment, which wins over these defaults.
 
 ``configure()`` acts only before torch is imported; a value the user already set is kept.
 """

@@ -9,8 +9,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from engine.batching.continuous import ContinuousEngine
 from engine.config import EngineConfig
 from engine.fidelity.reference import ReferenceCache
-from engine.kernels import decode_attention, fused_layers, linear_kernel
-from engine.kernels.kernel_plan import RowPlan
+from engine.kernels import decode_attention, fused_layers, gemv_build, linear_kernel
+from engine.kernels.kernel_plan import PlannedLinear, RowPlan
 from engine.model.kernel_store import KernelChoice
 
 HAS_ONEDNN = torch.backends.mkldnn.is_available()
@@ -149,7 +149,7 @@ def test_folded_rotary_is_transformers_rotary_bitwise():
     assert torch.equal(got[:, heads:].transpose(0, 1), want_k[0])
 
 
-@pytest.mark.skipif(not linear_kernel.on_x86() or not HAS_ONEDNN, reason="oneDNN on x86 only")
+@pytest.mark.skipif(not gemv_build.on_x86() or not HAS_ONEDNN, reason="oneDNN on x86 only")
 @pytest.mark.parametrize("num_rows", [1, 3, 17])
 def test_stacked_onednn_matmul_is_the_separate_ones_bitwise(num_rows):
     """[Wq; Wk; Wv] in one oneDNN matmul gives each projection's bits, the residual add too."""
@@ -157,7 +157,7 @@ def test_stacked_onednn_matmul_is_the_separate_ones_bitwise(num_rows):
     linears = [nn.Linear(64, n, bias=False) for n in (64, 32, 32)]
     x = torch.randn(num_rows, 64, generator=gen)
     residual = torch.randn(num_rows, 128, generator=gen)
-    stacked = fused_layers.FusedLinear(linears, "onednn")
+    stacked = PlannedLinear(linears, "onednn")
     separate = [
         linear_kernel.onednn_linear(x, linear_kernel.onednn_pack(m.weight)) for m in linears
     ]

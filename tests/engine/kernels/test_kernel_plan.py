@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels import kernel_plan, linear_kernel
+from engine.kernels.host_setting import read_choice
 from engine.kernels.kernel_plan import RowPlan
 
 PLAN = RowPlan((1, 5, 64), ("linear", "skinny", "linear"))
@@ -61,7 +62,8 @@ def test_the_kernel_sends_each_call_to_its_ranges_kernel(monkeypatch):
 def test_old_and_new_kernel_settings_are_read(monkeypatch, value):
     """CBP_ENGINE_KERNEL keeps its old values (auto, skinny; empty is auto) and names kernels."""
     monkeypatch.setenv("CBP_ENGINE_KERNEL", value)
-    assert kernel_plan.requested_kernel() == (value.strip().lower() or "auto")
+    setting = read_choice("CBP_ENGINE_KERNEL", kernel_plan.KERNEL_CHOICES)
+    assert setting == (value.strip().lower() or "auto")
 
 
 def test_every_named_kernel_is_a_candidate():

@@ -65,7 +65,7 @@ def test_every_candidate_is_f_linear(name, num_rows):
     assert (bound.extra_bytes > 0) == packs, bound.extra_bytes
 
 
-@pytest.mark.skipif(not linear_kernel.on_x86(), reason="oneDNN is used on x86 only")
+@pytest.mark.skipif(not gemv_build.on_x86(), reason="oneDNN is used on x86 only")
 def test_a_forced_onednn_packs_every_weight(monkeypatch):
     """CBP_ENGINE_KERNEL=onednn: the packed oneDNN kernel, copies at least the weights' size."""
     monkeypatch.setenv("CBP_ENGINE_KERNEL", "onednn")
@@ -75,7 +75,7 @@ def test_a_forced_onednn_packs_every_weight(monkeypatch):
     assert runner.engine_kernel_bytes >= sum(w.numel() * w.element_size() for w in weights)
 
 
-@pytest.mark.skipif(not linear_kernel.on_x86(), reason="oneDNN is used on x86 only")
+@pytest.mark.skipif(not gemv_build.on_x86(), reason="oneDNN is used on x86 only")
 def test_packed_forward_goes_through_onednn_for_every_linear(monkeypatch):
     """A packed-batch forward calls the oneDNN matmul once per linear, lm_head included."""
     monkeypatch.setenv("CBP_ENGINE_KERNEL", "onednn")

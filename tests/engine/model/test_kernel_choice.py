@@ -9,9 +9,9 @@ from tiny_model import tiny_runner
 from torch import nn
 
 from engine.kernels import kernel_timing
+from engine.kernels.gemv_build import on_x86
 from engine.kernels.kernel_plan import RowPlan
 from engine.kernels.kernel_timing import Timings
-from engine.kernels.linear_kernel import on_x86
 from engine.model import kernel_store
 
 
