@@ -1,15 +1,9 @@
 """Continuous Batching Playground engine: static vs continuous batching on a real causal LM.
 
-The package holds two engines that run the same list of requests on the same loaded model:
-
-* ``StaticEngine`` (``engine.batching.static``): padded waves of ``B`` requests through
-  ``model.generate``, with a batch barrier between waves. The baseline people already know.
-* ``ContinuousEngine`` (``engine.batching.continuous``): iteration-level scheduling over ``B``
-  slots, and every in-flight token of a step packed into one ``[1, T]`` row with a block-diagonal
-  causal mask, so a new prompt's prefill rides in the same forward pass as the others' decode
-  tokens.
-
-Both write a ``Trace`` (``engine.trace``), the single source of every chart and metric.
+The package holds two engines that run the same requests on the same loaded model: the static
+engine's padded waves behind a batch barrier, and the continuous engine's iteration-level
+scheduling with every in-flight token packed into one ``[1, T]`` row (``engine.batching``). Both
+write a ``Trace`` (``engine.trace``), the single source of every chart and metric.
 
 The core is a stack of rooms, each importing only the rooms below it (``tests/engine/test_wings.py``
 checks the order):

@@ -15,16 +15,13 @@ class EngineConfig:
     Attributes:
         num_slots: B, the number of sequences that run at once (static: rows per wave;
             continuous: ``max_num_seqs``).
-        kv_mode: continuous engine's KV cache. ``"slots"`` preallocates ``[L, B, H_kv, P, D]``
-            and writes each step's keys/values in place; ``"paged"`` hands out fixed-size blocks
-            from one pool through block tables and preempts when the pool runs dry (vLLM);
-            ``"concat"`` is the article's teaching mode: per-sequence caches concatenated into
-            one packed cache every step.
+        kv_mode: the continuous engine's KV cache, ``"slots"``, ``"paged"`` (vLLM's blocks) or
+            ``"concat"`` (the article's); ``engine.serving.kv_cache`` describes each.
         max_seq_len: P, per-slot KV capacity in tokens; ``None`` sizes it from the workload.
         max_num_batched_tokens: the token budget, most tokens in one step (continuous engine);
             ``None`` means no limit. It must be at least ``num_slots`` so every decode fits.
-        scheduling_policy: ``"decode_first"`` or ``"prefill_first"``: who gets the budget first;
-            ``"vllm"``: vLLM's own scheduling, step for step (``engine.serving.scheduler``).
+        scheduling_policy: ``"decode_first"``, ``"prefill_first"`` or ``"vllm"``
+            (``engine.serving.planners`` describes each).
         wave_timeout_s: static engine: how long the oldest arrived request waits for a full wave.
         ignore_eos: generate every sequence to its cap (benchmarks only, as vLLM's ``ignore_eos``).
         block_size: ``paged`` mode: tokens per KV block.
@@ -33,9 +30,8 @@ class EngineConfig:
         prefix_caching: ``paged`` mode only: share the KV blocks of prompt prefixes that were
             computed before (vLLM's automatic prefix caching; ``engine.serving.block_manager``).
         batch_invariant: batch-invariant mode (``engine.kernels.invariant_ops``): a sequence's
-        logits do not
-            depend on what else shares its step, bitwise. Static and continuous engines only;
-            transformers' engine ignores it, with a warning.
+            logits do not depend on what else shares its step, bitwise. Static and continuous
+            engines only; transformers' engine ignores it, with a warning.
 
     Raises:
         ValueError: naming every bad setting at once (``problems``): a slot count below 1, an
@@ -94,11 +90,6 @@ class EngineConfig:
             problems.append(f"The KV budget must be positive MiB (got {self.kv_budget_mib!r}).")
         if self.max_seq_len is not None and self.max_seq_len < 1:
             problems.append(f"max_seq_len must be positive (got {self.max_seq_len}).")
-        return problems + self._switch_problems()
-
-    def _switch_problems(self) -> list[str]:
-        """The on/off settings' problems: not a bool, or prefix caching without paged KV."""
-        problems = []
         for name in ("batch_invariant", "prefix_caching"):
             value = getattr(self, name)
             if not isinstance(value, bool):

@@ -1,11 +1,10 @@
 """The knobs of a run, each declared once: its name, kind, range, default, help and outside names.
 
-A ``Knob`` is one setting a person turns: on the page (its label and help), in a link (its query
-parameter, ``url``), on the bench's command line (``bench_flag`` and ``bench_help``) and in
-``EngineConfig`` (``config``, the field it sets). ``KNOBS`` lists them in the order a link writes
-them, ``KNOB`` finds one by name. The page's settings, links and panel and the bench's flags are
-built from these declarations; ``EngineConfig`` checks its ranges against the same ``KV_MODES``,
-``POLICIES`` and ``MAX_BLOCK_SIZE``.
+A ``Knob`` is one setting a person turns, on the page, in a link, on the bench's command line and
+in ``EngineConfig``. ``KNOBS`` lists them in the order a link writes them, ``KNOB`` finds one by
+name. The page's settings, links and panel and the bench's flags are built from them;
+``EngineConfig`` checks its ranges against the same ``KV_MODES``, ``POLICIES`` and
+``MAX_BLOCK_SIZE``.
 
 Kinds: ``"flag"`` (on or off), ``"choice"`` (one of ``choices``; none given: the host's dtypes),
 ``"whole"`` (a whole number from ``low`` to ``high``) and ``"number"`` (a number >= 0). A number

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, samples
 
 
 @dataclass(frozen=True)
@@ -21,9 +19,7 @@ class Request:
     """One user request, already tokenized.
 
     ``prompt_token_ids`` is exactly what every engine and the reference feed to the model
-    (chat template applied or not, identically for all of them). ``sampling`` None (or at
-    temperature 0) decodes greedily; otherwise the request samples from its own generator
-    (``engine.serving.sampler``).
+    (chat template applied or not, identically for all of them).
     """
 
     request_id: int
@@ -36,7 +32,7 @@ class Request:
     @property
     def is_sampled(self) -> bool:
         """True when the request samples (settings with a temperature above 0)."""
-        return self.sampling is not None and not self.sampling.is_greedy
+        return samples(self.sampling)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -100,11 +96,9 @@ class Sequence:
     def preempt(self) -> None:
         """Drop this sequence's KV cache and send it back to wait (recompute preemption, vLLM).
 
-        Its output so far is kept: on readmission the prompt and that output are prefilled again
-        (from the prefix cache where it still holds their blocks), and decoding continues exactly
-        where it stopped (greedy, or sampled: the request's generator has drawn once per kept
-        token, see ``engine.serving.sampler``). ``block_hashes`` stay valid: tokens are only ever
-        appended.
+        Its output so far is kept and prefilled again with the prompt on readmission, so decoding
+        goes on where it stopped (a sampled one too: ``engine.serving.sampler``).
+        ``block_hashes`` stay valid: tokens are only ever appended.
         """
         self.num_cached_tokens = 0
         self.num_prefix_cached_tokens = 0

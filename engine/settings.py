@@ -1,21 +1,16 @@
 """Settings: every environment variable the project reads, declared once and read here only.
 
-A host (a Space owner, a workshop teacher) tunes the playground with ``CBP_*`` variables. Each is
-declared once in ``SETTINGS``: its name, the kind of value it takes, its default (the value an
-unset or blank variable means) and what it does. ``docs/hosting.md``'s table of variables is
-checked against this one. The module that owns a setting turns its text into a value and refuses
-a bad one with a message naming the variable; this module only reads the environment, so that
-``os.environ`` appears nowhere else in ``engine/``. A variable is read at each call, so a host can
-change a per-run setting without a restart.
+A host (a Space owner, a workshop teacher) tunes the playground with ``CBP_*`` variables, each
+declared once in ``SETTINGS``; ``docs/hosting.md``'s table of variables is checked against it. The
+module that owns a setting turns its text into a value and refuses a bad one with a message
+naming the variable; this module only reads the environment, so that ``os.environ`` appears
+nowhere else in ``engine/``. A variable is read at each call, so a host can change a per-run
+setting without a restart.
 
-``BORROWED`` names the variables of other tools the engine also reads (the hub's offline switches,
-``PYTHONPATH`` for vLLM's process). ``environment`` hands a child process this process's
-environment; ``set_default`` sets a variable a library reads at load (OpenMP's, before torch).
-The recording scheduler (``engine.peers.vllm_scheduler``) runs inside vLLM's own process and
-imports nothing of ours, so it reads ``CBP_VLLM_SCHEDULE_PATH`` and the ``CBP_VLLM_RECORD_*``
-variables itself; they are declared here all the same.
-
-Standard library only: nothing here imports torch or any room.
+``BORROWED`` names the variables of other tools the engine also reads. The recording scheduler
+(``engine.peers.vllm_scheduler``) runs inside vLLM's own process and imports nothing of ours, so it
+reads ``CBP_VLLM_SCHEDULE_PATH`` and the ``CBP_VLLM_RECORD_*`` variables itself; they are declared
+here all the same. Standard library only: nothing here imports torch or any room.
 """
 
 from __future__ import annotations

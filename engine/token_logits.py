@@ -50,22 +50,14 @@ class TokenLogits:
 
     def abs_dot_of(self, token_id: int) -> float | None:
         """``abs_dots`` of ``token_id``, or None when it is not among the top ``TOP_K``."""
-        for tid, value in zip(self.token_ids, self.abs_dots, strict=True):
-            if tid == token_id:
-                return value
-        return None
+        return self._of(self.abs_dots, token_id)
 
     def logit_of(self, token_id: int) -> float | None:
         """The logit of ``token_id``, or None when it is not among the top ``TOP_K``."""
-        for tid, value in zip(self.token_ids, self.logits, strict=True):
-            if tid == token_id:
-                return value
-        return None
+        return self._of(self.logits, token_id)
 
-    @property
-    def top_margin(self) -> float:
-        """The chosen token's lead over the runner-up (>= 0 in the run's own pass)."""
-        return self.logits[0] - self.logits[1] if len(self.logits) > 1 else float("inf")
+    def _of(self, values: tuple[float, ...], token_id: int) -> float | None:
+        return values[self.token_ids.index(token_id)] if token_id in self.token_ids else None
 
 
 def token_logits_rows(

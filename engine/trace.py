@@ -5,11 +5,8 @@ Figures (``engine.page.figures.timelines``), the metrics table and the bench rea
 the page shows is what the engine did. Times are seconds since the run started (``perf_counter``).
 
 An engine behind a server (``engine.peers.openai_engine``) sees no steps and no slots: its trace has
-per-request times on the client's clock (sent = ``admit_s``, first token, each token in
-``token_times_s``, finish), what the server's ``/metrics`` said during the run
-(``server_samples``), and ``warnings`` a person should read beside its results. A server that
-keeps its own record of its steps (a vLLM with ``engine.peers.vllm_scheduler``) adds it as
-``schedule``: a ``Trace`` of its own, with steps, lanes and block tables like ours.
+per-request times on the client's clock (sent = ``admit_s``) and the fields of ``Trace`` marked
+"server engines only".
 
 ``Trace.to_dict`` is the JSON the downloads and the bench write; ``Trace.from_dict`` reads it back.
 """
@@ -87,10 +84,6 @@ class StepRecord:
     @property
     def duration_s(self) -> float:
         return self.end_s - self.start_s
-
-    @property
-    def num_useful_seqs(self) -> int:
-        return sum(1 for s in self.seqs if s.kind != IDLE)
 
 
 @dataclass
@@ -338,7 +331,7 @@ class Trace:
         """Share of slot-steps that worked on a live request (idle rows and empty slots count 0)."""
         if not self.steps or self.num_slots == 0:
             return 0.0
-        useful = sum(step.num_useful_seqs for step in self.steps)
+        useful = sum(s.kind != IDLE for step in self.steps for s in step.seqs)
         return 100.0 * useful / (len(self.steps) * self.num_slots)
 
     def to_dict(self) -> dict:

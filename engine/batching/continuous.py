@@ -3,12 +3,8 @@
 Each step, nano-vllm style: pack every running sequence's pending tokens into one ``[1, T]`` row,
 run ONE forward pass (prefill fused with decode), append each sequence's next token (greedy, or
 drawn by its request's own sampler: ``engine.serving.sampler``), free the slots of finished
-sequences and plan the next step (``Scheduler.schedule``), so the next requests are admitted on
-the same step.
-In the ``paged`` KV mode the scheduler also owns the block manager, hands out KV blocks and
-preempts when they run out; the paged cache only reads the block tables. With ``prefix_caching``
-a new request starts from the cached blocks of its longest computed prefix
-(``engine.serving.block_manager``).
+sequences and plan the next step (``Scheduler.schedule``, which in the ``paged`` KV mode also
+hands out KV blocks and preempts), so the next requests are admitted on the same step.
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from types import MappingProxyType
 
+from engine.batching.wave import forward_recorded
 from engine.config import EngineConfig
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request, Sequence
@@ -50,12 +47,10 @@ class ContinuousEngine:
         on_step: Callable | None = None,
         on_wait: Callable[[Trace], None] | None = None,
     ) -> Trace:
-        """Run to completion; ``on_step(trace, step)`` is called after every step, and
-        ``on_wait(trace)`` every ``WAIT_SLICE_S`` (0.05 s) while no request has arrived.
+        """``generate`` to completion, with ``on_step(trace, step)`` called after every step.
 
         Raises:
-            ValueError: in ``paged`` mode, when the KV budget cannot hold some request alone.
-            Exception: whatever ``on_step`` or ``on_wait`` raises (``RunStopped``), at once.
+            ValueError, Exception: as ``generate``, and whatever ``on_step`` raises, at once.
         """
         trace = None
         for trace, step in self.generate(requests, on_wait):
@@ -104,7 +99,8 @@ class ContinuousEngine:
             record = _step_record(len(trace.steps), start_s, batch, plan, blocks)
             forward_start = time.perf_counter()
             recorder.skip_rows = _partial_chunks(plan)
-            next_tokens = self._forward(batch, _step_samplers(plan, samplers), recorder)
+            step_samplers = _step_samplers(plan, samplers)
+            next_tokens = forward_recorded(self.runner, batch, step_samplers, recorder)
             record.forward_s = time.perf_counter() - forward_start
             _keep_logits(trace, plan, recorder.pop())
             finished = scheduler.postprocess(plan, next_tokens)
@@ -121,15 +117,6 @@ class ContinuousEngine:
             blocks.check_no_leaks()
             assert blocks.num_used_blocks == 0, f"{blocks.num_used_blocks} KV blocks still held"
 
-    def check_kv_budget(self, requests: list[Request]) -> None:
-        """Refuse, before any run, a workload the paged KV budget cannot hold (nothing to do in
-        the other KV modes): the check ``run`` would make when it allocates the cache.
-
-        Raises:
-            ValueError: some request alone needs more KV blocks than the budget holds.
-        """
-        self._num_kv_blocks(requests)
-
     def num_kv_blocks(self, requests: list[Request]) -> int | None:
         """The paged KV pool's blocks for ``requests`` (None in the other KV modes), as ``run``
         would size it; what a peer engine is given to schedule under the same pool.
@@ -137,24 +124,13 @@ class ContinuousEngine:
         Raises:
             ValueError: some request alone needs more KV blocks than the budget holds.
         """
-        return self._num_kv_blocks(requests)
-
-    def _forward(
-        self, batch, samplers: list[RequestSampler | None], recorder: LogitRecorder
-    ) -> list[int]:
-        """The step's next tokens, its logits rows into ``recorder``; an all-greedy step calls
-        ``forward_packed`` with the batch alone."""
-        with self.runner.recording(recorder):
-            if any(s is not None for s in samplers):
-                return self.runner.forward_packed(batch, samplers)
-            return self.runner.forward_packed(batch)
+        return kv_pool_blocks(self.config, requests, self.runner.kv_bytes_per_token())
 
     def _new_scheduler(self, requests: list[Request]) -> Scheduler:
-        """The run's scheduler; in ``paged`` mode it owns a block manager of as many blocks as
-        the budget holds.
+        """The run's scheduler; in ``paged`` mode it owns a block manager of ``num_kv_blocks``.
 
         Raises:
-            ValueError: when the paged budget cannot hold the longest request on its own.
+            ValueError: from ``num_kv_blocks``.
         """
         cfg = self.config
         eos = frozenset() if cfg.ignore_eos else self.runner.eos_token_ids
@@ -164,27 +140,20 @@ class ContinuousEngine:
             eos,
             cfg.max_num_batched_tokens,
             cfg.scheduling_policy,
-            self._num_kv_blocks(requests),
+            self.num_kv_blocks(requests),
             cfg.block_size,
             cfg.prefix_caching,
         )
-
-    def _num_kv_blocks(self, requests: list[Request]) -> int | None:
-        return kv_pool_blocks(self.config, requests, self.runner.kv_bytes_per_token())
 
     def _new_kv_cache(self, requests: list[Request], blocks: BlockManager | None) -> KVCache:
         """The configured KV cache; in ``paged`` mode, storage for ``blocks``' pool, addressed
         through a read-only view of its block tables."""
         cfg = self.config
-        if blocks is None:
-            return self.runner.new_kv_cache(cfg.kv_mode, cfg.num_slots, self._max_seq_len(requests))
+        paged = ()
+        if blocks is not None:
+            paged = (blocks.num_blocks, blocks.block_size, MappingProxyType(blocks.block_tables))
         return self.runner.new_kv_cache(
-            cfg.kv_mode,
-            cfg.num_slots,
-            self._max_seq_len(requests),
-            blocks.num_blocks,
-            blocks.block_size,
-            MappingProxyType(blocks.block_tables),
+            cfg.kv_mode, cfg.num_slots, max_seq_len(cfg, requests), *paged
         )
 
     def _new_trace(
@@ -206,9 +175,6 @@ class ContinuousEngine:
             kv_mode=self.config.kv_mode,
             info=info,
         )
-
-    def _max_seq_len(self, requests: list[Request]) -> int:
-        return max_seq_len(self.config, requests)
 
     @staticmethod
     def _record_admitted(trace: Trace, admitted: list[Sequence], now_s: float) -> None:
@@ -237,17 +203,26 @@ def kv_pool_blocks(
     config: EngineConfig, requests: list[Request], kv_bytes_per_token: int
 ) -> int | None:
     """``paged`` mode: the blocks of the KV pool for ``requests`` under ``config``, for a model
-    whose keys and values take ``kv_bytes_per_token`` per token, once every request is known to
-    fit them alone; the other KV modes: None. Needs no model: a process without one checks a
-    budget with it.
+    whose keys and values take ``kv_bytes_per_token`` per token; the other KV modes: None. Needs
+    no model: a process without one checks a budget with it.
 
     Raises:
-        ValueError: when the paged budget cannot hold the longest request on its own.
+        ValueError: some request alone needs more blocks than the pool holds (preemption could
+            never make room for it).
     """
     if config.kv_mode != "paged":
         return None
+    block_size = config.block_size
     num_blocks = _num_blocks(config, requests, kv_bytes_per_token)
-    _check_fits(requests, num_blocks, config.block_size)
+    for r in requests:
+        num_tokens = r.num_prompt_tokens + r.max_new_tokens - 1  # the last token is never cached
+        if blocks_for(num_tokens, block_size) > num_blocks:
+            blocks = "1 block" if num_blocks == 1 else f"{num_blocks} blocks"
+            raise ValueError(
+                f"{request_label(r.request_id)} needs {num_tokens} tokens of KV cache, but the KV "
+                f"budget holds {blocks} of {block_size} tokens ({num_blocks * block_size} "
+                f"tokens). Raise the KV budget or lower its max_new_tokens."
+            )
     return num_blocks
 
 
@@ -276,19 +251,6 @@ def _num_blocks(config: EngineConfig, requests: list[Request], kv_bytes_per_toke
         enough = max(enough, every)
     block_bytes = kv_bytes_per_token * config.block_size
     return min(enough, int(config.kv_budget_mib * 2**20 // block_bytes))
-
-
-def _check_fits(requests: list[Request], num_blocks: int, block_size: int) -> None:
-    """Every request must fit the whole KV pool alone, or preemption could never make room."""
-    for r in requests:
-        num_tokens = r.num_prompt_tokens + r.max_new_tokens - 1  # the last token is never cached
-        if blocks_for(num_tokens, block_size) > num_blocks:
-            blocks = "1 block" if num_blocks == 1 else f"{num_blocks} blocks"
-            raise ValueError(
-                f"{request_label(r.request_id)} needs {num_tokens} tokens of KV cache, but the KV "
-                f"budget holds {blocks} of {block_size} tokens ({num_blocks * block_size} "
-                f"tokens). Raise the KV budget or lower its max_new_tokens."
-            )
 
 
 def _keep_logits(trace: Trace, plan, rows: list[TokenLogits | None]) -> None:

@@ -7,10 +7,8 @@ every row reached its own cap or an EOS (a sampled request's row draws from its 
 waste), and the next wave starts only when the whole wave is done (the barrier).
 
 A wave runs through the continuous engine's packed forward pass (``engine.batching.wave``), so
-that static against continuous compares schedules on the same kernels; the bench's
-``static_generate`` and batch-invariant mode run it left-padded through plain ``model.generate``
-instead, where a stopping criterion timestamps every step and tells ``generate`` which rows
-reached their cap."""
+that static against continuous compares schedules on the same kernels, or left-padded through
+``model.generate`` (``StaticEngine`` says when)."""
 
 from __future__ import annotations
 
@@ -82,7 +80,7 @@ class StaticEngine:
         on_step: Callable | None = None,
         on_wait: Callable[[Trace], None] | None = None,
     ) -> Trace:
-        """Run every wave; ``on_step(trace, None)`` is called after every generate step, and
+        """Run every wave; ``on_step(trace, None)`` is called after every step, and
         ``on_wait(trace)`` every ``WAIT_SLICE_S`` (0.05 s) while a wave waits for arrivals.
 
         Raises:

@@ -82,12 +82,7 @@ def run_wave(
         # a finished row's tokens and the padding's are dropped: their logits go unrecorded
         finished = [row for row, seq in enumerate(seqs) if _row_done(seq, runner.eos_token_ids)]
         recorder.skip_rows = frozenset(finished + list(range(len(wave), len(step[0]))))
-        with runner.recording(recorder):  # an all-greedy step passes the batch alone
-            if any(s is not None for s in samplers):
-                padding = [None] * (len(step[0]) - len(wave))
-                tokens = runner.forward_packed(batch, samplers + padding)
-            else:
-                tokens = runner.forward_packed(batch)
+        tokens = forward_recorded(runner, batch, samplers, recorder)  # the padding's: greedy
         for seq, token in zip(seqs, tokens, strict=False):  # the padding's token is dropped
             seq.num_cached_tokens = seq.num_tokens
             seq.output_token_ids.append(token)
@@ -97,6 +92,18 @@ def run_wave(
         done = all(_row_done(seq, runner.eos_token_ids) for seq in seqs)
         step = None if done else (seqs, [1] * len(seqs))
     return WaveResult([s.output_token_ids for s in seqs], end_times, recorder)
+
+
+def forward_recorded(
+    runner: ModelRunner, batch, samplers: list[RequestSampler | None], recorder: LogitRecorder
+) -> list[int]:
+    """``runner.forward_packed``, its logits rows into ``recorder``; ``samplers[i]`` draws the
+    token of ``batch.seqs[i]`` (None or past the list's end: greedy). An all-greedy step passes
+    the batch alone."""
+    with runner.recording(recorder):
+        if any(s is not None for s in samplers):
+            return runner.forward_packed(batch, samplers)
+        return runner.forward_packed(batch)
 
 
 def _row_done(seq: Sequence, eos_token_ids: frozenset[int]) -> bool:

@@ -32,29 +32,13 @@ queue tail first (vLLM and nano-vllm free them in reverse), so a prefix loses it
 start, and what is left still matches from the first block.
 
 **vLLM's order** (``vllm_order=True``, the ``"vllm"`` policy's; vLLM 0.32's ``BlockPool``,
-``vllm/v1/core/block_pool.py``). vLLM keeps one ``FreeKVCacheBlockQueue`` and pops its front;
-``free_blocks`` prepends the blocks without a hash (LIFO reuse) and appends the hashed ones (LRU),
-so it too uses every block without a hash before evicting a cached one: the plain list and the
-cached queue above are the two ends of its queue. Three things differ from the default order:
-
-* **A block computed twice keeps its hash.** vLLM does not de-duplicate: a second block filled
-  with a prefix that already has a cached block is registered under the same hash (lookups get
-  the earliest still cached), so when freed it joins the cached queue and outlives the first
-  copy's eviction. By default the copy stays without a hash and is reused before any eviction.
-  This is the one difference that changes plans: identical prompts whose length is a multiple
-  of the block size (the last block is recomputed), or identical outputs decoded by two
-  sequences, leave copies that vLLM keeps and ours reuses, so under a full pool vLLM evicts an
-  older prefix that ours keeps, and a later request of that prefix hits in ours only::
-
-      cached queue (LRU first), ours:  [D1 D0 A1 A0]     plain: [x]     x: A1's copy, no hash
-      cached queue (LRU first), vLLM:  [D1 D0 A1 A1' A0] plain: []
-      a 2-block request then takes x and D1 in ours (D0 still hits), D1 and D0 in vLLM
-
-* **A freed block without a hash goes to the front** of the plain list (reused next), where by
-  default it goes behind the never-used blocks.
-* **A sequence's blocks are freed tail first without prefix caching too.**
-
-The last two change which block ids a sequence gets, never what it hits.
+``vllm/v1/core/block_pool.py``) differs from the default in three ways. A block computed twice
+(an equal prefix filled again) is registered under the same hash, so it joins the cached queue
+when freed, where by default the copy stays without a hash and is reused first: under a full
+pool vLLM then evicts an older prefix that ours keeps (docs/servers.md, "Eviction", has a
+captured run). A freed block without a hash goes to the front of the plain list, and a
+sequence's blocks are freed tail first without prefix caching too; these two change which block
+ids a sequence gets, never what it hits.
 """
 
 from __future__ import annotations
@@ -85,11 +69,8 @@ def block_hash(parent_hash: bytes, token_ids: list[int]) -> bytes:
 
 
 class BlockManager:
-    """A pool of ``num_blocks`` KV blocks, their reference counts and one block table per request.
-
-    Without prefix caching every block has at most one holder and the pool behaves as a plain free
-    list. With it, see the module docstring; ``vllm_order`` frees and re-registers blocks as vLLM
-    does (the module docstring's "vLLM's order").
+    """A pool of ``num_blocks`` KV blocks, their reference counts and one block table per request
+    (``prefix_caching`` and ``vllm_order``: see the module docstring).
 
     Raises:
         ValueError: on fewer than one block or a block size below 1.

@@ -9,23 +9,15 @@ step's new keys and values in place, so a step costs the same whatever the conte
     slot 2:  R2 R2 R2 R2 R2 R2 R2 ..       entries past position 1 are masked out)
 
 ``PagedKVCache`` (mode ``"paged"``) is what vLLM does: one pool of fixed-size blocks, sized from a
-memory budget, handed out block by block by the scheduler's
-``engine.serving.block_manager.BlockManager``. The cache owns only the storage: it reads the
-manager's block tables (a read-only view it is given) and never changes them. A step gathers each
-slot's blocks through its block table into the ``[B, H_kv, T_kv, D]`` view the attention reads
-(vLLM's paged-attention kernel reads the blocks in place; a gather is the portable torch equivalent
-and costs one extra pass over the context). With prefix caching several block tables can list the
-same block; a step only ever writes into blocks past a sequence's cached prefix, which are its own.
+memory budget and handed out by the scheduler's ``BlockManager``; the cache owns only the storage
+and reads the manager's block tables. A step gathers each slot's blocks into the view the
+attention reads (vLLM's paged-attention kernel reads the blocks in place; a gather is the portable
+torch equivalent and costs one extra pass over the context). With prefix caching several tables
+can list one block; a step only writes into blocks past a sequence's cached prefix, its own.
 
 ``ConcatKVCache`` (mode ``"concat"``) is the article's way, kept as a teaching mode: each sequence
-owns its own growing tensors, and every step concatenates them into one packed cache and appends
-the new keys back per sequence, so each step copies the whole context (a run costs its square).
-
-All three implement ``KVCache``, the one interface the engines and the attention kernels use:
-``write`` stores a step's keys and values, ``sequence_kv`` reads one sequence's back. The two
-caches that write in place (``InPlaceKVCache``) also give every slot's keys at once
-(``slot_view``) and their storage as blocks (``block_storage``) for the batched decode kernels;
-the concat cache gives its packed concatenation (``gather``).
+owns its own growing tensors, and every step concatenates them into one packed cache, so each step
+copies the whole context (a run costs its square). All three implement ``KVCache``.
 """
 
 from __future__ import annotations
@@ -56,14 +48,8 @@ class KVCache(ABC):
        writes too);
     3. ``release(request_id)`` once per finished sequence, after the step.
 
-    ``bytes_per_token`` and ``total_bytes`` size the cache for the trace. Block bookkeeping is not
-    the cache's: the scheduler owns the block manager.
-
-    Shapes (the named dimensions of ``engine``):
-        key, value (one layer's new keys/values of the step, in packed order): [1, H_kv, T, D]
-        ``sequence_kv``: keys, values [H_kv, kv_len, D], kv_len = num_cached + num_new
-        ``slot_view``: [B, H_kv, kv_len, D]
-        ``ConcatKVCache.gather``: keys, values [1, H_kv, T_kv, D]
+    ``bytes_per_token`` and ``total_bytes`` size the cache for the trace. Shapes are in each
+    method's docstring (the named dimensions of ``engine``).
 
     Raises:
         AssertionError: from ``prepare`` when a sequence outgrew the storage given to it (an
@@ -100,7 +86,14 @@ class KVCache(ABC):
 
 class InPlaceKVCache(KVCache):
     """A ``KVCache`` with storage written in place every step (where ``prepare`` said) and read
-    back as views: the slot and paged caches."""
+    back as views: the slot and paged caches, whose ``keys`` and ``values`` are preallocated."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def total_bytes(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size()
 
     @abstractmethod
     def slot_view(
@@ -118,7 +111,6 @@ class InPlaceKVCache(KVCache):
         through ``batch.kv_block_table``: keys, values [H_kv, N, S, D] (N blocks of S positions)."""
 
     def sequence_kv(self, layer: int, batch: PackedBatch, index: int):
-        """Keys and values of ``batch.seqs[index]``, cached and new: [H_kv, kv_len, D] each."""
         kv_len = batch.num_cached[index] + batch.num_new[index]
         return self._slot_kv(layer, batch, batch.seqs[index].slot, kv_len)
 
@@ -138,21 +130,6 @@ class SlotKVCache(InPlaceKVCache):
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
         self.block_table = torch.arange(num_slots, device=device)[:, None]  # (B, 1): a slot a block
 
-    @property
-    def total_bytes(self) -> int:
-        return 2 * self.keys.numel() * self.keys.element_size()
-
-    def write_index(self, slot_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Row of every (head, token) in a layer's storage viewed as ``[B * H_kv * P, D]``.
-
-        Built once per step; ``write`` then stores a layer's keys with one ``index_copy_``,
-        cheaper than advanced-index assignment. Shapes: slot_ids, positions [T] -> [H_kv * T].
-        """
-        num_kv_heads = self.keys.shape[2]
-        heads = torch.arange(num_kv_heads, device=slot_ids.device)[:, None]  # (H_kv, 1)
-        rows = (slot_ids[None, :] * num_kv_heads + heads) * self.max_seq_len + positions[None, :]
-        return rows.reshape(-1)  # (H_kv * T,), ordered head-major like key[0]
-
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
         """Store the step's new keys/values ([1, H_kv, T, D]) at (slot, position) of each token."""
         head_dim = key.shape[-1]
@@ -161,14 +138,19 @@ class SlotKVCache(InPlaceKVCache):
         self.values[layer].view(-1, head_dim).index_copy_(0, index, value[0].reshape(-1, head_dim))
 
     def prepare(self, batch: PackedBatch) -> None:
-        """Per step, before the forward: the write index of every new token's keys/values."""
+        """Per step, before the forward: the row of every new (head, token) in a layer's storage
+        viewed as ``[B * H_kv * P, D]``, so ``write`` stores a layer's keys with one
+        ``index_copy_``, cheaper than advanced-index assignment."""
         positions = batch.position_ids[0]  # (T,)
+        slot_ids = batch.slot_ids  # (T,)
         assert int(positions.max()) < self.max_seq_len, "a sequence outgrew its slot's KV"
-        batch.kv_write_index = self.write_index(batch.slot_ids, positions)
+        num_kv_heads = self.keys.shape[2]
+        heads = torch.arange(num_kv_heads, device=slot_ids.device)[:, None]  # (H_kv, 1)
+        rows = (slot_ids[None, :] * num_kv_heads + heads) * self.max_seq_len + positions[None, :]
+        batch.kv_write_index = rows.reshape(-1)  # (H_kv * T,), ordered head-major like key[0]
         batch.kv_block_table = self.block_table
 
     def slot_view(self, layer: int, batch: PackedBatch, kv_len: int):
-        """Keys and values of every slot's first ``kv_len`` positions: [B, H_kv, kv_len, D]."""
         return self.keys[layer][:, :, :kv_len], self.values[layer][:, :, :kv_len]
 
     def block_storage(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,10 +202,6 @@ class PagedKVCache(InPlaceKVCache):
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
-
-    @property
-    def total_bytes(self) -> int:
-        return 2 * self.keys.numel() * self.keys.element_size()
 
     def prepare(self, batch: PackedBatch) -> None:
         """Per step, before the forward: storage rows of every slot's positions and new tokens.
@@ -304,22 +282,18 @@ class ConcatKVCache(KVCache):
         """Append each sequence's new keys/values ([1, H_kv, T, D] in packed order) to its own."""
         start = 0
         for seq, n in zip(batch.seqs, batch.num_new, strict=True):
-            new = (key[:, :, start : start + n], value[:, :, start : start + n])
-            self._append(seq.request_id, layer, new)
+            new_k, new_v = key[:, :, start : start + n], value[:, :, start : start + n]
+            layers = self._store.setdefault(seq.request_id, [None] * self.num_layers)
+            old = layers[layer]
+            if old is None:
+                layers[layer] = (new_k.clone(), new_v.clone())
+            else:
+                layers[layer] = (torch.cat([old[0], new_k], 2), torch.cat([old[1], new_v], 2))
             start += n
 
     def sequence_kv(self, layer: int, batch: PackedBatch, index: int):
-        """Keys and values of ``batch.seqs[index]`` after ``write``: [H_kv, kv_len, D] each."""
         keys, values = self._store[batch.seqs[index].request_id][layer]
         return keys[0], values[0]
-
-    def _append(self, request_id: int, layer: int, new: tuple[torch.Tensor, torch.Tensor]):
-        layers = self._store.setdefault(request_id, [None] * self.num_layers)
-        old = layers[layer]
-        if old is None:
-            layers[layer] = (new[0].clone(), new[1].clone())
-        else:
-            layers[layer] = (torch.cat([old[0], new[0]], 2), torch.cat([old[1], new[1]], 2))
 
     def prepare(self, batch: PackedBatch) -> None:
         """Per step, before the forward: the packed mask this mode applies literally (none in

@@ -125,9 +125,3 @@ def padded_wave_mask(num_padding: list[int], num_queries: int, num_keys: int) ->
     k = torch.arange(num_keys)[None, None, :]  # (1, 1, T_kv)
     q = torch.arange(num_keys - num_queries, num_keys)[None, :, None]  # (1, T, 1)
     return (k >= pads) & (k <= q)
-
-
-def to_additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Boolean mask -> additive float mask (0 where allowed, dtype's min where blocked)."""
-    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return out.masked_fill_(~mask, torch.finfo(dtype).min)

@@ -72,19 +72,14 @@ class PackedBatch:
     kv_write_index: torch.Tensor | None = None  # storage rows of the new tokens' keys/values
     kv_block_rows: torch.Tensor | None = None  # paged: [B, max_blocks * block_size] storage rows
     kv_block_table: torch.Tensor | None = None  # slot and paged KV modes, for decode_step
-    invariant: bool = (
-        False  # batch-invariant mode: attend per sequence (engine.kernels.invariant_ops)
-    )
+    invariant: bool = False  # batch-invariant mode: attend per sequence (invariant_ops)
 
 
 def build_packed_batch(
     seqs: list[Sequence], num_new: list[int], kv_cache, num_slots: int, device, invariant=False
 ) -> PackedBatch:
-    """Pack the scheduled sequences (in the given order), ``num_new[i]`` tokens each.
-
-    ``invariant``: batch-invariant mode (``engine.kernels.invariant_ops``), which attends per
-    sequence.
-    """
+    """Pack the scheduled sequences (in the given order), ``num_new[i]`` tokens each, and let
+    ``kv_cache`` fill the batch's KV addressing (``KVCache.prepare``)."""
     num_cached = [s.num_cached_tokens for s in seqs]
     token_ids = [t for s, n in zip(seqs, num_new, strict=True) for t in s.pending_token_ids(n)]
     q_seq, q_pos = query_layout(num_cached, num_new)  # (T,), (T,)

@@ -1,23 +1,25 @@
 """Planners: the scheduler's policies, one class each, behind one interface.
 
-A ``Scheduler`` (``engine.serving.scheduler``) holds the state of a run (waiting and running
-sequences, free slots, the block manager) and the mechanics every policy shares (seating a waiting
-sequence, preempting, postprocessing). What differs between policies is the plan, and a planner
-makes it, one step per call:
+A planner's ``schedule(scheduler, now_s)`` plans the next step of its ``Scheduler``
+(``engine.serving.scheduler``, which holds the queues, slots and block manager): it seats the
+waiting requests that arrived by ``now_s`` and fit, and returns who runs, how many tokens each,
+who was preempted and who was admitted. ``release(seq)`` is told when a sequence leaves the
+running set. ``SchedulerState`` names what a planner may use of the scheduler (which imports this
+module, so it is not imported here).
 
-* ``schedule(scheduler, now_s)`` plans the next step: it seats waiting requests that arrived by
-  ``now_s`` and fit, and returns who runs, how many tokens each, who was preempted for it and who
-  was admitted; the engine calls it when a step ends (and when it wakes for an arrival);
-* ``release(seq)`` is told when a sequence leaves the running set (finished or preempted).
-
-``scheduler`` is that ``Scheduler``; ``SchedulerState`` names what a planner may use of it (the
-scheduler imports this module, so it is not imported here).
-
-``DecodeFirstPlanner`` and ``PrefillFirstPlanner`` first seat every arrival that fits, then share
-the token budget (decodes or prefills first). ``VllmPlanner`` follows vLLM V1's
-``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``): the running requests first, then
-waiting ones while budget is left, in one pass. The policies and their differences are described in
-``engine.serving.scheduler``'s docstring.
+* ``"decode_first"`` and ``"prefill_first"`` (transformers' schedulers offer both): seat every
+  arrival whose first step fits the blocks the running sequences leave free, then give every
+  decode its one token and the prefills what is left, oldest first, or the prefills first; the
+  newest running sequence is preempted, and blocks enter the prefix cache once computed.
+* ``"vllm"`` plans each step as vLLM V1's ``Scheduler.schedule`` (vLLM 0.32,
+  ``vllm/v1/core/sched/scheduler.py``), so that our steps can equal vLLM's own record step for
+  step (``engine.peers.schedule_comparison``): the running requests first, in vLLM's running
+  order (admission order, a resumed request last), then waiting ones only while budget is left,
+  each needing blocks for its whole prompt (``scheduler_reserve_full_isl``); the last running
+  request is preempted, and nobody is admitted after a preemption; blocks enter the prefix cache
+  when allocated (``allocate_slots``), not once computed, which is exact because each layer
+  stores the whole step's keys before any attention reads them. docs/engines.md ("The `vllm`
+  policy") says more.
 """
 
 from __future__ import annotations
@@ -83,10 +85,6 @@ class _BudgetPlanner(Planner):
     prefills_first = False
 
     def schedule(self, scheduler: SchedulerState, now_s: float) -> ScheduledStep:
-        """Fill free slots with waiting requests that arrived by ``now_s``, in arrival order,
-        while each one's first step fits the free KV blocks; grant tokens by policy within the
-        budget; give the granted sequences their blocks (paged mode), preempting when they run
-        out."""
         admitted = []
         while (seq := scheduler.next_arrived(now_s)) is not None:
             hit = scheduler.prefix_hit(seq)
@@ -157,8 +155,7 @@ class _BudgetPlanner(Planner):
 
 
 class DecodeFirstPlanner(_BudgetPlanner):
-    """``"decode_first"``: every decoding sequence gets its token first; prefills share the
-    rest of the budget, oldest first."""
+    """``"decode_first"``: every decoding sequence gets its token first."""
 
 
 class PrefillFirstPlanner(_BudgetPlanner):
@@ -168,25 +165,18 @@ class PrefillFirstPlanner(_BudgetPlanner):
 
 
 class VllmPlanner(Planner):
-    """``"vllm"``: vLLM V1's ``Scheduler.schedule``: the running requests in vLLM's running
-    order (``order``: admission order, a resumed request last), then waiting requests while
-    budget is left."""
+    """``"vllm"``: vLLM V1's ``Scheduler.schedule`` (see the module docstring)."""
 
     def __init__(self) -> None:
         self.order: list[Sequence] = []  # vLLM's running order
 
     def release(self, seq: Sequence) -> None:
-        """``seq`` leaves vLLM's running order."""
         self.order.remove(seq)
 
     def schedule(self, scheduler: SchedulerState, now_s: float) -> ScheduledStep:
-        """Plan the next step as vLLM's ``Scheduler.schedule`` would.
-
-        First the running requests in vLLM's order while budget is left (the ``while
-        req_index < len(self.running) and token_budget > 0`` loop), each with its blocks
-        (``_allocate``); then, unless that preempted someone, the waiting requests that
-        arrived by ``now_s`` while budget and a slot are left (``_admit_next``).
-        """
+        """First the running requests in vLLM's order while budget is left (the ``while
+        req_index < len(self.running) and token_budget > 0`` loop), each with its blocks; then,
+        unless that preempted someone, the waiting requests that arrived by ``now_s``."""
         left = budget_of(scheduler)
         grants: dict[int, int] = {}  # slot -> tokens
         preempted: list[Sequence] = []

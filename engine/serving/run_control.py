@@ -3,11 +3,9 @@
 A ``RunControl`` is shared by the thread that runs the engines and the one that serves the page.
 The page side calls ``stop()`` (Stop button, closed tab); the engine side calls ``check()`` from its
 per-step callback, which raises ``RunCancelled`` or ``RunTimedOut`` so the engine loop unwinds
-within one step and drops its KV cache. An engine that waits for requests to arrive (up to minutes)
-runs no steps, so it waits through ``wait_until``, which sleeps in slices of ``WAIT_SLICE_S`` and
-calls the run's wait callback between them: a stop ends such a wait within one slice. The time
-limit comes from ``CBP_RUN_TIME_LIMIT_S``, read at every run so a host can change it without a
-restart.
+within one step and drops its KV cache. An engine waiting for arrivals runs no steps, so it waits
+through ``wait_until``, which checks between slices. The time limit comes from
+``CBP_RUN_TIME_LIMIT_S``, read at every run so a host can change it without a restart.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from collections.abc import Callable
 from engine import settings
 
 RUN_TIME_LIMIT_ENV = "CBP_RUN_TIME_LIMIT_S"  # 0 turns the limit off
-RUN_TIME_LIMIT_S = float(settings.default(RUN_TIME_LIMIT_ENV))  # the default per-run limit
 WAIT_SLICE_S = 0.05  # the longest sleep between two stop checks while an engine waits
 
 
@@ -57,11 +54,14 @@ def run_time_limit_s() -> float | None:
 class RunControl:
     """A stop flag plus an optional deadline, checked by the engines once per step."""
 
-    def __init__(self, time_limit_s: float | None = None, time_left_s: float | None = None):
+    def __init__(
+        self, time_limit_s: float | None = None, time_left_s: float | None = None, stop=None
+    ):
         """``time_left_s``: what is left of ``time_limit_s`` for a run that started elsewhere
-        (another process: monotonic clocks are per process), all of it by default."""
+        (another process: monotonic clocks are per process), all of it by default. ``stop``: the
+        event ``stop()`` sets (another process's, shared), a new one by default."""
         self.time_limit_s = time_limit_s
-        self._stop = threading.Event()
+        self._stop = threading.Event() if stop is None else stop
         left_s = time_limit_s if time_left_s is None else time_left_s
         self._deadline = None if left_s is None else time.monotonic() + left_s
 

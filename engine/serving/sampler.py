@@ -2,21 +2,12 @@
 
 A shared random stream would make a request's text depend on its neighbours, its slot, its arrival
 time, chunked prefill and preemption. So every sampled request gets its own ``torch.Generator``,
-seeded from its seed, and draws exactly one ``torch.multinomial`` per output token, in output
-order. Its k-th token is then drawn from the generator state after k draws, whatever the batch.
-
-Each draw repeats what transformers' ``generate`` (5.x, ``GenerationMixin._sample``) does for one
-row: the float32 logits go through transformers' own warpers in ``_get_logits_processor``'s
-order, ``TemperatureLogitsWarper``, then ``TopKLogitsWarper``, then ``TopPLogitsWarper`` (each only
-when it changes something: temperature not 1, top_k not 0, top_p below 1), then ``softmax`` and
-``torch.multinomial(probs, num_samples=1)``. ``generate`` at batch 1 after
-``torch.manual_seed(seed)`` draws from the global generator, seeded alike, and nothing else draws
-from it, so its tokens are this sampler's tokens (``engine.fidelity.reference`` checks it; tests
-assert it).
-
-Preemption needs no rewind: a preempted sequence keeps its output tokens and recomputes only
-their keys and values, so its generator, kept with it, has made exactly one draw per kept token.
-``sample`` asserts that (``draw_index``).
+seeded from its seed, and draws one ``torch.multinomial`` per output token, in output order, after
+transformers' own warpers in ``GenerationMixin._get_logits_processor``'s order (temperature, top-k,
+top-p, each only when it changes something). ``generate`` at batch 1 after
+``torch.manual_seed(seed)`` draws the same way from the global generator, so its tokens are this
+sampler's (``engine.fidelity.reference``; docs/engines.md, "Sampling"). A preempted sequence keeps
+its tokens and its generator, which has drawn once per kept token, so it needs no rewind.
 """
 
 from __future__ import annotations

@@ -1,58 +1,17 @@
 """Iteration-level scheduler over ``B`` slots with a per-step token budget.
 
-Orca (OSDI '22) and vLLM's ``Scheduler``: every step runs the running sequences; when a sequence
-finishes, its slot goes to the next waiting request at once, on that same step, so its prefill rides
-in the very next forward pass.
+Orca (OSDI '22) and vLLM's ``Scheduler``: a finished sequence's slot goes to the next waiting
+request on that same step, so its prefill rides in the very next forward pass. A prompt that does
+not fit the budget left is prefilled in chunks (Sarathi, OSDI '24); only its last chunk samples.
+In the paged KV mode the scheduler owns the ``block_manager`` (as nano-vllm's does), gives every
+scheduled sequence the blocks its new tokens need and preempts when the pool runs dry (vLLM's
+recompute preemption). With prefix caching an admitted request starts from the cached blocks of
+its longest cached prefix (vLLM's ``KVCacheManager.get_computed_blocks``), leaving its last token
+to compute. docs/engines.md tells the whole story.
 
-``max_num_batched_tokens`` (the token budget) caps the tokens of one step. With the
-``"decode_first"`` policy every decoding sequence gets its one token first and prefills share what
-is left; ``"prefill_first"`` serves prefills first (transformers' schedulers offer both). A prompt
-that does not fit what is left is prefilled in chunks over several steps (chunked prefill, Sarathi,
-OSDI '24); its cached prefix grows chunk by chunk and only its last chunk samples a token.
-
-With a paged KV cache, the scheduler builds and owns the ``block_manager`` (as nano-vllm's does;
-the paged cache only reads its block tables), and every scheduled sequence first gets the blocks
-its new tokens need. When the pool runs dry, the newest running sequence is preempted (vLLM V1's
-``Scheduler.schedule``): its blocks are freed and it goes back to the front of the queue, to be
-recomputed later. A waiting request is admitted only when its first step's blocks are free beyond
-what the running sequences need for their next tokens, so admission does not cause preemption.
-
-With prefix caching (``Scheduler(..., prefix_caching=True)``), a request is looked up in the prefix
-cache when it is admitted (vLLM's ``KVCacheManager.get_computed_blocks``): its block table starts
-with the cached blocks of its longest cached prefix, at most ``num_tokens - 1`` tokens so that its
-last token is computed and samples, and its cached-token count starts there. After every step the
-blocks a sequence filled are hashed and registered (``postprocess``), so a sequence admitted at the
-end of that step can share them. Two equal prompts admitted together both miss: a block is shared
-once its keys and values exist (as in transformers; vLLM also shares blocks being computed in the
-same step). Evicting cached free blocks comes before preempting anyone: the pool counts them free.
-Plain Python bookkeeping, per sequence, never per token (a lookup hashes a prompt once).
-
-The ``"vllm"`` policy plans each step as vLLM V1's ``Scheduler.schedule`` does (vLLM 0.32,
-``vllm/v1/core/sched/scheduler.py``), so that our steps can equal vLLM's own record step for step
-(``engine.peers.schedule_comparison``). It differs from ``"decode_first"`` where vLLM does:
-
-* **Order.** Running requests are served in vLLM's running order, the order they were admitted
-  in (a resumed request goes last), each ``min(pending, budget left)`` tokens; then waiting
-  requests, and only while budget is left (``decode_first`` admits into a free slot even when no
-  budget is left for it).
-* **Preemption.** When blocks run out, the *last* running request is preempted
-  (``self.running.pop()``; first come first served keeps admission order and arrival order
-  alike, so it is the newest arrival, as ``decode_first`` picks); after a preemption no waiting
-  request is admitted in that step.
-* **Admission.** A waiting request needs blocks for its whole prompt (its tokens so far) beyond
-  its prefix-cache hit (``scheduler_reserve_full_isl``, on by default), not only for its first
-  chunk; a request that does not fit ends admission for the step.
-* **Prefix caching.** Blocks are registered in the prefix cache when they are allocated
-  (``KVCacheManager.allocate_slots`` -> ``cache_blocks``), before they are computed, so a request
-  admitted later in the same step shares the prompt blocks an earlier one computes in it (each
-  layer stores the whole step's keys before any attention reads them, so this is exact).
-* **Free blocks.** The block manager frees and reuses blocks in vLLM's order (``vllm_order``,
-  ``engine.serving.block_manager``): a block computed twice keeps its hash, so eviction under a
-  full pool can keep other prefixes than ``decode_first`` keeps.
-
-Each policy is a planner (``engine.serving.planners``); the scheduler keeps the state and the
-mechanics they share. One ``schedule(now_s)`` call plans one step, admissions included, whatever
-the policy; the engine calls it when a step ends (and when it wakes for an arrival).
+The scheduler keeps the state and the mechanics every policy shares; each policy is a planner
+(``engine.serving.planners``). ``schedule(now_s)`` plans one step, admissions included; the engine
+calls it when a step ends (and when it wakes for an arrival).
 """
 
 from __future__ import annotations
@@ -69,11 +28,9 @@ from engine.serving.planners import ScheduledStep, planner_for
 class Scheduler:
     """First-come first-served admission into the lowest free slot, under a token budget.
 
-    With ``num_kv_blocks`` (the paged KV mode) the scheduler builds and owns the
-    ``BlockManager`` of that many blocks of ``block_size`` tokens (with ``prefix_caching``, a
-    prefix cache too), as nano-vllm's scheduler does; the engine reads its block tables for the
-    KV cache and the trace through ``block_manager``. Without it, ``block_manager`` is None.
-    ``policy`` picks the ``planner`` (``engine.serving.planners``) that decides each step.
+    ``num_kv_blocks`` (the paged KV mode) makes it own a ``BlockManager`` of that many blocks of
+    ``block_size`` tokens (with ``prefix_caching``, a prefix cache too); otherwise
+    ``block_manager`` is None. ``policy`` picks the planner.
 
     Raises:
         ValueError: ``num_kv_blocks`` below 1 or ``block_size`` below 1 (``BlockManager``).
@@ -93,7 +50,6 @@ class Scheduler:
         self.num_slots = num_slots
         self.eos_token_ids = eos_token_ids
         self.token_budget = max_num_batched_tokens
-        self.policy = policy
         self.planner = planner_for(policy)
         self.block_manager: BlockManager | None = None
         if num_kv_blocks is not None:

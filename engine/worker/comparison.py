@@ -1,27 +1,20 @@
 """A run's engine work: one typed job in, one typed result out, in core types only.
 
-The page asks for a ``ComparisonJob``: the tokenized requests, the engine config, whether
-transformers' engine runs too and whether outputs are checked against the reference, and the
-precision. ``run_job`` runs on one model, one after the other:
+``work_in_worker`` runs a ``ComparisonJob`` on one model, one after the other::
 
     static engine ─▶ continuous engine ─▶ transformers' engine ─▶ reference ─▶ verdicts
                                           (compare_hf)             (check_reference)
 
-and answers with a ``ComparisonResult``: the traces, the reference output ids and the verdicts
-(``engine.fidelity.divergence.judge_runs``, with their token texts). The page turns it into what it
-shows. ``work_in_worker`` is the worker's entry, in the engine process or on the page's engine
-thread alike: the same job on the worker's model in the job's precision.
-Nothing here imports the page, gradio or plotly, so the worker loads none of them for its jobs (a
-test checks it).
+and answers with a ``ComparisonResult``, which the page turns into what it shows; the worker
+runs it in the engine process or on the page's engine thread alike. ``JudgeJob`` asks for the
+verdicts of traces made elsewhere (the page's servers, which run after the engines):
+``judge_in_worker`` judges them against the same reference, which the comparison cached. Nothing
+here imports the page, gradio or plotly, so the worker loads none of them (a test checks it).
 
 ``watch(engine, trace)`` is called after every step of every engine (``trace`` is None for the
 reference and transformers' engine), ``watch(engine, trace, waiting=True)`` while an engine waits
 for arrivals, and ``watch(engine, trace, done=True)`` after each engine's last step; an exception
 it raises (``RunStopped``) ends the work within one step or wait.
-
-``JudgeJob`` asks for the verdicts of traces made elsewhere (the page's servers, which run after
-the engines, outside this job): ``judge_in_worker`` judges them against the same reference, whose
-outputs the comparison cached, so it computes no reference again for the same requests.
 """
 
 from __future__ import annotations
@@ -90,17 +83,14 @@ class ComparisonResult:
 
 
 def work_in_worker(model: ComparisonModel, job: ComparisonJob, watch: Watch) -> ComparisonResult:
-    """``run_job`` where the weights are, on the model in the job's precision."""
-    return run_job(model.in_dtype(job.dtype), job, watch)
-
-
-def run_job(model: ComparisonModel, job: ComparisonJob, watch: Watch) -> ComparisonResult:
-    """The engines, transformers' engine and the reference with its verdicts, on ``model``.
+    """The engines, transformers' engine and the reference with its verdicts, on the worker's
+    model in the job's precision.
 
     Raises:
         RunStopped: ``watch`` stopped the run.
         ValueError: bad input only an engine could see.
     """
+    model = model.in_dtype(job.dtype)
     runner, config, requests = model.runner, job.config, job.requests
     invariant = config.batch_invariant
     static_config = EngineConfig(config.num_slots, batch_invariant=invariant)

@@ -1,12 +1,10 @@
 """What a process without the model's weights learns of the model, asked of the one that holds it.
 
 The page tokenizes requests, sizes their KV budget, labels the model and prices a run's reference
-pass; none of that needs the weights. ``model_facts`` (a job: ``fn(model, *args, watch)``, run by
-the engine process or called in the page's own process) answers with ``ModelFacts``, in core
-types only: the ``ModelCard`` (tokenizer, config, dtype, sizes), the engines' matmul kernels and
-step as people read them, whether batch-invariant mode runs on this model, and the keys its
-references are stored under, in each mode. The keys hold the holder's CPU thread count
-(``engine.fidelity.reference_key.device_fields``), so only the holder can give them.
+pass; none of that needs the weights. ``model_facts`` (a job, run by the engine process or called
+in the page's own process) answers with ``ModelFacts``, in core types only. The reference keys
+hold the holder's CPU thread count (``engine.fidelity.reference_key.device_fields``), so only the
+holder can give them.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """How far a run's engines got, told as they go: ``ProgressLog`` is the ``watch`` a job's engines
-call (it checks the run's ``RunControl``, counts each engine's steps and keeps a ``snapshot`` of
-its trace), and ``EngineProgress`` is one engine's entry, handed to the run's ``take``: at every
-call on the engine thread, or over the engine process's pipe only when it changed, at least every
-``SNAPSHOT_INTERVAL_S`` while steps run (a trace travels only when it is a new snapshot; None: the
-last one holds).
+call, and ``EngineProgress`` one engine's entry, handed to the run's ``take``.
 """
 
 from __future__ import annotations

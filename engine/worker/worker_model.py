@@ -2,12 +2,9 @@
 
 ``WorkerModel`` is what every job (``comparison``, ``model_facts``) runs on, in the engine process
 (``load_spec``) or on the page's engine thread (the page's ``SharedModel`` is one, with the page's
-parts added). ``in_dtype`` gives the same model in another dtype (float32 or bfloat16, plus
-float16 on CUDA), loaded (or converted) and warmed up on the engine thread the first time it is
-asked for and kept beside the first; a dtype the device cannot run is refused before any weight
-loads, naming both (``engine.model.dtype_support``). ``time_pace`` times both engines and the
-reference on a small table, in plain numbers (step and token counts, seconds per part), which the
-page's run queue learns its first estimates from (``engine_pace``: the same as a job).
+parts added). ``in_dtype`` gives the same model in another precision, made on the engine thread
+on first use and kept; ``time_pace`` times both engines and the reference on a small table, in
+plain numbers, which the page's run queue learns its first estimates from.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from typing import Any
 
 import torch
 
-from engine.batching.continuous import ContinuousEngine
+from engine.batching.continuous import ContinuousEngine, kv_pool_blocks
 from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
 from engine.fidelity import reference_store
@@ -103,7 +100,7 @@ class WorkerModel:
 
     def _variant(self, dtype_name: str) -> WorkerModel:
         """This model in ``dtype_name``, loaded (or converted) and warmed up on the engine
-        thread, with ``_variant_fields``."""
+        thread."""
         return ENGINE_THREAD.call(self._load_variant, dtype_name)
 
     def _load_variant(self, dtype_name: str) -> WorkerModel:
@@ -139,7 +136,7 @@ class WorkerModel:
         Raises:
             ValueError: some request alone needs more KV blocks than the budget holds.
         """
-        ContinuousEngine(self.runner, config).check_kv_budget(requests)
+        kv_pool_blocks(config, requests, self.runner.kv_bytes_per_token())
 
     def warm_up(self) -> None:
         """Key the reference store (hashing the weights, about a second for SmolLM2-135M), so the

@@ -1,38 +1,29 @@
 """Where the engines run: one worker interface, two transports (a thread here, or a process).
 
-A run's engine work is a job ``fn(model, *args, watch)`` (``comparison``, ``model_facts``: a
-module-level function, core types in and out) on the model that holds the weights
-(``worker_model``). ``worker.run(fn, args,
-control, take)`` runs it and hands each engine's progress to ``take(EngineProgress)`` as it goes;
-``control`` (the run's ``RunControl``: Stop, a closed tab, the time limit) ends it within one
-step or wait. Two workers answer it:
+A run's engine work is a job ``fn(model, *args, watch)``: a module-level function with core types
+in and out (``comparison``, ``model_facts``), run on the model that holds the weights
+(``worker_model``). ``worker.run(fn, args, control, take)`` runs it and hands each engine's
+progress to ``take(EngineProgress)`` as it goes; ``control`` (the run's ``RunControl``) ends it
+within one step or wait. Two workers answer it:
 
 - ``ThreadWorker(model)``: a model in this process (the page's ``SharedModel``), on the engine
   thread (ZeroGPU, ``CBP_ENGINE_PROCESS=off``, tests).
 - ``ProcessWorker(spec, cpus)``: a process of its own that loads the model (``ModelSpec``) on
-  CPUs of its own (``pin_process``; the page's ``cpu_split`` chooses them), so serving never
-  slows a run: in one process the page's
-  per-session Python holds the GIL the engines need between torch calls (docs/measurements.md,
-  "Does the room slow the run being measured?"). The page's ``CBP_ENGINE_PROCESS`` chooses it
-  (``engine.page.run.engine_worker``). The worker process imports core modules only::
+  CPUs of its own (``pin_process``), so the page's per-session Python, which holds the GIL the
+  engines need between torch calls, never slows a run (docs/measurements.md, "Does the room slow
+  the run being measured?"). It imports core modules only::
 
     page ──(fn, args, time limit, time left)─────────▶ worker
     page ◀──("progress", EngineProgress)─────────────── worker   per engine: every 0.5 s, and
     page ◀──("done", value) or ("error", exception)──── worker   when a request finishes
 
-Either way the job's ``watch`` is a ``ProgressLog`` (``progress``). In the process, the worker's
-control (the same limit, what is left of it) is also stopped by the page's stop event. Exceptions
-cross as they are (``ValueError`` keeps its type and message; tracebacks stay behind). A worker
-process that dies fails its run with ``EngineProcessLost``, and the next run starts a fresh one;
-it is a daemon and ends by itself when the page's end of the pipe closes.
+  The page's stop event stops its control too. Exceptions cross as they are (type and message;
+  tracebacks stay behind). A process that dies fails its run with ``EngineProcessLost``, and the
+  next run starts a fresh one.
 
-Every torch call runs on one thread per process: ``ENGINE_THREAD`` (the page's), or the worker
-process's main thread (which ``adopt``s the role). torch's CPU kernels run on GNU libgomp's OpenMP
-pools, one per thread that starts parallel work: a load on one thread and runs on fresh threads
-would give every run two pools, more OpenMP threads than a 2-CPU machine has, and libgomp then
-cuts each wait's spin from 300,000 loops to 100 (``engine.model.openmp_env``), so nearly every one
-of a step's ~200 parallel regions would pay a sleep and a wake-up. The bench does all of it in its
-main thread, one pool; so does the page.
+Every torch call runs on one thread per process, ``ENGINE_THREAD`` (the page's) or the worker
+process's main thread (which ``adopt``s the role), so torch's CPU kernels keep one OpenMP pool, not
+one per thread that starts parallel work (what a second pool costs: ``engine.model.openmp_env``).
 """
 
 from __future__ import annotations
@@ -362,7 +353,6 @@ def worker_main(spec: ModelSpec, conn, stop_event, cpus: tuple[int, ...] | None 
 
 
 def _serve(spec: ModelSpec, conn, stop_event) -> None:
-    """``worker_main``'s body."""
     ENGINE_THREAD.adopt()  # loads of other precisions (in_dtype) stay on this thread too
     try:
         model = spec.load(spec)
@@ -386,7 +376,7 @@ def _serve(spec: ModelSpec, conn, stop_event) -> None:
 def _answer(model, job: tuple, conn, stop_event) -> tuple:
     """Run one job: ``("done", value)`` or ``("error", exception)``."""
     fn, args, time_limit_s, time_left_s = job
-    control = _WorkerControl(stop_event, time_limit_s, time_left_s)
+    control = RunControl(time_limit_s, time_left_s, stop=stop_event)  # the page's Stop too
     log = ProgressLog(
         control, lambda entry: _send(conn, ("progress", entry)), progress.SNAPSHOT_INTERVAL_S
     )
@@ -408,19 +398,6 @@ def _send(conn, message: tuple) -> None:
     except Exception as exc:  # pickling failed: nothing was written
         what = type(message[1]).__name__
         conn.send(("error", RuntimeError(f"the engine process could not send a {what}: {exc}")))
-
-
-class _WorkerControl(RunControl):
-    """The worker's ``RunControl``: stopped by the page's event too."""
-
-    def __init__(self, stop_event, time_limit_s: float | None, time_left_s: float | None):
-        super().__init__(time_limit_s, time_left_s)
-        self._stop_event = stop_event
-
-    def check(self) -> None:
-        if self._stop_event.is_set():
-            self.stop()
-        super().check()
 
 
 def pin_process(cpus: tuple[int, ...]) -> bool:

@@ -12,7 +12,7 @@ from tiny_model import make_requests, tiny_runner
 from engine.config import EngineConfig
 from engine.fidelity.divergence import MATCH
 from engine.fidelity.reference import ReferenceCache
-from engine.worker.comparison import ComparisonJob, run_job, work_in_worker
+from engine.worker.comparison import ComparisonJob, work_in_worker
 
 SPECS = [("hello world", 4), ("abc", 9), ("the quick brown fox", 3)]
 
@@ -51,7 +51,7 @@ def test_a_job_runs_both_engines_and_judges_them_against_the_reference():
     requests = make_requests(SPECS)
     job = ComparisonJob(requests, EngineConfig(num_slots=2), check_reference=True)
     seen = []
-    result = run_job(_Model(), job, lambda name, trace, **kw: seen.append((name, kw)))
+    result = work_in_worker(_Model(), job, lambda name, trace, **kw: seen.append((name, kw)))
     assert (result.static.engine, result.continuous.engine) == ("static", "continuous")
     assert result.hf_continuous is None and list(result.traces()) == ["static", "continuous"]
     assert sorted(result.reference) == [0, 1, 2], f"references for {sorted(result.reference)}"
