@@ -56,14 +56,17 @@ class PageFigure(go.Figure):
     browser, offline) under a name taken from the chart's title.
     """
 
+    def plotly_config(self) -> dict:
+        """Plotly config: the PNG button's file name and scale, no Plotly logo (also read by
+        ``engine.workloads.export.charts_html``)."""
+        image = {"format": "png", "filename": chart_filename(self.layout.title.text), "scale": 2}
+        return {"displaylogo": False, "toImageButtonOptions": image}
+
     def to_json(self, *args, **kwargs) -> str:
-        """The figure's JSON (``data``, ``layout``) plus ``config``: the PNG button's file name
-        and scale, and no Plotly logo."""
+        """The figure's JSON (``data``, ``layout``) plus ``config``."""
         text = super().to_json(*args, **kwargs)
         assert text.endswith("}"), "plotly JSON is one object"
-        image = {"format": "png", "filename": chart_filename(self.layout.title.text), "scale": 2}
-        config = {"displaylogo": False, "toImageButtonOptions": image}
-        return f"{text[:-1]}, {json.dumps('config')}: {json.dumps(config)}}}"
+        return f"{text[:-1]}, {json.dumps('config')}: {json.dumps(self.plotly_config())}}}"
 
 
 def chart_filename(title: str | None) -> str:
