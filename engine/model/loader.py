@@ -298,10 +298,11 @@ def _from_pretrained(
     """Model and tokenizer from a folder or hub id (``gguf_file``: a GGUF file in the folder)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    common = {"trust_remote_code": False, "local_files_only": local_only, "gguf_file": gguf_file}
-    tokenizer = AutoTokenizer.from_pretrained(source, **common)
+    common = {"local_files_only": local_only, "gguf_file": gguf_file}
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **common)
     net = AutoModelForCausalLM.from_pretrained(
         source,
+        trust_remote_code=False,  # literally at every call: tests/page/host/test_allowlist.py
         **common,
         quantization_config=quantization_config,
         attn_implementation="sdpa",
