@@ -41,18 +41,20 @@ QUEUE_RESEND_S = 20.0
 TURN, STOPPED = "turn", "stopped"  # how a wait ended (else: an identical run to show)
 
 
+def _waves(requests: list[Request], config: EngineConfig) -> list[list[Request]]:
+    """The static engine's waves: ``num_slots`` requests each, in order."""
+    b = config.num_slots
+    return [requests[i : i + b] for i in range(0, len(requests), b)]
+
+
 def static_steps(requests: list[Request], config: EngineConfig) -> int:
     """Estimated static steps: each wave runs to its longest cap."""
-    b = config.num_slots
-    return sum(
-        max(r.max_new_tokens for r in requests[i : i + b]) for i in range(0, len(requests), b)
-    )
+    return sum(max(r.max_new_tokens for r in wave) for wave in _waves(requests, config))
 
 
 def static_prefill_tokens(requests: list[Request], config: EngineConfig) -> int:
     """The static waves' prompt positions: each wave's rows left-padded to its longest prompt."""
-    b = config.num_slots
-    waves = (requests[i : i + b] for i in range(0, len(requests), b))
+    waves = _waves(requests, config)
     return sum(len(w) * max(len(r.prompt_token_ids) for r in w) for w in waves)
 
 
