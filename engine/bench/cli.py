@@ -332,6 +332,7 @@ def _bench(args, loaded, runner, requests, engines: dict, normal: dict) -> int:
         "engine_kernel": runner.engine_kernel_name,
         "engine_kernel_bytes": runner.engine_kernel_bytes,
         "kernel_choice": runner.kernel_choice.as_dict(),  # engine.kernels.kernel_timing
+        "layers_path": runner.layers_path,  # "fused", or "transformers: <why>"
         "decoder_layers": runner.decoder_layers,  # which layers the timed steps ran
         "decoder_layer_steps": dict(runner.decoder_layer_steps),
         "compile_s": runner.compile_s,  # the compiled step's first call, at warm-up

@@ -132,9 +132,9 @@ def kernel_runs(device: torch.device, dtype: torch.dtype) -> bool:
     return gemv_build.available()
 
 
-def _attend(q, keys, values, lens, mask, scaling, kernel: bool) -> torch.Tensor:
+def _attend(q, keys, values, lens, mask, scaling, kernel: bool, softcap=None) -> torch.Tensor:
     """Softmax attention of ``q`` over each slot's first ``lens`` keys (the kernel) or under
-    ``mask`` (SDPA).
+    ``mask`` (SDPA, or ``sdpa``'s soft-capped scores).
 
     Shapes:
         q: [B, H_kv, G, D];  keys, values: [B, H_kv, T_kv, D];  lens: [B];
@@ -142,7 +142,34 @@ def _attend(q, keys, values, lens, mask, scaling, kernel: bool) -> torch.Tensor:
     """
     if kernel:
         return torch.ops.cbp_attention.decode(q, keys, values, lens, scaling)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling)
+    return sdpa(q, keys, values, mask, scaling, softcap)
+
+
+def sdpa(q, keys, values, mask, scaling, softcap=None, is_causal=False) -> torch.Tensor:
+    """SDPA with grouped-query heads; with ``softcap`` (Gemma 2), the scores capped at
+    ``softcap * tanh(s / softcap)`` before the mask, as transformers' eager attention does
+    (``models/gemma2/modeling_gemma2.py: eager_attention_forward``), which SDPA cannot.
+
+    Shapes:
+        q: [..., H, n, D];  keys, values: [..., H_kv, m, D];  mask: bool or additive,
+        broadcast to [..., H, n, m], or None  ->  returns [..., H, n, D]
+    """
+    if softcap is None:
+        gqa = q.shape[-3] != keys.shape[-3]
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=is_causal, scale=scaling, enable_gqa=gqa
+        )
+    group = q.shape[-3] // keys.shape[-3]
+    keys, values = (t.repeat_interleave(group, dim=-3) for t in (keys, values))
+    scores = torch.tanh(torch.matmul(q, keys.transpose(-1, -2)) * scaling / softcap) * softcap
+    if is_causal:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    elif mask is not None:
+        scores = scores + mask
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, values)
 
 
 def _best_num_solo(sorted_lens: list[int], num_slots: int) -> int:
@@ -176,41 +203,46 @@ def decode_step(qkv, cos, signed_sin, layer: int, batch: PackedBatch, num_heads:
     )
 
 
-def decode_attention(query, cache, layer: int, batch: PackedBatch, split: DecodeSplit, scaling):
-    """One layer's attention of a decode-only step, after its keys/values are written.
+def decode_attention(
+    query, cache, layer: int, batch: PackedBatch, split: DecodeSplit, scaling, softcap=None
+):
+    """One layer's attention of a decode-only step, after its keys/values are written
+    (``softcap``: ``sdpa``'s, on a split without the kernel).
 
     Shapes:
         query: [1, H, T, D]  ->  returns [1, T, H, D]
     """
     num_heads, num_tokens, head_dim = query.shape[1:]
     if split.all_slots and split.width:
-        out = _shared_all_slots(query, cache, layer, batch, split, scaling)  # (T, H, D)
+        out = _shared_all_slots(query, cache, layer, batch, split, scaling, softcap)  # (T, H, D)
     else:
         out = query.new_empty(num_tokens, num_heads, head_dim)  # (T, H, D)
         if split.width:
-            _shared_scattered(query, cache, layer, batch, split, scaling, out)
+            _shared_scattered(query, cache, layer, batch, split, (scaling, softcap), out)
     for row, kv_len in split.solo:
         keys, values = (t[None] for t in cache.sequence_kv(layer, batch, row))  # (1, H_kv, kv, D)
         q = query[0, :, row].view(1, keys.shape[1], -1, head_dim)  # (1, H_kv, G, D)
         lens = torch.tensor([kv_len]) if split.kernel else None
-        o = _attend(q, keys, values, lens, None, scaling, split.kernel)  # (1, H_kv, G, D)
+        o = _attend(q, keys, values, lens, None, scaling, split.kernel, softcap)
         out[row] = o.reshape(num_heads, head_dim)
     return out[None]
 
 
-def _shared_all_slots(query, cache, layer, batch, split, scaling) -> torch.Tensor:
+def _shared_all_slots(query, cache, layer, batch, split, scaling, softcap) -> torch.Tensor:
     """Every slot decodes (token t = slot t): queries viewed as [B, H_kv, G, D], no scatter."""
     keys, values = cache.slot_view(layer, batch, split.width)  # (B, H_kv, width, D)
     num_heads, num_slots, head_dim = query.shape[1:]
     num_kv_heads = keys.shape[1]
     q = query[0].view(num_kv_heads, num_heads // num_kv_heads, num_slots, head_dim)
     q = q.permute(2, 0, 1, 3)  # (B, H_kv, G, D)
-    o = _attend(q, keys, values, split.shared_lens, split.shared_mask, scaling, split.kernel)
+    lens, mask = split.shared_lens, split.shared_mask
+    o = _attend(q, keys, values, lens, mask, scaling, split.kernel, softcap)
     return o.reshape(num_slots, num_heads, head_dim)
 
 
-def _shared_scattered(query, cache, layer, batch, split, scaling, out) -> None:
-    """The shared sequences' queries scattered into their slots; idle slots compute a row."""
+def _shared_scattered(query, cache, layer, batch, split, scaling_softcap, out) -> None:
+    """The shared sequences' queries scattered into their slots; idle slots compute a row.
+    ``scaling_softcap``: the pair ``_attend`` takes."""
     keys, values = cache.slot_view(layer, batch, split.width)  # (B, H_kv, width, D)
     num_heads, head_dim = query.shape[1], query.shape[-1]
     num_slots, num_kv_heads = keys.shape[:2]
@@ -218,5 +250,7 @@ def _shared_scattered(query, cache, layer, batch, split, scaling, out) -> None:
     q = query[0][:, rows].view(num_kv_heads, num_heads // num_kv_heads, len(rows), head_dim)
     q_slots = query.new_zeros(num_slots, num_kv_heads, num_heads // num_kv_heads, head_dim)
     q_slots[slots] = q.permute(2, 0, 1, 3)  # (B, H_kv, G, D)
-    o = _attend(q_slots, keys, values, split.shared_lens, split.shared_mask, scaling, split.kernel)
+    scaling, softcap = scaling_softcap
+    lens, mask = split.shared_lens, split.shared_mask
+    o = _attend(q_slots, keys, values, lens, mask, scaling, split.kernel, softcap)
     out[rows] = o[slots].reshape(len(rows), num_heads, head_dim)

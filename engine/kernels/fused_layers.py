@@ -20,11 +20,15 @@ torch ops and a dozen Python module calls, which on a small CPU cost as much aga
   (``LayerStack``: ``torch.ops.cbp_step.decoder_layers``), the same kernels in the same order
   called from C++, without Python and the dispatcher between some 1,700 small ops.
 
-In float32 each of these gives the same bits as transformers' modules
-(``tests/engine/kernels/test_fused_layers.py``). Only the engines use it
-(``ModelRunner.forward_packed``). Supported: Llama-style decoders (q/k/v/o and gate/up/down
-linears, RMSNorm, SiLU, default RoPE) on CPU (``unsupported_reason``); for anything else, or with
-``CBP_FUSED_LAYERS=off``, the runner calls the model itself.
+What a layer computes is read from the model's config and modules (``engine.kernels.layer_spec``):
+biases, QK-norm, norms before, around or after each block, the MLP's activation, partial or no
+RoPE, residual and embedding multipliers, soft-capping and each layer's sliding window. The C++
+paths serve the layers they compute: ``LayerStack`` Llama's exactly, ``decode_step`` any layer
+with full RoPE, no soft-capping and no window reached this step. In float32 each of these gives
+the same bits as transformers' modules (``tests/engine/kernels/test_fused_layers.py``), and
+every family's outputs equal ``generate`` (``tests/engine/batching/test_families.py``). Only the
+engines use it (``ModelRunner.forward_packed``), on CPU; for a model ``layer_spec`` cannot read
+(``unsupported_reason``), or with ``CBP_FUSED_LAYERS=off``, the runner calls the model itself.
 """
 
 from __future__ import annotations
@@ -32,11 +36,16 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels import decode_attention, gemv_build, packed_attention
+from engine.kernels import (
+    decode_attention,
+    gemv_build,
+    layer_spec,
+    packed_attention,
+)
 from engine.kernels.kernel_plan import PlannedLinear, RowPlan
+from engine.kernels.layer_spec import LayerSpec, Norm
 from engine.kernels.linear_kernel import GemvLinear
 from engine.serving.packed_batch import PackedBatch
 
@@ -44,20 +53,22 @@ CHOICES = {  # CBP_FUSED_LAYERS
     "auto": "the fused decoder layers where they apply",
     "off": "transformers' own layers",
 }
-_LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclasses.dataclass
 class FusedLayer:
-    """One decoder layer's stacked weights and norm weights."""
+    """One decoder layer: what it computes, and its stacked weights."""
 
-    attn: nn.Module  # the layer's attention module: packed_attention reads layer_idx from it
-    input_norm: torch.Tensor  # (d,)
-    post_norm: torch.Tensor  # (d,)
+    spec: LayerSpec
     qkv: PlannedLinear  # [Wq; Wk; Wv]
     o: PlannedLinear
     gate_up: PlannedLinear  # [Wg; Wu]
     down: PlannedLinear
+
+    @property
+    def attn(self) -> nn.Module:
+        """The layer's attention module: its layer_idx and scaling."""
+        return self.spec.attn
 
     @property
     def linears(self) -> tuple[PlannedLinear, ...]:
@@ -67,51 +78,29 @@ class FusedLayer:
 
 def unsupported_reason(model: nn.Module) -> str | None:
     """Why ``FusedDecoder`` cannot run ``model``, or None when it can."""
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is None or not hasattr(inner, "rotary_emb") or not hasattr(inner, "norm"):
-        return "not a Llama-style decoder (model.model.layers, rotary_emb, norm)"
-    config = model.config
-    if config.rope_parameters.get("rope_type", "default") != "default":
-        return f"RoPE type {config.rope_parameters['rope_type']!r}"
-    if getattr(config, "hidden_act", None) != "silu":
-        return f"activation {getattr(config, 'hidden_act', None)!r}"
-    for layer in layers:
-        parts = {name: getattr(layer.self_attn, name, None) for name in _LAYER_LINEARS[:4]}
-        parts |= {name: getattr(layer.mlp, name, None) for name in _LAYER_LINEARS[4:]}
-        if any(type(m) is not nn.Linear for m in parts.values()):
-            return "a layer's projections are not plain nn.Linear"
-        norms = (layer.input_layernorm, layer.post_attention_layernorm)
-        if any(not type(n).__name__.endswith("RMSNorm") for n in norms):
-            return "a layer's norms are not RMSNorm"
+    try:
+        layer_spec.read_decoder(model)
+    except layer_spec.Unsupported as why:
+        return str(why)
     return None
 
 
 class FusedDecoder:
-    """The decoder stack of a Llama-style model over a packed batch; see the module docstring.
+    """The decoder stack of a model over a packed batch; see the module docstring.
 
     Raises:
-        ValueError: the model is not supported (``unsupported_reason``).
+        ValueError: the model is not supported (``layer_spec.Unsupported``).
         RuntimeError: oneDNN cannot pack a stacked weight (``kernel`` ``"onednn"`` or
             ``"onednn_f32"``).
     """
 
     def __init__(self, model: nn.Module, kernel: str | RowPlan):
-        reason = unsupported_reason(model)
-        if reason is not None:
-            raise ValueError(f"fused decoder: {reason}")
-        inner = model.model
-        self.embed = inner.embed_tokens
-        self.rotary = inner.rotary_emb
-        self.final_norm = inner.norm.weight
-        self.eps = float(inner.norm.variance_epsilon)
-        config = model.config
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self.intermediate = config.intermediate_size
-        self.layers = [_fused_layer(layer, kernel) for layer in inner.layers]
-        self.layer_ops = layer_ops_run(self.final_norm)  # cbp_layer's bfloat16 norm and SiLU
+        self.spec = spec = layer_spec.read_decoder(model)
+        self.num_heads, self.num_kv_heads = spec.num_heads, spec.num_kv_heads
+        self.head_dim = spec.head_dim
+        self.layers = [_fused_layer(layer, kernel) for layer in spec.layers]
+        self.eps = spec.final_norm.eps
+        self.layer_ops = layer_ops_run(spec.final_norm.weight)  # cbp_layer's bfloat16 ops
         self.stack = LayerStack.of(self.layers, self.eps)  # None: the loop in Python serves
 
     @property
@@ -126,59 +115,119 @@ class FusedDecoder:
         Shapes:
             batch.input_ids: [1, T]  ->  returns [1, S, d]
         """
-        x = self.embed(batch.input_ids[0])  # (T, d)
-        cos, sin = self.rotary(x, batch.position_ids)  # (1, T, D) each
-        half = self.head_dim // 2
-        rope = (cos[0, :, None], torch.cat((-sin[0, :, :half], sin[0, :, half:]), -1)[:, None])
+        x = self.spec.embed(batch.input_ids[0])  # (T, d)
+        if self.spec.embed_multiplier != 1.0:
+            x = x * self.spec.embed_multiplier
+        ropes = self._ropes(x, batch.position_ids)
         split = decode_attention.plan_decode(batch, x.dtype)  # None: prefills, the packed path
         if split is None:
             batch = additive_decode_mask(batch, x.dtype)
         if split is not None and split.whole_step and self.stack and self.stack.takes(x):
-            x = self.stack(x, rope[0][:, 0], rope[1][:, 0], batch, self.num_heads)  # (T, d)
+            cos, signed_sin = ropes[None]
+            x = self.stack(x, cos[:, 0], signed_sin[:, 0], batch, self.num_heads)  # (T, d)
         else:
             for layer in self.layers:
-                x = self._layer(layer, x, rope, batch, split)
+                x = self._layer(layer, x, ropes.get(layer.spec.rope_type), batch, split)
         last = x[batch.logits_indices]  # (S, d)
-        return self._norm(last, self.final_norm)[None]  # (1, S, d)
+        return self._norm(last, self.spec.final_norm)[None]  # (1, S, d)
+
+    def logits(self, head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """The output embedding's logits, then the model's own logit arithmetic (Granite's
+        divisor, Gemma's final soft-capping). Shapes: hidden [1, S, d] -> [1, S, V]."""
+        logits = head(hidden)
+        if self.spec.logits_divisor != 1.0:
+            logits = logits / self.spec.logits_divisor
+        if self.spec.logit_softcap is not None:
+            cap = self.spec.logit_softcap
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def _ropes(self, x: torch.Tensor, position_ids: torch.Tensor) -> dict:
+        """Per rotary layer type (None: the model's one), (cos, signed_sin) [T, 1, R], R the
+        rotated dims (``_rotary``'s folded sine)."""
+        ropes = {}
+        for kind in {la.spec.rope_type for la in self.layers}:
+            extra = () if kind is None else (kind,)
+            cos, sin = self.spec.rotary(x, position_ids, *extra)  # (1, T, R) each
+            half = cos.shape[-1] // 2
+            signed = torch.cat((-sin[0, :, :half], sin[0, :, half:]), -1)
+            ropes[kind] = (cos[0, :, None], signed[:, None])
+        return ropes
 
     def _layer(self, layer: FusedLayer, x, rope, batch, split) -> torch.Tensor:
         """One decoder layer on the packed row. Shapes: x [T, d] -> [T, d]."""
-        num_tokens, head_dim = x.shape[0], self.head_dim
-        heads, kv_heads = self.num_heads, self.num_kv_heads
-        qkv = layer.qkv(self._norm(x, layer.input_norm))  # (T, (H + 2 H_kv) D)
-        if split is not None and split.whole_step:
+        spec = layer.spec
+        h = x if spec.pre_attn is None else self._norm(x, spec.pre_attn)
+        qkv = layer.qkv(h)  # (T, (H + 2 H_kv) D)
+        if spec.q_norm is not None:
+            qkv = self._qk_norm(qkv, spec)
+        out = self._attention(layer, qkv, rope, batch, split)  # (T, H D)
+        x = self._residual(layer.o, out, x, spec.post_attn, spec.residual_multiplier)
+        h = x if spec.pre_mlp is None else self._norm(x, spec.pre_mlp)
+        gate_up = layer.gate_up(h)  # (T, 2 I)
+        if self.layer_ops and layer_spec._is_silu(spec.act):
+            act = torch.ops.cbp_layer.silu_mul(gate_up)  # (T, I)
+        else:
+            half = gate_up.shape[-1] // 2
+            act = spec.act(gate_up[:, :half]) * gate_up[:, half:]  # (T, I)
+        return self._residual(layer.down, act, x, spec.post_mlp, spec.residual_multiplier)
+
+    def _residual(self, linear: PlannedLinear, y, x, post: Norm | None, multiplier: float):
+        """``x + post(linear(y)) * multiplier``; plain ``x + linear(y)`` inside the matmul."""
+        if post is None and multiplier == 1.0:
+            return linear.add(y, x)
+        y = linear(y)
+        if post is not None:
+            y = self._norm(y, post)
+        return x + (y if multiplier == 1.0 else y * multiplier)
+
+    def _attention(self, layer: FusedLayer, qkv, rope, batch: PackedBatch, split):
+        """The layer's attention on its ``qkv`` [T, (H + 2 H_kv) D] -> [T, H D]: the whole of it
+        in ``decode_step`` where that computes this layer, else rotary here and ``attend``."""
+        spec, attn = layer.spec, layer.attn
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        windowed = batch.windowed(spec.window)
+        full_rope = spec.rope and rope[0].shape[-1] == head_dim
+        whole = split is not None and split.whole_step
+        if whole and full_rope and windowed is batch and spec.softcap is None:
             cos, signed_sin = rope[0][:, 0], rope[1][:, 0]  # (T, D) each
-            index = layer.attn.layer_idx
-            out = decode_attention.decode_step(
-                qkv, cos, signed_sin, index, batch, heads, layer.attn.scaling
-            )  # (T, H D)
-            return self._mlp(layer, layer.o.add(out, x))
+            return decode_attention.decode_step(
+                qkv, cos, signed_sin, attn.layer_idx, batch, heads, attn.scaling
+            )
+        num_tokens = qkv.shape[0]
         qk = qkv[:, : (heads + kv_heads) * head_dim].view(num_tokens, heads + kv_heads, head_dim)
-        qk = _rotary(qk, *rope)  # (T, H + H_kv, D)
+        if spec.rope:
+            qk = _rotary(qk, *rope)  # (T, H + H_kv, D)
         value = qkv[:, (heads + kv_heads) * head_dim :].view(num_tokens, kv_heads, head_dim)
         query = qk[:, :heads].transpose(0, 1)[None]  # (1, H, T, D)
         key = qk[:, heads:].transpose(0, 1)[None]  # (1, H_kv, T, D)
         value = value.transpose(0, 1)[None]  # (1, H_kv, T, D)
-        out = attend(layer.attn, query, key, value, batch, split)  # (1, T, H, D)
-        x = layer.o.add(out.reshape(num_tokens, heads * head_dim).contiguous(), x)
-        return self._mlp(layer, x)
+        exact = None if whole or windowed is not batch or spec.softcap is not None else split
+        out = attend(attn, query, key, value, windowed, exact, spec.softcap)  # (1, T, H, D)
+        return out.reshape(num_tokens, heads * head_dim).contiguous()
 
-    def _mlp(self, layer: FusedLayer, x: torch.Tensor) -> torch.Tensor:
-        """The layer's second half: norm, gate-up, SiLU-and-mul, down, residual.
-        Shapes: x [T, d] -> [T, d]."""
-        gate_up = layer.gate_up(self._norm(x, layer.post_norm))  # (T, 2 I)
-        if self.layer_ops:
-            return layer.down.add(torch.ops.cbp_layer.silu_mul(gate_up), x)  # (T, I) -> (T, d)
-        act = F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
-        return layer.down.add(act, x)
+    def _qk_norm(self, qkv: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
+        """q and k of ``qkv`` through the layer's QK-norms: per head, or over all heads."""
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+        if spec.qk_norm_per_head:
+            q = self._norm(q.reshape(-1, heads, head_dim), spec.q_norm).flatten(1)
+            k = self._norm(k.reshape(-1, kv_heads, head_dim), spec.k_norm).flatten(1)
+        else:
+            q, k = self._norm(q, spec.q_norm), self._norm(k, spec.k_norm)
+        return torch.cat((q, k, v), -1)
 
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """transformers' LlamaRMSNorm: normalize in float32, cast back, then scale by the weight."""
+    def _norm(self, x: torch.Tensor, norm: Norm) -> torch.Tensor:
+        """An RMSNorm as the model computes it (``layer_spec.Norm``): in float32, or cast back
+        before scaling (Llama's), or scaled in float32 and cast after (Gemma's, OLMo 2's)."""
+        width = (x.shape[-1],)
         if x.dtype == torch.float32:
-            return torch.rms_norm(x, (x.shape[-1],), weight, self.eps)
-        if self.layer_ops:
-            return torch.ops.cbp_layer.rms_norm(x, weight, self.eps)
-        return torch.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype) * weight
+            return torch.rms_norm(x, width, norm.weight, norm.eps)
+        if norm.upcast:
+            return (torch.rms_norm(x.float(), width, None, norm.eps) * norm.weight).to(x.dtype)
+        if self.layer_ops and x.dim() == 2:
+            return torch.ops.cbp_layer.rms_norm(x, norm.weight, norm.eps)
+        return torch.rms_norm(x.float(), width, None, norm.eps).to(x.dtype) * norm.weight
 
 
 @dataclasses.dataclass
@@ -201,19 +250,22 @@ class LayerStack:
 
     @classmethod
     def of(cls, layers: list[FusedLayer], eps: float) -> LayerStack | None:
-        """The stack for ``layers``, or None where the op is not built or a projection is not
-        the gemv kernel's (another plan, a bias) or the layers differ in scaling."""
+        """The stack for ``layers``, or None where the op is not built, a layer is not Llama's
+        (``LayerSpec.plain``), a projection is not the gemv kernel's (another plan, a bias) or
+        the layers differ in scaling."""
         linears = [f for la in layers for f in la.linears]
         gemv = [next((b for b in f.bound if isinstance(b, GemvLinear)), None) for f in linears]
         scalings = {la.attn.scaling for la in layers}
         if not gemv_build.available() or len(scalings) != 1:
+            return None
+        if not all(la.spec.plain and len(la.spec.qkv) == 3 for la in layers):
             return None
         if any(g is None or g.bias is not None for g in gemv):
             return None
         return cls(
             linears=linears,
             layer_indices=[la.attn.layer_idx for la in layers],
-            norms=[w for la in layers for w in (la.input_norm, la.post_norm)],
+            norms=[n.weight for la in layers for n in (la.spec.pre_attn, la.spec.pre_mlp)],
             packed=[g.packed for g in gemv],
             widths=[g.num_out for g in gemv[:4]],
             scaling=scalings.pop(),
@@ -270,23 +322,20 @@ def layer_ops_run(weight: torch.Tensor) -> bool:
     return gemv_build.available()
 
 
-def _fused_layer(layer: nn.Module, kernel: str | RowPlan) -> FusedLayer:
-    attn, mlp = layer.self_attn, layer.mlp
+def _fused_layer(spec: LayerSpec, kernel: str | RowPlan) -> FusedLayer:
     return FusedLayer(
-        attn=attn,
-        input_norm=layer.input_layernorm.weight.detach(),
-        post_norm=layer.post_attention_layernorm.weight.detach(),
-        qkv=PlannedLinear([attn.q_proj, attn.k_proj, attn.v_proj], kernel),
-        o=PlannedLinear([attn.o_proj], kernel),
-        gate_up=PlannedLinear([mlp.gate_proj, mlp.up_proj], kernel),
-        down=PlannedLinear([mlp.down_proj], kernel),
+        spec=spec,
+        qkv=PlannedLinear(spec.qkv, kernel),
+        o=PlannedLinear([spec.o], kernel),
+        gate_up=PlannedLinear(spec.gate_up, kernel),
+        down=PlannedLinear([spec.down], kernel),
     )
 
 
-def attend(attn: nn.Module, query, key, value, batch: PackedBatch, split) -> torch.Tensor:
+def attend(attn: nn.Module, query, key, value, batch: PackedBatch, split, softcap=None):
     """One layer's attention on the packed row: its keys and values into the KV cache, then each
     query over its own sequence's keys (``decode_attention`` on a decode-only step's ``split``,
-    else ``packed_attention``). The compiled step's attention op runs it too.
+    else ``packed_attention.attend`` under ``batch``'s masks, a windowed batch's too).
 
     Shapes:
         query: [1, H, T, D];  key, value: [1, H_kv, T, D]  ->  returns [1, T, H, D]
@@ -296,10 +345,7 @@ def attend(attn: nn.Module, query, key, value, batch: PackedBatch, split) -> tor
         return decode_attention.decode_attention(
             query, batch.kv_cache, attn.layer_idx, batch, split, attn.scaling
         )
-    out, _ = packed_attention.packed_attention(
-        attn, query, key, value, None, scaling=attn.scaling, packed_batch=batch
-    )
-    return out
+    return packed_attention.attend(attn.layer_idx, query, key, value, batch, attn.scaling, softcap)
 
 
 def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -308,10 +354,15 @@ def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     ``rotate_half(x) = cat(-x2, x1)`` and ``flip`` of the two halves is ``cat(x2, x1)``; negating
     ``sin``'s first half instead of ``x2`` is exact, so the bits are transformers' own.
 
+    With R < D rotated dims (partial RoPE), the last D - R pass through.
+
     Shapes:
-        x: [T, heads, D];  cos, signed_sin: [T, 1, D]  ->  [T, heads, D]
+        x: [T, heads, D];  cos, signed_sin: [T, 1, R]  ->  [T, heads, D]
     """
     num_tokens, heads, head_dim = x.shape
+    if cos.shape[-1] < head_dim:
+        rotated = cos.shape[-1]
+        return torch.cat((_rotary(x[..., :rotated], cos, signed_sin), x[..., rotated:]), -1)
     swapped = (
         x.reshape(num_tokens, heads, 2, head_dim // 2).flip(2).view(num_tokens, heads, head_dim)
     )

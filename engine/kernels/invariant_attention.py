@@ -33,8 +33,12 @@ from engine.kernels.invariant_ops import KEY_BLOCK
 QUERY_TILE = 8  # query rows per attention call (each with its G heads)
 
 
-def sequence_attention(query, keys, values, first_position: int, scaling: float) -> torch.Tensor:
-    """Causal attention of one sequence's query rows at ``first_position, first_position + 1, ...``.
+def sequence_attention(
+    query, keys, values, first_position: int, scaling: float, window=None, softcap=None
+) -> torch.Tensor:
+    """Causal attention of one sequence's query rows at ``first_position, first_position + 1, ...``
+    (``window``: each row sees its last ``window`` keys only; ``softcap``: scores capped at
+    ``softcap * tanh(s / softcap)``, both as in ``engine.kernels.packed_attention``).
 
     Shapes:
         query: [H, n, D];  keys, values: [H_kv, T_kv, D] (T_kv > the last query's position)
@@ -55,7 +59,13 @@ def sequence_attention(query, keys, values, first_position: int, scaling: float)
         tile = q[:, :, t * QUERY_TILE : (t + 1) * QUERY_TILE]  # (H_kv, G, QUERY_TILE, D)
         seen = -(-min(start + QUERY_TILE, last) // KEY_BLOCK)  # blocks its real rows may see
         out.append(
-            _tile(tile.reshape(num_kv_heads, -1, head_dim), k[:seen], v[:seen], start, scaling)
+            _tile(
+                tile.reshape(num_kv_heads, -1, head_dim),
+                k[:seen],
+                v[:seen],
+                start,
+                (scaling, window, softcap),
+            )
         )
     rows = torch.cat(out, dim=2)[:, :, :num_rows]  # (H_kv, G, n, D)
     return rows.reshape(num_heads, num_rows, head_dim).transpose(0, 1).to(query.dtype)
@@ -71,16 +81,19 @@ def _blocks(x: torch.Tensor, num_keys: int) -> torch.Tensor:
     return out.view(x.shape[0], num_blocks, KEY_BLOCK, x.shape[2]).transpose(0, 1).contiguous()
 
 
-def _tile(q, k, v, start: int, scaling: float) -> torch.Tensor:
+def _tile(q, k, v, start: int, how: tuple) -> torch.Tensor:
     """One query tile (rows ``start..start + QUERY_TILE - 1``, G heads each) over its key blocks.
 
     Every matmul is a ``torch.bmm`` of fixed per-item shape on contiguous operands laid out the
     same way each time ([G * QUERY_TILE, D] @ [D, KEY_BLOCK], then [G * QUERY_TILE, KEY_BLOCK] @
     [KEY_BLOCK, D]), batched over (key block, key/value head).
 
+    ``how``: (scaling, window, softcap), as ``sequence_attention`` takes them.
+
     Shapes:
         q: [H_kv, G * QUERY_TILE, D];  k, v: [nb, H_kv, KEY_BLOCK, D]  ->  [H_kv, G, QUERY_TILE, D]
     """
+    scaling, window, softcap = how
     num_blocks, num_kv_heads, _, head_dim = k.shape
     rows = q.shape[1]
     items = num_blocks * num_kv_heads
@@ -88,9 +101,13 @@ def _tile(q, k, v, start: int, scaling: float) -> torch.Tensor:
     k_items = k.view(items, KEY_BLOCK, head_dim).transpose(1, 2)  # (items, D, KEY_BLOCK)
     scores = torch.bmm(q_items.contiguous(), k_items)  # (items, G * QUERY_TILE, KEY_BLOCK)
     scores = scores.view(num_blocks, num_kv_heads, -1, QUERY_TILE, KEY_BLOCK)  # (.., G, QT, KB)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     key_pos = torch.arange(num_blocks * KEY_BLOCK, device=q.device).view(num_blocks, KEY_BLOCK)
     row_pos = torch.arange(start, start + QUERY_TILE, device=q.device)
     hidden = key_pos[:, None, :] > row_pos[None, :, None]  # (nb, QT, KB); every row sees key 0
+    if window is not None:  # and every row its own key
+        hidden |= key_pos[:, None, :] <= row_pos[None, :, None] - window
     scores.masked_fill_(hidden[:, None, None], float("-inf"))
     peak = scores.amax(dim=(0, 4), keepdim=True)  # (1, H_kv, G, QT, 1): exact
     weights = torch.exp(scores - peak)  # masked keys: exact 0
@@ -105,7 +122,7 @@ def _tile(q, k, v, start: int, scaling: float) -> torch.Tensor:
     return acc / total[..., None]
 
 
-def packed_attention(module, query, key, value, batch, scaling) -> torch.Tensor:
+def packed_attention(module, query, key, value, batch, scaling, window=None, softcap=None):
     """One layer of a packed step in batch-invariant mode: store the step's keys/values in the KV
     cache, then attend per sequence over its own keys (``sequence_attention``).
 
@@ -120,7 +137,9 @@ def packed_attention(module, query, key, value, batch, scaling) -> torch.Tensor:
     for i, (cached, new) in enumerate(zip(batch.num_cached, batch.num_new, strict=True)):
         keys, values = cache.sequence_kv(layer, batch, i)  # (H_kv, >= cached + new, D)
         q = query[0, :, start : start + new]  # (H, new, D)
-        out[start : start + new] = sequence_attention(q, keys, values, cached, scaling)
+        out[start : start + new] = sequence_attention(
+            q, keys, values, cached, scaling, window, softcap
+        )
         start += new
     return out[None]
 
@@ -140,11 +159,8 @@ def padded_attention(
     """
     batch_size, _, num_queries, _ = query.shape
     kv_len = key.shape[2]
-    if attention_mask is None:
-        pads = [0] * batch_size
-    else:
-        assert attention_mask.dtype == torch.bool, "the invariant attention needs a bool mask"
-        pads = (kv_len - attention_mask[:, 0, -1].sum(dim=-1)).tolist()  # (B,)
+    window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
+    pads = _pads(attention_mask, batch_size, kv_len, window, kwargs.get("position_ids"))
     out = query.new_zeros(batch_size, num_queries, query.shape[1], query.shape[3])
     for b, pad in enumerate(pads):
         first = kv_len - num_queries - pad  # real position of query row 0 (< 0: padding)
@@ -152,9 +168,30 @@ def padded_attention(
         if skip >= num_queries:
             continue
         q = query[b, :, skip:]  # (H, q - skip, D)
-        keys, values = key[b, :, pad:], value[b, :, pad:]  # (H_kv, kv - pad, D)
-        out[b, skip:] = sequence_attention(q, keys, values, first + skip, scaling)
+        keys, values = (_from_position_zero(t[b], pad) for t in (key, value))
+        out[b, skip:] = sequence_attention(q, keys, values, first + skip, scaling, window, softcap)
     return out, None
+
+
+def _pads(attention_mask, batch_size: int, kv_len: int, window, position_ids) -> list[int]:
+    """Each row's left padding: the keys its last query does not see; under a sliding window
+    (which hides more), the keys before its last query's position ``position_ids[b, -1]``,
+    negative where a sliding-window cache dropped the first keys."""
+    if window is not None and position_ids is not None:
+        return (kv_len - 1 - position_ids[:, -1]).tolist()  # (B,)
+    if attention_mask is None:
+        return [0] * batch_size
+    assert attention_mask.dtype == torch.bool, "the invariant attention needs a bool mask"
+    return (kv_len - attention_mask[:, 0, -1].sum(dim=-1)).tolist()  # (B,)
+
+
+def _from_position_zero(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """A row's keys (or values) [H_kv, kv, D] from position 0 on: its padding dropped, or, for
+    ``pad < 0``, the ``-pad`` keys a sliding-window cache dropped put back as zeros (outside
+    every query's window), so that key blocks start where the packed path's do."""
+    if pad >= 0:
+        return x[:, pad:]
+    return torch.cat((x.new_zeros(x.shape[0], -pad, x.shape[2]), x), dim=1)
 
 
 def register() -> None:

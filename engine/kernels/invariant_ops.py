@@ -88,22 +88,25 @@ class RopeTable:
     def __init__(self, rotary: nn.Module):
         self.rotary = rotary
         self.original = type(rotary).forward
-        self._cos: list[torch.Tensor] = []  # per block: [ROPE_BLOCK, D] float32
-        self._sin: list[torch.Tensor] = []
+        # per layer type (None: the module takes none; Gemma 3's have their own frequencies):
+        # per block, [ROPE_BLOCK, D] float32 cos and sin
+        self._blocks: dict[str | None, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type=None):
         """``(cos, sin)``, each ``[B, T, D]`` in ``x``'s dtype, for ``position_ids`` ``[B, T]``."""
         needed = int(position_ids.max()) // ROPE_BLOCK + 1
         device = position_ids.device
-        while len(self._cos) < needed:
-            start = len(self._cos) * ROPE_BLOCK
+        cos_blocks, sin_blocks = self._blocks.setdefault(layer_type, ([], []))
+        extra = () if layer_type is None else (layer_type,)
+        while len(cos_blocks) < needed:
+            start = len(cos_blocks) * ROPE_BLOCK
             block = torch.arange(start, start + ROPE_BLOCK, device=device)[None]  # (1, ROPE_BLOCK)
             probe = torch.empty(0, device=device, dtype=torch.float32)
-            cos, sin = self.original(self.rotary, probe, block)  # (1, ROPE_BLOCK, D) each
-            self._cos.append(cos[0])
-            self._sin.append(sin[0])
-        cos_table = torch.cat(self._cos[:needed])  # (needed * ROPE_BLOCK, D)
-        sin_table = torch.cat(self._sin[:needed])
+            cos, sin = self.original(self.rotary, probe, block, *extra)  # (1, ROPE_BLOCK, D) each
+            cos_blocks.append(cos[0])
+            sin_blocks.append(sin[0])
+        cos_table = torch.cat(cos_blocks[:needed])  # (needed * ROPE_BLOCK, D)
+        sin_table = torch.cat(sin_blocks[:needed])
         return cos_table[position_ids].to(x.dtype), sin_table[position_ids].to(x.dtype)
 
 

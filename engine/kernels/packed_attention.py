@@ -16,13 +16,13 @@ Here we store those keys/values in our own KV cache and attend per sequence:
 * batch-invariant mode (any KV mode): per sequence over exactly its own keys
   (``engine.kernels.invariant_attention``).
 
-Since the implementation name is unknown to transformers' mask registry, the model builds no mask of
-its own for these calls.
+A layer's sliding window (the call's ``sliding_window``) narrows every one of these masks
+(``PackedBatch.windowed``); its score soft-capping (``softcap``, Gemma 2) runs
+``decode_attention.sdpa``'s capped scores. Since the implementation name is unknown to
+transformers' mask registry, the model builds no mask of its own for these calls.
 """
 
 from __future__ import annotations
-
-import torch.nn.functional as F
 
 from engine.kernels import decode_attention, invariant_attention
 
@@ -47,39 +47,52 @@ def packed_attention(
         query: [1, H, T, D];  key, value: [1, H_kv, T, D]
         returns: ([1, T, H, D], None)
     """
+    window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
     batch = kwargs["packed_batch"]
     if batch.invariant:
-        return invariant_attention.packed_attention(module, query, key, value, batch, scaling), None
+        out = invariant_attention.packed_attention(
+            module, query, key, value, batch, scaling, window, softcap
+        )
+        return out, None
+    out = attend(module.layer_idx, query, key, value, batch.windowed(window), scaling, softcap)
+    return out, None
+
+
+def attend(layer: int, query, key, value, batch, scaling, softcap=None):
+    """The keys and values into the KV cache, then each query over its own sequence's keys under
+    ``batch``'s masks (a ``windowed`` batch for a sliding-window layer).
+
+    Shapes:
+        query: [1, H, T, D];  key, value: [1, H_kv, T, D]  ->  returns [1, T, H, D]
+    """
     cache = batch.kv_cache
     if batch.packed_mask is not None:
-        keys, values = cache.gather(module.layer_idx, key, value, batch)
-        out = F.scaled_dot_product_attention(
-            query, keys, values, attn_mask=batch.packed_mask, scale=scaling, enable_gqa=True
-        )  # (1, H, T, D)
-        return out.transpose(1, 2), None
-    layer = module.layer_idx
+        keys, values = cache.gather(layer, key, value, batch)
+        out = decode_attention.sdpa(query, keys, values, batch.packed_mask, scaling, softcap)
+        return out.transpose(1, 2)  # (1, T, H, D)
     cache.write(layer, key, value, batch)
     if batch.decode_mask is not None:
         split = decode_attention.one_call(batch)
-        out = decode_attention.decode_attention(query, cache, layer, batch, split, scaling)[0]
+        out = decode_attention.decode_attention(
+            query, cache, layer, batch, split, scaling, softcap
+        )[0]
     else:
         out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # (T, H, D)
     for span in batch.prefills:
-        _multi_query(query, cache, layer, batch, span, scaling, out)
-    return out[None], None
+        _multi_query(query, cache, layer, batch, span, (scaling, softcap), out)
+    return out[None]
 
 
-def _multi_query(query, cache, layer, batch, span, scaling, out) -> None:
+def _multi_query(query, cache, layer, batch, span, scaling_softcap, out) -> None:
     """Causal attention of one sequence's chunk over its own cached prefix and itself."""
     a, b = span.token_start, span.token_end
     keys, values = cache.sequence_kv(layer, batch, span.index)  # (H_kv, kv_len, D)
-    o = F.scaled_dot_product_attention(
+    o = decode_attention.sdpa(
         query[:, :, a:b],  # (1, H, n, D)
         keys[None],
         values[None],
-        attn_mask=span.mask,
+        span.mask,
+        *scaling_softcap,
         is_causal=span.mask is None,
-        scale=scaling,
-        enable_gqa=True,
     )  # (1, H, n, D)
     out[a:b] = o[0].transpose(0, 1)  # (n, H, D)

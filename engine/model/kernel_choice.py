@@ -147,13 +147,28 @@ class RunnerKernels:
     @functools.cached_property
     def fused_decoder(self) -> fused_layers.FusedDecoder | None:
         """The continuous engine's fused layers (``engine.kernels.fused_layers``), made on first
-        use; None where they do not apply (not a CPU, not a Llama-style model, no linear kernel)."""
-        if not self._linears or fused_layers.unsupported_reason(self.model) is not None:
-            return None
-        try:
-            return fused_layers.FusedDecoder(self.model, self.engine_kernel.plan)
-        except RuntimeError:  # oneDNN refused a stacked weight: the model's own layers
-            return None
+        use; None where they do not apply, ``layers_path`` saying why."""
+        self.fused_refusal = "the engines' matmul runs on CPU only" if not self._linears else None
+        if self.fused_refusal is None:
+            try:
+                return fused_layers.FusedDecoder(self.model, self.engine_kernel.plan)
+            except ValueError as why:  # layer_spec.Unsupported: what the layers do not compute
+                self.fused_refusal = str(why)
+            except RuntimeError as why:  # oneDNN refused a stacked weight
+                self.fused_refusal = f"oneDNN refused a stacked weight ({why})"
+        log.info("The continuous step runs transformers' layers: %s", self.fused_refusal)
+        return None
+
+    @property
+    def layers_path(self) -> str:
+        """Which decoder layers the continuous engines run, for the bench JSON and the page:
+        ``"fused"``, or ``"transformers: <why>"`` (the host's switch, the device, or what
+        ``engine.kernels.layer_spec`` cannot read in this model)."""
+        if not self.use_fused_layers:
+            return "transformers: CBP_FUSED_LAYERS=off"
+        if self.fused_decoder is None:
+            return f"transformers: {self.fused_refusal}"
+        return "fused"
 
     @property
     def step_mode(self) -> str:

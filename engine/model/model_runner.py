@@ -155,7 +155,7 @@ class ModelRunner(RunnerKernels):
         if fused is not None and not invariant:
             self.decoder_layer_steps["fused"] += 1
             hidden = fused.hidden_states(batch)  # (1, S, d)
-            return self.model.get_output_embeddings()(hidden)  # (1, S, V)
+            return fused.logits(self.model.get_output_embeddings(), hidden)  # (1, S, V)
         self.decoder_layer_steps["transformers"] += 1
         return self.model(
             input_ids=batch.input_ids,

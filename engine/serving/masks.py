@@ -14,6 +14,11 @@ Two sequences, A with 2 cached tokens and 1 new (decode), B with 0 cached and 3 
     B p1  (q)     .  .  |  .  #  #  .
     B p2  (q)     .  .  |  .  #  #  #
 
+A layer with a sliding window of ``W`` keys (Mistral, Gemma 2/3's local layers) also hides every
+key more than ``W - 1`` positions before the query, as transformers' ``sliding_window_overlay``
+does (``k_pos > q_pos - W``); ``window=None`` is a global layer. With ``W = 2``, B's last row
+above sees ``B1 B2`` only.
+
 ``packed_step_mask`` is the one function that builds this pattern. The ``concat`` KV mode applies it
 literally; the ``slots`` KV mode attends per sequence over views of its own KV, which is the same
 pattern (tests check the two modes give identical tokens), and the heatmap draws this function.
@@ -88,24 +93,39 @@ def _ranges(lengths: torch.Tensor) -> torch.Tensor:
     return torch.arange(total, dtype=torch.long) - torch.repeat_interleave(starts, lengths)
 
 
-def block_diagonal_causal_mask(layout: PackedLayout) -> torch.Tensor:
-    """Boolean mask, True where a query may attend to a key.
+def block_diagonal_causal_mask(layout: PackedLayout, window: int | None = None) -> torch.Tensor:
+    """Boolean mask, True where a query may attend to a key (``window``: a sliding window).
 
     Shapes:
         returns: [T, T_kv]
     """
     same_seq = layout.q_seq[:, None] == layout.k_seq[None, :]  # (T, T_kv)
-    causal = layout.k_pos[None, :] <= layout.q_pos[:, None]  # (T, T_kv)
-    return same_seq & causal
+    return same_seq & causal_window(layout.q_pos, layout.k_pos, window)
 
 
-def packed_step_mask(num_cached: list[int], num_new: list[int]) -> torch.Tensor:
-    """The block-diagonal causal mask of one packed step (see the module docstring).
+def causal_window(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """True where the key's position is not after the query's and, with a ``window``, within
+    its last ``window`` positions.
+
+    Shapes:
+        q_pos: [n];  k_pos: [m]  ->  returns [n, m] bool
+    """
+    keep = k_pos[None, :] <= q_pos[:, None]  # (n, m)
+    if window is not None:
+        keep &= k_pos[None, :] > q_pos[:, None] - window
+    return keep
+
+
+def packed_step_mask(
+    num_cached: list[int], num_new: list[int], window: int | None = None
+) -> torch.Tensor:
+    """The block-diagonal causal mask of one packed step (see the module docstring), under a
+    layer's sliding ``window`` when it has one.
 
     Shapes:
         returns: [T, T_kv] bool, T = sum(num_new), T_kv = sum(num_cached) + T
     """
-    return block_diagonal_causal_mask(packed_layout(num_cached, num_new))
+    return block_diagonal_causal_mask(packed_layout(num_cached, num_new), window)
 
 
 def padded_wave_mask(num_padding: list[int], num_queries: int, num_keys: int) -> torch.Tensor:

@@ -15,12 +15,13 @@ per query token, never per cached token, but for one vectorized ``[B, T_kv]`` de
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 import torch
 
 from engine.sequence import Sequence
-from engine.serving.masks import query_layout
+from engine.serving.masks import causal_window, packed_step_mask, query_layout
 
 
 @dataclass
@@ -73,6 +74,46 @@ class PackedBatch:
     kv_block_rows: torch.Tensor | None = None  # paged: [B, max_blocks * block_size] storage rows
     kv_block_table: torch.Tensor | None = None  # slot and paged KV modes, for decode_step
     invariant: bool = False  # batch-invariant mode: attend per sequence (invariant_ops)
+    windows: dict = field(default_factory=dict, repr=False)  # window -> ``windowed``'s batch
+
+    @property
+    def max_kv_len(self) -> int:
+        """Keys of the longest sequence this step: the window below which a layer's window hides
+        nothing."""
+        return max(c + n for c, n in zip(self.num_cached, self.num_new, strict=True))
+
+    def windowed(self, window: int | None) -> PackedBatch:
+        """This batch with every mask narrowed to a sliding window of ``window`` keys
+        (``engine.serving.masks``): itself where no query reaches past the window. The decode
+        mask then bounds each slot's keys on both sides, so it is attended with the mask (the
+        decode split's key counts are ``window=None``'s); made once per step and window."""
+        if window is None or self.max_kv_len <= window:
+            return self
+        if window not in self.windows:
+            self.windows[window] = dataclasses.replace(
+                self,
+                decode_mask=self._windowed_decode_mask(window),
+                prefills=[_windowed_span(s, window, self.input_ids.device) for s in self.prefills],
+                packed_mask=None if self.packed_mask is None else self._windowed_packed(window),
+                windows={},
+            )
+        return self.windows[window]
+
+    def _windowed_decode_mask(self, window: int) -> torch.Tensor | None:
+        """``decode_mask`` without the keys before each decoding slot's window ([B, 1, 1, T_kv])."""
+        mask = self.decode_mask
+        if mask is None:
+            return None
+        keep = mask if mask.dtype == torch.bool else mask == 0  # additive: 0 where seen
+        first = torch.zeros(self.num_slots, dtype=torch.long, device=keep.device)  # (B,)
+        first[self.decode_slots] = self.position_ids[0, self.decode_rows] - window + 1
+        keys = torch.arange(keep.shape[-1], device=keep.device)  # (T_kv,)
+        return keep & (keys[None, :] >= first[:, None])[:, None, None, :]
+
+    def _windowed_packed(self, window: int) -> torch.Tensor:
+        """The ``concat`` mode's packed mask under the window ([1, 1, T, T_kv])."""
+        mask = packed_step_mask(self.num_cached, self.num_new, window)
+        return mask[None, None].to(self.packed_mask.device)
 
 
 def build_packed_batch(
@@ -118,6 +159,14 @@ def _decode_mask(num_cached, single, slots, num_slots, device) -> torch.Tensor |
     kv_len[slots[single]] = torch.tensor([num_cached[i] + 1 for i in single])
     keys = torch.arange(int(kv_len.max()))  # (T_kv_d,)
     return (keys[None, :] < kv_len[:, None])[:, None, None, :].to(device)
+
+
+def _windowed_span(span: PrefillSpan, window: int, device) -> PrefillSpan:
+    """``span`` with its causal mask narrowed to the window ([n, num_cached + n])."""
+    n = span.token_end - span.token_start
+    keys = torch.arange(span.num_cached + n, device=device)
+    mask = causal_window(keys[span.num_cached :], keys, window)
+    return dataclasses.replace(span, mask=mask)
 
 
 def _prefill_spans(num_cached, num_new, device) -> list[PrefillSpan]:

@@ -1,0 +1,260 @@
+"""What a decoder layer computes, read from the model's config and modules, not from its family.
+
+The fused layers (``engine.kernels.fused_layers``) run any decoder-only model whose layers are
+built from these parts, as vLLM's shared layers take what differs as arguments:
+
+* q, k, v and o projections (``q_proj``/``k_proj``/``v_proj`` or one ``qkv_proj``), biases or not;
+* an MLP ``act(gate) * up -> down`` (``gate_proj``/``up_proj`` or one ``gate_up_proj``), with the
+  module's own activation;
+* RMSNorms around attention and MLP: before each (Llama, Qwen, Mistral, Phi-3, Granite), before
+  and after each (Gemma 2/3), or after each (OLMo 2); each norm's scale read by probing it
+  (``w`` or ``1 + w``, and whether it scales before or after casting back);
+* optional QK-norm, per head (Qwen3, Gemma 3) or over all heads (OLMo 2);
+* RoPE from the model's own rotary module (per layer type, Gemma 3), partial (Phi-4-mini) or
+  none (SmolLM3's NoPE layers); the attention's ``scaling``, score soft-capping and per-layer
+  sliding window;
+* an embedding scale (Gemma's is inside its embedding module; Granite's multiplier), residual
+  and logit multipliers, and final logit soft-capping.
+
+Anything else raises ``Unsupported`` with the reason, and the runner keeps transformers' layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import torch
+from torch import nn
+
+
+class Unsupported(ValueError):
+    """The fused layers cannot run this model; the message says why, for people."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Norm:
+    """An RMSNorm as the fused layers apply it: ``normed(x) * weight``, the product taken in
+    float32 and cast after (``upcast``) or cast first (Llama's)."""
+
+    weight: torch.Tensor  # (n,): ``1 + w`` already added for a Gemma-style norm
+    eps: float
+    upcast: bool
+
+
+@dataclasses.dataclass
+class LayerSpec:
+    """One decoder layer's parts (see the module docstring)."""
+
+    attn: nn.Module  # its attention module: layer_idx, scaling
+    qkv: list[nn.Linear]  # [q, k, v] or [qkv]
+    o: nn.Linear
+    gate_up: list[nn.Linear]  # [gate, up] or [gate_up]
+    down: nn.Linear
+    act: object  # the MLP's activation (a module or function)
+    pre_attn: Norm | None
+    post_attn: Norm | None
+    pre_mlp: Norm | None
+    post_mlp: Norm | None
+    q_norm: Norm | None
+    k_norm: Norm | None
+    qk_norm_per_head: bool
+    rope: bool  # False: a NoPE layer
+    rope_type: str | None  # the rotary module's layer_type argument (Gemma 3), else None
+    window: int | None
+    softcap: float | None
+    residual_multiplier: float
+
+    @property
+    def plain(self) -> bool:
+        """Llama's layer exactly: what the C++ decode step computes."""
+        llama_norm = all(n is not None and not n.upcast for n in (self.pre_attn, self.pre_mlp))
+        return (
+            llama_norm
+            and self.post_attn is None
+            and self.post_mlp is None
+            and self.q_norm is None
+            and self.rope
+            and self.rope_type is None
+            and self.window is None
+            and self.softcap is None
+            and self.residual_multiplier == 1.0
+            and _is_silu(self.act)
+        )
+
+
+@dataclasses.dataclass
+class DecoderSpec:
+    """The whole decoder: embedding, layers, final norm and the logits' own arithmetic."""
+
+    embed: nn.Module
+    embed_multiplier: float
+    rotary: nn.Module
+    layers: list[LayerSpec]
+    final_norm: Norm
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    logits_divisor: float  # Granite's logits_scaling
+    logit_softcap: float | None  # Gemma's final_logit_softcapping
+
+
+def read_decoder(model: nn.Module) -> DecoderSpec:
+    """The spec of ``model``'s decoder.
+
+    Raises:
+        Unsupported: a part the fused layers do not compute; the message says which.
+    """
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    for part in ("embed_tokens", "rotary_emb", "norm"):
+        if layers is None or not isinstance(getattr(inner, part, None), nn.Module):
+            raise Unsupported(f"no model.model.{part if layers is not None else 'layers'}")
+    config = model.config
+    _check_rope(config)
+    heads = config.num_attention_heads
+    typed_rope = "layer_type" in inspect.signature(inner.rotary_emb.forward).parameters
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return DecoderSpec(
+        embed=inner.embed_tokens,
+        embed_multiplier=float(getattr(config, "embedding_multiplier", 1.0) or 1.0),
+        rotary=inner.rotary_emb,
+        layers=[_layer(layer, config, head_dim, typed_rope) for layer in layers],
+        final_norm=_norm(inner.norm, "the final norm"),
+        num_heads=heads,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=head_dim,
+        logits_divisor=float(getattr(config, "logits_scaling", 1.0) or 1.0),
+        logit_softcap=getattr(config, "final_logit_softcapping", None),
+    )
+
+
+def _check_rope(config) -> None:
+    params = getattr(config, "rope_parameters", None) or {}
+    kinds = [p for p in params.values() if isinstance(p, dict)] or [params]
+    for rope in kinds:
+        kind = str(rope.get("rope_type", "default"))
+        if "dynamic" in kind or "longrope" in kind:
+            raise Unsupported(f"RoPE type {kind!r} (its frequencies follow the sequence length)")
+
+
+def _layer(layer: nn.Module, config, head_dim: int, typed_rope: bool) -> LayerSpec:
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if attn is None or mlp is None:
+        raise Unsupported("a layer without self_attn and mlp")
+    qkv = _linears(attn, ("q_proj", "k_proj", "v_proj"), "qkv_proj")
+    gate_up = _linears(mlp, ("gate_proj", "up_proj"), "gate_up_proj")
+    o, down = _linear(attn, "o_proj"), _linear(mlp, "down_proj")
+    act = getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
+    if act is None:
+        raise Unsupported(f"{type(mlp).__name__} has no act_fn")
+    pre_attn, post_attn, pre_mlp, post_mlp = _norm_places(layer)
+    q_norm = _norm(attn.q_norm, "q_norm") if hasattr(attn, "q_norm") else None
+    k_norm = _norm(attn.k_norm, "k_norm") if hasattr(attn, "k_norm") else None
+    return LayerSpec(
+        attn=attn,
+        qkv=qkv,
+        o=o,
+        gate_up=gate_up,
+        down=down,
+        act=act,
+        pre_attn=pre_attn,
+        post_attn=post_attn,
+        pre_mlp=pre_mlp,
+        post_mlp=post_mlp,
+        q_norm=q_norm,
+        k_norm=k_norm,
+        qk_norm_per_head=q_norm is not None and q_norm.weight.numel() == head_dim,
+        rope=bool(getattr(attn, "use_rope", True)),
+        rope_type=getattr(attn, "layer_type", None) if typed_rope else None,
+        window=_window(attn, config),
+        softcap=getattr(attn, "attn_logit_softcapping", None),
+        residual_multiplier=float(getattr(layer, "residual_multiplier", 1.0)),
+    )
+
+
+_PLACES = {  # the norms a layer holds -> (pre_attn, post_attn, pre_mlp, post_mlp)
+    ("input_layernorm", "post_attention_layernorm"): (
+        "input_layernorm",
+        None,
+        "post_attention_layernorm",
+        None,
+    ),
+    (
+        "input_layernorm",
+        "post_attention_layernorm",
+        "post_feedforward_layernorm",
+        "pre_feedforward_layernorm",
+    ): (
+        "input_layernorm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+    ),
+    ("post_attention_layernorm", "post_feedforward_layernorm"): (
+        None,
+        "post_attention_layernorm",
+        None,
+        "post_feedforward_layernorm",
+    ),
+}
+
+
+def _norm_places(layer: nn.Module):
+    """(pre_attn, post_attn, pre_mlp, post_mlp), by the norms the layer holds: before each
+    block (Llama: ``post_attention_layernorm`` is the MLP's pre-norm), around each (Gemma) or
+    after each (OLMo 2). Any other set (a parallel block, a LayerNorm) is unsupported."""
+    held = tuple(sorted(n for n, _ in layer.named_children() if "norm" in n))
+    places = _PLACES.get(held)
+    if places is None:
+        raise Unsupported(f"a layer's norms {list(held)} are in no placement the layers know")
+    return [None if n is None else _norm(getattr(layer, n), n) for n in places]
+
+
+def _norm(module: nn.Module, where: str) -> Norm:
+    """Read an RMSNorm by running it: which of ``w * normed`` and ``(1 + w) * normed`` it
+    computes, and whether it scales in float32 before casting back (the same in float32).
+
+    Raises:
+        Unsupported: a norm without a weight, or one that computes neither.
+    """
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or eps is None:
+        raise Unsupported(f"{where} is not an RMSNorm with a weight ({type(module).__name__})")
+    w = weight.detach()
+    x = torch.randn(3, w.numel(), generator=torch.Generator().manual_seed(0)).to(w)
+    with torch.no_grad():
+        got = module(x)
+    normed = torch.rms_norm(x.float(), (w.numel(),), None, float(eps))
+    for offset in (0.0, 1.0):
+        scale = w.float() + offset
+        if torch.allclose(got.float(), normed * scale, rtol=2e-2, atol=2e-2):
+            cast_first = normed.to(w.dtype) * scale.to(w.dtype)
+            upcast = w.dtype != torch.float32 and not torch.equal(got, cast_first)
+            return Norm(scale if upcast else scale.to(w.dtype), float(eps), upcast)
+    raise Unsupported(f"{where} ({type(module).__name__}) computes neither w·x̂ nor (1 + w)·x̂")
+
+
+def _linears(module: nn.Module, split: tuple[str, ...], fused: str) -> list[nn.Linear]:
+    if hasattr(module, fused):
+        return [_linear(module, fused)]
+    return [_linear(module, name) for name in split]
+
+
+def _linear(module: nn.Module, name: str) -> nn.Linear:
+    found = getattr(module, name, None)
+    if type(found) is not nn.Linear:
+        raise Unsupported(f"{type(module).__name__}.{name} is not a plain nn.Linear")
+    return found
+
+
+def _window(attn: nn.Module, config) -> int | None:
+    """The layer's sliding window: its attention's own, else the config's (Mistral, Phi-3)."""
+    if hasattr(attn, "sliding_window"):
+        return attn.sliding_window
+    return getattr(config, "sliding_window", None)
+
+
+def _is_silu(act) -> bool:
+    return isinstance(act, nn.SiLU) or getattr(act, "__name__", "") == "silu"
