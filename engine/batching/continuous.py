@@ -163,6 +163,7 @@ class ContinuousEngine:
             "token_budget": self.config.max_num_batched_tokens,
             "prefix_caching": self.config.prefix_caching,
             "batch_invariant": self.config.batch_invariant,
+            "sliding_windows": self.runner.sliding_windows(),  # engine.serving.masks
         }
         if cache is not None:
             info |= {"kv_bytes_per_token": cache.bytes_per_token, "kv_bytes": cache.total_bytes}

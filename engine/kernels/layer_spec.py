@@ -167,7 +167,7 @@ def _layer(layer: nn.Module, config, head_dim: int, typed_rope: bool) -> LayerSp
         qk_norm_per_head=q_norm is not None and q_norm.weight.numel() == head_dim,
         rope=bool(getattr(attn, "use_rope", True)),
         rope_type=getattr(attn, "layer_type", None) if typed_rope else None,
-        window=_window(attn, config),
+        window=layer_window(attn, config),
         softcap=getattr(attn, "attn_logit_softcapping", None),
         residual_multiplier=float(getattr(layer, "residual_multiplier", 1.0)),
     )
@@ -249,7 +249,7 @@ def _linear(module: nn.Module, name: str) -> nn.Linear:
     return found
 
 
-def _window(attn: nn.Module, config) -> int | None:
+def layer_window(attn: nn.Module, config) -> int | None:
     """The layer's sliding window: its attention's own, else the config's (Mistral, Phi-3)."""
     if hasattr(attn, "sliding_window"):
         return attn.sliding_window

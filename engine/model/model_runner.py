@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import torch
 
 from engine import token_logits
-from engine.kernels import packed_attention
+from engine.kernels import layer_spec, packed_attention
 from engine.model.kernel_choice import RunnerKernels
 from engine.serving.kv_cache import (
     ConcatKVCache,
@@ -67,6 +67,14 @@ class ModelRunner(RunnerKernels):
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         return cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim
+
+    def sliding_windows(self) -> list[int]:
+        """The distinct sliding windows of the model's layers, in keys, smallest first ([]: every
+        layer is global); each layer's as ``engine.kernels.layer_spec.layer_window`` reads it."""
+        layers = getattr(getattr(self.model, "model", None), "layers", None) or []
+        attns = [getattr(la, "self_attn", None) for la in layers]
+        windows = {layer_spec.layer_window(a, self.model.config) for a in attns if a is not None}
+        return sorted(w for w in windows if w is not None)
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of one token's keys and values across all layers, in the model's dtype."""
