@@ -42,6 +42,7 @@ import dataclasses
 from dataclasses import asdict, dataclass
 
 from engine.config import MAX_BLOCK_SIZE, EngineConfig
+from engine.sequence import Request
 from engine.trace import StepRecord, Trace
 
 Plan = dict[int, int]  # request id -> tokens scheduled in the step
@@ -89,6 +90,23 @@ def tally(trace: Trace) -> ScheduleTally:
             hits += seq.num_prefix_cached_tokens > 0
             cached += seq.num_prefix_cached_tokens
     return ScheduleTally(len(trace.steps), admissions, preemptions, hits, cached)
+
+
+def num_shared_prompt_blocks(requests: list[Request], block_size: int) -> int:
+    """Full KV blocks of prompt tokens that the requests, taken in arrival order, could find
+    cached from earlier ones: each request's leading ``block_size``-token blocks that an earlier
+    prompt began with too. A prefix cache serves a prompt's tokens before its last only (the
+    last is computed for its logits), so a block counts only when its prompt goes on past it.
+    0: prefix caching, whoever does it, finds nothing to share within the run.
+    """
+    seen: set[tuple[int, ...]] = set()
+    shared = 0
+    for request in sorted(requests, key=lambda r: (r.arrival_s, r.request_id)):
+        ids = request.prompt_token_ids
+        num_servable = (len(ids) - 1) // block_size
+        shared += sum(tuple(ids[: k * block_size]) in seen for k in range(1, num_servable + 1))
+        seen.update(tuple(ids[: k * block_size]) for k in range(1, len(ids) // block_size + 1))
+    return shared
 
 
 def compare_schedules(ours: Trace, vllm: Trace) -> dict:
