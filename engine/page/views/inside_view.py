@@ -17,7 +17,7 @@ import html
 import textwrap
 from typing import Any
 
-from engine.page.figures import block_map, mask_heatmaps, serving_metrics, timelines
+from engine.page.figures import block_map, mask_heatmaps, server_lanes, serving_metrics, timelines
 from engine.page.figures.style import TITLE_LINE_PX, counted, message_figure
 from engine.peers import schedule_comparison
 from engine.trace import Trace
@@ -36,8 +36,8 @@ LANES_NOTE = "{who} has no slots: a request takes the first free lane, until pre
 DEFAULT_HEIGHT_PX = 450  # plotly's height of a figure that sets none
 SUBTITLE_LINE_CHARS = 100  # plotly never wraps a subtitle: longer lines are cut at the edge
 NO_SERVER = (
-    "No server ran in this run, nor transformers' continuous batching: tick one under “Also run "
-    "on the host's servers”, or “Also run transformers' built-in continuous batching”."
+    "No server ran in this run, nor transformers' continuous batching: tick one under "
+    f"“{server_lanes.SERVERS_BOX}”, or “Also run transformers' built-in continuous batching”."
 )
 ROW_ORDER_NOTE = "rows in each scheduler's own order, which does not change the plan"
 
