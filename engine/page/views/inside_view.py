@@ -122,6 +122,21 @@ def plans_line(ours: Trace | None, name: str, record: Trace) -> str:
     return f"{line}, first difference at step {first['step']} ({reason})"
 
 
+def causes_lines(ours: Trace | None, name: str, record: Trace, server: Trace | None) -> list[str]:
+    """Beside a plans line that found a difference: each known cause, a sentence each
+    (``schedule_comparison.difference_causes``), the precisions read from ``server``'s facts
+    (``host_servers`` records a local server's there); empty when the plans are alike."""
+    if ours is None or not ours.steps:
+        return []
+    if schedule_comparison.compare_schedules(ours, record)["first_difference"] is None:
+        return []
+    facts = (server.info.get("server") or {}) if server is not None else {}
+    causes = schedule_comparison.difference_causes(
+        ours, record, facts.get("run_dtype"), facts.get("dtype")
+    )
+    return [cause.replace("vLLM", name) for cause in causes]
+
+
 def step_plan_line(ours: Trace | None, name: str, record: Trace, index: int) -> str:
     """Whether step ``index`` of ``record`` plans as ours: "step 50 plans as ours (...)" or
     "step 6 differs from ours: ..."; "" without our run."""
@@ -175,6 +190,7 @@ def step_figures(
             source,
             LANES_NOTE.format(who=scheduler_name(record)),
             _wrapped(plans_line(ours, name, record)),
+            *(_wrapped(cause) for cause in causes_lines(ours, name, record, runs[name])),
         ),
         labelled(
             mask,
