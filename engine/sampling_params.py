@@ -33,8 +33,8 @@ class SamplingParams:
 
     Raises:
         ValueError: temperature below 0 or not finite, top_p outside (0, 1], top_k below 0 or
-            not a whole number, seed not a whole number or outside 0..2^63 - 1. The message
-            names the setting and its value, not the row: parsers add that.
+            not a whole number, seed not a whole number or outside 0..2^63 - 1. One message
+            names every bad setting and its value, a sentence each, not the row: parsers add that.
     """
 
     temperature: float = 1.0
@@ -43,25 +43,16 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
-        t, p, k, seed = self.temperature, self.top_p, self.top_k, self.seed
-        if not _is_number(t) or not math.isfinite(t):
-            raise ValueError(f"temperature {_show(t)} is not a finite number.")
-        if t < 0:
-            raise ValueError(f"temperature {t} is below 0; use 0 (greedy) or a positive number.")
-        if not _is_number(p) or not 0 < p <= 1:
-            raise ValueError(
-                f"top_p {_show(p)} is outside (0, 1]; use a number above 0, at most 1."
-            )
-        if isinstance(k, bool) or not isinstance(k, int):
-            raise ValueError(f"top_k {_show(k)} is not a whole number.")
-        if k < 0:
-            raise ValueError(f"top_k {_show(k)} is below 0; use 0 (no limit) or more.")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed {_show(seed)} is not a whole number.")
-        if not 0 <= seed <= MAX_SEED:
-            raise ValueError(f"seed {_show(seed)} is out of range; use 0 to {MAX_SEED} (2^63 - 1).")
-        object.__setattr__(self, "temperature", float(t))  # transformers' warpers want floats
-        object.__setattr__(self, "top_p", float(p))
+        problems = [
+            problem
+            for name in FIELDS
+            if (problem := _field_problem(name, getattr(self, name))) is not None
+        ]
+        if problems:
+            raise ValueError(" ".join(problems))
+        # transformers' warpers want floats
+        object.__setattr__(self, "temperature", float(self.temperature))
+        object.__setattr__(self, "top_p", float(self.top_p))
 
     @property
     def is_greedy(self) -> bool:
@@ -71,6 +62,25 @@ class SamplingParams:
     def to_dict(self) -> dict:
         """``{"temperature", "top_k", "top_p", "seed"}``, as the files and the JSON write them."""
         return asdict(self)
+
+
+def _field_problem(name: str, value) -> str | None:
+    """The sentence saying what is wrong with one setting's value; None when it is allowed."""
+    if name == "temperature":
+        if not _is_number(value) or not math.isfinite(value):
+            return f"temperature {_show(value)} is not a finite number."
+        if value < 0:
+            return f"temperature {value} is below 0; use 0 (greedy) or a positive number."
+    elif name == "top_p":
+        if not _is_number(value) or not 0 < value <= 1:
+            return f"top_p {_show(value)} is outside (0, 1]; use a number above 0, at most 1."
+    elif isinstance(value, bool) or not isinstance(value, int):
+        return f"{name} {_show(value)} is not a whole number."
+    elif name == "top_k" and value < 0:
+        return f"top_k {_show(value)} is below 0; use 0 (no limit) or more."
+    elif name == "seed" and not 0 <= value <= MAX_SEED:
+        return f"seed {_show(value)} is out of range; use 0 to {MAX_SEED} (2^63 - 1)."
+    return None
 
 
 def _is_number(value) -> bool:
@@ -102,21 +112,27 @@ def parse_sampling(temperature, top_k, top_p, seed, where: str) -> SamplingParam
     """Four table cells (text or numbers) -> settings; None when all four are blank (greedy).
 
     Raises:
-        ValueError: a cell that is not a number of the right kind or out of range; the message
-            starts with ``where`` (e.g. "Row 3" or "w.csv line 4").
+        ValueError: cells that are not numbers of the right kind or out of range, every one
+            named in one message that starts with ``where`` (e.g. "Row 3" or "w.csv line 4").
     """
     cells = dict(zip(FIELDS, (temperature, top_k, top_p, seed), strict=True))
     given = {name: value for name, value in cells.items() if not is_blank(value)}
     if not given:
         return None
-    try:
-        values = {
-            name: _whole(value, name) if name in ("top_k", "seed") else _number(value, name)
-            for name, value in given.items()
-        }
-        return SamplingParams(**values)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    values, problems = {}, []
+    for name, value in given.items():  # every cell read and checked, so one message names all
+        try:
+            values[name] = (
+                _whole(value, name) if name in ("top_k", "seed") else _number(value, name)
+            )
+        except ValueError as exc:
+            problems.append(str(exc))  # each parse message is a sentence
+            continue
+        if (problem := _field_problem(name, values[name])) is not None:
+            problems.append(problem)
+    if problems:
+        raise ValueError(f"{where}: " + " ".join(problems))
+    return SamplingParams(**values)
 
 
 def _number(value, name: str) -> float | int:

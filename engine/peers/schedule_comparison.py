@@ -42,6 +42,7 @@ import dataclasses
 from dataclasses import asdict, dataclass
 
 from engine.config import MAX_BLOCK_SIZE, EngineConfig
+from engine.sequence import Request
 from engine.trace import StepRecord, Trace
 
 Plan = dict[int, int]  # request id -> tokens scheduled in the step
@@ -91,6 +92,23 @@ def tally(trace: Trace) -> ScheduleTally:
     return ScheduleTally(len(trace.steps), admissions, preemptions, hits, cached)
 
 
+def num_shared_prompt_blocks(requests: list[Request], block_size: int) -> int:
+    """Full KV blocks of prompt tokens that the requests, taken in arrival order, could find
+    cached from earlier ones: each request's leading ``block_size``-token blocks that an earlier
+    prompt began with too. A prefix cache serves a prompt's tokens before its last only (the
+    last is computed for its logits), so a block counts only when its prompt goes on past it.
+    0: prefix caching, whoever does it, finds nothing to share within the run.
+    """
+    seen: set[tuple[int, ...]] = set()
+    shared = 0
+    for request in sorted(requests, key=lambda r: (r.arrival_s, r.request_id)):
+        ids = request.prompt_token_ids
+        num_servable = (len(ids) - 1) // block_size
+        shared += sum(tuple(ids[: k * block_size]) in seen for k in range(1, num_servable + 1))
+        seen.update(tuple(ids[: k * block_size]) for k in range(1, len(ids) // block_size + 1))
+    return shared
+
+
 def compare_schedules(ours: Trace, vllm: Trace) -> dict:
     """Our schedule against vLLM's, step by step.
 
@@ -138,6 +156,52 @@ def difference_reason(ours: Trace, vllm: Trace, index: int) -> str:
         if preempted:
             clauses.append(f"{side} preempts {', '.join(f'R{r}' for r in preempted)} here")
     return "; ".join(clauses[:4])
+
+
+def difference_causes(
+    ours: Trace, vllm: Trace, run_dtype: str | None = None, served_dtype: str | None = None
+) -> list[str]:
+    """The known causes of plans that differ, a sentence each, found in the two traces (and the
+    precisions, where a server's is fixed): arrival times, requests that reached vLLM after its
+    first step began, slot counts, precisions, prefix caching. Empty when none applies."""
+    causes = []
+    if "vllm" in vllm.info and any(r.arrival_s > 0 for r in ours.requests):
+        causes.append(
+            "Arrivals: the client sends each request to vLLM at its arrival time, and vLLM "
+            "schedules it from when it comes in, on its own clock (no step waits for it), while "
+            "ours admits it at the end of the first step that ends after its arrival."
+        )
+    elif "vllm" in vllm.info and vllm.steps:
+        late = [r.request_id for r in vllm.requests if r.arrival_s > vllm.steps[0].start_s]
+        if late:
+            causes.append(
+                f"{_ids(late)} reached vLLM only after its first step began (each request comes "
+                "over a connection of its own, and the first step waits for them a few seconds "
+                "at most), while ours had every request queued before its step 0."
+            )
+    if vllm.num_slots and vllm.num_slots != ours.num_slots:
+        causes.append(
+            f"Slots: vLLM runs up to {vllm.num_slots} sequences at once, ours {ours.num_slots}."
+        )
+    if run_dtype and served_dtype and run_dtype != served_dtype:
+        causes.append(
+            f"Precision: vLLM computes in {served_dtype}, ours in {run_dtype}, so an output can "
+            "end at another token and free its slot at another step."
+        )
+    theirs, own = vllm.info.get("prefix_caching"), ours.info.get("prefix_caching")
+    hits = tally(ours).num_prefix_hits, tally(vllm).num_prefix_hits
+    if theirs is not None and own is not None and bool(theirs) != bool(own) and any(hits):
+        on = "vLLM caches prompt prefixes, ours does not"
+        on = on if theirs else "ours caches prompt prefixes, vLLM does not"
+        causes.append(
+            f"Prefix caching: {on}, and cached blocks were found ({hits[0]} of ours', "
+            f"{hits[1]} of vLLM's admissions), so a prompt's prefill is shorter on that side."
+        )
+    return causes
+
+
+def _ids(request_ids: list[int]) -> str:
+    return ", ".join(f"R{r}" for r in request_ids[:4]) + (" …" if len(request_ids) > 4 else "")
 
 
 def _tokens(n: int) -> str:

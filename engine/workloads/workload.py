@@ -127,7 +127,7 @@ def row_spec(prompt, cap, arrival, sampling: tuple | list, where: str) -> Reques
 
     Raises:
         ValueError: one message naming ``where`` once and then every problem of the row, a
-            sentence each (at most one per cell group: prompt, cap, arrival, sampling), e.g.
+            sentence each (one per bad cell), e.g.
             "Row 3: the prompt is blank. max_new_tokens 0 is out of range; use 1 to 2048."
     """
     problems: list[str] = []

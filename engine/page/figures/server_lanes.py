@@ -38,7 +38,8 @@ from engine.trace import Trace
 WAITING_OPACITY = 0.35  # a request's colour, pale: sent, no token yet
 LANE_PX = 24
 OUTSIDE = "View from outside"  # the first words of both figures' subtitles
-NO_SERVER = "No server ran in this run: tick one under “Also run on servers” and press Run."
+SERVERS_BOX = "Also run on the host's servers"  # the servers' checkboxes' label (server_panels)
+NO_SERVER = f"No server ran in this run: tick one under “{SERVERS_BOX}” and press Run."
 
 
 # --- request lanes -------------------------------------------------------------------------------
@@ -138,7 +139,7 @@ def _lane_hover(trace: Trace, r) -> str:
 def server_chart_figure(servers: dict[str, Trace], ours: Trace | None = None) -> go.Figure:
     """Running and waiting requests (top) and KV cache use in % (bottom) over time, for every
     server that exposes them, beside ``ours`` (our continuous engine, per step)."""
-    title = "Servers' /metrics: running and waiting requests, KV cache use"
+    title = "Servers' /metrics: requests and KV use"  # whole on a phone (its 324-px chart)
     sampled = {n: t for n, t in servers.items() if t.server_samples}
     notes = [f"{n}: {_metrics_note(t)}" for n, t in servers.items() if n not in sampled]
     if not sampled:
@@ -153,7 +154,9 @@ def server_chart_figure(servers: dict[str, Trace], ours: Trace | None = None) ->
     fig.update_yaxes(title_text="requests", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="KV use, % of its own pool", range=[0, 105], row=2, col=1)
     fig.update_xaxes(title_text="seconds since start", row=2, col=1)
-    subtitle = f"{OUTSIDE}: each server's /metrics gauges, read a few times a second"
+    subtitle = (
+        f"{OUTSIDE}: running and waiting requests (top), KV cache use (bottom), from /metrics"
+    )
     subtitle += f"<br>{html.escape(_pools_line(sampled, ours), quote=False)}"
     subtitle += f"<br>{html.escape(' · '.join(notes))}" if notes else ""
     style_figure(fig, title, subtitle)

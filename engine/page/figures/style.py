@@ -162,7 +162,9 @@ def message_figure(title: str, text: str, height_px: int = 200) -> go.Figure:
     chart grows to hold them)."""
     fig = PageFigure()
     lines = textwrap.wrap(text, MESSAGE_LINE_CHARS, break_on_hyphens=False)
-    fig.add_annotation(text="<br>".join(html.escape(line) for line in lines), showarrow=False)
+    fig.add_annotation(
+        text="<br>".join(html.escape(line, quote=False) for line in lines), showarrow=False
+    )
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     height_px = max(height_px, 120 + TITLE_LINE_PX * len(lines))  # every line inside the chart

@@ -5,9 +5,9 @@ The page opens on the recorded run of the default preset (``recording``). A link
 charts would read as if they were its own. So ``link_opened`` then reads the linked setup as Run
 would: a run of that very setup measured on this host within the replay window
 (``engine.page.run.recent_runs``) is shown, labelled as a Run shown at once is, with "Run live
-anyway"; otherwise the recorded run stays, and the status line says whose run it is, and that Run
-measures the linked setup. A page opened without a link, or with one that sets up the recorded
-run's own setup, stays as it opened.
+anyway", at the link's step; otherwise the recorded run stays, and the status line says whose
+run it is, and that Run measures the linked setup. A page opened without a link, or with one
+that sets up the recorded run's own setup, stays as it opened.
 """
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ from engine.page.inputs import link_query, page_io
 from engine.page.run.run_options import RunSettings, options_from_page, prepare, settings_from_run
 from engine.page.run.shared_model import PageModel, get_model
 from engine.page.views import run_status
-from engine.page.views.run_view import run_outputs
+from engine.page.views.run_view import (
+    RUN_OUTPUTS,
+    RunState,
+    run_outputs,
+    slider_label,
+    step_views,
+)
 
 # A link's query keys that set a run up (``step`` moves the slider of a run, and sets none up).
 LINK_KEYS = ("preset", "slots", "table", *(param.url for param in link_query.PARAMS.values()))
@@ -48,11 +54,27 @@ def link_opened(request: gr.Request | None, preset_name: str | None, *values) ->
     recent, recorded = model.recent.find(linked), recording.recorded_settings()
     if recent is not None:
         shown = run_turns.replayed_outputs(recent, model.recent.age_s(recent), settings.x_axis)
+        shown = _at_step(shown, recent.state, page_io.link_step(request), settings.x_axis)
     elif _setup_key(model, _without_servers(settings)) != _setup_key(model, recorded):
         shown = run_outputs(status_markdown=not_linked_status(previous, preset_name, settings))
     else:
         shown = run_outputs()
     return shown if _untouched(previous, handle) else run_outputs()  # Run pressed meanwhile
+
+
+def _at_step(outputs: tuple, state: RunState, step: int | None, x_axis: str) -> tuple:
+    """The Run outputs ``outputs`` of ``state`` with the slider and the step views at the link's
+    ``step`` (clamped to the run); as they are when the link gives none. A run shown at once is
+    the link's first view, so its step holds there, as after a Run (``link_step_event``)."""
+    if step is None:
+        return outputs
+    step = min(max(step, 0), max(state.num_steps - 1, 0))
+    values = dict(zip(RUN_OUTPUTS, outputs, strict=True))
+    values |= step_views(state, step, x_axis).by_output()
+    values["step_slider"] = gr.Slider(
+        minimum=0, maximum=max(state.num_steps - 1, 1), value=step, label=slider_label(state)
+    )
+    return tuple(values.values())
 
 
 def _without_servers(settings: RunSettings) -> RunSettings:

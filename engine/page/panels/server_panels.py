@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from engine.page.figures import server_lanes
 from engine.page.run import shared_model
 from engine.page.views import inside_view, server_view
 
@@ -26,7 +27,7 @@ def servers_checkbox(server_names: list[str]) -> gr.CheckboxGroup:
     return gr.CheckboxGroup(
         server_names,
         value=list(server_names),
-        label="Also run on the host's servers (after our engines, same requests)",
+        label=f"{server_lanes.SERVERS_BOX} (after our engines, same requests)",
         info="Set up by whoever runs this page (app.py --vllm, --llamacpp, --endpoint NAME=URL).",
         visible=bool(server_names),
         elem_id="servers_checkbox",

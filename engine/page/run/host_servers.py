@@ -33,6 +33,7 @@ from engine.peers.endpoints import (
     with_records,
 )
 from engine.peers.openai_engine import OpenAIEngine
+from engine.peers.schedule_comparison import num_shared_prompt_blocks, tally
 from engine.peers.vllm_engine import endpoint_engine
 from engine.peers.vllm_server import MAX_MODEL_LEN
 from engine.sequence import Request
@@ -362,7 +363,7 @@ def run_servers(
         servers.public_trace(name, trace)
         precision = _precision_warnings(servers, name, trace, dtype, batch_invariant)
         unlike = [*_slot_warnings(servers, name, num_slots), *precision]
-        unlike += _prefix_warnings(servers, name, prefix_caching)
+        unlike += _prefix_warnings(servers, name, prefix_caching, requests, trace)
         trace.warnings = [*trace.warnings, *unlike]
         watch(name, trace, done=True)
         traces[name] = trace
@@ -400,19 +401,37 @@ def _slot_warnings(servers: PageServers, name: str, num_slots: int) -> list[str]
     ]
 
 
-def _prefix_warnings(servers: PageServers, name: str, prefix_caching: bool | None) -> list[str]:
+def _prefix_warnings(
+    servers: PageServers,
+    name: str,
+    prefix_caching: bool | None,
+    requests: list[Request],
+    trace: Trace,
+) -> list[str]:
     """The local vLLM's prefix caching is fixed at start (on, vLLM's default, unless the page
-    turned it off): say so when the run's engines did otherwise."""
+    turned it off): say so when the run's engines did otherwise and it changes the comparison:
+    the run's prompts share full KV blocks (of vLLM's block size, from its record or settings;
+    unknown: 16, its smallest default), or vLLM's record shows prefix-cache hits."""
     if not servers.is_local(name) or servers.fits(name) or prefix_caching is None:
         return []
-    served = servers.engines[name].server.settings.prefix_caching is not False
+    settings = servers.engines[name].server.settings
+    served = settings.prefix_caching is not False
     if served == prefix_caching:
         return []
+    block_size = trace.info.get("block_size") or settings.block_size or 16
+    num_shared = num_shared_prompt_blocks(requests, block_size)
+    num_hits = tally(trace).num_prefix_hits
+    if not num_shared and not num_hits:
+        return []
     theirs, ours = ("caches", "did not") if served else ("does not cache", "did")
+    blocks = f"{num_shared} block{'s' * (num_shared != 1)} of {block_size} tokens"
+    why = f"this run's prompts share {blocks}"
+    if num_hits:
+        why = f"{num_hits} of its admissions started from cached blocks"
     return [
         f"{name} {theirs} prompt prefixes (fixed when the page started), while this run's "
-        f"engines {ours} (the prefix caching setting): where prompts share a prefix, its "
-        "time to first token and its plans differ for that reason, not for its scheduler."
+        f"engines {ours} (the prefix caching setting), and {why}: its time to first token and "
+        "its plans differ for that reason, not for its scheduler."
     ]
 
 

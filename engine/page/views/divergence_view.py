@@ -38,6 +38,14 @@ TOP_HEADERS = [  # one token per row: its rank and logit in each run ("—": not
     "engine rank",
     "engine logit",
 ]
+# What ≈ means, in words a class can read, wherever a near-tie verdict is shown (docs/precision.md
+# has the rounding bound behind it).
+NEAR_TIE_NOTE = (
+    "≈ near-tie: at that token the model's two best next tokens scored closer than the run's "
+    "precision can tell apart, and a batch adds the same numbers in another order than a request "
+    "run alone, so rounding tipped the choice to the other one and the text went on from there; "
+    "not a bug: either token is what the model says, within its precision."
+)
 NO_DIFFERENCE = "Every checked output equals its reference, token for token."
 NO_DIFFERENCE_OURS = "Every output of our engines equals its reference, token for token."
 NOT_CHECKED = "Outputs are compared with a reference after a run with the reference check on."
@@ -113,7 +121,7 @@ def verdict_summary(
             parts[-1] += f" {num_expected} {EXPECTED_SYMBOL} ({note})"
     line = f"against {reference_name}: " + " · ".join(parts)
     if any(counts(e)[1] for e in verdicts.values()):
-        line += " (≈: a near-tie that rounding explains, not a bug; see “Where outputs differ”)"
+        line += f" ({NEAR_TIE_NOTE} See “Where outputs differ”.)"
     return line
 
 
@@ -152,6 +160,8 @@ def view(verdicts: dict[str, dict[int, dict]] | None, choice: str | None, dtype:
         lines.append(f"Engine run: {_logits_line(eng)}.")
     if entry["rounding_bound"] is not None:
         lines.append(f"Rounding bound in {dtype or 'this dtype'}: {entry['rounding_bound']:.4g}.")
+    if entry["verdict"] == NEAR_TIE:
+        lines.append(NEAR_TIE_NOTE)
     sides = _ranked_sides(entry)
     if any(_has_tie(side) for side in sides):
         lines.append(TIES_NOTE)

@@ -17,7 +17,7 @@ import html
 import textwrap
 from typing import Any
 
-from engine.page.figures import block_map, mask_heatmaps, serving_metrics, timelines
+from engine.page.figures import block_map, mask_heatmaps, server_lanes, serving_metrics, timelines
 from engine.page.figures.style import TITLE_LINE_PX, counted, message_figure
 from engine.peers import schedule_comparison
 from engine.trace import Trace
@@ -36,8 +36,8 @@ LANES_NOTE = "{who} has no slots: a request takes the first free lane, until pre
 DEFAULT_HEIGHT_PX = 450  # plotly's height of a figure that sets none
 SUBTITLE_LINE_CHARS = 100  # plotly never wraps a subtitle: longer lines are cut at the edge
 NO_SERVER = (
-    "No server ran in this run, nor transformers' continuous batching: tick one under “Also run "
-    "on the host's servers”, or “Also run transformers' built-in continuous batching”."
+    "No server ran in this run, nor transformers' continuous batching: tick one under "
+    f"“{server_lanes.SERVERS_BOX}”, or “Also run transformers' built-in continuous batching”."
 )
 ROW_ORDER_NOTE = "rows in each scheduler's own order, which does not change the plan"
 
@@ -122,6 +122,21 @@ def plans_line(ours: Trace | None, name: str, record: Trace) -> str:
     return f"{line}, first difference at step {first['step']} ({reason})"
 
 
+def causes_lines(ours: Trace | None, name: str, record: Trace, server: Trace | None) -> list[str]:
+    """Beside a plans line that found a difference: each known cause, a sentence each
+    (``schedule_comparison.difference_causes``), the precisions read from ``server``'s facts
+    (``host_servers`` records a local server's there); empty when the plans are alike."""
+    if ours is None or not ours.steps:
+        return []
+    if schedule_comparison.compare_schedules(ours, record)["first_difference"] is None:
+        return []
+    facts = (server.info.get("server") or {}) if server is not None else {}
+    causes = schedule_comparison.difference_causes(
+        ours, record, facts.get("run_dtype"), facts.get("dtype")
+    )
+    return [cause.replace("vLLM", name) for cause in causes]
+
+
 def step_plan_line(ours: Trace | None, name: str, record: Trace, index: int) -> str:
     """Whether step ``index`` of ``record`` plans as ours: "step 50 plans as ours (...)" or
     "step 6 differs from ours: ..."; "" without our run."""
@@ -175,6 +190,7 @@ def step_figures(
             source,
             LANES_NOTE.format(who=scheduler_name(record)),
             _wrapped(plans_line(ours, name, record)),
+            *(_wrapped(cause) for cause in causes_lines(ours, name, record, runs[name])),
         ),
         labelled(
             mask,

@@ -205,6 +205,20 @@ def test_every_problem_of_a_row_is_named():
     assert message.count("Row 2") == 1 and "Row 1" not in message, message
 
 
+def test_every_bad_sampling_cell_of_a_row_is_named_at_once():
+    """A row's bad temperature, top_k and top_p are named in one message, and a bad seed cell
+    beside them hides none of them (issue 51, item 9)."""
+    for seed, named in ((None, ()), ("x", ("seed 'x' is not a whole number",))):
+        with pytest.raises(ValueError) as excinfo:
+            parse_table([["hi", 3, 0, -1, -4, 2, seed]])
+        message = str(excinfo.value)
+        for fragment in ("temperature -1 is below 0", "top_k -4 is below 0", "top_p 2 is outside"):
+            assert fragment in message, f"{fragment!r} not named (seed {seed!r}): {message!r}"
+        for fragment in named:
+            assert fragment in message, f"{fragment!r} not named: {message!r}"
+        assert message.count("Row 1") == 1, message
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
 def test_every_problem_of_an_uploaded_line_is_named(tmp_path, suffix):
     """An uploaded line with a blank prompt, cap 0 and arrival -1 names all three problems."""

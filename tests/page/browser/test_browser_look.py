@@ -57,6 +57,57 @@ def test_request_table_shows_whole_headers_and_caps(page: Page, size: dict):
     _shoot(page, "requests_table", size)
 
 
+# Each metrics header: its text, its right edge and the table's visible right edge (px), and
+# whether its longest word fits its column (no word split by overflow-wrap).
+METRICS_HEADERS_JS = """ths => {
+    const view = ths[0].closest('.virtual-table-viewport').getBoundingClientRect();
+    const ctx = document.createElement('canvas').getContext('2d');
+    return ths.map(th => {
+        const text = th.querySelector('.header') || th;
+        ctx.font = getComputedStyle(text).font;
+        const words = th.innerText.trim().split(/\\s+/);
+        const word = Math.max(...words.map(w => ctx.measureText(w).width));
+        const room = text.getBoundingClientRect().width;
+        return [th.innerText.trim(), th.getBoundingClientRect().right, view.right, word <= room];
+    });
+}"""
+
+
+def test_metrics_table_shows_every_column_whole_at_1400_px(page: Page):
+    """At 1,400 × 1,000 every metrics column shows whole, the last ("prefix-cache hit rate %")
+    within the table's right edge where it was cut, and no header's word is split."""
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    headers = page.locator("#metrics_table th")
+    expect(headers.first).to_be_visible(timeout=30_000)
+    page.wait_for_timeout(500)
+    shown = headers.evaluate_all(METRICS_HEADERS_JS)
+    cut = [(name, right, edge) for name, right, edge, _ in shown if right > edge + 1]
+    assert not cut, f"columns past the table's edge (name, right px, edge px): {cut}"
+    split = [name for name, _, _, whole in shown if not whole]
+    assert not split, f"headers whose longest word does not fit its column: {split}"
+    _shoot(page, "metrics_table", {"width": 1400})
+
+
+PHONE_CHART_PX = 324  # a chart's width on a 390-px phone, as the page lays it out
+
+
+def test_server_chart_titles_show_whole_on_a_phone(browser):
+    """The servers' charts, drawn as wide as a phone shows a chart, keep their titles within it:
+    "Servers' /metrics: …" ran past the right edge (issue 51, item 11)."""
+    from engine.page.figures import server_lanes
+
+    page = browser.new_page(viewport=PHONE)
+    for fig in (server_lanes.server_chart_figure({}), server_lanes.server_timeline_figure({})):
+        width = f"{PHONE_CHART_PX}px"
+        page.set_content(fig.to_html(include_plotlyjs=True, default_width=width))
+        title = page.locator(".gtitle")
+        expect(title).to_be_visible(timeout=30_000)
+        right = title.evaluate("t => t.getBoundingClientRect().right")
+        edge = page.locator(".main-svg").first.evaluate("s => s.getBoundingClientRect().right")
+        assert right <= edge, f"{title.text_content()!r} ends at {right:.0f} px, past {edge:.0f}"
+    page.close()
+
+
 # Each drawn prefill bar of the per-step chart: how wide it shows (its box plus its outline), px.
 PREFILL_BARS_JS = """plot => {
     const [trace] = Array.from(plot.querySelectorAll('.barlayer .trace.bars'))

@@ -31,6 +31,24 @@ def test_guided_tour_steps_point_at_live_charts(page: Page):
     assert page.locator("#continuous_timeline_plot").count() == 1
 
 
+def test_a_tour_steps_setup_link_sets_the_page_up(page: Page):
+    """One click on a step's "Set this up" opens the page set up for it, in a new tab: the
+    chunked-prefill step's long prompts at 2 slots with a token budget of 64 (issue 51, item 10)."""
+    page.get_by_text("Guided tour: what to look at").click()
+    tour = page.locator("#tour_walkthrough")
+    for number in range(1, 4):  # to step 4, chunked prefill
+        page.locator(f"#tour_next_{number}").click()
+    expect(tour).to_contain_text("token budget", timeout=10_000)
+    with page.context.expect_page(timeout=10_000) as opened:  # Gradio opens links in a tab
+        tour.get_by_role("link", name="Set this up").filter(visible=True).click()
+    shown = opened.value
+    expect(shown.locator("#preset_dropdown input")).to_have_value("Long prompts", timeout=30_000)
+    expect(shown.locator("#slots_slider input[type=range]")).to_have_value("2")
+    shown.get_by_text("Engine settings", exact=True).click()
+    expect(shown.locator("#token_budget_number input")).to_have_value("64", timeout=10_000)
+    shown.close()
+
+
 # Each step button of the tour: its text, the number's colour and height, and the button's width.
 STEP_BUTTONS_JS = """els => els.map(e => {
     const number = e.querySelector('.step-number');
@@ -42,7 +60,7 @@ STEP_BUTTONS_JS = """els => els.map(e => {
 
 
 def test_tour_on_a_phone_names_the_step_once_and_numbers_its_bars(page: Page):
-    """On a phone (390 px) the tour's header names the step once ("Step 1/5: Padding and the
+    """On a phone (390 px) the tour's header names the step once ("Step 1/7: Padding and the
     barrier") and every step bar shows its number (or a tick) in a visible colour, side by side
     within the screen."""
     page.set_viewport_size({"width": 390, "height": 844})
@@ -50,12 +68,12 @@ def test_tour_on_a_phone_names_the_step_once_and_numbers_its_bars(page: Page):
     tour = page.locator("#tour_walkthrough")
     expect(tour).to_have_class(re.compile(r"\bcompact\b"), timeout=10_000)
     expect(tour.locator(".step-title")).to_have_text(
-        re.compile(r"^\s*Step 1/5:\s*Padding and the barrier\s*$")
+        re.compile(r"^\s*Step 1/7:\s*Padding and the barrier\s*$")
     )
     page.locator("#tour_next_1").click()
-    expect(tour.locator(".step-title")).to_contain_text("Step 2/5: Iteration-level", timeout=10_000)
+    expect(tour.locator(".step-title")).to_contain_text("Step 2/7: Iteration-level", timeout=10_000)
     buttons = tour.locator(".step-button").evaluate_all(STEP_BUTTONS_JS)
-    assert len(buttons) == 5, buttons
+    assert len(buttons) == 7, buttons
     for i, button in enumerate(buttons, start=1):
         shown = button["svg"] or button["text"] == str(i)  # a visited step shows a tick
         assert shown, f"bar {i} shows neither its number nor a tick: {button}"

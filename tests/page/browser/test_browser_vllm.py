@@ -72,7 +72,7 @@ def _wait_for_vllm(page: Page) -> None:
     looks), then says it is ready."""
     line = page.locator("#servers_markdown")
     settings = r"\(eager · float32 · up to 2 sequences"
-    expect(line).to_contain_text(re.compile(rf"vllm: (starting vLLM|ready · vLLM \S+) {settings}"))
+    expect(line).to_contain_text(re.compile(rf"vllm: (starting vLLM…|ready · vLLM \S+) {settings}"))
     expect(line).to_contain_text("vllm: ready · vLLM", timeout=VLLM_START_TIMEOUT_MS)
 
 

@@ -10,6 +10,7 @@ whose run it is, and that Run measures the linked setup.
 from __future__ import annotations
 
 import dataclasses
+import re
 from types import SimpleNamespace
 
 import gradio as gr
@@ -21,6 +22,7 @@ from engine.page.handlers import opening, playground, recording
 from engine.page.run import shared_model
 from engine.page.run.run_handle import RunHandle
 from engine.page.run.run_options import RUN_INPUTS, RunSettings
+from engine.page.views import run_view
 from engine.page.views.run_view import RUN_OUTPUTS
 
 ROWS = [["hello world", 6], ["abc", 9]]
@@ -77,6 +79,23 @@ def test_a_link_to_a_setup_run_here_recently_shows_that_run_labelled(model, reco
     status = shown[OUT["status_markdown"]]
     assert status.startswith("**Shown at once:** measured at ") and "identical setup" in status
     assert shown[OUT["live_button"]].visible is True, "no way to run it live"
+
+
+def test_a_links_step_holds_on_a_run_shown_at_once(model, recorded):
+    """``?...&step=1`` on a setup run here recently shows that run at step 1: the slider and the
+    step views, where they showed its default step and Copy link then wrote that one (issue 51,
+    item 8); a step past the run is clamped to its last."""
+    settings = _settings()
+    values = [getattr(settings, n, None) for n in RUN_INPUTS]
+    *_, done = playground.run_event(*values[:-1], replay_recent=False)
+    state = done[OUT["run_state"]]
+    assert run_view.default_step(state.continuous) != 1, "pick a step that is not the default"
+    shown = _opened(_link(preset="one-long-many-short", step=1), LINKED, settings, recorded)
+    assert shown[OUT["step_slider"]].value == 1, f"slider at {shown[OUT['step_slider']].value}"
+    title = shown[OUT["packed_mask_plot"]].layout.title.text
+    assert re.search(r"\bstep 1\b", title), f"the packed mask is not at step 1: {title!r}"
+    far = _opened(_link(preset="one-long-many-short", step=999), LINKED, settings, recorded)
+    assert far[OUT["step_slider"]].value == state.num_steps - 1, "a step past the end not clamped"
 
 
 def test_a_link_to_another_setup_says_the_recorded_run_is_not_its_own(model, recorded):

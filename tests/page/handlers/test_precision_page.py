@@ -178,6 +178,18 @@ def test_a_near_tie_shows_per_engine_in_the_table_and_status_and_opens_its_view(
     assert top[2] == ["'7'", "3", "15", "3", "15.5"], top
 
 
+def test_a_near_tie_is_explained_in_plain_words_where_it_is_shown():
+    """Where a near-tie verdict is shown (the status line's counts and its divergence view) one
+    sentence a class can read says what a near-tie is and that it is not a bug (issue 51, item
+    10): a bfloat16 run whose every output is ≈ otherwise reads like a page of failures."""
+    _, verdicts = _judged()
+    summary = divergence_view.verdict_summary(verdicts, "`model.generate`")
+    markdown, _, _ = divergence_view.view(verdicts, "continuous:0", "bfloat16")
+    for where, shown in (("status line", summary), ("divergence view", markdown)):
+        for words in ("two best next tokens", "another order", "not a bug"):
+            assert words in shown, f"the {where} does not say {words!r}: {shown}"
+
+
 def test_the_divergence_dropdown_redraws_its_pick_and_copes_with_no_run():
     """The dropdown's handler shows the pick; without a run, or without a check, it says so."""
     _, verdicts = _judged()

@@ -1,5 +1,6 @@
 """The local vLLM's settings are fixed when the page starts: a run whose engines differ from it in
-prefix caching gets a warning line, like one in other slots or another precision."""
+prefix caching gets a warning line, like one in other slots or another precision, when that
+changes the comparison: prompts that share KV blocks, or prefix hits in vLLM's record."""
 
 from __future__ import annotations
 
@@ -7,6 +8,26 @@ from types import SimpleNamespace
 
 from engine.page.run import host_servers
 from engine.peers.vllm_server import VllmSettings
+from engine.trace import PREFILL, ScheduledSeq, StepRecord, Trace
+from engine.workloads.workload import SEED_REQUESTS
+from tests.tiny_model import make_requests
+
+SYSTEM = "You are the shop's helpful assistant; answer in one sentence. "  # 62 bytes: 3 blocks
+SHARED = make_requests([(SYSTEM + "Where is my parcel?", 4), (SYSTEM + "Can I return it?", 4)])
+UNSHARED = make_requests(list(SEED_REQUESTS))  # the article's six: no 16 tokens in common
+
+
+def _trace(hits: int = 0, block_size: int | None = 16) -> Trace:
+    """vLLM's trace of a run whose one admission found ``hits`` tokens in its prefix cache."""
+    seqs = [ScheduledSeq(0, 0, PREFILL, 20, 0, 0, hits)]
+    trace = Trace(engine="vllm", num_slots=3, steps=[StepRecord(0, 0.0, 1.0, seqs)])
+    trace.info["block_size"] = block_size
+    return trace
+
+
+def _warnings(prefix_caching: bool | None, name="vllm", ours=False, requests=SHARED, trace=None):
+    trace = trace or _trace()
+    return host_servers._prefix_warnings(_servers(prefix_caching), name, ours, requests, trace)
 
 
 def _servers(prefix_caching: bool | None) -> host_servers.PageServers:
@@ -18,17 +39,41 @@ def _servers(prefix_caching: bool | None) -> host_servers.PageServers:
 
 def test_a_run_without_prefix_caching_beside_vllms_default_is_warned():
     """vLLM caches prefixes by default; our engines without it: one line naming both."""
-    (line,) = host_servers._prefix_warnings(_servers(None), "vllm", False)
+    (line,) = _warnings(None)
     assert "vllm caches prompt prefixes" in line and "engines did not" in line, line
+    assert "prompts share 3 blocks of 16 tokens" in line, line
 
 
 def test_the_other_way_round_is_warned_too():
-    (line,) = host_servers._prefix_warnings(_servers(False), "vllm", True)
+    (line,) = _warnings(False, ours=True)
     assert "vllm does not cache prompt prefixes" in line and "engines did (" in line, line
 
 
 def test_alike_settings_an_endpoint_and_an_unknown_setting_are_not_warned():
-    assert host_servers._prefix_warnings(_servers(None), "vllm", True) == []
-    assert host_servers._prefix_warnings(_servers(False), "vllm", False) == []
-    assert host_servers._prefix_warnings(_servers(None), "remote", False) == []
-    assert host_servers._prefix_warnings(_servers(None), "vllm", None) == []
+    assert _warnings(None, ours=True) == []
+    assert _warnings(False, ours=False) == []
+    assert _warnings(None, name="remote") == []
+    assert _warnings(None, ours=None) == []
+
+
+def test_prompts_that_share_no_block_are_not_warned():
+    """The article's six prompts share no 16-token block and vLLM's record has no hit: the
+    difference in prefix caching changes nothing, so no line (issue 51, item 6)."""
+    assert _warnings(None, requests=UNSHARED) == [], "warned on prompts that share no prefix"
+    assert _warnings(None, requests=UNSHARED, trace=_trace(block_size=None)) == []
+
+
+def test_a_prefix_hit_in_vllms_record_is_warned_even_without_shared_prompts():
+    """vLLM's cache outlives a run: a hit from an earlier run's prompts changes this one."""
+    (line,) = _warnings(None, requests=UNSHARED, trace=_trace(hits=16))
+    assert "1 of its admissions started from cached blocks" in line, line
+
+
+def test_a_block_counts_only_where_a_prompt_goes_on_past_it():
+    """Two identical 16-token prompts share no servable block (the last token is computed);
+    17 tokens share one."""
+    same16 = make_requests([("a" * 16, 2), ("a" * 16, 2)])
+    same17 = make_requests([("a" * 17, 2), ("a" * 17, 2)])
+    assert _warnings(None, requests=same16) == []
+    (line,) = _warnings(None, requests=same17)
+    assert "share 1 block of 16 tokens" in line, line

@@ -224,3 +224,52 @@ def test_an_inside_timeline_on_our_longer_scale_says_where_its_record_ends(vllm)
     said = f"x axis shared with the other timelines · this run takes {len(record.steps)} steps"
     assert said in timeline.layout.title.subtitle.text, timeline.layout.title.subtitle.text
     assert timeline.layout.xaxis.range[1] == len(longer.steps), timeline.layout.xaxis.range
+
+
+def _causes(state: RunState) -> str:
+    subtitle = _inside_at(state, 0)["inside_timeline_plot"].layout.title.subtitle.text
+    return html.unescape(subtitle).replace("<br>", " ")
+
+
+def test_each_known_cause_of_unlike_plans_is_said_beside_the_comparison(vllm):
+    """Beside "first difference at step k", one sentence per known cause (issue 51, item 7): the
+    captured run's requests arrive over time (the client sends each when it arrives, nothing
+    holds vLLM's steps for it), ours ran 2 slots to its 3, in bfloat16 to its float32, and without
+    the prefix caching its record shows hits of; with every request at 0, a request that reached
+    vLLM after its first step began is named instead of the arrivals."""
+    from tiny_model import make_requests, tiny_runner
+
+    from engine.batching.continuous import ContinuousEngine
+    from engine.config import EngineConfig
+
+    arrivals = {r.request_id: r.arrival_s for r in vllm.requests}
+    specs = [("hello there", 4), ("a b c", 4), ("x", 4), ("yz", 4)]
+    requests = [
+        dataclasses.replace(r, arrival_s=arrivals[r.request_id]) for r in make_requests(specs)
+    ]
+    ours = ContinuousEngine(tiny_runner(), EngineConfig(2)).run(requests)
+    server = dataclasses.replace(vllm, info={**vllm.info, "server": {"dtype": "float32"}})
+    server.info["server"]["run_dtype"] = "bfloat16"
+    state = RunState(_state({}).static, ours, None, servers={"vllm": server})
+    said = _causes(state)
+    assert "first difference at step" in said, said
+    for cause in (
+        "Arrivals: the client sends each request to vllm at its arrival time",
+        "Slots: vllm runs up to 3 sequences at once, ours 2.",
+        "Precision: vllm computes in float32, ours in bfloat16",
+        "Prefix caching: vllm caches prompt prefixes, ours does not",
+    ):
+        assert cause in said, f"{cause!r} not said: {said!r}"
+
+    at_once = [dataclasses.replace(r, arrival_s=0.0) for r in requests]
+    ours = ContinuousEngine(tiny_runner(), EngineConfig(3)).run(at_once)
+    first_s = vllm.schedule.steps[0].start_s
+    late = [
+        dataclasses.replace(r, arrival_s=first_s + 0.01 * (r.request_id == 1))
+        for r in vllm.schedule.requests
+    ]
+    record = dataclasses.replace(vllm.schedule, requests=late)
+    server = dataclasses.replace(vllm, schedule=record)
+    said = _causes(RunState(_state({}).static, ours, None, servers={"vllm": server}))
+    assert "R1 reached vllm only after its first step began" in said, said
+    assert "Arrivals:" not in said and "Slots:" not in said, said
