@@ -92,3 +92,32 @@ def family_runner(family: str, seed: int = 5) -> ModelRunner:
         load_s=0.0,
     )
     return ModelRunner(loaded)
+
+
+# The folder tokenizer: one token per character, the rest <unk>; ids 0 (pad), 1 and 2 (EOS).
+_SPECIALS = ["<pad>", "</s>", "<eos>", "<unk>"]
+_CHARS = " abcdefghijklmnopqrstuvwxyz0123456789.,!?'-:;()TIQWRHAOSCEM\n"
+_CHAT = (
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}:{% endif %}"
+)
+
+
+def save_family_folder(family: str, folder) -> str:
+    """``family_model`` saved with ``save_pretrained`` beside a character tokenizer with a chat
+    template: a folder ``--model`` loads as it loads a downloaded model. Returns its path."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(_SPECIALS + list(dict.fromkeys(_CHARS)))}
+    assert len(vocab) == VOCAB, f"{len(vocab)} tokens for a vocabulary of {VOCAB}"
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = _CHAT
+    family_model(family).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)

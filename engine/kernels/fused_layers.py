@@ -165,7 +165,7 @@ class FusedDecoder:
         x = self._residual(layer.o, out, x, spec.post_attn, spec.residual_multiplier)
         h = x if spec.pre_mlp is None else self._norm(x, spec.pre_mlp)
         gate_up = layer.gate_up(h)  # (T, 2 I)
-        if self.layer_ops and layer_spec._is_silu(spec.act):
+        if self.layer_ops and spec.silu:
             act = torch.ops.cbp_layer.silu_mul(gate_up)  # (T, I)
         else:
             half = gate_up.shape[-1] // 2

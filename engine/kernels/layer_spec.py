@@ -52,6 +52,7 @@ class LayerSpec:
     gate_up: list[nn.Linear]  # [gate, up] or [gate_up]
     down: nn.Linear
     act: object  # the MLP's activation (a module or function)
+    silu: bool  # it computes SiLU, bit for bit (the C++ silu_mul and decode step serve it)
     pre_attn: Norm | None
     post_attn: Norm | None
     pre_mlp: Norm | None
@@ -79,7 +80,7 @@ class LayerSpec:
             and self.window is None
             and self.softcap is None
             and self.residual_multiplier == 1.0
-            and _is_silu(self.act)
+            and self.silu
         )
 
 
@@ -158,6 +159,7 @@ def _layer(layer: nn.Module, config, head_dim: int, typed_rope: bool) -> LayerSp
         gate_up=gate_up,
         down=down,
         act=act,
+        silu=_computes_silu(act),
         pre_attn=pre_attn,
         post_attn=post_attn,
         pre_mlp=pre_mlp,
@@ -256,5 +258,8 @@ def layer_window(attn: nn.Module, config) -> int | None:
     return getattr(config, "sliding_window", None)
 
 
-def _is_silu(act) -> bool:
-    return isinstance(act, nn.SiLU) or getattr(act, "__name__", "") == "silu"
+def _computes_silu(act) -> bool:
+    """Whether the activation gives ``F.silu``'s bits, read by running it on a probe."""
+    x = torch.linspace(-8.0, 8.0, 257)
+    with torch.no_grad():
+        return torch.equal(act(x), torch.nn.functional.silu(x))
