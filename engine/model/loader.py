@@ -249,14 +249,15 @@ def _load_named(name: str, dtype: torch.dtype) -> tuple[Any, Any]:
     else:
         source, where = name, "offline" if is_offline() else "hub"
     local_only = where != "hub"
-    _check_config(source, name, where)
+    config = _check_config(source, name, where)
+    _check_fits(config, name, dtype)
     try:
         return _from_pretrained(source, dtype, local_only)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"Could not load {name!r}: {_first_line(err)}") from err
 
 
-def _check_config(source: str, name: str, where: str) -> None:
+def _check_config(source: str, name: str, where: str):
     """Refuse models that are missing, need remote code, or are not causal LMs.
 
     `where` is "folder" (a local folder), "offline" (hub id, cache only) or "hub" (hub id, online).
@@ -292,6 +293,45 @@ def _check_config(source: str, name: str, where: str) -> None:
             f"Model {name!r} is a {config.model_type!r} model, not a causal language model; "
             f"pick a text-generation model such as {HUB_FALLBACK_ID}."
         )
+    return config
+
+
+def _check_fits(config, name: str, dtype: torch.dtype) -> None:
+    """Refuse a model whose weights alone exceed the memory this host has free.
+
+    Counts the parameters on the meta device (no memory, no weights read).
+
+    Raises:
+        ModelLoadError: the weights need more bytes than ``/proc/meminfo``'s MemAvailable.
+    """
+    from transformers import AutoModelForCausalLM
+
+    free = available_memory_bytes()
+    if free is None:
+        return
+    with torch.device("meta"):
+        try:
+            net = AutoModelForCausalLM.from_config(config)
+        except Exception:  # a config the meta device cannot build: the load itself will say
+            return
+    need = sum(p.numel() for p in net.parameters()) * torch.empty(0, dtype=dtype).element_size()
+    if need > free:
+        raise ModelLoadError(
+            f"Model {name!r} needs {need / 1e9:.1f} GB for its {str(dtype).removeprefix('torch.')} "
+            f"weights alone, and this host has {free / 1e9:.1f} GB free; pick a smaller model."
+        )
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable of ``/proc/meminfo`` in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def _from_pretrained(

@@ -241,3 +241,12 @@ def test_missing_folder_refused(tmp_path):
     """A path that is not an existing folder gives a one-line ModelLoadError."""
     with pytest.raises(ModelLoadError, match="No model folder"):
         load_model(str(tmp_path / "nope"), device="cpu")
+
+
+def test_a_model_over_the_hosts_memory_is_refused_before_loading(tmp_path):
+    """Weights larger than the memory free here: a one-line ModelLoadError naming both sizes,
+    before any weight is read (the folder holds none)."""
+    big = {"model_type": "llama", "hidden_size": 16384, "intermediate_size": 65536}
+    folder = _write_config(tmp_path / "big", big | {"num_hidden_layers": 200, "vocab_size": 256})
+    with pytest.raises(ModelLoadError, match=r"needs \d+\.\d GB .* this host has \d+\.\d GB free"):
+        load_model(str(folder), device="cpu")
