@@ -37,6 +37,7 @@ IDLE_ROW_COLOR = "#6e6e6e"  # static mask: attention of a row whose request alre
 MAX_HEATMAP_CELLS = 512 * 4096
 MAX_QUERY_CELLS, MAX_KEY_CELLS = 512, 4096  # tile sizes are chosen to fit this box
 PREFIX_MARK = "*"  # after the label of a key column taken from the prefix cache: "R3 pos 12*"
+GLOBAL_LAYERS = "global"  # the layer type without a window (``layer_types``)
 SMALL_GRID_CELLS = 80  # heatmaps up to this many cells a side get a 1-px gap between cells
 
 
@@ -166,6 +167,13 @@ def _packed_codes(
     from_cache = prefix_cached_keys(step, layout)  # (T_kv,)
     codes = torch.where(mask & from_cache[None, :], codes + num_seqs, codes)
     return torch.where(causal & ~mask, 2 * num_seqs, codes), from_cache
+
+
+def layer_types(trace: Trace) -> dict[str, int | None]:
+    """The packed mask's layer types for the run's model, by label, with their windows: "global"
+    (None), then "sliding (window W)" for each window it records (none on older runs)."""
+    windows = trace.info.get("sliding_windows") or []
+    return {GLOBAL_LAYERS: None} | {f"sliding (window {w})": w for w in windows}
 
 
 def _layers_note(window: int | None, num_outside: int) -> str:
