@@ -89,15 +89,7 @@ def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) 
     )
     *step_views, mask_layer = _step_views(shown)
     inside = server_panels.inside_plots(shown, list(server_names))
-    metrics = gr.Dataframe(
-        value=shown.metrics if shown is not None else None,
-        headers=tables.METRICS_HEADERS,
-        interactive=False,
-        wrap=True,
-        label="Metrics (hover a column's name for what it counts)",
-        column_widths=tables.METRICS_COLUMN_WIDTHS,
-        elem_id="metrics_table",
-    )
+    metrics = _metrics_table(shown)
     gr.Markdown(tables.METRICS_NOTE, elem_id="metrics_note")
     with gr.Row():
         latency_cdf = plot("latency_cdf_plot", shown and shown.latency_cdf)
@@ -127,6 +119,19 @@ def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) 
         inside,
         mask_layer,
         gr.State(mask_heatmaps.GLOBAL_LAYERS),
+    )
+
+
+def _metrics_table(shown: RunResult | None) -> gr.Dataframe:
+    """The metrics table, one row per engine, its column names explained on hover (page.js)."""
+    return gr.Dataframe(
+        value=shown.metrics if shown is not None else None,
+        headers=tables.METRICS_HEADERS,
+        interactive=False,
+        wrap=True,
+        label="Metrics (hover a column's name for what it counts)",
+        column_widths=tables.METRICS_COLUMN_WIDTHS,
+        elem_id="metrics_table",
     )
 
 
