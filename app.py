@@ -70,14 +70,14 @@ def wire_precision(settings, results, run_state) -> None:
 
 
 def wire_views(results, run_state) -> None:
-    """The slider's own moves (``input``) and the x-axis choice redraw the step views from the
-    stored run; a step the page sets (a run's, a link's) comes with its views in one update."""
-    changes = ((results.step_slider.input, "step"), (results.x_axis_radio.change, "x_axis"))
-    inputs = [run_state, results.step_slider, results.x_axis_radio]
+    """The slider's moves, the x-axis and the mask's layer type redraw the step views."""
+    r, views, inputs = results, results.step_views(), results.step_inputs(run_state)
     # preprocess=False: gr.Slider refuses a typed step out of range; step_views clamps it
     kwargs = dict(trigger_mode="always_last", preprocess=False, **QUIET)
-    for event, name in changes:
-        event(playground.update_step, inputs, results.step_views(), api_name=name, **kwargs)
+    for event, name in ((r.step_slider.input, "step"), (r.x_axis_radio.change, "x_axis")):
+        event(playground.update_step, inputs, views, api_name=name, **kwargs)
+    picked = [*inputs[:3], r.mask_layer_radio]  # a pick, or a Run's reset to "global"
+    r.mask_layer_radio.change(playground.layer_event, picked, [inputs[3], *views], **kwargs)
 
 
 def wire_setup(demo, requests, settings, results, run_state):

@@ -8,7 +8,8 @@
 //    queue for a moment, and its "yours is next" stood under the page's own.
 // 3. The metrics table's column names get hover definitions (window.CBP_METRIC_HELP, set below
 //    by launch.py from engine/page/tables.py), the scheduling policies theirs
-//    (window.CBP_POLICY_HELP, from engine/page/panels/settings_panel.py).
+//    (window.CBP_POLICY_HELP, from engine/page/panels/settings_panel.py), the packed mask's
+//    layer types theirs, by the label's first word (window.CBP_LAYER_HELP, from results_panel.py).
 // 4. Clicks on Run ("Run live anyway" too) and Stop are numbered in one sequence: the latest
 //    Run click's number (window.cbpRunClick) goes with each Run press, the Stop click's with
 //    Stop, so the server acts in click order and tells Gradio's replay of a deferred click.
@@ -95,6 +96,11 @@
     for (const choice of document.querySelectorAll("#policy_radio label")) {
       const name = (choice.textContent || "").trim();
       if (help[name] && choice.title !== help[name]) choice.title = help[name];
+    }
+    const layers = window.CBP_LAYER_HELP || {};
+    for (const choice of document.querySelectorAll("#mask_layer_radio label")) {
+      const name = (choice.textContent || "").trim().split(" ")[0];
+      if (layers[name] && choice.title !== layers[name]) choice.title = layers[name];
     }
   };
 

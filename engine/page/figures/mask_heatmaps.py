@@ -4,7 +4,8 @@ Built from an ``engine.trace.Trace`` alone, through the same mask functions the 
 (``engine.serving.masks``), so what the page draws is what the engine computed. A heatmap never
 hands the browser more than ``MAX_HEATMAP_CELLS`` cells: bigger masks are max-pooled into tiles, and
 the subtitle says so. Where two requests in one mask share a colour (ids seven apart), both are
-named. Keys a sequence took from the prefix cache are drawn paler (``prefix_cached_keys``).
+named. Keys a sequence took from the prefix cache are drawn paler (``prefix_cached_keys``). Drawn
+for a sliding-window layer, the keys its window hides from a query are light grey: the band.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from engine.serving.masks import (
 from engine.trace import IDLE, PREFILL, StepRecord, Trace
 
 PAD_COLOR = "#c8c8c8"  # static mask: cells of left-padding tokens
+WINDOW_COLOR = "#dedede"  # packed mask: a key of the query's own request outside its window
 IDLE_ROW_COLOR = "#6e6e6e"  # static mask: attention of a row whose request already finished
 MAX_HEATMAP_CELLS = 512 * 4096
 MAX_QUERY_CELLS, MAX_KEY_CELLS = 512, 4096  # tile sizes are chosen to fit this box
 PREFIX_MARK = "*"  # after the label of a key column taken from the prefix cache: "R3 pos 12*"
+GLOBAL_LAYERS = "global"  # the layer type without a window (``layer_types``)
 SMALL_GRID_CELLS = 80  # heatmaps up to this many cells a side get a 1-px gap between cells
 
 
@@ -63,15 +66,18 @@ def _tile_labels(n: int, factor: int) -> list[str]:
 
 
 def _heatmap(
-    codes: torch.Tensor, x: list, y: list, colors: list[str], hover: str
+    codes: torch.Tensor, x: list, y: list, colors: list[str], hover: str, under: int = -1
 ) -> tuple[go.Figure, int, int]:
     """A figure of integer codes (-1 = blank) drawn with one colour per code, and its tile size
     ``(fq, fk)``: a grid over ``MAX_HEATMAP_CELLS`` is max-pooled into tiles first, each labelled
-    with its rows' and columns' ranges instead of ``y`` and ``x`` (``(1, 1)``: not pooled)."""
+    with its rows' and columns' ranges instead of ``y`` and ``x`` (``(1, 1)``: not pooled). The
+    code ``under`` fills only a tile that holds no other code (-1: none such)."""
     fq, fk = _tile_factors(*codes.shape)
     if (fq, fk) != (1, 1):
         y, x = _tile_labels(codes.shape[0], fq), _tile_labels(codes.shape[1], fk)
-        codes, hover = _max_pool(codes, fq, fk), "queries %{y} → keys %{x}"
+        hover, low = "queries %{y} → keys %{x}", codes == under
+        codes = _max_pool(torch.where(low, -1, codes), fq, fk)
+        codes = torch.where((codes < 0) & (_max_pool(low.long(), fq, fk) > 0), under, codes)
     z = codes.to(torch.float32)
     z[codes < 0] = float("nan")
     gap = 1 if max(codes.shape) <= SMALL_GRID_CELLS else 0  # cell borders only where they show
@@ -93,8 +99,9 @@ def _tiles_note(fq: int, fk: int) -> str:
     return f"<br>aggregated: each cell is a {fq}×{fk} tile of tokens" if fq * fk > 1 else ""
 
 
-def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
-    """The block-diagonal causal mask of one packed (continuous) step, coloured by request.
+def mask_heatmap(trace: Trace, step_index: int, window: int | None = None) -> go.Figure:
+    """The block-diagonal causal mask of one packed (continuous) step, coloured by request;
+    with a ``window``, a sliding-window layer's, the keys its window hides in light grey.
 
     Rows are query tokens in packed order, columns keys laid out ``[all cached | all new]`` as in
     ``engine.serving.masks``; a cell is coloured by the sequence that owns it where attention is
@@ -104,17 +111,16 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
     layout = packed_layout(
         [s.num_cached_tokens for s in step.seqs], [s.num_new_tokens for s in step.seqs]
     )
-    mask = block_diagonal_causal_mask(layout)  # (T, T_kv)
-    num_q, num_kv = mask.shape
-    codes = torch.where(mask, layout.q_seq[:, None].expand_as(mask), -1)  # (T, T_kv)
-    from_cache = prefix_cached_keys(step, layout)  # (T_kv,)
-    codes = torch.where(mask & from_cache[None, :], codes + len(step.seqs), codes)
+    codes, from_cache = _packed_codes(step, layout, window)  # (T, T_kv), (T_kv,)
+    num_q, num_kv = codes.shape
     names = [f"R{s.request_id}" for s in step.seqs]
     y = _token_labels(names, layout.q_seq, layout.q_pos)
     x = _token_labels(names, layout.k_seq, layout.k_pos, from_cache)
     colors = [request_color(s.request_id) for s in step.seqs]
     colors += [paler(c) for c in colors]  # the same requests' keys from the prefix cache
-    fig, fq, fk = _heatmap(codes, x, y, colors, "query %{y} → key %{x}")
+    band = len(colors)  # the code of a key outside the window
+    hover = "query %{y} → key %{x}"
+    fig, fq, fk = _heatmap(codes, x, y, [*colors, WINDOW_COLOR], hover, under=band)
     if layout.num_cached_keys > 0:
         fig.add_vline(
             x=layout.num_cached_keys / fk - 0.5,
@@ -129,6 +135,8 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
         f"{counted(num_q, 'query', 'queries')} × {counted(num_kv, 'key')} · "
         f"{n_prefill} prefill + {len(step.seqs) - n_prefill} decode"
     ) + _tiles_note(fq, fk)
+    if window is not None or trace.info.get("sliding_windows"):
+        subtitle += "<br>" + _layers_note(window, int((codes == band).sum()))
     num_from_cache = int(from_cache.sum())
     if num_from_cache:
         subtitle += (
@@ -140,6 +148,42 @@ def mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
         fig, [(q.request_id, a // fq) for q, a in zip(step.seqs, starts, strict=True)]
     )
     return _mask_axes(style_figure(fig, title, subtitle), "keys: cached | this step's new tokens")
+
+
+def _packed_codes(
+    step: StepRecord, layout: PackedLayout, window: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-cell codes of a packed step (S = its sequences): the query's sequence index where it
+    attends, + S where the key came from the prefix cache, 2S where a causal key of its own
+    sequence is outside the ``window``, -1 elsewhere; and which keys came from the prefix cache.
+
+    Shapes:
+        returns: codes [T, T_kv], from_cache [T_kv] bool
+    """
+    num_seqs = len(step.seqs)
+    causal = block_diagonal_causal_mask(layout)  # (T, T_kv)
+    mask = block_diagonal_causal_mask(layout, window)  # (T, T_kv): causal within the window
+    codes = torch.where(mask, layout.q_seq[:, None].expand_as(mask), -1)  # (T, T_kv)
+    from_cache = prefix_cached_keys(step, layout)  # (T_kv,)
+    codes = torch.where(mask & from_cache[None, :], codes + num_seqs, codes)
+    return torch.where(causal & ~mask, 2 * num_seqs, codes), from_cache
+
+
+def layer_types(trace: Trace) -> dict[str, int | None]:
+    """The packed mask's layer types for the run's model, by label, with their windows: "global"
+    (None), then "sliding (window W)" for each window it records (none on older runs)."""
+    windows = trace.info.get("sliding_windows") or []
+    return {GLOBAL_LAYERS: None} | {f"sliding (window {w})": w for w in windows}
+
+
+def _layers_note(window: int | None, num_outside: int) -> str:
+    """The subtitle's line on the layer type drawn: global, or sliding with its window."""
+    if window is None:
+        return "global layers: each query sees every earlier key of its request"
+    return (
+        f"sliding layers, window {window}: each query sees its request's last "
+        f"{counted(window, 'key')}; light grey: {counted(num_outside, 'cell')} outside the window"
+    )
 
 
 def _token_labels(names: list[str], seq, pos, from_cache=None) -> list[str]:

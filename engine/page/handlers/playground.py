@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 import gradio as gr
 
+from engine.page.figures.mask_heatmaps import GLOBAL_LAYERS
 from engine.page.handlers import run_turns
 from engine.page.handlers.run_turns import run_engines
 from engine.page.inputs.page_io import toast_text
@@ -267,11 +268,20 @@ def _stopped_outputs(previous: RunState | None, message: str, x_axis: str) -> tu
     return progress_view.stopped_outputs(shown, message)
 
 
-def update_step(state: RunState | None, step_index, x_axis: str) -> tuple:
-    """Redraw the heatmaps, block map and timeline cursors at a step (no model call)."""
+def update_step(
+    state: RunState | None, step_index, x_axis: str, layer: str = GLOBAL_LAYERS
+) -> tuple:
+    """Redraw the heatmaps, block map and timeline cursors at a step, the packed mask of the
+    ``layer`` type (no model call)."""
     if state is None:
         return (gr.skip(),) * len(STEP_VIEW_OUTPUTS)
-    return step_views(state, int(step_index or 0), x_axis).as_tuple()
+    return step_views(state, int(step_index or 0), x_axis, layer or GLOBAL_LAYERS).as_tuple()
+
+
+def layer_event(state: RunState | None, step_index, x_axis: str, layer: str) -> tuple:
+    """A layer type picked (or a Run's reset to "global"): kept for the later redraws
+    (``update_step``), and the step views redrawn with it."""
+    return (layer, *update_step(state, step_index, x_axis, layer))
 
 
 def link_step_event(state: RunState | None, pending_step: int | None, x_axis: str) -> tuple:

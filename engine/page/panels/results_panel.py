@@ -13,10 +13,18 @@ from dataclasses import dataclass, fields, is_dataclass
 import gradio as gr
 
 from engine.knobs import KNOB
+from engine.page.figures import mask_heatmaps
 from engine.page.panels import server_panels
 from engine.page.panels.server_panels import plot
 from engine.page.views import divergence_view, run_view, tables
 from engine.page.views.run_view import RunResult
+
+# The layer types' hover texts, by the label's first word (assets/page.js sets them as titles).
+LAYER_HELP = {
+    "global": "A global layer: each query attends to every earlier key of its own request.",
+    "sliding": "A sliding-window layer (Mistral, Gemma's local layers): each query attends to "
+    "the last W keys of its own request only; the older ones, light grey, are outside its window.",
+}
 
 
 @dataclass
@@ -40,11 +48,17 @@ class ResultsPanel:
     server_timeline_plot: gr.Plot | None = None  # hidden without servers
     server_chart_plot: gr.Plot | None = None
     inside: server_panels.InsidePlots | None = None  # a server's own record; hidden without servers
+    mask_layer_radio: gr.Radio | None = None  # the packed mask's layer type; hidden without windows
+    mask_layer_state: gr.State | None = None  # the type the step views draw: no input of the API
 
     def step_views(self) -> list:
         """The views a step or an x-axis change redraws, in ``run_view.STEP_VIEW_OUTPUTS`` order."""
         found = by_elem_id(self)
         return [found[name] for name in run_view.STEP_VIEW_OUTPUTS]
+
+    def step_inputs(self, run_state: gr.State) -> list:
+        """What a step redraw reads, in ``playground.update_step``'s order."""
+        return [run_state, self.step_slider, self.x_axis_radio, self.mask_layer_state]
 
 
 def by_elem_id(*panels) -> dict:
@@ -73,17 +87,9 @@ def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) 
     x_axis = gr.Radio(
         list(axis.labels), value=axis.default, label=axis.label, elem_id="x_axis_radio"
     )
-    step_views = _step_views(shown)
+    *step_views, mask_layer = _step_views(shown)
     inside = server_panels.inside_plots(shown, list(server_names))
-    metrics = gr.Dataframe(
-        value=shown.metrics if shown is not None else None,
-        headers=tables.METRICS_HEADERS,
-        interactive=False,
-        wrap=True,
-        label="Metrics (hover a column's name for what it counts)",
-        column_widths=tables.METRICS_COLUMN_WIDTHS,
-        elem_id="metrics_table",
-    )
+    metrics = _metrics_table(shown)
     gr.Markdown(tables.METRICS_NOTE, elem_id="metrics_note")
     with gr.Row():
         latency_cdf = plot("latency_cdf_plot", shown and shown.latency_cdf)
@@ -111,6 +117,21 @@ def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) 
         servers_line,
         *server_plots,
         inside,
+        mask_layer,
+        gr.State(mask_heatmaps.GLOBAL_LAYERS),
+    )
+
+
+def _metrics_table(shown: RunResult | None) -> gr.Dataframe:
+    """The metrics table, one row per engine, its column names explained on hover (page.js)."""
+    return gr.Dataframe(
+        value=shown.metrics if shown is not None else None,
+        headers=tables.METRICS_HEADERS,
+        interactive=False,
+        wrap=True,
+        label="Metrics (hover a column's name for what it counts)",
+        column_widths=tables.METRICS_COLUMN_WIDTHS,
+        elem_id="metrics_table",
     )
 
 
@@ -155,7 +176,8 @@ def divergence_panel(shown: RunResult | None) -> DivergencePanel:
 
 
 def _step_views(shown: RunResult | None) -> tuple:
-    """Both timelines, the step slider, both masks and the block map, in ``ResultsPanel`` order."""
+    """Both timelines, the step slider, both masks and the block map, in ``ResultsPanel`` order,
+    then the packed mask's layer type, above the masks."""
     v = shown.views if shown is not None else None
     with gr.Row():
         static_timeline = plot("static_timeline_plot", v and v.static_timeline)
@@ -168,8 +190,17 @@ def _step_views(shown: RunResult | None) -> tuple:
         label=run_view.slider_label(shown.state) if shown else "Step (one forward pass)",
         elem_id="step_slider",
     )
+    layers = list(mask_heatmaps.layer_types(shown.state.continuous)) if shown else []
+    mask_layer = gr.Radio(
+        layers or [mask_heatmaps.GLOBAL_LAYERS],
+        value=mask_heatmaps.GLOBAL_LAYERS,
+        label="Layers: the packed mask of a global or a sliding-window layer (hover for each)",
+        visible=len(layers) > 1,
+        elem_id="mask_layer_radio",
+    )
     with gr.Row():
         packed_mask = plot("packed_mask_plot", v and v.packed_mask)
         static_mask = plot("static_mask_plot", v and v.static_mask)
     block_map = plot("block_map_plot", v and v.block_map)
-    return static_timeline, continuous_timeline, step_slider, packed_mask, static_mask, block_map
+    views = static_timeline, continuous_timeline, step_slider, packed_mask, static_mask, block_map
+    return *views, mask_layer

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from functools import partial
 from typing import Any
 
 import gradio as gr
@@ -55,6 +56,7 @@ RUN_OUTPUTS = (
     "inside_block_map_plot",
     "inside_usage_plot",
     "inside_column",  # shown when transformers' record is drawn on a page without servers
+    "mask_layer_radio",  # the packed mask's layer type: shown for a model with sliding windows
 )
 CHART_HEADINGS = ("Static timeline", "Continuous timeline", "Packed mask", "Static mask")
 INSIDE_HEADINGS = ("{name}'s own timeline", "{name}'s packed mask", "{name}'s KV block map")
@@ -214,6 +216,7 @@ class RunResult:
             **divergence_view.run_outputs(self.state, run_status.servers_note(self.state)),
             inside_usage_plot=self.inside_usage,
             inside_column=gr.Column(visible=True) if self.inside_shown else gr.skip(),
+            mask_layer_radio=layer_radio(self.state.continuous),
         )
 
 
@@ -257,18 +260,23 @@ def write_downloads(state: RunState) -> list[str]:
     return [str(path) for path in [*paths, charts_path]]
 
 
-def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
-    """Both timelines on one x scale, cursor at ``step_index``; masks and block map at that step.
+def step_views(
+    state: RunState, step_index: int, x_axis: str, layer: str = mask_heatmaps.GLOBAL_LAYERS
+) -> StepViews:
+    """Both timelines on one x scale, cursor at ``step_index``; masks and block map at that step,
+    the packed mask of the ``layer`` type (``mask_heatmaps.layer_types``).
 
     A step outside the slider's range (any number can be typed into its box) is clamped to the
     first or last step.
     """
     step_index = min(max(int(step_index), 0), max(state.num_steps - 1, 0))
     x_max = _x_max(state, x_axis)
+    window = mask_heatmaps.layer_types(state.continuous).get(layer)
+    packed = partial(mask_heatmaps.mask_heatmap, window=window)
     views = StepViews(
         static_timeline=timeline(state.static, x_axis, x_max, step_index),
         continuous_timeline=timeline(state.continuous, x_axis, x_max, step_index),
-        packed_mask=_at_step(mask_heatmaps.mask_heatmap, state.continuous, step_index),
+        packed_mask=_at_step(packed, state.continuous, step_index),
         static_mask=_at_step(mask_heatmaps.static_mask_heatmap, state.static, step_index),
         block_map=_at_step(block_map.block_map_figure, state.continuous, step_index),
     )
@@ -277,6 +285,13 @@ def step_views(state: RunState, step_index: int, x_axis: str) -> StepViews:
     )
     views.inside_timeline, views.inside_mask, views.inside_block_map = inside
     return views
+
+
+def layer_radio(trace: Trace) -> gr.Radio:
+    """The layer-type selector's update for a new run: its types, "global" chosen, shown only
+    when the run's model has sliding windows."""
+    choices = list(mask_heatmaps.layer_types(trace))
+    return gr.Radio(choices=choices, value=mask_heatmaps.GLOBAL_LAYERS, visible=len(choices) > 1)
 
 
 def _x_max(state: RunState, x_axis: str) -> float:
