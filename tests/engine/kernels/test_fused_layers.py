@@ -167,19 +167,25 @@ def test_stacked_onednn_matmul_is_the_separate_ones_bitwise(num_rows):
 
 
 def test_a_model_the_fused_layers_do_not_know_runs_through_its_own_layers():
-    """A model the fused layers do not support gets none; the engine calls the model instead."""
-    model = tiny_model(seed=5)
-    model.config.hidden_act = "gelu"
-    assert fused_layers.unsupported_reason(model) == "activation 'gelu'"
-    with pytest.raises(ValueError, match="activation 'gelu'"):
-        fused_layers.FusedDecoder(model, "skinny")
+    """A layer the fused layers cannot read (a LayerNorm where an RMSNorm was) gets none: the
+    reason names it, the layers path says so, and the engine calls the model instead."""
     runner = tiny_runner()
-    runner.model.config.hidden_act = "gelu"  # the modules keep SiLU: only the check sees this
+    layer = runner.model.model.layers[1]
+    with torch.no_grad():
+        norm = torch.nn.LayerNorm(64, eps=1e-5)
+        norm.weight.normal_(1.0, 0.2)
+    layer.post_attention_layernorm = norm
+    reason = fused_layers.unsupported_reason(runner.model)
+    assert reason is not None and "post_attention_layernorm (LayerNorm)" in reason, reason
+    with pytest.raises(ValueError, match="LayerNorm"):
+        fused_layers.FusedDecoder(runner.model, "skinny")
     assert runner.fused_decoder is None
+    assert runner.layers_path == f"transformers: {reason}"
     requests = make_requests(SPECS[:3])
     reference = ReferenceCache(runner).outputs(requests)
     trace = ContinuousEngine(runner, EngineConfig(3)).run(requests)
     assert {r.request_id: r.output_token_ids for r in trace.requests} == reference
+    assert runner.decoder_layers == "transformers", runner.decoder_layer_steps
 
 
 def test_the_fused_copies_count_in_engine_kernel_bytes():
