@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from tiny_model import make_requests, step_logits, tiny_model, tiny_runner
+from tiny_model import make_requests, step_logits, tiny_runner
 from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
