@@ -28,7 +28,13 @@ from engine.page.views import divergence_view, progress_view, run_status, tables
 from engine.page.views.run_view import RunState, render
 from engine.sequence import Request
 from engine.serving.run_control import RunControl, RunStopped
-from engine.worker.comparison import ComparisonJob, JudgeJob, judge_in_worker, work_in_worker
+from engine.worker.comparison import (
+    ComparisonJob,
+    JudgeJob,
+    judge_in_worker,
+    traces_by_name,
+    work_in_worker,
+)
 from engine.worker.progress import EngineProgress, ProgressLog, Take
 from engine.worker.worker_model import pace_parts
 
@@ -99,10 +105,7 @@ def run_work(
 def run_parts_s(state) -> dict[str, float]:
     """A finished run's seconds in each engine's steps and in their prefill, as its traces timed
     them (``engine.worker.worker_model.pace_parts``), for the queue."""
-    traces = {"static": state.static, "continuous": state.continuous}
-    if state.hf_continuous is not None:
-        traces["hf_continuous"] = state.hf_continuous
-    return pace_parts(traces)
+    return pace_parts(traces_by_name(state.static, state.continuous, state.hf_continuous))
 
 
 def report_progress(queue: RunQueue, ticket: Ticket, progress: dict[str, EngineProgress]) -> None:
