@@ -27,8 +27,9 @@ from engine.model.loader import LoadedModel, load_model
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request
 from engine.trace import Trace
+from engine.worker.engine_thread import ENGINE_THREAD
 from engine.worker.engines import make_engine
-from engine.worker.worker_process import ENGINE_THREAD, ModelSpec
+from engine.worker.worker_process import ModelSpec
 from engine.workloads.workload import parse_table, tokenize_requests
 
 # Timed by ``time_pace`` for the queue's first estimates: a tour run in small, 28 static steps
