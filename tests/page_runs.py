@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from engine.page.handlers.run_turns import run_engines
+from engine.page.handlers.playground import run_engines
 from engine.page.inputs.page_io import toast_text
 from engine.page.run.run_options import RunOptions, prepare
 from engine.page.run.shared_model import SharedModel

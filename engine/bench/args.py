@@ -16,6 +16,7 @@ from engine.config import EngineConfig
 from engine.knobs import KNOB, KNOBS, Knob
 from engine.peers.endpoints import Endpoint, parse_endpoints, with_records
 from engine.sampling_params import SamplingParams, with_defaults
+from engine.worker.engines import KV_MODE_OF
 from engine.workloads.workload import load_jsonl, poisson_arrivals, seed_specs
 
 DESCRIPTION = (
@@ -33,7 +34,6 @@ ENGINES = (
     "llamacpp_q4",  # the same server on the embedded model's shipped Q4_1 GGUF
 )
 SERVERS = ("vllm", "llamacpp", "llamacpp_q4")  # the engines that are local servers
-KV_MODE_OF = {"continuous": "slots", "continuous_paged": "paged", "continuous_concat": "concat"}
 # Engines that --batch-invariant cannot reach, and why (the bench says so rather than ignore it).
 OWN_KERNELS = "runs its own kernels, outside this project's control"
 NOT_INVARIANT = {
@@ -245,7 +245,7 @@ def endpoints(args: argparse.Namespace) -> list[Endpoint]:
 def engine_options(args: argparse.Namespace) -> dict:
     """The continuous engines' ``EngineConfig`` options from the knobs' flags: all but the slots
     (``EngineConfig``'s first argument) and ``--prefix-caching`` (only ``continuous_paged`` and
-    ``hf_continuous`` take it, as ``cli.make_engine``'s ``prefix_caching``)."""
+    ``hf_continuous`` take it, as ``engine.worker.engines.make_engine``'s ``prefix_caching``)."""
     return {
         knob.config: getattr(args, knob.name)
         for knob in KNOBS

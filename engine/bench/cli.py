@@ -17,7 +17,6 @@ import statistics
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable
 
 from engine.batching.continuous import ContinuousEngine
@@ -51,6 +50,7 @@ from engine.fidelity.reference import comparison, mismatches, not_compared_ids, 
 from engine.kernels import cpu_share
 from engine.peers.openai_engine import OpenAIEngine
 from engine.trace import Trace
+from engine.worker.engines import make_engine
 from engine.workloads.workload import tokenize_requests
 
 # The ``engine.trace.RunMetrics`` fields of an engine's JSON entry, and the ``RequestRecord``
@@ -59,39 +59,6 @@ METRIC_FIELDS = ("num_generated_tokens", "padding_waste_pct", "slot_utilisation_
                  "num_preemptions", "num_cached_tokens", "prefix_cache_hit_rate")  # fmt: skip
 REQUEST_FIELDS = ("request_id", "prompt", "max_new_tokens", "output_token_ids", "output_text",
                   "ttft_s", "latency_s", "num_prompt_tokens", "num_cached_tokens")  # fmt: skip
-
-
-def make_engine(name: str, runner, num_slots: int, prefix_caching: bool = False, **options):
-    """An engine by its bench name; ``options`` go to the continuous engines' ``EngineConfig``.
-
-    ``prefix_caching`` turns on ``continuous_paged``'s prefix cache and ``hf_continuous``'s
-    block sharing; the other engines cannot share KV and ignore it. ``batch_invariant`` (in
-    ``options``) also reaches the static engine; transformers' engine warns that it ignores it.
-
-    Raises:
-        ValueError: unknown name or invalid options.
-    """
-    invariant = bool(options.get("batch_invariant"))
-    if name == "static":
-        return StaticEngine(runner, EngineConfig(num_slots, batch_invariant=invariant))
-    if name == "static_generate":  # the same waves on plain model.generate matmuls
-        engine = StaticEngine(runner, EngineConfig(num_slots), engine_kernels=False)
-        engine.name = name
-        return engine
-    if name in KV_MODE_OF:
-        sharing = {"prefix_caching": prefix_caching} if name == "continuous_paged" else {}
-        config = EngineConfig(num_slots, kv_mode=KV_MODE_OF[name], **options, **sharing)
-        engine = ContinuousEngine(runner, config)
-        engine.name = name
-        return engine
-    if name == "hf_continuous":
-        from engine.peers.transformers_engine import HFContinuousEngine
-
-        config = EngineConfig(num_slots, batch_invariant=invariant)
-        with warnings.catch_warnings():  # the bench says it itself (args.ignored_flags)
-            warnings.simplefilter("ignore", UserWarning)
-            return HFContinuousEngine(runner, config, block_sharing=prefix_caching)
-    raise ValueError(f"Unknown engine {name!r}; choose from {', '.join(ENGINES)}.")
 
 
 def run_engines(
@@ -220,7 +187,7 @@ def _normal_engines(runner, num_slots: int, names: list[str], options: dict) -> 
         return {}
     plain = {**options, "batch_invariant": False}
     return {
-        name + NORMAL: make_engine(name, runner, num_slots, **plain)
+        name + NORMAL: make_engine(name, runner, EngineConfig(num_slots, **plain))
         for name in names
         if name == "static" or name in KV_MODE_OF
     }
@@ -267,8 +234,9 @@ def _setup(args):
     )
     match_block_size(args, names, loaded)
     options = engine_options(args)
+    config = EngineConfig(args.slots, **options)
     ours = {
-        n: make_engine(n, runner, args.slots, args.prefix_caching, **options)
+        n: make_engine(n, runner, config, args.prefix_caching)
         for n in names
         if n in ENGINES and n not in SERVERS
     }

@@ -25,14 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.batching.continuous import ContinuousEngine
-from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
 from engine.fidelity.divergence import judge_runs
 from engine.model.model_runner import ModelRunner
-from engine.peers.transformers_engine import HFContinuousEngine
 from engine.sequence import Request
 from engine.trace import Trace
+from engine.worker.engines import make_engine
 
 Watch = Callable[..., None]  # watch(engine, trace, done=False, waiting=False)
 
@@ -75,11 +73,19 @@ class ComparisonResult:
     batch_invariant: bool = False
 
     def traces(self) -> dict[str, Trace]:
-        """The engines' traces by name: static, continuous, then transformers' when it ran."""
-        runs = {"static": self.static, "continuous": self.continuous}
-        if self.hf_continuous is not None:
-            runs["hf_continuous"] = self.hf_continuous
-        return runs
+        """The engines' traces by name (``traces_by_name``)."""
+        return traces_by_name(self.static, self.continuous, self.hf_continuous)
+
+
+def traces_by_name(
+    static: Trace, continuous: Trace, hf_continuous: Trace | None = None
+) -> dict[str, Trace]:
+    """A run's engine traces by name, in the order shown: static, continuous, then transformers'
+    when it ran (the page adds its servers after them)."""
+    runs = {"static": static, "continuous": continuous}
+    if hf_continuous is not None:
+        runs["hf_continuous"] = hf_continuous
+    return runs
 
 
 def work_in_worker(model: ComparisonModel, job: ComparisonJob, watch: Watch) -> ComparisonResult:
@@ -93,10 +99,9 @@ def work_in_worker(model: ComparisonModel, job: ComparisonJob, watch: Watch) -> 
     model = model.in_dtype(job.dtype)
     runner, config, requests = model.runner, job.config, job.requests
     invariant = config.batch_invariant
-    static_config = EngineConfig(config.num_slots, batch_invariant=invariant)
     result = ComparisonResult(
-        static=_run_engine(StaticEngine(runner, static_config), "static", requests, watch),
-        continuous=_run_engine(ContinuousEngine(runner, config), "continuous", requests, watch),
+        static=_run_engine(make_engine("static", runner, config), requests, watch),
+        continuous=_run_engine(make_engine("continuous", runner, config), requests, watch),
         dtype=model.dtype_name,
         batch_invariant=invariant,
     )
@@ -104,7 +109,7 @@ def work_in_worker(model: ComparisonModel, job: ComparisonJob, watch: Watch) -> 
         watch("hf_continuous", None)
         stop_check = functools.partial(watch, "hf_continuous", waiting=True)
         hf_config = dataclasses.replace(config, batch_invariant=False)  # the page says why
-        hf_engine = HFContinuousEngine(runner, hf_config, block_sharing=config.prefix_caching)
+        hf_engine = make_engine("hf_continuous", runner, hf_config)
         result.hf_continuous = hf_engine.run(requests, on_wait=stop_check)
     if job.check_reference:
         source = model.reference_for(invariant)
@@ -113,8 +118,9 @@ def work_in_worker(model: ComparisonModel, job: ComparisonJob, watch: Watch) -> 
     return result
 
 
-def _run_engine(engine, name: str, requests: list[Request], watch: Watch) -> Trace:
+def _run_engine(engine, requests: list[Request], watch: Watch) -> Trace:
     """One of our engines over ``requests``, every step and wait watched; its trace."""
+    name = engine.name
     trace = engine.run(
         requests,
         lambda trace, _step: watch(name, trace),

@@ -30,6 +30,9 @@ class EngineProgress:
     trace: Trace | None = None  # a snapshot: every finished request in, steps <= 0.5 s old
     waiting: bool = False  # the engine is waiting for requests to arrive
     note: str | None = None  # what a server engine is waiting for ("starting the server (12 s)")
+    # when it was sent, by ``time.monotonic()`` (the host's clock since boot, on Linux the same in
+    # every process), so a page that reads it late still times the steps right
+    sent_s: float | None = None
 
 
 def snapshot(trace: Trace) -> Trace:
@@ -87,7 +90,9 @@ class ProgressLog:
         if trace_id == sent_id and state == sent_state and not (done or due):
             return
         fresh = trace_id != sent_id or engine not in self._sent
-        self._send_to(dataclasses.replace(entry, trace=entry.trace if fresh else None))
+        self._send_to(
+            dataclasses.replace(entry, trace=entry.trace if fresh else None, sent_s=now_s)
+        )
         self._sent[engine] = (trace_id, state)
         self._sent_s[engine] = now_s
 

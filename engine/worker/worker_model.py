@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from engine.batching.continuous import ContinuousEngine, kv_pool_blocks
-from engine.batching.static import StaticEngine
+from engine.batching.continuous import kv_pool_blocks
 from engine.config import EngineConfig
 from engine.fidelity import reference_store
 from engine.fidelity.reference import ReferenceCache, SoloReference
@@ -28,7 +27,9 @@ from engine.model.loader import LoadedModel, load_model
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request
 from engine.trace import Trace
-from engine.worker.worker_process import ENGINE_THREAD, ModelSpec
+from engine.worker.engine_thread import ENGINE_THREAD
+from engine.worker.engines import make_engine
+from engine.worker.worker_process import ModelSpec
 from engine.workloads.workload import parse_table, tokenize_requests
 
 # Timed by ``time_pace`` for the queue's first estimates: a tour run in small, 28 static steps
@@ -149,8 +150,8 @@ class WorkerModel:
             specs, self.loaded.tokenizer, chat_template=False, max_context=self.loaded.max_context
         )
         config = EngineConfig(num_slots=2)
-        StaticEngine(self.runner, config).run(requests)
-        ContinuousEngine(self.runner, config).run(requests)
+        for name in ("static", "continuous"):
+            make_engine(name, self.runner, config).run(requests)
 
     def time_pace(self) -> Pace:
         """Time both engines and the reference (``model.generate``, one request at a time, kept
@@ -161,8 +162,8 @@ class WorkerModel:
             specs, self.loaded.tokenizer, chat_template=False, max_context=self.loaded.max_context
         )
         config = EngineConfig(num_slots=3)
-        static = StaticEngine(self.runner, config).run(requests)
-        continuous = ContinuousEngine(self.runner, config).run(requests)
+        static = make_engine("static", self.runner, config).run(requests)
+        continuous = make_engine("continuous", self.runner, config).run(requests)
         reference = ReferenceCache(self.runner)  # no store: these outputs are no one's run
         references = reference.missing(requests)
         start_s = time.perf_counter()

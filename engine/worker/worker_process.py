@@ -1,150 +1,36 @@
-"""Where the engines run: one worker interface, two transports (a thread here, or a process).
+"""The process transport: a worker in a process of its own, both its ends.
 
-A run's engine work is a job ``fn(model, *args, watch)``: a module-level function with core types
-in and out (``comparison``, ``model_facts``), run on the model that holds the weights
-(``worker_model``). ``worker.run(fn, args, control, take)`` runs it and hands each engine's
-progress to ``take(EngineProgress)`` as it goes; ``control`` (the run's ``RunControl``) ends it
-within one step or wait. Two workers answer it:
+``ProcessWorker(spec, cpus)`` is a process that loads the model (``ModelSpec``) on CPUs of its
+own (``worker_main.pin_process``), so the page's per-session Python, which holds the GIL the
+engines need between torch calls, never slows a run (docs/measurements.md, "Does the room
+slow the run being measured?"). It answers ``transport.Worker`` over a pipe, with
+``transport.answer``'s messages. The worker imports core modules only.
 
-- ``ThreadWorker(model)``: a model in this process (the page's ``SharedModel``), on the engine
-  thread (ZeroGPU, ``CBP_ENGINE_PROCESS=off``, tests).
-- ``ProcessWorker(spec, cpus)``: a process of its own that loads the model (``ModelSpec``) on
-  CPUs of its own (``pin_process``), so the page's per-session Python, which holds the GIL the
-  engines need between torch calls, never slows a run (docs/measurements.md, "Does the room slow
-  the run being measured?"). It imports core modules only::
-
-    page ──(fn, args, time limit, time left)─────────▶ worker
-    page ◀──("progress", EngineProgress)─────────────── worker   per engine: every 0.5 s, and
-    page ◀──("done", value) or ("error", exception)──── worker   when a request finishes
-
-  The page's stop event stops its control too. Exceptions cross as they are (type and message;
-  tracebacks stay behind). A process that dies fails its run with ``EngineProcessLost``, and the
-  next run starts a fresh one.
-
-Every torch call runs on one thread per process, ``ENGINE_THREAD`` (the page's) or the worker
-process's main thread (which ``adopt``s the role), so torch's CPU kernels keep one OpenMP pool, not
-one per thread that starts parallel work (what a second pool costs: ``engine.model.openmp_env``).
+Stop sets an event the process shares, so the worker's control raises at its next step. A
+process that dies fails its job with ``EngineProcessLost``, and the next job starts a fresh one.
+Exceptions cross as they are (type and message; tracebacks stay behind). The worker's side is
+``worker_main``.
 """
 
 from __future__ import annotations
 
-import faulthandler
 import importlib
 import importlib.machinery
-import math
 import multiprocessing
-import os
-import queue
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import torch
+from typing import Any
 
 from engine.serving.run_control import RunControl, RunStopped
-from engine.worker import progress
-from engine.worker.progress import ProgressLog, Take
+from engine.worker.progress import Take
+from engine.worker.transport import Job, run_to_end
+from engine.worker.worker_main import worker_main
 
-POLL_S = 0.05  # the page checks its RunControl this often while it waits for the worker
 STOP_GRACE_S = 30.0  # a stopped worker answers within a step; past this it is ended
-
-
-# --- the engine thread ---------------------------------------------------------------------------
-
-
-class EngineThread:
-    """A daemon thread that runs submitted calls one after the other, in submission order."""
-
-    def __init__(self, name: str = "cbp-engine"):
-        self.name = name
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._adopted = False  # the thread is one that called ``adopt``: no loop serves calls
-
-    @property
-    def ident(self) -> int | None:
-        """The thread's ``threading.get_ident()``, or None before the first call."""
-        return None if self._thread is None else self._thread.ident
-
-    def adopt(self) -> None:
-        """Make the calling thread the engine thread, so ``call`` runs directly on it (the worker
-        process's main thread: ``in_dtype`` and the loads then stay on it and its one OpenMP
-        pool). Nothing may ``submit`` afterwards (no loop serves the queue)."""
-        with self._lock:
-            assert self._thread is None, "the engine thread already runs"
-            self._thread = threading.current_thread()
-            self._adopted = True
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        """Queue ``fn(*args)``; the future holds its value, or what it raised."""
-        future: Future = Future()
-        assert not self._adopted, "submit() on an adopted engine thread: call() instead"
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-                self._thread.start()
-        self._calls.put((future, fn, args))
-        return future
-
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on the thread, waiting for it (directly when already on the thread).
-
-        Raises:
-            Exception: whatever ``fn`` raised.
-        """
-        if threading.get_ident() == self.ident:
-            return fn(*args)
-        return self.submit(fn, *args).result()
-
-    def _loop(self) -> None:
-        while True:
-            future, fn, args = self._calls.get()
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # handed to the caller through the future
-                future.set_exception(exc)
-            del future, fn, args  # nothing of a finished call stays alive while the thread waits
-
-
-ENGINE_THREAD = EngineThread()  # the page's one engine thread
-
-
-# --- the worker interface and its in-process transport -------------------------------------------
-
-
-class Worker(Protocol):
-    """Where a run's engine jobs go (see the module docstring)."""
-
-    def run(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Any:
-        """``fn(model, *args, watch)`` on the model with the weights; its value.
-
-        Raises:
-            RunStopped: ``control`` stopped the run (``EngineProcessLost``: the process died).
-            Exception: whatever ``fn`` raised, same type and message.
-        """
-        ...
-
-
-class ThreadWorker:
-    """The worker in this process: ``model`` (the page's ``SharedModel``) on ``ENGINE_THREAD``."""
-
-    def __init__(self, model: Any):
-        self.model = model
-
-    def run(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Any:
-        """``Worker.run`` on the engine thread (directly when called there)."""
-        return ENGINE_THREAD.call(fn, self.model, *args, ProgressLog(control, take).watch)
-
-
-# --- the process transport: the page's end -------------------------------------------------------
 
 
 class EngineProcessLost(RunStopped):
@@ -170,18 +56,18 @@ class ProcessWorker:
     """The page's end of one worker process, started with multiprocessing's *spawn* context (a
     fork would copy a process whose torch and OpenMP threads exist, with locks held by threads
     the child does not have), without the page's main script (``_start_without_main``). One
-    run at a time."""
+    job at a time: ``submit`` waits for the one under way."""
 
     def __init__(self, spec: ModelSpec, cpus: tuple[int, ...] | None = None):
         self.spec = spec
         self.cpus = cpus  # the worker's CPUs, a torch thread each (pin_process); None: the page's
         self._context = multiprocessing.get_context("spawn")
-        self._lock = threading.Lock()  # held by the run in progress
+        self._lock = threading.Lock()  # held by the job under way
         self._process = None
         self._conn = None
         self._stop = None
         self._ready = False
-        self._busy = False  # a job was sent and its answer has not come
+        self._abandoned: _ProcessJob | None = None  # closed before its answer: read it first
 
     @property
     def pid(self) -> int | None:
@@ -202,21 +88,25 @@ class ProcessWorker:
         """
         with self._lock:
             self._start()
-            self._await_ready(RunControl())
+            while not self._ready:
+                self._take_status(self._receive())
+
+    def submit(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Job:
+        """``transport.Worker.submit`` in the worker process (started first if none lives)."""
+        self._lock.acquire()
+        try:
+            self._settle()
+            self._start()
+            self._stop.clear()
+            self._conn.send(((fn, args), control.time_limit_s, control.time_left_s()))
+        except BaseException:
+            self._lock.release()
+            raise
+        return _ProcessJob(self, control, take)
 
     def run(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Any:
-        """``Worker.run`` in the worker process (started first if none lives)."""
-        with self._lock:
-            self._start()
-            try:
-                self._await_ready(control)
-                self._stop.clear()
-                self._conn.send((fn, args, control.time_limit_s, control.time_left_s()))
-                self._busy = True  # until its answer arrives
-                return self._await_result(control, take)
-            finally:
-                if self._busy:  # the page gave up on a job that goes on: end the worker
-                    self._discard()
+        """``transport.Worker.run`` in the worker process."""
+        return run_to_end(self.submit(fn, args, control, take))
 
     def close(self) -> None:
         """End the worker (the page stops)."""
@@ -238,51 +128,32 @@ class ProcessWorker:
         there.close()  # the worker's end: a dead worker then reads as end of file here
         self._conn, self._ready = here, False
 
-    def _await_ready(self, control: RunControl) -> None:
-        """Wait for the worker's model (stoppable).
+    def _take_status(self, message: tuple) -> None:
+        """A ``("ready", None)`` or ``("failed", exception)`` from the worker's start.
 
         Raises:
             Exception: the model failed to load in the worker (its exception).
         """
-        while not self._ready:
-            if self._conn.poll(POLL_S):
-                kind, payload = self._receive()
-                if kind == "failed":
-                    self._discard()
-                    raise payload
-                self._ready = kind == "ready"
-            elif not self._process.is_alive():
-                raise self._lost()
-            control.check()
+        kind, payload = message
+        if kind == "failed":
+            self._discard()
+            raise payload
+        self._ready = self._ready or kind == "ready"
 
-    def _await_result(self, control: RunControl, take: Take) -> Any:
-        """Hand the job's progress to ``take`` until its answer; once ``control`` stops the run,
-        stop the worker's job (and end the worker if it does not answer in time)."""
-        stopped: RunStopped | None = None
-        deadline_s = math.inf
-        while True:
-            if self._conn.poll(POLL_S):
-                kind, payload = self._receive()
-                if kind == "done":
-                    self._busy = False
-                    return payload
-                if kind == "error":
-                    self._busy = False
-                    raise stopped if stopped and isinstance(payload, RunStopped) else payload
-                if stopped is None:
-                    take(payload)
-            elif not self._process.is_alive():
-                raise self._lost()
-            if stopped is None:
-                try:
-                    control.check()
-                except RunStopped as exc:
-                    stopped = type(exc)(str(exc))
-                    self._stop.set()  # the worker's control raises at its next step
-                    deadline_s = time.monotonic() + STOP_GRACE_S
-            if time.monotonic() > deadline_s:
-                self._discard()  # it did not answer: the next run starts a fresh one
-                raise stopped
+    def _settle(self) -> None:
+        """Read the answer of a job closed before it came (it was stopped), so the next job's
+        messages are its own; a worker that does not answer in time is ended."""
+        job, self._abandoned = self._abandoned, None
+        if job is None or self._conn is None:
+            return
+        deadline_s = time.monotonic() + STOP_GRACE_S
+        try:
+            while self._conn.poll(max(0.0, deadline_s - time.monotonic())):
+                if self._receive()[0] in ("done", "error", "failed"):
+                    return
+        except EngineProcessLost:
+            return
+        self._discard()
 
     def _receive(self) -> tuple:
         try:
@@ -311,8 +182,71 @@ class ProcessWorker:
             self._process.join(5.0)
         if self._conn is not None:
             self._conn.close()
-        self._process, self._conn, self._ready, self._busy = None, None, False, False
+        self._process, self._conn, self._ready = None, None, False
         self._stop = None  # its semaphore goes with it (a new worker gets a new event)
+
+
+class _ProcessJob(Job):
+    """A job sent to the worker process; it holds the worker's lock until its answer. Once
+    ``control`` stops (Stop, the time limit), the worker's stop event is set and its progress is
+    no longer handed on; a worker that then does not answer within ``STOP_GRACE_S`` is ended."""
+
+    def __init__(self, worker: ProcessWorker, control: RunControl, take: Take):
+        super().__init__(take)
+        self._worker, self._control = worker, control
+        self._stop_event = worker._stop
+        self._stopped: RunStopped | None = None
+        self._deadline_s = float("inf")
+        self._held = True
+
+    def stop(self) -> None:
+        self._control.stop()
+        self._stop_event.set()  # at once: Stop's own thread calls this
+
+    def close(self) -> None:
+        if not self.ended and self._held:
+            self.stop()
+            self._worker._abandoned = self
+        self._release()
+
+    def _receive(self, timeout_s: float | None) -> tuple | None:
+        self._check_stop()
+        worker, left_s = self._worker, self._deadline_s - time.monotonic()
+        try:
+            if left_s <= 0:
+                worker._discard()  # it did not answer: the next job starts a fresh one
+                return "error", self._stopped
+            wait_s = left_s if timeout_s is None else min(timeout_s, left_s)
+            if not worker._conn.poll(None if wait_s == float("inf") else wait_s):
+                return None
+            kind, payload = worker._receive()
+            if kind in ("ready", "failed"):
+                worker._take_status((kind, payload))
+            elif kind == "error" and self._stopped and isinstance(payload, RunStopped):
+                payload = self._stopped  # the page's reason (Stop, the time limit)
+            elif kind == "progress" and self._stopped:
+                kind = "stopped"  # not handed on
+            return kind, payload
+        except Exception as exc:  # the process died, or its model failed to load
+            return "error", exc
+
+    def _check_stop(self) -> None:
+        if self._stopped is not None:
+            return
+        try:
+            self._control.check()
+        except RunStopped as exc:
+            self._stopped = type(exc)(str(exc))
+            self._stop_event.set()  # the worker's control raises at its next step
+            self._deadline_s = time.monotonic() + STOP_GRACE_S
+
+    def _answered(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._held:
+            self._held = False
+            self._worker._lock.release()
 
 
 def _start_without_main(process) -> None:
@@ -332,91 +266,3 @@ def _start_without_main(process) -> None:
         process.start()
     finally:
         main.__spec__ = spec
-
-
-# --- the process transport: the worker's side ----------------------------------------------------
-
-
-def worker_main(spec: ModelSpec, conn, stop_event, cpus: tuple[int, ...] | None = None) -> None:
-    """The worker: keep to ``cpus`` (None: the page's), load ``spec``'s model, then answer jobs
-    until the page goes (end of file or None). Every torch call happens on this, its main
-    thread, with one torch thread per CPU of ``cpus``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the page's to handle: it ends us
-    faulthandler.enable()  # a crash in native code says where, in the page's log
-    if cpus and pin_process(cpus):  # before any parallel work: its pool has them
-        torch.set_num_threads(len(cpus))
-    try:
-        _serve(spec, conn, stop_event)
-    except BaseException as exc:  # said in the page's log: a run only learns that it ended
-        print(f"Engine process {os.getpid()} ends: {type(exc).__name__}: {exc}", flush=True)
-        raise
-
-
-def _serve(spec: ModelSpec, conn, stop_event) -> None:
-    ENGINE_THREAD.adopt()  # loads of other precisions (in_dtype) stay on this thread too
-    try:
-        model = spec.load(spec)
-        for name in spec.preload:
-            importlib.import_module(name)
-    except BaseException as exc:  # told to the page, which raises it for the run that waits
-        _send(conn, ("failed", exc.with_traceback(None)))
-        return
-    _send(conn, ("ready", None))
-    print(f"Engine process {os.getpid()} ready: {model.label}", flush=True)
-    while True:
-        try:
-            job = conn.recv()
-        except (EOFError, OSError):  # the page is gone
-            return
-        if job is None:
-            return
-        _send(conn, _answer(model, job, conn, stop_event))
-
-
-def _answer(model, job: tuple, conn, stop_event) -> tuple:
-    """Run one job: ``("done", value)`` or ``("error", exception)``."""
-    fn, args, time_limit_s, time_left_s = job
-    control = RunControl(time_limit_s, time_left_s, stop=stop_event)  # the page's Stop too
-    log = ProgressLog(
-        control, lambda entry: _send(conn, ("progress", entry)), progress.SNAPSHOT_INTERVAL_S
-    )
-    try:
-        return "done", fn(model, *args, log.watch)
-    except BaseException as exc:
-        # a fresh stop (the caught one's traceback holds the engines' frames and KV cache)
-        stopped = isinstance(exc, RunStopped)
-        return "error", type(exc)(str(exc)) if stopped else exc.with_traceback(None)
-
-
-def _send(conn, message: tuple) -> None:
-    """Send ``message``; a value or exception that cannot be pickled is sent as a RuntimeError
-    naming it. A closed pipe (the page is gone) ends the worker."""
-    try:
-        conn.send(message)
-    except (BrokenPipeError, EOFError, ConnectionResetError):
-        raise SystemExit("the page closed its end of the pipe") from None
-    except Exception as exc:  # pickling failed: nothing was written
-        what = type(message[1]).__name__
-        conn.send(("error", RuntimeError(f"the engine process could not send a {what}: {exc}")))
-
-
-def pin_process(cpus: tuple[int, ...]) -> bool:
-    """Pin every thread of this process to ``cpus`` (threads made later inherit it).
-
-    Returns False, changing nothing more, where the system has no affinity or refuses it.
-    """
-    if not hasattr(os, "sched_setaffinity"):
-        return False
-    try:
-        threads = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        threads = [0]  # the calling thread only
-    try:
-        for thread in threads:
-            try:
-                os.sched_setaffinity(thread, cpus)
-            except ProcessLookupError:  # a thread that ended meanwhile
-                continue
-    except OSError:
-        return False
-    return True

@@ -1,12 +1,11 @@
 """Handlers: the page's events as plain functions, testable without a browser.
 
-``playground``: Run, Stop and the step slider; ``run_turns``: a pressed Run's way to the model and
-its engine work; ``recording``: the recorded run the page opens on (``make record``); ``opening``:
+``playground``: Run, Stop and the step slider (a Run followed through its ``engine.page.run.run``
+object); ``recording``: the recorded run the page opens on (``make record``); ``opening``:
 what a page opened from a setup link shows before its first Run. May import the core and every
 page room below it.
 
-Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
-``run_turns`` serves it from inside.
+Nothing is imported here: import the modules by name. ``__all__`` is the room's face.
 """
 
 __all__ = [

@@ -17,8 +17,9 @@ import dataclasses
 import gradio as gr
 
 from engine.page.figures.style import counted
-from engine.page.handlers import recording, run_turns
+from engine.page.handlers import playground, recording
 from engine.page.inputs import link_query, page_io
+from engine.page.run.run import RunRequest
 from engine.page.run.run_options import RunSettings, options_from_page, prepare, settings_from_run
 from engine.page.run.shared_model import PageModel, get_model
 from engine.page.views import run_status
@@ -53,7 +54,7 @@ def link_opened(request: gr.Request | None, preset_name: str | None, *values) ->
         return run_outputs()
     recent, recorded = model.recent.find(linked), recording.recorded_settings()
     if recent is not None:
-        shown = run_turns.replayed_outputs(recent, model.recent.age_s(recent), settings.x_axis)
+        shown = playground.replayed_outputs(recent, model.recent.age_s(recent), settings.x_axis)
         shown = _at_step(shown, recent.state, page_io.link_step(request), settings.x_axis)
     elif _setup_key(model, _without_servers(settings)) != _setup_key(model, recorded):
         shown = run_outputs(status_markdown=not_linked_status(previous, preset_name, settings))
@@ -132,7 +133,7 @@ def not_linked_status(previous, preset_name: str | None, settings: RunSettings) 
 
 
 def _setup_key(model: PageModel, settings: RunSettings) -> tuple | None:
-    """``run_turns.setup_key`` of the run that Run would start with ``settings`` on ``model``;
+    """``RunRequest.setup_key`` of the run that Run would start with ``settings`` on ``model``;
     None when Run would refuse it, or would run another precision than ``model``'s."""
     if (settings.dtype or "auto").strip().lower() not in ("auto", model.dtype_name):
         return None
@@ -141,4 +142,4 @@ def _setup_key(model: PageModel, settings: RunSettings) -> tuple | None:
         requests, config = prepare(model, settings.rows, settings.num_slots, options)
     except ValueError:
         return None
-    return run_turns.setup_key(model, requests, config, options)
+    return RunRequest(model, requests, config, options).setup_key()

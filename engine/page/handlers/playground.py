@@ -1,26 +1,25 @@
 """The page's handlers as plain functions, testable without a browser: Run, Stop, the step slider.
 
-``app.py`` only lays out components and wires them to these. ``run_event`` (the Run button) runs
-the static and the continuous engine (and, if asked, the per-request ``model.generate``
-reference) on the same tokenized requests, its turn on the model taken (``run_turns``), and
-renders every output (``engine.page.views.run_view``); ``update_step`` redraws the step views
-from the stored traces. The model is ``engine.page.run.shared_model.get_model``'s; tests put
-their own ``SharedModel`` (imported from here) in its place.
+``app.py`` only lays out components and wires them to these. ``run_event`` (the Run button) makes
+the run's ``RunRequest``, follows its ``Run`` (``engine.page.run.run``: a recent identical run at
+once, or a place in the queue, then the engines, the reference and the chosen servers) in one
+wait loop, and renders every output (``engine.page.views.run_view``); ``update_step`` redraws the
+step views from the stored traces. The model is ``engine.page.run.shared_model.get_model``'s;
+tests put their own ``SharedModel`` (imported from here) in its place.
 """
 
 from __future__ import annotations
 
-import functools
-import time
+import dataclasses
+import math
 from collections.abc import Callable, Iterator
 
 import gradio as gr
 
 from engine.page.figures.mask_heatmaps import GLOBAL_LAYERS
-from engine.page.handlers import run_turns
-from engine.page.handlers.run_turns import run_engines
 from engine.page.inputs.page_io import toast_text
-from engine.page.run.live_run import LiveRun
+from engine.page.run.recent_runs import RecentRun, replay_label
+from engine.page.run.run import Ended, Left, Replay, Run, RunAnswer, Running, RunRequest, Waiting
 from engine.page.run.run_handle import IDLE, REPEAT_PRESS, STOPPED_PRESS, RunHandle, Turn
 from engine.page.run.run_options import (
     RUN_SIGNATURE,
@@ -31,18 +30,23 @@ from engine.page.run.run_options import (
     view_inputs,
 )
 from engine.page.run.shared_model import SharedModel, get_model  # noqa: F401
-from engine.page.views import progress_view, run_status
+from engine.page.views import divergence_view, progress_view, run_status, tables
 from engine.page.views.run_view import (
     STEP_VIEW_OUTPUTS,
-    RunResult,
     RunState,
     render,
     run_outputs,
     step_views,
 )
-from engine.serving.run_control import RunCancelled, RunControl, RunStopped, run_time_limit_s
+from engine.serving.run_control import RunCancelled, RunStopped
 
 PROGRESS_INTERVAL_S = 0.5  # at most two live updates a second (fewer: progress_view)
+QUEUE_POLL_S = 1.0  # how often a waiting run looks at its place
+# A waiting run's line is sent when its words change, else every this many seconds: each send
+# costs the server CPU taken from the run being measured, times a room of waiting people
+# (docs/measurements.md, "What a waiting room costs the page"). A run whose browser vanished stops
+# at its next send, so its ticket goes stale (``run_queue.STALE_S``) within this many seconds more.
+QUEUE_RESEND_S = 20.0
 STOPPED = "**Stopped** before the end."
 STOPPED_IN_QUEUE = "**Stopped** before it started: it left the queue."
 RUNNING_NOTE = "**Running:** its progress is in the status line below."
@@ -57,10 +61,11 @@ def run_event(*values, **named) -> Iterator[tuple]:
     its signature is ``run_options.RUN_SIGNATURE``) or by name. Yields the tuple app.py's
     outputs expect: live updates every ``PROGRESS_INTERVAL_S`` at most, paced by
     ``progress_view.LiveTimelines``, while the engines run on the engine thread or in the
-    engine process (``LiveRun``), then ``RunResult.as_outputs()``. Stop (through the session's
-    ``RunHandle``), a closed tab (``session_end_event``) or Gradio closing the generator stops
-    the worker within one step, and the ``previous`` results come back with "Stopped". The
-    chosen servers (``server_names``: ``engine.page.run.host_servers``) run last.
+    engine process (its ``Run``, polled by one wait loop), then ``RunResult.as_outputs()``.
+    Stop (through the session's ``RunHandle``), a closed tab (``session_end_event``) or Gradio
+    closing the generator stops the worker within one step, and the ``previous`` results come
+    back with "Stopped". The chosen servers (``server_names``: ``engine.page.run.host_servers``)
+    run last.
 
     Bad input (a bad table, slot count or knob, a KV budget too small for a request, a
     ``ValueError`` an engine raises mid-run) and a model that cannot load are not errors of the
@@ -91,97 +96,83 @@ run_event.__signature__ = RUN_SIGNATURE  # Gradio names /run's parameters and de
 
 
 def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
-    """``run_event``'s work once the run may start: check the input, then show a recent identical
-    run at once, or wait for the model's turn, run, stream and finish (``run_turns``)."""
+    """``run_event``'s work once the run may start: check the input, then follow its ``Run``
+    (a recent identical run at once, or a place in the queue, then the engines) to its end."""
     try:
-        options = options_from_page(settings)  # every input checked, the table's shape too
         x_axis, replay = view_inputs(settings)
-        model = get_model()  # one that cannot load (a ValueError) is told as "Not run" too
-        model = model.in_dtype(options.dtype)  # a dtype the device cannot run: refused here
-        requests, config = prepare(model, settings.rows, settings.num_slots, options)
-        key = run_turns.setup_key(model, requests, config, options)
-        recent = model.recent.find(key) if replay else None
-        if recent is None:
-            reference = model.reference_for(config.batch_invariant)
-            work = run_turns.run_work(requests, config, options, reference)
-            setup = key if replay else None  # shown an identical run, if one ends
-            ticket = model.queue.join(str(id(handle)), work, setup)
-            handle.queued(turn, functools.partial(model.queue.leave, ticket))
-    except ValueError as exc:
+        run = Run(run_request(settings, replay), handle, turn)  # every input checked
+    except ValueError as exc:  # a model that cannot load (a ValueError) is told as "Not run" too
         yield _refused_outputs(previous, exc)
         return
-    if recent is not None:
-        yield run_turns.replayed_outputs(recent, model.recent.age_s(recent), x_axis)
-        return
-    find = functools.partial(model.recent.find, key) if replay else lambda: None
-    try:
-        waited = yield from run_turns.wait_for_turn(model.queue, ticket, turn, find)
-        if waited == run_turns.STOPPED:
+    with run:
+        ended = yield from _follow(run, x_axis)
+        if isinstance(ended, Ended) and not turn.abandoned:
+            yield from _finished_outputs(run, ended, previous, x_axis)
+        elif isinstance(ended, Left):
             yield _left_queue_outputs(previous)
-            return
-        if waited != run_turns.TURN:  # an identical run finished while this one waited
-            yield run_turns.replayed_outputs(waited, model.recent.age_s(waited), x_axis)
-            return
-        run = (model, requests, config, options)
-        yield from _run_live(run, handle, turn, ticket, key, previous, x_axis)
-    finally:
-        model.queue.leave(ticket)
 
 
-def _run_live(run: tuple, handle: RunHandle, turn: Turn, ticket, key, previous, x_axis: str):
-    """The run itself, its turn on the model taken (``ticket``): Stop gets its control through
-    ``handle``; stream its progress (the queue learns its steps as they are done), then its
-    results, from which the queue learns its pace, kept under its setup ``key`` for identical
-    runs. A run its tab abandoned (``Turn.abandoned``) ends there: nothing is rendered for nobody,
-    and nothing is kept.
+def run_request(settings: RunSettings, replay: bool = True) -> RunRequest:
+    """The ``RunRequest`` of the page's inputs, on the shared model in the run's precision.
 
     Raises:
-        gr.Error: ``CBP_RUN_TIME_LIMIT_S`` is not a time limit, or the run passed it.
+        ValueError: a bad input (table, slot count, knob, precision, a KV budget too small for
+            a request), or a model that cannot load.
     """
-    model, requests, config, options = run
-    try:
-        control = RunControl(run_time_limit_s())
-    except ValueError as exc:  # a bad host setting
-        raise gr.Error(toast_text(exc), print_exception=False) from exc
-    handle.attach(turn, control)
-    started_s = time.monotonic()
+    options = options_from_page(settings)  # every input checked, the table's shape too
+    model = get_model().in_dtype(options.dtype)  # a dtype the device cannot run: refused here
+    requests, config = prepare(model, settings.rows, settings.num_slots, options)
+    return RunRequest(model, requests, config, options, replay, judged=tables.compared)
 
-    def work(take: Callable) -> RunState:  # the status line shows progress, not a Gradio bar
-        return run_engines(model, requests, config, options, take, control)
 
-    def done(state: RunState, result: RunResult) -> None:
-        if not turn.abandoned:  # first: those waiting for it see it
-            model.recent.keep(key, state, result.downloads)
-        model.queue.finish(ticket, time.monotonic() - started_s, run_turns.run_parts_s(state))
-
+def _follow(run: Run, x_axis: str):
+    """The handler's one wait loop: yield the run's place while it waits, then its progress,
+    paced by ``progress_view.LiveTimelines``; returns how it ended (``Ended`` or ``Left``), a
+    replayed run already shown."""
+    sent, sent_s = None, -math.inf
     views = progress_view.LiveTimelines()  # updates and redraws paced within a CPU budget
     note = RUNNING_NOTE  # the first update says so under Run too
-    watch = functools.partial(run_turns.report_progress, model.queue, ticket)
-    with LiveRun(work, control, watch) as live:
-        while not live.wait(views.wait_s(PROGRESS_INTERVAL_S)):
-            elapsed_s = time.monotonic() - started_s
-            progress = live.progress()
+    while True:
+        wait_s = QUEUE_POLL_S if run.queued else views.wait_s(PROGRESS_INTERVAL_S)
+        event = run.wait(wait_s)
+        if isinstance(event, Waiting):
+            queue = run.request.model.queue
+            line = progress_view.queue_line(event.place, queue.measured)
+            if line != sent or queue.clock() - sent_s >= QUEUE_RESEND_S:
+                sent, sent_s = line, queue.clock()
+                yield progress_view.queued_outputs(line)
+        elif isinstance(event, Running):
+            request = run.request
             update = views.outputs(
-                progress, requests, config.num_slots, x_axis, elapsed_s, control.time_limit_s
+                event.progress,
+                request.requests,
+                request.config.num_slots,
+                x_axis,
+                event.elapsed_s,
+                event.time_limit_s,
             )
             yield update if note is None else progress_view.with_run_note(update, note)
             note = None
             views.resumed()
-    if not turn.abandoned:
-        yield from _finished_outputs(live, previous, x_axis, done)
+        elif isinstance(event, Replay):
+            recent = event.recent
+            yield replayed_outputs(recent, run.request.model.recent.age_s(recent), x_axis)
+            return None
+        else:
+            return event
 
 
 def _finished_outputs(
-    live: LiveRun, previous: RunState | None, x_axis: str, on_done: Callable
+    run: Run, ended: Ended, previous: RunState | None, x_axis: str
 ) -> Iterator[tuple]:
-    """The ended run's results; a stopped or refused run puts ``previous`` back and says why.
-    ``on_done(state, result)`` is called with a finished run's results before they are sent.
+    """The ended run's results, kept for identical runs as the queue learns its pace; a stopped
+    or refused run puts ``previous`` back and says why.
 
     Raises:
         gr.Error: the run passed its time limit.
     """
     try:
-        state = live.result()
+        state = run_state(ended.result())
     except RunCancelled:  # Stop (a closed tab ends at a yield: nobody sees this)
         yield _stopped_outputs(previous, STOPPED, x_axis)
         return
@@ -195,8 +186,46 @@ def _finished_outputs(
     for name, message in state.server_failures.items():  # the rest is shown: a toast each
         gr.Warning(toast_text(message), title=f"{toast_text(name)}: no results")
     result = render(state, x_axis)
-    on_done(state, result)
+    recent = run.request.model.recent
+    run.finish(lambda: recent.keep(run.key, state, result.downloads))
     yield progress_view.with_run_note(result.as_outputs(), "✓ **Finished:** results below.")
+
+
+def run_state(answer: RunAnswer) -> RunState:
+    """The page's state of a run's answer: the engines', the servers' and their verdicts (those
+    whose trace expects differences marked so)."""
+    state = RunState.from_comparison(answer.comparison)
+    state.servers, state.server_failures = answer.servers, answer.server_failures
+    if answer.server_verdicts:
+        marked = divergence_view.expected_differences(answer.server_verdicts, answer.servers)
+        state.verdicts = {**state.verdicts, **marked}
+    return state
+
+
+def run_engines(model, requests, config, options) -> RunState:
+    """A whole run at once, its turn taken in the model's queue (``make record``, tests).
+
+    Raises:
+        RunStopped, ValueError: as ``Ended.result``.
+    """
+    handle = RunHandle()
+    request = RunRequest(model, requests, config, options, replay=False, judged=tables.compared)
+    with Run(request, handle, handle.start()) as run:
+        while not isinstance(ended := run.wait(QUEUE_POLL_S), Ended):
+            pass
+    return run_state(ended.result())
+
+
+def replayed_outputs(recent: RecentRun, age_s: float, x_axis: str) -> tuple:
+    """The Run event's outputs showing ``recent`` as what it is: an earlier real run, labelled;
+    its figures drawn once per x axis for everyone it is shown to (``RecentRun.drawn``)."""
+    label = replay_label(recent, age_s)
+    status = f"**Shown at once:** {label}. {run_status.status_line(recent.state)}"
+    drawn = recent.drawn(x_axis, lambda: render(recent.state, x_axis, downloads=False))
+    result = dataclasses.replace(drawn, status=status, downloads=recent.downloads)
+    return progress_view.with_run_note(
+        result.as_outputs(), f"**Shown at once:** {label}.", live_button=True
+    )
 
 
 def run_pressed(handle: RunHandle | None, seq=0, request: gr.Request | None = None) -> tuple:

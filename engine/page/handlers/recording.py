@@ -196,7 +196,7 @@ def recorded_settings() -> RunSettings:
 def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
     """Run the default preset with the page's default settings on the embedded model and write
     the recording to ``path``. Slow: it runs both engines and the reference for real."""
-    from engine.page.handlers import run_turns
+    from engine.page.handlers import playground
     from engine.page.inputs import presets
     from engine.page.run import shared_model
     from engine.page.run.run_options import options_from_page, prepare
@@ -208,7 +208,7 @@ def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
     requests, config = prepare(model, settings.rows, settings.num_slots, options)
     # On the page's engine thread (the model's worker), where the model was loaded: one OpenMP
     # pool, as in the page.
-    state = run_turns.run_engines(model, requests, config, options)
+    state = playground.run_engines(model, requests, config, options)
     meta = Recording(
         preset=presets.DEFAULT_PRESET,
         num_slots=config.num_slots,
@@ -246,7 +246,7 @@ def _engine_threads(model) -> int | None:
     (``keep_to_engine_cpus``); None otherwise, or on a GPU."""
     import torch
 
-    from engine.worker.worker_process import ENGINE_THREAD
+    from engine.worker.engine_thread import ENGINE_THREAD
 
     if model.loaded.device.type != "cpu":
         return None
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def keep_to_engine_cpus(environ: Mapping[str, str] | None = None):
     """Keep this process to the CPUs the page's engines get, with a torch thread each, as the
-    engine process does (``cpu_split``, ``engine.worker.worker_process.worker_main``); the split,
+    engine process does (``cpu_split``, ``engine.worker.worker_main.worker_main``); the split,
     or None where the page would not split (``CBP_ENGINE_PROCESS=off``, ``CBP_ENGINE_CPUS=all``,
     one CPU). So the recorded run is timed as the page's runs are, and the references it stores
     are keyed (by torch thread count, among others) where the engine process looks them up.
@@ -289,14 +289,14 @@ def keep_to_engine_cpus(environ: Mapping[str, str] | None = None):
     import torch
 
     from engine.page.run import cpu_split, engine_worker
-    from engine.worker import worker_process
+    from engine.worker import engine_thread, worker_main
 
     wanted = engine_worker.engine_process_wanted(environ)  # a CPU host: ZeroGPU lends GPUs
     split = cpu_split.cpu_split(environ) if wanted else None
-    if split is None or not worker_process.pin_process(split.engine):
+    if split is None or not worker_main.pin_process(split.engine):
         return None
     # where the model loads, and runs
-    worker_process.ENGINE_THREAD.call(torch.set_num_threads, len(split.engine))
+    engine_thread.ENGINE_THREAD.call(torch.set_num_threads, len(split.engine))
     return split
 
 

@@ -31,8 +31,8 @@ from engine.page.run import cpu_split, engine_worker, host_servers, shared_model
 from engine.page.views import tables
 from engine.peers.vllm_server import MAX_MODEL_LEN
 from engine.serving.run_control import RunStopped
-from engine.worker import worker_model, worker_process
-from engine.worker.worker_process import ENGINE_THREAD
+from engine.worker import worker_main, worker_model, worker_process
+from engine.worker.engine_thread import ENGINE_THREAD
 
 ASSETS = Path(__file__).resolve().parents[3] / "assets"
 PAGE_CSS = ASSETS / "page.css"
@@ -197,7 +197,7 @@ def _engine_process(
     process = worker_process.ProcessWorker(spec, cpus=split.engine if split else None)
     process.start()  # spawned before the page keeps to its CPUs: torch there sees them all
     print(f"Engine process started (pid {process.pid}); it loads the model.", flush=True)
-    if split is None or not worker_process.pin_process(split.page):
+    if split is None or not worker_main.pin_process(split.page):
         return process, None
     ENGINE_THREAD.call(torch.set_num_threads, len(split.page))
     print(f"CPUs split: {split.describe()} ({cpu_split.ENV}).", flush=True)

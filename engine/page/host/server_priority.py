@@ -7,7 +7,7 @@ region of the step until it yields (docs/measurements.md, "Does the room slow th
 measured?").
 
 Linux keeps a nice value per thread, and a thread inherits its creator's. So the main thread, after
-the engine thread's OpenMP pool is made (``engine.worker.worker_process.ENGINE_THREAD``) and the
+the engine thread's OpenMP pool is made (``engine.worker.engine_thread.ENGINE_THREAD``) and the
 engine process is started, both at the nice value the process started with, raises its own nice
 value before Gradio starts its server: the server's event loop and its worker threads are made
 from it, and inherit it. The kernel's fair scheduler then gives a runnable engine thread about ten

@@ -2,7 +2,8 @@
 
 ``engine_worker`` (where the engines run, ``CBP_ENGINE_PROCESS``: the core's worker on the engine
 thread every torch call runs on, or in an engine process of its own, on CPUs of its own,
-``cpu_split``), the ``live_run`` the page watches step by step, Run/Stop state (``run_handle``),
+``cpu_split``), the ``run`` itself (one object from the queue to the answer, which the Run
+handler polls), Run/Stop state (``run_handle``),
 the page's knobs (``run_options``), the ``shared_model`` (the page's model: the core's worker
 model here, or a view of the engine process's), the host's servers (``host_servers``), the turns
 runs take on the model (``run_queue``), what a run costs (``run_cost``), and the recent runs by
@@ -16,7 +17,7 @@ Nothing is imported here: import the modules by name. ``__all__`` is the room's 
 __all__ = [
     "engine_worker",
     "cpu_split",
-    "live_run",
+    "run",
     "run_handle",
     "run_options",
     "shared_model",

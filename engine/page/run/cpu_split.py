@@ -5,7 +5,7 @@ Nice values (``engine.page.host.server_priority``) and a process of their own di
 off the engines' times: torch's OpenMP threads wait for each other at every parallel region of a
 step, so a page thread that takes any of their CPUs for a moment stalls them all
 (docs/measurements.md, "CPUs of their own"). Split, each process keeps to its own CPUs
-(``engine.worker.worker_process.pin_process``): the engine process to the engine CPUs, with one
+(``engine.worker.worker_main.pin_process``): the engine process to the engine CPUs, with one
 torch thread each, and the page's (Gradio's event loop and workers, the figures it draws) to the
 rest.
 

@@ -25,13 +25,19 @@ at the engines' pace (the prefill at ``PREFILL_TOKENS_PER_STEP`` tokens a step).
 finished, the pace is the running run's: its seconds so far over the units of its steps so far
 (``Pace.from_progress``).
 
-A run far over the host's per-run limit is refused before it queues (``over_limit``).
+A run far over the host's per-run limit is refused before it queues (``over_limit``). A run's
+``Work`` is counted from its requests (``run_work``).
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
+
+from engine.config import EngineConfig
+from engine.sequence import Request
 
 LEARNING_RATE = 0.5  # each finished run moves a part's pace this share of the way to its own
 ENGINE_PARTS = ("static", "continuous", "hf_continuous")  # each timed by its own trace
@@ -219,3 +225,59 @@ def _reference_steps(key: Hashable, cap: int) -> float:
 def _moved(old: float | None, new: float) -> float:
     """``old`` moved ``LEARNING_RATE`` of the way to ``new`` (``new`` itself if no ``old``)."""
     return new if old is None else old + LEARNING_RATE * (new - old)
+
+
+# --- a run's work, counted from its requests ------------------------------------------------------
+
+
+def _waves(requests: list[Request], config: EngineConfig) -> list[list[Request]]:
+    """The static engine's waves: ``num_slots`` requests each, in order."""
+    b = config.num_slots
+    return [requests[i : i + b] for i in range(0, len(requests), b)]
+
+
+def static_steps(requests: list[Request], config: EngineConfig) -> int:
+    """Estimated static steps: each wave runs to its longest cap."""
+    return sum(max(r.max_new_tokens for r in wave) for wave in _waves(requests, config))
+
+
+def static_prefill_tokens(requests: list[Request], config: EngineConfig) -> int:
+    """The static waves' prompt positions: each wave's rows left-padded to its longest prompt."""
+    waves = _waves(requests, config)
+    return sum(len(w) * max(len(r.prompt_token_ids) for r in w) for w in waves)
+
+
+def continuous_steps(requests: list[Request], config: EngineConfig) -> int:
+    """Estimated continuous steps: the caps packed onto the slots in arrival order, each request
+    holding its slot for its cap's steps (plus its prefill chunks past the first under a token
+    budget) and the next taking the first slot freed. ``max(sum / slots, longest)`` is only a
+    lower bound: four caps 12, 20, 8, 30 on two slots take 50 steps, not 35."""
+    budget = config.max_num_batched_tokens
+    free_at = [0] * config.num_slots  # a heap: the step each slot is free from
+    for r in sorted(requests, key=lambda r: r.arrival_s):
+        chunks = math.ceil(len(r.prompt_token_ids) / budget) if budget else 1
+        start = heapq.heappop(free_at)
+        heapq.heappush(free_at, start + r.max_new_tokens + max(0, chunks - 1))
+    return max(free_at)
+
+
+def run_work(requests: list[Request], config: EngineConfig, options, reference=None) -> Work:
+    """A run's work in parts, for the queue's estimate; ``options``: the run's ``RunOptions``;
+    ``reference``: the reference source, whose ``missing`` references are the reference pass's
+    work (None: all of them)."""
+    continuous = continuous_steps(requests, config)
+    references, recheck = {}, None
+    if options.check_reference and reference is not None:
+        references, recheck = reference.missing(requests), reference.still_missing
+    elif options.check_reference:
+        references = {(r.prompt_token_ids, r.request_id): r.max_new_tokens for r in requests}
+    return Work(
+        static_steps=static_steps(requests, config),
+        continuous_steps=continuous,
+        hf_steps=continuous if options.compare_hf else 0,
+        prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
+        static_prefill_tokens=static_prefill_tokens(requests, config),
+        references=references,
+        min_wall_s=max((r.arrival_s for r in requests), default=0.0),
+        recheck=recheck,
+    )

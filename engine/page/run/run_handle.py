@@ -54,11 +54,16 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from engine.serving.run_control import RunControl
+from typing import Protocol
 
 IDLE, QUEUED, WAITING, RUNNING = "idle", "queued", "waiting", "running"  # what Stop found
 REPEAT_PRESS, STOPPED_PRESS = "repeat", "stopped"  # why a started handler does not run
+
+
+class Stoppable(Protocol):
+    """What Stop stops while a run's engines run (``engine.page.run.run.Run``)."""
+
+    def stop(self) -> None: ...
 
 
 @dataclass(eq=False)
@@ -67,7 +72,7 @@ class Turn:
     second press during a run; ``"stopped"``: Stop came before it started), else None."""
 
     skip: str | None = None
-    control: RunControl | None = None  # while its engines run
+    control: Stoppable | None = None  # while its engines run: its ``Run``
     leave: Callable[[], None] | None = None  # while it waits in the page's queue: takes it out
     stop_requested: bool = False
     press_seq: int = 0  # the number of the click it runs for (0: no press, an API client)
@@ -128,8 +133,8 @@ class RunHandle:
             return self._turn is None and not self._pending()
 
     @property
-    def control(self) -> RunControl | None:
-        """The started run's ``RunControl`` while its engines run, else None."""
+    def control(self) -> Stoppable | None:
+        """The started run (what Stop stops) while its engines run, else None."""
         turn = self._turn
         return None if turn is None else turn.control
 
@@ -175,7 +180,7 @@ class RunHandle:
             if turn.stop_requested:
                 leave()
 
-    def attach(self, turn: Turn, control: RunControl) -> None:
+    def attach(self, turn: Turn, control: Stoppable) -> None:
         """``turn``'s engines are about to start under ``control`` (stopped at once if Stop came
         in between)."""
         with self._lock:

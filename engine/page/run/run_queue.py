@@ -143,11 +143,13 @@ class RunQueue:
                 self.pace.learn(work, sum(parts_s.values()) + self.pace.run_s, parts_s)
                 self._calibrated_only = True
 
-    def progress(self, ticket: Ticket, steps_done: int) -> None:
-        """The running ``ticket``'s run has done ``steps_done`` engine steps."""
+    def progress(self, ticket: Ticket, steps_done: int, done_s: float | None = None) -> None:
+        """The running ``ticket``'s run has done ``steps_done`` engine steps, at ``done_s`` by
+        the queue's clock (None: now; a report read late says when they were done)."""
         with self._changed:
             if int(steps_done) > ticket.steps_done:
-                ticket.steps_done, ticket.steps_done_s = int(steps_done), self.clock()
+                at_s = self.clock() if done_s is None else done_s
+                ticket.steps_done, ticket.steps_done_s = int(steps_done), at_s
                 if ticket.first_steps is None:
                     ticket.first_steps = (ticket.steps_done, ticket.steps_done_s)
 

@@ -37,9 +37,11 @@ from engine.page.run.run_queue import RunQueue
 from engine.sequence import Request
 from engine.serving.run_control import RunControl
 from engine.worker import worker_model
+from engine.worker.engine_thread import ENGINE_THREAD
 from engine.worker.model_facts import ModelFacts, model_facts
+from engine.worker.transport import ThreadWorker, Worker
 from engine.worker.worker_model import Pace, WorkerModel, engine_pace
-from engine.worker.worker_process import ENGINE_THREAD, ProcessWorker, ThreadWorker, Worker
+from engine.worker.worker_process import ProcessWorker
 
 
 @dataclass(kw_only=True)

@@ -1,6 +1,6 @@
 """The page while a run goes, and after one stopped early: progress line, live timelines, outputs.
 
-``live_outputs`` turns a ``LiveRun``'s progress into updates for the Run event's outputs: the
+``live_outputs`` turns a ``Run``'s progress into updates for the Run event's outputs: the
 status line counts steps and finished requests per engine, each started engine's timeline is drawn
 from its latest trace snapshot, and the outputs table shows every output finished so far. The first
 update (``cleared_outputs``) clears what the previous run left, so that no view shows it beside
@@ -108,7 +108,7 @@ def _coarse(seconds: float) -> str:
     """``seconds`` for a person, to the nearest 10 s under 90 s ("40 s"), else in minutes ("3 min").
 
     Coarse on purpose: a waiting run's line is sent again only when its words change
-    (``engine.page.handlers.run_turns``), and every line sent costs the server CPU time that the
+    (``engine.page.handlers.playground``), and every line sent costs the server CPU time that the
     run being measured would otherwise have."""
     return f"{round(seconds, -1):.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 

@@ -24,7 +24,7 @@ from engine.page.figures import (
 )
 from engine.page.views import divergence_view, inside_view, run_status, tables
 from engine.trace import DECODE, PREFILL, Trace
-from engine.worker.comparison import ComparisonResult
+from engine.worker.comparison import ComparisonResult, traces_by_name
 from engine.workloads import export
 
 # The Run event's outputs, by elem_id (the state has none), in wiring order. The first ten are the
@@ -125,10 +125,7 @@ class RunState:
 
     def traces(self) -> dict[str, Trace]:
         """The runs in display order, by engine name (servers last, in the host's order)."""
-        runs = {"static": self.static, "continuous": self.continuous}
-        if self.hf_continuous is not None:
-            runs["hf_continuous"] = self.hf_continuous
-        return {**runs, **self.servers}
+        return {**traces_by_name(self.static, self.continuous, self.hf_continuous), **self.servers}
 
     def inside_runs(self) -> dict[str, Trace]:
         """The runs whose own record the inside views may draw, the first found first: the

@@ -153,7 +153,7 @@ def test_label_says_when_the_engines_had_cpus_of_their_own(shipped):
 WHERE = (
     "import os, torch\n"
     "from engine.page.handlers.recording import keep_to_engine_cpus\n"
-    "from engine.worker.worker_process import ENGINE_THREAD\n"
+    "from engine.worker.engine_thread import ENGINE_THREAD\n"
     "split = keep_to_engine_cpus(os.environ)\n"
     "threads = ENGINE_THREAD.call(torch.get_num_threads)\n"
     "print(split is not None, sorted(os.sched_getaffinity(0)), threads)"

@@ -18,7 +18,7 @@ import pytest
 from tiny_model import tiny_runner
 
 from engine.fidelity.reference import ReferenceCache
-from engine.page.handlers import playground, run_turns
+from engine.page.handlers import playground
 from engine.page.run import shared_model
 from engine.page.run.run_handle import RunHandle
 from engine.page.views.run_view import RUN_OUTPUTS
@@ -47,7 +47,7 @@ def page(monkeypatch) -> playground.SharedModel:
     monkeypatch.setattr(runner, "forward_packed", slow_forward)
     monkeypatch.setattr(playground, "_stopped_outputs", slow_stopped_outputs)
     monkeypatch.setattr(shared_model, "_shared_model", model)
-    monkeypatch.setattr(run_turns, "QUEUE_POLL_S", 0.05)
+    monkeypatch.setattr(playground, "QUEUE_POLL_S", 0.05)
     monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.05)
     return model
 

@@ -14,13 +14,16 @@ import time
 
 import gradio as gr
 import pytest
-from tiny_model import tiny_runner
+from tiny_model import make_requests, tiny_runner
 
+from engine.config import EngineConfig
 from engine.fidelity.reference import ReferenceCache
-from engine.page.handlers import playground, run_turns
-from engine.page.run import shared_model
+from engine.page.handlers import playground
+from engine.page.run import run_cost, shared_model
 from engine.page.run.recent_runs import RecentRuns
-from engine.page.run.run_handle import RunHandle, Turn
+from engine.page.run.run import Run, RunRequest
+from engine.page.run.run_handle import RunHandle
+from engine.page.run.run_options import RunOptions
 from engine.page.views.run_view import RUN_OUTPUTS
 
 ROWS = [["hello world", 6], ["abc", 9]]
@@ -41,7 +44,7 @@ def page(monkeypatch) -> playground.SharedModel:
 
     monkeypatch.setattr(runner, "forward_packed", slow_forward)
     monkeypatch.setattr(shared_model, "_shared_model", model)
-    monkeypatch.setattr(run_turns, "QUEUE_POLL_S", 0.05)
+    monkeypatch.setattr(playground, "QUEUE_POLL_S", 0.05)
     monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.05)
     return model
 
@@ -198,7 +201,7 @@ def test_stop_while_waiting_shows_at_once_and_redraws_nothing(page, monkeypatch)
     server's low priority, on a CPU busy with the run in progress, held "Stopped" back for
     seconds)."""
     poll_s = 2.0
-    monkeypatch.setattr(run_turns, "QUEUE_POLL_S", poll_s)
+    monkeypatch.setattr(playground, "QUEUE_POLL_S", poll_s)
     *_, done = _events(RunHandle(), replay=False)
     previous = done[OUT["run_state"]]
     holder = page.queue.join("someone else", 10)
@@ -250,38 +253,41 @@ def test_runs_waiting_for_an_identical_setup_are_shown_its_run_when_it_ends(page
     assert page.queue.size() == 0
 
 
-def test_a_waiting_run_sends_its_line_only_when_its_words_change(monkeypatch):
+def test_a_waiting_run_sends_its_line_only_when_its_words_change(page, monkeypatch):
     """While nothing ahead moves, a waiting run polls its place every 0.1 s but sends its line
     only when its words change (the wait, to 10 s) or ``QUEUE_RESEND_S`` has passed: each send
     costs the server CPU time that the run being measured would have."""
-    from engine.page.run.run_queue import RunQueue
-
     now = [0.0]
-    queue = RunQueue(clock=lambda: now[0])
-    running = queue.join("first", 100)
-    assert queue.wait_turn(running, timeout_s=0.0)
-    waiting = queue.join("second", 100)
-    monkeypatch.setattr(run_turns, "QUEUE_POLL_S", 0.001)
+    monkeypatch.setattr(page.queue, "clock", lambda: now[0])
+    running = page.queue.join("first", 100)
+    assert page.queue.wait_turn(running, timeout_s=0.0)
+    monkeypatch.setattr(playground, "QUEUE_POLL_S", 0.001)
     polls = []
 
-    def find_recent():
+    def find_recent(_key):
         polls.append(now[0])
         now[0] += 0.1
         return None
 
-    updates = run_turns.wait_for_turn(queue, waiting, Turn(), find_recent)
+    monkeypatch.setattr(page.recent, "find", find_recent)
+    request = RunRequest(page, make_requests([("hello", 100)]), EngineConfig(1), RunOptions())
+    handle = RunHandle()
+    run = Run(request, handle, handle.start())
+    updates = playground._follow(run, "time")
     sends = []  # (clock, line)
     while now[0] < 60.0:
         sends.append((now[0], next(updates)[OUT["status_markdown"]]))
     updates.close()
+    run.close()
     assert len(polls) >= 600, len(polls)
     expected = "place 2 of 2 (yours is next, after the run in progress) · waited 0 s"
     assert expected in sends[0][1], sends[0][1]
     # its words change every 10 s (the wait, rounded), or it is sent again after QUEUE_RESEND_S
-    assert len(sends) <= 2 + 60 / min(10.0, run_turns.QUEUE_RESEND_S), f"{len(sends)} sends in 60 s"
+    most = 2 + 60 / min(10.0, playground.QUEUE_RESEND_S)
+    assert len(sends) <= most, f"{len(sends)} sends in 60 s"
     for (before_s, before), (after_s, after) in zip(sends, sends[1:], strict=False):
         gap_s = after_s - before_s
-        assert after != before or gap_s >= run_turns.QUEUE_RESEND_S - 0.2, (gap_s, after)
+        assert after != before or gap_s >= playground.QUEUE_RESEND_S - 0.2, (gap_s, after)
     assert any("waited 60 s" in line for _, line in sends), "the wait was not kept up to date"
 
 
@@ -362,10 +368,10 @@ def test_continuous_steps_pack_the_caps_onto_the_slots():
 
     caps = (12, 20, 8, 30)
     requests = [Request(i, "p", cap, tuple(range(40))) for i, cap in enumerate(caps)]
-    assert run_turns.continuous_steps(requests, EngineConfig(num_slots=2)) == 50
-    assert run_turns.continuous_steps(requests, EngineConfig(num_slots=4)) == 30
+    assert run_cost.continuous_steps(requests, EngineConfig(num_slots=2)) == 50
+    assert run_cost.continuous_steps(requests, EngineConfig(num_slots=4)) == 30
     budget = EngineConfig(num_slots=2, max_num_batched_tokens=16)  # 40 tokens: 2 chunks more
-    assert run_turns.continuous_steps(requests, budget) == 54, "slots free at 14, 22, 24, 54"
+    assert run_cost.continuous_steps(requests, budget) == 54, "slots free at 14, 22, 24, 54"
 
 
 def test_the_static_prefill_estimate_is_what_the_static_engine_computes():
@@ -378,7 +384,7 @@ def test_the_static_prefill_estimate_is_what_the_static_engine_computes():
     lengths = (3, 10, 5, 2)
     requests = [Request(i, "p", 3, tuple(range(1, n + 1))) for i, n in enumerate(lengths)]
     config = EngineConfig(num_slots=2)
-    assert run_turns.static_prefill_tokens(requests, config) == 30
+    assert run_cost.static_prefill_tokens(requests, config) == 30
     assert StaticEngine(tiny_runner(), config).run(requests).prefill_split()[0] == 30
 
 
@@ -390,7 +396,7 @@ def test_a_dtype_named_or_left_blank_is_the_same_setup(page):
     options = RunOptions(check_reference=False)
     requests, config = prepare(page, ROWS, 2, options)
     named = dataclasses.replace(options, dtype=page.dtype_name)
-    key = run_turns.setup_key(page, requests, config, options)
-    assert run_turns.setup_key(page, requests, config, named) == key
+    key = RunRequest(page, requests, config, options).setup_key()
+    assert RunRequest(page, requests, config, named).setup_key() == key
     other = dataclasses.replace(options, block_size=8)
-    assert run_turns.setup_key(page, requests, config, other) != key
+    assert RunRequest(page, requests, config, other).setup_key() != key

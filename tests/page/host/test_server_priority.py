@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine.page.host import launch, server_priority
-from engine.worker.worker_process import ENGINE_THREAD
+from engine.worker.engine_thread import ENGINE_THREAD
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="a nice value per thread is Linux's"

@@ -20,10 +20,11 @@ import pytest
 from tiny_model import SLOW_STEP_S, make_requests, tiny_process_worker, tiny_shared
 
 from engine.config import EngineConfig
-from engine.page.handlers import playground, run_turns
+from engine.page.handlers import playground
 from engine.page.run import shared_model
 from engine.page.run.engine_worker import engine_process_wanted
-from engine.page.run.live_run import LiveRun
+from engine.page.run.run import Ended, Run, RunRequest
+from engine.page.run.run_handle import RunHandle
 from engine.page.run.run_options import RunOptions
 from engine.page.run.shared_model import ModelView
 from engine.page.views.run_view import RUN_OUTPUTS
@@ -63,32 +64,39 @@ def raises_value_error(_model, message: str, _watch):
     raise ValueError(message)
 
 
-def _live(model, control: RunControl) -> LiveRun:
-    """A run of SPECS on ``model`` as the page makes it: on the engine thread, watched."""
-    requests = make_requests(SPECS)
-
-    def work(take):
-        return run_turns.run_engines(model, requests, CONFIG, CHECKED, take, control)
-
-    return LiveRun(work, control)
+def _run(model) -> Run:
+    """A run of SPECS on ``model`` as the page makes it (its time limit from the host's)."""
+    handle = RunHandle()
+    request = RunRequest(model, make_requests(SPECS), CONFIG, CHECKED, replay=False)
+    return Run(request, handle, handle.start())
 
 
-def _await(live: LiveRun, engine: str, timeout_s: float = 60.0) -> dict:
+def _ended(run: Run, timeout_s: float) -> Ended | None:
+    """The run's end within ``timeout_s``, else None."""
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
+        if isinstance(event := run.wait(0.02), Ended):
+            return event
+    return None
+
+
+def _await(run: Run, engine: str, timeout_s: float = 60.0) -> dict:
     """Wait until ``engine`` shows a trace with a step; its progress then."""
     deadline_s = time.monotonic() + timeout_s
     while time.monotonic() < deadline_s:
-        seen = live.progress()
+        event = run.wait(0.02)
+        assert not isinstance(event, Ended), f"the run ended before {engine} was seen: {event}"
+        seen = getattr(event, "progress", {})
         if engine in seen and seen[engine].trace is not None and seen[engine].trace.steps:
             return seen
-        assert not live.wait(0.02), f"the run ended before {engine} was seen: {live.result()}"
     raise AssertionError(f"no progress of {engine} within {timeout_s} s")
 
 
 def test_a_run_in_the_process_gives_the_threads_tokens_and_schedule(in_process):
     """Static and continuous tokens and schedules match the thread's, and generate's outputs."""
     requests = make_requests(SPECS)
-    here = run_turns.run_engines(tiny_shared(), requests, CONFIG, CHECKED)
-    there = run_turns.run_engines(in_process, requests, CONFIG, CHECKED)
+    here = playground.run_engines(tiny_shared(), requests, CONFIG, CHECKED)
+    there = playground.run_engines(in_process, requests, CONFIG, CHECKED)
     for name in ("static", "continuous"):
         mine, theirs = getattr(here, name), getattr(there, name)
         assert _tokens(theirs) == _tokens(mine), f"{name}: tokens differ from the thread's"
@@ -100,26 +108,27 @@ def test_a_run_in_the_process_gives_the_threads_tokens_and_schedule(in_process):
 
 def test_progress_arrives_while_it_runs_and_stop_ends_it_within_a_step(in_process):
     """Snapshots of the continuous trace reach the page mid-run; Stop ends the run in a step."""
-    control = RunControl()
-    with _live(in_process, control) as live:
-        seen = _await(live, "continuous")
+    with _run(in_process) as run:
+        seen = _await(run, "continuous")
         assert seen["static"].num_finished == len(SPECS), "static's last snapshot did not come"
         stopped_s = time.monotonic()
-        control.stop()
-        assert live.wait(STEP_BOUND_S), f"still running {STEP_BOUND_S} s after Stop"
+        run.stop()
+        ended = _ended(run, STEP_BOUND_S)
+        assert ended is not None, f"still running {STEP_BOUND_S} s after Stop"
         took_s = time.monotonic() - stopped_s
     with pytest.raises(RunCancelled):
-        live.result()
+        ended.result()
     assert took_s < STEP_BOUND_S, f"Stop took {took_s:.2f} s (a step is {SLOW_STEP_S} s)"
 
 
-def test_the_time_limit_reaches_the_worker(in_process):
+def test_the_time_limit_reaches_the_worker(in_process, monkeypatch):
     """A run past its time limit ends with RunTimedOut, its message naming the limit."""
-    control = RunControl(time_limit_s=0.3)
-    with _live(in_process, control) as live:
-        assert live.wait(30), "the time limit did not end the run"
+    monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", "0.3")
+    with _run(in_process) as run:
+        ended = _ended(run, 30)
+    assert ended is not None, "the time limit did not end the run"
     with pytest.raises(RunTimedOut, match="limit of 0.3 s"):
-        live.result()
+        ended.result()
 
 
 MAIN_LIKE_APP = """
@@ -184,7 +193,7 @@ def test_a_killed_worker_fails_its_run_in_the_status_line_and_the_next_run_works
     assert "killed (SIGKILL" in str(raised.value), str(raised.value)
     assert last is not None and "**Stopped:** the engine process ended" in last[STATUS_INDEX]
     requests = make_requests(SPECS[:2])
-    state = run_turns.run_engines(in_process, requests, CONFIG, CHECKED)
+    state = playground.run_engines(in_process, requests, CONFIG, CHECKED)
     assert process.pid not in (None, killed_pid), "no fresh worker was started"
     assert len(state.continuous.requests) == 2, "the run after the kill did not finish"
 

@@ -9,20 +9,23 @@ import pytest
 from tiny_model import tiny_runner
 
 from engine.page.run import shared_model
-from engine.page.run.live_run import LiveRun
 from engine.serving.run_control import RunCancelled, RunControl
 from engine.trace import RequestRecord, Trace
-from engine.worker import progress, worker_model, worker_process
+from engine.worker import engine_thread, progress, worker_model
+from engine.worker.transport import ThreadWorker
+
+
+def _thread_ident(_model, _watch) -> int:
+    return threading.get_ident()
 
 
 def _run_on_live_thread() -> int:
-    with LiveRun(lambda _take: threading.get_ident(), RunControl()) as live:
-        assert live.wait(10), "the work did not end"
-    return live.result()
+    """The thread a job of the thread transport runs on."""
+    return ThreadWorker(None).run(_thread_ident, (), RunControl(), lambda _entry: None)
 
 
 def test_the_load_warm_up_and_every_run_share_one_thread(monkeypatch):
-    """load_shared_model loads and warms up on the thread every LiveRun then works on."""
+    """load_shared_model loads and warms up on the thread every job then runs on."""
     loaded = tiny_runner().loaded
     load_threads, warm_up_threads = [], []
     warm_up = shared_model.SharedModel.warm_up
@@ -42,13 +45,13 @@ def test_the_load_warm_up_and_every_run_share_one_thread(monkeypatch):
     assert shared.loaded is loaded and shared_model.get_model() is shared
     runs = [_run_on_live_thread(), _run_on_live_thread()]
     assert load_threads == warm_up_threads == runs[:1]
-    assert runs == [worker_process.ENGINE_THREAD.ident] * 2
+    assert runs == [engine_thread.ENGINE_THREAD.ident] * 2
     assert runs[0] != threading.get_ident(), "the work ran on the caller's thread"
 
 
 def test_a_call_from_the_engine_thread_runs_at_once_and_errors_reach_the_caller():
     """call() on the engine thread itself runs directly (no deadlock); raised errors come back."""
-    worker = worker_process.EngineThread("test-engine")
+    worker = engine_thread.EngineThread("test-engine")
     nested = worker.call(lambda: worker.call(threading.get_ident))
     assert nested == worker.ident != threading.get_ident()
 

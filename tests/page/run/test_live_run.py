@@ -19,12 +19,12 @@ from tiny_model import tiny_runner
 from engine.fidelity.reference import ReferenceCache
 from engine.page.handlers import playground
 from engine.page.run import run_cost, shared_model
-from engine.page.run.live_run import LiveRun
 from engine.page.run.run_handle import RunHandle
 from engine.page.views.progress_view import progress_line
 from engine.page.views.run_view import RUN_OUTPUTS
 from engine.serving.run_control import RunCancelled, RunControl, RunTimedOut, run_time_limit_s
 from engine.worker.progress import EngineProgress
+from engine.worker.transport import ThreadWorker
 
 ROWS = [["hello world", 4], ["abc", 30], ["the quick brown fox", 3], ["x", 12]]
 KNOBS = (2, False, True, "slots", 0, "decode_first", False, 0, "time")  # slots and the knobs
@@ -134,28 +134,30 @@ def test_a_slow_taker_of_updates_is_sent_fewer(shared):
     assert slow <= 2 < quick, (slow, quick)
 
 
-def test_the_queue_learns_the_steps_while_the_handler_is_not_iterated(shared, monkeypatch):
-    """The run's steps reach the queue as they are done, not when Gradio next iterates its
-    handler: in a room the page's CPU was so busy that the handler's reports came tens of seconds
-    late, and the estimates of those waiting for this setup were 2x to 3x too long."""
-    reported = []
-    report = playground.run_turns.report_progress
-    monkeypatch.setattr(
-        playground.run_turns,
-        "report_progress",
-        lambda queue, ticket, progress: (
-            reported.append(sum(p.num_steps for p in progress.values()))
-            or report(queue, ticket, progress)
-        ),
-    )
+def test_the_queue_learns_the_steps_as_the_handler_reads_them(shared, monkeypatch):
+    """The run's steps reach the queue each time the handler's wait loop reads them, in order,
+    timed when they were done: a handler Gradio did not iterate for a while (a busy page) reads
+    them late, and the queue's pace of the running run is still right."""
+    reported = []  # (steps, when done)
+    progress = shared.queue.progress
+
+    def counted(ticket, steps, done_s=None):
+        reported.append((steps, done_s))
+        progress(ticket, steps, done_s)
+
+    monkeypatch.setattr(shared.queue, "progress", counted)
     events = playground.run_event(ROWS, *KNOBS)
     _until_continuous_runs(events)
-    paused_at = list(reported)
+    paused_at, paused_s = list(reported), time.monotonic()
     time.sleep(20 * SLOW_STEP_S)  # the handler is not iterated: Gradio is busy elsewhere
-    during_pause = reported[len(paused_at) :]
+    read_s = time.monotonic()
+    next(events)
+    after_pause = reported[len(paused_at) :]
     events.close()
-    assert len(during_pause) >= 5 and during_pause[-1] > paused_at[-1], (paused_at, during_pause)
-    assert during_pause == sorted(during_pause), "steps reported out of order"
+    assert after_pause and after_pause[-1][0] > paused_at[-1][0], (paused_at, after_pause)
+    assert [s for s, _ in reported] == sorted(s for s, _ in reported), "steps out of order"
+    done_during = [done_s for _, done_s in after_pause if paused_s <= done_s < read_s]
+    assert done_during, f"steps read late are not timed when done: {after_pause}"
 
 
 def test_closing_the_handler_stops_the_engine_within_a_step_and_frees_the_kv_cache(shared):
@@ -313,16 +315,16 @@ def test_bad_time_limit_is_a_clear_error(monkeypatch, value):
         run_time_limit_s()
 
 
-def test_live_run_hands_errors_to_the_caller():
-    """An error in the work is raised by result(), in the caller's thread."""
+def _failing(_model, _watch):
+    raise KeyError("boom")
 
-    def failing(watch):
-        raise KeyError("boom")
 
-    with LiveRun(failing, RunControl()) as live:
-        assert live.wait(5), "the worker did not end"
+def test_a_job_hands_its_error_to_the_caller():
+    """An error in a job on the engine thread is raised by ``result()``, in the caller's thread."""
+    job = ThreadWorker(None).submit(_failing, (), RunControl(), lambda _entry: None)
+    assert job.wait(5), "the job did not end"
     with pytest.raises(KeyError, match="boom"):
-        live.result()
+        job.result()
 
 
 def test_transformers_engine_is_stopped_by_its_poll():

@@ -1,0 +1,180 @@
+"""One worker interface, two transports: a job started, its progress and its answer awaited.
+
+A run's engine work is a job ``fn(model, *args, watch)``: a module-level function with core types
+in and out (``comparison``, ``model_facts``), run on the model that holds the weights
+(``worker_model``). ``worker.submit(fn, args, control, take)`` sends it and returns its ``Job``;
+the caller's own loop calls ``job.wait(timeout_s)``, which hands each engine's progress to
+``take`` as it arrives and says when the answer came, and ``job.result()`` gives it. ``job.stop()``
+reaches the engines at once; they end within one step or wait. Two workers answer:
+
+- ``ThreadWorker(model)``: a model in this process, on the engine thread (``engine_thread``);
+- ``worker_process.ProcessWorker``: a process of its own, over a pipe.
+
+Both run the job through ``answer``, so its messages are the same on either side::
+
+    caller ──(fn, args, control)────────────────────▶ worker
+    caller ◀──("progress", EngineProgress)─────────── worker   per engine: every 0.5 s, and
+    caller ◀──("done", value) or ("error", exception)─ worker   when a request finishes
+
+Nothing waits on the caller's behalf: no thread relays between the two.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from engine.serving.run_control import RunControl, RunStopped
+from engine.worker.engine_thread import ENGINE_THREAD
+from engine.worker.progress import ProgressLog, Take
+
+POLL_S = 0.05  # ``run``'s slices: how often a blocking caller's control is checked
+
+
+class Job:
+    """A job under way in a worker: ``wait`` for it, then its ``result``. A transport gives
+    ``_receive`` (the next message, or None after ``timeout_s``) and ``stop``."""
+
+    def __init__(self, take: Take):
+        self._take = take
+        self._answer: tuple | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Its answer came (a value or an error)."""
+        return self._answer is not None
+
+    def wait(self, timeout_s: float | None) -> bool:
+        """Hand the job's progress to ``take`` for up to ``timeout_s`` seconds (None: until its
+        answer); True once it has answered. A message arriving early does not end the wait.
+
+        Raises:
+            EngineProcessLost: the worker's process ended first (``worker_process``).
+        """
+        deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._answer is None:
+            left_s = None if deadline_s is None else max(0.0, deadline_s - time.monotonic())
+            message = self._receive(left_s)
+            if message is None:
+                break
+            kind, payload = message
+            if kind == "progress":
+                self._take(payload)
+            elif kind in ("done", "error"):  # else a transport's own ("ready", a stopped run's)
+                self._answer = message
+                self._answered()
+            if left_s == 0.0:
+                break
+        return self._answer is not None
+
+    def result(self) -> Any:
+        """The job's value, once ``wait`` returned True.
+
+        Raises:
+            RunStopped: the job was stopped (``EngineProcessLost``: its process died).
+            Exception: whatever the job raised, same type and message.
+        """
+        assert self._answer is not None, "result() before the job answered"
+        kind, payload = self._answer
+        if kind == "error":
+            raise payload
+        return payload
+
+    def stop(self) -> None:
+        """Stop the job: its engines raise ``RunCancelled`` at their next step or wait."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """The caller is done with the job, answered or not (an unanswered one was stopped)."""
+
+    def _receive(self, timeout_s: float | None) -> tuple | None:
+        raise NotImplementedError
+
+    def _answered(self) -> None:
+        """The answer came (a transport frees what the job held)."""
+
+
+class Worker(Protocol):
+    """Where a run's engine jobs go (see the module docstring)."""
+
+    def submit(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Job:
+        """Send ``fn(model, *args, watch)`` to the model with the weights; its ``Job``."""
+        ...
+
+    def run(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Any:
+        """``submit``, then wait for the answer: the job's value.
+
+        Raises:
+            RunStopped: ``control`` stopped the run (``EngineProcessLost``: the process died).
+            Exception: whatever ``fn`` raised, same type and message.
+        """
+        ...
+
+
+def run_to_end(job: Job) -> Any:
+    """Wait for ``job``'s answer (``Worker.run``'s loop, for callers that block) and close it."""
+    try:
+        while not job.wait(POLL_S):
+            pass
+        return job.result()
+    finally:
+        job.close()
+
+
+def answer(model, job: tuple, send: Take, control: RunControl, every_s: float) -> tuple:
+    """Run ``job`` (``(fn, args)``) on ``model``, its progress to ``send`` (``ProgressLog``, a
+    snapshot at most every ``every_s``): ``("done", value)`` or ``("error", exception)``, a
+    stop's exception fresh (the caught one's traceback holds the engines' frames and KV cache)."""
+    fn, args = job
+    log = ProgressLog(control, lambda entry: send(("progress", entry)), every_s)
+    try:
+        return "done", fn(model, *args, log.watch)
+    except BaseException as exc:
+        stopped = isinstance(exc, RunStopped)
+        return "error", type(exc)(str(exc)) if stopped else exc.with_traceback(None)
+
+
+class _ThreadJob(Job):
+    """A job on the engine thread: its messages through a queue, its stop the run's control."""
+
+    def __init__(self, model, job: tuple, control: RunControl, take: Take):
+        super().__init__(take)
+        self._control = control
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        send = self._inbox.put
+        ENGINE_THREAD.submit(lambda: send(answer(model, job, send, control, 0.0)))
+
+    def stop(self) -> None:
+        self._control.stop()
+
+    def close(self) -> None:
+        """An unanswered job is stopped, and awaited: it ends within a step, its KV cache freed
+        before the caller gives up the model."""
+        if not self.ended:
+            self.stop()
+            self.wait(None)
+
+    def _receive(self, timeout_s: float | None) -> tuple | None:
+        try:
+            return self._inbox.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+
+class ThreadWorker:
+    """The worker in this process: ``model`` (the page's ``SharedModel``) on ``ENGINE_THREAD``."""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def submit(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Job:
+        """``Worker.submit`` on the engine thread."""
+        return _ThreadJob(self.model, (fn, args), control, take)
+
+    def run(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Any:
+        """``Worker.run`` on the engine thread (directly when called there)."""
+        if ENGINE_THREAD.on_it():
+            return fn(self.model, *args, ProgressLog(control, take).watch)
+        return run_to_end(self.submit(fn, args, control, take))
