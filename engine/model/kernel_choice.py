@@ -118,6 +118,8 @@ class RunnerKernels:
         choice = self.kernel_choice
         if choice.origin == "none":
             return kernel_plan.NO_KERNEL
+        if choice.origin == "fallback":
+            return kernel_plan.PLAIN_KERNEL
         if choice.origin in ("forced", "default"):
             kernel = kernel_plan.best_kernel(self._linears, choice.plan.names[0])
         else:
@@ -261,10 +263,14 @@ class RunnerKernels:
 
 
 def _measure(decoder, candidates) -> KernelChoice:
-    """Time ``candidates`` on a sample of the ``decoder`` linears; the fastest per row range."""
+    """Time ``candidates`` on a sample of the ``decoder`` linears; the fastest per row range, or
+    ``F.linear`` everywhere (origin ``"fallback"``) where the budget ran out before any pass."""
     timings = kernel_timing.time_candidates(
         kernel_timing.sample_linears(decoder), candidates, total_linears=len(decoder)
     )
-    plan = kernel_timing.choose_plan(timings.rows, timings.times_ms)
+    try:
+        plan = kernel_timing.choose_plan(timings.rows, timings.times_ms)
+    except ValueError:  # no kernel timed at any row count: a busy host
+        return KernelChoice(kernel_plan.RowPlan.single("linear"), "fallback", timings)
     log.info("Engines' matmul measured in %.1f s: %s", timings.measured_s, plan.describe())
     return KernelChoice(plan, "measured", timings)
