@@ -216,3 +216,18 @@ def test_the_summary_names_the_ranges_and_how_they_were_chosen(measured):
     assert summary.startswith("matmul: linear 1-4 rows, skinny 5+ rows"), summary
     assert "earlier start" in summary and "+0 MB" in summary, summary
     assert "measured at this start" in _runner().kernel_summary()
+
+
+@pytest.mark.parametrize("old_value", ["auto", "on", "off", ""])
+def test_a_host_s_old_compiled_step_setting_starts_eager(monkeypatch, caplog, old_value):
+    """CBP_COMPILED_STEP is retired: any value starts a runner (no ValueError), a value other
+    than off or empty says in the log that it is ignored, and the step summary says eager."""
+    monkeypatch.setenv("CBP_COMPILED_STEP", old_value)
+    with caplog.at_level(logging.WARNING, logger="engine.model.kernel_choice"):
+        runner = _runner()
+    ignored = f"CBP_COMPILED_STEP={old_value} is ignored" in caplog.text
+    assert ignored == (old_value in ("auto", "on")), caplog.text
+    assert runner.step_summary() == "step: eager, the fused layers", runner.step_summary()
+    monkeypatch.setenv("CBP_FUSED_LAYERS", "off")
+    assert runner.step_summary() == "step: eager, the fused layers"  # read once, at start
+    assert _runner().step_summary() == "step: eager, the model's own layers (CBP_FUSED_LAYERS=off)"
