@@ -98,16 +98,16 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "CBP_COMPILED_STEP",
-        "off, auto",
         "off",
-        "the continuous engines' step compiled by inductor where a C++ compiler and a CPU allow "
-        "it (auto), or the eager fused layers (off); read at start",
+        "off",
+        "retired: the compiled step is gone and every step runs eager; any other value is "
+        "ignored with a warning in the log, so an old host setting still starts",
     ),
     Setting(
         "CBP_CACHE_DIR",
         "path",
         "~/.cache/cb-playground",
-        "the converted model, the stored references, the kernel choices and inductor's caches",
+        "the converted model, the stored references and the kernel choices",
     ),
     Setting(
         "CBP_REFERENCE_CACHE",
@@ -185,8 +185,7 @@ BORROWED = (
     "TRANSFORMERS_OFFLINE",
     "HF_ENDPOINT",
     "PYTHONPATH",
-    "CXX",  # the C++ compiler inductor calls
-    "TORCHINDUCTOR_CACHE_DIR",  # set by the compiled step to CBP_CACHE_DIR/inductor
+    "CXX",  # the C++ compiler the kernels' build calls (engine.kernels.gemv_build)
 )
 
 _BY_NAME = {setting.name: setting for setting in SETTINGS}

@@ -12,10 +12,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # References stay in memory, so no test writes the user's cache (the store's tests switch it on)
 os.environ.setdefault("CBP_REFERENCE_CACHE", "off")
-# Compiling a step takes seconds to a minute, so tests run the eager step (the default, set here
-# against a host's own setting); the compiled step's tests switch it on
-# (tests/engine/kernels/test_compiled_step.py, the bench's, and the real-model parity test).
-os.environ["CBP_COMPILED_STEP"] = "off"
 
 import pytest  # noqa: E402  (after the environment is set on purpose)
 from hypothesis import settings  # noqa: E402
@@ -42,13 +38,6 @@ def tiny_loaded(monkeypatch) -> LoadedModel:
     loaded = tiny_runner().loaded
     monkeypatch.setattr("engine.model.loader.load_model", lambda *a, **k: loaded)
     return loaded
-
-
-@pytest.fixture(scope="session")
-def compile_cache_dir(tmp_path_factory) -> str:
-    """One cache folder (``CBP_CACHE_DIR``) for every tiny-model test that compiles a step, so
-    inductor compiles the tiny model's graph once per session and loads it after."""
-    return str(tmp_path_factory.mktemp("compile-cache"))
 
 
 @pytest.fixture(scope="module")

@@ -147,23 +147,6 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
     }
 
 
-def step_fields(engine, runner, recompiles: int) -> dict:
-    """``step_mode`` (``"compiled"`` or ``"eager"``; None for engines that are not ours) and
-    ``recompiles`` (graphs compiled during the timed runs) of one engine's JSON entry.
-
-    Our continuous engines and the static engine's packed waves run the runner's step
-    (batch-invariant steps always eager); ``static_generate``'s waves run ``model.generate``,
-    eager."""
-    packed = isinstance(engine, StaticEngine) and engine.packed
-    if isinstance(engine, ContinuousEngine) or packed:
-        compiled = runner.step_mode == "compiled" and not engine.config.batch_invariant
-        mode = "compiled" if compiled else "eager"
-        return {"step_mode": mode, "recompiles": recompiles if compiled else 0}
-    if isinstance(engine, StaticEngine):
-        return {"step_mode": "eager", "recompiles": 0}
-    return {"step_mode": None, "recompiles": None}
-
-
 def warm_up(engines: dict, requests, failures: dict[str, str]) -> None:
     """One short run per engine, so one-time costs (allocations, kernels) are not timed.
 
@@ -274,7 +257,6 @@ def _bench(args, loaded, runner, requests, engines: dict, normal: dict) -> int:
     source, reference = _reference(args, runner, requests)
     memory = PeakMemory(loaded.device)
     runner.decoder_layer_steps = dict.fromkeys(runner.decoder_layer_steps, 0)  # timed runs only
-    graphs_warm = runner.num_compiled_graphs
     reads_ms: list[float] = []  # one read of the weights before each timed run
     traces, peaks = run_engines(
         engines | normal,
@@ -284,11 +266,8 @@ def _bench(args, loaded, runner, requests, engines: dict, normal: dict) -> int:
         failures,
         lambda: reads_ms.append(weight_read_ms(loaded.model, runner.synchronize)),
     )
-    recompiles = runner.num_compiled_graphs - graphs_warm
     normal_results = {n.removesuffix(NORMAL): engine_result(traces.pop(n), None) for n in normal}
     results = {n: engine_result(runs, reference, peaks[n]) for n, runs in traces.items()}
-    for name, result in results.items():
-        result.update(step_fields(engines[name], runner, recompiles))
     medians = {n: median_trace(runs) for n, runs in traces.items()}
     add_schedule_comparison(results, medians, engines)
     if source is not None:
@@ -303,8 +282,6 @@ def _bench(args, loaded, runner, requests, engines: dict, normal: dict) -> int:
         "layers_path": runner.layers_path,  # "fused", or "transformers: <why>"
         "decoder_layers": runner.decoder_layers,  # which layers the timed steps ran
         "decoder_layer_steps": dict(runner.decoder_layer_steps),
-        "compile_s": runner.compile_s,  # the compiled step's first call, at warm-up
-        "eager_reason": runner.eager_reason,
     }
     print_report(args, results, normal_results, extra, (medians, failures, engines))
     optional_measures(args, runner, requests, extra)

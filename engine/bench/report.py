@@ -107,10 +107,6 @@ def print_report(args, results, normal_results, extra, run) -> None:
         steps = ", ".join(f"{n} {k}" for n, k in extra["decoder_layer_steps"].items() if k)
         print(f"our engines' decoder layers: {extra['decoder_layers']} (steps: {steps})")
     print(f"layers path: {extra['layers_path']}")
-    if extra["compile_s"] is not None:
-        print(f"compiled step: first call {extra['compile_s']:.1f} s (tracing and compiling)")
-    elif extra["eager_reason"] is not None:
-        print(f"step: eager ({extra['eager_reason']})")
     if extra["weight_read_ms"] is not None:
         low, high = extra["weight_read_ms_range"]
         print(

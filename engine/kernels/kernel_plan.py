@@ -102,6 +102,7 @@ class Kernel(NamedTuple):
 
 
 NO_KERNEL = Kernel(nn.Linear.forward, 0, RowPlan.single("none"))  # the device's own matmul
+PLAIN_KERNEL = NO_KERNEL._replace(plan=RowPlan.single("linear"))  # the same, named for the plan
 KERNEL_CHOICES = {  # CBP_ENGINE_KERNEL
     "auto": "the fastest per row count, measured at the first start and kept in the cache folder",
     "measure": "as auto, measured again at this start",

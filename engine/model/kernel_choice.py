@@ -2,7 +2,7 @@
 
 ``RunnerKernels`` is the half of ``engine.model.model_runner.ModelRunner`` that picks what the
 model's arithmetic runs through: the engines' matmul plan (``kernel_choice``), the fused decoder
-layers and the compiled step on that plan, and batch-invariant mode's kernels, each made on first
+layers on that plan, and batch-invariant mode's kernels, each made on first
 use, since packed and stacked copies of the weights cost memory. Calling the model stays the
 runner's.
 
@@ -23,16 +23,10 @@ import contextlib
 import functools
 import logging
 
-from engine.kernels import (
-    compiled_step,
-    fused_layers,
-    invariant_ops,
-    kernel_plan,
-    kernel_timing,
-    linear_kernel,
-)
+from engine import settings
+from engine.kernels import fused_layers, invariant_ops, kernel_plan, kernel_timing, linear_kernel
 from engine.kernels.host_setting import read_choice
-from engine.model import kernel_store, loader
+from engine.model import kernel_store
 from engine.model.kernel_store import KernelChoice
 
 log = logging.getLogger(__name__)
@@ -45,8 +39,7 @@ class RunnerKernels:
         """Find the model's linears and read the host's kernel settings (nothing is made yet).
 
         Raises:
-            ValueError: ``CBP_ENGINE_KERNEL``, ``CBP_FUSED_LAYERS`` or ``CBP_COMPILED_STEP`` is
-                not one of its choices.
+            ValueError: ``CBP_ENGINE_KERNEL`` or ``CBP_FUSED_LAYERS`` is not one of its choices.
         """
         # The engines' matmul kernel pays off on CPU only; CUDA and MPS keep their own matmuls.
         cpu = self.device.type == "cpu"
@@ -54,11 +47,10 @@ class RunnerKernels:
         self._kernel_setting = read_choice("CBP_ENGINE_KERNEL", kernel_plan.KERNEL_CHOICES)
         fused_setting = read_choice("CBP_FUSED_LAYERS", fused_layers.CHOICES)
         self.use_fused_layers = fused_setting == "auto"  # forward_packed's fused layers
-        self._compile_setting = read_choice("CBP_COMPILED_STEP", compiled_step.CHOICES)
-        # forward_packed calls by path
-        self.decoder_layer_steps = {"compiled": 0, "fused": 0, "transformers": 0}
-        # why the step runs eager though the host allows compiling (a compile error)
-        self.compile_error: str | None = None
+        self.decoder_layer_steps = {"fused": 0, "transformers": 0}  # forward_packed calls by path
+        retired = settings.value("CBP_COMPILED_STEP").strip().lower()
+        if retired not in ("", "off"):  # a host's old setting: said, not refused
+            log.warning("CBP_COMPILED_STEP=%s is ignored: the compiled step is gone", retired)
 
     def engine_kernels(self, batch_invariant: bool = False, head_only: bool = False):
         """Context: the engines' matmul kernel for the model's linears (both engines run inside
@@ -118,6 +110,8 @@ class RunnerKernels:
         choice = self.kernel_choice
         if choice.origin == "none":
             return kernel_plan.NO_KERNEL
+        if choice.origin == "fallback":
+            return kernel_plan.PLAIN_KERNEL
         if choice.origin in ("forced", "default"):
             kernel = kernel_plan.best_kernel(self._linears, choice.plan.names[0])
         else:
@@ -163,75 +157,24 @@ class RunnerKernels:
     def layers_path(self) -> str:
         """Which decoder layers the continuous engines run, for the bench JSON and the page:
         ``"fused"``, or ``"transformers: <why>"`` (the host's switch, the device, or what
-        ``engine.kernels.layer_spec`` cannot read in this model)."""
+        ``engine.kernels.layer_spec`` cannot read in this model); read from the settings and
+        the model, or from the fused layers once made (nothing is built here)."""
         if not self.use_fused_layers:
             return "transformers: CBP_FUSED_LAYERS=off"
-        if self.fused_decoder is None:
+        if not self._linears:
+            return "transformers: the fused layers run on CPU only"
+        if "fused_decoder" in self.__dict__ and self.fused_decoder is None:
             return f"transformers: {self.fused_refusal}"
-        return "fused"
-
-    @property
-    def step_mode(self) -> str:
-        """``"compiled"`` when ``forward_packed`` runs the compiled step, else ``"eager"``."""
-        return "compiled" if self.compiled_step is not None else "eager"
-
-    @property
-    def eager_reason(self) -> str | None:
-        """Why the step runs eager (None when it is compiled): the host's switch, no compiler,
-        another device, an unsupported model, or the compile error."""
-        return None if self.compiled_step is not None else self._eager_cause()
-
-    def _eager_cause(self) -> str | None:
-        """Why this runner cannot run the compiled step, or None when it can: the one place that
-        decides, for ``compiled_step`` and ``eager_reason``."""
-        if self.compile_error is not None:
-            return self.compile_error
-        if self._compile_setting == "off":
-            return "CBP_COMPILED_STEP=off"
-        reason = compiled_step.compile_unavailable_reason(self.device)
-        if reason is None and not self.use_fused_layers:
-            reason = "the compiled step runs on the fused layers, and CBP_FUSED_LAYERS=off"
-        if reason is None and self.fused_decoder is None:
-            reason = fused_layers.unsupported_reason(self.model) or "the fused layers do not apply"
-        return reason
-
-    @property
-    def num_compiled_graphs(self) -> int:
-        """Graphs the compiled step has compiled (or loaded from inductor's cache) so far."""
-        step = self.__dict__.get("compiled_step")
-        return step.stats.num_graphs if step is not None else 0
-
-    @property
-    def compile_s(self) -> float | None:
-        """Seconds the compiled step's first call took (tracing, compiling or loading from the
-        cache, one step); None before it, or when the step runs eager."""
-        step = self.__dict__.get("compiled_step")
-        return step.stats.first_call_s if step is not None and step.stats.num_graphs else None
-
-    @functools.cached_property
-    def compiled_step(self) -> compiled_step.CompiledStep | None:
-        """The compiled step (``engine.kernels.compiled_step``), made on first use; None where
-        it does not apply (switched off, no compiler, not a CPU, not a Llama-style model) or
-        after it failed to compile."""
-        if self._eager_cause() is not None:
-            return None
-        folder = str(loader.cache_dir())
-        return compiled_step.CompiledStep(self.fused_decoder, folder)
-
-    def drop_compiled_step(self, error: BaseException) -> None:
-        """Keep the eager path from now on, saying why (``eager_reason``)."""
-        first_line = (str(error).splitlines() or [""])[0][:200]
-        self.compile_error = f"compiling failed: {type(error).__name__}: {first_line}"
-        self.__dict__.pop("compiled_step", None)
-        log.warning("The compiled step failed; steps run eager: %s", self.compile_error)
+        reason = fused_layers.unsupported_reason(self.model)
+        return "fused" if reason is None else f"transformers: {reason}"
 
     def step_summary(self) -> str:
-        """One line for people: how the continuous engines' step runs, and why."""
-        if self.step_mode == "eager":
-            return f"step: eager ({self.eager_reason})"
-        first = self.compile_s
-        timing = "" if first is None else f"; its first call took {first:.1f} s"
-        return f"step: compiled by inductor, one graph for every token count{timing}"
+        """One line for people: the continuous engines' step runs eager, through which decoder
+        layers, and why (``layers_path``)."""
+        path = self.layers_path
+        why = path.removeprefix("transformers: ")
+        layers = "the fused layers" if path == "fused" else f"the model's own layers ({why})"
+        return f"step: eager, {layers}"
 
     @functools.cached_property
     def kernel_choice(self) -> KernelChoice:
@@ -276,10 +219,14 @@ class RunnerKernels:
 
 
 def _measure(decoder, candidates) -> KernelChoice:
-    """Time ``candidates`` on a sample of the ``decoder`` linears; the fastest per row range."""
+    """Time ``candidates`` on a sample of the ``decoder`` linears; the fastest per row range, or
+    ``F.linear`` everywhere (origin ``"fallback"``) where the budget ran out before any pass."""
     timings = kernel_timing.time_candidates(
         kernel_timing.sample_linears(decoder), candidates, total_linears=len(decoder)
     )
-    plan = kernel_timing.choose_plan(timings.rows, timings.times_ms)
+    try:
+        plan = kernel_timing.choose_plan(timings.rows, timings.times_ms)
+    except ValueError:  # no kernel timed at any row count: a busy host
+        return KernelChoice(kernel_plan.RowPlan.single("linear"), "fallback", timings)
     log.info("Engines' matmul measured in %.1f s: %s", timings.measured_s, plan.describe())
     return KernelChoice(plan, "measured", timings)

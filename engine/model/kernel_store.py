@@ -14,7 +14,8 @@ shapes, and the candidates timed. A file is written to a temporary file and rena
 so no reader sees half of one. A file that cannot be read, is not what this module writes, or
 holds another key is logged and measured again; a file that cannot be written costs only the
 next start's measurement. A measurement cut short or taken on a busy machine
-(``Timings.complete``, ``Timings.quiet``) is used at this start and not kept.
+(``Timings.complete``, ``Timings.quiet``) is used at this start and not kept; one cut short
+before any pass gives plain ``F.linear`` (origin ``fallback``) at this start.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ ORIGINS = {  # KernelChoice.origin -> what it means for people
     "cached": "measured at an earlier start on this host",
     "forced": "named by CBP_ENGINE_KERNEL",
     "default": "not measured: a model built in memory",
+    "fallback": "timing finished no pass within its budget: the device's own matmul",
     "none": "no CPU matmul to choose: the device's own",
 }
 
@@ -167,6 +169,8 @@ def stored_or_measured(
             if not timings.complete
             else f"taken while other work used {timings.others_cpu_share:.0%} of the CPU"
         )
+        if choice.origin == "fallback":
+            why += " before it timed any kernel, so the engines' matmul is plain F.linear"
         log.warning(
             "Kernel timing was %s; the choice is used at this start and measured again at the "
             "next.",

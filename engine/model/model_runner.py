@@ -130,7 +130,7 @@ class ModelRunner(RunnerKernels):
         fused = self.use_fused_layers and self.fused_decoder is not None
         with (
             torch.inference_mode(),
-            self.engine_kernels(batch.invariant, head_only=fused and self.compiled_step is None),
+            self.engine_kernels(batch.invariant, head_only=fused),
             self._attention(packed_attention.PACKED_ATTENTION),
         ):
             logits = self._logits(batch)  # (1, S, V)
@@ -150,15 +150,6 @@ class ModelRunner(RunnerKernels):
             batch.input_ids: [1, T]  ->  returns [1, S, V]
         """
         invariant = getattr(batch, "invariant", False)
-        compiled = self.compiled_step if not invariant else None
-        if compiled is not None:
-            try:
-                hidden = compiled.hidden_states(batch)  # (1, S, d)
-            except Exception as error:  # a compile error: eager from now on, saying why
-                self.drop_compiled_step(error)
-            else:
-                self.decoder_layer_steps["compiled"] += 1
-                return self.model.get_output_embeddings()(hidden)  # (1, S, V)
         fused = self.fused_decoder if self.use_fused_layers else None
         if fused is not None and not invariant:
             self.decoder_layer_steps["fused"] += 1

@@ -72,7 +72,7 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
 
 def test_the_report_shows_the_measured_times_and_stars_the_chosen():
     """kernel_choice_lines: the ranges, the origin and file, then a row of ms per kernel with a
-    star on the kernel each row count runs."""
+    star on the kernel each row count runs; a timing that timed nothing says it fell back."""
     times = {"linear": (1.0, 5.0, 9.0), "onednn": (2.0, 3.0, None)}
     plan = RowPlan((1, 2), ("linear", "onednn"))
     timings = Timings((1, 2, 4), times, 35, 210, 70_000_000, 2.5, 0)
@@ -89,6 +89,15 @@ def test_the_report_shows_the_measured_times_and_stars_the_chosen():
     busy = dataclasses.replace(timings, rounds=3, others_cpu_share=0.45)
     busy_lines = report.kernel_choice_lines(KernelChoice(plan, "measured", busy).as_dict())
     assert "best of 3, 2.5 s, other work 45 % of the CPU (not kept" in busy_lines[1], busy_lines[1]
+    nothing = dataclasses.replace(timings, times_ms={"linear": (None,) * 3})
+    fallback = KernelChoice(RowPlan.single("linear"), "fallback", nothing).as_dict()
+    assert fallback["origin"] == "fallback" and fallback["rounds"] == 0, fallback
+    fallback_lines = report.kernel_choice_lines(fallback)
+    assert fallback_lines[0] == (
+        "kernel choice: linear at every row count "
+        "(timing finished no pass within its budget: the device's own matmul)"
+    ), fallback_lines[0]
+    assert "cut short by the time budget" in fallback_lines[1], fallback_lines[1]
     forced = KernelChoice(RowPlan.single("skinny"), "forced").as_dict()
     assert report.kernel_choice_lines(forced) == [
         "kernel choice: skinny at every row count (named by CBP_ENGINE_KERNEL)"

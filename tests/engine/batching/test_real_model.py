@@ -94,39 +94,3 @@ def test_non_ascii_prompts_round_trip_and_output_text_is_the_decode(runner):
             assert rec.output_token_ids == reference[rec.request_id], f"{trace.engine} {rec}"
             text = runner.tokenizer.decode(rec.output_token_ids, skip_special_tokens=True)
             assert rec.output_text == text, f"{trace.engine} R{rec.request_id}: {rec.output_text!r}"
-
-
-@pytest.fixture(scope="module")
-def compiled_runner(embedded_model):
-    """The embedded model with the compiled step on (inductor's cache in the model cache folder,
-    so a later session loads the graph instead of compiling it)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("CBP_COMPILED_STEP", "auto")
-        runner = ModelRunner(embedded_model)
-        if runner.step_mode != "compiled":
-            pytest.skip(f"the step cannot compile here: {runner.eager_reason}")
-        yield runner
-
-
-def test_compiled_step_matches_generate_on_the_real_model(compiled_runner):
-    """The compiled step gives per-request generate's tokens on the article's six requests at
-    their own caps (in-place and paged KV, a KV budget that preempts), in one graph."""
-    runner = compiled_runner
-    requests = tokenize_requests(
-        seed_specs(), runner.tokenizer, chat_template=True, max_context=runner.loaded.max_context
-    )
-    reference = ReferenceCache(runner).outputs(requests)
-    longest = max(r.num_prompt_tokens + r.max_new_tokens for r in requests)
-    num_blocks = -(-longest // 16) + 2  # the longest request alone, two blocks to spare
-    budget_mib = num_blocks * 16 * runner.kv_bytes_per_token() / 2**20
-    configs = {
-        "slots": EngineConfig(3),
-        "paged": EngineConfig(3, kv_mode="paged", kv_budget_mib=budget_mib),
-    }
-    for name, config in configs.items():
-        trace = ContinuousEngine(runner, config).run(requests)
-        for r in trace.requests:
-            assert r.output_token_ids == reference[r.request_id], f"{name} R{r.request_id}"
-    assert sum(r.num_preemptions for r in trace.requests) > 0, "the paged budget never preempted"
-    assert runner.decoder_layers == "compiled", runner.decoder_layer_steps
-    assert runner.compiled_step.stats.recompiles == 0, runner.compiled_step.stats

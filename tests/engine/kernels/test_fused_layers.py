@@ -205,21 +205,13 @@ def test_cbp_fused_layers_off_runs_transformers_layers_and_counts_the_steps(monk
     reference = ReferenceCache(runner).outputs(requests)
     trace = ContinuousEngine(runner, EngineConfig(3)).run(requests)
     assert {r.request_id: r.output_token_ids for r in trace.requests} == reference
-    assert runner.decoder_layer_steps == {
-        "compiled": 0,
-        "fused": 0,
-        "transformers": len(trace.steps),
-    }
+    assert runner.decoder_layer_steps == {"fused": 0, "transformers": len(trace.steps)}
     assert runner.decoder_layers == "transformers"
     monkeypatch.delenv("CBP_FUSED_LAYERS")
     runner = tiny_runner()
     assert runner.decoder_layers is None
     trace = ContinuousEngine(runner, EngineConfig(3)).run(requests)
-    assert runner.decoder_layer_steps == {
-        "compiled": 0,
-        "fused": len(trace.steps),
-        "transformers": 0,
-    }
+    assert runner.decoder_layer_steps == {"fused": len(trace.steps), "transformers": 0}
     assert runner.decoder_layers == "fused"
 
 

@@ -8,7 +8,7 @@ import torch
 from tiny_model import tiny_runner
 from torch import nn
 
-from engine.kernels import kernel_timing
+from engine.kernels import kernel_plan, kernel_timing
 from engine.kernels.gemv_build import on_x86
 from engine.kernels.kernel_plan import RowPlan
 from engine.kernels.kernel_timing import Timings
@@ -154,6 +154,33 @@ def test_a_measurement_cut_short_is_not_kept(cache_dir, monkeypatch, caplog):
     assert "cut short" in caplog.text
 
 
+def test_a_timing_that_times_nothing_falls_back_to_f_linear(cache_dir, monkeypatch, caplog):
+    """A zero time budget times no kernel: the runner starts on plain F.linear (no copies), says
+    so in the log and its summary, keeps nothing, and its logits are the model's own."""
+    real = kernel_timing.time_candidates
+
+    def no_budget(*args, **kwargs):
+        return real(*args, **{**kwargs, "budget_s": 0.0})
+
+    monkeypatch.setattr(kernel_timing, "time_candidates", no_budget)
+    monkeypatch.setattr(kernel_timing, "candidates_for", lambda dtype: ("linear", "skinny"))
+    with caplog.at_level(logging.WARNING, logger=kernel_store.__name__):
+        runner = _runner()
+        choice = runner.kernel_choice
+    assert (choice.origin, choice.plan) == ("fallback", RowPlan.single("linear")), choice
+    assert choice.timings.rounds == 0 and choice.path is None and not _files(cache_dir)
+    assert runner.engine_kernel is kernel_plan.PLAIN_KERNEL, runner.engine_kernel_name
+    assert "plain F.linear" in caplog.text, caplog.text
+    summary = runner.kernel_summary()
+    assert summary.startswith("matmul: linear at every row count (timing finished no"), summary
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with torch.inference_mode():
+        plain = runner.model(ids).logits
+        with runner.engine_kernels():
+            routed = runner.model(ids).logits
+    assert torch.equal(plain, routed), "the fallback's logits differ from the model's own"
+
+
 def test_a_measurement_taken_while_the_cpu_was_busy_is_not_kept(cache_dir, monkeypatch, caplog):
     """Other work over the quiet share: used, not written, and the summary says why."""
 
@@ -189,3 +216,18 @@ def test_the_summary_names_the_ranges_and_how_they_were_chosen(measured):
     assert summary.startswith("matmul: linear 1-4 rows, skinny 5+ rows"), summary
     assert "earlier start" in summary and "+0 MB" in summary, summary
     assert "measured at this start" in _runner().kernel_summary()
+
+
+@pytest.mark.parametrize("old_value", ["auto", "on", "off", ""])
+def test_a_host_s_old_compiled_step_setting_starts_eager(monkeypatch, caplog, old_value):
+    """CBP_COMPILED_STEP is retired: any value starts a runner (no ValueError), a value other
+    than off or empty says in the log that it is ignored, and the step summary says eager."""
+    monkeypatch.setenv("CBP_COMPILED_STEP", old_value)
+    with caplog.at_level(logging.WARNING, logger="engine.model.kernel_choice"):
+        runner = _runner()
+    ignored = f"CBP_COMPILED_STEP={old_value} is ignored" in caplog.text
+    assert ignored == (old_value in ("auto", "on")), caplog.text
+    assert runner.step_summary() == "step: eager, the fused layers", runner.step_summary()
+    monkeypatch.setenv("CBP_FUSED_LAYERS", "off")
+    assert runner.step_summary() == "step: eager, the fused layers"  # read once, at start
+    assert _runner().step_summary() == "step: eager, the model's own layers (CBP_FUSED_LAYERS=off)"

@@ -179,16 +179,13 @@ def test_model_line_says_the_kernel_choice_on_hover(shared):
     assert html.unescape(line.split('title="')[1].split('">')[0]) == summary
 
 
-def test_model_line_says_whether_the_step_is_compiled_and_why_not(shared):
-    """The model line ends in "eager step" with the reason on hover (the suite switches compiling
-    off), and in "compiled step" once the engine process says its step is compiled."""
+def test_model_line_says_which_layers_the_step_runs(shared):
+    """The model line ends in "eager step" with the runner's step summary on hover: the fused
+    layers for the tiny Llama on CPU."""
     line = shared.label_markdown
     assert line.endswith('">eager step</abbr>'), line
     hover = html.unescape(line.rsplit('title="', 1)[1].split('">')[0])
-    assert hover == "step: eager (CBP_COMPILED_STEP=off)", hover
-    facts = dataclasses.replace(facts_of(shared), step="step: compiled by inductor, one graph")
-    line = ModelView(facts).label_markdown
-    assert line.endswith('">compiled step</abbr>'), line
+    assert hover == "step: eager, the fused layers", hover
 
 
 def test_update_step_redraws_without_the_model(result, no_model):
