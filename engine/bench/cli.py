@@ -19,8 +19,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine.batching.continuous import ContinuousEngine
-from engine.batching.static import StaticEngine
 from engine.bench.args import (
     ENGINES,
     KV_MODE_OF,
