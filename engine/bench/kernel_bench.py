@@ -15,6 +15,7 @@ is within 5 % of the fastest candidate. docs/bench.md says more; the table in
 from __future__ import annotations
 
 import argparse
+import functools
 import platform
 import sys
 import time
@@ -57,7 +58,8 @@ def time_columns_ms(
 
 def _columns(decoder, kernel, dtype: torch.dtype) -> dict[str, list[Call]]:
     """Each column's calls: the candidates the runner times for ``dtype`` here
-    (``kernel_timing.candidates_for``) on the raw weights, then the runner's kernel."""
+    (``kernel_timing.candidates_for``) on the raw weights, then the runner's kernel, each
+    linear's call as the engines install it for the module's forward (``Kernel.installed``)."""
     columns = {}
     names = candidates_for(dtype)
     if dtype == torch.float32 and "onednn" not in names:
@@ -69,7 +71,10 @@ def _columns(decoder, kernel, dtype: torch.dtype) -> dict[str, list[Call]]:
             print(f"no {name} column: {exc}", file=sys.stderr)
             continue
         columns[HEADERS.get(name, name)] = bound
-    columns["chosen"] = [(m.in_features, lambda x, m=m: kernel.forward(m, x)) for m in decoder]
+    calls = kernel.modules.planned if kernel.modules is not None else {}
+    columns["chosen"] = [
+        (m.in_features, calls.get(m) or functools.partial(kernel.forward, m)) for m in decoder
+    ]
     return columns
 
 

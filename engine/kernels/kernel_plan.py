@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from engine.kernels import linear_kernel
 from engine.kernels.linear_kernel import (
     HALF_DTYPES,
     MAX_GEMV_ROWS,
@@ -89,16 +90,28 @@ class RowPlan:
 
 
 class Kernel(NamedTuple):
-    """The engines' kernel for a model: its ``LinearForward``, the memory it adds, its plan."""
+    """The engines' kernel for a model: its ``LinearForward``, the memory it adds, its plan, and
+    each module's own ``PlannedLinear`` (``modules``; None where ``forward`` serves them all)."""
 
     forward: LinearForward
     extra_bytes: int
     plan: RowPlan  # "none" (no linears to route: CUDA, MPS), else names from CANDIDATES
+    modules: ModuleKernels | None = None
 
     @property
     def name(self) -> str:
         """``plan.label``: ``"onednn"``, ``"linear+onednn"``, ..., or ``"none"``."""
         return self.plan.label
+
+    def installed(self, linears: list[nn.Linear]):
+        """Context: each of ``linears`` runs this kernel (``linear_kernel.installed``).
+
+        Raises:
+            AssertionError: a weight changed after it was packed.
+        """
+        if self.modules is None:
+            return linear_kernel.installed(linears, self.forward)
+        return self.modules.installed(linears)
 
 
 NO_KERNEL = Kernel(nn.Linear.forward, 0, RowPlan.single("none"))  # the device's own matmul
@@ -154,6 +167,7 @@ class PlannedLinear:
         self.bound = list(bound.values())
         # by_rows[M]: the kernel at M rows, up to the last range's start (then the last's)
         self._by_rows = [bound[plan.name_at(m)] for m in range(plan.starts[-1] + 1)]
+        self._last = len(self._by_rows) - 1
 
     @property
     def extra_bytes(self) -> int:
@@ -164,10 +178,11 @@ class PlannedLinear:
 
     def kernel_at(self, num_rows: int) -> BoundLinear:
         """The bound kernel that serves ``num_rows`` rows."""
-        return self._by_rows[min(num_rows, len(self._by_rows) - 1)]
+        return self._by_rows[min(num_rows, self._last)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.kernel_at(x.numel() // x.shape[-1])(x)
+        # kernel_at inlined: this runs once per linear per step (docs/measurements.md)
+        return self._by_rows[min(x.numel() // x.shape[-1], self._last)](x)
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.kernel_at(x.numel() // x.shape[-1]).add(x, residual)
@@ -187,16 +202,40 @@ def kernel_for(linears: list[nn.Linear], plan: RowPlan) -> Kernel:
     """
     if not linears:
         return NO_KERNEL
-    planned = {m: PlannedLinear([m], plan) for m in linears}
-    versions = {m: m.weight._version for m in linears}
-    packed = any(b.packed is not None for p in planned.values() for b in p.bound)
+    modules = ModuleKernels(linears, plan)
+    extra_bytes = sum(p.extra_bytes for p in modules.planned.values())
+    return Kernel(modules.forward, extra_bytes, plan, modules)
 
-    def forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        if packed:
-            assert module.weight._version == versions[module], "weight changed after packing"
-        return planned[module](x)
 
-    return Kernel(forward, sum(p.extra_bytes for p in planned.values()), plan)
+class ModuleKernels:
+    """Each module's ``PlannedLinear`` on ``plan``, and its weight's version when packed: a
+    weight changed after packing fails an assert, in ``forward`` at each call, and once per
+    block in ``installed``, where each module's forward is its ``PlannedLinear`` itself, so a
+    matmul pays one row-count lookup and no lookup by module.
+
+    Raises:
+        RuntimeError: as ``bind``.
+    """
+
+    def __init__(self, linears: list[nn.Linear], plan: RowPlan):
+        self.planned = {m: PlannedLinear([m], plan) for m in linears}
+        packed = any(b.packed is not None for p in self.planned.values() for b in p.bound)
+        self.versions = {m: (m.weight, m.weight._version) for m in linears} if packed else {}
+
+    def forward(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """A ``LinearForward``: ``module``'s matmul on ``x`` [..., K] -> [..., N]."""
+        if self.versions:
+            weight, version = self.versions[module]
+            assert weight._version == version, "weight changed after packing"
+        return self.planned[module](x)
+
+    def installed(self, linears: list[nn.Linear]):
+        """Context: each of ``linears`` computes its ``PlannedLinear``."""
+        for module in linears:
+            if module in self.versions:
+                weight, version = self.versions[module]
+                assert weight._version == version, "weight changed after packing"
+        return linear_kernel.installed(linears, self.forward, self.planned)
 
 
 _FALLBACKS = {  # a named kernel, then what stands in where oneDNN refuses the weights

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -190,22 +190,26 @@ class GemvLinear(BoundLinear):
             raise RuntimeError(reason)
         super().__init__(weight, bias)
         self.num_out = weight.shape[0]
+        self.max_numel = MAX_GEMV_ROWS * weight.shape[1]  # of an input it takes
         with torch.inference_mode():
             self.packed = torch.ops.cbp_gemv.pack(weight.detach())
+        self._op = torch.ops.cbp_gemv.linear.default  # the overload: no resolution per call
 
     @property
     def extra_bytes(self) -> int:
         return self.packed.numel() * self.packed.element_size()
 
     def _rows(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        if x.dim() == 2 and (residual is None or residual.dim() == 2):  # no views to make
+            return self._op(x, self.packed, self.num_out, residual)  # (M, N)
         rows = x.reshape(-1, x.shape[-1])  # (M, K)
         res = None if residual is None else residual.reshape(rows.shape[0], self.num_out)
-        out = torch.ops.cbp_gemv.linear(rows, self.packed, self.num_out, res)  # (M, N)
+        out = self._op(rows, self.packed, self.num_out, res)  # (M, N)
         return out.view(*x.shape[:-1], self.num_out)
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether the kernel takes ``x``: at most ``MAX_GEMV_ROWS`` rows, the weight's dtype."""
-        return x.numel() <= MAX_GEMV_ROWS * x.shape[-1] and x.dtype == self.packed.dtype
+        return x.numel() <= self.max_numel and x.dtype == self.packed.dtype
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.takes(x):
@@ -245,10 +249,18 @@ def linear_modules(model: nn.Module) -> list[nn.Linear]:
 
 
 @contextlib.contextmanager
-def installed(linears: list[nn.Linear], forward: LinearForward = skinny_forward) -> Iterator[None]:
-    """Within the block, each module in ``linears`` computes ``forward(module, x)``."""
+def installed(
+    linears: list[nn.Linear],
+    forward: LinearForward = skinny_forward,
+    calls: Mapping[nn.Linear, Callable[[torch.Tensor], torch.Tensor]] | None = None,
+) -> Iterator[None]:
+    """Within the block, each module in ``linears`` computes ``calls[module](x)`` where ``calls``
+    has it (the call itself is the module's forward: no lookup per matmul), else
+    ``forward(module, x)``."""
+    calls = calls or {}
     for module in linears:
-        module.forward = functools.partial(forward, module)
+        call = calls.get(module)
+        module.forward = call if call is not None else functools.partial(forward, module)
     try:
         yield
     finally:

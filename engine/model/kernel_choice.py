@@ -66,7 +66,7 @@ class RunnerKernels:
             return self._invariant_context()
         head = self.model.get_output_embeddings()
         linears = [head] if head_only and head in self._linears else self._linears
-        return linear_kernel.installed(linears, self.engine_kernel.forward)
+        return self.engine_kernel.installed(linears)
 
     @contextlib.contextmanager
     def _invariant_context(self):

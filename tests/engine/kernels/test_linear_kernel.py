@@ -145,6 +145,24 @@ def test_a_weight_changed_after_packing_is_caught():
         kernel.forward(layer, torch.randn(2, 8))
 
 
+@pytest.mark.skipif(not HAS_ONEDNN, reason="this torch build has no oneDNN")
+def test_an_installed_kernel_is_each_module_s_own_call_and_checks_its_weights():
+    """Kernel.installed makes each module's forward its own PlannedLinear (no lookup per call),
+    equal to F.linear; a weight changed after packing fails as the block opens."""
+    layers = [nn.Linear(8, 4), nn.Linear(8, 6)]
+    kernel = kernel_plan.kernel_for(layers, kernel_plan.RowPlan((1, 3), ("skinny", "onednn")))
+    x = torch.randn(5, 8)
+    with torch.inference_mode(), kernel.installed(layers):
+        assert all(vars(m)["forward"] is kernel.modules.planned[m] for m in layers)
+        torch.testing.assert_close(layers[1](x), F.linear(x, layers[1].weight, layers[1].bias))
+    assert all("forward" not in vars(m) for m in layers), "the modules' own forward is back"
+    with torch.no_grad():
+        layers[0].weight.mul_(2)
+    with pytest.raises(AssertionError, match="changed after packing"), kernel.installed(layers):
+        pass
+    assert all("forward" not in vars(m) for m in layers), "a refused block left a forward"
+
+
 def test_installed_routes_then_restores(monkeypatch):
     """Inside the block a Linear computes with skinny_linear; after it, with its own forward."""
     layer = nn.Linear(8, 4)
