@@ -71,12 +71,12 @@ class PageModel:
     def label_markdown(self) -> str:
         """The model line as the page shows it: ``label``, then "matmul kernels" whose hover text
         says which kernel runs at which row counts and how it was chosen (measured on this host,
-        read from an earlier start, or named by ``CBP_ENGINE_KERNEL``), the step's kind with its
-        summary on hover; and, when the CPUs are split, how many the engines have."""
+        read from an earlier start, or named by ``CBP_ENGINE_KERNEL``), which decoder layers the
+        step runs (fused, or transformers' with the reason on hover); and, when the CPUs are split, how many the engines have."""
         kernels, step = self.kernels_and_step()
         summary = html.escape(kernels, quote=True)
         line = f'{self.label} · <abbr title="{summary}">matmul kernels</abbr>'
-        words = "eager step" if step.startswith("step: eager") else "compiled step"
+        words = "fused layers" if step.endswith("the fused layers") else "transformers' layers"
         line += f' · <abbr title="{html.escape(step, quote=True)}">{words}</abbr>'
         if self.cpu_split is not None:
             where = self.cpu_split.describe()

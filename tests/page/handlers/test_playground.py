@@ -180,10 +180,10 @@ def test_model_line_says_the_kernel_choice_on_hover(shared):
 
 
 def test_model_line_says_which_layers_the_step_runs(shared):
-    """The model line ends in "eager step" with the runner's step summary on hover: the fused
-    layers for the tiny Llama on CPU."""
+    """The model line ends in "fused layers" with the runner's step summary on hover, for the
+    tiny Llama on CPU."""
     line = shared.label_markdown
-    assert line.endswith('">eager step</abbr>'), line
+    assert line.endswith('">fused layers</abbr>'), line
     hover = html.unescape(line.rsplit('title="', 1)[1].split('">')[0])
     assert hover == "step: eager, the fused layers", hover
 
