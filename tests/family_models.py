@@ -8,10 +8,8 @@ embeddings, soft-capping, multipliers, NoPE layers, fused projections) and a sli
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
-from tiny_model import EOS_IDS, VOCAB, ByteTokenizer
+from tiny_model import EOS_IDS, VOCAB, runner_of
 
 from engine.model.model_runner import ModelRunner
 
@@ -80,18 +78,7 @@ def family_model(family: str, seed: int = 5):
 
 def family_runner(family: str, seed: int = 5) -> ModelRunner:
     """A ``ModelRunner`` over ``family_model`` with the byte tokenizer."""
-    loaded = SimpleNamespace(
-        model=family_model(family, seed),
-        tokenizer=ByteTokenizer(),
-        name=f"tiny-{family}",
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-        eos_token_ids=list(EOS_IDS),
-        max_context=512,
-        device_label="CPU · float32",
-        load_s=0.0,
-    )
-    return ModelRunner(loaded)
+    return runner_of(family_model(family, seed), f"tiny-{family}")
 
 
 # The folder tokenizer: one token per character, the rest <unk>; ids 0 (pad), 1 and 2 (EOS).

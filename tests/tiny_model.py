@@ -58,10 +58,16 @@ def tiny_model(seed: int = 0, num_layers: int = 2):
 
 def tiny_runner(seed: int = 5) -> ModelRunner:
     """A ``ModelRunner`` over ``tiny_model`` with the byte tokenizer."""
+    return runner_of(tiny_model(seed), "tiny-llama")
+
+
+def runner_of(model, name: str) -> ModelRunner:
+    """A ``ModelRunner`` over a float32 CPU ``model`` with the byte tokenizer, loaded in memory
+    (no ``source``: its kernels are not timed)."""
     loaded = SimpleNamespace(
-        model=tiny_model(seed),
+        model=model,
         tokenizer=ByteTokenizer(),
-        name="tiny-llama",
+        name=name,
         device=torch.device("cpu"),
         dtype=torch.float32,
         eos_token_ids=list(EOS_IDS),
