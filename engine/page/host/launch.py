@@ -119,9 +119,12 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def configured_servers(args: argparse.Namespace, loaded) -> host_servers.PageServers | None:
+def configured_servers(
+    args: argparse.Namespace, loaded, cpus: tuple[int, ...] | None = None
+) -> host_servers.PageServers | None:
     """The servers the command line and ``CBP_ENDPOINTS`` give the page
-    (``host_servers.configure``); None without any.
+    (``host_servers.configure``), the local ones computing on ``cpus`` (the engines'; None:
+    every CPU); None without any.
 
     Raises:
         ValueError: a bad endpoint or name, or no GGUF for llama.cpp.
@@ -136,6 +139,7 @@ def configured_servers(args: argparse.Namespace, loaded) -> host_servers.PageSer
         log=lambda line: print(line, flush=True),
         record_items=args.endpoint_record,
         llamacpp=args.llamacpp,
+        cpus=cpus,
     )
     return found if found.names else None
 
@@ -150,7 +154,7 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
             on).
     """
     args = parse_args(argv)
-    process = None
+    process, split = None, None
     try:
         nice = server_priority.server_nice()
         if engine_worker.engine_process_wanted(on_zerogpu=zerogpu.on_zerogpu()):
@@ -160,7 +164,7 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
         else:
             model = shared_model.load_shared_model(args.model, args.device, args.dtype)
             print(f"{model.label} (loaded in {model.loaded.load_s:.1f} s)", flush=True)
-        model.servers = configured_servers(args, model.loaded)
+        model.servers = configured_servers(args, model.loaded, split.engine if split else None)
     except ValueError as exc:  # ModelLoadError included: one line a person can act on
         if process is not None:
             process.close()

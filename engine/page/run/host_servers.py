@@ -17,12 +17,14 @@ fails is reported with its message while the other engines' results are kept.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from engine.kernels import cpu_share
 from engine.peers.endpoints import (
     RECORDS_ENV,
     EndpointError,
@@ -247,6 +249,7 @@ def configure(
     log: Callable[[str], None] | None = None,
     record_items: Iterable[str] = (),
     llamacpp: bool = False,
+    cpus: tuple[int, ...] | None = None,
 ) -> PageServers:
     """The page's servers: the local vLLM if ``vllm``, the llama.cpp engines if ``llamacpp``,
     then ``--endpoint`` items, then ``CBP_ENDPOINTS``. The local vLLM runs ``--max-num-seqs
@@ -254,7 +257,9 @@ def configure(
     ``record_items``: ``--endpoint-record NAME=RECORD_URL`` entries, then
     ``CBP_ENDPOINT_RECORDS``'s, for endpoints of either kind. A local server whose build is
     missing (no ``.venv-vllm``: ``make vllm``; no ``llama-server``: ``make llamacpp``) is
-    ``Unbuilt`` (``log`` hears the path looked at): no reason to stop the page.
+    ``Unbuilt`` (``log`` hears the path looked at): no reason to stop the page. ``cpus``: the
+    CPUs the local servers compute on, one thread each: our engines' (None: every CPU), so each
+    engine of a run gets the same CPUs and threads.
 
     Raises:
         ValueError: a bad or repeated endpoint, a built-in engine's name, no GGUF for
@@ -264,17 +269,18 @@ def configure(
     log = log or (lambda _line: None)
     engines: dict[str, OpenAIEngine | Unbuilt] = {}
     reserved = set(BUILT_IN)
+    bind = None if cpus is None else ",".join(map(str, cpus))
     if vllm:
         from engine.peers.vllm_engine import VllmEngine
 
         make = functools.partial(
             VllmEngine, loaded, vllm_max_num_seqs, enforce_eager=vllm_eager,
-            max_model_len=vllm_max_model_len,
+            max_model_len=vllm_max_model_len, cpus=bind,
         )  # fmt: skip
         engines[LOCAL_VLLM] = _built(LOCAL_VLLM, make, log)
         reserved.add(LOCAL_VLLM)
     if llamacpp:
-        engines |= _llamacpp_engines(loaded, vllm_max_num_seqs, log)
+        engines |= _llamacpp_engines(loaded, vllm_max_num_seqs, log, bind)
         reserved |= set(LLAMACPP_NAMES)
     flagged = parse_endpoints(endpoint_items, reserved)
     from_env = endpoints_from_env(environ, reserved)
@@ -301,7 +307,7 @@ def _built(name: str, make: Callable[[], OpenAIEngine], log) -> OpenAIEngine | U
         return Unbuilt(exc.public)
 
 
-def _llamacpp_engines(loaded, num_slots: int, log: Callable[[str], None]) -> dict:
+def _llamacpp_engines(loaded, num_slots: int, log: Callable[[str], None], cpus=None) -> dict:
     """``llamacpp`` (the loaded weights as an F32 GGUF, converted once: about 30 s) and, for
     the embedded model, ``llamacpp_q4`` (its shipped Q4_1 file); another model gets ``llamacpp``
     alone, said in ``log``. Without ``make llamacpp``'s build each is ``Unbuilt``.
@@ -313,14 +319,14 @@ def _llamacpp_engines(loaded, num_slots: int, log: Callable[[str], None]) -> dic
     from engine.llamacpp.engines import LlamaCppEngine, gguf_for
 
     log("llamacpp: the F32 GGUF of the loaded weights (converted on first use, about 30 s)")
-    f32 = functools.partial(LlamaCppEngine, loaded, num_slots)
+    f32 = functools.partial(LlamaCppEngine, loaded, num_slots, cpus=cpus)
     engines = {"llamacpp": _built("llamacpp", f32, log)}
     try:
         gguf_for(loaded, "q4_1")  # the embedded model's shipped file, or why there is none
     except ValueError as exc:
         log(f"llamacpp_q4: not offered: {exc}")
         return engines
-    q4 = functools.partial(LlamaCppEngine, loaded, num_slots, name="llamacpp_q4")
+    q4 = functools.partial(LlamaCppEngine, loaded, num_slots, name="llamacpp_q4", cpus=cpus)
     engines["llamacpp_q4"] = _built("llamacpp_q4", q4, log)
     return engines
 
@@ -382,7 +388,22 @@ def _run_one(
     if servers.fits(name) and servers.engines[name].fit(requests, num_slots):
         servers.wait_ready(name, on_wait)  # it starts again with this run's settings
     streaming.append(True)
-    return servers.engines[name].run(requests, on_wait=lambda t: watch(t, waiting=True))
+    engine = servers.engines[name]
+    with _other_work(servers, name) as others:
+        trace = engine.run(requests, on_wait=lambda t: watch(t, waiting=True))
+    trace.info["others_cpu_share"] = others.share
+
+    trace.warnings = [*trace.warnings, *cpu_share.load_warning(name, others.share)]
+    return trace
+
+
+def _other_work(servers: PageServers, name: str):
+    """Measures other work's share of a local server's CPUs beside its own process group's; an
+    endpoint elsewhere is not measured (its ``share`` stays None)."""
+    server = servers.engines[name].server if servers.is_local(name) else None
+    if server is None or server.proc is None:
+        return contextlib.nullcontext(cpu_share.OtherWork())
+    return cpu_share.OtherWork(cpus=server.cpus(), group=server.proc.pid)
 
 
 def _slot_warnings(servers: PageServers, name: str, num_slots: int) -> list[str]:

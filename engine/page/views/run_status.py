@@ -12,6 +12,7 @@ import math
 from engine.fidelity.reference import NOT_COMPARED_TEXT, mismatches, not_compared_ids
 from engine.page.figures.style import counted, request_ids
 from engine.page.views import divergence_view, server_view, tables
+from engine.page.views.markup import one_line, plain_markdown
 from engine.trace import Trace
 
 NOISE_NOTE = "Wall times on a shared machine vary from run to run; step counts do not."
@@ -37,8 +38,15 @@ def status_line(state) -> str:
     if state.batch_invariant and state.hf_continuous is not None:
         line += f" · {divergence_view.HF_OUTSIDE}"
     head = "" if state.recorded is None else state.recorded.label() + "  \n"
-    tail = f"{server_lines}  \n" if server_lines else ""
+    lines = [*_our_warnings(state), *([server_lines] if server_lines else [])]
+    tail = "".join(f"{line}  \n" for line in lines)
     return f"{head}{line}  \n{tail}{NOISE_NOTE}"
+
+
+def _our_warnings(state) -> list[str]:
+    """A ⚠ line per warning of our engines' traces (a run taken under load)."""
+    ours = [t for t in (state.static, state.continuous, state.hf_continuous) if t is not None]
+    return [f"⚠ {plain_markdown(one_line(w))}" for t in ours for w in t.warnings]
 
 
 def steps_comparison(static_steps: int, continuous_steps: int) -> str:

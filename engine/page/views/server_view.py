@@ -71,7 +71,8 @@ def _settings(servers: PageServers, name: str) -> str:
     mode = "eager" if s.enforce_eager else "compiled"
     return (
         f"{mode} · {s.dtype} · up to {counted(s.max_num_seqs, 'sequence')} at once · "
-        f"{counted(s.max_model_len, 'token')} per request"
+        f"{counted(s.max_model_len, 'token')} per request · "
+        f"{counted(len(cpus_of(s.omp_threads_bind)), 'thread')}"
     )
 
 

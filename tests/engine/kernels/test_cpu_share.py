@@ -64,3 +64,36 @@ def test_waiting_for_a_quiet_machine_stops_when_it_is_quiet_or_at_its_limit():
     quiet_s = wait_quiet(max_wait_s=3.0, window_s=0.1, quiet_share=1.01)
     assert busy_s >= 0.6, f"waited {busy_s:.2f} s beside a spinning process"
     assert 0.1 <= quiet_s < busy_s, f"waited {quiet_s:.2f} s on a quiet machine"
+
+
+# cpu0 and cpu1 lines beside the machine's: user nice system idle iowait irq softirq steal
+PER_CPU = "cpu  {a} 0 0 {ai} 0 0 0 0\ncpu0 {b} 0 0 {bi} 0 0 0 0\ncpu1 {c} 0 0 {ci} 0 0 0 0\n"
+# pid (comm) state ppid pgrp ... utime (14) stime (15)
+MEMBER = "{pid} (llama-server) S 1 {group} 1 0 -1 0 0 0 0 0 {ut} {st} 0 0 20 0 3 0 100 1 1\n"
+
+
+def test_cpus_sum_their_own_lines_and_a_missing_cpu_is_an_error():
+    """cpu1 alone: 30 busy of 130; cpu0 and cpu1: 40 of 200; a CPU /proc/stat lacks raises."""
+    text = PER_CPU.format(a=40, ai=160, b=10, bi=60, c=30, ci=100)
+    assert machine_ticks(text, frozenset({1})) == (30, 130)
+    assert machine_ticks(text, frozenset({0, 1})) == (40, 200)
+    with pytest.raises(ValueError, match="cpu7"):
+        machine_ticks(text, frozenset({7}))
+
+
+def test_a_servers_own_work_is_its_process_groups_on_its_cpus(tmp_path):
+    """On cpu1, 1,000 ticks pass, 700 busy; group 50's two processes took 300 + 100 of them, a
+    process of another group 500 (not subtracted): others' share (700 - 400) / 1000 = 0.3."""
+
+    def write(c, ci, ticks):
+        (tmp_path / "stat").write_text(PER_CPU.format(a=0, ai=0, b=0, bi=0, c=c, ci=ci))
+        for pid, group, ut in ((50, 50, ticks[0]), (51, 50, ticks[1]), (60, 60, ticks[2])):
+            (tmp_path / str(pid)).mkdir(exist_ok=True)
+            (tmp_path / str(pid) / "stat").write_text(
+                MEMBER.format(pid=pid, group=group, ut=ut, st=0)
+            )
+
+    write(0, 0, (0, 0, 0))
+    with OtherWork(tmp_path, cpus={1}, group=50) as others:
+        write(700, 300, (300, 100, 500))
+    assert others.share == pytest.approx(0.3), f"share {others.share}, expected 0.3"

@@ -33,16 +33,17 @@ from browser_kit import (
 )
 from server_kit import start_app_server
 
+from tests.busy_host import busy_host
 from tests.live_servers import needs_vllm
 
 pytestmark = [*PYTESTMARK, needs_vllm, pytest.mark.real_model]
 VLLM_START_TIMEOUT_MS = 1_200_000  # eager start on a busy 2-core CPU: about 2 minutes idle
 BF16_RUN_TIMEOUT_MS = 1_800_000  # loads the bfloat16 weights first
-# How far the client's mean TTFT may lie behind vLLM's record, as a share of the run's wall time.
-# The lag is the stream's way through vLLM's API process and our client, which runs at the page's
-# server nice: tens of milliseconds on a quiet host, over a second on a busy one (CI on 2 cores).
-# The defect this guards against held streams back to the run's end: most of the wall time.
-TTFT_VIEWS_BOUND_SHARE = 0.5
+# How far the client's mean TTFT may lie behind vLLM's record on a busy host: tens of milliseconds
+# on a quiet one. With vLLM's threads on every CPU, the page's and the busy loops, the client read
+# first tokens 4.2 s late on a 7.9 s run (CI on 2 cores); on the engines' CPUs, 0.12 s.
+TTFT_VIEWS_BOUND_S = 1.0
+BUSY_RUN_TIMEOUT_MS = 600_000  # every engine at about half its CPUs' speed
 ROWS = [("The capital of France is", 4), ("Today's weather is so", 6)]
 LONGER_ROWS = [(prompt, 60) for prompt in ("Once upon a time", "My favourite food is", *dict(ROWS))]
 
@@ -193,26 +194,32 @@ def _metrics_row(page: Page, engine: str) -> dict[str, str]:
     raise AssertionError(f"no metrics row for {engine}")
 
 
-def test_vllm_ttft_from_outside_agrees_with_its_own_record(page: Page):
-    """The metrics table gives vLLM's TTFT from both views, labelled; the client's (outside) is
-    never before vLLM's own record (inside), and its mean lies within TTFT_VIEWS_BOUND_SHARE of
-    the wall time of it, on a run long enough (about 120 of vLLM's steps) for a late stream to
-    show. No bound in seconds: how far a niced client lags is the host's load, not the page's."""
+def test_vllm_ttft_from_outside_agrees_with_its_own_record_on_a_busy_host(page: Page):
+    """On a host kept busy (a busy loop on each CPU), the metrics table gives vLLM's TTFT from
+    both views, labelled: the client's (outside) is never before vLLM's own record (inside), and
+    its mean lies within TTFT_VIEWS_BOUND_S of it, on a run long enough (about 120 of vLLM's
+    steps) for a late stream to show. Every engine ran on the same CPUs beside the loops, and the
+    status line marks each result taken under load, vLLM's too."""
     _wait_for_vllm(page)
     set_requests(page, LONGER_ROWS)
     set_slots(page, 2)
-    run_and_wait(page)
+    with busy_host():
+        run_and_wait(page, BUSY_RUN_TIMEOUT_MS)
     row = _metrics_row(page, "vllm")
     wall_s = float(row["wall s"])
     for column in ("mean TTFT s", "p99 TTFT s"):
         found = re.fullmatch(r"outside ([\d.]+) · inside ([\d.]+)", row[column])
         assert found, f"vLLM's {column} does not give both views: {row[column]!r}"
         outside, inside = map(float, found.groups())
-        bound_s = TTFT_VIEWS_BOUND_SHARE * wall_s if column.startswith("mean") else wall_s
+        bound_s = TTFT_VIEWS_BOUND_S if column.startswith("mean") else wall_s
         assert 0 <= outside - inside <= bound_s, (
             f"vLLM's {column}: the client saw first tokens {outside - inside:.2f} s after "
             f"vLLM's record had them (outside {outside}, inside {inside}; wall {wall_s} s)"
         )
+    status = status_text(page)
+    for name in ("static", "continuous", "vllm"):
+        assert f"⚠ {name} ran while other work took" in status, status
+    assert "taken under load" in status, status
 
 
 def _pick(page: Page, elem_id: str, option: str) -> None:

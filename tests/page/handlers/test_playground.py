@@ -11,6 +11,7 @@ import pytest
 from fake_traces import continuous_trace, static_trace
 from page_runs import run_and_render
 
+from engine.kernels import cpu_share
 from engine.model.loader import ModelLoadError
 from engine.page.handlers import playground
 from engine.page.inputs import presets
@@ -463,3 +464,15 @@ def test_model_line_names_the_engine_process_kernels_and_the_cpu_split(shared):
         ' · <abbr title="Engines on CPU 1 (1 thread), the page on CPU 0">'
         "engines on 1 of 2 CPUs</abbr>"
     ), line
+
+
+def test_a_run_taken_under_load_is_marked_in_the_status_line():
+    """An engine whose run shared its CPUs with other work over the bound (0.45 of them) gets a
+    ⚠ line naming the share; one at 0.05 gets none."""
+    static = static_trace([4, 5], [3, 4], num_slots=2)
+    continuous = continuous_trace([4, 5], [3, 4], num_slots=2)
+    for trace, share in ((static, 0.45), (continuous, 0.05)):
+        trace.warnings += cpu_share.load_warning(trace.engine, share)
+    status = run_status.status_line(run_view.RunState(static, continuous, None))
+    assert "⚠ static ran while other work took 45% of its CPUs" in status, status
+    assert "taken under load" in status and "⚠ continuous" not in status, status

@@ -9,6 +9,7 @@ keeping the other engines.
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from engine.page.handlers import playground
 from engine.page.host import launch
 from engine.page.run import host_servers, run_options, shared_model
 from engine.page.views import run_view, server_view
-from tests.live_servers import free_port
+from tests.live_servers import free_port, needs_vllm
 
 OUT = {name: i for i, name in enumerate(run_view.RUN_OUTPUTS)}
 ROWS = [["hello world", 4], ["abc", 3]]
@@ -217,3 +218,15 @@ def _wait_started(host: host_servers.PageServers, timeout_s: float = 120) -> Non
     while host.starting():
         assert time.monotonic() < deadline, "the servers did not settle in time"
         time.sleep(0.1)
+
+
+@needs_vllm
+def test_the_local_vllm_computes_on_the_engines_cpus_with_as_many_threads(page, tmp_path):
+    """Given the engines' CPUs (1 of them), the local vLLM binds its threads to them: one thread
+    on CPU 1, as our engines run. Without them, every CPU."""
+    loaded = _with_source(page.loaded, tmp_path)
+    split = host_servers.configure(loaded, vllm=True, cpus=(1,))
+    settings = split.engines["vllm"].server.settings
+    assert settings.omp_threads_bind == "1" and split.engines["vllm"].server.cpus() == {1}
+    every = host_servers.configure(loaded, vllm=True).engines["vllm"].server.settings
+    assert every.omp_threads_bind == f"0-{(os.cpu_count() or 1) - 1}", every.omp_threads_bind
