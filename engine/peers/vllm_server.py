@@ -75,6 +75,12 @@ def kv_bytes_per_token(config, dtype_bytes: int) -> int:
     return 2 * config.num_hidden_layers * kv_heads * head_dim * dtype_bytes
 
 
+def model_max_len(config) -> int:
+    """The longest sequence the model's config allows (``max_position_embeddings``), which vLLM
+    refuses to exceed; ``MAX_MODEL_LEN`` where the config names none."""
+    return int(getattr(config, "max_position_embeddings", None) or MAX_MODEL_LEN)
+
+
 @dataclass(frozen=True)
 class VllmSettings:
     """How the server runs; ``describe`` is what the bench and the page report."""
@@ -142,7 +148,9 @@ def settings_for(
     if not source:
         raise ValueError("The loaded model has no folder or hub id that vLLM could load.")
     dtype = str(loaded.dtype).removeprefix("torch.")
-    per_token = kv_bytes_per_token(model_config(loaded), loaded.dtype.itemsize)
+    config = model_config(loaded)
+    max_model_len = min(max_model_len, model_max_len(config))
+    per_token = kv_bytes_per_token(config, loaded.dtype.itemsize)
     kv_bytes = int(KV_MARGIN * per_token * num_slots * max_model_len)
     return VllmSettings(source, dtype, num_slots, max_model_len, enforce_eager, kv_bytes)
 
@@ -191,7 +199,7 @@ def matched_settings(
         block_size=block_size,
         num_kv_blocks=num_kv_blocks + 1,  # + vLLM's null block
         kv_cache_bytes=(num_kv_blocks + 1) * block_size * per_token,
-        max_model_len=min(MAX_MODEL_LEN, num_kv_blocks * block_size),
+        max_model_len=min(base.max_model_len, num_kv_blocks * block_size),
         prefix_caching=config.prefix_caching,
     )
     return settings, notes

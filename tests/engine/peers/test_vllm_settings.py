@@ -85,3 +85,14 @@ def test_the_hold_keys_are_the_same_on_both_sides():
     assert values["HOLD_FOR_KEY"] == vllm_server.HOLD_FOR_KEY
     assert values["HOLD_RUN_KEY"] == vllm_server.HOLD_RUN_KEY
     assert values["HOLD_ORDER_KEY"] == vllm_server.HOLD_ORDER_KEY
+
+
+def test_the_model_length_stays_within_the_models_positions():
+    """A model of 512 positions (a tiny family's) gets --max-model-len 512, which vLLM takes,
+    not the 2,048 it refuses to start with; a config without the field keeps 2,048."""
+    short = SimpleNamespace(**vars(CONFIG), max_position_embeddings=512)
+    loaded = SimpleNamespace(**{**vars(LOADED), "model": SimpleNamespace(config=short)})
+    assert _flags(vllm_server.settings_for(loaded, 2))["--max-model-len"] == "512"
+    paged = matched_settings(loaded, EngineConfig(2, kv_mode="paged", block_size=32), REQUESTS, 64)
+    assert _flags(paged[0])["--max-model-len"] == "512"
+    assert _flags(vllm_server.settings_for(LOADED, 2))["--max-model-len"] == "2048"
