@@ -55,14 +55,15 @@ FAMILIES = {
 _LAYER_TYPES = {"gemma3": ["sliding_attention", "sliding_attention", "full_attention"]}
 
 
-def family_model(family: str, seed: int = 5):
+def family_model(family: str, seed: int = 5, **overrides):
     """The tiny ``family`` model, float32, eval mode, with transformers' reference attention
-    (SDPA, or eager for a family without it, as ``engine.model.loader`` picks)."""
+    (SDPA, or eager for a family without it, as ``engine.model.loader`` picks); ``overrides``:
+    config fields over the family's (``head_dim=32``, the narrowest vLLM's CPU attention takes)."""
     import transformers
 
     config_name, model_name, fields = FAMILIES[family]
     torch.manual_seed(seed)
-    config = getattr(transformers, config_name)(**(_COMMON | fields))
+    config = getattr(transformers, config_name)(**(_COMMON | fields | overrides))
     if family in _LAYER_TYPES:
         config.layer_types = _LAYER_TYPES[family]
     model_cls = getattr(transformers, model_name)
@@ -90,9 +91,10 @@ _CHAT = (
 )
 
 
-def save_family_folder(family: str, folder) -> str:
-    """``family_model`` saved with ``save_pretrained`` beside a character tokenizer with a chat
-    template: a folder ``--model`` loads as it loads a downloaded model. Returns its path."""
+def save_family_folder(family: str, folder, **overrides) -> str:
+    """``family_model`` (with ``overrides``) saved with ``save_pretrained`` beside a character
+    tokenizer with a chat template: a folder ``--model`` loads as it loads a downloaded model.
+    Returns its path."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -105,6 +107,6 @@ def save_family_folder(family: str, folder) -> str:
         tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
     )
     tokenizer.chat_template = _CHAT
-    family_model(family).save_pretrained(folder)
+    family_model(family, **overrides).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)

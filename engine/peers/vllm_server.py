@@ -49,6 +49,8 @@ SCHEDULE_PATH_ENV = "CBP_VLLM_SCHEDULE_PATH"  # read by engine.peers.vllm_schedu
 # vllm_xargs keys that hold vLLM's first step (read by engine.peers.vllm_scheduler)
 HOLD_FOR_KEY, HOLD_RUN_KEY, HOLD_ORDER_KEY = "cbp_hold_for", "cbp_run", "cbp_order"
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention takes block sizes that are multiples of this
+# the head sizes vLLM 0.32.0's CPU attention takes (CPUAttentionBackend.get_supported_head_sizes)
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def vllm_python(venv: str | os.PathLike | None = None) -> Path:
@@ -73,6 +75,19 @@ def kv_bytes_per_token(config, dtype_bytes: int) -> int:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return 2 * config.num_hidden_layers * kv_heads * head_dim * dtype_bytes
+
+
+def _check_head_size(config, loaded) -> None:
+    """Raises ValueError where vLLM's CPU attention cannot take the model's head size (its
+    engine would fail at the first request, with no word of why)."""
+    heads = config.num_attention_heads
+    size = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if str(getattr(loaded, "device", "cpu")).startswith("cpu") and size not in CPU_HEAD_SIZES:
+        sizes = ", ".join(map(str, CPU_HEAD_SIZES))
+        raise ValueError(
+            f"vLLM's CPU attention takes heads of {sizes} values; this model's have {size}, so "
+            "vLLM cannot serve it on a CPU."
+        )
 
 
 def model_max_len(config) -> int:
@@ -149,6 +164,7 @@ def settings_for(
         raise ValueError("The loaded model has no folder or hub id that vLLM could load.")
     dtype = str(loaded.dtype).removeprefix("torch.")
     config = model_config(loaded)
+    _check_head_size(config, loaded)
     max_model_len = min(max_model_len, model_max_len(config))
     per_token = kv_bytes_per_token(config, loaded.dtype.itemsize)
     kv_bytes = int(KV_MARGIN * per_token * num_slots * max_model_len)

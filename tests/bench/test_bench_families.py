@@ -8,6 +8,7 @@ from family_models import FAMILIES, save_family_folder
 
 from engine.bench import cli as bench
 from tests.bench.workload_files import write_workload
+from tests.live_servers import needs_vllm
 
 ENGINES = "static,continuous,continuous_paged"
 # The seed's first four requests, shorter: past the families' 8-key windows in seconds.
@@ -51,3 +52,22 @@ def test_bench_refuses_an_encoder_decoder_in_one_line(tmp_path, capsys):
     assert bench.main(["--model", str(folder), "--engines", ENGINES]) == 2
     err = capsys.readouterr().err
     assert "'t5' model, not a causal language model" in err and "Traceback" not in err, err
+
+
+@needs_vllm
+def test_vllm_serves_a_sliding_window_familys_folder_token_equal_and_alike(tmp_path):
+    """A tiny Gemma 3 (two 8-key windowed layers to one global, QK-norm, four norms a layer; heads
+    of 32, the narrowest vLLM's CPU attention takes), saved as a folder: vLLM serves the same
+    folder, every output equals the reference past the window, and its own record of its steps
+    plans as our continuous engine's."""
+    folder = save_family_folder(
+        "gemma3", tmp_path / "gemma3", head_dim=32, query_pre_attn_scalar=32
+    )
+    out = tmp_path / "out.json"
+    workload = write_workload(tmp_path, SPECS)
+    argv = ["--model", folder, "--engines", "static,continuous,vllm", "--vllm-eager"]
+    assert bench.main([*argv, "--workload", workload, "--json", str(out)]) == 0
+    vllm = json.loads(out.read_text())["engines"]["vllm"]
+    assert vllm["num_match"] == len(SPECS) and vllm["num_differs"] == 0, vllm
+    comparison = vllm["schedule_comparison"]
+    assert comparison["equal_step_fraction"] == 1.0, comparison

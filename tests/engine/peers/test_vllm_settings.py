@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from engine.config import EngineConfig
@@ -96,3 +97,13 @@ def test_the_model_length_stays_within_the_models_positions():
     paged = matched_settings(loaded, EngineConfig(2, kv_mode="paged", block_size=32), REQUESTS, 64)
     assert _flags(paged[0])["--max-model-len"] == "512"
     assert _flags(vllm_server.settings_for(LOADED, 2))["--max-model-len"] == "2048"
+
+
+def test_a_head_size_vllms_cpu_attention_lacks_is_refused_before_it_starts():
+    """Heads of 16 values (a tiny family's): vLLM's engine would fail at the first request with
+    no reason given; the settings say why up front. Heads of 64 start."""
+    narrow = SimpleNamespace(**{**vars(CONFIG), "head_dim": 16})
+    loaded = SimpleNamespace(**{**vars(LOADED), "model": SimpleNamespace(config=narrow)})
+    with pytest.raises(ValueError, match="this model's have 16, so vLLM cannot serve it on a CPU"):
+        vllm_server.settings_for(loaded, 2)
+    assert vllm_server.settings_for(LOADED, 2).max_num_seqs == 2
