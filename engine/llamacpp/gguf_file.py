@@ -21,7 +21,7 @@ from pathlib import Path
 from engine import settings as env_settings
 from engine.llamacpp.server import llamacpp_dir
 from engine.model.loader import cache_dir, embedded_gguf_path
-from engine.peers.endpoints import MissingBuild
+from engine.peers.endpoints import MissingBuild, ModelRefused
 
 CONVERTER = "convert_hf_to_gguf.py"
 CONVERT_TIMEOUT_S = 900.0  # about 30 s for SmolLM2-135M on a 2-core CPU
@@ -69,8 +69,8 @@ def f32_gguf(model_dir: str | os.PathLike, timeout_s: float = CONVERT_TIMEOUT_S)
     """The F32 GGUF of a safetensors folder, converted on first use and kept in the cache.
 
     Raises:
-        ValueError: not a safetensors folder, no converter (``make llamacpp``), or the converter
-            failed (with the tail of its output).
+        ValueError: not a safetensors folder, or no converter (``make llamacpp``).
+        ModelRefused: the converter failed (with the tail of its output).
     """
     folder = Path(model_dir).expanduser().resolve()
     target = cache_dir() / f"{folder.name}-f32-{weights_key(folder)}.gguf"
@@ -90,7 +90,11 @@ def f32_gguf(model_dir: str | os.PathLike, timeout_s: float = CONVERT_TIMEOUT_S)
         )
         if done.returncode != 0:
             tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-            raise ValueError(f"llama.cpp's converter failed on {folder}:\n{tail}")
+            last = tail.splitlines()[-1] if tail else f"exit code {done.returncode}"
+            raise ModelRefused(
+                f"llama.cpp's converter failed on {folder}:\n{tail}",
+                f"llama.cpp's converter cannot convert this model ({last})",
+            )
         partial.chmod(0o644)  # mkstemp's file is private; the cache's files are not
         os.replace(partial, target)
     except subprocess.TimeoutExpired:

@@ -50,6 +50,16 @@ class MissingBuild(ValueError):
         self.public = public
 
 
+class ModelRefused(ValueError):
+    """A local server cannot serve this model (vLLM's CPU attention lacks its head size,
+    llama.cpp's converter does not know its tokenizer). ``public`` says why without a host's
+    path, for a page: ``engine.page.run.host_servers`` lists such a server as failed with it."""
+
+    def __init__(self, message: str, public: str | None = None):
+        super().__init__(message)
+        self.public = public or message
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """One configured OpenAI-compatible server."""

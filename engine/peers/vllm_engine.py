@@ -48,6 +48,7 @@ from engine.peers.vllm_server import (
     VllmServer,
     VllmSettings,
     settings_for,
+    vllm_python,
 )
 from engine.sequence import Request
 from engine.trace import Trace
@@ -154,7 +155,9 @@ class VllmEngine(RecordedEngine):
         as they are, instead of ``settings_for`` these (a KV budget or block size of one's own).
         ``cpus``: the CPUs it computes on, one thread each (e.g. "1"; default every CPU).
 
-        Raises ValueError: no ``.venv-vllm`` (``make vllm``) or nothing vLLM could load."""
+        Raises ValueError: no ``.venv-vllm`` (``make vllm``: MissingBuild), nothing vLLM could
+        load, or a model it cannot serve (ModelRefused)."""
+        vllm_python()  # a missing build is said before what the model lacks
         if settings is None:
             settings = settings_for(
                 loaded, num_slots, enforce_eager=enforce_eager, max_model_len=max_model_len

@@ -31,7 +31,7 @@ import httpx
 from engine import settings as env_settings
 from engine.config import EngineConfig
 from engine.model.model_card import model_config
-from engine.peers.endpoints import Endpoint, MissingBuild
+from engine.peers.endpoints import Endpoint, MissingBuild, ModelRefused
 from engine.peers.server_process import ServerProcess, cpus_of
 from engine.sequence import Request
 
@@ -78,13 +78,13 @@ def kv_bytes_per_token(config, dtype_bytes: int) -> int:
 
 
 def _check_head_size(config, loaded) -> None:
-    """Raises ValueError where vLLM's CPU attention cannot take the model's head size (its
+    """Raises ModelRefused where vLLM's CPU attention cannot take the model's head size (its
     engine would fail at the first request, with no word of why)."""
     heads = config.num_attention_heads
     size = getattr(config, "head_dim", None) or config.hidden_size // heads
     if str(getattr(loaded, "device", "cpu")).startswith("cpu") and size not in CPU_HEAD_SIZES:
         sizes = ", ".join(map(str, CPU_HEAD_SIZES))
-        raise ValueError(
+        raise ModelRefused(
             f"vLLM's CPU attention takes heads of {sizes} values; this model's have {size}, so "
             "vLLM cannot serve it on a CPU."
         )
@@ -156,6 +156,7 @@ def settings_for(
 
     Raises:
         ValueError: the model has no folder or hub id to load (``loaded.source``), or bad slots.
+        ModelRefused: a head size vLLM's CPU attention lacks.
     """
     if num_slots < 1:
         raise ValueError("vLLM needs at least 1 slot (--max-num-seqs).")

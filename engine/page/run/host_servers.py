@@ -29,6 +29,7 @@ from engine.peers.endpoints import (
     RECORDS_ENV,
     EndpointError,
     MissingBuild,
+    ModelRefused,
     endpoints_from_env,
     parse_endpoints,
     records_from_env,
@@ -299,10 +300,13 @@ def configure(
 
 def _built(name: str, make: Callable[[], OpenAIEngine], log) -> OpenAIEngine | Unbuilt:
     """``make()``, or ``Unbuilt`` when it raises ``MissingBuild`` (said in ``log``, with the
-    path)."""
+    path) or ``ModelRefused`` (the server cannot serve this model: the page starts anyway)."""
     try:
         return make()
     except MissingBuild as exc:
+        log(f"{name}: failed: {exc}")
+        return Unbuilt(exc.public)
+    except ModelRefused as exc:
         log(f"{name}: failed: {exc}")
         return Unbuilt(exc.public)
 
@@ -313,8 +317,8 @@ def _llamacpp_engines(loaded, num_slots: int, log: Callable[[str], None], cpus=N
     alone, said in ``log``. Without ``make llamacpp``'s build each is ``Unbuilt``.
 
     Raises:
-        ValueError: the F32 file cannot be made (no local safetensors folder, the converter
-            failed).
+        ValueError: the F32 file cannot be made (no local safetensors folder); a converter
+            that fails on the model lists ``llamacpp`` as failed (``ModelRefused``).
     """
     from engine.llamacpp.engines import LlamaCppEngine, gguf_for
 

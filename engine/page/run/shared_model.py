@@ -72,7 +72,8 @@ class PageModel:
         """The model line as the page shows it: ``label``, then "matmul kernels" whose hover text
         says which kernel runs at which row counts and how it was chosen (measured on this host,
         read from an earlier start, or named by ``CBP_ENGINE_KERNEL``), which decoder layers the
-        step runs (fused, or transformers' with the reason on hover); and, when the CPUs are split, how many the engines have."""
+        step runs (fused, or transformers' with the reason on hover); and, when the CPUs are
+        split, how many the engines have."""
         kernels, step = self.kernels_and_step()
         summary = html.escape(kernels, quote=True)
         line = f'{self.label} · <abbr title="{summary}">matmul kernels</abbr>'

@@ -1,4 +1,5 @@
-"""The F32 GGUF's cache key: it follows the weights, so a changed model gets a new file."""
+"""The F32 GGUF's cache key: it follows the weights, so a changed model gets a new file; a
+model the converter cannot read is refused with its reason."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import json
 
 import pytest
 import torch
+from family_models import save_family_folder
 from safetensors.torch import save_file
 
-from engine.llamacpp.gguf_file import weights_key
+from engine.llamacpp.gguf_file import f32_gguf, weights_key
+from engine.peers.endpoints import ModelRefused
+from tests.live_servers import needs_llamacpp
 
 
 def _folder(path, value: float):
@@ -30,3 +34,18 @@ def test_a_folder_without_weights_is_refused(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="not a safetensors model folder"):
         weights_key(tmp_path)
+
+
+@needs_llamacpp
+def test_a_model_the_converter_cannot_read_is_refused_saying_why(tmp_path):
+    """A folder llama.cpp's converter fails on (a tokenizer it does not know) is ModelRefused:
+    the message has the converter's own words and the folder; ``public`` has its last line and
+    no host path, for a page's servers line."""
+    folder = save_family_folder("qwen3", tmp_path / "qwen3")
+    with pytest.raises(ModelRefused) as refused:
+        f32_gguf(folder)
+    assert "llama.cpp's converter failed on" in str(refused.value) and folder in str(refused.value)
+    public = refused.value.public
+    assert public.startswith("llama.cpp's converter cannot convert this model (")
+    assert public.endswith(")")
+    assert str(tmp_path) not in public, public

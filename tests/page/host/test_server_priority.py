@@ -77,7 +77,7 @@ def test_serve_lowers_the_server_after_the_engine_thread_exists(monkeypatch):
         process_nice.append(_nice())  # the worker would inherit this thread's nice value
         return SimpleNamespace(close=lambda: None), None
 
-    monkeypatch.setattr(launch, "configured_servers", lambda args, loaded: None)
+    monkeypatch.setattr(launch, "configured_servers", lambda *_args: None)
     monkeypatch.setattr(launch, "_engine_process", fake_engine_process)
     monkeypatch.setattr(launch, "_connect", fake_connect)
     monkeypatch.setattr(launch, "_launch", lambda *a: server_nice.append(_in_thread(_nice)))

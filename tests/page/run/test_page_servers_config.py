@@ -206,11 +206,32 @@ def test_vllm_that_cannot_start_is_reported_and_the_rest_kept(page, tmp_path, mo
     assert "✓ all match" in status, status
 
 
-def _with_source(loaded, folder: Path):
-    """The tiny model as if loaded from ``folder`` (what vLLM would be asked to load)."""
+def _with_source(loaded, folder: Path, head_dim: int = 32):
+    """The tiny model as if loaded from ``folder`` (what vLLM would be asked to load), its
+    config saying heads of ``head_dim`` (vLLM's CPU attention takes 32, not the tiny 16)."""
     loaded = copy.copy(loaded)
     loaded.source = str(folder)
+    loaded.model = copy.copy(loaded.model)  # its own config; the weights are shared
+    loaded.model.config = copy.deepcopy(loaded.model.config)
+    loaded.model.config.head_dim = head_dim
     return loaded
+
+
+def test_a_model_vllm_cannot_serve_is_failed_on_the_page_with_why(page, tmp_path, monkeypatch):
+    """--vllm on a model whose heads vLLM's CPU attention lacks (16): the page starts anyway and
+    the servers line lists vLLM as failed with the head sizes it takes. A missing build is said
+    first: it is what to fix first."""
+    if not Path(os.environ.get("CBP_VLLM_VENV", ".venv-vllm"), "bin", "python").exists():
+        monkeypatch.setenv("CBP_VLLM_VENV", str(Path(sys.executable).parent.parent))
+    loaded, logged = _with_source(page.loaded, tmp_path, head_dim=16), []
+    page.servers = host_servers.configure(loaded, log=logged.append, vllm=True).start()
+    assert page.servers.status("vllm").state == host_servers.FAILED
+    line = server_view.servers_markdown(page.servers)
+    assert "**vllm**: ✗ vLLM's CPU attention takes heads of 32, 64" in line, line
+    assert "this model's have 16" in line and str(tmp_path) not in line, line
+    monkeypatch.setenv("CBP_VLLM_VENV", str(tmp_path / "missing"))
+    missing = host_servers.configure(loaded, vllm=True).start()
+    assert "no vLLM here" in server_view.servers_markdown(missing)
 
 
 def _wait_started(host: host_servers.PageServers, timeout_s: float = 120) -> None:
