@@ -1,7 +1,7 @@
 """Starting ``app.py`` for tests: a free localhost port, offline, and a wait until it serves.
 
 Used by the ``server_url`` fixtures (``tests/conftest.py`` per module, the browser tests' per
-package). The launching is ``engine.bench.app_server``'s (the page-gap tool and tests that need
+package). The launching is ``tools.app_server``'s (the page-gap tool and tests that need
 the server's process start theirs with it too); here its failures fail the test, with the
 server's log.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.bench import app_server
+from tools import app_server
 
 REPO_ROOT = app_server.REPO_ROOT
 SERVERS: dict = {}  # url -> the app.py process serving it, for tests that look at its processes

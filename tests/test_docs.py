@@ -11,8 +11,8 @@ README = ROOT / "README.md"
 MODULE_MAP = ROOT / "docs" / "architecture.md"
 README_MAX_LINES = 300
 
-# A repository path in backquotes: `app.py`, or one under engine/, tests/ or assets/.
-PATH_IN_QUOTES = re.compile(r"`((?:engine|tests|assets)/[\w./-]*|app\.py)`")
+# A repository path in backquotes: `app.py`, or one under engine/, tools/, tests/ or assets/.
+PATH_IN_QUOTES = re.compile(r"`((?:engine|tools|tests|assets)/[\w./-]*|app\.py)`")
 # A Markdown link or image: [text](target) or ![alt](target); the text may wrap lines.
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
@@ -30,11 +30,12 @@ def _prose(path: Path) -> str:
 
 
 def _modules() -> set[str]:
-    """Every module of the project, relative to the repo: app.py and engine/**/*.py less
-    packages' __init__.py and __main__.py."""
+    """Every module of the project, relative to the repo: app.py, engine/**/*.py and
+    tools/**/*.py less packages' __init__.py and __main__.py."""
     modules = {
         path.relative_to(ROOT).as_posix()
-        for path in (ROOT / "engine").rglob("*.py")
+        for folder in ("engine", "tools")
+        for path in (ROOT / folder).rglob("*.py")
         if path.name not in ("__init__.py", "__main__.py")
     }
     return modules | {"app.py"}
@@ -67,7 +68,8 @@ def _broken_links(text: str, page: Path) -> list[str]:
 
 
 def test_module_map_names_every_module():
-    """docs/architecture.md names every module under engine/ and app.py by its path."""
+    """docs/architecture.md names every module under engine/ and tools/, and app.py, by its
+    path."""
     named = _named_paths(MODULE_MAP.read_text(encoding="utf-8"))
     missing = sorted(_modules() - named)
     assert not missing, f"docs/architecture.md does not name these modules: {missing}"
@@ -100,7 +102,8 @@ def test_relative_links_lead_to_files_and_headings():
 
 
 def test_paths_named_in_the_docs_exist():
-    """Every engine/, tests/ or assets/ path the README and docs/*.md name in backquotes exists."""
+    """Every engine/, tools/, tests/ or assets/ path the README and docs/*.md name in backquotes
+    exists."""
     gone = {
         page.relative_to(ROOT).as_posix(): missing
         for page in _pages()

@@ -1,5 +1,6 @@
-"""The wings and their rooms: the core imports no page and no UI library, the bench no page, no
-cycles, and inside each wing every room imports only the rooms below it, through their faces."""
+"""The wings and their rooms: the core imports no page and no UI library, the bench no page,
+nothing under ``engine/`` imports the maintainers' ``tools/`` or their clients, no cycles, and
+inside each wing every room imports only the rooms below it, through their faces."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 UI_LIBRARIES = ("gradio", "plotly", "spaces")
+# The maintainers' tools and the clients only they use: the package needs none of them.
+TOOLS_ONLY = ("tools", "gradio_client", "playwright")
 
 
 def _module_name(path: Path) -> str:
@@ -29,6 +32,11 @@ def _imports(path: Path) -> set[str]:
 
 def _sources(folder: str) -> list[Path]:
     return sorted((ROOT / folder).rglob("*.py"))
+
+
+def _project_sources() -> list[Path]:
+    """``app.py``, the package (``engine/``) and the maintainers' tools (``tools/``)."""
+    return [ROOT / "app.py", *_sources("engine"), *_sources("tools")]
 
 
 def _core_sources() -> list[Path]:
@@ -60,14 +68,39 @@ def test_bench_imports_no_page_and_no_ui_library():
     assert not offenders, f"the bench imports the page: {offenders}"
 
 
+def _tool_only(names: set[str]) -> list[str]:
+    """The names among ``names`` that are the tools or a client only they use (``TOOLS_ONLY``)."""
+    return sorted(n for n in names if n.split(".")[0] in TOOLS_ONLY)
+
+
+def test_the_package_imports_no_tool_and_no_tool_client():
+    """Nothing under ``engine/`` nor ``app.py`` imports ``tools``, ``gradio_client`` or
+    ``playwright``, lazily or not: those are the maintainers' tools, not the package's."""
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in [ROOT / "app.py", *_sources("engine")]
+        for name in _tool_only(_imports(path))
+    ]
+    assert _sources("tools"), "tools/ was not found"
+    assert not offenders, f"the package reaches into the maintainers' tools: {offenders}"
+
+
+def test_the_tools_check_finds_a_planted_import(tmp_path):
+    """The tools check itself works: lazy imports of a tool and of a tool's client are found,
+    look-alike names are not."""
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "import toolsy, gradio\nfrom engine import trace\n"
+        "def f():\n    from tools import room_load\n    import playwright.sync_api\n",
+        encoding="utf-8",
+    )
+    assert _tool_only(_imports(planted)) == ["playwright.sync_api", "tools", "tools.room_load"]
+
+
 def test_import_graph_has_no_cycles():
-    """The project's import graph (app.py and engine/, lazy imports included) is acyclic."""
-    paths = [ROOT / "app.py", *_sources("engine")]
-    modules = {_module_name(p): p for p in paths}
-    graph = {
-        name: {m for m in _imports(path) if m in modules and m != name}
-        for name, path in modules.items()
-    }
+    """The project's import graph (app.py, engine/ and tools/, lazy imports included) is
+    acyclic."""
+    graph = _graph()
     cycle = _find_cycle(graph)
     assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
 
@@ -145,7 +178,7 @@ def _upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 
 def _graph() -> dict[str, set[str]]:
-    modules = {_module_name(p): p for p in [ROOT / "app.py", *_sources("engine")]}
+    modules = {_module_name(p): p for p in _project_sources()}
     return {
         name: {m for m in _imports(path) if m in modules and m != name}
         for name, path in modules.items()
@@ -172,11 +205,12 @@ def test_the_order_check_finds_a_planted_upward_import():
 
 
 def _rooms() -> list[Path]:
-    return [p.parent for p in _sources("engine") if p.name == "__init__.py"]
+    return [p.parent for p in _sources("engine") + _sources("tools") if p.name == "__init__.py"]
 
 
 def test_no_folder_holds_more_than_a_dozen_modules():
-    """Each folder of ``engine/`` holds at most 12 modules (its ``__init__`` not counted)."""
+    """Each folder of ``engine/`` and ``tools/`` holds at most 12 modules (its ``__init__`` not
+    counted)."""
     crowded = {
         str(room.relative_to(ROOT)): n
         for room in _rooms()

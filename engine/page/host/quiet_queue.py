@@ -5,7 +5,7 @@ looks for events to start, every ``sleep_when_free`` (1 ms on Linux, 50 ms on Wi
 for progress to send, every ``progress_update_sleep_when_free`` (10 ms; 100 ms on Windows). That
 is about a thousand wake-ups a second whether or not anything is queued, each one time taken from
 the engines' OpenMP threads, which wait for each other at every barrier (``python -m
-engine.bench.page_gap`` measures it; docs/measurements.md). ``quiet(demo)`` gives the queue
+tools.page_gap`` measures it; docs/measurements.md). ``quiet(demo)`` gives the queue
 Windows' values: an event starts up to 50 ms later, and a progress bar is redrawn ten times a
 second, neither of which a person sees on runs that take seconds.
 """

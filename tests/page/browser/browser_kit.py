@@ -61,7 +61,7 @@ PYTESTMARK = [
 def remote_chromium(folder: Path) -> str:
     """An executable in ``folder`` that starts Chromium at nice ``REMOTE_NICE``, for tests whose
     browser stands in for a person on another machine while the page measures something (as
-    ``engine.bench.room_load`` runs its browsers): on a 2-CPU host a browser at the page's
+    ``tools.room_load`` runs its browsers): on a 2-CPU host a browser at the page's
     priority takes CPU from the server being timed. Its processes inherit the nice value; the
     pipe to Playwright (file descriptors 3 and 4) passes through ``exec`` unchanged."""
     wrapper = folder / "remote-chromium"

@@ -16,13 +16,13 @@ from tiny_model import make_requests
 
 from engine.batching.continuous import ContinuousEngine
 from engine.batching.static import StaticEngine
-from engine.bench.app_server import free_port
 from engine.config import EngineConfig
 from engine.page.figures.mask_heatmaps import WINDOW_COLOR
 from engine.page.handlers import recording
 from engine.page.host import launch
 from engine.page.panels.results_panel import LAYER_HELP
 from engine.page.views import run_view
+from engine.peers.server_process import free_port
 
 try:
     from playwright.sync_api import Page, expect

@@ -12,12 +12,12 @@ import gradio as gr
 import pytest
 from page_runs import run_and_render
 
-from engine.bench.app_server import free_port
 from engine.page.handlers import playground
 from engine.page.run import shared_model
 from engine.page.run.run_options import RunOptions
 from engine.page.views import run_status, run_view
 from engine.page.views.progress_view import plain_markdown
+from engine.peers.server_process import free_port
 
 try:
     from gradio_client import Client

@@ -349,9 +349,9 @@ def test_a_run_over_the_limit_is_not_run_and_keeps_the_results(page, monkeypatch
 def test_the_room_reads_every_estimate_the_page_tells():
     """The room bench parses the queue line's estimate as the page writes it, "a few seconds"
     as 0 (``estimate_error`` allows the rounding)."""
-    from engine.bench.room.session import Session, read_status
     from engine.page.run.run_queue import Place
     from engine.page.views.progress_view import queue_line
+    from tools.room.session import Session, read_status
 
     for estimate_s, told_s in [(4.4, 0.0), (44.0, 40.0), (627.0, 600.0)]:
         session = Session(0, "seed", custom=False)

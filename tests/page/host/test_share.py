@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.bench import app_server
 from engine.page.host import share
+from tools import app_server
 
 LOCAL_URL = "http://127.0.0.1:7860/"
 

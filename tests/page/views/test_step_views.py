@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.bench.app_server import free_port
 from engine.page.handlers import recording
 from engine.page.views.run_view import step_views
+from engine.peers.server_process import free_port
 
 try:
     from gradio_client import Client

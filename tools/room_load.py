@@ -1,10 +1,10 @@
 """A workshop room against one page: many sessions press Run within a minute, each timed.
 
-``python -m engine.bench.room_load [--sessions 30] [--within-s 60] [--custom 6] [--browsers 0]
+``python -m tools.room_load [--sessions 30] [--within-s 60] [--custom 6] [--browsers 0]
 [--url URL] [--idle-check] [--idle-repeat N] [--json F]``
 
-Starts ``app.py`` on a free 127.0.0.1 port, offline (``engine.bench.app_server``), unless ``--url``
-names a page already serving. ``sessions`` ``gradio_client`` sessions (``engine.bench.room``),
+Starts ``app.py`` on a free 127.0.0.1 port, offline (``tools.app_server``), unless ``--url``
+names a page already serving. ``sessions`` ``gradio_client`` sessions (``tools.room``),
 and ``--browsers`` more in headless Chromium, each choose a tour preset as a person would and
 press Run at their own moment within ``within_s`` seconds (seeded); the last ``custom`` of them
 first change one cap, so that theirs is a setup nobody ran and must be measured live. The clients
@@ -27,9 +27,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from engine.bench import app_server
-from engine.bench.room.browsers import CHROMIUM, run_browsers
-from engine.bench.room.session import (
+from tools import app_server
+from tools.room.browsers import CHROMIUM, run_browsers
+from tools.room.session import (
     ESTIMATE_TOLERANCE,
     REPLAY_TARGET_S,
     TOUR,
@@ -182,7 +182,7 @@ def print_report(room: list[Session], result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.bench.room_load", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.room_load", description=__doc__)
     parser.add_argument("--sessions", type=int, default=30)
     parser.add_argument("--within-s", type=float, default=60.0)
     parser.add_argument("--custom", type=int, default=6, help="sessions with a setup of their own")

@@ -3,7 +3,7 @@
 ``run_session`` plays a ``gradio_client`` session: it chooses a tour preset as a person would
 (``/apply_preset``), presses Run (``/run`` with ``replay_recent``, as the page's button sends it)
 and reads the stream into a ``Session``; ``read_status`` reads one status line, streamed or as a
-browser shows it (``engine.bench.room.browsers``).
+browser shows it (``tools.room.browsers``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from engine.knobs import KNOB
 
 TOUR = ("seed", "one-long-many-short", "equal-caps", "long-prompts", "arrivals",
         "shared-system-prompt")  # fmt: skip
-PRESETS_PATH = Path(__file__).resolve().parents[3] / "assets" / "presets.json"
+PRESETS_PATH = Path(__file__).resolve().parents[2] / "assets" / "presets.json"
 STATUS_INDEX = 7  # the status line's place in /run's outputs (the run's state is not sent)
 # /run's knobs after the table and the slots, in its order (the page's ``RUN_INPUTS``)
 RUN_KNOBS = ("chat_template", "check_reference", "kv_mode", "token_budget", "policy",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from fake_traces import continuous_trace, static_trace
 
-from engine.bench import page_gap
 from engine.page.views import run_status, run_view
+from tools import page_gap
 
 
 def test_the_times_it_reads_are_the_ones_the_page_shows():

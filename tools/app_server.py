@@ -1,6 +1,6 @@
 """``app.py`` as a local server process: a free 127.0.0.1 port, offline, a wait until it serves.
 
-``python -m engine.bench.page_gap`` times the page through it, and the tests' server fixtures
+``python -m tools.page_gap`` times the page through it, and the tests' server fixtures
 (``tests/server_kit.py``) start their servers with it. Failures raise ``RuntimeError`` with the
 end of the server's log, so that a caller can show why.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from engine import settings
 from engine.peers.server_process import free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 300  # ~3 s from the safetensors cache, ~25 s on a first run; minutes busy
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 LOG_TAIL_CHARS = 3000  # how much of the server's log a failure quotes

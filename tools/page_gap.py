@@ -1,9 +1,9 @@
 """The page against the bench: the same workload timed through the page's ``/run`` API and by
 ``python -m engine.bench``, interleaved, on one machine.
 
-``python -m engine.bench.page_gap [--slots 3] [--kv-mode slots|paged] [--repeat 3] [--json F]``
+``python -m tools.page_gap [--slots 3] [--kv-mode slots|paged] [--repeat 3] [--json F]``
 
-Starts ``app.py`` (``engine.bench.app_server``), then ``repeat`` times runs the seed workload once
+Starts ``app.py`` (``tools.app_server``), then ``repeat`` times runs the seed workload once
 through ``gradio_client`` (no browser, so none shares the CPUs) and once in a bench process on the
 same slots and KV mode, and prints each engine's wall times both ways and the page/bench ratio of
 their medians. The page's times are those its status line shows, the engines' own clocks on the
@@ -22,9 +22,9 @@ import tempfile
 from pathlib import Path
 
 from engine import settings
-from engine.bench import app_server
-from engine.bench.room.session import STATUS_TIMES, run_knobs, status_line
 from engine.workloads.workload import SEED_REQUESTS
+from tools import app_server
+from tools.room.session import STATUS_TIMES, run_knobs, status_line
 
 BENCH_ENGINE = {"slots": "continuous", "paged": "continuous_paged"}  # page KV mode -> engine
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from engine.bench.room.session import Session, read_status, take_times
+from tools.room.session import Session, read_status, take_times
 
 CHROMIUM = "/usr/bin/chromium"  # the browser sessions' (--browsers)
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu"]

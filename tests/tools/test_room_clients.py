@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from engine.bench.room.session import as_remote, clients_cpus
+from tools.room.session import as_remote, clients_cpus
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,

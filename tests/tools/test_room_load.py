@@ -1,7 +1,7 @@
 """A small workshop room against the real page: eight sessions press Run within five seconds.
 
-The full room (30 sessions within a minute, the tour's presets) is a bench command,
-``python -m engine.bench.room_load``; here the room is small and on one short preset, so that it
+The full room (30 sessions within a minute, the tour's presets) is a maintainers' tool,
+``python -m tools.room_load``; here the room is small and on one short preset, so that it
 takes about a minute: six sessions on the same setup, two with a setup of their own, and, where
 Chromium and playwright are installed, one person more in a real browser (``--browsers 1``) on
 that preset's link.
@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from engine.bench import room_load
+from tools import room_load
 
 pytestmark = pytest.mark.real_model
 WAITING = "**Waiting for the model:**"  # a waiting session's status line starts so
