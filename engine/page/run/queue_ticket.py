@@ -68,6 +68,7 @@ class Ticket:
     joined_s: float
     started_s: float | None = None  # when it took the model; None while it waits
     seen_s: float = 0.0  # when its handler last asked for its turn or place
+    lent: bool = False  # its handler yielded its line to Gradio since (``RunQueue.lend``)
     # what it runs, when it may be shown a run of the same setup instead (None: it runs live)
     setup: Hashable | None = None
     steps_done: int = 0  # its engine steps so far, once it runs (``RunQueue.progress``)

@@ -188,6 +188,12 @@ class Run:
                 job.close()
         return self._next_stage(value)
 
+    def lend(self) -> None:
+        """The handler yields the run's place to Gradio (``RunQueue.lend``): call it just before
+        the yield, so that Gradio's delay in asking again never drops the run from the queue."""
+        if self.queued and self.ticket is not None:
+            self.request.model.queue.lend(self.ticket)
+
     def stop(self) -> None:
         """Stop the run's engines (Stop, a closed tab): they end within a step."""
         self.control.stop()
