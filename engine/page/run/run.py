@@ -27,7 +27,7 @@ from engine.config import EngineConfig
 from engine.page.run import host_servers
 from engine.page.run.queue_ticket import Place
 from engine.page.run.recent_runs import RecentRun
-from engine.page.run.run_cost import run_work
+from engine.page.run.run_cost import run_work, server_part
 from engine.page.run.run_handle import RunHandle, Turn
 from engine.page.run.run_options import RunOptions
 from engine.page.run.shared_model import PageModel
@@ -76,12 +76,14 @@ class RunRequest:
 
 @dataclass
 class RunAnswer:
-    """A finished run: the engines' ``ComparisonResult``, the servers' traces and failures by
-    name, and the verdicts of the servers judged (None: none)."""
+    """A finished run: the engines' ``ComparisonResult``, the servers' traces, failures and
+    stage seconds by name (``_run_servers``), and the verdicts of the servers judged (None:
+    none)."""
 
     comparison: ComparisonResult
     servers: dict[str, Trace] = field(default_factory=dict)
     server_failures: dict[str, str] = field(default_factory=dict)
+    server_stages_s: dict[str, float] = field(default_factory=dict)
     server_verdicts: dict[str, dict[int, dict]] | None = None
 
 
@@ -209,6 +211,7 @@ class Run:
         self._release_lock()
         wall_s = time.monotonic() - self._started_s
         parts_s = pace_parts(self._answer.comparison.traces())
+        parts_s.update({server_part(n): s for n, s in self._answer.server_stages_s.items()})
         self.request.model.queue.finish(self.ticket, wall_s, parts_s)
 
     def close(self) -> None:
@@ -266,8 +269,9 @@ class Run:
         """Take a job's value into the answer and send the next job, if any."""
         if self._answer is None:
             self._answer = RunAnswer(value)
-        elif isinstance(value, tuple):  # the servers' traces and failures
-            self._answer.servers, self._answer.server_failures = value
+        elif isinstance(value, tuple):  # the servers' traces, failures and stage seconds
+            answer = self._answer
+            answer.servers, answer.server_failures, answer.server_stages_s = value
         else:
             self._answer.server_verdicts = value
         self._job = None
@@ -338,14 +342,39 @@ def _untaken(_entry) -> None:
 
 
 def _run_servers(model: PageModel, names, requests, config: EngineConfig, dtype, watch) -> tuple:
-    """``host_servers.run_servers`` as a job: (traces, failures) by name."""
-    return host_servers.run_servers(
+    """``host_servers.run_servers`` as a job: (traces, failures, stage seconds) by name, each
+    server's stage timed by ``StageClock``: the queue prices each server from its own runs."""
+    clock = StageClock(watch)
+    traces, failures = host_servers.run_servers(
         model.servers,
         names,
         requests,
         config.num_slots,
-        watch,
+        clock.watch,
         dtype=dtype,
         batch_invariant=config.batch_invariant,
         prefix_caching=config.prefix_caching,
     )
+    return traces, failures, clock.stages_s()
+
+
+class StageClock:
+    """Times the stages of servers run one after another, from the reports they send through
+    ``watch`` (``ProgressLog.watch``): a server's stage runs from its first report (waiting for
+    it: its start, or a restart with the run's settings) to the next server's first, the last
+    one's to ``stages_s``. A server that failed is timed too: its stage took that long here."""
+
+    def __init__(self, watch: Callable, clock: Callable[[], float] = time.monotonic) -> None:
+        self._watch, self._clock = watch, clock
+        self._began_s: dict[str, float] = {}  # in order of their first report
+
+    def watch(self, name: str, *args, **named) -> None:
+        """``ProgressLog.watch``, the time of ``name``'s first report kept."""
+        self._began_s.setdefault(name, self._clock())
+        self._watch(name, *args, **named)
+
+    def stages_s(self) -> dict[str, float]:
+        """Each server's stage in seconds, by name, up to now for the last."""
+        names, began = list(self._began_s), list(self._began_s.values())
+        ends = [*began[1:], self._clock()]
+        return {n: end - start for n, start, end in zip(names, began, ends, strict=True)}

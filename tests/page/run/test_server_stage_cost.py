@@ -1,0 +1,105 @@
+"""The host's servers' stages in the queue's estimates: each server priced from its own runs, its
+time kept out of the other parts, and a line of server runs counting down as people move up.
+
+Expected values are worked by hand from the numbers in each test, not read from the code.
+"""
+
+from __future__ import annotations
+
+from tiny_model import make_requests
+
+from engine.config import EngineConfig
+from engine.page.run.run import StageClock
+from engine.page.run.run_cost import Pace, Work, run_work
+from engine.page.run.run_options import RunOptions
+from engine.page.run.run_queue import RunQueue
+
+# A run of 20 continuous steps with vLLM after our engines. On this made-up host a step of ours
+# takes 0.1 s (2 s), vLLM's stage 10 s (0.5 s a step) and rendering 1 s: 13 s in all.
+WITH_VLLM = Work(continuous_steps=20, servers=("vllm",))
+TIMED = {"continuous": 2.0, "server:vllm": 10.0}
+WALL_S = 13.0
+
+
+class Clock:
+    """A clock a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _taught() -> Pace:
+    """Our engines at 0.1 s a step and 1 s a run, then one run of WITH_VLLM learned."""
+    pace = Pace.uniform(0.1, run_s=1.0)
+    pace.learn(WITH_VLLM, WALL_S, TIMED)
+    return pace
+
+
+def test_a_server_not_run_here_yet_is_priced_at_our_engines_pace():
+    """Before a server's first run here its stage costs its continuous steps at our engines'
+    pace: 2 s of ours + 2 s of vLLM + 1 s rendering = 5 s."""
+    assert Pace.uniform(0.1, run_s=1.0).cost_s(WITH_VLLM) == 5.0
+
+
+def test_a_servers_stage_is_priced_from_its_own_runs():
+    """After one run with vLLM (13 s: 2 s ours, 10 s vLLM, 1 s the rest), a run with vLLM costs
+    2 + 10 + 1 = 13 s; one without it 2 + 1 = 3 s (vLLM's time was not taught to the run's own
+    seconds); one with llama.cpp too adds its 20 steps at our pace, 2 s: 15 s."""
+    pace = _taught()
+    assert pace.run_s == 1.0, f"a server's stage leaked into the run's own seconds: {pace.run_s}"
+    assert pace.cost_s(WITH_VLLM) == 13.0
+    assert pace.cost_s(Work(continuous_steps=20)) == 3.0
+    assert pace.cost_s(Work(continuous_steps=20, servers=("vllm", "llamacpp"))) == 15.0
+    assert pace.engines_s(WITH_VLLM) == 2.0, "the servers' stages counted as our engines' steps"
+
+
+def test_a_servers_stage_waits_for_the_last_arrival():
+    """A server replays the arrivals, so its stage lasts at least the last one's: with the last
+    at 5 s, ours 5 s, vLLM 5 s (not 2 s), rendering 1 s: 11 s."""
+    work = Work(continuous_steps=20, min_wall_s=5.0, servers=("vllm",))
+    assert Pace.uniform(0.1, run_s=1.0).cost_s(work) == 11.0
+
+
+def test_moving_up_a_line_of_server_runs_counts_the_wait_down():
+    """Three runs with vLLM ahead, each 13 s as priced: the fourth is told 39 s, then 26 s and
+    13 s as each ends on time; its estimate never rises while it moves up."""
+    clock = Clock()
+    queue = RunQueue(pace=_taught(), clock=clock, stale_s=1e9)
+    ahead = [queue.join(f"s{i}", WITH_VLLM) for i in range(3)]
+    last = queue.join("last", WITH_VLLM)
+    told = []
+    for ticket in ahead:
+        assert queue.wait_turn(ticket, timeout_s=0), "the run ahead did not take the model"
+        place = queue.place(last)
+        told.append((place.estimate_now_s, place.estimate_s))
+        clock.now_s += WALL_S
+        queue.finish(ticket, WALL_S, TIMED)
+    assert told == [(39.0, 39.0), (26.0, 26.0), (13.0, 13.0)], told
+
+
+def test_a_runs_work_names_the_servers_it_runs():
+    """A run's work carries the servers ticked, so their stages are priced."""
+    requests = make_requests([("hello", 4), ("abc", 6)])
+    options = RunOptions(check_reference=False, servers=("vllm", "llamacpp"))
+    work = run_work(requests, EngineConfig(num_slots=2), options)
+    assert work.servers == ("vllm", "llamacpp"), work.servers
+    assert work.server_parts() == ["server:vllm", "server:llamacpp"]
+
+
+def test_each_servers_stage_is_timed_from_its_first_report_to_the_next_servers():
+    """vLLM reports at 0 s (waiting for it) and 3 s, llama.cpp first at 10 s and done at 14 s,
+    read at 15 s: vLLM's stage 10 s, llama.cpp's 5 s; every report is passed on as it came."""
+    clock, seen = Clock(), []
+    stages = StageClock(lambda *args, **named: seen.append((args, named)), clock)
+    for at_s, name, done in ((0, "vllm", False), (3, "vllm", True), (10, "llamacpp", False)):
+        clock.now_s = 100.0 + at_s
+        stages.watch(name, None, done=done)
+    clock.now_s = 114.0
+    stages.watch("llamacpp", None, done=True)
+    clock.now_s = 115.0
+    assert stages.stages_s() == {"vllm": 10.0, "llamacpp": 5.0}
+    assert [args[0] for args, _ in seen] == ["vllm", "vllm", "llamacpp", "llamacpp"]
+    assert [named["done"] for _, named in seen] == [False, True, False, True]
