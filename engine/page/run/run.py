@@ -344,7 +344,8 @@ def _untaken(_entry) -> None:
 def _run_servers(model: PageModel, names, requests, config: EngineConfig, dtype, watch) -> tuple:
     """``host_servers.run_servers`` as a job: (traces, failures, stage seconds) by name, each
     server's stage timed by ``StageClock``: the queue prices each server from its own runs."""
-    clock = StageClock(watch)
+    servers = model.servers
+    clock = StageClock(watch, ready=lambda name: servers.status(name).state == host_servers.READY)
     traces, failures = host_servers.run_servers(
         model.servers,
         names,
@@ -360,21 +361,33 @@ def _run_servers(model: PageModel, names, requests, config: EngineConfig, dtype,
 
 class StageClock:
     """Times the stages of servers run one after another, from the reports they send through
-    ``watch`` (``ProgressLog.watch``): a server's stage runs from its first report (waiting for
-    it: its start, or a restart with the run's settings) to the next server's first, the last
-    one's to ``stages_s``. A server that failed is timed too: its stage took that long here."""
+    ``watch`` (``ProgressLog.watch``): a server's stage runs from its first report with the
+    server ``ready`` (a restart with the run's settings included: each run has one) to the next
+    server's first report, the last one's to ``stages_s``. A wait for the server's own start
+    (the page's first minutes) is left out: it is no cost of later runs. A server never ready
+    in its stage (it failed to start) is timed from its first report: it took that long here."""
 
-    def __init__(self, watch: Callable, clock: Callable[[], float] = time.monotonic) -> None:
-        self._watch, self._clock = watch, clock
-        self._began_s: dict[str, float] = {}  # in order of their first report
+    def __init__(
+        self,
+        watch: Callable,
+        ready: Callable[[str], bool] = lambda _name: True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._watch, self._ready, self._clock = watch, ready, clock
+        self._first_s: dict[str, float] = {}  # in order of their first report
+        self._ready_s: dict[str, float] = {}  # their first report with the server ready
 
     def watch(self, name: str, *args, **named) -> None:
-        """``ProgressLog.watch``, the time of ``name``'s first report kept."""
-        self._began_s.setdefault(name, self._clock())
+        """``ProgressLog.watch``, the times of ``name``'s first report and first ready kept."""
+        now_s = self._clock()
+        self._first_s.setdefault(name, now_s)
+        if name not in self._ready_s and self._ready(name):
+            self._ready_s[name] = now_s
         self._watch(name, *args, **named)
 
     def stages_s(self) -> dict[str, float]:
         """Each server's stage in seconds, by name, up to now for the last."""
-        names, began = list(self._began_s), list(self._began_s.values())
-        ends = [*began[1:], self._clock()]
-        return {n: end - start for n, start, end in zip(names, began, ends, strict=True)}
+        names = list(self._first_s)
+        ends = [*(self._first_s[n] for n in names[1:]), self._clock()]
+        starts = [self._ready_s.get(n, self._first_s[n]) for n in names]
+        return {n: end - start for n, start, end in zip(names, starts, ends, strict=True)}

@@ -11,9 +11,10 @@ A page run's wall time is made of (the per-part timings that set these units are
   (``engine.trace.Trace.prefill_split``): a long system prompt is mostly prefill, a chat of short
   prompts mostly steps;
 * **each server's stage** (``host_servers.run_servers``, after our engines): its seconds from its
-  first report (waiting for it: a start, a restart for the run's settings) to the next server's,
-  in the run's continuous steps (the caps packed onto the slots, as a server schedules them),
-  each server's own part (``server_part``), since vLLM and llama.cpp run at their own pace;
+  first report with the server up (a restart for the run's settings included, a wait for its own
+  start not: ``run.StageClock``) to the next server's, in the run's continuous steps (the caps
+  packed onto the slots, as a server schedules them), each server its own part
+  (``server_part``), since vLLM and llama.cpp run at their own pace;
 * **the reference pass**, for each request whose reference is not stored yet
   (``engine.fidelity.reference_store``): ``REFERENCE_STEPS`` per request to set up and judge, a
   step per output token (batch 1) and its prompt's prefill; nothing when stored;

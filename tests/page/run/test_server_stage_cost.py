@@ -93,7 +93,7 @@ def test_each_servers_stage_is_timed_from_its_first_report_to_the_next_servers()
     """vLLM reports at 0 s (waiting for it) and 3 s, llama.cpp first at 10 s and done at 14 s,
     read at 15 s: vLLM's stage 10 s, llama.cpp's 5 s; every report is passed on as it came."""
     clock, seen = Clock(), []
-    stages = StageClock(lambda *args, **named: seen.append((args, named)), clock)
+    stages = StageClock(lambda *args, **named: seen.append((args, named)), clock=clock)
     for at_s, name, done in ((0, "vllm", False), (3, "vllm", True), (10, "llamacpp", False)):
         clock.now_s = 100.0 + at_s
         stages.watch(name, None, done=done)
@@ -103,3 +103,18 @@ def test_each_servers_stage_is_timed_from_its_first_report_to_the_next_servers()
     assert stages.stages_s() == {"vllm": 10.0, "llamacpp": 5.0}
     assert [args[0] for args, _ in seen] == ["vllm", "vllm", "llamacpp", "llamacpp"]
     assert [named["done"] for _, named in seen] == [False, True, False, True]
+
+
+def test_a_wait_for_a_servers_own_start_is_not_its_stage():
+    """vLLM still starting at 0 s and 40 s (the page's first minute), ready at 45 s, its next
+    server's first report at 57 s: its stage is 57 - 45 = 12 s; llama.cpp, never ready (it
+    failed to start), is timed from its first report at 57 s to 60 s: 3 s."""
+    clock, ready = Clock(), set()
+    stages = StageClock(lambda *a, **k: None, ready=ready.__contains__, clock=clock)
+    for at_s, name in ((0, "vllm"), (40, "vllm"), (45, "vllm"), (57, "llamacpp")):
+        if at_s == 45:
+            ready.add("vllm")
+        clock.now_s = 100.0 + at_s
+        stages.watch(name, None, waiting=True)
+    clock.now_s = 160.0
+    assert stages.stages_s() == {"vllm": 12.0, "llamacpp": 3.0}
