@@ -6,6 +6,8 @@ Expected values are worked by hand from the numbers in each test, not read from 
 
 from __future__ import annotations
 
+import random
+
 from tiny_model import make_requests
 
 from engine.config import EngineConfig
@@ -118,3 +120,33 @@ def test_a_wait_for_a_servers_own_start_is_not_its_stage():
         stages.watch(name, None, waiting=True)
     clock.now_s = 160.0
     assert stages.stages_s() == {"vllm": 12.0, "llamacpp": 3.0}
+
+
+# A made-up host: our continuous step 0.1 s, rendering 1.5 s; each server's stage a fixed part
+# (a restart, its client's set-up) and a part per continuous step, as (fixed s, s per step).
+SERVER_COSTS = {"vllm": (4.0, 0.3), "llamacpp": (2.0, 0.05)}
+SERVER_MIXES = [(), ("vllm",), ("llamacpp",), ("vllm", "llamacpp")]
+
+
+def _host_run(steps: int, servers: tuple[str, ...]) -> tuple[Work, float, dict[str, float]]:
+    """A run of ``steps`` continuous steps and ``servers`` on the made-up host: its work, wall
+    seconds and timed parts."""
+    parts = {"continuous": 0.1 * steps}
+    for name in servers:
+        fixed_s, step_s = SERVER_COSTS[name]
+        parts[f"server:{name}"] = fixed_s + step_s * steps
+    return Work(continuous_steps=steps, servers=servers), sum(parts.values()) + 1.5, parts
+
+
+def test_with_servers_ticked_a_queues_wait_is_within_30_percent():
+    """After four finished runs mixing the servers, the next five runs' wait (a queue's) is
+    within ±30 % of what they take, each server priced by its own runs."""
+    rng = random.Random(4)  # the old model (servers in the run's own seconds): 2.26 times
+    pace = Pace()
+    for i in range(4):
+        work, wall_s, parts = _host_run(rng.randint(50, 300), SERVER_MIXES[i % 4])
+        pace.learn(work, wall_s, parts)
+    ahead = [_host_run(rng.randint(50, 300), rng.choice(SERVER_MIXES)) for _ in range(5)]
+    estimate_s = sum(pace.cost_s(work) for work, _, _ in ahead)
+    actual_s = sum(wall_s for _, wall_s, _ in ahead)
+    assert abs(estimate_s / actual_s - 1) <= 0.30, (estimate_s, actual_s)
