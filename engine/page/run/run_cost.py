@@ -189,14 +189,22 @@ class Pace:
                 self._seconds[part] = _moved(self._seconds.get(part), part_s)
                 self._units[part] = _moved(self._units.get(part), units[part])
 
-    def cost_s(self, work: Work, references: Mapping[Hashable, int] | None = None) -> float | None:
+    def cost_s(
+        self,
+        work: Work,
+        references: Mapping[Hashable, int] | None = None,
+        slowdown: float = 1.0,
+    ) -> float | None:
         """Seconds ``work`` should take here (None: no pace yet); ``references``: those of its
-        reference outputs still to compute (default: all)."""
+        reference outputs still to compute (default: all); ``slowdown``: how much slower than
+        this pace our engines go now (``RunQueue._slowdown``), applied to every part but the
+        servers' stages, which keep their own learned pace (a ratio read on our engines'
+        steps, applied to the longest stage, would move the wait most on the least evidence)."""
         if not self.known:
             return None
         reference_s = work.units(references)[REFERENCE] * self.s_per_unit(REFERENCE)
         engines_s = max(self.engines_s(work), work.min_wall_s)
-        return engines_s + self.servers_s(work) + reference_s + self.run_s
+        return slowdown * (engines_s + reference_s + self.run_s) + self.servers_s(work)
 
     def engine_s_left(self, work: Work, steps_done: int) -> float:
         """Seconds of ``work``'s engine steps not yet done after ``steps_done`` (and their share

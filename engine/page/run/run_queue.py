@@ -238,7 +238,7 @@ class RunQueue:
             if not free:
                 missing = self._missing_now(t)
                 refs = {k: c for k, c in missing.items() if computed.get(k, -1) < c}
-                cost_s = slowdown * pace.cost_s(t.work, refs)
+                cost_s = pace.cost_s(t.work, refs, slowdown)
                 wait_s += cost_s if limit_s is None else min(cost_s, limit_s)
                 computed.update(refs)
             if identical and t.setup == setup:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from tiny_model import make_requests
 
 from engine.config import EngineConfig
@@ -150,3 +151,25 @@ def test_with_servers_ticked_a_queues_wait_is_within_30_percent():
     estimate_s = sum(pace.cost_s(work) for work, _, _ in ahead)
     actual_s = sum(wall_s for _, wall_s, _ in ahead)
     assert abs(estimate_s / actual_s - 1) <= 0.30, (estimate_s, actual_s)
+
+
+def test_our_engines_slowdown_does_not_stretch_a_servers_stage():
+    """Our engines at twice their learned pace stretch their own 2 s and the run's 1 s, not
+    vLLM's 10 s: 2 * (2 + 1) + 10 = 16 s, not 2 * 13 = 26 s."""
+    assert _taught().cost_s(WITH_VLLM, slowdown=2.0) == 16.0
+
+
+def test_a_running_runs_slow_steps_stretch_only_its_own_parts_of_the_wait():
+    """A 100-step run with vLLM, learned at 0.1 s a step, 0.5 s a vLLM step and 1 s of
+    rendering (61 s), goes 40 steps in 8 s (0.2 s a step: slowdown 2). At 8.2 s the run behind
+    it waits 2 * (10 + 1) + 50 - 8.2 = 63.8 s (stretched whole, it would be 113.8 s)."""
+    clock, work = Clock(), Work(continuous_steps=100, servers=("vllm",))
+    pace = Pace.uniform(0.1, run_s=1.0)
+    pace.learn(work, 61.0, {"continuous": 10.0, "server:vllm": 50.0})
+    queue = RunQueue(pace=pace, clock=clock, stale_s=1e9)
+    running, behind = queue.join("running", work), queue.join("behind", work)
+    assert queue.wait_turn(running, timeout_s=0)
+    queue.progress(running, 1, done_s=clock.now_s + 0.2)
+    queue.progress(running, 41, done_s=clock.now_s + 8.2)
+    clock.now_s += 8.2
+    assert queue.place(behind).estimate_now_s == pytest.approx(63.8)
