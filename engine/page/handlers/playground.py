@@ -44,8 +44,9 @@ PROGRESS_INTERVAL_S = 0.5  # at most two live updates a second (fewer: progress_
 QUEUE_POLL_S = 1.0  # how often a waiting run looks at its place
 # A waiting run's line is sent when its words change, else every this many seconds: each send
 # costs the server CPU taken from the run being measured, times a room of waiting people
-# (docs/measurements.md, "What a waiting room costs the page"). A run whose browser vanished stops
-# at its next send, so its ticket goes stale (``run_queue.STALE_S``) within this many seconds more.
+# (docs/measurements.md, "What a waiting room costs the page"). A run whose browser vanished is
+# closed by Gradio at its next send, within this many seconds, and leaves the queue then (the
+# tab's ``demo.unload`` takes it out sooner).
 QUEUE_RESEND_S = 20.0
 STOPPED = "**Stopped** before the end."
 STOPPED_IN_QUEUE = "**Stopped** before it started: it left the queue."
@@ -140,6 +141,7 @@ def _follow(run: Run, x_axis: str):
             line = progress_view.queue_line(event.place, queue.measured)
             if line != sent or queue.clock() - sent_s >= QUEUE_RESEND_S:
                 sent, sent_s = line, queue.clock()
+                run.lend()  # Gradio holds the generator until it asks again: not stale meanwhile
                 yield progress_view.queued_outputs(line)
         elif isinstance(event, Running):
             request = run.request

@@ -68,6 +68,7 @@ class Ticket:
     joined_s: float
     started_s: float | None = None  # when it took the model; None while it waits
     seen_s: float = 0.0  # when its handler last asked for its turn or place
+    lent: bool = False  # its handler yielded its line to Gradio since (``RunQueue.lend``)
     # what it runs, when it may be shown a run of the same setup instead (None: it runs live)
     setup: Hashable | None = None
     steps_done: int = 0  # its engine steps so far, once it runs (``RunQueue.progress``)
@@ -82,7 +83,7 @@ class Ticket:
     def left_s(self, pace: Pace, now: float, slowdown: float = 1.0) -> float:
         """What is left of its run, once it runs: its cost (at the ``slowdown`` it shows) less its
         time so far, and at least its engine steps not yet done at that pace."""
-        left_s = slowdown * pace.cost_s(self.work) - (now - self.started_s)
+        left_s = pace.cost_s(self.work, slowdown=slowdown) - (now - self.started_s)
         if self.steps_done:
             left = pace.engine_s_left(self.work, self.steps_done)
             left_s = max(left_s, slowdown * left)

@@ -27,7 +27,7 @@ from engine.config import EngineConfig
 from engine.page.run import host_servers
 from engine.page.run.queue_ticket import Place
 from engine.page.run.recent_runs import RecentRun
-from engine.page.run.run_cost import run_work
+from engine.page.run.run_cost import run_work, server_part
 from engine.page.run.run_handle import RunHandle, Turn
 from engine.page.run.run_options import RunOptions
 from engine.page.run.shared_model import PageModel
@@ -76,12 +76,14 @@ class RunRequest:
 
 @dataclass
 class RunAnswer:
-    """A finished run: the engines' ``ComparisonResult``, the servers' traces and failures by
-    name, and the verdicts of the servers judged (None: none)."""
+    """A finished run: the engines' ``ComparisonResult``, the servers' traces, failures and
+    stage seconds by name (``_run_servers``), and the verdicts of the servers judged (None:
+    none)."""
 
     comparison: ComparisonResult
     servers: dict[str, Trace] = field(default_factory=dict)
     server_failures: dict[str, str] = field(default_factory=dict)
+    server_stages_s: dict[str, float] = field(default_factory=dict)
     server_verdicts: dict[str, dict[int, dict]] | None = None
 
 
@@ -188,6 +190,12 @@ class Run:
                 job.close()
         return self._next_stage(value)
 
+    def lend(self) -> None:
+        """The handler yields the run's place to Gradio (``RunQueue.lend``): call it just before
+        the yield, so that Gradio's delay in asking again never drops the run from the queue."""
+        if self.queued and self.ticket is not None:
+            self.request.model.queue.lend(self.ticket)
+
     def stop(self) -> None:
         """Stop the run's engines (Stop, a closed tab): they end within a step."""
         self.control.stop()
@@ -203,6 +211,7 @@ class Run:
         self._release_lock()
         wall_s = time.monotonic() - self._started_s
         parts_s = pace_parts(self._answer.comparison.traces())
+        parts_s.update({server_part(n): s for n, s in self._answer.server_stages_s.items()})
         self.request.model.queue.finish(self.ticket, wall_s, parts_s)
 
     def close(self) -> None:
@@ -260,8 +269,9 @@ class Run:
         """Take a job's value into the answer and send the next job, if any."""
         if self._answer is None:
             self._answer = RunAnswer(value)
-        elif isinstance(value, tuple):  # the servers' traces and failures
-            self._answer.servers, self._answer.server_failures = value
+        elif isinstance(value, tuple):  # the servers' traces, failures and stage seconds
+            answer = self._answer
+            answer.servers, answer.server_failures, answer.server_stages_s = value
         else:
             self._answer.server_verdicts = value
         self._job = None
@@ -332,14 +342,52 @@ def _untaken(_entry) -> None:
 
 
 def _run_servers(model: PageModel, names, requests, config: EngineConfig, dtype, watch) -> tuple:
-    """``host_servers.run_servers`` as a job: (traces, failures) by name."""
-    return host_servers.run_servers(
+    """``host_servers.run_servers`` as a job: (traces, failures, stage seconds) by name, each
+    server's stage timed by ``StageClock``: the queue prices each server from its own runs."""
+    servers = model.servers
+    clock = StageClock(watch, ready=lambda name: servers.status(name).state == host_servers.READY)
+    traces, failures = host_servers.run_servers(
         model.servers,
         names,
         requests,
         config.num_slots,
-        watch,
+        clock.watch,
         dtype=dtype,
         batch_invariant=config.batch_invariant,
         prefix_caching=config.prefix_caching,
     )
+    return traces, failures, clock.stages_s()
+
+
+class StageClock:
+    """Times the stages of servers run one after another, from the reports they send through
+    ``watch`` (``ProgressLog.watch``): a server's stage runs from its first report with the
+    server ``ready`` (a restart with the run's settings included: each run has one) to the next
+    server's first report, the last one's to ``stages_s``. A wait for the server's own start
+    (the page's first minutes) is left out: it is no cost of later runs. A server never ready
+    in its stage (it failed to start) is timed from its first report: it took that long here."""
+
+    def __init__(
+        self,
+        watch: Callable,
+        ready: Callable[[str], bool] = lambda _name: True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._watch, self._ready, self._clock = watch, ready, clock
+        self._first_s: dict[str, float] = {}  # in order of their first report
+        self._ready_s: dict[str, float] = {}  # their first report with the server ready
+
+    def watch(self, name: str, *args, **named) -> None:
+        """``ProgressLog.watch``, the times of ``name``'s first report and first ready kept."""
+        now_s = self._clock()
+        self._first_s.setdefault(name, now_s)
+        if name not in self._ready_s and self._ready(name):
+            self._ready_s[name] = now_s
+        self._watch(name, *args, **named)
+
+    def stages_s(self) -> dict[str, float]:
+        """Each server's stage in seconds, by name, up to now for the last."""
+        names = list(self._first_s)
+        ends = [*(self._first_s[n] for n in names[1:]), self._clock()]
+        starts = [self._ready_s.get(n, self._first_s[n]) for n in names]
+        return {n: end - start for n, start, end in zip(names, starts, ends, strict=True)}

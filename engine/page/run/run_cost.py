@@ -10,6 +10,11 @@ A page run's wall time is made of (the per-part timings that set these units are
   included), each costing a share of a step that this host's traces say
   (``engine.trace.Trace.prefill_split``): a long system prompt is mostly prefill, a chat of short
   prompts mostly steps;
+* **each server's stage** (``host_servers.run_servers``, after our engines): its seconds from its
+  first report with the server up (a restart for the run's settings included, a wait for its own
+  start not: ``run.StageClock``) to the next server's, in the run's continuous steps (the caps
+  packed onto the slots, as a server schedules them), each server its own part
+  (``server_part``), since vLLM and llama.cpp run at their own pace;
 * **the reference pass**, for each request whose reference is not stored yet
   (``engine.fidelity.reference_store``): ``REFERENCE_STEPS`` per request to set up and judge, a
   step per output token (batch 1) and its prompt's prefill; nothing when stored;
@@ -21,7 +26,8 @@ seconds and of units (``LEARNING_RATE``): the engines' steps and prefill timed b
 rest of the wall time taught to the reference's pace when a reference was computed, else to the
 run's own seconds (prior ``RUN_S``). A step count the caps over-estimate (end of sequence) or a
 ratio that differs on another device is absorbed by that part's pace; a part not yet seen is priced
-at the engines' pace (the prefill at ``PREFILL_TOKENS_PER_STEP`` tokens a step). Before any run
+at the engines' pace (the prefill at ``PREFILL_TOKENS_PER_STEP`` tokens a step; a server not
+run here yet, at the engines' pace per step). Before any run
 finished, the pace is the running run's: its seconds so far over the units of its steps so far
 (``Pace.from_progress``).
 
@@ -48,6 +54,12 @@ RUN_S = 1.5  # rendering and judging a run, before one was timed here (measured:
 REFERENCE_STEPS = 2.0  # setting up and judging one reference computed, in steps
 REFERENCE_TOKEN_STEPS = 1.0  # one reference output token (batch 1), in steps
 LIMIT_MARGIN = 2.0  # a run whose cost is over this many times the run limit is refused
+SERVER_PREFIX = "server:"  # a server's stage is the part SERVER_PREFIX + its name
+
+
+def server_part(name: str) -> str:
+    """The pace's part for the stage of the host's server ``name`` ("server:vllm")."""
+    return SERVER_PREFIX + name
 
 
 @dataclass(frozen=True)
@@ -57,7 +69,8 @@ class Work:
     ``references``: the reference outputs it must compute, those not stored when it joined, as
     ``(prompt ids, sampling) -> cap``; a run ahead computing the same key to at least that cap makes
     it free, and so does one stored since (``recheck(references)``: those still missing now).
-    ``min_wall_s``: the engines wait for the last arrival, whatever their steps.
+    ``min_wall_s``: the engines, and each server, wait for the last arrival, whatever their steps.
+    ``servers``: the host's servers it runs after our engines, by name.
     """
 
     static_steps: int = 0
@@ -67,6 +80,7 @@ class Work:
     static_prefill_tokens: int = 0  # the static waves' prompt positions, padding included
     references: Mapping[Hashable, int] = field(default_factory=dict)
     min_wall_s: float = 0.0
+    servers: tuple[str, ...] = ()
     recheck: Callable[[Mapping], Mapping] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -80,6 +94,10 @@ class Work:
             return self.references
         return self.recheck(self.references)
 
+    def server_parts(self) -> list[str]:
+        """The pace's parts of its servers' stages (``server_part``)."""
+        return [server_part(name) for name in self.servers]
+
     @property
     def steps(self) -> int:
         """Every engine's steps together (the unit of a running run's progress)."""
@@ -87,8 +105,8 @@ class Work:
 
     def units(self, references: Mapping[Hashable, int] | None = None) -> dict[str, float]:
         """Units per part: steps for ``ENGINE_PARTS``, prompt positions for ``PREFILL``, step
-        units for ``REFERENCE``; ``references``: those of its reference outputs still to compute
-        once the runs ahead are done (default: all)."""
+        units for ``REFERENCE``, continuous steps for each server's part; ``references``: those
+        of its reference outputs still to compute once the runs ahead are done (default: all)."""
         steps = (self.static_steps, self.continuous_steps, self.hf_steps)
         units = {p: float(n) for p, n in zip(ENGINE_PARTS, steps, strict=True)}
         packed = sum(1 for n in steps[1:] if n)  # the engines that prefill each prompt once
@@ -96,6 +114,7 @@ class Work:
         units[PREFILL] = float(static + packed * self.prompt_tokens)
         refs = self.references if references is None else references
         units[REFERENCE] = sum(_reference_steps(key, cap) for key, cap in refs.items())
+        units.update(dict.fromkeys(self.server_parts(), float(max(1, self.continuous_steps))))
         return units
 
     def engine_steps(self) -> float:
@@ -138,10 +157,19 @@ class Pace:
         units = work.units()
         return sum(units[part] * self.s_per_unit(part) for part in (*ENGINE_PARTS, PREFILL))
 
+    def servers_s(self, work: Work) -> float:
+        """Seconds of ``work``'s servers' stages at this pace, each at least its arrivals' wait
+        (0 before any pace)."""
+        if not self.known:
+            return 0.0
+        units = work.units()
+        return sum(max(units[p] * self.s_per_unit(p), work.min_wall_s) for p in work.server_parts())
+
     def learn(self, work: Work, wall_s: float, parts_s: Mapping[str, float] | None) -> None:
-        """A run of ``work`` took ``wall_s`` seconds, ``parts_s`` of them in each engine's steps
-        and in their ``PREFILL`` (None: unknown, one pace for all its units, the run's own
-        seconds as they were, the prefill at ``PREFILL_TOKENS_PER_STEP`` a step)."""
+        """A run of ``work`` took ``wall_s`` seconds, ``parts_s`` of them in each engine's steps,
+        in their ``PREFILL`` and in each server's stage (None: unknown, one pace for all its
+        units, the run's own seconds as they were, the prefill at ``PREFILL_TOKENS_PER_STEP`` a
+        step)."""
         units = work.units()
         if parts_s is None:
             weights = dict(units, **{PREFILL: units[PREFILL] / PREFILL_TOKENS_PER_STEP})
@@ -149,7 +177,8 @@ class Pace:
             work_s = max(0.0, wall_s - self.run_s)
             seconds = {part: work_s * n / total for part, n in weights.items()} if total else {}
         else:
-            seconds = {p: s for p, s in parts_s.items() if p in (*ENGINE_PARTS, PREFILL)}
+            timed = (*ENGINE_PARTS, PREFILL, *work.server_parts())
+            seconds = {p: s for p, s in parts_s.items() if p in timed}
             rest_s = max(0.0, wall_s - sum(seconds.values()))
             if units[REFERENCE] > 0:
                 seconds[REFERENCE] = max(0.0, rest_s - self.run_s)
@@ -160,13 +189,22 @@ class Pace:
                 self._seconds[part] = _moved(self._seconds.get(part), part_s)
                 self._units[part] = _moved(self._units.get(part), units[part])
 
-    def cost_s(self, work: Work, references: Mapping[Hashable, int] | None = None) -> float | None:
+    def cost_s(
+        self,
+        work: Work,
+        references: Mapping[Hashable, int] | None = None,
+        slowdown: float = 1.0,
+    ) -> float | None:
         """Seconds ``work`` should take here (None: no pace yet); ``references``: those of its
-        reference outputs still to compute (default: all)."""
+        reference outputs still to compute (default: all); ``slowdown``: how much slower than
+        this pace our engines go now (``RunQueue._slowdown``), applied to every part but the
+        servers' stages, which keep their own learned pace (a ratio read on our engines'
+        steps, applied to the longest stage, would move the wait most on the least evidence)."""
         if not self.known:
             return None
         reference_s = work.units(references)[REFERENCE] * self.s_per_unit(REFERENCE)
-        return max(self.engines_s(work), work.min_wall_s) + reference_s + self.run_s
+        engines_s = max(self.engines_s(work), work.min_wall_s)
+        return slowdown * (engines_s + reference_s + self.run_s) + self.servers_s(work)
 
     def engine_s_left(self, work: Work, steps_done: int) -> float:
         """Seconds of ``work``'s engine steps not yet done after ``steps_done`` (and their share
@@ -279,5 +317,6 @@ def run_work(requests: list[Request], config: EngineConfig, options, reference=N
         static_prefill_tokens=static_prefill_tokens(requests, config),
         references=references,
         min_wall_s=max((r.arrival_s for r in requests), default=0.0),
+        servers=tuple(getattr(options, "servers", ())),
         recheck=recheck,
     )

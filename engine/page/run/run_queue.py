@@ -20,16 +20,21 @@ that the handler can stream its place between them::
 
     ticket = queue.join(session, work)                # ValueError: this session already waits
     while not queue.wait_turn(ticket, timeout_s=1.0):
-        yield place_line(queue.place(ticket))
+        line = place_line(queue.place(ticket))
+        queue.lend(ticket)                            # Gradio holds it until it asks again
+        yield line
     try:
         run()                                         # the model is this ticket's;
         queue.progress(ticket, steps_done)            # its engine steps so far, now and then
     finally:
         queue.finish(ticket, wall_s, parts_s)         # frees the model, teaches the pace
 
-A ticket that leaves (Stop, a closed tab) is taken out wherever it stands. A waiting ticket whose
-handler stopped asking for ``STALE_S`` seconds (its generator no longer iterated) is dropped, so it
-can never hold the line.
+A ticket that leaves (Stop, a closed tab, a reload) is taken out wherever it stands: Stop and
+Gradio's own disconnect signals (``demo.unload``, and the close of the handler's generator) call
+``leave``. Staleness is only a last resort against a handler that vanished without leaving. While
+a handler's generator has yielded its line to Gradio (``lend``), Gradio holds it: it either asks
+again or closes it, however late its event loop gets there on a busy host, so a lent ticket
+goes stale only after ``LENT_STALE_S``; a polling one after ``STALE_S`` without a poll.
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ from engine.page.run.queue_ticket import Place, Ticket, run_places
 from engine.page.run.run_cost import Pace, Work, over_limit
 from engine.serving.run_control import run_time_limit_s
 
-STALE_S = 15.0  # a waiting ticket not asked about for this long is dropped
+STALE_S = 60.0  # a waiting ticket whose handler polls, not asked about for this long, is dropped
+LENT_STALE_S = 600.0  # ... and one whose line Gradio holds (``RunQueue.lend``)
 # The running run's pace over the learned one, as applied to the wait of the runs behind it.
 SLOWDOWN_RANGE = (0.5, 3.0)
 
@@ -54,13 +60,15 @@ class RunQueue:
 
     ``pace``: the host's seconds per step unit of each part, taught by the finished runs (or
     given; before one, estimates come from the running run's progress). ``clock``: seconds,
-    monotonic (a test passes its own). ``stale_s``: a waiting ticket nobody asked about
-    for this long is dropped. ``shown_instead(setup)``: whether a run of that setup would now be
+    monotonic (a test passes its own). ``stale_s``, ``lent_stale_s``: a waiting ticket nobody
+    asked about for this long is dropped (lent: its line held by Gradio, ``lend``).
+    ``shown_instead(setup)``: whether a run of that setup would now be
     shown an earlier run (the page's recent runs), so it costs no wait.
     """
 
     clock: Callable[[], float] = time.monotonic
     stale_s: float = STALE_S
+    lent_stale_s: float = LENT_STALE_S
     shown_instead: Callable[[Hashable], bool] = lambda setup: False
     pace: Pace = field(default_factory=Pace)  # learned from the runs that finished here
     _waiting: list[Ticket] = field(default_factory=list)
@@ -120,6 +128,14 @@ class RunQueue:
             ticket.started_s = self.clock()
             self._running = ticket
             return True
+
+    def lend(self, ticket: Ticket) -> None:
+        """``ticket``'s handler yields its line to Gradio: until it asks again, it is not stale
+        short of ``lent_stale_s``. Gradio resumes a yielded generator only after sending that line
+        and every other tab's outputs queued before it, which a busy host can delay for more than
+        ``stale_s``; a tab that goes away closes it instead (which leaves the queue)."""
+        with self._changed:
+            ticket.seen_s, ticket.lent = self.clock(), True
 
     def leave(self, ticket: Ticket) -> None:
         """Take ``ticket`` out, waiting or running (a run that ends without a measurement)."""
@@ -222,7 +238,7 @@ class RunQueue:
             if not free:
                 missing = self._missing_now(t)
                 refs = {k: c for k, c in missing.items() if computed.get(k, -1) < c}
-                cost_s = slowdown * pace.cost_s(t.work, refs)
+                cost_s = pace.cost_s(t.work, refs, slowdown)
                 wait_s += cost_s if limit_s is None else min(cost_s, limit_s)
                 computed.update(refs)
             if identical and t.setup == setup:
@@ -272,8 +288,8 @@ class RunQueue:
             ValueError: ``ticket`` is not waiting (it left, was dropped, or already ran).
         """
         now = self.clock()
-        ticket.seen_s = now
-        stale = [t for t in self._waiting if now - t.seen_s > self.stale_s]
+        ticket.seen_s, ticket.lent = now, False
+        stale = [t for t in self._waiting if self._stale(t, now)]
         for t in stale:
             self._waiting.remove(t)
         if stale:
@@ -282,9 +298,13 @@ class RunQueue:
             raise ValueError("this run is no longer in the queue")
 
     def _is_next(self, ticket: Ticket) -> bool:
-        if self._waiting and self.clock() - self._waiting[0].seen_s > self.stale_s:
+        if self._waiting and self._stale(self._waiting[0], self.clock()):
             self._check_waiting(ticket)  # the first in line went quiet: drop it
         return self._running is None and bool(self._waiting) and self._waiting[0] is ticket
+
+    def _stale(self, ticket: Ticket, now: float) -> bool:
+        """Whether nobody asked about ``ticket`` for longer than its bound (lent or polling)."""
+        return now - ticket.seen_s > (self.lent_stale_s if ticket.lent else self.stale_s)
 
     def _tickets(self) -> list[Ticket]:
         """The line: the running run, then the waiting."""

@@ -425,3 +425,22 @@ def test_a_place_is_counted_after_the_silent_tickets_are_dropped():
     clock.now_s += 11
     place = queue.place(mine)
     assert (place.place, place.total) == (1, 1), place
+
+
+def test_a_lent_ticket_outlasts_the_polling_bound_but_not_its_own():
+    """A ticket whose line Gradio holds (``lend``) is kept past ``stale_s`` while others poll,
+    asks again as usual, and only a ticket lent and never asked about for ``lent_stale_s`` goes."""
+    clock = Clock()
+    queue = RunQueue(clock=clock, stale_s=10, lent_stale_s=100)
+    holder, lent, polling = queue.join("holder", 1), queue.join("lent", 1), queue.join("polling", 1)
+    assert queue.wait_turn(holder, timeout_s=0)
+    queue.lend(lent)
+    for _ in range(9):  # 90 s of polls by the ticket behind it
+        clock.now_s += 10
+        assert not queue.wait_turn(polling, timeout_s=0)
+    assert queue.place(lent).place == 2, "a lent ticket was dropped before its bound"
+    queue.lend(lent)
+    clock.now_s += 101
+    assert not queue.wait_turn(polling, timeout_s=0)
+    with pytest.raises(ValueError, match="no longer in the queue"):
+        queue.place(lent)
