@@ -102,6 +102,10 @@
       const name = (choice.textContent || "").trim().split(" ")[0];
       if (layers[name] && choice.title !== layers[name]) choice.title = layers[name];
     }
+    const servers = window.CBP_SERVERS_HELP || "";
+    for (const choice of document.querySelectorAll("#servers_checkbox label")) {
+      if (servers && choice.title !== servers) choice.title = servers;
+    }
   };
 
   const blockLabels = () => {

@@ -80,7 +80,7 @@ def _at_step(outputs: tuple, state: RunState, step: int | None, x_axis: str) -> 
 
 def _without_servers(settings: RunSettings) -> RunSettings:
     """``settings`` without the host's servers: the recorded run has none, and a page whose
-    servers are ticked (as they are when it opens) runs our engines on the same setup."""
+    servers are ticked runs our engines on the same setup."""
     return dataclasses.replace(settings, server_names=None)
 
 

@@ -128,10 +128,12 @@ def run_request(settings: RunSettings, replay: bool = True) -> RunRequest:
 
 def _follow(run: Run, x_axis: str):
     """The handler's one wait loop: yield the run's place while it waits, then its progress,
-    paced by ``progress_view.LiveTimelines``; returns how it ended (``Ended`` or ``Left``), a
+    paced by ``progress_view.LiveTimelines``; once our engines are done, their results while
+    the servers run (``_ServersStage``). Returns how it ended (``Ended`` or ``Left``), a
     replayed run already shown."""
     sent, sent_s = None, -math.inf
     views = progress_view.LiveTimelines()  # updates and redraws paced within a CPU budget
+    servers = _ServersStage(run, x_axis)
     note = RUNNING_NOTE  # the first update says so under Run too
     while True:
         wait_s = QUEUE_POLL_S if run.queued else views.wait_s(PROGRESS_INTERVAL_S)
@@ -143,6 +145,8 @@ def _follow(run: Run, x_axis: str):
                 sent, sent_s = line, queue.clock()
                 run.lend()  # Gradio holds the generator until it asks again: not stale meanwhile
                 yield progress_view.queued_outputs(line)
+        elif isinstance(event, Running) and (event.shown is not None or servers.summary):
+            yield servers.outputs(event)
         elif isinstance(event, Running):
             request = run.request
             update = views.outputs(
@@ -162,6 +166,40 @@ def _follow(run: Run, x_axis: str):
             return None
         else:
             return event
+
+
+class _ServersStage:
+    """The page while the chosen servers run after our engines: the answer so far drawn in
+    full (``Running.shown``: our engines', then each server's as it finishes), and between
+    those, the status line alone (``progress_view.servers_line``)."""
+
+    def __init__(self, run: Run, x_axis: str):
+        self.run, self.x_axis = run, x_axis
+        self.summary = ""  # the status line of the answer shown last; "" before the first
+        self.done: dict[str, str] = {}
+
+    def outputs(self, event: Running) -> tuple:
+        """The update for ``event``: a redraw when it shows an answer, else the status line."""
+        names = self.run.server_names
+        if event.shown is None:
+            line = self._line(event)
+            return progress_view.servers_stage_outputs(line, self.summary)
+        state = run_state(event.shown)
+        self.done = dict.fromkeys(state.servers, "done")
+        self.done |= dict.fromkeys(state.server_failures, "no results")
+        self.summary = run_status.status_line(state)
+        status = f"{self._line(event)}  \n{self.summary}"
+        result = render(state, self.x_axis, status=status, downloads=False)
+        running = next((n for n in names if n not in self.done), "")
+        plain = progress_view.plain_markdown
+        so_far = ", ".join(["our engines", *map(plain, state.servers)])
+        note = f"**Running:** results so far below ({so_far}); {plain(running)} runs now."
+        return progress_view.with_run_note(result.as_outputs(), note)
+
+    def _line(self, event: Running) -> str:
+        return progress_view.servers_line(
+            self.run.server_names, event.progress, self.done, event.elapsed_s, event.time_limit_s
+        )
 
 
 def _finished_outputs(

@@ -26,7 +26,7 @@ import torch
 from engine.model.allowlist import check_model_allowed
 from engine.page.host import quiet_queue, server_priority, share, zerogpu
 from engine.page.inputs import page_io
-from engine.page.panels import page_panels, results_panel, settings_panel
+from engine.page.panels import page_panels, results_panel, server_panels, settings_panel
 from engine.page.run import cpu_split, engine_worker, host_servers, shared_model
 from engine.page.views import tables
 from engine.peers.vllm_server import MAX_MODEL_LEN
@@ -41,11 +41,12 @@ PAGE_JS = ASSETS / "page.js"
 
 def page_assets() -> dict:
     """``launch()`` keywords for the page's own CSS and script (``assets/page.css``, ``page.js``),
-    with the metrics columns', the scheduling policies' and the mask's layer types' hover texts
-    handed to the script."""
+    with the metrics columns', the scheduling policies', the mask's layer types' and the servers'
+    hover texts handed to the script."""
     help_js = f"window.CBP_METRIC_HELP = {json.dumps(tables.METRIC_HELP)};"
     help_js += f"\nwindow.CBP_POLICY_HELP = {json.dumps(settings_panel.POLICY_HELP)};"
     help_js += f"\nwindow.CBP_LAYER_HELP = {json.dumps(results_panel.LAYER_HELP)};"
+    help_js += f"\nwindow.CBP_SERVERS_HELP = {json.dumps(server_panels.SERVERS_COST)};"
     script = PAGE_JS.read_text(encoding="utf-8")
     return {"css_paths": [PAGE_CSS], "head": f"<script>{help_js}\n{script}</script>"}
 

@@ -22,13 +22,24 @@ STARTING_PERIOD_S = 1.0
 STEADY_PERIOD_S = 5.0
 
 
+# What ticking a server costs: said under the box and on each choice's hover (assets/page.js).
+SERVERS_COST = (
+    "None ticked by default: each ticked server runs after our engines, and a run with one "
+    "waits for it, its start included (minutes for vLLM the first time), and so does everyone "
+    "in line after you, as the servers share this host's CPUs. Our engines' results show as "
+    "soon as they are ready; each server's follow as it finishes."
+)
+
+
 def servers_checkbox(server_names: list[str]) -> gr.CheckboxGroup:
-    """The host's servers to run too, all ticked; hidden when there are none."""
+    """The host's servers to run too, none ticked (``SERVERS_COST`` says why); hidden when there
+    are none."""
     return gr.CheckboxGroup(
         server_names,
-        value=list(server_names),
+        value=[],
         label=f"{server_lanes.SERVERS_BOX} (after our engines, same requests)",
-        info="Set up by whoever runs this page (app.py --vllm, --llamacpp, --endpoint NAME=URL).",
+        info=f"Set up by whoever runs this page (app.py --vllm, --llamacpp, --endpoint NAME=URL). "
+        f"{SERVERS_COST}",
         visible=bool(server_names),
         elem_id="servers_checkbox",
     )

@@ -8,11 +8,16 @@ out. The Run handler polls ``Run.wait``, the run's one wait loop::
        ├─▶ Replay(recent run)   an identical run finished first
        └─▶ Left                 Stop took it out of the queue
 
+With servers chosen, a ``Running`` carries the answer so far (``shown``) once our engines are
+done, and again after each server: the next server waits for the page's next ``wait``, so that
+drawing those results takes no CPU from a server being timed.
+
 A ``Run`` owns the queue ticket (``run_queue``), its ``Turn`` (``run_handle``: Stop stops this
 object), the model's lock while it runs, and the worker's ``Job`` under way: the engines in the
 model's worker (``ComparisonJob``), then the chosen servers on the page's engine thread
-(``host_servers``), then their verdicts in the worker (``JudgeJob``). Every job goes through one
-transport interface (``engine.worker.transport``), and nothing relays between them.
+(``host_servers``, one job each), then their verdicts in the worker (``JudgeJob``). Every job
+goes through one transport interface (``engine.worker.transport``), and nothing relays between
+them.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from engine.worker.transport import Job, ThreadWorker
 from engine.worker.worker_model import pace_parts
 
 QUEUED_ENGINES = ("static", "continuous")  # the engines whose steps the queue's ``Work`` counts
+SHOW = "show"  # a stage: the answer so far goes to the page before the next server starts
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,12 @@ class RunAnswer:
     server_stages_s: dict[str, float] = field(default_factory=dict)
     server_verdicts: dict[str, dict[int, dict]] | None = None
 
+    def so_far(self) -> RunAnswer:
+        """A copy that later servers do not change (their traces and failures go in the run's)."""
+        return dataclasses.replace(
+            self, servers=dict(self.servers), server_failures=dict(self.server_failures)
+        )
+
 
 @dataclass(frozen=True)
 class Waiting:
@@ -94,9 +106,13 @@ class Waiting:
 
 @dataclass(frozen=True)
 class Running:
+    """The run goes: each engine's progress; ``shown``: the answer so far, to show now (our
+    engines' results, with the servers done so far) before the next server starts."""
+
     progress: dict[str, EngineProgress]
     elapsed_s: float
     time_limit_s: float | None
+    shown: RunAnswer | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +166,7 @@ class Run:
         self._answer: RunAnswer | None = None
         self._progress: dict[str, EngineProgress] = {}
         self._started_s: float | None = None
+        self.server_names: list[str] = []  # the chosen servers, host's order, once checked
         self._owns_lock = False  # the model's lock, from its turn to its close
         self._handle = handle
         if self._recent is None:
@@ -177,7 +194,7 @@ class Run:
         if self._started_s is None:
             return self._wait_turn(timeout_s)
         if self._job is None:
-            return Ended(self._answer)
+            return self._next_job()  # held before a server (``SHOW``), or ended
         job = self._job
         try:
             if not job.wait(timeout_s):
@@ -253,7 +270,7 @@ class Run:
         request.model.lock.acquire()
         self._owns_lock = True
         self._started_s = time.monotonic()
-        self._stages = [self._servers_job, self._judge_job]
+        self._stages = [self._server_stages, self._judge_job]
         job = ComparisonJob(
             request.requests,
             request.config,
@@ -266,30 +283,60 @@ class Run:
     # --- the jobs -------------------------------------------------------------------------------
 
     def _next_stage(self, value) -> RunEvent:
-        """Take a job's value into the answer and send the next job, if any."""
+        """Take a job's value into the answer and go on to the next stage."""
         if self._answer is None:
             self._answer = RunAnswer(value)
-        elif isinstance(value, tuple):  # the servers' traces, failures and stage seconds
-            answer = self._answer
-            answer.servers, answer.server_failures, answer.server_stages_s = value
+        elif isinstance(value, tuple):  # a server's trace or failure, and its stage seconds
+            traces, failures, stages_s = value
+            self._answer.servers.update(traces)
+            self._answer.server_failures.update(failures)
+            self._answer.server_stages_s.update(stages_s)
         else:
             self._answer.server_verdicts = value
         self._job = None
+        return self._next_job()
+
+    def _next_job(self) -> RunEvent:
+        """Send the next stage's job; at ``SHOW``, hold it and hand the answer so far to the
+        page (not after a stop: the servers left are then listed as not run)."""
         while self._stages and self._job is None:
+            stage = self._stages.pop(0)
+            if stage is SHOW:
+                try:
+                    self.control.check()
+                except RunStopped:
+                    continue
+                return self._running(shown=self._answer.so_far())
             try:
-                self._job = self._stages.pop(0)()
+                self._job = stage()
             except ValueError as exc:
                 return self._end(exc)
         return self._running() if self._job is not None else Ended(self._answer)
 
-    def _servers_job(self) -> Job | None:
-        """The chosen servers, after our engines, on the page's engine thread: they report
-        their failures and stops instead of raising them."""
-        request, model = self.request, self.request.model
+    def _server_stages(self) -> None:
+        """The chosen servers, in the host's order: each one's job, after ``SHOW``.
+
+        Raises:
+            ValueError: a name the host did not configure.
+        """
+        request = self.request
         if not request.options.servers:
             return None
-        names = model.servers.check_names(request.options.servers)
-        args = (names, request.requests, request.config, self._answer.comparison.dtype)
+        self.server_names = request.model.servers.check_names(request.options.servers)
+        jobs = [functools.partial(self._server_job, name) for name in self.server_names]
+        self._stages[:0] = [stage for job in jobs for stage in (SHOW, job)]
+        return None
+
+    def _server_job(self, name: str) -> Job | None:
+        """One server's run, on the page's engine thread: it reports its failure or stop instead
+        of raising it; none after a stop (listed as not run, with the reason)."""
+        try:
+            self.control.check()
+        except RunStopped as exc:
+            self._answer.server_failures[name] = f"not run: {exc}"
+            return None
+        request, model = self.request, self.request.model
+        args = ([name], request.requests, request.config, self._answer.comparison.dtype)
         return ThreadWorker(model).submit(_run_servers, args, self.control, self._take)
 
     def _judge_job(self) -> Job | None:
@@ -320,9 +367,9 @@ class Run:
         steps = sum(p.num_steps for n, p in self._progress.items() if n in QUEUED_ENGINES)
         self.request.model.queue.progress(self.ticket, steps, entry.sent_s)
 
-    def _running(self) -> Running:
+    def _running(self, shown: RunAnswer | None = None) -> Running:
         elapsed_s = time.monotonic() - self._started_s
-        return Running(dict(self._progress), elapsed_s, self.control.time_limit_s)
+        return Running(dict(self._progress), elapsed_s, self.control.time_limit_s, shown)
 
     def _end(self, exc: BaseException) -> Ended:
         """A job failed or was stopped: the judge's failure leaves the servers unjudged."""

@@ -77,6 +77,38 @@ def progress_line(
     return " · ".join(parts)
 
 
+def servers_line(
+    names: list[str],
+    progress: dict[str, EngineProgress],
+    done: dict[str, str],
+    elapsed_s: float,
+    time_limit_s: float | None,
+) -> str:
+    """One Markdown line while the chosen servers (``names``, in their order) run after our
+    engines, whose results already show: elapsed time, then each server's state (``done``: the
+    finished ones, "done" or "no results"; the one running: its progress; the rest: waiting)."""
+    limit = f" (limit {time_limit_s:g} s)" if time_limit_s is not None else ""
+    parts = [f"**Running the servers** · {elapsed_s:.1f} s{limit} · our engines' results are below"]
+    running = next((n for n in names if n not in done), None)
+    for i, name in enumerate(names, 1):
+        if name in done:
+            state = done[name]
+        elif name == running:
+            entry = progress.get(name)
+            state = _server_progress(entry) if entry is not None else "starting"
+        else:
+            state = "waiting its turn"
+        parts.append(f"{plain_markdown(name)} ({i} of {len(names)}): {state}")
+    return " · ".join(parts)
+
+
+def servers_stage_outputs(line: str, summary: str) -> tuple:
+    """The Run event's outputs while a server runs: the status line alone (``line``, then our
+    engines' ``summary``); the results shown stay, and nothing is drawn that would take CPU from
+    the server being timed."""
+    return run_outputs(status_markdown=f"{line}  \n{summary}")
+
+
 def queue_line(place: Place, measured: bool) -> str:
     """Markdown: a waiting run's true place among the runs in line, their total, its wait so far
     and the estimate (or why there is none yet: ``measured`` False before any run finished on

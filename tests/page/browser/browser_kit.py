@@ -131,6 +131,15 @@ def set_slots(page: Page, num_slots: int) -> None:
     expect(page.locator("#slots_slider input[type=range]")).to_have_value(str(num_slots))
 
 
+def tick_servers(page: Page, names: list[str]) -> None:
+    """Tick the host's servers ``names`` under "Also run on the host's servers" (none is ticked
+    when the page opens)."""
+    for name in names:
+        box = page.locator("#servers_checkbox").get_by_label(name, exact=True)
+        box.check()
+        expect(box).to_be_checked()
+
+
 def open_session(browser, url: str, width: int = 1400, height: int = 1000) -> Page:
     """Another person: a page at ``url`` in a browser context of its own (its own Gradio
     session), once the request table is in."""

@@ -23,6 +23,7 @@ from browser_kit import (
     set_slots,
     status_text,
     table,
+    tick_servers,
 )
 from server_kit import start_app_server
 
@@ -56,6 +57,7 @@ def test_endpoint_with_a_record_is_drawn_from_the_inside(page: Page):
     where its last holds one decode."""
     line = page.locator("#servers_markdown")
     expect(line).to_contain_text(f"{NAME}: ready", timeout=READY_TIMEOUT_MS)
+    tick_servers(page, [NAME])
     set_requests(page, ROWS)
     set_slots(page, 3)  # the deployment's --max-num-seqs
     run_and_wait(page)

@@ -22,6 +22,7 @@ from browser_kit import (
     run_and_wait,
     status_text,
     table,
+    tick_servers,
 )
 from server_kit import start_app_server
 
@@ -40,15 +41,14 @@ def server_url(request, tmp_path_factory) -> str:
 
 
 def test_seed_run_with_llamacpp_shows_columns_verdicts_lanes_and_metrics(page: Page):
-    """The seed preset with llama.cpp ticked: both engines' columns, verdicts, metrics rows,
+    """The seed preset with both llama.cpp engines ticked: their columns, verdicts, metrics rows,
     lanes and /metrics curves; no ✗ on either, the Q4_1 splits labelled."""
     line = page.locator("#servers_markdown")
     for name in NAMES:
         expect(line).to_contain_text(f"{name}: ready · llama.cpp", timeout=START_TIMEOUT_MS)
     boxes = page.locator("#servers_checkbox input[type=checkbox]")
     expect(boxes).to_have_count(2)
-    for i in range(2):
-        expect(boxes.nth(i)).to_be_checked()
+    tick_servers(page, list(NAMES))
     run_and_wait(page, 5 * RUN_TIMEOUT_MS)  # the seed run: minutes on a busy 2-core CPU
     status = status_text(page)
     assert "**✗" not in status and not re.search(r"[1-9]\d* ✗", status), status

@@ -30,6 +30,7 @@ from browser_kit import (
     status_text,
     sync_playwright,
     table,
+    tick_servers,
 )
 from server_kit import start_app_server
 
@@ -70,17 +71,17 @@ def browser(tmp_path_factory):
 def _wait_for_vllm(page: Page) -> None:
     """The servers line names vLLM's settings while it starts (or, once a test before this one
     saw it start, when it is ready: the page's first timer tick may replace "starting" before this
-    looks), then says it is ready."""
+    looks), then says it is ready; then vLLM is ticked (the page opens with no server ticked)."""
     line = page.locator("#servers_markdown")
     settings = r"\(eager · float32 · up to 2 sequences"
     expect(line).to_contain_text(re.compile(rf"vllm: (starting vLLM…|ready · vLLM \S+) {settings}"))
     expect(line).to_contain_text("vllm: ready · vLLM", timeout=VLLM_START_TIMEOUT_MS)
+    tick_servers(page, ["vllm"])
 
 
 def test_vllm_column_lanes_and_server_chart(page: Page):
     """A run with vLLM: its checked column, its metrics row, its lanes and its /metrics chart."""
     _wait_for_vllm(page)
-    expect(page.locator("#servers_checkbox input[type=checkbox]")).to_be_checked()
     set_requests(page, ROWS)
     set_slots(page, 2)
     run_and_wait(page)

@@ -154,7 +154,7 @@ def test_app_runs_it_once_a_link_is_applied():
 def test_a_link_that_sets_up_the_recorded_run_on_a_page_with_servers_says_nothing_contrary(
     model, recorded
 ):
-    """On a page whose host configured a server (ticked, as the page opens), a link whose
+    """On a page whose host configured a server (ticked by its visitor), a link whose
     settings all fall back to the recorded run's keeps the recorded run as it opened, never "Not
     the linked setup ... not of" the same preset at the same slots; a link that differs in an
     engine setting names that setting."""

@@ -95,7 +95,7 @@ def test_server_gets_a_column_a_row_curves_lanes_and_a_chart(serve, embedded_mod
     final, statuses = _run(ROWS, ["hf_serve"])
     state, status = final["run_state"], final["status_markdown"]
     assert "✓ all match" in status and f"hf\\_serve {trace_wall(state)}" in status, status
-    assert any("hf\\_serve: " in s for s in statuses[:-1]), "no live progress line for the server"
+    assert any("hf\\_serve (1 of 1): " in s for s in statuses[:-1]), "no live line for the server"
     headers, rows = _table(final["outputs_table"])
     assert "hf_serve output" in headers and _verdicts(final["outputs_table"]) == ["✓", "✓"], rows
     column = headers.index("hf_serve output")
@@ -117,6 +117,41 @@ def test_server_gets_a_column_a_row_curves_lanes_and_a_chart(serve, embedded_mod
     assert max(continuous_x) >= trace.wall_s, "the shared axis cuts the server's run off"
     chart = final["server_chart_plot"]
     assert "hf_serve: /metrics answered HTTP 404" in chart.layout.annotations[0].text
+
+
+def test_our_results_show_before_the_servers_run_and_each_server_follows(
+    serve, embedded_model, with_servers
+):
+    """Two servers ticked: the Run draws our engines' whole results (checked outputs, metrics)
+    before the first server starts, then the first server's column before the second starts,
+    then both, judged; the status line says which server runs (issue 51, item 5)."""
+    engines = {name: _engine(name, serve.url, embedded_model) for name in ("hf_a", "hf_b")}
+    with_servers(engines)
+    events = playground.run_event(
+        ROWS, 2, True, True, "paged", 0, "decode_first", False, 0, "time",
+        server_names=["hf_a", "hf_b"],
+    )  # fmt: skip
+    drawn = []  # each update that drew a run: (its servers, its outputs by name)
+    for update in events:
+        final = dict(zip(run_view.RUN_OUTPUTS, update, strict=True))
+        state = final["run_state"]
+        if isinstance(state, run_view.RunState):
+            drawn.append((list(state.servers), final))
+    order = [servers for servers, _ in drawn]
+    assert order == [[], ["hf_a"], ["hf_a", "hf_b"]], f"not ours first, then each server: {order}"
+    ours = drawn[0][1]
+    assert "our engines' results are below" in ours["status_markdown"], ours["status_markdown"]
+    assert "hf\\_a (1 of 2): starting" in ours["status_markdown"], ours["status_markdown"]
+    assert "hf\\_b (2 of 2): waiting its turn" in ours["status_markdown"]
+    headers, _ = _table(ours["outputs_table"])
+    assert "hf_a output" not in headers and _verdicts(ours["outputs_table"]) == ["✓", "✓"]
+    assert {row[0] for row in ours["metrics_table"]} == {"static", "continuous"}
+    assert "hf\\_a (1 of 2): done" in drawn[1][1]["status_markdown"]
+    headers, _ = _table(drawn[1][1]["outputs_table"])
+    assert "hf_a output" in headers and "hf_b output" not in headers, headers
+    assert "✓ all match" in final["status_markdown"], final["status_markdown"]
+    assert _verdicts(final["outputs_table"]) == ["✓", "✓"]
+    assert {"hf_a", "hf_b"} <= {row[0] for row in final["metrics_table"]}
 
 
 def test_unreachable_server_is_named_and_the_rest_kept(serve, embedded_model, with_servers):
@@ -144,7 +179,7 @@ def test_server_killed_mid_run(embedded_model, with_servers):
     with_servers({"doomed": _engine("doomed", doomed.url, embedded_model)})
 
     def kill_once_streaming(status: str) -> None:
-        if "doomed: 0/1 requests done, 1 streaming" in status:
+        if "doomed (1 of 1): 0/1 requests done, 1 streaming" in status:
             doomed.kill()
 
     try:
@@ -167,7 +202,7 @@ def test_stop_cancels_the_server_streams_and_keeps_the_rest(serve, embedded_mode
     stopped_at = {}
 
     def stop_once_streaming(status: str) -> None:
-        if "hf\\_serve: 0/1 requests done, 1 streaming" in status and not stopped_at:
+        if "hf\\_serve (1 of 1): 0/1 requests done, 1 streaming" in status and not stopped_at:
             stopped_at["t"] = time.monotonic()
             handle.stop()
 

@@ -144,13 +144,16 @@ def test_command_line_flags():
 
 
 def test_the_page_offers_names_and_no_address_box():
-    """Configured servers are checkboxes, all ticked; no text box on the page takes input."""
+    """Configured servers are checkboxes, none ticked (a default Run waits for no server, issue
+    51 item 5), and the box says what ticking one costs; no text box on the page takes input."""
     import app
 
     demo = app.build_demo("Model: test", ["gpu", "vllm"])
     by_id = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
     box = by_id["servers_checkbox"]
-    assert [c[1] for c in box.choices] == ["gpu", "vllm"] and box.value == ["gpu", "vllm"]
+    assert [c[1] for c in box.choices] == ["gpu", "vllm"], box.choices
+    assert box.value == [], f"servers ticked by default: every first Run waits for {box.value}"
+    assert "everyone in line after you" in box.info, f"the box hides what a tick costs: {box.info}"
     assert box.visible and by_id["servers_markdown"].visible
     typing = [b for b in demo.blocks.values() if isinstance(b, gr.Textbox) and b.interactive]
     assert typing == [], f"text boxes a visitor can type into: {[b.elem_id for b in typing]}"
