@@ -83,7 +83,8 @@ class PageModel:
         summary = html.escape(kernels, quote=True)
         words = [html.escape(word) for word in identity_words(self.loaded)]
         source = getattr(self.loaded, "source", None)  # the weights' folder or hub id
-        words += [f"<code>{html.escape(str(source))}</code>"] if source else []
+        if source and str(source) not in self.label:  # a folder's name is its path already
+            words.append(f"<code>{html.escape(str(source))}</code>")
         line = " · ".join([self.label, *words])
         line += f' · <abbr title="{summary}">matmul kernels</abbr>'
         layers = "fused layers" if step.endswith("the fused layers") else "transformers' layers"

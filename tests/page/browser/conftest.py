@@ -37,6 +37,7 @@ OWN_SERVER_MODULES = (
     "test_browser_vllm.py",
     "test_browser_llamacpp.py",
     "test_browser_endpoint.py",
+    "test_browser_models.py",
 )
 
 
