@@ -11,7 +11,7 @@ openmp_env.configure()  # before torch loads: the engines run in worker threads 
 
 import gradio as gr  # noqa: E402
 
-from engine.page.handlers import opening, playground, recording  # noqa: E402
+from engine.page.handlers import model_choice, opening, playground, recording  # noqa: E402
 from engine.page.host import launch, zerogpu  # noqa: E402
 from engine.page.inputs import page_io, presets  # noqa: E402
 from engine.page.panels import page_panels  # noqa: E402
@@ -27,20 +27,20 @@ parse_args = launch.parse_args  # the command line, documented in engine.page.ho
 
 
 def build_demo(
-    model_label: str, server_names: list[str] = (), dtypes=("float32", "bfloat16"), dtype="float32"
+    model_label: str, server_names=(), dtypes=("float32", "bfloat16"), dtype="float32", models=()
 ) -> gr.Blocks:
     """The page: request editor and settings, timelines, step heatmaps, tables, the host's
     servers (by name only); it opens on the shipped recording (``engine.page.handlers.recording``).
-    ``dtypes``: the precisions offered, ``dtype`` the loaded model's."""
+    ``dtypes``: the precisions offered, ``dtype`` the loaded model's; ``models``: the picker's."""
     rows, chat_template, preset_text = presets.apply_preset(presets.DEFAULT_PRESET)
     shown = recording.opening_result()
     with gr.Blocks(title=page_panels.TITLE, delete_cache=page_panels.DELETE_CACHE_S) as demo:
-        page_panels.header(model_label)
+        model_line = page_panels.header(model_label)
         with gr.Row():
             with gr.Column(scale=3):
                 requests = page_panels.requests_panel(rows, preset_text)
             with gr.Column(scale=1):
-                settings = settings_panel(chat_template, server_names, list(dtypes), dtype)
+                settings = settings_panel(chat_template, server_names, dtypes, dtype, models)
         results = results_panel(shown, server_names)
         downloads = page_panels.downloads_panel()
         run_state = gr.State(shown.state if shown is not None else None)
@@ -56,15 +56,15 @@ def build_demo(
         step_out = [results.step_slider, link_step_state, *results.step_views()]
         run_events[0].success(playground.link_step_event, step_in, step_out, **HIDDEN)
         wire_views(results, run_state)
-        wire_precision(settings, results, run_state)
+        wire_precision(settings, results, run_state, model_line)
     return demo
 
 
-def wire_precision(settings, results, run_state) -> None:
-    """The precision note follows its checkboxes; a pick in "Where outputs differ" shows it."""
-    s, d = settings, results.divergence
-    checks = [s.compare_hf_checkbox, s.batch_invariant_checkbox]
-    note = differences.settings_note
+def wire_precision(settings, results, run_state, model_line) -> None:
+    """The precision note, a pick in "Where outputs differ", the model picker's load and line."""
+    s, d, chosen = settings, results.divergence, [model_line, results.status_markdown]
+    s.model_dropdown.change(model_choice.choose_model_event, s.model_dropdown, chosen, **QUIET)
+    checks, note = [s.compare_hf_checkbox, s.batch_invariant_checkbox], differences.settings_note
     gr.on([c.change for c in checks], note, checks, s.precision_markdown, **QUIET)
     d.dropdown.input(differences.divergence_event, [run_state, d.dropdown], d.views(), **QUIET)
 

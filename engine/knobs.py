@@ -6,7 +6,8 @@ name. The page's settings, links and panel and the bench's flags are built from 
 ``EngineConfig`` checks its ranges against the same ``KV_MODES``, ``POLICIES`` and
 ``MAX_BLOCK_SIZE``.
 
-Kinds: ``"flag"`` (on or off), ``"choice"`` (one of ``choices``; none given: the host's dtypes),
+Kinds: ``"flag"`` (on or off), ``"choice"`` (one of ``choices``; none given: the host's dtypes,
+or for ``model`` the host's allowlist),
 ``"whole"`` (a whole number from ``low`` to ``high``) and ``"number"`` (a number >= 0). A number
 whose ``zero`` is set takes 0 for "not set" and says what that means ("no limit"); a run reads it
 as None. Plain data that imports nothing of the project: the page and the bench both read it.
@@ -257,6 +258,16 @@ KNOBS = (
         "mode, compared bitwise with each request run alone; also times the normal mode for the "
         "cost",
         config="batch_invariant",
+    ),
+    # None: the model app.py started with; else one of CBP_MODEL_ALLOWLIST (the bench: --model)
+    Knob(
+        "model",
+        "choice",
+        None,
+        label="Model",
+        info="The host's allowlist: the engine process loads the one chosen, in place of the "
+        "one chosen before.",
+        url="model",
     ),
 )
 KNOB = {knob.name: knob for knob in KNOBS}

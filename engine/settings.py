@@ -72,7 +72,8 @@ SETTINGS: tuple[Setting, ...] = (
         "CBP_MODEL_ALLOWLIST",
         "names",
         "embedded",
-        "comma-separated model ids or folders app.py --model may load (*: any)",
+        "comma-separated model ids or folders app.py --model and the page's model picker may "
+        "load (*: any); several: the page offers them in a picker, listed at start",
     ),
     Setting(
         "CBP_ENGINE_KERNEL",

@@ -38,3 +38,10 @@ def check_model_allowed(model: str | None) -> None:
         f"Model {wanted!r} is not on this app's allowlist ({', '.join(allowed)}); "
         f"the host can allow it with {ALLOWLIST_ENV}={','.join([*allowed, wanted])}."
     )
+
+
+def offered_models(loaded: str) -> list[str]:
+    """The models a page's picker offers: the allowlist's, ``loaded`` (the one app.py loaded)
+    first, without ``*``."""
+    named = [name for name in allowed_models() if name != ANY_MODEL and name != loaded]
+    return [loaded, *named]

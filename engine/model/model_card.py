@@ -30,6 +30,7 @@ class ModelCard:
     load_s: float  # wall time of the weights' load where they are
     source: str | None = None  # the weights' folder or hub id (``LoadedModel.source``)
     kv_bytes_per_token: int = 0  # one token's keys and values across all layers, in ``dtype``
+    num_params: int = 0  # the weights' parameters, counted once where tied
 
     @classmethod
     def of(cls, runner) -> ModelCard:
@@ -46,6 +47,7 @@ class ModelCard:
             load_s=loaded.load_s,
             source=getattr(loaded, "source", None),
             kv_bytes_per_token=runner.kv_bytes_per_token(),
+            num_params=count_params(loaded),
         )
 
     @property
@@ -59,3 +61,27 @@ def model_config(loaded) -> Any:
     ``ModelCard`` holds it."""
     model = getattr(loaded, "model", None)
     return model.config if model is not None else loaded.config
+
+
+def count_params(loaded) -> int:
+    """The parameters of ``loaded``'s weights (a ``LoadedModel``), or its card's count."""
+    model = getattr(loaded, "model", None)
+    if model is None:
+        return getattr(loaded, "num_params", 0)
+    return sum(p.numel() for p in model.parameters())
+
+
+def identity_words(loaded) -> list[str]:
+    """What the model line names beside the model's name and device: its family (the config's
+    ``model_type``) and its size in parameters to 3 digits, e.g. ``["llama", "135 M
+    parameters"]``; a part not known is left out."""
+    model = getattr(loaded, "model", None)
+    config = getattr(loaded if model is None else model, "config", None)
+    family = getattr(config, "model_type", None)
+    words = [family] if family else []
+    num_params = count_params(loaded)
+    if num_params <= 0:
+        return words
+    units = ((1e9, " B"), (1e6, " M"), (1e3, " k"), (1, ""))
+    scale, unit = next((scale, unit) for scale, unit in units if num_params >= scale)
+    return [*words, f"{num_params / scale:.3g}{unit} parameters"]

@@ -46,6 +46,8 @@ class ComparisonModel(Protocol):
 
     def in_dtype(self, name: str | None) -> ComparisonModel: ...
 
+    def in_model(self, name: str | None, on_stage=None) -> ComparisonModel: ...
+
     def reference_for(self, batch_invariant: bool): ...
 
 
@@ -58,6 +60,7 @@ class ComparisonJob:
     compare_hf: bool = False  # run transformers' continuous batching too
     check_reference: bool = False  # compute the reference and judge every engine against it
     dtype: str | None = None  # the precision to run in, e.g. "bfloat16" (None: the model's own)
+    model: str | None = None  # the host's model to run on (None: the worker's own; ``in_model``)
 
 
 @dataclass
@@ -90,14 +93,14 @@ def traces_by_name(
 
 
 def work_in_worker(model: ComparisonModel, job: ComparisonJob, watch: Watch) -> ComparisonResult:
-    """The engines, transformers' engine and the reference with its verdicts, on the worker's
-    model in the job's precision.
+    """The engines, transformers' engine and the reference with its verdicts, on the job's
+    model (loaded first if another was chosen since) in the job's precision.
 
     Raises:
         RunStopped: ``watch`` stopped the run.
-        ValueError: bad input only an engine could see.
+        ValueError: bad input only an engine could see, or a model that cannot load.
     """
-    model = model.in_dtype(job.dtype)
+    model = model.in_model(job.model).in_dtype(job.dtype)
     runner, config, requests = model.runner, job.config, job.requests
     invariant = config.batch_invariant
     result = ComparisonResult(
@@ -143,14 +146,15 @@ class JudgeJob:
     traces: dict[str, Trace]  # by engine name
     dtype: str | None = None  # the run's precision, as in ``ComparisonJob``
     batch_invariant: bool = False  # the reference: each request alone, as in the run
+    model: str | None = None  # the run's model, as in ``ComparisonJob``
 
 
 def judge_in_worker(
     model: ComparisonModel, job: JudgeJob, _watch: Watch
 ) -> dict[str, dict[int, dict]]:
-    """``judge_runs`` of ``job.traces`` on the worker's model in the job's precision: engine ->
+    """``judge_runs`` of ``job.traces`` on the job's model in its precision: engine ->
     request id -> verdict entry. A trace without logits (a server's) is judged with the
     reference's rounding bound counted twice (``engine.fidelity.divergence``)."""
-    model = model.in_dtype(job.dtype)
+    model = model.in_model(job.model).in_dtype(job.dtype)
     source = model.reference_for(job.batch_invariant)
     return judge_runs(model.runner, source, job.requests, job.traces)

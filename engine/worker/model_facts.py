@@ -9,6 +9,7 @@ holder can give them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ class ModelFacts:
     batch_invariant_refusal: str | None  # why batch-invariant mode cannot run; None: it can
     # the store's keys of the references, by batch-invariant mode (none without a store)
     reference_keys: dict[bool, Identity] = field(default_factory=dict)
+    model_id: str = "embedded"  # the allowlist's name of the model (``WorkerModel.model_id``)
 
     @property
     def dtype_name(self) -> str:
@@ -37,6 +39,26 @@ class ModelFacts:
 def model_facts(model: ComparisonModel, dtype: str | None, _watch: Callable) -> ModelFacts:
     """``facts_of`` the model in ``dtype`` (None: its own), loaded there on first use."""
     return facts_of(model.in_dtype(dtype))
+
+
+def chosen_facts(
+    model: ComparisonModel, name: str | None, dtype: str | None, watch: Callable
+) -> ModelFacts:
+    """``facts_of`` the host's model ``name`` (``in_model``) in ``dtype``, loaded there on first
+    use; each stage of the load is told to ``watch`` as a wait of ``LOAD`` with its words.
+
+    Raises:
+        ModelLoadError: ``name`` is not on the allowlist, or fails to load.
+    """
+    stage = functools.partial(_told_stage, watch)
+    return facts_of(model.in_model(name, stage).in_dtype(dtype))
+
+
+LOAD = "load"  # the progress entry of a model's load (``chosen_facts``)
+
+
+def _told_stage(watch: Callable, words: str) -> None:
+    watch(LOAD, None, waiting=True, note=words)
 
 
 def facts_of(model: ComparisonModel) -> ModelFacts:
@@ -57,4 +79,5 @@ def facts_of(model: ComparisonModel) -> ModelFacts:
         step=runner.step_summary(),
         batch_invariant_refusal=refusal,
         reference_keys=keys,
+        model_id=getattr(model, "model_id", "embedded"),
     )

@@ -3,13 +3,16 @@
 ``WorkerModel`` is what every job (``comparison``, ``model_facts``) runs on, in the engine process
 (``load_spec``) or on the page's engine thread (the page's ``SharedModel`` is one, with the page's
 parts added). ``in_dtype`` gives the same model in another precision, made on the engine thread
-on first use and kept; ``time_pace`` times both engines and the reference on a small table, in
-plain numbers, which the page's run queue learns its first estimates from.
+on first use and kept; ``in_model`` another model of the host's allowlist, loaded there in place
+of the one chosen before (one chosen model beside the start one, for memory). ``time_pace``
+times both engines and the reference on a small table, in plain numbers, which the page's run
+queue learns its first estimates from.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,9 +24,10 @@ from engine.batching.continuous import kv_pool_blocks
 from engine.config import EngineConfig
 from engine.fidelity import reference_store
 from engine.fidelity.reference import ReferenceCache, SoloReference
+from engine.model.allowlist import check_model_allowed
 from engine.model.device import describe_device, parse_dtype
 from engine.model.dtype_support import check_dtype_supported
-from engine.model.loader import LoadedModel, load_model
+from engine.model.loader import DEFAULT_MODEL, LoadedModel, load_model
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request
 from engine.trace import Trace
@@ -69,6 +73,10 @@ class WorkerModel:
     loader: Callable[[str], LoadedModel] | None = field(default=None, repr=False)
     solo_reference: SoloReference | None = field(default=None, repr=False)  # made on first use
     variants: dict[str, Any] = field(default_factory=dict, repr=False, kw_only=True)  # by dtype
+    # the allowlist's name of it: "embedded", a folder or a hub id
+    model_id: str = field(default=DEFAULT_MODEL, kw_only=True)
+    # the other allowlisted model chosen last, by its id, shared by every precision (``in_model``)
+    models: dict[str, Any] = field(default_factory=dict, repr=False, kw_only=True)
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, **fields) -> WorkerModel:
@@ -95,6 +103,38 @@ class WorkerModel:
         """
         return variant_in(self, name)
 
+    def in_model(self, name: str | None, on_stage: Callable[[str], None] | None = None):
+        """The host's model ``name`` (None, "" or this one's id: this one), in its own dtype;
+        another is loaded on the engine thread on first use, in place of the one chosen before,
+        ``on_stage(words)`` told as each stage of its load begins.
+
+        Raises:
+            ModelLoadError: ``name`` is not on ``CBP_MODEL_ALLOWLIST``, or fails to load.
+        """
+        wanted = (name or "").strip()
+        if wanted in ("", self.model_id):
+            return self
+        check_model_allowed(wanted)
+        if wanted not in self.models:
+            self.models.clear()  # its weights go before the next one's load
+            self.models[wanted] = ENGINE_THREAD.call(self._load_other, wanted, on_stage)
+        return self.models[wanted]
+
+    def _load_other(self, name: str, on_stage: Callable[[str], None] | None) -> Any:
+        tell = on_stage or (lambda _words: None)
+        device = str(self.loaded.device)
+        tell(f"reading the weights of {name}")
+        loaded = load_model(name, device, None)
+        loader = functools.partial(_load_in, name, device)
+        other = type(self).from_loaded(loaded, loader=loader, **self._other_fields(name))
+        tell(f"warming up {name}")
+        other.warm_up()
+        return other
+
+    def _other_fields(self, name: str) -> dict[str, Any]:
+        """Fields another model shares with this one: its id and the shelf of chosen models."""
+        return {**self._variant_fields(), "model_id": name, "models": self.models}
+
     def kernels_and_step(self) -> tuple[str, str]:
         """This runner's matmul kernels and step, as people read them."""
         return self.runner.kernel_summary(), self.runner.step_summary()
@@ -106,7 +146,8 @@ class WorkerModel:
 
     def _load_variant(self, dtype_name: str) -> WorkerModel:
         loaded = self.loader(dtype_name) if self.loader else _converted(self.loaded, dtype_name)
-        variant = type(self).from_loaded(loaded, loader=self.loader, **self._variant_fields())
+        fields = {**self._variant_fields(), "model_id": self.model_id, "models": self.models}
+        variant = type(self).from_loaded(loaded, loader=self.loader, **fields)
         variant.warm_up()
         return variant
 
@@ -268,9 +309,15 @@ def load_and_warm_up(
         ModelLoadError: the model fails to load (see ``load_model``).
     """
     loaded = load_model(model, device, dtype)
-    held = kind.from_loaded(loaded, loader=lambda name: load_model(model, str(loaded.device), name))
+    loader = functools.partial(_load_in, model, str(loaded.device))
+    held = kind.from_loaded(loaded, loader=loader, model_id=(model or DEFAULT_MODEL).strip())
     held.warm_up()
     return held
+
+
+def _load_in(model: str | None, device: str, dtype_name: str) -> LoadedModel:
+    """``model`` loaded on ``device`` in ``dtype_name``: a precision of it (``in_dtype``)."""
+    return load_model(model, device, dtype_name)
 
 
 def load_spec(spec: ModelSpec) -> WorkerModel:

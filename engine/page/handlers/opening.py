@@ -134,8 +134,10 @@ def not_linked_status(previous, preset_name: str | None, settings: RunSettings) 
 
 def _setup_key(model: PageModel, settings: RunSettings) -> tuple | None:
     """``RunRequest.setup_key`` of the run that Run would start with ``settings`` on ``model``;
-    None when Run would refuse it, or would run another precision than ``model``'s."""
+    None when Run would refuse it, or would run another precision or model than ``model``'s."""
     if (settings.dtype or "auto").strip().lower() not in ("auto", model.dtype_name):
+        return None
+    if (settings.model or "").strip() not in ("", model.model_id):
         return None
     try:
         options = options_from_page(settings)

@@ -29,7 +29,7 @@ from engine.page.run.run_options import (
     settings_from_run,
     view_inputs,
 )
-from engine.page.run.shared_model import SharedModel, get_model  # noqa: F401
+from engine.page.run.shared_model import SharedModel, chosen_model, get_model  # noqa: F401
 from engine.page.views import divergence_view, progress_view, run_status, tables
 from engine.page.views.run_view import (
     STEP_VIEW_OUTPUTS,
@@ -121,7 +121,12 @@ def run_request(settings: RunSettings, replay: bool = True) -> RunRequest:
             a request), or a model that cannot load.
     """
     options = options_from_page(settings)  # every input checked, the table's shape too
-    model = get_model().in_dtype(options.dtype)  # a dtype the device cannot run: refused here
+    model = chosen_model(options.model).in_dtype(options.dtype)  # a bad one: refused here
+    if options.servers and model.model_id != get_model().model_id:
+        raise ValueError(
+            f"The host's servers serve {get_model().model_id}, not {model.model_id}: run them on "
+            "that model, or run this one without them."
+        )
     requests, config = prepare(model, settings.rows, settings.num_slots, options)
     return RunRequest(model, requests, config, options, replay, judged=tables.compared)
 

@@ -183,12 +183,14 @@ def _load_average() -> float | None:
 
 def recorded_settings() -> RunSettings:
     """The recorded run's ``RunSettings``: the default preset with the page's default settings
-    (``link_query.page_defaults``), on the loaded model's precision (no ``dtype``)."""
+    (``link_query.page_defaults``), on the loaded model in its precision (no ``model``, no
+    ``dtype``)."""
     from engine.page.inputs import link_query, page_io, presets
     from engine.page.run.run_options import RunSettings
 
     preset = presets.DEFAULT_PRESET
-    settings = link_query.page_defaults(preset, link_query.Precision()) | {"dtype": None}
+    own = {"dtype": None, "model": None}
+    settings = link_query.page_defaults(preset, link_query.Precision()) | own
     rows = presets.apply_preset(preset)[0]
     return RunSettings(rows=rows, num_slots=page_io.DEFAULT_SLOTS, **settings)
 

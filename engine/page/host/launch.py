@@ -23,7 +23,7 @@ from pathlib import Path
 import gradio as gr
 import torch
 
-from engine.model.allowlist import check_model_allowed
+from engine.model.allowlist import check_model_allowed, offered_models
 from engine.page.host import quiet_queue, server_priority, share, zerogpu
 from engine.page.inputs import page_io
 from engine.page.panels import page_panels, results_panel, server_panels, settings_panel
@@ -147,8 +147,8 @@ def configured_servers(
 
 def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -> None:
     """Load the model (so problems show at start), then serve ``build_demo(label, server_names,
-    dtypes, dtype)``'s page: the host's servers (started in the background and stopped when the
-    page stops), the precisions offered and the loaded one.
+    dtypes, dtype, models)``'s page: the host's servers (started in the background and stopped
+    when the page stops), the precisions offered and the loaded one, and the models offered.
 
     Raises:
         SystemExit: the model cannot load or a server flag is wrong (one line a person can act
@@ -240,7 +240,8 @@ def _exit(signum, _frame) -> None:
 def _launch(build_demo: Callable, model: shared_model.PageModel, args) -> None:
     """Build and serve the page until it is stopped."""
     names = model.servers.names if model.servers is not None else []
-    demo = build_demo(model.label_markdown, names, model.dtype_choices(), model.dtype_name)
+    models = offered_models(model.model_id)  # the picker's, where the allowlist names several
+    demo = build_demo(model.label_markdown, names, model.dtype_choices(), model.dtype_name, models)
     demo.queue()
     quiet_queue.quiet(demo)  # no thousand wake-ups a second on the engine's cores
     # quiet: Gradio's own launch lines would say "set share=True" even with --share.

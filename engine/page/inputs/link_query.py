@@ -23,10 +23,13 @@ FLAG_WORDS |= {"0": False, "false": False, "off": False, "no": False}
 
 @dataclass(frozen=True)
 class Precision:
-    """The host's precisions: the dtype the page opens with, and the dtypes it offers."""
+    """The host's precisions: the dtype the page opens with, and the dtypes it offers; and its
+    models: the one the page opens with, and those its picker offers (none: no picker)."""
 
     dtype: str = "float32"
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    model: str = "embedded"
+    models: tuple[str, ...] = ()
 
 
 # Each setting a link carries (its knob's ``url``), by its ``RunSettings`` field name, in the order
@@ -40,6 +43,7 @@ def page_defaults(preset_name: str, precision: Precision) -> dict:
     the host's dtype."""
     chat_template = bool(presets.load_presets()[preset_name]["chat_template"])
     own = presets.preset_settings(preset_name) | {"dtype": precision.dtype}
+    own |= {"model": precision.model}
     defaults = {field: knob.default for field, knob in PARAMS.items()}
     return defaults | {"chat_template": chat_template} | own
 
@@ -95,6 +99,11 @@ def _read(param: Knob, text: str, precision: Precision):
         if text.lower() not in FLAG_WORDS:
             raise ValueError("use 1 (on) or 0 (off)")
         return FLAG_WORDS[text.lower()]
+    if param.name == "model":  # a folder's name keeps its case
+        if text not in (precision.model, *precision.models):
+            offered = ", ".join(precision.models) or precision.model
+            raise ValueError(f"this page offers {offered} (the host's CBP_MODEL_ALLOWLIST)")
+        return text
     if param.kind == "choice":
         choices = param.choices or precision.dtypes
         if text.lower() not in choices:

@@ -40,10 +40,11 @@ REQUESTS_LABEL = (
 )
 
 
-def header(model_label: str) -> None:
-    """Title, introduction, the loaded model's label and the guided tour."""
+def header(model_label: str) -> gr.Markdown:
+    """Title, introduction, the loaded model's label and the guided tour; returns the model line,
+    which the model picker sets (``engine.page.handlers.model_choice``)."""
     gr.Markdown(f"# {TITLE}\n\n{INTRO}")
-    gr.Markdown(model_label)
+    model_line = gr.Markdown(model_label, elem_id="model_markdown")
     with gr.Accordion("Guided tour: what to look at", open=False, elem_id="tour_accordion"):
         steps = tour.load_tour()
         with gr.Walkthrough(selected=1, elem_id="tour_walkthrough") as walkthrough:
@@ -58,6 +59,7 @@ def header(model_label: str) -> None:
                             queue=False,
                             api_visibility="undocumented",
                         )
+    return model_line
 
 
 @dataclass
@@ -159,6 +161,7 @@ COMPONENTS = {
     "server_names": "settings.servers_checkbox",
     "dtype": "settings.dtype_dropdown",
     "batch_invariant": "settings.batch_invariant_checkbox",
+    "model": "settings.model_dropdown",
     "replay_recent": "settings.replay_checkbox",
     "x_axis": "results.x_axis_radio",
     "step": "results.step_slider",  # a link's step

@@ -53,8 +53,9 @@ class SettingsPanel:
     replay_checkbox: gr.Checkbox | None = None
     live_state: gr.State | None = None  # "Run live anyway"'s ``replay_recent``: False
     click_number: gr.Number | None = None  # hidden: a press's or Stop's click number (RunHandle)
-    # the host's precisions (a ``link_query.Precision``): what a link may choose and leaves out
+    # the host's precisions and models (a ``link_query.Precision``): what a link may choose
     precision_state: gr.State | None = None
+    model_dropdown: gr.Dropdown | None = None  # the host's models; hidden where it has one
 
 
 def settings_panel(
@@ -62,9 +63,21 @@ def settings_panel(
     server_names: list[str] = (),
     dtypes: list[str] = ("float32", "bfloat16"),
     dtype: str = "float32",
+    models: list[str] = (),
 ) -> SettingsPanel:
     """The right-hand column of settings; the engine knobs sit in a closed accordion, the
-    precision (one of ``dtypes``, ``dtype`` first chosen) and batch-invariant mode last in it."""
+    precision (one of ``dtypes``, ``dtype`` first chosen) and batch-invariant mode last in it.
+    ``models``: the host's (``allowlist.offered_models``), the loaded one first; the model
+    picker on top is shown where there are several."""
+    models, dtypes = list(models) or ["embedded"], list(dtypes)
+    model_dropdown = gr.Dropdown(
+        models,
+        value=models[0],
+        label=KNOB["model"].label,
+        info=KNOB["model"].info,
+        visible=len(models) > 1,
+        elem_id="model_dropdown",
+    )
     preset_dropdown, slots_slider, chat_checkbox, reference_checkbox = _setup_inputs(chat_template)
     servers = server_panels.servers_checkbox(list(server_names))
     with gr.Accordion("Engine settings", open=False):
@@ -91,7 +104,10 @@ def settings_panel(
         replay_checkbox=gr.Checkbox(False, visible=False, elem_id="replay_checkbox"),
         live_state=gr.State(False),
         click_number=gr.Number(0, visible=False, precision=0, elem_id="click_number"),
-        precision_state=gr.State(link_query.Precision(dtype, tuple(dtypes))),
+        precision_state=gr.State(
+            link_query.Precision(dtype, tuple(dtypes), models[0], tuple(models[1:] and models))
+        ),
+        model_dropdown=model_dropdown,
     )
 
 

@@ -71,13 +71,15 @@ class RunRequest:
         """What makes two runs identical: the model and its precision, the tokenized requests
         (prompt ids, caps, arrivals, sampling settings) and every engine knob. Not the x axis,
         which only changes how a run is drawn, nor the precision knob: ``model`` is the run's
-        (a page sends "float32" where an API client sends nothing, and both are one run)."""
+        (a page sends "float32" where an API client sends nothing, and both are one run), nor
+        the model knob: ``model`` is the run's, named by its allowlist id."""
         rows = tuple(
             (tuple(r.prompt_token_ids), r.max_new_tokens, r.arrival_s, repr(r.sampling))
             for r in self.requests
         )
-        knobs = repr(dataclasses.replace(self.options, dtype=None))
-        return (self.model.label, self.model.dtype_name, repr(self.config), knobs, rows)
+        knobs = repr(dataclasses.replace(self.options, dtype=None, model=None))
+        model = (self.model.model_id, self.model.label, self.model.dtype_name)
+        return (*model, repr(self.config), knobs, rows)
 
 
 @dataclass
@@ -277,6 +279,7 @@ class Run:
             compare_hf=request.options.compare_hf,
             check_reference=request.options.check_reference,
             dtype=request.model.dtype_name,
+            model=request.model.model_id,
         )
         self._job = request.model.worker.submit(work_in_worker, (job,), self.control, self._take)
 
@@ -350,7 +353,8 @@ class Run:
             self.control.check()  # a stopped run asks the worker for nothing more
         except RunStopped:
             return None
-        job = JudgeJob(self.request.requests, traces, answer.comparison.dtype, self._invariant)
+        requests, model_id = self.request.requests, self.request.model.model_id
+        job = JudgeJob(requests, traces, answer.comparison.dtype, self._invariant, model_id)
         return self.request.model.worker.submit(judge_in_worker, (job,), self.control, _untaken)
 
     @property

@@ -51,6 +51,7 @@ RUN_INPUTS = (
     "dtype",
     "batch_invariant",
     "replay_recent",
+    "model",
 )
 RUN_STATES = ("previous", "handle")  # the session's, not settings: not in the /run API
 # Run's inputs that are no knob of ``engine.knobs.KNOBS``: the request table (a list of rows, or a
@@ -129,6 +130,7 @@ class RunOptions:
     servers: tuple[str, ...] = ()  # host-configured servers to run too, by name (never a URL)
     dtype: str | None = None  # precision: None, the loaded model's; else float32, bfloat16, ...
     batch_invariant: bool = False  # static and continuous (engine.kernels.invariant_ops)
+    model: str | None = None  # the host's model (CBP_MODEL_ALLOWLIST); None: app.py's --model
 
 
 OPTION_NAMES = {"arrival_rate": "arrival_rate_per_s"}  # a knob whose option has a unit in its name
@@ -142,10 +144,11 @@ OPTION_KNOBS = tuple(
 
 
 def options_from_page(settings: RunSettings) -> RunOptions:
-    """The page's knobs as ``RunOptions`` (``knob_value``); the dtype is checked when its model is
-    asked for (``SharedModel.in_dtype``). The table is checked by ``prepare``, and so are the slot
-    count and the settings' ranges, unless a knob here is bad: then they are checked here too
-    (``engine_config``), so that one message names every bad setting at once.
+    """The page's knobs as ``RunOptions`` (``knob_value``); the model and the dtype are checked
+    when the model is asked for (``shared_model.chosen_model``, ``SharedModel.in_dtype``). The
+    table is checked by ``prepare``, and so are the slot count and the settings' ranges, unless a
+    knob here is bad: then they are checked here too (``engine_config``), so that one message
+    names every bad setting at once.
 
     Raises:
         ValueError: a budget, rate, block size or switch that is not a value of the right kind

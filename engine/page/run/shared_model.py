@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ from engine.config import EngineConfig
 from engine.fidelity import reference_store
 from engine.fidelity.reference_store import StoredReferences
 from engine.model.allowlist import check_model_allowed
+from engine.model.model_card import identity_words
 from engine.page.run.cpu_split import CpuSplit
 from engine.page.run.host_servers import PageServers
 from engine.page.run.recent_runs import RecentRuns, replay_window_s
@@ -38,7 +40,7 @@ from engine.sequence import Request
 from engine.serving.run_control import RunControl
 from engine.worker import worker_model
 from engine.worker.engine_thread import ENGINE_THREAD
-from engine.worker.model_facts import ModelFacts, model_facts
+from engine.worker.model_facts import ModelFacts, chosen_facts, model_facts
 from engine.worker.transport import ThreadWorker, Worker
 from engine.worker.worker_model import Pace, WorkerModel, engine_pace
 from engine.worker.worker_process import ProcessWorker
@@ -59,6 +61,8 @@ class PageModel:
     cpu_split: CpuSplit | None = None  # the engines' CPUs and the page's, when split
     worker: Worker | None = field(default=None, repr=False)  # where its engine jobs run
     variants: dict[str, PageModel] = field(default_factory=dict, repr=False)  # by dtype name
+    # the other allowlisted model chosen last, by its id (``in_model``): shared, as the lock is
+    models: dict[str, PageModel] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.queue.shown_instead = lambda setup: self.recent.find(setup) is not None
@@ -73,12 +77,18 @@ class PageModel:
         says which kernel runs at which row counts and how it was chosen (measured on this host,
         read from an earlier start, or named by ``CBP_ENGINE_KERNEL``), which decoder layers the
         step runs (fused, or transformers' with the reason on hover); and, when the CPUs are
-        split, how many the engines have."""
+        split, how many the engines have. The model's family, size and weights' folder or hub id
+        come after ``label`` (``model_card.identity_words``)."""
         kernels, step = self.kernels_and_step()
         summary = html.escape(kernels, quote=True)
-        line = f'{self.label} · <abbr title="{summary}">matmul kernels</abbr>'
-        words = "fused layers" if step.endswith("the fused layers") else "transformers' layers"
-        line += f' · <abbr title="{html.escape(step, quote=True)}">{words}</abbr>'
+        words = [html.escape(word) for word in identity_words(self.loaded)]
+        source = getattr(self.loaded, "source", None)  # the weights' folder or hub id
+        if source and str(source) not in self.label:  # a folder's name is its path already
+            words.append(f"<code>{html.escape(str(source))}</code>")
+        line = " · ".join([self.label, *words])
+        line += f' · <abbr title="{summary}">matmul kernels</abbr>'
+        layers = "fused layers" if step.endswith("the fused layers") else "transformers' layers"
+        line += f' · <abbr title="{html.escape(step, quote=True)}">{layers}</abbr>'
         if self.cpu_split is not None:
             where = self.cpu_split.describe()
             where = html.escape(where[:1].upper() + where[1:], quote=True)
@@ -98,9 +108,14 @@ class PageModel:
         self.queue.calibrate(work, parts_s)
         return work, parts_s
 
+    def holds(self, name: str | None) -> bool:
+        """Whether ``in_model(name)`` answers at once: this model, or the one chosen last."""
+        wanted = (name or "").strip()
+        return wanted in ("", self.model_id) or wanted in self.models
+
     def page_parts(self) -> dict[str, Any]:
-        """The parts every precision of the model shares, as keywords for another's."""
-        parts = ("lock", "servers", "queue", "recent", "cpu_split", "worker")
+        """The parts every precision and model shares, as keywords for another's."""
+        parts = ("lock", "servers", "queue", "recent", "cpu_split", "worker", "models")
         return {name: getattr(self, name) for name in parts}
 
 
@@ -125,6 +140,13 @@ class SharedModel(WorkerModel, PageModel):
 
 def _untaken(_entry) -> None:
     """The ``take`` of a job nobody watches (facts, pace)."""
+
+
+def _stage_taker(on_stage: Callable[[str], None] | None) -> Callable:
+    """The ``take`` of a model's load: each stage's words (``chosen_facts``) to ``on_stage``."""
+    if on_stage is None:
+        return _untaken
+    return lambda entry: entry.note and on_stage(entry.note)
 
 
 @dataclass
@@ -161,9 +183,27 @@ class ModelView(PageModel):
         """The engine process's matmul kernels and step."""
         return self.facts.kernels, self.facts.step
 
+    @property
+    def model_id(self) -> str:
+        """The allowlist's name of the model (``WorkerModel.model_id``)."""
+        return self.facts.model_id
+
+    def in_model(self, name: str | None, on_stage: Callable[[str], None] | None = None):
+        """The engine process's model ``name`` (``WorkerModel.in_model``, which says what it
+        raises), its load's stages told to ``on_stage``; its facts asked once."""
+        wanted = (name or "").strip()
+        if not self.holds(wanted):
+            check_model_allowed(wanted)  # before the engine process is asked
+            take = _stage_taker(on_stage)
+            facts = self.worker.run(chosen_facts, (wanted, None), RunControl(), take)
+            self.models.clear()  # as the engine process let the one chosen before go
+            self.models[wanted] = ModelView(facts, **self.page_parts())
+        return self if wanted in ("", self.model_id) else self.models[wanted]
+
     def _variant(self, dtype_name: str) -> ModelView:
         """The engine process's model in ``dtype_name``: loaded there, its facts asked once."""
-        facts = self.worker.run(model_facts, (dtype_name,), RunControl(), _untaken)
+        args = (self.model_id, dtype_name)
+        facts = self.worker.run(chosen_facts, args, RunControl(), _untaken)
         return ModelView(facts, **self.page_parts())
 
     def reference_for(self, batch_invariant: bool) -> StoredReferences:
@@ -206,6 +246,24 @@ def load_shared_model(
     if calibrate:
         ENGINE_THREAD.call(shared.calibrate_pace)
     return use_model(shared)
+
+
+def chosen_model(name: str | None, on_stage: Callable[[str], None] | None = None) -> PageModel:
+    """The shared model's ``in_model(name)``, in its own precision. A load first waits for the
+    model's lock, so it never runs beside a run on the model chosen before; ``on_stage(words)``
+    is told that wait and each stage of the load.
+
+    Raises:
+        ModelLoadError: ``name`` is not on ``CBP_MODEL_ALLOWLIST``, or fails to load.
+    """
+    model = get_model()
+    if model.holds(name):
+        return model.in_model(name)
+    check_model_allowed(name)
+    tell = on_stage or (lambda _words: None)
+    tell("waiting for the run in progress to end")
+    with model.lock:
+        return model.in_model(name, on_stage)
 
 
 def use_model(model: PageModel) -> PageModel:

@@ -18,12 +18,18 @@ SPECS = [("hello world", 4), ("abc", 9), ("the quick brown fox", 3)]
 
 
 class _Model:
-    """The least a job needs of a model: a runner, its dtype, its copies and references."""
+    """The least a job needs of a model: a runner, its dtype, its copies, other models and
+    references."""
 
     def __init__(self):
         self.runner = tiny_runner()
         self.dtype_name = "float32"
         self.asked_dtypes: list[str | None] = []
+        self.asked_models: list[str | None] = []
+
+    def in_model(self, name, on_stage=None):
+        self.asked_models.append(name)
+        return self
 
     def in_dtype(self, name):
         self.asked_dtypes.append(name)
@@ -63,9 +69,12 @@ def test_a_job_runs_both_engines_and_judges_them_against_the_reference():
 
 
 def test_the_worker_runs_a_job_in_its_precision():
-    """``work_in_worker`` runs on the model in the job's dtype; unchecked, nothing is judged."""
+    """``work_in_worker`` runs on the job's model in the job's dtype; unchecked, nothing is
+    judged."""
     model = _Model()
-    job = ComparisonJob(make_requests(SPECS[:1]), EngineConfig(num_slots=1), dtype="float32")
+    config = EngineConfig(num_slots=1)
+    job = ComparisonJob(make_requests(SPECS[:1]), config, dtype="float32", model="org/tiny")
     result = work_in_worker(model, job, lambda *a, **k: None)
     assert model.asked_dtypes == ["float32"], model.asked_dtypes
+    assert model.asked_models == ["org/tiny"], model.asked_models
     assert result.reference is None and result.verdicts is None and result.dtype == "float32"

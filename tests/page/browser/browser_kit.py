@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.page.figures.mask_heatmaps import WINDOW_COLOR
+
 try:
     from playwright.sync_api import Page, expect, sync_playwright
 except ImportError:  # the playwright package is optional: browser tests are skipped without it
@@ -47,6 +49,17 @@ SUCCESS_STATUS = re.compile(
     r"✓ all match model\.generate token for token"
 )
 XSS_PROMPT = "<img src=x onerror=alert(1)>"
+MASK_PLOT = "#packed_mask_plot .js-plotly-plot"
+# the packed mask's cells: how many Plotly drew in the band's colour, and in any colour
+MASK_CELLS_JS = """(el, bandColour) => {
+    const trace = el.data[0], scale = trace.colorscale;
+    const colour = v => scale[Math.min(2 * Math.round(v), scale.length - 1)][1];
+    const z = el.calcdata[0][0].z;  // as drawn, decoded (the figure's own z is base64)
+    const cells = Array.from(z).flatMap(row => Array.from(row))
+        .filter(v => v !== null && v !== undefined && !Number.isNaN(v));
+    return {band: cells.filter(v => colour(v) === bandColour).length, drawn: cells.length,
+            subtitle: (el.querySelector('.gtitle-subtitle') || {}).textContent || ''};
+}"""
 
 PYTESTMARK = [
     pytest.mark.browser,
@@ -260,3 +273,9 @@ def _download(page: Page, elem_id: str, name: str, folder: Path) -> Path:
     path = folder / name
     download.value.save_as(path)
     return path
+
+
+def mask_cells(page: Page) -> dict:
+    """The packed mask's cells as drawn: ``band`` (in the sliding window's colour), ``drawn``
+    (all) and the figure's ``subtitle``."""
+    return page.locator(MASK_PLOT).evaluate(MASK_CELLS_JS, WINDOW_COLOR)

@@ -38,6 +38,7 @@ OWN_SERVER_MODULES = (
     "test_browser_llamacpp.py",
     "test_browser_endpoint.py",
     "test_browser_servers.py",
+    "test_browser_models.py",
 )
 
 

@@ -10,14 +10,14 @@ the selector and the step views need the run only, not a model serving it.
 from __future__ import annotations
 
 import pytest
-from browser_kit import PYTESTMARK, SCREENSHOTS, open_session
+from browser_kit import MASK_PLOT as PLOT
+from browser_kit import PYTESTMARK, SCREENSHOTS, mask_cells, open_session
 from family_models import WINDOW, family_runner
 from tiny_model import make_requests
 
 from engine.batching.continuous import ContinuousEngine
 from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
-from engine.page.figures.mask_heatmaps import WINDOW_COLOR
 from engine.page.handlers import recording
 from engine.page.host import launch
 from engine.page.panels.results_panel import LAYER_HELP
@@ -32,17 +32,6 @@ except ImportError:
 pytestmark = PYTESTMARK
 SLIDING = f"sliding (window {WINDOW})"
 SPECS = [("the quick brown fox jumps over the lazy dog", 6), ("hello", 14)]  # past 8 keys
-PLOT = "#packed_mask_plot .js-plotly-plot"
-# the packed mask's cells: how many Plotly drew in the band's colour, and in any colour
-CELLS_JS = """(el, bandColour) => {
-    const trace = el.data[0], scale = trace.colorscale;
-    const colour = v => scale[Math.min(2 * Math.round(v), scale.length - 1)][1];
-    const z = el.calcdata[0][0].z;  // as drawn, decoded (the figure's own z is base64)
-    const cells = Array.from(z).flatMap(row => Array.from(row))
-        .filter(v => v !== null && v !== undefined && !Number.isNaN(v));
-    return {band: cells.filter(v => colour(v) === bandColour).length, drawn: cells.length,
-            subtitle: (el.querySelector('.gtitle-subtitle') || {}).textContent || ''};
-}"""
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +60,6 @@ def monkeypatch_module():
         yield patch
 
 
-def _cells(page: Page) -> dict:
-    return page.locator(PLOT).evaluate(CELLS_JS, WINDOW_COLOR)
-
-
 def test_sliding_layers_draw_the_window_band(browser, windowed_url):
     """The selector shows "global" chosen and the run's window, each with its hover text; picking
     the sliding type redraws the packed mask with light-grey cells outside the window, and
@@ -88,13 +73,13 @@ def test_sliding_layers_draw_the_window_band(browser, windowed_url):
             choice = radio.locator("label").filter(has_text=label).first
             help_text = LAYER_HELP[label.split(" ")[0]]
             expect(choice).to_have_attribute("title", help_text, timeout=10_000)
-        before = _cells(page)
+        before = mask_cells(page)
         assert before["band"] == 0 and "global layers" in before["subtitle"], before
         radio.locator("label").filter(has_text=SLIDING).first.click()
         expect(page.locator(f"{PLOT} .gtitle-subtitle")).to_contain_text(
             f"sliding layers, window {WINDOW}", timeout=30_000
         )
-        after = _cells(page)
+        after = mask_cells(page)
         assert after["band"] > 0, f"no cell drawn outside the window: {after}"
         assert after["drawn"] == before["drawn"], "the band does not fill the hidden causal cells"
         page.locator(PLOT).screenshot(path=str(SCREENSHOTS / "mask-sliding-window.png"))
@@ -102,6 +87,6 @@ def test_sliding_layers_draw_the_window_band(browser, windowed_url):
         expect(page.locator(f"{PLOT} .gtitle-subtitle")).to_contain_text(
             "global layers", timeout=30_000
         )
-        assert _cells(page)["band"] == 0, "the band stays after picking global layers"
+        assert mask_cells(page)["band"] == 0, "the band stays after picking global layers"
     finally:
         page.context.close()

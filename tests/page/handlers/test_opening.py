@@ -45,6 +45,9 @@ def recorded():
     return recording.load_recording()
 
 
+REPLAY = RUN_INPUTS.index("replay_recent")  # Run's inputs before it, by position
+
+
 def _link(**params) -> SimpleNamespace:
     """The request of a page opened at ``?key=value&...``."""
     return SimpleNamespace(query_params={k: str(v) for k, v in params.items()})
@@ -73,7 +76,7 @@ def test_a_link_to_a_setup_run_here_recently_shows_that_run_labelled(model, reco
     "Shown at once: measured at ... identical setup", with "Run live anyway"."""
     settings = _settings()
     values = [getattr(settings, n, None) for n in RUN_INPUTS]
-    *_, done = playground.run_event(*values[:-1], replay_recent=False)
+    *_, done = playground.run_event(*values[:REPLAY], replay_recent=False)
     shown = _opened(_link(preset="one-long-many-short"), LINKED, settings, recorded)
     assert shown[OUT["run_state"]] is done[OUT["run_state"]], "not the run measured here"
     status = shown[OUT["status_markdown"]]
@@ -87,7 +90,7 @@ def test_a_links_step_holds_on_a_run_shown_at_once(model, recorded):
     item 8); a step past the run is clamped to its last."""
     settings = _settings()
     values = [getattr(settings, n, None) for n in RUN_INPUTS]
-    *_, done = playground.run_event(*values[:-1], replay_recent=False)
+    *_, done = playground.run_event(*values[:REPLAY], replay_recent=False)
     state = done[OUT["run_state"]]
     assert run_view.default_step(state.continuous) != 1, "pick a step that is not the default"
     shown = _opened(_link(preset="one-long-many-short", step=1), LINKED, settings, recorded)

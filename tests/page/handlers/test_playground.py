@@ -175,7 +175,7 @@ def test_model_line_says_the_kernel_choice_on_hover(shared):
     summary of its kernel choice, escaped so that no quote in it ends the attribute."""
     line = shared.label_markdown
     summary = shared.runner.kernel_summary()
-    assert line.startswith(shared.label + ' · <abbr title="matmul: '), line
+    assert line.startswith(shared.label + " · llama · 82.2 k parameters · <abbr title="), line
     assert '">matmul kernels</abbr>' in line, line
     assert html.unescape(line.split('title="')[1].split('">')[0]) == summary
 

@@ -51,7 +51,11 @@ def test_the_served_page_runs_quiet(monkeypatch):
     monkeypatch.setattr(gr.Blocks, "block_thread", lambda self: None)
     monkeypatch.setattr(gr.Blocks, "local_url", "http://127.0.0.1:0/", raising=False)
     args = launch.parse_args(["--port", "0"])
-    shared = type("Shared", (), {"servers": None, "label_markdown": "m", "dtype_name": "float32"})()
+    shared = type(
+        "Shared",
+        (),
+        {"servers": None, "label_markdown": "m", "dtype_name": "float32", "model_id": "embedded"},
+    )()
     shared.dtype_choices = lambda: ["float32"]
     launch._launch(lambda *a: _queued_demo(), shared, args)
     assert seen["q"].sleep_when_free == quiet_queue.QUIET_SLEEPS_S["sleep_when_free"]

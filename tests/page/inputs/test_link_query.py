@@ -11,7 +11,8 @@ import pytest
 from engine.page.inputs import link_query, page_io, presets
 
 SKIP = gr.skip()
-HOST = link_query.Precision("float32", ("float32", "bfloat16"))
+MISTRAL = "/models/tiny-Mistral"  # a folder on the host's allowlist: its case is kept
+HOST = link_query.Precision("float32", ("float32", "bfloat16"), "embedded", ("embedded", MISTRAL))
 # Every setting a link carries at a value other than the page's default, as the page hands it to
 # setup_query (numbers as floats, as gr.Number sends them), and the parameter it is written as.
 CHANGED = {
@@ -28,6 +29,7 @@ CHANGED = {
     "block_size": (32.0, "block", "32"),
     "dtype": ("bfloat16", "dtype", "bfloat16"),
     "batch_invariant": (True, "invariant", "1"),
+    "model": (MISTRAL, "model", MISTRAL),
 }
 
 
@@ -111,6 +113,8 @@ def test_the_page_opens_with_the_defaults_a_link_leaves_out():
         ("x", "tokens", "use one of time, step; the page keeps time"),
         ("dtype", "float16", "use one of float32, bfloat16; the page keeps float32"),
         ("kv", "<b>x</b>", "kv='&lt;b&gt;x&lt;/b&gt;' is ignored"),
+        ("model", "/models/tiny-mistral", f"this page offers embedded, {MISTRAL} (the host's"),
+        ("model", "org/other", "CBP_MODEL_ALLOWLIST); the page keeps embedded"),
     ],
 )
 def test_a_bad_setting_is_named_and_keeps_its_default(param, value, said):
@@ -136,3 +140,15 @@ def test_a_dtype_is_chosen_only_among_the_hosts():
     query = page_io.setup_query(None, 3, 0, None, dtype="bfloat16", precision=cuda)
     assert "dtype" not in query, f"the host's own dtype was written: {query}"
     assert "dtype=float32" in page_io.setup_query(None, 3, 0, None, dtype="float32", precision=cuda)
+
+
+def test_a_model_is_chosen_only_among_the_hosts():
+    """model= applies only on a host whose picker offers it; a page with one model takes a link
+    naming that one, and names any other in a warning."""
+    assert _opened(f"?model={MISTRAL}")["model"] == MISTRAL
+    alone = link_query.Precision()  # one model: no picker
+    assert _opened("?model=embedded", alone)["model"] == "embedded"
+    with pytest.warns(UserWarning, match="this page offers embedded"):
+        assert _opened(f"?model={MISTRAL}", alone)["model"] == SKIP
+    query = page_io.setup_query(None, 3, 0, None, model="embedded", precision=HOST)
+    assert "model" not in query, f"the model the page opens with was written: {query}"

@@ -15,6 +15,7 @@ import pytest
 import torch
 from tiny_model import tiny_process_worker, tiny_shared
 
+from engine.model.loader import ModelLoadError
 from engine.page.run import shared_model
 from engine.page.run.run_options import RunOptions, prepare
 from engine.page.run.shared_model import ModelView
@@ -85,7 +86,7 @@ def test_the_view_tokenizes_checks_and_labels_as_the_model_in_process(view):
     here = tiny_shared()
     assert prepare(view, ROWS, 2, OPTIONS) == prepare(here, ROWS, 2, OPTIONS)
     assert view.label == here.label and view.dtype_choices() == here.dtype_choices()
-    assert view.label_markdown.startswith(view.label + ' · <abbr title="matmul: ')
+    assert view.label_markdown == here.label_markdown, "the view's model line is not its model's"
     too_small = RunOptions(kv_mode="paged", kv_budget_mib=0.001)
     with pytest.raises(ValueError) as theirs:
         prepare(view, ROWS, 2, too_small)
@@ -106,3 +107,15 @@ def test_another_precision_is_asked_of_the_engine_process(view):
     with pytest.raises(ValueError, match="float16 is offered on CUDA only"):
         view.in_dtype("float16")
     assert set(view.variants) == {"bfloat16"}, "a refused dtype was asked for"
+
+
+def test_a_model_off_the_allowlist_is_refused_before_the_engine_process_is_asked(view, monkeypatch):
+    """The view refuses a model the allowlist does not name without sending the engine process
+    a job; its own model (no name, or its id) is the view itself, no job either."""
+    monkeypatch.setenv("CBP_MODEL_ALLOWLIST", "embedded")
+    asked = []
+    monkeypatch.setattr(view.worker, "run", lambda *args, **kwargs: asked.append(args))
+    with pytest.raises(ModelLoadError, match="allowlist"):
+        view.in_model("org/other")
+    assert view.in_model(None) is view and view.in_model(view.model_id) is view
+    assert not asked, f"the engine process was asked: {asked}"

@@ -43,6 +43,7 @@ API_PARAMETERS = [
     "dtype",
     "batch_invariant",
     "replay_recent",  # appended later, default False: API clients run live unless they ask
+    "model",  # appended later, default None: the model app.py started with
 ]
 # Each Run input's component on the page, by element id (None: a ``gr.State``).
 ELEM_IDS = {
@@ -65,11 +66,12 @@ ELEM_IDS = {
     "dtype": "dtype_dropdown",
     "batch_invariant": "batch_invariant_checkbox",
     "replay_recent": "replay_checkbox",  # hidden; the page sets it on load
+    "model": "model_dropdown",  # hidden where the host has one model
 }
 ROWS = [["hello", 4]]
 # A Run as the page sends it: numbers as numbers or strings, the states, a server's name.
 PAGE_VALUES = (ROWS, "3", 1, True, "paged", "8", "prefill_first", False, "2.5", "step", "prev")
-PAGE_VALUES += ("12", "4", True, "handle", ["gpu"], " bfloat16 ", True, True)
+PAGE_VALUES += ("12", "4", True, "handle", ["gpu"], " bfloat16 ", True, True, " /m/tiny ")
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +152,7 @@ def test_page_values_become_settings_by_name_and_parse_as_before():
         servers=("gpu",),
         dtype="bfloat16",
         batch_invariant=True,
+        model="/m/tiny",
     )
 
 
@@ -190,12 +193,12 @@ def test_an_api_call_with_the_first_ten_inputs_takes_the_defaults():
 
 
 def test_the_recorded_run_uses_the_pages_default_settings(demo):
-    """The recorded run's settings parse as the page's initial values do (its dtype: the loaded
-    model's), and into the options it was recorded with."""
+    """The recorded run's settings parse as the page's initial values do (its dtype and model:
+    the loaded model's), and into the options it was recorded with."""
     recorded = recording.recorded_settings()
     values = {n: c.value for n, c in zip(RUN_INPUTS, _run_fn(demo).inputs, strict=True)}
     shown = {f.name: values[f.name] for f in dataclasses.fields(RunSettings)}
-    page = RunSettings(**shown | {"rows": recorded.rows, "dtype": None})
+    page = RunSettings(**shown | {"rows": recorded.rows, "dtype": None, "model": None})
     assert options_from_page(recorded) == options_from_page(page), "not the page's defaults"
     assert recorded.num_slots == page.num_slots and recorded.x_axis == page.x_axis
     before = RunOptions(chat_template=recorded.chat_template, check_reference=True, kv_mode="paged")

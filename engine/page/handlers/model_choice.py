@@ -1,0 +1,54 @@
+"""The model picker's handler: the host's model chosen, loaded where the engines run.
+
+Where ``CBP_MODEL_ALLOWLIST`` names several models, the settings offer them
+(``settings_panel``). A pick loads that model in the engine process (``shared_model.chosen_model``:
+after the run in progress, never beside it), the status line telling each stage of the load and
+its seconds; then the model line names what Run now runs on. A model that cannot load is told
+as "Not run" with the loader's reason, and the model line keeps the one before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+
+import gradio as gr
+
+from engine.page.run import shared_model
+from engine.page.views import progress_view
+
+LOAD_POLL_S = 0.5  # how often the status line tells the load's stage and seconds
+
+
+def choose_model_event(name: str | None) -> Iterator[tuple]:
+    """The picker's handler: ``(model line, status line)`` updates, the load's stage every
+    ``LOAD_POLL_S`` while it lasts, then the chosen model's line and a status that says it is
+    ready (or why it is not: "Not run: ... because ...")."""
+    chosen = (name or "").strip()
+    stage = ["asking the engine process"]
+    loaded: Future = Future()
+    threading.Thread(target=_load, args=(chosen, stage, loaded), daemon=True).start()
+    start_s = time.monotonic()
+    while True:
+        try:
+            model = loaded.result(timeout=LOAD_POLL_S)
+            break
+        except TimeoutError:
+            seconds = time.monotonic() - start_s
+            yield gr.skip(), f"**Loading** `{chosen}`: {stage[-1]} ({seconds:.0f} s)…"
+        except ValueError as exc:  # ModelLoadError included: the loader's own words
+            reason = progress_view.plain_markdown(str(exc))
+            yield gr.skip(), f"**Not run:** `{chosen}` cannot run here, because: {reason}"
+            return
+    seconds = time.monotonic() - start_s
+    yield model.label_markdown, f"**Model ready:** `{chosen}` ({seconds:.1f} s); Run runs on it."
+
+
+def _load(name: str, stage: list[str], loaded: Future) -> None:
+    """``chosen_model(name)`` into ``loaded``, each stage's words appended to ``stage``."""
+    try:
+        loaded.set_result(shared_model.chosen_model(name, stage.append))
+    except BaseException as exc:  # handed to the handler, which tells ValueErrors
+        loaded.set_exception(exc)
