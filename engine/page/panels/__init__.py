@@ -6,11 +6,12 @@ Header, requests and downloads (``page_panels``), the settings (``settings_panel
 import the core and every page room below it.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
-``server_panels``, ``tour`` and ``requests_table`` serve it from inside.
+``tour`` and ``requests_table`` serve it from inside.
 """
 
 __all__ = [
     "page_panels",
     "settings_panel",
     "results_panel",
+    "server_panels",  # its hover text goes to the page's script (host.launch)
 ]
