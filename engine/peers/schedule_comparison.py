@@ -47,6 +47,7 @@ from engine.trace import StepRecord, Trace
 
 Plan = dict[int, int]  # request id -> tokens scheduled in the step
 NULL_BLOCKS = 1  # vLLM's block 0, which no request holds
+QUEUE_WAIT_S = 0.5  # a request reaches a quiet local server's scheduler within tens of ms
 
 
 @dataclass(frozen=True)
@@ -163,41 +164,96 @@ def difference_causes(
 ) -> list[str]:
     """The known causes of plans that differ, a sentence each, found in the two traces (and the
     precisions, where a server's is fixed): arrival times, requests that reached vLLM after its
-    first step began, slot counts, precisions, prefix caching. Empty when none applies."""
-    causes = []
-    if "vllm" in vllm.info and any(r.arrival_s > 0 for r in ours.requests):
-        causes.append(
+    first step began, a wait in its queue before its first step, slot counts, precisions,
+    prefix caching. Empty when none applies."""
+    return [
+        *_arrival_causes(ours, vllm),
+        *queue_causes(ours, vllm),
+        *_slot_causes(ours, vllm),
+        *_precision_causes(run_dtype, served_dtype),
+        *_prefix_causes(ours, vllm),
+    ]
+
+
+def _arrival_causes(ours: Trace, vllm: Trace) -> list[str]:
+    if "vllm" not in vllm.info:
+        return []
+    if any(r.arrival_s > 0 for r in ours.requests):
+        return [
             "Arrivals: the client sends each request to vLLM at its arrival time, and vLLM "
             "schedules it from when it comes in, on its own clock (no step waits for it), while "
             "ours admits it at the end of the first step that ends after its arrival."
+        ]
+    late = [
+        r.request_id for r in vllm.requests if vllm.steps and r.arrival_s > vllm.steps[0].start_s
+    ]
+    if not late:
+        return []
+    return [
+        f"{_ids(late)} reached vLLM only after its first step began (each request comes over a "
+        "connection of its own, and the first step waits for them a few seconds at most), while "
+        "ours had every request queued before its step 0."
+    ]
+
+
+def first_step_wait_s(trace: Trace) -> float | None:
+    """Seconds from the last arrival at or before ``trace``'s first step to that step's start:
+    how long an engine that could have begun kept its requests queued (a server schedules on
+    receipt, or holds its first step until all of a run's requests are in). None without a
+    step or an arrival before it."""
+    if not trace.steps:
+        return None
+    start_s = trace.steps[0].start_s
+    before = [r.arrival_s for r in trace.requests if r.arrival_s <= start_s]
+    return start_s - max(before) if before else None
+
+
+def queue_causes(ours: Trace, vllm: Trace) -> list[str]:
+    """A sentence when vLLM's requests waited in its queue before its first step over
+    ``QUEUE_WAIT_S`` longer than ours did: its times to first token include the wait, and
+    requests arriving over time meanwhile meet in its first step. Empty otherwise."""
+    theirs, own = first_step_wait_s(vllm), first_step_wait_s(ours) or 0.0
+    if theirs is None or theirs - own <= QUEUE_WAIT_S:
+        return []
+    why = "the server was busy, or the requests reached its scheduler late"
+    limit_s = vllm.info.get("hold_limit_s")
+    if limit_s and ours.requests and all(r.arrival_s == 0 for r in ours.requests):
+        why += (
+            f" (it holds a run's first step until all its requests are in, {limit_s:g} s at most)"
         )
-    elif "vllm" in vllm.info and vllm.steps:
-        late = [r.request_id for r in vllm.requests if r.arrival_s > vllm.steps[0].start_s]
-        if late:
-            causes.append(
-                f"{_ids(late)} reached vLLM only after its first step began (each request comes "
-                "over a connection of its own, and the first step waits for them a few seconds "
-                "at most), while ours had every request queued before its step 0."
-            )
-    if vllm.num_slots and vllm.num_slots != ours.num_slots:
-        causes.append(
-            f"Slots: vLLM runs up to {vllm.num_slots} sequences at once, ours {ours.num_slots}."
-        )
-    if run_dtype and served_dtype and run_dtype != served_dtype:
-        causes.append(
-            f"Precision: vLLM computes in {served_dtype}, ours in {run_dtype}, so an output can "
-            "end at another token and free its slot at another step."
-        )
+    return [
+        f"Queue: vLLM's first step began {theirs:.1f} s after the last request before it was "
+        f"sent, ours {own:.2f} s after: the requests waited in vLLM's queue ({why}), so its "
+        "times to first token include that wait."
+    ]
+
+
+def _slot_causes(ours: Trace, vllm: Trace) -> list[str]:
+    if not vllm.num_slots or vllm.num_slots == ours.num_slots:
+        return []
+    return [f"Slots: vLLM runs up to {vllm.num_slots} sequences at once, ours {ours.num_slots}."]
+
+
+def _precision_causes(run_dtype: str | None, served_dtype: str | None) -> list[str]:
+    if not run_dtype or not served_dtype or run_dtype == served_dtype:
+        return []
+    return [
+        f"Precision: vLLM computes in {served_dtype}, ours in {run_dtype}, so an output can end "
+        "at another token and free its slot at another step."
+    ]
+
+
+def _prefix_causes(ours: Trace, vllm: Trace) -> list[str]:
     theirs, own = vllm.info.get("prefix_caching"), ours.info.get("prefix_caching")
     hits = tally(ours).num_prefix_hits, tally(vllm).num_prefix_hits
-    if theirs is not None and own is not None and bool(theirs) != bool(own) and any(hits):
-        on = "vLLM caches prompt prefixes, ours does not"
-        on = on if theirs else "ours caches prompt prefixes, vLLM does not"
-        causes.append(
-            f"Prefix caching: {on}, and cached blocks were found ({hits[0]} of ours', "
-            f"{hits[1]} of vLLM's admissions), so a prompt's prefill is shorter on that side."
-        )
-    return causes
+    if theirs is None or own is None or bool(theirs) == bool(own) or not any(hits):
+        return []
+    on = "vLLM caches prompt prefixes, ours does not"
+    on = on if theirs else "ours caches prompt prefixes, vLLM does not"
+    return [
+        f"Prefix caching: {on}, and cached blocks were found ({hits[0]} of ours', "
+        f"{hits[1]} of vLLM's admissions), so a prompt's prefill is shorter on that side."
+    ]
 
 
 def _ids(request_ids: list[int]) -> str:

@@ -400,6 +400,8 @@ class _VllmReplay(ScheduleReplay):
             "kv_blocks": settings.get("num_blocks"),
             "kv_reserved_blocks": 1,  # block 0, vLLM's null block, is never held
             "block_size": settings.get("block_size"),
+            "dtype": settings.get("dtype"),  # None in a record older than the field
+            "hold_limit_s": settings.get("hold_limit_s"),
             "num_foreign_seqs": self.num_foreign,
             "dp_size": dp_size,
             "lanes_per_rank": self.lanes_per_rank,

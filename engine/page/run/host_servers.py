@@ -435,17 +435,19 @@ def _prefix_warnings(
 ) -> list[str]:
     """The local vLLM's prefix caching is fixed at start (on, vLLM's default, unless the page
     turned it off): say so when the run's engines did otherwise and it changes the comparison:
-    the run's prompts share full KV blocks (of vLLM's block size, from its record or settings;
-    unknown: 16, its smallest default), or vLLM's record shows prefix-cache hits."""
+    the run's prompts share full KV blocks (of vLLM's block size, from its own record in
+    ``trace.schedule`` or its settings; unknown: 16, its smallest default), or its record shows
+    prefix-cache hits (the client's ``trace`` has no steps)."""
     if not servers.is_local(name) or servers.fits(name) or prefix_caching is None:
         return []
     settings = servers.engines[name].server.settings
     served = settings.prefix_caching is not False
     if served == prefix_caching:
         return []
-    block_size = trace.info.get("block_size") or settings.block_size or 16
+    record = trace.schedule or Trace(engine=name, num_slots=0)
+    block_size = record.info.get("block_size") or settings.block_size or 16
     num_shared = num_shared_prompt_blocks(requests, block_size)
-    num_hits = tally(trace).num_prefix_hits
+    num_hits = tally(record).num_prefix_hits
     if not num_shared and not num_hits:
         return []
     theirs, ours = ("caches", "did not") if served else ("does not cache", "did")

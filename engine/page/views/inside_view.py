@@ -122,18 +122,30 @@ def plans_line(ours: Trace | None, name: str, record: Trace) -> str:
     return f"{line}, first difference at step {first['step']} ({reason})"
 
 
-def causes_lines(ours: Trace | None, name: str, record: Trace, server: Trace | None) -> list[str]:
-    """Beside a plans line that found a difference: each known cause, a sentence each
-    (``schedule_comparison.difference_causes``), the precisions read from ``server``'s facts
-    (``host_servers`` records a local server's there); empty when the plans are alike."""
+def causes_lines(
+    ours: Trace | None,
+    name: str,
+    record: Trace,
+    server: Trace | None,
+    run_dtype: str | None = None,
+) -> list[str]:
+    """Beside the plans line: each known cause of a difference, a sentence each
+    (``schedule_comparison.difference_causes``); with plans alike, a wait in the server's queue
+    before its first step only (it still lengthens every time to first token). The precisions
+    come from ``server``'s facts (``host_servers`` records a local server's there), else the
+    record's start line and ``run_dtype``, the run's."""
     if ours is None or not ours.steps:
         return []
     if schedule_comparison.compare_schedules(ours, record)["first_difference"] is None:
-        return []
-    facts = (server.info.get("server") or {}) if server is not None else {}
-    causes = schedule_comparison.difference_causes(
-        ours, record, facts.get("run_dtype"), facts.get("dtype")
-    )
+        causes = schedule_comparison.queue_causes(ours, record)
+    else:
+        facts = (server.info.get("server") or {}) if server is not None else {}
+        causes = schedule_comparison.difference_causes(
+            ours,
+            record,
+            facts.get("run_dtype") or run_dtype,
+            facts.get("dtype") or record.info.get("dtype"),
+        )
     return [cause.replace("vLLM", name) for cause in causes]
 
 
@@ -158,12 +170,14 @@ def step_figures(
     x_axis: str,
     x_max: float | None,
     ours: Trace | None = None,
+    run_dtype: str | None = None,
 ) -> tuple[Any, Any, Any]:
     """The first own record's timeline (cursor at ``step_index``), packed mask and KV block map
     at that step (its last step past its end, as the subtitle says), each labelled; without a
     record, three figures that say why. The timeline runs on ``x_max``, the x axis our
-    timelines share, as its subtitle says. With ``ours`` (our continuous run), the timeline's
-    subtitle says how many steps plan alike, and the mask's whether the shown step does."""
+    timelines share, as its subtitle says. With ``ours`` (our continuous run, in ``run_dtype``),
+    the timeline's subtitle says how many steps plan alike, and why not, and the mask's whether
+    the shown step does."""
     found = own_record(runs)
     if found is None:
         return tuple(no_record_figure(runs, what) for what in STEP_VIEWS)
@@ -190,7 +204,7 @@ def step_figures(
             source,
             LANES_NOTE.format(who=scheduler_name(record)),
             _wrapped(plans_line(ours, name, record)),
-            *(_wrapped(cause) for cause in causes_lines(ours, name, record, runs[name])),
+            *(_wrapped(c) for c in causes_lines(ours, name, record, runs[name], run_dtype)),
         ),
         labelled(
             mask,

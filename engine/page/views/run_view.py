@@ -278,7 +278,7 @@ def step_views(
         block_map=_at_step(block_map.block_map_figure, state.continuous, step_index),
     )
     inside = inside_view.step_figures(
-        state.inside_runs(), step_index, x_axis, x_max, state.continuous
+        state.inside_runs(), step_index, x_axis, x_max, state.continuous, state.dtype
     )
     views.inside_timeline, views.inside_mask, views.inside_block_map = inside
     return views

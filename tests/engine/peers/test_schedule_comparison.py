@@ -9,11 +9,14 @@ from engine.config import EngineConfig
 from engine.peers.schedule_comparison import (
     DeploymentSettings,
     compare_schedules,
+    difference_causes,
+    first_step_wait_s,
     followed_config,
+    queue_causes,
     step_plans,
     tally,
 )
-from engine.trace import DECODE, PREFILL, ScheduledSeq, StepRecord, Trace
+from engine.trace import DECODE, PREFILL, RequestRecord, ScheduledSeq, StepRecord, Trace
 
 
 def _trace(plans, preempted=None, hits=None, name="x") -> Trace:
@@ -145,3 +148,79 @@ def test_the_start_lines_dtype_is_read_where_a_record_has_it():
     assert settings.describe().endswith("prefix caching on, bfloat16"), settings.describe()
     older = DeploymentSettings.from_start(START)
     assert older.dtype is None and older.describe().endswith("prefix caching on")
+
+
+def _run(plans, arrivals, first_s=0.0, vllm=False, **info) -> Trace:
+    """``_trace(plans)`` whose steps begin at ``first_s`` (one second each), with requests
+    arriving at ``arrivals`` (seconds) and ``info``; ``vllm``: a vLLM record's info."""
+    trace = _trace(plans, name="vllm" if vllm else "continuous")
+    for step in trace.steps:
+        step.start_s, step.end_s = step.start_s + first_s, step.end_s + first_s
+    trace.requests = [RequestRecord(i, f"R{i}", 4, 9, arrival_s=a) for i, a in enumerate(arrivals)]
+    trace.info = {"vllm": "0.32.0", **info} if vllm else dict(info)
+    return trace
+
+
+def _said(ours: Trace, theirs: Trace, *dtypes) -> str:
+    return " | ".join(difference_causes(ours, theirs, *dtypes))
+
+
+def test_alike_settings_and_times_give_no_cause():
+    """Same slots, precision, caching and times: nothing to say."""
+    ours = _run(SEED, [0, 0, 0], prefix_caching=False)
+    theirs = _run(SEED, [0, 0, 0], vllm=True, prefix_caching=False)
+    assert difference_causes(ours, theirs, "float32", "float32") == []
+
+
+def test_arrivals_over_time_are_a_cause():
+    """Requests that arrive over time: vLLM schedules each on receipt, ours after a step."""
+    ours = _run(SEED, [0, 0.5, 1.5])
+    assert _said(ours, _run(SEED, [0, 0.5, 1.5], vllm=True)).startswith(
+        "Arrivals: the client sends each request to vLLM at its arrival time"
+    )
+    assert "Arrivals" not in _said(ours, _run(SEED, [0, 0.5, 1.5])), "a record not vLLM's"
+
+
+def test_a_request_that_reached_vllm_after_its_first_step_is_named():
+    """All at 0 for ours; vLLM's record has R2 arriving after its first step began."""
+    said = _said(_run(SEED, [0, 0, 0]), _run(SEED, [0, 0, 0.3], first_s=0.1, vllm=True))
+    assert said.startswith("R2 reached vLLM only after its first step began"), said
+
+
+def test_slots_precision_and_prefix_caching_are_causes():
+    """Another slot count, another dtype, and prefix caching on one side with hits there."""
+    ours = _run(SEED, [0, 0, 0], prefix_caching=False)
+    theirs = _run(SEED, [0, 0, 0], vllm=True, prefix_caching=True)
+    theirs.num_slots = 4
+    theirs.steps[0].seqs[1].num_prefix_cached_tokens = 16
+    said = _said(ours, theirs, "bfloat16", "float32")
+    for cause in (
+        "Slots: vLLM runs up to 4 sequences at once, ours 3.",
+        "Precision: vLLM computes in float32, ours in bfloat16",
+        "Prefix caching: vLLM caches prompt prefixes, ours does not, and cached blocks were "
+        "found (0 of ours', 1 of vLLM's admissions)",
+    ):
+        assert cause in said, f"{cause!r} not said: {said}"
+    theirs.steps[0].seqs[1].num_prefix_cached_tokens = 0
+    assert "Prefix caching" not in _said(ours, theirs), "caching that found nothing is no cause"
+
+
+def test_requests_queued_before_vllms_first_step_are_a_cause():
+    """vLLM's first step began 5 s after the last request reached it, ours at once: a queue
+    wait (issue 51, item 7: TTFT of 8 s against 0.77 s, unexplained), with its hold's limit
+    named when the run asked for the hold; 0.3 s is within a request's hop, no cause."""
+    ours = _run(SEED, [0, 0, 0])
+    theirs = _run(SEED, [0.01, 0.02, 0.03], first_s=5.03, vllm=True, hold_limit_s=5.0)
+    assert first_step_wait_s(theirs) == pytest.approx(5.0)
+    (said,) = queue_causes(ours, theirs)
+    assert said.startswith(
+        "Queue: vLLM's first step began 5.0 s after the last request before it was sent, ours "
+        "0.00 s after: the requests waited in vLLM's queue (the server was busy"
+    ), said
+    assert "5 s at most" in said, said
+    assert said in _said(ours, theirs), "not among the differences' causes"
+    over_time = _run(SEED, [0, 0.5, 1.5])
+    assert "at most" not in queue_causes(over_time, theirs)[0], "no hold was asked for"
+    soon = _run(SEED, [0.01, 0.02, 0.03], first_s=0.33, vllm=True)
+    assert queue_causes(ours, soon) == [], "a 0.3 s hop called a queue wait"
+    assert first_step_wait_s(_run([], [0])) is None

@@ -18,10 +18,15 @@ UNSHARED = make_requests(list(SEED_REQUESTS))  # the article's six: no 16 tokens
 
 
 def _trace(hits: int = 0, block_size: int | None = 16) -> Trace:
-    """vLLM's trace of a run whose one admission found ``hits`` tokens in its prefix cache."""
+    """vLLM's trace as the client holds it (no steps), with its own record in ``schedule``: a
+    run whose one admission found ``hits`` tokens in its prefix cache, in blocks of
+    ``block_size`` tokens (None: a record without it); ``block_size=0``: no record at all."""
+    trace = Trace(engine="vllm", num_slots=3)
+    if block_size == 0:
+        return trace
     seqs = [ScheduledSeq(0, 0, PREFILL, 20, 0, 0, hits)]
-    trace = Trace(engine="vllm", num_slots=3, steps=[StepRecord(0, 0.0, 1.0, seqs)])
-    trace.info["block_size"] = block_size
+    trace.schedule = Trace(engine="vllm", num_slots=3, steps=[StepRecord(0, 0.0, 1.0, seqs)])
+    trace.schedule.info["block_size"] = block_size
     return trace
 
 
@@ -77,3 +82,19 @@ def test_a_block_counts_only_where_a_prompt_goes_on_past_it():
     assert _warnings(None, requests=same16) == []
     (line,) = _warnings(None, requests=same17)
     assert "share 1 block of 16 tokens" in line, line
+
+
+def test_the_block_size_and_hits_are_read_from_vllms_own_record():
+    """The client's trace has no steps: the hits and the block size come from vLLM's record
+    (``trace.schedule``). Blocks of 128 tokens (vLLM's on CPUs): the shop prompts' 62 shared
+    bytes fill none, so no line; a hit in the record is a line even so."""
+    assert _warnings(None, trace=_trace(block_size=128)) == [], "counted in blocks of 16"
+    (line,) = _warnings(None, trace=_trace(hits=128, block_size=128))
+    assert "1 of its admissions started from cached blocks" in line, line
+
+
+def test_without_a_record_the_smallest_block_size_is_assumed():
+    """No record (its read failed): blocks of 16 tokens, vLLM's smallest default, so shared
+    prompts are warned rather than missed."""
+    (line,) = _warnings(None, trace=_trace(block_size=0))
+    assert "prompts share 3 blocks of 16 tokens" in line, line

@@ -273,3 +273,28 @@ def test_each_known_cause_of_unlike_plans_is_said_beside_the_comparison(vllm):
     said = _causes(RunState(_state({}).static, ours, None, servers={"vllm": server}))
     assert "R1 reached vllm only after its first step began" in said, said
     assert "Arrivals:" not in said and "Slots:" not in said, said
+
+
+def test_a_queue_wait_and_a_records_precision_are_said_beside_the_comparison(vllm):
+    """vLLM's first step 5 s after its requests were sent, ours at once: the wait is said even
+    where the plans are alike (it lengthens every time to first token); an endpoint's record
+    names its dtype, set against the run's (issue 51, item 7)."""
+    ours = dataclasses.replace(vllm.schedule, engine="continuous")  # plans as vLLM's
+    late = dataclasses.replace(
+        vllm.schedule,
+        steps=[
+            dataclasses.replace(s, start_s=s.start_s + 5, end_s=s.end_s + 5)
+            for s in vllm.schedule.steps
+        ],
+    )
+    server = dataclasses.replace(vllm, schedule=late)
+    said = _causes(RunState(_state({}).static, ours, None, servers={"vllm": server}))
+    assert "no difference" in said, said
+    # step 0 at 0.81 s + 5 s, the last request sent before it (R0) at 0.9 s; ours: 0.81 - 0.6
+    queued = "Queue: vllm's first step began 4.9 s after the last request before it was sent, "
+    assert queued + "ours 0.21 s after: the requests waited in vllm's queue" in said, said
+
+    record = dataclasses.replace(vllm.schedule, info={**vllm.schedule.info, "dtype": "float32"})
+    state = _state({"vllm": dataclasses.replace(vllm, schedule=record)})
+    said = _causes(dataclasses.replace(state, dtype="bfloat16"))
+    assert "Precision: vllm computes in float32, ours in bfloat16" in said, said
