@@ -6,11 +6,13 @@ Header, requests and downloads (``page_panels``), the settings (``settings_panel
 import the core and every page room below it.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
-``server_panels``, ``tour`` and ``requests_table`` serve it from inside.
+``server_panels`` and ``requests_table`` serve it from inside; ``tour`` is face too, for app.py
+to wire its "Set this up" buttons.
 """
 
 __all__ = [
     "page_panels",
     "settings_panel",
     "results_panel",
+    "tour",
 ]
