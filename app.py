@@ -14,7 +14,7 @@ import gradio as gr  # noqa: E402
 from engine.page.handlers import model_choice, opening, playground, recording  # noqa: E402
 from engine.page.host import launch, zerogpu  # noqa: E402
 from engine.page.inputs import page_io, presets  # noqa: E402
-from engine.page.panels import page_panels  # noqa: E402
+from engine.page.panels import page_panels, tour  # noqa: E402
 from engine.page.panels.results_panel import results_panel  # noqa: E402
 from engine.page.panels.settings_panel import settings_panel  # noqa: E402
 from engine.page.run.run_handle import RunHandle  # noqa: E402
@@ -35,7 +35,7 @@ def build_demo(
     rows, chat_template, preset_text = presets.apply_preset(presets.DEFAULT_PRESET)
     shown = recording.opening_result()
     with gr.Blocks(title=page_panels.TITLE, delete_cache=page_panels.DELETE_CACHE_S) as demo:
-        model_line = page_panels.header(model_label)
+        model_line, tour_panel = page_panels.header(model_label)
         with gr.Row():
             with gr.Column(scale=3):
                 requests = page_panels.requests_panel(rows, preset_text)
@@ -48,7 +48,7 @@ def build_demo(
         demo.unload(playground.session_end_event(handle_state.value))  # a tab closed or reloaded
         link_step_state = gr.State()  # a link's step=N, applied after the first run
         outputs = page_panels.run_outputs(run_state, results, downloads, settings)
-        link = wire_setup(demo, requests, settings, results, run_state)
+        link = wire_setup(demo, tour_panel, requests, settings, results, run_state, link_step_state)
         demo.load(page_io.link_step, None, link_step_state, **HIDDEN)
         run_events = wire_run(requests, settings, results, run_state, handle_state, outputs, link)
         wire_stop(settings, results, run_state, handle_state, outputs, run_events)
@@ -80,12 +80,12 @@ def wire_views(results, run_state) -> None:
     r.mask_layer_radio.change(playground.layer_event, picked, [inputs[3], *views], **kwargs)
 
 
-def wire_setup(demo, requests, settings, results, run_state):
-    """Links, presets, table edits, uploads and downloads: everything that sets a run up; returns
-    the event that applies a link."""
+def wire_setup(demo, tour_panel, requests, settings, results, run_state, link_step_state):
+    """Links, tour steps, presets, table edits, uploads, downloads; returns the link's event."""
     s, page = settings, (requests, settings, results)
     link_outputs = page_panels.page_components(page_io.LINK_OUTPUTS, *page)
     link = demo.load(page_io.from_link, s.precision_state, link_outputs, **HIDDEN)
+    tour.wire_setups(tour_panel, link_outputs, s.precision_state, link_step_state)  # no Run
     demo.load(lambda: True, None, s.replay_checkbox, queue=False, **HIDDEN)  # Run may replay
     chosen = page_panels.page_components(presets.CHOSEN, *page)  # the engine knobs too
     choose = {"api_name": "apply_preset"}  # the endpoint's name before it also set the slots

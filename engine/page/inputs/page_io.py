@@ -126,17 +126,28 @@ setup_query.__signature__ = LINK_SIGNATURE  # its inputs, by name, for help() an
 
 
 def from_link(request: gr.Request, precision: link_query.Precision | None = None) -> tuple:
-    """Set the page up from its link (``setup_query``'s parameters): the preset (with the slot
-    count its explanation speaks of when the link names none; other ``slots`` add a line to the
+    """Set the page up from its link (``setup_query``'s parameters): ``from_query`` of its query
+    parameters, on the page as it opens."""
+    return from_query(query_params(request), precision)
+
+
+def from_query(
+    params: dict[str, str], precision: link_query.Precision | None = None, whole: bool = False
+) -> tuple:
+    """Set the page up from a link's query parameters: the preset (with the slot count its
+    explanation speaks of when the link names none; other ``slots`` add a line to the
     explanation that says so: ``slots_note``), a linked table instead of a preset's (its bad rows
     named in a warning, as a typed table's), and every setting the link names. Each bad value is
     named in a warning and keeps its default; the rest apply. ``precision``: the host's (the
-    dtypes a link may choose); None: ``link_query.Precision()``.
+    dtypes a link may choose); None: ``link_query.Precision()``. ``whole``: for a page already in
+    use (the tour's "Set this up"), also set the chat template and every engine setting a preset
+    sets (``presets.ENGINE_DEFAULTS``) that the link does not name, as choosing the preset does,
+    and clear the warning note when there is no warning; else only what differs from the page as
+    it opens.
 
     Returns updates for ``LINK_OUTPUTS`` (``gr.skip()`` where the link sets nothing usable: the
-    page keeps its defaults).
+    page keeps what it shows).
     """
-    params = query_params(request)
     precision = precision or link_query.Precision()
     link = {}
     name = _link_preset(params, link)
@@ -144,7 +155,8 @@ def from_link(request: gr.Request, precision: link_query.Precision | None = None
     _link_table(params, link)
     defaults = link_query.page_defaults(name or presets.DEFAULT_PRESET, precision)
     opened = link_query.page_defaults(presets.DEFAULT_PRESET, precision)  # the page as it opens
-    link |= {f: v for f, v in defaults.items() if f not in link and v != opened[f]}
+    reset = ("chat_template", *presets.ENGINE_DEFAULTS) if whole else ()
+    link |= {f: v for f, v in defaults.items() if f not in link and (v != opened[f] or f in reset)}
     settings, bad = link_query.link_settings(params, defaults, precision)
     for parameter, value, why in bad:
         _warn_link(link, parameter, value, why)
@@ -156,6 +168,8 @@ def from_link(request: gr.Request, precision: link_query.Precision | None = None
         link["preset_text"] += switched_note(name, settings)
     if link.get("input_warning"):
         link["input_warning"] = warning_note("Link", link["input_warning"])
+    elif whole:
+        link["input_warning"] = ""
     return tuple(link.get(output, gr.skip()) for output in LINK_OUTPUTS)
 
 
@@ -250,9 +264,14 @@ def switched_note(name: str, settings: dict) -> str:
 
 
 def link_step(request: gr.Request) -> int | None:
-    """The link's ``step=N`` (a whole number >= 0), kept until the first run; None if absent or
-    bad (``from_link`` names a bad one with the link's other warnings)."""
-    step = query_params(request).get("step", "").strip()
+    """The link's ``step=N`` (``query_step``), kept until the first run."""
+    return query_step(query_params(request))
+
+
+def query_step(params: dict[str, str]) -> int | None:
+    """A link's ``step=N`` (a whole number >= 0); None if absent or bad (``from_query`` names a
+    bad one with the link's other warnings)."""
+    step = params.get("step", "").strip()
     return int(step) if step.isdigit() else None
 
 

@@ -6,7 +6,8 @@ Header, requests and downloads (``page_panels``), the settings (``settings_panel
 import the core and every page room below it.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
-``tour`` and ``requests_table`` serve it from inside.
+``requests_table`` serves it from inside; ``tour`` is face too, for app.py to wire its "Set
+this up" buttons, and ``server_panels``, whose hover text host.launch hands to the page's script.
 """
 
 __all__ = [
@@ -14,4 +15,5 @@ __all__ = [
     "settings_panel",
     "results_panel",
     "server_panels",  # its hover text goes to the page's script (host.launch)
+    "tour",
 ]

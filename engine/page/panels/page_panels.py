@@ -40,26 +40,14 @@ REQUESTS_LABEL = (
 )
 
 
-def header(model_label: str) -> gr.Markdown:
+def header(model_label: str) -> tuple[gr.Markdown, tour.TourPanel]:
     """Title, introduction, the loaded model's label and the guided tour; returns the model line,
-    which the model picker sets (``engine.page.handlers.model_choice``)."""
+    which the model picker sets (``engine.page.handlers.model_choice``), and the tour, whose
+    "Set this up" buttons app.py wires (``tour.wire_setups``)."""
     gr.Markdown(f"# {TITLE}\n\n{INTRO}")
     model_line = gr.Markdown(model_label, elem_id="model_markdown")
     with gr.Accordion("Guided tour: what to look at", open=False, elem_id="tour_accordion"):
-        steps = tour.load_tour()
-        with gr.Walkthrough(selected=1, elem_id="tour_walkthrough") as walkthrough:
-            for number, step in enumerate(steps, start=1):
-                with gr.Step(step.title, id=number):
-                    gr.Markdown(step.markdown())
-                    if number < len(steps):  # visited steps' headers lead back
-                        gr.Button("Next", size="sm", elem_id=f"tour_next_{number}").click(
-                            tour.step_selector(number + 1),
-                            None,
-                            walkthrough,
-                            queue=False,
-                            api_visibility="undocumented",
-                        )
-    return model_line
+        return model_line, tour.tour_panel()
 
 
 @dataclass

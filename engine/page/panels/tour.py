@@ -3,7 +3,10 @@
 The text lives in ``assets/tour.json`` (a list of ``{"title", "text", "chart", "chart_name",
 "setup"}``, ``chart`` being the ``elem_id`` of a chart on the page and ``setup`` a setup link's
 query, ``?preset=...``, as docs/hosting.md's tour hands out), so a teacher can edit it without
-code. Each step links to its setup: one click opens the page set up for it.
+code. Each step's "Set this up" applies its link in place (``page_io.from_query``, as the page
+applies a link when it opens, with the engine settings a preset sets put back first, as choosing
+the preset does) and says "press Run": it never runs, so a class can read the setup before the
+queue fills with runs nobody asked for. The link itself is there to hand out.
 """
 
 from __future__ import annotations
@@ -12,8 +15,13 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 import gradio as gr
+
+from engine.knobs import KNOB
+from engine.page.figures.style import counted
+from engine.page.inputs import link_query, page_io, presets
 
 TOUR_PATH = Path(__file__).resolve().parents[3] / "assets" / "tour.json"
 
@@ -26,12 +34,91 @@ class TourStep:
     chart_name: str
     setup: str  # a setup link's query (``engine.page.inputs.page_io``), e.g. "?preset=seed&slots=3"
 
+    @property
+    def params(self) -> dict[str, str]:
+        """The setup link's query parameters, e.g. ``{"preset": "seed", "slots": "3"}``."""
+        return dict(parse_qsl(self.setup.removeprefix("?")))
+
     def markdown(self) -> str:
-        """The step's text, a link that opens the page set up for it and one that scrolls the
-        page to its chart."""
+        """The step's text, what its "Set this up" button does, a link that scrolls the page to
+        its chart, and its setup link to hand out."""
         return (
-            f"{self.text}\n\n→ [Set this up]({self.setup}) (in a new tab; press Run there), "
-            f"then see it in [{self.chart_name}](#{self.chart})."
+            f"{self.text}\n\n→ **Set this up** sets the page up for this step (nothing runs); "
+            f"press Run, then see it in [{self.chart_name}](#{self.chart}). "
+            f"To hand it out: [this step's link]({self.setup}) (opens in a new tab)."
+        )
+
+    def setup_words(self) -> str:
+        """The setup in words: "“Long prompts” at 2 slots, Token budget 64"."""
+        params = self.params
+        name = presets.by_slug(params.get("preset", "")) or presets.DEFAULT_PRESET
+        slots = int(params.get("slots") or presets.preset_slots(name))
+        words = [f"“{name}” at {counted(slots, 'slot')}"]
+        for field, knob in link_query.PARAMS.items():
+            if knob.url in params:
+                words.append(f"{KNOB[field].named} {_value_words(params[knob.url])}")
+        return ", ".join(words)
+
+
+def _value_words(text: str) -> str:
+    """A link's value as the note says it: "on", "off" or the value."""
+    flag = link_query.FLAG_WORDS.get(text.lower())
+    return text if flag is None else ("on" if flag else "off")
+
+
+def set_up(step: TourStep, precision: link_query.Precision | None = None) -> tuple:
+    """What "Set this up" sets: ``page_io.from_query(step's link, whole=True)`` (in
+    ``page_io.LINK_OUTPUTS`` order), then the link's step kept for the next Run's slider (None:
+    none), then the note under the button."""
+    params = step.params
+    updates = page_io.from_query(params, precision, whole=True)
+    kept = page_io.query_step(params)
+    note = f"✓ Set up: {step.setup_words()}. Press **Run** to measure it (nothing runs by itself)"
+    note += f"; the step slider then moves to step {kept}." if kept is not None else "."
+    return *updates, kept, note
+
+
+@dataclass
+class TourPanel:
+    """The tour's steps, each with its "Set this up" button and the note under it."""
+
+    walkthrough: gr.Walkthrough
+    setups: list[tuple[TourStep, gr.Button, gr.Markdown]]
+
+
+def tour_panel() -> TourPanel:
+    """The tour's stepper: each step's text, its "Set this up" and "Next" buttons, and the note
+    under them (ids ``tour_setup_N``, ``tour_next_N``, ``tour_note_N``, N from 1)."""
+    steps, setups = load_tour(), []
+    with gr.Walkthrough(selected=1, elem_id="tour_walkthrough") as walkthrough:
+        for number, step in enumerate(steps, start=1):
+            with gr.Step(step.title, id=number):
+                gr.Markdown(step.markdown())
+                with gr.Row():
+                    button = gr.Button("Set this up", size="sm", elem_id=f"tour_setup_{number}")
+                    if number < len(steps):  # visited steps' headers lead back
+                        gr.Button("Next", size="sm", elem_id=f"tour_next_{number}").click(
+                            step_selector(number + 1),
+                            None,
+                            walkthrough,
+                            queue=False,
+                            api_visibility="undocumented",
+                        )
+                setups.append((step, button, gr.Markdown("", elem_id=f"tour_note_{number}")))
+    return TourPanel(walkthrough, setups)
+
+
+def wire_setups(panel: TourPanel, link_outputs: list, precision_state, link_step_state) -> None:
+    """Each step's "Set this up": ``set_up`` into the components a link sets (``link_outputs``,
+    ``page_io.LINK_OUTPUTS`` order), the link's kept step and the step's note."""
+    for step, button, note in panel.setups:
+        outputs = [*link_outputs, link_step_state, note]
+        button.click(
+            lambda precision, step=step: set_up(step, precision),
+            precision_state,
+            outputs,
+            show_progress="hidden",
+            api_visibility="undocumented",
         )
 
 

@@ -41,10 +41,9 @@ TOP_HEADERS = [  # one token per row: its rank and logit in each run ("—": not
 # What ≈ means, in words a class can read, wherever a near-tie verdict is shown (docs/precision.md
 # has the rounding bound behind it).
 NEAR_TIE_NOTE = (
-    "≈ near-tie: at that token the model's two best next tokens scored closer than the run's "
-    "precision can tell apart, and a batch adds the same numbers in another order than a request "
-    "run alone, so rounding tipped the choice to the other one and the text went on from there; "
-    "not a bug: either token is what the model says, within its precision."
+    "≈ near-tie: the engine and the reference picked different tokens whose logits were within "
+    "the rounding margin of the run's dtype; the batch's shape changes the order of the float "
+    "additions, and that alone can tip such a choice: not a bug."
 )
 NO_DIFFERENCE = "Every checked output equals its reference, token for token."
 NO_DIFFERENCE_OURS = "Every output of our engines equals its reference, token for token."

@@ -32,7 +32,7 @@ def test_guided_tour_steps_point_at_live_charts(page: Page):
 
 
 def test_a_tour_steps_setup_link_sets_the_page_up(page: Page):
-    """One click on a step's "Set this up" opens the page set up for it, in a new tab: the
+    """A step's link to hand out opens the page set up for it, in a new tab: the
     chunked-prefill step's long prompts at 2 slots with a token budget of 64 (issue 51, item 10)."""
     page.get_by_text("Guided tour: what to look at").click()
     tour = page.locator("#tour_walkthrough")
@@ -40,13 +40,40 @@ def test_a_tour_steps_setup_link_sets_the_page_up(page: Page):
         page.locator(f"#tour_next_{number}").click()
     expect(tour).to_contain_text("token budget", timeout=10_000)
     with page.context.expect_page(timeout=10_000) as opened:  # Gradio opens links in a tab
-        tour.get_by_role("link", name="Set this up").filter(visible=True).click()
+        tour.get_by_role("link", name="this step's link").filter(visible=True).click()
     shown = opened.value
     expect(shown.locator("#preset_dropdown input")).to_have_value("Long prompts", timeout=30_000)
     expect(shown.locator("#slots_slider input[type=range]")).to_have_value("2")
     shown.get_by_text("Engine settings", exact=True).click()
     expect(shown.locator("#token_budget_number input")).to_have_value("64", timeout=10_000)
     shown.close()
+
+
+def test_a_tour_steps_button_sets_the_page_up_in_place(page: Page):
+    """One click on step 4's "Set this up" sets this page up for chunked prefill (long prompts,
+    2 slots, token budget 64) and says to press Run, starting none; then step 6's sets prefix
+    caching on, 4 slots, and puts the token budget back to none (issue 51, item 10)."""
+    page.get_by_text("Guided tour: what to look at").click()
+    tour = page.locator("#tour_walkthrough")
+    for number in range(1, 4):  # to step 4, chunked prefill
+        page.locator(f"#tour_next_{number}").click()
+    page.locator("#tour_setup_4").click()
+    expect(page.locator("#tour_note_4")).to_contain_text("Press Run to measure it", timeout=30_000)
+    expect(page.locator("#preset_dropdown input")).to_have_value("Long prompts")
+    expect(page.locator("#slots_slider input[type=range]")).to_have_value("2")
+    page.get_by_text("Engine settings", exact=True).click()
+    budget = page.locator("#token_budget_number input")
+    expect(budget).to_have_value("64", timeout=10_000)
+    expect(page.locator("#status_markdown")).not_to_contain_text("Running")  # nothing started
+    for number in (4, 5):  # to step 6, prefix caching
+        page.locator(f"#tour_next_{number}").click()
+    expect(tour).to_contain_text("system prompt", timeout=10_000)
+    page.locator("#tour_setup_6").click()
+    expect(page.locator("#tour_note_6")).to_contain_text("Prefix caching on", timeout=30_000)
+    expect(page.locator("#prefix_caching_checkbox input[type=checkbox]")).to_be_checked()
+    expect(page.locator("#preset_dropdown input")).to_have_value("Shared system prompt")
+    expect(page.locator("#slots_slider input[type=range]")).to_have_value("4")
+    expect(budget).to_have_value("0")  # step 4's budget is not left behind
 
 
 # Each step button of the tour: its text, the number's colour and height, and the button's width.
