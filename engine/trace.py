@@ -56,11 +56,14 @@ class StepRecord:
     forward_s: float | None = None  # continuous only: time inside the model's forward pass
     preempted: list[int] = field(default_factory=list)  # request ids preempted for this step
     kv_blocks_used: int | None = None  # paged KV only: blocks held during the step
-    block_tables: dict[int, list[int]] | None = None  # paged KV only: request id -> block ids
+    # paged KV only: request id -> block ids (-1: freed out of the sliding window)
+    block_tables: dict[int, list[int]] | None = None
     # prefix caching only: blocks held by 2+ sequences -> their request ids (refcount = length)
     shared_blocks: dict[int, list[int]] | None = None
     # prefix caching only: free blocks that keep their prefix hash, next evicted first
     cached_free_blocks: list[int] | None = None
+    # sliding window only: free blocks that fell out of a sequence's window, none taken since
+    window_freed_blocks: list[int] | None = None
 
     def block_holders(self) -> dict[int, list[int]]:
         """Paged KV: every held block -> the request ids whose tables list it (its refcount is
@@ -68,7 +71,8 @@ class StepRecord:
         holders: dict[int, list[int]] = {}
         for rid, table in (self.block_tables or {}).items():
             for block in table:
-                holders.setdefault(block, []).append(rid)
+                if block >= 0:  # not freed out of the window
+                    holders.setdefault(block, []).append(rid)
         return holders
 
     @property

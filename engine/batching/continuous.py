@@ -143,6 +143,7 @@ class ContinuousEngine:
             self.num_kv_blocks(requests),
             cfg.block_size,
             cfg.prefix_caching,
+            self.runner.kv_window(),
         )
 
     def _new_kv_cache(self, requests: list[Request], blocks: BlockManager | None) -> KVCache:
@@ -169,6 +170,8 @@ class ContinuousEngine:
             info |= {"kv_bytes_per_token": cache.bytes_per_token, "kv_bytes": cache.total_bytes}
         if blocks is not None:
             info |= {"kv_blocks": blocks.num_blocks, "block_size": blocks.block_size}
+            if blocks.window is not None:  # blocks out of every layer's window are freed
+                info["kv_window"] = blocks.window
         return Trace(
             engine=self.name,
             num_slots=self.config.num_slots,
@@ -304,6 +307,8 @@ def _step_record(
     if blocks is not None:
         record.kv_blocks_used = blocks.num_used_blocks
         record.block_tables = {rid: list(table) for rid, table in blocks.block_tables.items()}
+        if blocks.window is not None:
+            record.window_freed_blocks = list(blocks.window_freed)
         if blocks.prefix_caching:
             record.shared_blocks = blocks.shared_blocks()
             record.cached_free_blocks = blocks.cached_free_blocks()

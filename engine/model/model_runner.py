@@ -76,6 +76,17 @@ class ModelRunner(RunnerKernels):
         windows = {layer_spec.layer_window(a, self.model.config) for a in attns if a is not None}
         return sorted(w for w in windows if w is not None)
 
+    def kv_window(self) -> int | None:
+        """The sliding window every layer shares, in keys, so that the paged KV cache may free
+        blocks out of it; None when some layer is global (its keys are all read) or windows
+        differ."""
+        layers = getattr(getattr(self.model, "model", None), "layers", None) or []
+        attns = [getattr(la, "self_attn", None) for la in layers]
+        if not attns or None in attns:
+            return None
+        windows = {layer_spec.layer_window(a, self.model.config) for a in attns}
+        return windows.pop() if len(windows) == 1 and None not in windows else None
+
     def kv_bytes_per_token(self) -> int:
         """Bytes of one token's keys and values across all layers, in the model's dtype."""
         return kv_bytes_per_token(*self.kv_shape(), self.dtype)

@@ -39,6 +39,17 @@ pool vLLM then evicts an older prefix that ours keeps (docs/servers.md, "Evictio
 captured run). A freed block without a hash goes to the front of the plain list, and a
 sequence's blocks are freed tail first without prefix caching too; these two change which block
 ids a sequence gets, never what it hits.
+
+**A sliding window** (``window``: every layer attends to its last ``window`` keys only, as in
+Mistral) frees a sequence's blocks that no query it will compute can read, as vLLM's
+``SlidingWindowManager.remove_skipped_blocks`` does: before a step from computed position ``c``
+(its first query), the blocks wholly before ``c - window + 1`` go back to the pool and their
+table entries become ``FREED`` (vLLM's null block), so ``table[p // block_size]`` still
+addresses the blocks kept. docs/engines.md ("Sliding windows free blocks") says what prefix
+caching does with them::
+
+    window 6, block size 4, c = 13: queries 13.. read keys 8..; blocks of tokens 0-3, 4-7 go
+    R0's table: [FREED, FREED, 5, 2]
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 
 ROOT_HASH = b""  # the parent hash of a sequence's first block
+FREED = -1  # a table entry whose block fell out of the sliding window and went back to the pool
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -70,7 +82,7 @@ def block_hash(parent_hash: bytes, token_ids: list[int]) -> bytes:
 
 class BlockManager:
     """A pool of ``num_blocks`` KV blocks, their reference counts and one block table per request
-    (``prefix_caching`` and ``vllm_order``: see the module docstring).
+    (``prefix_caching``, ``vllm_order`` and ``window``: see the module docstring).
 
     Raises:
         ValueError: on fewer than one block or a block size below 1.
@@ -82,6 +94,7 @@ class BlockManager:
         block_size: int,
         prefix_caching: bool = False,
         vllm_order: bool = False,
+        window: int | None = None,
     ):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(
@@ -92,6 +105,8 @@ class BlockManager:
         self.block_size = block_size
         self.prefix_caching = prefix_caching
         self.vllm_order = vllm_order
+        self.window = window  # keys every layer sees (None: global attention, nothing freed)
+        self.window_freed: dict[int, None] = {}  # free blocks a window freed, none taken since
         self.block_tables: dict[int, list[int]] = {}  # request id -> block ids in token order
         self.ref_counts = [0] * num_blocks  # sequences holding each block
         self._free: deque[int] = deque(range(num_blocks))  # free, no hash
@@ -100,6 +115,7 @@ class BlockManager:
         # prefix hash -> its blocks, first registered first (more than one only with vllm_order)
         self._blocks_of: dict[bytes, dict[int, None]] = {}
         self._num_hashed: dict[int, int] = {}  # request id -> leading table blocks looked at
+        self._num_freed: dict[int, int] = {}  # request id -> leading table entries FREED
 
     @property
     def num_free_blocks(self) -> int:
@@ -129,6 +145,7 @@ class BlockManager:
         for _ in range(missing):
             block = self._free.popleft() if self._free else self._evict()
             self.ref_counts[block] = 1
+            self.window_freed.pop(block, None)
             table.append(block)
         return True
 
@@ -148,10 +165,36 @@ class BlockManager:
         if it has a hash (tail blocks first), else to the plain free list: its end by default,
         its front with ``vllm_order`` (tail block first, so it is reused first).
         """
-        table = self.block_tables.pop(request_id, [])
+        table = [b for b in self.block_tables.pop(request_id, []) if b != FREED]
         self._num_hashed.pop(request_id, None)
+        self._num_freed.pop(request_id, None)
+        self._release(reversed(table) if self.prefix_caching or self.vllm_order else table)
+        return len(table)
+
+    def free_out_of_window(self, request_id: int, num_computed_tokens: int) -> int:
+        """Before a step from position ``num_computed_tokens``, release ``request_id``'s blocks
+        wholly before ``num_computed_tokens - window + 1``, the first key its first query reads
+        (later queries read later keys), and mark their table entries ``FREED``. Returns the
+        number released (0 without a window)."""
+        table = self.block_tables.get(request_id)
+        if self.window is None or not table:
+            return 0
+        start = self._num_freed.get(request_id, 0)
+        end = min(len(table), max(0, num_computed_tokens - self.window + 1) // self.block_size)
+        gone = table[start:end]
+        if not gone:
+            return 0
+        table[start:end] = [FREED] * len(gone)
+        self._num_freed[request_id] = end
+        self._release(gone)  # in token order: the oldest is evicted first
+        self.window_freed.update((b, None) for b in gone if self.ref_counts[b] == 0)
+        return len(gone)
+
+    def _release(self, blocks) -> None:
+        """Drop one reference to each of ``blocks``, in order; a block no one holds then goes
+        back to the pool (see ``free``)."""
         plain = []
-        for block in reversed(table) if self.prefix_caching or self.vllm_order else table:
+        for block in blocks:
             self.ref_counts[block] -= 1
             assert self.ref_counts[block] >= 0, f"block {block} released more than held"
             if self.ref_counts[block] == 0:
@@ -163,7 +206,10 @@ class BlockManager:
             self._free.extendleft(reversed(plain))  # vLLM's prepend_n: plain[0] ends up first
         else:
             self._free.extend(plain)
-        return len(table)
+
+    def num_held_blocks(self, request_id: int) -> int:
+        """Blocks ``request_id``'s table holds now (its ``FREED`` entries not counted)."""
+        return sum(1 for b in self.block_tables.get(request_id, ()) if b != FREED)
 
     # --- prefix caching --------------------------------------------------------------------
     def hash_blocks(
@@ -203,6 +249,7 @@ class BlockManager:
             assert block in self._hash_of, f"block {block} is not a cached block"
             if self.ref_counts[block] == 0:
                 del self._cached_free[block]
+                self.window_freed.pop(block, None)
             self.ref_counts[block] += 1
         self.block_tables[request_id] = list(blocks)
         self._num_hashed[request_id] = len(blocks)
@@ -219,6 +266,8 @@ class BlockManager:
         assert num_full_blocks <= min(len(hashes), len(table)), "caching an unfilled block"
         for i in range(self._num_hashed.get(request_id, 0), num_full_blocks):
             h, block = hashes[i], table[i]
+            if block == FREED:
+                continue  # left the window before it was registered
             if h not in self._blocks_of or self.vllm_order:
                 self._blocks_of.setdefault(h, {})[block] = None
                 self._hash_of[block] = h
@@ -229,7 +278,7 @@ class BlockManager:
         holders: dict[int, list[int]] = {}
         for rid, table in self.block_tables.items():
             for block in table:
-                if self.ref_counts[block] > 1:
+                if block != FREED and self.ref_counts[block] > 1:
                     holders.setdefault(block, []).append(rid)
         return holders
 
@@ -243,11 +292,11 @@ class BlockManager:
         Raises:
             AssertionError: when a block is lost, held twice by one table, or freed while held.
         """
-        held = Counter(b for table in self.block_tables.values() for b in table)
+        tables = [[b for b in t if b != FREED] for t in self.block_tables.values()]
+        held = Counter(b for table in tables for b in table)
         free = [*self._free, *self._cached_free]
-        assert all(len(set(t)) == len(t) for t in self.block_tables.values()), (
-            "a block table holds one block twice"
-        )
+        assert all(len(set(t)) == len(t) for t in tables), "a block table holds one block twice"
+        assert all(held[b] == 0 for b in self.window_freed), "a window-freed block is held"
         assert all(self.ref_counts[b] == held[b] for b in range(self.num_blocks)), (
             f"KV blocks leaked or doubled: reference counts {self.ref_counts} disagree with the "
             f"block tables"

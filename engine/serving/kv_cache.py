@@ -172,7 +172,8 @@ class PagedKVCache(InPlaceKVCache):
     ``block_tables`` is the scheduler's ``BlockManager.block_tables`` (request id -> block ids in
     token order), given read-only: the scheduler allocates and frees blocks, the cache only reads
     where each sequence's tokens live. ``prepare`` turns the tables into storage rows, one per
-    position; a shorter table and an idle slot are padded with block 0, never attended::
+    position; a shorter table, an idle slot and a block freed out of the sliding window
+    (``FREED``, only read under the window's masks) are padded with block 0, never attended::
 
         block_size 2;  R0's table [0, 1, 4] in slot 0;  R2's table [2] in slot 1
         kv_block_rows  slot 0:  0 1 | 2 3 | 8 9
@@ -216,7 +217,7 @@ class PagedKVCache(InPlaceKVCache):
         num_slots = batch.num_slots
         padded = torch.zeros(num_slots, width, dtype=torch.long)  # (B, max_blocks); idle: block 0
         for seq, table in zip(batch.seqs, tables, strict=True):
-            padded[seq.slot, : len(table)] = torch.tensor(table)
+            padded[seq.slot, : len(table)] = torch.tensor(table).clamp_(min=0)  # FREED: 0
         batch.kv_block_table = padded.to(batch.input_ids.device)
         offsets = torch.arange(block_size)
         rows = (padded[:, :, None] * block_size + offsets).reshape(num_slots, -1)

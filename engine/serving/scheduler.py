@@ -7,7 +7,9 @@ In the paged KV mode the scheduler owns the ``block_manager`` (as nano-vllm's do
 scheduled sequence the blocks its new tokens need and preempts when the pool runs dry (vLLM's
 recompute preemption). With prefix caching an admitted request starts from the cached blocks of
 its longest cached prefix (vLLM's ``KVCacheManager.get_computed_blocks``), leaving its last token
-to compute. docs/engines.md tells the whole story.
+to compute. With a sliding ``window`` on every layer, each step first frees the blocks that fell
+out of every running sequence's window (``BlockManager.free_out_of_window``), so they count as
+free when the step admits and allocates. docs/engines.md tells the whole story.
 
 The scheduler keeps the state and the mechanics every policy shares; each policy is a planner
 (``engine.serving.planners``). ``schedule(now_s)`` plans one step, admissions included; the engine
@@ -30,7 +32,8 @@ class Scheduler:
 
     ``num_kv_blocks`` (the paged KV mode) makes it own a ``BlockManager`` of that many blocks of
     ``block_size`` tokens (with ``prefix_caching``, a prefix cache too); otherwise
-    ``block_manager`` is None. ``policy`` picks the planner.
+    ``block_manager`` is None. ``policy`` picks the planner; ``window`` (keys every layer sees,
+    None: global) lets the block manager free blocks out of it.
 
     Raises:
         ValueError: ``num_kv_blocks`` below 1 or ``block_size`` below 1 (``BlockManager``).
@@ -46,6 +49,7 @@ class Scheduler:
         num_kv_blocks: int | None = None,
         block_size: int = 16,
         prefix_caching: bool = False,
+        window: int | None = None,
     ):
         self.num_slots = num_slots
         self.eos_token_ids = eos_token_ids
@@ -54,7 +58,7 @@ class Scheduler:
         self.block_manager: BlockManager | None = None
         if num_kv_blocks is not None:
             self.block_manager = BlockManager(
-                num_kv_blocks, block_size, prefix_caching, vllm_order=policy == "vllm"
+                num_kv_blocks, block_size, prefix_caching, policy == "vllm", window
             )
         by_arrival = sorted(requests, key=lambda r: r.arrival_order)
         self.waiting: deque[Sequence] = deque(Sequence(r) for r in by_arrival)
@@ -72,6 +76,9 @@ class Scheduler:
         """The next step: who runs, how many tokens each, who was preempted for it, and who was
         admitted for it (waiting requests that arrived by ``now_s``, in arrival order, as the
         planner decides)."""
+        if self.block_manager is not None:
+            for seq in self.running.values():
+                self.block_manager.free_out_of_window(seq.request_id, seq.num_cached_tokens)
         step = self.planner.schedule(self, now_s)
         assert len(self.running) <= self.num_slots, "more running sequences than slots"
         assert self.token_budget is None or sum(step.num_new) <= self.token_budget, "over budget"
@@ -104,6 +111,7 @@ class Scheduler:
             self.block_manager.share(seq.request_id, hit)
             seq.num_cached_tokens = len(hit) * self.block_manager.block_size
             seq.num_prefix_cached_tokens = seq.num_cached_tokens
+            self.block_manager.free_out_of_window(seq.request_id, seq.num_cached_tokens)
         seq.slot = heapq.heappop(self._free_slots)
         seq.status = SequenceStatus.RUNNING
         self.running[seq.slot] = seq

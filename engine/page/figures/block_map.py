@@ -7,6 +7,9 @@ prefix are marked::
     blocks 0..15 at step 40 (block size 16):
     R0×3 R0×3 R2 -- R0 R2 R5 R5 cc -- R5 -- -- -- -- --     (-- free, cc free but cached)
 
+With a sliding window on every layer (``info["kv_window"]``), free blocks that fell out of a
+sequence's window and that no one took since are drawn apart: "freed: out of window".
+
 A server's or transformers' own record may reserve its first block ids, never held (vLLM's null
 block 0, transformers' two trash blocks): ``info["kv_reserved_blocks"]`` counts them (an older
 transformers record names them ``kv_trash_blocks``), and they are drawn apart, never as free.
@@ -32,6 +35,7 @@ from engine.trace import StepRecord, Trace
 FREE_BLOCK_COLOR = "rgba(128,128,128,0.25)"
 CACHED_FREE_BLOCK_COLOR = "rgba(128,128,128,0.6)"  # free, but keeps its prefix hash (evictable)
 RESERVED_BLOCK_COLOR = "rgba(40,40,40,0.9)"  # reserved by the server, never held nor free
+WINDOW_FREED_BLOCK_COLOR = "rgba(0,150,136,0.35)"  # free: fell out of its sequence's window
 BLOCK_MAP_COLUMNS = 16  # narrow enough for each block's "R12" label on a phone (390 px)
 
 
@@ -44,7 +48,13 @@ def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
     if not total or not trace.steps:
         return message_figure("KV block map", "The block map needs the paged KV mode.")
     step = trace.steps[min(step_index, len(trace.steps) - 1)]
-    colors = [FREE_BLOCK_COLOR, *PALETTE, CACHED_FREE_BLOCK_COLOR, RESERVED_BLOCK_COLOR]
+    colors = [
+        FREE_BLOCK_COLOR,
+        *PALETTE,
+        CACHED_FREE_BLOCK_COLOR,
+        RESERVED_BLOCK_COLOR,
+        WINDOW_FREED_BLOCK_COLOR,
+    ]
     cols = min(BLOCK_MAP_COLUMNS, total)
     rows = math.ceil(total / cols)
     z = [[None] * cols for _ in range(rows)]
@@ -98,13 +108,19 @@ def _block_map_subtitle(step: StepRecord, total: int, info: dict) -> str:
             text += f" (R{first[0]} ×{len(first)}: held by {len(first)} requests; hover for which)"
         if step.cached_free_blocks is not None:  # vLLM's own record does not list them
             text += f" · {cached} free but cached (dark grey)"
+    if info.get("kv_window"):
+        freed = len(step.window_freed_blocks or [])
+        text += (
+            f"<br>window of {counted(info['kv_window'], 'token')}: "
+            f"{counted(freed, 'block')} freed: out of window (teal)"
+        )
     return text
 
 
 def _block_cells(step: StepRecord, total: int, info: dict) -> list[tuple[int, str, str]]:
     """Per block: (colour code, label, hover text). Code 0 is free, 1 + palette index a held
-    block (by its first holder's colour), then a free block that keeps its prefix, and last a
-    reserved one."""
+    block (by its first holder's colour), then a free block that keeps its prefix, a reserved
+    one, and last a free block that fell out of a window."""
     block_size = info["block_size"]
     holders = step.block_holders()
     index_in_table = {
@@ -113,6 +129,7 @@ def _block_cells(step: StepRecord, total: int, info: dict) -> list[tuple[int, st
         for pos, block in enumerate(table)
     }
     eviction_order = {block: n for n, block in enumerate(step.cached_free_blocks or [], start=1)}
+    window_freed = set(step.window_freed_blocks or [])
     reserved = num_reserved_blocks(info)
     cells = []
     for block in range(total):
@@ -131,6 +148,10 @@ def _block_cells(step: StepRecord, total: int, info: dict) -> list[tuple[int, st
             cells.append(
                 (code, f"R{rid} ×{len(rids)}", f"block {block}: {shared}, {tokens} of each")
             )
+        elif block in window_freed:
+            kept = ", keeps a cached prefix" if block in eviction_order else ""
+            text = f"block {block}: freed: out of window{kept}"
+            cells.append((3 + len(PALETTE), "", text))
         elif block in eviction_order:
             order = f"{eviction_order[block]} of {len(eviction_order)} to be evicted"
             text = (

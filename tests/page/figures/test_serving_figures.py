@@ -2,6 +2,7 @@
 marks), checked against the records of a real paged run on the tiny model."""
 
 import pytest
+from family_models import family_runner
 from tiny_model import make_requests, tiny_runner
 
 from engine.batching.continuous import ContinuousEngine
@@ -152,3 +153,27 @@ def test_a_token_budget_far_over_the_steps_is_named_not_drawn(paged):
     assert not any(s.y0 == 2048 for s in fig.layout.shapes), "the 2048 line flattens the bars"
     labels = [a.text for a in fig.layout.annotations]
     assert "token budget 2048: off this scale" in labels, f"the budget is not named: {labels}"
+
+
+def test_block_map_marks_blocks_freed_out_of_the_window():
+    """A Mistral run (window 8) on a tight pool: blocks that fell out of a window and were not
+    taken since are drawn in their own colour, hover and subtitle saying "freed: out of window"."""
+    runner = family_runner("mistral")
+    mib = 20 * BLOCK_SIZE * runner.kv_bytes_per_token() / 2**20
+    config = EngineConfig(3, kv_mode="paged", block_size=BLOCK_SIZE, kv_budget_mib=mib)
+    trace = ContinuousEngine(runner, config).run(make_requests(SPECS))
+    step = max(trace.steps, key=lambda s: len(s.window_freed_blocks))
+    freed = step.window_freed_blocks
+    assert freed, "no block was freed out of the window"
+    fig = block_map.block_map_figure(trace, step.index)
+    cols = len(fig.data[0].z[0])
+    code = 3 + len(style.PALETTE)
+    colors = fig.data[0].colorscale
+    assert colors[2 * code][1] == block_map.WINDOW_FREED_BLOCK_COLOR
+    for block in range(trace.info["kv_blocks"]):
+        z = fig.data[0].z[block // cols][block % cols]
+        hover = fig.data[0].customdata[block // cols][block % cols]
+        assert (z == code) == (block in freed), f"block {block}: code {z}, {hover}"
+        assert ("freed: out of window" in hover) == (block in freed), hover
+    subtitle = fig.layout.title.subtitle.text
+    assert f"{len(freed)} blocks freed: out of window" in subtitle, subtitle
