@@ -92,7 +92,8 @@ def wire_setup(demo, tour_panel, requests, settings, results, run_state, link_st
     s.preset_dropdown.input(presets.choose_preset, s.preset_dropdown, chosen, **choose)
     edited = [s.preset_dropdown, requests.preset_markdown]  # a user's edit: no preset any more
     requests.table.input(presets.table_edited, None, edited, **HIDDEN)
-    link_query = page_panels.page_components(page_io.LINK_INPUTS, *page, run_state=run_state)
+    states = {"run_state": run_state, "link_step_state": link_step_state}
+    link_query = page_panels.page_components(page_io.LINK_INPUTS, *page, **states)
     s.link_button.click(page_io.setup_query, link_query, s.link_textbox, **HIDDEN).then(
         None, s.link_textbox, s.link_textbox, js=page_io.COPY_LINK_JS
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -37,6 +38,42 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# A starting server's log line -> the stage it names, the first pattern found winning, from the
+# words of vLLM's and llama.cpp's own start logs. Lines that name no stage (banners, warnings,
+# progress bars' tails) leave the stage as it was.
+START_STAGES = (
+    (re.compile(r"\bwarming up|warmup model|Capturing|graph captur", re.I), "warming up"),
+    (re.compile(r"\bCompiling|compiled graph|Dynamo bytecode", re.I), "compiling"),
+    (
+        re.compile(
+            r"load(ing)? (model|weights|safetensors)|checkpoint shards|load_tensors|"
+            r"llama_model_load|model_loader|Starting to load model|Initializing model",
+            re.I,
+        ),
+        "loading weights",
+    ),
+    (
+        re.compile(r"Initializing a|non-default args|Resolved architecture|system_info", re.I),
+        "setting up",
+    ),
+    (re.compile(r"KV cache|kv_cache|llama_context|KV self size", re.I), "sizing the KV cache"),
+    (
+        re.compile(
+            r"Started server process|application startup|Uvicorn running|"
+            r"Available routes|server is listening|HTTP server listening",
+            re.I,
+        ),
+        "opening its API",
+    ),
+)
+
+
+def start_stage(line: str) -> str | None:
+    """The stage a starting vLLM's or llama.cpp's log ``line`` names ("loading weights",
+    "sizing the KV cache", "warming up", ...), in a person's words; None when it names none."""
+    return next((stage for pattern, stage in START_STAGES if pattern.search(line)), None)
 
 
 def cpus_of(bind: str) -> set[int]:

@@ -7,7 +7,8 @@ would: a run of that very setup measured on this host within the replay window
 (``engine.page.run.recent_runs``) is shown, labelled as a Run shown at once is, with "Run live
 anyway", at the link's step; otherwise the recorded run stays, and the status line says whose
 run it is, and that Run measures the linked setup. A page opened without a link, or with one
-that sets up the recorded run's own setup, stays as it opened.
+that sets up the recorded run's own setup, stays as it opened, at the link's step if it gives
+one.
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ def link_opened(request: gr.Request | None, preset_name: str | None, *values) ->
     outputs (``run_view.RUN_OUTPUTS``), each left as it is (``gr.skip()``) where nothing changes,
     as all are once the session pressed Run.
     """
-    query = page_io.query_params(request)
+    query, step = page_io.query_params(request), page_io.link_step(request)
     settings, previous, handle = settings_from_run(*values)
-    if not any(key in query for key in LINK_KEYS) or not _untouched(previous, handle):
+    if not _untouched(previous, handle):
         return run_outputs()
+    if not any(key in query for key in LINK_KEYS):  # the recorded run's setup: at the link's step
+        return _at_step(run_outputs(), previous, step, settings.x_axis)
     model = get_model()
     linked = _setup_key(model, settings)
     if linked is None:  # a Run of it would be refused, and say why: nothing to show yet
@@ -55,11 +58,11 @@ def link_opened(request: gr.Request | None, preset_name: str | None, *values) ->
     recent, recorded = model.recent.find(linked), recording.recorded_settings()
     if recent is not None:
         shown = playground.replayed_outputs(recent, model.recent.age_s(recent), settings.x_axis)
-        shown = _at_step(shown, recent.state, page_io.link_step(request), settings.x_axis)
+        shown = _at_step(shown, recent.state, step, settings.x_axis)
     elif _setup_key(model, _without_servers(settings)) != _setup_key(model, recorded):
         shown = run_outputs(status_markdown=not_linked_status(previous, preset_name, settings))
-    else:
-        shown = run_outputs()
+    else:  # the recorded run is the linked setup's own
+        shown = _at_step(run_outputs(), previous, step, settings.x_axis)
     return shown if _untouched(previous, handle) else run_outputs()  # Run pressed meanwhile
 
 

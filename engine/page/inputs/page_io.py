@@ -45,6 +45,7 @@ LINK_OUTPUTS += ("input_warning",)  # the link's warnings, kept in sight (``warn
 # ``link_query.Precision`` in a ``gr.State``).
 LINK_INPUTS = ("preset", "num_slots", "step", "previous", "prefix_caching", "rows", "precision")
 LINK_INPUTS += tuple(field for field in link_query.PARAMS if field not in LINK_INPUTS)
+LINK_INPUTS += ("link_step",)  # a link's step, kept until the first run (``link_step``)
 LINKED_TEXT = "Requests from a link, not a preset's:"
 TOO_LONG = (
     "The request table is too long for a link ({why}), so this link carries the rest of the "
@@ -93,10 +94,11 @@ def setup_query(*values, **named) -> str:
     """The query string that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12&budget=64``.
 
     Takes ``LINK_INPUTS`` by position (as app.py wires them) or by name (``LINK_SIGNATURE``;
-    None: not given). The step is written only for a run of the page's (``previous``), not for
-    the recorded run it opens on. The link names the preset whose table the page shows, else
-    carries the table (one too long for a link is left out, and a warning says to share it as a
-    file); each setting only where it differs from the page's default for that preset.
+    None: not given). The step is the slider's for a run of the page's (``previous``); on the
+    recorded run it opens on, only a link's step not yet spent on a run (``link_step``). The
+    link names the preset whose table the page shows, else carries the table (one too long for
+    a link is left out, and a warning says to share it as a file); each setting only where it
+    differs from the page's default for that preset.
 
     Raises:
         TypeError: too many inputs, an unknown name, or one of the first four missing.
@@ -111,6 +113,8 @@ def setup_query(*values, **named) -> str:
     params["slots"] = int(page["num_slots"] or 1)
     if page["previous"] is not None and getattr(page["previous"], "recorded", None) is None:
         params["step"] = int(page["step"] or 0)  # a run of this page's, not the recorded one
+    elif page["link_step"] is not None:  # the step the page was linked at passes on, unspent
+        params["step"] = int(page["link_step"])
     precision = page["precision"] or link_query.Precision()
     defaults = link_query.page_defaults(name or presets.DEFAULT_PRESET, precision)
     params |= link_query.settings_params(page, defaults)

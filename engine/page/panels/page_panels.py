@@ -155,6 +155,7 @@ COMPONENTS = {
     "step": "results.step_slider",  # a link's step
     "precision": "settings.precision_state",  # the host's precisions, for links
     "previous": "run_state",
+    "link_step": "link_step_state",  # a link's step=N, kept until the first run
     "handle": "handle_state",
 }
 

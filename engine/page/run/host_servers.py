@@ -37,6 +37,7 @@ from engine.peers.endpoints import (
 )
 from engine.peers.openai_engine import OpenAIEngine
 from engine.peers.schedule_comparison import num_shared_prompt_blocks, tally
+from engine.peers.server_process import start_stage
 from engine.peers.vllm_engine import endpoint_engine
 from engine.peers.vllm_server import MAX_MODEL_LEN
 from engine.sequence import Request
@@ -56,6 +57,7 @@ class ServerStatus:
     state: str  # CONFIGURED | STARTING | READY | FAILED
     detail: str = ""  # starting: the server's latest log line; failed: why; ready: its facts
     since_s: float = 0.0  # time.monotonic() when the state began
+    stage: str = ""  # starting: the last stage its log named (``server_process.start_stage``)
 
 
 @dataclass(frozen=True)
@@ -152,9 +154,9 @@ class PageServers:
         if not self.engines[name].server.running and not (thread and thread.is_alive()):
             thread = self._begin(name)
         while thread is not None and thread.is_alive():
-            status = self.status(name)
-            line = f": {status.detail}" if status.detail else ""
-            on_wait(f"starting the server ({time.monotonic() - status.since_s:.0f} s){line}")
+            status = self.status(name)  # its stage in words, never its raw log line
+            stage = f": {status.stage}" if status.stage else ""
+            on_wait(f"starting the server ({time.monotonic() - status.since_s:.0f} s){stage}")
             thread.join(WAIT_SLICE_S)
         status = self.status(name)
         if status.state == FAILED:
@@ -234,8 +236,11 @@ class PageServers:
 
     def _set(self, name: str, state: str, detail: str, keep_since: bool = False) -> None:
         with self._lock:
-            since_s = self._status[name].since_s if keep_since else time.monotonic()
-            self._status[name] = ServerStatus(state, detail, since_s)
+            before = self._status[name]
+            since_s = before.since_s if keep_since else time.monotonic()
+            stage = before.stage if before.state == state == STARTING else ""
+            stage = (start_stage(detail) if state == STARTING else None) or stage
+            self._status[name] = ServerStatus(state, detail, since_s, stage)
 
 
 def configure(

@@ -1,10 +1,10 @@
 """What the page says about its servers: the servers line, and a run's server results in words.
 
 ``servers_markdown`` is the line under the status line while the page runs: each configured
-server starting (how long, not its raw log lines), ready (what it serves, and for a
-local vLLM or llama.cpp its version and settings), or failed and why. ``status_parts`` gives a
-run's status line its server part: each server's wall time, each failure, each warning (another
-model, other slots).
+server starting (its stage in words and how long, not its raw log lines), ready (what it
+serves, and for a local vLLM or llama.cpp its version and settings), or failed and why.
+``status_parts`` gives a run's status line its server part: each server's wall time, each
+failure, each warning (another model, other slots).
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ def _server_part(servers: PageServers, name: str) -> str:
     if status.state == READY:
         return f"{label}: ready · {_facts(servers, name)}"
     if status.state == STARTING and servers.is_local(name):
-        # not status.detail, its log's latest line: the server's own jargon (a failure shows it)
+        # its stage in words; not status.detail, its log's latest line: the server's own jargon
         elapsed_s = time.monotonic() - status.since_s
         what = "llama.cpp" if servers.fits(name) else "vLLM"
-        return f"{label}: starting {what}… ({_settings(servers, name)}) · {elapsed_s:.0f} s"
+        stage = f"{status.stage} " if status.stage else ""
+        return f"{label}: starting {what}… {stage}({_settings(servers, name)}) · {elapsed_s:.0f} s"
     return f"{label}: asking what it serves"
 
 

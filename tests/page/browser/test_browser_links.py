@@ -95,6 +95,18 @@ def test_setup_link_step_and_downloads(page: Page, server_url: str, tmp_path: Pa
     print(f"screenshot: {shot}")
 
 
+def test_a_links_step_holds_on_its_first_view_and_in_the_copied_link(page: Page, server_url: str):
+    """``?preset=seed&slots=3&step=3`` (the recorded run's own setup) shows that run at step 3,
+    slider and mask together, before any Run; "Copy link" then writes step=3 (issue 51, item 8)."""
+    page.goto(f"{server_url}?preset=seed&slots=3&step=3")
+    page.wait_for_function(SLIDER_AND_MASK_AT, arg=3, timeout=60_000)
+    page.locator("#link_button").click()
+    link = page.locator("#link_textbox textarea, #link_textbox input").first
+    expect(link).to_have_value(re.compile(r"^http://127\.0\.0\.1:\d+/\?"), timeout=10_000)
+    query = parse_qs(urlsplit(link.input_value()).query)
+    assert query.get("step") == ["3"], f"the copied link lost the link's step: {query}"
+
+
 def test_copied_link_carries_an_edited_table_and_a_setting(page: Page, browser):
     """A cap edited in the table and a changed engine setting travel in the copied link: opened
     in another session, the page shows the same table and the same setting."""

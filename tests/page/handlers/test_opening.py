@@ -101,6 +101,26 @@ def test_a_links_step_holds_on_a_run_shown_at_once(model, recorded):
     assert far[OUT["step_slider"]].value == state.num_steps - 1, "a step past the end not clamped"
 
 
+def test_a_links_step_holds_on_the_recorded_run_of_its_own_setup(model, recorded):
+    """``?preset=seed&slots=3&step=3``, the recorded run's own setup, shows the recorded run at
+    step 3: the slider and the step views, where they stayed at its default step and Copy link
+    then wrote none (issue 51, item 8); so does ``?step=3`` alone. The run and its label stay as
+    they opened."""
+    own = recording.recorded_settings()
+    assert run_view.default_step(recorded.continuous) != 3, "pick a step that is not the default"
+    link = _link(preset="seed", slots=3, step=3)
+    shown = _opened(link, recorded.recorded.preset, own, recorded)
+    assert shown[OUT["step_slider"]].value == 3, f"slider at {shown[OUT['step_slider']]}"
+    title = shown[OUT["packed_mask_plot"]].layout.title.text
+    assert re.search(r"\bstep 3\b", title), f"the packed mask is not at step 3: {title!r}"
+    views = {f"{name}_plot" for name in run_view.StepViews.__dataclass_fields__}
+    assert set(_changed(shown)) == {"step_slider", *views}, _changed(shown)
+    bare = _opened(_link(step=3), None, own, recorded)  # ?step=3 alone: the same setup
+    assert bare[OUT["step_slider"]].value == 3, (
+        f"?step=3 alone: slider at {bare[OUT['step_slider']]}"
+    )
+
+
 def test_a_link_to_another_setup_says_the_recorded_run_is_not_its_own(model, recorded):
     """With no recent run of the linked setup, the recorded run stays, and the status line over it
     says it is the recorded run of the article's six requests, not of the linked preset, and that

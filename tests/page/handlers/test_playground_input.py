@@ -116,6 +116,43 @@ def test_bad_input_says_why_in_the_status_line_and_keeps_the_earlier_results(
     assert status.endswith(earlier), f"the previous run's status is not kept: {status!r}"
 
 
+def test_every_bad_cell_of_every_bad_row_is_named_in_one_refusal():
+    """Several bad rows: one refusal names every bad cell of each, with its column, value and
+    allowed range (the first bad cell hides none, a bad seed none either), and changes nothing
+    else, so every row typed stays in the table (issue 51, item 9)."""
+    rows = [
+        ["hi", 3, 0, -1, -4, 2, None],
+        ["fine", 4],
+        ["seeded", 3, 0, -1, -4, 2, "x"],
+        ["b", 0, -1, "hot", 2.5, 0, -5],
+    ]
+    status = _refused(*_run_args(rows=rows))
+    named = {
+        "Row 1": ("temperature -1 is below 0", "top_k -4 is below 0", "top_p 2 is outside (0, 1]"),
+        "Row 3": (
+            "temperature -1 is below 0",
+            "top_k -4 is below 0",
+            "top_p 2 is outside (0, 1]",
+            "seed 'x' is not a whole number",
+        ),
+        "Row 4": (
+            "max_new_tokens 0 is out of range; use 1 to",
+            "arrival_s",
+            "temperature 'hot' is not a number",
+            "top_k 2.5 is not a whole number",
+            "top_p 0 is outside (0, 1]",
+            "seed -5 is out of range; use 0 to",
+        ),
+    }
+    starts = {row: status.index(row) for row in named}
+    ends = sorted(starts.values())[1:] + [len(status)]
+    for row, at in starts.items():
+        part = status[at : next(end for end in ends if end > at)]
+        for fragment in named[row]:
+            assert plain_markdown(fragment) in part, f"{row}: {fragment!r} not in {part!r}"
+    assert "Row 2" not in status, status
+
+
 def test_bad_input_before_any_run_says_why_only():
     """With no earlier run the status line is the reason alone, and nothing else changes."""
     status = _refused(*_run_args(block="0"))

@@ -155,3 +155,17 @@ def test_a_link_before_any_run_carries_no_step():
         None, 3, 6, dataclasses.replace(recorded, recorded=None), rows=EDITED
     )
     assert "step=6" in after, f"a link after a run lost its step: {after}"
+
+
+def test_a_links_step_passes_on_until_a_run_spends_it():
+    """On the recorded run of a page opened at ``step=3`` (no run yet), "Copy link" writes
+    step=3, the link's, whatever the slider reads; after a run, the slider's step (issue 51,
+    item 8)."""
+    from engine.page.handlers import recording
+
+    recorded = recording.load_recording()
+    kept = page_io.setup_query("Article's six requests", 3, 6, recorded, link_step=3)
+    assert "step=3" in kept, f"the link's step was lost: {kept}"
+    ran = dataclasses.replace(recorded, recorded=None)
+    after = page_io.setup_query("Article's six requests", 3, 5, ran, link_step=None)
+    assert "step=5" in after, f"the slider's step after a run: {after}"

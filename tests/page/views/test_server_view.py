@@ -26,13 +26,43 @@ def _starting(log_lines: dict[str, str]) -> host_servers.PageServers:
 
 
 def test_a_starting_server_shows_a_clean_status_not_its_log():
-    """While vLLM and llama.cpp start, the servers line says "starting vLLM…" and "starting
-    llama.cpp…" with their settings and seconds, and none of their log lines (issue 51, item 11)."""
+    """While vLLM and llama.cpp start, the servers line says "starting vLLM… loading weights" and
+    "starting llama.cpp… loading weights" with their settings and seconds, and none of their log
+    lines (issue 51, item 11)."""
     line = server_view.servers_markdown(_starting({"vllm": VLLM_LOG, "llamacpp": LLAMA_LOG}))
-    assert "**vllm**: starting vLLM… (compiled · float32 · up to 3 sequences" in line, line
-    assert "**llamacpp**: starting llama.cpp… (F32 weights · 2 slots" in line, line
+    assert "**vllm**: starting vLLM… loading weights (compiled · float32 · up to 3" in line, line
+    assert "**llamacpp**: starting llama.cpp… loading weights (F32 weights · 2 slots" in line, line
     for raw in ("INFO", "gpu_model_runner", "load_tensors", "mmap"):
         assert raw not in line, f"a raw log line in the servers line: {line}"
+
+
+def test_a_starting_servers_stage_follows_its_log_in_words():
+    """Each log line that names a stage moves the servers line's stage word on; a line that
+    names none (a warning, a banner) keeps the last one; and the run's note while it waits for
+    the server (``wait_ready``'s progress) says the same words, never the raw line."""
+    import threading
+
+    servers = _starting({"vllm": VLLM_LOG})
+    steps = (
+        ("WARNING 05-02 10:11:13 [cpu.py:224] Triton is not installed.", "loading weights"),
+        ("INFO 05-02 10:11:14 [utils.py:347] Using LBHNC KV cache layout.", "sizing the KV cache"),
+        ("INFO [core.py:402] init engine (profile, create kv cache, warmup model)", "warming up"),
+        ("INFO 05-02 10:11:16 [launcher.py:186] Available routes are:", "opening its API"),
+    )
+    for raw, stage in steps:
+        servers._set("vllm", host_servers.STARTING, raw, keep_since=True)
+        line = server_view.servers_markdown(servers)
+        assert f"starting vLLM… {stage} (" in line, f"after {raw!r}: {line}"
+        assert "INFO" not in line and "WARNING" not in line, line
+    servers.engines["vllm"].server.running = True
+    servers._threads["vllm"] = starting = threading.Thread(
+        target=threading.Event().wait, args=(0.3,)
+    )
+    starting.start()
+    notes: list[str] = []
+    servers.wait_ready("vllm", notes.append)
+    assert notes and all(n.endswith(": opening its API") for n in notes), notes
+    assert not any("launcher" in n or "INFO" in n for n in notes), notes
 
 
 def test_the_empty_server_charts_name_the_box_as_it_is_labelled():
