@@ -3,20 +3,27 @@
 ``knob_value`` reads a value of any ``engine.knobs`` kind the way the page, the /run API and the
 bench all take it: numbers as numbers or text (Gradio hands an edited field over as either, the
 bench as text), blanks as the knob's ``unset``. Each refusal is one ``ValueError`` whose message
-names the knob ("Token budget must be a whole number (got 'abc')."), shown as is.
+names the knob ("Token budget must be a whole number (got 'abc')."), shown as is. A link reads
+its parameters with the same ``flag`` (with ``LINK_WORDS``), ``whole_number`` and ``number``,
+and words its own refusals.
 """
 
 from __future__ import annotations
 
+import math
+
 from engine.knobs import Knob
 
 FLAG_WORDS = {"true": True, "false": False}  # a checkbox's value as an API client may send it
+# ... and in a link, where a person types them
+LINK_WORDS = FLAG_WORDS | {"1": True, "on": True, "yes": True}
+LINK_WORDS |= {"0": False, "off": False, "no": False}
 
 
 def knob_value(knob: Knob, value):
     """A knob's value as a run reads it: blank (or 0, for a knob whose 0 means "not set") is
     ``knob.unset``; a flag is true or false, a choice its text (checked by ``EngineConfig``, or
-    for the dtype by its model), a number a whole one or a positive one.
+    for the dtype by its model), a number a whole one or a finite one >= 0.
 
     Raises:
         ValueError: a value that is not of the knob's kind, naming the knob.
@@ -30,7 +37,7 @@ def knob_value(knob: Knob, value):
         return text
     if knob.kind == "whole":
         return whole_number(value, knob.named)
-    return positive(value, knob.named)
+    return number(value, knob.named)
 
 
 def _is_zero(text: str) -> bool:
@@ -45,34 +52,37 @@ def whole_number(value, what: str) -> int:
     """A slider or number value -> int. Raises ValueError if it is missing or fractional."""
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{what} must be a whole number (got {value!r}).") from None
-    if not number.is_integer():
+    if not number.is_integer():  # nan and inf are not
         raise ValueError(f"{what} must be a whole number (got {value!r}).")
     return int(number)
 
 
-def flag(value, what: str) -> bool:
-    """A checkbox value -> bool: True or False (the page's), None (unticked), 0 or 1, or the
-    words "true" and "false" in any case. Raises ValueError for anything else, so that
-    "yes please" is refused, not read as ticked."""
+def flag(value, what: str, words: dict[str, bool] = FLAG_WORDS) -> bool:
+    """A checkbox value -> bool: True or False (the page's), None (unticked), 0 or 1, or one of
+    ``words`` in any case (an API client's "true" and "false"; a link's ``LINK_WORDS``). Raises
+    ValueError for anything else, so that "yes please" is refused, not read as ticked."""
     if value is None:
         return False
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
-    if isinstance(value, str) and value.strip().lower() in FLAG_WORDS:
-        return FLAG_WORDS[value.strip().lower()]
+    if isinstance(value, str) and value.strip().lower() in words:
+        return words[value.strip().lower()]
     raise ValueError(f"{what} must be true or false (got {value!r}).")
 
 
-def positive(value, what: str) -> float:
-    """A positive number. Raises ValueError."""
+def number(value, what: str) -> float:
+    """A finite number >= 0 (0: the knob's default, where it has a ``zero``). Raises
+    ValueError."""
     try:
-        number = float(value)
-    except (TypeError, ValueError):
+        parsed = float(value)
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{what} must be a number (got {value!r}).") from None
-    if not number > 0:
+    if not math.isfinite(parsed):
+        raise ValueError(f"{what} must be a number (got {value!r}).")
+    if parsed < 0:
         raise ValueError(f"{what} must be positive, or 0 for the default (got {value}).")
-    return number
+    return parsed
