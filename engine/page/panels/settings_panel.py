@@ -51,9 +51,6 @@ class SettingsControls:
     precision_state: gr.State | None = None
 
 
-# Preset, slots, checks, the engine settings, Run and Stop, and the setup link: the controls and
-# one field per knob of ``PANEL_PLACES``, named by its element id (``Knob.elem_id``:
-# ``slots_slider``, ``kv_mode_dropdown``).
 SettingsPanel = make_dataclass(
     "SettingsPanel",
     [(k.elem_id, gr.components.Component) for k in KNOBS if k.place in PANEL_PLACES],
@@ -61,6 +58,9 @@ SettingsPanel = make_dataclass(
     kw_only=True,
 )
 SettingsPanel.__module__ = __name__
+SettingsPanel.__doc__ = """Preset, slots, checks, the engine settings, Run and Stop, and the setup
+link: the controls, and one field per knob of ``PANEL_PLACES`` named by its element id
+(``Knob.elem_id``: ``slots_slider``, ``kv_mode_dropdown``)."""
 
 
 def settings_panel(
