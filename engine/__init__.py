@@ -9,6 +9,7 @@ The core is a stack of rooms, each importing only the rooms below it (``tests/en
 checks the order):
 
 * at the root, the vocabulary every room reads: ``knobs`` (each knob of a run declared once),
+  ``knob_values`` (a knob's value parsed by its kind),
   ``config``, ``sequence``, ``sampling_params``, ``token_logits``, ``trace``, and ``settings``,
   the one module that reads the environment;
 * ``workloads``: request tables, workload files, exports;

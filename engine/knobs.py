@@ -1,8 +1,9 @@
 """The knobs of a run, each declared once: its name, kind, range, default, help and outside names.
 
 A ``Knob`` is one setting a person turns, on the page, in a link, on the bench's command line and
-in ``EngineConfig``. ``KNOBS`` lists them in the order a link writes them, ``KNOB`` finds one by
-name. The page's settings, links and panel and the bench's flags are built from them;
+in ``EngineConfig``. ``KNOBS`` lists them in the /run API's order, ``KNOB`` finds one by name.
+The page's widgets and their element ids, the /run inputs, a preset's settings, links and the
+bench's flags are built from them, and ``engine.knob_values`` parses each kind's values for all;
 ``EngineConfig`` checks its ranges against the same ``KV_MODES``, ``POLICIES`` and
 ``MAX_BLOCK_SIZE``.
 
@@ -24,6 +25,11 @@ MAX_BLOCK_SIZE = 256  # tokens per KV block; vLLM uses 16 to 128, and huge block
 MAX_SLOTS = 16  # the most slots a page run (or a link) may ask for: the slot slider's maximum
 X_AXES = ("time", "step")
 KINDS = ("flag", "choice", "whole", "number")
+WIDGETS = ("checkbox", "number", "slider", "dropdown", "radio")
+KIND_WIDGETS = {"flag": "checkbox", "choice": "dropdown", "whole": "number", "number": "number"}
+# Where the page shows a knob: above the preset (the model), beside it (the slots and checks), in
+# the engine settings, in their precision row, or over the timelines (the x axis).
+PLACES = ("model", "setup", "engine", "precision", "results")
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,27 @@ class Knob:
     bench_flag: str = ""  # the bench's command-line flag
     bench_help: str = ""  # its --help text
     config: str = ""  # the ``EngineConfig`` field it sets
+    # The page: its widget (one of WIDGETS; empty: its kind's, ``KIND_WIDGETS``), the name its
+    # component's element id starts with (empty: the knob's), where it sits (one of PLACES), the
+    # row it shares with its neighbours there (empty: its own), and its place among the settings a
+    # preset sets (1 first; the /apply_preset API's order, so a new one takes the next; 0: a preset
+    # leaves it as the user set it)
+    widget: str = ""
+    stem: str = ""
+    place: str = "engine"
+    row: str = ""
+    preset: int = 0
+
+    @property
+    def page_widget(self) -> str:
+        """The page's widget for the knob: ``widget``, else its kind's."""
+        return self.widget or KIND_WIDGETS[self.kind]
+
+    @property
+    def elem_id(self) -> str:
+        """Its component's element id (a contract with browser scripts): stem and widget,
+        ``token_budget_number``, ``slots_slider``."""
+        return f"{self.stem or self.name}_{self.page_widget}"
 
     @property
     def named(self) -> str:
@@ -87,8 +114,9 @@ POLICY_HOVERS = (
     "(engine/serving/scheduler.py).",
 )
 
-# In the order a link writes them: the slots, then chat and prefix caching (which links carried
-# before the others), then the /run API's order. A new knob goes at the end.
+# In the /run API's order (``engine.page.run.run_options.RUN_INPUTS`` puts Run's other inputs
+# between them), which is also the order a link writes them and the bench lists its flags. The
+# API's order is a contract: a new knob goes at the end.
 KNOBS = (
     Knob(
         "num_slots",
@@ -102,6 +130,9 @@ KNOBS = (
         bench_flag="--slots",
         bench_help="B: concurrent sequences (default 3)",
         config="num_slots",
+        widget="slider",
+        stem="slots",
+        place="setup",
     ),
     Knob(
         "chat_template",
@@ -111,19 +142,8 @@ KNOBS = (
         url="chat",
         bench_flag="--chat-template",
         bench_help="wrap prompts in the chat template",
-    ),
-    Knob(
-        "prefix_caching",
-        "flag",
-        False,
-        label="Paged: prefix caching",
-        title="Prefix caching",
-        info=PREFIX_CACHING_INFO,
-        url="prefix_caching",
-        bench_flag="--prefix-caching",
-        bench_help="continuous_paged: share cached prompt-prefix blocks; hf_continuous: "
-        "transformers' block sharing (default off for both)",
-        config="prefix_caching",
+        stem="chat",
+        place="setup",
     ),
     Knob(
         "check_reference",
@@ -133,6 +153,8 @@ KNOBS = (
         url="check",
         bench_flag="--no-reference",  # the bench's flag turns the check off
         bench_help="skip the model.generate check",
+        stem="reference",
+        place="setup",
     ),
     Knob(
         "kv_mode",
@@ -151,6 +173,7 @@ KNOBS = (
         ),
         url="kv",
         config="kv_mode",
+        preset=1,
     ),
     Knob(
         "token_budget",
@@ -163,6 +186,7 @@ KNOBS = (
         bench_flag="--token-budget",
         bench_help="continuous engines: max tokens per step (default: none)",
         config="max_num_batched_tokens",
+        preset=5,
     ),
     Knob(
         "policy",
@@ -182,6 +206,8 @@ KNOBS = (
         bench_help="continuous engines: decode_first, "
         "prefill_first or vllm (vLLM's own scheduling) (default decode_first)",
         config="scheduling_policy",
+        widget="radio",
+        preset=6,
     ),
     Knob(
         "compare_hf",
@@ -199,6 +225,7 @@ KNOBS = (
         label="Arrivals: Poisson rate, requests/s (0 = the table's arrival_s)",
         zero="the table's arrival_s",
         url="rate",
+        preset=7,
     ),
     # which clock the page's timelines are drawn against: no engine reads it, but a link carries it
     Knob(
@@ -210,6 +237,8 @@ KNOBS = (
         choices=X_AXES,
         labels=(("seconds", "time"), ("step index", "step")),
         url="x",
+        widget="radio",
+        place="results",
     ),
     Knob(
         "kv_budget_mib",
@@ -222,6 +251,9 @@ KNOBS = (
         bench_flag="--kv-budget-mib",
         bench_help="continuous_paged: KV memory in MiB (default: room for every slot)",
         config="kv_budget_mib",
+        stem="kv_budget",
+        row="paged",
+        preset=2,
     ),
     Knob(
         "block_size",
@@ -235,6 +267,22 @@ KNOBS = (
         bench_flag="--block-size",
         bench_help="continuous_paged: tokens per block (default 16)",
         config="block_size",
+        row="paged",
+        preset=3,
+    ),
+    Knob(
+        "prefix_caching",
+        "flag",
+        False,
+        label="Paged: prefix caching",
+        title="Prefix caching",
+        info=PREFIX_CACHING_INFO,
+        url="prefix_caching",
+        bench_flag="--prefix-caching",
+        bench_help="continuous_paged: share cached prompt-prefix blocks; hf_continuous: "
+        "transformers' block sharing (default off for both)",
+        config="prefix_caching",
+        preset=4,
     ),
     # None: the loaded model's own precision (the page shows the host's dtype)
     Knob(
@@ -246,6 +294,7 @@ KNOBS = (
         url="dtype",
         bench_flag="--dtype",
         bench_help="auto, float32, float16 or bfloat16 (default auto)",
+        place="precision",
     ),
     Knob(
         "batch_invariant",
@@ -258,6 +307,7 @@ KNOBS = (
         "mode, compared bitwise with each request run alone; also times the normal mode for the "
         "cost",
         config="batch_invariant",
+        place="precision",
     ),
     # None: the model app.py started with; else one of CBP_MODEL_ALLOWLIST (the bench: --model)
     Knob(
@@ -268,6 +318,7 @@ KNOBS = (
         info="The host's allowlist: the engine process loads the one chosen, in place of the "
         "one chosen before.",
         url="model",
+        place="model",
     ),
 )
 KNOB = {knob.name: knob for knob in KNOBS}

@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 
 from engine.config import EngineConfig
+from engine.knob_values import knob_value
 from engine.knobs import KNOB, KNOBS, Knob
 from engine.peers.endpoints import Endpoint, parse_endpoints, with_records
 from engine.sampling_params import SamplingParams, with_defaults
@@ -47,7 +48,6 @@ SCOPED_DEFAULTS = {"rate": 1.0, "seed": 0} | {
 }
 # Flags that only some engines or arrival modes use (``ignored_flags``).
 SCOPED = (*SCOPED_DEFAULTS, "token_budget", "kv_budget_mib", "prefix_caching", "vllm_eager")
-FLAG_TYPES = {"whole": int, "number": float, "choice": str}  # a knob's kind: its flag's type
 # The sampling flags' values where another one is given (any one makes a request sample).
 SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed_base": 0}
 
@@ -108,8 +108,21 @@ def _add_knob_flag(p: argparse.ArgumentParser, knob: Knob) -> None:
         p.add_argument(knob.bench_flag, action="store_true", help=knob.bench_help)
     else:
         default = None if knob.name in SCOPED_DEFAULTS else knob.unset
-        kind = FLAG_TYPES[knob.kind]
-        p.add_argument(knob.bench_flag, type=kind, default=default, help=knob.bench_help)
+        p.add_argument(knob.bench_flag, type=knob_type(knob), default=default, help=knob.bench_help)
+
+
+def knob_type(knob: Knob):
+    """The flag's parser: ``knob_values.knob_value``, the page's and the /run API's, so that 0
+    means what it means there ("no limit") and a bad value gets the same message."""
+
+    def parse(text: str):
+        try:
+            return knob_value(knob, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = knob.name  # argparse names a type by it
+    return parse
 
 
 def _add_server_flags(p: argparse.ArgumentParser) -> None:

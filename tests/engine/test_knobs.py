@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from engine.config import EngineConfig
-from engine.knobs import KINDS, KNOB, KNOBS
+from engine.knobs import KINDS, KNOB, KNOBS, PLACES, WIDGETS
 
 
 def _unique(values: list[str]) -> list[str]:
@@ -51,3 +51,15 @@ def test_engine_config_fields_exist_and_take_the_defaults():
     given = {knob.config: knob.unset for knob in KNOBS if knob.config}
     assert set(given) <= fields, f"no such EngineConfig field: {set(given) - fields}"
     assert EngineConfig(**given).problems() == []
+
+
+def test_page_hints_are_known_and_element_ids_and_preset_places_unique():
+    """Each knob's widget and place are known ones, no two knobs share an element id, and the
+    preset places run 1, 2, 3, ... (``/apply_preset``'s order) without a gap or a repeat."""
+    for knob in KNOBS:
+        assert knob.page_widget in WIDGETS, f"{knob.name}: widget {knob.page_widget!r}"
+        assert knob.place in PLACES, f"{knob.name}: place {knob.place!r}"
+    elem_ids = [knob.elem_id for knob in KNOBS]
+    assert not _unique(elem_ids), f"knobs share an element id: {_unique(elem_ids)}"
+    places = sorted(knob.preset for knob in KNOBS if knob.preset)
+    assert places == list(range(1, len(places) + 1)), f"preset places {places}"

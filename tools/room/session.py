@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.knobs import KNOB
+from engine.page.run.run_options import REQUIRED
 
 TOUR = ("seed", "one-long-many-short", "equal-caps", "long-prompts", "arrivals",
         "shared-system-prompt")  # fmt: skip
 PRESETS_PATH = Path(__file__).resolve().parents[2] / "assets" / "presets.json"
 STATUS_INDEX = 7  # the status line's place in /run's outputs (the run's state is not sent)
-# /run's knobs after the table and the slots, in its order (the page's ``RUN_INPUTS``)
-RUN_KNOBS = ("chat_template", "check_reference", "kv_mode", "token_budget", "policy",
-             "compare_hf", "arrival_rate", "x_axis")  # fmt: skip
+# /run's required knobs after the table and the slots, in its order (the page's ``RUN_INPUTS``)
+RUN_KNOBS = tuple(name for name in REQUIRED if name in KNOB and name != "num_slots")
 REPLAY_TARGET_S = 10.0
 ESTIMATE_TOLERANCE = 0.30
 MIN_WAIT_S = 10.0  # an estimate's error is judged against at least this wait

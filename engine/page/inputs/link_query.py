@@ -14,11 +14,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from engine import knob_values
 from engine.knobs import KNOBS, Knob
 from engine.page.inputs import presets
 
-FLAG_WORDS = {"1": True, "true": True, "on": True, "yes": True}
-FLAG_WORDS |= {"0": False, "false": False, "off": False, "no": False}
+FLAG_WORDS = knob_values.LINK_WORDS  # a flag's words in a link: 1, 0, on, off, yes, no, ...
 
 
 @dataclass(frozen=True)
@@ -94,11 +94,11 @@ def _write(param: Knob, value) -> str:
 
 
 def _read(param: Knob, text: str, precision: Precision):
-    """The parameter's value from its query ``text``. Raises ValueError saying what it takes."""
+    """The parameter's value from its query ``text``, parsed as every knob value is
+    (``engine.knob_values``) and checked against the knob's range and choices. Raises ValueError
+    saying what it takes."""
     if param.kind == "flag":
-        if text.lower() not in FLAG_WORDS:
-            raise ValueError("use 1 (on) or 0 (off)")
-        return FLAG_WORDS[text.lower()]
+        return _parsed(knob_values.flag, text, "use 1 (on) or 0 (off)", knob_values.LINK_WORDS)
     if param.name == "model":  # a folder's name keeps its case
         if text not in (precision.model, *precision.models):
             offered = ", ".join(precision.models) or precision.model
@@ -109,18 +109,23 @@ def _read(param: Knob, text: str, precision: Precision):
         if text.lower() not in choices:
             raise ValueError(f"use one of {', '.join(choices)}")
         return text.lower()
-    try:
-        number = float(text)
-    except (ValueError, OverflowError):
-        number = math.nan
     if param.kind == "number":
-        if not (math.isfinite(number) and number >= 0):
-            raise ValueError("not a number >= 0")
+        number = _parsed(knob_values.number, text, "not a number >= 0")
         return int(number) if number.is_integer() else number
-    if not (number.is_integer() and param.low <= number <= (param.high or math.inf)):
-        upper = f" to {param.high}" if param.high else ""
-        raise ValueError(f"not a whole number {'from ' if upper else '>= '}{param.low}{upper}")
-    return int(number)
+    upper = f" to {param.high}" if param.high else ""
+    why = f"not a whole number {'from ' if upper else '>= '}{param.low}{upper}"
+    number = _parsed(knob_values.whole_number, text, why)
+    if not param.low <= number <= (param.high or math.inf):
+        raise ValueError(why)
+    return number
+
+
+def _parsed(parse, text: str, why: str, *args):
+    """``parse(text, ...)``; its ``ValueError`` reworded as ``why``, a link's way."""
+    try:
+        return parse(text, "", *args)
+    except ValueError:
+        raise ValueError(why) from None
 
 
 def _shown(param: Knob, value) -> str:

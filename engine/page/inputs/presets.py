@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.knobs import KNOB
+from engine.knobs import KNOB, KNOBS
 from engine.workloads.workload import TABLE_COLUMNS, load_jsonl
 from engine.workloads.workload_files import table_rows
 
@@ -30,9 +30,9 @@ PRESETS_PATH = ASSETS / "presets.json"
 DEFAULT_PRESET = "Article's six requests"
 # The engine settings a preset's claim depends on, by their page names (``page_panels.COMPONENTS``)
 # with their knobs' defaults (``engine.knobs``; ``settings_panel`` shows these values at first), in
-# the order the /apply_preset endpoint returns them (a contract: a new one goes at the end).
-PRESET_KNOBS = ("kv_mode", "kv_budget_mib", "block_size", "prefix_caching", "token_budget")
-PRESET_KNOBS += ("policy", "arrival_rate")
+# the order the /apply_preset endpoint returns them: each knob's ``preset`` place (a contract: a
+# new one takes the next).
+PRESET_KNOBS = tuple(k.name for k in sorted(KNOBS, key=lambda k: k.preset) if k.preset)
 ENGINE_DEFAULTS = {name: KNOB[name].default for name in PRESET_KNOBS}
 # What choosing a preset sets, in ``choose_preset``'s order (``page_panels.COMPONENTS`` names).
 CHOSEN = ("rows", "chat_template", "preset_text", "num_slots", *ENGINE_DEFAULTS)

@@ -6,8 +6,9 @@ Header, requests and downloads (``page_panels``), the settings (``settings_panel
 import the core and every page room below it.
 
 Nothing is imported here: import the modules by name. ``__all__`` is the room's face;
-``requests_table`` serves it from inside; ``tour`` is face too, for app.py to wire its "Set
-this up" buttons, and ``server_panels``, whose hover text host.launch hands to the page's script.
+``requests_table`` and ``knob_widgets`` (a knob's component) serve it from inside; ``tour`` is
+face too, for app.py to wire its "Set this up" buttons, and ``server_panels``, whose hover text
+host.launch hands to the page's script.
 """
 
 __all__ = [

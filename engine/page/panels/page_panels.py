@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from engine.knobs import KNOBS
 from engine.page.panels import tour
 from engine.page.panels.requests_table import RequestsTable
 from engine.page.panels.results_panel import ResultsPanel, by_elem_id
@@ -129,34 +130,24 @@ def run_outputs(
 # The component of each input the page names: Run's (``run_options.RUN_INPUTS``: the
 # ``RunSettings`` fields and two states) and a link's (``page_io.LINK_INPUTS`` and
 # ``LINK_OUTPUTS``). Each is written "panel.attribute", or the name of a ``gr.State`` (see
-# ``page_components``).
+# ``page_components``): each knob's is its panel's field named by its element id
+# (``Knob.elem_id``), the x axis's in the results, the others' in the settings.
 COMPONENTS = {
     "rows": "requests.table",
     "preset_text": "requests.preset_markdown",
     "input_warning": "requests.warning_html",  # a link's warnings (page_io.warning_note)
     "preset": "settings.preset_dropdown",
-    "num_slots": "settings.slots_slider",
-    "chat_template": "settings.chat_checkbox",
-    "check_reference": "settings.reference_checkbox",
-    "kv_mode": "settings.kv_mode_dropdown",
-    "kv_budget_mib": "settings.kv_budget_number",
-    "block_size": "settings.block_size_number",
-    "prefix_caching": "settings.prefix_caching_checkbox",
-    "token_budget": "settings.token_budget_number",
-    "policy": "settings.policy_radio",
-    "arrival_rate": "settings.arrival_rate_number",
-    "compare_hf": "settings.compare_hf_checkbox",
     "server_names": "settings.servers_checkbox",
-    "dtype": "settings.dtype_dropdown",
-    "batch_invariant": "settings.batch_invariant_checkbox",
-    "model": "settings.model_dropdown",
     "replay_recent": "settings.replay_checkbox",
-    "x_axis": "results.x_axis_radio",
     "step": "results.step_slider",  # a link's step
     "precision": "settings.precision_state",  # the host's precisions, for links
     "previous": "run_state",
     "link_step": "link_step_state",  # a link's step=N, kept until the first run
     "handle": "handle_state",
+}
+COMPONENTS |= {
+    knob.name: f"{'results' if knob.place == 'results' else 'settings'}.{knob.elem_id}"
+    for knob in KNOBS
 }
 
 

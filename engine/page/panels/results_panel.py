@@ -14,7 +14,7 @@ import gradio as gr
 
 from engine.knobs import KNOB
 from engine.page.figures import mask_heatmaps
-from engine.page.panels import server_panels
+from engine.page.panels import knob_widgets, server_panels
 from engine.page.panels.server_panels import plot
 from engine.page.views import divergence_view, run_view, tables
 from engine.page.views.run_view import RunResult
@@ -83,10 +83,7 @@ def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) 
         elem_id="status_markdown",
     )
     servers_line = server_panels.servers_line(list(server_names))
-    axis = KNOB["x_axis"]
-    x_axis = gr.Radio(
-        list(axis.labels), value=axis.default, label=axis.label, elem_id="x_axis_radio"
-    )
+    x_axis = knob_widgets.knob_component(KNOB["x_axis"])
     *step_views, mask_layer = _step_views(shown)
     inside = server_panels.inside_plots(shown, list(server_names))
     metrics = _metrics_table(shown)

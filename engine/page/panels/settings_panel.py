@@ -1,19 +1,22 @@
 """The settings panel: preset, slots, checks, the engine knobs, precision, Run and Stop, the link.
 
-Built in the right-hand column beside the request editor. Each knob's component takes its label,
-help, range and default from the knob's declaration (``engine.knobs``); which widget it is, and
-where, is this panel's.
+Built in the right-hand column beside the request editor. Each knob's component is built from its
+declaration (``engine.knobs``): its widget, element id, label, help, range and default, and its
+place (above the preset, beside it, in the engine settings or their precision row) and row; this
+panel lays the places out and adds what is no knob.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, make_dataclass
+from itertools import groupby
 
 import gradio as gr
 
-from engine.knobs import KNOB
+from engine.knobs import KNOB, KNOBS, Knob
 from engine.page.inputs import link_query, presets
-from engine.page.panels import server_panels
+from engine.page.panels import knob_widgets, server_panels
 from engine.serving.run_control import run_time_limit_s
 
 # Each policy's hover text, by its label (assets/page.js sets it as the choice's title).
@@ -21,24 +24,15 @@ POLICY_LABELS = [label for label, _ in KNOB["policy"].labels]
 POLICY_HELP = dict(zip(POLICY_LABELS, KNOB["policy"].hovers, strict=True))
 
 
-@dataclass
-class SettingsPanel:
-    """Preset, slots, checks, the engine settings, Run and Stop, and the setup link."""
+# The knobs this panel shows (the x axis sits over the timelines: ``results_panel``).
+PANEL_PLACES = ("model", "setup", "engine", "precision")
+
+
+@dataclass(kw_only=True)
+class SettingsControls:
+    """The panel's components that are no knob: preset, Run and Stop, the setup link, notes."""
 
     preset_dropdown: gr.Dropdown
-    slots_slider: gr.Slider
-    chat_checkbox: gr.Checkbox
-    reference_checkbox: gr.Checkbox
-    kv_mode_dropdown: gr.Dropdown
-    kv_budget_number: gr.Number
-    block_size_number: gr.Number
-    prefix_caching_checkbox: gr.Checkbox
-    token_budget_number: gr.Number
-    policy_radio: gr.Radio
-    arrival_rate_number: gr.Number
-    compare_hf_checkbox: gr.Checkbox
-    dtype_dropdown: gr.Dropdown
-    batch_invariant_checkbox: gr.Checkbox
     precision_markdown: gr.Markdown  # what batch-invariant mode does, and where it does not reach
     run_button: gr.Button
     stop_button: gr.Button
@@ -55,7 +49,18 @@ class SettingsPanel:
     click_number: gr.Number | None = None  # hidden: a press's or Stop's click number (RunHandle)
     # the host's precisions and models (a ``link_query.Precision``): what a link may choose
     precision_state: gr.State | None = None
-    model_dropdown: gr.Dropdown | None = None  # the host's models; hidden where it has one
+
+
+SettingsPanel = make_dataclass(
+    "SettingsPanel",
+    [(k.elem_id, gr.components.Component) for k in KNOBS if k.place in PANEL_PLACES],
+    bases=(SettingsControls,),
+    kw_only=True,
+)
+SettingsPanel.__module__ = __name__
+SettingsPanel.__doc__ = """Preset, slots, checks, the engine settings, Run and Stop, and the setup
+link: the controls, and one field per knob of ``PANEL_PLACES`` named by its element id
+(``Knob.elem_id``: ``slots_slider``, ``kv_mode_dropdown``)."""
 
 
 def settings_panel(
@@ -70,34 +75,36 @@ def settings_panel(
     ``models``: the host's (``allowlist.offered_models``), the loaded one first; the model
     picker on top is shown where there are several."""
     models, dtypes = list(models) or ["embedded"], list(dtypes)
-    model_dropdown = gr.Dropdown(
-        models,
-        value=models[0],
-        label=KNOB["model"].label,
-        info=KNOB["model"].info,
-        visible=len(models) > 1,
-        elem_id="model_dropdown",
+    host = {  # what the host, not the knob's declaration, gives these components
+        "model": {"choices": models, "value": models[0], "visible": len(models) > 1},
+        "dtype": {"choices": dtypes, "value": dtype},
+        "chat_template": {"value": chat_template},
+    }
+    knobs = _place_knobs("model", host)
+    preset_dropdown = gr.Dropdown(
+        choices=list(presets.load_presets()),
+        value=presets.DEFAULT_PRESET,
+        label="Preset",
+        elem_id="preset_dropdown",
     )
-    preset_dropdown, slots_slider, chat_checkbox, reference_checkbox = _setup_inputs(chat_template)
+    knobs |= _place_knobs("setup", host)
     servers = server_panels.servers_checkbox(list(server_names))
     with gr.Accordion("Engine settings", open=False):
-        knobs = _engine_knobs()
-        precision = _precision_knobs(dtypes, dtype)
+        knobs |= _place_knobs("engine", host)
+        with gr.Row():
+            knobs |= _place_knobs("precision", host)
+        precision_markdown = gr.Markdown("", elem_id="precision_markdown")
     run_note, live_button, run_button, stop_button = _run_controls()
     link_button, link_textbox, stop_reply, leave_queue = _link_controls()
     return SettingsPanel(
-        preset_dropdown,
-        slots_slider,
-        chat_checkbox,
-        reference_checkbox,
-        *knobs,
-        *precision,
-        run_button,
-        stop_button,
-        link_button,
-        link_textbox,
-        stop_reply,
-        leave_queue,
+        preset_dropdown=preset_dropdown,
+        precision_markdown=precision_markdown,
+        run_button=run_button,
+        stop_button=stop_button,
+        link_button=link_button,
+        link_textbox=link_textbox,
+        stop_reply_textbox=stop_reply,
+        leave_queue_button=leave_queue,
         servers_checkbox=servers,
         run_note_markdown=run_note,
         live_button=live_button,
@@ -107,32 +114,26 @@ def settings_panel(
         precision_state=gr.State(
             link_query.Precision(dtype, tuple(dtypes), models[0], tuple(models[1:] and models))
         ),
-        model_dropdown=model_dropdown,
+        **knobs,
     )
 
 
-def _setup_inputs(chat_template: bool) -> tuple:
-    """Preset, slots, chat template and the reference check, in the panel's order."""
-    preset_dropdown = gr.Dropdown(
-        choices=list(presets.load_presets()),
-        value=presets.DEFAULT_PRESET,
-        label="Preset",
-        elem_id="preset_dropdown",
-    )
-    slots = KNOB["num_slots"]
-    slots_slider = gr.Slider(
-        slots.low,
-        slots.high,
-        value=slots.default,
-        step=1,
-        label=slots.label,
-        elem_id="slots_slider",
-    )
-    chat_checkbox = gr.Checkbox(
-        value=chat_template, label=KNOB["chat_template"].label, elem_id="chat_checkbox"
-    )
-    reference_checkbox = _knob(gr.Checkbox, "check_reference", "reference_checkbox")
-    return preset_dropdown, slots_slider, chat_checkbox, reference_checkbox
+def placed(place: str) -> list[Knob]:
+    """The knobs the page shows at ``place`` (``engine.knobs.PLACES``), in the panel's order: those
+    a preset sets first, in its order (``Knob.preset``), then the others in ``KNOBS`` order."""
+    return sorted((k for k in KNOBS if k.place == place), key=lambda k: (not k.preset, k.preset))
+
+
+def _place_knobs(place: str, host: dict[str, dict]) -> dict:
+    """The components of ``place``'s knobs, by element id; neighbours with one ``row`` share a
+    ``gr.Row``. ``host``: what the host sets of a knob's component, by knob name."""
+    found = {}
+    for row, knobs in groupby(placed(place), key=lambda k: k.row):
+        with gr.Row() if row else nullcontext():
+            found |= {
+                k.elem_id: knob_widgets.knob_component(k, **host.get(k.name, {})) for k in knobs
+            }
+    return found
 
 
 def _link_controls() -> tuple:
@@ -169,39 +170,3 @@ def run_note_text() -> str:
         limit_s = None
     limit = f" Each run may take up to {limit_s:g} s here." if limit_s else ""
     return f"Runs take turns on the model, one at a time.{limit}"
-
-
-def _precision_knobs(dtypes: list[str], dtype: str) -> tuple:
-    """The dtype, the batch-invariant toggle and its note, in ``SettingsPanel`` field order."""
-    with gr.Row():
-        dtype_dropdown = gr.Dropdown(
-            dtypes, value=dtype, label=KNOB["dtype"].label, elem_id="dtype_dropdown"
-        )
-        invariant = _knob(gr.Checkbox, "batch_invariant", "batch_invariant_checkbox")
-    return dtype_dropdown, invariant, gr.Markdown("", elem_id="precision_markdown")
-
-
-def _engine_knobs() -> tuple:
-    """The engine settings accordion's components, in ``SettingsPanel`` field order, each at its
-    knob's default (a preset sets these back when chosen: ``presets.ENGINE_DEFAULTS``)."""
-    kv_mode = _knob(gr.Dropdown, "kv_mode", "kv_mode_dropdown")
-    with gr.Row():
-        kv_budget = _knob(gr.Number, "kv_budget_mib", "kv_budget_number")
-        # no precision=0 for the block size: it would round 7.5
-        block_size = _knob(gr.Number, "block_size", "block_size_number")
-    prefix_caching = _knob(gr.Checkbox, "prefix_caching", "prefix_caching_checkbox")
-    token_budget = _knob(gr.Number, "token_budget", "token_budget_number")
-    policy = _knob(gr.Radio, "policy", "policy_radio")
-    arrival_rate = _knob(gr.Number, "arrival_rate", "arrival_rate_number")
-    compare_hf = _knob(gr.Checkbox, "compare_hf", "compare_hf_checkbox")
-    knobs = (kv_mode, kv_budget, block_size, prefix_caching, token_budget, policy, arrival_rate)
-    return (*knobs, compare_hf)
-
-
-def _knob(widget: type, name: str, elem_id: str):
-    """Knob ``name``'s ``widget`` (a checkbox, number box, dropdown or radio) with its label,
-    help and default, and a choice knob's labelled choices (``engine.knobs``)."""
-    knob = KNOB[name]
-    choices = {"choices": list(knob.labels)} if knob.labels else {}
-    info = knob.info or None
-    return widget(value=knob.default, label=knob.label, info=info, elem_id=elem_id, **choices)

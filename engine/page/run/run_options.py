@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.knob_values import flag as _flag
+from engine.knob_values import knob_value
+from engine.knob_values import whole_number as _whole_number
 from engine.knobs import KNOB, KNOBS, Knob
 from engine.serving.run_control import run_time_limit_s
 from engine.workloads.workload import (
@@ -28,31 +30,24 @@ from engine.workloads.workload import (
 
 MAX_ARRIVAL_S = 300.0  # the latest arrival a page run waits for (and never past its time limit)
 
-# The Run event's inputs, in the /run API's order: a contract (clients call /run by position), so
-# a new one goes at the end. Each is a ``RunSettings`` field or one of the session's states.
-# ``engine.page.panels.page_panels`` finds each one's component by this name.
-RUN_INPUTS = (
-    "rows",
-    "num_slots",
-    "chat_template",
-    "check_reference",
-    "kv_mode",
-    "token_budget",
-    "policy",
-    "compare_hf",
-    "arrival_rate",
-    "x_axis",
-    "previous",  # state: the run on the page (a ``RunState``), put back if this one is stopped
-    "kv_budget_mib",
-    "block_size",
-    "prefix_caching",
-    "handle",  # state: the session's ``RunHandle``, for Stop
-    "server_names",
-    "dtype",
-    "batch_invariant",
-    "replay_recent",
-    "model",
-)
+# Run's inputs that are no knob, at their places in the /run API (a contract: clients call /run by
+# position); the knobs (``engine.knobs.KNOBS``, in their order) take the places between and after.
+# Each is one of ``OTHER_INPUTS`` or of the session's states (``RUN_STATES``).
+OTHER_PLACES = {"rows": 0, "previous": 10, "handle": 14, "server_names": 15, "replay_recent": 18}
+
+
+def _run_inputs() -> tuple[str, ...]:
+    """Run's inputs in the /run API's order: ``OTHER_PLACES`` at theirs, the knobs around them."""
+    knobs, inputs = [knob.name for knob in KNOBS], []
+    at = {place: name for name, place in OTHER_PLACES.items()}
+    while knobs or len(inputs) in at:
+        inputs.append(at[len(inputs)] if len(inputs) in at else knobs.pop(0))
+    return tuple(inputs)
+
+
+# The Run event's inputs, in the /run API's order: each a ``RunSettings`` field or one of the
+# session's states. ``engine.page.panels.page_panels`` finds each one's component by this name.
+RUN_INPUTS = _run_inputs()
 RUN_STATES = ("previous", "handle")  # the session's, not settings: not in the /run API
 # Run's inputs that are no knob of ``engine.knobs.KNOBS``: the request table (a list of rows, or a
 # pandas DataFrame), the host's servers to run too (names: a list, or one name), and whether a
@@ -111,36 +106,36 @@ def settings_from_run(*values, **named) -> tuple[RunSettings, Any, Any]:
     return RunSettings(**given), previous, handle
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """The page's engine knobs, beside the table and the slot count: each field a knob's
-    (``engine.knobs``) as a run reads it, by the knob's name (``OPTION_NAMES`` where not)."""
-
-    chat_template: bool = False
-    check_reference: bool = True
-    kv_mode: str = "paged"
-    token_budget: int | None = None  # None: no limit
-    policy: str = "decode_first"
-    compare_hf: bool = False
-    arrival_rate_per_s: float | None = None  # None: the table's arrival_s (0 when blank)
-    arrival_seed: int = 0
-    kv_budget_mib: float | None = None  # paged KV mode: None sizes the pool for every slot
-    block_size: int = 16  # paged KV mode: tokens per block
-    prefix_caching: bool = False  # paged KV mode: share the KV blocks of computed prompt prefixes
-    servers: tuple[str, ...] = ()  # host-configured servers to run too, by name (never a URL)
-    dtype: str | None = None  # precision: None, the loaded model's; else float32, bfloat16, ...
-    batch_invariant: bool = False  # static and continuous (engine.kernels.invariant_ops)
-    model: str | None = None  # the host's model (CBP_MODEL_ALLOWLIST); None: app.py's --model
-
-
+# A knob's option type, by its kind (a zero knob's also None: not set).
+OPTION_TYPES = {"flag": bool, "choice": str | None, "whole": int, "number": float}
 OPTION_NAMES = {"arrival_rate": "arrival_rate_per_s"}  # a knob whose option has a unit in its name
-# The knobs ``options_from_page`` parses: those with a ``RunOptions`` field (not the slots, which
-# ``engine_config`` checks, nor the x axis, a view: ``view_inputs``).
-OPTION_KNOBS = tuple(
-    knob
-    for knob in KNOBS
-    if OPTION_NAMES.get(knob.name, knob.name) in {f.name for f in dataclasses.fields(RunOptions)}
+# The knobs ``options_from_page`` parses: every knob but the slots (``engine_config`` checks
+# them) and the x axis (a view: ``view_inputs``).
+OPTION_KNOBS = tuple(knob for knob in KNOBS if knob.name not in ("num_slots", "x_axis"))
+
+
+def _option_field(knob: Knob) -> tuple:
+    """``RunOptions``' field for ``knob``: its name, type and default (``knob.unset``)."""
+    kind = OPTION_TYPES[knob.kind] | None if knob.zero else OPTION_TYPES[knob.kind]
+    return OPTION_NAMES.get(knob.name, knob.name), kind, dataclasses.field(default=knob.unset)
+
+
+RunOptions = dataclasses.make_dataclass(
+    "RunOptions",
+    [_option_field(knob) for knob in OPTION_KNOBS]
+    + [
+        ("arrival_seed", int, dataclasses.field(default=0)),
+        # host-configured servers to run too, by name (never a URL)
+        ("servers", tuple[str, ...], dataclasses.field(default=())),
+    ],
+    frozen=True,
 )
+RunOptions.__module__ = __name__
+RunOptions.__doc__ = """The page's engine knobs, beside the table and the slot count: one field per
+``OPTION_KNOBS`` knob as a run reads it (``knob_value``), named after it (``OPTION_NAMES`` where
+not) and defaulting to its ``unset`` (None for a blank budget, rate, KV budget, dtype or model:
+no limit, the table's arrival_s, room for every slot, the model's own, app.py's --model); then
+the Poisson arrivals' seed and the host's servers to run too."""
 
 
 def options_from_page(settings: RunSettings) -> RunOptions:
@@ -166,34 +161,6 @@ def options_from_page(settings: RunSettings) -> RunOptions:
         _told(problems, engine_config, settings.num_slots, options)
     raise_problems(problems, "bad settings")
     return options
-
-
-def knob_value(knob: Knob, value):
-    """A knob's value from the page as a run reads it: blank (or 0, for a knob whose 0 means
-    "not set") is ``knob.unset``; a flag is true or false, a choice its text (checked by
-    ``EngineConfig``, or for the dtype by its model), a number a whole one or a positive one.
-
-    Raises:
-        ValueError: a value that is not of the knob's kind, naming the knob.
-    """
-    if knob.kind == "flag":
-        return _flag(value, knob.named)
-    text = "" if value is None else str(value).strip()
-    if not text or (knob.zero and _is_zero(text)):  # 0, 0.0 (a number field), "0.00"
-        return knob.unset
-    if knob.kind == "choice":
-        return str(value).strip()
-    if knob.kind == "whole":
-        return _whole_number(value, knob.named)
-    return _positive(value, knob.named)
-
-
-def _is_zero(text: str) -> bool:
-    """Whether ``text`` reads as the number 0 in any spelling."""
-    try:
-        return float(text) == 0
-    except ValueError:
-        return False
 
 
 def view_inputs(settings: RunSettings) -> tuple[str, bool]:
@@ -318,43 +285,3 @@ def _names(value) -> tuple[str, ...]:
     if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
         raise ValueError(f"Servers must be a list of server names (got {_quoted(value)}).")
     return tuple(names)
-
-
-def _whole_number(value, what: str) -> int:
-    """A slider or number value -> int. Raises ValueError if it is missing or fractional."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a whole number (got {value!r}).") from None
-    if not number.is_integer():
-        raise ValueError(f"{what} must be a whole number (got {value!r}).")
-    return int(number)
-
-
-FLAG_WORDS = {"true": True, "false": False}  # a checkbox's value as an API client may send it
-
-
-def _flag(value, what: str) -> bool:
-    """A checkbox value -> bool: True or False (the page's), None (unticked), 0 or 1, or the
-    words "true" and "false" in any case. Raises ValueError for anything else, so that
-    "yes please" is refused, not read as ticked."""
-    if value is None:
-        return False
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in FLAG_WORDS:
-        return FLAG_WORDS[value.strip().lower()]
-    raise ValueError(f"{what} must be true or false (got {value!r}).")
-
-
-def _positive(value, what: str) -> float:
-    """A positive number. Raises ValueError."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a number (got {value!r}).") from None
-    if not number > 0:
-        raise ValueError(f"{what} must be positive, or 0 for the default (got {value}).")
-    return number

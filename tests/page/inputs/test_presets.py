@@ -45,3 +45,18 @@ def test_a_preset_that_names_an_engine_setting_sets_it(monkeypatch):
     assert chosen["kv_mode"] == "paged" and chosen["arrival_rate"] == 0
     with pytest.raises(ValueError, match="'Odd' names unknown engine settings: dtype"):
         presets.choose_preset("Odd")
+
+
+def test_apply_preset_returns_the_engine_settings_in_its_order():
+    """/apply_preset's outputs after the table, chat template, text and slots: the engine
+    settings in the order clients read them by position (a contract: a new one goes last)."""
+    assert presets.PRESET_KNOBS == (
+        "kv_mode",
+        "kv_budget_mib",
+        "block_size",
+        "prefix_caching",
+        "token_budget",
+        "policy",
+        "arrival_rate",
+    )
+    assert presets.CHOSEN[:4] == ("rows", "chat_template", "preset_text", "num_slots")

@@ -1,0 +1,33 @@
+"""A knob's component on the page, built from its declaration (``engine.knobs``).
+
+Its widget (``Knob.page_widget``: a checkbox, number box, slider, dropdown or radio), element id
+(``Knob.elem_id``), label, help, default, labelled choices and range: the settings panel builds
+its knobs with ``knob_component``, and the results panel its x axis.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from engine.knobs import Knob
+
+WIDGETS = {
+    "checkbox": gr.Checkbox,
+    "number": gr.Number,
+    "slider": gr.Slider,
+    "dropdown": gr.Dropdown,
+    "radio": gr.Radio,
+}
+
+
+def knob_component(knob: Knob, **given):
+    """The knob's component (``Knob.page_widget``, ``Knob.elem_id``) with its label, help and
+    default, a choice knob's labelled choices and a slider's range (``engine.knobs``); ``given``
+    sets any of them instead (the host's dtypes, say)."""
+    widget = knob.page_widget
+    shown = {"value": knob.default, "label": knob.label, "info": knob.info or None}
+    if knob.labels:
+        shown["choices"] = list(knob.labels)
+    if widget == "slider":
+        shown |= {"minimum": knob.low, "maximum": knob.high, "step": 1, "info": None}
+    return WIDGETS[widget](elem_id=knob.elem_id, **shown | given)
