@@ -34,6 +34,7 @@ engines use it (``ModelRunner.forward_packed``), on CPU; for a model ``layer_spe
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -88,26 +89,41 @@ def unsupported_reason(model: nn.Module) -> str | None:
 class FusedDecoder:
     """The decoder stack of a model over a packed batch; see the module docstring.
 
+    ``shared``: the engines' own ``PlannedLinear`` per module on the same ``kernel``
+    (``kernel_plan.ModuleKernels.planned``); a layer's o and down run them rather than packing
+    their weights a second time (float32 SmolLM2-135M: 145 MB per packed kernel).
+
     Raises:
         ValueError: the model is not supported (``layer_spec.Unsupported``).
         RuntimeError: oneDNN cannot pack a stacked weight (``kernel`` ``"onednn"`` or
             ``"onednn_f32"``).
     """
 
-    def __init__(self, model: nn.Module, kernel: str | RowPlan):
+    def __init__(self, model: nn.Module, kernel: str | RowPlan, shared: Mapping | None = None):
         self.spec = spec = layer_spec.read_decoder(model)
+        self.shared_ids = {id(p) for p in (shared or {}).values()}
         self.num_heads, self.num_kv_heads = spec.num_heads, spec.num_kv_heads
         self.head_dim = spec.head_dim
-        self.layers = [_fused_layer(layer, kernel) for layer in spec.layers]
+        self.layers = [_fused_layer(layer, kernel, shared or {}) for layer in spec.layers]
         self.eps = spec.final_norm.eps
         self.layer_ops = layer_ops_run(spec.final_norm.weight)  # cbp_layer's bfloat16 ops
         self.stack = LayerStack.of(self.layers, self.eps)  # None: the loop in Python serves
 
     @property
+    def planned(self) -> list[PlannedLinear]:
+        """Each layer's matmuls (qkv, o, gate_up, down), shared ones included."""
+        return [f for la in self.layers for f in la.linears]
+
+    @property
     def extra_bytes(self) -> int:
-        """Memory of the stacked weight copies, in bytes."""
-        linears = [f for la in self.layers for f in la.linears]
-        return sum(f.extra_bytes for f in linears)
+        """Memory of the weight copies these layers alone hold (not the shared ones'), in
+        bytes."""
+        return sum(f.extra_bytes for f in self.own_planned)
+
+    @property
+    def own_planned(self) -> list[PlannedLinear]:
+        """``planned`` less the shared ones (``shared_ids``: those counted elsewhere)."""
+        return [f for f in self.planned if id(f) not in self.shared_ids]
 
     def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
         """Final-normed hidden states of each sequence's last token, for the output embedding.
@@ -322,13 +338,18 @@ def layer_ops_run(weight: torch.Tensor) -> bool:
     return gemv_build.available()
 
 
-def _fused_layer(spec: LayerSpec, kernel: str | RowPlan) -> FusedLayer:
+def _fused_layer(spec: LayerSpec, kernel: str | RowPlan, shared: Mapping) -> FusedLayer:
+    """The layer's matmuls on ``kernel``; o and down are ``shared``'s where it has them."""
+
+    def single(module: nn.Linear) -> PlannedLinear:
+        return shared.get(module) or PlannedLinear([module], kernel)
+
     return FusedLayer(
         spec=spec,
         qkv=PlannedLinear(spec.qkv, kernel),
-        o=PlannedLinear([spec.o], kernel),
+        o=single(spec.o),
         gate_up=PlannedLinear(spec.gate_up, kernel),
-        down=PlannedLinear([spec.down], kernel),
+        down=single(spec.down),
     )
 
 

@@ -165,6 +165,7 @@ class PlannedLinear:
         self.stacked_bytes = weight.numel() * weight.element_size() if len(linears) > 1 else 0
         bound = bind_plan(plan, weight, bias)  # gemv keeps the stacked copy only if it must
         self.bound = list(bound.values())
+        self.kernel_names = tuple(bound)  # one per ``bound``
         # by_rows[M]: the kernel at M rows, up to the last range's start (then the last's)
         self._by_rows = [bound[plan.name_at(m)] for m in range(plan.starts[-1] + 1)]
         self._last = len(self._by_rows) - 1
@@ -175,6 +176,14 @@ class PlannedLinear:
         packed = sum(b.extra_bytes for b in self.bound)
         plain = any(b.weight is not None for b in self.bound)  # a kernel keeps the stacked copy
         return packed + (self.stacked_bytes if plain else 0)
+
+    def bytes_by_kernel(self) -> dict[str, int]:
+        """``extra_bytes`` by the kernel that keeps them (the stacked copy as ``"stacked"``)."""
+        by_kernel = {n: b.extra_bytes for n, b in zip(self.kernel_names, self.bound, strict=True)}
+        by_kernel = {n: nbytes for n, nbytes in by_kernel.items() if nbytes}
+        if self.stacked_bytes and any(b.weight is not None for b in self.bound):
+            by_kernel["stacked"] = self.stacked_bytes
+        return by_kernel
 
     def kernel_at(self, num_rows: int) -> BoundLinear:
         """The bound kernel that serves ``num_rows`` rows."""

@@ -26,7 +26,7 @@ import logging
 from engine import settings
 from engine.kernels import fused_layers, invariant_ops, kernel_plan, kernel_timing, linear_kernel
 from engine.kernels.host_setting import read_choice
-from engine.model import kernel_store
+from engine.model import kernel_store, memory_account
 from engine.model.kernel_store import KernelChoice
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,9 @@ class RunnerKernels:
         self.fused_refusal = "the engines' matmul runs on CPU only" if not self._linears else None
         if self.fused_refusal is None:
             try:
-                return fused_layers.FusedDecoder(self.model, self.engine_kernel.plan)
+                kernel = self.engine_kernel
+                shared = kernel.modules.planned if kernel.modules is not None else None
+                return fused_layers.FusedDecoder(self.model, kernel.plan, shared)
             except ValueError as why:  # layer_spec.Unsupported: what the layers do not compute
                 self.fused_refusal = str(why)
             except RuntimeError as why:  # oneDNN refused a stacked weight
@@ -224,6 +226,7 @@ def _measure(decoder, candidates) -> KernelChoice:
     timings = kernel_timing.time_candidates(
         kernel_timing.sample_linears(decoder), candidates, total_linears=len(decoder)
     )
+    memory_account.release_freed()  # the candidates' copies of the sample, freed
     try:
         plan = kernel_timing.choose_plan(timings.rows, timings.times_ms)
     except ValueError:  # no kernel timed at any row count: a busy host

@@ -28,6 +28,7 @@ from engine.model.allowlist import check_model_allowed
 from engine.model.device import describe_device, parse_dtype
 from engine.model.dtype_support import check_dtype_supported
 from engine.model.loader import DEFAULT_MODEL, LoadedModel, load_model
+from engine.model.memory_account import memory_account, memory_summary, peak_rss_bytes
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request
 from engine.trace import Trace
@@ -138,6 +139,11 @@ class WorkerModel:
     def kernels_and_step(self) -> tuple[str, str]:
         """This runner's matmul kernels and step, as people read them."""
         return self.runner.kernel_summary(), self.runner.step_summary()
+
+    def memory_words(self) -> str:
+        """This process's peak RSS, then the bytes of this model's weights and its kernels'
+        copies (``engine.model.memory_account.memory_summary``)."""
+        return memory_summary(memory_account(self.runner), peak_rss_bytes())
 
     def _variant(self, dtype_name: str) -> WorkerModel:
         """This model in ``dtype_name``, loaded (or converted) and warmed up on the engine
