@@ -47,7 +47,7 @@ from engine.kernels import (
 )
 from engine.kernels.kernel_plan import PlannedLinear, RowPlan
 from engine.kernels.layer_spec import LayerSpec, Norm
-from engine.kernels.linear_kernel import GemvLinear
+from engine.kernels.linear_kernel import GEMV_BLOCK, GemvLinear
 from engine.serving.packed_batch import PackedBatch
 
 CHOICES = {  # CBP_FUSED_LAYERS
@@ -91,7 +91,8 @@ class FusedDecoder:
 
     ``shared``: the engines' own ``PlannedLinear`` per module on the same ``kernel``
     (``kernel_plan.ModuleKernels.planned``); a layer's o and down run them rather than packing
-    their weights a second time (float32 SmolLM2-135M: 145 MB per packed kernel).
+    their weights a second time (float32 SmolLM2-135M: 145 MB per packed kernel), and their gemv
+    kernels for q, k, v, gate and up run on blocks of the stacked copies (``_stacked``).
 
     Raises:
         ValueError: the model is not supported (``layer_spec.Unsupported``).
@@ -346,11 +347,30 @@ def _fused_layer(spec: LayerSpec, kernel: str | RowPlan, shared: Mapping) -> Fus
 
     return FusedLayer(
         spec=spec,
-        qkv=PlannedLinear(spec.qkv, kernel),
+        qkv=_stacked(spec.qkv, kernel, shared),
         o=single(spec.o),
-        gate_up=PlannedLinear(spec.gate_up, kernel),
+        gate_up=_stacked(spec.gate_up, kernel, shared),
         down=single(spec.down),
     )
+
+
+def _stacked(linears: list[nn.Linear], kernel: str | RowPlan, shared: Mapping) -> PlannedLinear:
+    """``linears`` stacked on ``kernel``; each of ``shared``'s gemv kernels for them then runs
+    on its blocks of the stacked packed copy (``GemvLinear.share_packed``), so the gemv copy
+    is kept once (float32 SmolLM2-135M: 279 MB)."""
+    stacked = PlannedLinear(linears, kernel)
+    whole = next((b for b in stacked.bound if isinstance(b, GemvLinear)), None)
+    own = [shared.get(m) for m in linears]
+    if whole is None or any(p is None for p in own):
+        return stacked
+    gemvs = [next((b for b in p.bound if isinstance(b, GemvLinear)), None) for p in own]
+    if any(g is None or g.num_out % GEMV_BLOCK for g in gemvs):
+        return stacked
+    first = 0
+    for gemv in gemvs:
+        gemv.share_packed(whole.packed, first)
+        first += gemv.num_out // GEMV_BLOCK
+    return stacked
 
 
 def attend(attn: nn.Module, query, key, value, batch: PackedBatch, split, softcap=None):

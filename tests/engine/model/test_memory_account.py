@@ -6,7 +6,7 @@ from tiny_model import make_requests, tiny_runner
 
 from engine.batching.continuous import ContinuousEngine
 from engine.config import EngineConfig
-from engine.kernels import gemv_build
+from engine.kernels import gemv_build, linear_kernel
 from engine.kernels.kernel_plan import RowPlan
 from engine.model.kernel_store import KernelChoice
 from engine.model.memory_account import memory_account, memory_summary
@@ -48,6 +48,8 @@ def test_each_copy_kept_is_a_chosen_kernels_and_each_weight_is_packed_once_per_k
     assert account["weights_bytes"] == sum(_nbytes(p) for p in runner.model.parameters())
     for name in PACKED:
         assert 0 < account["packed_bytes"][name] <= 1.1 * (linears + stacked), name
+    if "gemv" in PACKED:  # kept once: q, k, v, gate and up run on blocks of the stacked copies
+        assert account["packed_bytes"]["gemv"] == linears
     assert account["packed_total_bytes"] == sum(account["packed_bytes"].values())
     assert account["packed_total_bytes"] == runner.engine_kernel_bytes
 
@@ -61,3 +63,16 @@ def test_the_account_counts_only_what_was_made_and_says_it_in_words():
     words = memory_summary(account, 3 * 10**9)
     assert words.startswith("peak RSS 3.0 GB; weights ")
     assert all(name in words for name in PACKED)
+
+
+def test_a_gemv_kernel_on_blocks_of_the_stacked_copy_gives_its_own_copys_bits():
+    if "gemv" not in PACKED:
+        return  # the kernel does not build here: nothing is shared
+    runner = _runner_after_a_continuous_run()
+    modules = runner.engine_kernel.modules.planned
+    x = torch.randn(3, runner.model.config.hidden_size)
+    for module in runner.fused_decoder.layers[0].spec.qkv:
+        shared = modules[module].kernel_at(3)
+        assert shared.shares_packed, "not a view into the stacked copy"
+        own = linear_kernel.bind("gemv", module.weight.detach(), module.bias)
+        assert torch.equal(shared(x), own(x))
