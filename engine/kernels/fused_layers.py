@@ -7,7 +7,8 @@ torch ops and a dozen Python module calls, which on a small CPU cost as much aga
 
 * **one matmul for q, k and v, one for gate and up**: the weights stacked once (``[Wq; Wk; Wv]``,
   ``[Wg; Wu]``) and bound to the engines' kernel plan (``engine.kernels.kernel_plan``); outputs
-  split by views;
+  split by views. No packed copy is kept twice: the gemv kernels of the modules run on blocks of
+  the stacked copy, and oneDNN's rows run the modules' own copies one by one (``_stacked``);
 * **the residual add inside the matmul** (``BoundLinear.add``, oneDNN's ``add`` post-op);
 * **RMSNorm as one op** (``torch.rms_norm``; in bfloat16 where the C++ kernels build,
   ``torch.ops.cbp_layer.rms_norm``), **SiLU-and-mul as one op in bfloat16**
@@ -47,9 +48,10 @@ from engine.kernels import (
 )
 from engine.kernels.kernel_plan import PlannedLinear, RowPlan
 from engine.kernels.layer_spec import LayerSpec, Norm
-from engine.kernels.linear_kernel import GEMV_BLOCK, GemvLinear
+from engine.kernels.linear_kernel import GEMV_BLOCK, GemvLinear, SplitLinear
 from engine.serving.packed_batch import PackedBatch
 
+ONEDNN = ("onednn", "onednn_f32")  # kernels whose stacked copies the modules' own replace
 CHOICES = {  # CBP_FUSED_LAYERS
     "auto": "the fused decoder layers where they apply",
     "off": "transformers' own layers",
@@ -355,13 +357,18 @@ def _fused_layer(spec: LayerSpec, kernel: str | RowPlan, shared: Mapping) -> Fus
 
 
 def _stacked(linears: list[nn.Linear], kernel: str | RowPlan, shared: Mapping) -> PlannedLinear:
-    """``linears`` stacked on ``kernel``; each of ``shared``'s gemv kernels for them then runs
-    on its blocks of the stacked packed copy (``GemvLinear.share_packed``), so the gemv copy
-    is kept once (float32 SmolLM2-135M: 279 MB)."""
-    stacked = PlannedLinear(linears, kernel)
-    whole = next((b for b in stacked.bound if isinstance(b, GemvLinear)), None)
+    """``linears`` stacked on ``kernel``, each packed copy kept once where ``shared`` has their
+    own kernels (float32 SmolLM2-135M: 279 MB per packed kernel): oneDNN's run as the modules'
+    own, one by one (``SplitLinear``); and each module's gemv kernel then runs on its blocks of
+    the stacked gemv copy (``GemvLinear.share_packed``)."""
     own = [shared.get(m) for m in linears]
-    if whole is None or any(p is None for p in own):
+    if any(p is None for p in own):
+        return PlannedLinear(linears, kernel)
+    by_name = [dict(zip(p.kernel_names, p.bound, strict=True)) for p in own]
+    given = {n: SplitLinear([b[n] for b in by_name]) for n in ONEDNN if n in by_name[0]}
+    stacked = PlannedLinear(linears, kernel, given)
+    whole = next((b for b in stacked.bound if isinstance(b, GemvLinear)), None)
+    if whole is None:
         return stacked
     gemvs = [next((b for b in p.bound if isinstance(b, GemvLinear)), None) for p in own]
     if any(g is None or g.num_out % GEMV_BLOCK for g in gemvs):

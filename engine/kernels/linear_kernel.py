@@ -244,6 +244,28 @@ class GemvLinear(BoundLinear):
         return self._rows(x, residual.contiguous())
 
 
+class SplitLinear(BoundLinear):
+    """A matmul on weights stacked along N run as each weight's own kernel (``parts``, in
+    stacking order), the outputs concatenated: the stacked matmul without a stacked copy. Its
+    parts' copies are counted where they are owned (``extra_bytes`` 0). oneDNN's sums for each
+    output do not depend on the other rows of the weight, so the bits are the stacked copy's.
+
+    Shapes:
+        x: [..., K]  ->  [..., sum N_i]
+    """
+
+    def __init__(self, parts: list[BoundLinear]):
+        super().__init__(None, None)
+        self.parts = parts
+
+    @property
+    def extra_bytes(self) -> int:
+        return 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], -1)
+
+
 _BINDERS = {
     "linear": BoundLinear,
     "skinny": SkinnyLinear,

@@ -39,16 +39,14 @@ def test_each_copy_kept_is_a_chosen_kernels_and_each_weight_is_packed_once_per_k
     for layer in fused.layers:  # o and down: the engines' own, not packed again
         assert layer.o is modules.planned[layer.spec.o]
         assert layer.down is modules.planned[layer.spec.down]
-    # per packed kernel: one copy of every linear, plus the stacked qkv and gate_up, within
-    # oneDNN's blocked layout's padding (6 % here; o and down packed twice would be 19 % more)
+    # per packed kernel: one copy of every linear (oneDNN's blocked layout pads it, 11 % here),
+    # none for the stacked qkv and gate_up (their copies would be 63 % more)
     linears = sum(_nbytes(m.weight) for m in modules.planned)
-    grouped = [m for la in fused.layers for m in (*la.spec.qkv, *la.spec.gate_up)]
-    stacked = sum(_nbytes(m.weight) for m in grouped)
     account = memory_account(runner)
     assert account["weights_bytes"] == sum(_nbytes(p) for p in runner.model.parameters())
     for name in PACKED:
-        assert 0 < account["packed_bytes"][name] <= 1.1 * (linears + stacked), name
-    if "gemv" in PACKED:  # kept once: q, k, v, gate and up run on blocks of the stacked copies
+        assert 0 < account["packed_bytes"][name] <= 1.2 * linears, name
+    if "gemv" in PACKED:  # q, k, v, gate and up run on blocks of the stacked copies
         assert account["packed_bytes"]["gemv"] == linears
     assert account["packed_total_bytes"] == sum(account["packed_bytes"].values())
     assert account["packed_total_bytes"] == runner.engine_kernel_bytes
