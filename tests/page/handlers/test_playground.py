@@ -196,7 +196,7 @@ def test_model_line_ends_in_the_peak_rss_with_the_bytes_by_part_on_hover(shared)
     line = shared.label_markdown
     hover, shown = line.rsplit('title="', 1)[1].removesuffix("</abbr>").split('">')
     hover = html.unescape(hover)
-    assert shown.startswith("peak RSS ") and shown.endswith(" MB"), line
+    assert shown.startswith("peak RSS ") and shown.endswith((" MB", " GB")), line
     assert hover.startswith(shown + "; weights 0 MB, kernels' copies "), hover
 
 
