@@ -30,7 +30,7 @@ from engine.bench.args import (
     parse_args,
 )
 from engine.bench.deployment import follow_deployment
-from engine.bench.probes.hardware import PeakMemory, weight_bytes, weight_read_ms
+from engine.bench.probes.hardware import PeakMemory, memory_object, weight_bytes, weight_read_ms
 from engine.bench.report import optional_measures, print_report, write_json
 from engine.bench.servers import (
     add_schedule_comparison,
@@ -228,13 +228,17 @@ def _setup(args):
     return loaded, runner, requests, engines, _normal_engines(runner, args.slots, names, options)
 
 
+def _config(args) -> EngineConfig:
+    return EngineConfig(args.slots, **engine_options(args))
+
+
 def _reference(args, runner, requests):
     """``(source, outputs)``: the reference (``engine.fidelity.reference.reference_for``) and its
     outputs, or ``(None, None)`` with ``--no-reference``."""
     if args.no_reference:
         return None, None
     t0 = time.perf_counter()
-    config = EngineConfig(args.slots, **engine_options(args))
+    config = _config(args)
     source = reference_for(runner, config, reference_store.open_store())  # CBP_REFERENCE_CACHE
     reference = source.outputs(requests)
     kind = "solo, batch-invariant" if args.batch_invariant else "generate"
@@ -280,6 +284,7 @@ def _bench(args, loaded, runner, requests, engines: dict, normal: dict) -> int:
         "layers_path": runner.layers_path,  # "fused", or "transformers: <why>"
         "decoder_layers": runner.decoder_layers,  # which layers the timed steps ran
         "decoder_layer_steps": dict(runner.decoder_layer_steps),
+        "memory": memory_object(runner, _config(args), requests, peaks),
     }
     print_report(args, results, normal_results, extra, (medians, failures, engines))
     optional_measures(args, runner, requests, extra)

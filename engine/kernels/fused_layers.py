@@ -7,7 +7,8 @@ torch ops and a dozen Python module calls, which on a small CPU cost as much aga
 
 * **one matmul for q, k and v, one for gate and up**: the weights stacked once (``[Wq; Wk; Wv]``,
   ``[Wg; Wu]``) and bound to the engines' kernel plan (``engine.kernels.kernel_plan``); outputs
-  split by views;
+  split by views. No packed copy is kept twice: the gemv kernels of the modules run on blocks of
+  the stacked copy, and oneDNN's rows run the modules' own copies one by one (``_stacked``);
 * **the residual add inside the matmul** (``BoundLinear.add``, oneDNN's ``add`` post-op);
 * **RMSNorm as one op** (``torch.rms_norm``; in bfloat16 where the C++ kernels build,
   ``torch.ops.cbp_layer.rms_norm``), **SiLU-and-mul as one op in bfloat16**
@@ -34,6 +35,7 @@ engines use it (``ModelRunner.forward_packed``), on CPU; for a model ``layer_spe
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -46,9 +48,10 @@ from engine.kernels import (
 )
 from engine.kernels.kernel_plan import PlannedLinear, RowPlan
 from engine.kernels.layer_spec import LayerSpec, Norm
-from engine.kernels.linear_kernel import GemvLinear
+from engine.kernels.linear_kernel import GEMV_BLOCK, GemvLinear, SplitLinear
 from engine.serving.packed_batch import PackedBatch
 
+ONEDNN = ("onednn", "onednn_f32")  # kernels whose stacked copies the modules' own replace
 CHOICES = {  # CBP_FUSED_LAYERS
     "auto": "the fused decoder layers where they apply",
     "off": "transformers' own layers",
@@ -88,26 +91,42 @@ def unsupported_reason(model: nn.Module) -> str | None:
 class FusedDecoder:
     """The decoder stack of a model over a packed batch; see the module docstring.
 
+    ``shared``: the engines' own ``PlannedLinear`` per module on the same ``kernel``
+    (``kernel_plan.ModuleKernels.planned``); a layer's o and down run them rather than packing
+    their weights a second time (float32 SmolLM2-135M: 145 MB per packed kernel), and their gemv
+    kernels for q, k, v, gate and up run on blocks of the stacked copies (``_stacked``).
+
     Raises:
         ValueError: the model is not supported (``layer_spec.Unsupported``).
         RuntimeError: oneDNN cannot pack a stacked weight (``kernel`` ``"onednn"`` or
             ``"onednn_f32"``).
     """
 
-    def __init__(self, model: nn.Module, kernel: str | RowPlan):
+    def __init__(self, model: nn.Module, kernel: str | RowPlan, shared: Mapping | None = None):
         self.spec = spec = layer_spec.read_decoder(model)
+        self.shared_ids = {id(p) for p in (shared or {}).values()}
         self.num_heads, self.num_kv_heads = spec.num_heads, spec.num_kv_heads
         self.head_dim = spec.head_dim
-        self.layers = [_fused_layer(layer, kernel) for layer in spec.layers]
+        self.layers = [_fused_layer(layer, kernel, shared or {}) for layer in spec.layers]
         self.eps = spec.final_norm.eps
         self.layer_ops = layer_ops_run(spec.final_norm.weight)  # cbp_layer's bfloat16 ops
         self.stack = LayerStack.of(self.layers, self.eps)  # None: the loop in Python serves
 
     @property
+    def planned(self) -> list[PlannedLinear]:
+        """Each layer's matmuls (qkv, o, gate_up, down), shared ones included."""
+        return [f for la in self.layers for f in la.linears]
+
+    @property
     def extra_bytes(self) -> int:
-        """Memory of the stacked weight copies, in bytes."""
-        linears = [f for la in self.layers for f in la.linears]
-        return sum(f.extra_bytes for f in linears)
+        """Memory of the weight copies these layers alone hold (not the shared ones'), in
+        bytes."""
+        return sum(f.extra_bytes for f in self.own_planned)
+
+    @property
+    def own_planned(self) -> list[PlannedLinear]:
+        """``planned`` less the shared ones (``shared_ids``: those counted elsewhere)."""
+        return [f for f in self.planned if id(f) not in self.shared_ids]
 
     def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
         """Final-normed hidden states of each sequence's last token, for the output embedding.
@@ -322,14 +341,43 @@ def layer_ops_run(weight: torch.Tensor) -> bool:
     return gemv_build.available()
 
 
-def _fused_layer(spec: LayerSpec, kernel: str | RowPlan) -> FusedLayer:
+def _fused_layer(spec: LayerSpec, kernel: str | RowPlan, shared: Mapping) -> FusedLayer:
+    """The layer's matmuls on ``kernel``; o and down are ``shared``'s where it has them."""
+
+    def single(module: nn.Linear) -> PlannedLinear:
+        return shared.get(module) or PlannedLinear([module], kernel)
+
     return FusedLayer(
         spec=spec,
-        qkv=PlannedLinear(spec.qkv, kernel),
-        o=PlannedLinear([spec.o], kernel),
-        gate_up=PlannedLinear(spec.gate_up, kernel),
-        down=PlannedLinear([spec.down], kernel),
+        qkv=_stacked(spec.qkv, kernel, shared),
+        o=single(spec.o),
+        gate_up=_stacked(spec.gate_up, kernel, shared),
+        down=single(spec.down),
     )
+
+
+def _stacked(linears: list[nn.Linear], kernel: str | RowPlan, shared: Mapping) -> PlannedLinear:
+    """``linears`` stacked on ``kernel``, each packed copy kept once where ``shared`` has their
+    own kernels (float32 SmolLM2-135M: 279 MB per packed kernel): oneDNN's run as the modules'
+    own, one by one (``SplitLinear``); and each module's gemv kernel then runs on its blocks of
+    the stacked gemv copy (``GemvLinear.share_packed``)."""
+    own = [shared.get(m) for m in linears]
+    if any(p is None for p in own):
+        return PlannedLinear(linears, kernel)
+    by_name = [dict(zip(p.kernel_names, p.bound, strict=True)) for p in own]
+    given = {n: SplitLinear([b[n] for b in by_name]) for n in ONEDNN if n in by_name[0]}
+    stacked = PlannedLinear(linears, kernel, given)
+    whole = next((b for b in stacked.bound if isinstance(b, GemvLinear)), None)
+    if whole is None:
+        return stacked
+    gemvs = [next((b for b in p.bound if isinstance(b, GemvLinear)), None) for p in own]
+    if any(g is None or g.num_out % GEMV_BLOCK for g in gemvs):
+        return stacked
+    first = 0
+    for gemv in gemvs:
+        gemv.share_packed(whole.packed, first)
+        first += gemv.num_out // GEMV_BLOCK
+    return stacked
 
 
 def attend(attn: nn.Module, query, key, value, batch: PackedBatch, split, softcap=None):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
@@ -127,8 +128,11 @@ KERNEL_CHOICES = {  # CBP_ENGINE_KERNEL
 }
 
 
-def bind_plan(plan: RowPlan, weight: torch.Tensor, bias: torch.Tensor | None) -> dict:
-    """Each kernel of ``plan`` bound to ``weight`` [N, K] (``linear_kernel.bind``), by name.
+def bind_plan(
+    plan: RowPlan, weight: torch.Tensor, bias: torch.Tensor | None, given: Mapping | None = None
+) -> dict:
+    """Each kernel of ``plan`` bound to ``weight`` [N, K] (``linear_kernel.bind``), by name;
+    ``given``'s bound kernels, by name, instead where it has them.
 
     The gemv kernel keeps the plain weight only where the plan sends it more rows than it takes
     (``MAX_GEMV_ROWS``: ``F.linear`` then); where another kernel has those rows, the weight is
@@ -137,7 +141,8 @@ def bind_plan(plan: RowPlan, weight: torch.Tensor, bias: torch.Tensor | None) ->
     Raises:
         RuntimeError: as ``bind``.
     """
-    bound = {name: bind(name, weight, bias) for name in plan.kernels}
+    given = given or {}
+    bound = {name: given.get(name) or bind(name, weight, bias) for name in plan.kernels}
     if "gemv" in bound and plan.name_at(MAX_GEMV_ROWS + 1) != "gemv":
         bound["gemv"].weight = None
     return bound
@@ -147,7 +152,8 @@ class PlannedLinear:
     """One weight, or several ``nn.Linear`` weights stacked along N, behind one matmul that runs
     the plan's kernel for its row count; each kernel binds the stacked weight once (``bind_plan``).
 
-    ``kernel`` is a plan, or the name of one kernel for every row count. ``add(x, residual)`` is
+    ``kernel`` is a plan, or the name of one kernel for every row count; ``given``: bound kernels
+    by name to run instead of binding those (``bind_plan``). ``add(x, residual)`` is
     ``residual + self(x)``, the add in the matmul's epilogue where the kernel has one (oneDNN's:
     the same float32 bits).
 
@@ -158,13 +164,14 @@ class PlannedLinear:
         RuntimeError: as ``bind``.
     """
 
-    def __init__(self, linears: list[nn.Linear], kernel: str | RowPlan):
+    def __init__(self, linears: list[nn.Linear], kernel: str | RowPlan, given=None):
         plan = RowPlan.single(kernel) if isinstance(kernel, str) else kernel
         weight = _stack([m.weight.detach() for m in linears])  # (N, K)
         bias = None if linears[0].bias is None else _stack([m.bias.detach() for m in linears])
         self.stacked_bytes = weight.numel() * weight.element_size() if len(linears) > 1 else 0
-        bound = bind_plan(plan, weight, bias)  # gemv keeps the stacked copy only if it must
+        bound = bind_plan(plan, weight, bias, given)  # gemv keeps the stacked copy only if it must
         self.bound = list(bound.values())
+        self.kernel_names = tuple(bound)  # one per ``bound``
         # by_rows[M]: the kernel at M rows, up to the last range's start (then the last's)
         self._by_rows = [bound[plan.name_at(m)] for m in range(plan.starts[-1] + 1)]
         self._last = len(self._by_rows) - 1
@@ -175,6 +182,14 @@ class PlannedLinear:
         packed = sum(b.extra_bytes for b in self.bound)
         plain = any(b.weight is not None for b in self.bound)  # a kernel keeps the stacked copy
         return packed + (self.stacked_bytes if plain else 0)
+
+    def bytes_by_kernel(self) -> dict[str, int]:
+        """``extra_bytes`` by the kernel that keeps them (the stacked copy as ``"stacked"``)."""
+        by_kernel = {n: b.extra_bytes for n, b in zip(self.kernel_names, self.bound, strict=True)}
+        by_kernel = {n: nbytes for n, nbytes in by_kernel.items() if nbytes}
+        if self.stacked_bytes and any(b.weight is not None for b in self.bound):
+            by_kernel["stacked"] = self.stacked_bytes
+        return by_kernel
 
     def kernel_at(self, num_rows: int) -> BoundLinear:
         """The bound kernel that serves ``num_rows`` rows."""

@@ -38,6 +38,7 @@ from engine.kernels import gemv_build
 
 MAX_SKINNY_ROWS = 64  # above this many rows plain F.linear is as fast as (W @ x.T).T
 MAX_GEMV_ROWS = 16  # above this many rows gemv's passes (8 rows each) lose to any GEMM
+GEMV_BLOCK = 16  # outputs per block of the gemv kernel's packed layout (csrc/gemv.cpp, kBlock)
 CANDIDATES = ("linear", "skinny", "onednn", "onednn_f32", "gemv")
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -193,11 +194,30 @@ class GemvLinear(BoundLinear):
         self.max_numel = MAX_GEMV_ROWS * weight.shape[1]  # of an input it takes
         with torch.inference_mode():
             self.packed = torch.ops.cbp_gemv.pack(weight.detach())
+        self.shares_packed = False  # True: ``packed`` is a view into a stacked copy
         self._op = torch.ops.cbp_gemv.linear.default  # the overload: no resolution per call
 
     @property
     def extra_bytes(self) -> int:
+        """The packed copy's bytes; 0 for a view into another's (``share_packed``)."""
+        if self.shares_packed:
+            return 0
         return self.packed.numel() * self.packed.element_size()
+
+    def share_packed(self, stacked: torch.Tensor, first_block: int) -> None:
+        """Run on ``stacked[first_block:]``'s first blocks, the packed copy of a weight stacked
+        along N that begins with this one, in place of this one's own copy (freed): the
+        layout packs each 16 outputs apart, so where N is a multiple of 16 the blocks are the
+        same values.
+
+        Raises:
+            ValueError: N is not a multiple of 16, or the blocks' shapes differ.
+        """
+        num_blocks = self.packed.shape[0]
+        view = stacked[first_block : first_block + num_blocks]
+        if self.num_out % GEMV_BLOCK or view.shape != self.packed.shape:
+            raise ValueError("the stacked copy's blocks are not this weight's")
+        self.packed, self.shares_packed = view, True
 
     def _rows(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         if x.dim() == 2 and (residual is None or residual.dim() == 2):  # no views to make
@@ -222,6 +242,28 @@ class GemvLinear(BoundLinear):
         if self.bias is not None or not self.takes(x) or residual.dtype != x.dtype:
             return residual + self(x)
         return self._rows(x, residual.contiguous())
+
+
+class SplitLinear(BoundLinear):
+    """A matmul on weights stacked along N run as each weight's own kernel (``parts``, in
+    stacking order), the outputs concatenated: the stacked matmul without a stacked copy. Its
+    parts' copies are counted where they are owned (``extra_bytes`` 0). oneDNN's sums for each
+    output do not depend on the other rows of the weight, so the bits are the stacked copy's.
+
+    Shapes:
+        x: [..., K]  ->  [..., sum N_i]
+    """
+
+    def __init__(self, parts: list[BoundLinear]):
+        super().__init__(None, None)
+        self.parts = parts
+
+    @property
+    def extra_bytes(self) -> int:
+        return 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], -1)
 
 
 _BINDERS = {

@@ -1,7 +1,8 @@
 """The model: loading it, the device and dtype it runs in, and the runner that calls it.
 
 ``model_runner`` is the only module that calls the model; ``kernel_choice`` is its kernel half,
-and ``kernel_store`` keeps the kernel choice measured on this host.
+and ``kernel_store`` keeps the kernel choice measured on this host; ``memory_account``
+counts the bytes of the weights and the kernels' copies.
 Beside them: the ``loader``, the ``model_card`` (a loaded model less its weights), the ``device``
 and dtype checks (``dtype_support``), the model ``allowlist`` and OpenMP settings (``openmp_env``).
 May import the rooms below it: ``workloads``, ``serving``, ``kernels``.
@@ -20,4 +21,5 @@ __all__ = [
     "openmp_env",
     "model_runner",
     "kernel_store",
+    "memory_account",
 ]

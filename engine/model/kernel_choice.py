@@ -26,7 +26,7 @@ import logging
 from engine import settings
 from engine.kernels import fused_layers, invariant_ops, kernel_plan, kernel_timing, linear_kernel
 from engine.kernels.host_setting import read_choice
-from engine.model import kernel_store
+from engine.model import kernel_store, memory_account
 from engine.model.kernel_store import KernelChoice
 
 log = logging.getLogger(__name__)
@@ -126,9 +126,10 @@ class RunnerKernels:
     @property
     def engine_kernel_bytes(self) -> int:
         """Memory the engines' kernels add (oneDNN's packed weight copies, and the fused
-        decoder's stacked copies once the continuous engine has made them), in bytes."""
-        fused = self.__dict__.get("fused_decoder")
-        return self.engine_kernel.extra_bytes + (fused.extra_bytes if fused is not None else 0)
+        decoder's stacked copies once the continuous engine has made them), in bytes, each copy
+        once (``memory_account``)."""
+        self.engine_kernel  # noqa: B018  (made here, as before the account)
+        return memory_account.memory_account(self)["packed_total_bytes"]
 
     @property
     def decoder_layers(self) -> str | None:
@@ -145,7 +146,9 @@ class RunnerKernels:
         self.fused_refusal = "the engines' matmul runs on CPU only" if not self._linears else None
         if self.fused_refusal is None:
             try:
-                return fused_layers.FusedDecoder(self.model, self.engine_kernel.plan)
+                kernel = self.engine_kernel
+                shared = kernel.modules.planned if kernel.modules is not None else None
+                return fused_layers.FusedDecoder(self.model, kernel.plan, shared)
             except ValueError as why:  # layer_spec.Unsupported: what the layers do not compute
                 self.fused_refusal = str(why)
             except RuntimeError as why:  # oneDNN refused a stacked weight
@@ -205,7 +208,7 @@ class RunnerKernels:
         text = f"matmul: {choice.summary()}"
         if kernel.plan != choice.plan:
             text += f"; oneDNN refused the weights, so {kernel.plan.describe()}"
-        return text + f"; +{kernel.extra_bytes / 1e6:.0f} MB of weight copies"
+        return text + f"; +{self.engine_kernel_bytes / 1e6:.0f} MB of weight copies"
 
     @contextlib.contextmanager
     def _attention(self, name: str):
@@ -224,6 +227,7 @@ def _measure(decoder, candidates) -> KernelChoice:
     timings = kernel_timing.time_candidates(
         kernel_timing.sample_linears(decoder), candidates, total_linears=len(decoder)
     )
+    memory_account.release_freed()  # the candidates' copies of the sample, freed
     try:
         plan = kernel_timing.choose_plan(timings.rows, timings.times_ms)
     except ValueError:  # no kernel timed at any row count: a busy host

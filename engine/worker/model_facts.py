@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.fidelity.reference_key import Identity
+from engine.model.memory_account import memory_account, memory_summary, peak_rss_bytes
 from engine.model.model_card import ModelCard
 from engine.worker.comparison import ComparisonModel
 
@@ -29,6 +30,7 @@ class ModelFacts:
     # the store's keys of the references, by batch-invariant mode (none without a store)
     reference_keys: dict[bool, Identity] = field(default_factory=dict)
     model_id: str = "embedded"  # the allowlist's name of the model (``WorkerModel.model_id``)
+    memory: str = ""  # peak RSS and the bytes by part (``WorkerModel.memory_words``)
 
     @property
     def dtype_name(self) -> str:
@@ -80,4 +82,5 @@ def facts_of(model: ComparisonModel) -> ModelFacts:
         batch_invariant_refusal=refusal,
         reference_keys=keys,
         model_id=getattr(model, "model_id", "embedded"),
+        memory=memory_summary(memory_account(runner), peak_rss_bytes()),
     )

@@ -28,6 +28,12 @@ from engine.model.allowlist import check_model_allowed
 from engine.model.device import describe_device, parse_dtype
 from engine.model.dtype_support import check_dtype_supported
 from engine.model.loader import DEFAULT_MODEL, LoadedModel, load_model
+from engine.model.memory_account import (
+    memory_account,
+    memory_summary,
+    peak_rss_bytes,
+    release_freed,
+)
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request
 from engine.trace import Trace
@@ -139,6 +145,11 @@ class WorkerModel:
         """This runner's matmul kernels and step, as people read them."""
         return self.runner.kernel_summary(), self.runner.step_summary()
 
+    def memory_words(self) -> str:
+        """This process's peak RSS, then the bytes of this model's weights and its kernels'
+        copies (``engine.model.memory_account.memory_summary``)."""
+        return memory_summary(memory_account(self.runner), peak_rss_bytes())
+
     def _variant(self, dtype_name: str) -> WorkerModel:
         """This model in ``dtype_name``, loaded (or converted) and warmed up on the engine
         thread."""
@@ -183,7 +194,8 @@ class WorkerModel:
     def warm_up(self) -> None:
         """Key the reference store (hashing the weights, about a second for SmolLM2-135M), so the
         page's estimates know from the first Run which references are stored already, and run
-        both engines once on two tiny requests, so one-time costs never reach a timing."""
+        both engines once on two tiny requests, so one-time costs never reach a timing; then hand
+        the memory freed while the kernels were made back to the OS (``release_freed``)."""
         if self.reference.store is not None:
             self.reference.identity  # noqa: B018  (a cached property: computed here, once)
         specs = parse_table([["Warm-up", 2], ["Warm up again", 3]])
@@ -193,6 +205,7 @@ class WorkerModel:
         config = EngineConfig(num_slots=2)
         for name in ("static", "continuous"):
             make_engine(name, self.runner, config).run(requests)
+        release_freed()  # what packing and stacking freed, back to the OS
 
     def time_pace(self) -> Pace:
         """Time both engines and the reference (``model.generate``, one request at a time, kept

@@ -231,3 +231,20 @@ def test_help_shows_the_defaults_and_the_ignored_flag_rule(capsys):
     for part in parts:
         assert part in text, f"{part!r} not in --help"
     assert "ignored with a warning on stderr" in text, "--help does not say what is ignored"
+
+
+def test_bench_json_counts_the_memory_by_part(tmp_path, tiny_loaded):
+    """--json's ``memory``: the weights' bytes, each kernel's copies, the KV pool, the peak RSS."""
+    out = tmp_path / "mem.json"
+    workload = write_workload(tmp_path, [("hello world", 6), ("abc", 4)])
+    argv = ["--workload", workload, "--engines", "continuous_paged", "--block-size", "4"]
+    assert bench.main([*argv, "--json", str(out)]) == 0
+    memory = json.loads(out.read_text())["memory"]
+    params = sum(p.numel() * p.element_size() for p in tiny_loaded.model.parameters())
+    assert memory["weights_bytes"] == params
+    assert memory["packed_total_bytes"] == sum(memory["packed_bytes"].values())
+    assert set(memory["packed_by_part"]) == {"modules", "fused"}
+    assert memory["variants"] == {}
+    bytes_per_token = 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads, head size 16, fp32
+    assert memory["kv_pool_bytes"] > 0 and memory["kv_pool_bytes"] % (4 * bytes_per_token) == 0
+    assert memory["peak_rss_bytes"] > params

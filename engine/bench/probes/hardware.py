@@ -9,12 +9,17 @@ batch of a few sequences reads every weight once per step, so this is a decode s
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from engine.batching.continuous import kv_pool_blocks
+from engine.config import EngineConfig
+from engine.model.memory_account import memory_account, weights_bytes
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")
@@ -67,7 +72,24 @@ def _status_bytes(field: str) -> int | None:
 
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of every parameter of ``model`` (tied weights counted once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    return weights_bytes(model)
+
+
+def memory_object(runner, config: EngineConfig, requests, peaks: dict[str, dict]) -> dict:
+    """The bench JSON's ``memory``: ``engine.model.memory_account``'s byte counts for
+    ``runner``, ``variants`` (other precisions held: none in the bench), ``kv_pool_bytes`` (the
+    paged KV pool ``config``'s budget sizes for ``requests``; without a budget, every slot's
+    longest sequence, as the slots cache holds) and ``peak_rss_bytes``, the highest of the
+    engines' ``peaks`` (``PeakMemory.peak_bytes``)."""
+    per_token = runner.kv_bytes_per_token()
+    config = dataclasses.replace(config, kv_mode="paged")
+    blocks = kv_pool_blocks(config, requests, per_token)
+    rss = [p["peak_rss_bytes"] for p in peaks.values() if p.get("peak_rss_bytes") is not None]
+    return memory_account(runner) | {
+        "variants": {},
+        "kv_pool_bytes": None if blocks is None else blocks * config.block_size * per_token,
+        "peak_rss_bytes": max(rss, default=None),
+    }
 
 
 def weight_read_ms(model: torch.nn.Module, synchronize, repeat: int = 5) -> float:

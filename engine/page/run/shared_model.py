@@ -51,7 +51,8 @@ class PageModel:
     """What the page asks of its model, and the page's parts of it (see the module docstring).
     ``loaded`` is a ``LoadedModel`` or its ``ModelCard``: name, tokenizer, device, dtype. Each
     kind also answers ``WorkerModel``'s ``kernels_and_step``, ``reference_for``,
-    ``check_batch_invariant``, ``check_kv_budget`` and ``_variant`` (what they do is said there)."""
+    ``check_batch_invariant``, ``check_kv_budget``, ``memory_words`` and ``_variant`` (what they
+    do is said there)."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)  # held by the one running run
     servers: PageServers | None = None  # the host's servers (app.py --vllm, --endpoint), if any
@@ -76,7 +77,8 @@ class PageModel:
         """The model line as the page shows it: ``label``, then "matmul kernels" whose hover text
         says which kernel runs at which row counts and how it was chosen (measured on this host,
         read from an earlier start, or named by ``CBP_ENGINE_KERNEL``), which decoder layers the
-        step runs (fused, or transformers' with the reason on hover); and, when the CPUs are
+        step runs (fused, or transformers' with the reason on hover), the peak RSS of the process
+        holding the weights (the bytes by part on hover); and, when the CPUs are
         split, how many the engines have. The model's family, size and weights' folder or hub id
         come after ``label`` (``model_card.identity_words``)."""
         kernels, step = self.kernels_and_step()
@@ -89,6 +91,10 @@ class PageModel:
         line += f' · <abbr title="{summary}">matmul kernels</abbr>'
         layers = "fused layers" if step.endswith("the fused layers") else "transformers' layers"
         line += f' · <abbr title="{html.escape(step, quote=True)}">{layers}</abbr>'
+        memory = self.memory_words()  # "peak RSS 1.9 GB; weights ...": the peak shown
+        if memory:
+            peak = html.escape(memory.split(";")[0])
+            line += f' · <abbr title="{html.escape(memory, quote=True)}">{peak}</abbr>'
         if self.cpu_split is not None:
             where = self.cpu_split.describe()
             where = html.escape(where[:1].upper() + where[1:], quote=True)
@@ -182,6 +188,10 @@ class ModelView(PageModel):
     def kernels_and_step(self) -> tuple[str, str]:
         """The engine process's matmul kernels and step."""
         return self.facts.kernels, self.facts.step
+
+    def memory_words(self) -> str:
+        """The engine process's peak RSS and the model's bytes by part, as it said them."""
+        return self.facts.memory
 
     @property
     def model_id(self) -> str:

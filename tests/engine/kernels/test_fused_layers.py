@@ -189,8 +189,9 @@ def test_a_model_the_fused_layers_do_not_know_runs_through_its_own_layers():
 
 
 def test_the_fused_copies_count_in_engine_kernel_bytes():
-    """Once the continuous engine has run, engine_kernel_bytes includes the stacked copies."""
-    runner = tiny_runner()
+    """Once the continuous engine has run, engine_kernel_bytes includes the stacked copies (plain
+    ones on ``linear``: oneDNN's and gemv's are the modules' own, ``test_memory_account``)."""
+    runner = _with_plan(tiny_runner(), RowPlan.single("linear"))
     before = runner.engine_kernel_bytes
     ContinuousEngine(runner, EngineConfig(2)).run(make_requests(SPECS[:2]))
     assert runner.fused_decoder is not None

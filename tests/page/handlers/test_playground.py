@@ -181,12 +181,23 @@ def test_model_line_says_the_kernel_choice_on_hover(shared):
 
 
 def test_model_line_says_which_layers_the_step_runs(shared):
-    """The model line ends in "fused layers" with the runner's step summary on hover, for the
+    """The model line says "fused layers" with the runner's step summary on hover, for the
     tiny Llama on CPU."""
     line = shared.label_markdown
-    assert line.endswith('">fused layers</abbr>'), line
-    hover = html.unescape(line.rsplit('title="', 1)[1].split('">')[0])
+    before, found, _ = line.partition('">fused layers</abbr>')
+    assert found, line
+    hover = html.unescape(before.rsplit('title="', 1)[1])
     assert hover == "step: eager, the fused layers", hover
+
+
+def test_model_line_ends_in_the_peak_rss_with_the_bytes_by_part_on_hover(shared):
+    """The model line's last part is the process's peak RSS; its hover, the weights' bytes and
+    each kernel's copies (``memory_account``)."""
+    line = shared.label_markdown
+    hover, shown = line.rsplit('title="', 1)[1].removesuffix("</abbr>").split('">')
+    hover = html.unescape(hover)
+    assert shown.startswith("peak RSS ") and shown.endswith((" MB", " GB")), line
+    assert hover.startswith(shown + "; weights 0 MB, kernels' copies "), hover
 
 
 def test_update_step_redraws_without_the_model(result, no_model):

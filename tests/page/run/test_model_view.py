@@ -86,7 +86,10 @@ def test_the_view_tokenizes_checks_and_labels_as_the_model_in_process(view):
     here = tiny_shared()
     assert prepare(view, ROWS, 2, OPTIONS) == prepare(here, ROWS, 2, OPTIONS)
     assert view.label == here.label and view.dtype_choices() == here.dtype_choices()
-    assert view.label_markdown == here.label_markdown, "the view's model line is not its model's"
+    # the peak RSS ends the line: each process's own, the rest the same
+    lines = [m.label_markdown.rsplit(" · ", 1) for m in (view, here)]
+    assert lines[0][0] == lines[1][0], "the view's model line is not its model's"
+    assert all('">peak RSS ' in memory for _, memory in lines), lines
     too_small = RunOptions(kv_mode="paged", kv_budget_mib=0.001)
     with pytest.raises(ValueError) as theirs:
         prepare(view, ROWS, 2, too_small)
