@@ -96,6 +96,8 @@ def _differences(settings: RunSettings) -> list[str]:
     except ValueError:
         return []
     skip = {"servers", "dtype", "check_reference"}  # not the setup of our engines' run
+    if linked.model in (None, recording.MODEL):  # the recorded run's model, named or not
+        skip.add("model")
     return [
         _setting_words(field.name.replace("_", " "), getattr(linked, field.name))
         for field in dataclasses.fields(linked)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from engine.page.run.run_options import RunSettings
 
 RECORDING_PATH = Path(__file__).resolve().parents[3] / "assets" / "recorded_run.json"
+MODEL = "embedded"  # the allowlist's name of the model ``record`` runs
 FORMAT = 1
 KINDS = (PREFILL, DECODE, IDLE)
 REQUEST_FIELDS = (

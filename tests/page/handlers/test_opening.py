@@ -138,6 +138,12 @@ def test_a_link_to_another_setup_says_the_recorded_run_is_not_its_own(model, rec
     ), status
     assert "press Run to measure it here" not in status, "the recording's own label contradicts"
     assert "continuous" in status and "steps against static" in status, "the run's line is gone"
+    # the page's model picker names the embedded model, the one the recorded run ran on
+    named = dataclasses.replace(_settings(), model=recording.MODEL)
+    status = _opened(_link(preset="one-long-many-short", slots=2), LINKED, named, recorded)[
+        OUT["status_markdown"]
+    ]
+    assert f"Press Run to measure “{LINKED}” at 2 slots here." in status, status
 
 
 def test_no_link_or_a_link_to_the_recorded_setup_leaves_the_page_as_it_opened(model, recorded):
