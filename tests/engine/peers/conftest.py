@@ -4,8 +4,9 @@ that follow start vLLMs of their own, and on a 24 GiB machine an idle one left b
 helped the suite run out of memory. Skipped without ``.venv-vllm`` (``needs_vllm``).
 
 It is started as the page starts it: from a thread kept to one CPU, as the page's process keeps to
-the CPUs its engines leave it (``engine.page.run.cpu_split``), so the tests see what the page's
-vLLM would.
+the CPUs its engines leave it (``engine.page.run.cpu_split``), computing on the other CPUs with a
+thread each, as the page's local vLLM computes on the engines' CPUs, so the tests see what the
+page's vLLM would (a vLLM thread spinning on the client's CPU reads its streams late).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def vllm(embedded_model):
     stopped once the tests leave this folder (``FolderServers``)."""
     from engine.peers.vllm_engine import VllmEngine
 
-    engine = VllmEngine(embedded_model, NUM_SLOTS, enforce_eager=True)
+    engine = VllmEngine(embedded_model, NUM_SLOTS, enforce_eager=True, cpus=engine_cpus())
     on_page_cpu(engine.start)
     yield SHARED.keep(engine)
     engine.close()
@@ -45,6 +46,15 @@ def page_cpu() -> set[int] | None:
     if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
         return None
     return {min(os.sched_getaffinity(0))}
+
+
+def engine_cpus() -> str | None:
+    """The CPUs besides ``page_cpu()`` as vLLM's ``--cpus`` list ("1"), or None (every CPU) where
+    there is no split."""
+    page = page_cpu()
+    if page is None:
+        return None
+    return ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0) - page))
 
 
 def on_page_cpu(work):
