@@ -1,7 +1,6 @@
 """Continuous Batching Playground: the Gradio page, layout and event wiring only (panels in
-``engine.page.panels``, handlers in ``engine.page.handlers``, the start in ``launch``).
-Run with ``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--share]``.
-"""
+``engine.page.panels``, handlers in ``engine.page.handlers``, the start in ``launch``). Run
+with ``python app.py [--model embedded|PATH|HUB_ID] [--device auto] [--dtype auto] [--share]``."""
 
 from __future__ import annotations
 
