@@ -14,6 +14,15 @@ from tiny_model import EOS_IDS, VOCAB, runner_of
 from engine.model.model_runner import ModelRunner
 
 WINDOW = 8  # keys a sliding-window layer sees
+# Prompts and outputs up to 67 tokens, 8 windows; two requests share a 16-token prefix.
+PAST_WINDOW_SPECS = [
+    ("the quick brown fox jumps over the lazy dog", 24),
+    ("a", 30),
+    ("hello world", 6),
+    ("z" * 20 + " abc", 12),
+    ("the quick brown fox said hi", 18),
+    ("q", 1),
+]
 
 _COMMON = dict(
     vocab_size=VOCAB,

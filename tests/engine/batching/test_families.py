@@ -2,7 +2,7 @@
 ``generate`` token for token, past the sliding window, on the fused layers."""
 
 import pytest
-from family_models import FAMILIES, WINDOW, family_runner
+from family_models import FAMILIES, PAST_WINDOW_SPECS, WINDOW, family_runner
 from tiny_model import make_requests
 
 from engine.batching.continuous import ContinuousEngine
@@ -10,15 +10,7 @@ from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
 from engine.fidelity.reference import ReferenceCache
 
-# Prompts and outputs up to 5 times the window; two requests share a 16-token prefix.
-SPECS = [
-    ("the quick brown fox jumps over the lazy dog", 24),
-    ("a", 30),
-    ("hello world", 6),
-    ("z" * 20 + " abc", 12),
-    ("the quick brown fox said hi", 18),
-    ("q", 1),
-]
+SPECS = PAST_WINDOW_SPECS  # up to 8 windows long, a shared 16-token prefix
 CONFIGS = {
     "static": (StaticEngine, EngineConfig(3)),
     "slots": (ContinuousEngine, EngineConfig(3)),

@@ -5,7 +5,7 @@ sequences runs without preemption."""
 import math
 
 import pytest
-from family_models import WINDOW, family_runner
+from family_models import PAST_WINDOW_SPECS, WINDOW, family_runner
 from tiny_model import make_requests
 
 from engine.batching.continuous import ContinuousEngine
@@ -15,15 +15,7 @@ from engine.serving.block_manager import FREED, BlockManager
 from engine.serving.scheduler import Scheduler
 
 BLOCK_SIZE = 4
-# Up to 67 tokens: 8 windows of 8; two requests share a 16-token prefix.
-SPECS = [
-    ("the quick brown fox jumps over the lazy dog", 24),
-    ("a", 30),
-    ("hello world", 6),
-    ("z" * 20 + " abc", 12),
-    ("the quick brown fox said hi", 18),
-    ("q", 1),
-]
+SPECS = PAST_WINDOW_SPECS  # up to 8 windows long, a shared 16-token prefix
 
 # Four 1- or 2-token prompts decoding 30 tokens: each needs 8 blocks whole, 3 in its window;
 # four at once need 12, so a pool of 8 (the least one request needs) still preempts.
