@@ -308,10 +308,7 @@ def _built(name: str, make: Callable[[], OpenAIEngine], log) -> OpenAIEngine | U
     path) or ``ModelRefused`` (the server cannot serve this model: the page starts anyway)."""
     try:
         return make()
-    except MissingBuild as exc:
-        log(f"{name}: failed: {exc}")
-        return Unbuilt(exc.public)
-    except ModelRefused as exc:
+    except (MissingBuild, ModelRefused) as exc:  # each says it without the host's path: public
         log(f"{name}: failed: {exc}")
         return Unbuilt(exc.public)
 
