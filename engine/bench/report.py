@@ -33,7 +33,7 @@ def format_table(results: dict[str, dict], weight_read_ms: float | None = None) 
     """
     base = results.get("static", {}).get("wall_s")
     head = f"{'engine':<18}{'wall_s':>16}{'steps':>7}{'tokens':>8}{'tok/s':>8}"
-    head += f"{'speedup':>9}{'ms/step':>9}{'x read':>8}  match"
+    head += f"{'speedup':>9} {'ms/step':>8} {'x read':>7}  match"
     lines = [head, "-" * len(head)]
     for name, r in results.items():
         spread = f"{r['wall_s']:.2f} ({r['wall_s_min']:.2f}-{r['wall_s_max']:.2f})"
@@ -45,8 +45,8 @@ def format_table(results: dict[str, dict], weight_read_ms: float | None = None) 
         note += f" ({expected})" if expected and r["reference_match"] is not None else ""
         lines.append(
             f"{name:<18}{spread:>16}{r['num_steps'] or '-':>7}{r['num_generated_tokens']:>8}"
-            f"{r['tok_per_s']:>8.1f}{speedup:>9}{_ms(r['ms_per_step']):>9}"
-            f"{_ratio(r['ms_per_step'], weight_read_ms):>8}  {match[r['reference_match']]}{note}"
+            f"{r['tok_per_s']:>8.1f}{speedup:>9} {_ms(r['ms_per_step']):>8}"
+            f" {_ratio(r['ms_per_step'], weight_read_ms):>7}  {match[r['reference_match']]}{note}"
         )
     return "\n".join(lines)
 

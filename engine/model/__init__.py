@@ -3,7 +3,8 @@
 ``model_runner`` is the only module that calls the model; ``kernel_choice`` is its kernel half,
 and ``kernel_store`` keeps the kernel choice measured on this host; ``memory_account``
 counts the bytes of the weights and the kernels' copies.
-Beside them: the ``loader``, the ``model_card`` (a loaded model less its weights), the ``device``
+Beside them: the ``loader`` (and ``text_decoder``, a vision-language model's text half), the
+``model_card`` (a loaded model less its weights), the ``device``
 and dtype checks (``dtype_support``), the model ``allowlist`` and OpenMP settings (``openmp_env``).
 May import the rooms below it: ``workloads``, ``serving``, ``kernels``.
 

@@ -356,7 +356,17 @@ def _from_pretrained(
             if attention == ATTENTIONS[-1] or "scaled_dot_product_attention" not in str(err):
                 raise
         else:
-            return net, tokenizer
+            return _text_decoder(net), tokenizer
+
+
+def _text_decoder(net: Any) -> Any:
+    """A vision-language model's text decoder (``engine.model.text_decoder``), refused in words."""
+    from engine.model.text_decoder import TextDecoderError, text_decoder
+
+    try:
+        return text_decoder(net)
+    except TextDecoderError as err:
+        raise ModelLoadError(f"This multimodal model cannot run on text alone: {err}.") from err
 
 
 def _prepare_tokenizer(tokenizer: Any, net: Any) -> None:
