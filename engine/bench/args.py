@@ -65,7 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         if knob.bench_flag:
             _add_knob_flag(p, knob)
     p.add_argument("--json", dest="json_path", help="write results to this JSON file")
-    p.add_argument("--model", default=None, help="model id or folder (default: embedded)")
+    p.add_argument(
+        "--model", default=None, help="model id, folder or .gguf file (default: embedded)"
+    )
     p.add_argument("--device", default=None, help="auto, cpu, cuda or mps (default auto)")
     p.add_argument("--repeat", type=int, default=1, help="runs per engine, interleaved (default 1)")
     p.add_argument(

@@ -156,6 +156,9 @@ def load_model(
         net, tokenizer, name = _load_embedded(torch_dtype)
         cached = cache_dir() / EMBEDDED_CACHE_NAME
         source = str(cached) if _is_complete_cache(cached) else HUB_FALLBACK_ID
+    elif wanted.endswith(".gguf"):
+        net, tokenizer, source = _load_gguf_file(Path(wanted).expanduser(), torch_dtype)
+        name = wanted
     else:
         net, tokenizer = _load_named(wanted, torch_dtype)
         name = wanted
@@ -214,6 +217,33 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
     )
     assert not getattr(net, "is_quantized", False), "GGUF model still quantized after dequantize"
     return net, tokenizer
+
+
+def _load_gguf_file(path: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
+    """A GGUF file's model, dequantized once into a safetensors folder in the cache, which is
+    returned as the source (``vllm serve`` loads that folder). Keyed by the file's name, size
+    and modification time.
+
+    Raises:
+        ModelLoadError: no such file, or transformers cannot read it (its architecture or
+            quantization type).
+    """
+    if not path.is_file():
+        raise ModelLoadError(f"No GGUF file at {str(path)!r}; pass an existing .gguf file.")
+    stat = path.stat()
+    cached = cache_dir() / f"{path.stem}-{stat.st_size:x}-{int(stat.st_mtime):x}"
+    if not _is_complete_cache(cached):
+        try:
+            net, tokenizer = _load_gguf(path)
+        except (OSError, ValueError, KeyError, NotImplementedError) as err:
+            raise ModelLoadError(
+                f"transformers cannot read the GGUF file {path.name}: {_first_line(err)}"
+            ) from err
+        _save_cache(net, tokenizer, cached)
+        if not _is_complete_cache(cached):  # the cache could not be written: run from memory
+            return net, tokenizer, str(path)
+        del net
+    return (*_from_pretrained(str(cached), dtype, local_only=True), str(cached))
 
 
 def _is_complete_cache(folder: Path) -> bool:

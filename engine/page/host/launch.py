@@ -54,7 +54,9 @@ def page_assets() -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line flags."""
     parser = argparse.ArgumentParser(description=page_panels.TITLE)
-    parser.add_argument("--model", default="embedded", help="embedded, a local folder or hub id")
+    parser.add_argument(
+        "--model", default="embedded", help="embedded, a local folder, a .gguf file or a hub id"
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
     parser.add_argument("--port", type=int, default=7860)

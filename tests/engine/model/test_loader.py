@@ -250,3 +250,29 @@ def test_a_model_over_the_hosts_memory_is_refused_before_loading(tmp_path):
     folder = _write_config(tmp_path / "big", big | {"num_hidden_layers": 200, "vocab_size": 256})
     with pytest.raises(ModelLoadError, match=r"needs \d+\.\d GB .* this host has \d+\.\d GB free"):
         load_model(str(folder), device="cpu")
+
+
+def test_a_gguf_file_loads_once_into_a_cached_folder(monkeypatch, tmp_path, embedded_model):
+    """``--model FILE.gguf``: the file's weights equal the embedded model's (the same GGUF),
+    dequantized once into a safetensors folder in the cache that the source names (for
+    ``vllm serve``); the second load reads that folder, not the file."""
+    gguf = loader.embedded_gguf_path()
+    assert gguf is not None, "the embedded GGUF is not installed"
+    monkeypatch.setenv("CBP_CACHE_DIR", str(tmp_path))
+    first = load_model(str(gguf), device="cpu")
+    assert Path(first.source).parent == tmp_path, first.source
+    assert (Path(first.source) / "config.json").is_file(), f"no cache at {first.source}"
+    weights, embedded = first.model.state_dict(), embedded_model.model.state_dict()
+    assert weights.keys() == embedded.keys(), "the GGUF file's model has other parameters"
+    for key, tensor in weights.items():
+        assert torch.equal(tensor, embedded[key]), f"weight {key} differs from the embedded model"
+
+    monkeypatch.setattr(loader, "_load_gguf", lambda path: pytest.fail("read the GGUF again"))
+    second = load_model(str(gguf), device="cpu")
+    assert second.source == first.source
+
+
+def test_a_missing_gguf_file_is_one_line_error(tmp_path):
+    """A ``.gguf`` path with no file behind it says so, in one line."""
+    with pytest.raises(ModelLoadError, match=r"No GGUF file at .*nope\.gguf"):
+        load_model(str(tmp_path / "nope.gguf"), device="cpu")
