@@ -1,12 +1,8 @@
-"""Attention-mask heatmaps: the packed step's block-diagonal mask and the static wave's padded one.
+"""Attention-mask heatmaps: the packed step's block-diagonal mask and the static wave's padded
+one.
 
-Built from an ``engine.trace.Trace`` alone, through the same mask functions the engines use
-(``engine.serving.masks``), so what the page draws is what the engine computed. A heatmap never
-hands the browser more than ``MAX_HEATMAP_CELLS`` cells: bigger masks are max-pooled into tiles, and
-the subtitle says so. Where two requests in one mask share a colour (ids seven apart), both are
-named. Keys a sequence took from the prefix cache are drawn paler (``prefix_cached_keys``). Drawn
-for a sliding-window layer, the keys its window hides from a query are light grey: the band.
-"""
+Drawn through the engines' own mask functions (``engine.serving.masks``), so the page shows what
+the engine computed. Over ``MAX_HEATMAP_CELLS`` cells a mask is max-pooled into tiles."""
 
 from __future__ import annotations
 
@@ -42,7 +38,6 @@ SMALL_GRID_CELLS = 80  # heatmaps up to this many cells a side get a 1-px gap be
 
 
 def _tile_factors(num_rows: int, num_cols: int) -> tuple[int, int]:
-    """Rows and columns per tile so a heatmap fits MAX_HEATMAP_CELLS; (1, 1) if it does already."""
     if num_rows * num_cols <= MAX_HEATMAP_CELLS:
         return 1, 1
     return math.ceil(num_rows / MAX_QUERY_CELLS), math.ceil(num_cols / MAX_KEY_CELLS)
@@ -52,8 +47,7 @@ def _max_pool(codes: torch.Tensor, fq: int, fk: int) -> torch.Tensor:
     """Max over fq x fk tiles of an integer grid whose blank cells are -1.
 
     Shapes:
-        codes: [T, T_kv] -> returns [ceil(T / fq), ceil(T_kv / fk)]
-    """
+        codes: [T, T_kv] -> returns [ceil(T / fq), ceil(T_kv / fk)]"""
     rows, cols = codes.shape
     padded = torch.full((math.ceil(rows / fq) * fq, math.ceil(cols / fk) * fk), -1)
     padded[:rows, :cols] = codes
@@ -68,10 +62,8 @@ def _tile_labels(n: int, factor: int) -> list[str]:
 def _heatmap(
     codes: torch.Tensor, x: list, y: list, colors: list[str], hover: str, under: int = -1
 ) -> tuple[go.Figure, int, int]:
-    """A figure of integer codes (-1 = blank) drawn with one colour per code, and its tile size
-    ``(fq, fk)``: a grid over ``MAX_HEATMAP_CELLS`` is max-pooled into tiles first, each labelled
-    with its rows' and columns' ranges instead of ``y`` and ``x`` (``(1, 1)``: not pooled). The
-    code ``under`` fills only a tile that holds no other code (-1: none such)."""
+    """A figure of integer codes (-1 = blank), one colour per code, and its tile size ``(fq,
+    fk)`` (``(1, 1)``: not pooled). ``under`` fills only a tile holding no other code."""
     fq, fk = _tile_factors(*codes.shape)
     if (fq, fk) != (1, 1):
         y, x = _tile_labels(codes.shape[0], fq), _tile_labels(codes.shape[1], fk)
@@ -95,18 +87,13 @@ def _heatmap(
 
 
 def _tiles_note(fq: int, fk: int) -> str:
-    """The subtitle's line on a pooled heatmap ("" when not pooled)."""
     return f"<br>aggregated: each cell is a {fq}×{fk} tile of tokens" if fq * fk > 1 else ""
 
 
 def mask_heatmap(trace: Trace, step_index: int, window: int | None = None) -> go.Figure:
-    """The block-diagonal causal mask of one packed (continuous) step, coloured by request;
-    with a ``window``, a sliding-window layer's, the keys its window hides in light grey.
-
-    Rows are query tokens in packed order, columns keys laid out ``[all cached | all new]`` as in
-    ``engine.serving.masks``; a cell is coloured by the sequence that owns it where attention is
-    allowed, paler where the key came from the prefix cache (``prefix_cached_keys``).
-    """
+    """The causal mask of one packed step, coloured by request; with a ``window``, a
+    sliding-window layer's, the hidden keys light grey. Rows: query tokens in packed order;
+    columns: keys ``[all cached | all new]``; keys from the prefix cache paler."""
     step = trace.steps[step_index]
     layout = packed_layout(
         [s.num_cached_tokens for s in step.seqs], [s.num_new_tokens for s in step.seqs]
@@ -153,13 +140,12 @@ def mask_heatmap(trace: Trace, step_index: int, window: int | None = None) -> go
 def _packed_codes(
     step: StepRecord, layout: PackedLayout, window: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-cell codes of a packed step (S = its sequences): the query's sequence index where it
-    attends, + S where the key came from the prefix cache, 2S where a causal key of its own
-    sequence is outside the ``window``, -1 elsewhere; and which keys came from the prefix cache.
+    """Per-cell codes of a packed step (S sequences): the query's sequence index where it
+    attends, + S where the key came from the prefix cache, 2S where a causal key is outside the
+    ``window``, -1 elsewhere; and which keys came from the prefix cache.
 
     Shapes:
-        returns: codes [T, T_kv], from_cache [T_kv] bool
-    """
+        returns: codes [T, T_kv], from_cache [T_kv] bool"""
     num_seqs = len(step.seqs)
     causal = block_diagonal_causal_mask(layout)  # (T, T_kv)
     mask = block_diagonal_causal_mask(layout, window)  # (T, T_kv): causal within the window
@@ -170,14 +156,12 @@ def _packed_codes(
 
 
 def layer_types(trace: Trace) -> dict[str, int | None]:
-    """The packed mask's layer types for the run's model, by label, with their windows: "global"
-    (None), then "sliding (window W)" for each window it records (none on older runs)."""
+    """The layer types by label with their windows: "global" (None), then "sliding (window W)"."""
     windows = trace.info.get("sliding_windows") or []
     return {GLOBAL_LAYERS: None} | {f"sliding (window {w})": w for w in windows}
 
 
 def _layers_note(window: int | None, num_outside: int) -> str:
-    """The subtitle's line on the layer type drawn: global, or sliding with its window."""
     if window is None:
         return "global layers: each query sees every earlier key of its request"
     return (
@@ -196,12 +180,10 @@ def _token_labels(names: list[str], seq, pos, from_cache=None) -> list[str]:
 
 
 def prefix_cached_keys(step: StepRecord, layout: PackedLayout) -> torch.Tensor:
-    """Which key columns of a packed step hold keys taken from the prefix cache: per sequence,
-    its first ``num_prefix_cached_tokens`` positions (always among its cached keys).
+    """Key columns from the prefix cache: each sequence's first ``num_prefix_cached_tokens``.
 
     Shapes:
-        returns: [T_kv] bool
-    """
+        returns: [T_kv] bool"""
     prefix = torch.tensor([s.num_prefix_cached_tokens for s in step.seqs], dtype=torch.long)
     assert all(s.num_prefix_cached_tokens <= s.num_cached_tokens for s in step.seqs), (
         "prefix-cached keys must be cached keys"
@@ -210,14 +192,14 @@ def prefix_cached_keys(step: StepRecord, layout: PackedLayout) -> torch.Tensor:
 
 
 def paler(hex_color: str, share: float = 0.55) -> str:
-    """``hex_color`` mixed with ``share`` white: the same hue, lighter ("#0072B2" -> "#8cc0dc")."""
+    """``hex_color`` mixed with ``share`` white ("#0072B2" -> "#8cc0dc")."""
     rgb = [int(hex_color[i : i + 2], 16) for i in (1, 3, 5)]
     return "#" + "".join(f"{round(c + (255 - c) * share):02x}" for c in rgb)
 
 
 def _mark_repeated_colours(fig: go.Figure, bands: list[tuple[int, int]]) -> None:
-    """Where two requests in one heatmap share a colour (ids a palette apart), name each of them
-    at the top of its band of query rows (``bands``: request id, first row)."""
+    """Name each request whose colour another in the heatmap shares, atop its band (``bands``:
+    id, row)."""
     colours = [request_color(rid) for rid, _ in bands]
     for (rid, row), colour in zip(bands, colours, strict=True):
         if colours.count(colour) > 1:
@@ -256,8 +238,7 @@ def _static_codes(step: StepRecord, pads: list[int], num_q: int, num_k: int) -> 
     """Per-cell codes of a padded wave step: row b, B = pad, B + 1 = idle row, -1 = blocked.
 
     Shapes:
-        returns: [B * num_q, num_k]
-    """
+        returns: [B * num_q, num_k]"""
     num_rows = len(step.seqs)
     mask = padded_wave_mask(pads, num_q, num_k)  # (B, Q, K)
     k = torch.arange(num_k)[None, None, :]  # (1, 1, K)
@@ -273,11 +254,7 @@ def _static_codes(step: StepRecord, pads: list[int], num_q: int, num_k: int) -> 
 
 def static_mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
     """The padded mask of one static step (as ``model.generate`` applies it to a left-padded
-    wave; the packed waves attend the same keys), rows stacked top-down.
-
-    Each row of the wave is a block of its queries against all key columns (left padding first);
-    pad cells and the attention of rows whose request already finished get neutral colours.
-    """
+    wave), rows stacked top-down; pads and finished rows in neutral colours."""
     step = trace.steps[step_index]
     first = _wave_start(trace, step_index)
     prefill = trace.steps[first].seqs
