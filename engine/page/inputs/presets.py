@@ -2,7 +2,7 @@
 shows.
 
 The file's format, and why choosing a preset resets the engine settings (``ENGINE_DEFAULTS``):
-docs/page.md, "The presets file"."""
+docs/page.md, "The presets and tour files"."""
 
 from __future__ import annotations
 

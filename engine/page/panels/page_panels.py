@@ -1,8 +1,5 @@
-"""Panel builders: the header and guided tour, the request editor and the downloads, built inside
-``app.py``'s ``gr.Blocks``, each returning its components in a small dataclass named after the
-panel; and the page's components by name: what Run reads and writes, what a link reads and sets
-(``COMPONENTS``).
-"""
+"""Panel builders: the header and tour, the request editor and the downloads; and the page's
+components by name (``COMPONENTS``)."""
 
 from __future__ import annotations
 
@@ -42,9 +39,8 @@ REQUESTS_LABEL = (
 
 
 def header(model_label: str) -> tuple[gr.Markdown, tour.TourPanel]:
-    """Title, introduction, the loaded model's label and the guided tour; returns the model line,
-    which the model picker sets (``engine.page.handlers.model_choice``), and the tour, whose
-    "Set this up" buttons app.py wires (``tour.wire_setups``)."""
+    """Title, introduction, model line and tour; returns the model line (the picker sets it) and
+    the tour (app.py wires its buttons)."""
     gr.Markdown(f"# {TITLE}\n\n{INTRO}")
     model_line = gr.Markdown(model_label, elem_id="model_markdown")
     with gr.Accordion("Guided tour: what to look at", open=False, elem_id="tour_accordion"):
@@ -53,8 +49,6 @@ def header(model_label: str) -> tuple[gr.Markdown, tour.TourPanel]:
 
 @dataclass
 class RequestsPanel:
-    """The request table, its upload and download buttons, and the preset's explanation."""
-
     table: gr.Dataframe
     upload_button: gr.UploadButton
     table_button: gr.Button
@@ -117,12 +111,11 @@ def downloads_panel() -> gr.File:
 def run_outputs(
     run_state: gr.State, results: ResultsPanel, downloads: gr.File, settings: SettingsPanel
 ) -> list:
-    """What Run and Stop write, in ``engine.page.views.run_view.RUN_OUTPUTS`` order: each
-    component found by its ``elem_id``, the output's name.
+    """What Run and Stop write, in ``RUN_OUTPUTS`` order, each component found by its
+    ``elem_id``.
 
     Raises:
-        KeyError: an output with no component.
-    """
+        KeyError: an output with no component."""
     found = by_elem_id(results, settings) | {"run_state": run_state, "downloads_file": downloads}
     return [found[name] for name in RUN_OUTPUTS]
 
@@ -152,12 +145,11 @@ COMPONENTS |= {
 
 
 def page_components(names, requests: RequestsPanel, settings: SettingsPanel, results, **states):
-    """The components of ``names`` (keys of ``COMPONENTS``), in that order; ``states`` are the
-    ``gr.State``s named there (``run_state``, ``handle_state``).
+    """The components of ``names`` (keys of ``COMPONENTS``), in order; ``states``: the
+    ``gr.State``s.
 
     Raises:
-        KeyError: a name with no component, or a state not given.
-    """
+        KeyError: a name with no component, or a state not given."""
     page = SimpleNamespace(requests=requests, settings=settings, results=results, **states)
     return [operator.attrgetter(COMPONENTS[name])(page) for name in names]
 
@@ -165,9 +157,8 @@ def page_components(names, requests: RequestsPanel, settings: SettingsPanel, res
 def run_inputs(
     requests: RequestsPanel, settings: SettingsPanel, results, run_state, handle, live=False
 ):
-    """What Run reads, in ``run_options.RUN_INPUTS`` order (the /run API's; the states are not in
-    the API): each ``RunSettings`` field's component, found by its name. ``live``: "Run live
-    anyway"'s, whose ``replay_recent`` is False."""
+    """What Run reads, in ``RUN_INPUTS`` order; ``live``: "Run live anyway"'s (``replay_recent``
+    False)."""
     states = {"run_state": run_state, "handle_state": handle}
     components = page_components(RUN_INPUTS, requests, settings, results, **states)
     if live:
