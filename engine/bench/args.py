@@ -1,7 +1,8 @@
 """The bench's command line: flags, their scopes and defaults, and the workload they select.
 
 Scoped flags (``SCOPED``) parse as None or False, so a given flag that nothing selected uses can
-be named (``ignored_flags``)."""
+be named (``ignored_flags``).
+"""
 
 from __future__ import annotations
 
@@ -167,11 +168,11 @@ def sampling_flags(args: argparse.Namespace) -> dict | None:
 
 
 def sampling_defaults(args: argparse.Namespace) -> SamplingParams | None:
-    """The sampling flags' settings, seeded by the seed base (None when no sampling flag is
-    given).
+    """The sampling flags' settings, seeded by the seed base (None when no sampling flag is given).
 
     Raises:
-        ValueError: a bad value, naming its flag."""
+        ValueError: a bad value, naming its flag.
+    """
     given = sampling_flags(args)
     if given is None:
         return None
@@ -242,7 +243,8 @@ def endpoints(args: argparse.Namespace) -> list[Endpoint]:
     """The ``--endpoint`` flags with their ``--endpoint-record``, checked.
 
     Raises:
-        ValueError: a bad entry, a name taken, or a record for a name no ``--endpoint`` has."""
+        ValueError: a bad entry, a name taken, or a record for a name no ``--endpoint`` has.
+    """
     found = parse_endpoints(args.endpoint, reserved=ENGINES)
     return with_records(found, args.endpoint_record)
 
@@ -261,7 +263,8 @@ def load_specs(args: argparse.Namespace):
     """The workload with its arrival times and sampling settings.
 
     Raises:
-        ValueError: a missing file (suggesting ``seed``), a bad line, or a bad sampling flag."""
+        ValueError: a missing file (suggesting ``seed``), a bad line, or a bad sampling flag.
+    """
     if args.workload == "seed":
         specs = seed_specs()
     elif not Path(args.workload).exists():
@@ -281,7 +284,8 @@ def apply_sampling_flags(specs, args: argparse.Namespace):
     ``--seed-base + i``).
 
     Raises:
-        ValueError: a bad flag value, or a seed beyond 2^63 - 1."""
+        ValueError: a bad flag value, or a seed beyond 2^63 - 1.
+    """
     defaults = sampling_defaults(args)
     if defaults is None:
         return specs

@@ -1,8 +1,8 @@
-"""The bench beside a recorded deployment: our continuous engine on the deployment's own
-settings.
+"""The bench beside a recorded deployment: our continuous engine on the deployment's own settings.
 
 The first ``--endpoint-record`` endpoint's ``start`` line rebuilds the engine its schedule is
-compared with; an unreadable record leaves ours on the flags' settings (docs/bench.md)."""
+compared with; an unreadable record leaves ours on the flags' settings (docs/bench.md).
+"""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@
 
 Each run to ``<out>/<name>.json``, a summary to ``<out>/summary.json``; fails (exit 1) on broken
 float32 parity, a run that cannot run or a non-bitwise invariant run; exit 2 without CUDA
-(docs/precision.md)."""
+(docs/precision.md).
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Kernel micro-benchmark: ``F.linear`` against the engines' kernels, on the model's own weights.
 
 Best-of-repeat ms for one pass over every decoder-layer linear, per row count, per candidate and
-for ``chosen`` (the engines' kernel here); docs/bench.md says more."""
+for ``chosen`` (the engines' kernel here); docs/bench.md says more.
+"""
 
 from __future__ import annotations
 

@@ -50,7 +50,8 @@ class EngineThread:
         """``fn(*args)`` on the thread, waiting for it (directly when already on it).
 
         Raises:
-            Exception: whatever ``fn`` raised."""
+            Exception: whatever ``fn`` raised.
+        """
         if self.on_it():
             return fn(*args)
         return self.submit(fn, *args).result()

@@ -26,7 +26,8 @@ def make_engine(
     KV.
 
     Raises:
-        ValueError: an unknown name, or options the engine's ``EngineConfig`` refuses."""
+        ValueError: an unknown name, or options the engine's ``EngineConfig`` refuses.
+    """
     sharing = config.prefix_caching if prefix_caching is None else prefix_caching
     invariant = config.batch_invariant
     if name == "static":

@@ -1,8 +1,8 @@
-"""What a process without the model's weights learns of the model, asked of the one that holds
-it.
+"""What a process without the model's weights learns of the model, asked of the one that holds it.
 
 Tokenizing, KV budgets, labels and reference pricing need no weights; but the reference keys
-hold the holder's CPU thread count, so only the holder can give them."""
+hold the holder's CPU thread count, so only the holder can give them.
+"""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def chosen_facts(
     a wait of ``LOAD``.
 
     Raises:
-        ModelLoadError: ``name`` is not on the allowlist, or fails to load."""
+        ModelLoadError: ``name`` is not on the allowlist, or fails to load.
+    """
     stage = functools.partial(_told_stage, watch)
     return facts_of(model.in_model(name, stage).in_dtype(dtype))
 

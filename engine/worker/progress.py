@@ -1,6 +1,5 @@
 """How far a run's engines got, told as they go: ``ProgressLog`` is the ``watch`` a job's engines
-call, and ``EngineProgress`` one engine's entry, handed to the run's ``take``.
-"""
+call, and ``EngineProgress`` one engine's entry, handed to the run's ``take``."""
 
 from __future__ import annotations
 
@@ -72,7 +71,8 @@ class ProgressLog:
         while it waits for arrivals or a server (``note``: what for).
 
         Raises:
-            RunStopped: the run should stop (``RunControl.check``)."""
+            RunStopped: the run should stop (``RunControl.check``).
+        """
         self.control.check()
         entry = self._keep(engine, trace, done, waiting, note)
         trace_id = id(entry.trace)  # the log keeps each snapshot alive: ids are not reused

@@ -2,7 +2,8 @@
 
 ``ThreadWorker`` runs jobs on this process's engine thread, ``worker_process.ProcessWorker`` in a
 process of its own; both through ``answer``, whose messages docs/architecture.md draws ("One Run,
-module by module"). The caller's own loop polls ``Job.wait``: no thread relays between the two."""
+module by module"). The caller's own loop polls ``Job.wait``: no thread relays between the two.
+"""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ class Job:
         answered.
 
         Raises:
-            EngineProcessLost: the worker's process ended first."""
+            EngineProcessLost: the worker's process ended first.
+        """
         deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
         while self._answer is None:
             left_s = None if deadline_s is None else max(0.0, deadline_s - time.monotonic())
@@ -57,7 +59,8 @@ class Job:
 
         Raises:
             RunStopped: the job was stopped (``EngineProcessLost``: its process died).
-            Exception: whatever the job raised, same type and message."""
+            Exception: whatever the job raised, same type and message.
+        """
         assert self._answer is not None, "result() before the job answered"
         kind, payload = self._answer
         if kind == "error":
@@ -90,7 +93,8 @@ class Worker(Protocol):
 
         Raises:
             RunStopped: ``control`` stopped the run (``EngineProcessLost``: the process died).
-            Exception: whatever ``fn`` raised, same type and message."""
+            Exception: whatever ``fn`` raised, same type and message.
+        """
         ...
 
 

@@ -2,7 +2,8 @@
 
 The page's per-session Python holds the GIL the engines need between torch calls; a process of
 their own keeps it off a run (docs/measurements.md, "Does the room slow the run being
-measured?"). The worker's side is ``worker_main``; it imports core modules only."""
+measured?"). The worker's side is ``worker_main``; it imports core modules only.
+"""
 
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ class ProcessWorker:
 
         Raises:
             EngineProcessLost: the worker ended first.
-            Exception: the model failed to load in the worker (its exception)."""
+            Exception: the model failed to load in the worker (its exception).
+        """
         with self._lock:
             self._start()
             while not self._ready:
@@ -117,7 +119,8 @@ class ProcessWorker:
         """A ``("ready", None)`` or ``("failed", exception)`` from the worker's start.
 
         Raises:
-            Exception: the model failed to load in the worker (its exception)."""
+            Exception: the model failed to load in the worker (its exception).
+        """
         kind, payload = message
         if kind == "failed":
             self._discard()
@@ -237,7 +240,8 @@ def _start_without_main(process) -> None:
 
     Spawn runs the parent's main script again as ``__mp_main__``, which for ``python app.py``
     loads the whole page into the worker. A main module whose spec is named ``__main__`` is left
-    alone (as for ``python -m``); the spec is put back once the child's start data is taken."""
+    alone (as for ``python -m``); the spec is put back once the child's start data is taken.
+    """
     main = sys.modules["__main__"]
     spec = getattr(main, "__spec__", None)
     main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)

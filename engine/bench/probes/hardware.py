@@ -1,7 +1,8 @@
 """Hardware probes for the bench: peak resident memory, and the time to read the weights once.
 
 Linux resets the peak (``VmHWM``) by writing ``5`` to ``/proc/self/clear_refs`` (``man 5
-proc``); elsewhere ``ru_maxrss``, the peak since start."""
+proc``); elsewhere ``ru_maxrss``, the peak since start.
+"""
 
 from __future__ import annotations
 

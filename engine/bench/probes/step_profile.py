@@ -2,7 +2,8 @@
 
 Self time per op under ``torch.profiler``, in three groups (``op_group``), says whether a step
 over its weight-read floor is slow matmuls or per-op dispatch; the profiler adds a few µs per op,
-so read the groups as shares."""
+so read the groups as shares.
+"""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def decode_op_profile(runner, num_slots: int, num_steps: int = 24, prompt_len: i
     prompt_len`` cached tokens (after one unprofiled warm-up run).
 
     Returns ``{"num_steps", "step_ms", "matmul_ms", "attention_ms", "other_ms", "other_ops",
-    "top_other": [[op, ms per step], ...]}``."""
+    "top_other": [[op, ms per step], ...]}``.
+    """
     vocab = runner.loaded.model.config.vocab_size
     prompt = tuple((1000 + i % 500) % vocab for i in range(prompt_len))
     requests = [Request(i, "profile", num_steps + 1, prompt) for i in range(num_slots)]

@@ -5,7 +5,8 @@
 
 Shared blocks carry their reference count. With a sliding window on every layer, free blocks
 that fell out of a window are drawn apart; so are the block ids a record reserves
-(``info["kv_reserved_blocks"]``, older transformers records: ``kv_trash_blocks``)."""
+(``info["kv_reserved_blocks"]``, older transformers records: ``kv_trash_blocks``).
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Attention-mask heatmaps: the packed step's block-diagonal mask and the static wave's padded
-one.
+"""Attention-mask heatmaps: the packed step's block-diagonal mask and the static wave's padded one.
 
 Drawn through the engines' own mask functions (``engine.serving.masks``), so the page shows what
-the engine computed. Over ``MAX_HEATMAP_CELLS`` cells a mask is max-pooled into tiles."""
+the engine computed. Over ``MAX_HEATMAP_CELLS`` cells a mask is max-pooled into tiles.
+"""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ def _max_pool(codes: torch.Tensor, fq: int, fk: int) -> torch.Tensor:
     """Max over fq x fk tiles of an integer grid whose blank cells are -1.
 
     Shapes:
-        codes: [T, T_kv] -> returns [ceil(T / fq), ceil(T_kv / fk)]"""
+        codes: [T, T_kv] -> returns [ceil(T / fq), ceil(T_kv / fk)]
+    """
     rows, cols = codes.shape
     padded = torch.full((math.ceil(rows / fq) * fq, math.ceil(cols / fk) * fk), -1)
     padded[:rows, :cols] = codes
@@ -145,7 +146,8 @@ def _packed_codes(
     ``window``, -1 elsewhere; and which keys came from the prefix cache.
 
     Shapes:
-        returns: codes [T, T_kv], from_cache [T_kv] bool"""
+        returns: codes [T, T_kv], from_cache [T_kv] bool
+    """
     num_seqs = len(step.seqs)
     causal = block_diagonal_causal_mask(layout)  # (T, T_kv)
     mask = block_diagonal_causal_mask(layout, window)  # (T, T_kv): causal within the window
@@ -183,7 +185,8 @@ def prefix_cached_keys(step: StepRecord, layout: PackedLayout) -> torch.Tensor:
     """Key columns from the prefix cache: each sequence's first ``num_prefix_cached_tokens``.
 
     Shapes:
-        returns: [T_kv] bool"""
+        returns: [T_kv] bool
+    """
     prefix = torch.tensor([s.num_prefix_cached_tokens for s in step.seqs], dtype=torch.long)
     assert all(s.num_prefix_cached_tokens <= s.num_cached_tokens for s in step.seqs), (
         "prefix-cached keys must be cached keys"
@@ -238,7 +241,8 @@ def _static_codes(step: StepRecord, pads: list[int], num_q: int, num_k: int) -> 
     """Per-cell codes of a padded wave step: row b, B = pad, B + 1 = idle row, -1 = blocked.
 
     Shapes:
-        returns: [B * num_q, num_k]"""
+        returns: [B * num_q, num_k]
+    """
     num_rows = len(step.seqs)
     mask = padded_wave_mask(pads, num_q, num_k)  # (B, Q, K)
     k = torch.arange(num_k)[None, None, :]  # (1, 1, K)

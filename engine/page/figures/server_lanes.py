@@ -7,7 +7,8 @@ A server hides its slots, so its timeline has one lane per request, from the cli
     R2 |        ░░░░░░░░░▓▓▓▓|
 
 Both are the view from outside (``OUTSIDE``); its own record is
-``engine.page.views.inside_view``'s."""
+``engine.page.views.inside_view``'s.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Serving figures: latency CDFs, per-step token budget and KV block use, and the queue-wait and
-preemption marks laid over a timeline.
-"""
+preemption marks laid over a timeline."""
 
 from __future__ import annotations
 

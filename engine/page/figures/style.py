@@ -1,7 +1,8 @@
 """The page's shared figure look: colours, titles, legends and the PNG button, for every chart.
 
 Okabe–Ito colours (safe for common colour blindness), one per request in every chart;
-transparent backgrounds and grey text for light and dark themes; titles left-aligned for phones."""
+transparent backgrounds and grey text for light and dark themes; titles left-aligned for phones.
+"""
 
 from __future__ import annotations
 

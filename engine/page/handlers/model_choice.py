@@ -1,7 +1,8 @@
 """The model picker's handler: the host's model chosen, loaded where the engines run.
 
 The load waits for the run in progress; a model that cannot load is told as "Not run" with the
-loader's reason, and the model line keeps the one before."""
+loader's reason, and the model line keeps the one before.
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 The recorded charts under another setup would read as its own. So a link's setup measured here
 within the replay window is shown as a Run shown at once; otherwise the status line says whose
-the recorded run is, and that Run measures the linked setup."""
+the recorded run is, and that Run measures the linked setup.
+"""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def link_opened(request: gr.Request | None, preset_name: str | None, *values) ->
     another setup's.
 
     Takes the preset's value, then Run's inputs in ``RUN_INPUTS`` order. Returns the Run outputs,
-    ``gr.skip()`` where nothing changes (all of them once the session pressed Run)."""
+    ``gr.skip()`` where nothing changes (all of them once the session pressed Run).
+    """
     query, step = page_io.query_params(request), page_io.link_step(request)
     settings, previous, handle = settings_from_run(*values)
     if not _untouched(previous, handle):

@@ -1,8 +1,8 @@
-"""The page's handlers as plain functions, testable without a browser: Run, Stop, the step
-slider.
+"""The page's handlers as plain functions, testable without a browser: Run, Stop, the step slider.
 
 ``app.py`` only lays out components and wires them to these. Tests put their own ``SharedModel``
-(imported from here) in ``shared_model``'s place."""
+(imported from here) in ``shared_model``'s place.
+"""
 
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ def run_event(*values, **named) -> Iterator[tuple]:
     Raises:
         gr.Error: the run passed ``CBP_RUN_TIME_LIMIT_S`` (``previous`` put back first), or that
             setting is not a time limit.
-        TypeError: too many inputs, or a required one missing."""
+        TypeError: too many inputs, or a required one missing.
+    """
     settings, previous, handle = settings_from_run(*values, **named)
     handle = handle if handle is not None else RunHandle()
     turn = handle.start()
@@ -101,7 +102,8 @@ def run_request(settings: RunSettings, replay: bool = True) -> RunRequest:
     """The ``RunRequest`` of the page's inputs, on the shared model in the run's precision.
 
     Raises:
-        ValueError: a bad input, or a model that cannot load."""
+        ValueError: a bad input, or a model that cannot load.
+    """
     options = options_from_page(settings)  # every input checked, the table's shape too
     model = chosen_model(options.model).in_dtype(options.dtype)  # a bad one: refused here
     if options.servers and model.model_id != get_model().model_id:
@@ -192,7 +194,8 @@ def _finished_outputs(
     ``previous`` back and says why.
 
     Raises:
-        gr.Error: the run passed its time limit."""
+        gr.Error: the run passed its time limit.
+    """
     try:
         state = run_state(ended.result())
     except RunCancelled:  # Stop (a closed tab ends at a yield: nobody sees this)
@@ -227,7 +230,8 @@ def run_engines(model, requests, config, options) -> RunState:
     """A whole run at once, its turn taken in the model's queue (``make record``, tests).
 
     Raises:
-        RunStopped, ValueError: as ``Ended.result``."""
+        RunStopped, ValueError: as ``Ended.result``.
+    """
     handle = RunHandle()
     request = RunRequest(model, requests, config, options, replay=False, judged=tables.compared)
     with Run(request, handle, handle.start()) as run:

@@ -2,7 +2,8 @@
 
 The model loads before the page is served, so a bad model or device stops the start with one
 line. By default the engines run in an engine process that holds the only copy of the model and
-the page's model is a ``shared_model.ModelView`` (``engine.page.run.engine_worker``)."""
+the page's model is a ``shared_model.ModelView`` (``engine.page.run.engine_worker``).
+"""
 
 from __future__ import annotations
 
@@ -118,7 +119,8 @@ def configured_servers(
     ``cpus`` (None: every CPU); None without any.
 
     Raises:
-        ValueError: a bad endpoint or name, or no GGUF for llama.cpp."""
+        ValueError: a bad endpoint or name, or no GGUF for llama.cpp.
+    """
     found = host_servers.configure(
         loaded,
         args.endpoint,
@@ -138,8 +140,9 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
     """Load the model (so problems show at start), then serve ``build_demo(label, server_names,
     dtypes, dtype, models)``'s page, the host's servers starting in the background.
 
-    Raises: SystemExit: the model cannot load or a server flag is wrong (one line a person can
-    act on)."""
+    Raises:
+        SystemExit: the model cannot load or a server flag is wrong (one line a person can act on).
+    """
     args = parse_args(argv)
     process, split = None, None
     try:
@@ -199,7 +202,8 @@ def _connect(
     """Wait for the engine process, then make the page's model from its facts and pace.
 
     Raises:
-        SystemExit: the engine process ended first, or its model failed to load."""
+        SystemExit: the engine process ended first, or its model failed to load.
+    """
     try:
         view, _work, parts_s = shared_model.ModelView.connect(process, cpu_split=split)
     except (ValueError, RunStopped) as exc:

@@ -15,7 +15,8 @@ def quiet(demo: gr.Blocks) -> None:
     """Slow the polling of ``demo``'s queue (after ``demo.queue()``, before launch).
 
     Raises:
-        AssertionError: ``demo.queue()`` was not called first."""
+        AssertionError: ``demo.queue()`` was not called first.
+    """
     queue = getattr(demo, "_queue", None)
     assert queue is not None, "quiet() before demo.queue()"
     missing = [name for name in QUIET_SLEEPS_S if not hasattr(queue, name)]

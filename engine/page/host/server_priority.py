@@ -3,7 +3,8 @@
 A thread inherits its creator's nice value (Linux keeps one per thread). So the main thread,
 after the engine thread's OpenMP pool and the engine process are made, raises its own before
 Gradio makes its server threads; at nice +10 the fair scheduler gives an engine thread about ten
-times their CPU share. Why: docs/measurements.md, "Does the room slow the run being measured?"."""
+times their CPU share. Why: docs/measurements.md, "Does the room slow the run being measured?".
+"""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def server_nice(environ=None) -> int:
     """``CBP_SERVER_NICE``: nice steps for the page's server threads.
 
     Raises:
-        ValueError: not a whole number from 0 to 19."""
+        ValueError: not a whole number from 0 to 19.
+    """
     text = settings.value(ENV, environ)
     if not text.isdigit() or not 0 <= int(text) <= 19:
         raise ValueError(f"{ENV}={text!r}: give a whole number from 0 to 19 (0: no change)")

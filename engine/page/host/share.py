@@ -1,7 +1,8 @@
 """Share links: a public gradio.live link to the running page, with a bounded wait.
 
 Gradio's ``launch(share=True)`` can wait a minute before saying anything; here the page serves
-locally first and the tunnel is asked for in the background, at most ``SHARE_WAIT_S``."""
+locally first and the tunnel is asked for in the background, at most ``SHARE_WAIT_S``.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def gradio_tunnel(demo: Any) -> str:
     """Open Gradio's share tunnel to ``demo``'s local server; the public https URL.
 
     Raises:
-        Exception: whatever Gradio raises when the share server cannot be reached."""
+        Exception: whatever Gradio raises when the share server cannot be reached.
+    """
     from gradio import networking
 
     url = networking.setup_tunnel(

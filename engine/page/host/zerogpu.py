@@ -1,7 +1,8 @@
 """ZeroGPU: on a Hugging Face Space with ZeroGPU hardware, a run holds a GPU only while it runs.
 
 ``on_gpu`` wraps the Run handler in ``spaces.GPU(duration=...)`` where ``spaces`` imports;
-the duration follows the workload limits (docs/hosting.md, "For Space owners")."""
+the duration follows the workload limits (docs/hosting.md, "For Space owners").
+"""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def gpu_duration_s(workload_limits: Limits | None = None) -> int:
     after another, ``GPU_STEP_S`` per token, within ZeroGPU's 60 to 300 s.
 
     Raises:
-        ValueError: a limit variable in the environment that is not a positive whole number."""
+        ValueError: a limit variable in the environment that is not a positive whole number.
+    """
     lim = workload_limits or limits()
     worst_s = NUM_PASSES * lim.max_rows * lim.max_new_tokens * GPU_STEP_S
     return int(min(max(worst_s, MIN_DURATION_S), MAX_DURATION_S))
@@ -50,6 +52,7 @@ def on_gpu(fn: Callable) -> Callable:
     """``fn`` wrapped with ``spaces.GPU(duration=gpu_duration_s())`` when ``spaces`` imports.
 
     Raises:
-        ValueError: a limit variable in the environment that is not a positive whole number."""
+        ValueError: a limit variable in the environment that is not a positive whole number.
+    """
     spaces = _spaces()
     return fn if spaces is None else spaces.GPU(duration=gpu_duration_s())(fn)

@@ -2,7 +2,8 @@
 
 Written only where the page differs from its default for the link's preset, so a link to an
 untouched page stays ``?preset=seed&slots=3``; the parameters: docs/hosting.md, "Link
-parameters"."""
+parameters".
+"""
 
 from __future__ import annotations
 

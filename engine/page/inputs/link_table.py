@@ -1,7 +1,8 @@
 """An edited request table in a link: its rows packed into one URL-safe ``table=`` parameter.
 
 Rows as compact JSON (``[["Hi", 4], ["Later", 3, 1.5]]``), zlib-compressed, base64url without
-padding; read back with bounded work, then checked as a typed table is (``parse_table``)."""
+padding; read back with bounded work, then checked as a typed table is (``parse_table``).
+"""
 
 from __future__ import annotations
 
@@ -91,8 +92,10 @@ def _cell(value):
 def encode_table(rows) -> str:
     """The ``table=`` value for ``rows``.
 
-    Raises: ValueError: over ``MAX_TABLE_CHARS``, ``MAX_TABLE_JSON_BYTES`` or ``MAX_TABLE_ROWS``
-    (with the numbers), or a cell that cannot be written."""
+    Raises:
+        ValueError: over ``MAX_TABLE_CHARS``, ``MAX_TABLE_JSON_BYTES`` or ``MAX_TABLE_ROWS`` (with
+            the numbers), or a cell that cannot be written.
+    """
     compact = compact_rows(rows)
     if len(compact) > MAX_TABLE_ROWS:
         raise ValueError(f"{len(compact)} rows, over the {MAX_TABLE_ROWS} a link holds")
@@ -109,8 +112,10 @@ def decode_table(text: str) -> list[list]:
     """Full table rows (``TABLE_COLUMNS`` wide) from a ``table=`` value, reading at most
     ``MAX_TABLE_CHARS`` and unpacking at most ``MAX_TABLE_JSON_BYTES``.
 
-    Raises: ValueError: too long, not base64url, not zlib, unpacking to too much, not JSON, or
-    not rows of text, numbers and blanks."""
+    Raises:
+        ValueError: too long, not base64url, not zlib, unpacking to too much, not JSON, or not rows
+            of text, numbers and blanks.
+    """
     if len(text) > MAX_TABLE_CHARS:
         raise ValueError(f"longer than the {MAX_TABLE_CHARS:,} characters a link's table may have")
     try:

@@ -1,9 +1,9 @@
-"""The page's links and workload files: what a workshop teacher hands out and what people take
-home.
+"""The page's links and workload files: what a workshop teacher hands out and what people take home.
 
 Bad input is told in a toast and in the note under the table (``warning_note``), naming the
 link's value, the file's line or the table's row, and what the page uses instead; the rest still
-applies (a ``gr.Error`` would lay its badge over the table). Links: docs/hosting.md."""
+applies (a ``gr.Error`` would lay its badge over the table). Links: docs/hosting.md.
+"""
 
 from __future__ import annotations
 
@@ -81,8 +81,7 @@ LINK_SIGNATURE = _link_signature()
 
 
 def setup_query(*values, **named) -> str:
-    """The query string that reproduces this setup, e.g.
-    ``?preset=seed&slots=3&step=12&budget=64``.
+    """The query string that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12&budget=64``.
 
     Takes ``LINK_INPUTS`` by position or by name. The step is the slider's, or on the recorded
     run a link's step not yet spent. A table that is no preset's travels in the link (one too
@@ -90,7 +89,8 @@ def setup_query(*values, **named) -> str:
     default.
 
     Raises:
-        TypeError: too many inputs, an unknown name, or one of the first four missing."""
+        TypeError: too many inputs, an unknown name, or one of the first four missing.
+    """
     given = LINK_SIGNATURE.bind(*values, **named)
     given.apply_defaults()
     page = given.arguments
@@ -267,7 +267,8 @@ def table_files(rows) -> list[str]:
     """The request table as ``workload.csv`` and ``workload.jsonl`` in a fresh temporary folder.
 
     Raises:
-        ValueError: the table does not validate (the message names the row)."""
+        ValueError: the table does not validate (the message names the row).
+    """
     specs = parse_table(link_table.listed_rows(rows))
     folder = export.download_folder("cbp-table-")
     return [str(p) for p in workload_files.write_table_files(folder, specs)]

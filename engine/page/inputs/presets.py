@@ -1,8 +1,8 @@
-"""Presets: ready-made workloads from assets/presets.json, each with a paragraph on what it
-shows.
+"""Presets: ready-made workloads from assets/presets.json, each with a paragraph on what it shows.
 
 The file's format, and why choosing a preset resets the engine settings (``ENGINE_DEFAULTS``):
-docs/page.md, "The presets and tour files"."""
+docs/page.md, "The presets and tour files".
+"""
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def preset_settings(name: str) -> dict:
     """The engine settings preset ``name`` runs with, in ``ENGINE_DEFAULTS`` order.
 
     Raises:
-        ValueError: the preset names a setting that is not in ``ENGINE_DEFAULTS``."""
+        ValueError: the preset names a setting that is not in ``ENGINE_DEFAULTS``.
+    """
     own = load_presets()[name].get("settings", {})
     unknown = sorted(set(own) - set(ENGINE_DEFAULTS))
     if unknown:

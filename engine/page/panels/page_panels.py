@@ -111,11 +111,11 @@ def downloads_panel() -> gr.File:
 def run_outputs(
     run_state: gr.State, results: ResultsPanel, downloads: gr.File, settings: SettingsPanel
 ) -> list:
-    """What Run and Stop write, in ``RUN_OUTPUTS`` order, each component found by its
-    ``elem_id``.
+    """What Run and Stop write, in ``RUN_OUTPUTS`` order, each component found by its ``elem_id``.
 
     Raises:
-        KeyError: an output with no component."""
+        KeyError: an output with no component.
+    """
     found = by_elem_id(results, settings) | {"run_state": run_state, "downloads_file": downloads}
     return [found[name] for name in RUN_OUTPUTS]
 
@@ -149,7 +149,8 @@ def page_components(names, requests: RequestsPanel, settings: SettingsPanel, res
     ``gr.State``s.
 
     Raises:
-        KeyError: a name with no component, or a state not given."""
+        KeyError: a name with no component, or a state not given.
+    """
     page = SimpleNamespace(requests=requests, settings=settings, results=results, **states)
     return [operator.attrgetter(COMPONENTS[name])(page) for name in names]
 

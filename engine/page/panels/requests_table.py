@@ -2,7 +2,8 @@
 
 A plain ``gr.Dataframe`` rejects a malformed value from an API client with Gradio's opaque error
 and a traceback; this one has no data model, so Run's handler refuses it with a "Not run" status
-line (``run_options.request_rows``). Gradio writes a ``.pyi`` stub beside it; git ignores it."""
+line (``run_options.request_rows``). Gradio writes a ``.pyi`` stub beside it; git ignores it.
+"""
 
 from __future__ import annotations
 

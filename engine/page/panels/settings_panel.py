@@ -1,8 +1,8 @@
-"""The settings panel: preset, slots, checks, the engine knobs, precision, Run and Stop, the
-link.
+"""The settings panel: preset, slots, checks, the engine knobs, precision, Run and Stop, the link.
 
 Knobs are built from their declarations (``engine.knobs``), place and row included; this panel
-lays the places out and adds what is no knob."""
+lays the places out and adds what is no knob.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""The guided tour: short plain-words explanations, each pointing at the live chart that shows
-it.
+"""The guided tour: short plain-words explanations, each pointing at the live chart that shows it.
 
 ``assets/tour.json``'s format and what "Set this up" does: docs/page.md, "The presets and tour
-files"."""
+files".
+"""
 
 from __future__ import annotations
 

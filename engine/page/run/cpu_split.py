@@ -2,7 +2,8 @@
 
 torch's OpenMP threads wait for each other at every parallel region, so a page thread that takes
 any of their CPUs stalls them all; nice values did not help (docs/measurements.md, "CPUs of their
-own"). ``CBP_ENGINE_CPUS``: docs/hosting.md. Linux only (``os.sched_setaffinity``)."""
+own"). ``CBP_ENGINE_CPUS``: docs/hosting.md. Linux only (``os.sched_setaffinity``).
+"""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def cpu_split(
     affinity); None for no split.
 
     Raises:
-        ValueError: not ``auto``, ``all`` or a whole number from 1 to one less than the CPUs."""
+        ValueError: not ``auto``, ``all`` or a whole number from 1 to one less than the CPUs.
+    """
     text = settings.value(ENV, environ).lower()
     if available is None:
         available = _available()

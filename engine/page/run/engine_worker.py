@@ -13,7 +13,8 @@ def engine_process_wanted(environ=None, on_zerogpu: bool = False) -> bool:
     docs/hosting.md).
 
     Raises:
-        ValueError: another value."""
+        ValueError: another value.
+    """
     text = settings.value(ENV, environ).lower()
     if text not in CHOICES:
         raise ValueError(f"{ENV}={text!r}: give auto, on or off")

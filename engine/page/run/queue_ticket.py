@@ -7,7 +7,8 @@ told that run's place (``run_places``)::
     place:    1               2       1     1     2       3      total 3
 
 The told wait counts down and moves to a fresh estimate only past a tolerance (±30 %, the error
-docs/measurements.md holds estimates to; floor: the queue line's own step under 90 s)."""
+docs/measurements.md holds estimates to; floor: the queue line's own step under 90 s).
+"""
 
 from __future__ import annotations
 

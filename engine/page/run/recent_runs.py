@@ -1,9 +1,9 @@
-"""Recent runs on this host, by setup: a Run identical to one measured minutes ago is shown at
-once.
+"""Recent runs on this host, by setup: a Run identical to one measured minutes ago is shown at once.
 
 A greedy run of the same requests, model, dtype, kernel and host gives the same tokens and
 schedule; only its timings move. The shown run is the earlier real one, labelled as such. The
-caller's key holds everything that changes what a run shows, nothing that only changes drawing."""
+caller's key holds everything that changes what a run shows, nothing that only changes drawing.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def replay_window_s(environ=None) -> float:
     """``CBP_REPLAY_WINDOW_S``, in seconds.
 
     Raises:
-        ValueError: set to something other than a number of seconds >= 0."""
+        ValueError: set to something other than a number of seconds >= 0.
+    """
     text = settings.value("CBP_REPLAY_WINDOW_S", environ)
     try:
         window_s = float(text)

@@ -2,7 +2,8 @@
 
 Shaped as ``engine.worker.comparison``: a ``RunRequest`` in, progress (``Waiting``, ``Running``)
 and an end (``Replay``, ``Left``, ``Ended``) out, polled through ``Run.wait``. The whole path,
-stage by stage: docs/architecture.md, "One Run, module by module"."""
+stage by stage: docs/architecture.md, "One Run, module by module".
+"""
 
 from __future__ import annotations
 
@@ -134,8 +135,9 @@ class Run:
     def __init__(self, request: RunRequest, handle: RunHandle, turn: Turn):
         """Find an identical recent run, else join the model's queue.
 
-        Raises: ValueError: the queue refused the run, or ``CBP_RUN_TIME_LIMIT_S`` is not a time
-        limit."""
+        Raises:
+            ValueError: the queue refused the run, or ``CBP_RUN_TIME_LIMIT_S`` is not a time limit.
+        """
         self.request, self.turn = request, turn
         self.key = request.setup_key()
         self.control = RunControl(run_time_limit_s())
@@ -290,7 +292,8 @@ class Run:
         """The chosen servers' jobs, in the host's order, after ``SHOW``.
 
         Raises:
-            ValueError: a name the host did not configure."""
+            ValueError: a name the host did not configure.
+        """
         request = self.request
         if not request.options.servers:
             return None

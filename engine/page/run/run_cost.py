@@ -5,7 +5,8 @@ included); each server's stage (its run's continuous steps, ``server_part``); th
 (``REFERENCE_STEPS`` per request, plus its prefill and output tokens at batch 1); the run itself
 (rendering and judging, seconds). ``Pace`` learns seconds per unit as moving averages
 (``LEARNING_RATE``); an unseen part is priced at the engines' pace. Timings behind these units:
-docs/measurements.md, "Queue estimates"."""
+docs/measurements.md, "Queue estimates".
+"""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ class Work:
 
     ``references``: ``(prompt ids, sampling) -> cap`` of the reference outputs not stored when it
     joined (``recheck``: those still missing). ``min_wall_s``: the last arrival, which every
-    engine and server waits for. ``servers``: the host's servers it runs, by name."""
+    engine and server waits for. ``servers``: the host's servers it runs, by name.
+    """
 
     static_steps: int = 0
     continuous_steps: int = 0

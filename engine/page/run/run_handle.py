@@ -1,7 +1,8 @@
 """One visitor's run, as Run and Stop see it: pressed, waiting in a queue, running, stopping.
 
 How Run and Stop follow Gradio's click dispatch, and what Stop answers: docs/page.md,
-"Run and Stop, click by click"."""
+"Run and Stop, click by click".
+"""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ class RunHandle:
     ``gradio_queue``: Run events wait in Gradio's queue (ZeroGPU), so Stop of a press not yet
     started answers ``"queued"``. Gradio deep-copies a state's first value per session; copies
     share ``sessions`` (handles by session hash, held weakly) so that ``session_ended`` finds
-    one."""
+    one.
+    """
 
     def __init__(self, gradio_queue: bool = False, sessions=None) -> None:
         self.gradio_queue = gradio_queue

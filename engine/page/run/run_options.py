@@ -1,7 +1,8 @@
 """The page's knobs: what Run reads, by name; parsed; then the table validated and tokenized.
 
 Gradio hands numbers over as numbers or strings (an edited cell, an API client), so every knob is
-parsed here, and bad values raise one ``ValueError`` naming them all, shown in the page as is."""
+parsed here, and bad values raise one ``ValueError`` naming them all, shown in the page as is.
+"""
 
 from __future__ import annotations
 
@@ -93,7 +94,8 @@ def settings_from_run(*values, **named) -> tuple[RunSettings, Any, Any]:
     handle)``.
 
     Raises:
-        TypeError: too many inputs, an unknown name, or a required input missing."""
+        TypeError: too many inputs, an unknown name, or a required input missing.
+    """
     bound = RUN_SIGNATURE.bind(*values, **named)
     bound.apply_defaults()
     given = dict(bound.arguments)
@@ -136,8 +138,9 @@ def options_from_page(settings: RunSettings) -> RunOptions:
     """The page's knobs as ``RunOptions``; the model and dtype are checked when the model is
     asked for, the table by ``prepare``.
 
-    Raises: ValueError: every bad setting in one message (with the config's, when a knob here is
-    bad)."""
+    Raises:
+        ValueError: every bad setting in one message (with the config's, when a knob here is bad).
+    """
     problems = []
     values = {}
     for knob in OPTION_KNOBS:  # a bad one told, and standing at its default
@@ -156,7 +159,8 @@ def view_inputs(settings: RunSettings) -> tuple[str, bool]:
     """The timelines' x axis (blank: "time") and ``replay_recent``, which no engine reads.
 
     Raises:
-        ValueError: an x axis not among its choices, or a ``replay_recent`` not true or false."""
+        ValueError: an x axis not among its choices, or a ``replay_recent`` not true or false.
+    """
     problems, axis = [], KNOB["x_axis"]
     x_axis = knob_value(axis, settings.x_axis)  # blank: its default
     if x_axis not in axis.choices:
@@ -169,8 +173,9 @@ def view_inputs(settings: RunSettings) -> tuple[str, bool]:
 def engine_config(num_slots, options: RunOptions) -> EngineConfig:
     """The continuous engine's config for the page's slot count and knobs.
 
-    Raises: ValueError: a slot count that is not a whole number, and every bad setting, in one
-    message."""
+    Raises:
+        ValueError: a slot count that is not a whole number, and every bad setting, in one message.
+    """
     problems, slots_knob = [], KNOB["num_slots"]
     slots = _told(problems, _whole_number, num_slots, slots_knob.named)
     if slots is not None and slots > slots_knob.high:  # EngineConfig: at least 1
@@ -197,9 +202,11 @@ def _told(problems: list[str], parse: Callable, *args):
 def prepare(model, rows, num_slots, options: RunOptions):
     """Validate and tokenize the table, and build the continuous engine's config.
 
-    Raises: ValueError: bad table, slot count or knob, a KV budget that cannot hold a request,
-    prefix caching without the paged KV mode, or batch-invariant mode on a model without its
-    kernels."""
+    Raises:
+        ValueError: bad table, slot count or knob, a KV budget that cannot hold a request, prefix
+            caching without the paged KV mode, or batch-invariant mode on a model without its
+            kernels.
+    """
     config = engine_config(num_slots, options)
     if options.batch_invariant:
         model.check_batch_invariant()
@@ -230,7 +237,8 @@ def request_rows(table) -> list:
     DataFrame.
 
     Raises:
-        ValueError: anything else, or a row that is not a list of cells."""
+        ValueError: anything else, or a row that is not a list of cells.
+    """
     if hasattr(table, "values") and hasattr(table, "columns"):  # a pandas DataFrame
         return table.values.tolist()
     rows = table.get("data") if isinstance(table, dict) else table

@@ -1,9 +1,9 @@
-"""The page's queue of runs: one run on the model at a time, and a true place and wait for the
-rest.
+"""The page's queue of runs: one run on the model at a time, and a true place and wait for the rest.
 
 Runs take turns because each is a measurement; Gradio's queue would tell a waiting browser its
 own place and a mean of past events, so the page keeps its own. Places, estimates and the per-run
-limit as a person sees them: docs/page.md and docs/hosting.md ("Runs take turns")."""
+limit as a person sees them: docs/page.md and docs/hosting.md ("Runs take turns").
+"""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ class RunQueue:
     monotonic seconds. A waiting ticket nobody asked about for ``stale_s`` (``lent_stale_s``
     while Gradio holds its line, ``lend``) is dropped: a last resort, as Stop and Gradio's
     disconnects call ``leave``. ``shown_instead(setup)``: whether a run of that setup would be
-    shown an earlier run."""
+    shown an earlier run.
+    """
 
     clock: Callable[[], float] = time.monotonic
     stale_s: float = STALE_S
@@ -52,8 +53,10 @@ class RunQueue:
         """Queue a run of ``work`` (or that many engine steps) for ``session``; ``setup``: costs
         no turn when an identical run ahead is shown to it.
 
-        Raises: ValueError: the session already has a run in the queue, or the run's cost at the
-        pace learned here is well over the per-run limit (``run_cost.over_limit``)."""
+        Raises:
+            ValueError: the session already has a run in the queue, or the run's cost at the pace
+                learned here is well over the per-run limit (``run_cost.over_limit``).
+        """
         with self._changed:
             if any(t.session == session for t in self._tickets()):
                 raise ValueError(
@@ -69,11 +72,11 @@ class RunQueue:
             return ticket
 
     def wait_turn(self, ticket: Ticket, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s``; True once the model is ``ticket``'s (False at once if it
-        left).
+        """Wait up to ``timeout_s``; True once the model is ``ticket``'s (False at once if it left).
 
         Raises:
-            ValueError: the ticket is not in the queue."""
+            ValueError: the ticket is not in the queue.
+        """
         with self._changed:
             if self._running is ticket:
                 return True
@@ -230,7 +233,8 @@ class RunQueue:
         """Note that ``ticket``'s handler asked, and drop the waiting tickets nobody asks about.
 
         Raises:
-            ValueError: ``ticket`` is not waiting."""
+            ValueError: ``ticket`` is not waiting.
+        """
         now = self.clock()
         ticket.seen_s, ticket.lent = now, False
         stale = [t for t in self._waiting if self._stale(t, now)]

@@ -2,7 +2,8 @@
 
 Verdicts come from ``engine.fidelity.divergence.judge_runs`` (✓ same tokens, ≈ a near-tie the
 run's dtype explains, ✗ not explained); a server on quantized weights gets ≠ instead, never shown
-as a failure of ours. Model text goes into a plain textbox and a table, never into Markdown."""
+as a failure of ours. Model text goes into a plain textbox and a table, never into Markdown.
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 The local vLLM and transformers' continuous batching hand back their own record; this module
 draws the first one with our builders, labelled, and compares our continuous schedule with it
-step by step (``engine.peers.schedule_comparison``: which requests run and how many tokens each)."""
+step by step (``engine.peers.schedule_comparison``: which requests run and how many tokens each).
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The status line under Run, in words: wall times, speedup, step counts and the reference
-verdict.
+"""The status line under Run, in words: wall times, speedup, step counts and the reference verdict.
 
-``state`` is a ``run_view.RunState`` (not imported: ``run_view`` imports this module)."""
+``state`` is a ``run_view.RunState`` (not imported: ``run_view`` imports this module).
+"""
 
 from __future__ import annotations
 

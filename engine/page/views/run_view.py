@@ -1,6 +1,7 @@
 """The page's view of a run: what it keeps between events, and every figure and table it shows.
 
-``RUN_OUTPUTS`` names the Run event's outputs once, in the order ``app.py`` wires them."""
+``RUN_OUTPUTS`` names the Run event's outputs once, in the order ``app.py`` wires them.
+"""
 
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ def run_outputs(**values) -> tuple:
     """The Run event's output tuple from values by name; an output not given is left as is.
 
     Raises:
-        TypeError: a name that is not in ``RUN_OUTPUTS``."""
+        TypeError: a name that is not in ``RUN_OUTPUTS``.
+    """
     unknown = set(values) - set(RUN_OUTPUTS)
     if unknown:
         raise TypeError(f"not Run outputs: {sorted(unknown)}")

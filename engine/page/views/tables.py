@@ -1,7 +1,8 @@
 """Table builders: the metrics and outputs tables, as rows of plain values (no plotly, no HTML).
 
 Runs come as ``{engine name: Trace}`` in display order; a server's step-based cells come from its
-own record where it keeps one (``Trace.schedule``)."""
+own record where it keeps one (``Trace.schedule``).
+"""
 
 from __future__ import annotations
 
