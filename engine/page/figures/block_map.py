@@ -33,9 +33,8 @@ BLOCK_MAP_COLUMNS = 16  # narrow enough for each block's "R12" label on a phone 
 
 
 def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
-    """Which requests hold each KV block during one step, in rows of ``BLOCK_MAP_COLUMNS``; a
-    shared block reads ``R0 ×3`` (hover: every holder). Other KV modes get a figure that says
-    why."""
+    """Which requests hold each KV block at one step, in rows of ``BLOCK_MAP_COLUMNS`` (a shared
+    block: ``R0 ×3``); other KV modes get a figure saying why."""
     total = trace.info.get("kv_blocks")
     if not total or not trace.steps:
         return message_figure("KV block map", "The block map needs the paged KV mode.")
@@ -110,8 +109,8 @@ def _block_map_subtitle(step: StepRecord, total: int, info: dict) -> str:
 
 
 def _block_cells(step: StepRecord, total: int, info: dict) -> list[tuple[int, str, str]]:
-    """Per block: (colour code, label, hover). Codes: 0 free, 1 + palette index held, then free
-    but cached, reserved, and out of window."""
+    """Per block: (colour code, label, hover); codes: free, held (1 + palette index), cached,
+    reserved, out of window."""
     block_size = info["block_size"]
     holders = step.block_holders()
     index_in_table = {

@@ -14,8 +14,8 @@ UNKNOWN_WHOLE = "its whole KV cache, as its /metrics counts it"
 
 
 def kv_pool_size(trace: Trace) -> str | None:
-    """E.g. "28 blocks of 16 tokens, 0.4 MiB" or "3 slots × 512 tokens (llama.cpp /props)"; None
-    if unknown."""
+    """E.g. "28 blocks of 16 tokens, 0.4 MiB" or "3 slots × 512 tokens (llama.cpp /props)"; or
+    None."""
     blocks, block_size, kv_bytes = _pool(trace)
     if not (blocks or kv_bytes):
         return _slots_size(trace)
@@ -41,8 +41,7 @@ def kv_pool_whole(trace: Trace) -> str:
 
 
 def _pool(trace: Trace) -> tuple[int | None, int | None, int | None]:
-    """(blocks, tokens per block, bytes) of the pool, None where unknown: ours from ``info``, a
-    server's from its ``/metrics`` (``kv_pool``) and a started vLLM's ``kv_cache_bytes``."""
+    """(blocks, tokens per block, bytes) of the pool, each None where unknown."""
     server = trace.info.get("server")
     if server is None:
         blocks = trace.info.get("kv_blocks")
@@ -53,7 +52,7 @@ def _pool(trace: Trace) -> tuple[int | None, int | None, int | None]:
 
 
 def _slots_size(trace: Trace) -> str | None:
-    """llama.cpp's pool as slots × context, from ``/props`` or else ``/slots``; None when neither
+    """llama.cpp's pool as slots × context, from ``/props`` or ``/slots``; None when neither
     said."""
     server = trace.info.get("server") or {}
     props = (server.get("settings") or {}).get("props") or {}

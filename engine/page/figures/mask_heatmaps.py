@@ -56,7 +56,6 @@ def _max_pool(codes: torch.Tensor, fq: int, fk: int) -> torch.Tensor:
 
 
 def _tile_labels(n: int, factor: int) -> list[str]:
-    """Axis labels of pooled tiles: "0–7", "8–15", ..."""
     return [f"{i}–{min(i + factor, n) - 1}" for i in range(0, n, factor)]
 
 
@@ -64,7 +63,7 @@ def _heatmap(
     codes: torch.Tensor, x: list, y: list, colors: list[str], hover: str, under: int = -1
 ) -> tuple[go.Figure, int, int]:
     """A figure of integer codes (-1 = blank), one colour per code, and its tile size ``(fq,
-    fk)`` (``(1, 1)``: not pooled). ``under`` fills only a tile holding no other code."""
+    fk)``."""
     fq, fk = _tile_factors(*codes.shape)
     if (fq, fk) != (1, 1):
         y, x = _tile_labels(codes.shape[0], fq), _tile_labels(codes.shape[1], fk)
@@ -92,9 +91,8 @@ def _tiles_note(fq: int, fk: int) -> str:
 
 
 def mask_heatmap(trace: Trace, step_index: int, window: int | None = None) -> go.Figure:
-    """The causal mask of one packed step, coloured by request; with a ``window``, a
-    sliding-window layer's, the hidden keys light grey. Rows: query tokens in packed order;
-    columns: keys ``[all cached | all new]``; keys from the prefix cache paler."""
+    """The causal mask of one packed step coloured by request (rows: queries in packed order;
+    columns: keys ``[all cached | all new]``); with a ``window``, the hidden keys light grey."""
     step = trace.steps[step_index]
     layout = packed_layout(
         [s.num_cached_tokens for s in step.seqs], [s.num_new_tokens for s in step.seqs]
@@ -201,8 +199,7 @@ def paler(hex_color: str, share: float = 0.55) -> str:
 
 
 def _mark_repeated_colours(fig: go.Figure, bands: list[tuple[int, int]]) -> None:
-    """Name each request whose colour another in the heatmap shares, atop its band (``bands``:
-    id, row)."""
+    """Name each request whose colour another in the heatmap shares (``bands``: id, first row)."""
     colours = [request_color(rid) for rid, _ in bands]
     for (rid, row), colour in zip(bands, colours, strict=True):
         if colours.count(colour) > 1:
@@ -222,7 +219,6 @@ def _mark_repeated_colours(fig: go.Figure, bands: list[tuple[int, int]]) -> None
 
 
 def _mask_axes(fig: go.Figure, x_title: str) -> go.Figure:
-    """Category axes, queries read top-down."""
     fig.update_xaxes(type="category", title_text=x_title, showgrid=False)
     fig.update_yaxes(type="category", title_text="queries", showgrid=False, autorange="reversed")
     fig.update_layout(height=460)
@@ -257,8 +253,8 @@ def _static_codes(step: StepRecord, pads: list[int], num_q: int, num_k: int) -> 
 
 
 def static_mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
-    """The padded mask of one static step (as ``model.generate`` applies it to a left-padded
-    wave), rows stacked top-down; pads and finished rows in neutral colours."""
+    """The padded mask of one static step as ``model.generate`` applies it, rows stacked
+    top-down."""
     step = trace.steps[step_index]
     first = _wave_start(trace, step_index)
     prefill = trace.steps[first].seqs

@@ -34,8 +34,7 @@ PREFILL_OUTLINE_PX = 2
 
 
 def latency_cdf_figure(traces: list[Trace]) -> go.Figure:
-    """TTFT, TPOT and end-to-end latency CDFs, one panel each, one line per engine; requests
-    without a value (TPOT needs two tokens) left out."""
+    """TTFT, TPOT and end-to-end latency CDFs, one panel each, one line per engine."""
     titles = [title for _, title in CDF_METRICS]
     fig = make_subplots(rows=1, cols=3, shared_yaxes=True, subplot_titles=titles)
     styles = engine_styles([t.engine for t in traces])
@@ -80,9 +79,8 @@ OFF_SCALE = 4  # a token budget over this many times the busiest step's tokens i
 
 
 def step_usage_figure(trace: Trace) -> go.Figure:
-    """Per step: prefill and decode tokens against the token budget (named, not drawn, past
-    ``OFF_SCALE`` times the busiest step's); KV blocks in use against the total (other modes:
-    cached tokens)."""
+    """Per step: prefill and decode tokens against the token budget, and KV blocks (or tokens) in
+    use."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12)
     steps = list(range(len(trace.steps)))
     for kind, color in ((PREFILL, PALETTE[4]), ("decode", PALETTE[1])):
@@ -120,8 +118,7 @@ def _num_tokens(step: StepRecord, kind: str) -> int | None:
 
 
 def _add_kv_use(fig: go.Figure, trace: Trace, steps: list[int]) -> None:
-    """The paged pool's blocks in use against its 100 % (reserved blocks left out), or cached
-    tokens."""
+    """The paged pool's blocks in use against its 100 % (reserved left out), or cached tokens."""
     total = trace.info.get("kv_blocks")
     if total:
         total -= block_map.num_reserved_blocks(trace.info)
@@ -187,9 +184,7 @@ def _line_label(y: float, text: str) -> dict:
 
 
 def add_serving_marks(fig: go.Figure, trace: Trace, x_axis: str = "time") -> go.Figure:
-    """Mark queue waits and preemptions on a ``timelines.timeline_figure``: waits on a ``queue``
-    row above the lanes (the lane is busy with another request meanwhile), preemptions as
-    crosses."""
+    """Queue waits (on a ``queue`` row above the lanes) and preemptions (crosses) on a timeline."""
     _add_preemptions(fig, trace, x_axis)
     waits = [w for w in queue_waits(trace) if w[2] - w[1] > MIN_QUEUE_S]
     if not waits:
@@ -219,8 +214,7 @@ def add_serving_marks(fig: go.Figure, trace: Trace, x_axis: str = "time") -> go.
 
 
 def queue_waits(trace: Trace) -> list[tuple[int, float, float, bool]]:
-    """Every wait for a slot: (request id, start s, end s, after a preemption?); a preempted
-    request waits from that step to the next it runs in (or the run's end)."""
+    """Every wait for a slot: (request id, start s, end s, after a preemption?)."""
     waits = [
         (r.request_id, r.arrival_s, r.admit_s, False)
         for r in trace.requests
@@ -262,7 +256,6 @@ def _add_preemptions(fig: go.Figure, trace: Trace, x_axis: str) -> None:
 
 
 def _x(trace: Trace, time_s: float, x_axis: str) -> float:
-    """A time on the x axis: seconds, or the number of steps finished by then."""
     if x_axis == "time":
         return time_s
     return float(bisect.bisect_right([s.end_s for s in trace.steps], time_s))

@@ -40,19 +40,16 @@ SERVER_STYLES = (
 
 
 def engine_styles(names: list[str]) -> dict[str, tuple[str, str]]:
-    """(colour, dash) per engine: the built-in engines' own, servers ``SERVER_STYLES`` in order."""
     servers = [n for n in names if n not in ENGINE_STYLE]
     styles = {n: SERVER_STYLES[i % len(SERVER_STYLES)] for i, n in enumerate(servers)}
     return {n: ENGINE_STYLE.get(n) or styles[n] for n in names}
 
 
 class PageFigure(go.Figure):
-    """A plotly Figure whose JSON carries a ``config`` key, which Gradio's Plot hands to
-    ``Plotly.react``: the camera button saves a PNG named after the title."""
+    """A plotly Figure whose JSON carries ``config`` for Gradio's Plot (the PNG button's name)."""
 
     def plotly_config(self) -> dict:
-        """Plotly config: the PNG button's file name and scale, no logo (also
-        ``export.charts_html``'s)."""
+        """The PNG button's file name and scale, no logo (also ``export.charts_html``'s)."""
         image = {"format": "png", "filename": chart_filename(self.layout.title.text), "scale": 2}
         return {"displaylogo": False, "toImageButtonOptions": image}
 
@@ -69,7 +66,6 @@ def chart_filename(title: str | None) -> str:
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:
-    """E.g. "1 pad token", "2 pad tokens", "3 queries" (``plural`` where "s" is wrong)."""
     return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
 
 
@@ -82,16 +78,15 @@ def request_color(request_id: int) -> str:
 
 
 def request_pattern(request_id: int) -> dict:
-    """The pattern of a request whose colour an earlier one has: none for R0–R6, dots for R7–R13,
-    crosses for R14–R20, ... ("/" stays the idle rows'), in white."""
+    """Pattern of a request whose colour an earlier one has: dots for R7–R13, crosses for
+    R14–R20, ..."""
     shape = REPEAT_PATTERNS[(request_id // len(PALETTE)) % len(REPEAT_PATTERNS)]
     return {"shape": shape, "fgcolor": "#ffffff", "size": 6, "solidity": 0.35} if shape else {}
 
 
 def style_figure(fig: go.Figure, title: str, subtitle: str | None = None) -> go.Figure:
-    """Apply the shared look. The title hangs ``TITLE_TOP_PX`` below the top edge, so figures
-    side by side align their titles whatever their subtitles (Plotly centres it in a growing
-    margin)."""
+    """Apply the shared look; titles hang ``TITLE_TOP_PX`` below the top, so figures side by side
+    align."""
     lines = 1 + (subtitle or "").count("<br>") + bool(subtitle)
     fig.update_layout(
         template="plotly_white",
@@ -134,7 +129,6 @@ def bottom_legend(fig: go.Figure, margin_bottom_px: int = 100) -> go.Figure:
 
 
 def discrete_colors(colors: list[str]) -> dict:
-    """Heatmap colours where integer value i gets ``colors[i]``, no colour bar."""
     n = len(colors)
     scale = [pair for i, c in enumerate(colors) for pair in ([i / n, c], [(i + 1) / n, c])]
     return {"colorscale": scale, "zmin": -0.5, "zmax": n - 0.5, "showscale": False}

@@ -36,8 +36,7 @@ def x_extent(trace: Trace, x_axis: str = "time") -> float:
 
 
 def _shared_axis_line(end: float, x_max: float | None, x_axis: str) -> str:
-    """The subtitle line on a shared x axis: "... · this run ends at 12.00 s" (or "takes 300
-    steps"); "" otherwise."""
+    """E.g. "... · this run ends at 12.00 s" on a shared x axis; "" otherwise."""
     if x_max is None:
         return ""
     own = f"ends at {end:.2f} s" if x_axis == "time" else f"takes {counted(round(end), 'step')}"
@@ -85,9 +84,8 @@ def _bar(runs: list[SlotRun], trace: Trace, x_axis: str, **style) -> go.Bar:
 def timeline_figure(
     trace: Trace, x_axis: str = "time", x_max: float | None = None, cursor: int | None = None
 ) -> go.Figure:
-    """Slot lanes with one bar per request; static idle rows hatched grey, wave barriers dashed.
-    ``x_axis``: ``"time"`` (s) or ``"step"``; ``x_max`` fixes the range; ``cursor``: a step's
-    line."""
+    """Slot lanes, a bar per request; idle rows hatched, wave barriers dashed. ``x_axis``: "time"
+    (s) or "step"; ``x_max`` fixes the range; ``cursor``: a step's line."""
     runs = trace.slot_runs()
     fig = PageFigure()
     for rid in sorted({r.request_id for r in runs if not r.idle}):
@@ -153,8 +151,7 @@ def _add_barriers(fig: go.Figure, trace: Trace, x_axis: str, x_span: float) -> N
 
 
 def _barrier_label_sides(xs: list[float], x_span: float) -> list[str | None]:
-    """Each barrier's label side: ``"left"``, ``"right"`` where the left has no room, or None; a
-    label is ``BARRIER_LABEL_SHARE`` of the span wide, so labels never touch."""
+    """Each barrier's label side (``"left"``, ``"right"`` or None), so labels never touch."""
     width, taken, sides = BARRIER_LABEL_SHARE * x_span, 0.0, []  # taken: the last label's end
     for x in xs:
         if x - width >= taken:
@@ -168,7 +165,6 @@ def _barrier_label_sides(xs: list[float], x_span: float) -> list[str | None]:
 
 
 def _cursor_x(trace: Trace, cursor: int, x_axis: str) -> float:
-    """The step cursor's x: that step's start, or the run's end if it had fewer steps."""
     if cursor >= len(trace.steps):
         return x_extent(trace, x_axis)
     return trace.steps[cursor].start_s if x_axis == "time" else float(cursor)

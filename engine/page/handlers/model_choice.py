@@ -20,8 +20,8 @@ LOAD_POLL_S = 0.5  # how often the status line tells the load's stage and second
 
 
 def choose_model_event(name: str | None) -> Iterator[tuple]:
-    """``(model line, status line)`` updates: the load's stage every ``LOAD_POLL_S``, then ready
-    or why not."""
+    """``(model line, status line)`` updates: the load's stage every ``LOAD_POLL_S``, then the
+    result."""
     chosen = (name or "").strip()
     stage = ["asking the engine process"]
     loaded: Future = Future()
@@ -43,7 +43,6 @@ def choose_model_event(name: str | None) -> Iterator[tuple]:
 
 
 def _load(name: str, stage: list[str], loaded: Future) -> None:
-    """``chosen_model(name)`` into ``loaded``, each stage's words appended to ``stage``."""
     try:
         loaded.set_result(shared_model.chosen_model(name, stage.append))
     except BaseException as exc:  # handed to the handler, which tells ValueErrors

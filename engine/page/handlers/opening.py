@@ -32,11 +32,8 @@ LINK_KEYS = ("preset", "slots", "table", *(param.url for param in link_query.PAR
 
 def link_opened(request: gr.Request | None, preset_name: str | None, *values) -> tuple:
     """After ``page_io.from_link``: the linked setup's recent run, or the recorded run said to be
-    another setup's.
-
-    Takes the preset's value, then Run's inputs in ``RUN_INPUTS`` order. Returns the Run outputs,
-    ``gr.skip()`` where nothing changes (all of them once the session pressed Run).
-    """
+    another's. Takes the preset, then Run's inputs; returns Run outputs (``gr.skip()`` if
+    unchanged)."""
     query, step = page_io.query_params(request), page_io.link_step(request)
     settings, previous, handle = settings_from_run(*values)
     if not _untouched(previous, handle):
@@ -59,8 +56,7 @@ def link_opened(request: gr.Request | None, preset_name: str | None, *values) ->
 
 
 def _at_step(outputs: tuple, state: RunState, step: int | None, x_axis: str) -> tuple:
-    """``outputs`` with the slider and step views at the link's ``step`` (clamped; unchanged if
-    None)."""
+    """``outputs`` at the link's ``step`` (clamped; unchanged if None)."""
     if step is None:
         return outputs
     step = min(max(step, 0), max(state.num_steps - 1, 0))
@@ -78,8 +74,7 @@ def _without_servers(settings: RunSettings) -> RunSettings:
 
 
 def _differences(settings: RunSettings) -> list[str]:
-    """The engine settings that differ from the recorded run's, in words ("token budget 64");
-    empty when unreadable."""
+    """The settings that differ from the recorded run's, in words ("token budget 64")."""
     try:
         linked = options_from_page(_without_servers(settings))
         own = options_from_page(recording.recorded_settings())
@@ -96,7 +91,6 @@ def _differences(settings: RunSettings) -> list[str]:
 
 
 def _setting_words(name: str, value) -> str:
-    """In words: "prefix caching", "no chat template", "token budget 64"."""
     if isinstance(value, bool):
         return name if value else f"no {name}"
     return f"{name} {value}"
@@ -126,8 +120,7 @@ def not_linked_status(previous, preset_name: str | None, settings: RunSettings) 
 
 
 def _setup_key(model: PageModel, settings: RunSettings) -> tuple | None:
-    """``RunRequest.setup_key`` of Run with ``settings``; None when Run would refuse it or run
-    another precision or model than ``model``'s."""
+    """``setup_key`` of Run with ``settings``; None if Run would refuse it or run another model."""
     if (settings.dtype or "auto").strip().lower() not in ("auto", model.dtype_name):
         return None
     if (settings.model or "").strip() not in ("", model.model_id):

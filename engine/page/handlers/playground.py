@@ -54,14 +54,11 @@ PRESSED_STATUS = f"{PRESSED_NOTE} The results below stay as they are until it st
 def run_event(*values, **named) -> Iterator[tuple]:
     """The Run button's handler: a generator yielding progress, then ``RunResult.as_outputs()``.
 
-    Takes Run's inputs in ``run_options.RUN_INPUTS`` order (the /run API's) or by name. Stop, a
-    closed tab or Gradio closing the generator stops the worker within one step; ``previous``
-    comes back with "Stopped". Bad input and a model that cannot load are said in the status line
-    (and a toast), the earlier results kept: a Gradio error would lay its badge over that line.
+    Takes Run's inputs in ``RUN_INPUTS`` order or by name. Bad input is said in the status line,
+    the earlier results kept (a Gradio error would badge over that line).
 
     Raises:
-        gr.Error: the run passed ``CBP_RUN_TIME_LIMIT_S`` (``previous`` put back first), or that
-            setting is not a time limit.
+        gr.Error: the run passed ``CBP_RUN_TIME_LIMIT_S``, or that setting is not a time limit.
         TypeError: too many inputs, or a required one missing.
     """
     settings, previous, handle = settings_from_run(*values, **named)
@@ -99,11 +96,8 @@ def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
 
 
 def run_request(settings: RunSettings, replay: bool = True) -> RunRequest:
-    """The ``RunRequest`` of the page's inputs, on the shared model in the run's precision.
-
-    Raises:
-        ValueError: a bad input, or a model that cannot load.
-    """
+    """The ``RunRequest`` of the page's inputs; raises ValueError for bad input or a model that
+    fails."""
     options = options_from_page(settings)  # every input checked, the table's shape too
     model = chosen_model(options.model).in_dtype(options.dtype)  # a bad one: refused here
     if options.servers and model.model_id != get_model().model_id:
@@ -116,8 +110,8 @@ def run_request(settings: RunSettings, replay: bool = True) -> RunRequest:
 
 
 def _follow(run: Run, x_axis: str):
-    """The handler's one wait loop: the run's place, then its progress (``LiveTimelines``), then
-    the servers' stage; returns how it ended (``Ended`` or ``Left``)."""
+    """The handler's one wait loop: place, progress, the servers' stage; returns ``Ended`` or
+    ``Left``."""
     sent, sent_s = None, -math.inf
     views = progress_view.LiveTimelines()  # updates and redraws paced within a CPU budget
     servers = _ServersStage(run, x_axis)
@@ -156,8 +150,7 @@ def _follow(run: Run, x_axis: str):
 
 
 class _ServersStage:
-    """The page while the servers run after our engines: each answer so far drawn in full
-    (``Running.shown``), the status line alone between them."""
+    """The page while the servers run: each answer so far drawn, the status line alone between."""
 
     def __init__(self, run: Run, x_axis: str):
         self.run, self.x_axis = run, x_axis
@@ -190,12 +183,8 @@ class _ServersStage:
 def _finished_outputs(
     run: Run, ended: Ended, previous: RunState | None, x_axis: str
 ) -> Iterator[tuple]:
-    """The ended run's results, kept for identical runs; a stopped or refused run puts
-    ``previous`` back and says why.
-
-    Raises:
-        gr.Error: the run passed its time limit.
-    """
+    """The ended run's results (a stopped or refused run puts ``previous`` back and says why);
+    raises gr.Error past the time limit."""
     try:
         state = run_state(ended.result())
     except RunCancelled:  # Stop (a closed tab ends at a yield: nobody sees this)
@@ -227,11 +216,7 @@ def run_state(answer: RunAnswer) -> RunState:
 
 
 def run_engines(model, requests, config, options) -> RunState:
-    """A whole run at once, its turn taken in the model's queue (``make record``, tests).
-
-    Raises:
-        RunStopped, ValueError: as ``Ended.result``.
-    """
+    """A whole run at once (``make record``, tests); raises as ``Ended.result``."""
     handle = RunHandle()
     request = RunRequest(model, requests, config, options, replay=False, judged=tables.compared)
     with Run(request, handle, handle.start()) as run:
@@ -252,8 +237,7 @@ def replayed_outputs(recent: RecentRun, age_s: float, x_axis: str) -> tuple:
 
 
 def run_pressed(handle: RunHandle | None, seq=0, request: gr.Request | None = None) -> tuple:
-    """Run pressed (unqueued; ``seq``: the click's number): the note under Run, the status line
-    and "Run live anyway" hidden, or three ``gr.skip()`` when no run goes for this press."""
+    """Run pressed (unqueued; ``seq``: the click's number): note, status line, "Run live anyway"."""
     if handle is not None and request is not None:
         handle.joined(request.session_hash)
     if handle is not None and not handle.press(int(seq or 0)):
@@ -262,8 +246,7 @@ def run_pressed(handle: RunHandle | None, seq=0, request: gr.Request | None = No
 
 
 def session_end_event(handles: RunHandle) -> Callable:
-    """``demo.unload``'s handler: a closed or reloaded tab's run is stopped at once and never
-    kept."""
+    """``demo.unload``'s handler: a closed tab's run is stopped at once and never kept."""
 
     def session_ended(request: gr.Request) -> None:
         handles.session_ended(request.session_hash)
@@ -272,8 +255,7 @@ def session_end_event(handles: RunHandle) -> Callable:
 
 
 def stop_event(handle: RunHandle | None, seq=0) -> str:
-    """The Stop button's handler (unqueued; ``seq``: the click's number): ``RunHandle.stop``'s
-    answer."""
+    """The Stop button's handler (unqueued; ``seq``: the click's number)."""
     return handle.stop(int(seq or 0)) if handle is not None else IDLE
 
 
@@ -291,15 +273,13 @@ def left_queue_event(handle: RunHandle | None, previous: RunState | None, x_axis
 
 
 def _refused_outputs(previous: RunState | None, exc: ValueError) -> tuple:
-    """A run refused for bad input: the reason in the status line and a toast; the rest stays."""
     gr.Warning(toast_text(exc), title="Not run")
     previous_status = None if previous is None else run_status.status_line(previous)
     return progress_view.refused_outputs(str(exc), previous_status)
 
 
 def _left_queue_outputs(previous: RunState | None) -> tuple:
-    """A run stopped before it started: only the status line and the note are sent back
-    (redrawing figures on a busy CPU would delay "Stopped")."""
+    """A run stopped before it started: only the status line and note are sent (no redraw)."""
     previous_status = None if previous is None else run_status.status_line(previous)
     return progress_view.queued_outputs(STOPPED_IN_QUEUE, previous_status)
 
@@ -319,13 +299,11 @@ def update_step(
 
 
 def layer_event(state: RunState | None, step_index, x_axis: str, layer: str) -> tuple:
-    """A layer type picked: kept for later redraws, and the step views redrawn with it."""
     return (layer, *update_step(state, step_index, x_axis, layer))
 
 
 def link_step_event(state: RunState | None, pending_step: int | None, x_axis: str) -> tuple:
-    """After a run: the slider, the kept link step cleared and the step views at that step, in
-    one update (the slider never reads a step the views do not show)."""
+    """After a run: slider and step views at the link's kept step, in one update."""
     if state is None or pending_step is None:
         return (gr.skip(),) * (2 + len(STEP_VIEW_OUTPUTS))
     step = min(max(int(pending_step), 0), max(state.num_steps - 1, 0))

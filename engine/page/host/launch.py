@@ -34,8 +34,8 @@ PAGE_JS = ASSETS / "page.js"
 
 
 def page_assets() -> dict:
-    """``launch()`` keywords for ``assets/page.css`` and ``page.js``, with the hover texts the
-    script shows."""
+    """``launch()`` keywords for ``assets/page.css`` and ``page.js`` with the script's hover
+    texts."""
     help_js = f"window.CBP_METRIC_HELP = {json.dumps(tables.METRIC_HELP)};"
     help_js += f"\nwindow.CBP_POLICY_HELP = {json.dumps(settings_panel.POLICY_HELP)};"
     help_js += f"\nwindow.CBP_LAYER_HELP = {json.dumps(results_panel.LAYER_HELP)};"
@@ -61,8 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _server_flags(parser: argparse.ArgumentParser) -> None:
-    """The host's servers: a local vLLM, llama.cpp and OpenAI-compatible endpoints (never a
-    visitor's)."""
+    """The host's servers: a local vLLM, llama.cpp and endpoints (never a visitor's)."""
     parser.add_argument(
         "--vllm",
         action="store_true",
@@ -115,12 +114,8 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
 def configured_servers(
     args: argparse.Namespace, loaded, cpus: tuple[int, ...] | None = None
 ) -> host_servers.PageServers | None:
-    """The servers the command line and ``CBP_ENDPOINTS`` give the page, the local ones on
-    ``cpus`` (None: every CPU); None without any.
-
-    Raises:
-        ValueError: a bad endpoint or name, or no GGUF for llama.cpp.
-    """
+    """The servers the command line and ``CBP_ENDPOINTS`` give the page (None without any);
+    raises ValueError for a bad endpoint or name, or no GGUF for llama.cpp."""
     found = host_servers.configure(
         loaded,
         args.endpoint,
@@ -137,12 +132,8 @@ def configured_servers(
 
 
 def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -> None:
-    """Load the model (so problems show at start), then serve ``build_demo(label, server_names,
-    dtypes, dtype, models)``'s page, the host's servers starting in the background.
-
-    Raises:
-        SystemExit: the model cannot load or a server flag is wrong (one line a person can act on).
-    """
+    """Load the model, then serve ``build_demo(label, server_names, dtypes, dtype, models)``'s
+    page; SystemExit with one line when the model cannot load or a server flag is wrong."""
     args = parse_args(argv)
     process, split = None, None
     try:
@@ -180,8 +171,8 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
 def _engine_process(
     args, split: cpu_split.CpuSplit | None
 ) -> tuple[worker_process.ProcessWorker, cpu_split.CpuSplit | None]:
-    """The started engine process on the engine CPUs of ``split`` (made before this thread's nice
-    value is raised, so it keeps the start's), and the split (None: not split)."""
+    """The engine process on ``split``'s engine CPUs (made before the nice value rises), and the
+    split."""
     jobs = ("engine.worker.comparison", "engine.worker.model_facts")  # where its jobs are
     spec = worker_process.ModelSpec(
         worker_model.load_spec, args.model, args.device, args.dtype, preload=jobs
@@ -199,11 +190,8 @@ def _engine_process(
 def _connect(
     process: worker_process.ProcessWorker, split: cpu_split.CpuSplit | None
 ) -> shared_model.ModelView:
-    """Wait for the engine process, then make the page's model from its facts and pace.
-
-    Raises:
-        SystemExit: the engine process ended first, or its model failed to load.
-    """
+    """The page's model from the engine process's facts; SystemExit if the process or its load
+    failed."""
     try:
         view, _work, parts_s = shared_model.ModelView.connect(process, cpu_split=split)
     except (ValueError, RunStopped) as exc:

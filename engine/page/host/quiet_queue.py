@@ -12,11 +12,7 @@ QUIET_SLEEPS_S = {"sleep_when_free": 0.05, "progress_update_sleep_when_free": 0.
 
 
 def quiet(demo: gr.Blocks) -> None:
-    """Slow the polling of ``demo``'s queue (after ``demo.queue()``, before launch).
-
-    Raises:
-        AssertionError: ``demo.queue()`` was not called first.
-    """
+    """Slow ``demo``'s queue polling (after ``demo.queue()``, else AssertionError)."""
     queue = getattr(demo, "_queue", None)
     assert queue is not None, "quiet() before demo.queue()"
     missing = [name for name in QUIET_SLEEPS_S if not hasattr(queue, name)]

@@ -17,11 +17,7 @@ ENV = "CBP_SERVER_NICE"
 
 
 def server_nice(environ=None) -> int:
-    """``CBP_SERVER_NICE``: nice steps for the page's server threads.
-
-    Raises:
-        ValueError: not a whole number from 0 to 19.
-    """
+    """``CBP_SERVER_NICE``; raises ValueError for anything but a whole number from 0 to 19."""
     text = settings.value(ENV, environ)
     if not text.isdigit() or not 0 <= int(text) <= 19:
         raise ValueError(f"{ENV}={text!r}: give a whole number from 0 to 19 (0: no change)")
@@ -29,8 +25,7 @@ def server_nice(environ=None) -> int:
 
 
 def lower_this_thread(steps: int) -> bool:
-    """Raise the calling thread's nice value by ``steps`` (it cannot be lowered back
-    unprivileged); False for 0 steps, off Linux, or when the system refused."""
+    """Raise this thread's nice value by ``steps``; False for 0, off Linux, or when refused."""
     if steps <= 0 or not sys.platform.startswith("linux"):
         return False
     thread_id = 0  # on Linux, PRIO_PROCESS with 0 names the calling thread only

@@ -15,11 +15,7 @@ SHARE_WAIT_S = 8.0  # seconds to wait for the tunnel before saying there is none
 
 
 def gradio_tunnel(demo: Any) -> str:
-    """Open Gradio's share tunnel to ``demo``'s local server; the public https URL.
-
-    Raises:
-        Exception: whatever Gradio raises when the share server cannot be reached.
-    """
+    """Open Gradio's share tunnel to ``demo``; the public URL (raises what Gradio raises)."""
     from gradio import networking
 
     url = networking.setup_tunnel(
@@ -38,8 +34,7 @@ def open_share_link(
     tunnel: Callable[[Any], str] = gradio_tunnel,
     log: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> str | None:
-    """Log a public link to ``demo`` within ``wait_s`` seconds, or why there is none; the link or
-    None. Never raises: a missing link must not stop the local page."""
+    """Log a public link within ``wait_s`` seconds, or why there is none; never raises."""
     result: dict[str, Any] = {}
     gave_up = threading.Event()
 

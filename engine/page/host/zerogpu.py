@@ -18,26 +18,20 @@ MAX_DURATION_S = 300  # ZeroGPU refuses longer reservations
 
 
 def gpu_duration_s(workload_limits: Limits | None = None) -> int:
-    """Seconds of GPU a run may need under ``workload_limits``: three passes of every request one
-    after another, ``GPU_STEP_S`` per token, within ZeroGPU's 60 to 300 s.
-
-    Raises:
-        ValueError: a limit variable in the environment that is not a positive whole number.
-    """
+    """Seconds of GPU for three passes of every request in turn, ``GPU_STEP_S`` per token, within
+    60 to 300 s; ValueError for a limit variable that is not a positive whole number."""
     lim = workload_limits or limits()
     worst_s = NUM_PASSES * lim.max_rows * lim.max_new_tokens * GPU_STEP_S
     return int(min(max(worst_s, MIN_DURATION_S), MAX_DURATION_S))
 
 
 def run_concurrency() -> int | None:
-    """Run handlers Gradio starts at once: every one (None), as runs wait in the page's queue;
-    one on ZeroGPU, where a handler holds a GPU from its start."""
+    """Run handlers at once: every one (None), or one on ZeroGPU, where a handler holds a GPU."""
     return 1 if on_zerogpu() else None
 
 
 def on_zerogpu() -> bool:
-    """Whether ``spaces`` imports: Run events then wait in Gradio's queue, and there is no engine
-    process (the GPU is lent to the page's own)."""
+    """Whether ``spaces`` imports (ZeroGPU: no engine process, Run waits in Gradio's queue)."""
     return _spaces() is not None
 
 
@@ -49,10 +43,7 @@ def _spaces():
 
 
 def on_gpu(fn: Callable) -> Callable:
-    """``fn`` wrapped with ``spaces.GPU(duration=gpu_duration_s())`` when ``spaces`` imports.
-
-    Raises:
-        ValueError: a limit variable in the environment that is not a positive whole number.
-    """
+    """``fn`` wrapped with ``spaces.GPU(duration=gpu_duration_s())`` where ``spaces`` imports;
+    raises as ``gpu_duration_s``."""
     spaces = _spaces()
     return fn if spaces is None else spaces.GPU(duration=gpu_duration_s())(fn)

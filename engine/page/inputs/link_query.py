@@ -20,8 +20,7 @@ FLAG_WORDS = knob_values.LINK_WORDS  # a flag's words in a link: 1, 0, on, off, 
 
 @dataclass(frozen=True)
 class Precision:
-    """The host's dtypes (the page's first, those offered) and models (the first, those its
-    picker offers; none: no picker)."""
+    """The host's dtypes and models: the page's first, and those offered (no models: no picker)."""
 
     dtype: str = "float32"
     dtypes: tuple[str, ...] = ("float32", "bfloat16")

@@ -44,7 +44,6 @@ def preset_or_table(preset_name: str | None, rows) -> tuple[str | None, list | N
 
 
 def listed_rows(rows) -> list[list]:
-    """The table's rows as lists (a pandas DataFrame's too)."""
     if hasattr(rows, "values") and hasattr(rows, "columns"):  # a pandas DataFrame
         rows = rows.values.tolist()
     return [list(row) for row in rows or []]
@@ -58,8 +57,8 @@ def _specs(rows) -> list | None:
 
 
 def compact_rows(rows) -> list[list]:
-    """Rows as short JSON-ready lists: blanks as None and dropped from a row's end (an arrival of
-    0 too), whole floats as ints, blank rows left out; ``presets.table_row`` pads them back."""
+    """Rows as short JSON-ready lists (blanks dropped from each row's end); ``presets.table_row``
+    pads them back."""
     compact = []
     for row in rows or []:
         cells = [_cell(cell) for cell in list(row)[: len(TABLE_COLUMNS)]]
@@ -90,12 +89,8 @@ def _cell(value):
 
 
 def encode_table(rows) -> str:
-    """The ``table=`` value for ``rows``.
-
-    Raises:
-        ValueError: over ``MAX_TABLE_CHARS``, ``MAX_TABLE_JSON_BYTES`` or ``MAX_TABLE_ROWS`` (with
-            the numbers), or a cell that cannot be written.
-    """
+    """The ``table=`` value for ``rows``; ValueError over ``MAX_TABLE_CHARS``,
+    ``MAX_TABLE_JSON_BYTES`` or ``MAX_TABLE_ROWS``, or for a cell that cannot be written."""
     compact = compact_rows(rows)
     if len(compact) > MAX_TABLE_ROWS:
         raise ValueError(f"{len(compact)} rows, over the {MAX_TABLE_ROWS} a link holds")
@@ -109,13 +104,8 @@ def encode_table(rows) -> str:
 
 
 def decode_table(text: str) -> list[list]:
-    """Full table rows (``TABLE_COLUMNS`` wide) from a ``table=`` value, reading at most
-    ``MAX_TABLE_CHARS`` and unpacking at most ``MAX_TABLE_JSON_BYTES``.
-
-    Raises:
-        ValueError: too long, not base64url, not zlib, unpacking to too much, not JSON, or not rows
-            of text, numbers and blanks.
-    """
+    """Full table rows from a ``table=`` value, reading at most ``MAX_TABLE_CHARS`` and unpacking
+    at most ``MAX_TABLE_JSON_BYTES``; ValueError saying what is wrong with it."""
     if len(text) > MAX_TABLE_CHARS:
         raise ValueError(f"longer than the {MAX_TABLE_CHARS:,} characters a link's table may have")
     try:
@@ -142,8 +132,7 @@ def decode_table(text: str) -> list[list]:
 
 
 def _check_shape(rows) -> None:
-    """Raises ValueError unless ``rows`` is at most ``MAX_TABLE_ROWS`` lists of 1 to
-    ``len(TABLE_COLUMNS)`` cells of text, finite numbers or null."""
+    """ValueError unless ``rows`` is at most ``MAX_TABLE_ROWS`` lists of text, numbers or null."""
     if not isinstance(rows, list) or len(rows) > MAX_TABLE_ROWS:
         raise ValueError(f"not a list of at most {MAX_TABLE_ROWS} request rows")
     for number, row in enumerate(rows, start=1):

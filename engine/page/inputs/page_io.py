@@ -69,8 +69,7 @@ STOP_CLICK_JS = """(handle, seq) => [handle, window.cbpStopClick || 0]"""
 
 
 def _link_signature() -> inspect.Signature:
-    """``setup_query``'s parameters, one per ``LINK_INPUTS`` name: the first four required, the
-    rest default."""
+    """``setup_query``'s parameters: the first four required, the rest default."""
     kind, required = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty
     default = {"prefix_caching": False} | dict.fromkeys(LINK_INPUTS[5:])
     parameters = [inspect.Parameter(n, kind, default=default.get(n, required)) for n in LINK_INPUTS]
@@ -81,16 +80,9 @@ LINK_SIGNATURE = _link_signature()
 
 
 def setup_query(*values, **named) -> str:
-    """The query string that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12&budget=64``.
-
-    Takes ``LINK_INPUTS`` by position or by name. The step is the slider's, or on the recorded
-    run a link's step not yet spent. A table that is no preset's travels in the link (one too
-    long is left out, with a warning); each setting only where it differs from the preset's
-    default.
-
-    Raises:
-        TypeError: too many inputs, an unknown name, or one of the first four missing.
-    """
+    """The query that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12&budget=64``: a
+    table that is no preset's in the link, each setting only where it differs from the preset's
+    default. Takes ``LINK_INPUTS`` by position or name; TypeError for a bad or missing one."""
     given = LINK_SIGNATURE.bind(*values, **named)
     given.apply_defaults()
     page = given.arguments
@@ -118,17 +110,14 @@ setup_query.__signature__ = LINK_SIGNATURE  # its inputs, by name, for help() an
 
 
 def from_link(request: gr.Request, precision: link_query.Precision | None = None) -> tuple:
-    """Set the page up from its link: ``from_query`` of its query parameters."""
     return from_query(query_params(request), precision)
 
 
 def from_query(
     params: dict[str, str], precision: link_query.Precision | None = None, whole: bool = False
 ) -> tuple:
-    """Updates for ``LINK_OUTPUTS`` from a link's query parameters (``gr.skip()`` where it sets
-    nothing usable); each bad value is named in a warning and keeps its default. ``precision``:
-    the host's (None: ``link_query.Precision()``). ``whole``: for a page in use (the tour's "Set
-    this up"), also set what choosing the preset sets and the link does not name."""
+    """Updates for ``LINK_OUTPUTS`` from a link's query (``gr.skip()`` where nothing usable); bad
+    values are named and keep their default. ``whole``: also set what the preset sets (the tour)."""
     precision = precision or link_query.Precision()
     link = {}
     name = _link_preset(params, link)
@@ -187,8 +176,8 @@ def _link_slots(params: dict[str, str], name: str | None, link: dict) -> None:
 
 
 def _link_table(params: dict[str, str], link: dict) -> None:
-    """The link's ``table=`` in ``link``: rows that do not parse are applied and named in a
-    warning; a value that does not decode changes nothing."""
+    """The link's ``table=`` in ``link``; bad rows applied and named, an undecodable value
+    ignored."""
     text = params.get("table", "").strip()
     if not text:
         return
@@ -226,8 +215,7 @@ def slots_note(num_slots: int, preset_slots: int) -> str:
 
 
 def switched_note(name: str, settings: dict) -> str:
-    """The line under preset ``name``'s explanation when the link already turned on what it asks
-    to turn on; "" otherwise."""
+    """The line under a preset's text when the link already did what it asks; "" otherwise."""
     switch = presets.load_presets()[name].get("check", {}).get("lower_mean_ttft")
     if switch is None or settings.get(switch) is not True:
         return ""
@@ -239,7 +227,6 @@ def switched_note(name: str, settings: dict) -> str:
 
 
 def link_step(request: gr.Request) -> int | None:
-    """The link's ``step=N``, kept until the first run."""
     return query_step(query_params(request))
 
 
@@ -250,8 +237,8 @@ def query_step(params: dict[str, str]) -> int | None:
 
 
 def upload_workload(path: str | None) -> tuple:
-    """Fill the request table from an uploaded CSV or JSONL file: rows, preset (cleared),
-    explanation, warning note; a malformed file changes nothing and is named with its bad line."""
+    """Fill the table from an uploaded CSV or JSONL file (a malformed one changes nothing but the
+    note)."""
     if not path:
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     try:
@@ -264,11 +251,8 @@ def upload_workload(path: str | None) -> tuple:
 
 
 def table_files(rows) -> list[str]:
-    """The request table as ``workload.csv`` and ``workload.jsonl`` in a fresh temporary folder.
-
-    Raises:
-        ValueError: the table does not validate (the message names the row).
-    """
+    """The table as ``workload.csv`` and ``workload.jsonl`` in a fresh folder; ValueError naming
+    a bad row."""
     specs = parse_table(link_table.listed_rows(rows))
     folder = export.download_folder("cbp-table-")
     return [str(p) for p in workload_files.write_table_files(folder, specs)]
@@ -284,8 +268,7 @@ def show_table_files(rows) -> tuple:
 
 
 def warning_note(title: str, messages: list[str]) -> str:
-    """The note under the table that keeps the last warnings in sight, as HTML that shows each
-    message as written."""
+    """The note under the table that keeps the last warnings in sight, each shown as written."""
     items = "".join(f"<li>{html.escape(message, quote=False)}</li>" for message in messages)
     title = html.escape(title, quote=False)
     return f'<div class="input-warning">⚠ <strong>{title}:</strong><ul>{items}</ul></div>'
@@ -296,8 +279,7 @@ def query_params(request: gr.Request | None) -> dict[str, str]:
 
 
 def _warn_link(link: dict, name: str, value: str, instead: str) -> None:
-    """A warning toast that the link's ``name=value`` is unusable, and why, also kept in
-    ``link``."""
+    """A warning toast that the link's ``name=value`` is unusable, also kept in ``link``."""
     if len(value) > MAX_QUOTED_CHARS:
         value = value[:MAX_QUOTED_CHARS] + "…"
     why = toast_text(instead)
@@ -308,6 +290,5 @@ def _warn_link(link: dict, name: str, value: str, instead: str) -> None:
 
 
 def toast_text(message) -> str:
-    """``message`` as a toast's text (HTML): escaping ``&`` and ``<`` is enough for no tag to
-    form."""
+    """``message`` as a toast's HTML: escaping ``&`` and ``<`` is enough for no tag to form."""
     return str(message).replace("&", "&amp;").replace("<", "&lt;")

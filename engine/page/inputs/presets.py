@@ -31,8 +31,8 @@ def load_presets(path: Path = PRESETS_PATH) -> dict[str, dict]:
 
 
 def apply_preset(name: str) -> tuple[list[list], bool, str]:
-    """The table rows (``TABLE_COLUMNS``), chat-template setting and explanation; a request
-    without an arrival arrives at t = 0, one without sampling settings is greedy."""
+    """The table rows, chat-template setting and explanation (no arrival: t = 0; no sampling:
+    greedy)."""
     preset = load_presets()[name]
     if "workload" in preset:
         rows = table_rows(load_jsonl(ASSETS / preset["workload"]), sampling_columns=True)
@@ -42,17 +42,13 @@ def apply_preset(name: str) -> tuple[list[list], bool, str]:
 
 
 def choose_preset(name: str) -> tuple:
-    """What choosing preset ``name`` sets, in ``CHOSEN`` order."""
     rows, chat_template, text = apply_preset(name)
     return rows, chat_template, text, preset_slots(name), *preset_settings(name).values()
 
 
 def preset_settings(name: str) -> dict:
-    """The engine settings preset ``name`` runs with, in ``ENGINE_DEFAULTS`` order.
-
-    Raises:
-        ValueError: the preset names a setting that is not in ``ENGINE_DEFAULTS``.
-    """
+    """The engine settings preset ``name`` runs with; ValueError for a setting not in
+    ``ENGINE_DEFAULTS``."""
     own = load_presets()[name].get("settings", {})
     unknown = sorted(set(own) - set(ENGINE_DEFAULTS))
     if unknown:
@@ -83,8 +79,7 @@ def table_edited() -> tuple[None, str]:
 
 
 def by_slug(slug: str) -> str | None:
-    """The preset name for a link's ``preset=`` (slug or name, any case; an exact match wins), or
-    None."""
+    """The preset for a link's ``preset=`` (slug or name, any case, exact match first), or None."""
     if not slug:
         return None
     shipped = load_presets()

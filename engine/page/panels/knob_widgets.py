@@ -16,8 +16,7 @@ WIDGETS = {
 
 
 def knob_component(knob: Knob, **given):
-    """The knob's component with its label, help, default, labelled choices and range; ``given``
-    sets any of them instead (the host's dtypes, say)."""
+    """The knob's component; ``given`` overrides any of its settings (the host's dtypes, say)."""
     widget = knob.page_widget
     shown = {"value": knob.default, "label": knob.label, "info": knob.info or None}
     if knob.labels:

@@ -39,8 +39,7 @@ REQUESTS_LABEL = (
 
 
 def header(model_label: str) -> tuple[gr.Markdown, tour.TourPanel]:
-    """Title, introduction, model line and tour; returns the model line (the picker sets it) and
-    the tour (app.py wires its buttons)."""
+    """Title, introduction, model line and tour; returns the model line and the tour."""
     gr.Markdown(f"# {TITLE}\n\n{INTRO}")
     model_line = gr.Markdown(model_label, elem_id="model_markdown")
     with gr.Accordion("Guided tour: what to look at", open=False, elem_id="tour_accordion"):
@@ -111,11 +110,8 @@ def downloads_panel() -> gr.File:
 def run_outputs(
     run_state: gr.State, results: ResultsPanel, downloads: gr.File, settings: SettingsPanel
 ) -> list:
-    """What Run and Stop write, in ``RUN_OUTPUTS`` order, each component found by its ``elem_id``.
-
-    Raises:
-        KeyError: an output with no component.
-    """
+    """What Run and Stop write, in ``RUN_OUTPUTS`` order, by ``elem_id``; KeyError for a missing
+    one."""
     found = by_elem_id(results, settings) | {"run_state": run_state, "downloads_file": downloads}
     return [found[name] for name in RUN_OUTPUTS]
 
@@ -145,12 +141,8 @@ COMPONENTS |= {
 
 
 def page_components(names, requests: RequestsPanel, settings: SettingsPanel, results, **states):
-    """The components of ``names`` (keys of ``COMPONENTS``), in order; ``states``: the
-    ``gr.State``s.
-
-    Raises:
-        KeyError: a name with no component, or a state not given.
-    """
+    """The components of ``names`` (keys of ``COMPONENTS``) and ``states``; KeyError for a
+    missing one."""
     page = SimpleNamespace(requests=requests, settings=settings, results=results, **states)
     return [operator.attrgetter(COMPONENTS[name])(page) for name in names]
 
@@ -158,8 +150,7 @@ def page_components(names, requests: RequestsPanel, settings: SettingsPanel, res
 def run_inputs(
     requests: RequestsPanel, settings: SettingsPanel, results, run_state, handle, live=False
 ):
-    """What Run reads, in ``RUN_INPUTS`` order; ``live``: "Run live anyway"'s (``replay_recent``
-    False)."""
+    """What Run reads, in ``RUN_INPUTS`` order; ``live``: "Run live anyway"'s."""
     states = {"run_state": run_state, "handle_state": handle}
     components = page_components(RUN_INPUTS, requests, settings, results, **states)
     if live:

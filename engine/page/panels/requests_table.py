@@ -25,8 +25,7 @@ class RequestsTable(gr.Dataframe):
         return schema
 
     def preprocess(self, payload: Any) -> Any:
-        """A sent table as the Dataframe's rows; any other value as sent, for its handler to
-        refuse."""
+        """A sent table as rows; any other value as sent, for its handler to refuse."""
         if isinstance(payload, DataframeData):
             return super().preprocess(payload)
         try:

@@ -54,8 +54,7 @@ class ResultsPanel:
 
 
 def by_elem_id(*panels) -> dict:
-    """Every component of ``panels`` (nested panels included) by ``elem_id``; those without one
-    left out."""
+    """Every component of ``panels`` (nested ones too) by ``elem_id``."""
     found = {}
     for panel in panels:
         for f in fields(panel):
@@ -68,8 +67,7 @@ def by_elem_id(*panels) -> dict:
 
 
 def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) -> ResultsPanel:
-    """The results, showing ``shown`` (the shipped recording) until a Run; with ``server_names``,
-    their line and charts too."""
+    """The results, showing ``shown`` until a Run; with ``server_names``, their line and charts."""
     status = gr.Markdown(
         shown.status if shown is not None else "Press Run to compare the two engines.",
         elem_id="status_markdown",
@@ -164,8 +162,7 @@ def divergence_panel(shown: RunResult | None) -> DivergencePanel:
 
 
 def _step_views(shown: RunResult | None) -> tuple:
-    """Both timelines, the slider, both masks and the block map in ``ResultsPanel`` order, then
-    the layer type."""
+    """Both timelines, the slider, both masks and the block map, then the layer type."""
     v = shown.views if shown is not None else None
     with gr.Row():
         static_timeline = plot("static_timeline_plot", v and v.static_timeline)

@@ -59,7 +59,6 @@ def refresh() -> tuple[str, gr.Timer]:
 
 
 def server_plots(shown, server_names: list[str]) -> tuple[gr.Plot, gr.Plot]:
-    """The servers' request lanes and their /metrics chart."""
     with gr.Column(visible=bool(server_names)):
         timeline = plot("server_timeline_plot", shown and shown.server_timeline)
         chart = plot("server_chart_plot", shown and shown.server_chart)
@@ -76,8 +75,8 @@ class InsidePlots:
 
 
 def inside_plots(shown, server_names: list[str]) -> InsidePlots:
-    """Where the record comes from, then its timeline, packed mask, KV block map and tokens and
-    KV per step (hidden until a record is drawn)."""
+    """The record's source, timeline, packed mask, KV block map and per-step use (hidden until
+    drawn)."""
     views = shown.views if shown is not None else None
     visible = bool(server_names) or bool(shown is not None and shown.inside_shown)
     with gr.Column(visible=visible, elem_id="inside_column") as column:
@@ -92,5 +91,4 @@ def inside_plots(shown, server_names: list[str]) -> InsidePlots:
 
 
 def plot(elem_id: str, figure) -> gr.Plot:
-    """A chart without a label (its title says what it is); ``figure`` may be None."""
     return gr.Plot(figure, show_label=False, elem_id=elem_id)

@@ -68,9 +68,8 @@ def settings_panel(
     dtype: str = "float32",
     models: list[str] = (),
 ) -> SettingsPanel:
-    """The right-hand column; engine knobs in a closed accordion, precision (``dtypes``,
-    ``dtype`` chosen) last in it. ``models``: the loaded one first; a picker shows where there
-    are several."""
+    """The right-hand column: knobs in a closed accordion, precision last; a model picker for
+    several ``models``."""
     models, dtypes = list(models) or ["embedded"], list(dtypes)
     host = {  # what the host, not the knob's declaration, gives these components
         "model": {"choices": models, "value": models[0], "visible": len(models) > 1},
@@ -116,14 +115,12 @@ def settings_panel(
 
 
 def placed(place: str) -> list[Knob]:
-    """The knobs at ``place``: those a preset sets first, in its order, then the rest in
-    ``KNOBS`` order."""
+    """The knobs at ``place``: those a preset sets first, then the rest in ``KNOBS`` order."""
     return sorted((k for k in KNOBS if k.place == place), key=lambda k: (not k.preset, k.preset))
 
 
 def _place_knobs(place: str, host: dict[str, dict]) -> dict:
-    """``place``'s knob components by element id; neighbours with one ``row`` share a ``gr.Row``.
-    ``host``: what the host sets of a knob's component, by knob name."""
+    """``place``'s knob components by element id; one ``row`` shares a ``gr.Row``."""
     found = {}
     for row, knobs in groupby(placed(place), key=lambda k: k.row):
         with gr.Row() if row else nullcontext():
@@ -134,7 +131,7 @@ def _place_knobs(place: str, host: dict[str, dict]) -> dict:
 
 
 def _link_controls() -> tuple:
-    """The "Copy link to this setup" button and its textbox; the hidden Stop reply and "Leave the
+    """The "Copy link to this setup" button and textbox, the hidden Stop reply and "Leave the
     queue"."""
     link_button = gr.Button("Copy link to this setup", size="sm", elem_id="link_button")
     link_textbox = gr.Textbox(

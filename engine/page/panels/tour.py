@@ -31,7 +31,6 @@ class TourStep:
 
     @property
     def params(self) -> dict[str, str]:
-        """E.g. ``{"preset": "seed", "slots": "3"}``."""
         return dict(parse_qsl(self.setup.removeprefix("?")))
 
     def markdown(self) -> str:
@@ -55,14 +54,12 @@ class TourStep:
 
 
 def _value_words(text: str) -> str:
-    """A link's value as the note says it: "on", "off" or the value."""
     flag = link_query.FLAG_WORDS.get(text.lower())
     return text if flag is None else ("on" if flag else "off")
 
 
 def set_up(step: TourStep, precision: link_query.Precision | None = None) -> tuple:
-    """What "Set this up" sets: ``from_query(link, whole=True)`` in ``LINK_OUTPUTS`` order, the
-    link's step for the next Run (None: none), the note."""
+    """What "Set this up" sets: ``from_query(link, whole=True)``, the link's step, the note."""
     params = step.params
     updates = page_io.from_query(params, precision, whole=True)
     kept = page_io.query_step(params)
@@ -78,8 +75,7 @@ class TourPanel:
 
 
 def tour_panel() -> TourPanel:
-    """The stepper: each step's text, "Set this up", "Next" and note (``tour_setup_N``,
-    ``tour_next_N``, ``tour_note_N``, N from 1)."""
+    """The stepper (ids ``tour_setup_N``, ``tour_next_N``, ``tour_note_N``, N from 1)."""
     steps, setups = load_tour(), []
     with gr.Walkthrough(selected=1, elem_id="tour_walkthrough") as walkthrough:
         for number, step in enumerate(steps, start=1):
@@ -125,5 +121,4 @@ def load_tour(path: Path = TOUR_PATH) -> list[TourStep]:
 
 
 def step_selector(number: int) -> Callable[[], gr.Walkthrough]:
-    """A click handler that moves the tour to step ``number`` (1-based)."""
     return lambda: gr.Walkthrough(selected=number)

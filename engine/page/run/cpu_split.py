@@ -24,7 +24,6 @@ class CpuSplit:
     page: tuple[int, ...]
 
     def short(self) -> str:
-        """E.g. "engines on 1 of 2 CPUs"."""
         total = len(self.engine) + len(self.page)
         return f"engines on {len(self.engine)} of {total} CPUs"
 
@@ -41,11 +40,8 @@ def cpu_split(
     environ: Mapping[str, str] | None = None, available: tuple[int, ...] | None = None
 ) -> CpuSplit | None:
     """The split ``CBP_ENGINE_CPUS`` asks for on ``available`` (default: this process's
-    affinity); None for no split.
-
-    Raises:
-        ValueError: not ``auto``, ``all`` or a whole number from 1 to one less than the CPUs.
-    """
+    affinity); None for no split. Raises ValueError for a value not ``auto``, ``all`` or 1 to
+    CPUs - 1."""
     text = settings.value(ENV, environ).lower()
     if available is None:
         available = _available()

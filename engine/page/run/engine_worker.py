@@ -10,11 +10,7 @@ CHOICES = ("auto", "on", "off")
 
 def engine_process_wanted(environ=None, on_zerogpu: bool = False) -> bool:
     """Whether ``app.py`` runs the engines in a ``ProcessWorker`` (``CBP_ENGINE_PROCESS``:
-    docs/hosting.md).
-
-    Raises:
-        ValueError: another value.
-    """
+    docs/hosting.md); raises ValueError for another value."""
     text = settings.value(ENV, environ).lower()
     if text not in CHOICES:
         raise ValueError(f"{ENV}={text!r}: give auto, on or off")

@@ -30,8 +30,8 @@ class ToldWait:
     at_s: float = 0.0
 
     def tell(self, estimate_s: float | None, now_s: float) -> float | None:
-        """The wait to tell at ``now_s``: the last one counted down, or ``estimate_s`` (kept)
-        when past the tolerance from it or none was told."""
+        """The wait to tell at ``now_s``: the last one counted down, or ``estimate_s`` past the
+        tolerance."""
         if estimate_s is None:
             self.told_s = None
             return None
@@ -63,8 +63,7 @@ class Ticket:
     told: ToldWait = field(default_factory=ToldWait, repr=False)  # the wait it was told last
 
     def left_s(self, pace: Pace, now: float, slowdown: float = 1.0) -> float:
-        """What is left of its running run: cost at ``slowdown`` less time so far, at least its
-        steps left."""
+        """What is left of its running run: cost less time so far, at least its steps left."""
         left_s = pace.cost_s(self.work, slowdown=slowdown) - (now - self.started_s)
         if self.steps_done:
             left = pace.engine_s_left(self.work, self.steps_done)
@@ -72,9 +71,8 @@ class Ticket:
         return max(0.0, left_s)
 
     def progress_pace(self) -> Pace | None:
-        """Its run's pace from its first report of steps to its last (None before
-        ``MIN_PROGRESS_STEPS``); not from its start, which includes handing over the job and the
-        first prefill."""
+        """Its run's pace between its first and last step reports (None before
+        ``MIN_PROGRESS_STEPS``)."""
         if self.first_steps is None or self.steps_done_s is None:
             return None
         first, first_s = self.first_steps
@@ -86,9 +84,8 @@ class Ticket:
 
 @dataclass(frozen=True)
 class Place:
-    """A waiting person's ``place`` (running run first; with ``identical_ahead``, that run's
-    place), ``total`` runs in line, ``estimate_s`` until it starts or until the identical run
-    ends (None: nothing measured), and ``after_running``: a run is in progress ahead."""
+    """A waiting person's ``place`` (with ``identical_ahead``: that run's), ``total`` runs in
+    line, ``estimate_s`` (None: nothing measured) and ``after_running``."""
 
     place: int
     total: int

@@ -21,11 +21,7 @@ MAX_RUNS = 32  # setups kept; the least recently measured goes first
 
 
 def replay_window_s(environ=None) -> float:
-    """``CBP_REPLAY_WINDOW_S``, in seconds.
-
-    Raises:
-        ValueError: set to something other than a number of seconds >= 0.
-    """
+    """``CBP_REPLAY_WINDOW_S`` in seconds; raises ValueError for anything but seconds >= 0."""
     text = settings.value("CBP_REPLAY_WINDOW_S", environ)
     try:
         window_s = float(text)
@@ -40,8 +36,8 @@ def replay_window_s(environ=None) -> float:
 
 @dataclass(frozen=True)
 class RecentRun:
-    """A finished run kept for its setup: what the page rendered, its download files, and
-    ``measured_at`` (seconds since the epoch)."""
+    """A finished run kept for its setup: its rendered state, downloads and ``measured_at``
+    (epoch s)."""
 
     state: Any
     downloads: list[str] | None
@@ -51,8 +47,7 @@ class RecentRun:
     _drawing: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     def drawn(self, key: Hashable, draw: Callable[[], Any]) -> Any:
-        """``draw()``, made once per ``key`` and kept with this run, so a room shown one run
-        draws once. Callers must not change what it returns."""
+        """``draw()``, made once per ``key`` and kept (callers must not change it)."""
         with self._drawing:  # a second person waits for the first draw instead of repeating it
             if key not in self._drawings:
                 self._drawings[key] = draw()

@@ -41,8 +41,8 @@ SHOW = "show"  # a stage: the answer so far goes to the page before the next ser
 
 @dataclass(frozen=True)
 class RunRequest:
-    """``requests`` on ``model`` (in the run's precision) under ``config``; ``replay``: an
-    identical recent run may be shown; ``judged(trace)``: whether a server's outputs are judged."""
+    """``requests`` on ``model`` under ``config``; ``replay``: an identical recent run may be
+    shown."""
 
     model: PageModel
     requests: list[Request]
@@ -52,9 +52,8 @@ class RunRequest:
     judged: Callable[[Trace], bool] = lambda _trace: True
 
     def setup_key(self) -> tuple:
-        """What makes two runs identical: the model and its precision, the tokenized requests and
-        every engine knob; not the x axis, nor the precision and model knobs (``model`` already
-        says them)."""
+        """What makes two runs identical: model, precision, tokenized requests and every engine
+        knob."""
         rows = tuple(
             (tuple(r.prompt_token_ids), r.max_new_tokens, r.arrival_s, repr(r.sampling))
             for r in self.requests
@@ -66,8 +65,8 @@ class RunRequest:
 
 @dataclass
 class RunAnswer:
-    """A finished run: the engines' ``ComparisonResult``, the servers' traces, failures and stage
-    seconds by name, and the judged servers' verdicts (None: none)."""
+    """A finished run: the engines' result, the servers' traces, failures, stage seconds and
+    verdicts."""
 
     comparison: ComparisonResult
     servers: dict[str, Trace] = field(default_factory=dict)
@@ -76,7 +75,6 @@ class RunAnswer:
     server_verdicts: dict[str, dict[int, dict]] | None = None
 
     def so_far(self) -> RunAnswer:
-        """A copy that later servers do not change."""
         return dataclasses.replace(
             self, servers=dict(self.servers), server_failures=dict(self.server_failures)
         )
@@ -89,8 +87,7 @@ class Waiting:
 
 @dataclass(frozen=True)
 class Running:
-    """Each engine's progress; ``shown``: the answer so far (engines and servers done) to show
-    now."""
+    """Each engine's progress; ``shown``: the answer so far, to show now."""
 
     progress: dict[str, EngineProgress]
     elapsed_s: float
@@ -129,15 +126,11 @@ RunEvent = Waiting | Running | Replay | Left | Ended
 
 
 class Run:
-    """One visitor's run; a context manager: leaving it stops what is under way and gives up the
-    queue's place and the model."""
+    """One visitor's run; leaving the context stops what is under way and gives up the model."""
 
     def __init__(self, request: RunRequest, handle: RunHandle, turn: Turn):
-        """Find an identical recent run, else join the model's queue.
-
-        Raises:
-            ValueError: the queue refused the run, or ``CBP_RUN_TIME_LIMIT_S`` is not a time limit.
-        """
+        """Find an identical recent run, else join the model's queue; raises ValueError when
+        refused."""
         self.request, self.turn = request, turn
         self.key = request.setup_key()
         self.control = RunControl(run_time_limit_s())
@@ -198,8 +191,8 @@ class Run:
             self._job.stop()
 
     def finish(self, on_kept: Callable[[], None]) -> None:
-        """The ended run was shown: ``on_kept()`` first (unless abandoned), then free the model
-        and teach the queue its pace."""
+        """The run was shown: ``on_kept()`` (unless abandoned), then free the model and teach the
+        pace."""
         if not self.turn.abandoned:
             on_kept()
         self._release_lock()
@@ -222,8 +215,8 @@ class Run:
         return self.request.model.recent.find(self.key) if self.request.replay else None
 
     def _wait_turn(self, timeout_s: float | None) -> RunEvent:
-        """Wait for the model's turn, then start the engines; a recent identical run finished
-        meanwhile is shown instead."""
+        """Wait for the model's turn, then start the engines (or show an identical run finished
+        meanwhile)."""
         queue = self.request.model.queue
         try:
             turn_now = queue.wait_turn(self.ticket, timeout_s=timeout_s)
@@ -289,11 +282,8 @@ class Run:
         return self._running() if self._job is not None else Ended(self._answer)
 
     def _server_stages(self) -> None:
-        """The chosen servers' jobs, in the host's order, after ``SHOW``.
-
-        Raises:
-            ValueError: a name the host did not configure.
-        """
+        """The chosen servers' jobs after ``SHOW``; raises ValueError for a name the host did not
+        set up."""
         request = self.request
         if not request.options.servers:
             return None
@@ -379,10 +369,8 @@ def _run_servers(model: PageModel, names, requests, config: EngineConfig, dtype,
 
 
 class StageClock:
-    """Times servers run one after another from their ``watch`` reports: a stage runs from its
-    first report with the server ``ready`` (a restart included) to the next server's first
-    report. A wait for the server's own first start is left out; a server never ready is timed
-    from its first report."""
+    """Times servers run one after another, each stage from its first report with the server
+    ``ready`` to the next server's first report (a wait for its first start left out)."""
 
     def __init__(
         self,

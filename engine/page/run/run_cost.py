@@ -36,12 +36,8 @@ def server_part(name: str) -> str:
 
 @dataclass(frozen=True)
 class Work:
-    """One run's work, in the units each part's time grows with.
-
-    ``references``: ``(prompt ids, sampling) -> cap`` of the reference outputs not stored when it
-    joined (``recheck``: those still missing). ``min_wall_s``: the last arrival, which every
-    engine and server waits for. ``servers``: the host's servers it runs, by name.
-    """
+    """One run's work, in the units each part's time grows with. ``references``: ``(prompt ids,
+    sampling) -> cap`` not stored when it joined; ``min_wall_s``: the last arrival."""
 
     static_steps: int = 0
     continuous_steps: int = 0
@@ -72,8 +68,7 @@ class Work:
         return self.static_steps + self.continuous_steps + self.hf_steps
 
     def units(self, references: Mapping[Hashable, int] | None = None) -> dict[str, float]:
-        """Units per part; ``references``: those still to compute after the runs ahead (default:
-        all)."""
+        """Units per part; ``references``: those still to compute (default: all)."""
         steps = (self.static_steps, self.continuous_steps, self.hf_steps)
         units = {p: float(n) for p, n in zip(ENGINE_PARTS, steps, strict=True)}
         packed = sum(1 for n in steps[1:] if n)  # the engines that prefill each prompt once
@@ -103,8 +98,7 @@ class Pace:
         return bool(self._units)
 
     def s_per_unit(self, part: str | None = None) -> float | None:
-        """Seconds per unit of ``part``, falling back to the engines' seconds per step; None
-        before any."""
+        """Seconds per unit of ``part``, else the engines' per step; None before any."""
         if part in self._units and self._units[part] > 0:
             return self._seconds[part] / self._units[part]
         engines = [p for p in ENGINE_PARTS if p in self._units] or list(self._units)
@@ -121,16 +115,15 @@ class Pace:
         return sum(units[part] * self.s_per_unit(part) for part in (*ENGINE_PARTS, PREFILL))
 
     def servers_s(self, work: Work) -> float:
-        """Seconds of ``work``'s server stages, each at least its arrivals' wait (0 before any
-        pace)."""
+        """Seconds of ``work``'s server stages, each at least its arrivals' wait."""
         if not self.known:
             return 0.0
         units = work.units()
         return sum(max(units[p] * self.s_per_unit(p), work.min_wall_s) for p in work.server_parts())
 
     def learn(self, work: Work, wall_s: float, parts_s: Mapping[str, float] | None) -> None:
-        """Learn from a run of ``work`` that took ``wall_s``, ``parts_s`` of it per part (None:
-        unknown, one pace for all its units)."""
+        """Learn from a run of ``work`` that took ``wall_s``, ``parts_s`` per part (None:
+        unknown)."""
         units = work.units()
         if parts_s is None:
             weights = dict(units, **{PREFILL: units[PREFILL] / PREFILL_TOKENS_PER_STEP})
@@ -156,9 +149,8 @@ class Pace:
         references: Mapping[Hashable, int] | None = None,
         slowdown: float = 1.0,
     ) -> float | None:
-        """Seconds ``work`` should take here (None: no pace yet). ``slowdown``
-        (``RunQueue._slowdown``) applies to every part but the servers', which keep their own
-        learned pace."""
+        """Seconds ``work`` should take (None: no pace yet); ``slowdown`` applies to all but
+        server stages."""
         if not self.known:
             return None
         reference_s = work.units(references)[REFERENCE] * self.s_per_unit(REFERENCE)
@@ -172,13 +164,11 @@ class Pace:
 
     @staticmethod
     def uniform(s_per_unit: float, run_s: float = RUN_S) -> Pace:
-        """A pace of ``s_per_unit`` seconds per step for every part, as if taught."""
         return Pace({"continuous": s_per_unit}, {"continuous": 1.0}, run_s)
 
     @staticmethod
     def from_progress(work: Work, elapsed_s: float, steps_done: int) -> Pace | None:
-        """A running run's pace: ``steps_done`` of ``work``'s steps in ``elapsed_s``; None before
-        a step."""
+        """A running run's pace from ``steps_done`` steps in ``elapsed_s``; None before a step."""
         if steps_done <= 0 or elapsed_s <= 0 or work.steps <= 0:
             return None
         done = work.engine_steps() * min(1.0, steps_done / work.steps)
@@ -186,9 +176,8 @@ class Pace:
 
 
 def over_limit(cost_s: float | None, limit_s: float | None) -> str | None:
-    """Why a run of ``cost_s`` seconds is refused under a per-run limit ``limit_s``, for a
-    person; None when it may run (cost unknown, or within ``LIMIT_MARGIN`` times the limit:
-    machine speed moves)."""
+    """Why a run of ``cost_s`` seconds is refused under ``limit_s``; None within ``LIMIT_MARGIN``
+    times it (or cost unknown)."""
     if cost_s is None or limit_s is None or cost_s <= LIMIT_MARGIN * limit_s:
         return None
     return (
@@ -206,8 +195,7 @@ def _duration(seconds: float) -> str:
 
 
 def _reference_steps(key: Hashable, cap: int) -> float:
-    """Step units of one reference: set-up and judging, its prompt's prefill, its output at batch
-    1."""
+    """Step units of one reference: set-up and judging, prefill, and output at batch 1."""
     prompt = key[0] if isinstance(key, tuple) and key else ()
     prompt_len = len(prompt) if isinstance(prompt, tuple | list) else 0
     return REFERENCE_STEPS + prompt_len / PREFILL_TOKENS_PER_STEP + cap * REFERENCE_TOKEN_STEPS
@@ -248,8 +236,7 @@ def continuous_steps(requests: list[Request], config: EngineConfig) -> int:
 
 
 def run_work(requests: list[Request], config: EngineConfig, options, reference=None) -> Work:
-    """A run's ``Work``; ``options``: its ``RunOptions``; ``reference``: the reference source
-    (None: every reference missing)."""
+    """A run's ``Work``; ``reference``: the reference source (None: every reference missing)."""
     continuous = continuous_steps(requests, config)
     references, recheck = {}, None
     if options.check_reference and reference is not None:

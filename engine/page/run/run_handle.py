@@ -24,8 +24,7 @@ class Stoppable(Protocol):
 
 @dataclass(eq=False)
 class Turn:
-    """One started Run handler. ``skip``: why it must not run (``"repeat"``, ``"stopped"``), else
-    None."""
+    """One started Run handler; ``skip``: why it must not run ("repeat", "stopped"), else None."""
 
     skip: str | None = None
     control: Stoppable | None = None  # while its engines run: its ``Run``
@@ -36,13 +35,9 @@ class Turn:
 
 
 class RunHandle:
-    """A session's presses and its started run.
-
-    ``gradio_queue``: Run events wait in Gradio's queue (ZeroGPU), so Stop of a press not yet
-    started answers ``"queued"``. Gradio deep-copies a state's first value per session; copies
-    share ``sessions`` (handles by session hash, held weakly) so that ``session_ended`` finds
-    one.
-    """
+    """A session's presses and its started run. ``gradio_queue``: Run events wait in Gradio's
+    queue (ZeroGPU). Per-session copies share ``sessions`` (held weakly) so ``session_ended``
+    finds one."""
 
     def __init__(self, gradio_queue: bool = False, sessions=None) -> None:
         self.gradio_queue = gradio_queue
@@ -70,8 +65,8 @@ class RunHandle:
             handle.abandon()
 
     def abandon(self) -> str:
-        """Stop this session's run as Stop would, and every press not yet started; mark it
-        ``abandoned`` so its results are never shown or kept."""
+        """Stop this session's run and unstarted presses; mark it ``abandoned`` (never shown or
+        kept)."""
         with self._lock:
             if self._turn is not None:
                 self._turn.abandoned = True
@@ -89,8 +84,7 @@ class RunHandle:
         return None if turn is None else turn.control
 
     def press(self, seq: int = 0) -> bool:
-        """A click on Run numbered ``seq`` (0: numbered on arrival); False when no run will go
-        for it (a repeat, a press joining a run waiting to start, or one a Stop came after)."""
+        """A click on Run numbered ``seq`` (0: on arrival); False when no run will go for it."""
         with self._lock:
             if 0 < seq <= self._seen_seq and seq == self._press_seq:  # a deferred click's replay
                 self._sent = True
@@ -126,8 +120,7 @@ class RunHandle:
                 leave()
 
     def attach(self, turn: Turn, control: Stoppable) -> None:
-        """``turn``'s engines are about to start under ``control`` (stopped at once if Stop
-        came)."""
+        """``turn``'s engines start under ``control`` (stopped at once if Stop came)."""
         with self._lock:
             turn.control, turn.leave = control, None
             if turn.stop_requested:
@@ -139,8 +132,7 @@ class RunHandle:
                 self._turn = None
 
     def stop(self, seq: int = 0) -> str:
-        """Stop pressed, numbered ``seq`` (0: on arrival): stop the started run and mark every
-        earlier press; returns what there was to stop."""
+        """Stop pressed, numbered ``seq`` (0: on arrival): what there was to stop."""
         with self._lock:
             seq = self._number(seq)
             self._stop_seq = max(self._stop_seq, seq)
@@ -160,8 +152,7 @@ class RunHandle:
             return IDLE
 
     def left_queue(self) -> None:
-        """The page cancelled the session's Run events in Gradio's queue: no marked press will
-        start."""
+        """The page cancelled the session's Run events in Gradio's queue."""
         with self._lock:
             if self._press_seq < self._stop_seq:
                 self._claimed_seq = max(self._claimed_seq, self._press_seq)

@@ -55,8 +55,7 @@ REQUIRED = RUN_INPUTS[: RUN_INPUTS.index("previous")]  # what /run took at first
 
 
 def _input_default(name: str):
-    """A Run input's /run default: none for the first ten; None for a state; off for an on/off
-    input, else None (the page's default)."""
+    """A Run input's /run default: none for the first ten, else None (off for an on/off input)."""
     if name in REQUIRED:
         return inspect.Parameter.empty
     on_off = name == "replay_recent" or (name in KNOB and KNOB[name].kind == "flag")
@@ -90,12 +89,8 @@ RUN_SIGNATURE = inspect.Signature(
 
 
 def settings_from_run(*values, **named) -> tuple[RunSettings, Any, Any]:
-    """The Run event's inputs, by position (``RUN_INPUTS``) or by name, as ``(settings, previous,
-    handle)``.
-
-    Raises:
-        TypeError: too many inputs, an unknown name, or a required input missing.
-    """
+    """The Run event's inputs, by position or name, as ``(settings, previous, handle)``; raises
+    TypeError for too many, an unknown or a missing required one."""
     bound = RUN_SIGNATURE.bind(*values, **named)
     bound.apply_defaults()
     given = dict(bound.arguments)
@@ -135,12 +130,7 @@ the Poisson arrivals' seed and the host's servers to run too."""
 
 
 def options_from_page(settings: RunSettings) -> RunOptions:
-    """The page's knobs as ``RunOptions``; the model and dtype are checked when the model is
-    asked for, the table by ``prepare``.
-
-    Raises:
-        ValueError: every bad setting in one message (with the config's, when a knob here is bad).
-    """
+    """The page's knobs as ``RunOptions``; raises ValueError naming every bad setting at once."""
     problems = []
     values = {}
     for knob in OPTION_KNOBS:  # a bad one told, and standing at its default
@@ -156,11 +146,8 @@ def options_from_page(settings: RunSettings) -> RunOptions:
 
 
 def view_inputs(settings: RunSettings) -> tuple[str, bool]:
-    """The timelines' x axis (blank: "time") and ``replay_recent``, which no engine reads.
-
-    Raises:
-        ValueError: an x axis not among its choices, or a ``replay_recent`` not true or false.
-    """
+    """The timelines' x axis (blank: "time") and ``replay_recent``; raises ValueError if either
+    is bad."""
     problems, axis = [], KNOB["x_axis"]
     x_axis = knob_value(axis, settings.x_axis)  # blank: its default
     if x_axis not in axis.choices:
@@ -171,11 +158,7 @@ def view_inputs(settings: RunSettings) -> tuple[str, bool]:
 
 
 def engine_config(num_slots, options: RunOptions) -> EngineConfig:
-    """The continuous engine's config for the page's slot count and knobs.
-
-    Raises:
-        ValueError: a slot count that is not a whole number, and every bad setting, in one message.
-    """
+    """The continuous engine's config; raises ValueError naming every bad setting at once."""
     problems, slots_knob = [], KNOB["num_slots"]
     slots = _told(problems, _whole_number, num_slots, slots_knob.named)
     if slots is not None and slots > slots_knob.high:  # EngineConfig: at least 1
@@ -233,12 +216,8 @@ TABLE_FORM = '{"headers": [...], "data": [[prompt, max_new_tokens, ...], ...]}'
 
 
 def request_rows(table) -> list:
-    """The table's rows from the table as sent (``TABLE_FORM``), a list of rows or a pandas
-    DataFrame.
-
-    Raises:
-        ValueError: anything else, or a row that is not a list of cells.
-    """
+    """The table's rows from ``TABLE_FORM``, a list of rows or a DataFrame; ValueError for
+    anything else."""
     if hasattr(table, "values") and hasattr(table, "columns"):  # a pandas DataFrame
         return table.values.tolist()
     rows = table.get("data") if isinstance(table, dict) else table
@@ -259,8 +238,7 @@ def _quoted(value, max_chars: int = 60) -> str:
 
 
 def _names(value) -> tuple[str, ...]:
-    """The chosen server names (a list, or one name from an API client); ValueError for anything
-    else."""
+    """The chosen server names (a list, or one name); ValueError for anything else."""
     if value is None or value == "":
         return ()
     names = [value] if isinstance(value, str) else value

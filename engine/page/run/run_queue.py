@@ -26,11 +26,9 @@ SLOWDOWN_RANGE = (0.5, 3.0)
 class RunQueue:
     """First come, first served turns on the model, with places and estimates for the waiting.
 
-    ``pace``: seconds per step unit of each part (taught by finished runs, or given). ``clock``:
-    monotonic seconds. A waiting ticket nobody asked about for ``stale_s`` (``lent_stale_s``
-    while Gradio holds its line, ``lend``) is dropped: a last resort, as Stop and Gradio's
-    disconnects call ``leave``. ``shown_instead(setup)``: whether a run of that setup would be
-    shown an earlier run.
+    ``pace``: seconds per unit of each part. ``clock``: monotonic seconds. A ticket nobody asked
+    about for ``stale_s`` (``lent_stale_s`` while Gradio holds its line) is dropped, a last
+    resort.
     """
 
     clock: Callable[[], float] = time.monotonic
@@ -46,16 +44,15 @@ class RunQueue:
 
     @property
     def measured(self) -> bool:
-        """Whether a pace is known (a run finished here, or ``calibrate``)."""
         return self.pace.known
 
     def join(self, session: str, work: Work | int, setup: Hashable | None = None) -> Ticket:
-        """Queue a run of ``work`` (or that many engine steps) for ``session``; ``setup``: costs
-        no turn when an identical run ahead is shown to it.
+        """Queue a run of ``work`` for ``session``; ``setup``: costs no turn when an identical
+        run is ahead.
 
         Raises:
-            ValueError: the session already has a run in the queue, or the run's cost at the pace
-                learned here is well over the per-run limit (``run_cost.over_limit``).
+            ValueError: the session already has a run in the queue, or its cost at the learned pace
+                is well over the per-run limit (``run_cost.over_limit``).
         """
         with self._changed:
             if any(t.session == session for t in self._tickets()):
@@ -72,11 +69,8 @@ class RunQueue:
             return ticket
 
     def wait_turn(self, ticket: Ticket, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s``; True once the model is ``ticket``'s (False at once if it left).
-
-        Raises:
-            ValueError: the ticket is not in the queue.
-        """
+        """Wait up to ``timeout_s``; True once the model is ``ticket``'s. ValueError if it is not
+        queued."""
         with self._changed:
             if self._running is ticket:
                 return True
@@ -93,8 +87,8 @@ class RunQueue:
             return True
 
     def lend(self, ticket: Ticket) -> None:
-        """The handler yields its line to Gradio, which holds it (and may resume late on a busy
-        host): stale only after ``lent_stale_s``."""
+        """Gradio holds the handler's line (and may resume late): stale only after
+        ``lent_stale_s``."""
         with self._changed:
             ticket.seen_s, ticket.lent = self.clock(), True
 
@@ -108,9 +102,8 @@ class RunQueue:
             self._changed.notify_all()
 
     def calibrate(self, work: Work, parts_s: dict[str, float]) -> None:
-        """Teach the pace timed at start (``parts_s`` seconds per part for ``work``) unless a run
-        already taught one; the first finished run replaces it, as a start on a busy machine can
-        time it too slow."""
+        """Teach the pace timed at start unless a run already taught one (the first finished run
+        replaces it: a busy start can time it too slow)."""
         with self._changed:
             if not self.pace.known:  # the engines' parts by name, the rest as the reference's
                 self.pace.learn(work, sum(parts_s.values()) + self.pace.run_s, parts_s)
@@ -128,8 +121,7 @@ class RunQueue:
     def finish(
         self, ticket: Ticket, wall_s: float, parts_s: dict[str, float] | None = None
     ) -> None:
-        """Free the model and teach the pace (``run_cost.Pace.learn``); ``parts_s`` None:
-        unknown."""
+        """Free the model and teach the pace; ``parts_s`` None: unknown."""
         with self._changed:
             if wall_s > 0:
                 if self._calibrated_only:  # a real run here outweighs the pace timed at start
@@ -160,15 +152,14 @@ class RunQueue:
             )
 
     def size(self) -> int:
-        """Tickets running or waiting, every session's."""
         with self._changed:
             return len(self._tickets())
 
     def _wait_estimate_s(
         self, ahead: list[Ticket], now: float, setup: Hashable | None = None
     ) -> tuple[float | None, bool]:
-        """Seconds until a run behind ``ahead`` starts (None: no pace yet), and whether a run of
-        its ``setup`` is ahead (the wait then ends when that run does)."""
+        """Seconds until a run behind ``ahead`` starts (None: no pace), and whether its setup is
+        ahead."""
         running = self._running
         pace = self.pace if self.pace.known else running.progress_pace() if running else None
         setups = set() if running is None or running.setup is None else {running.setup}
@@ -201,8 +192,8 @@ class RunQueue:
         return wait_s, identical
 
     def _own_cost_s(self, work: Work) -> float | None:
-        """``work``'s own seconds at the pace learned from finished runs (None: none yet);
-        references a run in line computes are left out."""
+        """``work``'s seconds at the learned pace (None: none yet), less references computed
+        ahead."""
         if self._calibrated_only:
             return None
         computed: dict[Hashable, int] = {}  # key -> the largest cap a run in line computes
@@ -213,16 +204,15 @@ class RunQueue:
         return self.pace.cost_s(work, refs)
 
     def _missing_now(self, ticket: Ticket) -> Mapping[Hashable, int]:
-        """``ticket``'s references still to compute, re-read only after a run ended (the store is
-        costly to read under the lock)."""
+        """``ticket``'s missing references, re-read only after a run ended (the store is costly
+        to read)."""
         if ticket.missing is None or ticket.missing[0] != self._runs_ended:
             ticket.missing = (self._runs_ended, ticket.work.missing_now())
         return ticket.missing[1]
 
     def _slowdown(self) -> float:
-        """How much slower than the learned pace the running run goes (1 before
-        ``MIN_PROGRESS_STEPS``, clipped to ``SLOWDOWN_RANGE``): today's load is the best guess of
-        the load ahead."""
+        """The running run's slowdown against the learned pace (1 before ``MIN_PROGRESS_STEPS``,
+        clipped)."""
         progress = self._running.progress_pace() if self._running is not None else None
         if progress is None:
             return 1.0
@@ -230,11 +220,8 @@ class RunQueue:
         return min(max(ratio, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
 
     def _check_waiting(self, ticket: Ticket) -> None:
-        """Note that ``ticket``'s handler asked, and drop the waiting tickets nobody asks about.
-
-        Raises:
-            ValueError: ``ticket`` is not waiting.
-        """
+        """Note that ``ticket``'s handler asked and drop stale tickets; ValueError if it is not
+        waiting."""
         now = self.clock()
         ticket.seen_s, ticket.lent = now, False
         stale = [t for t in self._waiting if self._stale(t, now)]
@@ -254,5 +241,4 @@ class RunQueue:
         return now - ticket.seen_s > (self.lent_stale_s if ticket.lent else self.stale_s)
 
     def _tickets(self) -> list[Ticket]:
-        """The running run, then the waiting."""
         return ([self._running] if self._running is not None else []) + self._waiting

@@ -52,9 +52,8 @@ def counts(entries: dict[int, dict]) -> tuple[int, int, int, int]:
 
 
 def expected_differences(verdicts: dict[str, dict[int, dict]], traces: dict) -> dict:
-    """``verdicts`` with the splits of an engine whose trace expects differences
-    (``info["differences_expected"]``) marked ``EXPECTED``: "≠ at token k (note)", no rounding
-    bound."""
+    """``verdicts`` with each split of an engine whose trace expects differences marked
+    ``EXPECTED`` ("≠ at token k (note)", no rounding bound)."""
     marked = {}
     for name, entries in verdicts.items():
         note = traces[name].info.get("differences_expected") if name in traces else None
@@ -82,8 +81,7 @@ def verdict_label(verdicts: dict[str, dict[int, dict]], engine: str, request_id:
 
 
 def join_labels(labels: dict[str, str]) -> str:
-    """The outputs table's verdict cell, e.g. "static ✓ · continuous ≈ near-tie at token 17",
-    then the engines that sampled with a generator of their own as not compared."""
+    """The outputs table's verdict cell, e.g. "static ✓ · continuous ≈ near-tie at token 17"."""
     skipped = [name for name, label in labels.items() if label == NOT_COMPARED]
     shown = {name: label for name, label in labels.items() if label != NOT_COMPARED}
     text = " · ".join(f"{name} {label}" for name, label in shown.items())
@@ -126,8 +124,8 @@ def choices(verdicts: dict[str, dict[int, dict]] | None) -> list[tuple[str, str]
 
 
 def view(verdicts: dict[str, dict[int, dict]] | None, choice: str | None, dtype: str | None):
-    """``(markdown, text, top_rows)`` for ``choice`` ("engine:id"); model text only in ``text``
-    and ``top_rows``, never in the Markdown."""
+    """``(markdown, text, top_rows)`` for ``choice`` ("engine:id"); model text never in the
+    Markdown."""
     if not verdicts:
         return NOT_CHECKED, "", []
     name, entry = _entry(verdicts, choice)
@@ -235,8 +233,7 @@ def _has_tie(side: Ranked) -> bool:
 
 
 def _top_rows(sides: list[Ranked]) -> list[list[str]]:
-    """``TOP_HEADERS`` rows: each token of either run's top, the reference's order first, with
-    its rank and logit in each run ("—" where absent), the chosen token marked."""
+    """``TOP_HEADERS`` rows: each token of either run's top, with its rank and logit in each run."""
     found = [{t["token_id"]: (rank, t, chosen) for rank, t, chosen in side} for side in sides]
     order = list(dict.fromkeys(t["token_id"] for side in sides for _, t, _ in side))
     rows = []
@@ -285,8 +282,7 @@ HF_OUTSIDE = (
 
 
 def settings_note(compare_hf: bool, batch_invariant: bool) -> str:
-    """The note under the precision settings: what batch-invariant mode does, and whether it
-    reaches transformers' engine."""
+    """The note under the precision settings on batch-invariant mode."""
     if not batch_invariant:
         return ""
     note = (

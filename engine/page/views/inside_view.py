@@ -96,8 +96,8 @@ def no_record_figure(runs: dict[str, Trace], what: str) -> Any:
 
 
 def plans_line(ours: Trace | None, name: str, record: Trace) -> str:
-    """E.g. "plans alike with ours: 298 of 300 steps, first difference at step 6 (...)", or ""
-    without our run."""
+    """E.g. "plans alike with ours: 298 of 300 steps, first difference at step 6 (...)"; ""
+    without ours."""
     if ours is None or not ours.steps:
         return ""
     compared = schedule_comparison.compare_schedules(ours, record)
@@ -118,8 +118,7 @@ def causes_lines(
     server: Trace | None,
     run_dtype: str | None = None,
 ) -> list[str]:
-    """Each known cause of a difference, a sentence each (``difference_causes``); precisions from
-    ``server``'s facts, else the record's start line and ``run_dtype``."""
+    """Each known cause of a difference (``difference_causes``), a sentence each."""
     if ours is None or not ours.steps:
         return []
     if schedule_comparison.compare_schedules(ours, record)["first_difference"] is None:
@@ -157,9 +156,8 @@ def step_figures(
     ours: Trace | None = None,
     run_dtype: str | None = None,
 ) -> tuple[Any, Any, Any]:
-    """The first own record's timeline (cursor at ``step_index``, on ``x_max``), packed mask and
-    KV block map, each labelled; three figures saying why without a record. With ``ours``, the
-    subtitles say how its plan compares."""
+    """The first own record's timeline, packed mask and KV block map at ``step_index``, labelled
+    (or saying why there is none); with ``ours``, how its plan compares."""
     found = own_record(runs)
     if found is None:
         return tuple(no_record_figure(runs, what) for what in STEP_VIEWS)
@@ -222,14 +220,13 @@ def lane_label(row: str, record: Trace) -> str:
 
 
 def _wrapped(line: str) -> str:
-    """``line`` HTML-escaped, in subtitle lines of at most ``SUBTITLE_LINE_CHARS``."""
     parts = textwrap.wrap(line, SUBTITLE_LINE_CHARS, break_on_hyphens=False)
     return "<br>".join(html.escape(part) for part in parts)
 
 
 def usage_figure(runs: dict[str, Trace]) -> Any:
-    """Tokens scheduled against the token budget, and KV blocks in use with preemptions, per step
-    of the first own record (or a figure saying why)."""
+    """Tokens scheduled against the token budget and KV blocks in use, per step of the first
+    record."""
     what = "tokens and KV blocks per step"
     found = own_record(runs)
     if found is None:

@@ -8,13 +8,11 @@ MAX_MESSAGE_CHARS = 400  # a server's message in a status line; the console has 
 
 
 def plain_markdown(text: str) -> str:
-    """``text`` escaped so Markdown shows it as typed."""
     return re.sub(r"([\\`*_\[\]<>#|~])", r"\\\1", text)
 
 
 def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """A multi-line message as one line: its first line, then its last, cut to ``limit``
-    characters."""
+    """A multi-line message as its first and last lines, cut to ``limit`` characters."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         return ""

@@ -79,8 +79,7 @@ def servers_line(
     elapsed_s: float,
     time_limit_s: float | None,
 ) -> str:
-    """The status line while the servers run: elapsed time, then each server's state (``done``,
-    the one running, the rest waiting)."""
+    """The status line while the servers run: elapsed time, then each server's state."""
     limit = f" (limit {time_limit_s:g} s)" if time_limit_s is not None else ""
     parts = [f"**Running the servers** · {elapsed_s:.1f} s{limit} · our engines' results are below"]
     running = next((n for n in names if n not in done), None)
@@ -102,8 +101,7 @@ def servers_stage_outputs(line: str, summary: str) -> tuple:
 
 
 def queue_line(place: Place, measured: bool) -> str:
-    """Markdown: a waiting run's place, the total, its wait so far and the estimate (or why none
-    yet)."""
+    """Markdown: a waiting run's place, the total, its wait so far and the estimate."""
     ahead = place.place - 1  # the run in progress included
     line = f"**Waiting for the model:** place {place.place} of {place.total}"
     if place.identical_ahead:  # the place is that run's
@@ -127,14 +125,13 @@ def queue_line(place: Place, measured: bool) -> str:
 
 
 def _coarse(seconds: float) -> str:
-    """``seconds`` to 10 s under 90 s ("40 s"), else minutes: a waiting line is re-sent only when
-    its words change, and each send costs the run CPU."""
+    """``seconds`` to 10 s under 90 s, else minutes: a line is re-sent only when its words
+    change."""
     return f"{round(seconds, -1):.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def queued_outputs(message: str, previous_status: str | None = None) -> tuple:
-    """The outputs for a run in the queue or stopped before it started: ``message`` (then the
-    previous status) in the status line and the note; no "Run live anyway"; the rest as is."""
+    """The outputs for a run queued or stopped before it started: ``message`` in the status line."""
     return run_outputs(
         status_markdown=_with_previous(message, previous_status),
         run_note_markdown=message,
@@ -147,7 +144,6 @@ def _with_previous(message: str, previous_status: str | None) -> str:
 
 
 def with_run_note(outputs: tuple, note: str, live_button: bool = False) -> tuple:
-    """``outputs`` with the note under Run set to ``note`` and "Run live anyway" shown or hidden."""
     values = dict(zip(RUN_OUTPUTS, outputs, strict=True))
     return run_outputs(
         **values | {"run_note_markdown": note, "live_button": gr.Button(visible=live_button)}
@@ -172,8 +168,8 @@ def live_outputs(
     time_limit_s: float | None,
     draw_timelines: bool = True,
 ) -> tuple:
-    """Updates while the run goes; state, slider and downloads (and the timelines unless
-    ``draw_timelines``) are ``gr.skip()``."""
+    """Updates while the run goes; the rest (and the timelines unless ``draw_timelines``)
+    skipped."""
     traces = {name: _trace_so_far(progress, name, requests, num_slots) for name in LIVE_ENGINES}
     static, continuous = (
         timeline(trace, x_axis, None, None) if trace.steps and draw_timelines else gr.skip()
@@ -198,8 +194,8 @@ def live_outputs(
 
 
 def cleared_outputs(outputs: tuple) -> tuple:
-    """``outputs`` with the previous run's step views replaced by placeholder charts and the
-    metrics emptied."""
+    """``outputs`` with the previous run's step views replaced by placeholders, the metrics
+    emptied."""
     values = dict(zip(RUN_OUTPUTS, outputs, strict=True))
     unset = {name for name, value in values.items() if isinstance(value, dict) and value == SKIP}
     for name in unset & {"static_timeline_plot", "continuous_timeline_plot"}:
@@ -246,7 +242,6 @@ class LiveTimelines:
         self._cleared = False  # the first update cleared the previous run's views
 
     def wait_s(self, interval_s: float) -> float:
-        """``interval_s``, or longer after a costly update, up to ``MAX_UPDATE_WAIT_S``."""
         paced_s = max(interval_s, self.update_cost_s / self.update_share)
         return min(paced_s, max(interval_s, MAX_UPDATE_WAIT_S))
 
@@ -256,8 +251,7 @@ class LiveTimelines:
             self.update_cost_s = time.monotonic() - self._handed_s
 
     def outputs(self, progress: dict[str, EngineProgress], *args) -> tuple:
-        """``live_outputs(progress, *args)``, timelines drawn when due, the table skipped when
-        unchanged."""
+        """``live_outputs``, timelines when due, the table skipped when unchanged."""
         engines = tuple(n for n in LIVE_ENGINES if n in progress and progress[n].num_steps)
         draw = time.monotonic() >= self._next_s or engines != self._engines
         cpu_s = time.thread_time()
@@ -284,8 +278,8 @@ class LiveTimelines:
 
 
 def stopped_outputs(previous_result, message: str) -> tuple:
-    """The outputs after a stop: the previous results (a ``RunResult``) or empty, ``message``
-    leading the status line."""
+    """The outputs after a stop: the previous results (or empty), ``message`` leading the status
+    line."""
     if previous_result is None:
         return run_outputs(
             **dict.fromkeys(name for name in RUN_OUTPUTS if name.endswith("_plot")),
@@ -313,7 +307,6 @@ def refused_outputs(reason: str, previous_status: str | None) -> tuple:
 def _trace_so_far(
     progress: dict[str, EngineProgress], name: str, requests: list[Request], num_slots: int
 ) -> Trace:
-    """The engine's latest snapshot, or an empty trace with every request."""
     entry = progress.get(name)
     if entry is not None and entry.trace is not None:
         return entry.trace

@@ -56,8 +56,7 @@ def steps_comparison(static_steps: int, continuous_steps: int) -> str:
 
 
 def _verdict(state) -> str:
-    """The verdicts' counts per engine, then each unjudged engine's differing and uncompared
-    requests."""
+    """The verdicts' counts per engine, then unjudged engines' differing and uncompared requests."""
     if state.reference is None:
         return "outputs not checked against `model.generate`"
     traces = _compared(state)  # a server serving another model is not checked
@@ -79,8 +78,8 @@ def _verdict(state) -> str:
 
 
 def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
-    """Requests whose output differs from the reference, those sampled with their own generator
-    left out."""
+    """Requests whose output differs from the reference (those with their own generator left
+    out)."""
     outputs = {r.request_id: r.output_token_ids for r in trace.requests}
     return mismatches(outputs, reference, not_compared_ids(trace))
 
@@ -95,13 +94,12 @@ def reference_ok(state) -> dict[str, str] | None:
 
 
 def _compared(state) -> dict[str, Trace]:
-    """The runs checked against the reference: all but servers serving another model."""
     return {name: t for name, t in state.traces().items() if tables.compared(t)}
 
 
 def servers_note(state) -> str:
-    """What "Where outputs differ" says of servers without verdicts: those whose outputs differ,
-    and those left out of the check and why; "" without servers or a reference."""
+    """What "Where outputs differ" says of servers without verdicts; "" without servers or
+    reference."""
     if state.reference is None or not state.servers:
         return ""
     lines = []

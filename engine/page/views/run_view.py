@@ -64,11 +64,8 @@ def inside_headings(name: str) -> tuple[str, ...]:
 
 
 def run_outputs(**values) -> tuple:
-    """The Run event's output tuple from values by name; an output not given is left as is.
-
-    Raises:
-        TypeError: a name that is not in ``RUN_OUTPUTS``.
-    """
+    """The Run event's output tuple from values by name (others left as is); TypeError for a name
+    not in ``RUN_OUTPUTS``."""
     unknown = set(values) - set(RUN_OUTPUTS)
     if unknown:
         raise TypeError(f"not Run outputs: {sorted(unknown)}")
@@ -78,8 +75,7 @@ def run_outputs(**values) -> tuple:
 def outputs_table(
     rows: list[list] | None, engine_names: list[str], reference: str = "model.generate", **props
 ) -> gr.Dataframe:
-    """The outputs table with its headers and column widths for these engines; ``props``: the
-    panel's other settings."""
+    """The outputs table with headers and column widths for these engines."""
     output_width = f"{47 // len(engine_names)}%"
     return gr.Dataframe(
         value=rows,
@@ -118,11 +114,10 @@ class RunState:
         )
 
     def traces(self) -> dict[str, Trace]:
-        """The runs by engine name, in display order (servers last)."""
         return {**traces_by_name(self.static, self.continuous, self.hf_continuous), **self.servers}
 
     def inside_runs(self) -> dict[str, Trace]:
-        """The runs whose own record the inside views may draw: servers in the host's order, then
+        """The runs whose own record the inside views may draw: servers first, then
         transformers'."""
         hf = {"hf_continuous": self.hf_continuous} if self.hf_continuous is not None else {}
         return {**self.servers, **hf}
@@ -137,8 +132,7 @@ class RunState:
 
 @dataclass
 class StepViews:
-    """The step-dependent figures (plotly, or None), each of the output ``<field>_plot``;
-    ``inside_*``: a server's own record."""
+    """The step-dependent figures (plotly or None), each of the output ``<field>_plot``."""
 
     static_timeline: Any
     continuous_timeline: Any
@@ -229,8 +223,8 @@ def render(
 
 
 def write_downloads(state: RunState) -> list[str]:
-    """The run's exports in a fresh temporary folder: requests.csv, traces.json, Perfetto JSON
-    and charts.html (offline)."""
+    """The run's exports in a fresh folder: requests.csv, traces.json, Perfetto JSON,
+    charts.html."""
     folder = export.download_folder("cbp-run-")
     paths = export.write_files(folder, state.traces())
     views = step_views(state, default_step(state.continuous), "time")
@@ -248,8 +242,7 @@ def write_downloads(state: RunState) -> list[str]:
 def step_views(
     state: RunState, step_index: int, x_axis: str, layer: str = mask_heatmaps.GLOBAL_LAYERS
 ) -> StepViews:
-    """Both timelines on one x scale, cursor at ``step_index``; masks and block map at that step
-    (the packed mask of the ``layer`` type). A step outside the run is clamped."""
+    """Both timelines on one x scale, masks and block map at ``step_index`` (clamped to the run)."""
     step_index = min(max(int(step_index), 0), max(state.num_steps - 1, 0))
     x_max = _x_max(state, x_axis)
     window = mask_heatmaps.layer_types(state.continuous).get(layer)
@@ -303,8 +296,7 @@ def default_step(trace: Trace) -> int:
 
 
 def _at_step(builder: Callable, trace: Trace, step_index: int):
-    """``builder(trace, step)`` clamped to the run's last step (None: no steps), the subtitle
-    saying so."""
+    """``builder(trace, step)`` at the run's last step past its end (None: no steps)."""
     if not trace.steps:
         return None
     at, note = inside_view.clamped_step(trace.engine, len(trace.steps), step_index)

@@ -122,7 +122,6 @@ def _ttft_cells(trace: Trace) -> list[float | str]:
 
 
 def _match_cell(mark: str, num_not_compared: int) -> str:
-    """The engine's mark, then how many requests were sampled with another generator."""
     if not num_not_compared:
         return mark
     return f"{mark} ({num_not_compared} {NOT_COMPARED_TEXT})"
@@ -140,8 +139,7 @@ CACHED_TOKENS_HEADER = "prompt tokens from the prefix cache"
 
 
 def outputs_headers(engine_names: list[str], reference: str = "model.generate") -> list[str]:
-    """request, prompt, cap, one column per engine, the verdict, then the prefix-cache prompt
-    tokens."""
+    """request, prompt, cap, one column per engine, the verdict, then prefix-cache prompt tokens."""
     return [
         "request",
         "prompt",
@@ -158,8 +156,7 @@ def compared(trace: Trace) -> bool:
 
 
 def not_compared_why(trace: Trace) -> str | None:
-    """Why a server's outputs are left out of the check (another model, another precision), or
-    None."""
+    """Why a server's outputs are left out of the check (another model or precision), or None."""
     server = trace.info.get("server") or {}
     if server.get("same_model") is False:
         return ANOTHER_MODEL_TEXT
@@ -193,8 +190,7 @@ def outputs_rows(
 
 
 def _cached_tokens(traces: dict[str, Trace], index: int) -> int | str:
-    """The prefix-cache tokens for one request ("of 575" prompt tokens): ours, then each server's
-    from its own record ("· vllm 512")."""
+    """Prefix-cache tokens for one request ("of 575"): ours, then each server's ("· vllm 512")."""
     trace = traces.get("continuous")
     record = trace.requests[index] if trace is not None else None
     ours = NOT_AVAILABLE
@@ -211,8 +207,8 @@ def _cached_tokens(traces: dict[str, Trace], index: int) -> int | str:
 def _verdict(
     records: list[tuple[str, RequestRecord]], reference: dict[int, list[int]], judged=None
 ) -> str:
-    """The verdict cell: "✓", or each engine's judged label, else its comparison with the
-    reference; then the engines that sampled with their own generator, as not compared."""
+    """The verdict cell: "✓", or each engine's label; engines with their own generator not
+    compared."""
     judged = judged or {}
     return join_labels(
         {
@@ -225,7 +221,6 @@ def _verdict(
 
 
 def _clip(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters, saying how much was left out."""
     if len(text) <= limit:
         return text
     return f"{text[:limit]}… (+{len(text) - limit} chars)"
