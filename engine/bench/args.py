@@ -99,8 +99,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _add_knob_flag(p: argparse.ArgumentParser, knob: Knob) -> None:
-    """The knob's flag: ``store_true`` for an on/off knob (``--no-reference``), else a value of
-    its kind."""
+    """The knob's flag: ``store_true`` for on/off (``--no-reference``), else a typed value."""
     if knob.kind == "flag":
         p.add_argument(knob.bench_flag, action="store_true", help=knob.bench_help)
     else:
@@ -122,8 +121,7 @@ def knob_type(knob: Knob):
 
 
 def _add_server_flags(p: argparse.ArgumentParser) -> None:
-    """``--endpoint NAME=URL``, ``--endpoint-record NAME=RECORD_URL`` (repeatable) and vLLM's
-    eager mode."""
+    """``--endpoint NAME=URL``, ``--endpoint-record NAME=RECORD_URL`` and vLLM's eager mode."""
     p.add_argument(
         "--endpoint",
         action="append",
@@ -149,8 +147,7 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
-    """``--temperature``, ``--top-k``, ``--top-p``, ``--seed-base``, for requests without their
-    own."""
+    """``--temperature``, ``--top-k``, ``--top-p``, ``--seed-base``: defaults for requests."""
     sampled = "requests without their own settings sample"
     p.add_argument(
         "--temperature", type=float, help=f"{sampled} at this temperature (default 1; 0: greedy)"

@@ -45,8 +45,7 @@ def format_table(results: dict[str, dict], weight_read_ms: float | None = None) 
 
 
 def prefix_cache_line(results: dict[str, dict]) -> str:
-    """E.g. ``prefix cache hit rate: continuous_paged 61.2%`` (``not reported`` where not
-    counted)."""
+    """E.g. ``prefix cache hit rate: continuous_paged 61.2%`` (or ``not reported``)."""
     parts = []
     for name, r in results.items():
         if name in ("continuous_paged", "hf_continuous"):
@@ -108,8 +107,7 @@ def print_report(args, results, normal_results, extra, run) -> None:
 
 
 def _others_note(share: float | None) -> str:
-    """E.g. ``", other work 45 % of the CPU (not kept)"`` while the kernels were timed; "" if
-    unmeasured."""
+    """E.g. ``", other work 45 % of the CPU (not kept)"`` while timing kernels; "" unmeasured."""
     if share is None:
         return ""
     kept = "" if share <= QUIET_SHARE else " (not kept: timed again at the next start)"

@@ -135,8 +135,7 @@ class _ThreadJob(Job):
         self._control.stop()
 
     def close(self) -> None:
-        """Stop an unanswered job and wait for it (its KV cache freed before the model is given
-        up)."""
+        """Stop an unanswered job and wait (its KV cache freed before the model is given up)."""
         if not self.ended:
             self.stop()
             self.wait(None)

@@ -32,8 +32,7 @@ class EngineProcessLost(RunStopped):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the worker process loads: ``worker_model.load_spec``'s ``model``, ``device`` and
-    ``dtype``."""
+    """What the worker loads: ``load_spec``'s ``model``, ``device`` and ``dtype``."""
 
     load: Callable[[ModelSpec], Any]
     model: str | None = None
@@ -128,8 +127,7 @@ class ProcessWorker:
         self._ready = self._ready or kind == "ready"
 
     def _settle(self) -> None:
-        """Read the answer of a job closed before it came, so the next job's messages are its
-        own."""
+        """Read a closed job's late answer, so the next job's messages are its own."""
         job, self._abandoned = self._abandoned, None
         if job is None or self._conn is None:
             return

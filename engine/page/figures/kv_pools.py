@@ -14,8 +14,7 @@ UNKNOWN_WHOLE = "its whole KV cache, as its /metrics counts it"
 
 
 def kv_pool_size(trace: Trace) -> str | None:
-    """E.g. "28 blocks of 16 tokens, 0.4 MiB" or "3 slots × 512 tokens (llama.cpp /props)"; or
-    None."""
+    """E.g. "28 blocks of 16 tokens, 0.4 MiB", "3 slots × 512 tokens (llama.cpp /props)", None."""
     blocks, block_size, kv_bytes = _pool(trace)
     if not (blocks or kv_bytes):
         return _slots_size(trace)
@@ -52,8 +51,7 @@ def _pool(trace: Trace) -> tuple[int | None, int | None, int | None]:
 
 
 def _slots_size(trace: Trace) -> str | None:
-    """llama.cpp's pool as slots × context, from ``/props`` or ``/slots``; None when neither
-    said."""
+    """llama.cpp's pool as slots × context, from ``/props`` or ``/slots`` (None: neither said)."""
     server = trace.info.get("server") or {}
     props = (server.get("settings") or {}).get("props") or {}
     pool = server.get("kv_pool") or {}

@@ -62,8 +62,7 @@ def _tile_labels(n: int, factor: int) -> list[str]:
 def _heatmap(
     codes: torch.Tensor, x: list, y: list, colors: list[str], hover: str, under: int = -1
 ) -> tuple[go.Figure, int, int]:
-    """A figure of integer codes (-1 = blank), one colour per code, and its tile size ``(fq,
-    fk)``."""
+    """A figure of integer codes (-1 = blank), a colour per code, and its tile size ``(fq, fk)``."""
     fq, fk = _tile_factors(*codes.shape)
     if (fq, fk) != (1, 1):
         y, x = _tile_labels(codes.shape[0], fq), _tile_labels(codes.shape[1], fk)
@@ -253,8 +252,7 @@ def _static_codes(step: StepRecord, pads: list[int], num_q: int, num_k: int) -> 
 
 
 def static_mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
-    """The padded mask of one static step as ``model.generate`` applies it, rows stacked
-    top-down."""
+    """The padded mask of one static step as ``model.generate`` applies it, rows top-down."""
     step = trace.steps[step_index]
     first = _wave_start(trace, step_index)
     prefill = trace.steps[first].seqs

@@ -42,8 +42,7 @@ NO_SERVER = f"No server ran in this run: tick one under “{SERVERS_BOX}” and 
 
 
 def server_timeline_figure(servers: dict[str, Trace], x_max: float | None = None) -> go.Figure:
-    """One panel per server, one lane per request; ``x_max`` (s) shares the other timelines'
-    scale."""
+    """One panel per server, a lane per request; ``x_max`` (s): the other timelines' scale."""
     if not servers:
         return message_figure("Servers: one lane per request", NO_SERVER)
     names = list(servers)
@@ -131,8 +130,7 @@ def _lane_hover(trace: Trace, r) -> str:
 
 
 def server_chart_figure(servers: dict[str, Trace], ours: Trace | None = None) -> go.Figure:
-    """Running and waiting requests and KV cache use over time per server, beside ``ours`` per
-    step."""
+    """Running and waiting requests and KV use over time per server, beside ``ours`` per step."""
     title = "Servers' /metrics: requests and KV use"  # whole on a phone (its 324-px chart)
     sampled = {n: t for n, t in servers.items() if t.server_samples}
     notes = [f"{n}: {_metrics_note(t)}" for n, t in servers.items() if n not in sampled]

@@ -79,8 +79,7 @@ OFF_SCALE = 4  # a token budget over this many times the busiest step's tokens i
 
 
 def step_usage_figure(trace: Trace) -> go.Figure:
-    """Per step: prefill and decode tokens against the token budget, and KV blocks (or tokens) in
-    use."""
+    """Per step: prefill and decode tokens against the budget; KV blocks (or tokens) in use."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12)
     steps = list(range(len(trace.steps)))
     for kind, color in ((PREFILL, PALETTE[4]), ("decode", PALETTE[1])):

@@ -78,15 +78,13 @@ def request_color(request_id: int) -> str:
 
 
 def request_pattern(request_id: int) -> dict:
-    """Pattern of a request whose colour an earlier one has: dots for R7–R13, crosses for
-    R14–R20, ..."""
+    """Pattern of a request whose colour an earlier one has: dots for R7–R13, crosses next, ..."""
     shape = REPEAT_PATTERNS[(request_id // len(PALETTE)) % len(REPEAT_PATTERNS)]
     return {"shape": shape, "fgcolor": "#ffffff", "size": 6, "solidity": 0.35} if shape else {}
 
 
 def style_figure(fig: go.Figure, title: str, subtitle: str | None = None) -> go.Figure:
-    """Apply the shared look; titles hang ``TITLE_TOP_PX`` below the top, so figures side by side
-    align."""
+    """Apply the shared look; titles sit ``TITLE_TOP_PX`` below the top, aligned side by side."""
     lines = 1 + (subtitle or "").count("<br>") + bool(subtitle)
     fig.update_layout(
         template="plotly_white",

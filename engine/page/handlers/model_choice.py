@@ -20,8 +20,8 @@ LOAD_POLL_S = 0.5  # how often the status line tells the load's stage and second
 
 
 def choose_model_event(name: str | None) -> Iterator[tuple]:
-    """``(model line, status line)`` updates: the load's stage every ``LOAD_POLL_S``, then the
-    result."""
+    """``(model line, status line)`` updates: each load stage every ``LOAD_POLL_S``, then the
+    end."""
     chosen = (name or "").strip()
     stage = ["asking the engine process"]
     loaded: Future = Future()

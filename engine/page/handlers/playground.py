@@ -96,8 +96,7 @@ def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
 
 
 def run_request(settings: RunSettings, replay: bool = True) -> RunRequest:
-    """The ``RunRequest`` of the page's inputs; raises ValueError for bad input or a model that
-    fails."""
+    """The ``RunRequest`` of the page's inputs; ValueError for bad input or a failed model load."""
     options = options_from_page(settings)  # every input checked, the table's shape too
     model = chosen_model(options.model).in_dtype(options.dtype)  # a bad one: refused here
     if options.servers and model.model_id != get_model().model_id:
@@ -110,8 +109,7 @@ def run_request(settings: RunSettings, replay: bool = True) -> RunRequest:
 
 
 def _follow(run: Run, x_axis: str):
-    """The handler's one wait loop: place, progress, the servers' stage; returns ``Ended`` or
-    ``Left``."""
+    """The handler's one wait loop: place, progress, servers; returns ``Ended`` or ``Left``."""
     sent, sent_s = None, -math.inf
     views = progress_view.LiveTimelines()  # updates and redraws paced within a CPU budget
     servers = _ServersStage(run, x_axis)

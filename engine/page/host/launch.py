@@ -34,8 +34,7 @@ PAGE_JS = ASSETS / "page.js"
 
 
 def page_assets() -> dict:
-    """``launch()`` keywords for ``assets/page.css`` and ``page.js`` with the script's hover
-    texts."""
+    """``launch()`` keywords for ``assets/page.css`` and ``page.js`` with its hover texts."""
     help_js = f"window.CBP_METRIC_HELP = {json.dumps(tables.METRIC_HELP)};"
     help_js += f"\nwindow.CBP_POLICY_HELP = {json.dumps(settings_panel.POLICY_HELP)};"
     help_js += f"\nwindow.CBP_LAYER_HELP = {json.dumps(results_panel.LAYER_HELP)};"
@@ -171,8 +170,7 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
 def _engine_process(
     args, split: cpu_split.CpuSplit | None
 ) -> tuple[worker_process.ProcessWorker, cpu_split.CpuSplit | None]:
-    """The engine process on ``split``'s engine CPUs (made before the nice value rises), and the
-    split."""
+    """The engine process on ``split``'s CPUs (made before the nice value rises), and the split."""
     jobs = ("engine.worker.comparison", "engine.worker.model_facts")  # where its jobs are
     spec = worker_process.ModelSpec(
         worker_model.load_spec, args.model, args.device, args.dtype, preload=jobs
@@ -190,8 +188,7 @@ def _engine_process(
 def _connect(
     process: worker_process.ProcessWorker, split: cpu_split.CpuSplit | None
 ) -> shared_model.ModelView:
-    """The page's model from the engine process's facts; SystemExit if the process or its load
-    failed."""
+    """The page's model from the engine process's facts (SystemExit: process or load failed)."""
     try:
         view, _work, parts_s = shared_model.ModelView.connect(process, cpu_split=split)
     except (ValueError, RunStopped) as exc:

@@ -57,8 +57,7 @@ def _specs(rows) -> list | None:
 
 
 def compact_rows(rows) -> list[list]:
-    """Rows as short JSON-ready lists (blanks dropped from each row's end); ``presets.table_row``
-    pads them back."""
+    """Rows as short JSON-ready lists, blanks dropped from row ends (``table_row`` pads back)."""
     compact = []
     for row in rows or []:
         cells = [_cell(cell) for cell in list(row)[: len(TABLE_COLUMNS)]]

@@ -176,8 +176,7 @@ def _link_slots(params: dict[str, str], name: str | None, link: dict) -> None:
 
 
 def _link_table(params: dict[str, str], link: dict) -> None:
-    """The link's ``table=`` in ``link``; bad rows applied and named, an undecodable value
-    ignored."""
+    """The link's ``table=`` in ``link``: bad rows applied and named, a bad value ignored."""
     text = params.get("table", "").strip()
     if not text:
         return
@@ -237,8 +236,7 @@ def query_step(params: dict[str, str]) -> int | None:
 
 
 def upload_workload(path: str | None) -> tuple:
-    """Fill the table from an uploaded CSV or JSONL file (a malformed one changes nothing but the
-    note)."""
+    """Fill the table from an uploaded CSV or JSONL file (a bad one changes only the note)."""
     if not path:
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     try:
@@ -251,8 +249,8 @@ def upload_workload(path: str | None) -> tuple:
 
 
 def table_files(rows) -> list[str]:
-    """The table as ``workload.csv`` and ``workload.jsonl`` in a fresh folder; ValueError naming
-    a bad row."""
+    """The table as ``workload.csv`` and ``workload.jsonl`` in a new folder (ValueError: bad
+    row)."""
     specs = parse_table(link_table.listed_rows(rows))
     folder = export.download_folder("cbp-table-")
     return [str(p) for p in workload_files.write_table_files(folder, specs)]

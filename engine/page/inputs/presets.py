@@ -31,8 +31,7 @@ def load_presets(path: Path = PRESETS_PATH) -> dict[str, dict]:
 
 
 def apply_preset(name: str) -> tuple[list[list], bool, str]:
-    """The table rows, chat-template setting and explanation (no arrival: t = 0; no sampling:
-    greedy)."""
+    """The table rows, chat-template setting and text (no arrival: t = 0; no sampling: greedy)."""
     preset = load_presets()[name]
     if "workload" in preset:
         rows = table_rows(load_jsonl(ASSETS / preset["workload"]), sampling_columns=True)

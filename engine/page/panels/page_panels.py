@@ -110,8 +110,7 @@ def downloads_panel() -> gr.File:
 def run_outputs(
     run_state: gr.State, results: ResultsPanel, downloads: gr.File, settings: SettingsPanel
 ) -> list:
-    """What Run and Stop write, in ``RUN_OUTPUTS`` order, by ``elem_id``; KeyError for a missing
-    one."""
+    """What Run and Stop write, in ``RUN_OUTPUTS`` order, by ``elem_id`` (KeyError: missing)."""
     found = by_elem_id(results, settings) | {"run_state": run_state, "downloads_file": downloads}
     return [found[name] for name in RUN_OUTPUTS]
 
@@ -141,8 +140,7 @@ COMPONENTS |= {
 
 
 def page_components(names, requests: RequestsPanel, settings: SettingsPanel, results, **states):
-    """The components of ``names`` (keys of ``COMPONENTS``) and ``states``; KeyError for a
-    missing one."""
+    """The components of ``names`` (``COMPONENTS`` keys) and ``states`` (KeyError: missing)."""
     page = SimpleNamespace(requests=requests, settings=settings, results=results, **states)
     return [operator.attrgetter(COMPONENTS[name])(page) for name in names]
 

@@ -75,7 +75,7 @@ class InsidePlots:
 
 
 def inside_plots(shown, server_names: list[str]) -> InsidePlots:
-    """The record's source, timeline, packed mask, KV block map and per-step use (hidden until
+    """The record's source, timeline, packed mask, block map and per-step use (hidden till
     drawn)."""
     views = shown.views if shown is not None else None
     visible = bool(server_names) or bool(shown is not None and shown.inside_shown)

@@ -131,8 +131,7 @@ def _place_knobs(place: str, host: dict[str, dict]) -> dict:
 
 
 def _link_controls() -> tuple:
-    """The "Copy link to this setup" button and textbox, the hidden Stop reply and "Leave the
-    queue"."""
+    """E.g. "Copy link to this setup" and its textbox, the hidden Stop reply, "Leave the queue"."""
     link_button = gr.Button("Copy link to this setup", size="sm", elem_id="link_button")
     link_textbox = gr.Textbox(
         label="Link: preset or table, slots, step and engine settings",

@@ -30,8 +30,8 @@ class ToldWait:
     at_s: float = 0.0
 
     def tell(self, estimate_s: float | None, now_s: float) -> float | None:
-        """The wait to tell at ``now_s``: the last one counted down, or ``estimate_s`` past the
-        tolerance."""
+        """The wait to tell at ``now_s``: the last one counted down, or ``estimate_s`` if far
+        off."""
         if estimate_s is None:
             self.told_s = None
             return None
@@ -98,8 +98,7 @@ class Place:
 
 
 def run_places(setups: Sequence[Hashable | None]) -> tuple[list[int], int]:
-    """Each entry's place and the runs in line, from the setups in line order (None: always a
-    turn)."""
+    """Each entry's place and the runs in line, from the setups in order (None: always a turn)."""
     places, first_place = [], {}
     runs = 0
     for setup in setups:

@@ -36,8 +36,7 @@ def replay_window_s(environ=None) -> float:
 
 @dataclass(frozen=True)
 class RecentRun:
-    """A finished run kept for its setup: its rendered state, downloads and ``measured_at``
-    (epoch s)."""
+    """A finished run kept for its setup: rendered state, downloads, ``measured_at`` (epoch s)."""
 
     state: Any
     downloads: list[str] | None

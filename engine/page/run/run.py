@@ -41,8 +41,7 @@ SHOW = "show"  # a stage: the answer so far goes to the page before the next ser
 
 @dataclass(frozen=True)
 class RunRequest:
-    """``requests`` on ``model`` under ``config``; ``replay``: an identical recent run may be
-    shown."""
+    """``requests`` on ``model`` under ``config``; ``replay``: a recent identical run may show."""
 
     model: PageModel
     requests: list[Request]
@@ -52,8 +51,7 @@ class RunRequest:
     judged: Callable[[Trace], bool] = lambda _trace: True
 
     def setup_key(self) -> tuple:
-        """What makes two runs identical: model, precision, tokenized requests and every engine
-        knob."""
+        """What makes two runs identical: model, precision, tokenized requests, every knob."""
         rows = tuple(
             (tuple(r.prompt_token_ids), r.max_new_tokens, r.arrival_s, repr(r.sampling))
             for r in self.requests
@@ -65,8 +63,7 @@ class RunRequest:
 
 @dataclass
 class RunAnswer:
-    """A finished run: the engines' result, the servers' traces, failures, stage seconds and
-    verdicts."""
+    """A finished run: engines' result, servers' traces, failures, stage seconds, verdicts."""
 
     comparison: ComparisonResult
     servers: dict[str, Trace] = field(default_factory=dict)
@@ -129,8 +126,7 @@ class Run:
     """One visitor's run; leaving the context stops what is under way and gives up the model."""
 
     def __init__(self, request: RunRequest, handle: RunHandle, turn: Turn):
-        """Find an identical recent run, else join the model's queue; raises ValueError when
-        refused."""
+        """Find an identical recent run, else join the queue; ValueError when refused."""
         self.request, self.turn = request, turn
         self.key = request.setup_key()
         self.control = RunControl(run_time_limit_s())
@@ -191,8 +187,7 @@ class Run:
             self._job.stop()
 
     def finish(self, on_kept: Callable[[], None]) -> None:
-        """The run was shown: ``on_kept()`` (unless abandoned), then free the model and teach the
-        pace."""
+        """Shown: ``on_kept()`` (unless abandoned), then free the model and teach the pace."""
         if not self.turn.abandoned:
             on_kept()
         self._release_lock()
@@ -215,8 +210,7 @@ class Run:
         return self.request.model.recent.find(self.key) if self.request.replay else None
 
     def _wait_turn(self, timeout_s: float | None) -> RunEvent:
-        """Wait for the model's turn, then start the engines (or show an identical run finished
-        meanwhile)."""
+        """Wait for the turn, then start the engines (or show an identical run finished since)."""
         queue = self.request.model.queue
         try:
             turn_now = queue.wait_turn(self.ticket, timeout_s=timeout_s)
@@ -282,8 +276,7 @@ class Run:
         return self._running() if self._job is not None else Ended(self._answer)
 
     def _server_stages(self) -> None:
-        """The chosen servers' jobs after ``SHOW``; raises ValueError for a name the host did not
-        set up."""
+        """The chosen servers' jobs after ``SHOW``; ValueError for a server not set up."""
         request = self.request
         if not request.options.servers:
             return None

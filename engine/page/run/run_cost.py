@@ -149,8 +149,7 @@ class Pace:
         references: Mapping[Hashable, int] | None = None,
         slowdown: float = 1.0,
     ) -> float | None:
-        """Seconds ``work`` should take (None: no pace yet); ``slowdown`` applies to all but
-        server stages."""
+        """Seconds ``work`` should take (None: no pace); ``slowdown`` spares the server stages."""
         if not self.known:
             return None
         reference_s = work.units(references)[REFERENCE] * self.s_per_unit(REFERENCE)

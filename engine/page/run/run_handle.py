@@ -65,8 +65,7 @@ class RunHandle:
             handle.abandon()
 
     def abandon(self) -> str:
-        """Stop this session's run and unstarted presses; mark it ``abandoned`` (never shown or
-        kept)."""
+        """Stop this session's run and unstarted presses; mark it ``abandoned`` (never shown)."""
         with self._lock:
             if self._turn is not None:
                 self._turn.abandoned = True

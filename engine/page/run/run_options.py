@@ -146,8 +146,7 @@ def options_from_page(settings: RunSettings) -> RunOptions:
 
 
 def view_inputs(settings: RunSettings) -> tuple[str, bool]:
-    """The timelines' x axis (blank: "time") and ``replay_recent``; raises ValueError if either
-    is bad."""
+    """The x axis (blank: "time") and ``replay_recent``; ValueError if either is bad."""
     problems, axis = [], KNOB["x_axis"]
     x_axis = knob_value(axis, settings.x_axis)  # blank: its default
     if x_axis not in axis.choices:
@@ -216,8 +215,7 @@ TABLE_FORM = '{"headers": [...], "data": [[prompt, max_new_tokens, ...], ...]}'
 
 
 def request_rows(table) -> list:
-    """The table's rows from ``TABLE_FORM``, a list of rows or a DataFrame; ValueError for
-    anything else."""
+    """The table's rows from ``TABLE_FORM``, a list or a DataFrame; else ValueError."""
     if hasattr(table, "values") and hasattr(table, "columns"):  # a pandas DataFrame
         return table.values.tolist()
     rows = table.get("data") if isinstance(table, dict) else table

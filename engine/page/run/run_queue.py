@@ -69,8 +69,8 @@ class RunQueue:
             return ticket
 
     def wait_turn(self, ticket: Ticket, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s``; True once the model is ``ticket``'s. ValueError if it is not
-        queued."""
+        """Wait up to ``timeout_s``; True once the model is ``ticket``'s (ValueError: not
+        queued)."""
         with self._changed:
             if self._running is ticket:
                 return True
@@ -87,8 +87,7 @@ class RunQueue:
             return True
 
     def lend(self, ticket: Ticket) -> None:
-        """Gradio holds the handler's line (and may resume late): stale only after
-        ``lent_stale_s``."""
+        """Gradio holds the handler's line and may resume late: stale after ``lent_stale_s``."""
         with self._changed:
             ticket.seen_s, ticket.lent = self.clock(), True
 
@@ -158,8 +157,7 @@ class RunQueue:
     def _wait_estimate_s(
         self, ahead: list[Ticket], now: float, setup: Hashable | None = None
     ) -> tuple[float | None, bool]:
-        """Seconds until a run behind ``ahead`` starts (None: no pace), and whether its setup is
-        ahead."""
+        """Seconds until a run behind ``ahead`` starts (None: no pace), and whether its setup is."""
         running = self._running
         pace = self.pace if self.pace.known else running.progress_pace() if running else None
         setups = set() if running is None or running.setup is None else {running.setup}
@@ -192,8 +190,7 @@ class RunQueue:
         return wait_s, identical
 
     def _own_cost_s(self, work: Work) -> float | None:
-        """``work``'s seconds at the learned pace (None: none yet), less references computed
-        ahead."""
+        """``work``'s seconds at the learned pace (None: none yet), less references done ahead."""
         if self._calibrated_only:
             return None
         computed: dict[Hashable, int] = {}  # key -> the largest cap a run in line computes
@@ -204,14 +201,13 @@ class RunQueue:
         return self.pace.cost_s(work, refs)
 
     def _missing_now(self, ticket: Ticket) -> Mapping[Hashable, int]:
-        """``ticket``'s missing references, re-read only after a run ended (the store is costly
-        to read)."""
+        """``ticket``'s missing references, re-read only after a run ended (costly to read)."""
         if ticket.missing is None or ticket.missing[0] != self._runs_ended:
             ticket.missing = (self._runs_ended, ticket.work.missing_now())
         return ticket.missing[1]
 
     def _slowdown(self) -> float:
-        """The running run's slowdown against the learned pace (1 before ``MIN_PROGRESS_STEPS``,
+        """The running run's slowdown against the pace (1 before ``MIN_PROGRESS_STEPS``,
         clipped)."""
         progress = self._running.progress_pace() if self._running is not None else None
         if progress is None:
@@ -220,8 +216,7 @@ class RunQueue:
         return min(max(ratio, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
 
     def _check_waiting(self, ticket: Ticket) -> None:
-        """Note that ``ticket``'s handler asked and drop stale tickets; ValueError if it is not
-        waiting."""
+        """Note that ``ticket``'s handler asked; drop stale tickets (ValueError: not waiting)."""
         now = self.clock()
         ticket.seen_s, ticket.lent = now, False
         stale = [t for t in self._waiting if self._stale(t, now)]

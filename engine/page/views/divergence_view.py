@@ -92,8 +92,7 @@ def join_labels(labels: dict[str, str]) -> str:
 def verdict_summary(
     verdicts: dict[str, dict[int, dict]], reference_name: str, some_not_compared: bool = False
 ) -> str:
-    """The status line's verdicts, e.g. "against `model.generate`: static 6 ✓ 0 ≈ 0 ✗ ·
-    continuous ..."."""
+    """The status line's verdicts, e.g. "against `model.generate`: static 6 ✓ 0 ≈ 0 ✗ · ..."."""
     if all(counts(e)[0] == len(e) for e in verdicts.values()):
         equal = [e["logits_equal"] for v in verdicts.values() for e in v.values()]
         bitwise = ", logits bitwise equal" if equal and all(equal) else ""
@@ -124,8 +123,7 @@ def choices(verdicts: dict[str, dict[int, dict]] | None) -> list[tuple[str, str]
 
 
 def view(verdicts: dict[str, dict[int, dict]] | None, choice: str | None, dtype: str | None):
-    """``(markdown, text, top_rows)`` for ``choice`` ("engine:id"); model text never in the
-    Markdown."""
+    """``(markdown, text, top_rows)`` for ``choice`` ("engine:id"); model text only in ``text``."""
     if not verdicts:
         return NOT_CHECKED, "", []
     name, entry = _entry(verdicts, choice)
@@ -261,8 +259,7 @@ def reference_name(batch_invariant: bool) -> str:
 
 
 def engine_symbol(entries: dict[int, dict]) -> str:
-    """The metrics table's cell: ✓ all match, ≈ near-ties only, ≠ expected differences only, else
-    ✗."""
+    """The metrics cell: ✓ all match, ≈ near-ties only, ≠ expected differences only, else ✗."""
     _, num_tie, num_differs, num_expected = counts(entries)
     if num_differs:
         return "✗"

@@ -96,8 +96,7 @@ def no_record_figure(runs: dict[str, Trace], what: str) -> Any:
 
 
 def plans_line(ours: Trace | None, name: str, record: Trace) -> str:
-    """E.g. "plans alike with ours: 298 of 300 steps, first difference at step 6 (...)"; ""
-    without ours."""
+    """E.g. "plans alike with ours: 298 of 300 steps, first difference at step 6 (...)"."""
     if ours is None or not ours.steps:
         return ""
     compared = schedule_comparison.compare_schedules(ours, record)
@@ -225,8 +224,7 @@ def _wrapped(line: str) -> str:
 
 
 def usage_figure(runs: dict[str, Trace]) -> Any:
-    """Tokens scheduled against the token budget and KV blocks in use, per step of the first
-    record."""
+    """Tokens scheduled against the budget and KV blocks in use, per step of the first record."""
     what = "tokens and KV blocks per step"
     found = own_record(runs)
     if found is None:

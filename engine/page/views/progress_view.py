@@ -125,8 +125,7 @@ def queue_line(place: Place, measured: bool) -> str:
 
 
 def _coarse(seconds: float) -> str:
-    """``seconds`` to 10 s under 90 s, else minutes: a line is re-sent only when its words
-    change."""
+    """``seconds`` to 10 s under 90 s, else minutes (a line is re-sent only when it changes)."""
     return f"{round(seconds, -1):.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
@@ -168,8 +167,7 @@ def live_outputs(
     time_limit_s: float | None,
     draw_timelines: bool = True,
 ) -> tuple:
-    """Updates while the run goes; the rest (and the timelines unless ``draw_timelines``)
-    skipped."""
+    """Updates while the run goes; the rest (and timelines unless ``draw_timelines``) skipped."""
     traces = {name: _trace_so_far(progress, name, requests, num_slots) for name in LIVE_ENGINES}
     static, continuous = (
         timeline(trace, x_axis, None, None) if trace.steps and draw_timelines else gr.skip()
@@ -194,8 +192,7 @@ def live_outputs(
 
 
 def cleared_outputs(outputs: tuple) -> tuple:
-    """``outputs`` with the previous run's step views replaced by placeholders, the metrics
-    emptied."""
+    """``outputs`` with the previous run's step views as placeholders, the metrics emptied."""
     values = dict(zip(RUN_OUTPUTS, outputs, strict=True))
     unset = {name for name, value in values.items() if isinstance(value, dict) and value == SKIP}
     for name in unset & {"static_timeline_plot", "continuous_timeline_plot"}:
@@ -278,8 +275,7 @@ class LiveTimelines:
 
 
 def stopped_outputs(previous_result, message: str) -> tuple:
-    """The outputs after a stop: the previous results (or empty), ``message`` leading the status
-    line."""
+    """The outputs after a stop: the previous results (or empty), ``message`` first."""
     if previous_result is None:
         return run_outputs(
             **dict.fromkeys(name for name in RUN_OUTPUTS if name.endswith("_plot")),

@@ -78,8 +78,7 @@ def _verdict(state) -> str:
 
 
 def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
-    """Requests whose output differs from the reference (those with their own generator left
-    out)."""
+    """Requests whose output differs from the reference (own-generator ones left out)."""
     outputs = {r.request_id: r.output_token_ids for r in trace.requests}
     return mismatches(outputs, reference, not_compared_ids(trace))
 
@@ -98,8 +97,7 @@ def _compared(state) -> dict[str, Trace]:
 
 
 def servers_note(state) -> str:
-    """What "Where outputs differ" says of servers without verdicts; "" without servers or
-    reference."""
+    """What "Where outputs differ" says of servers without verdicts ("" if none)."""
     if state.reference is None or not state.servers:
         return ""
     lines = []

@@ -117,8 +117,7 @@ class RunState:
         return {**traces_by_name(self.static, self.continuous, self.hf_continuous), **self.servers}
 
     def inside_runs(self) -> dict[str, Trace]:
-        """The runs whose own record the inside views may draw: servers first, then
-        transformers'."""
+        """Runs whose own record the inside views may draw: servers first, then transformers'."""
         hf = {"hf_continuous": self.hf_continuous} if self.hf_continuous is not None else {}
         return {**self.servers, **hf}
 
@@ -223,8 +222,7 @@ def render(
 
 
 def write_downloads(state: RunState) -> list[str]:
-    """The run's exports in a fresh folder: requests.csv, traces.json, Perfetto JSON,
-    charts.html."""
+    """The run's exports in a fresh folder: requests.csv, traces.json, Perfetto, charts.html."""
     folder = export.download_folder("cbp-run-")
     paths = export.write_files(folder, state.traces())
     views = step_views(state, default_step(state.continuous), "time")

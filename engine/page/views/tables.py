@@ -207,8 +207,7 @@ def _cached_tokens(traces: dict[str, Trace], index: int) -> int | str:
 def _verdict(
     records: list[tuple[str, RequestRecord]], reference: dict[int, list[int]], judged=None
 ) -> str:
-    """The verdict cell: "✓", or each engine's label; engines with their own generator not
-    compared."""
+    """The verdict cell: "✓", or each engine's label (own-generator engines not compared)."""
     judged = judged or {}
     return join_labels(
         {
