@@ -165,11 +165,8 @@ def sampling_flags(args: argparse.Namespace) -> dict | None:
 
 
 def sampling_defaults(args: argparse.Namespace) -> SamplingParams | None:
-    """The sampling flags' settings, seeded by the seed base (None when no sampling flag is given).
-
-    Raises:
-        ValueError: a bad value, naming its flag.
-    """
+    """The sampling flags' settings, seeded by the seed base (None: no flag); ValueError naming a
+    bad flag."""
     given = sampling_flags(args)
     if given is None:
         return None
@@ -237,11 +234,8 @@ def check_args(args: argparse.Namespace, names: list[str]) -> None:
 
 
 def endpoints(args: argparse.Namespace) -> list[Endpoint]:
-    """The ``--endpoint`` flags with their ``--endpoint-record``, checked.
-
-    Raises:
-        ValueError: a bad entry, a name taken, or a record for a name no ``--endpoint`` has.
-    """
+    """The ``--endpoint`` flags with their ``--endpoint-record``; ValueError for a bad entry, a
+    name taken, or a record for a name no ``--endpoint`` has."""
     found = parse_endpoints(args.endpoint, reserved=ENGINES)
     return with_records(found, args.endpoint_record)
 
@@ -257,11 +251,8 @@ def engine_options(args: argparse.Namespace) -> dict:
 
 
 def load_specs(args: argparse.Namespace):
-    """The workload with its arrival times and sampling settings.
-
-    Raises:
-        ValueError: a missing file (suggesting ``seed``), a bad line, or a bad sampling flag.
-    """
+    """The workload with arrivals and sampling settings; ValueError for a missing file
+    (suggesting ``seed``), a bad line or a bad sampling flag."""
     if args.workload == "seed":
         specs = seed_specs()
     elif not Path(args.workload).exists():
@@ -278,11 +269,7 @@ def load_specs(args: argparse.Namespace):
 
 def apply_sampling_flags(specs, args: argparse.Namespace):
     """``specs``, each without settings of its own given the flags' (request i seeded
-    ``--seed-base + i``).
-
-    Raises:
-        ValueError: a bad flag value, or a seed beyond 2^63 - 1.
-    """
+    ``--seed-base + i``); ValueError for a bad flag or a seed beyond 2^63 - 1."""
     defaults = sampling_defaults(args)
     if defaults is None:
         return specs

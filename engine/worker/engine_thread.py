@@ -47,11 +47,8 @@ class EngineThread:
         return future
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on the thread, waiting for it (directly when already on it).
-
-        Raises:
-            Exception: whatever ``fn`` raised.
-        """
+        """``fn(*args)`` on the thread, waiting for it (directly when on it); raises what ``fn``
+        raised."""
         if self.on_it():
             return fn(*args)
         return self.submit(fn, *args).result()

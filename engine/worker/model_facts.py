@@ -41,12 +41,8 @@ def model_facts(model: ComparisonModel, dtype: str | None, _watch: Callable) -> 
 def chosen_facts(
     model: ComparisonModel, name: str | None, dtype: str | None, watch: Callable
 ) -> ModelFacts:
-    """``facts_of`` the host's model ``name`` in ``dtype``; each load stage told to ``watch`` as
-    a wait of ``LOAD``.
-
-    Raises:
-        ModelLoadError: ``name`` is not on the allowlist, or fails to load.
-    """
+    """``facts_of`` the host's model ``name`` in ``dtype``, each load stage told to ``watch``;
+    ModelLoadError when ``name`` is not on the allowlist or fails to load."""
     stage = functools.partial(_told_stage, watch)
     return facts_of(model.in_model(name, stage).in_dtype(dtype))
 

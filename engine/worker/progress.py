@@ -68,11 +68,7 @@ class ProgressLog:
         note: str | None = None,
     ) -> None:
         """Called after each step of ``engine`` (``done`` after its last), and with ``waiting``
-        while it waits for arrivals or a server (``note``: what for).
-
-        Raises:
-            RunStopped: the run should stop (``RunControl.check``).
-        """
+        while it waits (``note``: for what); raises RunStopped when the run should stop."""
         self.control.check()
         entry = self._keep(engine, trace, done, waiting, note)
         trace_id = id(entry.trace)  # the log keeps each snapshot alive: ids are not reused

@@ -33,11 +33,7 @@ class Job:
 
     def wait(self, timeout_s: float | None) -> bool:
         """Hand progress to ``take`` for up to ``timeout_s`` (None: until the answer); True once
-        answered.
-
-        Raises:
-            EngineProcessLost: the worker's process ended first.
-        """
+        answered. Raises EngineProcessLost when the worker's process ended first."""
         deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
         while self._answer is None:
             left_s = None if deadline_s is None else max(0.0, deadline_s - time.monotonic())

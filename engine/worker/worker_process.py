@@ -115,11 +115,8 @@ class ProcessWorker:
         self._conn, self._ready = here, False
 
     def _take_status(self, message: tuple) -> None:
-        """A ``("ready", None)`` or ``("failed", exception)`` from the worker's start.
-
-        Raises:
-            Exception: the model failed to load in the worker (its exception).
-        """
+        """A ``("ready", None)`` or ``("failed", exception)`` from the worker's start (raises the
+        latter)."""
         kind, payload = message
         if kind == "failed":
             self._discard()
