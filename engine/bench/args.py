@@ -1,9 +1,7 @@
 """The bench's command line: flags, their scopes and defaults, and the workload they select.
 
-``python -m engine.bench --help`` lists the flags; those of the engine knobs are built from their
-declarations (``engine.knobs``). Flags that only some engines or arrival modes use (``SCOPED``)
-are parsed as None or False, so a flag that was given can be told from a default and named when
-nothing selected uses it (``ignored_flags``).
+Scoped flags (``SCOPED``) parse as None or False, so a given flag that nothing selected uses can
+be named (``ignored_flags``).
 """
 
 from __future__ import annotations
@@ -103,9 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _add_knob_flag(p: argparse.ArgumentParser, knob: Knob) -> None:
-    """The knob's flag, with its help: an on/off knob's sets it (``store_true``, so
-    ``--no-reference`` turns the check off), another's takes a value of its kind (None where
-    the knob is scoped or unset)."""
+    """The knob's flag: ``store_true`` for on/off (``--no-reference``), else a typed value."""
     if knob.kind == "flag":
         p.add_argument(knob.bench_flag, action="store_true", help=knob.bench_help)
     else:
@@ -114,8 +110,7 @@ def _add_knob_flag(p: argparse.ArgumentParser, knob: Knob) -> None:
 
 
 def knob_type(knob: Knob):
-    """The flag's parser: ``knob_values.knob_value``, the page's and the /run API's, so that 0
-    means what it means there ("no limit") and a bad value gets the same message."""
+    """The flag's parser: ``knob_values.knob_value``, the page's, so 0 and bad values read alike."""
 
     def parse(text: str):
         try:
@@ -128,8 +123,7 @@ def knob_type(knob: Knob):
 
 
 def _add_server_flags(p: argparse.ArgumentParser) -> None:
-    """Server engines: ``--endpoint NAME=URL`` and ``--endpoint-record NAME=RECORD_URL``
-    (repeatable), and vLLM's eager mode."""
+    """``--endpoint NAME=URL``, ``--endpoint-record NAME=RECORD_URL`` and vLLM's eager mode."""
     p.add_argument(
         "--endpoint",
         action="append",
@@ -155,8 +149,7 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
-    """``--temperature``, ``--top-k``, ``--top-p``, ``--seed-base``: settings for every request
-    that has none of its own in the workload (``SAMPLING_DEFAULTS``)."""
+    """``--temperature``, ``--top-k``, ``--top-p``, ``--seed-base``: defaults for requests."""
     sampled = "requests without their own settings sample"
     p.add_argument(
         "--temperature", type=float, help=f"{sampled} at this temperature (default 1; 0: greedy)"
@@ -169,18 +162,13 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
 
 
 def sampling_flags(args: argparse.Namespace) -> dict | None:
-    """The sampling flags as given, by name (None when none is given)."""
     given = {name: getattr(args, name) for name in SAMPLING_DEFAULTS}
     return given if any(value is not None for value in given.values()) else None
 
 
 def sampling_defaults(args: argparse.Namespace) -> SamplingParams | None:
-    """The settings the sampling flags give, their seed the seed base (None when no sampling
-    flag is given; the unset ones take ``SAMPLING_DEFAULTS``).
-
-    Raises:
-        ValueError: a bad value, naming its flag.
-    """
+    """The sampling flags' settings, seeded by the seed base (None: no flag); ValueError naming a
+    bad flag."""
     given = sampling_flags(args)
     if given is None:
         return None
@@ -196,7 +184,7 @@ def sampling_defaults(args: argparse.Namespace) -> SamplingParams | None:
 
 
 def ignored_flags(args: argparse.Namespace, names: list[str]) -> list[str]:
-    """One line per flag given on the command line that no selected engine or arrival mode uses."""
+    """One line per given flag that no selected engine or arrival mode uses."""
     paged = "continuous_paged" in names
     continuous = any(name in KV_MODE_OF for name in names)
     poisson = args.arrival == "poisson"
@@ -248,19 +236,15 @@ def check_args(args: argparse.Namespace, names: list[str]) -> None:
 
 
 def endpoints(args: argparse.Namespace) -> list[Endpoint]:
-    """The ``--endpoint NAME=URL`` flags with their ``--endpoint-record NAME=RECORD_URL``, checked.
-
-    Raises:
-        ValueError: a bad entry, a name taken, or a record for a name no ``--endpoint`` has.
-    """
+    """The ``--endpoint`` flags with their ``--endpoint-record``; ValueError for a bad entry, a
+    name taken, or a record for a name no ``--endpoint`` has."""
     found = parse_endpoints(args.endpoint, reserved=ENGINES)
     return with_records(found, args.endpoint_record)
 
 
 def engine_options(args: argparse.Namespace) -> dict:
-    """The continuous engines' ``EngineConfig`` options from the knobs' flags: all but the slots
-    (``EngineConfig``'s first argument) and ``--prefix-caching`` (only ``continuous_paged`` and
-    ``hf_continuous`` take it, as ``engine.worker.engines.make_engine``'s ``prefix_caching``)."""
+    """The continuous engines' ``EngineConfig`` options from the knobs' flags, less the slots and
+    ``--prefix-caching`` (``make_engine``'s own argument)."""
     return {
         knob.config: getattr(args, knob.name)
         for knob in KNOBS
@@ -269,11 +253,8 @@ def engine_options(args: argparse.Namespace) -> dict:
 
 
 def load_specs(args: argparse.Namespace):
-    """The workload with its arrival times and sampling settings (``apply_sampling_flags``).
-
-    Raises:
-        ValueError: a missing file (suggesting ``seed``), a bad line, or a bad sampling flag.
-    """
+    """The workload with arrivals and sampling settings; ValueError for a missing file
+    (suggesting ``seed``), a bad line or a bad sampling flag."""
     if args.workload == "seed":
         specs = seed_specs()
     elif not Path(args.workload).exists():
@@ -289,12 +270,8 @@ def load_specs(args: argparse.Namespace):
 
 
 def apply_sampling_flags(specs, args: argparse.Namespace):
-    """``specs`` where each one without settings of its own gets the sampling flags' settings,
-    request i with seed ``--seed-base + i``; unchanged when no sampling flag is given.
-
-    Raises:
-        ValueError: a bad flag value, or a seed beyond 2^63 - 1 (naming ``--seed-base``).
-    """
+    """``specs``, each without settings of its own given the flags' (request i seeded
+    ``--seed-base + i``); ValueError for a bad flag or a seed beyond 2^63 - 1."""
     defaults = sampling_defaults(args)
     if defaults is None:
         return specs

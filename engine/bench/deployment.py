@@ -1,12 +1,7 @@
 """The bench beside a recorded deployment: our continuous engine on the deployment's own settings.
 
-An endpoint given ``--endpoint-record NAME=RECORD_URL`` is a vLLM serving its record of its steps
-(``engine.peers.vllm_scheduler``). Before any run, ``follow_deployment`` reads that record's
-``start`` line and rebuilds the first of our engines that the schedules are compared with
-(``continuous_paged``, else ``continuous``) on the deployment's settings
-(``engine.peers.schedule_comparison``), saying on stderr which it took and what it could not
-follow. A record that cannot be read leaves ours on the flags' settings, with one line saying why
-(``RecordError``); the endpoint still runs, seen from outside.
+The first ``--endpoint-record`` endpoint's ``start`` line rebuilds the engine its schedule is
+compared with; an unreadable record leaves ours on the flags' settings (docs/bench.md).
 """
 
 from __future__ import annotations
@@ -24,8 +19,6 @@ from engine.peers.vllm_record import RecordError, RecordFeed
 
 @dataclass(frozen=True)
 class Followed:
-    """Which of our engines took which endpoint's settings, and what it could not follow."""
-
     engine: str  # our engine's name, e.g. "continuous_paged"
     endpoint: str  # the endpoint whose record's start line gave the settings
     settings: DeploymentSettings
@@ -36,9 +29,8 @@ class Followed:
 
 
 def follow_deployment(args, ours: dict) -> Followed | None:
-    """Rebuild ``matched_engine(ours)`` (replaced in place) on the first recorded endpoint's
-    settings; None when there is no such endpoint or engine, or its record's start line cannot be
-    read (one line on stderr says why)."""
+    """Rebuild ``matched_engine(ours)`` in place on the first recorded endpoint's settings; None
+    when there is none or its start line cannot be read (stderr says why)."""
     recorded = [e for e in endpoints(args) if e.record_url]
     name = matched_engine(ours)
     if not recorded or name is None:

@@ -2,13 +2,9 @@
 
     python -m engine.bench.gpu_check [--out out/gpu-check] [--model embedded] [--repeat 1]
 
-On a CUDA machine it runs ``python -m engine.bench`` in this process (``runs``: float32 parity,
-the float16 and bfloat16 divergence report without and with ``--batch-invariant``, the bench on
-the seed and long-tail workloads), each into ``<out>/<name>.json``, and collects per run its exit
-status and per engine the match and verdict counts in ``<out>/summary.json``. Outputs that differ
-(exit status 1) are expected in half precision and recorded; the check fails (exit 1) on broken
-float32 parity, a run that cannot run (exit 2), or an invariant run that is not bitwise
-(``failures``). Without CUDA it stops at once with exit status 2 and says so.
+Each run to ``<out>/<name>.json``, a summary to ``<out>/summary.json``; fails (exit 1) on broken
+float32 parity, a run that cannot run or a non-bitwise invariant run; exit 2 without CUDA
+(docs/precision.md).
 """
 
 from __future__ import annotations
@@ -23,7 +19,6 @@ OURS = "static,continuous,continuous_paged,continuous_concat"
 
 
 def runs(model: str, repeat: int) -> list[tuple[str, list[str]]]:
-    """``(name, bench argv)`` of every run, in order."""
     base = ["--device", "cuda", "--model", model, "--repeat", str(repeat)]
     seed = ["--workload", "seed", "--slots", "3"]
     plan = [("parity_float32", [*base, *seed, "--dtype", "float32", "--engines", OURS])]
@@ -39,7 +34,6 @@ def runs(model: str, repeat: int) -> list[tuple[str, list[str]]]:
 
 
 def summarize(name: str, status: int, doc: dict | None) -> dict:
-    """One run's line in ``summary.json``."""
     keys = ("reference_match", "num_match", "num_near_tie", "num_differs", "num_logits_equal")
     keys += ("ms_per_step", "normal_ms_per_step", "invariant_cost_x")
     engines = (doc or {}).get("engines", {})

@@ -1,15 +1,7 @@
 """Kernel micro-benchmark: ``F.linear`` against the engines' kernels, on the model's own weights.
 
-    python -m engine.bench.kernel_bench [--rows 1,2,3,4,8,16,64] [--repeat 9] [--model embedded]
-                                        [--dtype float32|bfloat16|float16]
-
-For each row count M, times one pass of every decoder-layer ``nn.Linear`` (``lm_head`` left out)
-on M random rows through each candidate the runner itself times for that dtype on this host
-(``engine.kernels.kernel_timing.candidates_for``), and through ``chosen``, the engines' kernel as
-the runner chose it here; prints the best of ``--repeat`` in ms, the columns taking turns within
-each repeat. The lines under the table name the chosen kernel and count the row counts where it
-is within 5 % of the fastest candidate. docs/bench.md says more; the table in
-``engine/kernels/linear_kernel.py``'s docstring is its output.
+Best-of-repeat ms for one pass over every decoder-layer linear, per row count, per candidate and
+for ``chosen`` (the engines' kernel here); docs/bench.md says more.
 """
 
 from __future__ import annotations
@@ -37,12 +29,8 @@ NEAR_BEST = 1.05  # the issue's target: the chosen kernel within 5 % of the fast
 def time_columns_ms(
     columns: dict[str, list[Call]], num_rows: int, dtype: torch.dtype, repeat: int
 ) -> dict[str, float]:
-    """Best-of-``repeat`` ms for one pass over each column's calls, on ``num_rows`` random rows.
-
-    The columns take turns within each repeat (one pass of each, then again), so a slow spell of
-    the machine (another process, a frequency change) lands on every column alike instead of on
-    whichever column was being timed then.
-    """
+    """Best-of-``repeat`` ms for one pass over each column's calls on ``num_rows`` random rows;
+    columns take turns within each repeat, so a slow spell of the machine lands on all alike."""
     widths = {width for calls in columns.values() for width, _ in calls}
     inputs = {width: torch.randn(num_rows, width, dtype=dtype) for width in widths}
     best_s = dict.fromkeys(columns, float("inf"))
@@ -57,9 +45,8 @@ def time_columns_ms(
 
 
 def _columns(decoder, kernel, dtype: torch.dtype) -> dict[str, list[Call]]:
-    """Each column's calls: the candidates the runner times for ``dtype`` here
-    (``kernel_timing.candidates_for``) on the raw weights, then the runner's kernel, each
-    linear's call as the engines install it for the module's forward (``Kernel.installed``)."""
+    """Each column's calls: the candidates the runner times for ``dtype`` on the raw weights,
+    then the runner's kernel as installed for each module's forward."""
     columns = {}
     names = candidates_for(dtype)
     if dtype == torch.float32 and "onednn" not in names:
@@ -79,10 +66,8 @@ def _columns(decoder, kernel, dtype: torch.dtype) -> dict[str, list[Call]]:
 
 
 def near_best_line(table: list[tuple[int, dict[str, float]]], plan: RowPlan) -> str:
-    """At how many row counts the kernel ``plan`` picks is within ``NEAR_BEST`` of the fastest
-    candidate, each read from the candidates' own columns (the same calls, timed in turn), so
-    the line judges the choice, not the noise between two timings of one kernel; a kernel with
-    no column (a stand-in where oneDNN refused) is read from ``chosen``."""
+    """At how many row counts ``plan``'s kernel is within ``NEAR_BEST`` of the fastest, read from
+    the candidates' own columns (a kernel with no column from ``chosen``)."""
     ratios = []
     for num_rows, ms in table:
         name = plan.name_at(num_rows)

@@ -1,8 +1,4 @@
-"""The bench's report: the table, its summary lines, and the JSON document.
-
-``engine.bench.cli`` runs the engines; this module says what they did, on stdout and in the JSON
-described in docs/bench.md.
-"""
+"""The bench's report: the table, its summary lines, and the JSON document (docs/bench.md)."""
 
 from __future__ import annotations
 
@@ -26,11 +22,8 @@ from engine.sequence import Request
 
 
 def format_table(results: dict[str, dict], weight_read_ms: float | None = None) -> str:
-    """One row per engine; speedup is against static when static ran.
-
-    ``x read``: ms/step over ``weight_read_ms``, the time to read every weight once (the limit
-    of a decode step; prefill steps and attention over long contexts cost more).
-    """
+    """One row per engine; speedup is against static when static ran. ``x read``: ms/step over
+    ``weight_read_ms``, the time to read every weight once (a decode step's floor)."""
     base = results.get("static", {}).get("wall_s")
     head = f"{'engine':<18}{'wall_s':>16}{'steps':>7}{'tokens':>8}{'tok/s':>8}"
     head += f"{'speedup':>9} {'ms/step':>8} {'x read':>7}  match"
@@ -52,8 +45,7 @@ def format_table(results: dict[str, dict], weight_read_ms: float | None = None) 
 
 
 def prefix_cache_line(results: dict[str, dict]) -> str:
-    """The prefix-cache hit rate of every engine that shares KV (``not reported`` where the
-    engine does not count its hits), e.g. ``prefix cache hit rate: continuous_paged 61.2%``."""
+    """E.g. ``prefix cache hit rate: continuous_paged 61.2%`` (or ``not reported``)."""
     parts = []
     for name, r in results.items():
         if name in ("continuous_paged", "hf_continuous"):
@@ -72,9 +64,7 @@ def _ratio(ms_per_step: float, weight_read_ms: float | None) -> str:
 
 def print_report(args, results, normal_results, extra, run) -> None:
     """The table and the lines under it; a failed server engine's entry goes into ``results``.
-
-    ``run``: ``(median traces by engine, failures by engine, engines)``.
-    """
+    ``run``: ``(median traces by engine, failures by engine, engines)``."""
     medians, failures, engines = run
     print(format_table(results, extra["weight_read_ms"]))
     if not args.no_reference:
@@ -117,8 +107,7 @@ def print_report(args, results, normal_results, extra, run) -> None:
 
 
 def _others_note(share: float | None) -> str:
-    """``", other work 45 % of the CPU (not kept)"``: what ``engine.kernels.cpu_share`` saw
-    while the kernels were timed; empty where it was not measured."""
+    """E.g. ``", other work 45 % of the CPU (not kept)"`` while timing kernels; "" unmeasured."""
     if share is None:
         return ""
     kept = "" if share <= QUIET_SHARE else " (not kept: timed again at the next start)"
@@ -126,9 +115,8 @@ def _others_note(share: float | None) -> str:
 
 
 def kernel_choice_lines(choice: dict) -> list[str]:
-    """How the engines' matmul was chosen (``engine.model.kernel_store.KernelChoice.as_dict``):
-    its ranges and origin, then, where it was timed, ms per pass per candidate and row count, the
-    chosen one starred, e.g.::
+    """How the engines' matmul was chosen (``KernelChoice.as_dict``): its ranges and origin, then
+    where timed, ms per pass per candidate and row count, the chosen one starred::
 
         kernel choice: linear 1-4 rows, onednn 5+ rows (measured at this start)
           ms per pass over 35 of 210 linears (71 MB), best of 3; * chosen
@@ -161,7 +149,6 @@ def kernel_choice_lines(choice: dict) -> list[str]:
 
 
 def optional_measures(args, runner, requests, extra) -> None:
-    """--floor and --profile, printed and added to ``extra``."""
     if args.floor:
         extra.update(measure_floor(runner, requests, args.repeat))
         print(
@@ -177,14 +164,9 @@ def optional_measures(args, runner, requests, extra) -> None:
 
 
 def measure_floor(runner, requests, repeat: int) -> dict[str, float]:
-    """Median wall times of ``model.generate`` on the longest-cap request alone (batch 1).
-
-    No schedule can finish the workload before its longest request, so ``floor_s`` (plain
-    ``model.generate``) is its floor here. ``floor_engine_kernel_s`` is the same call inside
-    ``runner.engine_kernels()``, the matmul kernel the engines use
-    (``engine.kernels.linear_kernel``): the floor for an engine with that kernel. The two alternate,
-    ``repeat`` times each.
-    """
+    """Median wall times of ``model.generate`` on the longest-cap request alone: the workload's
+    floor (``floor_s``), and inside ``runner.engine_kernels()`` (``floor_engine_kernel_s``),
+    alternating."""
     longest = max(requests, key=lambda r: r.max_new_tokens)
     ids, mask = runner.left_pad([list(longest.prompt_token_ids)])
     kernel = runner.engine_kernels
@@ -201,12 +183,8 @@ def measure_floor(runner, requests, repeat: int) -> dict[str, float]:
 
 
 def profile_host_overhead(runner, num_slots: int, contexts=(100, 2000)) -> dict:
-    """Share of continuous step time spent outside the model forward, at two context sizes.
-
-    Runs ``num_slots`` requests with 10-token prompts to their cap with ``ignore_eos`` until the
-    step context (cached tokens of all sequences) passes ``max(contexts)``; then, for each target,
-    averages steps whose context is within 10 % of it.
-    """
+    """Share of continuous step time outside the model forward, at two context sizes (cached
+    tokens of all sequences), from steps within 10 % of each."""
     prompt = tuple(range(1000, 1010))
     cap = max(contexts) // num_slots - len(prompt) + 50
     requests = [Request(i, "profile", cap, prompt) for i in range(num_slots)]
@@ -226,10 +204,7 @@ def profile_host_overhead(runner, num_slots: int, contexts=(100, 2000)) -> dict:
 
 
 def write_json(args, loaded, results: dict, extra: dict, reference_kind: str | None) -> None:
-    """The bench's JSON document (fields in docs/bench.md) at ``--json``.
-
-    ``reference_kind``: the reference's class name (``ReferenceCache`` or ``SoloReference``).
-    """
+    """The bench's JSON document at ``--json``; ``reference_kind``: the reference's class name."""
     doc = {
         "model": loaded.name,
         "device": str(loaded.device),

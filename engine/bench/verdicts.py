@@ -1,10 +1,5 @@
-"""The bench's verdicts and the batch-invariant mode's cost.
-
-For every engine, every request gets a verdict against the reference
-(``engine.fidelity.divergence``): ``match`` ✓, ``near-tie`` ≈ (a flip that rounding explains) or
-``differs`` ✗. With ``--batch-invariant`` the engines also run once per repeat in the normal mode,
-and each entry gets that mode's ms/step beside its own. The JSON fields are in docs/bench.md.
-"""
+"""The bench's verdicts per request (✓ ≈ ✗, ``engine.fidelity.divergence``) and the
+batch-invariant mode's cost; JSON fields: docs/bench.md."""
 
 from __future__ import annotations
 
@@ -14,11 +9,8 @@ from engine.fidelity.divergence import MATCH, NEAR_TIE, count
 
 
 def add_verdicts(runner, requests, median_traces: dict, reference, results: dict) -> None:
-    """Verdict fields into each engine's ``results`` entry, and one stderr line per split.
-
-    ``median_traces``: engine name -> the trace its results come from; ``reference`` a
-    ``ReferenceCache`` or ``SoloReference``.
-    """
+    """Verdict fields into each engine's ``results`` entry, one stderr line per split;
+    ``median_traces``: engine name -> the trace its results come from."""
 
     decode = runner.tokenizer.decode
     for name, trace in median_traces.items():

@@ -1,9 +1,5 @@
-"""The engine thread: one thread per process makes every torch call.
-
-So torch's CPU kernels keep one OpenMP pool, not one per thread that starts parallel work (what a
-second pool costs: ``engine.model.openmp_env``). The page's is ``ENGINE_THREAD``; the engine
-process's main thread ``adopt``s the role.
-"""
+"""The engine thread: one thread per process makes every torch call, so torch keeps one OpenMP
+pool (what a second costs: ``engine.model.openmp_env``)."""
 
 from __future__ import annotations
 
@@ -15,7 +11,7 @@ from typing import Any
 
 
 class EngineThread:
-    """A daemon thread that runs submitted calls one after the other, in submission order."""
+    """A daemon thread that runs submitted calls in submission order."""
 
     def __init__(self, name: str = "cbp-engine"):
         self.name = name
@@ -26,17 +22,14 @@ class EngineThread:
 
     @property
     def ident(self) -> int | None:
-        """The thread's ``threading.get_ident()``, or None before the first call."""
         return None if self._thread is None else self._thread.ident
 
     def on_it(self) -> bool:
-        """Whether the calling thread is this one."""
         return threading.get_ident() == self.ident
 
     def adopt(self) -> None:
-        """Make the calling thread the engine thread, so ``call`` runs directly on it (the worker
-        process's main thread: ``in_dtype`` and the loads then stay on it and its one OpenMP
-        pool). Nothing may ``submit`` afterwards (no loop serves the queue)."""
+        """Make the calling thread the engine thread (the worker process's main thread), so
+        ``call`` runs directly on it. Nothing may ``submit`` afterwards."""
         with self._lock:
             assert self._thread is None, "the engine thread already runs"
             self._thread = threading.current_thread()
@@ -54,11 +47,8 @@ class EngineThread:
         return future
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on the thread, waiting for it (directly when already on the thread).
-
-        Raises:
-            Exception: whatever ``fn`` raised.
-        """
+        """``fn(*args)`` on the thread, waiting for it (directly when on it); raises what ``fn``
+        raised."""
         if self.on_it():
             return fn(*args)
         return self.submit(fn, *args).result()

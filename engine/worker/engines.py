@@ -1,10 +1,5 @@
-"""Every engine on one model, by name, from one ``EngineConfig``: the one engine factory.
-
-The page's comparison job (``comparison``), the worker's warm-up and pace (``worker_model``) and
-the bench (``engine.bench.cli``) all build their engines here, so a name means the same engine
-everywhere. It lives in ``worker``, the one core room that may import both ``batching`` and
-``peers`` (transformers' engine).
-"""
+"""Every engine on one model, by name, from one ``EngineConfig``: the one engine factory, used by
+the page, the worker and the bench, so a name means the same engine everywhere."""
 
 from __future__ import annotations
 
@@ -25,13 +20,10 @@ ENGINE_NAMES = ("static", "static_generate", *KV_MODE_OF, "hf_continuous")
 def make_engine(
     name: str, runner: ModelRunner, config: EngineConfig, prefix_caching: bool | None = None
 ):
-    """The engine ``name`` (``ENGINE_NAMES``) on ``runner``.
-
-    The static engines take ``config``'s slots (``static`` its batch-invariant mode too); the
-    continuous ones all of it, in the KV mode of their name (``continuous``: ``config``'s own);
-    ``hf_continuous`` its slots and mode, which it notes in its trace but cannot apply.
-    ``prefix_caching`` (None: ``config``'s) reaches the paged KV cache and transformers' block
-    sharing; the others cannot share KV and ignore it.
+    """The engine ``name`` (``ENGINE_NAMES``) on ``runner``: static engines take ``config``'s
+    slots, continuous ones all of it in their name's KV mode, ``hf_continuous`` notes slots and
+    mode it cannot apply. ``prefix_caching`` (None: ``config``'s) only reaches engines that share
+    KV.
 
     Raises:
         ValueError: an unknown name, or options the engine's ``EngineConfig`` refuses.

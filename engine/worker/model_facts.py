@@ -1,10 +1,7 @@
 """What a process without the model's weights learns of the model, asked of the one that holds it.
 
-The page tokenizes requests, sizes their KV budget, labels the model and prices a run's reference
-pass; none of that needs the weights. ``model_facts`` (a job, run by the engine process or called
-in the page's own process) answers with ``ModelFacts``, in core types only. The reference keys
-hold the holder's CPU thread count (``engine.fidelity.reference_key.device_fields``), so only the
-holder can give them.
+Tokenizing, KV budgets, labels and reference pricing need no weights; but the reference keys
+hold the holder's CPU thread count, so only the holder can give them.
 """
 
 from __future__ import annotations
@@ -21,8 +18,6 @@ from engine.worker.comparison import ComparisonModel
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """The model as a process without its weights sees it."""
-
     card: ModelCard  # tokenizer, config, device, dtype, EOS ids, context, KV bytes per token
     kernels: str  # the engines' matmul kernels (``ModelRunner.kernel_summary``)
     step: str  # how the continuous step runs (``ModelRunner.step_summary``)
@@ -34,7 +29,7 @@ class ModelFacts:
 
     @property
     def dtype_name(self) -> str:
-        """The model's dtype, e.g. "float32"."""
+        """E.g. "float32"."""
         return str(self.card.dtype).removeprefix("torch.")
 
 
@@ -46,12 +41,8 @@ def model_facts(model: ComparisonModel, dtype: str | None, _watch: Callable) -> 
 def chosen_facts(
     model: ComparisonModel, name: str | None, dtype: str | None, watch: Callable
 ) -> ModelFacts:
-    """``facts_of`` the host's model ``name`` (``in_model``) in ``dtype``, loaded there on first
-    use; each stage of the load is told to ``watch`` as a wait of ``LOAD`` with its words.
-
-    Raises:
-        ModelLoadError: ``name`` is not on the allowlist, or fails to load.
-    """
+    """``facts_of`` the host's model ``name`` in ``dtype``, each load stage told to ``watch``;
+    ModelLoadError when ``name`` is not on the allowlist or fails to load."""
     stage = functools.partial(_told_stage, watch)
     return facts_of(model.in_model(name, stage).in_dtype(dtype))
 
@@ -64,7 +55,7 @@ def _told_stage(watch: Callable, words: str) -> None:
 
 
 def facts_of(model: ComparisonModel) -> ModelFacts:
-    """What a process without ``model``'s weights needs of it (see the module docstring)."""
+    """What a process without ``model``'s weights needs of it."""
     runner = model.runner
     try:
         runner.require_batch_invariant()

@@ -1,6 +1,5 @@
 """How far a run's engines got, told as they go: ``ProgressLog`` is the ``watch`` a job's engines
-call, and ``EngineProgress`` one engine's entry, handed to the run's ``take``.
-"""
+call, and ``EngineProgress`` one engine's entry, handed to the run's ``take``."""
 
 from __future__ import annotations
 
@@ -36,11 +35,8 @@ class EngineProgress:
 
 
 def snapshot(trace: Trace) -> Trace:
-    """A copy of ``trace`` that later steps of the engine cannot change.
-
-    Steps are never changed once appended and request records get new output lists when they
-    finish, so copying the lists and each request record is enough (no deep copy).
-    """
+    """A copy of ``trace`` later steps cannot change: steps are never changed once appended and
+    finished requests get new output lists, so copying the lists and records is enough."""
     return dataclasses.replace(
         trace,
         steps=list(trace.steps),
@@ -50,11 +46,9 @@ def snapshot(trace: Trace) -> Trace:
 
 
 class ProgressLog:
-    """The ``watch`` a job's engines call (and the page's servers): checks ``control``, keeps
-    each engine's ``EngineProgress`` and hands ``send`` a copy of an entry: at every call, or
-    with ``every_s`` (the process's pipe) only when its trace snapshot, its waiting or its
-    finished count changed, and at least every ``every_s`` while steps run. A trace already sent
-    goes as None."""
+    """The ``watch`` a job's engines call: checks ``control``, keeps each engine's
+    ``EngineProgress`` and hands ``send`` a copy, at every call or (with ``every_s``) when it
+    changed and at least every ``every_s``. A trace already sent goes as None."""
 
     def __init__(self, control: RunControl, send: Take, every_s: float = 0.0):
         self.control = control
@@ -73,13 +67,8 @@ class ProgressLog:
         waiting: bool = False,
         note: str | None = None,
     ) -> None:
-        """Called after each step of ``engine``, with ``done`` after its last, and with
-        ``waiting`` (no step ran) while it waits for requests to arrive or for a server (``note``
-        says what for).
-
-        Raises:
-            RunStopped: the run should stop (see ``RunControl.check``).
-        """
+        """Called after each step of ``engine`` (``done`` after its last), and with ``waiting``
+        while it waits (``note``: for what); raises RunStopped when the run should stop."""
         self.control.check()
         entry = self._keep(engine, trace, done, waiting, note)
         trace_id = id(entry.trace)  # the log keeps each snapshot alive: ids are not reused

@@ -1,22 +1,8 @@
 """One worker interface, two transports: a job started, its progress and its answer awaited.
 
-A run's engine work is a job ``fn(model, *args, watch)``: a module-level function with core types
-in and out (``comparison``, ``model_facts``), run on the model that holds the weights
-(``worker_model``). ``worker.submit(fn, args, control, take)`` sends it and returns its ``Job``;
-the caller's own loop calls ``job.wait(timeout_s)``, which hands each engine's progress to
-``take`` as it arrives and says when the answer came, and ``job.result()`` gives it. ``job.stop()``
-reaches the engines at once; they end within one step or wait. Two workers answer:
-
-- ``ThreadWorker(model)``: a model in this process, on the engine thread (``engine_thread``);
-- ``worker_process.ProcessWorker``: a process of its own, over a pipe.
-
-Both run the job through ``answer``, so its messages are the same on either side::
-
-    caller ──(fn, args, control)────────────────────▶ worker
-    caller ◀──("progress", EngineProgress)─────────── worker   per engine: every 0.5 s, and
-    caller ◀──("done", value) or ("error", exception)─ worker   when a request finishes
-
-Nothing waits on the caller's behalf: no thread relays between the two.
+``ThreadWorker`` runs jobs on this process's engine thread, ``worker_process.ProcessWorker`` in a
+process of its own; both through ``answer``, whose messages docs/architecture.md draws ("One Run,
+module by module"). The caller's own loop polls ``Job.wait``: no thread relays between the two.
 """
 
 from __future__ import annotations
@@ -43,16 +29,11 @@ class Job:
 
     @property
     def ended(self) -> bool:
-        """Its answer came (a value or an error)."""
         return self._answer is not None
 
     def wait(self, timeout_s: float | None) -> bool:
-        """Hand the job's progress to ``take`` for up to ``timeout_s`` seconds (None: until its
-        answer); True once it has answered. A message arriving early does not end the wait.
-
-        Raises:
-            EngineProcessLost: the worker's process ended first (``worker_process``).
-        """
+        """Hand progress to ``take`` for up to ``timeout_s`` (None: until the answer); True once
+        answered. Raises EngineProcessLost when the worker's process ended first."""
         deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
         while self._answer is None:
             left_s = None if deadline_s is None else max(0.0, deadline_s - time.monotonic())
@@ -97,14 +78,14 @@ class Job:
 
 
 class Worker(Protocol):
-    """Where a run's engine jobs go (see the module docstring)."""
+    """Where a run's engine jobs go."""
 
     def submit(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Job:
         """Send ``fn(model, *args, watch)`` to the model with the weights; its ``Job``."""
         ...
 
     def run(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Any:
-        """``submit``, then wait for the answer: the job's value.
+        """``submit``, then wait for the job's value.
 
         Raises:
             RunStopped: ``control`` stopped the run (``EngineProcessLost``: the process died).
@@ -114,7 +95,7 @@ class Worker(Protocol):
 
 
 def run_to_end(job: Job) -> Any:
-    """Wait for ``job``'s answer (``Worker.run``'s loop, for callers that block) and close it."""
+    """Wait for ``job``'s answer and close it (for callers that block)."""
     try:
         while not job.wait(POLL_S):
             pass
@@ -124,9 +105,9 @@ def run_to_end(job: Job) -> Any:
 
 
 def answer(model, job: tuple, send: Take, control: RunControl, every_s: float) -> tuple:
-    """Run ``job`` (``(fn, args)``) on ``model``, its progress to ``send`` (``ProgressLog``, a
-    snapshot at most every ``every_s``): ``("done", value)`` or ``("error", exception)``, a
-    stop's exception fresh (the caught one's traceback holds the engines' frames and KV cache)."""
+    """Run ``(fn, args)`` on ``model``, progress to ``send`` at most every ``every_s``; returns
+    ``("done", value)`` or ``("error", exception)``, a stop's exception made fresh (the caught
+    one's traceback holds the engines' frames and KV cache)."""
     fn, args = job
     log = ProgressLog(control, lambda entry: send(("progress", entry)), every_s)
     try:
@@ -150,8 +131,7 @@ class _ThreadJob(Job):
         self._control.stop()
 
     def close(self) -> None:
-        """An unanswered job is stopped, and awaited: it ends within a step, its KV cache freed
-        before the caller gives up the model."""
+        """Stop an unanswered job and wait (its KV cache freed before the model is given up)."""
         if not self.ended:
             self.stop()
             self.wait(None)
@@ -170,7 +150,6 @@ class ThreadWorker:
         self.model = model
 
     def submit(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Job:
-        """``Worker.submit`` on the engine thread."""
         return _ThreadJob(self.model, (fn, args), control, take)
 
     def run(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Any:

@@ -1,7 +1,5 @@
 """The engine process's side of ``worker_process``: load the model, answer jobs until the page
-goes, every torch call on the main thread, pinned to CPUs of its own (``pin_process``). It
-imports core modules only, so the process loads no page, gradio or plotly.
-"""
+goes, every torch call on the main thread, pinned to CPUs of its own. Imports core modules only."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ from engine.worker.transport import answer
 
 
 def worker_main(spec, conn, stop_event, cpus: tuple[int, ...] | None = None) -> None:
-    """The worker: keep to ``cpus`` (None: the page's), load ``spec``'s model, then answer jobs
-    until the page goes (end of file or None). Every torch call happens on this, its main
-    thread, with one torch thread per CPU of ``cpus``."""
+    """Keep to ``cpus`` (None: the page's), load ``spec``'s model, then answer jobs until end of
+    file or None, with one torch thread per CPU."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the page's to handle: it ends us
     faulthandler.enable()  # a crash in native code says where, in the page's log
     if cpus and pin_process(cpus):  # before any parallel work: its pool has them
@@ -62,9 +59,9 @@ def _serve(spec, conn, stop_event) -> None:
 
 
 class _Outbox:
-    """The worker's messages to the page: pickled by the sender (a value or exception that
-    cannot be pickled goes as a RuntimeError naming it), written in order by a thread of their
-    own. A closed pipe (the page is gone) ends the worker."""
+    """The worker's messages to the page, pickled by the sender (an unpicklable one goes as a
+    RuntimeError naming it) and written in order by their own thread; a closed pipe ends the
+    worker."""
 
     def __init__(self, conn):
         self._conn = conn
@@ -101,10 +98,8 @@ class _Outbox:
 
 
 def pin_process(cpus: tuple[int, ...]) -> bool:
-    """Pin every thread of this process to ``cpus`` (threads made later inherit it).
-
-    Returns False, changing nothing more, where the system has no affinity or refuses it.
-    """
+    """Pin every thread of this process to ``cpus`` (later threads inherit it); False where the
+    system has no affinity or refuses it."""
     if not hasattr(os, "sched_setaffinity"):
         return False
     try:

@@ -1,15 +1,8 @@
-"""The process transport: a worker in a process of its own, both its ends.
+"""The process transport: a worker in a process of its own, on CPUs of its own, both its ends.
 
-``ProcessWorker(spec, cpus)`` is a process that loads the model (``ModelSpec``) on CPUs of its
-own (``worker_main.pin_process``), so the page's per-session Python, which holds the GIL the
-engines need between torch calls, never slows a run (docs/measurements.md, "Does the room
-slow the run being measured?"). It answers ``transport.Worker`` over a pipe, with
-``transport.answer``'s messages. The worker imports core modules only.
-
-Stop sets an event the process shares, so the worker's control raises at its next step. A
-process that dies fails its job with ``EngineProcessLost``, and the next job starts a fresh one.
-Exceptions cross as they are (type and message; tracebacks stay behind). The worker's side is
-``worker_main``.
+The page's per-session Python holds the GIL the engines need between torch calls; a process of
+their own keeps it off a run (docs/measurements.md, "Does the room slow the run being
+measured?"). The worker's side is ``worker_main``; it imports core modules only.
 """
 
 from __future__ import annotations
@@ -34,14 +27,12 @@ STOP_GRACE_S = 30.0  # a stopped worker answers within a step; past this it is e
 
 
 class EngineProcessLost(RunStopped):
-    """The engine process ended (killed, out of memory) before it answered; the message says
-    how, for a person."""
+    """The engine process ended (killed, out of memory) before it answered; the message says how."""
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the worker process loads: the model a module-level ``load(spec)`` returns
-    (``worker_model.load_spec``: ``load_model``'s ``model``, ``device`` and ``dtype``)."""
+    """What the worker loads: ``load_spec``'s ``model``, ``device`` and ``dtype``."""
 
     load: Callable[[ModelSpec], Any]
     model: str | None = None
@@ -53,10 +44,8 @@ class ModelSpec:
 
 
 class ProcessWorker:
-    """The page's end of one worker process, started with multiprocessing's *spawn* context (a
-    fork would copy a process whose torch and OpenMP threads exist, with locks held by threads
-    the child does not have), without the page's main script (``_start_without_main``). One
-    job at a time: ``submit`` waits for the one under way."""
+    """The page's end of one worker process, started by *spawn* (a fork would copy torch's and
+    OpenMP's threads' held locks) without the page's main script. One job at a time."""
 
     def __init__(self, spec: ModelSpec, cpus: tuple[int, ...] | None = None):
         self.spec = spec
@@ -71,7 +60,6 @@ class ProcessWorker:
 
     @property
     def pid(self) -> int | None:
-        """The worker's process id, None before the first start."""
         return None if self._process is None else self._process.pid
 
     def start(self) -> None:
@@ -105,11 +93,9 @@ class ProcessWorker:
         return _ProcessJob(self, control, take)
 
     def run(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Any:
-        """``transport.Worker.run`` in the worker process."""
         return run_to_end(self.submit(fn, args, control, take))
 
     def close(self) -> None:
-        """End the worker (the page stops)."""
         self._discard()
 
     def _start(self) -> None:
@@ -129,11 +115,8 @@ class ProcessWorker:
         self._conn, self._ready = here, False
 
     def _take_status(self, message: tuple) -> None:
-        """A ``("ready", None)`` or ``("failed", exception)`` from the worker's start.
-
-        Raises:
-            Exception: the model failed to load in the worker (its exception).
-        """
+        """A ``("ready", None)`` or ``("failed", exception)`` from the worker's start (raises the
+        latter)."""
         kind, payload = message
         if kind == "failed":
             self._discard()
@@ -141,8 +124,7 @@ class ProcessWorker:
         self._ready = self._ready or kind == "ready"
 
     def _settle(self) -> None:
-        """Read the answer of a job closed before it came (it was stopped), so the next job's
-        messages are its own; a worker that does not answer in time is ended."""
+        """Read a closed job's late answer, so the next job's messages are its own."""
         job, self._abandoned = self._abandoned, None
         if job is None or self._conn is None:
             return
@@ -187,9 +169,8 @@ class ProcessWorker:
 
 
 class _ProcessJob(Job):
-    """A job sent to the worker process; it holds the worker's lock until its answer. Once
-    ``control`` stops (Stop, the time limit), the worker's stop event is set and its progress is
-    no longer handed on; a worker that then does not answer within ``STOP_GRACE_S`` is ended."""
+    """A job sent to the worker process, holding the worker's lock until its answer; once
+    ``control`` stops, a worker not answering within ``STOP_GRACE_S`` is ended."""
 
     def __init__(self, worker: ProcessWorker, control: RunControl, take: Take):
         super().__init__(take)
@@ -252,12 +233,9 @@ class _ProcessJob(Job):
 def _start_without_main(process) -> None:
     """Start ``process`` without the page's main module in it.
 
-    Spawn runs the parent's main script again in the child (as ``__mp_main__``): for
-    ``python app.py`` that loads gradio, plotly and the whole page into the worker, which needs
-    none of it (its jobs name their own modules, ``engine.worker.comparison``, and the OpenMP
-    settings ``app.py`` makes reach it through the environment). A main module whose spec is
-    named ``__main__`` is one spawn leaves alone, as for ``python -m package``; the spec is put
-    back once the child's start data is taken.
+    Spawn runs the parent's main script again as ``__mp_main__``, which for ``python app.py``
+    loads the whole page into the worker. A main module whose spec is named ``__main__`` is left
+    alone (as for ``python -m``); the spec is put back once the child's start data is taken.
     """
     main = sys.modules["__main__"]
     spec = getattr(main, "__spec__", None)

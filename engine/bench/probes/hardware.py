@@ -1,10 +1,7 @@
 """Hardware probes for the bench: peak resident memory, and the time to read the weights once.
 
-``PeakMemory`` reports the peak resident set size (RSS) since its last ``reset()``: on Linux it
-resets the kernel's high-water mark (``VmHWM``) by writing ``5`` to ``/proc/self/clear_refs``
-(``man 5 proc``), so each engine gets its own peak; elsewhere it falls back to ``ru_maxrss``, the
-peak since the process started. ``weight_read_ms`` times one read of every parameter: decoding a
-batch of a few sequences reads every weight once per step, so this is a decode step's floor.
+Linux resets the peak (``VmHWM``) by writing ``5`` to ``/proc/self/clear_refs`` (``man 5
+proc``); elsewhere ``ru_maxrss``, the peak since start.
 """
 
 from __future__ import annotations
@@ -26,8 +23,6 @@ _STATUS = Path("/proc/self/status")
 
 
 class PeakMemory:
-    """Peak resident memory of this process between ``reset()`` and ``peak_bytes()``."""
-
     def __init__(self, device: torch.device):
         self.device = device
         self.start_rss_bytes = _status_bytes("VmRSS")
@@ -43,7 +38,7 @@ class PeakMemory:
         self.start_rss_bytes = _status_bytes("VmRSS")
 
     def peak_bytes(self) -> dict[str, int | None]:
-        """Peak RSS, its rise over the RSS at ``reset()``, and peak CUDA memory (None off CUDA)."""
+        """Peak RSS, its rise since ``reset()``, and peak CUDA memory (None off CUDA)."""
         peak = _status_bytes("VmHWM")
         if peak is None:  # not Linux: the peak since the process started
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -60,7 +55,7 @@ class PeakMemory:
 
 
 def _status_bytes(field: str) -> int | None:
-    """A memory field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``) in bytes; None off Linux."""
+    """A ``/proc/self/status`` field (``VmRSS``, ``VmHWM``) in bytes; None off Linux."""
     try:
         for line in _STATUS.read_text().splitlines():
             if line.startswith(field + ":"):
@@ -71,16 +66,13 @@ def _status_bytes(field: str) -> int | None:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every parameter of ``model`` (tied weights counted once)."""
+    """Bytes of every parameter (tied weights once)."""
     return weights_bytes(model)
 
 
 def memory_object(runner, config: EngineConfig, requests, peaks: dict[str, dict]) -> dict:
-    """The bench JSON's ``memory``: ``engine.model.memory_account``'s byte counts for
-    ``runner``, ``variants`` (other precisions held: none in the bench), ``kv_pool_bytes`` (the
-    paged KV pool ``config``'s budget sizes for ``requests``; without a budget, every slot's
-    longest sequence, as the slots cache holds) and ``peak_rss_bytes``, the highest of the
-    engines' ``peaks`` (``PeakMemory.peak_bytes``)."""
+    """The bench JSON's ``memory``: ``memory_account``'s bytes, ``kv_pool_bytes`` (the pool
+    ``config`` sizes for ``requests``) and ``peak_rss_bytes`` (the highest of ``peaks``)."""
     per_token = runner.kv_bytes_per_token()
     config = dataclasses.replace(config, kv_mode="paged")
     blocks = kv_pool_blocks(config, requests, per_token)
@@ -93,10 +85,8 @@ def memory_object(runner, config: EngineConfig, requests, peaks: dict[str, dict]
 
 
 def weight_read_ms(model: torch.nn.Module, synchronize, repeat: int = 5) -> float:
-    """Best-of-``repeat`` milliseconds to read every parameter once (a ``sum`` of each tensor).
-
-    ``synchronize()`` waits for queued device work (``ModelRunner.synchronize``).
-    """
+    """Best-of-``repeat`` ms to read every parameter once (a ``sum`` each); ``synchronize``:
+    waits for queued device work."""
     params = list(model.parameters())
     best_s = float("inf")
     with torch.inference_mode():

@@ -1,13 +1,8 @@
 """Where a continuous decode step's time goes, by torch op: matmuls, attention and the rest.
 
-A decode step reads every weight once, so its floor is the bench's weight read (``x read``); what
-it costs above that floor is either the matmul kernels running below the memory's speed at a few
-rows, or the other ops of each layer (norms, rotary, the KV cache writes, casts, views), each a
-few microseconds of dispatch. ``decode_op_profile`` sums each op's self time (its own, not its
-children's) per step under ``torch.profiler`` into three groups (``op_group``: ``MATMUL_OPS``,
-attention, and every other op), so a bench run says which of the two it is. The profiler adds a
-few microseconds to each op, so the groups add up to more than the unprofiled step: read them as
-shares.
+Self time per op under ``torch.profiler``, in three groups (``op_group``), says whether a step
+over its weight-read floor is slow matmuls or per-op dispatch; the profiler adds a few µs per op,
+so read the groups as shares.
 """
 
 from __future__ import annotations
@@ -35,7 +30,6 @@ TOP_OTHER = 6  # the costliest other ops listed
 
 
 def op_group(name: str) -> str:
-    """``"matmul"``, ``"attention"`` or ``"other"`` for a profiler op name."""
     if name.startswith(MATMUL_OPS):
         return "matmul"
     if name.startswith(ATTENTION_OPS) or ATTENTION_MARK in name or "flash_attention" in name:
@@ -44,13 +38,11 @@ def op_group(name: str) -> str:
 
 
 def decode_op_profile(runner, num_slots: int, num_steps: int = 24, prompt_len: int = 100) -> dict:
-    """Self time per op group, per decode step of ``num_slots`` sequences at about
-    ``num_slots * prompt_len`` cached tokens: the profiler starts after the prefill step and
-    stops with the run (one unprofiled run first, so oneDNN's primitives and the allocator's
-    blocks exist).
+    """Self ms per op group per decode step of ``num_slots`` sequences at about ``num_slots *
+    prompt_len`` cached tokens (after one unprofiled warm-up run).
 
     Returns ``{"num_steps", "step_ms", "matmul_ms", "attention_ms", "other_ms", "other_ops",
-    "top_other": [[op, ms per step], ...]}``; every ms is per decode step.
+    "top_other": [[op, ms per step], ...]}``.
     """
     vocab = runner.loaded.model.config.vocab_size
     prompt = tuple((1000 + i % 500) % vocab for i in range(prompt_len))
@@ -87,7 +79,6 @@ def decode_op_profile(runner, num_slots: int, num_steps: int = 24, prompt_len: i
 
 
 def profile_line(result: dict) -> str:
-    """One line for the bench's stdout."""
     total = result["matmul_ms"] + result["attention_ms"] + result["other_ms"]
     share = {g: 100 * result[f"{g}_ms"] / total for g in ("matmul", "attention", "other")}
     top = ", ".join(f"{name} {ms:.2f}" for name, ms in result["top_other"][:3])

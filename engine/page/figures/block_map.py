@@ -1,18 +1,11 @@
-"""The KV block map: which requests hold each block of the paged KV cache at one step.
-
-Built from the block tables the paged KV cache recorded at each step (``engine.trace``); with
-prefix caching, shared blocks carry their reference count and free blocks that keep a cached
-prefix are marked::
+"""The KV block map: which requests hold each block of the paged KV cache at one step::
 
     blocks 0..15 at step 40 (block size 16):
     R0×3 R0×3 R2 -- R0 R2 R5 R5 cc -- R5 -- -- -- -- --     (-- free, cc free but cached)
 
-With a sliding window on every layer (``info["kv_window"]``), free blocks that fell out of a
-sequence's window and that no one took since are drawn apart: "freed: out of window".
-
-A server's or transformers' own record may reserve its first block ids, never held (vLLM's null
-block 0, transformers' two trash blocks): ``info["kv_reserved_blocks"]`` counts them (an older
-transformers record names them ``kv_trash_blocks``), and they are drawn apart, never as free.
+Shared blocks carry their reference count. With a sliding window on every layer, free blocks
+that fell out of a window are drawn apart; so are the block ids a record reserves
+(``info["kv_reserved_blocks"]``, older transformers records: ``kv_trash_blocks``).
 """
 
 from __future__ import annotations
@@ -40,10 +33,8 @@ BLOCK_MAP_COLUMNS = 16  # narrow enough for each block's "R12" label on a phone 
 
 
 def block_map_figure(trace: Trace, step_index: int) -> go.Figure:
-    """Which requests hold each KV block during one step, in rows of ``BLOCK_MAP_COLUMNS``, each
-    request in its colour of every other chart; a shared block is labelled with its first holder
-    and reference count (``R0 ×3``), its hover naming every holder. Other KV modes than the paged
-    one get an empty figure that says why."""
+    """Which requests hold each KV block at one step, in rows of ``BLOCK_MAP_COLUMNS`` (a shared
+    block: ``R0 ×3``); other KV modes get a figure saying why."""
     total = trace.info.get("kv_blocks")
     if not total or not trace.steps:
         return message_figure("KV block map", "The block map needs the paged KV mode.")
@@ -118,9 +109,8 @@ def _block_map_subtitle(step: StepRecord, total: int, info: dict) -> str:
 
 
 def _block_cells(step: StepRecord, total: int, info: dict) -> list[tuple[int, str, str]]:
-    """Per block: (colour code, label, hover text). Code 0 is free, 1 + palette index a held
-    block (by its first holder's colour), then a free block that keeps its prefix, a reserved
-    one, and last a free block that fell out of a window."""
+    """Per block: (colour code, label, hover); codes: free, held (1 + palette index), cached,
+    reserved, out of window."""
     block_size = info["block_size"]
     holders = step.block_holders()
     index_in_table = {

@@ -1,15 +1,7 @@
 """What 100 % KV use is for each engine: the pool its share is of, in blocks and MiB where known.
 
-Each engine sizes its own KV pool: ours the blocks this run's longest sequence needs in every
-slot (or what the KV budget allows), a local vLLM what ``--kv-cache-memory-bytes`` gives it, a
-remote server whatever its host gave it. So "43 %" of ours and "4 %" of vLLM's are shares of
-different wholes, and a chart that sets them side by side says what each whole is::
-
-    continuous (ours)   100 % = every block of its paged KV pool: 28 blocks of 16 tokens, 0.4 MiB
-    vllm                100 % = every block of vLLM's KV block pool: 1,310 blocks of 16 tokens,
-                                80.0 MiB
-    llamacpp            100 % = every slot's context in llama.cpp's KV cache, from /slots:
-                                3 slots × 512 tokens (llama.cpp /props)
+Each engine sizes its own pool, so "43 %" of ours and "4 %" of vLLM's are shares of different
+wholes; a chart that sets them side by side says what each whole is.
 """
 
 from __future__ import annotations
@@ -22,8 +14,7 @@ UNKNOWN_WHOLE = "its whole KV cache, as its /metrics counts it"
 
 
 def kv_pool_size(trace: Trace) -> str | None:
-    """The pool's size as far as known, e.g. "28 blocks of 16 tokens, 0.4 MiB", or for
-    llama.cpp "3 slots × 512 tokens (llama.cpp /props)"; None if unknown."""
+    """E.g. "28 blocks of 16 tokens, 0.4 MiB", "3 slots × 512 tokens (llama.cpp /props)", None."""
     blocks, block_size, kv_bytes = _pool(trace)
     if not (blocks or kv_bytes):
         return _slots_size(trace)
@@ -38,8 +29,7 @@ def kv_pool_size(trace: Trace) -> str | None:
 
 
 def kv_pool_whole(trace: Trace) -> str:
-    """What 100 % KV use is for ``trace``'s engine, e.g. "100 % = every block of its paged KV
-    pool: 28 blocks of 16 tokens, 0.4 MiB" (the size where known)."""
+    """E.g. "100 % = every block of its paged KV pool: 28 blocks of 16 tokens, 0.4 MiB"."""
     server = trace.info.get("server")
     if server is None:
         whole = OUR_WHOLE
@@ -50,10 +40,7 @@ def kv_pool_whole(trace: Trace) -> str:
 
 
 def _pool(trace: Trace) -> tuple[int | None, int | None, int | None]:
-    """(blocks, tokens per block, bytes) of ``trace``'s KV pool, each None where unknown: ours
-    from its ``info`` (``kv_blocks``, ``block_size``, ``kv_bytes``), a server's from
-    ``info["server"]``: ``kv_pool`` (what its ``/metrics`` said, ``engine.peers.server_metrics``)
-    and, for a vLLM this page started, ``settings["kv_cache_bytes"]``."""
+    """(blocks, tokens per block, bytes) of the pool, each None where unknown."""
     server = trace.info.get("server")
     if server is None:
         blocks = trace.info.get("kv_blocks")
@@ -64,8 +51,7 @@ def _pool(trace: Trace) -> tuple[int | None, int | None, int | None]:
 
 
 def _slots_size(trace: Trace) -> str | None:
-    """llama.cpp's pool as slots × each slot's context, from ``/props`` (a server this page
-    started) or else ``/slots`` (any llama-server, once sampled); None when neither said."""
+    """llama.cpp's pool as slots × context, from ``/props`` or ``/slots`` (None: neither said)."""
     server = trace.info.get("server") or {}
     props = (server.get("settings") or {}).get("props") or {}
     pool = server.get("kv_pool") or {}

@@ -1,11 +1,7 @@
 """Attention-mask heatmaps: the packed step's block-diagonal mask and the static wave's padded one.
 
-Built from an ``engine.trace.Trace`` alone, through the same mask functions the engines use
-(``engine.serving.masks``), so what the page draws is what the engine computed. A heatmap never
-hands the browser more than ``MAX_HEATMAP_CELLS`` cells: bigger masks are max-pooled into tiles, and
-the subtitle says so. Where two requests in one mask share a colour (ids seven apart), both are
-named. Keys a sequence took from the prefix cache are drawn paler (``prefix_cached_keys``). Drawn
-for a sliding-window layer, the keys its window hides from a query are light grey: the band.
+Drawn through the engines' own mask functions (``engine.serving.masks``), so the page shows what
+the engine computed. Over ``MAX_HEATMAP_CELLS`` cells a mask is max-pooled into tiles.
 """
 
 from __future__ import annotations
@@ -42,7 +38,6 @@ SMALL_GRID_CELLS = 80  # heatmaps up to this many cells a side get a 1-px gap be
 
 
 def _tile_factors(num_rows: int, num_cols: int) -> tuple[int, int]:
-    """Rows and columns per tile so a heatmap fits MAX_HEATMAP_CELLS; (1, 1) if it does already."""
     if num_rows * num_cols <= MAX_HEATMAP_CELLS:
         return 1, 1
     return math.ceil(num_rows / MAX_QUERY_CELLS), math.ceil(num_cols / MAX_KEY_CELLS)
@@ -61,17 +56,13 @@ def _max_pool(codes: torch.Tensor, fq: int, fk: int) -> torch.Tensor:
 
 
 def _tile_labels(n: int, factor: int) -> list[str]:
-    """Axis labels of pooled tiles: "0–7", "8–15", ..."""
     return [f"{i}–{min(i + factor, n) - 1}" for i in range(0, n, factor)]
 
 
 def _heatmap(
     codes: torch.Tensor, x: list, y: list, colors: list[str], hover: str, under: int = -1
 ) -> tuple[go.Figure, int, int]:
-    """A figure of integer codes (-1 = blank) drawn with one colour per code, and its tile size
-    ``(fq, fk)``: a grid over ``MAX_HEATMAP_CELLS`` is max-pooled into tiles first, each labelled
-    with its rows' and columns' ranges instead of ``y`` and ``x`` (``(1, 1)``: not pooled). The
-    code ``under`` fills only a tile that holds no other code (-1: none such)."""
+    """A figure of integer codes (-1 = blank), a colour per code, and its tile size ``(fq, fk)``."""
     fq, fk = _tile_factors(*codes.shape)
     if (fq, fk) != (1, 1):
         y, x = _tile_labels(codes.shape[0], fq), _tile_labels(codes.shape[1], fk)
@@ -95,18 +86,12 @@ def _heatmap(
 
 
 def _tiles_note(fq: int, fk: int) -> str:
-    """The subtitle's line on a pooled heatmap ("" when not pooled)."""
     return f"<br>aggregated: each cell is a {fq}×{fk} tile of tokens" if fq * fk > 1 else ""
 
 
 def mask_heatmap(trace: Trace, step_index: int, window: int | None = None) -> go.Figure:
-    """The block-diagonal causal mask of one packed (continuous) step, coloured by request;
-    with a ``window``, a sliding-window layer's, the keys its window hides in light grey.
-
-    Rows are query tokens in packed order, columns keys laid out ``[all cached | all new]`` as in
-    ``engine.serving.masks``; a cell is coloured by the sequence that owns it where attention is
-    allowed, paler where the key came from the prefix cache (``prefix_cached_keys``).
-    """
+    """The causal mask of one packed step coloured by request (rows: queries in packed order;
+    columns: keys ``[all cached | all new]``); with a ``window``, the hidden keys light grey."""
     step = trace.steps[step_index]
     layout = packed_layout(
         [s.num_cached_tokens for s in step.seqs], [s.num_new_tokens for s in step.seqs]
@@ -153,9 +138,9 @@ def mask_heatmap(trace: Trace, step_index: int, window: int | None = None) -> go
 def _packed_codes(
     step: StepRecord, layout: PackedLayout, window: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-cell codes of a packed step (S = its sequences): the query's sequence index where it
-    attends, + S where the key came from the prefix cache, 2S where a causal key of its own
-    sequence is outside the ``window``, -1 elsewhere; and which keys came from the prefix cache.
+    """Per-cell codes of a packed step (S sequences): the query's sequence index where it
+    attends, + S where the key came from the prefix cache, 2S where a causal key is outside the
+    ``window``, -1 elsewhere; and which keys came from the prefix cache.
 
     Shapes:
         returns: codes [T, T_kv], from_cache [T_kv] bool
@@ -170,14 +155,12 @@ def _packed_codes(
 
 
 def layer_types(trace: Trace) -> dict[str, int | None]:
-    """The packed mask's layer types for the run's model, by label, with their windows: "global"
-    (None), then "sliding (window W)" for each window it records (none on older runs)."""
+    """The layer types by label with their windows: "global" (None), then "sliding (window W)"."""
     windows = trace.info.get("sliding_windows") or []
     return {GLOBAL_LAYERS: None} | {f"sliding (window {w})": w for w in windows}
 
 
 def _layers_note(window: int | None, num_outside: int) -> str:
-    """The subtitle's line on the layer type drawn: global, or sliding with its window."""
     if window is None:
         return "global layers: each query sees every earlier key of its request"
     return (
@@ -196,8 +179,7 @@ def _token_labels(names: list[str], seq, pos, from_cache=None) -> list[str]:
 
 
 def prefix_cached_keys(step: StepRecord, layout: PackedLayout) -> torch.Tensor:
-    """Which key columns of a packed step hold keys taken from the prefix cache: per sequence,
-    its first ``num_prefix_cached_tokens`` positions (always among its cached keys).
+    """Key columns from the prefix cache: each sequence's first ``num_prefix_cached_tokens``.
 
     Shapes:
         returns: [T_kv] bool
@@ -210,14 +192,13 @@ def prefix_cached_keys(step: StepRecord, layout: PackedLayout) -> torch.Tensor:
 
 
 def paler(hex_color: str, share: float = 0.55) -> str:
-    """``hex_color`` mixed with ``share`` white: the same hue, lighter ("#0072B2" -> "#8cc0dc")."""
+    """``hex_color`` mixed with ``share`` white ("#0072B2" -> "#8cc0dc")."""
     rgb = [int(hex_color[i : i + 2], 16) for i in (1, 3, 5)]
     return "#" + "".join(f"{round(c + (255 - c) * share):02x}" for c in rgb)
 
 
 def _mark_repeated_colours(fig: go.Figure, bands: list[tuple[int, int]]) -> None:
-    """Where two requests in one heatmap share a colour (ids a palette apart), name each of them
-    at the top of its band of query rows (``bands``: request id, first row)."""
+    """Name each request whose colour another in the heatmap shares (``bands``: id, first row)."""
     colours = [request_color(rid) for rid, _ in bands]
     for (rid, row), colour in zip(bands, colours, strict=True):
         if colours.count(colour) > 1:
@@ -237,7 +218,6 @@ def _mark_repeated_colours(fig: go.Figure, bands: list[tuple[int, int]]) -> None
 
 
 def _mask_axes(fig: go.Figure, x_title: str) -> go.Figure:
-    """Category axes, queries read top-down."""
     fig.update_xaxes(type="category", title_text=x_title, showgrid=False)
     fig.update_yaxes(type="category", title_text="queries", showgrid=False, autorange="reversed")
     fig.update_layout(height=460)
@@ -272,12 +252,7 @@ def _static_codes(step: StepRecord, pads: list[int], num_q: int, num_k: int) -> 
 
 
 def static_mask_heatmap(trace: Trace, step_index: int) -> go.Figure:
-    """The padded mask of one static step (as ``model.generate`` applies it to a left-padded
-    wave; the packed waves attend the same keys), rows stacked top-down.
-
-    Each row of the wave is a block of its queries against all key columns (left padding first);
-    pad cells and the attention of rows whose request already finished get neutral colours.
-    """
+    """The padded mask of one static step as ``model.generate`` applies it, rows top-down."""
     step = trace.steps[step_index]
     first = _wave_start(trace, step_index)
     prefill = trace.steps[first].seqs

@@ -1,17 +1,13 @@
 """Server figures: each server's requests as lanes, and what its ``/metrics`` said over the run.
 
-A server hides its slots, so its timeline has one lane per request, built from the client's
-records alone (``RequestRecord``: sent = ``admit_s``, first token, last token)::
+A server hides its slots, so its timeline has one lane per request, from the client's records::
 
     R0 |░░░▓▓▓▓▓▓▓▓▓▓▓|           ░ sent, waiting for the first token
     R1 |  ░░░░░▓▓▓▓▓▓▓▓▓▓▓▓|      ▓ decoding: first token to last
     R2 |        ░░░░░░░░░▓▓▓▓|
 
-The server chart draws the gauges sampled from ``/metrics`` (``engine.peers.server_metrics``)
-beside our continuous engine's own, so a server's batching reads against ours. Both are the view
-from outside (``OUTSIDE``); a server's own record of its steps is drawn by
-``engine.page.views.inside_view``. Each KV use % is of that engine's own pool
-(``engine.page.figures.kv_pools``).
+Both are the view from outside (``OUTSIDE``); its own record is
+``engine.page.views.inside_view``'s.
 """
 
 from __future__ import annotations
@@ -46,9 +42,7 @@ NO_SERVER = f"No server ran in this run: tick one under “{SERVERS_BOX}” and 
 
 
 def server_timeline_figure(servers: dict[str, Trace], x_max: float | None = None) -> go.Figure:
-    """One panel per server, one lane per request: waiting for its first token (pale), then
-    decoding until its last (solid). ``x_max`` (seconds) shares the other timelines' scale, and
-    the subtitle says so and when the last server's run ends."""
+    """One panel per server, a lane per request; ``x_max`` (s): the other timelines' scale."""
     if not servers:
         return message_figure("Servers: one lane per request", NO_SERVER)
     names = list(servers)
@@ -91,7 +85,6 @@ def _requests_line(trace: Trace) -> str:
 
 
 def _lane_bars(trace: Trace, show_legend: bool) -> list[go.Bar]:
-    """The waiting bars and the decoding bars of every sent request."""
     waiting, decoding = [], []
     for r in trace.requests:
         if r.admit_s is None:
@@ -137,8 +130,7 @@ def _lane_hover(trace: Trace, r) -> str:
 
 
 def server_chart_figure(servers: dict[str, Trace], ours: Trace | None = None) -> go.Figure:
-    """Running and waiting requests (top) and KV cache use in % (bottom) over time, for every
-    server that exposes them, beside ``ours`` (our continuous engine, per step)."""
+    """Running and waiting requests and KV use over time per server, beside ``ours`` per step."""
     title = "Servers' /metrics: requests and KV use"  # whole on a phone (its 324-px chart)
     sampled = {n: t for n, t in servers.items() if t.server_samples}
     notes = [f"{n}: {_metrics_note(t)}" for n, t in servers.items() if n not in sampled]
@@ -193,8 +185,7 @@ def _add_gauges(fig: go.Figure, name: str, trace: Trace, style: tuple[str, str])
 
 
 def _add_ours(fig: go.Figure, trace: Trace) -> None:
-    """Our continuous engine per step: sequences running, requests arrived and waiting, and for
-    the paged cache its share of blocks in use."""
+    """Our continuous engine per step: running, waiting, and paged blocks in use."""
     running, waiting, kv = [], [], []
     total = trace.info.get("kv_blocks")
     for step in trace.steps:
@@ -220,7 +211,7 @@ def _add_ours(fig: go.Figure, trace: Trace) -> None:
 def _line(
     points: list[tuple[float, float]], name: str, color: str, dash: str, whole: str | None = None
 ) -> go.Scatter:
-    """A gauge over time; ``whole``: what 100 % is (a KV use line), said on hover."""
+    """A gauge over time; ``whole``: what 100 % is, said on hover."""
     whole = f"<br>{html.escape(whole, quote=False)}" if whole else ""
     return go.Scatter(
         x=[t for t, _ in points],

@@ -1,6 +1,5 @@
 """Serving figures: latency CDFs, per-step token budget and KV block use, and the queue-wait and
-preemption marks laid over a timeline.
-"""
+preemption marks laid over a timeline."""
 
 from __future__ import annotations
 
@@ -35,11 +34,7 @@ PREFILL_OUTLINE_PX = 2
 
 
 def latency_cdf_figure(traces: list[Trace]) -> go.Figure:
-    """TTFT, TPOT and end-to-end latency CDFs, one panel each, one line per engine.
-
-    A point (x, y) reads "a share y of the requests took at most x seconds". Requests without a
-    value (TPOT needs two tokens) are left out of that panel.
-    """
+    """TTFT, TPOT and end-to-end latency CDFs, one panel each, one line per engine."""
     titles = [title for _, title in CDF_METRICS]
     fig = make_subplots(rows=1, cols=3, shared_yaxes=True, subplot_titles=titles)
     styles = engine_styles([t.engine for t in traces])
@@ -59,7 +54,6 @@ def latency_cdf_figure(traces: list[Trace]) -> go.Figure:
 
 
 def _cdf_line(trace: Trace, metric: str, show_legend: bool, style: tuple) -> go.Scatter:
-    """An empirical CDF as a step line through each request's value."""
     points = sorted((v, r.request_id) for r in trace.requests if (v := getattr(r, metric)))
     n = len(points)
     color, dash = style
@@ -85,12 +79,7 @@ OFF_SCALE = 4  # a token budget over this many times the busiest step's tokens i
 
 
 def step_usage_figure(trace: Trace) -> go.Figure:
-    """Per step: tokens scheduled against the token budget (named, not drawn, when it is over
-    ``OFF_SCALE`` times the busiest step's); KV blocks (or tokens) in use.
-
-    The top panel stacks prefill and decode tokens; the bottom one shows the paged cache's
-    blocks in use against its total, or for the other KV modes the cached tokens.
-    """
+    """Per step: prefill and decode tokens against the budget; KV blocks (or tokens) in use."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12)
     steps = list(range(len(trace.steps)))
     for kind, color in ((PREFILL, PALETTE[4]), ("decode", PALETTE[1])):
@@ -122,16 +111,13 @@ def step_usage_figure(trace: Trace) -> go.Figure:
 
 
 def _num_tokens(step: StepRecord, kind: str) -> int | None:
-    """A step's new tokens of ``kind``; None (no bar, so no outline along the axis) for a step
-    with no prefill."""
+    """A step's new tokens of ``kind``; None (no bar, no outline) for a step with no prefill."""
     num_tokens = sum(s.num_new_tokens for s in step.seqs if s.kind == kind)
     return None if kind == PREFILL and not num_tokens else num_tokens
 
 
 def _add_kv_use(fig: go.Figure, trace: Trace, steps: list[int]) -> None:
-    """The paged pool's blocks in use against all it can hold (its 100 %: the servers chart's
-    KV %; a record's reserved blocks, never held, left out), or for the other KV modes the
-    cached tokens."""
+    """The paged pool's blocks in use against its 100 % (reserved left out), or cached tokens."""
     total = trace.info.get("kv_blocks")
     if total:
         total -= block_map.num_reserved_blocks(trace.info)
@@ -197,13 +183,7 @@ def _line_label(y: float, text: str) -> dict:
 
 
 def add_serving_marks(fig: go.Figure, trace: Trace, x_axis: str = "time") -> go.Figure:
-    """Mark queue waits (``queue_waits``) and preemptions on a ``timelines.timeline_figure``.
-
-    The waits go on a ``queue`` row above the lanes, only when someone waited, set apart as no
-    lane (a dotted line, bars half a lane's height): a wait is not drawn on the lane its request
-    later takes, which is busy with another request meanwhile. Preemptions are crosses on the
-    lane the preempted request left.
-    """
+    """Queue waits (on a ``queue`` row above the lanes) and preemptions (crosses) on a timeline."""
     _add_preemptions(fig, trace, x_axis)
     waits = [w for w in queue_waits(trace) if w[2] - w[1] > MIN_QUEUE_S]
     if not waits:
@@ -233,11 +213,7 @@ def add_serving_marks(fig: go.Figure, trace: Trace, x_axis: str = "time") -> go.
 
 
 def queue_waits(trace: Trace) -> list[tuple[int, float, float, bool]]:
-    """Every wait for a slot: (request id, start s, end s, after a preemption?).
-
-    The first wait runs from arrival to admission; a preempted request waits again from the step
-    it was preempted at to the next step it runs in (or the run's end, if it never ran again).
-    """
+    """Every wait for a slot: (request id, start s, end s, after a preemption?)."""
     waits = [
         (r.request_id, r.arrival_s, r.admit_s, False)
         for r in trace.requests
@@ -279,7 +255,6 @@ def _add_preemptions(fig: go.Figure, trace: Trace, x_axis: str) -> None:
 
 
 def _x(trace: Trace, time_s: float, x_axis: str) -> float:
-    """A time on the timeline's x axis: seconds, or the number of steps finished by then."""
     if x_axis == "time":
         return time_s
     return float(bisect.bisect_right([s.end_s for s in trace.steps], time_s))

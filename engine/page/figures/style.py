@@ -1,9 +1,7 @@
 """The page's shared figure look: colours, titles, legends and the PNG button, for every chart.
 
-Colours come from the Okabe–Ito palette (safe for the common kinds of colour blindness), one per
-request, so a request keeps its colour in every chart (``request_color``, ``request_pattern``).
-Backgrounds are transparent and text and grid lines a neutral grey, so the figures read in light
-and dark themes; titles are left-aligned with details in their subtitles, so they fit a phone.
+Okabe–Ito colours (safe for common colour blindness), one per request in every chart;
+transparent backgrounds and grey text for light and dark themes; titles left-aligned for phones.
 """
 
 from __future__ import annotations
@@ -42,71 +40,51 @@ SERVER_STYLES = (
 
 
 def engine_styles(names: list[str]) -> dict[str, tuple[str, str]]:
-    """(colour, dash) per engine: the built-in engines' own, servers ``SERVER_STYLES`` in order."""
     servers = [n for n in names if n not in ENGINE_STYLE]
     styles = {n: SERVER_STYLES[i % len(SERVER_STYLES)] for i, n in enumerate(servers)}
     return {n: ENGINE_STYLE.get(n) or styles[n] for n in names}
 
 
 class PageFigure(go.Figure):
-    """A plotly Figure that carries its Plotly config into the page.
-
-    Gradio's Plot sends ``fig.to_json()`` to the browser and hands a ``config`` key found there to
-    ``Plotly.react``; this adds one, so the modebar's camera button saves a PNG (drawn in the
-    browser, offline) under a name taken from the chart's title.
-    """
+    """A plotly Figure whose JSON carries ``config`` for Gradio's Plot (the PNG button's name)."""
 
     def plotly_config(self) -> dict:
-        """Plotly config: the PNG button's file name and scale, no Plotly logo (also read by
-        ``engine.workloads.export.charts_html``)."""
+        """The PNG button's file name and scale, no logo (also ``export.charts_html``'s)."""
         image = {"format": "png", "filename": chart_filename(self.layout.title.text), "scale": 2}
         return {"displaylogo": False, "toImageButtonOptions": image}
 
     def to_json(self, *args, **kwargs) -> str:
-        """The figure's JSON (``data``, ``layout``) plus ``config``."""
         text = super().to_json(*args, **kwargs)
         assert text.endswith("}"), "plotly JSON is one object"
         return f"{text[:-1]}, {json.dumps('config')}: {json.dumps(self.plotly_config())}}}"
 
 
 def chart_filename(title: str | None) -> str:
-    """A file name (no extension) from a chart title: "Static batching — 3 slots" ->
-    "static-batching-3-slots"; at most 60 characters, "chart" when the title is empty."""
+    """A file name from a title: "Static batching — 3 slots" -> "static-batching-3-slots"."""
     words = re.findall(r"[a-z0-9]+", re.sub(r"<[^>]*>", " ", (title or "").lower()))
     return "-".join(words)[:60].strip("-") or "chart"
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:
-    """``n`` and its noun in agreement: "1 pad token", "2 pad tokens", "1 query", "3 queries"
-    (``plural`` where adding "s" is wrong)."""
     return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
 
 
 def request_ids(ids: list[int]) -> str:
-    """Requests by name: "R0, R3"."""
     return ", ".join(f"R{i}" for i in ids)
 
 
 def request_color(request_id: int) -> str:
-    """The colour of one request, the same in every chart."""
     return PALETTE[request_id % len(PALETTE)]
 
 
 def request_pattern(request_id: int) -> dict:
-    """The bar pattern that marks a request whose colour an earlier request already has: none for
-    R0–R6, dots for R7–R13, crosses for R14–R20, ... ("/" stays the idle rows' hatching), drawn
-    in white over the request's colour."""
+    """Pattern of a request whose colour an earlier one has: dots for R7–R13, crosses next, ..."""
     shape = REPEAT_PATTERNS[(request_id // len(PALETTE)) % len(REPEAT_PATTERNS)]
     return {"shape": shape, "fgcolor": "#ffffff", "size": 6, "solidity": 0.35} if shape else {}
 
 
 def style_figure(fig: go.Figure, title: str, subtitle: str | None = None) -> go.Figure:
-    """Apply the shared theme-neutral look: transparent background, grey text and grid, the title
-    left-aligned (it reads on a phone; the toolbar shows on the right, on hover only).
-
-    The title hangs ``TITLE_TOP_PX`` below the figure's top edge, its subtitle under it, so
-    figures side by side have their titles on one line whatever their subtitles' lengths
-    (Plotly's default centres the title in the top margin, which grows with the subtitle)."""
+    """Apply the shared look; titles sit ``TITLE_TOP_PX`` below the top, aligned side by side."""
     lines = 1 + (subtitle or "").count("<br>") + bool(subtitle)
     fig.update_layout(
         template="plotly_white",
@@ -134,8 +112,7 @@ def style_figure(fig: go.Figure, title: str, subtitle: str | None = None) -> go.
 
 
 def bottom_legend(fig: go.Figure, margin_bottom_px: int = 100) -> go.Figure:
-    """The legend in a row at the figure's bottom edge, below the x axis's ticks and title (it
-    may wrap on a narrow screen: the margin leaves it room)."""
+    """The legend in a row at the bottom edge, below the x axis (room left for it to wrap)."""
     return fig.update_layout(
         legend={
             "orientation": "h",
@@ -150,16 +127,13 @@ def bottom_legend(fig: go.Figure, margin_bottom_px: int = 100) -> go.Figure:
 
 
 def discrete_colors(colors: list[str]) -> dict:
-    """A heatmap's colour settings in which integer value i gets ``colors[i]`` (a stepped
-    colorscale over -0.5 to n - 0.5), with no colour bar."""
     n = len(colors)
     scale = [pair for i, c in enumerate(colors) for pair in ([i / n, c], [(i + 1) / n, c])]
     return {"colorscale": scale, "zmin": -0.5, "zmax": n - 0.5, "showscale": False}
 
 
 def message_figure(title: str, text: str, height_px: int = 200) -> go.Figure:
-    """An empty chart that says why it is empty, its text in lines a phone shows whole (the
-    chart grows to hold them)."""
+    """An empty chart that says why, in lines a phone shows whole."""
     fig = PageFigure()
     lines = textwrap.wrap(text, MESSAGE_LINE_CHARS, break_on_hyphens=False)
     fig.add_annotation(

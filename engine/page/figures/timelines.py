@@ -29,16 +29,14 @@ BARRIER_LABEL = {"annotation_font_color": "#000000", "annotation_bgcolor": "rgba
 
 
 def x_extent(trace: Trace, x_axis: str = "time") -> float:
-    """Right end of a trace on the timeline's x axis: last step's end (s) or number of steps."""
+    """Right end of a trace on the x axis: last step's end (s) or number of steps."""
     if not trace.steps:
         return 0.0
     return trace.steps[-1].end_s if x_axis == "time" else float(len(trace.steps))
 
 
 def _shared_axis_line(end: float, x_max: float | None, x_axis: str) -> str:
-    """A timeline's subtitle line when its x axis runs to the longest run's end (``x_max``): it
-    says so, and where this run ends (``end``): "... · this run ends at 12.00 s", or "takes 300
-    steps", so a shorter run's empty right part reads as the comparison it is; "" otherwise."""
+    """E.g. "... · this run ends at 12.00 s" on a shared x axis; "" otherwise."""
     if x_max is None:
         return ""
     own = f"ends at {end:.2f} s" if x_axis == "time" else f"takes {counted(round(end), 'step')}"
@@ -46,7 +44,6 @@ def _shared_axis_line(end: float, x_max: float | None, x_axis: str) -> str:
 
 
 def _span(trace: Trace, run: SlotRun, x_axis: str) -> tuple[float, float]:
-    """(start, end) of a run on the x axis."""
     if x_axis == "time":
         return trace.steps[run.first].start_s, trace.steps[run.last].end_s
     return float(run.first), float(run.last + 1)
@@ -72,7 +69,6 @@ def _request_hover(trace: Trace, run: SlotRun) -> str:
 
 
 def _bar(runs: list[SlotRun], trace: Trace, x_axis: str, **style) -> go.Bar:
-    """One horizontal bar trace holding the given runs."""
     spans = [_span(trace, run, x_axis) for run in runs]
     return go.Bar(
         orientation="h",
@@ -88,12 +84,8 @@ def _bar(runs: list[SlotRun], trace: Trace, x_axis: str, **style) -> go.Bar:
 def timeline_figure(
     trace: Trace, x_axis: str = "time", x_max: float | None = None, cursor: int | None = None
 ) -> go.Figure:
-    """Slot lanes with one bar per request; static idle rows hatched grey, wave barriers dashed.
-
-    ``x_axis`` is ``"time"`` (seconds since start) or ``"step"`` (step index). ``x_max`` fixes the
-    x range so two engines share a scale, and the subtitle says so (``_shared_axis_line``);
-    ``cursor`` (a step index) draws a vertical line there.
-    """
+    """Slot lanes, a bar per request; idle rows hatched, wave barriers dashed. ``x_axis``: "time"
+    (s) or "step"; ``x_max`` fixes the range; ``cursor``: a step's line."""
     runs = trace.slot_runs()
     fig = PageFigure()
     for rid in sorted({r.request_id for r in runs if not r.idle}):
@@ -146,9 +138,7 @@ def timeline_figure(
 
 
 def _add_barriers(fig: go.Figure, trace: Trace, x_axis: str, x_span: float) -> None:
-    """A dashed vertical line where a static wave ends and the next waits for it (the batch
-    barrier); the run's end is no barrier. Its label sits at the plot's top, left of the line
-    (right of it near the axis), where it touches no other label (``_barrier_label_sides``)."""
+    """A dashed line where a static wave ends and the next waits for it (not at the run's end)."""
     ends = [
         step.end_s if x_axis == "time" else pos + 1
         for pos, step in enumerate(trace.steps[:-1])
@@ -161,10 +151,7 @@ def _add_barriers(fig: go.Figure, trace: Trace, x_axis: str, x_span: float) -> N
 
 
 def _barrier_label_sides(xs: list[float], x_span: float) -> list[str | None]:
-    """Where each barrier at ``xs`` (ascending, on an axis from 0 to ``x_span``) has its label:
-    ``"left"`` of its line, ``"right"`` where the left has no room (the axis, or the label
-    before), or None (a line with no label) where neither has. A label is
-    ``BARRIER_LABEL_SHARE`` of the span wide, so labels never touch, even on a phone."""
+    """Each barrier's label side (``"left"``, ``"right"`` or None), so labels never touch."""
     width, taken, sides = BARRIER_LABEL_SHARE * x_span, 0.0, []  # taken: the last label's end
     for x in xs:
         if x - width >= taken:
@@ -178,7 +165,6 @@ def _barrier_label_sides(xs: list[float], x_span: float) -> list[str | None]:
 
 
 def _cursor_x(trace: Trace, cursor: int, x_axis: str) -> float:
-    """Where the step cursor sits: that step's start, or the run's end if it had fewer steps."""
     if cursor >= len(trace.steps):
         return x_extent(trace, x_axis)
     return trace.steps[cursor].start_s if x_axis == "time" else float(cursor)

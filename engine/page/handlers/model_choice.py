@@ -1,10 +1,7 @@
 """The model picker's handler: the host's model chosen, loaded where the engines run.
 
-Where ``CBP_MODEL_ALLOWLIST`` names several models, the settings offer them
-(``settings_panel``). A pick loads that model in the engine process (``shared_model.chosen_model``:
-after the run in progress, never beside it), the status line telling each stage of the load and
-its seconds; then the model line names what Run now runs on. A model that cannot load is told
-as "Not run" with the loader's reason, and the model line keeps the one before.
+The load waits for the run in progress; a model that cannot load is told as "Not run" with the
+loader's reason, and the model line keeps the one before.
 """
 
 from __future__ import annotations
@@ -23,9 +20,8 @@ LOAD_POLL_S = 0.5  # how often the status line tells the load's stage and second
 
 
 def choose_model_event(name: str | None) -> Iterator[tuple]:
-    """The picker's handler: ``(model line, status line)`` updates, the load's stage every
-    ``LOAD_POLL_S`` while it lasts, then the chosen model's line and a status that says it is
-    ready (or why it is not: "Not run: ... because ...")."""
+    """``(model line, status line)`` updates: each load stage every ``LOAD_POLL_S``, then the
+    end."""
     chosen = (name or "").strip()
     stage = ["asking the engine process"]
     loaded: Future = Future()
@@ -47,7 +43,6 @@ def choose_model_event(name: str | None) -> Iterator[tuple]:
 
 
 def _load(name: str, stage: list[str], loaded: Future) -> None:
-    """``chosen_model(name)`` into ``loaded``, each stage's words appended to ``stage``."""
     try:
         loaded.set_result(shared_model.chosen_model(name, stage.append))
     except BaseException as exc:  # handed to the handler, which tells ValueErrors

@@ -1,14 +1,8 @@
 """What a page opened from a setup link shows before its first Run.
 
-The page opens on the recorded run of the default preset (``recording``). A link applied by
-``engine.page.inputs.page_io.from_link`` sets up another setup above it, under which the recorded
-charts would read as if they were its own. So ``link_opened`` then reads the linked setup as Run
-would: a run of that very setup measured on this host within the replay window
-(``engine.page.run.recent_runs``) is shown, labelled as a Run shown at once is, with "Run live
-anyway", at the link's step; otherwise the recorded run stays, and the status line says whose
-run it is, and that Run measures the linked setup. A page opened without a link, or with one
-that sets up the recorded run's own setup, stays as it opened, at the link's step if it gives
-one.
+The recorded charts under another setup would read as its own. So a link's setup measured here
+within the replay window is shown as a Run shown at once; otherwise the status line says whose
+the recorded run is, and that Run measures the linked setup.
 """
 
 from __future__ import annotations
@@ -38,13 +32,8 @@ LINK_KEYS = ("preset", "slots", "table", *(param.url for param in link_query.PAR
 
 def link_opened(request: gr.Request | None, preset_name: str | None, *values) -> tuple:
     """After ``page_io.from_link``: the linked setup's recent run, or the recorded run said to be
-    another setup's.
-
-    Takes the preset dropdown's value, then Run's inputs in ``run_options.RUN_INPUTS`` order (the
-    page as the link left it; ``previous`` is the run on the page). Returns the Run event's
-    outputs (``run_view.RUN_OUTPUTS``), each left as it is (``gr.skip()``) where nothing changes,
-    as all are once the session pressed Run.
-    """
+    another's. Takes the preset, then Run's inputs; returns Run outputs (``gr.skip()`` if
+    unchanged)."""
     query, step = page_io.query_params(request), page_io.link_step(request)
     settings, previous, handle = settings_from_run(*values)
     if not _untouched(previous, handle):
@@ -67,9 +56,7 @@ def link_opened(request: gr.Request | None, preset_name: str | None, *values) ->
 
 
 def _at_step(outputs: tuple, state: RunState, step: int | None, x_axis: str) -> tuple:
-    """The Run outputs ``outputs`` of ``state`` with the slider and the step views at the link's
-    ``step`` (clamped to the run); as they are when the link gives none. A run shown at once is
-    the link's first view, so its step holds there, as after a Run (``link_step_event``)."""
+    """``outputs`` at the link's ``step`` (clamped; unchanged if None)."""
     if step is None:
         return outputs
     step = min(max(step, 0), max(state.num_steps - 1, 0))
@@ -82,14 +69,12 @@ def _at_step(outputs: tuple, state: RunState, step: int | None, x_axis: str) -> 
 
 
 def _without_servers(settings: RunSettings) -> RunSettings:
-    """``settings`` without the host's servers: the recorded run has none, and a page whose
-    servers are ticked runs our engines on the same setup."""
+    """``settings`` without the host's servers (the recorded run has none)."""
     return dataclasses.replace(settings, server_names=None)
 
 
 def _differences(settings: RunSettings) -> list[str]:
-    """The engine settings of ``settings`` that differ from the recorded run's, in words ("token
-    budget 64"); empty when they cannot be read (Run would refuse them, and say why)."""
+    """The settings that differ from the recorded run's, in words ("token budget 64")."""
     try:
         linked = options_from_page(_without_servers(settings))
         own = options_from_page(recording.recorded_settings())
@@ -106,21 +91,18 @@ def _differences(settings: RunSettings) -> list[str]:
 
 
 def _setting_words(name: str, value) -> str:
-    """ "prefix caching", "no chat template", "token budget 64"."""
     if isinstance(value, bool):
         return name if value else f"no {name}"
     return f"{name} {value}"
 
 
 def _untouched(previous, handle) -> bool:
-    """The page still shows the recorded run it opened on (``previous``), and no Run of the
-    session (``handle``, its ``RunHandle``) waits or goes: what Run shows is never overwritten."""
+    """The page still shows its recorded run and no Run of the session waits or goes."""
     return getattr(previous, "recorded", None) is not None and (handle is None or handle.idle)
 
 
 def not_linked_status(previous, preset_name: str | None, settings: RunSettings) -> str:
-    """The status line over the recorded run (``previous``, a ``RunState`` whose ``recorded`` is
-    set) when a link set up another setup: whose run it is, whose it is not, and what Run does."""
+    """The status line over the recorded run when a link set up another setup."""
     recorded = previous.recorded
     linked = f"“{preset_name}”" if preset_name else "the requests above"
     slots = int(settings.num_slots or 0)
@@ -138,8 +120,7 @@ def not_linked_status(previous, preset_name: str | None, settings: RunSettings) 
 
 
 def _setup_key(model: PageModel, settings: RunSettings) -> tuple | None:
-    """``RunRequest.setup_key`` of the run that Run would start with ``settings`` on ``model``;
-    None when Run would refuse it, or would run another precision or model than ``model``'s."""
+    """``setup_key`` of Run with ``settings``; None if Run would refuse it or run another model."""
     if (settings.dtype or "auto").strip().lower() not in ("auto", model.dtype_name):
         return None
     if (settings.model or "").strip() not in ("", model.model_id):

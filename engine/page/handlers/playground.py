@@ -1,11 +1,7 @@
 """The page's handlers as plain functions, testable without a browser: Run, Stop, the step slider.
 
-``app.py`` only lays out components and wires them to these. ``run_event`` (the Run button) makes
-the run's ``RunRequest``, follows its ``Run`` (``engine.page.run.run``: a recent identical run at
-once, or a place in the queue, then the engines, the reference and the chosen servers) in one
-wait loop, and renders every output (``engine.page.views.run_view``); ``update_step`` redraws the
-step views from the stored traces. The model is ``engine.page.run.shared_model.get_model``'s;
-tests put their own ``SharedModel`` (imported from here) in its place.
+``app.py`` only lays out components and wires them to these. Tests put their own ``SharedModel``
+(imported from here) in ``shared_model``'s place.
 """
 
 from __future__ import annotations
@@ -56,26 +52,13 @@ PRESSED_STATUS = f"{PRESSED_NOTE} The results below stay as they are until it st
 
 
 def run_event(*values, **named) -> Iterator[tuple]:
-    """The Run button's handler: a generator streaming progress, then the finished results.
+    """The Run button's handler: a generator yielding progress, then ``RunResult.as_outputs()``.
 
-    Takes the Run event's inputs in ``run_options.RUN_INPUTS`` order (the /run API's positions;
-    its signature is ``run_options.RUN_SIGNATURE``) or by name. Yields the tuple app.py's
-    outputs expect: live updates every ``PROGRESS_INTERVAL_S`` at most, paced by
-    ``progress_view.LiveTimelines``, while the engines run on the engine thread or in the
-    engine process (its ``Run``, polled by one wait loop), then ``RunResult.as_outputs()``.
-    Stop (through the session's ``RunHandle``), a closed tab (``session_end_event``) or Gradio
-    closing the generator stops the worker within one step, and the ``previous`` results come
-    back with "Stopped". The chosen servers (``server_names``: ``engine.page.run.host_servers``)
-    run last.
-
-    Bad input (a bad table, slot count or knob, a KV budget too small for a request, a
-    ``ValueError`` an engine raises mid-run) and a model that cannot load are not errors of the
-    event: the status line says why (a warning toast too) and the earlier results stay, as a
-    Gradio error would lay its badge over that status line.
+    Takes Run's inputs in ``RUN_INPUTS`` order or by name. Bad input is said in the status line,
+    the earlier results kept (a Gradio error would badge over that line).
 
     Raises:
-        gr.Error: the run passed ``CBP_RUN_TIME_LIMIT_S`` (after putting the ``previous`` run's
-            results back), or that setting is not a time limit.
+        gr.Error: the run passed ``CBP_RUN_TIME_LIMIT_S``, or that setting is not a time limit.
         TypeError: too many inputs, or a required one missing.
     """
     settings, previous, handle = settings_from_run(*values, **named)
@@ -97,8 +80,7 @@ run_event.__signature__ = RUN_SIGNATURE  # Gradio names /run's parameters and de
 
 
 def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
-    """``run_event``'s work once the run may start: check the input, then follow its ``Run``
-    (a recent identical run at once, or a place in the queue, then the engines) to its end."""
+    """``run_event``'s work once the run may start: check the input, then follow its ``Run``."""
     try:
         x_axis, replay = view_inputs(settings)
         run = Run(run_request(settings, replay), handle, turn)  # every input checked
@@ -114,12 +96,7 @@ def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
 
 
 def run_request(settings: RunSettings, replay: bool = True) -> RunRequest:
-    """The ``RunRequest`` of the page's inputs, on the shared model in the run's precision.
-
-    Raises:
-        ValueError: a bad input (table, slot count, knob, precision, a KV budget too small for
-            a request), or a model that cannot load.
-    """
+    """The ``RunRequest`` of the page's inputs; ValueError for bad input or a failed model load."""
     options = options_from_page(settings)  # every input checked, the table's shape too
     model = chosen_model(options.model).in_dtype(options.dtype)  # a bad one: refused here
     if options.servers and model.model_id != get_model().model_id:
@@ -132,10 +109,7 @@ def run_request(settings: RunSettings, replay: bool = True) -> RunRequest:
 
 
 def _follow(run: Run, x_axis: str):
-    """The handler's one wait loop: yield the run's place while it waits, then its progress,
-    paced by ``progress_view.LiveTimelines``; once our engines are done, their results while
-    the servers run (``_ServersStage``). Returns how it ended (``Ended`` or ``Left``), a
-    replayed run already shown."""
+    """The handler's one wait loop: place, progress, servers; returns ``Ended`` or ``Left``."""
     sent, sent_s = None, -math.inf
     views = progress_view.LiveTimelines()  # updates and redraws paced within a CPU budget
     servers = _ServersStage(run, x_axis)
@@ -174,9 +148,7 @@ def _follow(run: Run, x_axis: str):
 
 
 class _ServersStage:
-    """The page while the chosen servers run after our engines: the answer so far drawn in
-    full (``Running.shown``: our engines', then each server's as it finishes), and between
-    those, the status line alone (``progress_view.servers_line``)."""
+    """The page while the servers run: each answer so far drawn, the status line alone between."""
 
     def __init__(self, run: Run, x_axis: str):
         self.run, self.x_axis = run, x_axis
@@ -184,7 +156,6 @@ class _ServersStage:
         self.done: dict[str, str] = {}
 
     def outputs(self, event: Running) -> tuple:
-        """The update for ``event``: a redraw when it shows an answer, else the status line."""
         names = self.run.server_names
         if event.shown is None:
             line = self._line(event)
@@ -210,12 +181,8 @@ class _ServersStage:
 def _finished_outputs(
     run: Run, ended: Ended, previous: RunState | None, x_axis: str
 ) -> Iterator[tuple]:
-    """The ended run's results, kept for identical runs as the queue learns its pace; a stopped
-    or refused run puts ``previous`` back and says why.
-
-    Raises:
-        gr.Error: the run passed its time limit.
-    """
+    """The ended run's results (a stopped or refused run puts ``previous`` back and says why);
+    raises gr.Error past the time limit."""
     try:
         state = run_state(ended.result())
     except RunCancelled:  # Stop (a closed tab ends at a yield: nobody sees this)
@@ -237,8 +204,7 @@ def _finished_outputs(
 
 
 def run_state(answer: RunAnswer) -> RunState:
-    """The page's state of a run's answer: the engines', the servers' and their verdicts (those
-    whose trace expects differences marked so)."""
+    """The page's state of a run's answer: engines, servers and verdicts."""
     state = RunState.from_comparison(answer.comparison)
     state.servers, state.server_failures = answer.servers, answer.server_failures
     if answer.server_verdicts:
@@ -248,11 +214,7 @@ def run_state(answer: RunAnswer) -> RunState:
 
 
 def run_engines(model, requests, config, options) -> RunState:
-    """A whole run at once, its turn taken in the model's queue (``make record``, tests).
-
-    Raises:
-        RunStopped, ValueError: as ``Ended.result``.
-    """
+    """A whole run at once (``make record``, tests); raises as ``Ended.result``."""
     handle = RunHandle()
     request = RunRequest(model, requests, config, options, replay=False, judged=tables.compared)
     with Run(request, handle, handle.start()) as run:
@@ -262,8 +224,7 @@ def run_engines(model, requests, config, options) -> RunState:
 
 
 def replayed_outputs(recent: RecentRun, age_s: float, x_axis: str) -> tuple:
-    """The Run event's outputs showing ``recent`` as what it is: an earlier real run, labelled;
-    its figures drawn once per x axis for everyone it is shown to (``RecentRun.drawn``)."""
+    """The Run outputs showing ``recent``, labelled; its figures drawn once per x axis."""
     label = replay_label(recent, age_s)
     status = f"**Shown at once:** {label}. {run_status.status_line(recent.state)}"
     drawn = recent.drawn(x_axis, lambda: render(recent.state, x_axis, downloads=False))
@@ -274,11 +235,7 @@ def replayed_outputs(recent: RecentRun, age_s: float, x_axis: str) -> tuple:
 
 
 def run_pressed(handle: RunHandle | None, seq=0, request: gr.Request | None = None) -> tuple:
-    """Run pressed (unqueued, before the run is sent or deferred: ``RunHandle.press``; ``seq``: its
-    click's number, ``page_io.RUN_CLICK_JS``). Returns the note under Run and the status line,
-    saying Run was pressed, and "Run live anyway" hidden (it comes back only with a run shown at
-    once); all three ``gr.skip()`` when no run goes for this press. The handle is noted as the
-    browser session's (``request``), for ``session_end_event``."""
+    """Run pressed (unqueued; ``seq``: the click's number): note, status line, "Run live anyway"."""
     if handle is not None and request is not None:
         handle.joined(request.session_hash)
     if handle is not None and not handle.press(int(seq or 0)):
@@ -287,10 +244,7 @@ def run_pressed(handle: RunHandle | None, seq=0, request: gr.Request | None = No
 
 
 def session_end_event(handles: RunHandle) -> Callable:
-    """``demo.unload``'s handler, for the page's first ``handles`` (which finds every session's):
-    a session whose tab closed or reloaded has its run stopped as by Stop, at once, and never
-    kept (``RunHandle.session_ended``). Gradio's own close of the Run handler waits for its next
-    yield, and for the run's event stream to that tab to be seen gone."""
+    """``demo.unload``'s handler: a closed tab's run is stopped at once and never kept."""
 
     def session_ended(request: gr.Request) -> None:
         handles.session_ended(request.session_hash)
@@ -299,11 +253,7 @@ def session_end_event(handles: RunHandle) -> Callable:
 
 
 def stop_event(handle: RunHandle | None, seq=0) -> str:
-    """The Stop button's handler (unqueued, like ``run_pressed``; ``seq``: its click's number,
-    ``page_io.STOP_CLICK_JS``): stops this session's run, or takes it out of the page's queue
-    (the run then says "Stopped" itself). Returns what there was (``RunHandle.stop``):
-    ``"running"``, ``"waiting"``, ``"queued"`` (a run in Gradio's own queue, on ZeroGPU: the page
-    then cancels it) or ``"idle"`` (``stop_told`` says so in a toast)."""
+    """The Stop button's handler (unqueued; ``seq``: the click's number)."""
     return handle.stop(int(seq or 0)) if handle is not None else IDLE
 
 
@@ -314,25 +264,20 @@ def stop_told(what: str) -> None:
 
 
 def left_queue_event(handle: RunHandle | None, previous: RunState | None, x_axis: str) -> tuple:
-    """The run waiting in Gradio's queue was cancelled (after Stop answered "queued"): why, and
-    the previous run's status (its results still show; ``x_axis``: kept for the wiring)."""
+    """The run waiting in Gradio's queue was cancelled: why, and the previous run's status."""
     if handle is not None:
         handle.left_queue()
     return _left_queue_outputs(previous)
 
 
 def _refused_outputs(previous: RunState | None, exc: ValueError) -> tuple:
-    """A run refused for bad input: the reason in the status line and a warning toast; every other
-    output, and the previous run's results with it, stays as it is."""
     gr.Warning(toast_text(exc), title="Not run")
     previous_status = None if previous is None else run_status.status_line(previous)
     return progress_view.refused_outputs(str(exc), previous_status)
 
 
 def _left_queue_outputs(previous: RunState | None) -> tuple:
-    """A run stopped before it started: while it waited only the status line and the note under
-    Run changed, so only they are sent back, with the previous run's status line (redrawing its
-    figures on a CPU busy with the run in progress would delay "Stopped")."""
+    """A run stopped before it started: only the status line and note are sent (no redraw)."""
     previous_status = None if previous is None else run_status.status_line(previous)
     return progress_view.queued_outputs(STOPPED_IN_QUEUE, previous_status)
 
@@ -345,24 +290,18 @@ def _stopped_outputs(previous: RunState | None, message: str, x_axis: str) -> tu
 def update_step(
     state: RunState | None, step_index, x_axis: str, layer: str = GLOBAL_LAYERS
 ) -> tuple:
-    """Redraw the heatmaps, block map and timeline cursors at a step, the packed mask of the
-    ``layer`` type (no model call)."""
+    """Redraw the heatmaps, block map and timeline cursors at a step (no model call)."""
     if state is None:
         return (gr.skip(),) * len(STEP_VIEW_OUTPUTS)
     return step_views(state, int(step_index or 0), x_axis, layer or GLOBAL_LAYERS).as_tuple()
 
 
 def layer_event(state: RunState | None, step_index, x_axis: str, layer: str) -> tuple:
-    """A layer type picked (or a Run's reset to "global"): kept for the later redraws
-    (``update_step``), and the step views redrawn with it."""
     return (layer, *update_step(state, step_index, x_axis, layer))
 
 
 def link_step_event(state: RunState | None, pending_step: int | None, x_axis: str) -> tuple:
-    """After a run: the step slider at a link's kept step (``page_io.link_step``, clamped to the
-    run), the kept step cleared and the step views drawn at that step, in one update, so that the
-    slider never reads a step the views do not show; without a run or a kept step, nothing
-    changes."""
+    """After a run: slider and step views at the link's kept step, in one update."""
     if state is None or pending_step is None:
         return (gr.skip(),) * (2 + len(STEP_VIEW_OUTPUTS))
     step = min(max(int(pending_step), 0), max(state.num_steps - 1, 0))

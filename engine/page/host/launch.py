@@ -1,14 +1,8 @@
 """Starting the page: ``app.py``'s command line (``parse_args``), the model load, and the server.
 
-The model loads before the page is served, so a bad model or device stops the start with one line
-instead of failing the first Run. The host's servers (``engine.page.run.host_servers``) start in
-the background while the page serves, and stop with it (also on SIGTERM).
-
-By default (``engine.page.run.engine_worker``) the engines run in an engine process of their own,
-which holds the only copy of the model, tells the page its facts and times the queue's pace where
-the runs will run: the page's model is then a ``shared_model.ModelView``, with no weights, and the
-CPUs are split between the two processes (``engine.page.run.cpu_split``). Otherwise the page loads
-the model itself (``shared_model.load_shared_model``) and the engines run on its engine thread.
+The model loads before the page is served, so a bad model or device stops the start with one
+line. By default the engines run in an engine process that holds the only copy of the model and
+the page's model is a ``shared_model.ModelView`` (``engine.page.run.engine_worker``).
 """
 
 from __future__ import annotations
@@ -40,9 +34,7 @@ PAGE_JS = ASSETS / "page.js"
 
 
 def page_assets() -> dict:
-    """``launch()`` keywords for the page's own CSS and script (``assets/page.css``, ``page.js``),
-    with the metrics columns', the scheduling policies', the mask's layer types' and the servers'
-    hover texts handed to the script."""
+    """``launch()`` keywords for ``assets/page.css`` and ``page.js`` with its hover texts."""
     help_js = f"window.CBP_METRIC_HELP = {json.dumps(tables.METRIC_HELP)};"
     help_js += f"\nwindow.CBP_POLICY_HELP = {json.dumps(settings_panel.POLICY_HELP)};"
     help_js += f"\nwindow.CBP_LAYER_HELP = {json.dumps(results_panel.LAYER_HELP)};"
@@ -52,7 +44,6 @@ def page_assets() -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line flags."""
     parser = argparse.ArgumentParser(description=page_panels.TITLE)
     parser.add_argument(
         "--model", default="embedded", help="embedded, a local folder, a .gguf file or a hub id"
@@ -71,8 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _server_flags(parser: argparse.ArgumentParser) -> None:
-    """The host's servers: a local vLLM, llama.cpp and OpenAI-compatible endpoints (never a
-    visitor's)."""
+    """The host's servers: a local vLLM, llama.cpp and endpoints (never a visitor's)."""
     parser.add_argument(
         "--vllm",
         action="store_true",
@@ -125,13 +115,8 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
 def configured_servers(
     args: argparse.Namespace, loaded, cpus: tuple[int, ...] | None = None
 ) -> host_servers.PageServers | None:
-    """The servers the command line and ``CBP_ENDPOINTS`` give the page
-    (``host_servers.configure``), the local ones computing on ``cpus`` (the engines'; None:
-    every CPU); None without any.
-
-    Raises:
-        ValueError: a bad endpoint or name, or no GGUF for llama.cpp.
-    """
+    """The servers the command line and ``CBP_ENDPOINTS`` give the page (None without any);
+    raises ValueError for a bad endpoint or name, or no GGUF for llama.cpp."""
     found = host_servers.configure(
         loaded,
         args.endpoint,
@@ -148,14 +133,8 @@ def configured_servers(
 
 
 def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -> None:
-    """Load the model (so problems show at start), then serve ``build_demo(label, server_names,
-    dtypes, dtype, models)``'s page: the host's servers (started in the background and stopped
-    when the page stops), the precisions offered and the loaded one, and the models offered.
-
-    Raises:
-        SystemExit: the model cannot load or a server flag is wrong (one line a person can act
-            on).
-    """
+    """Load the model, then serve ``build_demo(label, server_names, dtypes, dtype, models)``'s
+    page; SystemExit with one line when the model cannot load or a server flag is wrong."""
     args = parse_args(argv)
     process, split = None, None
     try:
@@ -193,10 +172,7 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
 def _engine_process(
     args, split: cpu_split.CpuSplit | None
 ) -> tuple[worker_process.ProcessWorker, cpu_split.CpuSplit | None]:
-    """The engine process on the command line's model, started (``CBP_ENGINE_PROCESS``; made
-    from this thread before its nice value is raised, so the worker keeps the start's), on the
-    engine CPUs of ``split``; the page's process then keeps to the others, with as many torch
-    threads. Returns it and the split, None where the CPUs are not split."""
+    """The engine process on ``split``'s CPUs (made before the nice value rises), and the split."""
     jobs = ("engine.worker.comparison", "engine.worker.model_facts")  # where its jobs are
     spec = worker_process.ModelSpec(
         worker_model.load_spec, args.model, args.device, args.dtype, preload=jobs
@@ -214,13 +190,7 @@ def _engine_process(
 def _connect(
     process: worker_process.ProcessWorker, split: cpu_split.CpuSplit | None
 ) -> shared_model.ModelView:
-    """Wait for the engine process, then make the page's model from its facts and pace
-    (``ModelView.connect``), the shared one (``shared_model.use_model``); ``split``: the CPUs,
-    as the model line says them.
-
-    Raises:
-        SystemExit: the engine process ended first, or its model failed to load.
-    """
+    """The page's model from the engine process's facts (SystemExit: process or load failed)."""
     try:
         view, _work, parts_s = shared_model.ModelView.connect(process, cpu_split=split)
     except (ValueError, RunStopped) as exc:
@@ -240,7 +210,6 @@ def _exit(signum, _frame) -> None:
 
 
 def _launch(build_demo: Callable, model: shared_model.PageModel, args) -> None:
-    """Build and serve the page until it is stopped."""
     names = model.servers.names if model.servers is not None else []
     models = offered_models(model.model_id)  # the picker's, where the allowlist names several
     demo = build_demo(model.label_markdown, names, model.dtype_choices(), model.dtype_name, models)

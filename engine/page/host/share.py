@@ -1,11 +1,7 @@
 """Share links: a public gradio.live link to the running page, with a bounded wait.
 
-``python app.py --share`` starts the page locally first, then asks Gradio's share server for a
-tunnel in a background thread and waits at most ``SHARE_WAIT_S`` for it. Either the console shows
-the public link, or it says why there is none (offline, the share server unreachable, no answer in
-time) and the page keeps serving locally. Gradio's own ``launch(share=True)`` can wait about a
-minute before saying anything; a workshop room should not. A tunnel that comes up after the wait
-still prints its link.
+Gradio's ``launch(share=True)`` can wait a minute before saying anything; here the page serves
+locally first and the tunnel is asked for in the background, at most ``SHARE_WAIT_S``.
 """
 
 from __future__ import annotations
@@ -19,11 +15,7 @@ SHARE_WAIT_S = 8.0  # seconds to wait for the tunnel before saying there is none
 
 
 def gradio_tunnel(demo: Any) -> str:
-    """Open Gradio's share tunnel to ``demo``'s local server; the public https URL.
-
-    Raises:
-        Exception: whatever Gradio raises when the share server cannot be reached.
-    """
+    """Open Gradio's share tunnel to ``demo``; the public URL (raises what Gradio raises)."""
     from gradio import networking
 
     url = networking.setup_tunnel(
@@ -42,11 +34,7 @@ def open_share_link(
     tunnel: Callable[[Any], str] = gradio_tunnel,
     log: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> str | None:
-    """Try to make a public link to the launched ``demo``, waiting at most ``wait_s`` seconds.
-
-    Logs the link, or one line saying there is none and that the page still serves locally.
-    Returns the link, or None. Never raises: a missing link must not stop the local page.
-    """
+    """Log a public link within ``wait_s`` seconds, or why there is none; never raises."""
     result: dict[str, Any] = {}
     gave_up = threading.Event()
 

@@ -1,11 +1,8 @@
-"""What a link says of the engine settings: one short query parameter per setting.
+"""What a link says of the engine settings: one short query parameter per setting (``PARAMS``).
 
-Every knob of the settings panel that Run reads has a parameter (``PARAMS``: each knob's ``url``
-in ``engine.knobs``), e.g. ``kv=slots&budget=64&policy=vllm&chat=1&check=0&hf=1&x=step``.
-``settings_params`` writes one only where the page differs from its default for the link's preset
-(``page_defaults``), so a link to an untouched page stays ``?preset=seed&slots=3``;
-``link_settings`` reads them back, each bad value with why and what the page keeps instead.
-Plain functions, no gradio: ``engine.page.inputs.page_io`` makes the page's updates of them.
+Written only where the page differs from its default for the link's preset, so a link to an
+untouched page stays ``?preset=seed&slots=3``; the parameters: docs/hosting.md, "Link
+parameters".
 """
 
 from __future__ import annotations
@@ -23,8 +20,7 @@ FLAG_WORDS = knob_values.LINK_WORDS  # a flag's words in a link: 1, 0, on, off, 
 
 @dataclass(frozen=True)
 class Precision:
-    """The host's precisions: the dtype the page opens with, and the dtypes it offers; and its
-    models: the one the page opens with, and those its picker offers (none: no picker)."""
+    """The host's dtypes and models: the page's first, and those offered (no models: no picker)."""
 
     dtype: str = "float32"
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
@@ -38,9 +34,7 @@ PARAMS = {knob.name: knob for knob in KNOBS if knob.url and knob.name != "num_sl
 
 
 def page_defaults(preset_name: str, precision: Precision) -> dict:
-    """Each ``PARAMS`` setting as the page shows it on preset ``preset_name`` when it opens (or the
-    preset is chosen): the knobs' defaults, the preset's chat template and engine settings, and
-    the host's dtype."""
+    """Each ``PARAMS`` setting as the page shows it on preset ``preset_name`` when it opens."""
     chat_template = bool(presets.load_presets()[preset_name]["chat_template"])
     own = presets.preset_settings(preset_name) | {"dtype": precision.dtype}
     own |= {"model": precision.model}
@@ -49,8 +43,7 @@ def page_defaults(preset_name: str, precision: Precision) -> dict:
 
 
 def settings_params(values: Mapping, defaults: Mapping) -> dict[str, str]:
-    """The query parameters for ``values`` (by ``PARAMS`` field; a blank or absent one is the
-    default) that differ from ``defaults`` (``page_defaults``), in ``PARAMS`` order."""
+    """The query parameters for ``values`` that differ from ``defaults``, in ``PARAMS`` order."""
     params = {}
     for field, param in PARAMS.items():
         value = values.get(field)
@@ -65,8 +58,7 @@ def settings_params(values: Mapping, defaults: Mapping) -> dict[str, str]:
 def link_settings(
     query: Mapping[str, str], defaults: Mapping, precision: Precision
 ) -> tuple[dict, list[tuple[str, str, str]]]:
-    """The settings ``query`` names, by field, and its bad values as ``(parameter, value, why)``,
-    ``why`` ending in what the page keeps instead (``defaults``)."""
+    """The settings ``query`` names, by field, and its bad values as ``(parameter, value, why)``."""
     settings, bad = {}, []
     for field, param in PARAMS.items():
         text = query.get(param.url, "").strip()
@@ -94,9 +86,8 @@ def _write(param: Knob, value) -> str:
 
 
 def _read(param: Knob, text: str, precision: Precision):
-    """The parameter's value from its query ``text``, parsed as every knob value is
-    (``engine.knob_values``) and checked against the knob's range and choices. Raises ValueError
-    saying what it takes."""
+    """The parameter's value from ``text``, checked against the knob's range and choices. Raises
+    ValueError saying what it takes."""
     if param.kind == "flag":
         return _parsed(knob_values.flag, text, "use 1 (on) or 0 (off)", knob_values.LINK_WORDS)
     if param.name == "model":  # a folder's name keeps its case
@@ -121,7 +112,6 @@ def _read(param: Knob, text: str, precision: Precision):
 
 
 def _parsed(parse, text: str, why: str, *args):
-    """``parse(text, ...)``; its ``ValueError`` reworded as ``why``, a link's way."""
     try:
         return parse(text, "", *args)
     except ValueError:

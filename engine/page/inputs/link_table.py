@@ -1,12 +1,7 @@
 """An edited request table in a link: its rows packed into one URL-safe ``table=`` parameter.
 
-A table that is no preset's (``preset_or_table``) travels as its rows in compact JSON (blank cells
-at a row's end left out), zlib-compressed, in base64url without padding (``encode_table``):
-``[["Hi", 4], ["Later", 3, 1.5], ["Sampled", 8, 0, 0.7, null, null, "42"]]``. ``decode_table``
-reads it back with bounded work and checks only its shape: the rows are then checked as a typed
-table is (``parse_table``), their bad rows named.
-
-Plain functions, no gradio. Errors are ``ValueError`` whose message says what is wrong, in words.
+Rows as compact JSON (``[["Hi", 4], ["Later", 3, 1.5]]``), zlib-compressed, base64url without
+padding; read back with bounded work, then checked as a typed table is (``parse_table``).
 """
 
 from __future__ import annotations
@@ -33,9 +28,8 @@ BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def preset_or_table(preset_name: str | None, rows) -> tuple[str | None, list | None]:
-    """What a link hands on for the page's table: ``(preset, None)`` for a preset's table (the
-    dropdown's, or any preset's that it equals request for request), else ``(None, rows)`` (as
-    lists). Without ``rows`` (None: not given): the dropdown's preset."""
+    """``(preset, None)`` for a preset's table (the dropdown's, or any preset it equals), else
+    ``(None, rows)``; without ``rows``: the dropdown's preset."""
     shipped = presets.load_presets()
     chosen = preset_name if preset_name in shipped else None
     if rows is None:
@@ -50,14 +44,12 @@ def preset_or_table(preset_name: str | None, rows) -> tuple[str | None, list | N
 
 
 def listed_rows(rows) -> list[list]:
-    """The request table's rows as lists (a pandas DataFrame's too, as an API client may send)."""
     if hasattr(rows, "values") and hasattr(rows, "columns"):  # a pandas DataFrame
         rows = rows.values.tolist()
     return [list(row) for row in rows or []]
 
 
 def _specs(rows) -> list | None:
-    """``parse_table(rows)``, or None for a table that does not parse."""
     try:
         return parse_table(rows)
     except ValueError:
@@ -65,9 +57,7 @@ def _specs(rows) -> list | None:
 
 
 def compact_rows(rows) -> list[list]:
-    """Table rows as short JSON-ready lists: blank cells (None, NaN, whitespace) as None, then
-    dropped from each row's end, an arrival of 0 dropped when nothing follows it, whole floats as
-    ints, fully blank rows left out. ``presets.table_row`` pads them back to full rows."""
+    """Rows as short JSON-ready lists, blanks dropped from row ends (``table_row`` pads back)."""
     compact = []
     for row in rows or []:
         cells = [_cell(cell) for cell in list(row)[: len(TABLE_COLUMNS)]]
@@ -81,8 +71,7 @@ def compact_rows(rows) -> list[list]:
 
 
 def _cell(value):
-    """A table cell as JSON: None for blank, a plain int, float or str (numpy scalars unwrapped;
-    an infinity as text, which ``parse_table`` names as a bad cell)."""
+    """A cell as JSON: None for blank, a plain int, float or str (an infinity as text)."""
     value = value.item() if hasattr(value, "item") else value
     if value is None or isinstance(value, bool):  # no table column holds a bool
         return None if value is None else str(value)
@@ -99,14 +88,8 @@ def _cell(value):
 
 
 def encode_table(rows) -> str:
-    """The ``table=`` value for ``rows``: compact JSON, zlib-compressed, base64url without
-    padding.
-
-    Raises:
-        ValueError: it would be longer than ``MAX_TABLE_CHARS`` or unpack to more than
-            ``MAX_TABLE_JSON_BYTES``, or has more than ``MAX_TABLE_ROWS`` rows (the message says
-            which, with the numbers), or a cell cannot be written (a number too long to print).
-    """
+    """The ``table=`` value for ``rows``; ValueError over ``MAX_TABLE_CHARS``,
+    ``MAX_TABLE_JSON_BYTES`` or ``MAX_TABLE_ROWS``, or for a cell that cannot be written."""
     compact = compact_rows(rows)
     if len(compact) > MAX_TABLE_ROWS:
         raise ValueError(f"{len(compact)} rows, over the {MAX_TABLE_ROWS} a link holds")
@@ -120,13 +103,8 @@ def encode_table(rows) -> str:
 
 
 def decode_table(text: str) -> list[list]:
-    """Full table rows (``TABLE_COLUMNS`` wide) from a ``table=`` value; the work is bounded:
-    at most ``MAX_TABLE_CHARS`` read and ``MAX_TABLE_JSON_BYTES`` unpacked.
-
-    Raises:
-        ValueError: too long, not base64url, not zlib data, unpacking to too much, not JSON, or
-            not a list of rows of text, numbers and blanks; the message says which.
-    """
+    """Full table rows from a ``table=`` value, reading at most ``MAX_TABLE_CHARS`` and unpacking
+    at most ``MAX_TABLE_JSON_BYTES``; ValueError saying what is wrong with it."""
     if len(text) > MAX_TABLE_CHARS:
         raise ValueError(f"longer than the {MAX_TABLE_CHARS:,} characters a link's table may have")
     try:
@@ -153,8 +131,7 @@ def decode_table(text: str) -> list[list]:
 
 
 def _check_shape(rows) -> None:
-    """Raises ValueError unless ``rows`` is a list of at most ``MAX_TABLE_ROWS`` rows, each a list
-    of 1 to ``len(TABLE_COLUMNS)`` cells of text, finite numbers or null."""
+    """ValueError unless ``rows`` is at most ``MAX_TABLE_ROWS`` lists of text, numbers or null."""
     if not isinstance(rows, list) or len(rows) > MAX_TABLE_ROWS:
         raise ValueError(f"not a list of at most {MAX_TABLE_ROWS} request rows")
     for number, row in enumerate(rows, start=1):

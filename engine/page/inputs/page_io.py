@@ -1,18 +1,8 @@
 """The page's links and workload files: what a workshop teacher hands out and what people take home.
 
-* Links that reproduce a setup: ``?preset=SLUG&slots=N&step=N``, then each engine setting that
-  differs from the page's default for that preset, by a short name (``link_query``); a table that
-  is no preset's travels instead of the preset, packed into ``table=`` (``link_table``). Older
-  links keep working and mean what they meant. ``setup_query`` writes one for the current page
-  (the page adds its own address in the browser); ``from_link`` applies one when the page opens,
-  and ``link_step`` keeps its step until the first run has one
-  (``engine.page.handlers.playground.link_step_event``).
-* Workload files: ``upload_workload`` fills the request table from a CSV or JSONL file, sampling
-  settings included; ``table_files`` writes the table as both (``engine.workloads.workload_files``).
-
-Bad input is told in a warning toast, and in the note under the table (``warning_note``), naming
-the link's value, the file's line or the table's row, and what the page uses instead; the rest
-still applies. A ``gr.Error`` would also lay an error badge over the request table.
+Bad input is told in a toast and in the note under the table (``warning_note``), naming the
+link's value, the file's line or the table's row, and what the page uses instead; the rest still
+applies (a ``gr.Error`` would lay its badge over the table). Links: docs/hosting.md.
 """
 
 from __future__ import annotations
@@ -79,8 +69,7 @@ STOP_CLICK_JS = """(handle, seq) => [handle, window.cbpStopClick || 0]"""
 
 
 def _link_signature() -> inspect.Signature:
-    """``setup_query``'s parameters, one per ``LINK_INPUTS`` name: the first four required, the
-    prefix-caching toggle off by default, the rest None (not given: the page's default)."""
+    """``setup_query``'s parameters: the first four required, the rest default."""
     kind, required = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty
     default = {"prefix_caching": False} | dict.fromkeys(LINK_INPUTS[5:])
     parameters = [inspect.Parameter(n, kind, default=default.get(n, required)) for n in LINK_INPUTS]
@@ -91,18 +80,9 @@ LINK_SIGNATURE = _link_signature()
 
 
 def setup_query(*values, **named) -> str:
-    """The query string that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12&budget=64``.
-
-    Takes ``LINK_INPUTS`` by position (as app.py wires them) or by name (``LINK_SIGNATURE``;
-    None: not given). The step is the slider's for a run of the page's (``previous``); on the
-    recorded run it opens on, only a link's step not yet spent on a run (``link_step``). The
-    link names the preset whose table the page shows, else carries the table (one too long for
-    a link is left out, and a warning says to share it as a file); each setting only where it
-    differs from the page's default for that preset.
-
-    Raises:
-        TypeError: too many inputs, an unknown name, or one of the first four missing.
-    """
+    """The query that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12&budget=64``: a
+    table that is no preset's in the link, each setting only where it differs from the preset's
+    default. Takes ``LINK_INPUTS`` by position or name; TypeError for a bad or missing one."""
     given = LINK_SIGNATURE.bind(*values, **named)
     given.apply_defaults()
     page = given.arguments
@@ -130,28 +110,14 @@ setup_query.__signature__ = LINK_SIGNATURE  # its inputs, by name, for help() an
 
 
 def from_link(request: gr.Request, precision: link_query.Precision | None = None) -> tuple:
-    """Set the page up from its link (``setup_query``'s parameters): ``from_query`` of its query
-    parameters, on the page as it opens."""
     return from_query(query_params(request), precision)
 
 
 def from_query(
     params: dict[str, str], precision: link_query.Precision | None = None, whole: bool = False
 ) -> tuple:
-    """Set the page up from a link's query parameters: the preset (with the slot count its
-    explanation speaks of when the link names none; other ``slots`` add a line to the
-    explanation that says so: ``slots_note``), a linked table instead of a preset's (its bad rows
-    named in a warning, as a typed table's), and every setting the link names. Each bad value is
-    named in a warning and keeps its default; the rest apply. ``precision``: the host's (the
-    dtypes a link may choose); None: ``link_query.Precision()``. ``whole``: for a page already in
-    use (the tour's "Set this up"), also set the chat template and every engine setting a preset
-    sets (``presets.ENGINE_DEFAULTS``) that the link does not name, as choosing the preset does,
-    and clear the warning note when there is no warning; else only what differs from the page as
-    it opens.
-
-    Returns updates for ``LINK_OUTPUTS`` (``gr.skip()`` where the link sets nothing usable: the
-    page keeps what it shows).
-    """
+    """Updates for ``LINK_OUTPUTS`` from a link's query (``gr.skip()`` where nothing usable); bad
+    values are named and keep their default. ``whole``: also set what the preset sets (the tour)."""
     precision = precision or link_query.Precision()
     link = {}
     name = _link_preset(params, link)
@@ -178,8 +144,7 @@ def from_query(
 
 
 def _link_preset(params: dict[str, str], link: dict) -> str | None:
-    """The link's preset name (its rows, chat template and text put in ``link``), or None; an
-    unknown one is named in a warning."""
+    """The link's preset name (its rows, chat template and text put in ``link``), or None."""
     preset = params.get("preset", "").strip()
     name = presets.by_slug(preset) if preset else None
     if name is not None:
@@ -193,8 +158,7 @@ def _link_preset(params: dict[str, str], link: dict) -> str | None:
 
 
 def _link_slots(params: dict[str, str], name: str | None, link: dict) -> None:
-    """The link's slots in ``link`` (else preset ``name``'s own), with ``slots_note`` under the
-    explanation when they differ from those it speaks of; bad slots are named in a warning."""
+    """The link's slots in ``link`` (else the preset's), with ``slots_note`` when they differ."""
     slots = params.get("slots", "").strip()
     fallback = presets.preset_slots(name) if name is not None else None  # what its text says
     if fallback is not None:
@@ -212,9 +176,7 @@ def _link_slots(params: dict[str, str], name: str | None, link: dict) -> None:
 
 
 def _link_table(params: dict[str, str], link: dict) -> None:
-    """The link's ``table=`` in ``link``: its rows, no preset, and a text saying where they came
-    from. A value that does not decode is named in a warning and changes nothing; rows that do
-    not parse are applied (as a typed table keeps them) and named in a warning."""
+    """The link's ``table=`` in ``link``: bad rows applied and named, a bad value ignored."""
     text = params.get("table", "").strip()
     if not text:
         return
@@ -234,8 +196,7 @@ def _link_table(params: dict[str, str], link: dict) -> None:
 
 
 def table_summary(specs) -> str:
-    """How many requests, how many arrive after t = 0 and how many sample: "3 requests, 1
-    arriving after t = 0, 2 sampled (the others greedy)"."""
+    """E.g. "3 requests, 1 arriving after t = 0, 2 sampled (the others greedy)"."""
     arrivals = sum(spec.arrival_s > 0 for spec in specs)
     sampled = sum(samples(spec.sampling) for spec in specs)
     text = counted(len(specs), "request")
@@ -244,8 +205,7 @@ def table_summary(specs) -> str:
 
 
 def slots_note(num_slots: int, preset_slots: int) -> str:
-    """The line under a preset's explanation when a link set other slots than it speaks of, so
-    the page does not contradict itself ("at 3 slots" beside a slider at 2)."""
+    """The line under a preset's explanation when a link set other slots than it speaks of."""
     return (
         f"\n\n*This link set {counted(num_slots, 'slot')}; the "
         f"explanation above speaks of {preset_slots}, so its numbers may differ: set Slots to "
@@ -254,9 +214,7 @@ def slots_note(num_slots: int, preset_slots: int) -> str:
 
 
 def switched_note(name: str, settings: dict) -> str:
-    """The line under preset ``name``'s explanation when the link already turned on the setting
-    the explanation asks to turn on (the one its ``check`` compares: ``lower_mean_ttft``), so the
-    page does not ask for what is done; "" otherwise."""
+    """The line under a preset's text when the link already did what it asks; "" otherwise."""
     switch = presets.load_presets()[name].get("check", {}).get("lower_mean_ttft")
     if switch is None or settings.get(switch) is not True:
         return ""
@@ -268,24 +226,17 @@ def switched_note(name: str, settings: dict) -> str:
 
 
 def link_step(request: gr.Request) -> int | None:
-    """The link's ``step=N`` (``query_step``), kept until the first run."""
     return query_step(query_params(request))
 
 
 def query_step(params: dict[str, str]) -> int | None:
-    """A link's ``step=N`` (a whole number >= 0); None if absent or bad (``from_query`` names a
-    bad one with the link's other warnings)."""
+    """A link's ``step=N`` (a whole number >= 0); None if absent or bad."""
     step = params.get("step", "").strip()
     return int(step) if step.isdigit() else None
 
 
 def upload_workload(path: str | None) -> tuple:
-    """Fill the request table from an uploaded CSV or JSONL file.
-
-    Returns the table rows, the preset dropdown (cleared: the table is no preset now), the
-    explanation text and the warning note (cleared); for a malformed file, a warning naming the
-    file and the bad line, kept in the note too, and no other change.
-    """
+    """Fill the table from an uploaded CSV or JSONL file (a bad one changes only the note)."""
     if not path:
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     try:
@@ -298,20 +249,15 @@ def upload_workload(path: str | None) -> tuple:
 
 
 def table_files(rows) -> list[str]:
-    """The request table as ``workload.csv`` and ``workload.jsonl`` in a fresh temporary folder.
-
-    Raises:
-        ValueError: the table does not validate (the message names the row).
-    """
+    """The table as ``workload.csv`` and ``workload.jsonl`` in a new folder (ValueError: bad
+    row)."""
     specs = parse_table(link_table.listed_rows(rows))
     folder = export.download_folder("cbp-table-")
     return [str(p) for p in workload_files.write_table_files(folder, specs)]
 
 
 def show_table_files(rows) -> tuple:
-    """``table_files`` shown in the page's (until then hidden) file box, and the warning note
-    cleared; for a table that does not validate, a warning naming the row, kept in the note too,
-    and the file box as it was."""
+    """``table_files`` shown in the file box, the note cleared; a bad table's row named instead."""
     try:
         return gr.File(value=table_files(rows), visible=True), ""
     except ValueError as exc:
@@ -320,22 +266,18 @@ def show_table_files(rows) -> tuple:
 
 
 def warning_note(title: str, messages: list[str]) -> str:
-    """The note under the request table that keeps the last warnings in sight until the next
-    action (a toast is gone in seconds): ``title`` and each message, as HTML that shows a
-    message as written (it may quote a linked or uploaded value)."""
+    """The note under the table that keeps the last warnings in sight, each shown as written."""
     items = "".join(f"<li>{html.escape(message, quote=False)}</li>" for message in messages)
     title = html.escape(title, quote=False)
     return f'<div class="input-warning">⚠ <strong>{title}:</strong><ul>{items}</ul></div>'
 
 
 def query_params(request: gr.Request | None) -> dict[str, str]:
-    """The page's query parameters (none without a request)."""
     return dict(request.query_params) if request is not None else {}
 
 
 def _warn_link(link: dict, name: str, value: str, instead: str) -> None:
-    """A warning toast: the link's ``name=value`` (clipped, as plain text) is unusable, and why;
-    the same message is added to ``link``'s warnings for its note (``warning_note``)."""
+    """A warning toast that the link's ``name=value`` is unusable, also kept in ``link``."""
     if len(value) > MAX_QUOTED_CHARS:
         value = value[:MAX_QUOTED_CHARS] + "…"
     why = toast_text(instead)
@@ -346,7 +288,5 @@ def _warn_link(link: dict, name: str, value: str, instead: str) -> None:
 
 
 def toast_text(message) -> str:
-    """``message`` as a toast's text: Gradio renders a toast's message as HTML, and an error may
-    quote what a person typed, uploaded or linked (a table's cell). Escaping ``&`` and ``<`` is
-    enough for no tag to form, and leaves a message's ``>= 0`` as it reads."""
+    """``message`` as a toast's HTML: escaping ``&`` and ``<`` is enough for no tag to form."""
     return str(message).replace("&", "&amp;").replace("<", "&lt;")

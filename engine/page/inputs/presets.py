@@ -1,19 +1,7 @@
 """Presets: ready-made workloads from assets/presets.json, each with a paragraph on what it shows.
 
-A preset is ``{"slug": str, "chat_template": bool, "slots": int, "description": str, "check": {...},
-"requests": [[prompt, cap], ...]}``, where a request may add its ``arrival_s`` and then its
-sampling settings (the table's columns); instead of ``requests`` a preset may name a shipped
-workload file, ``"workload": "workloads/NAME.jsonl"`` (under ``assets/``), so the page and the
-bench run the same requests. The slug names it in links (``?preset=seed&slots=3``), ``slots`` is
-the slot count its description speaks of, and ``check`` states the description's claim in
-numbers (``tests/page/inputs/test_presets_real.py`` checks it on the embedded model).
-
-The claim holds for the engine settings the description names and the page's defaults for the
-rest, so choosing a preset also sets every engine setting that changes a run's schedule
-(``ENGINE_DEFAULTS``): to the preset's own ``"settings": {name: value}``, else back to the default
-(a token budget left from the last preset would break this one's claim without a word). The
-precision, the checks and the servers stay as the user set them: they change what is compared,
-not the schedule.
+The file's format, and why choosing a preset resets the engine settings (``ENGINE_DEFAULTS``):
+docs/page.md, "The presets and tour files".
 """
 
 from __future__ import annotations
@@ -39,17 +27,11 @@ CHOSEN = ("rows", "chat_template", "preset_text", "num_slots", *ENGINE_DEFAULTS)
 
 
 def load_presets(path: Path = PRESETS_PATH) -> dict[str, dict]:
-    """Presets by name: ``{"chat_template": bool, "requests": [[prompt, cap], ...]}``."""
     return json.loads(path.read_text(encoding="utf-8"))
 
 
 def apply_preset(name: str) -> tuple[list[list], bool, str]:
-    """The table rows (``engine.workloads.workload.TABLE_COLUMNS``: prompt, cap, arrival_s and the
-    four sampling settings), chat-template setting and explanation.
-
-    A request without an arrival time arrives at t = 0; one without sampling settings is greedy
-    (its four cells empty).
-    """
+    """The table rows, chat-template setting and text (no arrival: t = 0; no sampling: greedy)."""
     preset = load_presets()[name]
     if "workload" in preset:
         rows = table_rows(load_jsonl(ASSETS / preset["workload"]), sampling_columns=True)
@@ -59,20 +41,13 @@ def apply_preset(name: str) -> tuple[list[list], bool, str]:
 
 
 def choose_preset(name: str) -> tuple:
-    """What choosing preset ``name`` sets, in ``CHOSEN`` order: ``apply_preset``'s rows, chat
-    template and text, the slot count its text speaks of (its ``slots``) and its engine settings
-    (``preset_settings``)."""
     rows, chat_template, text = apply_preset(name)
     return rows, chat_template, text, preset_slots(name), *preset_settings(name).values()
 
 
 def preset_settings(name: str) -> dict:
-    """The engine settings preset ``name`` runs with, in ``ENGINE_DEFAULTS`` order: its own
-    ``settings`` where it names them, the defaults for the rest.
-
-    Raises:
-        ValueError: the preset names a setting that is not in ``ENGINE_DEFAULTS``.
-    """
+    """The engine settings preset ``name`` runs with; ValueError for a setting not in
+    ``ENGINE_DEFAULTS``."""
     own = load_presets()[name].get("settings", {})
     unknown = sorted(set(own) - set(ENGINE_DEFAULTS))
     if unknown:
@@ -81,13 +56,12 @@ def preset_settings(name: str) -> dict:
 
 
 def preset_slots(name: str) -> int:
-    """The slots a preset is meant for (its text names them); 3 if it names none."""
+    """The slots a preset's text speaks of; 3 if it names none."""
     return int(load_presets()[name].get("slots", 3))
 
 
 def table_row(values: list) -> list:
-    """A preset's request ``[prompt, cap, arrival_s?, sampling...?]`` as a full table row:
-    arrival 0 and empty (greedy) sampling cells where it has none."""
+    """A preset's request ``[prompt, cap, arrival_s?, sampling...?]`` as a full table row."""
     width = len(TABLE_COLUMNS)
     row = list(values)[:width]
     if len(row) < 3:
@@ -99,15 +73,12 @@ EDITED_TEXT = "Your own requests: edited from a preset, whose explanation no lon
 
 
 def table_edited() -> tuple[None, str]:
-    """The page's answer to a user's edit of the request table: no preset is selected any more,
-    and the preset's explanation gives way to ``EDITED_TEXT`` (it would describe other requests).
-    """
+    """After an edit of the table: no preset selected, and ``EDITED_TEXT`` as the explanation."""
     return None, EDITED_TEXT
 
 
 def by_slug(slug: str) -> str | None:
-    """The preset name for a link's ``preset=`` value (a slug or the name itself, in any letter
-    case: ``SEED`` finds ``seed``), else None. An exact match wins over a case-folded one."""
+    """The preset for a link's ``preset=`` (slug or name, any case, exact match first), or None."""
     if not slug:
         return None
     shipped = load_presets()

@@ -1,9 +1,4 @@
-"""A knob's component on the page, built from its declaration (``engine.knobs``).
-
-Its widget (``Knob.page_widget``: a checkbox, number box, slider, dropdown or radio), element id
-(``Knob.elem_id``), label, help, default, labelled choices and range: the settings panel builds
-its knobs with ``knob_component``, and the results panel its x axis.
-"""
+"""A knob's component on the page, built from its declaration (``engine.knobs``)."""
 
 from __future__ import annotations
 
@@ -21,9 +16,7 @@ WIDGETS = {
 
 
 def knob_component(knob: Knob, **given):
-    """The knob's component (``Knob.page_widget``, ``Knob.elem_id``) with its label, help and
-    default, a choice knob's labelled choices and a slider's range (``engine.knobs``); ``given``
-    sets any of them instead (the host's dtypes, say)."""
+    """The knob's component; ``given`` overrides any of its settings (the host's dtypes, say)."""
     widget = knob.page_widget
     shown = {"value": knob.default, "label": knob.label, "info": knob.info or None}
     if knob.labels:

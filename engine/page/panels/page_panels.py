@@ -1,8 +1,5 @@
-"""Panel builders: the header and guided tour, the request editor and the downloads, built inside
-``app.py``'s ``gr.Blocks``, each returning its components in a small dataclass named after the
-panel; and the page's components by name: what Run reads and writes, what a link reads and sets
-(``COMPONENTS``).
-"""
+"""Panel builders: the header and tour, the request editor and the downloads; and the page's
+components by name (``COMPONENTS``)."""
 
 from __future__ import annotations
 
@@ -42,9 +39,7 @@ REQUESTS_LABEL = (
 
 
 def header(model_label: str) -> tuple[gr.Markdown, tour.TourPanel]:
-    """Title, introduction, the loaded model's label and the guided tour; returns the model line,
-    which the model picker sets (``engine.page.handlers.model_choice``), and the tour, whose
-    "Set this up" buttons app.py wires (``tour.wire_setups``)."""
+    """Title, introduction, model line and tour; returns the model line and the tour."""
     gr.Markdown(f"# {TITLE}\n\n{INTRO}")
     model_line = gr.Markdown(model_label, elem_id="model_markdown")
     with gr.Accordion("Guided tour: what to look at", open=False, elem_id="tour_accordion"):
@@ -53,8 +48,6 @@ def header(model_label: str) -> tuple[gr.Markdown, tour.TourPanel]:
 
 @dataclass
 class RequestsPanel:
-    """The request table, its upload and download buttons, and the preset's explanation."""
-
     table: gr.Dataframe
     upload_button: gr.UploadButton
     table_button: gr.Button
@@ -117,12 +110,7 @@ def downloads_panel() -> gr.File:
 def run_outputs(
     run_state: gr.State, results: ResultsPanel, downloads: gr.File, settings: SettingsPanel
 ) -> list:
-    """What Run and Stop write, in ``engine.page.views.run_view.RUN_OUTPUTS`` order: each
-    component found by its ``elem_id``, the output's name.
-
-    Raises:
-        KeyError: an output with no component.
-    """
+    """What Run and Stop write, in ``RUN_OUTPUTS`` order, by ``elem_id`` (KeyError: missing)."""
     found = by_elem_id(results, settings) | {"run_state": run_state, "downloads_file": downloads}
     return [found[name] for name in RUN_OUTPUTS]
 
@@ -152,12 +140,7 @@ COMPONENTS |= {
 
 
 def page_components(names, requests: RequestsPanel, settings: SettingsPanel, results, **states):
-    """The components of ``names`` (keys of ``COMPONENTS``), in that order; ``states`` are the
-    ``gr.State``s named there (``run_state``, ``handle_state``).
-
-    Raises:
-        KeyError: a name with no component, or a state not given.
-    """
+    """The components of ``names`` (``COMPONENTS`` keys) and ``states`` (KeyError: missing)."""
     page = SimpleNamespace(requests=requests, settings=settings, results=results, **states)
     return [operator.attrgetter(COMPONENTS[name])(page) for name in names]
 
@@ -165,9 +148,7 @@ def page_components(names, requests: RequestsPanel, settings: SettingsPanel, res
 def run_inputs(
     requests: RequestsPanel, settings: SettingsPanel, results, run_state, handle, live=False
 ):
-    """What Run reads, in ``run_options.RUN_INPUTS`` order (the /run API's; the states are not in
-    the API): each ``RunSettings`` field's component, found by its name. ``live``: "Run live
-    anyway"'s, whose ``replay_recent`` is False."""
+    """What Run reads, in ``RUN_INPUTS`` order; ``live``: "Run live anyway"'s."""
     states = {"run_state": run_state, "handle_state": handle}
     components = page_components(RUN_INPUTS, requests, settings, results, **states)
     if live:

@@ -1,10 +1,4 @@
-"""The results panel: the status line and every view of a run, below the request editor.
-
-Timelines, the step slider, both attention masks, the block map, a server's own record in the same
-views (hidden without servers), the metrics and outputs tables, the serving charts, the host's
-servers' line and charts, and "Where outputs differ" (``DivergencePanel``). It opens on the
-shipped recording until a Run.
-"""
+"""The results panel: the status line and every view of a run, below the request editor."""
 
 from __future__ import annotations
 
@@ -29,8 +23,6 @@ LAYER_HELP = {
 
 @dataclass
 class ResultsPanel:
-    """The status line and every view of a run: timelines, masks, block map, tables, charts."""
-
     status_markdown: gr.Markdown
     x_axis_radio: gr.Radio
     static_timeline_plot: gr.Plot
@@ -52,18 +44,17 @@ class ResultsPanel:
     mask_layer_state: gr.State | None = None  # the type the step views draw: no input of the API
 
     def step_views(self) -> list:
-        """The views a step or an x-axis change redraws, in ``run_view.STEP_VIEW_OUTPUTS`` order."""
+        """In ``run_view.STEP_VIEW_OUTPUTS`` order."""
         found = by_elem_id(self)
         return [found[name] for name in run_view.STEP_VIEW_OUTPUTS]
 
     def step_inputs(self, run_state: gr.State) -> list:
-        """What a step redraw reads, in ``playground.update_step``'s order."""
+        """In ``playground.update_step``'s order."""
         return [run_state, self.step_slider, self.x_axis_radio, self.mask_layer_state]
 
 
 def by_elem_id(*panels) -> dict:
-    """Every component of ``panels`` (panel dataclasses, nested ones included) by its
-    ``elem_id``; those without one are left out."""
+    """Every component of ``panels`` (nested ones too) by ``elem_id``."""
     found = {}
     for panel in panels:
         for f in fields(panel):
@@ -76,8 +67,7 @@ def by_elem_id(*panels) -> dict:
 
 
 def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) -> ResultsPanel:
-    """The results, below the editor, showing ``shown`` (the shipped recording) until a Run;
-    with the host's servers (``server_names``), their line and charts too."""
+    """The results, showing ``shown`` until a Run; with ``server_names``, their line and charts."""
     status = gr.Markdown(
         shown.status if shown is not None else "Press Run to compare the two engines.",
         elem_id="status_markdown",
@@ -120,7 +110,7 @@ def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) 
 
 
 def _metrics_table(shown: RunResult | None) -> gr.Dataframe:
-    """The metrics table, one row per engine, its column names explained on hover (page.js)."""
+    """The metrics table, its column names explained on hover (page.js)."""
     return gr.Dataframe(
         value=shown.metrics if shown is not None else None,
         headers=tables.METRICS_HEADERS,
@@ -142,12 +132,11 @@ class DivergencePanel:
     table: gr.Dataframe
 
     def views(self) -> list:
-        """What a pick redraws (``divergence_view.divergence_event``'s order)."""
+        """In ``divergence_view.divergence_event``'s order."""
         return [self.markdown, self.textbox, self.table]
 
 
 def divergence_panel(shown: RunResult | None) -> DivergencePanel:
-    """A closed accordion under the outputs: pick an (engine, request) that differs."""
     picks, value, text, prefix, rows = divergence_view.first_view(shown and shown.state)
     with gr.Accordion("Where outputs differ", open=False, elem_id="divergence_accordion"):
         dropdown = gr.Dropdown(
@@ -173,8 +162,7 @@ def divergence_panel(shown: RunResult | None) -> DivergencePanel:
 
 
 def _step_views(shown: RunResult | None) -> tuple:
-    """Both timelines, the step slider, both masks and the block map, in ``ResultsPanel`` order,
-    then the packed mask's layer type, above the masks."""
+    """Both timelines, the slider, both masks and the block map, then the layer type."""
     v = shown.views if shown is not None else None
     with gr.Row():
         static_timeline = plot("static_timeline_plot", v and v.static_timeline)

@@ -1,12 +1,5 @@
-"""Panel builders for the host's servers: the servers to run, the servers line, their charts, and
-a scheduler's own record of its steps (``InsidePlots``: the local vLLM, or transformers'
-continuous batching, from the inside).
-
-Without servers set up by the host (``engine.page.run.host_servers``: there is no box to type an
-address into), the checkboxes and the servers line are left out and the charts hidden (the inside
-views too, until transformers' record is drawn). The servers line refreshes itself: every second
-while a server starts, every few seconds after, so a server that died or restarted shows up too.
-"""
+"""Panel builders for the host's servers: the checkboxes, the servers line, their charts, and a
+scheduler's own record (``InsidePlots``). Left out or hidden without servers."""
 
 from __future__ import annotations
 
@@ -32,8 +25,7 @@ SERVERS_COST = (
 
 
 def servers_checkbox(server_names: list[str]) -> gr.CheckboxGroup:
-    """The host's servers to run too, none ticked (``SERVERS_COST`` says why); hidden when there
-    are none."""
+    """The host's servers to run too, none ticked (``SERVERS_COST`` says why)."""
     return gr.CheckboxGroup(
         server_names,
         value=[],
@@ -67,8 +59,6 @@ def refresh() -> tuple[str, gr.Timer]:
 
 
 def server_plots(shown, server_names: list[str]) -> tuple[gr.Plot, gr.Plot]:
-    """The servers' request lanes and their /metrics chart, one above the other (both hidden
-    without servers)."""
     with gr.Column(visible=bool(server_names)):
         timeline = plot("server_timeline_plot", shown and shown.server_timeline)
         chart = plot("server_chart_plot", shown and shown.server_chart)
@@ -77,8 +67,6 @@ def server_plots(shown, server_names: list[str]) -> tuple[gr.Plot, gr.Plot]:
 
 @dataclass
 class InsidePlots:
-    """A scheduler's own record (``engine.page.views.inside_view``) in our engines' views."""
-
     timeline: gr.Plot
     mask: gr.Plot
     block_map: gr.Plot
@@ -87,9 +75,8 @@ class InsidePlots:
 
 
 def inside_plots(shown, server_names: list[str]) -> InsidePlots:
-    """Under our engines' step views: what says where these come from, then the scheduler's
-    timeline and packed mask, its KV block map and its tokens and KV per step (hidden without
-    servers, until a run with transformers' continuous batching shows them)."""
+    """The record's source, timeline, packed mask, block map and per-step use (hidden till
+    drawn)."""
     views = shown.views if shown is not None else None
     visible = bool(server_names) or bool(shown is not None and shown.inside_shown)
     with gr.Column(visible=visible, elem_id="inside_column") as column:
@@ -104,5 +91,4 @@ def inside_plots(shown, server_names: list[str]) -> InsidePlots:
 
 
 def plot(elem_id: str, figure) -> gr.Plot:
-    """A chart without a label (its title says what it is); ``figure`` may be None."""
     return gr.Plot(figure, show_label=False, elem_id=elem_id)

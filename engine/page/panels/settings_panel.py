@@ -1,9 +1,7 @@
 """The settings panel: preset, slots, checks, the engine knobs, precision, Run and Stop, the link.
 
-Built in the right-hand column beside the request editor. Each knob's component is built from its
-declaration (``engine.knobs``): its widget, element id, label, help, range and default, and its
-place (above the preset, beside it, in the engine settings or their precision row) and row; this
-panel lays the places out and adds what is no knob.
+Knobs are built from their declarations (``engine.knobs``), place and row included; this panel
+lays the places out and adds what is no knob.
 """
 
 from __future__ import annotations
@@ -70,10 +68,8 @@ def settings_panel(
     dtype: str = "float32",
     models: list[str] = (),
 ) -> SettingsPanel:
-    """The right-hand column of settings; the engine knobs sit in a closed accordion, the
-    precision (one of ``dtypes``, ``dtype`` first chosen) and batch-invariant mode last in it.
-    ``models``: the host's (``allowlist.offered_models``), the loaded one first; the model
-    picker on top is shown where there are several."""
+    """The right-hand column: knobs in a closed accordion, precision last; a model picker for
+    several ``models``."""
     models, dtypes = list(models) or ["embedded"], list(dtypes)
     host = {  # what the host, not the knob's declaration, gives these components
         "model": {"choices": models, "value": models[0], "visible": len(models) > 1},
@@ -119,14 +115,12 @@ def settings_panel(
 
 
 def placed(place: str) -> list[Knob]:
-    """The knobs the page shows at ``place`` (``engine.knobs.PLACES``), in the panel's order: those
-    a preset sets first, in its order (``Knob.preset``), then the others in ``KNOBS`` order."""
+    """The knobs at ``place``: those a preset sets first, then the rest in ``KNOBS`` order."""
     return sorted((k for k in KNOBS if k.place == place), key=lambda k: (not k.preset, k.preset))
 
 
 def _place_knobs(place: str, host: dict[str, dict]) -> dict:
-    """The components of ``place``'s knobs, by element id; neighbours with one ``row`` share a
-    ``gr.Row``. ``host``: what the host sets of a knob's component, by knob name."""
+    """``place``'s knob components by element id; one ``row`` shares a ``gr.Row``."""
     found = {}
     for row, knobs in groupby(placed(place), key=lambda k: k.row):
         with gr.Row() if row else nullcontext():
@@ -137,7 +131,7 @@ def _place_knobs(place: str, host: dict[str, dict]) -> dict:
 
 
 def _link_controls() -> tuple:
-    """ "Copy link to this setup" and its textbox; the hidden Stop reply and "Leave the queue"."""
+    """E.g. "Copy link to this setup" and its textbox, the hidden Stop reply, "Leave the queue"."""
     link_button = gr.Button("Copy link to this setup", size="sm", elem_id="link_button")
     link_textbox = gr.Textbox(
         label="Link: preset or table, slots, step and engine settings",
@@ -151,7 +145,7 @@ def _link_controls() -> tuple:
 
 
 def _run_controls() -> tuple:
-    """The note under the settings (in view when Run is pressed), "Run live anyway", Run, Stop."""
+    """The note under the settings, "Run live anyway", Run, Stop."""
     run_note = gr.Markdown(run_note_text(), elem_id="run_note_markdown")
     live_button = gr.Button(
         "Run live anyway", size="sm", visible=False, elem_id="live_button", variant="secondary"

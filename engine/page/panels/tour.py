@@ -1,12 +1,7 @@
 """The guided tour: short plain-words explanations, each pointing at the live chart that shows it.
 
-The text lives in ``assets/tour.json`` (a list of ``{"title", "text", "chart", "chart_name",
-"setup"}``, ``chart`` being the ``elem_id`` of a chart on the page and ``setup`` a setup link's
-query, ``?preset=...``, as docs/hosting.md's tour hands out), so a teacher can edit it without
-code. Each step's "Set this up" applies its link in place (``page_io.from_query``, as the page
-applies a link when it opens, with the engine settings a preset sets put back first, as choosing
-the preset does) and says "press Run": it never runs, so a class can read the setup before the
-queue fills with runs nobody asked for. The link itself is there to hand out.
+``assets/tour.json``'s format and what "Set this up" does: docs/page.md, "The presets and tour
+files".
 """
 
 from __future__ import annotations
@@ -36,12 +31,10 @@ class TourStep:
 
     @property
     def params(self) -> dict[str, str]:
-        """The setup link's query parameters, e.g. ``{"preset": "seed", "slots": "3"}``."""
         return dict(parse_qsl(self.setup.removeprefix("?")))
 
     def markdown(self) -> str:
-        """The step's text, what its "Set this up" button does, a link that scrolls the page to
-        its chart, and its setup link to hand out."""
+        """The step's text, what "Set this up" does, a link to its chart, and its setup link."""
         return (
             f"{self.text}\n\n→ **Set this up** sets the page up for this step (nothing runs); "
             f"press Run, then see it in [{self.chart_name}](#{self.chart}). "
@@ -49,7 +42,7 @@ class TourStep:
         )
 
     def setup_words(self) -> str:
-        """The setup in words: "“Long prompts” at 2 slots, Token budget 64"."""
+        """E.g. "“Long prompts” at 2 slots, Token budget 64"."""
         params = self.params
         name = presets.by_slug(params.get("preset", "")) or presets.DEFAULT_PRESET
         slots = int(params.get("slots") or presets.preset_slots(name))
@@ -61,15 +54,12 @@ class TourStep:
 
 
 def _value_words(text: str) -> str:
-    """A link's value as the note says it: "on", "off" or the value."""
     flag = link_query.FLAG_WORDS.get(text.lower())
     return text if flag is None else ("on" if flag else "off")
 
 
 def set_up(step: TourStep, precision: link_query.Precision | None = None) -> tuple:
-    """What "Set this up" sets: ``page_io.from_query(step's link, whole=True)`` (in
-    ``page_io.LINK_OUTPUTS`` order), then the link's step kept for the next Run's slider (None:
-    none), then the note under the button."""
+    """What "Set this up" sets: ``from_query(link, whole=True)``, the link's step, the note."""
     params = step.params
     updates = page_io.from_query(params, precision, whole=True)
     kept = page_io.query_step(params)
@@ -80,15 +70,12 @@ def set_up(step: TourStep, precision: link_query.Precision | None = None) -> tup
 
 @dataclass
 class TourPanel:
-    """The tour's steps, each with its "Set this up" button and the note under it."""
-
     walkthrough: gr.Walkthrough
     setups: list[tuple[TourStep, gr.Button, gr.Markdown]]
 
 
 def tour_panel() -> TourPanel:
-    """The tour's stepper: each step's text, its "Set this up" and "Next" buttons, and the note
-    under them (ids ``tour_setup_N``, ``tour_next_N``, ``tour_note_N``, N from 1)."""
+    """The stepper (ids ``tour_setup_N``, ``tour_next_N``, ``tour_note_N``, N from 1)."""
     steps, setups = load_tour(), []
     with gr.Walkthrough(selected=1, elem_id="tour_walkthrough") as walkthrough:
         for number, step in enumerate(steps, start=1):
@@ -109,8 +96,7 @@ def tour_panel() -> TourPanel:
 
 
 def wire_setups(panel: TourPanel, link_outputs: list, precision_state, link_step_state) -> None:
-    """Each step's "Set this up": ``set_up`` into the components a link sets (``link_outputs``,
-    ``page_io.LINK_OUTPUTS`` order), the link's kept step and the step's note."""
+    """Wire each step's "Set this up" to ``set_up``."""
     for step, button, note in panel.setups:
         outputs = [*link_outputs, link_step_state, note]
         button.click(
@@ -135,5 +121,4 @@ def load_tour(path: Path = TOUR_PATH) -> list[TourStep]:
 
 
 def step_selector(number: int) -> Callable[[], gr.Walkthrough]:
-    """A click handler that moves the tour to step ``number`` (1-based)."""
     return lambda: gr.Walkthrough(selected=number)

@@ -1,21 +1,8 @@
 """The CPUs a run's engines keep to themselves, and the rest, on which the page serves.
 
-A run is a measurement, and on a small host the page that serves a room shares the CPUs with it.
-Nice values (``engine.page.host.server_priority``) and a process of their own did not keep a room
-off the engines' times: torch's OpenMP threads wait for each other at every parallel region of a
-step, so a page thread that takes any of their CPUs for a moment stalls them all
-(docs/measurements.md, "CPUs of their own"). Split, each process keeps to its own CPUs
-(``engine.worker.worker_main.pin_process``): the engine process to the engine CPUs, with one
-torch thread each, and the page's (Gradio's event loop and workers, the figures it draws) to the
-rest.
-
-``CBP_ENGINE_CPUS`` (read at start, with the engine process only):
-
-* ``auto`` (default): every CPU this process may use but the first, when it may use two or more;
-* ``all``: no split; the engines' threads share every CPU with the page;
-* a count ``N``: the last ``N`` CPUs, from 1 to one less than the CPUs this process may use.
-
-Linux only (``os.sched_setaffinity``); elsewhere, or on a host with one CPU, there is no split.
+torch's OpenMP threads wait for each other at every parallel region, so a page thread that takes
+any of their CPUs stalls them all; nice values did not help (docs/measurements.md, "CPUs of their
+own"). ``CBP_ENGINE_CPUS``: docs/hosting.md. Linux only (``os.sched_setaffinity``).
 """
 
 from __future__ import annotations
@@ -37,13 +24,11 @@ class CpuSplit:
     page: tuple[int, ...]
 
     def short(self) -> str:
-        """A few words for the page's model line, e.g. "engines on 1 of 2 CPUs"."""
         total = len(self.engine) + len(self.page)
         return f"engines on {len(self.engine)} of {total} CPUs"
 
     def describe(self) -> str:
-        """One line for the start's log and the page, e.g. "engines on CPU 1 (1 thread), the
-        page on CPU 0"."""
+        """E.g. "engines on CPU 1 (1 thread), the page on CPU 0"."""
         n = len(self.engine)  # torch threads: one per engine CPU
         return (
             f"engines on {_cpus(self.engine)} ({n} thread{'s' * (n != 1)}), "
@@ -54,13 +39,9 @@ class CpuSplit:
 def cpu_split(
     environ: Mapping[str, str] | None = None, available: tuple[int, ...] | None = None
 ) -> CpuSplit | None:
-    """The split ``CBP_ENGINE_CPUS`` asks for on the CPUs ``available`` (default: this process's
-    affinity); None for no split (``all``, ``auto`` on one CPU, or a system without affinity).
-
-    Raises:
-        ValueError: a value other than ``auto``, ``all`` or a whole number from 1 to one less
-            than the CPUs available.
-    """
+    """The split ``CBP_ENGINE_CPUS`` asks for on ``available`` (default: this process's
+    affinity); None for no split. Raises ValueError for a value not ``auto``, ``all`` or 1 to
+    CPUs - 1."""
     text = settings.value(ENV, environ).lower()
     if available is None:
         available = _available()
@@ -86,7 +67,7 @@ def _available() -> tuple[int, ...]:
 
 
 def _cpus(cpus: tuple[int, ...]) -> str:
-    """ "CPU 1", "CPUs 1-7" or "CPUs 0, 2"."""
+    """In words: "CPU 1", "CPUs 1-7" or "CPUs 0, 2"."""
     if len(cpus) == 1:
         return f"CPU {cpus[0]}"
     if list(cpus) == list(range(cpus[0], cpus[-1] + 1)):

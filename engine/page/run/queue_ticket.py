@@ -1,26 +1,13 @@
 """A run's ticket in the queue, and what its waiting person is told: a place and a wait.
 
-A ``Ticket`` holds what the queue knows of one run: whose it is, its work, its setup, and once it
-runs, its steps so far (from which its own pace: ``progress_pace``, and what is left of it:
-``left_s``). ``RunQueue.place`` tells its person a ``Place``.
-
-**Places count runs, not sessions.** A run in line is a turn on the model: the running run and
-each waiting one that will run. A waiting run whose setup is already ahead of it (running or
-waiting: ``RunQueue.join``'s ``setup``) takes no turn, since it is shown that run when it ends;
-so it adds no place for those behind it, and is told the place of that run. Every session is
-told the same ``total``. A run with no setup (run live anyway) always takes a turn::
+Places count runs, not sessions: a waiting run whose setup is already ahead takes no turn and is
+told that run's place (``run_places``)::
 
     in line:  seed (running)  custom  seed  seed  custom  live
     place:    1               2       1     1     2       3      total 3
 
-**The estimate counts down.** Each ticket keeps the wait it was last told and when
-(``ToldWait``); what it is told next is that wait less the time since, unless the queue's fresh
-estimate is past a tolerance from it. The fresh estimate moves with things that barely move the
-wait (the running run's slowdown re-read at each report of its steps, a finished run moving the
-pace), and told as it is, the line would read 70, 60, 80, 50 s. The tolerance's share is the error
-the room measurements hold an estimate to (within ±30 %, ``docs/measurements.md``): a change past
-it (a run ahead left, the run in progress ran slower than its estimate) is told at once. Its floor
-is the queue line's own step under 90 s, below which a change shows as a flip between two words.
+The told wait counts down and moves to a fresh estimate only past a tolerance (±30 %, the error
+docs/measurements.md holds estimates to; floor: the queue line's own step under 90 s).
 """
 
 from __future__ import annotations
@@ -39,15 +26,12 @@ MIN_PROGRESS_STEPS = 20
 
 @dataclass
 class ToldWait:
-    """The wait one ticket was last told (None: none yet) and when, by the queue's clock."""
-
     told_s: float | None = None
     at_s: float = 0.0
 
     def tell(self, estimate_s: float | None, now_s: float) -> float | None:
-        """The wait to tell now, given the queue's fresh ``estimate_s``: the last one told counted
-        down to ``now_s``, unless ``estimate_s`` is past the tolerance from it (or none was told,
-        or there is no estimate any more); then ``estimate_s``, kept as the new one told."""
+        """The wait to tell at ``now_s``: the last one counted down, or ``estimate_s`` if far
+        off."""
         if estimate_s is None:
             self.told_s = None
             return None
@@ -61,8 +45,6 @@ class ToldWait:
 
 @dataclass
 class Ticket:
-    """One run's place in the queue: whose it is, how much work it is, and when it joined."""
-
     session: str
     work: Work  # what the run will do, in the parts the estimate prices
     joined_s: float
@@ -81,8 +63,7 @@ class Ticket:
     told: ToldWait = field(default_factory=ToldWait, repr=False)  # the wait it was told last
 
     def left_s(self, pace: Pace, now: float, slowdown: float = 1.0) -> float:
-        """What is left of its run, once it runs: its cost (at the ``slowdown`` it shows) less its
-        time so far, and at least its engine steps not yet done at that pace."""
+        """What is left of its running run: cost less time so far, at least its steps left."""
         left_s = pace.cost_s(self.work, slowdown=slowdown) - (now - self.started_s)
         if self.steps_done:
             left = pace.engine_s_left(self.work, self.steps_done)
@@ -90,11 +71,8 @@ class Ticket:
         return max(0.0, left_s)
 
     def progress_pace(self) -> Pace | None:
-        """Its run's pace, once it runs, from its first report of steps to its last (None before
-        ``MIN_PROGRESS_STEPS`` between them): the estimates' pace until one is learned, then
-        their slowdown. Not from its start: what comes before its first step (the job handed to
-        the engine process, its first prompts' prefill) is no pace of its steps, and timed from
-        the start a run reads slower than it goes."""
+        """Its run's pace between its first and last step reports (None before
+        ``MIN_PROGRESS_STEPS``)."""
         if self.first_steps is None or self.steps_done_s is None:
             return None
         first, first_s = self.first_steps
@@ -106,11 +84,8 @@ class Ticket:
 
 @dataclass(frozen=True)
 class Place:
-    """What a waiting person is told (the module docstring says how places and totals count):
-    ``place`` in line among the runs, the run in progress first (with ``identical_ahead``, the
-    place of the run of its setup ahead); ``total``: the runs in line; ``estimate_s``: the wait
-    until this run starts, or with ``identical_ahead`` until that run ends and is shown to it
-    (None: nothing measured yet); ``after_running``: a run is in progress ahead of this one."""
+    """A waiting person's ``place`` (with ``identical_ahead``: that run's), ``total`` runs in
+    line, ``estimate_s`` (None: nothing measured) and ``after_running``."""
 
     place: int
     total: int
@@ -123,8 +98,7 @@ class Place:
 
 
 def run_places(setups: Sequence[Hashable | None]) -> tuple[list[int], int]:
-    """The place each entry in line waits for, and the number of runs in line, from the setups in
-    line order (the running run's first; None: a run that always takes a turn)."""
+    """Each entry's place and the runs in line, from the setups in order (None: always a turn)."""
     places, first_place = [], {}
     runs = 0
     for setup in setups:

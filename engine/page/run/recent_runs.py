@@ -1,15 +1,8 @@
 """Recent runs on this host, by setup: a Run identical to one measured minutes ago is shown at once.
 
-In a workshop most of a room runs the same few setups. A greedy run of the same requests on the
-same model, dtype, kernel and host gives the same tokens and the same schedule every time; only its
-timings move. So when a pressed Run's setup equals one that finished here within the window, the
-page shows that run at once, labelled as what it is ("measured at 14:02 on this host, 3 min ago,
-identical setup"), and a "Run live anyway" button queues a real run. Nothing is invented: the shown
-run is the earlier real one, and a live run of the same setup replaces it here.
-
-The window is a host setting (``replay_window_s``). The caller builds the key: everything that
-can change what a run shows (the table, every engine knob, the precision, the model), and nothing
-that only changes how it is drawn (the x axis).
+A greedy run of the same requests, model, dtype, kernel and host gives the same tokens and
+schedule; only its timings move. The shown run is the earlier real one, labelled as such. The
+caller's key holds everything that changes what a run shows, nothing that only changes drawing.
 """
 
 from __future__ import annotations
@@ -28,11 +21,7 @@ MAX_RUNS = 32  # setups kept; the least recently measured goes first
 
 
 def replay_window_s(environ=None) -> float:
-    """``CBP_REPLAY_WINDOW_S``: how old a run may be and still be shown for an identical setup.
-
-    Raises:
-        ValueError: the variable is set to something other than a number of seconds >= 0.
-    """
+    """``CBP_REPLAY_WINDOW_S`` in seconds; raises ValueError for anything but seconds >= 0."""
     text = settings.value("CBP_REPLAY_WINDOW_S", environ)
     try:
         window_s = float(text)
@@ -47,8 +36,7 @@ def replay_window_s(environ=None) -> float:
 
 @dataclass(frozen=True)
 class RecentRun:
-    """A finished run kept for its setup: what the page rendered (``state``, the views' own type),
-    its download files, and when it finished (``measured_at``, seconds since the epoch)."""
+    """A finished run kept for its setup: rendered state, downloads, ``measured_at`` (epoch s)."""
 
     state: Any
     downloads: list[str] | None
@@ -58,10 +46,7 @@ class RecentRun:
     _drawing: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     def drawn(self, key: Hashable, draw: Callable[[], Any]) -> Any:
-        """``draw()``, made once per ``key`` (the x axis it is drawn on) and kept with this run:
-        a room shown one run draws its figures once, not once per person (each draw takes the
-        page a second or two of CPU, and several people can be shown one run the moment it
-        ends). Callers must not change what it returns."""
+        """``draw()``, made once per ``key`` and kept (callers must not change it)."""
         with self._drawing:  # a second person waits for the first draw instead of repeating it
             if key not in self._drawings:
                 self._drawings[key] = draw()
@@ -79,7 +64,6 @@ class RecentRuns:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def keep(self, key: Hashable, state: Any, downloads: list[str] | None = None) -> None:
-        """Keep ``state`` as the latest run of setup ``key`` (it replaces an older one)."""
         if self.window_s <= 0:
             return
         with self._lock:
@@ -89,7 +73,6 @@ class RecentRuns:
                 self._runs.popitem(last=False)
 
     def find(self, key: Hashable) -> RecentRun | None:
-        """The run of setup ``key`` that finished within the window, or None."""
         with self._lock:
             run = self._runs.get(key)
             if run is not None and self.clock() - run.measured_at > self.window_s:
@@ -98,13 +81,11 @@ class RecentRuns:
             return run
 
     def age_s(self, run: RecentRun) -> float:
-        """Seconds since ``run`` finished."""
         return max(0.0, self.clock() - run.measured_at)
 
 
 def replay_label(run: RecentRun, age_s: float) -> str:
-    """What a replayed run says it is, e.g. "measured at 14:02 on this host, 3 min ago,
-    identical setup" (local time of the host)."""
+    """E.g. "measured at 14:02 on this host, 3 min ago, identical setup" (host's local time)."""
     at = time.strftime("%H:%M", time.localtime(run.measured_at))
     ago = f"{age_s:.0f} s ago" if age_s < 60 else f"{age_s / 60:.0f} min ago"
     return f"measured at {at} on this host, {ago}, identical setup"

@@ -1,23 +1,8 @@
 """One Run, one object: a pressed Run from its place in the queue to its answer.
 
-The page's seam, shaped as ``engine.worker.comparison`` is the worker's: a typed ``RunRequest``
-in, typed progress (``Waiting``, ``Running``) and a typed end (``Replay``, ``Left``, ``Ended``)
-out. The Run handler polls ``Run.wait``, the run's one wait loop::
-
-    Waiting(place) ─▶ Running(progress) ─▶ Ended(RunAnswer | error)
-       ├─▶ Replay(recent run)   an identical run finished first
-       └─▶ Left                 Stop took it out of the queue
-
-With servers chosen, a ``Running`` carries the answer so far (``shown``) once our engines are
-done, and again after each server: the next server waits for the page's next ``wait``, so that
-drawing those results takes no CPU from a server being timed.
-
-A ``Run`` owns the queue ticket (``run_queue``), its ``Turn`` (``run_handle``: Stop stops this
-object), the model's lock while it runs, and the worker's ``Job`` under way: the engines in the
-model's worker (``ComparisonJob``), then the chosen servers on the page's engine thread
-(``host_servers``, one job each), then their verdicts in the worker (``JudgeJob``). Every job
-goes through one transport interface (``engine.worker.transport``), and nothing relays between
-them.
+Shaped as ``engine.worker.comparison``: a ``RunRequest`` in, progress (``Waiting``, ``Running``)
+and an end (``Replay``, ``Left``, ``Ended``) out, polled through ``Run.wait``. The whole path,
+stage by stage: docs/architecture.md, "One Run, module by module".
 """
 
 from __future__ import annotations
@@ -56,9 +41,7 @@ SHOW = "show"  # a stage: the answer so far goes to the page before the next ser
 
 @dataclass(frozen=True)
 class RunRequest:
-    """What a Run asks: ``requests`` on ``model`` (in the run's precision) under ``config``;
-    ``replay``: an identical recent run may be shown instead; ``judged(trace)``: whether a
-    server's outputs are judged against the reference."""
+    """``requests`` on ``model`` under ``config``; ``replay``: a recent identical run may show."""
 
     model: PageModel
     requests: list[Request]
@@ -68,11 +51,7 @@ class RunRequest:
     judged: Callable[[Trace], bool] = lambda _trace: True
 
     def setup_key(self) -> tuple:
-        """What makes two runs identical: the model and its precision, the tokenized requests
-        (prompt ids, caps, arrivals, sampling settings) and every engine knob. Not the x axis,
-        which only changes how a run is drawn, nor the precision knob: ``model`` is the run's
-        (a page sends "float32" where an API client sends nothing, and both are one run), nor
-        the model knob: ``model`` is the run's, named by its allowlist id."""
+        """What makes two runs identical: model, precision, tokenized requests, every knob."""
         rows = tuple(
             (tuple(r.prompt_token_ids), r.max_new_tokens, r.arrival_s, repr(r.sampling))
             for r in self.requests
@@ -84,9 +63,7 @@ class RunRequest:
 
 @dataclass
 class RunAnswer:
-    """A finished run: the engines' ``ComparisonResult``, the servers' traces, failures and
-    stage seconds by name (``_run_servers``), and the verdicts of the servers judged (None:
-    none)."""
+    """A finished run: engines' result, servers' traces, failures, stage seconds, verdicts."""
 
     comparison: ComparisonResult
     servers: dict[str, Trace] = field(default_factory=dict)
@@ -95,7 +72,6 @@ class RunAnswer:
     server_verdicts: dict[str, dict[int, dict]] | None = None
 
     def so_far(self) -> RunAnswer:
-        """A copy that later servers do not change (their traces and failures go in the run's)."""
         return dataclasses.replace(
             self, servers=dict(self.servers), server_failures=dict(self.server_failures)
         )
@@ -108,8 +84,7 @@ class Waiting:
 
 @dataclass(frozen=True)
 class Running:
-    """The run goes: each engine's progress; ``shown``: the answer so far, to show now (our
-    engines' results, with the servers done so far) before the next server starts."""
+    """Each engine's progress; ``shown``: the answer so far, to show now."""
 
     progress: dict[str, EngineProgress]
     elapsed_s: float
@@ -148,16 +123,10 @@ RunEvent = Waiting | Running | Replay | Left | Ended
 
 
 class Run:
-    """One visitor's run (see the module docstring); a context manager: leaving it stops what is
-    under way and gives up the queue's place and the model."""
+    """One visitor's run; leaving the context stops what is under way and gives up the model."""
 
     def __init__(self, request: RunRequest, handle: RunHandle, turn: Turn):
-        """Find an identical recent run, else join the model's queue.
-
-        Raises:
-            ValueError: the queue refused the run (one already queued for this session, or far
-                over the run limit), or ``CBP_RUN_TIME_LIMIT_S`` is not a time limit.
-        """
+        """Find an identical recent run, else join the queue; ValueError when refused."""
         self.request, self.turn = request, turn
         self.key = request.setup_key()
         self.control = RunControl(run_time_limit_s())
@@ -186,11 +155,9 @@ class Run:
 
     @property
     def queued(self) -> bool:
-        """Still waiting for its turn on the model."""
         return self._recent is None and self._started_s is None
 
     def wait(self, timeout_s: float | None) -> RunEvent:
-        """Wait up to ``timeout_s`` for the run to move on; what the page shows now."""
         if self._recent is not None:
             return Replay(self._recent)
         if self._started_s is None:
@@ -210,21 +177,17 @@ class Run:
         return self._next_stage(value)
 
     def lend(self) -> None:
-        """The handler yields the run's place to Gradio (``RunQueue.lend``): call it just before
-        the yield, so that Gradio's delay in asking again never drops the run from the queue."""
+        """Call just before yielding the run's place to Gradio (``RunQueue.lend``)."""
         if self.queued and self.ticket is not None:
             self.request.model.queue.lend(self.ticket)
 
     def stop(self) -> None:
-        """Stop the run's engines (Stop, a closed tab): they end within a step."""
         self.control.stop()
         if self._job is not None:
             self._job.stop()
 
     def finish(self, on_kept: Callable[[], None]) -> None:
-        """The ended run was shown: ``on_kept()`` (keep it for identical runs: first, so those
-        waiting see it; not for an abandoned tab), then give up the model and teach the queue
-        its pace."""
+        """Shown: ``on_kept()`` (unless abandoned), then free the model and teach the pace."""
         if not self.turn.abandoned:
             on_kept()
         self._release_lock()
@@ -234,7 +197,6 @@ class Run:
         self.request.model.queue.finish(self.ticket, wall_s, parts_s)
 
     def close(self) -> None:
-        """Stop what is under way, free the model and leave the queue (no-ops when done)."""
         if self._job is not None:
             self._job.close()
             self._job = None
@@ -248,8 +210,7 @@ class Run:
         return self.request.model.recent.find(self.key) if self.request.replay else None
 
     def _wait_turn(self, timeout_s: float | None) -> RunEvent:
-        """Wait for the model's turn; at it, start the engines. A recent run of this setup that
-        finished meanwhile is shown instead: in a room, the first run serves all who waited."""
+        """Wait for the turn, then start the engines (or show an identical run finished since)."""
         queue = self.request.model.queue
         try:
             turn_now = queue.wait_turn(self.ticket, timeout_s=timeout_s)
@@ -286,7 +247,6 @@ class Run:
     # --- the jobs -------------------------------------------------------------------------------
 
     def _next_stage(self, value) -> RunEvent:
-        """Take a job's value into the answer and go on to the next stage."""
         if self._answer is None:
             self._answer = RunAnswer(value)
         elif isinstance(value, tuple):  # a server's trace or failure, and its stage seconds
@@ -300,8 +260,7 @@ class Run:
         return self._next_job()
 
     def _next_job(self) -> RunEvent:
-        """Send the next stage's job; at ``SHOW``, hold it and hand the answer so far to the
-        page (not after a stop: the servers left are then listed as not run)."""
+        """Send the next stage's job; at ``SHOW``, hand the answer so far to the page first."""
         while self._stages and self._job is None:
             stage = self._stages.pop(0)
             if stage is SHOW:
@@ -317,11 +276,7 @@ class Run:
         return self._running() if self._job is not None else Ended(self._answer)
 
     def _server_stages(self) -> None:
-        """The chosen servers, in the host's order: each one's job, after ``SHOW``.
-
-        Raises:
-            ValueError: a name the host did not configure.
-        """
+        """The chosen servers' jobs after ``SHOW``; ValueError for a server not set up."""
         request = self.request
         if not request.options.servers:
             return None
@@ -331,8 +286,7 @@ class Run:
         return None
 
     def _server_job(self, name: str) -> Job | None:
-        """One server's run, on the page's engine thread: it reports its failure or stop instead
-        of raising it; none after a stop (listed as not run, with the reason)."""
+        """One server's run on the page's engine thread (None after a stop: listed as not run)."""
         try:
             self.control.check()
         except RunStopped as exc:
@@ -343,8 +297,7 @@ class Run:
         return ThreadWorker(model).submit(_run_servers, args, self.control, self._take)
 
     def _judge_job(self) -> Job | None:
-        """The verdicts of the servers the reference can judge; none after a stop, or without
-        the reference check (the page then names their differences by request)."""
+        """The judgeable servers' verdicts (None after a stop, or without the reference check)."""
         answer = self._answer
         traces = {n: t for n, t in answer.servers.items() if self.request.judged(t)}
         if answer.comparison.verdicts is None or not traces:
@@ -362,8 +315,7 @@ class Run:
         return self._answer.comparison.batch_invariant
 
     def _take(self, entry: EngineProgress) -> None:
-        """Keep ``entry`` as its engine's progress (its trace None: the last one still holds),
-        and tell the queue the steps done, and when (read late, they are timed right)."""
+        """Keep ``entry`` as its engine's progress and tell the queue the steps done, and when."""
         kept = self._progress.get(entry.name)
         if entry.trace is None and kept is not None:
             entry = dataclasses.replace(entry, trace=kept.trace)
@@ -393,8 +345,7 @@ def _untaken(_entry) -> None:
 
 
 def _run_servers(model: PageModel, names, requests, config: EngineConfig, dtype, watch) -> tuple:
-    """``host_servers.run_servers`` as a job: (traces, failures, stage seconds) by name, each
-    server's stage timed by ``StageClock``: the queue prices each server from its own runs."""
+    """``host_servers.run_servers`` as a job: (traces, failures, stage seconds) by name."""
     servers = model.servers
     clock = StageClock(watch, ready=lambda name: servers.status(name).state == host_servers.READY)
     traces, failures = host_servers.run_servers(
@@ -411,12 +362,8 @@ def _run_servers(model: PageModel, names, requests, config: EngineConfig, dtype,
 
 
 class StageClock:
-    """Times the stages of servers run one after another, from the reports they send through
-    ``watch`` (``ProgressLog.watch``): a server's stage runs from its first report with the
-    server ``ready`` (a restart with the run's settings included: each run has one) to the next
-    server's first report, the last one's to ``stages_s``. A wait for the server's own start
-    (the page's first minutes) is left out: it is no cost of later runs. A server never ready
-    in its stage (it failed to start) is timed from its first report: it took that long here."""
+    """Times servers run one after another, each stage from its first report with the server
+    ``ready`` to the next server's first report (a wait for its first start left out)."""
 
     def __init__(
         self,
@@ -429,7 +376,7 @@ class StageClock:
         self._ready_s: dict[str, float] = {}  # their first report with the server ready
 
     def watch(self, name: str, *args, **named) -> None:
-        """``ProgressLog.watch``, the times of ``name``'s first report and first ready kept."""
+        """``ProgressLog.watch``, keeping the times of ``name``'s first report and first ready."""
         now_s = self._clock()
         self._first_s.setdefault(name, now_s)
         if name not in self._ready_s and self._ready(name):
@@ -437,7 +384,6 @@ class StageClock:
         self._watch(name, *args, **named)
 
     def stages_s(self) -> dict[str, float]:
-        """Each server's stage in seconds, by name, up to now for the last."""
         names = list(self._first_s)
         ends = [*(self._first_s[n] for n in names[1:]), self._clock()]
         starts = [self._ready_s.get(n, self._first_s[n]) for n in names]

@@ -1,10 +1,7 @@
 """The page's knobs: what Run reads, by name; parsed; then the table validated and tokenized.
 
-Run's inputs (``RUN_INPUTS``, the /run API's positions) arrive as ``RunSettings``
-(``settings_from_run``) and are parsed into ``RunOptions`` (``options_from_page``): Gradio hands
-numbers over as numbers or strings (an edited cell, an API client), so every knob is parsed here,
-and bad values raise one ``ValueError`` that names them all, with a message the page shows as is.
-``prepare`` turns the table into requests.
+Gradio hands numbers over as numbers or strings (an edited cell, an API client), so every knob is
+parsed here, and bad values raise one ``ValueError`` naming them all, shown in the page as is.
 """
 
 from __future__ import annotations
@@ -58,8 +55,7 @@ REQUIRED = RUN_INPUTS[: RUN_INPUTS.index("previous")]  # what /run took at first
 
 
 def _input_default(name: str):
-    """A Run input's /run default: none (``inspect.Parameter.empty``) for the first ten; None for
-    a state; else off for an on/off input and None (blank: the page's default) for the rest."""
+    """A Run input's /run default: none for the first ten, else None (off for an on/off input)."""
     if name in REQUIRED:
         return inspect.Parameter.empty
     on_off = name == "replay_recent" or (name in KNOB and KNOB[name].kind == "flag")
@@ -93,12 +89,8 @@ RUN_SIGNATURE = inspect.Signature(
 
 
 def settings_from_run(*values, **named) -> tuple[RunSettings, Any, Any]:
-    """The Run event's inputs, by position (``RUN_INPUTS``' order) or by name, as
-    ``(settings, previous, handle)``; an input not given takes its default.
-
-    Raises:
-        TypeError: too many inputs, an unknown name, or a required input missing.
-    """
+    """The Run event's inputs, by position or name, as ``(settings, previous, handle)``; raises
+    TypeError for too many, an unknown or a missing required one."""
     bound = RUN_SIGNATURE.bind(*values, **named)
     bound.apply_defaults()
     given = dict(bound.arguments)
@@ -115,7 +107,6 @@ OPTION_KNOBS = tuple(knob for knob in KNOBS if knob.name not in ("num_slots", "x
 
 
 def _option_field(knob: Knob) -> tuple:
-    """``RunOptions``' field for ``knob``: its name, type and default (``knob.unset``)."""
     kind = OPTION_TYPES[knob.kind] | None if knob.zero else OPTION_TYPES[knob.kind]
     return OPTION_NAMES.get(knob.name, knob.name), kind, dataclasses.field(default=knob.unset)
 
@@ -139,16 +130,7 @@ the Poisson arrivals' seed and the host's servers to run too."""
 
 
 def options_from_page(settings: RunSettings) -> RunOptions:
-    """The page's knobs as ``RunOptions`` (``knob_value``); the model and the dtype are checked
-    when the model is asked for (``shared_model.chosen_model``, ``SharedModel.in_dtype``). The
-    table is checked by ``prepare``, and so are the slot count and the settings' ranges, unless a
-    knob here is bad: then they are checked here too (``engine_config``), so that one message
-    names every bad setting at once.
-
-    Raises:
-        ValueError: a budget, rate, block size or switch that is not a value of the right kind
-            (each one named), with every other bad setting.
-    """
+    """The page's knobs as ``RunOptions``; raises ValueError naming every bad setting at once."""
     problems = []
     values = {}
     for knob in OPTION_KNOBS:  # a bad one told, and standing at its default
@@ -164,13 +146,7 @@ def options_from_page(settings: RunSettings) -> RunOptions:
 
 
 def view_inputs(settings: RunSettings) -> tuple[str, bool]:
-    """The two inputs of Run that no engine reads: the timelines' x axis (blank: "time") and
-    whether a recent identical run may be shown (``replay_recent``).
-
-    Raises:
-        ValueError: an x axis that is not one of its knob's choices, or a ``replay_recent`` that
-            is not true or false.
-    """
+    """The x axis (blank: "time") and ``replay_recent``; ValueError if either is bad."""
     problems, axis = [], KNOB["x_axis"]
     x_axis = knob_value(axis, settings.x_axis)  # blank: its default
     if x_axis not in axis.choices:
@@ -181,13 +157,7 @@ def view_inputs(settings: RunSettings) -> tuple[str, bool]:
 
 
 def engine_config(num_slots, options: RunOptions) -> EngineConfig:
-    """The continuous engine's config for the page's slot count and knobs (each knob's
-    ``config`` field; the static engine never shares prefixes: its own config).
-
-    Raises:
-        ValueError: a slot count that is not a whole number, and every bad setting
-            (``EngineConfig.problems``), in one message.
-    """
+    """The continuous engine's config; raises ValueError naming every bad setting at once."""
     problems, slots_knob = [], KNOB["num_slots"]
     slots = _told(problems, _whole_number, num_slots, slots_knob.named)
     if slots is not None and slots > slots_knob.high:  # EngineConfig: at least 1
@@ -203,8 +173,7 @@ def engine_config(num_slots, options: RunOptions) -> EngineConfig:
 
 
 def _told(problems: list[str], parse: Callable, *args):
-    """``parse(*args)``; None, with its ``ValueError``'s message added to ``problems``, if it
-    raises one."""
+    """``parse(*args)``, or None with its ``ValueError``'s message added to ``problems``."""
     try:
         return parse(*args)
     except ValueError as exc:
@@ -213,14 +182,12 @@ def _told(problems: list[str], parse: Callable, *args):
 
 
 def prepare(model, rows, num_slots, options: RunOptions):
-    """Validate and tokenize the table, and build the continuous engine's config; a paged KV
-    budget too small for some request is refused here, before any engine starts, and so is
-    batch-invariant mode for a model it does not support.
+    """Validate and tokenize the table, and build the continuous engine's config.
 
     Raises:
-        ValueError: bad table, slot count or knob, a KV budget that cannot hold a request,
-            prefix caching without the paged KV mode, or batch-invariant mode on a model without
-            its kernels.
+        ValueError: bad table, slot count or knob, a KV budget that cannot hold a request, prefix
+            caching without the paged KV mode, or batch-invariant mode on a model without its
+            kernels.
     """
     config = engine_config(num_slots, options)
     if options.batch_invariant:
@@ -248,14 +215,7 @@ TABLE_FORM = '{"headers": [...], "data": [[prompt, max_new_tokens, ...], ...]}'
 
 
 def request_rows(table) -> list:
-    """The request table's rows, from what Run was sent: the table as the page and the /run API
-    send it (``TABLE_FORM``), its rows as a list, or a pandas DataFrame. The rows themselves are
-    checked by ``parse_table``.
-
-    Raises:
-        ValueError: anything else (missing, text, a number, a dict without ``data``), or a row
-            that is not a list of cells.
-    """
+    """The table's rows from ``TABLE_FORM``, a list or a DataFrame; else ValueError."""
     if hasattr(table, "values") and hasattr(table, "columns"):  # a pandas DataFrame
         return table.values.tolist()
     rows = table.get("data") if isinstance(table, dict) else table
@@ -271,14 +231,12 @@ def request_rows(table) -> list:
 
 
 def _quoted(value, max_chars: int = 60) -> str:
-    """``repr(value)``, cut to ``max_chars``."""
     text = repr(value)
     return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
 
 
 def _names(value) -> tuple[str, ...]:
-    """The chosen server names (a checkbox group's list; a single name from an API client).
-    Raises ValueError for anything else."""
+    """The chosen server names (a list, or one name); ValueError for anything else."""
     if value is None or value == "":
         return ()
     names = [value] if isinstance(value, str) else value

@@ -1,40 +1,8 @@
 """The page's queue of runs: one run on the model at a time, and a true place and wait for the rest.
 
-A run is a measurement, so runs never share the model: they take turns. Gradio's own queue would
-do that (``concurrency_limit=1``), but what it tells a waiting browser is its own view: the place
-it sends can equal the total, and its estimate is the mean of past events, whatever they were. This
-queue is the page's own, so every waiting person is told their true place among the runs in line
-(``queue_ticket``) and an estimate from the work ahead: each run's cost at this host's pace
-(``run_cost``), plus what is left of the running one. A run whose setup is already ahead counts
-nothing, since it will be shown that run when it finishes (``setup``), and a reference a run ahead
-computes is not counted again. A session has one run in the queue at a time.
-
-No run lasts longer than the host's per-run limit (``CBP_RUN_TIME_LIMIT_S``, read at every
-estimate): the time limit stops it there. So each run ahead counts at most that limit, and the
-running one at most what is left of it. ``join`` refuses a run whose own cost is well over it
-(``run_cost.over_limit``), but only on a pace learned from a run that finished here: the pace
-timed at start (``calibrate``) can come out many times too slow on a busy machine.
-
-``wait_turn`` blocks a handler's thread until its run is first and the model is free, in slices, so
-that the handler can stream its place between them::
-
-    ticket = queue.join(session, work)                # ValueError: this session already waits
-    while not queue.wait_turn(ticket, timeout_s=1.0):
-        line = place_line(queue.place(ticket))
-        queue.lend(ticket)                            # Gradio holds it until it asks again
-        yield line
-    try:
-        run()                                         # the model is this ticket's;
-        queue.progress(ticket, steps_done)            # its engine steps so far, now and then
-    finally:
-        queue.finish(ticket, wall_s, parts_s)         # frees the model, teaches the pace
-
-A ticket that leaves (Stop, a closed tab, a reload) is taken out wherever it stands: Stop and
-Gradio's own disconnect signals (``demo.unload``, and the close of the handler's generator) call
-``leave``. Staleness is only a last resort against a handler that vanished without leaving. While
-a handler's generator has yielded its line to Gradio (``lend``), Gradio holds it: it either asks
-again or closes it, however late its event loop gets there on a busy host, so a lent ticket
-goes stale only after ``LENT_STALE_S``; a polling one after ``STALE_S`` without a poll.
+Runs take turns because each is a measurement; Gradio's queue would tell a waiting browser its
+own place and a mean of past events, so the page keeps its own. Places, estimates and the per-run
+limit as a person sees them: docs/page.md and docs/hosting.md ("Runs take turns").
 """
 
 from __future__ import annotations
@@ -58,12 +26,9 @@ SLOWDOWN_RANGE = (0.5, 3.0)
 class RunQueue:
     """First come, first served turns on the model, with places and estimates for the waiting.
 
-    ``pace``: the host's seconds per step unit of each part, taught by the finished runs (or
-    given; before one, estimates come from the running run's progress). ``clock``: seconds,
-    monotonic (a test passes its own). ``stale_s``, ``lent_stale_s``: a waiting ticket nobody
-    asked about for this long is dropped (lent: its line held by Gradio, ``lend``).
-    ``shown_instead(setup)``: whether a run of that setup would now be
-    shown an earlier run (the page's recent runs), so it costs no wait.
+    ``pace``: seconds per unit of each part. ``clock``: monotonic seconds. A ticket nobody asked
+    about for ``stale_s`` (``lent_stale_s`` while Gradio holds its line) is dropped, a last
+    resort.
     """
 
     clock: Callable[[], float] = time.monotonic
@@ -79,19 +44,15 @@ class RunQueue:
 
     @property
     def measured(self) -> bool:
-        """Whether a pace is known: a run finished here, or the page timed one at start
-        (``calibrate``); else estimates come from the running run's progress."""
         return self.pace.known
 
     def join(self, session: str, work: Work | int, setup: Hashable | None = None) -> Ticket:
-        """Queue a run of ``work`` (or of that many engine steps) for ``session``; ``setup``: its
-        setup, when an identical run finishing first would be shown to it instead (it then
-        costs no turn).
+        """Queue a run of ``work`` for ``session``; ``setup``: costs no turn when an identical
+        run is ahead.
 
         Raises:
-            ValueError: this session already has a run waiting or running, or the run's own cost
-                at the pace learned here is well over the host's per-run limit (the message
-                gives its estimate, the limit and what to change: ``run_cost.over_limit``).
+            ValueError: the session already has a run in the queue, or its cost at the learned pace
+                is well over the per-run limit (``run_cost.over_limit``).
         """
         with self._changed:
             if any(t.session == session for t in self._tickets()):
@@ -108,12 +69,8 @@ class RunQueue:
             return ticket
 
     def wait_turn(self, ticket: Ticket, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for ``ticket``'s turn; True once the model is its own. A
-        ticket taken out meanwhile (Stop, ``leave``) ends the wait at once.
-
-        Raises:
-            ValueError: the ticket is not in the queue (it left, or it already ran).
-        """
+        """Wait up to ``timeout_s``; True once the model is ``ticket``'s (ValueError: not
+        queued)."""
         with self._changed:
             if self._running is ticket:
                 return True
@@ -130,15 +87,11 @@ class RunQueue:
             return True
 
     def lend(self, ticket: Ticket) -> None:
-        """``ticket``'s handler yields its line to Gradio: until it asks again, it is not stale
-        short of ``lent_stale_s``. Gradio resumes a yielded generator only after sending that line
-        and every other tab's outputs queued before it, which a busy host can delay for more than
-        ``stale_s``; a tab that goes away closes it instead (which leaves the queue)."""
+        """Gradio holds the handler's line and may resume late: stale after ``lent_stale_s``."""
         with self._changed:
             ticket.seen_s, ticket.lent = self.clock(), True
 
     def leave(self, ticket: Ticket) -> None:
-        """Take ``ticket`` out, waiting or running (a run that ends without a measurement)."""
         with self._changed:
             if self._running is ticket:
                 self._running = None
@@ -148,20 +101,15 @@ class RunQueue:
             self._changed.notify_all()
 
     def calibrate(self, work: Work, parts_s: dict[str, float]) -> None:
-        """Teach the pace a run of ``work`` timed at start, ``parts_s`` seconds in each part, as
-        if it had finished here (its rendering at the prior ``run_cost.RUN_S``), unless a run
-        already taught one. So the first estimates come from a quiet page, not from the first
-        run's early steps, which a room's joins slow. The first run that finishes replaces this
-        pace rather than averaging with it: a start on a busy machine (another page's run, say)
-        can time a pace many times too slow."""
+        """Teach the pace timed at start unless a run already taught one (the first finished run
+        replaces it: a busy start can time it too slow)."""
         with self._changed:
             if not self.pace.known:  # the engines' parts by name, the rest as the reference's
                 self.pace.learn(work, sum(parts_s.values()) + self.pace.run_s, parts_s)
                 self._calibrated_only = True
 
     def progress(self, ticket: Ticket, steps_done: int, done_s: float | None = None) -> None:
-        """The running ``ticket``'s run has done ``steps_done`` engine steps, at ``done_s`` by
-        the queue's clock (None: now; a report read late says when they were done)."""
+        """The running ``ticket`` has done ``steps_done`` engine steps at ``done_s`` (None: now)."""
         with self._changed:
             if int(steps_done) > ticket.steps_done:
                 at_s = self.clock() if done_s is None else done_s
@@ -172,8 +120,7 @@ class RunQueue:
     def finish(
         self, ticket: Ticket, wall_s: float, parts_s: dict[str, float] | None = None
     ) -> None:
-        """``ticket``'s run ended after ``wall_s`` seconds, ``parts_s`` of them in each engine
-        (None: unknown): free the model and teach the pace (``run_cost.Pace.learn``)."""
+        """Free the model and teach the pace; ``parts_s`` None: unknown."""
         with self._changed:
             if wall_s > 0:
                 if self._calibrated_only:  # a real run here outweighs the pace timed at start
@@ -182,8 +129,7 @@ class RunQueue:
         self.leave(ticket)
 
     def place(self, ticket: Ticket) -> Place:
-        """Where ``ticket`` stands now among the runs in line (``queue_ticket``), and the wait it
-        is told (``ToldWait``); place 0 and ``running`` once it has the model."""
+        """``ticket``'s ``Place`` now; place 0 and ``running`` once it has the model."""
         with self._changed:
             now = self.clock()
             if self._running is ticket:
@@ -205,17 +151,13 @@ class RunQueue:
             )
 
     def size(self) -> int:
-        """Tickets running or waiting, every session's (identical runs each counted)."""
         with self._changed:
             return len(self._tickets())
 
     def _wait_estimate_s(
         self, ahead: list[Ticket], now: float, setup: Hashable | None = None
     ) -> tuple[float | None, bool]:
-        """Seconds until a run behind ``ahead`` starts (None: no pace yet), and whether a run of
-        its ``setup`` is ahead: then it is shown that run when it ends, so the wait ends there
-        (counted to the end of the queue, a room waiting for a setup already running would be
-        told several times its wait)."""
+        """Seconds until a run behind ``ahead`` starts (None: no pace), and whether its setup is."""
         running = self._running
         pace = self.pace if self.pace.known else running.progress_pace() if running else None
         setups = set() if running is None or running.setup is None else {running.setup}
@@ -248,9 +190,7 @@ class RunQueue:
         return wait_s, identical
 
     def _own_cost_s(self, work: Work) -> float | None:
-        """``work``'s own seconds here at the pace learned from finished runs (None: none yet, or
-        only the pace timed at start); of its references (those missing as it joins), those a
-        run in line computes are left out."""
+        """``work``'s seconds at the learned pace (None: none yet), less references done ahead."""
         if self._calibrated_only:
             return None
         computed: dict[Hashable, int] = {}  # key -> the largest cap a run in line computes
@@ -261,20 +201,14 @@ class RunQueue:
         return self.pace.cost_s(work, refs)
 
     def _missing_now(self, ticket: Ticket) -> Mapping[Hashable, int]:
-        """``ticket``'s references still to compute (``Work.missing_now``), read again only once a
-        run ended since: a reference is stored by the run that computes it. Read at every look of
-        every waiting run, the reference store would cost a room's page CPU under this queue's
-        lock."""
+        """``ticket``'s missing references, re-read only after a run ended (costly to read)."""
         if ticket.missing is None or ticket.missing[0] != self._runs_ended:
             ticket.missing = (self._runs_ended, ticket.work.missing_now())
         return ticket.missing[1]
 
     def _slowdown(self) -> float:
-        """How much slower than the learned pace the running run's engine steps go, as of its last
-        report (1 before ``MIN_PROGRESS_STEPS``; clipped to ``SLOWDOWN_RANGE``): the load on the
-        page now (people joining, a busy machine) is the best guess of the load while those
-        ahead run; estimates from the learned pace alone fall short while a room's joins slow the
-        first runs."""
+        """The running run's slowdown against the pace (1 before ``MIN_PROGRESS_STEPS``,
+        clipped)."""
         progress = self._running.progress_pace() if self._running is not None else None
         if progress is None:
             return 1.0
@@ -282,11 +216,7 @@ class RunQueue:
         return min(max(ratio, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
 
     def _check_waiting(self, ticket: Ticket) -> None:
-        """Note that ``ticket``'s handler asked, and drop the waiting tickets nobody asks about.
-
-        Raises:
-            ValueError: ``ticket`` is not waiting (it left, was dropped, or already ran).
-        """
+        """Note that ``ticket``'s handler asked; drop stale tickets (ValueError: not waiting)."""
         now = self.clock()
         ticket.seen_s, ticket.lent = now, False
         stale = [t for t in self._waiting if self._stale(t, now)]
@@ -303,9 +233,7 @@ class RunQueue:
         return self._running is None and bool(self._waiting) and self._waiting[0] is ticket
 
     def _stale(self, ticket: Ticket, now: float) -> bool:
-        """Whether nobody asked about ``ticket`` for longer than its bound (lent or polling)."""
         return now - ticket.seen_s > (self.lent_stale_s if ticket.lent else self.stale_s)
 
     def _tickets(self) -> list[Ticket]:
-        """The line: the running run, then the waiting."""
         return ([self._running] if self._running is not None else []) + self._waiting

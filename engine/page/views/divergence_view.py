@@ -1,14 +1,8 @@
 """Where outputs differ: a verdict per engine and request, and the divergence view of one.
 
-``engine.fidelity.divergence.judge_runs`` gives every engine's output for every request its
-verdict against the reference (✓ the same tokens, ≈ a near-tie that rounding in the run's dtype
-explains, ✗ a difference it does not explain). The ``RunState`` keeps them with the token texts,
-so the rest reads no model: the outputs table's cells (``join_labels``), the status line's counts
-(``verdict_summary``) and the divergence view of the (engine, request) the user picks (``view``).
-A server on quantized weights gets "≠ at token k (note)" instead (``expected_differences``),
-counted apart from ✗ and never shown as a failure of ours.
-
-Model text goes into a plain textbox and a table of strings, never into Markdown.
+Verdicts come from ``engine.fidelity.divergence.judge_runs`` (✓ same tokens, ≈ a near-tie the
+run's dtype explains, ✗ not explained); a server on quantized weights gets ≠ instead, never shown
+as a failure of ours. Model text goes into a plain textbox and a table, never into Markdown.
 """
 
 from __future__ import annotations
@@ -51,18 +45,15 @@ NOT_CHECKED = "Outputs are compared with a reference after a run with the refere
 
 
 def counts(entries: dict[int, dict]) -> tuple[int, int, int, int]:
-    """``(✓, ≈, ✗, ≠)`` among one engine's verdicts; ≠: a split on quantized weights
-    (``expected_differences``)."""
+    """``(✓, ≈, ✗, ≠)`` among one engine's verdicts."""
     kinds = [e["verdict"] for e in entries.values()]
     num_match, num_tie, num_expected = (kinds.count(k) for k in (MATCH, NEAR_TIE, EXPECTED))
     return num_match, num_tie, len(kinds) - num_match - num_tie - num_expected, num_expected
 
 
 def expected_differences(verdicts: dict[str, dict[int, dict]], traces: dict) -> dict:
-    """``verdicts`` with each split of an engine whose trace expects differences
-    (``info["differences_expected"]``, the note) marked as such: verdict ``EXPECTED``, label
-    "≠ at token k (note)", the reason in words and no rounding bound (the float32 bound says
-    nothing of 4-bit weights). The others are returned as they are."""
+    """``verdicts`` with each split of an engine whose trace expects differences marked
+    ``EXPECTED`` ("≠ at token k (note)", no rounding bound)."""
     marked = {}
     for name, entries in verdicts.items():
         note = traces[name].info.get("differences_expected") if name in traces else None
@@ -90,9 +81,7 @@ def verdict_label(verdicts: dict[str, dict[int, dict]], engine: str, request_id:
 
 
 def join_labels(labels: dict[str, str]) -> str:
-    """The outputs table's verdict cell: "✓" when every compared engine matches, else each
-    one's, e.g. "static ✓ · continuous ≈ near-tie at token 17"; then the engines that sampled
-    the request with a generator of their own, as "· hf_continuous: ... not compared"."""
+    """The outputs table's verdict cell, e.g. "static ✓ · continuous ≈ near-tie at token 17"."""
     skipped = [name for name, label in labels.items() if label == NOT_COMPARED]
     shown = {name: label for name, label in labels.items() if label != NOT_COMPARED}
     text = " · ".join(f"{name} {label}" for name, label in shown.items())
@@ -103,9 +92,7 @@ def join_labels(labels: dict[str, str]) -> str:
 def verdict_summary(
     verdicts: dict[str, dict[int, dict]], reference_name: str, some_not_compared: bool = False
 ) -> str:
-    """The status line's verdicts: "✓ all match `model.generate` token for token" (bitwise, in
-    batch-invariant mode, when the logits were too), else the counts per engine, e.g.
-    "against `model.generate`: static 6 ✓ 0 ≈ 0 ✗ · continuous 4 ✓ 2 ≈ 0 ✗"."""
+    """The status line's verdicts, e.g. "against `model.generate`: static 6 ✓ 0 ≈ 0 ✗ · ..."."""
     if all(counts(e)[0] == len(e) for e in verdicts.values()):
         equal = [e["logits_equal"] for v in verdicts.values() for e in v.values()]
         bitwise = ", logits bitwise equal" if equal and all(equal) else ""
@@ -125,8 +112,7 @@ def verdict_summary(
 
 
 def choices(verdicts: dict[str, dict[int, dict]] | None) -> list[tuple[str, str]]:
-    """The divergence view's picks: every (engine, request) whose output differs, as
-    ``(label, "engine:request_id")``, by request."""
+    """Every differing (engine, request) as ``(label, "engine:request_id")``, by request."""
     found = [
         (request_id, name, entry["label"])
         for name, entries in (verdicts or {}).items()
@@ -137,11 +123,7 @@ def choices(verdicts: dict[str, dict[int, dict]] | None) -> list[tuple[str, str]
 
 
 def view(verdicts: dict[str, dict[int, dict]] | None, choice: str | None, dtype: str | None):
-    """``(markdown, text, top_rows)`` of the divergence view for ``choice`` ("engine:id").
-
-    The Markdown holds numbers and this module's words only; the model's text is in ``text``
-    (the common prefix and both next tokens) and ``top_rows`` (the top ``NUM_SHOWN`` of both runs).
-    """
+    """``(markdown, text, top_rows)`` for ``choice`` ("engine:id"); model text only in ``text``."""
     if not verdicts:
         return NOT_CHECKED, "", []
     name, entry = _entry(verdicts, choice)
@@ -173,18 +155,15 @@ def view(verdicts: dict[str, dict[int, dict]] | None, choice: str | None, dtype:
 
 
 def _visible(text: str) -> str:
-    """``text`` as it is, unless it is only whitespace (newlines, spaces), which a textbox shows
-    as nothing: then quoted with its escapes ('\\n\\n'), so the prefix is seen to be there."""
+    """``text``, or its ``repr`` when it is only whitespace, which a textbox shows as nothing."""
     return repr(text) if text and not text.strip() else text
 
 
 def first_view(
     state, servers_note: str = ""
 ) -> tuple[list[tuple[str, str]], str | None, str, str, list[list[str]]]:
-    """``(picks, first pick, markdown, text, top_rows)`` for a ``run_view.RunState`` (or None;
-    the recorded run has no verdicts). ``servers_note`` (``run_status.servers_note``): what the
-    servers, which get no verdicts, did against the reference; it follows the Markdown, so the
-    view never says every output matched while the status line says a server's differ."""
+    """``(picks, first pick, markdown, text, top_rows)`` for a ``RunState`` (or None).
+    ``servers_note`` follows the Markdown, so the view never contradicts the status line."""
     verdicts = getattr(state, "verdicts", None)
     picks = choices(verdicts)
     markdown, text, rows = view(verdicts, None, getattr(state, "dtype", None))
@@ -196,8 +175,7 @@ def first_view(
 
 
 def run_outputs(state, servers_note: str = "") -> dict:
-    """The Run event's divergence outputs by name (in ``run_view.RUN_OUTPUTS``): the picks, and
-    the view of the first. Called in handlers only (it makes a ``gr.Dropdown`` update)."""
+    """The Run event's divergence outputs by name: the picks and the first view (handlers only)."""
     picks, value, markdown, text, rows = first_view(state, servers_note)
     return {
         "divergence_dropdown": gr.Dropdown(choices=picks, value=value),
@@ -208,7 +186,6 @@ def run_outputs(state, servers_note: str = "") -> dict:
 
 
 def divergence_event(state, choice: str | None) -> tuple:
-    """The divergence dropdown's handler: the view of the picked (engine, request)."""
     return view(getattr(state, "verdicts", None), choice, getattr(state, "dtype", None))
 
 
@@ -233,10 +210,9 @@ Ranked = list[tuple[int, dict, bool]]  # one run's shown top: (rank, token entry
 
 
 def _ranked_sides(entry: dict) -> list[Ranked]:
-    """Both runs' shown top (reference, then engine) as ``(rank, token, chosen?)``: by logit,
-    highest first. Equal logits share a rank (the next rank skips: 1, 1, 3) and list the run's
-    chosen token first, then the others by token id, the order argmax would pick them in; the
-    recorded order among equal logits is ``topk``'s, which is arbitrary."""
+    """Both runs' shown top as ``(rank, token, chosen?)`` by logit. Equal logits share a rank (1,
+    1, 3), the chosen token first, then by token id as argmax picks (``topk``'s order among ties
+    is arbitrary)."""
     ranked = []
     for side, chosen in (
         (entry["reference_run"], entry["reference_token"]),
@@ -255,9 +231,7 @@ def _has_tie(side: Ranked) -> bool:
 
 
 def _top_rows(sides: list[Ranked]) -> list[list[str]]:
-    """``TOP_HEADERS`` rows from ``_ranked_sides``: one row per token of either run's top, in
-    the reference's order, then the engine's other tokens; each with its rank and logit in each
-    run ("—" where that run's top lacks it), the token a run chose marked."""
+    """``TOP_HEADERS`` rows: each token of either run's top, with its rank and logit in each run."""
     found = [{t["token_id"]: (rank, t, chosen) for rank, t, chosen in side} for side in sides]
     order = list(dict.fromkeys(t["token_id"] for side in sides for _, t, _ in side))
     rows = []
@@ -281,13 +255,11 @@ def _num(value: float | None) -> str:
 
 
 def reference_name(batch_invariant: bool) -> str:
-    """What the outputs were compared with, for people."""
     return "each request run alone (batch-invariant)" if batch_invariant else "`model.generate`"
 
 
 def engine_symbol(entries: dict[int, dict]) -> str:
-    """The metrics table's cell: ✓ all match, ≈ near-ties but nothing unexplained, ≠ expected
-    differences (quantized weights) and nothing unexplained, ✗ otherwise."""
+    """The metrics cell: ✓ all match, ≈ near-ties only, ≠ expected differences only, else ✗."""
     _, num_tie, num_differs, num_expected = counts(entries)
     if num_differs:
         return "✗"
@@ -295,8 +267,7 @@ def engine_symbol(entries: dict[int, dict]) -> str:
 
 
 def precision_text(dtype: str | None, batch_invariant: bool) -> str:
-    """The status line's precision part, e.g. "**bfloat16** · batch-invariant mode" ("" when
-    neither is known: the recorded run's label names its dtype)."""
+    """E.g. "**bfloat16** · batch-invariant mode" ("" when neither is known)."""
     parts = [f"**{dtype}**"] if dtype else []
     return " · ".join([*parts, *(["batch-invariant mode"] if batch_invariant else [])])
 
@@ -308,8 +279,7 @@ HF_OUTSIDE = (
 
 
 def settings_note(compare_hf: bool, batch_invariant: bool) -> str:
-    """The note under the precision settings: what batch-invariant mode does, and that it does
-    not reach transformers' engine when that engine is selected."""
+    """The note under the precision settings on batch-invariant mode."""
     if not batch_invariant:
         return ""
     note = (

@@ -1,14 +1,8 @@
-"""A scheduler from the inside: its own record of its steps, in our engines' views, labelled.
+"""A scheduler from the inside: its own record of its steps (``Trace.schedule``), in our views.
 
-A server hides its steps; one that records them (the local vLLM, ``engine.peers.vllm_scheduler``)
-hands back its own record as ``Trace.schedule``, a trace like our engines', and so does
-transformers' continuous batching (``engine.peers.transformers_scheduler``). This module draws
-the first record of a run (``RunState.inside_runs``) with our builders (``step_figures``,
-``usage_figure``), each labelled as from that record (``labelled``), or says why there is none
-(``no_record_figure``); the servers' lanes and ``/metrics`` chart are the view from outside
-(``engine.page.figures.server_lanes``). Our continuous engine's schedule is compared with the
-record step by step, as the bench does (``engine.peers.schedule_comparison``): a step's plan is
-which requests run and how many tokens each, whatever the order of a packed mask's rows.
+The local vLLM and transformers' continuous batching hand back their own record; this module
+draws the first one with our builders, labelled, and compares our continuous schedule with it
+step by step (``engine.peers.schedule_comparison``: which requests run and how many tokens each).
 """
 
 from __future__ import annotations
@@ -51,14 +45,12 @@ def own_record(runs: dict[str, Trace]) -> tuple[str, Trace] | None:
 
 
 def scheduler_name(record: Trace) -> str:
-    """Whose scheduler wrote ``record``: "vLLM", "transformers" or "the server"."""
     if "vllm" in record.info:
         return "vLLM"
     return "transformers" if "transformers" in record.info else "the server"
 
 
 def source_line(name: str, record: Trace) -> str:
-    """Where an inside view comes from, for its subtitle (HTML-escaped)."""
     who = scheduler_name(record)
     version = record.info.get(who.lower())
     who = f"{who} {version}" if version else who
@@ -68,7 +60,6 @@ def source_line(name: str, record: Trace) -> str:
 
 
 def blocks_note(record: Trace) -> str:
-    """What the block map's ids are, and which ones the scheduler reserves."""
     who, reserved = scheduler_name(record), block_map.num_reserved_blocks(record.info)
     if not reserved:
         return f"{who}'s own block ids"
@@ -78,8 +69,7 @@ def blocks_note(record: Trace) -> str:
 
 
 def labelled(fig: Any, title: str, *lines: str) -> Any:
-    """``fig`` (a plotly figure) with ``title``, and ``lines`` (its source first; "" left out)
-    first in its subtitle."""
+    """``fig`` with ``title``, and ``lines`` (its source first; "" left out) in its subtitle."""
     subtitle = "<br>".join(line for line in (*lines, fig.layout.title.subtitle.text) if line)
     margin_t = 40 + TITLE_LINE_PX * (2 + subtitle.count("<br>"))
     grown_px = max(margin_t - (fig.layout.margin.t or 0), 0)  # the plot keeps its height
@@ -92,8 +82,7 @@ def labelled(fig: Any, title: str, *lines: str) -> Any:
 
 
 def no_record_figure(runs: dict[str, Trace], what: str) -> Any:
-    """An empty ``what`` chart that says why: no server (nor transformers) ran, or none kept a
-    record (and why)."""
+    """An empty ``what`` chart that says why there is no record."""
     title = f"{INSIDE_TITLE}: {what}"
     if not runs:
         return message_figure(title, NO_SERVER)
@@ -107,8 +96,7 @@ def no_record_figure(runs: dict[str, Trace], what: str) -> Any:
 
 
 def plans_line(ours: Trace | None, name: str, record: Trace) -> str:
-    """ "plans alike with ours: 298 of 300 steps, first difference at step 6 (vLLM runs R3 (12
-    tokens), ours does not)", or "" without our continuous run."""
+    """E.g. "plans alike with ours: 298 of 300 steps, first difference at step 6 (...)"."""
     if ours is None or not ours.steps:
         return ""
     compared = schedule_comparison.compare_schedules(ours, record)
@@ -129,11 +117,7 @@ def causes_lines(
     server: Trace | None,
     run_dtype: str | None = None,
 ) -> list[str]:
-    """Beside the plans line: each known cause of a difference, a sentence each
-    (``schedule_comparison.difference_causes``); with plans alike, a wait in the server's queue
-    before its first step only (it still lengthens every time to first token). The precisions
-    come from ``server``'s facts (``host_servers`` records a local server's there), else the
-    record's start line and ``run_dtype``, the run's."""
+    """Each known cause of a difference (``difference_causes``), a sentence each."""
     if ours is None or not ours.steps:
         return []
     if schedule_comparison.compare_schedules(ours, record)["first_difference"] is None:
@@ -150,8 +134,7 @@ def causes_lines(
 
 
 def step_plan_line(ours: Trace | None, name: str, record: Trace, index: int) -> str:
-    """Whether step ``index`` of ``record`` plans as ours: "step 50 plans as ours (...)" or
-    "step 6 differs from ours: ..."; "" without our run."""
+    """E.g. "step 50 plans as ours (...)" or "step 6 differs from ours: ..."; "" without our run."""
     if ours is None or not ours.steps:
         return ""
     if index >= len(ours.steps):
@@ -172,12 +155,8 @@ def step_figures(
     ours: Trace | None = None,
     run_dtype: str | None = None,
 ) -> tuple[Any, Any, Any]:
-    """The first own record's timeline (cursor at ``step_index``), packed mask and KV block map
-    at that step (its last step past its end, as the subtitle says), each labelled; without a
-    record, three figures that say why. The timeline runs on ``x_max``, the x axis our
-    timelines share, as its subtitle says. With ``ours`` (our continuous run, in ``run_dtype``),
-    the timeline's subtitle says how many steps plan alike, and why not, and the mask's whether
-    the shown step does."""
+    """The first own record's timeline, packed mask and KV block map at ``step_index``, labelled
+    (or saying why there is none); with ``ours``, how its plan compares."""
     found = own_record(runs)
     if found is None:
         return tuple(no_record_figure(runs, what) for what in STEP_VIEWS)
@@ -224,16 +203,14 @@ def step_figures(
 
 
 def clamped_step(name: str, num_steps: int, step_index: int) -> tuple[int, str]:
-    """The step of a run of ``num_steps`` that ``step_index`` shows (clamped to its first and
-    last), and past its last a note that says so ("" otherwise)."""
+    """The step ``step_index`` shows (clamped) and, past the last, a note saying so."""
     last = num_steps - 1
     past = f"{name} ran {counted(num_steps, 'step')}: its last, {last}, is shown"
     return min(max(step_index, 0), last), past if step_index > last else ""
 
 
 def lane_label(row: str, record: Trace) -> str:
-    """A timeline row's label: "slot 3" reads "lane 3", or with data parallelism, each engine
-    core (rank) taking ``lanes_per_rank`` lanes, "rank 1 · lane 0"; other rows keep theirs."""
+    """Row label: "slot 3" reads "lane 3" (with data parallelism "rank 1 · lane 0")."""
     num_ranks, per_rank = record.info.get("dp_size") or 1, record.info.get("lanes_per_rank")
     if not row.startswith("slot ") or num_ranks <= 1 or not per_rank:
         return row.replace("slot", "lane")
@@ -242,15 +219,12 @@ def lane_label(row: str, record: Trace) -> str:
 
 
 def _wrapped(line: str) -> str:
-    """``line`` HTML-escaped, in subtitle lines of at most ``SUBTITLE_LINE_CHARS``."""
     parts = textwrap.wrap(line, SUBTITLE_LINE_CHARS, break_on_hyphens=False)
     return "<br>".join(html.escape(part) for part in parts)
 
 
 def usage_figure(runs: dict[str, Trace]) -> Any:
-    """Tokens scheduled (prefill, decode) against the scheduler's token budget, and KV blocks in
-    use with preemptions, per step of the first own record; without one, a figure that says
-    why."""
+    """Tokens scheduled against the budget and KV blocks in use, per step of the first record."""
     what = "tokens and KV blocks per step"
     found = own_record(runs)
     if found is None:

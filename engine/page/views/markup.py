@@ -1,8 +1,4 @@
-"""Markdown the page writes around text it did not write: a person's input, a server's message.
-
-Status lines are Markdown; a message may quote what a person typed or what a server answered, so
-that text is escaped to show as written (never as markup, links or HTML).
-"""
+"""Markdown the page writes around text it did not write: a person's input, a server's message."""
 
 from __future__ import annotations
 
@@ -12,13 +8,11 @@ MAX_MESSAGE_CHARS = 400  # a server's message in a status line; the console has 
 
 
 def plain_markdown(text: str) -> str:
-    """``text`` escaped so Markdown shows it as typed (a message may quote what a person typed)."""
     return re.sub(r"([\\`*_\[\]<>#|~])", r"\\\1", text)
 
 
 def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """A multi-line message (a server's log tail) as one line: its first line, then its last,
-    cut to ``limit`` characters."""
+    """A multi-line message as its first and last lines, cut to ``limit`` characters."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         return ""

@@ -1,12 +1,8 @@
 """The page while a run goes, and after one stopped early: progress line, live timelines, outputs.
 
-``live_outputs`` turns a ``Run``'s progress into updates for the Run event's outputs: the
-status line counts steps and finished requests per engine, each started engine's timeline is drawn
-from its latest trace snapshot, and the outputs table shows every output finished so far. The first
-update (``cleared_outputs``) clears what the previous run left, so that no view shows it beside
-this one's. ``stopped_outputs`` puts the previous run's results back with a status line saying why
-this one stopped; ``refused_outputs`` says why a run did not start. ``LiveTimelines`` paces the
-updates so that showing the run takes little from it.
+``live_outputs`` turns a ``Run``'s progress into updates; ``cleared_outputs`` clears the previous
+run's views first; ``LiveTimelines`` paces the updates so that showing the run takes little from
+it.
 """
 
 from __future__ import annotations
@@ -57,7 +53,6 @@ SKIP = gr.skip()  # an output left as it is
 def progress_line(
     progress: dict[str, EngineProgress], elapsed_s: float, time_limit_s: float | None
 ) -> str:
-    """One Markdown line: elapsed time, then steps done and requests finished per engine."""
     limit = f" (limit {time_limit_s:g} s)" if time_limit_s is not None else ""
     parts = [f"**Running** · {elapsed_s:.1f} s{limit}"]
     for name, p in progress.items():
@@ -84,9 +79,7 @@ def servers_line(
     elapsed_s: float,
     time_limit_s: float | None,
 ) -> str:
-    """One Markdown line while the chosen servers (``names``, in their order) run after our
-    engines, whose results already show: elapsed time, then each server's state (``done``: the
-    finished ones, "done" or "no results"; the one running: its progress; the rest: waiting)."""
+    """The status line while the servers run: elapsed time, then each server's state."""
     limit = f" (limit {time_limit_s:g} s)" if time_limit_s is not None else ""
     parts = [f"**Running the servers** · {elapsed_s:.1f} s{limit} · our engines' results are below"]
     running = next((n for n in names if n not in done), None)
@@ -103,17 +96,12 @@ def servers_line(
 
 
 def servers_stage_outputs(line: str, summary: str) -> tuple:
-    """The Run event's outputs while a server runs: the status line alone (``line``, then our
-    engines' ``summary``); the results shown stay, and nothing is drawn that would take CPU from
-    the server being timed."""
+    """The outputs while a server runs: the status line alone, nothing drawn to take CPU from it."""
     return run_outputs(status_markdown=f"{line}  \n{summary}")
 
 
 def queue_line(place: Place, measured: bool) -> str:
-    """Markdown: a waiting run's true place among the runs in line, their total, its wait so far
-    and the estimate (or why there is none yet: ``measured`` False before any run finished on
-    this host, or was timed at start); with a run of its setup ahead, that run's place, and that
-    it is shown that run when it ends."""
+    """Markdown: a waiting run's place, the total, its wait so far and the estimate."""
     ahead = place.place - 1  # the run in progress included
     line = f"**Waiting for the model:** place {place.place} of {place.total}"
     if place.identical_ahead:  # the place is that run's
@@ -137,19 +125,12 @@ def queue_line(place: Place, measured: bool) -> str:
 
 
 def _coarse(seconds: float) -> str:
-    """``seconds`` for a person, to the nearest 10 s under 90 s ("40 s"), else in minutes ("3 min").
-
-    Coarse on purpose: a waiting run's line is sent again only when its words change
-    (``engine.page.handlers.playground``), and every line sent costs the server CPU time that the
-    run being measured would otherwise have."""
+    """``seconds`` to 10 s under 90 s, else minutes (a line is re-sent only when it changes)."""
     return f"{round(seconds, -1):.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def queued_outputs(message: str, previous_status: str | None = None) -> tuple:
-    """The Run event's outputs for a run in the queue, waiting (its ``queue_line``) or stopped
-    before it started: ``message`` in the status line, then the previous run's status where given
-    (it still shows), and in the note under Run; no "Run live anyway" (a run shown at once is no
-    longer what the page is about); everything else as is."""
+    """The outputs for a run queued or stopped before it started: ``message`` in the status line."""
     return run_outputs(
         status_markdown=_with_previous(message, previous_status),
         run_note_markdown=message,
@@ -158,13 +139,10 @@ def queued_outputs(message: str, previous_status: str | None = None) -> tuple:
 
 
 def _with_previous(message: str, previous_status: str | None) -> str:
-    """``message``, then the previous run's status line where there is one (it still shows)."""
     return message + (f" Showing the previous run: {previous_status}" if previous_status else "")
 
 
 def with_run_note(outputs: tuple, note: str, live_button: bool = False) -> tuple:
-    """``outputs`` (a Run outputs tuple) with the note under Run set to ``note`` and the "Run live
-    anyway" button shown or hidden."""
     values = dict(zip(RUN_OUTPUTS, outputs, strict=True))
     return run_outputs(
         **values | {"run_note_markdown": note, "live_button": gr.Button(visible=live_button)}
@@ -172,7 +150,6 @@ def with_run_note(outputs: tuple, note: str, live_button: bool = False) -> tuple
 
 
 def _server_progress(p: EngineProgress) -> str:
-    """What a server engine is doing: waiting for its start, or its streams so far."""
     if p.note is not None:
         return plain_markdown(one_line(p.note, 200))
     if p.trace is None or not p.trace.info.get("server"):
@@ -190,9 +167,7 @@ def live_outputs(
     time_limit_s: float | None,
     draw_timelines: bool = True,
 ) -> tuple:
-    """Updates for the Run event's outputs while the run goes (see the module docstring); the
-    run's state, slider and downloads, and the timelines unless ``draw_timelines``, stay as they
-    are (``gr.skip()``)."""
+    """Updates while the run goes; the rest (and timelines unless ``draw_timelines``) skipped."""
     traces = {name: _trace_so_far(progress, name, requests, num_slots) for name in LIVE_ENGINES}
     static, continuous = (
         timeline(trace, x_axis, None, None) if trace.steps and draw_timelines else gr.skip()
@@ -217,8 +192,7 @@ def live_outputs(
 
 
 def cleared_outputs(outputs: tuple) -> tuple:
-    """A run's first update: ``outputs`` with the views it leaves as they are (the previous
-    run's) replaced by charts that say when they are drawn, and the metrics table emptied."""
+    """``outputs`` with the previous run's step views as placeholders, the metrics emptied."""
     values = dict(zip(RUN_OUTPUTS, outputs, strict=True))
     unset = {name for name, value in values.items() if isinstance(value, dict) and value == SKIP}
     for name in unset & {"static_timeline_plot", "continuous_timeline_plot"}:
@@ -234,7 +208,6 @@ def cleared_outputs(outputs: tuple) -> tuple:
 
 
 def _not_started(name: str):
-    """An engine's timeline before its first step: says when it starts."""
     label = ENGINE_LABELS[name]
     text = (
         f"{label.capitalize()}'s timeline starts when its first steps are done "
@@ -244,18 +217,13 @@ def _not_started(name: str):
 
 
 class LiveTimelines:
-    """``live_outputs`` paced so that showing the run takes little from it (``docs/measurements.md``
-    has the costs).
+    """``live_outputs`` paced so that showing the run takes little from it (costs:
+    docs/measurements.md).
 
-    Drawing a timeline is Python work that competes with the engine thread for the CPU: after a
-    redraw that took ``c`` seconds of this thread's CPU, the next waits ``c / cpu_share`` seconds,
-    unless an engine's first steps arrive (its timeline is drawn at once). Every update also costs
-    Gradio work on its event loop, skipped outputs included: after one that Gradio took ``g``
-    seconds to handle (from its hand-over to the next request for one), the next waits at least
-    ``g / update_share`` seconds (``wait_s``), and the outputs table is sent only when its rows
-    change. The wait is at most ``MAX_UPDATE_WAIT_S``: the page's server threads run at a lower
-    priority than the engines (``CBP_SERVER_NICE``), so on a busy CPU one update can take them
-    seconds, and an uncapped wait would freeze the live progress.
+    After a redraw that took ``c`` s of this thread's CPU the next waits ``c / cpu_share`` (an
+    engine's first steps are drawn at once); after an update Gradio took ``g`` s to handle, the
+    next waits ``g / update_share``; at most ``MAX_UPDATE_WAIT_S``, as the nice server threads
+    can take seconds on a busy CPU. The outputs table is sent only when its rows change.
     """
 
     def __init__(self, cpu_share: float = TIMELINE_CPU_SHARE, update_share: float = UPDATE_SHARE):
@@ -271,8 +239,6 @@ class LiveTimelines:
         self._cleared = False  # the first update cleared the previous run's views
 
     def wait_s(self, interval_s: float) -> float:
-        """Seconds to wait before the next update: ``interval_s``, or longer after a costly one,
-        up to ``MAX_UPDATE_WAIT_S``."""
         paced_s = max(interval_s, self.update_cost_s / self.update_share)
         return min(paced_s, max(interval_s, MAX_UPDATE_WAIT_S))
 
@@ -282,8 +248,7 @@ class LiveTimelines:
             self.update_cost_s = time.monotonic() - self._handed_s
 
     def outputs(self, progress: dict[str, EngineProgress], *args) -> tuple:
-        """``live_outputs(progress, *args)``, drawing the timelines when due and leaving the
-        outputs table as it is (``gr.skip()``) when its rows have not changed."""
+        """``live_outputs``, timelines when due, the table skipped when unchanged."""
         engines = tuple(n for n in LIVE_ENGINES if n in progress and progress[n].num_steps)
         draw = time.monotonic() >= self._next_s or engines != self._engines
         cpu_s = time.thread_time()
@@ -299,7 +264,6 @@ class LiveTimelines:
         return outputs
 
     def _unless_unchanged(self, outputs: tuple) -> tuple:
-        """``outputs`` with the outputs table skipped if it holds the rows sent last time."""
         index = RUN_OUTPUTS.index("outputs_table")
         # Its constructor's arguments (rows, headers, widths): a component made while the app
         # serves keeps no ``.value``.
@@ -311,10 +275,7 @@ class LiveTimelines:
 
 
 def stopped_outputs(previous_result, message: str) -> tuple:
-    """The Run event's outputs after a stop: the previous results (a ``RunResult``) or empty.
-
-    The run's state and downloads stay as they were; ``message`` leads the status line.
-    """
+    """The outputs after a stop: the previous results (or empty), ``message`` first."""
     if previous_result is None:
         return run_outputs(
             **dict.fromkeys(name for name in RUN_OUTPUTS if name.endswith("_plot")),
@@ -332,8 +293,7 @@ def stopped_outputs(previous_result, message: str) -> tuple:
 
 
 def refused_outputs(reason: str, previous_status: str | None) -> tuple:
-    """The Run event's outputs for a run refused before it started: "Not run" and ``reason`` (plain
-    text) in the status line, then the previous run's status if there is one; all else as is."""
+    """The outputs for a run refused before it started: "Not run" and ``reason``; the rest as is."""
     note = f"**Not run:** {plain_markdown(reason)}"
     return run_outputs(
         status_markdown=_with_previous(note, previous_status), run_note_markdown=note
@@ -343,7 +303,6 @@ def refused_outputs(reason: str, previous_status: str | None) -> tuple:
 def _trace_so_far(
     progress: dict[str, EngineProgress], name: str, requests: list[Request], num_slots: int
 ) -> Trace:
-    """The engine's latest snapshot, or an empty trace with every request if it has none yet."""
     entry = progress.get(name)
     if entry is not None and entry.trace is not None:
         return entry.trace

@@ -1,8 +1,6 @@
 """The status line under Run, in words: wall times, speedup, step counts and the reference verdict.
 
-``status_line`` is the Markdown line a finished run shows; ``reference_ok`` is the per-engine
-match the metrics table's column reads. Both judge the runs alike (``_mismatched``). ``state``
-below is a ``run_view.RunState``, not imported here since ``run_view`` imports this module.
+``state`` is a ``run_view.RunState`` (not imported: ``run_view`` imports this module).
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ NOISE_NOTE = "Wall times on a shared machine vary from run to run; step counts d
 
 
 def status_line(state) -> str:
-    """Markdown: wall times, speedup, the step counts, the reference verdict, then a line on noise
-    (and, for the shipped recording, a first line saying where it was recorded)."""
+    """Markdown: wall times, speedup, step counts, the reference verdict, then a line on noise."""
     s, c = state.static, state.continuous
     speedup = s.wall_s / c.wall_s if c.wall_s > 0 else math.nan
     line = (
@@ -44,13 +41,12 @@ def status_line(state) -> str:
 
 
 def _our_warnings(state) -> list[str]:
-    """A ⚠ line per warning of our engines' traces (a run taken under load)."""
     ours = [t for t in (state.static, state.continuous, state.hf_continuous) if t is not None]
     return [f"⚠ {plain_markdown(one_line(w))}" for t in ours for w in t.warnings]
 
 
 def steps_comparison(static_steps: int, continuous_steps: int) -> str:
-    """ "continuous 300 steps against static 480: 1.60× fewer" (steps do not depend on noise)."""
+    """E.g. "continuous 300 steps against static 480: 1.60× fewer"."""
     text = f"continuous {counted(continuous_steps, 'step')} against static {static_steps}"
     if continuous_steps == static_steps or not continuous_steps or not static_steps:
         return text + (": the same" if continuous_steps == static_steps else "")
@@ -60,9 +56,7 @@ def steps_comparison(static_steps: int, continuous_steps: int) -> str:
 
 
 def _verdict(state) -> str:
-    """The reference verdict: the verdicts' counts per engine (``divergence_view``; the shipped
-    recording has none), then the requests of each engine without verdicts whose output differs,
-    then those not compared (``_mismatched``)."""
+    """The verdicts' counts per engine, then unjudged engines' differing and uncompared requests."""
     if state.reference is None:
         return "outputs not checked against `model.generate`"
     traces = _compared(state)  # a server serving another model is not checked
@@ -84,16 +78,13 @@ def _verdict(state) -> str:
 
 
 def _mismatched(trace: Trace, reference: dict[int, list[int]]) -> list[int]:
-    """Requests whose output differs from the reference; those the engine sampled with a
-    generator of its own are not compared (``engine.fidelity.reference.not_compared_ids``)."""
+    """Requests whose output differs from the reference (own-generator ones left out)."""
     outputs = {r.request_id: r.output_token_ids for r in trace.requests}
     return mismatches(outputs, reference, not_compared_ids(trace))
 
 
 def reference_ok(state) -> dict[str, str] | None:
-    """Per compared engine, the metrics table's match: its verdicts' ✓ / ≈ / ≠ / ✗
-    (``divergence_view.engine_symbol``), or without verdicts ✓ when every compared output equals
-    the reference, else ✗; None when the run was not checked."""
+    """Per compared engine, the metrics table's ✓ / ≈ / ≠ / ✗; None when the run was not checked."""
     if state.reference is None:
         return None
     ok = {n: "✗" if _mismatched(t, state.reference) else "✓" for n, t in _compared(state).items()}
@@ -102,15 +93,11 @@ def reference_ok(state) -> dict[str, str] | None:
 
 
 def _compared(state) -> dict[str, Trace]:
-    """The runs checked against the reference: all but servers serving another model."""
     return {name: t for name, t in state.traces().items() if tables.compared(t)}
 
 
 def servers_note(state) -> str:
-    """What "Where outputs differ" says of the servers without verdicts of their own (a run
-    stopped before they were judged): each compared server whose outputs differ, as the status
-    line counts them, and each server left out of the check, and why. "" without servers or a
-    reference."""
+    """What "Where outputs differ" says of servers without verdicts ("" if none)."""
     if state.reference is None or not state.servers:
         return ""
     lines = []

@@ -1,9 +1,6 @@
 """The page's view of a run: what it keeps between events, and every figure and table it shows.
 
-``RunState`` is what a ``gr.State`` holds; ``render`` turns it into a ``RunResult`` (figures at the
-default step, tables, status line, download files), and ``step_views`` redraws the step-dependent
-figures for the step slider without touching the model. ``RUN_OUTPUTS`` names the Run event's
-outputs once, in the order ``app.py`` wires them.
+``RUN_OUTPUTS`` names the Run event's outputs once, in the order ``app.py`` wires them.
 """
 
 from __future__ import annotations
@@ -63,16 +60,12 @@ INSIDE_HEADINGS = ("{name}'s own timeline", "{name}'s packed mask", "{name}'s KV
 
 
 def inside_headings(name: str) -> tuple[str, ...]:
-    """charts.html's headings of the inside views of ``name``'s own record."""
     return tuple(heading.format(name=name) for heading in INSIDE_HEADINGS)
 
 
 def run_outputs(**values) -> tuple:
-    """The Run event's output tuple from values by name; any output not given is left as is.
-
-    Raises:
-        TypeError: a name that is not in ``RUN_OUTPUTS``.
-    """
+    """The Run event's output tuple from values by name (others left as is); TypeError for a name
+    not in ``RUN_OUTPUTS``."""
     unknown = set(values) - set(RUN_OUTPUTS)
     if unknown:
         raise TypeError(f"not Run outputs: {sorted(unknown)}")
@@ -82,9 +75,7 @@ def run_outputs(**values) -> tuple:
 def outputs_table(
     rows: list[list] | None, engine_names: list[str], reference: str = "model.generate", **props
 ) -> gr.Dataframe:
-    """The outputs table with its headers and column widths for these engines (request, prompt,
-    cap, one per engine, the verdict and the prompt tokens from the prefix cache); ``props``: the
-    panel's other settings, where the panel builds it."""
+    """The outputs table with headers and column widths for these engines."""
     output_width = f"{47 // len(engine_names)}%"
     return gr.Dataframe(
         value=rows,
@@ -96,7 +87,7 @@ def outputs_table(
 
 @dataclass
 class RunState:
-    """What the page keeps between events (in a ``gr.State``): the two traces and the reference."""
+    """What the page keeps between events (in a ``gr.State``): the traces and the reference."""
 
     static: Trace
     continuous: Trace
@@ -112,7 +103,6 @@ class RunState:
 
     @classmethod
     def from_comparison(cls, result: ComparisonResult) -> RunState:
-        """The page's state of the engines' answer (no servers yet)."""
         return cls(
             result.static,
             result.continuous,
@@ -124,18 +114,16 @@ class RunState:
         )
 
     def traces(self) -> dict[str, Trace]:
-        """The runs in display order, by engine name (servers last, in the host's order)."""
         return {**traces_by_name(self.static, self.continuous, self.hf_continuous), **self.servers}
 
     def inside_runs(self) -> dict[str, Trace]:
-        """The runs whose own record the inside views may draw, the first found first: the
-        servers in the host's order, then transformers' continuous batching when it ran."""
+        """Runs whose own record the inside views may draw: servers first, then transformers'."""
         hf = {"hf_continuous": self.hf_continuous} if self.hf_continuous is not None else {}
         return {**self.servers, **hf}
 
     @property
     def num_steps(self) -> int:
-        """Steps of the longest run, the inside views' record included: the step slider's range."""
+        """Steps of the longest run, inside records included: the slider's range."""
         found = inside_view.own_record(self.inside_runs())
         inside = len(found[1].steps) if found else 0
         return max(len(self.static.steps), len(self.continuous.steps), inside)
@@ -143,9 +131,7 @@ class RunState:
 
 @dataclass
 class StepViews:
-    """The figures that depend on the selected step (plotly figures, or None); ``inside_*``: a
-    server's own record (``inside_view.step_figures``). Each field is the figure of the output
-    named ``<field>_plot`` (``STEP_VIEW_OUTPUTS``)."""
+    """The step-dependent figures (plotly or None), each of the output ``<field>_plot``."""
 
     static_timeline: Any
     continuous_timeline: Any
@@ -157,11 +143,9 @@ class StepViews:
     inside_block_map: Any = None
 
     def as_tuple(self) -> tuple:
-        """In ``STEP_VIEW_OUTPUTS`` order."""
         return tuple(getattr(self, f.name) for f in fields(self))
 
     def by_output(self) -> dict[str, Any]:
-        """The figures by output name (``STEP_VIEW_OUTPUTS``)."""
         return dict(zip(STEP_VIEW_OUTPUTS, self.as_tuple(), strict=True))
 
 
@@ -171,8 +155,6 @@ STEP_VIEW_OUTPUTS = tuple(f"{f.name}_plot" for f in fields(StepViews))
 
 @dataclass
 class RunResult:
-    """Everything one Run renders."""
-
     state: RunState
     step_index: int
     views: StepViews
@@ -188,7 +170,7 @@ class RunResult:
     inside_shown: bool = False  # show the inside views (hidden on a page without servers)
 
     def as_outputs(self) -> tuple:
-        """Values for the Run event's outputs, in ``RUN_OUTPUTS`` order."""
+        """Values in ``RUN_OUTPUTS`` order."""
         return run_outputs(
             **self.views.by_output(),
             run_state=self.state,
@@ -240,9 +222,7 @@ def render(
 
 
 def write_downloads(state: RunState) -> list[str]:
-    """The run's exports in a fresh temporary folder: requests.csv, traces.json, Perfetto JSON,
-    and charts.html (the four charts at the default step, interactive, offline; with a server's
-    own record, its three step views too)."""
+    """The run's exports in a fresh folder: requests.csv, traces.json, Perfetto, charts.html."""
     folder = export.download_folder("cbp-run-")
     paths = export.write_files(folder, state.traces())
     views = step_views(state, default_step(state.continuous), "time")
@@ -260,12 +240,7 @@ def write_downloads(state: RunState) -> list[str]:
 def step_views(
     state: RunState, step_index: int, x_axis: str, layer: str = mask_heatmaps.GLOBAL_LAYERS
 ) -> StepViews:
-    """Both timelines on one x scale, cursor at ``step_index``; masks and block map at that step,
-    the packed mask of the ``layer`` type (``mask_heatmaps.layer_types``).
-
-    A step outside the slider's range (any number can be typed into its box) is clamped to the
-    first or last step.
-    """
+    """Both timelines on one x scale, masks and block map at ``step_index`` (clamped to the run)."""
     step_index = min(max(int(step_index), 0), max(state.num_steps - 1, 0))
     x_max = _x_max(state, x_axis)
     window = mask_heatmaps.layer_types(state.continuous).get(layer)
@@ -285,8 +260,7 @@ def step_views(
 
 
 def layer_radio(trace: Trace) -> gr.Radio:
-    """The layer-type selector's update for a new run: its types, "global" chosen, shown only
-    when the run's model has sliding windows."""
+    """The layer-type selector for a new run: "global" chosen, shown only with sliding windows."""
     choices = list(mask_heatmaps.layer_types(trace))
     return gr.Radio(choices=choices, value=mask_heatmaps.GLOBAL_LAYERS, visible=len(choices) > 1)
 
@@ -303,7 +277,6 @@ def _x_max(state: RunState, x_axis: str) -> float:
 
 
 def timeline(trace: Trace, x_axis: str, x_max: float | None, step_index: int | None):
-    """An engine's timeline with its queue waits and preemptions marked."""
     fig = timelines.timeline_figure(trace, x_axis, x_max, step_index)
     return serving_metrics.add_serving_marks(fig, trace, x_axis)
 
@@ -321,8 +294,7 @@ def default_step(trace: Trace) -> int:
 
 
 def _at_step(builder: Callable, trace: Trace, step_index: int):
-    """``builder(trace, step)``, the step clamped to the run's last (None if it has no steps);
-    past the run's end the figure's subtitle says which step it shows instead."""
+    """``builder(trace, step)`` at the run's last step past its end (None: no steps)."""
     if not trace.steps:
         return None
     at, note = inside_view.clamped_step(trace.engine, len(trace.steps), step_index)
@@ -334,7 +306,7 @@ def _at_step(builder: Callable, trace: Trace, step_index: int):
 
 
 def slider_label(state: RunState) -> str:
-    """The step slider's label: which steps each engine has (one slider drives them all)."""
+    """The step slider's label: which steps each engine has."""
     s, c = len(state.static.steps), len(state.continuous.steps)
     found = inside_view.own_record(state.inside_runs())
     inside = f", {found[0]} 0–{len(found[1].steps) - 1} (its own record)" if found else ""

@@ -1,11 +1,4 @@
-"""What the page says about its servers: the servers line, and a run's server results in words.
-
-``servers_markdown`` is the line under the status line while the page runs: each configured
-server starting (its stage in words and how long, not its raw log lines), ready (what it
-serves, and for a local vLLM or llama.cpp its version and settings), or failed and why.
-``status_parts`` gives a run's status line its server part: each server's wall time, each
-failure, each warning (another model, other slots).
-"""
+"""What the page says about its servers: the servers line, and a run's server results in words."""
 
 from __future__ import annotations
 
@@ -19,7 +12,6 @@ from engine.trace import Trace
 
 
 def servers_markdown(servers: PageServers | None) -> str:
-    """The servers line: one part per configured server (empty when there are none)."""
     if servers is None or not servers.names:
         return ""
     parts = [_server_part(servers, name) for name in servers.names]
@@ -78,8 +70,7 @@ def _settings(servers: PageServers, name: str) -> str:
 
 
 def status_parts(servers: dict[str, Trace], failures: dict[str, str]) -> tuple[list[str], str]:
-    """(parts of the status line's first line, further lines): each server's wall time, then one
-    line per failure and per warning."""
+    """(parts of the status line's first line, further lines): wall times, failures, warnings."""
     parts = [f"{plain_markdown(name)} {t.wall_s:.2f} s" for name, t in servers.items()]
     lines = [
         f"**✗ {plain_markdown(name)}:** {plain_markdown(one_line(message))}"

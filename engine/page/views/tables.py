@@ -1,10 +1,7 @@
 """Table builders: the metrics and outputs tables, as rows of plain values (no plotly, no HTML).
 
-Both take the runs as ``{engine name: Trace}`` in display order, so a third engine (transformers'
-own continuous batching) adds a row to the metrics and a column to the outputs. Output texts stay
-plain strings: the page shows them as text, never as markup. A server's step-based cells (steps,
-padding, slot use, preemptions, prefix-cache hit rate) come from its own record of its steps where
-it keeps one (``Trace.schedule``: the local vLLM).
+Runs come as ``{engine name: Trace}`` in display order; a server's step-based cells come from its
+own record where it keeps one (``Trace.schedule``).
 """
 
 from __future__ import annotations
@@ -77,11 +74,7 @@ PROMPT_SHOWN_CHARS = 200  # longer prompts are clipped in the outputs table
 
 def metrics_rows(traces: dict[str, Trace], reference_ok: dict[str, str] | None) -> list[list]:
     """One ``METRICS_HEADERS`` row per engine; speedup is static wall time over this engine's.
-
-    An engine that records no steps (transformers' manager exposes none) shows "—" for the
-    step-based columns; a server takes them from its own record where it keeps one
-    (``Trace.schedule``). ``reference_ok[name]``: the engine's match, ✓ ≈ ≠ or ✗.
-    """
+    Engines without steps show "—" for the step columns; ``reference_ok[name]``: ✓ ≈ ≠ or ✗."""
     static_wall_s = traces["static"].wall_s if "static" in traces else None
     rows = []
     for name, trace in traces.items():
@@ -113,9 +106,7 @@ def metrics_rows(traces: dict[str, Trace], reference_ok: dict[str, str] | None) 
 
 
 def _ttft_cells(trace: Trace) -> list[float | str]:
-    """Mean and p99 TTFT. A server with its own record of its steps gets both views, labelled:
-    "outside 0.52 · inside 0.50", the client's times first, then its record's (both from each
-    request's arrival on the client's clock)."""
+    """Mean and p99 TTFT; with a server's own record both views: "outside 0.52 · inside 0.50"."""
     mean_s, p99_s = trace.metrics().mean_ttft_s, trace.latency_percentiles()["ttft_s"]["p99"]
     if trace.schedule is None or not trace.schedule.steps:
         return [round(mean_s, 2), _rounded(p99_s)]
@@ -131,7 +122,6 @@ def _ttft_cells(trace: Trace) -> list[float | str]:
 
 
 def _match_cell(mark: str, num_not_compared: int) -> str:
-    """The engine's mark (✓ ≈ ≠ ✗), then how many requests were sampled with another generator."""
     if not num_not_compared:
         return mark
     return f"{mark} ({num_not_compared} {NOT_COMPARED_TEXT})"
@@ -149,8 +139,7 @@ CACHED_TOKENS_HEADER = "prompt tokens from the prefix cache"
 
 
 def outputs_headers(engine_names: list[str], reference: str = "model.generate") -> list[str]:
-    """request, prompt, cap, one output column per engine, the reference verdict, then the
-    prompt tokens the continuous engine took from the prefix cache (added last)."""
+    """request, prompt, cap, one column per engine, the verdict, then prefix-cache prompt tokens."""
     return [
         "request",
         "prompt",
@@ -162,15 +151,12 @@ def outputs_headers(engine_names: list[str], reference: str = "model.generate") 
 
 
 def compared(trace: Trace) -> bool:
-    """False for a server whose outputs the reference cannot judge (``not_compared_why``): it is
-    left out of the check, as a mismatch would mean nothing."""
+    """False for a server whose outputs the reference cannot judge (``not_compared_why``)."""
     return not_compared_why(trace) is None
 
 
 def not_compared_why(trace: Trace) -> str | None:
-    """Why a server's outputs are left out of the reference check, in a few words: it serves
-    another model than the loaded one, or it ran in another precision than the run
-    (``engine.page.run.host_servers`` marks that); None when they are compared."""
+    """Why a server's outputs are left out of the check (another model or precision), or None."""
     server = trace.info.get("server") or {}
     if server.get("same_model") is False:
         return ANOTHER_MODEL_TEXT
@@ -184,9 +170,7 @@ def outputs_rows(
     reference: dict[int, list[int]] | None,
     verdicts: dict[str, dict[int, dict]] | None = None,
 ) -> list[list]:
-    """One row per request (``outputs_headers`` order), its verdict cell ``_verdict``'s; a server
-    whose outputs the reference cannot judge (``not_compared_why``) is left out of the check,
-    which says so."""
+    """One row per request, in ``outputs_headers`` order."""
     runs = list(traces.items())
     first = runs[0][1]
     unchecked = {name: why for name, trace in runs if (why := not_compared_why(trace))}
@@ -206,9 +190,7 @@ def outputs_rows(
 
 
 def _cached_tokens(traces: dict[str, Trace], index: int) -> int | str:
-    """The continuous engine's prefix-cache tokens for one request ("of 575" prompt tokens), or
-    "—" without it: the only engine of ours that shares blocks; then each server's, from its own
-    record where it keeps one ("· vllm 512", on its first admission)."""
+    """Prefix-cache tokens for one request ("of 575"): ours, then each server's ("· vllm 512")."""
     trace = traces.get("continuous")
     record = trace.requests[index] if trace is not None else None
     ours = NOT_AVAILABLE
@@ -225,10 +207,7 @@ def _cached_tokens(traces: dict[str, Trace], index: int) -> int | str:
 def _verdict(
     records: list[tuple[str, RequestRecord]], reference: dict[int, list[int]], judged=None
 ) -> str:
-    """The verdict cell (``join_labels``): "✓", or each engine's label, its ``judged`` verdict
-    where it has one ("continuous ≈ near-tie at token 17"), else its comparison with the
-    reference ("continuous ✗ differs"); then the engines that sampled the request with a
-    generator of their own, as not compared."""
+    """The verdict cell: "✓", or each engine's label (own-generator engines not compared)."""
     judged = judged or {}
     return join_labels(
         {
@@ -241,7 +220,6 @@ def _verdict(
 
 
 def _clip(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters, saying how much was left out."""
     if len(text) <= limit:
         return text
     return f"{text[:limit]}… (+{len(text) - limit} chars)"
