@@ -47,9 +47,8 @@ class KVCacheGroups:
         vllm_order: bool = False,
     ):
         pool = BlockManager(num_blocks, block_size, prefix_caching, vllm_order, windows[0])
-        self.groups = [pool] + [BlockManager.for_group(pool, g, w) for g, w in enumerate(windows)][
-            1:
-        ]
+        others = [BlockManager.for_group(pool, g, w) for g, w in enumerate(windows) if g]
+        self.groups = [pool, *others]
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefix_caching, self.window_freed = prefix_caching, pool.window_freed
         self.block_tables = pool.block_tables

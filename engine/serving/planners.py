@@ -47,7 +47,7 @@ class SchedulerState(Protocol):
     """What a planner reads and calls on its ``engine.serving.scheduler.Scheduler``."""
 
     token_budget: int | None
-    block_manager: BlockManager | None
+    block_manager: BlockManager | None  # or a KVCacheGroups, which answers the same calls
     running: dict[int, Sequence]  # slot -> sequence
     prefix_caching: bool
 
