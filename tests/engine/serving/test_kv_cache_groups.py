@@ -3,6 +3,7 @@ its own block tables over one pool, the sliding groups free the blocks out of th
 outputs still equal per-request ``generate``, and a pool too small without freeing runs
 unpreempted with it."""
 
+import json
 import math
 
 import pytest
@@ -15,6 +16,7 @@ from engine.fidelity.reference import ReferenceCache
 from engine.serving.block_manager import FREED
 from engine.serving.kv_cache_groups import KVCacheGroups
 from engine.serving.scheduler import Scheduler
+from engine.trace import Trace
 
 BLOCK_SIZE = 4
 # One layer per group (Gemma 2: 1 sliding + 1 global; Gemma 3: 2 sliding + 1 global, cut in
@@ -129,6 +131,10 @@ def test_grouped_paged_run_equals_generate_and_frees_blocks(gemma, name):
         assert trace.metrics().num_preemptions > 0, "4 slots on 8 blocks a group should preempt"
     if name.startswith("prefix"):
         assert trace.metrics().num_cached_tokens > 0, f"{name}: no prefix hit"
+    loaded = Trace.from_dict(json.loads(json.dumps(trace.to_dict())))
+    assert [s.group_block_tables for s in loaded.steps] == [
+        s.group_block_tables for s in trace.steps
+    ], "the group tables do not survive the JSON trace"
 
 
 def _schedule_all(kv_groups: list[int | None], num_blocks: int) -> tuple[int, int, int]:
