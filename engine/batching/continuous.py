@@ -238,12 +238,18 @@ def kv_pool_blocks(
         num_tokens = r.num_prompt_tokens + r.max_new_tokens - 1  # the last token is never cached
         if num_groups * blocks_for(num_tokens, block_size) > num_blocks:
             blocks = "1 block" if num_blocks == 1 else f"{num_blocks} blocks"
+            tokens = num_blocks // num_groups * block_size
             raise ValueError(
                 f"{request_label(r.request_id)} needs {num_tokens} tokens of KV cache, but the KV "
-                f"budget holds {blocks} of {block_size} tokens ({num_blocks * block_size} "
-                f"tokens). Raise the KV budget or lower its max_new_tokens."
+                f"budget holds {blocks} of {block_size} tokens ({tokens} tokens"
+                f"{_per_group(num_groups)}). Raise the KV budget or lower its max_new_tokens."
             )
     return num_blocks
+
+
+def _per_group(num_groups: int) -> str:
+    """Words for a budget cut among ``num_groups`` KV cache groups ("" for one)."""
+    return "" if num_groups == 1 else f" in each of {num_groups} KV cache groups"
 
 
 def max_seq_len(config: EngineConfig, requests: list[Request]) -> int:

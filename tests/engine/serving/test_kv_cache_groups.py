@@ -10,7 +10,7 @@ import pytest
 from family_models import PAST_WINDOW_SPECS, WINDOW, family_runner
 from tiny_model import make_requests
 
-from engine.batching.continuous import ContinuousEngine
+from engine.batching.continuous import ContinuousEngine, kv_pool_blocks
 from engine.config import EngineConfig
 from engine.fidelity.reference import ReferenceCache
 from engine.serving.block_manager import FREED
@@ -167,3 +167,18 @@ def test_freeing_a_sliding_group_avoids_preemption():
     assert _schedule_all([None, WINDOW], 24) == (0, 16, 24)
     preempted, steps, most = _schedule_all([None, None], 24)
     assert preempted > 0 and steps > 16 and most == 24, (preempted, steps, most)
+
+
+def test_a_budget_too_small_for_a_request_in_every_group_is_refused():
+    """A 1-token prompt capped at 30 caches 30 tokens: 8 blocks of 4 in each of 2 groups, 16 in
+    all (a recompute prefills it whole in each group). 15 blocks' budget is refused in words
+    that count per group (15 // 2 * 4 = 28 tokens each); 16 blocks is enough."""
+    requests = make_requests([("a", 30)])
+    for blocks in (15, 16):
+        mib = blocks * BLOCK_BYTES / 2**20
+        config = EngineConfig(1, kv_mode="paged", block_size=BLOCK_SIZE, kv_budget_mib=mib)
+        if blocks == 15:
+            with pytest.raises(ValueError, match="28 tokens in each of 2 KV cache groups"):
+                kv_pool_blocks(config, requests, BLOCK_BYTES // BLOCK_SIZE, num_groups=2)
+        else:
+            assert kv_pool_blocks(config, requests, BLOCK_BYTES // BLOCK_SIZE, num_groups=2) == 16
