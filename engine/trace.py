@@ -64,12 +64,16 @@ class StepRecord:
     cached_free_blocks: list[int] | None = None
     # sliding window only: free blocks that fell out of a sequence's window, none taken since
     window_freed_blocks: list[int] | None = None
+    # several KV cache groups only (``info["kv_groups"]``): each group's block tables, over one
+    # pool; ``block_tables`` is group 0's (the global layers')
+    group_block_tables: list[dict[int, list[int]]] | None = None
 
     def block_holders(self) -> dict[int, list[int]]:
-        """Paged KV: every held block -> the request ids whose tables list it (its refcount is
-        the length); empty for other KV modes."""
+        """Paged KV: every held block -> the request ids whose tables (of every KV cache group)
+        list it (its refcount is the length); empty for other KV modes."""
         holders: dict[int, list[int]] = {}
-        for rid, table in (self.block_tables or {}).items():
+        groups = self.group_block_tables or [self.block_tables or {}]
+        for rid, table in ((rid, t) for tables in groups for rid, t in tables.items()):
             for block in table:
                 if block >= 0:  # not freed out of the window
                     holders.setdefault(block, []).append(rid)
@@ -400,6 +404,8 @@ def _step_from_dict(data: dict) -> StepRecord:
     step.preempted = list(step.preempted)
     step.block_tables = _int_keys(step.block_tables)
     step.shared_blocks = _int_keys(step.shared_blocks)
+    if step.group_block_tables is not None:
+        step.group_block_tables = [_int_keys(tables) for tables in step.group_block_tables]
     return step
 
 

@@ -20,6 +20,7 @@ from engine.model.model_runner import ModelRunner
 from engine.sequence import Request, Sequence
 from engine.serving.block_manager import BlockManager, blocks_for
 from engine.serving.kv_cache import KVCache
+from engine.serving.kv_cache_groups import KVCacheGroups
 from engine.serving.packed_batch import build_packed_batch
 from engine.serving.run_control import wait_until
 from engine.serving.sampler import RequestSampler, new_samplers
@@ -124,7 +125,11 @@ class ContinuousEngine:
         Raises:
             ValueError: some request alone needs more KV blocks than the budget holds.
         """
-        return kv_pool_blocks(self.config, requests, self.runner.kv_bytes_per_token())
+        groups = self.runner.kv_layer_groups()
+        num_layers = sum(len(layers) for _, layers in groups)
+        rows = max(len(layers) for _, layers in groups)  # layers of a block (a group's)
+        block_bytes_per_token = self.runner.kv_bytes_per_token() * rows // num_layers
+        return kv_pool_blocks(self.config, requests, block_bytes_per_token, len(groups))
 
     def _new_scheduler(self, requests: list[Request]) -> Scheduler:
         """The run's scheduler; in ``paged`` mode it owns a block manager of ``num_kv_blocks``.
@@ -134,6 +139,7 @@ class ContinuousEngine:
         """
         cfg = self.config
         eos = frozenset() if cfg.ignore_eos else self.runner.eos_token_ids
+        windows = [window for window, _ in self.runner.kv_layer_groups()]
         return Scheduler(
             requests,
             cfg.num_slots,
@@ -144,6 +150,7 @@ class ContinuousEngine:
             cfg.block_size,
             cfg.prefix_caching,
             self.runner.kv_window(),
+            windows,
         )
 
     def _new_kv_cache(self, requests: list[Request], blocks: BlockManager | None) -> KVCache:
@@ -151,7 +158,11 @@ class ContinuousEngine:
         through a read-only view of its block tables."""
         cfg = self.config
         paged = ()
-        if blocks is not None:
+        if isinstance(blocks, KVCacheGroups):
+            tables = [MappingProxyType(m.block_tables) for m in blocks.groups]
+            layers = [ids for _, ids in self.runner.kv_layer_groups()]
+            paged = (blocks.num_blocks, blocks.block_size, tables, layers)
+        elif blocks is not None:
             paged = (blocks.num_blocks, blocks.block_size, MappingProxyType(blocks.block_tables))
         return self.runner.new_kv_cache(
             cfg.kv_mode, cfg.num_slots, max_seq_len(cfg, requests), *paged
@@ -172,6 +183,9 @@ class ContinuousEngine:
             info |= {"kv_blocks": blocks.num_blocks, "block_size": blocks.block_size}
             if blocks.window is not None:  # blocks out of every layer's window are freed
                 info["kv_window"] = blocks.window
+            if isinstance(blocks, KVCacheGroups):  # group 0's tables are ``block_tables``
+                groups = self.runner.kv_layer_groups()
+                info["kv_groups"] = [{"window": w, "layers": ids} for w, ids in groups]
         return Trace(
             engine=self.name,
             num_slots=self.config.num_slots,
@@ -204,11 +218,13 @@ class ContinuousEngine:
 
 
 def kv_pool_blocks(
-    config: EngineConfig, requests: list[Request], kv_bytes_per_token: int
+    config: EngineConfig, requests: list[Request], kv_bytes_per_token: int, num_groups: int = 1
 ) -> int | None:
     """``paged`` mode: the blocks of the KV pool for ``requests`` under ``config``, for a model
-    whose keys and values take ``kv_bytes_per_token`` per token; the other KV modes: None. Needs
-    no model: a process without one checks a budget with it.
+    whose block holds ``kv_bytes_per_token`` per token; the other KV modes: None. Needs no
+    model: a process without one checks a budget with it. With ``num_groups`` KV cache groups
+    (``engine.serving.kv_cache_groups``) a request holds a table in each, so a request alone
+    may need ``num_groups`` times its blocks (a whole prompt prefilled at once).
 
     Raises:
         ValueError: some request alone needs more blocks than the pool holds (preemption could
@@ -217,17 +233,23 @@ def kv_pool_blocks(
     if config.kv_mode != "paged":
         return None
     block_size = config.block_size
-    num_blocks = _num_blocks(config, requests, kv_bytes_per_token)
+    num_blocks = _num_blocks(config, requests, kv_bytes_per_token, num_groups)
     for r in requests:
         num_tokens = r.num_prompt_tokens + r.max_new_tokens - 1  # the last token is never cached
-        if blocks_for(num_tokens, block_size) > num_blocks:
+        if num_groups * blocks_for(num_tokens, block_size) > num_blocks:
             blocks = "1 block" if num_blocks == 1 else f"{num_blocks} blocks"
+            tokens = num_blocks // num_groups * block_size
             raise ValueError(
                 f"{request_label(r.request_id)} needs {num_tokens} tokens of KV cache, but the KV "
-                f"budget holds {blocks} of {block_size} tokens ({num_blocks * block_size} "
-                f"tokens). Raise the KV budget or lower its max_new_tokens."
+                f"budget holds {blocks} of {block_size} tokens ({tokens} tokens"
+                f"{_per_group(num_groups)}). Raise the KV budget or lower its max_new_tokens."
             )
     return num_blocks
+
+
+def _per_group(num_groups: int) -> str:
+    """Words for a budget cut among ``num_groups`` KV cache groups ("" for one)."""
+    return "" if num_groups == 1 else f" in each of {num_groups} KV cache groups"
 
 
 def max_seq_len(config: EngineConfig, requests: list[Request]) -> int:
@@ -238,21 +260,25 @@ def max_seq_len(config: EngineConfig, requests: list[Request]) -> int:
     return max((r.num_prompt_tokens + r.max_new_tokens for r in requests), default=1)
 
 
-def _num_blocks(config: EngineConfig, requests: list[Request], kv_bytes_per_token: int) -> int:
+def _num_blocks(
+    config: EngineConfig, requests: list[Request], kv_bytes_per_token: int, num_groups: int
+) -> int:
     """Blocks in the budget, at most what every slot's longest sequence needs at once (more
     could never be used, so a huge budget allocates no more); without a budget, exactly that.
 
     With prefix caching, blocks past that still hold cached prefixes, so a budget may give
     up to every request's blocks at once (vLLM gives the cache all the memory it has).
     """
-    enough = config.num_slots * blocks_for(max_seq_len(config, requests), config.block_size)
+    enough = (
+        num_groups * config.num_slots * blocks_for(max_seq_len(config, requests), config.block_size)
+    )
     if config.kv_budget_mib is None:
         return enough
     if config.prefix_caching:
         every = sum(
             blocks_for(r.num_prompt_tokens + r.max_new_tokens, config.block_size) for r in requests
         )
-        enough = max(enough, every)
+        enough = max(enough, num_groups * every)
     block_bytes = kv_bytes_per_token * config.block_size
     return min(enough, int(config.kv_budget_mib * 2**20 // block_bytes))
 
@@ -307,8 +333,12 @@ def _step_record(
     if blocks is not None:
         record.kv_blocks_used = blocks.num_used_blocks
         record.block_tables = {rid: list(table) for rid, table in blocks.block_tables.items()}
-        if blocks.window is not None:
+        if any(w is not None for w in blocks.group_windows):
             record.window_freed_blocks = list(blocks.window_freed)
+        if isinstance(blocks, KVCacheGroups):
+            record.group_block_tables = [
+                {rid: list(table) for rid, table in m.block_tables.items()} for m in blocks.groups
+            ]
         if blocks.prefix_caching:
             record.shared_blocks = blocks.shared_blocks()
             record.cached_free_blocks = blocks.cached_free_blocks()

@@ -197,7 +197,7 @@ def decode_step(qkv, cos, signed_sin, layer: int, batch: PackedBatch, num_heads:
     """
     keys, values = batch.kv_cache.block_storage(layer)  # (H_kv, N, S, D) each
     positions = batch.position_ids[0]  # (T,)
-    table = batch.kv_block_table  # (B, M)
+    table = batch.kv_cache.layer_block_table(layer, batch)  # (B, M)
     return torch.ops.cbp_attention.decode_step(
         qkv, cos, signed_sin, keys, values, table, batch.slot_ids, positions, num_heads, scaling
     )

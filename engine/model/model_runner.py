@@ -87,6 +87,27 @@ class ModelRunner(RunnerKernels):
         windows = {layer_spec.layer_window(a, self.model.config) for a in attns}
         return windows.pop() if len(windows) == 1 and None not in windows else None
 
+    def kv_layer_groups(self) -> list[tuple[int | None, list[int]]]:
+        """The paged KV cache's groups: (window in keys, None: global; layer indices), global
+        first. One group when every layer shares a window (or has none); otherwise each type's
+        layers cut into groups of the smallest type's count, so every group's block holds as
+        many layers (vLLM's ``_get_kv_cache_groups_uniform_page_size``)."""
+        layers = getattr(getattr(self.model, "model", None), "layers", None) or []
+        attns = [getattr(la, "self_attn", None) for la in layers]
+        num_layers = self.kv_shape()[0]
+        if not attns or None in attns:
+            return [(None, list(range(num_layers)))]
+        by_type: dict[int | None, list[int]] = {}
+        for i, attn in enumerate(attns):
+            by_type.setdefault(layer_spec.layer_window(attn, self.model.config), []).append(i)
+        if len(by_type) == 1:
+            return [(next(iter(by_type)), list(range(num_layers)))]
+        size = min(len(ids) for ids in by_type.values())
+        types = sorted(by_type, key=lambda w: -1 if w is None else w)  # global first
+        return [
+            (w, by_type[w][i : i + size]) for w in types for i in range(0, len(by_type[w]), size)
+        ]
+
     def kv_bytes_per_token(self) -> int:
         """Bytes of one token's keys and values across all layers, in the model's dtype."""
         return kv_bytes_per_token(*self.kv_shape(), self.dtype)
@@ -98,13 +119,15 @@ class ModelRunner(RunnerKernels):
         max_seq_len: int,
         num_blocks: int | None = None,
         block_size: int = 16,
-        block_tables: Mapping[int, list[int]] | None = None,
+        block_tables: Mapping[int, list[int]] | list | None = None,
+        layer_groups: list[list[int]] | None = None,
     ) -> KVCache:
         """KV storage for ``num_slots`` sequences of up to ``max_seq_len`` tokens each.
 
         ``paged`` mode holds ``num_blocks`` blocks of ``block_size`` tokens instead, addressed
         through ``block_tables``: the scheduler's block manager's tables, which the cache reads
-        and never changes.
+        and never changes; with several ``layer_groups`` (layer indices per group), a list of
+        tables, one per group.
         """
         layers, kv_heads, head_dim = self.kv_shape()
         if kv_mode == "concat":
@@ -120,6 +143,7 @@ class ModelRunner(RunnerKernels):
                 block_tables,
                 self.dtype,
                 self.device,
+                layer_groups,
             )
         return SlotKVCache(
             layers, num_slots, kv_heads, head_dim, max_seq_len, self.dtype, self.device

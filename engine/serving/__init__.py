@@ -1,6 +1,7 @@
 """Serving: what a continuous engine decides and lays out at each step, in plain bookkeeping.
 
-The ``scheduler`` and its policies (``planners``), the ``block_manager``, the KV caches
+The ``scheduler`` and its policies (``planners``), the ``block_manager`` and its
+``kv_cache_groups``, the KV caches
 (``kv_cache``), the ``packed_batch`` and its ``masks``, the per-request ``sampler`` and
 ``run_control``. May import the root vocabulary and ``engine.workloads``.
 
@@ -11,6 +12,7 @@ Nothing is imported here: import the modules by name. ``__all__`` is the room's 
 __all__ = [
     "scheduler",
     "block_manager",
+    "kv_cache_groups",
     "kv_cache",
     "packed_batch",
     "masks",

@@ -50,6 +50,11 @@ caching does with them::
 
     window 6, block size 4, c = 13: queries 13.. read keys 8..; blocks of tokens 0-3, 4-7 go
     R0's table: [FREED, FREED, 5, 2]
+
+**KV cache groups** (Gemma 2 and 3 mix sliding and global layers): ``BlockManager.for_group``
+makes a manager of one more group over the same pool (its free lists, reference counts and
+prefix hashes, salted by the group so groups never share a block); ``engine.serving.
+kv_cache_groups`` coordinates them.
 """
 
 from __future__ import annotations
@@ -116,6 +121,24 @@ class BlockManager:
         self._blocks_of: dict[bytes, dict[int, None]] = {}
         self._num_hashed: dict[int, int] = {}  # request id -> leading table blocks looked at
         self._num_freed: dict[int, int] = {}  # request id -> leading table entries FREED
+        self._salt = b""  # appended to a prefix hash to key this group's blocks
+
+    @classmethod
+    def for_group(cls, pool: BlockManager, group: int, window: int | None) -> BlockManager:
+        """A manager of KV cache group ``group`` (its own block tables and ``window``) that draws
+        its blocks from ``pool``'s free lists and shares its reference counts and prefix cache."""
+        manager = cls(pool.num_blocks, pool.block_size, pool.prefix_caching, pool.vllm_order)
+        manager.window = window
+        for name in ("window_freed", "ref_counts", "_free", "_cached_free", "_hash_of"):
+            setattr(manager, name, getattr(pool, name))
+        manager._blocks_of = pool._blocks_of
+        manager._salt = bytes([group]) if group else b""
+        return manager
+
+    @property
+    def group_windows(self) -> list[int | None]:
+        """Each KV cache group's window: one group here (``KVCacheGroups``: several)."""
+        return [self.window]
 
     @property
     def num_free_blocks(self) -> int:
@@ -232,20 +255,39 @@ class BlockManager:
         hash has two blocks, the first registered."""
         found = []
         for h in hashes:
-            blocks = self._blocks_of.get(h)
-            if blocks is None:
+            block = self.cached_block(h)
+            if block is None:
                 break
-            found.append(next(iter(blocks)))
+            found.append(block)
         return found
+
+    def cached_block(self, h: bytes) -> int | None:
+        """The block cached under prefix hash ``h`` (the first registered), None if none."""
+        blocks = self._blocks_of.get(h + self._salt)
+        return None if blocks is None else next(iter(blocks))
 
     def num_free_among(self, blocks: list[int]) -> int:
         """How many of ``blocks`` no sequence holds now (sharing them takes them off the pool)."""
-        return sum(1 for b in blocks if self.ref_counts[b] == 0)
+        return sum(1 for b in blocks if b != FREED and self.ref_counts[b] == 0)
+
+    @staticmethod
+    def num_hit_blocks(hit: list[int]) -> int:
+        """Blocks of prefix a ``match_prefix`` hit covers."""
+        return len(hit)
+
+    def num_blocks_to_seat(self, hit: list[int], num_tokens: int) -> int:
+        """Free blocks a sequence seated with prefix-cache ``hit`` takes to hold its first
+        ``num_tokens`` tokens: its new blocks and the hit's blocks no one holds."""
+        return blocks_for(num_tokens, self.block_size) - len(hit) + self.num_free_among(hit)
 
     def share(self, request_id: int, blocks: list[int]) -> None:
-        """Start ``request_id``'s block table with cached ``blocks`` (from ``match_prefix``)."""
+        """Start ``request_id``'s block table with cached ``blocks`` (from ``match_prefix``; leading
+        ``FREED`` entries: out of the window of the sequence's next query)."""
         assert request_id not in self.block_tables, f"R{request_id} already holds blocks"
-        for block in blocks:
+        num_freed = blocks.count(FREED)
+        assert FREED not in blocks[num_freed:], "a hit freed a block inside the window"
+        self._num_freed[request_id] = num_freed
+        for block in blocks[num_freed:]:
             assert block in self._hash_of, f"block {block} is not a cached block"
             if self.ref_counts[block] == 0:
                 del self._cached_free[block]
@@ -268,9 +310,10 @@ class BlockManager:
             h, block = hashes[i], table[i]
             if block == FREED:
                 continue  # left the window before it was registered
-            if h not in self._blocks_of or self.vllm_order:
-                self._blocks_of.setdefault(h, {})[block] = None
-                self._hash_of[block] = h
+            key = h + self._salt
+            if key not in self._blocks_of or self.vllm_order:
+                self._blocks_of.setdefault(key, {})[block] = None
+                self._hash_of[block] = key
         self._num_hashed[request_id] = max(self._num_hashed.get(request_id, 0), num_full_blocks)
 
     def shared_blocks(self) -> dict[int, list[int]]:
@@ -286,13 +329,15 @@ class BlockManager:
         """Free blocks that keep their hash, least recently used (next evicted) first."""
         return list(self._cached_free)
 
-    def check_no_leaks(self) -> None:
-        """Reference counts match the block tables, are never negative, and free + used = total.
+    def check_no_leaks(self, all_tables: list[list[int]] | None = None) -> None:
+        """Reference counts match the block tables (``all_tables``: those of every group over the
+        pool; default this manager's), are never negative, and free + used = total.
 
         Raises:
             AssertionError: when a block is lost, held twice by one table, or freed while held.
         """
-        tables = [[b for b in t if b != FREED] for t in self.block_tables.values()]
+        all_tables = list(self.block_tables.values()) if all_tables is None else all_tables
+        tables = [[b for b in t if b != FREED] for t in all_tables]
         held = Counter(b for table in tables for b in table)
         free = [*self._free, *self._cached_free]
         assert all(len(set(t)) == len(t) for t in tables), "a block table holds one block twice"

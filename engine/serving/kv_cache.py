@@ -105,6 +105,11 @@ class InPlaceKVCache(KVCache):
     def _slot_kv(self, layer: int, batch: PackedBatch, slot: int, kv_len: int):
         """One slot's first ``kv_len`` keys and values: [H_kv, kv_len, D] each."""
 
+    def layer_block_table(self, layer: int, batch: PackedBatch) -> torch.Tensor:
+        """The block table ``layer`` reads in ``block_storage``: [B, M] (several KV cache
+        groups: its group's)."""
+        return batch.kv_block_table
+
     @abstractmethod
     def block_storage(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A layer's whole storage as blocks, for a kernel that writes and reads it in place
@@ -179,8 +184,14 @@ class PagedKVCache(InPlaceKVCache):
         kv_block_rows  slot 0:  0 1 | 2 3 | 8 9
                        slot 1:  4 5 | 0 1 | 0 1      (past its table: padding, never attended)
 
+    With KV cache groups (``layer_groups``: layer indices per group, ``block_tables`` one
+    mapping per group; ``engine.serving.kv_cache_groups``), a block holds ``block_size`` tokens
+    of one layer of each row of a group, ``L_g`` rows (the largest group's layers), and a layer
+    reads its group's tables; ``prepare`` sets the batch's fields from group 0's and
+    ``batch.kv_group_addressing`` from every group's.
+
     Shapes:
-        keys, values: [L, H_kv, N * block_size, D]   (N = num_blocks)
+        keys, values: [L, H_kv, N * block_size, D]   (N = num_blocks; groups: [L_g, ...])
         per step (``prepare``): kv_block_table [B, max_blocks], each slot's block table, padded;
         kv_block_rows [B, max_blocks * block_size], the storage row of every position of every
         slot's sequence; kv_write_index [T], where each new token goes.
@@ -196,21 +207,38 @@ class PagedKVCache(InPlaceKVCache):
         block_tables: Mapping[int, list[int]],
         dtype,
         device,
+        layer_groups: list[list[int]] | None = None,
     ):
         self.block_size = block_size
-        self.block_tables = block_tables  # read only: the scheduler's block manager owns them
-        shape = (num_layers, num_kv_heads, num_blocks * block_size, head_dim)
+        groups = layer_groups or [list(range(num_layers))]
+        # read only: the scheduler's block manager owns them
+        self.group_tables = list(block_tables) if layer_groups else [block_tables]
+        self.block_tables = self.group_tables[0]
+        # layer -> (its group, its row of the storage)
+        self.layer_rows = {
+            la: (g, row) for g, ids in enumerate(groups) for row, la in enumerate(ids)
+        }
+        num_rows = max(len(ids) for ids in groups)
+        shape = (num_rows, num_kv_heads, num_blocks * block_size, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
 
     def prepare(self, batch: PackedBatch) -> None:
-        """Per step, before the forward: storage rows of every slot's positions and new tokens.
+        """Per step, before the forward: storage rows of every slot's positions and new tokens,
+        in every group.
 
         The scheduler has already given every scheduled sequence the blocks its new tokens need.
         """
+        addressing = [self._addressing(batch, tables) for tables in self.group_tables]
+        batch.kv_block_table, batch.kv_block_rows, batch.kv_write_index = addressing[0]
+        if len(addressing) > 1:
+            batch.kv_group_addressing = addressing
+
+    def _addressing(self, batch: PackedBatch, block_tables: Mapping[int, list[int]]):
+        """One group's (kv_block_table, kv_block_rows, kv_write_index) for ``batch``."""
         block_size = self.block_size
-        tables = [self.block_tables[s.request_id] for s in batch.seqs]
+        tables = [block_tables[s.request_id] for s in batch.seqs]
         for table, cached, new in zip(tables, batch.num_cached, batch.num_new, strict=True):
             assert len(table) * block_size >= cached + new, "a sequence has too few KV blocks"
         width = max(len(t) for t in tables)
@@ -218,33 +246,47 @@ class PagedKVCache(InPlaceKVCache):
         padded = torch.zeros(num_slots, width, dtype=torch.long)  # (B, max_blocks); idle: block 0
         for seq, table in zip(batch.seqs, tables, strict=True):
             padded[seq.slot, : len(table)] = torch.tensor(table).clamp_(min=0)  # FREED: 0
-        batch.kv_block_table = padded.to(batch.input_ids.device)
+        device = batch.input_ids.device
         offsets = torch.arange(block_size)
         rows = (padded[:, :, None] * block_size + offsets).reshape(num_slots, -1)
-        batch.kv_block_rows = rows.to(batch.input_ids.device)  # (B, max_blocks * block_size)
+        rows = rows.to(device)  # (B, max_blocks * block_size)
         positions = batch.position_ids[0]  # (T,)
-        batch.kv_write_index = batch.kv_block_rows[batch.slot_ids, positions]  # (T,)
+        return padded.to(device), rows, rows[batch.slot_ids, positions]  # write index: (T,)
+
+    def _layer(self, layer: int, batch: PackedBatch):
+        """``layer``'s storage row and its group's (table, block rows, write index)."""
+        group, row = self.layer_rows[layer]
+        if batch.kv_group_addressing is None:
+            return row, (batch.kv_block_table, batch.kv_block_rows, batch.kv_write_index)
+        return row, batch.kv_group_addressing[group]
+
+    def layer_block_table(self, layer: int, batch: PackedBatch) -> torch.Tensor:
+        return self._layer(layer, batch)[1][0]
 
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
         """Store the step's new keys/values ([1, H_kv, T, D]) in their sequences' blocks."""
-        self.keys[layer].index_copy_(1, batch.kv_write_index, key[0])
-        self.values[layer].index_copy_(1, batch.kv_write_index, value[0])
+        row, (_, _, write_index) = self._layer(layer, batch)
+        self.keys[row].index_copy_(1, write_index, key[0])
+        self.values[row].index_copy_(1, write_index, value[0])
 
     def block_storage(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A layer's storage as its blocks: [H_kv, N, block_size, D] each."""
+        row = self.layer_rows[layer][1]
         num_kv_heads, _, head_dim = self.keys.shape[1:]
         shape = (num_kv_heads, -1, self.block_size, head_dim)
-        return self.keys[layer].view(shape), self.values[layer].view(shape)
+        return self.keys[row].view(shape), self.values[row].view(shape)
 
     def slot_view(self, layer: int, batch: PackedBatch, kv_len: int):
         """Gather every slot's first ``kv_len`` positions: keys, values [B, H_kv, kv_len, D]."""
-        rows = batch.kv_block_rows[:, :kv_len]  # (B, kv_len)
-        return self._gather(self.keys[layer], rows), self._gather(self.values[layer], rows)
+        row, (_, block_rows, _) = self._layer(layer, batch)
+        rows = block_rows[:, :kv_len]  # (B, kv_len)
+        return self._gather(self.keys[row], rows), self._gather(self.values[row], rows)
 
     def _slot_kv(self, layer: int, batch: PackedBatch, slot: int, kv_len: int):
         """Gather one slot's first ``kv_len`` positions: keys, values [H_kv, kv_len, D]."""
-        rows = batch.kv_block_rows[slot, :kv_len]  # (kv_len,)
-        return self.keys[layer].index_select(1, rows), self.values[layer].index_select(1, rows)
+        row, (_, block_rows, _) = self._layer(layer, batch)
+        rows = block_rows[slot, :kv_len]  # (kv_len,)
+        return self.keys[row].index_select(1, rows), self.values[row].index_select(1, rows)
 
     @staticmethod
     def _gather(store: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

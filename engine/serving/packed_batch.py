@@ -73,6 +73,8 @@ class PackedBatch:
     kv_write_index: torch.Tensor | None = None  # storage rows of the new tokens' keys/values
     kv_block_rows: torch.Tensor | None = None  # paged: [B, max_blocks * block_size] storage rows
     kv_block_table: torch.Tensor | None = None  # slot and paged KV modes, for decode_step
+    # paged, several KV cache groups: per group (kv_block_table, kv_block_rows, kv_write_index)
+    kv_group_addressing: list | None = None
     invariant: bool = False  # batch-invariant mode: attend per sequence (invariant_ops)
     windows: dict = field(default_factory=dict, repr=False)  # window -> ``windowed``'s batch
 

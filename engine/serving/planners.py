@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.sequence import Sequence, SequenceStatus
-from engine.serving.block_manager import BlockManager, blocks_for
+from engine.serving.block_manager import BlockManager
 
 
 @dataclass
@@ -47,7 +47,7 @@ class SchedulerState(Protocol):
     """What a planner reads and calls on its ``engine.serving.scheduler.Scheduler``."""
 
     token_budget: int | None
-    block_manager: BlockManager | None
+    block_manager: BlockManager | None  # or a KVCacheGroups, which answers the same calls
     running: dict[int, Sequence]  # slot -> sequence
     prefix_caching: bool
 
@@ -122,14 +122,13 @@ class _BudgetPlanner(Planner):
         blocks = scheduler.block_manager
         if blocks is None:
             return True
-        cached = len(hit) * blocks.block_size
+        cached = blocks.num_hit_blocks(hit) * blocks.block_size
         first_step = min(seq.num_tokens - cached, scheduler.token_budget or math.inf)
         reserved = sum(
             blocks.num_missing_blocks(s.request_id, s.num_tokens)
             for s in scheduler.running.values()
         )
-        new = blocks_for(cached + first_step, blocks.block_size) - len(hit)
-        needed = new + blocks.num_free_among(hit)
+        needed = blocks.num_blocks_to_seat(hit, cached + first_step)
         return needed + reserved <= blocks.num_free_blocks
 
     @staticmethod
@@ -227,8 +226,7 @@ class VllmPlanner(Planner):
         blocks = scheduler.block_manager
         hit = scheduler.prefix_hit(seq)
         if blocks is not None:
-            needed = blocks_for(seq.num_tokens, blocks.block_size) - len(hit)
-            if needed + blocks.num_free_among(hit) > blocks.num_free_blocks:
+            if blocks.num_blocks_to_seat(hit, seq.num_tokens) > blocks.num_free_blocks:
                 return None
         scheduler.seat(hit)
         self.order.append(seq)

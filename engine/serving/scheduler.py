@@ -9,7 +9,9 @@ recompute preemption). With prefix caching an admitted request starts from the c
 its longest cached prefix (vLLM's ``KVCacheManager.get_computed_blocks``), leaving its last token
 to compute. With a sliding ``window`` on every layer, each step first frees the blocks that fell
 out of every running sequence's window (``BlockManager.free_out_of_window``), so they count as
-free when the step admits and allocates. docs/engines.md tells the whole story.
+free when the step admits and allocates. A model that mixes sliding and global layers
+(``kv_groups``) gets a ``KVCacheGroups`` instead: one block table per group, the sliding groups
+freeing theirs. docs/engines.md tells the whole story.
 
 The scheduler keeps the state and the mechanics every policy shares; each policy is a planner
 (``engine.serving.planners``). ``schedule(now_s)`` plans one step, admissions included; the engine
@@ -24,6 +26,7 @@ from collections import deque
 
 from engine.sequence import Request, Sequence, SequenceStatus
 from engine.serving.block_manager import BlockManager
+from engine.serving.kv_cache_groups import KVCacheGroups
 from engine.serving.planners import ScheduledStep, planner_for
 
 
@@ -33,7 +36,8 @@ class Scheduler:
     ``num_kv_blocks`` (the paged KV mode) makes it own a ``BlockManager`` of that many blocks of
     ``block_size`` tokens (with ``prefix_caching``, a prefix cache too); otherwise
     ``block_manager`` is None. ``policy`` picks the planner; ``window`` (keys every layer sees,
-    None: global) lets the block manager free blocks out of it.
+    None: global) lets the block manager free blocks out of it; ``kv_groups`` (each KV cache
+    group's window, several groups) makes it a ``KVCacheGroups``.
 
     Raises:
         ValueError: ``num_kv_blocks`` below 1 or ``block_size`` below 1 (``BlockManager``).
@@ -50,15 +54,21 @@ class Scheduler:
         block_size: int = 16,
         prefix_caching: bool = False,
         window: int | None = None,
+        kv_groups: list[int | None] | None = None,
     ):
         self.num_slots = num_slots
         self.eos_token_ids = eos_token_ids
         self.token_budget = max_num_batched_tokens
         self.planner = planner_for(policy)
-        self.block_manager: BlockManager | None = None
-        if num_kv_blocks is not None:
+        self.block_manager: BlockManager | KVCacheGroups | None = None
+        vllm_order = policy == "vllm"
+        if num_kv_blocks is not None and kv_groups is not None and len(kv_groups) > 1:
+            self.block_manager = KVCacheGroups(
+                num_kv_blocks, block_size, kv_groups, prefix_caching, vllm_order
+            )
+        elif num_kv_blocks is not None:
             self.block_manager = BlockManager(
-                num_kv_blocks, block_size, prefix_caching, policy == "vllm", window
+                num_kv_blocks, block_size, prefix_caching, vllm_order, window
             )
         by_arrival = sorted(requests, key=lambda r: r.arrival_order)
         self.waiting: deque[Sequence] = deque(Sequence(r) for r in by_arrival)
@@ -98,7 +108,7 @@ class Scheduler:
     def prefix_hit(self, seq: Sequence) -> list[int]:
         """Cached blocks of ``seq``'s longest cached prefix, leaving its last token to compute."""
         if not self.prefix_caching:
-            return []
+            return [] if self.block_manager is None else self.block_manager.match_prefix([])
         lookup = (seq.num_tokens - 1) // self.block_manager.block_size
         self.block_manager.hash_blocks(seq.block_hashes, seq.num_tokens - 1, seq.token_ids)
         return self.block_manager.match_prefix(seq.block_hashes[:lookup])
@@ -107,9 +117,10 @@ class Scheduler:
         """Seat the first waiting sequence in the lowest free slot, sharing its prefix-cache
         blocks ``hit``; return it."""
         seq = self.waiting.popleft()
-        if hit:
-            self.block_manager.share(seq.request_id, hit)
-            seq.num_cached_tokens = len(hit) * self.block_manager.block_size
+        blocks = self.block_manager
+        if blocks is not None and blocks.num_hit_blocks(hit):
+            blocks.share(seq.request_id, hit)
+            seq.num_cached_tokens = blocks.num_hit_blocks(hit) * blocks.block_size
             seq.num_prefix_cached_tokens = seq.num_cached_tokens
             self.block_manager.free_out_of_window(seq.request_id, seq.num_cached_tokens)
         seq.slot = heapq.heappop(self._free_slots)

@@ -5,7 +5,9 @@
 
 Shared blocks carry their reference count. With a sliding window on every layer, free blocks
 that fell out of a window are drawn apart; so are the block ids a record reserves
-(``info["kv_reserved_blocks"]``, older transformers records: ``kv_trash_blocks``).
+(``info["kv_reserved_blocks"]``, older transformers records: ``kv_trash_blocks``). A model with KV
+cache groups (``info["kv_groups"]``: Gemma 2/3's global and sliding layers over one pool) has every
+group's blocks on the map, the hover naming a block's group.
 """
 
 from __future__ import annotations
@@ -105,7 +107,48 @@ def _block_map_subtitle(step: StepRecord, total: int, info: dict) -> str:
             f"<br>window of {counted(info['kv_window'], 'token')}: "
             f"{counted(freed, 'block')} freed: out of window (teal)"
         )
+    if info.get("kv_groups") and step.group_block_tables is not None:
+        text += "<br>" + _groups_line(step, info["kv_groups"])
     return text
+
+
+def _group_name(group: dict) -> str:
+    """``global, layer 1`` or ``window 8, layers 0, 2``."""
+    kind = "global" if group["window"] is None else f"window {group['window']}"
+    layers = group["layers"]
+    return f"{kind}, {'layer' if len(layers) == 1 else 'layers'} {', '.join(map(str, layers))}"
+
+
+def _groups_line(step: StepRecord, groups: list[dict]) -> str:
+    """Blocks each KV cache group holds, and those the sliding groups freed (teal)."""
+    held = [
+        len({b for table in tables.values() for b in table if b >= 0})
+        for tables in step.group_block_tables
+    ]
+    parts = [f"{_group_name(g)}: {n}" for g, n in zip(groups, held, strict=True)]
+    freed = len(step.window_freed_blocks or [])
+    return (
+        f"blocks held per KV cache group: {' · '.join(parts)} · "
+        f"{counted(freed, 'block')} freed: out of a sliding window (teal)"
+    )
+
+
+def _block_places(step: StepRecord, info: dict) -> dict[int, tuple[int, str]]:
+    """Held block -> (its position in its tables, its group's words: "" with one group)."""
+    groups = info.get("kv_groups")
+    if not groups or step.group_block_tables is None:
+        tables = [step.block_tables or {}]
+        names = [""]
+    else:
+        tables = step.group_block_tables
+        names = [f", group {g} ({_group_name(group)})" for g, group in enumerate(groups)]
+    return {
+        block: (pos, name)
+        for group_tables, name in zip(tables, names, strict=True)
+        for table in group_tables.values()
+        for pos, block in enumerate(table)
+        if block >= 0
+    }
 
 
 def _block_cells(step: StepRecord, total: int, info: dict) -> list[tuple[int, str, str]]:
@@ -113,11 +156,7 @@ def _block_cells(step: StepRecord, total: int, info: dict) -> list[tuple[int, st
     reserved, out of window."""
     block_size = info["block_size"]
     holders = step.block_holders()
-    index_in_table = {
-        block: pos
-        for table in (step.block_tables or {}).values()
-        for pos, block in enumerate(table)
-    }
+    places = _block_places(step, info)
     eviction_order = {block: n for n, block in enumerate(step.cached_free_blocks or [], start=1)}
     window_freed = set(step.window_freed_blocks or [])
     reserved = num_reserved_blocks(info)
@@ -128,9 +167,10 @@ def _block_cells(step: StepRecord, total: int, info: dict) -> list[tuple[int, st
             cells.append((2 + len(PALETTE), "", f"block {block}: reserved, never held"))
             continue
         if rids:
-            rid, first = int(rids[0]), index_in_table[block] * block_size
+            (pos, group), rid = places[block], int(rids[0])
+            first = pos * block_size
             code = 1 + PALETTE.index(request_color(rid))
-            tokens = f"tokens {first}–{first + block_size - 1}"
+            tokens = f"tokens {first}–{first + block_size - 1}{group}"
             if len(rids) == 1:
                 cells.append((code, f"R{rid}", f"block {block}: R{rid}, {tokens}"))
                 continue

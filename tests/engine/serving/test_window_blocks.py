@@ -159,6 +159,7 @@ def test_pool_too_small_for_whole_sequences_runs_unpreempted(mistral):
 
 
 def test_hybrid_models_keep_every_block():
-    """Gemma 2/3 mix global and sliding layers in one block table: nothing may be freed."""
+    """Gemma 2/3 mix global and sliding layers: no window every layer shares (their sliding
+    layers free blocks in KV cache groups instead: test_kv_cache_groups.py)."""
     for family in ("gemma2", "gemma3", "llama"):
         assert family_runner(family).kv_window() is None, family

@@ -177,3 +177,31 @@ def test_block_map_marks_blocks_freed_out_of_the_window():
         assert ("freed: out of window" in hover) == (block in freed), hover
     subtitle = fig.layout.title.subtitle.text
     assert f"{len(freed)} blocks freed: out of window" in subtitle, subtitle
+
+
+def test_block_map_shows_each_kv_cache_group_and_its_freed_blocks():
+    """A Gemma 2 run (layer 0 sliding, window 8; layer 1 global): the map draws the blocks of
+    both groups, each hover naming its group, and the sliding group's freed blocks in teal; the
+    subtitle counts each group's blocks."""
+    runner = family_runner("gemma2")
+    config = EngineConfig(3, kv_mode="paged", block_size=BLOCK_SIZE)
+    trace = ContinuousEngine(runner, config).run(make_requests(SPECS))
+    step = max(trace.steps, key=lambda s: len(s.window_freed_blocks))
+    freed = step.window_freed_blocks
+    assert freed, "the sliding group freed no block"
+    fig = block_map.block_map_figure(trace, step.index)
+    cols, code = len(fig.data[0].z[0]), 3 + len(style.PALETTE)
+    hovers = {}
+    for block in range(trace.info["kv_blocks"]):
+        z = fig.data[0].z[block // cols][block % cols]
+        hovers[block] = fig.data[0].customdata[block // cols][block % cols]
+        assert (z == code) == (block in freed), f"block {block}: code {z}, {hovers[block]}"
+    for group, (name, tables) in enumerate(
+        zip(["global, layer 1", "window 8, layer 0"], step.group_block_tables, strict=True)
+    ):
+        held = {b: rid for rid, table in tables.items() for b in table if b >= 0}
+        assert held, f"group {group} holds no block"
+        for block, rid in held.items():
+            assert f"R{rid}" in hovers[block] and f"group {group} ({name})" in hovers[block]
+        assert f"{name}: {len(held)}" in fig.layout.title.subtitle.text
+    assert f"{len(freed)} blocks freed: out of a sliding window" in fig.layout.title.subtitle.text
