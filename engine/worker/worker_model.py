@@ -37,6 +37,7 @@ from engine.model.memory_account import (
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request
 from engine.trace import Trace
+from engine.worker.comparison import traces_by_name
 from engine.worker.engine_thread import ENGINE_THREAD
 from engine.worker.engines import make_engine
 from engine.worker.worker_process import ModelSpec
@@ -229,7 +230,7 @@ class WorkerModel:
             "static_prefill_tokens": static.prefill_split()[0],
             "references": references,
         }
-        parts_s = pace_parts({"static": static, "continuous": continuous})
+        parts_s = pace_parts(traces_by_name(static, continuous))
         parts_s[REFERENCE] = time.perf_counter() - start_s
         return work, parts_s
 
