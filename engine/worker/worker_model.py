@@ -93,13 +93,11 @@ class WorkerModel:
 
     @property
     def dtype_name(self) -> str:
-        """The model's dtype, e.g. "float32"."""
-        return str(self.loaded.dtype).removeprefix("torch.")
+        return dtype_name_of(self.loaded)
 
     @property
     def label(self) -> str:
-        """The model line, e.g. "Model: SmolLM2-135M-Instruct · runs on CPU · float32"."""
-        return f"Model: {self.loaded.name} · runs on {self.loaded.device_label}"
+        return label_of(self.loaded)
 
     def in_dtype(self, name: str | None) -> WorkerModel:
         """This model in the dtype ``name`` (None, "" or "auto": this one), loaded on first use.
@@ -250,6 +248,16 @@ def pace_parts(traces: dict[str, Trace]) -> dict[str, float]:
 def engine_pace(model: WorkerModel, _watch) -> Pace:
     """The pace (``WorkerModel.time_pace``) as a job: timed where the runs run."""
     return model.time_pace()
+
+
+def dtype_name_of(loaded) -> str:
+    """A ``LoadedModel``'s or ``ModelCard``'s dtype, e.g. "float32"."""
+    return str(loaded.dtype).removeprefix("torch.")
+
+
+def label_of(loaded) -> str:
+    """The model line, e.g. "Model: SmolLM2-135M-Instruct · runs on CPU · float32"."""
+    return f"Model: {loaded.name} · runs on {loaded.device_label}"
 
 
 def variant_in(model, name: str | None):
