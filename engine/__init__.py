@@ -10,8 +10,8 @@ checks the order):
 
 * at the root, the vocabulary every room reads: ``knobs`` (each knob of a run declared once),
   ``knob_values`` (a knob's value parsed by its kind),
-  ``config``, ``sequence``, ``sampling_params``, ``token_logits``, ``trace``, and ``settings``,
-  the one module that reads the environment;
+  ``config``, ``sequence``, ``sampling_params``, ``token_logits``, ``trace``, ``trace_codec``
+  (its JSON, full or compact), and ``settings``, the one module that reads the environment;
 * ``workloads``: request tables, workload files, exports;
 * ``serving``: scheduler, block manager, KV caches, packed batch, masks, sampler, run control;
 * ``kernels``: packed attention and its variants, the matmul kernel, fused decoder layers;

@@ -8,13 +8,13 @@ An engine behind a server (``engine.peers.openai_engine``) sees no steps and no 
 per-request times on the client's clock (sent = ``admit_s``) and the fields of ``Trace`` marked
 "server engines only".
 
-``Trace.to_dict`` is the JSON the downloads and the bench write; ``Trace.from_dict`` reads it back.
+``engine.trace_codec`` writes a trace as JSON (downloads, the page's recording) and reads it back.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
 from engine.token_logits import LogitTrail
@@ -125,7 +125,7 @@ class RequestRecord:
     # when the server sends text without token ids).
     token_times_s: list[float] = field(default_factory=list)
     # per output token, the run's own logits there (engine.token_logits); empty when not recorded
-    # (transformers' and server engines). Not in to_dict: engine.fidelity.divergence turns it into
+    # (transformers' and server engines). Not in the JSON: engine.fidelity.divergence turns it into
     # verdicts.
     token_logits: LogitTrail = field(default_factory=LogitTrail, repr=False, compare=False)
 
@@ -341,86 +341,6 @@ class Trace:
             return 0.0
         useful = sum(s.kind != IDLE for step in self.steps for s in step.seqs)
         return 100.0 * useful / (len(self.steps) * self.num_slots)
-
-    def to_dict(self) -> dict:
-        """A JSON-ready dict of the whole trace (steps, requests, metrics); ``schedule``, the
-        server's own record as a dict of the same form, only when there is one."""
-        data = {
-            "engine": self.engine,
-            "num_slots": self.num_slots,
-            "kv_mode": self.kv_mode,
-            "wall_s": self.wall_s,
-            "info": self.info,
-            "metrics": asdict(self.metrics()),
-            "latency_percentiles": self.latency_percentiles(),
-            "steps": [asdict(s) for s in self.steps],
-            "requests": [_request_dict(r) for r in self.requests],
-            "server_samples": [asdict(s) for s in self.server_samples],
-            "warnings": list(self.warnings),
-        }
-        if self.schedule is not None:
-            data["schedule"] = self.schedule.to_dict()
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Trace:
-        """The trace ``to_dict`` wrote, read back, also after a trip through JSON (whose keys are
-        strings). ``metrics`` and ``latency_percentiles`` are not read: they follow from the rest.
-        Unknown keys (a later version's) are ignored; the logit trails were never written.
-
-        Raises:
-            KeyError: ``engine`` or ``num_slots`` missing (not a trace's dict).
-            ValueError: a request's sampling settings are invalid.
-        """
-        schedule = data.get("schedule")
-        return cls(
-            engine=data["engine"],
-            num_slots=data["num_slots"],
-            steps=[_step_from_dict(s) for s in data.get("steps", [])],
-            requests=[_request_from_dict(r) for r in data.get("requests", [])],
-            wall_s=data.get("wall_s", 0.0),
-            kv_mode=data.get("kv_mode"),
-            info=dict(data.get("info") or {}),
-            server_samples=[ServerSample(**s) for s in data.get("server_samples", [])],
-            warnings=list(data.get("warnings", [])),
-            schedule=None if schedule is None else Trace.from_dict(schedule),
-        )
-
-
-def _known(cls, data: dict) -> dict:
-    """``data``'s entries that are fields of dataclass ``cls``."""
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
-
-
-def _int_keys(mapping: dict | None) -> dict | None:
-    """``{"3": v}`` (JSON) or ``{3: v}`` -> ``{3: list(v)}``; None stays None."""
-    return None if mapping is None else {int(k): list(v) for k, v in mapping.items()}
-
-
-def _step_from_dict(data: dict) -> StepRecord:
-    step = StepRecord(**_known(StepRecord, data))
-    step.seqs = [ScheduledSeq(**_known(ScheduledSeq, s)) for s in step.seqs]
-    step.preempted = list(step.preempted)
-    step.block_tables = _int_keys(step.block_tables)
-    step.shared_blocks = _int_keys(step.shared_blocks)
-    if step.group_block_tables is not None:
-        step.group_block_tables = [_int_keys(tables) for tables in step.group_block_tables]
-    return step
-
-
-def _request_from_dict(data: dict) -> RequestRecord:
-    record = RequestRecord(**_known(RequestRecord, data))
-    if record.sampling is not None:
-        record.sampling = SamplingParams(**record.sampling)
-    return record
-
-
-def _request_dict(record: RequestRecord) -> dict:
-    """``asdict(record)`` without the logit trail (bulky, and not JSON)."""
-    fields = asdict(replace(record, token_logits=LogitTrail()))
-    del fields["token_logits"]
-    return fields
 
 
 def new_request_records(requests) -> list[RequestRecord]:

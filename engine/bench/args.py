@@ -13,7 +13,7 @@ from pathlib import Path
 from engine.config import EngineConfig
 from engine.knob_values import knob_value
 from engine.knobs import KNOB, KNOBS, Knob
-from engine.peers.endpoints import Endpoint, parse_endpoints, with_records
+from engine.peers.endpoints import Endpoint, add_server_flags, parse_endpoints, with_records
 from engine.sampling_params import SamplingParams, with_defaults
 from engine.worker.engines import KV_MODE_OF
 from engine.workloads.workload import load_jsonl, poisson_arrivals, seed_specs
@@ -86,7 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="continuous: forward vs host time split, and a decode step's time by op group",
     )
     _add_sampling_flags(p)
-    _add_server_flags(p)
+    add_server_flags(p)
     p.epilog = (
         "A flag that no selected engine (or arrival mode) uses is ignored with a warning on "
         "stderr, e.g. --kv-budget-mib without continuous_paged, or --rate without "
@@ -120,32 +120,6 @@ def knob_type(knob: Knob):
 
     parse.__name__ = knob.name  # argparse names a type by it
     return parse
-
-
-def _add_server_flags(p: argparse.ArgumentParser) -> None:
-    """``--endpoint NAME=URL``, ``--endpoint-record NAME=RECORD_URL`` and vLLM's eager mode."""
-    p.add_argument(
-        "--endpoint",
-        action="append",
-        default=[],
-        metavar="NAME=URL",
-        help="an OpenAI-compatible server run as engine NAME (repeatable), e.g. "
-        "gpu=http://gpu-box:8000",
-    )
-    p.add_argument(
-        "--endpoint-record",
-        action="append",
-        default=[],
-        metavar="NAME=RECORD_URL",
-        help="where endpoint NAME's vLLM serves its record of its steps (CBP_VLLM_RECORD_ADDRESS "
-        "there; repeatable), e.g. gpu=http://gpu-box:8100: its steps are read from there, and "
-        "our continuous engine runs with its settings",
-    )
-    p.add_argument(
-        "--vllm-eager",
-        action="store_true",
-        help="vllm: --enforce-eager, no torch.compile (default: vLLM's compiled mode)",
-    )
 
 
 def _add_sampling_flags(p: argparse.ArgumentParser) -> None:

@@ -10,11 +10,11 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 
-from engine.batching.continuous import ContinuousEngine
 from engine.bench.args import endpoints
 from engine.bench.servers import matched_engine
 from engine.peers.schedule_comparison import DeploymentSettings, followed_config
 from engine.peers.vllm_record import RecordError, RecordFeed
+from engine.worker.engines import make_engine
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def follow_deployment(args, ours: dict) -> Followed | None:
             f"dtype: the deployment runs in {settings.dtype}, ours in {dtype} (--dtype): its "
             f"outputs are checked against the {dtype} reference, so differences are expected"
         )
-    ours[name] = ContinuousEngine(engine.runner, config)
+    ours[name] = make_engine("continuous", engine.runner, config)  # the config's own KV mode
     ours[name].name = name
     print(
         f"  {name}: {endpoint.name}'s settings, from its record's start line: "

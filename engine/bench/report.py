@@ -9,7 +9,6 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from engine.batching.continuous import ContinuousEngine
 from engine.bench.args import sampling_flags
 from engine.bench.probes.step_profile import decode_op_profile, profile_line
 from engine.bench.servers import comparison_lines, failed_result, schedule_line
@@ -19,6 +18,7 @@ from engine.kernels.kernel_plan import RowPlan
 from engine.kernels.kernel_timing import QUIET_SHARE
 from engine.model.kernel_store import ORIGINS
 from engine.sequence import Request
+from engine.worker.engines import make_engine
 
 
 def format_table(results: dict[str, dict], weight_read_ms: float | None = None) -> str:
@@ -188,7 +188,7 @@ def profile_host_overhead(runner, num_slots: int, contexts=(100, 2000)) -> dict:
     prompt = tuple(range(1000, 1010))
     cap = max(contexts) // num_slots - len(prompt) + 50
     requests = [Request(i, "profile", cap, prompt) for i in range(num_slots)]
-    engine = ContinuousEngine(runner, EngineConfig(num_slots, ignore_eos=True))
+    engine = make_engine("continuous", runner, EngineConfig(num_slots, ignore_eos=True))
     trace = engine.run(requests)
     result = {}
     for target in contexts:

@@ -17,6 +17,7 @@ import sys
 
 from engine.bench.args import endpoints
 from engine.peers.endpoints import EndpointError
+from engine.peers.openai_engine import ServerRegistry
 from engine.trace import Trace
 
 MATCHED = ("continuous_paged", "continuous")  # our engines vLLM's settings follow, first first
@@ -104,14 +105,15 @@ def _vllm_engine(args, loaded, ours: dict, name: str | None, requests):
 
 def start_servers(engines: dict, failures: dict[str, str]) -> None:
     """Start every local server now (minutes), so no timed run pays for it."""
-    for name, engine in engines.items():
-        start = getattr(engine, "start", None)
-        if start is None or name in failures:
+    registry = ServerRegistry(engines)
+    for name in registry.local_names():
+        if name in failures:
             continue
+        engine = registry.engines[name]
         product, what = _server_kind(engine.server.settings)
         print(f"  {name}: starting {product} ({what})", file=sys.stderr, flush=True)
         try:
-            start()
+            engine.start()
         except EndpointError as exc:
             fail(name, exc, failures)
             continue
@@ -124,7 +126,9 @@ def start_servers(engines: dict, failures: dict[str, str]) -> None:
 
 def _server_kind(settings) -> tuple[str, str]:
     """``(product, what)`` of a local server's settings, as the start lines name them."""
-    if hasattr(settings, "enforce_eager"):  # engine.peers.vllm_server.VllmSettings
+    from engine.peers.vllm_server import VllmSettings
+
+    if isinstance(settings, VllmSettings):
         mode = "eager" if settings.enforce_eager else "compiled"
         return "vLLM", f"{mode}; this takes minutes"
     return "llama.cpp", f"{settings.weights} weights, {settings.num_slots} slots"
@@ -148,10 +152,7 @@ def fail(name: str, exc: Exception, failures: dict[str, str]) -> None:
 
 def close_engines(engines: dict) -> None:
     """Stop every server the bench started."""
-    for engine in engines.values():
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
+    ServerRegistry(engines).close()
 
 
 def server_fields(trace: Trace) -> dict:
@@ -186,10 +187,10 @@ def server_fields(trace: Trace) -> dict:
 
 def failed_result(name: str, message: str, engines: dict) -> dict:
     """The JSON entry of an engine that failed: its message, and the server's facts if known."""
-    engine = engines.get(name)
-    info = getattr(engine, "_info", None)
+    engine = ServerRegistry(engines).server(name)
+    info = engine.probed if engine is not None else None
     server = info.to_dict() if info is not None else {}
-    if hasattr(engine, "server"):
+    if engine is not None and engine.is_local:
         server.update(settings=engine.server.info())
     return {"error": message, "server": server or None}
 
@@ -211,14 +212,16 @@ def add_schedule_comparison(results: dict, medians: dict[str, Trace], engines: d
     ours or whose record is missing."""
     from engine.peers.schedule_comparison import compare_schedules
 
-    for server, engine in engines.items():
-        name = getattr(engine, "matched_to", None)
+    registry = ServerRegistry(engines)
+    for server in registry.names:
+        engine = registry.server(server)
+        name = engine.matched_to if engine is not None else None
         schedule = medians[server].schedule if server in medians else None
         if name is None or schedule is None or name not in medians or server not in results:
             continue
         comparison = compare_schedules(medians[name], schedule)
         entry = {"engine": name, **comparison, "unmatched_settings": list(engine.unmatched)}
-        if hasattr(engine, "followed"):
+        if not engine.is_local:  # an endpoint with a record: ours may have taken its settings
             followed = engine.followed
             entry["settings_taken"] = None if followed is None else followed.to_dict()
         results[server]["schedule_comparison"] = entry

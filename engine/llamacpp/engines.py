@@ -62,6 +62,8 @@ def gguf_for(loaded, weights: str) -> Path:
 class LlamaCppEngine(OpenAIEngine):
     """llama-server with ``--parallel`` = ``num_slots`` on the loaded model's weights."""
 
+    fits_runs = True  # ``fit``: sized to each run's slots and requests
+
     def __init__(
         self,
         loaded,

@@ -4,8 +4,9 @@ transformers' own continuous batching (``transformers_engine``, with ``transform
 the scheduler transformers builds by name that records its steps),
 any OpenAI-compatible server (``openai_engine``, ``openai_probe``, ``endpoints``,
 ``server_metrics``) and vLLM (``vllm_engine``: any recording vLLM endpoint, and a local one with
-``vllm_server``; ``server_process`` starts and stops it, and llama.cpp's server too), whose own
-schedule is recorded inside it by ``vllm_scheduler``, read back as a
+``vllm_server``; ``server_process`` starts and stops it, and llama.cpp's server too;
+``openai_engine.ServerRegistry`` holds the server engines by name for the page and the bench),
+whose own schedule is recorded inside it by ``vllm_scheduler``, read back as a
 ``Trace`` by ``vllm_record`` and set beside ours step by step by ``schedule_comparison``, which
 also gives ours a deployment's settings. May import
 every core room below it; in the core only ``worker`` imports it.

@@ -6,7 +6,8 @@ tables, the JSON and the charts; the URL is the server's root (``http://host:800
 repeated) or in the environment (``CBP_ENDPOINTS="name=url,name2=url2"``), and may add where an
 endpoint's vLLM serves its own record of its steps (``--endpoint-record NAME=RECORD_URL``,
 ``CBP_ENDPOINT_RECORDS``; ``with_records``). Both are parsed and checked here, once, so a typo is
-refused at start with a message naming the entry.
+refused at start with a message naming the entry; their flags, and ``--vllm-eager``, are declared
+here once for the page and the bench (``add_server_flags``).
 
 The configuration lives on the host only: nothing here takes a URL from a page visitor, so a public
 page cannot be turned into a proxy to arbitrary addresses.
@@ -14,6 +15,7 @@ page cannot be turned into a proxy to arbitrary addresses.
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -179,3 +181,31 @@ def records_from_env(environ: Mapping[str, str] | None = None) -> list[str]:
     ``with_records(..., where=RECORDS_ENV + " entry")``."""
     text = settings.value(RECORDS_ENV, environ)
     return [item for item in text.split(",") if item.strip()]
+
+
+def add_server_flags(parser: argparse.ArgumentParser) -> None:
+    """``--endpoint NAME=URL`` and ``--endpoint-record NAME=RECORD_URL`` (repeatable) and
+    ``--vllm-eager``, as the page and the bench both take them."""
+    parser.add_argument(
+        "--vllm-eager",
+        action="store_true",
+        help="run the local vLLM with --enforce-eager, no torch.compile: it starts much sooner, "
+        "its steps are slower (default: vLLM's compiled mode)",
+    )
+    parser.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="an OpenAI-compatible server run as engine NAME (repeatable; the page also reads "
+        "CBP_ENDPOINTS=name=url,...), e.g. gpu=http://gpu-box:8000",
+    )
+    parser.add_argument(
+        "--endpoint-record",
+        action="append",
+        default=[],
+        metavar="NAME=RECORD_URL",
+        help="where endpoint NAME's vLLM serves its record of its steps (CBP_VLLM_RECORD_ADDRESS "
+        "there; repeatable), e.g. gpu=http://gpu-box:8100: its runs are drawn from the inside, "
+        "and the bench's continuous engine runs with its settings",
+    )

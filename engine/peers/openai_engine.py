@@ -11,7 +11,9 @@ to first token (waiting) and from there to the last token (decoding).
 Outputs are the server's token ids where it returns them, else its text re-tokenized here, then
 cut like every engine's output (``truncate_at_stop``), so the reference check applies as it is.
 What the server can do is probed once (``engine.peers.openai_probe``);
-``engine.peers.server_metrics`` samples its ``/metrics``.
+``engine.peers.server_metrics`` samples its ``/metrics``. ``ServerRegistry`` holds such engines by
+name, the one registry the page (``PageServers``) and the bench share: it starts and stops the
+local ones.
 
 The streams run on an asyncio loop in a helper thread; the calling thread calls ``on_wait(trace)``
 every ``WAIT_SLICE_S`` and, when it raises (Stop, the time limit), cancels every stream (the server
@@ -26,6 +28,8 @@ import concurrent.futures
 import json
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -37,6 +41,9 @@ from engine.serving.run_control import WAIT_SLICE_S
 from engine.trace import RequestRecord, Trace, new_request_records
 from engine.workloads.workload import request_label
 
+if TYPE_CHECKING:
+    from engine.peers.server_process import ServerProcess
+
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 300.0  # the longest silence on a stream before the server counts as hung
 CANCEL_TIMEOUT_S = 10.0  # how long cancelled streams get to close
@@ -44,7 +51,18 @@ LATE_SEND_S = 0.5  # a request sent this long after its arrival is reported as s
 
 
 class OpenAIEngine:
-    """Runs requests against one endpoint; ``name`` is the endpoint's name."""
+    """Runs requests against one endpoint; ``name`` is the endpoint's name.
+
+    A local engine (the local vLLM, llama.cpp's) owns its ``server`` process: ``start`` starts
+    it, ``close`` stops it; a remote endpoint has none, and both do nothing. ``fits_runs``: the
+    engine resizes its server to each run's slots (``fit``, llama.cpp's). ``matched_to``: our
+    engine whose schedule its own record is compared with, ``unmatched`` the settings that could
+    not match, and ``followed`` (the bench, an endpoint with a record) the deployment settings
+    ours took (``engine.bench.deployment.Followed``).
+    """
+
+    server: ServerProcess | None = None
+    fits_runs = False
 
     def __init__(self, endpoint: Endpoint, loaded, num_slots: int):
         """``loaded``: the ``LoadedModel`` whose tokenizer and EOS ids read the outputs, and whose
@@ -56,6 +74,21 @@ class OpenAIEngine:
         self.num_slots = num_slots
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self._info: ServerInfo | None = None
+        self.matched_to: str | None = None
+        self.unmatched: list[str] = []
+        self.followed = None
+
+    @property
+    def is_local(self) -> bool:
+        """True for an engine that starts and stops its own server."""
+        return self.server is not None
+
+    def start(self, on_progress: Callable[[str], None] | None = None) -> OpenAIEngine:
+        """Start the local server (a remote endpoint: nothing to start)."""
+        return self
+
+    def close(self) -> None:
+        """Stop the local server (a remote endpoint: nothing to stop)."""
 
     def server_info(self) -> ServerInfo:
         """What the server serves and accepts (probed on first use). Raises EndpointError."""
@@ -270,6 +303,66 @@ class OpenAIEngine:
         rec.output_text = tokenizer.decode(tokens, skip_special_tokens=True)
         rec.finish_s = rec.token_times_s[-1] if rec.token_times_s else rec.admit_s
         rec.finish_reason = "eos" if finish == "stop" else str(finish)
+
+
+class ServerRegistry:
+    """Server engines by name, in the host's order; other entries (the page's ``Unbuilt``, the
+    bench's own engines) are neither local nor started."""
+
+    def __init__(self, engines: Mapping[str, object]):
+        self.engines = dict(engines)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.engines)
+
+    def server(self, name: str) -> OpenAIEngine | None:
+        """The server engine ``name``; None for an entry that is not one."""
+        engine = self.engines.get(name)
+        return engine if isinstance(engine, OpenAIEngine) else None
+
+    def is_local(self, name: str) -> bool:
+        """True for a server this process starts and stops: the local vLLM or llama.cpp's."""
+        engine = self.server(name)
+        return engine is not None and engine.is_local
+
+    def fits(self, name: str) -> bool:
+        """True for a server that takes each run's slots and requests (llama.cpp's)."""
+        engine = self.server(name)
+        return engine is not None and engine.fits_runs
+
+    def local_names(self) -> list[str]:
+        return [name for name in self.engines if self.is_local(name)]
+
+    def check_names(self, names: Iterable[str]) -> list[str]:
+        """The chosen server names, in the host's order.
+
+        Raises:
+            ValueError: a name the host did not configure (the page takes no addresses).
+        """
+        chosen = list(dict.fromkeys(names or ()))
+        unknown = [n for n in chosen if n not in self.engines]
+        if unknown:
+            raise ValueError(
+                f"No server named {', '.join(map(repr, unknown))} is configured on this page; "
+                f"the host configured: {', '.join(self.names) or 'none'}."
+            )
+        return [n for n in self.engines if n in chosen]
+
+    def start_server(self, name: str, on_progress: Callable[[str], None] | None = None) -> None:
+        """Start local server ``name`` (a server that died: its leftovers go first) and probe it;
+        a remote endpoint is probed only. Raises what the start or the probe raises
+        (``EndpointError``)."""
+        engine = self.engines[name]
+        if engine.is_local:
+            engine.server.stop()
+            engine.start(on_progress)
+        engine.server_info()
+
+    def close(self) -> None:
+        """Stop every server this process started."""
+        for name in self.local_names():
+            self.engines[name].close()
 
 
 def late_sends(trace: Trace, name: str) -> list[str]:

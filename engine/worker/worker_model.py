@@ -37,6 +37,7 @@ from engine.model.memory_account import (
 from engine.model.model_runner import ModelRunner
 from engine.sequence import Request
 from engine.trace import Trace
+from engine.worker.comparison import traces_by_name
 from engine.worker.engine_thread import ENGINE_THREAD
 from engine.worker.engines import make_engine
 from engine.worker.worker_process import ModelSpec
@@ -92,13 +93,11 @@ class WorkerModel:
 
     @property
     def dtype_name(self) -> str:
-        """The model's dtype, e.g. "float32"."""
-        return str(self.loaded.dtype).removeprefix("torch.")
+        return dtype_name_of(self.loaded)
 
     @property
     def label(self) -> str:
-        """The model line, e.g. "Model: SmolLM2-135M-Instruct · runs on CPU · float32"."""
-        return f"Model: {self.loaded.name} · runs on {self.loaded.device_label}"
+        return label_of(self.loaded)
 
     def in_dtype(self, name: str | None) -> WorkerModel:
         """This model in the dtype ``name`` (None, "" or "auto": this one), loaded on first use.
@@ -229,7 +228,7 @@ class WorkerModel:
             "static_prefill_tokens": static.prefill_split()[0],
             "references": references,
         }
-        parts_s = pace_parts({"static": static, "continuous": continuous})
+        parts_s = pace_parts(traces_by_name(static, continuous))
         parts_s[REFERENCE] = time.perf_counter() - start_s
         return work, parts_s
 
@@ -249,6 +248,16 @@ def pace_parts(traces: dict[str, Trace]) -> dict[str, float]:
 def engine_pace(model: WorkerModel, _watch) -> Pace:
     """The pace (``WorkerModel.time_pace``) as a job: timed where the runs run."""
     return model.time_pace()
+
+
+def dtype_name_of(loaded) -> str:
+    """A ``LoadedModel``'s or ``ModelCard``'s dtype, e.g. "float32"."""
+    return str(loaded.dtype).removeprefix("torch.")
+
+
+def label_of(loaded) -> str:
+    """The model line, e.g. "Model: SmolLM2-135M-Instruct · runs on CPU · float32"."""
+    return f"Model: {loaded.name} · runs on {loaded.device_label}"
 
 
 def variant_in(model, name: str | None):

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from engine import trace_codec
 from engine.sampling_params import FIELDS as SAMPLING_FIELDS
 from engine.trace import Trace
 
@@ -57,8 +58,8 @@ def requests_csv(traces: dict[str, Trace]) -> str:
 
 
 def traces_json(traces: dict[str, Trace]) -> str:
-    """Every trace, whole, as one JSON document ``{engine: trace.to_dict()}``."""
-    return json.dumps({name: t.to_dict() for name, t in traces.items()}, indent=1)
+    """Every trace, whole, as one JSON document ``{engine: trace_codec.encode(trace)}``."""
+    return json.dumps({name: trace_codec.encode(t) for name, t in traces.items()}, indent=1)
 
 
 def perfetto_trace(traces: dict[str, Trace]) -> dict:

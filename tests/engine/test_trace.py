@@ -1,6 +1,6 @@
-"""The trace's JSON: ``Trace.to_dict`` read back by ``Trace.from_dict``, a server's own record of
-its steps (``schedule``: vLLM's, from a record captured from a real vLLM) included, and a trace
-without one written as before."""
+"""The trace's JSON: ``trace_codec.encode`` read back by ``trace_codec.decode``, a server's own
+record of its steps (``schedule``: vLLM's, from a record captured from a real vLLM) included,
+and a trace without one written as before."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from captured_vllm import captured_vllm_trace
 from fake_traces import continuous_trace
 
+from engine import trace_codec
 from engine.sampling_params import SamplingParams
 from engine.trace import DECODE, PREFILL, ScheduledSeq, ServerSample, StepRecord, Trace
 
@@ -29,7 +30,7 @@ OLD_KEYS = {
 
 
 def _through_json(trace: Trace) -> Trace:
-    return Trace.from_dict(json.loads(json.dumps(trace.to_dict())))
+    return trace_codec.decode(json.loads(json.dumps(trace_codec.encode(trace))))
 
 
 def test_vllms_own_record_round_trips_through_json():
@@ -48,7 +49,7 @@ def test_vllms_own_record_round_trips_through_json():
     assert any(s.shared_blocks for s in back.schedule.steps), "its shared blocks were lost"
     assert back.requests == trace.requests and back.server_samples == trace.server_samples
     assert back.warnings == trace.warnings and back.wall_s == trace.wall_s
-    assert back.to_dict() == trace.to_dict(), "a second trip writes other JSON"
+    assert trace_codec.encode(back) == trace_codec.encode(trace), "a second trip writes other JSON"
 
 
 def test_a_trace_without_a_record_keeps_its_json():
@@ -57,7 +58,7 @@ def test_a_trace_without_a_record_keeps_its_json():
     trace = continuous_trace([5, 9, 3], [4, 6, 2], num_slots=2)
     trace.steps[1].block_tables = {0: [1, 2], 1: [3]}
     trace.requests[2].sampling = SamplingParams(temperature=0.7, top_k=5, seed=3)
-    data = trace.to_dict()
+    data = trace_codec.encode(trace)
     assert set(data) == OLD_KEYS, f"the JSON's keys changed: {set(data) ^ OLD_KEYS}"
     back = _through_json(trace)
     assert back.schedule is None
@@ -68,11 +69,11 @@ def test_a_trace_without_a_record_keeps_its_json():
 
 def test_unknown_keys_are_ignored():
     """A later version's extra keys (top level, steps, requests) do not stop an older reader."""
-    data = continuous_trace([4], [2], num_slots=1).to_dict()
+    data = trace_codec.encode(continuous_trace([4], [2], num_slots=1))
     data["new_field"] = 1
     data["steps"][0]["new_step_field"] = 2
     data["requests"][0]["new_request_field"] = 3
-    assert len(Trace.from_dict(data).steps) == len(data["steps"])
+    assert len(trace_codec.decode(data).steps) == len(data["steps"])
 
 
 def _step(index: int, duration_s: float, seqs: list[ScheduledSeq]) -> StepRecord:

@@ -12,9 +12,9 @@ from collections import defaultdict
 
 from torch.profiler import ProfilerActivity, profile
 
-from engine.batching.continuous import ContinuousEngine
 from engine.config import EngineConfig
 from engine.sequence import Request
+from engine.worker.engines import make_engine
 
 MATMUL_OPS = (
     "mkldnn::_linear_pointwise",
@@ -48,7 +48,7 @@ def decode_op_profile(runner, num_slots: int, num_steps: int = 24, prompt_len: i
     prompt = tuple((1000 + i % 500) % vocab for i in range(prompt_len))
     requests = [Request(i, "profile", num_steps + 1, prompt) for i in range(num_slots)]
     config = EngineConfig(num_slots, ignore_eos=True)
-    ContinuousEngine(runner, config).run(requests)  # warm-up
+    make_engine("continuous", runner, config).run(requests)  # warm-up
     prof = profile(activities=[ProfilerActivity.CPU])
     started_s = []
 
@@ -57,7 +57,7 @@ def decode_op_profile(runner, num_slots: int, num_steps: int = 24, prompt_len: i
             prof.start()
             started_s.append(time.perf_counter())
 
-    trace = ContinuousEngine(runner, config).run(requests, on_step=start_after_prefill)
+    trace = make_engine("continuous", runner, config).run(requests, on_step=start_after_prefill)
     wall_s = time.perf_counter() - started_s[0]
     prof.stop()
     num_decode = len(trace.steps) - 1

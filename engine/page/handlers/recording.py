@@ -5,11 +5,7 @@ the ``model.generate`` reference, recorded by the real engines on the embedded m
 page's default settings, and labelled with where and when (device, dtype, date). Every chart,
 table and the step slider read it like any run (``engine.page.views.run_view``).
 
-The file is compact JSON: each trace's requests and steps are lists of values in a fixed field
-order, times rounded to 0.1 ms, and a step's block tables are written only when they changed::
-
-    step: [start_s, end_s, wave, forward_s, kv_blocks_used, preempted, seqs, block_tables | 0]
-    seq:  [request_id, slot, kind (0 prefill, 1 decode, 2 idle), new, cached, padding]
+Each trace is in the trace codec's compact form (``engine.trace_codec``).
 
 Re-record it with ``python -m engine.page.handlers.recording`` (``make record``).
 """
@@ -26,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine import trace_codec
 from engine.model import openmp_env
-from engine.trace import DECODE, IDLE, PREFILL, RequestRecord, ScheduledSeq, StepRecord, Trace
 
 if TYPE_CHECKING:
     from engine.page.run.run_options import RunSettings
@@ -35,23 +31,6 @@ if TYPE_CHECKING:
 RECORDING_PATH = Path(__file__).resolve().parents[3] / "assets" / "recorded_run.json"
 MODEL = "embedded"  # the allowlist's name of the model ``record`` runs
 FORMAT = 1
-KINDS = (PREFILL, DECODE, IDLE)
-REQUEST_FIELDS = (
-    "request_id",
-    "prompt",
-    "max_new_tokens",
-    "num_prompt_tokens",
-    "arrival_s",
-    "slot",
-    "admit_s",
-    "first_token_s",
-    "finish_s",
-    "output_token_ids",
-    "output_text",
-    "finish_reason",
-    "num_preemptions",
-)
-SAME = 0  # in a step's block-tables place: the same tables as the step before
 
 
 @dataclass(frozen=True)
@@ -86,63 +65,6 @@ class Recording:
         )
 
 
-def _t(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
-
-
-def encode_trace(trace: Trace) -> dict:
-    """A trace as compact JSON-ready values (see the module docstring)."""
-    steps, tables = [], None
-    for s in trace.steps:
-        seqs = [
-            [q.request_id, q.slot, KINDS.index(q.kind), q.num_new_tokens, q.num_cached_tokens]
-            + ([q.num_padding_tokens] if q.num_padding_tokens else [])
-            for q in s.seqs
-        ]
-        changed = s.block_tables is not None and s.block_tables != tables
-        step = [_t(s.start_s), _t(s.end_s), s.wave, _t(s.forward_s), s.kv_blocks_used]
-        steps.append(step + [s.preempted, seqs, s.block_tables if changed else SAME])
-        tables = s.block_tables
-    requests = [
-        [_t(v) if isinstance(v, float) else v for v in (getattr(r, f) for f in REQUEST_FIELDS)]
-        for r in trace.requests
-    ]
-    head = {"engine": trace.engine, "num_slots": trace.num_slots, "kv_mode": trace.kv_mode}
-    return (
-        head
-        | {"wall_s": _t(trace.wall_s), "info": trace.info, "requests": requests}
-        | {"steps": steps}
-    )
-
-
-def decode_trace(data: dict) -> Trace:
-    """The ``Trace`` that ``encode_trace`` wrote (block tables keyed by int request id again)."""
-    steps, tables = [], None
-    for index, raw in enumerate(data["steps"]):
-        start_s, end_s, wave, forward_s, blocks_used, preempted, seqs, raw_tables = raw
-        if raw_tables != SAME:
-            tables = {int(rid): list(t) for rid, t in raw_tables.items()}
-        scheduled = [
-            ScheduledSeq(rid, slot, KINDS[kind], new, cached, *pad)
-            for rid, slot, kind, new, cached, *pad in seqs
-        ]
-        record = StepRecord(index, start_s, end_s, scheduled, wave, forward_s, list(preempted))
-        record.kv_blocks_used = blocks_used
-        record.block_tables = None if tables is None else {k: list(v) for k, v in tables.items()}
-        steps.append(record)
-    fields = [dict(zip(REQUEST_FIELDS, r, strict=True)) for r in data["requests"]]
-    requests = [RequestRecord(**f) for f in fields]
-    return Trace(
-        engine=data["engine"],
-        num_slots=data["num_slots"],
-        steps=steps,
-        requests=requests,
-        wall_s=data["wall_s"],
-        kv_mode=data["kv_mode"],
-        info=data["info"],
-    )
-
-
 def load_recording(path: Path = RECORDING_PATH):
     """The shipped run as a ``run_view.RunState`` whose ``recorded`` names where it was made.
 
@@ -157,8 +79,8 @@ def load_recording(path: Path = RECORDING_PATH):
     meta = Recording(**data["recording"])
     reference = data.get("reference")
     return RunState(
-        static=decode_trace(data["static"]),
-        continuous=decode_trace(data["continuous"]),
+        static=trace_codec.decode(data["static"]),
+        continuous=trace_codec.decode(data["continuous"]),
         reference=None if reference is None else {int(k): v for k, v in reference.items()},
         recorded=meta,
     )
@@ -227,8 +149,8 @@ def record(path: Path = RECORDING_PATH, device: str | None = None) -> Path:
     data = {
         "format": FORMAT,
         "recording": meta.__dict__,
-        "static": encode_trace(state.static),
-        "continuous": encode_trace(state.continuous),
+        "static": trace_codec.encode(state.static, compact=True),
+        "continuous": trace_codec.encode(state.continuous, compact=True),
         "reference": state.reference,
     }
     path.write_text(json.dumps(data, separators=(",", ":"), ensure_ascii=False) + "\n", "utf-8")

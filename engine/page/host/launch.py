@@ -23,6 +23,7 @@ from engine.page.inputs import page_io
 from engine.page.panels import page_panels, results_panel, server_panels, settings_panel
 from engine.page.run import cpu_split, engine_worker, host_servers, shared_model
 from engine.page.views import tables
+from engine.peers.endpoints import add_server_flags
 from engine.peers.vllm_server import MAX_MODEL_LEN
 from engine.serving.run_control import RunStopped
 from engine.worker import worker_main, worker_model, worker_process
@@ -69,11 +70,6 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
         help="start vLLM (from .venv-vllm: make vllm) on the loaded model with the page",
     )
     parser.add_argument(
-        "--vllm-eager",
-        action="store_true",
-        help="run that vLLM without torch.compile: it starts much sooner, its steps are slower",
-    )
-    parser.add_argument(
         "--vllm-max-num-seqs",
         type=int,
         default=page_io.DEFAULT_SLOTS,
@@ -94,22 +90,7 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
         help="start llama.cpp's llama-server (make llamacpp) on the loaded weights with the page: "
         "engines llamacpp (F32) and llamacpp_q4 (the embedded model's Q4_1 file)",
     )
-    parser.add_argument(
-        "--endpoint",
-        action="append",
-        default=[],
-        metavar="NAME=URL",
-        help="an OpenAI-compatible server the page may run on, by name (repeat for more; "
-        "CBP_ENDPOINTS=name=url,... adds more)",
-    )
-    parser.add_argument(
-        "--endpoint-record",
-        action="append",
-        default=[],
-        metavar="NAME=RECORD_URL",
-        help="where endpoint NAME's vLLM serves its record of its steps (CBP_VLLM_RECORD_ADDRESS "
-        "there): the page draws its runs from the inside too (repeatable)",
-    )
+    add_server_flags(parser)  # --vllm-eager, --endpoint, --endpoint-record
 
 
 def configured_servers(

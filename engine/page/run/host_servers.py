@@ -35,7 +35,7 @@ from engine.peers.endpoints import (
     records_from_env,
     with_records,
 )
-from engine.peers.openai_engine import OpenAIEngine
+from engine.peers.openai_engine import OpenAIEngine, ServerRegistry
 from engine.peers.schedule_comparison import num_shared_prompt_blocks, tally
 from engine.peers.server_process import start_stage
 from engine.peers.vllm_engine import endpoint_engine
@@ -69,15 +69,15 @@ class Unbuilt:
     why: str
 
 
-class PageServers:
-    """The page's server engines by name, and each one's ``ServerStatus``."""
+class PageServers(ServerRegistry):
+    """The page's server engines by name (``ServerRegistry``), and each one's ``ServerStatus``."""
 
     def __init__(
         self, engines: dict[str, OpenAIEngine | Unbuilt], log: Callable[[str], None] | None = None
     ):
         """``log(line)`` hears every change of state (``app.py`` prints them); an ``Unbuilt``
         server is failed from the start."""
-        self.engines = dict(engines)
+        super().__init__(engines)
         self._log = log or (lambda _line: None)
         self._lock = threading.Lock()
         now = time.monotonic()
@@ -89,26 +89,14 @@ class PageServers:
         }
         self._threads: dict[str, threading.Thread] = {}
 
-    @property
-    def names(self) -> list[str]:
-        return list(self.engines)
-
     def status(self, name: str) -> ServerStatus:
         with self._lock:
             return self._status[name]
-
-    def is_local(self, name: str) -> bool:
-        """True for a server this page started (and stops): the local vLLM or llama.cpp's."""
-        return hasattr(self.engines[name], "server")
 
     def starting(self) -> bool:
         """True while some server is still starting or being probed."""
         with self._lock:
             return any(s.state in (CONFIGURED, STARTING) for s in self._status.values())
-
-    def fits(self, name: str) -> bool:
-        """True for a server that takes each run's slots and requests (llama.cpp's)."""
-        return hasattr(self.engines[name], "fit")
 
     def start(self) -> PageServers:
         """Start the local servers and probe every endpoint, each in a background thread (an
@@ -121,21 +109,6 @@ class PageServers:
     def unbuilt(self, name: str) -> bool:
         """True for a local server whose build is missing here (``Unbuilt``)."""
         return isinstance(self.engines[name], Unbuilt)
-
-    def check_names(self, names: Iterable[str]) -> list[str]:
-        """The chosen server names, in the host's order.
-
-        Raises:
-            ValueError: a name the host did not configure (the page takes no addresses).
-        """
-        chosen = list(dict.fromkeys(names or ()))
-        unknown = [n for n in chosen if n not in self.engines]
-        if unknown:
-            raise ValueError(
-                f"No server named {', '.join(map(repr, unknown))} is configured on this page; "
-                f"the host configured: {', '.join(self.names) or 'none'}."
-            )
-        return [n for n in self.engines if n in chosen]
 
     def wait_ready(self, name: str, on_wait: Callable[[str], None]) -> None:
         """Return once ``name`` can take a run; a local server that is not running is started.
@@ -197,12 +170,6 @@ class PageServers:
         elif error is not None:
             self._set(name, FAILED, error)
 
-    def close(self) -> None:
-        """Stop every server this page started."""
-        for name, engine in self.engines.items():
-            if self.is_local(name):
-                engine.close()
-
     def _begin(self, name: str) -> threading.Thread:
         with self._lock:
             thread = self._threads.get(name)
@@ -218,14 +185,10 @@ class PageServers:
 
     def _prepare(self, name: str) -> None:
         """Start (local) or probe (remote) one server; its status says how it went."""
-        engine = self.engines[name]
         what = "starting the server" if self.is_local(name) else "asking what it serves"
         self._log(f"{name}: {what}")
         try:
-            if self.is_local(name):
-                engine.server.stop()  # a server that died: its leftovers go first
-                engine.start(lambda line: self._set(name, STARTING, line, keep_since=True))
-            engine.server_info()
+            self.start_server(name, lambda line: self._set(name, STARTING, line, keep_since=True))
         except Exception as exc:  # noqa: BLE001  (any failure is the server's state to show)
             message = self.public(name, str(exc) or type(exc).__name__)
             self._set(name, FAILED, message)

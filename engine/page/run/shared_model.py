@@ -68,9 +68,18 @@ class PageModel:
     def __post_init__(self) -> None:
         self.queue.shown_instead = lambda setup: self.recent.find(setup) is not None
 
-    dtype_name = WorkerModel.dtype_name
-    label = WorkerModel.label
-    in_dtype = WorkerModel.in_dtype  # its variants: the page's parts shared, kept in ``variants``
+    @property
+    def dtype_name(self) -> str:
+        return worker_model.dtype_name_of(self.loaded)
+
+    @property
+    def label(self) -> str:
+        return worker_model.label_of(self.loaded)
+
+    def in_dtype(self, name: str | None) -> PageModel:
+        """This model in the dtype ``name`` (``WorkerModel.in_dtype``, which says what it
+        raises), the page's parts shared; kept in ``variants``."""
+        return worker_model.variant_in(self, name)
 
     @property
     def label_markdown(self) -> str:

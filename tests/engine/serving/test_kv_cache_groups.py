@@ -10,13 +10,13 @@ import pytest
 from family_models import PAST_WINDOW_SPECS, WINDOW, family_runner
 from tiny_model import make_requests
 
+from engine import trace_codec
 from engine.batching.continuous import ContinuousEngine, kv_pool_blocks
 from engine.config import EngineConfig
 from engine.fidelity.reference import ReferenceCache
 from engine.serving.block_manager import FREED
 from engine.serving.kv_cache_groups import KVCacheGroups
 from engine.serving.scheduler import Scheduler
-from engine.trace import Trace
 
 BLOCK_SIZE = 4
 # One layer per group (Gemma 2: 1 sliding + 1 global; Gemma 3: 2 sliding + 1 global, cut in
@@ -131,10 +131,14 @@ def test_grouped_paged_run_equals_generate_and_frees_blocks(gemma, name):
         assert trace.metrics().num_preemptions > 0, "4 slots on 8 blocks a group should preempt"
     if name.startswith("prefix"):
         assert trace.metrics().num_cached_tokens > 0, f"{name}: no prefix hit"
-    loaded = Trace.from_dict(json.loads(json.dumps(trace.to_dict())))
-    assert [s.group_block_tables for s in loaded.steps] == [
-        s.group_block_tables for s in trace.steps
-    ], "the group tables do not survive the JSON trace"
+    for compact in (False, True):
+        loaded = trace_codec.decode(json.loads(json.dumps(trace_codec.encode(trace, compact))))
+        assert [s.group_block_tables for s in loaded.steps] == [
+            s.group_block_tables for s in trace.steps
+        ], f"the group tables do not survive the JSON trace (compact={compact})"
+        assert [s.window_freed_blocks for s in loaded.steps] == [
+            s.window_freed_blocks for s in trace.steps
+        ], f"the window-freed blocks do not survive the JSON trace (compact={compact})"
 
 
 def _schedule_all(kv_groups: list[int | None], num_blocks: int) -> tuple[int, int, int]:

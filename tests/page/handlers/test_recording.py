@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import subprocess
 import sys
 
 import pytest
-from fake_traces import continuous_trace, static_trace
 
 from engine.page.handlers import recording
 from engine.page.inputs import page_io, presets
 from engine.page.run import shared_model
 from engine.page.views import run_status, run_view
-from engine.trace import Trace
 
 MAX_RECORDING_BYTES = 250_000  # compact JSON: the page sends it to every visitor
 
@@ -65,38 +62,6 @@ def test_every_view_renders_from_the_recording(shipped):
         assert all(fig is not None for fig in views.as_tuple()), f"a view is missing at {step}"
     outputs = dict(zip(run_view.RUN_OUTPUTS, result.as_outputs(), strict=True))
     assert outputs["step_slider"].maximum == shipped.num_steps - 1
-
-
-def test_traces_survive_the_compact_format():
-    """encode_trace then decode_trace gives the trace back (times kept to 0.1 ms), block tables,
-    padding and waves included."""
-    static = static_trace([5, 6, 8], [3, 7, 4], num_slots=2)
-    paged = continuous_trace([5, 6, 8], [3, 7, 4], num_slots=2)
-    for i, step in enumerate(paged.steps):
-        step.kv_blocks_used = 1 + i % 3
-        step.block_tables = {s.request_id: list(range(i % 3 + 1)) for s in step.seqs}
-    paged.info = {"kv_blocks": 9, "block_size": 4}
-    for trace in (static, paged):
-        _round_times(trace)
-        text = json.dumps(recording.encode_trace(trace), separators=(",", ":"))
-        back = recording.decode_trace(json.loads(text))
-        assert isinstance(back, Trace)
-        assert back.steps == trace.steps, f"{trace.engine}: steps changed"
-        assert back.requests == trace.requests, f"{trace.engine}: requests changed"
-        assert dataclasses.replace(back, steps=[], requests=[]) == dataclasses.replace(
-            trace, steps=[], requests=[]
-        )
-
-
-def _round_times(trace: Trace) -> None:
-    """Times to 0.1 ms, as the file keeps them (0.30000000000000004 becomes 0.3)."""
-    for step in trace.steps:
-        step.start_s, step.end_s = round(step.start_s, 4), round(step.end_s, 4)
-    for r in trace.requests:
-        for name in ("arrival_s", "admit_s", "first_token_s", "finish_s"):
-            if getattr(r, name) is not None:
-                setattr(r, name, round(getattr(r, name), 4))
-    trace.wall_s = round(trace.wall_s, 4)
 
 
 def test_record_writes_a_recording_the_page_opens_on(shared, monkeypatch, tmp_path):

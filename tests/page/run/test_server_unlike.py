@@ -7,6 +7,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from engine.page.run import host_servers
+from engine.peers.endpoints import Endpoint
+from engine.peers.openai_engine import OpenAIEngine
 from engine.peers.vllm_server import VllmSettings
 from engine.trace import PREFILL, ScheduledSeq, StepRecord, Trace
 from engine.workloads.workload import SEED_REQUESTS
@@ -38,8 +40,11 @@ def _warnings(prefix_caching: bool | None, name="vllm", ours=False, requests=SHA
 def _servers(prefix_caching: bool | None) -> host_servers.PageServers:
     """A page's servers with a local vLLM (not started) whose prefix caching is as given."""
     settings = VllmSettings("model", "float32", 3, prefix_caching=prefix_caching)
-    local = SimpleNamespace(server=SimpleNamespace(settings=settings))
-    return host_servers.PageServers({"vllm": local, "remote": SimpleNamespace()})
+    tokens = SimpleNamespace(eos_token_ids=())  # the model, as far as a server engine's init reads
+    local = OpenAIEngine(Endpoint("vllm", "http://127.0.0.1:1"), tokens, 3)
+    local.server = SimpleNamespace(settings=settings)  # never started: its settings are read
+    remote = OpenAIEngine(Endpoint("remote", "http://127.0.0.1:2"), tokens, 3)
+    return host_servers.PageServers({"vllm": local, "remote": remote})
 
 
 def test_a_run_without_prefix_caching_beside_vllms_default_is_warned():

@@ -1,11 +1,17 @@
-"""The page's shared model at start: its pace, timed for the queue's first estimates."""
+"""The page's shared model: its pace, timed at start for the queue's first estimates, and what it
+answers of its own (no method borrowed from another class)."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
-from engine.worker.worker_model import CALIBRATION_TABLE
+from engine.worker.worker_model import CALIBRATION_TABLE, WorkerModel
 from tests.tiny_model import tiny_shared
+
+ENGINE = Path(__file__).resolve().parents[3] / "engine"
 
 
 def test_the_pace_timed_at_start_prices_that_same_work_at_its_measured_seconds():
@@ -25,3 +31,34 @@ def test_the_pace_timed_at_start_prices_that_same_work_at_its_measured_seconds()
     )
     expected_s = sum(parts_s.values()) + shared.queue.pace.run_s
     assert shared.queue.pace.cost_s(work) == pytest.approx(expected_s)
+
+
+def test_no_method_is_borrowed_as_a_class_attribute():
+    """No class in ``engine/`` takes another class's method or property as a class attribute
+    (``label = WorkerModel.label``): each kind of model says what it answers itself."""
+    found = []
+    for path in sorted(ENGINE.rglob("*.py")):
+        for cls in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            for node in cls.body:
+                value = node.value if isinstance(node, ast.Assign) else None
+                if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name):
+                    if value.value.id[:1].isupper():  # a class's attribute
+                        found.append(f"{path.relative_to(ENGINE)}:{node.lineno}")
+    assert not found, f"borrowed: {found}"
+
+
+def test_the_shared_model_answers_as_the_worker_model_does():
+    """The page's model in process says its dtype, line and variants as its ``WorkerModel``."""
+    shared = tiny_shared()
+    plain = WorkerModel(shared.loaded, shared.runner, shared.reference)
+    assert (
+        (shared.dtype_name, shared.label)
+        == (plain.dtype_name, plain.label)
+        == (
+            "float32",
+            f"Model: {shared.loaded.name} · runs on {shared.loaded.device_label}",
+        )
+    )
+    assert shared.in_dtype(None) is shared and shared.in_dtype("float32") is shared

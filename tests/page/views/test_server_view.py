@@ -8,17 +8,28 @@ from types import SimpleNamespace
 from engine.llamacpp.server import LlamaSettings
 from engine.page.run import host_servers
 from engine.page.views import server_view
+from engine.peers.endpoints import Endpoint
+from engine.peers.openai_engine import OpenAIEngine
 from engine.peers.vllm_server import VllmSettings
 
 VLLM_LOG = "INFO 05-02 10:11:12 [gpu_model_runner.py:1234] Loading model weights took 0.25 GB"
 LLAMA_LOG = "load_tensors: loading model tensors, this can take a while... (mmap = true)"
 
 
+class _Local(OpenAIEngine):
+    """A local server engine that is never started: its settings are what the line reads."""
+
+    def __init__(self, name: str, settings, fits_runs: bool = False):
+        super().__init__(Endpoint(name, "http://127.0.0.1:1"), SimpleNamespace(eos_token_ids=()), 2)
+        self.server = SimpleNamespace(settings=settings)
+        self.fits_runs = fits_runs
+
+
 def _starting(log_lines: dict[str, str]) -> host_servers.PageServers:
     """A page's local vLLM and llama.cpp (not started), each starting with its latest log line."""
-    vllm = SimpleNamespace(server=SimpleNamespace(settings=VllmSettings("model", "float32", 3)))
+    vllm = _Local("vllm", VllmSettings("model", "float32", 3))
     llama_settings = LlamaSettings("m.gguf", "f32", "model", 2, cpus="0-1")
-    llama = SimpleNamespace(server=SimpleNamespace(settings=llama_settings), fit=None)
+    llama = _Local("llamacpp", llama_settings, fits_runs=True)
     servers = host_servers.PageServers({"vllm": vllm, "llamacpp": llama})
     for name, line in log_lines.items():
         servers._set(name, host_servers.STARTING, line)
