@@ -83,6 +83,14 @@ SETTINGS: tuple[Setting, ...] = (
         "read at start",
     ),
     Setting(
+        "CBP_WEIGHT_COPIES_MAX",
+        "number >= 0",
+        "1.5",
+        "the most bytes the engines' packed weight copies may take, as a multiple of the "
+        "weights' bytes; past it the copies that save least time per byte are dropped; read "
+        "at start",
+    ),
+    Setting(
         "CBP_FUSED_LAYERS",
         "auto, off",
         "auto",

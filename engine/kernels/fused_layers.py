@@ -51,7 +51,6 @@ from engine.kernels.layer_spec import LayerSpec, Norm
 from engine.kernels.linear_kernel import GEMV_BLOCK, GemvLinear, SplitLinear
 from engine.serving.packed_batch import PackedBatch
 
-ONEDNN = ("onednn", "onednn_f32")  # kernels whose stacked copies the modules' own replace
 CHOICES = {  # CBP_FUSED_LAYERS
     "auto": "the fused decoder layers where they apply",
     "off": "transformers' own layers",
@@ -358,15 +357,17 @@ def _fused_layer(spec: LayerSpec, kernel: str | RowPlan, shared: Mapping) -> Fus
 
 def _stacked(linears: list[nn.Linear], kernel: str | RowPlan, shared: Mapping) -> PlannedLinear:
     """``linears`` stacked on ``kernel``, each packed copy kept once where ``shared`` has their
-    own kernels (float32 SmolLM2-135M: 279 MB per packed kernel): oneDNN's run as the modules'
-    own, one by one (``SplitLinear``); and each module's gemv kernel then runs on its blocks of
-    the stacked gemv copy (``GemvLinear.share_packed``)."""
+    own kernels (float32 SmolLM2-135M: 279 MB per packed kernel): every kernel but gemv runs as
+    the modules' own, one by one (``SplitLinear``: no stacked copy), on the modules' plan; and
+    each module's gemv kernel then runs on its blocks of the stacked gemv copy
+    (``GemvLinear.share_packed``)."""
     own = [shared.get(m) for m in linears]
-    if any(p is None for p in own):
+    if any(p is None for p in own) or any(p.plan != own[0].plan for p in own):
         return PlannedLinear(linears, kernel)
+    plan = own[0].plan  # the modules' (the copy budget keeps a stack's copies together)
     by_name = [dict(zip(p.kernel_names, p.bound, strict=True)) for p in own]
-    given = {n: SplitLinear([b[n] for b in by_name]) for n in ONEDNN if n in by_name[0]}
-    stacked = PlannedLinear(linears, kernel, given)
+    given = {n: SplitLinear([b[n] for b in by_name]) for n in by_name[0] if n != "gemv"}
+    stacked = PlannedLinear(linears, plan, given)
     whole = next((b for b in stacked.bound if isinstance(b, GemvLinear)), None)
     if whole is None:
         return stacked

@@ -166,6 +166,7 @@ class PlannedLinear:
 
     def __init__(self, linears: list[nn.Linear], kernel: str | RowPlan, given=None):
         plan = RowPlan.single(kernel) if isinstance(kernel, str) else kernel
+        self.plan = plan
         weight = _stack([m.weight.detach() for m in linears])  # (N, K)
         bias = None if linears[0].bias is None else _stack([m.bias.detach() for m in linears])
         self.stacked_bytes = weight.numel() * weight.element_size() if len(linears) > 1 else 0
@@ -207,9 +208,12 @@ def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
     return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
-def kernel_for(linears: list[nn.Linear], plan: RowPlan) -> Kernel:
+def kernel_for(
+    linears: list[nn.Linear], plan: RowPlan, plans: Mapping[nn.Linear, RowPlan] | None = None
+) -> Kernel:
     """The kernel that runs ``plan`` on ``linears``: each module's input goes to the plan's
-    kernel for its row count.
+    kernel for its row count (``plans[module]`` instead where it has one: the copy budget's,
+    ``engine.model.copy_budget``).
 
     Raises:
         RuntimeError: oneDNN cannot take one of the weights (a plan with ``onednn`` or
@@ -217,23 +221,25 @@ def kernel_for(linears: list[nn.Linear], plan: RowPlan) -> Kernel:
     """
     if not linears:
         return NO_KERNEL
-    modules = ModuleKernels(linears, plan)
+    modules = ModuleKernels(linears, plan, plans)
     extra_bytes = sum(p.extra_bytes for p in modules.planned.values())
     return Kernel(modules.forward, extra_bytes, plan, modules)
 
 
 class ModuleKernels:
-    """Each module's ``PlannedLinear`` on ``plan``, and its weight's version when packed: a
-    weight changed after packing fails an assert, in ``forward`` at each call, and once per
-    block in ``installed``, where each module's forward is its ``PlannedLinear`` itself, so a
-    matmul pays one row-count lookup and no lookup by module.
+    """Each module's ``PlannedLinear`` on ``plan`` (``plans[module]`` where given), and its
+    weight's version when packed: a weight changed after packing fails an assert, in
+    ``forward`` at each call, and once per block in ``installed``, where each module's forward
+    is its ``PlannedLinear`` itself, so a matmul pays one row-count lookup and no lookup by
+    module.
 
     Raises:
         RuntimeError: as ``bind``.
     """
 
-    def __init__(self, linears: list[nn.Linear], plan: RowPlan):
-        self.planned = {m: PlannedLinear([m], plan) for m in linears}
+    def __init__(self, linears: list[nn.Linear], plan: RowPlan, plans: Mapping | None = None):
+        plans = plans or {}
+        self.planned = {m: PlannedLinear([m], plans.get(m, plan)) for m in linears}
         packed = any(b.packed is not None for p in self.planned.values() for b in p.bound)
         self.versions = {m: (m.weight, m.weight._version) for m in linears} if packed else {}
 

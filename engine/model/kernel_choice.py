@@ -26,7 +26,7 @@ import logging
 from engine import settings
 from engine.kernels import fused_layers, invariant_ops, kernel_plan, kernel_timing, linear_kernel
 from engine.kernels.host_setting import read_choice
-from engine.model import kernel_store, memory_account
+from engine.model import copy_budget, kernel_store, memory_account
 from engine.model.kernel_store import KernelChoice
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class RunnerKernels:
         cpu = self.device.type == "cpu"
         self._linears = linear_kernel.linear_modules(self.model) if cpu else []
         self._kernel_setting = read_choice("CBP_ENGINE_KERNEL", kernel_plan.KERNEL_CHOICES)
+        self.copies_max = read_copies_max()
         fused_setting = read_choice("CBP_FUSED_LAYERS", fused_layers.CHOICES)
         self.use_fused_layers = fused_setting == "auto"  # forward_packed's fused layers
         self.decoder_layer_steps = {"fused": 0, "transformers": 0}  # forward_packed calls by path
@@ -116,12 +117,41 @@ class RunnerKernels:
             kernel = kernel_plan.best_kernel(self._linears, choice.plan.names[0])
         else:
             try:
-                kernel = kernel_plan.kernel_for(self._linears, choice.plan)
+                budget, groups = self.copy_budget, self._groups
+                plans = (
+                    {}
+                    if budget is None
+                    else {m: budget.plans[g] for g in groups for m in groups[g]}
+                )
+                kernel = kernel_plan.kernel_for(self._linears, choice.plan, plans)
             except RuntimeError:  # the timed weights passed, another one did not
                 kernel = kernel_plan.best_kernel(self._linears, "linear")
         if kernel.plan != choice.plan:
             log.warning("oneDNN refused the weights: the engines' matmul is %s", kernel.name)
         return kernel
+
+    @functools.cached_property
+    def _groups(self) -> dict[str, list]:
+        """The linears whose copies the budget keeps or drops together (``copy_groups``)."""
+        return copy_groups(self.model, self._linears)
+
+    @functools.cached_property
+    def copy_budget(self) -> copy_budget.CopyBudget | None:
+        """The packed copies a measured plan keeps within ``CBP_WEIGHT_COPIES_MAX`` times the
+        weights' bytes (``engine.model.copy_budget``), per group of ``_groups``; None for a
+        plan without timings (nothing to rank copies by: every copy is kept)."""
+        choice, groups = self.kernel_choice, self._groups
+        timings = choice.timings
+        if timings is None:
+            return None
+        bound = int(self.copies_max * memory_account.weights_bytes(self.model))
+        weights = {g: sum(_nbytes(m.weight) for m in ms) for g, ms in groups.items()}
+        copies = {
+            g: {k: _copy_bytes(ms, k) for k in choice.plan.kernels} for g, ms in groups.items()
+        }
+        return copy_budget.keep_copies(
+            weights, copies, choice.plan, timings.rows, timings.times_ms, timings.timed_bytes, bound
+        )
 
     @property
     def engine_kernel_bytes(self) -> int:
@@ -208,7 +238,9 @@ class RunnerKernels:
         text = f"matmul: {choice.summary()}"
         if kernel.plan != choice.plan:
             text += f"; oneDNN refused the weights, so {kernel.plan.describe()}"
-        return text + f"; +{self.engine_kernel_bytes / 1e6:.0f} MB of weight copies"
+        text += f"; +{self.engine_kernel_bytes / 1e6:.0f} MB of weight copies"
+        budget = self.__dict__.get("copy_budget")
+        return text if budget is None or not budget.dropped else f"{text}; {budget.summary()}"
 
     @contextlib.contextmanager
     def _attention(self, name: str):
@@ -234,3 +266,49 @@ def _measure(decoder, candidates) -> KernelChoice:
         return KernelChoice(kernel_plan.RowPlan.single("linear"), "fallback", timings)
     log.info("Engines' matmul measured in %.1f s: %s", timings.measured_s, plan.describe())
     return KernelChoice(plan, "measured", timings)
+
+
+def read_copies_max() -> float:
+    """``CBP_WEIGHT_COPIES_MAX``: the packed copies' bound, a multiple of the weights' bytes.
+
+    Raises:
+        ValueError: not a number >= 0, naming the variable.
+    """
+    text = settings.value("CBP_WEIGHT_COPIES_MAX")
+    try:
+        factor = float(text)
+    except ValueError:
+        factor = -1.0
+    if not factor >= 0:  # NaN too
+        raise ValueError(f"CBP_WEIGHT_COPIES_MAX={text!r}: use a number >= 0, such as 1.5")
+    return factor
+
+
+def copy_groups(model, linears) -> dict[str, list]:
+    """``linears`` grouped by parent module and input width, named by the first one's path:
+    the fused layers stack q, k, v (and gate, up) into one matmul, which must share one plan."""
+    names = {m: n for n, m in model.named_modules()}
+    groups: dict[tuple, list] = {}
+    for m in linears:
+        parent = names[m].rpartition(".")[0]
+        groups.setdefault((parent, m.in_features), []).append(m)
+    return {names[ms[0]] + (f"+{len(ms) - 1}" if len(ms) > 1 else ""): ms for ms in groups.values()}
+
+
+def _nbytes(tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _copy_bytes(linears, kernel: str) -> int:
+    """The bytes ``kernel``'s copies of ``linears`` take (0: a kernel without copies): the
+    weights' own size, in float32 for ``onednn_f32``, the gemv layout's N rounded up to 16."""
+    if kernel in copy_budget.FREE_KERNELS:
+        return 0
+    total = 0
+    for m in linears:
+        n, k = m.weight.shape
+        size = 4 if kernel == "onednn_f32" else m.weight.element_size()
+        if kernel == "gemv":
+            n = -(-n // linear_kernel.GEMV_BLOCK) * linear_kernel.GEMV_BLOCK
+        total += n * k * size
+    return total

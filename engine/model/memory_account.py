@@ -29,11 +29,13 @@ def weights_bytes(model: nn.Module) -> int:
 def memory_account(runner) -> dict:
     """The bytes of ``runner``'s (a ``ModelRunner``) weights and the copies its kernels made:
     ``weights_bytes``, ``packed_bytes`` (by kernel name; ``"stacked"``: plain stacked copies),
-    ``packed_total_bytes``, and ``packed_by_part`` (``"modules"``: each linear's own kernels,
-    ``"fused"``: the fused layers' stacked weights). Each copy is counted once, where it is
-    shared."""
+    ``packed_total_bytes``, ``packed_by_part`` (``"modules"``: each linear's own kernels,
+    ``"fused"``: the fused layers' stacked weights), and ``copy_budget`` (the copies the bound
+    dropped and what a step pays for them, ``CopyBudget.as_dict``; None: no measured plan made).
+    Each copy is counted once, where it is shared."""
     kernel = runner.__dict__.get("engine_kernel")
     fused = runner.__dict__.get("fused_decoder")
+    budget = runner.__dict__.get("copy_budget")
     modules = [] if kernel is None or kernel.modules is None else kernel.modules.planned.values()
     own_fused = [] if fused is None else fused.own_planned
     parts = {"modules": _by_kernel(modules), "fused": _by_kernel(own_fused)}
@@ -46,6 +48,7 @@ def memory_account(runner) -> dict:
         "packed_bytes": total,
         "packed_total_bytes": sum(total.values()),
         "packed_by_part": parts,
+        "copy_budget": None if budget is None else budget.as_dict(),
     }
 
 
@@ -77,7 +80,9 @@ def memory_summary(account: dict, peak_rss: int | None) -> str:
     by_kernel = ", ".join(f"{n} {_size(b)}" for n, b in account["packed_bytes"].items())
     copies = _size(account["packed_total_bytes"]) + (f" ({by_kernel})" if by_kernel else "")
     peak = "peak RSS unknown" if peak_rss is None else f"peak RSS {_size(peak_rss)}"
-    return f"{peak}; weights {_size(account['weights_bytes'])}, kernels' copies {copies}"
+    text = f"{peak}; weights {_size(account['weights_bytes'])}, kernels' copies {copies}"
+    budget = account.get("copy_budget")
+    return text if not budget or not budget["dropped"] else f"{text}; {budget['summary']}"
 
 
 def release_freed() -> None:

@@ -231,3 +231,11 @@ def test_a_host_s_old_compiled_step_setting_starts_eager(monkeypatch, caplog, ol
     monkeypatch.setenv("CBP_FUSED_LAYERS", "off")
     assert runner.step_summary() == "step: eager, the fused layers"  # read once, at start
     assert _runner().step_summary() == "step: eager, the model's own layers (CBP_FUSED_LAYERS=off)"
+
+
+@pytest.mark.parametrize("text", ["lots", "-1", "nan"])
+def test_a_bad_copy_bound_is_refused_naming_the_variable(monkeypatch, text):
+    """CBP_WEIGHT_COPIES_MAX that is not a number >= 0 stops the runner with a message."""
+    monkeypatch.setenv("CBP_WEIGHT_COPIES_MAX", text)
+    with pytest.raises(ValueError, match="CBP_WEIGHT_COPIES_MAX"):
+        tiny_runner()

@@ -94,3 +94,30 @@ def test_the_embedded_model_keeps_one_copy_per_weight_per_packed_kernel(embedded
     assert account["packed_total_bytes"] <= 1.02 * len(packed) * weights
     if len(packed) == 1:
         assert account["packed_total_bytes"] <= 1.5 * weights
+
+
+@pytest.mark.skipif(PACKED != ["gemv", "onednn"], reason="needs the gemv kernel and oneDNN")
+def test_the_copy_bound_drops_copies_and_keeps_the_outputs(monkeypatch):
+    """Under CBP_WEIGHT_COPIES_MAX=1.0, on a fixed timing table where gemv saves the most per
+    token (as in test_copy_budget), the copies kept stay within the weights' bytes (every gemv
+    copy fits), oneDNN's are the ones dropped, the account and the model line say so, and
+    outputs equal the reference."""
+    from engine.fidelity.reference import ReferenceCache
+    from engine.kernels.kernel_timing import Timings
+
+    monkeypatch.setenv("CBP_WEIGHT_COPIES_MAX", "1.0")
+    times = {"linear": (10.0, 100.0), "skinny": (8.0, 120.0), "gemv": (4.0, None)}
+    times["onednn"] = (6.0, 60.0)
+    timings = Timings((1, 64), times, 7, 14, 100, 0.1, 1)
+    runner = tiny_runner()
+    runner.__dict__["kernel_choice"] = KernelChoice(PLAN, "measured", timings)
+    requests = make_requests([("hello there", 6), ("a", 4), ("long " * 9, 3)])
+    reference = ReferenceCache(runner).outputs(requests)
+    trace = ContinuousEngine(runner, EngineConfig(2)).run(requests)
+    assert {r.request_id: r.output_token_ids for r in trace.requests} == reference
+    account = memory_account(runner)
+    assert account["packed_total_bytes"] <= account["weights_bytes"], account
+    dropped = account["copy_budget"]["dropped"]
+    assert dropped and {d["kernel"] for d in dropped} == {"onednn"}, dropped
+    assert "dropped onednn of" in memory_summary(account, None)
+    assert "dropped onednn of" in runner.kernel_summary()

@@ -1,0 +1,57 @@
+"""The copy budget's greedy, as a pure function on a fixed timing table (no measurement)."""
+
+from engine.kernels.kernel_plan import RowPlan
+from engine.model.copy_budget import keep_copies
+
+PLAN = RowPlan((1, 17), ("gemv", "onednn"))
+ROWS = (1, 64)
+# ms per pass over 100 bytes of weights; gemv is not timed past 16 rows
+TIMES = {
+    "linear": (10.0, 100.0),
+    "skinny": (8.0, 120.0),
+    "gemv": (4.0, None),
+    "onednn": (6.0, 60.0),
+}
+WEIGHTS = {"a": 100, "b": 50}
+COPIES = {"a": {"gemv": 100, "onednn": 100}, "b": {"gemv": 50, "onednn": 50}}
+
+
+def _budget(bound_bytes: int):
+    return keep_copies(WEIGHTS, COPIES, PLAN, ROWS, TIMES, 100, bound_bytes)
+
+
+def test_every_copy_that_fits_keeps_the_plan():
+    """Copies within the bound: each group keeps the plan, nothing dropped."""
+    budget = _budget(300)
+    assert budget.dropped == () and budget.kept_bytes == 300
+    assert budget.plans == {"a": PLAN, "b": PLAN}
+
+
+def test_decode_copies_go_before_prefill_copies():
+    """Per token, gemv saves (8-4)/1 = 4 ms at 1 row against skinny; oneDNN saves 2 at 1 row and
+    40/64 at 64, so under a bound of 150 bytes both gemv copies stay and both oneDNN go."""
+    budget = _budget(150)
+    assert budget.kept_bytes == 150
+    dropped = {(d.group, d.kernel): (d.nbytes, d.step_ms, d.at_rows) for d in budget.dropped}
+    # a's oneDNN rows would save 100 - 60 = 40 ms a pass at 64 rows; b holds half the bytes
+    assert dropped == {("a", "onednn"): (100, 40.0, 64), ("b", "onednn"): (50, 20.0, 64)}
+    gemv_then_linear = RowPlan((1, 17), ("gemv", "linear"))  # F.linear beats skinny at 64 rows
+    assert budget.plans == {"a": gemv_then_linear, "b": gemv_then_linear}
+    assert budget.cost_ms == {1: 0.0, 64: 60.0}
+    assert "up to +60.0 ms a step at 64 rows" in budget.summary()
+
+
+def test_a_tie_keeps_the_first_group():
+    """With 250 bytes, after both gemv copies (150) one oneDNN copy fits: a's and b's save the
+    same per byte, so a's (first) stays and b's goes."""
+    budget = _budget(250)
+    assert [(d.group, d.kernel) for d in budget.dropped] == [("b", "onednn")]
+    assert budget.plans["a"] == PLAN
+    assert budget.kept_bytes == 250
+
+
+def test_a_bound_below_any_copy_drops_them_all():
+    """A bound under the smallest copy keeps none: skinny at 1 row, F.linear at 64."""
+    budget = _budget(10)
+    assert budget.kept_bytes == 0 and len(budget.dropped) == 4
+    assert budget.plans["a"] == RowPlan((1, 64), ("skinny", "linear"))
