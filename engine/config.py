@@ -11,8 +11,8 @@ from engine.knobs import KV_MODES, MAX_BLOCK_SIZE, POLICIES  # the knobs' ranges
 @dataclass(frozen=True)
 class EngineConfig:
     """How an engine runs; most fields are knobs (``engine.knobs`` has help). ``num_slots``: B;
-    ``max_seq_len``: P (None: from the workload); ``max_num_batched_tokens``: the token budget,
-    >= ``num_slots`` (None: no limit); ``kv_budget_mib``: MiB (None: room for every slot's longest
+    ``max_seq_len``: P (None: from the workload); ``max_num_batched_tokens``: the token budget, >=
+    ``num_slots`` (None: no limit); ``kv_budget_mib``: MiB (None: room for every slot's longest
     sequence); ``wave_timeout_s``: how long the oldest arrival waits for a full static wave;
     ``ignore_eos``: generate every sequence to its cap (benchmarks, as vLLM's).
 

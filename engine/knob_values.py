@@ -1,6 +1,5 @@
 """A knob's value from what a person typed or a widget sent: one parser per kind, shared by the
-page, the /run API and the bench. A refusal is one ``ValueError`` naming the knob, shown as is.
-"""
+page, the /run API and the bench. A refusal is one ``ValueError`` naming the knob, shown as is."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ LINK_WORDS |= {"0": False, "off": False, "no": False}
 
 def knob_value(knob: Knob, value):
     """A knob's value as a run reads it (blank, or a ``zero`` knob's 0: ``knob.unset``). Raises
-    ValueError naming the knob.
-    """
+    ValueError naming the knob."""
     if knob.kind == "flag":
         return flag(value, knob.named)
     text = "" if value is None else str(value).strip()
@@ -50,8 +48,7 @@ def whole_number(value, what: str) -> int:
 
 def flag(value, what: str, words: dict[str, bool] = FLAG_WORDS) -> bool:
     """True, False, None (unticked), 0, 1 or one of ``words`` in any case; anything else raises
-    ValueError, so "yes please" is not read as ticked.
-    """
+    ValueError, so "yes please" is not read as ticked."""
     if value is None:
         return False
     if isinstance(value, bool):

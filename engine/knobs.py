@@ -27,8 +27,7 @@ PLACES = ("model", "setup", "engine", "precision", "results")
 @dataclass(frozen=True)
 class Knob:
     """One knob. An empty ``url``, ``bench_flag`` or ``config`` means no such outside name;
-    ``title`` names it in messages where the label would not.
-    """
+    ``title`` names it in messages where the label would not."""
 
     name: str  # the ``RunSettings`` field, and the page's name for its component
     kind: str  # one of KINDS

@@ -170,8 +170,7 @@ def with_defaults(
     params: SamplingParams | None, defaults: SamplingParams | None, seed_base: int, index: int
 ) -> SamplingParams | None:
     """``params``, else ``defaults`` seeded ``seed_base + index``; None when neither is set. Raises
-    ValueError: the seed beyond 2^63 - 1.
-    """
+    ValueError: the seed beyond 2^63 - 1."""
     if params is not None or defaults is None:
         return params
     return SamplingParams(defaults.temperature, defaults.top_k, defaults.top_p, seed_base + index)

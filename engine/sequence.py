@@ -1,6 +1,5 @@
 """Requests and sequences: a *request* is what the user asked for (a prompt, its ``max_new_tokens``
-cap, maybe sampling settings); a *sequence* is its state inside an engine.
-"""
+cap, maybe sampling settings); a *sequence* is its state inside an engine."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ class SequenceStatus(enum.Enum):
 @dataclass
 class Sequence:
     """Engine-side state of one request. Invariant: ``num_cached_tokens <= num_tokens``; the
-    uncached tokens are what the next step feeds.
-    """
+    uncached tokens are what the next step feeds."""
 
     request: Request
     # --- scheduling ---
@@ -74,14 +72,12 @@ class Sequence:
     @property
     def is_prefill(self) -> bool:
         """True while tokens other than the newest are uncached: the prompt, or after a preemption
-        the prompt and output, recomputed as one prefill.
-        """
+        the prompt and output, recomputed as one prefill."""
         return self.num_cached_tokens < max(self.request.num_prompt_tokens, self.num_tokens - 1)
 
     def preempt(self) -> None:
         """Drop the KV cache and wait again (vLLM's recompute preemption); the output is kept and
-        prefilled with the prompt on readmission.
-        """
+        prefilled with the prompt on readmission."""
         self.num_cached_tokens = 0
         self.num_prefix_cached_tokens = 0
         self.slot = None

@@ -196,8 +196,7 @@ def default(name: str) -> str:
 
 def value(name: str, environ: Mapping[str, str] | None = None) -> str:
     """``name``'s text, stripped, or its default when unset
-    or blank. Raises KeyError: undeclared.
-    """
+    or blank. Raises KeyError: undeclared."""
     declared = setting(name)
     text = (os.environ if environ is None else environ).get(name) or ""
     return text.strip() or declared.default

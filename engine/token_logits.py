@@ -25,8 +25,7 @@ DIGEST_BYTES = 4  # a logits row's digest: its CRC-32
 class TokenLogits:
     """One output position's logits in one run: the top ``TOP_K`` ``token_ids`` and ``logits``, best
     first; ``abs_dots[i] = sum_j |h_j| |W[token_ids[i], j]|``, the scale of that logit's rounding
-    error; ``hidden_norm = ||h||_2``; ``digest`` of the row's bytes.
-    """
+    error; ``hidden_norm = ||h||_2``; ``digest`` of the row's bytes."""
 
     token_ids: tuple[int, ...]
     logits: tuple[float, ...]
@@ -72,16 +71,14 @@ def token_logits_rows(
 
 def row_digest(logits: torch.Tensor) -> str:
     """CRC-32 of a logits row's bytes ``[V]``, 8 hex digits: only bitwise equality is asked, and it
-    costs a quarter of a cryptographic hash.
-    """
+    costs a quarter of a cryptographic hash."""
     raw = logits.detach().contiguous().cpu().view(torch.uint8).numpy()
     return f"{zlib.crc32(raw):08x}"
 
 
 class LogitTrail(Sequence):
     """One request's ``TokenLogits`` per output token, about 110 bytes a token instead of 800 as
-    objects; ``trail[i]`` rebuilds the one appended.
-    """
+    objects; ``trail[i]`` rebuilds the one appended."""
 
     def __init__(self, rows: Iterable[TokenLogits] = ()):
         self._k = 0
@@ -123,10 +120,9 @@ class LogitTrail(Sequence):
 
 class LogitRecorder:
     """``TokenLogits`` rows of every output-embedding call while installed: ``calls[i]`` per
-    sequence or batch row. ``keep_call=i`` keeps that call's first row as
-    ``kept = (hidden [d], logits [V], weight [V, d])``; ``skip_rows``: rows left unrecorded (None),
-    whose tokens are dropped.
-    """
+    sequence or batch row. ``keep_call=i`` keeps that call's first row as ``kept = (hidden [d],
+    logits [V], weight [V, d])``; ``skip_rows``: rows left unrecorded (None), whose tokens are
+    dropped."""
 
     def __init__(self, top_k: int = TOP_K, keep_call: int | None = None):
         self.top_k = top_k

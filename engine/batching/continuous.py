@@ -44,8 +44,7 @@ class ContinuousEngine:
         on_wait: Callable[[Trace], None] | None = None,
     ) -> Trace:
         """``generate`` to completion, ``on_step(trace, step)`` after every step; raises as it does,
-        and whatever ``on_step`` raises.
-        """
+        and whatever ``on_step`` raises."""
         trace = None
         for trace, step in self.generate(requests, on_wait):
             if on_step is not None:
@@ -110,8 +109,7 @@ class ContinuousEngine:
 
     def num_kv_blocks(self, requests: list[Request]) -> int | None:
         """The paged pool's blocks for ``requests`` as ``run`` sizes it (None in other KV modes).
-        Raises ValueError: a request alone needs more blocks than the budget.
-        """
+        Raises ValueError: a request alone needs more blocks than the budget."""
         return kv_pool_blocks(self.config, requests, self.runner.kv_bytes_per_token())
 
     def _new_scheduler(self, requests: list[Request]) -> Scheduler:
@@ -219,8 +217,7 @@ def max_seq_len(config: EngineConfig, requests: list[Request]) -> int:
 def _num_blocks(config: EngineConfig, requests: list[Request], kv_bytes_per_token: int) -> int:
     """Blocks in the budget, at most what every slot's longest sequence needs at once (without a
     budget, exactly that); with prefix caching up to every request's blocks, as vLLM gives the cache
-    all its memory.
-    """
+    all its memory."""
     enough = config.num_slots * blocks_for(max_seq_len(config, requests), config.block_size)
     if config.kv_budget_mib is None:
         return enough
@@ -241,8 +238,7 @@ def _keep_logits(trace: Trace, plan, rows: list[TokenLogits | None]) -> None:
 
 def _feeds_last_token(seq, n: int) -> bool:
     """Whether feeding ``n`` tokens reaches ``seq``'s last pending one (else a partial prefill
-    chunk).
-    """
+    chunk)."""
     return seq.num_cached_tokens + n == seq.num_tokens
 
 

@@ -71,8 +71,7 @@ class StaticEngine:
         on_wait: Callable[[Trace], None] | None = None,
     ) -> Trace:
         """``on_step(trace, None)`` after every step, ``on_wait(trace)`` every ``WAIT_SLICE_S``
-        while a wave waits. Raises whatever they raise, at once.
-        """
+        while a wave waits. Raises whatever they raise, at once."""
         trace = Trace(engine=self.name, num_slots=self.config.num_slots)
         trace.info["batch_invariant"] = self.config.batch_invariant
         trace.requests = new_request_records(requests)
@@ -94,8 +93,7 @@ class StaticEngine:
     ) -> list[Request]:
         """Wait for the next wave and take it out of ``pending``: it starts when ``B`` requests
         arrived, the oldest waited ``wave_timeout_s``, or all have arrived; up to ``B``, oldest
-        first. Raises whatever ``on_wait`` raises.
-        """
+        first. Raises whatever ``on_wait`` raises."""
         b, timeout_s = self.config.num_slots, self.config.wave_timeout_s
         while True:
             now_s = time.perf_counter() - t0

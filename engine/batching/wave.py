@@ -40,8 +40,7 @@ class _Padding:
 @dataclass
 class WaveResult:
     """Every row's generated tokens (past cap or EOS too, cut later), each step's end time (s after
-    the run's start) and every step's logits rows.
-    """
+    the run's start) and every step's logits rows."""
 
     token_ids: list[list[int]]
     end_times: list[float]
@@ -55,8 +54,7 @@ def run_wave(
     on_step: Callable[[int], None] | None = None,
 ) -> WaveResult:
     """Run ``wave`` until every row reached its cap or an EOS; ``on_step(num_steps)`` after each
-    step. Raises whatever ``on_step`` raises.
-    """
+    step. Raises whatever ``on_step`` raises."""
     width = max(r.num_prompt_tokens for r in wave)
     seqs = [Sequence(r, slot=row) for row, r in enumerate(wave)]
     pad_lens = [width - r.num_prompt_tokens for r in wave if r.num_prompt_tokens < width]
@@ -88,8 +86,7 @@ def forward_recorded(
     runner: ModelRunner, batch, samplers: list[RequestSampler | None], recorder: LogitRecorder
 ) -> list[int]:
     """``runner.forward_packed`` with logits rows into ``recorder``; ``samplers[i]`` draws
-    ``batch.seqs[i]``'s token (None or past the end: greedy).
-    """
+    ``batch.seqs[i]``'s token (None or past the end: greedy)."""
     with runner.recording(recorder):
         if any(s is not None for s in samplers):
             return runner.forward_packed(batch, samplers)

@@ -192,8 +192,7 @@ def count(verdicts: list[Verdict]) -> dict[str, int]:
 def judge_runs(runner, source, requests, traces: dict) -> dict[str, dict[int, dict]]:
     """Every engine's verdicts with the texts the divergence view shows (per engine, per request id:
     ``Verdict.to_dict`` and, at a split, ``prefix_text``, ``reference_token_text``,
-    ``engine_token_text``), so nothing after a run reads the model.
-    """
+    ``engine_token_text``), so nothing after a run reads the model."""
     decode = runner.tokenizer.decode
     judged = {}
     for name, trace in traces.items():

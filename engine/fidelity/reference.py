@@ -66,8 +66,7 @@ class _Cache:
 
     def output(self, request: Request, on_step: Callable[[], None] | None = None) -> list[int]:
         """Reference output ids up to the cap or first EOS; ``on_step()`` after every token (what it
-        raises ends the call).
-        """
+        raises ends the call)."""
         tokens, _ = self._hit(request, on_step)
         return tokens
 
@@ -103,8 +102,7 @@ class _Cache:
     def logit_at(self, request: Request, index: int, token_id: int) -> tuple[float, float] | None:
         """``(logit, abs_dot)`` of a token outside the recorded top at ``index``, from a re-run of
         the reference keeping that row; None when unknown or when the row's digest differs from the
-        first run's (not the same pass).
-        """
+        first run's (not the same pass)."""
         recorded = self.token_logits(request)
         if index >= len(recorded):
             return None
@@ -115,14 +113,12 @@ class _Cache:
 
     def missing(self, requests: list[Request]) -> dict[tuple, int]:
         """The references ``outputs(requests)`` would compute, ``(prompt ids, sampling) -> cap``
-        (the page's queue estimate); computes nothing.
-        """
+        (the page's queue estimate); computes nothing."""
         return self.still_missing(wanted_references(requests))
 
     def still_missing(self, wanted: dict[tuple, int]) -> dict[tuple, int]:
         """Those of ``wanted`` not held to their caps now. The store is read only once the identity
-        is known (hashing the weights is left to the first reference pass).
-        """
+        is known (hashing the weights is left to the first reference pass)."""
         identity = self.__dict__.get("identity")  # the cached property, once computed
         store = self.store if identity is not None else None
         return still_missing(wanted, self._outputs, store, identity, self.runner.eos_token_ids)
@@ -191,8 +187,7 @@ def _sampling(request: Request):
 
 class SoloReference(_Cache):
     """Each request alone through the continuous engine with the batch-invariant kernels (one slot,
-    no token budget, ``slots`` KV). Raises ValueError: a model the mode does not support.
-    """
+    no token budget, ``slots`` KV). Raises ValueError: a model the mode does not support."""
 
     def __init__(
         self,
@@ -232,8 +227,7 @@ def reference_for(
     runner: ModelRunner, config: EngineConfig | None = None, store: ReferenceStore | None = None
 ) -> _Cache:
     """``SoloReference`` in batch-invariant mode, else ``ReferenceCache``; kept in ``store`` if
-    given.
-    """
+    given."""
     if config is not None and config.batch_invariant:
         return SoloReference(runner, config, store)
     return ReferenceCache(runner, store)

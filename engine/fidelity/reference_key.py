@@ -65,8 +65,7 @@ def request_fields(prompt: tuple[int, ...], sampling: SamplingParams | None) -> 
 
 def weights_digest(model: torch.nn.Module) -> str:
     """SHA-256 of every parameter's and buffer's name, dtype,
-    shape and bytes (540 MB: under 1 s).
-    """
+    shape and bytes (540 MB: under 1 s)."""
     sha = hashlib.sha256()
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         raw = tensor.detach().contiguous().reshape(-1).cpu().view(torch.uint8)  # (bytes,)
@@ -78,8 +77,7 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 def device_fields(device: torch.device) -> dict[str, Any]:
     """The device's type and the CPU's kernel dispatch (capability, model, threads) or the GPU's
-    name, compute capability and CUDA version.
-    """
+    name, compute capability and CUDA version."""
     fields: dict[str, Any] = {"type": device.type, "machine": platform.machine()}
     if device.type == "cpu":
         fields["capability"] = torch.backends.cpu.get_cpu_capability()

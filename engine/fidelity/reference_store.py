@@ -51,8 +51,7 @@ class Stored(NamedTuple):
 
 def open_store() -> ReferenceStore | None:
     """The store under ``cache_dir() / "references"``; None when ``CBP_REFERENCE_CACHE`` is off.
-    Raises ValueError: a value other than ``on`` or ``off``.
-    """
+    Raises ValueError: a value other than ``on`` or ``off``."""
     choice = settings.value(SETTING).lower()
     if choice not in _CHOICES:
         raise ValueError(f"{SETTING}={choice!r}: use 'on' (keep references on disk) or 'off'")
@@ -158,8 +157,7 @@ def still_missing(
     eos_token_ids: Iterable[int],
 ) -> dict[tuple, int]:
     """Those of ``wanted`` that neither ``kept`` nor ``store`` holds to their caps; a store hit goes
-    into ``kept``.
-    """
+    into ``kept``."""
     found = {}
     for key, cap in wanted.items():
         hit = kept.get(key)
@@ -174,8 +172,7 @@ def still_missing(
 
 class StoredReferences:
     """The references ``store`` holds under ``identity``, for a process without the model; answers
-    as ``reference``'s classes do.
-    """
+    as ``reference``'s classes do."""
 
     def __init__(
         self, store: ReferenceStore | None, identity: Identity | None, eos_token_ids: Iterable[int]

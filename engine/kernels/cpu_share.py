@@ -23,8 +23,7 @@ LOADED_SHARE = 0.2  # other work's share of a run's CPUs over which its result i
 
 def machine_ticks(stat_text: str, cpus: frozenset[int] | None = None) -> tuple[int, int]:
     """``(busy, total)`` ticks of the ``cpu`` line, or the sum of ``cpus``' lines. Raises
-    ValueError: no such line with at least 8 numbers.
-    """
+    ValueError: no such line with at least 8 numbers."""
     names = {"cpu"} if cpus is None else {f"cpu{n}" for n in cpus}
     busy = total = found = 0
     for line in stat_text.splitlines():
@@ -46,8 +45,7 @@ def machine_ticks(stat_text: str, cpus: frozenset[int] | None = None) -> tuple[i
 
 def process_ticks(stat_text: str) -> int:
     """utime + stime ticks of a ``/proc/<pid>/stat`` text (fields counted after the command name,
-    which may hold spaces). Raises ValueError: not a stat line.
-    """
+    which may hold spaces). Raises ValueError: not a stat line."""
     after_name = stat_text.rpartition(")")[2].split()
     if len(after_name) < 13:
         raise ValueError("not a /proc/<pid>/stat line")
@@ -84,8 +82,7 @@ def load_warning(name: str, share: float | None) -> list[str]:
 
 class OtherWork:
     """Other work's share of ``cpus`` (default: the machine) over a ``with`` block, besides this
-    process or process ``group``; ``share``: 0.0 to 1.0, or None where unknown.
-    """
+    process or process ``group``; ``share``: 0.0 to 1.0, or None where unknown."""
 
     def __init__(self, proc: Path = Path("/proc"), cpus=None, group: int | None = None) -> None:
         self._proc = proc
@@ -120,8 +117,7 @@ class OtherWork:
 
 def wait_quiet(max_wait_s: float = 5.0, window_s: float = 0.25, quiet_share: float = 0.1) -> float:
     """Wait in windows of ``window_s`` until other work's share is under ``quiet_share`` (at most
-    about ``max_wait_s``); the seconds waited. The bench calls it before each timed run.
-    """
+    about ``max_wait_s``); the seconds waited. The bench calls it before each timed run."""
     started_s = time.perf_counter()
     while True:
         with OtherWork() as others:

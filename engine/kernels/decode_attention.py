@@ -61,8 +61,7 @@ class DecodeSplit:
 def plan_decode(batch: PackedBatch, dtype: torch.dtype, whole: bool = True) -> DecodeSplit | None:
     """The split for a decode-only step in the ``slots`` or ``paged`` KV mode, else None. With
     ``whole``, a step ``decode_step`` serves (also one of at most ``MAX_WHOLE_STEP_TOKENS`` tokens
-    with prefill chunks) is ``whole_step``.
-    """
+    with prefill chunks) is ``whole_step``."""
     if batch.packed_mask is not None:
         return None
     kernel = kernel_runs(batch.input_ids.device, dtype)

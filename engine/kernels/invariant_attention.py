@@ -60,8 +60,7 @@ def sequence_attention(
 
 def _blocks(x: torch.Tensor, num_keys: int) -> torch.Tensor:
     """The first ``num_keys`` of [H_kv, T_kv, D] as a new contiguous float32 [nb, H_kv, KEY_BLOCK,
-    D], zero-padded at the end.
-    """
+    D], zero-padded at the end."""
     num_blocks = -(-num_keys // KEY_BLOCK)
     out = x.new_zeros(x.shape[0], num_blocks * KEY_BLOCK, x.shape[2], dtype=torch.float32)
     out[:, :num_keys] = x[:, :num_keys]
@@ -153,8 +152,7 @@ def padded_attention(
 
 def _pads(attention_mask, batch_size: int, kv_len: int, window, position_ids) -> list[int]:
     """Each row's left padding: the keys its last query does not see (under a sliding window, those
-    before ``position_ids[b, -1]``; negative where the window's cache dropped the first keys).
-    """
+    before ``position_ids[b, -1]``; negative where the window's cache dropped the first keys)."""
     if window is not None and position_ids is not None:
         return (kv_len - 1 - position_ids[:, -1]).tolist()  # (B,)
     if attention_mask is None:
@@ -165,8 +163,7 @@ def _pads(attention_mask, batch_size: int, kv_len: int, window, position_ids) ->
 
 def _from_position_zero(x: torch.Tensor, pad: int) -> torch.Tensor:
     """A row's [H_kv, kv, D] from position 0: padding dropped, or ``-pad`` dropped keys put back as
-    zeros, so key blocks start where the packed path's do.
-    """
+    zeros, so key blocks start where the packed path's do."""
     if pad >= 0:
         return x[:, pad:]
     return torch.cat((x.new_zeros(x.shape[0], -pad, x.shape[2]), x), dim=1)

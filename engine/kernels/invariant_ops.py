@@ -42,8 +42,7 @@ def tiled_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tile
 
 def tile_rows_for(device_type: str, dtype: torch.dtype, kernel_name: str) -> int:
     """1 for half precision on a CPU without a native kernel (torch's ``skinny`` loops cost per row,
-    so padding a decode row to 8 would cost 8), else ``TILE_ROWS``.
-    """
+    so padding a decode row to 8 would cost 8), else ``TILE_ROWS``."""
     if device_type == "cpu" and dtype != torch.float32 and kernel_name != "onednn":
         return 1
     return TILE_ROWS
@@ -55,8 +54,7 @@ def _tiled(forward: Callable, tile: int, module: nn.Module, x: torch.Tensor):
 
 class RopeTable:
     """cos/sin of every position, computed by the rotary module in float32 once per block of
-    ``ROPE_BLOCK`` positions, so a position's values never depend on the step's other positions.
-    """
+    ``ROPE_BLOCK`` positions, so a position's values never depend on the step's other positions."""
 
     def __init__(self, rotary: nn.Module):
         self.rotary = rotary
@@ -107,8 +105,7 @@ def check_supported(model: nn.Module) -> None:
 
 class InvariantKernels:
     """The mode's replacements for one model; ``installed()`` routes the model through them.
-    ``linear_forward`` computes one tile of a linear. Raises ValueError (``check_supported``).
-    """
+    ``linear_forward`` computes one tile of a linear. Raises ValueError (``check_supported``)."""
 
     def __init__(self, model: nn.Module, linear_forward: LinearForward, tile_rows=TILE_ROWS):
         check_supported(model)

@@ -82,8 +82,7 @@ class LlamaCppEngine(OpenAIEngine):
 
     def fit(self, requests: list[Request], num_slots: int) -> bool:
         """Settings for this workload; a running server with other settings is stopped. True when
-        they changed. Raises ValueError: fewer than one slot.
-        """
+        they changed. Raises ValueError: fewer than one slot."""
         old = self.server.settings
         new = settings_for(old.model_path, old.weights, old.alias, num_slots, requests)
         new = replace(new, cpus=old.cpus)

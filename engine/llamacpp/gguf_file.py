@@ -26,8 +26,7 @@ KEY_CHARS = 16  # hex characters of the weights' hash in the file's name
 
 def converter_path() -> Path:
     """``convert_hf_to_gguf.py`` in the unpacked source.
-    Raises MissingBuild, saying how to get it.
-    """
+    Raises MissingBuild, saying how to get it."""
     root = llamacpp_dir()
     found = sorted(root.glob(f"llama_cpp_python-*/vendor/llama.cpp/{CONVERTER}"))
     if not found:
@@ -40,8 +39,7 @@ def converter_path() -> Path:
 
 def weights_key(model_dir: str | os.PathLike) -> str:
     """Hex hash of the folder's ``config.json`` and ``*.safetensors`` bytes. Raises ValueError: no
-    config or no safetensors file.
-    """
+    config or no safetensors file."""
     folder = Path(model_dir)
     files = [folder / "config.json", *sorted(folder.glob("*.safetensors"))]
     if not files[0].is_file() or len(files) < 2:

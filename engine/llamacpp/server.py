@@ -69,8 +69,7 @@ def settings_for(
     model_path, weights: str, alias: str, num_slots: int, requests=None
 ) -> LlamaSettings:
     """``num_slots`` slots, each sized to the longest of ``requests`` (``CTX_PER_SLOT`` without).
-    Raises ValueError: fewer than one slot.
-    """
+    Raises ValueError: fewer than one slot."""
     if num_slots < 1:
         raise ValueError("llama.cpp needs at least 1 slot (--parallel).")
     lengths = [r.num_prompt_tokens + r.max_new_tokens for r in requests or []]

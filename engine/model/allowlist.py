@@ -1,7 +1,6 @@
 """The model allowlist: which models a host lets the app load (``CBP_MODEL_ALLOWLIST``, comma list;
 ``embedded`` is the default SmolLM2, ``*`` any model; unset: embedded only). Remote code is never
-allowed: the loader passes ``trust_remote_code=False``.
-"""
+allowed: the loader passes ``trust_remote_code=False``."""
 
 from __future__ import annotations
 

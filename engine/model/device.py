@@ -1,6 +1,5 @@
 """The device and the dtype: which one a run uses, how a name is parsed, and how both are shown. Bad
-names raise ``ValueError`` listing the names that work.
-"""
+names raise ``ValueError`` listing the names that work."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ _DEVICE_HINT = "use auto, cpu, cuda, cuda:N or mps"
 
 def device_name(device: torch.device) -> str:
     """The device for people: "CPU", "MPS" or "CUDA (<GPU name>)" ("CUDA" where the name cannot be
-    read, as on ZeroGPU outside a GPU call).
-    """
+    read, as on ZeroGPU outside a GPU call)."""
     if device.type != "cuda":
         return device.type.upper()
     try:
@@ -40,8 +38,7 @@ def describe_device(device: torch.device, dtype: torch.dtype) -> str:
 
 def detect_device(requested: str | None = None) -> torch.device:
     """The device to run on: "auto"/None picks CUDA, then MPS, then CPU. Raises ValueError: an
-    unknown device, or one this machine does not have.
-    """
+    unknown device, or one this machine does not have."""
     text = (requested or "auto").strip().lower()
     if text == "auto":
         if torch.cuda.is_available():
@@ -76,8 +73,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
     """The dtype named; "auto"/None is ``default_dtype(device)``. Raises ValueError: not auto,
-    float32/fp32, float16/fp16 or bfloat16/bf16.
-    """
+    float32/fp32, float16/fp16 or bfloat16/bf16."""
     text = (name or "auto").strip().lower().removeprefix("torch.")
     if text == "auto":
         return default_dtype(device)
@@ -89,8 +85,7 @@ def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
 @functools.cache
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo, else
-    ``platform.processor()``), part of per-host keys.
-    """
+    ``platform.processor()``), part of per-host keys."""
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("model name"):

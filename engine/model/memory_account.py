@@ -25,8 +25,7 @@ def weights_bytes(model: nn.Module) -> int:
 def memory_account(runner) -> dict:
     """Bytes of ``runner``'s weights and its kernels' copies: ``weights_bytes``, ``packed_bytes``
     (by kernel; ``"stacked"``), ``packed_total_bytes``, ``packed_by_part`` (``"modules"``,
-    ``"fused"``); a shared copy counted once.
-    """
+    ``"fused"``); a shared copy counted once."""
     kernel = runner.__dict__.get("engine_kernel")
     fused = runner.__dict__.get("fused_decoder")
     modules = [] if kernel is None or kernel.modules is None else kernel.modules.planned.values()
@@ -74,8 +73,7 @@ def memory_summary(account: dict, peak_rss: int | None) -> str:
 
 def release_freed() -> None:
     """Collect garbage, then ``malloc_trim(0)`` (glibc), so scratch freed after kernel timing leaves
-    the RSS.
-    """
+    the RSS."""
     gc.collect()
     name = ctypes.util.find_library("c")
     libc = ctypes.CDLL(name) if name and sys.platform.startswith("linux") else None

@@ -1,6 +1,5 @@
 """A loaded model without its weights: its tokenizer, config and the facts a run is sized by.
-``ModelCard.of(runner)`` answers what a ``LoadedModel`` does, less ``model``, and pickles.
-"""
+``ModelCard.of(runner)`` answers what a ``LoadedModel`` does, less ``model``, and pickles."""
 
 from __future__ import annotations
 

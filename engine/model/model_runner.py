@@ -64,8 +64,7 @@ class ModelRunner(RunnerKernels):
 
     def kv_window(self) -> int | None:
         """The window every layer shares, in keys (the paged cache frees blocks out of it); None
-        when a layer is global or windows differ.
-        """
+        when a layer is global or windows differ."""
         layers = getattr(getattr(self.model, "model", None), "layers", None) or []
         attns = [getattr(la, "self_attn", None) for la in layers]
         if not attns or None in attns:
@@ -87,8 +86,7 @@ class ModelRunner(RunnerKernels):
     ) -> KVCache:
         """KV storage for ``num_slots`` sequences of up to ``max_seq_len`` tokens; ``paged``:
         ``num_blocks`` blocks of ``block_size`` tokens, read through the block manager's
-        ``block_tables``.
-        """
+        ``block_tables``."""
         layers, kv_heads, head_dim = self.kv_shape()
         if kv_mode == "concat":
             return ConcatKVCache(layers, kv_heads, head_dim, self.dtype)

@@ -16,8 +16,7 @@ SETTINGS = {name: settings.default(name) for name in ("OMP_WAIT_POLICY", "GOMP_S
 
 def configure() -> bool:
     """Set each of ``SETTINGS`` unless already set; False (nothing changed) when torch was imported
-    first, so libgomp will not read them.
-    """
+    first, so libgomp will not read them."""
     import sys
 
     if "torch" in sys.modules:

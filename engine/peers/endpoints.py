@@ -1,5 +1,4 @@
-"""Endpoints: the OpenAI-compatible servers a host lets
-the playground and the bench drive.
+"""Endpoints: the OpenAI-compatible servers a host lets the playground and the bench drive.
 
 An endpoint is ``NAME=URL`` (``--endpoint``, ``CBP_ENDPOINTS``), with an optional record address
 (``--endpoint-record``, ``CBP_ENDPOINT_RECORDS``), parsed and checked here once so a typo is refused
@@ -24,8 +23,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 class EndpointError(ValueError):
     """A server could not do its part of a run (unreachable, HTTP 4xx/5xx, a stream cut, a local
     vLLM that fails to start); the message is for a person. ``trace``: what the run recorded until
-    then (None before a run began).
-    """
+    then (None before a run began)."""
 
     def __init__(self, message: str, trace=None):
         super().__init__(message)
@@ -34,8 +32,7 @@ class EndpointError(ValueError):
 
 class MissingBuild(ValueError):
     """A local server's build is missing (``make vllm``, ``make llamacpp``); the message names the
-    path and the command, ``public`` says it without the path, for a page.
-    """
+    path and the command, ``public`` says it without the path, for a page."""
 
     def __init__(self, message: str, public: str):
         super().__init__(message)
@@ -59,8 +56,7 @@ class Endpoint:
 
 def parse_endpoint(text: str, where: str = "--endpoint") -> Endpoint:
     """``NAME=URL`` -> ``Endpoint``. Raises ValueError: no '=', a bad name, or a URL that is not
-    ``http(s)://host[:port][/path]``.
-    """
+    ``http(s)://host[:port][/path]``."""
     name, sep, url = text.strip().partition("=")
     name, url = name.strip(), url.strip()
     if not sep or not name or not url:
@@ -93,8 +89,7 @@ def _checked_url(url: str, where: str) -> str:
 def parse_endpoints(
     items: Iterable[str], reserved: Iterable[str] = (), where: str = "--endpoint"
 ) -> list[Endpoint]:
-    """``reserved``: names already taken
-    (the built-in engines).
+    """``reserved``: names already taken (the built-in engines).
 
     Raises:
         ValueError: a bad entry, or a name used twice or taken by a built-in engine.
@@ -147,8 +142,7 @@ def endpoints_from_env(
     environ: Mapping[str, str] | None = None, reserved: Iterable[str] = ()
 ) -> list[Endpoint]:
     """``CBP_ENDPOINTS`` (``name=url,name2=url2``); [] when unset. Raises ValueError naming the
-    variable.
-    """
+    variable."""
     text = settings.value(ENDPOINTS_ENV, environ)
     items = [item for item in text.split(",") if item.strip()]
     return parse_endpoints(items, reserved, where=f"{ENDPOINTS_ENV} entry")

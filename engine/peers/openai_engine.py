@@ -1,5 +1,4 @@
-"""An engine that is a server: any OpenAI-compatible
-``/v1/completions``, driven like a client.
+"""An engine that is a server: any OpenAI-compatible ``/v1/completions``, driven like a client.
 
 The server batches; this engine plays the workload at it, each request streamed at its arrival with
 ``max_tokens`` = its cap, and records on the client's clock when it was sent, each token and its
@@ -35,8 +34,7 @@ LATE_SEND_S = 0.5  # a request sent this long after its arrival is reported as s
 class OpenAIEngine:
     def __init__(self, endpoint: Endpoint, loaded, num_slots: int):
         """``loaded``: the ``LoadedModel`` whose tokenizer and EOS ids read the outputs;
-        ``num_slots`` is only recorded (the server decides its own concurrency).
-        """
+        ``num_slots`` is only recorded (the server decides its own concurrency)."""
         self.endpoint = endpoint
         self.name = endpoint.name
         self.loaded = loaded
@@ -55,8 +53,7 @@ class OpenAIEngine:
         return self._info
 
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
-        """Play ``requests`` at the server;
-        ``on_step`` is never called.
+        """Play ``requests`` at the server; ``on_step`` is never called.
 
         Raises:
             EndpointError: unreachable, refused request, stream cut; ``exc.trace`` is partial.
@@ -248,8 +245,7 @@ class OpenAIEngine:
 
 def late_sends(trace: Trace, name: str) -> list[str]:
     """One line when the client sent a request over ``LATE_SEND_S`` late (a busy host): its outside
-    TTFT counts the delay.
-    """
+    TTFT counts the delay."""
     late = [(r.admit_s - r.arrival_s, r) for r in trace.requests if r.admit_s is not None]
     late = [(delay_s, r) for delay_s, r in late if delay_s > LATE_SEND_S]
     if not late:

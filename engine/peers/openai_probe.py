@@ -1,10 +1,9 @@
-"""What an OpenAI-compatible server can do,
-asked once before its first run.
+"""What an OpenAI-compatible server can do, asked once before its first run.
 
-``probe`` sends one one-token request per variant, best first, and keeps the first accepted:
-prompt ids with ``return_token_ids`` (vLLM), prompt ids (SGLang), text (``transformers serve``,
-which refuses unknown fields). It reads ``/v1/models`` and ``/version``; a model other than the
-loaded one warns and goes as text, since its tokenizer is another.
+``probe`` sends one one-token request per variant, best first, and keeps the first accepted: prompt
+ids with ``return_token_ids`` (vLLM), prompt ids (SGLang), text (``transformers serve``, which
+refuses unknown fields). It reads ``/v1/models`` and ``/version``; a model other than the loaded one
+warns and goes as text, since its tokenizer is another.
 """
 
 from __future__ import annotations
@@ -53,8 +52,7 @@ class ServerInfo:
 
 def model_key(name: str) -> str:
     """A model name compared loosely: last path part, lowercase, no '@revision' or ':file.gguf'
-    ("HuggingFaceTB/SmolLM2-135M-Instruct" -> "smollm2-135m-instruct").
-    """
+    ("HuggingFaceTB/SmolLM2-135M-Instruct" -> "smollm2-135m-instruct")."""
     name = re.sub(r"\s*\(.*\)\s*$", "", name.strip())
     name = name.split("@")[0].split(":")[0] if "://" not in name else name
     return PurePosixPath(name.rstrip("/")).name.lower()
@@ -123,8 +121,7 @@ def _choice(chunk: dict) -> dict:
 
 def _get_json(client: httpx.Client, endpoint: Endpoint, path: str) -> dict | None:
     """GET ``path`` as JSON; None when the server lacks it. Raises EndpointError if unreachable.
-    Retried once on a new connection: ``transformers serve`` closes a kept-alive one after a 500.
-    """
+    Retried once on a new connection: ``transformers serve`` closes a kept-alive one after a 500."""
     for attempt in range(2):
         try:
             response = client.get(path, headers={"Connection": "close"} if attempt else None)

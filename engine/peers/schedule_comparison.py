@@ -1,5 +1,4 @@
-"""Our schedule beside vLLM's, step by step: how many steps
-plan alike, and the first that does not.
+"""Our schedule beside vLLM's, step by step: how many steps plan alike, and the first that does not.
 
 A step's *plan* is ``{request id: tokens}`` (``StepRecord.seqs``); step ``i`` of ours is compared
 with step ``i`` of vLLM's. One request admitted a step later shifts every later step, so the first
@@ -46,8 +45,7 @@ def step_plan(step: StepRecord) -> Plan:
 
 
 def tally(trace: Trace) -> ScheduleTally:
-    """Admissions, preemptions and prefix-cache
-    hits of ``trace``'s schedule.
+    """Admissions, preemptions and prefix-cache hits of ``trace``'s schedule.
 
     A request is admitted at the first step that runs it while it is not running (a running request
     that a step skips, for the token budget, stays running); its hit is its
@@ -71,8 +69,7 @@ def tally(trace: Trace) -> ScheduleTally:
 def num_shared_prompt_blocks(requests: list[Request], block_size: int) -> int:
     """Full ``block_size``-token prompt blocks that the requests, in arrival order, could find
     cached from earlier prompts. A prefix cache serves the tokens before a prompt's last only, so a
-    block counts only when its prompt goes on past it.
-    """
+    block counts only when its prompt goes on past it."""
     seen: set[tuple[int, ...]] = set()
     shared = 0
     for request in sorted(requests, key=lambda r: (r.arrival_s, r.request_id)):
@@ -86,8 +83,7 @@ def num_shared_prompt_blocks(requests: list[Request], block_size: int) -> int:
 def compare_schedules(ours: Trace, vllm: Trace) -> dict:
     """Our schedule against vLLM's: ``{"num_steps_ours", "num_steps_vllm", "equal_step_fraction"
     (0..1, of the longer schedule; 1.0 when both are empty), "first_difference" ({"step", "reason"}
-    or None), "ours", "vllm" (each side's ``ScheduleTally``)}``.
-    """
+    or None), "ours", "vllm" (each side's ``ScheduleTally``)}``."""
     a, b = step_plans(ours), step_plans(vllm)
     longest = max(len(a), len(b))
     num_equal = sum(x == y for x, y in zip(a, b, strict=False))
@@ -163,8 +159,7 @@ def _arrival_causes(ours: Trace, vllm: Trace) -> list[str]:
 
 def first_step_wait_s(trace: Trace) -> float | None:
     """Seconds from the last arrival at or before the first step to that step's start; None without
-    a step or an arrival before it.
-    """
+    a step or an arrival before it."""
     if not trace.steps:
         return None
     start_s = trace.steps[0].start_s
@@ -174,8 +169,7 @@ def first_step_wait_s(trace: Trace) -> float | None:
 
 def queue_causes(ours: Trace, vllm: Trace) -> list[str]:
     """A sentence when vLLM's requests waited in its queue before its first step over
-    ``QUEUE_WAIT_S`` longer than ours did; empty otherwise.
-    """
+    ``QUEUE_WAIT_S`` longer than ours did; empty otherwise."""
     theirs, own = first_step_wait_s(vllm), first_step_wait_s(ours) or 0.0
     if theirs is None or theirs - own <= QUEUE_WAIT_S:
         return []
@@ -275,8 +269,7 @@ class DeploymentSettings:
 def followed_config(
     settings: DeploymentSettings, config: EngineConfig, kv_bytes_per_token: int
 ) -> tuple[EngineConfig, list[str]]:
-    """``config`` with the deployment's settings, and one
-    line per setting ours cannot follow.
+    """``config`` with the deployment's settings, and one line per setting ours cannot follow.
 
     ``kv_bytes_per_token`` turns the deployment's blocks into our KV budget. In the ``slots`` KV
     mode the blocks and prefix caching stay ours; the policy and the batch-invariant mode always do.

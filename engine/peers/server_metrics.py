@@ -1,5 +1,4 @@
-"""The server's side of a run: its Prometheus
-``/metrics``, read a few times a second.
+"""The server's side of a run: its Prometheus ``/metrics``, read a few times a second.
 
 ``MetricsSampler`` turns each reading into a ``ServerSample`` on the run's clock, under this
 project's names (vLLM's, SGLang's, TGI's and llama.cpp's gauges, summed over labels; llama.cpp's KV
@@ -97,8 +96,7 @@ def project_values(metrics: dict[str, float]) -> dict[str, float]:
 
 def slots_kv_pct(slots: list[dict]) -> tuple[float, dict] | None:
     """KV use % from llama.cpp's ``/slots``: busy slots' tokens over the sum of every slot's
-    ``n_ctx``, with the pool (``kv_pool``'s form); None without slots.
-    """
+    ``n_ctx``, with the pool (``kv_pool``'s form); None without slots."""
     whole = sum(int(s.get("n_ctx") or 0) for s in slots)
     if not slots or whole <= 0:
         return None
@@ -118,8 +116,7 @@ def slots_kv_pct(slots: list[dict]) -> tuple[float, dict] | None:
 
 def kv_pool(text: str) -> dict:
     """What 100 % of the KV gauge is: ``{"gauge", "whole"}`` and, where published, ``"num_blocks"``,
-    ``"block_size"`` (tokens); {} without a known KV gauge.
-    """
+    ``"block_size"`` (tokens); {} without a known KV gauge."""
     metrics = parse_prometheus(text)
     gauge = next((g for g, _ in METRIC_ALIASES["kv_cache_usage_pct"] if g in metrics), None)
     if gauge is None:
@@ -138,8 +135,7 @@ def kv_pool(text: str) -> dict:
 class MetricsSampler:
     """Reads ``<base_url>/metrics`` every ``period_s`` in a thread into ``trace.server_samples``
     (times: ``perf_counter() - t0``); complete after ``stop()``. Each sample makes a new list, so a
-    mid-run copy of the trace never changes.
-    """
+    mid-run copy of the trace never changes."""
 
     def __init__(self, base_url: str, t0: float, trace: Trace, period_s: float = SAMPLE_PERIOD_S):
         self.url = base_url.rstrip("/") + "/metrics"

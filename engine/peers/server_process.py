@@ -1,5 +1,4 @@
-"""A local server process started and stopped from
-here: vLLM's and llama.cpp's alike.
+"""A local server process started and stopped from here: vLLM's and llama.cpp's alike.
 
 ``ServerProcess`` runs a command in its own process group on 127.0.0.1, logs to a temporary file,
 waits for ``/health`` 200 and stops the whole group (SIGTERM then SIGKILL, at the latest at exit).
@@ -66,15 +65,13 @@ START_STAGES = (
 
 def start_stage(line: str) -> str | None:
     """The start stage a vLLM or llama.cpp log ``line`` names,
-    in a person's words; None when none.
-    """
+    in a person's words; None when none."""
     return next((stage for pattern, stage in START_STAGES if pattern.search(line)), None)
 
 
 def cpus_of(bind: str) -> set[int]:
     """CPUs of a ``VLLM_CPU_OMP_THREADS_BIND`` list ("0-3", "0,2,5-7"). Raises ValueError: a bad
-    part.
-    """
+    part."""
     cpus: set[int] = set()
     for part in filter(None, (p.strip() for p in bind.split(","))):
         first, _, last = part.partition("-")
@@ -87,8 +84,7 @@ def cpus_of(bind: str) -> set[int]:
 @contextlib.contextmanager
 def thread_on_cpus(cpus: set[int]):
     """Widen the calling thread's affinity to ``cpus`` inside the block, put back after; nothing off
-    Linux or where the system refuses.
-    """
+    Linux or where the system refuses."""
     if not cpus or not hasattr(os, "sched_setaffinity"):
         yield
         return
@@ -153,8 +149,7 @@ class ServerProcess:
     def start(
         self, on_progress: Callable[[str], None] | None = None, timeout_s: float | None = None
     ):
-        """Start the server and wait until ``/health``
-        answers 200; returns ``self``.
+        """Start the server and wait until ``/health`` answers 200; returns ``self``.
 
         Raises:
             EndpointError: it exited, its log said it never will be healthy, or it was not
@@ -218,8 +213,7 @@ class ServerProcess:
 
     def stop(self, timeout_s: float | None = None) -> None:
         """SIGTERM the process group, then SIGKILL what is left after ``timeout_s``, children
-        included.
-        """
+        included."""
         if self.proc is None:
             return
         timeout_s = self.STOP_TIMEOUT_S if timeout_s is None else timeout_s

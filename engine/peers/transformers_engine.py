@@ -1,5 +1,4 @@
-"""transformers' own continuous batching
-(``ContinuousBatchingManager``), wrapped as an engine.
+"""transformers' own continuous batching (``ContinuousBatchingManager``), wrapped as an engine.
 
 Same requests, caps and slot limit, greedy, with the recording scheduler of
 ``transformers_scheduler`` as the trace's ``schedule``; per-request times come from the manager's
@@ -84,8 +83,7 @@ class HFContinuousEngine:
     def _generate(self, requests: list[Request], on_poll):
         """``(t0, outputs, record)``: ``perf_counter`` at the first request, a ``GenerationOutput``
         per request, the ``ScheduleRecord`` (None without the recording scheduler). Warm-up runs
-        before the clock; the global random state is restored.
-        """
+        before the clock; the global random state is restored."""
         model, sampled = self.runner.model, any(r.is_sampled for r in requests)
         vocab_size = model.config.get_text_config().vocab_size
         gen, cb = self._configs(requests, sampled)
@@ -117,8 +115,7 @@ class HFContinuousEngine:
     def _configs(self, requests: list[Request], sampled: bool):
         """``GenerationConfig`` and ``ContinuousBatchingConfig``; ``allow_block_sharing``
         (transformers' prefix caching, on by default there) is ``block_sharing``, off unless asked,
-        like ours.
-        """
+        like ours."""
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
         gen = GenerationConfig(
@@ -144,8 +141,7 @@ def hf_request_id(index: int) -> str:
 
 def _own_record(processor):
     """The processor's ``ScheduleRecord`` with ``settings["async_batching"]``; None without the
-    recording scheduler. Read after the generation thread stopped, so its last step is closed.
-    """
+    recording scheduler. Read after the generation thread stopped, so its last step is closed."""
     record = getattr(getattr(processor, "scheduler", None), "record", None)
     if isinstance(record, transformers_scheduler.ScheduleRecord):
         record.settings["async_batching"] = bool(processor.use_async_batching)
@@ -155,8 +151,7 @@ def _own_record(processor):
 
 def _hf_results(manager, num_requests: int, on_poll) -> dict:
     """Every request's finished ``GenerationOutput`` by request id. Raises RuntimeError: no result
-    for ``HF_STALL_S``.
-    """
+    for ``HF_STALL_S``."""
     results = {}
     last_result_s = time.perf_counter()
     while len(results) < num_requests:
@@ -176,8 +171,7 @@ def _hf_results(manager, num_requests: int, on_poll) -> dict:
 def _hf_sizes(requests: list[Request], num_slots: int) -> dict[str, int]:
     """``num_blocks`` and ``max_batch_tokens`` like ours: room for every slot's longest sequence,
     and a step that prefills ``num_slots`` longest prompts. Left unset, transformers takes 60-90 %
-    of free memory (``continuous_batching/cache.py``).
-    """
+    of free memory (``continuous_batching/cache.py``)."""
     longest = max(r.num_prompt_tokens + r.max_new_tokens for r in requests)
     prompt_lengths = sorted((r.num_prompt_tokens for r in requests), reverse=True)
     return {

@@ -1,5 +1,4 @@
-"""transformers' own schedule, step by step: a scheduler
-its manager picks by name, recording it.
+"""transformers' own schedule, step by step: a scheduler its manager picks by name, recording it.
 
 ``register()`` adds ``RecordingFIFOScheduler`` (transformers' ``FIFOScheduler`` unchanged: every
 override calls the base method and only reads) to ``SCHEDULER_MAPPING`` as ``SCHEDULER_TYPE``; no
@@ -60,8 +59,7 @@ def register() -> str:
 @functools.cache
 def recording_fifo_scheduler() -> type:
     """``Recording`` mixed in before ``FIFOScheduler``, built on first use so that importing this
-    module does not import transformers.
-    """
+    module does not import transformers."""
     from transformers.generation.continuous_batching.scheduler import FIFOScheduler
 
     doc = "transformers' ``FIFOScheduler``, recording each step (``Recording``)."
@@ -70,8 +68,7 @@ def recording_fifo_scheduler() -> type:
 
 class Recording:
     """The recording, mixed in before a transformers ``Scheduler`` class; ``record`` holds what it
-    kept since the latest ``reset()``.
-    """
+    kept since the latest ``reset()``."""
 
     record: ScheduleRecord
 
@@ -160,8 +157,7 @@ def schedule_trace(
     name: str = "hf_continuous",
 ) -> Trace:
     """transformers' steps on ``requests`` as a ``Trace``, times in seconds since ``t0_s``
-    (``perf_counter``). ``ids``: transformers' request id -> ours; other requests are skipped.
-    """
+    (``perf_counter``). ``ids``: transformers' request id -> ours; other requests are skipped."""
     replay = ScheduleReplay(requests)
     prefix_sharing = bool(record.settings.get("prefix_sharing"))
     for planned in record.steps:

@@ -1,5 +1,4 @@
-"""vLLM as an engine, seen from the inside too: any
-recording vLLM endpoint, and a local vLLM.
+"""vLLM as an engine, seen from the inside too: any recording vLLM endpoint, and a local vLLM.
 
 ``RecordedEngine`` plays a workload as ``OpenAIEngine`` does and reads the server's own record of
 the run (``RecordFeed`` or ``ScheduleLog``) into the trace's ``schedule``;
@@ -84,8 +83,7 @@ class RecordedEngine(OpenAIEngine):
 
     def _read_schedule(self, trace: Trace, record, mark: int, run_tag: str, t0_unix_s: float):
         """``(schedule, None)``, or ``(None, line)`` when the
-        record has none of this run's steps.
-        """
+        record has none of this run's steps."""
         try:
             records = record.read(mark)
             schedule = schedule_trace(records, trace.requests, run_tag, t0_unix_s, self.name)
@@ -183,8 +181,7 @@ def endpoint_engine(endpoint, loaded, num_slots: int) -> OpenAIEngine:
 
 def late_reads(trace: Trace, name: str) -> list[str]:
     """One line when the client read first tokens over ``LATE_READ_S`` (mean) after the server's
-    record had them: the host was too busy, so outside TTFT counts the wait.
-    """
+    record had them: the host was too busy, so outside TTFT counts the wait."""
     if trace.schedule is None:
         return []
     inside = {r.request_id: r.first_token_s for r in trace.schedule.requests}

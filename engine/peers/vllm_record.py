@@ -1,5 +1,4 @@
-"""vLLM's own record of its schedule
-(``vllm_scheduler``), read back as a ``Trace``.
+"""vLLM's own record of its schedule (``vllm_scheduler``), read back as a ``Trace``.
 
 ``external_request_id``/``our_request_id`` name our requests inside vLLM's ids; ``ScheduleLog``
 reads the file run by run, ``RecordFeed`` the record served over HTTP; ``schedule_trace`` replays
@@ -40,8 +39,7 @@ def our_request_id(vllm_request_id: str, run_tag: str) -> int | None:
 
 class ScheduleLog:
     """The JSON-lines file a recording vLLM appends to: ``mark()`` before a run, ``read(mark)``
-    after it gives the start line, then the run's lines.
-    """
+    after it gives the start line, then the run's lines."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -81,8 +79,7 @@ class RecordError(ValueError):
 
 class RecordFeed:
     """A served record, read as ``ScheduleLog`` reads the file. ``address``: ``http://HOST:PORT``
-    (path default ``/record``); ``token``: None reads ``$CBP_VLLM_RECORD_TOKEN``.
-    """
+    (path default ``/record``); ``token``: None reads ``$CBP_VLLM_RECORD_TOKEN``."""
 
     def __init__(self, address: str, token: str | None = None, timeout_s: float = FETCH_TIMEOUT_S):
         url = address.strip().rstrip("/")
@@ -174,8 +171,7 @@ def schedule_trace(
     t0_unix_s: float,
     name: str = "vllm",
 ) -> Trace:
-    """vLLM's steps on ``requests`` as a ``Trace``, times
-    in seconds since ``t0_unix_s``.
+    """vLLM's steps on ``requests`` as a ``Trace``, times in seconds since ``t0_unix_s``.
 
     Other runs' lines are skipped, and a step that ran none of ours is left out. A request arrives
     when the client sent it (``admit_s``) where that is later than the workload's arrival, so a busy
@@ -197,8 +193,7 @@ class ScheduleReplay:
     """A server's own record followed step by step into a ``Trace``: vLLM's (``_VllmReplay``) and
     transformers' (``transformers_scheduler``). Outputs come from the client's records, times from
     the server's; a request takes the first free lane when scheduled and leaves it when preempted or
-    finished, as a slot would.
-    """
+    finished, as a slot would."""
 
     def __init__(self, requests: list[RequestRecord]):
         self.requests = {r.request_id: dataclasses.replace(r, token_times_s=[]) for r in requests}

@@ -1,5 +1,4 @@
-"""vLLM's own schedule, step by step: a scheduler class
-that vLLM loads and that records it.
+"""vLLM's own schedule, step by step: a scheduler class that vLLM loads and that records it.
 
 Runs inside vLLM (0.32), not here: it imports only ``vllm`` and the standard library, and no module
 of this project imports it (``tests/engine/peers/test_vllm_record.py`` checks both)::
@@ -102,8 +101,7 @@ class _Recording:
 
     def _holding(self) -> bool:
         """Whether to start nothing yet (docs/servers.md, "Holding the first step"); resets the
-        prefix cache for a run seen for the first time while nothing runs.
-        """
+        prefix cache for a run seen for the first time while nothing runs."""
         if self.running:
             return False
         runs: dict[str, list[int]] = {}  # run -> its waiting requests' hold_for (0: no hold)
@@ -393,8 +391,7 @@ class RecordingAsyncScheduler(_Recording, AsyncScheduler):
 
 class RecordingScheduler:
     """The class ``--scheduler-cls`` names: builds the recording subclass of the scheduler vLLM
-    would have chosen (``SchedulerConfig.get_scheduler_cls``), by ``async_scheduling``.
-    """
+    would have chosen (``SchedulerConfig.get_scheduler_cls``), by ``async_scheduling``."""
 
     def __new__(cls, *args, vllm_config, **kwargs):
         async_on = vllm_config.scheduler_config.async_scheduling

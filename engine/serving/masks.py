@@ -44,8 +44,7 @@ class PackedLayout:
 
 def packed_layout(num_cached: list[int], num_new: list[int]) -> PackedLayout:
     """Per-token indices of a packed step; ``num_new[i] >= 1``. Raises ValueError: lists of
-    different lengths, or a sequence that feeds no token.
-    """
+    different lengths, or a sequence that feeds no token."""
     if len(num_cached) != len(num_new):
         raise ValueError("num_cached and num_new must have one entry per sequence")
     if any(n < 1 for n in num_new):

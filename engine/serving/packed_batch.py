@@ -25,8 +25,7 @@ from engine.serving.masks import causal_window, packed_step_mask, query_layout
 @dataclass
 class PrefillSpan:
     """A multi-query sequence ``seqs[index]``, tokens ``[token_start, token_end)`` of the row;
-    ``mask``: None from position 0 (plain causal), else ``[n, num_cached + n]``.
-    """
+    ``mask``: None from position 0 (plain causal), else ``[n, num_cached + n]``."""
 
     token_start: int
     token_end: int
@@ -110,8 +109,7 @@ def build_packed_batch(
     seqs: list[Sequence], num_new: list[int], kv_cache, num_slots: int, device, invariant=False
 ) -> PackedBatch:
     """Pack the scheduled sequences, ``num_new[i]`` tokens each; ``KVCache.prepare`` fills the KV
-    addressing.
-    """
+    addressing."""
     num_cached = [s.num_cached_tokens for s in seqs]
     token_ids = [t for s, n in zip(seqs, num_new, strict=True) for t in s.pending_token_ids(n)]
     q_seq, q_pos = query_layout(num_cached, num_new)  # (T,), (T,)

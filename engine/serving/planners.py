@@ -20,8 +20,7 @@ from engine.serving.block_manager import BlockManager, blocks_for
 @dataclass
 class ScheduledStep:
     """One step's plan: ``seqs`` in slot (packed) order, ``num_new[i]`` tokens each, and the
-    sequences preempted and admitted for it.
-    """
+    sequences preempted and admitted for it."""
 
     seqs: list[Sequence]
     num_new: list[int]
@@ -97,8 +96,7 @@ class _BudgetPlanner(Planner):
     @staticmethod
     def _blocks_to_admit(scheduler: SchedulerState, seq: Sequence, hit: list[int]) -> bool:
         """Whether ``seq``'s first step fits in the blocks the running sequences leave; ``hit``: its
-        prefix-cache blocks (those no one holds leave the free pool when shared).
-        """
+        prefix-cache blocks (those no one holds leave the free pool when shared)."""
         blocks = scheduler.block_manager
         if blocks is None:
             return True
@@ -115,8 +113,7 @@ class _BudgetPlanner(Planner):
     @staticmethod
     def _allocate_blocks(scheduler: SchedulerState, grants: dict[int, int]) -> list[Sequence]:
         """Blocks for each grant, oldest first; when they run out, the newest running sequence is
-        preempted (maybe the asker). Returns the preempted.
-        """
+        preempted (maybe the asker). Returns the preempted."""
         preempted = []
         for seq in sorted((scheduler.running[slot] for slot in grants), key=fcfs):
             if seq.status is not SequenceStatus.RUNNING:
@@ -149,8 +146,7 @@ class VllmPlanner(Planner):
 
     def schedule(self, scheduler: SchedulerState, now_s: float) -> ScheduledStep:
         """Running requests in vLLM's order while budget is left, then, unless that preempted
-        someone, the waiting ones that arrived by ``now_s``.
-        """
+        someone, the waiting ones that arrived by ``now_s``."""
         left = budget_of(scheduler)
         grants: dict[int, int] = {}  # slot -> tokens
         preempted: list[Sequence] = []
@@ -176,8 +172,7 @@ class VllmPlanner(Planner):
         self, scheduler: SchedulerState, seq: Sequence, n: int, preempted: list[Sequence]
     ) -> bool:
         """Blocks for ``seq``'s next ``n`` tokens, preempting the last running request until they
-        fit (``allocate_slots``'s retry loop); False when ``seq`` itself was preempted.
-        """
+        fit (``allocate_slots``'s retry loop); False when ``seq`` itself was preempted."""
         blocks = scheduler.block_manager
         if blocks is None:
             return True
@@ -193,8 +188,7 @@ class VllmPlanner(Planner):
 
     def _admit_next(self, scheduler: SchedulerState, now_s: float, left: float) -> Sequence | None:
         """The first waiting request, admitted if it arrived, a slot is free and its whole prompt's
-        blocks fit beyond its prefix-cache hit; None ends admission for the step.
-        """
+        blocks fit beyond its prefix-cache hit; None ends admission for the step."""
         seq = scheduler.next_arrived(now_s)
         if seq is None:
             return None

@@ -31,8 +31,7 @@ class RunTimedOut(RunStopped):
 
 def run_time_limit_s() -> float | None:
     """``CBP_RUN_TIME_LIMIT_S`` in seconds; None when off (0).
-    Raises ValueError: not a number >= 0.
-    """
+    Raises ValueError: not a number >= 0."""
     text = settings.value(RUN_TIME_LIMIT_ENV)
     try:
         limit_s = float(text)
@@ -51,8 +50,7 @@ class RunControl:
         self, time_limit_s: float | None = None, time_left_s: float | None = None, stop=None
     ):
         """``time_left_s``: what is left of ``time_limit_s`` for a run started in another process
-        (monotonic clocks are per process). ``stop``: the event ``stop()`` sets (maybe shared).
-        """
+        (monotonic clocks are per process). ``stop``: the event ``stop()`` sets (maybe shared)."""
         self.time_limit_s = time_limit_s
         self._stop = threading.Event() if stop is None else stop
         left_s = time_limit_s if time_left_s is None else time_left_s
@@ -82,8 +80,7 @@ class RunControl:
 
 def wait_until(t0: float, wake_s: float, on_wait: Callable[[], None] | None = None) -> None:
     """Sleep until ``wake_s`` seconds after ``t0`` (``perf_counter``), in slices of ``WAIT_SLICE_S``
-    with ``on_wait()`` after each. Raises whatever ``on_wait`` raises, at once.
-    """
+    with ``on_wait()`` after each. Raises whatever ``on_wait`` raises, at once."""
     while (left_s := wake_s - (time.perf_counter() - t0)) > 0:
         time.sleep(min(left_s, WAIT_SLICE_S))
         if on_wait is not None:

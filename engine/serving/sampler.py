@@ -61,8 +61,7 @@ def new_samplers(requests) -> dict[int, RequestSampler]:
 class WaveSampler:
     """A static wave's logits processor: a sampled row's scores become 0 at its own sampler's token
     and -inf elsewhere, so ``generate``'s argmax picks it; greedy rows pass unchanged. It draws for
-    every sampled row each step, ended ones too, so draws equal generated tokens.
-    """
+    every sampled row each step, ended ones too, so draws equal generated tokens."""
 
     def __init__(self, samplers: list[RequestSampler | None], width: int):
         """``samplers``: one per row (None: greedy); ``width``: the padded prompt."""
@@ -84,8 +83,7 @@ class WaveSampler:
 
 def generate_options(params: SamplingParams, model) -> dict:
     """``GenerationConfig`` fields to sample with exactly these settings; every other knob neutral
-    (transformers would add ``top_k=50``).
-    """
+    (transformers would add ``top_k=50``)."""
     own = model.generation_config
     extra = [name for name in ("min_p", "top_h") if getattr(own, name, None) is not None]
     assert not extra, f"the model's generation config sets {extra}, which would add warpers"
@@ -118,8 +116,7 @@ HF_SAMPLING_PLACEHOLDERS = {"do_sample": True, "temperature": 0.5, "top_k": 1, "
 
 def hf_request_kwargs(params: SamplingParams | None, vocab_size: int) -> dict:
     """``add_request`` keywords for transformers' per-request processors; a greedy request passes
-    ``top_k=1`` (the argmax).
-    """
+    ``top_k=1`` (the argmax)."""
     if not samples(params):
         return {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
     top_k = min(params.top_k, vocab_size) if params.top_k else vocab_size

@@ -1,6 +1,5 @@
 """Exports: a run's data for spreadsheets (``requests_csv``), scripts (``traces_json``), Perfetto
-(``perfetto_trace``) and an offline browser (``charts_html``).
-"""
+(``perfetto_trace``) and an offline browser (``charts_html``)."""
 
 from __future__ import annotations
 
@@ -63,8 +62,7 @@ def perfetto_trace(traces: dict[str, Trace]) -> dict:
     https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU): per engine a
     process, per slot a track, a span per stay in a slot (``Trace.slot_runs``; a preemption is an
     instant on the "steps" track), a server's own record as one more process. ``ts`` and ``dur`` are
-    microseconds since each run started.
-    """
+    microseconds since each run started."""
     events = []
     for pid, (name, trace) in enumerate(_with_own_records(traces).items(), start=1):
         events += _track_names(pid, name, trace)
@@ -151,8 +149,7 @@ def _step_args(trace: Trace, step) -> dict:
 
 def charts_html(charts: dict[str, Any]) -> str:
     """One standalone HTML page with every chart (heading -> plotly figure); plotly.js is inlined
-    once (about 4.6 MB), so it opens without a network.
-    """
+    once (about 4.6 MB), so it opens without a network."""
     parts = []
     for i, (heading, fig) in enumerate(charts.items()):
         config = fig.plotly_config() if hasattr(fig, "plotly_config") else {}
@@ -186,8 +183,7 @@ def write_texts(folder: str | Path, files: dict[str, str]) -> list[Path]:
 
 def download_folder(prefix: str, root: Path = DOWNLOAD_ROOT, keep: int = KEPT_DOWNLOADS) -> Path:
     """A fresh folder under ``root`` named ``prefix`` and a random tail; beyond the newest ``keep``
-    of that prefix the oldest are removed (Gradio serves returned files from its own copies).
-    """
+    of that prefix the oldest are removed (Gradio serves returned files from its own copies)."""
     root.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
     older = sorted(root.glob(f"{prefix}*"), key=lambda path: path.stat().st_mtime)

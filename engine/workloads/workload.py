@@ -37,8 +37,7 @@ class Limits:
 
 def limits() -> Limits:
     """``CBP_MAX_ROWS``, ``CBP_MAX_NEW_TOKENS``, ``CBP_MAX_PROMPT_CHARS``. Raises ValueError: not a
-    positive whole number.
-    """
+    positive whole number."""
     return Limits(
         max_rows=_env_limit("CBP_MAX_ROWS"),
         max_new_tokens=_env_limit("CBP_MAX_NEW_TOKENS"),
@@ -78,8 +77,7 @@ def seed_specs() -> list[RequestSpec]:
 
 def parse_cap(value, where: str) -> int:
     """Ints, integral floats and their strings. Raises ValueError: empty, not whole, < 1 or over the
-    limit.
-    """
+    limit."""
     limit = limits().max_new_tokens
     text = _text(value, where, "max_new_tokens").strip() if value is not None else ""
     if text == "" or (isinstance(value, float) and math.isnan(value)):
@@ -166,8 +164,7 @@ def parse_table(rows) -> list[RequestSpec]:
 
 def raise_problems(problems: list[str], what: str = "problems") -> None:
     """One ValueError naming the first ``MAX_NAMED_PROBLEMS`` and counting the rest ("… and 7 more
-    bad lines."); with one problem, exactly its message. Nothing when empty.
-    """
+    bad lines."); with one problem, exactly its message. Nothing when empty."""
     if not problems:
         return
     message = " ".join(problems[:MAX_NAMED_PROBLEMS])
@@ -214,8 +211,7 @@ def _jsonl_spec(line: str, where: str) -> RequestSpec:
 
 def read_workload_text(path: str | Path) -> str:
     """UTF-8 text, a leading BOM dropped. Raises ValueError naming the file: unreadable or not
-    UTF-8.
-    """
+    UTF-8."""
     path = Path(path)
     try:
         return path.read_text(encoding="utf-8-sig")
@@ -239,8 +235,7 @@ def parse_arrival(value, where: str) -> float:
 
 def poisson_arrivals(specs: list[RequestSpec], rate_per_s: float, seed: int) -> list[RequestSpec]:
     """The specs arriving as a Poisson process of ``rate_per_s`` (exponential gaps, the first after
-    one gap; reproducible by ``seed``). Raises ValueError: a rate that is not positive.
-    """
+    one gap; reproducible by ``seed``). Raises ValueError: a rate that is not positive."""
     if not rate_per_s > 0:
         raise ValueError(f"The arrival rate must be positive (got {rate_per_s}).")
     rng = random.Random(seed)
@@ -253,8 +248,7 @@ def poisson_arrivals(specs: list[RequestSpec], rate_per_s: float, seed: int) -> 
 
 def check_arrivals(specs: list[RequestSpec], max_arrival_s: float) -> list[RequestSpec]:
     """Raises ValueError: an arrival after ``max_arrival_s`` (engines wait in real time, holding the
-    shared model).
-    """
+    shared model)."""
     latest_s = max((s.arrival_s for s in specs), default=0.0)
     if latest_s > max_arrival_s:
         raise ValueError(

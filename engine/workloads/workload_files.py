@@ -40,8 +40,7 @@ _FIELD_LIMIT_LOCK = threading.Lock()
 
 def max_upload_bytes() -> int:
     """Every allowed row with a prompt at the character limit in 4-byte UTF-8, plus
-    ``MAX_CELLS_BYTES`` for its other cells (about 21 MB by default).
-    """
+    ``MAX_CELLS_BYTES`` for its other cells (about 21 MB by default)."""
     limit = limits()
     return limit.max_rows * (4 * limit.max_prompt_chars + MAX_CELLS_BYTES)
 
@@ -136,8 +135,7 @@ def _spec(row: dict, where: str) -> RequestSpec:
 
 def table_rows(specs: list[RequestSpec], sampling_columns: bool = False) -> list[list]:
     """Specs as table rows ``[prompt, max_new_tokens, arrival_s]``
-    (``+ [temperature, top_k, top_p, seed]`` with ``sampling_columns``).
-    """
+    (``+ [temperature, top_k, top_p, seed]`` with ``sampling_columns``)."""
     rows = []
     for s in specs:
         row = [s.prompt, s.max_new_tokens, s.arrival_s]
