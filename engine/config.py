@@ -14,11 +14,8 @@ class EngineConfig:
     ``max_seq_len``: P (None: from the workload); ``max_num_batched_tokens``: the token budget, >=
     ``num_slots`` (None: no limit); ``kv_budget_mib``: MiB (None: room for every slot's longest
     sequence); ``wave_timeout_s``: how long the oldest arrival waits for a full static wave;
-    ``ignore_eos``: generate every sequence to its cap (benchmarks, as vLLM's).
-
-    Raises:
-        ValueError: naming every bad setting at once (``problems``).
-    """
+    ``ignore_eos``: generate every sequence to its cap (benchmarks, as vLLM's). Raises ValueError:
+    naming every bad setting at once (``problems``)."""
 
     num_slots: int = 3
     kv_mode: str = "slots"

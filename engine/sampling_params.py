@@ -17,12 +17,9 @@ _EXACT_FLOAT_INT = 2**53  # integral floats above this may not be the number the
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request picks its next token.
-
-    Raises:
-        ValueError: a temperature below 0 or not finite, top_p outside (0, 1], top_k or seed not a
-            whole number in range; one message names every bad setting.
-    """
+    """How one request picks its next token. Raises ValueError: a temperature below 0 or not finite,
+    top_p outside (0, 1], top_k or seed not a whole number in range; one message names every bad
+    setting."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -91,11 +88,8 @@ def samples(params: SamplingParams | None) -> bool:
 
 
 def parse_sampling(temperature, top_k, top_p, seed, where: str) -> SamplingParams | None:
-    """Four table cells -> settings; None when all are blank (greedy).
-
-    Raises:
-        ValueError: cells out of kind or range, all named in one message starting with ``where``.
-    """
+    """Four table cells -> settings; None when all are blank (greedy). Raises ValueError: cells out
+    of kind or range, all named in one message starting with ``where``."""
     cells = dict(zip(FIELDS, (temperature, top_k, top_p, seed), strict=True))
     given = {name: value for name, value in cells.items() if not is_blank(value)}
     if not given:

@@ -55,12 +55,9 @@ class ContinuousEngine:
         self, requests: list[Request], on_wait: Callable[[Trace], None] | None = None
     ) -> Iterator[tuple[Trace, StepRecord]]:
         """Yield ``(trace, step)`` after every step. While idle before an arrival it sleeps in
-        ``WAIT_SLICE_S`` slices, calling ``on_wait(trace)`` after each.
-
-        Raises:
-            ValueError: in ``paged`` mode, when the KV budget cannot hold some request alone.
-            Exception: whatever ``on_wait`` raises, at once.
-        """
+        ``WAIT_SLICE_S`` slices, calling ``on_wait(trace)`` after each. Raises ValueError: in
+        ``paged`` mode, when the KV budget cannot hold some request alone; Exception: whatever
+        ``on_wait`` raises, at once."""
         cfg = self.config
         scheduler = self._new_scheduler(requests)
         blocks = scheduler.block_manager  # the scheduler's, in paged mode; else None
@@ -186,11 +183,8 @@ def kv_pool_blocks(
     config: EngineConfig, requests: list[Request], kv_bytes_per_token: int
 ) -> int | None:
     """``paged`` mode: the pool's blocks for ``requests`` at ``kv_bytes_per_token``; other modes:
-    None. Needs no model.
-
-    Raises:
-        ValueError: some request alone needs more blocks than the pool (preemption cannot help).
-    """
+    None. Needs no model. Raises ValueError: some request alone needs more blocks than the pool
+    (preemption cannot help)."""
     if config.kv_mode != "paged":
         return None
     block_size = config.block_size

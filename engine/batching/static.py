@@ -49,12 +49,8 @@ class StaticEngine:
     def __init__(self, runner: ModelRunner, config: EngineConfig, engine_kernels: bool = True):
         """Waves run through ``wave`` except with ``engine_kernels=False`` (plain
         ``model.generate``, the bench's ``static_generate``) or ``config.batch_invariant`` (its
-        kernels strip the left padding).
-
-        Raises:
-            ValueError: batch-invariant mode without the engines' kernels, or for a model it
-                does not support.
-        """
+        kernels strip the left padding). Raises ValueError: batch-invariant mode without the
+        engines' kernels, or for a model it does not support."""
         self.runner = runner
         self.engine_kernels = engine_kernels
         self.config = config

@@ -169,10 +169,7 @@ def decode_step(qkv, cos, signed_sin, layer: int, batch: PackedBatch, num_heads:
     """One layer's whole attention in one ``torch.ops.cbp_attention.decode_step`` call: rotary, the
     KV write into its block, and attention over position + 1 keys through ``batch.kv_block_table``
     (as vLLM's CPU attention writes the cache inside its op, ``v1/attention/backends/cpu_attn.py``).
-
-    Shapes:
-        qkv: [T, (H + 2 H_kv) D];  cos, signed_sin: [T, D]  ->  returns [T, H D]
-    """
+    Shapes: qkv: [T, (H + 2 H_kv) D];  cos, signed_sin: [T, D]  ->  returns [T, H D]"""
     keys, values = batch.kv_cache.block_storage(layer)  # (H_kv, N, S, D) each
     positions = batch.position_ids[0]  # (T,)
     table = batch.kv_block_table  # (B, M)
@@ -185,10 +182,7 @@ def decode_attention(
     query, cache, layer: int, batch: PackedBatch, split: DecodeSplit, scaling, softcap=None
 ):
     """One layer's attention of a decode-only step, after its keys/values are written.
-
-    Shapes:
-        query: [1, H, T, D]  ->  returns [1, T, H, D]
-    """
+    Shapes: query: [1, H, T, D]  ->  returns [1, T, H, D]"""
     num_heads, num_tokens, head_dim = query.shape[1:]
     if split.all_slots and split.width:
         out = _shared_all_slots(query, cache, layer, batch, split, scaling, softcap)  # (T, H, D)

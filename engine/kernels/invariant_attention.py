@@ -105,10 +105,7 @@ def _tile(q, k, v, start: int, how: tuple) -> torch.Tensor:
 def packed_attention(module, query, key, value, batch, scaling, window=None, softcap=None):
     """A packed step's layer: keys/values into the KV cache, then ``sequence_attention`` per
     sequence.
-
-    Shapes:
-        query: [1, H, T, D];  key, value: [1, H_kv, T, D]  ->  returns [1, T, H, D]
-    """
+    Shapes: query: [1, H, T, D];  key, value: [1, H_kv, T, D]  ->  returns [1, T, H, D]"""
     layer = module.layer_idx
     cache = batch.kv_cache
     cache.write(layer, key, value, batch)

@@ -26,10 +26,7 @@ INVARIANT_ATTENTION = "cbp_invariant"  # attention for model.generate (static en
 
 def tiled_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tile_rows=TILE_ROWS):
     """``fn`` on fixed ``[tile_rows, d]`` tiles of ``x``'s rows (the last zero-padded).
-
-    Shapes:
-        x: [..., d]  ->  [..., d_out], where fn maps [tile_rows, d] -> [tile_rows, d_out]
-    """
+    Shapes: x: [..., d]  ->  [..., d_out], where fn maps [tile_rows, d] -> [tile_rows, d_out]"""
     tile_rows = tile_rows or TILE_ROWS
     rows = x.reshape(-1, x.shape[-1])  # (N, d)
     num_rows = rows.shape[0]

@@ -45,10 +45,7 @@ def packed_attention(
 
 def attend(layer: int, query, key, value, batch, scaling, softcap=None):
     """The keys and values into the KV cache, then each query over its own sequence's keys.
-
-    Shapes:
-        query: [1, H, T, D];  key, value: [1, H_kv, T, D]  ->  returns [1, T, H, D]
-    """
+    Shapes: query: [1, H, T, D];  key, value: [1, H_kv, T, D]  ->  returns [1, T, H, D]"""
     cache = batch.kv_cache
     if batch.packed_mask is not None:
         keys, values = cache.gather(layer, key, value, batch)

@@ -26,12 +26,9 @@ QUANTIZED_NOTE = "quantized weights: differences expected"
 
 
 def gguf_for(loaded, weights: str) -> Path:
-    """The GGUF that serves ``loaded`` with ``weights`` ("f32" or "q4_1").
-
-    Raises:
-        ValueError: no safetensors folder (F32), a model other than the embedded one (Q4_1), or what
-            ``f32_gguf`` raises.
-    """
+    """The GGUF that serves ``loaded`` with ``weights`` ("f32" or "q4_1"). Raises ValueError: no
+    safetensors folder (F32), a model other than the embedded one (Q4_1), or what ``f32_gguf``
+    raises."""
     source = getattr(loaded, "source", None)
     folder = Path(source) if source else None
     if weights == "q4_1":
@@ -63,12 +60,9 @@ class LlamaCppEngine(OpenAIEngine):
         cpus: str | None = None,
     ):
         """``requests``: the workload, whose longest request sizes each slot's context; ``cpus``:
-        the CPUs it computes on (e.g. "1"; default every CPU).
-
-        Raises:
-            ValueError: an unknown name, or no GGUF for this model (F32: converted on first use).
-            MissingBuild: no server binary (looked for first), or no converter for the F32 file.
-        """
+        the CPUs it computes on (e.g. "1"; default every CPU). Raises ValueError: an unknown name,
+        or no GGUF for this model (F32: converted on first use); MissingBuild: no server binary
+        (looked for first), or no converter for the F32 file."""
         if name not in WEIGHTS:
             raise ValueError(f"Unknown llama.cpp engine {name!r}; choose {' or '.join(WEIGHTS)}.")
         self.weights = WEIGHTS[name]
@@ -117,11 +111,8 @@ class LlamaCppEngine(OpenAIEngine):
         return super()._take(chunk, rec, pieces, ids, t0, label)
 
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
-        """``OpenAIEngine.run`` on the local server, started first if needed.
-
-        Raises:
-            EndpointError: as ``OpenAIEngine.run``; a dead server's exit code and log included.
-        """
+        """``OpenAIEngine.run`` on the local server, started first if needed. Raises EndpointError:
+        as ``OpenAIEngine.run``; a dead server's exit code and log included."""
         self.start()
         try:
             trace = super().run(requests, on_step, on_wait)

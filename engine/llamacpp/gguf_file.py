@@ -56,12 +56,9 @@ def weights_key(model_dir: str | os.PathLike) -> str:
 
 
 def f32_gguf(model_dir: str | os.PathLike, timeout_s: float = CONVERT_TIMEOUT_S) -> Path:
-    """The F32 GGUF of a safetensors folder, converted on first use and cached.
-
-    Raises:
-        ValueError: not a safetensors folder, or no converter (``make llamacpp``).
-        ModelRefused: the converter failed (with the tail of its output).
-    """
+    """The F32 GGUF of a safetensors folder, converted on first use and cached. Raises ValueError:
+    not a safetensors folder, or no converter (``make llamacpp``); ModelRefused: the converter
+    failed (with the tail of its output)."""
     folder = Path(model_dir).expanduser().resolve()
     target = cache_dir() / f"{folder.name}-f32-{weights_key(folder)}.gguf"
     if target.is_file():

@@ -115,12 +115,9 @@ def cache_dir() -> Path:
 def load_model(
     model: str | None = None, device: str | None = None, dtype: str | None = None
 ) -> LoadedModel:
-    """Load ``model`` ("embedded"/None, a folder or a hub id) onto ``device`` in ``dtype``.
-
-    Raises:
-        ValueError: a bad device or dtype name, or a dtype the device cannot run (checked first).
-        ModelLoadError: the model cannot be found, is not a causal LM or needs remote code.
-    """
+    """Load ``model`` ("embedded"/None, a folder or a hub id) onto ``device`` in ``dtype``. Raises
+    ValueError: a bad device or dtype name, or a dtype the device cannot run (checked first);
+    ModelLoadError: the model cannot be found, is not a causal LM or needs remote code."""
     from engine.model.dtype_support import check_dtype_supported
 
     start_s = time.perf_counter()

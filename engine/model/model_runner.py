@@ -110,10 +110,7 @@ class ModelRunner(RunnerKernels):
         """One forward pass over the packed row; the next token of each sequence (argmax, or drawn
         by its ``samplers`` entry; pass one only where the token is kept, not for a partial prefill
         chunk).
-
-        Shapes:
-            batch.input_ids: [1, T]  ->  logits [1, S, V]  ->  returns S token ids
-        """
+        Shapes: batch.input_ids: [1, T]  ->  logits [1, S, V]  ->  returns S token ids"""
         # the fused layers call no linear of the model's but its output embedding
         fused = self.use_fused_layers and self.fused_decoder is not None
         with (
@@ -132,10 +129,7 @@ class ModelRunner(RunnerKernels):
 
     def _logits(self, batch: PackedBatch) -> torch.Tensor:
         """Through the fused layers where they apply (not batch-invariant), else the model's own.
-
-        Shapes:
-            batch.input_ids: [1, T]  ->  returns [1, S, V]
-        """
+        Shapes: batch.input_ids: [1, T]  ->  returns [1, S, V]"""
         invariant = getattr(batch, "invariant", False)
         fused = self.fused_decoder if self.use_fused_layers else None
         if fused is not None and not invariant:
@@ -163,10 +157,7 @@ class ModelRunner(RunnerKernels):
     ):
         """``model.generate`` on a left-padded batch: greedy, or sampled per ``sampling`` (batch 1)
         right after ``torch.manual_seed(seed)``, the global random state restored after.
-
-        Shapes:
-            input_ids, attention_mask: [B, W]  ->  returns [B, W + N], N <= max_new_tokens
-        """
+        Shapes: input_ids, attention_mask: [B, W]  ->  returns [B, W + N], N <= max_new_tokens"""
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         sampled = sampling is not None and not sampling.is_greedy

@@ -89,11 +89,8 @@ def _checked_url(url: str, where: str) -> str:
 def parse_endpoints(
     items: Iterable[str], reserved: Iterable[str] = (), where: str = "--endpoint"
 ) -> list[Endpoint]:
-    """``reserved``: names already taken (the built-in engines).
-
-    Raises:
-        ValueError: a bad entry, or a name used twice or taken by a built-in engine.
-    """
+    """``reserved``: names already taken (the built-in engines). Raises ValueError: a bad entry, or
+    a name used twice or taken by a built-in engine."""
     taken = set(reserved)
     endpoints: list[Endpoint] = []
     for item in items:
@@ -113,11 +110,8 @@ def with_records(
     endpoints: list[Endpoint], items: Iterable[str], where: str = "--endpoint-record"
 ) -> list[Endpoint]:
     """``endpoints``, each with the record URL (``RecordFeed``'s address, not the API) that
-    ``items`` gives it.
-
-    Raises:
-        ValueError: a bad entry, a name that no endpoint has, or a name given twice.
-    """
+    ``items`` gives it. Raises ValueError: a bad entry, a name that no endpoint has, or a name given
+    twice."""
     urls: dict[str, str] = {}
     names = {e.name for e in endpoints}
     for item in items:

@@ -53,12 +53,9 @@ class OpenAIEngine:
         return self._info
 
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
-        """Play ``requests`` at the server; ``on_step`` is never called.
-
-        Raises:
-            EndpointError: unreachable, refused request, stream cut; ``exc.trace`` is partial.
-            Exception: whatever ``on_wait(trace)`` raises, after every stream is cancelled.
-        """
+        """Play ``requests`` at the server; ``on_step`` is never called. Raises EndpointError:
+        unreachable, refused request, stream cut; ``exc.trace`` is partial; Exception: whatever
+        ``on_wait(trace)`` raises, after every stream is cancelled."""
         info = self.server_info()
         trace = Trace(engine=self.name, num_slots=self.num_slots)
         trace.requests = new_request_records(requests)

@@ -149,12 +149,9 @@ class ServerProcess:
     def start(
         self, on_progress: Callable[[str], None] | None = None, timeout_s: float | None = None
     ):
-        """Start the server and wait until ``/health`` answers 200; returns ``self``.
-
-        Raises:
-            EndpointError: it exited, its log said it never will be healthy, or it was not
-                healthy within ``timeout_s`` (default ``START_TIMEOUT_S``); the group is stopped.
-        """
+        """Start the server and wait until ``/health`` answers 200; returns ``self``. Raises
+        EndpointError: it exited, its log said it never will be healthy, or it was not healthy
+        within ``timeout_s`` (default ``START_TIMEOUT_S``); the group is stopped."""
         t0 = time.perf_counter()
         timeout_s = self.START_TIMEOUT_S if timeout_s is None else timeout_s
         command, env = self.command(), self.environment()

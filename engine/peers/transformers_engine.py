@@ -46,12 +46,8 @@ class HFContinuousEngine:
 
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
         """Run to completion; ``on_step`` is never called (no step hook), ``on_wait(trace)`` every
-        ``HF_POLL_S``.
-
-        Raises:
-            RuntimeError: no result for ``HF_STALL_S``: the manager stopped early.
-            Exception: whatever ``on_wait`` raises (``RunStopped``): the manager is stopped.
-        """
+        ``HF_POLL_S``. Raises RuntimeError: no result for ``HF_STALL_S``: the manager stopped early;
+        Exception: whatever ``on_wait`` raises (``RunStopped``): the manager is stopped."""
         info = {"block_sharing": self.block_sharing}
         if self.config.batch_invariant:  # asked for, not applied
             info |= {"batch_invariant": False, "batch_invariant_note": BATCH_INVARIANT_NOTE}

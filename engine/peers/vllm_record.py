@@ -175,10 +175,8 @@ def schedule_trace(
 
     Other runs' lines are skipped, and a step that ran none of ours is left out. A request arrives
     when the client sent it (``admit_s``) where that is later than the workload's arrival, so a busy
-    client does not count against vLLM's times.
-
-    Raises:
-        ValueError: no ``start`` line precedes the first step.
+    client does not count against vLLM's times. Raises ValueError: no ``start`` line precedes the
+    first step.
     """
     replay = _VllmReplay(requests, run_tag, t0_unix_s)
     for record in records:

@@ -285,11 +285,8 @@ class StepRing:
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    """``(host, port)`` from ``HOST:PORT``, ``:PORT`` or ``PORT`` (host: 127.0.0.1).
-
-    Raises:
-        ValueError: the port is not a number from 0 to 65535.
-    """
+    """``(host, port)`` from ``HOST:PORT``, ``:PORT`` or ``PORT`` (host: 127.0.0.1). Raises
+    ValueError: the port is not a number from 0 to 65535."""
     host, _, port = address.strip().rpartition(":")
     if not port.isdigit() or int(port) > 65535:
         raise ValueError(
@@ -325,11 +322,8 @@ class RecordServer:
 
 def server_from_environment(port_offset: int = 0) -> RecordServer | None:
     """The server ``$CBP_VLLM_RECORD_ADDRESS`` asks for (None when it is unset or blank), on its
-    port plus ``port_offset`` (a data-parallel rank's; port 0 stays any free one).
-
-    Raises:
-        ValueError: a bad address or ring size, or an address that cannot be bound.
-    """
+    port plus ``port_offset`` (a data-parallel rank's; port 0 stays any free one). Raises
+    ValueError: a bad address or ring size, or an address that cannot be bound."""
     address = os.environ.get(RECORD_ADDRESS_ENV, "").strip()
     if not address:
         return None

@@ -137,12 +137,9 @@ class VllmSettings:
 def settings_for(
     loaded, num_slots: int, *, enforce_eager: bool = False, max_model_len: int = MAX_MODEL_LEN
 ) -> VllmSettings:
-    """Settings that serve ``loaded`` as our engines run it: same weights, dtype and slots.
-
-    Raises:
-        ValueError: the model has no folder or hub id (``loaded.source``), or bad slots.
-        ModelRefused: a head size vLLM's CPU attention lacks.
-    """
+    """Settings that serve ``loaded`` as our engines run it: same weights, dtype and slots. Raises
+    ValueError: the model has no folder or hub id (``loaded.source``), or bad slots; ModelRefused: a
+    head size vLLM's CPU attention lacks."""
     if num_slots < 1:
         raise ValueError("vLLM needs at least 1 slot (--max-num-seqs).")
     source = getattr(loaded, "source", None)

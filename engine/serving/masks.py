@@ -59,10 +59,7 @@ def packed_layout(num_cached: list[int], num_new: list[int]) -> PackedLayout:
 
 def query_layout(num_cached: list[int], num_new: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequence index and position of every query token (work grows with T, not the context).
-
-    Shapes:
-        returns: q_seq [T], q_pos [T]
-    """
+    Shapes: returns: q_seq [T], q_pos [T]"""
     cached = torch.tensor(num_cached, dtype=torch.long)  # (S,)
     new = torch.tensor(num_new, dtype=torch.long)  # (S,)
     q_seq = torch.repeat_interleave(torch.arange(len(num_new), dtype=torch.long), new)  # (T,)
@@ -79,20 +76,14 @@ def _ranges(lengths: torch.Tensor) -> torch.Tensor:
 
 def block_diagonal_causal_mask(layout: PackedLayout, window: int | None = None) -> torch.Tensor:
     """True where a query may attend to a key.
-
-    Shapes:
-        returns: [T, T_kv]
-    """
+    Shapes: returns: [T, T_kv]"""
     same_seq = layout.q_seq[:, None] == layout.k_seq[None, :]  # (T, T_kv)
     return same_seq & causal_window(layout.q_pos, layout.k_pos, window)
 
 
 def causal_window(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
     """Key not after the query and, with ``window``, within its last ``window`` positions.
-
-    Shapes:
-        q_pos: [n];  k_pos: [m]  ->  returns [n, m] bool
-    """
+    Shapes: q_pos: [n];  k_pos: [m]  ->  returns [n, m] bool"""
     keep = k_pos[None, :] <= q_pos[:, None]  # (n, m)
     if window is not None:
         keep &= k_pos[None, :] > q_pos[:, None] - window
@@ -103,10 +94,7 @@ def packed_step_mask(
     num_cached: list[int], num_new: list[int], window: int | None = None
 ) -> torch.Tensor:
     """The module's mask of one packed step.
-
-    Shapes:
-        returns: [T, T_kv] bool, T = sum(num_new), T_kv = sum(num_cached) + T
-    """
+    Shapes: returns: [T, T_kv] bool, T = sum(num_new), T_kv = sum(num_cached) + T"""
     return block_diagonal_causal_mask(packed_layout(num_cached, num_new), window)
 
 
@@ -118,8 +106,7 @@ def padded_wave_mask(num_padding: list[int], num_queries: int, num_keys: int) ->
                                                . . # # .
                                                . . # # #   (first two rows are pad queries)
 
-    Shapes:
-        returns: [B, num_queries, num_keys] bool
+    Shapes: returns: [B, num_queries, num_keys] bool
     """
     pads = torch.tensor(num_padding, dtype=torch.long)[:, None, None]  # (B, 1, 1)
     k = torch.arange(num_keys)[None, None, :]  # (1, 1, T_kv)

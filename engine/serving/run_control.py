@@ -63,12 +63,8 @@ class RunControl:
         self._stop.set()
 
     def check(self) -> None:
-        """Return if the run may go on.
-
-        Raises:
-            RunCancelled: ``stop()`` was called.
-            RunTimedOut: the time limit has passed.
-        """
+        """Return if the run may go on. Raises RunCancelled: ``stop()`` was called; RunTimedOut: the
+        time limit has passed."""
         if self._stop.is_set():
             raise RunCancelled("the run was cancelled before it finished.")
         if self._deadline is not None and time.monotonic() > self._deadline:

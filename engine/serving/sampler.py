@@ -35,10 +35,7 @@ class RequestSampler:
 
     def sample(self, logits: torch.Tensor, draw_index: int) -> int:
         """The token at output position ``draw_index`` (0-based).
-
-        Shapes:
-            logits: [V] (any float dtype)  ->  returns one token id
-        """
+        Shapes: logits: [V] (any float dtype)  ->  returns one token id"""
         assert draw_index == self.num_draws, (
             f"draw {draw_index} asked of a sampler that made {self.num_draws} draws"
         )

@@ -111,12 +111,9 @@ def parse_prompt(prompt, where: str) -> str:
 
 def row_spec(prompt, cap, arrival, sampling: tuple | list, where: str) -> RequestSpec:
     """One request's cells -> its spec (``arrival`` blank: 0; sampling cells in ``SAMPLING_FIELDS``'
-    order, all blank: greedy).
-
-    Raises:
-        ValueError: naming ``where`` once, then every problem a sentence each, e.g.
-            "Row 3: the prompt is blank. max_new_tokens 0 is out of range; use 1 to 2048."
-    """
+    order, all blank: greedy). Raises ValueError: naming ``where`` once, then every problem a
+    sentence each, e.g. "Row 3: the prompt is blank. max_new_tokens 0 is out of range; use 1 to
+    2048."."""
     problems: list[str] = []
 
     def told(parse, *args):
@@ -175,11 +172,8 @@ def raise_problems(problems: list[str], what: str = "problems") -> None:
 
 def load_jsonl(path: str | Path) -> list[RequestSpec]:
     """One ``{"prompt": str, "max_new_tokens": int}`` per line, optionally ``arrival_s`` and the
-    sampling keys; others ignored.
-
-    Raises:
-        ValueError: an unreadable or non-UTF-8 file, or bad lines (by number).
-    """
+    sampling keys; others ignored. Raises ValueError: an unreadable or non-UTF-8 file, or bad lines
+    (by number)."""
     path = Path(path)
     lines = read_workload_text(path).splitlines()
     specs, problems = [], []
@@ -267,10 +261,7 @@ def tokenize_requests(
 ) -> list[Request]:
     """Tokenize specs once, identically for every engine and the reference; ``chat_template``: a
     one-turn user message with the generation prompt, else raw text (special tokens not special).
-
-    Raises:
-        ValueError: a prompt plus its cap that does not fit in ``max_context`` tokens.
-    """
+    Raises ValueError: a prompt plus its cap that does not fit in ``max_context`` tokens."""
     requests = []
     for request_id, spec in enumerate(specs):
         ids = _encode(spec.prompt, tokenizer, chat_template)

@@ -46,11 +46,8 @@ def max_upload_bytes() -> int:
 
 
 def load_workload_file(path: str | Path) -> list[RequestSpec]:
-    """``.csv`` with a header row, or ``.jsonl``/``.json`` lines.
-
-    Raises:
-        ValueError: another extension, over ``max_upload_bytes``, unreadable, or a bad line.
-    """
+    """``.csv`` with a header row, or ``.jsonl``/``.json`` lines. Raises ValueError: another
+    extension, over ``max_upload_bytes``, unreadable, or a bad line."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -71,12 +68,9 @@ def load_workload_file(path: str | Path) -> list[RequestSpec]:
 
 
 def load_csv(path: str | Path) -> list[RequestSpec]:
-    """A CSV workload; blank rows skipped, the header is line 1.
-
-    Raises:
-        ValueError: as ``read_workload_text``, missing required columns, a row with too many
-            cells, text ``csv`` cannot read, or bad values (each line named).
-    """
+    """A CSV workload; blank rows skipped, the header is line 1. Raises ValueError: as
+    ``read_workload_text``, missing required columns, a row with too many cells, text ``csv`` cannot
+    read, or bad values (each line named)."""
     path = Path(path)
     text = read_workload_text(path)
     reader = csv.DictReader(io.StringIO(text, newline=""))
