@@ -1,9 +1,5 @@
-"""Sampling settings of one request: temperature, top-k, top-p and a seed (as vLLM's).
-
-``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1 are no limit; ``seed`` is 0 to 2^63 - 1. A
-row that sets any of them samples, the rest at their defaults (1, 0, 1, 0); no settings is greedy.
-Plain Python, no torch, so tables and files are checked before any model loads.
-"""
+"""Sampling settings of one request (as vLLM's): ``temperature`` 0 is greedy, ``top_k`` 0 and
+``top_p`` 1 no limit, ``seed`` 0 to 2^63 - 1; unset ones default to 1, 0, 1, 0. No torch."""
 
 from __future__ import annotations
 

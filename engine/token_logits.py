@@ -1,11 +1,6 @@
-"""Per-token logit records: what a run's logits looked like at each token it generated.
-
-For each output token a run keeps the top ``TOP_K`` logits (margins in the run's own pass), the
-hidden state's norm (with the output embedding's rows, a bound on a logit's rounding:
-``engine.fidelity.divergence``) and a digest of the whole row (bitwise equality, the proof of
-batch-invariant mode), not ``V`` floats. ``LogitRecorder`` is a forward hook on ``lm_head``,
-whatever engine called the model.
-"""
+"""Per-token logit records: the top ``TOP_K`` logits, the hidden state's norm and a digest of the
+whole row per output token (margins, a rounding bound and bitwise equality, not ``V`` floats).
+``LogitRecorder`` is a forward hook on ``lm_head``, whatever engine called the model."""
 
 from __future__ import annotations
 

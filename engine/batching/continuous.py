@@ -1,9 +1,6 @@
-"""The continuous engine: iteration-level scheduling plus packed (ragged) batches.
-
-Each step, nano-vllm style: pack every running sequence's pending tokens into one ``[1, T]`` row,
-run ONE forward pass (prefill fused with decode), append each next token, free finished slots and
-plan the next step (``Scheduler.schedule``), so new requests are admitted on the same step.
-"""
+"""The continuous engine: iteration-level scheduling plus packed (ragged) batches. Each step,
+nano-vllm style: one forward pass over every running sequence's pending tokens in one ``[1, T]``
+row, then finished slots freed and new requests admitted for the next step."""
 
 from __future__ import annotations
 
@@ -202,7 +199,6 @@ def kv_pool_blocks(
 
 
 def max_seq_len(config: EngineConfig, requests: list[Request]) -> int:
-    """``config.max_seq_len``, else the longest request's prompt and cap."""
     if config.max_seq_len is not None:
         return config.max_seq_len
     return max((r.num_prompt_tokens + r.max_new_tokens for r in requests), default=1)

@@ -53,7 +53,6 @@ def rounding_model(dtype: torch.dtype, hidden_size: int, device_type: str = "cpu
 
 
 def first_divergence(output: list[int], reference: list[int]) -> int | None:
-    """Index of the first differing token (or of the shorter end), None if equal."""
     for i, (a, b) in enumerate(zip(output, reference, strict=False)):
         if a != b:
             return i

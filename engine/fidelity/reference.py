@@ -112,8 +112,7 @@ class _Cache:
         return logit_and_abs_dot(kept, token_id)
 
     def missing(self, requests: list[Request]) -> dict[tuple, int]:
-        """The references ``outputs(requests)`` would compute, ``(prompt ids, sampling) -> cap``
-        (the page's queue estimate); computes nothing."""
+        """The references ``outputs(requests)`` would compute, ``key -> cap``; computes nothing."""
         return self.still_missing(wanted_references(requests))
 
     def still_missing(self, wanted: dict[tuple, int]) -> dict[tuple, int]:
@@ -140,7 +139,6 @@ class _Cache:
 
     @functools.cached_property
     def identity(self) -> Identity:
-        """This reference's key in the store (made on first use: it hashes the weights)."""
         assert self.store is not None, "an identity is only needed with a store"
         return self.store.identity(self.runner, self._mode())
 
@@ -226,8 +224,7 @@ class SoloReference(_Cache):
 def reference_for(
     runner: ModelRunner, config: EngineConfig | None = None, store: ReferenceStore | None = None
 ) -> _Cache:
-    """``SoloReference`` in batch-invariant mode, else ``ReferenceCache``; kept in ``store`` if
-    given."""
+    """``SoloReference`` in batch-invariant mode, else ``ReferenceCache``."""
     if config is not None and config.batch_invariant:
         return SoloReference(runner, config, store)
     return ReferenceCache(runner, store)

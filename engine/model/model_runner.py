@@ -1,10 +1,5 @@
-"""The model runner: the only module that calls the model or touches the device.
-
-``forward_packed`` (one pass over a packed ``[1, T]`` row), ``generate`` (``model.generate`` on a
-left-padded batch) and ``new_kv_cache``. Greedy, except sampled requests (their own samplers, or
-``generate`` after ``torch.manual_seed(seed)``). The kernels are the base class's
-(``kernel_choice.RunnerKernels``).
-"""
+"""The model runner: the only module that calls the model or touches the device (``forward_packed``,
+``generate``, ``new_kv_cache``); its kernels are ``RunnerKernels``'."""
 
 from __future__ import annotations
 
@@ -50,7 +45,6 @@ class ModelRunner(RunnerKernels):
 
     # --- continuous engine -------------------------------------------------------------------
     def kv_shape(self) -> tuple[int, int, int]:
-        """(L, H_kv, D) of the model's KV cache."""
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         return cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim
@@ -109,8 +103,7 @@ class ModelRunner(RunnerKernels):
     def forward_packed(self, batch: PackedBatch, samplers=None) -> list[int]:
         """One forward pass over the packed row; the next token of each sequence (argmax, or drawn
         by its ``samplers`` entry; pass one only where the token is kept, not for a partial prefill
-        chunk).
-        Shapes: batch.input_ids: [1, T]  ->  logits [1, S, V]  ->  returns S token ids"""
+        chunk). Shapes: batch.input_ids: [1, T]  ->  logits [1, S, V]  ->  returns S token ids"""
         # the fused layers call no linear of the model's but its output embedding
         fused = self.use_fused_layers and self.fused_decoder is not None
         with (
@@ -156,8 +149,8 @@ class ModelRunner(RunnerKernels):
         sampling=None,
     ):
         """``model.generate`` on a left-padded batch: greedy, or sampled per ``sampling`` (batch 1)
-        right after ``torch.manual_seed(seed)``, the global random state restored after.
-        Shapes: input_ids, attention_mask: [B, W]  ->  returns [B, W + N], N <= max_new_tokens"""
+        right after ``torch.manual_seed(seed)``, the global random state restored after. Shapes:
+        input_ids, attention_mask: [B, W]  ->  returns [B, W + N], N <= max_new_tokens"""
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         sampled = sampling is not None and not sampling.is_greedy

@@ -1,10 +1,6 @@
-"""Endpoints: the OpenAI-compatible servers a host lets the playground and the bench drive.
-
-An endpoint is ``NAME=URL`` (``--endpoint``, ``CBP_ENDPOINTS``), with an optional record address
-(``--endpoint-record``, ``CBP_ENDPOINT_RECORDS``), parsed and checked here once so a typo is refused
-at start. The configuration lives on the host only: nothing takes a URL from a page visitor, so a
-public page cannot be turned into a proxy.
-"""
+"""Endpoints: the OpenAI-compatible servers a host lets the playground and the bench drive
+(``NAME=URL``, with an optional record address). Host-side only: no URL comes from a page visitor,
+so a public page is no proxy."""
 
 from __future__ import annotations
 

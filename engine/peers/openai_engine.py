@@ -1,10 +1,7 @@
 """An engine that is a server: any OpenAI-compatible ``/v1/completions``, driven like a client.
 
-The server batches; this engine plays the workload at it, each request streamed at its arrival with
-``max_tokens`` = its cap, and records on the client's clock when it was sent, each token and its
-finish. The server hides its slots, so the trace has no steps. Outputs are its token ids (else its
-text re-tokenized), cut by ``truncate_at_stop``. The streams run on an asyncio loop in a helper
-thread, while the caller polls ``on_wait``.
+Each request is streamed at its arrival with ``max_tokens`` = its cap; the trace has the client's
+times and no steps (the server hides its slots). The streams run on an asyncio loop in a thread.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Our schedule beside vLLM's, step by step: how many steps plan alike, and the first that does not.
 
-A step's *plan* is ``{request id: tokens}`` (``StepRecord.seqs``); step ``i`` of ours is compared
-with step ``i`` of vLLM's. One request admitted a step later shifts every later step, so the first
-difference, and why, says more than the fraction::
+A step's *plan* is ``{request id: tokens}``; one request admitted a step later shifts every later
+step, so the first difference, and why, says more than the fraction::
 
     step        0              1              2
     ours     {0: 9, 1: 7}   {0: 1, 1: 1}   {0: 1, 1: 1, 2: 12}
     vLLM     {0: 9, 1: 7}   {0: 1, 1: 1}   {0: 1, 1: 1}          <- first difference: step 2
-
-How a deployment's ``start`` line maps onto ``EngineConfig`` (``followed_config``) is in
-docs/bench.md.
 """
 
 from __future__ import annotations
@@ -40,17 +36,11 @@ def step_plans(trace: Trace) -> list[Plan]:
 
 
 def step_plan(step: StepRecord) -> Plan:
-    """``{request id: tokens}`` of one step."""
     return {seq.request_id: seq.num_new_tokens for seq in step.seqs}
 
 
 def tally(trace: Trace) -> ScheduleTally:
-    """Admissions, preemptions and prefix-cache hits of ``trace``'s schedule.
-
-    A request is admitted at the first step that runs it while it is not running (a running request
-    that a step skips, for the token budget, stays running); its hit is its
-    ``num_prefix_cached_tokens`` then.
-    """
+    """Admissions (a step that runs a request not running), preemptions and prefix-cache hits."""
     running: set[int] = set()
     admissions = hits = cached = preemptions = 0
     for step in trace.steps:
@@ -126,7 +116,6 @@ def difference_reason(ours: Trace, vllm: Trace, index: int) -> str:
 def difference_causes(
     ours: Trace, vllm: Trace, run_dtype: str | None = None, served_dtype: str | None = None
 ) -> list[str]:
-    """Known causes of differing plans found in the two traces, a sentence each; empty when none."""
     return [
         *_arrival_causes(ours, vllm),
         *queue_causes(ours, vllm),
@@ -269,11 +258,8 @@ class DeploymentSettings:
 def followed_config(
     settings: DeploymentSettings, config: EngineConfig, kv_bytes_per_token: int
 ) -> tuple[EngineConfig, list[str]]:
-    """``config`` with the deployment's settings, and one line per setting ours cannot follow.
-
-    ``kv_bytes_per_token`` turns the deployment's blocks into our KV budget. In the ``slots`` KV
-    mode the blocks and prefix caching stay ours; the policy and the batch-invariant mode always do.
-    """
+    """``config`` with the deployment's settings (docs/bench.md), and one line per setting ours
+    cannot follow; ``kv_bytes_per_token`` turns its blocks into our KV budget."""
     notes = []
     if not settings.chunked_prefill:
         notes.append(

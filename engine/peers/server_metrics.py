@@ -5,8 +5,9 @@ project's names (vLLM's, SGLang's, TGI's and llama.cpp's gauges, summed over lab
 use from ``/slots``):
 
 =====================  ==========================================================
-num_requests_running   requests the server is decoding or prefilling right now num_requests_waiting
-requests queued for a seat kv_cache_usage_pct     share of the KV cache in use, 0 to 100
+num_requests_running   requests the server is decoding or prefilling right now
+num_requests_waiting   requests queued for a seat
+kv_cache_usage_pct     share of the KV cache in use, 0 to 100
 =====================  ==========================================================
 
 A server without them has fewer values, and ``note`` says why. A KV % is of that server's own pool
@@ -134,8 +135,8 @@ def kv_pool(text: str) -> dict:
 
 class MetricsSampler:
     """Reads ``<base_url>/metrics`` every ``period_s`` in a thread into ``trace.server_samples``
-    (times: ``perf_counter() - t0``); complete after ``stop()``. Each sample makes a new list, so a
-    mid-run copy of the trace never changes."""
+    (times: ``perf_counter() - t0``); each sample makes a new list, so a mid-run copy never changes.
+    """
 
     def __init__(self, base_url: str, t0: float, trace: Trace, period_s: float = SAMPLE_PERIOD_S):
         self.url = base_url.rstrip("/") + "/metrics"

@@ -1,10 +1,8 @@
 """A local server process started and stopped from here: vLLM's and llama.cpp's alike.
 
-``ServerProcess`` runs a command in its own process group on 127.0.0.1, logs to a temporary file,
-waits for ``/health`` 200 and stops the whole group (SIGTERM then SIGKILL, at the latest at exit).
-Every error quotes the log's tail. ``start`` widens the starting thread's CPU affinity to the
-server's CPUs, which the child inherits (without it a vLLM streamed in bursts:
-docs/measurements.md).
+One process group on 127.0.0.1, its log in a temporary file (quoted in every error), healthy at
+``/health`` 200, stopped whole at the latest at exit. ``start`` widens the starting thread's CPU
+affinity to the server's, which the child inherits (docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from engine.peers.endpoints import EndpointError
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -64,8 +61,7 @@ START_STAGES = (
 
 
 def start_stage(line: str) -> str | None:
-    """The start stage a vLLM or llama.cpp log ``line`` names,
-    in a person's words; None when none."""
+    """The start stage a vLLM or llama.cpp log line names, for a person; None when none."""
     return next((stage for pattern, stage in START_STAGES if pattern.search(line)), None)
 
 
@@ -123,7 +119,6 @@ class ServerProcess:
         raise NotImplementedError
 
     def environment(self) -> dict[str, str] | None:
-        """The server's environment (None: this process's)."""
         return None
 
     def cpus(self) -> set[int]:
@@ -209,8 +204,7 @@ class ServerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """SIGTERM the process group, then SIGKILL what is left after ``timeout_s``, children
-        included."""
+        """SIGTERM the process group, then SIGKILL what is left after ``timeout_s``."""
         if self.proc is None:
             return
         timeout_s = self.STOP_TIMEOUT_S if timeout_s is None else timeout_s

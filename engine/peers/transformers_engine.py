@@ -1,11 +1,5 @@
-"""transformers' own continuous batching (``ContinuousBatchingManager``), wrapped as an engine.
-
-Same requests, caps and slot limit, greedy, with the recording scheduler of
-``transformers_scheduler`` as the trace's ``schedule``; per-request times come from the manager's
-per-token timestamps. Sampled requests draw from its own random stream (``comparable=False``).
-Batch-invariant mode cannot reach its kernels: asking warns (``BATCH_INVARIANT_NOTE``). See
-docs/engines.md.
-"""
+"""transformers' own continuous batching (``ContinuousBatchingManager``), wrapped as an engine, with
+its recording scheduler's steps as the trace's ``schedule`` (docs/engines.md)."""
 
 from __future__ import annotations
 
@@ -109,9 +103,8 @@ class HFContinuousEngine:
         return t0, outputs, _own_record(processor)
 
     def _configs(self, requests: list[Request], sampled: bool):
-        """``GenerationConfig`` and ``ContinuousBatchingConfig``; ``allow_block_sharing``
-        (transformers' prefix caching, on by default there) is ``block_sharing``, off unless asked,
-        like ours."""
+        """``GenerationConfig`` and ``ContinuousBatchingConfig``; transformers' prefix caching
+        (``allow_block_sharing``, on by default there) is ``block_sharing``."""
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
         gen = GenerationConfig(
@@ -136,8 +129,7 @@ def hf_request_id(index: int) -> str:
 
 
 def _own_record(processor):
-    """The processor's ``ScheduleRecord`` with ``settings["async_batching"]``; None without the
-    recording scheduler. Read after the generation thread stopped, so its last step is closed."""
+    """The recording scheduler's ``ScheduleRecord`` (None without), read once its thread stopped."""
     record = getattr(getattr(processor, "scheduler", None), "record", None)
     if isinstance(record, transformers_scheduler.ScheduleRecord):
         record.settings["async_batching"] = bool(processor.use_async_batching)

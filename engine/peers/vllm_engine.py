@@ -156,7 +156,6 @@ class VllmEngine(RecordedEngine):
         return info
 
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
-        """``RecordedEngine.run`` on the local server, started first if it is not running."""
         self.start()
         return super().run(requests, on_step, on_wait)
 
@@ -173,7 +172,6 @@ class VllmEngine(RecordedEngine):
 
 
 def endpoint_engine(endpoint, loaded, num_slots: int) -> OpenAIEngine:
-    """A ``RecordedEngine`` when the endpoint has a record URL, else a plain ``OpenAIEngine``."""
     if endpoint.record_url is None:
         return OpenAIEngine(endpoint, loaded, num_slots)
     return RecordedEngine(endpoint, loaded, num_slots, RecordFeed(endpoint.record_url))

@@ -171,13 +171,10 @@ def schedule_trace(
     t0_unix_s: float,
     name: str = "vllm",
 ) -> Trace:
-    """vLLM's steps on ``requests`` as a ``Trace``, times in seconds since ``t0_unix_s``.
-
-    Other runs' lines are skipped, and a step that ran none of ours is left out. A request arrives
-    when the client sent it (``admit_s``) where that is later than the workload's arrival, so a busy
-    client does not count against vLLM's times. Raises ValueError: no ``start`` line precedes the
-    first step.
-    """
+    """vLLM's steps on ``requests`` as a ``Trace``, times in seconds since ``t0_unix_s``; other
+    runs' lines and steps without our requests are left out. A request arrives when the client sent
+    it, if later than the workload's arrival. Raises ValueError: no ``start`` line before the first
+    step."""
     replay = _VllmReplay(requests, run_tag, t0_unix_s)
     for record in records:
         if record.get("event") == "start":
@@ -188,10 +185,8 @@ def schedule_trace(
 
 
 class ScheduleReplay:
-    """A server's own record followed step by step into a ``Trace``: vLLM's (``_VllmReplay``) and
-    transformers' (``transformers_scheduler``). Outputs come from the client's records, times from
-    the server's; a request takes the first free lane when scheduled and leaves it when preempted or
-    finished, as a slot would."""
+    """A server's own record (vLLM's, transformers') followed into a ``Trace``: outputs from the
+    client's records, times from the server's, lanes taken and freed as slots would be."""
 
     def __init__(self, requests: list[RequestRecord]):
         self.requests = {r.request_id: dataclasses.replace(r, token_times_s=[]) for r in requests}
@@ -209,7 +204,6 @@ class ScheduleReplay:
             self.requests[rid].num_preemptions += 1
 
     def take_lane(self, rid: int, first: int = 0, taken: set[int] | None = None) -> None:
-        """The lowest lane from ``first`` on that is not ``taken`` (default: any lane held)."""
         taken = set(self.lanes.values()) if taken is None else taken
         self.lanes[rid] = min(set(range(first, first + len(taken) + 1)) - taken)
 

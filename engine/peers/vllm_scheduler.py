@@ -220,19 +220,17 @@ class _Recording:
 
 
 def _extra(request) -> dict:
-    """A request's ``vllm_xargs`` (its sampling parameters' ``extra_args``; {} without)."""
+    """A request's ``vllm_xargs`` (``sampling_params.extra_args``; {} without)."""
     return getattr(request.sampling_params, "extra_args", None) or {}
 
 
 def _data_parallel(vllm_config) -> tuple[int, int]:
-    """This engine core's data-parallel rank and number of ranks (0 and 1 without)."""
     parallel = getattr(vllm_config, "parallel_config", None)
     rank = int(getattr(parallel, "data_parallel_rank", 0) or 0)
     return rank, max(int(getattr(parallel, "data_parallel_size", 1) or 1), 1)
 
 
 def _vllm_base(cls: type) -> type:
-    """The first vLLM class in ``cls``'s MRO (``Scheduler`` or ``AsyncScheduler``)."""
     return next(c for c in cls.__mro__ if c.__module__.startswith("vllm."))
 
 
@@ -247,8 +245,8 @@ def _first_group(block_ids) -> list[int]:
 
 
 class StepRing:
-    """The ``start`` line and the latest ``max_num_steps`` step lines (JSON text), indexed from 0
-    in the order they were added; safe to add to from one thread and read from others."""
+    """The ``start`` line and the latest ``max_num_steps``
+    step lines, indexed from 0; thread-safe."""
 
     def __init__(self, max_num_steps: int = DEFAULT_MAX_NUM_STEPS):
         if max_num_steps < 1:
@@ -394,6 +392,5 @@ class RecordingScheduler:
 
 
 def _dtype_name(vllm_config) -> str | None:
-    """The model's dtype as the server runs it ("float32", "bfloat16"); None where unknown."""
     dtype = getattr(getattr(vllm_config, "model_config", None), "dtype", None)
     return None if dtype is None else str(dtype).removeprefix("torch.")

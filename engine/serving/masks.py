@@ -58,8 +58,7 @@ def packed_layout(num_cached: list[int], num_new: list[int]) -> PackedLayout:
 
 
 def query_layout(num_cached: list[int], num_new: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequence index and position of every query token (work grows with T, not the context).
-    Shapes: returns: q_seq [T], q_pos [T]"""
+    """Sequence index and position of every query token, ``[T]`` each."""
     cached = torch.tensor(num_cached, dtype=torch.long)  # (S,)
     new = torch.tensor(num_new, dtype=torch.long)  # (S,)
     q_seq = torch.repeat_interleave(torch.arange(len(num_new), dtype=torch.long), new)  # (T,)
@@ -75,15 +74,14 @@ def _ranges(lengths: torch.Tensor) -> torch.Tensor:
 
 
 def block_diagonal_causal_mask(layout: PackedLayout, window: int | None = None) -> torch.Tensor:
-    """True where a query may attend to a key.
-    Shapes: returns: [T, T_kv]"""
+    """``[T, T_kv]``, True where a query may attend to a key."""
     same_seq = layout.q_seq[:, None] == layout.k_seq[None, :]  # (T, T_kv)
     return same_seq & causal_window(layout.q_pos, layout.k_pos, window)
 
 
 def causal_window(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """Key not after the query and, with ``window``, within its last ``window`` positions.
-    Shapes: q_pos: [n];  k_pos: [m]  ->  returns [n, m] bool"""
+    """Key not after the query and, with ``window``, within its last ``window`` positions. Shapes:
+    q_pos: [n];  k_pos: [m]  ->  returns [n, m] bool"""
     keep = k_pos[None, :] <= q_pos[:, None]  # (n, m)
     if window is not None:
         keep &= k_pos[None, :] > q_pos[:, None] - window
@@ -93,8 +91,8 @@ def causal_window(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) 
 def packed_step_mask(
     num_cached: list[int], num_new: list[int], window: int | None = None
 ) -> torch.Tensor:
-    """The module's mask of one packed step.
-    Shapes: returns: [T, T_kv] bool, T = sum(num_new), T_kv = sum(num_cached) + T"""
+    """The module's mask of one packed step. Shapes: returns: [T, T_kv] bool, T = sum(num_new), T_kv
+    = sum(num_cached) + T"""
     return block_diagonal_causal_mask(packed_layout(num_cached, num_new), window)
 
 

@@ -48,7 +48,6 @@ def fcfs(seq: Sequence) -> int:
 
 
 def budget_of(scheduler: SchedulerState) -> float:
-    """The token budget per step (``math.inf`` without one)."""
     return scheduler.token_budget if scheduler.token_budget is not None else math.inf
 
 

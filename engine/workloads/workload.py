@@ -1,10 +1,5 @@
-"""Workloads: the user's list of (prompt, max_new_tokens), validated and tokenized.
-
-Sources: the article's six requests (``seed_specs``), JSONL (``load_jsonl``), the page's table
-(``parse_table``; Gradio sends edited numbers as strings) and uploads (``workload_files``). Every
-problem raises ``ValueError`` a person can act on; several bad rows are named in one message
-(``raise_problems``).
-"""
+"""Workloads: the user's list of (prompt, max_new_tokens), validated and tokenized. Every problem
+raises a ``ValueError`` a person can act on, several bad rows in one message."""
 
 from __future__ import annotations
 
@@ -28,8 +23,6 @@ MAX_NAMED_PROBLEMS = 5  # bad rows or lines named in one message; the rest are c
 
 @dataclass(frozen=True)
 class Limits:
-    """Input limits, read from the environment at each call so a host can tighten them."""
-
     max_rows: int
     max_new_tokens: int
     max_prompt_chars: int
@@ -71,7 +64,6 @@ class RequestSpec:
 
 
 def seed_specs() -> list[RequestSpec]:
-    """The article's six requests (shared/seed/README.md)."""
     return [RequestSpec(p, n) for p, n in SEED_REQUESTS]
 
 
