@@ -1,9 +1,8 @@
 """Which dtypes a device can run, checked before any weight is loaded.
 
-bfloat16 on CUDA needs compute capability 8.0 (``torch.cuda.is_bf16_supported(
-including_emulation=False)``); everything else is probed by running a decoder step's op kinds once
-on tiny tensors. A CPU without AVX512-FP16/BF16 converts to float32 inside its kernels: correct,
-slower.
+bfloat16 on CUDA needs compute capability 8.0 (``is_bf16_supported(including_emulation=False)``);
+everything else is probed by running a decoder step's op kinds once on tiny tensors. A CPU without
+AVX512-FP16/BF16 converts to float32 inside its kernels: correct, slower.
 """
 
 from __future__ import annotations
