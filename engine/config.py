@@ -10,35 +10,12 @@ from engine.knobs import KV_MODES, MAX_BLOCK_SIZE, POLICIES  # the knobs' ranges
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """How an engine runs.
-
-    Attributes:
-        num_slots: B, the number of sequences that run at once (static: rows per wave;
-            continuous: ``max_num_seqs``).
-        kv_mode: the continuous engine's KV cache, ``"slots"``, ``"paged"`` (vLLM's blocks) or
-            ``"concat"`` (the article's); ``engine.serving.kv_cache`` describes each.
-        max_seq_len: P, per-slot KV capacity in tokens; ``None`` sizes it from the workload.
-        max_num_batched_tokens: the token budget, most tokens in one step (continuous engine);
-            ``None`` means no limit. It must be at least ``num_slots`` so every decode fits.
-        scheduling_policy: ``"decode_first"``, ``"prefill_first"`` or ``"vllm"``
-            (``engine.serving.planners`` describes each).
-        wave_timeout_s: static engine: how long the oldest arrived request waits for a full wave.
-        ignore_eos: generate every sequence to its cap (benchmarks only, as vLLM's ``ignore_eos``).
-        block_size: ``paged`` mode: tokens per KV block.
-        kv_budget_mib: ``paged`` mode: KV memory in MiB (2**20 bytes), which sets the number of
-            blocks; ``None`` gives every slot room for the workload's longest sequence.
-        prefix_caching: ``paged`` mode only: share the KV blocks of prompt prefixes that were
-            computed before (vLLM's automatic prefix caching; ``engine.serving.block_manager``).
-        batch_invariant: batch-invariant mode (``engine.kernels.invariant_ops``): a sequence's
-            logits do not depend on what else shares its step, bitwise. Static and continuous
-            engines only; transformers' engine ignores it, with a warning.
-
-    Raises:
-        ValueError: naming every bad setting at once (``problems``): a slot count below 1, an
-            unknown KV mode or policy, a token budget below the slot count, a non-positive
-            max_seq_len, block size or KV budget, prefix caching without the paged KV mode, or a
-            prefix_caching or batch_invariant that is not a bool.
-    """
+    """How an engine runs; most fields are knobs (``engine.knobs`` has help). ``num_slots``: B;
+    ``max_seq_len``: P (None: from the workload); ``max_num_batched_tokens``: the token budget, >=
+    ``num_slots`` (None: no limit); ``kv_budget_mib``: MiB (None: room for every slot's longest
+    sequence); ``wave_timeout_s``: how long the oldest arrival waits for a full static wave;
+    ``ignore_eos``: generate every sequence to its cap (benchmarks, as vLLM's). Raises ValueError:
+    naming every bad setting at once (``problems``)."""
 
     num_slots: int = 3
     kv_mode: str = "slots"
@@ -58,8 +35,6 @@ class EngineConfig:
             raise ValueError(" ".join(problems))
 
     def problems(self) -> list[str]:
-        """Every bad setting, one sentence each (none when all are good), so that a person sees
-        them all at once instead of one per try."""
         problems = []
         slots_ok = isinstance(self.num_slots, int) and self.num_slots >= 1
         if not slots_ok:

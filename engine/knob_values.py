@@ -1,12 +1,5 @@
-"""A knob's value from what a person typed or a widget sent: one parser per kind.
-
-``knob_value`` reads a value of any ``engine.knobs`` kind the way the page, the /run API and the
-bench all take it: numbers as numbers or text (Gradio hands an edited field over as either, the
-bench as text), blanks as the knob's ``unset``. Each refusal is one ``ValueError`` whose message
-names the knob ("Token budget must be a whole number (got 'abc')."), shown as is. A link reads
-its parameters with the same ``flag`` (with ``LINK_WORDS``), ``whole_number`` and ``number``,
-and words its own refusals.
-"""
+"""A knob's value from what a person typed or a widget sent: one parser per kind, shared by the
+page, the /run API and the bench. A refusal is one ``ValueError`` naming the knob, shown as is."""
 
 from __future__ import annotations
 
@@ -21,13 +14,8 @@ LINK_WORDS |= {"0": False, "off": False, "no": False}
 
 
 def knob_value(knob: Knob, value):
-    """A knob's value as a run reads it: blank (or 0, for a knob whose 0 means "not set") is
-    ``knob.unset``; a flag is true or false, a choice its text (checked by ``EngineConfig``, or
-    for the dtype by its model), a number a whole one or a finite one >= 0.
-
-    Raises:
-        ValueError: a value that is not of the knob's kind, naming the knob.
-    """
+    """A knob's value as a run reads it (blank, or a ``zero`` knob's 0: ``knob.unset``). Raises
+    ValueError naming the knob."""
     if knob.kind == "flag":
         return flag(value, knob.named)
     text = "" if value is None else str(value).strip()
@@ -41,7 +29,6 @@ def knob_value(knob: Knob, value):
 
 
 def _is_zero(text: str) -> bool:
-    """Whether ``text`` reads as the number 0 in any spelling."""
     try:
         return float(text) == 0
     except ValueError:
@@ -49,7 +36,7 @@ def _is_zero(text: str) -> bool:
 
 
 def whole_number(value, what: str) -> int:
-    """A slider or number value -> int. Raises ValueError if it is missing or fractional."""
+    """Raises ValueError if it is missing or fractional."""
     try:
         number = float(value)
     except (TypeError, ValueError, OverflowError):
@@ -60,9 +47,8 @@ def whole_number(value, what: str) -> int:
 
 
 def flag(value, what: str, words: dict[str, bool] = FLAG_WORDS) -> bool:
-    """A checkbox value -> bool: True or False (the page's), None (unticked), 0 or 1, or one of
-    ``words`` in any case (an API client's "true" and "false"; a link's ``LINK_WORDS``). Raises
-    ValueError for anything else, so that "yes please" is refused, not read as ticked."""
+    """True, False, None (unticked), 0, 1 or one of ``words`` in any case; anything else raises
+    ValueError, so "yes please" is not read as ticked."""
     if value is None:
         return False
     if isinstance(value, bool):
@@ -75,8 +61,7 @@ def flag(value, what: str, words: dict[str, bool] = FLAG_WORDS) -> bool:
 
 
 def number(value, what: str) -> float:
-    """A finite number >= 0 (0: the knob's default, where it has a ``zero``). Raises
-    ValueError."""
+    """A finite number >= 0. Raises ValueError."""
     try:
         parsed = float(value)
     except (TypeError, ValueError, OverflowError):

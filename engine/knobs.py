@@ -1,17 +1,9 @@
 """The knobs of a run, each declared once: its name, kind, range, default, help and outside names.
 
-A ``Knob`` is one setting a person turns, on the page, in a link, on the bench's command line and
-in ``EngineConfig``. ``KNOBS`` lists them in the /run API's order, ``KNOB`` finds one by name.
-The page's widgets and their element ids, the /run inputs, a preset's settings, links and the
-bench's flags are built from them, and ``engine.knob_values`` parses each kind's values for all;
-``EngineConfig`` checks its ranges against the same ``KV_MODES``, ``POLICIES`` and
-``MAX_BLOCK_SIZE``.
-
-Kinds: ``"flag"`` (on or off), ``"choice"`` (one of ``choices``; none given: the host's dtypes,
-or for ``model`` the host's allowlist),
-``"whole"`` (a whole number from ``low`` to ``high``) and ``"number"`` (a number >= 0). A number
-whose ``zero`` is set takes 0 for "not set" and says what that means ("no limit"); a run reads it
-as None. Plain data that imports nothing of the project: the page and the bench both read it.
+``KNOBS`` lists them in the /run API's order; the page's widgets and element ids, the /run inputs,
+presets, links and the bench's flags are built from them. Kinds: ``"flag"``, ``"choice"``,
+``"whole"`` (``low`` to ``high``), ``"number"`` (>= 0; with ``zero``, 0 means "not set" and a run
+reads None). Plain data that imports nothing of the project.
 """
 
 from __future__ import annotations
@@ -34,15 +26,8 @@ PLACES = ("model", "setup", "engine", "precision", "results")
 
 @dataclass(frozen=True)
 class Knob:
-    """One knob: how Run, a link, the page and the bench name, check and explain it.
-
-    ``default`` is the value the page shows when no preset or host sets it (0 for a ``zero``
-    number); ``label`` and ``info`` are the page's label and help under it, and ``title`` names
-    the knob in error messages where the label would not ("Token budget must be a whole
-    number"). A choice's ``labels`` are the page's ``(label, value)`` pairs in the page's order,
-    and ``hovers`` each one's hover text. An empty ``url``, ``bench_flag`` or ``config`` says the
-    knob has no such outside name.
-    """
+    """One knob. An empty ``url``, ``bench_flag`` or ``config`` means no such outside name;
+    ``title`` names it in messages where the label would not."""
 
     name: str  # the ``RunSettings`` field, and the page's name for its component
     kind: str  # one of KINDS
@@ -73,24 +58,20 @@ class Knob:
 
     @property
     def page_widget(self) -> str:
-        """The page's widget for the knob: ``widget``, else its kind's."""
         return self.widget or KIND_WIDGETS[self.kind]
 
     @property
     def elem_id(self) -> str:
-        """Its component's element id (a contract with browser scripts): stem and widget,
-        ``token_budget_number``, ``slots_slider``."""
+        """Its component's element id, a contract with browser scripts (``token_budget_number``)."""
         return f"{self.stem or self.name}_{self.page_widget}"
 
     @property
     def named(self) -> str:
-        """How a message names the knob: its ``title``, else its label."""
         return self.title or self.label
 
     @property
     def unset(self) -> Any:
-        """What a run reads when the knob is blank (or bad, beside the message that says so):
-        None for a ``zero`` number, else the default."""
+        """What a run reads when blank (or bad): None for a ``zero`` number, else the default."""
         return None if self.zero else self.default
 
 

@@ -1,21 +1,5 @@
-"""Sampling settings of one request: temperature, top-k, top-p and a seed (as vLLM's).
-
-A request without settings decodes greedily. With settings, it samples
-from its own random generator seeded from its ``seed`` (``engine.serving.sampler``), so its tokens
-depend on nothing else in the batch. The settings mean what transformers' ``generate`` makes of
-them:
-
-* ``temperature``: logits are divided by it; ``0`` means greedy decoding (as in vLLM), and the
-  other three settings are then unused;
-* ``top_k``: only the ``top_k`` highest logits stay; ``0`` means no limit;
-* ``top_p``: only the smallest set of tokens whose probability reaches ``top_p`` stays; ``1``
-  means no limit;
-* ``seed``: the request's generator starts from it; 0 to 2^63 - 1.
-
-A row that sets any of the four samples; what it leaves empty takes the defaults above
-(temperature 1, top_k 0, top_p 1, seed 0). Plain Python, no torch: tables and files are parsed
-here before any model loads.
-"""
+"""Sampling settings of one request (as vLLM's): ``temperature`` 0 is greedy, ``top_k`` 0 and
+``top_p`` 1 no limit, ``seed`` 0 to 2^63 - 1; unset ones default to 1, 0, 1, 0. No torch."""
 
 from __future__ import annotations
 
@@ -29,13 +13,9 @@ _EXACT_FLOAT_INT = 2**53  # integral floats above this may not be the number the
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request picks its next token. See the module docstring for each field.
-
-    Raises:
-        ValueError: temperature below 0 or not finite, top_p outside (0, 1], top_k below 0 or
-            not a whole number, seed not a whole number or outside 0..2^63 - 1. One message
-            names every bad setting and its value, a sentence each, not the row: parsers add that.
-    """
+    """How one request picks its next token. Raises ValueError: a temperature below 0 or not finite,
+    top_p outside (0, 1], top_k or seed not a whole number in range; one message names every bad
+    setting."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -56,16 +36,13 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        """True at temperature 0: the request decodes greedily and draws nothing."""
         return self.temperature == 0
 
     def to_dict(self) -> dict:
-        """``{"temperature", "top_k", "top_p", "seed"}``, as the files and the JSON write them."""
         return asdict(self)
 
 
 def _field_problem(name: str, value) -> str | None:
-    """The sentence saying what is wrong with one setting's value; None when it is allowed."""
     if name == "temperature":
         if not _is_number(value) or not math.isfinite(value):
             return f"temperature {_show(value)} is not a finite number."
@@ -95,7 +72,6 @@ def _is_number(value) -> bool:
 
 
 def _show(value) -> str:
-    """A value for a message: its repr, cut to 30 characters (an int may be thousands of digits)."""
     try:
         text = repr(value)
     except ValueError:  # Python's int-to-str digit limit
@@ -104,17 +80,12 @@ def _show(value) -> str:
 
 
 def samples(params: SamplingParams | None) -> bool:
-    """Whether a request with these settings samples (not None, temperature above 0)."""
     return params is not None and not params.is_greedy
 
 
 def parse_sampling(temperature, top_k, top_p, seed, where: str) -> SamplingParams | None:
-    """Four table cells (text or numbers) -> settings; None when all four are blank (greedy).
-
-    Raises:
-        ValueError: cells that are not numbers of the right kind or out of range, every one
-            named in one message that starts with ``where`` (e.g. "Row 3" or "w.csv line 4").
-    """
+    """Four table cells -> settings; None when all are blank (greedy). Raises ValueError: cells out
+    of kind or range, all named in one message starting with ``where``."""
     cells = dict(zip(FIELDS, (temperature, top_k, top_p, seed), strict=True))
     given = {name: value for name, value in cells.items() if not is_blank(value)}
     if not given:
@@ -136,7 +107,7 @@ def parse_sampling(temperature, top_k, top_p, seed, where: str) -> SamplingParam
 
 
 def _number(value, name: str) -> float | int:
-    """A number as typed: "2" stays the int 2, so a message quotes it as the user wrote it."""
+    """A number as typed: "2" stays the int 2, so a message quotes it as written."""
     text = _text(value, name)
     try:
         return int(text)
@@ -176,7 +147,7 @@ def _text(value, name: str) -> str:
 
 
 def is_blank(value) -> bool:
-    """Whether a table cell is empty: None, NaN (pandas' empty cell) or only whitespace."""
+    """None, NaN (pandas' empty cell) or only whitespace."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return True
     try:
@@ -188,12 +159,8 @@ def is_blank(value) -> bool:
 def with_defaults(
     params: SamplingParams | None, defaults: SamplingParams | None, seed_base: int, index: int
 ) -> SamplingParams | None:
-    """``params`` if the request has settings of its own; else ``defaults`` with the seed
-    ``seed_base + index`` (the bench's ``--seed-base``); None when neither is set.
-
-    Raises:
-        ValueError: ``seed_base + index`` beyond 2^63 - 1.
-    """
+    """``params``, else ``defaults`` seeded ``seed_base + index``; None when neither is set. Raises
+    ValueError: the seed beyond 2^63 - 1."""
     if params is not None or defaults is None:
         return params
     return SamplingParams(defaults.temperature, defaults.top_k, defaults.top_p, seed_base + index)

@@ -1,10 +1,5 @@
-"""Requests and sequences.
-
-A *request* is what the user asked for: a prompt, its own ``max_new_tokens`` cap and, optionally,
-its sampling settings (``engine.sampling_params``; none: greedy). A *sequence*
-is that request's state inside an engine: its slot, how many of its tokens already sit in the KV
-cache, and what it generated so far. Plain Python, no torch.
-"""
+"""Requests and sequences: a *request* is what the user asked for (a prompt, its ``max_new_tokens``
+cap, maybe sampling settings); a *sequence* is its state inside an engine."""
 
 from __future__ import annotations
 
@@ -16,11 +11,7 @@ from engine.sampling_params import SamplingParams, samples
 
 @dataclass(frozen=True)
 class Request:
-    """One user request, already tokenized.
-
-    ``prompt_token_ids`` is exactly what every engine and the reference feed to the model
-    (chat template applied or not, identically for all of them).
-    """
+    """One user request, tokenized exactly as every engine and the reference feed it."""
 
     request_id: int
     prompt: str
@@ -31,7 +22,6 @@ class Request:
 
     @property
     def is_sampled(self) -> bool:
-        """True when the request samples (settings with a temperature above 0)."""
         return samples(self.sampling)
 
     @property
@@ -40,7 +30,6 @@ class Request:
 
     @property
     def arrival_order(self) -> tuple[float, int]:
-        """First come, first served: by arrival time, ties by request id."""
         return self.arrival_s, self.request_id
 
 
@@ -52,11 +41,8 @@ class SequenceStatus(enum.Enum):
 
 @dataclass
 class Sequence:
-    """Engine-side state of one request.
-
-    Invariant: ``num_cached_tokens <= num_tokens``; the tokens not yet cached are exactly the ones
-    the next step must feed (the whole prompt at prefill, one token at decode).
-    """
+    """Engine-side state of one request. Invariant: ``num_cached_tokens <= num_tokens``; the
+    uncached tokens are what the next step feeds."""
 
     request: Request
     # --- scheduling ---
@@ -81,25 +67,17 @@ class Sequence:
 
     @property
     def num_pending_tokens(self) -> int:
-        """Tokens the next step feeds: not yet in the KV cache."""
         return self.num_tokens - self.num_cached_tokens
 
     @property
     def is_prefill(self) -> bool:
-        """True while tokens other than the newest are missing from the KV cache.
-
-        That is the prompt, or after a preemption the prompt and the output so far, which are
-        recomputed together as one prefill.
-        """
+        """True while tokens other than the newest are uncached: the prompt, or after a preemption
+        the prompt and output, recomputed as one prefill."""
         return self.num_cached_tokens < max(self.request.num_prompt_tokens, self.num_tokens - 1)
 
     def preempt(self) -> None:
-        """Drop this sequence's KV cache and send it back to wait (recompute preemption, vLLM).
-
-        Its output so far is kept and prefilled again with the prompt on readmission, so decoding
-        goes on where it stopped (a sampled one too: ``engine.serving.sampler``).
-        ``block_hashes`` stay valid: tokens are only ever appended.
-        """
+        """Drop the KV cache and wait again (vLLM's recompute preemption); the output is kept and
+        prefilled with the prompt on readmission."""
         self.num_cached_tokens = 0
         self.num_prefix_cached_tokens = 0
         self.slot = None
@@ -107,7 +85,6 @@ class Sequence:
         self.num_preemptions += 1
 
     def pending_token_ids(self, limit: int | None = None) -> list[int]:
-        """The first ``limit`` (default: all) tokens not yet cached; per sequence, not per token."""
         start = self.num_cached_tokens
         end = self.num_tokens if limit is None else min(self.num_tokens, start + limit)
         return self.token_ids(start, end)
@@ -121,7 +98,7 @@ class Sequence:
         return prompt + self.output_token_ids[: max(0, end - n_prompt)]
 
     def append_token(self, token_id: int, eos_token_ids: frozenset[int]) -> bool:
-        """Record one generated token; return True if the sequence is now finished."""
+        """Record one generated token; True if the sequence is now finished."""
         self.output_token_ids.append(token_id)
         if token_id in eos_token_ids:
             self.finish_reason = "eos"

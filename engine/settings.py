@@ -1,16 +1,8 @@
 """Settings: every environment variable the project reads, declared once and read here only.
 
-A host (a Space owner, a workshop teacher) tunes the playground with ``CBP_*`` variables, each
-declared once in ``SETTINGS``; ``docs/hosting.md``'s table of variables is checked against it. The
-module that owns a setting turns its text into a value and refuses a bad one with a message
-naming the variable; this module only reads the environment, so that ``os.environ`` appears
-nowhere else in ``engine/``. A variable is read at each call, so a host can change a per-run
-setting without a restart.
-
-``BORROWED`` names the variables of other tools the engine also reads. The recording scheduler
-(``engine.peers.vllm_scheduler``) runs inside vLLM's own process and imports nothing of ours, so it
-reads ``CBP_VLLM_SCHEDULE_PATH`` and the ``CBP_VLLM_RECORD_*`` variables itself; they are declared
-here all the same. Standard library only: nothing here imports torch or any room.
+``SETTINGS`` declares each ``CBP_*`` variable (docs/hosting.md's table is checked against it);
+owners parse the text, and a variable is read at each call. ``BORROWED``: other tools' variables.
+The vLLM recording scheduler reads its own variables inside vLLM; they are declared here too.
 """
 
 from __future__ import annotations
@@ -22,8 +14,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Setting:
-    """One environment variable: ``kind`` says what a value is, ``default`` is what unset or
-    blank means ("" when there is none), ``meaning`` what it does."""
+    """One environment variable: ``default`` is what unset or blank means ("" when none)."""
 
     name: str
     kind: str
@@ -201,51 +192,38 @@ _BY_NAME = {setting.name: setting for setting in SETTINGS}
 
 
 def setting(name: str) -> Setting:
-    """The declaration of ``name``.
-
-    Raises:
-        KeyError: a variable ``SETTINGS`` does not declare.
-    """
+    """Raises KeyError: a variable ``SETTINGS`` does not declare."""
     if name not in _BY_NAME:
         raise KeyError(f"{name} is not declared in engine.settings.SETTINGS")
     return _BY_NAME[name]
 
 
 def default(name: str) -> str:
-    """What an unset or blank ``name`` means ("" when it has no default)."""
     return setting(name).default
 
 
 def value(name: str, environ: Mapping[str, str] | None = None) -> str:
-    """The text of ``name`` in ``environ`` (default: this process's environment), without
-    surrounding spaces; its default when it is unset or blank.
-
-    Raises:
-        KeyError: a variable ``SETTINGS`` does not declare.
-    """
+    """``name``'s text, stripped, or its default when unset
+    or blank. Raises KeyError: undeclared."""
     declared = setting(name)
     text = (os.environ if environ is None else environ).get(name) or ""
     return text.strip() or declared.default
 
 
 def borrowed(name: str) -> str:
-    """The text of another tool's variable (one of ``BORROWED``); "" when unset."""
     assert name in BORROWED, f"{name} is not declared in engine.settings.BORROWED"
     return os.environ.get(name, "")
 
 
 def set_borrowed(name: str, text: str) -> None:
-    """Set another tool's variable (one of ``BORROWED``) for libraries in this process."""
     assert name in BORROWED, f"{name} is not declared in engine.settings.BORROWED"
     os.environ[name] = text
 
 
 def environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's environment with ``extra`` over it, for a child process."""
     return {**os.environ, **(extra or {})}
 
 
 def set_default(name: str) -> None:
-    """Set ``name`` to its declared default for libraries this process loads later, unless the
-    host set it already."""
+    """Set ``name`` to its declared default for libraries loaded later, unless the host set it."""
     os.environ.setdefault(name, setting(name).default)

@@ -1,21 +1,6 @@
-"""Per-token logit records: what a run's logits looked like at each token it generated.
-
-Every run (the reference, the static engine, the continuous engine) keeps, for each output token,
-a ``TokenLogits``: the top ``TOP_K`` logits with their token ids, the norm of the hidden state that
-produced them, and a digest of the whole logits row. That is enough to explain a difference
-between two runs after the fact (``engine.fidelity.divergence``) without keeping ``V`` floats per
-token:
-
-* the top ``TOP_K`` give the margin between the chosen token and its rivals, in the run's own pass
-  (not in some re-run of the prefix through another kernel);
-* ``hidden_norm`` and the output embedding's row norms bound the rounding error of a logit;
-* ``digest`` tells whether two runs' logits rows were bitwise equal, the proof of the
-  batch-invariant mode.
-
-``LogitRecorder`` is a forward hook on the model's output embedding (``lm_head``): its input rows
-are the final hidden states and its output rows the logits, whatever engine called the model. Each
-call of the model adds one list of rows (one per sequence the call computed logits for).
-"""
+"""Per-token logit records: the top ``TOP_K`` logits, the hidden state's norm and a digest of the
+whole row per output token (margins, a rounding bound and bitwise equality, not ``V`` floats).
+``LogitRecorder`` is a forward hook on ``lm_head``, whatever engine called the model."""
 
 from __future__ import annotations
 
@@ -33,14 +18,9 @@ DIGEST_BYTES = 4  # a logits row's digest: its CRC-32
 
 @dataclass(frozen=True)
 class TokenLogits:
-    """One output position's logits in one run.
-
-    ``token_ids`` and ``logits`` are the top ``TOP_K``, best first (the model's dtype values, as
-    float). ``abs_dots[i]`` is ``sum_j |h_j| |W[token_ids[i], j]|`` for the final hidden state ``h``
-    and the output embedding ``W``: the scale of that logit's rounding error
-    (``engine.fidelity.divergence``). ``hidden_norm`` is ``||h||_2``; ``digest`` a hash of the whole
-    logits row's bytes (equal digests: bitwise equal rows).
-    """
+    """One output position's logits in one run: the top ``TOP_K`` ``token_ids`` and ``logits``, best
+    first; ``abs_dots[i] = sum_j |h_j| |W[token_ids[i], j]|``, the scale of that logit's rounding
+    error; ``hidden_norm = ||h||_2``; ``digest`` of the row's bytes."""
 
     token_ids: tuple[int, ...]
     logits: tuple[float, ...]
@@ -49,11 +29,9 @@ class TokenLogits:
     digest: str
 
     def abs_dot_of(self, token_id: int) -> float | None:
-        """``abs_dots`` of ``token_id``, or None when it is not among the top ``TOP_K``."""
         return self._of(self.abs_dots, token_id)
 
     def logit_of(self, token_id: int) -> float | None:
-        """The logit of ``token_id``, or None when it is not among the top ``TOP_K``."""
         return self._of(self.logits, token_id)
 
     def _of(self, values: tuple[float, ...], token_id: int) -> float | None:
@@ -87,21 +65,15 @@ def token_logits_rows(
 
 
 def row_digest(logits: torch.Tensor) -> str:
-    """``TokenLogits.digest``: the CRC-32 of one logits row's bytes ``[V]`` in its own dtype, as
-    8 hex digits. It only tells whether two runs' rows are bitwise equal, so a checksum does; at a
-    few GB/s it costs a quarter of a cryptographic hash's time (a row of 49,152 float32 logits is
-    192 KiB, and a step of 8 sequences digests 8 of them)."""
+    """CRC-32 of a logits row's bytes ``[V]``, 8 hex digits: only bitwise equality is asked, and it
+    costs a quarter of a cryptographic hash."""
     raw = logits.detach().contiguous().cpu().view(torch.uint8).numpy()
     return f"{zlib.crc32(raw):08x}"
 
 
 class LogitTrail(Sequence):
-    """One run's ``TokenLogits`` for each output token of one request, stored compactly.
-
-    A ``TokenLogits`` as Python objects takes about 800 bytes; here a token takes about 110
-    (float32 and int32 arrays, 4-byte digests), so long runs on a public page stay small. Reading
-    ``trail[i]`` builds the ``TokenLogits`` again, equal to the one appended.
-    """
+    """One request's ``TokenLogits`` per output token, about 110 bytes a token instead of 800 as
+    objects; ``trail[i]`` rebuilds the one appended."""
 
     def __init__(self, rows: Iterable[TokenLogits] = ()):
         self._k = 0
@@ -111,7 +83,6 @@ class LogitTrail(Sequence):
             self.append(row)
 
     def append(self, row: TokenLogits) -> None:
-        """Add the record of the next output token (all rows have the same top ``K``)."""
         if not self._norms:
             self._k = len(row.token_ids)
         assert len(row.token_ids) == self._k, "rows of one trail keep the same number of logits"
@@ -143,15 +114,10 @@ class LogitTrail(Sequence):
 
 
 class LogitRecorder:
-    """Collects ``TokenLogits`` rows of every output-embedding call while installed.
-
-    ``calls[i]`` holds the rows of the i-th model call: one per sequence (packed engine) or per
-    batch row (``model.generate``, one call per generated token). ``keep_call=i`` also keeps that
-    call's whole first row: ``kept = (hidden [d], logits [V], weight [V, d])``, for a logit outside
-    the top ``TOP_K`` (``logit_and_abs_dot``). ``skip_rows``: row indices the next calls leave
-    unrecorded (None in their place), for rows whose tokens are dropped (a static wave's finished
-    rows and its padding): their top-k and digest cost as much as a kept row's.
-    """
+    """``TokenLogits`` rows of every output-embedding call while installed: ``calls[i]`` per
+    sequence or batch row. ``keep_call=i`` keeps that call's first row as ``kept = (hidden [d],
+    logits [V], weight [V, d])``; ``skip_rows``: rows left unrecorded (None), whose tokens are
+    dropped."""
 
     def __init__(self, top_k: int = TOP_K, keep_call: int | None = None):
         self.top_k = top_k
@@ -161,7 +127,6 @@ class LogitRecorder:
         self.skip_rows: frozenset[int] = frozenset()
 
     def hook(self, module, inputs, output) -> None:
-        """``register_forward_hook`` callback: record the rows of one call."""
         hidden = inputs[0].reshape(-1, inputs[0].shape[-1])  # (R, d)
         logits = output.reshape(-1, output.shape[-1])  # (R, V)
         if len(self.calls) == self.keep_call:
@@ -174,13 +139,11 @@ class LogitRecorder:
         self.calls.append([next(rows) if r in keep else None for r in range(len(logits))])
 
     def pop(self) -> list[TokenLogits]:
-        """The rows of the latest call, removed from the recorder."""
         assert self.calls, "no model call was recorded"
         return self.calls.pop()
 
 
 def logit_and_abs_dot(kept, token_id: int) -> tuple[float, float]:
-    """From ``LogitRecorder.kept``: the logit of ``token_id`` and its ``abs_dot``."""
     hidden, logits, weight = kept
     abs_dot = (hidden.float().abs() * weight[token_id].detach().float().abs()).sum()
     return float(logits[token_id]), float(abs_dot)
@@ -188,7 +151,6 @@ def logit_and_abs_dot(kept, token_id: int) -> tuple[float, float]:
 
 @contextlib.contextmanager
 def recording(model, recorder: LogitRecorder) -> Iterator[LogitRecorder]:
-    """Within the block, every call of ``model`` adds its rows to ``recorder``."""
     handle = model.get_output_embeddings().register_forward_hook(recorder.hook)
     try:
         yield recorder

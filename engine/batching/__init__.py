@@ -1,10 +1,8 @@
-"""The two engines this playground compares, each writing a ``Trace``.
+"""The two engines this playground compares, each writing a ``Trace``: ``static`` (padded waves
+behind a barrier, each ``wave`` through the packed forward pass) and ``continuous`` (iteration-level
+scheduling, one packed row). Map: docs/architecture.md.
 
-``static``: padded waves behind a batch barrier, each ``wave`` run through the packed forward
-pass. ``continuous``: iteration-level scheduling with every in-flight token packed in one row.
-May import every core room below it (``workloads``, ``serving``, ``kernels``, ``model``).
-
-Nothing is imported here: import the modules by name. ``__all__`` is the room's face.
+Nothing is imported here: import the modules by name.
 """
 
 __all__ = [

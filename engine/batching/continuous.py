@@ -1,11 +1,6 @@
-"""The continuous engine: iteration-level scheduling plus packed (ragged) batches.
-
-Each step, nano-vllm style: pack every running sequence's pending tokens into one ``[1, T]`` row,
-run ONE forward pass (prefill fused with decode), append each sequence's next token (greedy, or
-drawn by its request's own sampler: ``engine.serving.sampler``), free the slots of finished
-sequences and plan the next step (``Scheduler.schedule``, which in the ``paged`` KV mode also
-hands out KV blocks and preempts), so the next requests are admitted on the same step.
-"""
+"""The continuous engine: iteration-level scheduling plus packed (ragged) batches. Each step,
+nano-vllm style: one forward pass over every running sequence's pending tokens in one ``[1, T]``
+row, then finished slots freed and new requests admitted for the next step."""
 
 from __future__ import annotations
 
@@ -31,8 +26,6 @@ from engine.workloads.workload import request_label
 
 
 class ContinuousEngine:
-    """Runs requests through ``config.num_slots`` slots, one packed forward pass per step."""
-
     name = "continuous"
 
     def __init__(self, runner: ModelRunner, config: EngineConfig):
@@ -48,11 +41,8 @@ class ContinuousEngine:
         on_step: Callable | None = None,
         on_wait: Callable[[Trace], None] | None = None,
     ) -> Trace:
-        """``generate`` to completion, with ``on_step(trace, step)`` called after every step.
-
-        Raises:
-            ValueError, Exception: as ``generate``, and whatever ``on_step`` raises, at once.
-        """
+        """``generate`` to completion, ``on_step(trace, step)`` after every step; raises as it does,
+        and whatever ``on_step`` raises."""
         trace = None
         for trace, step in self.generate(requests, on_wait):
             if on_step is not None:
@@ -62,16 +52,10 @@ class ContinuousEngine:
     def generate(
         self, requests: list[Request], on_wait: Callable[[Trace], None] | None = None
     ) -> Iterator[tuple[Trace, StepRecord]]:
-        """Yield ``(trace, step)`` after every step; the trace fills in as the run goes.
-
-        While nothing runs and the next request has not arrived, the engine sleeps in slices of
-        ``WAIT_SLICE_S`` and calls ``on_wait(trace)`` after each (no step is recorded), so a run
-        told to stop ends within a slice, not at the arrival.
-
-        Raises:
-            ValueError: in ``paged`` mode, when the KV budget cannot hold some request alone.
-            Exception: whatever ``on_wait`` raises, at once; the KV cache goes with the generator.
-        """
+        """Yield ``(trace, step)`` after every step. While idle before an arrival it sleeps in
+        ``WAIT_SLICE_S`` slices, calling ``on_wait(trace)`` after each. Raises ValueError: in
+        ``paged`` mode, when the KV budget cannot hold some request alone; Exception: whatever
+        ``on_wait`` raises, at once."""
         cfg = self.config
         scheduler = self._new_scheduler(requests)
         blocks = scheduler.block_manager  # the scheduler's, in paged mode; else None
@@ -119,12 +103,8 @@ class ContinuousEngine:
             assert blocks.num_used_blocks == 0, f"{blocks.num_used_blocks} KV blocks still held"
 
     def num_kv_blocks(self, requests: list[Request]) -> int | None:
-        """The paged KV pool's blocks for ``requests`` (None in the other KV modes), as ``run``
-        would size it; what a peer engine is given to schedule under the same pool.
-
-        Raises:
-            ValueError: some request alone needs more KV blocks than the budget holds.
-        """
+        """The paged pool's blocks for ``requests`` as ``run`` sizes it (None in other KV modes).
+        Raises ValueError: a request alone needs more blocks than the budget."""
         groups = self.runner.kv_layer_groups()
         num_layers = sum(len(layers) for _, layers in groups)
         rows = max(len(layers) for _, layers in groups)  # layers of a block (a group's)
@@ -132,11 +112,6 @@ class ContinuousEngine:
         return kv_pool_blocks(self.config, requests, block_bytes_per_token, len(groups))
 
     def _new_scheduler(self, requests: list[Request]) -> Scheduler:
-        """The run's scheduler; in ``paged`` mode it owns a block manager of ``num_kv_blocks``.
-
-        Raises:
-            ValueError: from ``num_kv_blocks``.
-        """
         cfg = self.config
         eos = frozenset() if cfg.ignore_eos else self.runner.eos_token_ids
         windows = [window for window, _ in self.runner.kv_layer_groups()]
@@ -154,8 +129,6 @@ class ContinuousEngine:
         )
 
     def _new_kv_cache(self, requests: list[Request], blocks: BlockManager | None) -> KVCache:
-        """The configured KV cache; in ``paged`` mode, storage for ``blocks``' pool, addressed
-        through a read-only view of its block tables."""
         cfg = self.config
         paged = ()
         if isinstance(blocks, KVCacheGroups):
@@ -220,16 +193,10 @@ class ContinuousEngine:
 def kv_pool_blocks(
     config: EngineConfig, requests: list[Request], kv_bytes_per_token: int, num_groups: int = 1
 ) -> int | None:
-    """``paged`` mode: the blocks of the KV pool for ``requests`` under ``config``, for a model
-    whose block holds ``kv_bytes_per_token`` per token; the other KV modes: None. Needs no
-    model: a process without one checks a budget with it. With ``num_groups`` KV cache groups
-    (``engine.serving.kv_cache_groups``) a request holds a table in each, so a request alone
-    may need ``num_groups`` times its blocks (a whole prompt prefilled at once).
-
-    Raises:
-        ValueError: some request alone needs more blocks than the pool holds (preemption could
-            never make room for it).
-    """
+    """``paged`` mode: the pool's blocks for ``requests`` at ``kv_bytes_per_token`` a block's
+    token; other modes: None. Needs no model. With ``num_groups`` KV cache groups a request holds
+    a table in each. Raises ValueError: some request alone needs more blocks than the pool
+    (preemption cannot help)."""
     if config.kv_mode != "paged":
         return None
     block_size = config.block_size
@@ -253,8 +220,6 @@ def _per_group(num_groups: int) -> str:
 
 
 def max_seq_len(config: EngineConfig, requests: list[Request]) -> int:
-    """The longest sequence the KV cache holds: ``config.max_seq_len``, else the longest request's
-    prompt and cap."""
     if config.max_seq_len is not None:
         return config.max_seq_len
     return max((r.num_prompt_tokens + r.max_new_tokens for r in requests), default=1)
@@ -263,12 +228,9 @@ def max_seq_len(config: EngineConfig, requests: list[Request]) -> int:
 def _num_blocks(
     config: EngineConfig, requests: list[Request], kv_bytes_per_token: int, num_groups: int
 ) -> int:
-    """Blocks in the budget, at most what every slot's longest sequence needs at once (more
-    could never be used, so a huge budget allocates no more); without a budget, exactly that.
-
-    With prefix caching, blocks past that still hold cached prefixes, so a budget may give
-    up to every request's blocks at once (vLLM gives the cache all the memory it has).
-    """
+    """Blocks in the budget, at most what every slot's longest sequence needs at once in every
+    group (without a budget, exactly that); with prefix caching up to every request's blocks, as
+    vLLM gives the cache all its memory."""
     enough = (
         num_groups * config.num_slots * blocks_for(max_seq_len(config, requests), config.block_size)
     )
@@ -284,20 +246,18 @@ def _num_blocks(
 
 
 def _keep_logits(trace: Trace, plan, rows: list[TokenLogits | None]) -> None:
-    """Give each sequence that samples a token this step its logits row (before postprocess)."""
     for seq, n, row in zip(plan.seqs, plan.num_new, rows, strict=True):
         if _feeds_last_token(seq, n):  # not a partial prefill chunk
             trace.request(seq.request_id).token_logits.append(row)
 
 
 def _feeds_last_token(seq, n: int) -> bool:
-    """Whether a step feeding ``n`` of ``seq``'s tokens feeds its last pending one, so that the
-    step's logits give its next token (else it is a partial prefill chunk)."""
+    """Whether feeding ``n`` tokens reaches ``seq``'s last pending one (else a partial prefill
+    chunk)."""
     return seq.num_cached_tokens + n == seq.num_tokens
 
 
 def _partial_chunks(plan) -> frozenset[int]:
-    """The rows of partial prefill chunks: their logits are no next token, so go unrecorded."""
     return frozenset(
         row
         for row, (seq, n) in enumerate(zip(plan.seqs, plan.num_new, strict=True))
@@ -306,8 +266,6 @@ def _partial_chunks(plan) -> frozenset[int]:
 
 
 def _step_samplers(plan, samplers: dict[int, RequestSampler]) -> list[RequestSampler | None]:
-    """Per scheduled sequence, its sampler when this step feeds its last pending token (so the
-    step's token is kept: ``Scheduler.postprocess``), else None (greedy, or a partial prefill)."""
     return [
         samplers.get(seq.request_id) if _feeds_last_token(seq, n) else None
         for seq, n in zip(plan.seqs, plan.num_new, strict=True)

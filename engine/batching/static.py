@@ -1,14 +1,10 @@
 """The static engine: padded waves with a batch barrier.
 
-Requests go in waves of ``B`` in arrival order (see ``StaticEngine._next_wave`` for how a wave
-forms when requests arrive over time). Each wave is padded to its longest prompt and run until
-every row reached its own cap or an EOS (a sampled request's row draws from its own generator,
-``engine.serving.sampler``); rows that finished early are still computed every step (padding
-waste), and the next wave starts only when the whole wave is done (the barrier).
-
-A wave runs through the continuous engine's packed forward pass (``engine.batching.wave``), so
-that static against continuous compares schedules on the same kernels, or left-padded through
-``model.generate`` (``StaticEngine`` says when)."""
+Waves of ``B`` in arrival order, padded to the longest prompt, run until every row reached its cap
+or an EOS; finished rows are still computed (padding waste) and the next wave waits for the whole
+one (the barrier). Waves run through the packed forward pass (``wave``), so both engines share
+kernels, or through ``model.generate``.
+"""
 
 from __future__ import annotations
 
@@ -48,23 +44,13 @@ class _StepClock:
 
 
 class StaticEngine:
-    """Runs requests in padded waves of ``config.num_slots`` rows."""
-
     name = "static"
 
     def __init__(self, runner: ModelRunner, config: EngineConfig, engine_kernels: bool = True):
-        """The waves run through the continuous engine's packed forward pass
-        (``engine.batching.wave``), except in two cases, where they run through ``generate``:
-
-        * ``engine_kernels=False``: plain ``model.generate`` matmuls, without the engines' kernel
-          (``ModelRunner.engine_kernels``); the bench's ``static_generate``;
-        * ``config.batch_invariant``: the batch-invariant kernels and attention
-          (``engine.kernels.invariant_ops``), which strip each row's left padding.
-
-        Raises:
-            ValueError: batch-invariant mode without the engines' kernels, or for a model it
-                does not support.
-        """
+        """Waves run through ``wave`` except with ``engine_kernels=False`` (plain
+        ``model.generate``, the bench's ``static_generate``) or ``config.batch_invariant`` (its
+        kernels strip the left padding). Raises ValueError: batch-invariant mode without the
+        engines' kernels, or for a model it does not support."""
         self.runner = runner
         self.engine_kernels = engine_kernels
         self.config = config
@@ -80,12 +66,8 @@ class StaticEngine:
         on_step: Callable | None = None,
         on_wait: Callable[[Trace], None] | None = None,
     ) -> Trace:
-        """Run every wave; ``on_step(trace, None)`` is called after every step, and
-        ``on_wait(trace)`` every ``WAIT_SLICE_S`` (0.05 s) while a wave waits for arrivals.
-
-        Raises:
-            Exception: whatever ``on_step`` or ``on_wait`` raises (``RunStopped``), at once.
-        """
+        """``on_step(trace, None)`` after every step, ``on_wait(trace)`` every ``WAIT_SLICE_S``
+        while a wave waits. Raises whatever they raise, at once."""
         trace = Trace(engine=self.name, num_slots=self.config.num_slots)
         trace.info["batch_invariant"] = self.config.batch_invariant
         trace.requests = new_request_records(requests)
@@ -105,16 +87,9 @@ class StaticEngine:
     def _next_wave(
         self, pending: deque[Request], t0: float, on_wait: Callable[[], None] | None
     ) -> list[Request]:
-        """Wait for the next wave and take it out of ``pending`` (sorted by arrival).
-
-        The wave-forming rule: a wave starts as soon as ``B`` requests have arrived, or the
-        oldest arrived request has waited ``wave_timeout_s``, or every remaining request has
-        arrived; it takes up to ``B`` arrived requests, oldest first. Until then the engine waits,
-        calling ``on_wait()`` every ``WAIT_SLICE_S``.
-
-        Raises:
-            Exception: whatever ``on_wait`` raises, at once.
-        """
+        """Wait for the next wave and take it out of ``pending``: it starts when ``B`` requests
+        arrived, the oldest waited ``wave_timeout_s``, or all have arrived; up to ``B``, oldest
+        first. Raises whatever ``on_wait`` raises."""
         b, timeout_s = self.config.num_slots, self.config.wave_timeout_s
         while True:
             now_s = time.perf_counter() - t0
@@ -159,7 +134,6 @@ class StaticEngine:
         self._record_steps(trace, wave_index, wave, outputs, width, wave_start_s, end_times)
 
     def _generate(self, wave, t0, tick) -> WaveResult:
-        """The wave left-padded through ``generate``, in its kernels, with its samplers."""
         input_ids, attention_mask = self.runner.left_pad([list(r.prompt_token_ids) for r in wave])
         width = input_ids.shape[1]
         clock = _StepClock(t0, width, [r.max_new_tokens for r in wave], tick)
@@ -192,7 +166,7 @@ class StaticEngine:
 
 
 def _row_share(row: int, request: Request, num_output: int, width: int, k: int) -> ScheduledSeq:
-    """What row ``row`` computed at step ``k`` of its wave (step 0 is the padded prefill)."""
+    """What ``row`` computed at step ``k`` of its wave (step 0 is the padded prefill)."""
     padding = width - request.num_prompt_tokens
     if k == 0:
         return ScheduledSeq(request.request_id, row, PREFILL, request.num_prompt_tokens, 0, padding)

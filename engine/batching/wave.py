@@ -1,10 +1,5 @@
 """A static wave through the continuous engine's packed forward pass: the same kernels, the same
-padding waste and barrier as ``model.generate`` on the left-padded wave.
-
-The static engine's lesson is what padding and the barrier cost, not whose kernels are faster, so
-its waves run through ``ModelRunner.forward_packed`` (the fused decoder layers, the slot KV cache,
-``decode_step``), like the continuous engine's steps. Every row computes what it would in
-``generate``::
+padding waste and barrier as ``model.generate`` on the left-padded wave::
 
     step 0 (prefill)  each row's padding and its prompt, the padding packed as a sequence of its
                       own (its keys are computed and never attended, as a masked pad's are)
@@ -14,8 +9,8 @@ its waves run through ``ModelRunner.forward_packed`` (the fused decoder layers, 
     row 0  [pad pad p0 p1 | t1 | t2 | t3 (finished: computed, dropped) ]
     row 1  [ q0  q1 q2 q3 | u1 | u2 | u3 ]
 
-A row's tokens equal its request's per-request ``generate`` tokens in float32, as the continuous
-engine's do: each row sees only its own prompt and outputs, at positions 0, 1, ...
+Each row sees only its own tokens, at positions 0, 1, ..., so it equals per-request ``generate`` in
+float32.
 """
 
 from __future__ import annotations
@@ -33,8 +28,6 @@ from engine.token_logits import LogitRecorder
 
 @dataclass
 class _Padding:
-    """A row's left padding as a packed sequence of its own (step 0 only), in a slot of its own."""
-
     slot: int
     token_ids: list[int]
     num_cached_tokens: int = 0
@@ -46,8 +39,8 @@ class _Padding:
 
 @dataclass
 class WaveResult:
-    """What a wave computed: every row's generated tokens (past its cap or EOS too, cut later),
-    each step's end time (seconds after the run's start), and the logits rows of every step."""
+    """Every row's generated tokens (past cap or EOS too, cut later), each step's end time (s after
+    the run's start) and every step's logits rows."""
 
     token_ids: list[list[int]]
     end_times: list[float]
@@ -60,13 +53,8 @@ def run_wave(
     t0: float,
     on_step: Callable[[int], None] | None = None,
 ) -> WaveResult:
-    """Run ``wave`` (its rows in order) to the end: until every row has reached its
-    ``max_new_tokens`` or generated an end-of-sequence id. ``on_step(num_steps)`` is called after
-    every step.
-
-    Raises:
-        Exception: whatever ``on_step`` raises (``RunStopped``), at once.
-    """
+    """Run ``wave`` until every row reached its cap or an EOS; ``on_step(num_steps)`` after each
+    step. Raises whatever ``on_step`` raises."""
     width = max(r.num_prompt_tokens for r in wave)
     seqs = [Sequence(r, slot=row) for row, r in enumerate(wave)]
     pad_lens = [width - r.num_prompt_tokens for r in wave if r.num_prompt_tokens < width]
@@ -97,9 +85,8 @@ def run_wave(
 def forward_recorded(
     runner: ModelRunner, batch, samplers: list[RequestSampler | None], recorder: LogitRecorder
 ) -> list[int]:
-    """``runner.forward_packed``, its logits rows into ``recorder``; ``samplers[i]`` draws the
-    token of ``batch.seqs[i]`` (None or past the list's end: greedy). An all-greedy step passes
-    the batch alone."""
+    """``runner.forward_packed`` with logits rows into ``recorder``; ``samplers[i]`` draws
+    ``batch.seqs[i]``'s token (None or past the end: greedy)."""
     with runner.recording(recorder):
         if any(s is not None for s in samplers):
             return runner.forward_packed(batch, samplers)
@@ -107,6 +94,5 @@ def forward_recorded(
 
 
 def _row_done(seq: Sequence, eos_token_ids: frozenset[int]) -> bool:
-    """Whether a row has reached its cap or generated an end-of-sequence id."""
     outputs = seq.output_token_ids
     return len(outputs) >= seq.request.max_new_tokens or not eos_token_ids.isdisjoint(outputs)

@@ -1,41 +1,10 @@
 """Divergence verdicts: where an output left its reference, and whether rounding explains it.
 
-A batched engine sums in another order than a solo run, so in half precision a near-tie between
-two tokens can flip and the outputs split from there on. That is not a bug, and the playground
-should say so; a split that rounding cannot explain is one. For every request ``judge`` returns a
-``Verdict``: ``"match"`` (✓), ``"near-tie"`` (≈, at token k) or ``"differs"`` (✗), with what the
-divergence view shows; ``judge_runs`` does it for every engine of a run.
-
-Both runs' logits come from the runs themselves (``engine.token_logits``: recorded when the output
-embedding computed them), never from a re-run of the prefix through another path.
-
-The rounding bound (``RoundingModel.logit_error``). A logit is ``z_v = sum_j h_j W[v, j]`` for the
-final hidden state ``h`` (``d`` components) and the output embedding ``W``. In each run:
-
-1. ``h`` is stored in the model's dtype, so each ``h_j`` carries a relative error of at most the
-   unit roundoff ``u`` (``2**-24`` float32, ``2**-11`` float16, ``2**-8`` bfloat16), which moves
-   ``z_v`` by at most ``u * A_v`` with ``A_v = sum_j |h_j| |W[v, j]|``;
-2. the ``d`` products are summed in a float32 accumulator, in an order that depends on the kernel
-   and the batch: at most ``gamma_d * A_v`` with ``gamma_d = d u32 / (1 - d u32)``,
-   ``u32 = 2**-24`` (Higham, *Accuracy and Stability of Numerical Algorithms*, §3.1). On CUDA a
-   half-precision matmul may reduce split-K partial sums in the dtype itself
-   (``allow_*_reduced_precision_reduction``): one more ``u * A_v``;
-3. the logit is rounded to the dtype: at most ``u |z_v|``.
-
-So ``|z_v - z_v*| <= e_v = (u + gamma_d [+ u]) A_v + u |z_v|`` against a common exact value
-``z_v*``, to first order. Token ``a`` (the reference's) beat ``b`` (the engine's) by
-``m = z_a - z_b >= 0`` in the reference run, and lost by ``m' = z'_b - z'_a >= 0`` in the engine
-run; rounding can explain both only if ``m + m' <= e_a + e_b + e'_a + e'_b`` (each run's errors
-from its own ``A_v`` and logits). That is the near-tie test; a token outside either run's top
-``TOP_K`` has an unknown logit, and the verdict is then "differs". Without the engine's logits
-(transformers' engine), the reference's errors count twice.
-
-This bounds the last stage only: the layers before it add their own rounding, so the two runs'
-hidden states are not one rounding apart but more. The bound is a worst case (every error with the
-same sign) and errors are usually about ``sqrt(d)`` times smaller, yet it can be exceeded by a
-deep network's accumulated differences. So "near-tie" claims only what the last stage alone could
-flip, and "differs" means not explained by it: a bug until someone explains it (docs/precision.md
-gives the bound's size for the embedded model).
+``judge`` gives each request a ``Verdict``: ``"match"`` (✓), ``"near-tie"`` (≈, at token k: both
+runs' margins within the last stage's rounding bound ``e_v = (u + gamma_d) A_v + u |z_v|``, after
+Higham, *Accuracy and Stability of Numerical Algorithms*, §3.1) or ``"differs"`` (✗). Both runs'
+logits are their own (``engine.token_logits``). The derivation and its limits: docs/precision.md,
+"The rounding bound".
 """
 
 from __future__ import annotations
@@ -60,7 +29,7 @@ def unit_roundoff(dtype: torch.dtype) -> float:
 
 @dataclass(frozen=True)
 class RoundingModel:
-    """The rounding error model of one run's logits (see the module docstring)."""
+    """The rounding error model of one run's logits (docs/precision.md)."""
 
     unit_roundoff: float  # u of the dtype hidden states and logits are stored in
     hidden_size: int  # d
@@ -75,7 +44,6 @@ class RoundingModel:
 
 
 def rounding_model(dtype: torch.dtype, hidden_size: int, device_type: str = "cpu") -> RoundingModel:
-    """The ``RoundingModel`` of a model run in ``dtype`` on a device of ``device_type``."""
     reduced = False
     if device_type == "cuda" and dtype in (torch.float16, torch.bfloat16):
         matmul = torch.backends.cuda.matmul
@@ -85,7 +53,6 @@ def rounding_model(dtype: torch.dtype, hidden_size: int, device_type: str = "cpu
 
 
 def first_divergence(output: list[int], reference: list[int]) -> int | None:
-    """Index of the first differing token (or of the shorter end), None if equal."""
     for i, (a, b) in enumerate(zip(output, reference, strict=False)):
         if a != b:
             return i
@@ -97,8 +64,6 @@ _RECORDS = ("reference_logits", "engine_logits")  # a ``Verdict``'s logit record
 
 @dataclass(frozen=True)
 class Verdict:
-    """One request's comparison with its reference: what the outputs table and view show."""
-
     request_id: int
     verdict: str  # MATCH | NEAR_TIE | DIFFERS
     token_index: int | None = None  # k: first differing output position; common prefix = [:k]
@@ -114,7 +79,6 @@ class Verdict:
 
     @property
     def symbol(self) -> str:
-        """✓, ≈ or ✗."""
         return SYMBOLS[self.verdict]
 
     @property
@@ -160,13 +124,11 @@ def judge(
     reference_lookup: Callable[[int, int], tuple[float, float] | None] | None = None,
     sampled: bool = False,
 ) -> Verdict:
-    """The ``Verdict`` of ``output`` against ``reference`` (see the module docstring).
+    """The ``Verdict`` of ``output`` against ``reference``.
 
-    ``*_logits[i]`` are the runs' records at output position i (None or short: not recorded).
-    ``reference_lookup(k, token)``: ``(logit, abs_dot)`` of a token outside the reference's top
-    ``TOP_K`` at position k, from the reference's own pass (None: unknown). ``sampled``: the
-    request samples (``engine.sampling_params``); a drawn token need not be the argmax, so the
-    near-tie test does not apply and a split is "differs".
+    ``*_logits[i]``: the runs' records at output position i (None or short: not recorded).
+    ``reference_lookup(k, token)``: ``(logit, abs_dot)`` of a token outside the reference's top at
+    position k (None: unknown). A ``sampled`` request's split is "differs" (no near-tie test).
     """
     k = first_divergence(output, reference)
     if k is None:
@@ -203,7 +165,6 @@ def judge(
 
 
 def _weigh(found: Verdict, margin: float, engine_margin: float | None, bound: float) -> Verdict:
-    """Near-tie when both runs' margins together stay within the rounding bound."""
     gap = margin + (engine_margin or 0.0)
     near = gap <= bound
     reason = (
@@ -221,7 +182,6 @@ def _weigh(found: Verdict, margin: float, engine_margin: float | None, bound: fl
 
 
 def count(verdicts: list[Verdict]) -> dict[str, int]:
-    """``num_match``, ``num_near_tie`` and ``num_differs`` of a run's verdicts."""
     return {
         f"num_{name.replace('-', '_')}": sum(1 for v in verdicts if v.verdict == name)
         for name in (MATCH, NEAR_TIE, DIFFERS)
@@ -229,14 +189,9 @@ def count(verdicts: list[Verdict]) -> dict[str, int]:
 
 
 def judge_runs(runner, source, requests, traces: dict) -> dict[str, dict[int, dict]]:
-    """Every engine's verdicts with the texts the divergence view shows, so nothing after a run
-    reads the model: per engine, per request id, the verdict (``Verdict.to_dict`` with token
-    texts) and, at a split, ``prefix_text``, ``reference_token_text`` and ``engine_token_text``.
-
-    ``runner``: the model runner whose tokenizer decodes; ``source``: the reference
-    (``engine.fidelity.reference.ReferenceCache`` or ``SoloReference``) that computed the run's
-    reference outputs; ``traces``: engine name -> ``Trace``.
-    """
+    """Every engine's verdicts with the texts the divergence view shows (per engine, per request id:
+    ``Verdict.to_dict`` and, at a split, ``prefix_text``, ``reference_token_text``,
+    ``engine_token_text``), so nothing after a run reads the model."""
     decode = runner.tokenizer.decode
     judged = {}
     for name, trace in traces.items():

@@ -1,23 +1,10 @@
 """The references: what each engine's outputs are compared against, token for token.
 
-* ``ReferenceCache`` (the normal mode): per-request ``model.generate`` at batch 1. A sampled
-  request's reference (``engine.sampling_params``) is ``generate(do_sample=True, temperature,
-  top_k, top_p)`` right after ``torch.manual_seed(seed)``, which draws what the engines'
-  per-request samplers draw (``engine.serving.sampler``).
-* ``SoloReference`` (batch-invariant mode): the same computation as the engines, one sequence at a
-  time: the continuous engine with one slot and the batch-invariant kernels. An engine in that
-  mode must match it bitwise, logits included.
-
-Both keep each run's own logits per output token (``engine.token_logits``), which ``verdicts``
-turns into ✓ / ≈ / ✗ (``engine.fidelity.divergence``). Both are prefix-stable: the output for cap
-``c`` is the first ``c`` tokens of the output for any larger cap (or the whole output, if it ended
-with EOS; a sampled one's k-th draw never depends on the cap). So each keeps the longest output
-per prompt and sampling settings and answers smaller caps from it, in memory and, given a
-``ReferenceStore``, on disk (``engine.fidelity.reference_store``; each class gives its ``mode``).
-
-An engine that samples with a random stream of its own (transformers' manager) cannot be compared
-token for token: its ``RequestRecord.comparable`` is False, ``comparison`` says ``NOT_COMPARED``
-("sampled with another generator: not compared") instead of a mismatch, and it gets no verdict.
+``ReferenceCache``: per-request ``model.generate`` at batch 1 (a sampled request's right after
+``torch.manual_seed(seed)``). ``SoloReference`` (batch-invariant mode): the continuous engine with
+one slot, matched bitwise. Both are prefix-stable (the output for cap ``c`` is the first ``c``
+tokens of any larger cap's), so the longest output per prompt and sampling answers smaller caps. An
+engine sampling from its own stream gets ``NOT_COMPARED``, not a mismatch.
 """
 
 from __future__ import annotations
@@ -69,8 +56,7 @@ GENERATE_SOURCES = (
 
 
 class _Cache:
-    """Per prompt and sampling settings, the longest output computed so far, its cap and its
-    logits per token."""
+    """Per prompt and sampling settings: the longest output so far, its cap and its logits."""
 
     def __init__(self, runner: ModelRunner, store: ReferenceStore | None = None):
         self.runner = runner
@@ -79,26 +65,20 @@ class _Cache:
         self._outputs: dict[tuple, Stored] = {}
 
     def output(self, request: Request, on_step: Callable[[], None] | None = None) -> list[int]:
-        """The reference output ids of one request, up to its cap or first EOS.
-
-        ``on_step()`` is called after every generated token; an exception it raises ends the call.
-        """
+        """Reference output ids up to the cap or first EOS; ``on_step()`` after every token (what it
+        raises ends the call)."""
         tokens, _ = self._hit(request, on_step)
         return tokens
 
     def token_logits(self, request: Request) -> Sequence[TokenLogits]:
-        """The reference run's own logits at each of ``output(request)``'s tokens."""
         tokens, logits = self._hit(request, None)
         return logits if len(logits) == len(tokens) else logits[: len(tokens)]
 
     def outputs(self, requests: list[Request], on_step=None) -> dict[int, list[int]]:
-        """Reference output ids for every request, by request id; ``on_step()`` as in
-        ``output``."""
         return {request.request_id: self.output(request, on_step) for request in requests}
 
     def verdicts(self, requests: list[Request], trace) -> dict[int, Verdict]:
-        """✓ / ≈ / ✗ of every request of an engine's ``trace``, by request id (none for a
-        request the engine sampled with a generator of its own: ``comparable`` False)."""
+        """✓ / ≈ / ✗ of every comparable request of ``trace``, by request id."""
         model = divergence.rounding_model(
             self.runner.dtype, self.runner.hidden_size, self.runner.device.type
         )
@@ -120,13 +100,9 @@ class _Cache:
         return found
 
     def logit_at(self, request: Request, index: int, token_id: int) -> tuple[float, float] | None:
-        """``(logit, abs_dot)`` of any token at output position ``index``, in the reference's own
-        pass (``engine.token_logits``), for a token outside the recorded top; None if unknown.
-
-        The reference is run again up to ``index``, keeping that position's whole row. The run is
-        deterministic, and the row's digest must equal the one recorded the first time (else
-        None: the recomputation is not the same pass).
-        """
+        """``(logit, abs_dot)`` of a token outside the recorded top at ``index``, from a re-run of
+        the reference keeping that row; None when unknown or when the row's digest differs from the
+        first run's (not the same pass)."""
         recorded = self.token_logits(request)
         if index >= len(recorded):
             return None
@@ -136,16 +112,12 @@ class _Cache:
         return logit_and_abs_dot(kept, token_id)
 
     def missing(self, requests: list[Request]) -> dict[tuple, int]:
-        """The references ``outputs(requests)`` would compute (not in memory or the store to
-        their caps), as ``(prompt ids, sampling settings) -> cap``: what a run's reference pass
-        costs (the page's queue estimate). Computes nothing (see ``still_missing``)."""
+        """The references ``outputs(requests)`` would compute, ``key -> cap``; computes nothing."""
         return self.still_missing(wanted_references(requests))
 
     def still_missing(self, wanted: dict[tuple, int]) -> dict[tuple, int]:
-        """Those of ``wanted`` (``missing``'s keys and caps) not in memory or the store to their
-        caps now. It reads the store only once this reference's identity is known (hashing the
-        weights is torch work, left to the first reference pass), so before that a stored
-        reference counts as missing; an entry read is kept in memory."""
+        """Those of ``wanted`` not held to their caps now. The store is read only once the identity
+        is known (hashing the weights is left to the first reference pass)."""
         identity = self.__dict__.get("identity")  # the cached property, once computed
         store = self.store if identity is not None else None
         return still_missing(wanted, self._outputs, store, identity, self.runner.eos_token_ids)
@@ -167,12 +139,10 @@ class _Cache:
 
     @functools.cached_property
     def identity(self) -> Identity:
-        """This reference's key in the store (made on first use: it hashes the weights)."""
         assert self.store is not None, "an identity is only needed with a store"
         return self.store.identity(self.runner, self._mode())
 
     def _mode(self) -> dict[str, Any]:
-        """The identity's ``mode``: what kind of reference, and what it runs through."""
         raise NotImplementedError
 
     def _run(self, request: Request, on_step) -> tuple[list[int], Sequence[TokenLogits]]:
@@ -184,8 +154,7 @@ class _Cache:
 
 
 class ReferenceCache(_Cache):
-    """Per-request outputs of plain ``model.generate`` (batch 1), by prompt and sampling, with
-    the run's own logits."""
+    """Per-request plain ``model.generate`` (batch 1), with the run's own logits."""
 
     def _mode(self) -> dict[str, Any]:
         # Plain generate runs outside the engines' kernels: their matmul kernel does not apply.
@@ -215,12 +184,8 @@ def _sampling(request: Request):
 
 
 class SoloReference(_Cache):
-    """Batch-invariant mode's reference: each request alone through the continuous engine with
-    the batch-invariant kernels (one slot, no token budget, ``slots`` KV), arriving at once.
-
-    Raises:
-        ValueError: the model is not supported by batch-invariant mode.
-    """
+    """Each request alone through the continuous engine with the batch-invariant kernels (one slot,
+    no token budget, ``slots`` KV). Raises ValueError: a model the mode does not support."""
 
     def __init__(
         self,
@@ -259,15 +224,14 @@ class SoloReference(_Cache):
 def reference_for(
     runner: ModelRunner, config: EngineConfig | None = None, store: ReferenceStore | None = None
 ) -> _Cache:
-    """The reference an engine with ``config`` is compared against: ``SoloReference`` in
-    batch-invariant mode, else ``ReferenceCache``; kept in ``store`` too, if given."""
+    """``SoloReference`` in batch-invariant mode, else ``ReferenceCache``."""
     if config is not None and config.batch_invariant:
         return SoloReference(runner, config, store)
     return ReferenceCache(runner, store)
 
 
 class _EveryStep:
-    """A ``StoppingCriteria`` that never stops generation itself, only calls ``callback()``."""
+    """A ``StoppingCriteria`` that never stops generation, only calls ``callback()``."""
 
     def __init__(self, callback: Callable[[], None]):
         self.callback = callback
@@ -280,19 +244,16 @@ class _EveryStep:
 def mismatches(
     outputs: dict[int, list[int]], reference: dict[int, list[int]], not_compared=()
 ) -> list[int]:
-    """Request ids whose output ids differ from the reference, leaving out ``not_compared``."""
     skip = set(not_compared)
     return [rid for rid, ref in reference.items() if rid not in skip and outputs.get(rid) != ref]
 
 
 def not_compared_ids(trace) -> list[int]:
-    """Request ids a trace's engine sampled with its own generator (``comparable`` False)."""
     return [r.request_id for r in trace.requests if not r.comparable]
 
 
 def comparison(record, reference: dict[int, list[int]] | None) -> str | None:
-    """``MATCH``, ``MISMATCH`` or ``NOT_COMPARED`` for one ``RequestRecord``; None without a
-    reference (or none for this request)."""
+    """``MATCH``, ``MISMATCH`` or ``NOT_COMPARED`` for one record; None without its reference."""
     if not record.comparable:
         return NOT_COMPARED
     if reference is None or record.request_id not in reference:

@@ -1,12 +1,8 @@
 """The reference key: everything that can change a reference's tokens or logits, hashed.
 
-A stored reference (``engine.fidelity.reference_store``) is used only where all of it is equal:
-the identity, one per reference and model (``identity_fields``: the model and a hash of its
-weights, the dtype, the device, the library versions, what ``generate`` is given, the logit
-record's shape, and the reference's ``mode``, which its class in ``engine.fidelity.reference``
-gives with a SHA-256 of the source files it runs through, so an edit to them is a miss, never a
-stale reference), and the request (``request_fields``). The cap is not in the key: references are
-prefix-stable, so one entry answers every cap up to the longest computed.
+The identity (model and weights hash, dtype, device, library versions, ``generate``'s inputs, the
+logit record's shape, and the ``mode`` with a SHA-256 of the sources it runs through, so an edit is
+a miss, never a stale reference) and the request's fields. No cap: references are prefix-stable.
 """
 
 from __future__ import annotations
@@ -29,15 +25,14 @@ _SHA_CHUNK_BYTES = 2**24  # weights are hashed in slices of at most this many by
 
 @dataclass(frozen=True)
 class Identity:
-    """What a reference's entries share: ``fields`` (JSON values) and their SHA-256 ``digest``."""
+    """``fields`` (JSON values) and their SHA-256 ``digest``."""
 
     fields: dict[str, Any]
     digest: str
 
 
 def identity_fields(runner, mode: dict[str, Any], weights_sha256: str) -> dict[str, Any]:
-    """The identity of ``runner``'s model (an ``engine.model.model_runner.ModelRunner``) in one
-    reference ``mode``, as JSON values; ``weights_sha256`` is ``weights_digest(runner.model)``."""
+    """The identity of ``runner``'s model in one reference ``mode``, as JSON values."""
     import transformers  # heavy: imported when an identity is made, not with this module
 
     model = runner.model
@@ -62,7 +57,6 @@ def identity_fields(runner, mode: dict[str, Any], weights_sha256: str) -> dict[s
 
 
 def request_fields(prompt: tuple[int, ...], sampling: SamplingParams | None) -> dict[str, Any]:
-    """A request's part of the key: prompt ids and sampling settings (None: greedy)."""
     return {
         "prompt_token_ids": [int(t) for t in prompt],
         "sampling": None if sampling is None else sampling.to_dict(),
@@ -70,8 +64,8 @@ def request_fields(prompt: tuple[int, ...], sampling: SamplingParams | None) -> 
 
 
 def weights_digest(model: torch.nn.Module) -> str:
-    """SHA-256 of every parameter's and buffer's name, dtype, shape and bytes (SmolLM2-135M in
-    float32: 540 MB, under a second on a CPU)."""
+    """SHA-256 of every parameter's and buffer's name, dtype,
+    shape and bytes (540 MB: under 1 s)."""
     sha = hashlib.sha256()
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         raw = tensor.detach().contiguous().reshape(-1).cpu().view(torch.uint8)  # (bytes,)
@@ -82,8 +76,8 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 
 def device_fields(device: torch.device) -> dict[str, Any]:
-    """What of the device can change a result: its type, and the CPU's kernel dispatch
-    (capability, model, threads) or the GPU's name, compute capability and CUDA version."""
+    """The device's type and the CPU's kernel dispatch (capability, model, threads) or the GPU's
+    name, compute capability and CUDA version."""
     fields: dict[str, Any] = {"type": device.type, "machine": platform.machine()}
     if device.type == "cpu":
         fields["capability"] = torch.backends.cpu.get_cpu_capability()
@@ -97,7 +91,6 @@ def device_fields(device: torch.device) -> dict[str, Any]:
 
 
 def code_digest(paths: list[Path]) -> str:
-    """SHA-256 of the source files ``paths``, in the order given."""
     sha = hashlib.sha256()
     for path in paths:
         sha.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")

@@ -1,31 +1,10 @@
-"""The reference store: references kept on disk, so a setup's reference is computed once per host.
-
-A reference (``engine.fidelity.reference``) costs a full ``model.generate`` per request, and is the
-same every time on the same model, dtype, device and code. The store keeps each one in the cache
-folder (``engine.model.loader.cache_dir``: ``$CBP_CACHE_DIR``), keyed by everything that can change
-a token or a logit (``engine.fidelity.reference_key``), so a run whose references are all stored
-skips the reference pass, in this process and the next.
-
-An entry holds the longest output computed so far for its key, and its cap: it answers every
-smaller cap (``covers``) and is replaced when a larger cap is computed (two processes racing on
-one entry: the last write wins; either is right). Files are plain JSON that a person can read::
+"""The reference store: references kept on disk, so a setup's reference is computed once per host::
 
     <cache dir>/references/<identity digest, 24 hex>/identity.json    what the identity holds
     <cache dir>/references/<identity digest, 24 hex>/<request digest, 32 hex>.json
 
-An entry holds its full identity digest, prompt ids and sampling (checked on reading), the cap,
-the output ids and the logit record per output token (``engine.token_logits``) as columns of
-exact float32 values. It is written to a temporary file and renamed into place, so no reader sees
-half of one; one that cannot be read or does not check out is logged as a warning and computed
-again, never an error. The folder is kept under ``MAX_BYTES``, least recently used entries first.
-
-``StoredReferences`` says which references the store holds to a process that has their key but not
-the model: the page, whose queue prices a run by its reference pass while an engine process runs
-the runs and gives it the key.
-
-Host setting: ``CBP_REFERENCE_CACHE`` is ``on`` (default) or ``off``; ``off`` keeps references in
-memory only (``open_store`` returns None). The test suite sets it ``off`` except where it tests
-the store.
+An entry holds the longest output for its key and answers smaller caps; checked on reading, written
+atomically, pruned least recently used first; a bad one is a warning, recomputed.
 """
 
 from __future__ import annotations
@@ -61,20 +40,14 @@ log = logging.getLogger(__name__)
 
 
 class Stored(NamedTuple):
-    """One reference output: the longest computed so far for a prompt and sampling settings."""
-
     tokens: list[int]  # output ids of that run (up to its cap or first EOS)
     cap: int  # the max_new_tokens it ran with
     logits: LogitTrail  # its logit record, one per output token
 
 
 def open_store() -> ReferenceStore | None:
-    """The host's store under ``cache_dir() / "references"``, or None when ``CBP_REFERENCE_CACHE``
-    is ``off``.
-
-    Raises:
-        ValueError: ``CBP_REFERENCE_CACHE`` is set to something other than ``on`` or ``off``.
-    """
+    """The store under ``cache_dir() / "references"``; None when ``CBP_REFERENCE_CACHE`` is off.
+    Raises ValueError: a value other than ``on`` or ``off``."""
     choice = settings.value(SETTING).lower()
     if choice not in _CHOICES:
         raise ValueError(f"{SETTING}={choice!r}: use 'on' (keep references on disk) or 'off'")
@@ -82,16 +55,13 @@ def open_store() -> ReferenceStore | None:
 
 
 class ReferenceStore:
-    """Reference outputs on disk under ``folder``; see the module docstring."""
-
     def __init__(self, folder: Path, max_bytes: int = MAX_BYTES):
         self.folder = Path(folder)
         self.max_bytes = max_bytes
         self._weights: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> hex
 
     def identity(self, runner, mode: dict[str, Any]) -> Identity:
-        """The identity (``engine.fidelity.reference_key``) of ``runner``'s model in one
-        reference ``mode``; the weights are hashed once per model."""
+        """The identity of ``runner``'s model in ``mode``; the weights are hashed once per model."""
         model = runner.model
         if model not in self._weights:
             self._weights[model] = weights_digest(model)
@@ -100,8 +70,7 @@ class ReferenceStore:
         return Identity(fields, sha256_json(fields))
 
     def load(self, identity: Identity, key: tuple) -> Stored | None:
-        """The stored output for ``key`` (``entry_key``: prompt ids, sampling settings or None),
-        or None if there is none or it cannot be read (a warning says why)."""
+        """The stored output for ``key``, or None (none, or unreadable: a warning says why)."""
         path = self._path(identity, key)
         try:
             text = path.read_text(encoding="utf-8")
@@ -120,8 +89,7 @@ class ReferenceStore:
         return stored
 
     def save(self, identity: Identity, key: tuple, stored: Stored) -> None:
-        """Write ``key``'s entry atomically (replacing a shorter one), then prune the folder; a
-        failure to write is a warning, never an error."""
+        """Write ``key``'s entry atomically, then prune; a failure is a warning."""
         path = self._path(identity, key)
         entry = _encode(stored, identity, key)
         try:
@@ -136,7 +104,6 @@ class ReferenceStore:
         self.prune()
 
     def prune(self) -> None:
-        """Delete the least recently used entries until the folder holds at most ``max_bytes``."""
         entries = []
         for path in self.folder.glob("*/*.json"):
             if path.name == "identity.json":
@@ -159,12 +126,11 @@ class ReferenceStore:
 
 
 def entry_key(request: Request) -> tuple:
-    """``(prompt ids, sampling settings or None for greedy)``: what a reference is kept by."""
+    """``(prompt ids, sampling settings or None)``: what a reference is kept by."""
     return request.prompt_token_ids, request.sampling if request.is_sampled else None
 
 
 def wanted_references(requests: Iterable[Request]) -> dict[tuple, int]:
-    """The references ``requests`` need, as ``entry_key -> cap`` (the largest cap asked)."""
     wanted = {}
     for request in requests:
         key = entry_key(request)
@@ -173,8 +139,7 @@ def wanted_references(requests: Iterable[Request]) -> dict[tuple, int]:
 
 
 def covers(hit: Stored, cap: int, eos_token_ids: Iterable[int]) -> bool:
-    """Whether ``hit`` answers a request with ``cap`` (references are prefix-stable: a larger
-    cap, or an output that ended at an end-of-sequence id, answers it)."""
+    """A larger cap, or an output that ended at EOS, answers ``cap`` (prefix-stable)."""
     eos = set(eos_token_ids)
     return hit.cap >= cap or any(t in eos for t in hit.tokens)
 
@@ -186,9 +151,8 @@ def still_missing(
     identity: Identity | None,
     eos_token_ids: Iterable[int],
 ) -> dict[tuple, int]:
-    """Those of ``wanted`` (``entry_key -> cap``) that neither ``kept`` nor ``store`` (under
-    ``identity``; None: not read) holds to their caps now; an entry read from the store is put
-    in ``kept``."""
+    """Those of ``wanted`` that neither ``kept`` nor ``store`` holds to their caps; a store hit goes
+    into ``kept``."""
     found = {}
     for key, cap in wanted.items():
         hit = kept.get(key)
@@ -202,9 +166,8 @@ def still_missing(
 
 
 class StoredReferences:
-    """The references ``store`` holds under ``identity`` (None: no store, nothing held), for a
-    process without the model; ``missing`` and ``still_missing`` answer as the references'
-    own (``engine.fidelity.reference``) would."""
+    """The references ``store`` holds under ``identity``, for a process without the model; answers
+    as ``reference``'s classes do."""
 
     def __init__(
         self, store: ReferenceStore | None, identity: Identity | None, eos_token_ids: Iterable[int]
@@ -215,13 +178,9 @@ class StoredReferences:
         self._read: dict[tuple, Stored] = {}  # entries read, by entry_key
 
     def missing(self, requests: list[Request]) -> dict[tuple, int]:
-        """The references a reference pass over ``requests`` would compute, as
-        ``entry_key -> cap``."""
         return self.still_missing(wanted_references(requests))
 
     def still_missing(self, wanted: dict[tuple, int]) -> dict[tuple, int]:
-        """Those of ``wanted`` (``missing``'s keys and caps) the store does not hold to their
-        caps now."""
         return still_missing(wanted, self._read, self.store, self.identity, self.eos_token_ids)
 
 
@@ -244,11 +203,7 @@ def _encode(stored: Stored, identity: Identity, key: tuple) -> dict[str, Any]:
 
 
 def _decode(entry: dict, identity: Identity, key: tuple) -> Stored:
-    """An entry back into ``Stored``.
-
-    Raises:
-        ValueError, TypeError, KeyError, AttributeError: the entry is not one this key wrote.
-    """
+    """Raises ValueError, TypeError, KeyError, AttributeError: not an entry this key wrote."""
     if entry["format"] != FORMAT or entry["identity"] != identity.digest:
         raise ValueError("written for another identity or format")
     want = request_fields(*key)
@@ -283,7 +238,6 @@ def _digest(text) -> str:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path`` and rename it into place."""
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:

@@ -1,22 +1,12 @@
 """Other work's share of the CPU: was the machine quiet while something was timed?
 
-A kernel timing taken while other processes (or a hypervisor's other guests) use the cores
-times the contention, not the kernels, so the kernel store keeps a measurement only when the
-machine was quiet (``engine.model.kernel_store``).
-
-Linux counts CPU time for the whole machine in ``/proc/stat`` (the ``cpu`` line: user, nice,
-system, idle, iowait, irq, softirq, steal, in clock ticks) and for this process, all its threads
-together, in ``/proc/self/stat`` (utime and stime, fields 14 and 15). Over an interval::
+Over an interval, from ``/proc/stat`` (the machine, or given CPUs' lines) and ``/proc/self/stat``
+(this process; a server's whole process group)::
 
     others = (busy ticks of the machine - ticks of this process) / all ticks of the machine
 
-where busy is everything but idle and iowait, so steal (time the hypervisor gave this machine's
-cores to someone else) counts as other work. 0.0 is a machine running nothing but this process;
-0.5 on 2 cores is one core's worth of other work. Where ``/proc`` is missing (macOS, Windows)
-the share is unknown (None) and the timing is trusted.
-
-A run kept to some CPUs (the page's engines, and its local servers beside them) is measured on
-those CPUs' own lines (``cpu1`` ...), and a server's own work is its whole process group's.
+busy being all but idle and iowait, so a hypervisor's steal counts as other work. Without ``/proc``
+(macOS, Windows) the share is None and a timing is trusted.
 """
 
 from __future__ import annotations
@@ -32,12 +22,8 @@ LOADED_SHARE = 0.2  # other work's share of a run's CPUs over which its result i
 
 
 def machine_ticks(stat_text: str, cpus: frozenset[int] | None = None) -> tuple[int, int]:
-    """``(busy, total)`` clock ticks from ``/proc/stat``'s text: the whole machine's (the ``cpu``
-    line), or the sum of ``cpus``' own lines (``cpu0``, ``cpu1`` ...).
-
-    Raises:
-        ValueError: no such line with at least 8 numbers.
-    """
+    """``(busy, total)`` ticks of the ``cpu`` line, or the sum of ``cpus``' lines. Raises
+    ValueError: no such line with at least 8 numbers."""
     names = {"cpu"} if cpus is None else {f"cpu{n}" for n in cpus}
     busy = total = found = 0
     for line in stat_text.splitlines():
@@ -58,12 +44,8 @@ def machine_ticks(stat_text: str, cpus: frozenset[int] | None = None) -> tuple[i
 
 
 def process_ticks(stat_text: str) -> int:
-    """utime + stime clock ticks of a process from its ``/proc/<pid>/stat`` text (the command
-    name, field 2, is in parentheses and may hold spaces, so fields are counted after it).
-
-    Raises:
-        ValueError: the text is not a process's stat line.
-    """
+    """utime + stime ticks of a ``/proc/<pid>/stat`` text (fields counted after the command name,
+    which may hold spaces). Raises ValueError: not a stat line."""
     after_name = stat_text.rpartition(")")[2].split()
     if len(after_name) < 13:
         raise ValueError("not a /proc/<pid>/stat line")
@@ -71,8 +53,7 @@ def process_ticks(stat_text: str) -> int:
 
 
 def group_ticks(proc: Path, group: int) -> int:
-    """utime + stime clock ticks of every live process in process group ``group`` (field 5 of
-    each ``/proc/<pid>/stat``); a process that ends meanwhile is skipped."""
+    """utime + stime ticks of every live process in process group ``group``."""
     ticks = 0
     for stat in proc.glob("[0-9]*/stat"):
         try:
@@ -85,14 +66,12 @@ def group_ticks(proc: Path, group: int) -> int:
 
 
 def own_cpus() -> frozenset[int] | None:
-    """The CPUs this process may run on; None where the system does not say (not Linux)."""
     if not hasattr(os, "sched_getaffinity"):
         return None
     return frozenset(os.sched_getaffinity(0))
 
 
 def load_warning(name: str, share: float | None) -> list[str]:
-    """One line when other work took over ``LOADED_SHARE`` of ``name``'s CPUs during its run."""
     if share is None or share <= LOADED_SHARE:
         return []
     return [
@@ -102,12 +81,8 @@ def load_warning(name: str, share: float | None) -> list[str]:
 
 
 class OtherWork:
-    """Measures other work's share of the CPU over a ``with`` block: of the whole machine, or of
-    ``cpus`` only; the measured work is this process, or process group ``group`` (a server's).
-
-    ``share`` after the block: a fraction of those CPUs' time in the block (0.0 to 1.0), or None
-    where ``/proc`` cannot be read or no tick passed.
-    """
+    """Other work's share of ``cpus`` (default: the machine) over a ``with`` block, besides this
+    process or process ``group``; ``share``: 0.0 to 1.0, or None where unknown."""
 
     def __init__(self, proc: Path = Path("/proc"), cpus=None, group: int | None = None) -> None:
         self._proc = proc
@@ -141,11 +116,8 @@ class OtherWork:
 
 
 def wait_quiet(max_wait_s: float = 5.0, window_s: float = 0.25, quiet_share: float = 0.1) -> float:
-    """Wait, in windows of ``window_s``, until other work's share of the CPU over a window is
-    below ``quiet_share`` (or unknown), at most about ``max_wait_s``; the seconds waited.
-
-    The bench calls it before each timed run, so that a run does not pay for the work its
-    predecessor left behind (a server's threads still busy after its run ends)."""
+    """Wait in windows of ``window_s`` until other work's share is under ``quiet_share`` (at most
+    about ``max_wait_s``); the seconds waited. The bench calls it before each timed run."""
     started_s = time.perf_counter()
     while True:
         with OtherWork() as others:

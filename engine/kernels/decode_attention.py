@@ -1,25 +1,13 @@
 """Decode attention that reads each slot's own keys, not every slot padded to the longest one.
 
-``one_call`` attends all single-query sequences of a step in one SDPA call (the packed
-attention's way, ``engine.kernels.packed_attention``) over ``[B, H_kv, T_kv, D]``, ``T_kv`` being
-the longest slot's length, with the rest masked. SDPA still reads and multiplies the masked keys,
-so one long request among short ones makes every slot pay for its length (and an idle slot costs
-as much as a busy one)::
+A masked call still reads every masked key, so ``plan_decode`` gives the ``k`` longest sequences a
+call each and the rest one shared call, ``k`` minimizing key rows plus ``CALL_COST_KEYS`` a call::
 
     kv lengths   slot 0: 300   slot 1: 40   slot 2: 35   slot 3: idle
     one call     4 x 300 = 1200 key rows read
     split        300 (slot 0 alone)  +  4 x 40 (the rest, padded to 40)  =  460
 
-On a decode-only step (every sequence feeds one token) ``plan_decode`` splits the step once: the
-``k`` longest sequences get one unmasked call each over exactly their keys, and the others share
-one masked call padded to the longest of them. ``k`` minimizes the key rows read plus
-``CALL_COST_KEYS`` per call. ``decode_attention`` then runs that split in every layer.
-
-Each call is this project's C++ decode attention (``torch.ops.cbp_attention.decode``, built by
-``engine.kernels.gemv_build``) where it runs: it takes each slot's key count instead of a mask,
-where torch's CPU flash attention spends most of such a small call setting up. Elsewhere it is
-SDPA with the additive mask. With the kernel and an in-place cache (slot or paged) the fused
-layers skip the split: ``decode_step`` runs a layer's whole attention in one call.
+Calls go through the C++ ``torch.ops.cbp_attention`` where it runs, else SDPA.
 """
 
 from __future__ import annotations
@@ -46,15 +34,13 @@ MAX_WHOLE_STEP_TOKENS = MAX_GEMV_ROWS
 
 @dataclass
 class DecodeSplit:
-    """How one step's attention is split into SDPA calls (the same in every layer); or
-    ``whole_step``: ``decode_step`` does all of it (a decode-only step, or a short step with
-    prefill chunks).
+    """How one step's attention is split into calls (the same in every layer); ``whole_step``:
+    ``decode_step`` does all of it.
 
     Shapes:
         shared_rows, shared_slots: [S_sh]   tokens (and slots) of the shared call
         shared_mask: [B, 1, 1, width]        additive, for SDPA; None without a shared call
-        shared_lens: [B]                     keys per slot in the shared call, for the C++
-                                             kernel (0: a slot outside it, left unattended)
+        shared_lens: [B]                     keys per slot in the shared call (0: left unattended)
         solo: (index, kv_len) per sequence that gets its own call (its token row is its index)
     """
 
@@ -70,12 +56,9 @@ class DecodeSplit:
 
 
 def plan_decode(batch: PackedBatch, dtype: torch.dtype, whole: bool = True) -> DecodeSplit | None:
-    """The split for a decode-only step in the ``slots`` or ``paged`` KV mode, else None.
-
-    Where the caller takes ``decode_step`` (``whole``) and it serves the step, the split is
-    ``whole_step`` and otherwise empty. ``decode_step`` also serves a step of at most
-    ``MAX_WHOLE_STEP_TOKENS`` tokens with prefill chunks in it (a short prompt admitted beside
-    the decodes), one query per token; a longer step keeps the packed attention."""
+    """The split for a decode-only step in the ``slots`` or ``paged`` KV mode, else None. With
+    ``whole``, a step ``decode_step`` serves (also one of at most ``MAX_WHOLE_STEP_TOKENS`` tokens
+    with prefill chunks) is ``whole_step``."""
     if batch.packed_mask is not None:
         return None
     kernel = kernel_runs(batch.input_ids.device, dtype)
@@ -113,8 +96,7 @@ def plan_decode(batch: PackedBatch, dtype: torch.dtype, whole: bool = True) -> D
 
 
 def one_call(batch: PackedBatch) -> DecodeSplit:
-    """The split that attends every single-query sequence of ``batch`` in one SDPA call over all
-    slots, under ``batch.decode_mask`` (the packed attention's, beside its prefill calls)."""
+    """Every single-query sequence in one call over all slots, under ``batch.decode_mask``."""
     return DecodeSplit(
         width=batch.decode_mask.shape[-1],
         all_slots=batch.all_slots_decode,
@@ -126,15 +108,13 @@ def one_call(batch: PackedBatch) -> DecodeSplit:
 
 
 def kernel_runs(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether ``torch.ops.cbp_attention.decode`` serves a step on ``device`` in ``dtype``."""
     if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return False
     return gemv_build.available()
 
 
 def _attend(q, keys, values, lens, mask, scaling, kernel: bool, softcap=None) -> torch.Tensor:
-    """Softmax attention of ``q`` over each slot's first ``lens`` keys (the kernel) or under
-    ``mask`` (SDPA, or ``sdpa``'s soft-capped scores).
+    """Attention over each slot's first ``lens`` keys (the kernel) or under ``mask``.
 
     Shapes:
         q: [B, H_kv, G, D];  keys, values: [B, H_kv, T_kv, D];  lens: [B];
@@ -146,9 +126,9 @@ def _attend(q, keys, values, lens, mask, scaling, kernel: bool, softcap=None) ->
 
 
 def sdpa(q, keys, values, mask, scaling, softcap=None, is_causal=False) -> torch.Tensor:
-    """SDPA with grouped-query heads; with ``softcap`` (Gemma 2), the scores capped at
-    ``softcap * tanh(s / softcap)`` before the mask, as transformers' eager attention does
-    (``models/gemma2/modeling_gemma2.py: eager_attention_forward``), which SDPA cannot.
+    """SDPA with grouped-query heads; ``softcap`` (Gemma 2) caps scores at
+    ``softcap * tanh(s / softcap)`` before the mask, as transformers' ``gemma2`` eager attention
+    does.
 
     Shapes:
         q: [..., H, n, D];  keys, values: [..., H_kv, m, D];  mask: bool or additive,
@@ -173,7 +153,6 @@ def sdpa(q, keys, values, mask, scaling, softcap=None, is_causal=False) -> torch
 
 
 def _best_num_solo(sorted_lens: list[int], num_slots: int) -> int:
-    """How many of the longest sequences to attend alone: the fewest key rows plus calls."""
     best_k, best_cost = 0, None
     for k in range(len(sorted_lens) + 1):
         shared = 0 if k == len(sorted_lens) else CALL_COST_KEYS + num_slots * sorted_lens[k]
@@ -184,17 +163,10 @@ def _best_num_solo(sorted_lens: list[int], num_slots: int) -> int:
 
 
 def decode_step(qkv, cos, signed_sin, layer: int, batch: PackedBatch, num_heads: int, scaling):
-    """One layer's whole attention on a decode-only step whose ``split.whole_step`` is set, in one
-    ``torch.ops.cbp_attention.decode_step`` call: the rotary on each token's query and key
-    (``engine.kernels.fused_layers``' folded form, the same roundings), its key and value into
-    its sequence's KV block at its position, and its queries over that sequence's keys,
-    position + 1 of them, block by block through ``batch.kv_block_table`` (no padding to the
-    longest sequence, no split, no gather). vLLM's CPU attention likewise writes the cache inside
-    its attention op (``vllm/v1/attention/backends/cpu_attn.py``, ``forward``).
-
-    Shapes:
-        qkv: [T, (H + 2 H_kv) D];  cos, signed_sin: [T, D]  ->  returns [T, H D]
-    """
+    """One layer's whole attention in one ``torch.ops.cbp_attention.decode_step`` call: rotary, the
+    KV write into its block, and attention over position + 1 keys through ``batch.kv_block_table``
+    (as vLLM's CPU attention writes the cache inside its op, ``v1/attention/backends/cpu_attn.py``).
+    Shapes: qkv: [T, (H + 2 H_kv) D];  cos, signed_sin: [T, D]  ->  returns [T, H D]"""
     keys, values = batch.kv_cache.block_storage(layer)  # (H_kv, N, S, D) each
     positions = batch.position_ids[0]  # (T,)
     table = batch.kv_cache.layer_block_table(layer, batch)  # (B, M)
@@ -206,12 +178,8 @@ def decode_step(qkv, cos, signed_sin, layer: int, batch: PackedBatch, num_heads:
 def decode_attention(
     query, cache, layer: int, batch: PackedBatch, split: DecodeSplit, scaling, softcap=None
 ):
-    """One layer's attention of a decode-only step, after its keys/values are written
-    (``softcap``: ``sdpa``'s, on a split without the kernel).
-
-    Shapes:
-        query: [1, H, T, D]  ->  returns [1, T, H, D]
-    """
+    """One layer's attention of a decode-only step, after its keys/values are written. Shapes:
+    query: [1, H, T, D]  ->  returns [1, T, H, D]"""
     num_heads, num_tokens, head_dim = query.shape[1:]
     if split.all_slots and split.width:
         out = _shared_all_slots(query, cache, layer, batch, split, scaling, softcap)  # (T, H, D)
@@ -229,7 +197,6 @@ def decode_attention(
 
 
 def _shared_all_slots(query, cache, layer, batch, split, scaling, softcap) -> torch.Tensor:
-    """Every slot decodes (token t = slot t): queries viewed as [B, H_kv, G, D], no scatter."""
     keys, values = cache.slot_view(layer, batch, split.width)  # (B, H_kv, width, D)
     num_heads, num_slots, head_dim = query.shape[1:]
     num_kv_heads = keys.shape[1]
@@ -241,8 +208,6 @@ def _shared_all_slots(query, cache, layer, batch, split, scaling, softcap) -> to
 
 
 def _shared_scattered(query, cache, layer, batch, split, scaling_softcap, out) -> None:
-    """The shared sequences' queries scattered into their slots; idle slots compute a row.
-    ``scaling_softcap``: the pair ``_attend`` takes."""
     keys, values = cache.slot_view(layer, batch, split.width)  # (B, H_kv, width, D)
     num_heads, head_dim = query.shape[1], query.shape[-1]
     num_slots, num_kv_heads = keys.shape[:2]

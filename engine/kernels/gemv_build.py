@@ -1,22 +1,9 @@
 """The C++ kernels' build: ``csrc/`` compiled once per host into one library, or the reason not.
 
-The sources: ``csrc/gemv.cpp``, the matmul for a few rows (``torch.ops.cbp_gemv.pack`` and
-``linear``: the weight packed in blocks of 16 outputs and read once per pass; its header says
-how); ``csrc/decode_attention.cpp``, a decode step's attention (``torch.ops.cbp_attention``, used
-by ``engine.kernels.decode_attention``); ``csrc/layer_ops.cpp``, a bfloat16 layer's RMSNorm and
-SiLU-and-mul (``torch.ops.cbp_layer``, used by ``engine.kernels.fused_layers``);
-``csrc/decoder_layers.cpp``, a decode step's every layer in one call (``torch.ops.cbp_step``, the
-others' entry points called back to back through ``csrc/ops.h``); ``csrc/simd.h``, their shared
-AVX-512 helpers. They run on torch's own thread pool.
-
-All need AVX-512 (F, BW, VL), so the build targets those sets by name, not ``-march=native``: one
-build serves every AVX-512 CPU that shares the cache folder. torch's extension tools build it
-(``torch.utils.cpp_extension.load``, with ninja) into ``CBP_CACHE_DIR/gemv/<build_digest()>``, so
-only a host's first start compiles (seconds) and later ones load the library.
-
-``unavailable_reason()`` says why it cannot run here: ``CBP_GEMV=off``, not an x86 CPU with
-AVX-512, no C++ compiler, no ninja, or a build that failed (its first error line). The callers
-then keep torch's ops, so a Space image without a compiler runs the other kernels.
+``csrc/*.cpp`` (a few-row matmul, decode attention, layer ops, all layers of a decode step) need
+AVX-512 F/BW/VL, targeted by name rather than ``-march=native`` so one build serves every such CPU
+sharing ``CBP_CACHE_DIR/gemv/<build_digest()>``. ``unavailable_reason()`` says why not (the setting,
+the CPU, no compiler or ninja, a failed build); callers then keep torch's ops.
 """
 
 from __future__ import annotations
@@ -55,13 +42,11 @@ log = logging.getLogger(__name__)
 
 
 def on_x86() -> bool:
-    """Whether this CPU is x86-64, the only kind where oneDNN and these kernels are candidates."""
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
 def cpu_capabilities() -> dict[str, Any]:
-    """torch's view of this CPU (``torch.cpu.get_capabilities``: its name, instruction sets and
-    caches), or ``{}`` where this torch does not have it."""
+    """``torch.cpu.get_capabilities()``, or ``{}`` where this torch lacks it."""
     get = getattr(torch.cpu, "get_capabilities", None)
     try:
         return dict(get()) if get is not None else {}
@@ -70,7 +55,6 @@ def cpu_capabilities() -> dict[str, Any]:
 
 
 def host_reason() -> str | None:
-    """Why this host cannot build the kernel (CPU, compiler, ninja), or None when it can."""
     if not on_x86():
         return f"the gemv kernel is written for x86-64 CPUs; this is {platform.machine()}"
     capabilities = cpu_capabilities()
@@ -88,8 +72,7 @@ def host_reason() -> str | None:
 
 
 def unavailable_reason() -> str | None:
-    """Why the kernel does not run here (the setting, the host, a failed build), or None when it
-    is built and loaded (this builds it on the first call in a process)."""
+    """Why the kernel does not run here, or None (builds it on the first call in a process)."""
     if read_choice("CBP_GEMV", CHOICES) == "off":  # ValueError: a bad setting
         return "CBP_GEMV=off"
     return _built()
@@ -97,7 +80,6 @@ def unavailable_reason() -> str | None:
 
 @functools.cache
 def _built() -> str | None:
-    """Build (or load the earlier build of) the kernel once per process: None, or why not."""
     reason = host_reason()
     if reason is not None:
         return reason
@@ -129,13 +111,10 @@ def _built() -> str | None:
 
 
 def build_digest() -> str:
-    """What a build depends on, hashed: the sources and headers, torch's version and the flags."""
     sources = [source.read_text() for source in (*SOURCES, *HEADERS)]
     text = "\n".join([*sources, torch.__version__, *FLAGS, *LINK_FLAGS])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def available() -> bool:
-    """Whether ``torch.ops.cbp_gemv`` (and ``cbp_attention``, ``cbp_layer``) run here (built on
-    the first call in a process)."""
     return unavailable_reason() is None

@@ -1,27 +1,11 @@
-"""Batch-invariant attention: each query row over exactly its own keys, in a fixed order.
-
-A query at position ``p`` of a sequence attends over that sequence's keys ``0..p``. Here its result
-is a function of those keys alone, whatever shares the step, however the prompt was chunked and
-whether it is a decode or a recomputed prefill (``engine.kernels.invariant_ops``):
+"""Batch-invariant attention: each query row over exactly its own keys, in a fixed order::
 
     keys:    | block 0 (KEY_BLOCK) | block 1             | block 2 (past p: all masked) |
     row p:   | # # # # # # # # # # | # # # # p . . . . . | . . . . . . . . . . . . . .  |
 
-1. query rows go in tiles of ``QUERY_TILE`` rows (the last zero-padded), with the G query heads
-   that share a key/value head; a tile's scores against each key block are one ``torch.bmm`` of
-   fixed per-item shape ``[G * QUERY_TILE, D] @ [D, KEY_BLOCK]`` on operands copied into the same
-   contiguous layout every time (a transposed view in one call and a copy in another take
-   different GEMM code paths, and round differently);
-2. keys after each row's position (and the zero padding of the last block) are set to ``-inf``;
-   a row's maximum over all blocks is exact;
-3. ``exp`` elementwise, then per block a sum over exactly ``KEY_BLOCK`` values and a ``bmm`` of
-   fixed shape ``[G * QUERY_TILE, KEY_BLOCK] @ [KEY_BLOCK, D]`` with the block's values;
-4. the blocks' sums and outputs are added one block after another, in block order: a block past
-   a row's position adds exact zeros, so how many blocks a tile computes changes nothing, nor
-   does where in its tile a row sits (GEMM rows do not mix).
-
-Everything is computed in float32 (as SDPA does for half precision on CPU) and cast back. A
-prefill of n rows takes ``ceil(n / QUERY_TILE)`` tiles per layer; a decode row one tile.
+Fixed-shape ``torch.bmm`` calls per query tile and key block on operands in one contiguous layout (a
+transposed view takes another GEMM path), keys past ``p`` at ``-inf``, blocks added in order, all in
+float32 (docs/precision.md).
 """
 
 from __future__ import annotations
@@ -36,9 +20,8 @@ QUERY_TILE = 8  # query rows per attention call (each with its G heads)
 def sequence_attention(
     query, keys, values, first_position: int, scaling: float, window=None, softcap=None
 ) -> torch.Tensor:
-    """Causal attention of one sequence's query rows at ``first_position, first_position + 1, ...``
-    (``window``: each row sees its last ``window`` keys only; ``softcap``: scores capped at
-    ``softcap * tanh(s / softcap)``, both as in ``engine.kernels.packed_attention``).
+    """Causal attention of one sequence's rows at ``first_position, first_position + 1, ...``
+    (``window``, ``softcap`` as in ``packed_attention``).
 
     Shapes:
         query: [H, n, D];  keys, values: [H_kv, T_kv, D] (T_kv > the last query's position)
@@ -72,9 +55,8 @@ def sequence_attention(
 
 
 def _blocks(x: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """The first ``num_keys`` of [H_kv, T_kv, D] as a new contiguous float32
-    [nb, H_kv, KEY_BLOCK, D], zero-padded at the end: the same layout whatever the input's, and
-    its first blocks are a contiguous slice."""
+    """The first ``num_keys`` of [H_kv, T_kv, D] as a new contiguous float32 [nb, H_kv, KEY_BLOCK,
+    D], zero-padded at the end."""
     num_blocks = -(-num_keys // KEY_BLOCK)
     out = x.new_zeros(x.shape[0], num_blocks * KEY_BLOCK, x.shape[2], dtype=torch.float32)
     out[:, :num_keys] = x[:, :num_keys]
@@ -82,13 +64,7 @@ def _blocks(x: torch.Tensor, num_keys: int) -> torch.Tensor:
 
 
 def _tile(q, k, v, start: int, how: tuple) -> torch.Tensor:
-    """One query tile (rows ``start..start + QUERY_TILE - 1``, G heads each) over its key blocks.
-
-    Every matmul is a ``torch.bmm`` of fixed per-item shape on contiguous operands laid out the
-    same way each time ([G * QUERY_TILE, D] @ [D, KEY_BLOCK], then [G * QUERY_TILE, KEY_BLOCK] @
-    [KEY_BLOCK, D]), batched over (key block, key/value head).
-
-    ``how``: (scaling, window, softcap), as ``sequence_attention`` takes them.
+    """One query tile over its key blocks; ``how``: (scaling, window, softcap).
 
     Shapes:
         q: [H_kv, G * QUERY_TILE, D];  k, v: [nb, H_kv, KEY_BLOCK, D]  ->  [H_kv, G, QUERY_TILE, D]
@@ -123,12 +99,8 @@ def _tile(q, k, v, start: int, how: tuple) -> torch.Tensor:
 
 
 def packed_attention(module, query, key, value, batch, scaling, window=None, softcap=None):
-    """One layer of a packed step in batch-invariant mode: store the step's keys/values in the KV
-    cache, then attend per sequence over its own keys (``sequence_attention``).
-
-    Shapes:
-        query: [1, H, T, D];  key, value: [1, H_kv, T, D]  ->  returns [1, T, H, D]
-    """
+    """A packed step's layer: keys/values into the KV cache, then ``sequence_attention`` per
+    sequence. Shapes: query: [1, H, T, D];  key, value: [1, H_kv, T, D]  ->  returns [1, T, H, D]"""
     layer = module.layer_idx
     cache = batch.kv_cache
     cache.write(layer, key, value, batch)
@@ -147,11 +119,8 @@ def packed_attention(module, query, key, value, batch, scaling, window=None, sof
 def padded_attention(
     module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
 ):
-    """Attention of a left-padded ``model.generate`` batch in batch-invariant mode.
-
-    Registered as ``INVARIANT_ATTENTION`` with transformers (with its SDPA mask). Row ``b`` has
-    ``pad_b`` padding keys on the left; its real queries attend over ``key[b, :, pad_b:]`` exactly
-    as a packed sequence does, and its padding queries get zeros.
+    """A left-padded ``model.generate`` batch, registered as ``INVARIANT_ATTENTION``: row ``b``'s
+    real queries attend over ``key[b, :, pad_b:]`` as a packed sequence does; padding queries get 0.
 
     Shapes:
         query: [B, H, q, D];  key, value: [B, H_kv, kv, D];  attention_mask: [B, 1, q, kv] bool
@@ -174,9 +143,8 @@ def padded_attention(
 
 
 def _pads(attention_mask, batch_size: int, kv_len: int, window, position_ids) -> list[int]:
-    """Each row's left padding: the keys its last query does not see; under a sliding window
-    (which hides more), the keys before its last query's position ``position_ids[b, -1]``,
-    negative where a sliding-window cache dropped the first keys."""
+    """Each row's left padding (under a window, the keys before ``position_ids[b, -1]``; negative
+    where the window's cache dropped keys)."""
     if window is not None and position_ids is not None:
         return (kv_len - 1 - position_ids[:, -1]).tolist()  # (B,)
     if attention_mask is None:
@@ -186,16 +154,14 @@ def _pads(attention_mask, batch_size: int, kv_len: int, window, position_ids) ->
 
 
 def _from_position_zero(x: torch.Tensor, pad: int) -> torch.Tensor:
-    """A row's keys (or values) [H_kv, kv, D] from position 0 on: its padding dropped, or, for
-    ``pad < 0``, the ``-pad`` keys a sliding-window cache dropped put back as zeros (outside
-    every query's window), so that key blocks start where the packed path's do."""
+    """A row's [H_kv, kv, D] from position 0: padding dropped, or ``-pad`` dropped keys put back as
+    zeros, so key blocks start where the packed path's do."""
     if pad >= 0:
         return x[:, pad:]
     return torch.cat((x.new_zeros(x.shape[0], -pad, x.shape[2]), x), dim=1)
 
 
 def register() -> None:
-    """Register ``padded_attention`` and its mask with transformers (idempotent)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

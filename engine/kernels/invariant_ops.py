@@ -1,33 +1,10 @@
 """Batch-invariant mode: a sequence's numerics do not depend on what else shares its step.
 
-In the normal mode a sequence's logits depend, in their last bits, on the step it ran in: a matmul
-kernel picks its blocking (and so its summation order) from the number of rows, a decode step
-attends over the longest slot's keys with the others masked, and a prefill chunk attends over a
-key range that depends on how the prompt was chunked. In half precision that flips near-ties, and
-a batched output differs from the solo one. This mode removes each dependence by construction:
-
-* **Row-wise ops in fixed tiles.** Every ``nn.Linear``, every RMSNorm and every MLP block (its
-  activation included) runs on tiles of exactly ``TILE_ROWS`` rows (the last tile zero-padded;
-  1 row for emulated half precision on CPU, ``tile_rows_for``), one kernel call per tile, so a
-  token row goes through the same kernel with the same shape whether it is alone, packed with
-  others, part of a prefill chunk or a decode.
-* **Rotary tables.** cos/sin of each position come from a table filled in fixed blocks of
-  ``ROPE_BLOCK`` positions, not from a fresh vectorized ``cos`` over the step's positions.
-* **Attention per query row over exactly its own keys** (``engine.kernels.invariant_attention``):
-  keys in fixed blocks of ``KEY_BLOCK``, one fixed-shape matmul per (query row, key block), blocks
-  past the row's position masked to exact zeros, and the blocks summed one after another in a fixed
-  order.
-* Embedding lookups, residual adds and the rotary products are elementwise and exact per element.
-
-This is vLLM's batch invariance on GPUs (``VLLM_BATCH_INVARIANT=1``, vLLM #27433), after Thinking
-Machines' "Defeating Nondeterminism in LLM Inference" (He et al., 2025), whose kernels do not run
-on a CPU; here the kernels are torch's own, called with fixed shapes. The tests compare packed
-and solo logits bitwise in float32 and bfloat16; on CUDA, ``make gpu-check`` reports it. The
-reference in this mode is the continuous engine with one slot
-(``engine.fidelity.reference.SoloReference``).
-
-Supported models: Llama-style decoders (``*RMSNorm``, ``*MLP`` and ``*RotaryEmbedding`` modules,
-static RoPE). Others raise ``ValueError`` when the mode is asked for.
+Every linear, RMSNorm and MLP runs on fixed tiles of ``TILE_ROWS`` rows (``tiled_rows``), cos/sin
+come from a table filled in blocks of ``ROPE_BLOCK`` positions (``RopeTable``), and attention is
+``invariant_attention``'s. After vLLM's batch invariance (vLLM #27433) and Thinking Machines'
+"Defeating Nondeterminism in LLM Inference" (He et al., 2025), with torch's own kernels at fixed
+shapes; docs/precision.md. Llama-style decoders only (static RoPE).
 """
 
 from __future__ import annotations
@@ -48,11 +25,8 @@ INVARIANT_ATTENTION = "cbp_invariant"  # attention for model.generate (static en
 
 
 def tiled_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tile_rows=TILE_ROWS):
-    """``fn`` on fixed ``[tile_rows, d]`` tiles of ``x``'s rows (the last tile zero-padded).
-
-    Shapes:
-        x: [..., d]  ->  [..., d_out], where fn maps [tile_rows, d] -> [tile_rows, d_out]
-    """
+    """``fn`` on fixed ``[tile_rows, d]`` tiles of ``x``'s rows (the last zero-padded).
+    Shapes: x: [..., d]  ->  [..., d_out], where fn maps [tile_rows, d] -> [tile_rows, d_out]"""
     tile_rows = tile_rows or TILE_ROWS
     rows = x.reshape(-1, x.shape[-1])  # (N, d)
     num_rows = rows.shape[0]
@@ -64,26 +38,20 @@ def tiled_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tile
 
 
 def tile_rows_for(device_type: str, dtype: torch.dtype, kernel_name: str) -> int:
-    """Rows per tile: 1 for half precision on a CPU without a native kernel for it (the engines'
-    kernel fell back to ``skinny``, torch's reference loops, whose cost grows with every row, so
-    padding a decode row to 8 would cost 8 rows), else ``TILE_ROWS``. Either is one fixed shape."""
+    """1 for half precision on a CPU without a native kernel (torch's ``skinny`` loops cost per row,
+    so padding a decode row to 8 would cost 8), else ``TILE_ROWS``."""
     if device_type == "cpu" and dtype != torch.float32 and kernel_name != "onednn":
         return 1
     return TILE_ROWS
 
 
 def _tiled(forward: Callable, tile: int, module: nn.Module, x: torch.Tensor):
-    """``forward(module, x)`` on tiles of ``tile`` rows (``tiled_rows``)."""
     return tiled_rows(functools.partial(forward, module), x, tile)
 
 
 class RopeTable:
-    """cos/sin of every position, computed once per block of ``ROPE_BLOCK`` positions.
-
-    Wraps a rotary embedding module's ``forward(x, position_ids) -> (cos, sin)``; each block is
-    computed by the module itself on that block's positions, in float32, so a position's values
-    never depend on which other positions a step holds.
-    """
+    """cos/sin of every position, computed by the rotary module in float32 once per block of
+    ``ROPE_BLOCK`` positions, so a position's values never depend on the step's other positions."""
 
     def __init__(self, rotary: nn.Module):
         self.rotary = rotary
@@ -115,11 +83,7 @@ def _modules_ending(model: nn.Module, suffix: str) -> list[nn.Module]:
 
 
 def check_supported(model: nn.Module) -> None:
-    """Refuse a model this mode does not cover.
-
-    Raises:
-        ValueError: no RMSNorm, MLP or rotary embedding modules, or a dynamic RoPE.
-    """
+    """Raises ValueError: no RMSNorm, MLP or rotary embedding modules, or a dynamic RoPE."""
     name = type(model).__name__
     for suffix in ("RMSNorm", "MLP", "RotaryEmbedding"):
         if not _modules_ending(model, suffix):
@@ -137,14 +101,8 @@ def check_supported(model: nn.Module) -> None:
 
 
 class InvariantKernels:
-    """The mode's replacements for one model: ``installed()`` routes the model through them.
-
-    ``linear_forward`` computes one tile of a linear (the engines' kernel, or ``F.linear``);
-    ``tile_rows`` is the tile (``tile_rows_for``).
-
-    Raises:
-        ValueError: the model is not supported (``check_supported``).
-    """
+    """The mode's replacements for one model; ``installed()`` routes the model through them.
+    ``linear_forward`` computes one tile of a linear. Raises ValueError (``check_supported``)."""
 
     def __init__(self, model: nn.Module, linear_forward: LinearForward, tile_rows=TILE_ROWS):
         check_supported(model)
@@ -156,7 +114,6 @@ class InvariantKernels:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        """Within the block, the model computes in batch-invariant mode."""
         patched = []
         try:
             routed = [(m, self.linear_forward) for m in self.linears]

@@ -1,12 +1,8 @@
 """The GGUF files llama.cpp serves: the loaded weights in float32, or the shipped Q4_1 file.
 
-llama.cpp reads only its own format. ``f32_gguf`` converts the loader's float32 safetensors folder
-(``engine.model.loader``) back into a GGUF with llama.cpp's own converter, so llama.cpp computes
-on the very weights ours do; the file is kept in the model cache, named by a hash of the folder
-(``weights_key``), and written under a temporary name then renamed, so a crash never leaves half
-a file. ``q4_gguf`` is the embedded model's shipped file as it is. The converter runs on this
-Python with the ``gguf-py`` vendored beside it, and with the sentencepiece that ``make llamacpp``
-installs in ``<llama.cpp folder>/python`` (the converter imports it even for BPE tokenizers).
+``f32_gguf`` converts the loader's float32 safetensors folder with llama.cpp's own converter, so
+llama.cpp computes on our very weights; cached by ``weights_key``, renamed into place. The converter
+imports sentencepiece even for BPE tokenizers: ``make llamacpp`` installs it.
 """
 
 from __future__ import annotations
@@ -29,11 +25,8 @@ KEY_CHARS = 16  # hex characters of the weights' hash in the file's name
 
 
 def converter_path() -> Path:
-    """llama.cpp's ``convert_hf_to_gguf.py`` in the source ``make llamacpp`` unpacked.
-
-    Raises:
-        MissingBuild: no unpacked source in the llama.cpp folder, saying how to get one.
-    """
+    """``convert_hf_to_gguf.py`` in the unpacked source.
+    Raises MissingBuild, saying how to get it."""
     root = llamacpp_dir()
     found = sorted(root.glob(f"llama_cpp_python-*/vendor/llama.cpp/{CONVERTER}"))
     if not found:
@@ -45,11 +38,8 @@ def converter_path() -> Path:
 
 
 def weights_key(model_dir: str | os.PathLike) -> str:
-    """A hash of the folder's ``config.json`` and ``*.safetensors`` files (their bytes), as hex.
-
-    Raises:
-        ValueError: the folder holds no config or no safetensors file.
-    """
+    """Hex hash of the folder's ``config.json`` and ``*.safetensors`` bytes. Raises ValueError: no
+    config or no safetensors file."""
     folder = Path(model_dir)
     files = [folder / "config.json", *sorted(folder.glob("*.safetensors"))]
     if not files[0].is_file() or len(files) < 2:
@@ -66,12 +56,9 @@ def weights_key(model_dir: str | os.PathLike) -> str:
 
 
 def f32_gguf(model_dir: str | os.PathLike, timeout_s: float = CONVERT_TIMEOUT_S) -> Path:
-    """The F32 GGUF of a safetensors folder, converted on first use and kept in the cache.
-
-    Raises:
-        ValueError: not a safetensors folder, or no converter (``make llamacpp``).
-        ModelRefused: the converter failed (with the tail of its output).
-    """
+    """The F32 GGUF of a safetensors folder, converted on first use and cached. Raises ValueError:
+    not a safetensors folder, or no converter (``make llamacpp``); ModelRefused: the converter
+    failed (with the tail of its output)."""
     folder = Path(model_dir).expanduser().resolve()
     target = cache_dir() / f"{folder.name}-f32-{weights_key(folder)}.gguf"
     if target.is_file():
@@ -105,11 +92,7 @@ def f32_gguf(model_dir: str | os.PathLike, timeout_s: float = CONVERT_TIMEOUT_S)
 
 
 def q4_gguf() -> Path:
-    """The embedded model's shipped Q4_1 GGUF, as it is.
-
-    Raises:
-        ValueError: the embedded model's package is not installed.
-    """
+    """The embedded model's shipped Q4_1 GGUF. Raises ValueError: its package is not installed."""
     path = embedded_gguf_path()
     if path is None:
         raise ValueError(

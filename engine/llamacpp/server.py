@@ -1,13 +1,8 @@
-"""A local ``llama-server`` on a GGUF file, started and stopped from here.
+"""A local ``llama-server`` on a GGUF file, started and stopped from here (``ServerProcess``).
 
-``make llamacpp`` builds it into ``.llamacpp`` (``CBP_LLAMACPP_DIR`` points elsewhere).
-``LlamaServer`` starts it on 127.0.0.1 with ``--parallel`` equal to the slot count and a context
-per slot sized to the longest request (``--ctx-size`` is the whole KV cache, split evenly between
-the slots); starting, waiting for ``/health`` and stopping are
-``engine.peers.server_process.ServerProcess``'s. Every CPU of ``cpus`` computes, as for our
-engines and vLLM, the process starting with its affinity widened to them (the page's own process
-keeps to fewer). ``--alias`` names the served model after the loaded one, so the client sends
-token ids both ways.
+``--parallel`` is the slot count and ``--ctx-size`` the whole KV cache, split evenly between the
+slots, each sized to the longest request; ``--alias`` names the served model after the loaded one,
+so the client sends token ids both ways.
 """
 
 from __future__ import annotations
@@ -31,17 +26,12 @@ BIND_FAILED = "couldn't bind HTTP server socket"  # llama-server's words for a p
 
 
 def llamacpp_dir() -> Path:
-    """The folder ``make llamacpp`` fills (``CBP_LLAMACPP_DIR``, else the repository's
-    ``.llamacpp``)."""
+    """``CBP_LLAMACPP_DIR``, else the repository's ``.llamacpp``."""
     return Path(env_settings.value(LLAMACPP_DIR_ENV) or REPO_ROOT / ".llamacpp").expanduser()
 
 
 def server_binary(binary: str | os.PathLike | None = None) -> Path:
-    """The ``llama-server`` to start: ``binary``, else the one ``make llamacpp`` built.
-
-    Raises:
-        MissingBuild: no executable there, saying how to build it.
-    """
+    """``binary``, else ``make llamacpp``'s. Raises MissingBuild, saying how to build it."""
     path = Path(binary) if binary is not None else llamacpp_dir() / SERVER_BINARY
     if not (path.is_file() and os.access(path, os.X_OK)):
         build = "build it with `make llamacpp` (cmake and a C++ compiler; minutes, once)."
@@ -53,8 +43,6 @@ def server_binary(binary: str | os.PathLike | None = None) -> Path:
 
 @dataclass(frozen=True)
 class LlamaSettings:
-    """How the server runs; ``describe`` is what the bench reports."""
-
     model_path: str  # the GGUF file
     weights: str  # "f32" or "q4_1": what the file holds
     alias: str  # the served model's name (the loaded model's folder name)
@@ -66,7 +54,6 @@ class LlamaSettings:
     dtype: ClassVar[str] = "float32"
 
     def args(self, port: int) -> list[str]:
-        """The server's command-line flags."""
         threads = str(len(cpus_of(self.cpus)))
         args = ["--model", self.model_path, "--alias", self.alias]
         args += ["--host", "127.0.0.1", "--port", str(port), "--parallel", str(self.num_slots)]
@@ -81,12 +68,8 @@ class LlamaSettings:
 def settings_for(
     model_path, weights: str, alias: str, num_slots: int, requests=None
 ) -> LlamaSettings:
-    """Settings for ``num_slots`` slots, each sized to the longest of ``requests`` (prompt and
-    output tokens; ``CTX_PER_SLOT`` when they are not given).
-
-    Raises:
-        ValueError: fewer than one slot.
-    """
+    """``num_slots`` slots, each sized to the longest of ``requests`` (``CTX_PER_SLOT`` without).
+    Raises ValueError: fewer than one slot."""
     if num_slots < 1:
         raise ValueError("llama.cpp needs at least 1 slot (--parallel).")
     lengths = [r.num_prompt_tokens + r.max_new_tokens for r in requests or []]
@@ -95,16 +78,13 @@ def settings_for(
 
 
 def published_props(props: dict) -> dict:
-    """``{"total_slots": slots, "n_ctx": tokens per slot}`` from llama-server's ``/props``
-    answer, each left out where missing or not a positive count."""
+    """``{"total_slots", "n_ctx"}`` from ``/props``, each left out unless a positive count."""
     n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
     found = {"total_slots": props.get("total_slots"), "n_ctx": n_ctx}
     return {k: v for k, v in found.items() if isinstance(v, int) and v > 0}
 
 
 class LlamaServer(ServerProcess):
-    """One ``llama-server`` process."""
-
     NAME = "llama-server"
     LOG_PREFIX = "llama-server-"
     POLL_S = 0.2
@@ -113,19 +93,13 @@ class LlamaServer(ServerProcess):
     TAIL_LINES = 20
 
     def __init__(self, settings: LlamaSettings, binary=None, port: int | None = None):
-        """``binary``: the server to start (default: ``make llamacpp``'s); ``port``: where it
-        listens (default: a free one).
-
-        Raises:
-            MissingBuild: no such binary.
-        """
+        """Raises MissingBuild: no such binary."""
         super().__init__(port)
         self.settings = settings
         self.binary = server_binary(binary)
         self.props: dict = {}  # {"total_slots", "n_ctx"} from /props (``published_props``)
 
     def info(self) -> dict:
-        """Version, URL, start time and what ``/props`` published, as the bench reports them."""
         return {
             "version": self.version,
             "url": self.url,
@@ -140,7 +114,6 @@ class LlamaServer(ServerProcess):
         return cpus_of(self.settings.cpus)
 
     def _on_healthy(self, client: httpx.Client) -> None:
-        """Its build (``version``) and what it runs with (``props``), from ``/props``."""
         props = client.get("/props").json() or {}
         self.version, self.props = props.get("build_info"), published_props(props)
 

@@ -1,10 +1,6 @@
-"""The model allowlist: which models a host lets the app load, checked before any load.
-
-A Space owner sets ``CBP_MODEL_ALLOWLIST`` to a comma-separated list of model ids or folders
-(``embedded`` is the default SmolLM2; ``*`` allows any model). Unset, only the embedded model may
-load. Remote code is never allowed whatever the list says: ``engine.model.loader`` always passes
-``trust_remote_code=False``.
-"""
+"""The model allowlist: which models a host lets the app load (``CBP_MODEL_ALLOWLIST``, comma list;
+``embedded`` is the default SmolLM2, ``*`` any model; unset: embedded only). Remote code is never
+allowed: the loader passes ``trust_remote_code=False``."""
 
 from __future__ import annotations
 
@@ -16,18 +12,13 @@ ANY_MODEL = "*"
 
 
 def allowed_models() -> list[str]:
-    """The allowlist in force, from ``CBP_MODEL_ALLOWLIST``; ``["embedded"]`` when unset."""
     text = settings.value(ALLOWLIST_ENV)
     names = [name.strip() for name in text.split(",") if name.strip()]
     return names or [DEFAULT_MODEL]
 
 
 def check_model_allowed(model: str | None) -> None:
-    """Return if ``model`` (None means the embedded one) is on the allowlist.
-
-    Raises:
-        ModelLoadError: the model is not on the list; the message names the variable to set.
-    """
+    """``model`` None is the embedded one. Raises ModelLoadError naming the variable to set."""
     wanted = (model or DEFAULT_MODEL).strip()
     allowed = allowed_models()
     if ANY_MODEL in allowed or wanted in allowed:
@@ -41,7 +32,6 @@ def check_model_allowed(model: str | None) -> None:
 
 
 def offered_models(loaded: str) -> list[str]:
-    """The models a page's picker offers: the allowlist's, ``loaded`` (the one app.py loaded)
-    first, without ``*``."""
+    """The page picker's models: ``loaded`` first, then the allowlist's, without ``*``."""
     named = [name for name in allowed_models() if name != ANY_MODEL and name != loaded]
     return [loaded, *named]

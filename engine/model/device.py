@@ -1,9 +1,5 @@
-"""The device and the dtype: which one a run uses, how a name is parsed, and how both are shown.
-
-``detect_device`` picks CUDA, then MPS, then CPU; ``default_dtype`` is float16 on CUDA and float32
-elsewhere (float16 on MPS flips greedy ties); ``parse_dtype`` reads the names the page, the bench
-and ``app.py`` accept. Every bad name raises ``ValueError`` with the names that would work.
-"""
+"""The device and the dtype: which one a run uses, how a name is parsed, and how both are shown. Bad
+names raise ``ValueError`` listing the names that work."""
 
 from __future__ import annotations
 
@@ -26,8 +22,8 @@ _DEVICE_HINT = "use auto, cpu, cuda, cuda:N or mps"
 
 
 def device_name(device: torch.device) -> str:
-    """The device for people: "CPU", "MPS" or "CUDA (<GPU name>)"; plain "CUDA" where the GPU's
-    name cannot be read (a ZeroGPU Space outside a GPU call, say)."""
+    """The device for people: "CPU", "MPS" or "CUDA (<GPU name>)" ("CUDA" where the name cannot be
+    read, as on ZeroGPU outside a GPU call)."""
     if device.type != "cuda":
         return device.type.upper()
     try:
@@ -37,16 +33,12 @@ def device_name(device: torch.device) -> str:
 
 
 def describe_device(device: torch.device, dtype: torch.dtype) -> str:
-    """The device line for people: "CPU · float32", "CUDA (<GPU name>) · float16"."""
     return f"{device_name(device)} · {str(dtype).removeprefix('torch.')}"
 
 
 def detect_device(requested: str | None = None) -> torch.device:
-    """The device to run on: "auto"/None picks CUDA, then MPS, then CPU.
-
-    Raises:
-        ValueError: on an unknown device name, or a device this machine does not have.
-    """
+    """The device to run on: "auto"/None picks CUDA, then MPS, then CPU. Raises ValueError: an
+    unknown device, or one this machine does not have."""
     text = (requested or "auto").strip().lower()
     if text == "auto":
         if torch.cuda.is_available():
@@ -80,11 +72,8 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
-    """The dtype named by `name` ("auto"/None means ``default_dtype(device)``).
-
-    Raises:
-        ValueError: on a name that is not auto, float32/fp32, float16/fp16 or bfloat16/bf16.
-    """
+    """The dtype named; "auto"/None is ``default_dtype(device)``. Raises ValueError: not auto,
+    float32/fp32, float16/fp16 or bfloat16/bf16."""
     text = (name or "auto").strip().lower().removeprefix("torch.")
     if text == "auto":
         return default_dtype(device)
@@ -95,8 +84,8 @@ def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
 
 @functools.cache
 def cpu_model() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), else ``platform.processor()``: part of the
-    keys of what is measured or computed on this host (the kernel choice, the references)."""
+    """The CPU's model name (/proc/cpuinfo, else
+    ``platform.processor()``), part of per-host keys."""
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("model name"):

@@ -1,15 +1,8 @@
 """Which dtypes a device can run, checked before any weight is loaded.
 
-A dtype the device cannot run should fail at once, with the dtype and the device named, and not
-halfway through a run (or after a model was replaced). Two checks, both cheap:
-
-* **bfloat16 on CUDA** needs compute capability 8.0 (Ampere) or newer: older GPUs have no
-  bfloat16 matmul units and torch either emulates it (slowly) or refuses it, kernel by kernel.
-  ``torch.cuda.is_bf16_supported(including_emulation=False)`` says which.
-* **Everything else** is probed: the few ops a decoder step needs (a linear, a norm's float32
-  reduction, ``exp``, SDPA) run once on tiny tensors of that dtype on that device; where a torch
-  build or device lacks a kernel for the dtype, the probe fails and names it. (On a CPU without
-  AVX512-FP16 / AVX512-BF16 torch converts to float32 inside its kernels: correct but slower.)
+bfloat16 on CUDA needs compute capability 8.0 (``is_bf16_supported(including_emulation=False)``);
+everything else is probed by running a decoder step's op kinds once on tiny tensors. A CPU without
+AVX512-FP16/BF16 converts to float32 inside its kernels: correct, slower.
 """
 
 from __future__ import annotations
@@ -25,11 +18,7 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 def check_dtype_supported(device: torch.device, dtype: torch.dtype) -> None:
-    """Raise unless ``device`` can run ``dtype``.
-
-    Raises:
-        ValueError: naming the dtype and the device, and what to use instead.
-    """
+    """Raises ValueError naming the dtype, the device and what to use instead."""
     reason = _unsupported(device.type, device.index, dtype)
     if reason:
         name = str(dtype).removeprefix("torch.")
@@ -40,7 +29,6 @@ def check_dtype_supported(device: torch.device, dtype: torch.dtype) -> None:
 
 
 def supported_dtypes(device: torch.device) -> list[str]:
-    """The names in ``DTYPE_NAMES`` that ``device`` can run."""
     return [
         name
         for name in DTYPE_NAMES
@@ -50,7 +38,7 @@ def supported_dtypes(device: torch.device) -> list[str]:
 
 @functools.cache
 def _unsupported(device_type: str, index: int | None, dtype: torch.dtype) -> str:
-    """Why the device cannot run ``dtype``, or "" when it can (cached per device and dtype)."""
+    """Why the device cannot run ``dtype``, or "" (cached per device and dtype)."""
     if device_type == "cuda" and dtype == torch.bfloat16:
         device = torch.device(device_type, index)
         if not _cuda_bf16_native(device):
@@ -71,7 +59,6 @@ def _cuda_bf16_native(device: torch.device) -> bool:
 
 
 def _probe(device: torch.device, dtype: torch.dtype) -> None:
-    """A decoder step's op kinds, once, on tiny tensors."""
     x = torch.ones(2, 8, dtype=dtype, device=device)
     w = torch.ones(4, 8, dtype=dtype, device=device)
     y = F.linear(x, w)  # (2, 4)

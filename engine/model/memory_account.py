@@ -1,10 +1,7 @@
 """The memory account: a loaded model's bytes by part, counted from the tensors, not the OS.
 
-A model on CPU holds its weights, and the engines' kernels add copies of them
-(``engine.kernels.kernel_plan``): each packed kernel of the plan keeps one per weight, and the
-fused decoder layers (``engine.kernels.fused_layers``) keep their stacked ones. ``memory_account``
-counts what a runner has made so far (nothing is built here); ``peak_rss_bytes`` is what the OS
-saw, the allocator's held memory and everything uncounted included.
+The engines' kernels add copies of the weights (packed kernels, the fused layers' stacked ones);
+``memory_account`` counts what a runner has made so far, ``peak_rss_bytes`` what the OS saw.
 """
 
 from __future__ import annotations
@@ -22,17 +19,14 @@ _STATUS = Path("/proc/self/status")
 
 
 def weights_bytes(model: nn.Module) -> int:
-    """Bytes of every parameter of ``model`` (tied weights counted once)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def memory_account(runner) -> dict:
-    """The bytes of ``runner``'s (a ``ModelRunner``) weights and the copies its kernels made:
-    ``weights_bytes``, ``packed_bytes`` (by kernel name; ``"stacked"``: plain stacked copies),
-    ``packed_total_bytes``, ``packed_by_part`` (``"modules"``: each linear's own kernels,
-    ``"fused"``: the fused layers' stacked weights), and ``copy_budget`` (the copies the bound
-    dropped and what a step pays for them, ``CopyBudget.as_dict``; None: no measured plan made).
-    Each copy is counted once, where it is shared."""
+    """Bytes of ``runner``'s weights and its kernels' copies: ``weights_bytes``, ``packed_bytes``
+    (by kernel; ``"stacked"``), ``packed_total_bytes``, ``packed_by_part`` (``"modules"``,
+    ``"fused"``), ``copy_budget`` (``CopyBudget.as_dict``: the copies the bound dropped; None
+    without a measured plan); a shared copy counted once."""
     kernel = runner.__dict__.get("engine_kernel")
     fused = runner.__dict__.get("fused_decoder")
     budget = runner.__dict__.get("copy_budget")
@@ -53,7 +47,6 @@ def memory_account(runner) -> dict:
 
 
 def _by_kernel(planned) -> dict[str, int]:
-    """Bytes by kernel over ``planned`` (``PlannedLinear``s)."""
     total: dict[str, int] = {}
     for p in planned:
         for name, nbytes in p.bytes_by_kernel().items():
@@ -62,8 +55,7 @@ def _by_kernel(planned) -> dict[str, int]:
 
 
 def peak_rss_bytes() -> int | None:
-    """This process's peak resident set size (Linux's ``VmHWM``, else ``ru_maxrss``), in
-    bytes; None where neither is known."""
+    """Peak resident set size in bytes (``VmHWM``, else ``ru_maxrss``); None where unknown."""
     try:
         for line in _STATUS.read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -75,8 +67,7 @@ def peak_rss_bytes() -> int | None:
 
 
 def memory_summary(account: dict, peak_rss: int | None) -> str:
-    """One line for people: ``"peak RSS 1.9 GB; weights 538 MB, copies 1.2 GB (onednn 606 MB,
-    gemv 538 MB)"``."""
+    """One line, e.g. ``"peak RSS 1.9 GB; weights 538 MB, copies 1.2 GB (onednn 606 MB, ...)"``."""
     by_kernel = ", ".join(f"{n} {_size(b)}" for n, b in account["packed_bytes"].items())
     copies = _size(account["packed_total_bytes"]) + (f" ({by_kernel})" if by_kernel else "")
     peak = "peak RSS unknown" if peak_rss is None else f"peak RSS {_size(peak_rss)}"
@@ -86,9 +77,8 @@ def memory_summary(account: dict, peak_rss: int | None) -> str:
 
 
 def release_freed() -> None:
-    """Collect garbage, then hand the allocator's freed pages back to the OS (glibc's
-    ``malloc_trim(0)``; nothing elsewhere), so that scratch freed after kernel timing stops
-    counting in the RSS."""
+    """Collect garbage, then ``malloc_trim(0)`` (glibc), so scratch freed after kernel timing leaves
+    the RSS."""
     gc.collect()
     name = ctypes.util.find_library("c")
     libc = ctypes.CDLL(name) if name and sys.platform.startswith("linux") else None

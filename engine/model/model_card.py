@@ -1,10 +1,5 @@
 """A loaded model without its weights: its tokenizer, config and the facts a run is sized by.
-
-A process that tokenizes requests, sizes a KV budget, labels the model or asks a server to load
-the same weights needs none of the weights themselves. ``ModelCard.of(runner)`` takes those parts
-of a runner's ``LoadedModel`` (the tokenizer and the config travel by pickle); the card answers
-every attribute of a ``LoadedModel`` that such a process reads, less ``model``.
-"""
+``ModelCard.of(runner)`` answers what a ``LoadedModel`` does, less ``model``, and pickles."""
 
 from __future__ import annotations
 
@@ -18,8 +13,6 @@ from engine.model.device import describe_device
 
 @dataclass(frozen=True)
 class ModelCard:
-    """The parts of a ``LoadedModel`` that are not its weights."""
-
     name: str  # display name, e.g. "SmolLM2-135M-Instruct (embedded GGUF)"
     tokenizer: Any  # the loaded model's own tokenizer (pad token and padding side set)
     config: Any  # transformers' config of the model
@@ -34,7 +27,6 @@ class ModelCard:
 
     @classmethod
     def of(cls, runner) -> ModelCard:
-        """The card of ``runner``'s model (an ``engine.model.model_runner.ModelRunner``)."""
         loaded = runner.loaded
         return cls(
             name=loaded.name,
@@ -52,19 +44,15 @@ class ModelCard:
 
     @property
     def device_label(self) -> str:
-        """Device and dtype for people, as ``LoadedModel.device_label``."""
         return describe_device(self.device, self.dtype)
 
 
 def model_config(loaded) -> Any:
-    """The transformers config of ``loaded``: a ``LoadedModel``'s weights carry it, a
-    ``ModelCard`` holds it."""
     model = getattr(loaded, "model", None)
     return model.config if model is not None else loaded.config
 
 
 def count_params(loaded) -> int:
-    """The parameters of ``loaded``'s weights (a ``LoadedModel``), or its card's count."""
     model = getattr(loaded, "model", None)
     if model is None:
         return getattr(loaded, "num_params", 0)
@@ -72,9 +60,7 @@ def count_params(loaded) -> int:
 
 
 def identity_words(loaded) -> list[str]:
-    """What the model line names beside the model's name and device: its family (the config's
-    ``model_type``) and its size in parameters to 3 digits, e.g. ``["llama", "135 M
-    parameters"]``; a part not known is left out."""
+    """The model line's words beside name and device, e.g. ``["llama", "135 M parameters"]``."""
     model = getattr(loaded, "model", None)
     config = getattr(loaded if model is None else model, "config", None)
     family = getattr(config, "model_type", None)

@@ -1,17 +1,5 @@
-"""The model runner: the only module that calls the model or touches the device.
-
-It offers the three ways the engines use a loaded model:
-
-* ``forward_packed``: one forward pass over a packed ``[1, T]`` row (continuous engine);
-* ``generate``: plain ``model.generate`` on a left-padded batch (static engine and the reference);
-* ``new_kv_cache``: KV storage for the continuous engine, sized from the model's config.
-
-Decoding stops at every end-of-sequence id of the model's generation config. It is greedy, except
-for sampled requests (``engine.sampling_params``): ``forward_packed`` draws their tokens with their
-own samplers (``engine.serving.sampler``), and ``generate`` samples after
-``torch.manual_seed(seed)``. Which kernels the arithmetic runs through is the base class's,
-``engine.model.kernel_choice.RunnerKernels``; this module keeps every call of the model.
-"""
+"""The model runner: the only module that calls the model or touches the device (``forward_packed``,
+``generate``, ``new_kv_cache``); its kernels are ``RunnerKernels``'."""
 
 from __future__ import annotations
 
@@ -34,11 +22,7 @@ from engine.serving.sampler import forked_rng, generate_options
 
 
 class ModelRunner(RunnerKernels):
-    """Wraps a ``engine.model.loader.LoadedModel``; see the module docstring.
-
-    Raises:
-        ValueError: a bad kernel setting (``RunnerKernels.init_kernels``).
-    """
+    """Wraps a ``LoadedModel``. Raises ValueError: a bad kernel setting."""
 
     def __init__(self, loaded):
         self.loaded = loaded
@@ -52,8 +36,6 @@ class ModelRunner(RunnerKernels):
         packed_attention.register()
 
     def recording(self, recorder: token_logits.LogitRecorder):
-        """Context: every model call adds its logits rows to ``recorder``
-        (``engine.token_logits``)."""
         return token_logits.recording(self.model, recorder)
 
     @property
@@ -63,23 +45,20 @@ class ModelRunner(RunnerKernels):
 
     # --- continuous engine -------------------------------------------------------------------
     def kv_shape(self) -> tuple[int, int, int]:
-        """(L, H_kv, D): layers, key/value heads and head size of the model's KV cache."""
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         return cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim
 
     def sliding_windows(self) -> list[int]:
-        """The distinct sliding windows of the model's layers, in keys, smallest first ([]: every
-        layer is global); each layer's as ``engine.kernels.layer_spec.layer_window`` reads it."""
+        """Distinct layer sliding windows in keys, smallest first ([]: all global)."""
         layers = getattr(getattr(self.model, "model", None), "layers", None) or []
         attns = [getattr(la, "self_attn", None) for la in layers]
         windows = {layer_spec.layer_window(a, self.model.config) for a in attns if a is not None}
         return sorted(w for w in windows if w is not None)
 
     def kv_window(self) -> int | None:
-        """The sliding window every layer shares, in keys, so that the paged KV cache may free
-        blocks out of it; None when some layer is global (its keys are all read) or windows
-        differ."""
+        """The window every layer shares, in keys (the paged cache frees blocks out of it); None
+        when a layer is global or windows differ."""
         layers = getattr(getattr(self.model, "model", None), "layers", None) or []
         attns = [getattr(la, "self_attn", None) for la in layers]
         if not attns or None in attns:
@@ -109,7 +88,6 @@ class ModelRunner(RunnerKernels):
         ]
 
     def kv_bytes_per_token(self) -> int:
-        """Bytes of one token's keys and values across all layers, in the model's dtype."""
         return kv_bytes_per_token(*self.kv_shape(), self.dtype)
 
     def new_kv_cache(
@@ -122,13 +100,9 @@ class ModelRunner(RunnerKernels):
         block_tables: Mapping[int, list[int]] | list | None = None,
         layer_groups: list[list[int]] | None = None,
     ) -> KVCache:
-        """KV storage for ``num_slots`` sequences of up to ``max_seq_len`` tokens each.
-
-        ``paged`` mode holds ``num_blocks`` blocks of ``block_size`` tokens instead, addressed
-        through ``block_tables``: the scheduler's block manager's tables, which the cache reads
-        and never changes; with several ``layer_groups`` (layer indices per group), a list of
-        tables, one per group.
-        """
+        """KV storage for ``num_slots`` sequences of up to ``max_seq_len`` tokens; ``paged``:
+        ``num_blocks`` blocks of ``block_size`` tokens, read through the block manager's
+        ``block_tables`` (with several ``layer_groups``, a list of tables, one per group)."""
         layers, kv_heads, head_dim = self.kv_shape()
         if kv_mode == "concat":
             return ConcatKVCache(layers, kv_heads, head_dim, self.dtype)
@@ -150,17 +124,9 @@ class ModelRunner(RunnerKernels):
         )
 
     def forward_packed(self, batch: PackedBatch, samplers=None) -> list[int]:
-        """One forward pass over the packed row; the next token of each sequence.
-
-        A token is the logits' argmax, except where ``samplers`` (one per sequence, None: greedy)
-        holds an ``engine.serving.sampler.RequestSampler``: it draws that sequence's token. Pass
-        a sampler only for a sequence whose token is kept (a partial prefill chunk's logits are
-        no next token). ``batch.invariant``: in batch-invariant mode. The logits rows reach a
-        ``LogitRecorder`` installed with ``recording``.
-
-        Shapes:
-            batch.input_ids: [1, T]  ->  logits [1, S, V]  ->  returns S token ids
-        """
+        """One forward pass over the packed row; the next token of each sequence (argmax, or drawn
+        by its ``samplers`` entry; pass one only where the token is kept, not for a partial prefill
+        chunk). Shapes: batch.input_ids: [1, T]  ->  logits [1, S, V]  ->  returns S token ids"""
         # the fused layers call no linear of the model's but its output embedding
         fused = self.use_fused_layers and self.fused_decoder is not None
         with (
@@ -178,12 +144,8 @@ class ModelRunner(RunnerKernels):
         return tokens
 
     def _logits(self, batch: PackedBatch) -> torch.Tensor:
-        """The packed row's logits at ``batch.logits_indices``: through the fused layers where
-        they apply (not for a batch-invariant batch), else through the model's own layers.
-
-        Shapes:
-            batch.input_ids: [1, T]  ->  returns [1, S, V]
-        """
+        """Through the fused layers where they apply (not batch-invariant), else the model's own.
+        Shapes: batch.input_ids: [1, T]  ->  returns [1, S, V]"""
         invariant = getattr(batch, "invariant", False)
         fused = self.fused_decoder if self.use_fused_layers else None
         if fused is not None and not invariant:
@@ -209,17 +171,9 @@ class ModelRunner(RunnerKernels):
         logits_processor=None,
         sampling=None,
     ):
-        """``model.generate`` on a left-padded batch: greedy, or sampled per ``sampling``.
-
-        ``logits_processor``: passed on to ``generate`` (the static engine's ``WaveSampler``).
-        ``sampling``: an ``engine.sampling_params.SamplingParams``; when it samples (batch 1, the
-        reference), ``generate`` samples right after ``torch.manual_seed(seed)``, and the global
-        random state is restored afterwards. The logits rows reach a ``LogitRecorder`` installed
-        with ``recording``.
-
-        Shapes:
-            input_ids, attention_mask: [B, W]  ->  returns [B, W + N], N <= max_new_tokens
-        """
+        """``model.generate`` on a left-padded batch: greedy, or sampled per ``sampling`` (batch 1)
+        right after ``torch.manual_seed(seed)``, the global random state restored after. Shapes:
+        input_ids, attention_mask: [B, W]  ->  returns [B, W + N], N <= max_new_tokens"""
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         sampled = sampling is not None and not sampling.is_greedy
@@ -241,7 +195,7 @@ class ModelRunner(RunnerKernels):
             )
 
     def left_pad(self, token_lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-pad prompts into ``input_ids`` and ``attention_mask``, both [B, W]."""
+        """``input_ids`` and ``attention_mask``, both [B, W]."""
         width = max(len(t) for t in token_lists)
         ids = torch.full((len(token_lists), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(token_lists), width), dtype=torch.long)
@@ -252,11 +206,9 @@ class ModelRunner(RunnerKernels):
 
     # --- shared ------------------------------------------------------------------------------
     def decode(self, token_ids: list[int]) -> str:
-        """Output ids -> text, special tokens (EOS) dropped."""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def synchronize(self) -> None:
-        """Wait for queued device work, so that timings are real."""
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         elif self.device.type == "mps":

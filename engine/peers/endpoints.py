@@ -1,17 +1,7 @@
-"""Endpoints: the OpenAI-compatible servers a host lets the playground and the bench drive.
-
-An endpoint is a name and a base URL, ``NAME=URL``. The name becomes the engine's name in the
-tables, the JSON and the charts; the URL is the server's root (``http://host:8000``; a trailing
-``/v1`` is dropped). Hosts configure them on the command line (the bench's ``--endpoint NAME=URL``,
-repeated) or in the environment (``CBP_ENDPOINTS="name=url,name2=url2"``), and may add where an
-endpoint's vLLM serves its own record of its steps (``--endpoint-record NAME=RECORD_URL``,
-``CBP_ENDPOINT_RECORDS``; ``with_records``). Both are parsed and checked here, once, so a typo is
-refused at start with a message naming the entry; their flags, and ``--vllm-eager``, are declared
-here once for the page and the bench (``add_server_flags``).
-
-The configuration lives on the host only: nothing here takes a URL from a page visitor, so a public
-page cannot be turned into a proxy to arbitrary addresses.
-"""
+"""Endpoints: the OpenAI-compatible servers a host lets the playground and the bench drive
+(``NAME=URL``, with an optional record address), parsed once; their flags and ``--vllm-eager``
+are declared here once (``add_server_flags``). Host-side only: no URL comes from a page visitor,
+so a public page is no proxy."""
 
 from __future__ import annotations
 
@@ -29,12 +19,9 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 
 
 class EndpointError(ValueError):
-    """A server could not do its part of a run; the message says what happened, for a person.
-
-    Raised for an unreachable server, one that refuses a request (HTTP 4xx/5xx), one that dies or
-    closes a stream mid-run, and a local vLLM that fails to start. ``trace`` holds what the run
-    recorded until then (None before a run began), so a caller can keep and show the rest.
-    """
+    """A server could not do its part of a run (unreachable, HTTP 4xx/5xx, a stream cut, a local
+    vLLM that fails to start); the message is for a person. ``trace``: what the run recorded until
+    then (None before a run began)."""
 
     def __init__(self, message: str, trace=None):
         super().__init__(message)
@@ -42,10 +29,8 @@ class EndpointError(ValueError):
 
 
 class MissingBuild(ValueError):
-    """A local server's build is missing here: ``make vllm``'s environment, or ``make
-    llamacpp``'s server or converter. The message names the path and the command; ``public``
-    says it without the path, for a page (``engine.page.run.host_servers`` lists such a server
-    as failed with it)."""
+    """A local server's build is missing (``make vllm``, ``make llamacpp``); the message names the
+    path and the command, ``public`` says it without the path, for a page."""
 
     def __init__(self, message: str, public: str):
         super().__init__(message)
@@ -53,9 +38,7 @@ class MissingBuild(ValueError):
 
 
 class ModelRefused(ValueError):
-    """A local server cannot serve this model (vLLM's CPU attention lacks its head size,
-    llama.cpp's converter does not know its tokenizer). ``public`` says why without a host's
-    path, for a page: ``engine.page.run.host_servers`` lists such a server as failed with it."""
+    """A local server cannot serve this model; ``public`` says why without a host's path."""
 
     def __init__(self, message: str, public: str | None = None):
         super().__init__(message)
@@ -64,19 +47,14 @@ class ModelRefused(ValueError):
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One configured OpenAI-compatible server."""
-
     name: str  # engine name: letters, digits, '_', '.', '-' (at most 40)
     url: str  # base URL without a trailing '/' or '/v1', e.g. "http://127.0.0.1:8000"
     record_url: str | None = None  # where its server serves its record of its steps; None: none
 
 
 def parse_endpoint(text: str, where: str = "--endpoint") -> Endpoint:
-    """``NAME=URL`` -> ``Endpoint``.
-
-    Raises:
-        ValueError: no '=', a bad name, or a URL that is not ``http(s)://host[:port][/path]``.
-    """
+    """``NAME=URL`` -> ``Endpoint``. Raises ValueError: no '=', a bad name, or a URL that is not
+    ``http(s)://host[:port][/path]``."""
     name, sep, url = text.strip().partition("=")
     name, url = name.strip(), url.strip()
     if not sep or not name or not url:
@@ -93,7 +71,7 @@ def parse_endpoint(text: str, where: str = "--endpoint") -> Endpoint:
 
 
 def _checked_url(url: str, where: str) -> str:
-    """``url`` when it is ``http(s)://host[:port][/path]``. Raises ValueError saying why not."""
+    """Raises ValueError saying why ``url`` is not ``http(s)://host[:port][/path]``."""
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ValueError(f"{where}: the URL must start with http:// or https:// and name a host.")
@@ -109,13 +87,8 @@ def _checked_url(url: str, where: str) -> str:
 def parse_endpoints(
     items: Iterable[str], reserved: Iterable[str] = (), where: str = "--endpoint"
 ) -> list[Endpoint]:
-    """Every ``NAME=URL`` in ``items``, in order.
-
-    ``reserved``: names already taken (the built-in engines), refused as endpoint names.
-
-    Raises:
-        ValueError: a bad entry, or a name used twice or taken by a built-in engine.
-    """
+    """``reserved``: names already taken (the built-in engines). Raises ValueError: a bad entry, or
+    a name used twice or taken by a built-in engine."""
     taken = set(reserved)
     endpoints: list[Endpoint] = []
     for item in items:
@@ -134,15 +107,9 @@ def parse_endpoints(
 def with_records(
     endpoints: list[Endpoint], items: Iterable[str], where: str = "--endpoint-record"
 ) -> list[Endpoint]:
-    """``endpoints``, each with the record URL that an ``NAME=RECORD_URL`` of ``items`` gives it.
-
-    A record URL is ``http(s)://host:port``, the record's own address (a vLLM started with the
-    recording scheduler and ``CBP_VLLM_RECORD_ADDRESS``, ``engine.peers.vllm_scheduler``), not
-    the server's API; ``engine.peers.vllm_record.RecordFeed`` reads it.
-
-    Raises:
-        ValueError: a bad entry, a name that no endpoint has, or a name given twice.
-    """
+    """``endpoints``, each with the record URL (``RecordFeed``'s address, not the API) that
+    ``items`` gives it. Raises ValueError: a bad entry, a name that no endpoint has, or a name given
+    twice."""
     urls: dict[str, str] = {}
     names = {e.name for e in endpoints}
     for item in items:
@@ -166,19 +133,14 @@ def with_records(
 def endpoints_from_env(
     environ: Mapping[str, str] | None = None, reserved: Iterable[str] = ()
 ) -> list[Endpoint]:
-    """The endpoints in ``CBP_ENDPOINTS`` (``name=url,name2=url2``); [] when it is unset or empty.
-
-    Raises:
-        ValueError: a bad entry, naming the variable.
-    """
+    """``CBP_ENDPOINTS`` (``name=url,name2=url2``); [] when unset. Raises ValueError naming the
+    variable."""
     text = settings.value(ENDPOINTS_ENV, environ)
     items = [item for item in text.split(",") if item.strip()]
     return parse_endpoints(items, reserved, where=f"{ENDPOINTS_ENV} entry")
 
 
 def records_from_env(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The ``NAME=RECORD_URL`` items in ``CBP_ENDPOINT_RECORDS`` (comma list; [] when unset), for
-    ``with_records(..., where=RECORDS_ENV + " entry")``."""
     text = settings.value(RECORDS_ENV, environ)
     return [item for item in text.split(",") if item.strip()]
 

@@ -1,24 +1,9 @@
 """An engine that is a server: any OpenAI-compatible ``/v1/completions``, driven like a client.
 
-The server does the batching; this engine only plays the workload at it. Each request is sent at
-its arrival time, streamed, with ``max_tokens`` set to its cap: greedy (``temperature=0``) or with
-its own sampling settings, as vLLM's completions take them. A sampled request draws from the
-server's random stream, not ours, so its record is ``comparable=False``. Per request it records,
-on the client's clock, when it was sent (``admit_s``), each token (``token_times_s``) and its
-finish. The server hides its slots, so the trace has no steps: lanes are per request, from sent
-to first token (waiting) and from there to the last token (decoding).
-
-Outputs are the server's token ids where it returns them, else its text re-tokenized here, then
-cut like every engine's output (``truncate_at_stop``), so the reference check applies as it is.
-What the server can do is probed once (``engine.peers.openai_probe``);
-``engine.peers.server_metrics`` samples its ``/metrics``. ``ServerRegistry`` holds such engines by
-name, the one registry the page (``PageServers``) and the bench share: it starts and stops the
-local ones.
-
-The streams run on an asyncio loop in a helper thread; the calling thread calls ``on_wait(trace)``
-every ``WAIT_SLICE_S`` and, when it raises (Stop, the time limit), cancels every stream (the server
-sees the connections close and drops the requests) and re-raises. Every other failure raises
-``EndpointError`` with the partial trace attached.
+Each request is streamed at its arrival with ``max_tokens`` = its cap; the trace has the client's
+times and no steps (the server hides its slots). The streams run on an asyncio loop in a thread.
+``ServerRegistry`` holds such engines by name for the page and the bench, and starts and stops
+the local ones.
 """
 
 from __future__ import annotations
@@ -51,23 +36,16 @@ LATE_SEND_S = 0.5  # a request sent this long after its arrival is reported as s
 
 
 class OpenAIEngine:
-    """Runs requests against one endpoint; ``name`` is the endpoint's name.
-
-    A local engine (the local vLLM, llama.cpp's) owns its ``server`` process: ``start`` starts
-    it, ``close`` stops it; a remote endpoint has none, and both do nothing. ``fits_runs``: the
-    engine resizes its server to each run's slots (``fit``, llama.cpp's). ``matched_to``: our
-    engine whose schedule its own record is compared with, ``unmatched`` the settings that could
-    not match, and ``followed`` (the bench, an endpoint with a record) the deployment settings
-    ours took (``engine.bench.deployment.Followed``).
-    """
+    """Runs requests against one endpoint ``name``. A local engine owns its ``server`` process
+    (``start``/``close``); ``fits_runs``: it resizes its server to each run's slots;
+    ``matched_to``/``unmatched``/``followed``: the schedule comparison's match (module docs)."""
 
     server: ServerProcess | None = None
     fits_runs = False
 
     def __init__(self, endpoint: Endpoint, loaded, num_slots: int):
-        """``loaded``: the ``LoadedModel`` whose tokenizer and EOS ids read the outputs, and whose
-        name the served model is checked against. ``num_slots`` is only recorded (the server
-        decides its own concurrency)."""
+        """``loaded``: the ``LoadedModel`` whose tokenizer and EOS ids read the outputs;
+        ``num_slots`` is only recorded (the server decides its own concurrency)."""
         self.endpoint = endpoint
         self.name = endpoint.name
         self.loaded = loaded
@@ -98,17 +76,12 @@ class OpenAIEngine:
 
     @property
     def probed(self) -> ServerInfo | None:
-        """What the last successful probe learned; None before one (or after a restart)."""
         return self._info
 
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
-        """Play ``requests`` at the server. ``on_step`` is never called (no steps are seen).
-
-        Raises:
-            EndpointError: unreachable, refused request, stream cut; ``exc.trace`` is partial.
-            Exception: whatever ``on_wait(trace)`` raises (``RunStopped``), after every stream
-                is cancelled.
-        """
+        """Play ``requests`` at the server; ``on_step`` is never called. Raises EndpointError:
+        unreachable, refused request, stream cut; ``exc.trace`` is partial; Exception: whatever
+        ``on_wait(trace)`` raises, after every stream is cancelled."""
         info = self.server_info()
         trace = Trace(engine=self.name, num_slots=self.num_slots)
         trace.requests = new_request_records(requests)
@@ -131,8 +104,6 @@ class OpenAIEngine:
         return trace
 
     def _mark_sampled(self, trace: Trace, requests: list[Request], info: ServerInfo) -> None:
-        """Sampled requests draw from the server's random stream: not comparable with ours; and
-        a warning where their top_k cannot be sent."""
         for rec, request in zip(trace.requests, requests, strict=True):
             rec.comparable = not request.is_sampled
         if not _takes_top_k(info) and any(r.is_sampled and r.sampling.top_k for r in requests):
@@ -142,7 +113,6 @@ class OpenAIEngine:
             )
 
     def _drive(self, requests, trace: Trace, t0: float, on_wait) -> None:
-        """Run the streams on a loop thread; poll ``on_wait`` here until they are done."""
         cancel = threading.Event()
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name=f"{self.name}-streams", daemon=True)
@@ -168,11 +138,7 @@ class OpenAIEngine:
                 loop.close()
 
     async def _stream_all(self, requests, trace: Trace, t0: float, cancel) -> None:
-        """Send each request at its arrival time; return when all finished or ``cancel`` is set.
-
-        Raises:
-            EndpointError: the first stream that failed (the others are cancelled).
-        """
+        """Raises EndpointError: the first stream that failed (the others are cancelled)."""
         timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         pending = sorted(requests, key=lambda r: r.arrival_order)
@@ -200,7 +166,7 @@ class OpenAIEngine:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _stream(self, client, request: Request, rec: RequestRecord, t0: float) -> None:
-        """One request's stream, recorded into ``rec``. Raises EndpointError."""
+        """Raises EndpointError."""
         label = request_label(request.request_id)
         pieces: list[str] = []
         ids: list[int] = []
@@ -233,7 +199,6 @@ class OpenAIEngine:
         self._finish(rec, request, pieces, ids, finish)
 
     def _headers(self, request: Request) -> dict[str, str]:
-        """Extra HTTP headers of one request (none here; ``VllmEngine`` names its requests)."""
         return {}
 
     def _body(self, request: Request) -> dict:
@@ -255,10 +220,7 @@ class OpenAIEngine:
         return body
 
     def _text(self, request: Request) -> str:
-        """The prompt as text that the server tokenizes back into ``prompt_token_ids``.
-
-        The server adds the tokenizer's special prefix (BOS) itself, so it is left out here.
-        """
+        """The prompt as text the server tokenizes back; without BOS, which the server adds."""
         tokenizer = self.loaded.tokenizer
         ids = list(request.prompt_token_ids)
         prefix = list(tokenizer("", add_special_tokens=True)["input_ids"])
@@ -267,7 +229,7 @@ class OpenAIEngine:
         return tokenizer.decode(ids, skip_special_tokens=False)
 
     def _take(self, chunk: dict, rec: RequestRecord, pieces, ids, t0: float, label: str):
-        """Record one streamed chunk's tokens; return its finish reason (None mid-stream)."""
+        """Record one streamed chunk's tokens; its finish reason (None mid-stream)."""
         if "error" in chunk:
             detail = error_detail(json.dumps(chunk).encode())
             raise EndpointError(f"{self.name} failed during {label}: {detail}")
@@ -289,7 +251,6 @@ class OpenAIEngine:
         return choice.get("finish_reason")
 
     def _finish(self, rec: RequestRecord, request: Request, pieces, ids, finish: str) -> None:
-        """Outputs as every engine gives them: ids up to the cap, ending at the first EOS."""
         tokenizer = self.loaded.tokenizer
         if self.server_info().returns_token_ids:
             tokens = list(ids)
@@ -366,9 +327,8 @@ class ServerRegistry:
 
 
 def late_sends(trace: Trace, name: str) -> list[str]:
-    """One line when the client sent some request over ``LATE_SEND_S`` after its arrival (this
-    host too busy to keep time): its TTFT from outside counts that delay, the server's own
-    record does not."""
+    """One line when the client sent a request over ``LATE_SEND_S`` late (a busy host): its outside
+    TTFT counts the delay."""
     late = [(r.admit_s - r.arrival_s, r) for r in trace.requests if r.admit_s is not None]
     late = [(delay_s, r) for delay_s, r in late if delay_s > LATE_SEND_S]
     if not late:
@@ -383,14 +343,11 @@ def late_sends(trace: Trace, name: str) -> list[str]:
 
 
 def _takes_top_k(info: ServerInfo) -> bool:
-    """Whether the server takes ``top_k``, vLLM's extension of the OpenAI API: servers with
-    vLLM's ``/version`` (vLLM, SGLang) do; others (``transformers serve``) refuse the field."""
+    """``top_k`` is vLLM's extension: servers with vLLM's ``/version`` take it, others refuse it."""
     return info.version is not None
 
 
 def _sampling_body(sampling, top_k: bool) -> dict:
-    """A sampled request's settings as completions fields; top_k (where the server takes it) and
-    top_p only when they limit."""
     body = {"temperature": sampling.temperature, "seed": sampling.seed}
     if top_k and sampling.top_k > 0:
         body["top_k"] = sampling.top_k

@@ -1,18 +1,9 @@
 """What an OpenAI-compatible server can do, asked once before its first run.
 
-Servers differ in what ``/v1/completions`` accepts and returns: vLLM and SGLang take a prompt as
-token ids and return the generated ids (vLLM with ``return_token_ids``); ``transformers serve``
-takes text only and refuses fields it does not know (HTTP 422). ``probe`` sends one one-token
-request per variant, best first, and keeps the first the server accepts:
-
-1. prompt as token ids, ``return_token_ids`` asked;
-2. prompt as token ids;
-3. prompt as text.
-
-It also reads ``/v1/models`` and ``/version``, and checks that the served model is the one loaded
-here: if not, a warning says the output comparison means nothing, and prompts and outputs go as
-text (the server's tokenizer is another, so our token ids would be other words to it). An
-unreachable server raises ``EndpointError`` here, before any run.
+``probe`` sends one one-token request per variant, best first, and keeps the first accepted: prompt
+ids with ``return_token_ids`` (vLLM), prompt ids (SGLang), text (``transformers serve``, which
+refuses unknown fields). It reads ``/v1/models`` and ``/version``; a model other than the loaded one
+warns and goes as text, since its tokenizer is another.
 """
 
 from __future__ import annotations
@@ -34,8 +25,6 @@ VARIANTS = ((True, True), (True, False), (False, False))
 
 @dataclass
 class ServerInfo:
-    """What the probe learned; ``to_dict`` goes into each trace's ``info["server"]``."""
-
     name: str
     url: str
     model: str | None  # sent as "model"; None: the server picks (it listed none)
@@ -62,18 +51,15 @@ class ServerInfo:
 
 
 def model_key(name: str) -> str:
-    """A model name compared loosely: last path part, lowercase, no '@revision' or ':file.gguf'.
-
-    "HuggingFaceTB/SmolLM2-135M-Instruct", "/cache/smollm2-135m-instruct" and
-    "SmolLM2-135M-Instruct (embedded GGUF)" all give "smollm2-135m-instruct".
-    """
+    """A model name compared loosely: last path part, lowercase, no '@revision' or ':file.gguf'
+    ("HuggingFaceTB/SmolLM2-135M-Instruct" -> "smollm2-135m-instruct")."""
     name = re.sub(r"\s*\(.*\)\s*$", "", name.strip())
     name = name.split("@")[0].split(":")[0] if "://" not in name else name
     return PurePosixPath(name.rstrip("/")).name.lower()
 
 
 def probe(endpoint: Endpoint, loaded) -> ServerInfo:
-    """Ask the server what it serves and accepts. Raises EndpointError (unreachable, refusing)."""
+    """Raises EndpointError: unreachable or refusing."""
     with httpx.Client(base_url=endpoint.url, timeout=httpx.Timeout(PROBE_TIMEOUT_S)) as client:
         models = _get_json(client, endpoint, "/v1/models")
         listed = [m.get("id") for m in (models or {}).get("data", []) if isinstance(m, dict)]
@@ -135,10 +121,7 @@ def _choice(chunk: dict) -> dict:
 
 def _get_json(client: httpx.Client, endpoint: Endpoint, path: str) -> dict | None:
     """GET ``path`` as JSON; None when the server lacks it. Raises EndpointError if unreachable.
-
-    A transport error is retried once on a new connection: a server may close a kept-alive one
-    after an error of its own (transformers serve's ``/v1/models`` answers 500 without a hub cache).
-    """
+    Retried once on a new connection: ``transformers serve`` closes a kept-alive one after a 500."""
     for attempt in range(2):
         try:
             response = client.get(path, headers={"Connection": "close"} if attempt else None)
@@ -156,7 +139,6 @@ def _get_json(client: httpx.Client, endpoint: Endpoint, path: str) -> dict | Non
 
 
 def _try_stream(client: httpx.Client, endpoint: Endpoint, body: dict):
-    """POST a streamed completion: ``(chunks, None)``, or ``([], why)`` when it is refused."""
     try:
         with client.stream("POST", "/v1/completions", json=body) as response:
             if response.status_code != 200:
@@ -171,7 +153,6 @@ def _try_stream(client: httpx.Client, endpoint: Endpoint, body: dict):
 
 
 def parse_sse_line(line: str) -> dict | None:
-    """One server-sent-events line -> its JSON object; None for other lines and ``[DONE]``."""
     if not line.startswith("data:"):
         return None
     data = line[len("data:") :].strip()
@@ -200,7 +181,6 @@ def error_detail(body: bytes, limit: int = 300) -> str:
 
 
 def unreachable(endpoint: Endpoint, exc: Exception) -> EndpointError:
-    """The error for a server that does not answer at all."""
     return EndpointError(
         f"Cannot reach {endpoint.name} at {endpoint.url} ({type(exc).__name__}: {exc}); "
         "is the server running, and is the URL right?"

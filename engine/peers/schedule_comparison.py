@@ -1,39 +1,11 @@
 """Our schedule beside vLLM's, step by step: how many steps plan alike, and the first that does not.
 
-A step's *plan* is which requests it runs and how many tokens each: ``{request id: tokens}``,
-read from a ``Trace``'s steps (``StepRecord.seqs``), ours as our engine ran and vLLM's as its own
-record says (``engine.peers.vllm_record``). Two schedules are compared index by index: step ``i``
-of ours against step ``i`` of vLLM's. A difference early on (one request admitted a step later)
-can shift every later step, so the first difference, and why, says more than the fraction::
+A step's *plan* is ``{request id: tokens}``; one request admitted a step later shifts every later
+step, so the first difference, and why, says more than the fraction::
 
     step        0              1              2
     ours     {0: 9, 1: 7}   {0: 1, 1: 1}   {0: 1, 1: 1, 2: 12}
-    vLLM     {0: 9, 1: 7}   {0: 1, 1: 1}   {0: 1, 1: 1}          <- first difference: step 2,
-                                                                    "vLLM does not run R2 (ours:
-                                                                    12 tokens)"
-
-Beside the plans, each side's tallies: admissions (a request's first step, and its first after a
-preemption), preemptions, and prefix-cache hits at admission (requests and cached tokens).
-Plain Python over traces, dicts and ``EngineConfig``; nothing here runs an engine.
-
-**A deployment's settings.** To compare with a vLLM deployment of one's own, ours runs with the
-settings its record's ``start`` line gives (``DeploymentSettings``, ``followed_config``); the other
-way round from the local vLLM, which is started with ours
-(``engine.peers.vllm_server.matched_settings``)::
-
-    =========================  =====================================================================
-    start line                 ours (``EngineConfig``)
-    =========================  =====================================================================
-    ``max_num_seqs``           ``num_slots``
-    ``max_num_batched_tokens`` ``max_num_batched_tokens`` (the token budget)
-    ``block_size``             ``block_size`` (paged KV mode)
-    ``num_blocks``             a KV budget of ``num_blocks - 1`` blocks (vLLM's block 0 is a null
-                               block no request holds); ours allocates no more than the workload
-                               could ever hold, which never changes a schedule
-    ``prefix_caching``         ``prefix_caching`` (paged KV mode)
-    ``chunked_prefill``        ours chunks whenever the budget binds: off there is a difference
-    ``async_scheduling``       ours schedules after each step's tokens: on there is a difference
-    =========================  =====================================================================
+    vLLM     {0: 9, 1: 7}   {0: 1, 1: 1}   {0: 1, 1: 1}          <- first difference: step 2
 """
 
 from __future__ import annotations
@@ -52,8 +24,6 @@ QUEUE_WAIT_S = 0.5  # a request reaches a quiet local server's scheduler within 
 
 @dataclass(frozen=True)
 class ScheduleTally:
-    """What one schedule did, counted over its steps."""
-
     num_steps: int
     num_admissions: int  # first steps of a request, and first steps after each preemption
     num_preemptions: int
@@ -62,22 +32,15 @@ class ScheduleTally:
 
 
 def step_plans(trace: Trace) -> list[Plan]:
-    """Each step's plan, in step order."""
     return [step_plan(step) for step in trace.steps]
 
 
 def step_plan(step: StepRecord) -> Plan:
-    """``{request id: tokens}`` of one step."""
     return {seq.request_id: seq.num_new_tokens for seq in step.seqs}
 
 
 def tally(trace: Trace) -> ScheduleTally:
-    """Admissions, preemptions and prefix-cache hits of ``trace``'s schedule.
-
-    A request is admitted at the first step that runs it while it is not running: its first,
-    and its first after each preemption (a running request that a step skips, for the token
-    budget, stays running). Its prefix-cache hit is its ``num_prefix_cached_tokens`` then.
-    """
+    """Admissions (a step that runs a request not running), preemptions and prefix-cache hits."""
     running: set[int] = set()
     admissions = hits = cached = preemptions = 0
     for step in trace.steps:
@@ -94,12 +57,9 @@ def tally(trace: Trace) -> ScheduleTally:
 
 
 def num_shared_prompt_blocks(requests: list[Request], block_size: int) -> int:
-    """Full KV blocks of prompt tokens that the requests, taken in arrival order, could find
-    cached from earlier ones: each request's leading ``block_size``-token blocks that an earlier
-    prompt began with too. A prefix cache serves a prompt's tokens before its last only (the
-    last is computed for its logits), so a block counts only when its prompt goes on past it.
-    0: prefix caching, whoever does it, finds nothing to share within the run.
-    """
+    """Full ``block_size``-token prompt blocks that the requests, in arrival order, could find
+    cached from earlier prompts. A prefix cache serves the tokens before a prompt's last only, so a
+    block counts only when its prompt goes on past it."""
     seen: set[tuple[int, ...]] = set()
     shared = 0
     for request in sorted(requests, key=lambda r: (r.arrival_s, r.request_id)):
@@ -111,14 +71,9 @@ def num_shared_prompt_blocks(requests: list[Request], block_size: int) -> int:
 
 
 def compare_schedules(ours: Trace, vllm: Trace) -> dict:
-    """Our schedule against vLLM's, step by step.
-
-    Returns ``{"num_steps_ours", "num_steps_vllm", "equal_step_fraction", "first_difference",
-    "ours", "vllm"}``: the step counts; the fraction (0..1) of step indices, out of the longer
-    schedule's, whose plans are equal (1.0 when both are empty); ``{"step": i, "reason": one
-    line}`` for the first index whose plans differ, or None; and each side's ``ScheduleTally``
-    as a dict.
-    """
+    """Our schedule against vLLM's: ``{"num_steps_ours", "num_steps_vllm", "equal_step_fraction"
+    (0..1, of the longer schedule; 1.0 when both are empty), "first_difference" ({"step", "reason"}
+    or None), "ours", "vllm" (each side's ``ScheduleTally``)}``."""
     a, b = step_plans(ours), step_plans(vllm)
     longest = max(len(a), len(b))
     num_equal = sum(x == y for x, y in zip(a, b, strict=False))
@@ -137,8 +92,7 @@ def compare_schedules(ours: Trace, vllm: Trace) -> dict:
 
 
 def difference_reason(ours: Trace, vllm: Trace, index: int) -> str:
-    """One line on how step ``index``'s plans differ, e.g. ``vLLM runs R3 (12 tokens), ours
-    does not; vLLM preempts R4 here``."""
+    """One line, e.g. ``vLLM runs R3 (12 tokens), ours does not; vLLM preempts R4 here``."""
     if index >= len(ours.steps) or index >= len(vllm.steps):
         longer, shorter = ("vLLM", ours) if index >= len(ours.steps) else ("ours", vllm)
         extra = max(len(ours.steps), len(vllm.steps)) - len(shorter.steps)
@@ -162,10 +116,6 @@ def difference_reason(ours: Trace, vllm: Trace, index: int) -> str:
 def difference_causes(
     ours: Trace, vllm: Trace, run_dtype: str | None = None, served_dtype: str | None = None
 ) -> list[str]:
-    """The known causes of plans that differ, a sentence each, found in the two traces (and the
-    precisions, where a server's is fixed): arrival times, requests that reached vLLM after its
-    first step began, a wait in its queue before its first step, slot counts, precisions,
-    prefix caching. Empty when none applies."""
     return [
         *_arrival_causes(ours, vllm),
         *queue_causes(ours, vllm),
@@ -197,10 +147,8 @@ def _arrival_causes(ours: Trace, vllm: Trace) -> list[str]:
 
 
 def first_step_wait_s(trace: Trace) -> float | None:
-    """Seconds from the last arrival at or before ``trace``'s first step to that step's start:
-    how long an engine that could have begun kept its requests queued (a server schedules on
-    receipt, or holds its first step until all of a run's requests are in). None without a
-    step or an arrival before it."""
+    """Seconds from the last arrival at or before the first step to that step's start; None without
+    a step or an arrival before it."""
     if not trace.steps:
         return None
     start_s = trace.steps[0].start_s
@@ -210,8 +158,7 @@ def first_step_wait_s(trace: Trace) -> float | None:
 
 def queue_causes(ours: Trace, vllm: Trace) -> list[str]:
     """A sentence when vLLM's requests waited in its queue before its first step over
-    ``QUEUE_WAIT_S`` longer than ours did: its times to first token include the wait, and
-    requests arriving over time meanwhile meet in its first step. Empty otherwise."""
+    ``QUEUE_WAIT_S`` longer than ours did; empty otherwise."""
     theirs, own = first_step_wait_s(vllm), first_step_wait_s(ours) or 0.0
     if theirs is None or theirs - own <= QUEUE_WAIT_S:
         return []
@@ -279,11 +226,7 @@ class DeploymentSettings:
 
     @classmethod
     def from_start(cls, start: dict) -> DeploymentSettings:
-        """The settings of a ``start`` line.
-
-        Raises:
-            ValueError: a field is missing or of the wrong kind (not a recording vLLM's line).
-        """
+        """Raises ValueError: a field is missing or of the wrong kind."""
         try:
             return cls(
                 max_num_seqs=int(start["max_num_seqs"]),
@@ -302,8 +245,6 @@ class DeploymentSettings:
             ) from None
 
     def describe(self) -> str:
-        """One line, e.g. ``max_num_seqs 3, max_num_batched_tokens 2048, block size 128, 727 KV
-        blocks, chunked prefill on, prefix caching on, float32``."""
         on = {True: "on", False: "off"}
         dtype = f", {self.dtype}" if self.dtype else ""
         return (
@@ -317,12 +258,8 @@ class DeploymentSettings:
 def followed_config(
     settings: DeploymentSettings, config: EngineConfig, kv_bytes_per_token: int
 ) -> tuple[EngineConfig, list[str]]:
-    """``config`` with the deployment's settings, and one line per setting ours cannot follow.
-
-    ``kv_bytes_per_token``: our KV cache's bytes per token (``ModelRunner.kv_bytes_per_token``),
-    to turn the deployment's blocks into our KV budget. In the ``slots`` KV mode the blocks and
-    prefix caching stay ours (lines say so); the policy and the batch-invariant mode stay ours.
-    """
+    """``config`` with the deployment's settings (docs/bench.md), and one line per setting ours
+    cannot follow; ``kv_bytes_per_token`` turns its blocks into our KV budget."""
     notes = []
     if not settings.chunked_prefill:
         notes.append(

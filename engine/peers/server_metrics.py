@@ -1,10 +1,8 @@
 """The server's side of a run: its Prometheus ``/metrics``, read a few times a second.
 
-A server hides its slots and its KV cache from the client, but most OpenAI-compatible servers
-publish them as Prometheus gauges. ``MetricsSampler`` reads ``/metrics`` in a background thread
-while a run goes on and turns each reading into a ``ServerSample`` on the run's clock, under this
-project's names, so a chart can draw running and waiting requests and KV use beside our engines'
-records whatever server ran:
+``MetricsSampler`` turns each reading into a ``ServerSample`` on the run's clock, under this
+project's names (vLLM's, SGLang's, TGI's and llama.cpp's gauges, summed over labels; llama.cpp's KV
+use from ``/slots``):
 
 =====================  ==========================================================
 num_requests_running   requests the server is decoding or prefilling right now
@@ -12,16 +10,8 @@ num_requests_waiting   requests queued for a seat
 kv_cache_usage_pct     share of the KV cache in use, 0 to 100
 =====================  ==========================================================
 
-Each name maps to the gauges of the servers known here (vLLM, SGLang, TGI, llama.cpp); a series
-with labels (vLLM's ``engine="0"``) is summed over them. A server without ``/metrics`` or without
-one of these gauges simply has fewer values: nothing fails, the sampler notes why in ``note``.
-
-llama.cpp's ``/metrics`` has no KV gauge in the build ``make llamacpp`` makes; its KV use is then
-read from ``/slots`` (``slots_kv_pct``).
-
-A KV use % is a share of that server's own pool, sized its own way (vLLM's from its memory
-budget, ours from the workload), so two servers' 100 % are different amounts: ``kv_pool`` says
-what the whole is.
+A server without them has fewer values, and ``note`` says why. A KV % is of that server's own pool
+(``kv_pool`` says what the whole is).
 """
 
 from __future__ import annotations
@@ -73,10 +63,7 @@ LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Prometheus text exposition -> {metric name: value summed over its label sets}.
-
-    Comments, blank lines and lines that do not parse are skipped; NaN values are left out.
-    """
+    """Prometheus text -> {metric: value summed over label sets}; bad lines and NaN skipped."""
     totals: dict[str, float] = {}
     for line in text.splitlines():
         line = line.strip()
@@ -99,7 +86,6 @@ def parse_prometheus(text: str) -> dict[str, float]:
 
 
 def project_values(metrics: dict[str, float]) -> dict[str, float]:
-    """The ``METRIC_ALIASES`` values found in parsed ``metrics``, in this project's units."""
     values = {}
     for ours, aliases in METRIC_ALIASES.items():
         for theirs, scale in aliases:
@@ -110,10 +96,8 @@ def project_values(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def slots_kv_pct(slots: list[dict]) -> tuple[float, dict] | None:
-    """KV use % from llama.cpp's ``/slots`` answer: the tokens of the slots processing a request
-    (prompt and decoded) over the sum of every slot's ``n_ctx``; with the pool it is of
-    (``kv_pool``'s form, with ``"num_slots"`` and ``"slot_tokens"``: each slot's context).
-    None without slots."""
+    """KV use % from llama.cpp's ``/slots``: busy slots' tokens over the sum of every slot's
+    ``n_ctx``, with the pool (``kv_pool``'s form); None without slots."""
     whole = sum(int(s.get("n_ctx") or 0) for s in slots)
     if not slots or whole <= 0:
         return None
@@ -132,9 +116,8 @@ def slots_kv_pct(slots: list[dict]) -> tuple[float, dict] | None:
 
 
 def kv_pool(text: str) -> dict:
-    """What 100 % of the server's KV use is, from one ``/metrics`` text: ``{"gauge": its KV
-    gauge, "whole": what the gauge is a share of}`` and, where published, ``"num_blocks"`` and
-    ``"block_size"`` (tokens); empty for a server without a known KV gauge."""
+    """What 100 % of the KV gauge is: ``{"gauge", "whole"}`` and, where published, ``"num_blocks"``,
+    ``"block_size"`` (tokens); {} without a known KV gauge."""
     metrics = parse_prometheus(text)
     gauge = next((g for g, _ in METRIC_ALIASES["kv_cache_usage_pct"] if g in metrics), None)
     if gauge is None:
@@ -151,13 +134,8 @@ def kv_pool(text: str) -> dict:
 
 
 class MetricsSampler:
-    """Reads ``<base_url>/metrics`` every ``period_s`` in a thread until ``stop()``, into
-    ``trace.server_samples``.
-
-    Times are ``time.perf_counter() - t0``, the run's clock. Use as a context manager, or call
-    ``start()`` and ``stop()``; the samples and ``note`` are complete after ``stop()``. Each sample
-    makes a new list, so a copy of the trace taken mid-run (``engine.worker.progress.snapshot``)
-    never changes after.
+    """Reads ``<base_url>/metrics`` every ``period_s`` in a thread into ``trace.server_samples``
+    (times: ``perf_counter() - t0``); each sample makes a new list, so a mid-run copy never changes.
     """
 
     def __init__(self, base_url: str, t0: float, trace: Trace, period_s: float = SAMPLE_PERIOD_S):
@@ -175,7 +153,6 @@ class MetricsSampler:
         return self
 
     def stop(self) -> None:
-        """Stop sampling and wait for the thread (at most one request's timeout)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
@@ -194,7 +171,7 @@ class MetricsSampler:
                 self._stop.wait(self.period_s)
 
     def _sample(self, client: httpx.Client) -> bool:
-        """One reading; False when sampling should end (the server has no usable /metrics)."""
+        """One reading; False when sampling should end (no usable /metrics)."""
         t_s = time.perf_counter() - self.t0
         try:
             response = client.get(self.url)
@@ -218,8 +195,6 @@ class MetricsSampler:
         return True
 
     def _slots_kv(self, client: httpx.Client, values: dict[str, float]) -> None:
-        """llama.cpp's KV use from ``/slots`` into ``values`` (``slots_kv_pct``), and its pool;
-        nothing when ``/slots`` does not answer with slots."""
         try:
             response = client.get(self.url.removesuffix("/metrics") + "/slots")
             found = slots_kv_pct(response.json()) if response.status_code == 200 else None

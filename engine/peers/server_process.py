@@ -1,17 +1,8 @@
 """A local server process started and stopped from here: vLLM's and llama.cpp's alike.
 
-``ServerProcess`` starts a command in its own process group on 127.0.0.1 and a port, with its
-stdout and stderr in a temporary log file; waits until ``/health`` answers 200, telling a
-callback each new log line (the page's servers line shows it); and stops the whole group,
-SIGTERM then SIGKILL, at the latest when this Python exits (``atexit``; a SIGKILLed parent
-leaves it running). Every error quotes the log's tail. A subclass names its server (``NAME``),
-builds its command and environment, and says what a healthy server publishes (``_on_healthy``)
-and which log line means it never will be (``_fatal``).
-
-CPU affinity: a child inherits its parent thread's, and the page's process keeps to the CPUs its
-engines leave it (``engine.page.run.cpu_split``). So ``start`` widens the starting thread's
-affinity to the server's CPUs while it starts the process (``thread_on_cpus``; without it a vLLM
-streamed in bursts: docs/measurements.md).
+One process group on 127.0.0.1, its log in a temporary file (quoted in every error), healthy at
+``/health`` 200, stopped whole at the latest at exit. ``start`` widens the starting thread's CPU
+affinity to the server's, which the child inherits (docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -34,7 +25,6 @@ from engine.peers.endpoints import EndpointError
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -71,17 +61,13 @@ START_STAGES = (
 
 
 def start_stage(line: str) -> str | None:
-    """The stage a starting vLLM's or llama.cpp's log ``line`` names ("loading weights",
-    "sizing the KV cache", "warming up", ...), in a person's words; None when it names none."""
+    """The start stage a vLLM or llama.cpp log line names, for a person; None when none."""
     return next((stage for pattern, stage in START_STAGES if pattern.search(line)), None)
 
 
 def cpus_of(bind: str) -> set[int]:
-    """The CPU numbers of a ``VLLM_CPU_OMP_THREADS_BIND`` list: "0-3" or "0,2,5-7".
-
-    Raises:
-        ValueError: a part that is not a number or a range of numbers.
-    """
+    """CPUs of a ``VLLM_CPU_OMP_THREADS_BIND`` list ("0-3", "0,2,5-7"). Raises ValueError: a bad
+    part."""
     cpus: set[int] = set()
     for part in filter(None, (p.strip() for p in bind.split(","))):
         first, _, last = part.partition("-")
@@ -93,9 +79,8 @@ def cpus_of(bind: str) -> set[int]:
 
 @contextlib.contextmanager
 def thread_on_cpus(cpus: set[int]):
-    """The calling thread may run on ``cpus`` inside the block (its own affinity, which the
-    processes it starts inherit); put back after. Nothing changes off Linux or where the system
-    refuses (a CPU outside this container's set)."""
+    """Widen the calling thread's affinity to ``cpus`` inside the block, put back after; nothing off
+    Linux or where the system refuses."""
     if not cpus or not hasattr(os, "sched_setaffinity"):
         yield
         return
@@ -112,8 +97,6 @@ def thread_on_cpus(cpus: set[int]):
 
 
 class ServerProcess:
-    """One server process group. Use ``with Server(...) as server:`` or ``start``/``stop``."""
-
     NAME = "the server"  # as messages name it
     LOG_PREFIX = "server-"
     POLL_S = 0.5
@@ -122,7 +105,6 @@ class ServerProcess:
     TAIL_LINES = 30  # of the log, quoted in errors
 
     def __init__(self, port: int | None = None):
-        """``port``: where it listens (default: a free one)."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.version: str | None = None
@@ -134,11 +116,9 @@ class ServerProcess:
     # --- what a subclass says ---------------------------------------------------------------------
 
     def command(self) -> list[str]:
-        """The command line that starts the server on ``self.port``."""
         raise NotImplementedError
 
     def environment(self) -> dict[str, str] | None:
-        """The server's environment (None: this process's)."""
         return None
 
     def cpus(self) -> set[int]:
@@ -153,7 +133,6 @@ class ServerProcess:
         return None
 
     def exit_message(self, when: str) -> str:
-        """Why the server is gone, for a person: its exit code and log."""
         code = None if self.proc is None else self.proc.poll()
         return f"{self.NAME} exited with code {code} {when}:\n{self.log_tail()}"
 
@@ -165,16 +144,9 @@ class ServerProcess:
     def start(
         self, on_progress: Callable[[str], None] | None = None, timeout_s: float | None = None
     ):
-        """Start the server and wait until ``/health`` answers 200; returns ``self``.
-
-        ``on_progress(line)`` gets the server's latest log line whenever it changes;
-        ``timeout_s`` defaults to ``START_TIMEOUT_S``.
-
-        Raises:
-            EndpointError: it exited (with the log's tail, or ``exit_message``'s reason), its
-                log said it never will be healthy, or it was not healthy within ``timeout_s``;
-                the process group is stopped then.
-        """
+        """Start the server and wait until ``/health`` answers 200; returns ``self``. Raises
+        EndpointError: it exited, its log said it never will be healthy, or it was not healthy
+        within ``timeout_s`` (default ``START_TIMEOUT_S``); the group is stopped."""
         t0 = time.perf_counter()
         timeout_s = self.START_TIMEOUT_S if timeout_s is None else timeout_s
         command, env = self.command(), self.environment()
@@ -211,7 +183,6 @@ class ServerProcess:
                 time.sleep(self.POLL_S)
 
     def _check_alive(self, deadline: float) -> None:
-        """Raises EndpointError: the server exited, will never be healthy, or ran out of time."""
         if self.proc.poll() is not None:
             raise EndpointError(self.exit_message("while starting"))
         fatal = self._fatal()
@@ -221,7 +192,6 @@ class ServerProcess:
             raise EndpointError(f"{self.NAME} was not healthy in time:\n{self.log_tail()}")
 
     def log_tail(self, num_lines: int | None = None) -> str:
-        """The last ``num_lines`` (default ``TAIL_LINES``) non-blank lines the server wrote."""
         try:
             text = self.log_path.read_text(errors="replace") if self.log_path else ""
         except OSError:
@@ -234,8 +204,7 @@ class ServerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """SIGTERM the server's process group, then SIGKILL what is left after ``timeout_s``
-        (default ``STOP_TIMEOUT_S``), children that outlived the main process included."""
+        """SIGTERM the process group, then SIGKILL what is left after ``timeout_s``."""
         if self.proc is None:
             return
         timeout_s = self.STOP_TIMEOUT_S if timeout_s is None else timeout_s
@@ -254,7 +223,7 @@ class ServerProcess:
         atexit.unregister(self.stop)
 
     def kill(self) -> None:
-        """SIGKILL the whole server at once, as a crash would (tests of a server dying)."""
+        """SIGKILL the whole server at once, as a crash would (tests)."""
         if self.proc is not None:
             self._signal(signal.SIGKILL)
             self.proc.wait(timeout=self.STOP_TIMEOUT_S)

@@ -1,26 +1,5 @@
-"""transformers' own continuous batching, wrapped as an engine for side-by-side runs.
-
-What a transformers user would pick instead of this project's engine: ``ContinuousBatchingManager``
-(``transformers/generation/continuous_batching/``) on the runner's model, with the same requests,
-per-request caps and slot limit (``max_requests_per_batch``), greedy, and the recording scheduler
-of ``engine.peers.transformers_scheduler``, whose record becomes the trace's ``schedule``. Its own
-configs, KV sizing and result polling are used here only. The trace has per-request times from
-the manager's per-token timestamps, and no steps of its own.
-
-Sampled requests (``engine.sampling_params``) run with the same temperature, top-k and top-p through
-the manager's per-request processors, but it draws every request from one random stream of its own;
-their records are marked ``comparable=False`` ("sampled with another generator: not compared").
-When some request samples, the greedy ones run with ``top_k=1``, which draws the argmax, so they are
-still compared.
-
-With ``block_sharing`` its prefix caching (``allow_block_sharing``) is on. transformers does not
-say how many prompt tokens each request found cached, so the trace's ``num_cached_tokens`` is
-None then (0 without sharing).
-
-Batch-invariant mode (``EngineConfig.batch_invariant``) does not reach it: transformers' manager
-runs its own kernels and batches, outside this project's control. Asking for it warns
-(``BATCH_INVARIANT_NOTE``) and the trace's ``info`` says so, rather than ignoring it silently.
-"""
+"""transformers' own continuous batching (``ContinuousBatchingManager``), wrapped as an engine, with
+its recording scheduler's steps as the trace's ``schedule`` (docs/engines.md)."""
 
 from __future__ import annotations
 
@@ -49,8 +28,6 @@ BATCH_INVARIANT_NOTE = (
 
 
 class HFContinuousEngine:
-    """Runs requests through transformers' manager on the runner's model (its device, stop ids)."""
-
     name = "hf_continuous"
 
     def __init__(self, runner: ModelRunner, config: EngineConfig, block_sharing: bool = False):
@@ -62,13 +39,9 @@ class HFContinuousEngine:
             warnings.warn(BATCH_INVARIANT_NOTE, UserWarning, stacklevel=2)
 
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
-        """Run to completion. transformers' manager has no step hook, so ``on_step`` is never
-        called; ``on_wait(trace)`` is called every ``HF_POLL_S`` while its results are awaited.
-
-        Raises:
-            RuntimeError: no result for ``HF_STALL_S``: the manager stopped early.
-            Exception: whatever ``on_wait`` raises (``RunStopped``): the manager is stopped.
-        """
+        """Run to completion; ``on_step`` is never called (no step hook), ``on_wait(trace)`` every
+        ``HF_POLL_S``. Raises RuntimeError: no result for ``HF_STALL_S``: the manager stopped early;
+        Exception: whatever ``on_wait`` raises (``RunStopped``): the manager is stopped."""
         info = {"block_sharing": self.block_sharing}
         if self.config.batch_invariant:  # asked for, not applied
             info |= {"batch_invariant": False, "batch_invariant_note": BATCH_INVARIANT_NOTE}
@@ -98,14 +71,9 @@ class HFContinuousEngine:
         return trace
 
     def _generate(self, requests: list[Request], on_poll):
-        """Run ``requests`` through ``model.continuous_batching_context_manager`` (warm-up happens
-        before the clock starts); the global random state is restored afterwards.
-
-        Returns ``(t0, outputs, record)``: ``perf_counter`` at the first request; per request a
-        ``GenerationOutput`` (``generated_tokens``, ``timestamps`` in ``perf_counter`` seconds);
-        the manager's ``transformers_scheduler.ScheduleRecord`` (None if transformers did not
-        build the recording scheduler). Raises what ``run`` raises.
-        """
+        """``(t0, outputs, record)``: ``perf_counter`` at the first request, a ``GenerationOutput``
+        per request, the ``ScheduleRecord`` (None without the recording scheduler). Warm-up runs
+        before the clock; the global random state is restored."""
         model, sampled = self.runner.model, any(r.is_sampled for r in requests)
         vocab_size = model.config.get_text_config().vocab_size
         gen, cb = self._configs(requests, sampled)
@@ -135,9 +103,8 @@ class HFContinuousEngine:
         return t0, outputs, _own_record(processor)
 
     def _configs(self, requests: list[Request], sampled: bool):
-        """transformers' ``GenerationConfig`` and ``ContinuousBatchingConfig``: sampled requests
-        go through per-request processors (``seed=0``); ``allow_block_sharing`` (transformers'
-        prefix caching, on by default there) is ``block_sharing``, off unless asked, like ours."""
+        """``GenerationConfig`` and ``ContinuousBatchingConfig``; transformers' prefix caching
+        (``allow_block_sharing``, on by default there) is ``block_sharing``."""
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
         gen = GenerationConfig(
@@ -158,14 +125,11 @@ class HFContinuousEngine:
 
 
 def hf_request_id(index: int) -> str:
-    """The request id the ``index``-th request gets in transformers' manager."""
     return f"r{index}"
 
 
 def _own_record(processor):
-    """The ``ScheduleRecord`` of the processor's scheduler, with ``settings["async_batching"]``
-    added; None if its scheduler is not the recording one. Read once the generation thread has
-    stopped (the context manager joined it), so its last step is closed."""
+    """The recording scheduler's ``ScheduleRecord`` (None without), read once its thread stopped."""
     record = getattr(getattr(processor, "scheduler", None), "record", None)
     if isinstance(record, transformers_scheduler.ScheduleRecord):
         record.settings["async_batching"] = bool(processor.use_async_batching)
@@ -174,12 +138,8 @@ def _own_record(processor):
 
 
 def _hf_results(manager, num_requests: int, on_poll) -> dict:
-    """Wait for every request's finished ``GenerationOutput`` (by request id), calling
-    ``on_poll()`` every ``HF_POLL_S``.
-
-    Raises:
-        RuntimeError: no result for ``HF_STALL_S``: the manager stopped early.
-    """
+    """Every request's finished ``GenerationOutput`` by request id. Raises RuntimeError: no result
+    for ``HF_STALL_S``."""
     results = {}
     last_result_s = time.perf_counter()
     while len(results) < num_requests:
@@ -197,13 +157,9 @@ def _hf_results(manager, num_requests: int, on_poll) -> dict:
 
 
 def _hf_sizes(requests: list[Request], num_slots: int) -> dict[str, int]:
-    """``num_blocks`` and ``max_batch_tokens`` for ``ContinuousBatchingConfig``, like ours.
-
-    Left unset, transformers sizes its KV cache from free memory (60-90 % of it: 14 GB on a 24 GB
-    CPU machine, even for a tiny model; ``continuous_batching/cache.py``). Instead: room for every
-    slot's longest sequence, and one step can prefill ``num_slots`` of the longest prompts, as our
-    engine does without a token budget; a page holds ``HF_PAGE_SIZE`` tokens.
-    """
+    """``num_blocks`` and ``max_batch_tokens`` like ours: room for every slot's longest sequence,
+    and a step that prefills ``num_slots`` longest prompts. Left unset, transformers takes 60-90 %
+    of free memory (``continuous_batching/cache.py``)."""
     longest = max(r.num_prompt_tokens + r.max_new_tokens for r in requests)
     prompt_lengths = sorted((r.num_prompt_tokens for r in requests), reverse=True)
     return {

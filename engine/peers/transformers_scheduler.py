@@ -1,43 +1,10 @@
 """transformers' own schedule, step by step: a scheduler its manager picks by name, recording it.
 
-transformers' continuous batching (``transformers/generation/continuous_batching/``) builds its
-scheduler in ``ContinuousBatchingManager._create_batch_processor`` (``continuous_api.py``) as
-``SCHEDULER_MAPPING[continuous_batching_config.scheduler_type]`` (``scheduler.py``).
-``register()`` adds ``RecordingFIFOScheduler`` to that mapping as ``SCHEDULER_TYPE``, and
-``engine.peers.transformers_engine`` asks for it by that name: transformers itself constructs it,
-on the manager's generation thread. No method of transformers is patched.
-
-``RecordingFIFOScheduler`` is transformers' default ``FIFOScheduler`` (decoding requests first,
-then split prefills, then waiting ones), unchanged: each override calls the base method and only
-reads what it returned or the cache's block tables. It keeps one ``PlannedStep`` per forward pass
-(``ScheduleRecord.steps``), following the processor's loop
-(``ContinuousBatchProcessor.prepare_next_batch``, then the forward, then ``update_batch``):
-
-* **start**: when ``schedule_batch`` is called (``perf_counter``);
-* **plan**: what it returned, one ``FutureRequestState`` per request in batch order: the tokens it
-  feeds (``query_length``: a prefill chunk, or 1 to decode), the tokens already in its KV cache
-  (``state.position_offset``, which the batch's tensors advance only after scheduling; at a first
-  admission with block sharing, its prefix match), its prompt and generated lengths;
-* **blocks**: every held block table (request id -> block ids) of the first cache allocator (the
-  only one for a model with full attention only: block ids of transformers' paged cache), read
-  after ``schedule_batch`` allocated this step's blocks;
-* **end**: when the loop next calls ``clear_cancelled_requests`` (the first scheduler call of every
-  ``prepare_next_batch``): the forward pass, the sampling and ``update_batch`` are inside;
-* **preempted**: requests sent back to waiting (``add_waiting_request`` again) after being
-  scheduled: transformers' ``OffloadingManager.offload_requests`` calls ``finish_request`` then
-  ``add_waiting_request`` on a request it evicts when blocks run out (a soft reset: recomputed
-  from its prompt and outputs, unless a CPU swap space is set); **finished**: requests
-  ``finish_request`` freed and did not requeue. Both are listed in the next step's record.
-
-A ``schedule_batch`` that returns None (the cache is full: the processor offloads and asks again)
-or an empty list (nothing to run) is no step: the processor runs no forward pass after it.
-
-With ``use_async_batching`` (transformers turns it on with CUDA graphs when no attention mask is
-needed, never on CPU) the next batch is scheduled before this one's outputs are back, so the end
-is when the next batch's preparation starts, and a finished request's last plan may be one step
-late; ``info["async_batching"]`` says which.
-
-``schedule_trace`` replays the record into a ``Trace`` (``vllm_record.ScheduleReplay``).
+``register()`` adds ``RecordingFIFOScheduler`` (transformers' ``FIFOScheduler`` unchanged: every
+override calls the base method and only reads) to ``SCHEDULER_MAPPING`` as ``SCHEDULER_TYPE``; no
+method of transformers is patched. One ``PlannedStep`` per forward pass runs from the
+``schedule_batch`` call to the loop's next ``clear_cancelled_requests``. What it records and its
+limits (preemption, async batching): docs/engines.md, "From the inside".
 """
 
 from __future__ import annotations
@@ -55,8 +22,6 @@ SOURCE = "transformers' own scheduler record (engine.peers.transformers_schedule
 
 @dataclass
 class PlannedSeq:
-    """One request's share of a step, as transformers' scheduler planned it."""
-
     request_id: str  # transformers' request id
     num_tokens: int  # tokens fed in this step (a prefill chunk, or 1 to decode)
     num_computed: int  # tokens in its KV cache before the step
@@ -78,17 +43,13 @@ class PlannedStep:
 
 @dataclass
 class ScheduleRecord:
-    """Everything ``RecordingFIFOScheduler`` kept: the settings the plans depend on, the steps,
-    and the time recording took (s)."""
-
     settings: dict
     steps: list[PlannedStep] = field(default_factory=list)
     record_s: float = 0.0
 
 
 def register() -> str:
-    """Put the recording scheduler into transformers' ``SCHEDULER_MAPPING`` (again: idempotent);
-    returns ``SCHEDULER_TYPE``, the name to give ``ContinuousBatchingConfig.scheduler_type``."""
+    """Put the recording scheduler into ``SCHEDULER_MAPPING`` (idempotent); returns its name."""
     from transformers.generation.continuous_batching.scheduler import SCHEDULER_MAPPING
 
     SCHEDULER_MAPPING[SCHEDULER_TYPE] = recording_fifo_scheduler()
@@ -97,8 +58,8 @@ def register() -> str:
 
 @functools.cache
 def recording_fifo_scheduler() -> type:
-    """``RecordingFIFOScheduler``: ``Recording`` mixed in before transformers' ``FIFOScheduler``
-    (built on first use, so importing this module does not import transformers)."""
+    """``Recording`` mixed in before ``FIFOScheduler``, built on first use so that importing this
+    module does not import transformers."""
     from transformers.generation.continuous_batching.scheduler import FIFOScheduler
 
     doc = "transformers' ``FIFOScheduler``, recording each step (``Recording``)."
@@ -106,9 +67,8 @@ def recording_fifo_scheduler() -> type:
 
 
 class Recording:
-    """The recording, mixed in before a transformers ``Scheduler`` class; ``record`` is what it
-    kept since the latest ``reset()`` (the processor resets it when its generation loop starts).
-    Every override calls the base method first and changes nothing it returns."""
+    """The recording, mixed in before a transformers ``Scheduler`` class; ``record`` holds what it
+    kept since the latest ``reset()``."""
 
     record: ScheduleRecord
 
@@ -120,7 +80,6 @@ class Recording:
         self._finished: list[str] = []
 
     def _allocator(self):
-        """The first cache allocator (a model with full attention only has one)."""
         return next(iter(self.cache.cache_allocators.values()))
 
     def _settings(self) -> dict:
@@ -151,7 +110,6 @@ class Recording:
         return result
 
     def _planned_step(self, planned, start_s: float) -> PlannedStep:
-        """One step's record from the ``FutureRequestState`` list ``schedule_batch`` returned."""
         seqs = [
             PlannedSeq(
                 request_id=f.state.request_id,
@@ -199,11 +157,7 @@ def schedule_trace(
     name: str = "hf_continuous",
 ) -> Trace:
     """transformers' steps on ``requests`` as a ``Trace``, times in seconds since ``t0_s``
-    (``perf_counter``), replayed as ``engine.peers.vllm_record.ScheduleReplay`` says.
-
-    ``ids``: transformers' request id -> ours; other requests' plans are skipped. ``requests``:
-    the engine trace's records.
-    """
+    (``perf_counter``). ``ids``: transformers' request id -> ours; other requests are skipped."""
     replay = ScheduleReplay(requests)
     prefix_sharing = bool(record.settings.get("prefix_sharing"))
     for planned in record.steps:
@@ -238,7 +192,6 @@ def schedule_trace(
 
 
 def _seq(replay: ScheduleReplay, rid: int, planned: PlannedSeq, start_s: float, end_s: float):
-    """One request's share of a step (``ScheduledSeq``); a request without a lane is admitted."""
     if rid not in replay.lanes:  # new, or requeued after a preemption: an admission
         replay.take_lane(rid)
         replay.admit(rid, planned.num_computed, start_s)

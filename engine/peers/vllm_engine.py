@@ -1,26 +1,10 @@
 """vLLM as an engine, seen from the inside too: any recording vLLM endpoint, and a local vLLM.
 
-``RecordedEngine`` plays a workload at an OpenAI-compatible endpoint as ``OpenAIEngine`` does (the
-view from outside) and reads the server's own record of the run's steps
-(``engine.peers.vllm_scheduler``) from a ``RecordFeed`` (over HTTP; an endpoint given
-``--endpoint-record NAME=RECORD_URL``) or a ``ScheduleLog`` (the local vLLM's file), both of
-``engine.peers.vllm_record``. Each run's requests are sent as ``X-Request-Id: cbp-<run>-<id>``, so
-its steps are found among the record's by that tag; the trace's ``schedule`` holds them as a
-``Trace``, and ``info["schedule_record"]`` says where they came from (``path`` or ``url``, the
-run's tag, ``t0_unix_s``), and ``error`` when they did not. Both traces are on this machine's wall
-clock: the client's times count from just after ``t0_unix_s`` is read, vLLM's from ``t0_unix_s``.
-
-Every request names its run in ``vllm_xargs`` (``cbp_run``), and when all of a run's requests
-arrive at 0 (two or more) they ask vLLM to hold its first step until all of them wait
-(``cbp_hold_for``, ``cbp_order``: ``engine.peers.vllm_scheduler``'s "Holding the first step").
-These fields go only to a server that answers vLLM's ``/version`` and whose record was read at the
-run's start: another server would refuse them. A record that cannot be read never fails the run:
-``schedule`` is None and one warning says why (``RecordError``'s cases).
-
-``VllmEngine`` is the ``vllm`` engine: it owns a ``VllmServer`` (``engine.peers.vllm_server``) on
-the loaded model, started on the first run (or by ``start()``) and up until ``close()``, so
-repeats and warm-ups pay the start once; its version and settings are in
-``trace.info["server"]["settings"]``.
+``RecordedEngine`` plays a workload as ``OpenAIEngine`` does and reads the server's own record of
+the run (``RecordFeed`` or ``ScheduleLog``) into the trace's ``schedule``;
+``info["schedule_record"]`` says where from. A record that cannot be read never fails the run:
+``schedule`` is None with one warning. ``VllmEngine`` owns a local ``VllmServer``, started once. See
+docs/servers.md.
 """
 
 from __future__ import annotations
@@ -57,8 +41,7 @@ LATE_READ_S = 0.25  # a quiet host's client reads a token within tens of millise
 
 
 class RecordedEngine(OpenAIEngine):
-    """An endpoint whose server records its steps; ``record``: where to read them (None: a
-    plain endpoint, seen from outside only)."""
+    """An endpoint whose server records its steps; ``record`` None: seen from outside only."""
 
     def __init__(
         self, endpoint, loaded, num_slots: int, record: RecordFeed | ScheduleLog | None = None
@@ -70,15 +53,10 @@ class RecordedEngine(OpenAIEngine):
         self._tagged = False  # whether this run's requests carry vllm_xargs
 
     def _record(self) -> RecordFeed | ScheduleLog | None:
-        """Where this run's steps are read from (``VllmEngine``: its running server's file)."""
         return self.record
 
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
-        """``OpenAIEngine.run``, with the server's own steps of the run in ``schedule`` (None,
-        with one warning saying why, when its record cannot be read).
-
-        Raises what ``OpenAIEngine.run`` raises (its partial trace has no ``schedule``).
-        """
+        """``OpenAIEngine.run`` with the server's own steps in ``schedule``; raises as it does."""
         info = self.server_info()  # the first run probes the server: its request precedes the mark
         record = self._record()
         mark, problem = _mark(record)
@@ -104,8 +82,8 @@ class RecordedEngine(OpenAIEngine):
         return trace
 
     def _read_schedule(self, trace: Trace, record, mark: int, run_tag: str, t0_unix_s: float):
-        """``(schedule, None)``: the server's steps of this run as a ``Trace``; ``(None, line)``
-        when its record cannot be read or holds none of this run's steps."""
+        """``(schedule, None)``, or ``(None, line)`` when the
+        record has none of this run's steps."""
         try:
             records = record.read(mark)
             schedule = schedule_trace(records, trace.requests, run_tag, t0_unix_s, self.name)
@@ -118,14 +96,12 @@ class RecordedEngine(OpenAIEngine):
         return schedule, None
 
     def _headers(self, request: Request) -> dict[str, str]:
-        """``X-Request-Id: cbp-<run>-<id>``: vLLM's request ids then name our request."""
         if self._run_tag is None:
             return {}
         return {REQUEST_ID_HEADER: external_request_id(self._run_tag, request.request_id)}
 
     def _body(self, request: Request) -> dict:
-        """The request's body, with ``vllm_xargs`` naming its run (the recording scheduler
-        starts a run with an empty prefix cache) and asking for the hold when the run has one."""
+        """The body, with ``vllm_xargs`` naming its run and asking for the hold when it has one."""
         body = super()._body(request)
         if self._tagged:
             body["vllm_xargs"] = {HOLD_RUN_KEY: self._run_tag}
@@ -150,13 +126,13 @@ class VllmEngine(RecordedEngine):
         settings: VllmSettings | None = None,
         cpus: str | None = None,
     ):
-        """``max_model_len``: the longest request (prompt and output tokens) the server takes;
-        its KV cache is sized for that many tokens per slot. ``settings``: the server's settings
-        as they are, instead of ``settings_for`` these (a KV budget or block size of one's own).
-        ``cpus``: the CPUs it computes on, one thread each (e.g. "1"; default every CPU).
+        """``max_model_len``: the longest request (prompt and output tokens) the server takes.
+        ``settings``: the server's settings as they are, instead of ``settings_for`` these.
+        ``cpus``: the CPUs it computes on (e.g. "1"; default every CPU).
 
-        Raises ValueError: no ``.venv-vllm`` (``make vllm``: MissingBuild), nothing vLLM could
-        load, or a model it cannot serve (ModelRefused)."""
+        Raises ValueError: no ``.venv-vllm`` (MissingBuild), or a model vLLM cannot serve
+        (ModelRefused).
+        """
         vllm_python()  # a missing build is said before what the model lacks
         if settings is None:
             settings = settings_for(
@@ -168,11 +144,7 @@ class VllmEngine(RecordedEngine):
         super().__init__(self.server.endpoint(), loaded, num_slots)
 
     def start(self, on_progress: Callable[[str], None] | None = None) -> VllmEngine:
-        """Start the server unless it runs; ``on_progress(line)`` sees its log while it starts.
-
-        Raises:
-            EndpointError: the server exited or did not become healthy (with its log's tail).
-        """
+        """Raises EndpointError: the server exited or never became healthy (with its log's tail)."""
         if not self.server.running:
             self._info = None  # a restarted server is probed again
             self.server.start(on_progress)
@@ -184,16 +156,10 @@ class VllmEngine(RecordedEngine):
         return info
 
     def run(self, requests: list[Request], on_step=None, on_wait=None) -> Trace:
-        """``RecordedEngine.run`` on the local server, started first if it is not running, with
-        vLLM's own steps in ``schedule`` (None, with a warning, when its record is missing).
-
-        Raises what ``OpenAIEngine.run`` raises (its partial trace has no ``schedule``).
-        """
         self.start()
         return super().run(requests, on_step, on_wait)
 
     def _record(self) -> ScheduleLog | None:
-        """The running server's record (a new one after a restart); None when it records none."""
         path = self.server.schedule_path
         if path is None:
             self.record = None
@@ -202,22 +168,18 @@ class VllmEngine(RecordedEngine):
         return self.record
 
     def close(self) -> None:
-        """Stop the server (and its engine processes)."""
         self.server.stop()
 
 
 def endpoint_engine(endpoint, loaded, num_slots: int) -> OpenAIEngine:
-    """An endpoint's engine (``engine.peers.endpoints.Endpoint``): a ``RecordedEngine`` reading
-    its server's record over HTTP when it has a record URL, else a plain ``OpenAIEngine``."""
     if endpoint.record_url is None:
         return OpenAIEngine(endpoint, loaded, num_slots)
     return RecordedEngine(endpoint, loaded, num_slots, RecordFeed(endpoint.record_url))
 
 
 def late_reads(trace: Trace, name: str) -> list[str]:
-    """One line when the client read first tokens over ``LATE_READ_S`` (on the mean) after the
-    server's own record had them: the host was too busy to read the streams on time, so TTFT
-    from outside counts the wait and the inside view is the server's own."""
+    """One line when the client read first tokens over ``LATE_READ_S`` (mean) after the server's
+    record had them: the host was too busy, so outside TTFT counts the wait."""
     if trace.schedule is None:
         return []
     inside = {r.request_id: r.first_token_s for r in trace.schedule.requests}
@@ -237,8 +199,7 @@ def late_reads(trace: Trace, name: str) -> list[str]:
 
 
 def _mark(record) -> tuple[int, str | None]:
-    """``(mark, None)``: where the run's steps begin; ``(0, line)`` when the record cannot be
-    read (``RecordError``: the address does not answer, holds no record, needs a token)."""
+    """``(mark, None)``, or ``(0, line)`` when the record cannot be read."""
     if record is None:
         return 0, None
     try:
@@ -248,7 +209,6 @@ def _mark(record) -> tuple[int, str | None]:
 
 
 def _source(record) -> dict:
-    """Where a record is read: ``{"url": ...}`` or ``{"path": ...}``."""
     return {"url": record.url} if isinstance(record, RecordFeed) else {"path": str(record.path)}
 
 
@@ -257,7 +217,6 @@ def _named(record) -> str:
 
 
 def _no_step_line(record, schedule: Trace, run_tag: str, name: str) -> str:
-    """Why a record holds none of the run's steps: it ran other requests meanwhile, or none."""
     where = _named(record)
     if not isinstance(record, RecordFeed):
         return f"vLLM's own schedule ({where}) has no step of this run."

@@ -1,23 +1,8 @@
-"""vLLM's own record of its schedule, read back as a ``Trace`` our views draw like our engines'.
+"""vLLM's own record of its schedule (``vllm_scheduler``), read back as a ``Trace``.
 
-``engine.peers.vllm_scheduler`` runs inside vLLM and writes one JSON line per scheduled step (its
-docstring has the format). This module, on our side, does three things with that file:
-
-* **Identity.** Each request of a run is sent with the header ``X-Request-Id: cbp-<run>-<id>``
-  (``external_request_id``): ``<run>`` is a fresh tag per run, ``<id>`` our request id. vLLM's
-  completions endpoint takes the header over the body's ``request_id`` as the request's base id
-  (``OpenAIServing._base_request_id``) and its engine names the request
-  ``cmpl-<base>-<prompt index>-<8 random characters>`` (``serving.py``, then
-  ``InputProcessor.assign_request_id``), so ``our_request_id`` finds our id in any record line
-  whatever the order in which the requests arrived, and ignores other clients' and other runs'.
-* **Reading.** ``ScheduleLog`` reads the file run by run, ``RecordFeed`` the record a vLLM
-  serves over HTTP (``$CBP_VLLM_RECORD_ADDRESS``).
-* **Conversion.** ``schedule_trace`` replays the lines into a ``Trace`` (``ScheduleReplay``,
-  which transformers' record uses too): one ``StepRecord`` per step that ran a forward pass on our
-  requests, with scheduled and cached tokens, prefix-cache hits, lanes, block tables (vLLM's block
-  ids), shared blocks and preemptions. With data parallelism each engine core (rank) schedules
-  its own requests from its own KV pool (``dp_rank``; a line without one is rank 0's): rank ``r``
-  takes lanes from ``r * max_num_seqs`` on, and a step's block tables are its rank's alone.
+``external_request_id``/``our_request_id`` name our requests inside vLLM's ids; ``ScheduleLog``
+reads the file run by run, ``RecordFeed`` the record served over HTTP; ``schedule_trace`` replays
+the lines into a ``Trace``. Format, ids and data-parallel ranks: docs/servers.md.
 """
 
 from __future__ import annotations
@@ -47,18 +32,14 @@ def external_request_id(run_tag: str, request_id: int) -> str:
 
 
 def our_request_id(vllm_request_id: str, run_tag: str) -> int | None:
-    """Our request id inside vLLM's (``cmpl-cbp-<tag>-<id>-0-<random>``); None for a request of
-    another run or client."""
+    """Our request id inside vLLM's (``cmpl-cbp-<tag>-<id>-0-<random>``); None for another run's."""
     match = re.search(rf"(?:^|-)cbp-{re.escape(run_tag)}-(\d+)(?=-|$)", vllm_request_id)
     return int(match.group(1)) if match else None
 
 
 class ScheduleLog:
-    """The JSON-lines file a recording vLLM appends to, read run by run.
-
-    ``mark()`` before a run, ``read(mark)`` after it: the run's lines, after the ``start`` line
-    they ran under (written when vLLM started, before any run's mark; remembered in ``start``).
-    """
+    """The JSON-lines file a recording vLLM appends to: ``mark()`` before a run, ``read(mark)``
+    after it gives the start line, then the run's lines."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -66,18 +47,11 @@ class ScheduleLog:
         self._offset = 0  # bytes read so far (complete lines only)
 
     def mark(self) -> int:
-        """Where the next run's lines begin (bytes); the lines before it are read for their
-        start line only."""
         self._read_from(self._offset)
         return self._offset
 
     def read(self, since: int) -> list[dict]:
-        """The start line, then the complete lines written after ``since`` (a line still being
-        written is left out).
-
-        Raises:
-            ValueError: a line that is not JSON (not a record of ``vllm_scheduler``).
-        """
+        """Raises ValueError: a line that is not JSON (a line still being written is left out)."""
         before = self.start
         records = self._read_from(since)
         first_is_start = records and records[0].get("event") == "start"
@@ -104,12 +78,8 @@ class RecordError(ValueError):
 
 
 class RecordFeed:
-    """A served record (``engine.peers.vllm_scheduler``), read run by run as ``ScheduleLog``
-    reads the file: ``mark()`` before a run, ``read(mark)`` after it.
-
-    ``address``: ``http://HOST:PORT`` (``HOST:PORT`` alone is read as http; the path defaults to
-    ``/record``). ``token``: the server's bearer token (None: ``$CBP_VLLM_RECORD_TOKEN`` here).
-    """
+    """A served record, read as ``ScheduleLog`` reads the file. ``address``: ``http://HOST:PORT``
+    (path default ``/record``); ``token``: None reads ``$CBP_VLLM_RECORD_TOKEN``."""
 
     def __init__(self, address: str, token: str | None = None, timeout_s: float = FETCH_TIMEOUT_S):
         url = address.strip().rstrip("/")
@@ -120,15 +90,10 @@ class RecordFeed:
         self.start: dict | None = None  # the latest start line fetched
 
     def mark(self) -> int:
-        """The index the next run's first step will get."""
         return self.fetch(MARK_SINCE)["next"]
 
     def read(self, since: int) -> list[dict]:
-        """The start line, then the step lines from index ``since`` on, as ``ScheduleLog.read``.
-
-        Raises:
-            RecordError: as ``fetch``, or steps from ``since`` on were dropped from the ring.
-        """
+        """Raises RecordError: as ``fetch``, or steps from ``since`` on left the ring."""
         page = self.fetch(since)
         if page["next"] < since:
             raise RecordError(
@@ -144,12 +109,7 @@ class RecordFeed:
         return [r for r in [page["start"], *page["steps"]] if r is not None]
 
     def fetch(self, since: int) -> dict:
-        """The server's answer to ``GET /record?since=...`` (fields in its module's docstring).
-
-        Raises:
-            RecordError: the address does not answer, needs a token (or another one), or
-                answers without a record (another server, or another path).
-        """
+        """Raises RecordError: no answer, a token needed or refused, or no record in the answer."""
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         try:
             response = httpx.get(
@@ -211,17 +171,10 @@ def schedule_trace(
     t0_unix_s: float,
     name: str = "vllm",
 ) -> Trace:
-    """vLLM's steps on ``requests`` as a ``Trace``, times in seconds since ``t0_unix_s``.
-
-    ``records``: the lines of one run (``ScheduleLog.read``); lines of other runs or clients
-    are skipped, and a step that ran none of ours is left out. ``requests``: the client trace's
-    records, replayed as ``ScheduleReplay`` says. A request arrives when the client sent it
-    (its record's ``admit_s``) where that is later than the workload's arrival: a client that
-    sends late (its host busy) does not count against vLLM's own times.
-
-    Raises:
-        ValueError: no ``start`` line precedes the first step (not a whole record).
-    """
+    """vLLM's steps on ``requests`` as a ``Trace``, times in seconds since ``t0_unix_s``; other
+    runs' lines and steps without our requests are left out. A request arrives when the client sent
+    it, if later than the workload's arrival. Raises ValueError: no ``start`` line before the first
+    step."""
     replay = _VllmReplay(requests, run_tag, t0_unix_s)
     for record in records:
         if record.get("event") == "start":
@@ -232,15 +185,8 @@ def schedule_trace(
 
 
 class ScheduleReplay:
-    """A server's own record, followed step by step into a ``Trace`` our views draw: vLLM's
-    (``_VllmReplay``) and transformers' (``engine.peers.transformers_scheduler``).
-
-    Outputs are copied from the client's records, the times are the record's: admitted at the
-    start of the first step that schedules a request, first token at the end of the step that
-    completes its prompt, finished at the end of its last step. A server has no slots: a request
-    takes the first free lane when it is scheduled (new or resumed) and leaves it when the server
-    preempts it or reports it finished, as a slot would be taken and freed.
-    """
+    """A server's own record (vLLM's, transformers') followed into a ``Trace``: outputs from the
+    client's records, times from the server's, lanes taken and freed as slots would be."""
 
     def __init__(self, requests: list[RequestRecord]):
         self.requests = {r.request_id: dataclasses.replace(r, token_times_s=[]) for r in requests}
@@ -252,19 +198,16 @@ class ScheduleReplay:
         self.hits: dict[int, int] = {}  # request id -> prefix-cache hit at its latest admission
 
     def release(self, finished: list[int], preempted: list[int]) -> None:
-        """Free the lanes of requests finished or preempted before a step."""
         for rid in [*finished, *preempted]:
             self.lanes.pop(rid, None)
         for rid in preempted:
             self.requests[rid].num_preemptions += 1
 
     def take_lane(self, rid: int, first: int = 0, taken: set[int] | None = None) -> None:
-        """The lowest lane from ``first`` on that is not ``taken`` (default: any lane held)."""
         taken = set(self.lanes.values()) if taken is None else taken
         self.lanes[rid] = min(set(range(first, first + len(taken) + 1)) - taken)
 
     def admit(self, rid: int, computed: int, start_s: float) -> None:
-        """A request scheduled new or resumed, with ``computed`` tokens in its KV cache."""
         rec = self.requests[rid]
         self.hits[rid] = computed
         if rec.admit_s is None:
@@ -273,8 +216,7 @@ class ScheduleReplay:
     def scheduled(
         self, rid: int, num_new: int, computed: int, num_prompt: int, num_tokens: int, end_s: float
     ) -> ScheduledSeq:
-        """One request's share of a step ending at ``end_s``: ``num_new`` tokens on
-        ``computed`` cached ones, with ``num_tokens`` (prompt and outputs so far) in all."""
+        """One request's share of a step: ``num_new`` tokens on ``computed`` cached ones."""
         rec = self.requests[rid]
         rec.slot = self.lanes[rid] if rec.slot is None else rec.slot
         if rec.first_token_s is None and computed + num_new >= num_prompt:
@@ -291,7 +233,6 @@ class ScheduleReplay:
         )
 
     def add_step(self, start_s, end_s, seqs, preempted, tables, prefix_caching: bool) -> None:
-        """A step that ran ``seqs``, with the block tables (request id -> block ids) held then."""
         step = StepRecord(len(self.steps), start_s, end_s, seqs, preempted=preempted)
         step.block_tables = {rid: list(table) for rid, table in tables.items()}
         step.kv_blocks_used = len({b for table in tables.values() for b in table})
@@ -301,7 +242,6 @@ class ScheduleReplay:
         self.steps.append(step)
 
     def trace(self, name: str, num_slots: int, info: dict, record_s: float) -> Trace:
-        """The replayed ``Trace``; ``record_s``: the time the server spent recording."""
         num_lanes = 1 + max((s.slot for step in self.steps for s in step.seqs), default=-1)
         step_s = sum(s.duration_s for s in self.steps)
         info = {**info, "record_s": record_s}
@@ -367,7 +307,6 @@ class _VllmReplay(ScheduleReplay):
         self.add_step(start_s, end_s, seqs, preempted, tables, self.settings["prefix_caching"])
 
     def _seq(self, entry: dict, rank: int, start_s: float, end_s: float) -> ScheduledSeq | None:
-        """One scheduled request's share of a step of ``rank``; None for another run's request."""
         rid = our_request_id(entry["req_id"], self.run_tag)
         if rid is None or rid not in self.requests:
             self.num_foreign += 1

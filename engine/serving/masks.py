@@ -1,11 +1,8 @@
 """Attention masks: a packed step's block-diagonal causal mask, and a static wave's padded mask.
 
-A packed step puts every in-flight token in one ``[1, T]`` row. The keys a step can see are laid out
-as in the article (and as the ``concat`` KV mode really builds them): first every sequence's cached
-keys, in packed order, then this step's new tokens, in the same order. A query may attend to a key
-only if both belong to the same sequence and the key's position is not after the query's.
-
-Two sequences, A with 2 cached tokens and 1 new (decode), B with 0 cached and 3 new (prefill)::
+A packed step's keys are every sequence's cached keys, then this step's new tokens, both in packed
+order (as the article and the ``concat`` KV mode lay them out); a query sees a key of its own
+sequence not after it. A decoding A (2 cached, 1 new) and a prefilling B (3 new)::
 
                  cached | new
     keys:        A0 A1  | A2 B0 B1 B2
@@ -14,14 +11,9 @@ Two sequences, A with 2 cached tokens and 1 new (decode), B with 0 cached and 3 
     B p1  (q)     .  .  |  .  #  #  .
     B p2  (q)     .  .  |  .  #  #  #
 
-A layer with a sliding window of ``W`` keys (Mistral, Gemma 2/3's local layers) also hides every
-key more than ``W - 1`` positions before the query, as transformers' ``sliding_window_overlay``
-does (``k_pos > q_pos - W``); ``window=None`` is a global layer. With ``W = 2``, B's last row
-above sees ``B1 B2`` only.
-
-``packed_step_mask`` is the one function that builds this pattern. The ``concat`` KV mode applies it
-literally; the ``slots`` KV mode attends per sequence over views of its own KV, which is the same
-pattern (tests check the two modes give identical tokens), and the heatmap draws this function.
+A sliding window of ``W`` keys also hides keys with ``k_pos <= q_pos - W`` (transformers'
+``sliding_window_overlay``): with ``W = 2`` B's last row sees ``B1 B2`` only. ``packed_step_mask``
+is the one builder of this pattern; the ``slots`` mode attends per sequence, the same pattern.
 """
 
 from __future__ import annotations
@@ -33,7 +25,7 @@ import torch
 
 @dataclass(frozen=True)
 class PackedLayout:
-    """Per-token sequence index and position for the queries and keys of one packed step.
+    """Sequence index and position of one packed step's queries and keys.
 
     Shapes:
         q_seq, q_pos: [T]       sequence index (0..S-1, packed order) and position of each query
@@ -47,20 +39,12 @@ class PackedLayout:
 
     @property
     def num_cached_keys(self) -> int:
-        """Where the cached keys end and this step's keys begin, on the key axis."""
         return int(self.k_seq.numel() - self.q_seq.numel())
 
 
 def packed_layout(num_cached: list[int], num_new: list[int]) -> PackedLayout:
-    """Vectorized per-token indices for a packed step (no Python loop over tokens).
-
-    Args:
-        num_cached: per scheduled sequence, tokens already in its KV cache.
-        num_new: per scheduled sequence, tokens it feeds this step (>= 1).
-
-    Raises:
-        ValueError: if the lists differ in length or a sequence feeds no token.
-    """
+    """Per-token indices of a packed step; ``num_new[i] >= 1``. Raises ValueError: lists of
+    different lengths, or a sequence that feeds no token."""
     if len(num_cached) != len(num_new):
         raise ValueError("num_cached and num_new must have one entry per sequence")
     if any(n < 1 for n in num_new):
@@ -74,11 +58,7 @@ def packed_layout(num_cached: list[int], num_new: list[int]) -> PackedLayout:
 
 
 def query_layout(num_cached: list[int], num_new: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequence index and position of every query token; work grows with T, not with the context.
-
-    Shapes:
-        returns: q_seq [T], q_pos [T]
-    """
+    """Sequence index and position of every query token, ``[T]`` each."""
     cached = torch.tensor(num_cached, dtype=torch.long)  # (S,)
     new = torch.tensor(num_new, dtype=torch.long)  # (S,)
     q_seq = torch.repeat_interleave(torch.arange(len(num_new), dtype=torch.long), new)  # (T,)
@@ -94,22 +74,14 @@ def _ranges(lengths: torch.Tensor) -> torch.Tensor:
 
 
 def block_diagonal_causal_mask(layout: PackedLayout, window: int | None = None) -> torch.Tensor:
-    """Boolean mask, True where a query may attend to a key (``window``: a sliding window).
-
-    Shapes:
-        returns: [T, T_kv]
-    """
+    """``[T, T_kv]``, True where a query may attend to a key."""
     same_seq = layout.q_seq[:, None] == layout.k_seq[None, :]  # (T, T_kv)
     return same_seq & causal_window(layout.q_pos, layout.k_pos, window)
 
 
 def causal_window(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """True where the key's position is not after the query's and, with a ``window``, within
-    its last ``window`` positions.
-
-    Shapes:
-        q_pos: [n];  k_pos: [m]  ->  returns [n, m] bool
-    """
+    """Key not after the query and, with ``window``, within its last ``window`` positions. Shapes:
+    q_pos: [n];  k_pos: [m]  ->  returns [n, m] bool"""
     keep = k_pos[None, :] <= q_pos[:, None]  # (n, m)
     if window is not None:
         keep &= k_pos[None, :] > q_pos[:, None] - window
@@ -119,27 +91,20 @@ def causal_window(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) 
 def packed_step_mask(
     num_cached: list[int], num_new: list[int], window: int | None = None
 ) -> torch.Tensor:
-    """The block-diagonal causal mask of one packed step (see the module docstring), under a
-    layer's sliding ``window`` when it has one.
-
-    Shapes:
-        returns: [T, T_kv] bool, T = sum(num_new), T_kv = sum(num_cached) + T
-    """
+    """The module's mask of one packed step. Shapes: returns: [T, T_kv] bool, T = sum(num_new), T_kv
+    = sum(num_cached) + T"""
     return block_diagonal_causal_mask(packed_layout(num_cached, num_new), window)
 
 
 def padded_wave_mask(num_padding: list[int], num_queries: int, num_keys: int) -> torch.Tensor:
-    """The mask ``model.generate`` applies to a left-padded static wave at one step.
-
-    Row ``b`` has ``num_padding[b]`` pad tokens on the left; its queries are the last
-    ``num_queries`` of ``num_keys`` positions. A query sees every non-pad key not after it::
+    """The mask ``model.generate`` applies to a left-padded static wave at one step: a query sees
+    every non-pad key not after it::
 
         row with 2 pads, prefill of width 5:   . . # . .
                                                . . # # .
                                                . . # # #   (first two rows are pad queries)
 
-    Shapes:
-        returns: [B, num_queries, num_keys] bool
+    Shapes: returns: [B, num_queries, num_keys] bool
     """
     pads = torch.tensor(num_padding, dtype=torch.long)[:, None, None]  # (B, 1, 1)
     k = torch.arange(num_keys)[None, None, :]  # (1, 1, T_kv)

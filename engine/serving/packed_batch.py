@@ -7,10 +7,8 @@ Every scheduled sequence's pending tokens go into one ``[1, T]`` row, each with 
     positions:  [ 7  |        0  1  2           |   4  ]
     logits at:  [ 0  ,                  3       ,   4  ]   (each sequence's last token)
 
-Sequences feeding one token ("single-query": decode, or a one-token prompt) are attended together
-in one batched call over all slots; sequences feeding several ("multi-query": prefill) get one call
-each. That split is how vLLM separates decode and prefill metadata. Work here is per sequence and
-per query token, never per cached token, but for one vectorized ``[B, T_kv]`` decode-mask compare.
+Single-query sequences (decodes) are attended together in one call over all slots, multi-query ones
+(prefills) one call each, as vLLM splits decode and prefill metadata.
 """
 
 from __future__ import annotations
@@ -26,12 +24,8 @@ from engine.serving.masks import causal_window, packed_step_mask, query_layout
 
 @dataclass
 class PrefillSpan:
-    """A multi-query sequence, ``seqs[index]``: its tokens are ``[token_start, token_end)`` of the
-    packed row.
-
-    ``mask`` is ``None`` when the span starts at position 0 (plain causal), else the
-    ``[n, num_cached + n]`` causal mask of a chunk attending to its cached prefix.
-    """
+    """A multi-query sequence ``seqs[index]``, tokens ``[token_start, token_end)`` of the row;
+    ``mask``: None from position 0 (plain causal), else ``[n, num_cached + n]``."""
 
     token_start: int
     token_end: int
@@ -80,15 +74,12 @@ class PackedBatch:
 
     @property
     def max_kv_len(self) -> int:
-        """Keys of the longest sequence this step: the window below which a layer's window hides
-        nothing."""
         return max(c + n for c, n in zip(self.num_cached, self.num_new, strict=True))
 
     def windowed(self, window: int | None) -> PackedBatch:
-        """This batch with every mask narrowed to a sliding window of ``window`` keys
-        (``engine.serving.masks``): itself where no query reaches past the window. The decode
-        mask then bounds each slot's keys on both sides, so it is attended with the mask (the
-        decode split's key counts are ``window=None``'s); made once per step and window."""
+        """This batch with every mask narrowed to a sliding ``window`` (itself where nothing reaches
+        past it); the decode mask then bounds keys on both sides, so it is attended with the mask.
+        """
         if window is None or self.max_kv_len <= window:
             return self
         if window not in self.windows:
@@ -102,7 +93,6 @@ class PackedBatch:
         return self.windows[window]
 
     def _windowed_decode_mask(self, window: int) -> torch.Tensor | None:
-        """``decode_mask`` without the keys before each decoding slot's window ([B, 1, 1, T_kv])."""
         mask = self.decode_mask
         if mask is None:
             return None
@@ -113,7 +103,6 @@ class PackedBatch:
         return keep & (keys[None, :] >= first[:, None])[:, None, None, :]
 
     def _windowed_packed(self, window: int) -> torch.Tensor:
-        """The ``concat`` mode's packed mask under the window ([1, 1, T, T_kv])."""
         mask = packed_step_mask(self.num_cached, self.num_new, window)
         return mask[None, None].to(self.packed_mask.device)
 
@@ -121,8 +110,8 @@ class PackedBatch:
 def build_packed_batch(
     seqs: list[Sequence], num_new: list[int], kv_cache, num_slots: int, device, invariant=False
 ) -> PackedBatch:
-    """Pack the scheduled sequences (in the given order), ``num_new[i]`` tokens each, and let
-    ``kv_cache`` fill the batch's KV addressing (``KVCache.prepare``)."""
+    """Pack the scheduled sequences, ``num_new[i]`` tokens each; ``KVCache.prepare`` fills the KV
+    addressing."""
     num_cached = [s.num_cached_tokens for s in seqs]
     token_ids = [t for s, n in zip(seqs, num_new, strict=True) for t in s.pending_token_ids(n)]
     q_seq, q_pos = query_layout(num_cached, num_new)  # (T,), (T,)
@@ -154,7 +143,7 @@ def build_packed_batch(
 
 
 def _decode_mask(num_cached, single, slots, num_slots, device) -> torch.Tensor | None:
-    """Per slot, which of the first ``T_kv_d`` keys its single query sees ([B, 1, 1, T_kv_d])."""
+    """[B, 1, 1, T_kv_d]: per slot, which keys its single query sees."""
     if not single:
         return None
     kv_len = torch.ones(num_slots, dtype=torch.long)  # idle slots see one (ignored) key
@@ -164,7 +153,6 @@ def _decode_mask(num_cached, single, slots, num_slots, device) -> torch.Tensor |
 
 
 def _windowed_span(span: PrefillSpan, window: int, device) -> PrefillSpan:
-    """``span`` with its causal mask narrowed to the window ([n, num_cached + n])."""
     n = span.token_end - span.token_start
     keys = torch.arange(span.num_cached + n, device=device)
     mask = causal_window(keys[span.num_cached :], keys, window)

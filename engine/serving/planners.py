@@ -1,25 +1,10 @@
 """Planners: the scheduler's policies, one class each, behind one interface.
 
-A planner's ``schedule(scheduler, now_s)`` plans the next step of its ``Scheduler``
-(``engine.serving.scheduler``, which holds the queues, slots and block manager): it seats the
-waiting requests that arrived by ``now_s`` and fit, and returns who runs, how many tokens each,
-who was preempted and who was admitted. ``release(seq)`` is told when a sequence leaves the
-running set. ``SchedulerState`` names what a planner may use of the scheduler (which imports this
-module, so it is not imported here).
-
-* ``"decode_first"`` and ``"prefill_first"`` (transformers' schedulers offer both): seat every
-  arrival whose first step fits the blocks the running sequences leave free, then give every
-  decode its one token and the prefills what is left, oldest first, or the prefills first; the
-  newest running sequence is preempted, and blocks enter the prefix cache once computed.
-* ``"vllm"`` plans each step as vLLM V1's ``Scheduler.schedule`` (vLLM 0.32,
-  ``vllm/v1/core/sched/scheduler.py``), so that our steps can equal vLLM's own record step for
-  step (``engine.peers.schedule_comparison``): the running requests first, in vLLM's running
-  order (admission order, a resumed request last), then waiting ones only while budget is left,
-  each needing blocks for its whole prompt (``scheduler_reserve_full_isl``); the last running
-  request is preempted, and nobody is admitted after a preemption; blocks enter the prefix cache
-  when allocated (``allocate_slots``), not once computed, which is exact because each layer
-  stores the whole step's keys before any attention reads them. docs/engines.md ("The `vllm`
-  policy") says more.
+``schedule(scheduler, now_s)`` seats the waiting requests that arrived and fit and returns the
+step's plan; ``release(seq)`` is told when a sequence leaves the running set. ``decode_first`` and
+``prefill_first`` are transformers' two orders; ``vllm`` follows vLLM V1's ``Scheduler.schedule``
+(vLLM 0.32, ``vllm/v1/core/sched/scheduler.py``) so our steps can equal vLLM's own record;
+docs/engines.md ("The `vllm` policy").
 """
 
 from __future__ import annotations
@@ -34,8 +19,8 @@ from engine.serving.block_manager import BlockManager
 
 @dataclass
 class ScheduledStep:
-    """One step's plan: ``seqs`` in slot order (the packed order), ``num_new[i]`` tokens each,
-    the sequences preempted to make room for it and those admitted (seated) for it."""
+    """One step's plan: ``seqs`` in slot (packed) order, ``num_new[i]`` tokens each, and the
+    sequences preempted and admitted for it."""
 
     seqs: list[Sequence]
     num_new: list[int]
@@ -59,20 +44,15 @@ class SchedulerState(Protocol):
 
 
 def fcfs(seq: Sequence) -> int:
-    """First come, first served: a sequence's place in arrival order (admission order too)."""
     return seq.request.arrival_order
 
 
 def budget_of(scheduler: SchedulerState) -> float:
-    """The scheduler's token budget per step (``math.inf`` without one)."""
     return scheduler.token_budget if scheduler.token_budget is not None else math.inf
 
 
 class Planner:
-    """The interface: ``schedule`` and ``release``; see the module docstring."""
-
     def schedule(self, scheduler: SchedulerState, now_s: float) -> ScheduledStep:
-        """Plan the next step, admitting the waiting requests that arrived by ``now_s``."""
         raise NotImplementedError
 
     def release(self, seq: Sequence) -> None:
@@ -99,7 +79,6 @@ class _BudgetPlanner(Planner):
         return ScheduledStep(seqs, [grants[s.slot] for s in seqs], preempted, admitted)
 
     def _grant_tokens(self, scheduler: SchedulerState) -> dict[int, int]:
-        """Slot -> tokens this step, by policy, within the budget."""
         running = scheduler.running.values()
         decodes = [s for s in running if not s.is_prefill]
         prefills = sorted((s for s in running if s.is_prefill), key=fcfs)  # admission order
@@ -115,10 +94,8 @@ class _BudgetPlanner(Planner):
 
     @staticmethod
     def _blocks_to_admit(scheduler: SchedulerState, seq: Sequence, hit: list[int]) -> bool:
-        """Whether ``seq``'s first step fits in the free blocks the running sequences leave.
-
-        ``hit``: its prefix-cache blocks; those no one holds leave the free pool when shared.
-        """
+        """Whether ``seq``'s first step fits in the blocks the running sequences leave; ``hit``: its
+        prefix-cache blocks (those no one holds leave the free pool when shared)."""
         blocks = scheduler.block_manager
         if blocks is None:
             return True
@@ -133,11 +110,8 @@ class _BudgetPlanner(Planner):
 
     @staticmethod
     def _allocate_blocks(scheduler: SchedulerState, grants: dict[int, int]) -> list[Sequence]:
-        """Give each granted sequence, oldest first, the blocks for its new tokens.
-
-        When blocks run out, preempt the newest running sequence (possibly the one asking) and
-        drop its grant. Returns the preempted sequences.
-        """
+        """Blocks for each grant, oldest first; when they run out, the newest running sequence is
+        preempted (maybe the asker). Returns the preempted."""
         preempted = []
         for seq in sorted((scheduler.running[slot] for slot in grants), key=fcfs):
             if seq.status is not SequenceStatus.RUNNING:
@@ -158,14 +132,10 @@ class DecodeFirstPlanner(_BudgetPlanner):
 
 
 class PrefillFirstPlanner(_BudgetPlanner):
-    """``"prefill_first"``: prefills, oldest first, get the budget before the decodes."""
-
     prefills_first = True
 
 
 class VllmPlanner(Planner):
-    """``"vllm"``: vLLM V1's ``Scheduler.schedule`` (see the module docstring)."""
-
     def __init__(self) -> None:
         self.order: list[Sequence] = []  # vLLM's running order
 
@@ -173,9 +143,8 @@ class VllmPlanner(Planner):
         self.order.remove(seq)
 
     def schedule(self, scheduler: SchedulerState, now_s: float) -> ScheduledStep:
-        """First the running requests in vLLM's order while budget is left (the ``while
-        req_index < len(self.running) and token_budget > 0`` loop), each with its blocks; then,
-        unless that preempted someone, the waiting requests that arrived by ``now_s``."""
+        """Running requests in vLLM's order while budget is left, then, unless that preempted
+        someone, the waiting ones that arrived by ``now_s``."""
         left = budget_of(scheduler)
         grants: dict[int, int] = {}  # slot -> tokens
         preempted: list[Sequence] = []
@@ -200,9 +169,8 @@ class VllmPlanner(Planner):
     def _allocate(
         self, scheduler: SchedulerState, seq: Sequence, n: int, preempted: list[Sequence]
     ) -> bool:
-        """Blocks for ``seq``'s next ``n`` tokens, preempting the last running request until
-        they fit (``allocate_slots`` in ``schedule``'s retry loop); False when ``seq`` itself
-        was preempted. New blocks are registered in the prefix cache at once."""
+        """Blocks for ``seq``'s next ``n`` tokens, preempting the last running request until they
+        fit (``allocate_slots``'s retry loop); False when ``seq`` itself was preempted."""
         blocks = scheduler.block_manager
         if blocks is None:
             return True
@@ -217,9 +185,8 @@ class VllmPlanner(Planner):
         return True
 
     def _admit_next(self, scheduler: SchedulerState, now_s: float, left: float) -> Sequence | None:
-        """Admit the first waiting request if it arrived, a slot is free and blocks for its
-        whole prompt (its tokens so far) are free beyond its prefix-cache hit, with blocks for
-        its first ``min(pending, left)`` tokens; None otherwise (admission ends for the step)."""
+        """The first waiting request, admitted if it arrived, a slot is free and its whole prompt's
+        blocks fit beyond its prefix-cache hit; None ends admission for the step."""
         seq = scheduler.next_arrived(now_s)
         if seq is None:
             return None
@@ -243,5 +210,4 @@ PLANNERS = {
 
 
 def planner_for(policy: str) -> Planner:
-    """A new planner for ``policy`` (one of ``engine.config.POLICIES``)."""
     return PLANNERS[policy]()

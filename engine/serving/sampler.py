@@ -1,13 +1,9 @@
 """The per-request sampler: one request's next tokens, drawn from that request's own generator.
 
-A shared random stream would make a request's text depend on its neighbours, its slot, its arrival
-time, chunked prefill and preemption. So every sampled request gets its own ``torch.Generator``,
-seeded from its seed, and draws one ``torch.multinomial`` per output token, in output order, after
-transformers' own warpers in ``GenerationMixin._get_logits_processor``'s order (temperature, top-k,
-top-p, each only when it changes something). ``generate`` at batch 1 after
-``torch.manual_seed(seed)`` draws the same way from the global generator, so its tokens are this
-sampler's (``engine.fidelity.reference``; docs/engines.md, "Sampling"). A preempted sequence keeps
-its tokens and its generator, which has drawn once per kept token, so it needs no rewind.
+Each sampled request has a ``torch.Generator`` seeded from its seed and draws one
+``torch.multinomial`` per output token after transformers' warpers (temperature, top-k, top-p, in
+``_get_logits_processor``'s order), so its text depends on nothing else; ``generate`` at batch 1
+after ``torch.manual_seed(seed)`` draws the same tokens (docs/engines.md, "Sampling").
 """
 
 from __future__ import annotations
@@ -18,8 +14,6 @@ from engine.sampling_params import SamplingParams, samples
 
 
 class RequestSampler:
-    """Draws one sampled request's tokens; see the module docstring."""
-
     def __init__(self, params: SamplingParams):
         from transformers.generation.logits_process import (
             TemperatureLogitsWarper,
@@ -40,11 +34,8 @@ class RequestSampler:
             self._warpers.append(TopPLogitsWarper(top_p=params.top_p, min_tokens_to_keep=1))
 
     def sample(self, logits: torch.Tensor, draw_index: int) -> int:
-        """The token at output position ``draw_index`` (0-based), drawn from ``logits``.
-
-        Shapes:
-            logits: [V] (any float dtype)  ->  returns one token id
-        """
+        """The token at output position ``draw_index`` (0-based).
+        Shapes: logits: [V] (any float dtype)  ->  returns one token id"""
         assert draw_index == self.num_draws, (
             f"draw {draw_index} asked of a sampler that made {self.num_draws} draws"
         )
@@ -61,21 +52,16 @@ class RequestSampler:
 
 
 def new_samplers(requests) -> dict[int, RequestSampler]:
-    """A fresh sampler for every sampled request, by request id (greedy ones get none)."""
     return {r.request_id: RequestSampler(r.sampling) for r in requests if r.is_sampled}
 
 
 class WaveSampler:
-    """A logits processor for a static wave: each sampled row draws its token from its own
-    request's sampler, and its scores become 0 for that token and -inf for every other, so
-    ``generate``'s greedy argmax picks it. Greedy rows pass unchanged (their exact greedy numerics).
-
-    Every step draws for every sampled row, even one whose request already ended (its tokens are
-    cut off later), so a row's draw count always equals its number of generated tokens.
-    """
+    """A static wave's logits processor: a sampled row's scores become 0 at its own sampler's token
+    and -inf elsewhere, so ``generate``'s argmax picks it; greedy rows pass unchanged. It draws for
+    every sampled row each step, ended ones too, so draws equal generated tokens."""
 
     def __init__(self, samplers: list[RequestSampler | None], width: int):
-        """``samplers``: one per row of the wave (None: greedy); ``width``: the padded prompt."""
+        """``samplers``: one per row (None: greedy); ``width``: the padded prompt."""
         self.samplers = samplers
         self.width = width
 
@@ -93,11 +79,8 @@ class WaveSampler:
 
 
 def generate_options(params: SamplingParams, model) -> dict:
-    """``GenerationConfig`` fields for ``generate`` to sample with exactly these settings.
-
-    Fields left None would be filled from the model's generation config and then transformers'
-    defaults (``top_k=50``), so every other sampling knob is set to its neutral value.
-    """
+    """``GenerationConfig`` fields to sample with exactly these settings; every other knob neutral
+    (transformers would add ``top_k=50``)."""
     own = model.generation_config
     extra = [name for name in ("min_p", "top_h") if getattr(own, name, None) is not None]
     assert not extra, f"the model's generation config sets {extra}, which would add warpers"
@@ -129,11 +112,8 @@ HF_SAMPLING_PLACEHOLDERS = {"do_sample": True, "temperature": 0.5, "top_k": 1, "
 
 
 def hf_request_kwargs(params: SamplingParams | None, vocab_size: int) -> dict:
-    """``add_request`` keywords for transformers' per-request processors.
-
-    A sampled request passes its settings (``top_k`` 0, no limit, becomes the vocabulary size);
-    a greedy one passes ``top_k=1``, which leaves only the argmax to draw.
-    """
+    """``add_request`` keywords for transformers' per-request processors; a greedy request passes
+    ``top_k=1`` (the argmax)."""
     if not samples(params):
         return {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
     top_k = min(params.top_k, vocab_size) if params.top_k else vocab_size

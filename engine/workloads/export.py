@@ -1,8 +1,5 @@
-"""Exports: take a run's data to other tools: spreadsheets (``requests_csv``), scripts
-(``traces_json``: every trace whole, a server's own record of its steps included), Perfetto
-(``perfetto_trace``) and a browser with no network (``charts_html``); ``download_folder`` gives
-each download a fresh folder.
-"""
+"""Exports: a run's data for spreadsheets (``requests_csv``), scripts (``traces_json``), Perfetto
+(``perfetto_trace``) and an offline browser (``charts_html``)."""
 
 from __future__ import annotations
 
@@ -44,7 +41,6 @@ STEPS_TID = 0  # the steps track; slot s is track s + 1
 
 
 def requests_csv(traces: dict[str, Trace]) -> str:
-    """Per-request results and metrics of every engine, as CSV text (header row first)."""
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS)
     writer.writeheader()
@@ -63,16 +59,11 @@ def traces_json(traces: dict[str, Trace]) -> str:
 
 
 def perfetto_trace(traces: dict[str, Trace]) -> dict:
-    """Chrome trace-event JSON (what ``chrome://tracing`` and Perfetto UI open as is:
+    """Chrome trace-event JSON (the Trace Event Format,
     https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU): per engine a
-    process, per slot a track, per request a span, and a "steps" track with a span per forward
-    pass; a server's own record of its steps is one more process (``"vllm (own record)"``).
-
-    A request gets one span per stay in a slot (``Trace.slot_runs``): a preempted request shows
-    where it ran each time, and an instant event marks the preemption on the steps track. A static
-    row kept after its request finished is a separate "idle" span. Timestamps (``ts``) and
-    durations (``dur``) are microseconds since each run started.
-    """
+    process, per slot a track, a span per stay in a slot (``Trace.slot_runs``; a preemption is an
+    instant on the "steps" track), a server's own record as one more process. ``ts`` and ``dur`` are
+    microseconds since each run started."""
     events = []
     for pid, (name, trace) in enumerate(_with_own_records(traces).items(), start=1):
         events += _track_names(pid, name, trace)
@@ -91,8 +82,7 @@ def perfetto_trace(traces: dict[str, Trace]) -> dict:
 
 
 def _with_own_records(traces: dict[str, Trace]) -> dict[str, Trace]:
-    """The traces, each server's own record of its steps (``Trace.schedule``) right after it as
-    ``"<name> (own record)"``."""
+    """The traces, each server's ``Trace.schedule`` right after it as ``"<name> (own record)"``."""
     found = {}
     for name, trace in traces.items():
         found[name] = trace
@@ -159,12 +149,8 @@ def _step_args(trace: Trace, step) -> dict:
 
 
 def charts_html(charts: dict[str, Any]) -> str:
-    """One standalone HTML page with every chart, interactive and offline.
-
-    ``charts`` maps a heading to a plotly figure (``engine.page.figures.style.PageFigure`` keeps
-    its PNG button's file name). plotly.js is inlined once (about 4.6 MB), so the file opens without
-    a network; each chart's modebar still saves it as a PNG.
-    """
+    """One standalone HTML page with every chart (heading -> plotly figure); plotly.js is inlined
+    once (about 4.6 MB), so it opens without a network."""
     parts = []
     for i, (heading, fig) in enumerate(charts.items()):
         config = fig.plotly_config() if hasattr(fig, "plotly_config") else {}
@@ -180,7 +166,6 @@ def charts_html(charts: dict[str, Any]) -> str:
 
 
 def write_files(folder: str | Path, traces: dict[str, Trace]) -> list[Path]:
-    """Write requests.csv, traces.json and trace.perfetto.json into ``folder``; their paths."""
     files = {
         "requests.csv": requests_csv(traces),
         "traces.json": traces_json(traces),
@@ -190,8 +175,6 @@ def write_files(folder: str | Path, traces: dict[str, Trace]) -> list[Path]:
 
 
 def write_texts(folder: str | Path, files: dict[str, str]) -> list[Path]:
-    """Write each ``name -> text`` of ``files`` into ``folder`` (made if missing), as UTF-8;
-    their paths."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
@@ -200,10 +183,8 @@ def write_texts(folder: str | Path, files: dict[str, str]) -> list[Path]:
 
 
 def download_folder(prefix: str, root: Path = DOWNLOAD_ROOT, keep: int = KEPT_DOWNLOADS) -> Path:
-    """A fresh folder under ``root`` for one download's files, named ``prefix`` and a random tail.
-    The oldest folders of that prefix beyond the newest ``keep`` are removed, so a long-lived page
-    does not fill its disk one run at a time: Gradio serves a handler's returned files from copies
-    in its own cache, so a folder is needed only until its handler returns."""
+    """A fresh folder under ``root`` named ``prefix`` and a random tail; beyond the newest ``keep``
+    of that prefix the oldest are removed (Gradio serves returned files from its own copies)."""
     root.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
     older = sorted(root.glob(f"{prefix}*"), key=lambda path: path.stat().st_mtime)

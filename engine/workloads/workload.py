@@ -1,14 +1,5 @@
-"""Workloads: the user's list of (prompt, max_new_tokens), validated and tokenized.
-
-Sources are the article's six requests (``seed_specs``), a JSONL file with one
-``{"prompt": ..., "max_new_tokens": ...}`` per line (``load_jsonl``), or the page's table
-(``parse_table``; Gradio sends edited numbers as strings); uploaded CSV and JSONL files go through
-``engine.workloads.workload_files``. Each request may also carry ``arrival_s`` and the sampling
-settings ``temperature``, ``top_k``, ``top_p`` and ``seed`` (``engine.sampling_params``; all
-absent or blank: greedy). Every problem raises ``ValueError`` with a message a person can act on,
-which the page and the bench show as it is; several bad rows or lines are named in one message
-(``raise_problems``), so a person fixes them in one go.
-"""
+"""Workloads: the user's list of (prompt, max_new_tokens), validated and tokenized. Every problem
+raises a ``ValueError`` a person can act on, several bad rows in one message."""
 
 from __future__ import annotations
 
@@ -32,19 +23,14 @@ MAX_NAMED_PROBLEMS = 5  # bad rows or lines named in one message; the rest are c
 
 @dataclass(frozen=True)
 class Limits:
-    """Input limits, read from the environment at each call so a host can tighten them."""
-
     max_rows: int
     max_new_tokens: int
     max_prompt_chars: int
 
 
 def limits() -> Limits:
-    """The limits in force: ``CBP_MAX_ROWS``, ``CBP_MAX_NEW_TOKENS``, ``CBP_MAX_PROMPT_CHARS``.
-
-    Raises:
-        ValueError: a variable that is set but not a positive whole number.
-    """
+    """``CBP_MAX_ROWS``, ``CBP_MAX_NEW_TOKENS``, ``CBP_MAX_PROMPT_CHARS``. Raises ValueError: not a
+    positive whole number."""
     return Limits(
         max_rows=_env_limit("CBP_MAX_ROWS"),
         max_new_tokens=_env_limit("CBP_MAX_NEW_TOKENS"),
@@ -71,8 +57,6 @@ SEED_REQUESTS = (
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """A request as the user wrote it, before tokenization."""
-
     prompt: str
     max_new_tokens: int
     arrival_s: float = 0.0  # seconds after the run starts
@@ -80,16 +64,12 @@ class RequestSpec:
 
 
 def seed_specs() -> list[RequestSpec]:
-    """The article's six requests (see shared/seed/README.md)."""
     return [RequestSpec(p, n) for p, n in SEED_REQUESTS]
 
 
 def parse_cap(value, where: str) -> int:
-    """A ``max_new_tokens`` cell -> int. Accepts ints, integral floats and their strings.
-
-    Raises:
-        ValueError: empty, not a whole number, < 1 or over the ``max_new_tokens`` limit.
-    """
+    """Ints, integral floats and their strings. Raises ValueError: empty, not whole, < 1 or over the
+    limit."""
     limit = limits().max_new_tokens
     text = _text(value, where, "max_new_tokens").strip() if value is not None else ""
     if text == "" or (isinstance(value, float) and math.isnan(value)):
@@ -109,7 +89,7 @@ def parse_cap(value, where: str) -> int:
 
 
 def parse_prompt(prompt, where: str) -> str:
-    """A prompt cell -> its text. Raises ValueError naming ``where``: blank, or over the limit."""
+    """Raises ValueError naming ``where``: blank, or over the limit."""
     if is_blank(prompt):
         raise ValueError(f"{where}: the prompt is blank.")
     text = _text(prompt, where, "the prompt")
@@ -122,14 +102,10 @@ def parse_prompt(prompt, where: str) -> str:
 
 
 def row_spec(prompt, cap, arrival, sampling: tuple | list, where: str) -> RequestSpec:
-    """One request's cells -> its spec: the prompt, the cap, ``arrival`` (None or blank: 0) and
-    the four sampling cells (``SAMPLING_FIELDS``' order; empty or all blank: greedy).
-
-    Raises:
-        ValueError: one message naming ``where`` once and then every problem of the row, a
-            sentence each (one per bad cell), e.g.
-            "Row 3: the prompt is blank. max_new_tokens 0 is out of range; use 1 to 2048."
-    """
+    """One request's cells -> its spec (``arrival`` blank: 0; sampling cells in ``SAMPLING_FIELDS``'
+    order, all blank: greedy). Raises ValueError: naming ``where`` once, then every problem a
+    sentence each, e.g. "Row 3: the prompt is blank. max_new_tokens 0 is out of range; use 1 to
+    2048."."""
     problems: list[str] = []
 
     def told(parse, *args):
@@ -150,7 +126,6 @@ def row_spec(prompt, cap, arrival, sampling: tuple | list, where: str) -> Reques
 
 
 def _sentence(text: str) -> str:
-    """``text`` ending in a full stop."""
     return text if text.endswith((".", "?", "!")) else text + "."
 
 
@@ -158,12 +133,8 @@ TABLE_COLUMNS = ("prompt", "max_new_tokens", "arrival_s", *SAMPLING_FIELDS)
 
 
 def parse_table(rows) -> list[RequestSpec]:
-    """Rows of ``TABLE_COLUMNS`` cells -> specs. Every column after ``max_new_tokens`` is
-    optional (``row_spec``), so 2- and 3-cell rows still parse; fully blank rows are skipped.
-
-    Raises:
-        ValueError: no request at all, bad rows (each named by its 1-based number:
-            ``raise_problems``), or too many rows.
+    """Rows of ``TABLE_COLUMNS`` cells -> specs; columns after ``max_new_tokens`` are optional,
+    blank rows skipped. Raises ValueError: no request, bad rows (by 1-based number), too many rows.
     """
     specs, problems = [], []
     width = len(TABLE_COLUMNS)
@@ -181,13 +152,8 @@ def parse_table(rows) -> list[RequestSpec]:
 
 
 def raise_problems(problems: list[str], what: str = "problems") -> None:
-    """Nothing when ``problems`` is empty; else raises one ValueError that names the first
-    ``MAX_NAMED_PROBLEMS`` (each a sentence naming its row or line) and counts the rest
-    ("… and 7 more bad lines."), so a person sees every problem at once.
-
-    Raises:
-        ValueError: there is a problem; with one, its message is exactly that problem's.
-    """
+    """One ValueError naming the first ``MAX_NAMED_PROBLEMS`` and counting the rest ("… and 7 more
+    bad lines."); with one problem, exactly its message. Nothing when empty."""
     if not problems:
         return
     message = " ".join(problems[:MAX_NAMED_PROBLEMS])
@@ -197,15 +163,9 @@ def raise_problems(problems: list[str], what: str = "problems") -> None:
 
 
 def load_jsonl(path: str | Path) -> list[RequestSpec]:
-    """Read a JSONL workload: one ``{"prompt": str, "max_new_tokens": int}`` object per line.
-
-    Optional keys: ``arrival_s``, and ``temperature``, ``top_k``, ``top_p``, ``seed`` (absent or
-    null: greedy). Other keys are ignored.
-
-    Raises:
-        ValueError: unreadable or non-UTF-8 file (``read_workload_text``), or lines that are not
-            such objects (each named by its number: ``raise_problems``).
-    """
+    """One ``{"prompt": str, "max_new_tokens": int}`` per line, optionally ``arrival_s`` and the
+    sampling keys; others ignored. Raises ValueError: an unreadable or non-UTF-8 file, or bad lines
+    (by number)."""
     path = Path(path)
     lines = read_workload_text(path).splitlines()
     specs, problems = [], []
@@ -221,7 +181,7 @@ def load_jsonl(path: str | Path) -> list[RequestSpec]:
 
 
 def _jsonl_spec(line: str, where: str) -> RequestSpec:
-    """One JSONL line's spec. Raises ValueError naming ``where``."""
+    """Raises ValueError naming ``where``."""
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -236,12 +196,8 @@ def _jsonl_spec(line: str, where: str) -> RequestSpec:
 
 
 def read_workload_text(path: str | Path) -> str:
-    """A workload file's text, read as UTF-8 (a leading BOM, as spreadsheets write, is dropped).
-
-    Raises:
-        ValueError: the file cannot be read, or is not UTF-8 text; one message for every file
-            type, naming the file.
-    """
+    """UTF-8 text, a leading BOM dropped. Raises ValueError naming the file: unreadable or not
+    UTF-8."""
     path = Path(path)
     try:
         return path.read_text(encoding="utf-8-sig")
@@ -252,7 +208,7 @@ def read_workload_text(path: str | Path) -> str:
 
 
 def parse_arrival(value, where: str) -> float:
-    """An ``arrival_s`` value -> seconds >= 0. Raises ValueError naming ``where``."""
+    """Seconds >= 0. Raises ValueError naming ``where``."""
     text = _text(value, where, "arrival_s")
     try:
         arrival = float(value)
@@ -264,11 +220,8 @@ def parse_arrival(value, where: str) -> float:
 
 
 def poisson_arrivals(specs: list[RequestSpec], rate_per_s: float, seed: int) -> list[RequestSpec]:
-    """The same specs, arriving as a Poisson process of ``rate_per_s`` (reproducible by seed).
-
-    Inter-arrival gaps are exponential with mean ``1 / rate_per_s``; the first request arrives
-    after one gap. Raises ValueError for a rate that is not positive.
-    """
+    """The specs arriving as a Poisson process of ``rate_per_s`` (exponential gaps, the first after
+    one gap; reproducible by ``seed``). Raises ValueError: a rate that is not positive."""
     if not rate_per_s > 0:
         raise ValueError(f"The arrival rate must be positive (got {rate_per_s}).")
     rng = random.Random(seed)
@@ -280,8 +233,8 @@ def poisson_arrivals(specs: list[RequestSpec], rate_per_s: float, seed: int) -> 
 
 
 def check_arrivals(specs: list[RequestSpec], max_arrival_s: float) -> list[RequestSpec]:
-    """``specs`` unchanged. Raises ValueError when a request would arrive after ``max_arrival_s``:
-    engines wait for arrivals in real time, so a far-off arrival would hold the shared model."""
+    """Raises ValueError: an arrival after ``max_arrival_s`` (engines wait in real time, holding the
+    shared model)."""
     latest_s = max((s.arrival_s for s in specs), default=0.0)
     if latest_s > max_arrival_s:
         raise ValueError(
@@ -292,22 +245,15 @@ def check_arrivals(specs: list[RequestSpec], max_arrival_s: float) -> list[Reque
 
 
 def request_label(request_id: int) -> str:
-    """How messages name a request: its id as in the outputs table, and its 1-based table row."""
     return f"Request R{request_id} (row {request_id + 1})"
 
 
 def tokenize_requests(
     specs: list[RequestSpec], tokenizer, *, chat_template: bool, max_context: int
 ) -> list[Request]:
-    """Tokenize specs once, identically for every engine and the reference.
-
-    With ``chat_template`` each prompt becomes a one-turn user message in the tokenizer's chat
-    template, with the generation prompt added; otherwise the raw text is tokenized as is (special
-    tokens written in the text are not given their special meaning: see ``_encode``).
-
-    Raises:
-        ValueError: a prompt plus its cap that does not fit in ``max_context`` tokens.
-    """
+    """Tokenize specs once, identically for every engine and the reference; ``chat_template``: a
+    one-turn user message with the generation prompt, else raw text (special tokens not special).
+    Raises ValueError: a prompt plus its cap that does not fit in ``max_context`` tokens."""
     requests = []
     for request_id, spec in enumerate(specs):
         ids = _encode(spec.prompt, tokenizer, chat_template)
@@ -339,7 +285,7 @@ def _encode(prompt: str, tokenizer, chat_template: bool) -> list[int]:
 
 
 def _text(value, where: str, what: str) -> str:
-    """A cell as text. Raises ValueError for an int too long to print (over 4,300 digits)."""
+    """A cell as text. Raises ValueError: an int too long to print (over 4,300 digits)."""
     try:
         return str(value)
     except ValueError:  # Python's int-to-str digit limit
@@ -347,7 +293,7 @@ def _text(value, where: str, what: str) -> str:
 
 
 def checked_count(specs: list[RequestSpec]) -> list[RequestSpec]:
-    """``specs`` unchanged. Raises ValueError when empty or over the row limit."""
+    """Raises ValueError: no specs, or over the row limit."""
     if not specs:
         raise ValueError("The workload is empty: add at least one request with a prompt.")
     max_rows = limits().max_rows

@@ -1,17 +1,9 @@
 """Workload files: upload a workload as CSV or JSONL into the page's table; download it back.
 
-Both formats carry a request's fields as the table does (``TABLE_COLUMNS``: ``prompt``,
-``max_new_tokens``, and the optional ``arrival_s`` and sampling settings), and their values go
-through the table's checks (``engine.workloads.workload.row_spec``). Downloads write the sampling
-fields only when some request samples, so a greedy workload's files are what they always were. A
-CSV has a header row naming the columns, in any order; other columns are ignored, so the page's
-own ``requests.csv`` download can be uploaded again. A JSONL file has one object per line
-(``engine.workloads.workload.load_jsonl``). Every problem raises ``ValueError`` naming the file
-and the line; a file with several bad lines names them all in one message.
-
-An upload's size is bounded in bytes before it is read (``max_upload_bytes``). CSV cells are read
-whatever their length, so a prompt over the character limit gets the same message as in JSONL,
-not the ``csv`` module's own field limit (131,072 characters).
+Both carry ``TABLE_COLUMNS`` and go through the table's checks (``row_spec``); sampling columns are
+written only when some request samples. A CSV's header names columns in any order, others ignored,
+so ``requests.csv`` uploads again. Uploads are bounded in bytes before reading; CSV cells have no
+field limit, so a long prompt gets the same message as in JSONL.
 """
 
 from __future__ import annotations
@@ -47,21 +39,15 @@ _FIELD_LIMIT_LOCK = threading.Lock()
 
 
 def max_upload_bytes() -> int:
-    """The largest upload read, in bytes: every allowed row with a prompt at the character limit
-    in 4-byte UTF-8 characters, plus ``MAX_CELLS_BYTES`` for its other cells (about 21 MB with
-    the default limits; a host's tighter ``CBP_MAX_ROWS`` or ``CBP_MAX_PROMPT_CHARS`` lower it).
-    """
+    """Every allowed row with a prompt at the character limit in 4-byte UTF-8, plus
+    ``MAX_CELLS_BYTES`` for its other cells (about 21 MB by default)."""
     limit = limits()
     return limit.max_rows * (4 * limit.max_prompt_chars + MAX_CELLS_BYTES)
 
 
 def load_workload_file(path: str | Path) -> list[RequestSpec]:
-    """Read an uploaded workload: ``.csv`` with a header row, or ``.jsonl`` (or ``.json``) lines.
-
-    Raises:
-        ValueError: another extension, a file over ``max_upload_bytes``, an unreadable file, or a
-            bad line (named by its number).
-    """
+    """``.csv`` with a header row, or ``.jsonl``/``.json`` lines. Raises ValueError: another
+    extension, over ``max_upload_bytes``, unreadable, or a bad line."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -82,14 +68,9 @@ def load_workload_file(path: str | Path) -> list[RequestSpec]:
 
 
 def load_csv(path: str | Path) -> list[RequestSpec]:
-    """Read a CSV workload whose header names prompt, max_new_tokens and any other of
-    ``TABLE_COLUMNS``, in any order. Blank rows are skipped; the header is line 1.
-
-    Raises:
-        ValueError: what ``read_workload_text`` raises, a header without the required columns, a
-            row with too many cells, text the ``csv`` module cannot read, or bad values (each
-            line named).
-    """
+    """A CSV workload; blank rows skipped, the header is line 1. Raises ValueError: as
+    ``read_workload_text``, missing required columns, a row with too many cells, text ``csv`` cannot
+    read, or bad values (each line named)."""
     path = Path(path)
     text = read_workload_text(path)
     reader = csv.DictReader(io.StringIO(text, newline=""))
@@ -114,7 +95,6 @@ def _field_limit(max_chars: int) -> Iterator[None]:
 
 
 def _read_rows(reader: csv.DictReader, file_name: str) -> list[RequestSpec]:
-    """The specs of a CSV reader's rows; ``file_name`` names the file in messages."""
     header = [name.strip() for name in reader.fieldnames or []]
     missing = [name for name in REQUIRED if name not in header]
     if missing:
@@ -148,8 +128,8 @@ def _spec(row: dict, where: str) -> RequestSpec:
 
 
 def table_rows(specs: list[RequestSpec], sampling_columns: bool = False) -> list[list]:
-    """Specs as the page's table rows ``[prompt, max_new_tokens, arrival_s]``; with
-    ``sampling_columns``, ``+ [temperature, top_k, top_p, seed]`` (all None for a greedy row)."""
+    """Specs as table rows ``[prompt, max_new_tokens, arrival_s]``
+    (``+ [temperature, top_k, top_p, seed]`` with ``sampling_columns``)."""
     rows = []
     for s in specs:
         row = [s.prompt, s.max_new_tokens, s.arrival_s]
@@ -161,8 +141,6 @@ def table_rows(specs: list[RequestSpec], sampling_columns: bool = False) -> list
 
 
 def to_csv(specs: list[RequestSpec]) -> str:
-    """Specs as CSV text with the header ``prompt,max_new_tokens,arrival_s``, plus
-    ``temperature,top_k,top_p,seed`` when some spec has sampling settings (blank for greedy)."""
     sampling = any(s.sampling is not None for s in specs)
     out = io.StringIO()
     writer = csv.writer(out)
@@ -174,8 +152,6 @@ def to_csv(specs: list[RequestSpec]) -> str:
 
 
 def to_jsonl(specs: list[RequestSpec]) -> str:
-    """Specs as JSONL: one ``{"prompt", "max_new_tokens", "arrival_s"}`` object per line, with
-    ``temperature``, ``top_k``, ``top_p`` and ``seed`` on the lines of sampled requests."""
     lines = []
     for spec, row in zip(specs, table_rows(specs), strict=True):
         obj = dict(zip(FIELDS, row, strict=True))
@@ -186,5 +162,4 @@ def to_jsonl(specs: list[RequestSpec]) -> str:
 
 
 def write_table_files(folder: str | Path, specs: list[RequestSpec]) -> list[Path]:
-    """Write ``workload.csv`` and ``workload.jsonl`` into ``folder``; their paths."""
     return write_texts(folder, {"workload.csv": to_csv(specs), "workload.jsonl": to_jsonl(specs)})
