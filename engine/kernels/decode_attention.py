@@ -183,12 +183,15 @@ def _best_num_solo(sorted_lens: list[int], num_slots: int) -> int:
     return best_k
 
 
-def decode_step(qkv, cos, signed_sin, layer: int, batch: PackedBatch, num_heads: int, scaling):
+def decode_step(
+    qkv, cos, signed_sin, layer: int, batch: PackedBatch, num_heads: int, scaling, window=None
+):
     """One layer's whole attention on a decode-only step whose ``split.whole_step`` is set, in one
     ``torch.ops.cbp_attention.decode_step`` call: the rotary on each token's query and key
     (``engine.kernels.fused_layers``' folded form, the same roundings), its key and value into
     its sequence's KV block at its position, and its queries over that sequence's keys,
-    position + 1 of them, block by block through ``batch.kv_block_table`` (no padding to the
+    position + 1 of them (the last ``window`` of them for a sliding-window layer), block by block
+    through ``batch.kv_block_table`` (no padding to the
     longest sequence, no split, no gather). vLLM's CPU attention likewise writes the cache inside
     its attention op (``vllm/v1/attention/backends/cpu_attn.py``, ``forward``).
 
@@ -199,8 +202,9 @@ def decode_step(qkv, cos, signed_sin, layer: int, batch: PackedBatch, num_heads:
     positions = batch.position_ids[0]  # (T,)
     table = batch.kv_block_table  # (B, M)
     return torch.ops.cbp_attention.decode_step(
-        qkv, cos, signed_sin, keys, values, table, batch.slot_ids, positions, num_heads, scaling
-    )
+        qkv, cos, signed_sin, keys, values, table, batch.slot_ids, positions, num_heads, scaling,
+        window or 0,
+    )  # fmt: skip
 
 
 def decode_attention(
