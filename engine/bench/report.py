@@ -97,6 +97,8 @@ def print_report(args, results, normal_results, extra, run) -> None:
         steps = ", ".join(f"{n} {k}" for n, k in extra["decoder_layer_steps"].items() if k)
         print(f"our engines' decoder layers: {extra['decoder_layers']} (steps: {steps})")
     print(f"layers path: {extra['layers_path']}")
+    if extra.get("layers_step") is not None:
+        print(f"decode step's layers: {extra['layers_step']}")
     if extra["weight_read_ms"] is not None:
         low, high = extra["weight_read_ms_range"]
         print(
@@ -104,6 +106,13 @@ def print_report(args, results, normal_results, extra, run) -> None:
             f"{extra['weight_read_ms']:.1f} ms (median of the reads before each timed run; "
             f"{low:.1f} to {high:.1f} ms)"
         )
+
+
+def layers_step(runner) -> str | None:
+    """Where the fused layers ran a decode step's layers: ``"C++"`` (one call) or
+    ``"Python: <why>"`` (``FusedDecoder.layers_step``); None where they were not made."""
+    fused = runner.__dict__.get("fused_decoder")
+    return None if fused is None else fused.layers_step
 
 
 def _others_note(share: float | None) -> str:

@@ -162,17 +162,21 @@ def _best_num_solo(sorted_lens: list[int], num_slots: int) -> int:
     return best_k
 
 
-def decode_step(qkv, cos, signed_sin, layer: int, batch: PackedBatch, num_heads: int, scaling):
+def decode_step(
+    qkv, cos, signed_sin, layer: int, batch: PackedBatch, num_heads: int, scaling, window=None
+):
     """One layer's whole attention in one ``torch.ops.cbp_attention.decode_step`` call: rotary, the
-    KV write into its block, and attention over position + 1 keys through ``batch.kv_block_table``
-    (as vLLM's CPU attention writes the cache inside its op, ``v1/attention/backends/cpu_attn.py``).
+    KV write into its block, and attention over position + 1 keys (the last ``window`` of them for
+    a sliding-window layer) through ``batch.kv_block_table`` (as vLLM's CPU attention writes the
+    cache inside its op, ``v1/attention/backends/cpu_attn.py``).
     Shapes: qkv: [T, (H + 2 H_kv) D];  cos, signed_sin: [T, D]  ->  returns [T, H D]"""
     keys, values = batch.kv_cache.block_storage(layer)  # (H_kv, N, S, D) each
     positions = batch.position_ids[0]  # (T,)
     table = batch.kv_cache.layer_block_table(layer, batch)  # (B, M)
     return torch.ops.cbp_attention.decode_step(
-        qkv, cos, signed_sin, keys, values, table, batch.slot_ids, positions, num_heads, scaling
-    )
+        qkv, cos, signed_sin, keys, values, table, batch.slot_ids, positions, num_heads, scaling,
+        window or 0,
+    )  # fmt: skip
 
 
 def decode_attention(

@@ -24,8 +24,9 @@ torch ops and a dozen Python module calls, which on a small CPU cost as much aga
 What a layer computes is read from the model's config and modules (``engine.kernels.layer_spec``):
 biases, QK-norm, norms before, around or after each block, the MLP's activation, partial or no
 RoPE, residual and embedding multipliers, soft-capping and each layer's sliding window. The C++
-paths serve the layers they compute: ``LayerStack`` Llama's exactly, ``decode_step`` any layer
-with full RoPE, no soft-capping and no window reached this step. In float32 each of these gives
+paths serve the layers they compute: ``decode_step`` any layer with full or no RoPE and no
+soft-capping, its window in the kernel; ``LayerStack`` every layer of such a model whose
+projections are the gemv kernel's (``LayerStack.refusal`` says why not). In float32 each gives
 the same bits as transformers' modules (``tests/engine/kernels/test_fused_layers.py``), and
 every family's outputs equal ``generate`` (``tests/engine/batching/test_families.py``). Only the
 engines use it (``ModelRunner.forward_packed``), on CPU; for a model ``layer_spec`` cannot read
@@ -109,7 +110,23 @@ class FusedDecoder:
         self.layers = [_fused_layer(layer, kernel, shared or {}) for layer in spec.layers]
         self.eps = spec.final_norm.eps
         self.layer_ops = layer_ops_run(spec.final_norm.weight)  # cbp_layer's bfloat16 ops
-        self.stack = LayerStack.of(self.layers, self.eps)  # None: the loop in Python serves
+        widths = self.rope_widths
+        self.stack_refusal = LayerStack.refusal(self.layers, widths, self.head_dim)
+        # None: the loop in Python serves, ``stack_refusal`` saying why
+        self.stack = LayerStack.of(self.layers, self.stack_refusal, self.layer_ops)
+
+    @property
+    def rope_widths(self) -> dict:
+        """The rotated dims of each rotary type its layers use (``head_dim``: full RoPE)."""
+        x = self.spec.embed.weight[:1].detach()  # (1, d)
+        ropes = self._ropes(x, torch.zeros(1, 1, dtype=torch.long, device=x.device))
+        return {kind: cos.shape[-1] for kind, (cos, _) in ropes.items()}
+
+    @property
+    def layers_step(self) -> str:
+        """Where a decode step's layers run, for the bench JSON: ``"C++"`` (one call,
+        ``LayerStack``) or ``"Python: <why>"`` (the fused loop)."""
+        return "C++" if self.stack is not None else f"Python: {self.stack_refusal}"
 
     @property
     def planned(self) -> list[PlannedLinear]:
@@ -141,11 +158,10 @@ class FusedDecoder:
         if split is None:
             batch = additive_decode_mask(batch, x.dtype)
         if split is not None and split.whole_step and self.stack and self.stack.takes(x):
-            cos, signed_sin = ropes[None]
-            x = self.stack(x, cos[:, 0], signed_sin[:, 0], batch, self.num_heads)  # (T, d)
+            x = self.stack(x, ropes, batch, self.num_heads)  # (T, d)
         else:
             for layer in self.layers:
-                x = self._layer(layer, x, ropes.get(layer.spec.rope_type), batch, split)
+                x = self._layer(layer, x, ropes[rope_key(layer.spec)], batch, split)
         last = x[batch.logits_indices]  # (S, d)
         return self._norm(last, self.spec.final_norm)[None]  # (1, S, d)
 
@@ -162,9 +178,13 @@ class FusedDecoder:
 
     def _ropes(self, x: torch.Tensor, position_ids: torch.Tensor) -> dict:
         """Per rotary layer type (None: the model's one), (cos, signed_sin) [T, 1, R], R the
-        rotated dims (``_rotary``'s folded sine)."""
+        rotated dims (``_rotary``'s folded sine); ``NOPE`` for layers without RoPE: 1 and 0
+        [T, 1, D], which ``decode_step``'s rotary leaves x's values through unchanged."""
         ropes = {}
-        for kind in {la.spec.rope_type for la in self.layers}:
+        if any(not la.spec.rope for la in self.layers):
+            ones = x.new_ones(x.shape[0], 1, self.head_dim)
+            ropes[NOPE] = (ones, torch.zeros_like(ones))
+        for kind in {la.spec.rope_type for la in self.layers if la.spec.rope}:
             extra = () if kind is None else (kind,)
             cos, sin = self.spec.rotary(x, position_ids, *extra)  # (1, T, R) each
             half = cos.shape[-1] // 2
@@ -205,12 +225,12 @@ class FusedDecoder:
         spec, attn = layer.spec, layer.attn
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         windowed = batch.windowed(spec.window)
-        full_rope = spec.rope and rope[0].shape[-1] == head_dim
+        full_rope = rope[0].shape[-1] == head_dim  # a NoPE layer's ``NOPE`` tables too
         whole = split is not None and split.whole_step
-        if whole and full_rope and windowed is batch and spec.softcap is None:
+        if whole and full_rope and spec.softcap is None:
             cos, signed_sin = rope[0][:, 0], rope[1][:, 0]  # (T, D) each
             return decode_attention.decode_step(
-                qkv, cos, signed_sin, attn.layer_idx, batch, heads, attn.scaling
+                qkv, cos, signed_sin, attn.layer_idx, batch, heads, attn.scaling, spec.window
             )
         num_tokens = qkv.shape[0]
         qk = qkv[:, : (heads + kv_heads) * head_dim].view(num_tokens, heads + kv_heads, head_dim)
@@ -250,44 +270,68 @@ class FusedDecoder:
 
 @dataclasses.dataclass
 class LayerStack:
-    """The decoder layers' weights as ``torch.ops.cbp_step.decoder_layers`` takes them, for a
-    decode step in one call. ``of`` builds it where every projection is the gemv kernel's
-    without a bias; ``takes(x)`` says whether the plan gives gemv ``x``'s row count.
+    """The decoder layers' weights and parts as ``torch.ops.cbp_step.decoder_layers`` takes them,
+    for a decode step in one call. ``refusal`` says why a model's layers cannot run there, ``of``
+    builds it where they can; ``takes(x)`` says whether the plan gives gemv ``x``'s row count.
 
     Shapes:
-        norms: 2 L weights [d];  packed: 4 L gemv layouts;  widths: qkv, o, gate_up, down's N
+        norms: 6 L weights or None (``NORMS``' order);  biases: L, qkv's [N] or None;
+        packed: 4 L gemv layouts;  widths: qkv, o, gate_up, down's N;
+        flags: 4 L ints, numbers: 8 L floats (``_layer_args``)
     """
 
     linears: list[PlannedLinear]  # 4 per layer: qkv, o, gate_up, down
     layer_indices: list[int]  # each layer's KV cache index (its attention's layer_idx)
-    norms: list[torch.Tensor]
+    rope_keys: list  # each layer's key into ``FusedDecoder._ropes`` (``rope_key``)
+    norms: list[torch.Tensor | None]
+    biases: list[torch.Tensor | None]
     packed: list[torch.Tensor]
     widths: list[int]
-    scaling: float
-    eps: float
+    flags: list[int]
+    numbers: list[float]
+
+    @staticmethod
+    def refusal(layers: list[FusedLayer], rope_widths: dict, head_dim: int) -> str | None:
+        """Why the op cannot run ``layers``' decode steps (not built, a part it does not
+        compute, a projection not the gemv kernel's), or None where it can; ``rope_widths``:
+        the rotated dims per rotary type (``FusedDecoder.rope_widths``)."""
+        if not gemv_build.available():
+            return f"the C++ step is not built: {gemv_build.unavailable_reason()}"
+        for la in layers:
+            spec = la.spec
+            if spec.softcap is not None:
+                return "attention soft-capping (Gemma 2)"
+            if spec.rope and rope_widths[spec.rope_type] != head_dim:
+                return "partial RoPE"
+            if not (spec.silu or spec.gelu_tanh):
+                return f"the activation {type(spec.act).__name__}"
+        linears = [f for la in layers for f in la.linears]
+        gemv = [_gemv_of(f) for f in linears]
+        if any(g is None for g in gemv):
+            return "a projection not on the gemv kernel"
+        if any(g.bias is not None for i, g in enumerate(gemv) if i % 4):
+            return "a bias on o, gate_up or down"
+        return None
 
     @classmethod
-    def of(cls, layers: list[FusedLayer], eps: float) -> LayerStack | None:
-        """The stack for ``layers``, or None where the op is not built, a layer is not Llama's
-        (``LayerSpec.plain``), a projection is not the gemv kernel's (another plan, a bias) or
-        the layers differ in scaling."""
+    def of(cls, layers: list[FusedLayer], refusal: str | None, layer_ops: bool):
+        """The stack for ``layers``, or None where there is a ``refusal``; ``layer_ops``:
+        ``FusedDecoder.layer_ops``, whose choices of bfloat16 ops the step repeats."""
+        if refusal is not None:
+            return None
         linears = [f for la in layers for f in la.linears]
-        gemv = [next((b for b in f.bound if isinstance(b, GemvLinear)), None) for f in linears]
-        scalings = {la.attn.scaling for la in layers}
-        if not gemv_build.available() or len(scalings) != 1:
-            return None
-        if not all(la.spec.plain and len(la.spec.qkv) == 3 for la in layers):
-            return None
-        if any(g is None or g.bias is not None for g in gemv):
-            return None
+        gemv = [_gemv_of(f) for f in linears]
+        args = [_layer_args(la.spec, layer_ops) for la in layers]
         return cls(
             linears=linears,
             layer_indices=[la.attn.layer_idx for la in layers],
-            norms=[n.weight for la in layers for n in (la.spec.pre_attn, la.spec.pre_mlp)],
+            rope_keys=[rope_key(la.spec) for la in layers],
+            norms=[n if n is None else n.weight for la in layers for n in _norms(la.spec)],
+            biases=[g.bias for g in gemv[::4]],
             packed=[g.packed for g in gemv],
             widths=[g.num_out for g in gemv[:4]],
-            scaling=scalings.pop(),
-            eps=eps,
+            flags=[f for flags, _ in args for f in flags],
+            numbers=[n for _, numbers in args for n in numbers],
         )
 
     taken: dict[int, bool] = dataclasses.field(default_factory=dict)  # row count: gemv's?
@@ -304,19 +348,22 @@ class LayerStack:
             self.taken[rows] = all(isinstance(k, GemvLinear) and k.takes(x) for k in kernels)
         return self.taken[rows]
 
-    def __call__(self, x, cos, signed_sin, batch: PackedBatch, num_heads: int) -> torch.Tensor:
-        """Every layer on a decode step whose split is ``whole_step``.
+    def __call__(self, x, ropes: dict, batch: PackedBatch, num_heads: int) -> torch.Tensor:
+        """Every layer on a decode step whose split is ``whole_step``; ``ropes``:
+        ``FusedDecoder._ropes``' tables.
 
         Shapes:
-            x: [T, d];  cos, signed_sin: [T, D]  ->  returns [T, d]
+            x: [T, d];  ropes: key -> (cos, signed_sin) [T, 1, D]  ->  returns [T, d]
         """
         self.num_calls += 1
         storage = [batch.kv_cache.block_storage(i) for i in self.layer_indices]
+        tables = {key: (cos[:, 0], sin[:, 0]) for key, (cos, sin) in ropes.items()}
         return torch.ops.cbp_step.decoder_layers(
             x,
-            cos,
-            signed_sin,
+            [tables[key][0] for key in self.rope_keys],
+            [tables[key][1] for key in self.rope_keys],
             self.norms,
+            self.biases,
             self.packed,
             self.widths,
             [keys for keys, _ in storage],
@@ -325,9 +372,40 @@ class LayerStack:
             batch.slot_ids,
             batch.position_ids[0],
             num_heads,
-            self.scaling,
-            self.eps,
+            self.flags,
+            self.numbers,
         )
+
+
+NOPE = False  # the ``_ropes`` key of a layer without RoPE: cos 1 and sin 0, x unchanged
+
+
+def rope_key(spec: LayerSpec):
+    """The layer's key into ``FusedDecoder._ropes``: its rotary type, or ``NOPE``."""
+    return spec.rope_type if spec.rope else NOPE
+
+
+def _norms(spec: LayerSpec) -> tuple[Norm | None, ...]:
+    """The layer's six norms in the op's order: pre_attn, post_attn, pre_mlp, post_mlp, q, k."""
+    return spec.pre_attn, spec.post_attn, spec.pre_mlp, spec.post_mlp, spec.q_norm, spec.k_norm
+
+
+def _layer_args(spec: LayerSpec, layer_ops: bool) -> tuple[list[int], list[float]]:
+    """The op's ``flags`` (norm bits: 1 << n for an upcast norm n, 64 for cbp_layer's norm;
+    QK-norm per head; activation 0 SiLU, 1 GELU-tanh, 2 cbp_layer's SiLU-and-mul; window, 0
+    for none) and ``numbers`` (the six norms' eps, the attention scale, the residual
+    multiplier) of one layer, as ``FusedDecoder._layer`` chooses them."""
+    norms = _norms(spec)
+    bits = sum(1 << n for n, norm in enumerate(norms) if norm is not None and norm.upcast)
+    bits |= (1 << len(norms)) if layer_ops else 0
+    activation = (2 if layer_ops else 0) if spec.silu else 1
+    flags = [bits, int(spec.qk_norm_per_head), activation, spec.window or 0]
+    eps = [0.0 if n is None else n.eps for n in norms]
+    return flags, [*eps, float(spec.attn.scaling), float(spec.residual_multiplier)]
+
+
+def _gemv_of(linear: PlannedLinear) -> GemvLinear | None:
+    return next((b for b in linear.bound if isinstance(b, GemvLinear)), None)
 
 
 def layer_ops_run(weight: torch.Tensor) -> bool:

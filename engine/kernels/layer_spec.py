@@ -53,6 +53,7 @@ class LayerSpec:
     down: nn.Linear
     act: object  # the MLP's activation (a module or function)
     silu: bool  # it computes SiLU, bit for bit (the C++ silu_mul and decode step serve it)
+    gelu_tanh: bool  # it computes GELU's tanh form, bit for bit (Gemma's; the C++ step serves it)
     pre_attn: Norm | None
     post_attn: Norm | None
     pre_mlp: Norm | None
@@ -65,23 +66,6 @@ class LayerSpec:
     window: int | None
     softcap: float | None
     residual_multiplier: float
-
-    @property
-    def plain(self) -> bool:
-        """Llama's layer exactly: what the C++ decode step computes."""
-        llama_norm = all(n is not None and not n.upcast for n in (self.pre_attn, self.pre_mlp))
-        return (
-            llama_norm
-            and self.post_attn is None
-            and self.post_mlp is None
-            and self.q_norm is None
-            and self.rope
-            and self.rope_type is None
-            and self.window is None
-            and self.softcap is None
-            and self.residual_multiplier == 1.0
-            and self.silu
-        )
 
 
 @dataclasses.dataclass
@@ -159,7 +143,8 @@ def _layer(layer: nn.Module, config, head_dim: int, typed_rope: bool) -> LayerSp
         gate_up=gate_up,
         down=down,
         act=act,
-        silu=_computes_silu(act),
+        silu=_computes(act, torch.nn.functional.silu),
+        gelu_tanh=_computes(act, lambda x: torch.nn.functional.gelu(x, approximate="tanh")),
         pre_attn=pre_attn,
         post_attn=post_attn,
         pre_mlp=pre_mlp,
@@ -258,8 +243,9 @@ def layer_window(attn: nn.Module, config) -> int | None:
     return getattr(config, "sliding_window", None)
 
 
-def _computes_silu(act) -> bool:
-    """Whether the activation gives ``F.silu``'s bits, read by running it on a probe."""
+def _computes(act, reference) -> bool:
+    """Whether the activation gives ``reference``'s bits, in float32 and bfloat16, read by
+    running both on a probe."""
     x = torch.linspace(-8.0, 8.0, 257)
     with torch.no_grad():
-        return torch.equal(act(x), torch.nn.functional.silu(x))
+        return all(torch.equal(act(p), reference(p)) for p in (x, x.to(torch.bfloat16)))

@@ -28,6 +28,11 @@ def test_bench_reports_the_decoder_layers_of_the_timed_steps(
     assert doc["decoder_layer_steps"] == {path: steps, other: 0}
     assert doc["engines"]["continuous"]["reference_match"] is True
     assert f"decoder layers: {path} (steps: {path} {steps})" in table
+    if path == "fused":  # where its decode steps' layers ran, and why not in C++
+        assert doc["layers_step"] == "C++" or doc["layers_step"].startswith("Python: ")
+        assert f"decode step's layers: {doc['layers_step']}" in table
+    else:
+        assert doc["layers_step"] is None
 
 
 def test_bench_without_our_packed_steps_reports_no_decoder_layers(tmp_path, tiny_loaded, capsys):

@@ -16,7 +16,9 @@
 //
 // decode_step does a step's whole attention for one layer: rotary, every new key and value into
 // the cache first, then the attention above, each token's queries over its sequence's first
-// position + 1 keys (so the tokens of a short prefill chunk attend causally, one query each). Its cache is blocks of S positions, [H_kv, N, S, D],
+// position + 1 keys (so the tokens of a short prefill chunk attend causally, one query each),
+// or with a sliding window of W keys (W > 0) over keys position - W + 1 to position only. Its
+// cache is blocks of S positions, [H_kv, N, S, D],
 // found through a block table [B, M] as in vLLM's paged attention: slot b's position p lives in
 // block block_table[b, p / S] at offset p % S. A slot cache is the case M = 1, S = P (each slot
 // one block); a paged cache's table is its sequences' block tables, padded.
@@ -204,6 +206,7 @@ struct StepShape {
   int64_t cache[3];     // element strides of k_cache and v_cache over (h, block, offset)
   int64_t block_size;   // positions per block (S)
   int64_t table_width;  // blocks per block-table row (M)
+  int64_t window;       // keys a query sees (0: all before it)
 };
 
 // One (token, key/value head) of a step, first half: rotary on its key, and the key and value
@@ -222,7 +225,8 @@ void write_task(const T* qkv, const T* cos, const T* sin, T* kc, T* vc, const in
 }
 
 // Second half, once every token's key is in the cache: rotary on its G queries, then the queries
-// over the sequence's position + 1 keys, block by block through its block-table row.
+// over the sequence's keys first to position (first = 0, or the window's first), block by block
+// through its block-table row.
 template <typename T>
 void attend_task(const T* qkv, const T* cos, const T* sin, const T* kc, const T* vc,
                  const int64_t* blocks, int64_t position, int64_t h, const StepShape& z,
@@ -235,20 +239,27 @@ void attend_task(const T* qkv, const T* cos, const T* sin, const T* kc, const T*
   }
   Views s{};
   s.q[2] = head, s.k[2] = z.cache[2];
-  int64_t len = position + 1, num_blocks = (len + size - 1) / size;
+  int64_t first = z.window > 0 ? std::max<int64_t>(0, position + 1 - z.window) : 0;
+  int64_t len = position + 1 - first, end = position + 1;
   scores.resize(group * len);
-  for (int64_t j = 0; j < num_blocks; ++j) {
-    int64_t start = h * z.cache[0] + blocks[j] * z.cache[1], n = std::min(size, len - j * size);
-    score(queries, kc + start, s, group, n, head, scale, scores.data() + j * size, len);
-  }
+  // block j holds keys [j S, (j + 1) S); of those, [lo, hi) are attended, at scores[lo - first]
+  auto each_block = [&](auto&& visit) {
+    for (int64_t j = first / size; j * size < end; ++j) {
+      int64_t lo = std::max(first, j * size), hi = std::min(end, (j + 1) * size);
+      visit(h * z.cache[0] + blocks[j] * z.cache[1] + (lo - j * size) * z.cache[2], lo - first,
+            hi - lo);
+    }
+  };
+  each_block([&](int64_t start, int64_t at, int64_t n) {
+    score(queries, kc + start, s, group, n, head, scale, scores.data() + at, len);
+  });
   float sums[kMaxGroup];
   softmax_numerators(scores.data(), group, len, sums);
   Sums acc;
   clear(acc, group, head);
-  for (int64_t j = 0; j < num_blocks; ++j) {
-    int64_t start = h * z.cache[0] + blocks[j] * z.cache[1], n = std::min(size, len - j * size);
-    accumulate(scores.data() + j * size, len, vc + start, z.cache[2], group, n, head, acc);
-  }
+  each_block([&](int64_t start, int64_t at, int64_t n) {
+    accumulate(scores.data() + at, len, vc + start, z.cache[2], group, n, head, acc);
+  });
   finish(acc, sums, group, len, head, out + h * group * head, head);
 }
 
@@ -267,6 +278,7 @@ void run_step(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& si
                table + slots[t] * z.table_width, positions[t], h, z);
   }
   int64_t longest = *std::max_element(positions, positions + tokens) + 1;
+  if (z.window > 0) longest = std::min(longest, z.window);
   int64_t group = z.heads / kv_heads;
   int64_t grain = std::max<int64_t>(1, kWorkGrain / std::max<int64_t>(1, longest * group));
   at::parallel_for(0, tokens * kv_heads, grain, [&](int64_t begin, int64_t end) {
@@ -301,7 +313,8 @@ void check_places(const at::Tensor& table, const int64_t* slots, const int64_t* 
 at::Tensor decode_step(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
                        at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& block_table,
                        const at::Tensor& slots, const at::Tensor& positions, int64_t heads,
-                       double scale) {
+                       double scale, int64_t window) {
+  TORCH_CHECK(window >= 0, "window: keys a query sees, 0 for all");
   TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qkv: [T, (H + 2 H_kv) D], rows contiguous");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
                   k_cache.strides() == v_cache.strides() && k_cache.stride(3) == 1,
@@ -327,7 +340,7 @@ at::Tensor decode_step(const at::Tensor& qkv, const at::Tensor& cos, const at::T
   check_places(table, sp, pp, tokens, k_cache.size(1), k_cache.size(2));
   StepShape z{heads, kv_heads, head, qkv.stride(0), cos.stride(0),
               {k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)}, k_cache.size(2),
-              table.size(1)};
+              table.size(1), window};
   auto out = at::empty({tokens, heads * head}, qkv.options());
   const int64_t* tp = table.data_ptr<int64_t>();
   if (qkv.scalar_type() == at::kFloat) {
@@ -347,9 +360,9 @@ at::Tensor decode_step_attention(const at::Tensor& qkv, const at::Tensor& cos,
                                  const at::Tensor& signed_sin, at::Tensor k_cache,
                                  at::Tensor v_cache, const at::Tensor& block_table,
                                  const at::Tensor& slots, const at::Tensor& positions,
-                                 int64_t heads, double scale) {
+                                 int64_t heads, double scale, int64_t window) {
   return decode_step(qkv, cos, signed_sin, k_cache, v_cache, block_table, slots, positions, heads,
-                     scale);
+                     scale, window);
 }
 }  // namespace cbp
 
@@ -358,7 +371,7 @@ TORCH_LIBRARY(cbp_attention, m) {
   m.def(
       "decode_step(Tensor qkv, Tensor cos, Tensor signed_sin, Tensor(a!) k_cache, "
       "Tensor(b!) v_cache, Tensor block_table, Tensor slots, Tensor positions, int heads, "
-      "float scale) -> Tensor");
+      "float scale, int window=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(cbp_attention, CPU, m) {

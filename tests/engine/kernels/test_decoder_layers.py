@@ -1,6 +1,7 @@
 """The layer stack in one call (``torch.ops.cbp_step.decoder_layers``, ``csrc/decoder_layers.cpp``):
 a decode step's every layer, bitwise the fused layers' Python loop, in float32 and bfloat16, with
-the slot and the paged cache; used only where the gemv kernel serves the step's row count."""
+the slot and the paged cache, for each family's layer (``family_models``) past its sliding
+window; used only where the gemv kernel serves the step's row count."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_model import step_logits, tiny_runner
+from family_models import FAMILIES, PAST_WINDOW_SPECS, family_runner
+from tiny_model import make_requests, step_logits, tiny_runner
 
+from engine.batching.continuous import ContinuousEngine
 from engine.config import EngineConfig
+from engine.fidelity.reference import ReferenceCache
 from engine.kernels import fused_layers, gemv_build
 from engine.kernels.kernel_plan import RowPlan
 from engine.model.kernel_store import KernelChoice
@@ -23,9 +27,14 @@ needs_kernel = pytest.mark.skipif(
 SPECS = [("z" * 150, 20), ("a", 30), ("hello", 12), ("y" * 60, 8), ("q", 25)]
 
 
-def _runner(plan: RowPlan, dtype: torch.dtype) -> ModelRunner:
-    """The tiny runner in ``dtype``, as if its measurement had chosen ``plan``."""
-    runner = tiny_runner()
+# the families whose layers the C++ step does not compute, and why (``LayerStack.refusal``)
+REFUSED = {"gemma2": "attention soft-capping (Gemma 2)", "phi3": "partial RoPE"}
+STACKED = sorted(set(FAMILIES) - set(REFUSED))
+
+
+def _runner(plan: RowPlan, dtype: torch.dtype, family: str | None = None) -> ModelRunner:
+    """The tiny runner (or ``family``'s) in ``dtype``, as if its measurement had chosen ``plan``."""
+    runner = tiny_runner() if family is None else family_runner(family)
     if dtype == torch.bfloat16:
         runner.loaded.model.to(dtype)
         runner = ModelRunner(SimpleNamespace(**(vars(runner.loaded) | {"dtype": dtype})))
@@ -33,13 +42,13 @@ def _runner(plan: RowPlan, dtype: torch.dtype) -> ModelRunner:
     return runner
 
 
-def _logits_per_step(runner, kv_mode: str, stacked: bool) -> list[torch.Tensor]:
+def _logits_per_step(runner, kv_mode: str, stacked: bool, specs=SPECS) -> list[torch.Tensor]:
     """Every step's logits of an engine run, with the layer stack on or off."""
     decoder = runner.fused_decoder
     stack, decoder.stack = decoder.stack, decoder.stack if stacked else None
     try:
         config = EngineConfig(4, kv_mode=kv_mode, ignore_eos=True, block_size=4)
-        return step_logits(runner, config, SPECS)
+        return step_logits(runner, config, specs)
     finally:
         decoder.stack = stack
 
@@ -81,17 +90,62 @@ def test_no_stack_without_gemv():
 
 
 @needs_kernel
+@pytest.mark.parametrize("family", STACKED)
+@pytest.mark.parametrize("kv_mode", ["slots", "paged"])
+def test_each_familys_step_runs_in_one_call_with_the_loops_bits(family, kv_mode):
+    """Each family's decode steps run the C++ step (its biases, norms, QK-norm, GELU, windows,
+    per-layer RoPE, NoPE layers, multipliers), past the sliding window: every step's logits are
+    bitwise the Python loop's, and the outputs equal per-request generate."""
+    runner = _runner(RowPlan.single("gemv"), torch.float32, family)
+    decoder = runner.fused_decoder
+    assert decoder.layers_step == "C++", f"{family}: {decoder.layers_step}"
+    requests = make_requests(PAST_WINDOW_SPECS)
+    trace = ContinuousEngine(runner, EngineConfig(3, kv_mode=kv_mode, block_size=4)).run(requests)
+    assert decoder.stack.num_calls > 5  # its decode steps (Granite's reach EOS early)
+    reference = ReferenceCache(runner).outputs(requests)
+    for r in trace.requests:
+        assert r.output_token_ids == reference[r.request_id], f"{family} R{r.request_id}"
+    got = _logits_per_step(runner, kv_mode, stacked=True, specs=PAST_WINDOW_SPECS)
+    want = _logits_per_step(runner, kv_mode, stacked=False, specs=PAST_WINDOW_SPECS)
+    assert len(got) == len(want) > 20
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), family
+
+
+@needs_kernel
+@pytest.mark.parametrize("family", sorted(set(STACKED) - {"olmo2"}))  # the loop: float32 only
+def test_each_familys_step_in_bfloat16_has_the_loops_bits(family):
+    """In bfloat16 too, each family's C++ step gives the Python loop's bits."""
+    runner = _runner(RowPlan.single("gemv"), torch.bfloat16, family)
+    stack = runner.fused_decoder.stack
+    assert stack is not None, runner.fused_decoder.layers_step
+    got = _logits_per_step(runner, "paged", stacked=True, specs=PAST_WINDOW_SPECS)
+    assert stack.num_calls > 20
+    want = _logits_per_step(runner, "paged", stacked=False, specs=PAST_WINDOW_SPECS)
+    assert len(got) == len(want) > 20
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), family
+
+
+@needs_kernel
+@pytest.mark.parametrize("family", sorted(REFUSED))
+def test_a_family_with_a_part_the_step_lacks_runs_the_loop_and_says_why(family):
+    """Soft-capped attention and partial RoPE keep the Python loop; the reason is given."""
+    decoder = _runner(RowPlan.single("gemv"), torch.float32, family).fused_decoder
+    assert decoder.stack is None
+    assert decoder.layers_step == f"Python: {REFUSED[family]}"
+
+
+@needs_kernel
 def test_the_op_refuses_lists_of_the_wrong_length():
-    """Two norms a layer, four weights a layer, one key and one value cache a layer."""
+    """Six norms a layer, four weights a layer, one key and one value cache a layer."""
     runner = _runner(RowPlan.single("gemv"), torch.float32)
     stack = runner.fused_decoder.stack
     x = torch.zeros(1, runner.model.config.hidden_size)
-    rope = torch.zeros(1, 8)
-    cache = torch.zeros(1, 1, 4, 8)
-    with pytest.raises(RuntimeError, match="norms: 2 per layer"):
+    rope = [torch.zeros(1, 8)] * len(stack.layer_indices)
+    caches = [torch.zeros(1, 1, 4, 8)] * len(stack.layer_indices)
+    with pytest.raises(RuntimeError, match="norms: 6 per layer"):
         torch.ops.cbp_step.decoder_layers(
-            x, rope, rope, stack.norms[:1], stack.packed, stack.widths, [cache], [cache],
-            torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
-            torch.zeros(1, dtype=torch.long), 1, 1.0, 1e-5,
+            x, rope, rope, stack.norms[:1], stack.biases, stack.packed, stack.widths, caches,
+            caches, torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+            torch.zeros(1, dtype=torch.long), 1, stack.flags, stack.numbers,
         )  # fmt: skip
     assert isinstance(stack, fused_layers.LayerStack)
