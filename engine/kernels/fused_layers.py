@@ -368,7 +368,7 @@ class LayerStack:
             self.widths,
             [keys for keys, _ in storage],
             [values for _, values in storage],
-            batch.kv_block_table,
+            [batch.kv_cache.layer_block_table(i, batch) for i in self.layer_indices],
             batch.slot_ids,
             batch.position_ids[0],
             num_heads,

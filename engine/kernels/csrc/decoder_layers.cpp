@@ -109,13 +109,14 @@ void check_lists(int64_t layers, int64_t ropes, int64_t norms, int64_t biases, i
 // x [T, d]; cos, signed_sin: L, each [T, D] (a NoPE layer's: ones and zeros); norms: 6 L, None
 // where a layer has no such norm; biases: L, qkv's or None; packed: 4 L (qkv, o, gate_up, down)
 // in gemv's layout; widths: the four linears' output sizes; k_caches, v_caches: L, each
-// [H_kv, N, S, D]; flags and numbers: as kFlags and kNumbers say.
+// [H_kv, N, S, D]; block_tables: L, each [B, M] (a layer's KV cache group's); flags and
+// numbers: as kFlags and kNumbers say.
 at::Tensor decoder_layers(const at::Tensor& x_in, at::TensorList cos, at::TensorList signed_sin,
                           const c10::List<std::optional<at::Tensor>>& norm_list,
                           const c10::List<std::optional<at::Tensor>>& bias_list,
                           at::TensorList packed, at::IntArrayRef widths,
                           at::TensorList k_caches, at::TensorList v_caches,
-                          const at::Tensor& block_table, const at::Tensor& slots,
+                          at::TensorList block_tables, const at::Tensor& slots,
                           const at::Tensor& positions, int64_t heads, at::IntArrayRef flags,
                           at::ArrayRef<double> numbers) {
   int64_t layers = static_cast<int64_t>(k_caches.size());
@@ -123,6 +124,7 @@ at::Tensor decoder_layers(const at::Tensor& x_in, at::TensorList cos, at::Tensor
   TORCH_CHECK(signed_sin.size() == cos.size(), "one cos and one signed_sin per layer");
   check_lists(layers, cos.size(), norm_list.size(), bias_list.size(), packed.size(),
               widths.size(), v_caches.size(), flags.size(), numbers.size());
+  TORCH_CHECK(static_cast<int64_t>(block_tables.size()) == layers, "one block table per layer");
   std::vector<std::optional<at::Tensor>> norms(norm_list.begin(), norm_list.end());
   int64_t kv_heads = k_caches[0].size(0);
   at::Tensor x = x_in;
@@ -134,7 +136,7 @@ at::Tensor decoder_layers(const at::Tensor& x_in, at::TensorList cos, at::Tensor
     if (bias.has_value()) qkv = at::add(qkv, *bias);
     if (layer.norms[4].has_value()) qkv = qk_norm(qkv, layer, heads, kv_heads);
     at::Tensor attention = cbp::decode_step_attention(
-        qkv, cos[i], signed_sin[i], k_caches[i], v_caches[i], block_table, slots, positions,
+        qkv, cos[i], signed_sin[i], k_caches[i], v_caches[i], block_tables[i], slots, positions,
         heads, layer.numbers[6], layer.flags[3]);
     x = residual(attention, packed[4 * i + 1], widths[1], x, layer, 1);
     at::Tensor gate_up =
@@ -150,7 +152,7 @@ TORCH_LIBRARY(cbp_step, m) {
   m.def(
       "decoder_layers(Tensor x, Tensor[] cos, Tensor[] signed_sin, Tensor?[] norms, "
       "Tensor?[] biases, Tensor[] packed, int[] widths, Tensor(a!)[] k_caches, "
-      "Tensor(b!)[] v_caches, Tensor block_table, Tensor slots, Tensor positions, int heads, "
+      "Tensor(b!)[] v_caches, Tensor[] block_tables, Tensor slots, Tensor positions, int heads, "
       "int[] flags, float[] numbers) -> Tensor");
 }
 

@@ -145,7 +145,8 @@ def test_the_op_refuses_lists_of_the_wrong_length():
     with pytest.raises(RuntimeError, match="norms: 6 per layer"):
         torch.ops.cbp_step.decoder_layers(
             x, rope, rope, stack.norms[:1], stack.biases, stack.packed, stack.widths, caches,
-            caches, torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
-            torch.zeros(1, dtype=torch.long), 1, stack.flags, stack.numbers,
+            caches, [torch.zeros(1, 1, dtype=torch.long)] * len(caches),
+            torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), 1, stack.flags,
+            stack.numbers,
         )  # fmt: skip
     assert isinstance(stack, fused_layers.LayerStack)
