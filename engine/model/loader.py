@@ -210,9 +210,7 @@ def _load_gguf_file(path: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
                 f"transformers cannot read the GGUF file {path.name}: {_first_line(err)}"
             ) from err
         _save_cache(net, tokenizer, cached)
-        if not _is_complete_cache(cached):  # the cache could not be written: run from memory
-            return net, tokenizer, str(path)
-        del net
+        return net, tokenizer, str(cached) if _is_complete_cache(cached) else str(path)
     return (*_from_pretrained(str(cached), dtype, local_only=True), str(cached))
 
 
