@@ -159,3 +159,21 @@ def test_the_op_refuses_lists_of_the_wrong_length():
             stack.numbers,
         )  # fmt: skip
     assert isinstance(stack, fused_layers.LayerStack)
+
+
+def test_without_a_compiler_gemma2_keeps_the_loop_and_says_why(monkeypatch):
+    """A host that cannot build the kernels (a Space without a C++ compiler) runs Gemma 2's
+    decode steps in the Python loop, says why in ``layers_step``, and its outputs equal generate."""
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    gemv_build._built.cache_clear()
+    try:
+        runner = family_runner("gemma2")
+        decoder = runner.fused_decoder
+        assert decoder.stack is None
+        assert decoder.layers_step.startswith("Python: the C++ step is not built: no C++ compiler")
+        requests = make_requests(PAST_WINDOW_SPECS[:3])
+        trace = ContinuousEngine(runner, EngineConfig(3, block_size=4)).run(requests)
+        reference = ReferenceCache(runner).outputs(requests)
+        assert {r.request_id: r.output_token_ids for r in trace.requests} == reference
+    finally:
+        gemv_build._built.cache_clear()
