@@ -163,19 +163,28 @@ def _best_num_solo(sorted_lens: list[int], num_slots: int) -> int:
 
 
 def decode_step(
-    qkv, cos, signed_sin, layer: int, batch: PackedBatch, num_heads: int, scaling, window=None
+    qkv,
+    cos,
+    signed_sin,
+    layer: int,
+    batch: PackedBatch,
+    num_heads: int,
+    scaling,
+    window=None,
+    softcap=None,
 ):
-    """One layer's whole attention in one ``torch.ops.cbp_attention.decode_step`` call: rotary, the
-    KV write into its block, and attention over position + 1 keys (the last ``window`` of them for
-    a sliding-window layer) through ``batch.kv_block_table`` (as vLLM's CPU attention writes the
+    """One layer's whole attention in one ``torch.ops.cbp_attention.decode_step`` call: rotary
+    (the first R dims of each head), the KV write into its block, and attention over position + 1
+    keys (the last ``window`` of them for a sliding-window layer; scores soft-capped at
+    ``softcap``, Gemma 2's) through ``batch.kv_block_table`` (as vLLM's CPU attention writes the
     cache inside its op, ``v1/attention/backends/cpu_attn.py``).
-    Shapes: qkv: [T, (H + 2 H_kv) D];  cos, signed_sin: [T, D]  ->  returns [T, H D]"""
+    Shapes: qkv: [T, (H + 2 H_kv) D];  cos, signed_sin: [T, R], R <= D  ->  returns [T, H D]"""
     keys, values = batch.kv_cache.block_storage(layer)  # (H_kv, N, S, D) each
     positions = batch.position_ids[0]  # (T,)
     table = batch.kv_cache.layer_block_table(layer, batch)  # (B, M)
     return torch.ops.cbp_attention.decode_step(
         qkv, cos, signed_sin, keys, values, table, batch.slot_ids, positions, num_heads, scaling,
-        window or 0,
+        window or 0, softcap or 0.0,
     )  # fmt: skip
 
 

@@ -24,12 +24,13 @@ torch ops and a dozen Python module calls, which on a small CPU cost as much aga
 What a layer computes is read from the model's config and modules (``engine.kernels.layer_spec``):
 biases, QK-norm, norms before, around or after each block, the MLP's activation, partial or no
 RoPE, residual and embedding multipliers, soft-capping and each layer's sliding window. The C++
-paths serve the layers they compute: ``decode_step`` any layer with full or no RoPE and no
-soft-capping, its window in the kernel; ``LayerStack`` every layer of such a model whose
-projections are the gemv kernel's (``LayerStack.refusal`` says why not). In float32 each gives
-the same bits as transformers' modules (``tests/engine/kernels/test_fused_layers.py``), and
-every family's outputs equal ``generate`` (``tests/engine/batching/test_families.py``). Only the
-engines use it (``ModelRunner.forward_packed``), on CPU; for a model ``layer_spec`` cannot read
+paths serve the layers they compute: ``decode_step`` any layer, its window, partial RoPE and
+score soft-capping in the kernel; ``LayerStack`` every layer of a model whose activations it
+computes and whose projections are the gemv kernel's (``LayerStack.refusal`` says why not).
+In float32 each gives the same bits as transformers' modules
+(``tests/engine/kernels/test_fused_layers.py``), and every family's outputs equal ``generate``
+(``tests/engine/batching/test_families.py``). Only the engines use it
+(``ModelRunner.forward_packed``), on CPU; for a model ``layer_spec`` cannot read
 (``unsupported_reason``), or with ``CBP_FUSED_LAYERS=off``, the runner calls the model itself.
 """
 
@@ -225,13 +226,13 @@ class FusedDecoder:
         spec, attn = layer.spec, layer.attn
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         windowed = batch.windowed(spec.window)
-        full_rope = rope[0].shape[-1] == head_dim  # a NoPE layer's ``NOPE`` tables too
         whole = split is not None and split.whole_step
-        if whole and full_rope and spec.softcap is None:
-            cos, signed_sin = rope[0][:, 0], rope[1][:, 0]  # (T, D) each
+        if whole:
+            cos, signed_sin = rope[0][:, 0], rope[1][:, 0]  # (T, R) each
             return decode_attention.decode_step(
-                qkv, cos, signed_sin, attn.layer_idx, batch, heads, attn.scaling, spec.window
-            )
+                qkv, cos, signed_sin, attn.layer_idx, batch, heads, attn.scaling, spec.window,
+                spec.softcap,
+            )  # fmt: skip
         num_tokens = qkv.shape[0]
         qk = qkv[:, : (heads + kv_heads) * head_dim].view(num_tokens, heads + kv_heads, head_dim)
         if spec.rope:
@@ -277,7 +278,7 @@ class LayerStack:
     Shapes:
         norms: 6 L weights or None (``NORMS``' order);  biases: L, qkv's [N] or None;
         packed: 4 L gemv layouts;  widths: qkv, o, gate_up, down's N;
-        flags: 4 L ints, numbers: 8 L floats (``_layer_args``)
+        flags: 4 L ints, numbers: 9 L floats (``_layer_args``)
     """
 
     linears: list[PlannedLinear]  # 4 per layer: qkv, o, gate_up, down
@@ -294,15 +295,14 @@ class LayerStack:
     def refusal(layers: list[FusedLayer], rope_widths: dict, head_dim: int) -> str | None:
         """Why the op cannot run ``layers``' decode steps (not built, a part it does not
         compute, a projection not the gemv kernel's), or None where it can; ``rope_widths``:
-        the rotated dims per rotary type (``FusedDecoder.rope_widths``)."""
+        the rotated dims per rotary type (``FusedDecoder.rope_widths``), an even number
+        (``decode_step``'s rotary)."""
         if not gemv_build.available():
             return f"the C++ step is not built: {gemv_build.unavailable_reason()}"
         for la in layers:
             spec = la.spec
-            if spec.softcap is not None:
-                return "attention soft-capping (Gemma 2)"
-            if spec.rope and rope_widths[spec.rope_type] != head_dim:
-                return "partial RoPE"
+            if spec.rope and rope_widths[spec.rope_type] % 2:
+                return f"RoPE over an odd number of dims ({rope_widths[spec.rope_type]})"
             if not (spec.silu or spec.gelu_tanh):
                 return f"the activation {type(spec.act).__name__}"
         linears = [f for la in layers for f in la.linears]
@@ -353,7 +353,7 @@ class LayerStack:
         ``FusedDecoder._ropes``' tables.
 
         Shapes:
-            x: [T, d];  ropes: key -> (cos, signed_sin) [T, 1, D]  ->  returns [T, d]
+            x: [T, d];  ropes: key -> (cos, signed_sin) [T, 1, R], R <= D  ->  returns [T, d]
         """
         self.num_calls += 1
         storage = [batch.kv_cache.block_storage(i) for i in self.layer_indices]
@@ -394,14 +394,16 @@ def _layer_args(spec: LayerSpec, layer_ops: bool) -> tuple[list[int], list[float
     """The op's ``flags`` (norm bits: 1 << n for an upcast norm n, 64 for cbp_layer's norm;
     QK-norm per head; activation 0 SiLU, 1 GELU-tanh, 2 cbp_layer's SiLU-and-mul; window, 0
     for none) and ``numbers`` (the six norms' eps, the attention scale, the residual
-    multiplier) of one layer, as ``FusedDecoder._layer`` chooses them."""
+    multiplier, the score soft cap, 0 for none) of one layer, as ``FusedDecoder._layer`` chooses
+    them."""
     norms = _norms(spec)
     bits = sum(1 << n for n, norm in enumerate(norms) if norm is not None and norm.upcast)
     bits |= (1 << len(norms)) if layer_ops else 0
     activation = (2 if layer_ops else 0) if spec.silu else 1
     flags = [bits, int(spec.qk_norm_per_head), activation, spec.window or 0]
     eps = [0.0 if n is None else n.eps for n in norms]
-    return flags, [*eps, float(spec.attn.scaling), float(spec.residual_multiplier)]
+    numbers = [float(spec.attn.scaling), float(spec.residual_multiplier), float(spec.softcap or 0)]
+    return flags, [*eps, *numbers]
 
 
 def _gemv_of(linear: PlannedLinear) -> GemvLinear | None:

@@ -17,7 +17,10 @@
 // decode_step does a step's whole attention for one layer: rotary, every new key and value into
 // the cache first, then the attention above, each token's queries over its sequence's first
 // position + 1 keys (so the tokens of a short prefill chunk attend causally, one query each),
-// or with a sliding window of W keys (W > 0) over keys position - W + 1 to position only. Its
+// or with a sliding window of W keys (W > 0) over keys position - W + 1 to position only. With a
+// soft cap c > 0 (Gemma 2's attn_logit_softcapping) each score s becomes c tanh(s / c) before the
+// softmax, as transformers' eager attention computes it. Its rotary tables are [T, R]: the first
+// R of each head's D dims rotate, the rest pass through (partial RoPE, Phi-3's; R = D: all). Its
 // cache is blocks of S positions, [H_kv, N, S, D],
 // found through a block table [B, M] as in vLLM's paged attention: slot b's position p lives in
 // block block_table[b, p / S] at offset p % S. A slot cache is the case M = 1, S = P (each slot
@@ -33,6 +36,7 @@
 #include "simd.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -190,12 +194,13 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return out;
 }
 
-// x * cos + swap(x) * signed_sin on one head's row, swap exchanging the row's two halves (the
+// x * cos + swap(x) * signed_sin on one head's first R dims, swap exchanging their two halves (the
 // fused layers' folded rotary), rounded to T after each multiply and the add, as torch's three
-// ops are (no fused multiply-add: the build passes -ffp-contract=off).
+// ops are (no fused multiply-add: the build passes -ffp-contract=off); dims from R on unchanged.
 template <typename T>
-inline T rotated(const T* x, const T* cos, const T* signed_sin, int64_t d, int64_t head) {
-  int64_t half = head / 2, other = d < half ? d + half : d - half;
+inline T rotated(const T* x, const T* cos, const T* signed_sin, int64_t d, int64_t rotary) {
+  if (d >= rotary) return x[d];
+  int64_t half = rotary / 2, other = d < half ? d + half : d - half;
   T a = static_cast<T>(static_cast<float>(x[d]) * static_cast<float>(cos[d]));
   T b = static_cast<T>(static_cast<float>(x[other]) * static_cast<float>(signed_sin[d]));
   return static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
@@ -207,7 +212,20 @@ struct StepShape {
   int64_t block_size;   // positions per block (S)
   int64_t table_width;  // blocks per block-table row (M)
   int64_t window;       // keys a query sees (0: all before it)
+  int64_t rotary;       // the rotated dims of each head (R <= D)
+  float softcap;        // scores capped at softcap * tanh(s / softcap) (0: not capped)
 };
+
+// Each score s of G rows of len, ld apart, as c tanh(s / c): (s / c), tanh, * c, each rounded to
+// float32 as transformers' three ops on float32 scores are.
+void cap_scores(float* scores, int64_t group, int64_t len, int64_t ld, float cap) {
+  for (int64_t g = 0; g < group; ++g) {
+    for (int64_t t = 0; t < len; ++t) {
+      float& s = scores[g * ld + t];
+      s = std::tanh(s / cap) * cap;
+    }
+  }
+}
 
 // One (token, key/value head) of a step, first half: rotary on its key, and the key and value
 // into the cache at the token's position.
@@ -219,7 +237,7 @@ void write_task(const T* qkv, const T* cos, const T* sin, T* kc, T* vc, const in
   const T* value = qkv + (z.heads + z.kv_heads + h) * head;
   int64_t here = h * z.cache[0] + blocks[position / size] * z.cache[1] + position % size * z.cache[2];
   for (int64_t d = 0; d < head; ++d) {
-    kc[here + d] = rotated(key, cos, sin, d, head);
+    kc[here + d] = rotated(key, cos, sin, d, z.rotary);
     vc[here + d] = value[d];
   }
 }
@@ -235,7 +253,9 @@ void attend_task(const T* qkv, const T* cos, const T* sin, const T* kc, const T*
   T queries[kMaxGroup * kLanes * kMaxChunks];
   for (int64_t g = 0; g < group; ++g) {
     const T* query = qkv + (h * group + g) * head;
-    for (int64_t d = 0; d < head; ++d) queries[g * head + d] = rotated(query, cos, sin, d, head);
+    for (int64_t d = 0; d < head; ++d) {
+      queries[g * head + d] = rotated(query, cos, sin, d, z.rotary);
+    }
   }
   Views s{};
   s.q[2] = head, s.k[2] = z.cache[2];
@@ -253,6 +273,7 @@ void attend_task(const T* qkv, const T* cos, const T* sin, const T* kc, const T*
   each_block([&](int64_t start, int64_t at, int64_t n) {
     score(queries, kc + start, s, group, n, head, scale, scores.data() + at, len);
   });
+  if (z.softcap > 0.0f) cap_scores(scores.data(), group, len, len, z.softcap);
   float sums[kMaxGroup];
   softmax_numerators(scores.data(), group, len, sums);
   Sums acc;
@@ -313,8 +334,9 @@ void check_places(const at::Tensor& table, const int64_t* slots, const int64_t* 
 at::Tensor decode_step(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
                        at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& block_table,
                        const at::Tensor& slots, const at::Tensor& positions, int64_t heads,
-                       double scale, int64_t window) {
+                       double scale, int64_t window, double softcap) {
   TORCH_CHECK(window >= 0, "window: keys a query sees, 0 for all");
+  TORCH_CHECK(softcap >= 0.0, "softcap: the scores' cap, 0 for none");
   TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qkv: [T, (H + 2 H_kv) D], rows contiguous");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
                   k_cache.strides() == v_cache.strides() && k_cache.stride(3) == 1,
@@ -325,9 +347,9 @@ at::Tensor decode_step(const at::Tensor& qkv, const at::Tensor& cos, const at::T
               "heads must be a multiple of H_kv, up to 16 times it; an even head size up to 256");
   TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * head, "qkv's width must be (H + 2 H_kv) D");
   TORCH_CHECK(cos.dim() == 2 && cos.sizes() == signed_sin.sizes() && cos.size(0) == tokens &&
-                  cos.size(1) == head && cos.stride(1) == 1 &&
-                  cos.strides() == signed_sin.strides(),
-              "cos, signed_sin: [T, D], alike, rows contiguous");
+                  cos.size(1) > 0 && cos.size(1) <= head && cos.size(1) % 2 == 0 &&
+                  cos.stride(1) == 1 && cos.strides() == signed_sin.strides(),
+              "cos, signed_sin: [T, R], R <= D even rotated dims, alike, rows contiguous");
   for (auto type : {cos.scalar_type(), signed_sin.scalar_type(), k_cache.scalar_type(),
                     v_cache.scalar_type()}) {
     TORCH_CHECK(type == qkv.scalar_type(), "qkv, rotary and caches share one dtype");
@@ -340,7 +362,7 @@ at::Tensor decode_step(const at::Tensor& qkv, const at::Tensor& cos, const at::T
   check_places(table, sp, pp, tokens, k_cache.size(1), k_cache.size(2));
   StepShape z{heads, kv_heads, head, qkv.stride(0), cos.stride(0),
               {k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)}, k_cache.size(2),
-              table.size(1), window};
+              table.size(1), window, cos.size(1), static_cast<float>(softcap)};
   auto out = at::empty({tokens, heads * head}, qkv.options());
   const int64_t* tp = table.data_ptr<int64_t>();
   if (qkv.scalar_type() == at::kFloat) {
@@ -360,9 +382,10 @@ at::Tensor decode_step_attention(const at::Tensor& qkv, const at::Tensor& cos,
                                  const at::Tensor& signed_sin, at::Tensor k_cache,
                                  at::Tensor v_cache, const at::Tensor& block_table,
                                  const at::Tensor& slots, const at::Tensor& positions,
-                                 int64_t heads, double scale, int64_t window) {
+                                 int64_t heads, double scale, int64_t window,
+                                 double softcap) {
   return decode_step(qkv, cos, signed_sin, k_cache, v_cache, block_table, slots, positions, heads,
-                     scale, window);
+                     scale, window, softcap);
 }
 }  // namespace cbp
 
@@ -371,7 +394,7 @@ TORCH_LIBRARY(cbp_attention, m) {
   m.def(
       "decode_step(Tensor qkv, Tensor cos, Tensor signed_sin, Tensor(a!) k_cache, "
       "Tensor(b!) v_cache, Tensor block_table, Tensor slots, Tensor positions, int heads, "
-      "float scale, int window=0) -> Tensor");
+      "float scale, int window=0, float softcap=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(cbp_attention, CPU, m) {

@@ -8,7 +8,8 @@
 //     h   = pre_attn(x)                               // or x, without the norm (OLMo 2)
 //     qkv = gemv(h, [Wq; Wk; Wv]) (+ bias)            // [T, (H + 2 H_kv) D]
 //     q,k = q_norm(q), k_norm(k)                      // per head, or over all heads
-//     a   = decode_step(qkv, cos, sin', K, V, ...)    // rotary, KV write, attention: [T, H D]
+//     a   = decode_step(qkv, cos, sin', K, V, ...)    // rotary (of R <= D dims), KV write,
+//                                                     // attention (scores soft-capped): [T, H D]
 //     x   = x + post_attn(gemv(a, Wo)) * m            // gemv(a, Wo) + x in the kernel's store
 //     h   = pre_mlp(x)
 //     gu  = gemv(h, [Wg; Wu])                         // [T, 2 I]
@@ -39,7 +40,8 @@ constexpr int64_t kNorms = 6;    // per layer: pre_attn, post_attn, pre_mlp, pos
 constexpr int64_t kFlags = 4;    // per layer: norm bits, QK-norm per head, activation, window
 constexpr int64_t kLayerOps = 1 << kNorms;  // norm bits: 1 << n upcast norm n; this: cbp_layer's
 enum Activation : int64_t { kSilu = 0, kGeluTanh = 1, kSiluMul = 2 };  // kSiluMul: cbp_layer's
-constexpr int64_t kNumbers = 8;  // per layer: six norms' eps, attention scale, residual mult.
+constexpr int64_t kNumbers = 9;  // per layer: six norms' eps, attention scale, residual mult.,
+                                 // score soft cap (0: none)
 
 struct Layer {
   const std::optional<at::Tensor>* norms;  // kNorms
@@ -103,10 +105,11 @@ void check_lists(int64_t layers, int64_t ropes, int64_t norms, int64_t biases, i
                   flags == kFlags * layers && numbers == kNumbers * layers,
               "cos and signed_sin: 1 per layer, norms: 6 per layer, biases: 1 per layer, "
               "packed: 4 per layer, widths: 4, one key and value cache per layer, flags: 4 per "
-              "layer, numbers: 8 per layer");
+              "layer, numbers: 9 per layer");
 }
 
-// x [T, d]; cos, signed_sin: L, each [T, D] (a NoPE layer's: ones and zeros); norms: 6 L, None
+// x [T, d]; cos, signed_sin: L, each [T, R] (R <= D rotated dims; a NoPE layer's: ones and
+// zeros [T, D]); norms: 6 L, None
 // where a layer has no such norm; biases: L, qkv's or None; packed: 4 L (qkv, o, gate_up, down)
 // in gemv's layout; widths: the four linears' output sizes; k_caches, v_caches: L, each
 // [H_kv, N, S, D]; block_tables: L, each [B, M] (a layer's KV cache group's); flags and
@@ -137,7 +140,7 @@ at::Tensor decoder_layers(const at::Tensor& x_in, at::TensorList cos, at::Tensor
     if (layer.norms[4].has_value()) qkv = qk_norm(qkv, layer, heads, kv_heads);
     at::Tensor attention = cbp::decode_step_attention(
         qkv, cos[i], signed_sin[i], k_caches[i], v_caches[i], block_tables[i], slots, positions,
-        heads, layer.numbers[6], layer.flags[3]);
+        heads, layer.numbers[6], layer.flags[3], layer.numbers[8]);
     x = residual(attention, packed[4 * i + 1], widths[1], x, layer, 1);
     at::Tensor gate_up =
         cbp::gemv_linear(maybe_norm(x, layer, 2), packed[4 * i + 2], widths[2], {});

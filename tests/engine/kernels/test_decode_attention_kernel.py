@@ -233,3 +233,37 @@ def test_a_prefill_chunk_in_one_step_is_its_tokens_one_step_each(dtype):
     assert torch.equal(whole, one)
     assert torch.equal(whole_k, one_k) and torch.equal(whole_v, one_v)
     assert not torch.equal(whole_k[:, 1, 3:8], cache[0][:, 1, 3:8]), "the chunk wrote its keys"
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rotated", "softcap"), [(16, 0.0), (32, 2.0), (16, 2.0)])
+def test_a_whole_decode_step_caps_scores_and_rotates_the_first_dims(dtype, rotated, softcap):
+    """Scores capped at ``softcap * tanh(s / softcap)`` before the softmax (Gemma 2), and with
+    rotary tables of R < D dims only the first R of each head rotate (Phi-3's partial RoPE): the
+    keys written are the fused layers' ``_rotary`` bitwise, the output within rounding of
+    the capped attention in float64 over each token's keys (a sliding window of 6 for one)."""
+    from engine.kernels.fused_layers import _rotary
+
+    qkv, _, _, slots, positions, heads = _step_inputs(dtype)
+    gen = torch.Generator().manual_seed(2)
+    cos, sin = torch.randn(2, 3, rotated, generator=gen).to(dtype).unbind(0)
+    cache = torch.randn(2, 2, 4, 12, 32, generator=gen).to(dtype)  # (2, H_kv, B, P, D)
+    keys, values = cache.clone().unbind(0)
+    table, scale = torch.arange(4)[:, None], 0.3
+    call = torch.ops.cbp_attention.decode_step
+    for window in (0, 6):
+        got = call(qkv, cos, sin, keys, values, table, slots, positions, heads, scale, window,
+                   softcap)  # fmt: skip
+        qk = _rotary(qkv[:, : 8 * 32].view(3, 8, 32), cos[:, None], sin[:, None])  # (T, 8, D)
+        for t, (slot, pos) in enumerate(zip(slots.tolist(), positions.tolist(), strict=True)):
+            assert torch.equal(keys[:, slot, pos], qk[t, heads:])
+            assert torch.equal(values[:, slot, pos], qkv[t, 8 * 32 :].view(2, 32))
+            first = max(0, pos + 1 - window) if window else 0
+            k = keys[:, slot, first : pos + 1].double().repeat_interleave(3, 0)  # (H, n, D)
+            v = values[:, slot, first : pos + 1].double().repeat_interleave(3, 0)
+            s = qk[t, :heads, None].double() @ k.transpose(1, 2) * scale  # (H, 1, n)
+            s = torch.tanh(s / softcap) * softcap if softcap else s
+            want = (torch.softmax(s, -1) @ v).reshape(-1)
+            tol = 2e-5 if dtype == torch.float32 else 1e-2
+            torch.testing.assert_close(got[t].double(), want, rtol=tol, atol=tol)

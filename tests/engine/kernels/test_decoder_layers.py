@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from family_models import FAMILIES, PAST_WINDOW_SPECS, family_runner
-from tiny_model import make_requests, step_logits, tiny_runner
+from family_models import FAMILIES, PAST_WINDOW_SPECS, family_model, family_runner
+from tiny_model import make_requests, runner_of, step_logits, tiny_runner
 
 from engine.batching.continuous import ContinuousEngine
 from engine.config import EngineConfig
@@ -27,9 +27,9 @@ needs_kernel = pytest.mark.skipif(
 SPECS = [("z" * 150, 20), ("a", 30), ("hello", 12), ("y" * 60, 8), ("q", 25)]
 
 
-# the families whose layers the C++ step does not compute, and why (``LayerStack.refusal``)
-REFUSED = {"gemma2": "attention soft-capping (Gemma 2)", "phi3": "partial RoPE"}
-STACKED = sorted(set(FAMILIES) - set(REFUSED))
+# every family's layers run in the C++ step: Gemma 2's score soft-capping and Phi-3's partial
+# RoPE (``partial_rotary_factor`` 0.5: 8 of 16 head dims rotate) included
+STACKED = sorted(FAMILIES)
 
 
 def _runner(plan: RowPlan, dtype: torch.dtype, family: str | None = None) -> ModelRunner:
@@ -126,12 +126,21 @@ def test_each_familys_step_in_bfloat16_has_the_loops_bits(family):
 
 
 @needs_kernel
-@pytest.mark.parametrize("family", sorted(REFUSED))
-def test_a_family_with_a_part_the_step_lacks_runs_the_loop_and_says_why(family):
-    """Soft-capped attention and partial RoPE keep the Python loop; the reason is given."""
-    decoder = _runner(RowPlan.single("gemv"), torch.float32, family).fused_decoder
+@pytest.mark.parametrize(
+    ("act", "why"), [("gelu", "the activation GELUActivation"), ("relu", "the activation ReLU")]
+)
+def test_a_layer_with_a_part_the_step_lacks_runs_the_loop_and_says_why(act, why):
+    """An MLP activation the step does not compute (exact GELU, ReLU) keeps the Python loop; the
+    reason is given, and the outputs still equal generate."""
+    runner = runner_of(family_model("llama", hidden_act=act), f"tiny-llama-{act}")
+    runner.__dict__["kernel_choice"] = KernelChoice(RowPlan.single("gemv"), "measured")
+    decoder = runner.fused_decoder
     assert decoder.stack is None
-    assert decoder.layers_step == f"Python: {REFUSED[family]}"
+    assert decoder.layers_step == f"Python: {why}"
+    requests = make_requests(PAST_WINDOW_SPECS[:3])
+    trace = ContinuousEngine(runner, EngineConfig(3, block_size=4)).run(requests)
+    reference = ReferenceCache(runner).outputs(requests)
+    assert {r.request_id: r.output_token_ids for r in trace.requests} == reference
 
 
 @needs_kernel
@@ -150,3 +159,21 @@ def test_the_op_refuses_lists_of_the_wrong_length():
             stack.numbers,
         )  # fmt: skip
     assert isinstance(stack, fused_layers.LayerStack)
+
+
+def test_without_a_compiler_gemma2_keeps_the_loop_and_says_why(monkeypatch):
+    """A host that cannot build the kernels (a Space without a C++ compiler) runs Gemma 2's
+    decode steps in the Python loop, says why in ``layers_step``, and its outputs equal generate."""
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    gemv_build._built.cache_clear()
+    try:
+        runner = family_runner("gemma2")
+        decoder = runner.fused_decoder
+        assert decoder.stack is None
+        assert decoder.layers_step.startswith("Python: the C++ step is not built: no C++ compiler")
+        requests = make_requests(PAST_WINDOW_SPECS[:3])
+        trace = ContinuousEngine(runner, EngineConfig(3, block_size=4)).run(requests)
+        reference = ReferenceCache(runner).outputs(requests)
+        assert {r.request_id: r.output_token_ids for r in trace.requests} == reference
+    finally:
+        gemv_build._built.cache_clear()
