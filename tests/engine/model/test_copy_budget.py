@@ -1,7 +1,7 @@
 """The copy budget's greedy, as a pure function on a fixed timing table (no measurement)."""
 
 from engine.kernels.kernel_plan import RowPlan
-from engine.model.copy_budget import keep_copies
+from engine.model.copy_budget import Pricing, keep_copies
 
 PLAN = RowPlan((1, 17), ("gemv", "onednn"))
 ROWS = (1, 64)
@@ -17,7 +17,8 @@ COPIES = {"a": {"gemv": 100, "onednn": 100}, "b": {"gemv": 50, "onednn": 50}}
 
 
 def _budget(bound_bytes: int):
-    return keep_copies(WEIGHTS, COPIES, PLAN, ROWS, TIMES, 100, bound_bytes)
+    pricing = Pricing(PLAN, ROWS, TIMES, 100)
+    return keep_copies(WEIGHTS, COPIES, dict.fromkeys(COPIES, pricing), bound_bytes)
 
 
 def test_every_copy_that_fits_keeps_the_plan():
