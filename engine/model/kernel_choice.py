@@ -174,6 +174,15 @@ class RunnerKernels:
         self.engine_kernel  # noqa: B018  (made here, as before the account)
         return memory_account.memory_account(self)["packed_total_bytes"]
 
+    def release_copies(self) -> int:
+        """Drop the kernels made so far (their packed and stacked weight copies, the
+        batch-invariant kernels), to be made again on next use from the kept choice; the
+        caller frees them (``memory_account.release_freed``). Returns the copies' bytes."""
+        nbytes = memory_account.memory_account(self)["packed_total_bytes"]
+        for name in ("engine_kernel", "fused_decoder", "invariant_kernels", "copy_budget"):
+            self.__dict__.pop(name, None)
+        return nbytes
+
     @property
     def decoder_layers(self) -> str | None:
         """Which layers ``forward_packed`` ran since ``decoder_layer_steps`` was last reset:
