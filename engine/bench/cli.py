@@ -281,6 +281,8 @@ def _bench(args, loaded, runner, requests, engines: dict, normal: dict) -> int:
         "engine_kernel": runner.engine_kernel_name,
         "engine_kernel_bytes": runner.engine_kernel_bytes,
         "kernel_choice": runner.kernel_choice.as_dict(),  # engine.kernels.kernel_timing
+        "lm_head_kernel": runner.head_kernel,  # e.g. "gemv 1-16 rows"; None: no CPU matmul
+        "lm_head_choice": None if runner.head_choice is None else runner.head_choice.as_dict(),
         "layers_path": runner.layers_path,  # "fused", or "transformers: <why>"
         "decoder_layers": runner.decoder_layers,  # which layers the timed steps ran
         "decoder_layer_steps": dict(runner.decoder_layer_steps),

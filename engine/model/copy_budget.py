@@ -6,9 +6,12 @@ the copies in order of the time they save per byte (greedy) while they fit the b
 whose copy is dropped runs, at each row count, the fastest kernel it still has (``choose_plan``
 over its kept kernels and the free ones, ``F.linear`` and ``skinny``).
 
-A copy's worth comes from the kernel timing (``engine.kernels.kernel_timing``): ms per pass over
-the timed linears at each row count, shared among linears by their weights' bytes (a pass streams
-each weight once, so its time follows the bytes). Worth is time per token, averaged over the
+A copy's worth comes from the kernel timing (``engine.kernels.kernel_timing``) that priced its
+group (``Pricing``): ms per pass over the timed linears at each row count, shared among linears by
+their weights' bytes (a pass streams each weight once, so its time follows the bytes). The
+decoder's linears are priced at the decoder's row counts (up to a prefill's 512), the LM head at
+its own (one row per sequence: up to the slots), so a head copy is never charged for rows it
+never sees. Worth is time per token, averaged over the
 measured row counts: a decode step of few rows pays each ms for few tokens, so a decode kernel's
 copy ranks above a prefill kernel's that saves as many ms over 512 rows.
 
@@ -24,7 +27,7 @@ import functools
 from collections.abc import Mapping
 
 from engine.kernels.kernel_plan import RowPlan
-from engine.kernels.kernel_timing import choose_plan
+from engine.kernels.kernel_timing import Timings, choose_plan
 
 FREE_KERNELS = ("linear", "skinny")  # kernels that keep no copy
 
@@ -79,11 +82,31 @@ class CopyBudget:
         }
 
 
+@dataclasses.dataclass(frozen=True, eq=False)  # one per timing, told apart by identity
+class Pricing:
+    """A kernel timing that prices groups: the ``plan`` it chose, ms per pass
+    (``times_ms[kernel][i]``, None unmeasured) over ``timed_bytes`` of weights at ``rows[i]``."""
+
+    plan: RowPlan
+    rows: tuple[int, ...]
+    times_ms: Mapping[str, tuple[float | None, ...]]
+    timed_bytes: int
+
+    @classmethod
+    def of(cls, plan: RowPlan, timings: Timings) -> Pricing:
+        return cls(plan, tuple(timings.rows), dict(timings.times_ms), timings.timed_bytes)
+
+
 class _Table:
     """ms per pass over the timed weights, by kernel and row count."""
 
     def __init__(self, rows, times_ms):
         self.rows, self.times_ms = tuple(rows), times_ms
+
+    def at_or_below(self, num_rows: int) -> int | None:
+        """The index of the largest row count measured at or below ``num_rows`` (None: none)."""
+        below = [i for i, r in enumerate(self.rows) if r <= num_rows]
+        return max(below, key=self.rows.__getitem__) if below else None
 
     @functools.cache  # noqa: B019  (one table per budget, a few kept sets)
     def pass_ms(self, kept: frozenset) -> tuple[float | None, ...]:
@@ -111,39 +134,39 @@ class _Table:
 def keep_copies(
     weights_bytes: Mapping[str, int],
     copy_bytes: Mapping[str, Mapping[str, int]],
-    plan: RowPlan,
-    rows: tuple[int, ...],
-    times_ms: Mapping[str, tuple[float | None, ...]],
-    timed_bytes: int,
+    pricing: Mapping[str, Pricing],
     bound_bytes: int,
 ) -> CopyBudget:
     """The copies to keep, greedily by time saved per byte, within ``bound_bytes``.
 
-    ``weights_bytes[group]``: the group's weights' bytes (its share of a pass's time);
+    ``weights_bytes[group]``: the group's weights' bytes (its share of its pricing's pass);
     ``copy_bytes[group][kernel]``: the bytes of ``kernel``'s copy of the group's weights, for
-    each packed kernel of ``plan``; ``rows``, ``times_ms``, ``timed_bytes``: the kernel timing
-    (``Timings``), ms per pass over ``timed_bytes`` of weights. Where every copy fits, each group
-    keeps ``plan`` as it is. Else, from no copies: the copy that saves the most time per token
-    per byte (first in ``copy_bytes``' order on a tie) and still fits is kept, until none fits or
-    saves time; each group's plan is then ``choose_plan`` over its kept and free kernels.
+    each packed kernel of its pricing's plan; ``pricing[group]``: the timing that prices it.
+    Where every copy fits, each group keeps its pricing's plan. Else, from no copies: the copy
+    that saves the most time per token per byte (first in ``copy_bytes``' order on a tie) and
+    still fits is kept, until none fits or saves time; each group's plan is then ``choose_plan``
+    over its kept and free kernels. ``cost_ms`` is over every pricing's row counts: a group
+    pays there what it pays at its own largest row count not above it.
     """
-    table = _Table(rows, dict(times_ms))
-    packed = [k for k in plan.kernels if k not in FREE_KERNELS]
-    total = sum(copy_bytes[g][k] for g in copy_bytes for k in packed)
+    tables = {p: _Table(p.rows, dict(p.times_ms)) for p in set(pricing.values())}
+    table = {g: tables[pricing[g]] for g in copy_bytes}
+    packed = {g: [k for k in pricing[g].plan.kernels if k not in FREE_KERNELS] for g in copy_bytes}
+    total = sum(copy_bytes[g][k] for g in copy_bytes for k in packed[g])
     if total <= bound_bytes:
-        no_cost = dict.fromkeys(rows, 0.0)
-        return CopyBudget(dict.fromkeys(copy_bytes, plan), (), total, bound_bytes, no_cost)
+        rows = sorted({r for p in tables for r in p.rows})
+        plans = {g: pricing[g].plan for g in copy_bytes}
+        return CopyBudget(plans, (), total, bound_bytes, dict.fromkeys(rows, 0.0))
     kept = {g: frozenset() for g in copy_bytes}
-    share = {g: weights_bytes[g] / timed_bytes for g in copy_bytes}
+    share = {g: weights_bytes[g] / max(pricing[g].timed_bytes, 1) for g in copy_bytes}
     used = 0
     while True:
         best, best_rate = None, 0.0
         for g in copy_bytes:
-            for k in packed:
+            for k in packed[g]:
                 nbytes = copy_bytes[g][k]
                 if k in kept[g] or used + nbytes > bound_bytes:
                     continue
-                rate = share[g] * table.per_token_ms(kept[g], kept[g] | {k}) / nbytes
+                rate = share[g] * table[g].per_token_ms(kept[g], kept[g] | {k}) / nbytes
                 if rate > best_rate:
                     best, best_rate = (g, k), rate
         if best is None:
@@ -151,22 +174,28 @@ def keep_copies(
         g, k = best
         kept[g] = kept[g] | {k}
         used += copy_bytes[g][k]
-    return _budget(copy_bytes, packed, kept, share, table, used, bound_bytes)
+    plans = {g: pricing[g].plan for g in copy_bytes if not packed[g]}  # nothing to drop
+    return _budget(copy_bytes, packed, kept, share, table, used, bound_bytes, plans)
 
 
-def _budget(copy_bytes, packed, kept, share, table: _Table, used, bound_bytes) -> CopyBudget:
-    """The ``CopyBudget`` of the greedy's ``kept`` sets."""
+def _budget(copy_bytes, packed, kept, share, table, used, bound_bytes, plans) -> CopyBudget:
+    """The ``CopyBudget`` of the greedy's ``kept`` sets (``table[group]``: its ``_Table``;
+    ``plans``: the groups without packed kernels, whose plans stand)."""
     dropped = []
-    cost = dict.fromkeys(table.rows, 0.0)
+    rows = sorted({r for t in table.values() for r in t.rows})
+    cost = dict.fromkeys(rows, 0.0)
     for g in copy_bytes:
-        every = frozenset(packed)
-        for r, ms in zip(table.rows, table.extra_ms(kept[g], every), strict=True):
-            cost[r] += share[g] * ms
-        for k in packed:
+        if g in plans:
+            continue
+        extra = table[g].extra_ms(kept[g], frozenset(packed[g]))
+        for r in rows:
+            i = table[g].at_or_below(r)
+            cost[r] += 0.0 if i is None else share[g] * extra[i]
+        for k in packed[g]:
             if k in kept[g]:
                 continue
-            extra = [share[g] * ms for ms in table.extra_ms(kept[g], kept[g] | {k})]
-            worst = max(range(len(extra)), key=extra.__getitem__)
-            dropped.append(DroppedCopy(g, k, copy_bytes[g][k], extra[worst], table.rows[worst]))
-    plans = {g: table.plan(kept[g]) for g in copy_bytes}
+            saved = [share[g] * ms for ms in table[g].extra_ms(kept[g], kept[g] | {k})]
+            worst = max(range(len(saved)), key=saved.__getitem__)
+            dropped.append(DroppedCopy(g, k, copy_bytes[g][k], saved[worst], table[g].rows[worst]))
+    plans = {g: plans[g] if g in plans else table[g].plan(kept[g]) for g in copy_bytes}
     return CopyBudget(plans, tuple(dropped), used, bound_bytes, cost)

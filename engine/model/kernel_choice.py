@@ -138,20 +138,33 @@ class RunnerKernels:
     @functools.cached_property
     def copy_budget(self) -> copy_budget.CopyBudget | None:
         """The packed copies a measured plan keeps within ``CBP_WEIGHT_COPIES_MAX`` times the
-        weights' bytes (``engine.model.copy_budget``), per group of ``_groups``; None for a
-        plan without timings (nothing to rank copies by: every copy is kept)."""
+        weights' bytes (``engine.model.copy_budget``), per group of ``_groups``, the LM head's
+        priced by its own timing at its own row counts; None for a plan without timings
+        (nothing to rank copies by: every copy is kept)."""
         choice, groups = self.kernel_choice, self._groups
-        timings = choice.timings
-        if timings is None:
+        if choice.timings is None:
             return None
+        decoder = copy_budget.Pricing.of(choice.plan, choice.timings)
+        pricing = {
+            g: self._head_pricing(decoder) if self._head in ms else decoder
+            for g, ms in groups.items()
+        }
         bound = int(self.copies_max * memory_account.weights_bytes(self.model))
         weights = {g: sum(_nbytes(m.weight) for m in ms) for g, ms in groups.items()}
         copies = {
-            g: {k: _copy_bytes(ms, k) for k in choice.plan.kernels} for g, ms in groups.items()
+            g: {k: _copy_bytes(ms, k) for k in pricing[g].plan.kernels} for g, ms in groups.items()
         }
-        return copy_budget.keep_copies(
-            weights, copies, choice.plan, timings.rows, timings.times_ms, timings.timed_bytes, bound
-        )
+        return copy_budget.keep_copies(weights, copies, pricing, bound)
+
+    def _head_pricing(self, decoder: copy_budget.Pricing) -> copy_budget.Pricing:
+        """The LM head's pricing: its own timing (``head_choice``); plain ``F.linear``, no
+        copies, where that timed nothing."""
+        head = self.head_choice
+        if head is None or head is self.kernel_choice:
+            return decoder
+        if head.origin == "fallback":
+            return copy_budget.Pricing(head.plan, (), {}, 1)
+        return copy_budget.Pricing.of(head.plan, head.timings)
 
     @property
     def engine_kernel_bytes(self) -> int:
@@ -160,6 +173,15 @@ class RunnerKernels:
         once (``memory_account``)."""
         self.engine_kernel  # noqa: B018  (made here, as before the account)
         return memory_account.memory_account(self)["packed_total_bytes"]
+
+    def release_copies(self) -> int:
+        """Drop the kernels made so far (their packed and stacked weight copies, the
+        batch-invariant kernels), to be made again on next use from the kept choice; the
+        caller frees them (``memory_account.release_freed``). Returns the copies' bytes."""
+        nbytes = memory_account.memory_account(self)["packed_total_bytes"]
+        for name in ("engine_kernel", "fused_decoder", "invariant_kernels", "copy_budget"):
+            self.__dict__.pop(name, None)
+        return nbytes
 
     @property
     def decoder_layers(self) -> str | None:
@@ -211,8 +233,9 @@ class RunnerKernels:
 
     @functools.cached_property
     def kernel_choice(self) -> KernelChoice:
-        """The engines' matmul plan and how it was chosen (see the module docstring), made on
-        first use: the first start on a host times the kernels (at most 5 s)."""
+        """The engines' matmul plan for the decoder's linears and how it was chosen (see the
+        module docstring), made on first use: the first start on a host times the kernels (at
+        most 5 s). The LM head's is ``head_choice``."""
         if not self._linears:
             return KernelChoice(kernel_plan.RowPlan.single("none"), "none")
         if self._kernel_setting not in ("auto", "measure"):
@@ -222,25 +245,75 @@ class RunnerKernels:
             return KernelChoice(
                 kernel_plan.RowPlan.single(kernel_timing.untimed_kernel()), "default"
             )
-        head = self.model.get_output_embeddings()
-        decoder = [m for m in self._linears if m is not head] or self._linears
+        decoder = [m for m in self._linears if m is not self._head] or self._linears
+        sample = kernel_timing.sample_linears(decoder)
+        return self._stored_or_measured(decoder, sample, "decoder", kernel_timing.ROW_COUNTS)
+
+    @functools.cached_property
+    def head_choice(self) -> KernelChoice | None:
+        """The LM head's own plan, timed alone at the row counts it meets
+        (``kernel_timing.HEAD_ROWS``: one row per sequence) and kept as the decoder's is; the
+        decoder's choice where that is not measured (forced, built in memory);
+        None where the head is not among the engines' linears. Plain ``F.linear`` (origin
+        ``"fallback"``) where its budget timed nothing."""
+        head, choice = self._head, self.kernel_choice
+        if head not in self._linears:
+            return None
+        untimed = getattr(self.loaded, "source", None) is None
+        if untimed or choice.origin in ("none", "forced", "default"):
+            return choice
+        rows, budget_s = kernel_timing.HEAD_ROWS, kernel_timing.HEAD_BUDGET_S
+        return self._stored_or_measured([head], [head], "lm_head", rows, budget_s)
+
+    def _stored_or_measured(self, linears, sample, part, rows, budget_s=None) -> KernelChoice:
+        """``part``'s choice kept for this host, else timed on ``sample`` at ``rows``."""
         candidates = kernel_timing.candidates_for(self.dtype)
-        key = kernel_store.host_key(self.loaded.name, source, self.dtype, decoder, candidates)
-        measure = functools.partial(_measure, decoder, candidates)
+        source = self.loaded.source
+        key = kernel_store.host_key(
+            self.loaded.name, source, self.dtype, linears, candidates, part, rows
+        )
+        budget = {} if budget_s is None else {"budget_s": budget_s}
+        measure = functools.partial(_measure, sample, candidates, len(linears), rows, budget)
         return kernel_store.stored_or_measured(key, measure, self._kernel_setting == "measure")
+
+    @property
+    def _head(self):
+        return self.model.get_output_embeddings()
 
     def kernel_summary(self) -> str:
         """One line for people (the page's model line shows it on hover): which matmul kernel
-        runs at which row counts, how it was chosen, and the memory its copies add."""
+        runs at which row counts, how it was chosen, the LM head's, and the memory the copies
+        add."""
         choice, kernel = self.kernel_choice, self.engine_kernel
         if choice.origin == "none":
             return f"matmul: {kernel_store.ORIGINS['none']}"
         text = f"matmul: {choice.summary()}"
         if kernel.plan != choice.plan:
             text += f"; oneDNN refused the weights, so {kernel.plan.describe()}"
+        head = self.head_kernel
+        if head is not None:
+            text += f"; lm_head: {head}"
         text += f"; +{self.engine_kernel_bytes / 1e6:.0f} MB of weight copies"
         budget = self.__dict__.get("copy_budget")
         return text if budget is None or not budget.dropped else f"{text}; {budget.summary()}"
+
+    @property
+    def head_kernel(self) -> str | None:
+        """The kernels the LM head runs at the row counts it meets, e.g. ``"gemv 1-16 rows"``,
+        and how they were chosen where the head was timed apart; None where the head is not
+        among the engines' linears."""
+        kernel, head = self.engine_kernel, self._head
+        if head not in self._linears:
+            return None
+        planned = None if kernel.modules is None else kernel.modules.planned.get(head)
+        plan = kernel.plan if planned is None else planned.plan
+        text = head_ranges(plan, kernel_timing.HEAD_ROWS[-1])
+        choice = self.head_choice
+        if choice is None or choice is self.kernel_choice:
+            return text
+        how = kernel_store.ORIGINS[choice.origin]
+        timed = "" if choice.timings is None else f", in {choice.timings.measured_s:.1f} s"
+        return f"{text} (timed apart, {how}{timed})"
 
     @contextlib.contextmanager
     def _attention(self, name: str):
@@ -253,19 +326,30 @@ class RunnerKernels:
             config._attn_implementation = previous
 
 
-def _measure(decoder, candidates) -> KernelChoice:
-    """Time ``candidates`` on a sample of the ``decoder`` linears; the fastest per row range, or
-    ``F.linear`` everywhere (origin ``"fallback"``) where the budget ran out before any pass."""
+def _measure(sample, candidates, total_linears, rows, budget) -> KernelChoice:
+    """Time ``candidates`` on ``sample`` at ``rows`` (``budget``: ``time_candidates``'s
+    ``budget_s``, where given); the fastest per row range, or ``F.linear`` everywhere (origin
+    ``"fallback"``) where the budget ran out before any pass."""
     timings = kernel_timing.time_candidates(
-        kernel_timing.sample_linears(decoder), candidates, total_linears=len(decoder)
+        sample, candidates, tuple(rows), total_linears=total_linears, **budget
     )
     memory_account.release_freed()  # the candidates' copies of the sample, freed
     try:
         plan = kernel_timing.choose_plan(timings.rows, timings.times_ms)
     except ValueError:  # no kernel timed at any row count: a busy host
         return KernelChoice(kernel_plan.RowPlan.single("linear"), "fallback", timings)
-    log.info("Engines' matmul measured in %.1f s: %s", timings.measured_s, plan.describe())
+    log.info("Matmul measured in %.1f s: %s", timings.measured_s, plan.describe())
     return KernelChoice(plan, "measured", timings)
+
+
+def head_ranges(plan: kernel_plan.RowPlan, max_rows: int) -> str:
+    """``plan``'s ranges within 1 .. ``max_rows`` rows, e.g. ``"gemv 1-16 rows"`` or ``"onednn
+    1-4 rows, gemv 5-16 rows"``."""
+    parts = []
+    for lo, hi, name in plan.ranges():
+        if lo <= max_rows:
+            parts.append(f"{name} {lo}-{max_rows if hi is None else min(hi, max_rows)} rows")
+    return ", ".join(parts)
 
 
 def read_copies_max() -> float:

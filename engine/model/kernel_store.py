@@ -10,10 +10,11 @@ per key::
 
 The key (``host_key``) is everything that can change which kernel is fastest: the CPU, its
 instruction sets and the thread count, torch's version, the dtype, the model and its linears'
-shapes, and the candidates timed. A file is written to a temporary file and renamed into place,
-so no reader sees half of one. A file that cannot be read, is not what this module writes, or
-holds another key is logged and measured again; a file that cannot be written costs only the
-next start's measurement. A measurement cut short or taken on a busy machine
+shapes, the candidates timed, and which part of the model and row counts they were timed for
+(``"decoder"``, or ``"lm_head"`` at its own rows). A file is written to a temporary file and
+renamed into place, so no reader sees half of one. A file that cannot be read, is not what this
+module writes, or holds another key is logged and measured again; a file that cannot be written
+costs only the next start's measurement. A measurement cut short or taken on a busy machine
 (``Timings.complete``, ``Timings.quiet``) is used at this start and not kept; one cut short
 before any pass gives plain ``F.linear`` (origin ``fallback``) at this start.
 """
@@ -41,7 +42,7 @@ from engine.kernels.linear_kernel import CANDIDATES
 from engine.model import loader
 from engine.model.device import cpu_model
 
-FORMAT = 2  # bump when the file's layout, or the timing behind a choice, changes (2: 5 % ties)
+FORMAT = 3  # bump when the file's layout, or the timing behind a choice, changes (3: parts)
 FOLDER = "kernel-choice"
 
 log = logging.getLogger(__name__)
@@ -124,9 +125,16 @@ class KernelChoice:
 
 
 def host_key(
-    model_name: str, source: str, dtype: torch.dtype, linears: list[nn.Linear], candidates
+    model_name: str,
+    source: str,
+    dtype: torch.dtype,
+    linears: list[nn.Linear],
+    candidates,
+    part: str = "decoder",
+    rows: tuple[int, ...] = (),
 ) -> dict[str, Any]:
-    """What a kernel choice depends on (see the module docstring), as JSON-ready fields."""
+    """What a kernel choice depends on (see the module docstring), as JSON-ready fields;
+    ``part`` and ``rows``: what the ``linears`` are and the row counts they are timed at."""
     capabilities = cpu_capabilities()
     flags = sorted(name for name, value in capabilities.items() if value is True)
     shapes = Counter(tuple(m.weight.shape) for m in linears)
@@ -142,6 +150,8 @@ def host_key(
         "source": source,
         "linear_shapes": sorted([*shape, count] for shape, count in shapes.items()),
         "candidates": list(candidates),
+        "part": part,
+        "rows": list(rows),
     }
 
 

@@ -2,6 +2,9 @@
 
 The engines' kernels add copies of the weights (packed kernels, the fused layers' stacked ones);
 ``memory_account`` counts what a runner has made so far, ``peak_rss_bytes`` what the OS saw.
+``copies_to_release`` is the policy that keeps several precisions of a model within the host's
+memory (``memory_bound_bytes``): the kernels' copies of the precisions held go, largest first,
+when the next one would not fit beside them (they are made again on their next run).
 """
 
 from __future__ import annotations
@@ -16,6 +19,12 @@ from pathlib import Path
 from torch import nn
 
 _STATUS = Path("/proc/self/status")
+MEMORY_SHARE = 0.8  # of the host's memory, what the precisions held may take together
+_LIMITS = (  # a container's memory limit (cgroup v2, v1), as a Space sets it; else the host's
+    Path("/sys/fs/cgroup/memory.max"),
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+)
+_MEMINFO = Path("/proc/meminfo")
 
 
 def weights_bytes(model: nn.Module) -> int:
@@ -74,6 +83,51 @@ def memory_summary(account: dict, peak_rss: int | None) -> str:
     text = f"{peak}; weights {_size(account['weights_bytes'])}, kernels' copies {copies}"
     budget = account.get("copy_budget")
     return text if not budget or not budget["dropped"] else f"{text}; {budget['summary']}"
+
+
+def host_memory_bytes() -> int | None:
+    """The memory this process may use: the smallest of its cgroup's limit and the host's
+    ``MemTotal``, in bytes; None where neither is known (not Linux)."""
+    sizes = []
+    for path in _LIMITS:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max": no limit
+            sizes.append(int(text))
+    try:
+        for line in _MEMINFO.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                sizes.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    return min(sizes, default=None)
+
+
+def memory_bound_bytes() -> int | None:
+    """``MEMORY_SHARE`` of ``host_memory_bytes``; None: unknown, no bound."""
+    host = host_memory_bytes()
+    return None if host is None else int(MEMORY_SHARE * host)
+
+
+def copies_to_release(
+    held_bytes: dict[str, int], copy_bytes: dict[str, int], incoming_bytes: int, bound_bytes: int
+) -> list[str]:
+    """The held precisions whose kernels' copies go before one of ``incoming_bytes`` loads, so
+    that what stays held fits ``bound_bytes`` beside it: the largest copies first, until it fits
+    (every one with copies, where even that does not fit); none where it fits already.
+
+    ``held_bytes[name]``: a precision's bytes held (weights and copies); ``copy_bytes[name]``:
+    those of its copies, the part that can go."""
+    total = sum(held_bytes.values()) + incoming_bytes
+    released = []
+    for name in sorted(copy_bytes, key=copy_bytes.__getitem__, reverse=True):
+        if total <= bound_bytes or not copy_bytes[name]:
+            break
+        released.append(name)
+        total -= copy_bytes[name]
+    return released
 
 
 def release_freed() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +30,9 @@ from engine.model.device import describe_device, parse_dtype
 from engine.model.dtype_support import check_dtype_supported
 from engine.model.loader import DEFAULT_MODEL, LoadedModel, load_model
 from engine.model.memory_account import (
+    copies_to_release,
     memory_account,
+    memory_bound_bytes,
     memory_summary,
     peak_rss_bytes,
     release_freed,
@@ -67,6 +70,8 @@ PREFILL = "prefill"  # the engines' prefill, the part of their time beyond their
 # ``static_prefill_tokens``, ``references``: counts) and its seconds in each part ("static",
 # "continuous", ``PREFILL``, ``REFERENCE``: ``pace_parts``).
 Pace = tuple[dict[str, int], dict[str, float]]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -155,11 +160,41 @@ class WorkerModel:
         return ENGINE_THREAD.call(self._load_variant, dtype_name)
 
     def _load_variant(self, dtype_name: str) -> WorkerModel:
+        self.make_room(dtype_name, memory_bound_bytes())
         loaded = self.loader(dtype_name) if self.loader else _converted(self.loaded, dtype_name)
         fields = {**self._variant_fields(), "model_id": self.model_id, "models": self.models}
         variant = type(self).from_loaded(loaded, loader=self.loader, **fields)
         variant.warm_up()
         return variant
+
+    def make_room(self, dtype_name: str, bound_bytes: int | None) -> list[str]:
+        """Before this model loads in ``dtype_name``, or makes that precision's copies again:
+        release the kernels' copies of the other precisions held (``copies_to_release``) where
+        it would not fit within ``bound_bytes`` beside them (None: no bound), estimated as its
+        weights plus ``CBP_WEIGHT_COPIES_MAX`` times them. Returns the precisions released;
+        they make their copies again on their next run."""
+        if bound_bytes is None:
+            return []
+        held = {self.dtype_name: self.runner} | {n: m.runner for n, m in self.variants.items()}
+        held.pop(dtype_name, None)  # its own weights are what the estimate counts
+        accounts = {n: memory_account(r) for n, r in held.items()}
+        size = getattr(torch, dtype_name).itemsize
+        params = self.loaded.model.parameters()  # tied weights once
+        incoming = sum(p.numel() for p in params) * size * (1 + self.runner.copies_max)
+        released = copies_to_release(
+            {n: a["weights_bytes"] + a["packed_total_bytes"] for n, a in accounts.items()},
+            {n: a["packed_total_bytes"] for n, a in accounts.items()},
+            int(incoming),
+            bound_bytes,
+        )
+        for name in released:
+            nbytes = held[name].release_copies()
+            log.info(
+                "Released %s's weight copies (%.0f MB) to load %s", name, nbytes / 1e6, dtype_name
+            )
+        if released:
+            release_freed()
+        return released
 
     def _variant_fields(self) -> dict[str, Any]:
         """Fields another precision of this model shares (none here; the page's parts there)."""
@@ -270,11 +305,14 @@ def variant_in(model, name: str | None):
     own = model.dtype_name
     offered = dtype_choices(model.loaded.device, own)
     wanted = wanted_dtype(name, model.loaded.device, offered, own)
-    if wanted == own:
-        return model
-    if wanted not in model.variants:
-        model.variants[wanted] = model._variant(wanted)
-    return model.variants[wanted]
+    if wanted != own and wanted not in model.variants:
+        model.variants[wanted] = model._variant(wanted)  # room made there
+        return model.variants[wanted]
+    target = model if wanted == own else model.variants[wanted]
+    runner = getattr(target, "runner", None)  # none in the page's view of an engine process
+    if model.variants and runner is not None and "engine_kernel" not in runner.__dict__:
+        model.make_room(wanted, memory_bound_bytes())  # its released copies come back
+    return target
 
 
 def dtype_choices(device: torch.device, dtype_name: str) -> list[str]:

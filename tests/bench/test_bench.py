@@ -36,6 +36,8 @@ def test_bench_writes_the_documented_json(tmp_path, tiny_loaded, capsys):
     kernels = [r["kernel"] for r in choice["plan"]]
     assert (choice["origin"], choice["file"], choice["times_ms"]) == ("default", None, None)
     assert doc["engine_kernel"] == "+".join(kernels), (doc["engine_kernel"], kernels)
+    assert doc["lm_head_kernel"] == f"{kernels[0]} 1-16 rows", doc["lm_head_kernel"]
+    assert doc["lm_head_choice"] == choice, "an untimed head runs the decoder's choice"
     copies = doc["engine_kernel_bytes"]  # without oneDNN: the fused layers' stacked copies only
     assert copies >= packed if "onednn" in kernels else copies < packed, (kernels, copies)
     names = {"static", "static_generate", "continuous", "continuous_concat", "hf_continuous"}

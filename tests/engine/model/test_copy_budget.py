@@ -1,7 +1,7 @@
 """The copy budget's greedy, as a pure function on a fixed timing table (no measurement)."""
 
 from engine.kernels.kernel_plan import RowPlan
-from engine.model.copy_budget import keep_copies
+from engine.model.copy_budget import Pricing, keep_copies
 
 PLAN = RowPlan((1, 17), ("gemv", "onednn"))
 ROWS = (1, 64)
@@ -17,7 +17,8 @@ COPIES = {"a": {"gemv": 100, "onednn": 100}, "b": {"gemv": 50, "onednn": 50}}
 
 
 def _budget(bound_bytes: int):
-    return keep_copies(WEIGHTS, COPIES, PLAN, ROWS, TIMES, 100, bound_bytes)
+    pricing = Pricing(PLAN, ROWS, TIMES, 100)
+    return keep_copies(WEIGHTS, COPIES, dict.fromkeys(COPIES, pricing), bound_bytes)
 
 
 def test_every_copy_that_fits_keeps_the_plan():
@@ -55,3 +56,18 @@ def test_a_bound_below_any_copy_drops_them_all():
     budget = _budget(10)
     assert budget.kept_bytes == 0 and len(budget.dropped) == 4
     assert budget.plans["a"] == RowPlan((1, 64), ("skinny", "linear"))
+
+
+def test_the_head_is_priced_at_its_own_rows_only():
+    """A head priced at 1 and 16 rows beside a decoder priced at 1 and 64: with no room, its
+    copy's worst cost is at 16 rows, and a 64-row step pays its 16-row cost (32 ms: F.linear's
+    40 against gemv's 8), the decoder group its own 64-row cost (100 - 60)."""
+    head_times = {"linear": (10.0, 40.0), "skinny": (8.0, 50.0), "gemv": (4.0, 8.0)}
+    head = Pricing(RowPlan.single("gemv"), (1, 16), head_times, 100)
+    pricing = {"a": Pricing(PLAN, ROWS, TIMES, 100), "lm_head": head}
+    copies = {"a": COPIES["a"], "lm_head": {"gemv": 100}}
+    budget = keep_copies({"a": 100, "lm_head": 100}, copies, pricing, 0)
+    dropped = {(d.group, d.kernel): (d.step_ms, d.at_rows) for d in budget.dropped}
+    assert dropped[("lm_head", "gemv")] == (32.0, 16), dropped
+    assert budget.cost_ms == {1: 8.0, 16: 36.0, 64: 72.0}, budget.cost_ms
+    assert budget.plans["lm_head"] == RowPlan((1, 16), ("skinny", "linear"))
