@@ -45,7 +45,7 @@ def page(shared, monkeypatch):
 def test_endpoints_come_from_flags_then_the_environment(shared):
     """--endpoint items first, then CBP_ENDPOINTS; URLs to their root; names as given."""
     env = {"CBP_ENDPOINTS": "gpu=http://10.0.0.5:8000/v1"}
-    found = host_servers.configure(shared.loaded, ["mine=http://127.0.0.1:8001/"], env)
+    found = host_servers.configure(shared.worker.model.loaded, ["mine=http://127.0.0.1:8001/"], env)
     assert found.names == ["mine", "gpu"]
     assert [e.endpoint.url for e in found.engines.values()] == [
         "http://127.0.0.1:8001",
@@ -65,7 +65,7 @@ def test_endpoints_come_from_flags_then_the_environment(shared):
 def test_bad_server_configuration_is_refused(shared, items, env, message):
     """A built-in name, a repeated name, a malformed entry: refused at start, saying which."""
     with pytest.raises(ValueError, match=message):
-        host_servers.configure(shared.loaded, items, {"CBP_ENDPOINTS": env})
+        host_servers.configure(shared.worker.model.loaded, items, {"CBP_ENDPOINTS": env})
 
 
 def test_an_endpoint_with_a_record_reads_it_and_hides_its_address(shared):
@@ -75,7 +75,7 @@ def test_an_endpoint_with_a_record_reads_it_and_hides_its_address(shared):
     env = {"CBP_ENDPOINTS": "gpu=http://10.0.0.5:8000"}
     records = ["gpu=http://10.0.0.5:8100", "mine=http://127.0.0.1:8001/record"]
     found = host_servers.configure(
-        shared.loaded, ["mine=http://127.0.0.1:8001"], env, record_items=records
+        shared.worker.model.loaded, ["mine=http://127.0.0.1:8001"], env, record_items=records
     )
     feeds = {name: getattr(e, "record", None) for name, e in found.engines.items()}
     assert feeds["gpu"].url == "http://10.0.0.5:8100/record", feeds
@@ -85,12 +85,12 @@ def test_an_endpoint_with_a_record_reads_it_and_hides_its_address(shared):
     said = found.public("gpu", "http://10.0.0.5:8000 and http://10.0.0.5:8100/record")
     assert said == "(gpu's address) and (gpu's record address)/record", said
     with pytest.raises(ValueError, match="no endpoint is named 'tpu'"):
-        host_servers.configure(shared.loaded, [], env, record_items=["tpu=http://h:1"])
+        host_servers.configure(shared.worker.model.loaded, [], env, record_items=["tpu=http://h:1"])
     by_env = {**env, "CBP_ENDPOINT_RECORDS": "gpu=http://10.0.0.5:8100,"}
-    from_env = host_servers.configure(shared.loaded, [], by_env).engines["gpu"]
+    from_env = host_servers.configure(shared.worker.model.loaded, [], by_env).engines["gpu"]
     assert from_env.record.url == "http://10.0.0.5:8100/record", "CBP_ENDPOINT_RECORDS unread"
     with pytest.raises(ValueError, match="CBP_ENDPOINT_RECORDS entry 'x'"):
-        host_servers.configure(shared.loaded, [], {**env, "CBP_ENDPOINT_RECORDS": "x"})
+        host_servers.configure(shared.worker.model.loaded, [], {**env, "CBP_ENDPOINT_RECORDS": "x"})
     assert launch.parse_args(["--endpoint-record", "a=http://h:1"]).endpoint_record == [
         "a=http://h:1"
     ]
