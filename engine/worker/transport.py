@@ -148,7 +148,8 @@ class _ThreadJob(Job):
 
 
 class ThreadWorker:
-    """The worker in this process: ``model`` (a ``WorkerModel``) on ``ENGINE_THREAD``."""
+    """The worker in this process: jobs on ``model`` (a ``WorkerModel``; for the page's
+    servers, the page's model) run on ``ENGINE_THREAD``."""
 
     def __init__(self, model: Any):
         self.model = model
