@@ -24,7 +24,6 @@ from engine.page.run.shared_model import PageModel
 from engine.page.views import run_status, run_view
 from engine.trace import DECODE, PREFILL
 from engine.worker import worker_model
-from engine.worker.model_facts import facts_of
 from engine.workloads.workload import MAX_ROWS, parse_table, seed_specs
 
 ROWS = [["hello world", 5], ["abc", 12], ["the quick brown fox", 3], ["x", 7]]
@@ -468,8 +467,8 @@ def test_model_line_names_the_engine_process_kernels_and_the_cpu_split(shared):
     """With the engines in their own process, the kernels named are that process's, and the
     CPUs split between it and the page are said in a few words, with the CPUs on hover."""
     kernels = "matmul: skinny at 1 row (the engine process's)"
-    facts = dataclasses.replace(facts_of(shared), kernels=kernels)
-    line = PageModel(facts, cpu_split=CpuSplit(engine=(1,), page=(0,))).label_markdown
+    facts = dataclasses.replace(shared.facts, kernels=kernels)
+    line = PageModel(facts=facts, cpu_split=CpuSplit(engine=(1,), page=(0,))).label_markdown
     assert 'title="matmul: skinny at 1 row (the engine process&#x27;s)"' in line, line
     assert line.endswith(
         ' · <abbr title="Engines on CPU 1 (1 thread), the page on CPU 0">'
