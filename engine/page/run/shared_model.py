@@ -66,9 +66,8 @@ class PageModel:
             Exception: its model failed to load (its exception).
         """
         worker.wait_ready()
-        return cls(
-            facts=worker.run(model_facts, (None,), RunControl(), _untaken), worker=worker, **parts
-        )
+        facts = worker.run(model_facts, (None,), RunControl(), _untaken)
+        return cls(facts=facts, worker=worker, **parts)
 
     def calibrate(self) -> tuple[Work, dict[str, float]]:
         """Time the pace where the runs run (``WorkerModel.time_pace``) and teach it to the run
@@ -112,10 +111,8 @@ class PageModel:
         return worker_model.variant_in(self, name)
 
     def _variant(self, dtype_name: str) -> PageModel:
-        args = (self.model_id, dtype_name)
-        return PageModel(
-            facts=self.worker.run(chosen_facts, args, RunControl(), _untaken), **self.page_parts()
-        )
+        facts = self.worker.run(chosen_facts, (self.model_id, dtype_name), RunControl(), _untaken)
+        return PageModel(facts=facts, **self.page_parts())
 
     def holds(self, name: str | None) -> bool:
         """Whether ``in_model(name)`` answers at once: this model, or the one chosen last."""
