@@ -134,7 +134,7 @@ gpu-check: venv
 	$(OFFLINE) $(BIN)/python -m engine.bench.gpu_check --out out/gpu-check $(ARGS)
 
 record: venv
-	$(OFFLINE) $(BIN)/python -m engine.page.handlers.recording $(ARGS)
+	$(OFFLINE) $(BIN)/python -m tools.record_run $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(LLAMACPP) .pytest_cache .ruff_cache

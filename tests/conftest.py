@@ -27,7 +27,8 @@ from tiny_model import tiny_runner  # noqa: E402
 
 from engine.fidelity.reference import ReferenceCache  # noqa: E402
 from engine.model.loader import LoadedModel, load_model  # noqa: E402
-from engine.page.handlers.playground import SharedModel  # noqa: E402
+from engine.page.run.shared_model import PageModel, local_model  # noqa: E402
+from engine.worker.worker_model import WorkerModel  # noqa: E402
 from tests.live_servers import TransformersServe  # noqa: E402
 
 
@@ -41,10 +42,11 @@ def tiny_loaded(monkeypatch) -> LoadedModel:
 
 
 @pytest.fixture(scope="module")
-def shared() -> SharedModel:
-    """A tiny-model ``SharedModel`` per test module (a module may define its own instead)."""
+def shared() -> PageModel:
+    """A tiny-model ``PageModel`` on the engine thread per test module (a module may define its
+    own instead)."""
     runner = tiny_runner()
-    return SharedModel(runner.loaded, runner, ReferenceCache(runner))
+    return local_model(WorkerModel(runner.loaded, runner, ReferenceCache(runner)))
 
 
 @pytest.fixture(scope="session")

@@ -8,12 +8,12 @@ import gradio as gr
 from engine.page.handlers.playground import run_engines
 from engine.page.inputs.page_io import toast_text
 from engine.page.run.run_options import RunOptions, prepare
-from engine.page.run.shared_model import SharedModel
+from engine.page.run.shared_model import PageModel
 from engine.page.views.run_view import RunResult, render
 
 
 def run_and_render(
-    rows, num_slots, options: RunOptions, model: SharedModel, x_axis: str = "time"
+    rows, num_slots, options: RunOptions, model: PageModel, x_axis: str = "time"
 ) -> RunResult:
     """Run ``rows`` on ``num_slots`` slots with ``options`` (its precision: ``model.in_dtype``)
     and render the results; bad input raises ``gr.Error`` with the message the page shows."""

@@ -85,14 +85,14 @@ def make_requests(specs: list[tuple[str, int]]) -> list[Request]:
 
 
 def tiny_shared(spec=None):
-    """A warmed-up page ``SharedModel`` over ``tiny_runner()`` (see ``tiny_worker_model``)."""
-    from engine.page.run.shared_model import SharedModel
+    """The page's model of a warmed-up ``tiny_worker_model``, on the engine thread."""
+    from engine.page.run.shared_model import local_model
 
-    return tiny_worker_model(spec, SharedModel)
+    return local_model(tiny_worker_model(spec))
 
 
-def tiny_worker_model(spec=None, kind=None):
-    """A warmed-up ``kind`` (default: the core's ``WorkerModel``) over ``tiny_runner()``: the
+def tiny_worker_model(spec=None):
+    """A warmed-up ``WorkerModel`` over ``tiny_runner()``: the
     engine process's loader in tests (``ModelSpec(load=tiny_worker_model)``).
     ``spec.model == "slow"`` makes each forward pass take ``SLOW_STEP_S`` more, so a run lasts
     long enough to watch, stop or kill."""
@@ -110,7 +110,7 @@ def tiny_worker_model(spec=None, kind=None):
             return forward(batch)
 
         runner.forward_packed = slow_forward
-    held = (kind or WorkerModel)(runner.loaded, runner, ReferenceCache(runner))
+    held = WorkerModel(runner.loaded, runner, ReferenceCache(runner))
     held.warm_up()
     return held
 

@@ -24,6 +24,7 @@ class ModelCard:
     source: str | None = None  # the weights' folder or hub id (``LoadedModel.source``)
     kv_bytes_per_token: int = 0  # one token's keys and values across all layers, in ``dtype``
     num_params: int = 0  # the weights' parameters, counted once where tied
+    device_label: str = ""  # e.g. "CPU · float32" (``describe_device``), said where it runs
 
     @classmethod
     def of(cls, runner) -> ModelCard:
@@ -40,11 +41,8 @@ class ModelCard:
             source=getattr(loaded, "source", None),
             kv_bytes_per_token=runner.kv_bytes_per_token(),
             num_params=count_params(loaded),
+            device_label=describe_device(torch.device(loaded.device), loaded.dtype),
         )
-
-    @property
-    def device_label(self) -> str:
-        return describe_device(self.device, self.dtype)
 
 
 def model_config(loaded) -> Any:

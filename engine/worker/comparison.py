@@ -37,7 +37,7 @@ Watch = Callable[..., None]  # watch(engine, trace, done=False, waiting=False)
 
 
 class ComparisonModel(Protocol):
-    """What a job needs of the model it runs on (the page's ``SharedModel`` is one)."""
+    """What a job needs of the model it runs on (``WorkerModel`` is one)."""
 
     runner: ModelRunner
 

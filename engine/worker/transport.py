@@ -80,6 +80,10 @@ class Job:
 class Worker(Protocol):
     """Where a run's engine jobs go."""
 
+    def wait_ready(self) -> None:
+        """Block until the model is loaded; raise its load's exception."""
+        ...
+
     def submit(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Job:
         """Send ``fn(model, *args, watch)`` to the model with the weights; its ``Job``."""
         ...
@@ -144,10 +148,14 @@ class _ThreadJob(Job):
 
 
 class ThreadWorker:
-    """The worker in this process: ``model`` (the page's ``SharedModel``) on ``ENGINE_THREAD``."""
+    """The worker in this process: jobs on ``model`` (a ``WorkerModel``; for the page's
+    servers, the page's model) run on ``ENGINE_THREAD``."""
 
     def __init__(self, model: Any):
         self.model = model
+
+    def wait_ready(self) -> None:
+        """Ready at once: ``model`` is loaded."""
 
     def submit(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Job:
         return _ThreadJob(self.model, (fn, args), control, take)

@@ -1,12 +1,10 @@
 """The model a worker holds: the weights with their runner and reference cache, in any precision.
 
 ``WorkerModel`` is what every job (``comparison``, ``model_facts``) runs on, in the engine process
-(``load_spec``) or on the page's engine thread (the page's ``SharedModel`` is one, with the page's
-parts added). ``in_dtype`` gives the same model in another precision, made on the engine thread
-on first use and kept; ``in_model`` another model of the host's allowlist, loaded there in place
-of the one chosen before (one chosen model beside the start one, for memory). ``time_pace``
-times both engines and the reference on a small table, in plain numbers, which the page's run
-queue learns its first estimates from.
+(``load_spec``) or on the page's engine thread (``transport.ThreadWorker``). ``in_dtype`` gives
+the same model in another precision, made on first use and kept; ``in_model`` another model of
+the host's allowlist, in place of the one chosen before. ``time_pace`` times both engines and
+the reference on a small table, which the page's run queue learns its first estimates from.
 """
 
 from __future__ import annotations
@@ -136,14 +134,10 @@ class WorkerModel:
         tell(f"reading the weights of {name}")
         loaded = load_model(name, device, None)
         loader = functools.partial(_load_in, name, device)
-        other = type(self).from_loaded(loaded, loader=loader, **self._other_fields(name))
+        other = WorkerModel.from_loaded(loaded, loader=loader, model_id=name, models=self.models)
         tell(f"warming up {name}")
         other.warm_up()
         return other
-
-    def _other_fields(self, name: str) -> dict[str, Any]:
-        """Fields another model shares with this one: its id and the shelf of chosen models."""
-        return {**self._variant_fields(), "model_id": name, "models": self.models}
 
     def kernels_and_step(self) -> tuple[str, str]:
         """This runner's matmul kernels and step, as people read them."""
@@ -162,8 +156,8 @@ class WorkerModel:
     def _load_variant(self, dtype_name: str) -> WorkerModel:
         self.make_room(dtype_name, memory_bound_bytes())
         loaded = self.loader(dtype_name) if self.loader else _converted(self.loaded, dtype_name)
-        fields = {**self._variant_fields(), "model_id": self.model_id, "models": self.models}
-        variant = type(self).from_loaded(loaded, loader=self.loader, **fields)
+        fields = {"model_id": self.model_id, "models": self.models}
+        variant = WorkerModel.from_loaded(loaded, loader=self.loader, **fields)
         variant.warm_up()
         return variant
 
@@ -195,10 +189,6 @@ class WorkerModel:
         if released:
             release_freed()
         return released
-
-    def _variant_fields(self) -> dict[str, Any]:
-        """Fields another precision of this model shares (none here; the page's parts there)."""
-        return {}
 
     def reference_for(self, batch_invariant: bool):
         """The reference runs are compared with: ``model.generate`` (``ReferenceCache``), or in
@@ -296,7 +286,7 @@ def label_of(loaded) -> str:
 
 
 def variant_in(model, name: str | None):
-    """``model`` (a ``WorkerModel`` or the page's view of one) in the dtype ``name``: itself for
+    """``model`` (a ``WorkerModel`` or the page's ``PageModel``) in the dtype ``name``: itself for
     None, "" or "auto", else from ``model.variants``, made by ``model._variant`` on first use.
 
     Raises:
@@ -358,19 +348,16 @@ def _converted(loaded: LoadedModel, dtype_name: str) -> LoadedModel:
     return converted
 
 
-def load_and_warm_up(
-    model: str | None, device: str | None, dtype: str | None, kind: type = WorkerModel
-) -> Any:
-    """``load_model(model, device, dtype)`` as a warmed-up ``kind`` (a ``WorkerModel``, or the
-    page's ``SharedModel``), on the calling thread (the engine thread, or the engine process's
-    main thread); its other precisions load with ``load_model`` too.
+def load_and_warm_up(model: str | None, device: str | None, dtype: str | None) -> WorkerModel:
+    """``load_model(model, device, dtype)`` warmed up, on the calling thread (the engine thread,
+    or the engine process's main thread); its other precisions load with ``load_model`` too.
 
     Raises:
         ModelLoadError: the model fails to load (see ``load_model``).
     """
     loaded = load_model(model, device, dtype)
     loader = functools.partial(_load_in, model, str(loaded.device))
-    held = kind.from_loaded(loaded, loader=loader, model_id=(model or DEFAULT_MODEL).strip())
+    held = WorkerModel.from_loaded(loaded, loader=loader, model_id=(model or DEFAULT_MODEL).strip())
     held.warm_up()
     return held
 

@@ -1,7 +1,6 @@
 """The page's handlers as plain functions, testable without a browser: Run, Stop, the step slider.
 
-``app.py`` only lays out components and wires them to these. Tests put their own ``SharedModel``
-(imported from here) in ``shared_model``'s place.
+``app.py`` only lays out components and wires them to these.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from engine.page.run.run_options import (
     settings_from_run,
     view_inputs,
 )
-from engine.page.run.shared_model import SharedModel, chosen_model, get_model  # noqa: F401
+from engine.page.run.shared_model import chosen_model, get_model
 from engine.page.views import divergence_view, progress_view, run_status, tables
 from engine.page.views.run_view import (
     STEP_VIEW_OUTPUTS,

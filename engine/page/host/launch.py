@@ -2,7 +2,7 @@
 
 The model loads before the page is served, so a bad model or device stops the start with one
 line. By default the engines run in an engine process that holds the only copy of the model and
-the page's model is a ``shared_model.ModelView`` (``engine.page.run.engine_worker``).
+the page's model is a ``shared_model.PageModel`` of it (``cpu_split.engine_process_wanted``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from engine.model.allowlist import check_model_allowed, offered_models
 from engine.page.host import quiet_queue, server_priority, share, zerogpu
 from engine.page.inputs import page_io
 from engine.page.panels import page_panels, results_panel, server_panels, settings_panel
-from engine.page.run import cpu_split, engine_worker, host_servers, shared_model
+from engine.page.run import cpu_split, host_servers, shared_model
 from engine.page.views import tables
 from engine.peers.endpoints import add_server_flags
 from engine.peers.vllm_server import MAX_MODEL_LEN
@@ -120,7 +120,7 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
     process, split = None, None
     try:
         nice = server_priority.server_nice()
-        if engine_worker.engine_process_wanted(on_zerogpu=zerogpu.on_zerogpu()):
+        if cpu_split.engine_process_wanted(on_zerogpu=zerogpu.on_zerogpu()):
             check_model_allowed(args.model)  # before anything loads, as load_shared_model does
             process, split = _engine_process(args, cpu_split.cpu_split())
             model = _connect(process, split)
@@ -170,10 +170,11 @@ def _engine_process(
 
 def _connect(
     process: worker_process.ProcessWorker, split: cpu_split.CpuSplit | None
-) -> shared_model.ModelView:
+) -> shared_model.PageModel:
     """The page's model from the engine process's facts (SystemExit: process or load failed)."""
     try:
-        view, _work, parts_s = shared_model.ModelView.connect(process, cpu_split=split)
+        view = shared_model.PageModel.connect(process, cpu_split=split)
+        _work, parts_s = view.calibrate()
     except (ValueError, RunStopped) as exc:
         process.close()
         raise SystemExit(f"error: the engine process: {exc}") from None

@@ -1,9 +1,8 @@
 """The run: one visitor's run from the button to the engines, and the page's model. Modules:
-``engine_worker``, ``cpu_split``, ``run``, ``run_handle``, ``run_options``, ``shared_model``,
+``cpu_split``, ``run``, ``run_handle``, ``run_options``, ``shared_model``,
 ``host_servers``, ``run_queue``, ``queue_ticket``, ``run_cost``, ``recent_runs``."""
 
 __all__ = [
-    "engine_worker",
     "cpu_split",
     "run",
     "run_handle",

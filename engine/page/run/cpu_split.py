@@ -1,4 +1,5 @@
-"""The CPUs a run's engines keep to themselves, and the rest, on which the page serves.
+"""Where the engines run: in an engine process or on the page's engine thread
+(``engine_process_wanted``), and the CPUs they keep to themselves, the page serving on the rest.
 
 torch's OpenMP threads wait for each other at every parallel region, so a page thread that takes
 any of their CPUs stalls them all; nice values did not help (docs/measurements.md, "CPUs of their
@@ -14,6 +15,17 @@ from dataclasses import dataclass
 from engine import settings
 
 ENV = "CBP_ENGINE_CPUS"
+PROCESS_ENV = "CBP_ENGINE_PROCESS"
+PROCESS_CHOICES = ("auto", "on", "off")
+
+
+def engine_process_wanted(environ=None, on_zerogpu: bool = False) -> bool:
+    """Whether ``app.py`` runs the engines in a ``ProcessWorker`` (``CBP_ENGINE_PROCESS``:
+    docs/hosting.md); raises ValueError for another value."""
+    text = settings.value(PROCESS_ENV, environ).lower()
+    if text not in PROCESS_CHOICES:
+        raise ValueError(f"{PROCESS_ENV}={text!r}: give auto, on or off")
+    return text == "on" or (text == "auto" and not on_zerogpu)
 
 
 @dataclass(frozen=True)

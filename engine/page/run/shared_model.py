@@ -1,20 +1,12 @@
 """The page's model: one object every run uses, wherever the weights are.
 
-It is the one module-level mutable object the house style allows: loaded lazily (``get_model``) or
-at start (``load_shared_model``), after the ``CBP_MODEL_ALLOWLIST`` check, or made from an engine
-process (``use_model``). ``PageModel`` is what the page asks of it, and the page's parts, which
-every precision of it shares (``in_dtype``, as ``engine.worker.worker_model`` says): the ``lock``
-held by the run in progress (runs never overlap on the model), the run queue, the recent runs,
-the host's servers and the ``worker`` its engine jobs go to (``engine.worker.worker_process``).
-Two kinds answer it:
-
-- ``SharedModel``: the weights here, the core's ``WorkerModel`` with the page's parts; its worker
-  is a ``ThreadWorker`` (ZeroGPU, ``CBP_ENGINE_PROCESS=off``, tests), the page's engine thread,
-  where it loads and warms up too.
-- ``ModelView``: the engine process's model as the page sees it, no weights: a tokenizer and
-  the facts that process answers (``engine.worker.model_facts``); it reads the reference store
-  itself under the keys those facts give
-  (``engine.fidelity.reference_store``). Its worker is the ``ProcessWorker``.
+``PageModel`` holds no weights: it knows the model by the facts its worker answers
+(``engine.worker.model_facts``) and sends its jobs there, to an engine process
+(``ProcessWorker``) or to the page's engine thread (``ThreadWorker`` over a ``WorkerModel``:
+ZeroGPU, ``CBP_ENGINE_PROCESS=off``, tests). Every precision and model of it shares the page's
+parts: the ``lock`` held by the run in progress, the run queue, the recent runs and the host's
+servers. The shared one (``get_model``, ``use_model``) is the one module-level mutable object
+the house style allows.
 """
 
 from __future__ import annotations
@@ -42,31 +34,59 @@ from engine.worker import worker_model
 from engine.worker.engine_thread import ENGINE_THREAD
 from engine.worker.model_facts import ModelFacts, chosen_facts, model_facts
 from engine.worker.transport import ThreadWorker, Worker
-from engine.worker.worker_model import Pace, WorkerModel, engine_pace
-from engine.worker.worker_process import ProcessWorker
+from engine.worker.worker_model import WorkerModel, engine_pace
 
 
 @dataclass(kw_only=True)
 class PageModel:
-    """What the page asks of its model, and the page's parts of it (see the module docstring).
-    ``loaded`` is a ``LoadedModel`` or its ``ModelCard``: name, tokenizer, device, dtype. Each
-    kind also answers ``WorkerModel``'s ``kernels_and_step``, ``reference_for``,
-    ``check_batch_invariant``, ``check_kv_budget``, ``memory_words`` and ``_variant`` (what they
-    do is said there)."""
+    """The worker's model in one precision, as the page sees it (see the module docstring)."""
 
+    facts: ModelFacts
+    worker: Worker | None = field(default=None, repr=False)  # where its engine jobs run
     lock: threading.Lock = field(default_factory=threading.Lock)  # held by the one running run
     servers: PageServers | None = None  # the host's servers (app.py --vllm, --endpoint), if any
     # the turns runs take on the model, and the recent runs by setup: one for every dtype's copy
     queue: RunQueue = field(default_factory=RunQueue, repr=False)
     recent: RecentRuns = field(default_factory=lambda: RecentRuns(replay_window_s()), repr=False)
     cpu_split: CpuSplit | None = None  # the engines' CPUs and the page's, when split
-    worker: Worker | None = field(default=None, repr=False)  # where its engine jobs run
     variants: dict[str, PageModel] = field(default_factory=dict, repr=False)  # by dtype name
     # the other allowlisted model chosen last, by its id (``in_model``): shared, as the lock is
     models: dict[str, PageModel] = field(default_factory=dict, repr=False)
+    references: dict[bool, StoredReferences] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.queue.shown_instead = lambda setup: self.recent.find(setup) is not None
+
+    @classmethod
+    def connect(cls, worker: Worker, **parts) -> PageModel:
+        """Wait for ``worker``'s model, then ask it for its facts.
+
+        Raises:
+            EngineProcessLost: the engine process ended first.
+            Exception: its model failed to load (its exception).
+        """
+        worker.wait_ready()
+        facts = worker.run(model_facts, (None,), RunControl(), _untaken)
+        return cls(facts=facts, worker=worker, **parts)
+
+    def calibrate(self) -> tuple[Work, dict[str, float]]:
+        """Time the pace where the runs run (``WorkerModel.time_pace``) and teach it to the run
+        queue (``RunQueue.calibrate``), so a room's first estimates come from it. Returns the
+        work timed, as the queue counts it, and its seconds in each part."""
+        counts, parts_s = self.worker.run(engine_pace, (), RunControl(), _untaken)
+        work = Work(**counts)
+        self.queue.calibrate(work, parts_s)
+        return work, parts_s
+
+    @property
+    def loaded(self):
+        """The model less its weights (a ``ModelCard``): name, tokenizer, device, dtype."""
+        return self.facts.card
+
+    @property
+    def model_id(self) -> str:
+        """The allowlist's name of the model (``WorkerModel.model_id``)."""
+        return self.facts.model_id
 
     @property
     def dtype_name(self) -> str:
@@ -76,24 +96,74 @@ class PageModel:
     def label(self) -> str:
         return worker_model.label_of(self.loaded)
 
+    def kernels_and_step(self) -> tuple[str, str]:
+        return self.facts.kernels, self.facts.step
+
+    def memory_words(self) -> str:
+        return self.facts.memory
+
+    def dtype_choices(self) -> list[str]:
+        return worker_model.dtype_choices(self.loaded.device, self.dtype_name)
+
     def in_dtype(self, name: str | None) -> PageModel:
         """This model in the dtype ``name`` (``WorkerModel.in_dtype``, which says what it
-        raises), the page's parts shared; kept in ``variants``."""
+        raises), loaded in the worker on first use; kept in ``variants``."""
         return worker_model.variant_in(self, name)
+
+    def _variant(self, dtype_name: str) -> PageModel:
+        facts = self.worker.run(chosen_facts, (self.model_id, dtype_name), RunControl(), _untaken)
+        return PageModel(facts=facts, **self.page_parts())
+
+    def holds(self, name: str | None) -> bool:
+        """Whether ``in_model(name)`` answers at once: this model, or the one chosen last."""
+        wanted = (name or "").strip()
+        return wanted in ("", self.model_id) or wanted in self.models
+
+    def in_model(self, name: str | None, on_stage: Callable[[str], None] | None = None):
+        """The host's model ``name`` (``WorkerModel.in_model``, which says what it raises),
+        loaded in the worker in place of the one chosen before, each stage told to
+        ``on_stage``."""
+        wanted = (name or "").strip()
+        if not self.holds(wanted):
+            check_model_allowed(wanted)  # before the worker is asked
+            take = _stage_taker(on_stage)
+            facts = self.worker.run(chosen_facts, (wanted, None), RunControl(), take)
+            self.models.clear()  # as the worker let the one chosen before go
+            self.models[wanted] = PageModel(facts=facts, **self.page_parts())
+        return self if wanted in ("", self.model_id) else self.models[wanted]
+
+    def page_parts(self) -> dict[str, Any]:
+        """The parts every precision and model shares, as keywords for another's."""
+        parts = ("worker", "lock", "servers", "queue", "recent", "cpu_split", "models")
+        return {name: getattr(self, name) for name in parts}
+
+    def reference_for(self, batch_invariant: bool) -> StoredReferences:
+        """Which references of ``batch_invariant``'s kind the store holds, under the keys the
+        worker gave (it computes them)."""
+        if batch_invariant not in self.references:
+            identity = self.facts.reference_keys.get(batch_invariant)
+            store = reference_store.open_store() if identity is not None else None
+            eos = self.facts.card.eos_token_ids
+            self.references[batch_invariant] = StoredReferences(store, identity, eos)
+        return self.references[batch_invariant]
+
+    def check_batch_invariant(self) -> None:
+        if self.facts.batch_invariant_refusal is not None:
+            raise ValueError(self.facts.batch_invariant_refusal)
+
+    def check_kv_budget(self, config: EngineConfig, requests: list[Request]) -> None:
+        kv_pool_blocks(config, requests, self.facts.card.kv_bytes_per_token)
 
     @property
     def label_markdown(self) -> str:
-        """The model line as the page shows it: ``label``, then "matmul kernels" whose hover text
-        says which kernel runs at which row counts and how it was chosen (measured on this host,
-        read from an earlier start, or named by ``CBP_ENGINE_KERNEL``), which decoder layers the
-        step runs (fused, or transformers' with the reason on hover), the peak RSS of the process
-        holding the weights (the bytes by part on hover); and, when the CPUs are
-        split, how many the engines have. The model's family, size and weights' folder or hub id
-        come after ``label`` (``model_card.identity_words``)."""
+        """The model line as the page shows it: ``label``, the model's family, size and source,
+        then hover texts: the matmul kernels by row count and how they were chosen, which
+        decoder layers the step runs, the worker's peak RSS (bytes by part on hover) and, when
+        the CPUs are split, how many the engines have."""
         kernels, step = self.kernels_and_step()
         summary = html.escape(kernels, quote=True)
         words = [html.escape(word) for word in identity_words(self.loaded)]
-        source = getattr(self.loaded, "source", None)  # the weights' folder or hub id
+        source = self.loaded.source  # the weights' folder or hub id
         if source and str(source) not in self.label:  # a folder's name is its path already
             words.append(f"<code>{html.escape(str(source))}</code>")
         line = " · ".join([self.label, *words])
@@ -110,47 +180,10 @@ class PageModel:
             line += f' · <abbr title="{where}">{self.cpu_split.short()}</abbr>'
         return line
 
-    def dtype_choices(self) -> list[str]:
-        """The precisions the page offers (``dtype_choices``)."""
-        return worker_model.dtype_choices(self.loaded.device, self.dtype_name)
 
-    def learn_pace(self, pace: Pace) -> tuple[Work, dict[str, float]]:
-        """Teach the run queue a timed ``pace`` (``RunQueue.calibrate``), so a room's first
-        estimates come from it. Returns the work timed, as the queue counts it, and its seconds in
-        each part (the engines' and ``"reference"``)."""
-        counts, parts_s = pace
-        work = Work(**counts)
-        self.queue.calibrate(work, parts_s)
-        return work, parts_s
-
-    def holds(self, name: str | None) -> bool:
-        """Whether ``in_model(name)`` answers at once: this model, or the one chosen last."""
-        wanted = (name or "").strip()
-        return wanted in ("", self.model_id) or wanted in self.models
-
-    def page_parts(self) -> dict[str, Any]:
-        """The parts every precision and model shares, as keywords for another's."""
-        parts = ("lock", "servers", "queue", "recent", "cpu_split", "worker", "models")
-        return {name: getattr(self, name) for name in parts}
-
-
-@dataclass
-class SharedModel(WorkerModel, PageModel):
-    """The loaded model with its runner and reference cache (``WorkerModel``) and the page's
-    parts; its worker: the engine thread."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.worker is None:
-            self.worker = ThreadWorker(self)
-
-    def _variant_fields(self) -> dict[str, Any]:
-        return self.page_parts()
-
-    def calibrate_pace(self) -> tuple[Work, dict[str, float]]:
-        """Time the pace here (``WorkerModel.time_pace``) on a quiet, warm page and teach it to
-        the run queue (``learn_pace``, which says what it returns)."""
-        return self.learn_pace(self.time_pace())
+def local_model(held: WorkerModel, **parts) -> PageModel:
+    """The page's model of ``held``, whose jobs run on this process's engine thread."""
+    return PageModel.connect(ThreadWorker(held), **parts)
 
 
 def _untaken(_entry) -> None:
@@ -164,85 +197,6 @@ def _stage_taker(on_stage: Callable[[str], None] | None) -> Callable:
     return lambda entry: entry.note and on_stage(entry.note)
 
 
-@dataclass
-class ModelView(PageModel):
-    """The engine process's model in one precision, seen from the page (see the module
-    docstring); ``worker`` is the ``ProcessWorker``."""
-
-    facts: ModelFacts
-    references: dict[bool, StoredReferences] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def connect(cls, worker: ProcessWorker, **parts) -> tuple[ModelView, Work, dict[str, float]]:
-        """Wait for ``worker``'s model, then ask it for its facts and its pace (timed where the
-        runs run), which the view's queue learns. Returns the view and the pace's work and
-        seconds in each part.
-
-        Raises:
-            EngineProcessLost: it ended first.
-            Exception: its model failed to load (its exception).
-        """
-        worker.wait_ready()
-        facts = worker.run(model_facts, (None,), RunControl(), _untaken)
-        view = cls(facts, worker=worker, **parts)
-        work, parts_s = view.learn_pace(worker.run(engine_pace, (), RunControl(), _untaken))
-        return view, work, parts_s
-
-    @property
-    def loaded(self):
-        """The model as ``LoadedModel``'s readers see it, less its weights (a ``ModelCard``):
-        what the host's servers are configured from."""
-        return self.facts.card
-
-    def kernels_and_step(self) -> tuple[str, str]:
-        """The engine process's matmul kernels and step."""
-        return self.facts.kernels, self.facts.step
-
-    def memory_words(self) -> str:
-        """The engine process's peak RSS and the model's bytes by part, as it said them."""
-        return self.facts.memory
-
-    @property
-    def model_id(self) -> str:
-        """The allowlist's name of the model (``WorkerModel.model_id``)."""
-        return self.facts.model_id
-
-    def in_model(self, name: str | None, on_stage: Callable[[str], None] | None = None):
-        """The engine process's model ``name`` (``WorkerModel.in_model``, which says what it
-        raises), its load's stages told to ``on_stage``; its facts asked once."""
-        wanted = (name or "").strip()
-        if not self.holds(wanted):
-            check_model_allowed(wanted)  # before the engine process is asked
-            take = _stage_taker(on_stage)
-            facts = self.worker.run(chosen_facts, (wanted, None), RunControl(), take)
-            self.models.clear()  # as the engine process let the one chosen before go
-            self.models[wanted] = ModelView(facts, **self.page_parts())
-        return self if wanted in ("", self.model_id) else self.models[wanted]
-
-    def _variant(self, dtype_name: str) -> ModelView:
-        """The engine process's model in ``dtype_name``: loaded there, its facts asked once."""
-        args = (self.model_id, dtype_name)
-        facts = self.worker.run(chosen_facts, args, RunControl(), _untaken)
-        return ModelView(facts, **self.page_parts())
-
-    def reference_for(self, batch_invariant: bool) -> StoredReferences:
-        """Which references of ``batch_invariant``'s kind the store holds: the engine process
-        computes them, under the keys its facts gave."""
-        if batch_invariant not in self.references:
-            identity = self.facts.reference_keys.get(batch_invariant)
-            store = reference_store.open_store() if identity is not None else None
-            eos = self.facts.card.eos_token_ids
-            self.references[batch_invariant] = StoredReferences(store, identity, eos)
-        return self.references[batch_invariant]
-
-    def check_batch_invariant(self) -> None:
-        if self.facts.batch_invariant_refusal is not None:
-            raise ValueError(self.facts.batch_invariant_refusal)
-
-    def check_kv_budget(self, config: EngineConfig, requests: list[Request]) -> None:
-        kv_pool_blocks(config, requests, self.facts.card.kv_bytes_per_token)
-
-
 _shared_model: PageModel | None = None  # the one lazily loaded shared model (see house style)
 
 
@@ -251,7 +205,7 @@ def load_shared_model(
     device: str | None = None,
     dtype: str | None = None,
     calibrate: bool = True,
-) -> SharedModel:
+) -> PageModel:
     """Load the model (``engine.model.loader.load_model`` arguments) and make it the shared one;
     ``calibrate``: time the queue's pace here.
 
@@ -261,9 +215,10 @@ def load_shared_model(
     """
     check_model_allowed(model)
     # On the engine thread, which runs every run too: torch keeps one OpenMP pool (worker_process)
-    shared = ENGINE_THREAD.call(worker_model.load_and_warm_up, model, device, dtype, SharedModel)
+    held = ENGINE_THREAD.call(worker_model.load_and_warm_up, model, device, dtype)
+    shared = local_model(held)
     if calibrate:
-        ENGINE_THREAD.call(shared.calibrate_pace)
+        shared.calibrate()
     return use_model(shared)
 
 
@@ -286,7 +241,7 @@ def chosen_model(name: str | None, on_stage: Callable[[str], None] | None = None
 
 
 def use_model(model: PageModel) -> PageModel:
-    """Make ``model`` the shared one (``app.py`` with an engine process: its ``ModelView``)."""
+    """Make ``model`` the shared one (``app.py`` with an engine process)."""
     global _shared_model
     _shared_model = model
     return model

@@ -11,9 +11,10 @@ from engine.batching.continuous import ContinuousEngine
 from engine.batching.static import StaticEngine
 from engine.config import EngineConfig
 from engine.fidelity.reference import ReferenceCache
-from engine.page.handlers import playground
 from engine.page.run.run_options import RunOptions
+from engine.page.run.shared_model import PageModel, local_model
 from engine.trace import PREFILL
+from engine.worker.worker_model import WorkerModel
 from engine.workloads.workload import MAX_PROMPT_CHARS, MAX_ROWS
 
 SPECS = [("cap one", 1), ("a long one", 40), ("cap two", 2), ("another one", 1), ("mid", 9)]
@@ -25,8 +26,8 @@ def runner():
 
 
 @pytest.fixture(scope="module")
-def shared(runner) -> playground.SharedModel:
-    return playground.SharedModel(runner.loaded, runner, ReferenceCache(runner))
+def shared(runner) -> PageModel:
+    return local_model(WorkerModel(runner.loaded, runner, ReferenceCache(runner)))
 
 
 def _steps_of(trace, request_id: int) -> list:

@@ -83,7 +83,7 @@ def test_a_run_on_each_model_is_judged_against_its_own_generate(started, folders
         model = shared_model.chosen_model(folders[family])
         requests = _requests(model)
         job = ComparisonJob(requests, EngineConfig(2), check_reference=True, model=model.model_id)
-        result = work_in_worker(started, job, lambda *a, **k: None)
+        result = work_in_worker(started.worker.model, job, lambda *a, **k: None)
         wanted = {r.request_id: _generate(folders[family], r) for r in requests}
         assert result.reference == wanted, f"{family}: the reference is not its generate"
         for engine, verdicts in result.verdicts.items():

@@ -22,8 +22,10 @@ from engine.page.handlers import opening, playground, recording
 from engine.page.run import shared_model
 from engine.page.run.run_handle import RunHandle
 from engine.page.run.run_options import RUN_INPUTS, RunSettings
+from engine.page.run.shared_model import PageModel, local_model
 from engine.page.views import run_view
 from engine.page.views.run_view import RUN_OUTPUTS
+from engine.worker.worker_model import WorkerModel
 
 ROWS = [["hello world", 6], ["abc", 9]]
 LINKED = "One long, many short"  # the preset the link named (its table stands in as ROWS)
@@ -31,10 +33,10 @@ OUT = {name: i for i, name in enumerate(RUN_OUTPUTS)}
 
 
 @pytest.fixture
-def model(monkeypatch) -> playground.SharedModel:
+def model(monkeypatch) -> PageModel:
     """A fresh tiny shared model, the page's."""
     runner = tiny_runner()
-    shared = playground.SharedModel(runner.loaded, runner, ReferenceCache(runner))
+    shared = local_model(WorkerModel(runner.loaded, runner, ReferenceCache(runner)))
     monkeypatch.setattr(shared_model, "_shared_model", shared)
     return shared
 

@@ -37,7 +37,7 @@ def test_a_run_with_vllms_policy_schedules_as_the_engine_does(shared):
     requests, config = prepare(shared, ROWS, 2, options)
     assert config.scheduling_policy == "vllm", "the engine's config lost vLLM's policy"
     state = run_and_render(ROWS, 2, options, shared).state
-    direct = ContinuousEngine(shared.runner, config).run(requests)
+    direct = ContinuousEngine(shared.worker.model.runner, config).run(requests)
     page_steps = [
         [(s.request_id, s.num_new_tokens) for s in st.seqs] for st in state.continuous.steps
     ]

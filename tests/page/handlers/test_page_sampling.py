@@ -39,7 +39,7 @@ def test_sampled_rows_match_seeded_generate_in_both_engines(shared):
     result = _run(shared)
     assert "✓ all match" in result.status, result.status
     assert all(row[-2] == "✓" for row in result.outputs), result.outputs
-    runner = shared.runner
+    runner = shared.worker.model.runner
     ids = runner.loaded.tokenizer("abc")["input_ids"]
     sampled = Request(1, "abc", 8, tuple(ids), sampling=SAMPLED)
     greedy = Request(1, "abc", 8, tuple(ids))

@@ -20,11 +20,10 @@ from engine.page.run import run_options, shared_model
 from engine.page.run.cpu_split import CpuSplit
 from engine.page.run.run_handle import RunHandle
 from engine.page.run.run_options import RunOptions
-from engine.page.run.shared_model import ModelView
+from engine.page.run.shared_model import PageModel
 from engine.page.views import run_status, run_view
 from engine.trace import DECODE, PREFILL
 from engine.worker import worker_model
-from engine.worker.model_facts import facts_of
 from engine.workloads.workload import MAX_ROWS, parse_table, seed_specs
 
 ROWS = [["hello world", 5], ["abc", 12], ["the quick brown fox", 3], ["x", 7]]
@@ -42,8 +41,8 @@ def no_model(monkeypatch, shared):
     def forbidden(*args, **kwargs):
         raise AssertionError("the model was called")
 
-    monkeypatch.setattr(shared.runner, "forward_packed", forbidden)
-    monkeypatch.setattr(shared.runner, "generate", forbidden)
+    monkeypatch.setattr(shared.worker.model.runner, "forward_packed", forbidden)
+    monkeypatch.setattr(shared.worker.model.runner, "generate", forbidden)
     monkeypatch.setattr(playground, "get_model", forbidden)
 
 
@@ -160,11 +159,11 @@ def test_get_model_loads_once(monkeypatch, shared):
 
     def fake_load(*args, **kwargs):
         calls.append(args)
-        return shared.loaded
+        return shared.worker.model.loaded
 
     monkeypatch.setattr(shared_model, "_shared_model", None)
     monkeypatch.setattr(worker_model, "load_model", fake_load)
-    monkeypatch.setattr(worker_model, "ModelRunner", lambda loaded: shared.runner)
+    monkeypatch.setattr(worker_model, "ModelRunner", lambda loaded: shared.worker.model.runner)
     first, second = shared_model.get_model(), shared_model.get_model()
     assert first is second and len(calls) == 1, f"loaded {len(calls)} times"
     assert first.label == "Model: tiny-llama · runs on CPU · float32", first.label
@@ -174,7 +173,7 @@ def test_model_line_says_the_kernel_choice_on_hover(shared):
     """The page's model line names "matmul kernels", whose hover text is the runner's own
     summary of its kernel choice, escaped so that no quote in it ends the attribute."""
     line = shared.label_markdown
-    summary = shared.runner.kernel_summary()
+    summary = shared.worker.model.runner.kernel_summary()
     assert line.startswith(shared.label + " · llama · 82.2 k parameters · <abbr title="), line
     assert '">matmul kernels</abbr>' in line, line
     assert html.unescape(line.split('title="')[1].split('">')[0]) == summary
@@ -435,7 +434,7 @@ def test_poisson_arrivals_reach_both_engines(shared):
 def test_paged_kv_knobs_reach_the_engine_and_its_views(shared):
     """Paged mode with a small KV budget preempts, still matches generate, and the page draws the
     block map at each step and the per-step KV blocks."""
-    mib = 12 * 4 * shared.runner.kv_bytes_per_token() / 2**20  # 12 blocks of 4 tokens
+    mib = 12 * 4 * shared.worker.model.runner.kv_bytes_per_token() / 2**20  # 12 blocks of 4 tokens
     rows = [["the quick brown fox", 20], ["hello world", 20], ["abc", 20]]
     settings = run_options.RunSettings(
         rows=rows,
@@ -468,8 +467,8 @@ def test_model_line_names_the_engine_process_kernels_and_the_cpu_split(shared):
     """With the engines in their own process, the kernels named are that process's, and the
     CPUs split between it and the page are said in a few words, with the CPUs on hover."""
     kernels = "matmul: skinny at 1 row (the engine process's)"
-    facts = dataclasses.replace(facts_of(shared), kernels=kernels)
-    line = ModelView(facts, cpu_split=CpuSplit(engine=(1,), page=(0,))).label_markdown
+    facts = dataclasses.replace(shared.facts, kernels=kernels)
+    line = PageModel(facts=facts, cpu_split=CpuSplit(engine=(1,), page=(0,))).label_markdown
     assert 'title="matmul: skinny at 1 row (the engine process&#x27;s)"' in line, line
     assert line.endswith(
         ' · <abbr title="Engines on CPU 1 (1 thread), the page on CPU 0">'

@@ -44,8 +44,8 @@ def no_model_calls(shared, monkeypatch):
         raise AssertionError("the model was called for a refused run")
 
     monkeypatch.setattr(shared_model, "_shared_model", shared)
-    monkeypatch.setattr(shared.runner, "forward_packed", forbidden)
-    monkeypatch.setattr(shared.runner, "generate", forbidden)
+    monkeypatch.setattr(shared.worker.model.runner, "forward_packed", forbidden)
+    monkeypatch.setattr(shared.worker.model.runner, "generate", forbidden)
 
 
 def _sampled(**settings) -> list[list]:
@@ -179,7 +179,9 @@ def test_status_markdown_shows_typed_text_as_typed():
 def test_kv_budget_too_small_is_refused_before_any_engine_runs(shared, previous):
     """A paged KV budget of one block, too small for a request, is refused like other bad input
     ("Not run", no model call, previous results kept), and the message counts "1 block"."""
-    one_block_mib = 1.5 * 16 * shared.runner.kv_bytes_per_token() / 2**20  # 1.5 blocks of 16
+    one_block_mib = (
+        1.5 * 16 * shared.worker.model.runner.kv_bytes_per_token() / 2**20
+    )  # 1.5 blocks of 16
     args = _run_args(rows=[["hello world " * 3, 40]], kv_mib=str(one_block_mib))
     status = _refused(*args[:10], previous, *args[11:])
     assert status.startswith("**Not run:** Request R0 (row 1) needs"), status

@@ -16,20 +16,22 @@ from engine.fidelity.reference import ReferenceCache
 from engine.page.handlers import playground
 from engine.page.run import shared_model
 from engine.page.run.run_options import RunOptions
+from engine.page.run.shared_model import PageModel, local_model
 from engine.page.views import divergence_view, run_status, run_view, tables
 from engine.token_logits import TokenLogits
 from engine.trace import Trace, new_request_records
 from engine.worker import worker_model
+from engine.worker.worker_model import WorkerModel
 
 ROWS = [["hello world", 6], ["abc", 9], ["the quick brown fox", 4]]
 BF16 = RoundingModel(2.0**-8, 576)
 
 
 @pytest.fixture(scope="module")
-def shared() -> shared_model.SharedModel:
+def shared() -> PageModel:
     """A tiny shared model of this module's own (its bfloat16 variant is kept between tests)."""
     runner = tiny_runner()
-    return shared_model.SharedModel(runner.loaded, runner, ReferenceCache(runner))
+    return local_model(WorkerModel(runner.loaded, runner, ReferenceCache(runner)))
 
 
 def _run(shared, **options) -> playground.RunResult:
@@ -49,8 +51,9 @@ def test_bfloat16_runs_on_a_bfloat16_copy_loaded_once_and_says_so(shared):
     variant = shared.in_dtype("bfloat16")
     assert shared.in_dtype("bfloat16") is variant, "the bfloat16 model was loaded again"
     assert variant.lock is shared.lock, "a bfloat16 run could overlap a float32 one"
-    assert next(variant.loaded.model.parameters()).dtype == torch.bfloat16
-    assert next(shared.loaded.model.parameters()).dtype == torch.float32, "the float32 model moved"
+    held = shared.worker.model
+    assert next(held.in_dtype("bfloat16").loaded.model.parameters()).dtype == torch.bfloat16
+    assert next(held.loaded.model.parameters()).dtype == torch.float32, "the float32 model moved"
     assert result.state.dtype == "bfloat16" and result.status.startswith("**bfloat16** · ")
     assert variant.loaded.device_label == "CPU · bfloat16", variant.loaded.device_label
     assert shared.in_dtype(None) is shared and shared.in_dtype("float32") is shared
@@ -61,7 +64,7 @@ def test_float16_on_the_cpu_is_refused_naming_both_and_nothing_is_lost(shared, m
     the previous run's results stay."""
     previous = _run(shared).state
     monkeypatch.setattr(shared_model, "_shared_model", shared)
-    monkeypatch.setattr(shared.runner, "forward_packed", pytest.fail)
+    monkeypatch.setattr(shared.worker.model.runner, "forward_packed", pytest.fail)
     with pytest.warns(UserWarning, match="float16"):
         updates = list(playground.run_event(*_run_event_args("float16", previous)))
     assert len(updates) == 1, "a refused run streamed more than its reason"
@@ -79,9 +82,8 @@ def test_a_dtype_the_device_cannot_run_is_refused_before_any_load(monkeypatch):
     reaches the user and no weights are loaded or converted."""
     runner = tiny_runner()
     loads = []
-    model = shared_model.SharedModel(
-        runner.loaded, runner, ReferenceCache(runner), loader=loads.append
-    )
+    held = WorkerModel(runner.loaded, runner, ReferenceCache(runner), loader=loads.append)
+    model = local_model(held)
     old_gpu = "bfloat16 is not supported on CUDA (Tesla T4): compute capability 7.5"
 
     def refuse(device, dtype):

@@ -14,6 +14,7 @@ from engine.page.handlers import recording
 from engine.page.inputs import page_io, presets
 from engine.page.run import shared_model
 from engine.page.views import run_status, run_view
+from tools import record_run
 
 MAX_RECORDING_BYTES = 250_000  # compact JSON: the page sends it to every visitor
 
@@ -65,13 +66,13 @@ def test_every_view_renders_from_the_recording(shipped):
 
 
 def test_record_writes_a_recording_the_page_opens_on(shared, monkeypatch, tmp_path):
-    """``python -m engine.page.handlers.recording``'s function runs the default preset (here on the
-    tiny model) and writes a file that loads and renders."""
+    """``make record``'s function runs the default preset (here on the tiny model) and writes a
+    file that loads and renders."""
     monkeypatch.setattr(shared_model, "load_shared_model", lambda **kwargs: shared)
     monkeypatch.setattr(
         presets, "apply_preset", lambda name: ([["hello world", 3], ["abc", 5]], False, "")
     )
-    path = recording.record(tmp_path / "run.json")
+    path = record_run.record(tmp_path / "run.json")
     state = recording.load_recording(path)
     assert state.recorded.preset == presets.DEFAULT_PRESET and state.reference is not None
     assert [len(r.output_token_ids) for r in state.continuous.requests] == [3, 5]
@@ -117,7 +118,7 @@ def test_label_says_when_the_engines_had_cpus_of_their_own(shipped):
 
 WHERE = (
     "import os, torch\n"
-    "from engine.page.handlers.recording import keep_to_engine_cpus\n"
+    "from tools.record_run import keep_to_engine_cpus\n"
     "from engine.worker.engine_thread import ENGINE_THREAD\n"
     "split = keep_to_engine_cpus(os.environ)\n"
     "threads = ENGINE_THREAD.call(torch.get_num_threads)\n"

@@ -21,7 +21,9 @@ from engine.fidelity.reference import ReferenceCache
 from engine.page.handlers import playground
 from engine.page.run import shared_model
 from engine.page.run.run_handle import RunHandle
+from engine.page.run.shared_model import PageModel, local_model
 from engine.page.views.run_view import RUN_OUTPUTS
+from engine.worker.worker_model import WorkerModel
 
 ROWS = [["hello world", 6], ["abc", 9]]
 STEP_S = 0.1  # a continuous step: a stopped run ends within one
@@ -30,10 +32,10 @@ STATUS = RUN_OUTPUTS.index("status_markdown")
 
 
 @pytest.fixture
-def page(monkeypatch) -> playground.SharedModel:
+def page(monkeypatch) -> PageModel:
     """A fresh tiny shared model with slow steps and a slow redraw of the previous run."""
     runner = tiny_runner()
-    model = playground.SharedModel(runner.loaded, runner, ReferenceCache(runner))
+    model = local_model(WorkerModel(runner.loaded, runner, ReferenceCache(runner)))
     forward, stopped_outputs = runner.forward_packed, playground._stopped_outputs
 
     def slow_forward(batch):

@@ -24,7 +24,9 @@ from engine.page.run.recent_runs import RecentRuns
 from engine.page.run.run import Run, RunRequest
 from engine.page.run.run_handle import RunHandle
 from engine.page.run.run_options import RunOptions
+from engine.page.run.shared_model import PageModel, local_model
 from engine.page.views.run_view import RUN_OUTPUTS
+from engine.worker.worker_model import WorkerModel
 
 ROWS = [["hello world", 6], ["abc", 9]]
 SLOW_STEP_S = 0.02
@@ -32,10 +34,10 @@ OUT = {name: i for i, name in enumerate(RUN_OUTPUTS)}
 
 
 @pytest.fixture
-def page(monkeypatch) -> playground.SharedModel:
+def page(monkeypatch) -> PageModel:
     """A fresh tiny shared model whose continuous steps take SLOW_STEP_S, polled quickly."""
     runner = tiny_runner()
-    model = playground.SharedModel(runner.loaded, runner, ReferenceCache(runner))
+    model = local_model(WorkerModel(runner.loaded, runner, ReferenceCache(runner)))
     forward = runner.forward_packed
 
     def slow_forward(batch):
@@ -92,8 +94,8 @@ def test_an_identical_recent_run_is_shown_at_once_and_labelled(page, monkeypatch
         raise AssertionError("a replay called the model")
 
     with monkeypatch.context() as patched:
-        patched.setattr(page.runner, "forward_packed", forbidden)
-        patched.setattr(page.runner, "generate", forbidden)
+        patched.setattr(page.worker.model.runner, "forward_packed", forbidden)
+        patched.setattr(page.worker.model.runner, "generate", forbidden)
         (replayed,) = list(_events(RunHandle()))
         (again,) = list(_events(RunHandle()))
     assert replayed[OUT["run_state"]] is state, "the replay is not the earlier run"

@@ -19,18 +19,19 @@ from engine.batching.continuous import ContinuousEngine
 from engine.page.handlers import playground
 from engine.page.inputs import presets
 from engine.page.run.run_options import RunOptions, prepare
-from engine.page.run.shared_model import SharedModel
+from engine.page.run.shared_model import PageModel, local_model
+from engine.worker.worker_model import WorkerModel
 
 pytestmark = pytest.mark.real_model
 PRESETS = presets.load_presets()
 
 
 @pytest.fixture(scope="module")
-def model(embedded_model) -> SharedModel:
-    return SharedModel.from_loaded(embedded_model)
+def model(embedded_model) -> PageModel:
+    return local_model(WorkerModel.from_loaded(embedded_model))
 
 
-def _run(model: SharedModel, name: str):
+def _run(model: PageModel, name: str):
     check = PRESETS[name]["check"]
     rows, chat_template, _, num_slots, *_ = presets.choose_preset(name)
     options = RunOptions(
@@ -43,14 +44,14 @@ def _run(model: SharedModel, name: str):
     return check, playground.run_engines(model, requests, config, options)
 
 
-def _check_prefix_caching(model: SharedModel, name: str, check: dict, without) -> None:
+def _check_prefix_caching(model: PageModel, name: str, check: dict, without) -> None:
     """The toggle on (the continuous engine again; the static engine never shares): the hit rate
     the text promises, the same outputs, lower mean TTFT."""
     rows, chat_template, _, num_slots, *_ = presets.choose_preset(name)
     options = RunOptions(chat_template=chat_template, kv_mode="paged", prefix_caching=True)
     requests, config = prepare(model, rows, num_slots, options)
     with model.lock:
-        cached = ContinuousEngine(model.runner, config).run(requests)
+        cached = ContinuousEngine(model.worker.model.runner, config).run(requests)
     plain = without.continuous
     hit_rate = cached.metrics().prefix_cache_hit_rate
     print(f"{name}: prefix-cache hit rate {hit_rate:.2f}")

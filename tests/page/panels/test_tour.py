@@ -12,7 +12,8 @@ from engine.page.inputs import page_io, presets
 from engine.page.inputs.link_query import Precision
 from engine.page.panels import tour
 from engine.page.run.run_options import RUN_INPUTS, RunSettings, options_from_page, prepare
-from engine.page.run.shared_model import SharedModel
+from engine.page.run.shared_model import local_model
+from engine.worker.worker_model import WorkerModel
 
 # The article's ideas, in its order, each a step's title: the barrier, iteration-level scheduling,
 # the packed row (prefill riding with decode), then the paged KV cache it points to; chunked
@@ -173,7 +174,7 @@ def test_each_setup_button_writes_what_a_link_sets(demo):
 def test_each_setup_is_valid_input_for_a_run(demo, embedded_model):
     """The page as each step's setup leaves it (the rest as the page opens) is what Run takes:
     its settings parse and the table tokenizes within the KV budget on the embedded model."""
-    model = SharedModel.from_loaded(embedded_model)
+    model = local_model(WorkerModel.from_loaded(embedded_model))
     run = next(fn for fn in demo.fns.values() if fn.api_name == "run")
     opened = {n: c.value for n, c in zip(RUN_INPUTS, run.inputs, strict=True)}
     for step in tour.load_tour():

@@ -15,7 +15,7 @@ from tiny_model import make_requests, tiny_worker_model
 from engine.fidelity import reference_store
 from engine.fidelity.reference import ReferenceCache
 from engine.page.run.cpu_split import CpuSplit, cpu_split
-from engine.page.run.shared_model import ModelView
+from engine.page.run.shared_model import PageModel
 from engine.serving.run_control import RunControl
 from engine.worker.worker_process import ModelSpec, ProcessWorker
 
@@ -115,7 +115,7 @@ def compute_references(model, specs, _watch):
 @TWO_CPUS
 def test_the_page_counts_the_references_its_engine_process_stored(tmp_path, monkeypatch):
     """The store's key holds the torch thread count, and the worker has fewer threads than the
-    page: given the worker's keys (``ModelView.connect``: its ``model_facts``), the page finds
+    page: given the worker's keys (``PageModel.connect``: its ``model_facts``), the page finds
     what the worker stored, so its queue does not price a reference pass that will not run."""
     monkeypatch.setenv("CBP_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CBP_REFERENCE_CACHE", "on")  # the suite keeps it off
@@ -124,7 +124,8 @@ def test_the_page_counts_the_references_its_engine_process_stored(tmp_path, monk
     worker = ProcessWorker(ModelSpec(model="tiny", load=stored_tiny_shared), cpus=(last,))
     try:
         worker.start()
-        page, _work, _parts_s = ModelView.connect(worker)
+        page = PageModel.connect(worker)
+        page.calibrate()
         worker.run(compute_references, (SPECS,), RunControl(), lambda *a, **k: None)
     finally:
         worker.close()

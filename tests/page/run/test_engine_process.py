@@ -22,11 +22,11 @@ from tiny_model import SLOW_STEP_S, make_requests, tiny_process_worker, tiny_sha
 from engine.config import EngineConfig
 from engine.page.handlers import playground
 from engine.page.run import shared_model
-from engine.page.run.engine_worker import engine_process_wanted
+from engine.page.run.cpu_split import engine_process_wanted
 from engine.page.run.run import Ended, Run, RunRequest
 from engine.page.run.run_handle import RunHandle
 from engine.page.run.run_options import RunOptions
-from engine.page.run.shared_model import ModelView
+from engine.page.run.shared_model import PageModel
 from engine.page.views.run_view import RUN_OUTPUTS
 from engine.serving.run_control import RunCancelled, RunControl, RunTimedOut
 
@@ -45,8 +45,8 @@ def process():
 
 @pytest.fixture(scope="module")
 def in_process(process):
-    """The page's model whose runs go to ``process`` (``ModelView``: no weights here)."""
-    model, _work, _parts_s = ModelView.connect(process)
+    """The page's model whose runs go to ``process`` (``PageModel``: no weights here)."""
+    model = PageModel.connect(process)
     return model
 
 

@@ -28,7 +28,7 @@ def test_the_load_warm_up_and_every_run_share_one_thread(monkeypatch):
     """load_shared_model loads and warms up on the thread every job then runs on."""
     loaded = tiny_runner().loaded
     load_threads, warm_up_threads = [], []
-    warm_up = shared_model.SharedModel.warm_up
+    warm_up = worker_model.WorkerModel.warm_up
 
     def load(*_args):
         load_threads.append(threading.get_ident())
@@ -39,10 +39,10 @@ def test_the_load_warm_up_and_every_run_share_one_thread(monkeypatch):
         warm_up(self)
 
     monkeypatch.setattr(worker_model, "load_model", load)
-    monkeypatch.setattr(shared_model.SharedModel, "warm_up", recorded_warm_up)
+    monkeypatch.setattr(worker_model.WorkerModel, "warm_up", recorded_warm_up)
     monkeypatch.setattr(shared_model, "_shared_model", None)
     shared = shared_model.load_shared_model("embedded")
-    assert shared.loaded is loaded and shared_model.get_model() is shared
+    assert shared.worker.model.loaded is loaded and shared_model.get_model() is shared
     runs = [_run_on_live_thread(), _run_on_live_thread()]
     assert load_threads == warm_up_threads == runs[:1]
     assert runs == [engine_thread.ENGINE_THREAD.ident] * 2

@@ -20,11 +20,13 @@ from engine.fidelity.reference import ReferenceCache
 from engine.page.handlers import playground
 from engine.page.run import run_cost, shared_model
 from engine.page.run.run_handle import RunHandle
+from engine.page.run.shared_model import PageModel, local_model
 from engine.page.views.progress_view import progress_line
 from engine.page.views.run_view import RUN_OUTPUTS
 from engine.serving.run_control import RunCancelled, RunControl, RunTimedOut, run_time_limit_s
 from engine.worker.progress import EngineProgress
 from engine.worker.transport import ThreadWorker
+from engine.worker.worker_model import WorkerModel
 
 ROWS = [["hello world", 4], ["abc", 30], ["the quick brown fox", 3], ["x", 12]]
 KNOBS = (2, False, True, "slots", 0, "decode_first", False, 0, "time")  # slots and the knobs
@@ -36,10 +38,10 @@ STATUS_INDEX, OUTPUTS_INDEX, CONTINUOUS_TIMELINE_INDEX = (
 
 
 @pytest.fixture
-def shared(monkeypatch) -> playground.SharedModel:
+def shared(monkeypatch) -> PageModel:
     """A fresh tiny shared model, continuous steps of SLOW_STEP_S, its KV caches kept by weakref."""
     runner = tiny_runner()
-    model = playground.SharedModel(runner.loaded, runner, ReferenceCache(runner))
+    model = local_model(WorkerModel(runner.loaded, runner, ReferenceCache(runner)))
     model.forward_calls = []
     model.caches = []
     forward, new_cache = runner.forward_packed, runner.new_kv_cache
@@ -229,7 +231,7 @@ def test_engine_value_error_mid_run_is_told_like_bad_input(shared, monkeypatch):
     def refuse(batch):
         raise ValueError("KV memory budget exceeded")
 
-    monkeypatch.setattr(shared.runner, "forward_packed", refuse)
+    monkeypatch.setattr(shared.worker.model.runner, "forward_packed", refuse)
     with pytest.warns(UserWarning, match="KV memory budget exceeded"):
         updates = list(playground.run_event(ROWS, *KNOBS, previous[0]))
     status = updates[-1][STATUS_INDEX]

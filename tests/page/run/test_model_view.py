@@ -18,7 +18,7 @@ from tiny_model import tiny_process_worker, tiny_shared
 from engine.model.loader import ModelLoadError
 from engine.page.run import shared_model
 from engine.page.run.run_options import RunOptions, prepare
-from engine.page.run.shared_model import ModelView
+from engine.page.run.shared_model import PageModel
 
 ROWS = [["hello world", 4], ["abc", 30], ["the quick brown fox", 3]]
 OPTIONS = RunOptions(chat_template=True, kv_mode="paged", kv_budget_mib=1.0)
@@ -31,9 +31,9 @@ def process():
 
 
 @pytest.fixture(scope="module")
-def view(process) -> ModelView:
+def view(process) -> PageModel:
     """The page's model, made from the engine process's facts and pace."""
-    model, _work, _parts_s = ModelView.connect(process)
+    model = PageModel.connect(process)
     return model
 
 

@@ -11,7 +11,9 @@ import pytest
 
 from engine.page.handlers import playground
 from engine.page.run import host_servers, shared_model
+from engine.page.run.shared_model import local_model
 from engine.page.views import run_view
+from engine.worker.worker_model import WorkerModel
 from tests.live_servers import UserVllm, needs_vllm
 
 pytestmark = [needs_vllm, pytest.mark.real_model]
@@ -31,7 +33,7 @@ def test_a_recorded_endpoint_is_drawn_from_the_inside(user_vllm, embedded_model,
     """Its run carries the server's own steps, the inside views draw them under its name, and no
     view or message shows its URL or its record address."""
     monkeypatch.delenv("CBP_VLLM_RECORD_TOKEN", raising=False)
-    page_model = shared_model.SharedModel.from_loaded(embedded_model)
+    page_model = local_model(WorkerModel.from_loaded(embedded_model))
     page_model.servers = host_servers.configure(
         embedded_model,
         [f"gpu={user_vllm.url}"],

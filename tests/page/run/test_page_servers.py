@@ -15,11 +15,13 @@ import pytest
 from engine.page.handlers import playground
 from engine.page.run import host_servers, shared_model
 from engine.page.run.run_handle import RunHandle
+from engine.page.run.shared_model import PageModel, local_model
 from engine.page.views import run_view, tables
 from engine.peers.endpoints import Endpoint
 from engine.peers.openai_engine import OpenAIEngine
 from engine.serving.run_control import RunControl
 from engine.worker.progress import ProgressLog
+from engine.worker.worker_model import WorkerModel
 from engine.workloads.workload import RequestSpec, tokenize_requests
 from tests.live_servers import TransformersServe, free_port
 
@@ -30,8 +32,8 @@ OUT = {name: i for i, name in enumerate(run_view.RUN_OUTPUTS)}
 
 
 @pytest.fixture(scope="module")
-def page_model(embedded_model) -> shared_model.SharedModel:
-    return shared_model.SharedModel.from_loaded(embedded_model)
+def page_model(embedded_model) -> PageModel:
+    return local_model(WorkerModel.from_loaded(embedded_model))
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ def page(shared, monkeypatch):
 def test_endpoints_come_from_flags_then_the_environment(shared):
     """--endpoint items first, then CBP_ENDPOINTS; URLs to their root; names as given."""
     env = {"CBP_ENDPOINTS": "gpu=http://10.0.0.5:8000/v1"}
-    found = host_servers.configure(shared.loaded, ["mine=http://127.0.0.1:8001/"], env)
+    found = host_servers.configure(shared.worker.model.loaded, ["mine=http://127.0.0.1:8001/"], env)
     assert found.names == ["mine", "gpu"]
     assert [e.endpoint.url for e in found.engines.values()] == [
         "http://127.0.0.1:8001",
@@ -65,7 +65,7 @@ def test_endpoints_come_from_flags_then_the_environment(shared):
 def test_bad_server_configuration_is_refused(shared, items, env, message):
     """A built-in name, a repeated name, a malformed entry: refused at start, saying which."""
     with pytest.raises(ValueError, match=message):
-        host_servers.configure(shared.loaded, items, {"CBP_ENDPOINTS": env})
+        host_servers.configure(shared.worker.model.loaded, items, {"CBP_ENDPOINTS": env})
 
 
 def test_an_endpoint_with_a_record_reads_it_and_hides_its_address(shared):
@@ -75,7 +75,7 @@ def test_an_endpoint_with_a_record_reads_it_and_hides_its_address(shared):
     env = {"CBP_ENDPOINTS": "gpu=http://10.0.0.5:8000"}
     records = ["gpu=http://10.0.0.5:8100", "mine=http://127.0.0.1:8001/record"]
     found = host_servers.configure(
-        shared.loaded, ["mine=http://127.0.0.1:8001"], env, record_items=records
+        shared.worker.model.loaded, ["mine=http://127.0.0.1:8001"], env, record_items=records
     )
     feeds = {name: getattr(e, "record", None) for name, e in found.engines.items()}
     assert feeds["gpu"].url == "http://10.0.0.5:8100/record", feeds
@@ -85,12 +85,12 @@ def test_an_endpoint_with_a_record_reads_it_and_hides_its_address(shared):
     said = found.public("gpu", "http://10.0.0.5:8000 and http://10.0.0.5:8100/record")
     assert said == "(gpu's address) and (gpu's record address)/record", said
     with pytest.raises(ValueError, match="no endpoint is named 'tpu'"):
-        host_servers.configure(shared.loaded, [], env, record_items=["tpu=http://h:1"])
+        host_servers.configure(shared.worker.model.loaded, [], env, record_items=["tpu=http://h:1"])
     by_env = {**env, "CBP_ENDPOINT_RECORDS": "gpu=http://10.0.0.5:8100,"}
-    from_env = host_servers.configure(shared.loaded, [], by_env).engines["gpu"]
+    from_env = host_servers.configure(shared.worker.model.loaded, [], by_env).engines["gpu"]
     assert from_env.record.url == "http://10.0.0.5:8100/record", "CBP_ENDPOINT_RECORDS unread"
     with pytest.raises(ValueError, match="CBP_ENDPOINT_RECORDS entry 'x'"):
-        host_servers.configure(shared.loaded, [], {**env, "CBP_ENDPOINT_RECORDS": "x"})
+        host_servers.configure(shared.worker.model.loaded, [], {**env, "CBP_ENDPOINT_RECORDS": "x"})
     assert launch.parse_args(["--endpoint-record", "a=http://h:1"]).endpoint_record == [
         "a=http://h:1"
     ]
@@ -109,7 +109,7 @@ def test_a_server_not_built_is_failed_on_the_page(page, tmp_path, monkeypatch, f
     at goes to the log only), and a run that asks for it says so while static and continuous are
     shown as usual. A typo in --endpoint beside it still stops the start."""
     monkeypatch.setenv(env, str(tmp_path / "missing"))
-    loaded, logged = _with_source(page.loaded, tmp_path), []
+    loaded, logged = _with_source(page.worker.model.loaded, tmp_path), []
     page.servers = host_servers.configure(loaded, log=logged.append, **{flag: True}).start()
     assert page.servers.names == [flag], "llamacpp_q4 is the embedded model's only"
     assert page.servers.status(flag).state == host_servers.FAILED and not page.servers.starting()
@@ -174,7 +174,9 @@ def test_a_run_takes_only_configured_names(page):
     with pytest.warns(UserWarning, match="no servers configured"):
         final = _run(ROWS, ["http://127.0.0.1:9"])
     assert "**Not run:** This page has no servers configured" in final["status_markdown"]
-    page.servers = host_servers.configure(page.loaded, [f"gone=http://127.0.0.1:{free_port()}"])
+    page.servers = host_servers.configure(
+        page.worker.model.loaded, [f"gone=http://127.0.0.1:{free_port()}"]
+    )
     with pytest.warns(UserWarning, match="No server named"):
         final = _run(ROWS, ["http://evil.example:80"])
     status = final["status_markdown"]
@@ -185,7 +187,7 @@ def test_a_run_takes_only_configured_names(page):
 def test_unreachable_endpoint_in_the_servers_line(page):
     """The servers line says an endpoint cannot be reached, naming it but not its address."""
     url = f"http://127.0.0.1:{free_port()}"
-    page.servers = host_servers.configure(page.loaded, [f"gone={url}"]).start()
+    page.servers = host_servers.configure(page.worker.model.loaded, [f"gone={url}"]).start()
     _wait_started(page.servers)
     line = server_view.servers_markdown(page.servers)
     assert line.startswith("**Servers** · **gone**: ✗ Cannot reach gone at (gone's address)"), line
@@ -196,7 +198,7 @@ def test_vllm_that_cannot_start_is_reported_and_the_rest_kept(page, tmp_path, mo
     """A local vLLM that exits at start: ✗ in the servers line, and a run that asks for it
     shows why while static and continuous are shown as usual."""
     monkeypatch.setenv("CBP_VLLM_VENV", str(Path(sys.executable).parent.parent))  # no vLLM
-    loaded = _with_source(page.loaded, tmp_path)
+    loaded = _with_source(page.worker.model.loaded, tmp_path)
     page.servers = host_servers.configure(loaded, vllm=True, vllm_eager=True).start()
     _wait_started(page.servers)
     line = server_view.servers_markdown(page.servers)
@@ -226,7 +228,7 @@ def test_a_model_vllm_cannot_serve_is_failed_on_the_page_with_why(page, tmp_path
     first: it is what to fix first."""
     if not Path(os.environ.get("CBP_VLLM_VENV", ".venv-vllm"), "bin", "python").exists():
         monkeypatch.setenv("CBP_VLLM_VENV", str(Path(sys.executable).parent.parent))
-    loaded, logged = _with_source(page.loaded, tmp_path, head_dim=16), []
+    loaded, logged = _with_source(page.worker.model.loaded, tmp_path, head_dim=16), []
     page.servers = host_servers.configure(loaded, log=logged.append, vllm=True).start()
     assert page.servers.status("vllm").state == host_servers.FAILED
     line = server_view.servers_markdown(page.servers)
@@ -248,7 +250,7 @@ def _wait_started(host: host_servers.PageServers, timeout_s: float = 120) -> Non
 def test_the_local_vllm_computes_on_the_engines_cpus_with_as_many_threads(page, tmp_path):
     """Given the engines' CPUs (1 of them), the local vLLM binds its threads to them: one thread
     on CPU 1, as our engines run. Without them, every CPU."""
-    loaded = _with_source(page.loaded, tmp_path)
+    loaded = _with_source(page.worker.model.loaded, tmp_path)
     split = host_servers.configure(loaded, vllm=True, cpus=(1,))
     settings = split.engines["vllm"].server.settings
     assert settings.omp_threads_bind == "1" and split.engines["vllm"].server.cpus() == {1}

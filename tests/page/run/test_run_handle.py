@@ -74,8 +74,8 @@ def test_stop_while_queued_ends_the_run_before_it_starts(shared, monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the model ran for a run stopped in the queue")
 
-    monkeypatch.setattr(shared.runner, "forward_packed", forbidden)
-    monkeypatch.setattr(shared.runner, "generate", forbidden)
+    monkeypatch.setattr(shared.worker.model.runner, "forward_packed", forbidden)
+    monkeypatch.setattr(shared.worker.model.runner, "generate", forbidden)
     for gradio_queue, answer in ((False, WAITING), (True, QUEUED)):
         handle = RunHandle(gradio_queue)
         handle.press()

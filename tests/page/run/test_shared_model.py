@@ -15,12 +15,12 @@ ENGINE = Path(__file__).resolve().parents[3] / "engine"
 
 
 def test_the_pace_timed_at_start_prices_that_same_work_at_its_measured_seconds():
-    """``calibrate_pace`` runs both engines and the reference on the calibration table (static:
+    """``calibrate`` runs both engines and the reference on the calibration table (static:
     two waves on 3 slots, each to its longest cap) and the queue then prices that work at the
     seconds measured, plus rendering, before any run finished."""
     shared = tiny_shared()
     assert not shared.queue.measured, "a fresh page knows no pace"
-    work, parts_s = shared.calibrate_pace()
+    work, parts_s = shared.calibrate()
     caps = [cap for _prompt, cap in CALIBRATION_TABLE]
     assert work.static_steps == max(caps[:3]) + max(caps[3:]), "static: two waves on 3 slots"
     assert 0 < work.continuous_steps < work.static_steps, "continuous packs the caps"
@@ -49,16 +49,16 @@ def test_no_method_is_borrowed_as_a_class_attribute():
     assert not found, f"borrowed: {found}"
 
 
-def test_the_shared_model_answers_as_the_worker_model_does():
-    """The page's model in process says its dtype, line and variants as its ``WorkerModel``."""
+def test_the_page_model_answers_as_the_worker_model_does():
+    """The page's model on the engine thread says its dtype and line as the ``WorkerModel`` it
+    views, holding no reference to its weights of its own: one class for both workers."""
     shared = tiny_shared()
-    plain = WorkerModel(shared.loaded, shared.runner, shared.reference)
+    held = shared.worker.model
+    assert isinstance(held, WorkerModel) and not isinstance(shared, WorkerModel)
     assert (
         (shared.dtype_name, shared.label)
-        == (plain.dtype_name, plain.label)
-        == (
-            "float32",
-            f"Model: {shared.loaded.name} · runs on {shared.loaded.device_label}",
-        )
+        == (held.dtype_name, held.label)
+        == ("float32", f"Model: {held.loaded.name} · runs on {held.loaded.device_label}")
     )
     assert shared.in_dtype(None) is shared and shared.in_dtype("float32") is shared
+    assert shared.facts.card.kv_bytes_per_token == held.runner.kv_bytes_per_token()
