@@ -1,10 +1,8 @@
 """vLLM as an engine, seen from the inside too: any recording vLLM endpoint, and a local vLLM.
 
 ``RecordedEngine`` plays a workload as ``OpenAIEngine`` does and reads the server's own record of
-the run (``RecordFeed`` or ``ScheduleLog``) into the trace's ``schedule``;
-``info["schedule_record"]`` says where from. A record that cannot be read never fails the run:
-``schedule`` is None with one warning. ``VllmEngine`` owns a local ``VllmServer``, started once. See
-docs/servers.md.
+the run into the trace's ``schedule`` (None, with one warning, when the record cannot be read);
+``VllmEngine`` owns a local ``VllmServer``. docs/servers.md.
 """
 
 from __future__ import annotations
