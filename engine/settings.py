@@ -215,11 +215,6 @@ def borrowed(name: str) -> str:
     return os.environ.get(name, "")
 
 
-def set_borrowed(name: str, text: str) -> None:
-    assert name in BORROWED, f"{name} is not declared in engine.settings.BORROWED"
-    os.environ[name] = text
-
-
 def environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, **(extra or {})}
 

@@ -1,14 +1,9 @@
 """The trace: what happened at every step of a run, the single source of every chart and metric.
 
-An engine appends one ``StepRecord`` per forward pass and fills one ``RequestRecord`` per request.
-Figures (``engine.page.figures.timelines``), the metrics table and the bench read only this, so what
-the page shows is what the engine did. Times are seconds since the run started (``perf_counter``).
-
-An engine behind a server (``engine.peers.openai_engine``) sees no steps and no slots: its trace has
-per-request times on the client's clock (sent = ``admit_s``) and the fields of ``Trace`` marked
-"server engines only".
-
-``engine.trace_codec`` writes a trace as JSON (downloads, the page's recording) and reads it back.
+An engine appends one ``StepRecord`` per forward pass and fills one ``RequestRecord`` per request;
+times are seconds since the run started (``perf_counter``). A server engine sees no steps and no
+slots: its trace has client-clock times per request (sent = ``admit_s``) and the fields marked
+"server engines only". ``engine.trace_codec`` writes and reads it as JSON.
 """
 
 from __future__ import annotations
@@ -26,13 +21,9 @@ IDLE = "idle"  # static only: a row still computed after its request finished (p
 
 @dataclass
 class ScheduledSeq:
-    """One sequence's share of a step.
-
-    ``num_cached_tokens`` counts the sequence's real tokens already in the KV cache before the step;
-    ``num_new_tokens`` the tokens it feeds in this step; ``num_padding_tokens`` the left padding of
-    its row (static engine only, 0 for the packed continuous row); ``num_prefix_cached_tokens``
-    how many of the cached ones, its first keys (positions ``0 .. n - 1``), came from the prefix
-    cache when it was admitted instead of being computed by it (the mask's shared key columns).
+    """One sequence's share of a step: ``num_cached_tokens`` real tokens in the KV cache before
+    it, ``num_new_tokens`` fed in it, ``num_padding_tokens`` of left padding (static rows only), and
+    ``num_prefix_cached_tokens``: the first cached keys, taken from the prefix cache at admission.
     """
 
     request_id: int
@@ -96,12 +87,8 @@ class StepRecord:
 
 @dataclass
 class RequestRecord:
-    """One request's life in a run. Times are ``None`` until the event happens.
-
-    ``sampling``: the request's settings (None: greedy). ``comparable`` is False when the engine
-    sampled it with a random stream of its own (transformers' manager), so its output is not
-    compared with the reference (``engine.fidelity.reference.comparison``).
-    """
+    """One request's life in a run; times are ``None`` until the event happens. ``comparable``:
+    False when the engine sampled it from its own random stream (transformers' manager)."""
 
     request_id: int
     prompt: str
@@ -189,11 +176,8 @@ def percentile(values: list[float], q: float) -> float | None:
 
 @dataclass
 class SlotRun:
-    """Consecutive steps in which one slot worked on one request (or idled after it).
-
-    A request has one run per stay in a slot: more than one if it was preempted and readmitted,
-    or if a token budget left it out of a step.
-    """
+    """Consecutive steps in which one slot worked on one request (or idled after it); a
+    preemption or a step the token budget left it out of starts another run."""
 
     request_id: int
     slot: int
@@ -208,13 +192,8 @@ class SlotRun:
 
 @dataclass
 class ServerSample:
-    """One reading of a server's Prometheus ``/metrics`` during a run
-    (``engine.peers.server_metrics``).
-
-    ``values`` holds the metrics the server has, by this project's names
-    (``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_pct``); one it lacks is
-    absent, never zero.
-    """
+    """One reading of a server's ``/metrics`` (``engine.peers.server_metrics``); a metric the
+    server lacks is absent from ``values``, never zero."""
 
     t_s: float  # seconds since the run started, on the client's clock
     values: dict[str, float] = field(default_factory=dict)
@@ -241,10 +220,7 @@ class Trace:
         return self.requests[request_id]
 
     def slot_runs(self) -> list[SlotRun]:
-        """Every run of every slot: consecutive steps of one request in one slot, merged.
-
-        A slot missing from a step (empty in that step) closes its run.
-        """
+        """Every run of every slot; a slot missing from a step closes its run."""
         done: list[SlotRun] = []
         open_runs: dict[int, SlotRun] = {}  # slot -> its current run
         for pos, step in enumerate(self.steps):
@@ -296,10 +272,8 @@ class Trace:
         return cached / prompt if prompt else 0.0
 
     def latency_percentiles(self) -> dict[str, dict[str, float | None]]:
-        """p50/p95/p99 of queue time, TTFT, TPOT and end-to-end latency over the requests (s).
-
-        Requests without a value (TPOT needs two tokens) are left out of that metric.
-        """
+        """p50/p95/p99 of queue time, TTFT, TPOT and end-to-end latency (s), over the requests
+        that have a value (TPOT needs two tokens)."""
         result = {}
         for name in LATENCY_METRICS:
             values = [v for r in self.requests if (v := getattr(r, name)) is not None]
@@ -307,10 +281,8 @@ class Trace:
         return result
 
     def padding_waste_pct(self) -> float:
-        """Share of computed token positions that were padding or rows already finished.
-
-        Padding is fed once, at a wave's prefill; an IDLE row wastes its one token every step.
-        """
+        """% of computed token positions that were padding (fed at a wave's prefill) or finished
+        (IDLE) rows."""
         computed = wasted = 0
         for step in self.steps:
             for s in step.seqs:

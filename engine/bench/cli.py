@@ -51,8 +51,7 @@ from engine.trace import Trace
 from engine.worker.engines import make_engine
 from engine.workloads.workload import tokenize_requests
 
-# The ``engine.trace.RunMetrics`` fields of an engine's JSON entry, and the ``RequestRecord``
-# fields of a request's, as they are
+# ``RunMetrics`` fields of an engine's JSON entry, ``RequestRecord`` fields of a request's
 METRIC_FIELDS = ("num_generated_tokens", "padding_waste_pct", "slot_utilisation_pct",
                  "num_preemptions", "num_cached_tokens", "prefix_cache_hit_rate")  # fmt: skip
 REQUEST_FIELDS = ("request_id", "prompt", "max_new_tokens", "output_token_ids", "output_text",
@@ -67,13 +66,9 @@ def run_engines(
     failures: dict[str, str],
     before_run: Callable[[], None],
 ):
-    """Each engine ``repeat`` times, interleaved, so machine noise hits all of them alike.
-
-    Each run waits first until the machine is quiet (``engine.kernels.cpu_share.wait_quiet``),
-    then calls ``before_run()`` (the bench reads the weights there, so that a step's limit comes
-    from the same minutes as the step). Returns ``(traces, peaks)``: per engine its traces, and
-    the highest of each run's ``PeakMemory.peak_bytes()`` fields and ``others_cpu_share``. A
-    server engine that fails gets its message in ``failures`` and no traces; the others go on.
+    """Each engine ``repeat`` times, interleaved, so machine noise hits all of them alike; each
+    run after ``cpu_share.wait_quiet()`` and ``before_run()``. Returns ``(traces, peaks)``: per
+    engine its traces and the highest ``PeakMemory.peak_bytes()`` fields and ``others_cpu_share``.
     """
     traces: dict[str, list[Trace]] = {name: [] for name in engines}
     peaks: dict[str, dict] = {name: {} for name in engines}
@@ -104,10 +99,7 @@ def median_trace(runs: list[Trace]) -> Trace:
 
 
 def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None = None) -> dict:
-    """The JSON entry of one engine, from its runs (the median-wall run's requests).
-
-    ``peaks``: the engine's peak-memory fields from ``run_engines``, copied in as they are.
-    """
+    """The JSON entry of one engine, from its runs (the median-wall run's requests)."""
     walls = [t.wall_s for t in runs]
     median_run = median_trace(runs)
     m = median_run.metrics()
@@ -146,10 +138,7 @@ def engine_result(runs: list[Trace], reference: dict | None, peaks: dict | None 
 
 
 def warm_up(engines: dict, requests, failures: dict[str, str]) -> None:
-    """One short run per engine, so one-time costs (allocations, kernels) are not timed.
-
-    Local servers start first; a server engine that fails gets its message in ``failures``.
-    """
+    """Start local servers, then one short run per engine, so one-time costs are not timed."""
     start_servers(engines, failures)
     short = [
         dataclasses.replace(r, max_new_tokens=min(4, r.max_new_tokens), arrival_s=0.0)

@@ -1,13 +1,8 @@
-"""The bench's server engines: ``vllm``, ``llamacpp``, ``llamacpp_q4`` and ``--endpoint NAME=URL``,
-and what can go wrong.
+"""The bench's server engines: ``vllm``, ``llamacpp``, ``llamacpp_q4`` and ``--endpoint NAME=URL``.
 
-A server engine is an ``OpenAIEngine`` (``engine.peers.openai_engine``); the local ones own their
-server, started once before the warm-up and stopped when the bench ends, so every repeat runs on
-the same warm server. A server that cannot be reached, refuses a request or dies raises
-``EndpointError``: that engine is dropped with its message (``failed_result``), the others go on.
-An endpoint with ``--endpoint-record`` reads its server's record of its steps and is compared with
-our matched engine (``add_schedule_comparison``; ``engine.bench.deployment``). The JSON fields are
-in docs/bench.md.
+Local servers start once before the warm-up and stop when the bench ends. A server that fails
+raises ``EndpointError``: that engine is dropped with its message (``failed_result``), the others
+go on. The JSON fields: docs/bench.md.
 """
 
 from __future__ import annotations
@@ -26,12 +21,9 @@ MATCHED = ("continuous_paged", "continuous")  # our engines vLLM's settings foll
 def server_engines(args, names: list[str], loaded, ours: dict, requests, followed) -> dict:
     """The ``vllm`` and llama.cpp engines (those named) and one engine per ``--endpoint``, by name.
 
-    ``ours``: our engines by name; when one of ``MATCHED`` runs (the first listed), vLLM gets its
-    settings (``engine.peers.vllm_server.matched_settings``) for ``requests``, and the engine
-    remembers which one it matches (``matched_to``) and what could not match (``unmatched``).
-    An endpoint with a record URL remembers the same, and ``followed``: the
-    ``engine.bench.deployment.Followed`` when ours took its settings, else None. The llama.cpp
-    engines get ``--parallel`` = ``--slots`` and slots sized to the longest of ``requests``.
+    vLLM takes the settings of the first of ``MATCHED`` among ``ours``; it and each endpoint with
+    a record note which engine they match (``matched_to``), what could not (``unmatched``) and,
+    for an endpoint, ``followed`` (``engine.bench.deployment.Followed`` or None).
 
     Raises:
         ValueError: no ``.venv-vllm``, no llama-server or GGUF for it, or a bad ``--endpoint`` or
@@ -59,8 +51,7 @@ def server_engines(args, names: list[str], loaded, ours: dict, requests, followe
 
 
 def matched_engine(ours: dict) -> str | None:
-    """The first of ``MATCHED`` among ``ours`` (by name): the engine a server's schedule is
-    compared with; None when neither runs."""
+    """The first of ``MATCHED`` among ``ours``, whose schedule a server's is compared with."""
     return next((name for name in MATCHED if name in ours), None)
 
 
@@ -156,14 +147,8 @@ def close_engines(engines: dict) -> None:
 
 
 def server_fields(trace: Trace) -> dict:
-    """What a server engine's JSON entry adds (its median run); {} for other engines.
-
-    ``server``: name, URL, version, settings, warnings and ``/metrics`` samples. The ``vllm``
-    engine also replaces ``num_steps`` (and ``ms_per_step``) with the steps of vLLM's own record
-    (``engine.peers.vllm_record``) and adds ``server.schedule``: those steps in brief (count,
-    time, preemptions, what recording them cost). Without a record ``num_steps`` stays 0, as for
-    any server.
-    """
+    """What a server engine's JSON entry adds (``server``; with its own record of steps,
+    ``num_steps`` and ``server.schedule``: docs/bench.md); {} for other engines."""
     server = trace.info.get("server")
     if server is None:
         return {}
@@ -196,9 +181,7 @@ def failed_result(name: str, message: str, engines: dict) -> dict:
 
 
 def schedule_line(name: str, schedule: Trace) -> str:
-    """The report's line on an engine's own steps, e.g. ``vllm: 301 steps in vLLM's own record
-    (recording took 0.03 % of their time)``; transformers' (``hf_continuous``) is named by the
-    ``transformers`` version its record's info carries."""
+    """E.g. ``vllm: 301 steps in vLLM's own record (recording took 0.03 % of their time)``."""
     cost = schedule.info.get("record_cost_pct")
     cost_text = "" if cost is None else f" (recording took {cost:.2f} % of their time)"
     owner = "transformers'" if schedule.info.get("transformers") else "vLLM's"
@@ -206,10 +189,8 @@ def schedule_line(name: str, schedule: Trace) -> str:
 
 
 def add_schedule_comparison(results: dict, medians: dict[str, Trace], engines: dict) -> None:
-    """``results[server]["schedule_comparison"]`` for ``vllm`` and each endpoint with a record:
-    our matched engine's schedule against the server's own (``engine.peers.schedule_comparison``,
-    median runs; fields in docs/bench.md). Nothing for a server whose settings matched none of
-    ours or whose record is missing."""
+    """``results[server]["schedule_comparison"]`` (docs/bench.md) for each server with a record
+    and a matched engine of ours: the two median runs' schedules."""
     from engine.peers.schedule_comparison import compare_schedules
 
     registry = ServerRegistry(engines)

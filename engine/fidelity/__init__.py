@@ -1,8 +1,5 @@
-"""Fidelity: outputs held against per-request ``model.generate``, token for token. Modules:
-``reference``, ``reference_store``, ``reference_key``, ``divergence``; docs/architecture.md.
-
-Nothing is imported here: import the modules by name.
-"""
+"""Fidelity: outputs held against per-request ``model.generate``, token for token: ``reference``,
+``reference_store``, ``reference_key``, ``divergence``. Import them by name."""
 
 __all__ = [
     "reference",

@@ -1,7 +1,4 @@
-"""llama.cpp beside our engines: ``llama-server`` on the loaded weights as two engines. Modules:
-``gguf_file``, ``server``, ``engines``; docs/servers.md and docs/architecture.md.
-
-Nothing is imported here: import the modules by name.
-"""
+"""llama.cpp's ``llama-server`` on the loaded weights as two engines: ``gguf_file``, ``server``,
+``engines``. Import them by name."""
 
 __all__ = ["gguf_file", "server", "engines"]

@@ -1,15 +1,12 @@
 """The ``llamacpp`` and ``llamacpp_q4`` engines: a local ``llama-server``, driven as an endpoint.
 
-Played through ``OpenAIEngine`` with our token ids. Re-tokenized text is not always the tokens
-generated (two "\\n" come back as one "\\n\\n"), so requests ask for ``verbose`` chunks, whose
-``__verbose.tokens`` become ``token_ids``. ``llamacpp`` serves the loaded float32 weights (F32
-GGUF); ``llamacpp_q4`` the shipped Q4_1 file, so its differences are expected
-(``info["differences_expected"]``). docs/servers.md.
+Requests ask for ``verbose`` chunks, whose ``__verbose.tokens`` become ``token_ids``: re-tokenized
+text is not always the tokens generated (two "\\n" come back as one "\\n\\n"). ``llamacpp_q4``'s
+quantized weights make its differences expected. docs/servers.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -88,13 +85,6 @@ class LlamaCppEngine(OpenAIEngine):
         self.server.settings, self.num_slots = new, num_slots
         return True
 
-    def start(self, on_progress: Callable[[str], None] | None = None) -> LlamaCppEngine:
-        """Raises EndpointError (with its log's tail)."""
-        if not self.server.running:
-            self._info = None  # a restarted server is probed again
-            self.server.start(on_progress)
-        return self
-
     def server_info(self):
         info = super().server_info()
         info.settings.update(self.server.info(), **self.server.settings.describe())
@@ -131,6 +121,3 @@ class LlamaCppEngine(OpenAIEngine):
                 f"{self.name} runs the float32 weights; ours run {self.loaded.dtype}."
             )
         return trace
-
-    def close(self) -> None:
-        self.server.stop()

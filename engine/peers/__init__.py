@@ -1,13 +1,8 @@
-"""Peers: other engines run beside ours on the same requests (transformers, any OpenAI-compatible
-server, vLLM, llama.cpp), written as our ``Trace``; the map is docs/architecture.md.
-
-Modules: ``endpoints``, ``openai_engine``, ``openai_probe``, ``schedule_comparison``,
-``server_metrics``, ``server_process``, ``transformers_engine``, ``transformers_scheduler``,
-``vllm_engine``, ``vllm_record``, ``vllm_server``, ``vllm_scheduler``.
-
-Nothing is imported here: import the modules by name. ``vllm_scheduler`` runs inside vLLM's process
-and imports only vllm and the standard library, so no module here imports it.
-"""
+"""Peers: other engines run beside ours on the same requests, written as our ``Trace``:
+``endpoints``, ``openai_engine``, ``openai_probe``, ``schedule_comparison``, ``server_metrics``,
+``server_process``, ``transformers_engine``, ``transformers_scheduler``, ``vllm_engine``,
+``vllm_record``, ``vllm_server``, ``vllm_scheduler`` (runs inside vLLM; nothing imports it).
+Import them by name."""
 
 __all__ = [
     "transformers_engine",

@@ -62,11 +62,17 @@ class OpenAIEngine:
         return self.server is not None
 
     def start(self, on_progress: Callable[[str], None] | None = None) -> OpenAIEngine:
-        """Start the local server (a remote endpoint: nothing to start)."""
+        """Start the local server unless it runs (a remote endpoint: nothing to start). Raises
+        EndpointError: it exited or never became healthy (with its log's tail)."""
+        if self.server is not None and not self.server.running:
+            self._info = None  # a restarted server is probed again
+            self.server.start(on_progress)
         return self
 
     def close(self) -> None:
         """Stop the local server (a remote endpoint: nothing to stop)."""
+        if self.server is not None:
+            self.server.stop()
 
     def server_info(self) -> ServerInfo:
         """What the server serves and accepts (probed on first use). Raises EndpointError."""

@@ -1,17 +1,8 @@
 """The server's side of a run: its Prometheus ``/metrics``, read a few times a second.
 
-``MetricsSampler`` turns each reading into a ``ServerSample`` on the run's clock, under this
-project's names (vLLM's, SGLang's, TGI's and llama.cpp's gauges, summed over labels; llama.cpp's KV
-use from ``/slots``):
-
-=====================  ==========================================================
-num_requests_running   requests the server is decoding or prefilling right now
-num_requests_waiting   requests queued for a seat
-kv_cache_usage_pct     share of the KV cache in use, 0 to 100
-=====================  ==========================================================
-
-A server without them has fewer values, and ``note`` says why. A KV % is of that server's own pool
-(``kv_pool`` says what the whole is).
+``MetricsSampler`` turns each reading into a ``ServerSample`` under this project's names
+(``METRIC_ALIASES``; llama.cpp's KV use from ``/slots``); ``note`` says why a value is missing and
+``kv_pool`` what a KV % is of. The fields: docs/bench.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """transformers' own schedule, step by step: a scheduler its manager picks by name, recording it.
 
-``register()`` adds ``RecordingFIFOScheduler`` (transformers' ``FIFOScheduler`` unchanged: every
-override calls the base method and only reads) to ``SCHEDULER_MAPPING`` as ``SCHEDULER_TYPE``; no
-method of transformers is patched. One ``PlannedStep`` per forward pass runs from the
-``schedule_batch`` call to the loop's next ``clear_cancelled_requests``. What it records and its
-limits (preemption, async batching): docs/engines.md, "From the inside".
+``register()`` adds ``RecordingFIFOScheduler`` to ``SCHEDULER_MAPPING`` as ``SCHEDULER_TYPE``; no
+method of transformers is patched. What it records and its limits: docs/engines.md, "From the
+inside".
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """vLLM as an engine, seen from the inside too: any recording vLLM endpoint, and a local vLLM.
 
 ``RecordedEngine`` plays a workload as ``OpenAIEngine`` does and reads the server's own record of
-the run (``RecordFeed`` or ``ScheduleLog``) into the trace's ``schedule``;
-``info["schedule_record"]`` says where from. A record that cannot be read never fails the run:
-``schedule`` is None with one warning. ``VllmEngine`` owns a local ``VllmServer``, started once. See
-docs/servers.md.
+the run into the trace's ``schedule`` (None, with one warning, when the record cannot be read);
+``VllmEngine`` owns a local ``VllmServer``. docs/servers.md.
 """
 
 from __future__ import annotations
@@ -12,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
-from collections.abc import Callable
 
 from engine.peers.openai_engine import OpenAIEngine
 from engine.peers.openai_probe import ServerInfo
@@ -143,13 +140,6 @@ class VllmEngine(RecordedEngine):
         self.server = VllmServer(settings)
         super().__init__(self.server.endpoint(), loaded, num_slots)
 
-    def start(self, on_progress: Callable[[str], None] | None = None) -> VllmEngine:
-        """Raises EndpointError: the server exited or never became healthy (with its log's tail)."""
-        if not self.server.running:
-            self._info = None  # a restarted server is probed again
-            self.server.start(on_progress)
-        return self
-
     def server_info(self) -> ServerInfo:
         info = super().server_info()
         info.settings.update(self.server.info())
@@ -166,9 +156,6 @@ class VllmEngine(RecordedEngine):
         elif self.record is None or self.record.path != path:
             self.record = ScheduleLog(path)
         return self.record
-
-    def close(self) -> None:
-        self.server.stop()
 
 
 def endpoint_engine(endpoint, loaded, num_slots: int) -> OpenAIEngine:

@@ -1,9 +1,6 @@
-"""Serving: what a continuous engine decides and lays out at each step, in plain bookkeeping; the
-map is docs/architecture.md. Modules: ``scheduler``, ``planners``, ``block_manager``, ``kv_cache``,
-``kv_cache_groups``, ``packed_batch``, ``masks``, ``sampler``, ``run_control``.
-
-Nothing is imported here: import the modules by name.
-"""
+"""Serving: what a continuous engine decides and lays out at each step, in plain bookkeeping:
+``scheduler``, ``planners``, ``block_manager``, ``kv_cache``, ``kv_cache_groups``,
+``packed_batch``, ``masks``, ``sampler``, ``run_control``. Import them by name."""
 
 __all__ = [
     "scheduler",

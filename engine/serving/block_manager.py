@@ -1,60 +1,22 @@
 """The block manager: which fixed-size KV blocks each sequence holds. Plain Python, no torch.
 
-The paged KV cache (vLLM, "Efficient Memory Management for Large Language Model Serving with
-PagedAttention", SOSP '23; ``vllm/v1/core/block_pool.py`` and ``kv_cache_manager.py``) splits KV
-memory into blocks of ``block_size`` tokens. A sequence's *block table* lists its blocks in order,
-so its token at position ``p`` lives in block ``table[p // block_size]`` at offset
-``p % block_size``. Blocks come from a free list and go back to it when a sequence finishes or is
-preempted, so memory is only held for tokens that exist, never for a worst-case reservation::
+As vLLM's paged KV cache (``vllm/v1/core/block_pool.py``, ``kv_cache_manager.py``): a sequence's
+*block table* lists its blocks, so its token at position ``p`` lives in block
+``table[p // block_size]`` at offset ``p % block_size``::
 
     block:    0    1    2    3    4    5    6    7
     owner:   R0   R0   R2   --   R0   R2   --   --      (-- free)
     R0's block table: [0, 1, 4]      R2's block table: [2, 5]
 
-**Prefix caching** (``prefix_caching=True``), as vLLM (``docs/design/prefix_caching.md``) and
-nano-vllm (``nanovllm/engine/block_manager.py``) do it: once a block is full and its keys and
-values are computed, it is named by a hash of its parent block's hash and its own token ids, so a
-hash names the whole prefix up to the block's end, never just the block's tokens. A new sequence
-looks its full blocks up in order and stops at the first miss; the blocks it finds go into its
-block table and their reference count grows, so several sequences read one copy::
+Prefix caching names a full block by the hash of its parent's hash and its own tokens, so a hash
+names the whole prefix; a freed block keeps its hash in an LRU queue until evicted::
 
-    tokens:  [sys prompt 0-15] [sys prompt 16-31] [R0's question ...]
-    hash:     h0 = H(root, t0..t15)  h1 = H(h0, t16..t31)   (a partial block has no hash)
-
-    block:      0    1    2    3    4    5
+    hash:       h0 = H(root, t0..t15)  h1 = H(h0, t16..t31)   (a partial block has no hash)
     refcount:   2    2    1    1    0c   0      (0c: free, but keeps its hash: cached)
     R0's table: [0, 1, 2]     R3's table: [0, 1, 3]     cached free blocks (LRU first): [4]
 
-A block whose count drops to 0 keeps its hash in an LRU queue of cached free blocks, so a later
-sequence can still hit it. New blocks come from the plain free list first; only when that is empty
-is the least recently freed cached block evicted (its hash dropped). A sequence's blocks enter the
-queue tail first (vLLM and nano-vllm free them in reverse), so a prefix loses its end before its
-start, and what is left still matches from the first block.
-
-**vLLM's order** (``vllm_order=True``, the ``"vllm"`` policy's; vLLM 0.32's ``BlockPool``,
-``vllm/v1/core/block_pool.py``) differs from the default in three ways. A block computed twice
-(an equal prefix filled again) is registered under the same hash, so it joins the cached queue
-when freed, where by default the copy stays without a hash and is reused first: under a full
-pool vLLM then evicts an older prefix that ours keeps (docs/servers.md, "Eviction", has a
-captured run). A freed block without a hash goes to the front of the plain list, and a
-sequence's blocks are freed tail first without prefix caching too; these two change which block
-ids a sequence gets, never what it hits.
-
-**A sliding window** (``window``: every layer attends to its last ``window`` keys only, as in
-Mistral) frees a sequence's blocks that no query it will compute can read, as vLLM's
-``SlidingWindowManager.remove_skipped_blocks`` does: before a step from computed position ``c``
-(its first query), the blocks wholly before ``c - window + 1`` go back to the pool and their
-table entries become ``FREED`` (vLLM's null block), so ``table[p // block_size]`` still
-addresses the blocks kept. docs/engines.md ("Sliding windows free blocks") says what prefix
-caching does with them::
-
-    window 6, block size 4, c = 13: queries 13.. read keys 8..; blocks of tokens 0-3, 4-7 go
-    R0's table: [FREED, FREED, 5, 2]
-
-**KV cache groups** (Gemma 2 and 3 mix sliding and global layers): ``BlockManager.for_group``
-makes a manager of one more group over the same pool (its free lists, reference counts and
-prefix hashes, salted by the group so groups never share a block); ``engine.serving.
-kv_cache_groups`` coordinates them.
+``vllm_order`` (vLLM's ``BlockPool`` order), ``window`` (out-of-window blocks become ``FREED``,
+vLLM's null block) and KV cache groups (``for_group``): docs/engines.md.
 """
 
 from __future__ import annotations
@@ -86,8 +48,7 @@ def block_hash(parent_hash: bytes, token_ids: list[int]) -> bytes:
 
 
 class BlockManager:
-    """A pool of ``num_blocks`` KV blocks, their reference counts and one block table per request
-    (``prefix_caching``, ``vllm_order`` and ``window``: see the module docstring).
+    """A pool of ``num_blocks`` KV blocks, their reference counts and one block table per request.
 
     Raises:
         ValueError: on fewer than one block or a block size below 1.

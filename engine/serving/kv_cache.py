@@ -1,23 +1,16 @@
-"""KV caches for the continuous engine.
+"""KV caches for the continuous engine, one per KV mode (docs/engines.md).
 
-``SlotKVCache`` (mode ``"slots"``) preallocates one contiguous region per slot and writes every
-step's new keys and values in place, so a step costs the same whatever the context length::
+``SlotKVCache`` (``"slots"``) preallocates one region per slot and writes each step's keys and
+values in place::
 
     keys[layer]  [B, H_kv, P, D]
     slot 0:  R0 R0 R0 R0 R0 .. .. ..      (R0 has 5 tokens cached)
-    slot 1:  R4 R4 .. .. .. .. .. ..      (R4 was admitted when R1 finished; R1's stale
-    slot 2:  R2 R2 R2 R2 R2 R2 R2 ..       entries past position 1 are masked out)
+    slot 1:  R4 R4 .. .. .. .. .. ..      (R4 took R1's slot; R1's stale entries are masked out)
+    slot 2:  R2 R2 R2 R2 R2 R2 R2 ..
 
-``PagedKVCache`` (mode ``"paged"``) is what vLLM does: one pool of fixed-size blocks, sized from a
-memory budget and handed out by the scheduler's ``BlockManager``; the cache owns only the storage
-and reads the manager's block tables. A step gathers each slot's blocks into the view the
-attention reads (vLLM's paged-attention kernel reads the blocks in place; a gather is the portable
-torch equivalent and costs one extra pass over the context). With prefix caching several tables
-can list one block; a step only writes into blocks past a sequence's cached prefix, its own.
-
-``ConcatKVCache`` (mode ``"concat"``) is the article's way, kept as a teaching mode: each sequence
-owns its own growing tensors, and every step concatenates them into one packed cache, so each step
-copies the whole context (a run costs its square). All three implement ``KVCache``.
+``PagedKVCache`` (``"paged"``) is vLLM's pool of blocks: it owns the storage and reads the
+scheduler's block tables, gathering each slot's blocks where vLLM's kernel reads them in place.
+``ConcatKVCache`` (``"concat"``) is the article's: every step concatenates per-sequence tensors.
 """
 
 from __future__ import annotations
@@ -37,19 +30,9 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype)
 
 
 class KVCache(ABC):
-    """What the continuous engine and the attention kernels call on a KV cache, per step:
-
-    1. ``prepare(batch)`` once, before the forward pass (``build_packed_batch`` calls it): the
-       per-step addressing the layers share (write rows, block rows, or the packed mask);
-    2. per layer, the attention kernels store the step's keys and values (``write``) and read
-       them back: one sequence's (``sequence_kv``, every cache), every slot's at once
-       (``InPlaceKVCache.slot_view``, ``block_storage``), or, for a cache whose ``prepare`` set
-       ``batch.packed_mask`` (``ConcatKVCache``), the packed concatenation (``gather``, which
-       writes too);
-    3. ``release(request_id)`` once per finished sequence, after the step.
-
-    ``bytes_per_token`` and ``total_bytes`` size the cache for the trace. Shapes are in each
-    method's docstring (the named dimensions of ``engine``).
+    """Per step: ``prepare(batch)`` before the forward; per layer ``write`` and a read
+    (``sequence_kv``, ``slot_view``, ``block_storage`` or the concat cache's ``gather``);
+    ``release(request_id)`` per finished sequence.
 
     Raises:
         AssertionError: from ``prepare`` when a sequence outgrew the storage given to it (an
@@ -66,7 +49,7 @@ class KVCache(ABC):
 
     @abstractmethod
     def prepare(self, batch: PackedBatch) -> None:
-        """Per step, before the forward: fill the batch's KV addressing fields."""
+        """Fill the batch's KV addressing fields."""
 
     @abstractmethod
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, batch: PackedBatch):
@@ -85,8 +68,8 @@ class KVCache(ABC):
 
 
 class InPlaceKVCache(KVCache):
-    """A ``KVCache`` with storage written in place every step (where ``prepare`` said) and read
-    back as views: the slot and paged caches, whose ``keys`` and ``values`` are preallocated."""
+    """A ``KVCache`` whose preallocated ``keys`` and ``values`` are written in place and read as
+    views: the slot and paged caches."""
 
     keys: torch.Tensor
     values: torch.Tensor
@@ -143,9 +126,8 @@ class SlotKVCache(InPlaceKVCache):
         self.values[layer].view(-1, head_dim).index_copy_(0, index, value[0].reshape(-1, head_dim))
 
     def prepare(self, batch: PackedBatch) -> None:
-        """Per step, before the forward: the row of every new (head, token) in a layer's storage
-        viewed as ``[B * H_kv * P, D]``, so ``write`` stores a layer's keys with one
-        ``index_copy_``, cheaper than advanced-index assignment."""
+        """The row of every new (head, token) in a layer's storage viewed as ``[B * H_kv * P, D]``,
+        so ``write`` is one ``index_copy_``, cheaper than advanced-index assignment."""
         positions = batch.position_ids[0]  # (T,)
         slot_ids = batch.slot_ids  # (T,)
         assert int(positions.max()) < self.max_seq_len, "a sequence outgrew its slot's KV"
@@ -172,23 +154,18 @@ class SlotKVCache(InPlaceKVCache):
 class PagedKVCache(InPlaceKVCache):
     """A pool of KV blocks shared by all sequences, addressed through block tables.
 
-    Storage keeps each block's tokens contiguous per head, so a block is rows
-    ``[b * block_size, (b + 1) * block_size)`` of a layer's ``[H_kv, N * block_size, D]`` view.
-    ``block_tables`` is the scheduler's ``BlockManager.block_tables`` (request id -> block ids in
-    token order), given read-only: the scheduler allocates and frees blocks, the cache only reads
-    where each sequence's tokens live. ``prepare`` turns the tables into storage rows, one per
-    position; a shorter table, an idle slot and a block freed out of the sliding window
-    (``FREED``, only read under the window's masks) are padded with block 0, never attended::
+    Block ``b`` is rows ``[b * block_size, (b + 1) * block_size)`` of a layer's
+    ``[H_kv, N * block_size, D]`` storage. ``block_tables`` (the scheduler's) is read only.
+    ``prepare`` turns the tables into storage rows, one per position; a shorter table, an idle
+    slot and a ``FREED`` entry are padded with block 0, never attended::
 
         block_size 2;  R0's table [0, 1, 4] in slot 0;  R2's table [2] in slot 1
         kv_block_rows  slot 0:  0 1 | 2 3 | 8 9
                        slot 1:  4 5 | 0 1 | 0 1      (past its table: padding, never attended)
 
-    With KV cache groups (``layer_groups``: layer indices per group, ``block_tables`` one
-    mapping per group; ``engine.serving.kv_cache_groups``), a block holds ``block_size`` tokens
-    of one layer of each row of a group, ``L_g`` rows (the largest group's layers), and a layer
-    reads its group's tables; ``prepare`` sets the batch's fields from group 0's and
-    ``batch.kv_group_addressing`` from every group's.
+    With KV cache groups (``layer_groups``: layer indices per group; ``block_tables``: one
+    mapping per group) a layer reads its group's tables, group 0's in the batch's fields and all
+    in ``batch.kv_group_addressing``.
 
     Shapes:
         keys, values: [L, H_kv, N * block_size, D]   (N = num_blocks; groups: [L_g, ...])
@@ -225,11 +202,7 @@ class PagedKVCache(InPlaceKVCache):
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
 
     def prepare(self, batch: PackedBatch) -> None:
-        """Per step, before the forward: storage rows of every slot's positions and new tokens,
-        in every group.
-
-        The scheduler has already given every scheduled sequence the blocks its new tokens need.
-        """
+        """Storage rows of every slot's positions and new tokens, in every group."""
         addressing = [self._addressing(batch, tables) for tables in self.group_tables]
         batch.kv_block_table, batch.kv_block_rows, batch.kv_write_index = addressing[0]
         if len(addressing) > 1:
@@ -339,8 +312,7 @@ class ConcatKVCache(KVCache):
         return keys[0], values[0]
 
     def prepare(self, batch: PackedBatch) -> None:
-        """Per step, before the forward: the packed mask this mode applies literally (none in
-        batch-invariant mode, which attends per sequence)."""
+        """The packed mask this mode applies literally (none in batch-invariant mode)."""
         if batch.invariant:
             return
         mask = packed_step_mask(batch.num_cached, batch.num_new)  # (T, T_kv)

@@ -1,23 +1,14 @@
 """KV cache groups: one block table per sequence per layer type, over one pool of blocks.
 
-Gemma 2 alternates sliding-window and global layers; Gemma 3 has five sliding layers to each
-global one. A global layer reads every key, a sliding one only its last ``W``: as vLLM's
-``HybridKVCacheCoordinator`` does (``vllm/v1/core/kv_cache_coordinator.py``), layers of one type
-form a *group* with its own block tables, and every group draws its blocks from the same pool
-(``BlockManager.for_group``). Each block holds ``block_size`` tokens of as many layers as a group
-has (vLLM's uniform page size: ``kv_cache_utils._get_kv_cache_groups_uniform_page_size`` cuts
-each type's layers into groups of the smallest type's count). A sliding group frees its blocks
-that fall out of its window (``BlockManager.free_out_of_window``), so they serve any group::
+For models that mix sliding and global layers (Gemma 2 and 3), as vLLM's
+``HybridKVCacheCoordinator`` (``vllm/v1/core/kv_cache_coordinator.py``); docs/engines.md::
 
     Gemma 2 (layer 0 sliding W = 8, layer 1 global), block size 4, R0 at 20 tokens:
     group 0 (global, layer 1):   R0's table [3, 0, 7, 2, 9]
     group 1 (window 8, layer 0): R0's table [FREED, FREED, 4, 5, 6]     blocks 0..9: one pool
 
-``KVCacheGroups`` answers the scheduler as one ``BlockManager`` does: a request's blocks are
-those of every group, allocated all or none. A prefix-cache hit is the longest prefix whose
-blocks every group still has cached; a sliding group needs only the blocks in the window of the
-first query after the hit (vLLM's ``SlidingWindowManager.find_longest_cache_hit``), the ones
-before it enter its table ``FREED``.
+``KVCacheGroups`` answers the scheduler as one ``BlockManager`` does, allocating in every group or
+none; a prefix hit is the longest prefix every group still serves.
 """
 
 from __future__ import annotations
@@ -28,9 +19,7 @@ from engine.serving.block_manager import FREED, BlockManager
 
 
 class KVCacheGroups:
-    """The block managers of ``windows`` (one group each: its sliding window in keys, None:
-    global) over one pool of ``num_blocks`` blocks of ``block_size`` tokens; group 0's tables are
-    ``block_tables``. ``prefix_caching``, ``vllm_order``: as ``BlockManager``'s.
+    """One ``BlockManager`` per entry of ``windows`` (keys; None: global) over one pool.
 
     Raises:
         ValueError: on fewer than one block or a block size below 1 (``BlockManager``).

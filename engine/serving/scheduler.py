@@ -1,21 +1,10 @@
 """Iteration-level scheduler over ``B`` slots with a per-step token budget.
 
 Orca (OSDI '22) and vLLM's ``Scheduler``: a finished sequence's slot goes to the next waiting
-request on that same step, so its prefill rides in the very next forward pass. A prompt that does
-not fit the budget left is prefilled in chunks (Sarathi, OSDI '24); only its last chunk samples.
-In the paged KV mode the scheduler owns the ``block_manager`` (as nano-vllm's does), gives every
-scheduled sequence the blocks its new tokens need and preempts when the pool runs dry (vLLM's
-recompute preemption). With prefix caching an admitted request starts from the cached blocks of
-its longest cached prefix (vLLM's ``KVCacheManager.get_computed_blocks``), leaving its last token
-to compute. With a sliding ``window`` on every layer, each step first frees the blocks that fell
-out of every running sequence's window (``BlockManager.free_out_of_window``), so they count as
-free when the step admits and allocates. A model that mixes sliding and global layers
-(``kv_groups``) gets a ``KVCacheGroups`` instead: one block table per group, the sliding groups
-freeing theirs. docs/engines.md tells the whole story.
-
-The scheduler keeps the state and the mechanics every policy shares; each policy is a planner
-(``engine.serving.planners``). ``schedule(now_s)`` plans one step, admissions included; the engine
-calls it when a step ends (and when it wakes for an arrival).
+request on the same step; a prompt over the budget left is prefilled in chunks (Sarathi, OSDI '24).
+In the paged KV mode the scheduler owns the block manager (as nano-vllm's does), allocates, frees
+out-of-window blocks, preempts by recompute and seats prefix-cache hits: docs/engines.md. Each
+policy is a planner (``engine.serving.planners``); the engine calls ``schedule(now_s)`` per step.
 """
 
 from __future__ import annotations

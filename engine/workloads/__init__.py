@@ -1,8 +1,5 @@
 """Workloads: the requests a run is given (``workload``, ``workload_files``) and the files a run is
-taken away in (``export``); docs/architecture.md.
-
-Nothing is imported here: import the modules by name.
-"""
+taken away in (``export``). Import them by name."""
 
 __all__ = [
     "workload",

@@ -1,9 +1,7 @@
 """Workload files: upload a workload as CSV or JSONL into the page's table; download it back.
 
-Both carry ``TABLE_COLUMNS`` and go through the table's checks (``row_spec``); sampling columns are
-written only when some request samples. A CSV's header names columns in any order, others ignored,
-so ``requests.csv`` uploads again. Uploads are bounded in bytes before reading; CSV cells have no
-field limit, so a long prompt gets the same message as in JSONL.
+Both carry ``TABLE_COLUMNS`` through the table's checks (``row_spec``); a CSV's header names its
+columns in any order, so ``requests.csv`` uploads again. Uploads are bounded in bytes.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ declared once for both command lines."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,6 +16,7 @@ from engine.llamacpp.engines import LlamaCppEngine
 from engine.page.host.launch import parse_args as page_args
 from engine.peers.endpoints import Endpoint, EndpointError
 from engine.peers.openai_engine import OpenAIEngine, ServerRegistry
+from engine.peers.server_process import ServerProcess
 from tests.live_servers import free_port, needs_llamacpp
 
 ENGINE = Path(__file__).resolve().parents[3] / "engine"
@@ -51,6 +54,46 @@ def test_a_local_server_is_started_probed_and_stopped(embedded_model):
         assert engine.server.running and engine.probed is not None, "not started and probed"
     finally:
         registry.close()
+    assert not engine.server.running, "close left the server running"
+
+
+HEALTH_SERVER = """
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+class _HealthServer(ServerProcess):
+    """A real process that answers ``/health``: the part every local server shares."""
+
+    NAME = "health server"
+    POLL_S = 0.05
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", HEALTH_SERVER, str(self.port)]
+
+
+def test_any_engine_that_owns_a_server_starts_and_stops_it():
+    """``OpenAIEngine.start`` starts the server process the engine owns (again after it died,
+    probing afresh) and ``close`` stops it, with no subclass restating either."""
+    engine = OpenAIEngine(
+        Endpoint("local", "http://127.0.0.1:1"), SimpleNamespace(eos_token_ids=()), 1
+    )
+    engine.server = _HealthServer()
+    try:
+        assert engine.start() is engine and engine.server.running, "start did not start it"
+        first = engine.server.proc.pid
+        engine.server.stop()
+        engine._info = "probed before it died"
+        engine.start()
+        assert engine.server.running and engine.server.proc.pid != first, "not started again"
+        assert engine._info is None, "a restarted server keeps the old probe"
+    finally:
+        engine.close()
     assert not engine.server.running, "close left the server running"
 
 
