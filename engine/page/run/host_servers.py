@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from engine.config import EngineConfig
 from engine.kernels import cpu_share
 from engine.peers.endpoints import (
     RECORDS_ENV,
@@ -304,20 +305,19 @@ def run_servers(
     servers: PageServers,
     names: list[str],
     requests: list[Request],
-    num_slots: int,
+    config: EngineConfig,
     watch,
     dtype: str | None = None,
-    batch_invariant: bool = False,
-    prefix_caching: bool | None = None,
 ) -> tuple[dict[str, Trace], dict[str, str]]:
     """Run ``requests`` on each server in ``names``: (traces, failures), both by name.
 
     ``watch`` is ``engine.worker.progress.ProgressLog.watch``. A failure's message says what
     went wrong for a person; after a stop (Stop, the time limit) the server's streams are
-    cancelled, and the servers not run yet are listed as not run, with the reason. ``num_slots``,
-    ``dtype``, ``batch_invariant`` and ``prefix_caching`` (None: unknown) are our engines' run
+    cancelled, and the servers not run yet are listed as not run, with the reason. ``config``
+    (its slots, batch-invariant mode and prefix caching) and ``dtype`` are our engines' run
     settings: a local server fixed otherwise at its start says so in its trace's warnings.
     """
+    num_slots = config.num_slots
     traces: dict[str, Trace] = {}
     failures: dict[str, str] = {}
     for i, name in enumerate(names):
@@ -336,9 +336,9 @@ def run_servers(
             break
         servers.refresh(name)
         servers.public_trace(name, trace)
-        precision = _precision_warnings(servers, name, trace, dtype, batch_invariant)
+        precision = _precision_warnings(servers, name, trace, dtype, config.batch_invariant)
         unlike = [*_slot_warnings(servers, name, num_slots), *precision]
-        unlike += _prefix_warnings(servers, name, prefix_caching, requests, trace)
+        unlike += _prefix_warnings(servers, name, config.prefix_caching, requests, trace)
         trace.warnings = [*trace.warnings, *unlike]
         watch(name, trace, done=True)
         traces[name] = trace

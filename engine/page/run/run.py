@@ -20,7 +20,7 @@ from engine.page.run.recent_runs import RecentRun
 from engine.page.run.run_cost import run_work, server_part
 from engine.page.run.run_handle import RunHandle, Turn
 from engine.page.run.run_options import RunOptions
-from engine.page.run.shared_model import PageModel
+from engine.page.run.shared_model import PageModel, untaken
 from engine.sequence import Request
 from engine.serving.run_control import RunControl, RunStopped, run_time_limit_s
 from engine.trace import Trace
@@ -308,7 +308,7 @@ class Run:
             return None
         requests, model_id = self.request.requests, self.request.model.model_id
         job = JudgeJob(requests, traces, answer.comparison.dtype, self._invariant, model_id)
-        return self.request.model.worker.submit(judge_in_worker, (job,), self.control, _untaken)
+        return self.request.model.worker.submit(judge_in_worker, (job,), self.control, untaken)
 
     @property
     def _invariant(self) -> bool:
@@ -340,25 +340,12 @@ class Run:
             self.request.model.lock.release()
 
 
-def _untaken(_entry) -> None:
-    """The ``take`` of a job whose progress nobody shows (the verdicts)."""
-
-
 def _run_servers(model: PageModel, names, requests, config: EngineConfig, dtype, watch) -> tuple:
     """``host_servers.run_servers`` as a job: (traces, failures, stage seconds) by name."""
     servers = model.servers
     clock = StageClock(watch, ready=lambda name: servers.status(name).state == host_servers.READY)
-    traces, failures = host_servers.run_servers(
-        model.servers,
-        names,
-        requests,
-        config.num_slots,
-        clock.watch,
-        dtype=dtype,
-        batch_invariant=config.batch_invariant,
-        prefix_caching=config.prefix_caching,
-    )
-    return traces, failures, clock.stages_s()
+    found = host_servers.run_servers(servers, names, requests, config, clock.watch, dtype)
+    return (*found, clock.stages_s())
 
 
 class StageClock:

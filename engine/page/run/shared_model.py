@@ -66,14 +66,14 @@ class PageModel:
             Exception: its model failed to load (its exception).
         """
         worker.wait_ready()
-        facts = worker.run(model_facts, (None,), RunControl(), _untaken)
+        facts = worker.run(model_facts, (None,), RunControl(), untaken)
         return cls(facts=facts, worker=worker, **parts)
 
     def calibrate(self) -> tuple[Work, dict[str, float]]:
         """Time the pace where the runs run (``WorkerModel.time_pace``) and teach it to the run
         queue (``RunQueue.calibrate``), so a room's first estimates come from it. Returns the
         work timed, as the queue counts it, and its seconds in each part."""
-        counts, parts_s = self.worker.run(engine_pace, (), RunControl(), _untaken)
+        counts, parts_s = self.worker.run(engine_pace, (), RunControl(), untaken)
         work = Work(**counts)
         self.queue.calibrate(work, parts_s)
         return work, parts_s
@@ -96,12 +96,6 @@ class PageModel:
     def label(self) -> str:
         return worker_model.label_of(self.loaded)
 
-    def kernels_and_step(self) -> tuple[str, str]:
-        return self.facts.kernels, self.facts.step
-
-    def memory_words(self) -> str:
-        return self.facts.memory
-
     def dtype_choices(self) -> list[str]:
         return worker_model.dtype_choices(self.loaded.device, self.dtype_name)
 
@@ -111,7 +105,7 @@ class PageModel:
         return worker_model.variant_in(self, name)
 
     def _variant(self, dtype_name: str) -> PageModel:
-        facts = self.worker.run(chosen_facts, (self.model_id, dtype_name), RunControl(), _untaken)
+        facts = self.worker.run(chosen_facts, (self.model_id, dtype_name), RunControl(), untaken)
         return PageModel(facts=facts, **self.page_parts())
 
     def holds(self, name: str | None) -> bool:
@@ -160,7 +154,7 @@ class PageModel:
         then hover texts: the matmul kernels by row count and how they were chosen, which
         decoder layers the step runs, the worker's peak RSS (bytes by part on hover) and, when
         the CPUs are split, how many the engines have."""
-        kernels, step = self.kernels_and_step()
+        kernels, step = self.facts.kernels, self.facts.step
         summary = html.escape(kernels, quote=True)
         words = [html.escape(word) for word in identity_words(self.loaded)]
         source = self.loaded.source  # the weights' folder or hub id
@@ -170,7 +164,7 @@ class PageModel:
         line += f' · <abbr title="{summary}">matmul kernels</abbr>'
         layers = "fused layers" if step.endswith("the fused layers") else "transformers' layers"
         line += f' · <abbr title="{html.escape(step, quote=True)}">{layers}</abbr>'
-        memory = self.memory_words()  # "peak RSS 1.9 GB; weights ...": the peak shown
+        memory = self.facts.memory  # "peak RSS 1.9 GB; weights ...": the peak shown
         if memory:
             peak = html.escape(memory.split(";")[0])
             line += f' · <abbr title="{html.escape(memory, quote=True)}">{peak}</abbr>'
@@ -186,14 +180,14 @@ def local_model(held: WorkerModel, **parts) -> PageModel:
     return PageModel.connect(ThreadWorker(held), **parts)
 
 
-def _untaken(_entry) -> None:
-    """The ``take`` of a job nobody watches (facts, pace)."""
+def untaken(_entry) -> None:
+    """The ``take`` of a job whose progress nobody shows (facts, pace, verdicts)."""
 
 
 def _stage_taker(on_stage: Callable[[str], None] | None) -> Callable:
     """The ``take`` of a model's load: each stage's words (``chosen_facts``) to ``on_stage``."""
     if on_stage is None:
-        return _untaken
+        return untaken
     return lambda entry: entry.note and on_stage(entry.note)
 
 

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from engine.config import EngineConfig
 from engine.page.handlers import playground
 from engine.page.run import host_servers, shared_model
 from engine.page.run.run_handle import RunHandle
@@ -233,7 +234,7 @@ def test_time_limit_cancels_a_slow_server(serve, embedded_model):
     log = ProgressLog(RunControl(time_limit_s=2.0), lambda _entry: None)
     t0 = time.monotonic()
     traces, failures = host_servers.run_servers(
-        host, ["hf_serve", "second"], requests, 1, log.watch
+        host, ["hf_serve", "second"], requests, EngineConfig(num_slots=1), log.watch
     )
     assert time.monotonic() - t0 < 2.0 + 10, "the time limit did not cancel the streams"
     assert traces == {}
