@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import math
 from collections.abc import Callable, Iterator, Mapping
 
 import torch
@@ -178,46 +180,37 @@ class GemvLinear(BoundLinear):
     """The gemv kernel (``torch.ops.cbp_gemv``) on a packed copy of one weight; the weight is
     kept too, for inputs of more than ``MAX_GEMV_ROWS`` rows (``F.linear``), unless a plan gives
     those rows another kernel (``kernel_plan.bind_plan`` then drops it). ``add`` adds the
-    residual as the kernel stores each output.
+    residual as the kernel stores each output. ``packed``: the weight's copy, packed already
+    (``gather_gemv``), to run on instead of packing one.
 
     Raises:
         RuntimeError: the kernel is not built here (the reason in the message), or it does not
             take this weight (not float32 or bfloat16).
+        ValueError: ``packed`` does not have the weight's packed shape and dtype.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed=None):
         reason = gemv_build.unavailable_reason()
         if reason is not None:
             raise RuntimeError(reason)
         super().__init__(weight, bias)
         self.num_out = weight.shape[0]
         self.max_numel = MAX_GEMV_ROWS * weight.shape[1]  # of an input it takes
-        with torch.inference_mode():
-            self.packed = torch.ops.cbp_gemv.pack(weight.detach())
-        self.shares_packed = False  # True: ``packed`` is a view into a stacked copy
+        if packed is None:
+            with torch.inference_mode():
+                packed = torch.ops.cbp_gemv.pack(weight.detach())
+        elif packed.shape != gemv_packed_shape(weight) or packed.dtype != weight.dtype:
+            raise ValueError("the packed copy given is not this weight's layout")
+        self.packed = packed  # ``packed``: a copy made already (``gather_gemv``, ``joined_packed``)
+        self.shares_packed = False  # True: another kernel's copy counts these bytes
         self._op = torch.ops.cbp_gemv.linear.default  # the overload: no resolution per call
 
     @property
     def extra_bytes(self) -> int:
-        """The packed copy's bytes; 0 for a view into another's (``share_packed``)."""
+        """The packed copy's bytes; 0 where another's counts them (``shares_packed``)."""
         if self.shares_packed:
             return 0
         return self.packed.numel() * self.packed.element_size()
-
-    def share_packed(self, stacked: torch.Tensor, first_block: int) -> None:
-        """Run on ``stacked[first_block:]``'s first blocks, the packed copy of a weight stacked
-        along N that begins with this one, in place of this one's own copy (freed): the
-        layout packs each 16 outputs apart, so where N is a multiple of 16 the blocks are the
-        same values.
-
-        Raises:
-            ValueError: N is not a multiple of 16, or the blocks' shapes differ.
-        """
-        num_blocks = self.packed.shape[0]
-        view = stacked[first_block : first_block + num_blocks]
-        if self.num_out % GEMV_BLOCK or view.shape != self.packed.shape:
-            raise ValueError("the stacked copy's blocks are not this weight's")
-        self.packed, self.shares_packed = view, True
 
     def _rows(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         if x.dim() == 2 and (residual is None or residual.dim() == 2):  # no views to make
@@ -264,6 +257,72 @@ class SplitLinear(BoundLinear):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([part(x) for part in self.parts], -1)
+
+
+def gemv_packed_shape(weight: torch.Tensor) -> tuple[int, ...]:
+    """The shape of ``weight``'s gemv copy: [ceil(N / 16), K, 16], or [ceil(N / 16), ceil(K / 2),
+    16, 2] for bfloat16 by pairs of k (csrc/gemv.cpp; a 1 x 1 weight packed says which).
+
+    Raises:
+        RuntimeError: as ``GemvLinear``.
+    """
+    num_out, width = weight.shape
+    blocks = -(-num_out // GEMV_BLOCK)
+    with torch.inference_mode():
+        probe = torch.ops.cbp_gemv.pack(weight.new_zeros(1, 1))
+    if probe.dim() == 4:  # bfloat16 by pairs of k
+        return blocks, -(-width // 2), GEMV_BLOCK, 2
+    return blocks, width, GEMV_BLOCK
+
+
+def gather_gemv(linears: list[nn.Linear]) -> dict[nn.Linear, GemvLinear]:
+    """A ``GemvLinear`` per module, their packed copies end to end in one allocation per dtype,
+    in the order of ``linears`` (give them in the order a step reads them). Copies made one by
+    one and scattered among other allocations stream slower from memory (docs/measurements.md);
+    each is packed, then copied in, so at most one loose copy lives at a time.
+
+    Raises:
+        RuntimeError: as ``GemvLinear``.
+    """
+    reason = gemv_build.unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(reason)
+    shapes = {m: gemv_packed_shape(m.weight) for m in linears}
+    kernels = {}
+    for dtype in dict.fromkeys(m.weight.dtype for m in linears):
+        group = [m for m in linears if m.weight.dtype == dtype]
+        sizes = [math.prod(shapes[m]) for m in group]
+        with torch.inference_mode():
+            arena = torch.empty(sum(sizes), dtype=dtype)
+            offsets = itertools.accumulate(sizes, initial=0)
+            for m, size, start in zip(group, sizes, offsets, strict=False):
+                view = arena[start : start + size].view(shapes[m])
+                view.copy_(torch.ops.cbp_gemv.pack(m.weight.detach()))
+                kernels[m] = GemvLinear(m.weight.detach(), _detached(m.bias), view)
+    return {m: kernels[m] for m in linears}
+
+
+def joined_packed(gemvs: list[GemvLinear]) -> torch.Tensor | None:
+    """The gemv copy of ``gemvs``' weights stacked along N, as a view over their own copies
+    where those lie end to end in one allocation, in this order, each N a multiple of 16 (the
+    layout packs each 16 outputs apart, so the stacked copy's blocks are theirs); else None."""
+    first = gemvs[0].packed
+    end = first.storage_offset()
+    for g in gemvs:
+        packed = g.packed
+        same = packed.shape[1:] == first.shape[1:] and packed.dtype == first.dtype
+        same = same and packed.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        if not same or g.num_out % GEMV_BLOCK or packed.storage_offset() != end:
+            return None
+        if not packed.is_contiguous():
+            return None
+        end += packed.numel()
+    blocks = sum(g.packed.shape[0] for g in gemvs)
+    return first.as_strided((blocks, *first.shape[1:]), first.stride(), first.storage_offset())
+
+
+def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach()
 
 
 _BINDERS = {
