@@ -277,9 +277,9 @@ def gemv_packed_shape(weight: torch.Tensor) -> tuple[int, ...]:
 
 def gather_gemv(linears: list[nn.Linear]) -> dict[nn.Linear, GemvLinear]:
     """A ``GemvLinear`` per module, their packed copies end to end in one allocation per dtype,
-    in the order of ``linears`` (give them in the order a step reads them). Copies made one by
-    one and scattered among other allocations stream slower from memory (docs/measurements.md);
-    each is packed, then copied in, so at most one loose copy lives at a time.
+    in the order of ``linears`` (give them in the order a step reads them), so that stacked
+    weights run on views of them (``joined_packed``) instead of packing copies of their own.
+    Each is packed, then copied in: at most one loose copy lives at a time.
 
     Raises:
         RuntimeError: as ``GemvLinear``.
