@@ -239,20 +239,17 @@ class ModuleKernels:
     ``forward`` at each call, and once per block in ``installed``, where each module's forward
     is its ``PlannedLinear`` itself, so a matmul pays one row-count lookup and no lookup by
     module. The gemv copies lie end to end in the order of ``linears``
-    (``linear_kernel.gather_gemv``).
+    (``linear_kernel.gather_packed``).
 
     Raises:
         RuntimeError: as ``bind``.
     """
 
     def __init__(self, linears: list[nn.Linear], plan: RowPlan, plans: Mapping | None = None):
-        plans = {m: (plans or {}).get(m, plan) for m in linears}
-        gemv = [m for m in linears if "gemv" in plans[m].kernels]
-        gemv = linear_kernel.gather_gemv(gemv) if gemv else {}
-        self.planned = {
-            m: PlannedLinear([m], plans[m], {"gemv": gemv[m]} if m in gemv else None)
-            for m in linears
-        }
+        plans = plans or {}
+        self.planned = {m: PlannedLinear([m], plans.get(m, plan)) for m in linears}
+        bound = [b for p in self.planned.values() for b in p.bound]
+        linear_kernel.gather_packed([b for b in bound if isinstance(b, linear_kernel.GemvLinear)])
         packed = any(b.packed is not None for p in self.planned.values() for b in p.bound)
         self.versions = {m: (m.weight, m.weight._version) for m in linears} if packed else {}
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import math
 from collections.abc import Callable, Iterator, Mapping
 
 import torch
@@ -181,7 +180,7 @@ class GemvLinear(BoundLinear):
     kept too, for inputs of more than ``MAX_GEMV_ROWS`` rows (``F.linear``), unless a plan gives
     those rows another kernel (``kernel_plan.bind_plan`` then drops it). ``add`` adds the
     residual as the kernel stores each output. ``packed``: the weight's copy, packed already
-    (``gather_gemv``), to run on instead of packing one.
+    (``joined_packed``), to run on instead of packing one.
 
     Raises:
         RuntimeError: the kernel is not built here (the reason in the message), or it does not
@@ -201,7 +200,7 @@ class GemvLinear(BoundLinear):
                 packed = torch.ops.cbp_gemv.pack(weight.detach())
         elif packed.shape != gemv_packed_shape(weight) or packed.dtype != weight.dtype:
             raise ValueError("the packed copy given is not this weight's layout")
-        self.packed = packed  # ``packed``: a copy made already (``gather_gemv``, ``joined_packed``)
+        self.packed = packed
         self.shares_packed = False  # True: another kernel's copy counts these bytes
         self._op = torch.ops.cbp_gemv.linear.default  # the overload: no resolution per call
 
@@ -275,31 +274,23 @@ def gemv_packed_shape(weight: torch.Tensor) -> tuple[int, ...]:
     return blocks, width, GEMV_BLOCK
 
 
-def gather_gemv(linears: list[nn.Linear]) -> dict[nn.Linear, GemvLinear]:
-    """A ``GemvLinear`` per module, their packed copies end to end in one allocation per dtype,
-    in the order of ``linears`` (give them in the order a step reads them), so that stacked
-    weights run on views of them (``joined_packed``) instead of packing copies of their own.
-    Each is packed, then copied in: at most one loose copy lives at a time.
-
-    Raises:
-        RuntimeError: as ``GemvLinear``.
+def gather_packed(gemvs: list[GemvLinear]) -> None:
+    """Copy ``gemvs``' packed copies end to end into one new allocation per dtype, in this order
+    (give them in the order a step reads them), and point each at its view there; the old
+    copies are freed as they are left. Stacked weights then run on views of them
+    (``joined_packed``), and the copies read as fast as fresh ones: copies packed one by one
+    among other allocations read up to 20 % slower (docs/measurements.md). For a moment the
+    old copies and the new allocation both live.
     """
-    reason = gemv_build.unavailable_reason()
-    if reason is not None:
-        raise RuntimeError(reason)
-    shapes = {m: gemv_packed_shape(m.weight) for m in linears}
-    kernels = {}
-    for dtype in dict.fromkeys(m.weight.dtype for m in linears):
-        group = [m for m in linears if m.weight.dtype == dtype]
-        sizes = [math.prod(shapes[m]) for m in group]
+    for dtype in dict.fromkeys(g.packed.dtype for g in gemvs):
+        group = [g for g in gemvs if g.packed.dtype == dtype]
+        sizes = [g.packed.numel() for g in group]
         with torch.inference_mode():
             arena = torch.empty(sum(sizes), dtype=dtype)
             offsets = itertools.accumulate(sizes, initial=0)
-            for m, size, start in zip(group, sizes, offsets, strict=False):
-                view = arena[start : start + size].view(shapes[m])
-                view.copy_(torch.ops.cbp_gemv.pack(m.weight.detach()))
-                kernels[m] = GemvLinear(m.weight.detach(), _detached(m.bias), view)
-    return {m: kernels[m] for m in linears}
+            for g, size, start in zip(group, sizes, offsets, strict=False):
+                view = arena[start : start + size].view(g.packed.shape)
+                g.packed = view.copy_(g.packed)
 
 
 def joined_packed(gemvs: list[GemvLinear]) -> torch.Tensor | None:
@@ -319,10 +310,6 @@ def joined_packed(gemvs: list[GemvLinear]) -> torch.Tensor | None:
         end += packed.numel()
     blocks = sum(g.packed.shape[0] for g in gemvs)
     return first.as_strided((blocks, *first.shape[1:]), first.stride(), first.storage_offset())
-
-
-def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    return None if tensor is None else tensor.detach()
 
 
 _BINDERS = {

@@ -1,4 +1,4 @@
-"""The gemv kernels' packed copies gathered into one allocation (``linear_kernel.gather_gemv``):
+"""The gemv kernels' packed copies gathered into one allocation (``linear_kernel.gather_packed``):
 the copies lie end to end in the order a step reads them, the stacked qkv and gate_up run on
 the modules' own copies, every byte is counted once, and the bits are those of loose copies."""
 
@@ -37,8 +37,8 @@ def test_each_gathered_copy_is_its_weights_packed_copy_end_to_end_in_one_allocat
     is bitwise ``pack(weight)`` (N not a multiple of 16 and odd K included), and its outputs are
     those of a kernel bound alone."""
     linears = _linears([(32, 24), (20, 7), (48, 24)], dtype)
-    gathered = linear_kernel.gather_gemv(linears)
-    assert list(gathered) == linears
+    gathered = {m: linear_kernel.bind("gemv", m.weight) for m in linears}
+    linear_kernel.gather_packed(list(gathered.values()))
     packed = [gathered[m].packed for m in linears]
     storage = packed[0].untyped_storage()
     assert all(p.untyped_storage().data_ptr() == storage.data_ptr() for p in packed)
@@ -57,7 +57,8 @@ def test_copies_end_to_end_join_into_the_stacked_weights_copy_and_others_do_not(
     """q, k, v gathered in that order: their joined view is bitwise the stacked weight's own
     packed copy; out of order, or with an N that is not a multiple of 16, there is no view."""
     q, k, v, odd = _linears([(64, 32), (32, 32), (32, 32), (20, 32)])
-    gathered = linear_kernel.gather_gemv([q, k, v, odd])
+    gathered = {m: linear_kernel.bind("gemv", m.weight) for m in (q, k, v, odd)}
+    linear_kernel.gather_packed(list(gathered.values()))
     joined = linear_kernel.joined_packed([gathered[m] for m in (q, k, v)])
     stacked = torch.cat([q.weight, k.weight, v.weight])
     assert joined is not None
