@@ -27,8 +27,11 @@ a ``with`` block; the model itself is not changed, so the reference still runs p
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import functools
 import itertools
+import sys
 from collections.abc import Callable, Iterator, Mapping
 
 import torch
@@ -39,6 +42,7 @@ from engine.kernels import gemv_build
 
 MAX_SKINNY_ROWS = 64  # above this many rows plain F.linear is as fast as (W @ x.T).T
 MAX_GEMV_ROWS = 16  # above this many rows gemv's passes (8 rows each) lose to any GEMM
+TRIM_ELEMENTS = 1 << 23  # gather_packed hands freed copies to the OS each time it copies this many
 GEMV_BLOCK = 16  # outputs per block of the gemv kernel's packed layout (csrc/gemv.cpp, kBlock)
 CANDIDATES = ("linear", "skinny", "onednn", "onednn_f32", "gemv")
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -279,9 +283,11 @@ def gather_packed(gemvs: list[GemvLinear]) -> None:
     (give them in the order a step reads them), and point each at its view there; the old
     copies are freed as they are left. Stacked weights then run on views of them
     (``joined_packed``), and the copies read as fast as fresh ones: copies packed one by one
-    among other allocations read up to 20 % slower (docs/measurements.md). For a moment the
-    old copies and the new allocation both live.
+    among other allocations read up to 20 % slower (docs/measurements.md). Freed copies go back
+    to the OS as it goes (``malloc_trim`` every ``TRIM_ELEMENTS``), so the RSS holds about one
+    copy of these bytes throughout, not two.
     """
+    trim = _malloc_trim()
     for dtype in dict.fromkeys(g.packed.dtype for g in gemvs):
         group = [g for g in gemvs if g.packed.dtype == dtype]
         sizes = [g.packed.numel() for g in group]
@@ -291,6 +297,15 @@ def gather_packed(gemvs: list[GemvLinear]) -> None:
             for g, size, start in zip(group, sizes, offsets, strict=False):
                 view = arena[start : start + size].view(g.packed.shape)
                 g.packed = view.copy_(g.packed)
+                if trim is not None and start // TRIM_ELEMENTS != (start + size) // TRIM_ELEMENTS:
+                    trim(0)
+
+
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None (another C library)."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name and sys.platform.startswith("linux") else None
+    return getattr(libc, "malloc_trim", None)
 
 
 def joined_packed(gemvs: list[GemvLinear]) -> torch.Tensor | None:
