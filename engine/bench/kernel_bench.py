@@ -83,6 +83,24 @@ def near_best_line(table: list[tuple[int, dict[str, float]]], plan: RowPlan) -> 
     )
 
 
+def chosen_cost_line(table: list[tuple[int, dict[str, float]]], plan: RowPlan) -> str:
+    """What ``chosen`` costs over the raw column of the kernel ``plan`` runs, per row count
+    (the dispatch, and the copies it reads: the raw columns bind copies of their own); a row
+    count whose kernel has no column is left out."""
+    parts = []
+    for num_rows, ms in table:
+        name = plan.name_at(num_rows)
+        raw_ms = ms.get(HEADERS.get(name, name))
+        if raw_ms:
+            rows = "row" if num_rows == 1 else "rows"
+            parts.append(
+                f"{100 * (ms['chosen'] / raw_ms - 1):+.0f} % over {name} at {num_rows} {rows}"
+            )
+    if not parts:
+        return "chosen costs: no raw column of the plan's kernels to compare with"
+    return "chosen costs " + ", ".join(parts)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.kernel_bench", description=__doc__)
     p.add_argument("--rows", default="1,2,3,4,8,16,64", help="comma list of row counts M")
@@ -120,6 +138,7 @@ def main(argv=None) -> int:
     chosen = runner.kernel_summary().removeprefix("matmul: ")
     print(f"chosen: {chosen}; on {cpu}, torch {torch.__version__}")
     print(near_best_line(table, runner.engine_kernel.plan))
+    print(chosen_cost_line(table, runner.engine_kernel.plan))
     if others.share is not None:  # a busy machine times the contention, not the kernels
         print(f"other work used {100 * others.share:.0f} % of the CPU while the table was timed")
     return 0

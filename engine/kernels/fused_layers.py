@@ -7,8 +7,9 @@ torch ops and a dozen Python module calls, which on a small CPU cost as much aga
 
 * **one matmul for q, k and v, one for gate and up**: the weights stacked once (``[Wq; Wk; Wv]``,
   ``[Wg; Wu]``) and bound to the engines' kernel plan (``engine.kernels.kernel_plan``); outputs
-  split by views. No packed copy is kept twice: the gemv kernels of the modules run on blocks of
-  the stacked copy, and oneDNN's rows run the modules' own copies one by one (``_stacked``);
+  split by views. No packed copy is kept twice: the stacked gemv kernel runs on the modules'
+  gemv copies, which lie end to end in step order, and oneDNN's rows run the modules' own
+  copies one by one (``_stacked``);
 * **the residual add inside the matmul** (``BoundLinear.add``, oneDNN's ``add`` post-op);
 * **RMSNorm as one op** (``torch.rms_norm``; in bfloat16 where the C++ kernels build,
   ``torch.ops.cbp_layer.rms_norm``), **SiLU-and-mul as one op in bfloat16**
@@ -37,6 +38,7 @@ In float32 each gives the same bits as transformers' modules
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 
 import torch
@@ -46,11 +48,12 @@ from engine.kernels import (
     decode_attention,
     gemv_build,
     layer_spec,
+    linear_kernel,
     packed_attention,
 )
 from engine.kernels.kernel_plan import PlannedLinear, RowPlan
 from engine.kernels.layer_spec import LayerSpec, Norm
-from engine.kernels.linear_kernel import GEMV_BLOCK, GemvLinear, SplitLinear
+from engine.kernels.linear_kernel import GemvLinear, SplitLinear
 from engine.serving.packed_batch import PackedBatch
 
 CHOICES = {  # CBP_FUSED_LAYERS
@@ -94,8 +97,9 @@ class FusedDecoder:
 
     ``shared``: the engines' own ``PlannedLinear`` per module on the same ``kernel``
     (``kernel_plan.ModuleKernels.planned``); a layer's o and down run them rather than packing
-    their weights a second time (float32 SmolLM2-135M: 145 MB per packed kernel), and their gemv
-    kernels for q, k, v, gate and up run on blocks of the stacked copies (``_stacked``).
+    their weights a second time (float32 SmolLM2-135M: 145 MB per packed kernel), and the
+    stacked qkv and gate_up gemv kernels run on their copies of q, k, v, gate and up
+    (``_stacked``).
 
     Raises:
         ValueError: the model is not supported (``layer_spec.Unsupported``).
@@ -439,25 +443,21 @@ def _stacked(linears: list[nn.Linear], kernel: str | RowPlan, shared: Mapping) -
     """``linears`` stacked on ``kernel``, each packed copy kept once where ``shared`` has their
     own kernels (float32 SmolLM2-135M: 279 MB per packed kernel): every kernel but gemv runs as
     the modules' own, one by one (``SplitLinear``: no stacked copy), on the modules' plan; and
-    each module's gemv kernel then runs on its blocks of the stacked gemv copy
-    (``GemvLinear.share_packed``)."""
+    the stack's gemv kernel runs on the modules' gemv copies, which lie end to end
+    (``linear_kernel.joined_packed``), the stack counting their bytes."""
     own = [shared.get(m) for m in linears]
     if any(p is None for p in own) or any(p.plan != own[0].plan for p in own):
         return PlannedLinear(linears, kernel)
     plan = own[0].plan  # the modules' (the copy budget keeps a stack's copies together)
     by_name = [dict(zip(p.kernel_names, p.bound, strict=True)) for p in own]
     given = {n: SplitLinear([b[n] for b in by_name]) for n in by_name[0] if n != "gemv"}
-    stacked = PlannedLinear(linears, plan, given)
-    whole = next((b for b in stacked.bound if isinstance(b, GemvLinear)), None)
-    if whole is None:
-        return stacked
-    gemvs = [next((b for b in p.bound if isinstance(b, GemvLinear)), None) for p in own]
-    if any(g is None or g.num_out % GEMV_BLOCK for g in gemvs):
-        return stacked
-    first = 0
-    for gemv in gemvs:
-        gemv.share_packed(whole.packed, first)
-        first += gemv.num_out // GEMV_BLOCK
+    gemvs = [b.get("gemv") for b in by_name]
+    span = None if None in gemvs else linear_kernel.joined_packed(gemvs)
+    if span is not None:
+        given["gemv"] = functools.partial(GemvLinear, packed=span)
+    stacked = PlannedLinear(linears, plan, given)  # without ``span``: a gemv copy of its own
+    for gemv in gemvs if span is not None else ():
+        gemv.shares_packed = True
     return stacked
 
 

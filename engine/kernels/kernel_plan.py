@@ -132,7 +132,8 @@ def bind_plan(
     plan: RowPlan, weight: torch.Tensor, bias: torch.Tensor | None, given: Mapping | None = None
 ) -> dict:
     """Each kernel of ``plan`` bound to ``weight`` [N, K] (``linear_kernel.bind``), by name;
-    ``given``'s bound kernels, by name, instead where it has them.
+    ``given``'s, by name, instead where it has them: a bound kernel, or a function binding
+    ``(weight, bias)``.
 
     The gemv kernel keeps the plain weight only where the plan sends it more rows than it takes
     (``MAX_GEMV_ROWS``: ``F.linear`` then); where another kernel has those rows, the weight is
@@ -142,10 +143,16 @@ def bind_plan(
         RuntimeError: as ``bind``.
     """
     given = given or {}
-    bound = {name: given.get(name) or bind(name, weight, bias) for name in plan.kernels}
+    bound = {name: _bound(name, given.get(name), weight, bias) for name in plan.kernels}
     if "gemv" in bound and plan.name_at(MAX_GEMV_ROWS + 1) != "gemv":
         bound["gemv"].weight = None
     return bound
+
+
+def _bound(name: str, given, weight: torch.Tensor, bias: torch.Tensor | None) -> BoundLinear:
+    if given is None:
+        return bind(name, weight, bias)
+    return given if isinstance(given, BoundLinear) else given(weight, bias)
 
 
 class PlannedLinear:
@@ -231,7 +238,8 @@ class ModuleKernels:
     weight's version when packed: a weight changed after packing fails an assert, in
     ``forward`` at each call, and once per block in ``installed``, where each module's forward
     is its ``PlannedLinear`` itself, so a matmul pays one row-count lookup and no lookup by
-    module.
+    module. The gemv copies lie end to end in the order of ``linears``
+    (``linear_kernel.gather_packed``).
 
     Raises:
         RuntimeError: as ``bind``.
@@ -240,6 +248,8 @@ class ModuleKernels:
     def __init__(self, linears: list[nn.Linear], plan: RowPlan, plans: Mapping | None = None):
         plans = plans or {}
         self.planned = {m: PlannedLinear([m], plans.get(m, plan)) for m in linears}
+        bound = [b for p in self.planned.values() for b in p.bound]
+        linear_kernel.gather_packed([b for b in bound if isinstance(b, linear_kernel.GemvLinear)])
         packed = any(b.packed is not None for p in self.planned.values() for b in p.bound)
         self.versions = {m: (m.weight, m.weight._version) for m in linears} if packed else {}
 

@@ -27,7 +27,11 @@ a ``with`` block; the model itself is not changed, so the reference still runs p
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import functools
+import itertools
+import sys
 from collections.abc import Callable, Iterator, Mapping
 
 import torch
@@ -38,6 +42,7 @@ from engine.kernels import gemv_build
 
 MAX_SKINNY_ROWS = 64  # above this many rows plain F.linear is as fast as (W @ x.T).T
 MAX_GEMV_ROWS = 16  # above this many rows gemv's passes (8 rows each) lose to any GEMM
+TRIM_ELEMENTS = 1 << 23  # gather_packed hands freed copies to the OS each time it copies this many
 GEMV_BLOCK = 16  # outputs per block of the gemv kernel's packed layout (csrc/gemv.cpp, kBlock)
 CANDIDATES = ("linear", "skinny", "onednn", "onednn_f32", "gemv")
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -178,46 +183,37 @@ class GemvLinear(BoundLinear):
     """The gemv kernel (``torch.ops.cbp_gemv``) on a packed copy of one weight; the weight is
     kept too, for inputs of more than ``MAX_GEMV_ROWS`` rows (``F.linear``), unless a plan gives
     those rows another kernel (``kernel_plan.bind_plan`` then drops it). ``add`` adds the
-    residual as the kernel stores each output.
+    residual as the kernel stores each output. ``packed``: the weight's copy, packed already
+    (``joined_packed``), to run on instead of packing one.
 
     Raises:
         RuntimeError: the kernel is not built here (the reason in the message), or it does not
             take this weight (not float32 or bfloat16).
+        ValueError: ``packed`` does not have the weight's packed shape and dtype.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed=None):
         reason = gemv_build.unavailable_reason()
         if reason is not None:
             raise RuntimeError(reason)
         super().__init__(weight, bias)
         self.num_out = weight.shape[0]
         self.max_numel = MAX_GEMV_ROWS * weight.shape[1]  # of an input it takes
-        with torch.inference_mode():
-            self.packed = torch.ops.cbp_gemv.pack(weight.detach())
-        self.shares_packed = False  # True: ``packed`` is a view into a stacked copy
+        if packed is None:
+            with torch.inference_mode():
+                packed = torch.ops.cbp_gemv.pack(weight.detach())
+        elif packed.shape != gemv_packed_shape(weight) or packed.dtype != weight.dtype:
+            raise ValueError("the packed copy given is not this weight's layout")
+        self.packed = packed
+        self.shares_packed = False  # True: another kernel's copy counts these bytes
         self._op = torch.ops.cbp_gemv.linear.default  # the overload: no resolution per call
 
     @property
     def extra_bytes(self) -> int:
-        """The packed copy's bytes; 0 for a view into another's (``share_packed``)."""
+        """The packed copy's bytes; 0 where another's counts them (``shares_packed``)."""
         if self.shares_packed:
             return 0
         return self.packed.numel() * self.packed.element_size()
-
-    def share_packed(self, stacked: torch.Tensor, first_block: int) -> None:
-        """Run on ``stacked[first_block:]``'s first blocks, the packed copy of a weight stacked
-        along N that begins with this one, in place of this one's own copy (freed): the
-        layout packs each 16 outputs apart, so where N is a multiple of 16 the blocks are the
-        same values.
-
-        Raises:
-            ValueError: N is not a multiple of 16, or the blocks' shapes differ.
-        """
-        num_blocks = self.packed.shape[0]
-        view = stacked[first_block : first_block + num_blocks]
-        if self.num_out % GEMV_BLOCK or view.shape != self.packed.shape:
-            raise ValueError("the stacked copy's blocks are not this weight's")
-        self.packed, self.shares_packed = view, True
 
     def _rows(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         if x.dim() == 2 and (residual is None or residual.dim() == 2):  # no views to make
@@ -264,6 +260,71 @@ class SplitLinear(BoundLinear):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([part(x) for part in self.parts], -1)
+
+
+def gemv_packed_shape(weight: torch.Tensor) -> tuple[int, ...]:
+    """The shape of ``weight``'s gemv copy: [ceil(N / 16), K, 16], or [ceil(N / 16), ceil(K / 2),
+    16, 2] for bfloat16 by pairs of k (csrc/gemv.cpp; a 1 x 1 weight packed says which).
+
+    Raises:
+        RuntimeError: as ``GemvLinear``.
+    """
+    num_out, width = weight.shape
+    blocks = -(-num_out // GEMV_BLOCK)
+    with torch.inference_mode():
+        probe = torch.ops.cbp_gemv.pack(weight.new_zeros(1, 1))
+    if probe.dim() == 4:  # bfloat16 by pairs of k
+        return blocks, -(-width // 2), GEMV_BLOCK, 2
+    return blocks, width, GEMV_BLOCK
+
+
+def gather_packed(gemvs: list[GemvLinear]) -> None:
+    """Copy ``gemvs``' packed copies end to end into one new allocation per dtype, in this order
+    (give them in the order a step reads them), and point each at its view there; the old
+    copies are freed as they are left. Stacked weights then run on views of them
+    (``joined_packed``), and the copies read as fast as fresh ones: copies packed one by one
+    among other allocations read up to 20 % slower (docs/measurements.md). Freed copies go back
+    to the OS as it goes (``malloc_trim`` every ``TRIM_ELEMENTS``), so the RSS holds about one
+    copy of these bytes throughout, not two.
+    """
+    trim = _malloc_trim()
+    for dtype in dict.fromkeys(g.packed.dtype for g in gemvs):
+        group = [g for g in gemvs if g.packed.dtype == dtype]
+        sizes = [g.packed.numel() for g in group]
+        with torch.inference_mode():
+            arena = torch.empty(sum(sizes), dtype=dtype)
+            offsets = itertools.accumulate(sizes, initial=0)
+            for g, size, start in zip(group, sizes, offsets, strict=False):
+                view = arena[start : start + size].view(g.packed.shape)
+                g.packed = view.copy_(g.packed)
+                if trim is not None and start // TRIM_ELEMENTS != (start + size) // TRIM_ELEMENTS:
+                    trim(0)
+
+
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None (another C library)."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name and sys.platform.startswith("linux") else None
+    return getattr(libc, "malloc_trim", None)
+
+
+def joined_packed(gemvs: list[GemvLinear]) -> torch.Tensor | None:
+    """The gemv copy of ``gemvs``' weights stacked along N, as a view over their own copies
+    where those lie end to end in one allocation, in this order, each N a multiple of 16 (the
+    layout packs each 16 outputs apart, so the stacked copy's blocks are theirs); else None."""
+    first = gemvs[0].packed
+    end = first.storage_offset()
+    for g in gemvs:
+        packed = g.packed
+        same = packed.shape[1:] == first.shape[1:] and packed.dtype == first.dtype
+        same = same and packed.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        if not same or g.num_out % GEMV_BLOCK or packed.storage_offset() != end:
+            return None
+        if not packed.is_contiguous():
+            return None
+        end += packed.numel()
+    blocks = sum(g.packed.shape[0] for g in gemvs)
+    return first.as_strided((blocks, *first.shape[1:]), first.stride(), first.storage_offset())
 
 
 _BINDERS = {

@@ -28,9 +28,10 @@ def test_prints_a_row_per_row_count_without_lm_head(tiny_loaded, capsys, tmp_pat
     assert lines[4].startswith("chosen: ") and "(measured at this start" in lines[4], lines[4]
     assert lines[5].startswith("the plan's kernel is within 5 % of the fastest candidate at ")
     assert " of 2 row counts (furthest: " in lines[5], lines[5]
-    assert lines[6:] == [] or (
-        len(lines) == 7 and lines[6].startswith("other work used ") and "% of the CPU" in lines[6]
-    ), lines[6:]
+    assert lines[6].startswith("chosen costs "), lines[6]
+    assert lines[7:] == [] or (
+        len(lines) == 8 and lines[7].startswith("other work used ") and "% of the CPU" in lines[7]
+    ), lines[7:]
 
 
 def test_the_chosen_column_is_the_forced_kernel(tiny_loaded, capsys, monkeypatch):
@@ -87,3 +88,21 @@ def test_bfloat16_table_times_the_half_precision_candidates(tiny_loaded, capsys,
     assert "in bfloat16" in lines[0], lines[0]
     names = [kernel_bench.HEADERS.get(n, n) for n in candidates_for(torch.bfloat16)]
     assert lines[1].split() == ["rows", *names, "chosen"], lines[1]
+
+
+def test_the_cost_line_sets_chosen_against_the_raw_column_of_the_kernel_it_runs():
+    """``chosen`` is read against the plan's own kernel's column at each row count, not the
+    fastest: +20 % over gemv at 1 row, -2 % over F.linear's ``linear`` at 8; a kernel with no
+    column is left out."""
+    from engine.kernels.kernel_plan import RowPlan
+
+    plan = RowPlan((1, 4, 16), ("gemv", "linear", "onednn"))
+    table = [
+        (1, {"F.linear": 5.0, "gemv": 10.0, "chosen": 12.0}),
+        (8, {"F.linear": 20.0, "gemv": 10.0, "chosen": 19.6}),
+        (16, {"F.linear": 20.0, "chosen": 30.0}),
+    ]
+    line = kernel_bench.chosen_cost_line(table, plan)
+    assert line == "chosen costs +20 % over gemv at 1 row, -2 % over linear at 8 rows", line
+    none = kernel_bench.chosen_cost_line(table[2:], plan)
+    assert none == "chosen costs: no raw column of the plan's kernels to compare with", none
