@@ -18,7 +18,7 @@ import torch
 from engine.kernels.cpu_share import OtherWork
 from engine.kernels.kernel_plan import RowPlan
 from engine.kernels.kernel_timing import candidates_for, cpu_capabilities
-from engine.kernels.linear_kernel import bind, linear_modules
+from engine.kernels.linear_kernel import GemvLinear, bind, linear_modules
 
 Call = tuple[int, Callable[[torch.Tensor], torch.Tensor]]  # (input width K, x -> x @ W.T)
 HEADERS = {"linear": "F.linear"}  # a candidate's column header, where it is not its name
@@ -101,6 +101,34 @@ def chosen_cost_line(table: list[tuple[int, dict[str, float]]], plan: RowPlan) -
     return "chosen costs " + ", ".join(parts)
 
 
+def dispatch_line(decoder, kernel, rows: list[int], dtype: torch.dtype, repeat: int) -> str:
+    """What ``chosen`` costs over the gemv op called straight on the engines' own packed copies:
+    the dispatch alone, at each row count the plan gives gemv. The raw columns above bind copies
+    of their own, made later, which can read faster for that alone (docs/measurements.md)."""
+    planned = kernel.modules.planned if kernel.modules is not None else {}
+    parts = []
+    for num_rows in rows:
+        own = [planned[m].kernel_at(num_rows) if m in planned else None for m in decoder]
+        if not all(isinstance(g, GemvLinear) for g in own):
+            continue
+        columns = {
+            "own": [(m.in_features, _raw_gemv(g)) for m, g in zip(decoder, own, strict=True)],
+            "chosen": [(m.in_features, planned[m]) for m in decoder],
+        }
+        ms = time_columns_ms(columns, num_rows, dtype, repeat)
+        rows_word = "row" if num_rows == 1 else "rows"
+        parts.append(f"{100 * (ms['chosen'] / ms['own'] - 1):+.0f} % at {num_rows} {rows_word}")
+    if not parts:
+        return "dispatch: the plan runs no gemv at these row counts"
+    return "dispatch costs " + ", ".join(parts) + " over gemv on the engines' own copies"
+
+
+def _raw_gemv(gemv: GemvLinear) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The gemv op on ``gemv``'s packed copy, with nothing around it (no bias)."""
+    op, packed, num_out = torch.ops.cbp_gemv.linear.default, gemv.packed, gemv.num_out
+    return lambda x: op(x, packed, num_out, None)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.kernel_bench", description=__doc__)
     p.add_argument("--rows", default="1,2,3,4,8,16,64", help="comma list of row counts M")
@@ -139,6 +167,7 @@ def main(argv=None) -> int:
     print(f"chosen: {chosen}; on {cpu}, torch {torch.__version__}")
     print(near_best_line(table, runner.engine_kernel.plan))
     print(chosen_cost_line(table, runner.engine_kernel.plan))
+    print(dispatch_line(decoder, runner.engine_kernel, rows, dtype, args.repeat))
     if others.share is not None:  # a busy machine times the contention, not the kernels
         print(f"other work used {100 * others.share:.0f} % of the CPU while the table was timed")
     return 0

@@ -29,9 +29,11 @@ def test_prints_a_row_per_row_count_without_lm_head(tiny_loaded, capsys, tmp_pat
     assert lines[5].startswith("the plan's kernel is within 5 % of the fastest candidate at ")
     assert " of 2 row counts (furthest: " in lines[5], lines[5]
     assert lines[6].startswith("chosen costs "), lines[6]
-    assert lines[7:] == [] or (
-        len(lines) == 8 and lines[7].startswith("other work used ") and "% of the CPU" in lines[7]
-    ), lines[7:]
+    dispatch = "dispatch costs " if gemv_build.available() else "dispatch: "
+    assert lines[7].startswith(dispatch), lines[7]
+    assert lines[8:] == [] or (
+        len(lines) == 9 and lines[8].startswith("other work used ") and "% of the CPU" in lines[8]
+    ), lines[8:]
 
 
 def test_the_chosen_column_is_the_forced_kernel(tiny_loaded, capsys, monkeypatch):
@@ -51,6 +53,23 @@ def test_without_onednn_the_table_keeps_its_shape(tiny_loaded, capsys, monkeypat
     gemv = ["gemv"] if gemv_build.available() else []
     assert captured.out.splitlines()[1].split() == ["rows", "F.linear", "skinny", *gemv, "chosen"]
     assert "no onednn column" in captured.err
+
+
+@pytest.mark.skipif(not gemv_build.available(), reason="the gemv kernel is not built here")
+@pytest.mark.parametrize(
+    ("kernel", "expected"), [("gemv", "dispatch costs "), ("skinny", "dispatch: ")]
+)
+def test_the_dispatch_line_times_gemv_plans_only(
+    tiny_loaded, capsys, monkeypatch, kernel, expected
+):
+    """A gemv plan gets the dispatch's cost at each row count; a plan without gemv says so."""
+    monkeypatch.setenv("CBP_ENGINE_KERNEL", kernel)
+    assert kernel_bench.main(["--rows", "1,2", "--repeat", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    line = next(x for x in lines if x.startswith("dispatch"))
+    assert line.startswith(expected), line
+    if kernel == "gemv":
+        assert " at 1 row, " in line and " at 2 rows over gemv on the engines' own copies" in line
 
 
 @pytest.mark.parametrize("argv", [["--rows", "0"], ["--rows", "a"], ["--repeat", "0"]])
