@@ -14,6 +14,7 @@ from engine.bench.probes.step_profile import decode_op_profile, profile_line
 from engine.bench.servers import comparison_lines, failed_result, schedule_line
 from engine.bench.verdicts import add_invariant_cost, verdict_summary
 from engine.config import EngineConfig
+from engine.kernels import cpu_share
 from engine.kernels.kernel_plan import RowPlan
 from engine.kernels.kernel_timing import QUIET_SHARE
 from engine.model.kernel_store import ORIGINS
@@ -54,6 +55,17 @@ def prefix_cache_line(results: dict[str, dict]) -> str:
     return "prefix cache hit rate (cached / prompt tokens): " + (", ".join(parts) or "-")
 
 
+def load_lines(results: dict[str, dict]) -> list[str]:
+    """A warning per engine whose runs shared their CPUs with other work over
+    ``cpu_share.LOADED_SHARE`` (its ``others_cpu_share``): its times, and the speedups built on
+    them, are the contention's as much as the engine's."""
+    return [
+        f"warning: {line}"
+        for name, entry in results.items()
+        for line in cpu_share.load_warning(name, entry.get("others_cpu_share"))
+    ]
+
+
 def _ms(ms_per_step: float) -> str:
     return f"{ms_per_step:.1f}" if ms_per_step else "-"  # "-": an engine with no step trace
 
@@ -73,6 +85,8 @@ def print_report(args, results, normal_results, extra, run) -> None:
             label = f" ({expected})" if expected else ""
             print(f"{name} against the reference: {verdict_summary(entry)}{label}")
     for line in add_invariant_cost(results, normal_results):
+        print(line)
+    for line in load_lines(results):
         print(line)
     if args.prefix_caching:
         print(prefix_cache_line(results))

@@ -250,3 +250,19 @@ def test_bench_json_counts_the_memory_by_part(tmp_path, tiny_loaded):
     bytes_per_token = 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads, head size 16, fp32
     assert memory["kv_pool_bytes"] > 0 and memory["kv_pool_bytes"] % (4 * bytes_per_token) == 0
     assert memory["peak_rss_bytes"] > params
+
+
+def test_an_engine_timed_under_load_is_marked_in_the_report():
+    """Other work over a fifth of the CPUs during an engine's runs: one warning naming it (its
+    speedup is the contention's too); a quiet or unmeasured engine gets none."""
+    from engine.bench.report import load_lines
+
+    results = {
+        "static": {"others_cpu_share": 0.497},
+        "continuous": {"others_cpu_share": 0.05},
+        "vllm": {"others_cpu_share": None},
+    }
+    assert load_lines(results) == [
+        "warning: static ran while other work took 50% of its CPUs: its times are slower than "
+        "on a quiet host (taken under load)."
+    ]
