@@ -180,7 +180,9 @@ class RunResult:
                 value=self.step_index,
                 label=slider_label(self.state),
             ),
-            metrics_table=self.metrics,
+            metrics_table=gr.Dataframe(
+                value=self.metrics, headers=tables.metrics_headers(self.state.batch_invariant)
+            ),
             outputs_table=outputs_table(
                 self.outputs,
                 list(self.state.traces()),

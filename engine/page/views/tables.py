@@ -57,7 +57,12 @@ METRICS_COLUMNS = {
     ),
 }
 METRICS_HEADERS = list(METRICS_COLUMNS)
-METRIC_HELP = {name: text for name, text in METRICS_COLUMNS.items() if text}
+GENERATE_MATCH_HEADER = "outputs match model.generate"
+SOLO_MATCH_HEADER = "outputs match their runs alone"  # a batch-invariant run's reference
+METRIC_HELP = {name: text for name, text in METRICS_COLUMNS.items() if text} | {
+    SOLO_MATCH_HEADER: "Batch-invariant mode: ✓ when every output equals its request run alone "
+    "in that mode, token for token and logits bitwise (not model.generate, whose kernels differ)."
+}
 METRICS_NOTE = (
     "**padding waste %** counts wasted token positions among those computed; **slot "
     "utilisation %** counts busy slot-steps among slots × steps. Different denominators: the two "
@@ -136,6 +141,13 @@ def _rounded(value: float | None) -> float | str:
 
 
 CACHED_TOKENS_HEADER = "prompt tokens from the prefix cache"
+
+
+def metrics_headers(batch_invariant: bool = False) -> list[str]:
+    """``METRICS_HEADERS``, the match column named after the run's reference."""
+    if not batch_invariant:
+        return METRICS_HEADERS
+    return [SOLO_MATCH_HEADER if h == GENERATE_MATCH_HEADER else h for h in METRICS_HEADERS]
 
 
 def outputs_headers(engine_names: list[str], reference: str = "model.generate") -> list[str]:

@@ -113,6 +113,9 @@ def test_batch_invariant_outputs_equal_their_solo_runs_bitwise(shared):
     ), result.status
     shown = dict(zip(run_view.RUN_OUTPUTS, result.as_outputs(), strict=True))
     assert "matches its solo run" in shown["outputs_table"].headers
+    metrics_headers = shown["metrics_table"].headers
+    assert "outputs match their runs alone" in metrics_headers, metrics_headers
+    assert "outputs match model.generate" not in metrics_headers, metrics_headers
 
 
 def test_transformers_engine_in_invariant_mode_is_said_to_be_outside_our_control(shared):
