@@ -78,11 +78,16 @@ def _name(card) -> str:
     """A path's file or folder name (``.gguf`` dropped), its full path and the weights' source
     on hover; any other name (a hub id, the embedded model's) as it is."""
     name, source = str(card.name), card.source
-    if not ("/" in name and (Path(name).expanduser().exists() or name.startswith(("/", "~")))):
+    if not _is_path(name):
         return html.escape(name) if not source or source in name else _hover(name, source)
     short = Path(name).name.removesuffix(".gguf")
     hover = name if not source or source == name else f"{name} (weights: {source})"
     return _hover(short, hover)
+
+
+def _is_path(name: str) -> bool:
+    """Whether ``name`` is a file or folder path rather than a hub id ("org/model")."""
+    return "/" in name and (name.startswith(("/", "~", ".")) or Path(name).expanduser().exists())
 
 
 def _identity(card) -> list[str]:
