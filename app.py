@@ -26,13 +26,20 @@ parse_args = launch.parse_args  # the command line, documented in engine.page.ho
 
 
 def build_demo(
-    model_label: str, server_names=(), dtypes=("float32", "bfloat16"), dtype="float32", models=()
+    model_label: str,
+    server_names=(),
+    dtypes=("float32", "bfloat16"),
+    dtype="float32",
+    models=(),
+    model_id=recording.MODEL,
 ) -> gr.Blocks:
     """The page: request editor and settings, timelines, step heatmaps, tables, the host's
-    servers (by name only); it opens on the shipped recording (``engine.page.handlers.recording``).
-    ``dtypes``: the precisions offered, ``dtype`` the loaded model's; ``models``: the picker's."""
+    servers (by name only); on the recorded model it opens on the shipped recording
+    (``engine.page.handlers.recording``). ``dtypes``: the precisions offered, ``dtype`` the
+    loaded model's; ``models``: the picker's; ``model_id``: the page's model (allowlist name)."""
     rows, chat_template, preset_text = presets.apply_preset(presets.DEFAULT_PRESET)
-    shown = recording.opening_result()
+    shown = recording.opening_result(model_id=model_id)
+    empty = recording.opening_status(model_id)
     with gr.Blocks(title=page_panels.TITLE, delete_cache=page_panels.DELETE_CACHE_S) as demo:
         model_line, tour_panel = page_panels.header(model_label)
         with gr.Row():
@@ -40,7 +47,7 @@ def build_demo(
                 requests = page_panels.requests_panel(rows, preset_text)
             with gr.Column(scale=1):
                 settings = settings_panel(chat_template, server_names, dtypes, dtype, models)
-        results = results_panel(shown, server_names)
+        results = results_panel(shown, server_names, empty)
         downloads = page_panels.downloads_panel()
         run_state = gr.State(shown.state if shown is not None else None)
         handle_state = gr.State(RunHandle(gradio_queue=zerogpu.on_zerogpu()))  # per session: Stop
@@ -55,14 +62,17 @@ def build_demo(
         step_out = [results.step_slider, link_step_state, *results.step_views()]
         run_events[0].success(playground.link_step_event, step_in, step_out, **HIDDEN)
         wire_views(results, run_state)
-        wire_precision(settings, results, run_state, model_line)
+        wire_precision(settings, results, run_state, model_line, run_events)
     return demo
 
 
-def wire_precision(settings, results, run_state, model_line) -> None:
-    """The precision note, a pick in "Where outputs differ", the model picker's load and line."""
+def wire_precision(settings, results, run_state, model_line, run_events) -> None:
+    """The precision note, a pick in "Where outputs differ", the model picker's load and line,
+    and the model line after each Run (in the run's precision)."""
     s, d, chosen = settings, results.divergence, [model_line, results.status_markdown]
     s.model_dropdown.change(model_choice.choose_model_event, s.model_dropdown, chosen, **QUIET)
+    for event in run_events:
+        event.then(model_choice.run_model_line, [run_state, s.model_dropdown], model_line, **QUIET)
     checks, note = [s.compare_hf_checkbox, s.batch_invariant_checkbox], differences.settings_note
     gr.on([c.change for c in checks], note, checks, s.precision_markdown, **QUIET)
     d.dropdown.input(differences.divergence_event, [run_state, d.dropdown], d.views(), **QUIET)

@@ -125,8 +125,7 @@ def print_report(args, results, normal_results, extra, run) -> None:
 def layers_step(runner) -> str | None:
     """Where the fused layers ran a decode step's layers: ``"C++"`` (one call) or
     ``"Python: <why>"`` (``FusedDecoder.layers_step``); None where they were not made."""
-    fused = runner.__dict__.get("fused_decoder")
-    return None if fused is None else fused.layers_step
+    return getattr(runner, "layers_step", None)
 
 
 def _others_note(share: float | None) -> str:

@@ -223,6 +223,14 @@ class RunnerKernels:
         reason = fused_layers.unsupported_reason(self.model)
         return "fused" if reason is None else f"transformers: {reason}"
 
+    @property
+    def layers_step(self) -> str | None:
+        """Where the fused layers ran a decode step's layers: ``"C++"`` (one call) or
+        ``"Python: <why>"`` (``FusedDecoder.layers_step``); None where they were not made
+        (nothing is built here)."""
+        fused = self.__dict__.get("fused_decoder")
+        return None if fused is None else fused.layers_step
+
     def step_summary(self) -> str:
         """One line for people: the continuous engines' step runs eager, through which decoder
         layers, and why (``layers_path``)."""

@@ -51,10 +51,14 @@ class ModelRunner(RunnerKernels):
 
     def sliding_windows(self) -> list[int]:
         """Distinct layer sliding windows in keys, smallest first ([]: all global)."""
+        return sorted({w for w in self.layer_windows() if w is not None})
+
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each decoder layer's sliding window in keys (None: global), in layer order."""
         layers = getattr(getattr(self.model, "model", None), "layers", None) or []
         attns = [getattr(la, "self_attn", None) for la in layers]
-        windows = {layer_spec.layer_window(a, self.model.config) for a in attns if a is not None}
-        return sorted(w for w in windows if w is not None)
+        config = self.model.config
+        return tuple(layer_spec.layer_window(a, config) for a in attns if a is not None)
 
     def kv_window(self) -> int | None:
         """The window every layer shares, in keys (the paged cache frees blocks out of it); None

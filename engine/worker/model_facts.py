@@ -26,6 +26,10 @@ class ModelFacts:
     reference_keys: dict[bool, Identity] = field(default_factory=dict)
     model_id: str = "embedded"  # the allowlist's name of the model (``WorkerModel.model_id``)
     memory: str = ""  # peak RSS and the bytes by part (``WorkerModel.memory_words``)
+    layer_windows: tuple[int | None, ...] = ()  # each layer's sliding window in keys; None: global
+    # where the fused layers ran a decode step's layers: "C++" or "Python: <why>" (the bench
+    # JSON's ``layers_step``); None where they were not made
+    decode_step: str | None = None
 
     @property
     def dtype_name(self) -> str:
@@ -74,4 +78,6 @@ def facts_of(model: ComparisonModel) -> ModelFacts:
         reference_keys=keys,
         model_id=getattr(model, "model_id", "embedded"),
         memory=memory_summary(memory_account(runner), peak_rss_bytes()),
+        layer_windows=runner.layer_windows(),
+        decode_step=runner.layers_step,
     )

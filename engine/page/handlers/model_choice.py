@@ -1,4 +1,5 @@
-"""The model picker's handler: the host's model chosen, loaded where the engines run.
+"""The model picker's handler: the host's model chosen, loaded where the engines run; and the
+model line after a run, in the run's precision.
 
 The load waits for the run in progress; a model that cannot load is told as "Not run" with the
 loader's reason, and the model line keeps the one before.
@@ -40,6 +41,16 @@ def choose_model_event(name: str | None) -> Iterator[tuple]:
             return
     seconds = time.monotonic() - start_s
     yield model.label_markdown, f"**Model ready:** `{chosen}` ({seconds:.1f} s); Run runs on it."
+
+
+def run_model_line(state, name: str | None):
+    """The model line for the run ``state`` (a ``RunState``) shows, after a Run: the picked
+    model ``name`` in the run's precision; unchanged (``gr.skip()``) with no run or a model
+    not loaded."""
+    model = shared_model.get_model()
+    if state is None or not model.holds(name):
+        return gr.skip()
+    return model.in_model(name).run_label_markdown(state.dtype)
 
 
 def _load(name: str, stage: list[str], loaded: Future) -> None:

@@ -79,14 +79,32 @@ def load_recording(path: Path = RECORDING_PATH):
     )
 
 
-def opening_result(path: Path = RECORDING_PATH):
-    """What the page shows before its first Run: the recording rendered (no download files), or
-    None when no recording ships (the page then opens empty)."""
+def opening_result(path: Path = RECORDING_PATH, model_id: str = MODEL):
+    """What the page on the model ``model_id`` (the allowlist's name) shows before its first
+    Run: the recording rendered (no download files), or None when no recording ships or the
+    page's model is not the recorded one (the page then opens empty, ``opening_status`` on its
+    status line)."""
     from engine.page.views.run_view import render
 
-    if not path.exists():
+    if not path.exists() or not is_recorded_model(model_id):
         return None
     return render(load_recording(path), downloads=False)
+
+
+def is_recorded_model(model_id: str | None) -> bool:
+    """Whether ``model_id`` names the model the recording was made on."""
+    return (model_id or MODEL).strip().lower() == MODEL
+
+
+def opening_status(model_id: str | None) -> str | None:
+    """The empty first view's status line on a model the recording is not of; None on its own
+    model (the panel's own words)."""
+    if is_recorded_model(model_id):
+        return None
+    return (
+        "Press Run to measure both engines on this model (the recorded run is of the embedded "
+        "model only)."
+    )
 
 
 def recorded_settings() -> RunSettings:

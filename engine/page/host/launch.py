@@ -114,8 +114,9 @@ def configured_servers(
 
 
 def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -> None:
-    """Load the model, then serve ``build_demo(label, server_names, dtypes, dtype, models)``'s
-    page; SystemExit with one line when the model cannot load or a server flag is wrong."""
+    """Load the model, then serve ``build_demo(label, server_names, dtypes, dtype, models,
+    model_id)``'s page; SystemExit with one line when the model cannot load or a server flag
+    is wrong."""
     args = parse_args(argv)
     process, split = None, None
     try:
@@ -194,7 +195,9 @@ def _exit(signum, _frame) -> None:
 def _launch(build_demo: Callable, model: shared_model.PageModel, args) -> None:
     names = model.servers.names if model.servers is not None else []
     models = offered_models(model.model_id)  # the picker's, where the allowlist names several
-    demo = build_demo(model.label_markdown, names, model.dtype_choices(), model.dtype_name, models)
+    demo = build_demo(
+        model.label_markdown, names, model.dtype_choices(), model.dtype_name, models, model.model_id
+    )
     demo.queue()
     quiet_queue.quiet(demo)  # no thousand wake-ups a second on the engine's cores
     # quiet: Gradio's own launch lines would say "set share=True" even with --share.

@@ -66,11 +66,17 @@ def by_elem_id(*panels) -> dict:
     return found
 
 
-def results_panel(shown: RunResult | None = None, server_names: list[str] = ()) -> ResultsPanel:
-    """The results, showing ``shown`` until a Run; with ``server_names``, their line and charts."""
+EMPTY_STATUS = "Press Run to compare the two engines."  # the status line before a first Run
+
+
+def results_panel(
+    shown: RunResult | None = None, server_names: list[str] = (), empty_status: str | None = None
+) -> ResultsPanel:
+    """The results, showing ``shown`` until a Run (without one, ``empty_status`` says what to
+    do; None: ``EMPTY_STATUS``); with ``server_names``, their line and charts."""
+    empty_status = empty_status or EMPTY_STATUS
     status = gr.Markdown(
-        shown.status if shown is not None else "Press Run to compare the two engines.",
-        elem_id="status_markdown",
+        shown.status if shown is not None else empty_status, elem_id="status_markdown"
     )
     servers_line = server_panels.servers_line(list(server_names))
     x_axis = knob_widgets.knob_component(KNOB["x_axis"])

@@ -11,7 +11,6 @@ the house style allows.
 
 from __future__ import annotations
 
-import html
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,9 +21,9 @@ from engine.config import EngineConfig
 from engine.fidelity import reference_store
 from engine.fidelity.reference_store import StoredReferences
 from engine.model.allowlist import check_model_allowed
-from engine.model.model_card import identity_words
 from engine.page.run.cpu_split import CpuSplit
 from engine.page.run.host_servers import PageServers
+from engine.page.run.model_line import model_line
 from engine.page.run.recent_runs import RecentRuns, replay_window_s
 from engine.page.run.run_cost import Work
 from engine.page.run.run_queue import RunQueue
@@ -150,29 +149,14 @@ class PageModel:
 
     @property
     def label_markdown(self) -> str:
-        """The model line as the page shows it: ``label``, the model's family, size and source,
-        then hover texts: the matmul kernels by row count and how they were chosen, which
-        decoder layers the step runs, the worker's peak RSS (bytes by part on hover) and, when
-        the CPUs are split, how many the engines have."""
-        kernels, step = self.facts.kernels, self.facts.step
-        summary = html.escape(kernels, quote=True)
-        words = [html.escape(word) for word in identity_words(self.loaded)]
-        source = self.loaded.source  # the weights' folder or hub id
-        if source and str(source) not in self.label:  # a folder's name is its path already
-            words.append(f"<code>{html.escape(str(source))}</code>")
-        line = " · ".join([self.label, *words])
-        line += f' · <abbr title="{summary}">matmul kernels</abbr>'
-        layers = "fused layers" if step.endswith("the fused layers") else "transformers' layers"
-        line += f' · <abbr title="{html.escape(step, quote=True)}">{layers}</abbr>'
-        memory = self.facts.memory  # "peak RSS 1.9 GB; weights ...": the peak shown
-        if memory:
-            peak = html.escape(memory.split(";")[0])
-            line += f' · <abbr title="{html.escape(memory, quote=True)}">{peak}</abbr>'
-        if self.cpu_split is not None:
-            where = self.cpu_split.describe()
-            where = html.escape(where[:1].upper() + where[1:], quote=True)
-            line += f' · <abbr title="{where}">{self.cpu_split.short()}</abbr>'
-        return line
+        """The model line as the page shows it (``model_line``)."""
+        return model_line(self.facts, self.cpu_split)
+
+    def run_label_markdown(self, run_dtype: str | None) -> str:
+        """The model line of a run in ``run_dtype`` (None: this model's own): that precision's
+        copy's line where it is loaded, else this one's saying both precisions."""
+        variant = self.variants.get(run_dtype or self.dtype_name, self)
+        return model_line(variant.facts, self.cpu_split, run_dtype)
 
 
 def local_model(held: WorkerModel, **parts) -> PageModel:

@@ -1,8 +1,9 @@
 """The model picker in Chromium: ``app.py`` started on a tiny Llama folder, with a tiny Mistral
 folder (every layer with an 8-key window, ``tests/family_models.py``) also on the host's
 ``CBP_MODEL_ALLOWLIST``. The page offers both; each pick loads in the engine process, the model
-line names the model's family, size, dtype and folder, each run on it matches its ``generate``,
-and the Mistral's run offers its sliding layers in the mask, which draws the window's band.
+line names the model's family, size, dtype and folder (its path on hover), each run on it
+matches its ``generate``, and the Mistral's run offers its sliding layers in the mask, which
+draws the window's band.
 """
 
 from __future__ import annotations
@@ -52,11 +53,14 @@ def _pick(page: Page, option: str) -> None:
 
 
 def _expect_model_line(page: Page, family: str, folder: str) -> None:
-    """The model line names ``family``, a size, float32 and ``folder``."""
+    """The model line names ``family`` in words, a size and float32, and reads as the folder's
+    name with its full path on hover."""
     line = page.locator("#model_markdown")
     expect(line).to_contain_text(f" · {family} · ", timeout=LOAD_TIMEOUT_MS)
-    for words in ("parameters", "float32", folder):
+    for words in ("parameters", "float32"):
         expect(line).to_contain_text(words)
+    name = line.locator(f'abbr[title^="{folder}"]').first
+    expect(name).to_have_text(folder.rstrip("/").rsplit("/", 1)[-1])
 
 
 def _run_matches(page: Page) -> None:
@@ -72,7 +76,7 @@ def test_the_picker_switches_models_and_the_mask_draws_the_mistrals_window(brows
     page = open_session(browser, url)
     try:
         expect(page.locator("#model_dropdown")).to_be_visible(timeout=30_000)
-        _expect_model_line(page, "llama", folders["llama"])
+        _expect_model_line(page, "Llama", folders["llama"])
         set_requests(page, ROWS)
         set_slots(page, 2)
         _run_matches(page)
@@ -80,7 +84,7 @@ def test_the_picker_switches_models_and_the_mask_draws_the_mistrals_window(brows
         expect(radio.locator("label").filter(has_text="sliding")).to_have_count(0)
 
         _pick(page, folders["mistral"])
-        _expect_model_line(page, "mistral", folders["mistral"])
+        _expect_model_line(page, "Mistral", folders["mistral"])
         expect(page.locator("#status_markdown")).to_contain_text("Model ready")
         _run_matches(page)
         choice = radio.locator("label").filter(has_text=SLIDING).first
@@ -93,6 +97,6 @@ def test_the_picker_switches_models_and_the_mask_draws_the_mistrals_window(brows
         page.screenshot(path=str(SCREENSHOTS / "model-picker-mistral.png"), full_page=True)
 
         _pick(page, folders["llama"])
-        _expect_model_line(page, "llama", folders["llama"])
+        _expect_model_line(page, "Llama", folders["llama"])
     finally:
         page.context.close()

@@ -44,7 +44,7 @@ def windowed_url(monkeypatch_module):
     static = StaticEngine(runner, EngineConfig(2)).run(requests)
     state = run_view.RunState(static, ContinuousEngine(runner, EngineConfig(2)).run(requests), None)
     shown = run_view.render(state, downloads=False)
-    monkeypatch_module.setattr(recording, "opening_result", lambda *_: shown)
+    monkeypatch_module.setattr(recording, "opening_result", lambda *_, **__: shown)
     demo = app.build_demo("Model: tiny Mistral")
     port = free_port()
     demo.launch(

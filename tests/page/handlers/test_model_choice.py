@@ -64,15 +64,16 @@ def _generate(folder: str, request) -> list[int]:
 
 def test_the_picker_loads_the_chosen_model_and_names_it(started, folders):
     """A pick of the Mistral folder tells its load's stages, then a model line naming its
-    family, size, dtype and folder; picking the Llama again names the Llama."""
+    family in words, size, dtype and folder (on hover); picking the Llama again names the
+    Llama."""
     updates = list(model_choice.choose_model_event(folders["mistral"]))
     line, status = updates[-1]
     assert status.startswith("**Model ready:**"), status
-    for word in ("mistral", "parameters", "float32", folders["mistral"]):
+    for word in (" · Mistral · ", "parameters", "float32", folders["mistral"]):
         assert word in line, f"{word!r} not in the model line {line!r}"
     assert "llama" not in line.split("·")[1], line
     line, status = list(model_choice.choose_model_event(folders["llama"]))[-1]
-    assert " · llama · " in line and folders["llama"] in line, line
+    assert " · Llama · " in line and folders["llama"] in line, line
 
 
 def test_a_run_on_each_model_is_judged_against_its_own_generate(started, folders):

@@ -177,9 +177,10 @@ def test_model_line_says_the_kernel_choice_on_hover(shared):
     summary of its kernel choice, escaped so that no quote in it ends the attribute."""
     line = shared.label_markdown
     summary = shared.worker.model.runner.kernel_summary()
-    assert line.startswith(shared.label + " · llama · 82.2 k parameters · <abbr title="), line
-    assert '">matmul kernels</abbr>' in line, line
-    assert html.unescape(line.split('title="')[1].split('">')[0]) == summary
+    assert line.startswith(shared.label + " · Llama · 82.2 k parameters · <abbr title="), line
+    before, found, _ = line.partition('">matmul kernels</abbr>')
+    assert found, line
+    assert html.unescape(before.rsplit('title="', 1)[1]) == summary
 
 
 def test_model_line_says_which_layers_the_step_runs(shared):

@@ -97,6 +97,26 @@ def test_the_page_opens_on_the_recording(shipped):
     assert any(isinstance(s.value, run_view.RunState) for s in states), "no recorded run state"
 
 
+def test_a_page_on_another_model_opens_empty_with_a_hint_to_press_run():
+    """On a model other than the recorded one (a .gguf path), the page opens as it does without
+    a recording: no run state, empty charts, and a status line saying to press Run and why the
+    recording is not shown; on the embedded model, named in any case, the recording shows."""
+    import gradio as gr
+
+    import app
+
+    demo = app.build_demo("Model: gemma", model_id="/tmp/g270/gemma-3-270m-q4_k_m.gguf")
+    by_id = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
+    status = by_id["status_markdown"].value
+    assert status.startswith("Press Run") and "embedded model only" in status, status
+    assert "\n" not in status and "Recorded run" not in status, status
+    assert by_id["continuous_timeline_plot"].value is None, "the recorded timeline is shown"
+    states = [b.value for b in demo.blocks.values() if isinstance(b, gr.State)]
+    assert not any(isinstance(s, run_view.RunState) for s in states), "a recorded run state"
+    assert recording.opening_result(model_id=" Embedded ") is not None
+    assert recording.opening_status("embedded") is None
+
+
 def test_label_says_when_the_machine_was_busy(shipped):
     """A recording made while the machine ran more threads than it has cores says so."""
     quiet = dataclasses.replace(shipped.recorded, load_average=1.2, num_cpus=2)
