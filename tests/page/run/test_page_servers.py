@@ -17,7 +17,7 @@ from engine.page.handlers import playground
 from engine.page.run import host_servers, shared_model
 from engine.page.run.run_handle import RunHandle
 from engine.page.run.shared_model import PageModel, local_model
-from engine.page.views import run_view, tables
+from engine.page.views import run_view
 from engine.peers.endpoints import Endpoint
 from engine.peers.openai_engine import OpenAIEngine
 from engine.serving.run_control import RunControl
@@ -88,8 +88,13 @@ def _verdicts(update) -> list[str]:
 
 def _metric(update, engine: str, header: str):
     """One engine's value in the metrics table's column ``header``."""
-    column = tables.METRICS_HEADERS.index(header)
-    return next(row[column] for row in update if row[0] == engine)
+    column = update.value["headers"].index(header)
+    return next(row[column] for row in _rows(update) if row[0] == engine)
+
+
+def _rows(update) -> list[list]:
+    """The metrics table's rows, from the Dataframe a Run's outputs carry."""
+    return update.value["data"]
 
 
 def test_server_gets_a_column_a_row_curves_lanes_and_a_chart(serve, embedded_model, with_servers):
@@ -148,13 +153,13 @@ def test_our_results_show_before_the_servers_run_and_each_server_follows(
     assert "hf\\_b (2 of 2): waiting its turn" in ours["status_markdown"]
     headers, _ = _table(ours["outputs_table"])
     assert "hf_a output" not in headers and _verdicts(ours["outputs_table"]) == ["✓", "✓"]
-    assert {row[0] for row in ours["metrics_table"]} == {"static", "continuous"}
+    assert {row[0] for row in _rows(ours["metrics_table"])} == {"static", "continuous"}
     assert "hf\\_a (1 of 2): done" in drawn[1][1]["status_markdown"]
     headers, _ = _table(drawn[1][1]["outputs_table"])
     assert "hf_a output" in headers and "hf_b output" not in headers, headers
     assert "✓ all match" in final["status_markdown"], final["status_markdown"]
     assert _verdicts(final["outputs_table"]) == ["✓", "✓"]
-    assert {"hf_a", "hf_b"} <= {row[0] for row in final["metrics_table"]}
+    assert {"hf_a", "hf_b"} <= {row[0] for row in _rows(final["metrics_table"])}
 
 
 def test_unreachable_server_is_named_and_the_rest_kept(serve, embedded_model, with_servers):
