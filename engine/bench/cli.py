@@ -31,7 +31,7 @@ from engine.bench.args import (
 )
 from engine.bench.deployment import follow_deployment
 from engine.bench.probes.hardware import PeakMemory, memory_object, weight_bytes, weight_read_ms
-from engine.bench.report import layers_step, optional_measures, print_report, write_json
+from engine.bench.report import optional_measures, print_report, write_json
 from engine.bench.servers import (
     add_schedule_comparison,
     close_engines,
@@ -275,7 +275,7 @@ def _bench(args, loaded, runner, requests, engines: dict, normal: dict) -> int:
         "layers_path": runner.layers_path,  # "fused", or "transformers: <why>"
         "decoder_layers": runner.decoder_layers,  # which layers the timed steps ran
         "decoder_layer_steps": dict(runner.decoder_layer_steps),
-        "layers_step": layers_step(runner),  # "C++", or "Python: <why>"; None: not fused
+        "layers_step": runner.layers_step,  # "C++", or "Python: <why>"; None: not fused
         "memory": memory_object(runner, _config(args), requests, peaks),
     }
     print_report(args, results, normal_results, extra, (medians, failures, engines))

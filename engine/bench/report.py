@@ -122,12 +122,6 @@ def print_report(args, results, normal_results, extra, run) -> None:
         )
 
 
-def layers_step(runner) -> str | None:
-    """Where the fused layers ran a decode step's layers: ``"C++"`` (one call) or
-    ``"Python: <why>"`` (``FusedDecoder.layers_step``); None where they were not made."""
-    return getattr(runner, "layers_step", None)
-
-
 def _others_note(share: float | None) -> str:
     """E.g. ``", other work 45 % of the CPU (not kept)"`` while timing kernels; "" unmeasured."""
     if share is None:

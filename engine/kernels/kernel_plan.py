@@ -80,12 +80,16 @@ class RowPlan:
         ends = [s - 1 for s in self.starts[1:]] + [None]
         return list(zip(self.starts, ends, self.names, strict=True))
 
-    def describe(self) -> str:
-        """For people: ``"onednn at every row count"``, ``"linear 1-4 rows, onednn 5+ rows"``."""
-        if len(self.names) == 1:
+    def describe(self, up_to: int | None = None) -> str:
+        """For people: ``"onednn at every row count"``, ``"linear 1-4 rows, onednn 5+ rows"``;
+        ``up_to``: the ranges within 1 .. ``up_to`` rows only, e.g. ``"gemv 1-16 rows"``."""
+        if len(self.names) == 1 and up_to is None:
             return f"{self.names[0]} at every row count"
         parts = []
         for lo, hi, name in self.ranges():
+            if up_to is not None and lo > up_to:
+                break
+            hi = up_to if hi is None or (up_to is not None and hi > up_to) else hi
             parts.append(f"{name} {lo}+ rows" if hi is None else f"{name} {lo}-{hi} rows")
         return ", ".join(parts)
 

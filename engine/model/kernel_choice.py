@@ -315,7 +315,7 @@ class RunnerKernels:
             return None
         planned = None if kernel.modules is None else kernel.modules.planned.get(head)
         plan = kernel.plan if planned is None else planned.plan
-        text = head_ranges(plan, kernel_timing.HEAD_ROWS[-1])
+        text = plan.describe(up_to=kernel_timing.HEAD_ROWS[-1])
         choice = self.head_choice
         if choice is None or choice is self.kernel_choice:
             return text
@@ -348,16 +348,6 @@ def _measure(sample, candidates, total_linears, rows, budget) -> KernelChoice:
         return KernelChoice(kernel_plan.RowPlan.single("linear"), "fallback", timings)
     log.info("Matmul measured in %.1f s: %s", timings.measured_s, plan.describe())
     return KernelChoice(plan, "measured", timings)
-
-
-def head_ranges(plan: kernel_plan.RowPlan, max_rows: int) -> str:
-    """``plan``'s ranges within 1 .. ``max_rows`` rows, e.g. ``"gemv 1-16 rows"`` or ``"onednn
-    1-4 rows, gemv 5-16 rows"``."""
-    parts = []
-    for lo, hi, name in plan.ranges():
-        if lo <= max_rows:
-            parts.append(f"{name} {lo}-{max_rows if hi is None else min(hi, max_rows)} rows")
-    return ", ".join(parts)
 
 
 def read_copies_max() -> float:

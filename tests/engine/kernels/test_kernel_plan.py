@@ -30,6 +30,13 @@ def test_a_plan_says_its_ranges_for_people():
     assert RowPlan.single("onednn").describe() == "onednn at every row count"
 
 
+def test_a_plan_says_its_ranges_up_to_a_row_count():
+    """describe(up_to=M) names the ranges within 1 .. M rows, the last one cut at M."""
+    assert PLAN.describe(up_to=16) == "linear 1-4 rows, skinny 5-16 rows"
+    assert PLAN.describe(up_to=4) == "linear 1-4 rows"
+    assert RowPlan.single("gemv").describe(up_to=16) == "gemv 1-16 rows"
+
+
 @pytest.mark.parametrize(
     ("starts", "names"),
     [((2,), ("linear",)), ((1, 1), ("a", "b")), ((1, 8, 4), ("a", "b", "c")), ((1,), ()), ((), ())],
