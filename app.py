@@ -15,7 +15,7 @@ from engine.page.host import launch, zerogpu  # noqa: E402
 from engine.page.inputs import page_io, presets  # noqa: E402
 from engine.page.panels import page_panels, tour  # noqa: E402
 from engine.page.panels.results_panel import results_panel  # noqa: E402
-from engine.page.panels.settings_panel import settings_panel  # noqa: E402
+from engine.page.panels.settings_panel import HOST_PRECISION, settings_panel  # noqa: E402
 from engine.page.run.run_handle import RunHandle  # noqa: E402
 from engine.page.views import divergence_view as differences  # noqa: E402
 
@@ -25,29 +25,20 @@ PRESS = {"queue": False, "trigger_mode": "multiple"}  # Run's press, Stop: in cl
 parse_args = launch.parse_args  # the command line, documented in engine.page.host.launch
 
 
-def build_demo(
-    model_label: str,
-    server_names=(),
-    dtypes=("float32", "bfloat16"),
-    dtype="float32",
-    models=(),
-    model_id=recording.MODEL,
-) -> gr.Blocks:
+def build_demo(model_label: str, server_names=(), precision=HOST_PRECISION) -> gr.Blocks:
     """The page: request editor and settings, timelines, step heatmaps, tables, the host's
     servers (by name only); on the recorded model it opens on the shipped recording
-    (``engine.page.handlers.recording``). ``dtypes``: the precisions offered, ``dtype`` the
-    loaded model's; ``models``: the picker's; ``model_id``: the page's model (allowlist name)."""
+    (``engine.page.handlers.recording``). ``precision``: the host's precisions and models."""
     rows, chat_template, preset_text = presets.apply_preset(presets.DEFAULT_PRESET)
-    shown = recording.opening_result(model_id=model_id)
-    empty = recording.opening_status(model_id)
+    shown = recording.opening_result(model_id=precision.model)
     with gr.Blocks(title=page_panels.TITLE, delete_cache=page_panels.DELETE_CACHE_S) as demo:
         model_line, tour_panel = page_panels.header(model_label)
         with gr.Row():
             with gr.Column(scale=3):
                 requests = page_panels.requests_panel(rows, preset_text)
             with gr.Column(scale=1):
-                settings = settings_panel(chat_template, server_names, dtypes, dtype, models)
-        results = results_panel(shown, server_names, empty)
+                settings = settings_panel(chat_template, server_names, precision)
+        results = results_panel(shown, server_names, recording.opening_status(precision.model))
         downloads = page_panels.downloads_panel()
         run_state = gr.State(shown.state if shown is not None else None)
         handle_state = gr.State(RunHandle(gradio_queue=zerogpu.on_zerogpu()))  # per session: Stop
@@ -67,8 +58,7 @@ def build_demo(
 
 
 def wire_precision(settings, results, run_state, model_line, run_events) -> None:
-    """The precision note, a pick in "Where outputs differ", the model picker's load and line,
-    and the model line after each Run (in the run's precision)."""
+    """The precision note, a pick in "Where outputs differ", the model picker, the model line."""
     s, d, chosen = settings, results.divergence, [model_line, results.status_markdown]
     s.model_dropdown.change(model_choice.choose_model_event, s.model_dropdown, chosen, **QUIET)
     for event in run_events:

@@ -19,7 +19,7 @@ import torch
 
 from engine.model.allowlist import check_model_allowed, offered_models
 from engine.page.host import quiet_queue, server_priority, share, zerogpu
-from engine.page.inputs import page_io
+from engine.page.inputs import link_query, page_io
 from engine.page.panels import page_panels, results_panel, server_panels, settings_panel
 from engine.page.run import cpu_split, host_servers, shared_model
 from engine.page.views import tables
@@ -114,9 +114,9 @@ def configured_servers(
 
 
 def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -> None:
-    """Load the model, then serve ``build_demo(label, server_names, dtypes, dtype, models,
-    model_id)``'s page; SystemExit with one line when the model cannot load or a server flag
-    is wrong."""
+    """Load the model, then serve ``build_demo(label, server_names, precision)``'s page
+    (``link_query.Precision``: the host's precisions and models); SystemExit with one line when
+    the model cannot load or a server flag is wrong."""
     args = parse_args(argv)
     process, split = None, None
     try:
@@ -195,9 +195,10 @@ def _exit(signum, _frame) -> None:
 def _launch(build_demo: Callable, model: shared_model.PageModel, args) -> None:
     names = model.servers.names if model.servers is not None else []
     models = offered_models(model.model_id)  # the picker's, where the allowlist names several
-    demo = build_demo(
-        model.label_markdown, names, model.dtype_choices(), model.dtype_name, models, model.model_id
-    )
+    dtypes = tuple(model.dtype_choices())
+    picker = tuple(models) if len(models) > 1 else ()
+    precision = link_query.Precision(model.dtype_name, dtypes, models[0], picker)
+    demo = build_demo(model.label_markdown, names, precision)
     demo.queue()
     quiet_queue.quiet(demo)  # no thousand wake-ups a second on the engine's cores
     # quiet: Gradio's own launch lines would say "set share=True" even with --share.

@@ -61,16 +61,16 @@ link: the controls, and one field per knob of ``PANEL_PLACES`` named by its elem
 (``Knob.elem_id``: ``slots_slider``, ``kv_mode_dropdown``)."""
 
 
+HOST_PRECISION = link_query.Precision()  # the embedded model in float32 or bfloat16, no picker
+
+
 def settings_panel(
-    chat_template: bool,
-    server_names: list[str] = (),
-    dtypes: list[str] = ("float32", "bfloat16"),
-    dtype: str = "float32",
-    models: list[str] = (),
+    chat_template: bool, server_names: list[str] = (), precision=HOST_PRECISION
 ) -> SettingsPanel:
-    """The right-hand column: knobs in a closed accordion, precision last; a model picker for
-    several ``models``."""
-    models, dtypes = list(models) or ["embedded"], list(dtypes)
+    """The right-hand column: knobs in a closed accordion, precision last; a model picker where
+    the host's ``precision`` (a ``link_query.Precision``) offers several models."""
+    models = list(precision.models) or [precision.model]
+    dtypes, dtype = list(precision.dtypes), precision.dtype
     host = {  # what the host, not the knob's declaration, gives these components
         "model": {"choices": models, "value": models[0], "visible": len(models) > 1},
         "dtype": {"choices": dtypes, "value": dtype},
@@ -107,9 +107,7 @@ def settings_panel(
         replay_checkbox=gr.Checkbox(False, visible=False, elem_id="replay_checkbox"),
         live_state=gr.State(False),
         click_number=gr.Number(0, visible=False, precision=0, elem_id="click_number"),
-        precision_state=gr.State(
-            link_query.Precision(dtype, tuple(dtypes), models[0], tuple(models[1:] and models))
-        ),
+        precision_state=gr.State(precision),
         **knobs,
     )
 

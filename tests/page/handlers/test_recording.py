@@ -104,8 +104,10 @@ def test_a_page_on_another_model_opens_empty_with_a_hint_to_press_run():
     import gradio as gr
 
     import app
+    from engine.page.inputs.link_query import Precision
 
-    demo = app.build_demo("Model: gemma", model_id="/tmp/g270/gemma-3-270m-q4_k_m.gguf")
+    gguf = Precision(model="/tmp/g270/gemma-3-270m-q4_k_m.gguf")
+    demo = app.build_demo("Model: gemma", precision=gguf)
     by_id = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
     status = by_id["status_markdown"].value
     assert status.startswith("Press Run") and "embedded model only" in status, status

@@ -80,7 +80,8 @@ def test_the_page_opens_with_the_defaults_a_link_leaves_out():
     out, so a link without it means that value."""
     import app
 
-    demo = app.build_demo("Model: test", dtypes=("float32", "bfloat16", "float16"))
+    host = link_query.Precision(dtypes=("float32", "bfloat16", "float16"))
+    demo = app.build_demo("Model: test", precision=host)
     (load,) = [fn for fn in demo.fns.values() if fn.fn is page_io.from_link]
     (precision,) = load.inputs
     assert precision.value == link_query.Precision("float32", ("float32", "bfloat16", "float16"))
