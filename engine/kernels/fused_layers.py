@@ -183,8 +183,9 @@ class FusedDecoder:
 
     def _ropes(self, x: torch.Tensor, position_ids: torch.Tensor) -> dict:
         """Per rotary layer type (None: the model's one), (cos, signed_sin) [T, 1, R], R the
-        rotated dims (``_rotary``'s folded sine); ``NOPE`` for layers without RoPE: 1 and 0
-        [T, 1, D], which ``decode_step``'s rotary leaves x's values through unchanged."""
+        rotated dims (``_rotary``'s folded sine), in the dtype the model's rotary module gives
+        (x's, or float32: OLMo 2's); ``NOPE`` for layers without RoPE: 1 and 0 [T, 1, D], which
+        ``decode_step``'s rotary leaves x's values through unchanged."""
         ropes = {}
         if any(not la.spec.rope for la in self.layers):
             ones = x.new_ones(x.shape[0], 1, self.head_dim)
@@ -483,7 +484,9 @@ def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     ``rotate_half(x) = cat(-x2, x1)`` and ``flip`` of the two halves is ``cat(x2, x1)``; negating
     ``sin``'s first half instead of ``x2`` is exact, so the bits are transformers' own.
 
-    With R < D rotated dims (partial RoPE), the last D - R pass through.
+    With R < D rotated dims (partial RoPE), the last D - R pass through. Tables in float32 for
+    bfloat16 ``x`` (OLMo 2's rotary module does not cast them) rotate in float32 and cast back, as
+    that family's ``apply_rotary_pos_emb`` does.
 
     Shapes:
         x: [T, heads, D];  cos, signed_sin: [T, 1, R]  ->  [T, heads, D]
@@ -495,7 +498,8 @@ def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     swapped = (
         x.reshape(num_tokens, heads, 2, head_dim // 2).flip(2).view(num_tokens, heads, head_dim)
     )
-    return x * cos + swapped * signed_sin
+    out = x * cos + swapped * signed_sin  # in the tables' dtype where theirs is wider
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 def additive_decode_mask(batch: PackedBatch, dtype: torch.dtype) -> PackedBatch:

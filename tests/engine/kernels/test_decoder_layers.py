@@ -112,7 +112,7 @@ def test_each_familys_step_runs_in_one_call_with_the_loops_bits(family, kv_mode)
 
 
 @needs_kernel
-@pytest.mark.parametrize("family", sorted(set(STACKED) - {"olmo2"}))  # the loop: float32 only
+@pytest.mark.parametrize("family", STACKED)
 def test_each_familys_step_in_bfloat16_has_the_loops_bits(family):
     """In bfloat16 too, each family's C++ step gives the Python loop's bits."""
     runner = _runner(RowPlan.single("gemv"), torch.bfloat16, family)
