@@ -113,7 +113,9 @@ def test_the_kernel_serves_cpu_float32_and_bfloat16_only_where_built(monkeypatch
 def _logits_per_step(runner, kv_mode: str, whole: bool, monkeypatch) -> list:
     """Every step's logits of an engine run, with decode steps planned ``whole`` or split."""
     plan = decode_attention.plan_decode
-    monkeypatch.setattr(decode_attention, "plan_decode", lambda b, d: plan(b, d, whole=whole))
+    monkeypatch.setattr(
+        decode_attention, "plan_decode", lambda b, d, **kw: plan(b, d, whole=whole, **kw)
+    )
     try:
         config = EngineConfig(4, kv_mode=kv_mode, ignore_eos=True, block_size=4)
         return step_logits(runner, config, WHOLE_STEP_SPECS)
@@ -139,8 +141,8 @@ def test_a_whole_decode_step_in_one_call_gives_the_separate_ops_bits(dtype, kv_m
     planned = []
     plan = decode_attention.plan_decode
 
-    def recorded(batch, dtype, whole=True):
-        planned.append(plan(batch, dtype, whole))
+    def recorded(batch, dtype, whole=True, fits=True):
+        planned.append(plan(batch, dtype, whole, fits))
         return planned[-1]
 
     monkeypatch.setattr(decode_attention, "plan_decode", recorded)

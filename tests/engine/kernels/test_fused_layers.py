@@ -28,7 +28,7 @@ def _logits_per_step(runner, kv_mode: str, num_slots: int) -> list[torch.Tensor]
 def test_fused_layers_give_the_model_layers_bits_in_float32(kv_mode, monkeypatch):
     """Without the decode split, every step's logits are bitwise those of the model's modules."""
     runner = tiny_runner()
-    monkeypatch.setattr(decode_attention, "plan_decode", lambda batch, dtype: None)
+    monkeypatch.setattr(decode_attention, "plan_decode", lambda batch, dtype, **_: None)
     runner.use_fused_layers = False
     want = _logits_per_step(runner, kv_mode, 3)
     runner.use_fused_layers = True
@@ -56,7 +56,7 @@ def test_fused_layers_give_the_model_layers_bits_for_every_plan(plan, monkeypatc
     """With F.linear, skinny, or a plan switching kernels by row count, the fused layers' logits
     are bitwise those of the model's own modules through the same plan."""
     runner = _with_plan(tiny_runner(), plan)
-    monkeypatch.setattr(decode_attention, "plan_decode", lambda batch, dtype: None)
+    monkeypatch.setattr(decode_attention, "plan_decode", lambda batch, dtype, **_: None)
     runner.use_fused_layers = False
     want = _logits_per_step(runner, "slots", 3)
     runner.use_fused_layers = True
@@ -94,8 +94,8 @@ def test_split_decode_steps_match_generate(kv_mode, num_slots, monkeypatch):
     solo_counts = []
     plan = decode_attention.plan_decode
 
-    def spy(batch, dtype, whole=True):
-        split = plan(batch, dtype, whole=False)
+    def spy(batch, dtype, whole=True, fits=True):
+        split = plan(batch, dtype, whole=False, fits=fits)
         solo_counts.append(0 if split is None else len(split.solo))
         return split
 
