@@ -30,6 +30,10 @@ CALL_COST_KEYS = 128
 # many rows the gemv kernel still serves the matmuls (``MAX_GEMV_ROWS``), so the whole step runs
 # in one call (``engine.kernels.fused_layers.LayerStack``).
 MAX_WHOLE_STEP_TOKENS = MAX_GEMV_ROWS
+# What the C++ kernels hold in registers (csrc/decode_attention.cpp's kMaxGroup, and kMaxChunks
+# 16-float chunks of a head): query heads per key/value head, and values per head.
+MAX_GROUP = 16
+MAX_HEAD_DIM = 256
 
 
 @dataclass
@@ -55,13 +59,16 @@ class DecodeSplit:
     whole_step: bool = False  # the kernel, an in-place cache: ``decode_step`` does the layer's all
 
 
-def plan_decode(batch: PackedBatch, dtype: torch.dtype, whole: bool = True) -> DecodeSplit | None:
+def plan_decode(
+    batch: PackedBatch, dtype: torch.dtype, whole: bool = True, fits: bool = True
+) -> DecodeSplit | None:
     """The split for a decode-only step in the ``slots`` or ``paged`` KV mode, else None. With
     ``whole``, a step ``decode_step`` serves (also one of at most ``MAX_WHOLE_STEP_TOKENS`` tokens
-    with prefill chunks) is ``whole_step``."""
+    with prefill chunks) is ``whole_step``; ``fits``: the model's heads are within the kernels'
+    limits (``kernel_refusal`` is None), else SDPA serves."""
     if batch.packed_mask is not None:
         return None
-    kernel = kernel_runs(batch.input_ids.device, dtype)
+    kernel = fits and kernel_runs(batch.input_ids.device, dtype)
     short = batch.input_ids.shape[1] <= MAX_WHOLE_STEP_TOKENS
     if whole and kernel and isinstance(batch.kv_cache, InPlaceKVCache) and short:
         none = batch.slot_ids[:0]
@@ -111,6 +118,24 @@ def kernel_runs(device: torch.device, dtype: torch.dtype) -> bool:
     if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return False
     return gemv_build.available()
+
+
+def kernel_refusal(num_heads: int, num_kv_heads: int, head_dim: int) -> str | None:
+    """Why the C++ kernels cannot attend with these heads (more query heads per key/value head
+    than ``MAX_GROUP``, a head of more than ``MAX_HEAD_DIM`` values or of an odd number, which
+    ``decode_step``'s rotary cannot halve), or None where they can."""
+    group = num_heads // num_kv_heads
+    if num_heads % num_kv_heads or group > MAX_GROUP:
+        return (
+            f"{num_heads} query heads over {num_kv_heads} key/value heads: the C++ attention "
+            f"takes up to {MAX_GROUP} per key/value head"
+        )
+    if head_dim > MAX_HEAD_DIM or head_dim % 2:
+        return (
+            f"a head of {head_dim} values: the C++ attention takes an even number up to "
+            f"{MAX_HEAD_DIM}"
+        )
+    return None
 
 
 def _attend(q, keys, values, lens, mask, scaling, kernel: bool, softcap=None) -> torch.Tensor:

@@ -115,8 +115,12 @@ class FusedDecoder:
         self.layers = [_fused_layer(layer, kernel, shared or {}) for layer in spec.layers]
         self.eps = spec.final_norm.eps
         self.layer_ops = layer_ops_run(spec.final_norm.weight)  # cbp_layer's bfloat16 ops
+        # None: the C++ attention serves these heads (its limits: ``decode_attention``)
+        self.attention_refusal = decode_attention.kernel_refusal(
+            self.num_heads, self.num_kv_heads, self.head_dim
+        )
         widths = self.rope_widths
-        self.stack_refusal = LayerStack.refusal(self.layers, widths, self.head_dim)
+        self.stack_refusal = LayerStack.refusal(self.layers, widths, self.attention_refusal)
         # None: the loop in Python serves, ``stack_refusal`` saying why
         self.stack = LayerStack.of(self.layers, self.stack_refusal, self.layer_ops)
 
@@ -159,7 +163,8 @@ class FusedDecoder:
         if self.spec.embed_multiplier != 1.0:
             x = x * self.spec.embed_multiplier
         ropes = self._ropes(x, batch.position_ids)
-        split = decode_attention.plan_decode(batch, x.dtype)  # None: prefills, the packed path
+        fits = self.attention_refusal is None
+        split = decode_attention.plan_decode(batch, x.dtype, fits=fits)  # None: the packed path
         if split is None:
             batch = additive_decode_mask(batch, x.dtype)
         if split is not None and split.whole_step and self.stack and self.stack.takes(x):
@@ -183,8 +188,9 @@ class FusedDecoder:
 
     def _ropes(self, x: torch.Tensor, position_ids: torch.Tensor) -> dict:
         """Per rotary layer type (None: the model's one), (cos, signed_sin) [T, 1, R], R the
-        rotated dims (``_rotary``'s folded sine); ``NOPE`` for layers without RoPE: 1 and 0
-        [T, 1, D], which ``decode_step``'s rotary leaves x's values through unchanged."""
+        rotated dims (``_rotary``'s folded sine), in the dtype the model's rotary module gives
+        (x's, or float32: OLMo 2's); ``NOPE`` for layers without RoPE: 1 and 0 [T, 1, D], which
+        ``decode_step``'s rotary leaves x's values through unchanged."""
         ropes = {}
         if any(not la.spec.rope for la in self.layers):
             ones = x.new_ones(x.shape[0], 1, self.head_dim)
@@ -296,13 +302,16 @@ class LayerStack:
     numbers: list[float]
 
     @staticmethod
-    def refusal(layers: list[FusedLayer], rope_widths: dict, head_dim: int) -> str | None:
-        """Why the op cannot run ``layers``' decode steps (not built, a part it does not
-        compute, a projection not the gemv kernel's), or None where it can; ``rope_widths``:
-        the rotated dims per rotary type (``FusedDecoder.rope_widths``), an even number
-        (``decode_step``'s rotary)."""
+    def refusal(layers: list[FusedLayer], rope_widths: dict, attention: str | None) -> str | None:
+        """Why the op cannot run ``layers``' decode steps (not built, heads its attention does
+        not take, a part it does not compute, a projection not the gemv kernel's), or None where
+        it can; ``rope_widths``: the rotated dims per rotary type (``FusedDecoder.rope_widths``),
+        an even number (``decode_step``'s rotary); ``attention``:
+        ``FusedDecoder.attention_refusal``."""
         if not gemv_build.available():
             return f"the C++ step is not built: {gemv_build.unavailable_reason()}"
+        if attention is not None:
+            return attention
         for la in layers:
             spec = la.spec
             if spec.rope and rope_widths[spec.rope_type] % 2:
@@ -483,7 +492,9 @@ def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     ``rotate_half(x) = cat(-x2, x1)`` and ``flip`` of the two halves is ``cat(x2, x1)``; negating
     ``sin``'s first half instead of ``x2`` is exact, so the bits are transformers' own.
 
-    With R < D rotated dims (partial RoPE), the last D - R pass through.
+    With R < D rotated dims (partial RoPE), the last D - R pass through. Tables in float32 for
+    bfloat16 ``x`` (OLMo 2's rotary module does not cast them) rotate in float32 and cast back, as
+    that family's ``apply_rotary_pos_emb`` does.
 
     Shapes:
         x: [T, heads, D];  cos, signed_sin: [T, 1, R]  ->  [T, heads, D]
@@ -495,7 +506,8 @@ def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     swapped = (
         x.reshape(num_tokens, heads, 2, head_dim // 2).flip(2).view(num_tokens, heads, head_dim)
     )
-    return x * cos + swapped * signed_sin
+    out = x * cos + swapped * signed_sin  # in the tables' dtype where theirs is wider
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 def additive_decode_mask(batch: PackedBatch, dtype: torch.dtype) -> PackedBatch:

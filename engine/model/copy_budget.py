@@ -121,9 +121,14 @@ class _Table:
         return choose_plan(self.rows, times)
 
     def extra_ms(self, kept: frozenset, better: frozenset) -> list[float]:
-        """ms per pass that ``kept`` costs over ``better`` at each row count (0 unmeasured)."""
+        """ms per pass that ``kept`` costs over ``better`` at each row count (0 unmeasured).
+
+        Never below 0: ``better``'s plan may hold a kernel within ``TIE_FRACTION`` of the
+        fastest (``choose_plan``'s rule: gemv kept up to its last row, 16, a little slower there
+        than oneDNN) where ``kept``'s runs that fastest one; the gap is the rule's tolerance, not
+        time a dropped copy saves."""
         pairs = zip(self.pass_ms(kept), self.pass_ms(better), strict=True)
-        return [0.0 if a is None or b is None else a - b for a, b in pairs]
+        return [0.0 if a is None or b is None else max(a - b, 0.0) for a, b in pairs]
 
     def per_token_ms(self, kept: frozenset, better: frozenset) -> float:
         """``extra_ms`` per token (one row each), averaged over the row counts."""

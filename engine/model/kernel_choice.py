@@ -261,14 +261,15 @@ class RunnerKernels:
     def head_choice(self) -> KernelChoice | None:
         """The LM head's own plan, timed alone at the row counts it meets
         (``kernel_timing.HEAD_ROWS``: one row per sequence) and kept as the decoder's is; the
-        decoder's choice where that is not measured (forced, built in memory);
-        None where the head is not among the engines' linears. Plain ``F.linear`` (origin
-        ``"fallback"``) where its budget timed nothing."""
+        decoder's choice where that is not measured (forced, built in memory) or fell back to
+        ``F.linear`` (every linear, the head too, then runs it: timing the head would add seconds
+        to the start for nothing); None where the head is not among the engines' linears. Plain
+        ``F.linear`` (origin ``"fallback"``) where its own budget timed nothing."""
         head, choice = self._head, self.kernel_choice
         if head not in self._linears:
             return None
         untimed = getattr(self.loaded, "source", None) is None
-        if untimed or choice.origin in ("none", "forced", "default"):
+        if untimed or choice.origin in ("none", "forced", "default", "fallback"):
             return choice
         rows, budget_s = kernel_timing.HEAD_ROWS, kernel_timing.HEAD_BUDGET_S
         return self._stored_or_measured([head], [head], "lm_head", rows, budget_s)
@@ -317,6 +318,8 @@ class RunnerKernels:
         plan = kernel.plan if planned is None else planned.plan
         text = plan.describe(up_to=kernel_timing.HEAD_ROWS[-1])
         choice = self.head_choice
+        if choice is not None and choice is self.kernel_choice and choice.origin == "fallback":
+            return f"{text} (not timed apart: the decoder's timing fell back to F.linear)"
         if choice is None or choice is self.kernel_choice:
             return text
         how = kernel_store.ORIGINS[choice.origin]

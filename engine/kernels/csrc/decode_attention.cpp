@@ -195,15 +195,17 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }
 
 // x * cos + swap(x) * signed_sin on one head's first R dims, swap exchanging their two halves (the
-// fused layers' folded rotary), rounded to T after each multiply and the add, as torch's three
-// ops are (no fused multiply-add: the build passes -ffp-contract=off); dims from R on unchanged.
-template <typename T>
-inline T rotated(const T* x, const T* cos, const T* signed_sin, int64_t d, int64_t rotary) {
+// fused layers' folded rotary), rounded to C (the tables' dtype: T, or float32 for a model that
+// rotates in float32, OLMo 2's) after each multiply and the add, as torch's three ops on x and
+// the tables are (no fused multiply-add: the build passes -ffp-contract=off), then to T; dims
+// from R on unchanged.
+template <typename T, typename C>
+inline T rotated(const T* x, const C* cos, const C* signed_sin, int64_t d, int64_t rotary) {
   if (d >= rotary) return x[d];
   int64_t half = rotary / 2, other = d < half ? d + half : d - half;
-  T a = static_cast<T>(static_cast<float>(x[d]) * static_cast<float>(cos[d]));
-  T b = static_cast<T>(static_cast<float>(x[other]) * static_cast<float>(signed_sin[d]));
-  return static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
+  C a = static_cast<C>(static_cast<float>(x[d]) * static_cast<float>(cos[d]));
+  C b = static_cast<C>(static_cast<float>(x[other]) * static_cast<float>(signed_sin[d]));
+  return static_cast<T>(static_cast<C>(static_cast<float>(a) + static_cast<float>(b)));
 }
 
 struct StepShape {
@@ -229,8 +231,8 @@ void cap_scores(float* scores, int64_t group, int64_t len, int64_t ld, float cap
 
 // One (token, key/value head) of a step, first half: rotary on its key, and the key and value
 // into the cache at the token's position.
-template <typename T>
-void write_task(const T* qkv, const T* cos, const T* sin, T* kc, T* vc, const int64_t* blocks,
+template <typename T, typename C>
+void write_task(const T* qkv, const C* cos, const C* sin, T* kc, T* vc, const int64_t* blocks,
                 int64_t position, int64_t h, const StepShape& z) {
   int64_t head = z.head, size = z.block_size;
   const T* key = qkv + (z.heads + h) * head;
@@ -245,8 +247,8 @@ void write_task(const T* qkv, const T* cos, const T* sin, T* kc, T* vc, const in
 // Second half, once every token's key is in the cache: rotary on its G queries, then the queries
 // over the sequence's keys first to position (first = 0, or the window's first), block by block
 // through its block-table row.
-template <typename T>
-void attend_task(const T* qkv, const T* cos, const T* sin, const T* kc, const T* vc,
+template <typename T, typename C>
+void attend_task(const T* qkv, const C* cos, const C* sin, const T* kc, const T* vc,
                  const int64_t* blocks, int64_t position, int64_t h, const StepShape& z,
                  float scale, T* out, std::vector<float>& scores) {
   int64_t group = z.heads / z.kv_heads, head = z.head, size = z.block_size;
@@ -286,12 +288,13 @@ void attend_task(const T* qkv, const T* cos, const T* sin, const T* kc, const T*
 
 // Every token's keys and values into the cache, then every token's queries over its keys: a
 // token of a prefill chunk sees the keys its chunk wrote before it, as causal attention does.
-template <typename T>
+template <typename T, typename C>
 void run_step(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
               at::Tensor& kc, at::Tensor& vc, const int64_t* table, const int64_t* slots,
               const int64_t* positions, const StepShape& z, double scale, at::Tensor& out) {
   int64_t tokens = qkv.size(0), kv_heads = z.kv_heads;
-  const T *qp = qkv.data_ptr<T>(), *cp = cos.data_ptr<T>(), *sp = sin.data_ptr<T>();
+  const T* qp = qkv.data_ptr<T>();
+  const C *cp = cos.data_ptr<C>(), *sp = sin.data_ptr<C>();
   T *kp = kc.data_ptr<T>(), *vp = vc.data_ptr<T>(), *op = out.data_ptr<T>();
   for (int64_t task = 0; task < tokens * kv_heads; ++task) {
     int64_t t = task / kv_heads, h = task % kv_heads;
@@ -350,10 +353,13 @@ at::Tensor decode_step(const at::Tensor& qkv, const at::Tensor& cos, const at::T
                   cos.size(1) > 0 && cos.size(1) <= head && cos.size(1) % 2 == 0 &&
                   cos.stride(1) == 1 && cos.strides() == signed_sin.strides(),
               "cos, signed_sin: [T, R], R <= D even rotated dims, alike, rows contiguous");
-  for (auto type : {cos.scalar_type(), signed_sin.scalar_type(), k_cache.scalar_type(),
-                    v_cache.scalar_type()}) {
-    TORCH_CHECK(type == qkv.scalar_type(), "qkv, rotary and caches share one dtype");
+  for (auto type : {k_cache.scalar_type(), v_cache.scalar_type()}) {
+    TORCH_CHECK(type == qkv.scalar_type(), "qkv and caches share one dtype");
   }
+  bool float_tables = cos.scalar_type() == at::kFloat;
+  TORCH_CHECK(cos.scalar_type() == signed_sin.scalar_type() &&
+                  (float_tables || cos.scalar_type() == qkv.scalar_type()),
+              "cos and signed_sin share one dtype: qkv's, or float32");
   auto table = block_table.to(at::kLong).contiguous();
   TORCH_CHECK(table.dim() == 2 && table.size(1) > 0, "block_table: [B, M]");
   auto slot_ids = slots.to(at::kLong).contiguous(), pos = positions.to(at::kLong).contiguous();
@@ -366,9 +372,13 @@ at::Tensor decode_step(const at::Tensor& qkv, const at::Tensor& cos, const at::T
   auto out = at::empty({tokens, heads * head}, qkv.options());
   const int64_t* tp = table.data_ptr<int64_t>();
   if (qkv.scalar_type() == at::kFloat) {
-    run_step<float>(qkv, cos, signed_sin, k_cache, v_cache, tp, sp, pp, z, scale, out);
+    run_step<float, float>(qkv, cos, signed_sin, k_cache, v_cache, tp, sp, pp, z, scale, out);
+  } else if (qkv.scalar_type() == at::kBFloat16 && float_tables) {
+    run_step<c10::BFloat16, float>(qkv, cos, signed_sin, k_cache, v_cache, tp, sp, pp, z, scale,
+                                   out);
   } else if (qkv.scalar_type() == at::kBFloat16) {
-    run_step<c10::BFloat16>(qkv, cos, signed_sin, k_cache, v_cache, tp, sp, pp, z, scale, out);
+    run_step<c10::BFloat16, c10::BFloat16>(qkv, cos, signed_sin, k_cache, v_cache, tp, sp, pp, z,
+                                           scale, out);
   } else {
     TORCH_CHECK(false, "decode attention takes float32 or bfloat16");
   }

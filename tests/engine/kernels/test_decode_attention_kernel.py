@@ -113,7 +113,9 @@ def test_the_kernel_serves_cpu_float32_and_bfloat16_only_where_built(monkeypatch
 def _logits_per_step(runner, kv_mode: str, whole: bool, monkeypatch) -> list:
     """Every step's logits of an engine run, with decode steps planned ``whole`` or split."""
     plan = decode_attention.plan_decode
-    monkeypatch.setattr(decode_attention, "plan_decode", lambda b, d: plan(b, d, whole=whole))
+    monkeypatch.setattr(
+        decode_attention, "plan_decode", lambda b, d, **kw: plan(b, d, whole=whole, **kw)
+    )
     try:
         config = EngineConfig(4, kv_mode=kv_mode, ignore_eos=True, block_size=4)
         return step_logits(runner, config, WHOLE_STEP_SPECS)
@@ -139,8 +141,8 @@ def test_a_whole_decode_step_in_one_call_gives_the_separate_ops_bits(dtype, kv_m
     planned = []
     plan = decode_attention.plan_decode
 
-    def recorded(batch, dtype, whole=True):
-        planned.append(plan(batch, dtype, whole))
+    def recorded(batch, dtype, whole=True, fits=True):
+        planned.append(plan(batch, dtype, whole, fits))
         return planned[-1]
 
     monkeypatch.setattr(decode_attention, "plan_decode", recorded)
@@ -267,3 +269,25 @@ def test_a_whole_decode_step_caps_scores_and_rotates_the_first_dims(dtype, rotat
             want = (torch.softmax(s, -1) @ v).reshape(-1)
             tol = 2e-5 if dtype == torch.float32 else 1e-2
             torch.testing.assert_close(got[t].double(), want, rtol=tol, atol=tol)
+
+
+@needs_kernel
+def test_float32_tables_rotate_bfloat16_in_float32_as_the_loop_does():
+    """OLMo 2's rotary module gives float32 tables in a bfloat16 model: the step takes them and
+    rotates in float32, rounding once, so the keys it writes are the fused layers' ``_rotary``
+    bits, which tables cast to bfloat16 first would not give."""
+    from engine.kernels.fused_layers import _rotary
+
+    qkv, _, _, slots, positions, heads = _step_inputs(torch.bfloat16)
+    cos, sin = torch.randn(2, 3, 32, generator=torch.Generator().manual_seed(2)).unbind(0)
+    keys, values = torch.zeros(2, 2, 4, 12, 32, dtype=torch.bfloat16).unbind(0)
+    table = torch.arange(4)[:, None]
+    torch.ops.cbp_attention.decode_step(
+        qkv, cos, sin, keys, values, table, slots, positions, heads, 0.3
+    )
+    qk = qkv[:, : 8 * 32].view(3, 8, 32)
+    wide = _rotary(qk, cos[:, None], sin[:, None])  # (T, 8, D)
+    narrow = _rotary(qk, cos[:, None].bfloat16(), sin[:, None].bfloat16())
+    assert wide.dtype == torch.bfloat16 and not torch.equal(wide, narrow)
+    for t, (slot, pos) in enumerate(zip(slots.tolist(), positions.tolist(), strict=True)):
+        assert torch.equal(keys[:, slot, pos], wide[t, heads:])

@@ -112,7 +112,7 @@ def test_each_familys_step_runs_in_one_call_with_the_loops_bits(family, kv_mode)
 
 
 @needs_kernel
-@pytest.mark.parametrize("family", sorted(set(STACKED) - {"olmo2"}))  # the loop: float32 only
+@pytest.mark.parametrize("family", STACKED)
 def test_each_familys_step_in_bfloat16_has_the_loops_bits(family):
     """In bfloat16 too, each family's C++ step gives the Python loop's bits."""
     runner = _runner(RowPlan.single("gemv"), torch.bfloat16, family)
@@ -139,6 +139,38 @@ def test_a_layer_with_a_part_the_step_lacks_runs_the_loop_and_says_why(act, why)
     assert decoder.layers_step == f"Python: {why}"
     requests = make_requests(PAST_WINDOW_SPECS[:3])
     trace = ContinuousEngine(runner, EngineConfig(3, block_size=4)).run(requests)
+    reference = ReferenceCache(runner).outputs(requests)
+    assert {r.request_id: r.output_token_ids for r in trace.requests} == reference
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        (
+            dict(num_attention_heads=34, hidden_size=68, head_dim=16),
+            "34 query heads over 2 key/value heads: the C++ attention takes up to 16 per "
+            "key/value head",
+        ),
+        (
+            dict(head_dim=288),
+            "a head of 288 values: the C++ attention takes an even number up to 256",
+        ),
+    ],
+)
+@pytest.mark.parametrize("kv_mode", ["slots", "paged"])
+def test_heads_past_the_attention_kernels_limits_run_the_loop_and_say_why(overrides, why, kv_mode):
+    """17 query heads per key/value head, or heads of 288 values, are more than the C++
+    attention holds: refused before any step, the reason given, every decode step on SDPA, and
+    the outputs still equal generate."""
+    runner = runner_of(family_model("llama", **overrides), "tiny-llama-wide")
+    runner.__dict__["kernel_choice"] = KernelChoice(RowPlan.single("gemv"), "measured")
+    decoder = runner.fused_decoder
+    assert decoder.stack is None
+    assert decoder.layers_step == f"Python: {why}"
+    requests = make_requests(PAST_WINDOW_SPECS[:3])
+    config = EngineConfig(3, kv_mode=kv_mode, block_size=4)
+    trace = ContinuousEngine(runner, config).run(requests)
     reference = ReferenceCache(runner).outputs(requests)
     assert {r.request_id: r.output_token_ids for r in trace.requests} == reference
 

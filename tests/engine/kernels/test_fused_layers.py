@@ -5,6 +5,7 @@ import torch
 from tiny_model import make_requests, step_logits, tiny_runner
 from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+from transformers.models.olmo2.modeling_olmo2 import apply_rotary_pos_emb as olmo2_rotary
 
 from engine.batching.continuous import ContinuousEngine
 from engine.config import EngineConfig
@@ -27,7 +28,7 @@ def _logits_per_step(runner, kv_mode: str, num_slots: int) -> list[torch.Tensor]
 def test_fused_layers_give_the_model_layers_bits_in_float32(kv_mode, monkeypatch):
     """Without the decode split, every step's logits are bitwise those of the model's modules."""
     runner = tiny_runner()
-    monkeypatch.setattr(decode_attention, "plan_decode", lambda batch, dtype: None)
+    monkeypatch.setattr(decode_attention, "plan_decode", lambda batch, dtype, **_: None)
     runner.use_fused_layers = False
     want = _logits_per_step(runner, kv_mode, 3)
     runner.use_fused_layers = True
@@ -55,7 +56,7 @@ def test_fused_layers_give_the_model_layers_bits_for_every_plan(plan, monkeypatc
     """With F.linear, skinny, or a plan switching kernels by row count, the fused layers' logits
     are bitwise those of the model's own modules through the same plan."""
     runner = _with_plan(tiny_runner(), plan)
-    monkeypatch.setattr(decode_attention, "plan_decode", lambda batch, dtype: None)
+    monkeypatch.setattr(decode_attention, "plan_decode", lambda batch, dtype, **_: None)
     runner.use_fused_layers = False
     want = _logits_per_step(runner, "slots", 3)
     runner.use_fused_layers = True
@@ -93,8 +94,8 @@ def test_split_decode_steps_match_generate(kv_mode, num_slots, monkeypatch):
     solo_counts = []
     plan = decode_attention.plan_decode
 
-    def spy(batch, dtype, whole=True):
-        split = plan(batch, dtype, whole=False)
+    def spy(batch, dtype, whole=True, fits=True):
+        split = plan(batch, dtype, whole=False, fits=fits)
         solo_counts.append(0 if split is None else len(split.solo))
         return split
 
@@ -132,15 +133,22 @@ def test_the_split_minimizes_key_rows_plus_calls(lengths, num_slots, expected):
     assert decode_attention._best_num_solo(lengths, num_slots) == expected
 
 
-def test_folded_rotary_is_transformers_rotary_bitwise():
-    """x * cos + flip(x) * signed_sin gives apply_rotary_pos_emb's bits for q and k."""
+@pytest.mark.parametrize(
+    ("rotate", "dtype"),
+    [(apply_rotary_pos_emb, torch.float32), (olmo2_rotary, torch.bfloat16)],
+    ids=["llama", "olmo2"],
+)
+def test_folded_rotary_is_transformers_rotary_bitwise(rotate, dtype):
+    """x * cos + flip(x) * signed_sin gives apply_rotary_pos_emb's bits for q and k; OLMo 2's
+    float32 tables on bfloat16 q and k too (rotated in float32, cast back once)."""
     gen = torch.Generator().manual_seed(0)
     num_tokens, heads, kv_heads, head_dim = 5, 4, 2, 16
-    q = torch.randn(1, heads, num_tokens, head_dim, generator=gen)
-    k = torch.randn(1, kv_heads, num_tokens, head_dim, generator=gen)
+    q = torch.randn(1, heads, num_tokens, head_dim, generator=gen).to(dtype)
+    k = torch.randn(1, kv_heads, num_tokens, head_dim, generator=gen).to(dtype)
     angles = torch.randn(1, num_tokens, head_dim, generator=gen)
     cos, sin = angles.cos(), angles.sin()
-    want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)
+    want_q, want_k = rotate(q, k, cos, sin)
+    assert want_q.dtype == dtype
     qk = torch.cat([q[0], k[0]]).transpose(0, 1).contiguous()  # (T, H + H_kv, D)
     half = head_dim // 2
     signed_sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), -1)[:, None]

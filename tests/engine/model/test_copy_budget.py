@@ -71,3 +71,24 @@ def test_the_head_is_priced_at_its_own_rows_only():
     assert dropped[("lm_head", "gemv")] == (32.0, 16), dropped
     assert budget.cost_ms == {1: 8.0, 16: 36.0, 64: 72.0}, budget.cost_ms
     assert budget.plans["lm_head"] == RowPlan((1, 16), ("skinny", "linear"))
+
+
+def test_a_kernel_held_within_the_tie_costs_nothing_dropped():
+    """gemv's range holds 16 rows (10.4 ms, within 5 % of oneDNN's 10.0) and ends there, the
+    next timed row 32: with gemv's copy dropped, oneDNN runs 16 rows faster than the full plan
+    does. The cost there is 0, not -0.4 ms: a dropped copy saves no time; at 1 row it is
+    oneDNN's 6 against gemv's 4."""
+    rows = (1, 16, 32)
+    times = {
+        "linear": (10.0, 30.0, 100.0),
+        "skinny": (12.0, 35.0, 120.0),
+        "gemv": (4.0, 10.4, None),
+        "onednn": (6.0, 10.0, 20.0),
+    }
+    pricing = {"a": Pricing(PLAN, rows, times, 100)}
+    budget = keep_copies({"a": 100}, {"a": {"gemv": 100, "onednn": 100}}, pricing, 100)
+    assert [(d.group, d.kernel, d.step_ms, d.at_rows) for d in budget.dropped] == [
+        ("a", "gemv", 2.0, 1)
+    ]
+    assert budget.cost_ms == {1: 2.0, 16: 0.0, 32: 0.0}
+    assert budget.plans["a"] == RowPlan.single("onednn")

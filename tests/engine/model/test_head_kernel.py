@@ -100,6 +100,29 @@ def test_a_head_timing_that_times_nothing_keeps_f_linear_and_says_so(cache_dir, 
     assert runner.kernel_choice.path is not None and runner.head_choice.path is None
 
 
+def test_a_decoder_timing_that_falls_back_leaves_the_head_untimed_and_says_so(monkeypatch):
+    """The decoder's timing timed nothing (a busy host): every linear runs F.linear, so the head
+    is not timed (its budget would add seconds to the start for nothing), and its line says
+    why."""
+    real, parts = kernel_timing.time_candidates, []
+
+    def decoder_starved(linears, names, rows=kernel_timing.ROW_COUNTS, **kwargs):
+        parts.append("lm_head" if _is_head(linears) else "decoder")
+        budget = 120.0 if _is_head(linears) else 0.0
+        return real(linears, names, rows, **{**kwargs, "budget_s": budget})
+
+    monkeypatch.setattr(kernel_timing, "time_candidates", decoder_starved)
+    runner = _runner()
+    assert runner.kernel_choice.origin == "fallback"
+    summary = runner.kernel_summary()
+    assert parts == ["decoder"], parts
+    assert runner.head_choice is runner.kernel_choice
+    assert (
+        "lm_head: linear 1-16 rows (not timed apart: the decoder's timing fell back to F.linear)"
+        in summary
+    ), summary
+
+
 @pytest.mark.skipif(PACKED is None, reason="no packed kernel builds here")
 def test_the_copy_budget_prices_the_head_only_at_its_own_rows(monkeypatch):
     """With no room for copies, every copy is dropped; the head's is priced at its worst row
