@@ -2,7 +2,9 @@
 
 ``python -m tools.page_gap`` times the page through it, and the tests' server fixtures
 (``tests/server_kit.py``) start their servers with it. Failures raise ``RuntimeError`` with the
-end of the server's log, so that a caller can show why.
+end of the server's log, so that a caller can show why. ``app.py`` runs in a session of its own
+whose reaper (``server_process.REAPER``) ends it when the starting process dies without stopping
+it (SIGTERM, SIGKILL).
 """
 
 from __future__ import annotations
@@ -15,12 +17,20 @@ import urllib.request
 from pathlib import Path
 
 from engine import settings
-from engine.peers.server_process import free_port
+from engine.peers.server_process import free_port, reap_with_owner
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 300  # ~3 s from the safetensors cache, ~25 s on a first run; minutes busy
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 LOG_TAIL_CHARS = 3000  # how much of the server's log a failure quotes
+STOP_TIMEOUT_S = 15.0  # app.py stops its own servers at SIGTERM
+
+
+class AppProcess(subprocess.Popen):
+    """``app.py``'s process, and the reaper that ends its process group if this process dies
+    first (``stop`` ends the reaper too)."""
+
+    reaper: subprocess.Popen | None = None
 
 
 def wait_until_serving(url: str, proc: subprocess.Popen, log_path: Path) -> None:
@@ -46,7 +56,7 @@ def wait_until_serving(url: str, proc: subprocess.Popen, log_path: Path) -> None
     raise RuntimeError(f"app.py did not answer {url} within {START_TIMEOUT_S} s:\n{tail}")
 
 
-def start_app(log_path: Path, args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+def start_app(log_path: Path, args: tuple[str, ...] = ()) -> tuple[AppProcess, str]:
     """``app.py --port P --host 127.0.0.1 [args]``, offline, its output in ``log_path``.
 
     Returns the process and the page's URL once it answers 200.
@@ -57,27 +67,33 @@ def start_app(log_path: Path, args: tuple[str, ...] = ()) -> tuple[subprocess.Po
     port = free_port()
     command = [sys.executable, "app.py", "--port", str(port), "--host", "127.0.0.1", *args]
     with log_path.open("w") as log:  # the child keeps its own copy of the file
-        proc = subprocess.Popen(
+        proc = AppProcess(
             command,
             cwd=REPO_ROOT,
             env=settings.environment(OFFLINE),
             stdout=log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C or ``timeout`` reaches this process, not app.py
         )
     url = f"http://127.0.0.1:{port}/"
     try:
+        proc.reaper = reap_with_owner(proc.pid, STOP_TIMEOUT_S)
         wait_until_serving(url, proc, log_path)
-    except RuntimeError:
+    except BaseException:  # Ctrl-C included: it no longer reaches app.py
         stop(proc)
         raise
     return proc, url
 
 
-def stop(proc: subprocess.Popen, timeout_s: float = 15) -> None:
-    """Terminate the server, and kill it if it does not end within ``timeout_s``."""
+def stop(proc: AppProcess, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Terminate the server, and kill it if it does not end within ``timeout_s``; then its
+    reaper."""
     proc.terminate()
     try:
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=timeout_s)
+    if proc.reaper is not None:
+        proc.reaper.kill()
+        proc.reaper.wait(timeout=timeout_s)

@@ -1,7 +1,8 @@
 """A local server process started and stopped from here: vLLM's and llama.cpp's alike.
 
 One process group on 127.0.0.1, its log in a temporary file (quoted in every error), healthy at
-``/health`` 200, stopped whole at the latest at exit. ``start`` widens the starting thread's CPU
+``/health`` 200, stopped whole at the latest at exit, and by its reaper (``REAPER``) when this
+process dies without exiting (SIGTERM, SIGKILL). ``start`` widens the starting thread's CPU
 affinity to the server's, which the child inherits (docs/measurements.md).
 """
 
@@ -14,6 +15,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,6 +30,49 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# The reaper of a process group, ``python -I -S -c REAPER OWNER GROUP GRACE_S`` (standard library
+# only, in a session of its own): while its parent is OWNER it waits; once it is not (the owner
+# died, however: atexit runs neither at SIGTERM nor at SIGKILL) it SIGTERMs GROUP and SIGKILLs
+# what is left after GRACE_S seconds. It exits by itself once the group is gone.
+REAPER = """
+import os, signal, sys, time
+owner, group, grace_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+def alive():
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+def send(sig):
+    try:
+        os.killpg(group, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+while alive() and os.getppid() == owner:
+    time.sleep(0.25)
+if alive():
+    print(f"the owner {owner} is gone: ending process group {group}", flush=True)
+    send(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.25)
+    send(signal.SIGKILL)
+"""
+
+
+def reap_with_owner(group: int, grace_s: float, log=None) -> subprocess.Popen | None:
+    """Start the ``REAPER`` of process group ``group`` for this process, its one line to ``log``
+    (a file); None where the system has no process groups."""
+    if not hasattr(os, "killpg"):
+        return None
+    command = [sys.executable, "-I", "-S", "-c", REAPER, str(os.getpid()), str(group), str(grace_s)]
+    return subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+    )
 
 
 # A starting server's log line -> the stage it names, the first pattern found winning, from the
@@ -110,6 +155,7 @@ class ServerProcess:
         self.version: str | None = None
         self.start_s: float | None = None  # seconds start() took
         self.proc: subprocess.Popen | None = None
+        self._reaper: subprocess.Popen | None = None  # ends the group if this process dies
         self._log = None  # the server's stdout and stderr, from start() to stop()
         self.log_path: Path | None = None
 
@@ -158,6 +204,7 @@ class ServerProcess:
             )
         atexit.register(self.stop)  # a Python that exits without stop() still stops the server
         try:
+            self._reaper = reap_with_owner(self.proc.pid, self.STOP_TIMEOUT_S, self._log)
             self._wait_healthy(t0 + timeout_s, on_progress)
         except BaseException:
             self.stop()
@@ -216,11 +263,18 @@ class ServerProcess:
                 self._signal(signal.SIGKILL)
                 self.proc.wait(timeout=timeout_s)
         self._signal(signal.SIGKILL)  # children that outlived the main process
+        self._end_reaper()
         self._log.close()
         self.log_path.unlink(missing_ok=True)  # its tail is in any error already raised
         self._cleanup()
         self.proc = None
         atexit.unregister(self.stop)
+
+    def _end_reaper(self) -> None:
+        if self._reaper is not None:
+            self._reaper.kill()
+            self._reaper.wait(timeout=self.STOP_TIMEOUT_S)
+            self._reaper = None
 
     def kill(self) -> None:
         """SIGKILL the whole server at once, as a crash would (tests)."""

@@ -1,10 +1,12 @@
 """The engine process's side of ``worker_process``: load the model, answer jobs until the page
-goes, every torch call on the main thread, pinned to CPUs of its own. Imports core modules only."""
+goes, every torch call on the main thread, pinned to CPUs of its own. It ends when the page's
+process dies, however it dies (``multiprocessing``'s parent sentinel). Imports core modules only."""
 
 from __future__ import annotations
 
 import faulthandler
 import importlib
+import multiprocessing
 import os
 import queue
 import signal
@@ -24,6 +26,7 @@ def worker_main(spec, conn, stop_event, cpus: tuple[int, ...] | None = None) -> 
     file or None, with one torch thread per CPU."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the page's to handle: it ends us
     faulthandler.enable()  # a crash in native code says where, in the page's log
+    _end_with_page()
     if cpus and pin_process(cpus):  # before any parallel work: its pool has them
         torch.set_num_threads(len(cpus))
     try:
@@ -31,6 +34,21 @@ def worker_main(spec, conn, stop_event, cpus: tuple[int, ...] | None = None) -> 
     except BaseException as exc:  # said in the page's log: a run only learns that it ended
         print(f"Engine process {os.getpid()} ends: {type(exc).__name__}: {exc}", flush=True)
         raise
+
+
+def _end_with_page() -> None:
+    """Exit at once when the process that started this one dies, even mid-load or mid-step,
+    where the pipe would be noticed only at its next use."""
+    page = multiprocessing.parent_process()
+    if page is None:  # not started by multiprocessing
+        return
+
+    def wait() -> None:
+        page.join()  # its sentinel: readable once the page's end of it closes, at any death
+        print(f"Engine process {os.getpid()} ends: the page's process is gone", flush=True)
+        os._exit(0)
+
+    threading.Thread(target=wait, name="cbp-page-watch", daemon=True).start()
 
 
 def _serve(spec, conn, stop_event) -> None:
