@@ -1,13 +1,14 @@
 """A workshop room against one page: many sessions press Run within a minute, each timed.
 
 ``python -m tools.room_load [--sessions 30] [--within-s 60] [--custom 6] [--browsers 0]
-[--url URL] [--idle-check] [--idle-repeat N] [--json F]``
+[--servers NAMES] [--url URL] [--idle-check] [--idle-repeat N] [--json F]``
 
 Starts ``app.py`` on a free 127.0.0.1 port, offline (``tools.app_server``), unless ``--url``
 names a page already serving. ``sessions`` ``gradio_client`` sessions (``tools.room``),
 and ``--browsers`` more in headless Chromium, each choose a tour preset as a person would and
 press Run at their own moment within ``within_s`` seconds (seeded); the last ``custom`` of them
-first change one cap, so that theirs is a setup nobody ran and must be measured live. The clients
+first change one cap, so that theirs is a setup nobody ran and must be measured live; with
+``--servers`` each ticks those of the host's servers, as the page's box would. The clients
 stand in for people on other machines: they take only what the page leaves (``as_remote``). It
 prints a line per session and a summary (``summary``), and with ``--idle-check`` runs each
 measured setup again alone to compare the engines' times (the room must not slow a measurement).
@@ -27,6 +28,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from engine.page.run.host_servers import LLAMACPP_NAMES, LOCAL_VLLM
 from tools import app_server
 from tools.room.browsers import CHROMIUM, run_browsers
 from tools.room.session import (
@@ -42,7 +44,10 @@ from tools.room.session import (
     run_session_live,
 )
 
-__all__ = ["CHROMIUM", "REPLAY_TARGET_S", "Session", "main", "run_room", "summary"]
+# The servers app.py starts beside the page, by the page's names, and the flag that starts each
+LOCAL_SERVERS = {LOCAL_VLLM: "--vllm"} | dict.fromkeys(LLAMACPP_NAMES, "--llamacpp")
+
+__all__ = ["CHROMIUM", "REPLAY_TARGET_S", "Session", "app_flags", "main", "run_room", "summary"]
 
 
 def run_room(
@@ -54,20 +59,22 @@ def run_room(
     presets=TOUR,
     browsers=0,
     cpus: set[int] | None = None,
+    servers: tuple[str, ...] = (),
 ) -> list[Session]:
     """Every session in its own thread, each pressing Run at its moment, on ``presets`` in turn
     (the last ``custom`` with a setup of their own), then ``browsers`` browser sessions on
     ``presets`` in turn, all in one more thread (``run_browsers``); all joined. ``cpus``: the
-    CPUs their threads and browsers keep to (``clients_cpus``; None: any)."""
+    CPUs their threads and browsers keep to (``clients_cpus``; None: any); ``servers``: the
+    host's servers every session ticks, by name."""
     rng = random.Random(seed)
     names = preset_names()
     room = [
-        Session(i, presets[i % len(presets)], custom=i >= sessions - custom)
+        Session(i, presets[i % len(presets)], custom=i >= sessions - custom, servers=servers)
         for i in range(sessions)
     ]
     delays = sorted(rng.uniform(0, within_s) for _ in room)
     in_browsers = [
-        Session(sessions + i, presets[i % len(presets)], custom=False, browser=True)
+        Session(sessions + i, presets[i % len(presets)], False, True, servers=servers)
         for i in range(browsers)
     ]
     browser_delays = [rng.uniform(0, within_s) for _ in in_browsers]
@@ -157,7 +164,7 @@ def idle_check(url: str, room: list[Session], repeat: int = 1) -> dict[tuple, li
         for s in room:
             if s.shown_at_once or s.error:
                 continue
-            again = Session(s.number, s.preset, s.custom)
+            again = Session(s.number, s.preset, s.custom, servers=s.servers)
             run_session_live(url, again, names)
             if again.static_s:
                 idle.setdefault(s.setup, []).append((again.static_s, again.continuous_s))
@@ -181,7 +188,7 @@ def print_report(room: list[Session], result: dict) -> None:
     print(json.dumps(result, indent=2))
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tools.room_load", description=__doc__)
     parser.add_argument("--sessions", type=int, default=30)
     parser.add_argument("--within-s", type=float, default=60.0)
@@ -197,12 +204,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--presets", default=",".join(TOUR), help="preset slugs, in turn (default: the tour's)"
     )
+    parser.add_argument(
+        "--servers",
+        default="",
+        help="the host's servers each session ticks, comma names (e.g. vllm,llamacpp); without "
+        "--url, app.py is started with the flags that serve them",
+    )
     parser.add_argument("--url", help="a page already serving (default: start app.py here)")
     parser.add_argument("--idle-check", action="store_true")
     parser.add_argument(
         "--idle-repeat", type=int, default=1, help="--idle-check: alone runs per setup (default 1)"
     )
     parser.add_argument("--json", type=Path)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if not 0 <= args.custom <= args.sessions or args.sessions < 1 or args.browsers < 0:
         parser.error(
@@ -213,18 +231,24 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(presets) - set(preset_names())
     if unknown or not presets:
         parser.error(f"--presets: no such preset {sorted(unknown)}; see assets/presets.json")
+    servers = tuple(dict.fromkeys(n.strip() for n in args.servers.split(",") if n.strip()))
+    flags = app_flags(servers)
+    if flags is None and args.url is None:
+        parser.error(f"--servers: app.py here serves only {', '.join(LOCAL_SERVERS)}; name others "
+                     "with --url, a page that serves them")  # fmt: skip
     proc, cpus = None, None
     url = args.url
     if url is None:
         log = Path(tempfile.mkdtemp(prefix="cbp-room-")) / "app.log"
-        proc, url = app_server.start_app(log)
+        proc, url = app_server.start_app(log, flags)
         cpus = clients_cpus(proc.pid)
         kept = "" if cpus is None else f"; clients on CPUs {sorted(cpus)}, the page's"
         print(f"app.py serving at {url} (log: {log}){kept}", file=sys.stderr)
     try:
         room = run_room(
-            url, args.sessions, args.within_s, args.custom, args.seed, presets, args.browsers, cpus
-        )
+            url, args.sessions, args.within_s, args.custom, args.seed, presets, args.browsers, cpus,
+            servers,
+        )  # fmt: skip
         idle = idle_check(url, room, max(1, args.idle_repeat)) if args.idle_check else None
     finally:
         if proc is not None:
@@ -235,6 +259,14 @@ def main(argv: list[str] | None = None) -> int:
         doc = {"summary": result, "sessions": [_session_dict(s) for s in room]}
         args.json.write_text(json.dumps(doc, indent=2), encoding="utf-8")
     return 0 if not result["errors"] and result["full_results"] == len(room) else 1
+
+
+def app_flags(servers: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The flags that have ``app.py`` serve ``servers`` (the page's names); None if a name is
+    none of ``LOCAL_SERVERS`` (an endpoint: the page at ``--url`` must be serving it)."""
+    if not set(servers) <= set(LOCAL_SERVERS):
+        return None
+    return tuple(dict.fromkeys(LOCAL_SERVERS[name] for name in servers))
 
 
 def _session_dict(session: Session) -> dict:

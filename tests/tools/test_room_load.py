@@ -128,3 +128,22 @@ def test_room_over_idle_reads_the_median_idle_run_and_its_spread():
         "idle_spread_continuous": 1.4,
     }, ratios
     assert ratios["equal-caps (custom) #1"] == {"static": 1.0, "continuous": 1.5}, ratios
+
+
+def test_servers_flags_start_the_servers_the_sessions_tick():
+    """``--servers vllm,llamacpp`` starts app.py with ``--vllm --llamacpp`` (both llama.cpp names
+    need one flag); a name app.py cannot start (an endpoint) needs ``--url``."""
+    assert room_load.app_flags(("vllm", "llamacpp", "llamacpp_q4")) == ("--vllm", "--llamacpp")
+    assert room_load.app_flags(()) == ()
+    assert room_load.app_flags(("gpu",)) is None
+
+
+def test_a_session_ticks_its_servers_in_its_run(server_url):
+    """A session that ticks a server sends it in /run as the page's box does: this page serves
+    none, so its Run is refused naming it, where without the tick it runs."""
+    (session,) = room_load.run_room(
+        server_url, sessions=1, within_s=0, custom=1, seed=0, presets=("long-prompts",),
+        servers=("vllm",),
+    )  # fmt: skip
+    assert session.done_s is not None and session.static_s is None, session.statuses
+    assert "No server named 'vllm'" in session.statuses[-1], session.statuses[-1]

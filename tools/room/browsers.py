@@ -72,7 +72,8 @@ def _drive(browser, links: dict, room: list[Session], delays_s: list[float], t0:
 
 def _press_run(browser, link: str, first_prompt: str, session: Session, t0: float):
     """A new context on ``link``, its preset's table loaded (``first_prompt`` in its first cell:
-    the page opens on its default preset, then applies the link's), Run pressed; the page, or
+    the page opens on its default preset, then applies the link's), the session's servers
+    ticked, Run pressed; the page, or
     None after setting the session's error."""
     context = browser.new_context(viewport={"width": 1280, "height": 720})
     try:
@@ -80,6 +81,8 @@ def _press_run(browser, link: str, first_prompt: str, session: Session, t0: floa
         page.goto(link)
         cell = page.locator('#requests_table [data-testid="cell-0-0"]', has_text=first_prompt)
         cell.wait_for(timeout=LOAD_TIMEOUT_MS)
+        for name in session.servers:  # "Also run on the host's servers", as a person ticks it
+            page.locator("#servers_checkbox").get_by_label(name, exact=True).check()
         session.pressed_s = time.monotonic() - t0
         page.locator("#run_button").click()
         return page

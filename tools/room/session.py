@@ -47,6 +47,7 @@ class Session:
     preset: str
     custom: bool
     browser: bool = False  # a real browser on the page (else a gradio_client session)
+    servers: tuple[str, ...] = ()  # the host's servers it ticks ("Also run on the host's servers")
     pressed_s: float = 0.0
     first_estimate_s: float | None = None  # the first estimate it was told
     estimate_told_s: float | None = None  # when it was told that estimate
@@ -122,7 +123,8 @@ def run_knobs(**values) -> tuple:
 
 def _setup(url: str, session: Session, names: dict[str, str]):
     """A client that chose the session's preset as a person would (``/apply_preset``), and the
-    /run inputs it would send: the table (one cap changed for a custom session), slots, knobs."""
+    /run inputs it would send: the table (one cap changed for a custom session), slots, knobs,
+    and by name the servers it ticks."""
     from gradio_client import Client
 
     # A person's browser fetches a run's files only when they click one; a client that fetched
@@ -134,15 +136,16 @@ def _setup(url: str, session: Session, names: dict[str, str]):
     table = _value(table)
     if session.custom:  # one cap changed: a setup nobody ran
         table["data"][0][1] = int(table["data"][0][1]) + 1 + session.number
-    return client, (table, _value(slots), *run_knobs(chat_template=chat))
+    inputs = (table, _value(slots), *run_knobs(chat_template=chat))
+    return client, inputs, {"server_names": list(session.servers)}
 
 
 def run_session(url: str, session: Session, t0: float, names: dict[str, str]) -> None:
     """Choose the session's preset, press Run, and read its stream into ``session``."""
     try:
-        client, inputs = _setup(url, session, names)
+        client, inputs, named = _setup(url, session, names)
         session.pressed_s = time.monotonic() - t0
-        job = client.submit(*inputs, replay_recent=True, api_name="/run")
+        job = client.submit(*inputs, **named, replay_recent=True, api_name="/run")
         for update in updates(job):  # the final result is the last of them
             read_status(session, status_line(update), time.monotonic() - t0)
         if not session.statuses:
@@ -218,8 +221,8 @@ def read_status(session: Session, status: str, now_s: float) -> None:
 
 def run_session_live(url: str, session: Session, names: dict[str, str]) -> None:
     """``run_session`` with ``replay_recent`` off: a fresh measurement, its result awaited."""
-    client, inputs = _setup(url, session, names)
-    result = client.predict(*inputs, replay_recent=False, api_name="/run")
+    client, inputs, named = _setup(url, session, names)
+    result = client.predict(*inputs, **named, replay_recent=False, api_name="/run")
     read_status(session, status_line(result), 0.0)
     take_times(session)
 
