@@ -228,9 +228,13 @@ def run_session_live(url: str, session: Session, names: dict[str, str]) -> None:
 
 
 def take_times(session: Session) -> None:
-    """The engines' times from a finished session's last status line (an error if none)."""
-    found = STATUS_TIMES.search(session.statuses[-1])
-    if found is None:
+    """The engines' times from a finished session's last status line (an error if none, or if
+    its Run was refused: the page then shows the run before it, whose times are not this one's)."""
+    last = session.statuses[-1]
+    found = STATUS_TIMES.search(last)
+    if last.replace("**", "").startswith("Not run"):
+        session.error = f"refused: {last.replace('**', '')[:160]!r}"
+    elif found is None:
         session.error = f"no engine times in the final status: {session.statuses[-1][:120]!r}"
     else:
         session.static_s, session.continuous_s = float(found[1]), float(found[2])
