@@ -157,11 +157,14 @@ def time_candidates(
     budget_s: float = BUDGET_S,
     repeat: int = REPEAT,
     clock: Callable[[], float] = time.perf_counter,
+    whole_round: bool = False,
 ) -> Timings:
     """Best-of-``repeat`` ms per pass of ``F.linear(x, W)`` over every weight of ``linears`` (x: M
     random rows in the weights' dtype), for each kernel in ``names`` at each M of ``rows``, within
-    about ``budget_s`` of wall time (see the module docstring). A candidate that cannot take a
-    weight (oneDNN refusing it) is left out, with a log line.
+    about ``budget_s`` of wall time (see the module docstring); with ``whole_round``, the first
+    round is finished whatever the budget (the LM head: one weight, so no smaller sample exists,
+    and a 262 k-row head's first round takes about 5 s on a 2-core EPYC). A candidate that cannot
+    take a weight (oneDNN refusing it) is left out, with a log line.
     """
     start_s = clock()
     bound: dict[str, list] = {}
@@ -178,10 +181,12 @@ def time_candidates(
         inputs = [{k: torch.randn(num_rows, k).to(dtype) for k in widths} for num_rows in rows]
         _warm_up(bound, inputs, linears, rows)
         last = dict.fromkeys(bound, (1, 0.0))  # each candidate's latest pass: (rows, seconds)
+        per_round = sum(len(_timed(bound, r)) for r in rows)
         for i, name in _pass_order(list(bound), rows, repeat):
             last_rows, last_s = last[name]
             guess_s = last_s * max(1.0, rows[i] / last_rows)  # time grows at most with rows
-            if clock() - start_s + guess_s > budget_s:
+            held = whole_round and num_passes < per_round
+            if not held and clock() - start_s + guess_s > budget_s:
                 break
             t0 = clock()
             for width, linear in bound[name]:
@@ -197,7 +202,7 @@ def time_candidates(
         total_linears=total_linears or len(linears),
         timed_bytes=sum(m.weight.numel() * m.weight.element_size() for m in linears),
         measured_s=clock() - start_s,
-        rounds=num_passes // max(sum(len(_timed(bound, r)) for r in rows), 1),
+        rounds=num_passes // max(per_round, 1),
         others_cpu_share=others.share,
     )
 

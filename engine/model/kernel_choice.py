@@ -271,18 +271,18 @@ class RunnerKernels:
         untimed = getattr(self.loaded, "source", None) is None
         if untimed or choice.origin in ("none", "forced", "default", "fallback"):
             return choice
-        rows, budget_s = kernel_timing.HEAD_ROWS, kernel_timing.HEAD_BUDGET_S
-        return self._stored_or_measured([head], [head], "lm_head", rows, budget_s)
+        budget = {"budget_s": kernel_timing.HEAD_BUDGET_S, "whole_round": True}
+        return self._stored_or_measured([head], [head], "lm_head", kernel_timing.HEAD_ROWS, budget)
 
-    def _stored_or_measured(self, linears, sample, part, rows, budget_s=None) -> KernelChoice:
-        """``part``'s choice kept for this host, else timed on ``sample`` at ``rows``."""
+    def _stored_or_measured(self, linears, sample, part, rows, budget=None) -> KernelChoice:
+        """``part``'s choice kept for this host, else timed on ``sample`` at ``rows``
+        (``budget``: ``time_candidates``'s ``budget_s`` and ``whole_round``, where given)."""
         candidates = kernel_timing.candidates_for(self.dtype)
         source = self.loaded.source
         key = kernel_store.host_key(
             self.loaded.name, source, self.dtype, linears, candidates, part, rows
         )
-        budget = {} if budget_s is None else {"budget_s": budget_s}
-        measure = functools.partial(_measure, sample, candidates, len(linears), rows, budget)
+        measure = functools.partial(_measure, sample, candidates, len(linears), rows, budget or {})
         return kernel_store.stored_or_measured(key, measure, self._kernel_setting == "measure")
 
     @property
@@ -339,8 +339,8 @@ class RunnerKernels:
 
 def _measure(sample, candidates, total_linears, rows, budget) -> KernelChoice:
     """Time ``candidates`` on ``sample`` at ``rows`` (``budget``: ``time_candidates``'s
-    ``budget_s``, where given); the fastest per row range, or ``F.linear`` everywhere (origin
-    ``"fallback"``) where the budget ran out before any pass."""
+    ``budget_s`` and ``whole_round``, where given); the fastest per row range, or ``F.linear``
+    everywhere (origin ``"fallback"``) where the budget ran out before any pass."""
     timings = kernel_timing.time_candidates(
         sample, candidates, tuple(rows), total_linears=total_linears, **budget
     )

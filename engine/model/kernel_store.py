@@ -179,11 +179,13 @@ def stored_or_measured(
             if not timings.complete
             else f"taken while other work used {timings.others_cpu_share:.0%} of the CPU"
         )
+        head = key.get("part") == "lm_head"
         if choice.origin == "fallback":
-            why += " before it timed any kernel, so the engines' matmul is plain F.linear"
+            what = "the LM head" if head else "the engines' matmul"
+            why += f" before it timed any kernel, so {what} is plain F.linear"
         log.warning(
-            "Kernel timing was %s; the choice is used at this start and measured again at the "
-            "next.",
+            "%s timing was %s; the choice is used at this start and measured again at the next.",
+            "The LM head's kernel" if head else "Kernel",
             why,
         )
         return choice

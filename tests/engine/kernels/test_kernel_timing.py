@@ -91,6 +91,18 @@ def test_the_measurement_stops_at_its_budget():
     assert timings.rounds == 0 and not timings.complete
 
 
+def test_a_whole_round_is_finished_past_the_budget_and_no_more():
+    """``whole_round``: with the clock of the test above (1 s a pass, a 5 s budget), every
+    candidate is timed at every row count once (6 passes, past the budget), then it stops."""
+    ticks = itertools.count()
+    timings = time_candidates(
+        _linears(), ("linear", "skinny"), rows=(1, 2, 4), clock=lambda: float(next(ticks)),
+        whole_round=True,
+    )  # fmt: skip
+    assert all(t == 1000.0 for ts in timings.times_ms.values() for t in ts), timings.times_ms
+    assert timings.rounds == 1 and timings.complete
+
+
 def test_the_sample_is_whole_layers_past_twice_the_cache(monkeypatch):
     """sample_linears: whole layers (one period of the shapes) until the target bytes; a model
     smaller than the target whole."""
