@@ -1,6 +1,7 @@
 """The run: one visitor's run from the button to the engines, and the page's model. Modules:
 ``cpu_split``, ``model_line``, ``run``, ``run_handle``, ``run_options``, ``shared_model``,
-``host_servers``, ``run_queue``, ``queue_ticket``, ``run_cost``, ``recent_runs``."""
+``host_servers``, ``server_starts``, ``run_queue``, ``queue_ticket``, ``run_cost``,
+``recent_runs``."""
 
 __all__ = [
     "cpu_split",
@@ -10,6 +11,7 @@ __all__ = [
     "run_options",
     "shared_model",
     "host_servers",
+    "server_starts",
     "run_queue",
     "run_cost",
     "recent_runs",

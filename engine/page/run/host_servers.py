@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.kernels import cpu_share
+from engine.page.run import server_starts
 from engine.peers.endpoints import (
     RECORDS_ENV,
     EndpointError,
@@ -89,6 +90,7 @@ class PageServers(ServerRegistry):
             for name, e in self.engines.items()
         }
         self._threads: dict[str, threading.Thread] = {}
+        self._expected_start_s: dict[str, float] = {}  # by name, read once (``server_starts``)
 
     def status(self, name: str) -> ServerStatus:
         with self._lock:
@@ -98,6 +100,25 @@ class PageServers(ServerRegistry):
         """True while some server is still starting or being probed."""
         with self._lock:
             return any(s.state in (CONFIGURED, STARTING) for s in self._status.values())
+
+    def start_left_s(self, name: str) -> float:
+        """Seconds until local server ``name`` is ready, as its starts here go
+        (``server_starts``); 0 once ready or failed, and for an endpoint elsewhere."""
+        if not self.is_local(name):
+            return 0.0
+        status = self.status(name)
+        if status.state not in (CONFIGURED, STARTING):
+            return 0.0
+        started_s_ago = time.monotonic() - status.since_s if status.state == STARTING else 0.0
+        return server_starts.start_left_s(self.expected_start_s(name), started_s_ago)
+
+    def expected_start_s(self, name: str) -> float:
+        """Seconds a start of local server ``name`` takes here (``server_starts``)."""
+        with self._lock:
+            if name not in self._expected_start_s:
+                key = server_starts.start_key(self.engines[name].server)
+                self._expected_start_s[name] = server_starts.expected_start_s(key)
+            return self._expected_start_s[name]
 
     def start(self) -> PageServers:
         """Start the local servers and probe every endpoint, each in a background thread (an
@@ -195,8 +216,18 @@ class PageServers(ServerRegistry):
             self._set(name, FAILED, message)
             self._log(f"{name}: failed: {message}")
             return
+        if self.is_local(name):
+            self._keep_start(name)
         self._set(name, READY, "")
         self._log(f"{name}: ready")
+
+    def _keep_start(self, name: str) -> None:
+        """Keep the start just measured, for the queue's estimates now and after a restart."""
+        server = self.engines[name].server
+        if server.start_s:
+            with self._lock:
+                self._expected_start_s[name] = server.start_s
+            server_starts.keep_start(server_starts.start_key(server), server.start_s)
 
     def _set(self, name: str, state: str, detail: str, keep_since: bool = False) -> None:
         with self._lock:

@@ -76,8 +76,12 @@ class Work:
         units[PREFILL] = float(static + packed * self.prompt_tokens)
         refs = self.references if references is None else references
         units[REFERENCE] = sum(_reference_steps(key, cap) for key, cap in refs.items())
-        units.update(dict.fromkeys(self.server_parts(), float(max(1, self.continuous_steps))))
+        units.update(dict.fromkeys(self.server_parts(), self.server_steps()))
         return units
+
+    def server_steps(self) -> float:
+        """A server's stage's units: the run's continuous steps (at least one)."""
+        return float(max(1, self.continuous_steps))
 
     def engine_steps(self) -> float:
         units = self.units()
@@ -116,10 +120,13 @@ class Pace:
 
     def servers_s(self, work: Work) -> float:
         """Seconds of ``work``'s server stages, each at least its arrivals' wait."""
+        return sum(self.server_stage_s(work, name) for name in work.servers)
+
+    def server_stage_s(self, work: Work, name: str) -> float:
+        """Seconds of ``work``'s stage on server ``name`` (a wait for its start left out)."""
         if not self.known:
             return 0.0
-        units = work.units()
-        return sum(max(units[p] * self.s_per_unit(p), work.min_wall_s) for p in work.server_parts())
+        return max(work.server_steps() * self.s_per_unit(server_part(name)), work.min_wall_s)
 
     def learn(self, work: Work, wall_s: float, parts_s: Mapping[str, float] | None) -> None:
         """Learn from a run of ``work`` that took ``wall_s``, ``parts_s`` per part (None:

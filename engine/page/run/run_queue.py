@@ -7,6 +7,7 @@ limit as a person sees them: docs/page.md and docs/hosting.md ("Runs take turns"
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
@@ -35,6 +36,8 @@ class RunQueue:
     stale_s: float = STALE_S
     lent_stale_s: float = LENT_STALE_S
     shown_instead: Callable[[Hashable], bool] = lambda setup: False
+    # seconds until the host's server of that name is ready (0: ready or failed; ``PageServers``)
+    start_left_s: Callable[[str], float] = lambda name: 0.0
     pace: Pace = field(default_factory=Pace)  # learned from the runs that finished here
     _waiting: list[Ticket] = field(default_factory=list)
     _running: Ticket | None = None
@@ -157,7 +160,8 @@ class RunQueue:
     def _wait_estimate_s(
         self, ahead: list[Ticket], now: float, setup: Hashable | None = None
     ) -> tuple[float | None, bool]:
-        """Seconds until a run behind ``ahead`` starts (None: no pace), and whether its setup is."""
+        """Seconds until a run behind ``ahead`` starts (None: no pace), and whether its setup is.
+        A server still starting adds what is left of its start, once (``after_starts``)."""
         running = self._running
         pace = self.pace if self.pace.known else running.progress_pace() if running else None
         setups = set() if running is None or running.setup is None else {running.setup}
@@ -167,12 +171,12 @@ class RunQueue:
         computed = {} if running is None else dict(running.work.references)  # key -> cap
         slowdown = self._slowdown() if self.pace.known else 1.0  # else the pace is the progress
         limit_s = run_time_limit_s()  # a run is stopped there, whatever its work
+        ready_in_s = functools.cache(self.start_left_s)
         wait_s = 0.0
         if running is not None and not (running.setup and self.shown_instead(running.setup)):
             left_s = running.left_s(pace, now, slowdown)
-            if limit_s is not None:
-                left_s = min(left_s, max(0.0, limit_s - (now - running.started_s)))
-            wait_s += left_s
+            cap_s = None if limit_s is None else max(0.0, limit_s - (now - running.started_s))
+            wait_s = after_starts(running.work, pace, 0.0, left_s, ready_in_s, cap_s)
         if identical and setup in setups:
             return wait_s, True
         for t in ahead:  # a setup already ahead is measured once; the rest are shown that run
@@ -181,7 +185,7 @@ class RunQueue:
                 missing = self._missing_now(t)
                 refs = {k: c for k, c in missing.items() if computed.get(k, -1) < c}
                 cost_s = pace.cost_s(t.work, refs, slowdown)
-                wait_s += cost_s if limit_s is None else min(cost_s, limit_s)
+                wait_s = after_starts(t.work, pace, wait_s, cost_s, ready_in_s, limit_s)
                 computed.update(refs)
             if identical and t.setup == setup:
                 return wait_s, True
@@ -237,3 +241,26 @@ class RunQueue:
 
     def _tickets(self) -> list[Ticket]:
         return ([self._running] if self._running is not None else []) + self._waiting
+
+
+def after_starts(
+    work: Work,
+    pace: Pace,
+    begin_s: float,
+    cost_s: float,
+    ready_in_s: Callable[[str], float],
+    cap_s: float | None = None,
+) -> float:
+    """When a run of ``work`` ends, in seconds from now: it begins at ``begin_s``, costs ``cost_s``
+    (its server stages last, in order) and waits at each server's stage until that server is
+    ready, ``ready_in_s(name)`` from now; at most ``cap_s`` after it begins (the run limit). A
+    start longer than the work before its stage adds the difference; a run behind finds the
+    server ready, so each start counts once."""
+    end_s = begin_s + cost_s
+    if any(ready_in_s(name) > 0 for name in work.servers):
+        stages_s = [pace.server_stage_s(work, name) for name in work.servers]
+        at_s = begin_s + max(0.0, cost_s - sum(stages_s))  # where its first server's stage begins
+        for name, stage_s in zip(work.servers, stages_s, strict=True):
+            at_s = max(at_s, ready_in_s(name)) + stage_s
+        end_s = max(end_s, at_s)
+    return end_s if cap_s is None else min(end_s, begin_s + cap_s)

@@ -55,6 +55,13 @@ class PageModel:
 
     def __post_init__(self) -> None:
         self.queue.shown_instead = lambda setup: self.recent.find(setup) is not None
+        self.queue.start_left_s = self._start_left_s
+
+    def _start_left_s(self, name: str) -> float:
+        """Seconds until the host's server ``name`` is ready (``PageServers.start_left_s``)."""
+        if self.servers is None or name not in self.servers.engines:
+            return 0.0
+        return self.servers.start_left_s(name)
 
     @classmethod
     def connect(cls, worker: Worker, **parts) -> PageModel:

@@ -1,0 +1,132 @@
+"""How long a local server takes to start on this host: the last start measured here, kept in the
+cache folder across page restarts, else a prior for its kind; and what is left of a start under
+way, which the queue's estimate adds for a run ahead that will wait for it (``RunQueue``).
+
+One JSON file per key, as ``engine.model.kernel_store`` keeps its choices::
+
+    <cache dir>/server-start/<SHA-256 of the key, 24 hex>.json   {"key": {...}, "start_s": 152.3}
+
+The key (``start_key``) is what a start's length depends on: the CPU, the server and its mode
+(vLLM compiled or eager, llama.cpp's weights), the model, its dtype and the threads. A file is
+written to a temporary file and renamed into place; one that cannot be read or written costs
+only the prior.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from engine.llamacpp.server import LlamaServer
+from engine.model import loader
+from engine.model.device import cpu_model
+from engine.peers.server_process import ServerProcess
+from engine.peers.vllm_server import VllmServer
+
+FORMAT = 1  # bump when the key or the file's layout changes
+FOLDER = "server-start"
+# Starts before one was measured here, by (server, mode), as measured on a 2-core EPYC
+# (docs/measurements.md, "Notes moved out of the code's docstrings"): vLLM compiled 90 to 210 s,
+# eager about 42 s; llama-server 1 to 2 s (its F32 GGUF is converted as the page starts).
+PRIOR_START_S = {
+    ("vllm", "compiled"): 180.0,
+    ("vllm", "eager"): 45.0,
+    ("llamacpp", "f32"): 2.0,
+    ("llamacpp", "q4_1"): 2.0,
+}
+UNKNOWN_START_S = 60.0  # a server kind with no prior
+# A start past its expected length is told this share of that length still left, not zero.
+OVERRUN_SHARE = 0.1
+
+log = logging.getLogger(__name__)
+
+
+def start_key(server: ServerProcess) -> dict[str, Any]:
+    """What the start of ``server`` depends on, as JSON-ready fields (see the module docstring);
+    a server other than vLLM's or llama.cpp's is keyed by its class and CPUs alone."""
+    settings = getattr(server, "settings", None)
+    kind, mode, model, dtype = type(server).__name__, "", "", ""
+    if isinstance(server, LlamaServer):
+        kind, mode = "llamacpp", settings.weights
+        model, dtype = Path(settings.model_path).name, settings.dtype
+    elif isinstance(server, VllmServer):
+        kind, mode = "vllm", "eager" if settings.enforce_eager else "compiled"
+        model, dtype = settings.model_dir, settings.dtype
+    return {
+        "format": FORMAT,
+        "cpu": cpu_model(),
+        "machine": platform.machine(),
+        "server": kind,
+        "mode": mode,
+        "model": model,
+        "dtype": dtype,
+        "threads": len(server.cpus()) or os.cpu_count() or 1,
+    }
+
+
+def expected_start_s(key: dict[str, Any]) -> float:
+    """Seconds a start of ``key``'s server takes here: the last one kept, else its prior."""
+    kept = read_start_s(start_path(key), key)
+    if kept is not None:
+        return kept
+    return PRIOR_START_S.get((key["server"], key["mode"]), UNKNOWN_START_S)
+
+
+def start_left_s(expected_s: float, started_s_ago: float) -> float:
+    """What is left of a start expected to take ``expected_s``, ``started_s_ago`` into it: never
+    under ``OVERRUN_SHARE`` of ``expected_s`` while it still runs."""
+    return max(expected_s - started_s_ago, OVERRUN_SHARE * expected_s)
+
+
+def start_path(key: dict[str, Any]) -> Path:
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+    return loader.cache_dir() / FOLDER / f"{digest}.json"
+
+
+def read_start_s(path: Path, key: dict[str, Any]) -> float | None:
+    """The start kept in ``path`` for ``key``; None: no file, or one that is unreadable, holds
+    another key or no positive seconds (a warning says which)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        log.warning("Server start %s is unreadable (%s); using the prior.", path, err)
+        return None
+    try:
+        if doc["key"] != key:
+            raise ValueError("it holds another key")
+        start_s = float(doc["start_s"])
+        if not start_s > 0:
+            raise ValueError(f"start_s {start_s}")
+        return start_s
+    except (ValueError, TypeError, KeyError) as err:
+        log.warning("Server start %s is corrupt (%s); using the prior.", path, err)
+        return None
+
+
+def keep_start(key: dict[str, Any], start_s: float) -> bool:
+    """Keep ``start_s`` for ``key`` atomically; False (and a warning) if it could not be."""
+    path = start_path(key)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            "w", dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp", delete=False
+        ) as handle:
+            tmp = handle.name
+            json.dump({"key": key, "start_s": float(start_s)}, handle, indent=1)
+        os.replace(tmp, path)
+        return True
+    except OSError as err:
+        log.warning("Could not keep the server start in %s: %s", path, err)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        return False
