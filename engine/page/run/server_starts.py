@@ -32,10 +32,11 @@ from engine.peers.vllm_server import VllmServer
 FORMAT = 1  # bump when the key or the file's layout changes
 FOLDER = "server-start"
 # Starts before one was measured here, by (server, mode), as measured on a 2-core EPYC
-# (docs/measurements.md, "Notes moved out of the code's docstrings"): vLLM compiled 90 to 210 s,
-# eager about 42 s; llama-server 1 to 2 s (its F32 GGUF is converted as the page starts).
+# (docs/measurements.md, "Notes moved out of the code's docstrings"): vLLM compiled 90 to 124 s
+# on a quiet host (166 to 210 s on a busy one), eager about 42 s; llama-server 1 to 2 s (its F32
+# GGUF is converted as the page starts).
 PRIOR_START_S = {
-    ("vllm", "compiled"): 180.0,
+    ("vllm", "compiled"): 120.0,
     ("vllm", "eager"): 45.0,
     ("llamacpp", "f32"): 2.0,
     ("llamacpp", "q4_1"): 2.0,
