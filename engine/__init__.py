@@ -3,7 +3,7 @@
 Rooms, each importing only those below it (docs/architecture.md holds the map and the named
 dimensions of ``Shapes:`` sections): the vocabulary (``knobs``, ``knob_values``, ``config``,
 ``sequence``, ``sampling_params``, ``token_logits``, ``trace``, ``trace_codec``,
-``settings``), then ``workloads``,
+``settings``, ``cache_file``), then ``workloads``,
 ``serving``, ``kernels``, ``model``, ``batching``, ``fidelity``, ``peers``, ``llamacpp``,
 ``worker``; above the core, ``page`` and ``bench``.
 

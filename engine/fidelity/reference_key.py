@@ -95,9 +95,3 @@ def code_digest(paths: list[Path]) -> str:
     for path in paths:
         sha.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return sha.hexdigest()
-
-
-def sha256_json(value) -> str:
-    """SHA-256 of ``value`` as canonical JSON (sorted keys, no spaces)."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()

@@ -13,20 +13,14 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from engine import settings
-from engine.fidelity.reference_key import (
-    Identity,
-    identity_fields,
-    request_fields,
-    sha256_json,
-    weights_digest,
-)
+from engine.cache_file import sha256_json, write_atomically
+from engine.fidelity.reference_key import Identity, identity_fields, request_fields, weights_digest
 from engine.model import loader
 from engine.sequence import Request
 from engine.token_logits import DIGEST_BYTES, LogitTrail, TokenLogits
@@ -96,8 +90,8 @@ class ReferenceStore:
             path.parent.mkdir(parents=True, exist_ok=True)
             described = path.parent / "identity.json"
             if not described.exists():
-                _write_atomically(described, json.dumps(identity.fields, indent=1))
-            _write_atomically(path, json.dumps(entry, separators=(",", ":")))
+                write_atomically(described, json.dumps(identity.fields, indent=1))
+            write_atomically(path, json.dumps(entry, separators=(",", ":")))
         except OSError as err:
             log.warning("Could not write the reference cache entry %s: %s", path, err)
             return
@@ -235,14 +229,3 @@ def _digest(text) -> str:
     if len(bytes.fromhex(text)) != DIGEST_BYTES:
         raise ValueError("a logits digest of the wrong size")
     return text
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

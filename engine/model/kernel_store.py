@@ -22,12 +22,8 @@ before any pass gives plain ``F.linear`` (origin ``fallback``) at this start.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
-import os
 import platform
-import tempfile
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine import cache_file
 from engine.kernels.kernel_plan import RowPlan
 from engine.kernels.kernel_timing import Timings, cpu_capabilities
 from engine.kernels.linear_kernel import CANDIDATES
@@ -157,9 +154,7 @@ def host_key(
 
 def choice_path(key: dict[str, Any]) -> Path:
     """The file that keeps the choice for ``key``."""
-    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(text.encode()).hexdigest()[:24]
-    return loader.cache_dir() / FOLDER / f"{digest}.json"
+    return cache_file.key_path(loader.cache_dir() / FOLDER, key)
 
 
 def stored_or_measured(
@@ -197,38 +192,14 @@ def stored_or_measured(
 def read_choice(path: Path, key: dict[str, Any]) -> KernelChoice | None:
     """The choice in ``path`` (origin ``"cached"``), or None: no file, or one that cannot be read,
     is not a choice or holds another key (a warning says which)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        log.warning("Kernel choice %s is unreadable (%s); measuring again.", path, err)
-        return None
-    try:
-        doc = json.loads(text)
-        if doc["key"] != key:
-            raise ValueError("it holds another key")
+
+    def parse(doc: dict) -> KernelChoice:
         return KernelChoice.from_dict(doc["choice"], "cached", str(path))
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
-        log.warning("Kernel choice %s is corrupt (%s); measuring again.", path, err)
-        return None
+
+    return cache_file.read_keyed(path, key, parse, "kernel choice", "measuring again", log)
 
 
 def write_choice(path: Path, key: dict[str, Any], choice: KernelChoice) -> bool:
     """Write ``choice`` for ``key`` at ``path`` atomically; False (and a warning) if it failed."""
     doc = {"key": key, "choice": {**choice.as_dict(), "origin": "measured", "file": None}}
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            "w", dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp", delete=False
-        ) as handle:
-            tmp = handle.name
-            json.dump(doc, handle, indent=1)
-        os.replace(tmp, path)
-        return True
-    except OSError as err:
-        log.warning("Could not keep the kernel choice in %s: %s", path, err)
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        return False
+    return cache_file.keep_keyed(path, doc, "kernel choice", log)

@@ -14,15 +14,13 @@ only the prior.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import platform
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from engine import cache_file
 from engine.llamacpp.server import LlamaServer
 from engine.model import loader
 from engine.model.device import cpu_model
@@ -86,48 +84,23 @@ def start_left_s(expected_s: float, started_s_ago: float) -> float:
 
 
 def start_path(key: dict[str, Any]) -> Path:
-    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(text.encode()).hexdigest()[:24]
-    return loader.cache_dir() / FOLDER / f"{digest}.json"
+    return cache_file.key_path(loader.cache_dir() / FOLDER, key)
 
 
 def read_start_s(path: Path, key: dict[str, Any]) -> float | None:
     """The start kept in ``path`` for ``key``; None: no file, or one that is unreadable, holds
     another key or no positive seconds (a warning says which)."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as err:
-        log.warning("Server start %s is unreadable (%s); using the prior.", path, err)
-        return None
-    try:
-        if doc["key"] != key:
-            raise ValueError("it holds another key")
+
+    def parse(doc: dict) -> float:
         start_s = float(doc["start_s"])
         if not start_s > 0:
             raise ValueError(f"start_s {start_s}")
         return start_s
-    except (ValueError, TypeError, KeyError) as err:
-        log.warning("Server start %s is corrupt (%s); using the prior.", path, err)
-        return None
+
+    return cache_file.read_keyed(path, key, parse, "server start", "using the prior", log)
 
 
 def keep_start(key: dict[str, Any], start_s: float) -> bool:
     """Keep ``start_s`` for ``key`` atomically; False (and a warning) if it could not be."""
-    path = start_path(key)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            "w", dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp", delete=False
-        ) as handle:
-            tmp = handle.name
-            json.dump({"key": key, "start_s": float(start_s)}, handle, indent=1)
-        os.replace(tmp, path)
-        return True
-    except OSError as err:
-        log.warning("Could not keep the server start in %s: %s", path, err)
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        return False
+    doc = {"key": key, "start_s": float(start_s)}
+    return cache_file.keep_keyed(start_path(key), doc, "server start", log)
