@@ -8,6 +8,7 @@ process as a service manager or ``timeout`` would, and checks that the child wen
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -99,6 +100,27 @@ def start_owner(kind: str, timeout_s: float = 120.0) -> tuple[subprocess.Popen, 
         owner.kill()
         raise RuntimeError(f"the {kind} owner did not start its child (exit {owner.wait()})")
     return owner, int(line)
+
+
+@contextlib.contextmanager
+def owner_of(kind: str, timeout_s: float = 120.0):
+    """``start_owner(kind, timeout_s)``'s owner and child pid; on leaving, the owner and whatever
+    a failing test left of the child are killed."""
+    owner, pid = start_owner(kind, timeout_s)
+    try:
+        yield owner, pid
+    finally:
+        owner.kill()
+        owner.wait()
+        kill_left(pid)
+
+
+def ends_with_owner(owner: subprocess.Popen, sig: signal.Signals, gone, timeout_s: float) -> bool:
+    """Kill ``owner`` with ``sig``: whether it exited and ``gone()`` then became true, each
+    within ``timeout_s`` seconds."""
+    os.kill(owner.pid, sig)
+    owner.wait(timeout=timeout_s)
+    return wait_until(gone, timeout_s)
 
 
 def _stats() -> list[tuple[int, str, int]]:

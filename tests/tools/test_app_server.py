@@ -3,13 +3,12 @@ that process (as ``timeout`` does to a test run) and ``app.py`` and its engine p
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 
 import pytest
 
-from tests.owner_process import kill_left, live_members, lives, start_owner, wait_until
+from tests.owner_process import ends_with_owner, live_members, lives, owner_of
 
 START_WITHIN_S = 300.0  # app.py loads the embedded model: ~25 s, minutes on a busy host
 GONE_WITHIN_S = 20.0  # the reaper's SIGTERM, then app.py's own shutdown
@@ -19,14 +18,9 @@ GONE_WITHIN_S = 20.0  # the reaper's SIGTERM, then app.py's own shutdown
 def test_app_py_ends_with_the_process_that_started_it():
     """A serving app.py (its process group: the page and its engine process) is gone within
     seconds of its starter's SIGTERM."""
-    owner, app = start_owner("app", START_WITHIN_S)
-    try:
+    with owner_of("app", START_WITHIN_S) as (owner, app):
         assert lives(app), "app.py is not running"
-        os.kill(owner.pid, signal.SIGTERM)
-        owner.wait(timeout=GONE_WITHIN_S)
-        gone = wait_until(lambda: not lives(app) and not live_members(app), GONE_WITHIN_S)
+        gone = ends_with_owner(
+            owner, signal.SIGTERM, lambda: not lives(app) and not live_members(app), GONE_WITHIN_S
+        )
         assert gone, f"app.py outlived its starter's SIGTERM: {app}, group {live_members(app)}"
-    finally:
-        owner.kill()
-        owner.wait()
-        kill_left(app)

@@ -4,13 +4,12 @@ ends within seconds, though ``atexit`` runs at neither."""
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 
 import pytest
 
-from tests.owner_process import kill_left, live_members, start_owner, wait_until
+from tests.owner_process import ends_with_owner, live_members, owner_of
 
 GONE_WITHIN_S = 5.0  # the reaper polls every 0.25 s; the stand-in ends at SIGTERM
 
@@ -20,14 +19,7 @@ GONE_WITHIN_S = 5.0  # the reaper polls every 0.25 s; the stand-in ends at SIGTE
 def test_a_server_ends_with_its_owner(sig):
     """A started server (two processes, in a session of its own) is gone a few seconds after its
     owner is killed by ``sig``."""
-    owner, group = start_owner("server")
-    try:
+    with owner_of("server") as (owner, group):
         assert len(live_members(group)) == 2, "the stand-in server should be two processes"
-        os.kill(owner.pid, sig)
-        owner.wait(timeout=GONE_WITHIN_S)
-        gone = wait_until(lambda: not live_members(group), GONE_WITHIN_S)
+        gone = ends_with_owner(owner, sig, lambda: not live_members(group), GONE_WITHIN_S)
         assert gone, f"the server outlived its owner's {sig.name}: pids {live_members(group)}"
-    finally:
-        owner.kill()
-        owner.wait()
-        kill_left(group)

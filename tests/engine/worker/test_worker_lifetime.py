@@ -4,13 +4,12 @@ not read until the load is done."""
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 
 import pytest
 
-from tests.owner_process import kill_left, lives, read_line, start_owner, wait_until
+from tests.owner_process import ends_with_owner, lives, owner_of, read_line
 
 GONE_WITHIN_S = 5.0
 LOAD_WITHIN_S = 120.0  # the engine process imports torch first
@@ -21,14 +20,7 @@ LOAD_WITHIN_S = 120.0  # the engine process imports torch first
 def test_the_engine_process_ends_with_the_page(sig):
     """An engine process in a long model load is gone a few seconds after its page's process is
     killed by ``sig``."""
-    owner, worker = start_owner("engine process")
-    try:
+    with owner_of("engine process") as (owner, worker):
         assert read_line(owner, LOAD_WITHIN_S) == "loading", "the engine process did not load"
-        os.kill(owner.pid, sig)
-        owner.wait(timeout=GONE_WITHIN_S)
-        gone = wait_until(lambda: not lives(worker), GONE_WITHIN_S)
+        gone = ends_with_owner(owner, sig, lambda: not lives(worker), GONE_WITHIN_S)
         assert gone, f"the engine process {worker} outlived the page's {sig.name}"
-    finally:
-        owner.kill()
-        owner.wait()
-        kill_left(worker)
