@@ -140,8 +140,8 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
     if model.servers is not None:
         model.servers.start()  # in the background: the page serves while vLLM starts
     # after the engine thread's OpenMP pool exists: the server's threads, made from this one
-    # from here on, yield the CPU to a run being measured
-    server_priority.lower_this_thread(nice)
+    # from here on, yield the CPU to a run being measured where they share its CPUs
+    server_priority.lower_this_thread(server_priority.page_steps(nice, split is not None))
     try:
         _launch(build_demo, model, args)
     finally:

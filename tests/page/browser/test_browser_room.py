@@ -2,7 +2,8 @@
 
 The first run measures the setup; the other five wait in the page's queue with their true place
 and the true total, and are shown that run, labelled, the moment it finishes. Every page changes
-in view at 1280 × 720 as soon as Run is pressed.
+in view at 1280 × 720 as soon as Run is pressed, on a host kept busy (``busy_host``) while the six
+press, as CI's is.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from browser_kit import (
     set_requests,
 )
 
+from tests.busy_host import busy_host
+
 pytestmark = PYTESTMARK
 
 ROOM = 6
@@ -31,22 +34,23 @@ WAITING = re.compile(r"Waiting for the model: place (\d+) of (\d+)")
 
 
 def test_six_sessions_on_one_setup_all_get_results_at_once(browser, server_url):
-    """Six sessions press Run on one setup within seconds: each sees the note under Run change
-    in view at once; the five waiting are told the run in progress as their place, 1 of 1 (runs
-    are counted, not sessions); all six get full results, the five shown the first run within
-    10 s of it, labelled as an identical setup."""
+    """Six sessions press Run on one setup within seconds, the host busy: each sees the note
+    under Run change in view at once; the five waiting are told the run in progress as their
+    place, 1 of 1 (runs are counted, not sessions); all six get full results, the five shown
+    the first run within 10 s of it, labelled as an identical setup."""
     pages = [open_session(browser, server_url, 1280, 720) for _ in range(ROOM)]
     for page in pages:
         set_requests(page, ROWS)
     notes = [page.locator("#run_note_markdown") for page in pages]
     pressed = []
-    for page, note in zip(pages, notes, strict=True):
-        pressed.append(time.monotonic())
-        page.locator("#run_button").click()
-        expect(note).to_contain_text(
-            re.compile("Run pressed|Running|Waiting"), timeout=NOTE_TARGET_MS
-        )
-        assert note.bounding_box()["y"] < 720, "the note under Run is below the fold"
+    with busy_host():  # a busy host's other work at the tests' own priority
+        for page, note in zip(pages, notes, strict=True):
+            pressed.append(time.monotonic())
+            page.locator("#run_button").click()
+            expect(note).to_contain_text(
+                re.compile("Run pressed|Running|Waiting"), timeout=NOTE_TARGET_MS
+            )
+            assert note.bounding_box()["y"] < 720, "the note under Run is below the fold"
     for note in notes[1:]:
         expect(note).to_contain_text(re.compile(r"place \d of \d"), timeout=10_000)
     places = [WAITING.search(note.inner_text()).groups() for note in notes[1:]]

@@ -1,5 +1,6 @@
 """The page's server threads yield the CPU to a run: made after the model loads, at a higher
-nice value than the engine thread, which keeps the one the process started with."""
+nice value than the engine thread, which keeps the one the process started with; with the CPUs
+split, the page keeps its nice value."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine.page.host import launch, server_priority
+from engine.page.run.cpu_split import CpuSplit
 from engine.worker.engine_thread import ENGINE_THREAD
 
 linux_only = pytest.mark.skipif(
@@ -85,3 +87,23 @@ def test_serve_lowers_the_server_after_the_engine_thread_exists(monkeypatch):
     assert server_nice == [min(19, base + 4)], (base, server_nice)
     assert ENGINE_THREAD.call(_nice) == engine_nice[0] == base, "the engine thread was lowered"
     assert process_nice == [base], f"the engine process was started at nice {process_nice}"
+
+
+@linux_only
+def test_serve_keeps_the_page_at_its_nice_value_on_cpus_of_its_own(monkeypatch):
+    """With the CPUs split (the engine process on CPUs the page does not use) ``serve`` leaves
+    the page's threads at the process's nice value: raised, they would yield only to the host's
+    other work."""
+    monkeypatch.setenv("CBP_SERVER_NICE", "4")
+    base, server_nice = _nice(), []
+    split = CpuSplit(engine=(1,), page=(0,))
+    page_model = SimpleNamespace(label="Model: fake", loaded=None, servers=None)
+    monkeypatch.setattr(launch, "configured_servers", lambda *_args: None)
+    monkeypatch.setattr(
+        launch, "_engine_process", lambda *_a: (SimpleNamespace(close=lambda: None), split)
+    )
+    monkeypatch.setattr(launch, "_connect", lambda *_args: page_model)
+    monkeypatch.setattr(launch, "_launch", lambda *a: server_nice.append(_in_thread(_nice)))
+    monkeypatch.setenv("CBP_ENGINE_PROCESS", "on")
+    _in_thread(lambda: launch.serve(lambda *a: None, []))
+    assert server_nice == [base], f"the page's threads ran at nice {server_nice}, not {base}"
