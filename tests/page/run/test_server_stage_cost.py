@@ -6,6 +6,7 @@ Expected values are worked by hand from the numbers in each test, not read from 
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
@@ -173,3 +174,19 @@ def test_a_running_runs_slow_steps_stretch_only_its_own_parts_of_the_wait():
     queue.progress(running, 41, done_s=clock.now_s + 8.2)
     clock.now_s += 8.2
     assert queue.place(behind).estimate_now_s == pytest.approx(63.8)
+
+
+def test_at_debug_an_estimate_and_a_finished_run_log_their_parts(caplog):
+    """The log says what an estimate was made of (each run's parts) and what a run took."""
+    clock = Clock()
+    queue = RunQueue(pace=_taught(), clock=clock, stale_s=1e9)
+    running, behind = queue.join("running", WITH_VLLM), queue.join("behind", WITH_VLLM)
+    assert queue.wait_turn(running, timeout_s=0)
+    with caplog.at_level(logging.DEBUG, logger="engine.page.run.run_queue"):
+        queue.place(behind)
+        clock.now_s += 1.0
+        queue.place(behind)  # the same estimate, counted down: not logged again
+        queue.finish(running, WALL_S, TIMED)
+    told, ended = [r.getMessage() for r in caplog.records]
+    assert "told 13 s" in told and "the running run ends at 13 s" in told, told
+    assert "ended in 13.0 s" in ended and "'server:vllm': 10.0" in ended, ended
