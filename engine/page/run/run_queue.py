@@ -20,7 +20,8 @@ from engine.serving.run_control import run_time_limit_s
 
 STALE_S = 60.0  # a waiting ticket whose handler polls, not asked about for this long, is dropped
 LENT_STALE_S = 600.0  # ... and one whose line Gradio holds (``RunQueue.lend``)
-# The running run's pace over the learned one, as applied to the wait of the runs behind it.
+# The running run's pace over the learned one, as applied to the wait of the runs behind it
+# (unless a server started beside it: ``Ticket.beside_start``).
 SLOWDOWN_RANGE = (0.5, 3.0)
 
 log = logging.getLogger(__name__)  # DEBUG: each finished run's parts, each estimate's terms
@@ -41,6 +42,7 @@ class RunQueue:
     shown_instead: Callable[[Hashable], bool] = lambda setup: False
     # seconds until the host's server of that name is ready (0: ready or failed; ``PageServers``)
     start_left_s: Callable[[str], float] = lambda name: 0.0
+    starting: Callable[[], bool] = lambda: False  # a server on the host is starting
     pace: Pace = field(default_factory=Pace)  # learned from the runs that finished here
     _waiting: list[Ticket] = field(default_factory=list)
     _running: Ticket | None = None
@@ -120,6 +122,7 @@ class RunQueue:
             if int(steps_done) > ticket.steps_done:
                 at_s = self.clock() if done_s is None else done_s
                 ticket.steps_done, ticket.steps_done_s = int(steps_done), at_s
+                ticket.beside_start = ticket.beside_start or self.starting()
                 if ticket.first_steps is None:
                     ticket.first_steps = (ticket.steps_done, ticket.steps_done_s)
 
@@ -183,6 +186,8 @@ class RunQueue:
             return None, identical
         computed = {} if running is None else dict(running.work.references)  # key -> cap
         slowdown = self._slowdown() if self.pace.known else 1.0  # else the pace is the progress
+        # a start's load on the engines' CPUs ends before the runs behind run (vLLM compiles)
+        behind = 1.0 if running is not None and running.beside_start else slowdown
         limit_s = run_time_limit_s()  # a run is stopped there, whatever its work
         ready_in_s = functools.cache(self.start_left_s)
         wait_s = 0.0
@@ -191,7 +196,8 @@ class RunQueue:
             cap_s = None if limit_s is None else max(0.0, limit_s - (now - running.started_s))
             wait_s = after_starts(running.work, pace, 0.0, left_s, ready_in_s, cap_s)
             if terms is not None:
-                terms.append(f"slowdown {slowdown:.2f}, the running run ends at {wait_s:.0f} s")
+                ends = f"slowdown {slowdown:.2f} ({behind:.2f} behind), the running run ends"
+                terms.append(f"{ends} at {wait_s:.0f} s")
         if identical and setup in setups:
             return wait_s, True
         for t in ahead:  # a setup already ahead is measured once; the rest are shown that run
@@ -199,7 +205,7 @@ class RunQueue:
             if not free:
                 missing = self._missing_now(t)
                 refs = {k: c for k, c in missing.items() if computed.get(k, -1) < c}
-                cost_s = pace.cost_s(t.work, refs, slowdown)
+                cost_s = pace.cost_s(t.work, refs, behind)
                 begin_s = wait_s
                 wait_s = after_starts(t.work, pace, wait_s, cost_s, ready_in_s, limit_s)
                 computed.update(refs)
