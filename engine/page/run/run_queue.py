@@ -132,9 +132,11 @@ class RunQueue:
         """Free the model and teach the pace; ``parts_s`` None: unknown."""
         with self._changed:
             if wall_s > 0:
-                if self._calibrated_only:  # a real run here outweighs the pace timed at start
-                    self.pace, self._calibrated_only = Pace(), False
-                self.pace.learn(ticket.work, wall_s, parts_s)
+                beside_start = ticket.beside_start  # then it teaches only the servers' stages
+                if self._calibrated_only and not beside_start:  # a run outweighs the start's
+                    ratios = self.pace.server_ratios  # kept here, not timed at start
+                    self.pace, self._calibrated_only = Pace(server_ratios=ratios), False
+                self.pace.learn(ticket.work, wall_s, parts_s, beside_start)
                 log.debug("run joined at %.1f ended in %.1f s: parts %s, units %s",
                           ticket.joined_s, wall_s, _rounded(parts_s or {}),
                           _rounded(ticket.work.units()))  # fmt: skip
