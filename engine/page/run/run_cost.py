@@ -7,7 +7,7 @@ included); each server's stage (its run's continuous steps, ``server_part``); th
 (``LEARNING_RATE``); an unseen part is priced at the engines' pace, and a server's stage at its
 ratio to it (``Pace.server_ratios``: learned with the stage, kept by ``server_timings``, else
 ``SERVER_STEP_RATIO``). Timings behind these units: docs/measurements.md, "Queue estimates" and
-"A server's stage before its first run here".
+"The room with the servers ticked on a fresh host".
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ LIMIT_MARGIN = 2.0  # a run whose cost is over this many times the run limit is 
 SERVER_PREFIX = "server:"  # a server's stage is the part SERVER_PREFIX + its name
 # A server's stage's seconds per continuous step over our engines' per step, before a stage of it
 # was timed here: a server's step is an HTTP round trip and its own scheduling, besides the model.
-SERVER_STEP_RATIO = 1.5
+SERVER_STEP_RATIO = 2.0
 
 
 def server_part(name: str) -> str:
