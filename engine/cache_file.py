@@ -1,7 +1,7 @@
 """A file kept on disk for what its content depends on (its key): named by the key's digest,
 written atomically (a temporary file renamed into place), and read back as nothing, with a
 warning, when it cannot be read, is corrupt or holds another key. The kernel choices
-(``engine.model.kernel_store``), the page's server starts (``engine.page.run.server_starts``) and
+(``engine.model.kernel_store``), the page's server starts (``engine.page.run.server_timings``) and
 the references (``engine.fidelity.reference_store``) are kept so.
 """
 

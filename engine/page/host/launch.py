@@ -129,6 +129,8 @@ def serve(build_demo: Callable[..., gr.Blocks], argv: list[str] | None = None) -
             model = shared_model.load_shared_model(args.model, args.device, args.dtype)
             print(f"{model.label} (loaded in {model.loaded.load_s:.1f} s)", flush=True)
         model.servers = configured_servers(args, model.loaded, split.engine if split else None)
+        if model.servers is not None:  # their stages as measured on this host before
+            model.queue.pace.server_ratios.update(model.servers.stage_ratios())
     except ValueError as exc:  # ModelLoadError included: one line a person can act on
         if process is not None:
             process.close()

@@ -21,12 +21,12 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.kernels import cpu_share
-from engine.page.run import server_starts
+from engine.page.run import server_timings
 from engine.peers.endpoints import (
     RECORDS_ENV,
     EndpointError,
@@ -90,7 +90,7 @@ class PageServers(ServerRegistry):
             for name, e in self.engines.items()
         }
         self._threads: dict[str, threading.Thread] = {}
-        self._expected_start_s: dict[str, float] = {}  # by name, read once (``server_starts``)
+        self._expected_start_s: dict[str, float] = {}  # by name, read once (``server_timings``)
 
     def status(self, name: str) -> ServerStatus:
         with self._lock:
@@ -103,22 +103,38 @@ class PageServers(ServerRegistry):
 
     def start_left_s(self, name: str) -> float:
         """Seconds until local server ``name`` is ready, as its starts here go
-        (``server_starts``); 0 once ready or failed, and for an endpoint elsewhere."""
+        (``server_timings``); 0 once ready or failed, and for an endpoint elsewhere."""
         if not self.is_local(name):
             return 0.0
         status = self.status(name)
         if status.state not in (CONFIGURED, STARTING):
             return 0.0
         started_s_ago = time.monotonic() - status.since_s if status.state == STARTING else 0.0
-        return server_starts.start_left_s(self.expected_start_s(name), started_s_ago)
+        return server_timings.start_left_s(self.expected_start_s(name), started_s_ago)
 
     def expected_start_s(self, name: str) -> float:
-        """Seconds a start of local server ``name`` takes here (``server_starts``)."""
+        """Seconds a start of local server ``name`` takes here (``server_timings``)."""
         with self._lock:
             if name not in self._expected_start_s:
-                key = server_starts.start_key(self.engines[name].server)
-                self._expected_start_s[name] = server_starts.expected_start_s(key)
+                key = server_timings.start_key(self.engines[name].server)
+                self._expected_start_s[name] = server_timings.expected_start_s(key)
             return self._expected_start_s[name]
+
+    def stage_ratios(self) -> dict[str, float]:
+        """Each local server's stage ratio kept on this host (``server_timings``), by name."""
+        keys = {name: key for name in self.engines if (key := self._key(name))}
+        ratios = {name: server_timings.kept_step_ratio(key) for name, key in keys.items()}
+        return {name: ratio for name, ratio in ratios.items() if ratio is not None}
+
+    def keep_stage_ratios(self, ratios: Mapping[str, float]) -> None:
+        """Keep the local servers' ``ratios`` for the next page here (``server_timings``)."""
+        for name, ratio in ratios.items():
+            if name in self.engines and (key := self._key(name)):
+                server_timings.keep_step_ratio(key, ratio)
+
+    def _key(self, name: str) -> dict | None:
+        """Local server ``name``'s key on this host (``server_timings.start_key``); None else."""
+        return server_timings.start_key(self.engines[name].server) if self.is_local(name) else None
 
     def start(self) -> PageServers:
         """Start the local servers and probe every endpoint, each in a background thread (an
@@ -227,7 +243,7 @@ class PageServers(ServerRegistry):
         if server.start_s:
             with self._lock:
                 self._expected_start_s[name] = server.start_s
-            server_starts.keep_start(server_starts.start_key(server), server.start_s)
+            server_timings.keep_start(server_timings.start_key(server), server.start_s)
 
     def _set(self, name: str, state: str, detail: str, keep_since: bool = False) -> None:
         with self._lock:

@@ -57,6 +57,8 @@ class Ticket:
     steps_done_s: float | None = None  # when those steps were reported (the queue's clock)
     # its first report of steps (count, when): its pace is timed from there (``progress_pace``)
     first_steps: tuple[int, float] | None = None
+    # a server started on the host while it stepped: its slowdown is the start's, not the host's
+    beside_start: bool = False
     # its references still to compute, as read after the queue's nth ended run
     # (``RunQueue._missing_now``)
     missing: tuple[int, Mapping[Hashable, int]] | None = field(default=None, repr=False)

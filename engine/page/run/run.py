@@ -194,7 +194,10 @@ class Run:
         wall_s = time.monotonic() - self._started_s
         parts_s = pace_parts(self._answer.comparison.traces())
         parts_s.update({server_part(n): s for n, s in self._answer.server_stages_s.items()})
-        self.request.model.queue.finish(self.ticket, wall_s, parts_s)
+        model = self.request.model
+        model.queue.finish(self.ticket, wall_s, parts_s)
+        if self._answer.server_stages_s and model.servers is not None:  # for the next page here
+            model.servers.keep_stage_ratios(model.queue.pace.server_ratios)
 
     def close(self) -> None:
         if self._job is not None:

@@ -4,8 +4,10 @@ Parts (units): each engine's steps; the engines' prefill (prompt positions, left
 included); each server's stage (its run's continuous steps, ``server_part``); the reference pass
 (``REFERENCE_STEPS`` per request, plus its prefill and output tokens at batch 1); the run itself
 (rendering and judging, seconds). ``Pace`` learns seconds per unit as moving averages
-(``LEARNING_RATE``); an unseen part is priced at the engines' pace. Timings behind these units:
-docs/measurements.md, "Queue estimates".
+(``LEARNING_RATE``); an unseen part is priced at the engines' pace, and a server's stage at its
+ratio to it (``Pace.server_ratios``: learned with the stage, kept by ``server_timings``, else
+``SERVER_STEP_RATIO``). Timings behind these units: docs/measurements.md, "Queue estimates" and
+"The room with the servers ticked on a fresh host".
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ REFERENCE_STEPS = 2.0  # setting up and judging one reference computed, in steps
 REFERENCE_TOKEN_STEPS = 1.0  # one reference output token (batch 1), in steps
 LIMIT_MARGIN = 2.0  # a run whose cost is over this many times the run limit is refused
 SERVER_PREFIX = "server:"  # a server's stage is the part SERVER_PREFIX + its name
+# A server's stage's seconds per continuous step over our engines' per step, before a stage of it
+# was timed here: a server's step is an HTTP round trip and its own scheduling, besides the model.
+SERVER_STEP_RATIO = 2.0
 
 
 def server_part(name: str) -> str:
@@ -96,13 +101,16 @@ class Pace:
     _seconds: dict[str, float] = field(default_factory=dict)
     _units: dict[str, float] = field(default_factory=dict)
     run_s: float = RUN_S  # rendering and judging a run: the prior, then a moving average
+    # per server name: its stage's seconds per step over our engines' per step (moving averages)
+    server_ratios: dict[str, float] = field(default_factory=dict)
 
     @property
     def known(self) -> bool:
         return bool(self._units)
 
     def s_per_unit(self, part: str | None = None) -> float | None:
-        """Seconds per unit of ``part``, else the engines' per step; None before any."""
+        """Seconds per unit of ``part``, else from the engines' per step (a server's stage: its
+        ratio times it); None before any."""
         if part in self._units and self._units[part] > 0:
             return self._seconds[part] / self._units[part]
         engines = [p for p in ENGINE_PARTS if p in self._units] or list(self._units)
@@ -110,6 +118,10 @@ class Pace:
         if units <= 0:
             return None
         s_per_step = sum(self._seconds[p] for p in engines) / units
+        if part is not None and part.startswith(SERVER_PREFIX):
+            return (
+                self.server_ratios.get(part[len(SERVER_PREFIX) :], SERVER_STEP_RATIO) * s_per_step
+            )
         return s_per_step / PREFILL_TOKENS_PER_STEP if part == PREFILL else s_per_step
 
     def engines_s(self, work: Work) -> float:
@@ -128,11 +140,22 @@ class Pace:
             return 0.0
         return max(work.server_steps() * self.s_per_unit(server_part(name)), work.min_wall_s)
 
-    def learn(self, work: Work, wall_s: float, parts_s: Mapping[str, float] | None) -> None:
+    def learn(
+        self,
+        work: Work,
+        wall_s: float,
+        parts_s: Mapping[str, float] | None,
+        beside_start: bool = False,
+    ) -> None:
         """Learn from a run of ``work`` that took ``wall_s``, ``parts_s`` per part (None:
-        unknown)."""
+        unknown). ``beside_start``: a server started while it ran, so only its servers' stages
+        are learned (its engines shared their CPUs with the start, and ``wall_s`` holds its wait).
+        """
         units = work.units()
-        if parts_s is None:
+        if beside_start:
+            stages = work.server_parts()
+            seconds = {p: s for p, s in (parts_s or {}).items() if p in stages}
+        elif parts_s is None:
             weights = dict(units, **{PREFILL: units[PREFILL] / PREFILL_TOKENS_PER_STEP})
             total = sum(weights.values())
             work_s = max(0.0, wall_s - self.run_s)
@@ -149,6 +172,19 @@ class Pace:
             if units.get(part, 0.0) > 0:
                 self._seconds[part] = _moved(self._seconds.get(part), part_s)
                 self._units[part] = _moved(self._units.get(part), units[part])
+        if parts_s is not None and not beside_start:
+            self._learn_server_ratios(work, parts_s)
+
+    def _learn_server_ratios(self, work: Work, parts_s: Mapping[str, float]) -> None:
+        """Each server's stage in ``parts_s``: its seconds per step over our engines' in it."""
+        engines_s = sum(parts_s.get(p, 0.0) for p in (*ENGINE_PARTS, PREFILL))
+        if engines_s <= 0 or work.engine_steps() <= 0:
+            return
+        s_per_step = engines_s / work.engine_steps()
+        for name in work.servers:
+            if (stage_s := parts_s.get(server_part(name))) is not None:
+                ratio = stage_s / work.server_steps() / s_per_step
+                self.server_ratios[name] = _moved(self.server_ratios.get(name), ratio)
 
     def cost_s(
         self,

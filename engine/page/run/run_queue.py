@@ -8,19 +8,23 @@ limit as a person sees them: docs/page.md and docs/hosting.md ("Runs take turns"
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
 from engine.page.run.queue_ticket import Place, Ticket, run_places
-from engine.page.run.run_cost import Pace, Work, over_limit
+from engine.page.run.run_cost import REFERENCE, Pace, Work, over_limit, server_part
 from engine.serving.run_control import run_time_limit_s
 
 STALE_S = 60.0  # a waiting ticket whose handler polls, not asked about for this long, is dropped
 LENT_STALE_S = 600.0  # ... and one whose line Gradio holds (``RunQueue.lend``)
-# The running run's pace over the learned one, as applied to the wait of the runs behind it.
+# The running run's pace over the learned one, as applied to the wait of the runs behind it
+# (unless a server started beside it: ``Ticket.beside_start``).
 SLOWDOWN_RANGE = (0.5, 3.0)
+
+log = logging.getLogger(__name__)  # DEBUG: each finished run's parts, each estimate's terms
 
 
 @dataclass
@@ -38,6 +42,7 @@ class RunQueue:
     shown_instead: Callable[[Hashable], bool] = lambda setup: False
     # seconds until the host's server of that name is ready (0: ready or failed; ``PageServers``)
     start_left_s: Callable[[str], float] = lambda name: 0.0
+    starting: Callable[[], bool] = lambda: False  # a server on the host is starting
     pace: Pace = field(default_factory=Pace)  # learned from the runs that finished here
     _waiting: list[Ticket] = field(default_factory=list)
     _running: Ticket | None = None
@@ -117,6 +122,7 @@ class RunQueue:
             if int(steps_done) > ticket.steps_done:
                 at_s = self.clock() if done_s is None else done_s
                 ticket.steps_done, ticket.steps_done_s = int(steps_done), at_s
+                ticket.beside_start = ticket.beside_start or self.starting()
                 if ticket.first_steps is None:
                     ticket.first_steps = (ticket.steps_done, ticket.steps_done_s)
 
@@ -126,9 +132,14 @@ class RunQueue:
         """Free the model and teach the pace; ``parts_s`` None: unknown."""
         with self._changed:
             if wall_s > 0:
-                if self._calibrated_only:  # a real run here outweighs the pace timed at start
-                    self.pace, self._calibrated_only = Pace(), False
-                self.pace.learn(ticket.work, wall_s, parts_s)
+                beside_start = ticket.beside_start  # then it teaches only the servers' stages
+                if self._calibrated_only and not beside_start:  # a run outweighs the start's
+                    ratios = self.pace.server_ratios  # kept here, not timed at start
+                    self.pace, self._calibrated_only = Pace(server_ratios=ratios), False
+                self.pace.learn(ticket.work, wall_s, parts_s, beside_start)
+                log.debug("run joined at %.1f ended in %.1f s: parts %s, units %s",
+                          ticket.joined_s, wall_s, _rounded(parts_s or {}),
+                          _rounded(ticket.work.units()))  # fmt: skip
         self.leave(ticket)
 
     def place(self, ticket: Ticket) -> Place:
@@ -142,12 +153,18 @@ class RunQueue:
             places, total = run_places([t.setup for t in self._tickets()])
             index = self._waiting.index(ticket)
             after_running = self._running is not None
-            estimate_s, identical = self._wait_estimate_s(self._waiting[:index], now, ticket.setup)
+            terms = [] if log.isEnabledFor(logging.DEBUG) else None
+            ahead = self._waiting[:index]
+            estimate_s, identical = self._wait_estimate_s(ahead, now, ticket.setup, terms)
+            told_s = ticket.told.tell(estimate_s, now)
+            if terms is not None and estimate_s is not None and ticket.told.at_s == now:  # afresh
+                log.debug("run joined at %.1f told %.0f s: %s", ticket.joined_s, told_s,
+                          "; ".join(terms))  # fmt: skip
             return Place(
                 places[index + after_running],
                 total,
                 now - ticket.joined_s,
-                ticket.told.tell(estimate_s, now),
+                told_s,
                 after_running=after_running,
                 identical_ahead=identical,
                 estimate_now_s=estimate_s,
@@ -158,10 +175,11 @@ class RunQueue:
             return len(self._tickets())
 
     def _wait_estimate_s(
-        self, ahead: list[Ticket], now: float, setup: Hashable | None = None
+        self, ahead: list[Ticket], now: float, setup: Hashable | None = None, terms=None
     ) -> tuple[float | None, bool]:
         """Seconds until a run behind ``ahead`` starts (None: no pace), and whether its setup is.
-        A server still starting adds what is left of its start, once (``after_starts``)."""
+        A server still starting adds what is left of its start, once (``after_starts``).
+        ``terms``: a list that gets a line per run counted, for the log."""
         running = self._running
         pace = self.pace if self.pace.known else running.progress_pace() if running else None
         setups = set() if running is None or running.setup is None else {running.setup}
@@ -170,6 +188,8 @@ class RunQueue:
             return None, identical
         computed = {} if running is None else dict(running.work.references)  # key -> cap
         slowdown = self._slowdown() if self.pace.known else 1.0  # else the pace is the progress
+        # a start's load on the engines' CPUs ends before the runs behind run (vLLM compiles)
+        behind = 1.0 if running is not None and running.beside_start else slowdown
         limit_s = run_time_limit_s()  # a run is stopped there, whatever its work
         ready_in_s = functools.cache(self.start_left_s)
         wait_s = 0.0
@@ -177,6 +197,9 @@ class RunQueue:
             left_s = running.left_s(pace, now, slowdown)
             cap_s = None if limit_s is None else max(0.0, limit_s - (now - running.started_s))
             wait_s = after_starts(running.work, pace, 0.0, left_s, ready_in_s, cap_s)
+            if terms is not None:
+                ends = f"slowdown {slowdown:.2f} ({behind:.2f} behind), the running run ends"
+                terms.append(f"{ends} at {wait_s:.0f} s")
         if identical and setup in setups:
             return wait_s, True
         for t in ahead:  # a setup already ahead is measured once; the rest are shown that run
@@ -184,9 +207,12 @@ class RunQueue:
             if not free:
                 missing = self._missing_now(t)
                 refs = {k: c for k, c in missing.items() if computed.get(k, -1) < c}
-                cost_s = pace.cost_s(t.work, refs, slowdown)
+                cost_s = pace.cost_s(t.work, refs, behind)
+                begin_s = wait_s
                 wait_s = after_starts(t.work, pace, wait_s, cost_s, ready_in_s, limit_s)
                 computed.update(refs)
+                if terms is not None:
+                    terms.append(_term(t, pace, refs, begin_s, wait_s))
             if identical and t.setup == setup:
                 return wait_s, True
             if t.setup is not None:
@@ -241,6 +267,22 @@ class RunQueue:
 
     def _tickets(self) -> list[Ticket]:
         return ([self._running] if self._running is not None else []) + self._waiting
+
+
+def _term(ticket: Ticket, pace: Pace, refs, begin_s: float, end_s: float) -> str:
+    """One run's line in an estimate's log: its span and its parts at ``pace``."""
+    work = ticket.work
+    parts = {
+        "engines": pace.engines_s(work),
+        "references": work.units(refs)[REFERENCE] * pace.s_per_unit(REFERENCE),
+        "run": pace.run_s,
+        **{server_part(n): pace.server_stage_s(work, n) for n in work.servers},
+    }
+    return f"run joined at {ticket.joined_s:.1f}: {begin_s:.0f}-{end_s:.0f} s {_rounded(parts)}"
+
+
+def _rounded(seconds: Mapping[str, float]) -> dict[str, float]:
+    return {name: round(s, 2) for name, s in seconds.items()}
 
 
 def after_starts(

@@ -56,6 +56,7 @@ class PageModel:
     def __post_init__(self) -> None:
         self.queue.shown_instead = lambda setup: self.recent.find(setup) is not None
         self.queue.start_left_s = self._start_left_s
+        self.queue.starting = lambda: self.servers is not None and self.servers.starting()
 
     def _start_left_s(self, name: str) -> float:
         """Seconds until the host's server ``name`` is ready (``PageServers.start_left_s``)."""

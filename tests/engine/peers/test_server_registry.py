@@ -77,7 +77,7 @@ class _HealthServer(ServerProcess):
         return [sys.executable, "-c", HEALTH_SERVER, str(self.port)]
 
 
-def test_any_engine_that_owns_a_server_starts_and_stops_it():
+def test_any_engine_that_owns_a_server_timings_and_stops_it():
     """``OpenAIEngine.start`` starts the server process the engine owns (again after it died,
     probing afresh) and ``close`` stops it, with no subclass restating either."""
     engine = OpenAIEngine(

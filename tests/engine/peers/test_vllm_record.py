@@ -74,7 +74,7 @@ def test_the_path_variable_is_the_same_on_both_sides():
     assert values["SCHEDULE_PATH_ENV"] == SCHEDULE_PATH_ENV
 
 
-def test_server_starts_vllm_with_the_recording_scheduler(tmp_path, monkeypatch):
+def test_server_timings_vllm_with_the_recording_scheduler(tmp_path, monkeypatch):
     """By default vLLM gets ``--scheduler-cls``, this repository first on its PYTHONPATH and a
     temporary record (removed at stop); a path set here is used as it is; with recording off,
     none of them. The default environment is the repository's ``.venv-vllm``."""

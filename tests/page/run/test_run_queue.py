@@ -285,6 +285,38 @@ def test_a_running_run_slower_than_the_pace_stretches_the_waits_behind_it():
     assert queue.place(last).estimate_s == pytest.approx(top * 0.1 * 50 + top * 5.0)
 
 
+def _estimate_behind_a_slow_run(starts: list[bool]) -> float:
+    """The wait of the second run behind a 100-step run at twice a 0.1 s pace, 42 steps in;
+    ``starts``: whether a server on the host was starting during its first 41 steps, then after.
+    """
+    clock, starting = Clock(), iter(starts)
+    state = {"starting": next(starting)}
+    pace = Pace.uniform(0.1, run_s=0.0)
+    queue = RunQueue(pace=pace, clock=clock, stale_s=1e9)
+    queue.starting = lambda: state["starting"]  # as the page's model sets it
+    running, last = queue.join("a", 100), (queue.join("b", 50), queue.join("c", 1))[1]
+    assert queue.wait_turn(running, timeout_s=0)
+    clock.now_s += 0.2
+    queue.progress(running, 1)
+    clock.now_s += 8.0
+    queue.progress(running, 41)  # 0.2 s a step: twice the pace
+    state["starting"] = next(starting)
+    clock.now_s += 0.2
+    queue.progress(running, 42)
+    return queue.place(last).estimate_s
+
+
+def test_a_run_slowed_beside_a_servers_start_stretches_only_its_own_wait():
+    """A running run at twice the pace while a server starts on the host (vLLM compiling on the
+    engines' CPUs) has what is left of it stretched, 58 steps at 0.2 s, but not the 50 steps of
+    the run behind: they run after the start, at the pace. The start ending during the run
+    changes nothing; without a start, both are stretched (the load now is the best guess of the
+    load then)."""
+    beside_start_s = _estimate_behind_a_slow_run([True, False])
+    assert beside_start_s == pytest.approx(58 * 0.2 + 50 * 0.1), "the start's slowdown spread"
+    assert _estimate_behind_a_slow_run([False, False]) == pytest.approx(58 * 0.2 + 50 * 0.2)
+
+
 def test_the_time_before_a_runs_first_step_is_not_its_pace():
     """A run that takes 5 s to start (its job handed over, its first prefill) and then steps at
     the learned pace stretches no wait: the slowdown is timed from its first report of steps."""

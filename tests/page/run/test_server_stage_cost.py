@@ -6,16 +6,21 @@ Expected values are worked by hand from the numbers in each test, not read from 
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
 from tiny_model import make_requests
 
 from engine.config import EngineConfig
+from engine.llamacpp.engines import LlamaCppEngine
+from engine.page.run import server_timings
+from engine.page.run.host_servers import PageServers
 from engine.page.run.run import StageClock
-from engine.page.run.run_cost import Pace, Work, run_work
+from engine.page.run.run_cost import RUN_S, SERVER_STEP_RATIO, Pace, Work, run_work
 from engine.page.run.run_options import RunOptions
 from engine.page.run.run_queue import RunQueue
+from tests.live_servers import needs_llamacpp
 
 # A run of 20 continuous steps with vLLM after our engines. On this made-up host a step of ours
 # takes 0.1 s (2 s), vLLM's stage 10 s (0.5 s a step) and rendering 1 s: 13 s in all.
@@ -41,21 +46,79 @@ def _taught() -> Pace:
     return pace
 
 
-def test_a_server_not_run_here_yet_is_priced_at_our_engines_pace():
-    """Before a server's first run here its stage costs its continuous steps at our engines'
-    pace: 2 s of ours + 2 s of vLLM + 1 s rendering = 5 s."""
-    assert Pace.uniform(0.1, run_s=1.0).cost_s(WITH_VLLM) == 5.0
+def test_a_server_not_run_here_yet_is_priced_at_its_prior_ratio_to_our_engines_pace():
+    """Before a server's first run here its stage costs its continuous steps at
+    ``SERVER_STEP_RATIO`` times our engines' pace: 2 s of ours + ratio * 2 s of vLLM + 1 s
+    rendering."""
+    expected_s = 2.0 + SERVER_STEP_RATIO * 2.0 + 1.0
+    assert Pace.uniform(0.1, run_s=1.0).cost_s(WITH_VLLM) == pytest.approx(expected_s)
+    assert SERVER_STEP_RATIO > 1.0, "a server's step priced no dearer than ours"
+
+
+def test_a_servers_ratio_learned_from_its_runs_prices_it_on_a_pace_of_its_own():
+    """One run with vLLM at 0.5 s a step beside ours at 0.1 s (ratio 5): a page restarted with
+    that ratio kept, on a host now twice as slow (ours 0.2 s a step), prices vLLM's 20 steps at
+    5 * 0.2 * 20 = 20 s; llama.cpp, never run, stays at its prior ratio."""
+    ratios = _taught().server_ratios
+    assert ratios == {"vllm": pytest.approx(5.0)}, ratios
+    restarted = Pace.uniform(0.2, run_s=1.0)
+    restarted.server_ratios.update(ratios)
+    assert restarted.server_stage_s(WITH_VLLM, "vllm") == pytest.approx(20.0)
+    expected_s = SERVER_STEP_RATIO * 0.2 * 20
+    assert restarted.server_stage_s(WITH_VLLM, "llamacpp") == pytest.approx(expected_s)
+
+
+def test_a_pace_timed_at_start_gives_way_to_a_run_but_keeps_the_servers_ratios():
+    """The first finished run replaces the pace timed at start, but not the servers' ratios kept
+    from before this page: a run without servers has nothing to say about them."""
+    queue = RunQueue(clock=Clock(), stale_s=1e9)
+    queue.calibrate(Work(continuous_steps=20), {"continuous": 2.0})
+    queue.pace.server_ratios["vllm"] = 3.0  # as the page reads it from the cache folder
+    ticket = queue.join("a", Work(continuous_steps=10))
+    assert queue.wait_turn(ticket, timeout_s=0)
+    queue.finish(ticket, 3.0, {"continuous": 2.0})
+    assert queue.pace.s_per_unit("continuous") == pytest.approx(0.2), "the run was not learned"
+    assert queue.pace.server_ratios == {"vllm": 3.0}, queue.pace.server_ratios
+
+
+def test_a_servers_ratio_is_kept_in_the_cache_folder_for_its_key(tmp_path, monkeypatch):
+    """A ratio kept in a real cache folder reads back for its key only; another key's file or a
+    corrupt one reads as none (the prior)."""
+    monkeypatch.setenv("CBP_CACHE_DIR", str(tmp_path))
+    key = {"format": 1, "cpu": "a made-up CPU", "server": "vllm", "mode": "compiled"}
+    assert server_timings.kept_step_ratio(key) is None
+    assert server_timings.keep_step_ratio(key, 1.7)
+    path = server_timings.stage_path(key)
+    assert path.parent == tmp_path / server_timings.STAGE_FOLDER and path.is_file(), path
+    assert server_timings.kept_step_ratio(key) == pytest.approx(1.7)
+    assert server_timings.kept_step_ratio({**key, "mode": "eager"}) is None, "another key's ratio"
+    path.write_text("{half a file", encoding="utf-8")
+    assert server_timings.kept_step_ratio(key) is None, "a corrupt file was used"
+
+
+@needs_llamacpp
+def test_the_pages_servers_keep_their_ratios_for_the_next_page(
+    embedded_model, tmp_path, monkeypatch
+):
+    """llama.cpp's Q4 server's ratio, kept by the page's servers, is what the servers of a page
+    started after it read; a name that is no local server is not kept."""
+    engines = [LlamaCppEngine(embedded_model, 1, name="llamacpp_q4") for _ in range(2)]
+    monkeypatch.setenv("CBP_CACHE_DIR", str(tmp_path))  # after the engines found their GGUF
+    PageServers({"llamacpp_q4": engines[0]}).keep_stage_ratios({"llamacpp_q4": 2.5, "x": 9.0})
+    assert PageServers({"llamacpp_q4": engines[1]}).stage_ratios() == {"llamacpp_q4": 2.5}
+    assert len(list((tmp_path / server_timings.STAGE_FOLDER).glob("*.json"))) == 1
 
 
 def test_a_servers_stage_is_priced_from_its_own_runs():
     """After one run with vLLM (13 s: 2 s ours, 10 s vLLM, 1 s the rest), a run with vLLM costs
     2 + 10 + 1 = 13 s; one without it 2 + 1 = 3 s (vLLM's time was not taught to the run's own
-    seconds); one with llama.cpp too adds its 20 steps at our pace, 2 s: 15 s."""
+    seconds); one with llama.cpp too adds its 20 steps at its prior ratio to our pace."""
     pace = _taught()
     assert pace.run_s == 1.0, f"a server's stage leaked into the run's own seconds: {pace.run_s}"
     assert pace.cost_s(WITH_VLLM) == 13.0
     assert pace.cost_s(Work(continuous_steps=20)) == 3.0
-    assert pace.cost_s(Work(continuous_steps=20, servers=("vllm", "llamacpp"))) == 15.0
+    both = Work(continuous_steps=20, servers=("vllm", "llamacpp"))
+    assert pace.cost_s(both) == pytest.approx(13.0 + SERVER_STEP_RATIO * 2.0)
     assert pace.engines_s(WITH_VLLM) == 2.0, "the servers' stages counted as our engines' steps"
 
 
@@ -173,3 +236,47 @@ def test_a_running_runs_slow_steps_stretch_only_its_own_parts_of_the_wait():
     queue.progress(running, 41, done_s=clock.now_s + 8.2)
     clock.now_s += 8.2
     assert queue.place(behind).estimate_now_s == pytest.approx(63.8)
+
+
+def test_at_debug_an_estimate_and_a_finished_run_log_their_parts(caplog):
+    """The log says what an estimate was made of (each run's parts) and what a run took."""
+    clock = Clock()
+    queue = RunQueue(pace=_taught(), clock=clock, stale_s=1e9)
+    running, behind = queue.join("running", WITH_VLLM), queue.join("behind", WITH_VLLM)
+    assert queue.wait_turn(running, timeout_s=0)
+    with caplog.at_level(logging.DEBUG, logger="engine.page.run.run_queue"):
+        queue.place(behind)
+        clock.now_s += 1.0
+        queue.place(behind)  # the same estimate, counted down: not logged again
+        queue.finish(running, WALL_S, TIMED)
+    told, ended = [r.getMessage() for r in caplog.records]
+    assert "told 13 s" in told and "the running run ends at 13 s" in told, told
+    assert "ended in 13.0 s" in ended and "'server:vllm': 10.0" in ended, ended
+
+
+def test_a_run_beside_a_servers_start_teaches_only_its_servers_stages():
+    """A first run whose engines stepped while vLLM started (at three times the pace timed at
+    start, 0.3 s a step) and which waited 100 s for that start (130 s in all) teaches vLLM's
+    10 s stage, but neither its engines' pace nor the start's wait as the run's own seconds,
+    nor a ratio to engines that were slowed; the next run, beside no start, teaches them."""
+    state = {"starting": True}
+    queue = RunQueue(clock=Clock(), stale_s=1e9)
+    queue.starting = lambda: state["starting"]
+    queue.calibrate(Work(continuous_steps=20), {"continuous": 2.0})  # 0.1 s a step
+    run_s = queue.pace.run_s
+    first = queue.join("first", WITH_VLLM)
+    assert queue.wait_turn(first, timeout_s=0)
+    queue.progress(first, 20)
+    queue.finish(first, 130.0, {"continuous": 6.0, "server:vllm": 10.0})
+    pace = queue.pace
+    assert pace.s_per_unit("continuous") == pytest.approx(0.1), "the slowed engines were learned"
+    assert pace.run_s == pytest.approx(run_s), f"the start's wait leaked into the run: {pace.run_s}"
+    assert pace.s_per_unit("server:vllm") == pytest.approx(0.5) and not pace.server_ratios
+    state["starting"] = False
+    second = queue.join("second", WITH_VLLM)
+    assert queue.wait_turn(second, timeout_s=0)
+    queue.progress(second, 20)
+    queue.finish(second, 13.0, TIMED)
+    assert queue.pace.s_per_unit("continuous") == pytest.approx(0.1)
+    assert queue.pace.run_s == pytest.approx((RUN_S + 1.0) / 2), "halfway from the prior"
+    assert queue.pace.server_ratios == {"vllm": pytest.approx(5.0)}, queue.pace.server_ratios

@@ -1,15 +1,18 @@
-"""How long a local server takes to start on this host: the last start measured here, kept in the
-cache folder across page restarts, else a prior for its kind; and what is left of a start under
-way, which the queue's estimate adds for a run ahead that will wait for it (``RunQueue``).
+"""How long a local server takes on this host, kept in the cache folder across page restarts:
+its start (the last one measured here, else a prior for its kind), with what is left of a start
+under way, which the queue's estimate adds for a run ahead that will wait for it (``RunQueue``);
+and its stage's seconds per continuous step over our engines' in the same runs (a ratio holds
+when the host is busier or quieter than when it was kept; ``run_cost.Pace.server_ratios``).
 
-One JSON file per key, as ``engine.model.kernel_store`` keeps its choices::
+One JSON file per key and kind, as ``engine.model.kernel_store`` keeps its choices::
 
     <cache dir>/server-start/<SHA-256 of the key, 24 hex>.json   {"key": {...}, "start_s": 152.3}
+    <cache dir>/server-stage/<SHA-256 of the key, 24 hex>.json   {"key": {...}, "step_ratio": 1.6}
 
 The key (``start_key``) is what a start's length depends on: the CPU, the server and its mode
 (vLLM compiled or eager, llama.cpp's weights), the model, its dtype and the threads. A file is
 written to a temporary file and renamed into place; one that cannot be read or written costs
-only the prior.
+only the prior (``run_cost.SERVER_STEP_RATIO`` for a stage).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from engine.peers.vllm_server import VllmServer
 
 FORMAT = 1  # bump when the key or the file's layout changes
 FOLDER = "server-start"
+STAGE_FOLDER = "server-stage"
 # Starts before one was measured here, by (server, mode), as measured on a 2-core EPYC
 # (docs/measurements.md, "Notes moved out of the code's docstrings"): vLLM compiled 90 to 124 s
 # on a quiet host (166 to 210 s on a busy one), eager about 42 s; llama-server 1 to 2 s (its F32
@@ -104,3 +108,27 @@ def keep_start(key: dict[str, Any], start_s: float) -> bool:
     """Keep ``start_s`` for ``key`` atomically; False (and a warning) if it could not be."""
     doc = {"key": key, "start_s": float(start_s)}
     return cache_file.keep_keyed(start_path(key), doc, "server start", log)
+
+
+def stage_path(key: dict[str, Any]) -> Path:
+    return cache_file.key_path(loader.cache_dir() / STAGE_FOLDER, key)
+
+
+def kept_step_ratio(key: dict[str, Any]) -> float | None:
+    """The stage's ratio kept for ``key``; None: none, or a file that is unreadable, holds another
+    key or no positive ratio (a warning says which)."""
+
+    def parse(doc: dict) -> float:
+        ratio = float(doc["step_ratio"])
+        if not ratio > 0:
+            raise ValueError(f"step_ratio {ratio}")
+        return ratio
+
+    path = stage_path(key)
+    return cache_file.read_keyed(path, key, parse, "server stage", "using the prior", log)
+
+
+def keep_step_ratio(key: dict[str, Any], ratio: float) -> bool:
+    """Keep the stage's ``ratio`` for ``key`` atomically; False (and a warning) if not kept."""
+    doc = {"key": key, "step_ratio": float(ratio)}
+    return cache_file.keep_keyed(stage_path(key), doc, "server stage", log)

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from engine.llamacpp.engines import LlamaCppEngine
-from engine.page.run import server_starts
+from engine.page.run import server_timings
 from engine.page.run.host_servers import PageServers, Unbuilt
 from engine.page.run.run_cost import Pace, Work
 from engine.page.run.run_queue import RunQueue
@@ -22,7 +22,7 @@ from tests.live_servers import needs_llamacpp
 WITH_VLLM = Work(continuous_steps=20, servers=("vllm",))
 OURS_ONLY = Work(continuous_steps=20)
 VLLM_KEY = {
-    "format": server_starts.FORMAT,
+    "format": server_timings.FORMAT,
     "cpu": "a made-up CPU",
     "machine": "x86_64",
     "server": "vllm",
@@ -94,8 +94,8 @@ def test_a_server_that_failed_to_start_adds_nothing():
 def test_what_is_left_of_a_start_never_falls_under_a_tenth_of_it():
     """A start expected to take 150 s has 100 s left 50 s in; 200 s in, it still runs and is
     told 15 s (a tenth of 150 s), not 0 s."""
-    assert server_starts.start_left_s(150.0, 50.0) == pytest.approx(100.0)
-    assert server_starts.start_left_s(150.0, 200.0) == pytest.approx(15.0)
+    assert server_timings.start_left_s(150.0, 50.0) == pytest.approx(100.0)
+    assert server_timings.start_left_s(150.0, 200.0) == pytest.approx(15.0)
 
 
 def test_a_start_kept_in_the_cache_folder_is_read_back_after_a_restart(tmp_path, monkeypatch):
@@ -103,18 +103,18 @@ def test_a_start_kept_in_the_cache_folder_is_read_back_after_a_restart(tmp_path,
     in a real cache folder is what a later reading (a restarted page) expects, for its key only
     (eager keeps its prior); a file that holds another key, or is not JSON, gives the prior."""
     monkeypatch.setenv("CBP_CACHE_DIR", str(tmp_path))
-    prior_s = server_starts.PRIOR_START_S[("vllm", "compiled")]
-    assert server_starts.expected_start_s(VLLM_KEY) == prior_s
-    assert server_starts.keep_start(VLLM_KEY, 152.3)
-    path = server_starts.start_path(VLLM_KEY)
-    assert path.parent == tmp_path / server_starts.FOLDER and path.is_file(), path
-    assert server_starts.expected_start_s(VLLM_KEY) == pytest.approx(152.3), "not read back"
+    prior_s = server_timings.PRIOR_START_S[("vllm", "compiled")]
+    assert server_timings.expected_start_s(VLLM_KEY) == prior_s
+    assert server_timings.keep_start(VLLM_KEY, 152.3)
+    path = server_timings.start_path(VLLM_KEY)
+    assert path.parent == tmp_path / server_timings.FOLDER and path.is_file(), path
+    assert server_timings.expected_start_s(VLLM_KEY) == pytest.approx(152.3), "not read back"
     eager = {**VLLM_KEY, "mode": "eager"}
-    assert server_starts.expected_start_s(eager) == server_starts.PRIOR_START_S[("vllm", "eager")]
+    assert server_timings.expected_start_s(eager) == server_timings.PRIOR_START_S[("vllm", "eager")]
     path.write_text(json.dumps({"key": eager, "start_s": 9.0}), encoding="utf-8")
-    assert server_starts.expected_start_s(VLLM_KEY) == prior_s, "another key's start was used"
+    assert server_timings.expected_start_s(VLLM_KEY) == prior_s, "another key's start was used"
     path.write_text("{half a file", encoding="utf-8")
-    assert server_starts.expected_start_s(VLLM_KEY) == prior_s, "a corrupt file was used"
+    assert server_timings.expected_start_s(VLLM_KEY) == prior_s, "a corrupt file was used"
 
 
 @needs_llamacpp
@@ -133,7 +133,7 @@ def test_the_page_keeps_a_servers_measured_start_for_the_next_page(
         assert first.start_left_s("llamacpp_q4") == 0.0, "a ready server has start left"
     finally:
         first.close()
-    assert list((tmp_path / server_starts.FOLDER).glob("*.json")), "no start kept"
+    assert list((tmp_path / server_timings.FOLDER).glob("*.json")), "no start kept"
     again = PageServers({"llamacpp_q4": engines[1]})
     assert again.expected_start_s("llamacpp_q4") == pytest.approx(measured_s)
     assert again.start_left_s("llamacpp_q4") == pytest.approx(measured_s)
