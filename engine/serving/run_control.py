@@ -59,6 +59,12 @@ class RunControl:
     def time_left_s(self) -> float | None:
         return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
 
+    def start_clock(self) -> None:
+        """The run begins now: its whole ``time_limit_s`` is left (a wait in a queue before it
+        never counts)."""
+        if self.time_limit_s is not None:
+            self._deadline = time.monotonic() + self.time_limit_s
+
     def stop(self) -> None:
         self._stop.set()
 

@@ -15,6 +15,7 @@ import re
 import pytest
 
 from tools import room_load
+from tools.room import session as room_session
 
 pytestmark = pytest.mark.real_model
 WAITING = "**Waiting for the model:**"  # a waiting session's status line starts so
@@ -148,3 +149,17 @@ def test_a_session_ticks_its_servers_in_its_run(server_url):
     )  # fmt: skip
     assert session.done_s is not None and session.static_s is None, session.statuses
     assert "no servers configured" in session.error, session.error
+
+
+def test_a_stopped_run_is_the_sessions_error_not_the_run_shown_beside_it():
+    """Nobody presses Stop in a room: a final status that says the run stopped is the session's
+    error, and the times of the earlier run the page shows beside it are not taken as its own."""
+    shown = "static 28.88 s · continuous 15.77 s · speedup 1.83×"
+    stopped = room_session.Session(0, "seed", custom=True)
+    stopped.statuses.append(f"**Stopped:** the run took longer than the limit. {shown}")
+    room_session.take_times(stopped)
+    assert stopped.error.startswith("stopped: ") and stopped.static_s is None, stopped
+    finished = room_session.Session(1, "seed", custom=False)
+    finished.statuses.append(f"2 requests · 2 slots · {shown}")
+    room_session.take_times(finished)
+    assert finished.error is None and finished.static_s == 28.88, finished

@@ -229,11 +229,14 @@ def run_session_live(url: str, session: Session, names: dict[str, str]) -> None:
 
 def take_times(session: Session) -> None:
     """The engines' times from a finished session's last status line (an error if none, or if
-    its Run was refused: the page then shows the run before it, whose times are not this one's)."""
+    its Run was refused or stopped: the page then shows the run before it, whose times are not
+    this one's)."""
     last = session.statuses[-1]
     found = STATUS_TIMES.search(last)
     if last.replace("**", "").startswith("Not run"):
         session.error = f"refused: {last.replace('**', '')[:160]!r}"
+    elif last.replace("**", "").startswith("Stopped"):  # nobody pressed Stop in a room
+        session.error = f"stopped: {last.replace('**', '')[:160]!r}"
     elif found is None:
         session.error = f"no engine times in the final status: {session.statuses[-1][:120]!r}"
     else:

@@ -236,6 +236,7 @@ class Run:
         request.model.lock.acquire()
         self._owns_lock = True
         self._started_s = time.monotonic()
+        self.control.start_clock()  # the run limit counts from its turn, not from its press
         self._stages = [self._server_stages, self._judge_job]
         job = ComparisonJob(
             request.requests,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import math
 import re
+import threading
 import time
 import weakref
 
@@ -221,6 +222,21 @@ def test_time_limit_stops_the_run_and_puts_the_previous_results_back(shared, mon
     assert [r[1] for r in rows] == ["earlier run"], f"previous outputs not restored: {rows}"
     assert shared.lock.acquire(timeout=5), "the timed-out run still holds the model"
     shared.lock.release()
+
+
+def test_a_wait_in_the_queue_longer_than_the_limit_does_not_count_against_the_run(
+    shared, monkeypatch
+):
+    """The run limit counts from a run's turn on the model: a run that waited in line longer
+    than the limit (a busy room) still runs in full, instead of being stopped as it begins."""
+    monkeypatch.setenv("CBP_RUN_TIME_LIMIT_S", "2")
+    ahead = shared.queue.join("someone ahead", run_cost.Work.of_steps(10))
+    assert shared.queue.wait_turn(ahead, 0.0), "the model was not free for the run ahead"
+    threading.Timer(3.0, shared.queue.finish, (ahead, 3.0)).start()  # 3 s in line: over 2 s
+    began_s = time.monotonic()
+    final = list(playground.run_event([["waited in line", 3]], *KNOBS))[-1]
+    assert time.monotonic() - began_s > 3.0, "the run did not wait for the run ahead"
+    assert "✓ all match" in final[STATUS_INDEX], final[STATUS_INDEX]
 
 
 def test_engine_value_error_mid_run_is_told_like_bad_input(shared, monkeypatch):
