@@ -232,12 +232,12 @@ def take_times(session: Session) -> None:
     its Run was refused or stopped: the page then shows the run before it, whose times are not
     this one's)."""
     last = session.statuses[-1]
-    found = STATUS_TIMES.search(last)
-    if last.replace("**", "").startswith("Not run"):
-        session.error = f"refused: {last.replace('**', '')[:160]!r}"
-    elif last.replace("**", "").startswith("Stopped"):  # nobody pressed Stop in a room
-        session.error = f"stopped: {last.replace('**', '')[:160]!r}"
+    plain, found = last.replace("**", ""), STATUS_TIMES.search(last)
+    if plain.startswith("Not run"):
+        session.error = f"refused: {plain[:160]!r}"
+    elif plain.startswith("Stopped"):  # nobody pressed Stop in a room
+        session.error = f"stopped: {plain[:160]!r}"
     elif found is None:
-        session.error = f"no engine times in the final status: {session.statuses[-1][:120]!r}"
+        session.error = f"no engine times in the final status: {last[:120]!r}"
     else:
         session.static_s, session.continuous_s = float(found[1]), float(found[2])

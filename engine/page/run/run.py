@@ -196,8 +196,10 @@ class Run:
         parts_s.update({server_part(n): s for n, s in self._answer.server_stages_s.items()})
         model = self.request.model
         model.queue.finish(self.ticket, wall_s, parts_s)
-        if self._answer.server_stages_s and model.servers is not None:  # for the next page here
-            model.servers.keep_stage_ratios(model.queue.pace.server_ratios)
+        ratios = model.queue.pace.server_ratios  # this run's servers', for the next page here
+        ran = {name: ratios[name] for name in self._answer.server_stages_s if name in ratios}
+        if ran and model.servers is not None:
+            model.servers.keep_stage_ratios(ran)
 
     def close(self) -> None:
         if self._job is not None:

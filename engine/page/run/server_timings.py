@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,13 +95,7 @@ def start_path(key: dict[str, Any]) -> Path:
 def read_start_s(path: Path, key: dict[str, Any]) -> float | None:
     """The start kept in ``path`` for ``key``; None: no file, or one that is unreadable, holds
     another key or no positive seconds (a warning says which)."""
-
-    def parse(doc: dict) -> float:
-        start_s = float(doc["start_s"])
-        if not start_s > 0:
-            raise ValueError(f"start_s {start_s}")
-        return start_s
-
+    parse = _positive("start_s")
     return cache_file.read_keyed(path, key, parse, "server start", "using the prior", log)
 
 
@@ -117,18 +112,25 @@ def stage_path(key: dict[str, Any]) -> Path:
 def kept_step_ratio(key: dict[str, Any]) -> float | None:
     """The stage's ratio kept for ``key``; None: none, or a file that is unreadable, holds another
     key or no positive ratio (a warning says which)."""
-
-    def parse(doc: dict) -> float:
-        ratio = float(doc["step_ratio"])
-        if not ratio > 0:
-            raise ValueError(f"step_ratio {ratio}")
-        return ratio
-
-    path = stage_path(key)
-    return cache_file.read_keyed(path, key, parse, "server stage", "using the prior", log)
+    parse = _positive("step_ratio")
+    return cache_file.read_keyed(
+        stage_path(key), key, parse, "server stage", "using the prior", log
+    )
 
 
 def keep_step_ratio(key: dict[str, Any], ratio: float) -> bool:
     """Keep the stage's ``ratio`` for ``key`` atomically; False (and a warning) if not kept."""
     doc = {"key": key, "step_ratio": float(ratio)}
     return cache_file.keep_keyed(stage_path(key), doc, "server stage", log)
+
+
+def _positive(field: str) -> Callable[[dict], float]:
+    """A kept file's parser: its ``field`` as a number over 0 (ValueError else)."""
+
+    def parse(doc: dict) -> float:
+        value = float(doc[field])
+        if not value > 0:
+            raise ValueError(f"{field} {value}")
+        return value
+
+    return parse
