@@ -129,6 +129,26 @@ class RunState:
         return max(len(self.static.steps), len(self.continuous.steps), inside)
 
 
+class RunStateHolder(gr.State):
+    """The page's ``run_state``: a ``gr.State`` whose config leaves out its first value unread.
+
+    Gradio's ``Block.get_config`` turns a dataclass value into a dict (``dataclasses.asdict``)
+    each time a session sets the state, for ``State.get_config`` to drop it: 53 ms of the
+    server's event loop for the recorded first run, three times a Run.
+    """
+
+    is_template = True  # a State to Gradio's frontend and API clients (``get_block_name``)
+
+    def get_config(self) -> dict[str, Any]:
+        return gr.components.Component.get_config(self, cls=_StateSettings)
+
+
+class _StateSettings:
+    """``gr.State``'s settings that its config carries: all but ``value`` (read: its signature)."""
+
+    def __init__(self, render=True, *, time_to_live=None, delete_callback=None): ...
+
+
 @dataclass
 class StepViews:
     """The step-dependent figures (plotly or None), each of the output ``<field>_plot``."""
@@ -206,14 +226,16 @@ def render(
 ) -> RunResult:
     """Everything the page shows for a finished run, at its default step; files if ``downloads``."""
     step_index = default_step(state.continuous)
+    views = step_views(state, step_index, x_axis)
+    files = write_downloads(state, views if x_axis == "time" else None) if downloads else None
     return RunResult(
         state=state,
         step_index=step_index,
-        views=step_views(state, step_index, x_axis),
+        views=views,
         metrics=tables.metrics_rows(state.traces(), run_status.reference_ok(state)),
         outputs=tables.outputs_rows(state.traces(), state.reference, state.verdicts),
         status=status or run_status.status_line(state),
-        downloads=write_downloads(state) if downloads else None,
+        downloads=files,
         latency_cdf=serving_metrics.latency_cdf_figure(list(state.traces().values())),
         step_usage=serving_metrics.step_usage_figure(state.continuous),
         server_timeline=server_lanes.server_timeline_figure(state.servers, _x_max(state, "time")),
@@ -223,11 +245,14 @@ def render(
     )
 
 
-def write_downloads(state: RunState) -> list[str]:
-    """The run's exports in a fresh folder: requests.csv, traces.json, Perfetto, charts.html."""
+def write_downloads(state: RunState, views: StepViews | None = None) -> list[str]:
+    """The run's exports in a fresh folder: requests.csv, traces.json, Perfetto, charts.html.
+
+    ``views``: the run's step views at its default step on the time axis, if already drawn.
+    """
     folder = export.download_folder("cbp-run-")
     paths = export.write_files(folder, state.traces())
-    views = step_views(state, default_step(state.continuous), "time")
+    views = views or step_views(state, default_step(state.continuous), "time")
     charts = dict(zip(CHART_HEADINGS, views.as_tuple()[:4], strict=True))
     found = inside_view.own_record(state.inside_runs())
     if found is not None:  # and a scheduler's own steps, at that step

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -356,3 +357,29 @@ def test_colours_repeat_only_with_a_visible_mark():
     names = [a.text for a in mask_heatmaps.mask_heatmap(trace, step).layout.annotations]
     assert "<b>R0</b>" in names and "<b>R7</b>" in names, f"mask marks: {names}"
     assert "<b>R1</b>" not in names, "a request with a colour of its own is marked"
+
+
+def test_charts_sent_to_the_page_carry_the_shared_template(static):
+    """The look's template is applied as a chart is serialised: the JSON the page gets carries
+    plotly_white, for a drawn chart and a message chart alike."""
+    import plotly.io as pio
+    from plotly.utils import PlotlyJSONEncoder
+
+    white = pio.templates["plotly_white"].to_plotly_json()
+    expected = json.loads(json.dumps(white, cls=PlotlyJSONEncoder))
+    for fig in (timelines.timeline_figure(static), style.message_figure("Latency", "Later.")):
+        assert json.loads(fig.to_json())["layout"]["template"] == expected, fig.layout.title.text
+
+
+def test_a_message_chart_shows_its_text_whole_without_axes():
+    """A message chart: its text escaped, in phone-wide lines that all fit, no axes, the title
+    at the top left."""
+    text = "The <b>servers</b> lanes are drawn when the run ends. " * 3
+    fig = style.message_figure("Servers", text)
+    lines = fig.layout.annotations[0].text.split("<br>")
+    shown = [html.unescape(line) for line in lines]
+    assert len(lines) >= 3 and all(len(line) <= style.MESSAGE_LINE_CHARS for line in shown)
+    assert "&lt;b&gt;servers&lt;/b&gt;" in lines[0] + lines[1], lines
+    assert fig.layout.xaxis.visible is False and fig.layout.yaxis.visible is False
+    assert fig.layout.height >= 120 + style.TITLE_LINE_PX * len(lines)
+    assert (fig.layout.title.text, fig.layout.title.x) == ("Servers", 0)
