@@ -271,14 +271,14 @@ def left_queue_event(handle: RunHandle | None, previous: RunState | None, x_axis
 
 def _refused_outputs(previous: RunState | None, exc: ValueError) -> tuple:
     gr.Warning(toast_text(exc), title="Not run")
-    previous_status = None if previous is None else run_status.status_line(previous)
-    return progress_view.refused_outputs(str(exc), previous_status)
+    shown = None if previous is None else run_status.shown_instead(previous)
+    return progress_view.refused_outputs(str(exc), shown)
 
 
 def _left_queue_outputs(previous: RunState | None) -> tuple:
     """A run stopped before it started: only the status line and note are sent (no redraw)."""
-    previous_status = None if previous is None else run_status.status_line(previous)
-    return progress_view.queued_outputs(STOPPED_IN_QUEUE, previous_status)
+    shown = None if previous is None else run_status.shown_instead(previous)
+    return progress_view.queued_outputs(STOPPED_IN_QUEUE, shown)
 
 
 def _stopped_outputs(previous: RunState | None, message: str, x_axis: str) -> tuple:

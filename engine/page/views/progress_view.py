@@ -17,6 +17,7 @@ from engine.page.figures.style import counted, message_figure
 from engine.page.run.run_queue import Place
 from engine.page.views import tables
 from engine.page.views.markup import one_line, plain_markdown
+from engine.page.views.run_status import shown_instead
 from engine.page.views.run_view import RUN_OUTPUTS, outputs_table, run_outputs, timeline
 from engine.sequence import Request
 from engine.trace import Trace, new_request_records
@@ -129,17 +130,18 @@ def _coarse(seconds: float) -> str:
     return f"{round(seconds, -1):.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
-def queued_outputs(message: str, previous_status: str | None = None) -> tuple:
-    """The outputs for a run queued or stopped before it started: ``message`` in the status line."""
+def queued_outputs(message: str, shown: str | None = None) -> tuple:
+    """The outputs for a run queued or stopped before it started: ``message`` in the status line,
+    then ``shown`` (``run_status.shown_instead``)."""
     return run_outputs(
-        status_markdown=_with_previous(message, previous_status),
+        status_markdown=_with_previous(message, shown),
         run_note_markdown=message,
         live_button=gr.Button(visible=False),
     )
 
 
-def _with_previous(message: str, previous_status: str | None) -> str:
-    return message + (f" Showing the previous run: {previous_status}" if previous_status else "")
+def _with_previous(message: str, shown: str | None) -> str:
+    return message + (f" {shown}" if shown else "")
 
 
 def with_run_note(outputs: tuple, note: str, live_button: bool = False) -> tuple:
@@ -285,19 +287,17 @@ def stopped_outputs(previous_result, message: str) -> tuple:
             run_note_markdown=message,
             live_button=gr.Button(visible=False),
         )
-    previous_result.status = _with_previous(message, previous_result.status)
+    previous_result.status = _with_previous(message, shown_instead(previous_result.state))
     shown = dict(zip(RUN_OUTPUTS, previous_result.as_outputs(), strict=True))
     del shown["run_state"], shown["downloads_file"]  # both stay as they are
     shown |= {"run_note_markdown": message, "live_button": gr.Button(visible=False)}
     return run_outputs(**shown)
 
 
-def refused_outputs(reason: str, previous_status: str | None) -> tuple:
+def refused_outputs(reason: str, shown: str | None) -> tuple:
     """The outputs for a run refused before it started: "Not run" and ``reason``; the rest as is."""
     note = f"**Not run:** {plain_markdown(reason)}"
-    return run_outputs(
-        status_markdown=_with_previous(note, previous_status), run_note_markdown=note
-    )
+    return run_outputs(status_markdown=_with_previous(note, shown), run_note_markdown=note)
 
 
 def _trace_so_far(

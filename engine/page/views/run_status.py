@@ -40,6 +40,13 @@ def status_line(state) -> str:
     return f"{head}{line}  \n{tail}{NOISE_NOTE}"
 
 
+def shown_instead(state) -> str:
+    """``state``'s status line, shown after a press that gave no run: a fresh session's first
+    view (the recorded run) or the session's previous run."""
+    what = "the previous run" if state.recorded is None else "the recorded run"
+    return f"Showing {what}: {status_line(state)}"
+
+
 def _our_warnings(state) -> list[str]:
     ours = [t for t in (state.static, state.continuous, state.hf_continuous) if t is not None]
     return [f"⚠ {plain_markdown(one_line(w))}" for t in ours for w in t.warnings]

@@ -12,7 +12,7 @@ import gradio as gr
 import pytest
 from page_runs import run_and_render
 
-from engine.page.handlers import playground
+from engine.page.handlers import playground, recording
 from engine.page.run import shared_model
 from engine.page.run.run_options import RunOptions
 from engine.page.views import run_status, run_view
@@ -114,6 +114,17 @@ def test_bad_input_says_why_in_the_status_line_and_keeps_the_earlier_results(
     assert plain_markdown(message) in status, f"{message!r} not in {status!r}"
     earlier = f" Showing the previous run: {run_status.status_line(previous)}"
     assert status.endswith(earlier), f"the previous run's status is not kept: {status!r}"
+
+
+def test_a_fresh_sessions_refusal_names_the_recorded_run_it_shows():
+    """A fresh session keeps the recorded run (the first view): a refusal there says it shows
+    the recorded run, not a previous run of that person's."""
+    opening = recording.opening_result()
+    if opening is None:
+        pytest.skip("no recording ships")
+    status = _refused(*_run_args(block="100000", previous=opening.state))
+    shown = f" Showing the recorded run: {run_status.status_line(opening.state)}"
+    assert status.endswith(shown), f"the recorded run is not named: {status!r}"
 
 
 def test_every_bad_cell_of_every_bad_row_is_named_in_one_refusal():
