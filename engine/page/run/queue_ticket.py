@@ -59,18 +59,31 @@ class Ticket:
     first_steps: tuple[int, float] | None = None
     # a server started on the host while it stepped: its slowdown is the start's, not the host's
     beside_start: bool = False
+    # when each server's stage began streaming, by name (``RunQueue.server_began``)
+    servers_began_s: dict[str, float] = field(default_factory=dict)
     # its references still to compute, as read after the queue's nth ended run
     # (``RunQueue._missing_now``)
     missing: tuple[int, Mapping[Hashable, int]] | None = field(default=None, repr=False)
     told: ToldWait = field(default_factory=ToldWait, repr=False)  # the wait it was told last
 
     def left_s(self, pace: Pace, now: float, slowdown: float = 1.0) -> float:
-        """What is left of its running run: cost less time so far, at least its steps left."""
+        """What is left of its running run: cost less time so far, at least its steps left and,
+        once a server's stage began, the stages left (a wait for a start counts as time so far)."""
         left_s = pace.cost_s(self.work, slowdown=slowdown) - (now - self.started_s)
         if self.steps_done:
             left = pace.engine_s_left(self.work, self.steps_done)
             left_s = max(left_s, slowdown * left)
+        begun = [i for i, name in enumerate(self.work.servers) if name in self.servers_began_s]
+        if begun:
+            left_s = max(left_s, self._stages_left_s(pace, now, begun[-1]))
         return max(0.0, left_s)
+
+    def _stages_left_s(self, pace: Pace, now: float, last: int) -> float:
+        """The rest of server stage ``last`` (begun), and the stages after it in full."""
+        names = list(self.work.servers)
+        stages_s = [pace.server_stage_s(self.work, name) for name in names]
+        begun_s = self.servers_began_s[names[last]]
+        return max(0.0, stages_s[last] - (now - begun_s)) + sum(stages_s[last + 1 :])
 
     def progress_pace(self) -> Pace | None:
         """Its run's pace between its first and last step reports (None before

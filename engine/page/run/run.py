@@ -321,13 +321,17 @@ class Run:
         return self._answer.comparison.batch_invariant
 
     def _take(self, entry: EngineProgress) -> None:
-        """Keep ``entry`` as its engine's progress and tell the queue the steps done, and when."""
+        """Keep ``entry`` as its engine's progress and tell the queue the steps done, and when (and
+        when a server's stage began streaming)."""
         kept = self._progress.get(entry.name)
         if entry.trace is None and kept is not None:
             entry = dataclasses.replace(entry, trace=kept.trace)
         self._progress[entry.name] = entry
         steps = sum(p.num_steps for n, p in self._progress.items() if n in QUEUED_ENGINES)
-        self.request.model.queue.progress(self.ticket, steps, entry.sent_s)
+        queue = self.request.model.queue
+        queue.progress(self.ticket, steps, entry.sent_s)
+        if entry.trace is not None and entry.trace.info.get("server"):  # a server streams
+            queue.server_began(self.ticket, entry.name, entry.sent_s)
 
     def _running(self, shown: RunAnswer | None = None) -> Running:
         elapsed_s = time.monotonic() - self._started_s

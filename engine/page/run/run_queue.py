@@ -126,6 +126,12 @@ class RunQueue:
                 if ticket.first_steps is None:
                     ticket.first_steps = (ticket.steps_done, ticket.steps_done_s)
 
+    def server_began(self, ticket: Ticket, name: str, at_s: float | None = None) -> None:
+        """The running ``ticket``'s stage on server ``name`` began streaming at ``at_s`` (None:
+        now); the first report counts."""
+        with self._changed:
+            ticket.servers_began_s.setdefault(name, self.clock() if at_s is None else at_s)
+
     def finish(
         self, ticket: Ticket, wall_s: float, parts_s: dict[str, float] | None = None
     ) -> None:

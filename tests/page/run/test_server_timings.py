@@ -84,6 +84,24 @@ def test_a_start_that_two_runs_ahead_wait_for_counts_once():
     assert queue.place(third).estimate_now_s == pytest.approx(110.0)
 
 
+def test_a_running_run_in_its_server_stage_after_a_start_is_told_the_stage_left():
+    """The running run did its 20 steps, then waited 100 s for vLLM's start: 4 s into vLLM's
+    10 s stage, the run behind is told 6 s (not 0 s: the running run's time so far, 104 s, is
+    past its 13 s cost); 8 s into it, 2 s."""
+    ready_in_s = {"vllm": 100.0}
+    queue = _queue(ready_in_s)
+    running, behind = queue.join("running", WITH_VLLM), queue.join("behind", WITH_VLLM)
+    assert queue.wait_turn(running, timeout_s=0)
+    queue.progress(running, 20)
+    queue.clock.now_s += 100.0
+    ready_in_s["vllm"] = 0.0
+    queue.server_began(running, "vllm")
+    queue.clock.now_s += 4.0
+    assert queue.place(behind).estimate_now_s == pytest.approx(6.0), "the stage left is lost"
+    queue.clock.now_s += 4.0
+    assert queue.place(behind).estimate_now_s == pytest.approx(2.0)
+
+
 def test_a_server_that_failed_to_start_adds_nothing():
     """A local server whose build is missing is failed from the start: nothing is left of its
     start, and a server the host does not have adds nothing either."""
