@@ -85,6 +85,10 @@ def page(browser, server_url):
         print("browser console errors:", *page.console_errors, sep="\n  ")
     context.close()
     assert not page.page_errors, f"uncaught errors in the page: {page.page_errors}"
+    # plotly.js says "<path> attribute d: Expected number, "MNaN,NaN..."" for a shape or line
+    # whose coordinates are not numbers
+    nan_drawn = [e for e in page.console_errors if "attribute" in e and "NaN" in e]
+    assert not nan_drawn, f"a chart was drawn from coordinates that are not numbers: {nan_drawn}"
 
 
 # --- page helpers --------------------------------------------------------------------------------
