@@ -287,7 +287,8 @@ def stopped_outputs(previous_result, message: str) -> tuple:
             run_note_markdown=message,
             live_button=gr.Button(visible=False),
         )
-    previous_result.status = _with_previous(message, shown_instead(previous_result.state))
+    line = shown_instead(previous_result.state, previous_result.status)
+    previous_result.status = _with_previous(message, line)
     shown = dict(zip(RUN_OUTPUTS, previous_result.as_outputs(), strict=True))
     del shown["run_state"], shown["downloads_file"]  # both stay as they are
     shown |= {"run_note_markdown": message, "live_button": gr.Button(visible=False)}

@@ -40,11 +40,11 @@ def status_line(state) -> str:
     return f"{head}{line}  \n{tail}{NOISE_NOTE}"
 
 
-def shown_instead(state) -> str:
-    """``state``'s status line, shown after a press that gave no run: a fresh session's first
-    view (the recorded run) or the session's previous run."""
+def shown_instead(state, line: str | None = None) -> str:
+    """``state``'s status line (``line`` if already made), shown after a press that gave no run:
+    a fresh session's first view (the recorded run) or the session's previous run."""
     what = "the previous run" if state.recorded is None else "the recorded run"
-    return f"Showing {what}: {status_line(state)}"
+    return f"Showing {what}: {status_line(state) if line is None else line}"
 
 
 def _our_warnings(state) -> list[str]:

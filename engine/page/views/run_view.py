@@ -134,7 +134,7 @@ class RunStateHolder(gr.State):
 
     Gradio's ``Block.get_config`` turns a dataclass value into a dict (``dataclasses.asdict``)
     each time a session sets the state, for ``State.get_config`` to drop it: 53 ms of the
-    server's event loop for the recorded first run, three times a Run.
+    server's event loop for the recorded first run.
     """
 
     is_template = True  # a State to Gradio's frontend and API clients (``get_block_name``)
@@ -252,7 +252,8 @@ def write_downloads(state: RunState, views: StepViews | None = None) -> list[str
     """
     folder = export.download_folder("cbp-run-")
     paths = export.write_files(folder, state.traces())
-    views = views or step_views(state, default_step(state.continuous), "time")
+    if views is None:
+        views = step_views(state, default_step(state.continuous), "time")
     charts = dict(zip(CHART_HEADINGS, views.as_tuple()[:4], strict=True))
     found = inside_view.own_record(state.inside_runs())
     if found is not None:  # and a scheduler's own steps, at that step
