@@ -18,7 +18,6 @@ from engine.page.panels.results_panel import results_panel  # noqa: E402
 from engine.page.panels.settings_panel import HOST_PRECISION, settings_panel  # noqa: E402
 from engine.page.run.run_handle import RunHandle  # noqa: E402
 from engine.page.views import divergence_view as differences  # noqa: E402
-from engine.page.views.run_view import RunStateHolder  # noqa: E402
 
 HIDDEN = {"api_visibility": "undocumented"}
 QUIET = {"show_progress": "hidden", **HIDDEN}
@@ -41,7 +40,7 @@ def build_demo(model_label: str, server_names=(), precision=HOST_PRECISION) -> g
                 settings = settings_panel(chat_template, server_names, precision)
         results = results_panel(shown, server_names, recording.opening_status(precision.model))
         downloads = page_panels.downloads_panel()
-        run_state = RunStateHolder(shown.state if shown is not None else None)
+        run_state = page_panels.run_state(shown.state if shown is not None else None)
         handle_state = gr.State(RunHandle(gradio_queue=zerogpu.on_zerogpu()))  # per session: Stop
         demo.unload(playground.session_end_event(handle_state.value))  # a tab closed or reloaded
         link_step_state = gr.State()  # a link's step=N, applied after the first run

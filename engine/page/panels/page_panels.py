@@ -15,7 +15,7 @@ from engine.page.panels.requests_table import RequestsTable
 from engine.page.panels.results_panel import ResultsPanel, by_elem_id
 from engine.page.panels.settings_panel import SettingsPanel
 from engine.page.run.run_options import RUN_INPUTS
-from engine.page.views.run_view import RUN_OUTPUTS
+from engine.page.views.run_view import RUN_OUTPUTS, RunState, RunStateHolder
 from engine.workloads.workload import TABLE_COLUMNS
 
 TITLE = "Continuous Batching Playground"
@@ -105,6 +105,11 @@ def downloads_panel() -> gr.File:
         interactive=False,
         elem_id="downloads_file",
     )
+
+
+def run_state(shown: RunState | None) -> RunStateHolder:
+    """The run a session keeps between events: ``shown`` (the recorded run) until it runs one."""
+    return RunStateHolder(shown)
 
 
 def run_outputs(
