@@ -1,38 +1,7 @@
 """Fused decoder layers: the continuous engine's forward pass without transformers' module tree.
 
-A decode step of a small model multiplies each layer's weights by a few rows, so its floor is the
-time to read the weights once; through transformers' modules each layer also runs about 60 small
-torch ops and a dozen Python module calls, which on a small CPU cost as much again.
-``FusedDecoder`` runs the same computation on the same weights with fewer ops per layer:
-
-* **one matmul for q, k and v, one for gate and up**: the weights stacked once (``[Wq; Wk; Wv]``,
-  ``[Wg; Wu]``) and bound to the engines' kernel plan (``engine.kernels.kernel_plan``); outputs
-  split by views. No packed copy is kept twice: the stacked gemv kernel runs on the modules'
-  gemv copies, which lie end to end in step order, and oneDNN's rows run the modules' own
-  copies one by one (``_stacked``);
-* **the residual add inside the matmul** (``BoundLinear.add``, oneDNN's ``add`` post-op);
-* **RMSNorm as one op** (``torch.rms_norm``; in bfloat16 where the C++ kernels build,
-  ``torch.ops.cbp_layer.rms_norm``), **SiLU-and-mul as one op in bfloat16**
-  (``torch.ops.cbp_layer.silu_mul``), **rotary as four** (``_rotary``), on q and k together;
-* attention and the KV cache are ``engine.kernels.packed_attention``'s, with the decode mask made
-  additive once per step; a decode-only step splits its attention by slot length
-  (``engine.kernels.decode_attention``), and with an in-place cache and the C++ kernels runs each
-  layer's rotary, KV write and attention as one call (``decode_attention.decode_step``);
-* **the whole layer stack in one call** on such a step where the gemv kernel serves its row count
-  (``LayerStack``: ``torch.ops.cbp_step.decoder_layers``), the same kernels in the same order
-  called from C++, without Python and the dispatcher between some 1,700 small ops.
-
-What a layer computes is read from the model's config and modules (``engine.kernels.layer_spec``):
-biases, QK-norm, norms before, around or after each block, the MLP's activation, partial or no
-RoPE, residual and embedding multipliers, soft-capping and each layer's sliding window. The C++
-paths serve the layers they compute: ``decode_step`` any layer, its window, partial RoPE and
-score soft-capping in the kernel; ``LayerStack`` every layer of a model whose activations it
-computes and whose projections are the gemv kernel's (``LayerStack.refusal`` says why not).
-In float32 each gives the same bits as transformers' modules
-(``tests/engine/kernels/test_fused_layers.py``), and every family's outputs equal ``generate``
-(``tests/engine/batching/test_families.py``). Only the engines use it
-(``ModelRunner.forward_packed``), on CPU; for a model ``layer_spec`` cannot read
-(``unsupported_reason``), or with ``CBP_FUSED_LAYERS=off``, the runner calls the model itself.
+Stacked projections, the residual add inside the matmul, one-op norms and the whole layer stack
+in one C++ call. Design and limits: docs/engines.md#kernels.
 """
 
 from __future__ import annotations
@@ -74,12 +43,11 @@ class FusedLayer:
 
     @property
     def attn(self) -> nn.Module:
-        """The layer's attention module: its layer_idx and scaling."""
         return self.spec.attn
 
     @property
     def linears(self) -> tuple[PlannedLinear, ...]:
-        """Its four matmuls in the order a step runs them: qkv, o, gate_up, down."""
+        """In step order: qkv, o, gate_up, down."""
         return self.qkv, self.o, self.gate_up, self.down
 
 
@@ -93,18 +61,12 @@ def unsupported_reason(model: nn.Module) -> str | None:
 
 
 class FusedDecoder:
-    """The decoder stack of a model over a packed batch; see the module docstring.
-
-    ``shared``: the engines' own ``PlannedLinear`` per module on the same ``kernel``
-    (``kernel_plan.ModuleKernels.planned``); a layer's o and down run them rather than packing
-    their weights a second time (float32 SmolLM2-135M: 145 MB per packed kernel), and the
-    stacked qkv and gate_up gemv kernels run on their copies of q, k, v, gate and up
-    (``_stacked``).
+    """The decoder stack over a packed batch; ``shared``: the engines' own ``PlannedLinear`` per
+    module, whose packed copies o, down and the stacks reuse.
 
     Raises:
         ValueError: the model is not supported (``layer_spec.Unsupported``).
-        RuntimeError: oneDNN cannot pack a stacked weight (``kernel`` ``"onednn"`` or
-            ``"onednn_f32"``).
+        RuntimeError: oneDNN cannot pack a stacked weight.
     """
 
     def __init__(self, model: nn.Module, kernel: str | RowPlan, shared: Mapping | None = None):
@@ -126,31 +88,27 @@ class FusedDecoder:
 
     @property
     def rope_widths(self) -> dict:
-        """The rotated dims of each rotary type its layers use (``head_dim``: full RoPE)."""
+        """Rotated dims per rotary type (``head_dim``: full RoPE)."""
         x = self.spec.embed.weight[:1].detach()  # (1, d)
         ropes = self._ropes(x, torch.zeros(1, 1, dtype=torch.long, device=x.device))
         return {kind: cos.shape[-1] for kind, (cos, _) in ropes.items()}
 
     @property
     def layers_step(self) -> str:
-        """Where a decode step's layers run, for the bench JSON: ``"C++"`` (one call,
-        ``LayerStack``) or ``"Python: <why>"`` (the fused loop)."""
+        """For the bench JSON: ``"C++"`` (``LayerStack``) or ``"Python: <why>"``."""
         return "C++" if self.stack is not None else f"Python: {self.stack_refusal}"
 
     @property
     def planned(self) -> list[PlannedLinear]:
-        """Each layer's matmuls (qkv, o, gate_up, down), shared ones included."""
         return [f for la in self.layers for f in la.linears]
 
     @property
     def extra_bytes(self) -> int:
-        """Memory of the weight copies these layers alone hold (not the shared ones'), in
-        bytes."""
+        """Bytes of the weight copies only these layers hold."""
         return sum(f.extra_bytes for f in self.own_planned)
 
     @property
     def own_planned(self) -> list[PlannedLinear]:
-        """``planned`` less the shared ones (``shared_ids``: those counted elsewhere)."""
         return [f for f in self.planned if id(f) not in self.shared_ids]
 
     def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
@@ -176,8 +134,7 @@ class FusedDecoder:
         return self._norm(last, self.spec.final_norm)[None]  # (1, S, d)
 
     def logits(self, head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        """The output embedding's logits, then the model's own logit arithmetic (Granite's
-        divisor, Gemma's final soft-capping). Shapes: hidden [1, S, d] -> [1, S, V]."""
+        """Logits with Granite's divisor, Gemma's soft-cap. Shapes: [1, S, d] -> [1, S, V]."""
         logits = head(hidden)
         if self.spec.logits_divisor != 1.0:
             logits = logits / self.spec.logits_divisor
@@ -187,10 +144,8 @@ class FusedDecoder:
         return logits
 
     def _ropes(self, x: torch.Tensor, position_ids: torch.Tensor) -> dict:
-        """Per rotary layer type (None: the model's one), (cos, signed_sin) [T, 1, R], R the
-        rotated dims (``_rotary``'s folded sine), in the dtype the model's rotary module gives
-        (x's, or float32: OLMo 2's); ``NOPE`` for layers without RoPE: 1 and 0 [T, 1, D], which
-        ``decode_step``'s rotary leaves x's values through unchanged."""
+        """Per rotary type (None: the model's one), (cos, signed_sin) [T, 1, R] in the rotary
+        module's dtype; ``NOPE``: 1 and 0 [T, 1, D], which leave x unchanged."""
         ropes = {}
         if any(not la.spec.rope for la in self.layers):
             ones = x.new_ones(x.shape[0], 1, self.head_dim)
@@ -222,7 +177,7 @@ class FusedDecoder:
         return self._residual(layer.down, act, x, spec.post_mlp, spec.residual_multiplier)
 
     def _residual(self, linear: PlannedLinear, y, x, post: Norm | None, multiplier: float):
-        """``x + post(linear(y)) * multiplier``; plain ``x + linear(y)`` inside the matmul."""
+        """``x + post(linear(y)) * multiplier``, inside the matmul when plain."""
         if post is None and multiplier == 1.0:
             return linear.add(y, x)
         y = linear(y)
@@ -231,8 +186,7 @@ class FusedDecoder:
         return x + (y if multiplier == 1.0 else y * multiplier)
 
     def _attention(self, layer: FusedLayer, qkv, rope, batch: PackedBatch, split):
-        """The layer's attention on its ``qkv`` [T, (H + 2 H_kv) D] -> [T, H D]: the whole of it
-        in ``decode_step`` where that computes this layer, else rotary here and ``attend``."""
+        """Shapes: qkv [T, (H + 2 H_kv) D] -> [T, H D]; ``decode_step`` on a whole step."""
         spec, attn = layer.spec, layer.attn
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         windowed = batch.windowed(spec.window)
@@ -256,7 +210,6 @@ class FusedDecoder:
         return out.reshape(num_tokens, heads * head_dim).contiguous()
 
     def _qk_norm(self, qkv: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
-        """q and k of ``qkv`` through the layer's QK-norms: per head, or over all heads."""
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
         if spec.qk_norm_per_head:
@@ -267,8 +220,7 @@ class FusedDecoder:
         return torch.cat((q, k, v), -1)
 
     def _norm(self, x: torch.Tensor, norm: Norm) -> torch.Tensor:
-        """An RMSNorm as the model computes it (``layer_spec.Norm``): in float32, or cast back
-        before scaling (Llama's), or scaled in float32 and cast after (Gemma's, OLMo 2's)."""
+        """RMSNorm cast back before scaling (Llama) or after (``upcast``: Gemma, OLMo 2)."""
         width = (x.shape[-1],)
         if x.dtype == torch.float32:
             return torch.rms_norm(x, width, norm.weight, norm.eps)
@@ -281,9 +233,8 @@ class FusedDecoder:
 
 @dataclasses.dataclass
 class LayerStack:
-    """The decoder layers' weights and parts as ``torch.ops.cbp_step.decoder_layers`` takes them,
-    for a decode step in one call. ``refusal`` says why a model's layers cannot run there, ``of``
-    builds it where they can; ``takes(x)`` says whether the plan gives gemv ``x``'s row count.
+    """The layers' weights as ``torch.ops.cbp_step.decoder_layers`` takes them, for a decode step
+    in one call.
 
     Shapes:
         norms: 6 L weights or None (``NORMS``' order);  biases: L, qkv's [N] or None;
@@ -303,11 +254,7 @@ class LayerStack:
 
     @staticmethod
     def refusal(layers: list[FusedLayer], rope_widths: dict, attention: str | None) -> str | None:
-        """Why the op cannot run ``layers``' decode steps (not built, heads its attention does
-        not take, a part it does not compute, a projection not the gemv kernel's), or None where
-        it can; ``rope_widths``: the rotated dims per rotary type (``FusedDecoder.rope_widths``),
-        an even number (``decode_step``'s rotary); ``attention``:
-        ``FusedDecoder.attention_refusal``."""
+        """Why the op cannot run ``layers``' decode steps, or None where it can."""
         if not gemv_build.available():
             return f"the C++ step is not built: {gemv_build.unavailable_reason()}"
         if attention is not None:
@@ -328,8 +275,6 @@ class LayerStack:
 
     @classmethod
     def of(cls, layers: list[FusedLayer], refusal: str | None, layer_ops: bool):
-        """The stack for ``layers``, or None where there is a ``refusal``; ``layer_ops``:
-        ``FusedDecoder.layer_ops``, whose choices of bfloat16 ops the step repeats."""
         if refusal is not None:
             return None
         linears = [f for la in layers for f in la.linears]
@@ -351,8 +296,7 @@ class LayerStack:
     num_calls: int = 0  # decode steps it ran
 
     def takes(self, x: torch.Tensor) -> bool:
-        """Whether every projection runs the gemv kernel on ``x`` [T, d] (its row count, in
-        float32 or bfloat16: the op's norms are those of ``FusedDecoder._norm`` in these two)."""
+        """Whether every projection runs gemv on ``x`` [T, d] (float32 or bfloat16 only)."""
         if x.dtype not in (torch.float32, torch.bfloat16):
             return False
         rows = x.shape[0]
@@ -362,8 +306,7 @@ class LayerStack:
         return self.taken[rows]
 
     def __call__(self, x, ropes: dict, batch: PackedBatch, num_heads: int) -> torch.Tensor:
-        """Every layer on a decode step whose split is ``whole_step``; ``ropes``:
-        ``FusedDecoder._ropes``' tables.
+        """Every layer on a ``whole_step`` decode step.
 
         Shapes:
             x: [T, d];  ropes: key -> (cos, signed_sin) [T, 1, R], R <= D  ->  returns [T, d]
@@ -394,21 +337,15 @@ NOPE = False  # the ``_ropes`` key of a layer without RoPE: cos 1 and sin 0, x u
 
 
 def rope_key(spec: LayerSpec):
-    """The layer's key into ``FusedDecoder._ropes``: its rotary type, or ``NOPE``."""
     return spec.rope_type if spec.rope else NOPE
 
 
 def _norms(spec: LayerSpec) -> tuple[Norm | None, ...]:
-    """The layer's six norms in the op's order: pre_attn, post_attn, pre_mlp, post_mlp, q, k."""
     return spec.pre_attn, spec.post_attn, spec.pre_mlp, spec.post_mlp, spec.q_norm, spec.k_norm
 
 
 def _layer_args(spec: LayerSpec, layer_ops: bool) -> tuple[list[int], list[float]]:
-    """The op's ``flags`` (norm bits: 1 << n for an upcast norm n, 64 for cbp_layer's norm;
-    QK-norm per head; activation 0 SiLU, 1 GELU-tanh, 2 cbp_layer's SiLU-and-mul; window, 0
-    for none) and ``numbers`` (the six norms' eps, the attention scale, the residual
-    multiplier, the score soft cap, 0 for none) of one layer, as ``FusedDecoder._layer`` chooses
-    them."""
+    """One layer's ``flags`` and ``numbers``; layout: docs/engines.md#kernels."""
     norms = _norms(spec)
     bits = sum(1 << n for n, norm in enumerate(norms) if norm is not None and norm.upcast)
     bits |= (1 << len(norms)) if layer_ops else 0
@@ -424,17 +361,13 @@ def _gemv_of(linear: PlannedLinear) -> GemvLinear | None:
 
 
 def layer_ops_run(weight: torch.Tensor) -> bool:
-    """Whether ``torch.ops.cbp_layer`` (built with the gemv kernel) serves a model whose weights
-    are like ``weight``: bfloat16 on a CPU. float32 keeps torch's ops, whose bits are
-    transformers' own; elsewhere (no compiler, ``CBP_GEMV=off``) torch's ops serve bfloat16 too.
-    """
+    """Whether ``torch.ops.cbp_layer`` serves weights like ``weight``: built, bfloat16, on CPU."""
     if weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
         return False
     return gemv_build.available()
 
 
 def _fused_layer(spec: LayerSpec, kernel: str | RowPlan, shared: Mapping) -> FusedLayer:
-    """The layer's matmuls on ``kernel``; o and down are ``shared``'s where it has them."""
 
     def single(module: nn.Linear) -> PlannedLinear:
         return shared.get(module) or PlannedLinear([module], kernel)
@@ -449,11 +382,7 @@ def _fused_layer(spec: LayerSpec, kernel: str | RowPlan, shared: Mapping) -> Fus
 
 
 def _stacked(linears: list[nn.Linear], kernel: str | RowPlan, shared: Mapping) -> PlannedLinear:
-    """``linears`` stacked on ``kernel``, each packed copy kept once where ``shared`` has their
-    own kernels (float32 SmolLM2-135M: 279 MB per packed kernel): every kernel but gemv runs as
-    the modules' own, one by one (``SplitLinear``: no stacked copy), on the modules' plan; and
-    the stack's gemv kernel runs on the modules' gemv copies, which lie end to end
-    (``linear_kernel.joined_packed``), the stack counting their bytes."""
+    """``linears`` stacked on ``kernel``, reusing ``shared``'s packed copies (no second copy)."""
     own = [shared.get(m) for m in linears]
     if any(p is None for p in own) or any(p.plan != own[0].plan for p in own):
         return PlannedLinear(linears, kernel)
@@ -471,9 +400,7 @@ def _stacked(linears: list[nn.Linear], kernel: str | RowPlan, shared: Mapping) -
 
 
 def attend(attn: nn.Module, query, key, value, batch: PackedBatch, split, softcap=None):
-    """One layer's attention on the packed row: its keys and values into the KV cache, then each
-    query over its own sequence's keys (``decode_attention`` on a decode-only step's ``split``,
-    else ``packed_attention.attend`` under ``batch``'s masks, a windowed batch's too).
+    """Keys and values into the KV cache, then each query over its own sequence's keys.
 
     Shapes:
         query: [1, H, T, D];  key, value: [1, H_kv, T, D]  ->  returns [1, T, H, D]
@@ -487,14 +414,7 @@ def attend(attn: nn.Module, query, key, value, batch: PackedBatch, split, softca
 
 
 def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """``x * cos + rotate_half(x) * sin``, with ``rotate_half(x) * sin == flip(x) * signed_sin``.
-
-    ``rotate_half(x) = cat(-x2, x1)`` and ``flip`` of the two halves is ``cat(x2, x1)``; negating
-    ``sin``'s first half instead of ``x2`` is exact, so the bits are transformers' own.
-
-    With R < D rotated dims (partial RoPE), the last D - R pass through. Tables in float32 for
-    bfloat16 ``x`` (OLMo 2's rotary module does not cast them) rotate in float32 and cast back, as
-    that family's ``apply_rotary_pos_emb`` does.
+    """``x * cos + flip(x) * signed_sin`` (exact; docs/engines.md#kernels); the last D - R pass.
 
     Shapes:
         x: [T, heads, D];  cos, signed_sin: [T, 1, R]  ->  [T, heads, D]
@@ -511,10 +431,7 @@ def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 
 
 def additive_decode_mask(batch: PackedBatch, dtype: torch.dtype) -> PackedBatch:
-    """The batch with its boolean decode mask as SDPA's additive form (0 / -inf), made once.
-
-    SDPA turns a boolean mask into exactly this on every call; here it happens once per step.
-    """
+    """The boolean decode mask as SDPA's additive form (0 / -inf), once per step."""
     mask = batch.decode_mask
     if mask is None or mask.dtype != torch.bool:
         return batch

@@ -1,37 +1,6 @@
 """Kernel timing: the engines' matmul chosen by timing the candidates where the engines run.
 
-Which kernel is fastest depends on the CPU, its memory and torch's build, so every candidate
-(``candidates_for``) is timed on the model's own weights at the row counts the engines meet
-(``time_candidates``) and the fastest per range of row counts is kept (``choose_plan``).
-``engine.model.kernel_store`` keeps the result on disk, so only a host's first start pays.
-
-**Row counts** (``ROW_COUNTS``): a linear sees one row per token its step computes, so a decode
-step one per running sequence (up to the page's 16 slots) and a prefill step up to its token
-budget, plus the decodes. So: 1 to 6, 8, 12 and 16 for decode, and 32 to 512, doubling, for
-prefill. A count between two measured ones takes the choice of the one below; above 512, 512's
-(compute-bound there, where the order of the kernels stops changing).
-
-**The bound: at most ``BUDGET_S`` at the first start.**
-
-* A subset of the weights (``sample_linears``): the decoder's first whole layers until they hold
-  twice the last-level cache. Every layer has the same shapes, so a few weigh each shape as the
-  full stack does; more than the cache, so every pass streams its weights from memory as a real
-  decode step does. The output embedding is left out: it is timed apart, alone, at the row
-  counts it meets (``HEAD_ROWS``, within ``HEAD_BUDGET_S``), since a step multiplies it by one
-  row per sequence only (the kept rows) and its shape (a vocabulary of up to 262 k rows) is
-  unlike any decoder linear's.
-* Best of ``REPEAT`` rounds, after a warm-up that builds oneDNN's primitives. Each round walks the
-  row counts upwards and rotates the candidates' order, so the machine's drift falls on all alike.
-* The measurement stops before a pass that would end past the budget (guessed from the same
-  candidate's previous pass, scaled by the ratio of row counts). A row count no round reached
-  takes the choice below it; a measurement that did not finish one round (``Timings.complete``),
-  or that ran while other work used more than ``QUIET_SHARE`` of the CPU (``Timings.quiet``,
-  ``engine.kernels.cpu_share``), serves this start only and is not kept.
-
-**The rule** (``choose_plan``): at each measured row count, the candidate with the least time; a
-candidate already chosen for the row count below keeps it while within ``TIE_FRACTION`` of the
-least, so that noise between near-equal kernels does not split ranges. 5 %: the tolerance the
-choice is held to, and about how far two timings of one kernel differ on a shared 2-core machine.
+Candidates, row counts, the time budget and the choice rule: docs/engines.md#kernels.
 """
 
 from __future__ import annotations
@@ -72,14 +41,7 @@ log = logging.getLogger(__name__)
 
 
 def candidates_for(dtype: torch.dtype) -> tuple[str, ...]:
-    """The kernels worth timing for weights of ``dtype`` here.
-
-    ``linear`` and ``skinny`` everywhere; oneDNN on x86 where torch has it: ``onednn`` in float32,
-    and in half precision only where the CPU has the native instructions (AVX512-BF16 or AMX for
-    bfloat16, AVX512-FP16 or AMX-FP16 for float16), plus ``onednn_f32`` (float32 copies); and
-    ``gemv`` for float32 and bfloat16 weights where it builds (``engine.kernels.gemv_build``;
-    checking builds it, once per host).
-    """
+    """The kernels worth timing for weights of ``dtype`` here."""
     names = ["linear", "skinny"]
     if on_x86() and torch.backends.mkldnn.is_available():
         if dtype not in HALF_DTYPES:
@@ -108,10 +70,8 @@ def last_level_cache_bytes() -> int:
 
 
 def sample_linears(linears: list[nn.Linear], target_bytes: int | None = None) -> list[nn.Linear]:
-    """The first whole layers of ``linears`` (model order) whose weights hold ``target_bytes``,
-    by default twice the last-level cache and at least ``MIN_TIMED_BYTES``; all of them if they
-    hold less. A layer is one period of the weights' shapes (7 linears in a Llama-style decoder:
-    q, k, v, o, gate, up, down); without a period, the prefix stops at the target."""
+    """The first whole layers of ``linears`` whose weights hold ``target_bytes`` (default: twice
+    the last-level cache, at least ``MIN_TIMED_BYTES``); a layer is one period of their shapes."""
     if target_bytes is None:
         target_bytes = max(2 * last_level_cache_bytes(), MIN_TIMED_BYTES)
     shapes = [tuple(m.weight.shape) for m in linears]
@@ -126,8 +86,7 @@ def sample_linears(linears: list[nn.Linear], target_bytes: int | None = None) ->
 
 @dataclasses.dataclass(frozen=True)
 class Timings:
-    """What ``time_candidates`` measured: ms per pass over the timed linears, per candidate and
-    row count (best of the rounds run; None: no round reached it)."""
+    """Best ms per pass over the timed linears, per candidate and row count (None: not reached)."""
 
     rows: tuple[int, ...]
     times_ms: dict[str, tuple[float | None, ...]]  # candidate -> one per row count
@@ -140,12 +99,10 @@ class Timings:
 
     @property
     def complete(self) -> bool:
-        """Whether every candidate was timed at every row count at least once."""
         return self.rounds >= 1
 
     @property
     def quiet(self) -> bool:
-        """Whether other work used at most ``QUIET_SHARE`` of the CPU meanwhile (unknown: yes)."""
         return self.others_cpu_share is None or self.others_cpu_share <= QUIET_SHARE
 
 
@@ -159,13 +116,8 @@ def time_candidates(
     clock: Callable[[], float] = time.perf_counter,
     whole_round: bool = False,
 ) -> Timings:
-    """Best-of-``repeat`` ms per pass of ``F.linear(x, W)`` over every weight of ``linears`` (x: M
-    random rows in the weights' dtype), for each kernel in ``names`` at each M of ``rows``, within
-    about ``budget_s`` of wall time (see the module docstring); with ``whole_round``, the first
-    round is finished whatever the budget (the LM head: one weight, so no smaller sample exists,
-    and a 262 k-row head's first round takes about 5 s on a 2-core EPYC). A candidate that cannot
-    take a weight (oneDNN refusing it) is left out, with a log line.
-    """
+    """Best-of-``repeat`` ms per pass over ``linears`` for each of ``names`` at each row count,
+    within about ``budget_s``; ``whole_round`` finishes the first round whatever the budget."""
     start_s = clock()
     bound: dict[str, list] = {}
     for name in names:
@@ -208,8 +160,6 @@ def time_candidates(
 
 
 def _timed(names, num_rows: int) -> list[str]:
-    """The candidates timed at ``num_rows``: each up to its ``MAX_ROWS`` (above it, it is another
-    candidate's kernel under its name)."""
     return [n for n in names if num_rows <= MAX_ROWS.get(n, num_rows)]
 
 
@@ -224,8 +174,7 @@ def _pass_order(names: list[str], rows: tuple[int, ...], repeat: int):
 
 
 def _warm_up(bound: dict[str, list], inputs: list[dict], linears: list[nn.Linear], rows) -> None:
-    """Each candidate once on each weight shape at each row count it is timed at: oneDNN builds
-    (and caches) a primitive per shape on its first call, which no timed pass should pay for."""
+    """Each candidate once per weight shape and row count: oneDNN builds a primitive per shape."""
     first_of_shape = {tuple(m.weight.shape): i for i, m in reversed(list(enumerate(linears)))}
     for by_width, num_rows in zip(inputs, rows, strict=True):
         for name in _timed(bound, num_rows):
@@ -239,11 +188,7 @@ def choose_plan(
     times_ms: dict[str, tuple[float | None, ...]],
     tie_fraction: float = TIE_FRACTION,
 ) -> RowPlan:
-    """The fastest candidate per range of row counts (the rule in the module docstring).
-
-    ``times_ms[name][i]``: ms per pass of candidate ``name`` at ``rows[i]`` (None: not measured).
-    The first range starts at 1 row whatever the smallest measured count; a range of a candidate
-    with a ``MAX_ROWS`` ends there at the latest (the next range starts one row past it).
+    """The fastest candidate per range of row counts; ``times_ms[name][i]`` at ``rows[i]``.
 
     Raises:
         ValueError: no candidate has a time at any row count.
@@ -268,6 +213,5 @@ def choose_plan(
 
 
 def untimed_kernel() -> str:
-    """The kernel of a model that is not timed: ``onednn`` on x86 (the fastest at every row count
-    on this project's AMD EPYC, ``engine/kernels/linear_kernel.py``), else ``skinny``."""
+    """The kernel of a model that is not timed: ``onednn`` on x86, else ``skinny``."""
     return "onednn" if on_x86() else "skinny"
