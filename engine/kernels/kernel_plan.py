@@ -1,12 +1,7 @@
 """The kernel plan: which matmul kernel the engines run at which row count.
 
-A decode step of one sequence multiplies each weight by one row, a prefill chunk by hundreds, and
-the fastest kernel for one need not be the fastest for the other. A ``RowPlan`` gives each range
-of row counts one candidate of ``engine.kernels.linear_kernel``; a ``PlannedLinear`` runs it on
-one weight (or several stacked), picking per call by the input's row count (one list index), and
-``kernel_for`` builds from them the ``Kernel`` the engines install.
-Where a plan comes from is ``engine.model.kernel_choice``'s; a kernel the host names in
-``CBP_ENGINE_KERNEL`` (``KERNEL_CHOICES``) runs at every row count (``best_kernel``).
+A ``RowPlan`` gives each range of row counts one candidate of ``linear_kernel``; a
+``PlannedLinear`` runs it on one weight (or several stacked), picking per call by row count.
 """
 
 from __future__ import annotations
@@ -58,21 +53,19 @@ class RowPlan:
 
     @classmethod
     def single(cls, name: str) -> RowPlan:
-        """``name`` at every row count."""
         return cls((1,), (name,))
 
     def name_at(self, num_rows: int) -> str:
-        """The kernel for ``num_rows`` rows (0 rows: the first range's)."""
+        """0 rows: the first range's."""
         return self.names[max(bisect.bisect_right(self.starts, num_rows) - 1, 0)]
 
     @property
     def kernels(self) -> tuple[str, ...]:
-        """Each kernel the plan uses, once, in row order."""
         return tuple(dict.fromkeys(self.names))
 
     @property
     def label(self) -> str:
-        """The kernels in row order, e.g. ``"onednn"`` or ``"linear+onednn"``."""
+        """E.g. ``"onednn"`` or ``"linear+onednn"``."""
         return "+".join(self.names)
 
     def ranges(self) -> list[tuple[int, int | None, str]]:
@@ -81,8 +74,7 @@ class RowPlan:
         return list(zip(self.starts, ends, self.names, strict=True))
 
     def describe(self, up_to: int | None = None) -> str:
-        """For people: ``"onednn at every row count"``, ``"linear 1-4 rows, onednn 5+ rows"``;
-        ``up_to``: the ranges within 1 .. ``up_to`` rows only, e.g. ``"gemv 1-16 rows"``."""
+        """E.g. ``"linear 1-4 rows, onednn 5+ rows"``; ``up_to``: within 1 .. ``up_to`` rows."""
         if len(self.names) == 1 and up_to is None:
             return f"{self.names[0]} at every row count"
         parts = []
@@ -95,8 +87,7 @@ class RowPlan:
 
 
 class Kernel(NamedTuple):
-    """The engines' kernel for a model: its ``LinearForward``, the memory it adds, its plan, and
-    each module's own ``PlannedLinear`` (``modules``; None where ``forward`` serves them all)."""
+    """The engines' kernel for a model; ``modules`` None where ``forward`` serves them all."""
 
     forward: LinearForward
     extra_bytes: int
@@ -105,15 +96,10 @@ class Kernel(NamedTuple):
 
     @property
     def name(self) -> str:
-        """``plan.label``: ``"onednn"``, ``"linear+onednn"``, ..., or ``"none"``."""
         return self.plan.label
 
     def installed(self, linears: list[nn.Linear]):
-        """Context: each of ``linears`` runs this kernel (``linear_kernel.installed``).
-
-        Raises:
-            AssertionError: a weight changed after it was packed.
-        """
+        """Context: each of ``linears`` runs this kernel; AssertionError if a weight changed."""
         if self.modules is None:
             return linear_kernel.installed(linears, self.forward)
         return self.modules.installed(linears)
@@ -135,17 +121,8 @@ KERNEL_CHOICES = {  # CBP_ENGINE_KERNEL
 def bind_plan(
     plan: RowPlan, weight: torch.Tensor, bias: torch.Tensor | None, given: Mapping | None = None
 ) -> dict:
-    """Each kernel of ``plan`` bound to ``weight`` [N, K] (``linear_kernel.bind``), by name;
-    ``given``'s, by name, instead where it has them: a bound kernel, or a function binding
-    ``(weight, bias)``.
-
-    The gemv kernel keeps the plain weight only where the plan sends it more rows than it takes
-    (``MAX_GEMV_ROWS``: ``F.linear`` then); where another kernel has those rows, the weight is
-    dropped, so a stacked copy made for this binding is freed (float32 SmolLM2-135M: 279 MB).
-
-    Raises:
-        RuntimeError: as ``bind``.
-    """
+    """Each kernel of ``plan`` bound to ``weight`` [N, K] by name (``given``'s where it has one).
+    gemv drops the weight where the plan gives larger row counts to another kernel."""
     given = given or {}
     bound = {name: _bound(name, given.get(name), weight, bias) for name in plan.kernels}
     if "gemv" in bound and plan.name_at(MAX_GEMV_ROWS + 1) != "gemv":
@@ -160,19 +137,11 @@ def _bound(name: str, given, weight: torch.Tensor, bias: torch.Tensor | None) ->
 
 
 class PlannedLinear:
-    """One weight, or several ``nn.Linear`` weights stacked along N, behind one matmul that runs
-    the plan's kernel for its row count; each kernel binds the stacked weight once (``bind_plan``).
-
-    ``kernel`` is a plan, or the name of one kernel for every row count; ``given``: bound kernels
-    by name to run instead of binding those (``bind_plan``). ``add(x, residual)`` is
-    ``residual + self(x)``, the add in the matmul's epilogue where the kernel has one (oneDNN's:
-    the same float32 bits).
+    """One or several stacked ``nn.Linear`` weights behind one matmul that runs the plan's kernel
+    for its row count; ``kernel``: a plan or one kernel's name.
 
     Shapes:
         weights: [N_i, K] each  ->  stacked [N, K], N = sum N_i;  x: [..., K]  ->  [..., N]
-
-    Raises:
-        RuntimeError: as ``bind``.
     """
 
     def __init__(self, linears: list[nn.Linear], kernel: str | RowPlan, given=None):
@@ -190,13 +159,13 @@ class PlannedLinear:
 
     @property
     def extra_bytes(self) -> int:
-        """Memory this adds to the model's own weights (packed and stacked copies), in bytes."""
+        """Bytes of packed and stacked copies beyond the model's weights."""
         packed = sum(b.extra_bytes for b in self.bound)
         plain = any(b.weight is not None for b in self.bound)  # a kernel keeps the stacked copy
         return packed + (self.stacked_bytes if plain else 0)
 
     def bytes_by_kernel(self) -> dict[str, int]:
-        """``extra_bytes`` by the kernel that keeps them (the stacked copy as ``"stacked"``)."""
+        """``extra_bytes`` by kernel (the stacked copy as ``"stacked"``)."""
         by_kernel = {n: b.extra_bytes for n, b in zip(self.kernel_names, self.bound, strict=True)}
         by_kernel = {n: nbytes for n, nbytes in by_kernel.items() if nbytes}
         if self.stacked_bytes and any(b.weight is not None for b in self.bound):
@@ -204,7 +173,6 @@ class PlannedLinear:
         return by_kernel
 
     def kernel_at(self, num_rows: int) -> BoundLinear:
-        """The bound kernel that serves ``num_rows`` rows."""
         return self._by_rows[min(num_rows, self._last)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -222,13 +190,11 @@ def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
 def kernel_for(
     linears: list[nn.Linear], plan: RowPlan, plans: Mapping[nn.Linear, RowPlan] | None = None
 ) -> Kernel:
-    """The kernel that runs ``plan`` on ``linears``: each module's input goes to the plan's
-    kernel for its row count (``plans[module]`` instead where it has one: the copy budget's,
-    ``engine.model.copy_budget``).
+    """The kernel that runs ``plan`` on ``linears`` (``plans[module]`` where given: the copy
+    budget's).
 
     Raises:
-        RuntimeError: oneDNN cannot take one of the weights (a plan with ``onednn`` or
-            ``onednn_f32``).
+        RuntimeError: oneDNN cannot take one of the weights.
     """
     if not linears:
         return NO_KERNEL
@@ -238,16 +204,8 @@ def kernel_for(
 
 
 class ModuleKernels:
-    """Each module's ``PlannedLinear`` on ``plan`` (``plans[module]`` where given), and its
-    weight's version when packed: a weight changed after packing fails an assert, in
-    ``forward`` at each call, and once per block in ``installed``, where each module's forward
-    is its ``PlannedLinear`` itself, so a matmul pays one row-count lookup and no lookup by
-    module. The gemv copies lie end to end in the order of ``linears``
-    (``linear_kernel.gather_packed``).
-
-    Raises:
-        RuntimeError: as ``bind``.
-    """
+    """Each module's ``PlannedLinear``, and its weight's version when packed: a weight changed
+    after packing fails an assert. The gemv copies lie end to end in the order of ``linears``."""
 
     def __init__(self, linears: list[nn.Linear], plan: RowPlan, plans: Mapping | None = None):
         plans = plans or {}
@@ -258,14 +216,12 @@ class ModuleKernels:
         self.versions = {m: (m.weight, m.weight._version) for m in linears} if packed else {}
 
     def forward(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        """A ``LinearForward``: ``module``'s matmul on ``x`` [..., K] -> [..., N]."""
         if self.versions:
             weight, version = self.versions[module]
             assert weight._version == version, "weight changed after packing"
         return self.planned[module](x)
 
     def installed(self, linears: list[nn.Linear]):
-        """Context: each of ``linears`` computes its ``PlannedLinear``."""
         for module in linears:
             if module in self.versions:
                 weight, version = self.versions[module]
@@ -283,10 +239,8 @@ _FALLBACKS = {  # a named kernel, then what stands in where oneDNN refuses the w
 
 
 def best_kernel(linears: list[nn.Linear], choice: str = "onednn") -> Kernel:
-    """The kernel ``choice`` (one of ``CANDIDATES``) at every row count, or the nearest that
-    works here: where oneDNN refuses a weight, ``onednn`` becomes ``onednn_f32`` for
-    half-precision weights, else ``skinny`` (no extra memory); ``"none"`` for no linears.
-    """
+    """The kernel ``choice`` at every row count, or the nearest that works here (``_FALLBACKS``:
+    ``onednn_f32`` only for half-precision weights)."""
     half = bool(linears) and linears[0].weight.dtype in HALF_DTYPES
     for name in _FALLBACKS[choice]:
         if name == "onednn_f32" and choice == "onednn" and not half:

@@ -1,27 +1,7 @@
 """The linear kernel: a faster CPU matmul for the engines' linears, same sums as ``F.linear``.
 
-A decode step multiplies every weight matrix by only a few rows of activations (one per sequence),
-so its time should be the time to stream the weights from memory; on CPU, which kernel does the
-matmul decides how close it gets (``python -m engine.bench.kernel_bench`` times them; figures in
-docs/measurements.md). The candidates (``CANDIDATES``), each a ``BoundLinear`` on one weight
-(``bind``):
-
-* ``linear``: ``F.linear``, the model's own matmul;
-* ``skinny``: ``skinny_linear``, MKL called as ``(W @ x.T).T``;
-* ``onednn``: oneDNN (``torch.ops.mkldnn._linear_pointwise``, the op torch's inductor emits for
-  CPU linears) on a copy of the weight reordered once into oneDNN's blocked layout; in half
-  precision, oneDNN's bfloat16 or float16 kernel;
-* ``onednn_f32``: for half-precision weights, oneDNN on float32 copies (``UpcastLinear``);
-* ``gemv``: this project's C++ kernel for a few rows (``GemvLinear``,
-  ``engine.kernels.gemv_build``), float32 or bfloat16.
-
-Packed copies cost at least as much memory as the weights themselves (``extra_bytes``); they are
-made once and assume the weights no longer change. Which candidate runs at which row count is
-``engine.kernels.kernel_plan``'s. Every kernel computes the same sums in another order, so results
-agree to float32 rounding, and the parity tests check greedy outputs against plain
-``model.generate``. ``installed`` routes ``nn.Linear`` modules through a kernel for the length of
-a ``with`` block; the model itself is not changed, so the reference still runs plain
-``model.generate``.
+The candidates (``CANDIDATES``: linear, skinny, onednn, onednn_f32, gemv) and their packed copies:
+docs/engines.md#kernels.
 """
 
 from __future__ import annotations
@@ -69,7 +49,6 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def skinny_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """A ``LinearForward`` through ``skinny_linear``."""
     return skinny_linear(x, module.weight, module.bias)
 
 
@@ -94,11 +73,8 @@ def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 
 class BoundLinear:
-    """``F.linear`` on one weight: ``self(x)`` is ``F.linear(x, weight, bias)``; the base of the
-    other candidates, which compute the same through another kernel.
-
-    ``weight`` is None where a kernel keeps only a packed copy; ``extra_bytes`` is the memory its
-    copies add. ``add(x, residual)`` is ``residual + self(x)``.
+    """``F.linear`` on one weight, the base of the other candidates; ``weight`` is None where a
+    kernel keeps only a packed copy; ``add(x, residual)`` is ``residual + self(x)``.
 
     Shapes:
         weight: [N, K];  bias: [N] or None;  x: [..., K]  ->  [..., N]
@@ -130,10 +106,6 @@ class SkinnyLinear(BoundLinear):
 class PackedLinear(BoundLinear):
     """oneDNN on a packed copy of one weight (the weight itself is not kept).
 
-    The copy is tried once on a one-row input, so a weight oneDNN cannot take fails here rather
-    than inside an engine step. ``add`` puts the residual in the matmul's epilogue (oneDNN's
-    ``add`` post-op: the same float32 bits as adding after).
-
     Raises:
         RuntimeError: oneDNN cannot pack or multiply this weight.
     """
@@ -153,14 +125,8 @@ class PackedLinear(BoundLinear):
 
 
 class UpcastLinear(BoundLinear):
-    """oneDNN on a float32 copy of a half-precision weight, for CPUs without a half kernel.
-
-    oneDNN multiplies bfloat16 only with AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT; on an AVX2-only
-    CPU it refuses the weights, and torch's own bfloat16 matmul is a slow generic loop for more
-    than one row. So one row goes through ``F.linear`` on the half weight (a vectorized
-    matrix-vector loop that streams half the bytes), more rows through oneDNN on float32 copies
-    of the same values (exact: half values are float32 values), summed in float32 and rounded to
-    the input's dtype, as a half-precision matmul with float32 accumulation does.
+    """oneDNN on a float32 copy of a half-precision weight, for CPUs without a half kernel; one
+    row runs ``F.linear`` on the half weight. Why: docs/engines.md#kernels.
 
     Raises:
         RuntimeError: oneDNN cannot pack or multiply the float32 copy.
@@ -180,11 +146,8 @@ class UpcastLinear(BoundLinear):
 
 
 class GemvLinear(BoundLinear):
-    """The gemv kernel (``torch.ops.cbp_gemv``) on a packed copy of one weight; the weight is
-    kept too, for inputs of more than ``MAX_GEMV_ROWS`` rows (``F.linear``), unless a plan gives
-    those rows another kernel (``kernel_plan.bind_plan`` then drops it). ``add`` adds the
-    residual as the kernel stores each output. ``packed``: the weight's copy, packed already
-    (``joined_packed``), to run on instead of packing one.
+    """The gemv kernel (``torch.ops.cbp_gemv``) on a packed copy of one weight (``packed``: one
+    made already); ``F.linear`` above ``MAX_GEMV_ROWS`` rows.
 
     Raises:
         RuntimeError: the kernel is not built here (the reason in the message), or it does not
@@ -210,7 +173,6 @@ class GemvLinear(BoundLinear):
 
     @property
     def extra_bytes(self) -> int:
-        """The packed copy's bytes; 0 where another's counts them (``shares_packed``)."""
         if self.shares_packed:
             return 0
         return self.packed.numel() * self.packed.element_size()
@@ -224,7 +186,6 @@ class GemvLinear(BoundLinear):
         return out.view(*x.shape[:-1], self.num_out)
 
     def takes(self, x: torch.Tensor) -> bool:
-        """Whether the kernel takes ``x``: at most ``MAX_GEMV_ROWS`` rows, the weight's dtype."""
         return x.numel() <= self.max_numel and x.dtype == self.packed.dtype
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -241,10 +202,7 @@ class GemvLinear(BoundLinear):
 
 
 class SplitLinear(BoundLinear):
-    """A matmul on weights stacked along N run as each weight's own kernel (``parts``, in
-    stacking order), the outputs concatenated: the stacked matmul without a stacked copy. Its
-    parts' copies are counted where they are owned (``extra_bytes`` 0). oneDNN's sums for each
-    output do not depend on the other rows of the weight, so the bits are the stacked copy's.
+    """Weights stacked along N run as each one's own kernel (``parts``), outputs concatenated.
 
     Shapes:
         x: [..., K]  ->  [..., sum N_i]
@@ -263,8 +221,7 @@ class SplitLinear(BoundLinear):
 
 
 def gemv_packed_shape(weight: torch.Tensor) -> tuple[int, ...]:
-    """The shape of ``weight``'s gemv copy: [ceil(N / 16), K, 16], or [ceil(N / 16), ceil(K / 2),
-    16, 2] for bfloat16 by pairs of k (csrc/gemv.cpp; a 1 x 1 weight packed says which).
+    """The shape of ``weight``'s gemv copy (layout: docs/engines.md#kernels).
 
     Raises:
         RuntimeError: as ``GemvLinear``.
@@ -279,14 +236,8 @@ def gemv_packed_shape(weight: torch.Tensor) -> tuple[int, ...]:
 
 
 def gather_packed(gemvs: list[GemvLinear]) -> None:
-    """Copy ``gemvs``' packed copies end to end into one new allocation per dtype, in this order
-    (give them in the order a step reads them), and point each at its view there; the old
-    copies are freed as they are left. Stacked weights then run on views of them
-    (``joined_packed``), and the copies read as fast as fresh ones: copies packed one by one
-    among other allocations read up to 20 % slower (docs/measurements.md). Freed copies go back
-    to the OS as it goes (``malloc_trim`` every ``TRIM_ELEMENTS``), so the RSS holds about one
-    copy of these bytes throughout, not two.
-    """
+    """Move ``gemvs``' packed copies end to end into one allocation per dtype, in this (step)
+    order; why: docs/engines.md#kernels."""
     for dtype in dict.fromkeys(g.packed.dtype for g in gemvs):
         group = [g for g in gemvs if g.packed.dtype == dtype]
         sizes = [g.packed.numel() for g in group]
@@ -301,8 +252,7 @@ def gather_packed(gemvs: list[GemvLinear]) -> None:
 
 
 def trim_heap() -> None:
-    """Hand the heap's freed memory back to the OS: glibc's ``malloc_trim(0)``; nothing under
-    another C library."""
+    """glibc's ``malloc_trim(0)``; nothing under another C library."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
@@ -317,8 +267,7 @@ def _malloc_trim():
 
 def joined_packed(gemvs: list[GemvLinear]) -> torch.Tensor | None:
     """The gemv copy of ``gemvs``' weights stacked along N, as a view over their own copies
-    where those lie end to end in one allocation, in this order, each N a multiple of 16 (the
-    layout packs each 16 outputs apart, so the stacked copy's blocks are theirs); else None."""
+    where those lie end to end, each N a multiple of 16; else None."""
     first = gemvs[0].packed
     end = first.storage_offset()
     for g in gemvs:
@@ -354,7 +303,7 @@ def bind(name: str, weight: torch.Tensor, bias: torch.Tensor | None = None) -> B
 
 
 def linear_modules(model: nn.Module) -> list[nn.Linear]:
-    """Every plain ``nn.Linear`` of ``model`` (subclasses, such as quantized ones, left out)."""
+    """Every plain ``nn.Linear`` of ``model`` (not subclasses such as quantized ones)."""
     return [m for m in model.modules() if type(m) is nn.Linear]
 
 
@@ -364,8 +313,7 @@ def installed(
     forward: LinearForward = skinny_forward,
     calls: Mapping[nn.Linear, Callable[[torch.Tensor], torch.Tensor]] | None = None,
 ) -> Iterator[None]:
-    """Within the block, each module in ``linears`` computes ``calls[module](x)`` where ``calls``
-    has it (the call itself is the module's forward: no lookup per matmul), else
+    """Within the block, each of ``linears`` computes ``calls[module](x)``, else
     ``forward(module, x)``."""
     calls = calls or {}
     for module in linears:
