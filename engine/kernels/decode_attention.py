@@ -62,10 +62,8 @@ class DecodeSplit:
 def plan_decode(
     batch: PackedBatch, dtype: torch.dtype, whole: bool = True, fits: bool = True
 ) -> DecodeSplit | None:
-    """The split for a decode-only step in the ``slots`` or ``paged`` KV mode, else None. With
-    ``whole``, a step ``decode_step`` serves (also one of at most ``MAX_WHOLE_STEP_TOKENS`` tokens
-    with prefill chunks) is ``whole_step``; ``fits``: the model's heads are within the kernels'
-    limits (``kernel_refusal`` is None), else SDPA serves."""
+    """The split for a decode-only step in the ``slots`` or ``paged`` KV mode, else None;
+    ``fits``: ``kernel_refusal`` is None (else SDPA serves)."""
     if batch.packed_mask is not None:
         return None
     kernel = fits and kernel_runs(batch.input_ids.device, dtype)
@@ -121,9 +119,7 @@ def kernel_runs(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def kernel_refusal(num_heads: int, num_kv_heads: int, head_dim: int) -> str | None:
-    """Why the C++ kernels cannot attend with these heads (more query heads per key/value head
-    than ``MAX_GROUP``, a head of more than ``MAX_HEAD_DIM`` values or of an odd number, which
-    ``decode_step``'s rotary cannot halve), or None where they can."""
+    """Why the C++ kernels cannot attend with these heads, or None where they can."""
     group = num_heads // num_kv_heads
     if num_heads % num_kv_heads or group > MAX_GROUP:
         return (
@@ -151,9 +147,7 @@ def _attend(q, keys, values, lens, mask, scaling, kernel: bool, softcap=None) ->
 
 
 def sdpa(q, keys, values, mask, scaling, softcap=None, is_causal=False) -> torch.Tensor:
-    """SDPA with grouped-query heads; ``softcap`` (Gemma 2) caps scores at
-    ``softcap * tanh(s / softcap)`` before the mask, as transformers' ``gemma2`` eager attention
-    does.
+    """SDPA with grouped-query heads; ``softcap``: Gemma 2's ``softcap * tanh(s / softcap)``.
 
     Shapes:
         q: [..., H, n, D];  keys, values: [..., H_kv, m, D];  mask: bool or additive,
@@ -198,11 +192,8 @@ def decode_step(
     window=None,
     softcap=None,
 ):
-    """One layer's whole attention in one ``torch.ops.cbp_attention.decode_step`` call: rotary
-    (the first R dims of each head), the KV write into its block, and attention over position + 1
-    keys (the last ``window`` of them for a sliding-window layer; scores soft-capped at
-    ``softcap``, Gemma 2's) through ``batch.kv_block_table`` (as vLLM's CPU attention writes the
-    cache inside its op, ``v1/attention/backends/cpu_attn.py``).
+    """Rotary, KV write and attention of one layer in one call (as vLLM's
+    ``v1/attention/backends/cpu_attn.py`` writes the cache inside its op).
     Shapes: qkv: [T, (H + 2 H_kv) D];  cos, signed_sin: [T, R], R <= D  ->  returns [T, H D]"""
     keys, values = batch.kv_cache.block_storage(layer)  # (H_kv, N, S, D) each
     positions = batch.position_ids[0]  # (T,)

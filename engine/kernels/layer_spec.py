@@ -1,22 +1,7 @@
 """What a decoder layer computes, read from the model's config and modules, not from its family.
 
-The fused layers (``engine.kernels.fused_layers``) run any decoder-only model whose layers are
-built from these parts, as vLLM's shared layers take what differs as arguments:
-
-* q, k, v and o projections (``q_proj``/``k_proj``/``v_proj`` or one ``qkv_proj``), biases or not;
-* an MLP ``act(gate) * up -> down`` (``gate_proj``/``up_proj`` or one ``gate_up_proj``), with the
-  module's own activation;
-* RMSNorms around attention and MLP: before each (Llama, Qwen, Mistral, Phi-3, Granite), before
-  and after each (Gemma 2/3), or after each (OLMo 2); each norm's scale read by probing it
-  (``w`` or ``1 + w``, and whether it scales before or after casting back);
-* optional QK-norm, per head (Qwen3, Gemma 3) or over all heads (OLMo 2);
-* RoPE from the model's own rotary module (per layer type, Gemma 3), partial (Phi-4-mini) or
-  none (SmolLM3's NoPE layers); the attention's ``scaling``, score soft-capping and per-layer
-  sliding window;
-* an embedding scale (Gemma's is inside its embedding module; Granite's multiplier), residual
-  and logit multipliers, and final logit soft-capping.
-
-Anything else raises ``Unsupported`` with the reason, and the runner keeps transformers' layers.
+As vLLM's shared layers take what differs as arguments; the parts read: docs/engines.md (Model
+families). Anything else raises ``Unsupported`` and the runner keeps transformers' layers.
 """
 
 from __future__ import annotations
@@ -34,8 +19,7 @@ class Unsupported(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Norm:
-    """An RMSNorm as the fused layers apply it: ``normed(x) * weight``, the product taken in
-    float32 and cast after (``upcast``) or cast first (Llama's)."""
+    """``normed(x) * weight``: in float32, cast after (``upcast``) or first (Llama's)."""
 
     weight: torch.Tensor  # (n,): ``1 + w`` already added for a Gemma-style norm
     eps: float
@@ -44,8 +28,6 @@ class Norm:
 
 @dataclasses.dataclass
 class LayerSpec:
-    """One decoder layer's parts (see the module docstring)."""
-
     attn: nn.Module  # its attention module: layer_idx, scaling
     qkv: list[nn.Linear]  # [q, k, v] or [qkv]
     o: nn.Linear
@@ -70,8 +52,6 @@ class LayerSpec:
 
 @dataclasses.dataclass
 class DecoderSpec:
-    """The whole decoder: embedding, layers, final norm and the logits' own arithmetic."""
-
     embed: nn.Module
     embed_multiplier: float
     rotary: nn.Module
@@ -188,9 +168,8 @@ _PLACES = {  # the norms a layer holds -> (pre_attn, post_attn, pre_mlp, post_ml
 
 
 def _norm_places(layer: nn.Module):
-    """(pre_attn, post_attn, pre_mlp, post_mlp), by the norms the layer holds: before each
-    block (Llama: ``post_attention_layernorm`` is the MLP's pre-norm), around each (Gemma) or
-    after each (OLMo 2). Any other set (a parallel block, a LayerNorm) is unsupported."""
+    """(pre_attn, post_attn, pre_mlp, post_mlp): before each block (Llama), around each (Gemma)
+    or after each (OLMo 2)."""
     held = tuple(sorted(n for n, _ in layer.named_children() if "norm" in n))
     places = _PLACES.get(held)
     if places is None:
@@ -199,12 +178,7 @@ def _norm_places(layer: nn.Module):
 
 
 def _norm(module: nn.Module, where: str) -> Norm:
-    """Read an RMSNorm by running it: which of ``w * normed`` and ``(1 + w) * normed`` it
-    computes, and whether it scales in float32 before casting back (the same in float32).
-
-    Raises:
-        Unsupported: a norm without a weight, or one that computes neither.
-    """
+    """Read an RMSNorm by running it: ``w`` or ``1 + w`` scale, before or after casting back."""
     weight = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or eps is None:
@@ -237,15 +211,14 @@ def _linear(module: nn.Module, name: str) -> nn.Linear:
 
 
 def layer_window(attn: nn.Module, config) -> int | None:
-    """The layer's sliding window: its attention's own, else the config's (Mistral, Phi-3)."""
+    """The attention's own sliding window, else the config's (Mistral, Phi-3)."""
     if hasattr(attn, "sliding_window"):
         return attn.sliding_window
     return getattr(config, "sliding_window", None)
 
 
 def _computes(act, reference) -> bool:
-    """Whether the activation gives ``reference``'s bits, in float32 and bfloat16, read by
-    running both on a probe."""
+    """Whether ``act`` gives ``reference``'s bits on a probe, in float32 and bfloat16."""
     x = torch.linspace(-8.0, 8.0, 257)
     with torch.no_grad():
         return all(torch.equal(act(p), reference(p)) for p in (x, x.to(torch.bfloat16)))
