@@ -1,23 +1,6 @@
 """The copy budget: which packed weight copies the engines keep, within a bound on their bytes.
 
-Each packed kernel of a plan (oneDNN's layout, the gemv kernel's) holds one copy of every weight
-it serves, so a plan of two packed kernels holds the weights three times. ``keep_copies`` keeps
-the copies in order of the time they save per byte (greedy) while they fit the bound; a group
-whose copy is dropped runs, at each row count, the fastest kernel it still has (``choose_plan``
-over its kept kernels and the free ones, ``F.linear`` and ``skinny``).
-
-A copy's worth comes from the kernel timing (``engine.kernels.kernel_timing``) that priced its
-group (``Pricing``): ms per pass over the timed linears at each row count, shared among linears by
-their weights' bytes (a pass streams each weight once, so its time follows the bytes). The
-decoder's linears are priced at the decoder's row counts (up to a prefill's 512), the LM head at
-its own (one row per sequence: up to the slots), so a head copy is never charged for rows it
-never sees. Worth is time per token, averaged over the
-measured row counts: a decode step of few rows pays each ms for few tokens, so a decode kernel's
-copy ranks above a prefill kernel's that saves as many ms over 512 rows.
-
-A group is the linears kept or dropped together (those the fused layers stack into one matmul
-share a plan). Pure: no torch, no tensors; the runner (``engine.model.kernel_choice``) builds
-the inputs from the model.
+Pure (no torch); the rule and its pricing: docs/engines.md#kernels.
 """
 
 from __future__ import annotations
@@ -34,8 +17,7 @@ FREE_KERNELS = ("linear", "skinny")  # kernels that keep no copy
 
 @dataclasses.dataclass(frozen=True)
 class DroppedCopy:
-    """A copy the bound left out: its group, kernel and bytes, and what a step pays for it
-    (``step_ms`` more at ``at_rows`` rows, the row count where it costs most)."""
+    """A copy the bound left out; a step pays ``step_ms`` more at ``at_rows``, its worst."""
 
     group: str
     kernel: str
@@ -46,8 +28,7 @@ class DroppedCopy:
 
 @dataclasses.dataclass(frozen=True)
 class CopyBudget:
-    """Each group's plan (``plans``), the copies dropped, the bytes kept against the bound, and
-    the ms a step pays at each measured row count for all drops together (``cost_ms``)."""
+    """Each group's plan; ``cost_ms``: what all drops together cost a step, by row count."""
 
     plans: dict[str, RowPlan]
     dropped: tuple[DroppedCopy, ...]
@@ -56,8 +37,7 @@ class CopyBudget:
     cost_ms: dict[int, float]
 
     def summary(self) -> str:
-        """One line for people: ``"none dropped"`` or ``"dropped onednn of 12 groups (300 MB),
-        up to +4.1 ms a step at 512 rows"``."""
+        """E.g. ``"dropped onednn of 12 groups (300 MB): up to +4.1 ms a step at 512 rows"``."""
         if not self.dropped:
             return "no weight copy dropped"
         by_kernel: dict[str, list[DroppedCopy]] = {}
@@ -71,8 +51,6 @@ class CopyBudget:
         return f"dropped {', '.join(parts)}: up to +{ms:.1f} ms a step at {rows} rows"
 
     def as_dict(self) -> dict:
-        """JSON-ready: ``{"bound_bytes", "kept_bytes", "cost_ms_by_rows", "dropped": [...],
-        "summary"}``."""
         return {
             "summary": self.summary(),
             "bound_bytes": self.bound_bytes,
@@ -84,8 +62,7 @@ class CopyBudget:
 
 @dataclasses.dataclass(frozen=True, eq=False)  # one per timing, told apart by identity
 class Pricing:
-    """A kernel timing that prices groups: the ``plan`` it chose, ms per pass
-    (``times_ms[kernel][i]``, None unmeasured) over ``timed_bytes`` of weights at ``rows[i]``."""
+    """A kernel timing that prices groups: ms per pass over ``timed_bytes`` at ``rows[i]``."""
 
     plan: RowPlan
     rows: tuple[int, ...]
@@ -104,34 +81,26 @@ class _Table:
         self.rows, self.times_ms = tuple(rows), times_ms
 
     def at_or_below(self, num_rows: int) -> int | None:
-        """The index of the largest row count measured at or below ``num_rows`` (None: none)."""
+        """Index of the largest measured row count <= ``num_rows`` (None: none)."""
         below = [i for i, r in enumerate(self.rows) if r <= num_rows]
         return max(below, key=self.rows.__getitem__) if below else None
 
     @functools.cache  # noqa: B019  (one table per budget, a few kept sets)
     def pass_ms(self, kept: frozenset) -> tuple[float | None, ...]:
-        """ms per pass at each row count of the plan over ``kept`` and the free kernels."""
         times = {n: ts for n, ts in self.times_ms.items() if n in kept or n in FREE_KERNELS}
         plan = choose_plan(self.rows, times)
         return tuple(times[plan.name_at(r)][i] for i, r in enumerate(self.rows))
 
     def plan(self, kept: frozenset) -> RowPlan:
-        """The plan over ``kept`` and the free kernels."""
         times = {n: ts for n, ts in self.times_ms.items() if n in kept or n in FREE_KERNELS}
         return choose_plan(self.rows, times)
 
     def extra_ms(self, kept: frozenset, better: frozenset) -> list[float]:
-        """ms per pass that ``kept`` costs over ``better`` at each row count (0 unmeasured).
-
-        Never below 0: ``better``'s plan may hold a kernel within ``TIE_FRACTION`` of the
-        fastest (``choose_plan``'s rule: gemv kept up to its last row, 16, a little slower there
-        than oneDNN) where ``kept``'s runs that fastest one; the gap is the rule's tolerance, not
-        time a dropped copy saves."""
+        """ms per pass ``kept`` costs over ``better`` per row count; never below 0 (why: docs)."""
         pairs = zip(self.pass_ms(kept), self.pass_ms(better), strict=True)
         return [0.0 if a is None or b is None else max(a - b, 0.0) for a, b in pairs]
 
     def per_token_ms(self, kept: frozenset, better: frozenset) -> float:
-        """``extra_ms`` per token (one row each), averaged over the row counts."""
         extra = self.extra_ms(kept, better)
         return sum(ms / r for ms, r in zip(extra, self.rows, strict=True)) / len(self.rows)
 
@@ -142,17 +111,8 @@ def keep_copies(
     pricing: Mapping[str, Pricing],
     bound_bytes: int,
 ) -> CopyBudget:
-    """The copies to keep, greedily by time saved per byte, within ``bound_bytes``.
-
-    ``weights_bytes[group]``: the group's weights' bytes (its share of its pricing's pass);
-    ``copy_bytes[group][kernel]``: the bytes of ``kernel``'s copy of the group's weights, for
-    each packed kernel of its pricing's plan; ``pricing[group]``: the timing that prices it.
-    Where every copy fits, each group keeps its pricing's plan. Else, from no copies: the copy
-    that saves the most time per token per byte (first in ``copy_bytes``' order on a tie) and
-    still fits is kept, until none fits or saves time; each group's plan is then ``choose_plan``
-    over its kept and free kernels. ``cost_ms`` is over every pricing's row counts: a group
-    pays there what it pays at its own largest row count not above it.
-    """
+    """The copies to keep, greedily by time saved per byte, within ``bound_bytes``;
+    ``copy_bytes[group][kernel]``: bytes of each packed kernel's copy of the group's weights."""
     tables = {p: _Table(p.rows, dict(p.times_ms)) for p in set(pricing.values())}
     table = {g: tables[pricing[g]] for g in copy_bytes}
     packed = {g: [k for k in pricing[g].plan.kernels if k not in FREE_KERNELS] for g in copy_bytes}
@@ -184,8 +144,7 @@ def keep_copies(
 
 
 def _budget(copy_bytes, packed, kept, share, table, used, bound_bytes, plans) -> CopyBudget:
-    """The ``CopyBudget`` of the greedy's ``kept`` sets (``table[group]``: its ``_Table``;
-    ``plans``: the groups without packed kernels, whose plans stand)."""
+    """The ``CopyBudget`` of the greedy's ``kept`` sets; ``plans``: groups with nothing to drop."""
     dropped = []
     rows = sorted({r for t in table.values() for r in t.rows})
     cost = dict.fromkeys(rows, 0.0)

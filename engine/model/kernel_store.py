@@ -1,22 +1,6 @@
 """The kernel store: the engines' matmul choice (``KernelChoice``), kept on disk per host.
 
-Timing the candidates (``engine.kernels.kernel_timing``) takes seconds, and what it finds holds
-while nothing it depends on changes, so the choice is kept in the cache folder as one JSON file
-per key::
-
-    <cache dir>/kernel-choice/<SHA-256 of the key, 24 hex>.json
-    {"key": {...}, "choice": {"origin", "plan": [{"kernel", "from_rows", "to_rows"}],
-                              "rows", "times_ms", ...}}
-
-The key (``host_key``) is everything that can change which kernel is fastest: the CPU, its
-instruction sets and the thread count, torch's version, the dtype, the model and its linears'
-shapes, the candidates timed, and which part of the model and row counts they were timed for
-(``"decoder"``, or ``"lm_head"`` at its own rows). A file is written to a temporary file and
-renamed into place, so no reader sees half of one. A file that cannot be read, is not what this
-module writes, or holds another key is logged and measured again; a file that cannot be written
-costs only the next start's measurement. A measurement cut short or taken on a busy machine
-(``Timings.complete``, ``Timings.quiet``) is used at this start and not kept; one cut short
-before any pass gives plain ``F.linear`` (origin ``fallback``) at this start.
+File layout, key and what is not kept: docs/engines.md#kernels.
 """
 
 from __future__ import annotations
@@ -55,9 +39,7 @@ ORIGINS = {  # KernelChoice.origin -> what it means for people
 
 @dataclasses.dataclass(frozen=True)
 class KernelChoice:
-    """The engines' matmul plan and how it was chosen: ``origin`` (a key of ``ORIGINS``), the
-    ``timings`` it was chosen by (measured or cached), and the file that keeps it (None: kept in
-    memory only)."""
+    """The engines' matmul plan and how it was chosen (``origin``: a key of ``ORIGINS``)."""
 
     plan: RowPlan
     origin: str
@@ -65,8 +47,7 @@ class KernelChoice:
     path: str | None = None
 
     def summary(self) -> str:
-        """One line for people, e.g. ``"linear 1-4 rows, onednn 5+ rows (measured at an earlier
-        start on this host, in 2.1 s)"``."""
+        """E.g. ``"linear 1-4 rows, onednn 5+ rows (measured at this start, in 2.1 s)"``."""
         how = ORIGINS[self.origin]
         if self.timings is not None:
             how += f", in {self.timings.measured_s:.1f} s"
@@ -75,9 +56,7 @@ class KernelChoice:
         return f"{self.plan.describe()} ({how})"
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``{"origin", "plan": [{"kernel", "from_rows", "to_rows"}], "file",
-        "rows", "times_ms", "timed_linears", "total_linears", "timed_bytes", "measured_s",
-        "rounds", "others_cpu_share"}`` (the timing fields null when nothing was timed)."""
+        """JSON-ready (docs/engines.md#kernels); timing fields null when nothing was timed."""
         plan = [{"kernel": n, "from_rows": lo, "to_rows": hi} for lo, hi, n in self.plan.ranges()]
         fields = dataclasses.fields(Timings)
         timed = {f.name: None for f in fields}
@@ -89,12 +68,7 @@ class KernelChoice:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any], origin: str, path: str | None = None) -> KernelChoice:
-        """The choice ``as_dict`` wrote, read back with a new ``origin`` and ``path``.
-
-        Raises:
-            ValueError, TypeError, KeyError: ``doc`` is not what ``as_dict`` writes, or names a
-                kernel outside ``CANDIDATES``.
-        """
+        """Raises ValueError, TypeError, KeyError: ``doc`` is not what ``as_dict`` writes."""
         ranges = doc["plan"]
         plan = RowPlan(tuple(r["from_rows"] for r in ranges), tuple(r["kernel"] for r in ranges))
         unknown = set(plan.names) - set(CANDIDATES)
@@ -130,8 +104,7 @@ def host_key(
     part: str = "decoder",
     rows: tuple[int, ...] = (),
 ) -> dict[str, Any]:
-    """What a kernel choice depends on (see the module docstring), as JSON-ready fields;
-    ``part`` and ``rows``: what the ``linears`` are and the row counts they are timed at."""
+    """What a kernel choice depends on, as JSON-ready fields."""
     capabilities = cpu_capabilities()
     flags = sorted(name for name, value in capabilities.items() if value is True)
     shapes = Counter(tuple(m.weight.shape) for m in linears)
@@ -153,15 +126,13 @@ def host_key(
 
 
 def choice_path(key: dict[str, Any]) -> Path:
-    """The file that keeps the choice for ``key``."""
     return cache_file.key_path(loader.cache_dir() / FOLDER, key)
 
 
 def stored_or_measured(
     key: dict[str, Any], measure: Callable[[], KernelChoice], remeasure: bool = False
 ) -> KernelChoice:
-    """The choice kept for ``key``; else (no file, a bad one, ``remeasure``) ``measure()``'s,
-    written for the next start."""
+    """The choice kept for ``key``, else ``measure()``'s, written for the next start."""
     path = choice_path(key)
     stored = None if remeasure else read_choice(path, key)
     if stored is not None:
@@ -190,8 +161,7 @@ def stored_or_measured(
 
 
 def read_choice(path: Path, key: dict[str, Any]) -> KernelChoice | None:
-    """The choice in ``path`` (origin ``"cached"``), or None: no file, or one that cannot be read,
-    is not a choice or holds another key (a warning says which)."""
+    """The choice in ``path`` (origin ``"cached"``), or None (a warning says why)."""
 
     def parse(doc: dict) -> KernelChoice:
         return KernelChoice.from_dict(doc["choice"], "cached", str(path))
@@ -200,6 +170,6 @@ def read_choice(path: Path, key: dict[str, Any]) -> KernelChoice | None:
 
 
 def write_choice(path: Path, key: dict[str, Any], choice: KernelChoice) -> bool:
-    """Write ``choice`` for ``key`` at ``path`` atomically; False (and a warning) if it failed."""
+    """Atomically; False (and a warning) if it failed."""
     doc = {"key": key, "choice": {**choice.as_dict(), "origin": "measured", "file": None}}
     return cache_file.keep_keyed(path, doc, "kernel choice", log)
