@@ -1,20 +1,8 @@
 """The model runner's kernels: the engines' matmul, the fused decoder layers, batch-invariant mode.
 
-``RunnerKernels`` is the half of ``engine.model.model_runner.ModelRunner`` that picks what the
-model's arithmetic runs through: the engines' matmul plan (``kernel_choice``), the fused decoder
-layers on that plan, and batch-invariant mode's kernels, each made on first
-use, since packed and stacked copies of the weights cost memory. Calling the model stays the
-runner's.
-
-The plan follows the host's ``CBP_ENGINE_KERNEL``: ``auto`` reads the choice kept for this host
-(``engine.model.kernel_store``) or times the candidates (``engine.kernels.kernel_timing``) and
-keeps them; ``measure`` times them again; a kernel's name forces that kernel. A model with no
-``source`` (built in memory, as the tests' tiny model) is not timed, so such tests stay quick and
-deterministic.
-
-A base class, not an object the runner holds, so that every name stays on the runner as the
-engines, the bench and the tests use it. The subclass sets ``model``, ``device`` and ``dtype``,
-then calls ``init_kernels``.
+A base class of ``ModelRunner`` (so every name stays on the runner); the subclass sets ``model``,
+``device`` and ``dtype``, then calls ``init_kernels``. How the plan is chosen:
+docs/engines.md#kernels.
 """
 
 from __future__ import annotations
@@ -33,10 +21,8 @@ log = logging.getLogger(__name__)
 
 
 class RunnerKernels:
-    """The kernel half of ``engine.model.model_runner.ModelRunner``; see the module docstring."""
-
     def init_kernels(self) -> None:
-        """Find the model's linears and read the host's kernel settings (nothing is made yet).
+        """Read the host's kernel settings (nothing is made yet).
 
         Raises:
             ValueError: ``CBP_ENGINE_KERNEL`` or ``CBP_FUSED_LAYERS`` is not one of its choices.
@@ -54,11 +40,8 @@ class RunnerKernels:
             log.warning("CBP_COMPILED_STEP=%s is ignored: the compiled step is gone", retired)
 
     def engine_kernels(self, batch_invariant: bool = False, head_only: bool = False):
-        """Context: the engines' matmul kernel for the model's linears (both engines run inside
-        it; the reference runs plain ``model.generate``). ``head_only``: for the output
-        embedding alone, on a step whose layers run outside the model's modules (the fused
-        layers). ``batch_invariant``: batch-invariant mode's kernels and attention instead
-        (``engine.kernels.invariant_ops``), on every device.
+        """Context: the engines' matmul for the model's linears (``head_only``: the output
+        embedding alone, under the fused layers), or batch-invariant mode's kernels.
 
         Raises:
             ValueError: batch-invariant mode for a model it does not support.
@@ -79,35 +62,27 @@ class RunnerKernels:
 
     @functools.cached_property
     def invariant_kernels(self) -> invariant_ops.InvariantKernels:
-        """The batch-invariant mode's kernels for this model (made on first use).
-
-        Raises:
-            ValueError: the model is not a Llama-style decoder (``engine.kernels.invariant_ops``).
-        """
+        """Raises ValueError: the model is not a Llama-style decoder."""
         # every call has tile rows
         at_tile = self.engine_kernel.plan.name_at(invariant_ops.TILE_ROWS)
         tile = invariant_ops.tile_rows_for(self.device.type, self.dtype, at_tile)
         return invariant_ops.InvariantKernels(self.model, self.engine_kernel.forward, tile)
 
     def require_batch_invariant(self) -> None:
-        """Refuse now a model batch-invariant mode does not support; its kernels are made on
-        first use (``invariant_kernels``), so a check before a run packs no weight copies.
+        """Refuse now, without packing copies, a model batch-invariant mode does not support.
 
         Raises:
-            ValueError: the model is not a Llama-style decoder (``invariant_ops.check_supported``).
+            ValueError: the model is not a Llama-style decoder.
         """
         invariant_ops.check_supported(self.model)
 
     @property
     def engine_kernel_name(self) -> str:
-        """The engines' matmul kernels here, in row order: ``"onednn"``, ``"linear+onednn"``,
-        ..., or ``"none"`` (GPU)."""
         return self.engine_kernel.name
 
     @functools.cached_property
     def engine_kernel(self) -> kernel_plan.Kernel:
-        """The engines' matmul kernel for ``kernel_choice``'s plan, made on first use (oneDNN's
-        packed copies double the weights' memory)."""
+        """The kernel for ``kernel_choice``'s plan, made on first use (its copies cost memory)."""
         choice = self.kernel_choice
         if choice.origin == "none":
             return kernel_plan.NO_KERNEL
@@ -132,15 +107,12 @@ class RunnerKernels:
 
     @functools.cached_property
     def _groups(self) -> dict[str, list]:
-        """The linears whose copies the budget keeps or drops together (``copy_groups``)."""
         return copy_groups(self.model, self._linears)
 
     @functools.cached_property
     def copy_budget(self) -> copy_budget.CopyBudget | None:
-        """The packed copies a measured plan keeps within ``CBP_WEIGHT_COPIES_MAX`` times the
-        weights' bytes (``engine.model.copy_budget``), per group of ``_groups``, the LM head's
-        priced by its own timing at its own row counts; None for a plan without timings
-        (nothing to rank copies by: every copy is kept)."""
+        """The copies kept within ``CBP_WEIGHT_COPIES_MAX`` times the weights' bytes; None for
+        a plan without timings (every copy kept)."""
         choice, groups = self.kernel_choice, self._groups
         if choice.timings is None:
             return None
@@ -157,8 +129,7 @@ class RunnerKernels:
         return copy_budget.keep_copies(weights, copies, pricing, bound)
 
     def _head_pricing(self, decoder: copy_budget.Pricing) -> copy_budget.Pricing:
-        """The LM head's pricing: its own timing (``head_choice``); plain ``F.linear``, no
-        copies, where that timed nothing."""
+        """The LM head's own timing (``head_choice``); no copies where that timed nothing."""
         head = self.head_choice
         if head is None or head is self.kernel_choice:
             return decoder
@@ -168,16 +139,13 @@ class RunnerKernels:
 
     @property
     def engine_kernel_bytes(self) -> int:
-        """Memory the engines' kernels add (oneDNN's packed weight copies, and the fused
-        decoder's stacked copies once the continuous engine has made them), in bytes, each copy
-        once (``memory_account``)."""
+        """Bytes of the packed and stacked weight copies made so far, each once."""
         self.engine_kernel  # noqa: B018  (made here, as before the account)
         return memory_account.memory_account(self)["packed_total_bytes"]
 
     def release_copies(self) -> int:
-        """Drop the kernels made so far (their packed and stacked weight copies, the
-        batch-invariant kernels), to be made again on next use from the kept choice; the
-        caller frees them (``memory_account.release_freed``). Returns the copies' bytes."""
+        """Drop the kernels made so far, to be made again on next use; returns their copies'
+        bytes (the caller frees them: ``memory_account.release_freed``)."""
         nbytes = memory_account.memory_account(self)["packed_total_bytes"]
         for name in ("engine_kernel", "fused_decoder", "invariant_kernels", "copy_budget"):
             self.__dict__.pop(name, None)
@@ -185,16 +153,13 @@ class RunnerKernels:
 
     @property
     def decoder_layers(self) -> str | None:
-        """Which layers ``forward_packed`` ran since ``decoder_layer_steps`` was last reset:
-        ``"fused"``, ``"transformers"``, ``"mixed"`` (batch-invariant steps among fused ones),
-        or None (no step)."""
+        """What ``decoder_layer_steps`` ran: ``"fused"``, ``"transformers"``, ``"mixed"``, None."""
         ran = [name for name, steps in self.decoder_layer_steps.items() if steps]
         return None if not ran else ran[0] if len(ran) == 1 else "mixed"
 
     @functools.cached_property
     def fused_decoder(self) -> fused_layers.FusedDecoder | None:
-        """The continuous engine's fused layers (``engine.kernels.fused_layers``), made on first
-        use; None where they do not apply, ``layers_path`` saying why."""
+        """Made on first use; None where they do not apply (``fused_refusal`` says why)."""
         self.fused_refusal = "the engines' matmul runs on CPU only" if not self._linears else None
         if self.fused_refusal is None:
             try:
@@ -210,10 +175,8 @@ class RunnerKernels:
 
     @property
     def layers_path(self) -> str:
-        """Which decoder layers the continuous engines run, for the bench JSON and the page:
-        ``"fused"``, or ``"transformers: <why>"`` (the host's switch, the device, or what
-        ``engine.kernels.layer_spec`` cannot read in this model); read from the settings and
-        the model, or from the fused layers once made (nothing is built here)."""
+        """``"fused"`` or ``"transformers: <why>"``, for the bench JSON and the page (builds
+        nothing)."""
         if not self.use_fused_layers:
             return "transformers: CBP_FUSED_LAYERS=off"
         if not self._linears:
@@ -225,15 +188,11 @@ class RunnerKernels:
 
     @property
     def layers_step(self) -> str | None:
-        """Where the fused layers ran a decode step's layers: ``"C++"`` (one call) or
-        ``"Python: <why>"`` (``FusedDecoder.layers_step``); None where they were not made
-        (nothing is built here)."""
+        """``FusedDecoder.layers_step``; None where the fused layers were not made."""
         fused = self.__dict__.get("fused_decoder")
         return None if fused is None else fused.layers_step
 
     def step_summary(self) -> str:
-        """One line for people: the continuous engines' step runs eager, through which decoder
-        layers, and why (``layers_path``)."""
         path = self.layers_path
         why = path.removeprefix("transformers: ")
         layers = "the fused layers" if path == "fused" else f"the model's own layers ({why})"
@@ -241,9 +200,7 @@ class RunnerKernels:
 
     @functools.cached_property
     def kernel_choice(self) -> KernelChoice:
-        """The engines' matmul plan for the decoder's linears and how it was chosen (see the
-        module docstring), made on first use: the first start on a host times the kernels (at
-        most 5 s). The LM head's is ``head_choice``."""
+        """The decoder's matmul plan, made on first use (a host's first start times it, <= 5 s)."""
         if not self._linears:
             return KernelChoice(kernel_plan.RowPlan.single("none"), "none")
         if self._kernel_setting not in ("auto", "measure"):
@@ -259,12 +216,8 @@ class RunnerKernels:
 
     @functools.cached_property
     def head_choice(self) -> KernelChoice | None:
-        """The LM head's own plan, timed alone at the row counts it meets
-        (``kernel_timing.HEAD_ROWS``: one row per sequence) and kept as the decoder's is; the
-        decoder's choice where that is not measured (forced, built in memory) or fell back to
-        ``F.linear`` (every linear, the head too, then runs it: timing the head would add seconds
-        to the start for nothing); None where the head is not among the engines' linears. Plain
-        ``F.linear`` (origin ``"fallback"``) where its own budget timed nothing."""
+        """The LM head's own plan (docs/engines.md#kernels); None where the head is not among
+        the engines' linears."""
         head, choice = self._head, self.kernel_choice
         if head not in self._linears:
             return None
@@ -275,8 +228,6 @@ class RunnerKernels:
         return self._stored_or_measured([head], [head], "lm_head", kernel_timing.HEAD_ROWS, budget)
 
     def _stored_or_measured(self, linears, sample, part, rows, budget=None) -> KernelChoice:
-        """``part``'s choice kept for this host, else timed on ``sample`` at ``rows``
-        (``budget``: ``time_candidates``'s ``budget_s`` and ``whole_round``, where given)."""
         candidates = kernel_timing.candidates_for(self.dtype)
         source = self.loaded.source
         key = kernel_store.host_key(
@@ -290,9 +241,7 @@ class RunnerKernels:
         return self.model.get_output_embeddings()
 
     def kernel_summary(self) -> str:
-        """One line for people (the page's model line shows it on hover): which matmul kernel
-        runs at which row counts, how it was chosen, the LM head's, and the memory the copies
-        add."""
+        """One line for the page's model line (on hover)."""
         choice, kernel = self.kernel_choice, self.engine_kernel
         if choice.origin == "none":
             return f"matmul: {kernel_store.ORIGINS['none']}"
@@ -308,9 +257,7 @@ class RunnerKernels:
 
     @property
     def head_kernel(self) -> str | None:
-        """The kernels the LM head runs at the row counts it meets, e.g. ``"gemv 1-16 rows"``,
-        and how they were chosen where the head was timed apart; None where the head is not
-        among the engines' linears."""
+        """E.g. ``"gemv 1-16 rows (timed apart, ...)"``; None where the head is not routed."""
         kernel, head = self.engine_kernel, self._head
         if head not in self._linears:
             return None
@@ -338,9 +285,7 @@ class RunnerKernels:
 
 
 def _measure(sample, candidates, total_linears, rows, budget) -> KernelChoice:
-    """Time ``candidates`` on ``sample`` at ``rows`` (``budget``: ``time_candidates``'s
-    ``budget_s`` and ``whole_round``, where given); the fastest per row range, or ``F.linear``
-    everywhere (origin ``"fallback"``) where the budget ran out before any pass."""
+    """The fastest per row range, or ``F.linear`` (``"fallback"``) where no pass ran."""
     timings = kernel_timing.time_candidates(
         sample, candidates, tuple(rows), total_linears=total_linears, **budget
     )
@@ -370,8 +315,7 @@ def read_copies_max() -> float:
 
 
 def copy_groups(model, linears) -> dict[str, list]:
-    """``linears`` grouped by parent module and input width, named by the first one's path:
-    the fused layers stack q, k, v (and gate, up) into one matmul, which must share one plan."""
+    """``linears`` grouped by parent module and input width, named by the first one's path."""
     names = {m: n for n, m in model.named_modules()}
     groups: dict[tuple, list] = {}
     for m in linears:
@@ -385,8 +329,6 @@ def _nbytes(tensor) -> int:
 
 
 def _copy_bytes(linears, kernel: str) -> int:
-    """The bytes ``kernel``'s copies of ``linears`` take (0: a kernel without copies): the
-    weights' own size, in float32 for ``onednn_f32``, the gemv layout's N rounded up to 16."""
     if kernel in copy_budget.FREE_KERNELS:
         return 0
     total = 0
