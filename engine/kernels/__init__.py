@@ -2,8 +2,6 @@
 docs/architecture.md. Modules: ``packed_attention``, ``decode_attention``, ``invariant_attention``,
 ``invariant_ops``, ``linear_kernel``, ``gemv_build``, ``kernel_plan``, ``kernel_timing``,
 ``cpu_share``, ``fused_layers``, ``layer_spec``, ``host_setting``.
-
-Nothing is imported here: import the modules by name.
 """
 
 __all__ = [

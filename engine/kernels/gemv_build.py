@@ -1,9 +1,7 @@
 """The C++ kernels' build: ``csrc/`` compiled once per host into one library, or the reason not.
 
-``csrc/*.cpp`` (a few-row matmul, decode attention, layer ops, all layers of a decode step) need
-AVX-512 F/BW/VL, targeted by name rather than ``-march=native`` so one build serves every such CPU
-sharing ``CBP_CACHE_DIR/gemv/<build_digest()>``. ``unavailable_reason()`` says why not (the setting,
-the CPU, no compiler or ninja, a failed build); callers then keep torch's ops.
+AVX-512 F/BW/VL targeted by name, not ``-march=native``, so one build in
+``CBP_CACHE_DIR/gemv/<build_digest()>`` serves every such CPU; callers else keep torch's ops.
 """
 
 from __future__ import annotations

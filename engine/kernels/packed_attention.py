@@ -1,12 +1,7 @@
 """The packed attention function, registered with transformers' ``AttentionInterface``.
 
-transformers hands each layer's post-RoPE queries ``[1, H, T, D]`` and keys/values
-``[1, H_kv, T, D]`` of the packed row to it, with our ``packed_batch`` keyword; we store the
-keys/values in our KV cache and attend per sequence: decodes in one shared call
-(``decode_attention``), each prefill over its own keys (``slots``/``paged``), the article's
-concatenated mask (``concat``), or ``invariant_attention``. A sliding window narrows every mask
-(``PackedBatch.windowed``). The name is unknown to transformers' mask registry, so the model builds
-no mask of its own.
+It stores each layer's keys/values in our KV cache and attends per sequence under the packed
+batch's masks; the name is unknown to transformers' mask registry, so the model builds no mask.
 """
 
 from __future__ import annotations

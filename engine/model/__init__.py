@@ -2,8 +2,6 @@
 docs/architecture.md. Modules: ``model_runner``, ``kernel_choice``, ``kernel_store``,
 ``memory_account``, ``copy_budget``, ``loader``, ``text_decoder`` (a vision-language model's
 text half), ``model_card``, ``device``, ``dtype_support``, ``allowlist``, ``openmp_env``.
-
-Nothing is imported here: import the modules by name.
 """
 
 __all__ = [

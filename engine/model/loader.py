@@ -191,14 +191,8 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
 
 
 def _load_gguf_file(path: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
-    """A GGUF file's model, dequantized once into a safetensors folder in the cache, which is
-    returned as the source (``vllm serve`` loads that folder). Keyed by the file's name, size
-    and modification time.
-
-    Raises:
-        ModelLoadError: no such file, or transformers cannot read it (its architecture or
-            quantization type).
-    """
+    """A GGUF file dequantized once into a cached safetensors folder (the source ``vllm serve``
+    loads), keyed by the file's name, size and modification time. Raises ModelLoadError."""
     if not path.is_file():
         raise ModelLoadError(f"No GGUF file at {str(path)!r}; pass an existing .gguf file.")
     stat = path.stat()

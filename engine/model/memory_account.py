@@ -1,10 +1,7 @@
 """The memory account: a loaded model's bytes by part, counted from the tensors, not the OS.
 
-The engines' kernels add copies of the weights (packed kernels, the fused layers' stacked ones);
-``memory_account`` counts what a runner has made so far, ``peak_rss_bytes`` what the OS saw.
-``copies_to_release`` is the policy that keeps several precisions of a model within the host's
-memory (``memory_bound_bytes``): the kernels' copies of the precisions held go, largest first,
-when the next one would not fit beside them (they are made again on their next run).
+``copies_to_release`` keeps several precisions of a model within the host's memory: the kernels'
+copies go, largest first, when the next precision would not fit beside them.
 """
 
 from __future__ import annotations
@@ -122,12 +119,8 @@ def memory_bound_bytes() -> int | None:
 def copies_to_release(
     held_bytes: dict[str, int], copy_bytes: dict[str, int], incoming_bytes: int, bound_bytes: int
 ) -> list[str]:
-    """The held precisions whose kernels' copies go before one of ``incoming_bytes`` loads, so
-    that what stays held fits ``bound_bytes`` beside it: the largest copies first, until it fits
-    (every one with copies, where even that does not fit); none where it fits already.
-
-    ``held_bytes[name]``: a precision's bytes held (weights and copies); ``copy_bytes[name]``:
-    those of its copies, the part that can go."""
+    """The held precisions whose copies go, largest first, so that one of ``incoming_bytes``
+    fits within ``bound_bytes``; ``held_bytes`` counts weights and copies."""
     total = sum(held_bytes.values()) + incoming_bytes
     released = []
     for name in sorted(copy_bytes, key=copy_bytes.__getitem__, reverse=True):

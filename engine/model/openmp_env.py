@@ -1,9 +1,7 @@
 """OpenMP settings for a process that runs the model outside its main thread.
 
-Once a process's libgomp pools hold more threads than CPUs, a waiting thread spins 100 loops instead
-of 300,000 (``GOMP_SPINCOUNT``, libgomp manual) and each small parallel region pays a sleep and
-wake-up; ``OMP_WAIT_POLICY=ACTIVE`` with ``GOMP_SPINCOUNT=300000`` keeps the spin
-(docs/measurements.md). A guard: the page calls torch from one thread. A host's own value wins.
+``OMP_WAIT_POLICY=ACTIVE`` with ``GOMP_SPINCOUNT=300000`` keeps libgomp's spin once its pools
+outnumber the CPUs (docs/measurements.md). A host's own value wins.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The text-only causal LM inside a vision-language model (Gemma 3 4B and up, Mistral 3, Llava).
 
-``AutoModelForCausalLM`` loads such a checkpoint as its ``...ForConditionalGeneration`` class,
-whose config keeps the decoder's sizes in ``text_config``. On text prompts that model runs its
-language model and LM head only, so the engines and ``generate`` take those two parts, moved
-into the text family's own causal LM class (vLLM serves the same checkpoints' text the same way).
+On text prompts such a model runs its language model and LM head only, so the engines take those
+two parts in the text family's own causal LM class, as vLLM serves these checkpoints' text.
 """
 
 from __future__ import annotations
