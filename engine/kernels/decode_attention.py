@@ -135,12 +135,7 @@ def kernel_refusal(num_heads: int, num_kv_heads: int, head_dim: int) -> str | No
 
 
 def _attend(q, keys, values, lens, mask, scaling, kernel: bool, softcap=None) -> torch.Tensor:
-    """Attention over each slot's first ``lens`` keys (the kernel) or under ``mask``.
-
-    Shapes:
-        q: [B, H_kv, G, D];  keys, values: [B, H_kv, T_kv, D];  lens: [B];
-        mask: [B, 1, 1, T_kv] or None  ->  [B, H_kv, G, D]
-    """
+    """Shapes: q [B, H_kv, G, D];  keys, values [B, H_kv, T_kv, D];  lens [B]  ->  as q."""
     if kernel:
         return torch.ops.cbp_attention.decode(q, keys, values, lens, scaling)
     return sdpa(q, keys, values, mask, scaling, softcap)

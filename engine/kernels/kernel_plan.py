@@ -190,12 +190,7 @@ def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
 def kernel_for(
     linears: list[nn.Linear], plan: RowPlan, plans: Mapping[nn.Linear, RowPlan] | None = None
 ) -> Kernel:
-    """The kernel that runs ``plan`` on ``linears`` (``plans[module]`` where given: the copy
-    budget's).
-
-    Raises:
-        RuntimeError: oneDNN cannot take one of the weights.
-    """
+    """``plan`` on ``linears`` (``plans[module]`` where given); RuntimeError: oneDNN refused."""
     if not linears:
         return NO_KERNEL
     modules = ModuleKernels(linears, plan, plans)

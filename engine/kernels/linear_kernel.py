@@ -31,11 +31,7 @@ LinearForward = Callable[[nn.Linear, torch.Tensor], torch.Tensor]
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """``F.linear`` computed as ``(weight @ x.T).T`` when ``x`` has at most 64 rows.
-
-    Shapes:
-        x: [..., K];  weight: [N, K];  bias: [N] or None  ->  [..., N]
-    """
+    """``F.linear`` as ``(weight @ x.T).T`` up to 64 rows. Shapes: x [..., K], weight [N, K]."""
     rows = x.reshape(-1, x.shape[-1])  # (M, K)
     num_rows = rows.shape[0]
     if num_rows > MAX_SKINNY_ROWS or num_rows == 0:
@@ -53,22 +49,14 @@ def skinny_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def onednn_pack(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` [N, K] reordered into oneDNN's blocked layout (a ``torch._mkldnn`` tensor).
-
-    Raises:
-        RuntimeError: oneDNN is not available in this torch build, or refuses the weight.
-    """
+    """``weight`` [N, K] in oneDNN's blocked layout; RuntimeError where oneDNN cannot."""
     if not torch.backends.mkldnn.is_available():
         raise RuntimeError("this torch build has no oneDNN (mkldnn)")
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
 
 def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None):
-    """``F.linear(x, W, bias)`` with ``packed = onednn_pack(W)``.
-
-    Shapes:
-        x: [..., K];  packed: [N, K];  bias: [N] or None  ->  [..., N]
-    """
+    """``F.linear(x, W, bias)`` with ``packed = onednn_pack(W)``."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -104,11 +92,7 @@ class SkinnyLinear(BoundLinear):
 
 
 class PackedLinear(BoundLinear):
-    """oneDNN on a packed copy of one weight (the weight itself is not kept).
-
-    Raises:
-        RuntimeError: oneDNN cannot pack or multiply this weight.
-    """
+    """oneDNN on a packed copy of one weight (not kept); RuntimeError where oneDNN refuses it."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__(None, bias)
@@ -127,9 +111,6 @@ class PackedLinear(BoundLinear):
 class UpcastLinear(BoundLinear):
     """oneDNN on a float32 copy of a half-precision weight, for CPUs without a half kernel; one
     row runs ``F.linear`` on the half weight. Why: docs/engines.md#kernels.
-
-    Raises:
-        RuntimeError: oneDNN cannot pack or multiply the float32 copy.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -202,11 +183,7 @@ class GemvLinear(BoundLinear):
 
 
 class SplitLinear(BoundLinear):
-    """Weights stacked along N run as each one's own kernel (``parts``), outputs concatenated.
-
-    Shapes:
-        x: [..., K]  ->  [..., sum N_i]
-    """
+    """Stacked weights run as each one's own kernel (``parts``): [..., K] -> [..., sum N_i]."""
 
     def __init__(self, parts: list[BoundLinear]):
         super().__init__(None, None)
@@ -221,11 +198,7 @@ class SplitLinear(BoundLinear):
 
 
 def gemv_packed_shape(weight: torch.Tensor) -> tuple[int, ...]:
-    """The shape of ``weight``'s gemv copy (layout: docs/engines.md#kernels).
-
-    Raises:
-        RuntimeError: as ``GemvLinear``.
-    """
+    """The shape of ``weight``'s gemv copy (layout: docs/engines.md#kernels)."""
     num_out, width = weight.shape
     blocks = -(-num_out // GEMV_BLOCK)
     with torch.inference_mode():
@@ -293,12 +266,7 @@ _BINDERS = {
 
 
 def bind(name: str, weight: torch.Tensor, bias: torch.Tensor | None = None) -> BoundLinear:
-    """The candidate ``name`` (one of ``CANDIDATES``) on ``weight`` [N, K] and ``bias``.
-
-    Raises:
-        RuntimeError: oneDNN cannot take the weight (``onednn``, ``onednn_f32``); the gemv
-            kernel is not built here or does not take its dtype (``gemv``).
-    """
+    """The candidate ``name`` on ``weight`` [N, K]; RuntimeError where its kernel refuses it."""
     return _BINDERS[name](weight, bias)
 
 

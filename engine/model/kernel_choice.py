@@ -22,11 +22,7 @@ log = logging.getLogger(__name__)
 
 class RunnerKernels:
     def init_kernels(self) -> None:
-        """Read the host's kernel settings (nothing is made yet).
-
-        Raises:
-            ValueError: ``CBP_ENGINE_KERNEL`` or ``CBP_FUSED_LAYERS`` is not one of its choices.
-        """
+        """Read the host's kernel settings (nothing is made yet); ValueError: a bad setting."""
         # The engines' matmul kernel pays off on CPU only; CUDA and MPS keep their own matmuls.
         cpu = self.device.type == "cpu"
         self._linears = linear_kernel.linear_modules(self.model) if cpu else []
@@ -41,11 +37,7 @@ class RunnerKernels:
 
     def engine_kernels(self, batch_invariant: bool = False, head_only: bool = False):
         """Context: the engines' matmul for the model's linears (``head_only``: the output
-        embedding alone, under the fused layers), or batch-invariant mode's kernels.
-
-        Raises:
-            ValueError: batch-invariant mode for a model it does not support.
-        """
+        embedding alone, under the fused layers), or batch-invariant mode's (ValueError)."""
         if batch_invariant:
             return self._invariant_context()
         head = self.model.get_output_embeddings()
@@ -69,11 +61,7 @@ class RunnerKernels:
         return invariant_ops.InvariantKernels(self.model, self.engine_kernel.forward, tile)
 
     def require_batch_invariant(self) -> None:
-        """Refuse now, without packing copies, a model batch-invariant mode does not support.
-
-        Raises:
-            ValueError: the model is not a Llama-style decoder.
-        """
+        """ValueError now, without packing copies, for a model batch-invariant mode refuses."""
         invariant_ops.check_supported(self.model)
 
     @property
