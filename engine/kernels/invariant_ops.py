@@ -1,10 +1,7 @@
 """Batch-invariant mode: a sequence's numerics do not depend on what else shares its step.
 
-Every linear, RMSNorm and MLP runs on fixed tiles of ``TILE_ROWS`` rows (``tiled_rows``), cos/sin
-come from a table filled in blocks of ``ROPE_BLOCK`` positions (``RopeTable``), and attention is
-``invariant_attention``'s. After vLLM's batch invariance (vLLM #27433) and Thinking Machines'
-"Defeating Nondeterminism in LLM Inference" (He et al., 2025), with torch's own kernels at fixed
-shapes; docs/precision.md. Llama-style decoders only (static RoPE).
+Fixed row tiles (``TILE_ROWS``), a RoPE table filled in fixed blocks (``ROPE_BLOCK``) and
+``invariant_attention``; design and prior art: docs/precision.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Which dtypes a device can run, checked before any weight is loaded.
+"""Which dtypes a device can run, checked before any weight is loaded (docs/precision.md).
 
-bfloat16 on CUDA needs compute capability 8.0 (``is_bf16_supported(including_emulation=False)``);
-everything else is probed by running a decoder step's op kinds once on tiny tensors. A CPU without
-AVX512-FP16/BF16 converts to float32 inside its kernels: correct, slower.
+bfloat16 on CUDA needs compute capability 8.0; everything else is probed by running a decoder
+step's op kinds once on tiny tensors.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ class RunnerKernels:
             for g, ms in groups.items()
         }
         bound = int(self.copies_max * memory_account.weights_bytes(self.model))
-        weights = {g: sum(_nbytes(m.weight) for m in ms) for g, ms in groups.items()}
+        weights = {g: sum(m.weight.nbytes for m in ms) for g, ms in groups.items()}
         copies = {
             g: {k: _copy_bytes(ms, k) for k in pricing[g].plan.kernels} for g, ms in groups.items()
         }
@@ -310,10 +310,6 @@ def copy_groups(model, linears) -> dict[str, list]:
         parent = names[m].rpartition(".")[0]
         groups.setdefault((parent, m.in_features), []).append(m)
     return {names[ms[0]] + (f"+{len(ms) - 1}" if len(ms) > 1 else ""): ms for ms in groups.values()}
-
-
-def _nbytes(tensor) -> int:
-    return tensor.numel() * tensor.element_size()
 
 
 def _copy_bytes(linears, kernel: str) -> int:

@@ -29,10 +29,8 @@ def weights_bytes(model: nn.Module) -> int:
 
 
 def memory_account(runner) -> dict:
-    """Bytes of ``runner``'s weights and its kernels' copies: ``weights_bytes``, ``packed_bytes``
-    (by kernel; ``"stacked"``), ``packed_total_bytes``, ``packed_by_part`` (``"modules"``,
-    ``"fused"``), ``copy_budget`` (``CopyBudget.as_dict``: the copies the bound dropped; None
-    without a measured plan); a shared copy counted once."""
+    """Bytes of ``runner``'s weights and its kernels' copies, a shared copy once (the bench
+    JSON's ``memory``: docs/bench.md)."""
     kernel = runner.__dict__.get("engine_kernel")
     fused = runner.__dict__.get("fused_decoder")
     budget = runner.__dict__.get("copy_budget")
