@@ -113,10 +113,7 @@ class FusedDecoder:
 
     def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
         """Final-normed hidden states of each sequence's last token, for the output embedding.
-
-        Shapes:
-            batch.input_ids: [1, T]  ->  returns [1, S, d]
-        """
+        Shapes: batch.input_ids: [1, T]  ->  returns [1, S, d]"""
         x = self.spec.embed(batch.input_ids[0])  # (T, d)
         if self.spec.embed_multiplier != 1.0:
             x = x * self.spec.embed_multiplier
@@ -307,10 +304,7 @@ class LayerStack:
 
     def __call__(self, x, ropes: dict, batch: PackedBatch, num_heads: int) -> torch.Tensor:
         """Every layer on a ``whole_step`` decode step.
-
-        Shapes:
-            x: [T, d];  ropes: key -> (cos, signed_sin) [T, 1, R], R <= D  ->  returns [T, d]
-        """
+        Shapes: x: [T, d];  ropes: key -> (cos, signed_sin) [T, 1, R], R <= D  ->  returns [T, d]"""
         self.num_calls += 1
         storage = [batch.kv_cache.block_storage(i) for i in self.layer_indices]
         tables = {key: (cos[:, 0], sin[:, 0]) for key, (cos, sin) in ropes.items()}
@@ -401,10 +395,7 @@ def _stacked(linears: list[nn.Linear], kernel: str | RowPlan, shared: Mapping) -
 
 def attend(attn: nn.Module, query, key, value, batch: PackedBatch, split, softcap=None):
     """Keys and values into the KV cache, then each query over its own sequence's keys.
-
-    Shapes:
-        query: [1, H, T, D];  key, value: [1, H_kv, T, D]  ->  returns [1, T, H, D]
-    """
+    Shapes: query: [1, H, T, D];  key, value: [1, H_kv, T, D]  ->  returns [1, T, H, D]"""
     if split is not None:
         batch.kv_cache.write(attn.layer_idx, key, value, batch)
         return decode_attention.decode_attention(
@@ -415,10 +406,7 @@ def attend(attn: nn.Module, query, key, value, batch: PackedBatch, split, softca
 
 def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """``x * cos + flip(x) * signed_sin`` (exact; docs/engines.md#kernels); the last D - R pass.
-
-    Shapes:
-        x: [T, heads, D];  cos, signed_sin: [T, 1, R]  ->  [T, heads, D]
-    """
+    Shapes: x: [T, heads, D];  cos, signed_sin: [T, 1, R]  ->  [T, heads, D]"""
     num_tokens, heads, head_dim = x.shape
     if cos.shape[-1] < head_dim:
         rotated = cos.shape[-1]
