@@ -145,11 +145,8 @@ def discrete_colors(colors: list[str]) -> dict:
 
 
 def message_figure(title: str, text: str, height_px: int = 200) -> go.Figure:
-    """An empty chart that says why, in lines a phone shows whole.
-
-    Built in one constructor call: plotly's ``update_*`` calls took 16 ms a chart, and a run's
-    first update sends nine of these.
-    """
+    """An empty chart that says why, in lines a phone shows whole (one constructor call: plotly's
+    ``update_*`` calls are slow, and a run's first update sends nine of these)."""
     lines = textwrap.wrap(text, MESSAGE_LINE_CHARS, break_on_hyphens=False)
     note = "<br>".join(html.escape(line, quote=False) for line in lines)
     hidden_axis = {**AXIS_STYLE, "visible": False}

@@ -51,10 +51,8 @@ PRESSED_STATUS = f"{PRESSED_NOTE} The results below stay as they are until it st
 
 
 def run_event(*values, **named) -> Iterator[tuple]:
-    """The Run button's handler: a generator yielding progress, then ``RunResult.as_outputs()``.
-
-    Takes Run's inputs in ``RUN_INPUTS`` order or by name. Bad input is said in the status line,
-    the earlier results kept (a Gradio error would badge over that line).
+    """The Run button's handler: progress, then the ``RUN_OUTPUTS``; inputs in ``RUN_INPUTS``
+    order or by name. Bad input goes to the status line (a Gradio error would badge over it).
 
     Raises:
         gr.Error: the run passed ``CBP_RUN_TIME_LIMIT_S``, or that setting is not a time limit.

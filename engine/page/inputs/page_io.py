@@ -1,8 +1,7 @@
 """The page's links and workload files: what a workshop teacher hands out and what people take home.
 
-Bad input is told in a toast and in the note under the table (``warning_note``), naming the
-link's value, the file's line or the table's row, and what the page uses instead; the rest still
-applies (a ``gr.Error`` would lay its badge over the table). Links: docs/hosting.md.
+Bad input is told in a toast and under the table (``warning_note``); the rest still applies.
+Links: docs/hosting.md.
 """
 
 from __future__ import annotations
@@ -80,9 +79,8 @@ LINK_SIGNATURE = _link_signature()
 
 
 def setup_query(*values, **named) -> str:
-    """The query that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12&budget=64``: a
-    table that is no preset's in the link, each setting only where it differs from the preset's
-    default. Takes ``LINK_INPUTS`` by position or name; TypeError for a bad or missing one."""
+    """The query that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12&budget=64``,
+    from ``LINK_INPUTS`` by position or name; settings only where they differ from the preset's."""
     given = LINK_SIGNATURE.bind(*values, **named)
     given.apply_defaults()
     page = given.arguments

@@ -1,8 +1,6 @@
 """The page while a run goes, and after one stopped early: progress line, live timelines, outputs.
 
-``live_outputs`` turns a ``Run``'s progress into updates; ``cleared_outputs`` clears the previous
-run's views first; ``LiveTimelines`` paces the updates so that showing the run takes little from
-it.
+``LiveTimelines`` paces the updates so that showing the run takes little from it.
 """
 
 from __future__ import annotations
@@ -219,14 +217,8 @@ def _not_started(name: str):
 
 
 class LiveTimelines:
-    """``live_outputs`` paced so that showing the run takes little from it (costs:
-    docs/measurements.md).
-
-    After a redraw that took ``c`` s of this thread's CPU the next waits ``c / cpu_share`` (an
-    engine's first steps are drawn at once); after an update Gradio took ``g`` s to handle, the
-    next waits ``g / update_share``; at most ``MAX_UPDATE_WAIT_S``, as the nice server threads
-    can take seconds on a busy CPU. The outputs table is sent only when its rows change.
-    """
+    """``live_outputs`` paced: after a redraw of ``c`` CPU seconds the next waits
+    ``c / cpu_share``, after an update Gradio took ``g`` s, ``g / update_share`` (docs/page.md)."""
 
     def __init__(self, cpu_share: float = TIMELINE_CPU_SHARE, update_share: float = UPDATE_SHARE):
         assert 0 < cpu_share <= 1 and 0 < update_share <= 1, (cpu_share, update_share)
