@@ -14,9 +14,7 @@ import textwrap
 import plotly.graph_objects as go
 import plotly.io as pio
 
-# Every chart's template, applied when the figure is serialised. Setting ``template=`` on each
-# figure instead validates and deep-copies the template there: 11 ms a chart, which made the
-# page's process spend as much CPU as the engines on a short run.
+# Every chart's template, applied when the figure is serialised (docs/page.md, "Gradio's costs").
 pio.templates.default = "plotly_white"
 
 # Okabe–Ito without black (black vanishes on a dark page).

@@ -1,5 +1,4 @@
-"""Handlers: the page's events as plain functions, testable without a browser. Modules:
-``playground``, ``recording``, ``opening``, ``model_choice``."""
+"""Handlers: the page's events as plain functions, testable without a browser."""
 
 __all__ = [
     "model_choice",

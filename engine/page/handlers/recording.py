@@ -23,8 +23,6 @@ FORMAT = 1
 
 @dataclass(frozen=True)
 class Recording:
-    """Where, when and how the shipped run was recorded."""
-
     preset: str
     num_slots: int
     kv_mode: str
@@ -81,7 +79,6 @@ def opening_result(path: Path = RECORDING_PATH, model_id: str = MODEL):
 
 
 def is_recorded_model(model_id: str | None) -> bool:
-    """Whether ``model_id`` names the model the recording was made on."""
     return (model_id or MODEL).strip().lower() == MODEL
 
 

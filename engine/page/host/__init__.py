@@ -1,5 +1,4 @@
-"""Hosting: the command line, the queue's polling, links, Spaces; the top room of the page.
-Modules: ``launch``, ``quiet_queue``, ``server_priority``, ``share``, ``zerogpu``."""
+"""Hosting: the command line, the queue's polling, links, Spaces; the top room of the page."""
 
 __all__ = [
     "launch",

@@ -1,5 +1,4 @@
-"""Inputs: what a person brings to the page, and what a link hands on. Modules: ``presets``,
-``page_io``, ``link_query``, ``link_table``."""
+"""Inputs: what a person brings to the page, and what a link hands on."""
 
 __all__ = [
     "presets",

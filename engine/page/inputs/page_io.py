@@ -50,19 +50,16 @@ COPY_LINK_JS = """(query) => {
 }"""
 
 
-# Runs in the browser after Stop: a run still waiting in Gradio's queue (Stop answers "queued" only
-# on ZeroGPU, engine.page.run.run_handle) is taken out of it by the hidden button whose click
-# cancels the Run events (immediate for an event that has not started).
+# Runs in the browser after Stop: a run still waiting in Gradio's queue (ZeroGPU) is taken out by
+# the hidden button that cancels the Run events (docs/page.md, "Run and Stop, click by click").
 LEAVE_QUEUE_JS = """(reply) => {
     if (reply === "queued") document.getElementById("leave_queue_button")?.click();
     return [];
 }"""
 
 
-# Run in the browser before ``run_pressed`` and ``stop_event``: the press carries the number of
-# the latest click on Run (or "Run live anyway"), Stop its own, in the page's one sequence of
-# clicks (``assets/page.js``), by which the server acts in click order and tells Gradio's replay
-# of a deferred click from a new click (``engine.page.run.run_handle``).
+# Run in the browser before ``run_pressed`` and ``stop_event``: each click's number in the page's
+# one sequence (``assets/page.js``; docs/page.md, "Run and Stop, click by click").
 RUN_CLICK_JS = """(handle, seq) => [handle, window.cbpRunClick || 0]"""
 STOP_CLICK_JS = """(handle, seq) => [handle, window.cbpStopClick || 0]"""
 

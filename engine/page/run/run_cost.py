@@ -123,10 +123,6 @@ class Pace:
         units = work.units()
         return sum(units[part] * self.s_per_unit(part) for part in (*ENGINE_PARTS, PREFILL))
 
-    def servers_s(self, work: Work) -> float:
-        """Seconds of ``work``'s server stages, each at least its arrivals' wait."""
-        return sum(self.server_stage_s(work, name) for name in work.servers)
-
     def server_stage_s(self, work: Work, name: str) -> float:
         """Seconds of ``work``'s stage on server ``name`` (a wait for its start left out)."""
         if not self.known:
@@ -188,7 +184,8 @@ class Pace:
             return None
         reference_s = work.units(references)[REFERENCE] * self.s_per_unit(REFERENCE)
         engines_s = max(self.engines_s(work), work.min_wall_s)
-        return slowdown * (engines_s + reference_s + self.run_s) + self.servers_s(work)
+        servers_s = sum(self.server_stage_s(work, name) for name in work.servers)
+        return slowdown * (engines_s + reference_s + self.run_s) + servers_s
 
     def engine_s_left(self, work: Work, steps_done: int) -> float:
         if work.steps <= 0:

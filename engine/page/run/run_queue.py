@@ -127,7 +127,6 @@ class RunQueue:
     def finish(
         self, ticket: Ticket, wall_s: float, parts_s: dict[str, float] | None = None
     ) -> None:
-        """Free the model and teach the pace; ``parts_s`` None: unknown."""
         with self._changed:
             if wall_s > 0:
                 beside_start = ticket.beside_start  # then it teaches only the servers' stages

@@ -78,7 +78,6 @@ class PageModel:
 
     @property
     def model_id(self) -> str:
-        """The allowlist's name of the model."""
         return self.facts.model_id
 
     @property

@@ -1,6 +1,4 @@
-"""Views: what the page shows of a run, as figures, tables and lines of text. Modules:
-``run_view``, ``progress_view``, ``run_status``, ``tables``, ``divergence_view``,
-``server_view``, ``inside_view``, ``markup``."""
+"""Views: what the page shows of a run, as figures, tables and lines of text."""
 
 __all__ = [
     "tables",

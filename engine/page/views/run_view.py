@@ -328,7 +328,6 @@ def _at_step(builder: Callable, trace: Trace, step_index: int):
 
 
 def slider_label(state: RunState) -> str:
-    """The step slider's label: which steps each engine has."""
     s, c = len(state.static.steps), len(state.continuous.steps)
     found = inside_view.own_record(state.inside_runs())
     inside = f", {found[0]} 0–{len(found[1].steps) - 1} (its own record)" if found else ""
