@@ -269,7 +269,7 @@ def left_queue_event(handle: RunHandle | None, previous: RunState | None, x_axis
 def _refused_outputs(previous: RunState | None, exc: ValueError) -> tuple:
     gr.Warning(toast_text(exc), title="Not run")
     note = f"**Not run:** {progress_view.plain_markdown(str(exc))}"
-    return progress_view.previous_outputs(previous, note)
+    return progress_view.previous_outputs(previous, note, hide_live=False)
 
 
 def update_step(

@@ -1,6 +1,7 @@
 """A run's cost for the queue's estimate: its work in parts, and this host's pace for each part.
 
-The parts, their units and how ``Pace`` learns them: docs/page.md, "A run's cost".
+The parts, their units and how ``Pace`` learns them: docs/page.md, "A run's cost, and the live
+pacing".
 """
 
 from __future__ import annotations

@@ -139,32 +139,30 @@ def queued_outputs(message: str) -> tuple:
     )
 
 
-def previous_outputs(previous: RunState | None, message: str, x_axis: str | None = None) -> tuple:
+def previous_outputs(
+    previous: RunState | None, message: str, x_axis: str | None = None, hide_live: bool = True
+) -> tuple:
     """The outputs for a run that gave no results: ``message``, then the previous run, redrawn on
-    ``x_axis`` (None: only named in the status line)."""
-    if previous is None and x_axis is None:
-        return queued_outputs(message)
+    ``x_axis`` (None: only named in the status line; the rest unchanged)."""
+    changed = {"run_note_markdown": message}
+    if hide_live:
+        changed["live_button"] = gr.Button(visible=False)
+    if x_axis is None:
+        status = message if previous is None else f"{message} {shown_instead(previous)}"
+        return run_outputs(status_markdown=status, **changed)
     if previous is None:
         return run_outputs(
             **dict.fromkeys(name for name in RUN_OUTPUTS if name.endswith("_plot")),
             metrics_table=[],
             outputs_table=outputs_table([], list(LIVE_ENGINES)),
             status_markdown=message,
-            run_note_markdown=message,
-            live_button=gr.Button(visible=False),
-        )
-    if x_axis is None:
-        return run_outputs(
-            status_markdown=f"{message} {shown_instead(previous)}",
-            run_note_markdown=message,
-            live_button=gr.Button(visible=False),
+            **changed,
         )
     shown = render(previous, x_axis, downloads=False)
     shown.status = f"{message} {shown_instead(previous, shown.status)}"
     values = dict(zip(RUN_OUTPUTS, shown.as_outputs(), strict=True))
     del values["run_state"], values["downloads_file"]  # both stay as they are
-    values |= {"run_note_markdown": message, "live_button": gr.Button(visible=False)}
-    return run_outputs(**values)
+    return run_outputs(**values | changed)
 
 
 def with_run_note(outputs: tuple, note: str, live_button: bool = False) -> tuple:
@@ -242,8 +240,8 @@ def _not_started(name: str):
 
 
 class LiveTimelines:
-    """``live_outputs`` paced: after a redraw of ``c`` CPU seconds the next waits
-    ``c / cpu_share``, after an update Gradio took ``g`` s, ``g / update_share`` (docs/page.md)."""
+    """``live_outputs`` paced to a share of the run's CPU (docs/page.md, "A run's cost, and the
+    live pacing")."""
 
     def __init__(self, cpu_share: float = TIMELINE_CPU_SHARE, update_share: float = UPDATE_SHARE):
         assert 0 < cpu_share <= 1 and 0 < update_share <= 1, (cpu_share, update_share)

@@ -43,10 +43,10 @@ def page(monkeypatch) -> PageModel:
         time.sleep(STEP_S)
         return forward(batch)
 
-    def slow_previous_outputs(*args):
+    def slow_previous_outputs(*args, **named):
         if len(args) > 2:  # the previous run redrawn
             time.sleep(REDRAW_S)
-        return previous_outputs(*args)
+        return previous_outputs(*args, **named)
 
     monkeypatch.setattr(runner, "forward_packed", slow_forward)
     monkeypatch.setattr(progress_view, "previous_outputs", slow_previous_outputs)
