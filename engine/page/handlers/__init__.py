@@ -1,4 +1,5 @@
-"""Handlers: the page's events as plain functions, testable without a browser."""
+"""Handlers: the page's events as plain functions, testable without a browser. Modules:
+``playground``, ``recording``, ``opening``, ``model_choice``."""
 
 __all__ = [
     "model_choice",

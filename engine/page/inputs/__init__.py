@@ -1,4 +1,5 @@
-"""Inputs: what a person brings to the page, and what a link hands on."""
+"""Inputs: what a person brings to the page, and what a link hands on. Modules: ``presets``,
+``page_io``, ``link_query``, ``link_table``."""
 
 __all__ = [
     "presets",
