@@ -120,7 +120,8 @@ def _follow(run: Run, x_axis: str):
             if line != sent or queue.clock() - sent_s >= QUEUE_RESEND_S:
                 sent, sent_s = line, queue.clock()
                 run.lend()  # Gradio holds the generator until it asks again: not stale meanwhile
-                yield progress_view.queued_outputs(line)
+                hidden = gr.Button(visible=False)
+                yield run_outputs(status_markdown=line, run_note_markdown=line, live_button=hidden)
         elif isinstance(event, Running) and (event.shown is not None or servers.summary):
             yield servers.outputs(event)
         elif isinstance(event, Running):

@@ -130,15 +130,6 @@ def _coarse(seconds: float) -> str:
     return f"{round(seconds, -1):.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
-def queued_outputs(message: str) -> tuple:
-    """The outputs for a run not running: ``message`` in the status line and under Run."""
-    return run_outputs(
-        status_markdown=message,
-        run_note_markdown=message,
-        live_button=gr.Button(visible=False),
-    )
-
-
 def previous_outputs(
     previous: RunState | None, message: str, x_axis: str | None = None, hide_live: bool = True
 ) -> tuple:
