@@ -3,11 +3,8 @@
     blocks 0..15 at step 40 (block size 16):
     R0×3 R0×3 R2 -- R0 R2 R5 R5 cc -- R5 -- -- -- -- --     (-- free, cc free but cached)
 
-Shared blocks carry their reference count. With a sliding window on every layer, free blocks
-that fell out of a window are drawn apart; so are the block ids a record reserves
-(``info["kv_reserved_blocks"]``, older transformers records: ``kv_trash_blocks``). A model with KV
-cache groups (``info["kv_groups"]``: Gemma 2/3's global and sliding layers over one pool) has every
-group's blocks on the map, the hover naming a block's group.
+Shared blocks carry their reference count; blocks out of a window, reserved ones and KV cache
+groups are drawn apart (docs/engines.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""What 100 % KV use is for each engine: the pool its share is of, in blocks and MiB where known.
-
-Each engine sizes its own pool, so "43 %" of ours and "4 %" of vLLM's are shares of different
-wholes; a chart that sets them side by side says what each whole is.
+"""What 100 % KV use is for each engine: the pool its share is of, in blocks and MiB where known
+(each engine sizes its own pool, so a chart of several says what each whole is).
 """
 
 from __future__ import annotations

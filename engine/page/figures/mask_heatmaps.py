@@ -1,7 +1,5 @@
-"""Attention-mask heatmaps: the packed step's block-diagonal mask and the static wave's padded one.
-
-Drawn through the engines' own mask functions (``engine.serving.masks``), so the page shows what
-the engine computed. Over ``MAX_HEATMAP_CELLS`` cells a mask is max-pooled into tiles.
+"""Attention-mask heatmaps: the packed step's block-diagonal mask and the static wave's padded one,
+drawn through the engines' own mask functions (``engine.serving.masks``).
 """
 
 from __future__ import annotations
@@ -179,11 +177,7 @@ def _token_labels(names: list[str], seq, pos, from_cache=None) -> list[str]:
 
 
 def prefix_cached_keys(step: StepRecord, layout: PackedLayout) -> torch.Tensor:
-    """Key columns from the prefix cache: each sequence's first ``num_prefix_cached_tokens``.
-
-    Shapes:
-        returns: [T_kv] bool
-    """
+    """Key columns from the prefix cache, [T_kv] bool: each sequence's first cached tokens."""
     prefix = torch.tensor([s.num_prefix_cached_tokens for s in step.seqs], dtype=torch.long)
     assert all(s.num_prefix_cached_tokens <= s.num_cached_tokens for s in step.seqs), (
         "prefix-cached keys must be cached keys"

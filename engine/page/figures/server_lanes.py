@@ -6,8 +6,7 @@ A server hides its slots, so its timeline has one lane per request, from the cli
     R1 |  ░░░░░▓▓▓▓▓▓▓▓▓▓▓▓|      ▓ decoding: first token to last
     R2 |        ░░░░░░░░░▓▓▓▓|
 
-Both are the view from outside (``OUTSIDE``); its own record is
-``engine.page.views.inside_view``'s.
+Both are the view from outside; its own record is ``engine.page.views.inside_view``'s.
 """
 
 from __future__ import annotations

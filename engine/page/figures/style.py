@@ -14,9 +14,7 @@ import textwrap
 import plotly.graph_objects as go
 import plotly.io as pio
 
-# Every chart's template, applied when the figure is serialised. Setting ``template=`` on each
-# figure instead validates and deep-copies the template there: 11 ms a chart, which made the
-# page's process spend as much CPU as the engines on a short run.
+# Every chart's template, applied when the figure is serialised (docs/page.md, "Gradio's costs").
 pio.templates.default = "plotly_white"
 
 # Okabe–Ito without black (black vanishes on a dark page).
@@ -145,11 +143,8 @@ def discrete_colors(colors: list[str]) -> dict:
 
 
 def message_figure(title: str, text: str, height_px: int = 200) -> go.Figure:
-    """An empty chart that says why, in lines a phone shows whole.
-
-    Built in one constructor call: plotly's ``update_*`` calls took 16 ms a chart, and a run's
-    first update sends nine of these.
-    """
+    """An empty chart that says why, in lines a phone shows whole (one constructor call: plotly's
+    ``update_*`` calls are slow, and a run's first update sends nine of these)."""
     lines = textwrap.wrap(text, MESSAGE_LINE_CHARS, break_on_hyphens=False)
     note = "<br>".join(html.escape(line, quote=False) for line in lines)
     hidden_axis = {**AXIS_STYLE, "visible": False}

@@ -1,8 +1,5 @@
-"""The model picker's handler: the host's model chosen, loaded where the engines run; and the
-model line after a run, in the run's precision.
-
-The load waits for the run in progress; a model that cannot load is told as "Not run" with the
-loader's reason, and the model line keeps the one before.
+"""The model picker's handler: the host's model chosen, loaded where the engines run, after the
+run in progress; and the model line after a run, in the run's precision.
 """
 
 from __future__ import annotations
@@ -44,9 +41,7 @@ def choose_model_event(name: str | None) -> Iterator[tuple]:
 
 
 def run_model_line(state, name: str | None):
-    """The model line for the run ``state`` (a ``RunState``) shows, after a Run: the picked
-    model ``name`` in the run's precision; unchanged (``gr.skip()``) with no run or a model
-    not loaded."""
+    """After a Run: the model line of ``name`` in the precision of the run ``state`` shows."""
     model = shared_model.get_model()
     if state is None or not model.holds(name):
         return gr.skip()

@@ -1,8 +1,5 @@
-"""What a page opened from a setup link shows before its first Run.
-
-The recorded charts under another setup would read as its own. So a link's setup measured here
-within the replay window is shown as a Run shown at once; otherwise the status line says whose
-the recorded run is, and that Run measures the linked setup.
+"""What a page opened from a setup link shows before its first Run: the setup's recent run, else
+the recorded run said to be another setup's (its charts would read as the link's own).
 """
 
 from __future__ import annotations
@@ -31,9 +28,7 @@ LINK_KEYS = ("preset", "slots", "table", *(param.url for param in link_query.PAR
 
 
 def link_opened(request: gr.Request | None, preset_name: str | None, *values) -> tuple:
-    """After ``page_io.from_link``: the linked setup's recent run, or the recorded run said to be
-    another's. Takes the preset, then Run's inputs; returns Run outputs (``gr.skip()`` if
-    unchanged)."""
+    """After ``page_io.from_link``: Run's outputs from the preset, then Run's inputs."""
     query, step = page_io.query_params(request), page_io.link_step(request)
     settings, previous, handle = settings_from_run(*values)
     if not _untouched(previous, handle):

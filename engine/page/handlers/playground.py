@@ -51,10 +51,8 @@ PRESSED_STATUS = f"{PRESSED_NOTE} The results below stay as they are until it st
 
 
 def run_event(*values, **named) -> Iterator[tuple]:
-    """The Run button's handler: a generator yielding progress, then ``RunResult.as_outputs()``.
-
-    Takes Run's inputs in ``RUN_INPUTS`` order or by name. Bad input is said in the status line,
-    the earlier results kept (a Gradio error would badge over that line).
+    """The Run button's handler: progress, then the ``RUN_OUTPUTS``; inputs in ``RUN_INPUTS``
+    order or by name. Bad input goes to the status line (a Gradio error would badge over it).
 
     Raises:
         gr.Error: the run passed ``CBP_RUN_TIME_LIMIT_S``, or that setting is not a time limit.
@@ -67,7 +65,7 @@ def run_event(*values, **named) -> Iterator[tuple]:
         yield run_outputs()
         return
     if turn.skip == STOPPED_PRESS:
-        yield _left_queue_outputs(previous)
+        yield progress_view.previous_outputs(previous, STOPPED_IN_QUEUE)
         return
     try:
         yield from _run(settings, previous, handle, turn)
@@ -91,7 +89,7 @@ def _run(settings: RunSettings, previous, handle: RunHandle, turn: Turn):
         if isinstance(ended, Ended) and not turn.abandoned:
             yield from _finished_outputs(run, ended, previous, x_axis)
         elif isinstance(ended, Left):
-            yield _left_queue_outputs(previous)
+            yield progress_view.previous_outputs(previous, STOPPED_IN_QUEUE)
 
 
 def run_request(settings: RunSettings, replay: bool = True) -> RunRequest:
@@ -122,7 +120,8 @@ def _follow(run: Run, x_axis: str):
             if line != sent or queue.clock() - sent_s >= QUEUE_RESEND_S:
                 sent, sent_s = line, queue.clock()
                 run.lend()  # Gradio holds the generator until it asks again: not stale meanwhile
-                yield progress_view.queued_outputs(line)
+                hidden = gr.Button(visible=False)
+                yield run_outputs(status_markdown=line, run_note_markdown=line, live_button=hidden)
         elif isinstance(event, Running) and (event.shown is not None or servers.summary):
             yield servers.outputs(event)
         elif isinstance(event, Running):
@@ -158,7 +157,7 @@ class _ServersStage:
         names = self.run.server_names
         if event.shown is None:
             line = self._line(event)
-            return progress_view.servers_stage_outputs(line, self.summary)
+            return run_outputs(status_markdown=f"{line}  \n{self.summary}")  # nothing drawn
         state = run_state(event.shown)
         self.done = dict.fromkeys(state.servers, "done")
         self.done |= dict.fromkeys(state.server_failures, "no results")
@@ -185,11 +184,11 @@ def _finished_outputs(
     try:
         state = run_state(ended.result())
     except RunCancelled:  # Stop (a closed tab ends at a yield: nobody sees this)
-        yield _stopped_outputs(previous, STOPPED, x_axis)
+        yield progress_view.previous_outputs(previous, STOPPED, x_axis)
         return
     except (RunStopped, ValueError) as exc:  # the time limit, or bad input only engines could see
         reason = progress_view.plain_markdown(str(exc))
-        yield _stopped_outputs(previous, f"**Stopped:** {reason}", x_axis)
+        yield progress_view.previous_outputs(previous, f"**Stopped:** {reason}", x_axis)
         if isinstance(exc, RunStopped):
             raise gr.Error(f"Run stopped: {toast_text(exc)}", print_exception=False) from None
         gr.Warning(toast_text(exc), title="Run stopped")  # bad input: told, as before the run
@@ -203,7 +202,6 @@ def _finished_outputs(
 
 
 def run_state(answer: RunAnswer) -> RunState:
-    """The page's state of a run's answer: engines, servers and verdicts."""
     state = RunState.from_comparison(answer.comparison)
     state.servers, state.server_failures = answer.servers, answer.server_failures
     if answer.server_verdicts:
@@ -266,24 +264,13 @@ def left_queue_event(handle: RunHandle | None, previous: RunState | None, x_axis
     """The run waiting in Gradio's queue was cancelled: why, and the previous run's status."""
     if handle is not None:
         handle.left_queue()
-    return _left_queue_outputs(previous)
+    return progress_view.previous_outputs(previous, STOPPED_IN_QUEUE)
 
 
 def _refused_outputs(previous: RunState | None, exc: ValueError) -> tuple:
     gr.Warning(toast_text(exc), title="Not run")
-    shown = None if previous is None else run_status.shown_instead(previous)
-    return progress_view.refused_outputs(str(exc), shown)
-
-
-def _left_queue_outputs(previous: RunState | None) -> tuple:
-    """A run stopped before it started: only the status line and note are sent (no redraw)."""
-    shown = None if previous is None else run_status.shown_instead(previous)
-    return progress_view.queued_outputs(STOPPED_IN_QUEUE, shown)
-
-
-def _stopped_outputs(previous: RunState | None, message: str, x_axis: str) -> tuple:
-    shown = None if previous is None else render(previous, x_axis, downloads=False)
-    return progress_view.stopped_outputs(shown, message)
+    note = f"**Not run:** {progress_view.plain_markdown(str(exc))}"
+    return progress_view.previous_outputs(previous, note, hide_live=False)
 
 
 def update_step(

@@ -1,12 +1,7 @@
 """The recorded run: a real run of the default preset, shipped so the page never opens empty.
 
-Before anyone presses Run, the page shows ``assets/recorded_run.json``: both engines' traces and
-the ``model.generate`` reference, recorded by the real engines on the embedded model with the
-page's default settings, and labelled with where and when (device, dtype, date). Every chart,
-table and the step slider read it like any run (``engine.page.views.run_view``).
-
-Each trace is in the trace codec's compact form (``engine.trace_codec``). ``make record``
-re-records it (``tools/record_run.py``).
+``assets/recorded_run.json`` (traces in ``engine.trace_codec``'s compact form, the reference, and
+where and when it was made); ``make record`` re-records it.
 """
 
 from __future__ import annotations
@@ -28,8 +23,6 @@ FORMAT = 1
 
 @dataclass(frozen=True)
 class Recording:
-    """Where, when and how the shipped run was recorded."""
-
     preset: str
     num_slots: int
     kv_mode: str
@@ -59,11 +52,7 @@ class Recording:
 
 
 def load_recording(path: Path = RECORDING_PATH):
-    """The shipped run as a ``run_view.RunState`` whose ``recorded`` names where it was made.
-
-    Raises:
-        ValueError: the file is not a recording this page can read.
-    """
+    """The shipped run, its ``recorded`` naming where it was made (ValueError: unreadable)."""
     from engine.page.views.run_view import RunState  # run_view imports figures: not at import time
 
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -80,10 +69,8 @@ def load_recording(path: Path = RECORDING_PATH):
 
 
 def opening_result(path: Path = RECORDING_PATH, model_id: str = MODEL):
-    """What the page on the model ``model_id`` (the allowlist's name) shows before its first
-    Run: the recording rendered (no download files), or None when no recording ships or the
-    page's model is not the recorded one (the page then opens empty, ``opening_status`` on its
-    status line)."""
+    """What the page on the model ``model_id`` shows before its first Run: the recording, or
+    None where none ships or the model is another (the page then opens empty)."""
     from engine.page.views.run_view import render
 
     if not path.exists() or not is_recorded_model(model_id):
@@ -92,7 +79,6 @@ def opening_result(path: Path = RECORDING_PATH, model_id: str = MODEL):
 
 
 def is_recorded_model(model_id: str | None) -> bool:
-    """Whether ``model_id`` names the model the recording was made on."""
     return (model_id or MODEL).strip().lower() == MODEL
 
 
@@ -108,9 +94,7 @@ def opening_status(model_id: str | None) -> str | None:
 
 
 def recorded_settings() -> RunSettings:
-    """The recorded run's ``RunSettings``: the default preset with the page's default settings
-    (``link_query.page_defaults``), on the loaded model in its precision (no ``model``, no
-    ``dtype``)."""
+    """The recorded run's ``RunSettings``: the default preset and settings, on the loaded model."""
     from engine.page.inputs import link_query, page_io, presets
     from engine.page.run.run_options import RunSettings
 

@@ -1,12 +1,7 @@
 """The page's server threads yield the CPU to the run being measured, where they share it.
 
-A thread inherits its creator's nice value (Linux keeps one per thread). So the main thread,
-after the engine thread's OpenMP pool and the engine process are made, raises its own before
-Gradio makes its server threads; at nice +10 the fair scheduler gives an engine thread about ten
-times their CPU share. Why: docs/measurements.md, "Does the room slow the run being measured?".
-With the CPUs split (the engine process on CPUs of its own) the page keeps its nice value: there
-it would yield only to the host's other work (docs/measurements.md, "A press's note on a busy
-host").
+Threads inherit their creator's nice value, so the main thread raises its own after the engines'
+threads exist and before Gradio's: docs/page.md, "Server threads' nice value".
 """
 
 from __future__ import annotations
@@ -41,6 +36,5 @@ def lower_this_thread(steps: int) -> bool:
 
 
 def page_steps(steps: int, cpus_split: bool) -> int:
-    """The nice steps for the page's server threads: ``steps``, or 0 where ``cpus_split`` (the
-    engines run on CPUs the page does not use)."""
+    """The nice steps for the page's server threads: 0 where the engines have CPUs of their own."""
     return 0 if cpus_split else steps

@@ -1,7 +1,5 @@
-"""Share links: a public gradio.live link to the running page, with a bounded wait.
-
-Gradio's ``launch(share=True)`` can wait a minute before saying anything; here the page serves
-locally first and the tunnel is asked for in the background, at most ``SHARE_WAIT_S``.
+"""Share links: a public gradio.live link to the running page, asked for in the background
+(Gradio's ``launch(share=True)`` can wait a minute before saying anything).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""ZeroGPU: on a Hugging Face Space with ZeroGPU hardware, a run holds a GPU only while it runs.
-
-``on_gpu`` wraps the Run handler in ``spaces.GPU(duration=...)`` where ``spaces`` imports;
-the duration follows the workload limits (docs/hosting.md, "For Space owners").
+"""ZeroGPU: on a Hugging Face Space with ZeroGPU hardware, a run holds a GPU only while it runs
+(docs/hosting.md, "For Space owners").
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ def _spaces():
 
 
 def on_gpu(fn: Callable) -> Callable:
-    """``fn`` wrapped with ``spaces.GPU(duration=gpu_duration_s())`` where ``spaces`` imports;
-    raises as ``gpu_duration_s``."""
+    """``fn`` wrapped with ``spaces.GPU(duration=gpu_duration_s())`` where ``spaces`` imports."""
     spaces = _spaces()
     return fn if spaces is None else spaces.GPU(duration=gpu_duration_s())(fn)

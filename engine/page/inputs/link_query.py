@@ -1,8 +1,5 @@
-"""What a link says of the engine settings: one short query parameter per setting (``PARAMS``).
-
-Written only where the page differs from its default for the link's preset, so a link to an
-untouched page stays ``?preset=seed&slots=3``; the parameters: docs/hosting.md, "Link
-parameters".
+"""What a link says of the engine settings: one short query parameter per setting (``PARAMS``),
+only where it differs from the preset's default; the parameters: docs/hosting.md.
 """
 
 from __future__ import annotations
@@ -86,8 +83,7 @@ def _write(param: Knob, value) -> str:
 
 
 def _read(param: Knob, text: str, precision: Precision):
-    """The parameter's value from ``text``, checked against the knob's range and choices. Raises
-    ValueError saying what it takes."""
+    """The parameter's value from ``text``; ValueError saying what it takes."""
     if param.kind == "flag":
         return _parsed(knob_values.flag, text, "use 1 (on) or 0 (off)", knob_values.LINK_WORDS)
     if param.name == "model":  # a folder's name keeps its case

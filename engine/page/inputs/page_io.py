@@ -1,8 +1,7 @@
 """The page's links and workload files: what a workshop teacher hands out and what people take home.
 
-Bad input is told in a toast and in the note under the table (``warning_note``), naming the
-link's value, the file's line or the table's row, and what the page uses instead; the rest still
-applies (a ``gr.Error`` would lay its badge over the table). Links: docs/hosting.md.
+Bad input is told in a toast and under the table (``warning_note``); the rest still applies.
+Links: docs/hosting.md.
 """
 
 from __future__ import annotations
@@ -51,19 +50,16 @@ COPY_LINK_JS = """(query) => {
 }"""
 
 
-# Runs in the browser after Stop: a run still waiting in Gradio's queue (Stop answers "queued" only
-# on ZeroGPU, engine.page.run.run_handle) is taken out of it by the hidden button whose click
-# cancels the Run events (immediate for an event that has not started).
+# Runs in the browser after Stop: a run still waiting in Gradio's queue (ZeroGPU) is taken out by
+# the hidden button that cancels the Run events (docs/page.md, "Run and Stop, click by click").
 LEAVE_QUEUE_JS = """(reply) => {
     if (reply === "queued") document.getElementById("leave_queue_button")?.click();
     return [];
 }"""
 
 
-# Run in the browser before ``run_pressed`` and ``stop_event``: the press carries the number of
-# the latest click on Run (or "Run live anyway"), Stop its own, in the page's one sequence of
-# clicks (``assets/page.js``), by which the server acts in click order and tells Gradio's replay
-# of a deferred click from a new click (``engine.page.run.run_handle``).
+# Run in the browser before ``run_pressed`` and ``stop_event``: each click's number in the page's
+# one sequence (``assets/page.js``; docs/page.md, "Run and Stop, click by click").
 RUN_CLICK_JS = """(handle, seq) => [handle, window.cbpRunClick || 0]"""
 STOP_CLICK_JS = """(handle, seq) => [handle, window.cbpStopClick || 0]"""
 
@@ -80,9 +76,8 @@ LINK_SIGNATURE = _link_signature()
 
 
 def setup_query(*values, **named) -> str:
-    """The query that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12&budget=64``: a
-    table that is no preset's in the link, each setting only where it differs from the preset's
-    default. Takes ``LINK_INPUTS`` by position or name; TypeError for a bad or missing one."""
+    """The query that reproduces this setup, e.g. ``?preset=seed&slots=3&step=12&budget=64``,
+    from ``LINK_INPUTS`` by position or name; settings only where they differ from the preset's."""
     given = LINK_SIGNATURE.bind(*values, **named)
     given.apply_defaults()
     page = given.arguments

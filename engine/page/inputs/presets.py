@@ -1,7 +1,5 @@
 """Presets: ready-made workloads from assets/presets.json, each with a paragraph on what it shows.
-
-The file's format, and why choosing a preset resets the engine settings (``ENGINE_DEFAULTS``):
-docs/page.md, "The presets and tour files".
+Format: docs/page.md, "The presets and tour files".
 """
 
 from __future__ import annotations

@@ -57,7 +57,6 @@ class RequestsPanel:
 
 
 def requests_panel(rows: list[list], preset_text: str) -> RequestsPanel:
-    """The request editor, filled with the default preset's ``rows``."""
     table = RequestsTable(  # a gr.Dataframe whose API value Run's handler checks
         value=rows,
         headers=list(TABLE_COLUMNS),  # prompt, max_new_tokens, arrival_s, sampling settings

@@ -1,8 +1,5 @@
-"""The request table's component: a Dataframe whose API value Gradio passes on unchecked.
-
-A plain ``gr.Dataframe`` rejects a malformed value from an API client with Gradio's opaque error
-and a traceback; this one has no data model, so Run's handler refuses it with a "Not run" status
-line (``run_options.request_rows``). Gradio writes a ``.pyi`` stub beside it; git ignores it.
+"""The request table's component: a Dataframe whose API value Gradio passes on unchecked, so that
+Run refuses a malformed one in words (docs/page.md, "Gradio's costs").
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """The settings panel: preset, slots, checks, the engine knobs, precision, Run and Stop, the link.
-
-Knobs are built from their declarations (``engine.knobs``), place and row included; this panel
-lays the places out and adds what is no knob.
+Knobs are built from their declarations (``engine.knobs``); this panel lays out their places.
 """
 
 from __future__ import annotations

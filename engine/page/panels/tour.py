@@ -1,7 +1,5 @@
 """The guided tour: short plain-words explanations, each pointing at the live chart that shows it.
-
-``assets/tour.json``'s format and what "Set this up" does: docs/page.md, "The presets and tour
-files".
+Format: docs/page.md, "The presets and tour files".
 """
 
 from __future__ import annotations

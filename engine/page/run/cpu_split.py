@@ -1,9 +1,6 @@
-"""Where the engines run: in an engine process or on the page's engine thread
-(``engine_process_wanted``), and the CPUs they keep to themselves, the page serving on the rest.
-
-torch's OpenMP threads wait for each other at every parallel region, so a page thread that takes
-any of their CPUs stalls them all; nice values did not help (docs/measurements.md, "CPUs of their
-own"). ``CBP_ENGINE_CPUS``: docs/hosting.md. Linux only (``os.sched_setaffinity``).
+"""Where the engines run (an engine process or the page's engine thread), and the CPUs they keep
+to themselves: a page thread on an OpenMP pool's CPU stalls the whole pool (docs/measurements.md,
+"CPUs of their own"). ``CBP_ENGINE_CPUS``: docs/hosting.md. Linux only.
 """
 
 from __future__ import annotations
@@ -52,8 +49,7 @@ def cpu_split(
     environ: Mapping[str, str] | None = None, available: tuple[int, ...] | None = None
 ) -> CpuSplit | None:
     """The split ``CBP_ENGINE_CPUS`` asks for on ``available`` (default: this process's
-    affinity); None for no split. Raises ValueError for a value not ``auto``, ``all`` or 1 to
-    CPUs - 1."""
+    affinity); None for no split. Raises ValueError for a bad value."""
     text = settings.value(ENV, environ).lower()
     if available is None:
         available = _available()

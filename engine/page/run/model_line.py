@@ -1,9 +1,6 @@
-"""The model line under the page's title: which model, where and in which precision, its family,
-size and sliding window, how its decode step runs, with the details on hover (``<abbr>``).
-
-E.g. ``Model: gemma-3-270m-q4_k_m · runs on CPU · float32 · Gemma 3 · 268 M parameters ·
-sliding window 512 on 15 of 18 layers · fused layers · decode step: C++ · matmul kernels ·
-peak RSS 4.1 GB``.
+"""The model line under the page's title, details on hover (``<abbr>``), e.g. ``Model:
+gemma-3-270m-q4_k_m · runs on CPU · float32 · Gemma 3 · 268 M parameters · sliding window 512 on
+15 of 18 layers · fused layers · decode step: C++ · matmul kernels · peak RSS 4.1 GB``.
 """
 
 from __future__ import annotations
@@ -35,9 +32,8 @@ FAMILY_NAMES = {
 def model_line(
     facts: ModelFacts, cpu_split: CpuSplit | None = None, run_dtype: str | None = None
 ) -> str:
-    """The line (Markdown with HTML hovers) for ``facts``, with the engines' CPUs when split;
-    ``run_dtype``: the precision of the run shown when it is not the one ``facts`` were loaded
-    in."""
+    """The line (Markdown with HTML hovers) for ``facts``; ``run_dtype``: the shown run's
+    precision when it is not the one ``facts`` were loaded in."""
     card = facts.card
     where = card.device_label
     if run_dtype and run_dtype != facts.dtype_name:

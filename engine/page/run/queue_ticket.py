@@ -86,8 +86,7 @@ class Ticket:
         return max(0.0, stages_s[last] - (now - begun_s)) + sum(stages_s[last + 1 :])
 
     def progress_pace(self) -> Pace | None:
-        """Its run's pace between its first and last step reports (None before
-        ``MIN_PROGRESS_STEPS``)."""
+        """Its run's pace between its first and last step reports (None: too few yet)."""
         if self.first_steps is None or self.steps_done_s is None:
             return None
         first, first_s = self.first_steps

@@ -1,8 +1,5 @@
-"""Recent runs on this host, by setup: a Run identical to one measured minutes ago is shown at once.
-
-A greedy run of the same requests, model, dtype, kernel and host gives the same tokens and
-schedule; only its timings move. The shown run is the earlier real one, labelled as such. The
-caller's key holds everything that changes what a run shows, nothing that only changes drawing.
+"""Recent runs on this host, by setup: a Run identical to one measured minutes ago is shown at once,
+labelled (the same setup on the same host gives the same tokens and schedule; only timings move).
 """
 
 from __future__ import annotations

@@ -108,12 +108,7 @@ class Ended:
     error: BaseException | None = None
 
     def result(self) -> RunAnswer:
-        """The answer.
-
-        Raises:
-            RunStopped: Stop, a closed tab or the time limit ended the run.
-            ValueError: bad input only an engine could see.
-        """
+        """Raises RunStopped (Stop, a closed tab, the time limit) or an engine's ValueError."""
         if self.error is not None:
             raise self.error
         return self.answer

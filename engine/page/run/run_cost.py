@@ -1,13 +1,7 @@
 """A run's cost for the queue's estimate: its work in parts, and this host's pace for each part.
 
-Parts (units): each engine's steps; the engines' prefill (prompt positions, left padding
-included); each server's stage (its run's continuous steps, ``server_part``); the reference pass
-(``REFERENCE_STEPS`` per request, plus its prefill and output tokens at batch 1); the run itself
-(rendering and judging, seconds). ``Pace`` learns seconds per unit as moving averages
-(``LEARNING_RATE``); an unseen part is priced at the engines' pace, and a server's stage at its
-ratio to it (``Pace.server_ratios``: learned with the stage, kept by ``server_timings``, else
-``SERVER_STEP_RATIO``). Timings behind these units: docs/measurements.md, "Queue estimates" and
-"The room with the servers ticked on a fresh host".
+The parts, their units and how ``Pace`` learns them: docs/page.md, "A run's cost, and the live
+pacing".
 """
 
 from __future__ import annotations
@@ -130,10 +124,6 @@ class Pace:
         units = work.units()
         return sum(units[part] * self.s_per_unit(part) for part in (*ENGINE_PARTS, PREFILL))
 
-    def servers_s(self, work: Work) -> float:
-        """Seconds of ``work``'s server stages, each at least its arrivals' wait."""
-        return sum(self.server_stage_s(work, name) for name in work.servers)
-
     def server_stage_s(self, work: Work, name: str) -> float:
         """Seconds of ``work``'s stage on server ``name`` (a wait for its start left out)."""
         if not self.known:
@@ -147,10 +137,8 @@ class Pace:
         parts_s: Mapping[str, float] | None,
         beside_start: bool = False,
     ) -> None:
-        """Learn from a run of ``work`` that took ``wall_s``, ``parts_s`` per part (None:
-        unknown). ``beside_start``: a server started while it ran, so only its servers' stages
-        are learned (its engines shared their CPUs with the start, and ``wall_s`` holds its wait).
-        """
+        """Learn from a run of ``work`` that took ``wall_s``; ``beside_start``: a server started
+        meanwhile, so only the servers' stages are learned (the engines shared their CPUs)."""
         units = work.units()
         if beside_start:
             stages = work.server_parts()
@@ -197,7 +185,8 @@ class Pace:
             return None
         reference_s = work.units(references)[REFERENCE] * self.s_per_unit(REFERENCE)
         engines_s = max(self.engines_s(work), work.min_wall_s)
-        return slowdown * (engines_s + reference_s + self.run_s) + self.servers_s(work)
+        servers_s = sum(self.server_stage_s(work, name) for name in work.servers)
+        return slowdown * (engines_s + reference_s + self.run_s) + servers_s
 
     def engine_s_left(self, work: Work, steps_done: int) -> float:
         if work.steps <= 0:
@@ -265,9 +254,8 @@ def static_prefill_tokens(requests: list[Request], config: EngineConfig) -> int:
 
 
 def continuous_steps(requests: list[Request], config: EngineConfig) -> int:
-    """Estimated continuous steps: caps packed onto the slots in arrival order (plus prefill
-    chunks past the first under a token budget). ``max(sum / slots, longest)`` is only a lower
-    bound: caps 12, 20, 8, 30 on two slots take 50 steps, not 35."""
+    """Estimated continuous steps: caps packed onto the slots in arrival order, plus prefill
+    chunks past the first (caps 12, 20, 8, 30 on two slots take 50 steps, not 35)."""
     budget = config.max_num_batched_tokens
     free_at = [0] * config.num_slots  # a heap: the step each slot is free from
     for r in sorted(requests, key=lambda r: r.arrival_s):

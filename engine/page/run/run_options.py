@@ -1,7 +1,6 @@
 """The page's knobs: what Run reads, by name; parsed; then the table validated and tokenized.
 
-Gradio hands numbers over as numbers or strings (an edited cell, an API client), so every knob is
-parsed here, and bad values raise one ``ValueError`` naming them all, shown in the page as is.
+Bad values raise one ``ValueError`` naming them all (Gradio hands numbers over as strings too).
 """
 
 from __future__ import annotations
@@ -185,9 +184,7 @@ def prepare(model, rows, num_slots, options: RunOptions):
     """Validate and tokenize the table, and build the continuous engine's config.
 
     Raises:
-        ValueError: bad table, slot count or knob, a KV budget that cannot hold a request, prefix
-            caching without the paged KV mode, or batch-invariant mode on a model without its
-            kernels.
+        ValueError: a bad table, knob or mix of them, or a KV budget too small for a request.
     """
     config = engine_config(num_slots, options)
     if options.batch_invariant:

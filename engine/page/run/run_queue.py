@@ -1,8 +1,7 @@
 """The page's queue of runs: one run on the model at a time, and a true place and wait for the rest.
 
-Runs take turns because each is a measurement; Gradio's queue would tell a waiting browser its
-own place and a mean of past events, so the page keeps its own. Places, estimates and the per-run
-limit as a person sees them: docs/page.md and docs/hosting.md ("Runs take turns").
+Gradio's queue tells a browser only its own place and a mean of past events, so the page keeps
+its own; what a person is told: docs/hosting.md, "Runs take turns".
 """
 
 from __future__ import annotations
@@ -31,10 +30,8 @@ log = logging.getLogger(__name__)  # DEBUG: each finished run's parts, each esti
 class RunQueue:
     """First come, first served turns on the model, with places and estimates for the waiting.
 
-    ``pace``: seconds per unit of each part. ``clock``: monotonic seconds. A ticket nobody asked
-    about for ``stale_s`` (``lent_stale_s`` while Gradio holds its line) is dropped, a last
-    resort.
-    """
+    A ticket nobody asked about for ``stale_s`` (``lent_stale_s`` while Gradio holds its line) is
+    dropped, a last resort."""
 
     clock: Callable[[], float] = time.monotonic
     stale_s: float = STALE_S
@@ -56,12 +53,7 @@ class RunQueue:
 
     def join(self, session: str, work: Work | int, setup: Hashable | None = None) -> Ticket:
         """Queue a run of ``work`` for ``session``; ``setup``: costs no turn when an identical
-        run is ahead.
-
-        Raises:
-            ValueError: the session already has a run in the queue, or its cost at the learned pace
-                is well over the per-run limit (``run_cost.over_limit``).
-        """
+        run is ahead. Raises ValueError: the session has a run queued, or it is over the limit."""
         with self._changed:
             if any(t.session == session for t in self._tickets()):
                 raise ValueError(
@@ -135,7 +127,6 @@ class RunQueue:
     def finish(
         self, ticket: Ticket, wall_s: float, parts_s: dict[str, float] | None = None
     ) -> None:
-        """Free the model and teach the pace; ``parts_s`` None: unknown."""
         with self._changed:
             if wall_s > 0:
                 beside_start = ticket.beside_start  # then it teaches only the servers' stages
@@ -183,9 +174,8 @@ class RunQueue:
     def _wait_estimate_s(
         self, ahead: list[Ticket], now: float, setup: Hashable | None = None, terms=None
     ) -> tuple[float | None, bool]:
-        """Seconds until a run behind ``ahead`` starts (None: no pace), and whether its setup is.
-        A server still starting adds what is left of its start, once (``after_starts``).
-        ``terms``: a list that gets a line per run counted, for the log."""
+        """Seconds until a run behind ``ahead`` starts (None: no pace), and whether its setup is;
+        ``terms`` gets a line per run counted, for the log."""
         running = self._running
         pace = self.pace if self.pace.known else running.progress_pace() if running else None
         setups = set() if running is None or running.setup is None else {running.setup}
@@ -300,10 +290,8 @@ def after_starts(
     cap_s: float | None = None,
 ) -> float:
     """When a run of ``work`` ends, in seconds from now: it begins at ``begin_s``, costs ``cost_s``
-    (its server stages last, in order) and waits at each server's stage until that server is
-    ready, ``ready_in_s(name)`` from now; at most ``cap_s`` after it begins (the run limit). A
-    start longer than the work before its stage adds the difference; a run behind finds the
-    server ready, so each start counts once."""
+    and waits at each server's stage until it is ready, ``ready_in_s(name)`` from now; at most
+    ``cap_s`` after it begins. A run behind finds the server ready: each start counts once."""
     end_s = begin_s + cost_s
     if any(ready_in_s(name) > 0 for name in work.servers):
         stages_s = [pace.server_stage_s(work, name) for name in work.servers]

@@ -1,12 +1,8 @@
 """The page's model: one object every run uses, wherever the weights are.
 
-``PageModel`` holds no weights: it knows the model by the facts its worker answers
-(``engine.worker.model_facts``) and sends its jobs there, to an engine process
-(``ProcessWorker``) or to the page's engine thread (``ThreadWorker`` over a ``WorkerModel``:
-ZeroGPU, ``CBP_ENGINE_PROCESS=off``, tests). Every precision and model of it shares the page's
-parts: the ``lock`` held by the run in progress, the run queue, the recent runs and the host's
-servers. The shared one (``get_model``, ``use_model``) is the one module-level mutable object
-the house style allows.
+``PageModel`` holds no weights, only its worker's facts (``engine.worker.model_facts``); its jobs
+go to an engine process or the page's engine thread. Its precisions and models share its lock,
+queue, recent runs and servers. The shared one is the one mutable global the house style allows.
 """
 
 from __future__ import annotations
@@ -38,8 +34,6 @@ from engine.worker.worker_model import WorkerModel, engine_pace
 
 @dataclass(kw_only=True)
 class PageModel:
-    """The worker's model in one precision, as the page sees it (see the module docstring)."""
-
     facts: ModelFacts
     worker: Worker | None = field(default=None, repr=False)  # where its engine jobs run
     lock: threading.Lock = field(default_factory=threading.Lock)  # held by the one running run
@@ -59,27 +53,19 @@ class PageModel:
         self.queue.starting = lambda: self.servers is not None and self.servers.starting()
 
     def _start_left_s(self, name: str) -> float:
-        """Seconds until the host's server ``name`` is ready (``PageServers.start_left_s``)."""
         if self.servers is None or name not in self.servers.engines:
             return 0.0
         return self.servers.start_left_s(name)
 
     @classmethod
     def connect(cls, worker: Worker, **parts) -> PageModel:
-        """Wait for ``worker``'s model, then ask it for its facts.
-
-        Raises:
-            EngineProcessLost: the engine process ended first.
-            Exception: its model failed to load (its exception).
-        """
+        """Wait for ``worker``'s model, then ask it for its facts (raises its load's error)."""
         worker.wait_ready()
         facts = worker.run(model_facts, (None,), RunControl(), untaken)
         return cls(facts=facts, worker=worker, **parts)
 
     def calibrate(self) -> tuple[Work, dict[str, float]]:
-        """Time the pace where the runs run (``WorkerModel.time_pace``) and teach it to the run
-        queue (``RunQueue.calibrate``), so a room's first estimates come from it. Returns the
-        work timed, as the queue counts it, and its seconds in each part."""
+        """Time the pace in the worker and teach it to the queue: the work, its seconds by part."""
         counts, parts_s = self.worker.run(engine_pace, (), RunControl(), untaken)
         work = Work(**counts)
         self.queue.calibrate(work, parts_s)
@@ -92,7 +78,6 @@ class PageModel:
 
     @property
     def model_id(self) -> str:
-        """The allowlist's name of the model (``WorkerModel.model_id``)."""
         return self.facts.model_id
 
     @property
@@ -107,8 +92,7 @@ class PageModel:
         return worker_model.dtype_choices(self.loaded.device, self.dtype_name)
 
     def in_dtype(self, name: str | None) -> PageModel:
-        """This model in the dtype ``name`` (``WorkerModel.in_dtype``, which says what it
-        raises), loaded in the worker on first use; kept in ``variants``."""
+        """This model in the dtype ``name``, loaded in the worker on first use."""
         return worker_model.variant_in(self, name)
 
     def _variant(self, dtype_name: str) -> PageModel:
@@ -121,9 +105,7 @@ class PageModel:
         return wanted in ("", self.model_id) or wanted in self.models
 
     def in_model(self, name: str | None, on_stage: Callable[[str], None] | None = None):
-        """The host's model ``name`` (``WorkerModel.in_model``, which says what it raises),
-        loaded in the worker in place of the one chosen before, each stage told to
-        ``on_stage``."""
+        """The host's model ``name``, loaded in the worker in place of the one chosen before."""
         wanted = (name or "").strip()
         if not self.holds(wanted):
             check_model_allowed(wanted)  # before the worker is asked
@@ -139,8 +121,7 @@ class PageModel:
         return {name: getattr(self, name) for name in parts}
 
     def reference_for(self, batch_invariant: bool) -> StoredReferences:
-        """Which references of ``batch_invariant``'s kind the store holds, under the keys the
-        worker gave (it computes them)."""
+        """The stored references of ``batch_invariant``'s kind, under the worker's keys."""
         if batch_invariant not in self.references:
             identity = self.facts.reference_keys.get(batch_invariant)
             store = reference_store.open_store() if identity is not None else None
@@ -157,12 +138,10 @@ class PageModel:
 
     @property
     def label_markdown(self) -> str:
-        """The model line as the page shows it (``model_line``)."""
         return model_line(self.facts, self.cpu_split)
 
     def run_label_markdown(self, run_dtype: str | None) -> str:
-        """The model line of a run in ``run_dtype`` (None: this model's own): that precision's
-        copy's line where it is loaded, else this one's saying both precisions."""
+        """The model line of a run in ``run_dtype`` (None: this model's own precision)."""
         variant = self.variants.get(run_dtype or self.dtype_name, self)
         return model_line(variant.facts, self.cpu_split, run_dtype)
 
@@ -177,7 +156,6 @@ def untaken(_entry) -> None:
 
 
 def _stage_taker(on_stage: Callable[[str], None] | None) -> Callable:
-    """The ``take`` of a model's load: each stage's words (``chosen_facts``) to ``on_stage``."""
     if on_stage is None:
         return untaken
     return lambda entry: entry.note and on_stage(entry.note)
@@ -192,12 +170,10 @@ def load_shared_model(
     dtype: str | None = None,
     calibrate: bool = True,
 ) -> PageModel:
-    """Load the model (``engine.model.loader.load_model`` arguments) and make it the shared one;
-    ``calibrate``: time the queue's pace here.
+    """Load the model (``load_model``'s arguments) and make it the shared one.
 
     Raises:
-        ModelLoadError: the model is not on ``CBP_MODEL_ALLOWLIST`` (checked first), or fails to
-            load (see ``load_model``).
+        ModelLoadError: the model is not on ``CBP_MODEL_ALLOWLIST``, or fails to load.
     """
     check_model_allowed(model)
     # On the engine thread, which runs every run too: torch keeps one OpenMP pool (worker_process)
@@ -209,9 +185,7 @@ def load_shared_model(
 
 
 def chosen_model(name: str | None, on_stage: Callable[[str], None] | None = None) -> PageModel:
-    """The shared model's ``in_model(name)``, in its own precision. A load first waits for the
-    model's lock, so it never runs beside a run on the model chosen before; ``on_stage(words)``
-    is told that wait and each stage of the load.
+    """The shared model's ``in_model(name)``; a load first waits for the run in progress.
 
     Raises:
         ModelLoadError: ``name`` is not on ``CBP_MODEL_ALLOWLIST``, or fails to load.
@@ -227,7 +201,6 @@ def chosen_model(name: str | None, on_stage: Callable[[str], None] | None = None
 
 
 def use_model(model: PageModel) -> PageModel:
-    """Make ``model`` the shared one (``app.py`` with an engine process)."""
     global _shared_model
     _shared_model = model
     return model

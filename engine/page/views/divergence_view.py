@@ -1,8 +1,5 @@
-"""Where outputs differ: a verdict per engine and request, and the divergence view of one.
-
-Verdicts come from ``engine.fidelity.divergence.judge_runs`` (✓ same tokens, ≈ a near-tie the
-run's dtype explains, ✗ not explained); a server on quantized weights gets ≠ instead, never shown
-as a failure of ours. Model text goes into a plain textbox and a table, never into Markdown.
+"""Where outputs differ: a verdict per engine and request (``judge_runs``: ✓ same, ≈ explained,
+✗ not, ≠ expected), and the divergence view of one. Model text never goes into Markdown.
 """
 
 from __future__ import annotations
@@ -210,9 +207,8 @@ Ranked = list[tuple[int, dict, bool]]  # one run's shown top: (rank, token entry
 
 
 def _ranked_sides(entry: dict) -> list[Ranked]:
-    """Both runs' shown top as ``(rank, token, chosen?)`` by logit. Equal logits share a rank (1,
-    1, 3), the chosen token first, then by token id as argmax picks (``topk``'s order among ties
-    is arbitrary)."""
+    """Both runs' shown top as ``(rank, token, chosen?)`` by logit; ties share a rank (1, 1, 3),
+    the chosen first, then by token id as argmax picks (``topk`` orders ties arbitrarily)."""
     ranked = []
     for side, chosen in (
         (entry["reference_run"], entry["reference_token"]),

@@ -1,8 +1,5 @@
-"""A scheduler from the inside: its own record of its steps (``Trace.schedule``), in our views.
-
-The local vLLM and transformers' continuous batching hand back their own record; this module
-draws the first one with our builders, labelled, and compares our continuous schedule with it
-step by step (``engine.peers.schedule_comparison``: which requests run and how many tokens each).
+"""A scheduler from the inside: the first own record of its steps (``Trace.schedule``: the local
+vLLM's, transformers'), drawn with our builders and compared with our schedule step by step.
 """
 
 from __future__ import annotations
@@ -82,7 +79,6 @@ def labelled(fig: Any, title: str, *lines: str) -> Any:
 
 
 def no_record_figure(runs: dict[str, Trace], what: str) -> Any:
-    """An empty ``what`` chart that says why there is no record."""
     title = f"{INSIDE_TITLE}: {what}"
     if not runs:
         return message_figure(title, NO_SERVER)

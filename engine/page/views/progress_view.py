@@ -1,8 +1,6 @@
 """The page while a run goes, and after one stopped early: progress line, live timelines, outputs.
 
-``live_outputs`` turns a ``Run``'s progress into updates; ``cleared_outputs`` clears the previous
-run's views first; ``LiveTimelines`` paces the updates so that showing the run takes little from
-it.
+``LiveTimelines`` paces the updates so that showing the run takes little from it.
 """
 
 from __future__ import annotations
@@ -18,7 +16,14 @@ from engine.page.run.run_queue import Place
 from engine.page.views import tables
 from engine.page.views.markup import one_line, plain_markdown
 from engine.page.views.run_status import shown_instead
-from engine.page.views.run_view import RUN_OUTPUTS, outputs_table, run_outputs, timeline
+from engine.page.views.run_view import (
+    RUN_OUTPUTS,
+    RunState,
+    outputs_table,
+    render,
+    run_outputs,
+    timeline,
+)
 from engine.sequence import Request
 from engine.trace import Trace, new_request_records
 from engine.worker.progress import EngineProgress
@@ -96,11 +101,6 @@ def servers_line(
     return " · ".join(parts)
 
 
-def servers_stage_outputs(line: str, summary: str) -> tuple:
-    """The outputs while a server runs: the status line alone, nothing drawn to take CPU from it."""
-    return run_outputs(status_markdown=f"{line}  \n{summary}")
-
-
 def queue_line(place: Place, measured: bool) -> str:
     """Markdown: a waiting run's place, the total, its wait so far and the estimate."""
     ahead = place.place - 1  # the run in progress included
@@ -130,18 +130,30 @@ def _coarse(seconds: float) -> str:
     return f"{round(seconds, -1):.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
-def queued_outputs(message: str, shown: str | None = None) -> tuple:
-    """The outputs for a run queued or stopped before it started: ``message`` in the status line,
-    then ``shown`` (``run_status.shown_instead``)."""
-    return run_outputs(
-        status_markdown=_with_previous(message, shown),
-        run_note_markdown=message,
-        live_button=gr.Button(visible=False),
-    )
-
-
-def _with_previous(message: str, shown: str | None) -> str:
-    return message + (f" {shown}" if shown else "")
+def previous_outputs(
+    previous: RunState | None, message: str, x_axis: str | None = None, hide_live: bool = True
+) -> tuple:
+    """The outputs for a run that gave no results: ``message``, then the previous run, redrawn on
+    ``x_axis`` (None: only named in the status line; the rest unchanged)."""
+    changed = {"run_note_markdown": message}
+    if hide_live:
+        changed["live_button"] = gr.Button(visible=False)
+    if x_axis is None:
+        status = message if previous is None else f"{message} {shown_instead(previous)}"
+        return run_outputs(status_markdown=status, **changed)
+    if previous is None:
+        return run_outputs(
+            **dict.fromkeys(name for name in RUN_OUTPUTS if name.endswith("_plot")),
+            metrics_table=[],
+            outputs_table=outputs_table([], list(LIVE_ENGINES)),
+            status_markdown=message,
+            **changed,
+        )
+    shown = render(previous, x_axis, downloads=False)
+    shown.status = f"{message} {shown_instead(previous, shown.status)}"
+    values = dict(zip(RUN_OUTPUTS, shown.as_outputs(), strict=True))
+    del values["run_state"], values["downloads_file"]  # both stay as they are
+    return run_outputs(**values | changed)
 
 
 def with_run_note(outputs: tuple, note: str, live_button: bool = False) -> tuple:
@@ -219,14 +231,8 @@ def _not_started(name: str):
 
 
 class LiveTimelines:
-    """``live_outputs`` paced so that showing the run takes little from it (costs:
-    docs/measurements.md).
-
-    After a redraw that took ``c`` s of this thread's CPU the next waits ``c / cpu_share`` (an
-    engine's first steps are drawn at once); after an update Gradio took ``g`` s to handle, the
-    next waits ``g / update_share``; at most ``MAX_UPDATE_WAIT_S``, as the nice server threads
-    can take seconds on a busy CPU. The outputs table is sent only when its rows change.
-    """
+    """``live_outputs`` paced to a share of the run's CPU (docs/page.md, "A run's cost, and the
+    live pacing")."""
 
     def __init__(self, cpu_share: float = TIMELINE_CPU_SHARE, update_share: float = UPDATE_SHARE):
         assert 0 < cpu_share <= 1 and 0 < update_share <= 1, (cpu_share, update_share)
@@ -274,31 +280,6 @@ class LiveTimelines:
             return (*outputs[:index], gr.skip(), *outputs[index + 1 :])
         self._table_rows = shown
         return outputs
-
-
-def stopped_outputs(previous_result, message: str) -> tuple:
-    """The outputs after a stop: the previous results (or empty), ``message`` first."""
-    if previous_result is None:
-        return run_outputs(
-            **dict.fromkeys(name for name in RUN_OUTPUTS if name.endswith("_plot")),
-            metrics_table=[],
-            outputs_table=outputs_table([], list(LIVE_ENGINES)),
-            status_markdown=message,
-            run_note_markdown=message,
-            live_button=gr.Button(visible=False),
-        )
-    line = shown_instead(previous_result.state, previous_result.status)
-    previous_result.status = _with_previous(message, line)
-    shown = dict(zip(RUN_OUTPUTS, previous_result.as_outputs(), strict=True))
-    del shown["run_state"], shown["downloads_file"]  # both stay as they are
-    shown |= {"run_note_markdown": message, "live_button": gr.Button(visible=False)}
-    return run_outputs(**shown)
-
-
-def refused_outputs(reason: str, shown: str | None) -> tuple:
-    """The outputs for a run refused before it started: "Not run" and ``reason``; the rest as is."""
-    note = f"**Not run:** {plain_markdown(reason)}"
-    return run_outputs(status_markdown=_with_previous(note, shown), run_note_markdown=note)
 
 
 def _trace_so_far(

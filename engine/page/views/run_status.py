@@ -41,8 +41,7 @@ def status_line(state) -> str:
 
 
 def shown_instead(state, line: str | None = None) -> str:
-    """``state``'s status line (``line`` if already made), shown after a press that gave no run:
-    a fresh session's first view (the recorded run) or the session's previous run."""
+    """``state``'s status line (``line`` if already made), after a press that gave no run."""
     what = "the previous run" if state.recorded is None else "the recorded run"
     return f"Showing {what}: {status_line(state) if line is None else line}"
 

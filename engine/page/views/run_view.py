@@ -130,12 +130,8 @@ class RunState:
 
 
 class RunStateHolder(gr.State):
-    """The page's ``run_state``: a ``gr.State`` whose config leaves out its first value unread.
-
-    Gradio's ``Block.get_config`` turns a dataclass value into a dict (``dataclasses.asdict``)
-    each time a session sets the state, for ``State.get_config`` to drop it: 53 ms of the
-    server's event loop for the recorded first run.
-    """
+    """The page's ``run_state``: a ``gr.State`` whose config skips its first value (docs/page.md,
+    "Gradio's costs")."""
 
     is_template = True  # a State to Gradio's frontend and API clients (``get_block_name``)
 
@@ -246,10 +242,8 @@ def render(
 
 
 def write_downloads(state: RunState, views: StepViews | None = None) -> list[str]:
-    """The run's exports in a fresh folder: requests.csv, traces.json, Perfetto, charts.html.
-
-    ``views``: the run's step views at its default step on the time axis, if already drawn.
-    """
+    """The run's exports in a fresh folder: requests.csv, traces.json, Perfetto, charts.html;
+    ``views``: its default step's views on the time axis, if already drawn."""
     folder = export.download_folder("cbp-run-")
     paths = export.write_files(folder, state.traces())
     if views is None:
@@ -334,7 +328,6 @@ def _at_step(builder: Callable, trace: Trace, step_index: int):
 
 
 def slider_label(state: RunState) -> str:
-    """The step slider's label: which steps each engine has."""
     s, c = len(state.static.steps), len(state.continuous.steps)
     found = inside_view.own_record(state.inside_runs())
     inside = f", {found[0]} 0–{len(found[1].steps) - 1} (its own record)" if found else ""

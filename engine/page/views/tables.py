@@ -1,7 +1,5 @@
 """Table builders: the metrics and outputs tables, as rows of plain values (no plotly, no HTML).
-
-Runs come as ``{engine name: Trace}`` in display order; a server's step-based cells come from its
-own record where it keeps one (``Trace.schedule``).
+Runs come as ``{engine name: Trace}`` in display order.
 """
 
 from __future__ import annotations
@@ -182,7 +180,6 @@ def outputs_rows(
     reference: dict[int, list[int]] | None,
     verdicts: dict[str, dict[int, dict]] | None = None,
 ) -> list[list]:
-    """One row per request, in ``outputs_headers`` order."""
     runs = list(traces.items())
     first = runs[0][1]
     unchecked = {name: why for name, trace in runs if (why := not_compared_why(trace))}

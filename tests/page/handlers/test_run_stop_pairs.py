@@ -22,6 +22,7 @@ from engine.page.handlers import playground
 from engine.page.run import shared_model
 from engine.page.run.run_handle import RunHandle
 from engine.page.run.shared_model import PageModel, local_model
+from engine.page.views import progress_view
 from engine.page.views.run_view import RUN_OUTPUTS
 from engine.worker.worker_model import WorkerModel
 
@@ -36,18 +37,19 @@ def page(monkeypatch) -> PageModel:
     """A fresh tiny shared model with slow steps and a slow redraw of the previous run."""
     runner = tiny_runner()
     model = local_model(WorkerModel(runner.loaded, runner, ReferenceCache(runner)))
-    forward, stopped_outputs = runner.forward_packed, playground._stopped_outputs
+    forward, previous_outputs = runner.forward_packed, progress_view.previous_outputs
 
     def slow_forward(batch):
         time.sleep(STEP_S)
         return forward(batch)
 
-    def slow_stopped_outputs(*args):
-        time.sleep(REDRAW_S)
-        return stopped_outputs(*args)
+    def slow_previous_outputs(*args, **named):
+        if len(args) > 2:  # the previous run redrawn
+            time.sleep(REDRAW_S)
+        return previous_outputs(*args, **named)
 
     monkeypatch.setattr(runner, "forward_packed", slow_forward)
-    monkeypatch.setattr(playground, "_stopped_outputs", slow_stopped_outputs)
+    monkeypatch.setattr(progress_view, "previous_outputs", slow_previous_outputs)
     monkeypatch.setattr(shared_model, "_shared_model", model)
     monkeypatch.setattr(playground, "QUEUE_POLL_S", 0.05)
     monkeypatch.setattr(playground, "PROGRESS_INTERVAL_S", 0.05)
