@@ -17,11 +17,12 @@ from pathlib import Path
 import gradio as gr
 import torch
 
+from engine.host_servers import server_choice, server_set
 from engine.model.allowlist import check_model_allowed, offered_models
 from engine.page.host import quiet_queue, server_priority, share, zerogpu
 from engine.page.inputs import link_query, page_io
 from engine.page.panels import page_panels, results_panel, server_panels, settings_panel
-from engine.page.run import cpu_split, host_servers, shared_model
+from engine.page.run import cpu_split, shared_model
 from engine.page.views import tables
 from engine.peers.endpoints import add_server_flags
 from engine.peers.vllm_server import MAX_MODEL_LEN
@@ -95,10 +96,10 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
 
 def configured_servers(
     args: argparse.Namespace, loaded, cpus: tuple[int, ...] | None = None
-) -> host_servers.PageServers | None:
+) -> server_set.ServerSet | None:
     """The servers the command line and ``CBP_ENDPOINTS`` give the page (None without any);
     raises ValueError for a bad endpoint or name, or no GGUF for llama.cpp."""
-    found = host_servers.configure(
+    found = server_choice.configure(
         loaded,
         args.endpoint,
         vllm=args.vllm,
