@@ -1,12 +1,15 @@
-"""The servers a host chooses at start (``ServerChoice``, from its command line's server flags,
-declared once here for the page and the bench) and the ``ServerSet`` built from them."""
+"""The servers a host chooses at start (``ServerChoice``: the server flags, declared here once
+for the page and the bench) and the ``ServerSet`` built from that choice (``build``)."""
 
 from __future__ import annotations
 
+import argparse
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 
 from engine.host_servers.server_set import BUILT_IN, LLAMACPP_NAMES, LOCAL_VLLM, ServerSet, Unbuilt
+from engine.knobs import KNOB
 from engine.peers.endpoints import (
     RECORDS_ENV,
     MissingBuild,
@@ -21,29 +24,100 @@ from engine.peers.vllm_engine import endpoint_engine
 from engine.peers.vllm_server import MAX_MODEL_LEN
 
 
-def configure(
+@dataclass(frozen=True)
+class ServerChoice:
+    """The host's servers, one field per server flag (``add_flags``), named as its ``dest``."""
+
+    vllm: bool = False  # a local vLLM on the loaded model
+    vllm_eager: bool = False  # that vLLM with --enforce-eager
+    vllm_max_num_seqs: int = KNOB["num_slots"].default  # its --max-num-seqs; llama.cpp's slots
+    vllm_max_model_len: int = MAX_MODEL_LEN  # its --max-model-len, tokens
+    llamacpp: bool = False  # llama.cpp's engines on the loaded weights
+    endpoint: tuple[str, ...] = ()  # NAME=URL items
+    endpoint_record: tuple[str, ...] = ()  # NAME=RECORD_URL items
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **given) -> ServerChoice:
+        """The flags ``args`` holds (a command line without some takes their defaults), then
+        ``given``."""
+        names = {f.name for f in fields(cls)}
+        found = {k: v for k, v in vars(args).items() if k in names} | given
+        for name in ("endpoint", "endpoint_record"):
+            found[name] = tuple(found.get(name, ()))
+        return cls(**found)
+
+
+def add_flags(parser: argparse.ArgumentParser, local: bool = True) -> None:
+    """The server flags: with ``local`` (the page's), ``--vllm`` and its settings and
+    ``--llamacpp`` first; always ``--vllm-eager``, ``--endpoint`` and ``--endpoint-record``."""
+    if local:
+        _add_local_flags(parser)
+    parser.add_argument(
+        "--vllm-eager",
+        action="store_true",
+        help="run the local vLLM with --enforce-eager, no torch.compile: it starts much sooner, "
+        "its steps are slower (default: vLLM's compiled mode)",
+    )
+    parser.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="an OpenAI-compatible server run as engine NAME (repeatable; the page also reads "
+        "CBP_ENDPOINTS=name=url,...), e.g. gpu=http://gpu-box:8000",
+    )
+    parser.add_argument(
+        "--endpoint-record",
+        action="append",
+        default=[],
+        metavar="NAME=RECORD_URL",
+        help="where endpoint NAME's vLLM serves its record of its steps (CBP_VLLM_RECORD_ADDRESS "
+        "there; repeatable), e.g. gpu=http://gpu-box:8100: its runs are drawn from the inside, "
+        "and the bench's continuous engine runs with its settings",
+    )
+
+
+def _add_local_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--vllm",
+        action="store_true",
+        help="start vLLM (from .venv-vllm: make vllm) on the loaded model with the page",
+    )
+    parser.add_argument(
+        "--vllm-max-num-seqs",
+        type=int,
+        default=ServerChoice.vllm_max_num_seqs,
+        metavar="N",
+        help="that vLLM's --max-num-seqs, fixed at start (default: the page's default slots)",
+    )
+    parser.add_argument(
+        "--vllm-max-model-len",
+        type=int,
+        default=MAX_MODEL_LEN,
+        metavar="TOKENS",
+        help="that vLLM's --max-model-len: its longest request, prompt and output (default "
+        f"{MAX_MODEL_LEN}); its KV cache is sized for it",
+    )
+    parser.add_argument(
+        "--llamacpp",
+        action="store_true",
+        help="start llama.cpp's llama-server (make llamacpp) on the loaded weights with the page: "
+        "engines llamacpp (F32) and llamacpp_q4 (the embedded model's Q4_1 file)",
+    )
+
+
+def build(
     loaded,
-    endpoint_items: Iterable[str] = (),
-    environ=None,
-    *,
-    vllm: bool = False,
-    vllm_eager: bool = False,
-    vllm_max_num_seqs: int = 3,
-    vllm_max_model_len: int = MAX_MODEL_LEN,
+    choice: ServerChoice,
     log: Callable[[str], None] | None = None,
-    record_items: Iterable[str] = (),
-    llamacpp: bool = False,
     cpus: tuple[int, ...] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> ServerSet:
-    """The page's servers: the local vLLM if ``vllm``, the llama.cpp engines if ``llamacpp``,
-    then ``--endpoint`` items, then ``CBP_ENDPOINTS``. The local vLLM runs ``--max-num-seqs
-    vllm_max_num_seqs`` and ``--max-model-len vllm_max_model_len`` (both fixed at start).
-    ``record_items``: ``--endpoint-record NAME=RECORD_URL`` entries, then
-    ``CBP_ENDPOINT_RECORDS``'s, for endpoints of either kind. A local server whose build is
-    missing (no ``.venv-vllm``: ``make vllm``; no ``llama-server``: ``make llamacpp``) is
-    ``Unbuilt`` (``log`` hears the path looked at): no reason to stop the page. ``cpus``: the
-    CPUs the local servers compute on, one thread each: our engines' (None: every CPU), so each
-    engine of a run gets the same CPUs and threads.
+    """The local vLLM, the llama.cpp engines, then ``--endpoint`` items, then ``CBP_ENDPOINTS``
+    (read from ``environ``), each with its record (``--endpoint-record``, then
+    ``CBP_ENDPOINT_RECORDS``). A local server whose build is missing is ``Unbuilt`` (``log``
+    hears the path looked at). ``cpus``: the CPUs the local servers compute on, one thread
+    each (None: every CPU), our engines' so each engine of a run gets the same.
 
     Raises:
         ValueError: a bad or repeated endpoint, a built-in engine's name, no GGUF for
@@ -51,22 +125,23 @@ def configure(
             for a name no endpoint has).
     """
     log = log or (lambda _line: None)
+    num_slots = choice.vllm_max_num_seqs
     engines: dict[str, OpenAIEngine | Unbuilt] = {}
     reserved = set(BUILT_IN)
     bind = None if cpus is None else ",".join(map(str, cpus))
-    if vllm:
+    if choice.vllm:
         from engine.peers.vllm_engine import VllmEngine
 
         make = functools.partial(
-            VllmEngine, loaded, vllm_max_num_seqs, enforce_eager=vllm_eager,
-            max_model_len=vllm_max_model_len, cpus=bind,
+            VllmEngine, loaded, num_slots, enforce_eager=choice.vllm_eager,
+            max_model_len=choice.vllm_max_model_len, cpus=bind,
         )  # fmt: skip
         engines[LOCAL_VLLM] = _built(LOCAL_VLLM, make, log)
         reserved.add(LOCAL_VLLM)
-    if llamacpp:
-        engines |= _llamacpp_engines(loaded, vllm_max_num_seqs, log, bind)
+    if choice.llamacpp:
+        engines |= _llamacpp_engines(loaded, num_slots, log, bind)
         reserved |= set(LLAMACPP_NAMES)
-    flagged = parse_endpoints(endpoint_items, reserved)
+    flagged = parse_endpoints(choice.endpoint, reserved)
     from_env = endpoints_from_env(environ, reserved)
     for endpoint in from_env:
         if endpoint.name in {e.name for e in flagged}:
@@ -74,10 +149,10 @@ def configure(
                 f"CBP_ENDPOINTS entry {endpoint.name!r}: the name is already used by another "
                 "endpoint (--endpoint); pick another name."
             )
-    found = with_records([*flagged, *from_env], record_items)
+    found = with_records([*flagged, *from_env], choice.endpoint_record)
     found = with_records(found, records_from_env(environ), f"{RECORDS_ENV} entry")
     for endpoint in found:
-        engines[endpoint.name] = endpoint_engine(endpoint, loaded, vllm_max_num_seqs)
+        engines[endpoint.name] = endpoint_engine(endpoint, loaded, num_slots)
     return ServerSet(engines, log)
 
 
