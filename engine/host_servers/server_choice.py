@@ -113,16 +113,13 @@ def build(
     cpus: tuple[int, ...] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> ServerSet:
-    """The local vLLM, the llama.cpp engines, then ``--endpoint`` items, then ``CBP_ENDPOINTS``
-    (read from ``environ``), each with its record (``--endpoint-record``, then
-    ``CBP_ENDPOINT_RECORDS``). A local server whose build is missing is ``Unbuilt`` (``log``
-    hears the path looked at). ``cpus``: the CPUs the local servers compute on, one thread
-    each (None: every CPU), our engines' so each engine of a run gets the same.
+    """The local vLLM, the llama.cpp engines, the ``--endpoint`` items, then ``CBP_ENDPOINTS``
+    (from ``environ``); a missing build is ``Unbuilt``. ``cpus``: our engines' CPUs, on which the
+    local servers compute, one thread each (None: every CPU).
 
     Raises:
-        ValueError: a bad or repeated endpoint, a built-in engine's name, no GGUF for
-            llama.cpp, a local vLLM's model with no folder or hub id, or a bad record entry (one
-            for a name no endpoint has).
+        ValueError: a bad or repeated endpoint or record entry, a built-in engine's name, no
+            GGUF for llama.cpp, a local vLLM's model with no folder or hub id.
     """
     log = log or (lambda _line: None)
     num_slots = choice.vllm_max_num_seqs
@@ -157,8 +154,7 @@ def build(
 
 
 def _built(name: str, make: Callable[[], OpenAIEngine], log) -> OpenAIEngine | Unbuilt:
-    """``make()``, or ``Unbuilt`` when it raises ``MissingBuild`` (said in ``log``, with the
-    path) or ``ModelRefused`` (the server cannot serve this model: the page starts anyway)."""
+    """``make()``, or ``Unbuilt`` when it raises ``MissingBuild`` or ``ModelRefused``."""
     try:
         return make()
     except (MissingBuild, ModelRefused) as exc:  # each says it without the host's path: public
@@ -167,14 +163,8 @@ def _built(name: str, make: Callable[[], OpenAIEngine], log) -> OpenAIEngine | U
 
 
 def _llamacpp_engines(loaded, num_slots: int, log: Callable[[str], None], cpus=None) -> dict:
-    """``llamacpp`` (the loaded weights as an F32 GGUF, converted once: about 30 s) and, for
-    the embedded model, ``llamacpp_q4`` (its shipped Q4_1 file); another model gets ``llamacpp``
-    alone, said in ``log``. Without ``make llamacpp``'s build each is ``Unbuilt``.
-
-    Raises:
-        ValueError: the F32 file cannot be made (no local safetensors folder); a converter
-            that fails on the model lists ``llamacpp`` as failed (``ModelRefused``).
-    """
+    """``llamacpp`` (the loaded weights as an F32 GGUF) and, for the embedded model alone,
+    ``llamacpp_q4`` (its shipped Q4_1 file)."""
     from engine.llamacpp.engines import LlamaCppEngine, gguf_for
 
     log("llamacpp: the F32 GGUF of the loaded weights (converted on first use, about 30 s)")

@@ -27,11 +27,8 @@ def run_servers(
 ) -> tuple[dict[str, Trace], dict[str, str]]:
     """Run ``requests`` on each server in ``names``: (traces, failures), both by name.
 
-    ``watch`` is ``engine.worker.progress.ProgressLog.watch``. A failure's message says what
-    went wrong for a person; after a stop (Stop, the time limit) the server's streams are
-    cancelled, and the servers not run yet are listed as not run, with the reason. ``config``
-    (its slots, batch-invariant mode and prefix caching) and ``dtype`` are our engines' run
-    settings: a local server fixed otherwise at its start says so in its trace's warnings.
+    ``watch`` is ``ProgressLog.watch``. After a stop, the servers not run yet are failed as not
+    run. ``config`` and ``dtype`` are our engines' run settings, for the warnings.
     """
     num_slots = config.num_slots
     traces: dict[str, Trace] = {}
@@ -64,9 +61,7 @@ def run_servers(
 def _run_one(
     servers: ServerSet, name: str, requests, num_slots: int, watch, streaming: list
 ) -> Trace:
-    """One server's run; ``watch`` is ``ProgressLog.watch`` for this server's name. A server that
-    fits each run (``ServerSet.fits``) gets ``num_slots`` and ``requests`` first. ``streaming``
-    gets an item when the streams begin (a stop after that cancels them)."""
+    """One server's run; ``streaming`` gets an item when its streams begin."""
     watch(None, waiting=True, note="waiting for the server")
     on_wait = lambda note: watch(None, waiting=True, note=note)  # noqa: E731
     servers.wait_ready(name, on_wait)
@@ -114,11 +109,9 @@ def _prefix_warnings(
     requests: list[Request],
     trace: Trace,
 ) -> list[str]:
-    """The local vLLM's prefix caching is fixed at start (on, vLLM's default, unless the page
-    turned it off): say so when the run's engines did otherwise and it changes the comparison:
-    the run's prompts share full KV blocks (of vLLM's block size, from its own record in
-    ``trace.schedule`` or its settings; unknown: 16, its smallest default), or its record shows
-    prefix-cache hits (the client's ``trace`` has no steps)."""
+    """The local vLLM's prefix caching is fixed at start: say so when the run's engines did
+    otherwise and the run's prompts share full KV blocks (of vLLM's block size; unknown: 16, its
+    smallest default) or its record shows prefix-cache hits."""
     if not servers.is_local(name) or servers.fits(name) or prefix_caching is None:
         return []
     settings = servers.engines[name].server.settings
@@ -147,9 +140,8 @@ def _precision_warnings(
     servers: ServerSet, name: str, trace: Trace, dtype: str | None, batch_invariant: bool
 ) -> list[str]:
     """The local server's dtype is fixed at start: when the run has another, say so and record
-    both in ``trace.info["server"]`` (``dtype``, ``run_dtype``: its outputs are then not compared,
-    ``engine.page.views.tables.not_compared_why``); in batch-invariant mode, say that the server
-    does not run in it."""
+    both in ``trace.info["server"]`` (``dtype``, ``run_dtype``); say it has no batch-invariant
+    mode."""
     if not servers.is_local(name) or dtype is None:
         return []
     served = servers.engines[name].server.settings.dtype

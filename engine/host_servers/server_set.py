@@ -37,21 +37,18 @@ class ServerStatus:
 
 @dataclass(frozen=True)
 class Unbuilt:
-    """A local server the host asked for whose build is missing here: listed as failed with
-    ``why`` (``MissingBuild.public``: no path, the ``make`` target that builds it), and so is a
-    run that asks for it."""
+    """A local server whose build is missing here: failed with ``why`` (``MissingBuild.public``)."""
 
     why: str
 
 
 class ServerSet(ServerRegistry):
-    """The page's server engines by name (``ServerRegistry``), and each one's ``ServerStatus``."""
+    """The host's server engines by name (``ServerRegistry``), and each one's ``ServerStatus``."""
 
     def __init__(
         self, engines: dict[str, OpenAIEngine | Unbuilt], log: Callable[[str], None] | None = None
     ):
-        """``log(line)`` hears every change of state (``app.py`` prints them); an ``Unbuilt``
-        server is failed from the start."""
+        """``log(line)`` hears every change of state (``app.py`` prints them)."""
         super().__init__(engines)
         self._log = log or (lambda _line: None)
         self._lock = threading.Lock()
@@ -75,8 +72,7 @@ class ServerSet(ServerRegistry):
             return any(s.state in (CONFIGURED, STARTING) for s in self._status.values())
 
     def start_left_s(self, name: str) -> float:
-        """Seconds until local server ``name`` is ready, as its starts here go
-        (``server_timings``); 0 once ready or failed, and for an endpoint elsewhere."""
+        """Seconds until local server ``name`` is ready; 0 once ready or failed, or elsewhere."""
         if not self.is_local(name):
             return 0.0
         status = self.status(name)
@@ -94,42 +90,34 @@ class ServerSet(ServerRegistry):
             return self._expected_start_s[name]
 
     def stage_ratios(self) -> dict[str, float]:
-        """Each local server's stage ratio kept on this host (``server_timings``), by name."""
+        """Each local server's stage ratio kept on this host, by name."""
         keys = {name: key for name in self.engines if (key := self._key(name))}
         ratios = {name: server_timings.kept_step_ratio(key) for name, key in keys.items()}
         return {name: ratio for name, ratio in ratios.items() if ratio is not None}
 
     def keep_stage_ratios(self, ratios: Mapping[str, float]) -> None:
-        """Keep the local servers' ``ratios`` for the next page here (``server_timings``)."""
+        """Keep the local servers' ``ratios`` for the next page here."""
         for name, ratio in ratios.items():
             if name in self.engines and (key := self._key(name)):
                 server_timings.keep_step_ratio(key, ratio)
 
     def _key(self, name: str) -> dict | None:
-        """Local server ``name``'s key on this host (``server_timings.start_key``); None else."""
         return server_timings.start_key(self.engines[name].server) if self.is_local(name) else None
 
     def start(self) -> ServerSet:
-        """Start the local servers and probe every endpoint, each in a background thread (an
-        ``Unbuilt`` one stays failed)."""
+        """Start the local servers and probe every endpoint, each in a background thread."""
         for name in self.engines:
             if not self.unbuilt(name):
                 self._begin(name)
         return self
 
     def unbuilt(self, name: str) -> bool:
-        """True for a local server whose build is missing here (``Unbuilt``)."""
         return isinstance(self.engines[name], Unbuilt)
 
     def wait_ready(self, name: str, on_wait: Callable[[str], None]) -> None:
-        """Return once ``name`` can take a run; a local server that is not running is started.
-
-        ``on_wait(note)`` is called every ``WAIT_SLICE_S`` while it starts, with a line saying
-        how far it got; whatever it raises (``RunStopped``) ends the wait (the start goes on).
-
-        Raises:
-            EndpointError: the server failed to start, or its build is missing (``Unbuilt``).
-        """
+        """Return once ``name`` can take a run, starting a local server that is not running;
+        ``on_wait(note)`` hears how far it got every ``WAIT_SLICE_S`` (what it raises ends the
+        wait, not the start). Raises EndpointError: it failed to start, or is ``Unbuilt``."""
         if self.unbuilt(name):
             raise EndpointError(self.engines[name].why)
         if not self.is_local(name):
@@ -147,7 +135,7 @@ class ServerSet(ServerRegistry):
             raise EndpointError(status.detail)
 
     def public(self, name: str, message: str) -> str:
-        """``message`` with the server's URL replaced by its name (see the module docstring)."""
+        """``message`` with the server's URL replaced by its name."""
         engine = self.engines[name]
         if self.is_local(name) or self.unbuilt(name):
             return message
@@ -157,8 +145,7 @@ class ServerSet(ServerRegistry):
         return message.replace(engine.endpoint.url, f"({name}'s address)")
 
     def public_trace(self, name: str, trace: Trace) -> None:
-        """``trace``'s warnings, record source and server facts without the server's addresses
-        (``public``)."""
+        """``trace``'s warnings, record source and server facts without the server's addresses."""
         trace.warnings = [self.public(name, line) for line in trace.warnings]
         for key in ("schedule_record", "server"):
             found = trace.info.get(key)
@@ -170,8 +157,7 @@ class ServerSet(ServerRegistry):
 
     def refresh(self, name: str, error: str | None = None) -> None:
         """After a run on ``name`` (``error``: why it failed): ready if it still answers, else
-        failed (a local vLLM that died is started again by the next run); an ``Unbuilt`` one
-        stays failed."""
+        failed (the next run starts a dead local server again)."""
         if self.unbuilt(name):
             return
         engine = self.engines[name]
@@ -195,7 +181,6 @@ class ServerSet(ServerRegistry):
         return thread
 
     def _prepare(self, name: str) -> None:
-        """Start (local) or probe (remote) one server; its status says how it went."""
         what = "starting the server" if self.is_local(name) else "asking what it serves"
         self._log(f"{name}: {what}")
         try:
@@ -211,7 +196,6 @@ class ServerSet(ServerRegistry):
         self._log(f"{name}: ready")
 
     def _keep_start(self, name: str) -> None:
-        """Keep the start just measured, for the queue's estimates now and after a restart."""
         server = self.engines[name].server
         if server.start_s:
             with self._lock:
