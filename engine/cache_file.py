@@ -1,8 +1,8 @@
 """A file kept on disk for what its content depends on (its key): named by the key's digest,
 written atomically (a temporary file renamed into place), and read back as nothing, with a
 warning, when it cannot be read, is corrupt or holds another key. The kernel choices
-(``engine.model.kernel_store``), the page's server starts (``engine.page.run.server_timings``) and
-the references (``engine.fidelity.reference_store``) are kept so.
+(``engine.model.kernel_store``), the server starts (``engine.host_servers.server_timings``) and the
+references (``engine.fidelity.reference_store``) are kept so.
 """
 
 from __future__ import annotations

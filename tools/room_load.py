@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from engine.page.run.host_servers import LLAMACPP_NAMES, LOCAL_VLLM
+from engine.host_servers.server_set import LLAMACPP_NAMES, LOCAL_VLLM
 from tools import app_server
 from tools.room.browsers import CHROMIUM, run_browsers
 from tools.room.session import (

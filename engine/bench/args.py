@@ -11,9 +11,10 @@ import dataclasses
 from pathlib import Path
 
 from engine.config import EngineConfig
+from engine.host_servers import server_choice
 from engine.knob_values import knob_value
 from engine.knobs import KNOB, KNOBS, Knob
-from engine.peers.endpoints import Endpoint, add_server_flags, parse_endpoints, with_records
+from engine.peers.endpoints import Endpoint, parse_endpoints, with_records
 from engine.sampling_params import SamplingParams, with_defaults
 from engine.worker.engines import KV_MODE_OF
 from engine.workloads.workload import load_jsonl, poisson_arrivals, seed_specs
@@ -86,7 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="continuous: forward vs host time split, and a decode step's time by op group",
     )
     _add_sampling_flags(p)
-    add_server_flags(p)
+    server_choice.add_flags(p, local=False)
     p.epilog = (
         "A flag that no selected engine (or arrival mode) uses is ignored with a warning on "
         "stderr, e.g. --kv-budget-mib without continuous_paged, or --rate without "

@@ -19,11 +19,8 @@ MATCHED = ("continuous_paged", "continuous")  # our engines vLLM's settings foll
 
 
 def server_engines(args, names: list[str], loaded, ours: dict, requests, followed) -> dict:
-    """The ``vllm`` and llama.cpp engines (those named) and one engine per ``--endpoint``, by name.
-
-    vLLM takes the settings of the first of ``MATCHED`` among ``ours``; it and each endpoint with
-    a record note which engine they match (``matched_to``), what could not (``unmatched``) and,
-    for an endpoint, ``followed`` (``engine.bench.deployment.Followed`` or None).
+    """The ``vllm`` and llama.cpp engines (those named) and one engine per ``--endpoint``, by name;
+    vLLM and each recorded endpoint note the engine of ours they match (``matched_engine``).
 
     Raises:
         ValueError: no ``.venv-vllm``, no llama-server or GGUF for it, or a bad ``--endpoint`` or
@@ -57,8 +54,7 @@ def matched_engine(ours: dict) -> str | None:
 
 def match_block_size(args, names: list[str], loaded) -> None:
     """With ``vllm`` beside ``continuous_paged`` on a CPU and no ``--block-size``, our blocks
-    take vLLM's smallest CPU block size (``CPU_BLOCK_MULTIPLE`` tokens, not our default 16), so
-    the two schedules can be compared; said on stderr."""
+    take vLLM's smallest CPU block size, so the two schedules compare; said on stderr."""
     from engine.peers.vllm_server import CPU_BLOCK_MULTIPLE
 
     paged_beside_vllm = "vllm" in names and "continuous_paged" in names
@@ -73,7 +69,7 @@ def match_block_size(args, names: list[str], loaded) -> None:
 
 
 def _vllm_engine(args, loaded, ours: dict, name: str | None, requests):
-    """The ``vllm`` engine, with the settings of our engine ``name`` (``matched_engine``)."""
+    """The ``vllm`` engine, with the settings of our engine ``name``."""
     from engine.peers.vllm_engine import VllmEngine
     from engine.peers.vllm_server import matched_settings
 
@@ -116,7 +112,6 @@ def start_servers(engines: dict, failures: dict[str, str]) -> None:
 
 
 def _server_kind(settings) -> tuple[str, str]:
-    """``(product, what)`` of a local server's settings, as the start lines name them."""
     from engine.peers.vllm_server import VllmSettings
 
     if isinstance(settings, VllmSettings):

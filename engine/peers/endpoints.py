@@ -1,11 +1,9 @@
 """Endpoints: the OpenAI-compatible servers a host lets the playground and the bench drive
-(``NAME=URL``, with an optional record address), parsed once; their flags and ``--vllm-eager``
-are declared here once (``add_server_flags``). Host-side only: no URL comes from a page visitor,
-so a public page is no proxy."""
+(``NAME=URL``, with an optional record address), parsed once. Host-side only: no URL comes from
+a page visitor, so a public page is no proxy."""
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -143,31 +141,3 @@ def endpoints_from_env(
 def records_from_env(environ: Mapping[str, str] | None = None) -> list[str]:
     text = settings.value(RECORDS_ENV, environ)
     return [item for item in text.split(",") if item.strip()]
-
-
-def add_server_flags(parser: argparse.ArgumentParser) -> None:
-    """``--endpoint NAME=URL`` and ``--endpoint-record NAME=RECORD_URL`` (repeatable) and
-    ``--vllm-eager``, as the page and the bench both take them."""
-    parser.add_argument(
-        "--vllm-eager",
-        action="store_true",
-        help="run the local vLLM with --enforce-eager, no torch.compile: it starts much sooner, "
-        "its steps are slower (default: vLLM's compiled mode)",
-    )
-    parser.add_argument(
-        "--endpoint",
-        action="append",
-        default=[],
-        metavar="NAME=URL",
-        help="an OpenAI-compatible server run as engine NAME (repeatable; the page also reads "
-        "CBP_ENDPOINTS=name=url,...), e.g. gpu=http://gpu-box:8000",
-    )
-    parser.add_argument(
-        "--endpoint-record",
-        action="append",
-        default=[],
-        metavar="NAME=RECORD_URL",
-        help="where endpoint NAME's vLLM serves its record of its steps (CBP_VLLM_RECORD_ADDRESS "
-        "there; repeatable), e.g. gpu=http://gpu-box:8100: its runs are drawn from the inside, "
-        "and the bench's continuous engine runs with its settings",
-    )

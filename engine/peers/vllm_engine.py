@@ -123,13 +123,9 @@ class VllmEngine(RecordedEngine):
         settings: VllmSettings | None = None,
         cpus: str | None = None,
     ):
-        """``max_model_len``: the longest request (prompt and output tokens) the server takes.
-        ``settings``: the server's settings as they are, instead of ``settings_for`` these.
-        ``cpus``: the CPUs it computes on (e.g. "1"; default every CPU).
-
-        Raises ValueError: no ``.venv-vllm`` (MissingBuild), or a model vLLM cannot serve
-        (ModelRefused).
-        """
+        """``settings``: the server's as they are, instead of ``settings_for`` these; ``cpus``:
+        the CPUs it computes on (e.g. "1"; default every CPU). Raises ValueError: no
+        ``.venv-vllm`` (MissingBuild), or a model vLLM cannot serve (ModelRefused)."""
         vllm_python()  # a missing build is said before what the model lacks
         if settings is None:
             settings = settings_for(

@@ -146,6 +146,7 @@ CORE_ROOMS = [
     "fidelity",
     "peers",
     "llamacpp",
+    "host_servers",
     "worker",
 ]
 PAGE_ROOMS = ["figures", "inputs", "run", "views", "handlers", "panels", "host"]

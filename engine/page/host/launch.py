@@ -17,14 +17,13 @@ from pathlib import Path
 import gradio as gr
 import torch
 
+from engine.host_servers import server_choice, server_set
 from engine.model.allowlist import check_model_allowed, offered_models
 from engine.page.host import quiet_queue, server_priority, share, zerogpu
-from engine.page.inputs import link_query, page_io
+from engine.page.inputs import link_query
 from engine.page.panels import page_panels, results_panel, server_panels, settings_panel
-from engine.page.run import cpu_split, host_servers, shared_model
+from engine.page.run import cpu_split, shared_model
 from engine.page.views import tables
-from engine.peers.endpoints import add_server_flags
-from engine.peers.vllm_server import MAX_MODEL_LEN
 from engine.serving.run_control import RunStopped
 from engine.worker import worker_main, worker_model, worker_process
 from engine.worker.engine_thread import ENGINE_THREAD
@@ -58,58 +57,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="also print a public gradio.live link (waits a few seconds at most)",
     )
-    _server_flags(parser)
+    server_choice.add_flags(parser)
     return parser.parse_args(argv)
-
-
-def _server_flags(parser: argparse.ArgumentParser) -> None:
-    """The host's servers: a local vLLM, llama.cpp and endpoints (never a visitor's)."""
-    parser.add_argument(
-        "--vllm",
-        action="store_true",
-        help="start vLLM (from .venv-vllm: make vllm) on the loaded model with the page",
-    )
-    parser.add_argument(
-        "--vllm-max-num-seqs",
-        type=int,
-        default=page_io.DEFAULT_SLOTS,
-        metavar="N",
-        help="that vLLM's --max-num-seqs, fixed at start (default: the page's default slots)",
-    )
-    parser.add_argument(
-        "--vllm-max-model-len",
-        type=int,
-        default=MAX_MODEL_LEN,
-        metavar="TOKENS",
-        help="that vLLM's --max-model-len: its longest request, prompt and output (default "
-        f"{MAX_MODEL_LEN}); its KV cache is sized for it",
-    )
-    parser.add_argument(
-        "--llamacpp",
-        action="store_true",
-        help="start llama.cpp's llama-server (make llamacpp) on the loaded weights with the page: "
-        "engines llamacpp (F32) and llamacpp_q4 (the embedded model's Q4_1 file)",
-    )
-    add_server_flags(parser)  # --vllm-eager, --endpoint, --endpoint-record
 
 
 def configured_servers(
     args: argparse.Namespace, loaded, cpus: tuple[int, ...] | None = None
-) -> host_servers.PageServers | None:
+) -> server_set.ServerSet | None:
     """The servers the command line and ``CBP_ENDPOINTS`` give the page (None without any);
     raises ValueError for a bad endpoint or name, or no GGUF for llama.cpp."""
-    found = host_servers.configure(
-        loaded,
-        args.endpoint,
-        vllm=args.vllm,
-        vllm_eager=args.vllm_eager,
-        vllm_max_num_seqs=args.vllm_max_num_seqs,
-        vllm_max_model_len=args.vllm_max_model_len,
-        log=lambda line: print(line, flush=True),
-        record_items=args.endpoint_record,
-        llamacpp=args.llamacpp,
-        cpus=cpus,
-    )
+    choice = server_choice.ServerChoice.from_args(args)
+    found = server_choice.build(loaded, choice, lambda line: print(line, flush=True), cpus)
     return found if found.names else None
 
 

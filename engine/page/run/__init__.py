@@ -1,7 +1,6 @@
 """The run: one visitor's run from the button to the engines, and the page's model. Modules:
 ``cpu_split``, ``model_line``, ``run``, ``run_handle``, ``run_options``, ``shared_model``,
-``host_servers``, ``server_timings``, ``run_queue``, ``queue_ticket``, ``run_cost``,
-``recent_runs``."""
+``run_queue``, ``queue_ticket``, ``run_cost``, ``recent_runs``."""
 
 __all__ = [
     "cpu_split",
@@ -10,8 +9,6 @@ __all__ = [
     "run_handle",
     "run_options",
     "shared_model",
-    "host_servers",
-    "server_timings",
     "run_queue",
     "run_cost",
     "recent_runs",

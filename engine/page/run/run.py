@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
-from engine.page.run import host_servers
+from engine.host_servers import server_runs, server_set
 from engine.page.run.queue_ticket import Place
 from engine.page.run.recent_runs import RecentRun
 from engine.page.run.run_cost import run_work, server_part
@@ -346,10 +346,10 @@ class Run:
 
 
 def _run_servers(model: PageModel, names, requests, config: EngineConfig, dtype, watch) -> tuple:
-    """``host_servers.run_servers`` as a job: (traces, failures, stage seconds) by name."""
+    """``server_runs.run_servers`` as a job: (traces, failures, stage seconds) by name."""
     servers = model.servers
-    clock = StageClock(watch, ready=lambda name: servers.status(name).state == host_servers.READY)
-    found = host_servers.run_servers(servers, names, requests, config, clock.watch, dtype)
+    clock = StageClock(watch, ready=lambda name: servers.status(name).state == server_set.READY)
+    found = server_runs.run_servers(servers, names, requests, config, clock.watch, dtype)
     return (*found, clock.stages_s())
 
 

@@ -37,7 +37,7 @@ class RunQueue:
     stale_s: float = STALE_S
     lent_stale_s: float = LENT_STALE_S
     shown_instead: Callable[[Hashable], bool] = lambda setup: False
-    # seconds until the host's server of that name is ready (0: ready or failed; ``PageServers``)
+    # seconds until the host's server of that name is ready (0: ready or failed; ``ServerSet``)
     start_left_s: Callable[[str], float] = lambda name: 0.0
     starting: Callable[[], bool] = lambda: False  # a server on the host is starting
     pace: Pace = field(default_factory=Pace)  # learned from the runs that finished here

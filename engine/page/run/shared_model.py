@@ -16,9 +16,9 @@ from engine.batching.continuous import kv_pool_blocks
 from engine.config import EngineConfig
 from engine.fidelity import reference_store
 from engine.fidelity.reference_store import StoredReferences
+from engine.host_servers.server_set import ServerSet
 from engine.model.allowlist import check_model_allowed
 from engine.page.run.cpu_split import CpuSplit
-from engine.page.run.host_servers import PageServers
 from engine.page.run.model_line import model_line
 from engine.page.run.recent_runs import RecentRuns, replay_window_s
 from engine.page.run.run_cost import Work
@@ -37,7 +37,7 @@ class PageModel:
     facts: ModelFacts
     worker: Worker | None = field(default=None, repr=False)  # where its engine jobs run
     lock: threading.Lock = field(default_factory=threading.Lock)  # held by the one running run
-    servers: PageServers | None = None  # the host's servers (app.py --vllm, --endpoint), if any
+    servers: ServerSet | None = None  # the host's servers (app.py --vllm, --endpoint), if any
     # the turns runs take on the model, and the recent runs by setup: one for every dtype's copy
     queue: RunQueue = field(default_factory=RunQueue, repr=False)
     recent: RecentRuns = field(default_factory=lambda: RecentRuns(replay_window_s()), repr=False)
@@ -211,6 +211,6 @@ def get_model() -> PageModel:
     return _shared_model if _shared_model is not None else load_shared_model()
 
 
-def page_servers() -> PageServers | None:
+def page_servers() -> ServerSet | None:
     """The shared model's servers, without loading a model (None before one is loaded)."""
     return None if _shared_model is None else _shared_model.servers

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import time
 
+from engine.host_servers.server_set import FAILED, READY, STARTING, ServerSet
 from engine.page.figures.style import counted
-from engine.page.run.host_servers import FAILED, READY, STARTING, PageServers
 from engine.page.views.markup import one_line, plain_markdown
 from engine.peers.server_process import cpus_of
 from engine.trace import Trace
 
 
-def servers_markdown(servers: PageServers | None) -> str:
+def servers_markdown(servers: ServerSet | None) -> str:
     if servers is None or not servers.names:
         return ""
     parts = [_server_part(servers, name) for name in servers.names]
     return "**Servers** · " + " · ".join(parts)
 
 
-def _server_part(servers: PageServers, name: str) -> str:
+def _server_part(servers: ServerSet, name: str) -> str:
     status = servers.status(name)
     label = f"**{plain_markdown(name)}**"
     if status.state == FAILED:
@@ -34,7 +34,7 @@ def _server_part(servers: PageServers, name: str) -> str:
     return f"{label}: asking what it serves"
 
 
-def _facts(servers: PageServers, name: str) -> str:
+def _facts(servers: ServerSet, name: str) -> str:
     """What a ready server serves and runs with (never its address)."""
     engine = servers.engines[name]
     info = engine.probed
@@ -53,7 +53,7 @@ def _facts(servers: PageServers, name: str) -> str:
     return plain_markdown(" · ".join(facts)) if facts else "answering"
 
 
-def _settings(servers: PageServers, name: str) -> str:
+def _settings(servers: ServerSet, name: str) -> str:
     s = servers.engines[name].server.settings
     if servers.fits(name):  # llama.cpp: its weights, and the last run's slots
         return (

@@ -20,7 +20,12 @@ from engine.peers.server_process import ServerProcess
 from tests.live_servers import free_port, needs_llamacpp
 
 ENGINE = Path(__file__).resolve().parents[3] / "engine"
-SERVER_USERS = ("bench/servers.py", "page/run/host_servers.py")
+SERVER_USERS = (
+    "bench/servers.py",
+    "host_servers/server_set.py",
+    "host_servers/server_choice.py",
+    "host_servers/server_runs.py",
+)
 SERVER_FLAGS = ("--endpoint", "--endpoint-record", "--vllm-eager")
 
 

@@ -189,9 +189,12 @@ def test_a_link_that_sets_up_the_recorded_run_on_a_page_with_servers_says_nothin
     settings all fall back to the recorded run's keeps the recorded run as it opened, never "Not
     the linked setup ... not of" the same preset at the same slots; a link that differs in an
     engine setting names that setting."""
-    from engine.page.run import host_servers
+    from engine.host_servers import server_choice
+    from engine.host_servers.server_choice import ServerChoice
 
-    model.servers = host_servers.configure(model.loaded, ["gpu=http://127.0.0.1:9"])
+    model.servers = server_choice.build(
+        model.loaded, ServerChoice(endpoint=("gpu=http://127.0.0.1:9",))
+    )
     own = dataclasses.replace(recording.recorded_settings(), server_names=["gpu"])
     link = _link(preset="nope", slots=99)  # both refused by the page: the defaults stand
     same = _opened(link, recorded.recorded.preset, own, recorded)

@@ -9,8 +9,10 @@ import json
 
 import pytest
 
+from engine.host_servers import server_choice
+from engine.host_servers.server_choice import ServerChoice
 from engine.page.handlers import playground
-from engine.page.run import host_servers, shared_model
+from engine.page.run import shared_model
 from engine.page.run.shared_model import local_model
 from engine.page.views import run_view
 from engine.worker.worker_model import WorkerModel
@@ -34,11 +36,12 @@ def test_a_recorded_endpoint_is_drawn_from_the_inside(user_vllm, embedded_model,
     view or message shows its URL or its record address."""
     monkeypatch.delenv("CBP_VLLM_RECORD_TOKEN", raising=False)
     page_model = local_model(WorkerModel.from_loaded(embedded_model))
-    page_model.servers = host_servers.configure(
+    page_model.servers = server_choice.build(
         embedded_model,
-        [f"gpu={user_vllm.url}"],
-        {},
-        record_items=[f"gpu={user_vllm.record_url}"],
+        ServerChoice(
+            endpoint=(f"gpu={user_vllm.url}",), endpoint_record=(f"gpu={user_vllm.record_url}",)
+        ),
+        environ={},
     )
     monkeypatch.setattr(shared_model, "_shared_model", page_model)
     events = playground.run_event(

@@ -10,9 +10,11 @@ import re
 
 import pytest
 
+from engine.host_servers import server_choice
+from engine.host_servers.server_choice import ServerChoice
 from engine.page.handlers import playground
 from engine.page.host import launch
-from engine.page.run import host_servers, shared_model
+from engine.page.run import shared_model
 from engine.page.run.shared_model import local_model
 from engine.page.views import divergence_view, run_view, server_view, tables
 from engine.worker.worker_model import WorkerModel
@@ -28,7 +30,7 @@ LONG_ROWS = [["1, 2, 3, 4, 5, 6, 7, 8,", 400]]  # counts on for seconds on llama
 def page_servers(embedded_model):
     """The embedded model as the page's, with ``--llamacpp``'s servers started (module-wide)."""
     model = local_model(WorkerModel.from_loaded(embedded_model))
-    model.servers = host_servers.configure(embedded_model, llamacpp=True).start()
+    model.servers = server_choice.build(embedded_model, ServerChoice(llamacpp=True)).start()
     yield model
     model.servers.close()
 

@@ -13,8 +13,9 @@ import time
 import pytest
 
 from engine.config import EngineConfig
+from engine.host_servers import server_runs, server_set
 from engine.page.handlers import playground
-from engine.page.run import host_servers, shared_model
+from engine.page.run import shared_model
 from engine.page.run.run_handle import RunHandle
 from engine.page.run.shared_model import PageModel, local_model
 from engine.page.views import run_view
@@ -41,8 +42,8 @@ def page_model(embedded_model) -> PageModel:
 def with_servers(page_model, monkeypatch):
     """Make ``page_model`` the page's shared model with the given server engines."""
 
-    def attach(engines: dict) -> host_servers.PageServers:
-        page_model.servers = host_servers.PageServers(engines)
+    def attach(engines: dict) -> server_set.ServerSet:
+        page_model.servers = server_set.ServerSet(engines)
         monkeypatch.setattr(shared_model, "_shared_model", page_model)
         return page_model.servers
 
@@ -231,14 +232,14 @@ def test_time_limit_cancels_a_slow_server(serve, embedded_model):
         "hf_serve": _engine("hf_serve", serve.url, embedded_model),
         "second": _engine("second", serve.url, embedded_model),
     }
-    host = host_servers.PageServers(engines)
+    host = server_set.ServerSet(engines)
     requests = tokenize_requests(
         [RequestSpec(LONG_ROWS[0][0], 1500)], embedded_model.tokenizer, chat_template=True,
         max_context=embedded_model.max_context,
     )  # fmt: skip
     log = ProgressLog(RunControl(time_limit_s=2.0), lambda _entry: None)
     t0 = time.monotonic()
-    traces, failures = host_servers.run_servers(
+    traces, failures = server_runs.run_servers(
         host, ["hf_serve", "second"], requests, EngineConfig(num_slots=1), log.watch
     )
     assert time.monotonic() - t0 < 2.0 + 10, "the time limit did not cancel the streams"

@@ -17,9 +17,11 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
+from engine.host_servers import server_choice, server_set
+from engine.host_servers.server_choice import ServerChoice
 from engine.page.handlers import playground
 from engine.page.host import launch
-from engine.page.run import host_servers, run_options, shared_model
+from engine.page.run import run_options, shared_model
 from engine.page.views import run_view, server_view
 from tests.live_servers import free_port, needs_vllm
 
@@ -45,7 +47,11 @@ def page(shared, monkeypatch):
 def test_endpoints_come_from_flags_then_the_environment(shared):
     """--endpoint items first, then CBP_ENDPOINTS; URLs to their root; names as given."""
     env = {"CBP_ENDPOINTS": "gpu=http://10.0.0.5:8000/v1"}
-    found = host_servers.configure(shared.worker.model.loaded, ["mine=http://127.0.0.1:8001/"], env)
+    found = server_choice.build(
+        shared.worker.model.loaded,
+        ServerChoice(endpoint=("mine=http://127.0.0.1:8001/",)),
+        environ=env,
+    )
     assert found.names == ["mine", "gpu"]
     assert [e.endpoint.url for e in found.engines.values()] == [
         "http://127.0.0.1:8001",
@@ -65,7 +71,11 @@ def test_endpoints_come_from_flags_then_the_environment(shared):
 def test_bad_server_configuration_is_refused(shared, items, env, message):
     """A built-in name, a repeated name, a malformed entry: refused at start, saying which."""
     with pytest.raises(ValueError, match=message):
-        host_servers.configure(shared.worker.model.loaded, items, {"CBP_ENDPOINTS": env})
+        server_choice.build(
+            shared.worker.model.loaded,
+            ServerChoice(endpoint=tuple(items)),
+            environ={"CBP_ENDPOINTS": env},
+        )
 
 
 def test_an_endpoint_with_a_record_reads_it_and_hides_its_address(shared):
@@ -74,8 +84,10 @@ def test_an_endpoint_with_a_record_reads_it_and_hides_its_address(shared):
     addresses instead of showing them; a record for a name no endpoint has is refused."""
     env = {"CBP_ENDPOINTS": "gpu=http://10.0.0.5:8000"}
     records = ["gpu=http://10.0.0.5:8100", "mine=http://127.0.0.1:8001/record"]
-    found = host_servers.configure(
-        shared.worker.model.loaded, ["mine=http://127.0.0.1:8001"], env, record_items=records
+    found = server_choice.build(
+        shared.worker.model.loaded,
+        ServerChoice(endpoint=("mine=http://127.0.0.1:8001",), endpoint_record=tuple(records)),
+        environ=env,
     )
     feeds = {name: getattr(e, "record", None) for name, e in found.engines.items()}
     assert feeds["gpu"].url == "http://10.0.0.5:8100/record", feeds
@@ -85,12 +97,20 @@ def test_an_endpoint_with_a_record_reads_it_and_hides_its_address(shared):
     said = found.public("gpu", "http://10.0.0.5:8000 and http://10.0.0.5:8100/record")
     assert said == "(gpu's address) and (gpu's record address)/record", said
     with pytest.raises(ValueError, match="no endpoint is named 'tpu'"):
-        host_servers.configure(shared.worker.model.loaded, [], env, record_items=["tpu=http://h:1"])
+        server_choice.build(
+            shared.worker.model.loaded,
+            ServerChoice(endpoint_record=("tpu=http://h:1",)),
+            environ=env,
+        )
     by_env = {**env, "CBP_ENDPOINT_RECORDS": "gpu=http://10.0.0.5:8100,"}
-    from_env = host_servers.configure(shared.worker.model.loaded, [], by_env).engines["gpu"]
+    from_env = server_choice.build(
+        shared.worker.model.loaded, ServerChoice(), environ=by_env
+    ).engines["gpu"]
     assert from_env.record.url == "http://10.0.0.5:8100/record", "CBP_ENDPOINT_RECORDS unread"
     with pytest.raises(ValueError, match="CBP_ENDPOINT_RECORDS entry 'x'"):
-        host_servers.configure(shared.worker.model.loaded, [], {**env, "CBP_ENDPOINT_RECORDS": "x"})
+        server_choice.build(
+            shared.worker.model.loaded, ServerChoice(), environ={**env, "CBP_ENDPOINT_RECORDS": "x"}
+        )
     assert launch.parse_args(["--endpoint-record", "a=http://h:1"]).endpoint_record == [
         "a=http://h:1"
     ]
@@ -110,9 +130,9 @@ def test_a_server_not_built_is_failed_on_the_page(page, tmp_path, monkeypatch, f
     shown as usual. A typo in --endpoint beside it still stops the start."""
     monkeypatch.setenv(env, str(tmp_path / "missing"))
     loaded, logged = _with_source(page.worker.model.loaded, tmp_path), []
-    page.servers = host_servers.configure(loaded, log=logged.append, **{flag: True}).start()
+    page.servers = server_choice.build(loaded, ServerChoice(**{flag: True}), logged.append).start()
     assert page.servers.names == [flag], "llamacpp_q4 is the embedded model's only"
-    assert page.servers.status(flag).state == host_servers.FAILED and not page.servers.starting()
+    assert page.servers.status(flag).state == server_set.FAILED and not page.servers.starting()
     line = server_view.servers_markdown(page.servers)
     said = f"**{flag}**: ✗ {missing}; build it with \\`make {flag}\\`"
     assert line.startswith(f"**Servers** · {said}"), line
@@ -126,7 +146,7 @@ def test_a_server_not_built_is_failed_on_the_page(page, tmp_path, monkeypatch, f
     assert list(final["run_state"].traces()) == ["static", "continuous"]
     assert "✓ all match" in status, status
     with pytest.raises(ValueError, match="write it as NAME=URL"):
-        host_servers.configure(loaded, ["gpu"], **{flag: True})
+        server_choice.build(loaded, ServerChoice(endpoint=("gpu",), **{flag: True}))
 
 
 def test_command_line_flags():
@@ -174,8 +194,8 @@ def test_a_run_takes_only_configured_names(page):
     with pytest.warns(UserWarning, match="no servers configured"):
         final = _run(ROWS, ["http://127.0.0.1:9"])
     assert "**Not run:** This page has no servers configured" in final["status_markdown"]
-    page.servers = host_servers.configure(
-        page.worker.model.loaded, [f"gone=http://127.0.0.1:{free_port()}"]
+    page.servers = server_choice.build(
+        page.worker.model.loaded, ServerChoice(endpoint=(f"gone=http://127.0.0.1:{free_port()}",))
     )
     with pytest.warns(UserWarning, match="No server named"):
         final = _run(ROWS, ["http://evil.example:80"])
@@ -187,7 +207,9 @@ def test_a_run_takes_only_configured_names(page):
 def test_unreachable_endpoint_in_the_servers_line(page):
     """The servers line says an endpoint cannot be reached, naming it but not its address."""
     url = f"http://127.0.0.1:{free_port()}"
-    page.servers = host_servers.configure(page.worker.model.loaded, [f"gone={url}"]).start()
+    page.servers = server_choice.build(
+        page.worker.model.loaded, ServerChoice(endpoint=(f"gone={url}",))
+    ).start()
     _wait_started(page.servers)
     line = server_view.servers_markdown(page.servers)
     assert line.startswith("**Servers** · **gone**: ✗ Cannot reach gone at (gone's address)"), line
@@ -199,7 +221,7 @@ def test_vllm_that_cannot_start_is_reported_and_the_rest_kept(page, tmp_path, mo
     shows why while static and continuous are shown as usual."""
     monkeypatch.setenv("CBP_VLLM_VENV", str(Path(sys.executable).parent.parent))  # no vLLM
     loaded = _with_source(page.worker.model.loaded, tmp_path)
-    page.servers = host_servers.configure(loaded, vllm=True, vllm_eager=True).start()
+    page.servers = server_choice.build(loaded, ServerChoice(vllm=True, vllm_eager=True)).start()
     _wait_started(page.servers)
     line = server_view.servers_markdown(page.servers)
     assert "**vllm**: ✗ vLLM exited with code" in line, line
@@ -229,17 +251,17 @@ def test_a_model_vllm_cannot_serve_is_failed_on_the_page_with_why(page, tmp_path
     if not Path(os.environ.get("CBP_VLLM_VENV", ".venv-vllm"), "bin", "python").exists():
         monkeypatch.setenv("CBP_VLLM_VENV", str(Path(sys.executable).parent.parent))
     loaded, logged = _with_source(page.worker.model.loaded, tmp_path, head_dim=16), []
-    page.servers = host_servers.configure(loaded, log=logged.append, vllm=True).start()
-    assert page.servers.status("vllm").state == host_servers.FAILED
+    page.servers = server_choice.build(loaded, ServerChoice(vllm=True), logged.append).start()
+    assert page.servers.status("vllm").state == server_set.FAILED
     line = server_view.servers_markdown(page.servers)
     assert "**vllm**: ✗ vLLM's CPU attention takes heads of 32, 64" in line, line
     assert "this model's have 16" in line and str(tmp_path) not in line, line
     monkeypatch.setenv("CBP_VLLM_VENV", str(tmp_path / "missing"))
-    missing = host_servers.configure(loaded, vllm=True).start()
+    missing = server_choice.build(loaded, ServerChoice(vllm=True)).start()
     assert "no vLLM here" in server_view.servers_markdown(missing)
 
 
-def _wait_started(host: host_servers.PageServers, timeout_s: float = 120) -> None:
+def _wait_started(host: server_set.ServerSet, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while host.starting():
         assert time.monotonic() < deadline, "the servers did not settle in time"
@@ -251,8 +273,8 @@ def test_the_local_vllm_computes_on_the_engines_cpus_with_as_many_threads(page, 
     """Given the engines' CPUs (1 of them), the local vLLM binds its threads to them: one thread
     on CPU 1, as our engines run. Without them, every CPU."""
     loaded = _with_source(page.worker.model.loaded, tmp_path)
-    split = host_servers.configure(loaded, vllm=True, cpus=(1,))
+    split = server_choice.build(loaded, ServerChoice(vllm=True), cpus=(1,))
     settings = split.engines["vllm"].server.settings
     assert settings.omp_threads_bind == "1" and split.engines["vllm"].server.cpus() == {1}
-    every = host_servers.configure(loaded, vllm=True).engines["vllm"].server.settings
+    every = server_choice.build(loaded, ServerChoice(vllm=True)).engines["vllm"].server.settings
     assert every.omp_threads_bind == f"0-{(os.cpu_count() or 1) - 1}", every.omp_threads_bind

@@ -13,9 +13,9 @@ import pytest
 from tiny_model import make_requests
 
 from engine.config import EngineConfig
+from engine.host_servers import server_timings
+from engine.host_servers.server_set import ServerSet
 from engine.llamacpp.engines import LlamaCppEngine
-from engine.page.run import server_timings
-from engine.page.run.host_servers import PageServers
 from engine.page.run.run import StageClock
 from engine.page.run.run_cost import RUN_S, SERVER_STEP_RATIO, Pace, Work, run_work
 from engine.page.run.run_options import RunOptions
@@ -104,8 +104,8 @@ def test_the_pages_servers_keep_their_ratios_for_the_next_page(
     started after it read; a name that is no local server is not kept."""
     engines = [LlamaCppEngine(embedded_model, 1, name="llamacpp_q4") for _ in range(2)]
     monkeypatch.setenv("CBP_CACHE_DIR", str(tmp_path))  # after the engines found their GGUF
-    PageServers({"llamacpp_q4": engines[0]}).keep_stage_ratios({"llamacpp_q4": 2.5, "x": 9.0})
-    assert PageServers({"llamacpp_q4": engines[1]}).stage_ratios() == {"llamacpp_q4": 2.5}
+    ServerSet({"llamacpp_q4": engines[0]}).keep_stage_ratios({"llamacpp_q4": 2.5, "x": 9.0})
+    assert ServerSet({"llamacpp_q4": engines[1]}).stage_ratios() == {"llamacpp_q4": 2.5}
     assert len(list((tmp_path / server_timings.STAGE_FOLDER).glob("*.json"))) == 1
 
 

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
+from engine.host_servers import server_timings
+from engine.host_servers.server_set import ServerSet, Unbuilt
 from engine.llamacpp.engines import LlamaCppEngine
-from engine.page.run import server_timings
-from engine.page.run.host_servers import PageServers, Unbuilt
 from engine.page.run.run_cost import Pace, Work
 from engine.page.run.run_queue import RunQueue
 from tests.live_servers import needs_llamacpp
@@ -105,7 +105,7 @@ def test_a_running_run_in_its_server_stage_after_a_start_is_told_the_stage_left(
 def test_a_server_that_failed_to_start_adds_nothing():
     """A local server whose build is missing is failed from the start: nothing is left of its
     start, and a server the host does not have adds nothing either."""
-    servers = PageServers({"vllm": Unbuilt("no vLLM here; build it with `make vllm`.")})
+    servers = ServerSet({"vllm": Unbuilt("no vLLM here; build it with `make vllm`.")})
     assert servers.start_left_s("vllm") == 0.0
 
 
@@ -144,7 +144,7 @@ def test_the_page_keeps_a_servers_measured_start_for_the_next_page(
     expect that start, and before it starts are told all of it as left."""
     engines = [LlamaCppEngine(embedded_model, 1, name="llamacpp_q4") for _ in range(2)]
     monkeypatch.setenv("CBP_CACHE_DIR", str(tmp_path))  # after the engines found their GGUF
-    first = PageServers({"llamacpp_q4": engines[0]})
+    first = ServerSet({"llamacpp_q4": engines[0]})
     try:
         first.start().wait_ready("llamacpp_q4", lambda _note: None)
         measured_s = engines[0].server.start_s
@@ -152,6 +152,6 @@ def test_the_page_keeps_a_servers_measured_start_for_the_next_page(
     finally:
         first.close()
     assert list((tmp_path / server_timings.FOLDER).glob("*.json")), "no start kept"
-    again = PageServers({"llamacpp_q4": engines[1]})
+    again = ServerSet({"llamacpp_q4": engines[1]})
     assert again.expected_start_s("llamacpp_q4") == pytest.approx(measured_s)
     assert again.start_left_s("llamacpp_q4") == pytest.approx(measured_s)

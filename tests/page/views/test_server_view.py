@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from engine.host_servers import server_set
 from engine.llamacpp.server import LlamaSettings
-from engine.page.run import host_servers
 from engine.page.views import server_view
 from engine.peers.endpoints import Endpoint
 from engine.peers.openai_engine import OpenAIEngine
@@ -25,14 +25,14 @@ class _Local(OpenAIEngine):
         self.fits_runs = fits_runs
 
 
-def _starting(log_lines: dict[str, str]) -> host_servers.PageServers:
+def _starting(log_lines: dict[str, str]) -> server_set.ServerSet:
     """A page's local vLLM and llama.cpp (not started), each starting with its latest log line."""
     vllm = _Local("vllm", VllmSettings("model", "float32", 3))
     llama_settings = LlamaSettings("m.gguf", "f32", "model", 2, cpus="0-1")
     llama = _Local("llamacpp", llama_settings, fits_runs=True)
-    servers = host_servers.PageServers({"vllm": vllm, "llamacpp": llama})
+    servers = server_set.ServerSet({"vllm": vllm, "llamacpp": llama})
     for name, line in log_lines.items():
-        servers._set(name, host_servers.STARTING, line)
+        servers._set(name, server_set.STARTING, line)
     return servers
 
 
@@ -61,7 +61,7 @@ def test_a_starting_servers_stage_follows_its_log_in_words():
         ("INFO 05-02 10:11:16 [launcher.py:186] Available routes are:", "opening its API"),
     )
     for raw, stage in steps:
-        servers._set("vllm", host_servers.STARTING, raw, keep_since=True)
+        servers._set("vllm", server_set.STARTING, raw, keep_since=True)
         line = server_view.servers_markdown(servers)
         assert f"starting vLLM… {stage} (" in line, f"after {raw!r}: {line}"
         assert "INFO" not in line and "WARNING" not in line, line

@@ -1,18 +1,6 @@
-"""How long a local server takes on this host, kept in the cache folder across page restarts:
-its start (the last one measured here, else a prior for its kind), with what is left of a start
-under way, which the queue's estimate adds for a run ahead that will wait for it (``RunQueue``);
-and its stage's seconds per continuous step over our engines' in the same runs (a ratio holds
-when the host is busier or quieter than when it was kept; ``run_cost.Pace.server_ratios``).
-
-One JSON file per key and kind, as ``engine.model.kernel_store`` keeps its choices::
-
-    <cache dir>/server-start/<SHA-256 of the key, 24 hex>.json   {"key": {...}, "start_s": 152.3}
-    <cache dir>/server-stage/<SHA-256 of the key, 24 hex>.json   {"key": {...}, "step_ratio": 1.6}
-
-The key (``start_key``) is what a start's length depends on: the CPU, the server and its mode
-(vLLM compiled or eager, llama.cpp's weights), the model, its dtype and the threads. A file is
-written to a temporary file and renamed into place; one that cannot be read or written costs
-only the prior (``run_cost.SERVER_STEP_RATIO`` for a stage).
+"""How long a local server takes on this host, kept across restarts for the queue's estimates:
+its start (else a prior for its kind) and its stage's seconds per step over ours. Files and key:
+docs/servers.md#kept-timings.
 """
 
 from __future__ import annotations
@@ -52,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 def start_key(server: ServerProcess) -> dict[str, Any]:
-    """What the start of ``server`` depends on, as JSON-ready fields (see the module docstring);
+    """What the start of ``server`` depends on, as JSON-ready fields (docs/servers.md#kept-timings);
     a server other than vLLM's or llama.cpp's is keyed by its class and CPUs alone."""
     settings = getattr(server, "settings", None)
     kind, mode, model, dtype = type(server).__name__, "", "", ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from engine.page.run import host_servers
+from engine.host_servers import server_runs, server_set
 from engine.peers.endpoints import Endpoint
 from engine.peers.openai_engine import OpenAIEngine
 from engine.peers.vllm_server import VllmSettings
@@ -34,17 +34,17 @@ def _trace(hits: int = 0, block_size: int | None = 16) -> Trace:
 
 def _warnings(prefix_caching: bool | None, name="vllm", ours=False, requests=SHARED, trace=None):
     trace = trace or _trace()
-    return host_servers._prefix_warnings(_servers(prefix_caching), name, ours, requests, trace)
+    return server_runs._prefix_warnings(_servers(prefix_caching), name, ours, requests, trace)
 
 
-def _servers(prefix_caching: bool | None) -> host_servers.PageServers:
+def _servers(prefix_caching: bool | None) -> server_set.ServerSet:
     """A page's servers with a local vLLM (not started) whose prefix caching is as given."""
     settings = VllmSettings("model", "float32", 3, prefix_caching=prefix_caching)
     tokens = SimpleNamespace(eos_token_ids=())  # the model, as far as a server engine's init reads
     local = OpenAIEngine(Endpoint("vllm", "http://127.0.0.1:1"), tokens, 3)
     local.server = SimpleNamespace(settings=settings)  # never started: its settings are read
     remote = OpenAIEngine(Endpoint("remote", "http://127.0.0.1:2"), tokens, 3)
-    return host_servers.PageServers({"vllm": local, "remote": remote})
+    return server_set.ServerSet({"vllm": local, "remote": remote})
 
 
 def test_a_run_without_prefix_caching_beside_vllms_default_is_warned():
