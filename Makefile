@@ -129,9 +129,9 @@ lint: venv
 bench: venv
 	$(BIN)/python -m engine.bench --workload seed --slots 3 $(ARGS)
 
-# Fails at once (exit 2) without CUDA; see engine/bench/gpu_check.py for what it runs and checks.
+# Fails at once (exit 2) without CUDA; see tools/gpu_check.py for what it runs and checks.
 gpu-check: venv
-	$(OFFLINE) $(BIN)/python -m engine.bench.gpu_check --out out/gpu-check $(ARGS)
+	$(OFFLINE) $(BIN)/python -m tools.gpu_check --out out/gpu-check $(ARGS)
 
 record: venv
 	$(OFFLINE) $(BIN)/python -m tools.record_run $(ARGS)

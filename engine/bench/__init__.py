@@ -1,5 +1,5 @@
 """The command-line tools: they run the serving core (``engine``) and print what it did.
 
-``python -m engine.bench`` (``cli``, flags in ``args``), ``kernel_bench``, ``gpu_check``,
-``verdicts`` and the ``probes``: docs/bench.md. Never imports the page.
+``python -m engine.bench`` (``cli``, flags in ``args``), ``verdicts`` and the ``probes``:
+docs/bench.md. Never imports the page.
 """

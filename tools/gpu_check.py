@@ -1,6 +1,6 @@
 """``make gpu-check``: the precision checks that need a CUDA GPU, as bench runs written to JSON.
 
-    python -m engine.bench.gpu_check [--out out/gpu-check] [--model embedded] [--repeat 1]
+    python -m tools.gpu_check [--out out/gpu-check] [--model embedded] [--repeat 1]
 
 Each run to ``<out>/<name>.json``, a summary to ``<out>/summary.json``; fails (exit 1) on broken
 float32 parity, a run that cannot run or a non-bitwise invariant run; exit 2 without CUDA
@@ -63,7 +63,7 @@ def failures(summary: list[dict]) -> list[str]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m engine.bench.gpu_check", description=__doc__.split("\n")[0]
+        prog="python -m tools.gpu_check", description=__doc__.split("\n")[0]
     )
     p.add_argument("--out", default="out/gpu-check", help="folder for the JSON files")
     p.add_argument("--model", default="embedded", help="model id or folder (default embedded)")

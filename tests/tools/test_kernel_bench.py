@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from engine.bench import kernel_bench
 from engine.kernels import gemv_build
+from tools import kernel_bench
 
 
 def test_prints_a_row_per_row_count_without_lm_head(tiny_loaded, capsys, tmp_path, monkeypatch):

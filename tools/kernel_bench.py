@@ -130,7 +130,7 @@ def _raw_gemv(gemv: GemvLinear) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.bench.kernel_bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m tools.kernel_bench", description=__doc__)
     p.add_argument("--rows", default="1,2,3,4,8,16,64", help="comma list of row counts M")
     p.add_argument("--repeat", type=int, default=9, help="passes per cell; the best is shown")
     p.add_argument("--model", default=None, help="model id or folder (default: embedded)")
