@@ -32,17 +32,10 @@ def limits() -> Limits:
     """``CBP_MAX_ROWS``, ``CBP_MAX_NEW_TOKENS``, ``CBP_MAX_PROMPT_CHARS``. Raises ValueError: not a
     positive whole number."""
     return Limits(
-        max_rows=_env_limit("CBP_MAX_ROWS"),
-        max_new_tokens=_env_limit("CBP_MAX_NEW_TOKENS"),
-        max_prompt_chars=_env_limit("CBP_MAX_PROMPT_CHARS"),
+        max_rows=settings.count("CBP_MAX_ROWS"),
+        max_new_tokens=settings.count("CBP_MAX_NEW_TOKENS"),
+        max_prompt_chars=settings.count("CBP_MAX_PROMPT_CHARS"),
     )
-
-
-def _env_limit(name: str) -> int:
-    text = settings.value(name)
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"The environment variable {name}={text!r} must be a positive integer.")
-    return int(text)
 
 
 SEED_REQUESTS = (
