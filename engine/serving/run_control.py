@@ -1,8 +1,5 @@
-"""Run control: how a running comparison is told to stop, by a person or by the clock.
-
-The page calls ``stop()``; the engine's per-step callback calls ``check()``, which raises
-``RunCancelled`` or ``RunTimedOut`` so the loop unwinds within one step. ``wait_until`` checks
-between slices while an engine waits for arrivals. ``CBP_RUN_TIME_LIMIT_S`` is read at every run.
+"""Run control: a running comparison told to stop, by a person (``stop()``) or by the clock. The
+engines' per-step ``check()`` raises ``RunCancelled`` or ``RunTimedOut``, unwinding within a step.
 """
 
 from __future__ import annotations
