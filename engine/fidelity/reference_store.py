@@ -1,11 +1,5 @@
-"""The reference store: references kept on disk, so a setup's reference is computed once per host::
-
-    <cache dir>/references/<identity digest, 24 hex>/identity.json    what the identity holds
-    <cache dir>/references/<identity digest, 24 hex>/<request digest, 32 hex>.json
-
-An entry holds the longest output for its key and answers smaller caps; checked on reading, written
-atomically, pruned least recently used first; a bad one is a warning, recomputed.
-"""
+"""The reference store: references kept on disk, so a setup's reference is computed once per host.
+Layout and entries: docs/engines.md, "Core formats"."""
 
 from __future__ import annotations
 

@@ -95,10 +95,8 @@ def parse_prompt(prompt, where: str) -> str:
 
 
 def row_spec(prompt, cap, arrival, sampling: tuple | list, where: str) -> RequestSpec:
-    """One request's cells -> its spec (``arrival`` blank: 0; sampling cells in ``SAMPLING_FIELDS``'
-    order, all blank: greedy). Raises ValueError: naming ``where`` once, then every problem a
-    sentence each, e.g. "Row 3: the prompt is blank. max_new_tokens 0 is out of range; use 1 to
-    2048."."""
+    """One request's cells -> its spec (``arrival`` blank: 0; sampling cells all blank: greedy).
+    Raises ValueError naming ``where`` once, then each problem a sentence."""
     problems: list[str] = []
 
     def told(parse, *args):
