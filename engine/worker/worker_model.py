@@ -98,20 +98,14 @@ class WorkerModel:
 
     def in_dtype(self, name: str | None) -> WorkerModel:
         """This model in the dtype ``name`` (None, "" or "auto": this one), loaded on first use.
-
-        Raises:
-            ValueError: a name not offered on this device, or a dtype the device cannot run;
-                checked before any weight loads.
-        """
+        Raises ValueError before any weight loads: a name not offered here, or a dtype the device
+        cannot run."""
         return variant_in(self, name)
 
     def in_model(self, name: str | None, on_stage: Callable[[str], None] | None = None):
         """The host's model ``name`` (None, "" or this id: this one), loaded on first use in place
-        of the one chosen before; ``on_stage(words)`` hears each stage of the load.
-
-        Raises:
-            ModelLoadError: ``name`` is not on ``CBP_MODEL_ALLOWLIST``, or fails to load.
-        """
+        of the one chosen before; ``on_stage(words)`` hears each stage of the load. Raises
+        ModelLoadError: ``name`` is not on ``CBP_MODEL_ALLOWLIST``, or fails to load."""
         wanted = (name or "").strip()
         if wanted in ("", self.model_id):
             return self

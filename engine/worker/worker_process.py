@@ -65,12 +65,8 @@ class ProcessWorker:
             self._start()
 
     def wait_ready(self) -> None:
-        """Start the worker unless one lives; wait until its model is loaded and warm.
-
-        Raises:
-            EngineProcessLost: the worker ended first.
-            Exception: the model failed to load in the worker (its exception).
-        """
+        """Start the worker unless one lives; wait until its model is loaded and warm. Raises
+        EngineProcessLost (the worker ended first), or the exception its model's load raised."""
         with self._lock:
             self._start()
             while not self._ready:
