@@ -233,7 +233,6 @@ class Trace:
         return done + list(open_runs.values())
 
     def metrics(self) -> RunMetrics:
-        """Compute the run's metrics from the recorded steps and requests."""
         num_tokens = sum(len(r.output_token_ids) for r in self.requests)
         ttfts = [r.ttft_s for r in self.requests if r.ttft_s is not None]
         latencies = [r.latency_s for r in self.requests if r.latency_s is not None]

@@ -156,7 +156,6 @@ def _request_from_compact(row: list) -> RequestRecord:
 
 
 def _known(cls, data: dict) -> dict:
-    """``data``'s entries that are fields of dataclass ``cls``."""
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in data.items() if k in names}
 

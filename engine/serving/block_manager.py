@@ -28,7 +28,6 @@ FREED = -1  # a table entry whose block fell out of the sliding window and went 
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
-    """Blocks needed to hold ``num_tokens`` tokens."""
     return math.ceil(num_tokens / block_size)
 
 
@@ -102,7 +101,6 @@ class BlockManager:
         return self.num_blocks - self.num_free_blocks
 
     def num_missing_blocks(self, request_id: int, num_tokens: int) -> int:
-        """Blocks ``request_id`` still lacks to hold ``num_tokens`` tokens."""
         have = len(self.block_tables.get(request_id, ()))
         return max(0, blocks_for(num_tokens, self.block_size) - have)
 
@@ -218,7 +216,6 @@ class BlockManager:
 
     @staticmethod
     def num_hit_blocks(hit: list[int]) -> int:
-        """Blocks of prefix a ``match_prefix`` hit covers."""
         return len(hit)
 
     def num_blocks_to_seat(self, hit: list[int], num_tokens: int) -> int:
