@@ -1,9 +1,5 @@
-"""A file kept on disk for what its content depends on (its key): named by the key's digest,
-written atomically (a temporary file renamed into place), and read back as nothing, with a
-warning, when it cannot be read, is corrupt or holds another key. The kernel choices
-(``engine.model.kernel_store``), the server starts (``engine.host_servers.server_timings``) and the
-references (``engine.fidelity.reference_store``) are kept so.
-"""
+"""A file kept on disk for what its content depends on (its key): named by the key's digest, written
+atomically, and read back as nothing, with a warning, when unreadable, corrupt or another key's."""
 
 from __future__ import annotations
 
@@ -39,10 +35,8 @@ def read_keyed(
     then: str,
     log: logging.Logger,
 ) -> T | None:
-    """``parse`` of the document in ``path`` whose ``"key"`` is ``key``; None (no file), or None
-    and a warning on ``log`` ("<What> <path> is corrupt (<why>); <then>.") when the file is
-    unreadable, not JSON, holds another key or ``parse`` refuses it (ValueError, TypeError,
-    KeyError, AttributeError)."""
+    """``parse`` of ``path``'s document whose ``"key"`` is ``key``; None (no file), or None and a
+    warning on ``log`` when unreadable, not JSON, another key's or refused by ``parse``."""
     name = what[:1].upper() + what[1:]
     try:
         text = path.read_text(encoding="utf-8")

@@ -1,10 +1,7 @@
 """The knobs of a run, each declared once: its name, kind, range, default, help and outside names.
-
-``KNOBS`` lists them in the /run API's order; the page's widgets and element ids, the /run inputs,
-presets, links and the bench's flags are built from them. Kinds: ``"flag"``, ``"choice"``,
-``"whole"`` (``low`` to ``high``), ``"number"`` (>= 0; with ``zero``, 0 means "not set" and a run
-reads None). Plain data that imports nothing of the project.
-"""
+``KNOBS`` is the /run API's order; widgets, /run inputs, presets, links and bench flags are built
+from it. Kinds: ``"flag"``, ``"choice"``, ``"whole"`` (``low`` to ``high``), ``"number"`` (>= 0;
+with ``zero``, 0 reads as None)."""
 
 from __future__ import annotations
 

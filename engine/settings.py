@@ -1,7 +1,8 @@
 """Settings: every environment variable the project reads, declared once and read here only.
 
 ``SETTINGS`` declares each ``CBP_*`` variable (docs/hosting.md's table is checked against it);
-owners parse the text, and a variable is read at each call. ``BORROWED``: other tools' variables.
+``number``, ``count`` and ``choice`` read one at each call, their messages from its declaration.
+``BORROWED``: other tools' variables.
 The vLLM recording scheduler reads its own variables inside vLLM; they are declared here too.
 """
 
@@ -68,7 +69,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "CBP_ENGINE_KERNEL",
-        "auto, measure, linear, skinny, onednn, onednn_f32",
+        "auto, measure, linear, skinny, onednn, onednn_f32, gemv",
         "auto",
         "the engines' CPU matmul kernel, or the fastest per row count timed on this host; "
         "read at start",
@@ -208,6 +209,55 @@ def value(name: str, environ: Mapping[str, str] | None = None) -> str:
     declared = setting(name)
     text = (os.environ if environ is None else environ).get(name) or ""
     return text.strip() or declared.default
+
+
+def number(name: str, environ: Mapping[str, str] | None = None) -> float:
+    """``name`` as a finite number >= 0 (seconds, where its kind says so). Raises ValueError naming
+    it and its meaning."""
+    declared = setting(name)
+    text = value(name, environ)
+    try:
+        number = float(text)
+    except ValueError:
+        number = -1.0
+    if not 0 <= number < float("inf"):  # NaN too
+        unit = "a number of seconds" if declared.kind == "seconds" else "a number"
+        raise ValueError(
+            f"The environment variable {name}={text!r} must be {unit} >= 0 ({declared.meaning})."
+        )
+    return number
+
+
+def count(
+    name: str, low: int = 1, high: int | None = None, environ: Mapping[str, str] | None = None
+) -> int:
+    """``name`` as a whole number from ``low`` to ``high`` (None: no top). Raises ValueError
+    naming it and its meaning."""
+    text = value(name, environ)
+    if not text.isdigit() or int(text) < low or (high is not None and int(text) > high):
+        span = f"a whole number from {low} to {high}" if high is not None else f">= {low}"
+        if (low, high) == (1, None):
+            span = "a positive integer"
+        raise ValueError(
+            f"The environment variable {name}={text!r} must be {span} ({setting(name).meaning})."
+        )
+    return int(text)
+
+
+def choice(
+    name: str, explained: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
+) -> str:
+    """``name`` lower-cased, one of the choices its declared kind lists (``explained``: what each
+    means, for the message). Raises ValueError naming the variable and every choice."""
+    choices = setting(name).kind.split(", ")
+    assert explained is None or list(explained) == choices, f"{name}: {choices} != {explained}"
+    text = value(name, environ).lower()
+    if text not in choices:
+        if explained:
+            spelled = " or ".join(f"{key!r} ({what})" for key, what in explained.items())
+            raise ValueError(f"{name}={text!r}: use {spelled}")
+        raise ValueError(f"{name}={text!r}: give {', '.join(choices[:-1])} or {choices[-1]}")
+    return text
 
 
 def borrowed(name: str) -> str:

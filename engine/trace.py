@@ -1,10 +1,6 @@
 """The trace: what happened at every step of a run, the single source of every chart and metric.
-
-An engine appends one ``StepRecord`` per forward pass and fills one ``RequestRecord`` per request;
-times are seconds since the run started (``perf_counter``). A server engine sees no steps and no
-slots: its trace has client-clock times per request (sent = ``admit_s``) and the fields marked
-"server engines only". ``engine.trace_codec`` writes and reads it as JSON.
-"""
+Times are seconds since the run started (``perf_counter``); a server engine's trace has no steps,
+client-clock times per request (sent = ``admit_s``) and the fields marked "server engines only"."""
 
 from __future__ import annotations
 
@@ -237,7 +233,6 @@ class Trace:
         return done + list(open_runs.values())
 
     def metrics(self) -> RunMetrics:
-        """Compute the run's metrics from the recorded steps and requests."""
         num_tokens = sum(len(r.output_token_ids) for r in self.requests)
         ttfts = [r.ttft_s for r in self.requests if r.ttft_s is not None]
         latencies = [r.latency_s for r in self.requests if r.latency_s is not None]
@@ -292,12 +287,12 @@ class Trace:
         return 100.0 * wasted / computed if computed else 0.0
 
     def prefill_split(self) -> tuple[int, float]:
-        """The run's prefill as the run queue prices it: ``(tokens, seconds)``.
+        """The run's prefill as the run queue prices it: ``(tokens, seconds)``; ``(0, 0.0)``
+        without.
 
-        ``tokens``: the prompt positions its steps computed, a static wave's left padding
-        included. ``seconds``: each step with prefill's time beyond a step without one (the
-        median of those; the shortest step if every step prefilled), since a step's fixed cost,
-        reading every weight once, is its decodes' anyway. ``(0, 0.0)`` with no prefill step.
+        ``tokens``: prompt positions computed, static left padding included. ``seconds``: each
+        prefill step's time beyond the median step without prefill (or the shortest step), as a
+        step's fixed cost, reading every weight once, is its decodes' anyway.
         """
         steps = [(step.duration_s, _prefill_tokens(step)) for step in self.steps]
         prefills = [(s, n) for s, n in steps if n]

@@ -1,18 +1,6 @@
 """The trace's one JSON codec: ``encode`` writes a ``Trace`` as a dict, ``decode`` reads it back.
-
-Two forms, one reader. The full form (the downloads' JSON) names every field
-and adds the metrics. The compact form (``compact=True``: the page's shipped recording, about 6x
-smaller) writes requests and steps as lists of values in a fixed order, times rounded to 0.1 ms,
-and a step's block tables only when they changed::
-
-    step: [start_s, end_s, wave, forward_s, kv_blocks_used, preempted, seqs, block_tables | 0,
-           {other step fields, only when set}?]
-    seq:  [request_id, slot, kind (0 prefill, 1 decode, 2 idle), new, cached,
-           padding?, prefix_cached?]
-    request: [the 13 fields of REQUEST_FIELDS, {other request fields, only when not default}?]
-
-``decode`` tells the forms apart by their steps and requests (lists or dicts).
-"""
+The full form (downloads) names every field; the compact form (the page's shipped recording)
+writes lists of values. Format: docs/engines.md, "Core formats"."""
 
 from __future__ import annotations
 
@@ -80,9 +68,8 @@ def encode(trace: Trace, compact: bool = False) -> dict:
 
 
 def decode(data: dict) -> Trace:
-    """The trace ``encode`` wrote, in either form, also after a trip through JSON (whose keys are
-    strings). ``metrics`` and ``latency_percentiles`` are not read: they follow from the rest.
-    Unknown keys (a later version's) are ignored.
+    """The trace ``encode`` wrote, in either form, also after a trip through JSON; ``metrics`` and
+    unknown keys are not read.
 
     Raises:
         KeyError: ``engine`` or ``num_slots`` missing (not a trace's dict).
@@ -169,7 +156,6 @@ def _request_from_compact(row: list) -> RequestRecord:
 
 
 def _known(cls, data: dict) -> dict:
-    """``data``'s entries that are fields of dataclass ``cls``."""
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in data.items() if k in names}
 

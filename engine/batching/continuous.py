@@ -52,10 +52,9 @@ class ContinuousEngine:
     def generate(
         self, requests: list[Request], on_wait: Callable[[Trace], None] | None = None
     ) -> Iterator[tuple[Trace, StepRecord]]:
-        """Yield ``(trace, step)`` after every step. While idle before an arrival it sleeps in
-        ``WAIT_SLICE_S`` slices, calling ``on_wait(trace)`` after each. Raises ValueError: in
-        ``paged`` mode, when the KV budget cannot hold some request alone; Exception: whatever
-        ``on_wait`` raises, at once."""
+        """Yield ``(trace, step)`` after every step; idle before an arrival, sleep in
+        ``WAIT_SLICE_S`` slices calling ``on_wait(trace)``. Raises ValueError: paged KV too small
+        for some request."""
         cfg = self.config
         scheduler = self._new_scheduler(requests)
         blocks = scheduler.block_manager  # the scheduler's, in paged mode; else None
@@ -193,10 +192,9 @@ class ContinuousEngine:
 def kv_pool_blocks(
     config: EngineConfig, requests: list[Request], kv_bytes_per_token: int, num_groups: int = 1
 ) -> int | None:
-    """``paged`` mode: the pool's blocks for ``requests`` at ``kv_bytes_per_token`` a block's
-    token; other modes: None. Needs no model. With ``num_groups`` KV cache groups a request holds
-    a table in each. Raises ValueError: some request alone needs more blocks than the pool
-    (preemption cannot help)."""
+    """``paged`` mode: the pool's blocks for ``requests`` (None in other modes); needs no model.
+    Raises ValueError: some request alone needs more blocks than the pool (preemption cannot help).
+    """
     if config.kv_mode != "paged":
         return None
     block_size = config.block_size
@@ -229,8 +227,8 @@ def _num_blocks(
     config: EngineConfig, requests: list[Request], kv_bytes_per_token: int, num_groups: int
 ) -> int:
     """Blocks in the budget, at most what every slot's longest sequence needs at once in every
-    group (without a budget, exactly that); with prefix caching up to every request's blocks, as
-    vLLM gives the cache all its memory."""
+    group; with prefix caching up to every request's blocks, as vLLM gives the cache all its memory.
+    """
     enough = (
         num_groups * config.num_slots * blocks_for(max_seq_len(config, requests), config.block_size)
     )

@@ -1,10 +1,6 @@
-"""The static engine: padded waves with a batch barrier.
-
-Waves of ``B`` in arrival order, padded to the longest prompt, run until every row reached its cap
-or an EOS; finished rows are still computed (padding waste) and the next wave waits for the whole
-one (the barrier). Waves run through the packed forward pass (``wave``), so both engines share
-kernels, or through ``model.generate``.
-"""
+"""The static engine: waves of ``B`` in arrival order, padded to the longest prompt, run until every
+row reached its cap or an EOS (finished rows still computed), the next wave waiting for the whole
+one. Waves run through the packed forward pass (``wave``), or through ``model.generate``."""
 
 from __future__ import annotations
 
@@ -48,9 +44,8 @@ class StaticEngine:
 
     def __init__(self, runner: ModelRunner, config: EngineConfig, engine_kernels: bool = True):
         """Waves run through ``wave`` except with ``engine_kernels=False`` (plain
-        ``model.generate``, the bench's ``static_generate``) or ``config.batch_invariant`` (its
-        kernels strip the left padding). Raises ValueError: batch-invariant mode without the
-        engines' kernels, or for a model it does not support."""
+        ``model.generate``) or ``config.batch_invariant``. Raises ValueError: batch-invariant mode
+        without the engines' kernels, or for a model it does not support."""
         self.runner = runner
         self.engine_kernels = engine_kernels
         self.config = config
@@ -87,9 +82,8 @@ class StaticEngine:
     def _next_wave(
         self, pending: deque[Request], t0: float, on_wait: Callable[[], None] | None
     ) -> list[Request]:
-        """Wait for the next wave and take it out of ``pending``: it starts when ``B`` requests
-        arrived, the oldest waited ``wave_timeout_s``, or all have arrived; up to ``B``, oldest
-        first. Raises whatever ``on_wait`` raises."""
+        """Wait for the next wave and take it out of ``pending``: up to ``B`` oldest first, once
+        ``B`` arrived, the oldest waited ``wave_timeout_s``, or all arrived."""
         b, timeout_s = self.config.num_slots, self.config.wave_timeout_s
         while True:
             now_s = time.perf_counter() - t0

@@ -1,17 +1,13 @@
-"""A static wave through the continuous engine's packed forward pass: the same kernels, the same
-padding waste and barrier as ``model.generate`` on the left-padded wave::
+"""A static wave through the continuous engine's packed forward pass: the same kernels, padding
+waste and barrier as ``model.generate`` on the left-padded wave::
 
-    step 0 (prefill)  each row's padding and its prompt, the padding packed as a sequence of its
-                      own (its keys are computed and never attended, as a masked pad's are)
-    step k >= 1       every row feeds one token, a finished row too (its tokens are dropped
-                      later), until every row has reached its cap or an end-of-sequence id
+    step 0 (prefill)  each row's padding (a sequence of its own, never attended) and its prompt
+    step k >= 1       every row feeds one token, a finished row too (its tokens dropped later)
 
     row 0  [pad pad p0 p1 | t1 | t2 | t3 (finished: computed, dropped) ]
     row 1  [ q0  q1 q2 q3 | u1 | u2 | u3 ]
 
-Each row sees only its own tokens, at positions 0, 1, ..., so it equals per-request ``generate`` in
-float32.
-"""
+Each row sees only its own tokens at positions 0, 1, ..., so it equals ``generate`` in float32."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Divergence verdicts: where an output left its reference, and whether rounding explains it.
-
-``judge`` gives each request a ``Verdict``: ``"match"`` (✓), ``"near-tie"`` (≈, at token k: both
-runs' margins within the last stage's rounding bound ``e_v = (u + gamma_d) A_v + u |z_v|``, after
-Higham, *Accuracy and Stability of Numerical Algorithms*, §3.1) or ``"differs"`` (✗). Both runs'
-logits are their own (``engine.token_logits``). The derivation and its limits: docs/precision.md,
-"The rounding bound".
-"""
+``"match"`` (✓), ``"near-tie"`` (≈: both runs' margins within the rounding bound
+``e_v = (u + gamma_d) A_v + u |z_v|``, after Higham, *Accuracy and Stability of Numerical
+Algorithms*, §3.1) or ``"differs"`` (✗). Derivation and limits: docs/precision.md."""
 
 from __future__ import annotations
 
@@ -189,9 +185,8 @@ def count(verdicts: list[Verdict]) -> dict[str, int]:
 
 
 def judge_runs(runner, source, requests, traces: dict) -> dict[str, dict[int, dict]]:
-    """Every engine's verdicts with the texts the divergence view shows (per engine, per request id:
-    ``Verdict.to_dict`` and, at a split, ``prefix_text``, ``reference_token_text``,
-    ``engine_token_text``), so nothing after a run reads the model."""
+    """Every engine's verdicts with the texts the divergence view shows (``Verdict.to_dict`` and, at
+    a split, the token texts), so nothing after a run reads the model."""
     decode = runner.tokenizer.decode
     judged = {}
     for name, trace in traces.items():

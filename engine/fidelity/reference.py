@@ -1,11 +1,6 @@
-"""The references: what each engine's outputs are compared against, token for token.
-
-``ReferenceCache``: per-request ``model.generate`` at batch 1 (a sampled request's right after
-``torch.manual_seed(seed)``). ``SoloReference`` (batch-invariant mode): the continuous engine with
-one slot, matched bitwise. Both are prefix-stable (the output for cap ``c`` is the first ``c``
-tokens of any larger cap's), so the longest output per prompt and sampling answers smaller caps. An
-engine sampling from its own stream gets ``NOT_COMPARED``, not a mismatch.
-"""
+"""The references each engine's outputs are compared against: per-request ``model.generate`` at
+batch 1 (``ReferenceCache``), or the one-slot continuous engine in batch-invariant mode
+(``SoloReference``). Both are prefix-stable, so the longest output answers smaller caps."""
 
 from __future__ import annotations
 

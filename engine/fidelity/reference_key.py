@@ -1,9 +1,6 @@
-"""The reference key: everything that can change a reference's tokens or logits, hashed.
-
-The identity (model and weights hash, dtype, device, library versions, ``generate``'s inputs, the
-logit record's shape, and the ``mode`` with a SHA-256 of the sources it runs through, so an edit is
-a miss, never a stale reference) and the request's fields. No cap: references are prefix-stable.
-"""
+"""The reference key: everything that can change a reference's tokens or logits, hashed, including
+a SHA-256 of the sources a ``mode`` runs through (an edit is a miss, never a stale reference).
+No cap: references are prefix-stable."""
 
 from __future__ import annotations
 

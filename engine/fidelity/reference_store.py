@@ -1,11 +1,5 @@
-"""The reference store: references kept on disk, so a setup's reference is computed once per host::
-
-    <cache dir>/references/<identity digest, 24 hex>/identity.json    what the identity holds
-    <cache dir>/references/<identity digest, 24 hex>/<request digest, 32 hex>.json
-
-An entry holds the longest output for its key and answers smaller caps; checked on reading, written
-atomically, pruned least recently used first; a bad one is a warning, recomputed.
-"""
+"""The reference store: references kept on disk, so a setup's reference is computed once per host.
+Layout and entries: docs/engines.md, "Core formats"."""
 
 from __future__ import annotations
 
@@ -28,7 +22,7 @@ from engine.token_logits import DIGEST_BYTES, LogitTrail, TokenLogits
 FORMAT = 2  # bump when an entry's layout or meaning changes (2: CRC-32 row digests)
 MAX_BYTES = 256 * 2**20  # the references folder's bound; one 256-token output takes ~100 KB
 SETTING = "CBP_REFERENCE_CACHE"
-_CHOICES = {"on": True, "off": False}
+_CHOICES = {"on": "keep references on disk", "off": "compute them afresh"}
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +36,9 @@ class Stored(NamedTuple):
 def open_store() -> ReferenceStore | None:
     """The store under ``cache_dir() / "references"``; None when ``CBP_REFERENCE_CACHE`` is off.
     Raises ValueError: a value other than ``on`` or ``off``."""
-    choice = settings.value(SETTING).lower()
-    if choice not in _CHOICES:
-        raise ValueError(f"{SETTING}={choice!r}: use 'on' (keep references on disk) or 'off'")
-    return ReferenceStore(loader.cache_dir() / "references") if _CHOICES[choice] else None
+    if settings.choice(SETTING, _CHOICES) == "off":
+        return None
+    return ReferenceStore(loader.cache_dir() / "references")
 
 
 class ReferenceStore:

@@ -292,14 +292,7 @@ def read_copies_max() -> float:
     Raises:
         ValueError: not a number >= 0, naming the variable.
     """
-    text = settings.value("CBP_WEIGHT_COPIES_MAX")
-    try:
-        factor = float(text)
-    except ValueError:
-        factor = -1.0
-    if not factor >= 0:  # NaN too
-        raise ValueError(f"CBP_WEIGHT_COPIES_MAX={text!r}: use a number >= 0, such as 1.5")
-    return factor
+    return settings.number("CBP_WEIGHT_COPIES_MAX")
 
 
 def copy_groups(model, linears) -> dict[str, list]:

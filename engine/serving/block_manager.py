@@ -1,23 +1,19 @@
-"""The block manager: which fixed-size KV blocks each sequence holds. Plain Python, no torch.
-
-As vLLM's paged KV cache (``vllm/v1/core/block_pool.py``, ``kv_cache_manager.py``): a sequence's
-*block table* lists its blocks, so its token at position ``p`` lives in block
+"""The block manager: which fixed-size KV blocks each sequence holds (vLLM's ``block_pool.py``,
+``kv_cache_manager.py``). Plain Python, no torch. Token ``p`` lives in block
 ``table[p // block_size]`` at offset ``p % block_size``::
 
     block:    0    1    2    3    4    5    6    7
     owner:   R0   R0   R2   --   R0   R2   --   --      (-- free)
     R0's block table: [0, 1, 4]      R2's block table: [2, 5]
 
-Prefix caching names a full block by the hash of its parent's hash and its own tokens, so a hash
-names the whole prefix; a freed block keeps its hash in an LRU queue until evicted::
+Prefix caching names a full block by the hash of its parent's hash and its tokens; a freed block
+keeps its hash in an LRU queue until evicted::
 
     hash:       h0 = H(root, t0..t15)  h1 = H(h0, t16..t31)   (a partial block has no hash)
     refcount:   2    2    1    1    0c   0      (0c: free, but keeps its hash: cached)
     R0's table: [0, 1, 2]     R3's table: [0, 1, 3]     cached free blocks (LRU first): [4]
 
-``vllm_order`` (vLLM's ``BlockPool`` order), ``window`` (out-of-window blocks become ``FREED``,
-vLLM's null block) and KV cache groups (``for_group``): docs/engines.md.
-"""
+``vllm_order``, ``window`` (``FREED`` blocks) and groups (``for_group``): docs/engines.md."""
 
 from __future__ import annotations
 
@@ -32,16 +28,12 @@ FREED = -1  # a table entry whose block fell out of the sliding window and went 
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
-    """Blocks needed to hold ``num_tokens`` tokens."""
     return math.ceil(num_tokens / block_size)
 
 
 def block_hash(parent_hash: bytes, token_ids: list[int]) -> bytes:
-    """SHA-256 of the parent block's hash and this block's token ids (vLLM's default hash).
-
-    A cryptographic hash, so two different prefixes never share a name in practice; Python's
-    ``hash`` would collide on crafted inputs (vLLM's advisory GHSA-rm76-4mrf-v9r8).
-    """
+    """SHA-256 of the parent's hash and this block's token ids, vLLM's default: Python's ``hash``
+    would collide on crafted inputs (GHSA-rm76-4mrf-v9r8)."""
     digest = hashlib.sha256(parent_hash)
     digest.update(array("q", token_ids).tobytes())
     return digest.digest()
@@ -49,10 +41,7 @@ def block_hash(parent_hash: bytes, token_ids: list[int]) -> bytes:
 
 class BlockManager:
     """A pool of ``num_blocks`` KV blocks, their reference counts and one block table per request.
-
-    Raises:
-        ValueError: on fewer than one block or a block size below 1.
-    """
+    Raises ValueError: fewer than one block, or a block size below 1."""
 
     def __init__(
         self,
@@ -112,16 +101,13 @@ class BlockManager:
         return self.num_blocks - self.num_free_blocks
 
     def num_missing_blocks(self, request_id: int, num_tokens: int) -> int:
-        """Blocks ``request_id`` still lacks to hold ``num_tokens`` tokens."""
         have = len(self.block_tables.get(request_id, ()))
         return max(0, blocks_for(num_tokens, self.block_size) - have)
 
     def allocate(self, request_id: int, num_tokens: int) -> bool:
-        """Grow ``request_id``'s table to hold ``num_tokens`` tokens; False (no change) if short.
-
-        New blocks come from the plain free list, then by evicting cached free blocks, least
-        recently used first.
-        """
+        """Grow ``request_id``'s table to ``num_tokens`` tokens; False (no change) if short. New
+        blocks come from the free list, then from evicting cached free blocks, least recently used
+        first."""
         missing = self.num_missing_blocks(request_id, num_tokens)
         if missing > self.num_free_blocks:
             return False
@@ -143,12 +129,9 @@ class BlockManager:
         return block
 
     def free(self, request_id: int) -> int:
-        """Release ``request_id``'s blocks; the number released (0 if it held none).
-
-        A block goes back to the pool when no other sequence holds it: to the cached free queue
-        if it has a hash (tail blocks first), else to the plain free list: its end by default,
-        its front with ``vllm_order`` (tail block first, so it is reused first).
-        """
+        """Release ``request_id``'s blocks; the number released. A block no one else holds goes to
+        the cached free queue if hashed (tail first), else to the free list's end (front, tail block
+        first, with ``vllm_order``)."""
         table = [b for b in self.block_tables.pop(request_id, []) if b != FREED]
         self._num_hashed.pop(request_id, None)
         self._num_freed.pop(request_id, None)
@@ -233,7 +216,6 @@ class BlockManager:
 
     @staticmethod
     def num_hit_blocks(hit: list[int]) -> int:
-        """Blocks of prefix a ``match_prefix`` hit covers."""
         return len(hit)
 
     def num_blocks_to_seat(self, hit: list[int], num_tokens: int) -> int:
@@ -258,13 +240,9 @@ class BlockManager:
         self._num_hashed[request_id] = len(blocks)
 
     def cache_blocks(self, request_id: int, hashes: list[bytes], num_full_blocks: int) -> None:
-        """Register the first ``num_full_blocks`` blocks of ``request_id`` (now full and computed)
-        under ``hashes``, so later sequences can share them.
-
-        A block whose hash another block already has (an equal prefix computed twice) stays
-        without one and returns to the plain free list when released; with ``vllm_order`` it is
-        registered under that hash too, after the first.
-        """
+        """Register the first ``num_full_blocks`` blocks of ``request_id`` (full and computed) under
+        ``hashes`` for later sequences. A duplicate of a hashed block stays unhashed (with
+        ``vllm_order``, registered too, after the first)."""
         table = self.block_tables[request_id]
         assert num_full_blocks <= min(len(hashes), len(table)), "caching an unfilled block"
         for i in range(self._num_hashed.get(request_id, 0), num_full_blocks):
@@ -291,11 +269,8 @@ class BlockManager:
         return list(self._cached_free)
 
     def check_no_leaks(self, all_tables: list[list[int]] | None = None) -> None:
-        """Reference counts match the block tables (``all_tables``: those of every group over the
-        pool; default this manager's), are never negative, and free + used = total.
-
-        Raises:
-            AssertionError: when a block is lost, held twice by one table, or freed while held.
+        """Reference counts match the block tables (``all_tables``: every group's over the pool;
+        default this manager's), none negative, and free + used = total (AssertionError otherwise).
         """
         all_tables = list(self.block_tables.values()) if all_tables is None else all_tables
         tables = [[b for b in t if b != FREED] for t in all_tables]

@@ -1,17 +1,14 @@
 """KV caches for the continuous engine, one per KV mode (docs/engines.md).
 
-``SlotKVCache`` (``"slots"``) preallocates one region per slot and writes each step's keys and
-values in place::
+``SlotKVCache`` (``"slots"``) preallocates one region per slot and writes in place::
 
     keys[layer]  [B, H_kv, P, D]
     slot 0:  R0 R0 R0 R0 R0 .. .. ..      (R0 has 5 tokens cached)
     slot 1:  R4 R4 .. .. .. .. .. ..      (R4 took R1's slot; R1's stale entries are masked out)
     slot 2:  R2 R2 R2 R2 R2 R2 R2 ..
 
-``PagedKVCache`` (``"paged"``) is vLLM's pool of blocks: it owns the storage and reads the
-scheduler's block tables, gathering each slot's blocks where vLLM's kernel reads them in place.
-``ConcatKVCache`` (``"concat"``) is the article's: every step concatenates per-sequence tensors.
-"""
+``PagedKVCache`` (``"paged"``) is vLLM's pool of blocks, read through the scheduler's block
+tables. ``ConcatKVCache`` (``"concat"``, the article's) concatenates per-sequence tensors."""
 
 from __future__ import annotations
 
@@ -32,13 +29,7 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype)
 class KVCache(ABC):
     """Per step: ``prepare(batch)`` before the forward; per layer ``write`` and a read
     (``sequence_kv``, ``slot_view``, ``block_storage`` or the concat cache's ``gather``);
-    ``release(request_id)`` per finished sequence.
-
-    Raises:
-        AssertionError: from ``prepare`` when a sequence outgrew the storage given to it (an
-            engine bug: the engine sizes the cache and the scheduler hands out blocks).
-        KeyError: when asked for a request the cache never stored (an engine bug).
-    """
+    ``release(request_id)`` per finished sequence."""
 
     bytes_per_token: int  # one token's keys and values across all layers
 
@@ -154,18 +145,16 @@ class SlotKVCache(InPlaceKVCache):
 class PagedKVCache(InPlaceKVCache):
     """A pool of KV blocks shared by all sequences, addressed through block tables.
 
-    Block ``b`` is rows ``[b * block_size, (b + 1) * block_size)`` of a layer's
-    ``[H_kv, N * block_size, D]`` storage. ``block_tables`` (the scheduler's) is read only.
-    ``prepare`` turns the tables into storage rows, one per position; a shorter table, an idle
-    slot and a ``FREED`` entry are padded with block 0, never attended::
+    Block ``b`` is rows ``[b * block_size, (b + 1) * block_size)`` of a layer's storage; the
+    scheduler's ``block_tables`` are read only. ``prepare`` turns them into storage rows, a short
+    table, an idle slot and a ``FREED`` entry padded with block 0, never attended::
 
         block_size 2;  R0's table [0, 1, 4] in slot 0;  R2's table [2] in slot 1
         kv_block_rows  slot 0:  0 1 | 2 3 | 8 9
                        slot 1:  4 5 | 0 1 | 0 1      (past its table: padding, never attended)
 
-    With KV cache groups (``layer_groups``: layer indices per group; ``block_tables``: one
-    mapping per group) a layer reads its group's tables, group 0's in the batch's fields and all
-    in ``batch.kv_group_addressing``.
+    With KV cache groups (``layer_groups``, one ``block_tables`` mapping per group) a layer reads
+    its group's tables (all in ``batch.kv_group_addressing``).
 
     Shapes:
         keys, values: [L, H_kv, N * block_size, D]   (N = num_blocks; groups: [L_g, ...])

@@ -1,15 +1,11 @@
-"""KV cache groups: one block table per sequence per layer type, over one pool of blocks.
-
-For models that mix sliding and global layers (Gemma 2 and 3), as vLLM's
-``HybridKVCacheCoordinator`` (``vllm/v1/core/kv_cache_coordinator.py``); docs/engines.md::
+"""KV cache groups: one block table per sequence per layer type, over one pool of blocks, for
+models mixing sliding and global layers, as vLLM's ``HybridKVCacheCoordinator``::
 
     Gemma 2 (layer 0 sliding W = 8, layer 1 global), block size 4, R0 at 20 tokens:
     group 0 (global, layer 1):   R0's table [3, 0, 7, 2, 9]
     group 1 (window 8, layer 0): R0's table [FREED, FREED, 4, 5, 6]     blocks 0..9: one pool
 
-``KVCacheGroups`` answers the scheduler as one ``BlockManager`` does, allocating in every group or
-none; a prefix hit is the longest prefix every group still serves.
-"""
+It answers the scheduler as one ``BlockManager``; a prefix hit is the longest every group serves."""
 
 from __future__ import annotations
 
@@ -19,11 +15,7 @@ from engine.serving.block_manager import FREED, BlockManager
 
 
 class KVCacheGroups:
-    """One ``BlockManager`` per entry of ``windows`` (keys; None: global) over one pool.
-
-    Raises:
-        ValueError: on fewer than one block or a block size below 1 (``BlockManager``).
-    """
+    """One ``BlockManager`` per entry of ``windows`` (keys; None: global) over one pool."""
 
     window = None  # no window every layer shares (``BlockManager.window``)
 

@@ -1,8 +1,8 @@
 """Attention masks: a packed step's block-diagonal causal mask, and a static wave's padded mask.
 
-A packed step's keys are every sequence's cached keys, then this step's new tokens, both in packed
-order (as the article and the ``concat`` KV mode lay them out); a query sees a key of its own
-sequence not after it. A decoding A (2 cached, 1 new) and a prefilling B (3 new)::
+A packed step's keys are every sequence's cached keys, then this step's new tokens, in packed
+order; a query sees a key of its own sequence not after it. A decoding A (2 cached, 1 new) and a
+prefilling B (3 new)::
 
                  cached | new
     keys:        A0 A1  | A2 B0 B1 B2
@@ -11,10 +11,8 @@ sequence not after it. A decoding A (2 cached, 1 new) and a prefilling B (3 new)
     B p1  (q)     .  .  |  .  #  #  .
     B p2  (q)     .  .  |  .  #  #  #
 
-A sliding window of ``W`` keys also hides keys with ``k_pos <= q_pos - W`` (transformers'
-``sliding_window_overlay``): with ``W = 2`` B's last row sees ``B1 B2`` only. ``packed_step_mask``
-is the one builder of this pattern; the ``slots`` mode attends per sequence, the same pattern.
-"""
+A sliding window of ``W`` keys also hides ``k_pos <= q_pos - W`` (with ``W = 2`` B's last row
+sees ``B1 B2`` only)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
-"""The packed batch: one step's model inputs and attention metadata, built once per step.
-
-Every scheduled sequence's pending tokens go into one ``[1, T]`` row, each with its own position::
+"""The packed batch: one step's model inputs and attention metadata, every sequence's pending tokens
+in one ``[1, T]`` row, each at its own position::
 
     slots:      A (decode)   B (prefill, 3 tokens)   C (decode)
     input_ids:  [ a7 |        b0 b1 b2          |   c4 ]
     positions:  [ 7  |        0  1  2           |   4  ]
     logits at:  [ 0  ,                  3       ,   4  ]   (each sequence's last token)
 
-Single-query sequences (decodes) are attended together in one call over all slots, multi-query ones
-(prefills) one call each, as vLLM splits decode and prefill metadata.
-"""
+Decodes are attended together in one call, prefills one call each (as vLLM's metadata splits)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Planners: the scheduler's policies, one class each, behind one interface.
-
-``schedule(scheduler, now_s)`` seats the waiting requests that arrived and fit and returns the
-step's plan; ``release(seq)`` is told when a sequence leaves the running set. ``decode_first`` and
-``prefill_first`` are transformers' two orders; ``vllm`` follows vLLM V1's ``Scheduler.schedule``
-(vLLM 0.32, ``vllm/v1/core/sched/scheduler.py``) so our steps can equal vLLM's own record;
-docs/engines.md ("The `vllm` policy").
-"""
+"""Planners: the scheduler's policies, one class each, behind ``schedule(scheduler, now_s)`` and
+``release(seq)``. ``decode_first`` and ``prefill_first`` are transformers' orders; ``vllm`` follows
+vLLM V1's ``Scheduler.schedule`` (docs/engines.md, "The `vllm` policy")."""
 
 from __future__ import annotations
 

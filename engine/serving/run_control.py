@@ -1,8 +1,5 @@
-"""Run control: how a running comparison is told to stop, by a person or by the clock.
-
-The page calls ``stop()``; the engine's per-step callback calls ``check()``, which raises
-``RunCancelled`` or ``RunTimedOut`` so the loop unwinds within one step. ``wait_until`` checks
-between slices while an engine waits for arrivals. ``CBP_RUN_TIME_LIMIT_S`` is read at every run.
+"""Run control: a running comparison told to stop, by a person (``stop()``) or by the clock. The
+engines' per-step ``check()`` raises ``RunCancelled`` or ``RunTimedOut``, unwinding within a step.
 """
 
 from __future__ import annotations
@@ -30,19 +27,8 @@ class RunTimedOut(RunStopped):
 
 
 def run_time_limit_s() -> float | None:
-    """``CBP_RUN_TIME_LIMIT_S`` in seconds; None when off (0).
-    Raises ValueError: not a number >= 0."""
-    text = settings.value(RUN_TIME_LIMIT_ENV)
-    try:
-        limit_s = float(text)
-    except ValueError:
-        limit_s = -1.0
-    if not limit_s >= 0 or limit_s == float("inf"):
-        raise ValueError(
-            f"The environment variable {RUN_TIME_LIMIT_ENV}={text!r} must be a number of "
-            "seconds >= 0 (0 turns the limit off)."
-        )
-    return limit_s or None
+    """``CBP_RUN_TIME_LIMIT_S``; None when off (0). Raises ValueError: not seconds >= 0."""
+    return settings.number(RUN_TIME_LIMIT_ENV) or None
 
 
 class RunControl:

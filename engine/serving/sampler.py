@@ -1,10 +1,5 @@
-"""The per-request sampler: one request's next tokens, drawn from that request's own generator.
-
-Each sampled request has a ``torch.Generator`` seeded from its seed and draws one
-``torch.multinomial`` per output token after transformers' warpers (temperature, top-k, top-p, in
-``_get_logits_processor``'s order), so its text depends on nothing else; ``generate`` at batch 1
-after ``torch.manual_seed(seed)`` draws the same tokens (docs/engines.md, "Sampling").
-"""
+"""The per-request sampler: one request's next tokens, drawn from that request's own generator after
+transformers' warpers, so its text depends on nothing else (docs/engines.md, "Sampling")."""
 
 from __future__ import annotations
 
@@ -56,9 +51,9 @@ def new_samplers(requests) -> dict[int, RequestSampler]:
 
 
 class WaveSampler:
-    """A static wave's logits processor: a sampled row's scores become 0 at its own sampler's token
-    and -inf elsewhere, so ``generate``'s argmax picks it; greedy rows pass unchanged. It draws for
-    every sampled row each step, ended ones too, so draws equal generated tokens."""
+    """A static wave's logits processor: a sampled row scores 0 at its sampler's token and -inf
+    elsewhere, so ``generate``'s argmax picks it; greedy rows pass. Ended rows draw too, so draws
+    equal generated tokens."""
 
     def __init__(self, samplers: list[RequestSampler | None], width: int):
         """``samplers``: one per row (None: greedy); ``width``: the padded prompt."""

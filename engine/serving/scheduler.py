@@ -1,11 +1,6 @@
-"""Iteration-level scheduler over ``B`` slots with a per-step token budget.
-
-Orca (OSDI '22) and vLLM's ``Scheduler``: a finished sequence's slot goes to the next waiting
-request on the same step; a prompt over the budget left is prefilled in chunks (Sarathi, OSDI '24).
-In the paged KV mode the scheduler owns the block manager (as nano-vllm's does), allocates, frees
-out-of-window blocks, preempts by recompute and seats prefix-cache hits: docs/engines.md. Each
-policy is a planner (``engine.serving.planners``); the engine calls ``schedule(now_s)`` per step.
-"""
+"""Iteration-level scheduler over ``B`` slots with a per-step token budget (Orca, vLLM): a finished
+sequence's slot goes to the next waiting request on the same step; a long prompt is prefilled in
+chunks (Sarathi). In the paged KV mode it owns the block manager: docs/engines.md."""
 
 from __future__ import annotations
 
@@ -22,14 +17,9 @@ from engine.serving.planners import ScheduledStep, planner_for
 class Scheduler:
     """First-come first-served admission into the lowest free slot, under a token budget.
 
-    ``num_kv_blocks`` (the paged KV mode) makes it own a ``BlockManager`` of that many blocks of
-    ``block_size`` tokens (with ``prefix_caching``, a prefix cache too); otherwise
-    ``block_manager`` is None. ``policy`` picks the planner; ``window`` (keys every layer sees,
-    None: global) lets the block manager free blocks out of it; ``kv_groups`` (each KV cache
-    group's window, several groups) makes it a ``KVCacheGroups``.
-
-    Raises:
-        ValueError: ``num_kv_blocks`` below 1 or ``block_size`` below 1 (``BlockManager``).
+    ``num_kv_blocks`` (paged KV) makes it own a ``BlockManager`` of that many ``block_size`` blocks
+    (a ``KVCacheGroups`` with ``kv_groups``); ``policy`` picks the planner; ``window`` (keys every
+    layer sees, None: global) lets out-of-window blocks go.
     """
 
     def __init__(
@@ -132,11 +122,9 @@ class Scheduler:
 
     # --- after a step ----------------------------------------------------------------------
     def postprocess(self, step: ScheduledStep, next_tokens: list[int]) -> list[Sequence]:
-        """Cache the step's tokens; append a token where the step reached the sequence's end.
-
-        A sequence whose prefill chunk did not reach the end of its prompt samples nothing.
-        Finished sequences free their slots and KV blocks. Returns the finished sequences.
-        """
+        """Cache the step's tokens; append a token where the step reached a sequence's end (a
+        prefill chunk short of it samples nothing). Frees finished sequences' slots and blocks;
+        returns them."""
         finished = []
         for seq, n, token in zip(step.seqs, step.num_new, next_tokens, strict=True):
             seq.num_cached_tokens += n

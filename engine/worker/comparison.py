@@ -1,21 +1,10 @@
-"""A run's engine work: one typed job in, one typed result out, in core types only.
-
-``work_in_worker`` runs a ``ComparisonJob`` on one model, one after the other::
+"""A run's engine work: one typed job in, one typed result out, in core types only::
 
     static engine ─▶ continuous engine ─▶ transformers' engine ─▶ reference ─▶ verdicts
                                           (compare_hf)             (check_reference)
 
-and answers with a ``ComparisonResult``, which the page turns into what it shows; the worker
-runs it in the engine process or on the page's engine thread alike. ``JudgeJob`` asks for the
-verdicts of traces made elsewhere (the page's servers, which run after the engines):
-``judge_in_worker`` judges them against the same reference, which the comparison cached. Nothing
-here imports the page, gradio or plotly, so the worker loads none of them (a test checks it).
-
-``watch(engine, trace)`` is called after every step of every engine (``trace`` is None for the
-reference and transformers' engine), ``watch(engine, trace, waiting=True)`` while an engine waits
-for arrivals, and ``watch(engine, trace, done=True)`` after each engine's last step; an exception
-it raises (``RunStopped``) ends the work within one step or wait.
-"""
+``JudgeJob`` judges traces made elsewhere (the page's servers) against the cached reference.
+``watch``'s calls: docs/architecture.md, "One Run, module by module"."""
 
 from __future__ import annotations
 
@@ -77,7 +66,6 @@ class ComparisonResult:
     batch_invariant: bool = False
 
     def traces(self) -> dict[str, Trace]:
-        """The engines' traces by name (``traces_by_name``)."""
         return traces_by_name(self.static, self.continuous, self.hf_continuous)
 
 
@@ -93,8 +81,8 @@ def traces_by_name(
 
 
 def work_in_worker(model: ComparisonModel, job: ComparisonJob, watch: Watch) -> ComparisonResult:
-    """The engines, transformers' engine and the reference with its verdicts, on the job's
-    model (loaded first if another was chosen since) in the job's precision.
+    """The engines, transformers' engine and the reference with its verdicts, on the job's model
+    (loaded first if another was chosen since) in the job's precision.
 
     Raises:
         RunStopped: ``watch`` stopped the run.
@@ -152,9 +140,8 @@ class JudgeJob:
 def judge_in_worker(
     model: ComparisonModel, job: JudgeJob, _watch: Watch
 ) -> dict[str, dict[int, dict]]:
-    """``judge_runs`` of ``job.traces`` on the job's model in its precision: engine ->
-    request id -> verdict entry. A trace without logits (a server's) is judged with the
-    reference's rounding bound counted twice (``engine.fidelity.divergence``)."""
+    """``job.traces`` judged on the job's model: engine -> request id -> verdict entry (a trace
+    without logits is judged with the rounding bound counted twice)."""
     model = model.in_model(job.model).in_dtype(job.dtype)
     source = model.reference_for(job.batch_invariant)
     return judge_runs(model.runner, source, job.requests, job.traces)

@@ -20,14 +20,9 @@ ENGINE_NAMES = ("static", "static_generate", *KV_MODE_OF, "hf_continuous")
 def make_engine(
     name: str, runner: ModelRunner, config: EngineConfig, prefix_caching: bool | None = None
 ):
-    """The engine ``name`` (``ENGINE_NAMES``) on ``runner``: static engines take ``config``'s
-    slots, continuous ones all of it in their name's KV mode, ``hf_continuous`` notes slots and
-    mode it cannot apply. ``prefix_caching`` (None: ``config``'s) only reaches engines that share
-    KV.
-
-    Raises:
-        ValueError: an unknown name, or options the engine's ``EngineConfig`` refuses.
-    """
+    """The engine ``name`` (``ENGINE_NAMES``) on ``runner``: static engines take ``config``'s slots,
+    continuous ones all of it; ``prefix_caching`` (None: ``config``'s) reaches engines sharing KV.
+    Raises ValueError: an unknown name, or options ``EngineConfig`` refuses."""
     sharing = config.prefix_caching if prefix_caching is None else prefix_caching
     invariant = config.batch_invariant
     if name == "static":

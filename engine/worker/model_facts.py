@@ -1,8 +1,5 @@
-"""What a process without the model's weights learns of the model, asked of the one that holds it.
-
-Tokenizing, KV budgets, labels and reference pricing need no weights; but the reference keys
-hold the holder's CPU thread count, so only the holder can give them.
-"""
+"""What a process without the model's weights learns of the model, asked of the one that holds it
+(the reference keys hold the holder's CPU thread count, so only the holder can give them)."""
 
 from __future__ import annotations
 

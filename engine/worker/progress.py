@@ -47,8 +47,8 @@ def snapshot(trace: Trace) -> Trace:
 
 class ProgressLog:
     """The ``watch`` a job's engines call: checks ``control``, keeps each engine's
-    ``EngineProgress`` and hands ``send`` a copy, at every call or (with ``every_s``) when it
-    changed and at least every ``every_s``. A trace already sent goes as None."""
+    ``EngineProgress`` and hands ``send`` a copy at every call, or when changed and at most every
+    ``every_s`` (a trace already sent goes as None)."""
 
     def __init__(self, control: RunControl, send: Take, every_s: float = 0.0):
         self.control = control

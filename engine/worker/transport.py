@@ -1,9 +1,6 @@
-"""One worker interface, two transports: a job started, its progress and its answer awaited.
-
-``ThreadWorker`` runs jobs on this process's engine thread, ``worker_process.ProcessWorker`` in a
-process of its own; both through ``answer``, whose messages docs/architecture.md draws ("One Run,
-module by module"). The caller's own loop polls ``Job.wait``: no thread relays between the two.
-"""
+"""One worker interface, two transports: ``ThreadWorker`` (this process's engine thread) and
+``worker_process.ProcessWorker``, both through ``answer``; the caller's own loop polls
+``Job.wait``. Messages: docs/architecture.md, "One Run, module by module"."""
 
 from __future__ import annotations
 
@@ -89,12 +86,7 @@ class Worker(Protocol):
         ...
 
     def run(self, fn: Callable, args: tuple, control: RunControl, take: Take) -> Any:
-        """``submit``, then wait for the job's value.
-
-        Raises:
-            RunStopped: ``control`` stopped the run (``EngineProcessLost``: the process died).
-            Exception: whatever ``fn`` raised, same type and message.
-        """
+        """``submit``, then wait for the job's value; raises as ``Job.result``."""
         ...
 
 

@@ -1,6 +1,5 @@
-"""The engine process's side of ``worker_process``: load the model, answer jobs until the page
-goes, every torch call on the main thread, pinned to CPUs of its own. It ends when the page's
-process dies, however it dies (``multiprocessing``'s parent sentinel). Imports core modules only."""
+"""The engine process's side of ``worker_process``: load the model, answer jobs on the main thread,
+pinned to CPUs of its own; it ends when the page's process dies (the parent sentinel)."""
 
 from __future__ import annotations
 
@@ -78,8 +77,7 @@ def _serve(spec, conn, stop_event) -> None:
 
 class _Outbox:
     """The worker's messages to the page, pickled by the sender (an unpicklable one goes as a
-    RuntimeError naming it) and written in order by their own thread; a closed pipe ends the
-    worker."""
+    RuntimeError naming it) and written in order by their own thread."""
 
     def __init__(self, conn):
         self._conn = conn

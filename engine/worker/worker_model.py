@@ -1,11 +1,5 @@
-"""The model a worker holds: the weights with their runner and reference cache, in any precision.
-
-``WorkerModel`` is what every job (``comparison``, ``model_facts``) runs on, in the engine process
-(``load_spec``) or on the page's engine thread (``transport.ThreadWorker``). ``in_dtype`` gives
-the same model in another precision, made on first use and kept; ``in_model`` another model of
-the host's allowlist, in place of the one chosen before. ``time_pace`` times both engines and
-the reference on a small table, which the page's run queue learns its first estimates from.
-"""
+"""The model a worker holds: the weights with their runner and reference cache, in any precision
+(``in_dtype``) or as another model of the host's allowlist (``in_model``). Every job runs on it."""
 
 from __future__ import annotations
 
@@ -104,21 +98,14 @@ class WorkerModel:
 
     def in_dtype(self, name: str | None) -> WorkerModel:
         """This model in the dtype ``name`` (None, "" or "auto": this one), loaded on first use.
-
-        Raises:
-            ValueError: a name not offered on this device (``dtype_choices``), or a dtype the
-                device cannot run, naming both; checked before any weight loads.
-        """
+        Raises ValueError before any weight loads: a name not offered here, or a dtype the device
+        cannot run."""
         return variant_in(self, name)
 
     def in_model(self, name: str | None, on_stage: Callable[[str], None] | None = None):
-        """The host's model ``name`` (None, "" or this one's id: this one), in its own dtype;
-        another is loaded on the engine thread on first use, in place of the one chosen before,
-        ``on_stage(words)`` told as each stage of its load begins.
-
-        Raises:
-            ModelLoadError: ``name`` is not on ``CBP_MODEL_ALLOWLIST``, or fails to load.
-        """
+        """The host's model ``name`` (None, "" or this id: this one), loaded on first use in place
+        of the one chosen before; ``on_stage(words)`` hears each stage of the load. Raises
+        ModelLoadError: ``name`` is not on ``CBP_MODEL_ALLOWLIST``, or fails to load."""
         wanted = (name or "").strip()
         if wanted in ("", self.model_id):
             return self
@@ -162,11 +149,9 @@ class WorkerModel:
         return variant
 
     def make_room(self, dtype_name: str, bound_bytes: int | None) -> list[str]:
-        """Before this model loads in ``dtype_name``, or makes that precision's copies again:
-        release the kernels' copies of the other precisions held (``copies_to_release``) where
-        it would not fit within ``bound_bytes`` beside them (None: no bound), estimated as its
-        weights plus ``CBP_WEIGHT_COPIES_MAX`` times them. Returns the precisions released;
-        they make their copies again on their next run."""
+        """Before this model loads in ``dtype_name``: release the other precisions' kernel copies
+        where it would not fit within ``bound_bytes`` beside them. Returns the precisions released.
+        """
         if bound_bytes is None:
             return []
         held = {self.dtype_name: self.runner} | {n: m.runner for n, m in self.variants.items()}
@@ -200,26 +185,16 @@ class WorkerModel:
         return self.solo_reference
 
     def check_batch_invariant(self) -> None:
-        """Refuse batch-invariant mode for a model it does not support.
-
-        Raises:
-            ValueError: the model is not a Llama-style decoder.
-        """
+        """Raises ValueError: the model is not a Llama-style decoder."""
         self.runner.require_batch_invariant()
 
     def check_kv_budget(self, config: EngineConfig, requests: list[Request]) -> None:
-        """Refuse, before any engine starts, a paged KV budget that cannot hold some request.
-
-        Raises:
-            ValueError: some request alone needs more KV blocks than the budget holds.
-        """
+        """Raises ValueError: a request alone needs more KV blocks than the paged budget holds."""
         kv_pool_blocks(config, requests, self.runner.kv_bytes_per_token())
 
     def warm_up(self) -> None:
-        """Key the reference store (hashing the weights, about a second for SmolLM2-135M), so the
-        page's estimates know from the first Run which references are stored already, and run
-        both engines once on two tiny requests, so one-time costs never reach a timing; then hand
-        the memory freed while the kernels were made back to the OS (``release_freed``)."""
+        """Key the reference store (hashes the weights) and run both engines on two tiny requests,
+        so one-time costs never reach a timing; then hand freed memory back to the OS."""
         if self.reference.store is not None:
             self.reference.identity  # noqa: B018  (a cached property: computed here, once)
         specs = parse_table([["Warm-up", 2], ["Warm up again", 3]])
@@ -232,9 +207,8 @@ class WorkerModel:
         release_freed()  # what packing and stacking freed, back to the OS
 
     def time_pace(self) -> Pace:
-        """Time both engines and the reference (``model.generate``, one request at a time, kept
-        in memory only) on ``CALIBRATION_TABLE`` (3 slots): a few seconds with the embedded
-        model on a small CPU. Its step counts are the traces'. Returns a ``Pace``."""
+        """Time both engines and the reference on ``CALIBRATION_TABLE`` (a few seconds on a small
+        CPU); returns a ``Pace``."""
         specs = parse_table(CALIBRATION_TABLE)
         requests = tokenize_requests(
             specs, self.loaded.tokenizer, chat_template=False, max_context=self.loaded.max_context
@@ -259,9 +233,8 @@ class WorkerModel:
 
 
 def pace_parts(traces: dict[str, Trace]) -> dict[str, float]:
-    """A run's seconds in each part of the run queue's pace: each engine's steps (its trace's
-    wall time less its prefill's) and, as ``PREFILL``, their prefill together
-    (``engine.trace.Trace.prefill_split``)."""
+    """A run's seconds per part of the queue's pace: each engine's steps less its prefill, and
+    ``PREFILL``, their prefills together (``Trace.prefill_split``)."""
     parts_s = {PREFILL: 0.0}
     for name, trace in traces.items():
         prefill_s = trace.prefill_split()[1]
@@ -286,12 +259,8 @@ def label_of(loaded) -> str:
 
 
 def variant_in(model, name: str | None):
-    """``model`` (a ``WorkerModel`` or the page's ``PageModel``) in the dtype ``name``: itself for
-    None, "" or "auto", else from ``model.variants``, made by ``model._variant`` on first use.
-
-    Raises:
-        ValueError: see ``WorkerModel.in_dtype``.
-    """
+    """``model`` (a ``WorkerModel`` or ``PageModel``) in the dtype ``name`` (None, "" or "auto":
+    itself), made by ``model._variant`` on first use. Raises ValueError: see ``in_dtype``."""
     own = model.dtype_name
     offered = dtype_choices(model.loaded.device, own)
     wanted = wanted_dtype(name, model.loaded.device, offered, own)
@@ -313,12 +282,8 @@ def dtype_choices(device: torch.device, dtype_name: str) -> list[str]:
 
 
 def wanted_dtype(name: str | None, device: torch.device, offered: list[str], own: str) -> str:
-    """The dtype ``name`` asks for (None, "" or "auto": ``own``, the loaded one's).
-
-    Raises:
-        ValueError: a name not ``offered`` on this device, or a dtype the device cannot run,
-            naming both.
-    """
+    """The dtype ``name`` asks for (None, "" or "auto": ``own``). Raises ValueError: not ``offered``
+    here, or a dtype the device cannot run."""
     text = (name or "auto").strip().lower()
     if text in ("auto", own):
         return own
@@ -349,12 +314,7 @@ def _converted(loaded: LoadedModel, dtype_name: str) -> LoadedModel:
 
 
 def load_and_warm_up(model: str | None, device: str | None, dtype: str | None) -> WorkerModel:
-    """``load_model(model, device, dtype)`` warmed up, on the calling thread (the engine thread,
-    or the engine process's main thread); its other precisions load with ``load_model`` too.
-
-    Raises:
-        ModelLoadError: the model fails to load (see ``load_model``).
-    """
+    """``load_model(...)`` warmed up on the calling thread; raises ModelLoadError."""
     loaded = load_model(model, device, dtype)
     loader = functools.partial(_load_in, model, str(loaded.device))
     held = WorkerModel.from_loaded(loaded, loader=loader, model_id=(model or DEFAULT_MODEL).strip())

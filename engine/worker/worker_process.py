@@ -1,9 +1,6 @@
-"""The process transport: a worker in a process of its own, on CPUs of its own, both its ends.
-
-The page's per-session Python holds the GIL the engines need between torch calls; a process of
-their own keeps it off a run (docs/measurements.md, "Does the room slow the run being
-measured?"). The worker's side is ``worker_main``; it imports core modules only.
-"""
+"""The process transport: a worker in a process of its own, on CPUs of its own, both its ends. The
+page's Python holds the GIL the engines need between torch calls; a process keeps it off a run
+(docs/measurements.md, "Does the room slow the run being measured?")."""
 
 from __future__ import annotations
 
@@ -68,12 +65,8 @@ class ProcessWorker:
             self._start()
 
     def wait_ready(self) -> None:
-        """Start the worker unless one lives, and wait until its model is loaded and warm.
-
-        Raises:
-            EngineProcessLost: the worker ended first.
-            Exception: the model failed to load in the worker (its exception).
-        """
+        """Start the worker unless one lives; wait until its model is loaded and warm. Raises
+        EngineProcessLost (the worker ended first), or the exception its model's load raised."""
         with self._lock:
             self._start()
             while not self._ready:
@@ -231,12 +224,9 @@ class _ProcessJob(Job):
 
 
 def _start_without_main(process) -> None:
-    """Start ``process`` without the page's main module in it.
-
-    Spawn runs the parent's main script again as ``__mp_main__``, which for ``python app.py``
-    loads the whole page into the worker. A main module whose spec is named ``__main__`` is left
-    alone (as for ``python -m``); the spec is put back once the child's start data is taken.
-    """
+    """Start ``process`` without the page's main module: spawn runs the parent's main script again
+    as ``__mp_main__``, which would load the whole page; a spec named ``__main__`` is skipped as for
+    ``python -m``, and put back once the child's start data is taken."""
     main = sys.modules["__main__"]
     spec = getattr(main, "__spec__", None)
     main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)

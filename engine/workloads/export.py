@@ -59,11 +59,9 @@ def traces_json(traces: dict[str, Trace]) -> str:
 
 
 def perfetto_trace(traces: dict[str, Trace]) -> dict:
-    """Chrome trace-event JSON (the Trace Event Format,
-    https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU): per engine a
-    process, per slot a track, a span per stay in a slot (``Trace.slot_runs``; a preemption is an
-    instant on the "steps" track), a server's own record as one more process. ``ts`` and ``dur`` are
-    microseconds since each run started."""
+    """Chrome trace-event JSON: per engine a process, per slot a track, a span per stay in a slot (a
+    preemption: an instant on the "steps" track); ``ts``, ``dur``: µs since each run started.
+    Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU"""
     events = []
     for pid, (name, trace) in enumerate(_with_own_records(traces).items(), start=1):
         events += _track_names(pid, name, trace)

@@ -32,17 +32,10 @@ def limits() -> Limits:
     """``CBP_MAX_ROWS``, ``CBP_MAX_NEW_TOKENS``, ``CBP_MAX_PROMPT_CHARS``. Raises ValueError: not a
     positive whole number."""
     return Limits(
-        max_rows=_env_limit("CBP_MAX_ROWS"),
-        max_new_tokens=_env_limit("CBP_MAX_NEW_TOKENS"),
-        max_prompt_chars=_env_limit("CBP_MAX_PROMPT_CHARS"),
+        max_rows=settings.count("CBP_MAX_ROWS"),
+        max_new_tokens=settings.count("CBP_MAX_NEW_TOKENS"),
+        max_prompt_chars=settings.count("CBP_MAX_PROMPT_CHARS"),
     )
-
-
-def _env_limit(name: str) -> int:
-    text = settings.value(name)
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"The environment variable {name}={text!r} must be a positive integer.")
-    return int(text)
 
 
 SEED_REQUESTS = (
@@ -102,10 +95,8 @@ def parse_prompt(prompt, where: str) -> str:
 
 
 def row_spec(prompt, cap, arrival, sampling: tuple | list, where: str) -> RequestSpec:
-    """One request's cells -> its spec (``arrival`` blank: 0; sampling cells in ``SAMPLING_FIELDS``'
-    order, all blank: greedy). Raises ValueError: naming ``where`` once, then every problem a
-    sentence each, e.g. "Row 3: the prompt is blank. max_new_tokens 0 is out of range; use 1 to
-    2048."."""
+    """One request's cells -> its spec (``arrival`` blank: 0; sampling cells all blank: greedy).
+    Raises ValueError naming ``where`` once, then each problem a sentence."""
     problems: list[str] = []
 
     def told(parse, *args):

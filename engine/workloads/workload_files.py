@@ -1,8 +1,5 @@
-"""Workload files: upload a workload as CSV or JSONL into the page's table; download it back.
-
-Both carry ``TABLE_COLUMNS`` through the table's checks (``row_spec``); a CSV's header names its
-columns in any order, so ``requests.csv`` uploads again. Uploads are bounded in bytes.
-"""
+"""Workload files: a workload uploaded as CSV or JSONL into the page's table, and downloaded back,
+both through the table's checks (``row_spec``); uploads are bounded in bytes."""
 
 from __future__ import annotations
 
@@ -66,9 +63,9 @@ def load_workload_file(path: str | Path) -> list[RequestSpec]:
 
 
 def load_csv(path: str | Path) -> list[RequestSpec]:
-    """A CSV workload; blank rows skipped, the header is line 1. Raises ValueError: as
-    ``read_workload_text``, missing required columns, a row with too many cells, text ``csv`` cannot
-    read, or bad values (each line named)."""
+    """A CSV workload; the header (line 1) names its columns in any order, blank rows skipped.
+    Raises ValueError: a missing column, a row too long, unreadable text or bad values (each line
+    named)."""
     path = Path(path)
     text = read_workload_text(path)
     reader = csv.DictReader(io.StringIO(text, newline=""))

@@ -130,3 +130,23 @@ def test_an_undeclared_variable_is_refused():
     """Reading a name the table does not declare is an error, not a silent empty value."""
     with pytest.raises(KeyError, match="CBP_NOT_A_SETTING"):
         settings.value("CBP_NOT_A_SETTING")
+
+
+def test_the_typed_readers_refuse_bad_text_with_the_declared_meaning():
+    """``number``, ``count`` and ``choice`` read good text and refuse bad text with a message
+    that names the variable and its declared meaning or choices."""
+    window = "CBP_REPLAY_WINDOW_S"
+    assert settings.number(window, {window: "2.5"}) == 2.5, "seconds were not read"
+    for text in ("-1", "nan", "inf", "soon"):
+        with pytest.raises(ValueError, match=f"{window}='{text}' must be a number of seconds >= 0"):
+            settings.number(window, {window: text})
+    nice = "CBP_SERVER_NICE"
+    assert settings.count(nice, 0, 19, {nice: "0"}) == 0, "0 was not read as a count"
+    with pytest.raises(ValueError, match=r"from 0 to 19 \(nice steps"):
+        settings.count(nice, 0, 19, {nice: "20"})
+    with pytest.raises(ValueError, match="CBP_MAX_ROWS='0' must be a positive integer"):
+        settings.count("CBP_MAX_ROWS", environ={"CBP_MAX_ROWS": "0"})
+    process = "CBP_ENGINE_PROCESS"
+    assert settings.choice(process, environ={process: " ON "}) == "on", "case or spaces mattered"
+    with pytest.raises(ValueError, match="CBP_ENGINE_PROCESS='yes': give auto, on or off"):
+        settings.choice(process, environ={process: "yes"})

@@ -16,10 +16,7 @@ ENV = "CBP_SERVER_NICE"
 
 def server_nice(environ=None) -> int:
     """``CBP_SERVER_NICE``; raises ValueError for anything but a whole number from 0 to 19."""
-    text = settings.value(ENV, environ)
-    if not text.isdigit() or not 0 <= int(text) <= 19:
-        raise ValueError(f"{ENV}={text!r}: give a whole number from 0 to 19 (0: no change)")
-    return int(text)
+    return settings.count(ENV, 0, 19, environ)
 
 
 def lower_this_thread(steps: int) -> bool:

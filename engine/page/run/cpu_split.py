@@ -13,15 +13,12 @@ from engine import settings
 
 ENV = "CBP_ENGINE_CPUS"
 PROCESS_ENV = "CBP_ENGINE_PROCESS"
-PROCESS_CHOICES = ("auto", "on", "off")
 
 
 def engine_process_wanted(environ=None, on_zerogpu: bool = False) -> bool:
     """Whether ``app.py`` runs the engines in a ``ProcessWorker`` (``CBP_ENGINE_PROCESS``:
     docs/hosting.md); raises ValueError for another value."""
-    text = settings.value(PROCESS_ENV, environ).lower()
-    if text not in PROCESS_CHOICES:
-        raise ValueError(f"{PROCESS_ENV}={text!r}: give auto, on or off")
+    text = settings.choice(PROCESS_ENV, environ=environ)
     return text == "on" or (text == "auto" and not on_zerogpu)
 
 

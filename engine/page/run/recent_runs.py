@@ -19,16 +19,7 @@ MAX_RUNS = 32  # setups kept; the least recently measured goes first
 
 def replay_window_s(environ=None) -> float:
     """``CBP_REPLAY_WINDOW_S`` in seconds; raises ValueError for anything but seconds >= 0."""
-    text = settings.value("CBP_REPLAY_WINDOW_S", environ)
-    try:
-        window_s = float(text)
-    except ValueError:
-        window_s = -1.0
-    if not window_s >= 0 or window_s == float("inf"):
-        raise ValueError(
-            f"CBP_REPLAY_WINDOW_S={text!r}: give a number of seconds (0 turns replays off)."
-        )
-    return window_s
+    return settings.number("CBP_REPLAY_WINDOW_S", environ)
 
 
 @dataclass(frozen=True)
