@@ -211,16 +211,16 @@ def value(name: str, environ: Mapping[str, str] | None = None) -> str:
     return text.strip() or declared.default
 
 
-def number(name: str, environ: Mapping[str, str] | None = None) -> float:
-    """``name`` as a finite number >= 0 (seconds, where its kind says so). Raises ValueError naming
-    it and its meaning."""
+def number(name: str, environ: Mapping[str, str] | None = None, finite: bool = True) -> float:
+    """``name`` as a number >= 0, finite unless ``finite`` is False (seconds, where its kind says
+    so). Raises ValueError naming it and its meaning."""
     declared = setting(name)
     text = value(name, environ)
     try:
         number = float(text)
     except ValueError:
         number = -1.0
-    if not 0 <= number < float("inf"):  # NaN too
+    if not 0 <= number < float("inf") and not (number == float("inf") and not finite):  # NaN too
         unit = "a number of seconds" if declared.kind == "seconds" else "a number"
         raise ValueError(
             f"The environment variable {name}={text!r} must be {unit} >= 0 ({declared.meaning})."

@@ -292,7 +292,7 @@ def read_copies_max() -> float:
     Raises:
         ValueError: not a number >= 0, naming the variable.
     """
-    return settings.number("CBP_WEIGHT_COPIES_MAX")
+    return settings.number("CBP_WEIGHT_COPIES_MAX", finite=False)  # inf: every copy kept
 
 
 def copy_groups(model, linears) -> dict[str, list]:

@@ -12,7 +12,7 @@ from engine.kernels import kernel_plan, kernel_timing
 from engine.kernels.gemv_build import on_x86
 from engine.kernels.kernel_plan import RowPlan
 from engine.kernels.kernel_timing import Timings
-from engine.model import kernel_store
+from engine.model import kernel_choice, kernel_store
 
 
 @pytest.fixture(autouse=True)
@@ -240,3 +240,10 @@ def test_a_bad_copy_bound_is_refused_naming_the_variable(monkeypatch, text):
     monkeypatch.setenv("CBP_WEIGHT_COPIES_MAX", text)
     with pytest.raises(ValueError, match="CBP_WEIGHT_COPIES_MAX"):
         tiny_runner()
+
+
+@pytest.mark.parametrize(("text", "bound"), [("inf", float("inf")), ("0", 0.0), ("2.5", 2.5)])
+def test_the_copy_bound_reads_any_number_from_zero_to_infinity(monkeypatch, text, bound):
+    """CBP_WEIGHT_COPIES_MAX=inf keeps every copy, as it always could."""
+    monkeypatch.setenv("CBP_WEIGHT_COPIES_MAX", text)
+    assert kernel_choice.read_copies_max() == bound
