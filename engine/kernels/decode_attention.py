@@ -63,7 +63,9 @@ def plan_decode(
     batch: PackedBatch, dtype: torch.dtype, whole: bool = True, fits: bool = True
 ) -> DecodeSplit | None:
     """The split for a decode-only step in the ``slots`` or ``paged`` KV mode, else None;
-    ``fits``: ``kernel_refusal`` is None (else SDPA serves)."""
+    ``whole``: a step ``decode_step`` serves (also one with prefill chunks, up to
+    ``MAX_WHOLE_STEP_TOKENS`` tokens) is ``whole_step``; ``fits``: ``kernel_refusal`` is None
+    (else SDPA serves)."""
     if batch.packed_mask is not None:
         return None
     kernel = fits and kernel_runs(batch.input_ids.device, dtype)

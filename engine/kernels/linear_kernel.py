@@ -31,7 +31,8 @@ LinearForward = Callable[[nn.Linear, torch.Tensor], torch.Tensor]
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """``F.linear`` as ``(weight @ x.T).T`` up to 64 rows. Shapes: x [..., K], weight [N, K]."""
+    """``F.linear`` as ``(weight @ x.T).T`` up to 64 rows.
+    Shapes: x [..., K];  weight [N, K];  bias [N] or None  ->  [..., N]"""
     rows = x.reshape(-1, x.shape[-1])  # (M, K)
     num_rows = rows.shape[0]
     if num_rows > MAX_SKINNY_ROWS or num_rows == 0:
@@ -56,7 +57,8 @@ def onednn_pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None):
-    """``F.linear(x, W, bias)`` with ``packed = onednn_pack(W)``."""
+    """``F.linear(x, W, bias)`` with ``packed = onednn_pack(W)``.
+    Shapes: x [..., K];  packed [N, K];  bias [N] or None  ->  [..., N]"""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 

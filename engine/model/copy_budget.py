@@ -96,7 +96,8 @@ class _Table:
         return choose_plan(self.rows, times)
 
     def extra_ms(self, kept: frozenset, better: frozenset) -> list[float]:
-        """ms per pass ``kept`` costs over ``better`` per row count; never below 0 (why: docs)."""
+        """ms per pass ``kept`` costs over ``better`` per row count; never below 0 (why:
+        docs/engines.md#kernels)."""
         pairs = zip(self.pass_ms(kept), self.pass_ms(better), strict=True)
         return [0.0 if a is None or b is None else max(a - b, 0.0) for a, b in pairs]
 

@@ -123,9 +123,10 @@ class VllmEngine(RecordedEngine):
         settings: VllmSettings | None = None,
         cpus: str | None = None,
     ):
-        """``settings``: the server's as they are, instead of ``settings_for`` these; ``cpus``:
-        the CPUs it computes on (e.g. "1"; default every CPU). Raises ValueError: no
-        ``.venv-vllm`` (MissingBuild), or a model vLLM cannot serve (ModelRefused)."""
+        """``max_model_len``: tokens, prompt and output, of the longest request it takes;
+        ``settings``: the server's as they are, instead of ``settings_for`` these; ``cpus``: the
+        CPUs it computes on (e.g. "1"; default every CPU). Raises ValueError: no ``.venv-vllm``
+        (MissingBuild), or a model vLLM cannot serve (ModelRefused)."""
         vllm_python()  # a missing build is said before what the model lacks
         if settings is None:
             settings = settings_for(

@@ -28,7 +28,8 @@ LINK_KEYS = ("preset", "slots", "table", *(param.url for param in link_query.PAR
 
 
 def link_opened(request: gr.Request | None, preset_name: str | None, *values) -> tuple:
-    """After ``page_io.from_link``: Run's outputs from the preset, then Run's inputs."""
+    """After ``page_io.from_link``; takes the preset, then Run's inputs; returns Run's outputs
+    (``gr.skip()`` where unchanged)."""
     query, step = page_io.query_params(request), page_io.link_step(request)
     settings, previous, handle = settings_from_run(*values)
     if not _untouched(previous, handle):

@@ -59,7 +59,8 @@ class PageModel:
 
     @classmethod
     def connect(cls, worker: Worker, **parts) -> PageModel:
-        """Wait for ``worker``'s model, then ask it for its facts (raises its load's error)."""
+        """Wait for ``worker``'s model, then ask it for its facts. Raises EngineProcessLost (the
+        engine process ended first), or the exception its model's load raised."""
         worker.wait_ready()
         facts = worker.run(model_facts, (None,), RunControl(), untaken)
         return cls(facts=facts, worker=worker, **parts)
