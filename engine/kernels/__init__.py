@@ -1,7 +1,7 @@
 """Kernels: the arithmetic a step runs through on the model's weights; the map is
 docs/architecture.md. Modules: ``packed_attention``, ``decode_attention``, ``invariant_attention``,
 ``invariant_ops``, ``linear_kernel``, ``gemv_build``, ``kernel_plan``, ``kernel_timing``,
-``cpu_share``, ``fused_layers``, ``layer_spec``, ``host_setting``.
+``cpu_share``, ``fused_layers``, ``layer_spec``.
 """
 
 __all__ = [
@@ -13,5 +13,4 @@ __all__ = [
     "fused_layers",
     "layer_spec",
     "cpu_share",
-    "host_setting",
 ]

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from engine import settings
-from engine.kernels.host_setting import read_choice
 
 _CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(
@@ -71,7 +70,7 @@ def host_reason() -> str | None:
 
 def unavailable_reason() -> str | None:
     """Why the kernel does not run here, or None (builds it on the first call in a process)."""
-    if read_choice("CBP_GEMV", CHOICES) == "off":  # ValueError: a bad setting
+    if settings.choice("CBP_GEMV", CHOICES) == "off":  # ValueError: a bad setting
         return "CBP_GEMV=off"
     return _built()
 

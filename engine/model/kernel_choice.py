@@ -13,7 +13,6 @@ import logging
 
 from engine import settings
 from engine.kernels import fused_layers, invariant_ops, kernel_plan, kernel_timing, linear_kernel
-from engine.kernels.host_setting import read_choice
 from engine.model import copy_budget, kernel_store, memory_account
 from engine.model.kernel_store import KernelChoice
 
@@ -26,9 +25,9 @@ class RunnerKernels:
         # The engines' matmul kernel pays off on CPU only; CUDA and MPS keep their own matmuls.
         cpu = self.device.type == "cpu"
         self._linears = linear_kernel.linear_modules(self.model) if cpu else []
-        self._kernel_setting = read_choice("CBP_ENGINE_KERNEL", kernel_plan.KERNEL_CHOICES)
+        self._kernel_setting = settings.choice("CBP_ENGINE_KERNEL", kernel_plan.KERNEL_CHOICES)
         self.copies_max = read_copies_max()
-        fused_setting = read_choice("CBP_FUSED_LAYERS", fused_layers.CHOICES)
+        fused_setting = settings.choice("CBP_FUSED_LAYERS", fused_layers.CHOICES)
         self.use_fused_layers = fused_setting == "auto"  # forward_packed's fused layers
         self.decoder_layer_steps = {"fused": 0, "transformers": 0}  # forward_packed calls by path
         retired = settings.value("CBP_COMPILED_STEP").strip().lower()

@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels import kernel_plan, linear_kernel
-from engine.kernels.host_setting import read_choice
 from engine.kernels.kernel_plan import RowPlan
+from engine.settings import choice as read_choice
 
 PLAN = RowPlan((1, 5, 64), ("linear", "skinny", "linear"))
 

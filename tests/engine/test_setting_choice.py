@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.kernels.host_setting import read_choice
+from engine.settings import choice as read_choice
 
 NAME = "CBP_FUSED_LAYERS"  # a declared choice setting whose default is "auto"
 CHOICES = {"auto": "the usual", "off": "none of it"}
