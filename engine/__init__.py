@@ -5,7 +5,7 @@ dimensions of ``Shapes:`` sections): the vocabulary (``knobs``, ``knob_values``,
 ``sequence``, ``sampling_params``, ``token_logits``, ``trace``, ``trace_codec``,
 ``settings``, ``cache_file``), then ``workloads``,
 ``serving``, ``kernels``, ``model``, ``batching``, ``fidelity``, ``peers``, ``llamacpp``,
-``host_servers``, ``worker``; above the core, ``page`` and ``bench``.
+``host_servers``, ``host_queue``, ``worker``; above the core, ``page`` and ``bench``.
 
 Nothing heavy is imported here: import the submodules you need.
 """
