@@ -147,6 +147,7 @@ CORE_ROOMS = [
     "peers",
     "llamacpp",
     "host_servers",
+    "host_queue",
     "worker",
 ]
 PAGE_ROOMS = ["figures", "inputs", "run", "views", "handlers", "panels", "host"]

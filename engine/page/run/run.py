@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
+from engine.host_queue.run_cost import run_work, server_part
+from engine.host_queue.run_queue import Place
 from engine.host_servers import server_runs, server_set
-from engine.page.run.queue_ticket import Place
 from engine.page.run.recent_runs import RecentRun
-from engine.page.run.run_cost import run_work, server_part
 from engine.page.run.run_handle import RunHandle, Turn
 from engine.page.run.run_options import RunOptions
 from engine.page.run.shared_model import PageModel, untaken

@@ -16,13 +16,13 @@ from engine.batching.continuous import kv_pool_blocks
 from engine.config import EngineConfig
 from engine.fidelity import reference_store
 from engine.fidelity.reference_store import StoredReferences
+from engine.host_queue.run_cost import Work
+from engine.host_queue.run_queue import RunQueue
 from engine.host_servers.server_set import ServerSet
 from engine.model.allowlist import check_model_allowed
 from engine.page.run.cpu_split import CpuSplit
 from engine.page.run.model_line import model_line
 from engine.page.run.recent_runs import RecentRuns, replay_window_s
-from engine.page.run.run_cost import Work
-from engine.page.run.run_queue import RunQueue
 from engine.sequence import Request
 from engine.serving.run_control import RunControl
 from engine.worker import worker_model

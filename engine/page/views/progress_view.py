@@ -10,9 +10,9 @@ import time
 
 import gradio as gr
 
+from engine.host_queue.run_queue import Place
 from engine.page.figures import server_lanes
 from engine.page.figures.style import counted, message_figure
-from engine.page.run.run_queue import Place
 from engine.page.views import tables
 from engine.page.views.markup import one_line, plain_markdown
 from engine.page.views.run_status import shown_instead

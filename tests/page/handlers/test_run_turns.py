@@ -18,8 +18,9 @@ from tiny_model import make_requests, tiny_runner
 
 from engine.config import EngineConfig
 from engine.fidelity.reference import ReferenceCache
+from engine.host_queue import run_cost
 from engine.page.handlers import playground
-from engine.page.run import run_cost, shared_model
+from engine.page.run import shared_model
 from engine.page.run.recent_runs import RecentRuns
 from engine.page.run.run import Run, RunRequest
 from engine.page.run.run_handle import RunHandle
@@ -296,7 +297,7 @@ def test_a_waiting_run_sends_its_line_only_when_its_words_change(page, monkeypat
 def test_the_queue_line_rounds_its_waits():
     """A waiting run's line says its wait and estimate to 10 s under 90 s, else in minutes, so
     that it does not change (and is not sent again) every second."""
-    from engine.page.run.run_queue import Place
+    from engine.host_queue.run_queue import Place
     from engine.page.views.progress_view import queue_line
 
     line = queue_line(Place(5, 5, 7.0, 627.0, after_running=True), measured=True)
@@ -316,7 +317,7 @@ def test_the_queue_line_rounds_its_waits():
 def test_the_queue_line_gives_an_identical_runs_place_as_that_runs():
     """A run waiting for an identical run ahead is told that run's place (its own adds none), and
     whether that run is in progress, next, or has runs before it; never "yours is next"."""
-    from engine.page.run.run_queue import Place
+    from engine.host_queue.run_queue import Place
     from engine.page.views.progress_view import queue_line
 
     running = queue_line(Place(1, 3, 3.0, 25.0, after_running=True, identical_ahead=True), True)
@@ -332,7 +333,7 @@ def test_a_run_over_the_limit_is_not_run_and_keeps_the_results(page, monkeypatch
     """Through the Run event (the Run button's and /run's path), a run whose estimate at the pace
     learned here is well over the host's run limit is refused before it queues: "Not run" with
     its estimate and the limit, the previous run's results left as they are."""
-    from engine.page.run.run_cost import Pace
+    from engine.host_queue.run_cost import Pace
 
     *_, done = _events(RunHandle(), replay=False)
     previous = done[OUT["run_state"]]
@@ -351,7 +352,7 @@ def test_a_run_over_the_limit_is_not_run_and_keeps_the_results(page, monkeypatch
 def test_the_room_reads_every_estimate_the_page_tells():
     """The room bench parses the queue line's estimate as the page writes it, "a few seconds"
     as 0 (``estimate_error`` allows the rounding)."""
-    from engine.page.run.run_queue import Place
+    from engine.host_queue.run_queue import Place
     from engine.page.views.progress_view import queue_line
     from tools.room.session import Session, read_status
 

@@ -18,8 +18,9 @@ import pytest
 from tiny_model import tiny_runner
 
 from engine.fidelity.reference import ReferenceCache
+from engine.host_queue import run_cost
 from engine.page.handlers import playground
-from engine.page.run import run_cost, shared_model
+from engine.page.run import shared_model
 from engine.page.run.run_handle import RunHandle
 from engine.page.run.shared_model import PageModel, local_model
 from engine.page.views.progress_view import progress_line

@@ -13,13 +13,13 @@ import pytest
 from tiny_model import make_requests
 
 from engine.config import EngineConfig
+from engine.host_queue.run_cost import RUN_S, SERVER_STEP_RATIO, Pace, Work, run_work
+from engine.host_queue.run_queue import RunQueue
 from engine.host_servers import server_timings
 from engine.host_servers.server_set import ServerSet
 from engine.llamacpp.engines import LlamaCppEngine
 from engine.page.run.run import StageClock
-from engine.page.run.run_cost import RUN_S, SERVER_STEP_RATIO, Pace, Work, run_work
 from engine.page.run.run_options import RunOptions
-from engine.page.run.run_queue import RunQueue
 from tests.live_servers import needs_llamacpp
 
 # A run of 20 continuous steps with vLLM after our engines. On this made-up host a step of ours
@@ -244,7 +244,7 @@ def test_at_debug_an_estimate_and_a_finished_run_log_their_parts(caplog):
     queue = RunQueue(pace=_taught(), clock=clock, stale_s=1e9)
     running, behind = queue.join("running", WITH_VLLM), queue.join("behind", WITH_VLLM)
     assert queue.wait_turn(running, timeout_s=0)
-    with caplog.at_level(logging.DEBUG, logger="engine.page.run.run_queue"):
+    with caplog.at_level(logging.DEBUG, logger="engine.host_queue.run_queue"):
         queue.place(behind)
         clock.now_s += 1.0
         queue.place(behind)  # the same estimate, counted down: not logged again

@@ -10,11 +10,11 @@ import json
 
 import pytest
 
+from engine.host_queue.run_cost import Pace, Work
+from engine.host_queue.run_queue import RunQueue
 from engine.host_servers import server_timings
 from engine.host_servers.server_set import ServerSet, Unbuilt
 from engine.llamacpp.engines import LlamaCppEngine
-from engine.page.run.run_cost import Pace, Work
-from engine.page.run.run_queue import RunQueue
 from tests.live_servers import needs_llamacpp
 
 # A made-up host: our continuous step 0.1 s (2 s for 20 steps), vLLM's stage 10 s, rendering

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.page.run.queue_ticket import TOLD_TOLERANCE_S, ToldWait, run_places
+from engine.host_queue.queue_ticket import TOLD_TOLERANCE_S, ToldWait, run_places
 
 
 def test_places_count_each_setup_once_and_every_live_run():

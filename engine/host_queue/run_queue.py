@@ -1,4 +1,4 @@
-"""The page's queue of runs: one run on the model at a time, and a true place and wait for the rest.
+"""The host's queue of runs: one run on the model at a time, and a true place and wait for the rest.
 
 Gradio's queue tells a browser only its own place and a mean of past events, so the page keeps
 its own; what a person is told: docs/hosting.md, "Runs take turns".
@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
-from engine.page.run.queue_ticket import Place, Ticket, run_places
-from engine.page.run.run_cost import REFERENCE, Pace, Work, over_limit, server_part
+from engine.host_queue.queue_ticket import Place, Ticket, run_places
+from engine.host_queue.run_cost import REFERENCE, Pace, Work, over_limit, server_part
 from engine.serving.run_control import run_time_limit_s
 
 STALE_S = 60.0  # a waiting ticket whose handler polls, not asked about for this long, is dropped

@@ -8,14 +8,14 @@ import random
 
 import pytest
 
-from engine.page.run.run_cost import (
+from engine.host_queue.run_cost import (
     PREFILL_TOKENS_PER_STEP,
     REFERENCE_STEPS,
     REFERENCE_TOKEN_STEPS,
     Pace,
     Work,
 )
-from engine.page.run.run_queue import RunQueue
+from engine.host_queue.run_queue import RunQueue
 
 
 class Host:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from engine.page.run.run_cost import Pace, Work
+from engine.host_queue.run_cost import Pace, Work
 
 TOLD_TOLERANCE_SHARE = 0.3  # a fresh estimate this share off the countdown is told
 TOLD_TOLERANCE_S = 10.0  # ... and at least this many seconds off it

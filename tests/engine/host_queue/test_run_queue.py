@@ -1,4 +1,4 @@
-"""The page's run queue: true places and totals, estimates from the work ahead, one run each."""
+"""The host's run queue: true places and totals, estimates from the work ahead, one run each."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from engine.page.run.queue_ticket import MIN_PROGRESS_STEPS
-from engine.page.run.run_cost import LIMIT_MARGIN, Pace, Work
-from engine.page.run.run_queue import SLOWDOWN_RANGE, RunQueue
+from engine.host_queue.queue_ticket import MIN_PROGRESS_STEPS
+from engine.host_queue.run_cost import LIMIT_MARGIN, Pace, Work
+from engine.host_queue.run_queue import SLOWDOWN_RANGE, RunQueue
 
 
 class Clock:
