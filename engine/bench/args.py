@@ -127,7 +127,10 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
     """``--temperature``, ``--top-k``, ``--top-p``, ``--seed-base``: defaults for requests."""
     sampled = "requests without their own settings sample"
     p.add_argument(
-        "--temperature", type=float, help=f"{sampled} at this temperature (default 1; 0: greedy)"
+        "--temperature",
+        type=float,
+        help=f"{sampled} at this temperature (default 1 once any sampling flag is given; "
+        "without any, they are greedy; 0: greedy)",
     )
     p.add_argument("--top-k", type=int, help=f"{sampled} from the top k tokens (default 0: all)")
     p.add_argument("--top-p", type=float, help=f"{sampled} with this top-p (default 1: all)")
