@@ -22,7 +22,7 @@ class ModelFacts:
     # the store's keys of the references, by batch-invariant mode (none without a store)
     reference_keys: dict[bool, Identity] = field(default_factory=dict)
     model_id: str = "embedded"  # the allowlist's name of the model (``WorkerModel.model_id``)
-    memory: str = ""  # peak RSS and the bytes by part (``WorkerModel.memory_words``)
+    memory: str = ""  # peak RSS and the bytes by part (``memory_account.memory_summary``)
     layer_windows: tuple[int | None, ...] = ()  # each layer's sliding window in keys; None: global
     # where the fused layers ran a decode step's layers: "C++" or "Python: <why>" (the bench
     # JSON's ``layers_step``); None where they were not made

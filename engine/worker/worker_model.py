@@ -25,8 +25,6 @@ from engine.model.memory_account import (
     copies_to_release,
     memory_account,
     memory_bound_bytes,
-    memory_summary,
-    peak_rss_bytes,
     release_freed,
 )
 from engine.model.model_runner import ModelRunner
@@ -125,15 +123,6 @@ class WorkerModel:
         tell(f"warming up {name}")
         other.warm_up()
         return other
-
-    def kernels_and_step(self) -> tuple[str, str]:
-        """This runner's matmul kernels and step, as people read them."""
-        return self.runner.kernel_summary(), self.runner.step_summary()
-
-    def memory_words(self) -> str:
-        """This process's peak RSS, then the bytes of this model's weights and its kernels'
-        copies (``engine.model.memory_account.memory_summary``)."""
-        return memory_summary(memory_account(self.runner), peak_rss_bytes())
 
     def _variant(self, dtype_name: str) -> WorkerModel:
         """This model in ``dtype_name``, loaded (or converted) and warmed up on the engine
