@@ -220,7 +220,7 @@ def number(name: str, environ: Mapping[str, str] | None = None, finite: bool = T
         number = float(text)
     except ValueError:
         number = -1.0
-    if not 0 <= number < float("inf") and not (number == float("inf") and not finite):  # NaN too
+    if not (0 <= number < float("inf") or (number == float("inf") and not finite)):  # NaN too
         unit = "a number of seconds" if declared.kind == "seconds" else "a number"
         raise ValueError(
             f"The environment variable {name}={text!r} must be {unit} >= 0 ({declared.meaning})."
